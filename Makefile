@@ -1,0 +1,67 @@
+# dataplane: the one-word entry points. The real build is CMake (CMakeLists.txt).
+#
+#   make test          install what is missing, build, run every test
+#   make run           the main job on this machine
+#   make asan          the tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make tsan          the threaded tests under ThreadSanitizer
+#   make fuzz          build the libFuzzer targets and run each for FUZZ_SECONDS
+#   make bench         build and run the benchmarks
+#   make format        reformat the sources; make format-check only checks
+#
+# Variables: BUILD (build directory), SANITIZE (e.g. address,undefined),
+# WERROR (ON/OFF), JOBS, FUZZ_SECONDS, CTEST_ARGS.
+
+BUILD        ?= build
+SANITIZE     ?=
+WERROR       ?= ON
+JOBS         ?= $(shell nproc 2>/dev/null || echo 2)
+FUZZ_SECONDS ?= 20
+CTEST_ARGS   ?=
+BUILD_TYPE   ?= RelWithDebInfo
+
+SOURCES = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench fuzz -name '*.[ch]')
+
+.PHONY: all deps configure build test run asan tsan fuzz bench format format-check clean
+
+all: build
+
+deps:
+	@DP_DEPS_QUIET=1 scripts/deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDP_WERROR=$(WERROR) \
+	    -DDP_SANITIZER=$(SANITIZE) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+run: build
+	@scripts/run.sh $(BUILD)
+
+asan:
+	@$(MAKE) --no-print-directory test BUILD=build-asan SANITIZE=address,undefined
+
+tsan:
+	@$(MAKE) --no-print-directory test BUILD=build-tsan SANITIZE=thread \
+	    CTEST_ARGS="$(CTEST_ARGS)"
+
+fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDP_FUZZ=ON \
+	    -DDP_WERROR=$(WERROR) >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+bench: build
+	@scripts/bench.sh $(BUILD)
+
+format:
+	@clang-format -i $(SOURCES)
+
+format-check:
+	@clang-format --dry-run --Werror $(SOURCES) && echo "format: clean"
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz

@@ -1,0 +1,368 @@
+/*
+ * Assertions, clocks, logging, growable buffers, size parsing and random ids:
+ * the small pieces every module uses.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "common.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+void
+dp__assert_fail(const char *expr, const char *file, int line, const char *func)
+{
+    fprintf(stderr, "dataplane: assertion failed: %s (%s:%d, %s)\n", expr, file, line,
+            func);
+    abort();
+}
+
+uint64_t
+dp_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double
+dp_now_s(void)
+{
+    return (double)dp_now_ns() / 1e9;
+}
+
+double
+dp_wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void
+dp_sleep_s(double seconds)
+{
+    if (!(seconds > 0))
+        return;
+    struct timespec ts;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ---- logging ---- */
+
+static int log_level = -1;
+static char log_prefix[64];
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int
+log_level_get(void)
+{
+    int lv = __atomic_load_n(&log_level, __ATOMIC_RELAXED);
+    if (lv >= 0)
+        return lv;
+    lv = DP_LOG_INFO;
+    const char *e = getenv("DP_LOG_LEVEL");
+    if (e != NULL) {
+        if (strcasecmp(e, "error") == 0)
+            lv = DP_LOG_ERROR;
+        else if (strcasecmp(e, "warn") == 0)
+            lv = DP_LOG_WARN;
+        else if (strcasecmp(e, "debug") == 0)
+            lv = DP_LOG_DEBUG;
+    }
+    __atomic_store_n(&log_level, lv, __ATOMIC_RELAXED);
+    return lv;
+}
+
+bool
+dp_log_enabled(int level)
+{
+    return level <= log_level_get();
+}
+
+void
+dp_log_set_level(int level)
+{
+    __atomic_store_n(&log_level, level, __ATOMIC_RELAXED);
+}
+
+void
+dp_log_set_prefix(const char *prefix)
+{
+    pthread_mutex_lock(&log_mu);
+    snprintf(log_prefix, sizeof log_prefix, "%s", prefix ? prefix : "");
+    pthread_mutex_unlock(&log_mu);
+}
+
+void
+dp_log(int level, const char *fmt, ...)
+{
+    if (!dp_log_enabled(level))
+        return;
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&log_mu);
+    if (log_prefix[0] != '\0')
+        fprintf(stderr, "dataplane[%s] %s: %s\n", log_prefix, names[level & 3], line);
+    else
+        fprintf(stderr, "dataplane %s: %s\n", names[level & 3], line);
+    pthread_mutex_unlock(&log_mu);
+}
+
+/* ---- growable buffer ---- */
+
+void
+dp_buf_init(dp_buf *b)
+{
+    memset(b, 0, sizeof *b);
+}
+
+void
+dp_buf_fini(dp_buf *b)
+{
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+void
+dp_buf_reset(dp_buf *b)
+{
+    b->len = 0;
+    b->oom = false;
+}
+
+int
+dp_buf_reserve(dp_buf *b, size_t extra)
+{
+    if (b->oom)
+        return DP_ENOMEM;
+    if (extra <= b->cap - b->len)
+        return DP_OK;
+    if (extra > SIZE_MAX / 2 - b->len) {
+        b->oom = true;
+        return DP_ENOMEM;
+    }
+    size_t want = b->len + extra;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < want)
+        cap *= 2;
+    uint8_t *p = realloc(b->data, cap);
+    if (p == NULL) {
+        b->oom = true;
+        return DP_ENOMEM;
+    }
+    b->data = p;
+    b->cap = cap;
+    return DP_OK;
+}
+
+int
+dp_buf_append(dp_buf *b, const void *p, size_t n)
+{
+    if (n == 0)
+        return b->oom ? DP_ENOMEM : DP_OK;
+    int rc = dp_buf_reserve(b, n);
+    if (rc != DP_OK)
+        return rc;
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return DP_OK;
+}
+
+int
+dp_buf_printf(dp_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return DP_EINVAL;
+    int rc = dp_buf_reserve(b, (size_t)n + 1);
+    if (rc != DP_OK)
+        return rc;
+    va_start(ap, fmt);
+    vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+    return DP_OK;
+}
+
+uint8_t *
+dp_buf_steal(dp_buf *b, size_t *len)
+{
+    uint8_t *p = b->data;
+    if (len != NULL)
+        *len = b->len;
+    memset(b, 0, sizeof *b);
+    return p;
+}
+
+/* ---- parsing ---- */
+
+int
+dp_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, const char *what,
+             dp_detail *d)
+{
+    if (s == NULL || *s == '\0')
+        return dp_fail(d, DP_EINVAL, "%s: empty value, expected a number", what);
+    uint64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return dp_fail(d, DP_EINVAL, "%s: '%s' is not an unsigned decimal number",
+                           what, s);
+        unsigned dig = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - dig) / 10)
+            return dp_fail(d, DP_EINVAL, "%s: '%s' is out of range", what, s);
+        v = v * 10 + dig;
+    }
+    if (v < lo || v > hi)
+        return dp_fail(d, DP_EINVAL, "%s: %llu is outside [%llu, %llu]", what,
+                       (unsigned long long)v, (unsigned long long)lo,
+                       (unsigned long long)hi);
+    *out = v;
+    return DP_OK;
+}
+
+int
+dp_parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d)
+{
+    if (s == NULL || *s == '\0')
+        return dp_fail(d, DP_EINVAL, "%s: empty size, expected e.g. 512M or 4G", what);
+    if (!isdigit((unsigned char)s[0]))
+        return dp_fail(d, DP_EINVAL,
+                       "%s: '%s' is not a size (expected digits with an optional "
+                       "K/M/G/T suffix, e.g. 512M)",
+                       what, s);
+    errno = 0;
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || !isfinite(v) || v < 0)
+        return dp_fail(d, DP_EINVAL, "%s: '%s' is not a size", what, s);
+    double mult = 1;
+    const char *u = end;
+    switch (toupper((unsigned char)*u)) {
+    case '\0':
+        break;
+    case 'B':
+        u++;
+        break;
+    case 'K':
+        mult = 1024.0;
+        u++;
+        break;
+    case 'M':
+        mult = 1024.0 * 1024;
+        u++;
+        break;
+    case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        u++;
+        break;
+    case 'T':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        u++;
+        break;
+    default:
+        return dp_fail(d, DP_EINVAL, "%s: '%s' has an unknown unit (use K, M, G or T)",
+                       what, s);
+    }
+    if (mult > 1) {
+        if (*u == 'i' || *u == 'I')
+            u++;
+        if (*u == 'b' || *u == 'B')
+            u++;
+    }
+    if (*u != '\0')
+        return dp_fail(d, DP_EINVAL, "%s: '%s' has trailing characters", what, s);
+    double bytes = v * mult;
+    if (bytes >= 18446744073709551615.0)
+        return dp_fail(d, DP_EINVAL, "%s: '%s' is too large", what, s);
+    if (bytes != floor(bytes))
+        return dp_fail(d, DP_EINVAL, "%s: '%s' is not a whole number of bytes", what, s);
+    *out = (uint64_t)bytes;
+    return DP_OK;
+}
+
+int
+dp_parse_seconds(const char *s, double *out, const char *what, dp_detail *d)
+{
+    if (s == NULL || *s == '\0')
+        return dp_fail(d, DP_EINVAL, "%s: empty value, expected seconds", what);
+    errno = 0;
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < 0 ||
+        !isdigit((unsigned char)s[0]))
+        return dp_fail(d, DP_EINVAL, "%s: '%s' is not a non-negative number of seconds",
+                       what, s);
+    *out = v;
+    return DP_OK;
+}
+
+const char *
+dp_fmt_size(uint64_t n, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    unsigned i = 0;
+    while (v >= 1024 && i + 1 < DP_ARRAY_LEN(units)) {
+        v /= 1024;
+        i++;
+    }
+    if (i == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)n);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[i]);
+    return buf;
+}
+
+int
+dp_random_bytes(void *p, size_t n, dp_detail *d)
+{
+    uint8_t *q = p;
+    while (n > 0) {
+        ssize_t r = getrandom(q, n, 0);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return dp_fail_sys(d, errno, "getrandom(%zu bytes)", n);
+        }
+        q += r;
+        n -= (size_t)r;
+    }
+    return DP_OK;
+}
+
+int
+dp_random_hex_id(char out[33], dp_detail *d)
+{
+    uint8_t raw[16];
+    int rc = dp_random_bytes(raw, sizeof raw, d);
+    if (rc != DP_OK)
+        return rc;
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof raw; i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 15];
+    }
+    out[32] = '\0';
+    return DP_OK;
+}

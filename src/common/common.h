@@ -1,0 +1,92 @@
+/*
+ * Small shared helpers: assertions, clocks, logging, growable buffers, size
+ * parsing. Internal to the library (not installed).
+ */
+#ifndef DP_COMMON_H
+#define DP_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dataplane/err.h"
+
+#define DP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define DP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define DP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define DP_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((uint64_t)(a)-1))
+#define DP_UNUSED(x) ((void)(x))
+
+/*
+ * Invariants that cannot fail unless the code is wrong. Never used for bad
+ * input or out-of-memory: those return an error.
+ */
+#define DP_ASSERT(cond)                                                                  \
+    do {                                                                                 \
+        if (__builtin_expect(!(cond), 0))                                                \
+            dp__assert_fail(#cond, __FILE__, __LINE__, __func__);                        \
+    } while (0)
+__attribute__((noreturn)) void dp__assert_fail(const char *expr, const char *file,
+                                               int line, const char *func);
+
+/* Clocks. Monotonic for deadlines and durations; wall only for display. */
+uint64_t dp_now_ns(void);        /* CLOCK_MONOTONIC, nanoseconds */
+double dp_now_s(void);           /* CLOCK_MONOTONIC, seconds */
+double dp_wall_s(void);          /* CLOCK_REALTIME, seconds */
+void dp_sleep_s(double seconds); /* restarts after signals until the time is spent */
+
+/* Logging to stderr. Level from DP_LOG_LEVEL (error|warn|info|debug), default info. */
+enum dp_log_level { DP_LOG_ERROR = 0, DP_LOG_WARN, DP_LOG_INFO, DP_LOG_DEBUG };
+void dp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool dp_log_enabled(int level);
+void dp_log_set_level(int level);
+void dp_log_set_prefix(const char *prefix); /* e.g. "unit 3"; copied */
+#define DP_LOG_E(...) dp_log(DP_LOG_ERROR, __VA_ARGS__)
+#define DP_LOG_W(...) dp_log(DP_LOG_WARN, __VA_ARGS__)
+#define DP_LOG_I(...) dp_log(DP_LOG_INFO, __VA_ARGS__)
+#define DP_LOG_D(...)                                                                    \
+    do {                                                                                 \
+        if (dp_log_enabled(DP_LOG_DEBUG))                                                \
+            dp_log(DP_LOG_DEBUG, __VA_ARGS__);                                           \
+    } while (0)
+
+/*
+ * Growable byte buffer. Zero-initialised storage is an empty buffer. On
+ * allocation failure the buffer goes into a sticky failed state (oom) and
+ * later appends are no-ops, so a caller checks once at the end.
+ */
+typedef struct dp_buf {
+    uint8_t *data;
+    size_t len;
+    size_t cap;
+    bool oom;
+} dp_buf;
+
+void dp_buf_init(dp_buf *b);
+void dp_buf_fini(dp_buf *b);
+void dp_buf_reset(dp_buf *b); /* len = 0, keeps the storage, clears oom */
+int dp_buf_reserve(dp_buf *b, size_t extra);
+int dp_buf_append(dp_buf *b, const void *p, size_t n);
+int dp_buf_printf(dp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Hand the bytes to the caller (free() them); the buffer becomes empty. */
+uint8_t *dp_buf_steal(dp_buf *b, size_t *len);
+
+/*
+ * Parse "123", "64K", "1.5G", "2GiB", "512MB" (binary units: K = 1024) into bytes.
+ * Rejects signs, junk, overflow. what names the value in the error ("--slab").
+ */
+int dp_parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d);
+/* Parse a non-negative finite decimal number of seconds. */
+int dp_parse_seconds(const char *s, double *out, const char *what, dp_detail *d);
+/* Parse an unsigned decimal integer in [lo, hi]. */
+int dp_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, const char *what,
+                 dp_detail *d);
+/* Format bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
+const char *dp_fmt_size(uint64_t n, char *buf, size_t len);
+
+/* Random bytes from the OS (getrandom), for ids; never fails silently. */
+int dp_random_bytes(void *p, size_t n, dp_detail *d);
+/* A fresh random id as 32 lowercase hex chars + NUL into out[33]. */
+int dp_random_hex_id(char out[33], dp_detail *d);
+
+#endif

@@ -1,0 +1,119 @@
+/*
+ * Error codes and detail strings (see include/dataplane/err.h).
+ */
+#include "dataplane/err.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const err_msgs[] = {[DP_OK] = "success",
+#define DP_ERR_MSG_(name, msg) [name] = msg,
+                                       DP_ERRORS(DP_ERR_MSG_)
+#undef DP_ERR_MSG_
+};
+
+static const char *const err_names[] = {[DP_OK] = "DP_OK",
+#define DP_ERR_NAME_(name, msg) [name] = #name,
+                                        DP_ERRORS(DP_ERR_NAME_)
+#undef DP_ERR_NAME_
+};
+
+const char *
+dp_strerror(int code)
+{
+    if (code < 0 || code >= DP_ERR_COUNT_)
+        return "unknown error code";
+    return err_msgs[code];
+}
+
+const char *
+dp_errname(int code)
+{
+    if (code < 0 || code >= DP_ERR_COUNT_)
+        return "DP_E?";
+    return err_names[code];
+}
+
+void
+dp_detail_clear(dp_detail *d)
+{
+    if (d == NULL)
+        return;
+    d->code = 0;
+    d->sys_errno = 0;
+    d->msg[0] = '\0';
+}
+
+const char *
+dp_detail_msg(const dp_detail *d)
+{
+    return d == NULL ? "" : d->msg;
+}
+
+int
+dp_vfail(dp_detail *d, int code, const char *fmt, va_list ap)
+{
+    if (d == NULL)
+        return code;
+    d->code = code;
+    d->sys_errno = 0;
+    if (fmt == NULL)
+        snprintf(d->msg, sizeof d->msg, "%s", dp_strerror(code));
+    else
+        vsnprintf(d->msg, sizeof d->msg, fmt, ap);
+    return code;
+}
+
+int
+dp_fail(dp_detail *d, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    dp_vfail(d, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int
+dp_fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
+{
+    if (d == NULL)
+        return DP_ESYS;
+    va_list ap;
+    va_start(ap, fmt);
+    dp_vfail(d, DP_ESYS, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(d->msg);
+    if (n < sizeof d->msg)
+        snprintf(d->msg + n, sizeof d->msg - n, ": %s", strerror(err_no));
+    d->sys_errno = err_no;
+    return DP_ESYS;
+}
+
+int
+dp_fail_ctx(dp_detail *d, int fallback, const char *fmt, ...)
+{
+    if (d == NULL)
+        return fallback;
+    if (d->code == 0) {
+        d->code = fallback;
+        snprintf(d->msg, sizeof d->msg, "%s", dp_strerror(fallback));
+    }
+    char prefix[DP_DETAIL_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    /* d->msg = prefix + ": " + d->msg, cut to fit. */
+    size_t plen = strlen(prefix), mlen = strlen(d->msg);
+    if (plen > sizeof d->msg - 3)
+        plen = sizeof d->msg - 3;
+    if (plen + 2 + mlen > sizeof d->msg - 1)
+        mlen = sizeof d->msg - 1 - plen - 2;
+    memmove(d->msg + plen + 2, d->msg, mlen);
+    memcpy(d->msg, prefix, plen);
+    d->msg[plen] = ':';
+    d->msg[plen + 1] = ' ';
+    d->msg[plen + 2 + mlen] = '\0';
+    return d->code;
+}
