@@ -45,7 +45,8 @@ asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan SANITIZE=address,undefined
 
 tsan:
-	@$(MAKE) --no-print-directory test BUILD=build-tsan SANITIZE=thread \
+	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" \
+	    $(MAKE) --no-print-directory test BUILD=build-tsan SANITIZE=thread \
 	    CTEST_ARGS="$(CTEST_ARGS)"
 
 fuzz: deps

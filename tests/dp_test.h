@@ -175,15 +175,14 @@ main(int argc, char **argv)
     static int passed, failed, i; /* static: they live across longjmp */
     const char *filter = argc > 1 ? argv[1] : NULL;
     for (i = 0; i < dp_test_ncases; i++) {
-        struct dp_test_case *tc = &dp_test_cases[i];
-        if (filter != NULL && strstr(tc->name, filter) == NULL)
+        if (filter != NULL && strstr(dp_test_cases[i].name, filter) == NULL)
             continue;
         static double t0;
         t0 = dp_test_now();
         dp_test_failed_now = 0;
         if (setjmp(dp_test_jmp) == 0)
-            tc->fn();
-        tc = &dp_test_cases[i];
+            dp_test_cases[i].fn();
+        const struct dp_test_case *tc = &dp_test_cases[i];
         double ms = (dp_test_now() - t0) * 1e3;
         if (dp_test_failed_now) {
             printf("FAIL %s (%.1f ms)\n", tc->name, ms);

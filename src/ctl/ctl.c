@@ -1,0 +1,474 @@
+/*
+ * ZMQ ROUTER server thread and DEALER client pool (see ctl.h).
+ *
+ * Design notes
+ * - Server: one thread owns the ROUTER socket from bind to close; nothing else
+ *   touches it. It polls with a short timeout so close() can stop it through an
+ *   atomic flag. A request is one frame behind the peer's routing id; anything
+ *   else (more frames, empty frames) is dropped. The handler runs on this thread.
+ * - Client: sockets are pooled per address under the pool mutex; a socket is
+ *   owned by exactly one call from the moment it leaves the pool until it goes
+ *   back (after a complete reply with the right id) or is closed (after a
+ *   timeout, a wrong id, or any error). A socket that was closed had LINGER 0,
+ *   so nothing queued on it is sent later.
+ * - Lock order: the pool mutex is a leaf; no ZMQ call blocks while it is held.
+ */
+#include "ctl/ctl.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "wire/mp.h"
+
+#define DEFAULT_MAX_MSG (64u << 20)
+#define POLL_MS 50
+
+struct dp_ctl_server {
+    void *zctx;
+    void *sock;
+    pthread_t thread;
+    bool thread_started;
+    int stop; /* atomic */
+    dp_ctl_handler handler;
+    dp_ctl_oversize oversize;
+    void *ctx;
+    size_t max_msg;
+    uint64_t served; /* atomic */
+    char address[128];
+};
+
+static void *
+server_main(void *arg)
+{
+    dp_ctl_server *s = arg;
+    dp_buf reply;
+    dp_buf_init(&reply);
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        zmq_pollitem_t pi = {.socket = s->sock, .events = ZMQ_POLLIN};
+        int n = zmq_poll(&pi, 1, POLL_MS);
+        if (n < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            DP_LOG_E("ctl server: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (n == 0)
+            continue;
+        if (zmq_msg_recv(&id, s->sock, ZMQ_DONTWAIT) < 0)
+            continue;
+        if (!zmq_msg_more(&id))
+            continue; /* ROUTER always prefixes the peer id; defensive */
+        if (zmq_msg_recv(&body, s->sock, 0) < 0)
+            continue;
+        if (zmq_msg_more(&body)) {
+            /* Not our protocol: drain the rest of the message and drop it. */
+            while (zmq_msg_more(&body) && zmq_msg_recv(&body, s->sock, 0) >= 0) {
+            }
+            DP_LOG_W("ctl server: dropped a multi-frame message");
+            continue;
+        }
+        size_t len = zmq_msg_size(&body);
+        const uint8_t *msg = zmq_msg_data(&body);
+        dp_buf_reset(&reply);
+        if (len > s->max_msg) {
+            if (s->oversize != NULL)
+                s->oversize(s->ctx, msg, len, &reply);
+        } else {
+            s->handler(s->ctx, msg, len, &reply);
+        }
+        __atomic_add_fetch(&s->served, 1, __ATOMIC_RELAXED);
+        if (reply.len == 0 || reply.oom)
+            continue;
+        /* The routing id first, then the reply; a gone peer drops it. */
+        zmq_msg_t rid;
+        zmq_msg_init(&rid);
+        zmq_msg_copy(&rid, &id);
+        if (zmq_msg_send(&rid, s->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&rid);
+            continue;
+        }
+        if (zmq_send(s->sock, reply.data, reply.len, ZMQ_DONTWAIT) < 0)
+            DP_LOG_D("ctl server: reply dropped: %s", zmq_strerror(zmq_errno()));
+    }
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+    dp_buf_fini(&reply);
+    return NULL;
+}
+
+int
+dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
+                   dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out, dp_detail *d)
+{
+    int rc;
+    if (handler == NULL || out == NULL)
+        return dp_fail(d, DP_EINVAL, "ctl server: handler and out are required");
+    dp_ctl_server *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return dp_fail(d, DP_ENOMEM, "ctl server: out of memory");
+    s->handler = handler;
+    s->oversize = oversize;
+    s->ctx = ctx;
+    s->max_msg = opts && opts->max_msg_bytes ? opts->max_msg_bytes : DEFAULT_MAX_MSG;
+    const char *ip =
+        opts && opts->bind_ip && *opts->bind_ip ? opts->bind_ip : "127.0.0.1";
+    unsigned port = opts ? opts->port : 0;
+
+    s->zctx = zmq_ctx_new();
+    if (s->zctx == NULL) {
+        rc = dp_fail_sys(d, zmq_errno(), "ctl server: zmq_ctx_new");
+        goto fail;
+    }
+    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
+    if (s->sock == NULL) {
+        rc = dp_fail_sys(d, zmq_errno(), "ctl server: zmq_socket(ROUTER)");
+        goto fail;
+    }
+    int zero = 0;
+    zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
+    /* Past twice the limit ZMQ drops the connection instead of buffering it. */
+    int64_t hard = (int64_t)s->max_msg * 2;
+    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &hard, sizeof hard);
+    char ep[160];
+    if (port == 0)
+        snprintf(ep, sizeof ep, "tcp://%s:*", ip);
+    else
+        snprintf(ep, sizeof ep, "tcp://%s:%u", ip, port);
+    if (zmq_bind(s->sock, ep) != 0) {
+        rc = dp_fail_sys(d, zmq_errno(),
+                         "ctl server: bind %s (is the address local and "
+                         "the port free?)",
+                         ep);
+        goto fail;
+    }
+    size_t alen = sizeof s->address;
+    if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->address, &alen) != 0) {
+        rc = dp_fail_sys(d, zmq_errno(), "ctl server: ZMQ_LAST_ENDPOINT");
+        goto fail;
+    }
+    int err = pthread_create(&s->thread, NULL, server_main, s);
+    if (err != 0) {
+        rc = dp_fail_sys(d, err, "ctl server: pthread_create");
+        goto fail;
+    }
+    s->thread_started = true;
+    *out = s;
+    return DP_OK;
+fail:
+    dp_ctl_server_close(s);
+    return rc;
+}
+
+const char *
+dp_ctl_server_address(const dp_ctl_server *s)
+{
+    return s->address;
+}
+
+uint64_t
+dp_ctl_server_served(const dp_ctl_server *s)
+{
+    return __atomic_load_n(&s->served, __ATOMIC_RELAXED);
+}
+
+void
+dp_ctl_server_close(dp_ctl_server *s)
+{
+    if (s == NULL)
+        return;
+    if (s->thread_started) {
+        __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+        pthread_join(s->thread, NULL);
+    }
+    if (s->sock != NULL)
+        zmq_close(s->sock);
+    if (s->zctx != NULL)
+        zmq_ctx_term(s->zctx);
+    free(s);
+}
+
+/* ---- client ---- */
+
+struct pooled {
+    char *address;
+    void *sock;
+    struct pooled *next;
+};
+
+struct dp_ctl_client {
+    void *zctx;
+    pthread_mutex_t mu;
+    struct pooled *idle; /* under mu */
+};
+
+int
+dp_ctl_client_create(dp_ctl_client **out, dp_detail *d)
+{
+    dp_ctl_client *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return dp_fail(d, DP_ENOMEM, "ctl client: out of memory");
+    c->zctx = zmq_ctx_new();
+    if (c->zctx == NULL) {
+        int e = zmq_errno();
+        free(c);
+        return dp_fail_sys(d, e, "ctl client: zmq_ctx_new");
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    *out = c;
+    return DP_OK;
+}
+
+static void
+sock_close(void *sock)
+{
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(sock);
+}
+
+void
+dp_ctl_client_destroy(dp_ctl_client *c)
+{
+    if (c == NULL)
+        return;
+    struct pooled *p = c->idle;
+    while (p != NULL) {
+        struct pooled *next = p->next;
+        sock_close(p->sock);
+        free(p->address);
+        free(p);
+        p = next;
+    }
+    zmq_ctx_term(c->zctx);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* A socket connected to address: an idle pooled one, or a new one. */
+static int
+sock_take(dp_ctl_client *c, const char *address, void **out, dp_detail *d)
+{
+    pthread_mutex_lock(&c->mu);
+    for (struct pooled **pp = &c->idle; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->address, address) == 0) {
+            struct pooled *p = *pp;
+            *pp = p->next;
+            pthread_mutex_unlock(&c->mu);
+            *out = p->sock;
+            free(p->address);
+            free(p);
+            return DP_OK;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (strncmp(address, "tcp://", 6) != 0 && strncmp(address, "ipc://", 6) != 0)
+        return dp_fail(d, DP_EINVAL, "unit address '%s' is not tcp://host:port", address);
+    void *s = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (s == NULL)
+        return dp_fail_sys(d, zmq_errno(), "zmq_socket(DEALER)");
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(s, address) != 0) {
+        int e = zmq_errno();
+        zmq_close(s);
+        return dp_fail_sys(d, e, "connect to unit %s", address);
+    }
+    *out = s;
+    return DP_OK;
+}
+
+static void
+sock_give_back(dp_ctl_client *c, const char *address, void *sock)
+{
+    struct pooled *p = malloc(sizeof *p);
+    char *a = strdup(address);
+    if (p == NULL || a == NULL) {
+        free(p);
+        free(a);
+        sock_close(sock);
+        return;
+    }
+    p->address = a;
+    p->sock = sock;
+    pthread_mutex_lock(&c->mu);
+    p->next = c->idle;
+    c->idle = p;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* True if msg is a msgpack array whose first element is the string rid. */
+static bool
+reply_has_rid(const uint8_t *msg, size_t len, const char *rid)
+{
+    dp_mp_reader r;
+    dp_mp_reader_init(&r, msg, len);
+    uint32_t n;
+    const char *s;
+    uint32_t slen;
+    if (dp_mp_read_array(&r, &n, NULL, NULL) != DP_OK || n < 1)
+        return false;
+    if (dp_mp_read_str(&r, &s, &slen, NULL, NULL) != DP_OK)
+        return false;
+    return slen == strlen(rid) && memcmp(s, rid, slen) == 0;
+}
+
+static int
+send_req(void *sock, const char *address, const void *req, size_t len, dp_detail *d)
+{
+    if (zmq_send(sock, req, len, ZMQ_DONTWAIT) < 0)
+        return dp_fail_sys(d, zmq_errno(), "send to unit %s", address);
+    return DP_OK;
+}
+
+/* Read one message from sock into reply and check its id. */
+static int
+recv_reply(void *sock, const char *address, const char *rid, dp_buf *reply, dp_detail *d)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(&m);
+        return dp_fail_sys(d, e, "receive from unit %s", address);
+    }
+    bool more = zmq_msg_more(&m);
+    const uint8_t *p = zmq_msg_data(&m);
+    size_t n = zmq_msg_size(&m);
+    int rc = DP_OK;
+    if (more || !reply_has_rid(p, n, rid))
+        rc = dp_fail(d, DP_EPROTO,
+                     "unit %s sent a reply that does not carry request id %s", address,
+                     rid);
+    else if (dp_buf_append(reply, p, n) != DP_OK)
+        rc = dp_fail(d, DP_ENOMEM, "reply from unit %s: out of memory (%zu bytes)",
+                     address, n);
+    zmq_msg_close(&m);
+    return rc;
+}
+
+int
+dp_ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
+            const char *rid, double timeout_s, dp_buf *reply, dp_detail *d)
+{
+    dp_ctl_item it = {.address = address, .req = req, .len = len, .rid = rid};
+    dp_buf_init(&it.reply);
+    int rc = dp_ctl_call_many(c, &it, 1, timeout_s);
+    if (rc == DP_OK) {
+        if (dp_buf_append(reply, it.reply.data, it.reply.len) != DP_OK)
+            rc = dp_fail(d, DP_ENOMEM, "reply from unit %s: out of memory", address);
+    } else if (d != NULL) {
+        *d = it.det;
+    }
+    dp_buf_fini(&it.reply);
+    return rc;
+}
+
+int
+dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+{
+    if (n == 0)
+        return DP_OK;
+    void **socks = calloc(n, sizeof *socks);
+    zmq_pollitem_t *pis = calloc(n, sizeof *pis);
+    size_t *which = calloc(n, sizeof *which);
+    if (socks == NULL || pis == NULL || which == NULL) {
+        for (size_t i = 0; i < n; i++)
+            items[i].rc = dp_fail(&items[i].det, DP_ENOMEM, "call: out of memory");
+        free(socks);
+        free(pis);
+        free(which);
+        return DP_ENOMEM;
+    }
+    size_t waiting = 0;
+    /* Every request goes out before any reply is read. */
+    for (size_t i = 0; i < n; i++) {
+        dp_ctl_item *it = &items[i];
+        dp_detail_clear(&it->det);
+        it->rc = sock_take(c, it->address, &socks[i], &it->det);
+        if (it->rc == DP_OK)
+            it->rc = send_req(socks[i], it->address, it->req, it->len, &it->det);
+        if (it->rc != DP_OK) {
+            if (socks[i] != NULL)
+                sock_close(socks[i]);
+            socks[i] = NULL;
+            continue;
+        }
+        it->rc = -1; /* pending */
+        waiting++;
+    }
+    double deadline = dp_now_s() + (timeout_s > 0 ? timeout_s : 0);
+    while (waiting > 0) {
+        size_t np = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (items[i].rc != -1)
+                continue;
+            pis[np] = (zmq_pollitem_t){.socket = socks[i], .events = ZMQ_POLLIN};
+            which[np++] = i;
+        }
+        double left = deadline - dp_now_s();
+        if (left <= 0)
+            break;
+        long ms = (long)(left * 1000) + 1;
+        int k = zmq_poll(pis, (int)np, ms);
+        if (k < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            break;
+        }
+        for (size_t j = 0; j < np; j++) {
+            if (!(pis[j].revents & ZMQ_POLLIN))
+                continue;
+            size_t i = which[j];
+            dp_ctl_item *it = &items[i];
+            it->rc = recv_reply(socks[i], it->address, it->rid, &it->reply, &it->det);
+            if (it->rc == DP_OK)
+                sock_give_back(c, it->address, socks[i]);
+            else
+                sock_close(socks[i]);
+            socks[i] = NULL;
+            waiting--;
+        }
+    }
+    int first = DP_OK;
+    for (size_t i = 0; i < n; i++) {
+        dp_ctl_item *it = &items[i];
+        if (it->rc == -1) {
+            /* No reply in time: the socket may still get one; never reuse it. */
+            sock_close(socks[i]);
+            it->rc =
+                dp_fail(&it->det, DP_ETIMEDOUT, "unit %s did not reply within %.3g s",
+                        it->address, timeout_s);
+        }
+        if (it->rc != DP_OK && first == DP_OK)
+            first = it->rc;
+    }
+    free(socks);
+    free(pis);
+    free(which);
+    return first;
+}
+
+int
+dp_ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
+              dp_detail *d)
+{
+    void *sock = NULL;
+    int rc = sock_take(c, address, &sock, d);
+    if (rc != DP_OK)
+        return rc;
+    rc = send_req(sock, address, msg, len, d);
+    if (rc != DP_OK) {
+        sock_close(sock);
+        return rc;
+    }
+    /* Nothing comes back for a notify, so the socket stays clean for reuse. */
+    sock_give_back(c, address, sock);
+    return DP_OK;
+}

@@ -1,0 +1,102 @@
+/*
+ * The control plane's transport: a ZMQ ROUTER server thread for a storage unit
+ * and a pool of DEALER sockets for clients. It moves whole messages (msgpack
+ * bytes, see src/wire) and knows nothing of their meaning, except that a reply
+ * starts with its request's id: a client socket goes back to the pool only
+ * after a complete reply carrying the id of the request it sent, so a late
+ * reply can never be read as the answer to the next request.
+ *
+ * This is the only module that includes <zmq.h>.
+ */
+#ifndef DP_CTL_CTL_H
+#define DP_CTL_CTL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+/* ---- server ---- */
+
+typedef struct dp_ctl_server dp_ctl_server;
+
+/*
+ * Called on the server thread for every request of at most max_msg_bytes.
+ * Fill reply with the complete reply message, or leave it empty to send
+ * nothing (notify ops, messages without a readable request id). The handler
+ * takes whatever locks it needs; it must not block for long.
+ */
+typedef void (*dp_ctl_handler)(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+
+/*
+ * Called instead of the handler for a message over max_msg_bytes (up to twice
+ * that; larger ones make ZMQ drop the connection). may fill reply.
+ */
+typedef void (*dp_ctl_oversize)(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+
+typedef struct dp_ctl_server_opts {
+    const char *bind_ip;  /* default "127.0.0.1" */
+    uint16_t port;        /* 0 = a free port */
+    size_t max_msg_bytes; /* default 64 MiB */
+} dp_ctl_server_opts;
+
+/*
+ * Bind a ROUTER socket and start the server thread. The address actually bound
+ * (with the real port) is available from dp_ctl_server_address().
+ * Threads: any. Errors: DP_ESYS (bind failed: address in use, bad ip), DP_ENOMEM.
+ */
+int dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
+                       dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out,
+                       dp_detail *d);
+
+/* "tcp://ip:port"; valid until close. Threads: any. */
+const char *dp_ctl_server_address(const dp_ctl_server *s);
+
+/* Requests served so far (handler calls). Threads: any. */
+uint64_t dp_ctl_server_served(const dp_ctl_server *s);
+
+/* Stop the thread and close the socket. NULL allowed. Not from the handler. */
+void dp_ctl_server_close(dp_ctl_server *s);
+
+/* ---- client ---- */
+
+typedef struct dp_ctl_client dp_ctl_client;
+
+/* Threads: any thread may use one client; calls run concurrently. */
+int dp_ctl_client_create(dp_ctl_client **out, dp_detail *d);
+/* Close every pooled socket. NULL allowed; no call may be running. */
+void dp_ctl_client_destroy(dp_ctl_client *c);
+
+/*
+ * Send req (a request whose id is rid) to address and wait at most timeout_s for
+ * the reply carrying rid, which is appended to reply. Errors: DP_ETIMEDOUT (no
+ * reply in time: the socket is closed, never reused), DP_EPROTO (a reply that
+ * does not carry rid), DP_ESYS, DP_EINVAL (bad address).
+ */
+int dp_ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
+                const char *rid, double timeout_s, dp_buf *reply, dp_detail *d);
+
+/* One request of a dp_ctl_call_many batch; rc/reply/det are its outcome. */
+typedef struct dp_ctl_item {
+    const char *address;
+    const void *req;
+    size_t len;
+    const char *rid;
+    dp_buf reply; /* caller inits and finis */
+    int rc;
+    dp_detail det;
+} dp_ctl_item;
+
+/*
+ * Send every request before reading any reply; one deadline bounds the whole
+ * batch. Each item gets its own rc (and det): one failure does not stop the
+ * others. Returns DP_OK if every item succeeded, else the first failure's code.
+ */
+int dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
+
+/* Fire-and-forget (notify ops get no reply). Never blocks. */
+int dp_ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
+                  dp_detail *d);
+
+#endif

@@ -1,0 +1,422 @@
+/*
+ * Tests for src/ctl: the ROUTER server thread and the DEALER client pool, over
+ * real ZMQ sockets on 127.0.0.1 (port 0), with servers in threads and in forked
+ * processes that are stopped (SIGSTOP) and killed (SIGKILL).
+ */
+#include "dp_test.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "ctl/ctl.h"
+#include "wire/mp.h"
+
+/*
+ * Test handler: request [op, rid, ...] -> reply [rid, true, op].
+ * op "notify": no reply. "slow": sleeps 300 ms first. "wrongid": replies with
+ * another id. Anything unreadable: no reply.
+ */
+static void
+handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+{
+    (void)ctx;
+    dp_mp_reader r;
+    dp_mp_reader_init(&r, msg, len);
+    uint32_t n, oplen, ridlen;
+    const char *op, *rid;
+    if (dp_mp_read_array(&r, &n, NULL, NULL) || n < 2 ||
+        dp_mp_read_str(&r, &op, &oplen, NULL, NULL) ||
+        dp_mp_read_str(&r, &rid, &ridlen, NULL, NULL))
+        return;
+    if (oplen == 6 && memcmp(op, "notify", 6) == 0)
+        return;
+    if (oplen == 4 && memcmp(op, "slow", 4) == 0)
+        dp_sleep_s(0.3);
+    dp_mp_writer w;
+    dp_mp_writer_init(&w, reply);
+    dp_mp_put_array(&w, 3);
+    if (oplen == 7 && memcmp(op, "wrongid", 7) == 0)
+        dp_mp_put_str(&w, "not-your-id");
+    else
+        dp_mp_put_strn(&w, rid, ridlen);
+    dp_mp_put_bool(&w, true);
+    dp_mp_put_strn(&w, op, oplen);
+}
+
+static void
+oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+{
+    (void)ctx;
+    (void)msg;
+    dp_buf_printf(reply, "too big: %zu", len); /* not msgpack: the client rejects it */
+}
+
+static void
+make_req(dp_buf *b, const char *op, const char *rid, size_t pad)
+{
+    dp_mp_writer w;
+    dp_buf_reset(b);
+    dp_mp_writer_init(&w, b);
+    dp_mp_put_array(&w, 3);
+    dp_mp_put_str(&w, op);
+    dp_mp_put_str(&w, rid);
+    char *junk = calloc(1, pad + 1);
+    dp_mp_put_bin(&w, junk, pad);
+    free(junk);
+}
+
+/* The op echoed in a reply [rid, true, op]. */
+static void
+check_reply_op(const dp_buf *b, const char *op)
+{
+    dp_mp_reader r;
+    dp_mp_reader_init(&r, b->data, b->len);
+    uint32_t n, sl;
+    const char *s;
+    bool ok;
+    CHECK_OK(dp_mp_read_array(&r, &n, NULL, NULL));
+    CHECK_EQ(n, 3);
+    CHECK_OK(dp_mp_read_str(&r, &s, &sl, NULL, NULL));
+    CHECK_OK(dp_mp_read_bool(&r, &ok, NULL, NULL));
+    CHECK(ok);
+    CHECK_OK(dp_mp_read_str(&r, &s, &sl, NULL, NULL));
+    CHECK(sl == strlen(op) && memcmp(s, op, sl) == 0);
+}
+
+static dp_ctl_server *
+start_server(size_t max_msg)
+{
+    dp_ctl_server_opts o = {.bind_ip = "127.0.0.1", .port = 0, .max_msg_bytes = max_msg};
+    dp_ctl_server *s = NULL;
+    dp_detail d;
+    CHECK_OK_D(dp_ctl_server_open(&o, handler, oversize, NULL, &s, &d), &d);
+    CHECK(strncmp(dp_ctl_server_address(s), "tcp://127.0.0.1:", 16) == 0);
+    return s;
+}
+
+/* A server in a child process; its address comes back over a pipe. */
+static pid_t
+fork_server(char *addr, size_t alen)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        dp_ctl_server_opts o = {0};
+        dp_ctl_server *s = NULL;
+        if (dp_ctl_server_open(&o, handler, NULL, NULL, &s, NULL) != DP_OK)
+            _exit(1);
+        const char *a = dp_ctl_server_address(s);
+        if (write(fds[1], a, strlen(a) + 1) < 0)
+            _exit(1);
+        close(fds[1]);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], addr, alen);
+    close(fds[0]);
+    CHECK(n > 0);
+    return pid;
+}
+
+DP_TEST(call_round_trip_and_reuse)
+{
+    dp_ctl_server *s = start_server(0);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    dp_detail d;
+    for (int i = 0; i < 50; i++) {
+        char rid[32];
+        snprintf(rid, sizeof rid, "r%d", i);
+        make_req(&req, "ping", rid, (size_t)i * 100);
+        dp_buf_reset(&rep);
+        CHECK_OK_D(dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, rid, 5.0,
+                               &rep, &d),
+                   &d);
+        check_reply_op(&rep, "ping");
+    }
+    CHECK_EQ(dp_ctl_server_served(s), 50);
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(c);
+    dp_ctl_server_close(s);
+}
+
+DP_TEST(notify_gets_no_reply_and_socket_stays_clean)
+{
+    dp_ctl_server *s = start_server(0);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    dp_detail d;
+    for (int i = 0; i < 10; i++) {
+        make_req(&req, "notify", "n", 0);
+        CHECK_OK_D(dp_ctl_notify(c, dp_ctl_server_address(s), req.data, req.len, &d), &d);
+        make_req(&req, "after", "a1", 0);
+        dp_buf_reset(&rep);
+        CHECK_OK_D(dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "a1", 5.0,
+                               &rep, &d),
+                   &d);
+        check_reply_op(&rep, "after");
+    }
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(c);
+    dp_ctl_server_close(s);
+}
+
+DP_TEST(late_reply_is_never_read_as_the_next_answer)
+{
+    dp_ctl_server *s = start_server(0);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    dp_detail d;
+    make_req(&req, "slow", "s1", 0);
+    double t0 = dp_now_s();
+    CHECK_ERR_D(
+        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "s1", 0.1, &rep, &d),
+        DP_ETIMEDOUT, &d);
+    CHECK(dp_now_s() - t0 < 0.25);
+    CHECK_CONTAINS(d.msg, "did not reply");
+    /* The server answers s1 later; the next call must get its own reply. */
+    make_req(&req, "fast", "f1", 0);
+    dp_buf_reset(&rep);
+    CHECK_OK_D(
+        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "f1", 5.0, &rep, &d),
+        &d);
+    check_reply_op(&rep, "fast");
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(c);
+    dp_ctl_server_close(s);
+}
+
+DP_TEST(reply_with_wrong_id_is_a_protocol_error)
+{
+    dp_ctl_server *s = start_server(0);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    dp_detail d;
+    make_req(&req, "wrongid", "w1", 0);
+    CHECK_ERR_D(
+        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "w1", 5.0, &rep, &d),
+        DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "w1");
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(c);
+    dp_ctl_server_close(s);
+}
+
+DP_TEST(call_many_with_stopped_and_killed_servers)
+{
+    char a[3][128];
+    pid_t pids[3];
+    for (int i = 0; i < 3; i++)
+        pids[i] = fork_server(a[i], sizeof a[i]);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req;
+    dp_buf_init(&req);
+    make_req(&req, "ping", "m1", 0);
+    dp_ctl_item it[3];
+    memset(it, 0, sizeof it);
+    for (int i = 0; i < 3; i++)
+        it[i] =
+            (dp_ctl_item){.address = a[i], .req = req.data, .len = req.len, .rid = "m1"};
+    /* All alive first. */
+    CHECK_OK(dp_ctl_call_many(c, it, 3, 5.0));
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(it[i].rc, DP_OK);
+        check_reply_op(&it[i].reply, "ping");
+        dp_buf_fini(&it[i].reply);
+    }
+    kill(pids[1], SIGSTOP);
+    kill(pids[2], SIGKILL);
+    waitpid(pids[2], NULL, 0);
+    double t0 = dp_now_s();
+    CHECK_ERR(dp_ctl_call_many(c, it, 3, 0.5), DP_ETIMEDOUT);
+    double took = dp_now_s() - t0;
+    CHECKF(took < 2.0, "call_many took %.2f s with a 0.5 s deadline", took);
+    CHECK_EQ(it[0].rc, DP_OK);
+    check_reply_op(&it[0].reply, "ping");
+    CHECK_EQ(it[1].rc, DP_ETIMEDOUT);
+    CHECK_EQ(it[2].rc, DP_ETIMEDOUT);
+    CHECK_CONTAINS(it[1].det.msg, a[1]);
+    /* The stopped server resumes: the next batch to it works on a fresh socket. */
+    kill(pids[1], SIGCONT);
+    for (int i = 0; i < 3; i++)
+        dp_buf_fini(&it[i].reply);
+    CHECK_OK(dp_ctl_call_many(c, it, 2, 5.0));
+    check_reply_op(&it[1].reply, "ping");
+    for (int i = 0; i < 3; i++)
+        dp_buf_fini(&it[i].reply);
+    kill(pids[0], SIGKILL);
+    kill(pids[1], SIGKILL);
+    waitpid(pids[0], NULL, 0);
+    waitpid(pids[1], NULL, 0);
+    dp_buf_fini(&req);
+    dp_ctl_client_destroy(c);
+}
+
+DP_TEST(oversized_messages)
+{
+    dp_ctl_server *s = start_server(1024);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    dp_detail d;
+    /* Between the limit and twice it: the oversize hook answers (here: junk). */
+    make_req(&req, "big", "b1", 1500);
+    CHECK_ERR_D(
+        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "b1", 2.0, &rep, &d),
+        DP_EPROTO, &d);
+    /* Past twice the limit ZMQ drops the connection: no reply, a timeout. */
+    make_req(&req, "huge", "h1", 4096);
+    CHECK_ERR(dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "h1", 0.3, &rep,
+                          NULL),
+              DP_ETIMEDOUT);
+    /* And the server goes on serving. */
+    make_req(&req, "ping", "p1", 0);
+    dp_buf_reset(&rep);
+    CHECK_OK_D(
+        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "p1", 5.0, &rep, &d),
+        &d);
+    check_reply_op(&rep, "ping");
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(c);
+    dp_ctl_server_close(s);
+}
+
+DP_TEST(garbage_and_multiframe_messages_are_dropped)
+{
+    dp_ctl_server *s = start_server(0);
+    void *zctx = zmq_ctx_new();
+    void *raw = zmq_socket(zctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
+    CHECK(zmq_connect(raw, dp_ctl_server_address(s)) == 0);
+    CHECK(zmq_send(raw, "\xc1\xc1", 2, 0) == 2);
+    CHECK(zmq_send(raw, "", 0, 0) == 0);
+    CHECK(zmq_send(raw, "a", 1, ZMQ_SNDMORE) == 1);
+    CHECK(zmq_send(raw, "b", 1, 0) == 1);
+    zmq_close(raw);
+    zmq_ctx_term(zctx);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    make_req(&req, "ping", "g1", 0);
+    CHECK_OK(dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "g1", 5.0, &rep,
+                         NULL));
+    check_reply_op(&rep, "ping");
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(c);
+    dp_ctl_server_close(s);
+}
+
+DP_TEST(bad_addresses)
+{
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf rep;
+    dp_buf_init(&rep);
+    dp_detail d;
+    CHECK_ERR_D(dp_ctl_call(c, "127.0.0.1:5", "x", 1, "r", 0.1, &rep, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "127.0.0.1:5");
+    /* ZMQ resolves names in the background: an unknown host is a timeout. */
+    CHECK_ERR(dp_ctl_call(c, "tcp://no-such-host-zz:1", "x", 1, "r", 0.1, &rep, &d),
+              DP_ETIMEDOUT);
+    dp_ctl_server_opts o = {.bind_ip = "203.0.113.9"};
+    dp_ctl_server *s = NULL;
+    CHECK_ERR_D(dp_ctl_server_open(&o, handler, NULL, NULL, &s, &d), DP_ESYS, &d);
+    CHECK_CONTAINS(d.msg, "203.0.113.9");
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(c);
+}
+
+struct caller_arg {
+    dp_ctl_client *c;
+    const char *addr;
+    int t;
+    int bad;
+};
+
+static void *
+caller_main(void *p)
+{
+    struct caller_arg *a = p;
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    for (int i = 0; i < 50; i++) {
+        char rid[32], op[32];
+        snprintf(rid, sizeof rid, "t%d-%d", a->t, i);
+        snprintf(op, sizeof op, "op%d-%d", a->t, i);
+        make_req(&req, op, rid, 0);
+        dp_buf_reset(&rep);
+        if (dp_ctl_call(a->c, a->addr, req.data, req.len, rid, 5.0, &rep, NULL) !=
+            DP_OK) {
+            a->bad++;
+            continue;
+        }
+        /* The reply must echo this thread's op. */
+        dp_mp_reader r;
+        dp_mp_reader_init(&r, rep.data, rep.len);
+        uint32_t n, sl;
+        const char *str;
+        bool ok;
+        if (dp_mp_read_array(&r, &n, NULL, NULL) ||
+            dp_mp_read_str(&r, &str, &sl, NULL, NULL) ||
+            dp_mp_read_bool(&r, &ok, NULL, NULL) ||
+            dp_mp_read_str(&r, &str, &sl, NULL, NULL) || sl != strlen(op) ||
+            memcmp(str, op, sl) != 0)
+            a->bad++;
+    }
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    return NULL;
+}
+
+DP_TEST(concurrent_callers_share_one_client)
+{
+    dp_ctl_server *s = start_server(0);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    enum { T = 4 };
+    struct caller_arg args[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        args[t] = (struct caller_arg){c, dp_ctl_server_address(s), t, 0};
+        CHECK(pthread_create(&th[t], NULL, caller_main, &args[t]) == 0);
+    }
+    for (int t = 0; t < T; t++) {
+        pthread_join(th[t], NULL);
+        CHECK_EQ(args[t].bad, 0);
+    }
+    CHECK_EQ(dp_ctl_server_served(s), T * 50);
+    dp_ctl_client_destroy(c);
+    dp_ctl_server_close(s);
+}
