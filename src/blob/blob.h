@@ -1,0 +1,253 @@
+/*
+ * Blob layout version 1 (DESIGN section 8): what one put sends to one unit.
+ *
+ *     0    8   magic "DPBLOB01"
+ *     8    4   version (1)
+ *     12   4   n_entries
+ *     16   8   index_len     bytes of the msgpack index at offset 64
+ *     24   8   payload_off   64-byte aligned, >= 64 + index_len
+ *     32   8   total_len     the whole blob; equals the allocation
+ *     40   4   index_crc32c  CRC32C of the index bytes
+ *     44   4   flags         bit 0: every entry carries a payload CRC32C
+ *     48  16   reserved, zero
+ *     64   ..  index: msgpack array of n_entries arrays
+ *              [key: str, kind: str, dtype: str, shape: [uint], off: uint,
+ *               len: uint, crc: uint | nil]
+ *     ...      payload; each entry 64-byte aligned, off relative to the blob
+ *
+ * All integers little-endian. Rules the parser enforces beyond the table
+ * (decisions of this implementation, all part of version 1):
+ * - n_entries >= 1: a blob with no entries publishes nothing and would only
+ *   hold a region, so it is rejected (and the builder refuses to make one).
+ * - Unknown flag bits and non-zero reserved bytes are rejected.
+ * - The index is exactly index_len bytes: one array of n_entries elements
+ *   and nothing after it.
+ * - key: a valid "<gidx>@<field>" (blob/keys.h); no two entries share a key.
+ * - kind: "tensor", "bytes" or "object".
+ * - dtype: 0..32 bytes of [a-z0-9_]; non-empty for a tensor, may be empty
+ *   for bytes and object. Not checked against a list of known dtypes.
+ * - shape: at most 32 dims, each a uint.
+ * - off: 64-byte aligned, payload_off <= off, off + len <= total_len.
+ * - crc: a uint below 2^32 on every entry when flags bit 0 is set, nil on
+ *   every entry when it is clear.
+ * - Entries do not overlap (zero-length entries overlap nothing), unless the
+ *   parse options allow it.
+ *
+ * The builder writes off as a full-width uint64 and crc as a full-width
+ * uint32 (the parser accepts any msgpack uint encoding): so the index length,
+ * and with it every payload offset, is known before any offset or CRC value
+ * is, and the layout can be computed before the payload exists.
+ *
+ * Threads: a builder or a parsed blob belongs to one thread at a time; a
+ * parsed blob is read-only after dp_blob_parse() and may then be read from
+ * several threads. Everything else is reentrant.
+ */
+#ifndef DP_BLOB_BLOB_H
+#define DP_BLOB_BLOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dataplane/err.h"
+
+#define DP_BLOB_MAGIC "DPBLOB01"
+#define DP_BLOB_VERSION 1u
+#define DP_BLOB_HEADER_LEN 64u
+#define DP_BLOB_ALIGN 64u
+#define DP_BLOB_MAX_DIMS 32u
+#define DP_BLOB_DTYPE_MAX 32u
+#define DP_BLOB_FLAG_CRC 1u /* flags bit 0: per-entry payload CRC32C present */
+/* Default limits of the parser (and hard limits of the builder). */
+#define DP_BLOB_MAX_ENTRIES (1u << 20)
+#define DP_BLOB_MAX_INDEX_LEN (64ull << 20)
+/* The smallest possible encoded index entry, used to bound n_entries by index_len. */
+#define DP_BLOB_MIN_ENTRY_LEN 16u
+
+typedef enum dp_blob_kind {
+    DP_BLOB_TENSOR = 0,
+    DP_BLOB_BYTES = 1,
+    DP_BLOB_OBJECT = 2,
+} dp_blob_kind;
+
+/* "tensor", "bytes", "object"; "?" for anything else. */
+const char *dp_blob_kind_name(dp_blob_kind k);
+/* The kind spelled s[0..len); DP_EINVAL if it is none of the three. */
+int dp_blob_kind_parse(const char *s, size_t len, dp_blob_kind *out);
+
+/* The decoded header fields. */
+typedef struct dp_blob_header {
+    uint32_t version;
+    uint32_t n_entries;
+    uint64_t index_len;
+    uint64_t payload_off;
+    uint64_t total_len;
+    uint32_t index_crc;
+    uint32_t flags;
+} dp_blob_header;
+
+/* ------------------------------------------------------------------ */
+/* Builder (client side).                                              */
+/* ------------------------------------------------------------------ */
+
+/* One entry as the builder's caller describes it. Everything is copied by add. */
+typedef struct dp_blob_entry_spec {
+    const char *key; /* "<gidx>@<field>", need not be NUL-terminated */
+    size_t key_len;  /* 0 means strlen(key) */
+    dp_blob_kind kind;
+    const char *dtype; /* NUL-terminated; NULL or "" allowed for bytes/object */
+    const uint64_t *shape;
+    uint32_t ndim;       /* <= DP_BLOB_MAX_DIMS; shape may be NULL when 0 */
+    uint64_t len;        /* payload bytes */
+    const void *payload; /* optional, len bytes; borrowed, see below */
+    bool has_crc;        /* crc below is the payload's CRC32C */
+    uint32_t crc;
+} dp_blob_entry_spec;
+
+typedef struct dp_blob_builder dp_blob_builder;
+
+/* Sizes and offsets of a laid-out blob. */
+typedef struct dp_blob_layout {
+    uint32_t n_entries;
+    uint64_t index_len;
+    uint64_t payload_off; /* header + index + padding: what dp_blob_builder_write fills */
+    uint64_t total_len;   /* the allocation to ask for: payload end, rounded up to 64 */
+} dp_blob_layout;
+
+/*
+ * New empty builder. flags: 0 or DP_BLOB_FLAG_CRC (every entry then needs a
+ * payload CRC32C). DP_EINVAL for unknown flags, DP_ENOMEM.
+ */
+int dp_blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d);
+/* NULL allowed. */
+void dp_blob_builder_destroy(dp_blob_builder *b);
+/* Forget every entry (keeps the flags and the memory), to build the next blob. */
+void dp_blob_builder_reset(dp_blob_builder *b);
+
+/*
+ * Add an entry; its index (0, 1, ...) into *idx (NULL allowed). Checks the key,
+ * kind, dtype and shape against the rules above; duplicate keys are caught
+ * by dp_blob_builder_layout. With DP_BLOB_FLAG_CRC the entry needs has_crc,
+ * or a payload from which add computes the CRC (a pass over len bytes); a
+ * crc without the flag is DP_EINVAL. If payload is given the builder keeps
+ * the pointer for dp_blob_builder_copy_payloads(): the bytes must stay valid
+ * until then. Invalidates an earlier layout.
+ * Returns DP_EINVAL (with the reason), DP_ETOOBIG (entry count), DP_ENOMEM.
+ */
+int dp_blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *spec, uint32_t *idx,
+                        dp_detail *d);
+
+/*
+ * Set entry i's payload CRC32C (blob built with DP_BLOB_FLAG_CRC), e.g. once
+ * the payload has been produced after the layout. Does not change the layout.
+ */
+int dp_blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d);
+
+/*
+ * Lay the blob out: encode the index, place each entry's payload, size the
+ * blob. Needs at least one entry. DP_EINVAL for duplicate keys or no entries,
+ * DP_ETOOBIG if the index or the blob would pass the limits or overflow,
+ * DP_ENOMEM. After it, dp_blob_builder_offset() gives each payload's place.
+ */
+int dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d);
+
+/* Entry i's payload offset in the blob (after a layout) and length. */
+uint64_t dp_blob_builder_offset(const dp_blob_builder *b, uint32_t i);
+uint64_t dp_blob_builder_len(const dp_blob_builder *b, uint32_t i);
+uint32_t dp_blob_builder_count(const dp_blob_builder *b);
+
+/*
+ * Write bytes [0, payload_off) of the laid-out blob (header, index, zero
+ * padding) into dst[0..cap). cap >= payload_off, else DP_EINVAL. The payload
+ * goes to dst + dp_blob_builder_offset(b, i), by the caller (copy or RDMA
+ * WRITE) or by dp_blob_builder_copy_payloads(). DP_EINVAL before a layout
+ * or when a CRC is still missing.
+ */
+int dp_blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail *d);
+
+/*
+ * Copy every payload given to add into dst (cap >= total_len) at its offset
+ * and zero the gaps between payloads. Entries added without a payload are
+ * left alone. DP_EINVAL before a layout or when cap is too small.
+ */
+int dp_blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
+                                  dp_detail *d);
+
+/* ------------------------------------------------------------------ */
+/* Parser / validator (unit side).                                     */
+/* ------------------------------------------------------------------ */
+
+/* One entry of a parsed blob. Strings and shape live in the dp_blob. */
+typedef struct dp_blob_entry {
+    const char *key; /* NUL-terminated */
+    uint32_t key_len;
+    uint64_t gidx;
+    const char *field; /* NUL-terminated, points into key */
+    uint32_t field_len;
+    dp_blob_kind kind;
+    const char *dtype; /* NUL-terminated, may be "" */
+    uint32_t dtype_len;
+    const uint64_t *shape; /* ndim dims (not NULL even when ndim == 0) */
+    uint32_t ndim;
+    uint64_t off; /* relative to the blob start */
+    uint64_t len;
+    bool has_crc;
+    uint32_t crc;
+} dp_blob_entry;
+
+typedef struct dp_blob_parse_opts {
+    uint32_t max_entries;   /* 0: DP_BLOB_MAX_ENTRIES */
+    uint64_t max_index_len; /* 0: DP_BLOB_MAX_INDEX_LEN */
+    bool allow_overlap;     /* accept entries whose payloads overlap */
+    /* When n_units > 0, every key's gidx % n_units must equal unit_index. */
+    uint32_t n_units;
+    uint32_t unit_index;
+} dp_blob_parse_opts;
+
+typedef struct dp_blob dp_blob;
+
+/*
+ * Validate the untrusted blob p[0..len) (len: the allocation the unit handed
+ * out) and return its entries in *out. The header and index are first copied
+ * into memory the dp_blob owns; everything is validated on that copy and the
+ * entries point into it, so a writer still scribbling on p cannot change
+ * what was validated. Nothing outside p[0..len) is read; the payload is not
+ * read at all (see dp_blob_check_payload). opts NULL: defaults.
+ * Returns DP_EPROTO with the reason in d, or DP_ENOMEM. *out is NULL on error.
+ */
+int dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts,
+                  dp_blob **out, dp_detail *d);
+/* NULL allowed. */
+void dp_blob_destroy(dp_blob *b);
+
+const dp_blob_header *dp_blob_get_header(const dp_blob *b);
+uint32_t dp_blob_count(const dp_blob *b);
+/* Entry i < dp_blob_count(b), in index order. */
+const dp_blob_entry *dp_blob_entry_at(const dp_blob *b, uint32_t i);
+/* The entry with this key, or NULL (binary search). */
+const dp_blob_entry *dp_blob_find(const dp_blob *b, const char *key, size_t key_len);
+
+/*
+ * Check every entry's payload CRC32C against the blob bytes p[0..len) (the
+ * same region that was parsed: len must equal total_len). A pass over all
+ * the payload. DP_ECORRUPT naming the first bad entry, DP_EINVAL if the blob
+ * carries no CRCs or len differs.
+ */
+int dp_blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d);
+
+/* Check one entry's payload (payload = the entry's len bytes). DP_ECORRUPT/DP_EINVAL. */
+int dp_blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d);
+
+/*
+ * Decode and check the 64-byte header alone (magic, version, flags, reserved,
+ * sizes against len and the limits), from hdr64 (64 bytes the caller owns).
+ * Used by dp_blob_parse; exposed for tools. DP_EPROTO with the reason.
+ */
+int dp_blob_header_decode(const uint8_t hdr64[64], uint64_t len,
+                          const dp_blob_parse_opts *opts, dp_blob_header *out,
+                          dp_detail *d);
+
+/* Write the 64-byte header for h into out (little-endian, reserved zero). */
+void dp_blob_header_encode(const dp_blob_header *h, uint8_t out[64]);
+
+#endif
