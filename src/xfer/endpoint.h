@@ -1,0 +1,219 @@
+/*
+ * Transfer endpoint: one UCX context and worker, the memory it registered, the
+ * remote endpoints it can reach, and blocking one-sided WRITE (put) and READ
+ * (get) between registered local memory and a remote's registered regions.
+ *
+ * No UCX type appears here: dp_endpoint is opaque, remotes are named by the
+ * string their metadata carries, memory by plain addresses.
+ *
+ * Every posted transfer ends DONE or is retained in the process graveyard
+ * (graveyard.h) with its local ranges, on every exit path. Callers must not
+ * reuse or free memory for which dp_endpoint_touches_unfinished() is true.
+ *
+ * Threads: every function may be called from any thread unless its comment
+ * says otherwise; the endpoint serialises access to its UCX worker with one
+ * mutex. Blocking calls (transfer, transfer_many, add_remote) do not hold it
+ * while idle, so several threads can wait at once.
+ */
+#ifndef DP_XFER_ENDPOINT_H
+#define DP_XFER_ENDPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "xfer/graveyard.h"
+
+typedef struct dp_endpoint dp_endpoint;
+
+typedef enum dp_xfer_op {
+    DP_XFER_WRITE = 1, /* local -> remote (UCX put) */
+    DP_XFER_READ = 2,  /* remote -> local (UCX get) */
+} dp_xfer_op;
+
+typedef enum dp_ep_err_mode {
+    /*
+     * Detect failed peers (UCP_ERR_HANDLING_MODE_PEER): a dead peer's transfers
+     * fail instead of hanging. Shared-memory error handling is switched on in the
+     * endpoint's UCX config so same-host RMA still goes over posix/sysv.
+     */
+    DP_EP_ERR_PEER = 0,
+    /* No peer-failure detection (UCP_ERR_HANDLING_MODE_NONE); deadlines still hold. */
+    DP_EP_ERR_NONE = 1,
+} dp_ep_err_mode;
+
+/* Creation options. A zeroed struct (or dp_endpoint_opts_init) gives the defaults. */
+typedef struct dp_endpoint_opts {
+    /*
+     * Run a thread that progresses the worker whenever no caller does. Needed by
+     * a target whose peers may use emulated RMA (TCP): it serves them without any
+     * caller. Default off.
+     */
+    bool progress_thread;
+    /*
+     * Refuse to create the endpoint (DP_EPOLICY and the reason) unless UCX_TLS
+     * and UCX_NET_DEVICES restrict UCX to RDMA transports. Also switched on by the
+     * environment variable DP_REQUIRE_RDMA=1.
+     */
+    bool require_rdma;
+    dp_ep_err_mode err_mode;
+    /*
+     * Ranges up to this many bytes whose remote region is mapped into this
+     * process (shared memory on one host) are copied with memcpy instead of a
+     * UCX operation; such a copy completes synchronously. 0: default (64 KiB);
+     * negative: never.
+     */
+    int64_t memcpy_max;
+} dp_endpoint_opts;
+
+/* One transfer of a batch: parallel lists of local and remote ranges. */
+typedef struct dp_xfer_desc {
+    dp_xfer_op op;
+    const dp_range *local;
+    size_t n_local;
+    const dp_range *remote;
+    size_t n_remote;
+    const char *remote_name;
+} dp_xfer_desc;
+
+/* Fill o with the defaults. */
+void dp_endpoint_opts_init(dp_endpoint_opts *o);
+
+/*
+ * Create an endpoint named name (1..255 printable ASCII bytes; it is how peers
+ * name this endpoint) with opts (NULL: defaults). On success *out owns the UCX
+ * context and worker. Errors: DP_EINVAL (bad name or options), DP_EPOLICY
+ * (require_rdma and the UCX configuration allows non-RDMA transports; d says
+ * why), DP_ETRANSFER (UCX failed to initialise; d has the UCX status), DP_ENOMEM.
+ */
+int dp_endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
+                       dp_detail *d);
+
+/*
+ * Release the UCX resources: stop the progress thread, disconnect remotes,
+ * unmap memory from dp_endpoint_alloc, deregister the rest. If a transfer of
+ * this endpoint was retained in the graveyard, the UCX context, worker and
+ * every registration are kept (owned by the graveyard) instead, because that
+ * transfer may still run. Later calls on ep fail with DP_EINVAL. Idempotent.
+ * Must not race with other calls on ep.
+ */
+void dp_endpoint_close(dp_endpoint *ep);
+
+/* Close (if needed) and free. NULL and half-built endpoints allowed. */
+void dp_endpoint_destroy(dp_endpoint *ep);
+
+/* The endpoint's name (valid until destroy). */
+const char *dp_endpoint_name(const dp_endpoint *ep);
+
+/*
+ * Register [addr, addr + len) that the caller owns and keeps alive until
+ * deregistered. Regions must not overlap. Errors: DP_EINVAL, DP_EEXIST
+ * (overlaps a registered region), DP_ETRANSFER (UCX refused; d gives the size
+ * and RLIMIT_MEMLOCK).
+ */
+int dp_endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d);
+
+/*
+ * Allocate len bytes of registered memory through UCX (shared memory where
+ * possible, so a peer on the same host gets true one-sided access: use it for
+ * slabs) and return its address in *addr. Freed by dp_endpoint_deregister or
+ * close. Errors as for register, plus DP_ENOMEM.
+ */
+int dp_endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d);
+
+/*
+ * Deregister the region starting at addr (and free it if it came from
+ * dp_endpoint_alloc). Errors: DP_ENOTFOUND (no region starts there), DP_EBUSY
+ * (an unfinished transfer touches it: it stays registered for good and the
+ * memory must not be reused).
+ */
+int dp_endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d);
+
+/*
+ * This endpoint's metadata: the bytes a peer passes to dp_endpoint_add_remote.
+ * *out is malloc'd (caller frees), *len its size. The generation inside bumps
+ * on every register/deregister, so take it again after those.
+ */
+int dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d);
+
+/*
+ * Parse untrusted metadata md[0..len) and connect to that endpoint. The remote's
+ * name is copied to name_out (at least 256 bytes; NULL allowed). The remote's
+ * shared-memory mappings, if any, are pre-faulted here once. Adding a name that
+ * is already known replaces it (its metadata may have changed). Errors: DP_EPROTO
+ * (malformed metadata), DP_ETRANSFER (UCX could not reach it or unpack a key),
+ * DP_EINVAL, DP_ENOMEM.
+ */
+int dp_endpoint_add_remote(dp_endpoint *ep, const void *md, size_t len, char *name_out,
+                           dp_detail *d);
+
+/* True if a remote of that name was added and not removed. */
+bool dp_endpoint_has_remote(dp_endpoint *ep, const char *name);
+
+/*
+ * Disconnect and forget a remote. Errors: DP_ENOTFOUND. A remote with retained
+ * transfers is forgotten, but its UCX endpoint and keys are kept.
+ */
+int dp_endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
+
+/*
+ * Blocking one-sided transfer: WRITE copies local[i] to remote[i], READ remote[i]
+ * to local[i], for every i; local ranges must lie in this endpoint's registered
+ * regions and remote ranges in the remote's. Returns once every byte is done
+ * (for WRITE: visible in the remote memory) or timeout_s (finite, > 0) passed.
+ *
+ * Errors: DP_EINVAL before anything is posted (closed endpoint, unknown
+ * remote, list lengths or per-range sizes that differ, a range outside the
+ * registered regions, bad op or timeout); DP_EFATAL (process poisoned);
+ * DP_ETIMEDOUT (deadline passed: the transfer is retained in the graveyard);
+ * DP_ETRANSFER (the peer failed or UCX reported an error; retained if it may
+ * still run).
+ */
+int dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
+                         size_t n_local, const dp_range *remote, size_t n_remote,
+                         const char *remote_name, double timeout_s, dp_detail *d);
+
+/*
+ * Post every transfer of ops[0..n_ops) (as dp_endpoint_transfer), then wait for
+ * all of them under one deadline, so N peers cost about the slowest one.
+ * results[i] (required) gets op i's code; details (NULL or n_ops entries) its
+ * detail. Ops are independent: one failing does not stop the others.
+ *
+ * Returns DP_OK when every op is done. DP_EINVAL (any op invalid) and DP_EFATAL
+ * refuse the whole batch before anything is posted (results all set to it);
+ * otherwise the code of the first failed op, with d naming it.
+ */
+int dp_endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                              double timeout_s, int *results, dp_detail *details,
+                              dp_detail *d);
+
+/*
+ * True if [addr, addr + nbytes) overlaps the local ranges of a retained
+ * (possibly still running) transfer, in this endpoint or any other of the
+ * process. Such memory must never be reused or freed.
+ */
+bool dp_endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr,
+                                    size_t nbytes);
+
+/*
+ * Describe the UCX lanes (transports) used towards remote name: what
+ * ucp_ep_print_info prints, into a malloc'd string (*out, caller frees).
+ * For benchmarks and diagnostics. Errors: DP_ENOTFOUND, DP_EINVAL, DP_ENOMEM.
+ */
+int dp_endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out,
+                                dp_detail *d);
+
+/* Counters for tests and stats. Any thread. */
+typedef struct dp_endpoint_stats {
+    uint64_t transfers_ok;
+    uint64_t transfers_failed;
+    uint64_t transfers_retained; /* handed to the graveyard */
+    uint64_t memcpy_ranges;      /* ranges done by the direct memcpy path */
+    uint64_t ucx_ranges;         /* ranges posted to UCX */
+    size_t n_regions;
+    size_t n_remotes;
+} dp_endpoint_stats;
+void dp_endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st);
+
+#endif

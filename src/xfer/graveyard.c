@@ -1,0 +1,244 @@
+/*
+ * The process-wide graveyard (see graveyard.h).
+ *
+ * Design notes:
+ * - State: the retained owners (kept reachable from a global so leak checkers
+ *   see them as live, and so nothing ever frees them), the charged bytes, the
+ *   limit, the poisoned flag, and the union of retained local ranges as a
+ *   sorted array of disjoint, non-adjacent intervals. Retained transfers are
+ *   rare, so inserting with memmove is fine; lookups are a binary search.
+ * - One mutex (gy_mu) guards all of it. It is a leaf lock: callers may hold
+ *   their own locks (the endpoint's) when calling in, and nothing here calls
+ *   out while holding it, except logging.
+ * - Nothing is ever removed: an entry may describe a UCX operation that still
+ *   runs, and the graveyard cannot know when it stops.
+ */
+#include "graveyard.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct iv {
+    uint64_t lo, hi; /* [lo, hi) */
+} iv;
+
+static pthread_mutex_t gy_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool gy_limit_set;
+static uint64_t gy_max = DP_GRAVEYARD_DEFAULT_MAX_BYTES;
+static uint64_t gy_bytes;
+static bool gy_poisoned;
+static void **gy_owners;
+static size_t gy_n_owners, gy_cap_owners;
+static size_t gy_entries;
+static iv *gy_iv;
+static size_t gy_n_iv, gy_cap_iv;
+
+static void
+limit_init_locked(void)
+{
+    if (gy_limit_set)
+        return;
+    gy_limit_set = true;
+    const char *e = getenv("DP_GRAVEYARD_MAX_BYTES");
+    if (e != NULL && *e != '\0') {
+        uint64_t v;
+        dp_detail det;
+        if (dp_parse_size(e, &v, "DP_GRAVEYARD_MAX_BYTES", &det) == DP_OK)
+            gy_max = v;
+        else
+            DP_LOG_W("graveyard: ignoring %s", det.msg);
+    }
+}
+
+static void
+poison_check_locked(void)
+{
+    if (!gy_poisoned && gy_bytes > gy_max) {
+        gy_poisoned = true;
+        DP_LOG_E("graveyard: %" PRIu64
+                 " bytes retained by unfinished transfers, limit %" PRIu64
+                 ": process poisoned, every later transfer fails",
+                 gy_bytes, gy_max);
+    }
+}
+
+/* Insert [lo, hi) into the interval set, merging neighbours. false on OOM. */
+static bool
+iv_insert_locked(uint64_t lo, uint64_t hi)
+{
+    /* First interval whose hi >= lo (may merge with [lo, hi)). */
+    size_t a = 0, b = gy_n_iv;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (gy_iv[m].hi < lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    size_t first = a, last = a; /* merge [first, last) */
+    while (last < gy_n_iv && gy_iv[last].lo <= hi) {
+        lo = DP_MIN(lo, gy_iv[last].lo);
+        hi = DP_MAX(hi, gy_iv[last].hi);
+        last++;
+    }
+    if (first == last) {
+        if (gy_n_iv == gy_cap_iv) {
+            size_t cap = gy_cap_iv ? gy_cap_iv * 2 : 64;
+            iv *p = realloc(gy_iv, cap * sizeof *p);
+            if (p == NULL)
+                return false;
+            gy_iv = p;
+            gy_cap_iv = cap;
+        }
+        memmove(gy_iv + first + 1, gy_iv + first, (gy_n_iv - first) * sizeof *gy_iv);
+        gy_n_iv++;
+    } else if (last - first > 1) {
+        memmove(gy_iv + first + 1, gy_iv + last, (gy_n_iv - last) * sizeof *gy_iv);
+        gy_n_iv -= last - first - 1;
+    }
+    gy_iv[first].lo = lo;
+    gy_iv[first].hi = hi;
+    return true;
+}
+
+void
+dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *what)
+{
+    pthread_mutex_lock(&gy_mu);
+    limit_init_locked();
+    bool ok = true;
+    if (owner != NULL) {
+        if (gy_n_owners == gy_cap_owners) {
+            size_t cap = gy_cap_owners ? gy_cap_owners * 2 : 16;
+            void **p = realloc(gy_owners, cap * sizeof *p);
+            if (p != NULL) {
+                gy_owners = p;
+                gy_cap_owners = cap;
+            }
+        }
+        if (gy_n_owners < gy_cap_owners)
+            gy_owners[gy_n_owners++] = owner;
+        else
+            ok = false;
+    }
+    uint64_t charged = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (local[i].nbytes == 0)
+            continue;
+        uint64_t hi = local[i].addr + local[i].nbytes;
+        if (hi < local[i].addr)
+            hi = UINT64_MAX;
+        if (!iv_insert_locked(local[i].addr, hi))
+            ok = false;
+        charged += local[i].nbytes;
+    }
+    gy_bytes = gy_bytes + charged < gy_bytes ? UINT64_MAX : gy_bytes + charged;
+    gy_entries++;
+    DP_LOG_W("graveyard: retained %s: %zu local ranges, %" PRIu64 " bytes (total %" PRIu64
+             " of %" PRIu64 ")",
+             what ? what : "transfer", n, charged, gy_bytes, gy_max);
+    if (!ok && !gy_poisoned) {
+        gy_poisoned = true;
+        DP_LOG_E("graveyard: out of memory recording an unfinished transfer: process "
+                 "poisoned");
+    }
+    poison_check_locked();
+    pthread_mutex_unlock(&gy_mu);
+}
+
+void
+dp_graveyard_retain_buffer(uint64_t nbytes)
+{
+    pthread_mutex_lock(&gy_mu);
+    limit_init_locked();
+    gy_bytes = gy_bytes + nbytes < gy_bytes ? UINT64_MAX : gy_bytes + nbytes;
+    poison_check_locked();
+    pthread_mutex_unlock(&gy_mu);
+}
+
+int
+dp_graveyard_check(dp_detail *d)
+{
+    pthread_mutex_lock(&gy_mu);
+    bool p = gy_poisoned;
+    uint64_t bytes = gy_bytes, max = gy_max;
+    size_t entries = gy_entries;
+    pthread_mutex_unlock(&gy_mu);
+    if (!p)
+        return DP_OK;
+    return dp_fail(d, DP_EFATAL,
+                   "process poisoned: %zu unfinished transfers retain %" PRIu64
+                   " bytes, limit %" PRIu64
+                   " (DP_GRAVEYARD_MAX_BYTES); restart the process",
+                   entries, bytes, max);
+}
+
+bool
+dp_graveyard_touches(uint64_t addr, uint64_t nbytes)
+{
+    if (nbytes == 0)
+        return false;
+    uint64_t hi = addr + nbytes < addr ? UINT64_MAX : addr + nbytes;
+    pthread_mutex_lock(&gy_mu);
+    /* First interval with iv.hi > addr; it overlaps iff its lo < hi. */
+    size_t a = 0, b = gy_n_iv;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (gy_iv[m].hi <= addr)
+            a = m + 1;
+        else
+            b = m;
+    }
+    bool hit = a < gy_n_iv && gy_iv[a].lo < hi;
+    pthread_mutex_unlock(&gy_mu);
+    return hit;
+}
+
+void
+dp_graveyard_set_max_bytes(uint64_t max_bytes)
+{
+    pthread_mutex_lock(&gy_mu);
+    gy_limit_set = true;
+    gy_max = max_bytes;
+    poison_check_locked();
+    pthread_mutex_unlock(&gy_mu);
+}
+
+uint64_t
+dp_graveyard_max_bytes(void)
+{
+    pthread_mutex_lock(&gy_mu);
+    limit_init_locked();
+    uint64_t v = gy_max;
+    pthread_mutex_unlock(&gy_mu);
+    return v;
+}
+
+uint64_t
+dp_graveyard_bytes(void)
+{
+    pthread_mutex_lock(&gy_mu);
+    uint64_t v = gy_bytes;
+    pthread_mutex_unlock(&gy_mu);
+    return v;
+}
+
+size_t
+dp_graveyard_entries(void)
+{
+    pthread_mutex_lock(&gy_mu);
+    size_t v = gy_entries;
+    pthread_mutex_unlock(&gy_mu);
+    return v;
+}
+
+bool
+dp_graveyard_poisoned(void)
+{
+    pthread_mutex_lock(&gy_mu);
+    bool v = gy_poisoned;
+    pthread_mutex_unlock(&gy_mu);
+    return v;
+}

@@ -1,0 +1,89 @@
+/*
+ * Endpoint metadata: the versioned byte string one endpoint hands to another
+ * (through the control plane) so the other can reach it: the endpoint's name, a
+ * generation counter, its UCX worker address and, per registered region, the
+ * base address, the length and the packed remote key.
+ *
+ * Layout (version 1, all integers little-endian):
+ *
+ *   0   4  magic "DPMD"
+ *   4   2  version (1)
+ *   6   2  name_len            1..DP_MD_NAME_MAX
+ *   8   4  addr_len            1..DP_MD_ADDR_MAX
+ *   12  4  n_regions           0..DP_MD_REGIONS_MAX
+ *   16  8  gen                 bumps on every register/deregister
+ *   24  .. name bytes, then worker address bytes
+ *   ..  per region: base u64, len u64, rkey_len u32, rkey bytes
+ *
+ * The blob ends exactly after the last region. The parser takes untrusted
+ * bytes: it never reads outside [buf, buf+len) and rejects, with a reason,
+ * anything the layout does not allow. No UCX type appears here.
+ *
+ * Threads: every function is reentrant; objects belong to their caller.
+ */
+#ifndef DP_XFER_METADATA_H
+#define DP_XFER_METADATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+#define DP_MD_MAGIC "DPMD"
+#define DP_MD_VERSION 1
+#define DP_MD_HEADER_LEN 24
+#define DP_MD_NAME_MAX 255
+#define DP_MD_ADDR_MAX (64u * 1024)
+#define DP_MD_REGIONS_MAX 65536u
+#define DP_MD_RKEY_MAX 4096u
+#define DP_MD_TOTAL_MAX (64u * 1024 * 1024)
+
+/* One registered region as described by metadata. rkey points into the parsed blob. */
+typedef struct dp_md_region {
+    uint64_t base;
+    uint64_t len;
+    const uint8_t *rkey;
+    uint32_t rkey_len;
+} dp_md_region;
+
+/*
+ * Parsed metadata. name is NUL-terminated (copied); addr and each region's rkey
+ * point into the buffer given to dp_md_parse, which must outlive this object.
+ * regions is heap-allocated: release with dp_md_fini.
+ */
+typedef struct dp_md {
+    char name[DP_MD_NAME_MAX + 1];
+    uint64_t gen;
+    const uint8_t *addr;
+    uint32_t addr_len;
+    uint32_t n_regions;
+    dp_md_region *regions;
+} dp_md;
+
+/*
+ * Check that name is a valid endpoint name: 1..DP_MD_NAME_MAX bytes, printable
+ * ASCII (0x21..0x7e). DP_EINVAL with a reason otherwise.
+ */
+int dp_md_check_name(const char *name, size_t len, dp_detail *d);
+
+/*
+ * Encode into out (appended). Fails with DP_EINVAL when a field is out of the
+ * limits above, DP_ENOMEM when out cannot grow.
+ */
+int dp_md_encode(dp_buf *out, const char *name, uint64_t gen, const void *addr,
+                 size_t addr_len, const dp_md_region *regions, size_t n_regions,
+                 dp_detail *d);
+
+/*
+ * Parse untrusted bytes. On success *out is filled (release with dp_md_fini).
+ * Fails with DP_EPROTO and a reason for malformed input (bad magic, unknown
+ * version, a length past the end or the limits, trailing bytes, a region whose
+ * base+len overflows, regions that overlap), DP_ENOMEM on allocation failure.
+ * On failure *out needs no fini.
+ */
+int dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d);
+
+/* Release what dp_md_parse allocated (NULL and zeroed objects allowed). */
+void dp_md_fini(dp_md *md);
+
+#endif

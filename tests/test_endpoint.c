@@ -1,0 +1,898 @@
+/*
+ * Tests for src/xfer/endpoint and metadata: real processes, real UCX.
+ *
+ * Peers are this same program re-executed with DP_TEST_PEER set (a
+ * constructor turns such a process into a peer before main runs), so every
+ * peer starts with fresh UCX state. A peer creates an endpoint, allocates a
+ * slab filled with a known pattern, sends its metadata over a socketpair and
+ * then blocks reading that socket: it never progresses its worker unless its
+ * progress thread is on. The parent moves bytes one-sided.
+ *
+ * UCX_TLS is set per test (both sides read it from the environment): unset
+ * (UCX's default: shared memory on one host) or "tcp" (emulated RMA: the peer
+ * needs its progress thread).
+ */
+#include "dp_test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "xfer/endpoint.h"
+#include "xfer/graveyard.h"
+#include "xfer/metadata.h"
+
+#define MiB (1024ull * 1024)
+
+/* ---- the pattern a peer's slab starts with ---- */
+
+static uint8_t
+pat(uint64_t seed, uint64_t off)
+{
+    uint64_t z = (off >> 3) * 0x9e3779b97f4a7c15ull ^ seed;
+    z ^= z >> 29;
+    return (uint8_t)(z >> (8 * (off & 7)));
+}
+
+/* ---- I/O helpers ---- */
+
+static int
+write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *c = p;
+    while (n > 0) {
+        ssize_t k = write(fd, c, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int
+read_all(int fd, void *p, size_t n)
+{
+    uint8_t *c = p;
+    while (n > 0) {
+        ssize_t k = read(fd, c, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* ---- peer side (runs before main in a re-executed child) ---- */
+
+static int poison_main(void);
+
+static void
+peer_main(void)
+{
+    int fd = atoi(getenv("DP_TEST_PEER_FD"));
+    const char *name = getenv("DP_TEST_PEER_NAME");
+    uint64_t slab = strtoull(getenv("DP_TEST_PEER_SLAB"), NULL, 0);
+    uint64_t seed = strtoull(getenv("DP_TEST_PEER_SEED"), NULL, 0);
+    dp_endpoint_opts o;
+    dp_endpoint_opts_init(&o);
+    o.progress_thread = atoi(getenv("DP_TEST_PEER_PT")) != 0;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_endpoint *ep = NULL;
+    void *base = NULL;
+    uint8_t *md = NULL;
+    size_t md_len = 0;
+    if (dp_endpoint_create(name, &o, &ep, &d) != DP_OK ||
+        dp_endpoint_alloc(ep, slab, &base, &d) != DP_OK) {
+        fprintf(stderr, "peer %s: %s\n", name, d.msg);
+        _exit(2);
+    }
+    for (uint64_t i = 0; i < slab; i++)
+        ((uint8_t *)base)[i] = pat(seed, i);
+    if (dp_endpoint_metadata(ep, &md, &md_len, &d) != DP_OK) {
+        fprintf(stderr, "peer %s: %s\n", name, d.msg);
+        _exit(2);
+    }
+    uint64_t hdr[2] = {md_len, (uint64_t)(uintptr_t)base};
+    if (write_all(fd, hdr, sizeof hdr) != 0 || write_all(fd, md, md_len) != 0)
+        _exit(3);
+    free(md);
+    /* Serve until told to quit: 'q' quits, 'c' answers a checksum of the slab. */
+    for (;;) {
+        char c;
+        if (read_all(fd, &c, 1) != 0 || c == 'q')
+            break;
+        if (c == 'c') {
+            uint64_t h = 1469598103934665603ull;
+            for (uint64_t i = 0; i < slab; i++)
+                h = (h ^ ((uint8_t *)base)[i]) * 1099511628211ull;
+            if (write_all(fd, &h, sizeof h) != 0)
+                break;
+        }
+    }
+    dp_endpoint_destroy(ep);
+    _exit(0);
+}
+
+__attribute__((constructor)) static void
+peer_ctor(void)
+{
+    const char *mode = getenv("DP_TEST_PEER");
+    if (mode == NULL)
+        return;
+    if (strcmp(mode, "peer") == 0)
+        peer_main();
+    if (strcmp(mode, "poison") == 0)
+        _exit(poison_main());
+    _exit(9);
+}
+
+/* ---- parent side ---- */
+
+typedef struct peer {
+    pid_t pid;
+    int fd;
+    uint8_t *md;
+    size_t md_len;
+    uint64_t base;
+    uint64_t slab;
+    uint64_t seed;
+    char name[64];
+} peer;
+
+static int
+peer_start(peer *p, const char *name, uint64_t slab, bool progress_thread, uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->slab = slab;
+    p->seed = seed;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return -1;
+    char fdbuf[16], slabbuf[32], seedbuf[32];
+    snprintf(fdbuf, sizeof fdbuf, "%d", sv[1]);
+    snprintf(slabbuf, sizeof slabbuf, "%llu", (unsigned long long)slab);
+    snprintf(seedbuf, sizeof seedbuf, "%llu", (unsigned long long)seed);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        fcntl(sv[1], F_SETFD, 0); /* keep the peer's end across exec */
+        setenv("DP_TEST_PEER", "peer", 1);
+        setenv("DP_TEST_PEER_FD", fdbuf, 1);
+        setenv("DP_TEST_PEER_NAME", name, 1);
+        setenv("DP_TEST_PEER_SLAB", slabbuf, 1);
+        setenv("DP_TEST_PEER_SEED", seedbuf, 1);
+        setenv("DP_TEST_PEER_PT", progress_thread ? "1" : "0", 1);
+        execl("/proc/self/exe", "test_endpoint", (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    p->pid = pid;
+    p->fd = sv[0];
+    uint64_t hdr[2];
+    if (read_all(p->fd, hdr, sizeof hdr) != 0 || hdr[0] > DP_MD_TOTAL_MAX)
+        return -1;
+    p->md_len = hdr[0];
+    p->base = hdr[1];
+    p->md = malloc(p->md_len);
+    if (p->md == NULL || read_all(p->fd, p->md, p->md_len) != 0)
+        return -1;
+    return 0;
+}
+
+/* Ask the peer for a checksum of its slab (proves the bytes landed in its memory). */
+static uint64_t
+peer_checksum(peer *p)
+{
+    uint64_t h = 0;
+    if (write_all(p->fd, "c", 1) != 0 || read_all(p->fd, &h, sizeof h) != 0)
+        return 0;
+    return h;
+}
+
+static void
+peer_stop(peer *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGCONT);
+        if (write_all(p->fd, "q", 1) != 0)
+            kill(p->pid, SIGKILL);
+        int st;
+        double t0 = dp_test_now();
+        while (waitpid(p->pid, &st, WNOHANG) == 0) {
+            if (dp_test_now() - t0 > 10)
+                kill(p->pid, SIGKILL);
+            usleep(1000);
+        }
+    }
+    if (p->fd > 0)
+        close(p->fd);
+    free(p->md);
+    memset(p, 0, sizeof *p);
+}
+
+static void
+peer_kill(peer *p)
+{
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+}
+
+/* Set or unset UCX_TLS for the endpoints created next (parent and peers). */
+static void
+set_tls(const char *tls)
+{
+    if (tls == NULL)
+        unsetenv("UCX_TLS");
+    else
+        setenv("UCX_TLS", tls, 1);
+}
+
+/* Random non-overlapping ranges: sizes log-uniform in [1, max_size], total <= cap. */
+typedef struct plan {
+    size_t n;
+    dp_range local[80], remote[80];
+} plan;
+
+static uint64_t
+rand_size(uint64_t *rs, uint64_t max_size)
+{
+    unsigned bits = 0;
+    while ((1ull << bits) < max_size)
+        bits++;
+    uint64_t v = 1 + dp_test_rand(rs) % (1ull << (dp_test_rand(rs) % (bits + 1)));
+    return v > max_size ? max_size : v;
+}
+
+/* Place sizes at random offsets in [0, cap): sequential with random gaps, then shuffled.
+ */
+static void
+place(uint64_t *rs, const uint64_t *sizes, size_t n, uint64_t base, uint64_t cap,
+      dp_range *out)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += sizes[i];
+    size_t order[80];
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    for (size_t i = n; i > 1; i--) {
+        size_t j = dp_test_rand(rs) % i;
+        size_t t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+    }
+    uint64_t slack = cap - total, off = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = order[k];
+        uint64_t gap = slack ? dp_test_rand(rs) % (slack / (n - k) + 1) : 0;
+        slack -= gap;
+        off += gap;
+        out[i].addr = base + off;
+        out[i].nbytes = sizes[i];
+        off += sizes[i];
+    }
+}
+
+static void
+make_plan(uint64_t *rs, plan *pl, size_t n, uint64_t max_size, uint64_t lbase,
+          uint64_t lcap, uint64_t rbase, uint64_t rcap)
+{
+    uint64_t sizes[80], total = 0, cap = DP_MIN(lcap, rcap);
+    size_t k = 0;
+    for (; k < n; k++) {
+        uint64_t s = rand_size(rs, max_size);
+        if (total + s > cap)
+            break;
+        sizes[k] = s;
+        total += s;
+    }
+    pl->n = k;
+    place(rs, sizes, k, lbase, lcap, pl->local);
+    place(rs, sizes, k, rbase, rcap, pl->remote);
+}
+
+/*
+ * WRITE then READ back random scattered ranges between a local buffer and a
+ * peer's slab, checking the peer's initial pattern first.
+ */
+static void
+scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_size,
+                    int rounds, bool local_alloc)
+{
+    uint64_t rs = dp_test_seed();
+    set_tls(tls);
+    peer p;
+    dp_endpoint *ep = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_EQ(peer_start(&p, "peer-a", slab, peer_pt, rs ^ 0x55), 0);
+    dp_endpoint_opts o;
+    dp_endpoint_opts_init(&o);
+    CHECK_OK_D(dp_endpoint_create("client", &o, &ep, &d), &d);
+    uint64_t lcap = slab;
+    uint8_t *lbuf = NULL, *rb = NULL;
+    if (local_alloc) {
+        void *a = NULL;
+        CHECK_OK_D(dp_endpoint_alloc(ep, 2 * lcap, &a, &d), &d);
+        lbuf = a;
+    } else {
+        lbuf = aligned_alloc(4096, 2 * lcap);
+        CHECK(lbuf != NULL);
+        CHECK_OK_D(dp_endpoint_register(ep, lbuf, 2 * lcap, &d), &d);
+    }
+    rb = lbuf + lcap; /* read-back half */
+    char name[256];
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, name, &d), &d);
+    CHECK_STR(name, "peer-a");
+    CHECK(dp_endpoint_has_remote(ep, "peer-a"));
+    char *info = NULL;
+    CHECK_OK_D(dp_endpoint_describe_remote(ep, "peer-a", &info, &d), &d);
+    if (tls == NULL) {
+        /* One host, default transports: RMA over shared memory, not tcp. */
+        CHECKF(strstr(info, "posix") != NULL || strstr(info, "sysv") != NULL, "%s", info);
+        CHECKF(strstr(info, "rma") != NULL || strstr(info, "RMA") != NULL ||
+                   strstr(info, "put") != NULL || strstr(info, "posix") != NULL,
+               "%s", info);
+    }
+    free(info);
+
+    double t_total = dp_test_now();
+    uint64_t moved = 0;
+    static plan pl;
+    for (int round = 0; round < rounds; round++) {
+        make_plan(&rs, &pl, 1 + dp_test_rand(&rs) % 64, max_size,
+                  (uint64_t)(uintptr_t)lbuf, lcap, p.base, slab);
+        if (round == 0) {
+            /* The extremes always: one byte and the largest size. */
+            pl.n = 2;
+            pl.local[0] = (dp_range){(uint64_t)(uintptr_t)lbuf + 7, 1};
+            pl.remote[0] = (dp_range){p.base + slab - 1, 1};
+            pl.local[1] = (dp_range){(uint64_t)(uintptr_t)lbuf + 4096, max_size};
+            pl.remote[1] = (dp_range){p.base + 1, max_size};
+        }
+        /* READ first: the peer's pattern must come back where nothing was written. */
+        if (round == 0) {
+            CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, pl.local, pl.n, pl.remote,
+                                            pl.n, "peer-a", 60, &d),
+                       &d);
+            for (size_t i = 0; i < pl.n; i++)
+                for (uint64_t k = 0; k < pl.local[i].nbytes; k += 1 + k / 7) {
+                    uint8_t got = ((uint8_t *)(uintptr_t)pl.local[i].addr)[k];
+                    uint8_t want = pat(p.seed, pl.remote[i].addr - p.base + k);
+                    CHECKF(got == want, "range %zu byte %llu: %u != %u", i,
+                           (unsigned long long)k, got, want);
+                }
+        }
+        for (size_t i = 0; i < pl.n; i++) {
+            uint8_t *q = (uint8_t *)(uintptr_t)pl.local[i].addr;
+            uint64_t v = dp_test_rand(&rs);
+            for (uint64_t k = 0; k < pl.local[i].nbytes; k++)
+                q[k] = (uint8_t)(v + k * 131 + (k >> 9));
+        }
+        CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, pl.local, pl.n, pl.remote,
+                                        pl.n, "peer-a", 60, &d),
+                   &d);
+        /* Read back into the other half of the buffer at the same relative offsets. */
+        static dp_range back[80];
+        for (size_t i = 0; i < pl.n; i++) {
+            back[i] = (dp_range){pl.local[i].addr + lcap, pl.local[i].nbytes};
+            memset((void *)(uintptr_t)back[i].addr, 0xEE, back[i].nbytes);
+        }
+        CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, back, pl.n, pl.remote, pl.n,
+                                        "peer-a", 60, &d),
+                   &d);
+        for (size_t i = 0; i < pl.n; i++) {
+            CHECKF(memcmp((void *)(uintptr_t)back[i].addr,
+                          (void *)(uintptr_t)pl.local[i].addr, pl.local[i].nbytes) == 0,
+                   "round %d range %zu (%llu bytes) differs after WRITE+READ", round, i,
+                   (unsigned long long)pl.local[i].nbytes);
+            moved += 2 * pl.local[i].nbytes;
+        }
+    }
+    t_total = dp_test_now() - t_total;
+    printf("  %s: %d rounds, %.1f MiB moved in %.2f s (%.2f GB/s)\n",
+           tls ? tls : "default tls", rounds, (double)moved / MiB, t_total,
+           (double)moved / t_total / 1e9);
+    (void)rb;
+    dp_endpoint_stats st;
+    dp_endpoint_get_stats(ep, &st);
+    CHECK(st.transfers_retained == 0);
+    dp_endpoint_destroy(ep);
+    if (!local_alloc)
+        free(lbuf);
+    peer_stop(&p);
+    set_tls(NULL);
+}
+
+/* ---- tests ---- */
+
+DP_TEST(metadata_roundtrip_and_rejects)
+{
+    uint8_t addr[37], k1[9] = "rkey-one", k2[3] = "k2";
+    for (size_t i = 0; i < sizeof addr; i++)
+        addr[i] = (uint8_t)i;
+    dp_md_region r[2] = {{0x1000, 4096, k1, 8}, {0x10000, 1, k2, 2}};
+    dp_buf b;
+    dp_buf_init(&b);
+    dp_detail d;
+    CHECK_OK_D(dp_md_encode(&b, "unit-3", 42, addr, sizeof addr, r, 2, &d), &d);
+    dp_md md;
+    CHECK_OK_D(dp_md_parse(b.data, b.len, &md, &d), &d);
+    CHECK_STR(md.name, "unit-3");
+    CHECK_EQ_U64(md.gen, 42);
+    CHECK_EQ(md.addr_len, sizeof addr);
+    CHECK(memcmp(md.addr, addr, sizeof addr) == 0);
+    CHECK_EQ(md.n_regions, 2);
+    CHECK_EQ_U64(md.regions[1].base, 0x10000);
+    CHECK_EQ(md.regions[0].rkey_len, 8);
+    CHECK(memcmp(md.regions[0].rkey, "rkey-one", 8) == 0);
+    dp_md_fini(&md);
+    /* Every truncation is rejected; so is a trailing byte and a bad magic/version. */
+    for (size_t n = 0; n < b.len; n++)
+        CHECK_ERR(dp_md_parse(b.data, n, &md, NULL), DP_EPROTO);
+    uint8_t *x = malloc(b.len + 1);
+    memcpy(x, b.data, b.len);
+    x[b.len] = 0;
+    CHECK_ERR_D(dp_md_parse(x, b.len + 1, &md, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "trailing");
+    x[0] = 'X';
+    CHECK_ERR(dp_md_parse(x, b.len, &md, NULL), DP_EPROTO);
+    x[0] = 'D';
+    x[4] = 2;
+    CHECK_ERR_D(dp_md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "version");
+    free(x);
+    /* Overlapping regions and bad names are refused by the encoder's peer too. */
+    dp_md_region ov[2] = {{0x1000, 4096, k1, 8}, {0x1800, 1, k2, 2}};
+    dp_buf_reset(&b);
+    CHECK_OK(dp_md_encode(&b, "u", 1, addr, sizeof addr, ov, 2, NULL));
+    CHECK_ERR_D(dp_md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "overlaps");
+    CHECK_ERR(dp_md_encode(&b, "has space", 1, addr, sizeof addr, NULL, 0, NULL),
+              DP_EINVAL);
+    CHECK_ERR(dp_md_encode(&b, "", 1, addr, sizeof addr, NULL, 0, NULL), DP_EINVAL);
+    /* Random corruption never crashes and never yields out-of-bounds pointers. */
+    dp_buf_reset(&b);
+    CHECK_OK(dp_md_encode(&b, "unit-3", 42, addr, sizeof addr, r, 2, NULL));
+    uint64_t rs = dp_test_seed();
+    uint8_t *y = malloc(b.len);
+    for (int it = 0; it < 20000; it++) {
+        memcpy(y, b.data, b.len);
+        int flips = 1 + (int)(dp_test_rand(&rs) % 4);
+        for (int f = 0; f < flips; f++)
+            y[dp_test_rand(&rs) % b.len] = (uint8_t)dp_test_rand(&rs);
+        size_t n = b.len - dp_test_rand(&rs) % 3;
+        if (dp_md_parse(y, n, &md, NULL) == DP_OK) {
+            CHECK(md.addr >= y && md.addr + md.addr_len <= y + n);
+            for (uint32_t i = 0; i < md.n_regions; i++)
+                CHECK(md.regions[i].rkey >= y &&
+                      md.regions[i].rkey + md.regions[i].rkey_len <= y + n);
+            dp_md_fini(&md);
+        }
+    }
+    free(y);
+    dp_buf_fini(&b);
+}
+
+DP_TEST(create_rejects_bad_names_and_policy)
+{
+    dp_endpoint *ep = (dp_endpoint *)1;
+    dp_detail d;
+    CHECK_ERR(dp_endpoint_create("", NULL, &ep, &d), DP_EINVAL);
+    CHECK(ep == NULL);
+    CHECK_ERR(dp_endpoint_create("a b", NULL, &ep, &d), DP_EINVAL);
+    dp_endpoint_opts o;
+    dp_endpoint_opts_init(&o);
+    o.require_rdma = true;
+    set_tls(NULL);
+    CHECK_ERR_D(dp_endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
+    CHECK_CONTAINS(d.msg, "UCX_TLS");
+    set_tls("tcp");
+    CHECK_ERR_D(dp_endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
+    CHECK_CONTAINS(d.msg, "tcp");
+    /* The environment switch does the same without the option. */
+    o.require_rdma = false;
+    setenv("DP_REQUIRE_RDMA", "1", 1);
+    CHECK_ERR_D(dp_endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
+    unsetenv("DP_REQUIRE_RDMA");
+    set_tls(NULL);
+    CHECK_OK_D(dp_endpoint_create("fine", &o, &ep, &d), &d);
+    dp_endpoint_destroy(ep);
+    dp_endpoint_destroy(NULL);
+}
+
+DP_TEST(write_read_scattered_shm_no_target_progress)
+{
+    /* Peer without a progress thread: shared-memory RMA must not need it. */
+    scattered_roundtrip(NULL, false, 160 * MiB, 64 * MiB, 12, true);
+}
+
+DP_TEST(write_read_scattered_registered_malloc)
+{
+    scattered_roundtrip(NULL, true, 96 * MiB, 64 * MiB, 6, false);
+}
+
+DP_TEST(write_read_scattered_tcp_with_progress_thread)
+{
+    /* Emulated RMA over TCP is slow (0.03-0.5 GB/s): keep the volume small. */
+    scattered_roundtrip("tcp", true, 12 * MiB, 4 * MiB, 4, true);
+}
+
+DP_TEST(small_ranges_use_memcpy_on_one_host)
+{
+    set_tls(NULL);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-m", 4 * MiB, false, 7), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-m", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    dp_range l[2] = {{(uint64_t)(uintptr_t)a, 100},
+                     {(uint64_t)(uintptr_t)a + 4096, 2 * MiB}};
+    dp_range r[2] = {{p.base + 10, 100}, {p.base + MiB, 2 * MiB}};
+    memset(a, 0x5a, 4 * MiB);
+    uint64_t before = peer_checksum(&p);
+    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, l, 2, r, 2, "peer-m", 10, &d), &d);
+    CHECK(peer_checksum(&p) != before); /* the peer sees the bytes in its own memory */
+    dp_endpoint_stats st;
+    dp_endpoint_get_stats(ep, &st);
+    CHECK_EQ_U64(st.memcpy_ranges, 1);
+    CHECK_EQ_U64(st.ucx_ranges, 1);
+    dp_endpoint_destroy(ep);
+    peer_stop(&p);
+}
+
+DP_TEST(invalid_arguments_fail_before_posting)
+{
+    set_tls(NULL);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-i", 1 * MiB, false, 3), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-i", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    uint64_t la = (uint64_t)(uintptr_t)a;
+    dp_range l1 = {la, 4096}, r1 = {p.base, 4096};
+    dp_range l2[2] = {{la, 4096}, {la + 8192, 10}};
+    dp_range r_small = {p.base, 4095};
+    dp_range l_out = {la + MiB - 10, 4096}, r_out = {p.base + MiB - 10, 4096};
+    dp_range l_unreg = {(uint64_t)(uintptr_t)&d, 8};
+    uint64_t gy_before = dp_graveyard_entries();
+    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "nobody", 5, &d),
+                DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "unknown remote");
+    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, l2, 2, &r1, 1, "peer-i", 5, &d),
+                DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "2 local ranges but 1 remote");
+    CHECK_ERR_D(
+        dp_endpoint_transfer(ep, DP_XFER_READ, &l1, 1, &r_small, 1, "peer-i", 5, &d),
+        DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "4096 bytes, remote 4095");
+    CHECK_ERR_D(
+        dp_endpoint_transfer(ep, DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i", 5, &d),
+        DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "local");
+    CHECK_ERR_D(
+        dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r_out, 1, "peer-i", 5, &d),
+        DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "remote");
+    CHECK_ERR(
+        dp_endpoint_transfer(ep, DP_XFER_WRITE, &l_unreg, 1, &r1, 1, "peer-i", 5, &d),
+        DP_EINVAL);
+    CHECK_ERR(dp_endpoint_transfer(ep, (dp_xfer_op)7, &l1, 1, &r1, 1, "peer-i", 5, &d),
+              DP_EINVAL);
+    CHECK_ERR(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 0, &d),
+              DP_EINVAL);
+    CHECK_ERR(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", -1, &d),
+              DP_EINVAL);
+    /* One bad op refuses the whole batch: the good one is not posted either. */
+    dp_xfer_desc ops[2] = {{DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i"},
+                           {DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i"}};
+    int res[2] = {-1, -1};
+    dp_detail dets[2];
+    CHECK_ERR_D(dp_endpoint_transfer_many(ep, ops, 2, 5, res, dets, &d), DP_EINVAL, &d);
+    CHECK_EQ(res[0], DP_EINVAL);
+    CHECK_EQ(res[1], DP_EINVAL);
+    CHECK_CONTAINS(d.msg, "op 1");
+    dp_endpoint_stats st;
+    dp_endpoint_get_stats(ep, &st);
+    CHECK_EQ_U64(st.ucx_ranges + st.memcpy_ranges, 0);
+    CHECK_EQ_U64(st.transfers_ok + st.transfers_failed, 0);
+    CHECK_EQ_U64(dp_graveyard_entries(), gy_before);
+    /* Other entry points. */
+    CHECK_ERR(dp_endpoint_remove_remote(ep, "nobody", &d), DP_ENOTFOUND);
+    CHECK_ERR(dp_endpoint_deregister(ep, (uint8_t *)a + 1, &d), DP_ENOTFOUND);
+    CHECK_ERR(dp_endpoint_register(ep, (uint8_t *)a + 100, 10, &d), DP_EEXIST);
+    CHECK_ERR(dp_endpoint_add_remote(ep, "junk", 4, NULL, &d), DP_EPROTO);
+    /* A closed endpoint refuses everything with DP_EINVAL. */
+    dp_endpoint_close(ep);
+    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 5, &d),
+                DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "closed");
+    CHECK(!dp_endpoint_has_remote(ep, "peer-i"));
+    CHECK_ERR(dp_endpoint_alloc(ep, 10, &a, &d), DP_EINVAL);
+    uint8_t *md;
+    size_t mdl;
+    CHECK_ERR(dp_endpoint_metadata(ep, &md, &mdl, &d), DP_EINVAL);
+    dp_endpoint_close(ep); /* idempotent */
+    dp_endpoint_destroy(ep);
+    peer_stop(&p);
+}
+
+DP_TEST(remove_and_readd_remote)
+{
+    set_tls(NULL);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-r", 1 * MiB, false, 5), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-r", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
+    dp_range l = {(uint64_t)(uintptr_t)a, MiB}, r = {p.base, MiB};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+        CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d),
+                   &d); /* replace */
+        CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-r", 10, &d),
+                   &d);
+        CHECK_EQ(((uint8_t *)a)[5], pat(p.seed, 5));
+        CHECK_OK_D(dp_endpoint_remove_remote(ep, "peer-r", &d), &d);
+        CHECK(!dp_endpoint_has_remote(ep, "peer-r"));
+    }
+    /* Metadata generation bumps with registrations. */
+    uint8_t *m1, *m2;
+    size_t n1, n2;
+    CHECK_OK(dp_endpoint_metadata(ep, &m1, &n1, &d));
+    void *b = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 8192, &b, &d), &d);
+    CHECK_OK(dp_endpoint_metadata(ep, &m2, &n2, &d));
+    dp_md x, y;
+    CHECK_OK(dp_md_parse(m1, n1, &x, &d));
+    CHECK_OK(dp_md_parse(m2, n2, &y, &d));
+    CHECK(y.gen > x.gen);
+    CHECK_EQ(y.n_regions, x.n_regions + 1);
+    dp_md_fini(&x);
+    dp_md_fini(&y);
+    free(m1);
+    free(m2);
+    CHECK_OK_D(dp_endpoint_deregister(ep, b, &d), &d);
+    dp_endpoint_destroy(ep);
+    peer_stop(&p);
+}
+
+static void
+many_peers_one_killed(const char *tls)
+{
+    set_tls(tls);
+    enum { NP = 3 };
+    peer ps[NP];
+    dp_detail d;
+    const char *names[NP] = {"peer-k0", "peer-k1", "peer-k2"};
+    for (int i = 0; i < NP; i++)
+        CHECK_EQ(peer_start(&ps[i], names[i], 8 * MiB, tls != NULL, 11 + i), 0);
+    dp_endpoint *ep = NULL;
+    dp_endpoint_opts o;
+    dp_endpoint_opts_init(&o);
+    o.progress_thread = true;
+    CHECK_OK_D(dp_endpoint_create("client-k", &o, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, NP * 8 * MiB, &a, &d), &d);
+    dp_range l[NP], r[NP];
+    dp_xfer_desc ops[NP];
+    for (int i = 0; i < NP; i++) {
+        CHECK_OK_D(dp_endpoint_add_remote(ep, ps[i].md, ps[i].md_len, NULL, &d), &d);
+        l[i] = (dp_range){(uint64_t)(uintptr_t)a + (uint64_t)i * 8 * MiB, 8 * MiB};
+        r[i] = (dp_range){ps[i].base, 8 * MiB};
+        ops[i] = (dp_xfer_desc){DP_XFER_WRITE, &l[i], 1, &r[i], 1, names[i]};
+    }
+    int res[NP];
+    dp_detail dets[NP];
+    CHECK_OK_D(dp_endpoint_transfer_many(ep, ops, NP, 20, res, dets, &d), &d);
+    peer_kill(&ps[1]);
+    /*
+     * Over shared memory a WRITE into a dead peer's mapping may still "succeed"
+     * until keepalive notices the death (about a second); over tcp it fails at
+     * once. Either way the others keep succeeding and the dead one reports.
+     */
+    double t0 = dp_test_now();
+    int rc;
+    for (;;) {
+        rc = dp_endpoint_transfer_many(ep, ops, NP, 5, res, dets, &d);
+        CHECK_EQ(res[0], DP_OK);
+        CHECK_EQ(res[2], DP_OK);
+        if (res[1] != DP_OK)
+            break;
+        CHECKF(dp_test_now() - t0 < 20, "dead peer not reported after %.1f s",
+               dp_test_now() - t0);
+        usleep(100000);
+    }
+    CHECK_EQ(rc, res[1]);
+    CHECK(res[1] == DP_ETRANSFER || res[1] == DP_ETIMEDOUT);
+    CHECK_CONTAINS(dets[1].msg, "peer-k1");
+    CHECK_CONTAINS(d.msg, "op 1");
+    printf("  %s: dead peer reported after %.2f s: %s\n", tls ? tls : "default tls",
+           dp_test_now() - t0, dets[1].msg);
+    /* The endpoint may have retained the dead peer's transfer; that is allowed. */
+    dp_endpoint_destroy(ep);
+    for (int i = 0; i < NP; i++)
+        peer_stop(&ps[i]);
+    set_tls(NULL);
+}
+
+DP_TEST(transfer_many_one_peer_killed_shm)
+{
+    many_peers_one_killed(NULL);
+}
+
+DP_TEST(transfer_many_one_peer_killed_tcp)
+{
+    many_peers_one_killed("tcp");
+}
+
+DP_TEST(stopped_peer_times_out_and_is_retained)
+{
+    /* Over tcp RMA is emulated: a stopped peer cannot answer, so the WRITE times out. */
+    set_tls("tcp");
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-s", 4 * MiB, true, 9), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-s", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    dp_range l = {(uint64_t)(uintptr_t)a + MiB, 2 * MiB}, r = {p.base, 2 * MiB};
+    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 20, &d),
+               &d);
+    CHECK(!dp_endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 10));
+    uint64_t bytes0 = dp_graveyard_bytes();
+    size_t entries0 = dp_graveyard_entries();
+    kill(p.pid, SIGSTOP);
+    double t0 = dp_test_now();
+    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 1.0, &d),
+                DP_ETIMEDOUT, &d);
+    double took = dp_test_now() - t0;
+    CHECKF(took < 1.5, "timed out after %.2f s, deadline 1 s", took);
+    CHECK_CONTAINS(d.msg, "retained");
+    CHECK_EQ_U64(dp_graveyard_entries(), entries0 + 1);
+    CHECK_EQ_U64(dp_graveyard_bytes(), bytes0 + 2 * MiB);
+    CHECK(dp_endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 1));
+    CHECK(dp_endpoint_touches_unfinished(ep, (uint8_t *)a + 3 * MiB - 1, 1));
+    CHECK(dp_endpoint_touches_unfinished(ep, a, 2 * MiB));
+    CHECK(!dp_endpoint_touches_unfinished(ep, a, MiB));
+    CHECK(!dp_endpoint_touches_unfinished(ep, (uint8_t *)a + 3 * MiB, MiB));
+    /* The memory is never reused: deregistering it is refused. */
+    CHECK_ERR_D(dp_endpoint_deregister(ep, a, &d), DP_EBUSY, &d);
+    dp_endpoint_stats st;
+    dp_endpoint_get_stats(ep, &st);
+    CHECK_EQ_U64(st.transfers_retained, 1);
+    /* Still true once the peer runs again and even after close: forever. */
+    kill(p.pid, SIGCONT);
+    usleep(200000);
+    CHECK(dp_endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 1));
+    dp_endpoint_destroy(ep); /* abandoned: its worker and memory are kept */
+    CHECK(dp_graveyard_touches((uint64_t)(uintptr_t)a + MiB, 1));
+    peer_stop(&p);
+    set_tls(NULL);
+}
+
+DP_TEST(stopped_peer_does_not_block_shared_memory)
+{
+    /* Over shared memory RMA is truly one-sided: a stopped peer is no obstacle. */
+    set_tls(NULL);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-o", 8 * MiB, false, 13), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-o", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 8 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    kill(p.pid, SIGSTOP);
+    dp_range l = {(uint64_t)(uintptr_t)a, 8 * MiB}, r = {p.base, 8 * MiB};
+    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-o", 10, &d),
+               &d);
+    CHECK_EQ(((uint8_t *)a)[12345], pat(p.seed, 12345));
+    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-o", 10, &d),
+               &d);
+    kill(p.pid, SIGCONT);
+    dp_endpoint_destroy(ep);
+    peer_stop(&p);
+}
+
+/*
+ * Poisoning runs in a fresh process (the graveyard is per process and poisoning
+ * is sticky): a small max_bytes, one timed-out WRITE over tcp to a stopped peer,
+ * then every transfer, even to a healthy peer, fails with DP_EFATAL untouched.
+ */
+static int
+poison_main(void)
+{
+#define P_CHECK(c)                                                                       \
+    do {                                                                                 \
+        if (!(c)) {                                                                      \
+            fprintf(stderr, "poison child: %s:%d: %s (%s)\n", __FILE__, __LINE__, #c,    \
+                    d.msg);                                                              \
+            return 1;                                                                    \
+        }                                                                                \
+    } while (0)
+    dp_detail d;
+    dp_detail_clear(&d);
+    unsetenv("DP_TEST_PEER");
+    setenv("UCX_TLS", "tcp", 1);
+    dp_graveyard_set_max_bytes(1 * MiB);
+    P_CHECK(dp_graveyard_max_bytes() == MiB);
+    peer stopped, healthy;
+    P_CHECK(peer_start(&stopped, "peer-p0", 4 * MiB, true, 1) == 0);
+    P_CHECK(peer_start(&healthy, "peer-p1", 4 * MiB, true, 2) == 0);
+    dp_endpoint *ep = NULL;
+    P_CHECK(dp_endpoint_create("client-p", NULL, &ep, &d) == DP_OK);
+    void *a = NULL;
+    P_CHECK(dp_endpoint_alloc(ep, 4 * MiB, &a, &d) == DP_OK);
+    P_CHECK(dp_endpoint_add_remote(ep, stopped.md, stopped.md_len, NULL, &d) == DP_OK);
+    P_CHECK(dp_endpoint_add_remote(ep, healthy.md, healthy.md_len, NULL, &d) == DP_OK);
+    dp_range l = {(uint64_t)(uintptr_t)a, 512 * 1024}, r0 = {stopped.base, 512 * 1024},
+             r1 = {healthy.base, 512 * 1024};
+    P_CHECK(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r0, 1, "peer-p0", 20, &d) ==
+            DP_OK);
+    kill(stopped.pid, SIGSTOP);
+    /* Half the limit retained: not poisoned yet. */
+    P_CHECK(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r0, 1, "peer-p0", 0.5, &d) ==
+            DP_ETIMEDOUT);
+    P_CHECK(!dp_graveyard_poisoned());
+    P_CHECK(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
+            DP_OK);
+    /* A buffer retired whole pushes it over. */
+    dp_graveyard_retain_buffer(768 * 1024);
+    P_CHECK(dp_graveyard_poisoned());
+    dp_endpoint_stats st0, st1;
+    dp_endpoint_get_stats(ep, &st0);
+    P_CHECK(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
+            DP_EFATAL);
+    P_CHECK(strstr(d.msg, "poisoned") != NULL);
+    int res[1];
+    dp_xfer_desc op = {DP_XFER_READ, &l, 1, &r1, 1, "peer-p1"};
+    P_CHECK(dp_endpoint_transfer_many(ep, &op, 1, 5, res, NULL, &d) == DP_EFATAL);
+    P_CHECK(res[0] == DP_EFATAL);
+    dp_endpoint_get_stats(ep, &st1);
+    P_CHECK(st1.ucx_ranges == st0.ucx_ranges && st1.memcpy_ranges == st0.memcpy_ranges);
+    kill(stopped.pid, SIGCONT);
+    dp_endpoint_destroy(ep);
+    peer_stop(&stopped);
+    peer_stop(&healthy);
+    return 0;
+#undef P_CHECK
+}
+
+DP_TEST(poisoning_with_small_max_bytes)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        setenv("DP_TEST_PEER", "poison", 1);
+        execl("/proc/self/exe", "test_endpoint", (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    CHECK_EQ(waitpid(pid, &st, 0), pid);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "poison child status 0x%x", st);
+}
