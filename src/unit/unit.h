@@ -1,0 +1,228 @@
+/*
+ * The storage unit core (DESIGN section 6): one registered DRAM slab, its
+ * put-area allocator, the blob table, the row index, pins, quarantine and
+ * retired regions. It knows nothing of ZMQ: serve.c decodes control messages
+ * and calls the operations here; tests call them directly.
+ *
+ * Clients move the bytes themselves (one-sided WRITE into an alloc'd region,
+ * READ out of a resolved one); the unit only hands out regions, publishes
+ * blobs whose embedded index validates, and makes sure a region is never
+ * handed out again while a transfer into or out of it may still run.
+ *
+ * Threads: every function may be called from any thread unless its comment
+ * says otherwise. Operations take the unit lock themselves, except those whose
+ * name ends in _locked: their caller holds it (dp_unit_lock) and the views
+ * they return stay valid until it unlocks.
+ */
+#ifndef DP_UNIT_UNIT_H
+#define DP_UNIT_UNIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "wire/wire.h"
+#include "xfer/endpoint.h"
+
+typedef struct dp_unit dp_unit;
+
+/* Longest blob or pin id, bytes (the wire's default max_id). */
+#define DP_UNIT_ID_MAX 64
+
+typedef enum dp_unit_numa {
+    DP_UNIT_NUMA_AUTO = 0, /* prefer the node unit_id % nodes on multi-node machines */
+    DP_UNIT_NUMA_BIND = 1, /* bind CPU and memory to that node */
+    DP_UNIT_NUMA_OFF = 2,
+} dp_unit_numa;
+
+/* Creation options. dp_unit_opts_init gives the defaults. */
+typedef struct dp_unit_opts {
+    uint32_t unit_id; /* this unit's index, < n_units */
+    uint32_t n_units; /* units of the cluster (gidx % n_units picks the unit) */
+    uint64_t slab_bytes;
+    double read_pin_s;    /* pin lifetime of a resolve (default 30) */
+    double alloc_lease_s; /* an alloc not committed by then is retired; 0: never (300) */
+    double quarantine_s;  /* a region whose pin expired waits this long (default 5) */
+    dp_unit_numa numa;
+    /*
+     * The slab comes from dp_endpoint_alloc(ep) (borrowed; it must outlive the
+     * unit) so same-host peers get shared memory. NULL: plain host memory, for
+     * tests and fuzzing without UCX.
+     */
+    dp_endpoint *ep;
+    /* Clock in seconds (default dp_now_s); tests pass a fake one. */
+    double (*now)(void *ctx);
+    void *now_ctx;
+} dp_unit_opts;
+
+void dp_unit_opts_init(dp_unit_opts *o);
+
+/*
+ * Create a unit: place the process (NUMA), take the slab, build the tables.
+ * Errors: DP_EINVAL (bad options), DP_ENOMEM, errors of dp_endpoint_alloc.
+ */
+int dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d);
+
+/* Stop the ticker, free every table and the slab. NULL allowed. Not concurrent with other
+ * calls. */
+void dp_unit_destroy(dp_unit *u);
+
+/* Start the 1 s maintenance thread (dp_unit_tick); stopped by destroy. */
+int dp_unit_start_ticker(dp_unit *u, double period_s, dp_detail *d);
+
+/* The address the control server bound, reported by info (copied). */
+void dp_unit_set_address(dp_unit *u, const char *zmq_address);
+
+void dp_unit_lock(dp_unit *u);
+void dp_unit_unlock(dp_unit *u);
+
+/* Constant after create. */
+uint32_t dp_unit_id(const dp_unit *u);
+uint64_t dp_unit_slab_bytes(const dp_unit *u);
+uint8_t *dp_unit_slab(const dp_unit *u);
+dp_endpoint *dp_unit_endpoint(const dp_unit *u);
+const char *dp_unit_numa_desc(const dp_unit *u); /* what NUMA placement did */
+
+/*
+ * info without the metadata: the zmq address (as set), the endpoint name ("" if
+ * none). Views into the unit, valid until destroy / the next set_address.
+ */
+void dp_unit_info_locked(dp_unit *u, dp_wire_info *info);
+
+/*
+ * Reserve nbytes for blob_id (1..DP_UNIT_ID_MAX bytes of [A-Za-z0-9_.:-]) and
+ * return its slab offset. n_entries (0: unchecked) must then match the blob's
+ * index at commit. Asking again for an uncommitted id with the same nbytes
+ * returns the same offset (a retried request). Errors:
+ *   DP_EBUSY      no room now, but pins or quarantine will free enough: retry;
+ *                 *reason (static text) says which;
+ *   DP_EUNITFULL  no room and nothing pending will make any;
+ *   DP_EPROTO     bad id, id in use, nbytes over the slab.
+ */
+int dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
+                  uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d);
+
+/*
+ * Publish blob_id whose WRITE is done: validate its embedded index over the
+ * allocation (TOCTOU-safe copy), check every key belongs to this unit, then
+ * install all its keys at once; a key that pointed at another blob drops that
+ * blob's ref. *state: DONE (also when already published), LOST (unknown id:
+ * aborted, retired or released). Errors: DP_EPROTO (the blob failed
+ * validation: nothing is published, the allocation stays until abort or its
+ * lease), DP_ENOMEM (nothing published).
+ */
+int dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
+                   dp_wire_commit_state *state, dp_detail *d);
+
+/*
+ * Forget an uncommitted blob. in_flight: its WRITE may still run, so the region
+ * is retired for good (counted in retired_bytes); otherwise freed. Unknown and
+ * published blobs: no-op. Never fails.
+ */
+void dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight);
+
+/* Result of resolve: arrays malloc'd, views valid while the unit lock is held. */
+typedef struct dp_unit_resolve_res {
+    char pin_id[33]; /* "" when nothing was pinned */
+    dp_wire_blob_loc *blobs;
+    uint32_t n_blobs;
+    dp_wire_str *missing;
+    uint32_t n_missing;
+} dp_unit_resolve_res;
+
+typedef struct dp_unit_resolve_keys_res {
+    char pin_id[33];
+    dp_wire_key_loc *entries;
+    uint32_t n_entries;
+    dp_wire_str *missing;
+    uint32_t n_missing;
+} dp_unit_resolve_keys_res;
+
+/*
+ * Locate published blobs and pin them for read_pin_s (one pin for the call).
+ * Unknown ids are listed as missing. The ids must outlive the result.
+ * Errors: DP_ENOMEM, DP_ESYS (no random pin id). Free with _fini.
+ */
+int dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
+                           dp_unit_resolve_res *res, dp_detail *d);
+void dp_unit_resolve_res_fini(dp_unit_resolve_res *res);
+
+/*
+ * Locate "<gidx>@<field>" keys: [slab_off of the entry, len, kind, dtype,
+ * shape] each, and pin their blobs. A malformed key or one owned by another
+ * unit is DP_EPROTO (nothing pinned); a key not held is missing.
+ */
+int dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
+                                dp_unit_resolve_keys_res *res, dp_detail *d);
+void dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
+
+/* End a pin (the reader is done). Unknown pins: no-op. */
+void dp_unit_unpin(dp_unit *u, const char *pin_id, size_t len);
+
+/* Drop every field of these rows; returns the entries dropped. Idempotent. */
+uint64_t dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n);
+
+/*
+ * One flat record per blob of the table (id, off, nbytes, refs, published,
+ * pins, n_entries, created_at, last_resolve_at). *recs and each record's
+ * fields are malloc'd (free with dp_unit_fields_free); views valid under the
+ * lock.
+ */
+int dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d);
+void dp_unit_fields_free(dp_wire_fields *recs, uint32_t n);
+
+/* Counters (names are static strings). fields->v malloc'd: free(fields->v). */
+int dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d);
+
+/* Counters for tests (copied under the lock). */
+typedef struct dp_unit_stats {
+    uint64_t blobs;         /* in the table: uncommitted + published */
+    uint64_t published;     /* published blobs in the table */
+    uint64_t rows, entries; /* row index size */
+    uint64_t pins;          /* live pins */
+    uint64_t zombies;       /* released blobs kept for their pins */
+    uint64_t zombie_bytes;
+    uint64_t retired_bytes; /* regions never to be reused */
+    uint64_t n_retired;
+    uint64_t leases_expired; /* allocations retired by the ticker */
+    uint64_t pins_expired;
+    uint64_t allocated_bytes, free_bytes, quarantined_bytes, largest_free;
+    uint64_t n_alloc, n_commit, n_busy, n_full, n_proto;
+} dp_unit_stats;
+void dp_unit_get_stats(dp_unit *u, dp_unit_stats *st);
+
+/*
+ * slab[off, off + nbytes) for the read_bytes test helper (a view; the bytes may
+ * change under a concurrent WRITE). DP_EPROTO if out of the slab.
+ */
+int dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
+                              const uint8_t **p, dp_detail *d);
+
+/*
+ * Maintenance: drop expired pins, retire allocations past their lease, sweep
+ * the quarantine. Called by the ticker; tests with a fake clock call it.
+ */
+void dp_unit_tick(dp_unit *u);
+
+/*
+ * Check the unit's own invariants (refs match the row index, zombie and pin
+ * accounting, allocator). DP_ECORRUPT with the first violation. O(n): tests.
+ */
+int dp_unit_check(dp_unit *u, dp_detail *d);
+
+/* ---- control-message handler (serve.c) ---- */
+
+/*
+ * The dp_ctl_handler of a unit: ctx is the dp_unit. Decodes the request
+ * (src/wire), runs the op under the unit lock and encodes the reply into
+ * reply; malformed messages get a Protocol error reply when their request id
+ * is readable and are dropped otherwise (and always for notify ops).
+ * Threads: the control server thread (any one thread at a time per reply).
+ */
+void dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+
+/* The dp_ctl_oversize callback: a Protocol error naming the limit. */
+void dp_unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+
+#endif

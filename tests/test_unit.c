@@ -1,0 +1,1102 @@
+/*
+ * Tests for src/unit: the core (alloc, commit, resolve, release, overwrite,
+ * pins, quarantine, leases, abort) against a fake clock; a randomised model
+ * test of invariant 1 (no region is handed out again while a transfer into or
+ * out of it may still run); the control-message handler fed encoded and
+ * malformed messages; and a unit served over real ZMQ with real UCX transfers
+ * from a client process, including a client killed between alloc and commit.
+ */
+#include "dp_test.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "blob/blob.h"
+#include "blob/crc32c.h"
+#include "common/common.h"
+#include "ctl/ctl.h"
+#include "unit/unit.h"
+#include "wire/mp.h"
+#include "wire/wire.h"
+#include "xfer/endpoint.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define DP_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DP_TEST_TSAN 1
+#endif
+#endif
+#ifdef DP_TEST_TSAN
+/*
+ * UCX's libucm hooks madvise(); glibc calls it on a thread's stack as the
+ * thread exits, after ThreadSanitizer has torn the thread's state down, and
+ * TSan crashes in the hook's rwlock. Under TSan only, switch UCX memory events
+ * off. libucm reads its configuration in its own constructor, before this
+ * one runs, so the test re-executes itself once with the variable set.
+ */
+__attribute__((constructor)) static void
+tsan_ucx_env(int argc, char **argv)
+{
+    (void)argc;
+    if (getenv("UCX_MEM_EVENTS") != NULL)
+        return;
+    setenv("UCX_MEM_EVENTS", "no", 1);
+    execv("/proc/self/exe", argv);
+}
+#endif
+
+/* ---- fake clock ---- */
+
+static double fake_t = 1000.0;
+
+static double
+fake_now(void *ctx)
+{
+    (void)ctx;
+    return fake_t;
+}
+
+static dp_unit *
+mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
+{
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.slab_bytes = slab;
+    o.n_units = n_units;
+    o.unit_id = unit_id;
+    o.read_pin_s = 10;
+    o.alloc_lease_s = 60;
+    o.quarantine_s = 5;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.now = fake_now;
+    dp_unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    return u;
+}
+
+static void
+check_unit(dp_unit *u)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_check(u, &d), &d);
+}
+
+/* ---- blobs ---- */
+
+typedef struct tblob {
+    uint8_t *p;
+    uint64_t len;
+    uint32_t n;
+} tblob;
+
+/*
+ * A blob with one entry per key; entry i carries plen bytes of a pattern seeded
+ * by (seed, i), as a float32 tensor of shape [plen / 4] (bytes when plen % 4).
+ */
+static tblob
+mk_blob(const char *const *keys, uint32_t n, uint64_t plen, uint32_t seed)
+{
+    dp_blob_builder *b = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
+    uint8_t *pay = malloc(n * plen + 1);
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint64_t k = 0; k < plen; k++)
+            pay[i * plen + k] = (uint8_t)(seed * 31 + i * 7 + k);
+        uint64_t shape[1] = {plen / 4};
+        dp_blob_entry_spec s = {0};
+        s.key = keys[i];
+        s.kind = plen % 4 == 0 ? DP_BLOB_TENSOR : DP_BLOB_BYTES;
+        s.dtype = plen % 4 == 0 ? "float32" : "";
+        s.shape = shape;
+        s.ndim = plen % 4 == 0 ? 1 : 0;
+        s.len = plen;
+        s.payload = pay + i * plen;
+        CHECK_OK_D(dp_blob_builder_add(b, &s, NULL, &d), &d);
+    }
+    dp_blob_layout lay;
+    CHECK_OK_D(dp_blob_builder_layout(b, &lay, &d), &d);
+    tblob t = {calloc(1, lay.total_len), lay.total_len, n};
+    CHECK_OK_D(dp_blob_builder_write(b, t.p, lay.total_len, &d), &d);
+    CHECK_OK_D(dp_blob_builder_copy_payloads(b, t.p, lay.total_len, &d), &d);
+    dp_blob_builder_destroy(b);
+    free(pay);
+    return t;
+}
+
+/* alloc + "WRITE" (memcpy into the slab) + commit; returns the offset. */
+static uint64_t
+put_blob(dp_unit *u, const char *id, const tblob *t)
+{
+    uint64_t off = 0;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_alloc(u, id, strlen(id), t->len, t->n, &off, NULL, &d), &d);
+    memcpy(dp_unit_slab(u) + off, t->p, t->len);
+    dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
+    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    return off;
+}
+
+static uint64_t
+put_keys(dp_unit *u, const char *id, const char *const *keys, uint32_t n, uint64_t plen,
+         uint32_t seed)
+{
+    tblob t = mk_blob(keys, n, plen, seed);
+    uint64_t off = put_blob(u, id, &t);
+    free(t.p);
+    return off;
+}
+
+static dp_wire_str
+ws(const char *z)
+{
+    return (dp_wire_str){z, (uint32_t)strlen(z)};
+}
+
+/* resolve_keys of one key: its slab offset and length; false if missing. */
+static bool
+locate(dp_unit *u, const char *key, uint64_t *off, uint64_t *len, char pin[33])
+{
+    dp_unit_resolve_keys_res r;
+    dp_wire_str k = ws(key);
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_unit_lock(u);
+    int rc = dp_unit_resolve_keys_locked(u, &k, 1, &r, &d);
+    dp_unit_unlock(u);
+    CHECK_OK_D(rc, &d);
+    bool found = r.n_entries == 1;
+    if (found) {
+        *off = r.entries[0].off;
+        *len = r.entries[0].len;
+    }
+    if (pin != NULL)
+        memcpy(pin, r.pin_id, 33);
+    else if (r.pin_id[0])
+        dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    dp_unit_resolve_keys_res_fini(&r);
+    return found;
+}
+
+static dp_unit_stats
+stats(dp_unit *u)
+{
+    dp_unit_stats s;
+    dp_unit_get_stats(u, &s);
+    return s;
+}
+
+/* ---- core tests ---- */
+
+DP_TEST(put_resolve_read)
+{
+    dp_unit *u = mk_unit(1 << 20, 2, 0);
+    const char *keys[] = {"0@input_ids", "2@input_ids", "4@reward"};
+    tblob t = mk_blob(keys, 3, 256, 5);
+    uint64_t off = put_blob(u, "b1", &t);
+
+    dp_wire_str q[] = {ws("2@input_ids"), ws("0@input_ids"), ws("6@input_ids"),
+                       ws("4@reward"), ws("0@nope")};
+    dp_unit_resolve_keys_res r;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_unit_lock(u);
+    CHECK_OK_D(dp_unit_resolve_keys_locked(u, q, 5, &r, &d), &d);
+    dp_unit_unlock(u);
+    CHECK_EQ(r.n_entries, 3);
+    CHECK_EQ(r.n_missing, 2);
+    CHECK(r.pin_id[0] != '\0');
+    CHECK(dp_wire_str_eq(r.missing[0], "6@input_ids"));
+    CHECK(dp_wire_str_eq(r.missing[1], "0@nope"));
+    for (uint32_t i = 0; i < r.n_entries; i++) {
+        dp_wire_key_loc *l = &r.entries[i];
+        CHECK_EQ(l->len, 256);
+        CHECK(dp_wire_str_eq(l->kind, "tensor"));
+        CHECK(dp_wire_str_eq(l->dtype, "float32"));
+        CHECK_EQ(l->ndim, 1);
+        CHECK_EQ(l->shape[0], 64);
+        CHECK(l->off >= off && l->off + l->len <= off + t.len);
+        /* The bytes at the resolved offset are that key's payload. */
+        uint32_t idx = dp_wire_str_eq(l->key, "0@input_ids")   ? 0
+                       : dp_wire_str_eq(l->key, "2@input_ids") ? 1
+                                                               : 2;
+        const uint8_t *p = dp_unit_slab(u) + l->off;
+        for (uint64_t k = 0; k < 256; k++)
+            CHECK_EQ(p[k], (uint8_t)(5 * 31 + idx * 7 + k));
+    }
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.pins, 1);
+    CHECK_EQ(s.entries, 3);
+    CHECK_EQ(s.rows, 3);
+    dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    dp_unit_unpin(u, r.pin_id, strlen(r.pin_id)); /* unknown now: no-op */
+    dp_unit_unpin(u, "nope", 4);
+    CHECK_EQ(stats(u).pins, 0);
+    dp_unit_resolve_keys_res_fini(&r);
+
+    /* resolve by blob id */
+    dp_wire_str ids[] = {ws("b1"), ws("zz"), ws("b1")};
+    dp_unit_resolve_res rr;
+    dp_unit_lock(u);
+    CHECK_OK_D(dp_unit_resolve_locked(u, ids, 3, &rr, &d), &d);
+    dp_unit_unlock(u);
+    CHECK_EQ(rr.n_blobs, 2);
+    CHECK_EQ(rr.blobs[0].off, off);
+    CHECK_EQ(rr.blobs[0].len, t.len);
+    CHECK_EQ(rr.n_missing, 1);
+    CHECK_EQ(stats(u).pins, 1);
+    check_unit(u);
+    dp_unit_unpin(u, rr.pin_id, strlen(rr.pin_id));
+    dp_unit_resolve_res_fini(&rr);
+
+    /* A key of another unit or a malformed key is a Protocol error. */
+    dp_wire_str bad[] = {ws("0@input_ids"), ws("1@input_ids")};
+    dp_unit_lock(u);
+    CHECK_ERR(dp_unit_resolve_keys_locked(u, bad, 2, &r, &d), DP_EPROTO);
+    bad[1] = ws("01@x");
+    CHECK_ERR(dp_unit_resolve_keys_locked(u, bad, 2, &r, &d), DP_EPROTO);
+    dp_unit_unlock(u);
+    CHECK_EQ(stats(u).pins, 0);
+    check_unit(u);
+    free(t.p);
+    dp_unit_destroy(u);
+}
+
+DP_TEST(commit_idempotent_and_lost)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    const char *keys[] = {"1@a"};
+    put_keys(u, "b", keys, 1, 64, 1);
+    dp_wire_commit_state st;
+    CHECK_OK(dp_unit_commit(u, "b", 1, &st, NULL));
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    CHECK_OK(dp_unit_commit(u, "nope", 4, &st, NULL));
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+    CHECK_EQ(stats(u).n_commit, 1);
+    /* an alloc for a committed id is refused; abort of a published blob is a no-op */
+    uint64_t off;
+    CHECK_ERR(dp_unit_alloc(u, "b", 1, 64, 0, &off, NULL, NULL), DP_EPROTO);
+    dp_unit_abort(u, "b", 1, true);
+    CHECK_EQ(stats(u).published, 1);
+    CHECK_EQ(stats(u).retired_bytes, 0);
+    /* bad ids */
+    CHECK_ERR(dp_unit_alloc(u, "a/b", 3, 64, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_unit_alloc(u, "", 0, 64, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_unit_alloc(u, "x", 1, 0, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_unit_alloc(u, "x", 1, 2 << 20, 0, &off, NULL, NULL), DP_EPROTO);
+    /* release of the row: the commit is lost from then on */
+    uint64_t g = 1;
+    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 1);
+    CHECK_OK(dp_unit_commit(u, "b", 1, &st, NULL));
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+    check_unit(u);
+    dp_unit_destroy(u);
+}
+
+DP_TEST(alloc_retry_same_id)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    uint64_t a, b;
+    CHECK_OK(dp_unit_alloc(u, "x", 1, 1000, 0, &a, NULL, NULL));
+    CHECK_OK(dp_unit_alloc(u, "x", 1, 1000, 0, &b, NULL, NULL));
+    CHECK_EQ(a, b);
+    CHECK_ERR(dp_unit_alloc(u, "x", 1, 2000, 0, &b, NULL, NULL), DP_EPROTO);
+    CHECK_EQ(stats(u).blobs, 1);
+    check_unit(u);
+    dp_unit_destroy(u);
+}
+
+DP_TEST(overwrite_and_release)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    const char *k1[] = {"0@x", "1@x", "1@y"};
+    const char *k2[] = {"0@x"};
+    uint64_t off1 = put_keys(u, "b1", k1, 3, 100, 1);
+    uint64_t off2 = put_keys(u, "b2", k2, 1, 100, 2);
+    CHECK(off1 != off2);
+    uint64_t o, l;
+    CHECK(locate(u, "0@x", &o, &l, NULL));
+    CHECK(o >= off2 && o < off2 + 4096); /* 0@x now in b2 */
+    CHECK(locate(u, "1@x", &o, &l, NULL));
+    CHECK(o >= off1 && o < off1 + 4096);
+    CHECK_EQ(stats(u).published, 2);
+    CHECK_EQ(stats(u).entries, 3);
+    check_unit(u);
+    /* Row 1 holds b1's last two refs: releasing it frees b1 at once (no pins). */
+    uint64_t allocated = stats(u).allocated_bytes;
+    uint64_t g[] = {1, 77, 1};
+    CHECK_EQ(dp_unit_release_rows(u, g, 3), 2);
+    CHECK_EQ(stats(u).published, 1);
+    CHECK(stats(u).allocated_bytes < allocated);
+    CHECK_EQ(stats(u).quarantined_bytes, 0);
+    CHECK(!locate(u, "1@x", &o, &l, NULL));
+    CHECK_EQ(dp_unit_release_rows(u, g, 3), 0);
+    /* Overwrite b2's only key with b3: b2 is freed. */
+    put_keys(u, "b3", k2, 1, 50, 3);
+    CHECK_EQ(stats(u).published, 1);
+    CHECK(locate(u, "0@x", &o, &l, NULL));
+    CHECK_EQ(l, 50);
+    check_unit(u);
+    uint64_t g0 = 0;
+    CHECK_EQ(dp_unit_release_rows(u, &g0, 1), 1);
+    CHECK_EQ(stats(u).allocated_bytes, 0);
+    CHECK_EQ(stats(u).rows, 0);
+    check_unit(u);
+    dp_unit_destroy(u);
+}
+
+/* Corrupt copies of a valid blob: each is refused and publishes nothing. */
+DP_TEST(commit_rejects_bad_blobs)
+{
+    dp_unit *u = mk_unit(1 << 20, 2, 1);
+    const char *keys[] = {"1@a", "3@a"};
+    tblob t = mk_blob(keys, 2, 128, 9);
+    const char *other[] = {"1@a", "2@a"}; /* 2 belongs to unit 0 */
+    tblob t_other = mk_blob(other, 2, 128, 9);
+    struct {
+        const char *what;
+        size_t at; /* byte to flip, or SIZE_MAX */
+        tblob *src;
+        uint64_t decl; /* n_entries announced at alloc */
+    } cases[] = {
+        {"bad magic", 0, &t, 2},
+        {"bad version", 8, &t, 2},
+        {"index crc", 40, &t, 2},
+        {"index byte (the index lies)", 70, &t, 2},
+        {"total_len", 32, &t, 2},
+        {"key of another unit", SIZE_MAX, &t_other, 2},
+        {"entry count differs from alloc", SIZE_MAX, &t, 3},
+    };
+    for (size_t c = 0; c < DP_ARRAY_LEN(cases); c++) {
+        char id[16];
+        snprintf(id, sizeof id, "bad%zu", c);
+        uint64_t off;
+        tblob *s = cases[c].src;
+        CHECK_OK(
+            dp_unit_alloc(u, id, strlen(id), s->len, cases[c].decl, &off, NULL, NULL));
+        memcpy(dp_unit_slab(u) + off, s->p, s->len);
+        if (cases[c].at != SIZE_MAX)
+            dp_unit_slab(u)[off + cases[c].at] ^= 0x5a;
+        dp_wire_commit_state st;
+        dp_detail d;
+        dp_detail_clear(&d);
+        int rc = dp_unit_commit(u, id, strlen(id), &st, &d);
+        CHECKF(rc == DP_EPROTO, "%s: got %s", cases[c].what, dp_errname(rc));
+        CHECK(dp_detail_msg(&d)[0] != '\0');
+        CHECK_EQ(stats(u).published, 0);
+        CHECK_EQ(stats(u).entries, 0);
+        check_unit(u);
+        /* The allocation stays; a good blob written there later commits. */
+        if (c == 0) {
+            memcpy(dp_unit_slab(u) + off, t.p, t.len);
+            CHECK_OK(dp_unit_commit(u, id, strlen(id), &st, NULL));
+            CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+            uint64_t g[] = {1, 3};
+            CHECK_EQ(dp_unit_release_rows(u, g, 2), 2);
+        } else {
+            dp_unit_abort(u, id, strlen(id), false);
+        }
+    }
+    CHECK_EQ(stats(u).allocated_bytes, 0);
+    CHECK(stats(u).n_proto >= DP_ARRAY_LEN(cases));
+    free(t.p);
+    free(t_other.p);
+    dp_unit_destroy(u);
+}
+
+DP_TEST(abort_semantics)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    uint64_t a, b;
+    CHECK_OK(dp_unit_alloc(u, "a", 1, 1000, 0, &a, NULL, NULL));
+    CHECK_OK(dp_unit_alloc(u, "b", 1, 1000, 0, &b, NULL, NULL));
+    dp_unit_abort(u, "a", 1, false); /* freed */
+    dp_unit_abort(u, "b", 1, true);  /* retired */
+    dp_unit_abort(u, "zz", 2, true); /* unknown: no-op */
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.blobs, 0);
+    CHECK_EQ(s.retired_bytes, 1024);
+    CHECK_EQ(s.n_retired, 1);
+    CHECK_EQ(s.allocated_bytes, 1024); /* the retired region is never freed */
+    dp_wire_commit_state st;
+    CHECK_OK(dp_unit_commit(u, "b", 1, &st, NULL));
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+    /* The retired region is never handed out again: fill the slab. */
+    for (int i = 0;; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "f%d", i);
+        uint64_t off;
+        int rc = dp_unit_alloc(u, id, strlen(id), 1000, 0, &off, NULL, NULL);
+        if (rc != 0) {
+            CHECK_EQ(rc, DP_EUNITFULL);
+            break;
+        }
+        CHECK(off + 1024 <= b || off >= b + 1024);
+    }
+    check_unit(u);
+    dp_unit_destroy(u);
+}
+
+DP_TEST(lease_expiry_retires)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    uint64_t a;
+    CHECK_OK(dp_unit_alloc(u, "late", 4, 5000, 0, &a, NULL, NULL));
+    fake_t += 59;
+    dp_unit_tick(u);
+    CHECK_EQ(stats(u).blobs, 1);
+    fake_t += 2;
+    dp_unit_tick(u);
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.blobs, 0);
+    CHECK_EQ(s.leases_expired, 1);
+    CHECK_EQ(s.retired_bytes, 5056);
+    CHECK_EQ(s.allocated_bytes, 5056);
+    /* The writer comes back too late: its commit is lost. */
+    const char *keys[] = {"0@a"};
+    tblob t = mk_blob(keys, 1, 64, 1);
+    memcpy(dp_unit_slab(u) + a, t.p, t.len);
+    dp_wire_commit_state st;
+    CHECK_OK(dp_unit_commit(u, "late", 4, &st, NULL));
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+    /* Committed blobs are not subject to the lease. */
+    put_blob(u, "ok", &t);
+    fake_t += 1000;
+    dp_unit_tick(u);
+    CHECK_EQ(stats(u).published, 1);
+    free(t.p);
+    check_unit(u);
+    dp_unit_destroy(u);
+}
+
+/* Invariant 1: a released blob's region is not reused while it is pinned. */
+DP_TEST(no_reuse_while_pinned)
+{
+    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    const char *keys[] = {"0@a"};
+    tblob t = mk_blob(keys, 1, 60 * 1024, 1);
+    uint64_t off = put_blob(u, "big", &t);
+    char pin[33];
+    uint64_t o, l;
+    CHECK(locate(u, "0@a", &o, &l, pin));
+    uint64_t g = 0;
+    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 1);
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.zombies, 1);
+    CHECK_EQ(s.zombie_bytes, t.len);
+    CHECK_EQ(s.published, 0);
+    check_unit(u);
+    /* No room while the reader holds its pin: Busy (pins), not UnitFull. */
+    uint64_t a;
+    const char *reason = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_ERR_D(dp_unit_alloc(u, "n", 1, 32 * 1024, 0, &a, &reason, &d), DP_EBUSY, &d);
+    CHECK_STR(reason, "pins");
+    /* The reader still sees its bytes (nobody wrote there). */
+    CHECK_EQ(memcmp(dp_unit_slab(u) + off, t.p, t.len), 0);
+    /* The reader is done: the region is free at once. */
+    dp_unit_unpin(u, pin, strlen(pin));
+    CHECK_EQ(stats(u).zombies, 0);
+    CHECK_EQ(stats(u).quarantined_bytes, 0);
+    CHECK_OK(dp_unit_alloc(u, "n", 1, 32 * 1024, 0, &a, NULL, NULL));
+    CHECK_EQ(a, off);
+    /* Now really full and nothing pending: UnitFull. */
+    CHECK_ERR(dp_unit_alloc(u, "m", 1, 40 * 1024, 0, &a, NULL, NULL), DP_EUNITFULL);
+    CHECK_EQ(stats(u).n_full, 1);
+    check_unit(u);
+    free(t.p);
+    dp_unit_destroy(u);
+}
+
+/* A pin that expires sends its region through quarantine before reuse. */
+DP_TEST(pin_expiry_quarantine)
+{
+    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    const char *keys[] = {"0@a"};
+    tblob t = mk_blob(keys, 1, 60 * 1024, 1);
+    uint64_t off = put_blob(u, "big", &t);
+    char pin[33];
+    uint64_t o, l;
+    CHECK(locate(u, "0@a", &o, &l, pin));
+    uint64_t g = 0;
+    dp_unit_release_rows(u, &g, 1);
+    fake_t += 9.5;
+    dp_unit_tick(u);
+    CHECK_EQ(stats(u).pins, 1);
+    fake_t += 1;
+    dp_unit_tick(u); /* the pin expired (10 s): quarantine for 5 s */
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.pins, 0);
+    CHECK_EQ(s.pins_expired, 1);
+    CHECK_EQ(s.zombies, 0);
+    CHECK_EQ(s.quarantined_bytes, t.len);
+    uint64_t a;
+    const char *reason = NULL;
+    CHECK_ERR(dp_unit_alloc(u, "n", 1, 8192, 0, &a, &reason, NULL), DP_EBUSY);
+    CHECK_STR(reason, "quarantine");
+    /* Unpinning the expired pin later is a no-op. */
+    dp_unit_unpin(u, pin, strlen(pin));
+    fake_t += 4;
+    dp_unit_tick(u);
+    CHECK_ERR(dp_unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL), DP_EBUSY);
+    fake_t += 1.5;
+    /* alloc sweeps due quarantine itself, without waiting for the ticker. */
+    CHECK_OK(dp_unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL));
+    CHECK_EQ(a, off);
+    check_unit(u);
+    free(t.p);
+    dp_unit_destroy(u);
+}
+
+/* A live blob whose pin expired is quarantined when released later, unpinned. */
+DP_TEST(expired_pin_then_release)
+{
+    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    const char *keys[] = {"0@a"};
+    tblob t = mk_blob(keys, 1, 1000, 1);
+    put_blob(u, "b", &t);
+    uint64_t o, l;
+    char pin[33];
+    CHECK(locate(u, "0@a", &o, &l, pin));
+    fake_t += 11;
+    dp_unit_tick(u);
+    CHECK_EQ(stats(u).pins, 0);
+    CHECK_EQ(stats(u).quarantined_bytes, 0); /* still live */
+    uint64_t g = 0;
+    dp_unit_release_rows(u, &g, 1);
+    CHECK_EQ(stats(u).quarantined_bytes, t.len);
+    fake_t += 6;
+    dp_unit_tick(u);
+    CHECK_EQ(stats(u).quarantined_bytes, 0);
+    CHECK_EQ(stats(u).allocated_bytes, 0);
+    check_unit(u);
+    free(t.p);
+    dp_unit_destroy(u);
+}
+
+/* Two pins on one released blob: freed only when both end. */
+DP_TEST(two_pins_one_blob)
+{
+    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    const char *keys[] = {"0@a", "0@b"};
+    tblob t = mk_blob(keys, 2, 1000, 1);
+    put_blob(u, "b", &t);
+    uint64_t o, l;
+    char p1[33], p2[33];
+    CHECK(locate(u, "0@a", &o, &l, p1));
+    CHECK(locate(u, "0@b", &o, &l, p2));
+    uint64_t g = 0;
+    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 2);
+    CHECK_EQ(stats(u).zombies, 1);
+    dp_unit_unpin(u, p1, strlen(p1));
+    CHECK_EQ(stats(u).zombies, 1);
+    CHECK_EQ(stats(u).allocated_bytes, t.len);
+    check_unit(u);
+    dp_unit_unpin(u, p2, strlen(p2));
+    CHECK_EQ(stats(u).zombies, 0);
+    CHECK_EQ(stats(u).allocated_bytes, 0);
+    /* The blob id is free for a new alloc even while a zombie is pinned. */
+    CHECK(locate(u, "0@a", &o, &l, NULL) == false);
+    put_blob(u, "b", &t);
+    CHECK(locate(u, "0@a", &o, &l, p1));
+    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 2);
+    put_blob(u, "b", &t);
+    CHECK_EQ(stats(u).zombies, 1);
+    check_unit(u);
+    free(t.p);
+    dp_unit_destroy(u); /* frees the zombie through its pin */
+}
+
+/*
+ * Model test of invariant 1: random allocs, writes, commits, aborts, resolves,
+ * unpins, releases and clock steps. The model keeps every region a transfer
+ * may still touch: uncommitted allocations (a WRITE may run), retired ones
+ * (forever), regions of blobs read under a pin (until the pin is unpinned, or
+ * until pin expiry + quarantine). No new allocation may overlap any of them.
+ */
+typedef struct mregion {
+    uint64_t off, len;
+    double until; /* INFINITY: until the model says otherwise */
+    int kind;     /* 0 uncommitted, 1 retired, 2 read by pin */
+    int pin;      /* for kind 2: model pin index */
+    bool live;
+} mregion;
+
+DP_TEST(model_no_reuse_under_transfer)
+{
+    uint64_t seed = dp_test_seed();
+    uint64_t rs = seed;
+    dp_unit *u = mk_unit(384 * 1024, 1, 0);
+    dp_log_set_level(DP_LOG_ERROR); /* lease expiries are expected here */
+    enum { MAXR = 4096, MAXB = 64, MAXP = 64 };
+    static mregion reg[MAXR];
+    int nreg = 0;
+    struct {
+        char id[16];
+        uint64_t off, len;
+        bool used, committed;
+    } blobs[MAXB];
+    struct {
+        char id[33];
+        bool used;
+        double t; /* when the pin was made */
+    } pins[MAXP];
+    memset(blobs, 0, sizeof blobs);
+    memset(pins, 0, sizeof pins);
+    int next_id = 0;
+    for (int step = 0; step < 4000; step++) {
+        int op = (int)(dp_test_rand(&rs) % 12);
+        if (op <= 2) { /* alloc */
+            int bi = (int)(dp_test_rand(&rs) % MAXB);
+            if (blobs[bi].used)
+                continue;
+            uint32_t nk = 1 + (uint32_t)(dp_test_rand(&rs) % 3);
+            char kb[3][32];
+            const char *keys[3];
+            for (uint32_t k = 0; k < nk; k++) {
+                snprintf(kb[k], sizeof kb[k], "%u@f%u",
+                         (unsigned)(dp_test_rand(&rs) % 16), k);
+                keys[k] = kb[k];
+            }
+            tblob t = mk_blob(keys, nk, 64 + dp_test_rand(&rs) % 8000, (uint32_t)step);
+            snprintf(blobs[bi].id, sizeof blobs[bi].id, "m%d", next_id++);
+            uint64_t off;
+            int rc = dp_unit_alloc(u, blobs[bi].id, strlen(blobs[bi].id), t.len, nk, &off,
+                                   NULL, NULL);
+            if (rc != 0) {
+                CHECKF(rc == DP_EBUSY || rc == DP_EUNITFULL, "alloc: %s", dp_errname(rc));
+                free(t.p);
+                continue;
+            }
+            for (int r = 0; r < nreg; r++)
+                if (reg[r].live && off < reg[r].off + reg[r].len &&
+                    reg[r].off < off + t.len)
+                    CHECKF(false,
+                           "step %d: alloc [%" PRIu64 ", +%" PRIu64
+                           ") overlaps protected region %d [%" PRIu64 ", +%" PRIu64
+                           ") kind %d",
+                           step, off, t.len, r, reg[r].off, reg[r].len, reg[r].kind);
+            memcpy(dp_unit_slab(u) + off, t.p, t.len);
+            free(t.p);
+            blobs[bi].used = true;
+            blobs[bi].committed = false;
+            blobs[bi].off = off;
+            blobs[bi].len = t.len;
+            if (nreg < MAXR)
+                reg[nreg++] = (mregion){off, t.len, INFINITY, 0, -1, true};
+        } else if (op <= 4) { /* commit or abort an uncommitted blob */
+            int bi = (int)(dp_test_rand(&rs) % MAXB), tries = 0;
+            while ((!blobs[bi].used || blobs[bi].committed) && tries++ < MAXB)
+                bi = (bi + 1) % MAXB;
+            if (!blobs[bi].used || blobs[bi].committed)
+                continue;
+            /* mostly commits; some aborts, an eighth of them with the WRITE in flight */
+            int how = (int)(dp_test_rand(&rs) % 16);
+            how = how < 12 ? 0 : how < 14 ? 3 : how < 15 ? 2 : 1;
+            /* after: 0 = no longer protected, 1 = retired for ever */
+            int after;
+            if (how <= 1) {
+                dp_wire_commit_state st;
+                dp_detail d;
+                dp_detail_clear(&d);
+                CHECK_OK_D(dp_unit_commit(u, blobs[bi].id, strlen(blobs[bi].id), &st, &d),
+                           &d);
+                blobs[bi].committed = st == DP_WIRE_COMMIT_DONE;
+                if (st != DP_WIRE_COMMIT_DONE)
+                    blobs[bi].used = false; /* retired by the lease meanwhile */
+                after = st == DP_WIRE_COMMIT_DONE ? 0 : 1;
+            } else {
+                dp_unit_abort(u, blobs[bi].id, strlen(blobs[bi].id), how == 2);
+                blobs[bi].used = false;
+                after = how == 2 ? 1 : 0;
+            }
+            for (int r = 0; r < nreg; r++) {
+                if (reg[r].live && reg[r].kind == 0 && reg[r].off == blobs[bi].off) {
+                    reg[r].kind = 1;
+                    reg[r].live = after == 1;
+                }
+            }
+            if (!blobs[bi].used)
+                memset(&blobs[bi], 0, sizeof blobs[bi]);
+        } else if (op <= 6) { /* resolve a few keys, pin what they read */
+            int pi = (int)(dp_test_rand(&rs) % MAXP);
+            if (pins[pi].used)
+                continue;
+            char kb[4][32];
+            dp_wire_str q[4];
+            for (int k = 0; k < 4; k++) {
+                snprintf(kb[k], sizeof kb[k], "%u@f%u",
+                         (unsigned)(dp_test_rand(&rs) % 16),
+                         (unsigned)(dp_test_rand(&rs) % 3));
+                q[k] = ws(kb[k]);
+            }
+            dp_unit_resolve_keys_res r;
+            dp_unit_lock(u);
+            CHECK_OK(dp_unit_resolve_keys_locked(u, q, 4, &r, NULL));
+            dp_unit_unlock(u);
+            for (uint32_t e = 0; e < r.n_entries && nreg < MAXR; e++)
+                reg[nreg++] =
+                    (mregion){r.entries[e].off, r.entries[e].len, INFINITY, 2, pi, true};
+            if (r.pin_id[0]) {
+                pins[pi].used = true;
+                pins[pi].t = fake_t;
+                memcpy(pins[pi].id, r.pin_id, 33);
+            }
+            dp_unit_resolve_keys_res_fini(&r);
+        } else if (op == 7) { /* unpin */
+            int pi = (int)(dp_test_rand(&rs) % MAXP);
+            if (!pins[pi].used)
+                continue;
+            dp_unit_unpin(u, pins[pi].id, strlen(pins[pi].id));
+            pins[pi].used = false;
+            for (int r = 0; r < nreg; r++)
+                if (reg[r].kind == 2 && reg[r].pin == pi && isinf(reg[r].until))
+                    reg[r].live = false;
+        } else if (op == 8) { /* release rows */
+            uint64_t g[2] = {dp_test_rand(&rs) % 16, dp_test_rand(&rs) % 16};
+            dp_unit_release_rows(u, g, 2);
+        } else if (op == 9) { /* time passes */
+            fake_t += (double)(dp_test_rand(&rs) % 4000) / 1000.0;
+            dp_unit_tick(u);
+        } else { /* a committed blob whose rows are all gone may be reused: forget it */
+            int bi = (int)(dp_test_rand(&rs) % MAXB);
+            if (blobs[bi].used && blobs[bi].committed)
+                memset(&blobs[bi], 0, sizeof blobs[bi]);
+        }
+        /*
+         * A pin made at t expires at t + 10 (read_pin_s); the ticker drops it at
+         * or after that and quarantines its released regions for 5 s more, so
+         * nothing read under it may be reused before t + 15.
+         */
+        for (int pi = 0; pi < MAXP; pi++) {
+            if (pins[pi].used && fake_t >= pins[pi].t + 15) {
+                pins[pi].used = false;
+                for (int r = 0; r < nreg; r++)
+                    if (reg[r].kind == 2 && reg[r].pin == pi)
+                        reg[r].live = false;
+            }
+        }
+        if ((step % 64) == 63) {
+            CHECK_OK(dp_unit_check(u, NULL));
+            /* compact the region list */
+            int w = 0;
+            for (int r = 0; r < nreg; r++)
+                if (reg[r].live)
+                    reg[w++] = reg[r];
+            nreg = w;
+        }
+    }
+    dp_unit_stats s = stats(u);
+    printf("  model: %" PRIu64 " commits, %" PRIu64 " busy, %" PRIu64 " full, %" PRIu64
+           " retired, %" PRIu64 " pins expired\n",
+           s.n_commit, s.n_busy, s.n_full, s.n_retired, s.pins_expired);
+    dp_log_set_level(DP_LOG_INFO);
+    check_unit(u);
+    dp_unit_destroy(u);
+}
+
+/* ---- the handler, fed encoded and malformed messages ---- */
+
+static int
+call_handler(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, bool *replied)
+{
+    dp_buf in = {0}, out = {0};
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_wire_request_encode(req, NULL, &in, &d), &d);
+    dp_unit_handle(u, in.data, in.len, &out);
+    *replied = out.len > 0;
+    int rc = 0;
+    if (out.len > 0) {
+        rc = dp_wire_reply_decode(out.data, out.len, req->op, NULL, rep, &d);
+        CHECK_OK_D(rc, &d);
+        CHECK(dp_wire_str_same(rep->rid, req->rid));
+        /* the reply's views point into out: keep it alive with the reply */
+        static dp_buf keep[64];
+        static int nkeep;
+        dp_buf_fini(&keep[nkeep % 64]);
+        keep[nkeep++ % 64] = out;
+        out = (dp_buf){0};
+    }
+    dp_buf_fini(&in);
+    dp_buf_fini(&out);
+    return rc;
+}
+
+DP_TEST(handler_ops)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp_unit_set_address(u, "tcp://127.0.0.1:1");
+    dp_wire_request q;
+    dp_wire_reply r;
+    bool replied;
+    memset(&q, 0, sizeof q);
+    q.rid = ws("r1");
+
+    q.op = DP_WIRE_OP_PING;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.unit_id, 0);
+    dp_wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_INFO;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.info.slab_bytes, 1 << 20);
+    CHECK(dp_wire_str_eq(r.r.info.zmq, "tcp://127.0.0.1:1"));
+    CHECK(dp_wire_str_eq(r.r.info.numa, "off"));
+    dp_wire_reply_fini(&r);
+
+    const char *keys[] = {"5@obs"};
+    tblob t = mk_blob(keys, 1, 100, 3);
+    q.op = DP_WIRE_OP_ALLOC;
+    q.a.alloc = (dp_wire_alloc_args){ws("blob-1"), t.len, 1, true};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    uint64_t off = r.r.off;
+    dp_wire_reply_fini(&r);
+    memcpy(dp_unit_slab(u) + off, t.p, t.len);
+
+    q.op = DP_WIRE_OP_READ_BYTES;
+    q.a.read_bytes = (dp_wire_read_bytes_args){off, 8};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.bytes.n, 8);
+    CHECK_EQ(memcmp(r.r.bytes.p, DP_BLOB_MAGIC, 8), 0);
+    dp_wire_reply_fini(&r);
+    q.a.read_bytes = (dp_wire_read_bytes_args){(1 << 20) - 4, 8};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_EQ(r.err.code, DP_EPROTO);
+    dp_wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_COMMIT;
+    q.a.commit.blob_id = ws("blob-1");
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
+    dp_wire_reply_fini(&r);
+
+    dp_wire_str ks[] = {ws("5@obs"), ws("6@obs")};
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.resolve_keys.entries.n, 1);
+    CHECK_EQ(r.r.resolve_keys.missing.n, 1);
+    CHECK(dp_wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "") ||
+          dp_wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "float32"));
+    char pin[64];
+    dp_wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp_wire_reply_fini(&r);
+    CHECK_EQ(stats(u).pins, 1);
+
+    q.op = DP_WIRE_OP_UNPIN;
+    q.a.unpin.pin_id = ws(pin);
+    call_handler(u, &q, &r, &replied);
+    CHECK(!replied);
+    CHECK_EQ(stats(u).pins, 0);
+
+    dp_wire_str ids[] = {ws("blob-1"), ws("gone")};
+    q.op = DP_WIRE_OP_RESOLVE;
+    q.a.resolve.blob_ids = (dp_wire_strs){ids, 2};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.resolve.blobs.n, 1);
+    CHECK_EQ(r.r.resolve.blobs.v[0].off, off);
+    CHECK_EQ(r.r.resolve.missing.n, 1);
+    dp_wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_SCAN;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.scan.n, 1);
+    uint64_t refs = 0;
+    CHECK(dp_wire_fields_u64(&r.r.scan.recs[0], "refs", &refs));
+    CHECK_EQ(refs, 1);
+    dp_wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_STATS;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    uint64_t pins = 99, commits = 0;
+    CHECK(dp_wire_fields_u64(&r.r.stats, "pins", &pins));
+    CHECK(dp_wire_fields_u64(&r.r.stats, "commits", &commits));
+    CHECK_EQ(pins, 1); /* the resolve above */
+    CHECK_EQ(commits, 1);
+    dp_wire_reply_fini(&r);
+
+    uint64_t g[] = {5, 6};
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.dropped, 1);
+    dp_wire_reply_fini(&r);
+
+    /* Busy/UnitFull map to their error kinds with a reason. */
+    q.op = DP_WIRE_OP_ALLOC;
+    q.a.alloc = (dp_wire_alloc_args){ws("huge"), (1 << 20) - 64, 0, false};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_EQ(r.err.code, DP_EBUSY); /* the resolve pin above holds blob-1 */
+    CHECK(r.err.reason.n > 0);
+    dp_wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_ABORT;
+    q.a.abort = (dp_wire_abort_args){ws("nothing"), true};
+    call_handler(u, &q, &r, &replied);
+    CHECK(!replied);
+
+    q.op = DP_WIRE_OP_SAVE_SHARD;
+    q.a.save_shard.path = ws("/tmp/x");
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_EQ(r.err.code, DP_EPROTO);
+    dp_wire_reply_fini(&r);
+    check_unit(u);
+    free(t.p);
+    dp_unit_destroy(u);
+}
+
+/* Send raw bytes; return the reply (decoded as op) or false if none. */
+static bool
+raw_call(dp_unit *u, const void *msg, size_t len, dp_wire_reply *rep, dp_buf *out)
+{
+    dp_buf_reset(out);
+    dp_unit_handle(u, msg, len, out);
+    if (out->len == 0)
+        return false;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_wire_reply_decode(out->data, out->len, DP_WIRE_OP_PING, NULL, rep, &d),
+               &d);
+    return true;
+}
+
+DP_TEST(handler_malformed)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp_buf out = {0}, m = {0};
+    dp_wire_reply r;
+    dp_mp_writer w;
+
+    /* Garbage and messages without a readable request id: no reply. */
+    CHECK(!raw_call(u, "\xc1\xff\x00", 3, &r, &out));
+    CHECK(!raw_call(u, "", 0, &r, &out));
+    dp_mp_writer_init(&w, &m);
+    dp_mp_put_array(&w, 3);
+    dp_mp_put_str(&w, "ping");
+    dp_mp_put_u64(&w, 7);
+    dp_mp_put_map(&w, 0);
+    CHECK(!raw_call(u, m.data, m.len, &r, &out));
+
+    /* Unknown op with a readable id: Protocol error carrying the id. */
+    dp_buf_reset(&m);
+    dp_mp_writer_init(&w, &m);
+    dp_mp_put_array(&w, 3);
+    dp_mp_put_str(&w, "explode");
+    dp_mp_put_str(&w, "rid-9");
+    dp_mp_put_map(&w, 0);
+    CHECK(raw_call(u, m.data, m.len, &r, &out));
+    CHECK(!r.ok);
+    CHECK(dp_wire_str_eq(r.rid, "rid-9"));
+    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
+    dp_wire_reply_fini(&r);
+
+    /* alloc with a wrong type and an unknown key: Protocol with the id. */
+    dp_buf_reset(&m);
+    dp_mp_writer_init(&w, &m);
+    dp_mp_put_array(&w, 3);
+    dp_mp_put_str(&w, "alloc");
+    dp_mp_put_str(&w, "rid-10");
+    dp_mp_put_map(&w, 2);
+    dp_mp_put_str(&w, "blob_id");
+    dp_mp_put_u64(&w, 5);
+    dp_mp_put_str(&w, "evil");
+    dp_mp_put_bool(&w, true);
+    CHECK(raw_call(u, m.data, m.len, &r, &out));
+    CHECK(!r.ok);
+    CHECK_EQ(r.err.code, DP_EPROTO);
+    CHECK(dp_wire_str_eq(r.rid, "rid-10"));
+    dp_wire_reply_fini(&r);
+
+    /* A malformed notify is dropped. */
+    dp_buf_reset(&m);
+    dp_mp_writer_init(&w, &m);
+    dp_mp_put_array(&w, 3);
+    dp_mp_put_str(&w, "unpin");
+    dp_mp_put_str(&w, "rid-11");
+    dp_mp_put_map(&w, 1);
+    dp_mp_put_str(&w, "pin_id");
+    dp_mp_put_u64(&w, 1);
+    CHECK(!raw_call(u, m.data, m.len, &r, &out));
+
+    /* Truncations of a valid request never crash and never reply wrongly. */
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ALLOC;
+    q.rid = ws("rid-12");
+    q.a.alloc = (dp_wire_alloc_args){ws("b"), 100, 1, true};
+    dp_buf_reset(&m);
+    CHECK_OK(dp_wire_request_encode(&q, NULL, &m, NULL));
+    for (size_t cut = 0; cut < m.len; cut++) {
+        dp_buf_reset(&out);
+        dp_unit_handle(u, m.data, cut, &out);
+    }
+    /* Random bit flips of it. */
+    uint64_t rs = dp_test_seed();
+    uint8_t *copy = malloc(m.len);
+    for (int i = 0; i < 2000; i++) {
+        memcpy(copy, m.data, m.len);
+        copy[dp_test_rand(&rs) % m.len] ^= (uint8_t)(1u << (dp_test_rand(&rs) % 8));
+        dp_buf_reset(&out);
+        dp_unit_handle(u, copy, m.len, &out);
+    }
+    free(copy);
+    /* Still serving. */
+    q.op = DP_WIRE_OP_PING;
+    bool replied;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    dp_wire_reply_fini(&r);
+    dp_unit_handle_oversize(u, m.data, m.len, &out);
+    CHECK(out.len > 0);
+    check_unit(u);
+    dp_buf_fini(&out);
+    dp_buf_fini(&m);
+    dp_unit_destroy(u);
+}
+
+/* The ticker thread runs maintenance on the real clock. */
+DP_TEST(ticker_thread)
+{
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.slab_bytes = 1 << 20;
+    o.alloc_lease_s = 0.2;
+    o.numa = DP_UNIT_NUMA_AUTO;
+    dp_unit *u = NULL;
+    CHECK_OK(dp_unit_create(&o, &u, NULL));
+    CHECK(dp_unit_numa_desc(u)[0] != '\0');
+    CHECK_OK(dp_unit_start_ticker(u, 0.05, NULL));
+    uint64_t off;
+    CHECK_OK(dp_unit_alloc(u, "x", 1, 100, 0, &off, NULL, NULL));
+    double t0 = dp_test_now();
+    while (stats(u).leases_expired == 0 && dp_test_now() - t0 < 5)
+        dp_sleep_s(0.02);
+    CHECK_EQ(stats(u).leases_expired, 1);
+    CHECK_EQ(stats(u).retired_bytes, 128);
+    dp_unit_destroy(u);
+}
