@@ -263,15 +263,15 @@ int
 dp_mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
 {
     dp_mp_type t = dp_mp_peek(r);
-    if (t != DP_MP_UINT) {
-        if (t == DP_MP_INT)
-            return dp_fail(d, DP_EPROTO, "%s%snegative integer at byte %zu",
-                           what ? what : "", what ? ": " : "", dp_mp_offset(r));
+    if (t != DP_MP_UINT && t != DP_MP_INT)
         return mismatch(r, "unsigned integer", what, d);
-    }
     struct hdr h;
     if (!header(r, &h))
         return truncated(r, what, d);
+    /* int 8..64 may carry a non-negative value (valid msgpack, other encoders). */
+    if (t == DP_MP_INT && (int64_t)h.arg < 0)
+        return dp_fail(d, DP_EPROTO, "%s%snegative integer at byte %zu", what ? what : "",
+                       what ? ": " : "", dp_mp_offset(r));
     *v = h.arg;
     r->p += h.hlen;
     return DP_OK;

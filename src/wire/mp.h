@@ -32,7 +32,7 @@ typedef enum dp_mp_type {
     DP_MP_NIL,
     DP_MP_BOOL,
     DP_MP_UINT, /* non-negative integer (any width) */
-    DP_MP_INT,  /* negative integer */
+    DP_MP_INT,  /* signed format (negative fixint, int 8..64): usually negative */
     DP_MP_FLOAT,
     DP_MP_STR,
     DP_MP_BIN,

@@ -1,0 +1,1139 @@
+/*
+ * Control-message codec, part 1: string views and validators, limits, op
+ * names, request ids, the field-table engine shared by every map-shaped
+ * message, and requests (see wire.h for the contract).
+ *
+ * Design notes:
+ * - Every map with fixed keys (each op's args, most results, the error map) is
+ *   described once by a table of (name, value kind, required, default,
+ *   offset). The same table drives the decoder and the encoder, so the two
+ *   cannot disagree on names, types or optionality.
+ * - Decoded lists live in blocks chained from the request/reply (mem_); one
+ *   _fini frees them all. Every list length is checked against max_list and
+ *   charged to a per-message budget (max_items) before anything is allocated,
+ *   and the reader has already checked that the bytes for that many elements
+ *   exist, so memory stays proportional to min(message, limits).
+ * - Details are built outward: a value names itself ("nbytes: ..."), the map
+ *   decoder leaves it, and the framing adds the op ("alloc args: nbytes: ...").
+ */
+#include "wire/wire_int.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- strings ---- */
+
+dp_wire_str
+dp_wire_s(const char *z)
+{
+    dp_wire_str s = {"", 0};
+    if (z != NULL) {
+        s.p = z;
+        s.n = (uint32_t)strlen(z);
+    }
+    return s;
+}
+
+bool
+dp_wire_str_eq(dp_wire_str s, const char *z)
+{
+    size_t n = strlen(z);
+    return n == s.n && (n == 0 || memcmp(s.p, z, n) == 0);
+}
+
+bool
+dp_wire_str_same(dp_wire_str a, dp_wire_str b)
+{
+    return a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
+}
+
+size_t
+dp_wire_str_copy(dp_wire_str s, char *out, size_t cap)
+{
+    if (cap > 0) {
+        size_t n = s.n < cap - 1 ? s.n : cap - 1;
+        if (n > 0)
+            memcpy(out, s.p, n);
+        out[n] = '\0';
+    }
+    return s.n;
+}
+
+char *
+dp_wire_str_dup(dp_wire_str s)
+{
+    char *z = malloc((size_t)s.n + 1);
+    if (z != NULL)
+        dp_wire_str_copy(s, z, (size_t)s.n + 1);
+    return z;
+}
+
+/* Length of the well-formed UTF-8 sequence at s (1..4), 0 if ill-formed. */
+static size_t
+utf8_seq(const uint8_t *s, const uint8_t *e)
+{
+    uint8_t c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t need;
+    uint32_t cp, min;
+    if (c >= 0xc2 && c <= 0xdf) {
+        need = 1;
+        cp = c & 0x1f;
+        min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+        need = 2;
+        cp = c & 0x0f;
+        min = 0x800;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        need = 3;
+        cp = c & 0x07;
+        min = 0x10000;
+    } else {
+        return 0;
+    }
+    if ((size_t)(e - s) <= need)
+        return 0;
+    for (size_t i = 1; i <= need; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return need + 1;
+}
+
+bool
+dp_wire_utf8_valid(const void *p, size_t n)
+{
+    const uint8_t *s = p, *e = s + n;
+    while (s < e) {
+        if (*s < 0x80) {
+            s++;
+            continue;
+        }
+        size_t k = utf8_seq(s, e);
+        if (k == 0)
+            return false;
+        s += k;
+    }
+    return true;
+}
+
+/* 0 if p[0..n) is UTF-8 without NUL, else 1 + the offset of the first bad byte. */
+static size_t
+text_bad(const char *p, uint32_t n)
+{
+    const uint8_t *s = (const uint8_t *)p, *e = s + n;
+    while (s < e) {
+        if (*s >= 0x20 && *s < 0x80) {
+            s++;
+            continue;
+        }
+        if (*s == 0)
+            return (size_t)(s - (const uint8_t *)p) + 1;
+        size_t k = utf8_seq(s, e);
+        if (k == 0)
+            return (size_t)(s - (const uint8_t *)p) + 1;
+        s += k;
+    }
+    return 0;
+}
+
+const char *
+dp__wire_quote(dp_wire_str s, char *buf, size_t cap)
+{
+    size_t max = cap > 4 ? cap - 4 : 0, i;
+    for (i = 0; i < s.n && i < max; i++) {
+        unsigned char ch = (unsigned char)s.p[i];
+        buf[i] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    }
+    if (i < s.n && cap >= 4) {
+        memcpy(buf + i, "...", 3);
+        i += 3;
+    }
+    if (cap > 0)
+        buf[i < cap ? i : cap - 1] = '\0';
+    return buf;
+}
+
+#define WHAT(w) (w) ? (w) : "", (w) ? ": " : ""
+
+static inline bool
+id_char(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' || ch == '-';
+}
+
+int
+dp_wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what, dp_detail *d)
+{
+    lim = DP__WIRE_LIM(lim);
+    if (s.n == 0)
+        return dp_fail(d, DP_EPROTO, "%s%sempty id", WHAT(what));
+    if (s.n > lim->max_id)
+        return dp_fail(d, DP_EPROTO, "%s%sid of %u bytes is longer than the limit %u",
+                       WHAT(what), s.n, lim->max_id);
+    for (uint32_t i = 0; i < s.n; i++) {
+        if (!id_char((unsigned char)s.p[i]))
+            return dp_fail(d, DP_EPROTO,
+                           "%s%sbyte 0x%02x at %u is not allowed in an id "
+                           "(allowed: A-Z a-z 0-9 _ . : -)",
+                           WHAT(what), (unsigned char)s.p[i], i);
+    }
+    return DP_OK;
+}
+
+static int
+check_text_like(dp_wire_str s, uint32_t min, uint32_t max, const char *kind,
+                const char *what, dp_detail *d)
+{
+    if (s.n < min)
+        return dp_fail(d, DP_EPROTO, "%s%sempty %s", WHAT(what), kind);
+    if (s.n > max)
+        return dp_fail(d, DP_EPROTO, "%s%s%s of %u bytes is longer than the limit %u",
+                       WHAT(what), kind, s.n, max);
+    size_t bad = text_bad(s.p, s.n);
+    if (bad != 0) {
+        unsigned char ch = (unsigned char)s.p[bad - 1];
+        return dp_fail(d, DP_EPROTO, "%s%s%s has %s at byte %zu", WHAT(what), kind,
+                       ch == 0 ? "a NUL" : "invalid UTF-8", bad - 1);
+    }
+    return DP_OK;
+}
+
+int
+dp_wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                  dp_detail *d)
+{
+    return check_text_like(s, 1, DP__WIRE_LIM(lim)->max_key, "key", what, d);
+}
+
+int
+dp_wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                   dp_detail *d)
+{
+    return check_text_like(s, 1, DP__WIRE_LIM(lim)->max_path, "path", what, d);
+}
+
+int
+dp_wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                   dp_detail *d)
+{
+    return check_text_like(s, 0, DP__WIRE_LIM(lim)->max_text, "string", what, d);
+}
+
+/* ---- limits ---- */
+
+const dp_wire_limits dp_wire_limits_default = {
+    .max_msg = 64ull << 20,
+    .max_list = 1u << 20,
+    .max_items = 1u << 22,
+    .max_id = 64,
+    .max_key = 20 + 1 + 255,
+    .max_path = PATH_MAX - 1,
+    .max_text = 4096,
+    .max_dims = 32,
+    .max_fields = 4096,
+    .max_entries = 1u << 20,
+    .max_size = 1ull << 62,
+    .max_read = 16ull << 20,
+};
+
+void
+dp_wire_limits_init(dp_wire_limits *lim)
+{
+    *lim = dp_wire_limits_default;
+}
+
+/* ---- ops ---- */
+
+static const char *const op_names[] = {
+#define DP_WIRE_OP_NAME_(name, str, notify) str,
+    DP_WIRE_OPS(DP_WIRE_OP_NAME_)
+#undef DP_WIRE_OP_NAME_
+};
+
+static const bool op_notify[] = {
+#define DP_WIRE_OP_NOTIFY_(name, str, notify) notify,
+    DP_WIRE_OPS(DP_WIRE_OP_NOTIFY_)
+#undef DP_WIRE_OP_NOTIFY_
+};
+
+const char *
+dp_wire_op_name(dp_wire_op op)
+{
+    if ((int)op < 0 || op >= DP_WIRE_OP_COUNT_)
+        return "?";
+    return op_names[op];
+}
+
+dp_wire_op
+dp_wire_op_parse(dp_wire_str s)
+{
+    for (int i = 0; i < DP_WIRE_OP_COUNT_; i++)
+        if (dp_wire_str_eq(s, op_names[i]))
+            return (dp_wire_op)i;
+    return DP_WIRE_OP_NONE;
+}
+
+bool
+dp_wire_op_is_notify(dp_wire_op op)
+{
+    return (int)op >= 0 && op < DP_WIRE_OP_COUNT_ && op_notify[op];
+}
+
+/* ---- request ids ---- */
+
+static const char hexdig[] = "0123456789abcdef";
+
+int
+dp_wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d)
+{
+    uint8_t rnd[8];
+    int rc = dp_random_bytes(rnd, sizeof rnd, d);
+    if (rc != DP_OK)
+        return rc;
+    for (int i = 0; i < 8; i++) {
+        g->prefix[2 * i] = hexdig[rnd[i] >> 4];
+        g->prefix[2 * i + 1] = hexdig[rnd[i] & 15];
+    }
+    g->prefix[16] = '\0';
+    g->next = 0;
+    return DP_OK;
+}
+
+dp_wire_str
+dp_wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX])
+{
+    uint64_t k = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED);
+    memcpy(out, g->prefix, 16);
+    out[16] = '-';
+    char tmp[16];
+    int n = 0;
+    do {
+        tmp[n++] = hexdig[k & 15];
+        k >>= 4;
+    } while (k != 0);
+    for (int i = 0; i < n; i++)
+        out[17 + i] = tmp[n - 1 - i];
+    out[17 + n] = '\0';
+    return (dp_wire_str){out, (uint32_t)(17 + n)};
+}
+
+/* ---- allocations ---- */
+
+#define BLK_HDR sizeof(struct dp_wire_blk)
+_Static_assert(sizeof(struct dp_wire_blk) % 16 == 0, "block data must stay aligned");
+
+void *
+dp__wire_alloc(struct dp_wire_blk **head, size_t n)
+{
+    struct dp_wire_blk *b = calloc(1, BLK_HDR + n);
+    if (b == NULL)
+        return NULL;
+    b->size = n;
+    b->next = *head;
+    *head = b;
+    return (char *)b + BLK_HDR;
+}
+
+void
+dp__wire_free_all(struct dp_wire_blk **head)
+{
+    struct dp_wire_blk *b = *head;
+    while (b != NULL) {
+        struct dp_wire_blk *next = b->next;
+        free(b);
+        b = next;
+    }
+    *head = NULL;
+}
+
+void *
+dp__wire_pool_push(dp__wire_pool *p)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 16;
+        struct dp_wire_blk *b = realloc(p->b, BLK_HDR + cap * p->esz);
+        if (b == NULL)
+            return NULL;
+        p->b = b;
+        p->cap = cap;
+    }
+    char *e = (char *)p->b + BLK_HDR + p->n * p->esz;
+    memset(e, 0, p->esz);
+    p->n++;
+    return e;
+}
+
+void *
+dp__wire_pool_finish(dp__wire_pool *p, struct dp_wire_blk **head)
+{
+    if (p->b == NULL)
+        return NULL;
+    struct dp_wire_blk *b = p->b;
+    b->size = p->n * p->esz;
+    b->next = *head;
+    *head = b;
+    p->b = NULL;
+    return (char *)b + BLK_HDR;
+}
+
+void
+dp__wire_pool_drop(dp__wire_pool *p)
+{
+    free(p->b);
+    p->b = NULL;
+    p->n = p->cap = 0;
+}
+
+int
+dp__wire_charge(dp__wire_dec *c, uint64_t n, const char *what)
+{
+    if (n > c->lim->max_list)
+        return dp_fail(c->d, DP_ETOOBIG,
+                       "%s%slist of %llu items is longer than the limit %u", WHAT(what),
+                       (unsigned long long)n, c->lim->max_list);
+    c->items += n;
+    if (c->items > c->lim->max_items)
+        return dp_fail(c->d, DP_ETOOBIG, "%s%smore than %u list items in one message",
+                       WHAT(what), c->lim->max_items);
+    return DP_OK;
+}
+
+/* ---- values ---- */
+
+static int
+nomem(dp__wire_dec *c, const char *what)
+{
+    return dp_fail(c->d, DP_ENOMEM, "%s%sout of memory", WHAT(what));
+}
+
+static int
+rd_str_checked(dp__wire_dec *c, int k, dp_wire_str *s, const char *what)
+{
+    int rc = dp_mp_read_str(&c->r, &s->p, &s->n, what, c->d);
+    if (rc != DP_OK)
+        return rc;
+    switch (k) {
+    case DP__V_ID:
+    case DP__V_ID_OR_NIL:
+    case DP__V_IDS:
+        return dp_wire_check_id(*s, c->lim, what, c->d);
+    case DP__V_PATH:
+        return dp_wire_check_path(*s, c->lim, what, c->d);
+    case DP__V_KEYS:
+    case DP__V_KEYS_OR_NIL:
+        return dp_wire_check_key(*s, c->lim, what, c->d);
+    default:
+        return dp_wire_check_text(*s, c->lim, what, c->d);
+    }
+}
+
+static int
+rd_bounded(dp__wire_dec *c, uint64_t *v, uint64_t lo, uint64_t hi, int code,
+           const char *what)
+{
+    int rc = dp_mp_read_u64(&c->r, v, what, c->d);
+    if (rc != DP_OK)
+        return rc;
+    if (*v < lo)
+        return dp_fail(c->d, DP_EPROTO, "%s%s%llu is below the minimum %llu", WHAT(what),
+                       (unsigned long long)*v, (unsigned long long)lo);
+    if (*v > hi)
+        return dp_fail(c->d, code, "%s%s%llu is above the limit %llu", WHAT(what),
+                       (unsigned long long)*v, (unsigned long long)hi);
+    return DP_OK;
+}
+
+static int
+rd_list_head(dp__wire_dec *c, uint32_t *n, const char *what)
+{
+    int rc = dp_mp_read_array(&c->r, n, what, c->d);
+    if (rc == DP_OK)
+        rc = dp__wire_charge(c, *n, what);
+    return rc;
+}
+
+static int
+rd_strs(dp__wire_dec *c, int k, dp_wire_strs *out, const char *what)
+{
+    uint32_t n;
+    int rc = rd_list_head(c, &n, what);
+    if (rc != DP_OK)
+        return rc;
+    out->n = 0;
+    out->v = NULL;
+    if (n == 0)
+        return DP_OK;
+    dp_wire_str *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    if (v == NULL)
+        return nomem(c, what);
+    for (uint32_t i = 0; i < n; i++) {
+        rc = rd_str_checked(c, k, &v[i], NULL);
+        if (rc != DP_OK)
+            return dp_fail_ctx(c->d, rc, "%s[%u]", what, i);
+    }
+    out->v = v;
+    out->n = n;
+    return DP_OK;
+}
+
+static int
+rd_u64s(dp__wire_dec *c, dp_wire_u64s *out, const char *what)
+{
+    uint32_t n;
+    int rc = rd_list_head(c, &n, what);
+    if (rc != DP_OK)
+        return rc;
+    out->n = 0;
+    out->v = NULL;
+    if (n == 0)
+        return DP_OK;
+    uint64_t *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    if (v == NULL)
+        return nomem(c, what);
+    for (uint32_t i = 0; i < n; i++) {
+        rc = dp_mp_read_u64(&c->r, &v[i], NULL, c->d);
+        if (rc != DP_OK)
+            return dp_fail_ctx(c->d, rc, "%s[%u]", what, i);
+    }
+    out->v = v;
+    out->n = n;
+    return DP_OK;
+}
+
+/* The header of a data-keyed map: an element count like a list's. */
+static int
+rd_dmap_head(dp__wire_dec *c, uint32_t *n, const char *what)
+{
+    int rc = dp_mp_read_map(&c->r, n, what, c->d);
+    if (rc == DP_OK)
+        rc = dp__wire_charge(c, *n, what);
+    return rc;
+}
+
+/* The [..] tuple of a data-keyed map entry: exactly want elements. */
+static int
+rd_tuple(dp__wire_dec *c, uint32_t want)
+{
+    uint32_t n;
+    int rc = dp_mp_read_array(&c->r, &n, NULL, c->d);
+    if (rc != DP_OK)
+        return rc;
+    if (n != want)
+        return dp_fail(c->d, DP_EPROTO, "array of %u elements, expected %u", n, want);
+    return DP_OK;
+}
+
+static int
+rd_shard_blobs(dp__wire_dec *c, dp_wire_shard_blobs *out, const char *what)
+{
+    uint32_t n;
+    int rc = rd_dmap_head(c, &n, what);
+    if (rc != DP_OK)
+        return rc;
+    out->n = 0;
+    out->v = NULL;
+    if (n == 0)
+        return DP_OK;
+    dp_wire_shard_blob *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    if (v == NULL)
+        return nomem(c, what);
+    char q[80];
+    for (uint32_t i = 0; i < n; i++) {
+        dp_wire_shard_blob *b = &v[i];
+        rc = rd_str_checked(c, DP__V_ID, &b->id, NULL);
+        if (rc != DP_OK)
+            return dp_fail_ctx(c->d, rc, "%s: key %u", what, i);
+        uint64_t max = c->lim->max_size - 1;
+        if ((rc = rd_tuple(c, 3)) != DP_OK ||
+            (rc = rd_bounded(c, &b->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
+            (rc = rd_bounded(c, &b->nbytes, 0, max, DP_ETOOBIG, "nbytes")) != DP_OK ||
+            (rc = rd_bounded(c, &b->refs, 0, max, DP_EPROTO, "refs")) != DP_OK)
+            return dp_fail_ctx(c->d, rc, "%s: '%s'", what,
+                               dp__wire_quote(b->id, q, sizeof q));
+    }
+    out->v = v;
+    out->n = n;
+    return DP_OK;
+}
+
+static int
+rd_blob_locs(dp__wire_dec *c, dp_wire_blob_locs *out, const char *what)
+{
+    uint32_t n;
+    int rc = rd_dmap_head(c, &n, what);
+    if (rc != DP_OK)
+        return rc;
+    out->n = 0;
+    out->v = NULL;
+    if (n == 0)
+        return DP_OK;
+    dp_wire_blob_loc *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    if (v == NULL)
+        return nomem(c, what);
+    char q[80];
+    for (uint32_t i = 0; i < n; i++) {
+        dp_wire_blob_loc *b = &v[i];
+        rc = rd_str_checked(c, DP__V_ID, &b->id, NULL);
+        if (rc != DP_OK)
+            return dp_fail_ctx(c->d, rc, "%s: key %u", what, i);
+        uint64_t max = c->lim->max_size - 1;
+        if ((rc = rd_tuple(c, 2)) != DP_OK ||
+            (rc = rd_bounded(c, &b->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
+            (rc = rd_bounded(c, &b->len, 0, max, DP_ETOOBIG, "len")) != DP_OK)
+            return dp_fail_ctx(c->d, rc, "%s: '%s'", what,
+                               dp__wire_quote(b->id, q, sizeof q));
+    }
+    out->v = v;
+    out->n = n;
+    return DP_OK;
+}
+
+static int
+rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
+{
+    uint64_t max = c->lim->max_size - 1;
+    int rc;
+    if ((rc = rd_tuple(c, 5)) != DP_OK ||
+        (rc = rd_bounded(c, &e->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
+        (rc = rd_bounded(c, &e->len, 0, max, DP_ETOOBIG, "len")) != DP_OK ||
+        (rc = rd_str_checked(c, DP__V_TEXT, &e->kind, "kind")) != DP_OK ||
+        (rc = rd_str_checked(c, DP__V_TEXT, &e->dtype, "dtype")) != DP_OK)
+        return rc;
+    uint32_t nd;
+    if ((rc = dp_mp_read_array(&c->r, &nd, "shape", c->d)) != DP_OK)
+        return rc;
+    if (nd > c->lim->max_dims)
+        return dp_fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
+                       c->lim->max_dims);
+    for (uint32_t j = 0; j < nd; j++) {
+        uint64_t *dim = dp__wire_pool_push(dims);
+        if (dim == NULL)
+            return nomem(c, "shape");
+        rc = rd_bounded(c, dim, 0, max, DP_EPROTO, NULL);
+        if (rc != DP_OK)
+            return dp_fail_ctx(c->d, rc, "shape[%u]", j);
+    }
+    e->ndim = nd;
+    return DP_OK;
+}
+
+static int
+rd_key_locs(dp__wire_dec *c, dp_wire_key_locs *out, const char *what)
+{
+    uint32_t n;
+    int rc = rd_dmap_head(c, &n, what);
+    if (rc != DP_OK)
+        return rc;
+    out->n = 0;
+    out->v = NULL;
+    if (n == 0)
+        return DP_OK;
+    dp_wire_key_loc *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    if (v == NULL)
+        return nomem(c, what);
+    dp__wire_pool dims = {.esz = sizeof(uint64_t)};
+    char q[80];
+    for (uint32_t i = 0; i < n; i++) {
+        rc = rd_str_checked(c, DP__V_KEYS, &v[i].key, NULL);
+        if (rc != DP_OK) {
+            rc = dp_fail_ctx(c->d, rc, "%s: key %u", what, i);
+            goto fail;
+        }
+        rc = rd_key_loc(c, &v[i], &dims);
+        if (rc != DP_OK) {
+            rc = dp_fail_ctx(c->d, rc, "%s: '%s'", what,
+                             dp__wire_quote(v[i].key, q, sizeof q));
+            goto fail;
+        }
+    }
+    /* Dims were pushed in entry order: hand out consecutive slices. */
+    const uint64_t *all = dp__wire_pool_finish(&dims, c->mem);
+    size_t pos = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        v[i].shape = v[i].ndim > 0 ? all + pos : NULL;
+        pos += v[i].ndim;
+    }
+    out->v = v;
+    out->n = n;
+    return DP_OK;
+fail:
+    dp__wire_pool_drop(&dims);
+    return rc;
+}
+
+int
+dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
+{
+    const dp_wire_limits *lim = c->lim;
+    switch (k) {
+    case DP__V_ID_OR_NIL:
+    case DP__V_TEXT_OR_NIL:
+        if (dp_mp_take_nil(&c->r)) {
+            *(dp_wire_str *)p = (dp_wire_str){"", 0};
+            return DP_OK;
+        }
+        /* fall through */
+    case DP__V_ID:
+    case DP__V_PATH:
+    case DP__V_TEXT:
+        return rd_str_checked(c, k, p, what);
+    case DP__V_BOOL:
+        return dp_mp_read_bool(&c->r, p, what, c->d);
+    case DP__V_U64:
+        return dp_mp_read_u64(&c->r, p, what, c->d);
+    case DP__V_OFF:
+        return rd_bounded(c, p, 0, lim->max_size - 1, DP_EPROTO, what);
+    case DP__V_SIZE:
+        return rd_bounded(c, p, 1, lim->max_size - 1, DP_ETOOBIG, what);
+    case DP__V_SIZE0:
+        return rd_bounded(c, p, 0, lim->max_size - 1, DP_ETOOBIG, what);
+    case DP__V_ENTRIES:
+        return rd_bounded(c, p, 0, lim->max_entries, DP_ETOOBIG, what);
+    case DP__V_READN:
+        return rd_bounded(c, p, 0, lim->max_read, DP_ETOOBIG, what);
+    case DP__V_BIN: {
+        dp_wire_bytes *b = p;
+        return dp_mp_read_bin(&c->r, &b->p, &b->n, what, c->d);
+    }
+    case DP__V_KEYS_OR_NIL:
+        if (dp_mp_take_nil(&c->r)) {
+            *(dp_wire_strs *)p = (dp_wire_strs){NULL, 0};
+            return DP_OK;
+        }
+        /* fall through */
+    case DP__V_IDS:
+    case DP__V_KEYS:
+        return rd_strs(c, k, p, what);
+    case DP__V_U64S:
+        return rd_u64s(c, p, what);
+    case DP__V_SHARD_BLOBS:
+        return rd_shard_blobs(c, p, what);
+    case DP__V_BLOB_LOCS:
+        return rd_blob_locs(c, p, what);
+    case DP__V_KEY_LOCS:
+        return rd_key_locs(c, p, what);
+    }
+    DP_ASSERT(!"unknown value kind");
+    return DP_EPROTO;
+}
+
+int
+dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool strict,
+                    void *base, const char *what)
+{
+    DP_ASSERT(nf <= 64);
+    uint32_t n;
+    int rc = dp_mp_read_map(&c->r, &n, what, c->d);
+    if (rc != DP_OK)
+        return rc;
+    uint64_t seen = 0;
+    char q[80];
+    for (uint32_t i = 0; i < n; i++) {
+        dp_wire_str key;
+        rc = dp_mp_read_str(&c->r, &key.p, &key.n, "map key", c->d);
+        if (rc != DP_OK)
+            return rc;
+        size_t j;
+        for (j = 0; j < nf; j++)
+            if (dp_wire_str_eq(key, f[j].name))
+                break;
+        if (j == nf) {
+            if (strict)
+                return dp_fail(c->d, DP_EPROTO, "unknown key '%s'",
+                               dp__wire_quote(key, q, sizeof q));
+            if ((rc = dp_mp_skip(&c->r, c->d)) != DP_OK)
+                return dp_fail_ctx(c->d, rc, "%s", dp__wire_quote(key, q, sizeof q));
+            continue;
+        }
+        if (seen & (1ull << j))
+            return dp_fail(c->d, DP_EPROTO, "duplicate key '%s'", f[j].name);
+        seen |= 1ull << j;
+        rc = dp__wire_value_decode(c, f[j].kind, f[j].name, (char *)base + f[j].off);
+        if (rc != DP_OK)
+            return rc;
+    }
+    for (size_t j = 0; j < nf; j++) {
+        if (seen & (1ull << j))
+            continue;
+        if (f[j].required)
+            return dp_fail(c->d, DP_EPROTO, "missing key '%s'", f[j].name);
+        void *p = (char *)base + f[j].off;
+        switch (f[j].kind) {
+        case DP__V_BOOL:
+            *(bool *)p = f[j].def != 0;
+            break;
+        case DP__V_ID:
+        case DP__V_ID_OR_NIL:
+        case DP__V_PATH:
+        case DP__V_TEXT:
+        case DP__V_TEXT_OR_NIL:
+            *(dp_wire_str *)p = (dp_wire_str){"", 0};
+            break;
+        case DP__V_BIN:
+            *(dp_wire_bytes *)p = (dp_wire_bytes){(const uint8_t *)"", 0};
+            break;
+        default: /* numbers 0, lists empty: the struct was zeroed */
+            break;
+        }
+    }
+    return DP_OK;
+}
+
+/* ---- encoding ---- */
+
+static void
+put_view(dp_mp_writer *w, dp_wire_str s)
+{
+    dp_mp_put_strn(w, s.n ? s.p : "", s.n);
+}
+
+void
+dp__wire_put_text(dp_mp_writer *w, dp_wire_str s, uint32_t max)
+{
+    if (s.n <= max && text_bad(s.p, s.n) == 0) {
+        put_view(w, s);
+        return;
+    }
+    size_t cap = s.n < max ? s.n : max;
+    char *t = malloc(cap + 1);
+    if (t == NULL) {
+        w->out->oom = true;
+        return;
+    }
+    const uint8_t *p = (const uint8_t *)s.p, *e = p + s.n;
+    size_t n = 0;
+    while (p < e) {
+        size_t k = *p == 0 ? 0 : utf8_seq(p, e);
+        if (k == 0) {
+            if (n + 1 > cap)
+                break;
+            t[n++] = '?';
+            p++;
+        } else {
+            if (n + k > cap)
+                break;
+            memcpy(t + n, p, k);
+            n += k;
+            p += k;
+        }
+    }
+    dp_mp_put_strn(w, t, n);
+    free(t);
+}
+
+static void
+put_strs(dp_mp_writer *w, const dp_wire_strs *l)
+{
+    dp_mp_put_array(w, l->n);
+    for (uint32_t i = 0; i < l->n; i++)
+        put_view(w, l->v[i]);
+}
+
+void
+dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limits *lim)
+{
+    switch (k) {
+    case DP__V_ID_OR_NIL:
+        if (((const dp_wire_str *)p)->n == 0) {
+            dp_mp_put_nil(w);
+            return;
+        }
+        /* fall through */
+    case DP__V_ID:
+    case DP__V_PATH:
+        put_view(w, *(const dp_wire_str *)p);
+        return;
+    case DP__V_TEXT_OR_NIL:
+        if (((const dp_wire_str *)p)->n == 0) {
+            dp_mp_put_nil(w);
+            return;
+        }
+        /* fall through */
+    case DP__V_TEXT:
+        dp__wire_put_text(w, *(const dp_wire_str *)p, lim->max_text);
+        return;
+    case DP__V_BOOL:
+        dp_mp_put_bool(w, *(const bool *)p);
+        return;
+    case DP__V_U64:
+    case DP__V_OFF:
+    case DP__V_SIZE:
+    case DP__V_SIZE0:
+    case DP__V_ENTRIES:
+    case DP__V_READN:
+        dp_mp_put_u64(w, *(const uint64_t *)p);
+        return;
+    case DP__V_BIN: {
+        const dp_wire_bytes *b = p;
+        dp_mp_put_bin(w, b->n ? b->p : (const uint8_t *)"", b->n);
+        return;
+    }
+    case DP__V_KEYS_OR_NIL:
+        if (((const dp_wire_strs *)p)->n == 0) {
+            dp_mp_put_nil(w);
+            return;
+        }
+        /* fall through */
+    case DP__V_IDS:
+    case DP__V_KEYS:
+        put_strs(w, p);
+        return;
+    case DP__V_U64S: {
+        const dp_wire_u64s *l = p;
+        dp_mp_put_array(w, l->n);
+        for (uint32_t i = 0; i < l->n; i++)
+            dp_mp_put_u64(w, l->v[i]);
+        return;
+    }
+    case DP__V_SHARD_BLOBS: {
+        const dp_wire_shard_blobs *l = p;
+        dp_mp_put_map(w, l->n);
+        for (uint32_t i = 0; i < l->n; i++) {
+            put_view(w, l->v[i].id);
+            dp_mp_put_array(w, 3);
+            dp_mp_put_u64(w, l->v[i].off);
+            dp_mp_put_u64(w, l->v[i].nbytes);
+            dp_mp_put_u64(w, l->v[i].refs);
+        }
+        return;
+    }
+    case DP__V_BLOB_LOCS: {
+        const dp_wire_blob_locs *l = p;
+        dp_mp_put_map(w, l->n);
+        for (uint32_t i = 0; i < l->n; i++) {
+            put_view(w, l->v[i].id);
+            dp_mp_put_array(w, 2);
+            dp_mp_put_u64(w, l->v[i].off);
+            dp_mp_put_u64(w, l->v[i].len);
+        }
+        return;
+    }
+    case DP__V_KEY_LOCS: {
+        const dp_wire_key_locs *l = p;
+        dp_mp_put_map(w, l->n);
+        for (uint32_t i = 0; i < l->n; i++) {
+            const dp_wire_key_loc *e = &l->v[i];
+            put_view(w, e->key);
+            dp_mp_put_array(w, 5);
+            dp_mp_put_u64(w, e->off);
+            dp_mp_put_u64(w, e->len);
+            dp__wire_put_text(w, e->kind, lim->max_text);
+            dp__wire_put_text(w, e->dtype, lim->max_text);
+            dp_mp_put_array(w, e->ndim);
+            for (uint32_t j = 0; j < e->ndim; j++)
+                dp_mp_put_u64(w, e->shape[j]);
+        }
+        return;
+    }
+    }
+    DP_ASSERT(!"unknown value kind");
+}
+
+void
+dp__wire_map_encode(dp_mp_writer *w, const dp__wire_fdesc *f, size_t nf, const void *base,
+                    const dp_wire_limits *lim)
+{
+    dp_mp_put_map(w, (uint32_t)nf);
+    for (size_t j = 0; j < nf; j++) {
+        dp_mp_put_str(w, f[j].name);
+        dp__wire_value_encode(w, f[j].kind, (const char *)base + f[j].off, lim);
+    }
+}
+
+int
+dp__wire_encode_end(dp_buf *out, size_t start, bool oom_before, const dp_wire_limits *lim,
+                    const char *what, dp_detail *d)
+{
+    if (out->oom && !oom_before) {
+        out->len = start;
+        out->oom = false;
+        return dp_fail(d, DP_ENOMEM, "%s: out of memory while encoding", what);
+    }
+    if (out->oom)
+        return dp_fail(d, DP_ENOMEM, "%s: output buffer already out of memory", what);
+    size_t n = out->len - start;
+    if (n > lim->max_msg) {
+        out->len = start;
+        return dp_fail(d, DP_ETOOBIG, "%s: message of %zu bytes is over the limit %llu",
+                       what, n, (unsigned long long)lim->max_msg);
+    }
+    return DP_OK;
+}
+
+/* ---- requests ---- */
+
+/* One field-table row: name, value kind, required, default, offset. */
+// clang-format off
+#define F(t, n, k, r, df) {#n, DP__V_##k, r, df, (uint16_t)offsetof(t, n)}
+// clang-format on
+
+static const dp__wire_fdesc alloc_f[] = {
+    F(dp_wire_alloc_args, blob_id, ID, 1, 0),
+    F(dp_wire_alloc_args, nbytes, SIZE, 1, 0),
+    F(dp_wire_alloc_args, n_entries, ENTRIES, 1, 0),
+    F(dp_wire_alloc_args, spill, BOOL, 0, 1),
+};
+static const dp__wire_fdesc commit_f[] = {
+    F(dp_wire_commit_args, blob_id, ID, 1, 0),
+};
+static const dp__wire_fdesc abort_f[] = {
+    F(dp_wire_abort_args, blob_id, ID, 1, 0),
+    F(dp_wire_abort_args, in_flight, BOOL, 0, 1),
+};
+static const dp__wire_fdesc resolve_f[] = {
+    F(dp_wire_resolve_args, blob_ids, IDS, 1, 0),
+};
+static const dp__wire_fdesc resolve_keys_f[] = {
+    F(dp_wire_resolve_keys_args, keys, KEYS, 1, 0),
+};
+static const dp__wire_fdesc unpin_f[] = {
+    F(dp_wire_unpin_args, pin_id, ID, 1, 0),
+};
+static const dp__wire_fdesc release_rows_f[] = {
+    F(dp_wire_release_rows_args, gidxs, U64S, 1, 0),
+};
+static const dp__wire_fdesc read_bytes_f[] = {
+    F(dp_wire_read_bytes_args, off, OFF, 1, 0),
+    F(dp_wire_read_bytes_args, nbytes, READN, 1, 0),
+};
+static const dp__wire_fdesc save_shard_f[] = {
+    F(dp_wire_save_shard_args, path, PATH, 1, 0),
+};
+static const dp__wire_fdesc load_shard_f[] = {
+    F(dp_wire_load_shard_args, path, PATH, 1, 0),
+    F(dp_wire_load_shard_args, blobs, SHARD_BLOBS, 1, 0),
+    F(dp_wire_load_shard_args, spill, BOOL, 0, 0),
+};
+
+static const struct {
+    const dp__wire_fdesc *f;
+    size_t n;
+} args_tab[DP_WIRE_OP_COUNT_] = {
+#define T(op, tab) [DP_WIRE_OP_##op] = {tab, DP_ARRAY_LEN(tab)}
+    T(ALLOC, alloc_f),
+    T(COMMIT, commit_f),
+    T(ABORT, abort_f),
+    T(RESOLVE, resolve_f),
+    T(RESOLVE_KEYS, resolve_keys_f),
+    T(UNPIN, unpin_f),
+    T(RELEASE_ROWS, release_rows_f),
+    T(READ_BYTES, read_bytes_f),
+    T(SAVE_SHARD, save_shard_f),
+    T(LOAD_SHARD, load_shard_f),
+#undef T
+};
+
+int
+dp_wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim, dp_buf *out,
+                       dp_detail *d)
+{
+    lim = DP__WIRE_LIM(lim);
+    if ((int)req->op < 0 || req->op >= DP_WIRE_OP_COUNT_)
+        return dp_fail(d, DP_EINVAL, "request: invalid op %d", (int)req->op);
+    size_t start = out->len;
+    bool oom = out->oom;
+    dp_mp_writer w;
+    dp_mp_writer_init(&w, out);
+    dp_mp_put_array(&w, 3);
+    dp_mp_put_str(&w, op_names[req->op]);
+    put_view(&w, req->rid);
+    dp__wire_map_encode(&w, args_tab[req->op].f, args_tab[req->op].n, &req->a, lim);
+    return dp__wire_encode_end(out, start, oom, lim, op_names[req->op], d);
+}
+
+/* The [op, rid, ...] head shared by peek and decode; *n gets the element count. */
+static int
+request_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_op *op, dp_wire_str *rid,
+             uint32_t *n, dp_detail *d)
+{
+    *op = DP_WIRE_OP_NONE;
+    *rid = (dp_wire_str){"", 0};
+    int rc = dp_mp_read_array(r, n, "request", d);
+    if (rc != DP_OK)
+        return rc;
+    if (*n < 2)
+        return dp_fail(d, DP_EPROTO,
+                       "request: array of %u elements, expected [op, request_id, args]",
+                       *n);
+    dp_wire_str name, id;
+    if ((rc = dp_mp_read_str(r, &name.p, &name.n, "op", d)) != DP_OK)
+        return rc;
+    if ((rc = dp_mp_read_str(r, &id.p, &id.n, "request_id", d)) != DP_OK)
+        return rc;
+    if ((rc = dp_wire_check_id(id, lim, "request_id", d)) != DP_OK)
+        return rc;
+    *rid = id;
+    *op = dp_wire_op_parse(name);
+    if (*op == DP_WIRE_OP_NONE) {
+        char q[80];
+        return dp_fail(d, DP_EPROTO, "unknown op '%s'",
+                       dp__wire_quote(name, q, sizeof q));
+    }
+    return DP_OK;
+}
+
+int
+dp_wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
+                     dp_wire_op *op, dp_wire_str *rid, dp_detail *d)
+{
+    dp_mp_reader r;
+    uint32_t n;
+    dp_mp_reader_init(&r, msg, len);
+    return request_head(&r, DP__WIRE_LIM(lim), op, rid, &n, d);
+}
+
+int
+dp_wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
+                       dp_wire_request *req, dp_detail *d)
+{
+    lim = DP__WIRE_LIM(lim);
+    memset(req, 0, sizeof *req);
+    dp__wire_dec c = {.lim = lim, .d = d, .mem = &req->mem_};
+    dp_mp_reader_init(&c.r, msg, len);
+    uint32_t n;
+    int rc = request_head(&c.r, lim, &req->op, &req->rid, &n, d);
+    if (rc != DP_OK)
+        return rc;
+    const char *name = op_names[req->op];
+    if (len > lim->max_msg)
+        return dp_fail(d, DP_ETOOBIG, "%s: message of %zu bytes is over the limit %llu",
+                       name, len, (unsigned long long)lim->max_msg);
+    if (n != 3)
+        return dp_fail(d, DP_EPROTO,
+                       "%s: request of %u elements, expected [op, request_id, args]",
+                       name, n);
+    rc = dp__wire_map_decode(&c, args_tab[req->op].f, args_tab[req->op].n, true, &req->a,
+                             "args");
+    if (rc != DP_OK) {
+        rc = dp_fail_ctx(d, rc, "%s args", name);
+        goto fail;
+    }
+    if (dp_mp_remaining(&c.r) != 0) {
+        rc = dp_fail(d, DP_EPROTO, "%s: %zu trailing bytes after the request", name,
+                     dp_mp_remaining(&c.r));
+        goto fail;
+    }
+    return DP_OK;
+fail:
+    dp__wire_free_all(&req->mem_);
+    memset(&req->a, 0, sizeof req->a);
+    return rc;
+}
+
+void
+dp_wire_request_fini(dp_wire_request *req)
+{
+    if (req == NULL)
+        return;
+    dp__wire_free_all(&req->mem_);
+    memset(req, 0, sizeof *req);
+    req->op = DP_WIRE_OP_NONE;
+}

@@ -1,0 +1,481 @@
+/*
+ * The control-message codec: every request and reply that clients and storage
+ * units exchange over ZMQ (DESIGN sections 6 and 7), as typed C structs.
+ *
+ *   request = [op: str, request_id: str, args: map]
+ *   reply   = [request_id: str, ok: bool, result | error]
+ *   error   = {"kind": str, "msg": str, "reason": str|nil, "blobs": [str]|nil}
+ *
+ * Encoders append one message to a dp_buf. Decoders read untrusted bytes through
+ * the bounds-checked reader of mp.h and hand back validated C values: a handler
+ * never sees a raw msgpack object.
+ *
+ * Memory model. Decoded strings and bins are views into the message bytes
+ * (pointer + length, NOT NUL-terminated): the message must outlive the decoded
+ * struct. Lists go into arrays the decoder allocates (bounded by the limits) and
+ * that dp_wire_request_fini() / dp_wire_reply_fini() free. A decoded view is
+ * never NULL: an empty or nil string is {"", 0}.
+ *
+ * Strictness. Argument maps (read by the unit) are strict: an unknown key, a
+ * duplicate key, a missing required key or a value of the wrong type is a
+ * Protocol error whose detail names the op and the key; clients and units ship
+ * together, so an unknown key is a client bug, not a newer client. Result and
+ * error maps (read by the client) skip unknown keys so a unit can add fields
+ * without breaking older clients; duplicate and missing required keys are
+ * still errors. Maps keyed by data (blob ids, keys) come back as arrays in wire
+ * order; duplicates there are not detected (the consumer decides).
+ *
+ * Errors. Every decoding failure is DP_EPROTO, or DP_ETOOBIG when a size or
+ * count is over a limit (message size, list lengths, the list-item budget,
+ * alloc nbytes / n_entries, read_bytes nbytes); the detail names the field and
+ * the limit. Encoders fail only with DP_ENOMEM, DP_EINVAL (bad op) or
+ * DP_ETOOBIG (message over max_msg); they trust ids, keys and paths (the peer
+ * validates them; dp_wire_check_id() is there for callers that generate ids)
+ * but sanitise free text (error messages, addresses) so the peer accepts it.
+ *
+ * Threads: everything here is pure, reentrant logic with no I/O; a struct or
+ * buffer belongs to one thread at a time. dp_wire_rid_next() may be called from
+ * several threads on one generator.
+ */
+#ifndef DP_WIRE_WIRE_H
+#define DP_WIRE_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+/* ---- strings ---- */
+
+/* A string view: p is never NULL in decoded values and not NUL-terminated. */
+typedef struct dp_wire_str {
+    const char *p;
+    uint32_t n;
+} dp_wire_str;
+
+typedef struct dp_wire_bytes {
+    const uint8_t *p;
+    uint32_t n;
+} dp_wire_bytes;
+
+typedef struct dp_wire_strs {
+    dp_wire_str *v;
+    uint32_t n;
+} dp_wire_strs;
+
+typedef struct dp_wire_u64s {
+    uint64_t *v;
+    uint32_t n;
+} dp_wire_u64s;
+
+/* printf("%.*s", DP_WIRE_STR_ARG(s)) */
+#define DP_WIRE_STR_ARG(s) (int)(s).n, (s).p
+
+/* A view of NUL-terminated z (NULL gives ""). */
+dp_wire_str dp_wire_s(const char *z);
+/* True if s holds exactly the bytes of NUL-terminated z. */
+bool dp_wire_str_eq(dp_wire_str s, const char *z);
+bool dp_wire_str_same(dp_wire_str a, dp_wire_str b);
+/*
+ * Copy s into out[cap] NUL-terminated, truncated to cap - 1 bytes. Returns s.n:
+ * the copy is complete when the result is < cap (strlcpy semantics).
+ */
+size_t dp_wire_str_copy(dp_wire_str s, char *out, size_t cap);
+/* A malloc'd NUL-terminated copy (free() it), NULL on out of memory. */
+char *dp_wire_str_dup(dp_wire_str s);
+
+/* True if p[0..n) is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF). */
+bool dp_wire_utf8_valid(const void *p, size_t n);
+
+/* ---- limits ---- */
+
+typedef struct dp_wire_limits {
+    uint64_t max_msg;     /* bytes of one message (64 MiB); DP_ETOOBIG */
+    uint32_t max_list;    /* elements of one list or data-keyed map (1 << 20); ETOOBIG */
+    uint32_t max_items;   /* list elements decoded from one message (1 << 22); ETOOBIG */
+    uint32_t max_id;      /* blob, pin and request ids, bytes (64) */
+    uint32_t max_key;     /* "<gidx>@<field>" keys, bytes (20 + 1 + 255) */
+    uint32_t max_path;    /* paths, bytes (PATH_MAX - 1) */
+    uint32_t max_text;    /* other strings: messages, dtypes, addresses (4096) */
+    uint32_t max_dims;    /* dims of one shape (32) */
+    uint32_t max_fields;  /* fields of one scan record or of stats (4096) */
+    uint64_t max_entries; /* alloc n_entries (1 << 20); ETOOBIG */
+    uint64_t max_size;    /* sizes, offsets, counts must be < this (2^62) */
+    uint64_t max_read;    /* read_bytes nbytes (16 MiB); ETOOBIG */
+} dp_wire_limits;
+
+/* The defaults above. Every function taking limits accepts NULL for them. */
+extern const dp_wire_limits dp_wire_limits_default;
+void dp_wire_limits_init(dp_wire_limits *lim);
+
+/*
+ * Validators shared with callers. what names the value in the detail.
+ * An id is 1..max_id bytes of [A-Za-z0-9_.:-] (no '/', NUL or control bytes:
+ * ids are client-generated and may end up in logs and file names). A key is
+ * 1..max_key bytes of UTF-8 without NUL (its syntax is checked by src/blob).
+ * A path is 1..max_path bytes of UTF-8 without NUL. Text is 0..max_text bytes of
+ * UTF-8 without NUL. All fail with DP_EPROTO.
+ */
+int dp_wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                     dp_detail *d);
+int dp_wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                      dp_detail *d);
+int dp_wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                       dp_detail *d);
+int dp_wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                       dp_detail *d);
+
+/* ---- ops ---- */
+
+/* X(NAME, "wire name", is_notify) */
+#define DP_WIRE_OPS(X)                                                                   \
+    X(PING, "ping", false)                                                               \
+    X(INFO, "info", false)                                                               \
+    X(ALLOC, "alloc", false)                                                             \
+    X(COMMIT, "commit", false)                                                           \
+    X(ABORT, "abort", true)                                                              \
+    X(RESOLVE, "resolve", false)                                                         \
+    X(RESOLVE_KEYS, "resolve_keys", false)                                               \
+    X(UNPIN, "unpin", true)                                                              \
+    X(RELEASE_ROWS, "release_rows", false)                                               \
+    X(SCAN, "scan", false)                                                               \
+    X(STATS, "stats", false)                                                             \
+    X(READ_BYTES, "read_bytes", false)                                                   \
+    X(SAVE_SHARD, "save_shard", false)                                                   \
+    X(LOAD_SHARD, "load_shard", false)
+
+typedef enum dp_wire_op {
+    DP_WIRE_OP_NONE = -1, /* not (yet) known */
+#define DP_WIRE_OP_ENUM_(name, str, notify) DP_WIRE_OP_##name,
+    DP_WIRE_OPS(DP_WIRE_OP_ENUM_)
+#undef DP_WIRE_OP_ENUM_
+        DP_WIRE_OP_COUNT_
+} dp_wire_op;
+
+/* "alloc", ...; "?" for anything else. */
+const char *dp_wire_op_name(dp_wire_op op);
+/* The op named s, or DP_WIRE_OP_NONE. */
+dp_wire_op dp_wire_op_parse(dp_wire_str s);
+/* unpin and abort: the unit sends no reply. False for invalid ops. */
+bool dp_wire_op_is_notify(dp_wire_op op);
+
+/* ---- request ids ---- */
+
+/* Enough for any generated id and its NUL. */
+#define DP_WIRE_RID_MAX 40
+
+/*
+ * Request ids for one client: a random 64-bit prefix fixed at init and a
+ * counter, "<16 hex>-<counter hex>". Unique per generator without a syscall
+ * per request; the random prefix tells clients (and restarts) apart.
+ */
+typedef struct dp_wire_rid_gen {
+    char prefix[17];
+    uint64_t next; /* atomically incremented */
+} dp_wire_rid_gen;
+
+/* Fails only if the OS gives no random bytes (DP_ESYS). */
+int dp_wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d);
+/* Write the next id into out and return its view (valid as long as out). Thread-safe. */
+dp_wire_str dp_wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
+
+/* ---- arguments, one struct per op (ping, info, scan, stats take none) ---- */
+
+typedef struct dp_wire_alloc_args {
+    dp_wire_str blob_id;
+    uint64_t nbytes;    /* 1 .. max_size - 1 (ETOOBIG) */
+    uint64_t n_entries; /* 0 .. max_entries (ETOOBIG) */
+    bool spill;         /* optional, default true */
+} dp_wire_alloc_args;
+
+typedef struct dp_wire_commit_args {
+    dp_wire_str blob_id;
+} dp_wire_commit_args;
+
+typedef struct dp_wire_abort_args {
+    dp_wire_str blob_id;
+    bool in_flight; /* optional, default true */
+} dp_wire_abort_args;
+
+typedef struct dp_wire_resolve_args {
+    dp_wire_strs blob_ids;
+} dp_wire_resolve_args;
+
+typedef struct dp_wire_resolve_keys_args {
+    dp_wire_strs keys;
+} dp_wire_resolve_keys_args;
+
+typedef struct dp_wire_unpin_args {
+    dp_wire_str pin_id;
+} dp_wire_unpin_args;
+
+typedef struct dp_wire_release_rows_args {
+    dp_wire_u64s gidxs; /* any u64 */
+} dp_wire_release_rows_args;
+
+typedef struct dp_wire_read_bytes_args {
+    uint64_t off;    /* < max_size */
+    uint64_t nbytes; /* 0 .. max_read (ETOOBIG) */
+} dp_wire_read_bytes_args;
+
+typedef struct dp_wire_save_shard_args {
+    dp_wire_str path;
+} dp_wire_save_shard_args;
+
+/* One blob of a shard file: wire form {id: [off, nbytes, refs]}. */
+typedef struct dp_wire_shard_blob {
+    dp_wire_str id;
+    uint64_t off;    /* offset in the file, < max_size */
+    uint64_t nbytes; /* < max_size */
+    uint64_t refs;   /* < max_size */
+} dp_wire_shard_blob;
+
+typedef struct dp_wire_shard_blobs {
+    dp_wire_shard_blob *v;
+    uint32_t n;
+} dp_wire_shard_blobs;
+
+typedef struct dp_wire_load_shard_args {
+    dp_wire_str path;
+    dp_wire_shard_blobs blobs;
+    bool spill; /* optional, default false (seed 002: load_shard(spill=False)) */
+} dp_wire_load_shard_args;
+
+struct dp_wire_blk; /* decoder allocations, freed by the _fini functions */
+
+typedef struct dp_wire_request {
+    dp_wire_op op;
+    dp_wire_str rid;
+    union {
+        dp_wire_alloc_args alloc;
+        dp_wire_commit_args commit;
+        dp_wire_abort_args abort;
+        dp_wire_resolve_args resolve;
+        dp_wire_resolve_keys_args resolve_keys;
+        dp_wire_unpin_args unpin;
+        dp_wire_release_rows_args release_rows;
+        dp_wire_read_bytes_args read_bytes;
+        dp_wire_save_shard_args save_shard;
+        dp_wire_load_shard_args load_shard;
+    } a;
+    struct dp_wire_blk *mem_;
+} dp_wire_request;
+
+/*
+ * Append the request [op, rid, args] to out. The fields of req->a for req->op
+ * are encoded, optional ones included. On failure out is left as it was.
+ */
+int dp_wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim,
+                           dp_buf *out, dp_detail *d);
+
+/*
+ * Decode a request from msg[0..len) (the whole message: trailing bytes are an
+ * error). On success req holds validated args; call dp_wire_request_fini().
+ * On failure req->rid and req->op are still set when they could be read
+ * (rid.n > 0, op != DP_WIRE_OP_NONE) so the server can answer with a Protocol
+ * error carrying the id; a request whose rid could not be read is dropped, as
+ * is any failed notify. req needs dp_wire_request_fini() either way.
+ */
+int dp_wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
+                           dp_wire_request *req, dp_detail *d);
+void dp_wire_request_fini(dp_wire_request *req);
+
+/*
+ * Read only the op and the request id, without the args. *rid is set (n > 0)
+ * whenever a valid id could be read, even if the op is unknown or the message
+ * is otherwise bad; *op is DP_WIRE_OP_NONE unless the op is known. Returns 0
+ * when both were read.
+ */
+int dp_wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
+                         dp_wire_op *op, dp_wire_str *rid, dp_detail *d);
+
+/* ---- results ---- */
+
+typedef struct dp_wire_info {
+    uint64_t unit_id;
+    uint64_t n_units;
+    dp_wire_str zmq;        /* the unit's ROUTER address */
+    dp_wire_str agent;      /* its endpoint name */
+    dp_wire_bytes metadata; /* its endpoint metadata (bin) */
+    uint64_t slab_bytes;
+    uint64_t io_bytes; /* optional, default 0 */
+    dp_wire_str numa;  /* optional, default "" */
+} dp_wire_info;
+
+typedef enum dp_wire_commit_state {
+    DP_WIRE_COMMIT_DONE = 0,
+    DP_WIRE_COMMIT_PENDING,
+    DP_WIRE_COMMIT_LOST,
+} dp_wire_commit_state;
+
+const char *dp_wire_commit_state_name(dp_wire_commit_state s);
+
+/* resolve: {id: [off, len]} */
+typedef struct dp_wire_blob_loc {
+    dp_wire_str id;
+    uint64_t off;
+    uint64_t len;
+} dp_wire_blob_loc;
+
+typedef struct dp_wire_blob_locs {
+    dp_wire_blob_loc *v;
+    uint32_t n;
+} dp_wire_blob_locs;
+
+typedef struct dp_wire_resolve_res {
+    dp_wire_str pin_id; /* n == 0: nil (nothing pinned) */
+    dp_wire_blob_locs blobs;
+    dp_wire_strs missing, pending, failed; /* blob ids */
+} dp_wire_resolve_res;
+
+/* resolve_keys: {key: [slab_off, len, kind, dtype, shape]} */
+typedef struct dp_wire_key_loc {
+    dp_wire_str key;
+    uint64_t off; /* slab offset of the entry itself */
+    uint64_t len;
+    dp_wire_str kind;
+    dp_wire_str dtype;
+    const uint64_t *shape; /* ndim dims (NULL when ndim == 0) */
+    uint32_t ndim;
+} dp_wire_key_loc;
+
+typedef struct dp_wire_key_locs {
+    dp_wire_key_loc *v;
+    uint32_t n;
+} dp_wire_key_locs;
+
+typedef struct dp_wire_resolve_keys_res {
+    dp_wire_str pin_id; /* n == 0: nil */
+    dp_wire_key_locs entries;
+    dp_wire_strs missing, pending, failed; /* keys */
+} dp_wire_resolve_keys_res;
+
+/* A scalar of a generic record (scan) or counter map (stats). */
+typedef enum dp_wire_scalar_type {
+    DP_WIRE_NIL = 0,
+    DP_WIRE_BOOL,
+    DP_WIRE_U64,
+    DP_WIRE_I64, /* negative integers only, as decoded */
+    DP_WIRE_F64,
+    DP_WIRE_STR,
+} dp_wire_scalar_type;
+
+typedef struct dp_wire_field {
+    dp_wire_str name;
+    dp_wire_scalar_type type;
+    union {
+        bool b;
+        uint64_t u;
+        int64_t i;
+        double f;
+        dp_wire_str s;
+    } v;
+} dp_wire_field;
+
+/* A flat map name -> scalar, in wire order. */
+typedef struct dp_wire_fields {
+    dp_wire_field *v;
+    uint32_t n;
+} dp_wire_fields;
+
+/* The field called name, or NULL. */
+const dp_wire_field *dp_wire_fields_get(const dp_wire_fields *f, const char *name);
+/* Its value as a number (bool, u64, i64 >= 0 or an integral f64 >= 0), else false. */
+bool dp_wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out);
+
+typedef struct dp_wire_scan_res {
+    dp_wire_fields *recs; /* one flat map per blob: id, off, nbytes, refs, ... */
+    uint32_t n;
+} dp_wire_scan_res;
+
+typedef struct dp_wire_save_shard_res {
+    dp_wire_shard_blobs blobs;
+    uint64_t nbytes;
+    uint64_t clears_during_save;
+} dp_wire_save_shard_res;
+
+typedef struct dp_wire_load_shard_res {
+    dp_wire_strs loaded, failed;
+} dp_wire_load_shard_res;
+
+/* ---- errors ---- */
+
+typedef struct dp_wire_error {
+    int code;           /* DP_EUNITFULL, DP_EBUSY, DP_ELOST or DP_EPROTO */
+    dp_wire_str kind;   /* decode: as received; encode: ignored (derived from code) */
+    dp_wire_str msg;    /* text */
+    dp_wire_str reason; /* n == 0: nil */
+    dp_wire_strs blobs; /* blob ids or keys; n == 0: nil */
+} dp_wire_error;
+
+/*
+ * Kind names: DP_EUNITFULL "UnitFull", DP_EBUSY "Busy", DP_ELOST "Missing",
+ * any other code "Protocol". Parsing an unknown kind gives DP_EPROTO (a newer
+ * unit's kind is still an error the client can report).
+ */
+const char *dp_wire_err_kind(int code);
+int dp_wire_err_code(dp_wire_str kind);
+
+/*
+ * Fill d with what the unit said ("Busy: <msg> (reason: ...) [blobs: a, b, ...]")
+ * and return e->code, for a client turning an error reply into its return value.
+ */
+int dp_wire_error_to_detail(const dp_wire_error *e, dp_detail *d);
+
+/* ---- replies ---- */
+
+typedef struct dp_wire_reply {
+    dp_wire_op op; /* the op of the request: selects the member of r */
+    dp_wire_str rid;
+    bool ok;
+    dp_wire_error err; /* when !ok */
+    union {
+        uint64_t unit_id; /* ping */
+        dp_wire_info info;
+        uint64_t off; /* alloc: slab offset */
+        dp_wire_commit_state commit;
+        dp_wire_resolve_res resolve;
+        dp_wire_resolve_keys_res resolve_keys;
+        uint64_t dropped; /* release_rows */
+        dp_wire_scan_res scan;
+        dp_wire_fields stats;
+        dp_wire_bytes bytes; /* read_bytes */
+        dp_wire_save_shard_res save_shard;
+        dp_wire_load_shard_res load_shard;
+    } r;
+    struct dp_wire_blk *mem_;
+} dp_wire_reply;
+
+/*
+ * Append the reply [rid, ok, result | error] to out: the result of rep->op
+ * when rep->ok, else rep->err. Notify ops have no reply (DP_EINVAL).
+ */
+int dp_wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_buf *out,
+                         dp_detail *d);
+
+/*
+ * Append an error reply for a failure the unit met: kind from code (section 7),
+ * msg from d_in's message (or dp_strerror(code)), reason and blobs optional
+ * (NULL / 0). Text is sanitised to UTF-8 and cut to max_text.
+ */
+int dp_wire_reply_encode_error(dp_wire_str rid, int code, const char *msg,
+                               const char *reason, const dp_wire_str *blobs,
+                               uint32_t n_blobs, const dp_wire_limits *lim, dp_buf *out,
+                               dp_detail *d);
+
+/*
+ * Decode the reply to a request of op op (the caller knows what it sent).
+ * rep->ok tells a result from an error (an error reply decodes with DP_OK: the
+ * unit's code is in rep->err.code). On failure rep->rid is set when it could be
+ * read. Call dp_wire_reply_fini() either way.
+ */
+int dp_wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
+                         const dp_wire_limits *lim, dp_wire_reply *rep, dp_detail *d);
+void dp_wire_reply_fini(dp_wire_reply *rep);
+
+/* Read only the request id of a reply (the client matches it before decoding). */
+int dp_wire_reply_peek(const void *msg, size_t len, const dp_wire_limits *lim,
+                       dp_wire_str *rid, dp_detail *d);
+
+#endif
