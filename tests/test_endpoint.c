@@ -30,13 +30,45 @@
 
 /* ---- the pattern a peer's slab starts with ---- */
 
+static uint64_t
+pat_word(uint64_t seed, uint64_t w)
+{
+    uint64_t z = w * 0x9e3779b97f4a7c15ull ^ seed;
+    return z ^ (z >> 29);
+}
+
 static uint8_t
 pat(uint64_t seed, uint64_t off)
 {
-    uint64_t z = (off >> 3) * 0x9e3779b97f4a7c15ull ^ seed;
-    z ^= z >> 29;
-    return (uint8_t)(z >> (8 * (off & 7)));
+    return (uint8_t)(pat_word(seed, off >> 3) >> (8 * (off & 7)));
 }
+
+/* Fill n bytes with a sequence derived from v, word by word (fast under sanitizers). */
+static void
+fill_words(uint8_t *q, uint64_t n, uint64_t v)
+{
+    uint64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t x = v + k * 0x9e3779b97f4a7c15ull;
+        memcpy(q + k, &x, 8);
+    }
+    for (; k < n; k++)
+        q[k] = (uint8_t)(v + k * 131);
+}
+
+/* Sanitizer builds run the same tests on less data, to stay well within the timeout. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define DP_SANITIZED 1
+#endif
+#endif
+#ifdef DP_SANITIZED
+#define SCALE_ROUNDS(n) (((n) + 2) / 3)
+#else
+#define SCALE_ROUNDS(n) (n)
+#endif
 
 /* ---- I/O helpers ---- */
 
@@ -97,7 +129,11 @@ peer_main(void)
         fprintf(stderr, "peer %s: %s\n", name, d.msg);
         _exit(2);
     }
-    for (uint64_t i = 0; i < slab; i++)
+    for (uint64_t w = 0; w < slab / 8; w++) {
+        uint64_t x = pat_word(seed, w);
+        memcpy((uint8_t *)base + 8 * w, &x, 8);
+    }
+    for (uint64_t i = slab & ~7ull; i < slab; i++)
         ((uint8_t *)base)[i] = pat(seed, i);
     if (dp_endpoint_metadata(ep, &md, &md_len, &d) != DP_OK) {
         fprintf(stderr, "peer %s: %s\n", name, d.msg);
@@ -353,6 +389,7 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
     double t_total = dp_test_now();
     uint64_t moved = 0;
     static plan pl;
+    rounds = SCALE_ROUNDS(rounds);
     for (int round = 0; round < rounds; round++) {
         make_plan(&rs, &pl, 1 + dp_test_rand(&rs) % 64, max_size,
                   (uint64_t)(uintptr_t)lbuf, lcap, p.base, slab);
@@ -377,12 +414,9 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
                            (unsigned long long)k, got, want);
                 }
         }
-        for (size_t i = 0; i < pl.n; i++) {
-            uint8_t *q = (uint8_t *)(uintptr_t)pl.local[i].addr;
-            uint64_t v = dp_test_rand(&rs);
-            for (uint64_t k = 0; k < pl.local[i].nbytes; k++)
-                q[k] = (uint8_t)(v + k * 131 + (k >> 9));
-        }
+        for (size_t i = 0; i < pl.n; i++)
+            fill_words((uint8_t *)(uintptr_t)pl.local[i].addr, pl.local[i].nbytes,
+                       dp_test_rand(&rs));
         CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, pl.local, pl.n, pl.remote,
                                         pl.n, "peer-a", 60, &d),
                    &d);

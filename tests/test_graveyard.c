@@ -1,0 +1,199 @@
+/*
+ * Tests for src/xfer/graveyard: range bookkeeping, charging, poisoning.
+ *
+ * The graveyard is one per process and poisoning is sticky, so every test runs
+ * its body in a forked child (no UCX here: fork is safe) and checks its exit.
+ */
+#include "dp_test.h"
+
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "xfer/graveyard.h"
+
+#define IN_CHILD(body)                                                                   \
+    do {                                                                                 \
+        fflush(NULL);                                                                    \
+        pid_t pid_ = fork();                                                             \
+        CHECK(pid_ >= 0);                                                                \
+        if (pid_ == 0) {                                                                 \
+            body;                                                                        \
+            _exit(0);                                                                    \
+        }                                                                                \
+        int st_ = 0;                                                                     \
+        CHECK_EQ(waitpid(pid_, &st_, 0), pid_);                                          \
+        CHECKF(WIFEXITED(st_) && WEXITSTATUS(st_) == 0, "child failed at line %d",       \
+               WIFEXITED(st_) ? WEXITSTATUS(st_) : -1);                                  \
+    } while (0)
+
+/* In a child: exit with the line number on failure. */
+#define C(cond)                                                                          \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fprintf(stderr, "  child check failed: %s (line %d)\n", #cond, __LINE__);    \
+            _exit(__LINE__ & 0xff ? __LINE__ & 0xff : 1);                                \
+        }                                                                                \
+    } while (0)
+
+static void
+ranges_body(void)
+{
+    C(!dp_graveyard_touches(0, 1 << 20));
+    C(dp_graveyard_entries() == 0 && dp_graveyard_bytes() == 0);
+    static int owner;
+    dp_range r[3] = {{1000, 100}, {5000, 1}, {2000, 0}};
+    dp_graveyard_retain(&owner, r, 3, "test");
+    C(dp_graveyard_entries() == 1);
+    C(dp_graveyard_bytes() == 101);
+    C(dp_graveyard_touches(1000, 1));
+    C(dp_graveyard_touches(1099, 1));
+    C(!dp_graveyard_touches(1100, 10));
+    C(!dp_graveyard_touches(990, 10));
+    C(dp_graveyard_touches(990, 11));
+    C(dp_graveyard_touches(0, 100000));
+    C(dp_graveyard_touches(5000, 1));
+    C(!dp_graveyard_touches(4999, 1));
+    C(!dp_graveyard_touches(5001, 1));
+    C(!dp_graveyard_touches(2000, 10)); /* empty ranges are not retained */
+    C(!dp_graveyard_touches(1000, 0));
+    /* Adjacent and overlapping ranges merge; the charge is the sum as given. */
+    dp_range s[2] = {{1100, 50}, {1050, 200}};
+    dp_graveyard_retain(NULL, s, 2, "test2");
+    C(dp_graveyard_bytes() == 351);
+    C(dp_graveyard_touches(1249, 1));
+    C(!dp_graveyard_touches(1250, 1));
+    /* Wrap-around at the top of the address space is clamped. */
+    dp_range w = {UINT64_MAX - 10, 100};
+    dp_graveyard_retain(NULL, &w, 1, "wrap");
+    C(dp_graveyard_touches(UINT64_MAX - 1, 1));
+    C(!dp_graveyard_poisoned());
+    C(dp_graveyard_check(NULL) == DP_OK);
+}
+
+DP_TEST(ranges_overlap_and_merge)
+{
+    IN_CHILD(ranges_body());
+}
+
+static void
+random_body(uint64_t seed)
+{
+    /* Property: touches() agrees with a brute-force bitmap over a small space. */
+    enum { SPACE = 4096 };
+    static uint8_t map[SPACE];
+    uint64_t rs = seed;
+    for (int it = 0; it < 300; it++) {
+        uint64_t a = dp_test_rand(&rs) % SPACE, n = 1 + dp_test_rand(&rs) % 64;
+        if (a + n > SPACE)
+            n = SPACE - a;
+        dp_range r = {a, n};
+        dp_graveyard_retain(NULL, &r, 1, "rand");
+        memset(map + a, 1, n);
+        for (int q = 0; q < 50; q++) {
+            uint64_t b = dp_test_rand(&rs) % SPACE, m = 1 + dp_test_rand(&rs) % 32;
+            if (b + m > SPACE)
+                m = SPACE - b;
+            bool want = false;
+            for (uint64_t k = b; k < b + m; k++)
+                want |= map[k] != 0;
+            C(dp_graveyard_touches(b, m) == want);
+        }
+    }
+}
+
+DP_TEST(touches_matches_bitmap)
+{
+    uint64_t seed = dp_test_seed();
+    IN_CHILD(random_body(seed));
+}
+
+static void
+poison_body(void)
+{
+    C(dp_graveyard_max_bytes() == DP_GRAVEYARD_DEFAULT_MAX_BYTES);
+    dp_graveyard_set_max_bytes(1000);
+    dp_range r = {4096, 600};
+    dp_graveyard_retain(NULL, &r, 1, "a");
+    C(!dp_graveyard_poisoned());
+    dp_graveyard_retain_buffer(400); /* exactly at the limit: still fine */
+    C(!dp_graveyard_poisoned());
+    C(dp_graveyard_check(NULL) == DP_OK);
+    dp_graveyard_retain_buffer(1);
+    C(dp_graveyard_poisoned());
+    dp_detail d;
+    dp_detail_clear(&d);
+    C(dp_graveyard_check(&d) == DP_EFATAL);
+    C(strstr(d.msg, "poisoned") != NULL);
+    C(strstr(d.msg, "1001") != NULL);
+    /* Sticky: raising the limit does not heal the process. */
+    dp_graveyard_set_max_bytes(1ull << 40);
+    C(dp_graveyard_poisoned());
+}
+
+DP_TEST(poisoned_past_max_bytes_and_sticky)
+{
+    IN_CHILD(poison_body());
+}
+
+static void
+lower_limit_body(void)
+{
+    dp_graveyard_retain_buffer(5000);
+    C(!dp_graveyard_poisoned());
+    dp_graveyard_set_max_bytes(4999); /* lowering below the charge poisons at once */
+    C(dp_graveyard_poisoned());
+}
+
+DP_TEST(lowering_the_limit_poisons)
+{
+    IN_CHILD(lower_limit_body());
+}
+
+static void
+env_limit_body(void)
+{
+    C(dp_graveyard_max_bytes() == 64 * 1024);
+    dp_graveyard_retain_buffer(64 * 1024 + 1);
+    C(dp_graveyard_poisoned());
+}
+
+DP_TEST(limit_from_environment)
+{
+    setenv("DP_GRAVEYARD_MAX_BYTES", "64K", 1);
+    IN_CHILD(env_limit_body());
+    unsetenv("DP_GRAVEYARD_MAX_BYTES");
+}
+
+static void *
+hammer(void *arg)
+{
+    uint64_t base = (uint64_t)(uintptr_t)arg;
+    for (int i = 0; i < 2000; i++) {
+        dp_range r = {base + (uint64_t)i * 16, 8};
+        dp_graveyard_retain(NULL, &r, 1, "thread");
+        if (!dp_graveyard_touches(base + (uint64_t)i * 16 + 7, 1))
+            _exit(50);
+        dp_graveyard_check(NULL);
+    }
+    return NULL;
+}
+
+static void
+threads_body(void)
+{
+    dp_log_set_level(DP_LOG_ERROR);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, hammer, (void *)(uintptr_t)((uint64_t)(i + 1) << 32));
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    C(dp_graveyard_entries() == 8000);
+    C(dp_graveyard_bytes() == 8000 * 8);
+}
+
+DP_TEST(concurrent_retain_and_lookup)
+{
+    IN_CHILD(threads_body());
+}
