@@ -1146,5 +1146,9 @@ DP_TEST(header_decode_alone)
     uint8_t again[64];
     dp_blob_header_encode(&h, again);
     CHECK(memcmp(again, p, 64) == 0);
+    /* a header that claims a blob shorter than itself */
+    put_le64(p + 32, 10);
+    CHECK_ERR(dp_blob_header_decode(p, 10, NULL, &h, &d), DP_EPROTO);
+    CHECK_CONTAINS(d.msg, "shorter than the 64-byte header");
     free(p);
 }

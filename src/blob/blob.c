@@ -139,6 +139,9 @@ dp_blob_header_decode(const uint8_t hdr64[64], uint64_t len,
                       const dp_blob_parse_opts *opts, dp_blob_header *out, dp_detail *d)
 {
     dp_blob_header h;
+    if (len < DP_BLOB_HEADER_LEN)
+        return dp_fail(d, DP_EPROTO, "blob: %llu bytes, shorter than the %u-byte header",
+                       (unsigned long long)len, DP_BLOB_HEADER_LEN);
     if (memcmp(hdr64, DP_BLOB_MAGIC, 8) != 0) {
         char q[48];
         return dp_fail(d, DP_EPROTO, "blob: bad magic '%s' (want '%s')",
