@@ -958,6 +958,10 @@ DP_TEST(rejects_foreign_rows)
     CHECK_ACCEPT(p, len, &o);
     o.n_units = 4;
     CHECK_REJECT(p, len, &o, "blob entry 1 ('6@a'): row 6 belongs to unit 2 of 4");
+    o.unit_index = 4;
+    dp_detail d;
+    CHECK_ERR(parse_rc(p, len, &o, &d), DP_EINVAL);
+    CHECK_CONTAINS(d.msg, "unit 4 of 4 units");
     free(p);
 }
 

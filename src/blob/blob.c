@@ -403,6 +403,9 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
               dp_detail *d)
 {
     *out = NULL;
+    if (opts != NULL && opts->n_units > 0 && opts->unit_index >= opts->n_units)
+        return dp_fail(d, DP_EINVAL, "blob parse options: unit %u of %u units",
+                       opts->unit_index, opts->n_units);
     if (p == NULL || len < DP_BLOB_HEADER_LEN)
         return dp_fail(d, DP_EPROTO, "blob: %zu bytes, shorter than the %u-byte header",
                        p == NULL ? (size_t)0 : len, DP_BLOB_HEADER_LEN);

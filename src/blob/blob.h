@@ -213,7 +213,8 @@ typedef struct dp_blob dp_blob;
  * entries point into it, so a writer still scribbling on p cannot change
  * what was validated. Nothing outside p[0..len) is read; the payload is not
  * read at all (see dp_blob_check_payload). opts NULL: defaults.
- * Returns DP_EPROTO with the reason in d, or DP_ENOMEM. *out is NULL on error.
+ * Returns DP_EPROTO with the reason in d, DP_ENOMEM, or DP_EINVAL for bad
+ * opts (unit_index >= n_units). *out is NULL on error.
  */
 int dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts,
                   dp_blob **out, dp_detail *d);
