@@ -1564,3 +1564,116 @@ DP_TEST(zmq_client_killed_before_commit)
     dp_ctl_client_destroy(c);
     CHECK_EQ(peer_stop(&up, SIGTERM), 0);
 }
+
+/* ---- the `dataplane unit` command, through the real binary ---- */
+
+/* The CLI next to this test's build directory, or NULL if it was not built. */
+static const char *
+cli_path(void)
+{
+    static char path[4096];
+    char self[4000];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return NULL;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash == NULL)
+        return NULL;
+    *slash = '\0';
+    snprintf(path, sizeof path, "%s/../dataplane", self);
+    return access(path, X_OK) == 0 ? path : NULL;
+}
+
+/* Run the CLI with args; first stdout line into line; returns the pid. */
+static pid_t
+cli_start(const char *const *args, char *line, size_t cap)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(args[0], (char *const *)args);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    while (n + 1 < cap) {
+        ssize_t r = read(fds[0], line + n, 1);
+        if (r <= 0 || line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    close(fds[0]);
+    return pid;
+}
+
+static int
+cli_wait(pid_t pid)
+{
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+DP_TEST(cli_unit_command)
+{
+    const char *cli = cli_path();
+    if (cli == NULL) {
+        printf("  skipped: the dataplane binary is not built next to this test\n");
+        return;
+    }
+    char line[300];
+    const char *bad[] = {cli, "unit", "--numa", "sideways", NULL};
+    CHECK_EQ(cli_wait(cli_start(bad, line, sizeof line)), 2);
+    const char *bad2[] = {cli, "unit", "--unit-id", "2", "--units", "2", NULL};
+    CHECK_EQ(cli_wait(cli_start(bad2, line, sizeof line)), 2);
+    const char *help[] = {cli, "unit", "--help", NULL};
+    pid_t hp = cli_start(help, line, sizeof line);
+    CHECK_CONTAINS(line, "usage: dataplane unit");
+    CHECK_EQ(cli_wait(hp), 0);
+
+    const char *args[] = {
+        cli,      "unit", "--bind",       "127.0.0.1", "--port",          "0",
+        "--slab", "8M",   "--read-pin-s", "5",         "--alloc-lease-s", "2",
+        "--numa", "auto", "--unit-id",    "1",         "--units",         "3",
+        NULL};
+    pid_t pid = cli_start(args, line, sizeof line);
+    CHECKF(strncmp(line, "tcp://127.0.0.1:", 16) == 0, "first line '%s'", line);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_wire_request q;
+    dp_wire_reply r;
+    dp_buf rb = {0};
+    dp_detail d;
+    dp_detail_clear(&d);
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_INFO;
+    CHECK_OK_D(zcall(c, line, &q, &r, &rb, &d), &d);
+    CHECK(r.ok);
+    CHECK_EQ(r.r.info.unit_id, 1);
+    CHECK_EQ(r.r.info.n_units, 3);
+    CHECK_EQ(r.r.info.slab_bytes, 8 << 20);
+    CHECK(dp_wire_str_eq(r.r.info.zmq, line));
+    CHECK(r.r.info.numa.n > 0);
+    CHECK(r.r.info.metadata.n > 0);
+    dp_wire_reply_fini(&r);
+    /* A key of another unit is refused; this unit owns gidx 1, 4, 7... */
+    dp_wire_str ks[] = {ws("4@a"), ws("2@a")};
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    CHECK_OK_D(zcall(c, line, &q, &r, &rb, &d), &d);
+    CHECK(!r.ok);
+    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
+    dp_wire_reply_fini(&r);
+    dp_buf_fini(&rb);
+    dp_ctl_client_destroy(c);
+    kill(pid, SIGINT);
+    CHECK_EQ(cli_wait(pid), 0);
+}
