@@ -690,6 +690,16 @@ DP_TEST(validators_name_the_value)
     id[64] = 0;
     CHECK_OK(dp_wire_check_id(dp_wire_s(id), NULL, "blob_id", &d));
 
+    /* every byte against the charset [A-Za-z0-9_.:-] */
+    for (int c = 0; c < 256; c++) {
+        char one = (char)c;
+        bool want = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' ||
+                    c == '-';
+        int rc = dp_wire_check_id((dp_wire_str){&one, 1}, NULL, "x", &d);
+        CHECKF((rc == DP_OK) == want, "byte 0x%02x", c);
+    }
+
     char key[300];
     memset(key, 'f', sizeof key);
     memcpy(key, "12@", 3);

@@ -162,11 +162,14 @@ dp__wire_quote(dp_wire_str s, char *buf, size_t cap)
 
 #define WHAT(w) (w) ? (w) : "", (w) ? ": " : ""
 
+/* [A-Za-z0-9_.:-] as a bitmap over bytes 0..127: '-' '.' '0'-'9' ':' in the
+ * first word, 'A'-'Z' '_' 'a'-'z' in the second. */
+static const uint64_t id_bits[2] = {0x07ff600000000000ull, 0x07fffffe87fffffeull};
+
 static inline bool
 id_char(unsigned char ch)
 {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-           (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' || ch == '-';
+    return ch < 128 && ((id_bits[ch >> 6] >> (ch & 63)) & 1);
 }
 
 int
