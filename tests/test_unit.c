@@ -1677,3 +1677,235 @@ DP_TEST(cli_unit_command)
     kill(pid, SIGINT);
     CHECK_EQ(cli_wait(pid), 0);
 }
+
+/*
+ * Threads hammer one unit (real clock, ticker on, short pins and leases) with
+ * every op through the handler and the core; the unit's invariants hold after
+ * (and ThreadSanitizer watches the locking).
+ */
+typedef struct hammer_arg {
+    dp_unit *u;
+    int tid;
+    uint64_t seed;
+} hammer_arg;
+
+static void *
+hammer(void *p)
+{
+    hammer_arg *a = p;
+    uint64_t rs = a->seed;
+    dp_buf out = {0}, in = {0};
+    for (int i = 0; i < 300; i++) {
+        char id[32], k1[32], k2[32];
+        snprintf(id, sizeof id, "t%d-%d", a->tid, i);
+        snprintf(k1, sizeof k1, "%u@f", (unsigned)(dp_test_rand(&rs) % 32));
+        snprintf(k2, sizeof k2, "%u@g", (unsigned)(dp_test_rand(&rs) % 32));
+        const char *keys[] = {k1, k2};
+        tblob t = mk_blob(keys, 2, 64 + dp_test_rand(&rs) % 2000, (uint32_t)i);
+        uint64_t off;
+        if (dp_unit_alloc(a->u, id, strlen(id), t.len, 2, &off, NULL, NULL) == 0) {
+            int how = (int)(dp_test_rand(&rs) % 8);
+            if (how < 6) {
+                memcpy(dp_unit_slab(a->u) + off, t.p, t.len);
+                dp_wire_commit_state st;
+                dp_unit_commit(a->u, id, strlen(id), &st, NULL);
+            } else if (how == 6) {
+                dp_unit_abort(a->u, id, strlen(id), dp_test_rand(&rs) % 2 == 0);
+            } /* else: left for the lease */
+        }
+        free(t.p);
+        /* resolve through the handler, unpin some of the pins */
+        dp_wire_str ks[] = {ws(k1), ws(k2)};
+        dp_wire_request q;
+        memset(&q, 0, sizeof q);
+        q.op = DP_WIRE_OP_RESOLVE_KEYS;
+        q.rid = ws("h");
+        q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+        dp_buf_reset(&in);
+        dp_wire_request_encode(&q, NULL, &in, NULL);
+        dp_buf_reset(&out);
+        dp_unit_handle(a->u, in.data, in.len, &out);
+        dp_wire_reply r;
+        if (dp_wire_reply_decode(out.data, out.len, q.op, NULL, &r, NULL) == 0 && r.ok &&
+            r.r.resolve_keys.pin_id.n > 0 && dp_test_rand(&rs) % 2 == 0)
+            dp_unit_unpin(a->u, r.r.resolve_keys.pin_id.p, r.r.resolve_keys.pin_id.n);
+        dp_wire_reply_fini(&r);
+        if (dp_test_rand(&rs) % 4 == 0) {
+            uint64_t g = dp_test_rand(&rs) % 32;
+            dp_unit_release_rows(a->u, &g, 1);
+        }
+        if (i % 50 == 0) {
+            q.op = DP_WIRE_OP_SCAN;
+            dp_buf_reset(&in);
+            dp_wire_request_encode(&q, NULL, &in, NULL);
+            dp_buf_reset(&out);
+            dp_unit_handle(a->u, in.data, in.len, &out);
+        }
+    }
+    dp_buf_fini(&in);
+    dp_buf_fini(&out);
+    return NULL;
+}
+
+DP_TEST(threads_hammer)
+{
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.slab_bytes = 1 << 20;
+    o.read_pin_s = 0.05;
+    o.alloc_lease_s = 0.05;
+    o.quarantine_s = 0.02;
+    o.numa = DP_UNIT_NUMA_OFF;
+    dp_unit *u = NULL;
+    CHECK_OK(dp_unit_create(&o, &u, NULL));
+    CHECK_OK(dp_unit_start_ticker(u, 0.01, NULL));
+    dp_log_set_level(DP_LOG_ERROR);
+    enum { NT = 4 };
+    pthread_t th[NT];
+    hammer_arg args[NT];
+    uint64_t seed = dp_test_seed();
+    for (int i = 0; i < NT; i++) {
+        args[i] = (hammer_arg){u, i, seed + (uint64_t)i * 7919};
+        CHECK(pthread_create(&th[i], NULL, hammer, &args[i]) == 0);
+    }
+    for (int i = 0; i < NT; i++)
+        pthread_join(th[i], NULL);
+    dp_log_set_level(DP_LOG_INFO);
+    check_unit(u);
+    /* Everything left ends: pins expire, leases retire, quarantine drains. */
+    dp_sleep_s(0.3);
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.pins, 0);
+    CHECK_EQ(s.zombies, 0);
+    CHECK_EQ(s.quarantined_bytes, 0);
+    CHECK_EQ(s.blobs, s.published);
+    printf("  hammer: %" PRIu64 " commits, %" PRIu64 " retired, %" PRIu64
+           " busy, %" PRIu64 " full\n",
+           s.n_commit, s.n_retired, s.n_busy, s.n_full);
+    check_unit(u);
+    dp_unit_destroy(u);
+}
+
+/*
+ * Invariant 1 over real transfers: a reader's pinned entry keeps its bytes
+ * while its rows are released and writers fill the slab around it; the
+ * writers get Busy (pins), never its region, until the reader unpins.
+ */
+DP_TEST(zmq_pinned_read_survives_release)
+{
+    peer up;
+    peer_start(&up, "unit", "60", NULL);
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s", up.line);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_endpoint *ep = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_endpoint_create("test-client2", NULL, &ep, &d), &d);
+    char name[256];
+    uint64_t base = connect_unit(c, addr, ep, name);
+
+    const uint64_t plen = 4 << 20;
+    const char *keys[] = {"3@obs"};
+    tblob t = mk_blob(keys, 1, plen, 77);
+    uint32_t want = 0;
+    void *stage = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, t.len, &stage, &d), &d);
+    memcpy(stage, t.p, t.len);
+    dp_wire_request q;
+    dp_wire_reply r;
+    dp_buf rb = {0};
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ALLOC;
+    q.a.alloc = (dp_wire_alloc_args){ws("A"), t.len, 1, false};
+    CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
+    CHECK(r.ok);
+    uint64_t aoff = r.r.off;
+    dp_wire_reply_fini(&r);
+    dp_range l = {(uint64_t)(uintptr_t)stage, t.len};
+    dp_range rr = {base + aoff, t.len};
+    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, &d), &d);
+    q.op = DP_WIRE_OP_COMMIT;
+    q.a.commit.blob_id = ws("A");
+    CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
+    CHECK(r.ok && r.r.commit == DP_WIRE_COMMIT_DONE);
+    dp_wire_reply_fini(&r);
+
+    dp_wire_str k = ws("3@obs");
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
+    CHECK(r.ok && r.r.resolve_keys.entries.n == 1);
+    uint64_t eoff = r.r.resolve_keys.entries.v[0].off,
+             elen = r.r.resolve_keys.entries.v[0].len;
+    char pin[64];
+    dp_wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp_wire_reply_fini(&r);
+    CHECK_EQ(elen, plen);
+    want = dp_crc32c(t.p + (eoff - aoff), plen);
+
+    uint64_t g = 3;
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
+    CHECK(r.ok && r.r.dropped == 1);
+    dp_wire_reply_fini(&r);
+
+    /* Writers fill the slab with 0xee: never A's region; then Busy. */
+    memset(stage, 0xee, t.len);
+    bool busy = false;
+    for (int i = 0; i < 8 && !busy; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "W%d", i);
+        q.op = DP_WIRE_OP_ALLOC;
+        q.a.alloc = (dp_wire_alloc_args){ws(id), t.len, 0, false};
+        CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
+        if (!r.ok) {
+            CHECKF(dp_wire_str_eq(r.err.kind, "Busy"), "%.*s",
+                   DP_WIRE_STR_ARG(r.err.kind));
+            CHECK(dp_wire_str_eq(r.err.reason, "pins"));
+            busy = true;
+        } else {
+            CHECK(r.r.off + t.len <= aoff || r.r.off >= aoff + t.len);
+            dp_range wr = {base + r.r.off, t.len};
+            CHECK_OK_D(
+                dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &wr, 1, name, 10, &d), &d);
+        }
+        dp_wire_reply_fini(&r);
+    }
+    CHECK(busy);
+
+    /* The reader's READ still gets A's bytes. */
+    void *dst = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, plen, &dst, &d), &d);
+    dp_range ll = {(uint64_t)(uintptr_t)dst, plen};
+    dp_range rl = {base + eoff, plen};
+    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, &ll, 1, &rl, 1, name, 10, &d), &d);
+    CHECK_EQ(dp_crc32c(dst, plen), want);
+
+    /* Unpinned: A's region is handed out again. */
+    q.op = DP_WIRE_OP_UNPIN;
+    q.a.unpin.pin_id = ws(pin);
+    znotify(c, addr, &q);
+    bool got = false;
+    double t0 = dp_test_now();
+    while (!got && dp_test_now() - t0 < 5) {
+        q.op = DP_WIRE_OP_ALLOC;
+        q.a.alloc = (dp_wire_alloc_args){ws("after"), t.len, 0, false};
+        CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
+        if (r.ok) {
+            got = true;
+            CHECK_EQ(r.r.off, aoff);
+        }
+        dp_wire_reply_fini(&r);
+        if (!got)
+            dp_sleep_s(0.01);
+    }
+    CHECK(got);
+    dp_buf_fini(&rb);
+    free(t.p);
+    dp_endpoint_destroy(ep);
+    dp_ctl_client_destroy(c);
+    CHECK_EQ(peer_stop(&up, SIGTERM), 0);
+}
