@@ -171,40 +171,38 @@ valid_id(const char *p, size_t n)
 
 /* ---- NUMA placement ---- */
 
-static void
-numa_place(dp_unit *u)
+void
+dp_unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t cap)
 {
-    if (u->o.numa == DP_UNIT_NUMA_OFF) {
-        snprintf(u->numa_desc, sizeof u->numa_desc, "off");
+    if (mode == DP_UNIT_NUMA_OFF) {
+        snprintf(desc, cap, "off");
         return;
     }
     if (numa_available() < 0) {
-        snprintf(u->numa_desc, sizeof u->numa_desc, "no NUMA support: no-op");
+        snprintf(desc, cap, "no NUMA support: no-op");
         return;
     }
     int nodes = numa_num_configured_nodes();
     if (nodes <= 1) {
-        snprintf(u->numa_desc, sizeof u->numa_desc, "one node: no-op");
+        snprintf(desc, cap, "one node: no-op");
         return;
     }
-    int node = (int)(u->o.unit_id % (uint32_t)nodes);
+    int node = (int)(unit_id % (uint32_t)nodes);
     if (numa_run_on_node(node) != 0) {
-        snprintf(u->numa_desc, sizeof u->numa_desc, "node %d: run_on_node failed (%s)",
-                 node, strerror(errno));
+        snprintf(desc, cap, "node %d: run_on_node failed (%s)", node, strerror(errno));
         return;
     }
-    if (u->o.numa == DP_UNIT_NUMA_BIND) {
+    if (mode == DP_UNIT_NUMA_BIND) {
         struct bitmask *m = numa_allocate_nodemask();
         if (m != NULL) {
             numa_bitmask_setbit(m, (unsigned)node);
             numa_set_membind(m);
             numa_bitmask_free(m);
         }
-        snprintf(u->numa_desc, sizeof u->numa_desc, "node %d of %d (bind)", node, nodes);
+        snprintf(desc, cap, "node %d of %d (bind)", node, nodes);
     } else {
         numa_set_preferred(node);
-        snprintf(u->numa_desc, sizeof u->numa_desc, "node %d of %d (preferred)", node,
-                 nodes);
+        snprintf(desc, cap, "node %d of %d (preferred)", node, nodes);
     }
 }
 
@@ -361,7 +359,7 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     dp_map_init_str(&u->blobs);
     dp_map_init_u64(&u->rows);
     dp_map_init_str(&u->pins);
-    numa_place(u);
+    dp_unit_numa_apply(u->o.numa, u->o.unit_id, u->numa_desc, sizeof u->numa_desc);
     int rc;
     if (u->o.ep != NULL) {
         void *addr = NULL;
@@ -910,7 +908,7 @@ dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
         rc = dp_key_split(keys[i].p, keys[i].n, &kp, d);
         if (rc != 0) {
             u->n_proto++;
-            rc = dp_fail_ctx(d, DP_EPROTO, "resolve_keys");
+            dp_fail_ctx(d, DP_EPROTO, "resolve_keys");
             rc = DP_EPROTO;
             goto fail;
         }

@@ -59,6 +59,16 @@ typedef struct dp_unit_opts {
 void dp_unit_opts_init(dp_unit_opts *o);
 
 /*
+ * Place the calling thread (and the threads and memory it creates after) on
+ * NUMA node unit_id % nodes: preferred memory (auto) or bound CPU and memory
+ * (bind). A no-op on one-node machines, without libnuma support, or with
+ * DP_UNIT_NUMA_OFF. desc[cap] says what was done (for info). Idempotent;
+ * dp_unit_create calls it, and a process can call it earlier so threads it
+ * starts before the unit (the endpoint's) are placed too.
+ */
+void dp_unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t cap);
+
+/*
  * Create a unit: place the process (NUMA), take the slab, build the tables.
  * Errors: DP_EINVAL (bad options), DP_ENOMEM, errors of dp_endpoint_alloc.
  */
