@@ -1773,8 +1773,14 @@ DP_TEST(threads_hammer)
     dp_log_set_level(DP_LOG_INFO);
     check_unit(u);
     /* Everything left ends: pins expire, leases retire, quarantine drains. */
-    dp_sleep_s(0.3);
     dp_unit_stats s = stats(u);
+    double t0 = dp_test_now();
+    while ((s.pins != 0 || s.zombies != 0 || s.quarantined_bytes != 0 ||
+            s.blobs != s.published) &&
+           dp_test_now() - t0 < 10) {
+        dp_sleep_s(0.02);
+        s = stats(u);
+    }
     CHECK_EQ(s.pins, 0);
     CHECK_EQ(s.zombies, 0);
     CHECK_EQ(s.quarantined_bytes, 0);

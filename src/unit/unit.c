@@ -129,6 +129,8 @@ struct dp_unit {
     bool ticker_on;
     bool stopping;
     double period_s;
+    double last_report; /* when the ticker last logged the counters */
+    uint64_t report_sig;
 };
 
 static double
@@ -350,6 +352,7 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     u->o = *opts;
     if (u->o.now == NULL)
         u->o.now = default_now;
+    u->last_report = now_s(u);
     pthread_mutex_init(&u->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1187,7 +1190,32 @@ dp_unit_tick(dp_unit *u)
         }
     }
     dp_slab_alloc_sweep(u->alloc, now);
+    /* Every 30 s, one log line with the counters if anything changed. */
+    char line[320];
+    line[0] = '\0';
+    if (now - u->last_report >= 30.0) {
+        dp_unit_stats st;
+        get_stats_locked(u, &st);
+        uint64_t sig = st.n_alloc * 1000003u ^ st.n_commit * 10007u ^
+                       u->n_release * 101u ^ u->n_resolve * 7u ^ st.n_retired ^
+                       st.pins_expired * 31u;
+        if (sig != u->report_sig) {
+            char a[32], f[32], q[32], r[32];
+            snprintf(line, sizeof line,
+                     "unit %u: %" PRIu64 " blobs, %" PRIu64 " entries, %" PRIu64
+                     " pins; allocated %s, free %s, quarantined %s, retired %s",
+                     u->o.unit_id, st.published, st.entries, st.pins,
+                     dp_fmt_size(st.allocated_bytes, a, sizeof a),
+                     dp_fmt_size(st.free_bytes, f, sizeof f),
+                     dp_fmt_size(st.quarantined_bytes, q, sizeof q),
+                     dp_fmt_size(st.retired_bytes, r, sizeof r));
+            u->report_sig = sig;
+        }
+        u->last_report = now;
+    }
     pthread_mutex_unlock(&u->mu);
+    if (line[0] != '\0')
+        DP_LOG_I("%s", line);
 }
 
 /* ---- self-check ---- */
