@@ -1489,6 +1489,10 @@ DP_TEST(error_detail_lists_many_blobs_within_bounds)
     CHECK_CONTAINS(d.msg, "Missing: gone [blobs: b0, b1, b2");
     CHECK_CONTAINS(d.msg, "more");
     CHECK(strlen(d.msg) < DP_DETAIL_MAX);
+    /* a zeroed error built by hand still reads well */
+    dp_wire_error z = {.code = DP_EBUSY};
+    CHECK_EQ(dp_wire_error_to_detail(&z, &d), DP_EBUSY);
+    CHECK_STR(d.msg, "Busy: ");
 }
 
 DP_TEST(unknown_error_kind_is_protocol)
@@ -1713,6 +1717,22 @@ DP_TEST(resolve_results_rules)
         &m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
         "resolve_keys reply: result: entries: '5@obs': shape: 33 dims, the limit is 32",
         NULL);
+    dp_wire_limits lim;
+    dp_wire_limits_init(&lim);
+    lim.max_items = 1 + 10; /* the entry + 10 dims */
+    RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 11));
+    CHECK_ERR_D(
+        dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, &lim, &r, &d),
+        DP_ETOOBIG, &d);
+    CHECK_CONTAINS(d.msg, "'5@obs': shape: more than 11 list items");
+    dp_wire_reply_fini(&r);
+    dp_buf_fini(&m.b);
+    RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 10));
+    CHECK_OK_D(
+        dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, &lim, &r, &d),
+        &d);
+    dp_wire_reply_fini(&r);
+    dp_buf_fini(&m.b);
     RK_ENTRY(&m, put_entry(w, 2, 128, "tensor", 0));
     expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
                "entries: '5@obs': array of 2 elements, expected 5", NULL);

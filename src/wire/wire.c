@@ -235,7 +235,7 @@ dp_wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
 const dp_wire_limits dp_wire_limits_default = {
     .max_msg = 64ull << 20,
     .max_list = 1u << 20,
-    .max_items = 1u << 22,
+    .max_items = 1u << 23,
     .max_id = 64,
     .max_key = 20 + 1 + 255,
     .max_path = PATH_MAX - 1,
@@ -616,6 +616,8 @@ rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
     if (nd > c->lim->max_dims)
         return dp_fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
                        c->lim->max_dims);
+    if ((rc = dp__wire_charge(c, nd, "shape")) != DP_OK)
+        return rc;
     for (uint32_t j = 0; j < nd; j++) {
         uint64_t *dim = dp__wire_pool_push(dims);
         if (dim == NULL)

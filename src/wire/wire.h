@@ -93,7 +93,7 @@ bool dp_wire_utf8_valid(const void *p, size_t n);
 typedef struct dp_wire_limits {
     uint64_t max_msg;     /* bytes of one message (64 MiB); DP_ETOOBIG */
     uint32_t max_list;    /* elements of one list or data-keyed map (1 << 20); ETOOBIG */
-    uint32_t max_items;   /* list elements decoded from one message (1 << 22); ETOOBIG */
+    uint32_t max_items;   /* list elements (and dims) in one message (1 << 23); ETOOBIG */
     uint32_t max_id;      /* blob, pin and request ids, bytes (64) */
     uint32_t max_key;     /* "<gidx>@<field>" keys, bytes (20 + 1 + 255) */
     uint32_t max_path;    /* paths, bytes (PATH_MAX - 1) */

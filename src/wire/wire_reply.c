@@ -98,8 +98,9 @@ dp_wire_error_to_detail(const dp_wire_error *e, dp_detail *d)
     if (d == NULL)
         return e->code;
     char buf[DP_DETAIL_MAX];
-    int n = snprintf(buf, sizeof buf, "%.*s: %.*s", DP_WIRE_STR_ARG(e->kind),
-                     DP_WIRE_STR_ARG(e->msg));
+    dp_wire_str kind = e->kind.n > 0 ? e->kind : dp_wire_s(dp_wire_err_kind(e->code));
+    int n = snprintf(buf, sizeof buf, "%.*s: %.*s", DP_WIRE_STR_ARG(kind),
+                     e->msg.n > 0 ? (int)e->msg.n : 0, e->msg.n > 0 ? e->msg.p : "");
     if (e->reason.n > 0 && n >= 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, " (reason: %.*s)",
                       DP_WIRE_STR_ARG(e->reason));
