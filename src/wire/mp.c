@@ -13,7 +13,7 @@ dp_mp_reader_init(dp_mp_reader *r, const void *data, size_t len)
 {
     r->base = data;
     r->p = data;
-    r->end = r->p + (data == NULL ? 0 : len);
+    r->end = data == NULL ? r->p : r->p + len;
 }
 
 size_t
