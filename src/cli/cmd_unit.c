@@ -1,0 +1,193 @@
+/*
+ * `dataplane unit`: run one storage unit in the foreground (DESIGN section
+ * 14), for launchers on many machines and for `dataplane up`. It creates the
+ * UCX endpoint (with a progress thread, so peers whose RMA is emulated are
+ * served), the unit and its slab, the ticker and the ZMQ control server,
+ * prints the server's tcp://ip:port as the first line of stdout, and runs
+ * until SIGINT or SIGTERM.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "ctl/ctl.h"
+#include "unit/unit.h"
+#include "xfer/endpoint.h"
+
+int dp__cmd_unit(int argc, char **argv);
+
+static const char usage_unit[] =
+    "usage: dataplane unit [options]\n"
+    "\n"
+    "Run one storage unit: a registered DRAM slab that clients WRITE to and READ\n"
+    "from one-sided, and a ZMQ control server for alloc/commit/resolve/release.\n"
+    "Prints the control address (tcp://ip:port) on the first line of stdout and\n"
+    "runs until SIGINT or SIGTERM.\n"
+    "\n"
+    "options:\n"
+    "  --bind IP            address to bind the control server to (127.0.0.1)\n"
+    "  --port N             port, 0 for a free one (0)\n"
+    "  --slab SIZE          slab size, e.g. 512M, 4G (256M)\n"
+    "  --read-pin-s S       how long a resolve pins what it returns (30)\n"
+    "  --alloc-lease-s S    an alloc not committed by then is retired, 0 never (300)\n"
+    "  --numa MODE          auto, bind or off (auto); a no-op on one-node machines\n"
+    "  --unit-id K          this unit's index in the cluster (0)\n"
+    "  --units N            units in the cluster; row g belongs to unit g % N (1)\n"
+    "  -h, --help           this text\n";
+
+static int
+unit_usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "dataplane unit: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nRun 'dataplane unit --help' for usage.\n");
+    return 2;
+}
+
+int
+dp__cmd_unit(int argc, char **argv)
+{
+    enum { O_BIND = 1, O_PORT, O_SLAB, O_PIN, O_LEASE, O_NUMA, O_ID, O_UNITS };
+    static const struct option opts[] = {
+        {"bind", required_argument, NULL, O_BIND},
+        {"port", required_argument, NULL, O_PORT},
+        {"slab", required_argument, NULL, O_SLAB},
+        {"read-pin-s", required_argument, NULL, O_PIN},
+        {"alloc-lease-s", required_argument, NULL, O_LEASE},
+        {"numa", required_argument, NULL, O_NUMA},
+        {"unit-id", required_argument, NULL, O_ID},
+        {"units", required_argument, NULL, O_UNITS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *bind_ip = "127.0.0.1";
+    uint64_t port = 0, unit_id = 0, units = 1;
+    dp_unit_opts uo;
+    dp_unit_opts_init(&uo);
+    uo.slab_bytes = 256ull << 20;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case O_BIND:
+            bind_ip = optarg;
+            break;
+        case O_PORT:
+            rc = dp_parse_u64(optarg, 0, 65535, &port, "--port", &d);
+            break;
+        case O_SLAB:
+            rc = dp_parse_size(optarg, &uo.slab_bytes, "--slab", &d);
+            break;
+        case O_PIN:
+            rc = dp_parse_seconds(optarg, &uo.read_pin_s, "--read-pin-s", &d);
+            if (rc == 0 && !(uo.read_pin_s > 0))
+                rc = dp_fail(&d, DP_EINVAL, "--read-pin-s must be > 0");
+            break;
+        case O_LEASE:
+            rc = dp_parse_seconds(optarg, &uo.alloc_lease_s, "--alloc-lease-s", &d);
+            break;
+        case O_NUMA:
+            if (strcmp(optarg, "auto") == 0)
+                uo.numa = DP_UNIT_NUMA_AUTO;
+            else if (strcmp(optarg, "bind") == 0)
+                uo.numa = DP_UNIT_NUMA_BIND;
+            else if (strcmp(optarg, "off") == 0)
+                uo.numa = DP_UNIT_NUMA_OFF;
+            else
+                return unit_usage_error("--numa must be auto, bind or off, not '%s'",
+                                        optarg);
+            break;
+        case O_ID:
+            rc = dp_parse_u64(optarg, 0, UINT32_MAX - 1, &unit_id, "--unit-id", &d);
+            break;
+        case O_UNITS:
+            rc = dp_parse_u64(optarg, 1, UINT32_MAX, &units, "--units", &d);
+            break;
+        case 'h':
+            fputs(usage_unit, stdout);
+            return 0;
+        default:
+            return unit_usage_error("unknown option or missing value '%s'",
+                                    argv[optind - 1]);
+        }
+        if (rc != 0)
+            return unit_usage_error("%s", dp_detail_msg(&d));
+    }
+    if (optind < argc)
+        return unit_usage_error("unexpected argument '%s'", argv[optind]);
+    if (unit_id >= units) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "--unit-id %" PRIu64 " must be below --units %" PRIu64,
+                 unit_id, units);
+        return unit_usage_error("%s", msg);
+    }
+    uo.unit_id = (uint32_t)unit_id;
+    uo.n_units = (uint32_t)units;
+
+    /* Every thread started from here on inherits this mask; sigwait takes them. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "unit %u", uo.unit_id);
+    dp_log_set_prefix(prefix);
+
+    int status = 1, rc;
+    dp_endpoint *ep = NULL;
+    dp_unit *u = NULL;
+    dp_ctl_server *srv = NULL;
+    char name[64], rnd[33], numa[128];
+    /* NUMA first, so the endpoint's threads start on the unit's node too. */
+    dp_unit_numa_apply(uo.numa, uo.unit_id, numa, sizeof numa);
+    if ((rc = dp_random_hex_id(rnd, &d)) != 0)
+        goto fail;
+    snprintf(name, sizeof name, "unit%u-%.8s", uo.unit_id, rnd);
+    dp_endpoint_opts eo;
+    dp_endpoint_opts_init(&eo);
+    eo.progress_thread = true;
+    if ((rc = dp_endpoint_create(name, &eo, &ep, &d)) != 0)
+        goto fail;
+    uo.ep = ep;
+    if ((rc = dp_unit_create(&uo, &u, &d)) != 0)
+        goto fail;
+    if ((rc = dp_unit_start_ticker(u, 1.0, &d)) != 0)
+        goto fail;
+    dp_ctl_server_opts so = {.bind_ip = bind_ip, .port = (uint16_t)port};
+    if ((rc = dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv,
+                                 &d)) != 0)
+        goto fail;
+    dp_unit_set_address(u, dp_ctl_server_address(srv));
+    printf("%s\n", dp_ctl_server_address(srv));
+    fflush(stdout);
+    char sz[32];
+    DP_LOG_I(
+        "serving %s: unit %u of %u, slab %s, endpoint %s, numa: %s, read_pin_s %.1f, "
+        "alloc_lease_s %.1f",
+        dp_ctl_server_address(srv), uo.unit_id, uo.n_units,
+        dp_fmt_size(uo.slab_bytes, sz, sizeof sz), name, dp_unit_numa_desc(u),
+        uo.read_pin_s, uo.alloc_lease_s);
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0)
+        ;
+    DP_LOG_I("signal %d: stopping", sig);
+    status = 0;
+    goto out;
+fail:
+    fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&d), dp_strerror(rc));
+out:
+    dp_ctl_server_close(srv);
+    dp_unit_destroy(u);
+    dp_endpoint_destroy(ep);
+    return status;
+}

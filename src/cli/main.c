@@ -1,0 +1,117 @@
+/*
+ * The `dataplane` command: one binary, one subcommand per task. Each
+ * subcommand parses its own options, answers --help, and reports errors as one
+ * line that says what was wrong and what to do, with exit status 2 for usage
+ * errors and 1 for failures.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "xfer/policy.h"
+
+#define DP_VERSION "0.1.0"
+
+int dp__cmd_unit(int argc, char **argv); /* cmd_unit.c */
+
+static const char usage_main[] =
+    "usage: dataplane <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  policy     check that UCX is configured to use RDMA only (never TCP)\n"
+    "  unit       run one storage unit (slab + control server) in the foreground\n"
+    "  version    print the version\n"
+    "  help       this text\n"
+    "\n"
+    "Run 'dataplane <command> --help' for a command's options.\n";
+
+static const char usage_policy[] =
+    "usage: dataplane policy [--tls LIST] [--net-devices LIST]\n"
+    "\n"
+    "Check the RDMA-only transport policy: UCX_TLS must name at least one RDMA\n"
+    "transport (rc, dc, ud, ib...) and otherwise only same-host helpers (self, sm,\n"
+    "cma...), never tcp or all, or be an exclusion list (^...) naming tcp;\n"
+    "UCX_NET_DEVICES, if set, must name only RDMA ports such as mlx5_0:1.\n"
+    "\n"
+    "By default the values come from the environment; the options check the given\n"
+    "values instead. Exit status: 0 allowed, 1 refused, 2 usage error.\n"
+    "\n"
+    "options:\n"
+    "  --tls LIST           check this UCX_TLS value instead of the environment's\n"
+    "  --net-devices LIST   check this UCX_NET_DEVICES value\n"
+    "  -h, --help           this text\n";
+
+static int
+usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "dataplane %s: ", cmd);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nRun 'dataplane %s --help' for usage.\n", cmd);
+    return 2;
+}
+
+static int
+cmd_policy(int argc, char **argv)
+{
+    static const struct option opts[] = {{"tls", required_argument, NULL, 't'},
+                                         {"net-devices", required_argument, NULL, 'n'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *tls = getenv("UCX_TLS");
+    const char *dev = getenv("UCX_NET_DEVICES");
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 't':
+            tls = optarg;
+            break;
+        case 'n':
+            dev = optarg;
+            break;
+        case 'h':
+            fputs(usage_policy, stdout);
+            return 0;
+        default:
+            return usage_error("policy", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return usage_error("policy", "unexpected argument '%s'", argv[optind]);
+    char desc[512];
+    int rc = dp_policy_check_rdma_only_values(tls, dev, desc, sizeof desc, NULL);
+    if (rc == DP_OK) {
+        printf("allowed: %s\n", desc);
+        return 0;
+    }
+    printf("refused: %s\n", desc);
+    return 1;
+}
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage_main, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 ||
+        strcmp(cmd, "-h") == 0) {
+        fputs(usage_main, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("dataplane %s\n", DP_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "policy") == 0)
+        return cmd_policy(argc - 1, argv + 1);
+    if (strcmp(cmd, "unit") == 0)
+        return dp__cmd_unit(argc - 1, argv + 1);
+    fprintf(stderr, "dataplane: unknown command '%s'\n\n%s", cmd, usage_main);
+    return 2;
+}
