@@ -244,7 +244,8 @@ main(int argc, char **argv)
     const char *tls = getenv("UCX_TLS");
     printf("# bench_xfer: buffers %" PRIu64 " MiB each side%s, %d reps (medians), "
            "UCX_TLS=%s, memcpy fast path up to %s bytes\n",
-           buf_mib, hot ? " (--hot: every message at offset 0, cache-resident)" : "", reps, tls ? tls : "(default)",
+           buf_mib, hot ? " (--hot: every message at offset 0, cache-resident)" : "",
+           reps, tls ? tls : "(default)",
            memcpy_max < 0    ? "0 (off)"
            : memcpy_max == 0 ? "65536"
                              : "custom");
