@@ -1241,6 +1241,9 @@ connect_unit(dp_ctl_client *c, const char *addr, dp_endpoint *ep, char name[256]
         dp_endpoint_add_remote(ep, r.r.info.metadata.p, r.r.info.metadata.n, name, &d),
         &d);
     uint64_t base = slab_base(&r.r.info.metadata);
+    /* info names the slab base directly too; it must agree with the metadata. */
+    CHECK_EQ_U64(r.r.info.slab_addr, base);
+    CHECK(r.r.info.read_pin_ms > 0);
     dp_wire_reply_fini(&r);
     dp_buf_fini(&rb);
     return base;

@@ -238,6 +238,8 @@ gresult(gen *g, dp_wire_reply *r)
         i->slab_bytes = gnum(g, 1ull << 62);
         i->io_bytes = gnum(g, 1ull << 62);
         i->numa = gtext(g);
+        i->slab_addr = gnum(g, 0);
+        i->read_pin_ms = gnum(g, 0);
         break;
     }
     case DP_WIRE_OP_ALLOC:
@@ -464,6 +466,8 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
         CHECK_EQ_U64(x->slab_bytes, y->slab_bytes);
         CHECK_EQ_U64(x->io_bytes, y->io_bytes);
         CHECK_SV(x->numa, y->numa);
+        CHECK_EQ_U64(x->slab_addr, y->slab_addr);
+        CHECK_EQ_U64(x->read_pin_ms, y->read_pin_ms);
         break;
     }
     case DP_WIRE_OP_ALLOC:

@@ -544,6 +544,8 @@ dp_unit_info_locked(dp_unit *u, dp_wire_info *info)
     info->slab_bytes = u->o.slab_bytes;
     info->io_bytes = 0;
     info->numa = zview(u->numa_desc);
+    info->slab_addr = (uint64_t)(uintptr_t)u->slab;
+    info->read_pin_ms = (uint64_t)(u->o.read_pin_s * 1000.0);
 }
 
 /* ---- alloc ---- */

@@ -299,8 +299,11 @@ typedef struct dp_wire_info {
     dp_wire_str agent;      /* its endpoint name */
     dp_wire_bytes metadata; /* its endpoint metadata (bin) */
     uint64_t slab_bytes;
-    uint64_t io_bytes; /* optional, default 0 */
-    dp_wire_str numa;  /* optional, default "" */
+    uint64_t io_bytes;    /* optional, default 0 */
+    dp_wire_str numa;     /* optional, default "" */
+    uint64_t slab_addr;   /* optional: the slab's base address in the unit's
+                             registered region (remote address = slab_addr + off) */
+    uint64_t read_pin_ms; /* optional: how long a resolve pins (READ deadline) */
 } dp_wire_info;
 
 typedef enum dp_wire_commit_state {

@@ -22,6 +22,7 @@ static const dp__wire_fdesc info_f[] = {
     F(dp_wire_info, zmq, TEXT, 1, 0),       F(dp_wire_info, agent, TEXT, 1, 0),
     F(dp_wire_info, metadata, BIN, 1, 0),   F(dp_wire_info, slab_bytes, SIZE0, 1, 0),
     F(dp_wire_info, io_bytes, SIZE0, 0, 0), F(dp_wire_info, numa, TEXT, 0, 0),
+    F(dp_wire_info, slab_addr, U64, 0, 0),  F(dp_wire_info, read_pin_ms, U64, 0, 0),
 };
 static const dp__wire_fdesc resolve_f[] = {
     F(dp_wire_resolve_res, pin_id, ID_OR_NIL, 1, 0),
