@@ -12,6 +12,7 @@ PKGS=(
     libzmq3-dev                             # control plane
     libmsgpack-dev                          # control-message codec (msgpack-c)
     libnuma-dev                             # NUMA placement of slabs
+    libcjson-dev                            # cluster files (cluster.json)
     redis-server redis-tools                # benchmark comparison
 )
 
