@@ -1,0 +1,278 @@
+/*
+ * Reading and writing cluster files (see cluster.h). The file comes from
+ * outside (a launcher, a person editing it): every field is checked, and an
+ * error names the file and the field.
+ */
+#include "client/cluster.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_FILE_BYTES (4u << 20)
+
+const char *
+dp_cluster_default_dir(char *buf, size_t len)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg != NULL && xdg[0] == '/')
+        snprintf(buf, len, "%s/dataplane", xdg);
+    else
+        snprintf(buf, len, "/tmp/dataplane-%u", (unsigned)getuid());
+    return buf;
+}
+
+int
+dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d)
+{
+    const char *p = arg;
+    if (p == NULL || *p == '\0')
+        p = getenv("DP_CLUSTER");
+    char dir[PATH_MAX];
+    if (p == NULL || *p == '\0')
+        p = dp_cluster_default_dir(dir, sizeof dir);
+    struct stat st;
+    int n;
+    if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+        n = snprintf(path, len, "%s/%s", p, DP_CLUSTER_FILE);
+    else
+        n = snprintf(path, len, "%s", p);
+    if (n < 0 || (size_t)n >= len)
+        return dp_fail(d, DP_EINVAL, "cluster path '%s' is too long", p);
+    return DP_OK;
+}
+
+static int
+read_file(const char *path, char **out, dp_detail *d)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return dp_fail(d, DP_ENOTFOUND,
+                           "no cluster file at %s: start a cluster with 'dataplane up', "
+                           "or point --cluster / DP_CLUSTER at its cluster.json",
+                           path);
+        return dp_fail_sys(d, errno, "open cluster file %s", path);
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return dp_fail_sys(d, e, "stat cluster file %s", path);
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size > MAX_FILE_BYTES) {
+        close(fd);
+        return dp_fail(d, DP_EPROTO,
+                       "cluster file %s is not a regular file under %u bytes", path,
+                       MAX_FILE_BYTES);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (buf == NULL) {
+        close(fd);
+        return dp_fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            free(buf);
+            close(fd);
+            return dp_fail_sys(d, e, "read cluster file %s", path);
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = '\0';
+    *out = buf;
+    return DP_OK;
+}
+
+static int
+get_str(const cJSON *o, const char *key, char *dst, size_t cap, const char *path, int i,
+        dp_detail *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v) || v->valuestring == NULL)
+        return dp_fail(d, DP_EPROTO, "cluster file %s: units[%d].%s must be a string",
+                       path, i, key);
+    size_t n = strlen(v->valuestring);
+    if (n == 0 || n >= cap)
+        return dp_fail(d, DP_EPROTO, "cluster file %s: units[%d].%s must be 1..%zu bytes",
+                       path, i, key, cap - 1);
+    for (size_t k = 0; k < n; k++)
+        if ((unsigned char)v->valuestring[k] < 0x20 || v->valuestring[k] == 0x7f)
+            return dp_fail(d, DP_EPROTO,
+                           "cluster file %s: units[%d].%s has a control character", path,
+                           i, key);
+    memcpy(dst, v->valuestring, n + 1);
+    return DP_OK;
+}
+
+static int
+get_int(const cJSON *o, const char *key, double lo, double hi, bool required,
+        int64_t *out, const char *path, int i, dp_detail *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (v == NULL && !required) {
+        *out = 0;
+        return DP_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble ||
+        v->valuedouble < lo || v->valuedouble > hi)
+        return dp_fail(d, DP_EPROTO,
+                       "cluster file %s: units[%d].%s must be an integer in [%.0f, %.0f]",
+                       path, i, key, lo, hi);
+    *out = (int64_t)v->valuedouble;
+    return DP_OK;
+}
+
+int
+dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
+{
+    memset(out, 0, sizeof *out);
+    char *text = NULL;
+    int rc = read_file(path, &text, d);
+    if (rc != DP_OK)
+        return rc;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (root == NULL)
+        return dp_fail(d, DP_EPROTO, "cluster file %s is not valid JSON", path);
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(root, "version");
+    const cJSON *units = cJSON_GetObjectItemCaseSensitive(root, "units");
+    if (!cJSON_IsNumber(ver) || ver->valuedouble != 1) {
+        rc = dp_fail(d, DP_EPROTO, "cluster file %s: \"version\" must be 1", path);
+        goto out;
+    }
+    int n = cJSON_GetArraySize(units);
+    if (!cJSON_IsArray(units) || n < 1 || n > DP_CLUSTER_MAX_UNITS) {
+        rc = dp_fail(d, DP_EPROTO,
+                     "cluster file %s: \"units\" must be a list of 1..%d units", path,
+                     DP_CLUSTER_MAX_UNITS);
+        goto out;
+    }
+    out->units = calloc((size_t)n, sizeof *out->units);
+    if (out->units == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
+        goto out;
+    }
+    int i = 0;
+    const cJSON *u;
+    cJSON_ArrayForEach(u, units)
+    {
+        dp_cluster_unit *cu = &out->units[i];
+        int64_t id, pid;
+        if (!cJSON_IsObject(u)) {
+            rc = dp_fail(d, DP_EPROTO, "cluster file %s: units[%d] must be an object",
+                         path, i);
+            goto out;
+        }
+        if ((rc = get_int(u, "id", 0, DP_CLUSTER_MAX_UNITS, true, &id, path, i, d)) !=
+                0 ||
+            (rc = get_int(u, "pid", 0, 4194304, false, &pid, path, i, d)) != 0 ||
+            (rc = get_str(u, "zmq", cu->zmq, sizeof cu->zmq, path, i, d)) != 0 ||
+            (rc = get_str(u, "agent", cu->agent, sizeof cu->agent, path, i, d)) != 0)
+            goto out;
+        if (id != i) {
+            rc = dp_fail(d, DP_EPROTO,
+                         "cluster file %s: units[%d] has id %lld; units must be listed "
+                         "in id order 0..%d",
+                         path, i, (long long)id, n - 1);
+            goto out;
+        }
+        if (strncmp(cu->zmq, "tcp://", 6) != 0 || strrchr(cu->zmq, ':') == cu->zmq + 3) {
+            rc = dp_fail(d, DP_EPROTO,
+                         "cluster file %s: units[%d].zmq '%s' is not tcp://host:port",
+                         path, i, cu->zmq);
+            goto out;
+        }
+        cu->id = (uint32_t)id;
+        cu->pid = pid;
+        i++;
+    }
+    out->n_units = (uint32_t)n;
+    rc = DP_OK;
+out:
+    cJSON_Delete(root);
+    if (rc != DP_OK)
+        dp_cluster_fini(out);
+    return rc;
+}
+
+int
+dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
+{
+    int rc = DP_OK;
+    char *text = NULL;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *units = cJSON_AddArrayToObject(root, "units");
+    if (root == NULL || units == NULL ||
+        cJSON_AddNumberToObject(root, "version", 1) == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < c->n_units; i++) {
+        const dp_cluster_unit *u = &c->units[i];
+        cJSON *o = cJSON_CreateObject();
+        if (o == NULL || !cJSON_AddItemToArray(units, o) ||
+            cJSON_AddNumberToObject(o, "id", u->id) == NULL ||
+            cJSON_AddStringToObject(o, "zmq", u->zmq) == NULL ||
+            cJSON_AddStringToObject(o, "agent", u->agent) == NULL ||
+            cJSON_AddNumberToObject(o, "pid", (double)u->pid) == NULL) {
+            rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
+            goto out;
+        }
+    }
+    text = cJSON_Print(root);
+    if (text == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
+        goto out;
+    }
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+        rc = dp_fail(d, DP_EINVAL, "cluster path '%s' is too long", path);
+        goto out;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = dp_fail_sys(d, errno, "create %s", tmp);
+        goto out;
+    }
+    size_t len = strlen(text), put = 0;
+    while (put < len) {
+        ssize_t w = write(fd, text + put, len - put);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            rc = dp_fail_sys(d, errno, "write %s", tmp);
+            break;
+        }
+        put += (size_t)w;
+    }
+    if (rc == DP_OK && (write(fd, "\n", 1) != 1 || fsync(fd) != 0))
+        rc = dp_fail_sys(d, errno, "write %s", tmp);
+    close(fd);
+    if (rc == DP_OK && rename(tmp, path) != 0)
+        rc = dp_fail_sys(d, errno, "rename %s to %s", tmp, path);
+    if (rc != DP_OK)
+        unlink(tmp);
+out:
+    free(text);
+    cJSON_Delete(root);
+    return rc;
+}
+
+void
+dp_cluster_fini(dp_cluster *c)
+{
+    free(c->units);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,62 @@
+/*
+ * The cluster file: the ordered list of a cluster's storage units, written by
+ * `dataplane up` (or any launcher) and read by clients. Row gidx belongs to
+ * units[gidx % n_units], so the order is part of the data's placement.
+ *
+ *   {"version": 1,
+ *    "units": [{"id": 0, "zmq": "tcp://127.0.0.1:41234", "agent": "unit-0", "pid": 123},
+ *              ...]}
+ *
+ * Where it is: an explicit path (a file, or a directory holding cluster.json),
+ * else $DP_CLUSTER (same forms), else the default directory
+ * ($XDG_RUNTIME_DIR/dataplane, or /tmp/dataplane-<uid>) + "/cluster.json".
+ *
+ * Threads: every function is reentrant.
+ */
+#ifndef DP_CLIENT_CLUSTER_H
+#define DP_CLIENT_CLUSTER_H
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+#define DP_CLUSTER_FILE "cluster.json"
+#define DP_CLUSTER_MAX_UNITS 4096
+#define DP_CLUSTER_ADDR_MAX 128
+
+typedef struct dp_cluster_unit {
+    uint32_t id;
+    char zmq[DP_CLUSTER_ADDR_MAX];   /* "tcp://ip:port" */
+    char agent[DP_CLUSTER_ADDR_MAX]; /* the unit's endpoint name */
+    int64_t pid;                     /* 0 when unknown (another machine) */
+} dp_cluster_unit;
+
+typedef struct dp_cluster {
+    uint32_t n_units;
+    dp_cluster_unit *units; /* units[i].id == i */
+} dp_cluster;
+
+/* The default directory into buf; returns buf. */
+const char *dp_cluster_default_dir(char *buf, size_t len);
+
+/*
+ * Resolve where the cluster file is: arg (file or directory; NULL or "" for
+ * none), else $DP_CLUSTER, else the default directory. The file need not exist.
+ */
+int dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d);
+
+/*
+ * Read and validate a cluster file: version 1, 1..DP_CLUSTER_MAX_UNITS units
+ * with ids 0..n-1 in order, zmq addresses "tcp://host:port", bounded strings.
+ * Errors: DP_ENOTFOUND (no file: says how to start a cluster), DP_EPROTO (the
+ * file is not a valid cluster file: says which field), DP_ESYS, DP_ENOMEM.
+ */
+int dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d);
+
+/* Write atomically: a temporary file in the same directory, fsync, rename. */
+int dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d);
+
+void dp_cluster_fini(dp_cluster *c);
+
+#endif

@@ -1,0 +1,117 @@
+/*
+ * Tests for src/client/cluster: locating, writing and reading cluster files,
+ * and the errors for every kind of bad file.
+ */
+#include "dp_test.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/cluster.h"
+
+static char dir[256];
+
+static void
+mkdir_tmp(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/dp-test-cluster-XXXXXX");
+    CHECK(mkdtemp(dir) != NULL);
+}
+
+static void
+write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+DP_TEST(save_then_load)
+{
+    mkdir_tmp();
+    dp_cluster_unit us[3];
+    memset(us, 0, sizeof us);
+    for (int i = 0; i < 3; i++) {
+        us[i].id = (uint32_t)i;
+        snprintf(us[i].zmq, sizeof us[i].zmq, "tcp://127.0.0.1:%d", 40000 + i);
+        snprintf(us[i].agent, sizeof us[i].agent, "unit-%d", i);
+        us[i].pid = 100 + i;
+    }
+    dp_cluster c = {3, us}, r;
+    char path[512];
+    dp_detail d;
+    CHECK_OK_D(dp_cluster_locate(dir, path, sizeof path, &d), &d);
+    CHECK_CONTAINS(path, "/cluster.json");
+    CHECK_OK_D(dp_cluster_save(path, &c, &d), &d);
+    CHECK_OK_D(dp_cluster_load(path, &r, &d), &d);
+    CHECK_EQ(r.n_units, 3);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(r.units[i].id, i);
+        CHECK_STR(r.units[i].zmq, us[i].zmq);
+        CHECK_STR(r.units[i].agent, us[i].agent);
+        CHECK_EQ(r.units[i].pid, 100 + i);
+    }
+    dp_cluster_fini(&r);
+    /* DP_CLUSTER names the directory when no path is given. */
+    setenv("DP_CLUSTER", dir, 1);
+    char p2[512];
+    CHECK_OK(dp_cluster_locate(NULL, p2, sizeof p2, &d));
+    CHECK_STR(p2, path);
+    unsetenv("DP_CLUSTER");
+    unlink(path);
+    rmdir(dir);
+}
+
+DP_TEST(missing_file_says_how_to_start_one)
+{
+    dp_cluster r;
+    dp_detail d;
+    CHECK_ERR_D(dp_cluster_load("/nonexistent/dp/cluster.json", &r, &d), DP_ENOTFOUND,
+                &d);
+    CHECK_CONTAINS(d.msg, "dataplane up");
+}
+
+DP_TEST(bad_files_are_refused_with_the_field)
+{
+    mkdir_tmp();
+    char path[512];
+    snprintf(path, sizeof path, "%s/cluster.json", dir);
+    struct {
+        const char *text;
+        const char *want;
+    } cases[] = {
+        {"not json", "not valid JSON"},
+        {"{\"version\": 2, \"units\": []}", "version"},
+        {"{\"version\": 1, \"units\": []}", "units"},
+        {"{\"version\": 1, \"units\": [5]}", "units[0] must be an object"},
+        {"{\"version\": 1, \"units\": [{\"id\": 1, \"zmq\": \"tcp://a:1\", \"agent\": "
+         "\"u\"}]}",
+         "id order"},
+        {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"udp://a:1\", \"agent\": "
+         "\"u\"}]}",
+         "not tcp://host:port"},
+        {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": 7, \"agent\": \"u\"}]}",
+         "units[0].zmq must be a string"},
+        {"{\"version\": 1, \"units\": [{\"id\": 0.5, \"zmq\": \"tcp://a:1\", \"agent\": "
+         "\"u\"}]}",
+         "units[0].id must be an integer"},
+        {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"tcp://a:1\", \"agent\": "
+         "\"\"}]}",
+         "units[0].agent must be 1.."},
+        {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"tcp://a:1\", \"agent\": "
+         "\"u\\n\"}]}",
+         "control character"},
+    };
+    for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
+        write_text(path, cases[i].text);
+        dp_cluster r;
+        dp_detail d;
+        CHECK_ERR_D(dp_cluster_load(path, &r, &d), DP_EPROTO, &d);
+        CHECK_CONTAINS(d.msg, cases[i].want);
+        CHECK_CONTAINS(d.msg, path);
+        CHECK(r.units == NULL);
+    }
+    unlink(path);
+    rmdir(dir);
+}
