@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -106,6 +107,7 @@ fork_server(char *addr, size_t alen)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test, even stopped */
         close(fds[0]);
         dp_ctl_server_opts o = {0};
         dp_ctl_server *s = NULL;
