@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "common/common.h"
 #include "xfer/policy.h"
 
@@ -22,6 +23,10 @@ static const char usage_main[] =
     "commands:\n"
     "  policy     check that UCX is configured to use RDMA only (never TCP)\n"
     "  unit       run one storage unit (slab + control server) in the foreground\n"
+    "  up         start a cluster of units on this machine (foreground, Ctrl-C stops)\n"
+    "  stats      every unit's counters of a running cluster, as a table\n"
+    "  scan       one unit's blob table\n"
+    "  clear      drop rows from a running cluster\n"
     "  version    print the version\n"
     "  help       this text\n"
     "\n"
@@ -112,6 +117,14 @@ main(int argc, char **argv)
         return cmd_policy(argc - 1, argv + 1);
     if (strcmp(cmd, "unit") == 0)
         return dp__cmd_unit(argc - 1, argv + 1);
+    if (strcmp(cmd, "up") == 0)
+        return dp__cmd_up(argc - 1, argv + 1);
+    if (strcmp(cmd, "stats") == 0)
+        return dp__cmd_stats(argc - 1, argv + 1);
+    if (strcmp(cmd, "scan") == 0)
+        return dp__cmd_scan(argc - 1, argv + 1);
+    if (strcmp(cmd, "clear") == 0)
+        return dp__cmd_clear(argc - 1, argv + 1);
     fprintf(stderr, "dataplane: unknown command '%s'\n\n%s", cmd, usage_main);
     return 2;
 }

@@ -1,0 +1,489 @@
+/*
+ * Commands for a person poking at a running cluster: `dataplane stats` (every
+ * unit's counters side by side), `dataplane scan UNIT` (one unit's blob table)
+ * and `dataplane clear G...` (drop rows). They need only the cluster file and
+ * the control plane (src/client/cluster, src/ctl, src/wire), no UCX.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char usage_stats[] =
+    "usage: dataplane stats [--cluster PATH] [--raw] [--timeout-s S]\n"
+    "\n"
+    "Print every unit's counters as a table: one row per counter, one column per\n"
+    "unit and a total. A unit that does not answer is reported and the others are\n"
+    "still printed (exit status 1).\n"
+    "\n"
+    "options:\n"
+    "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
+    "                   (default: $DP_CLUSTER, else the default directory)\n"
+    "  --raw            exact numbers instead of human-readable byte sizes\n"
+    "  --timeout-s S    how long to wait for the units (10)\n"
+    "  -h, --help       this text\n";
+
+static const char usage_scan[] =
+    "usage: dataplane scan UNIT [--cluster PATH] [--timeout-s S]\n"
+    "\n"
+    "Print the blob table of unit UNIT (0..N-1): one line per blob with its id,\n"
+    "slab offset, size, references (row fields pointing at it), pins, entries\n"
+    "and times.\n"
+    "\n"
+    "options:\n"
+    "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
+    "                   (default: $DP_CLUSTER, else the default directory)\n"
+    "  --timeout-s S    how long to wait for the unit (10)\n"
+    "  -h, --help       this text\n";
+
+static const char usage_clear[] =
+    "usage: dataplane clear G... [--cluster PATH] [--timeout-s S]\n"
+    "\n"
+    "Drop every field of rows G (a row index, or a range A-B inclusive) from the\n"
+    "units that own them (row g lives on unit g % N). Idempotent: clearing rows\n"
+    "that hold nothing is not an error. Prints how many entries were dropped.\n"
+    "\n"
+    "examples:\n"
+    "  dataplane clear 17\n"
+    "  dataplane clear 0-1023 4096\n"
+    "\n"
+    "options:\n"
+    "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
+    "                   (default: $DP_CLUSTER, else the default directory)\n"
+    "  --timeout-s S    how long to wait for the units (10)\n"
+    "  -h, --help       this text\n";
+
+/* Rows one clear may name (ranges included): bounded so a typo cannot eat memory. */
+#define CLEAR_MAX_ROWS (1u << 20)
+
+enum { O_CLUSTER = 1, O_TIMEOUT, O_RAW };
+
+typedef struct common_opts {
+    const char *cluster;
+    double timeout_s;
+    bool raw;
+} common_opts;
+
+/*
+ * Parse the options every admin command takes; positional arguments are left
+ * in argv[optind..]. Returns -1 to go on, else the exit status.
+ */
+static int
+parse_common(const char *cmd, const char *usage, bool allow_raw, int argc, char **argv,
+             common_opts *o)
+{
+    static const struct option opts[] = {
+        {"cluster", required_argument, NULL, O_CLUSTER},
+        {"timeout-s", required_argument, NULL, O_TIMEOUT},
+        {"raw", no_argument, NULL, O_RAW},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    o->cluster = NULL;
+    o->timeout_s = DP_CLI_TIMEOUT_S;
+    o->raw = false;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int c;
+    optind = 1;
+    opterr = 0;
+    /* '+' is not used: options may follow the positional arguments. */
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_CLUSTER:
+            o->cluster = optarg;
+            break;
+        case O_TIMEOUT:
+            if (dp_parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d) != DP_OK)
+                return dp__cli_usage(cmd, "%s", d.msg);
+            if (!(o->timeout_s > 0))
+                return dp__cli_usage(cmd, "--timeout-s must be > 0");
+            break;
+        case O_RAW:
+            if (!allow_raw)
+                return dp__cli_usage(cmd, "unknown option '--raw'");
+            o->raw = true;
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            return 0;
+        default:
+            return dp__cli_usage(cmd, "unknown option or missing value '%s'",
+                                 argv[optind - 1]);
+        }
+    }
+    return -1;
+}
+
+/* ---- stats ---- */
+
+static bool
+stats_req(uint32_t i, dp_wire_request *q, void *ctx)
+{
+    DP_UNUSED(i);
+    DP_UNUSED(ctx);
+    q->op = DP_WIRE_OP_STATS;
+    return true;
+}
+
+static bool
+is_size_counter(const char *name)
+{
+    size_t n = strlen(name);
+    return (n > 6 && strcmp(name + n - 6, "_bytes") == 0) ||
+           strcmp(name, "largest_free") == 0;
+}
+
+/* A counter's value as text into buf. */
+static const char *
+fmt_field(const dp_wire_field *f, bool size, bool raw, char *buf, size_t cap)
+{
+    switch (f->type) {
+    case DP_WIRE_U64:
+        if (size && !raw)
+            return dp_fmt_size(f->v.u, buf, cap);
+        snprintf(buf, cap, "%" PRIu64, f->v.u);
+        break;
+    case DP_WIRE_I64:
+        snprintf(buf, cap, "%" PRId64, f->v.i);
+        break;
+    case DP_WIRE_F64:
+        snprintf(buf, cap, "%.3f", f->v.f);
+        break;
+    case DP_WIRE_BOOL:
+        snprintf(buf, cap, "%s", f->v.b ? "yes" : "no");
+        break;
+    case DP_WIRE_STR:
+        snprintf(buf, cap, "%.*s", DP_WIRE_STR_ARG(f->v.s));
+        break;
+    default:
+        snprintf(buf, cap, "-");
+    }
+    return buf;
+}
+
+/* Counters that make no sense summed over units. */
+static bool
+no_total(const char *name)
+{
+    return strcmp(name, "unit_id") == 0 || strcmp(name, "n_units") == 0 ||
+           strcmp(name, "largest_free") == 0;
+}
+
+int
+dp__cmd_stats(int argc, char **argv)
+{
+    common_opts o;
+    int st = parse_common("stats", usage_stats, true, argc, argv, &o);
+    if (st >= 0)
+        return st;
+    if (optind < argc)
+        return dp__cli_usage("stats", "unexpected argument '%s'", argv[optind]);
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp__cli_conn c;
+    int rc = dp__cli_connect(o.cluster, o.timeout_s, &c, &d);
+    if (rc != DP_OK)
+        return dp__cli_fail("stats", rc, &d);
+    uint32_t n = c.cl.n_units;
+    dp_wire_reply *reps = calloc(n, sizeof *reps);
+    dp_buf *rbs = calloc(n, sizeof *rbs);
+    int *rcs = calloc(n, sizeof *rcs);
+    dp_detail *dets = calloc(n, sizeof *dets);
+    if (reps == NULL || rbs == NULL || rcs == NULL || dets == NULL) {
+        free(reps);
+        free(rbs);
+        free(rcs);
+        free(dets);
+        dp__cli_disconnect(&c);
+        return dp__cli_fail("stats", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+    }
+    dp__cli_call_all(&c, stats_req, NULL, reps, rbs, rcs, dets);
+    int status = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (rcs[i] != DP_OK) {
+            fprintf(stderr, "dataplane stats: %s (%s)\n", dets[i].msg,
+                    dp_strerror(rcs[i]));
+            status = 1;
+        }
+    /* Rows: the counter names of the first unit that answered, in its order. */
+    const dp_wire_fields *names = NULL;
+    for (uint32_t i = 0; i < n && names == NULL; i++)
+        if (rcs[i] == DP_OK)
+            names = &reps[i].r.stats;
+    printf("cluster %s: %u unit%s\n", c.path, n, n == 1 ? "" : "s");
+    /* Units in groups of 8 columns, so a wide cluster stays readable. */
+    for (uint32_t g0 = 0; names != NULL && g0 < n; g0 += 8) {
+        uint32_t g1 = DP_MIN(n, g0 + 8);
+        bool last = g1 == n;
+        printf("\n%-18s", "counter");
+        for (uint32_t i = g0; i < g1; i++) {
+            char h[24];
+            snprintf(h, sizeof h, "unit %u", i);
+            printf(" %12s", h);
+        }
+        if (last && n > 1)
+            printf(" %12s", "total");
+        printf("\n");
+        for (uint32_t k = 0; k < names->n; k++) {
+            char name[64], buf[64];
+            dp_wire_str_copy(names->v[k].name, name, sizeof name);
+            bool size = is_size_counter(name);
+            printf("%-18s", name);
+            uint64_t total = 0;
+            bool summable = !no_total(name);
+            for (uint32_t i = 0; i < n; i++) {
+                const dp_wire_field *f =
+                    rcs[i] == DP_OK ? dp_wire_fields_get(&reps[i].r.stats, name) : NULL;
+                if (f != NULL && f->type == DP_WIRE_U64)
+                    total += f->v.u;
+                else
+                    summable = false;
+                if (i < g0 || i >= g1)
+                    continue;
+                printf(" %12s", f != NULL ? fmt_field(f, size, o.raw, buf, sizeof buf)
+                                          : (rcs[i] != DP_OK ? "(down)" : "-"));
+            }
+            if (last && n > 1) {
+                if (summable) {
+                    dp_wire_field t = {.type = DP_WIRE_U64, .v.u = total};
+                    printf(" %12s", fmt_field(&t, size, o.raw, buf, sizeof buf));
+                } else {
+                    printf(" %12s", "");
+                }
+            }
+            printf("\n");
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        dp_wire_reply_fini(&reps[i]);
+        dp_buf_fini(&rbs[i]);
+    }
+    free(reps);
+    free(rbs);
+    free(rcs);
+    free(dets);
+    dp__cli_disconnect(&c);
+    return status;
+}
+
+/* ---- scan ---- */
+
+int
+dp__cmd_scan(int argc, char **argv)
+{
+    common_opts o;
+    int st = parse_common("scan", usage_scan, false, argc, argv, &o);
+    if (st >= 0)
+        return st;
+    if (optind >= argc)
+        return dp__cli_usage("scan",
+                             "which unit? Give its index, e.g. 'dataplane scan 0'");
+    if (optind + 1 < argc)
+        return dp__cli_usage("scan", "unexpected argument '%s'", argv[optind + 1]);
+    const char *unit_arg = argv[optind];
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t probe;
+    if (dp_parse_u64(unit_arg, 0, UINT32_MAX, &probe, "UNIT", &d) != DP_OK)
+        return dp__cli_usage("scan", "%s", d.msg);
+    dp__cli_conn c;
+    int rc = dp__cli_connect(o.cluster, o.timeout_s, &c, &d);
+    if (rc != DP_OK)
+        return dp__cli_fail("scan", rc, &d);
+    uint32_t u;
+    if ((rc = dp__cli_parse_unit(&c, unit_arg, &u, &d)) != DP_OK) {
+        dp__cli_disconnect(&c);
+        return dp__cli_usage("scan", "%s", d.msg);
+    }
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_SCAN;
+    dp_wire_reply r;
+    dp_buf rb;
+    dp_buf_init(&rb);
+    rc = dp__cli_call(&c, u, &q, &r, &rb, &d);
+    int status = 0;
+    if (rc != DP_OK) {
+        status = dp__cli_fail("scan", rc, &d);
+    } else {
+        const dp_wire_scan_res *s = &r.r.scan;
+        printf("unit %u (%s): %u blob%s\n", u, c.cl.units[u].zmq, s->n,
+               s->n == 1 ? "" : "s");
+        if (s->n > 0) {
+            /* Columns: the first record's fields; ids get a wide column. */
+            const dp_wire_fields *h = &s->recs[0];
+            for (uint32_t k = 0; k < h->n; k++) {
+                int w = dp_wire_str_eq(h->v[k].name, "id") ? -34 : 12;
+                printf("%s%*.*s", k ? " " : "", w, DP_WIRE_STR_ARG(h->v[k].name));
+            }
+            printf("\n");
+            for (uint32_t j = 0; j < s->n; j++) {
+                for (uint32_t k = 0; k < h->n; k++) {
+                    char name[64], buf[96];
+                    dp_wire_str_copy(h->v[k].name, name, sizeof name);
+                    const dp_wire_field *f = dp_wire_fields_get(&s->recs[j], name);
+                    int w = strcmp(name, "id") == 0 ? -34 : 12;
+                    printf("%s%*s", k ? " " : "", w,
+                           f ? fmt_field(f, false, true, buf, sizeof buf) : "-");
+                }
+                printf("\n");
+            }
+        }
+    }
+    dp_wire_reply_fini(&r);
+    dp_buf_fini(&rb);
+    dp__cli_disconnect(&c);
+    return status;
+}
+
+/* ---- clear ---- */
+
+typedef struct clear_ctx {
+    uint64_t **by_unit; /* gidxs per unit */
+    uint32_t *count;
+} clear_ctx;
+
+static bool
+clear_req(uint32_t i, dp_wire_request *q, void *ctx)
+{
+    clear_ctx *x = ctx;
+    if (x->count[i] == 0)
+        return false;
+    q->op = DP_WIRE_OP_RELEASE_ROWS;
+    q->a.release_rows.gidxs = (dp_wire_u64s){x->by_unit[i], x->count[i]};
+    return true;
+}
+
+/* "G" or "A-B" into [lo, hi]. */
+static int
+parse_rows(const char *s, uint64_t *lo, uint64_t *hi, dp_detail *d)
+{
+    const char *dash = strchr(s, '-');
+    if (dash == NULL) {
+        *hi = *lo = 0;
+        if (dp_parse_u64(s, 0, UINT64_MAX, lo, "row", NULL) != DP_OK)
+            return dp_fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
+        *hi = *lo;
+        return DP_OK;
+    }
+    char a[32];
+    size_t n = (size_t)(dash - s);
+    if (n == 0 || n >= sizeof a)
+        return dp_fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
+    memcpy(a, s, n);
+    a[n] = '\0';
+    int rc = dp_parse_u64(a, 0, UINT64_MAX, lo, "row", d);
+    if (rc == DP_OK)
+        rc = dp_parse_u64(dash + 1, 0, UINT64_MAX, hi, "row", d);
+    if (rc != DP_OK)
+        return dp_fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
+    if (*hi < *lo)
+        return dp_fail(d, DP_EINVAL, "range '%s' ends before it starts", s);
+    return DP_OK;
+}
+
+int
+dp__cmd_clear(int argc, char **argv)
+{
+    common_opts o;
+    int st = parse_common("clear", usage_clear, false, argc, argv, &o);
+    if (st >= 0)
+        return st;
+    if (optind >= argc)
+        return dp__cli_usage("clear", "which rows? e.g. 'dataplane clear 17' or "
+                                      "'dataplane clear 0-63'");
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t total = 0;
+    for (int a = optind; a < argc; a++) {
+        uint64_t lo, hi;
+        if (parse_rows(argv[a], &lo, &hi, &d) != DP_OK)
+            return dp__cli_usage("clear", "%s", d.msg);
+        total += hi - lo + 1;
+        if (hi - lo >= CLEAR_MAX_ROWS || total > CLEAR_MAX_ROWS)
+            return dp__cli_usage("clear", "at most %u rows per clear", CLEAR_MAX_ROWS);
+    }
+    dp__cli_conn c;
+    int rc = dp__cli_connect(o.cluster, o.timeout_s, &c, &d);
+    if (rc != DP_OK)
+        return dp__cli_fail("clear", rc, &d);
+    uint32_t n = c.cl.n_units;
+    clear_ctx x = {calloc(n, sizeof(uint64_t *)), calloc(n, sizeof(uint32_t))};
+    dp_wire_reply *reps = calloc(n, sizeof *reps);
+    dp_buf *rbs = calloc(n, sizeof *rbs);
+    int *rcs = calloc(n, sizeof *rcs);
+    dp_detail *dets = calloc(n, sizeof *dets);
+    int status = 0;
+    if (x.by_unit == NULL || x.count == NULL || reps == NULL || rbs == NULL ||
+        rcs == NULL || dets == NULL) {
+        status = dp__cli_fail("clear", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+        goto out;
+    }
+    /* Per-unit lists sized exactly: count first, then fill. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int a = optind; a < argc; a++) {
+            uint64_t lo, hi;
+            parse_rows(argv[a], &lo, &hi, NULL);
+            for (uint64_t g = lo;; g++) {
+                uint32_t u = (uint32_t)(g % n);
+                if (pass == 0)
+                    x.count[u]++;
+                else
+                    x.by_unit[u][x.count[u]++] = g;
+                if (g == hi)
+                    break;
+            }
+        }
+        if (pass == 0)
+            for (uint32_t u = 0; u < n; u++) {
+                x.by_unit[u] = malloc(DP_MAX(x.count[u], 1) * sizeof(uint64_t));
+                if (x.by_unit[u] == NULL) {
+                    status = dp__cli_fail("clear",
+                                          dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+                    goto out;
+                }
+                x.count[u] = 0;
+            }
+    }
+    dp__cli_call_all(&c, clear_req, &x, reps, rbs, rcs, dets);
+    uint64_t dropped = 0;
+    uint32_t units_ok = 0;
+    for (uint32_t u = 0; u < n; u++) {
+        if (x.count[u] == 0)
+            continue;
+        if (rcs[u] != DP_OK) {
+            fprintf(stderr,
+                    "dataplane clear: %s (%s); its %u row%s may still hold data: run the "
+                    "same clear again once the unit is back\n",
+                    dets[u].msg, dp_strerror(rcs[u]), x.count[u],
+                    x.count[u] == 1 ? "" : "s");
+            status = 1;
+            continue;
+        }
+        dropped += reps[u].r.dropped;
+        units_ok++;
+    }
+    printf("cleared %" PRIu64 " row%s: %" PRIu64 " entr%s dropped on %u unit%s\n", total,
+           total == 1 ? "" : "s", dropped, dropped == 1 ? "y" : "ies", units_ok,
+           units_ok == 1 ? "" : "s");
+out:
+    for (uint32_t u = 0; u < n; u++) {
+        if (reps != NULL)
+            dp_wire_reply_fini(&reps[u]);
+        if (rbs != NULL)
+            dp_buf_fini(&rbs[u]);
+        if (x.by_unit != NULL)
+            free(x.by_unit[u]);
+    }
+    free(x.by_unit);
+    free(x.count);
+    free(reps);
+    free(rbs);
+    free(rcs);
+    free(dets);
+    dp__cli_disconnect(&c);
+    return status;
+}

@@ -1,0 +1,400 @@
+/*
+ * Tests of the cluster commands through the real binary: `dataplane up` in
+ * the background (cluster file appears, a second up in the same directory is
+ * refused, a unit killed with SIGKILL is reported and stops the cluster,
+ * SIGINT stops everything and removes the file, no unit is left behind), the
+ * admin commands against it (stats, scan, clear), their usage errors and
+ * --help.
+ */
+#include "dp_test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/cluster.h"
+
+#ifndef DP_CLI_PATH
+#error "DP_CLI_PATH must name the dataplane binary"
+#endif
+
+/* Run the CLI with args (a shell fragment); capture stdout+stderr; return status. */
+static int
+run(const char *args, char *out, size_t outlen)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", DP_CLI_PATH, args);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    size_t n = fread(out, 1, outlen - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    CHECK(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+/* A fresh private directory for one test. */
+static void
+tmp_dir(char *dir, size_t cap)
+{
+    snprintf(dir, cap, "/tmp/dp-test-cli-XXXXXX");
+    CHECK(mkdtemp(dir) != NULL);
+}
+
+static void
+slurp(const char *path, char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    fclose(f);
+}
+
+typedef struct up_proc {
+    pid_t pid;
+    char dir[128];
+    char file[192]; /* dir/cluster.json */
+    char out[192];  /* up's stdout and stderr, captured to files */
+    char err[192];
+} up_proc;
+
+/* Start `dataplane up --dir dir <extra>` in the background (argv built by the shell). */
+static void
+up_start(up_proc *u, const char *dir, const char *extra)
+{
+    snprintf(u->dir, sizeof u->dir, "%s", dir);
+    snprintf(u->file, sizeof u->file, "%s/cluster.json", dir);
+    snprintf(u->out, sizeof u->out, "%s.out", dir);
+    snprintf(u->err, sizeof u->err, "%s.err", dir);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "exec '%s' up --dir '%s' %s >'%s' 2>'%s'", DP_CLI_PATH, dir,
+             extra, u->out, u->err);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    u->pid = pid;
+}
+
+/* Wait until the cluster file exists (true) or up exited / time ran out (false). */
+static bool
+up_wait_file(up_proc *u, double timeout_s)
+{
+    double end = dp_test_now() + timeout_s;
+    while (dp_test_now() < end) {
+        if (access(u->file, F_OK) == 0)
+            return true;
+        int st;
+        if (waitpid(u->pid, &st, WNOHANG) == u->pid) {
+            u->pid = -st - 1; /* keep the status for up_wait */
+            return false;
+        }
+        usleep(20000);
+    }
+    return false;
+}
+
+/* Wait for up to exit (at most timeout_s, then SIGKILL); its exit status or -signal. */
+static int
+up_wait(up_proc *u, double timeout_s)
+{
+    int st;
+    if (u->pid < 0) {
+        st = -(u->pid + 1);
+    } else {
+        double end = dp_test_now() + timeout_s;
+        pid_t r;
+        while ((r = waitpid(u->pid, &st, WNOHANG)) == 0 && dp_test_now() < end)
+            usleep(20000);
+        if (r == 0) {
+            kill(u->pid, SIGKILL);
+            waitpid(u->pid, &st, 0);
+            fprintf(stderr, "  up did not exit within %.0f s: killed\n", timeout_s);
+            return -1000;
+        }
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+static bool
+pid_gone(int64_t pid)
+{
+    /* Units are up's children: once up has reaped them, the pid is free. */
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+static void
+load_pids(const char *file, int64_t *pids, uint32_t n)
+{
+    dp_cluster cl;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_cluster_load(file, &cl, &d), &d);
+    CHECK_EQ(cl.n_units, n);
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK(cl.units[i].pid > 0);
+        CHECK(strncmp(cl.units[i].zmq, "tcp://127.0.0.1:", 16) == 0);
+        CHECK(cl.units[i].agent[0] != '\0');
+        pids[i] = cl.units[i].pid;
+    }
+    dp_cluster_fini(&cl);
+}
+
+static void
+rm_dir(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.out' '%s.err'", dir, dir, dir);
+    CHECK(system(cmd) == 0);
+}
+
+DP_TEST(help_on_every_command)
+{
+    static const char *const cmds[] = {"up", "stats", "scan", "clear"};
+    char out[8192], args[64];
+    CHECK_EQ(run("--help", out, sizeof out), 0);
+    for (size_t i = 0; i < DP_ARRAY_LEN(cmds); i++)
+        CHECK_CONTAINS(out, cmds[i]);
+    for (size_t i = 0; i < DP_ARRAY_LEN(cmds); i++) {
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        CHECK_EQ(run(args, out, sizeof out), 0);
+        char want[64];
+        snprintf(want, sizeof want, "usage: dataplane %s", cmds[i]);
+        CHECK_CONTAINS(out, want);
+        CHECK_CONTAINS(out, strcmp(cmds[i], "up") == 0 ? "--dir" : "--cluster");
+        snprintf(args, sizeof args, "%s -h", cmds[i]);
+        CHECK_EQ(run(args, out, sizeof out), 0);
+        CHECK_CONTAINS(out, want);
+    }
+}
+
+DP_TEST(usage_errors)
+{
+    char out[8192];
+    struct {
+        const char *args, *want;
+    } cases[] = {
+        {"up --units 0", "--units"},
+        {"up --units two", "--units"},
+        {"up --slab 0", "--slab"},
+        {"up --slab lots", "--slab"},
+        {"up --bogus", "unknown option"},
+        {"up --units", "missing value"},
+        {"up extra", "unexpected argument 'extra'"},
+        {"up --staging 1G", "--ssd-dir"},
+        {"up --numa sideways", "--numa"},
+        {"up --grace-s -1", "--grace-s"},
+        {"stats extra", "unexpected argument 'extra'"},
+        {"stats --timeout-s 0", "--timeout-s"},
+        {"stats --bogus", "unknown option"},
+        {"scan", "which unit"},
+        {"scan abc", "UNIT"},
+        {"scan 0 1", "unexpected argument '1'"},
+        {"scan --raw 0", "unknown option"},
+        {"clear", "which rows"},
+        {"clear 5-3", "ends before it starts"},
+        {"clear x", "not a row"},
+        {"clear 0-99999999", "at most"},
+    };
+    for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
+        int st = run(cases[i].args, out, sizeof out);
+        CHECKF(st == 2, "'%s' exited %d: %s", cases[i].args, st, out);
+        CHECK_CONTAINS(out, cases[i].want);
+        CHECK_CONTAINS(out, "--help");
+    }
+}
+
+DP_TEST(no_cluster_says_how_to_start_one)
+{
+    char dir[64], out[8192], args[256];
+    tmp_dir(dir, sizeof dir);
+    snprintf(args, sizeof args, "stats --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "no cluster file");
+    CHECK_CONTAINS(out, "dataplane up");
+    snprintf(args, sizeof args, "clear 1 --cluster %s/cluster.json", dir);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    /* DP_CLUSTER is the fallback for --cluster. */
+    snprintf(args, sizeof args, "stats");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "DP_CLUSTER=%s '%s' stats 2>&1", dir, DP_CLI_PATH);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    CHECK_EQ(WEXITSTATUS(pclose(p)), 1);
+    CHECK_CONTAINS(out, dir);
+    rm_dir(dir);
+}
+
+DP_TEST(up_admin_commands_and_sigint)
+{
+    char dir[64], out[16384], args[512], log[16384];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    up_start(&u, dir, "--units 2 --slab 16M");
+    bool ok = up_wait_file(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(ok, "no cluster file; up said: %s", log);
+    int64_t pids[2];
+    load_pids(u.file, pids, 2);
+    slurp(u.out, log, sizeof log);
+    CHECK_CONTAINS(log, "starting 2 units");
+    CHECK_CONTAINS(log, "unit 0 at tcp://");
+    CHECK_CONTAINS(log, "unit 1 at tcp://");
+    CHECK_CONTAINS(log, "export DP_CLUSTER=");
+    CHECK_CONTAINS(log, u.file);
+
+    snprintf(args, sizeof args, "stats --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "unit 0");
+    CHECK_CONTAINS(out, "unit 1");
+    CHECK_CONTAINS(out, "total");
+    CHECK_CONTAINS(out, "slab_bytes");
+    CHECK_CONTAINS(out, "16.00 MiB");
+    snprintf(args, sizeof args, "stats --raw --cluster %s", u.file);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "16777216");
+    snprintf(args, sizeof args, "scan 1 --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "unit 1 (tcp://127.0.0.1:");
+    CHECK_CONTAINS(out, "0 blobs");
+    snprintf(args, sizeof args, "scan 2 --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 2);
+    CHECK_CONTAINS(out, "units 0..1");
+    snprintf(args, sizeof args, "clear 0-9 17 --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "cleared 11 rows");
+    CHECK_CONTAINS(out, "on 2 units");
+    snprintf(args, sizeof args, "clear 3 --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "on 1 unit");
+
+    /* A second up in the same directory is refused and leaves the first alone. */
+    snprintf(args, sizeof args, "up --units 1 --slab 8M --dir %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, dir);
+    CHECK_CONTAINS(out, "--dir");
+    CHECK(access(u.file, F_OK) == 0);
+    snprintf(args, sizeof args, "stats --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+
+    CHECK(kill(u.pid, SIGINT) == 0);
+    int st = up_wait(&u, 60);
+    slurp(u.out, log, sizeof log);
+    CHECKF(st == 0, "up exited %d: %s", st, log);
+    CHECK_CONTAINS(log, "stopped 2 units");
+    CHECK(access(u.file, F_OK) != 0);
+    CHECK(pid_gone(pids[0]));
+    CHECK(pid_gone(pids[1]));
+    /* Stopped: the commands now say there is no cluster. */
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "no cluster file");
+    rm_dir(dir);
+}
+
+DP_TEST(up_reports_a_killed_unit_and_stops_the_rest)
+{
+    char dir[64], log[16384];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    up_start(&u, dir, "--units 3 --slab 8M --grace-s 5");
+    bool ok = up_wait_file(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(ok, "no cluster file; up said: %s", log);
+    int64_t pids[3];
+    load_pids(u.file, pids, 3);
+    CHECK(kill((pid_t)pids[1], SIGKILL) == 0);
+    int st = up_wait(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(st == 1, "up exited %d: %s", st, log);
+    CHECK_CONTAINS(log, "unit 1");
+    CHECK_CONTAINS(log, "killed by signal 9");
+    CHECK(access(u.file, F_OK) != 0);
+    for (int i = 0; i < 3; i++)
+        CHECK(pid_gone(pids[i]));
+    rm_dir(dir);
+}
+
+DP_TEST(up_sigterm_stops_everything)
+{
+    char dir[64], log[16384];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    up_start(&u, dir, "--units 1 --slab 8M");
+    bool ok = up_wait_file(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(ok, "no cluster file; up said: %s", log);
+    int64_t pid;
+    load_pids(u.file, &pid, 1);
+    CHECK(kill(u.pid, SIGTERM) == 0);
+    CHECK_EQ(up_wait(&u, 60), 0);
+    CHECK(access(u.file, F_OK) != 0);
+    CHECK(pid_gone(pid));
+    rm_dir(dir);
+}
+
+DP_TEST(up_reports_a_unit_that_fails_to_start)
+{
+    char dir[64], log[16384];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    /* Not an address: the unit's control server cannot bind and the unit exits. */
+    up_start(&u, dir, "--units 2 --slab 8M --bind 256.0.0.1");
+    CHECK(!up_wait_file(&u, 60));
+    int st = up_wait(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(st == 1, "up exited %d: %s", st, log);
+    CHECK_CONTAINS(log, "failed to start");
+    CHECK_CONTAINS(log, "exited with status");
+    CHECK_CONTAINS(log, "256.0.0.1"); /* the unit's own words, from its stderr tail */
+    CHECK(access(u.file, F_OK) != 0);
+    rm_dir(dir);
+}
+
+DP_TEST(up_replaces_a_stale_cluster_file)
+{
+    char dir[64], log[16384];
+    tmp_dir(dir, sizeof dir);
+    /* A cluster file whose unit is gone (a reaped child's pid). */
+    pid_t dead = fork();
+    CHECK(dead >= 0);
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    dp_cluster_unit cu = {
+        .id = 0, .zmq = "tcp://127.0.0.1:9", .agent = "gone", .pid = dead};
+    dp_cluster cl = {.n_units = 1, .units = &cu};
+    char file[192];
+    snprintf(file, sizeof file, "%s/cluster.json", dir);
+    CHECK_OK(dp_cluster_save(file, &cl, NULL));
+    up_proc u;
+    up_start(&u, dir, "--units 1 --slab 8M");
+    bool ok = up_wait_file(&u, 60);
+    /* The stale file exists from the start: wait for the new one's units. */
+    int64_t pid = dead;
+    for (double end = dp_test_now() + 60; ok && pid == dead && dp_test_now() < end;) {
+        usleep(20000);
+        dp_cluster c2;
+        if (dp_cluster_load(file, &c2, NULL) == DP_OK) {
+            pid = c2.units[0].pid;
+            dp_cluster_fini(&c2);
+        }
+    }
+    CHECK(pid != dead);
+    slurp(u.out, log, sizeof log);
+    CHECK_CONTAINS(log, "stale");
+    kill(u.pid, SIGINT);
+    CHECK_EQ(up_wait(&u, 60), 0);
+    CHECK(pid_gone(pid));
+    rm_dir(dir);
+}
