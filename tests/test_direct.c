@@ -1,0 +1,1004 @@
+/*
+ * Tests for src/direct: the direct transport between real processes over UCX.
+ *
+ * Publishers are this same program re-executed with DP_TEST_PEER=publisher (a
+ * constructor turns such a process into a publisher before main runs). A
+ * publisher owns a dp_direct and a table of buffer slots filled with known
+ * patterns, and obeys one-line commands on a socketpair (alloc a slot,
+ * publish slots under an id, free an id, register a slot for good, report its
+ * counters). The parent is the fetcher: it fetches with its own dp_direct and
+ * checks every byte it receives against the pattern (FNV-1a checksums of the
+ * fetched and the expected bytes).
+ */
+#include "dp_test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "dataplane/direct.h"
+#include "direct/direct.h"
+#include "direct/direct_md.h"
+#include "xfer/graveyard.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024)
+#define NSLOTS 64
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define DP_SANITIZED 1
+#endif
+#endif
+
+/* ---- patterns and checksums ---- */
+
+static void
+fill_pattern(uint8_t *q, uint64_t n, uint64_t seed)
+{
+    uint64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t z = (k / 8 + 1) * 0x9e3779b97f4a7c15ull ^ seed;
+        z ^= z >> 29;
+        memcpy(q + k, &z, 8);
+    }
+    for (; k < n; k++)
+        q[k] = (uint8_t)(seed + k * 131);
+}
+
+static uint64_t
+fnv(const uint8_t *p, uint64_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    uint64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t w;
+        memcpy(&w, p + k, 8);
+        h = (h ^ w) * 1099511628211ull;
+    }
+    for (; k < n; k++)
+        h = (h ^ p[k]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t
+pattern_sum(uint64_t n, uint64_t seed)
+{
+    uint8_t *q = malloc(n ? n : 1);
+    fill_pattern(q, n, seed);
+    uint64_t h = fnv(q, n);
+    free(q);
+    return h;
+}
+
+/* ---- I/O ---- */
+
+static int
+write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *c = p;
+    while (n > 0) {
+        ssize_t k = write(fd, c, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int
+read_all(int fd, void *p, size_t n)
+{
+    uint8_t *c = p;
+    while (n > 0) {
+        ssize_t k = read(fd, c, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int
+read_line(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    while (n + 1 < cap) {
+        char c;
+        if (read_all(fd, &c, 1) != 0)
+            return -1;
+        if (c == '\n')
+            break;
+        buf[n++] = c;
+    }
+    buf[n] = '\0';
+    return 0;
+}
+
+static int
+reply(int fd, int rc, const void *p, size_t n)
+{
+    uint32_t h[2] = {(uint32_t)rc, (uint32_t)n};
+    if (write_all(fd, h, sizeof h) != 0 || write_all(fd, p, n) != 0)
+        return -1;
+    return 0;
+}
+
+/* ---- publisher side ---- */
+
+typedef struct slot {
+    uint8_t *p;
+    uint64_t len, seed;
+} slot;
+
+static void
+publisher_main(void)
+{
+    int fd = atoi(getenv("DP_TEST_PEER_FD"));
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    o.name = getenv("DP_TEST_PEER_NAME");
+    o.pool_bytes = strtoull(getenv("DP_TEST_PEER_POOL"), NULL, 0);
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_direct *t = NULL;
+    if (dp_direct_create(&o, &t, &d) != DP_OK) {
+        fprintf(stderr, "publisher: %s\n", d.msg);
+        _exit(2);
+    }
+    static slot slots[NSLOTS];
+    if (reply(fd, 0, "ready", 5) != 0)
+        _exit(3);
+    char line[4096];
+    while (read_line(fd, line, sizeof line) == 0) {
+        dp_detail_clear(&d);
+        char cmd[16] = "", id[256] = "", rest[3800] = "";
+        sscanf(line, "%15s %255s %3799[^\n]", cmd, id, rest);
+        if (strcmp(cmd, "quit") == 0)
+            break;
+        if (strcmp(cmd, "alloc") == 0) {
+            /* alloc <slot> <len> <seed> */
+            int s = atoi(id);
+            unsigned long long len = 0, seed = 0;
+            sscanf(rest, "%llu %llu", &len, &seed);
+            free(slots[s].p);
+            slots[s].p = aligned_alloc(4096, DP_ALIGN_UP(len, 4096));
+            slots[s].len = len;
+            slots[s].seed = seed;
+            fill_pattern(slots[s].p, len, seed);
+            reply(fd, 0, "", 0);
+        } else if (strcmp(cmd, "pub") == 0) {
+            /* pub <id> <slot> <slot> ... */
+            dp_direct_buf bufs[NSLOTS];
+            size_t n = 0;
+            char *save = NULL;
+            for (char *tok = strtok_r(rest, " ", &save); tok != NULL && n < NSLOTS;
+                 tok = strtok_r(NULL, " ", &save)) {
+                int s = atoi(tok);
+                bufs[n++] = (dp_direct_buf){slots[s].p, slots[s].len};
+            }
+            uint8_t *md = NULL;
+            size_t md_len = 0;
+            int rc = dp_direct_publish(t, id, bufs, n, &md, &md_len, &d);
+            if (rc == DP_OK)
+                reply(fd, rc, md, md_len);
+            else
+                reply(fd, rc, d.msg, strlen(d.msg));
+            free(md);
+        } else if (strcmp(cmd, "free") == 0) {
+            int rc = dp_direct_free(t, id, &d);
+            reply(fd, rc, d.msg, rc ? strlen(d.msg) : 0);
+        } else if (strcmp(cmd, "perm") == 0) {
+            int s = atoi(id);
+            int rc = dp_direct_register_permanent(t, slots[s].p, slots[s].len, &d);
+            reply(fd, rc, d.msg, rc ? strlen(d.msg) : 0);
+        } else if (strcmp(cmd, "stats") == 0) {
+            dp_direct_stats st;
+            dp_direct_get_stats(t, &st);
+            reply(fd, 0, &st, sizeof st);
+        } else {
+            reply(fd, DP_EINVAL, "unknown command", 15);
+        }
+    }
+    dp_direct_destroy(t);
+    for (int i = 0; i < NSLOTS; i++)
+        free(slots[i].p);
+    _exit(0);
+}
+
+__attribute__((constructor)) static void
+peer_ctor(void)
+{
+    const char *mode = getenv("DP_TEST_PEER");
+    if (mode == NULL)
+        return;
+    if (strcmp(mode, "publisher") == 0)
+        publisher_main();
+    _exit(9);
+}
+
+/* ---- parent side: publisher handles ---- */
+
+typedef struct pub {
+    pid_t pid;
+    int fd;
+    char name[64];
+    uint64_t len[NSLOTS], seed[NSLOTS];
+} pub;
+
+static int
+pub_start(pub *p, const char *name, uint64_t pool)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return -1;
+    char fdbuf[16], poolbuf[32];
+    snprintf(fdbuf, sizeof fdbuf, "%d", sv[1]);
+    snprintf(poolbuf, sizeof poolbuf, "%llu", (unsigned long long)pool);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        fcntl(sv[1], F_SETFD, 0);
+        setenv("DP_TEST_PEER", "publisher", 1);
+        setenv("DP_TEST_PEER_FD", fdbuf, 1);
+        setenv("DP_TEST_PEER_NAME", name, 1);
+        setenv("DP_TEST_PEER_POOL", poolbuf, 1);
+        execl("/proc/self/exe", "test_direct", (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    p->pid = pid;
+    p->fd = sv[0];
+    uint32_t h[2];
+    char buf[16];
+    if (read_all(p->fd, h, sizeof h) != 0 || h[1] != 5 || read_all(p->fd, buf, 5) != 0)
+        return -1;
+    return 0;
+}
+
+/* Send a command; returns its rc, the reply bytes in *out (malloc'd) if asked. */
+static int pub_cmd(pub *p, uint8_t **out, size_t *out_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int
+pub_cmd(pub *p, uint8_t **out, size_t *out_len, const char *fmt, ...)
+{
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    line[n] = '\n';
+    uint32_t h[2];
+    if (write_all(p->fd, line, (size_t)n + 1) != 0 || read_all(p->fd, h, sizeof h) != 0)
+        return -1000;
+    uint8_t *b = malloc(h[1] + 1);
+    if (read_all(p->fd, b, h[1]) != 0) {
+        free(b);
+        return -1000;
+    }
+    b[h[1]] = 0;
+    if (h[0] != 0)
+        fprintf(stderr, "  publisher %s: %s -> %s: %s\n", p->name, line,
+                dp_errname((int)h[0]), (char *)b);
+    if (out != NULL) {
+        *out = b;
+        *out_len = h[1];
+    } else {
+        free(b);
+    }
+    return (int)h[0];
+}
+
+static void
+pub_alloc(pub *p, int s, uint64_t len, uint64_t seed)
+{
+    CHECK_EQ(pub_cmd(p, NULL, NULL, "alloc %d %llu %llu", s, (unsigned long long)len,
+                     (unsigned long long)seed),
+             0);
+    p->len[s] = len;
+    p->seed[s] = seed;
+}
+
+typedef struct md_bytes {
+    uint8_t *p;
+    size_t len;
+} md_bytes;
+
+/* Publish slots (list ends with -1) under id; returns the metadata. */
+static int
+pub_publish(pub *p, md_bytes *md, const char *id, const int *slots)
+{
+    char list[3000] = "";
+    size_t off = 0;
+    for (int i = 0; slots[i] >= 0; i++)
+        off += (size_t)snprintf(list + off, sizeof list - off, " %d", slots[i]);
+    md->p = NULL;
+    md->len = 0;
+    return pub_cmd(p, &md->p, &md->len, "pub %s%s", id, list);
+}
+
+static dp_direct_stats
+pub_stats(pub *p)
+{
+    dp_direct_stats st;
+    memset(&st, 0, sizeof st);
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (pub_cmd(p, &b, &n, "stats -") == 0 && n == sizeof st)
+        memcpy(&st, b, sizeof st);
+    free(b);
+    return st;
+}
+
+static void
+pub_stop(pub *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGCONT);
+        if (write_all(p->fd, "quit -\n", 7) != 0)
+            kill(p->pid, SIGKILL);
+        int st;
+        double t0 = dp_test_now();
+        while (waitpid(p->pid, &st, WNOHANG) == 0) {
+            if (dp_test_now() - t0 > 10)
+                kill(p->pid, SIGKILL);
+            usleep(1000);
+        }
+    }
+    if (p->fd > 0)
+        close(p->fd);
+    p->pid = 0;
+    p->fd = 0;
+}
+
+/* ---- parent side: fetching ---- */
+
+static dp_direct *
+fetcher(const char *name, int lru, size_t chunk, int workers)
+{
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    o.name = name;
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    o.remote_cache_size = lru;
+    o.chunk_bytes = chunk;
+    o.n_workers = workers;
+    o.xfer_timeout_s = 10;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_direct *t = NULL;
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    return t;
+}
+
+/* Fetch md (slots ends with -1) into new buffers and check every byte. */
+static void
+fetch_check(dp_direct *t, pub *p, const char *id, const md_bytes *md, const int *slots)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, id, md->p, md->len, NULL, 0, &r, &d), &d);
+    CHECK_OK_D(dp_direct_wait(r, -1, &d), &d);
+    size_t n = 0;
+    while (slots[n] >= 0)
+        n++;
+    CHECK_EQ(dp_direct_req_count(r), n);
+    for (size_t i = 0; i < n; i++) {
+        void *a;
+        size_t len;
+        CHECK_OK(dp_direct_req_buffer(r, i, &a, &len));
+        CHECK_EQ_U64(len, p->len[slots[i]]);
+        CHECK_EQ_U64(fnv(a, len), pattern_sum(len, p->seed[slots[i]]));
+    }
+    dp_direct_req_destroy(r);
+}
+
+/* Fetch into caller targets (malloc'd here) and check. */
+static void
+fetch_check_targets(dp_direct *t, pub *p, const char *id, const md_bytes *md,
+                    const int *slots)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    size_t n = 0;
+    while (slots[n] >= 0)
+        n++;
+    dp_direct_buf tg[NSLOTS];
+    for (size_t i = 0; i < n; i++) {
+        tg[i].len = p->len[slots[i]];
+        tg[i].addr = aligned_alloc(4096, DP_ALIGN_UP(tg[i].len, 4096));
+        memset(tg[i].addr, 0xee, tg[i].len);
+    }
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, id, md->p, md->len, tg, n, &r, &d), &d);
+    CHECK_OK_D(dp_direct_wait(r, 30, &d), &d);
+    dp_direct_req_destroy(r);
+    for (size_t i = 0; i < n; i++) {
+        CHECK_EQ_U64(fnv(tg[i].addr, tg[i].len),
+                     pattern_sum(tg[i].len, p->seed[slots[i]]));
+        free(tg[i].addr);
+    }
+    /* The targets' registrations were dropped after the fetch. */
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 0);
+}
+
+/* ---- tests ---- */
+
+DP_TEST(metadata_roundtrip_and_rejects)
+{
+    dp_detail d;
+    dp_direct *t = fetcher("md-test", 4, 0, 1);
+    static uint8_t a[5000], b[100];
+    dp_direct_buf bufs[2] = {{a, sizeof a}, {b, sizeof b}};
+    uint8_t *md = NULL;
+    size_t len = 0;
+    CHECK_OK_D(dp_direct_publish(t, "obj-1", bufs, 2, &md, &len, &d), &d);
+    dp_direct_md m;
+    CHECK_OK_D(dp__direct_md_parse(md, len, &m, &d), &d);
+    CHECK_STR(m.obj_id, "obj-1");
+    CHECK_STR(m.name, "md-test");
+    CHECK_STR(m.backend, "UCX");
+    CHECK_EQ(m.n_descs, 2);
+    CHECK_EQ_U64(m.descs[0].addr, (uintptr_t)a);
+    CHECK_EQ_U64(m.descs[1].len, sizeof b);
+    CHECK_EQ_U64(m.total_bytes, sizeof a + sizeof b);
+    dp__direct_md_fini(&m);
+    size_t n = 0;
+    uint64_t sizes[2];
+    CHECK_OK(dp_direct_md_describe(md, len, &n, sizes, 2, &d));
+    CHECK_EQ(n, 2);
+    CHECK_EQ_U64(sizes[0], sizeof a);
+    /* Every truncation and every single-byte change is rejected or parses cleanly. */
+    for (size_t k = 0; k < len; k++)
+        CHECK_ERR(dp__direct_md_parse(md, k, &m, NULL), DP_EPROTO);
+    for (size_t k = 0; k < len; k++) {
+        uint8_t save = md[k];
+        md[k] ^= 0x5a;
+        if (dp__direct_md_parse(md, len, &m, NULL) == DP_OK)
+            dp__direct_md_fini(&m);
+        md[k] = save;
+    }
+    /* Fetch errors that need no peer. */
+    dp_direct_req *r = NULL;
+    CHECK_ERR_D(dp_direct_fetch(t, "obj-2", md, len, NULL, 0, &r, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "obj-1");
+    dp_direct_buf bad[2] = {{a, sizeof a}, {b, sizeof b - 1}};
+    CHECK_ERR_D(dp_direct_fetch(t, "obj-1", md, len, bad, 2, &r, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp_direct_fetch(t, "obj-1", md, len, bad, 1, &r, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp_direct_fetch(t, "obj-1", md, len - 1, NULL, 0, &r, &d), DP_EPROTO, &d);
+    CHECK(r == NULL);
+    /* Publish errors. */
+    uint8_t *md2 = NULL;
+    size_t len2 = 0;
+    CHECK_ERR_D(dp_direct_publish(t, "obj-1", bufs, 2, &md2, &len2, &d), DP_EEXIST, &d);
+    CHECK_ERR_D(dp_direct_publish(t, "", bufs, 2, &md2, &len2, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp_direct_publish(t, "a\nb", bufs, 2, &md2, &len2, &d), DP_EINVAL, &d);
+    dp_direct_buf part = {a + 100, sizeof a};
+    CHECK_ERR_D(dp_direct_publish(t, "obj-3", &part, 1, &md2, &len2, &d), DP_EEXIST, &d);
+    CHECK_CONTAINS(d.msg, "overlaps");
+    /* A buffer inside a registration shares it. */
+    dp_direct_buf inner = {a + 100, 200};
+    CHECK_OK_D(dp_direct_publish(t, "obj-4", &inner, 1, &md2, &len2, &d), &d);
+    free(md2);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 2);
+    CHECK_EQ_U64(st.objects, 2);
+    CHECK_OK(dp_direct_free(t, "obj-1", &d));
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 1); /* a stays: obj-4 holds it */
+    CHECK_EQ_U64(st.version, 1);       /* b was deregistered */
+    CHECK_OK(dp_direct_free(t, "obj-4", &d));
+    CHECK_ERR(dp_direct_free(t, "obj-4", &d), DP_ENOTFOUND);
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 0);
+    CHECK_EQ_U64(st.version, 2);
+    /* An empty object is fine and fetches nothing. */
+    CHECK_OK_D(dp_direct_publish(t, "empty", NULL, 0, &md2, &len2, &d), &d);
+    CHECK_OK_D(dp_direct_fetch(t, "empty", md2, len2, NULL, 0, &r, &d), &d);
+    CHECK_OK_D(dp_direct_wait(r, 5, &d), &d);
+    CHECK_EQ(dp_direct_req_count(r), 0);
+    dp_direct_req_destroy(r);
+    free(md2);
+    free(md);
+    dp_direct_destroy(t);
+}
+
+DP_TEST(efa_detection_reports_missing_libfabric)
+{
+    char root[] = "/tmp/dp_direct_sysfs_XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    char path[512], target[512];
+    char what[300];
+    snprintf(path, sizeof path, "%s/class/infiniband/mlx5_0/device", root);
+    CHECK_EQ(system(NULL) != 0, 1);
+    char cmd[4096];
+    snprintf(
+        cmd, sizeof cmd,
+        "mkdir -p %s %s/bus/drivers/mlx5_core %s/bus/drivers/efa %s/class/net/eth0 && "
+        "ln -s %s/bus/drivers/mlx5_core %s/driver",
+        path, root, root, root, root, path);
+    CHECK_EQ(system(cmd), 0);
+    CHECK(!dp__direct_find_efa(root, what, sizeof what));
+    /* A verbs device bound to the efa driver (as inside a container). */
+    snprintf(path, sizeof path, "%s/class/infiniband/rdmap0s6/device", root);
+    snprintf(target, sizeof target, "%s/bus/drivers/efa", root);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && ln -s %s %s/driver", path, target, path);
+    CHECK_EQ(system(cmd), 0);
+    CHECK(dp__direct_find_efa(root, what, sizeof what));
+    CHECK_CONTAINS(what, "rdmap0s6");
+    dp__direct_set_sysfs_root(root);
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    dp_direct *t = NULL;
+    dp_detail d;
+    CHECK_ERR_D(dp_direct_create(&o, &t, &d), DP_EUNSUPPORTED, &d);
+    CHECK_CONTAINS(d.msg, "libfabric");
+    CHECK_CONTAINS(d.msg, "rdmap0s6");
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    o.name = "efa-ucx";
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    CHECK_STR(dp_direct_backend_name(t), "UCX");
+    dp_direct_destroy(t);
+    dp__direct_set_sysfs_root(NULL);
+    /* A bare host: efa netdevs. */
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s/class/infiniband/rdmap0s6 && mkdir -p %s/class/net/efa0", root,
+             root);
+    CHECK_EQ(system(cmd), 0);
+    CHECK(dp__direct_find_efa(root, what, sizeof what));
+    CHECK_CONTAINS(what, "efa0");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    CHECK_EQ(system(cmd), 0);
+}
+
+DP_TEST(many_objects_shared_buffers)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-many", 0), 0);
+    uint64_t rs = dp_test_seed();
+    enum { NB = 24, NOBJ = 40 };
+    for (int s = 0; s < NB; s++) {
+        uint64_t len = s % 4 == 0 ? 4 * KiB : 1 + dp_test_rand(&rs) % (2 * MiB);
+        pub_alloc(&p, s, len, dp_test_rand(&rs));
+    }
+    dp_direct *t = fetcher("fetch-many", 4, 256 * KiB, 2);
+    md_bytes md[NOBJ];
+    int objs[NOBJ][6];
+    for (int i = 0; i < NOBJ; i++) {
+        int k = 1 + (int)(dp_test_rand(&rs) % 5);
+        for (int j = 0; j < k; j++)
+            objs[i][j] = (int)(dp_test_rand(&rs) % NB);
+        objs[i][k] = -1;
+        char id[32];
+        snprintf(id, sizeof id, "obj-%d", i);
+        CHECK_EQ(pub_publish(&p, &md[i], id, objs[i]), 0);
+    }
+    dp_direct_stats ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.objects, NOBJ);
+    CHECK(ps.registrations <= NB); /* each buffer registered once at most */
+    CHECK_EQ_U64(ps.registers, ps.registrations);
+    /*
+     * The newest metadata first: it covers every older object's regions, so
+     * the older ones need no re-add. Then everything, half into new buffers and
+     * half into caller targets.
+     */
+    {
+        char id[32];
+        snprintf(id, sizeof id, "obj-%d", NOBJ - 1);
+        fetch_check(t, &p, id, &md[NOBJ - 1], objs[NOBJ - 1]);
+    }
+    for (int i = 0; i < NOBJ; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "obj-%d", i);
+        if (i % 2)
+            fetch_check(t, &p, id, &md[i], objs[i]);
+        else
+            fetch_check_targets(t, &p, id, &md[i], objs[i]);
+    }
+    /* Many fetches at once (both workers busy). */
+    dp_direct_req *rq[NOBJ];
+    dp_detail d;
+    for (int i = 0; i < NOBJ; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "obj-%d", i);
+        CHECK_OK_D(dp_direct_fetch(t, id, md[i].p, md[i].len, NULL, 0, &rq[i], &d), &d);
+    }
+    for (int i = 0; i < NOBJ; i++) {
+        CHECK_OK_D(dp_direct_wait(rq[i], 60, &d), &d);
+        for (int j = 0; objs[i][j] >= 0; j++) {
+            void *a;
+            size_t len;
+            CHECK_OK(dp_direct_req_buffer(rq[i], (size_t)j, &a, &len));
+            CHECK_EQ_U64(fnv(a, len), pattern_sum(len, p.seed[objs[i][j]]));
+        }
+        dp_direct_req_destroy(rq[i]);
+    }
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.fetch_ok, 2 * NOBJ + 1);
+    CHECK_EQ_U64(st.remote_adds, 1); /* registrations never changed: one connection */
+    CHECK_EQ_U64(st.remote_readds, 0);
+    /* Free every object: every registration goes, each bumping the version. */
+    for (int i = 0; i < NOBJ; i++) {
+        CHECK_EQ(pub_cmd(&p, NULL, NULL, "free obj-%d", i), 0);
+        free(md[i].p);
+    }
+    dp_direct_stats ps2 = pub_stats(&p);
+    CHECK_EQ_U64(ps2.objects, 0);
+    CHECK_EQ_U64(ps2.registrations, 0);
+    CHECK_EQ_U64(ps2.deregisters, ps.registers);
+    CHECK_EQ_U64(ps2.version, ps.registers);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
+DP_TEST(refcounts_version_bump_and_readd)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-ref", 0), 0);
+    pub_alloc(&p, 0, 1 * MiB, 100);
+    pub_alloc(&p, 1, 3 * MiB + 5, 101);
+    pub_alloc(&p, 2, 64 * KiB, 102);
+    dp_direct *t = fetcher("fetch-ref", 4, 0, 1);
+    md_bytes m1, m2, m3;
+    int s1[] = {0, 1, -1}, s2[] = {1, 2, -1}, s3[] = {0, -1};
+    CHECK_EQ(pub_publish(&p, &m1, "o1", s1), 0);
+    CHECK_EQ(pub_publish(&p, &m2, "o2", s2), 0);
+    dp_direct_stats ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.registrations, 3); /* slot 1 shared, registered once */
+    CHECK_EQ_U64(ps.version, 0);
+    fetch_check(t, &p, "o1", &m1, s1);
+    fetch_check(t, &p, "o2", &m2, s2);
+    /* Freeing o1 drops slot 0 only (slot 1 is still held by o2). */
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "free o1"), 0);
+    ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.registrations, 2);
+    CHECK_EQ_U64(ps.version, 1);
+    fetch_check(t, &p, "o2", &m2, s2); /* old metadata of a live object: still fine */
+    /* Slot 0 comes back in a new object: new registration, new version. */
+    CHECK_EQ(pub_publish(&p, &m3, "o3", s3), 0);
+    dp_direct_stats st0, st1;
+    dp_direct_get_stats(t, &st0);
+    fetch_check(t, &p, "o3", &m3, s3);
+    dp_direct_get_stats(t, &st1);
+    CHECK_EQ_U64(st1.remote_readds, st0.remote_readds + 1);
+    CHECK_EQ_U64(st1.remote_adds, st0.remote_adds);
+    fetch_check_targets(t, &p, "o3", &m3, s3);
+    dp_direct_get_stats(t, &st0);
+    CHECK_EQ_U64(st0.remote_readds, st1.remote_readds); /* same version: no re-add */
+    CHECK_EQ_U64(st0.remote_hits, st1.remote_hits + 1);
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "free o2"), 0);
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "free o3"), 0);
+    ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.registrations, 0);
+    CHECK_EQ_U64(ps.version, 4);
+    free(m1.p);
+    free(m2.p);
+    free(m3.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
+DP_TEST(permanent_registration)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-perm", 4 * MiB), 0);
+    pub_alloc(&p, 0, 2 * MiB, 7);
+    pub_alloc(&p, 1, 1 * MiB, 8);
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "perm 0"), 0);
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "perm 0"), 0); /* idempotent */
+    dp_direct *t = fetcher("fetch-perm", 4, 0, 1);
+    md_bytes m;
+    int s[] = {0, 1, -1};
+    /* Slot 0 has its own registration: the pool is not used for this object. */
+    CHECK_EQ(pub_publish(&p, &m, "o", s), 0);
+    dp_direct_stats ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.registrations, 2);
+    CHECK_EQ_U64(ps.pool_blocks, 0);
+    fetch_check(t, &p, "o", &m, s);
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "free o"), 0);
+    ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.registrations, 1); /* the permanent one stays */
+    CHECK_EQ_U64(ps.version, 1);
+    free(m.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
+DP_TEST(lru_eviction)
+{
+    enum { NP = 3 };
+    pub ps[NP];
+    md_bytes md[NP];
+    int s[] = {0, -1};
+    const char *names[NP] = {"pub-l0", "pub-l1", "pub-l2"};
+    for (int i = 0; i < NP; i++) {
+        CHECK_EQ(pub_start(&ps[i], names[i], 0), 0);
+        pub_alloc(&ps[i], 0, 512 * KiB + (uint64_t)i, 200 + (uint64_t)i);
+        CHECK_EQ(pub_publish(&ps[i], &md[i], "x", s), 0);
+    }
+    dp_direct *t = fetcher("fetch-lru", 2, 0, 1);
+    dp_direct_stats st;
+    fetch_check(t, &ps[0], "x", &md[0], s);
+    fetch_check(t, &ps[1], "x", &md[1], s);
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.remotes_cached, 2);
+    CHECK_EQ_U64(st.remote_evictions, 0);
+    fetch_check(t, &ps[0], "x", &md[0], s); /* p0 becomes most recent */
+    fetch_check(t, &ps[2], "x", &md[2], s); /* evicts p1 */
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.remotes_cached, 2);
+    CHECK_EQ_U64(st.remote_evictions, 1);
+    CHECK_EQ_U64(st.remote_adds, 3);
+    CHECK_EQ_U64(st.remote_hits, 1);
+    fetch_check(t, &ps[0], "x", &md[0], s); /* still cached */
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.remote_hits, 2);
+    fetch_check(t, &ps[1], "x", &md[1], s); /* evicted earlier: added again, evicts p2 */
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.remote_adds, 4);
+    CHECK_EQ_U64(st.remote_evictions, 2);
+    CHECK_EQ_U64(st.remotes_cached, 2);
+    dp_direct_destroy(t);
+    for (int i = 0; i < NP; i++) {
+        free(md[i].p);
+        pub_stop(&ps[i]);
+    }
+}
+
+DP_TEST(lru_size_zero_adds_and_removes_every_time)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-z", 0), 0);
+    pub_alloc(&p, 0, 700 * KiB, 301);
+    pub_alloc(&p, 1, 9, 302);
+    md_bytes m;
+    int s[] = {0, 1, -1};
+    CHECK_EQ(pub_publish(&p, &m, "z", s), 0);
+    dp_direct *t = fetcher("fetch-z", 0, 0, 2);
+    for (int i = 0; i < 3; i++) {
+        if (i == 1)
+            fetch_check_targets(t, &p, "z", &m, s);
+        else
+            fetch_check(t, &p, "z", &m, s);
+        dp_direct_stats st;
+        dp_direct_get_stats(t, &st);
+        CHECK_EQ_U64(st.remotes_cached, 0);
+        CHECK_EQ_U64(st.remote_adds, (uint64_t)i + 1);
+        CHECK_EQ_U64(st.remote_evictions, (uint64_t)i + 1);
+        CHECK_EQ_U64(st.remote_hits, 0);
+    }
+    free(m.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
+DP_TEST(pool_path_and_rollback)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-pool", 8 * MiB), 0);
+    pub_alloc(&p, 0, 1 * MiB, 400);
+    pub_alloc(&p, 1, 1 * MiB, 401);
+    pub_alloc(&p, 2, 1 * MiB, 402);
+    pub_alloc(&p, 3, 6 * MiB, 403);
+    pub_alloc(&p, 4, 100, 404);
+    dp_direct *t = fetcher("fetch-pool", 4, 0, 1);
+    md_bytes m1, m2, m3, bad;
+    int s1[] = {0, 1, -1}, s2[] = {1, 4, -1}, sbad[] = {1, 2, 3, -1}, s3[] = {2, -1};
+    CHECK_EQ(pub_publish(&p, &m1, "p1", s1), 0);
+    dp_direct_stats ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.pool_blocks, 2);
+    CHECK_EQ_U64(ps.pool_used, 2 * MiB);
+    CHECK_EQ_U64(ps.registrations, 0);
+    CHECK_EQ_U64(ps.pool_bytes, 8 * MiB);
+    fetch_check(t, &p, "p1", &m1, s1);
+    /* A buffer already pooled shares its block. */
+    CHECK_EQ(pub_publish(&p, &m2, "p2", s2), 0);
+    ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.pool_blocks, 3);
+    fetch_check_targets(t, &p, "p2", &m2, s2);
+    /*
+     * Slot 1 (shared), slot 2 (new block) then slot 3 (6 MiB: no room): the call
+     * fails and gives back slot 2's block and its hold on slot 1, nothing else.
+     */
+    CHECK_EQ(pub_publish(&p, &bad, "pbad", sbad), DP_EBUSY);
+    CHECK_CONTAINS((char *)bad.p, "pool");
+    free(bad.p);
+    dp_direct_stats ps2 = pub_stats(&p);
+    CHECK_EQ_U64(ps2.pool_blocks, ps.pool_blocks);
+    CHECK_EQ_U64(ps2.pool_used, ps.pool_used);
+    CHECK_EQ_U64(ps2.objects, 2);
+    fetch_check(t, &p, "p1", &m1, s1);
+    fetch_check(t, &p, "p2", &m2, s2);
+    /* Frees return blocks only when their last holder goes. */
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "free p1"), 0);
+    ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.pool_blocks, 2); /* slot 1 still held by p2 */
+    fetch_check(t, &p, "p2", &m2, s2);
+    CHECK_EQ(pub_cmd(&p, NULL, NULL, "free p2"), 0);
+    ps = pub_stats(&p);
+    CHECK_EQ_U64(ps.pool_blocks, 0);
+    CHECK_EQ_U64(ps.pool_used, 0);
+    CHECK_EQ_U64(ps.version, 0); /* pool blocks never deregister */
+    /* Now slot 3 fits. */
+    int s4[] = {3, 2, -1};
+    md_bytes m4;
+    CHECK_EQ(pub_publish(&p, &m4, "p4", s4), 0);
+    fetch_check(t, &p, "p4", &m4, s4);
+    CHECK_EQ(pub_publish(&p, &m3, "p3", s3), 0);
+    fetch_check(t, &p, "p3", &m3, s3);
+    free(m1.p);
+    free(m2.p);
+    free(m3.p);
+    free(m4.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
+DP_TEST(wait_with_timeouts)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-w", 0), 0);
+    pub_alloc(&p, 0, 8 * MiB, 500);
+    md_bytes m;
+    int s[] = {0, -1};
+    CHECK_EQ(pub_publish(&p, &m, "w", s), 0);
+    dp_direct *t = fetcher("fetch-w", 4, 1 * MiB, 1);
+    dp__direct_set_chunk_pause(t, 0.05); /* 8 chunks: about 0.4 s */
+    dp_detail d;
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "w", m.p, m.len, NULL, 0, &r, &d), &d);
+    double t0 = dp_test_now();
+    CHECK_ERR_D(dp_direct_wait(r, 0, &d), DP_ETIMEDOUT, &d);
+    CHECK(dp_test_now() - t0 < 0.05);
+    t0 = dp_test_now();
+    CHECK_ERR_D(dp_direct_wait(r, 0.1, &d), DP_ETIMEDOUT, &d);
+    double took = dp_test_now() - t0;
+    CHECKF(took >= 0.09 && took < 0.35, "wait(0.1) took %.3f s", took);
+    CHECK_CONTAINS(d.msg, "still running");
+    CHECK(!dp_direct_req_ended(r));
+    CHECK_OK_D(dp_direct_wait(r, -1, &d), &d);
+    CHECK(dp_direct_req_ended(r));
+    CHECK_OK_D(dp_direct_wait(r, 0, &d), &d); /* the same answer again */
+    uint64_t done, total;
+    dp_direct_req_progress(r, &done, &total);
+    CHECK_EQ_U64(done, 8 * MiB);
+    CHECK_EQ_U64(total, 8 * MiB);
+    void *a;
+    size_t len;
+    CHECK_OK(dp_direct_req_buffer(r, 0, &a, &len));
+    CHECK_EQ_U64(fnv(a, len), pattern_sum(8 * MiB, 500));
+    CHECK_ERR(dp_direct_req_buffer(r, 1, &a, &len), DP_EINVAL);
+    dp_direct_req_destroy(r);
+    free(m.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
+DP_TEST(abort_before_queued_and_during)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-a", 0), 0);
+    pub_alloc(&p, 0, 16 * MiB, 600);
+    pub_alloc(&p, 1, 1 * MiB, 601);
+    md_bytes m, m2;
+    int s[] = {0, -1}, s2[] = {1, -1};
+    CHECK_EQ(pub_publish(&p, &m, "a", s), 0);
+    CHECK_EQ(pub_publish(&p, &m2, "b", s2), 0);
+    dp_direct *t = fetcher("fetch-a", 4, 1 * MiB, 1);
+    dp_detail d;
+    dp_direct_req *r = NULL, *r2 = NULL;
+    /* Before: the next fetch of the id fails, once. */
+    CHECK_OK(dp_direct_abort(t, "a", &d));
+    CHECK_ERR_D(dp_direct_fetch(t, "a", m.p, m.len, NULL, 0, &r, &d), DP_ETRANSFER, &d);
+    CHECK_CONTAINS(d.msg, "aborted");
+    CHECK(r == NULL);
+    fetch_check(t, &p, "a", &m, s);
+    /* During, with a second fetch queued behind it (one worker). */
+    dp__direct_set_chunk_pause(t, 0.03);
+    CHECK_OK_D(dp_direct_fetch(t, "a", m.p, m.len, NULL, 0, &r, &d), &d);
+    CHECK_OK_D(dp_direct_fetch(t, "b", m2.p, m2.len, NULL, 0, &r2, &d), &d);
+    CHECK_OK(dp_direct_abort(t, "b", &d)); /* still queued */
+    uint64_t done = 0, total = 0;
+    double t0 = dp_test_now();
+    while (done == 0 && dp_test_now() - t0 < 10) {
+        usleep(1000);
+        dp_direct_req_progress(r, &done, &total);
+    }
+    CHECK(done > 0);
+    CHECK_OK(dp_direct_abort(t, "a", &d));
+    CHECK_ERR_D(dp_direct_wait(r, 10, &d), DP_ETRANSFER, &d);
+    CHECK_CONTAINS(d.msg, "aborted after");
+    dp_direct_req_progress(r, &done, &total);
+    CHECKF(done < total, "aborted fetch read %llu of %llu", (unsigned long long)done,
+           (unsigned long long)total);
+    CHECK_ERR_D(dp_direct_wait(r2, 10, &d), DP_ETRANSFER, &d);
+    CHECK_CONTAINS(d.msg, "before it started");
+    dp_direct_req_destroy(r);
+    dp_direct_req_destroy(r2);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.fetch_aborted, 2);
+    /* The marks were used up: both fetch fine now. */
+    dp__direct_set_chunk_pause(t, 0);
+    fetch_check(t, &p, "a", &m, s);
+    fetch_check(t, &p, "b", &m2, s2);
+    /* Destroying a running request aborts it and waits for it. */
+    dp__direct_set_chunk_pause(t, 0.03);
+    CHECK_OK_D(dp_direct_fetch(t, "a", m.p, m.len, NULL, 0, &r, &d), &d);
+    usleep(50000);
+    t0 = dp_test_now();
+    dp_direct_req_destroy(r);
+    CHECK(dp_test_now() - t0 < 2);
+    free(m.p);
+    free(m2.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
+DP_TEST(publisher_dies_mid_fetch)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-die", 0), 0);
+    pub_alloc(&p, 0, 24 * MiB, 700);
+    md_bytes m;
+    int s[] = {0, -1};
+    CHECK_EQ(pub_publish(&p, &m, "d", s), 0);
+    dp_direct *t = fetcher("fetch-die", 4, 1 * MiB, 1);
+    dp__direct_set_chunk_pause(t, 0.03);
+    dp_detail d;
+    dp_direct_req *r = NULL;
+    uint8_t *tg = aligned_alloc(4096, 24 * MiB);
+    dp_direct_buf b = {tg, 24 * MiB};
+    CHECK_OK_D(dp_direct_fetch(t, "d", m.p, m.len, &b, 1, &r, &d), &d);
+    uint64_t done = 0, total = 0;
+    double t0 = dp_test_now();
+    while (done == 0 && dp_test_now() - t0 < 10) {
+        usleep(1000);
+        dp_direct_req_progress(r, &done, &total);
+    }
+    CHECK(done > 0);
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, NULL, 0);
+    p.pid = 0;
+    t0 = dp_test_now();
+    int rc = dp_direct_wait(r, -1, &d);
+    double took = dp_test_now() - t0;
+    printf("  publisher killed: wait -> %s after %.2f s: %s\n", dp_errname(rc), took,
+           d.msg);
+    CHECK(rc == DP_ETRANSFER || rc == DP_ETIMEDOUT);
+    CHECK_CONTAINS(d.msg, "pub-die");
+    CHECK(took < 15);
+    dp_direct_req_destroy(r);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.fetch_failed, 1);
+    CHECK_EQ_U64(st.remotes_cached, 0); /* a failed remote is dropped */
+    /* Memory a retained transfer may touch is never handed back. */
+    if (!dp_direct_touches_unfinished(t, tg, 24 * MiB))
+        free(tg);
+    free(m.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
