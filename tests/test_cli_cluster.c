@@ -398,3 +398,99 @@ DP_TEST(up_replaces_a_stale_cluster_file)
     CHECK(pid_gone(pid));
     rm_dir(dir);
 }
+
+/* A process is gone, or a zombie nobody reaped yet (init in a container may not). */
+static bool
+pid_dead(int64_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    return rp != NULL && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+DP_TEST(up_killed_hard_takes_its_units_along)
+{
+    char dir[64], log[16384], out[8192], args[256];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    up_start(&u, dir, "--units 2 --slab 8M");
+    bool ok = up_wait_file(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(ok, "no cluster file; up said: %s", log);
+    int64_t pids[2];
+    load_pids(u.file, pids, 2);
+    CHECK(kill(u.pid, SIGKILL) == 0);
+    CHECK_EQ(up_wait(&u, 30), -SIGKILL);
+    /* PR_SET_PDEATHSIG: the units get SIGTERM when up dies. */
+    double end = dp_test_now() + 30;
+    while ((!pid_dead(pids[0]) || !pid_dead(pids[1])) && dp_test_now() < end)
+        usleep(20000);
+    CHECK(pid_dead(pids[0]));
+    CHECK(pid_dead(pids[1]));
+    /* The file it left behind is stale: the next up replaces it. */
+    snprintf(args, sizeof args, "stats --cluster %s --timeout-s 1", dir);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    unlink(u.out);
+    up_start(&u, dir, "--units 1 --slab 8M");
+    for (end = dp_test_now() + 60; dp_test_now() < end; usleep(20000)) {
+        slurp(u.out, log, sizeof log);
+        if (strstr(log, "Ctrl-C stops it") != NULL)
+            break;
+    }
+    CHECK_CONTAINS(log, "stale");
+    kill(u.pid, SIGINT);
+    CHECK_EQ(up_wait(&u, 60), 0);
+    rm_dir(dir);
+}
+
+/* A cluster file naming a live unit (started by hand here) is never replaced. */
+DP_TEST(up_refuses_a_live_cluster_file)
+{
+    char dir[64], out[8192], args[256], file[192];
+    tmp_dir(dir, sizeof dir);
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(NULL);
+    pid_t unit = fork();
+    CHECK(unit >= 0);
+    if (unit == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        int nul = open("/dev/null", O_WRONLY);
+        if (nul >= 0)
+            dup2(nul, 2);
+        execl(DP_CLI_PATH, "dataplane", "unit", "--slab", "8M", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char line[DP_CLUSTER_ADDR_MAX];
+    size_t n = 0;
+    while (n + 1 < sizeof line && read(fds[0], line + n, 1) == 1 && line[n] != '\n')
+        n++;
+    line[n] = '\0';
+    close(fds[0]);
+    CHECKF(strncmp(line, "tcp://", 6) == 0, "unit said '%s'", line);
+    dp_cluster_unit cu = {.id = 0, .agent = "by-hand", .pid = unit};
+    memcpy(cu.zmq, line, sizeof line);
+    dp_cluster cl = {.n_units = 1, .units = &cu};
+    snprintf(file, sizeof file, "%s/cluster.json", dir);
+    CHECK_OK(dp_cluster_save(file, &cl, NULL));
+    snprintf(args, sizeof args, "up --units 1 --slab 8M --dir %s", dir);
+    int st = run(args, out, sizeof out);
+    kill(unit, SIGTERM);
+    waitpid(unit, NULL, 0);
+    CHECKF(st == 1, "up exited %d: %s", st, out);
+    CHECK_CONTAINS(out, "already running");
+    char pid_s[32];
+    snprintf(pid_s, sizeof pid_s, "%d", (int)unit);
+    CHECK_CONTAINS(out, pid_s);
+    rm_dir(dir);
+}
