@@ -38,6 +38,10 @@ static const char usage_unit[] =
     "  --numa MODE          auto, bind or off (auto); a no-op on one-node machines\n"
     "  --unit-id K          this unit's index in the cluster (0)\n"
     "  --units N            units in the cluster; row g belongs to unit g % N (1)\n"
+    "  --ssd-dir DIR        SSD tier: puts the slab cannot take spill to files in\n"
+    "                       DIR (unlinked at once: nothing stays when the unit ends)\n"
+    "  --staging SIZE       IO area for spills and staged reads, with --ssd-dir (64M)\n"
+    "  --pickup-s S         keep a staged copy nobody pinned yet this long (10)\n"
     "  -h, --help           this text\n";
 
 static int
@@ -52,7 +56,19 @@ unit_usage_error(const char *fmt, const char *arg)
 int
 dp__cmd_unit(int argc, char **argv)
 {
-    enum { O_BIND = 1, O_PORT, O_SLAB, O_PIN, O_LEASE, O_NUMA, O_ID, O_UNITS };
+    enum {
+        O_BIND = 1,
+        O_PORT,
+        O_SLAB,
+        O_PIN,
+        O_LEASE,
+        O_NUMA,
+        O_ID,
+        O_UNITS,
+        O_SSD,
+        O_STAGING,
+        O_PICKUP
+    };
     static const struct option opts[] = {
         {"bind", required_argument, NULL, O_BIND},
         {"port", required_argument, NULL, O_PORT},
@@ -62,10 +78,14 @@ dp__cmd_unit(int argc, char **argv)
         {"numa", required_argument, NULL, O_NUMA},
         {"unit-id", required_argument, NULL, O_ID},
         {"units", required_argument, NULL, O_UNITS},
+        {"ssd-dir", required_argument, NULL, O_SSD},
+        {"staging", required_argument, NULL, O_STAGING},
+        {"pickup-s", required_argument, NULL, O_PICKUP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *bind_ip = "127.0.0.1";
-    uint64_t port = 0, unit_id = 0, units = 1;
+    uint64_t port = 0, unit_id = 0, units = 1, staging = 0;
+    bool staging_set = false;
     dp_unit_opts uo;
     dp_unit_opts_init(&uo);
     uo.slab_bytes = 256ull << 20;
@@ -111,6 +131,20 @@ dp__cmd_unit(int argc, char **argv)
         case O_UNITS:
             rc = dp_parse_u64(optarg, 1, UINT32_MAX, &units, "--units", &d);
             break;
+        case O_SSD:
+            if (optarg[0] == '\0')
+                return unit_usage_error("--ssd-dir must not be empty%s", "");
+            uo.ssd_dir = optarg;
+            break;
+        case O_STAGING:
+            rc = dp_parse_size(optarg, &staging, "--staging", &d);
+            if (rc == 0 && staging < 4096)
+                rc = dp_fail(&d, DP_EINVAL, "--staging must be at least 4K");
+            staging_set = true;
+            break;
+        case O_PICKUP:
+            rc = dp_parse_seconds(optarg, &uo.pickup_s, "--pickup-s", &d);
+            break;
         case 'h':
             fputs(usage_unit, stdout);
             return 0;
@@ -129,6 +163,10 @@ dp__cmd_unit(int argc, char **argv)
                  unit_id, units);
         return unit_usage_error("%s", msg);
     }
+    if (staging_set && uo.ssd_dir == NULL)
+        return unit_usage_error("--staging needs --ssd-dir%s", "");
+    if (uo.ssd_dir != NULL)
+        uo.staging_bytes = staging_set ? staging : 64ull << 20;
     uo.unit_id = (uint32_t)unit_id;
     uo.n_units = (uint32_t)units;
 
@@ -177,6 +215,9 @@ dp__cmd_unit(int argc, char **argv)
         dp_ctl_server_address(srv), uo.unit_id, uo.n_units,
         dp_fmt_size(uo.slab_bytes, sz, sizeof sz), name, dp_unit_numa_desc(u),
         uo.read_pin_s, uo.alloc_lease_s);
+    if (uo.ssd_dir != NULL)
+        DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo.ssd_dir,
+                 dp_fmt_size(uo.staging_bytes, sz, sizeof sz), uo.pickup_s);
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
         ;

@@ -99,9 +99,9 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
     case DP_WIRE_OP_ALLOC: {
         const dp_wire_alloc_args *a = &req.a.alloc;
         const char *reason = NULL;
-        /* spill is accepted and ignored: this unit has no SSD tier. */
-        rc = dp_unit_alloc(u, a->blob_id.p, a->blob_id.n, a->nbytes, a->n_entries,
-                           &rep.r.off, &reason, &d);
+        /* spill is honoured only with the SSD tier on. */
+        rc = dp_unit_alloc_spill(u, a->blob_id.p, a->blob_id.n, a->nbytes, a->n_entries,
+                                 a->spill, &rep.r.off, &reason, &d);
         if (rc == 0)
             reply_ok(&rep, reply);
         else
@@ -133,6 +133,8 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
             r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
             r->blobs = (dp_wire_blob_locs){res.blobs, res.n_blobs};
             r->missing = (dp_wire_strs){res.missing, res.n_missing};
+            r->pending = (dp_wire_strs){res.pending, res.n_pending};
+            r->failed = (dp_wire_strs){res.failed, res.n_failed};
             reply_ok(&rep, reply);
             dp_unit_resolve_res_fini(&res);
         } else {
@@ -151,6 +153,8 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
             r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
             r->entries = (dp_wire_key_locs){res.entries, res.n_entries};
             r->missing = (dp_wire_strs){res.missing, res.n_missing};
+            r->pending = (dp_wire_strs){res.pending, res.n_pending};
+            r->failed = (dp_wire_strs){res.failed, res.n_failed};
             reply_ok(&rep, reply);
             dp_unit_resolve_keys_res_fini(&res);
         } else {

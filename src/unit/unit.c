@@ -48,10 +48,53 @@
  * used only under mu), then the endpoint's internal lock (only
  * dp_endpoint_name, which takes none, is called under mu; metadata is fetched
  * by serve.c outside mu).
+ *
+ * SSD tier (DESIGN section 9, seed 002 _alloc_io/_spill/_stage)
+ * ------------------------------------------------------------
+ * Layout. The unit's memory is one registered region (one endpoint
+ * allocation, so one rkey and one metadata region): the put area at
+ * [0, slab_bytes) and the IO area at [io_base, io_base + staging_bytes),
+ * io_base = slab_bytes rounded up to 4 KiB. Every offset handed to a client
+ * (alloc, resolve) is relative to that one base, whichever area it is in; each
+ * area has its own dp_slab_alloc. A record's off/size name its current region
+ * and in_io says which allocator owns it.
+ *
+ * Spill. alloc(spill) that the put area cannot take gets an IO-area region
+ * (a "spill"); the client WRITEs it like any region (uncommitted: lease and
+ * abort rules as for the put area). Its commit validates the index (as for a
+ * put) and queues a spill job instead of publishing, answering "pending"; the
+ * job writes the region to a fresh file and, back under the lock, publishes
+ * the record as a disk blob (fd set, region freed: the client's WRITE ended
+ * before its commit) or, if the write failed, drops it (commit: "lost").
+ *
+ * Stage. A resolve of a disk blob without a staged copy allocates an IO-area
+ * region (evicting unpinned staged copies, oldest first, past pickup_s or
+ * already picked up) and queues a stage job that preads the file into it;
+ * the resolve answers "pending". When the job ends the copy is "staged": later
+ * resolves pin it and answer its offsets like any blob (picked_up). A staged
+ * copy is evicted only with no pins; one that had a pin expire goes through
+ * quarantine like any region. A failed stage answers "failed" once.
+ *
+ * Jobs. At most DP_UNIT_MAX_IO_JOBS jobs are queued or running; a ring of
+ * that size feeds io_threads workers (io_cv on mu). A job owns its record's
+ * region and fd while it runs (rec->job): nothing frees them meanwhile. A
+ * record released (or aborted) while its job runs is "doomed": it leaves
+ * the table at once and the job's end frees it. File I/O (open, pread,
+ * pwrite, close) runs only in the workers, never under mu: fds to close are
+ * handed to the workers through a list (closes), so release never blocks
+ * on the filesystem.
+ *
+ * Files. Each spill gets a new file: O_TMPFILE in ssd_dir where the
+ * filesystem supports it (no name ever exists), else a fresh random name
+ * (dp-spill-<32 hex>) opened O_EXCL and unlinked at once; the fd keeps the
+ * data. Nothing a client sends reaches a path. Whatever kills the unit, the
+ * kernel frees the files with the fds (the fallback leaves a name only
+ * between its open and its unlink).
  */
 #include "unit/unit.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <numa.h>
@@ -60,7 +103,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "alloc/slab_alloc.h"
 #include "blob/blob.h"
@@ -85,6 +130,21 @@ struct blob_rec {
     double created_at;
     double last_resolve_at;
     blob_rec *pprev, *pnext; /* uncommitted list, creation order */
+    /* SSD tier (see the Design notes) */
+    bool has_region;   /* off/size name a region this record holds */
+    bool in_io;        /* that region is in the IO area */
+    bool disk;         /* published from a file: fd holds the bytes */
+    bool job;          /* an io job owns the region and fd now */
+    bool staged;       /* disk blob with a complete copy at off */
+    bool stage_failed; /* the last stage failed; reported once */
+    bool picked_up;    /* the staged copy was pinned by a reader */
+    bool doomed;       /* out of the table while its job runs */
+    uint8_t abort_req; /* spill aborted while its job ran: 1, 2 in flight */
+    uint8_t res_state; /* resolve state in the call of res_epoch */
+    int fd;            /* -1: none */
+    uint64_t res_epoch;
+    double staged_at;
+    blob_rec *sprev, *snext; /* staged copies, oldest first */
 };
 
 typedef struct pin pin;
@@ -104,6 +164,13 @@ typedef struct slot {
 typedef struct row {
     dp_map fields; /* field -> slot* */
 } row;
+
+enum { JOB_SPILL = 1, JOB_STAGE = 2 };
+
+typedef struct io_job {
+    int kind;
+    blob_rec *b;
+} io_job;
 
 struct dp_unit {
     pthread_mutex_t mu;
@@ -131,6 +198,27 @@ struct dp_unit {
     double period_s;
     double last_report; /* when the ticker last logged the counters */
     uint64_t report_sig;
+    /* SSD tier */
+    bool ssd;
+    char *ssd_dir;
+    bool use_tmpfile;    /* O_TMPFILE works in ssd_dir */
+    uint64_t io_base;    /* offset of the IO area in the region */
+    uint64_t region_len; /* put area + gap + IO area */
+    dp_slab_alloc *io_alloc;
+    pthread_cond_t io_cv;
+    pthread_t *io_th;
+    uint32_t n_io_th;
+    bool io_stopping;
+    io_job jobs[DP_UNIT_MAX_IO_JOBS]; /* ring */
+    uint32_t q_head, q_n, n_running;
+    int *closes; /* fds for the workers to close */
+    size_t n_closes, cap_closes;
+    blob_rec *st_head, *st_tail; /* staged copies, oldest first */
+    uint64_t staged_bytes, n_staged, io_job_bytes, io_zombie_bytes, n_doomed;
+    uint64_t n_disk, disk_bytes, files_open;
+    uint64_t n_spills, spill_bytes, n_spills_failed;
+    uint64_t n_stages, stage_bytes, n_stages_failed, n_evictions;
+    uint64_t ssd_report_sig;
 };
 
 static double
@@ -155,6 +243,8 @@ dp_unit_opts_init(dp_unit_opts *o)
     o->alloc_lease_s = 300.0;
     o->quarantine_s = 5.0;
     o->numa = DP_UNIT_NUMA_AUTO;
+    o->pickup_s = 10.0;
+    o->io_threads = 4;
 }
 
 static bool
@@ -237,25 +327,137 @@ rec_free(blob_rec *b)
 static void
 region_release_locked(dp_unit *u, blob_rec *b, double now)
 {
+    DP_ASSERT(b->has_region && !b->job);
+    dp_slab_alloc *a = b->in_io ? u->io_alloc : u->alloc;
+    uint64_t o = b->in_io ? b->off - u->io_base : b->off;
     int rc;
     if (b->pin_expired)
-        rc = dp_slab_alloc_free_at(u->alloc, b->off, now + u->o.quarantine_s, NULL);
+        rc = dp_slab_alloc_free_at(a, o, now + u->o.quarantine_s, NULL);
     else
-        rc = dp_slab_alloc_free(u->alloc, b->off, NULL);
+        rc = dp_slab_alloc_free(a, o, NULL);
     DP_ASSERT(rc == 0);
+    b->has_region = false;
+}
+
+/* The fd is closed by an io worker, outside the lock. */
+static void
+close_later_locked(dp_unit *u, blob_rec *b)
+{
+    if (b->fd < 0)
+        return;
+    if (u->n_closes == u->cap_closes) {
+        size_t cap = u->cap_closes ? u->cap_closes * 2 : 64;
+        int *p = realloc(u->closes, cap * sizeof *p);
+        if (p == NULL) {
+            /* Out of memory: close here rather than leak the file. */
+            close(b->fd);
+            b->fd = -1;
+            u->files_open--;
+            return;
+        }
+        u->closes = p;
+        u->cap_closes = cap;
+    }
+    u->closes[u->n_closes++] = b->fd;
+    b->fd = -1;
+    u->files_open--;
+    pthread_cond_signal(&u->io_cv);
+}
+
+static void
+staged_unlink_locked(dp_unit *u, blob_rec *b)
+{
+    DP_ASSERT(b->staged);
+    if (b->sprev != NULL)
+        b->sprev->snext = b->snext;
+    else
+        u->st_head = b->snext;
+    if (b->snext != NULL)
+        b->snext->sprev = b->sprev;
+    else
+        u->st_tail = b->sprev;
+    b->sprev = b->snext = NULL;
+    b->staged = false;
+    u->n_staged--;
+    u->staged_bytes -= b->size;
+}
+
+static void
+staged_append_locked(dp_unit *u, blob_rec *b)
+{
+    b->staged = true;
+    b->sprev = u->st_tail;
+    b->snext = NULL;
+    if (u->st_tail != NULL)
+        u->st_tail->snext = b;
+    else
+        u->st_head = b;
+    u->st_tail = b;
+    u->n_staged++;
+    u->staged_bytes += b->size;
+}
+
+/*
+ * Free a record that is out of the table and unpinned, with its region and
+ * file; if an io job owns them, the job's end does it (doomed).
+ */
+static void
+drop_locked(dp_unit *u, blob_rec *b, double now)
+{
+    DP_ASSERT(b->n_pins == 0);
+    if (b->job) {
+        if (!b->doomed) {
+            b->doomed = true;
+            u->n_doomed++;
+        }
+        return;
+    }
+    if (b->doomed) {
+        b->doomed = false;
+        u->n_doomed--;
+    }
+    if (b->staged)
+        staged_unlink_locked(u, b);
+    if (b->has_region)
+        region_release_locked(u, b, now);
+    if (b->disk) {
+        u->n_disk--;
+        u->disk_bytes -= b->nbytes;
+    }
+    close_later_locked(u, b);
+    rec_free(b);
 }
 
 /* The region stays allocated for good: a WRITE may still land in it. */
 static void
 retire_locked(dp_unit *u, blob_rec *b)
 {
-    DP_ASSERT(!b->published);
+    DP_ASSERT(!b->published && !b->job);
     dp_map_del(&u->blobs, b->id, b->id_len);
     pend_unlink(u, b);
     u->retired_bytes += b->size;
     u->n_retired++;
     DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64, b->id, b->size, b->off);
     rec_free(b);
+}
+
+static void
+zombie_count_locked(dp_unit *u, blob_rec *b, int dir)
+{
+    uint64_t sz = b->has_region ? b->size : 0;
+    if (dir > 0) {
+        u->n_zombies++;
+        if (b->in_io)
+            u->io_zombie_bytes += sz;
+        else
+            u->zombie_bytes += sz;
+    } else {
+        u->n_zombies--;
+        if (b->in_io)
+            u->io_zombie_bytes -= sz;
+        else
+            u->zombie_bytes -= sz;
+    }
 }
 
 /* A published blob lost its last ref: free it, or keep it for its pins. */
@@ -267,12 +469,10 @@ dispose_locked(dp_unit *u, blob_rec *b, double now)
     u->n_published--;
     if (b->n_pins > 0) {
         b->dead = true;
-        u->n_zombies++;
-        u->zombie_bytes += b->size;
+        zombie_count_locked(u, b, +1);
         return;
     }
-    region_release_locked(u, b, now);
-    rec_free(b);
+    drop_locked(u, b, now);
 }
 
 static void
@@ -303,10 +503,8 @@ pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
         if (expired)
             b->pin_expired = true;
         if (b->dead && b->n_pins == 0) {
-            u->n_zombies--;
-            u->zombie_bytes -= b->size;
-            region_release_locked(u, b, now);
-            rec_free(b);
+            zombie_count_locked(u, b, -1);
+            drop_locked(u, b, now);
         }
     }
     if (expired)
@@ -324,6 +522,393 @@ row_free(row *r)
         free(v);
     dp_map_fini(&r->fields);
     free(r);
+}
+
+/* ---- SSD tier: files and io jobs ---- */
+
+/*
+ * A fresh file in ssd_dir with no name left behind: O_TMPFILE when the
+ * filesystem has it, else a random name opened O_EXCL and unlinked at once.
+ * label gets a description for messages. Worker threads and create only.
+ */
+static int
+new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap, dp_detail *d)
+{
+#ifdef O_TMPFILE
+    if (try_tmpfile) {
+        int fd = open(u->ssd_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            snprintf(label, cap, "an O_TMPFILE file in %s", u->ssd_dir);
+            *out = fd;
+            return 0;
+        }
+    }
+#else
+    (void)try_tmpfile;
+#endif
+    char rnd[33];
+    int rc = dp_random_hex_id(rnd, d);
+    if (rc != 0)
+        return rc;
+    snprintf(label, cap, "%s/dp-spill-%s", u->ssd_dir, rnd);
+    int fd = open(label, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "ssd: creating %s", label);
+    if (unlink(label) != 0) {
+        int e = errno;
+        close(fd);
+        return dp_fail_sys(d, e, "ssd: unlinking %s", label);
+    }
+    *out = fd;
+    return 0;
+}
+
+/* Write p[0, n) at file offset 0: short writes and EINTR are retried. */
+static int
+write_all(int fd, const uint8_t *p, uint64_t n, const char *label, dp_detail *d)
+{
+    uint64_t done = 0;
+    while (done < n) {
+        size_t chunk = (size_t)DP_MIN(n - done, (uint64_t)1 << 30);
+        ssize_t w = pwrite(fd, p + done, chunk, (off_t)done);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return dp_fail_sys(d, errno,
+                               "ssd: writing %s at offset %" PRIu64 " of %" PRIu64, label,
+                               done, n);
+        }
+        if (w == 0)
+            return dp_fail_sys(d, EIO, "ssd: writing %s: no progress at offset %" PRIu64,
+                               label, done);
+        done += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* Read file offsets [0, n) into p: short reads and EINTR are retried. */
+static int
+read_all(int fd, uint8_t *p, uint64_t n, const char *what, dp_detail *d)
+{
+    uint64_t done = 0;
+    while (done < n) {
+        size_t chunk = (size_t)DP_MIN(n - done, (uint64_t)1 << 30);
+        ssize_t r = pread(fd, p + done, chunk, (off_t)done);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return dp_fail_sys(d, errno,
+                               "ssd: reading %s at offset %" PRIu64 " of %" PRIu64, what,
+                               done, n);
+        }
+        if (r == 0)
+            return dp_fail_sys(d, EIO,
+                               "ssd: reading %s: the file ends at %" PRIu64
+                               " bytes, the blob has %" PRIu64,
+                               what, done, n);
+        done += (uint64_t)r;
+    }
+    return 0;
+}
+
+static bool
+jobs_full_locked(const dp_unit *u)
+{
+    return u->q_n + u->n_running >= DP_UNIT_MAX_IO_JOBS;
+}
+
+/* Queue a job owning b's region (the caller checked jobs_full_locked). */
+static void
+submit_locked(dp_unit *u, int kind, blob_rec *b)
+{
+    DP_ASSERT(!jobs_full_locked(u) && !b->job && b->has_region);
+    b->job = true;
+    u->io_job_bytes += b->size;
+    u->jobs[(u->q_head + u->q_n) % DP_UNIT_MAX_IO_JOBS] = (io_job){kind, b};
+    u->q_n++;
+    pthread_cond_signal(&u->io_cv);
+}
+
+static int publish_locked(dp_unit *u, blob_rec *b, double now, dp_detail *d);
+
+/* A spill job ended (rc, fd): publish the disk blob or drop it. */
+static void
+spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
+{
+    double now = now_s(u);
+    b->job = false;
+    u->io_job_bytes -= b->size;
+    if (fd >= 0) {
+        b->fd = fd;
+        u->files_open++;
+    }
+    dp_detail pd;
+    dp_detail_clear(&pd);
+    if (rc == 0 && b->abort_req == 0) {
+        b->disk = true; /* before publish: drop_locked counts disk blobs */
+        u->n_disk++;
+        u->disk_bytes += b->nbytes;
+        rc = publish_locked(u, b, now, &pd);
+        if (rc == 0) {
+            region_release_locked(u, b, now);
+            b->in_io = false;
+            u->n_spills++;
+            u->spill_bytes += b->nbytes;
+            return;
+        }
+        jd = &pd;
+    }
+    if (rc != 0) {
+        u->n_spills_failed++;
+        DP_LOG_W("unit %u: spill of blob %s (%" PRIu64 " bytes) failed, commit answers "
+                 "lost: %s",
+                 u->o.unit_id, b->id, b->nbytes, dp_detail_msg(jd));
+    }
+    dp_map_del(&u->blobs, b->id, b->id_len);
+    pend_unlink(u, b);
+    if (b->abort_req == 2) {
+        /* abort(in_flight): the client says a WRITE may still run. */
+        close_later_locked(u, b);
+        if (b->disk) {
+            u->n_disk--;
+            u->disk_bytes -= b->nbytes;
+        }
+        u->retired_bytes += b->size;
+        u->n_retired++;
+        rec_free(b);
+        return;
+    }
+    drop_locked(u, b, now);
+}
+
+/* A stage job ended: the copy is staged, or the stage failed. */
+static void
+stage_done_locked(dp_unit *u, blob_rec *b, int rc, const dp_detail *jd)
+{
+    double now = now_s(u);
+    b->job = false;
+    u->io_job_bytes -= b->size;
+    if (b->doomed) { /* released while staging */
+        drop_locked(u, b, now);
+        return;
+    }
+    if (rc == 0) {
+        b->staged_at = now;
+        b->picked_up = false;
+        staged_append_locked(u, b);
+        u->n_stages++;
+        u->stage_bytes += b->nbytes;
+        return;
+    }
+    u->n_stages_failed++;
+    DP_LOG_W("unit %u: stage of blob %s (%" PRIu64 " bytes) failed: %s", u->o.unit_id,
+             b->id, b->nbytes, dp_detail_msg(jd));
+    region_release_locked(u, b, now);
+    b->in_io = false;
+    b->stage_failed = true;
+}
+
+/* io worker: closes first (cheap, unbounded list), then one job at a time. */
+static void *
+io_main(void *arg)
+{
+    dp_unit *u = arg;
+    pthread_mutex_lock(&u->mu);
+    for (;;) {
+        while (!u->io_stopping && u->q_n == 0 && u->n_closes == 0)
+            pthread_cond_wait(&u->io_cv, &u->mu);
+        if (u->n_closes > 0) {
+            int fd = u->closes[--u->n_closes];
+            pthread_mutex_unlock(&u->mu);
+            close(fd);
+            pthread_mutex_lock(&u->mu);
+            continue;
+        }
+        if (u->io_stopping)
+            break;
+        io_job j = u->jobs[u->q_head];
+        u->q_head = (u->q_head + 1) % DP_UNIT_MAX_IO_JOBS;
+        u->q_n--;
+        u->n_running++;
+        blob_rec *b = j.b;
+        uint8_t *p = u->slab + b->off;
+        uint64_t n = b->nbytes;
+        int fd = b->fd;
+        char id[DP_UNIT_ID_MAX + 1];
+        memcpy(id, b->id, sizeof id);
+        pthread_mutex_unlock(&u->mu);
+
+        dp_detail jd;
+        dp_detail_clear(&jd);
+        char label[512];
+        int rc;
+        if (j.kind == JOB_SPILL) {
+            fd = -1;
+            rc = new_file(u, u->use_tmpfile, &fd, label, sizeof label, &jd);
+            if (rc == 0)
+                rc = write_all(fd, p, n, label, &jd);
+            if (rc != 0 && fd >= 0) {
+                close(fd);
+                fd = -1;
+            }
+        } else {
+            snprintf(label, sizeof label, "the file of blob %s in %s", id, u->ssd_dir);
+            rc = read_all(fd, p, n, label, &jd);
+        }
+
+        pthread_mutex_lock(&u->mu);
+        u->n_running--;
+        if (j.kind == JOB_SPILL)
+            spill_done_locked(u, b, rc, fd, &jd);
+        else
+            stage_done_locked(u, b, rc, &jd);
+    }
+    pthread_mutex_unlock(&u->mu);
+    return NULL;
+}
+
+/*
+ * IO-area region of nbytes: free room, then quarantine that is due, then
+ * unpinned staged copies (oldest first; one not picked up yet only after
+ * pickup_s). DP_EBUSY (+reason) if jobs, staged copies or quarantine will
+ * free enough, DP_EUNITFULL if nothing will, DP_ENOMEM.
+ */
+static int
+io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
+                const char **reason, dp_detail *d)
+{
+    uint64_t o = 0;
+    dp_detail ad;
+    dp_detail_clear(&ad);
+    int rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
+    if (rc == DP_EUNITFULL && dp_slab_alloc_sweep(u->io_alloc, now) > 0)
+        rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
+    blob_rec *b = u->st_head;
+    while (rc == DP_EUNITFULL && b != NULL) {
+        blob_rec *next = b->snext;
+        if (b->n_pins == 0 && !b->dead &&
+            (b->picked_up || now - b->staged_at >= u->o.pickup_s)) {
+            staged_unlink_locked(u, b);
+            region_release_locked(u, b, now);
+            b->in_io = false;
+            b->pin_expired = false; /* the next copy is a new region */
+            u->n_evictions++;
+            rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
+        }
+        b = next;
+    }
+    if (rc == 0) {
+        *off = o + u->io_base;
+        return 0;
+    }
+    if (rc != DP_EUNITFULL)
+        return dp_fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
+    dp_slab_alloc_stats st;
+    dp_slab_alloc_get_stats(u->io_alloc, &st);
+    uint64_t pending = st.quarantined_bytes + u->staged_bytes + u->io_job_bytes;
+    if (pending > 0 && st.free_bytes + pending >= nbytes) {
+        const char *why = u->io_job_bytes > 0   ? "io jobs"
+                          : u->staged_bytes > 0 ? "staged copies"
+                                                : "quarantine";
+        if (reason != NULL)
+            *reason = why;
+        return dp_fail(d, DP_EBUSY,
+                       "unit %u: no room for %" PRIu64
+                       " bytes in the IO area now (largest "
+                       "free %" PRIu64 ", free %" PRIu64 "); %" PRIu64
+                       " bytes held by io jobs, %" PRIu64 " by staged copies and %" PRIu64
+                       " in quarantine will free: retry",
+                       u->o.unit_id, nbytes, st.largest_free, st.free_bytes,
+                       u->io_job_bytes, u->staged_bytes, st.quarantined_bytes);
+    }
+    return dp_fail(d, DP_EUNITFULL,
+                   "unit %u: no room for %" PRIu64
+                   " bytes in the IO area (largest free %" PRIu64 ", free %" PRIu64
+                   ") and nothing pending frees any",
+                   u->o.unit_id, nbytes, st.largest_free, st.free_bytes);
+}
+
+/*
+ * Start staging disk blob b: 0 (queued), DP_EBUSY (not now: the queue is full
+ * or room will free), DP_EUNITFULL (it can never be staged now).
+ */
+static int
+start_stage_locked(dp_unit *u, blob_rec *b, double now)
+{
+    DP_ASSERT(b->disk && !b->staged && !b->job && !b->has_region);
+    if (jobs_full_locked(u))
+        return DP_EBUSY;
+    uint64_t o = 0;
+    int rc = io_alloc_locked(u, b->nbytes, now, &o, NULL, NULL);
+    if (rc != 0)
+        return rc == DP_EUNITFULL ? DP_EUNITFULL : DP_EBUSY;
+    b->off = o;
+    b->size = b->nbytes;
+    dp_slab_alloc_size_of(u->io_alloc, o - u->io_base, &b->size);
+    b->has_region = true;
+    b->in_io = true;
+    b->stage_failed = false;
+    submit_locked(u, JOB_STAGE, b);
+    return 0;
+}
+
+enum { RES_READY = 1, RES_PENDING, RES_FAILED };
+
+/* How a resolve answers for published blob b (once per call: epoch). */
+static int
+resolve_state_locked(dp_unit *u, blob_rec *b, uint64_t epoch, double now)
+{
+    if (!b->disk)
+        return RES_READY;
+    if (b->res_epoch == epoch)
+        return b->res_state;
+    int st;
+    if (b->staged) {
+        b->picked_up = true;
+        st = RES_READY;
+    } else if (b->job) {
+        st = RES_PENDING;
+    } else if (b->stage_failed) {
+        b->stage_failed = false; /* reported once; the next resolve tries again */
+        st = RES_FAILED;
+    } else {
+        int rc = start_stage_locked(u, b, now);
+        st = rc == DP_EUNITFULL ? RES_FAILED : RES_PENDING;
+    }
+    b->res_epoch = epoch;
+    b->res_state = (uint8_t)st;
+    return st;
+}
+
+/* Check ssd_dir, pick the file method and start the io threads. */
+static int
+ssd_open(dp_unit *u, dp_detail *d)
+{
+    struct stat sb;
+    if (stat(u->ssd_dir, &sb) != 0)
+        return dp_fail_sys(d, errno, "unit: ssd_dir %s", u->ssd_dir);
+    if (!S_ISDIR(sb.st_mode))
+        return dp_fail(d, DP_EINVAL, "unit: ssd_dir %s is not a directory", u->ssd_dir);
+    char label[512];
+    int fd = -1;
+    u->use_tmpfile = true;
+    int rc = new_file(u, true, &fd, label, sizeof label, d);
+    if (rc != 0)
+        return rc;
+    close(fd);
+    u->use_tmpfile = strncmp(label, "an O_TMPFILE", 12) == 0;
+    DP_LOG_D("unit %u: ssd_dir %s: files %s", u->o.unit_id, u->ssd_dir,
+             u->use_tmpfile ? "O_TMPFILE" : "opened and unlinked");
+    u->io_th = calloc(u->o.io_threads, sizeof *u->io_th);
+    if (u->io_th == NULL)
+        return dp_fail(d, DP_ENOMEM, "unit: out of memory");
+    for (uint32_t i = 0; i < u->o.io_threads; i++) {
+        int e = pthread_create(&u->io_th[i], NULL, io_main, u);
+        if (e != 0)
+            return dp_fail_sys(d, e, "unit: starting io thread %u", i);
+        u->n_io_th++;
+    }
+    return 0;
 }
 
 /* ---- lifecycle ---- */
@@ -346,6 +931,18 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
         return dp_fail(
             d, DP_EINVAL,
             "unit: read_pin_s must be > 0, alloc_lease_s and quarantine_s >= 0");
+    bool ssd = opts->ssd_dir != NULL && opts->ssd_dir[0] != '\0';
+    if (ssd && (opts->staging_bytes < 4096 || opts->staging_bytes > (1ull << 50)))
+        return dp_fail(
+            d, DP_EINVAL,
+            "unit: the SSD tier needs staging_bytes of 4 KiB or more, not %" PRIu64,
+            opts->staging_bytes);
+    if (!ssd && opts->staging_bytes != 0)
+        return dp_fail(d, DP_EINVAL, "unit: staging_bytes without ssd_dir");
+    if (ssd && (!(opts->pickup_s >= 0) || !isfinite(opts->pickup_s) ||
+                opts->io_threads == 0 || opts->io_threads > 256))
+        return dp_fail(d, DP_EINVAL,
+                       "unit: pickup_s must be >= 0 and io_threads 1..256 with ssd_dir");
     dp_unit *u = calloc(1, sizeof *u);
     if (u == NULL)
         return dp_fail(d, DP_ENOMEM, "unit: out of memory");
@@ -359,6 +956,19 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&u->cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_cond_init(&u->io_cv, NULL);
+    u->ssd = ssd;
+    u->region_len = (size_t)u->o.slab_bytes;
+    if (ssd) {
+        u->io_base = DP_ALIGN_UP(u->o.slab_bytes, 4096);
+        u->region_len = u->io_base + u->o.staging_bytes;
+        u->ssd_dir = strdup(opts->ssd_dir);
+        u->o.ssd_dir = u->ssd_dir;
+        if (u->ssd_dir == NULL) {
+            free(u);
+            return dp_fail(d, DP_ENOMEM, "unit: out of memory");
+        }
+    }
     dp_map_init_str(&u->blobs);
     dp_map_init_u64(&u->rows);
     dp_map_init_str(&u->pins);
@@ -366,20 +976,21 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     int rc;
     if (u->o.ep != NULL) {
         void *addr = NULL;
-        rc = dp_endpoint_alloc(u->o.ep, (size_t)u->o.slab_bytes, &addr, d);
+        rc = dp_endpoint_alloc(u->o.ep, (size_t)u->region_len, &addr, d);
         if (rc != 0) {
-            dp_fail_ctx(d, rc, "unit %u: slab of %" PRIu64 " bytes", u->o.unit_id,
-                        u->o.slab_bytes);
+            dp_fail_ctx(d, rc,
+                        "unit %u: slab of %" PRIu64 " bytes (IO area %" PRIu64 " bytes)",
+                        u->o.unit_id, u->o.slab_bytes, u->o.staging_bytes);
             goto fail;
         }
         u->slab = addr;
     } else {
-        u->slab_map_len = (size_t)u->o.slab_bytes;
+        u->slab_map_len = (size_t)u->region_len;
         void *p = mmap(NULL, u->slab_map_len, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
             rc = dp_fail_sys(d, errno, "unit: mmap of a %" PRIu64 "-byte slab",
-                             u->o.slab_bytes);
+                             u->region_len);
             u->slab_map_len = 0;
             goto fail;
         }
@@ -388,6 +999,13 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     rc = dp_slab_alloc_create(u->o.slab_bytes, DP_BLOB_ALIGN, &u->alloc, d);
     if (rc != 0)
         goto fail;
+    if (ssd) {
+        rc = dp_slab_alloc_create(u->o.staging_bytes, DP_BLOB_ALIGN, &u->io_alloc, d);
+        if (rc == 0)
+            rc = ssd_open(u, d);
+        if (rc != 0)
+            goto fail;
+    }
     *out = u;
     return 0;
 fail:
@@ -451,6 +1069,22 @@ dp_unit_destroy(dp_unit *u)
     pthread_mutex_unlock(&u->mu);
     if (join)
         pthread_join(u->ticker, NULL);
+    /* io threads: a running job ends (and completes) first. */
+    pthread_mutex_lock(&u->mu);
+    u->io_stopping = true;
+    pthread_cond_broadcast(&u->io_cv);
+    pthread_mutex_unlock(&u->mu);
+    for (uint32_t i = 0; i < u->n_io_th; i++)
+        pthread_join(u->io_th[i], NULL);
+    free(u->io_th);
+    /* Queued jobs never run: their records give up the job. */
+    for (uint32_t i = 0; i < u->q_n; i++) {
+        blob_rec *b = u->jobs[(u->q_head + i) % DP_UNIT_MAX_IO_JOBS].b;
+        b->job = false;
+        if (b->doomed)
+            drop_locked(u, b, 0);
+    }
+    u->q_n = 0;
     /* Pins first: they own the zombies. */
     while (u->pin_head != NULL)
         pin_end_locked(u, u->pin_head, false, 0);
@@ -459,8 +1093,17 @@ dp_unit_destroy(dp_unit *u)
     while (dp_map_next(&u->rows, &it, NULL, NULL, NULL, &v))
         row_free(v);
     it = 0;
-    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v))
-        rec_free(v);
+    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+        blob_rec *b = v;
+        if (b->fd >= 0)
+            close(b->fd);
+        rec_free(b);
+    }
+    for (size_t i = 0; i < u->n_closes; i++)
+        close(u->closes[i]);
+    free(u->closes);
+    dp_slab_alloc_destroy(u->io_alloc);
+    free(u->ssd_dir);
     dp_map_fini(&u->rows);
     dp_map_fini(&u->blobs);
     dp_map_fini(&u->pins);
@@ -472,6 +1115,7 @@ dp_unit_destroy(dp_unit *u)
             munmap(u->slab, u->slab_map_len);
     }
     pthread_cond_destroy(&u->cv);
+    pthread_cond_destroy(&u->io_cv);
     pthread_mutex_destroy(&u->mu);
     free(u);
 }
@@ -508,6 +1152,18 @@ dp_unit_slab_bytes(const dp_unit *u)
     return u->o.slab_bytes;
 }
 
+uint64_t
+dp_unit_io_bytes(const dp_unit *u)
+{
+    return u->ssd ? u->o.staging_bytes : 0;
+}
+
+uint64_t
+dp_unit_io_base(const dp_unit *u)
+{
+    return u->io_base;
+}
+
 uint8_t *
 dp_unit_slab(const dp_unit *u)
 {
@@ -542,7 +1198,7 @@ dp_unit_info_locked(dp_unit *u, dp_wire_info *info)
     info->agent = zview(u->o.ep != NULL ? dp_endpoint_name(u->o.ep) : "");
     info->metadata = (dp_wire_bytes){(const uint8_t *)"", 0};
     info->slab_bytes = u->o.slab_bytes;
-    info->io_bytes = 0;
+    info->io_bytes = dp_unit_io_bytes(u);
     info->numa = zview(u->numa_desc);
     info->slab_addr = (uint64_t)(uintptr_t)u->slab;
     info->read_pin_ms = (uint64_t)(u->o.read_pin_s * 1000.0);
@@ -550,9 +1206,52 @@ dp_unit_info_locked(dp_unit *u, dp_wire_info *info)
 
 /* ---- alloc ---- */
 
+/* Put-area region: 0, DP_EBUSY/DP_EUNITFULL (counted by the caller), others. */
+static int
+put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
+                 const char **reason, dp_detail *d)
+{
+    dp_detail ad;
+    dp_detail_clear(&ad);
+    int rc = dp_slab_alloc_alloc(u->alloc, nbytes, off, &ad);
+    if (rc == DP_EUNITFULL && dp_slab_alloc_sweep(u->alloc, now) > 0)
+        rc = dp_slab_alloc_alloc(u->alloc, nbytes, off, &ad);
+    if (rc == 0)
+        return 0;
+    if (rc != DP_EUNITFULL)
+        return dp_fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
+    dp_slab_alloc_stats st;
+    dp_slab_alloc_get_stats(u->alloc, &st);
+    uint64_t pending = st.quarantined_bytes + u->zombie_bytes;
+    if (pending > 0 && st.free_bytes + pending >= nbytes) {
+        if (reason != NULL)
+            *reason = st.quarantined_bytes > 0 ? "quarantine" : "pins";
+        return dp_fail(d, DP_EBUSY,
+                       "unit %u: no room for %" PRIu64 " bytes now (largest free %" PRIu64
+                       ", free %" PRIu64 "); %" PRIu64 " bytes in quarantine and %" PRIu64
+                       " held by pins of released blobs will free: retry",
+                       u->o.unit_id, nbytes, st.largest_free, st.free_bytes,
+                       st.quarantined_bytes, u->zombie_bytes);
+    }
+    return dp_fail(
+        d, DP_EUNITFULL,
+        "unit %u: no room for %" PRIu64 " bytes (largest free %" PRIu64 ", free %" PRIu64
+        ", retired %" PRIu64 ") and nothing pending frees any",
+        u->o.unit_id, nbytes, st.largest_free, st.free_bytes, u->retired_bytes);
+}
+
 int
 dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
               uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d)
+{
+    return dp_unit_alloc_spill(u, blob_id, id_len, nbytes, n_entries, false, off, reason,
+                               d);
+}
+
+int
+dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
+                    uint64_t n_entries, bool spill, uint64_t *off, const char **reason,
+                    dp_detail *d)
 {
     if (reason != NULL)
         *reason = NULL;
@@ -566,69 +1265,75 @@ dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
     int rc = 0;
     pthread_mutex_lock(&u->mu);
     double now = now_s(u);
+    bool to_io = spill && u->ssd && nbytes <= u->o.staging_bytes;
+    bool to_put = nbytes <= u->o.slab_bytes;
     blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
     if (b != NULL) {
-        if (!b->published && b->nbytes == nbytes) {
+        if (!b->published && b->parsed == NULL && b->nbytes == nbytes) {
             *off = b->off; /* a retried alloc */
             goto out;
         }
         u->n_proto++;
-        rc = dp_fail(
-            d, DP_EPROTO, "alloc %.*s: blob id already in use (%s, %" PRIu64 " bytes)",
-            (int)id_len, blob_id, b->published ? "committed" : "allocated", b->nbytes);
+        rc = dp_fail(d, DP_EPROTO,
+                     "alloc %.*s: blob id already in use (%s, %" PRIu64 " bytes)",
+                     (int)id_len, blob_id,
+                     b->published ? "committed"
+                     : b->parsed  ? "committing"
+                                  : "allocated",
+                     b->nbytes);
         goto out;
     }
-    if (nbytes > u->o.slab_bytes) {
+    if (!to_put && !to_io) {
         u->n_proto++;
-        rc =
-            dp_fail(d, DP_EPROTO,
-                    "alloc %.*s: %" PRIu64 " bytes can never fit a %" PRIu64 "-byte slab",
-                    (int)id_len, blob_id, nbytes, u->o.slab_bytes);
+        rc = dp_fail(d, DP_EPROTO,
+                     "alloc %.*s: %" PRIu64 " bytes can never fit a %" PRIu64
+                     "-byte slab%s (IO area %" PRIu64 " bytes)",
+                     (int)id_len, blob_id, nbytes, u->o.slab_bytes,
+                     spill ? "" : " without spill", dp_unit_io_bytes(u));
         goto out;
     }
     uint64_t o = 0;
-    dp_detail ad;
-    dp_detail_clear(&ad);
-    rc = dp_slab_alloc_alloc(u->alloc, nbytes, &o, &ad);
-    if (rc == DP_EUNITFULL && dp_slab_alloc_sweep(u->alloc, now) > 0)
-        rc = dp_slab_alloc_alloc(u->alloc, nbytes, &o, &ad);
-    if (rc == DP_EUNITFULL) {
-        dp_slab_alloc_stats st;
-        dp_slab_alloc_get_stats(u->alloc, &st);
-        uint64_t pending = st.quarantined_bytes + u->zombie_bytes;
-        if (pending > 0 && st.free_bytes + pending >= nbytes) {
-            u->n_busy++;
-            const char *why = st.quarantined_bytes > 0 ? "quarantine" : "pins";
-            if (reason != NULL)
-                *reason = why;
-            rc = dp_fail(d, DP_EBUSY,
-                         "unit %u: no room for %" PRIu64
-                         " bytes now (largest free %" PRIu64 ", free %" PRIu64
-                         "); %" PRIu64 " bytes in quarantine and %" PRIu64
-                         " held by pins of released blobs will free: retry",
-                         u->o.unit_id, nbytes, st.largest_free, st.free_bytes,
-                         st.quarantined_bytes, u->zombie_bytes);
-        } else {
-            u->n_full++;
-            rc = dp_fail(
-                d, DP_EUNITFULL,
-                "unit %u: no room for %" PRIu64 " bytes (largest free %" PRIu64
-                ", free %" PRIu64 ", retired %" PRIu64 ") and nothing pending frees any",
-                u->o.unit_id, nbytes, st.largest_free, st.free_bytes, u->retired_bytes);
+    bool in_io = false;
+    const char *why = NULL;
+    dp_detail pd;
+    dp_detail_clear(&pd);
+    rc = to_put ? put_alloc_locked(u, nbytes, now, &o, &why, &pd) : DP_EUNITFULL;
+    if ((rc == DP_EUNITFULL || rc == DP_EBUSY) && to_io) {
+        int prc = rc;
+        const char *iwhy = NULL;
+        rc = io_alloc_locked(u, nbytes, now, &o, &iwhy, d);
+        if (rc == 0) {
+            in_io = true;
+        } else if (prc == DP_EBUSY && rc == DP_EUNITFULL) {
+            rc = DP_EBUSY; /* the put area will free room */
+            dp_fail(d, rc, "%s", dp_detail_msg(&pd));
+        } else if (rc == DP_EBUSY) {
+            why = iwhy;
         }
+    } else if (rc != 0) {
+        dp_fail(d, rc, "%s", dp_detail_msg(&pd));
+    }
+    if (rc == DP_EBUSY) {
+        u->n_busy++;
+        if (reason != NULL)
+            *reason = why;
+        goto out;
+    }
+    if (rc == DP_EUNITFULL) {
+        u->n_full++;
         goto out;
     }
     if (rc != 0) {
-        if (rc == DP_ETOOBIG) {
+        if (rc == DP_EPROTO)
             u->n_proto++;
-            rc = DP_EPROTO;
-        }
-        dp_fail(d, rc, "alloc %.*s: %s", (int)id_len, blob_id, dp_detail_msg(&ad));
+        dp_fail_ctx(d, rc, "alloc %.*s", (int)id_len, blob_id);
         goto out;
     }
+    dp_slab_alloc *a = in_io ? u->io_alloc : u->alloc;
+    uint64_t ao = in_io ? o - u->io_base : o;
     b = calloc(1, sizeof *b);
     if (b == NULL) {
-        dp_slab_alloc_free(u->alloc, o, NULL);
+        dp_slab_alloc_free(a, ao, NULL);
         rc = dp_fail(d, DP_ENOMEM, "alloc: out of memory");
         goto out;
     }
@@ -637,11 +1342,14 @@ dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
     b->off = o;
     b->nbytes = nbytes;
     b->size = nbytes;
-    dp_slab_alloc_size_of(u->alloc, o, &b->size);
+    dp_slab_alloc_size_of(a, ao, &b->size);
+    b->has_region = true;
+    b->in_io = in_io;
+    b->fd = -1;
     b->n_entries_decl = n_entries;
     b->created_at = now;
     if (dp_map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0) {
-        dp_slab_alloc_free(u->alloc, o, NULL);
+        dp_slab_alloc_free(a, ao, NULL);
         free(b);
         rc = dp_fail(d, DP_ENOMEM, "alloc: out of memory");
         goto out;
@@ -682,47 +1390,15 @@ publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
     }
 }
 
-int
-dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
-               dp_wire_commit_state *state, dp_detail *d)
+/*
+ * Install b's parsed index in the row index (b->parsed set, b unpublished).
+ * DP_ENOMEM: nothing changed.
+ */
+static int
+publish_locked(dp_unit *u, blob_rec *b, double now, dp_detail *d)
 {
-    if (!valid_id(blob_id, id_len))
-        return dp_fail(d, DP_EPROTO,
-                       "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
-                       DP_UNIT_ID_MAX);
-    int rc = 0;
-    uint32_t i = 0, n = 0;
-    dp_blob *pb = NULL;
-    pthread_mutex_lock(&u->mu);
-    double now = now_s(u);
-    blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
-    if (b == NULL) {
-        *state = DP_WIRE_COMMIT_LOST;
-        goto out;
-    }
-    if (b->published) {
-        *state = DP_WIRE_COMMIT_DONE;
-        goto out;
-    }
-    dp_blob_parse_opts po = {0};
-    po.n_units = u->o.n_units;
-    po.unit_index = u->o.unit_id;
-    rc = dp_blob_parse(u->slab + b->off, (size_t)b->nbytes, &po, &pb, d);
-    if (rc != 0) {
-        if (rc == DP_EPROTO)
-            u->n_proto++;
-        dp_fail_ctx(d, rc, "commit %s", b->id);
-        goto out;
-    }
-    n = dp_blob_count(pb);
-    if (b->n_entries_decl != 0 && n != b->n_entries_decl) {
-        u->n_proto++;
-        rc = dp_fail(
-            d, DP_EPROTO,
-            "commit %s: the blob's index has %u entries, alloc announced %" PRIu64, b->id,
-            n, b->n_entries_decl);
-        goto out;
-    }
+    const dp_blob *pb = b->parsed;
+    uint32_t n = dp_blob_count(pb), i;
     /* Pass 1: every row and slot exists (the only step that allocates). */
     for (i = 0; i < n; i++) {
         const dp_blob_entry *e = dp_blob_entry_at(pb, i);
@@ -751,8 +1427,6 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         }
     }
     /* Pass 2: publish, cannot fail. */
-    b->parsed = pb;
-    pb = NULL;
     b->published = true;
     b->refs = n;
     pend_unlink(u, b);
@@ -770,11 +1444,76 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         else
             u->n_entries++;
     }
-    *state = DP_WIRE_COMMIT_DONE;
-    goto out;
+    return 0;
 nomem:
     publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
-    rc = dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
+    return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
+}
+
+int
+dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
+               dp_wire_commit_state *state, dp_detail *d)
+{
+    if (!valid_id(blob_id, id_len))
+        return dp_fail(d, DP_EPROTO,
+                       "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                       DP_UNIT_ID_MAX);
+    int rc = 0;
+    dp_blob *pb = NULL;
+    pthread_mutex_lock(&u->mu);
+    double now = now_s(u);
+    blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
+    if (b == NULL || b->abort_req != 0) {
+        *state = DP_WIRE_COMMIT_LOST;
+        goto out;
+    }
+    if (b->published) {
+        *state = DP_WIRE_COMMIT_DONE;
+        goto out;
+    }
+    if (b->job) { /* its spill runs */
+        *state = DP_WIRE_COMMIT_PENDING;
+        goto out;
+    }
+    if (b->parsed == NULL) {
+        dp_blob_parse_opts po = {0};
+        po.n_units = u->o.n_units;
+        po.unit_index = u->o.unit_id;
+        rc = dp_blob_parse(u->slab + b->off, (size_t)b->nbytes, &po, &pb, d);
+        if (rc != 0) {
+            if (rc == DP_EPROTO)
+                u->n_proto++;
+            dp_fail_ctx(d, rc, "commit %s", b->id);
+            goto out;
+        }
+        uint32_t n = dp_blob_count(pb);
+        if (b->n_entries_decl != 0 && n != b->n_entries_decl) {
+            u->n_proto++;
+            rc = dp_fail(d, DP_EPROTO,
+                         "commit %s: the blob's index has %u entries, alloc announced "
+                         "%" PRIu64,
+                         b->id, n, b->n_entries_decl);
+            goto out;
+        }
+        b->parsed = pb;
+        pb = NULL;
+    }
+    if (b->in_io) {
+        /* A spill: an io job writes it to a file, then publishes it. */
+        if (!jobs_full_locked(u)) {
+            pend_unlink(u, b); /* no lease: the client's WRITE is done */
+            submit_locked(u, JOB_SPILL, b);
+        }
+        *state = DP_WIRE_COMMIT_PENDING;
+        goto out;
+    }
+    rc = publish_locked(u, b, now, d);
+    if (rc != 0) {
+        dp_blob_destroy(b->parsed);
+        b->parsed = NULL;
+        goto out;
+    }
+    *state = DP_WIRE_COMMIT_DONE;
 out:
     pthread_mutex_unlock(&u->mu);
     dp_blob_destroy(pb);
@@ -790,15 +1529,17 @@ dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
         return;
     pthread_mutex_lock(&u->mu);
     blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
-    if (b != NULL && !b->published) {
+    if (b != NULL && !b->published && b->abort_req == 0) {
         u->n_abort++;
-        if (in_flight) {
+        if (b->job) {
+            /* Its spill runs: the job's end drops it instead of publishing. */
+            b->abort_req = in_flight ? 2 : 1;
+        } else if (in_flight) {
             retire_locked(u, b);
         } else {
             dp_map_del(&u->blobs, b->id, b->id_len);
             pend_unlink(u, b);
-            int rc = dp_slab_alloc_free(u->alloc, b->off, NULL);
-            DP_ASSERT(rc == 0);
+            region_release_locked(u, b, now_s(u));
             rec_free(b);
         }
     }
@@ -856,9 +1597,12 @@ dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
     size_t cap = n > 0 ? n : 1;
     res->blobs = calloc(cap, sizeof *res->blobs);
     res->missing = calloc(cap, sizeof *res->missing);
+    res->pending = calloc(cap, sizeof *res->pending);
+    res->failed = calloc(cap, sizeof *res->failed);
     blob_rec **pinned = calloc(cap, sizeof *pinned);
     uint32_t np = 0;
-    if (res->blobs == NULL || res->missing == NULL || pinned == NULL) {
+    if (res->blobs == NULL || res->missing == NULL || res->pending == NULL ||
+        res->failed == NULL || pinned == NULL) {
         free(pinned);
         dp_unit_resolve_res_fini(res);
         return dp_fail(d, DP_ENOMEM, "resolve: out of memory");
@@ -869,6 +1613,15 @@ dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
         blob_rec *b = dp_map_get(&u->blobs, ids[i].p, ids[i].n);
         if (b == NULL || !b->published) {
             res->missing[res->n_missing++] = ids[i];
+            continue;
+        }
+        int st = resolve_state_locked(u, b, epoch, now);
+        if (st == RES_PENDING) {
+            res->pending[res->n_pending++] = ids[i];
+            continue;
+        }
+        if (st == RES_FAILED) {
+            res->failed[res->n_failed++] = ids[i];
             continue;
         }
         res->blobs[res->n_blobs++] = (dp_wire_blob_loc){ids[i], b->off, b->nbytes};
@@ -888,6 +1641,8 @@ dp_unit_resolve_res_fini(dp_unit_resolve_res *res)
 {
     free(res->blobs);
     free(res->missing);
+    free(res->pending);
+    free(res->failed);
     memset(res, 0, sizeof *res);
 }
 
@@ -900,10 +1655,13 @@ dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
     size_t cap = n > 0 ? n : 1;
     res->entries = calloc(cap, sizeof *res->entries);
     res->missing = calloc(cap, sizeof *res->missing);
+    res->pending = calloc(cap, sizeof *res->pending);
+    res->failed = calloc(cap, sizeof *res->failed);
     blob_rec **pinned = calloc(cap, sizeof *pinned);
     uint32_t np = 0;
     int rc;
-    if (res->entries == NULL || res->missing == NULL || pinned == NULL) {
+    if (res->entries == NULL || res->missing == NULL || res->pending == NULL ||
+        res->failed == NULL || pinned == NULL) {
         rc = dp_fail(d, DP_ENOMEM, "resolve_keys: out of memory");
         goto fail;
     }
@@ -933,6 +1691,15 @@ dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
             continue;
         }
         blob_rec *b = s->b;
+        int st = resolve_state_locked(u, b, epoch, now);
+        if (st == RES_PENDING) {
+            res->pending[res->n_pending++] = keys[i];
+            continue;
+        }
+        if (st == RES_FAILED) {
+            res->failed[res->n_failed++] = keys[i];
+            continue;
+        }
         const dp_blob_entry *e = dp_blob_entry_at(b->parsed, s->i);
         dp_wire_key_loc *l = &res->entries[res->n_entries++];
         l->key = keys[i];
@@ -963,6 +1730,8 @@ dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res)
 {
     free(res->entries);
     free(res->missing);
+    free(res->pending);
+    free(res->failed);
     memset(res, 0, sizeof *res);
 }
 
@@ -1007,7 +1776,7 @@ dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
 
 /* ---- admin ---- */
 
-#define SCAN_FIELDS 10
+#define SCAN_FIELDS 12
 
 static dp_wire_field
 fu64(const char *name, uint64_t v)
@@ -1052,7 +1821,11 @@ dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d
             fu64("n_entries", b->parsed ? dp_blob_count(b->parsed) : b->n_entries_decl);
         x[7] = ff64("created_at", b->created_at);
         x[8] = ff64("last_resolve_at", b->last_resolve_at);
-        x[9] = (dp_wire_field){zview("in_slab"), DP_WIRE_BOOL, {.b = true}};
+        x[9] = (dp_wire_field){zview("in_slab"),
+                               DP_WIRE_BOOL,
+                               {.b = b->has_region && !b->in_io && !b->disk}};
+        x[10] = (dp_wire_field){zview("disk"), DP_WIRE_BOOL, {.b = b->disk}};
+        x[11] = (dp_wire_field){zview("staged"), DP_WIRE_BOOL, {.b = b->staged}};
         r[k].v = x;
         r[k].n = SCAN_FIELDS;
         k++;
@@ -1103,6 +1876,25 @@ get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->n_busy = u->n_busy;
     st->n_full = u->n_full;
     st->n_proto = u->n_proto;
+    if (u->io_alloc != NULL) {
+        dp_slab_alloc_get_stats(u->io_alloc, &as);
+        st->io_allocated_bytes = as.allocated_bytes;
+        st->io_free_bytes = as.free_bytes;
+        st->io_quarantined_bytes = as.quarantined_bytes;
+    }
+    st->disk_blobs = u->n_disk;
+    st->disk_bytes = u->disk_bytes;
+    st->staged_blobs = u->n_staged;
+    st->staged_bytes = u->staged_bytes;
+    st->io_jobs = u->q_n + u->n_running;
+    st->spills = u->n_spills;
+    st->spill_bytes = u->spill_bytes;
+    st->spills_failed = u->n_spills_failed;
+    st->stages = u->n_stages;
+    st->stage_bytes = u->stage_bytes;
+    st->stages_failed = u->n_stages_failed;
+    st->evictions = u->n_evictions;
+    st->files_open = u->files_open;
 }
 
 void
@@ -1118,7 +1910,7 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
 {
     dp_unit_stats s;
     get_stats_locked(u, &s);
-    enum { N = 28 };
+    enum { N = 46 };
     dp_wire_field *f = calloc(N, sizeof *f);
     if (f == NULL)
         return dp_fail(d, DP_ENOMEM, "stats: out of memory");
@@ -1151,6 +1943,24 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
     f[k++] = fu64("unit_full", s.n_full);
     f[k++] = fu64("protocol_errors", s.n_proto);
     f[k++] = fu64("ticks", u->n_ticks);
+    f[k++] = fu64("io_bytes", dp_unit_io_bytes(u));
+    f[k++] = fu64("io_allocated_bytes", s.io_allocated_bytes);
+    f[k++] = fu64("io_free_bytes", s.io_free_bytes);
+    f[k++] = fu64("io_quarantined_bytes", s.io_quarantined_bytes);
+    f[k++] = fu64("io_jobs", s.io_jobs);
+    f[k++] = fu64("disk_blobs", s.disk_blobs);
+    f[k++] = fu64("disk_bytes", s.disk_bytes);
+    f[k++] = fu64("staged_blobs", s.staged_blobs);
+    f[k++] = fu64("staged_bytes", s.staged_bytes);
+    f[k++] = fu64("spills", s.spills);
+    f[k++] = fu64("spill_bytes", s.spill_bytes);
+    f[k++] = fu64("spills_failed", s.spills_failed);
+    f[k++] = fu64("stages", s.stages);
+    f[k++] = fu64("stage_bytes", s.stage_bytes);
+    f[k++] = fu64("stages_failed", s.stages_failed);
+    f[k++] = fu64("evictions", s.evictions);
+    f[k++] = fu64("files_open", s.files_open);
+    f[k++] = fu64("io_zombie_bytes", u->io_zombie_bytes);
     DP_ASSERT(k == N);
     fields->v = f;
     fields->n = k;
@@ -1161,11 +1971,14 @@ int
 dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes, const uint8_t **p,
                           dp_detail *d)
 {
-    if (off > u->o.slab_bytes || nbytes > u->o.slab_bytes - off)
+    bool in_put = off <= u->o.slab_bytes && nbytes <= u->o.slab_bytes - off;
+    bool in_io = u->ssd && off >= u->io_base && off - u->io_base <= u->o.staging_bytes &&
+                 nbytes <= u->o.staging_bytes - (off - u->io_base);
+    if (!in_put && !in_io)
         return dp_fail(d, DP_EPROTO,
                        "read_bytes: [%" PRIu64 ", +%" PRIu64 ") is outside the %" PRIu64
-                       "-byte slab",
-                       off, nbytes, u->o.slab_bytes);
+                       "-byte slab and the %" PRIu64 "-byte IO area at %" PRIu64,
+                       off, nbytes, u->o.slab_bytes, dp_unit_io_bytes(u), u->io_base);
     *p = u->slab + off;
     return 0;
 }
@@ -1192,9 +2005,12 @@ dp_unit_tick(dp_unit *u)
         }
     }
     dp_slab_alloc_sweep(u->alloc, now);
+    if (u->io_alloc != NULL)
+        dp_slab_alloc_sweep(u->io_alloc, now);
     /* Every 30 s, one log line with the counters if anything changed. */
-    char line[320];
+    char line[320], ssd_line[400];
     line[0] = '\0';
+    ssd_line[0] = '\0';
     if (now - u->last_report >= 30.0) {
         dp_unit_stats st;
         get_stats_locked(u, &st);
@@ -1213,14 +2029,83 @@ dp_unit_tick(dp_unit *u)
                      dp_fmt_size(st.retired_bytes, r, sizeof r));
             u->report_sig = sig;
         }
+        uint64_t ssig = st.spills * 1000003u ^ st.stages * 10007u ^ st.evictions * 101u ^
+                        st.spills_failed * 7u ^ st.stages_failed * 31u ^ st.disk_blobs;
+        if (u->ssd && ssig != u->ssd_report_sig) {
+            char a[32], b[32], c[32], e[32];
+            snprintf(ssd_line, sizeof ssd_line,
+                     "unit %u ssd: %" PRIu64 " spills (%s), %" PRIu64 " failed; %" PRIu64
+                     " stages (%s), %" PRIu64 " failed; %" PRIu64 " evictions; %" PRIu64
+                     " disk blobs (%s), %" PRIu64 " staged (%s), %" PRIu64 " io jobs",
+                     u->o.unit_id, st.spills, dp_fmt_size(st.spill_bytes, a, sizeof a),
+                     st.spills_failed, st.stages,
+                     dp_fmt_size(st.stage_bytes, b, sizeof b), st.stages_failed,
+                     st.evictions, st.disk_blobs, dp_fmt_size(st.disk_bytes, c, sizeof c),
+                     st.staged_blobs, dp_fmt_size(st.staged_bytes, e, sizeof e),
+                     st.io_jobs);
+            u->ssd_report_sig = ssig;
+        }
         u->last_report = now;
     }
     pthread_mutex_unlock(&u->mu);
     if (line[0] != '\0')
         DP_LOG_I("%s", line);
+    if (ssd_line[0] != '\0')
+        DP_LOG_I("%s", ssd_line);
 }
 
 /* ---- self-check ---- */
+
+/* SSD-tier consistency: disk blobs, staged copies and their counters. */
+static int
+check_ssd_locked(dp_unit *u, dp_detail *d)
+{
+    uint64_t ns = 0, sb = 0, ndisk = 0, dbytes = 0;
+    for (blob_rec *b = u->st_head; b != NULL; b = b->snext) {
+        ns++;
+        sb += b->size;
+        if (!b->staged || !b->disk || !b->has_region || !b->in_io || b->job)
+            return dp_fail(d, DP_ECORRUPT, "staged list: blob %s in a wrong state",
+                           b->id);
+        if (b->snext == NULL && u->st_tail != b)
+            return dp_fail(d, DP_ECORRUPT, "staged list tail");
+    }
+    if (ns != u->n_staged || sb != u->staged_bytes)
+        return dp_fail(d, DP_ECORRUPT,
+                       "staged %" PRIu64 "/%" PRIu64 " blobs, %" PRIu64 "/%" PRIu64
+                       " bytes",
+                       ns, u->n_staged, sb, u->staged_bytes);
+    size_t it = 0;
+    void *v;
+    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+        blob_rec *b = v;
+        if (b->disk) {
+            ndisk++;
+            dbytes += b->nbytes;
+            if (!b->published || b->fd < 0)
+                return dp_fail(d, DP_ECORRUPT, "disk blob %s: published %d, fd %d", b->id,
+                               b->published, b->fd);
+            if (b->has_region && !b->in_io)
+                return dp_fail(d, DP_ECORRUPT, "disk blob %s holds a put-area region",
+                               b->id);
+            if (b->has_region && !b->staged && !b->job)
+                return dp_fail(d, DP_ECORRUPT, "disk blob %s holds an idle region",
+                               b->id);
+        } else if (!b->has_region) {
+            return dp_fail(d, DP_ECORRUPT, "blob %s has no region and no file", b->id);
+        }
+        if (b->in_io && !u->ssd)
+            return dp_fail(d, DP_ECORRUPT, "blob %s in an IO area that does not exist",
+                           b->id);
+    }
+    /* Zombies and doomed records are counted until their file closes. */
+    if (ndisk > u->n_disk || dbytes > u->disk_bytes)
+        return dp_fail(d, DP_ECORRUPT, "disk blobs %" PRIu64 " > counter %" PRIu64, ndisk,
+                       u->n_disk);
+    if (u->q_n + u->n_running > DP_UNIT_MAX_IO_JOBS)
+        return dp_fail(d, DP_ECORRUPT, "io jobs over the limit");
+    return 0;
+}
 
 int
 dp_unit_check(dp_unit *u, dp_detail *d)
@@ -1307,7 +2192,8 @@ dp_unit_check(dp_unit *u, dp_detail *d)
             dp_map_put_u64(&counts, key, (void *)(c + 1), NULL);
             if (c == 0 && p->blobs[i]->dead) {
                 nz++;
-                zb += p->blobs[i]->size;
+                if (!p->blobs[i]->in_io)
+                    zb += p->blobs[i]->size;
             }
         }
     }
@@ -1327,6 +2213,10 @@ dp_unit_check(dp_unit *u, dp_detail *d)
         }
     }
     rc = dp_slab_alloc_check(u->alloc, d);
+    if (rc == 0 && u->io_alloc != NULL)
+        rc = dp_slab_alloc_check(u->io_alloc, d);
+    if (rc == 0)
+        rc = check_ssd_locked(u, d);
 out:
     pthread_mutex_unlock(&u->mu);
     dp_map_fini(&counts);

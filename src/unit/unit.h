@@ -46,6 +46,21 @@ typedef struct dp_unit_opts {
     double quarantine_s;  /* a region whose pin expired waits this long (default 5) */
     dp_unit_numa numa;
     /*
+     * SSD tier (DESIGN section 9), on when ssd_dir is set: a put the put area
+     * cannot take (alloc with spill) goes to a file in ssd_dir through the IO
+     * area, and a read of such a blob stages it back into the IO area first.
+     * ssd_dir is copied at create; it must be an existing directory the unit
+     * can create files in. staging_bytes is the IO area (required, >= 4 KiB,
+     * with ssd_dir); it follows the put area in the same registered region,
+     * so every offset the unit hands out is relative to one base. pickup_s
+     * (default 10) is how long a staged copy nobody pinned yet is kept for
+     * the reader that asked for it. io_threads (default 4) run the io jobs.
+     */
+    const char *ssd_dir;
+    uint64_t staging_bytes;
+    double pickup_s;
+    uint32_t io_threads;
+    /*
      * The slab comes from dp_endpoint_alloc(ep) (borrowed; it must outlive the
      * unit) so same-host peers get shared memory. NULL: plain host memory, for
      * tests and fuzzing without UCX.
@@ -58,6 +73,9 @@ typedef struct dp_unit_opts {
 
 void dp_unit_opts_init(dp_unit_opts *o);
 
+/* At most this many io jobs (spills and stages) are queued or running. */
+#define DP_UNIT_MAX_IO_JOBS 256
+
 /*
  * Place the calling thread (and the threads and memory it creates after) on
  * NUMA node unit_id % nodes: preferred memory (auto) or bound CPU and memory
@@ -69,13 +87,19 @@ void dp_unit_opts_init(dp_unit_opts *o);
 void dp_unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t cap);
 
 /*
- * Create a unit: place the process (NUMA), take the slab, build the tables.
- * Errors: DP_EINVAL (bad options), DP_ENOMEM, errors of dp_endpoint_alloc.
+ * Create a unit: place the process (NUMA), take the slab (put area + IO
+ * area), build the tables; with ssd_dir, check the directory by creating and
+ * dropping one file and start the io threads.
+ * Errors: DP_EINVAL (bad options), DP_ENOMEM, DP_ESYS (ssd_dir unusable,
+ * threads), errors of dp_endpoint_alloc.
  */
 int dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d);
 
-/* Stop the ticker, free every table and the slab. NULL allowed. Not concurrent with other
- * calls. */
+/*
+ * Stop the ticker and the io threads (a running io job finishes first; queued
+ * ones are dropped), close every file, free every table and the slab. NULL
+ * allowed. Not concurrent with other calls.
+ */
 void dp_unit_destroy(dp_unit *u);
 
 /* Start the 1 s maintenance thread (dp_unit_tick); stopped by destroy. */
@@ -89,7 +113,10 @@ void dp_unit_unlock(dp_unit *u);
 
 /* Constant after create. */
 uint32_t dp_unit_id(const dp_unit *u);
-uint64_t dp_unit_slab_bytes(const dp_unit *u);
+uint64_t dp_unit_slab_bytes(const dp_unit *u); /* the put area */
+uint64_t dp_unit_io_bytes(const dp_unit *u);   /* the IO area, 0 without SSD tier */
+uint64_t dp_unit_io_base(const dp_unit *u);    /* offset of the IO area */
+/* The region's base: put area at [0, slab_bytes), IO area at io_base. */
 uint8_t *dp_unit_slab(const dp_unit *u);
 dp_endpoint *dp_unit_endpoint(const dp_unit *u);
 const char *dp_unit_numa_desc(const dp_unit *u); /* what NUMA placement did */
@@ -114,11 +141,26 @@ int dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbyte
                   uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d);
 
 /*
+ * dp_unit_alloc with the wire's spill flag. With spill and the SSD tier on, a
+ * blob the put area cannot take now gets an IO-area region instead (evicting
+ * unpinned staged copies, oldest first, if that makes room); its commit then
+ * spills it to a file. Busy (reasons "io jobs", "staged copies", "pins",
+ * "quarantine") when something will free room in an area that could take it,
+ * UnitFull when nothing will. DP_EPROTO when nbytes fits neither area.
+ */
+int dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
+                        uint64_t n_entries, bool spill, uint64_t *off,
+                        const char **reason, dp_detail *d);
+
+/*
  * Publish blob_id whose WRITE is done: validate its embedded index over the
  * allocation (TOCTOU-safe copy), check every key belongs to this unit, then
  * install all its keys at once; a key that pointed at another blob drops that
  * blob's ref. *state: DONE (also when already published), LOST (unknown id:
- * aborted, retired or released). Errors: DP_EPROTO (the blob failed
+ * aborted, retired, released, or its spill failed). A blob in the IO area
+ * (a spill) answers PENDING: an io job writes it to a fresh file and then
+ * publishes it as a disk blob; ask again (a full io queue also answers
+ * PENDING, and the job is queued by a later commit). Errors: DP_EPROTO (the blob failed
  * validation: nothing is published, the allocation stays until abort or its
  * lease), DP_ENOMEM (nothing published).
  */
@@ -128,7 +170,9 @@ int dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
 /*
  * Forget an uncommitted blob. in_flight: its WRITE may still run, so the region
  * is retired for good (counted in retired_bytes); otherwise freed. Unknown and
- * published blobs: no-op. Never fails.
+ * published blobs: no-op. A spill whose io job runs is dropped (not
+ * published) when the job ends, and its region freed or retired then.
+ * Never fails.
  */
 void dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight);
 
@@ -139,6 +183,10 @@ typedef struct dp_unit_resolve_res {
     uint32_t n_blobs;
     dp_wire_str *missing;
     uint32_t n_missing;
+    dp_wire_str *pending; /* disk blobs being staged: ask again */
+    uint32_t n_pending;
+    dp_wire_str *failed; /* disk blobs whose stage failed */
+    uint32_t n_failed;
 } dp_unit_resolve_res;
 
 typedef struct dp_unit_resolve_keys_res {
@@ -147,11 +195,18 @@ typedef struct dp_unit_resolve_keys_res {
     uint32_t n_entries;
     dp_wire_str *missing;
     uint32_t n_missing;
+    dp_wire_str *pending;
+    uint32_t n_pending;
+    dp_wire_str *failed;
+    uint32_t n_failed;
 } dp_unit_resolve_keys_res;
 
 /*
  * Locate published blobs and pin them for read_pin_s (one pin for the call).
- * Unknown ids are listed as missing. The ids must outlive the result.
+ * Unknown ids are listed as missing. A disk blob is answered only once a
+ * staged copy of it is in the IO area (pinned like any other); until then it
+ * is pending (the first resolve starts the stage), or failed once if the stage
+ * failed (the next resolve tries again). The ids must outlive the result.
  * Errors: DP_ENOMEM, DP_ESYS (no random pin id). Free with _fini.
  */
 int dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
@@ -199,19 +254,29 @@ typedef struct dp_unit_stats {
     uint64_t pins_expired;
     uint64_t allocated_bytes, free_bytes, quarantined_bytes, largest_free;
     uint64_t n_alloc, n_commit, n_busy, n_full, n_proto;
+    /* SSD tier */
+    uint64_t io_allocated_bytes, io_free_bytes, io_quarantined_bytes;
+    uint64_t disk_blobs, disk_bytes;     /* published blobs on disk */
+    uint64_t staged_blobs, staged_bytes; /* of those, with a staged copy */
+    uint64_t io_jobs;                    /* queued + running */
+    uint64_t spills, spill_bytes, spills_failed;
+    uint64_t stages, stage_bytes, stages_failed, evictions;
+    uint64_t files_open;
 } dp_unit_stats;
 void dp_unit_get_stats(dp_unit *u, dp_unit_stats *st);
 
 /*
  * slab[off, off + nbytes) for the read_bytes test helper (a view; the bytes may
- * change under a concurrent WRITE). DP_EPROTO if out of the slab.
+ * change under a concurrent WRITE). DP_EPROTO if out of the put area and the
+ * IO area.
  */
 int dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
                               const uint8_t **p, dp_detail *d);
 
 /*
  * Maintenance: drop expired pins, retire allocations past their lease, sweep
- * the quarantine. Called by the ticker; tests with a fake clock call it.
+ * the quarantine, log the counters (and the SSD counters) every 30 s when they
+ * changed. Called by the ticker; tests with a fake clock call it.
  */
 void dp_unit_tick(dp_unit *u);
 
