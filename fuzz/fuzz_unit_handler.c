@@ -14,8 +14,14 @@
  * A trailing partial record is fed to the handler as it is. After the script
  * the unit's own invariants must hold (dp_unit_check) and every reply must be
  * a well-formed msgpack reply.
+ *
+ * The unit has the SSD tier on (a 64 KiB IO area, one io thread, files in a
+ * temporary directory made once): alloc with spill, pending commits, stages
+ * and evictions are reached too. The clock moves under the unit lock, as the
+ * io thread reads it there.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,8 +64,13 @@ int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool quiet;
+    static char ssd_dir[] = "/tmp/dp-fuzz-unit-XXXXXX";
     if (!quiet) {
         dp_log_set_level(DP_LOG_ERROR);
+        if (mkdtemp(ssd_dir) == NULL) {
+            perror("fuzz_unit_handler: mkdtemp");
+            abort();
+        }
         quiet = true;
     }
     dp_unit_opts o;
@@ -72,6 +83,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o.quarantine_s = 5;
     o.numa = DP_UNIT_NUMA_OFF;
     o.now = fuzz_now;
+    o.ssd_dir = ssd_dir;
+    o.staging_bytes = 64 * 1024;
+    o.pickup_s = 1;
+    o.io_threads = 1;
     dp_unit *u = NULL;
     if (dp_unit_create(&o, &u, NULL) != 0)
         abort();
@@ -97,12 +112,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             feed(u, p, body, &out);
             break;
         case 1: {
-            uint64_t cap = o.slab_bytes - last_off;
+            /* last_off is in the put area or in the IO area */
+            uint64_t end = last_off >= dp_unit_io_base(u) && dp_unit_io_bytes(u) > 0
+                               ? dp_unit_io_base(u) + dp_unit_io_bytes(u)
+                               : o.slab_bytes;
+            uint64_t cap = last_off < end ? end - last_off : 0;
             memcpy(dp_unit_slab(u) + last_off, p, body < cap ? body : (size_t)cap);
             break;
         }
         case 2:
+            dp_unit_lock(u);
             fuzz_t += body > 0 ? p[0] : 1;
+            dp_unit_unlock(u);
             dp_unit_tick(u);
             break;
         default:
