@@ -214,11 +214,14 @@ dp__cmd_stats(int argc, char **argv)
         if (rcs[i] == DP_OK)
             names = &reps[i].r.stats;
     printf("cluster %s: %u unit%s\n", c.path, n, n == 1 ? "" : "s");
+    int w = 18; /* the name column fits the longest counter name */
+    for (uint32_t k = 0; names != NULL && k < names->n; k++)
+        w = DP_MAX(w, (int)DP_MIN(names->v[k].name.n, 63u));
     /* Units in groups of 8 columns, so a wide cluster stays readable. */
     for (uint32_t g0 = 0; names != NULL && g0 < n; g0 += 8) {
         uint32_t g1 = DP_MIN(n, g0 + 8);
         bool last = g1 == n;
-        printf("\n%-18s", "counter");
+        printf("\n%-*s", w, "counter");
         for (uint32_t i = g0; i < g1; i++) {
             char h[24];
             snprintf(h, sizeof h, "unit %u", i);
@@ -231,7 +234,7 @@ dp__cmd_stats(int argc, char **argv)
             char name[64], buf[64];
             dp_wire_str_copy(names->v[k].name, name, sizeof name);
             bool size = is_size_counter(name);
-            printf("%-18s", name);
+            printf("%-*s", w, name);
             uint64_t total = 0;
             bool summable = !no_total(name);
             for (uint32_t i = 0; i < n; i++) {

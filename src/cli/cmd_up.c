@@ -321,6 +321,22 @@ check_existing(const char *path, dp_detail *d)
     return DP_OK;
 }
 
+/* MemAvailable of /proc/meminfo in bytes, 0 if unknown. */
+static uint64_t
+mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (f == NULL)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 /* ---- unit processes ---- */
 
 static void
@@ -755,6 +771,14 @@ dp__cmd_up(int argc, char **argv)
     }
     if ((rc = make_dir(dir, &d)) != DP_OK)
         return dp__cli_fail("up", rc, &d);
+    /* Print and record absolute paths: clients run from other directories. */
+    char abs_dir[PATH_MAX];
+    if (realpath(dir, abs_dir) != NULL && strlen(abs_dir) + 16 < sizeof path) {
+        size_t n = strlen(abs_dir);
+        memcpy(dir, abs_dir, n + 1);
+        memcpy(path, abs_dir, n);
+        snprintf(path + n, sizeof path - n, "/%s", DP_CLUSTER_FILE);
+    }
     lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lock_fd < 0)
         return dp__cli_fail("up", dp_fail_sys(&d, errno, "open %s", lock_path), &d);
@@ -784,6 +808,15 @@ dp__cmd_up(int argc, char **argv)
     uint64_t slab_bytes = 0;
     dp_parse_size(o.slab, &slab_bytes, "--slab", NULL);
     char sz[32];
+    uint64_t avail = mem_available();
+    if (avail > 0 && slab_bytes > avail / s.n) {
+        char a[32], b[32];
+        fprintf(stderr,
+                "dataplane up: warning: %u x %s of slab is more than the %s of memory "
+                "available now; units may fail to start or be killed when they fill\n",
+                s.n, dp_fmt_size(slab_bytes, a, sizeof a),
+                dp_fmt_size(avail, b, sizeof b));
+    }
     printf("starting %u unit%s (slab %s each%s%s)...\n", s.n, s.n == 1 ? "" : "s",
            dp_fmt_size(slab_bytes, sz, sizeof sz), o.ssd_dir ? ", SSD tier in " : "",
            o.ssd_dir ? o.ssd_dir : "");
