@@ -1,0 +1,858 @@
+/*
+ * The client library's core (see dataplane/client.h): connecting to the units,
+ * the pool of registered memory, clear and stats. put.c and get.c hold the
+ * data operations.
+ *
+ * Design notes
+ * - One mutex per client (c->mu) guards every mutable field; every public
+ *   operation takes it for its whole run, including waits on the network, so
+ *   operations on one client run one at a time. The endpoint and the control
+ *   client have their own internal locks, taken inside c->mu (lock order:
+ *   c->mu, then endpoint / ctl / graveyard internals). dp_values_destroy takes
+ *   c->mu of the client that made the values.
+ * - Registered memory the client maps itself lives in c->bufs: staging
+ *   buffers (one per operation, sized to the batch), buffers handed to the
+ *   caller (dp_client_alloc), and buffers of dp_values. A buffer given back
+ *   is cached (up to staging_cache_bytes) unless an unfinished transfer may
+ *   still touch it (dp_endpoint_touches_unfinished): then it is retired
+ *   whole, charged to the graveyard, and never reused, unmapped or freed.
+ * - Per-unit scratch (blob builders, request buffers, ctl items) is kept in
+ *   the client and reset per operation, so a batch costs a few allocations,
+ *   not one per key.
+ */
+#include "client/client_int.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "blob/keys.h"
+
+void (*dp__client_test_hook)(const char *stage);
+
+#define MIN_BUF (1u << 20)
+
+/* ---- small helpers ---- */
+
+double
+dp__client_left(double deadline)
+{
+    double l = deadline - dp_now_s();
+    return l > 0 ? l : 0;
+}
+
+double
+dp__client_round_timeout(double deadline)
+{
+    double l = dp__client_left(deadline);
+    return DP_MAX(l / 3, DP_MIN(l, 1.0));
+}
+
+void
+dp__client_backoff(double *step, double deadline)
+{
+    double l = dp__client_left(deadline);
+    double s = DP_MIN(*step, l);
+    if (s > 0)
+        dp_sleep_s(s);
+    *step = DP_MIN(*step * 2, 0.1);
+}
+
+void
+dp__detail_append(dp_detail *d, const char *fmt, ...)
+{
+    if (d == NULL)
+        return;
+    size_t n = strnlen(d->msg, sizeof d->msg);
+    if (n + 1 >= sizeof d->msg)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(d->msg + n, sizeof d->msg - n, fmt, ap);
+    va_end(ap);
+    if (w > 0 && (size_t)w >= sizeof d->msg - n && sizeof d->msg > 4)
+        memcpy(d->msg + sizeof d->msg - 4, "...", 4);
+}
+
+const char *
+dp_kind_name(dp_kind k)
+{
+    switch (k) {
+    case DP_KIND_TENSOR:
+        return "tensor";
+    case DP_KIND_BYTES:
+        return "bytes";
+    case DP_KIND_OBJECT:
+        return "object";
+    case DP_KIND_SKIP:
+        return "skip";
+    }
+    return "?";
+}
+
+void
+dp_client_opts_init(dp_client_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->timeout_s = 30;
+    o->connect_timeout_s = 30;
+    o->staging_cache_bytes = 256ull << 20;
+    o->crc = false;
+    o->spill = true;
+    o->require_rdma = false;
+    o->name = NULL;
+}
+
+int
+dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_request *q,
+                          dp_detail *d)
+{
+    q->rid = dp_wire_rid_next(&c->rids, c->rid[u]);
+    dp_buf_reset(&c->reqs[u]);
+    int rc = dp_wire_request_encode(q, NULL, &c->reqs[u], d);
+    if (rc != 0)
+        return dp_fail_ctx(d, rc, "unit %u (%s): %s request", u, c->units[u].addr,
+                           dp_wire_op_name(q->op));
+    dp_ctl_item *it = &c->items[slot];
+    dp_buf_reset(&it->reply);
+    it->address = c->units[u].addr;
+    it->req = c->reqs[u].data;
+    it->len = c->reqs[u].len;
+    it->rid = c->rid[u];
+    it->rc = 0;
+    dp_detail_clear(&it->det);
+    return DP_OK;
+}
+
+void
+dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q)
+{
+    char rid[DP_WIRE_RID_MAX];
+    q->rid = dp_wire_rid_next(&c->rids, rid);
+    dp_buf b = {0};
+    dp_detail d;
+    dp_detail_clear(&d);
+    int rc = dp_wire_request_encode(q, NULL, &b, &d);
+    if (rc == 0)
+        rc = dp_ctl_notify(c->ctl, c->units[u].addr, b.data, b.len, &d);
+    if (rc != 0)
+        DP_LOG_W("client: %s to unit %u (%s) not sent: %s", dp_wire_op_name(q->op), u,
+                 c->units[u].addr, dp_detail_msg(&d));
+    dp_buf_fini(&b);
+}
+
+/* ---- registered memory ---- */
+
+static size_t
+round_buf(size_t n)
+{
+    size_t r = MIN_BUF;
+    while (r < n && r < ((size_t)1 << 62))
+        r <<= 1;
+    return r;
+}
+
+static dp__buf *
+buf_find_locked(dp_client *c, const void *p)
+{
+    for (size_t i = 0; i < c->n_bufs; i++)
+        if (c->bufs[i].p == p)
+            return &c->bufs[i];
+    return NULL;
+}
+
+/* Unmap FREE buffers while more than the cache limit is cached, largest first. */
+static void
+trim_cache_locked(dp_client *c)
+{
+    while (c->cached_bytes > c->o.staging_cache_bytes) {
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < c->n_bufs; i++)
+            if (c->bufs[i].state == DP__BUF_FREE &&
+                (best == SIZE_MAX || c->bufs[i].len > c->bufs[best].len))
+                best = i;
+        if (best == SIZE_MAX)
+            return;
+        dp__buf b = c->bufs[best];
+        dp_detail d;
+        dp_detail_clear(&d);
+        c->cached_bytes -= b.len;
+        if (dp_endpoint_deregister(c->ep, b.p, &d) != 0) {
+            /* Still in use by a transfer: keep it, never reuse it. */
+            DP_LOG_W("client: staging buffer kept: %s", dp_detail_msg(&d));
+            c->bufs[best].state = DP__BUF_RETIRED;
+            dp_graveyard_retain_buffer(b.len);
+            continue;
+        }
+        c->bufs[best] = c->bufs[--c->n_bufs];
+    }
+}
+
+int
+dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
+                          dp_detail *d)
+{
+    if (nbytes == 0)
+        nbytes = 1;
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < c->n_bufs; i++) {
+        dp__buf *b = &c->bufs[i];
+        if (b->state != DP__BUF_FREE || b->len < nbytes)
+            continue;
+        if (dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {
+            c->cached_bytes -= b->len;
+            b->state = DP__BUF_RETIRED;
+            dp_graveyard_retain_buffer(b->len);
+            continue;
+        }
+        if (best == SIZE_MAX || b->len < c->bufs[best].len)
+            best = i;
+    }
+    if (best != SIZE_MAX && c->bufs[best].len <= 4 * round_buf(nbytes)) {
+        c->bufs[best].state = state;
+        c->cached_bytes -= c->bufs[best].len;
+        *out = &c->bufs[best];
+        return DP_OK;
+    }
+    if (c->n_bufs == c->cap_bufs) {
+        size_t nc = c->cap_bufs ? c->cap_bufs * 2 : 16;
+        dp__buf *nb = realloc(c->bufs, nc * sizeof *nb);
+        if (nb == NULL)
+            return dp_fail(d, DP_ENOMEM, "client: out of memory (buffer table)");
+        c->bufs = nb;
+        c->cap_bufs = nc;
+    }
+    size_t len = round_buf(nbytes);
+    void *p = NULL;
+    int rc = dp_endpoint_alloc(c->ep, len, &p, d);
+    if (rc != 0)
+        return dp_fail_ctx(d, rc, "client: mapping %zu bytes of registered memory", len);
+    dp__buf *b = &c->bufs[c->n_bufs++];
+    b->p = p;
+    b->len = len;
+    b->state = state;
+    *out = b;
+    return DP_OK;
+}
+
+void
+dp__client_buf_put_locked(dp_client *c, uint8_t *p)
+{
+    dp__buf *b = buf_find_locked(c, p);
+    if (b == NULL || b->state == DP__BUF_FREE || b->state == DP__BUF_RETIRED)
+        return;
+    if (dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {
+        b->state = DP__BUF_RETIRED;
+        dp_graveyard_retain_buffer(b->len);
+        DP_LOG_W(
+            "client: buffer of %zu bytes retired (an unfinished transfer touches it)",
+            b->len);
+        return;
+    }
+    b->state = DP__BUF_FREE;
+    c->cached_bytes += b->len;
+    trim_cache_locked(c);
+}
+
+bool
+dp__client_direct_locked(const dp_client *c, const void *p, uint64_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (size_t i = 0; i < c->n_bufs; i++) {
+        const dp__buf *b = &c->bufs[i];
+        if ((b->state == DP__BUF_USER || b->state == DP__BUF_VALUES) &&
+            a >= (uintptr_t)b->p && n <= b->len && a - (uintptr_t)b->p <= b->len - n)
+            return true;
+    }
+    for (size_t i = 0; i < c->n_regions; i++) {
+        const dp__region *r = &c->regions[i];
+        if (a >= (uintptr_t)r->p && n <= r->len && a - (uintptr_t)r->p <= r->len - n)
+            return true;
+    }
+    return false;
+}
+
+int
+dp_client_alloc(dp_client *c, size_t nbytes, void **out, dp_detail *d)
+{
+    if (c == NULL || out == NULL || nbytes == 0)
+        return dp_fail(d, DP_EINVAL, "dp_client_alloc: NULL argument or zero size");
+    pthread_mutex_lock(&c->mu);
+    dp__buf *b = NULL;
+    int rc = dp__client_buf_get_locked(c, nbytes, DP__BUF_USER, &b, d);
+    if (rc == 0)
+        *out = b->p;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void
+dp_client_free(dp_client *c, void *p)
+{
+    if (c == NULL || p == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    dp__buf *b = buf_find_locked(c, p);
+    if (b != NULL && b->state == DP__BUF_USER)
+        dp__client_buf_put_locked(c, p);
+    else
+        DP_LOG_W("client: dp_client_free of %p, which dp_client_alloc did not return", p);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int
+dp_client_register(dp_client *c, void *addr, size_t nbytes, dp_detail *d)
+{
+    if (c == NULL || addr == NULL || nbytes == 0)
+        return dp_fail(d, DP_EINVAL, "dp_client_register: NULL address or zero size");
+    pthread_mutex_lock(&c->mu);
+    int rc = DP_OK;
+    if (c->n_regions == c->cap_regions) {
+        size_t nc = c->cap_regions ? c->cap_regions * 2 : 8;
+        dp__region *nr = realloc(c->regions, nc * sizeof *nr);
+        if (nr == NULL) {
+            rc = dp_fail(d, DP_ENOMEM, "client: out of memory (region table)");
+            goto out;
+        }
+        c->regions = nr;
+        c->cap_regions = nc;
+    }
+    rc = dp_endpoint_register(c->ep, addr, nbytes, d);
+    if (rc == 0)
+        c->regions[c->n_regions++] = (dp__region){addr, nbytes};
+out:
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int
+dp_client_deregister(dp_client *c, void *addr, dp_detail *d)
+{
+    if (c == NULL)
+        return dp_fail(d, DP_EINVAL, "dp_client_deregister: NULL client");
+    pthread_mutex_lock(&c->mu);
+    int rc = dp_fail(d, DP_ENOTFOUND, "no region registered at %p", addr);
+    for (size_t i = 0; i < c->n_regions; i++) {
+        if (c->regions[i].p != addr)
+            continue;
+        dp_detail_clear(d);
+        rc = dp_endpoint_deregister(c->ep, addr, d);
+        if (rc == 0)
+            c->regions[i] = c->regions[--c->n_regions];
+        break;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* ---- connecting ---- */
+
+static int
+client_new(const dp_client_opts *opts, uint32_t n_units, dp_client **out, dp_detail *d)
+{
+    dp_client *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return dp_fail(d, DP_ENOMEM, "client: out of memory");
+    pthread_mutex_init(&c->mu, NULL);
+    if (opts != NULL)
+        c->o = *opts;
+    else
+        dp_client_opts_init(&c->o);
+    *out = c;
+    if (!(c->o.timeout_s > 0) || !(c->o.connect_timeout_s > 0) || c->o.timeout_s > 1e6 ||
+        c->o.connect_timeout_s > 1e6)
+        return dp_fail(d, DP_EINVAL, "client: timeouts must be in (0, 1e6] s");
+    if (n_units == 0 || n_units > DP_CLUSTER_MAX_UNITS)
+        return dp_fail(d, DP_EINVAL, "client: %u units (1..%u)", n_units,
+                       DP_CLUSTER_MAX_UNITS);
+    c->n_units = n_units;
+    c->units = calloc(n_units, sizeof *c->units);
+    c->builders = calloc(n_units, sizeof *c->builders);
+    c->reqs = calloc(n_units, sizeof *c->reqs);
+    c->items = calloc(n_units, sizeof *c->items);
+    c->rid = calloc(n_units, sizeof *c->rid);
+    if (c->units == NULL || c->builders == NULL || c->reqs == NULL || c->items == NULL ||
+        c->rid == NULL)
+        return dp_fail(d, DP_ENOMEM, "client: out of memory");
+    int rc = dp_wire_rid_gen_init(&c->rids, d);
+    if (rc != 0)
+        return rc;
+    uint8_t rnd[8];
+    rc = dp_random_bytes(rnd, sizeof rnd, d);
+    if (rc != 0)
+        return rc;
+    for (int i = 0; i < 8; i++)
+        snprintf(c->blob_prefix + 2 * i, 3, "%02x", rnd[i]);
+    if (c->o.name != NULL) {
+        size_t nl = strlen(c->o.name);
+        if (nl == 0 || nl > 200)
+            return dp_fail(d, DP_EINVAL, "client: name must be 1..200 bytes");
+        memcpy(c->name, c->o.name, nl + 1);
+    } else {
+        snprintf(c->name, sizeof c->name, "client-%ld-%.8s", (long)getpid(),
+                 c->blob_prefix);
+    }
+    c->o.name = NULL; /* not kept: the caller's string */
+    dp_endpoint_opts eo;
+    dp_endpoint_opts_init(&eo);
+    eo.require_rdma = c->o.require_rdma;
+    rc = dp_endpoint_create(c->name, &eo, &c->ep, d);
+    if (rc != 0)
+        return dp_fail_ctx(d, rc, "client: transfer endpoint");
+    return dp_ctl_client_create(&c->ctl, d);
+}
+
+/* info from every unit at once, then add each unit's endpoint as a remote. */
+static int
+client_connect(dp_client *c, dp_detail *d)
+{
+    double deadline = dp_now_s() + c->o.connect_timeout_s;
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_INFO;
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        int rc = dp__client_prepare_locked(c, u, u, &q, d);
+        if (rc != 0)
+            return rc;
+    }
+    dp_ctl_call_many(c->ctl, c->items, c->n_units, dp__client_left(deadline));
+    int first = DP_OK;
+    for (uint32_t u = 0; u < c->n_units && first == DP_OK; u++) {
+        dp_ctl_item *it = &c->items[u];
+        dp__unit_conn *uc = &c->units[u];
+        if (it->rc != 0) {
+            if (d != NULL)
+                *d = it->det;
+            first = dp_fail_ctx(d, it->rc, "connecting to unit %u (%s)", u, uc->addr);
+            break;
+        }
+        dp_wire_reply rep;
+        dp_detail rd;
+        dp_detail_clear(&rd);
+        int rc = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_INFO,
+                                      NULL, &rep, &rd);
+        if (rc == 0 && !rep.ok)
+            rc = dp_wire_error_to_detail(&rep.err, &rd);
+        if (rc == 0 && (rep.r.info.unit_id != u || rep.r.info.n_units != c->n_units))
+            rc = dp_fail(&rd, DP_EPROTO,
+                         "says it is unit %" PRIu64 " of %" PRIu64
+                         ", but the cluster lists it as unit %u of %u (wrong order or a "
+                         "unit from another cluster)",
+                         rep.r.info.unit_id, rep.r.info.n_units, u, c->n_units);
+        if (rc == 0 && rep.r.info.metadata.n == 0)
+            rc =
+                dp_fail(&rd, DP_EPROTO, "has no transfer endpoint (no metadata in info)");
+        if (rc == 0 && rep.r.info.slab_addr == 0)
+            rc = dp_fail(&rd, DP_EPROTO,
+                         "info carries no slab address (unit too old for this client)");
+        if (rc == 0) {
+            uc->slab_addr = rep.r.info.slab_addr;
+            uc->slab_bytes = rep.r.info.slab_bytes;
+            uc->read_pin_s =
+                rep.r.info.read_pin_ms > 0 ? (double)rep.r.info.read_pin_ms / 1e3 : 10.0;
+            rc = dp_endpoint_add_remote(c->ep, rep.r.info.metadata.p,
+                                        rep.r.info.metadata.n, uc->remote, &rd);
+        }
+        for (uint32_t v = 0; rc == 0 && v < u; v++)
+            if (strcmp(c->units[v].remote, uc->remote) == 0)
+                rc = dp_fail(&rd, DP_EPROTO,
+                             "has the same endpoint name '%s' as unit %u: names must be "
+                             "unique",
+                             uc->remote, v);
+        dp_wire_reply_fini(&rep);
+        if (rc != 0) {
+            if (d != NULL)
+                *d = rd;
+            first = dp_fail_ctx(d, rc, "connecting to unit %u (%s)", u, uc->addr);
+        }
+    }
+    return first;
+}
+
+static int
+open_common(const char *const *addrs, uint32_t n, const dp_client_opts *opts,
+            dp_client **out, dp_detail *d)
+{
+    dp_client *c = NULL;
+    int rc = client_new(opts, n, &c, d);
+    for (uint32_t u = 0; rc == 0 && u < n; u++) {
+        if (addrs[u] == NULL || strlen(addrs[u]) >= DP_CLUSTER_ADDR_MAX ||
+            strncmp(addrs[u], "tcp://", 6) != 0)
+            rc = dp_fail(d, DP_EINVAL, "unit %u: bad control address '%s'", u,
+                         addrs[u] ? addrs[u] : "(null)");
+        else
+            snprintf(c->units[u].addr, sizeof c->units[u].addr, "%s", addrs[u]);
+    }
+    if (rc == 0) {
+        pthread_mutex_lock(&c->mu);
+        rc = client_connect(c, d);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (rc != 0) {
+        dp_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return DP_OK;
+}
+
+int
+dp_client_open_units(const char *const *addrs, uint32_t n_units,
+                     const dp_client_opts *opts, dp_client **out, dp_detail *d)
+{
+    if (out == NULL || (addrs == NULL && n_units > 0))
+        return dp_fail(d, DP_EINVAL, "dp_client_open_units: NULL argument");
+    *out = NULL;
+    return open_common(addrs, n_units, opts, out, d);
+}
+
+int
+dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
+               dp_detail *d)
+{
+    if (out == NULL)
+        return dp_fail(d, DP_EINVAL, "dp_client_open: NULL out");
+    *out = NULL;
+    char path[PATH_MAX];
+    int rc = dp_cluster_locate(cluster, path, sizeof path, d);
+    if (rc != 0)
+        return rc;
+    dp_cluster cl;
+    memset(&cl, 0, sizeof cl);
+    rc = dp_cluster_load(path, &cl, d);
+    if (rc != 0)
+        return rc;
+    const char **addrs = calloc(cl.n_units, sizeof *addrs);
+    if (addrs == NULL) {
+        dp_cluster_fini(&cl);
+        return dp_fail(d, DP_ENOMEM, "client: out of memory");
+    }
+    for (uint32_t u = 0; u < cl.n_units; u++)
+        addrs[u] = cl.units[u].zmq;
+    rc = open_common(addrs, cl.n_units, opts, out, d);
+    if (rc != 0)
+        dp_fail_ctx(d, rc, "cluster %s", path);
+    free(addrs);
+    dp_cluster_fini(&cl);
+    return rc;
+}
+
+void
+dp_client_close(dp_client *c)
+{
+    if (c == NULL)
+        return;
+    if (c->ep != NULL) {
+        for (size_t i = 0; i < c->n_bufs; i++) {
+            if (c->bufs[i].state == DP__BUF_RETIRED ||
+                dp_endpoint_touches_unfinished(c->ep, c->bufs[i].p, c->bufs[i].len))
+                continue; /* the endpoint keeps it (graveyard) */
+            dp_endpoint_deregister(c->ep, c->bufs[i].p, NULL);
+        }
+        for (size_t i = 0; i < c->n_regions; i++)
+            dp_endpoint_deregister(c->ep, c->regions[i].p, NULL);
+        dp_endpoint_destroy(c->ep);
+    }
+    dp_ctl_client_destroy(c->ctl);
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        if (c->builders != NULL)
+            dp_blob_builder_destroy(c->builders[u]);
+        if (c->reqs != NULL)
+            dp_buf_fini(&c->reqs[u]);
+        if (c->items != NULL)
+            dp_buf_fini(&c->items[u].reply);
+    }
+    free(c->builders);
+    free(c->reqs);
+    free(c->items);
+    free(c->rid);
+    free(c->units);
+    free(c->bufs);
+    free(c->regions);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+uint32_t
+dp_client_n_units(const dp_client *c)
+{
+    return c != NULL ? c->n_units : 0;
+}
+
+const char *
+dp_client_unit_address(const dp_client *c, uint32_t i)
+{
+    return c != NULL && i < c->n_units ? c->units[i].addr : NULL;
+}
+
+uint32_t
+dp_client_unit_of(const dp_client *c, uint64_t gidx)
+{
+    return c != NULL && c->n_units > 0 ? (uint32_t)(gidx % c->n_units) : 0;
+}
+
+/* ---- clear ---- */
+
+int
+dp_client_clear(dp_client *c, const uint64_t *gidxs, size_t n, uint64_t *dropped,
+                dp_detail *d)
+{
+    if (c == NULL || (gidxs == NULL && n > 0))
+        return dp_fail(d, DP_EINVAL, "dp_client_clear: NULL argument");
+    if (dropped != NULL)
+        *dropped = 0;
+    if (n == 0)
+        return DP_OK;
+    if (n > UINT32_MAX)
+        return dp_fail(d, DP_ETOOBIG, "clear: %zu rows in one call", n);
+    pthread_mutex_lock(&c->mu);
+    double deadline = dp_now_s() + c->o.timeout_s;
+    int rc = DP_OK;
+    uint32_t N = c->n_units;
+    /* Group the rows by unit: counting sort into one array. */
+    uint64_t *sorted = malloc(n * sizeof *sorted);
+    uint32_t *cnt = calloc(N + 1, sizeof *cnt);
+    uint32_t *slot_unit = malloc(N * sizeof *slot_unit);
+    if (sorted == NULL || cnt == NULL || slot_unit == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "clear: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        cnt[gidxs[i] % N + 1]++;
+    for (uint32_t u = 0; u < N; u++)
+        cnt[u + 1] += cnt[u];
+    {
+        uint32_t *pos = calloc(N, sizeof *pos);
+        if (pos == NULL) {
+            rc = dp_fail(d, DP_ENOMEM, "clear: out of memory");
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)(gidxs[i] % N);
+            sorted[cnt[u] + pos[u]++] = gidxs[i];
+        }
+        free(pos);
+    }
+    size_t ns = 0;
+    dp_wire_request q;
+    for (uint32_t u = 0; u < N; u++) {
+        if (cnt[u + 1] == cnt[u])
+            continue;
+        memset(&q, 0, sizeof q);
+        q.op = DP_WIRE_OP_RELEASE_ROWS;
+        q.a.release_rows.gidxs = (dp_wire_u64s){sorted + cnt[u], cnt[u + 1] - cnt[u]};
+        rc = dp__client_prepare_locked(c, u, ns, &q, d);
+        if (rc != 0)
+            goto out;
+        slot_unit[ns++] = u;
+    }
+    dp_ctl_call_many(c->ctl, c->items, ns, dp__client_left(deadline));
+    size_t n_failed_rows = 0;
+    for (size_t s = 0; s < ns; s++) {
+        uint32_t u = slot_unit[s];
+        dp_ctl_item *it = &c->items[s];
+        dp_detail ud = it->det;
+        int urc = it->rc;
+        if (urc == 0) {
+            dp_wire_reply rep;
+            urc = dp_wire_reply_decode(it->reply.data, it->reply.len,
+                                       DP_WIRE_OP_RELEASE_ROWS, NULL, &rep, &ud);
+            if (urc == 0 && !rep.ok)
+                urc = dp_wire_error_to_detail(&rep.err, &ud);
+            if (urc == 0 && dropped != NULL)
+                *dropped += rep.r.dropped;
+            dp_wire_reply_fini(&rep);
+        }
+        if (urc == 0)
+            continue;
+        if (rc == 0) {
+            rc = urc;
+            dp_fail(d, urc, "clear: rows of unit %u (%s) not cleared: %s", u,
+                    c->units[u].addr, dp_detail_msg(&ud));
+        } else {
+            dp__detail_append(d, "; unit %u (%s) also failed: %s", u, c->units[u].addr,
+                              dp_errname(urc));
+        }
+        n_failed_rows += cnt[u + 1] - cnt[u];
+    }
+    if (rc != 0)
+        dp__detail_append(d, " (%zu of %zu rows not cleared)", n_failed_rows, n);
+out:
+    free(sorted);
+    free(cnt);
+    free(slot_unit);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* ---- stats ---- */
+
+typedef struct stat_kv {
+    char *name;
+    double value;
+} stat_kv;
+
+typedef struct unit_stats {
+    int status;
+    stat_kv *kv;
+    size_t n;
+} unit_stats;
+
+struct dp_client_stats {
+    uint32_t n_units;
+    unit_stats *u;
+};
+
+void
+dp_client_stats_destroy(dp_client_stats *s)
+{
+    if (s == NULL)
+        return;
+    for (uint32_t u = 0; s->u != NULL && u < s->n_units; u++) {
+        for (size_t i = 0; i < s->u[u].n; i++)
+            free(s->u[u].kv[i].name);
+        free(s->u[u].kv);
+    }
+    free(s->u);
+    free(s);
+}
+
+static int
+stats_fill(unit_stats *us, const dp_wire_fields *f, dp_detail *d)
+{
+    us->kv = calloc(f->n > 0 ? f->n : 1, sizeof *us->kv);
+    if (us->kv == NULL)
+        return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+    for (uint32_t i = 0; i < f->n; i++) {
+        const dp_wire_field *x = &f->v[i];
+        double v;
+        switch (x->type) {
+        case DP_WIRE_BOOL:
+            v = x->v.b ? 1 : 0;
+            break;
+        case DP_WIRE_U64:
+            v = (double)x->v.u;
+            break;
+        case DP_WIRE_I64:
+            v = (double)x->v.i;
+            break;
+        case DP_WIRE_F64:
+            v = x->v.f;
+            break;
+        default:
+            continue;
+        }
+        char *name = dp_wire_str_dup(x->name);
+        if (name == NULL)
+            return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+        us->kv[us->n++] = (stat_kv){name, v};
+    }
+    return DP_OK;
+}
+
+int
+dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
+{
+    if (c == NULL || out == NULL)
+        return dp_fail(d, DP_EINVAL, "dp_client_stats_get: NULL argument");
+    *out = NULL;
+    dp_client_stats *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+    s->n_units = c->n_units;
+    s->u = calloc(c->n_units, sizeof *s->u);
+    if (s->u == NULL) {
+        free(s);
+        return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+    }
+    pthread_mutex_lock(&c->mu);
+    double deadline = dp_now_s() + c->o.timeout_s;
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_STATS;
+    int rc = DP_OK;
+    for (uint32_t u = 0; u < c->n_units && rc == 0; u++)
+        rc = dp__client_prepare_locked(c, u, u, &q, d);
+    if (rc != 0) {
+        pthread_mutex_unlock(&c->mu);
+        dp_client_stats_destroy(s);
+        return rc;
+    }
+    dp_ctl_call_many(c->ctl, c->items, c->n_units, dp__client_left(deadline));
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        dp_ctl_item *it = &c->items[u];
+        dp_detail ud = it->det;
+        int urc = it->rc;
+        if (urc == 0) {
+            dp_wire_reply rep;
+            urc = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_STATS,
+                                       NULL, &rep, &ud);
+            if (urc == 0 && !rep.ok)
+                urc = dp_wire_error_to_detail(&rep.err, &ud);
+            if (urc == 0)
+                urc = stats_fill(&s->u[u], &rep.r.stats, &ud);
+            dp_wire_reply_fini(&rep);
+        }
+        s->u[u].status = urc;
+        if (urc != 0 && rc == 0)
+            rc = dp_fail(d, urc, "stats: unit %u (%s): %s", u, c->units[u].addr,
+                         dp_detail_msg(&ud));
+    }
+    pthread_mutex_unlock(&c->mu);
+    *out = s;
+    return rc;
+}
+
+uint32_t
+dp_client_stats_units(const dp_client_stats *s)
+{
+    return s != NULL ? s->n_units : 0;
+}
+
+int
+dp_client_stats_status(const dp_client_stats *s, uint32_t unit)
+{
+    if (s == NULL || unit >= s->n_units)
+        return DP_EINVAL;
+    return s->u[unit].status;
+}
+
+size_t
+dp_client_stats_count(const dp_client_stats *s, uint32_t unit)
+{
+    if (s == NULL || unit >= s->n_units)
+        return 0;
+    return s->u[unit].n;
+}
+
+bool
+dp_client_stats_at(const dp_client_stats *s, uint32_t unit, size_t i, const char **name,
+                   double *value)
+{
+    if (s == NULL || unit >= s->n_units || i >= s->u[unit].n)
+        return false;
+    if (name != NULL)
+        *name = s->u[unit].kv[i].name;
+    if (value != NULL)
+        *value = s->u[unit].kv[i].value;
+    return true;
+}
+
+bool
+dp_client_stats_find(const dp_client_stats *s, uint32_t unit, const char *name,
+                     double *value)
+{
+    if (s == NULL || name == NULL || unit >= s->n_units)
+        return false;
+    for (size_t i = 0; i < s->u[unit].n; i++) {
+        if (strcmp(s->u[unit].kv[i].name, name) == 0) {
+            if (value != NULL)
+                *value = s->u[unit].kv[i].value;
+            return true;
+        }
+    }
+    return false;
+}

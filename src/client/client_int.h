@@ -1,0 +1,123 @@
+/*
+ * Internals of the client library shared by client.c (connect, memory, clear,
+ * stats), put.c and get.c. Not installed.
+ */
+#ifndef DP_CLIENT_CLIENT_INT_H
+#define DP_CLIENT_CLIENT_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "blob/blob.h"
+#include "client/cluster.h"
+#include "common/common.h"
+#include "ctl/ctl.h"
+#include "dataplane/client.h"
+#include "wire/wire.h"
+#include "xfer/endpoint.h"
+
+/* A unit as the client sees it (constant after open). */
+typedef struct dp__unit_conn {
+    char addr[DP_CLUSTER_ADDR_MAX]; /* control address */
+    char remote[256];               /* its endpoint name (for transfers) */
+    uint64_t slab_addr;             /* remote address of slab offset 0 */
+    uint64_t slab_bytes;
+    double read_pin_s; /* how long a resolve pins */
+} dp__unit_conn;
+
+/* State of a registered buffer the client mapped itself. */
+enum {
+    DP__BUF_FREE = 0, /* cached, may be handed out again */
+    DP__BUF_STAGING,  /* used by the running operation */
+    DP__BUF_USER,     /* handed to the caller by dp_client_alloc */
+    DP__BUF_VALUES,   /* owned by a dp_values */
+    DP__BUF_RETIRED,  /* touched by an unfinished transfer: never reused or freed */
+};
+
+typedef struct dp__buf {
+    uint8_t *p;
+    size_t len;
+    int state;
+} dp__buf;
+
+/* A caller-registered region. */
+typedef struct dp__region {
+    uint8_t *p;
+    size_t len;
+} dp__region;
+
+struct dp_client {
+    pthread_mutex_t mu; /* guards everything below that is not constant */
+    dp_client_opts o;
+    char name[256];
+    dp_endpoint *ep;
+    dp_ctl_client *ctl;
+    dp_wire_rid_gen rids;
+    char blob_prefix[17]; /* random per client: blob ids "<prefix>-<seq>" */
+    uint64_t blob_seq;
+    uint32_t n_units;
+    dp__unit_conn *units;
+
+    /* Registered memory the client mapped (staging, user, values). */
+    dp__buf *bufs;
+    size_t n_bufs, cap_bufs;
+    uint64_t cached_bytes; /* sum of FREE buffers */
+    /* Caller-registered regions. */
+    dp__region *regions;
+    size_t n_regions, cap_regions;
+
+    /* Per-unit scratch reused by every operation (no per-op allocation). */
+    dp_blob_builder **builders; /* n_units, created on first use */
+    dp_buf *reqs;               /* n_units encoded requests */
+    dp_ctl_item *items;         /* n_units */
+    char (*rid)[DP_WIRE_RID_MAX];
+};
+
+/* ---- helpers of client.c used by put.c and get.c ---- */
+
+/* Remaining seconds until deadline (monotonic seconds), never negative. */
+double dp__client_left(double deadline);
+
+/*
+ * Wait for one round of control replies that is not the operation's last
+ * phase: a third of what is left (at least a second, when left), so one dead
+ * unit cannot use the whole budget before the live units' next phase.
+ */
+double dp__client_round_timeout(double deadline);
+
+/* Sleep for the backoff step *step (then doubled, capped) without passing deadline. */
+void dp__client_backoff(double *step, double deadline);
+
+/*
+ * Encode request q for unit u into c->reqs[u] with a fresh rid and point
+ * c->items[slot] at it. Returns DP_ENOMEM/DP_ETOOBIG/DP_EINVAL.
+ */
+int dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_request *q,
+                              dp_detail *d);
+
+/* Send a notify (abort, unpin) to unit u; failures are only logged. */
+void dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q);
+
+/*
+ * A registered buffer of at least nbytes from the pool (reused when cached
+ * and not touched by an unfinished transfer, else mapped), marked state.
+ */
+int dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
+                              dp_detail *d);
+/* Give a buffer back: cached, or retired when an unfinished transfer touches it. */
+void dp__client_buf_put_locked(dp_client *c, uint8_t *p);
+
+/* True if [p, p + n) lies in memory the caller may transfer to/from directly. */
+bool dp__client_direct_locked(const dp_client *c, const void *p, uint64_t n);
+
+/* Append to d's message (keeps its code); cut at DP_DETAIL_MAX. */
+void dp__detail_append(dp_detail *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The process-wide test hook: called with a stage name ("put:allocated", */
+/* "put:written") while the client lock is held. NULL: none. Tests only. */
+extern void (*dp__client_test_hook)(const char *stage);
+
+#endif

@@ -1,0 +1,1100 @@
+/*
+ * End-to-end tests of the client library (dataplane/client.h) against storage
+ * units running as separate processes: this program re-executed in "unit"
+ * mode (a dp_unit with its endpoint, ticker and ZMQ control server), with no
+ * mocks. Clients are this process, its threads, or more re-executed copies of
+ * it. Covered: put/get/overwrite/clear with content checks, jagged fields and
+ * skipped cells, values from 0 bytes to 64 MiB, registered (zero-copy) and
+ * staged memory, missing keys, small destinations, get with descriptions and
+ * with library-allocated memory, stats, cluster files, busy units, several
+ * client processes at once, threads sharing a client, a unit killed mid-run,
+ * and clients killed mid-put (deterministically between WRITE and commit
+ * through the test hook, and at random times).
+ */
+#include "dp_test.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "blob/crc32c.h"
+#include "client/client_int.h"
+#include "client/cluster.h"
+#include "common/common.h"
+#include "ctl/ctl.h"
+#include "dataplane/client.h"
+#include "unit/unit.h"
+#include "xfer/endpoint.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define TC_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TC_TSAN 1
+#endif
+#endif
+#ifdef TC_TSAN
+/*
+ * Under ThreadSanitizer UCX's memory-event hooks crash as threads exit
+ * (madvise on a dead thread's stack). libucm reads its configuration in its own
+ * constructor, so the program re-executes itself once with them off.
+ */
+__attribute__((constructor)) static void
+tsan_ucx_env(int argc, char **argv)
+{
+    (void)argc;
+    if (getenv("UCX_MEM_EVENTS") != NULL)
+        return;
+    setenv("UCX_MEM_EVENTS", "no", 1);
+    execv("/proc/self/exe", argv);
+}
+#endif
+
+/* ---- deterministic contents ---- */
+
+static uint64_t
+mix(uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t s = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull) * 31 ^ c << 17;
+    return dp_test_rand(&s);
+}
+
+/* Value of (gidx, field f, version ver), len bytes; the first 8 carry ver. */
+static void
+fill(uint8_t *p, size_t len, uint64_t gidx, uint32_t f, uint64_t ver)
+{
+    /* Values shorter than 8 bytes cannot carry their version: same for all. */
+    uint64_t s = mix(gidx, f, len >= 8 ? ver : 0);
+    size_t i = 0;
+    if (len >= 8) {
+        memcpy(p, &ver, 8);
+        i = 8;
+    }
+    for (; i + 8 <= len; i += 8) {
+        uint64_t x = dp_test_rand(&s);
+        memcpy(p + i, &x, 8);
+    }
+    uint64_t x = dp_test_rand(&s);
+    for (; i < len; i++)
+        p[i] = (uint8_t)(x >> (8 * (i & 7)));
+}
+
+/* True if p holds exactly the value of (gidx, f, *ver) (ver read from p if len >= 8). */
+static bool
+check_value(const uint8_t *p, size_t len, uint64_t gidx, uint32_t f, uint64_t *ver)
+{
+    uint64_t v = *ver;
+    if (len >= 8)
+        memcpy(&v, p, 8);
+    uint8_t *want = malloc(len > 0 ? len : 1);
+    fill(want, len, gidx, f, v);
+    bool ok = dp_crc32c(want, len) == dp_crc32c(p, len) && memcmp(want, p, len) == 0;
+    free(want);
+    *ver = v;
+    return ok;
+}
+
+/* ---- unit peers ---- */
+
+static void
+write_all(int fd, const char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = write(fd, s, n);
+        if (w <= 0)
+            _exit(3);
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static int
+unit_main(int fd)
+{
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint32_t id = (uint32_t)atoi(getenv("DP_TC_UNIT_ID"));
+    dp_endpoint_opts eo;
+    dp_endpoint_opts_init(&eo);
+    eo.progress_thread = true;
+    dp_endpoint *ep = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "tc-unit-%u-%ld", id, (long)getpid());
+    if (dp_endpoint_create(name, &eo, &ep, &d) != 0)
+        goto fail;
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.ep = ep;
+    o.unit_id = id;
+    o.n_units = (uint32_t)atoi(getenv("DP_TC_UNITS"));
+    o.slab_bytes = strtoull(getenv("DP_TC_SLAB"), NULL, 10);
+    o.read_pin_s = atof(getenv("DP_TC_PIN"));
+    o.alloc_lease_s = atof(getenv("DP_TC_LEASE"));
+    o.quarantine_s = 0.5;
+    o.numa = DP_UNIT_NUMA_OFF;
+    dp_unit *u = NULL;
+    if (dp_unit_create(&o, &u, &d) != 0 || dp_unit_start_ticker(u, 0.1, &d) != 0)
+        goto fail;
+    dp_ctl_server_opts so = {.bind_ip = "127.0.0.1", .port = 0};
+    dp_ctl_server *srv = NULL;
+    if (dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv, &d) !=
+        0)
+        goto fail;
+    dp_unit_set_address(u, dp_ctl_server_address(srv));
+    char line[300];
+    snprintf(line, sizeof line, "%s\n", dp_ctl_server_address(srv));
+    write_all(fd, line);
+    int sig;
+    sigwait(&sigs, &sig);
+    dp_ctl_server_close(srv);
+    dp_unit_destroy(u);
+    dp_endpoint_destroy(ep);
+    return 0;
+fail:
+    fprintf(stderr, "unit peer: %s\n", dp_detail_msg(&d));
+    return 1;
+}
+
+typedef struct cluster {
+    uint32_t n;
+    pid_t pid[8];
+    char addr[8][128];
+    const char *addrs[8];
+} cluster;
+
+static pid_t
+spawn(const char *mode, const char *const *env, int *rfd)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        /* Die with the test, even when a failed check skips the cleanup. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(fds[0]);
+        char fdbuf[16];
+        snprintf(fdbuf, sizeof fdbuf, "%d", fds[1]);
+        setenv("DP_TC_MODE", mode, 1);
+        setenv("DP_TC_FD", fdbuf, 1);
+        for (size_t i = 0; env != NULL && env[i] != NULL; i += 2)
+            setenv(env[i], env[i + 1], 1);
+        char *argv[] = {"test_client", NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    *rfd = fds[0];
+    return pid;
+}
+
+static void
+read_line(int fd, char *line, size_t cap, const char *what)
+{
+    size_t n = 0;
+    double t0 = dp_test_now();
+    while (n + 1 < cap && dp_test_now() - t0 < 60) {
+        ssize_t r = read(fd, line + n, 1);
+        if (r <= 0 || line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    CHECKF(n > 0, "%s reported nothing", what);
+}
+
+static void
+cluster_start(cluster *cl, uint32_t n, uint64_t slab, double lease, double pin)
+{
+    memset(cl, 0, sizeof *cl);
+    cl->n = n;
+    char sn[32], slabs[32], ls[32], ps[32];
+    snprintf(sn, sizeof sn, "%u", n);
+    snprintf(slabs, sizeof slabs, "%" PRIu64, slab);
+    snprintf(ls, sizeof ls, "%g", lease);
+    snprintf(ps, sizeof ps, "%g", pin);
+    for (uint32_t u = 0; u < n; u++) {
+        char id[16];
+        snprintf(id, sizeof id, "%u", u);
+        const char *env[] = {"DP_TC_UNIT_ID", id, "DP_TC_UNITS", sn, "DP_TC_SLAB", slabs,
+                             "DP_TC_LEASE",   ls, "DP_TC_PIN",   ps, NULL};
+        int fd;
+        cl->pid[u] = spawn("unit", env, &fd);
+        read_line(fd, cl->addr[u], sizeof cl->addr[u], "unit");
+        close(fd);
+        cl->addrs[u] = cl->addr[u];
+    }
+}
+
+static void
+cluster_stop(cluster *cl)
+{
+    for (uint32_t u = 0; u < cl->n; u++) {
+        if (cl->pid[u] <= 0)
+            continue;
+        kill(cl->pid[u], SIGTERM);
+        int st = 0;
+        waitpid(cl->pid[u], &st, 0);
+        cl->pid[u] = 0;
+    }
+}
+
+static dp_client *
+connect_opts(const cluster *cl, double timeout)
+{
+    dp_client_opts o;
+    dp_client_opts_init(&o);
+    o.timeout_s = timeout;
+    o.connect_timeout_s = 20;
+    dp_client *c = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_open_units(cl->addrs, cl->n, &o, &c, &d), &d);
+    return c;
+}
+
+static dp_client *
+connect_cl(const cluster *cl)
+{
+    return connect_opts(cl, 20);
+}
+
+static double
+stat_of(dp_client *c, uint32_t unit, const char *name)
+{
+    dp_client_stats *s = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_stats_get(c, &s, &d), &d);
+    double v = -1;
+    CHECKF(dp_client_stats_find(s, unit, name, &v), "stat %s", name);
+    dp_client_stats_destroy(s);
+    return v;
+}
+
+/* ---- a batch of rows: values in malloc'd (or registered) memory ---- */
+
+typedef struct batch {
+    size_t n_rows, n_fields;
+    uint64_t *gidxs;
+    const char **fields;
+    dp_value *vals;
+    uint8_t **bufs;  /* one per cell */
+    uint64_t *shape; /* one dim per cell */
+    dp_client *reg;  /* non-NULL: bufs from dp_client_alloc */
+} batch;
+
+static const char *field_names[] = {"input_ids", "logprobs", "reward", "obs/image"};
+
+/* sizes(r, f) decides each cell's length; ver the contents' version. */
+static void
+batch_make(batch *b, dp_client *reg, const uint64_t *gidxs, size_t n_rows,
+           size_t n_fields, uint64_t (*size)(uint64_t, uint32_t), uint64_t ver)
+{
+    memset(b, 0, sizeof *b);
+    b->n_rows = n_rows;
+    b->n_fields = n_fields;
+    b->reg = reg;
+    b->gidxs = malloc(n_rows * sizeof *b->gidxs);
+    memcpy(b->gidxs, gidxs, n_rows * sizeof *gidxs);
+    b->fields = field_names;
+    size_t nc = n_rows * n_fields;
+    b->vals = calloc(nc, sizeof *b->vals);
+    b->bufs = calloc(nc, sizeof *b->bufs);
+    b->shape = calloc(nc, sizeof *b->shape);
+    for (size_t r = 0; r < n_rows; r++)
+        for (size_t f = 0; f < n_fields; f++) {
+            size_t i = r * n_fields + f;
+            uint64_t len = size(gidxs[r], (uint32_t)f);
+            if (reg != NULL) {
+                void *p = NULL;
+                CHECK_OK(dp_client_alloc(reg, len > 0 ? len : 1, &p, NULL));
+                b->bufs[i] = p;
+            } else {
+                b->bufs[i] = malloc(len > 0 ? len : 1);
+            }
+            fill(b->bufs[i], len, gidxs[r], (uint32_t)f, ver);
+            dp_value *v = &b->vals[i];
+            v->data = b->bufs[i];
+            v->nbytes = len;
+            if (f == 1 && len % 4 == 0) {
+                v->kind = DP_KIND_TENSOR;
+                v->dtype = "float32";
+                b->shape[i] = len / 4;
+                v->shape = &b->shape[i];
+                v->ndim = 1;
+            } else {
+                v->kind = f == 2 ? DP_KIND_OBJECT : DP_KIND_BYTES;
+            }
+        }
+}
+
+static void
+batch_free(batch *b)
+{
+    for (size_t i = 0; i < b->n_rows * b->n_fields; i++) {
+        if (b->reg != NULL)
+            dp_client_free(b->reg, b->bufs[i]);
+        else
+            free(b->bufs[i]);
+    }
+    free(b->gidxs);
+    free(b->vals);
+    free(b->bufs);
+    free(b->shape);
+}
+
+static int
+batch_put(dp_client *c, batch *b, int *row_status, dp_detail *d)
+{
+    return dp_client_put(c, b->gidxs, b->n_rows, b->fields, b->n_fields, b->vals,
+                         row_status, d);
+}
+
+/* Get every cell of b into fresh malloc'd buffers and compare with version ver. */
+static void
+batch_verify(dp_client *c, const batch *b, uint64_t ver)
+{
+    size_t nc = b->n_rows * b->n_fields;
+    dp_get_item *it = calloc(nc, sizeof *it);
+    char(*keys)[300] = calloc(nc, sizeof *keys);
+    dp_value_desc *desc = calloc(nc, sizeof *desc);
+    for (size_t i = 0; i < nc; i++) {
+        snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@%s", b->gidxs[i / b->n_fields],
+                 b->fields[i % b->n_fields]);
+        it[i].key = keys[i];
+        it[i].cap = b->vals[i].nbytes;
+        it[i].dst = malloc(it[i].cap > 0 ? it[i].cap : 1);
+        it[i].desc = &desc[i];
+    }
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_get(c, it, nc, &d), &d);
+    for (size_t i = 0; i < nc; i++) {
+        CHECK_EQ(it[i].status, 0);
+        CHECK_EQ_U64(it[i].nbytes, b->vals[i].nbytes);
+        uint64_t v = ver;
+        CHECKF(check_value(it[i].dst, it[i].nbytes, b->gidxs[i / b->n_fields],
+                           (uint32_t)(i % b->n_fields), &v) &&
+                   v == ver,
+               "key %s: content differs (version %" PRIu64 ", want %" PRIu64 ")", keys[i],
+               v, ver);
+        CHECK_EQ(desc[i].kind, b->vals[i].kind);
+        CHECK_EQ(desc[i].ndim, b->vals[i].ndim);
+        if (b->vals[i].kind == DP_KIND_TENSOR) {
+            CHECK_STR(desc[i].dtype, "float32");
+            CHECK_EQ_U64(desc[i].shape[0], b->shape[i]);
+        }
+        free(it[i].dst);
+    }
+    free(it);
+    free(keys);
+    free(desc);
+}
+
+static uint64_t
+size_jagged(uint64_t gidx, uint32_t f)
+{
+    static const uint64_t s[] = {0, 1, 7, 63, 64, 65, 1000, 4096, 4100, 70000, 300000};
+    return s[mix(gidx, f, 99) % DP_ARRAY_LEN(s)] + (f == 1 ? 0 : gidx % 3);
+}
+
+static uint64_t
+size_4k(uint64_t gidx, uint32_t f)
+{
+    (void)gidx;
+    (void)f;
+    return 4096;
+}
+
+/* ---- client peers ---- */
+
+static const char *const *
+env_addrs(uint32_t *n)
+{
+    static char buf[1024];
+    static const char *v[8];
+    snprintf(buf, sizeof buf, "%s", getenv("DP_TC_ADDRS"));
+    *n = 0;
+    for (char *s = strtok(buf, ","); s != NULL && *n < 8; s = strtok(NULL, ","))
+        v[(*n)++] = s;
+    return v;
+}
+
+static void
+doom_hook(const char *stage)
+{
+    const char *when = getenv("DP_TC_DOOM");
+    if (when != NULL && strcmp(stage, when) == 0)
+        raise(SIGKILL);
+}
+
+/* "client": put and verify its own rows over several versions. */
+static int
+client_main(int fd, const char *mode)
+{
+    (void)fd;
+    uint32_t n = 0;
+    const char *const *addrs = env_addrs(&n);
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_client *c = NULL;
+    if (dp_client_open_units(addrs, n, NULL, &c, &d) != 0) {
+        fprintf(stderr, "client peer: %s\n", dp_detail_msg(&d));
+        return 1;
+    }
+    uint64_t base = strtoull(getenv("DP_TC_BASE"), NULL, 10);
+    uint64_t g[16];
+    for (int i = 0; i < 16; i++)
+        g[i] = base + (uint64_t)i;
+    if (strcmp(mode, "doomed") == 0) {
+        dp__client_test_hook = doom_hook;
+        batch b;
+        batch_make(&b, NULL, g, 16, 2, size_jagged, 7);
+        batch_put(c, &b, NULL, &d);
+        return 2; /* the hook should have killed us */
+    }
+    int rounds = strcmp(mode, "loop") == 0 ? 1000000 : 8;
+    for (int v = 1; v <= rounds; v++) {
+        batch b;
+        batch_make(&b, NULL, g, 16, 3, size_jagged, (uint64_t)v);
+        if (batch_put(c, &b, NULL, &d) != 0) {
+            fprintf(stderr, "client peer put: %s\n", dp_detail_msg(&d));
+            return 1;
+        }
+        if (strcmp(mode, "loop") != 0)
+            batch_verify(c, &b, (uint64_t)v);
+        batch_free(&b);
+    }
+    dp_client_close(c);
+    return 0;
+}
+
+__attribute__((constructor)) static void
+peer_main(void)
+{
+    const char *mode = getenv("DP_TC_MODE");
+    if (mode == NULL)
+        return;
+    int fd = atoi(getenv("DP_TC_FD"));
+    int rc = strcmp(mode, "unit") == 0 ? unit_main(fd) : client_main(fd, mode);
+    _exit(rc);
+}
+
+static pid_t
+spawn_client(const cluster *cl, const char *mode, uint64_t base, const char *doom)
+{
+    char addrs[1024] = "";
+    for (uint32_t u = 0; u < cl->n; u++) {
+        strcat(addrs, cl->addr[u]);
+        if (u + 1 < cl->n)
+            strcat(addrs, ",");
+    }
+    char bs[32];
+    snprintf(bs, sizeof bs, "%" PRIu64, base);
+    const char *env[] = {
+        "DP_TC_ADDRS", addrs, "DP_TC_BASE", bs, "DP_TC_DOOM", doom != NULL ? doom : "",
+        NULL};
+    int fd;
+    pid_t pid = spawn(mode, env, &fd);
+    close(fd);
+    return pid;
+}
+
+static int
+wait_status(pid_t pid)
+{
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+/* ---- tests ---- */
+
+DP_TEST(put_get_overwrite_clear)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 64 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    CHECK_EQ(dp_client_n_units(c), 2);
+    CHECK_STR(dp_client_unit_address(c, 1), cl.addr[1]);
+    CHECK_EQ(dp_client_unit_of(c, 7), 1);
+    uint64_t g[24];
+    for (int i = 0; i < 24; i++)
+        g[i] = (uint64_t)i * 5 + 1;
+    batch b;
+    batch_make(&b, NULL, g, 24, 4, size_jagged, 1);
+    int st[24];
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(batch_put(c, &b, st, &d), &d);
+    for (int i = 0; i < 24; i++)
+        CHECK_EQ(st[i], 0);
+    batch_verify(c, &b, 1);
+    double entries0 = stat_of(c, 0, "entries") + stat_of(c, 1, "entries");
+    CHECK_EQ((long long)entries0, 24 * 4);
+
+    /* Overwrite with new contents and sizes; readers see only the new version. */
+    batch b2;
+    batch_make(&b2, NULL, g, 24, 4, size_4k, 2);
+    CHECK_OK_D(batch_put(c, &b2, st, &d), &d);
+    batch_verify(c, &b2, 2);
+    CHECK_EQ((long long)(stat_of(c, 0, "entries") + stat_of(c, 1, "entries")), 24 * 4);
+
+    /* Clear half the rows; clearing again drops nothing. */
+    uint64_t dropped = 0;
+    CHECK_OK_D(dp_client_clear(c, g, 12, &dropped, &d), &d);
+    CHECK_EQ_U64(dropped, 12 * 4);
+    CHECK_OK_D(dp_client_clear(c, g, 12, &dropped, &d), &d);
+    CHECK_EQ_U64(dropped, 0);
+    dp_get_item it[2];
+    memset(it, 0, sizeof it);
+    uint8_t buf[4096];
+    char k0[64], k1[64];
+    snprintf(k0, sizeof k0, "%" PRIu64 "@input_ids", g[0]);
+    snprintf(k1, sizeof k1, "%" PRIu64 "@input_ids", g[20]);
+    it[0] = (dp_get_item){.key = k0, .dst = buf, .cap = sizeof buf};
+    it[1] = (dp_get_item){.key = k1, .dst = buf, .cap = sizeof buf};
+    CHECK_ERR_D(dp_client_get(c, it, 2, &d), DP_ENOTFOUND, &d);
+    CHECK_EQ(it[0].status, DP_ENOTFOUND);
+    CHECK_EQ(it[1].status, 0);
+    CHECK_CONTAINS(dp_detail_msg(&d), k0);
+    /* Published blobs whose rows were all overwritten or cleared were freed. */
+    CHECK_EQ((long long)(stat_of(c, 0, "entries") + stat_of(c, 1, "entries")), 12 * 4);
+    batch_free(&b);
+    batch_free(&b2);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(registered_memory_and_get_forms)
+{
+    cluster cl;
+    cluster_start(&cl, 3, 64 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    uint64_t g[10];
+    for (int i = 0; i < 10; i++)
+        g[i] = 100 + (uint64_t)i;
+    /* Values in registered memory: written straight from there. */
+    batch b;
+    batch_make(&b, c, g, 10, 3, size_jagged, 3);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+    batch_verify(c, &b, 3);
+
+    /* Get into registered memory (READ in place). */
+    void *dst = NULL;
+    CHECK_OK(dp_client_alloc(c, 1 << 20, &dst, NULL));
+    dp_get_item it = {.key = "101@logprobs", .dst = dst, .cap = 1 << 20};
+    CHECK_OK_D(dp_client_get(c, &it, 1, &d), &d);
+    uint64_t v = 3;
+    CHECK(check_value(dst, it.nbytes, 101, 1, &v));
+    CHECK_EQ_U64(it.nbytes, b.vals[1 * 3 + 1].nbytes);
+
+    /* A destination too small: the size comes back, nothing is copied. */
+    dp_get_item small = {.key = "109@reward", .dst = NULL, .cap = 0};
+    int rc = dp_client_get(c, &small, 1, &d);
+    if (b.vals[9 * 3 + 2].nbytes > 0) {
+        CHECK_EQ(rc, DP_ETOOBIG);
+        CHECK_EQ(small.status, DP_ETOOBIG);
+    }
+    CHECK_EQ_U64(small.nbytes, b.vals[9 * 3 + 2].nbytes);
+
+    /* Library-allocated values with descriptions; repeated and missing keys. */
+    const char *keys[] = {"100@input_ids", "105@logprobs", "100@input_ids", "999@x",
+                          "107@reward"};
+    dp_values *vals = NULL;
+    CHECK_ERR_D(dp_client_get_alloc(c, keys, 5, &vals, &d), DP_ENOTFOUND, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "'999@x'");
+    CHECK(vals != NULL);
+    CHECK_EQ(dp_values_count(vals), 5);
+    const uint64_t gi[] = {100, 105, 100, 0, 107};
+    const uint32_t fi[] = {0, 1, 0, 0, 2};
+    for (size_t i = 0; i < 5; i++) {
+        const void *p = NULL;
+        uint64_t n = 0;
+        const dp_value_desc *desc = NULL;
+        int s = dp_values_get(vals, i, &p, &n, &desc);
+        if (i == 3) {
+            CHECK_EQ(s, DP_ENOTFOUND);
+            continue;
+        }
+        CHECK_EQ(s, 0);
+        size_t cell = (size_t)(gi[i] - 100) * 3 + fi[i];
+        CHECK_EQ_U64(n, b.vals[cell].nbytes);
+        CHECK_EQ(desc->kind, b.vals[cell].kind);
+        uint64_t vv = 3;
+        CHECK(check_value(p, n, gi[i], fi[i], &vv));
+    }
+    dp_values_destroy(vals);
+
+    /* Bad keys are refused before anything is sent. */
+    dp_get_item bad = {.key = "12x@a"};
+    CHECK_ERR(dp_client_get(c, &bad, 1, NULL), DP_EINVAL);
+    bad.key = "1@a@b";
+    CHECK_ERR(dp_client_get(c, &bad, 1, NULL), DP_EINVAL);
+    dp_client_free(c, dst);
+    batch_free(&b);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(bad_puts_and_skipped_cells)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 16 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint8_t x[16] = {1, 2, 3};
+    uint64_t g2[] = {4, 4};
+    const char *f1[] = {"a"};
+    dp_value v2[2] = {{x, 16, DP_KIND_BYTES, NULL, NULL, 0},
+                      {x, 16, DP_KIND_BYTES, NULL, NULL, 0}};
+    CHECK_ERR_D(dp_client_put(c, g2, 2, f1, 1, v2, NULL, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "twice");
+    const char *fbad[] = {"a@b"};
+    uint64_t g1[] = {3};
+    CHECK_ERR(dp_client_put(c, g1, 1, fbad, 1, v2, NULL, NULL), DP_EINVAL);
+    const char *fdup[] = {"a", "a"};
+    CHECK_ERR(dp_client_put(c, g1, 1, fdup, 2, v2, NULL, NULL), DP_EINVAL);
+    dp_value tensor_no_dtype = {x, 16, DP_KIND_TENSOR, NULL, NULL, 0};
+    CHECK_ERR(dp_client_put(c, g1, 1, f1, 1, &tensor_no_dtype, NULL, NULL), DP_EINVAL);
+    /* Bigger than a unit's slab: refused up front. */
+    uint8_t *big = calloc(1, 17 << 20);
+    dp_value vb = {big, 17 << 20, DP_KIND_BYTES, NULL, NULL, 0};
+    CHECK_ERR_D(dp_client_put(c, g1, 1, f1, 1, &vb, NULL, &d), DP_ETOOBIG, &d);
+    free(big);
+
+    /* Rows with different sets of fields in one put (skipped cells). */
+    uint64_t g[] = {10, 11, 12};
+    const char *f[] = {"p", "q"};
+    dp_value v[6];
+    memset(v, 0, sizeof v);
+    for (int i = 0; i < 6; i++)
+        v[i] = (dp_value){x, (uint64_t)i, DP_KIND_BYTES, NULL, NULL, 0};
+    v[1].kind = DP_KIND_SKIP; /* 10@q */
+    v[4].kind = DP_KIND_SKIP; /* 12@p */
+    v[5].kind = DP_KIND_SKIP; /* 12@q: row 12 sends nothing */
+    CHECK_OK_D(dp_client_put(c, g, 3, f, 2, v, NULL, &d), &d);
+    const char *keys[] = {"10@p", "10@q", "11@p", "11@q", "12@p"};
+    dp_values *vals = NULL;
+    CHECK_ERR_D(dp_client_get_alloc(c, keys, 5, &vals, &d), DP_ENOTFOUND, &d);
+    int want[] = {0, DP_ENOTFOUND, 0, 0, DP_ENOTFOUND};
+    uint64_t wlen[] = {0, 0, 2, 3, 0};
+    for (size_t i = 0; i < 5; i++) {
+        uint64_t n = 99;
+        const void *p = NULL;
+        CHECK_EQ(dp_values_get(vals, i, &p, &n, NULL), want[i]);
+        if (want[i] == 0) {
+            CHECK_EQ_U64(n, wlen[i]);
+            CHECK(n == 0 || memcmp(p, x, n) == 0);
+        }
+    }
+    dp_values_destroy(vals);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(sizes_up_to_64mib)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 160 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    static const uint64_t sizes[] = {0, 1, 63, 64, 65, 4096, (1 << 20) + 3, 64 << 20};
+    dp_detail d;
+    dp_detail_clear(&d);
+    for (size_t s = 0; s < DP_ARRAY_LEN(sizes); s++) {
+        uint64_t len = sizes[s];
+        uint64_t g = 40 + s;
+        /* Half from malloc (staged), half from registered memory (direct). */
+        bool reg = s % 2 == 1;
+        uint8_t *p = NULL;
+        if (reg)
+            CHECK_OK(dp_client_alloc(c, len > 0 ? len : 1, (void **)&p, NULL));
+        else
+            p = malloc(len > 0 ? len : 1);
+        fill(p, len, g, 0, 5);
+        const char *f[] = {"blob"};
+        dp_value v = {p, len, DP_KIND_BYTES, NULL, NULL, 0};
+        CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
+        uint8_t *q = malloc(len > 0 ? len : 1);
+        char key[64];
+        snprintf(key, sizeof key, "%" PRIu64 "@blob", g);
+        dp_get_item it = {.key = key, .dst = q, .cap = len};
+        CHECK_OK_D(dp_client_get(c, &it, 1, &d), &d);
+        CHECK_EQ_U64(it.nbytes, len);
+        uint64_t ver = 5;
+        CHECKF(check_value(q, len, g, 0, &ver), "size %" PRIu64, len);
+        free(q);
+        if (reg)
+            dp_client_free(c, p);
+        else
+            free(p);
+        /* Drop the big one again so the slab has room. */
+        CHECK_OK(dp_client_clear(c, &g, 1, NULL, &d));
+    }
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(cluster_file_and_stats)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 16 << 20, 60, 10);
+    char dir[] = "/tmp/dp_tc_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    dp_cluster cf;
+    memset(&cf, 0, sizeof cf);
+    cf.n_units = 2;
+    dp_cluster_unit us[2];
+    memset(us, 0, sizeof us);
+    for (uint32_t u = 0; u < 2; u++) {
+        us[u].id = u;
+        snprintf(us[u].zmq, sizeof us[u].zmq, "%s", cl.addr[u]);
+        snprintf(us[u].agent, sizeof us[u].agent, "unit-%u", u);
+    }
+    cf.units = us;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/cluster.json", dir);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_cluster_save(path, &cf, &d), &d);
+    dp_client *c = NULL;
+    CHECK_OK_D(dp_client_open(dir, NULL, &c, &d), &d);
+    CHECK_EQ(dp_client_n_units(c), 2);
+    dp_client_close(c);
+    c = NULL;
+    setenv("DP_CLUSTER", path, 1);
+    CHECK_OK_D(dp_client_open(NULL, NULL, &c, &d), &d);
+    unsetenv("DP_CLUSTER");
+    dp_client_stats *s = NULL;
+    CHECK_OK_D(dp_client_stats_get(c, &s, &d), &d);
+    CHECK_EQ(dp_client_stats_units(s), 2);
+    for (uint32_t u = 0; u < 2; u++) {
+        CHECK_EQ(dp_client_stats_status(s, u), 0);
+        CHECK(dp_client_stats_count(s, u) > 5);
+        double v = -1;
+        CHECK(dp_client_stats_find(s, u, "unit_id", &v));
+        CHECK_EQ((long long)v, u);
+        const char *name = NULL;
+        CHECK(dp_client_stats_at(s, u, 0, &name, &v));
+        CHECK(name != NULL);
+    }
+    CHECK(!dp_client_stats_find(s, 0, "no_such_counter", NULL));
+    dp_client_stats_destroy(s);
+    dp_client_close(c);
+
+    /* The units in the wrong order: refused, naming the unit. */
+    snprintf(us[0].zmq, sizeof us[0].zmq, "%s", cl.addr[1]);
+    snprintf(us[1].zmq, sizeof us[1].zmq, "%s", cl.addr[0]);
+    CHECK_OK(dp_cluster_save(path, &cf, &d));
+    c = NULL;
+    CHECK_ERR_D(dp_client_open(path, NULL, &c, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "unit 0");
+    CHECK(c == NULL);
+    unlink(path);
+    CHECK_ERR_D(dp_client_open(dir, NULL, &c, &d), DP_ENOTFOUND, &d);
+    rmdir(dir);
+    cluster_stop(&cl);
+}
+
+DP_TEST(busy_unit_is_retried)
+{
+    /* A 4 MiB slab, pins of 1 s: a pinned released blob keeps the room busy. */
+    cluster cl;
+    cluster_start(&cl, 1, 4 << 20, 60, 1);
+    dp_client *c = connect_opts(&cl, 15);
+    uint8_t *p = malloc(3 << 20);
+    fill(p, 3 << 20, 1, 0, 1);
+    uint64_t g = 1;
+    const char *f[] = {"big"};
+    dp_value v = {p, 3 << 20, DP_KIND_BYTES, NULL, NULL, 0};
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
+    /* Pin it with a raw resolve_keys that is never unpinned, then clear it. */
+    dp_ctl_client *ctl = NULL;
+    CHECK_OK(dp_ctl_client_create(&ctl, NULL));
+    dp_wire_rid_gen rg;
+    CHECK_OK(dp_wire_rid_gen_init(&rg, NULL));
+    char rid[DP_WIRE_RID_MAX];
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    dp_wire_str k = dp_wire_s("1@big");
+    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.rid = dp_wire_rid_next(&rg, rid);
+    dp_buf req = {0}, rep = {0};
+    CHECK_OK(dp_wire_request_encode(&q, NULL, &req, NULL));
+    CHECK_OK(dp_ctl_call(ctl, cl.addr[0], req.data, req.len, rid, 10, &rep, NULL));
+    CHECK_OK(dp_client_clear(c, &g, 1, NULL, &d));
+    /* The next 3 MiB put meets Busy until the pin expires, then lands. */
+    g = 2;
+    double t0 = dp_test_now();
+    CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
+    CHECK(dp_test_now() - t0 > 0.3);
+    CHECK(stat_of(c, 0, "busy") >= 1);
+    /* With a budget too short to wait it out, Busy comes back. */
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(ctl);
+    free(p);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(several_client_processes)
+{
+    cluster cl;
+    cluster_start(&cl, 3, 64 << 20, 60, 10);
+    pid_t kids[4];
+    for (int i = 0; i < 4; i++)
+        kids[i] = spawn_client(&cl, "client", 1000 * (uint64_t)(i + 1), NULL);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(wait_status(kids[i]), 0);
+    /* Everything the children left is their last version. */
+    dp_client *c = connect_cl(&cl);
+    for (int i = 0; i < 4; i++) {
+        uint64_t g[16];
+        for (int r = 0; r < 16; r++)
+            g[r] = 1000 * (uint64_t)(i + 1) + (uint64_t)r;
+        batch b;
+        batch_make(&b, NULL, g, 16, 3, size_jagged, 8);
+        batch_verify(c, &b, 8);
+        batch_free(&b);
+    }
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+typedef struct thr_arg {
+    dp_client *c;
+    int id;
+    int fails;
+} thr_arg;
+
+static void *
+thr_main(void *p)
+{
+    thr_arg *a = p;
+    uint64_t g[8];
+    for (int i = 0; i < 8; i++)
+        g[i] = 5000 + (uint64_t)a->id * 100 + (uint64_t)i;
+    for (int v = 1; v <= 6; v++) {
+        uint8_t *bufs[8];
+        dp_value vals[8];
+        for (int i = 0; i < 8; i++) {
+            uint64_t len = size_jagged(g[i], 0) + 8;
+            bufs[i] = malloc(len);
+            fill(bufs[i], len, g[i], 0, (uint64_t)v);
+            vals[i] = (dp_value){bufs[i], len, DP_KIND_BYTES, NULL, NULL, 0};
+        }
+        const char *f[] = {"t"};
+        if (dp_client_put(a->c, g, 8, f, 1, vals, NULL, NULL) != 0)
+            a->fails++;
+        char keys[8][32];
+        dp_get_item it[8];
+        uint8_t *out[8];
+        for (int i = 0; i < 8; i++) {
+            snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@t", g[i]);
+            out[i] = malloc(vals[i].nbytes);
+            it[i] = (dp_get_item){.key = keys[i], .dst = out[i], .cap = vals[i].nbytes};
+        }
+        if (dp_client_get(a->c, it, 8, NULL) != 0)
+            a->fails++;
+        for (int i = 0; i < 8; i++) {
+            uint64_t ver = 0;
+            if (!check_value(out[i], vals[i].nbytes, g[i], 0, &ver) || ver != (uint64_t)v)
+                a->fails++;
+            free(out[i]);
+            free(bufs[i]);
+        }
+    }
+    return NULL;
+}
+
+DP_TEST(threads_share_a_client)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 32 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    pthread_t t[4];
+    thr_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (thr_arg){c, i, 0};
+        CHECK(pthread_create(&t[i], NULL, thr_main, &a[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ(a[i].fails, 0);
+    }
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(unit_killed_mid_run)
+{
+    cluster cl;
+    cluster_start(&cl, 3, 32 << 20, 60, 10);
+    dp_client *c = connect_opts(&cl, 3);
+    uint64_t g[12];
+    for (int i = 0; i < 12; i++)
+        g[i] = (uint64_t)i;
+    batch b;
+    batch_make(&b, NULL, g, 12, 2, size_jagged, 1);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+    kill(cl.pid[1], SIGKILL);
+    CHECK_EQ(wait_status(cl.pid[1]), -SIGKILL);
+    cl.pid[1] = 0;
+
+    /* A put spanning every unit: exactly unit 1's rows fail, and say so. */
+    batch b2;
+    batch_make(&b2, NULL, g, 12, 2, size_jagged, 2);
+    int st[12];
+    int rc = batch_put(c, &b2, st, &d);
+    CHECKF(rc == DP_ETIMEDOUT || rc == DP_ETRANSFER, "put after a unit died: %s",
+           dp_errname(rc));
+    CHECK_CONTAINS(dp_detail_msg(&d), "unit 1");
+    CHECK_CONTAINS(dp_detail_msg(&d), "4 of 12 rows did not land");
+    for (int i = 0; i < 12; i++)
+        CHECKF((st[i] != 0) == (i % 3 == 1), "row %d status %s", i, dp_errname(st[i]));
+
+    /* Gets: the other units' rows have the new version, unit 1's fail. */
+    dp_get_item it[12];
+    char keys[12][32];
+    uint8_t *out[12];
+    for (int i = 0; i < 12; i++) {
+        snprintf(keys[i], sizeof keys[i], "%d@input_ids", i);
+        out[i] = malloc(1 << 20);
+        it[i] = (dp_get_item){.key = keys[i], .dst = out[i], .cap = 1 << 20};
+    }
+    rc = dp_client_get(c, it, 12, &d);
+    CHECK(rc == DP_ETIMEDOUT || rc == DP_ETRANSFER);
+    CHECK_CONTAINS(dp_detail_msg(&d), cl.addr[1]);
+    for (int i = 0; i < 12; i++) {
+        if (i % 3 == 1) {
+            CHECK(it[i].status == DP_ETIMEDOUT || it[i].status == DP_ETRANSFER);
+            continue;
+        }
+        CHECK_EQ(it[i].status, 0);
+        uint64_t ver = 0;
+        CHECK(check_value(out[i], it[i].nbytes, (uint64_t)i, 0, &ver));
+        CHECK(it[i].nbytes < 8 || ver == 2);
+    }
+    for (int i = 0; i < 12; i++)
+        free(out[i]);
+    /* The live units keep serving puts of their own rows. */
+    uint64_t g0[] = {0, 2, 3, 5};
+    batch b3;
+    batch_make(&b3, NULL, g0, 4, 2, size_4k, 3);
+    CHECK_OK_D(batch_put(c, &b3, NULL, &d), &d);
+    batch_verify(c, &b3, 3);
+    batch_free(&b);
+    batch_free(&b2);
+    batch_free(&b3);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(client_killed_between_write_and_commit)
+{
+    /* Lease of 1 s: the dead client's allocation is retired by the ticker. */
+    cluster cl;
+    cluster_start(&cl, 2, 32 << 20, 1, 10);
+    dp_client *c = connect_cl(&cl);
+    pid_t kid = spawn_client(&cl, "doomed", 300, "put:written");
+    CHECK_EQ(wait_status(kid), -SIGKILL);
+    /* Nothing was published. */
+    for (uint32_t u = 0; u < 2; u++) {
+        CHECK_EQ((long long)stat_of(c, u, "published"), 0);
+        CHECK_EQ((long long)stat_of(c, u, "entries"), 0);
+    }
+    dp_get_item it = {.key = "300@input_ids"};
+    CHECK_ERR(dp_client_get(c, &it, 1, NULL), DP_ENOTFOUND);
+    /* After the lease: no blob left, only the retired regions are gone. */
+    double t0 = dp_test_now();
+    while (dp_test_now() - t0 < 10 &&
+           (stat_of(c, 0, "blobs") > 0 || stat_of(c, 1, "blobs") > 0))
+        dp_sleep_s(0.1);
+    for (uint32_t u = 0; u < 2; u++) {
+        CHECK_EQ((long long)stat_of(c, u, "blobs"), 0);
+        CHECK_EQ((long long)stat_of(c, u, "leases_expired"), 1);
+        double retired = stat_of(c, u, "retired_bytes");
+        CHECK(retired > 0);
+        CHECK_EQ((long long)stat_of(c, u, "allocated_bytes"), (long long)retired);
+    }
+    /* The units go on serving. */
+    uint64_t g[] = {300, 301};
+    batch b;
+    batch_make(&b, NULL, g, 2, 2, size_jagged, 4);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+    batch_verify(c, &b, 4);
+    batch_free(&b);
+
+    /* Killed between alloc and WRITE: same story. */
+    kid = spawn_client(&cl, "doomed", 400, "put:allocated");
+    CHECK_EQ(wait_status(kid), -SIGKILL);
+    t0 = dp_test_now();
+    while (dp_test_now() - t0 < 10 && stat_of(c, 0, "blobs") + stat_of(c, 1, "blobs") > 2)
+        dp_sleep_s(0.1);
+    CHECK_EQ((long long)(stat_of(c, 0, "blobs") + stat_of(c, 1, "blobs")), 2);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
+DP_TEST(client_killed_at_random_times)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 32 << 20, 1, 10);
+    dp_client *c = connect_cl(&cl);
+    uint64_t seed = dp_test_seed();
+    for (int round = 0; round < 3; round++) {
+        pid_t kid = spawn_client(&cl, "loop", 700, NULL);
+        double wait_s = 0.3 + (double)(dp_test_rand(&seed) % 700) / 1000.0;
+        dp_sleep_s(wait_s);
+        kill(kid, SIGKILL);
+        CHECK_EQ(wait_status(kid), -SIGKILL);
+        /* After the lease, every blob left is published: nothing half-made. */
+        double t0 = dp_test_now();
+        for (;;) {
+            double blobs = stat_of(c, 0, "blobs") + stat_of(c, 1, "blobs");
+            double pub = stat_of(c, 0, "published") + stat_of(c, 1, "published");
+            if (blobs == pub)
+                break;
+            CHECKF(dp_test_now() - t0 < 10, "%g blobs, %g published", blobs, pub);
+            dp_sleep_s(0.1);
+        }
+        /* Every key present holds a complete value of one version. */
+        const char *f[] = {"input_ids", "logprobs", "reward"};
+        for (uint64_t r = 700; r < 716; r++)
+            for (uint32_t k = 0; k < 3; k++) {
+                char key[64];
+                snprintf(key, sizeof key, "%" PRIu64 "@%s", r, f[k]);
+                uint8_t *out = malloc(1 << 20);
+                dp_get_item it = {.key = key, .dst = out, .cap = 1 << 20};
+                int rc = dp_client_get(c, &it, 1, NULL);
+                CHECK(rc == 0 || rc == DP_ENOTFOUND);
+                uint64_t ver = 0;
+                if (rc == 0)
+                    CHECKF(check_value(out, it.nbytes, r, k, &ver), "key %s", key);
+                free(out);
+            }
+    }
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
