@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "dataplane/direct.h"
+#include "direct/direct.h"
 
 #define MiB (1024ull * 1024)
 
@@ -191,7 +192,7 @@ main(int argc, char **argv)
     uint64_t sizes[32];
     int n_sizes = 0, reps = 7;
     uint64_t min_mib = 512;
-    int own_targets = 1;
+    int own_targets = 1, lanes = 0;
     const char *list = "4096,65536,1048576,16777216,67108864,268435456";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc)
@@ -200,11 +201,13 @@ main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--min-mib") == 0 && i + 1 < argc)
             min_mib = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--lanes") == 0)
+            lanes = 1;
         else if (strcmp(argv[i], "--targets") == 0 && i + 1 < argc)
             own_targets = strcmp(argv[++i], "new") != 0;
         else {
             fprintf(stderr, "usage: bench_direct [--sizes a,b] [--reps N] [--min-mib M] "
-                            "[--targets own|new]\n");
+                            "[--targets own|new] [--lanes]\n");
             return 2;
         }
     }
@@ -278,6 +281,13 @@ main(int argc, char **argv)
                     (rc = dp_direct_wait(r, -1, &d)) != DP_OK)
                     die("fetch", rc, &d);
                 double dt = now_s() - t0;
+                if (k < 0 && lanes && si == 0) {
+                    char *info = NULL;
+                    const char *pn = pool ? "bench-pub-pool" : "bench-pub";
+                    if (dp__direct_describe_remote(t, pn, &info, NULL) == DP_OK)
+                        printf("# lanes towards %s:\n%s\n", pn, info);
+                    free(info);
+                }
                 if (k < 0) {
                     void *a;
                     size_t len;

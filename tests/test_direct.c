@@ -496,6 +496,8 @@ DP_TEST(metadata_roundtrip_and_rejects)
     dp_direct_buf part = {a + 100, sizeof a};
     CHECK_ERR_D(dp_direct_publish(t, "obj-3", &part, 1, &md2, &len2, &d), DP_EEXIST, &d);
     CHECK_CONTAINS(d.msg, "overlaps");
+    CHECK_ERR_D(dp_direct_register_permanent(t, a + 100, sizeof a, &d), DP_EEXIST, &d);
+    CHECK_OK_D(dp_direct_register_permanent(t, a + 100, 100, &d), &d); /* inside: fine */
     /* A buffer inside a registration shares it. */
     dp_direct_buf inner = {a + 100, 200};
     CHECK_OK_D(dp_direct_publish(t, "obj-4", &inner, 1, &md2, &len2, &d), &d);
@@ -511,8 +513,8 @@ DP_TEST(metadata_roundtrip_and_rejects)
     CHECK_OK(dp_direct_free(t, "obj-4", &d));
     CHECK_ERR(dp_direct_free(t, "obj-4", &d), DP_ENOTFOUND);
     dp_direct_get_stats(t, &st);
-    CHECK_EQ_U64(st.registrations, 0);
-    CHECK_EQ_U64(st.version, 2);
+    CHECK_EQ_U64(st.registrations, 1); /* a is pinned for good (register_permanent) */
+    CHECK_EQ_U64(st.version, 1);
     /* An empty object is fine and fetches nothing. */
     CHECK_OK_D(dp_direct_publish(t, "empty", NULL, 0, &md2, &len2, &d), &d);
     CHECK_OK_D(dp_direct_fetch(t, "empty", md2, len2, NULL, 0, &r, &d), &d);
@@ -522,6 +524,57 @@ DP_TEST(metadata_roundtrip_and_rejects)
     free(md2);
     free(md);
     dp_direct_destroy(t);
+}
+
+DP_TEST(sizes_beyond_the_host_and_bad_options_are_refused)
+{
+    /*
+     * Never asked of UCX: it would back the memory with /dev/shm and populate
+     * it until the host runs out. Checked before anything is allocated.
+     */
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    o.name = "too-big";
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    o.pool_bytes = 1ull << 46;
+    dp_direct *t = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_ERR_D(dp_direct_create(&o, &t, &d), DP_EINVAL, &d);
+    CHECK(t == NULL);
+    CHECK_CONTAINS(d.msg, "70368744177664 bytes");
+    /* Metadata claiming a huge object cannot make the fetcher allocate it. */
+    o.pool_bytes = 0;
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    static uint8_t a[4096];
+    dp_direct_buf b = {a, sizeof a};
+    uint8_t *md = NULL;
+    size_t len = 0;
+    CHECK_OK_D(dp_direct_publish(t, "big", &b, 1, &md, &len, &d), &d);
+    dp_direct_md m;
+    CHECK_OK_D(dp__direct_md_parse(md, len, &m, &d), &d);
+    m.descs[0].len = 1ull << 46;
+    dp_buf forged;
+    dp_buf_init(&forged);
+    CHECK_OK_D(dp__direct_md_encode(&forged, m.obj_id, m.backend, m.name, m.version,
+                                    m.ep_md, m.ep_md_len, m.descs, m.n_descs, &d),
+               &d);
+    dp_direct_req *r = NULL;
+    CHECK_ERR_D(dp_direct_fetch(t, "big", forged.data, forged.len, NULL, 0, &r, &d),
+                DP_ETOOBIG, &d);
+    CHECK_CONTAINS(d.msg, "targets of your own");
+    dp_buf_fini(&forged);
+    dp__direct_md_fini(&m);
+    free(md);
+    dp_direct_destroy(t);
+    /* Bad options and backends are refused plainly. */
+    o.n_workers = 1000;
+    CHECK_ERR_D(dp_direct_create(&o, &t, &d), DP_EINVAL, &d);
+    o.n_workers = 0;
+    setenv("DP_DIRECT_BACKEND", "libfabric", 1);
+    CHECK_ERR_D(dp_direct_create(&o, &t, &d), DP_EUNSUPPORTED, &d);
+    CHECK_CONTAINS(d.msg, "libfabric backend is not");
+    unsetenv("DP_DIRECT_BACKEND");
 }
 
 DP_TEST(efa_detection_reports_missing_libfabric)

@@ -103,7 +103,7 @@ struct dp_direct_req {
     bool targets_held;
     void *own_buf;
     /* Under t->mu. */
-    enum req_state state;
+    int state;
     bool aborted;
     int rc;
     dp_detail det;
@@ -156,6 +156,19 @@ struct dp_direct {
 };
 
 static const char *sysfs_root = "/sys";
+
+/*
+ * Physical memory of this host. UCX backs memory it allocates with shared
+ * memory and populates it: a request larger than the host fills /dev/shm and
+ * starves every process, so sizes that come from options or from untrusted
+ * metadata are checked against this first.
+ */
+static uint64_t
+phys_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
+}
 
 /* ---- helpers ---- */
 
@@ -241,6 +254,15 @@ void
 dp__direct_set_sysfs_root(const char *root)
 {
     sysfs_root = root != NULL ? root : "/sys";
+}
+
+int
+dp__direct_describe_remote(dp_direct *t, const char *name, char **out, dp_detail *d)
+{
+    pthread_mutex_lock(&t->lru_mu);
+    int rc = dp_endpoint_describe_remote(t->ep, name, out, d);
+    pthread_mutex_unlock(&t->lru_mu);
+    return rc;
 }
 
 void
@@ -541,6 +563,13 @@ lru_release(dp_direct *t, const char *name, bool failed)
 
 /* ---- fetch worker ---- */
 
+/* t->mu held. */
+static void
+set_state(dp_direct_req *r, int state)
+{
+    r->state = state;
+}
+
 static bool
 req_aborted(dp_direct_req *r, double *pause)
 {
@@ -653,7 +682,7 @@ worker_main(void *arg)
         if (t->qhead == NULL)
             t->qtail = NULL;
         r->qnext = NULL;
-        r->state = REQ_RUNNING;
+        set_state(r, REQ_RUNNING);
         pthread_mutex_unlock(&t->mu);
 
         dp_detail d;
@@ -664,7 +693,7 @@ worker_main(void *arg)
         pthread_mutex_lock(&t->mu);
         r->rc = rc;
         r->det = d;
-        r->state = REQ_END;
+        set_state(r, REQ_END);
         if (rc == DP_OK) {
             t->fetch_ok++;
             t->bytes_fetched += r->md.total_bytes;
@@ -773,6 +802,15 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
                     env_or("UCX_TLS", "unset"));
         goto fail;
     }
+    if (o.pool_bytes > phys_bytes() / 2) {
+        char a[32], b[32];
+        rc = dp_fail(d, DP_EINVAL,
+                     "direct: a memory pool of %s (%zu bytes) exceeds half of this "
+                     "host's %s of memory",
+                     dp_fmt_size(o.pool_bytes, a, sizeof a), o.pool_bytes,
+                     dp_fmt_size(phys_bytes(), b, sizeof b));
+        goto fail;
+    }
     if (o.pool_bytes > 0) {
         rc = dp_endpoint_alloc(t->ep, o.pool_bytes, &t->pool_base, d);
         if (rc != DP_OK) {
@@ -809,7 +847,7 @@ dp_direct_destroy(dp_direct *t)
         for (dp_direct_req *r = t->live; r != NULL; r = r->lnext) {
             r->aborted = true;
             if (r->state == REQ_QUEUED) {
-                r->state = REQ_END;
+                set_state(r, REQ_END);
                 r->rc = dp_fail(&r->det, DP_ECLOSED, "direct: transport destroyed");
             }
         }
@@ -1082,8 +1120,12 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
         uint64_t total = 0;
         for (size_t i = 0; i < r->n; i++)
             total += DP_ALIGN_UP(r->md.descs[i].len, 64);
-        if (total > SIZE_MAX) {
-            rc = dp_fail(d, DP_ETOOBIG, "direct: object %s is too large", obj_id);
+        if (total > SIZE_MAX || total > phys_bytes() / 2) {
+            char a[32];
+            rc = dp_fail(d, DP_ETOOBIG,
+                         "direct: object %s needs %" PRIu64 " bytes, more than half of "
+                         "this host's %s of memory: fetch it into targets of your own",
+                         obj_id, total, dp_fmt_size(phys_bytes(), a, sizeof a));
             goto fail;
         }
         rc = dp_endpoint_alloc(t->ep, (size_t)total, &r->own_buf, d);
@@ -1106,7 +1148,7 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
         rc = dp_fail(d, DP_ECLOSED, "direct: transport is being destroyed");
         goto fail;
     }
-    r->state = REQ_QUEUED;
+    set_state(r, REQ_QUEUED);
     r->lnext = t->live;
     if (t->live != NULL)
         t->live->lprev = r;
@@ -1227,8 +1269,8 @@ dp_direct_req_destroy(dp_direct_req *r)
             for (dp_direct_req *q = t->qhead; q != NULL; q = q->qnext)
                 t->qtail = q;
         }
-        r->state = REQ_END;
         r->rc = DP_ETRANSFER;
+        set_state(r, REQ_END);
         t->fetch_aborted++;
     }
     r->aborted = true;
