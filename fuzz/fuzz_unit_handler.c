@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "unit/unit.h"
 #include "wire/wire.h"
@@ -38,6 +39,14 @@ fuzz_now(void *ctx)
 }
 
 static uint64_t last_off;
+static char ssd_dir[] = "/tmp/dp-fuzz-unit-XXXXXX";
+
+/* The unit's files are unlinked at once: only the directory is left. */
+static void
+rm_ssd_dir(void)
+{
+    rmdir(ssd_dir);
+}
 
 static void
 feed(dp_unit *u, const uint8_t *msg, size_t len, dp_buf *out)
@@ -64,13 +73,13 @@ int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool quiet;
-    static char ssd_dir[] = "/tmp/dp-fuzz-unit-XXXXXX";
     if (!quiet) {
         dp_log_set_level(DP_LOG_ERROR);
         if (mkdtemp(ssd_dir) == NULL) {
             perror("fuzz_unit_handler: mkdtemp");
             abort();
         }
+        atexit(rm_ssd_dir);
         quiet = true;
     }
     dp_unit_opts o;
