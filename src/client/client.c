@@ -164,7 +164,11 @@ buf_find_locked(dp_client *c, const void *p)
     return NULL;
 }
 
-/* Unmap FREE buffers while more than the cache limit is cached, largest first. */
+/*
+ * Unmap FREE buffers while more than the cache limit is cached, least
+ * recently used first (a buffer that each batch needs stays mapped: mapping
+ * and faulting in registered memory costs more than the copy it serves).
+ */
 static void
 trim_cache_locked(dp_client *c)
 {
@@ -172,7 +176,7 @@ trim_cache_locked(dp_client *c)
         size_t best = SIZE_MAX;
         for (size_t i = 0; i < c->n_bufs; i++)
             if (c->bufs[i].state == DP__BUF_FREE &&
-                (best == SIZE_MAX || c->bufs[i].len > c->bufs[best].len))
+                (best == SIZE_MAX || c->bufs[i].last_use < c->bufs[best].last_use))
                 best = i;
         if (best == SIZE_MAX)
             return;
@@ -253,6 +257,7 @@ dp__client_buf_put_locked(dp_client *c, uint8_t *p)
         return;
     }
     b->state = DP__BUF_FREE;
+    b->last_use = ++c->use_clock;
     c->cached_bytes += b->len;
     trim_cache_locked(c);
 }

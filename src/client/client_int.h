@@ -40,6 +40,7 @@ typedef struct dp__buf {
     uint8_t *p;
     size_t len;
     int state;
+    uint64_t last_use; /* c->use_clock when last given back (LRU trimming) */
 } dp__buf;
 
 /* A caller-registered region. */
@@ -64,6 +65,7 @@ struct dp_client {
     dp__buf *bufs;
     size_t n_bufs, cap_bufs;
     uint64_t cached_bytes; /* sum of FREE buffers */
+    uint64_t use_clock;
     /* Caller-registered regions. */
     dp__region *regions;
     size_t n_regions, cap_regions;

@@ -1,0 +1,318 @@
+/*
+ * bench_client: put and get throughput (GB/s) and batch latency (p50/p99) of
+ * the client library against N storage units started as child processes
+ * (this program re-executed in unit mode), next to single-thread memcpy of the
+ * same bytes in the same value-sized pieces over buffers larger than the
+ * caches, measured in the same run. Ratios are printed; figures are medians.
+ *
+ * Shapes: 64 rows x 1 field x 1 MiB ("large") and 1024 rows x 4 fields x
+ * 4 KiB ("small"). Each shape runs twice: values in memory registered with
+ * the client (dp_client_alloc: put WRITEs straight from it, get READs straight
+ * into it) and values in plain malloc memory (one extra copy through the
+ * client's staging buffer).
+ *
+ *   bench_client [--units N] [--reps R] [--slab-mib M]
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "ctl/ctl.h"
+#include "dataplane/client.h"
+#include "unit/unit.h"
+#include "xfer/endpoint.h"
+
+/* ---- unit mode ---- */
+
+static int
+unit_main(void)
+{
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    dp_detail d;
+    dp_detail_clear(&d);
+    int fd = atoi(getenv("DP_BC_FD"));
+    uint32_t id = (uint32_t)atoi(getenv("DP_BC_UNIT_ID"));
+    dp_endpoint_opts eo;
+    dp_endpoint_opts_init(&eo);
+    eo.progress_thread = true;
+    dp_endpoint *ep = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "bench-unit-%u-%ld", id, (long)getpid());
+    if (dp_endpoint_create(name, &eo, &ep, &d) != 0)
+        goto fail;
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.ep = ep;
+    o.unit_id = id;
+    o.n_units = (uint32_t)atoi(getenv("DP_BC_UNITS"));
+    o.slab_bytes = strtoull(getenv("DP_BC_SLAB"), NULL, 10);
+    o.numa = DP_UNIT_NUMA_AUTO;
+    dp_unit *u = NULL;
+    if (dp_unit_create(&o, &u, &d) != 0 || dp_unit_start_ticker(u, 1.0, &d) != 0)
+        goto fail;
+    dp_ctl_server_opts so = {.bind_ip = "127.0.0.1", .port = 0};
+    dp_ctl_server *srv = NULL;
+    if (dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv, &d) !=
+        0)
+        goto fail;
+    dp_unit_set_address(u, dp_ctl_server_address(srv));
+    dprintf(fd, "%s\n", dp_ctl_server_address(srv));
+    close(fd);
+    int sig;
+    sigwait(&sigs, &sig);
+    dp_ctl_server_close(srv);
+    dp_unit_destroy(u);
+    dp_endpoint_destroy(ep);
+    return 0;
+fail:
+    fprintf(stderr, "bench unit: %s\n", dp_detail_msg(&d));
+    return 1;
+}
+
+__attribute__((constructor)) static void
+unit_mode(void)
+{
+    if (getenv("DP_BC_UNIT_ID") != NULL)
+        _exit(unit_main());
+}
+
+static pid_t
+start_unit(uint32_t id, uint32_t n, uint64_t slab, char *addr, size_t cap)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        exit(1);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(fds[0]);
+        char b[32];
+        snprintf(b, sizeof b, "%d", fds[1]);
+        setenv("DP_BC_FD", b, 1);
+        snprintf(b, sizeof b, "%u", id);
+        setenv("DP_BC_UNIT_ID", b, 1);
+        snprintf(b, sizeof b, "%u", n);
+        setenv("DP_BC_UNITS", b, 1);
+        snprintf(b, sizeof b, "%" PRIu64, slab);
+        setenv("DP_BC_SLAB", b, 1);
+        char *argv[] = {"bench_client", NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t k = 0;
+    while (k + 1 < cap && read(fds[0], addr + k, 1) == 1 && addr[k] != '\n')
+        k++;
+    addr[k] = '\0';
+    close(fds[0]);
+    if (k == 0) {
+        fprintf(stderr, "unit %u did not start\n", id);
+        exit(1);
+    }
+    return pid;
+}
+
+/* ---- measurement ---- */
+
+static int
+cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double
+pct(double *v, int n, double p)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i];
+}
+
+/* Single-thread memcpy of n_pieces x piece bytes from/to buffers of span bytes,
+ * moving through the span so every batch touches cold memory. Returns seconds. */
+static double
+memcpy_batch(uint8_t *dst, const uint8_t *src, size_t span, size_t piece, size_t n_pieces,
+             size_t *cursor)
+{
+    double t0 = dp_now_s();
+    for (size_t i = 0; i < n_pieces; i++) {
+        if (*cursor + piece > span)
+            *cursor = 0;
+        memcpy(dst + *cursor, src + *cursor, piece);
+        *cursor += piece;
+    }
+    return dp_now_s() - t0;
+}
+
+typedef struct shape {
+    const char *name;
+    size_t rows, fields, bytes;
+} shape;
+
+static const char *fnames[] = {"f0", "f1", "f2", "f3"};
+
+static void
+run_shape(dp_client *c, const shape *s, bool registered, int reps, double memcpy_gbs)
+{
+    size_t nc = s->rows * s->fields;
+    size_t total = nc * s->bytes;
+    uint8_t *src = NULL, *dst = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    if (registered) {
+        if (dp_client_alloc(c, total, (void **)&src, &d) != 0 ||
+            dp_client_alloc(c, total, (void **)&dst, &d) != 0) {
+            fprintf(stderr, "alloc: %s\n", dp_detail_msg(&d));
+            exit(1);
+        }
+    } else {
+        src = malloc(total);
+        dst = malloc(total);
+    }
+    for (size_t i = 0; i < total; i++)
+        src[i] = (uint8_t)(i * 131 + 7);
+    memset(dst, 0, total);
+    uint64_t *g = malloc(s->rows * sizeof *g);
+    dp_value *v = calloc(nc, sizeof *v);
+    dp_get_item *it = calloc(nc, sizeof *it);
+    char(*keys)[32] = calloc(nc, sizeof *keys);
+    for (size_t r = 0; r < s->rows; r++) {
+        g[r] = r;
+        for (size_t f = 0; f < s->fields; f++) {
+            size_t i = r * s->fields + f;
+            v[i] = (dp_value){src + i * s->bytes, s->bytes, DP_KIND_BYTES, NULL, NULL, 0};
+            snprintf(keys[i], sizeof keys[i], "%zu@%s", r, fnames[f]);
+            it[i] =
+                (dp_get_item){.key = keys[i], .dst = dst + i * s->bytes, .cap = s->bytes};
+        }
+    }
+    double *tp = malloc((size_t)reps * sizeof *tp),
+           *tg = malloc((size_t)reps * sizeof *tg);
+    for (int k = -2; k < reps; k++) {
+        double t0 = dp_now_s();
+        if (dp_client_put(c, g, s->rows, fnames, s->fields, v, NULL, &d) != 0) {
+            fprintf(stderr, "put: %s\n", dp_detail_msg(&d));
+            exit(1);
+        }
+        double t1 = dp_now_s();
+        if (dp_client_get(c, it, nc, &d) != 0) {
+            fprintf(stderr, "get: %s\n", dp_detail_msg(&d));
+            exit(1);
+        }
+        double t2 = dp_now_s();
+        if (k >= 0) {
+            tp[k] = t1 - t0;
+            tg[k] = t2 - t1;
+        }
+    }
+    if (memcmp(src, dst, total) != 0) {
+        fprintf(stderr, "get returned different bytes\n");
+        exit(1);
+    }
+    double p50p = pct(tp, reps, 0.5), p99p = pct(tp, reps, 0.99);
+    double p50g = pct(tg, reps, 0.5), p99g = pct(tg, reps, 0.99);
+    double gp = (double)total / p50p / 1e9, gg = (double)total / p50g / 1e9;
+    printf("%-6s %-10s put %6.2f GB/s (%.2fx memcpy) p50 %7.2f ms p99 %7.2f ms | "
+           "get %6.2f GB/s (%.2fx memcpy) p50 %7.2f ms p99 %7.2f ms\n",
+           s->name, registered ? "registered" : "malloc", gp, gp / memcpy_gbs, p50p * 1e3,
+           p99p * 1e3, gg, gg / memcpy_gbs, p50g * 1e3, p99g * 1e3);
+    if (registered) {
+        dp_client_free(c, src);
+        dp_client_free(c, dst);
+    } else {
+        free(src);
+        free(dst);
+    }
+    free(g);
+    free(v);
+    free(it);
+    free(keys);
+    free(tp);
+    free(tg);
+}
+
+int
+main(int argc, char **argv)
+{
+    uint32_t n_units = 2;
+    int reps = 21;
+    uint64_t slab_mib = 256;
+    static const struct option lo[] = {{"units", required_argument, NULL, 'u'},
+                                       {"reps", required_argument, NULL, 'r'},
+                                       {"slab-mib", required_argument, NULL, 's'},
+                                       {NULL, 0, NULL, 0}};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        if (ch == 'u')
+            n_units = (uint32_t)atoi(optarg);
+        else if (ch == 'r')
+            reps = atoi(optarg);
+        else if (ch == 's')
+            slab_mib = strtoull(optarg, NULL, 10);
+        else
+            return 2;
+    }
+    if (n_units < 1 || n_units > 8 || reps < 3)
+        return 2;
+    char addr[8][128];
+    const char *addrs[8];
+    pid_t pids[8];
+    for (uint32_t u = 0; u < n_units; u++) {
+        pids[u] = start_unit(u, n_units, slab_mib << 20, addr[u], sizeof addr[u]);
+        addrs[u] = addr[u];
+    }
+    dp_client *c = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    if (dp_client_open_units(addrs, n_units, NULL, &c, &d) != 0) {
+        fprintf(stderr, "open: %s\n", dp_detail_msg(&d));
+        return 1;
+    }
+    printf("bench_client: %u units (slab %" PRIu64 " MiB each), %d reps, medians\n",
+           n_units, slab_mib, reps);
+    static const shape shapes[] = {{"large", 64, 1, 1 << 20}, {"small", 1024, 4, 4096}};
+    /* memcpy limit over 512 MiB buffers (larger than any cache), same pieces. */
+    size_t span = 512ull << 20;
+    uint8_t *ms = malloc(span), *md = malloc(span);
+    memset(ms, 1, span);
+    memset(md, 2, span);
+    for (size_t k = 0; k < DP_ARRAY_LEN(shapes); k++) {
+        const shape *s = &shapes[k];
+        size_t n_pieces = s->rows * s->fields;
+        double total = (double)(n_pieces * s->bytes);
+        double *t = malloc((size_t)reps * sizeof *t);
+        size_t cur = 0;
+        for (int i = -2; i < reps; i++) {
+            double x = memcpy_batch(md, ms, span, s->bytes, n_pieces, &cur);
+            if (i >= 0)
+                t[i] = x;
+        }
+        double mc = total / pct(t, reps, 0.5) / 1e9;
+        free(t);
+        printf("%-6s memcpy     %6.2f GB/s (%zu x %zu B per batch = %.1f MiB)\n", s->name,
+               mc, n_pieces, s->bytes, total / (1 << 20));
+        run_shape(c, s, true, reps, mc);
+        run_shape(c, s, false, reps, mc);
+    }
+    free(ms);
+    free(md);
+    dp_client_close(c);
+    for (uint32_t u = 0; u < n_units; u++) {
+        kill(pids[u], SIGTERM);
+        waitpid(pids[u], NULL, 0);
+    }
+    return 0;
+}
