@@ -663,6 +663,91 @@ DP_TEST(abort_and_lease_in_io_area)
     rm_dir(dir);
 }
 
+DP_TEST(io_queue_limit_and_release_while_staging)
+{
+    char *dir = mk_dir();
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.slab_bytes = 4096;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.ssd_dir = dir;
+    o.staging_bytes = 16 << 20;
+    o.pickup_s = 0;
+    o.io_threads = 1;
+    dp_unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    /* More commits than the queue holds, back to back: never more than 256 jobs. */
+    enum { NB = 400 };
+    tblob t[NB];
+    uint64_t max_jobs = 0, n_spilled = 0;
+    for (uint64_t i = 0; i < NB; i++) {
+        uint64_t g = 1000 + i;
+        t[i] = rows_blob(&g, 1, 1);
+    }
+    for (uint64_t i = 0; i < NB; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "q%" PRIu64, i);
+        uint64_t off;
+        int rc;
+        while ((rc = dp_unit_alloc_spill(u, id, strlen(id), t[i].len, t[i].n, true, &off,
+                                         NULL, &d)) == DP_EBUSY)
+            dp_sleep_s(0.0005);
+        CHECK_OK_D(rc, &d);
+        n_spilled += off >= dp_unit_io_base(u); /* a few fit the 4 KiB put area */
+        memcpy(dp_unit_slab(u) + off, t[i].p, t[i].len);
+        dp_wire_commit_state st;
+        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+        CHECK(st == DP_WIRE_COMMIT_PENDING || st == DP_WIRE_COMMIT_DONE);
+        max_jobs = DP_MAX(max_jobs, stats(u).io_jobs);
+    }
+    CHECK(max_jobs <= DP_UNIT_MAX_IO_JOBS);
+    /* Commits polled until done (a commit refused a queue slot is queued later). */
+    for (uint64_t i = 0; i < NB; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "q%" PRIu64, i);
+        dp_wire_commit_state st;
+        double t0 = dp_test_now();
+        do {
+            CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+            if (st == DP_WIRE_COMMIT_PENDING)
+                dp_sleep_s(0.0005);
+        } while (st == DP_WIRE_COMMIT_PENDING && dp_test_now() - t0 < 30);
+        CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+        free(t[i].p);
+    }
+    printf("  %" PRIu64 " spills, at most %" PRIu64 " io jobs at once\n", n_spilled,
+           max_jobs);
+    CHECK_EQ(stats(u).spills, n_spilled);
+    CHECK(n_spilled > DP_UNIT_MAX_IO_JOBS);
+    check_unit(u);
+    /* Release rows while their stages may run: files close once the jobs end. */
+    for (uint64_t i = 0; i < NB; i++) {
+        char k[48];
+        snprintf(k, sizeof k, "%" PRIu64 "@a", 1000 + i);
+        dp_wire_str kk = ws(k);
+        dp_unit_resolve_keys_res r;
+        dp_unit_lock(u);
+        CHECK_OK(dp_unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
+        dp_unit_unlock(u);
+        CHECK(r.n_pending == 1 || r.n_entries == 1);
+        if (r.pin_id[0] != '\0')
+            dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
+        dp_unit_resolve_keys_res_fini(&r);
+        uint64_t g = 1000 + i;
+        CHECK_EQ(dp_unit_release_rows(u, &g, 1), 2);
+    }
+    wait_idle(u);
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.files_open, 0);
+    CHECK_EQ(s.disk_blobs, 0);
+    CHECK_EQ(s.io_allocated_bytes, 0);
+    check_unit(u);
+    dp_unit_destroy(u);
+    rm_dir(dir);
+}
+
 /* ---- concurrent readers of one staged blob while writers force evictions ---- */
 
 typedef struct reader_arg {
