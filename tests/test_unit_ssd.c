@@ -748,6 +748,51 @@ DP_TEST(io_queue_limit_and_release_while_staging)
     rm_dir(dir);
 }
 
+DP_TEST(named_files_fallback_and_stale_names)
+{
+    char *dir = mk_dir();
+    /* A name a unit killed between open and unlink would leave, and a user file. */
+    char stale[4200], keep[4200];
+    snprintf(stale, sizeof stale, "%s/dp-spill-0123456789abcdef0123456789abcdef", dir);
+    snprintf(keep, sizeof keep, "%s/dp-spill-not-ours", dir);
+    int fd = open(stale, O_CREAT | O_WRONLY, 0600);
+    CHECK(fd >= 0);
+    close(fd);
+    fd = open(keep, O_CREAT | O_WRONLY, 0600);
+    CHECK(fd >= 0);
+    close(fd);
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.slab_bytes = 4096;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.ssd_dir = dir;
+    o.staging_bytes = 1 << 20;
+    o.pickup_s = 0;
+    o.ssd_no_tmpfile = true;
+    dp_unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK(access(stale, F_OK) != 0);
+    CHECK(access(keep, F_OK) == 0);
+    CHECK(unlink(keep) == 0);
+    /* Named files, unlinked at once: the directory stays empty. */
+    for (uint64_t g = 0; g < 24; g++) {
+        tblob t = rows_blob(&g, 1, 1);
+        char id[32];
+        snprintf(id, sizeof id, "n%" PRIu64, g);
+        CHECK_EQ(put_spill(u, id, &t, NULL), DP_WIRE_COMMIT_DONE);
+        free(t.p);
+        CHECK_EQ(dir_count(dir), 0);
+    }
+    CHECK(stats(u).spills > 0);
+    for (uint64_t g = 0; g < 24; g++)
+        CHECK_EQ(read_row(u, g, 1), RD_OK);
+    check_unit(u);
+    dp_unit_destroy(u);
+    rm_dir(dir);
+}
+
 /* ---- concurrent readers of one staged blob while writers force evictions ---- */
 
 typedef struct reader_arg {

@@ -88,11 +88,13 @@
  * filesystem supports it (no name ever exists), else a fresh random name
  * (dp-spill-<32 hex>) opened O_EXCL and unlinked at once; the fd keeps the
  * data. Nothing a client sends reaches a path. Whatever kills the unit, the
- * kernel frees the files with the fds (the fallback leaves a name only
- * between its open and its unlink).
+ * kernel frees the files with the fds. The fallback leaves a name only if
+ * the unit dies between its open and its unlink; the next unit created on
+ * that directory removes such names (sweep_stale_names).
  */
 #include "unit/unit.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -554,7 +556,8 @@ new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap, dp_det
     int fd = open(label, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
         return dp_fail_sys(d, errno, "ssd: creating %s", label);
-    if (unlink(label) != 0) {
+    /* ENOENT: a starting unit swept the name first (see sweep_stale_names). */
+    if (unlink(label) != 0 && errno != ENOENT) {
         int e = errno;
         close(fd);
         return dp_fail_sys(d, e, "ssd: unlinking %s", label);
@@ -880,6 +883,35 @@ resolve_state_locked(dp_unit *u, blob_rec *b, uint64_t epoch, double now)
     return st;
 }
 
+/*
+ * Remove names "dp-spill-<32 hex>" from ssd_dir: files of a unit killed
+ * between the open and the unlink of the fallback path. A running unit that
+ * loses such a name to this sweep loses nothing (its fd keeps the data and
+ * new_file accepts ENOENT from its own unlink).
+ */
+static void
+sweep_stale_names(dp_unit *u)
+{
+    DIR *dh = opendir(u->ssd_dir);
+    if (dh == NULL)
+        return;
+    int dfd = dirfd(dh);
+    unsigned n = 0;
+    struct dirent *e;
+    while ((e = readdir(dh)) != NULL) {
+        const char *nm = e->d_name;
+        if (strncmp(nm, "dp-spill-", 9) != 0 || strlen(nm) != 9 + 32 ||
+            strspn(nm + 9, "0123456789abcdef") != 32)
+            continue;
+        if (unlinkat(dfd, nm, 0) == 0)
+            n++;
+    }
+    closedir(dh);
+    if (n > 0)
+        DP_LOG_W("unit %u: removed %u stale spill file names from %s", u->o.unit_id, n,
+                 u->ssd_dir);
+}
+
 /* Check ssd_dir, pick the file method and start the io threads. */
 static int
 ssd_open(dp_unit *u, dp_detail *d)
@@ -889,10 +921,10 @@ ssd_open(dp_unit *u, dp_detail *d)
         return dp_fail_sys(d, errno, "unit: ssd_dir %s", u->ssd_dir);
     if (!S_ISDIR(sb.st_mode))
         return dp_fail(d, DP_EINVAL, "unit: ssd_dir %s is not a directory", u->ssd_dir);
+    sweep_stale_names(u);
     char label[512];
     int fd = -1;
-    u->use_tmpfile = true;
-    int rc = new_file(u, true, &fd, label, sizeof label, d);
+    int rc = new_file(u, !u->o.ssd_no_tmpfile, &fd, label, sizeof label, d);
     if (rc != 0)
         return rc;
     close(fd);

@@ -61,6 +61,12 @@ typedef struct dp_unit_opts {
     double pickup_s;
     uint32_t io_threads;
     /*
+     * Name files and unlink them at once even where O_TMPFILE works (tests).
+     * Either way, create removes names of that form (dp-spill-<32 hex>) that a
+     * unit killed between its open and its unlink left in ssd_dir.
+     */
+    bool ssd_no_tmpfile;
+    /*
      * The slab comes from dp_endpoint_alloc(ep) (borrowed; it must outlive the
      * unit) so same-host peers get shared memory. NULL: plain host memory, for
      * tests and fuzzing without UCX.
