@@ -140,6 +140,12 @@ unit_main(int fd)
     o.alloc_lease_s = atof(getenv("DP_TC_LEASE"));
     o.quarantine_s = 0.5;
     o.numa = DP_UNIT_NUMA_OFF;
+    const char *ssd = getenv("DP_TC_SSD");
+    if (ssd != NULL && *ssd != '\0') {
+        o.ssd_dir = ssd;
+        o.staging_bytes = strtoull(getenv("DP_TC_STAGING"), NULL, 10);
+        o.pickup_s = 5;
+    }
     dp_unit *u = NULL;
     if (dp_unit_create(&o, &u, &d) != 0 || dp_unit_start_ticker(u, 0.1, &d) != 0)
         goto fail;
@@ -212,12 +218,17 @@ read_line(int fd, char *line, size_t cap, const char *what)
     CHECKF(n > 0, "%s reported nothing", what);
 }
 
+/* SSD tier of the units cluster_start starts ("" / 0: none). */
+static char tc_ssd_dir[64];
+static uint64_t tc_staging;
+
 static void
 cluster_start(cluster *cl, uint32_t n, uint64_t slab, double lease, double pin)
 {
     memset(cl, 0, sizeof *cl);
     cl->n = n;
-    char sn[32], slabs[32], ls[32], ps[32];
+    char sn[32], slabs[32], ls[32], ps[32], st[32];
+    snprintf(st, sizeof st, "%" PRIu64, tc_staging);
     snprintf(sn, sizeof sn, "%u", n);
     snprintf(slabs, sizeof slabs, "%" PRIu64, slab);
     snprintf(ls, sizeof ls, "%g", lease);
@@ -225,8 +236,10 @@ cluster_start(cluster *cl, uint32_t n, uint64_t slab, double lease, double pin)
     for (uint32_t u = 0; u < n; u++) {
         char id[16];
         snprintf(id, sizeof id, "%u", u);
-        const char *env[] = {"DP_TC_UNIT_ID", id, "DP_TC_UNITS", sn, "DP_TC_SLAB", slabs,
-                             "DP_TC_LEASE",   ls, "DP_TC_PIN",   ps, NULL};
+        const char *env[] = {"DP_TC_UNIT_ID", id,    "DP_TC_UNITS", sn,
+                             "DP_TC_SLAB",    slabs, "DP_TC_LEASE", ls,
+                             "DP_TC_PIN",     ps,    "DP_TC_SSD",   tc_ssd_dir,
+                             "DP_TC_STAGING", st,    NULL};
         int fd;
         cl->pid[u] = spawn("unit", env, &fd);
         read_line(fd, cl->addr[u], sizeof cl->addr[u], "unit");
@@ -406,6 +419,14 @@ size_jagged(uint64_t gidx, uint32_t f)
 {
     static const uint64_t s[] = {0, 1, 7, 63, 64, 65, 1000, 4096, 4100, 70000, 300000};
     return s[mix(gidx, f, 99) % DP_ARRAY_LEN(s)] + (f == 1 ? 0 : gidx % 3);
+}
+
+static uint64_t
+size_1m(uint64_t gidx, uint32_t f)
+{
+    (void)gidx;
+    (void)f;
+    return 1 << 20;
 }
 
 static uint64_t
@@ -1097,4 +1118,48 @@ DP_TEST(client_killed_at_random_times)
     }
     dp_client_close(c);
     cluster_stop(&cl);
+}
+
+DP_TEST(ssd_tier_spill_and_stage)
+{
+    /* Put area 4 MiB, IO area 8 MiB: most 1 MiB rows spill to SSD (commit
+     * answers "pending" until the file is written) and come back through a
+     * stage (resolve answers "pending" until the copy is in the IO area). */
+    snprintf(tc_ssd_dir, sizeof tc_ssd_dir, "/tmp/dp_tc_ssd_XXXXXX");
+    CHECK(mkdtemp(tc_ssd_dir) != NULL);
+    char dir[64];
+    snprintf(dir, sizeof dir, "%s", tc_ssd_dir);
+    tc_staging = 8 << 20;
+    cluster cl;
+    cluster_start(&cl, 1, 4 << 20, 60, 10);
+    tc_ssd_dir[0] = '\0';
+    tc_staging = 0;
+    dp_client *c = connect_cl(&cl);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t g[12];
+    for (int i = 0; i < 12; i++)
+        g[i] = 900 + (uint64_t)i;
+    for (int i = 0; i < 12; i++) {
+        batch b;
+        batch_make(&b, NULL, &g[i], 1, 1, size_1m, 6);
+        CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+        batch_free(&b);
+    }
+    CHECK_EQ((long long)stat_of(c, 0, "published"), 12);
+    CHECK(stat_of(c, 0, "spills") >= 8);
+    /*
+     * Every row back, the spilled ones through stages, in one get; again, so
+     * that staged copies get evicted by later stages (more than the IO area
+     * holds at once).
+     */
+    batch all;
+    batch_make(&all, NULL, g, 12, 1, size_1m, 6);
+    for (int rep = 0; rep < 3; rep++)
+        batch_verify(c, &all, 6);
+    CHECK(stat_of(c, 0, "stages") >= 1);
+    batch_free(&all);
+    dp_client_close(c);
+    cluster_stop(&cl);
+    rmdir(dir);
 }

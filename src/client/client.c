@@ -456,6 +456,8 @@ client_connect(dp_client *c, dp_detail *d)
         if (rc == 0) {
             uc->slab_addr = rep.r.info.slab_addr;
             uc->slab_bytes = rep.r.info.slab_bytes;
+            uc->io_bytes = rep.r.info.io_bytes;
+            uc->region_bytes = uc->slab_bytes + uc->io_bytes;
             uc->read_pin_s =
                 rep.r.info.read_pin_ms > 0 ? (double)rep.r.info.read_pin_ms / 1e3 : 10.0;
             rc = dp_endpoint_add_remote(c->ep, rep.r.info.metadata.p,

@@ -23,8 +23,10 @@ typedef struct dp__unit_conn {
     char addr[DP_CLUSTER_ADDR_MAX]; /* control address */
     char remote[256];               /* its endpoint name (for transfers) */
     uint64_t slab_addr;             /* remote address of slab offset 0 */
-    uint64_t slab_bytes;
-    double read_pin_s; /* how long a resolve pins */
+    uint64_t slab_bytes;            /* the put area */
+    uint64_t io_bytes;     /* the IO area (SSD tier), after the put area; 0 if none */
+    uint64_t region_bytes; /* slab_bytes + io_bytes: every offset lies below it */
+    double read_pin_s;     /* how long a resolve pins */
 } dp__unit_conn;
 
 /* State of a registered buffer the client mapped itself. */

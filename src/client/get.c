@@ -18,6 +18,14 @@
  * Replies are matched to requests in order (the unit answers entries and
  * missing keys in request order); a reply out of order falls back to a
  * search, so a unit that reorders is still understood.
+ *
+ * Work-around (SSD tier, unit as of 8aa6e44): within one resolve_keys call the
+ * unit may start a stage for a pending key that evicts an unpinned staged
+ * copy it already listed in the same reply (the call's pin is created only at
+ * its end). So a located entry in the IO area that comes before the reply's
+ * last pending key is not read: it is asked again in the next round (copies
+ * not yet picked up are kept pickup_s, so this makes progress). Entries in
+ * the put area are never evicted and are read as usual.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -236,6 +244,24 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
             }
             const dp_wire_resolve_keys_res *res = &rep.r.resolve_keys;
             dp_wire_str_copy(res->pin_id, ur[u].pin, sizeof ur[u].pin);
+            /*
+             * Work-around for the unit (see the file comment): the last key
+             * answered pending; staged copies located before it may have been
+             * evicted by that key's stage within the same call.
+             */
+            uint32_t last_pending = 0;
+            bool any_pending = false;
+            if (res->pending.n > 0) {
+                uint32_t cq = 0;
+                for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
+                    uint32_t i = order[k];
+                    if (ks[i].st == K_ASK &&
+                        match_str(&res->pending, &cq, items[i].key, ks[i].klen) >= 0) {
+                        last_pending = k;
+                        any_pending = true;
+                    }
+                }
+            }
             uint32_t ce = 0, cm = 0, cp = 0, cf = 0;
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
                 uint32_t i = order[k];
@@ -246,13 +272,17 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 if ((x = match_loc(&res->entries, &ce, it->key, ks[i].klen)) >= 0) {
                     const dp_wire_key_loc *l = &res->entries.v[x];
                     const dp__unit_conn *uc = &c->units[u];
+                    if (any_pending && k < last_pending && l->off >= uc->slab_bytes) {
+                        again = true; /* in the IO area, maybe evicted: ask again */
+                        continue;
+                    }
                     it->nbytes = l->len;
                     if (it->desc != NULL)
                         fill_desc(it->desc, l);
-                    if (l->off > uc->slab_bytes || l->len > uc->slab_bytes - l->off) {
+                    if (l->off > uc->region_bytes || l->len > uc->region_bytes - l->off) {
                         item_fail(it, &ks[i], DP_EPROTO);
-                        dp_fail(ud, DP_EPROTO, "key '%s' located outside the slab",
-                                it->key);
+                        dp_fail(ud, DP_EPROTO,
+                                "key '%s' located outside the unit's region", it->key);
                         continue;
                     }
                     if (vals == NULL && it->cap < l->len) {

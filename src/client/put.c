@@ -238,12 +238,12 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                                           NULL, &rep, &pu->det);
             if (rc == 0 && rep.ok) {
                 pu->off = rep.r.off;
-                if (pu->off > c->units[pu->u].slab_bytes ||
-                    pu->lay.total_len > c->units[pu->u].slab_bytes - pu->off)
+                if (pu->off > c->units[pu->u].region_bytes ||
+                    pu->lay.total_len > c->units[pu->u].region_bytes - pu->off)
                     pu_fail(pu, DP_EPROTO,
                             "alloc answered offset %" PRIu64 " for %" PRIu64
-                            " bytes, outside the slab of %" PRIu64 " bytes",
-                            pu->off, pu->lay.total_len, c->units[pu->u].slab_bytes);
+                            " bytes, outside the unit's region of %" PRIu64 " bytes",
+                            pu->off, pu->lay.total_len, c->units[pu->u].region_bytes);
                 else
                     pu->state = ST_WRITE;
             } else if (rc == 0) {
@@ -507,7 +507,9 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         if (pu->n_ent == 0)
             continue; /* every cell skipped: nothing to send */
         n_ent += pu->n_ent;
-        if (pu->lay.total_len > c->units[u].slab_bytes) {
+        /* Too big for the put area and (spilling) for the IO area: refused up front. */
+        if (pu->lay.total_len > c->units[u].slab_bytes &&
+            (!c->o.spill || pu->lay.total_len > c->units[u].io_bytes)) {
             rc = dp_fail(d, DP_ETOOBIG,
                          "put: the blob for unit %u (%s) needs %" PRIu64
                          " bytes, more than its slab of %" PRIu64 " bytes",
