@@ -159,7 +159,8 @@ rm_dir(const char *dir)
 
 DP_TEST(help_on_every_command)
 {
-    static const char *const cmds[] = {"up", "stats", "scan", "clear"};
+    static const char *const cmds[] = {"up",  "stats", "scan", "clear",
+                                       "put", "get",   "bench"};
     char out[8192], args[64];
     CHECK_EQ(run("--help", out, sizeof out), 0);
     for (size_t i = 0; i < DP_ARRAY_LEN(cmds); i++)
@@ -204,6 +205,21 @@ DP_TEST(usage_errors)
         {"clear 5-3", "ends before it starts"},
         {"clear x", "not a row"},
         {"clear 0-99999999", "at most"},
+        {"put --field f --file /dev/null", "--row"},
+        {"put --row 1 --file /dev/null", "required"},
+        {"put --row x --field f --file /dev/null", "--row"},
+        {"put --row 1 --field a@b --file /dev/null", "--field"},
+        {"put --row 1 --field f --file /dev/null --kind blob", "--kind"},
+        {"put --row 1 --field f --file /dev/null --kind tensor", "--dtype"},
+        {"put --row 1 --field f --file /dev/null --shape 2,z", "--shape"},
+        {"get", "which key"},
+        {"get nokey", "not a key"},
+        {"get x@f", "not a key"},
+        {"get 1@f 2@f", "unexpected argument"},
+        {"bench --rows 0", "--rows"},
+        {"bench --jagged 1", "--jagged"},
+        {"bench --memory disk", "--memory"},
+        {"bench extra", "unexpected argument"},
     };
     for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
         int st = run(cases[i].args, out, sizeof out);
@@ -396,6 +412,97 @@ DP_TEST(up_replaces_a_stale_cluster_file)
     kill(u.pid, SIGINT);
     CHECK_EQ(up_wait(&u, 60), 0);
     CHECK(pid_gone(pid));
+    rm_dir(dir);
+}
+
+/* put a file, get it back byte for byte; get of a missing key fails; a small bench. */
+DP_TEST(put_get_round_trip_and_bench)
+{
+    char dir[64], out[16384], args[1024], log[16384], in[128], back[128];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    up_start(&u, dir, "--units 2 --slab 64M");
+    bool ok = up_wait_file(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(ok, "no cluster file; up said: %s", log);
+
+    /* 300 KiB of non-repeating bytes. */
+    snprintf(in, sizeof in, "%s/in.bin", dir);
+    snprintf(back, sizeof back, "%s/back.bin", dir);
+    FILE *f = fopen(in, "wb");
+    CHECK(f != NULL);
+    uint64_t s = dp_test_seed();
+    for (int i = 0; i < 300 * 1024 / 8; i++) {
+        uint64_t w = dp_test_rand(&s);
+        CHECK(fwrite(&w, 8, 1, f) == 1);
+    }
+    CHECK(fclose(f) == 0);
+    snprintf(args, sizeof args, "put --row 5 --field obs --file %s --cluster %s", in,
+             dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "put 5@obs: 307200 bytes");
+    CHECK_CONTAINS(out, "unit 1");
+    snprintf(args, sizeof args, "get 5@obs -o %s --cluster %s", back, dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "5@obs: 307200 bytes, bytes");
+    snprintf(args, sizeof args, "cmp '%s' '%s'", in, back);
+    CHECK_EQ(system(args), 0);
+
+    /* A tensor keeps its description; a shape that does not match is refused. */
+    snprintf(args, sizeof args,
+             "put --row 8 --field lp --file %s --dtype float32 --shape 768,100 "
+             "--cluster %s",
+             in, dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    snprintf(args, sizeof args, "get 8@lp -o %s --cluster %s", back, dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "tensor float32 [768,100], unit 0");
+    snprintf(args, sizeof args,
+             "put --row 8 --field lp --file %s --dtype float32 --shape 3 --cluster %s",
+             in, dir);
+    CHECK_EQ(run(args, out, sizeof out), 2);
+    CHECK_CONTAINS(out, "--shape");
+
+    /* stdin in, stdout out. */
+    snprintf(args, sizeof args,
+             "put --row 9 --field txt --file - --kind object --cluster %s < /dev/null; "
+             "printf 'hello' | '%s' put --row 9 --field txt --file - --cluster %s && "
+             "'%s' get 9@txt --cluster %s 2>/dev/null",
+             dir, DP_CLI_PATH, dir, DP_CLI_PATH, dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "hello");
+
+    snprintf(args, sizeof args, "scan 1 --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "2 blobs");
+
+    snprintf(args, sizeof args, "get 6@obs --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "6@obs");
+    CHECK_CONTAINS(out, "not found");
+    snprintf(args, sizeof args, "clear 5 --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "1 entry dropped");
+    snprintf(args, sizeof args, "get 5@obs --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+
+    snprintf(args, sizeof args,
+             "bench --rows 16 --fields 3 --bytes 8K --jagged 0.5 --iters 3 --warmup 1 "
+             "--first-row 1000 --cluster %s",
+             dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "16 rows x 3 fields");
+    CHECK_CONTAINS(out, "every value checked");
+    CHECK_CONTAINS(out, "RESULT rows=16 fields=3");
+    snprintf(args, sizeof args,
+             "bench --rows 4 --bytes 1K --iters 2 --memory malloc --first-row 2000 "
+             "--cluster %s",
+             dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "malloc memory");
+
+    kill(u.pid, SIGINT);
+    CHECK_EQ(up_wait(&u, 60), 0);
     rm_dir(dir);
 }
 

@@ -24,6 +24,9 @@ int dp__cmd_up(int argc, char **argv);
 int dp__cmd_stats(int argc, char **argv);
 int dp__cmd_scan(int argc, char **argv);
 int dp__cmd_clear(int argc, char **argv);
+int dp__cmd_put(int argc, char **argv);
+int dp__cmd_get(int argc, char **argv);
+int dp__cmd_bench(int argc, char **argv);
 
 /*
  * "dataplane <cmd>: <message>" and "Run 'dataplane <cmd> --help' for usage."

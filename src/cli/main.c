@@ -27,6 +27,9 @@ static const char usage_main[] =
     "  stats      every unit's counters of a running cluster, as a table\n"
     "  scan       one unit's blob table\n"
     "  clear      drop rows from a running cluster\n"
+    "  put        store one value (a file) as a row's field\n"
+    "  get        fetch one value by key into a file or stdout\n"
+    "  bench      put/get/clear batches shaped like RL rollouts: GB/s, latency\n"
     "  version    print the version\n"
     "  help       this text\n"
     "\n"
@@ -125,6 +128,12 @@ main(int argc, char **argv)
         return dp__cmd_scan(argc - 1, argv + 1);
     if (strcmp(cmd, "clear") == 0)
         return dp__cmd_clear(argc - 1, argv + 1);
+    if (strcmp(cmd, "put") == 0)
+        return dp__cmd_put(argc - 1, argv + 1);
+    if (strcmp(cmd, "get") == 0)
+        return dp__cmd_get(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0)
+        return dp__cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "dataplane: unknown command '%s'\n\n%s", cmd, usage_main);
     return 2;
 }

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Our put and get next to the limits and the alternative, in one run (issue 5,
+# DESIGN section 15):
+#
+#   large rows: 64 rows x 1 field x 1 MiB per batch
+#   small rows: 1024 rows x 4 fields x 4 KiB per batch
+#
+# For each shape: `dataplane bench` against a local 2-unit cluster started
+# here (or bench_client, if built and --bench-client is given), single-thread
+# memcpy of the same piece size over buffers larger than the caches
+# (bench_memcpy), ucx_perftest one-sided put (ucp_put_bw) and get (ucp_get)
+# at the same message size on 127.0.0.1, and Redis SET/GET of the same value
+# size (redis-server on a free port, started and stopped here;
+# redis-benchmark pipelined). One table of GB/s (1e9 B/s) and ratios.
+#
+# Targets: large rows put and get >= 0.8x memcpy; small rows >= 0.5x memcpy;
+# >= 2x Redis at 1 MiB. Timings are shown, never asserted.
+#
+#   bench/compare.sh [BUILD_DIR]
+#
+# Environment: ITERS (dataplane bench iterations, 30), REPS (perftest and
+# memcpy repetitions, 3), SLAB (per unit, 1G), UCX_TLS etc. pass through.
+set -euo pipefail
+
+BUILD=${1:-build}
+CLI="$BUILD/dataplane"
+MEMCPY="$BUILD/bench/bench_memcpy"
+ITERS=${ITERS:-30}
+REPS=${REPS:-3}
+SLAB=${SLAB:-1G}
+[[ -x "$CLI" ]] || { echo "compare.sh: no $CLI: build the dataplane-cli target" >&2; exit 2; }
+[[ -x "$MEMCPY" ]] || { echo "compare.sh: no $MEMCPY: build bench_memcpy" >&2; exit 2; }
+"$CLI" bench --help >/dev/null 2>&1 ||
+    { echo "compare.sh: this dataplane has no bench command" >&2; exit 2; }
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/dp-compare.XXXXXX")
+up_pid=""
+redis_pid=""
+cleanup() {
+    [[ -n "$redis_pid" ]] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
+    if [[ -n "$up_pid" ]] && kill -0 "$up_pid" 2>/dev/null; then
+        kill -TERM "$up_pid" 2>/dev/null || true
+        wait "$up_pid" 2>/dev/null || true
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'echo "compare.sh: interrupted" >&2; exit 130' INT TERM HUP
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' \
+        2>/dev/null || echo $((20000 + RANDOM % 40000))
+}
+median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
+result() { # result FILE KEY -> value of KEY=... on the RESULT line
+    awk -v k="$2" '$1 == "RESULT" { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$1" | tail -1
+}
+
+# ---- the cluster ----
+echo "### dataplane up: 2 units, slab $SLAB each"
+"$CLI" up --units 2 --slab "$SLAB" --dir "$TMP/cluster" >"$TMP/up.out" 2>"$TMP/up.err" &
+up_pid=$!
+for ((i = 0; i < 1200; i++)); do
+    [[ -f "$TMP/cluster/cluster.json" ]] && break
+    kill -0 "$up_pid" 2>/dev/null || { cat "$TMP/up.err" >&2; echo "compare.sh: up failed" >&2; exit 1; }
+    sleep 0.1
+done
+export DP_CLUSTER="$TMP/cluster/cluster.json"
+
+# ---- the shapes: name rows fields bytes ----
+SHAPES=("large 64 1 1048576" "small 1024 4 4096")
+
+for shape in "${SHAPES[@]}"; do
+    read -r name rows fields bytes <<<"$shape"
+    echo "### $name rows: dataplane bench --rows $rows --fields $fields --bytes $bytes"
+    "$CLI" bench --rows "$rows" --fields "$fields" --bytes "$bytes" --iters "$ITERS" \
+        --warmup 3 | tee "$TMP/ours.$name"
+    echo "### $name rows: memcpy of $bytes-byte pieces"
+    "$MEMCPY" --size "$bytes" --reps "$((REPS * 2 + 1))" | tee "$TMP/memcpy.$name"
+done
+
+# ---- ucx_perftest (MB/s printed are MiB/s) ----
+perftest() { # perftest TEST SIZE -> overall MB/s of the final line
+    local test=$1 size=$2 iters port srv out
+    iters=$(( (512 * 1024 * 1024) / size ))
+    (( iters > 100000 )) && iters=100000
+    (( iters < 50 )) && iters=50
+    for attempt in 1 2 3; do
+        port=$(free_port)
+        ucx_perftest -p "$port" >"$TMP/pf-srv.txt" 2>&1 &
+        srv=$!
+        sleep 0.3
+        if out=$(timeout 120 ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" \
+                 -n "$iters" -w $((iters / 10 + 1)) -o -f 2>"$TMP/pf-cli.err"); then
+            wait "$srv" 2>/dev/null || true
+            echo "$out" | awk 'NF>=8 && $1 ~ /^[0-9]+$/ {v=$6} END {print v}'
+            return 0
+        fi
+        kill "$srv" 2>/dev/null || true
+        wait "$srv" 2>/dev/null || true
+    done
+    echo nan
+}
+if command -v ucx_perftest >/dev/null; then
+    for shape in "${SHAPES[@]}"; do
+        read -r name rows fields bytes <<<"$shape"
+        echo "### $name rows: ucx_perftest ucp_put_bw / ucp_get -o at $bytes bytes ($REPS reps)"
+        pb=$(for i in $(seq "$REPS"); do perftest ucp_put_bw "$bytes"; done | median)
+        gb=$(for i in $(seq "$REPS"); do perftest ucp_get "$bytes"; done | median)
+        echo "put $pb MB/s  get $gb MB/s"
+        echo "$pb $gb" >"$TMP/pf.$name"
+    done
+else
+    echo "### ucx_perftest not installed (ucx-utils): skipped"
+fi
+
+# ---- Redis ----
+if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+    port=$(free_port)
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+        --protected-mode yes --logfile "$TMP/redis.log" >/dev/null 2>&1 &
+    redis_pid=$!
+    for ((i = 0; i < 100; i++)); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    for shape in "${SHAPES[@]}"; do
+        read -r name rows fields bytes <<<"$shape"
+        # The same bytes as about 20 of our batches; pipelined like a batch.
+        if (( bytes >= 65536 )); then n=2000; p=16; else n=200000; p=64; fi
+        echo "### $name rows: redis-benchmark -t set,get -d $bytes -n $n -P $p"
+        redis-benchmark -h 127.0.0.1 -p "$port" -t set,get -d "$bytes" -n "$n" -P "$p" \
+            --csv 2>/dev/null | tee "$TMP/redis.$name"
+    done
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+    redis_pid=""
+else
+    echo "### redis-server / redis-benchmark not installed: skipped"
+fi
+
+# ---- the table ----
+echo
+echo "### GB/s (1e9 B/s); ratios ours / other"
+printf '%-6s %-22s | %7s %7s | %7s | %7s %7s | %7s %7s | %8s %8s | %8s %8s | %8s %8s\n' \
+    shape batch "put" "get" memcpy "pf put" "pf get" "rd set" "rd get" \
+    "put/mcp" "get/mcp" "put/pf" "get/pf" "put/rd" "get/rd"
+for shape in "${SHAPES[@]}"; do
+    read -r name rows fields bytes <<<"$shape"
+    put=$(result "$TMP/ours.$name" put_GBps)
+    get=$(result "$TMP/ours.$name" get_GBps)
+    mcp=$(result "$TMP/memcpy.$name" GBps)
+    pfp=nan pfg=nan rds=nan rdg=nan
+    if [[ -f "$TMP/pf.$name" ]]; then
+        read -r a b <"$TMP/pf.$name"
+        pfp=$(awk -v v="$a" 'BEGIN { if (v == "nan" || v == "") print "nan"; else printf "%.3f", v * 1048576 / 1e9 }')
+        pfg=$(awk -v v="$b" 'BEGIN { if (v == "nan" || v == "") print "nan"; else printf "%.3f", v * 1048576 / 1e9 }')
+    fi
+    if [[ -f "$TMP/redis.$name" ]]; then
+        # "SET","<rps>",... -> GB/s = rps * value size
+        rds=$(awk -F'"' -v s="$bytes" '$2 == "SET" { printf "%.3f", $4 * s / 1e9 }' "$TMP/redis.$name")
+        rdg=$(awk -F'"' -v s="$bytes" '$2 == "GET" { printf "%.3f", $4 * s / 1e9 }' "$TMP/redis.$name")
+    fi
+    awk -v n="$name" -v b="${rows}x${fields}x${bytes}B" -v put="$put" -v get="$get" \
+        -v mcp="$mcp" -v pfp="$pfp" -v pfg="$pfg" -v rds="$rds" -v rdg="$rdg" '
+    function r(a, c) { return (a + 0 > 0 && c + 0 > 0) ? sprintf("%.2f", a / c) : "n/a" }
+    function v(a) { return (a == "" || a == "nan") ? "n/a" : sprintf("%.3f", a) }
+    BEGIN {
+        printf "%-6s %-22s | %7s %7s | %7s | %7s %7s | %7s %7s | %8s %8s | %8s %8s | %8s %8s\n",
+            n, b, v(put), v(get), v(mcp), v(pfp), v(pfg), v(rds), v(rdg),
+            r(put, mcp), r(get, mcp), r(put, pfp), r(get, pfg), r(put, rds), r(get, rdg)
+    }'
+done
+echo
+echo "targets: large rows put and get >= 0.80 x memcpy; small rows >= 0.50 x memcpy;"
+echo "         >= 2 x Redis at 1 MiB (put/rd, get/rd of the large shape)."
+echo "ours: a put or get of one whole batch (rows x fields values), per batch; memcpy:"
+echo "single thread, pieces of the value size through 2 x 512 MiB (DRAM to DRAM);"
+echo "pf: ucx_perftest, one message of that size at a time (-o), MiB/s converted; it"
+echo "reuses one message-sized buffer, so its data stays in the caches: an upper bound"
+echo "of the transport, not the DRAM limit; rd: redis-benchmark pipelined SET/GET of"
+echo "that value size, requests/s x size."

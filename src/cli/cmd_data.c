@@ -1,0 +1,860 @@
+/*
+ * Data commands over the client library (dataplane/client.h): `dataplane put`
+ * (one value from a file), `dataplane get` (one value to a file or stdout) and
+ * `dataplane bench` (batches shaped like RL rollouts: put, get and clear of
+ * rows x fields, jagged sizes, content checked by CRC32C, GB/s and batch
+ * latency percentiles).
+ *
+ * The bench puts from and gets into memory registered with the client
+ * (dp_client_alloc) by default, so each byte moves once per operation, as a
+ * trainer that allocates through the library would; --memory malloc measures
+ * the staging path (one more copy) instead.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "blob/crc32c.h"
+#include "cli/cli.h"
+#include "dataplane/client.h"
+
+static const char usage_put[] =
+    "usage: dataplane put --row G --field F --file PATH [options]\n"
+    "\n"
+    "Store the bytes of PATH ('-' for stdin) as field F of row G (key \"G@F\") on\n"
+    "the unit that owns the row (G % N). Overwrites what the key held.\n"
+    "\n"
+    "options:\n"
+    "  --row G          row index (0 .. 2^64-1)\n"
+    "  --field F        field name (1..255 bytes, no '@')\n"
+    "  --file PATH      the value's bytes; '-' reads stdin\n"
+    "  --kind K         tensor, bytes or object (bytes; tensor when --dtype is given)\n"
+    "  --dtype T        element type of a tensor: float32, bfloat16, int64, uint8...\n"
+    "  --shape D,D,...  dims of a tensor (default: 1-D, from the size and a known "
+    "dtype)\n"
+    "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
+    "                   (default: $DP_CLUSTER, else the default directory)\n"
+    "  --timeout-s S    time budget of the put (30)\n"
+    "  -h, --help       this text\n"
+    "\n"
+    "example:\n"
+    "  dataplane put --row 17 --field input_ids --file ids.bin --dtype int64\n";
+
+static const char usage_get[] =
+    "usage: dataplane get KEY [-o PATH] [options]\n"
+    "\n"
+    "Fetch the value of KEY (\"<row>@<field>\", e.g. 17@input_ids) and write its\n"
+    "bytes to PATH, or to stdout without -o. Its description (size, kind, dtype,\n"
+    "shape, unit) goes to stderr, or to stdout with -o.\n"
+    "\n"
+    "options:\n"
+    "  -o, --output PATH  write the bytes here (created or truncated)\n"
+    "  --cluster PATH     the cluster file, or a directory holding cluster.json\n"
+    "                     (default: $DP_CLUSTER, else the default directory)\n"
+    "  --timeout-s S      time budget of the get (30)\n"
+    "  -h, --help         this text\n"
+    "\n"
+    "example:\n"
+    "  dataplane get 17@input_ids -o ids.bin\n";
+
+static const char usage_bench[] =
+    "usage: dataplane bench [options]\n"
+    "\n"
+    "Put, get and clear batches shaped like RL rollouts against a running cluster:\n"
+    "each iteration puts ROWS rows x FIELDS fields in one batch, gets every value\n"
+    "back in one batch and checks its CRC32C, then clears the rows. Prints GB/s\n"
+    "and the p50/p99 latency of a batch per operation (and progress on long runs).\n"
+    "Rows G .. G+ROWS-1 (--first-row) are overwritten and cleared: keep them away\n"
+    "from data that matters.\n"
+    "\n"
+    "options:\n"
+    "  --rows N          rows per batch (64)\n"
+    "  --fields N        fields per row (1)\n"
+    "  --bytes SIZE      bytes per value, e.g. 4K, 1M (1M)\n"
+    "  --jagged F        value sizes uniform in [SIZE*(1-F), SIZE], 0 <= F < 1 (0)\n"
+    "  --iters N         measured iterations (20)\n"
+    "  --warmup N        iterations run first and not counted (2)\n"
+    "  --first-row G     rows used are G .. G+N-1 (0)\n"
+    "  --memory M        registered (values in client-registered memory, no copy)\n"
+    "                    or malloc (plain memory: through staging) (registered)\n"
+    "  --no-verify       skip the CRC32C check of what get returns\n"
+    "  --seed S          seed of the sizes and contents (time)\n"
+    "  --cluster PATH    the cluster file, or a directory holding cluster.json\n"
+    "                    (default: $DP_CLUSTER, else the default directory)\n"
+    "  --timeout-s S     time budget of each batch operation (30)\n"
+    "  -h, --help        this text\n"
+    "\n"
+    "example:\n"
+    "  dataplane bench --rows 1024 --fields 4 --bytes 4K --jagged 0.5 --iters 50\n";
+
+enum {
+    O_CLUSTER = 1,
+    O_TIMEOUT,
+    O_ROW,
+    O_FIELD,
+    O_FILE,
+    O_KIND,
+    O_DTYPE,
+    O_SHAPE,
+    O_ROWS,
+    O_FIELDS,
+    O_BYTES,
+    O_JAGGED,
+    O_ITERS,
+    O_WARMUP,
+    O_FIRST,
+    O_MEMORY,
+    O_NOVERIFY,
+    O_SEED,
+};
+
+static int
+open_client(const char *cmd, const char *cluster, double timeout_s, dp_client **out)
+{
+    dp_client_opts co;
+    dp_client_opts_init(&co);
+    co.timeout_s = timeout_s;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int rc = dp_client_open(cluster, &co, out, &d);
+    if (rc != DP_OK)
+        return dp__cli_fail(cmd, rc, &d);
+    return 0;
+}
+
+/* Bytes per element of the dtypes whose size we know; 0 if unknown. */
+static uint64_t
+dtype_size(const char *t)
+{
+    static const struct {
+        const char *name;
+        uint64_t size;
+    } known[] = {{"float64", 8}, {"float32", 4},   {"float16", 2},    {"bfloat16", 2},
+                 {"int64", 8},   {"int32", 4},     {"int16", 2},      {"int8", 1},
+                 {"uint64", 8},  {"uint32", 4},    {"uint16", 2},     {"uint8", 1},
+                 {"bool", 1},    {"complex64", 8}, {"complex128", 16}};
+    for (size_t i = 0; i < DP_ARRAY_LEN(known); i++)
+        if (strcmp(t, known[i].name) == 0)
+            return known[i].size;
+    return 0;
+}
+
+static int
+parse_shape(const char *s, uint64_t *dims, uint32_t *ndim, dp_detail *d)
+{
+    *ndim = 0;
+    if (*s == '\0')
+        return DP_OK; /* a scalar */
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf)
+        return dp_fail(d, DP_EINVAL, "--shape is too long");
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",x", &save); t != NULL;
+         t = strtok_r(NULL, ",x", &save)) {
+        if (*ndim >= DP_SHAPE_MAX)
+            return dp_fail(d, DP_EINVAL, "--shape has more than %d dims", DP_SHAPE_MAX);
+        if (dp_parse_u64(t, 0, UINT64_MAX, &dims[*ndim], "--shape dim", d) != DP_OK)
+            return DP_EINVAL;
+        (*ndim)++;
+    }
+    return DP_OK;
+}
+
+/* Read all of fd into a buffer of the client (registered) or malloc'd. */
+static int
+read_all(dp_client *c, int fd, const char *name, void **out, uint64_t *len, bool *reg,
+         dp_detail *d)
+{
+    struct stat st;
+    *out = NULL;
+    *len = 0;
+    *reg = false;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        uint64_t n = (uint64_t)st.st_size;
+        if (n > 0) {
+            int rc = dp_client_alloc(c, n, out, d);
+            if (rc != DP_OK)
+                return rc;
+            *reg = true;
+        }
+        uint64_t got = 0;
+        while (got < n) {
+            ssize_t r = read(fd, (char *)*out + got, n - got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0)
+                return dp_fail_sys(d, errno, "read %s", name);
+            if (r == 0)
+                return dp_fail(d, DP_EINVAL, "%s shrank while being read", name);
+            got += (uint64_t)r;
+        }
+        *len = n;
+        return DP_OK;
+    }
+    /* A pipe or terminal: grow a plain buffer (the put stages it). */
+    dp_buf b;
+    dp_buf_init(&b);
+    char tmp[65536];
+    for (;;) {
+        ssize_t r = read(fd, tmp, sizeof tmp);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            dp_buf_fini(&b);
+            return dp_fail_sys(d, errno, "read %s", name);
+        }
+        if (r == 0)
+            break;
+        if (dp_buf_append(&b, tmp, (size_t)r) != DP_OK) {
+            dp_buf_fini(&b);
+            return dp_fail(d, DP_ENOMEM, "%s: out of memory", name);
+        }
+    }
+    size_t n = 0;
+    *out = dp_buf_steal(&b, &n);
+    *len = n;
+    return DP_OK;
+}
+
+int
+dp__cmd_put(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"row", required_argument, NULL, O_ROW},
+        {"field", required_argument, NULL, O_FIELD},
+        {"file", required_argument, NULL, O_FILE},
+        {"kind", required_argument, NULL, O_KIND},
+        {"dtype", required_argument, NULL, O_DTYPE},
+        {"shape", required_argument, NULL, O_SHAPE},
+        {"cluster", required_argument, NULL, O_CLUSTER},
+        {"timeout-s", required_argument, NULL, O_TIMEOUT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *cluster = NULL, *field = NULL, *file = NULL, *kind_s = NULL,
+               *dtype = NULL, *shape_s = NULL;
+    uint64_t row = 0;
+    bool have_row = false;
+    double timeout_s = 30;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = DP_OK;
+        switch (c) {
+        case O_ROW:
+            rc = dp_parse_u64(optarg, 0, UINT64_MAX, &row, "--row", &d);
+            have_row = true;
+            break;
+        case O_FIELD:
+            field = optarg;
+            break;
+        case O_FILE:
+            file = optarg;
+            break;
+        case O_KIND:
+            kind_s = optarg;
+            break;
+        case O_DTYPE:
+            dtype = optarg;
+            break;
+        case O_SHAPE:
+            shape_s = optarg;
+            break;
+        case O_CLUSTER:
+            cluster = optarg;
+            break;
+        case O_TIMEOUT:
+            rc = dp_parse_seconds(optarg, &timeout_s, "--timeout-s", &d);
+            if (rc == DP_OK && !(timeout_s > 0))
+                rc = dp_fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+            break;
+        case 'h':
+            fputs(usage_put, stdout);
+            return 0;
+        default:
+            return dp__cli_usage("put", "unknown option or missing value '%s'",
+                                 argv[optind - 1]);
+        }
+        if (rc != DP_OK)
+            return dp__cli_usage("put", "%s", d.msg);
+    }
+    if (optind < argc)
+        return dp__cli_usage("put", "unexpected argument '%s'", argv[optind]);
+    if (!have_row || field == NULL || file == NULL)
+        return dp__cli_usage("put", "--row, --field and --file are required");
+    if (*field == '\0' || strchr(field, '@') != NULL || strlen(field) > 255)
+        return dp__cli_usage("put", "--field must be 1..255 bytes without '@', not '%s'",
+                             field);
+    dp_kind kind = dtype != NULL ? DP_KIND_TENSOR : DP_KIND_BYTES;
+    if (kind_s != NULL) {
+        if (strcmp(kind_s, "tensor") == 0)
+            kind = DP_KIND_TENSOR;
+        else if (strcmp(kind_s, "bytes") == 0)
+            kind = DP_KIND_BYTES;
+        else if (strcmp(kind_s, "object") == 0)
+            kind = DP_KIND_OBJECT;
+        else
+            return dp__cli_usage(
+                "put", "--kind must be tensor, bytes or object, not '%s'", kind_s);
+    }
+    if (kind == DP_KIND_TENSOR && dtype == NULL)
+        return dp__cli_usage("put", "a tensor needs --dtype (float32, int64, uint8...)");
+    uint64_t dims[DP_SHAPE_MAX];
+    uint32_t ndim = 0;
+    if (shape_s != NULL && parse_shape(shape_s, dims, &ndim, &d) != DP_OK)
+        return dp__cli_usage("put", "%s", d.msg);
+
+    int fd = strcmp(file, "-") == 0 ? 0 : open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "dataplane put: cannot open %s: %s\n", file, strerror(errno));
+        return 1;
+    }
+    dp_client *cl = NULL;
+    int status = open_client("put", cluster, timeout_s, &cl);
+    if (status != 0) {
+        if (fd > 0)
+            close(fd);
+        return status;
+    }
+    void *data = NULL;
+    uint64_t len = 0;
+    bool reg = false;
+    int rc = read_all(cl, fd, file, &data, &len, &reg, &d);
+    if (fd > 0)
+        close(fd);
+    if (rc != DP_OK) {
+        status = dp__cli_fail("put", rc, &d);
+        goto out;
+    }
+    if (kind == DP_KIND_TENSOR) {
+        uint64_t es = dtype_size(dtype);
+        if (shape_s == NULL) {
+            if (es == 0) {
+                status = dp__cli_usage(
+                    "put", "dtype '%s' has no known size: give --shape", dtype);
+                goto out;
+            }
+            if (len % es != 0) {
+                status = dp__cli_usage("put",
+                                       "%" PRIu64 " bytes is not a whole number of "
+                                       "%s elements",
+                                       len, dtype);
+                goto out;
+            }
+            dims[0] = len / es;
+            ndim = 1;
+        } else if (es != 0) {
+            uint64_t elems = 1;
+            for (uint32_t i = 0; i < ndim; i++)
+                elems *= dims[i];
+            if (elems * es != len) {
+                status = dp__cli_usage("put",
+                                       "--shape %s of %s is %" PRIu64 " bytes, the file "
+                                       "has %" PRIu64,
+                                       shape_s, dtype, elems * es, len);
+                goto out;
+            }
+        }
+    }
+    dp_value v = {.data = data,
+                  .nbytes = len,
+                  .kind = kind,
+                  .dtype = dtype,
+                  .shape = ndim ? dims : NULL,
+                  .ndim = ndim};
+    const char *fields[1] = {field};
+    rc = dp_client_put(cl, &row, 1, fields, 1, &v, NULL, &d);
+    if (rc != DP_OK) {
+        status = dp__cli_fail("put", rc, &d);
+        goto out;
+    }
+    char sz[32];
+    printf("put %" PRIu64 "@%s: %" PRIu64 " bytes (%s), %s, on unit %u\n", row, field,
+           len, dp_fmt_size(len, sz, sizeof sz), dp_kind_name(kind),
+           dp_client_unit_of(cl, row));
+out:
+    if (reg)
+        dp_client_free(cl, data);
+    else
+        free(data);
+    dp_client_close(cl);
+    return status;
+}
+
+static void
+describe(FILE *f, const char *key, uint64_t n, const dp_value_desc *desc, uint32_t unit)
+{
+    fprintf(f, "%s: %" PRIu64 " bytes, %s", key, n, dp_kind_name(desc->kind));
+    if (desc->dtype[0] != '\0')
+        fprintf(f, " %s", desc->dtype);
+    if (desc->ndim > 0 || desc->kind == DP_KIND_TENSOR) {
+        fprintf(f, " [");
+        for (uint32_t i = 0; i < desc->ndim; i++)
+            fprintf(f, "%s%" PRIu64, i ? "," : "", desc->shape[i]);
+        fprintf(f, "]");
+    }
+    fprintf(f, ", unit %u\n", unit);
+}
+
+static int
+write_all(int fd, const void *p, uint64_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (uint64_t)w;
+    }
+    return 0;
+}
+
+int
+dp__cmd_get(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"cluster", required_argument, NULL, O_CLUSTER},
+        {"timeout-s", required_argument, NULL, O_TIMEOUT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *cluster = NULL, *output = NULL;
+    double timeout_s = 30;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o':
+            output = optarg;
+            break;
+        case O_CLUSTER:
+            cluster = optarg;
+            break;
+        case O_TIMEOUT:
+            if (dp_parse_seconds(optarg, &timeout_s, "--timeout-s", &d) != DP_OK)
+                return dp__cli_usage("get", "%s", d.msg);
+            if (!(timeout_s > 0))
+                return dp__cli_usage("get", "--timeout-s must be > 0");
+            break;
+        case 'h':
+            fputs(usage_get, stdout);
+            return 0;
+        default:
+            return dp__cli_usage("get", "unknown option or missing value '%s'",
+                                 argv[optind - 1]);
+        }
+    }
+    if (optind >= argc)
+        return dp__cli_usage("get", "which key? e.g. 'dataplane get 17@input_ids'");
+    if (optind + 1 < argc)
+        return dp__cli_usage("get", "unexpected argument '%s'", argv[optind + 1]);
+    const char *key = argv[optind];
+    const char *at = strchr(key, '@');
+    uint64_t row;
+    char rowbuf[32];
+    if (at == NULL || at == key || at[1] == '\0' || (size_t)(at - key) >= sizeof rowbuf)
+        return dp__cli_usage("get", "'%s' is not a key: keys look like <row>@<field>",
+                             key);
+    memcpy(rowbuf, key, (size_t)(at - key));
+    rowbuf[at - key] = '\0';
+    if (dp_parse_u64(rowbuf, 0, UINT64_MAX, &row, "row", NULL) != DP_OK)
+        return dp__cli_usage("get", "'%s' is not a key: keys look like <row>@<field>",
+                             key);
+
+    dp_client *cl = NULL;
+    int status = open_client("get", cluster, timeout_s, &cl);
+    if (status != 0)
+        return status;
+    dp_values *vals = NULL;
+    const char *keys[1] = {key};
+    int rc = dp_client_get_alloc(cl, keys, 1, &vals, &d);
+    const void *data = NULL;
+    uint64_t n = 0;
+    const dp_value_desc *desc = NULL;
+    if (rc == DP_OK)
+        rc = dp_values_get(vals, 0, &data, &n, &desc);
+    if (rc != DP_OK) {
+        if (d.msg[0] == '\0')
+            dp_fail(&d, rc, "%s", key);
+        status = dp__cli_fail("get", rc, &d);
+        goto out;
+    }
+    if (output != NULL) {
+        int fd = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || write_all(fd, data, n) != 0 || close(fd) != 0) {
+            fprintf(stderr, "dataplane get: cannot write %s: %s\n", output,
+                    strerror(errno));
+            status = 1;
+            goto out;
+        }
+        describe(stdout, key, n, desc, dp_client_unit_of(cl, row));
+    } else {
+        if (write_all(1, data, n) != 0) {
+            fprintf(stderr, "dataplane get: cannot write to stdout: %s\n",
+                    strerror(errno));
+            status = 1;
+            goto out;
+        }
+        describe(stderr, key, n, desc, dp_client_unit_of(cl, row));
+    }
+out:
+    dp_values_destroy(vals);
+    dp_client_close(cl);
+    return status;
+}
+
+/* ---- bench ---- */
+
+typedef struct bench_opts {
+    uint64_t rows, fields, bytes, iters, warmup, first_row, seed;
+    double jagged, timeout_s;
+    bool registered, verify;
+    const char *cluster;
+} bench_opts;
+
+static uint64_t
+mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Fill p[0..n) with a pattern unique to (seed, iteration, cell): cheap, not memset. */
+static void
+fill(uint8_t *p, uint64_t n, uint64_t seed)
+{
+    uint64_t s = seed, w = mix(&s), step = mix(&s) | 1;
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8, w += step)
+        memcpy(p + i, &w, 8);
+    for (; i < n; i++)
+        p[i] = (uint8_t)(w >> (8 * (i & 7)));
+}
+
+typedef struct lat {
+    double *v;
+    size_t n;
+    double total_s;
+    uint64_t bytes;
+} lat;
+
+static int
+cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double
+pctl(lat *l, double p)
+{
+    if (l->n == 0)
+        return 0;
+    qsort(l->v, l->n, sizeof *l->v, cmp_d);
+    return l->v[(size_t)(p * (double)(l->n - 1) + 0.5)];
+}
+
+int
+dp__cmd_bench(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"rows", required_argument, NULL, O_ROWS},
+        {"fields", required_argument, NULL, O_FIELDS},
+        {"bytes", required_argument, NULL, O_BYTES},
+        {"jagged", required_argument, NULL, O_JAGGED},
+        {"iters", required_argument, NULL, O_ITERS},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"first-row", required_argument, NULL, O_FIRST},
+        {"memory", required_argument, NULL, O_MEMORY},
+        {"no-verify", no_argument, NULL, O_NOVERIFY},
+        {"seed", required_argument, NULL, O_SEED},
+        {"cluster", required_argument, NULL, O_CLUSTER},
+        {"timeout-s", required_argument, NULL, O_TIMEOUT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    bench_opts o = {.rows = 64,
+                    .fields = 1,
+                    .bytes = 1 << 20,
+                    .iters = 20,
+                    .warmup = 2,
+                    .timeout_s = 30,
+                    .registered = true,
+                    .verify = true,
+                    .seed = (uint64_t)(dp_wall_s() * 1e6)};
+    dp_detail d;
+    dp_detail_clear(&d);
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = DP_OK;
+        switch (c) {
+        case O_ROWS:
+            rc = dp_parse_u64(optarg, 1, 1u << 20, &o.rows, "--rows", &d);
+            break;
+        case O_FIELDS:
+            rc = dp_parse_u64(optarg, 1, 1024, &o.fields, "--fields", &d);
+            break;
+        case O_BYTES:
+            rc = dp_parse_size(optarg, &o.bytes, "--bytes", &d);
+            break;
+        case O_JAGGED:
+            rc = dp_parse_seconds(optarg, &o.jagged, "--jagged", &d);
+            if (rc == DP_OK && !(o.jagged < 1))
+                rc = dp_fail(&d, DP_EINVAL, "--jagged must be in [0, 1)");
+            break;
+        case O_ITERS:
+            rc = dp_parse_u64(optarg, 1, UINT32_MAX, &o.iters, "--iters", &d);
+            break;
+        case O_WARMUP:
+            rc = dp_parse_u64(optarg, 0, UINT32_MAX, &o.warmup, "--warmup", &d);
+            break;
+        case O_FIRST:
+            rc = dp_parse_u64(optarg, 0, UINT64_MAX / 2, &o.first_row, "--first-row", &d);
+            break;
+        case O_MEMORY:
+            if (strcmp(optarg, "registered") == 0)
+                o.registered = true;
+            else if (strcmp(optarg, "malloc") == 0)
+                o.registered = false;
+            else
+                return dp__cli_usage(
+                    "bench", "--memory must be registered or malloc, not '%s'", optarg);
+            break;
+        case O_NOVERIFY:
+            o.verify = false;
+            break;
+        case O_SEED:
+            rc = dp_parse_u64(optarg, 0, UINT64_MAX, &o.seed, "--seed", &d);
+            break;
+        case O_CLUSTER:
+            o.cluster = optarg;
+            break;
+        case O_TIMEOUT:
+            rc = dp_parse_seconds(optarg, &o.timeout_s, "--timeout-s", &d);
+            if (rc == DP_OK && !(o.timeout_s > 0))
+                rc = dp_fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+            break;
+        case 'h':
+            fputs(usage_bench, stdout);
+            return 0;
+        default:
+            return dp__cli_usage("bench", "unknown option or missing value '%s'",
+                                 argv[optind - 1]);
+        }
+        if (rc != DP_OK)
+            return dp__cli_usage("bench", "%s", d.msg);
+    }
+    if (optind < argc)
+        return dp__cli_usage("bench", "unexpected argument '%s'", argv[optind]);
+    uint64_t cells = o.rows * o.fields;
+    if (cells > (1u << 22))
+        return dp__cli_usage("bench", "--rows x --fields must be at most %u", 1u << 22);
+    if (o.bytes > (64ull << 30) / cells)
+        return dp__cli_usage("bench",
+                             "a batch of more than 64 GiB is not a benchmark here");
+
+    dp_client *cl = NULL;
+    int status = open_client("bench", o.cluster, o.timeout_s, &cl);
+    if (status != 0)
+        return status;
+
+    /* Sizes (jagged) and the layout of one batch: each value 64-byte aligned. */
+    uint64_t *size = calloc(cells, sizeof *size), *off = calloc(cells, sizeof *off);
+    uint32_t *crc = calloc(cells, sizeof *crc);
+    uint64_t *gidx = calloc(o.rows, sizeof *gidx);
+    char **fields = calloc(o.fields, sizeof *fields);
+    dp_value *vals = calloc(cells, sizeof *vals);
+    dp_get_item *items = calloc(cells, sizeof *items);
+    char *keybuf = calloc(cells, 48);
+    lat put = {calloc(o.iters, sizeof(double)), 0, 0, 0},
+        get = {calloc(o.iters, sizeof(double)), 0, 0, 0},
+        clr = {calloc(o.iters, sizeof(double)), 0, 0, 0};
+    uint8_t *src = NULL, *dst = NULL;
+    if (!size || !off || !crc || !gidx || !fields || !vals || !items || !keybuf ||
+        !put.v || !get.v || !clr.v) {
+        status = dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+        goto out;
+    }
+    uint64_t rs = o.seed, total = 0;
+    for (uint64_t i = 0; i < cells; i++) {
+        uint64_t lo = (uint64_t)((double)o.bytes * (1 - o.jagged));
+        size[i] = o.jagged > 0 ? lo + mix(&rs) % (o.bytes - lo + 1) : o.bytes;
+        off[i] = total;
+        total += DP_ALIGN_UP(size[i], 64);
+    }
+    uint64_t batch_bytes = 0;
+    for (uint64_t i = 0; i < cells; i++)
+        batch_bytes += size[i];
+    uint64_t alloc_len = DP_MAX(total, 64);
+    int rc;
+    if (o.registered) {
+        if ((rc = dp_client_alloc(cl, alloc_len, (void **)&src, &d)) != DP_OK ||
+            (rc = dp_client_alloc(cl, alloc_len, (void **)&dst, &d)) != DP_OK) {
+            status = dp__cli_fail("bench", rc, &d);
+            goto out;
+        }
+    } else {
+        src = malloc(alloc_len);
+        dst = malloc(alloc_len);
+        if (src == NULL || dst == NULL) {
+            status = dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+            goto out;
+        }
+    }
+    memset(src, 0, alloc_len);
+    memset(dst, 0, alloc_len);
+    for (uint64_t f = 0; f < o.fields; f++) {
+        fields[f] = malloc(24);
+        if (fields[f] == NULL) {
+            status = dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+            goto out;
+        }
+        snprintf(fields[f], 24, "f%" PRIu64, f);
+    }
+    for (uint64_t r = 0; r < o.rows; r++) {
+        gidx[r] = o.first_row + r;
+        for (uint64_t f = 0; f < o.fields; f++) {
+            uint64_t i = r * o.fields + f;
+            vals[i] = (dp_value){
+                .data = src + off[i], .nbytes = size[i], .kind = DP_KIND_BYTES};
+            char *k = keybuf + i * 48;
+            snprintf(k, 48, "%" PRIu64 "@%s", gidx[r], fields[f]);
+            items[i] = (dp_get_item){.key = k, .dst = dst + off[i], .cap = size[i]};
+        }
+    }
+
+    char sz[32], sz2[32];
+    printf("bench: %u unit%s, %" PRIu64 " rows x %" PRIu64 " fields, %s per value%s, "
+           "%s per batch, %s memory, %" PRIu64 " iterations (+%" PRIu64 " warm-up), "
+           "seed %" PRIu64 "\n",
+           dp_client_n_units(cl), dp_client_n_units(cl) == 1 ? "" : "s", o.rows, o.fields,
+           dp_fmt_size(o.bytes, sz, sizeof sz), o.jagged > 0 ? " (jagged)" : "",
+           dp_fmt_size(batch_bytes, sz2, sizeof sz2),
+           o.registered ? "registered" : "malloc", o.iters, o.warmup, o.seed);
+    fflush(stdout);
+    double t_start = dp_now_s(), t_report = t_start + 2;
+    uint64_t n_all = o.warmup + o.iters;
+    for (uint64_t it = 0; it < n_all; it++) {
+        bool keep = it >= o.warmup;
+        for (uint64_t i = 0; i < cells; i++) {
+            fill(src + off[i], size[i], o.seed ^ (it << 32) ^ i);
+            if (o.verify)
+                crc[i] = dp_crc32c(src + off[i], size[i]);
+        }
+        double t0 = dp_now_s();
+        rc = dp_client_put(cl, gidx, o.rows, (const char *const *)fields, o.fields, vals,
+                           NULL, &d);
+        double t1 = dp_now_s();
+        if (rc != DP_OK) {
+            dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": put", it);
+            status = dp__cli_fail("bench", rc, &d);
+            goto out;
+        }
+        rc = dp_client_get(cl, items, cells, &d);
+        double t2 = dp_now_s();
+        if (rc != DP_OK) {
+            dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": get", it);
+            status = dp__cli_fail("bench", rc, &d);
+            goto out;
+        }
+        if (o.verify) {
+            for (uint64_t i = 0; i < cells; i++) {
+                if (items[i].nbytes != size[i] ||
+                    dp_crc32c(dst + off[i], size[i]) != crc[i]) {
+                    fprintf(stderr,
+                            "dataplane bench: iteration %" PRIu64 ": %s came back "
+                            "different (%" PRIu64 " bytes, put %" PRIu64 ")\n",
+                            it, items[i].key, items[i].nbytes, size[i]);
+                    status = 1;
+                    goto out;
+                }
+            }
+        }
+        uint64_t dropped = 0;
+        double t3 = dp_now_s();
+        rc = dp_client_clear(cl, gidx, o.rows, &dropped, &d);
+        double t4 = dp_now_s();
+        if (rc != DP_OK) {
+            dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": clear", it);
+            status = dp__cli_fail("bench", rc, &d);
+            goto out;
+        }
+        if (keep) {
+            put.v[put.n++] = t1 - t0;
+            put.total_s += t1 - t0;
+            put.bytes += batch_bytes;
+            get.v[get.n++] = t2 - t1;
+            get.total_s += t2 - t1;
+            get.bytes += batch_bytes;
+            clr.v[clr.n++] = t4 - t3;
+            clr.total_s += t4 - t3;
+        }
+        if (dp_now_s() >= t_report && put.n > 0) {
+            fprintf(stderr, "  %" PRIu64 "/%" PRIu64 ": put %.2f GB/s, get %.2f GB/s\n",
+                    it + 1, n_all, (double)put.bytes / put.total_s / 1e9,
+                    (double)get.bytes / get.total_s / 1e9);
+            t_report = dp_now_s() + 2;
+        }
+    }
+    printf("%-6s %8s %12s %10s %10s %10s\n", "op", "batches", "bytes/batch", "GB/s",
+           "p50 ms", "p99 ms");
+    double gput = (double)put.bytes / put.total_s / 1e9;
+    double gget = (double)get.bytes / get.total_s / 1e9;
+    printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "put", put.n,
+           dp_fmt_size(batch_bytes, sz, sizeof sz), gput, pctl(&put, 0.5) * 1e3,
+           pctl(&put, 0.99) * 1e3);
+    printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "get", get.n,
+           dp_fmt_size(batch_bytes, sz, sizeof sz), gget, pctl(&get, 0.5) * 1e3,
+           pctl(&get, 0.99) * 1e3);
+    printf("%-6s %8zu %12s %10s %10.3f %10.3f\n", "clear", clr.n, "-", "-",
+           pctl(&clr, 0.5) * 1e3, pctl(&clr, 0.99) * 1e3);
+    printf("%s\n", o.verify ? "content: every value checked (CRC32C)"
+                            : "content: not checked (--no-verify)");
+    printf("RESULT rows=%" PRIu64 " fields=%" PRIu64 " bytes=%" PRIu64
+           " put_GBps=%.3f get_GBps=%.3f put_p50_ms=%.3f put_p99_ms=%.3f "
+           "get_p50_ms=%.3f get_p99_ms=%.3f clear_p50_ms=%.3f\n",
+           o.rows, o.fields, o.bytes, gput, gget, pctl(&put, 0.5) * 1e3,
+           pctl(&put, 0.99) * 1e3, pctl(&get, 0.5) * 1e3, pctl(&get, 0.99) * 1e3,
+           pctl(&clr, 0.5) * 1e3);
+out:
+    if (o.registered) {
+        dp_client_free(cl, src);
+        dp_client_free(cl, dst);
+    } else {
+        free(src);
+        free(dst);
+    }
+    if (fields != NULL)
+        for (uint64_t f = 0; f < o.fields; f++)
+            free(fields[f]);
+    free(fields);
+    free(size);
+    free(off);
+    free(crc);
+    free(gidx);
+    free(vals);
+    free(items);
+    free(keybuf);
+    free(put.v);
+    free(get.v);
+    free(clr.v);
+    dp_client_close(cl);
+    return status;
+}
