@@ -348,8 +348,9 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         }
         if (ns == 0)
             return;
-        /* Give a commit at least a moment even when the budget is spent. */
-        double left = DP_MAX(dp__client_left(deadline), 0.001);
+        /* Give a commit a moment (50 ms) even when the budget is spent: its WRITE is
+         * done. */
+        double left = DP_MAX(dp__client_left(deadline), 0.05);
         dp_ctl_call_many(c->ctl, c->items, ns, left);
         bool again = false;
         for (size_t s = 0; s < ns; s++) {
