@@ -162,6 +162,9 @@ DP_API int dp_direct_free(dp_direct *t, const char *obj_id, dp_detail *d);
  *
  * Errors (the request is not created): DP_EPROTO (malformed metadata),
  * DP_EINVAL (obj_id differs from the metadata's, targets do not match),
+ * DP_EEXIST (a target partly overlaps a registration, or memory the transport
+ * allocated itself), DP_ETOOBIG (no targets and the object is larger than half
+ * of this host's memory),
  * DP_ETRANSFER (aborted before it started: see dp_direct_abort; or target
  * registration refused), DP_ECLOSED, DP_ENOMEM. Threads: any.
  */

@@ -195,6 +195,13 @@ memlock_text(char *buf, size_t cap)
 static int
 reg_fail(dp_detail *d, int rc, const char *what, const void *addr, size_t len)
 {
+    if (rc == DP_EEXIST)
+        return dp_fail_ctx(
+            d, rc,
+            "direct: registering %s of %zu bytes at %p: it overlaps memory "
+            "this transport registered itself (its pool, or the buffers of "
+            "a fetch request still alive)",
+            what, len, addr);
     char ml[32];
     memlock_text(ml, sizeof ml);
     return dp_fail_ctx(d, rc,
