@@ -793,6 +793,49 @@ DP_TEST(named_files_fallback_and_stale_names)
     rm_dir(dir);
 }
 
+/*
+ * One resolve_keys answers a staged copy and starts a stage that needs its
+ * room: the answered copy is pinned at the end of the call, so the stage must
+ * not evict it first (its offsets are in the reply).
+ */
+DP_TEST(one_resolve_never_evicts_what_it_answers)
+{
+    char *dir = mk_dir();
+    uint64_t g2 = 2, g3 = 3;
+    tblob t2 = rows_blob(&g2, 1, 1), t3 = rows_blob(&g3, 1, 1);
+    uint64_t io = DP_ALIGN_UP(DP_MAX(t2.len, t3.len) + 64, 4096);
+    CHECK(io < t2.len + t3.len);
+    dp_unit *u = mk_ssd_unit(4096, io, dir, 0.0, 1);
+    CHECK_EQ(put_spill(u, "two", &t2, NULL), DP_WIRE_COMMIT_DONE);
+    CHECK_EQ(put_spill(u, "three", &t3, NULL), DP_WIRE_COMMIT_DONE);
+    CHECK_EQ(read_row(u, 2, 1), RD_OK); /* staged, picked up, unpinned */
+    CHECK_EQ(stats(u).staged_blobs, 1);
+    dp_wire_str keys[2] = {ws("2@a"), ws("3@a")};
+    dp_unit_resolve_keys_res r;
+    dp_unit_lock(u);
+    CHECK_OK(dp_unit_resolve_keys_locked(u, keys, 2, &r, NULL));
+    dp_unit_unlock(u);
+    CHECK_EQ(r.n_entries, 1);
+    CHECK_EQ(r.n_pending, 1);
+    CHECK_EQ(stats(u).evictions, 0);
+    wait_idle(u);
+    uint64_t la = row_len(2, 1);
+    uint8_t *want = malloc(la);
+    row_fill(2, 1, want, la);
+    CHECK(memcmp(dp_unit_slab(u) + r.entries[0].off, want, la) == 0);
+    free(want);
+    dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    dp_unit_resolve_keys_res_fini(&r);
+    /* Unpinned now: row 3's stage may take the room. */
+    CHECK_EQ(read_row(u, 3, 1), RD_OK);
+    CHECK_EQ(read_row(u, 2, 1), RD_OK);
+    check_unit(u);
+    free(t2.p);
+    free(t3.p);
+    dp_unit_destroy(u);
+    rm_dir(dir);
+}
+
 /* ---- concurrent readers of one staged blob while writers force evictions ---- */
 
 typedef struct reader_arg {

@@ -71,7 +71,9 @@
  * region (evicting unpinned staged copies, oldest first, past pickup_s or
  * already picked up) and queues a stage job that preads the file into it;
  * the resolve answers "pending". When the job ends the copy is "staged": later
- * resolves pin it and answer its offsets like any blob (picked_up). A staged
+ * resolves pin it and answer its offsets like any blob (picked_up). A copy
+ * one resolve answers is pinned only at the end of that call, so a stage the
+ * same call starts never evicts it (resolving_epoch). A staged
  * copy is evicted only with no pins; one that had a pin expire goes through
  * quarantine like any region. A failed stage answers "failed" once.
  *
@@ -221,6 +223,7 @@ struct dp_unit {
     uint64_t n_spills, spill_bytes, n_spills_failed;
     uint64_t n_stages, stage_bytes, n_stages_failed, n_evictions;
     uint64_t ssd_report_sig;
+    uint64_t resolving_epoch; /* set while a resolve starts a stage */
 };
 
 static double
@@ -789,7 +792,9 @@ io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
     blob_rec *b = u->st_head;
     while (rc == DP_EUNITFULL && b != NULL) {
         blob_rec *next = b->snext;
-        if (b->n_pins == 0 && !b->dead &&
+        /* A copy answered earlier in the running resolve is pinned at its end. */
+        bool answered = u->resolving_epoch != 0 && b->res_epoch == u->resolving_epoch;
+        if (b->n_pins == 0 && !b->dead && !answered &&
             (b->picked_up || now - b->staged_at >= u->o.pickup_s)) {
             staged_unlink_locked(u, b);
             region_release_locked(u, b, now);
@@ -875,7 +880,9 @@ resolve_state_locked(dp_unit *u, blob_rec *b, uint64_t epoch, double now)
         b->stage_failed = false; /* reported once; the next resolve tries again */
         st = RES_FAILED;
     } else {
+        u->resolving_epoch = epoch;
         int rc = start_stage_locked(u, b, now);
+        u->resolving_epoch = 0;
         st = rc == DP_EUNITFULL ? RES_FAILED : RES_PENDING;
     }
     b->res_epoch = epoch;
