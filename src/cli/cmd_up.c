@@ -872,7 +872,19 @@ dp__cmd_up(int argc, char **argv)
         dp__cli_fail("up", rc, &d);
         goto stop;
     }
-    /* Anything the units logged while starting is in their tails; from now on, live. */
+    /*
+     * What the units logged while starting sits in their tails: show it once,
+     * in unit order, then forward their output live.
+     */
+    for (uint32_t i = 0; i < s.n; i++) {
+        unit_proc *u = &s.u[i];
+        if (u->err_fd >= 0)
+            drain(&s, u, true);
+        unsigned first = u->tail_n > TAIL_LINES ? u->tail_n - TAIL_LINES : 0;
+        for (unsigned k = first; k < u->tail_n; k++)
+            fprintf(stderr, "%s\n", u->tail[k % TAIL_LINES]);
+    }
+    fflush(stderr);
     s.forward = true;
 
     dp_cluster cl = {.n_units = s.n, .units = calloc(s.n, sizeof(dp_cluster_unit))};
