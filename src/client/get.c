@@ -23,9 +23,12 @@
  * unit may start a stage for a pending key that evicts an unpinned staged
  * copy it already listed in the same reply (the call's pin is created only at
  * its end). So a located entry in the IO area that comes before the reply's
- * last pending key is not read: it is asked again in the next round (copies
- * not yet picked up are kept pickup_s, so this makes progress). Entries in
- * the put area are never evicted and are read as usual.
+ * last pending key is not read in that round: the call's pin is kept, the key
+ * is asked again next round, and read then if it is still at the same offset
+ * (the kept pin has held that copy in place since; the READ deadline counts
+ * from the older pin). The kept pin ends after that READ. Entries in the put
+ * area are never evicted and are read as usual. Harmless once the unit pins
+ * answered copies against its own stages.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -43,9 +46,12 @@ typedef struct key_state {
     int st;
     uint64_t off; /* slab offset (K_READ) */
     uint64_t len;
-    bool staged;   /* READ into staging, then copied */
-    uint64_t soff; /* its place in the round's staging buffer */
+    bool staged;       /* READ into staging, then copied */
+    uint64_t soff;     /* its place in the round's staging buffer */
+    uint64_t held_off; /* IO-area offset seen last round under a kept pin, or NONE */
 } key_state;
+
+#define NONE UINT64_MAX
 
 struct dp_values {
     dp_client *c;
@@ -62,7 +68,24 @@ typedef struct unit_round {
     char pin[DP_WIRE_RID_MAX + 32];
     double sent_at;
     bool asked;
+    bool keep_pin;  /* this round's pin is kept until the next round's READ */
+    bool uses_held; /* this round READs entries held by the kept pin */
+    char held_pin[DP_WIRE_RID_MAX + 32]; /* the kept pin of the last round */
+    double held_sent_at;
 } unit_round;
+
+static void
+unpin_locked(dp_client *c, uint32_t u, char *pin)
+{
+    if (pin[0] == '\0')
+        return;
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_UNPIN;
+    q.a.unpin.pin_id = dp_wire_s(pin);
+    dp__client_notify_locked(c, u, &q);
+    pin[0] = '\0';
+}
 
 static void
 fill_desc(dp_value_desc *o, const dp_wire_key_loc *l)
@@ -167,6 +190,7 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         ks[i].unit = (uint32_t)(kp.gidx % N);
         ks[i].klen = (uint32_t)kl;
         ks[i].st = K_ASK;
+        ks[i].held_off = NONE;
         cnt[ks[i].unit + 1]++;
     }
     for (uint32_t u = 0; u < N; u++)
@@ -180,6 +204,8 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         size_t ns = 0;
         for (uint32_t u = 0; u < N; u++) {
             ur[u].asked = false;
+            ur[u].keep_pin = false;
+            ur[u].uses_held = false;
             ur[u].pin[0] = '\0';
             uint32_t nk = 0;
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
@@ -273,8 +299,17 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                     const dp_wire_key_loc *l = &res->entries.v[x];
                     const dp__unit_conn *uc = &c->units[u];
                     if (any_pending && k < last_pending && l->off >= uc->slab_bytes) {
-                        again = true; /* in the IO area, maybe evicted: ask again */
-                        continue;
+                        if (ks[i].held_off == l->off) {
+                            /* Same copy, pinned since the last round: safe. */
+                            ur[u].uses_held = true;
+                        } else {
+                            /* Maybe evicted by a later stage of this call: keep
+                             * this call's pin and ask again next round. */
+                            ks[i].held_off = l->off;
+                            ur[u].keep_pin = true;
+                            again = true;
+                            continue;
+                        }
                     }
                     it->nbytes = l->len;
                     if (it->desc != NULL)
@@ -377,7 +412,8 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 continue;
             double pin = c->units[u].read_pin_s;
             double margin = DP_MAX(0.2, 0.1 * pin);
-            double pin_left = pin - margin - (now - ur[u].sent_at);
+            double sent = ur[u].uses_held ? ur[u].held_sent_at : ur[u].sent_at;
+            double pin_left = pin - margin - (now - sent);
             if (pin_left < xfer_left)
                 xfer_left = pin_left;
             ops[nops] = (dp_xfer_desc){DP_XFER_READ, local + r0, nr - r0,
@@ -430,15 +466,20 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 items[i].status = 0;
                 ks[i].st = K_DONE;
             }
-        /* 5. Unpin what this round pinned. */
+        /*
+         * 5. Unpin: the last round's kept pin (its READs are done), and this
+         * round's pin unless entries it holds are asked again next round.
+         */
         for (uint32_t u = 0; u < N; u++) {
-            if (!ur[u].asked || ur[u].pin[0] == '\0')
+            unpin_locked(c, u, ur[u].held_pin);
+            if (!ur[u].asked)
                 continue;
-            dp_wire_request q;
-            memset(&q, 0, sizeof q);
-            q.op = DP_WIRE_OP_UNPIN;
-            q.a.unpin.pin_id = dp_wire_s(ur[u].pin);
-            dp__client_notify_locked(c, u, &q);
+            if (ur[u].keep_pin && ur[u].pin[0] != '\0') {
+                memcpy(ur[u].held_pin, ur[u].pin, sizeof ur[u].pin);
+                ur[u].held_sent_at = ur[u].sent_at;
+            } else {
+                unpin_locked(c, u, ur[u].pin);
+            }
         }
         if (sbuf != NULL)
             dp__client_buf_put_locked(c, sbuf);
@@ -448,6 +489,8 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
             break;
         dp__client_backoff(&step, deadline);
     }
+    for (uint32_t u = 0; u < N; u++)
+        unpin_locked(c, u, ur[u].held_pin);
     /* Keys still unresolved: pending or busy for the whole budget. */
     for (size_t i = 0; i < n; i++)
         if (ks[i].st == K_ASK) {
@@ -464,7 +507,7 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         }
 
     /* Report: first failure's code; missing keys by name; failed units. */
-    size_t n_bad = 0, n_missing = 0;
+    size_t n_bad = 0, n_missing = 0, n_small = 0;
     int first = DP_OK;
     for (size_t i = 0; i < n; i++) {
         if (items[i].status == 0)
@@ -474,15 +517,30 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
             first = items[i].status;
         if (items[i].status == DP_ENOTFOUND)
             n_missing++;
+        else if (items[i].status == DP_ETOOBIG)
+            n_small++;
     }
     if (first != DP_OK) {
         rc = first;
         dp_fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
+        for (uint32_t u = 0; u < N; u++)
+            if (ur[u].rc != 0)
+                dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
+                                  dp_detail_msg(&ur[u].det));
         if (n_missing > 0) {
             dp__detail_append(d, "; %zu missing:", n_missing);
             for (size_t i = 0; i < n; i++)
                 if (items[i].status == DP_ENOTFOUND)
                     dp__detail_append(d, " '%s'", items[i].key);
+        }
+        if (n_bad > n_missing + n_small) {
+            /* Lost (failed stage) and unreachable keys, by name, with their code. */
+            dp__detail_append(d, "; failed:");
+            for (size_t i = 0; i < n; i++)
+                if (items[i].status != 0 && items[i].status != DP_ENOTFOUND &&
+                    items[i].status != DP_ETOOBIG)
+                    dp__detail_append(d, " '%s' (%s)", items[i].key,
+                                      dp_errname(items[i].status));
         }
         for (size_t i = 0; i < n; i++)
             if (items[i].status == DP_ETOOBIG) {
@@ -491,10 +549,6 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                     items[i].key, items[i].nbytes, items[i].cap);
                 break;
             }
-        for (uint32_t u = 0; u < N; u++)
-            if (ur[u].rc != 0)
-                dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
-                                  dp_detail_msg(&ur[u].det));
     }
 out:
     free(ks);
