@@ -31,10 +31,12 @@
  *   DP_EUNITFULL  a unit has no room and nothing will free any;
  *   DP_EBUSY      a unit stayed busy for the whole time budget (the client
  *                 retries busy units with backoff inside the budget);
- *   DP_ETIMEDOUT  no reply or transfer completion within the budget;
+ *   DP_ETIMEDOUT  no reply or transfer completion within the budget (for a
+ *                 get: within the pin's life; the data is then discarded);
  *   DP_ETRANSFER  a WRITE or READ failed (for example the unit died);
- *   DP_ELOST      the unit lost data it had accepted (commit answered "lost",
- *                 a stage from SSD failed, a pin ran out under a READ);
+ *   DP_ELOST      the unit lost data it had accepted (commit answered "lost":
+ *                 aborted, lease expired or spill failed; a stage from SSD
+ *                 failed);
  *   DP_ENOTFOUND  get: a key is not held (never put, or cleared);
  *   DP_ETOOBIG    get: a destination is smaller than its value;
  *   DP_EPROTO     a unit rejected a request or answered something invalid;
@@ -206,9 +208,9 @@ DP_API uint32_t dp_client_unit_of(const dp_client *c, uint64_t gidx);
 DP_API int dp_client_alloc(dp_client *c, size_t nbytes, void **out, dp_detail *d);
 
 /*
- * Give back memory from dp_client_alloc (or from dp_client_get_alloc's
- * values, see there). NULL allowed. Memory that a failed transfer may still
- * touch is kept (retired) instead of being reused.
+ * Give back memory from dp_client_alloc (values from dp_client_get_alloc are
+ * freed with dp_values_destroy instead). NULL allowed. Memory that a failed
+ * transfer may still touch is kept (retired) instead of being reused.
  */
 DP_API void dp_client_free(dp_client *c, void *p);
 
