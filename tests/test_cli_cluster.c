@@ -601,3 +601,22 @@ DP_TEST(up_refuses_a_live_cluster_file)
     CHECK_CONTAINS(out, pid_s);
     rm_dir(dir);
 }
+
+/* SIGHUP (the terminal went away) stops up like SIGINT. */
+DP_TEST(up_sighup_stops_it)
+{
+    char dir[64], log[16384];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    up_start(&u, dir, "--units 1 --slab 8M");
+    bool ok = up_wait_file(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(ok, "no cluster file; up said: %s", log);
+    int64_t pid;
+    load_pids(u.file, &pid, 1);
+    CHECK(kill(u.pid, SIGHUP) == 0);
+    CHECK_EQ(up_wait(&u, 60), 0);
+    CHECK(access(u.file, F_OK) != 0);
+    CHECK(pid_gone(pid));
+    rm_dir(dir);
+}

@@ -746,7 +746,12 @@ dp__cmd_up(int argc, char **argv)
     sigaddset(&sigs, SIGHUP);
     sigaddset(&sigs, SIGCHLD);
     sigprocmask(SIG_BLOCK, &sigs, NULL);
-    /* A background job of a script starts with SIGINT ignored: take it anyway. */
+    /*
+     * A background job of a script starts with SIGINT ignored: take it anyway,
+     * so `kill -INT` stops up. (An ignored SIGHUP cannot be honoured either:
+     * UCX's constructor installs its own SIGHUP handler before main runs, so
+     * nohup does not protect up; start it with setsid to detach it.)
+     */
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
