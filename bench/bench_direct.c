@@ -6,6 +6,7 @@
  * (registration and deregistration, or the pool copy) per MiB.
  *
  *   bench_direct [--sizes a,b,c] [--reps N] [--min-mib M] [--targets new|own]
+ *                [--chunk BYTES] [--lanes]
  *
  * The publisher is this program re-executed (DP_BENCH_PEER=publisher): it
  * allocates the buffer with malloc, fills it, publishes it and hands the
@@ -193,6 +194,7 @@ main(int argc, char **argv)
     int n_sizes = 0, reps = 7;
     uint64_t min_mib = 512;
     int own_targets = 1, lanes = 0;
+    size_t chunk = 0;
     const char *list = "4096,65536,1048576,16777216,67108864,268435456";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc)
@@ -201,13 +203,15 @@ main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--min-mib") == 0 && i + 1 < argc)
             min_mib = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--chunk") == 0 && i + 1 < argc)
+            chunk = strtoull(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--lanes") == 0)
             lanes = 1;
         else if (strcmp(argv[i], "--targets") == 0 && i + 1 < argc)
             own_targets = strcmp(argv[++i], "new") != 0;
         else {
             fprintf(stderr, "usage: bench_direct [--sizes a,b] [--reps N] [--min-mib M] "
-                            "[--targets own|new] [--lanes]\n");
+                            "[--targets own|new] [--chunk BYTES] [--lanes]\n");
             return 2;
         }
     }
@@ -243,6 +247,7 @@ main(int argc, char **argv)
     dp_direct_opts o;
     dp_direct_opts_init(&o);
     o.name = "bench-fetch";
+    o.chunk_bytes = chunk;
     dp_direct *t = NULL;
     int rc = dp_direct_create(&o, &t, &d);
     if (rc != DP_OK)

@@ -77,7 +77,7 @@ typedef struct dp_direct_opts {
     double xfer_timeout_s;
     /*
      * A fetch is read in pieces of at most this many bytes; an abort takes
-     * effect between pieces. 0: default (16 MiB).
+     * effect between pieces. 0: default (64 MiB).
      */
     size_t chunk_bytes;
     /* Fetch worker threads (1..64); 0: default (2). */

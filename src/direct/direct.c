@@ -71,7 +71,7 @@
 #define BACKEND "UCX"
 #define DEFAULT_LRU 16
 #define DEFAULT_TIMEOUT_S 60.0
-#define DEFAULT_CHUNK (16u << 20)
+#define DEFAULT_CHUNK (64u << 20)
 #define DEFAULT_WORKERS 2
 #define MAX_WORKERS 64
 #define CHUNK_RANGES 256
