@@ -9,7 +9,7 @@
 #   make format        reformat the sources; make format-check only checks
 #
 # Variables: BUILD (build directory), SANITIZE (e.g. address,undefined),
-# WERROR (ON/OFF), JOBS, FUZZ_SECONDS, CTEST_ARGS.
+# WERROR (ON/OFF), JOBS, FUZZ_SECONDS, CTEST_ARGS, BENCH (e.g. BENCH="ctl xfer").
 
 BUILD        ?= build
 SANITIZE     ?=
@@ -56,7 +56,7 @@ fuzz: deps
 	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 bench: build
-	@scripts/bench.sh $(BUILD)
+	@scripts/bench.sh $(BUILD) $(BENCH)
 
 format:
 	@clang-format -i $(SOURCES)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Every benchmark, one after another (`make bench`). Each prints its own table
+# with ratios against limits measured in the same run; nothing here asserts a
+# timing. The whole suite takes several minutes; run a single one instead with
+# its own command (see README.md, "Benchmarks").
+#
+#   scripts/bench.sh [BUILD_DIR] [NAME...]
+#
+# NAMES: alloc crc32c wire ctl xfer direct client ssd compare (default: all).
+set -euo pipefail
+build=${1:-build}
+shift || true
+root=$(cd "$(dirname "$0")/.." && pwd)
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(alloc crc32c wire ctl xfer direct ssd compare)
+
+run() {
+    printf '\n==== %s ====\n' "$1"
+    shift
+    "$@"
+}
+
+for n in "${names[@]}"; do
+    case "$n" in
+    alloc) run "slab allocator: alloc/free pairs at 1e5 live blocks" "$build/bench/bench_alloc" ;;
+    crc32c) run "CRC32C: SSE4.2 vs table" "$build/bench/bench_crc32c" ;;
+    wire) run "control-message codec" "$build/bench/bench_wire" ;;
+    ctl) run "control-plane round trips vs bare ZMQ" "$build/bench/bench_ctl" ;;
+    xfer) run "endpoint WRITE/READ vs ucx_perftest" "$root/bench/xfer_compare.sh" "$build" ;;
+    direct) run "direct transport fetch vs ucx_perftest get" "$root/bench/direct_compare.sh" "$build" ;;
+    client) run "client put/get vs memcpy" "$build/bench/bench_client" ;;
+    ssd) run "SSD tier spill/stage vs plain file I/O" "$build/bench/bench_ssd" "${TMPDIR:-/tmp}" ;;
+    compare) run "put/get vs memcpy, ucx_perftest and Redis" "$root/bench/compare.sh" "$build" ;;
+    *)
+        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare)" >&2
+        exit 2
+        ;;
+    esac
+done
