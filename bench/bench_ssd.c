@@ -171,7 +171,8 @@ main(int argc, char **argv)
         if (next < n) {
             uint64_t off;
             snprintf(id, sizeof id, "b%" PRIu64, next);
-            int rc = dp_unit_alloc_spill(u, id, strlen(id), blen, 1, true, &off, NULL, &d);
+            int rc =
+                dp_unit_alloc_spill(u, id, strlen(id), blen, 1, true, &off, NULL, &d);
             if (rc == 0) {
                 blob_write(dp_unit_slab(u) + off, blen, next, payload, plen);
                 dp_wire_commit_state st;
