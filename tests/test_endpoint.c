@@ -605,6 +605,11 @@ DP_TEST(invalid_arguments_fail_before_posting)
     CHECK_OK_D(dp_endpoint_create("client-i", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp_endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
+    /* More than the host's memory is refused before UCX maps anything. */
+    void *huge = NULL;
+    CHECK_ERR_D(dp_endpoint_alloc(ep, (size_t)1 << 46, &huge, &d), DP_ENOMEM, &d);
+    CHECK_CONTAINS(d.msg, "more than this host's memory");
+    CHECK(huge == NULL);
     CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     uint64_t la = (uint64_t)(uintptr_t)a;
     dp_range l1 = {la, 4096}, r1 = {p.base, 4096};

@@ -693,6 +693,16 @@ dp_endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d)
     *addr = NULL;
     if (len == 0)
         return dp_fail(d, DP_EINVAL, "endpoint %s: alloc of 0 bytes", ep->name);
+    /*
+     * UCX backs this memory with a shared-memory file that it fills: a size
+     * beyond the host's RAM would take all of it (and tmpfs) before failing.
+     */
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psz > 0 && (uint64_t)len > (uint64_t)pages * (uint64_t)psz)
+        return dp_fail(d, DP_ENOMEM,
+                       "endpoint %s: alloc of %zu bytes is more than this host's "
+                       "memory (%" PRIu64 " bytes); ask for less",
+                       ep->name, len, (uint64_t)pages * (uint64_t)psz);
     lock(ep);
     int rc = check_open_locked(ep, d);
     if (rc == DP_OK)
