@@ -211,12 +211,43 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         dp_unit_unlock(u);
         break;
     }
-    case DP_WIRE_OP_SAVE_SHARD:
-    case DP_WIRE_OP_LOAD_SHARD:
-        dp_fail(&d, DP_EUNSUPPORTED, "%s: checkpoints are not implemented by this unit",
-                dp_wire_op_name(req.op));
-        reply_error(req.rid, DP_EPROTO, &d, NULL, reply);
+    case DP_WIRE_OP_SAVE_SHARD: {
+        /*
+         * The file I/O runs here, on the ctl thread, outside the unit lock:
+         * the unit answers other requests once the save ends (the io workers
+         * and the ticker keep running meanwhile).
+         */
+        dp_unit_save_res sr;
+        rc = dp_unit_save_shard(u, req.a.save_shard.path.p, req.a.save_shard.path.n, &sr,
+                                &d);
+        if (rc == 0) {
+            rep.r.save_shard.blobs = (dp_wire_shard_blobs){sr.blobs, sr.n_blobs};
+            rep.r.save_shard.nbytes = sr.nbytes;
+            rep.r.save_shard.clears_during_save = sr.clears_during_save;
+            reply_ok(&rep, reply);
+            dp_unit_save_res_fini(&sr);
+        } else {
+            DP_LOG_W("unit %u: %s", dp_unit_id(u), dp_detail_msg(&d));
+            reply_error(req.rid, rc, &d, NULL, reply);
+        }
         break;
+    }
+    case DP_WIRE_OP_LOAD_SHARD: {
+        const dp_wire_load_shard_args *a = &req.a.load_shard;
+        dp_unit_load_res lr;
+        rc = dp_unit_load_shard(u, a->path.p, a->path.n, a->blobs.v, a->blobs.n, a->spill,
+                                &lr, &d);
+        if (rc == 0) {
+            rep.r.load_shard.loaded = (dp_wire_strs){lr.loaded, lr.n_loaded};
+            rep.r.load_shard.failed = (dp_wire_strs){lr.failed, lr.n_failed};
+            reply_ok(&rep, reply);
+            dp_unit_load_res_fini(&lr);
+        } else {
+            DP_LOG_W("unit %u: %s", dp_unit_id(u), dp_detail_msg(&d));
+            reply_error(req.rid, rc, &d, NULL, reply);
+        }
+        break;
+    }
     default:
         dp_fail(&d, DP_EPROTO, "unknown op");
         reply_error(req.rid, DP_EPROTO, &d, NULL, reply);

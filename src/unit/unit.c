@@ -113,6 +113,7 @@
 
 #include "alloc/slab_alloc.h"
 #include "blob/blob.h"
+#include "blob/crc32c.h"
 #include "blob/keys.h"
 #include "common/map.h"
 
@@ -126,6 +127,7 @@ struct blob_rec {
     uint64_t n_entries_decl;
     uint64_t refs;
     uint32_t n_pins;
+    uint32_t n_holds; /* saves copying it (checkpoint): keep it like a pin */
     bool published;
     bool dead;        /* released while pinned: a zombie */
     bool pin_expired; /* sticky: some pin on it expired */
@@ -149,6 +151,14 @@ struct blob_rec {
     uint64_t res_epoch;
     double staged_at;
     blob_rec *sprev, *snext; /* staged copies, oldest first */
+};
+
+/* The records one running save copies (n_holds counts them). */
+typedef struct hold_set hold_set;
+struct hold_set {
+    blob_rec **b;
+    uint32_t n;
+    hold_set *next;
 };
 
 typedef struct pin pin;
@@ -224,6 +234,10 @@ struct dp_unit {
     uint64_t n_stages, stage_bytes, n_stages_failed, n_evictions;
     uint64_t ssd_report_sig;
     uint64_t resolving_epoch; /* set while a resolve starts a stage */
+    /* Checkpoints */
+    struct hold_set *holds; /* running saves, each holding its snapshot */
+    uint64_t n_clears;      /* release_rows calls that dropped something */
+    uint64_t n_saves, n_loads, n_loaded_blobs;
 };
 
 static double
@@ -409,7 +423,7 @@ staged_append_locked(dp_unit *u, blob_rec *b)
 static void
 drop_locked(dp_unit *u, blob_rec *b, double now)
 {
-    DP_ASSERT(b->n_pins == 0);
+    DP_ASSERT(b->n_pins == 0 && b->n_holds == 0);
     if (b->job) {
         if (!b->doomed) {
             b->doomed = true;
@@ -472,7 +486,7 @@ dispose_locked(dp_unit *u, blob_rec *b, double now)
     DP_ASSERT(b->published && b->refs == 0 && !b->dead);
     dp_map_del(&u->blobs, b->id, b->id_len);
     u->n_published--;
-    if (b->n_pins > 0) {
+    if (b->n_pins > 0 || b->n_holds > 0) {
         b->dead = true;
         zombie_count_locked(u, b, +1);
         return;
@@ -507,7 +521,7 @@ pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
         b->n_pins--;
         if (expired)
             b->pin_expired = true;
-        if (b->dead && b->n_pins == 0) {
+        if (b->dead && b->n_pins == 0 && b->n_holds == 0) {
             zombie_count_locked(u, b, -1);
             drop_locked(u, b, now);
         }
@@ -635,7 +649,8 @@ submit_locked(dp_unit *u, int kind, blob_rec *b)
     pthread_cond_signal(&u->io_cv);
 }
 
-static int publish_locked(dp_unit *u, blob_rec *b, double now, dp_detail *d);
+static int publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now,
+                          dp_detail *d);
 
 /* A spill job ended (rc, fd): publish the disk blob or drop it. */
 static void
@@ -654,7 +669,7 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
         b->disk = true; /* before publish: drop_locked counts disk blobs */
         u->n_disk++;
         u->disk_bytes += b->nbytes;
-        rc = publish_locked(u, b, now, &pd);
+        rc = publish_locked(u, b, NULL, now, &pd);
         if (rc == 0) {
             region_release_locked(u, b, now);
             b->in_io = false;
@@ -1431,15 +1446,20 @@ publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
 
 /*
  * Install b's parsed index in the row index (b->parsed set, b unpublished).
- * DP_ENOMEM: nothing changed.
+ * keep (NULL: all) names the entries to install, one byte per entry: a
+ * restored blob brings back only the keys its checkpoint listed as live; the
+ * caller makes sure at least one is kept. DP_ENOMEM: nothing changed.
  */
 static int
-publish_locked(dp_unit *u, blob_rec *b, double now, dp_detail *d)
+publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_detail *d)
 {
     const dp_blob *pb = b->parsed;
-    uint32_t n = dp_blob_count(pb), i;
+    uint32_t n = dp_blob_count(pb), i, kept = 0;
     /* Pass 1: every row and slot exists (the only step that allocates). */
     for (i = 0; i < n; i++) {
+        if (keep != NULL && !keep[i])
+            continue;
+        kept++;
         const dp_blob_entry *e = dp_blob_entry_at(pb, i);
         row *r = dp_map_get_u64(&u->rows, e->gidx);
         if (r == NULL) {
@@ -1467,11 +1487,13 @@ publish_locked(dp_unit *u, blob_rec *b, double now, dp_detail *d)
     }
     /* Pass 2: publish, cannot fail. */
     b->published = true;
-    b->refs = n;
+    b->refs = kept;
     pend_unlink(u, b);
     u->n_published++;
     u->n_commit++;
     for (i = 0; i < n; i++) {
+        if (keep != NULL && !keep[i])
+            continue;
         const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
         row *r = dp_map_get_u64(&u->rows, e->gidx);
         slot *s = dp_map_get(&r->fields, e->field, e->field_len);
@@ -1546,7 +1568,7 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         *state = DP_WIRE_COMMIT_PENDING;
         goto out;
     }
-    rc = publish_locked(u, b, now, d);
+    rc = publish_locked(u, b, NULL, now, d);
     if (rc != 0) {
         dp_blob_destroy(b->parsed);
         b->parsed = NULL;
@@ -1809,6 +1831,8 @@ dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
     }
     u->n_entries -= dropped;
     u->n_release++;
+    if (dropped > 0)
+        u->n_clears++;
     pthread_mutex_unlock(&u->mu);
     return dropped;
 }
@@ -2236,6 +2260,33 @@ dp_unit_check(dp_unit *u, dp_detail *d)
             }
         }
     }
+    /* Holds of running saves keep released records alive like pins. */
+    dp_map hc;
+    dp_map_init_u64(&hc);
+    for (struct hold_set *h = u->holds; h != NULL; h = h->next) {
+        for (uint32_t i = 0; i < h->n; i++) {
+            blob_rec *b = h->b[i];
+            uintptr_t key = (uintptr_t)b;
+            uintptr_t c = (uintptr_t)dp_map_get_u64(&hc, key);
+            dp_map_put_u64(&hc, key, (void *)(c + 1), NULL);
+            if (c == 0 && b->dead && dp_map_get_u64(&counts, key) == NULL) {
+                nz++;
+                if (!b->in_io)
+                    zb += b->size;
+            }
+        }
+    }
+    it = 0;
+    uint64_t hkey;
+    while (rc == 0 && dp_map_next(&hc, &it, NULL, NULL, &hkey, &v)) {
+        blob_rec *b = (blob_rec *)(uintptr_t)hkey;
+        if (b->n_holds != (uint64_t)(uintptr_t)v)
+            rc = dp_fail(d, DP_ECORRUPT, "blob %s: n_holds %u, holds %" PRIu64, b->id,
+                         b->n_holds, (uint64_t)(uintptr_t)v);
+    }
+    dp_map_fini(&hc);
+    if (rc != 0)
+        goto out;
     if (npins != dp_map_len(&u->pins) || nz != u->n_zombies || zb != u->zombie_bytes) {
         rc = dp_fail(d, DP_ECORRUPT, "pins %" PRIu64 "/%zu, zombies %" PRIu64 "/%" PRIu64,
                      npins, dp_map_len(&u->pins), nz, u->n_zombies);
@@ -2259,5 +2310,924 @@ dp_unit_check(dp_unit *u, dp_detail *d)
 out:
     pthread_mutex_unlock(&u->mu);
     dp_map_fini(&counts);
+    return rc;
+}
+
+/* ---- checkpoints: save_shard / load_shard (DESIGN section 9) ---- */
+
+/*
+ * Shard file (little-endian):
+ *   header  32: "DPSHARD1", u32 version, u32 unit_id, u32 n_units,
+ *               u32 n_blobs, u64 data_bytes
+ *   data       the blobs back to back, each a DPBLOB01 blob as committed
+ *   trailer 24: "DPSHEND1", u64 data_bytes, u32 CRC32C(data),
+ *               u32 CRC32C(header)
+ * Rows file (path.rows):
+ *   header  24: "DPROWS01", u32 version, u32 unit_id, u32 n_units, u32 n_blobs
+ *   per blob:   u8 id_len, id, u64 off_in_shard, u64 nbytes, u32 CRC32C(blob),
+ *               u32 n_live, n_live x u32 entry index (in the blob's own index)
+ *   trailer 12: u32 CRC32C(everything before), "DPROWEND"
+ * A blob's own index may list keys that were overwritten or cleared before
+ * the save; the rows file names the entries that were live, and a load
+ * installs only those.
+ */
+
+#define CK_CHUNK ((size_t)1 << 20)
+#define CK_ROWS_MAX ((uint64_t)1 << 32)
+
+static void
+put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void
+put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t
+get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t
+get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Copy a client path into buf (NUL-terminated) if it passes the rules. */
+static int
+ck_path(const char *p, size_t n, char *buf, const char *op, dp_detail *d)
+{
+    if (n < 2 || n > DP_UNIT_PATH_MAX || p[0] != '/')
+        return dp_fail(d, DP_EINVAL, "%s: path must be absolute and 2..%d bytes long", op,
+                       DP_UNIT_PATH_MAX);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+            return dp_fail(d, DP_EINVAL,
+                           "%s: path has a NUL or control character at byte %zu", op, i);
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    return 0;
+}
+
+/* dst = base + suffix; dst has DP_UNIT_PATH_MAX + 16 bytes, base passed ck_path. */
+static void
+ck_name(char *dst, const char *base, const char *suffix)
+{
+    size_t n = strlen(base), m = strlen(suffix);
+    DP_ASSERT(n <= DP_UNIT_PATH_MAX && m < 16);
+    memcpy(dst, base, n);
+    memcpy(dst + n, suffix, m + 1);
+}
+
+/* Sequential writer with a running CRC32C of what it wrote. */
+typedef struct ck_out {
+    int fd;
+    uint64_t pos;
+    uint32_t crc;
+    const char *name;
+} ck_out;
+
+static int
+ck_write(ck_out *o, const void *pv, size_t n, dp_detail *d)
+{
+    const uint8_t *p = pv;
+    o->crc = dp_crc32c_update(o->crc, p, n);
+    while (n > 0) {
+        ssize_t w = write(o->fd, p, DP_MIN(n, (size_t)1 << 30));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return dp_fail_sys(d, w < 0 ? errno : EIO, "writing %s at offset %" PRIu64,
+                               o->name, o->pos);
+        p += w;
+        n -= (size_t)w;
+        o->pos += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* pread exactly n bytes at off; a short file is DP_ECORRUPT naming the offset. */
+static int
+ck_pread(int fd, void *pv, size_t n, uint64_t off, const char *name, dp_detail *d)
+{
+    uint8_t *p = pv;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, DP_MIN(n, (size_t)1 << 30), (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return dp_fail_sys(d, errno, "reading %s at offset %" PRIu64, name, off);
+        if (r == 0)
+            return dp_fail(d, DP_ECORRUPT, "%s: truncated: ends at offset %" PRIu64, name,
+                           off);
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+static int
+ck_create_tmp(const char *tmp, int *fd, dp_detail *d)
+{
+    *fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (*fd < 0 && errno == EEXIST)
+        return dp_fail(d, DP_EEXIST,
+                       "creating %s: it exists (a save that died?); not overwritten",
+                       tmp);
+    if (*fd < 0)
+        return dp_fail_sys(d, errno, "creating %s", tmp);
+    return 0;
+}
+
+/* fsync, close and rename tmp to final; the fd is closed either way. */
+static int
+ck_finish(int fd, const char *tmp, const char *final, dp_detail *d)
+{
+    int rc = 0;
+    if (fsync(fd) != 0)
+        rc = dp_fail_sys(d, errno, "fsync of %s", tmp);
+    if (close(fd) != 0 && rc == 0)
+        rc = dp_fail_sys(d, errno, "closing %s", tmp);
+    /* Never replaces a file: a save writes only names that did not exist. */
+    if (rc == 0 && renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE) != 0)
+        rc = errno == EEXIST ? dp_fail(d, DP_EEXIST,
+                                       "renaming %s: %s exists; not replaced", tmp, final)
+                             : dp_fail_sys(d, errno, "renaming %s to %s", tmp, final);
+    return rc;
+}
+
+typedef struct ck_snap {
+    blob_rec *b;
+    uint64_t nbytes;
+    uint64_t refs;
+    const uint8_t *src; /* put-area copy, or NULL */
+    int fd;             /* dup of a disk blob's fd, or -1 */
+    uint32_t *live;
+    uint32_t n_live;
+} ck_snap;
+
+/* Drop the holds of a save (its blobs may be freed now). */
+static void
+holds_release_locked(dp_unit *u, hold_set *h)
+{
+    for (hold_set **pp = &u->holds; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    }
+    double now = now_s(u);
+    for (uint32_t i = 0; i < h->n; i++) {
+        blob_rec *b = h->b[i];
+        DP_ASSERT(b->n_holds > 0);
+        b->n_holds--;
+        if (b->dead && b->n_pins == 0 && b->n_holds == 0) {
+            zombie_count_locked(u, b, -1);
+            drop_locked(u, b, now);
+        }
+    }
+    h->n = 0;
+}
+
+/* Snapshot the live blobs and hold them. Nothing held on error. */
+static int
+snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_detail *d)
+{
+    int rc = DP_ENOMEM;
+    uint64_t cap = u->n_published;
+    ck_snap *sn = calloc(cap ? cap : 1, sizeof *sn);
+    h->b = calloc(cap ? cap : 1, sizeof *h->b);
+    h->n = 0;
+    if (sn == NULL || h->b == NULL)
+        goto nomem;
+    size_t it = 0;
+    void *v;
+    uint32_t n = 0;
+    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+        blob_rec *b = v;
+        if (!b->published || b->dead)
+            continue;
+        DP_ASSERT(n < cap);
+        ck_snap *s = &sn[n];
+        s->fd = -1;
+        uint32_t ne = dp_blob_count(b->parsed);
+        s->live = malloc((ne ? ne : 1) * sizeof *s->live);
+        if (s->live == NULL)
+            goto nomem;
+        for (uint32_t i = 0; i < ne; i++) {
+            const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
+            row *r = dp_map_get_u64(&u->rows, e->gidx);
+            slot *sl = r ? dp_map_get(&r->fields, e->field, e->field_len) : NULL;
+            if (sl != NULL && sl->b == b && sl->i == i)
+                s->live[s->n_live++] = i;
+        }
+        if (b->disk) {
+            s->fd = fcntl(b->fd, F_DUPFD_CLOEXEC, 0);
+            if (s->fd < 0) {
+                int e = errno;
+                free(s->live);
+                s->live = NULL;
+                for (uint32_t j = 0; j < n; j++)
+                    if (sn[j].fd >= 0)
+                        close(sn[j].fd);
+                rc = dp_fail_sys(d, e, "save: dup of the file of disk blob %s", b->id);
+                goto undo;
+            }
+        } else {
+            s->src = u->slab + b->off;
+        }
+        s->b = b;
+        s->nbytes = b->nbytes;
+        s->refs = b->refs;
+        n++;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        sn[i].b->n_holds++;
+        h->b[h->n++] = sn[i].b;
+    }
+    h->next = u->holds;
+    u->holds = h;
+    *out = sn;
+    *n_out = n;
+    return 0;
+nomem:
+    dp_fail(d, DP_ENOMEM, "save: out of memory");
+    if (sn != NULL)
+        for (uint64_t j = 0; j < cap; j++)
+            if (sn[j].fd >= 0 && sn[j].b != NULL)
+                close(sn[j].fd);
+undo:
+    if (sn != NULL)
+        for (uint64_t j = 0; j < cap; j++)
+            free(sn[j].live);
+    free(sn);
+    free(h->b);
+    h->b = NULL;
+    return rc;
+}
+
+void
+dp_unit_save_res_fini(dp_unit_save_res *res)
+{
+    if (res == NULL)
+        return;
+    free(res->blobs);
+    free(res->ids);
+    memset(res, 0, sizeof *res);
+}
+
+int
+dp_unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_res *res,
+                   dp_detail *d)
+{
+    memset(res, 0, sizeof *res);
+    char fin[DP_UNIT_PATH_MAX + 16], tmp[DP_UNIT_PATH_MAX + 16];
+    char rfin[DP_UNIT_PATH_MAX + 16], rtmp[DP_UNIT_PATH_MAX + 16];
+    int rc = ck_path(path, path_len, fin, "save_shard", d);
+    if (rc != 0)
+        return rc;
+    ck_name(tmp, fin, ".tmp");
+    ck_name(rfin, fin, ".rows");
+    ck_name(rtmp, fin, ".rows.tmp");
+
+    hold_set h = {0};
+    ck_snap *sn = NULL;
+    uint32_t n = 0;
+    uint8_t *buf = NULL;
+    int fd = -1, rfd = -1;
+    bool tmp_made = false, rtmp_made = false;
+    pthread_mutex_lock(&u->mu);
+    rc = snapshot_locked(u, &h, &sn, &n, d);
+    uint64_t clears0 = u->n_clears;
+    uint32_t unit_id = u->o.unit_id, n_units = u->o.n_units;
+    pthread_mutex_unlock(&u->mu);
+    if (rc != 0)
+        return rc;
+
+    /* File I/O without the lock: the holds keep every snapshotted copy. */
+    res->blobs = calloc(n ? n : 1, sizeof *res->blobs);
+    res->ids = calloc(n ? n : 1, sizeof *res->ids);
+    buf = malloc(CK_CHUNK);
+    if (res->blobs == NULL || res->ids == NULL || buf == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "save: out of memory");
+        goto out;
+    }
+    if ((rc = ck_create_tmp(tmp, &fd, d)) != 0)
+        goto out;
+    tmp_made = true;
+    if ((rc = ck_create_tmp(rtmp, &rfd, d)) != 0)
+        goto out;
+    rtmp_made = true;
+    uint64_t data_bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        data_bytes += sn[i].nbytes;
+    uint8_t hdr[DP_SHARD_HEADER_LEN];
+    memcpy(hdr, DP_SHARD_MAGIC, 8);
+    put_u32(hdr + 8, DP_SHARD_VERSION);
+    put_u32(hdr + 12, unit_id);
+    put_u32(hdr + 16, n_units);
+    put_u32(hdr + 20, n);
+    put_u64(hdr + 24, data_bytes);
+    ck_out so = {fd, 0, 0, tmp};
+    ck_out ro = {rfd, 0, 0, rtmp};
+    if ((rc = ck_write(&so, hdr, sizeof hdr, d)) != 0)
+        goto out;
+    uint8_t rh[24];
+    memcpy(rh, DP_ROWS_MAGIC, 8);
+    put_u32(rh + 8, DP_SHARD_VERSION);
+    put_u32(rh + 12, unit_id);
+    put_u32(rh + 16, n_units);
+    put_u32(rh + 20, n);
+    if ((rc = ck_write(&ro, rh, sizeof rh, d)) != 0)
+        goto out;
+    uint32_t data_crc = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        ck_snap *s = &sn[i];
+        uint64_t off = so.pos;
+        uint32_t bcrc = 0;
+        if (s->src != NULL) {
+            bcrc = dp_crc32c(s->src, (size_t)s->nbytes);
+            rc = ck_write(&so, s->src, (size_t)s->nbytes, d);
+        } else {
+            for (uint64_t done = 0; rc == 0 && done < s->nbytes;) {
+                size_t c = (size_t)DP_MIN(s->nbytes - done, (uint64_t)CK_CHUNK);
+                rc = ck_pread(s->fd, buf, c, done, "a disk blob's file", d);
+                if (rc == 0) {
+                    bcrc = dp_crc32c_update(bcrc, buf, c);
+                    rc = ck_write(&so, buf, c, d);
+                }
+                done += c;
+            }
+        }
+        if (rc != 0) {
+            dp_fail_ctx(d, rc, "save: blob %s", s->b->id);
+            goto out;
+        }
+        data_crc = dp_crc32c_combine(data_crc, bcrc, s->nbytes);
+        memcpy(res->ids[i], s->b->id, s->b->id_len + 1);
+        res->blobs[i] =
+            (dp_wire_shard_blob){{res->ids[i], s->b->id_len}, off, s->nbytes, s->refs};
+        uint8_t rb[1 + DP_UNIT_ID_MAX + 24];
+        rb[0] = (uint8_t)s->b->id_len;
+        memcpy(rb + 1, s->b->id, s->b->id_len);
+        uint8_t *q = rb + 1 + s->b->id_len;
+        put_u64(q, off);
+        put_u64(q + 8, s->nbytes);
+        put_u32(q + 16, bcrc);
+        put_u32(q + 20, s->n_live);
+        if ((rc = ck_write(&ro, rb, (size_t)(q + 24 - rb), d)) != 0)
+            goto out;
+        for (uint32_t k = 0; k < s->n_live; k++) {
+            uint8_t e4[4];
+            put_u32(e4, s->live[k]);
+            if ((rc = ck_write(&ro, e4, 4, d)) != 0)
+                goto out;
+        }
+    }
+    uint8_t tr[DP_SHARD_TRAILER_LEN];
+    memcpy(tr, DP_SHARD_END_MAGIC, 8);
+    put_u64(tr + 8, data_bytes);
+    put_u32(tr + 16, data_crc);
+    put_u32(tr + 20, dp_crc32c(hdr, sizeof hdr));
+    if ((rc = ck_write(&so, tr, sizeof tr, d)) != 0)
+        goto out;
+    uint8_t rt[12];
+    put_u32(rt, ro.crc);
+    memcpy(rt + 4, DP_ROWS_END_MAGIC, 8);
+    if ((rc = ck_write(&ro, rt, sizeof rt, d)) != 0)
+        goto out;
+    res->nbytes = so.pos;
+    res->shard_crc = so.crc;
+    res->rows_crc = ro.crc;
+    res->n_blobs = n;
+    /* Rows first: a shard name never exists without its rows file. */
+    rc = ck_finish(rfd, rtmp, rfin, d);
+    rfd = -1;
+    if (rc != 0)
+        goto out;
+    rtmp_made = false;
+    rc = ck_finish(fd, tmp, fin, d);
+    fd = -1;
+    if (rc != 0) {
+        unlink(rfin);
+        goto out;
+    }
+    tmp_made = false;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rfd >= 0)
+        close(rfd);
+    if (tmp_made)
+        unlink(tmp);
+    if (rtmp_made)
+        unlink(rtmp);
+    free(buf);
+    for (uint32_t i = 0; i < n; i++) {
+        if (sn[i].fd >= 0)
+            close(sn[i].fd);
+        free(sn[i].live);
+    }
+    free(sn);
+    pthread_mutex_lock(&u->mu);
+    holds_release_locked(u, &h);
+    res->clears_during_save = u->n_clears - clears0;
+    if (rc == 0)
+        u->n_saves++;
+    pthread_mutex_unlock(&u->mu);
+    free(h.b);
+    if (rc != 0)
+        dp_unit_save_res_fini(res);
+    return rc;
+}
+
+/* One blob of the rows file. */
+typedef struct ck_row {
+    const char *id;
+    uint32_t id_len;
+    uint64_t off, nbytes;
+    uint32_t crc, n_live;
+    const uint8_t *live; /* n_live u32 */
+} ck_row;
+
+enum { LB_FAILED = 0, LB_PRESENT, LB_REGION, LB_DISK };
+
+typedef struct ck_lb {
+    const dp_wire_shard_blob *w;
+    const ck_row *r;
+    int state;
+    uint64_t off, size; /* LB_REGION */
+    uint8_t *buf;       /* LB_DISK: the bytes, until written to the spill file */
+    int fd;             /* LB_DISK */
+    dp_blob *parsed;
+    uint8_t *keep;
+} ck_lb;
+
+static int
+lb_cmp(const void *a, const void *b)
+{
+    const ck_lb *x = *(ck_lb *const *)a, *y = *(ck_lb *const *)b;
+    return x->r->off < y->r->off ? -1 : x->r->off > y->r->off;
+}
+
+/* Read and check path.rows; rows[] point into *buf. */
+static int
+ck_read_rows(const char *name, uint32_t unit_id, uint32_t n_units, uint8_t **buf,
+             ck_row **rows, uint32_t *n_rows, dp_detail *d)
+{
+    *buf = NULL;
+    *rows = NULL;
+    int fd = open(name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "opening %s", name);
+    int rc = 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = dp_fail_sys(d, errno, "stat of %s", name);
+        goto out;
+    }
+    uint64_t len = (uint64_t)st.st_size;
+    if (len < 36 || len > CK_ROWS_MAX) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " bytes: not a rows file (offset 0)",
+                     name, len);
+        goto out;
+    }
+    uint8_t *p = malloc((size_t)len);
+    if (p == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "load: out of memory for %s", name);
+        goto out;
+    }
+    *buf = p;
+    if ((rc = ck_pread(fd, p, (size_t)len, 0, name, d)) != 0)
+        goto out;
+    if (memcmp(p, DP_ROWS_MAGIC, 8) != 0 ||
+        memcmp(p + len - 8, DP_ROWS_END_MAGIC, 8) != 0) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset %" PRIu64, name,
+                     memcmp(p, DP_ROWS_MAGIC, 8) != 0 ? 0 : len - 8);
+        goto out;
+    }
+    if (get_u32(p + len - 12) != dp_crc32c(p, (size_t)len - 12)) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: CRC mismatch over [0, %" PRIu64 ")", name,
+                     len - 12);
+        goto out;
+    }
+    if (get_u32(p + 8) != DP_SHARD_VERSION) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
+                     get_u32(p + 8), DP_SHARD_VERSION);
+        goto out;
+    }
+    if (get_u32(p + 12) != unit_id || get_u32(p + 16) != n_units) {
+        rc = dp_fail(d, DP_EINVAL,
+                     "%s: written by unit %u of %u, this is unit %u of %u (offset 12)",
+                     name, get_u32(p + 12), get_u32(p + 16), unit_id, n_units);
+        goto out;
+    }
+    uint32_t n = get_u32(p + 20);
+    if (n > (len - 36) / 25) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: %u blobs cannot fit (offset 20)", name, n);
+        goto out;
+    }
+    ck_row *r = calloc(n ? n : 1, sizeof *r);
+    if (r == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "load: out of memory for %s", name);
+        goto out;
+    }
+    *rows = r;
+    uint64_t pos = 24, end = len - 12;
+    for (uint32_t i = 0; i < n; i++) {
+        if (end - pos < 1 || end - pos - 1 < (uint64_t)p[pos] + 24 || p[pos] == 0 ||
+            p[pos] > DP_UNIT_ID_MAX) {
+            rc = dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name, pos);
+            goto out;
+        }
+        r[i].id_len = p[pos];
+        r[i].id = (const char *)p + pos + 1;
+        const uint8_t *q = p + pos + 1 + r[i].id_len;
+        r[i].off = get_u64(q);
+        r[i].nbytes = get_u64(q + 8);
+        r[i].crc = get_u32(q + 16);
+        r[i].n_live = get_u32(q + 20);
+        pos += 1 + r[i].id_len + 24;
+        if ((end - pos) / 4 < r[i].n_live || !valid_id(r[i].id, r[i].id_len)) {
+            rc = dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name, pos);
+            goto out;
+        }
+        r[i].live = p + pos;
+        pos += 4 * (uint64_t)r[i].n_live;
+    }
+    if (pos != end)
+        rc = dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " stray bytes at offset %" PRIu64,
+                     name, end - pos, pos);
+    *n_rows = n;
+out:
+    close(fd);
+    if (rc != 0) {
+        free(*buf);
+        free(*rows);
+        *buf = NULL;
+        *rows = NULL;
+    }
+    return rc;
+}
+
+void
+dp_unit_load_res_fini(dp_unit_load_res *res)
+{
+    if (res == NULL)
+        return;
+    free(res->loaded);
+    free(res->failed);
+    memset(res, 0, sizeof *res);
+}
+
+int
+dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
+                   const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
+                   dp_unit_load_res *res, dp_detail *d)
+{
+    memset(res, 0, sizeof *res);
+    char fin[DP_UNIT_PATH_MAX + 16], rfin[DP_UNIT_PATH_MAX + 16];
+    int rc = ck_path(path, path_len, fin, "load_shard", d);
+    if (rc != 0)
+        return rc;
+    ck_name(rfin, fin, ".rows");
+    uint8_t *rbuf = NULL, *buf = NULL;
+    ck_row *rows = NULL;
+    uint32_t n_rows = 0;
+    ck_lb *lb = NULL;
+    ck_lb **ord = NULL;
+    dp_map byid;
+    dp_map_init_str(&byid);
+    int fd = open(fin, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = dp_fail_sys(d, errno, "opening %s", fin);
+        goto out;
+    }
+    /* Header and trailer. */
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = dp_fail_sys(d, errno, "stat of %s", fin);
+        goto out;
+    }
+    uint64_t flen = (uint64_t)st.st_size;
+    uint8_t hdr[DP_SHARD_HEADER_LEN], tr[DP_SHARD_TRAILER_LEN];
+    if ((rc = ck_pread(fd, hdr, sizeof hdr, 0, fin, d)) != 0)
+        goto out;
+    if (memcmp(hdr, DP_SHARD_MAGIC, 8) != 0) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset 0", fin);
+        goto out;
+    }
+    if (get_u32(hdr + 8) != DP_SHARD_VERSION) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", fin,
+                     get_u32(hdr + 8), DP_SHARD_VERSION);
+        goto out;
+    }
+    if (get_u32(hdr + 12) != u->o.unit_id || get_u32(hdr + 16) != u->o.n_units) {
+        rc = dp_fail(d, DP_EINVAL,
+                     "%s: shard of unit %u of a %u-unit cluster, this is unit %u of %u "
+                     "(rows are placed by gidx %% units)",
+                     fin, get_u32(hdr + 12), get_u32(hdr + 16), u->o.unit_id,
+                     u->o.n_units);
+        goto out;
+    }
+    uint64_t data_bytes = get_u64(hdr + 24);
+    if (data_bytes > flen ||
+        flen - data_bytes != DP_SHARD_HEADER_LEN + DP_SHARD_TRAILER_LEN) {
+        rc = dp_fail(d, DP_ECORRUPT,
+                     "%s: %" PRIu64 " bytes, the header (offset 24) says %" PRIu64
+                     " of data: truncated or corrupted",
+                     fin, flen, data_bytes);
+        goto out;
+    }
+    uint64_t toff = DP_SHARD_HEADER_LEN + data_bytes;
+    if ((rc = ck_pread(fd, tr, sizeof tr, toff, fin, d)) != 0)
+        goto out;
+    if (memcmp(tr, DP_SHARD_END_MAGIC, 8) != 0 || get_u64(tr + 8) != data_bytes ||
+        get_u32(tr + 20) != dp_crc32c(hdr, sizeof hdr)) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: bad trailer at offset %" PRIu64, fin, toff);
+        goto out;
+    }
+    rc = ck_read_rows(rfin, u->o.unit_id, u->o.n_units, &rbuf, &rows, &n_rows, d);
+    if (rc != 0)
+        goto out;
+    if (get_u32(hdr + 20) != n_rows) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: %u blobs (offset 20), %s lists %u", fin,
+                     get_u32(hdr + 20), rfin, n_rows);
+        goto out;
+    }
+    for (uint32_t i = 0; i < n_rows; i++) {
+        if (rows[i].off < DP_SHARD_HEADER_LEN || rows[i].nbytes == 0 ||
+            rows[i].off > toff || rows[i].nbytes > toff - rows[i].off) {
+            rc = dp_fail(
+                d, DP_ECORRUPT,
+                "%s: blob %.*s at [%" PRIu64 ", +%" PRIu64 ") is outside the data of %s",
+                rfin, (int)rows[i].id_len, rows[i].id, rows[i].off, rows[i].nbytes, fin);
+            goto out;
+        }
+        if (dp_map_put(&byid, rows[i].id, rows[i].id_len, &rows[i], NULL) != 0) {
+            rc = dp_fail(d, DP_ENOMEM, "load: out of memory");
+            goto out;
+        }
+    }
+    /* The request: every blob must be in the rows file, as save reported it. */
+    lb = calloc(n ? n : 1, sizeof *lb);
+    ord = calloc(n ? n : 1, sizeof *ord);
+    res->loaded = calloc(n ? n : 1, sizeof *res->loaded);
+    res->failed = calloc(n ? n : 1, sizeof *res->failed);
+    buf = malloc(CK_CHUNK);
+    if (lb == NULL || ord == NULL || res->loaded == NULL || res->failed == NULL ||
+        buf == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "load: out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        lb[i].w = &blobs[i];
+        lb[i].fd = -1;
+        lb[i].r = dp_map_get(&byid, blobs[i].id.p, blobs[i].id.n);
+        if (lb[i].r == NULL || lb[i].r->off != blobs[i].off ||
+            lb[i].r->nbytes != blobs[i].nbytes) {
+            rc = dp_fail(d, DP_EINVAL,
+                         "load_shard: blob %.*s [%" PRIu64 ", +%" PRIu64 ") is not in %s",
+                         (int)blobs[i].id.n, blobs[i].id.p, blobs[i].off, blobs[i].nbytes,
+                         rfin);
+            goto out;
+        }
+        ord[i] = &lb[i];
+    }
+    qsort(ord, n, sizeof *ord, lb_cmp);
+    for (uint32_t i = 1; i < n; i++)
+        if (ord[i]->r == ord[i - 1]->r ||
+            ord[i]->r->off < ord[i - 1]->r->off + ord[i - 1]->r->nbytes) {
+            rc = dp_fail(d, DP_EINVAL, "load_shard: blob %.*s asked twice or overlapping",
+                         (int)ord[i]->r->id_len, ord[i]->r->id);
+            goto out;
+        }
+    /* Allocate under the lock. */
+    pthread_mutex_lock(&u->mu);
+    double now = now_s(u);
+    for (uint32_t i = 0; i < n; i++) {
+        const ck_row *r = lb[i].r;
+        blob_rec *b = dp_map_get(&u->blobs, r->id, r->id_len);
+        if (b != NULL) {
+            lb[i].state = b->published ? LB_PRESENT : LB_FAILED;
+            continue;
+        }
+        uint64_t o = 0;
+        dp_detail ad;
+        dp_detail_clear(&ad);
+        if (r->nbytes <= u->o.slab_bytes &&
+            put_alloc_locked(u, r->nbytes, now, &o, NULL, &ad) == 0) {
+            lb[i].state = LB_REGION;
+            lb[i].off = o;
+            lb[i].size = r->nbytes;
+            dp_slab_alloc_size_of(u->alloc, o, &lb[i].size);
+        } else if (spill && u->ssd && r->nbytes <= u->o.staging_bytes) {
+            lb[i].state = LB_DISK;
+        } else {
+            lb[i].state = LB_FAILED;
+        }
+    }
+    pthread_mutex_unlock(&u->mu);
+
+    /* Fill without the lock: one pass over the data, checking every CRC. */
+    uint64_t pos = DP_SHARD_HEADER_LEN;
+    uint32_t crc = 0;
+    for (uint32_t k = 0; k <= n && rc == 0; k++) {
+        ck_lb *x = k < n ? ord[k] : NULL;
+        uint64_t start = x ? x->r->off : toff;
+        while (rc == 0 && pos < start) { /* blobs not asked for */
+            size_t c = (size_t)DP_MIN(start - pos, (uint64_t)CK_CHUNK);
+            rc = ck_pread(fd, buf, c, pos, fin, d);
+            crc = dp_crc32c_update(crc, buf, c);
+            pos += c;
+        }
+        if (x == NULL || rc != 0)
+            break;
+        uint8_t *dst = NULL;
+        if (x->state == LB_REGION) {
+            dst = u->slab + x->off;
+        } else if (x->state == LB_DISK) {
+            dst = x->buf = malloc((size_t)x->r->nbytes);
+            if (dst == NULL) {
+                rc = dp_fail(d, DP_ENOMEM, "load: out of memory for blob %.*s",
+                             (int)x->r->id_len, x->r->id);
+                break;
+            }
+        }
+        uint32_t bcrc = 0;
+        for (uint64_t done = 0; rc == 0 && done < x->r->nbytes;) {
+            size_t c = (size_t)DP_MIN(x->r->nbytes - done, (uint64_t)CK_CHUNK);
+            uint8_t *p = dst ? dst + done : buf;
+            rc = ck_pread(fd, p, c, pos, fin, d);
+            bcrc = dp_crc32c_update(bcrc, p, c);
+            done += c;
+            pos += c;
+        }
+        if (rc != 0)
+            break;
+        crc = dp_crc32c_combine(crc, bcrc, x->r->nbytes);
+        if (bcrc != x->r->crc) {
+            rc = dp_fail(d, DP_ECORRUPT,
+                         "%s: blob %.*s at offset %" PRIu64 " (%" PRIu64
+                         " bytes): CRC mismatch",
+                         fin, (int)x->r->id_len, x->r->id, x->r->off, x->r->nbytes);
+            break;
+        }
+        if (dst == NULL)
+            continue;
+        dp_blob_parse_opts po = {0};
+        po.n_units = u->o.n_units;
+        po.unit_index = u->o.unit_id;
+        rc = dp_blob_parse(dst, (size_t)x->r->nbytes, &po, &x->parsed, d);
+        if (rc != 0) {
+            dp_fail_ctx(d, rc, "%s: blob %.*s at offset %" PRIu64, fin, (int)x->r->id_len,
+                        x->r->id, x->r->off);
+            break;
+        }
+        uint32_t ne = dp_blob_count(x->parsed);
+        x->keep = calloc(ne ? ne : 1, 1);
+        if (x->keep == NULL) {
+            rc = dp_fail(d, DP_ENOMEM, "load: out of memory");
+            break;
+        }
+        uint32_t kept = 0;
+        for (uint32_t j = 0; j < x->r->n_live; j++) {
+            uint32_t e = get_u32(x->r->live + 4 * (size_t)j);
+            if (e >= ne || x->keep[e]) {
+                rc = dp_fail(d, DP_ECORRUPT, "%s: blob %.*s: live entry %u of %u", rfin,
+                             (int)x->r->id_len, x->r->id, e, ne);
+                break;
+            }
+            x->keep[e] = 1;
+            kept++;
+        }
+        if (rc == 0 && kept == 0)
+            rc = dp_fail(d, DP_ECORRUPT, "%s: blob %.*s has no live entry", rfin,
+                         (int)x->r->id_len, x->r->id);
+    }
+    if (rc == 0 && crc != get_u32(tr + 16))
+        rc = dp_fail(d, DP_ECORRUPT, "%s: data CRC mismatch over [%u, %" PRIu64 ")", fin,
+                     DP_SHARD_HEADER_LEN, toff);
+    /* Spill files (outside the lock, as an io job would). */
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        if (lb[i].state != LB_DISK)
+            continue;
+        char label[DP_UNIT_PATH_MAX + 64];
+        dp_detail fd_d;
+        dp_detail_clear(&fd_d);
+        if (new_file(u, u->use_tmpfile, &lb[i].fd, label, sizeof label, &fd_d) != 0 ||
+            write_all(lb[i].fd, lb[i].buf, lb[i].r->nbytes, label, &fd_d) != 0) {
+            DP_LOG_W("unit %u: load: spill of blob %s failed: %s", u->o.unit_id,
+                     lb[i].r->id, dp_detail_msg(&fd_d));
+            if (lb[i].fd >= 0)
+                close(lb[i].fd);
+            lb[i].fd = -1;
+            lb[i].state = LB_FAILED;
+        }
+        free(lb[i].buf);
+        lb[i].buf = NULL;
+    }
+
+    /* Publish (or undo) under the lock. */
+    pthread_mutex_lock(&u->mu);
+    now = now_s(u);
+    for (uint32_t i = 0; i < n; i++) {
+        ck_lb *x = &lb[i];
+        blob_rec *b = NULL;
+        if (rc == 0 && (x->state == LB_REGION || x->state == LB_DISK) &&
+            dp_map_get(&u->blobs, x->r->id, x->r->id_len) == NULL) {
+            b = calloc(1, sizeof *b);
+            if (b != NULL) {
+                memcpy(b->id, x->r->id, x->r->id_len);
+                b->id_len = x->r->id_len;
+                b->nbytes = x->r->nbytes;
+                b->fd = -1;
+                b->created_at = now;
+                b->parsed = x->parsed;
+                if (x->state == LB_REGION) {
+                    b->off = x->off;
+                    b->size = x->size;
+                    b->has_region = true;
+                } else {
+                    b->size = x->r->nbytes;
+                    b->disk = true;
+                    b->fd = x->fd;
+                    u->files_open++;
+                    u->n_disk++;
+                    u->disk_bytes += b->nbytes;
+                }
+                if (dp_map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0 ||
+                    publish_locked(u, b, x->keep, now, NULL) != 0) {
+                    dp_map_del(&u->blobs, b->id, b->id_len);
+                    if (b->disk) {
+                        u->n_disk--;
+                        u->disk_bytes -= b->nbytes;
+                        u->files_open--;
+                    }
+                    b->parsed = NULL;
+                    free(b);
+                    b = NULL;
+                } else {
+                    x->parsed = NULL; /* the record owns it */
+                    x->fd = -1;
+                    x->state = LB_PRESENT;
+                    u->n_loaded_blobs++;
+                }
+            }
+        } else if (rc == 0 && x->state != LB_FAILED) {
+            /* Already there, or a put of the same id won meanwhile. */
+            if (x->state == LB_REGION)
+                dp_slab_alloc_free(u->alloc, x->off, NULL);
+            x->state = LB_PRESENT;
+        }
+        if (x->state == LB_REGION) {
+            /* Never exposed: no transfer can run into it. */
+            dp_slab_alloc_free(u->alloc, x->off, NULL);
+            if (rc == 0)
+                x->state = LB_FAILED;
+        }
+        if (rc == 0) {
+            if (x->state == LB_PRESENT)
+                res->loaded[res->n_loaded++] = x->w->id;
+            else
+                res->failed[res->n_failed++] = x->w->id;
+        }
+    }
+    if (rc == 0)
+        u->n_loads++;
+    pthread_mutex_unlock(&u->mu);
+out:
+    if (fd >= 0)
+        close(fd);
+    for (uint32_t i = 0; lb != NULL && i < n; i++) {
+        if (lb[i].fd >= 0)
+            close(lb[i].fd);
+        free(lb[i].buf);
+        free(lb[i].keep);
+        dp_blob_destroy(lb[i].parsed);
+    }
+    free(lb);
+    free(ord);
+    free(buf);
+    free(rows);
+    free(rbuf);
+    dp_map_fini(&byid);
+    if (rc != 0)
+        dp_unit_load_res_fini(res);
     return rc;
 }

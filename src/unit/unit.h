@@ -292,6 +292,84 @@ void dp_unit_tick(dp_unit *u);
  */
 int dp_unit_check(dp_unit *u, dp_detail *d);
 
+/* ---- checkpoints (DESIGN section 9, seed 002 save_shard / load_shard) ---- */
+
+/*
+ * Paths. The control plane is trusted to name files on the unit's host: a
+ * checkpoint path comes from the client and the unit opens it with its own
+ * rights. It must be absolute, at most DP_UNIT_PATH_MAX bytes, with no NUL or
+ * control characters. A save writes exactly two files, path and path.rows,
+ * each created O_CREAT|O_EXCL under path.tmp / path.rows.tmp, fsync'd and then
+ * renamed, so an existing path.tmp (a save that died) makes the save fail with
+ * DP_EEXIST instead of being followed or overwritten. A load only reads. No
+ * client string ever reaches an SSD tier path (spill files are random names).
+ */
+#define DP_UNIT_PATH_MAX 1024
+
+/* Magic and version of the two files of a shard (little-endian throughout). */
+#define DP_SHARD_MAGIC "DPSHARD1"
+#define DP_SHARD_END_MAGIC "DPSHEND1"
+#define DP_ROWS_MAGIC "DPROWS01"
+#define DP_ROWS_END_MAGIC "DPROWEND"
+#define DP_SHARD_VERSION 1u
+#define DP_SHARD_HEADER_LEN 32u
+#define DP_SHARD_TRAILER_LEN 24u
+
+/* Result of a save; every pointer is owned by it (free with _fini). */
+typedef struct dp_unit_save_res {
+    dp_wire_shard_blob *blobs; /* off: in the shard file; ids point into ids */
+    uint32_t n_blobs;
+    uint64_t nbytes; /* the shard file's size */
+    uint64_t clears_during_save;
+    uint32_t shard_crc, rows_crc; /* CRC32C of each whole file as written */
+    char (*ids)[DP_UNIT_ID_MAX + 1];
+} dp_unit_save_res;
+
+/*
+ * save_shard: copy every live (published) blob back to back into path and the
+ * keys the row index points at each of them with into path.rows. The snapshot
+ * (which blobs, which of their entries are live) is taken under the unit lock;
+ * the file I/O runs outside it, on the calling thread (the ctl thread when
+ * called by serve.c: the unit answers other requests only after the save).
+ * Each snapshotted blob is held: a release meanwhile frees it only when the
+ * save ends. Disk blobs are copied through a dup of their fd. Spills not yet
+ * acknowledged are not published, so not saved. clears_during_save counts
+ * the release_rows calls that dropped something while the file I/O ran.
+ * Errors: DP_EINVAL (path), DP_EEXIST (a temporary name exists), DP_ESYS,
+ * DP_ENOMEM. On error no final name is created or replaced.
+ */
+int dp_unit_save_shard(dp_unit *u, const char *path, size_t path_len,
+                       dp_unit_save_res *res, dp_detail *d);
+void dp_unit_save_res_fini(dp_unit_save_res *res);
+
+/* Result of a load: id views into the caller's blobs array (must outlive it). */
+typedef struct dp_unit_load_res {
+    dp_wire_str *loaded; /* published now, or already in the table */
+    uint32_t n_loaded;
+    dp_wire_str *failed; /* no room: ask again (with spill) or elsewhere */
+    uint32_t n_failed;
+} dp_unit_load_res;
+
+/*
+ * load_shard: read blobs[0, n) (ids, offsets and sizes as save reported them)
+ * from the shard at path into fresh put-area regions and publish each with
+ * only the entries path.rows lists as live. With spill and the SSD tier on, a
+ * blob the put area cannot take goes to a fresh spill file (it must fit the IO
+ * area to be read back). Regions are allocated under the lock, filled and
+ * validated outside it; only then is everything published, under the lock.
+ * Validation: both files' magic, version, lengths and CRC32C (the whole data
+ * section and each blob), the unit id and cluster size (a shard of another
+ * unit or of a cluster with another number of units is refused), and every
+ * blob's own index (dp_blob_parse, as a commit). Any failure publishes
+ * nothing and names the file and offset. Blobs already in the table count as
+ * loaded. Errors: DP_EINVAL (path, request), DP_ECORRUPT (a file failed
+ * validation), DP_EPROTO (a blob's index), DP_ESYS, DP_ENOMEM.
+ */
+int dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
+                       const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
+                       dp_unit_load_res *res, dp_detail *d);
+void dp_unit_load_res_fini(dp_unit_load_res *res);
+
 /* ---- control-message handler (serve.c) ---- */
 
 /*
