@@ -8,6 +8,7 @@
 #include "dp_test.h"
 
 #include <math.h>
+#include <msgpack.h>
 
 #include "wire/mp.h"
 
@@ -793,4 +794,70 @@ DP_TEST(random_bytes_never_crash)
         }
         free(h);
     }
+}
+
+/* msgpack-c's packer into a dp_buf, the reference for byte-exact encodings. */
+static int
+ref_write(void *data, const char *buf, size_t len)
+{
+    return dp_buf_append(data, buf, len) == DP_OK ? 0 : -1;
+}
+
+DP_TEST(writer_matches_msgpack_c_byte_for_byte)
+{
+    dp_buf ours, ref;
+    dp_buf_init(&ours);
+    dp_buf_init(&ref);
+    dp_mp_writer w;
+    dp_mp_writer_init(&w, &ours);
+    msgpack_packer refpk;
+    msgpack_packer_init(&refpk, &ref, ref_write);
+    static const uint64_t us[] = {0,     1,     127,         128,        255,       256,
+                                  65535, 65536, 4294967295u, 4294967296, UINT64_MAX};
+    static const int64_t is[] = {-1,        -32,       -33,
+                                 -128,      -129,      -32768,
+                                 -32769,    INT32_MIN, (int64_t)INT32_MIN - 1,
+                                 INT64_MIN, 5,         70000};
+    static const size_t lens[] = {0, 1, 15, 16, 31, 32, 255, 256, 65535, 65536, 70000};
+    for (size_t i = 0; i < DP_ARRAY_LEN(us); i++) {
+        dp_mp_put_u64(&w, us[i]);
+        msgpack_pack_uint64(&refpk, us[i]);
+    }
+    for (size_t i = 0; i < DP_ARRAY_LEN(is); i++) {
+        dp_mp_put_i64(&w, is[i]);
+        msgpack_pack_int64(&refpk, is[i]);
+    }
+    char *blob = calloc(1, 70000);
+    CHECK(blob != NULL);
+    for (size_t i = 0; i < DP_ARRAY_LEN(lens); i++) {
+        size_t n = lens[i];
+        dp_mp_put_strn(&w, blob, n);
+        msgpack_pack_str(&refpk, n);
+        msgpack_pack_str_body(&refpk, blob, n);
+        dp_mp_put_bin(&w, blob, n);
+        msgpack_pack_bin(&refpk, n);
+        msgpack_pack_bin_body(&refpk, blob, n);
+        dp_mp_put_array(&w, (uint32_t)n);
+        msgpack_pack_array(&refpk, n);
+        dp_mp_put_map(&w, (uint32_t)n);
+        msgpack_pack_map(&refpk, n);
+    }
+    free(blob);
+    dp_mp_put_nil(&w);
+    msgpack_pack_nil(&refpk);
+    dp_mp_put_bool(&w, true);
+    msgpack_pack_true(&refpk);
+    dp_mp_put_bool(&w, false);
+    msgpack_pack_false(&refpk);
+    dp_mp_put_double(&w, -1.5e300);
+    msgpack_pack_double(&refpk, -1.5e300);
+    dp_mp_put_str(&w, "abc");
+    msgpack_pack_str_with_body(&refpk, "abc", 3);
+    CHECK_OK(dp_mp_writer_status(&w));
+    CHECK_EQ(ours.len, ref.len);
+    for (size_t i = 0; i < ours.len; i++)
+        CHECKF(ours.data[i] == ref.data[i], "byte %zu: 0x%02x != 0x%02x", i, ours.data[i],
+               ref.data[i]);
+    dp_buf_fini(&ours);
+    dp_buf_fini(&ref);
 }

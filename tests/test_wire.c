@@ -1813,7 +1813,7 @@ DP_TEST(scan_and_stats_generic_records)
     dp_mp_put_str(&m.w, "p");
     dp_mp_put_double(&m.w, 1.0);
     dp_mp_put_str(&m.w, "refs");
-    msgpack_pack_fix_int16(&m.w.pk, 3); /* non-negative in a signed format */
+    dp_buf_append(&m.b, "\xd1\x00\x03", 3); /* 3 as an int16: a signed format */
     dp_mp_put_map(&m.w, 0);
     dp_wire_reply r;
     dp_detail d;

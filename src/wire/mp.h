@@ -9,7 +9,8 @@
  * Each failure is DP_EPROTO with a detail that names what was expected, what
  * was found, and at which byte offset.
  *
- * The writer packs with msgpack-c into a dp_buf.
+ * The writer encodes straight into a dp_buf, always in the shortest form (as
+ * msgpack-c's packer does), so any msgpack reader takes what it writes.
  *
  * Threads: a reader or writer belongs to one thread at a time.
  */
@@ -19,8 +20,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <msgpack.h>
 
 #include "common/common.h"
 
@@ -79,9 +78,8 @@ int dp_mp_skip(dp_mp_reader *r, dp_detail *d);
 /* True (and consumed) if the next value is nil. */
 bool dp_mp_take_nil(dp_mp_reader *r);
 
-/* Writer: msgpack-c's packer appending to a dp_buf (sticky oom in the buffer). */
+/* Writer: appends to a dp_buf (the buffer's oom flag is sticky). */
 typedef struct dp_mp_writer {
-    msgpack_packer pk;
     dp_buf *out;
 } dp_mp_writer;
 
