@@ -16,6 +16,8 @@
 #define DP_VERSION "0.1.0"
 
 int dp__cmd_unit(int argc, char **argv); /* cmd_unit.c */
+int dp__cmd_save(int argc, char **argv); /* cmd_checkpoint.c */
+int dp__cmd_load(int argc, char **argv); /* cmd_checkpoint.c */
 
 static const char usage_main[] =
     "usage: dataplane <command> [options]\n"
@@ -30,6 +32,8 @@ static const char usage_main[] =
     "  put        store one value (a file) as a row's field\n"
     "  get        fetch one value by key into a file or stdout\n"
     "  bench      put/get/clear batches shaped like RL rollouts: GB/s, latency\n"
+    "  save       checkpoint a running cluster into a directory\n"
+    "  load       load a directory's checkpoint into a running cluster\n"
     "  version    print the version\n"
     "  help       this text\n"
     "\n"
@@ -134,6 +138,10 @@ main(int argc, char **argv)
         return dp__cmd_get(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0)
         return dp__cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "save") == 0)
+        return dp__cmd_save(argc - 1, argv + 1);
+    if (strcmp(cmd, "load") == 0)
+        return dp__cmd_load(argc - 1, argv + 1);
     fprintf(stderr, "dataplane: unknown command '%s'\n\n%s", cmd, usage_main);
     return 2;
 }

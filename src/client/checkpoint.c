@@ -1,0 +1,659 @@
+/*
+ * Cluster checkpoints: drive save_shard / load_shard on every unit at once
+ * (dp_ctl_call_many) and keep the manifest that makes a checkpoint complete.
+ * See checkpoint.h for the layout and the crash guarantees.
+ */
+#include "client/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "blob/crc32c.h"
+#include "wire/wire.h"
+
+#define MANIFEST_MAX ((size_t)1 << 30)
+
+void
+dp_ckpt_opts_init(dp_ckpt_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->timeout_s = 600;
+}
+
+static void
+say(const dp_ckpt_opts *o, const char *fmt, ...)
+{
+    if (o->progress == NULL)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    o->progress(o->progress_ctx, line);
+}
+
+/* Format a path into out[cap]; DP_EINVAL if it does not fit. */
+static int
+pathf(char *out, size_t cap, dp_detail *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap)
+        return dp_fail(d, DP_EINVAL, "checkpoint: path too long: %s...", out);
+    return 0;
+}
+
+/* dir made absolute (not resolved further) into out. */
+static int
+abs_dir(const char *dir, char *out, size_t cap, dp_detail *d)
+{
+    if (dir == NULL || dir[0] == '\0')
+        return dp_fail(d, DP_EINVAL, "checkpoint: no directory given");
+    int n;
+    if (dir[0] == '/') {
+        n = snprintf(out, cap, "%s", dir);
+    } else {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof cwd) == NULL)
+            return dp_fail_sys(d, errno, "checkpoint: getcwd");
+        n = snprintf(out, cap, "%s/%s", cwd, dir);
+    }
+    if (n < 0 || (size_t)n >= cap || (size_t)n > 800)
+        return dp_fail(d, DP_EINVAL, "checkpoint: directory path too long");
+    for (const char *p = out; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return dp_fail(d, DP_EINVAL, "checkpoint: control character in the path");
+    while (n > 1 && out[n - 1] == '/')
+        out[--n] = '\0';
+    return 0;
+}
+
+static int
+fsync_dir(const char *dir, dp_detail *d)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "opening directory %s", dir);
+    int rc = 0;
+    if (fsync(fd) != 0)
+        rc = dp_fail_sys(d, errno, "fsync of directory %s", dir);
+    close(fd);
+    return rc;
+}
+
+/* CRC32C and size of a whole file. */
+static int
+file_crc(const char *path, uint32_t *crc, uint64_t *size, dp_detail *d)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "opening %s", path);
+    size_t cap = (size_t)1 << 20;
+    uint8_t *buf = malloc(cap);
+    int rc = 0;
+    uint32_t c = 0;
+    uint64_t n = 0;
+    if (buf == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        goto out;
+    }
+    for (;;) {
+        ssize_t r = read(fd, buf, cap);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = dp_fail_sys(d, errno, "reading %s at offset %" PRIu64, path, n);
+            goto out;
+        }
+        if (r == 0)
+            break;
+        c = dp_crc32c_update(c, buf, (size_t)r);
+        n += (uint64_t)r;
+    }
+    *crc = c;
+    *size = n;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* Write data to path: path.tmp, fsync, rename, fsync of dir. */
+static int
+write_atomic(const char *dir, const char *path, const char *data, size_t len,
+             dp_detail *d)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "creating %s", tmp);
+    int rc = 0;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, data + done, len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            rc = dp_fail_sys(d, w < 0 ? errno : EIO, "writing %s", tmp);
+            break;
+        }
+        done += (size_t)w;
+    }
+    if (rc == 0 && fsync(fd) != 0)
+        rc = dp_fail_sys(d, errno, "fsync of %s", tmp);
+    if (close(fd) != 0 && rc == 0)
+        rc = dp_fail_sys(d, errno, "closing %s", tmp);
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = dp_fail_sys(d, errno, "renaming %s to %s", tmp, path);
+    if (rc != 0) {
+        unlink(tmp);
+        return rc;
+    }
+    return fsync_dir(dir, d);
+}
+
+/* One request per unit, sent at once; replies decoded into reps[i]. */
+typedef struct batch {
+    uint32_t n;
+    dp_ctl_item *items;
+    dp_buf *reqs;
+    char (*rids)[DP_WIRE_RID_MAX];
+    dp_wire_reply *reps;
+    bool *decoded;
+} batch;
+
+static void
+batch_fini(batch *b)
+{
+    for (uint32_t i = 0; i < b->n; i++) {
+        if (b->items != NULL)
+            dp_buf_fini(&b->items[i].reply);
+        if (b->reqs != NULL)
+            dp_buf_fini(&b->reqs[i]);
+        if (b->decoded != NULL && b->decoded[i])
+            dp_wire_reply_fini(&b->reps[i]);
+    }
+    free(b->items);
+    free(b->reqs);
+    free(b->rids);
+    free(b->reps);
+    free(b->decoded);
+    memset(b, 0, sizeof *b);
+}
+
+static int
+batch_init(batch *b, uint32_t n, dp_detail *d)
+{
+    memset(b, 0, sizeof *b);
+    b->n = n;
+    b->items = calloc(n, sizeof *b->items);
+    b->reqs = calloc(n, sizeof *b->reqs);
+    b->rids = calloc(n, sizeof *b->rids);
+    b->reps = calloc(n, sizeof *b->reps);
+    b->decoded = calloc(n, sizeof *b->decoded);
+    if (!b->items || !b->reqs || !b->rids || !b->reps || !b->decoded) {
+        batch_fini(b);
+        return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+    }
+    return 0;
+}
+
+/* Encode req (its rid is set here) as item i to address. */
+static int
+batch_add(batch *b, uint32_t i, dp_wire_rid_gen *g, dp_wire_request *req,
+          const char *address, dp_detail *d)
+{
+    req->rid = dp_wire_rid_next(g, b->rids[i]);
+    int rc = dp_wire_request_encode(req, NULL, &b->reqs[i], d);
+    if (rc != 0)
+        return dp_fail_ctx(d, rc, "checkpoint: encoding the request to %s", address);
+    b->items[i].address = address;
+    b->items[i].req = b->reqs[i].data;
+    b->items[i].len = b->reqs[i].len;
+    b->items[i].rid = b->rids[i];
+    return 0;
+}
+
+/* Run the batch (items with req NULL are skipped); first failure into d. */
+static int
+batch_run(batch *b, dp_ctl_client *c, dp_wire_op op, double timeout_s, dp_detail *d)
+{
+    dp_ctl_item *live = calloc(b->n ? b->n : 1, sizeof *live);
+    uint32_t *idx = calloc(b->n ? b->n : 1, sizeof *idx);
+    if (live == NULL || idx == NULL) {
+        free(live);
+        free(idx);
+        return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+    }
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        if (b->items[i].req != NULL) {
+            idx[m] = i;
+            live[m++] = b->items[i];
+        }
+    dp_ctl_call_many(c, live, m, timeout_s);
+    for (uint32_t k = 0; k < m; k++)
+        b->items[idx[k]] = live[k];
+    free(live);
+    int rc = 0;
+    for (uint32_t k = 0; k < m; k++) {
+        uint32_t i = idx[k];
+        dp_ctl_item *it = &b->items[i];
+        int r = it->rc;
+        dp_detail ud;
+        dp_detail_clear(&ud);
+        if (r != 0) {
+            ud = it->det;
+        } else {
+            r = dp_wire_reply_decode(it->reply.data, it->reply.len, op, NULL, &b->reps[i],
+                                     &ud);
+            b->decoded[i] = true;
+            if (r == 0 && !b->reps[i].ok)
+                r = dp_wire_error_to_detail(&b->reps[i].err, &ud);
+        }
+        if (r != 0 && rc == 0)
+            rc = dp_fail(d, r, "unit %u (%s): %s", i, it->address, dp_detail_msg(&ud));
+    }
+    free(idx);
+    return rc;
+}
+
+int
+dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+             const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+{
+    dp_ckpt_opts defo;
+    if (o == NULL) {
+        dp_ckpt_opts_init(&defo);
+        o = &defo;
+    }
+    memset(sum, 0, sizeof *sum);
+    char adir[PATH_MAX], sub[PATH_MAX];
+    int rc = abs_dir(dir, adir, sizeof adir, d);
+    if (rc != 0)
+        return rc;
+    if (mkdir(adir, 0755) != 0 && errno != EEXIST)
+        return dp_fail_sys(d, errno, "checkpoint: creating %s", adir);
+    char rnd[33], ts[32];
+    if ((rc = dp_random_hex_id(rnd, d)) != 0)
+        return rc;
+    time_t now = time(NULL);
+    struct tm tmv;
+    gmtime_r(&now, &tmv);
+    strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tmv);
+    snprintf(sum->checkpoint, sizeof sum->checkpoint, "ckpt-%s-%.8s", ts, rnd);
+    if ((rc = pathf(sub, sizeof sub, d, "%s/%s", adir, sum->checkpoint)) != 0)
+        return rc;
+    if (mkdir(sub, 0755) != 0)
+        return dp_fail_sys(d, errno, "checkpoint: creating %s", sub);
+    sum->n_units = cl->n_units;
+
+    uint32_t n = cl->n_units;
+    batch b;
+    char(*paths)[PATH_MAX] = calloc(n, sizeof *paths);
+    cJSON *man = cJSON_CreateObject(), *units = NULL;
+    char *text = NULL;
+    if ((rc = batch_init(&b, n, d)) != 0) {
+        free(paths);
+        cJSON_Delete(man);
+        return rc;
+    }
+    dp_wire_rid_gen g;
+    if (paths == NULL || man == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        goto out;
+    }
+    if ((rc = dp_wire_rid_gen_init(&g, d)) != 0)
+        goto out;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((rc = pathf(paths[i], PATH_MAX, d, "%s/unit-%u.shard", sub, i)) != 0)
+            goto out;
+        dp_wire_request q;
+        memset(&q, 0, sizeof q);
+        q.op = DP_WIRE_OP_SAVE_SHARD;
+        q.a.save_shard.path = dp_wire_s(paths[i]);
+        if ((rc = batch_add(&b, i, &g, &q, cl->units[i].zmq, d)) != 0)
+            goto out;
+    }
+    say(o, "saving %u units into %s", n, sub);
+    if ((rc = batch_run(&b, c, DP_WIRE_OP_SAVE_SHARD, o->timeout_s, d)) != 0) {
+        dp_fail_ctx(d, rc, "checkpoint save");
+        goto out;
+    }
+    cJSON_AddNumberToObject(man, "version", 1);
+    cJSON_AddStringToObject(man, "checkpoint", sum->checkpoint);
+    cJSON_AddNumberToObject(man, "n_units", n);
+    units = cJSON_AddArrayToObject(man, "units");
+    for (uint32_t i = 0; i < n; i++) {
+        const dp_wire_save_shard_res *r = &b.reps[i].r.save_shard;
+        char rows[PATH_MAX + 8];
+        snprintf(rows, sizeof rows, "%s.rows", paths[i]);
+        uint32_t scrc = 0, rcrc = 0;
+        uint64_t ssize = 0, rsize = 0;
+        if ((rc = file_crc(paths[i], &scrc, &ssize, d)) != 0 ||
+            (rc = file_crc(rows, &rcrc, &rsize, d)) != 0)
+            goto out;
+        if (ssize != r->nbytes) {
+            rc = dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " bytes, unit %u wrote %" PRIu64,
+                         paths[i], ssize, i, r->nbytes);
+            goto out;
+        }
+        cJSON *u = cJSON_CreateObject();
+        cJSON_AddItemToArray(units, u);
+        char name[64];
+        cJSON_AddNumberToObject(u, "unit", i);
+        snprintf(name, sizeof name, "unit-%u.shard", i);
+        cJSON_AddStringToObject(u, "shard", name);
+        snprintf(name, sizeof name, "unit-%u.shard.rows", i);
+        cJSON_AddStringToObject(u, "rows", name);
+        cJSON_AddNumberToObject(u, "nbytes", (double)r->nbytes);
+        cJSON_AddNumberToObject(u, "shard_crc32c", scrc);
+        cJSON_AddNumberToObject(u, "rows_crc32c", rcrc);
+        cJSON *bl = cJSON_AddObjectToObject(u, "blobs");
+        if (bl == NULL) {
+            rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+            goto out;
+        }
+        for (uint32_t k = 0; k < r->blobs.n; k++) {
+            const dp_wire_shard_blob *x = &r->blobs.v[k];
+            char id[128];
+            snprintf(id, sizeof id, "%.*s", (int)x->id.n, x->id.p);
+            double v[3] = {(double)x->off, (double)x->nbytes, (double)x->refs};
+            cJSON_AddItemToObject(bl, id, cJSON_CreateDoubleArray(v, 3));
+        }
+        sum->blobs += r->blobs.n;
+        sum->bytes += r->nbytes;
+        sum->clears_during_save += r->clears_during_save;
+        say(o,
+            "unit %u: %u blobs, %" PRIu64 " bytes (%" PRIu64 " clears during the save)",
+            i, r->blobs.n, r->nbytes, r->clears_during_save);
+    }
+    if ((rc = fsync_dir(sub, d)) != 0)
+        goto out;
+    text = cJSON_Print(man);
+    if (text == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        goto out;
+    }
+    char mpath[PATH_MAX + 32];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", sub);
+    if ((rc = write_atomic(sub, mpath, text, strlen(text), d)) != 0)
+        goto out;
+    /* The commit point: the current checkpoint becomes this one. */
+    snprintf(mpath, sizeof mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
+    if ((rc = write_atomic(adir, mpath, text, strlen(text), d)) != 0)
+        goto out;
+    say(o, "saved %s: %" PRIu64 " blobs, %" PRIu64 " bytes", sum->checkpoint, sum->blobs,
+        sum->bytes);
+out:
+    free(text);
+    cJSON_Delete(man);
+    batch_fini(&b);
+    free(paths);
+    return rc;
+}
+
+/* A file name of the manifest: a plain name in the checkpoint directory. */
+static bool
+plain_name(const cJSON *s)
+{
+    if (!cJSON_IsString(s) || s->valuestring[0] == '\0' || s->valuestring[0] == '.')
+        return false;
+    size_t n = strlen(s->valuestring);
+    if (n > 200)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s->valuestring[i];
+        if (ch == '/' || ch < 0x20 || ch == 0x7f)
+            return false;
+    }
+    return true;
+}
+
+static bool
+get_u64(const cJSON *o, const char *k, uint64_t *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9007199254740992.0)
+        return false;
+    *v = (uint64_t)x->valuedouble;
+    return (double)*v == x->valuedouble;
+}
+
+typedef struct lunit {
+    char shard[PATH_MAX];
+    dp_wire_shard_blob *blobs;
+    uint32_t n_blobs;
+    dp_wire_shard_blob *retry; /* failed in the RAM pass */
+    uint32_t n_retry;
+} lunit;
+
+int
+dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+             const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+{
+    dp_ckpt_opts defo;
+    if (o == NULL) {
+        dp_ckpt_opts_init(&defo);
+        o = &defo;
+    }
+    memset(sum, 0, sizeof *sum);
+    char adir[PATH_MAX], mpath[PATH_MAX + 32];
+    int rc = abs_dir(dir, adir, sizeof adir, d);
+    if (rc != 0)
+        return rc;
+    snprintf(mpath, sizeof mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
+    char *text = NULL;
+    cJSON *man = NULL;
+    lunit *lu = NULL;
+    uint32_t n = 0;
+    batch b = {0};
+    FILE *f = fopen(mpath, "rb");
+    if (f == NULL) {
+        if (errno == ENOENT)
+            return dp_fail(d, DP_ENOTFOUND, "checkpoint: no %s (no complete checkpoint)",
+                           mpath);
+        return dp_fail_sys(d, errno, "checkpoint: opening %s", mpath);
+    }
+    text = malloc(MANIFEST_MAX + 1);
+    size_t len = text ? fread(text, 1, MANIFEST_MAX + 1, f) : 0;
+    fclose(f);
+    if (text == NULL || len > MANIFEST_MAX) {
+        rc = dp_fail(d, text ? DP_ECORRUPT : DP_ENOMEM, "checkpoint: reading %s", mpath);
+        goto out;
+    }
+    text[len] = '\0';
+    man = cJSON_ParseWithLength(text, len);
+    if (man == NULL) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: not valid JSON (near offset %td)", mpath,
+                     cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : (ptrdiff_t)0);
+        goto out;
+    }
+    uint64_t ver = 0, nu = 0;
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(man, "checkpoint");
+    const cJSON *units = cJSON_GetObjectItemCaseSensitive(man, "units");
+    if (!get_u64(man, "version", &ver) || ver != 1 || !get_u64(man, "n_units", &nu) ||
+        !plain_name(ck) || !cJSON_IsArray(units) ||
+        (uint64_t)cJSON_GetArraySize(units) != nu) {
+        rc = dp_fail(d, DP_ECORRUPT,
+                     "%s: not a version 1 manifest (version, checkpoint, n_units, units)",
+                     mpath);
+        goto out;
+    }
+    snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ck->valuestring);
+    if (nu != cl->n_units) {
+        rc = dp_fail(d, DP_EINVAL,
+                     "checkpoint %s has %" PRIu64 " units, the cluster has %u: rows are "
+                     "placed by gidx %% n_units, so it can only be loaded into a cluster "
+                     "of %" PRIu64 " units",
+                     sum->checkpoint, nu, cl->n_units, nu);
+        goto out;
+    }
+    n = (uint32_t)nu;
+    sum->n_units = n;
+    lu = calloc(n ? n : 1, sizeof *lu);
+    if (lu == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        goto out;
+    }
+    /* Check every file before any unit is asked: nothing is loaded otherwise. */
+    for (uint32_t i = 0; i < n; i++) {
+        const cJSON *u = cJSON_GetArrayItem(units, (int)i);
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(u, "shard");
+        const cJSON *rw = cJSON_GetObjectItemCaseSensitive(u, "rows");
+        const cJSON *bl = cJSON_GetObjectItemCaseSensitive(u, "blobs");
+        uint64_t uid = 0, nb = 0, scrc = 0, rcrc = 0;
+        if (!get_u64(u, "unit", &uid) || uid != i || !plain_name(sh) || !plain_name(rw) ||
+            !get_u64(u, "nbytes", &nb) || !get_u64(u, "shard_crc32c", &scrc) ||
+            !get_u64(u, "rows_crc32c", &rcrc) || !cJSON_IsObject(bl)) {
+            rc = dp_fail(d, DP_ECORRUPT, "%s: unit %u: bad entry", mpath, i);
+            goto out;
+        }
+        char rpath[PATH_MAX];
+        if ((rc = pathf(lu[i].shard, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
+                        sh->valuestring)) != 0 ||
+            (rc = pathf(rpath, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
+                        rw->valuestring)) != 0)
+            goto out;
+        uint32_t crc = 0;
+        uint64_t size = 0;
+        if ((rc = file_crc(lu[i].shard, &crc, &size, d)) != 0)
+            goto out;
+        if (size != nb) {
+            rc = dp_fail(d, DP_ECORRUPT,
+                         "%s: %" PRIu64 " bytes, the manifest says %" PRIu64
+                         " (truncated at offset %" PRIu64 "?)",
+                         lu[i].shard, size, nb, size < nb ? size : nb);
+            goto out;
+        }
+        if (crc != scrc) {
+            rc = dp_fail(d, DP_ECORRUPT,
+                         "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
+                         lu[i].shard, crc, size, (uint32_t)scrc);
+            goto out;
+        }
+        if ((rc = file_crc(rpath, &crc, &size, d)) != 0)
+            goto out;
+        if (crc != rcrc) {
+            rc = dp_fail(d, DP_ECORRUPT,
+                         "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
+                         rpath, crc, size, (uint32_t)rcrc);
+            goto out;
+        }
+        uint32_t k = 0, m = (uint32_t)cJSON_GetArraySize(bl);
+        lu[i].blobs = calloc(m ? m : 1, sizeof *lu[i].blobs);
+        lu[i].retry = calloc(m ? m : 1, sizeof *lu[i].retry);
+        if (lu[i].blobs == NULL || lu[i].retry == NULL) {
+            rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+            goto out;
+        }
+        const cJSON *x;
+        cJSON_ArrayForEach(x, bl)
+        {
+            const cJSON *a0 = cJSON_GetArrayItem(x, 0), *a1 = cJSON_GetArrayItem(x, 1),
+                        *a2 = cJSON_GetArrayItem(x, 2);
+            if (x->string == NULL || !cJSON_IsArray(x) || cJSON_GetArraySize(x) != 3 ||
+                !cJSON_IsNumber(a0) || !cJSON_IsNumber(a1) || !cJSON_IsNumber(a2) ||
+                a0->valuedouble < 0 || a1->valuedouble < 0 || a2->valuedouble < 0) {
+                rc = dp_fail(d, DP_ECORRUPT, "%s: unit %u: bad blob entry", mpath, i);
+                goto out;
+            }
+            lu[i].blobs[k++] = (dp_wire_shard_blob){
+                dp_wire_s(x->string), (uint64_t)a0->valuedouble,
+                (uint64_t)a1->valuedouble, (uint64_t)a2->valuedouble};
+        }
+        lu[i].n_blobs = k;
+        sum->blobs += k;
+        sum->bytes += nb;
+    }
+    /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
+    dp_wire_rid_gen g;
+    if ((rc = dp_wire_rid_gen_init(&g, d)) != 0)
+        goto out;
+    for (int pass = 0; pass < 2; pass++) {
+        if ((rc = batch_init(&b, n, d)) != 0)
+            goto out;
+        uint32_t asked = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            dp_wire_request q;
+            memset(&q, 0, sizeof q);
+            q.op = DP_WIRE_OP_LOAD_SHARD;
+            q.a.load_shard.path = dp_wire_s(lu[i].shard);
+            q.a.load_shard.spill = pass == 1;
+            q.a.load_shard.blobs =
+                pass == 0 ? (dp_wire_shard_blobs){lu[i].blobs, lu[i].n_blobs}
+                          : (dp_wire_shard_blobs){lu[i].retry, lu[i].n_retry};
+            if (pass == 1 && lu[i].n_retry == 0)
+                continue;
+            asked++;
+            if ((rc = batch_add(&b, i, &g, &q, cl->units[i].zmq, d)) != 0)
+                goto out;
+        }
+        if (asked == 0) {
+            batch_fini(&b);
+            break;
+        }
+        say(o, "%s pass: loading %s into %u units", pass == 0 ? "RAM" : "spill",
+            sum->checkpoint, asked);
+        if ((rc = batch_run(&b, c, DP_WIRE_OP_LOAD_SHARD, o->timeout_s, d)) != 0) {
+            dp_fail_ctx(d, rc, "checkpoint load");
+            goto out;
+        }
+        uint64_t left = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (b.items[i].req == NULL)
+                continue;
+            const dp_wire_load_shard_res *r = &b.reps[i].r.load_shard;
+            sum->loaded += r->loaded.n;
+            if (pass == 1)
+                sum->spilled += r->loaded.n;
+            say(o, "unit %u: %u blobs loaded, %u did not fit", i, r->loaded.n,
+                r->failed.n);
+            left += r->failed.n;
+            if (pass == 0) {
+                /* The failed ids, as the manifest has them (views stay valid). */
+                for (uint32_t k = 0; k < r->failed.n; k++)
+                    for (uint32_t j = 0; j < lu[i].n_blobs; j++)
+                        if (dp_wire_str_same(lu[i].blobs[j].id, r->failed.v[k])) {
+                            lu[i].retry[lu[i].n_retry++] = lu[i].blobs[j];
+                            break;
+                        }
+            }
+        }
+        batch_fini(&b);
+        if (pass == 1 && left > 0) {
+            rc = dp_fail(d, DP_EUNITFULL,
+                         "checkpoint load: %" PRIu64
+                         " blobs fit neither RAM nor SSD (%" PRIu64 " of %" PRIu64
+                         " loaded)",
+                         left, sum->loaded, sum->blobs);
+            goto out;
+        }
+    }
+    say(o, "loaded %s: %" PRIu64 " blobs (%" PRIu64 " spilled to SSD)", sum->checkpoint,
+        sum->loaded, sum->spilled);
+out:
+    batch_fini(&b);
+    for (uint32_t i = 0; lu != NULL && i < n; i++) {
+        free(lu[i].blobs);
+        free(lu[i].retry);
+    }
+    free(lu);
+    cJSON_Delete(man);
+    free(text);
+    return rc;
+}
