@@ -9,12 +9,17 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "blob/blob.h"
+#include "client/checkpoint.h"
+#include "client/cluster.h"
 #include "common/common.h"
+#include "ctl/ctl.h"
 #include "unit/unit.h"
 #include "wire/wire.h"
 
@@ -82,9 +87,20 @@ pat(uint64_t gidx, uint32_t ver, uint64_t k)
 }
 
 /* Put one blob holding rows gidxs[0..n) (field "f"), version ver, plen bytes each. */
+static int put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
+                          uint32_t ver, uint64_t plen, bool spill);
+
 static int
 put_rows(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n, uint32_t ver,
          uint64_t plen)
+{
+    return put_rows_spill(u, id, gidxs, n, ver, plen, false);
+}
+
+/* As put_rows; with spill, a blob the put area cannot take goes to the SSD tier. */
+static int
+put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
+               uint32_t ver, uint64_t plen, bool spill)
 {
     dp_blob_builder *b = NULL;
     dp_detail d;
@@ -106,13 +122,19 @@ put_rows(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n, uint32_t
     dp_blob_layout lay;
     CHECK_OK_D(dp_blob_builder_layout(b, &lay, &d), &d);
     uint64_t off = 0;
-    int rc = dp_unit_alloc(u, id, strlen(id), lay.total_len, n, &off, NULL, &d);
+    int rc =
+        dp_unit_alloc_spill(u, id, strlen(id), lay.total_len, n, spill, &off, NULL, &d);
     if (rc == 0) {
         uint8_t *dst = dp_unit_slab(u) + off;
         CHECK_OK_D(dp_blob_builder_write(b, dst, lay.total_len, &d), &d);
         CHECK_OK_D(dp_blob_builder_copy_payloads(b, dst, lay.total_len, &d), &d);
         dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
-        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+        for (int tries = 0; tries < 10000; tries++) {
+            CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+            if (st != DP_WIRE_COMMIT_PENDING)
+                break;
+            usleep(1000);
+        }
         CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     }
     dp_blob_builder_destroy(b);
@@ -130,8 +152,18 @@ row_version(dp_unit *u, uint64_t gidx, uint64_t plen, uint32_t max_ver)
     dp_unit_resolve_keys_res r;
     dp_detail d;
     dp_detail_clear(&d);
+    /* A disk blob answers pending while it is staged: ask again. */
+    for (int tries = 0;; tries++) {
+        dp_unit_lock(u);
+        CHECK_OK_D(dp_unit_resolve_keys_locked(u, &k, 1, &r, &d), &d);
+        dp_unit_unlock(u);
+        if (r.n_pending == 0 || tries > 5000)
+            break;
+        dp_unit_resolve_keys_res_fini(&r);
+        usleep(1000);
+    }
+    CHECK_EQ(r.n_failed, 0);
     dp_unit_lock(u);
-    CHECK_OK_D(dp_unit_resolve_keys_locked(u, &k, 1, &r, &d), &d);
     uint32_t ver = 0;
     if (r.n_entries == 1) {
         CHECK_EQ(r.entries[0].len, plen);
@@ -161,6 +193,7 @@ tpath(const char *name, char *buf, size_t cap)
         snprintf(tmpdir, sizeof tmpdir, "/tmp/dp-ckpt-test-XXXXXX");
         CHECK(mkdtemp(tmpdir) != NULL);
     }
+    mkdir(tmpdir, 0700); /* again if a test removed it */
     snprintf(buf, cap, "%s/%s", tmpdir, name);
     return buf;
 }
@@ -566,4 +599,317 @@ DP_TEST(save_during_puts_overwrites_clears)
     dp_unit_destroy(u);
     rm_shard(p);
     rmdir(tmpdir);
+}
+
+/* ---- cluster level: units served over ZMQ, dp_ckpt_save / dp_ckpt_load ---- */
+
+typedef struct tcluster {
+    uint32_t n;
+    dp_unit *u[4];
+    dp_ctl_server *srv[4];
+    dp_cluster cl;
+    char file[512];
+} tcluster;
+
+/* n units (SSD tier on with ssd_dir) each served by a ctl server. */
+static void
+tc_start(tcluster *t, uint32_t n, uint64_t slab, const char *ssd_dir, const char *name)
+{
+    memset(t, 0, sizeof *t);
+    t->n = n;
+    t->cl.n_units = n;
+    t->cl.units = calloc(n, sizeof *t->cl.units);
+    dp_detail d;
+    dp_detail_clear(&d);
+    for (uint32_t i = 0; i < n; i++) {
+        dp_unit_opts o;
+        dp_unit_opts_init(&o);
+        o.slab_bytes = slab;
+        o.n_units = n;
+        o.unit_id = i;
+        o.numa = DP_UNIT_NUMA_OFF;
+        if (ssd_dir != NULL) {
+            o.ssd_dir = ssd_dir;
+            o.staging_bytes = 4 << 20;
+            o.io_threads = 2;
+        }
+        CHECK_OK_D(dp_unit_create(&o, &t->u[i], &d), &d);
+        dp_ctl_server_opts so = {0};
+        CHECK_OK_D(dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize,
+                                      t->u[i], &t->srv[i], &d),
+                   &d);
+        dp_unit_set_address(t->u[i], dp_ctl_server_address(t->srv[i]));
+        t->cl.units[i].id = i;
+        snprintf(t->cl.units[i].zmq, sizeof t->cl.units[i].zmq, "%s",
+                 dp_ctl_server_address(t->srv[i]));
+        snprintf(t->cl.units[i].agent, sizeof t->cl.units[i].agent, "unit-%u", i);
+    }
+    tpath(name, t->file, sizeof t->file);
+    CHECK_OK_D(dp_cluster_save(t->file, &t->cl, &d), &d);
+}
+
+static void
+tc_stop(tcluster *t)
+{
+    for (uint32_t i = 0; i < t->n; i++) {
+        dp_ctl_server_close(t->srv[i]);
+        check_unit(t->u[i]);
+        dp_unit_destroy(t->u[i]);
+    }
+    unlink(t->file);
+    dp_cluster_fini(&t->cl);
+}
+
+/* Rows 0..rows-1 (plen bytes each) of two clusters hold the same versions. */
+static void
+tc_same(tcluster *a, tcluster *b, uint64_t rows, uint64_t plen, uint32_t max_ver)
+{
+    for (uint64_t g = 0; g < rows; g++)
+        CHECK_EQ(row_version(b->u[g % b->n], g, plen, max_ver),
+                 row_version(a->u[g % a->n], g, plen, max_ver));
+    uint64_t ea = 0, eb = 0;
+    for (uint32_t i = 0; i < a->n; i++)
+        ea += stats(a->u[i]).entries;
+    for (uint32_t i = 0; i < b->n; i++)
+        eb += stats(b->u[i]).entries;
+    CHECK_EQ(eb, ea);
+}
+
+/* Puts (per unit), overwrites and clears, in process. */
+static void
+tc_fill(tcluster *t, uint64_t rows, uint64_t plen, uint32_t per_blob)
+{
+    uint32_t nb = 0;
+    for (uint32_t ver = 1; ver <= 2; ver++) {
+        for (uint32_t u = 0; u < t->n; u++) {
+            uint64_t g[64];
+            uint32_t k = 0;
+            for (uint64_t r = u; r < rows; r += t->n) {
+                if (ver == 2 && r % 3 != 0)
+                    continue; /* overwrite every third row */
+                g[k++] = r;
+                if (k == per_blob || r + t->n >= rows) {
+                    char id[32];
+                    snprintf(id, sizeof id, "c%u", nb++);
+                    CHECK_OK(put_rows(t->u[u], id, g, k, ver, plen));
+                    k = 0;
+                }
+            }
+            if (k > 0) {
+                char id[32];
+                snprintf(id, sizeof id, "c%u", nb++);
+                CHECK_OK(put_rows(t->u[u], id, g, k, ver, plen));
+            }
+        }
+    }
+    for (uint64_t g = 1; g < rows; g += 7) /* clears */
+        dp_unit_release_rows(t->u[g % t->n], &g, 1);
+}
+
+static void
+rm_tree_ckpt(const char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ(system(cmd), 0);
+}
+
+DP_TEST(cluster_save_load_and_refusals)
+{
+    char dir[512];
+    tpath("cl-ck", dir, sizeof dir);
+    rm_tree_ckpt(dir);
+    tcluster a, b, c3;
+    tc_start(&a, 2, 8 << 20, NULL, "cl-a.json");
+    tc_fill(&a, 100, 3000, 5);
+    dp_ctl_client *cc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    dp_ckpt_summary s;
+    /* Nothing saved yet. */
+    tc_start(&b, 2, 8 << 20, NULL, "cl-b.json");
+    CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &s, &d), DP_ENOTFOUND, &d);
+    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    CHECK_EQ(s.n_units, 2);
+    CHECK(s.blobs > 0);
+    /* Restore into fresh units, byte for byte; cleared rows stay gone. */
+    dp_ckpt_summary ls;
+    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_EQ(ls.loaded, s.blobs);
+    CHECK_STR(ls.checkpoint, s.checkpoint);
+    tc_same(&a, &b, 100, 3000, 2);
+    CHECK_EQ(row_version(b.u[1], 1, 3000, 2), 0);
+    CHECK_EQ(row_version(b.u[0], 0, 3000, 2), 2);
+    tc_stop(&b);
+    /* Another shape is refused. */
+    tc_start(&c3, 3, 8 << 20, NULL, "cl-c.json");
+    CHECK_ERR_D(dp_ckpt_load(cc, &c3.cl, dir, NULL, &ls, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "gidx % n_units");
+    tc_stop(&c3);
+    /* A second save becomes current; corrupting its shard is refused with the file. */
+    dp_ckpt_summary s2;
+    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s2, &d), &d);
+    CHECK(strcmp(s2.checkpoint, s.checkpoint) != 0);
+    char shard[1024];
+    snprintf(shard, sizeof shard, "%s/%s/unit-1.shard", dir, s2.checkpoint);
+    corrupt_at(shard, 100);
+    tc_start(&b, 2, 8 << 20, NULL, "cl-b.json");
+    CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), shard);
+    for (uint32_t i = 0; i < 2; i++) {
+        CHECK_EQ(stats(b.u[i]).blobs, 0);
+        CHECK_EQ(stats(b.u[i]).allocated_bytes, 0);
+    }
+    /* Truncated. */
+    corrupt_at(shard, 100);
+    struct stat st;
+    CHECK(stat(shard, &st) == 0);
+    CHECK_EQ(truncate(shard, st.st_size - 1), 0);
+    CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "truncated");
+    CHECK_EQ(stats(b.u[0]).blobs + stats(b.u[1]).blobs, 0);
+    tc_stop(&b);
+    dp_ctl_client_destroy(cc);
+    tc_stop(&a);
+    rm_tree_ckpt(dir);
+}
+
+DP_TEST(cluster_ssd_rows_two_passes)
+{
+    char dir[512], ssd[512];
+    tpath("cl-ssd", dir, sizeof dir);
+    tpath("ssd", ssd, sizeof ssd);
+    rm_tree_ckpt(dir);
+    mkdir(ssd, 0700);
+    tcluster a, b;
+    /* 256 KiB put areas: most of the 1.2 MiB per unit spills to the SSD tier. */
+    tc_start(&a, 2, 256 << 10, ssd, "ssd-a.json");
+    uint32_t nb = 0;
+    for (uint64_t g = 0; g < 40; g++) {
+        char id[32];
+        snprintf(id, sizeof id, "s%u", nb++);
+        CHECK_OK(
+            put_rows_spill(a.u[g % 2], id, &g, 1, 1 + (uint32_t)(g % 2), 60000, true));
+    }
+    uint64_t gc = 5;
+    dp_unit_release_rows(a.u[1], &gc, 1);
+    CHECK(stats(a.u[0]).disk_blobs > 0);
+    dp_ctl_client *cc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    dp_ckpt_summary s, ls;
+    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    CHECK_EQ(s.blobs, 39);
+    tc_start(&b, 2, 256 << 10, ssd, "ssd-b.json");
+    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_EQ(ls.loaded, 39);
+    CHECK(ls.spilled > 0);
+    CHECK(stats(b.u[0]).disk_blobs > 0);
+    tc_same(&a, &b, 40, 60000, 2);
+    tc_stop(&b);
+    dp_ctl_client_destroy(cc);
+    tc_stop(&a);
+    rm_tree_ckpt(dir);
+    rmdir(ssd);
+}
+
+/*
+ * A saver killed midway: this program re-executed with DP_CKPT_SAVER=
+ * "<cluster file>|<dir>" runs one dp_ckpt_save and exits.
+ */
+__attribute__((constructor)) static void
+saver_main(void)
+{
+    const char *e = getenv("DP_CKPT_SAVER");
+    if (e == NULL)
+        return;
+    char buf[1100];
+    snprintf(buf, sizeof buf, "%s", e);
+    char *bar = strchr(buf, '|');
+    if (bar == NULL)
+        _exit(3);
+    *bar = '\0';
+    dp_cluster cl;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_ctl_client *cc = NULL;
+    dp_ckpt_summary s;
+    if (dp_cluster_load(buf, &cl, &d) != 0 || dp_ctl_client_create(&cc, &d) != 0)
+        _exit(4);
+    int rc = dp_ckpt_save(cc, &cl, bar + 1, NULL, &s, &d);
+    dp_ctl_client_destroy(cc);
+    dp_cluster_fini(&cl);
+    _exit(rc == 0 ? 0 : 5);
+}
+
+static char *
+read_manifest(const char *dir)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/%s", dir, DP_CKPT_MANIFEST);
+    FILE *f = fopen(p, "rb");
+    CHECK(f != NULL);
+    char *m = calloc(1, 1 << 20);
+    size_t n = fread(m, 1, (1 << 20) - 1, f);
+    (void)n;
+    fclose(f);
+    return m;
+}
+
+DP_TEST(save_killed_midway_keeps_previous)
+{
+    char dir[512];
+    tpath("cl-kill", dir, sizeof dir);
+    rm_tree_ckpt(dir);
+    tcluster a, b;
+    tc_start(&a, 2, 64 << 20, NULL, "kill-a.json");
+    tc_fill(&a, 64, 400000, 4); /* ~16 MiB per unit: a save takes a while */
+    dp_ctl_client *cc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    dp_ckpt_summary s;
+    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    uint64_t rs = dp_test_seed();
+    int killed = 0;
+    for (int round = 0; round < 6; round++) {
+        char *before = read_manifest(dir);
+        char env[1200];
+        snprintf(env, sizeof env, "%s|%s", a.file, dir);
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            setenv("DP_CKPT_SAVER", env, 1);
+            char *argv[] = {(char *)"test_checkpoint", NULL};
+            execv("/proc/self/exe", argv);
+            _exit(127);
+        }
+        usleep((useconds_t)(dp_test_rand(&rs) % 40000));
+        kill(pid, SIGKILL);
+        int st = 0;
+        CHECK_EQ(waitpid(pid, &st, 0), pid);
+        if (WIFSIGNALED(st))
+            killed++;
+        else
+            CHECK_EQ(WEXITSTATUS(st), 0);
+        char *after = read_manifest(dir);
+        /* Killed: the previous manifest, whole; finished: a complete new one. */
+        if (WIFSIGNALED(st) && strcmp(before, after) != 0)
+            CHECK(strstr(after, "\"units\"") != NULL);
+        free(before);
+        free(after);
+    }
+    DP_LOG_I("checkpoint: %d of 6 saves killed midway", killed);
+    /* The units finish the shards of a killed save; give them time, then load. */
+    usleep(300000);
+    tc_start(&b, 2, 64 << 20, NULL, "kill-b.json");
+    dp_ckpt_summary ls;
+    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    tc_same(&a, &b, 64, 400000, 2);
+    tc_stop(&b);
+    dp_ctl_client_destroy(cc);
+    tc_stop(&a);
+    rm_tree_ckpt(dir);
 }
