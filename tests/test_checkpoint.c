@@ -913,3 +913,118 @@ DP_TEST(save_killed_midway_keeps_previous)
     tc_stop(&a);
     rm_tree_ckpt(dir);
 }
+
+/* ---- the CLI through real unit processes (dataplane up / put / save / load / get) ----
+ */
+
+#if defined(DP_CLI_PATH) && !defined(DP_TEST_TSAN)
+static int
+cli(const char *args, char *out, size_t cap)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", DP_CLI_PATH, args);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    CHECK(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static pid_t
+up_start(const char *dir, uint32_t units)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "exec '%s' up --dir '%s' --units %u --slab 32M --numa off >'%s.out' 2>&1",
+             DP_CLI_PATH, dir, units, dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    char file[600];
+    snprintf(file, sizeof file, "%s/cluster.json", dir);
+    double end = dp_test_now() + 60;
+    while (access(file, F_OK) != 0 && dp_test_now() < end)
+        usleep(20000);
+    CHECKF(access(file, F_OK) == 0, "dataplane up did not write %s", file);
+    return pid;
+}
+
+static void
+up_stop(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    int st = 0;
+    CHECK_EQ(waitpid(pid, &st, 0), pid);
+}
+
+DP_TEST(cli_save_load_fresh_processes)
+{
+    char dir[512], c1[600], c2[600], ck[600], args[3000], out[8192], f[600], g[600];
+    tpath("cli", dir, sizeof dir);
+    rm_tree_ckpt(dir);
+    CHECK_EQ(mkdir(dir, 0700), 0);
+    snprintf(c1, sizeof c1, "%s/c1", dir);
+    snprintf(c2, sizeof c2, "%s/c2", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    pid_t up1 = up_start(c1, 2);
+    /* Values: rows 0..5, row 4 overwritten, row 5 cleared. */
+    for (int r = 0; r < 6; r++) {
+        snprintf(f, sizeof f, "%s/v%d", dir, r);
+        FILE *fp = fopen(f, "wb");
+        CHECK(fp != NULL);
+        for (int k = 0; k < 3000 + r * 10007; k++)
+            fputc((r * 37 + k * 11) & 0xff, fp);
+        fclose(fp);
+        snprintf(args, sizeof args, "put --cluster '%s' --row %d --field x --file '%s'",
+                 c1, r, f);
+        CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
+    }
+    snprintf(f, sizeof f, "%s/v0", dir);
+    snprintf(args, sizeof args, "put --cluster '%s' --row 4 --field x --file '%s'", c1,
+             f);
+    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "clear --cluster '%s' 5", c1);
+    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "save --cluster '%s' '%s'", c1, ck);
+    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
+    CHECK_CONTAINS(out, "saved ckpt-");
+    CHECK_CONTAINS(out, "save: unit 1:");
+    up_stop(up1);
+
+    pid_t up2 = up_start(c2, 2);
+    snprintf(args, sizeof args, "load --cluster '%s' '%s'", c2, ck);
+    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
+    CHECK_CONTAINS(out, "loaded ckpt-");
+    for (int r = 0; r < 6; r++) {
+        snprintf(g, sizeof g, "%s/got%d", dir, r);
+        snprintf(args, sizeof args, "get --cluster '%s' %d@x -o '%s'", c2, r, g);
+        int st = cli(args, out, sizeof out);
+        if (r == 5) {
+            CHECKF(st != 0, "cleared row 5 came back: %s", out);
+            continue;
+        }
+        CHECKF(st == 0, "%s", out);
+        snprintf(f, sizeof f, "%s/v%d", dir, r == 4 ? 0 : r);
+        snprintf(args, sizeof args, "cmp -s '%s' '%s'", f, g);
+        CHECKF(system(args) == 0, "row %d differs after the restore", r);
+    }
+    up_stop(up2);
+    /* Another shape: refused with the reason. */
+    pid_t up3 = up_start(c1, 3);
+    snprintf(args, sizeof args, "load --cluster '%s' '%s'", c1, ck);
+    CHECK_EQ(cli(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "has 2 units, the cluster has 3");
+    up_stop(up3);
+    rm_tree_ckpt(dir);
+    snprintf(args, sizeof args, "%s.out", c1);
+    unlink(args);
+    snprintf(args, sizeof args, "%s.out", c2);
+    unlink(args);
+}
+#endif
