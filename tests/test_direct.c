@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -256,6 +257,7 @@ pub_start(pub *p, const char *name, uint64_t pool)
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         fcntl(sv[1], F_SETFD, 0);
         setenv("DP_TEST_PEER", "publisher", 1);
         setenv("DP_TEST_PEER_FD", fdbuf, 1);

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1313,6 +1314,7 @@ peer_start(peer *p, const char *mode, const char *lease, const char *addr)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         close(fds[0]);
         char fdbuf[16];
         snprintf(fdbuf, sizeof fdbuf, "%d", fds[1]);
@@ -1599,6 +1601,7 @@ cli_start(const char *const *args, char *line, size_t cap)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);

@@ -1466,6 +1466,7 @@ cli_start(const char *const *args, char *line, size_t cap)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
