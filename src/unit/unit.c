@@ -93,6 +93,32 @@
  * kernel frees the files with the fds. The fallback leaves a name only if
  * the unit dies between its open and its unlink; the next unit created on
  * that directory removes such names (sweep_stale_names).
+ *
+ * Checkpoints (DESIGN section 9, seed 002 save_shard / load_shard)
+ * ----------------------------------------------------------------
+ * Save. Under mu: list the published blobs, the entries of each that the row
+ * index still points at (the live keys: an overwritten or cleared key of a
+ * blob's own index is not saved as live), dup the fd of each disk blob, and
+ * take a hold on each (n_holds; the running saves' hold sets are listed in
+ * u->holds for dp_unit_check). A hold keeps a record like a pin does: a
+ * release meanwhile makes it a zombie (its region and fd stay), freed when the
+ * last pin and hold end. Outside mu, on the caller's thread (the ctl thread
+ * for serve.c: the unit answers nothing else while a save writes; the ticker
+ * and io workers go on), the blobs are copied from the put area (published
+ * bytes never change) or from the dup'd fd into path.tmp and path.rows.tmp
+ * (O_EXCL), fsync'd and renamed without replacing anything. Back under mu
+ * the holds end. A spill not yet acknowledged is not published: not saved.
+ *
+ * Load. Under mu: a put-area region per blob not already in the table (or,
+ * with spill and the SSD tier, a spill file to come). Outside mu: one
+ * sequential pass over the shard filling the regions, checking each blob's
+ * CRC32C and the whole data's, parsing each blob's index as commit does, and
+ * writing the spill files. Back under mu: everything is published (only the
+ * live entries, publish_locked's keep), or, on any failure, the regions are
+ * freed (never exposed: no transfer can have touched them) and nothing is.
+ * Trust: paths come from the control plane, which is trusted to name files
+ * on this host (checked: absolute, bounded, no control characters); the unit
+ * writes only path.tmp / path.rows.tmp and their renames.
  */
 #include "unit/unit.h"
 
@@ -3071,7 +3097,9 @@ dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
         }
         uint32_t bcrc = 0;
         for (uint64_t done = 0; rc == 0 && done < x->r->nbytes;) {
-            size_t c = (size_t)DP_MIN(x->r->nbytes - done, (uint64_t)CK_CHUNK);
+            /* Straight into its region: one pread per blob (up to 1 GiB). */
+            size_t c = (size_t)DP_MIN(x->r->nbytes - done,
+                                      dst ? (uint64_t)1 << 30 : (uint64_t)CK_CHUNK);
             uint8_t *p = dst ? dst + done : buf;
             rc = ck_pread(fd, p, c, pos, fin, d);
             bcrc = dp_crc32c_update(bcrc, p, c);
