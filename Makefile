@@ -19,6 +19,9 @@ FUZZ_SECONDS ?= 20
 CTEST_ARGS   ?=
 BUILD_TYPE   ?= RelWithDebInfo
 
+# Keep the build's output to what it does, not which directories it enters.
+MAKEFLAGS += --no-print-directory
+
 SOURCES = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench fuzz -name '*.[ch]')
 
 .PHONY: all deps configure build test run asan tsan fuzz bench format format-check clean
