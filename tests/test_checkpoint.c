@@ -914,6 +914,122 @@ DP_TEST(save_killed_midway_keeps_previous)
     rm_tree_ckpt(dir);
 }
 
+/* ---- holds: rows cleared while the save copies ---- */
+
+typedef struct hold_ctx {
+    dp_unit *u;
+    const char *path;
+    dp_unit_save_res sr;
+    int rc;
+} hold_ctx;
+
+static void *
+hold_saver(void *arg)
+{
+    hold_ctx *h = arg;
+    dp_detail d;
+    dp_detail_clear(&d);
+    h->rc = dp_unit_save_shard(h->u, h->path, strlen(h->path), &h->sr, &d);
+    return NULL;
+}
+
+DP_TEST(clear_during_save_frees_after_copy)
+{
+    char p[512], tmp[600];
+    tpath("hold", p, sizeof p);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    int tries = 0, seen = 0;
+    for (; tries < 5 && !seen; tries++) {
+        rm_shard(p);
+        dp_unit *u = mk_unit(80 << 20, 1, 0);
+        uint64_t g[16];
+        for (uint32_t i = 0; i < 16; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "h%u", i);
+            g[i] = i;
+            CHECK_OK(put_rows(u, id, &g[i], 1, 1, 4 << 20));
+        }
+        hold_ctx h = {.u = u, .path = p};
+        pthread_t th;
+        CHECK_EQ(pthread_create(&th, NULL, hold_saver, &h), 0);
+        /* path.tmp exists only after the snapshot: clear everything then. */
+        double end = dp_test_now() + 10;
+        while (access(tmp, F_OK) != 0 && dp_test_now() < end)
+            ;
+        CHECK_EQ(dp_unit_release_rows(u, g, 16), 16);
+        dp_unit_stats s = stats(u);
+        bool during = access(tmp, F_OK) == 0; /* still copying after the clear */
+        if (during) {
+            /* Held: out of the table, regions kept until the copy ends. */
+            CHECK_EQ(s.published, 0);
+            CHECK_EQ(s.zombies, 16);
+            CHECK(s.allocated_bytes >= 64 << 20);
+            check_unit(u);
+        }
+        CHECK_EQ(pthread_join(th, NULL), 0);
+        CHECK_OK(h.rc);
+        s = stats(u);
+        CHECK_EQ(s.zombies, 0);
+        CHECK_EQ(s.allocated_bytes, 0);
+        check_unit(u);
+        if (during) {
+            seen = 1;
+            CHECK_EQ(h.sr.clears_during_save, 1);
+            /* The copy is whole: all 16 rows come back. */
+            dp_unit *v = mk_unit(80 << 20, 1, 0);
+            dp_unit_load_res lr;
+            dp_detail d;
+            dp_detail_clear(&d);
+            CHECK_OK_D(load(v, p, &h.sr, false, &lr, &d), &d);
+            CHECK_EQ(lr.n_loaded, 16);
+            dp_unit_load_res_fini(&lr);
+            for (uint64_t r = 0; r < 16; r++)
+                CHECK_EQ(row_version(v, r, 4 << 20, 1), 1);
+            dp_unit_destroy(v);
+        }
+        dp_unit_save_res_fini(&h.sr);
+        dp_unit_destroy(u);
+    }
+    DP_LOG_I("checkpoint: clear landed during the copy after %d tries", tries);
+    CHECKF(seen, "the save always ended before the clear (%d tries)", tries);
+    rm_shard(p);
+}
+
+DP_TEST(unit_gone_during_save_keeps_previous)
+{
+    char dir[512];
+    tpath("cl-gone", dir, sizeof dir);
+    rm_tree_ckpt(dir);
+    tcluster a, b;
+    tc_start(&a, 2, 8 << 20, NULL, "gone-a.json");
+    tc_fill(&a, 40, 2000, 4);
+    dp_ctl_client *cc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    dp_ckpt_summary s, s2, ls;
+    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    /* More data, then unit 1 stops answering: the save fails, naming it. */
+    uint64_t g = 2;
+    CHECK_OK(put_rows(a.u[0], "late", &g, 1, 3, 2000));
+    dp_ctl_server_close(a.srv[1]);
+    a.srv[1] = NULL;
+    dp_ckpt_opts o;
+    dp_ckpt_opts_init(&o);
+    o.timeout_s = 1;
+    CHECK(dp_ckpt_save(cc, &a.cl, dir, &o, &s2, &d) != 0);
+    CHECK_CONTAINS(dp_detail_msg(&d), "unit 1");
+    /* The previous checkpoint is still the current one, and loads. */
+    tc_start(&b, 2, 8 << 20, NULL, "gone-b.json");
+    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_STR(ls.checkpoint, s.checkpoint);
+    CHECK_EQ(row_version(b.u[0], 2, 2000, 3), 1); /* not the late put */
+    tc_stop(&b);
+    dp_ctl_client_destroy(cc);
+    tc_stop(&a);
+    rm_tree_ckpt(dir);
+}
+
 /* ---- the CLI through real unit processes (dataplane up / put / save / load / get) ----
  */
 
