@@ -1019,6 +1019,9 @@ DP_TEST(unit_gone_during_save_keeps_previous)
     o.timeout_s = 1;
     CHECK(dp_ckpt_save(cc, &a.cl, dir, &o, &s2, &d) != 0);
     CHECK_CONTAINS(dp_detail_msg(&d), "unit 1");
+    char failed[1100];
+    snprintf(failed, sizeof failed, "%s/%s", dir, s2.checkpoint);
+    CHECKF(access(failed, F_OK) != 0, "%s left behind", failed);
     /* The previous checkpoint is still the current one, and loads. */
     tc_start(&b, 2, 8 << 20, NULL, "gone-b.json");
     CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);

@@ -307,9 +307,11 @@ dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     char(*paths)[PATH_MAX] = calloc(n, sizeof *paths);
     cJSON *man = cJSON_CreateObject(), *units = NULL;
     char *text = NULL;
+    bool flipping = false; /* DIR's manifest may name this checkpoint: keep it */
     if ((rc = batch_init(&b, n, d)) != 0) {
         free(paths);
         cJSON_Delete(man);
+        rmdir(sub);
         return rc;
     }
     dp_wire_rid_gen g;
@@ -395,11 +397,32 @@ dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         goto out;
     /* The commit point: the current checkpoint becomes this one. */
     snprintf(mpath, sizeof mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
+    flipping = true;
     if ((rc = write_atomic(adir, mpath, text, strlen(text), d)) != 0)
         goto out;
     say(o, "saved %s: %" PRIu64 " blobs, %" PRIu64 " bytes", sum->checkpoint, sum->blobs,
         sum->bytes);
 out:
+    if (rc != 0 && paths != NULL && !flipping) {
+        /*
+         * Best effort: remove what this save wrote. A unit that did not answer
+         * in time may still create its files later; the directory then stays,
+         * never referenced by a manifest.
+         */
+        char p[PATH_MAX + 32];
+        for (uint32_t i = 0; i < n; i++) {
+            if (paths[i][0] == '\0')
+                continue;
+            unlink(paths[i]);
+            snprintf(p, sizeof p, "%s.rows", paths[i]);
+            unlink(p);
+        }
+        snprintf(p, sizeof p, "%s/manifest.json", sub);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/manifest.json.tmp", sub);
+        unlink(p);
+        rmdir(sub);
+    }
     free(text);
     cJSON_Delete(man);
     batch_fini(&b);
