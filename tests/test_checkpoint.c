@@ -186,12 +186,20 @@ row_version(dp_unit *u, uint64_t gidx, uint64_t plen, uint32_t max_ver)
 
 static char tmpdir[256];
 
+/* Every test removes its files; the directory goes at exit (if empty). */
+static void
+rm_tmpdir(void)
+{
+    rmdir(tmpdir);
+}
+
 static const char *
 tpath(const char *name, char *buf, size_t cap)
 {
     if (tmpdir[0] == '\0') {
         snprintf(tmpdir, sizeof tmpdir, "/tmp/dp-ckpt-test-XXXXXX");
         CHECK(mkdtemp(tmpdir) != NULL);
+        atexit(rm_tmpdir);
     }
     mkdir(tmpdir, 0700); /* again if a test removed it */
     snprintf(buf, cap, "%s/%s", tmpdir, name);
