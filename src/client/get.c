@@ -24,9 +24,10 @@
  * copy it already listed in the same reply (the call's pin is created only at
  * its end). So a located entry in the IO area that comes before the reply's
  * last pending key is not read in that round: the call's pin is kept, the key
- * is asked again next round, and read then if it is still at the same offset
- * (the kept pin has held that copy in place since; the READ deadline counts
- * from the older pin). The kept pin ends after that READ. Entries in the put
+ * is asked again next round, and read then only if it is still at the same
+ * offset and the offset was seen in the round just before, whose pin is still
+ * held (it has held that copy in place since; the READ deadline counts from
+ * that older pin). The kept pin ends after that READ. Entries in the put
  * area are never evicted and are read as usual. Harmless once the unit pins
  * answered copies against its own stages.
  */
@@ -46,9 +47,10 @@ typedef struct key_state {
     int st;
     uint64_t off; /* slab offset (K_READ) */
     uint64_t len;
-    bool staged;       /* READ into staging, then copied */
-    uint64_t soff;     /* its place in the round's staging buffer */
-    uint64_t held_off; /* IO-area offset seen last round under a kept pin, or NONE */
+    bool staged;         /* READ into staging, then copied */
+    uint64_t soff;       /* its place in the round's staging buffer */
+    uint64_t held_off;   /* IO-area offset seen under a kept pin, or NONE */
+    uint32_t held_round; /* the round that saw it (only the next round may use it) */
 } key_state;
 
 #define NONE UINT64_MAX
@@ -199,7 +201,8 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         order[cnt[ks[i].unit] + pos[ks[i].unit]++] = (uint32_t)i;
 
     double step = 0.002;
-    for (;;) {
+    uint32_t round_no = 0;
+    for (;; round_no++) {
         /* 1. resolve_keys on every unit with keys still to ask. */
         size_t ns = 0;
         for (uint32_t u = 0; u < N; u++) {
@@ -299,13 +302,17 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                     const dp_wire_key_loc *l = &res->entries.v[x];
                     const dp__unit_conn *uc = &c->units[u];
                     if (any_pending && k < last_pending && l->off >= uc->slab_bytes) {
-                        if (ks[i].held_off == l->off) {
-                            /* Same copy, pinned since the last round: safe. */
+                        if (ks[i].held_off == l->off &&
+                            ks[i].held_round + 1 == round_no &&
+                            ur[u].held_pin[0] != '\0') {
+                            /* Same copy, pinned by the last round's kept pin, which
+                             * is still held: safe. */
                             ur[u].uses_held = true;
                         } else {
                             /* Maybe evicted by a later stage of this call: keep
                              * this call's pin and ask again next round. */
                             ks[i].held_off = l->off;
+                            ks[i].held_round = round_no;
                             ur[u].keep_pin = true;
                             again = true;
                             continue;

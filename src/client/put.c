@@ -376,11 +376,18 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 case DP_WIRE_COMMIT_PENDING:
                     if (dp__client_left(deadline) > 0)
                         again = true;
-                    else
+                    else {
+                        /*
+                         * The unit's spill job may still publish it: ask the unit
+                         * to drop it instead (a no-op once published), and say
+                         * that the rows may still have landed.
+                         */
                         pu_fail(pu, DP_ETIMEDOUT,
                                 "commit of blob %s still pending (spill to SSD) when the "
-                                "budget ran out",
+                                "budget ran out: aborted, but its rows may have landed",
                                 pu->blob_id);
+                        send_abort_locked(c, pu, false);
+                    }
                     break;
                 case DP_WIRE_COMMIT_LOST:
                 default:

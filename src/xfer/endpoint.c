@@ -1177,8 +1177,16 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
     }
     uint64_t deadline = t0 + (uint64_t)(timeout_s * 1e9);
     opstate *ss = calloc(n_ops ? n_ops : 1, sizeof *ss);
-    if (ss == NULL)
+    if (ss == NULL) {
+        /* Nothing was posted: every op says so, as for invalid arguments. */
+        for (size_t i = 0; i < n_ops; i++) {
+            results[i] = DP_ENOMEM;
+            if (details != NULL)
+                dp_fail(&details[i], DP_ENOMEM,
+                        "transfer: out of memory (nothing posted)");
+        }
         return dp_fail(d, DP_ENOMEM, "transfer: out of memory");
+    }
     dp_detail vd;
     dp_detail_clear(&vd);
     lock(ep);
