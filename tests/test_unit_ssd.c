@@ -1539,3 +1539,148 @@ DP_TEST(cli_ssd_flags)
     CHECK_EQ(dir_count(dir), 0);
     rm_dir(dir);
 }
+
+/*
+ * Commit order decides, not the order io jobs finish: a spill committed before
+ * a newer put of the same row, and before a release of another of its rows,
+ * must not bring back its older value or the released row when its job ends.
+ */
+DP_TEST(late_spill_never_overrides_later_commits_or_releases)
+{
+    char *dir = mk_dir();
+    dp_unit *u = mk_ssd_unit(64 << 10, 256 << 20, dir, 10, 1);
+    enum { N = 4000 };
+    uint64_t *g1 = malloc(N * sizeof *g1);
+    for (uint64_t i = 0; i < N; i++)
+        g1[i] = i;
+    tblob t1 = rows_blob(g1, N, 1); /* far larger than the put area: spills */
+    uint64_t g2[1] = {0};
+    tblob t2 = rows_blob(g2, 1, 2); /* fits the put area */
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t off = 0;
+    dp_wire_commit_state st;
+    CHECK_OK_D(dp_unit_alloc_spill(u, "x1", 2, t1.len, t1.n, true, &off, NULL, &d), &d);
+    CHECK(off >= dp_unit_io_base(u));
+    memcpy(dp_unit_slab(u) + off, t1.p, t1.len);
+    CHECK_OK_D(dp_unit_commit(u, "x1", 2, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_PENDING);
+    /* Row 0 again, committed after x1; then row 5 released. */
+    CHECK_OK_D(dp_unit_alloc_spill(u, "x2", 2, t2.len, t2.n, false, &off, NULL, &d), &d);
+    memcpy(dp_unit_slab(u) + off, t2.p, t2.len);
+    CHECK_OK_D(dp_unit_commit(u, "x2", 2, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    uint64_t rel = 5;
+    dp_unit_release_rows(u, &rel, 1);
+    wait_idle(u);
+    CHECK_OK_D(dp_unit_commit(u, "x1", 2, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    CHECK_EQ(read_row(u, 0, 2), RD_OK);      /* the newer put stays */
+    CHECK_EQ(read_row(u, 5, 1), RD_MISSING); /* the release stays */
+    CHECK_EQ(read_row(u, 3, 1), RD_OK);      /* the spill's other rows landed */
+    check_unit(u);
+    free(t1.p);
+    free(t2.p);
+    free(g1);
+    dp_unit_destroy(u);
+    rm_dir(dir);
+}
+
+static double lease_clock = 1000;
+static double
+lease_now(void *ctx)
+{
+    (void)ctx;
+    return lease_clock;
+}
+
+/*
+ * Spills whose commit validated while the io queue was full wait for a slot:
+ * the ticker queues them, and the lease never retires them (their WRITE is
+ * done), even when the client stopped asking.
+ */
+DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
+{
+    char *dir = mk_dir();
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.slab_bytes = 64 << 10;
+    o.alloc_lease_s = 60;
+    o.quarantine_s = 0.05;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.ssd_dir = dir;
+    o.staging_bytes = 256 << 20;
+    o.io_threads = 1;
+    o.now = lease_now;
+    dp_unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    enum { M = 300 }; /* more than the 256 io jobs */
+    char id[32];
+    uint64_t off;
+    dp_wire_commit_state st;
+    /* Rows of their own per spill: none supersedes another. */
+    for (int i = 0; i < M; i++) {
+        uint64_t gs[8];
+        for (int k = 0; k < 8; k++)
+            gs[k] = (uint64_t)i * 8 + (uint64_t)k; /* > the 64 KiB put area */
+        tblob small = rows_blob(gs, 8, 1);
+        snprintf(id, sizeof id, "s%d", i);
+        CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), small.len, small.n, true, &off,
+                                       NULL, &d),
+                   &d);
+        CHECK(off >= dp_unit_io_base(u));
+        memcpy(dp_unit_slab(u) + off, small.p, small.len);
+        free(small.p);
+    }
+    for (int i = 0; i < M; i++) {
+        snprintf(id, sizeof id, "s%d", i);
+        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    }
+    /* The client stops asking; the lease passes; the ticker runs. */
+    lease_clock += 61;
+    for (int round = 0; round < 100 && stats(u).spills < M; round++) {
+        dp_unit_tick(u);
+        wait_idle(u);
+    }
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.leases_expired, 0);
+    CHECK_EQ(s.retired_bytes, 0);
+    CHECK_EQ(s.spills, M);
+    for (int i = 0; i < M; i++) {
+        snprintf(id, sizeof id, "s%d", i);
+        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+        CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    }
+    CHECK_EQ(read_row(u, 4, 1), RD_OK);
+    CHECK_EQ(read_row(u, 8 * M - 1, 1), RD_OK);
+    check_unit(u);
+    dp_unit_destroy(u);
+    rm_dir(dir);
+}
+
+/* A checkpoint path naming a FIFO is refused at once, never blocks the unit. */
+DP_TEST(load_refuses_a_fifo)
+{
+    char *dir = mk_dir();
+    dp_unit *u = mk_ssd_unit(1 << 20, 1 << 20, dir, 10, 1);
+    char p[256], pr[300];
+    snprintf(p, sizeof p, "%s/shard", dir);
+    snprintf(pr, sizeof pr, "%s/shard.rows", dir);
+    CHECK(mkfifo(p, 0600) == 0);
+    CHECK(mkfifo(pr, 0600) == 0);
+    dp_wire_shard_blob b = {ws("b1"), 0, 64, 1};
+    dp_unit_load_res res;
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    int rc = dp_unit_load_shard(u, p, strlen(p), &b, 1, false, &res, &d);
+    CHECK(rc != DP_OK);
+    CHECK_CONTAINS(d.msg, "not a regular file");
+    CHECK(dp_test_now() - t0 < 5);
+    unlink(p);
+    unlink(pr);
+    dp_unit_destroy(u);
+    rm_dir(dir);
+}

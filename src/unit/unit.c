@@ -67,6 +67,15 @@
  * the record as a disk blob (fd set, region freed: the client's WRITE ended
  * before its commit) or, if the write failed, drops it (commit: "lost").
  *
+ * Order. Commits are ordered when their index validates (commit_seq), not
+ * when a spill's io job ends: a finished spill publishes only the keys whose
+ * slot does not already point at a later commit, and not those a release
+ * since its commit dropped (spill_keep, set by release_rows). A spill with no
+ * key left is dropped (spills_superseded; its commit then answers "lost").
+ * A validated spill that found the io queue full waits on the pend list: the
+ * ticker queues it as slots free, and the lease never retires it (its WRITE
+ * is done).
+ *
  * Stage. A resolve of a disk blob without a staged copy allocates an IO-area
  * region (evicting unpinned staged copies, oldest first, past pickup_s or
  * already picked up) and queues a stage job that preads the file into it;
@@ -163,17 +172,20 @@ struct blob_rec {
     double last_resolve_at;
     blob_rec *pprev, *pnext; /* uncommitted list, creation order */
     /* SSD tier (see the Design notes) */
-    bool has_region;   /* off/size name a region this record holds */
-    bool in_io;        /* that region is in the IO area */
-    bool disk;         /* published from a file: fd holds the bytes */
-    bool job;          /* an io job owns the region and fd now */
-    bool staged;       /* disk blob with a complete copy at off */
-    bool stage_failed; /* the last stage failed; reported once */
-    bool picked_up;    /* the staged copy was pinned by a reader */
-    bool doomed;       /* out of the table while its job runs */
-    uint8_t abort_req; /* spill aborted while its job ran: 1, 2 in flight */
-    uint8_t res_state; /* resolve state in the call of res_epoch */
-    int fd;            /* -1: none */
+    bool has_region;     /* off/size name a region this record holds */
+    bool in_io;          /* that region is in the IO area */
+    bool disk;           /* published from a file: fd holds the bytes */
+    bool job;            /* an io job owns the region and fd now */
+    bool staged;         /* disk blob with a complete copy at off */
+    bool stage_failed;   /* the last stage failed; reported once */
+    bool picked_up;      /* the staged copy was pinned by a reader */
+    bool doomed;         /* out of the table while its job runs */
+    uint8_t abort_req;   /* spill aborted while its job ran: 1, 2 in flight */
+    uint64_t commit_seq; /* order of its validated commit (0: not yet) */
+    uint8_t *spill_keep; /* validated spill: entries a later release cleared (0),
+                            NULL while none */
+    uint8_t res_state;   /* resolve state in the call of res_epoch */
+    int fd;              /* -1: none */
     uint64_t res_epoch;
     double staged_at;
     blob_rec *sprev, *snext; /* staged copies, oldest first */
@@ -219,9 +231,10 @@ struct dp_unit {
     uint8_t *slab;
     size_t slab_map_len; /* mmap'd length when not from the endpoint */
     dp_slab_alloc *alloc;
-    dp_map blobs; /* id -> blob_rec* */
-    dp_map rows;  /* gidx -> row* */
-    dp_map pins;  /* pin id -> pin* */
+    dp_map blobs;        /* id -> blob_rec* */
+    dp_map rows;         /* gidx -> row* */
+    uint64_t commit_seq; /* last commit_seq handed out */
+    dp_map pins;         /* pin id -> pin* */
     blob_rec *pend_head, *pend_tail;
     pin *pin_head, *pin_tail;
     uint64_t pin_epoch;
@@ -256,7 +269,7 @@ struct dp_unit {
     blob_rec *st_head, *st_tail; /* staged copies, oldest first */
     uint64_t staged_bytes, n_staged, io_job_bytes, io_zombie_bytes, n_doomed;
     uint64_t n_disk, disk_bytes, files_open;
-    uint64_t n_spills, spill_bytes, n_spills_failed;
+    uint64_t n_spills, spill_bytes, n_spills_failed, n_spills_superseded;
     uint64_t n_stages, stage_bytes, n_stages_failed, n_evictions;
     uint64_t ssd_report_sig;
     uint64_t resolving_epoch; /* set while a resolve starts a stage */
@@ -365,6 +378,7 @@ rec_free(blob_rec *b)
     if (b == NULL)
         return;
     dp_blob_destroy(b->parsed);
+    free(b->spill_keep);
     free(b);
 }
 
@@ -380,7 +394,12 @@ region_release_locked(dp_unit *u, blob_rec *b, double now)
         rc = dp_slab_alloc_free_at(a, o, now + u->o.quarantine_s, NULL);
     else
         rc = dp_slab_alloc_free(a, o, NULL);
-    DP_ASSERT(rc == 0);
+    if (rc != 0) {
+        /* Only quarantine can fail (no memory for its heap): then keep the
+         * region for good rather than free it early. */
+        u->retired_bytes += b->size;
+        u->n_retired++;
+    }
     b->has_region = false;
 }
 
@@ -678,6 +697,40 @@ submit_locked(dp_unit *u, int kind, blob_rec *b)
 static int publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now,
                           dp_detail *d);
 
+/*
+ * The entries a finished spill may still publish: not cleared by a release
+ * since its commit (spill_keep), and not pointing at a blob whose commit came
+ * later. *keep (malloc'd, one byte per entry) is NULL when none remain.
+ */
+static int
+spill_keep_locked(dp_unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_detail *d)
+{
+    uint32_t n = dp_blob_count(b->parsed);
+    uint8_t *k = malloc(n ? n : 1);
+    if (k == NULL)
+        return dp_fail(d, DP_ENOMEM, "spill of %s: out of memory", b->id);
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
+        bool live = b->spill_keep == NULL || b->spill_keep[i];
+        if (live) {
+            row *r = dp_map_get_u64(&u->rows, e->gidx);
+            slot *s = r != NULL ? dp_map_get(&r->fields, e->field, e->field_len) : NULL;
+            if (s != NULL && s->b != NULL && s->b->commit_seq > b->commit_seq)
+                live = false;
+        }
+        k[i] = live;
+        c += live;
+    }
+    if (c == 0) {
+        free(k);
+        k = NULL;
+    }
+    *keep = k;
+    *kept = c;
+    return DP_OK;
+}
+
 /* A spill job ended (rc, fd): publish the disk blob or drop it. */
 static void
 spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
@@ -691,11 +744,22 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
     }
     dp_detail pd;
     dp_detail_clear(&pd);
+    uint8_t *keep = NULL;
     if (rc == 0 && b->abort_req == 0) {
+        uint32_t kept = 0;
+        rc = spill_keep_locked(u, b, &keep, &kept, &pd);
+        if (rc != 0)
+            jd = &pd;
+        else if (kept == 0)
+            u->n_spills_superseded++; /* every key overwritten or released since */
+    }
+    if (rc == 0 && b->abort_req == 0 && keep != NULL) {
         b->disk = true; /* before publish: drop_locked counts disk blobs */
         u->n_disk++;
         u->disk_bytes += b->nbytes;
-        rc = publish_locked(u, b, NULL, now, &pd);
+        rc = publish_locked(u, b, keep, now, &pd);
+        free(keep);
+        keep = NULL;
         if (rc == 0) {
             region_release_locked(u, b, now);
             b->in_io = false;
@@ -1585,6 +1649,10 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         b->parsed = pb;
         pb = NULL;
     }
+    /* Commits are ordered here, when the index validated: a spill published
+     * later by its io job never overrides what a later commit or release did. */
+    if (b->commit_seq == 0)
+        b->commit_seq = ++u->commit_seq;
     if (b->in_io) {
         /* A spill: an io job writes it to a file, then publishes it. */
         if (!jobs_full_locked(u)) {
@@ -1836,6 +1904,53 @@ dp_unit_unpin(dp_unit *u, const char *pin_id, size_t len)
 
 /* ---- release ---- */
 
+/*
+ * A release reaches spills committed but not yet published too: their entries
+ * for those rows are marked so the io job's end does not bring them back.
+ * Walks the blob table (SSD tier only); a spill's entries are looked up in a
+ * set of the released rows.
+ */
+static void
+release_spills_locked(dp_unit *u, const uint64_t *gidxs, uint32_t n)
+{
+    dp_map set;
+    dp_map_init_u64(&set);
+    bool built = false;
+    size_t it = 0;
+    void *v;
+    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+        blob_rec *b = v;
+        if (b->published || b->parsed == NULL || !b->in_io || b->commit_seq == 0)
+            continue;
+        if (!built) {
+            for (uint32_t i = 0; i < n; i++)
+                if (dp_map_put_u64(&set, gidxs[i], &set, NULL) != 0) {
+                    /* Out of memory: mark nothing rather than guess. */
+                    DP_LOG_W("unit %u: release of %u rows: no memory to mark pending "
+                             "spills; a spill finishing later may bring rows back",
+                             u->o.unit_id, n);
+                    dp_map_fini(&set);
+                    return;
+                }
+            built = true;
+        }
+        uint32_t ne = dp_blob_count(b->parsed);
+        for (uint32_t i = 0; i < ne; i++) {
+            const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
+            if (dp_map_get_u64(&set, e->gidx) == NULL)
+                continue;
+            if (b->spill_keep == NULL) {
+                b->spill_keep = malloc(ne);
+                if (b->spill_keep == NULL)
+                    break;
+                memset(b->spill_keep, 1, ne);
+            }
+            b->spill_keep[i] = 0;
+        }
+    }
+    dp_map_fini(&set);
+}
+
 uint64_t
 dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
 {
@@ -1855,6 +1970,8 @@ dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
         }
         row_free(r);
     }
+    if (u->io_alloc != NULL)
+        release_spills_locked(u, gidxs, n);
     u->n_entries -= dropped;
     u->n_release++;
     if (dropped > 0)
@@ -1979,6 +2096,7 @@ get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->spills = u->n_spills;
     st->spill_bytes = u->spill_bytes;
     st->spills_failed = u->n_spills_failed;
+    st->spills_superseded = u->n_spills_superseded;
     st->stages = u->n_stages;
     st->stage_bytes = u->stage_bytes;
     st->stages_failed = u->n_stages_failed;
@@ -1999,7 +2117,7 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
 {
     dp_unit_stats s;
     get_stats_locked(u, &s);
-    enum { N = 46 };
+    enum { N = 47 };
     dp_wire_field *f = calloc(N, sizeof *f);
     if (f == NULL)
         return dp_fail(d, DP_ENOMEM, "stats: out of memory");
@@ -2044,6 +2162,7 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
     f[k++] = fu64("spills", s.spills);
     f[k++] = fu64("spill_bytes", s.spill_bytes);
     f[k++] = fu64("spills_failed", s.spills_failed);
+    f[k++] = fu64("spills_superseded", s.spills_superseded);
     f[k++] = fu64("stages", s.stages);
     f[k++] = fu64("stage_bytes", s.stage_bytes);
     f[k++] = fu64("stages_failed", s.stages_failed);
@@ -2082,10 +2201,24 @@ dp_unit_tick(dp_unit *u)
     u->n_ticks++;
     while (u->pin_head != NULL && u->pin_head->expiry <= now)
         pin_end_locked(u, u->pin_head, true, now);
+    /*
+     * Spills whose commit validated while the io queue was full wait on the
+     * pend list: queue them as slots free. Their WRITE is done, so the lease
+     * below never retires them.
+     */
+    for (blob_rec *b = u->pend_head, *next; b != NULL && !jobs_full_locked(u); b = next) {
+        next = b->pnext;
+        if (b->parsed != NULL && b->in_io && !b->job && b->abort_req == 0) {
+            pend_unlink(u, b);
+            submit_locked(u, JOB_SPILL, b);
+        }
+    }
     if (u->o.alloc_lease_s > 0) {
-        while (u->pend_head != NULL &&
-               now - u->pend_head->created_at >= u->o.alloc_lease_s) {
-            blob_rec *b = u->pend_head;
+        for (blob_rec *b = u->pend_head, *next;
+             b != NULL && now - b->created_at >= u->o.alloc_lease_s; b = next) {
+            next = b->pnext;
+            if (b->parsed != NULL && b->in_io)
+                continue; /* a validated spill waiting for the io queue */
             DP_LOG_W("unit %u: blob %s not committed within %.1f s: region of %" PRIu64
                      " bytes retired",
                      u->o.unit_id, b->id, u->o.alloc_lease_s, b->size);
@@ -2811,6 +2944,33 @@ lb_cmp(const void *a, const void *b)
     return x->r->off < y->r->off ? -1 : x->r->off > y->r->off;
 }
 
+/*
+ * Open a checkpoint file for reading: a regular file only (a FIFO or device
+ * named by the control plane must not block or feed the ctl thread forever).
+ */
+static int
+ck_open_regular(const char *name, int *out, dp_detail *d)
+{
+    int fd = open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "opening %s", name);
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return dp_fail_sys(d, e, "stat of %s", name);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dp_fail(d, DP_EINVAL, "%s is not a regular file", name);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *out = fd;
+    return DP_OK;
+}
+
 /* Read and check path.rows; rows[] point into *buf. */
 static int
 ck_read_rows(const char *name, uint32_t unit_id, uint32_t n_units, uint8_t **buf,
@@ -2818,10 +2978,10 @@ ck_read_rows(const char *name, uint32_t unit_id, uint32_t n_units, uint8_t **buf
 {
     *buf = NULL;
     *rows = NULL;
-    int fd = open(name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dp_fail_sys(d, errno, "opening %s", name);
-    int rc = 0;
+    int fd = -1;
+    int rc = ck_open_regular(name, &fd, d);
+    if (rc != 0)
+        return rc;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         rc = dp_fail_sys(d, errno, "stat of %s", name);
@@ -2939,11 +3099,9 @@ dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
     ck_lb **ord = NULL;
     dp_map byid;
     dp_map_init_str(&byid);
-    int fd = open(fin, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = dp_fail_sys(d, errno, "opening %s", fin);
+    int fd = -1;
+    if ((rc = ck_open_regular(fin, &fd, d)) != 0)
         goto out;
-    }
     /* Header and trailer. */
     struct stat st;
     if (fstat(fd, &st) != 0) {

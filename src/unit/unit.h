@@ -266,6 +266,7 @@ typedef struct dp_unit_stats {
     uint64_t staged_blobs, staged_bytes; /* of those, with a staged copy */
     uint64_t io_jobs;                    /* queued + running */
     uint64_t spills, spill_bytes, spills_failed;
+    uint64_t spills_superseded; /* finished after every key was overwritten or released */
     uint64_t stages, stage_bytes, stages_failed, evictions;
     uint64_t files_open;
 } dp_unit_stats;
