@@ -28,6 +28,7 @@
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
+#include "unit/server.h"
 #include "unit/unit.h"
 #include "xfer/endpoint.h"
 
@@ -44,37 +45,22 @@ unit_main(void)
     dp_detail_clear(&d);
     int fd = atoi(getenv("DP_BC_FD"));
     uint32_t id = (uint32_t)atoi(getenv("DP_BC_UNIT_ID"));
-    dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
-    eo.progress_thread = true;
-    dp_endpoint *ep = NULL;
     char name[64];
     snprintf(name, sizeof name, "bench-unit-%u-%ld", id, (long)getpid());
-    if (dp_endpoint_create(name, &eo, &ep, &d) != 0)
-        goto fail;
     dp_unit_opts o;
     dp_unit_opts_init(&o);
-    o.ep = ep;
     o.unit_id = id;
     o.n_units = (uint32_t)atoi(getenv("DP_BC_UNITS"));
     o.slab_bytes = strtoull(getenv("DP_BC_SLAB"), NULL, 10);
     o.numa = DP_UNIT_NUMA_AUTO;
-    dp_unit *u = NULL;
-    if (dp_unit_create(&o, &u, &d) != 0 || dp_unit_start_ticker(u, 1.0, &d) != 0)
+    dp_unit_server *srv = NULL;
+    if (dp_unit_server_open(&o, name, "127.0.0.1", 0, 1.0, &srv, &d) != 0)
         goto fail;
-    dp_ctl_server_opts so = {.bind_ip = "127.0.0.1", .port = 0};
-    dp_ctl_server *srv = NULL;
-    if (dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv, &d) !=
-        0)
-        goto fail;
-    dp_unit_set_address(u, dp_ctl_server_address(srv));
-    dprintf(fd, "%s\n", dp_ctl_server_address(srv));
+    dprintf(fd, "%s\n", dp_unit_server_address(srv));
     close(fd);
     int sig;
     sigwait(&sigs, &sig);
-    dp_ctl_server_close(srv);
-    dp_unit_destroy(u);
-    dp_endpoint_destroy(ep);
+    dp_unit_server_close(srv);
     return 0;
 fail:
     fprintf(stderr, "bench unit: %s\n", dp_detail_msg(&d));

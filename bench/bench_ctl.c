@@ -43,6 +43,7 @@
 #include "blob/blob.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
+#include "unit/server.h"
 #include "unit/unit.h"
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
@@ -82,35 +83,20 @@ unit_main(int fd)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
-    eo.progress_thread = true;
-    dp_endpoint *ep = NULL;
-    if (dp_endpoint_create("bench-unit", &eo, &ep, &d) != DP_OK)
-        die("unit endpoint", &d);
     dp_unit_opts o;
     dp_unit_opts_init(&o);
-    o.ep = ep;
     o.slab_bytes = 64ull << 20;
     o.unit_id = 0;
     o.n_units = 1;
-    dp_unit *u = NULL;
-    if (dp_unit_create(&o, &u, &d) != DP_OK || dp_unit_start_ticker(u, 1.0, &d) != DP_OK)
-        die("unit", &d);
-    dp_ctl_server_opts so = {.bind_ip = "127.0.0.1", .port = 0};
-    dp_ctl_server *srv = NULL;
-    if (dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv, &d) !=
-        DP_OK)
-        die("unit server", &d);
-    dp_unit_set_address(u, dp_ctl_server_address(srv));
+    dp_unit_server *srv = NULL;
+    if (dp_unit_server_open(&o, "bench-unit", "127.0.0.1", 0, 1.0, &srv, &d) != DP_OK)
+        die("unit endpoint", &d);
     char line[256];
-    snprintf(line, sizeof line, "%s\n", dp_ctl_server_address(srv));
+    snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
     write_line(fd, line);
     int sig;
     sigwait(&sigs, &sig);
-    dp_ctl_server_close(srv);
-    dp_unit_destroy(u);
-    dp_endpoint_destroy(ep);
+    dp_unit_server_close(srv);
     return 0;
 }
 

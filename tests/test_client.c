@@ -26,6 +26,7 @@
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
+#include "unit/server.h"
 #include "unit/unit.h"
 #include "xfer/endpoint.h"
 
@@ -122,17 +123,10 @@ unit_main(int fd)
     dp_detail d;
     dp_detail_clear(&d);
     uint32_t id = (uint32_t)atoi(getenv("DP_TC_UNIT_ID"));
-    dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
-    eo.progress_thread = true;
-    dp_endpoint *ep = NULL;
     char name[64];
     snprintf(name, sizeof name, "tc-unit-%u-%ld", id, (long)getpid());
-    if (dp_endpoint_create(name, &eo, &ep, &d) != 0)
-        goto fail;
     dp_unit_opts o;
     dp_unit_opts_init(&o);
-    o.ep = ep;
     o.unit_id = id;
     o.n_units = (uint32_t)atoi(getenv("DP_TC_UNITS"));
     o.slab_bytes = strtoull(getenv("DP_TC_SLAB"), NULL, 10);
@@ -146,23 +140,15 @@ unit_main(int fd)
         o.staging_bytes = strtoull(getenv("DP_TC_STAGING"), NULL, 10);
         o.pickup_s = 5;
     }
-    dp_unit *u = NULL;
-    if (dp_unit_create(&o, &u, &d) != 0 || dp_unit_start_ticker(u, 0.1, &d) != 0)
+    dp_unit_server *srv = NULL;
+    if (dp_unit_server_open(&o, name, "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
-    dp_ctl_server_opts so = {.bind_ip = "127.0.0.1", .port = 0};
-    dp_ctl_server *srv = NULL;
-    if (dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv, &d) !=
-        0)
-        goto fail;
-    dp_unit_set_address(u, dp_ctl_server_address(srv));
     char line[300];
-    snprintf(line, sizeof line, "%s\n", dp_ctl_server_address(srv));
+    snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
     write_all(fd, line);
     int sig;
     sigwait(&sigs, &sig);
-    dp_ctl_server_close(srv);
-    dp_unit_destroy(u);
-    dp_endpoint_destroy(ep);
+    dp_unit_server_close(srv);
     return 0;
 fail:
     fprintf(stderr, "unit peer: %s\n", dp_detail_msg(&d));

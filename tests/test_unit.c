@@ -19,6 +19,7 @@
 #include "blob/crc32c.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
+#include "unit/server.h"
 #include "unit/unit.h"
 #include "wire/mp.h"
 #include "wire/wire.h"
@@ -1172,37 +1173,22 @@ peer_unit(int fd)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
-    eo.progress_thread = true;
-    dp_endpoint *ep = NULL;
-    if (dp_endpoint_create("test-unit", &eo, &ep, &d) != 0)
-        goto fail;
     dp_unit_opts o;
     dp_unit_opts_init(&o);
-    o.ep = ep;
     o.slab_bytes = 16 << 20;
     o.read_pin_s = 10;
     o.alloc_lease_s = atof(getenv("DP_TEST_UNIT_LEASE"));
     o.quarantine_s = 1;
     o.numa = DP_UNIT_NUMA_AUTO;
-    dp_unit *u = NULL;
-    if (dp_unit_create(&o, &u, &d) != 0 || dp_unit_start_ticker(u, 0.1, &d) != 0)
+    dp_unit_server *srv = NULL;
+    if (dp_unit_server_open(&o, "test-unit", "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
-    dp_ctl_server_opts so = {.bind_ip = "127.0.0.1", .port = 0};
-    dp_ctl_server *srv = NULL;
-    if (dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv, &d) !=
-        0)
-        goto fail;
-    dp_unit_set_address(u, dp_ctl_server_address(srv));
     char line[300];
-    snprintf(line, sizeof line, "%s\n", dp_ctl_server_address(srv));
+    snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
     peer_write_line(fd, line);
     int sig;
     sigwait(&sigs, &sig);
-    dp_ctl_server_close(srv);
-    dp_unit_destroy(u);
-    dp_endpoint_destroy(ep);
+    dp_unit_server_close(srv);
     return 0;
 fail:
     fprintf(stderr, "unit peer: %s\n", dp_detail_msg(&d));

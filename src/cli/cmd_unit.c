@@ -15,9 +15,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "ctl/ctl.h"
-#include "unit/unit.h"
-#include "xfer/endpoint.h"
+#include "unit/server.h"
 
 int dp__cmd_unit(int argc, char **argv);
 
@@ -182,39 +180,25 @@ dp__cmd_unit(int argc, char **argv)
     dp_log_set_prefix(prefix);
 
     int status = 1, rc;
-    dp_endpoint *ep = NULL;
-    dp_unit *u = NULL;
-    dp_ctl_server *srv = NULL;
+    dp_unit_server *srv = NULL;
     char name[64], rnd[33], numa[128];
     /* NUMA first, so the endpoint's threads start on the unit's node too. */
     dp_unit_numa_apply(uo.numa, uo.unit_id, numa, sizeof numa);
     if ((rc = dp_random_hex_id(rnd, &d)) != 0)
         goto fail;
     snprintf(name, sizeof name, "unit%u-%.8s", uo.unit_id, rnd);
-    dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
-    eo.progress_thread = true;
-    if ((rc = dp_endpoint_create(name, &eo, &ep, &d)) != 0)
+    if ((rc = dp_unit_server_open(&uo, name, bind_ip, (uint16_t)port, 1.0, &srv, &d)) !=
+        0)
         goto fail;
-    uo.ep = ep;
-    if ((rc = dp_unit_create(&uo, &u, &d)) != 0)
-        goto fail;
-    if ((rc = dp_unit_start_ticker(u, 1.0, &d)) != 0)
-        goto fail;
-    dp_ctl_server_opts so = {.bind_ip = bind_ip, .port = (uint16_t)port};
-    if ((rc = dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize, u, &srv,
-                                 &d)) != 0)
-        goto fail;
-    dp_unit_set_address(u, dp_ctl_server_address(srv));
-    printf("%s\n", dp_ctl_server_address(srv));
+    printf("%s\n", dp_unit_server_address(srv));
     fflush(stdout);
     char sz[32];
     DP_LOG_I(
         "serving %s: unit %u of %u, slab %s, endpoint %s, numa: %s, read_pin_s %.1f, "
         "alloc_lease_s %.1f",
-        dp_ctl_server_address(srv), uo.unit_id, uo.n_units,
-        dp_fmt_size(uo.slab_bytes, sz, sizeof sz), name, dp_unit_numa_desc(u),
-        uo.read_pin_s, uo.alloc_lease_s);
+        dp_unit_server_address(srv), uo.unit_id, uo.n_units,
+        dp_fmt_size(uo.slab_bytes, sz, sizeof sz), name,
+        dp_unit_numa_desc(dp_unit_server_unit(srv)), uo.read_pin_s, uo.alloc_lease_s);
     if (uo.ssd_dir != NULL)
         DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo.ssd_dir,
                  dp_fmt_size(uo.staging_bytes, sz, sizeof sz), uo.pickup_s);
@@ -227,8 +211,6 @@ dp__cmd_unit(int argc, char **argv)
 fail:
     fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&d), dp_strerror(rc));
 out:
-    dp_ctl_server_close(srv);
-    dp_unit_destroy(u);
-    dp_endpoint_destroy(ep);
+    dp_unit_server_close(srv);
     return status;
 }
