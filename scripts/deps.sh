@@ -10,7 +10,7 @@ PKGS=(
     clang libclang-rt-14-dev clang-format   # fuzzing (libFuzzer), sanitizers, format check
     libucx-dev ucx-utils                    # data path (UCX) and ucx_perftest
     libzmq3-dev                             # control plane
-    libmsgpack-dev                          # control-message codec (msgpack-c)
+    libmsgpack-dev                          # msgpack-c: the reference the codec is tested against
     libnuma-dev                             # NUMA placement of slabs
     libcjson-dev                            # cluster files (cluster.json)
     redis-server redis-tools                # benchmark comparison
