@@ -1091,20 +1091,6 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
             goto fail;
         }
 
-    /* A pending abort of this id fails this fetch (and is used up). */
-    pthread_mutex_lock(&t->mu);
-    bool closed = t->stopping;
-    bool was_aborted = !closed && dp_map_del(&t->aborted, obj_id, idlen) != NULL;
-    pthread_mutex_unlock(&t->mu);
-    if (closed) {
-        rc = dp_fail(d, DP_ECLOSED, "direct: transport is being destroyed");
-        goto fail;
-    }
-    if (was_aborted) {
-        rc = dp_fail(d, DP_ETRANSFER, "direct: fetch of object %s aborted", obj_id);
-        goto fail;
-    }
-
     if (targets != NULL) {
         size_t k;
         pthread_mutex_lock(&t->cache_mu);
@@ -1124,10 +1110,13 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
             goto fail;
         r->targets_held = true;
     } else if (r->n > 0) {
-        uint64_t total = 0;
-        for (size_t i = 0; i < r->n; i++)
-            total += DP_ALIGN_UP(r->md.descs[i].len, 64);
-        if (total > SIZE_MAX || total > phys_bytes() / 2) {
+        /* Each length is bounded first, so the sum cannot wrap (metadata is
+         * from outside). */
+        uint64_t total = 0, limit = phys_bytes() / 2;
+        for (size_t i = 0; i < r->n && total <= limit; i++)
+            total += r->md.descs[i].len > limit ? limit + 1
+                                                : DP_ALIGN_UP(r->md.descs[i].len, 64);
+        if (total > SIZE_MAX || total > limit) {
             char a[32];
             rc = dp_fail(d, DP_ETOOBIG,
                          "direct: object %s needs %" PRIu64 " bytes, more than half of "
@@ -1149,10 +1138,20 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
         }
     }
 
+    /*
+     * A pending abort of this id fails this fetch (and is used up). Checked in
+     * the same critical section that makes the request live, so an abort in
+     * between either finds the request or leaves its mark for this check.
+     */
     pthread_mutex_lock(&t->mu);
     if (t->stopping) {
         pthread_mutex_unlock(&t->mu);
         rc = dp_fail(d, DP_ECLOSED, "direct: transport is being destroyed");
+        goto fail;
+    }
+    if (dp_map_del(&t->aborted, obj_id, idlen) != NULL) {
+        pthread_mutex_unlock(&t->mu);
+        rc = dp_fail(d, DP_ETRANSFER, "direct: fetch of object %s aborted", obj_id);
         goto fail;
     }
     set_state(r, REQ_QUEUED);
