@@ -136,12 +136,15 @@ static int
 write_atomic(const char *dir, const char *path, const char *data, size_t len,
              dp_detail *d)
 {
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    /* A name of its own: two saves into one DIR must never share a temporary. */
+    char tmp[PATH_MAX], rnd[33];
+    int rc = dp_random_hex_id(rnd, d);
+    if (rc != 0)
+        return rc;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%.16s", path, rnd);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
         return dp_fail_sys(d, errno, "creating %s", tmp);
-    int rc = 0;
     size_t done = 0;
     while (done < len) {
         ssize_t w = write(fd, data + done, len - done);
@@ -163,7 +166,10 @@ write_atomic(const char *dir, const char *path, const char *data, size_t len,
         unlink(tmp);
         return rc;
     }
-    return fsync_dir(dir, d);
+    rc = fsync_dir(dir, d);
+    if (rc != 0)
+        dp_fail_ctx(d, rc, "%s is in place but may not be durable yet", path);
+    return rc;
 }
 
 /* One request per unit, sent at once; replies decoded into reps[i]. */
@@ -652,7 +658,13 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                 for (uint32_t k = 0; k < r->failed.n; k++)
                     for (uint32_t j = 0; j < lu[i].n_blobs; j++)
                         if (dp_wire_str_same(lu[i].blobs[j].id, r->failed.v[k])) {
-                            lu[i].retry[lu[i].n_retry++] = lu[i].blobs[j];
+                            /* Each blob once, however the unit lists it. */
+                            bool seen = false;
+                            for (uint32_t q = 0; q < lu[i].n_retry && !seen; q++)
+                                seen =
+                                    dp_wire_str_same(lu[i].retry[q].id, r->failed.v[k]);
+                            if (!seen && lu[i].n_retry < lu[i].n_blobs)
+                                lu[i].retry[lu[i].n_retry++] = lu[i].blobs[j];
                             break;
                         }
             }

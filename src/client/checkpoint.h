@@ -60,7 +60,9 @@ typedef struct dp_ckpt_summary {
  * Save every unit of cl into dir (created if missing, one level). Complete
  * only when it returns DP_OK. Errors: DP_EINVAL (dir), errors of a unit
  * (the detail names the unit), DP_ESYS, DP_ENOMEM; the previous checkpoint
- * stays current on any error.
+ * stays current on any error, except a failed fsync of DIR after the switch
+ * itself (the detail then says MANIFEST.json is in place but may not be
+ * durable).
  */
 int dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                  const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d);
