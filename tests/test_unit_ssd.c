@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -1572,12 +1573,13 @@ DP_TEST(late_spill_never_overrides_later_commits_or_releases)
     rm_dir(dir);
 }
 
-static double lease_clock = 1000;
+/* The io thread reads the clock while the test moves it. */
+static _Atomic double lease_clock = 1000;
 static double
 lease_now(void *ctx)
 {
     (void)ctx;
-    return lease_clock;
+    return atomic_load(&lease_clock);
 }
 
 /*
@@ -1625,7 +1627,7 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
         CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
     }
     /* The client stops asking; the lease passes; the ticker runs. */
-    lease_clock += 61;
+    atomic_store(&lease_clock, atomic_load(&lease_clock) + 61);
     for (int round = 0; round < 100 && stats(u).spills < M; round++) {
         dp_unit_tick(u);
         wait_idle(u);
