@@ -278,6 +278,75 @@ DP_TEST(call_many_with_stopped_and_killed_servers)
     dp_ctl_client_destroy(c);
 }
 
+/*
+ * dp_ctl_send then dp_ctl_wait_many: requests sent one at a time (as a put
+ * sends each commit after its own WRITE) are all answered under one deadline;
+ * a send that fails and an item never sent are left alone; a stopped server
+ * times out without holding up the others.
+ */
+DP_TEST(send_then_wait_many)
+{
+    char a[2][128];
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++)
+        pids[i] = fork_server(a[i], sizeof a[i]);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req;
+    dp_buf_init(&req);
+    make_req(&req, "ping", "s1", 0);
+    dp_ctl_item it[4];
+    memset(it, 0, sizeof it);
+    const char *addr[4] = {a[0], "127.0.0.1:5", a[1], a[0]};
+    for (int i = 0; i < 4; i++)
+        it[i] = (dp_ctl_item){
+            .address = addr[i], .req = req.data, .len = req.len, .rid = "s1"};
+    it[3].rc = 1234; /* never sent: must stay as it is */
+    CHECK_OK(dp_ctl_send(c, &it[0]));
+    CHECK_EQ(it[0].rc, DP_CTL_PENDING);
+    CHECK_ERR(dp_ctl_send(c, &it[1]), DP_EINVAL);
+    CHECK_EQ(it[1].rc, DP_EINVAL);
+    CHECK_OK(dp_ctl_send(c, &it[2]));
+    CHECK_ERR(dp_ctl_wait_many(c, it, 4, 5.0), DP_EINVAL);
+    CHECK_EQ(it[0].rc, DP_OK);
+    check_reply_op(&it[0].reply, "ping");
+    CHECK_EQ(it[2].rc, DP_OK);
+    check_reply_op(&it[2].reply, "ping");
+    CHECK_EQ(it[1].rc, DP_EINVAL);
+    CHECK_EQ(it[3].rc, 1234);
+    CHECK_EQ(it[3].reply.len, 0);
+    /* Nothing pending: returns at once with the items' codes. */
+    double t0 = dp_now_s();
+    CHECK_ERR(dp_ctl_wait_many(c, it, 3, 5.0), DP_EINVAL);
+    CHECK(dp_now_s() - t0 < 1.0);
+    for (int i = 0; i < 4; i++)
+        dp_buf_fini(&it[i].reply);
+
+    /* One server stopped: its item times out, the other's reply is read. */
+    kill(pids[1], SIGSTOP);
+    it[0].address = a[1];
+    it[1].address = a[0];
+    CHECK_OK(dp_ctl_send(c, &it[0]));
+    CHECK_OK(dp_ctl_send(c, &it[1]));
+    t0 = dp_now_s();
+    CHECK_ERR(dp_ctl_wait_many(c, it, 2, 0.3), DP_ETIMEDOUT);
+    CHECKF(dp_now_s() - t0 < 2.0, "wait_many took %.2f s with a 0.3 s deadline",
+           dp_now_s() - t0);
+    CHECK_EQ(it[0].rc, DP_ETIMEDOUT);
+    CHECK_CONTAINS(it[0].det.msg, a[1]);
+    CHECK_EQ(it[1].rc, DP_OK);
+    check_reply_op(&it[1].reply, "ping");
+    CHECK(it[0].sock == NULL && it[1].sock == NULL);
+    for (int i = 0; i < 2; i++)
+        dp_buf_fini(&it[i].reply);
+    for (int i = 0; i < 2; i++) {
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], NULL, 0);
+    }
+    dp_buf_fini(&req);
+    dp_ctl_client_destroy(c);
+}
+
 DP_TEST(oversized_messages)
 {
     dp_ctl_server *s = start_server(1024);

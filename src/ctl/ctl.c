@@ -371,45 +371,49 @@ dp_ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
 }
 
 int
-dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+dp_ctl_send(dp_ctl_client *c, dp_ctl_item *it)
 {
-    if (n == 0)
-        return DP_OK;
-    void **socks = calloc(n, sizeof *socks);
-    zmq_pollitem_t *pis = calloc(n, sizeof *pis);
-    size_t *which = calloc(n, sizeof *which);
-    if (socks == NULL || pis == NULL || which == NULL) {
-        for (size_t i = 0; i < n; i++)
-            items[i].rc = dp_fail(&items[i].det, DP_ENOMEM, "call: out of memory");
-        free(socks);
-        free(pis);
-        free(which);
-        return DP_ENOMEM;
+    dp_detail_clear(&it->det);
+    it->sock = NULL;
+    it->rc = sock_take(c, it->address, &it->sock, &it->det);
+    if (it->rc == DP_OK)
+        it->rc = send_req(it->sock, it->address, it->req, it->len, &it->det);
+    if (it->rc != DP_OK) {
+        if (it->sock != NULL)
+            sock_close(it->sock);
+        it->sock = NULL;
+        return it->rc;
     }
+    it->rc = DP_CTL_PENDING;
+    return DP_OK;
+}
+
+int
+dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+{
     size_t waiting = 0;
-    /* Every request goes out before any reply is read. */
-    for (size_t i = 0; i < n; i++) {
-        dp_ctl_item *it = &items[i];
-        dp_detail_clear(&it->det);
-        it->rc = sock_take(c, it->address, &socks[i], &it->det);
-        if (it->rc == DP_OK)
-            it->rc = send_req(socks[i], it->address, it->req, it->len, &it->det);
-        if (it->rc != DP_OK) {
-            if (socks[i] != NULL)
-                sock_close(socks[i]);
-            socks[i] = NULL;
-            continue;
+    for (size_t i = 0; i < n; i++)
+        waiting += items[i].rc == DP_CTL_PENDING;
+    zmq_pollitem_t *pis = waiting > 0 ? calloc(waiting, sizeof *pis) : NULL;
+    size_t *which = waiting > 0 ? calloc(waiting, sizeof *which) : NULL;
+    if (waiting > 0 && (pis == NULL || which == NULL)) {
+        /* Each pending socket may still get its reply: close, never reuse. */
+        for (size_t i = 0; i < n; i++) {
+            if (items[i].rc != DP_CTL_PENDING)
+                continue;
+            sock_close(items[i].sock);
+            items[i].sock = NULL;
+            items[i].rc = dp_fail(&items[i].det, DP_ENOMEM, "call: out of memory");
         }
-        it->rc = -1; /* pending */
-        waiting++;
+        waiting = 0;
     }
     double deadline = dp_now_s() + (timeout_s > 0 ? timeout_s : 0);
     while (waiting > 0) {
         size_t np = 0;
         for (size_t i = 0; i < n; i++) {
-            if (items[i].rc != -1)
+            if (items[i].rc != DP_CTL_PENDING)
                 continue;
-            pis[np] = (zmq_pollitem_t){.socket = socks[i], .events = ZMQ_POLLIN};
+            pis[np] = (zmq_pollitem_t){.socket = items[i].sock, .events = ZMQ_POLLIN};
             which[np++] = i;
         }
         double left = deadline - dp_now_s();
@@ -425,23 +429,23 @@ dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
         for (size_t j = 0; j < np; j++) {
             if (!(pis[j].revents & ZMQ_POLLIN))
                 continue;
-            size_t i = which[j];
-            dp_ctl_item *it = &items[i];
-            it->rc = recv_reply(socks[i], it->address, it->rid, &it->reply, &it->det);
+            dp_ctl_item *it = &items[which[j]];
+            it->rc = recv_reply(it->sock, it->address, it->rid, &it->reply, &it->det);
             if (it->rc == DP_OK)
-                sock_give_back(c, it->address, socks[i]);
+                sock_give_back(c, it->address, it->sock);
             else
-                sock_close(socks[i]);
-            socks[i] = NULL;
+                sock_close(it->sock);
+            it->sock = NULL;
             waiting--;
         }
     }
     int first = DP_OK;
     for (size_t i = 0; i < n; i++) {
         dp_ctl_item *it = &items[i];
-        if (it->rc == -1) {
+        if (it->rc == DP_CTL_PENDING) {
             /* No reply in time: the socket may still get one; never reuse it. */
-            sock_close(socks[i]);
+            sock_close(it->sock);
+            it->sock = NULL;
             it->rc =
                 dp_fail(&it->det, DP_ETIMEDOUT, "unit %s did not reply within %.3g s",
                         it->address, timeout_s);
@@ -449,10 +453,18 @@ dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
         if (it->rc != DP_OK && first == DP_OK)
             first = it->rc;
     }
-    free(socks);
     free(pis);
     free(which);
     return first;
+}
+
+int
+dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+{
+    /* Every request goes out before any reply is read. */
+    for (size_t i = 0; i < n; i++)
+        dp_ctl_send(c, &items[i]);
+    return dp_ctl_wait_many(c, items, n, timeout_s);
 }
 
 int

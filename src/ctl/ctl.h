@@ -84,9 +84,12 @@ typedef struct dp_ctl_item {
     size_t len;
     const char *rid;
     dp_buf reply; /* caller inits and finis */
-    int rc;
+    int rc;       /* DP_CTL_PENDING between dp_ctl_send and its reply */
     dp_detail det;
+    void *sock; /* private: the socket a sent request waits on */
 } dp_ctl_item;
+
+#define DP_CTL_PENDING (-1)
 
 /*
  * Send every request before reading any reply; one deadline bounds the whole
@@ -94,6 +97,18 @@ typedef struct dp_ctl_item {
  * others. Returns DP_OK if every item succeeded, else the first failure's code.
  */
 int dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
+
+/*
+ * The two halves of dp_ctl_call_many, for a caller that sends each request as
+ * soon as it can (a commit right after its own WRITE) and waits for them all
+ * later. dp_ctl_send sends it->req without blocking: it->rc becomes
+ * DP_CTL_PENDING, or the error (also returned). dp_ctl_wait_many then waits
+ * for the pending items of items[0..n) under one deadline, leaving the others
+ * as they are; every pending item ends with a code. An item sent must be
+ * waited for (its socket is held until then).
+ */
+int dp_ctl_send(dp_ctl_client *c, dp_ctl_item *it);
+int dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
 
 /* Fire-and-forget (notify ops get no reply). Never blocks. */
 int dp_ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
