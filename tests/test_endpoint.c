@@ -595,6 +595,100 @@ DP_TEST(small_ranges_use_memcpy_on_one_host)
     peer_stop(&p);
 }
 
+struct done_log {
+    dp_endpoint *ep;
+    int n, order[8], rc[8];
+    const uint8_t *next_dst; /* op 1's destination: untouched when op 0 ends */
+    bool next_untouched;
+    const char *remove; /* a remote to remove from inside the first callback */
+    int remove_rc;
+};
+
+static void
+log_done(void *ctx, size_t i, int rc)
+{
+    struct done_log *g = ctx;
+    if (g->n == 0 && g->next_dst != NULL) {
+        g->next_untouched = true;
+        for (size_t k = 0; k < 4096; k++)
+            g->next_untouched &= g->next_dst[k] == 0;
+    }
+    if (g->n == 0 && g->remove != NULL)
+        g->remove_rc = dp_endpoint_remove_remote(g->ep, g->remove, NULL);
+    if (g->n < 8) {
+        g->order[g->n] = (int)i;
+        g->rc[g->n] = rc;
+    }
+    g->n++;
+}
+
+/*
+ * transfer_many_cb reports each op once, as it ends; an op done at its post
+ * (the memcpy path) is reported before the next op is posted; the callback
+ * runs without the endpoint's lock (it may even remove the remote the rest of
+ * the batch uses: those ops still end, with the right bytes).
+ */
+DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
+{
+    set_tls(NULL);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-c", 4 * MiB, false, 13), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-c", NULL, &ep, &d), &d);
+    uint8_t *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, (void **)&a, &d), &d);
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    uint64_t la = (uint64_t)(uintptr_t)a;
+    /* op 0 and 1: 4 KiB (memcpy path); op 2: 2 MiB (UCX). */
+    dp_range l[3] = {{la, 4096}, {la + 8192, 4096}, {la + MiB, 2 * MiB}};
+    dp_range r[3] = {
+        {p.base + 64, 4096}, {p.base + 20000, 4096}, {p.base + MiB, 2 * MiB}};
+    dp_xfer_desc ops[3];
+    for (int i = 0; i < 3; i++)
+        ops[i] = (dp_xfer_desc){DP_XFER_READ, &l[i], 1, &r[i], 1, "peer-c"};
+    for (int round = 0; round < 2; round++) {
+        memset(a, 0, 4 * MiB);
+        struct done_log g = {.ep = ep, .next_dst = a + 8192};
+        if (round == 1)
+            g.remove = "peer-c";
+        int res[3] = {-1, -1, -1};
+        CHECK_OK_D(
+            dp_endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
+            &d);
+        CHECK_EQ(g.n, 3);
+        CHECK_EQ(g.order[0], 0);
+        CHECK(g.next_untouched);
+        bool seen[3] = {false, false, false};
+        for (int k = 0; k < 3; k++) {
+            CHECK_EQ(g.rc[k], DP_OK);
+            seen[g.order[k]] = true;
+        }
+        CHECK(seen[0] && seen[1] && seen[2]);
+        for (int i = 0; i < 3; i++) {
+            CHECK_EQ(res[i], DP_OK);
+            for (uint64_t k = 0; k < l[i].nbytes; k += 509)
+                CHECK_EQ(a[l[i].addr - la + k], pat(p.seed, r[i].addr - p.base + k));
+        }
+        if (round == 1) {
+            CHECK_EQ(g.remove_rc, DP_OK);
+            CHECK(!dp_endpoint_has_remote(ep, "peer-c"));
+        }
+    }
+    /* A refused batch calls nothing. */
+    struct done_log g = {.ep = ep};
+    int res[3];
+    CHECK_ERR(dp_endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
+              DP_EINVAL);
+    CHECK_EQ(g.n, 0);
+    dp_endpoint_stats st;
+    dp_endpoint_get_stats(ep, &st);
+    CHECK_EQ_U64(st.memcpy_ranges, 4);
+    CHECK_EQ_U64(st.ucx_ranges, 2);
+    dp_endpoint_destroy(ep);
+    peer_stop(&p);
+}
+
 DP_TEST(invalid_arguments_fail_before_posting)
 {
     set_tls(NULL);

@@ -1039,7 +1039,29 @@ busy_locked(dp_endpoint *ep, const dp_xfer_desc *o, int delta)
     }
 }
 
-/* Post every range of op s (validated). Sets s->rc for immediate failures. */
+/*
+ * Every validated op holds its remote and its local regions busy from
+ * validation to its end, so that neither can go while the batch is posted with
+ * the lock dropped between ops (for a done callback). finish_locked ends the
+ * hold of a posted op; this ends that of an op never posted.
+ */
+static void
+reserve_locked(dp_endpoint *ep, opstate *s)
+{
+    s->r->r_busy++;
+    busy_locked(ep, s->o, +1);
+}
+
+static void
+unreserve_locked(dp_endpoint *ep, opstate *s)
+{
+    s->finished = true;
+    s->r->r_busy--;
+    busy_locked(ep, s->o, -1);
+}
+
+/* Post every range of op s (validated and reserved). Sets s->rc for immediate
+ * failures. */
 static void
 post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
 {
@@ -1049,20 +1071,18 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
     if (fst != UCS_OK) {
         s->rc = dp_fail(det, DP_ETRANSFER, "%s to %s: peer failed: %s (nothing posted)",
                         op_name(o->op), r->r_name, ucs_status_string(fst));
-        s->finished = true;
+        unreserve_locked(ep, s);
         return;
     }
     batch *b = calloc(1, sizeof *b);
     if (b == NULL) {
         s->rc = dp_fail(det, DP_ENOMEM, "%s to %s: out of memory (nothing posted)",
                         op_name(o->op), r->r_name);
-        s->finished = true;
+        unreserve_locked(ep, s);
         return;
     }
     s->b = b;
     s->posted = true;
-    r->r_busy++;
-    busy_locked(ep, o, +1);
     bool any_ucx = false;
     for (size_t k = 0; k < o->n_local && b->b_status == UCS_OK; k++) {
         const dp_range *l = &o->local[k], *m = &o->remote[k];
@@ -1163,7 +1183,8 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
 /* The engine behind transfer and transfer_many; details may be NULL. */
 static int
 run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s,
-        int *results, dp_detail *details, dp_detail *d)
+        int *results, dp_detail *details, dp_xfer_done_fn on_done, void *ctx,
+        dp_detail *d)
 {
     uint64_t t0 = dp_now_ns();
     if (!(timeout_s > 0) || !isfinite(timeout_s) || timeout_s > 1e9) {
@@ -1209,7 +1230,21 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
         return rc;
     }
     for (size_t i = 0; i < n_ops; i++)
-        post_locked(ep, &ss[i], details ? &details[i] : NULL);
+        reserve_locked(ep, &ss[i]);
+    for (size_t i = 0; i < n_ops; i++) {
+        opstate *s = &ss[i];
+        dp_detail *det = details ? &details[i] : NULL;
+        post_locked(ep, s, det);
+        /* Done at post (memcpy path, or failed): ended now, so a callback can
+         * act on it while the next op is posted. */
+        if (s->posted && s->b->b_pending == 0)
+            finish_locked(ep, s, false, det);
+        if (s->finished && on_done != NULL) {
+            unlock(ep);
+            on_done(ctx, i, s->rc);
+            lock(ep);
+        }
+    }
 
     size_t open = 0;
     for (size_t i = 0; i < n_ops; i++)
@@ -1228,6 +1263,11 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
             if (s->b->b_pending == 0 || out) {
                 finish_locked(ep, s, now >= deadline, details ? &details[i] : NULL);
                 open--;
+                if (on_done != NULL) {
+                    unlock(ep);
+                    on_done(ctx, i, s->rc);
+                    lock(ep);
+                }
             }
         }
         if (open == 0)
@@ -1275,7 +1315,7 @@ dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
     int result;
     dp_detail det;
     dp_detail_clear(&det);
-    int rc = run_ops(ep, &o, 1, timeout_s, &result, &det, NULL);
+    int rc = run_ops(ep, &o, 1, timeout_s, &result, &det, NULL, NULL, NULL);
     if (rc != DP_OK && d != NULL)
         dp_fail(d, rc, "%s", det.msg);
     return rc;
@@ -1286,12 +1326,21 @@ dp_endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops
                           double timeout_s, int *results, dp_detail *details,
                           dp_detail *d)
 {
+    return dp_endpoint_transfer_many_cb(ep, ops, n_ops, timeout_s, results, details, NULL,
+                                        NULL, d);
+}
+
+int
+dp_endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                             double timeout_s, int *results, dp_detail *details,
+                             dp_xfer_done_fn on_done, void *ctx, dp_detail *d)
+{
     if (n_ops > 0 && (ops == NULL || results == NULL))
         return dp_fail(d, DP_EINVAL, "transfer_many: ops or results is NULL");
     if (details != NULL)
         for (size_t i = 0; i < n_ops; i++)
             dp_detail_clear(&details[i]);
-    return run_ops(ep, ops, n_ops, timeout_s, results, details, d);
+    return run_ops(ep, ops, n_ops, timeout_s, results, details, on_done, ctx, d);
 }
 
 bool

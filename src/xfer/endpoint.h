@@ -189,6 +189,20 @@ int dp_endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n
                               dp_detail *d);
 
 /*
+ * As dp_endpoint_transfer_many, and on_done(ctx, i, rc) is called once for
+ * each op i that was posted or tried, as soon as it ends (rc as results[i]),
+ * in the calling thread, without the endpoint's lock, before this returns.
+ * An op that ends at its post (same-host memcpy path, a dead peer) is
+ * reported before the next op is posted, so the caller can overlap its next
+ * step (a commit) with the rest of the batch. Not called when the whole
+ * batch is refused (DP_EINVAL, DP_EFATAL, DP_ENOMEM before posting).
+ */
+typedef void (*dp_xfer_done_fn)(void *ctx, size_t i, int rc);
+int dp_endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                                 double timeout_s, int *results, dp_detail *details,
+                                 dp_xfer_done_fn on_done, void *ctx, dp_detail *d);
+
+/*
  * True if [addr, addr + nbytes) overlaps the local ranges of a retained
  * (possibly still running) transfer, in this endpoint or any other of the
  * process. Such memory must never be reused or freed.
