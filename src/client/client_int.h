@@ -120,8 +120,12 @@ bool dp__client_direct_locked(const dp_client *c, const void *p, uint64_t n);
 void dp__detail_append(dp_detail *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* The process-wide test hook: called with a stage name ("put:allocated", */
-/* "put:written") while the client lock is held. NULL: none. Tests only. */
+/*
+ * The process-wide test hook: called with a stage name while the client lock
+ * is held: "put:allocated" (every alloc answered, no WRITE posted),
+ * "put:written" (a unit's WRITE is done, its commit not yet sent). NULL: none.
+ * Tests only.
+ */
 extern void (*dp__client_test_hook)(const char *stage);
 
 #endif

@@ -1,6 +1,8 @@
 /*
  * dp_client_put (DESIGN section 5): one blob per unit, alloc on every unit at
- * once, WRITE every blob at once, commit on every unit at once.
+ * once, WRITE every blob at once, and each unit's commit sent the moment its
+ * own WRITE is done (so a unit publishes while the other WRITEs still run),
+ * then every commit reply awaited under one deadline.
  *
  * Each unit's part moves through ALLOC -> WRITE -> COMMIT -> DONE, or ends in
  * FAILED with its own code and detail; one unit failing does not stop the
@@ -270,10 +272,59 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
     }
 }
 
-/* WRITE every blob in ST_WRITE at once. */
+/* Sends the commit of unit pu as c->items[slot]; sent[slot] says it went. */
 static void
+send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
+{
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_COMMIT;
+    q.a.commit.blob_id = dp_wire_s(pu->blob_id);
+    int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
+    if (rc != 0) {
+        pu->rc = rc;
+        pu->state = ST_FAILED;
+        send_abort_locked(c, pu, false);
+        return;
+    }
+    /* A failed send leaves its code in the item: the reply loop reports it. */
+    dp_ctl_send(c->ctl, &c->items[slot]);
+    sent[slot] = true;
+}
+
+typedef struct write_ctx {
+    dp_client *c;
+    put_unit *pus;
+    const uint32_t *slot_pu;
+    bool *sent;
+} write_ctx;
+
+/*
+ * A unit's WRITE is done: its commit goes out now, so that the unit publishes
+ * while the other units' WRITEs run (on one host those are memcpys done one
+ * after the other by this thread).
+ */
+static void
+write_done(void *ctx, size_t slot, int rc)
+{
+    write_ctx *w = ctx;
+    if (rc != 0)
+        return;
+    put_unit *pu = &w->pus[w->slot_pu[slot]];
+    if (dp__client_test_hook != NULL)
+        dp__client_test_hook("put:written");
+    pu->state = ST_COMMIT;
+    send_commit_locked(w->c, pu, slot, w->sent);
+}
+
+/*
+ * WRITE every blob in ST_WRITE at once; each commit is sent as soon as its
+ * WRITE is done (sent[slot], slots as slot_pu), for commit_phase_locked to
+ * wait for. Returns the number of slots.
+ */
+static size_t
 write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
-                   int *results, uint32_t *slot_pu, const dp_range *local,
+                   int *results, uint32_t *slot_pu, bool *sent, const dp_range *local,
                    const dp_range *remote, double deadline)
 {
     size_t nops = 0;
@@ -284,10 +335,11 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         ops[nops] =
             (dp_xfer_desc){DP_XFER_WRITE,   local + pu->r0, pu->nr,
                            remote + pu->r0, pu->nr,         c->units[pu->u].remote};
+        sent[nops] = false;
         slot_pu[nops++] = (uint32_t)i;
     }
     if (nops == 0)
-        return;
+        return 0;
     double left = dp__client_left(deadline);
     if (!(left > 0)) {
         for (size_t s = 0; s < nops; s++) {
@@ -296,16 +348,16 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
                     pu->blob_id);
             send_abort_locked(c, pu, false);
         }
-        return;
+        return nops;
     }
     dp_detail *dets = calloc(nops, sizeof *dets);
-    dp_endpoint_transfer_many(c->ep, ops, nops, left, results, dets, NULL);
+    write_ctx w = {c, pus, slot_pu, sent};
+    dp_endpoint_transfer_many_cb(c->ep, ops, nops, left, results, dets, write_done, &w,
+                                 NULL);
     for (size_t s = 0; s < nops; s++) {
         put_unit *pu = &pus[slot_pu[s]];
-        if (results[s] == 0) {
-            pu->state = ST_COMMIT;
-            continue;
-        }
+        if (results[s] == 0)
+            continue; /* committing (or failed to send it) since write_done */
         if (dets != NULL)
             pu->det = dets[s];
         else
@@ -319,41 +371,44 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
                     pu->blob_id, pu->lay.total_len);
     }
     free(dets);
+    return nops;
 }
 
-/* commit every blob in ST_COMMIT at once, polling "pending" and busy ones. */
+/*
+ * Wait for the commits of every blob in ST_COMMIT, asking again while one is
+ * "pending" (spill) or busy. The first round's commits went out from
+ * write_done: slots [0, ns) as slot_pu, those with sent[slot].
+ */
 static void
 commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
-                    double deadline)
+                    bool *sent, size_t ns, double deadline)
 {
     double step = 0.002;
-    for (;;) {
-        size_t ns = 0;
-        for (size_t i = 0; i < npu; i++) {
-            put_unit *pu = &pus[i];
-            if (pu->state != ST_COMMIT)
-                continue;
-            dp_wire_request q;
-            memset(&q, 0, sizeof q);
-            q.op = DP_WIRE_OP_COMMIT;
-            q.a.commit.blob_id = dp_wire_s(pu->blob_id);
-            int rc = dp__client_prepare_locked(c, pu->u, ns, &q, &pu->det);
-            if (rc != 0) {
-                pu->rc = rc;
-                pu->state = ST_FAILED;
-                send_abort_locked(c, pu, false);
-                continue;
+    for (bool first = true;; first = false) {
+        if (!first) {
+            ns = 0;
+            for (size_t i = 0; i < npu; i++) {
+                if (pus[i].state != ST_COMMIT)
+                    continue;
+                slot_pu[ns] = (uint32_t)i;
+                sent[ns] = false;
+                send_commit_locked(c, &pus[i], ns, sent);
+                ns++;
             }
-            slot_pu[ns++] = (uint32_t)i;
         }
-        if (ns == 0)
+        size_t nsent = 0;
+        for (size_t s = 0; s < ns; s++)
+            nsent += sent[s];
+        if (nsent == 0)
             return;
         /* Give a commit a moment (50 ms) even when the budget is spent: its WRITE is
          * done. */
         double left = DP_MAX(dp__client_left(deadline), 0.05);
-        dp_ctl_call_many(c->ctl, c->items, ns, left);
+        dp_ctl_wait_many(c->ctl, c->items, ns, left);
         bool again = false;
         for (size_t s = 0; s < ns; s++) {
+            if (!sent[s])
+                continue;
             put_unit *pu = &pus[slot_pu[s]];
             dp_ctl_item *it = &c->items[s];
             if (it->rc != 0) {
@@ -479,12 +534,13 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
     uint32_t *slot_pu = malloc(N * sizeof *slot_pu);
     dp_xfer_desc *ops = malloc(N * sizeof *ops);
     int *results = malloc(N * sizeof *results);
+    bool *sent = calloc(N, sizeof *sent);
     uint32_t *pos = calloc(N, sizeof *pos);
     dp__buf *stage = NULL;
     size_t npu = 0;
     if (cnt == NULL || order == NULL || pus == NULL || ent_val == NULL || local == NULL ||
         remote == NULL || slot_pu == NULL || ops == NULL || results == NULL ||
-        pos == NULL) {
+        sent == NULL || pos == NULL) {
         rc = dp_fail(d, DP_ENOMEM, "put: out of memory");
         goto out;
     }
@@ -599,10 +655,9 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         for (size_t k = pu->r0 + 1; k < pu->r0 + pu->nr; k++)
             remote[k] = (dp_range){rbase + remote[k].nbytes, local[k].nbytes};
     }
-    write_phase_locked(c, pus, npu, ops, results, slot_pu, local, remote, deadline);
-    if (dp__client_test_hook != NULL)
-        dp__client_test_hook("put:written");
-    commit_phase_locked(c, pus, npu, slot_pu, deadline);
+    size_t nw = write_phase_locked(c, pus, npu, ops, results, slot_pu, sent, local,
+                                   remote, deadline);
+    commit_phase_locked(c, pus, npu, slot_pu, sent, nw, deadline);
 
     bool failed = false;
     for (size_t i = 0; i < npu; i++) {
@@ -637,6 +692,7 @@ out:
     free(slot_pu);
     free(ops);
     free(results);
+    free(sent);
     free(pos);
     return rc;
 }
