@@ -518,6 +518,12 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
         rc = dp_fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
         goto fail;
     }
+    /* Every key and dtype is a string of the index: the index's length bounds
+     * them all, so the string arena is sized once and never grows. */
+    if (dp_buf_reserve(&strs, (size_t)h->index_len + 2 * (size_t)n) != DP_OK) {
+        rc = dp_fail(d, DP_ENOMEM, "blob: no memory for the index strings");
+        goto fail;
+    }
     struct raw_entry e;
     for (uint32_t i = 0; i < n; i++) {
         rc = parse_entry(&r, i, h, &e, d);
@@ -537,14 +543,18 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
             goto fail;
         }
         dp_blob_entry *o = &b->entries[i];
+        DP_ASSERT(strs.cap - strs.len >= (size_t)e.key_len + e.dtype_len + 2);
         at[i].key = strs.len;
-        dp_buf_append(&strs, e.key, e.key_len);
-        dp_buf_append(&strs, "", 1);
+        memcpy(strs.data + strs.len, e.key, e.key_len);
+        strs.data[strs.len + e.key_len] = '\0';
+        strs.len += (size_t)e.key_len + 1;
         at[i].dtype = strs.len;
-        dp_buf_append(&strs, e.dtype, e.dtype_len);
-        dp_buf_append(&strs, "", 1);
+        memcpy(strs.data + strs.len, e.dtype, e.dtype_len);
+        strs.data[strs.len + e.dtype_len] = '\0';
+        strs.len += (size_t)e.dtype_len + 1;
         at[i].dims = dims.len / sizeof(uint64_t);
-        dp_buf_append(&dims, e.dims, e.ndim * sizeof(uint64_t));
+        if (e.ndim > 0)
+            dp_buf_append(&dims, e.dims, e.ndim * sizeof(uint64_t));
         o->key_len = e.key_len;
         o->gidx = e.kp.gidx;
         o->field_len = (uint32_t)e.kp.field_len;

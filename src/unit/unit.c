@@ -215,6 +215,7 @@ typedef struct slot {
 
 typedef struct row {
     dp_map fields; /* field -> slot* */
+    uint64_t gidx;
 } row;
 
 enum { JOB_SPILL = 1, JOB_STAGE = 2 };
@@ -1544,26 +1545,36 @@ static int
 publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_detail *d)
 {
     const dp_blob *pb = b->parsed;
-    uint32_t n = dp_blob_count(pb), i, kept = 0;
+    uint32_t n = dp_blob_count(pb), i = 0, kept = 0;
+    /* Each entry's slot, found once (a row's fields are usually adjacent). */
+    slot **slots = malloc((size_t)n * sizeof *slots);
+    if (slots == NULL)
+        return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published",
+                       b->id);
+    row *r = NULL;
     /* Pass 1: every row and slot exists (the only step that allocates). */
     for (i = 0; i < n; i++) {
+        slots[i] = NULL;
         if (keep != NULL && !keep[i])
             continue;
         kept++;
         const dp_blob_entry *e = dp_blob_entry_at(pb, i);
-        row *r = dp_map_get_u64(&u->rows, e->gidx);
+        if (r == NULL || r->gidx != e->gidx)
+            r = dp_map_get_u64(&u->rows, e->gidx);
         if (r == NULL) {
             r = calloc(1, sizeof *r);
             if (r == NULL)
                 goto nomem;
             dp_map_init_str(&r->fields);
+            r->gidx = e->gidx;
             if (dp_map_put_u64(&u->rows, e->gidx, r, NULL) != 0) {
                 row_free(r);
                 goto nomem;
             }
         }
-        if (dp_map_get(&r->fields, e->field, e->field_len) == NULL) {
-            slot *s = calloc(1, sizeof *s);
+        slot *s = dp_map_get(&r->fields, e->field, e->field_len);
+        if (s == NULL) {
+            s = calloc(1, sizeof *s);
             if (s == NULL ||
                 dp_map_put(&r->fields, e->field, e->field_len, s, NULL) != 0) {
                 free(s);
@@ -1574,6 +1585,7 @@ publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_deta
                 goto nomem;
             }
         }
+        slots[i] = s;
     }
     /* Pass 2: publish, cannot fail. */
     b->published = true;
@@ -1582,11 +1594,9 @@ publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_deta
     u->n_published++;
     u->n_commit++;
     for (i = 0; i < n; i++) {
-        if (keep != NULL && !keep[i])
+        slot *s = slots[i];
+        if (s == NULL)
             continue;
-        const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
-        row *r = dp_map_get_u64(&u->rows, e->gidx);
-        slot *s = dp_map_get(&r->fields, e->field, e->field_len);
         blob_rec *old = s->b;
         s->b = b;
         s->i = i;
@@ -1595,8 +1605,10 @@ publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_deta
         else
             u->n_entries++;
     }
+    free(slots);
     return 0;
 nomem:
+    free(slots);
     publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
     return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
 }

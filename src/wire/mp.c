@@ -265,6 +265,20 @@ dp_mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d)
 int
 dp_mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
 {
+    /* Fast paths for what blob indexes and requests carry most: positive
+     * fixint and uint 8..64 (builders patch offsets in as uint 64). */
+    if (r->p < r->end && *r->p <= 0x7f) {
+        *v = *r->p++;
+        return DP_OK;
+    }
+    if (r->p < r->end && *r->p >= 0xcc && *r->p <= 0xcf) { /* uint 8..64 */
+        unsigned w = 1u << (*r->p - 0xcc);
+        if ((size_t)(r->end - r->p) > w) {
+            *v = be(r->p + 1, w);
+            r->p += 1 + w;
+            return DP_OK;
+        }
+    }
     dp_mp_type t = dp_mp_peek(r);
     if (t != DP_MP_UINT && t != DP_MP_INT)
         return mismatch(r, "unsigned integer", what, d);
@@ -350,6 +364,16 @@ int
 dp_mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what,
                dp_detail *d)
 {
+    /* Fast path: fixstr (keys, kinds, dtypes, ids). */
+    if (r->p < r->end && (*r->p & 0xe0) == 0xa0) {
+        uint32_t n = *r->p & 0x1f;
+        if ((size_t)(r->end - r->p) - 1 >= n) {
+            *s = (const char *)r->p + 1;
+            *len = n;
+            r->p += 1 + n;
+            return DP_OK;
+        }
+    }
     const uint8_t *p;
     int rc = read_bytes(r, DP_MP_STR, &p, len, what, d);
     if (rc == DP_OK)
@@ -388,6 +412,15 @@ read_container(dp_mp_reader *r, dp_mp_type want, uint32_t *n, const char *what,
 int
 dp_mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
 {
+    /* Fast path: fixarray whose elements (a byte each at least) fit. */
+    if (r->p < r->end && (*r->p & 0xf0) == 0x90) {
+        uint32_t k = *r->p & 0x0f;
+        if ((size_t)(r->end - r->p) - 1 >= k) {
+            *n = k;
+            r->p++;
+            return DP_OK;
+        }
+    }
     return read_container(r, DP_MP_ARRAY, n, what, d);
 }
 
