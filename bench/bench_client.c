@@ -12,7 +12,8 @@
  * into it) and values in plain malloc memory (one extra copy through the
  * client's staging buffer).
  *
- *   bench_client [--units N] [--reps R] [--slab-mib M]
+ *   bench_client [--units N] [--reps R] [--slab-mib M] [--shape large|small]
+ *                [--memory registered|malloc]
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -248,10 +249,18 @@ main(int argc, char **argv)
     uint32_t n_units = 2;
     int reps = 21;
     uint64_t slab_mib = 256;
+    const char *only_shape = NULL, *only_mem = NULL;
     static const struct option lo[] = {{"units", required_argument, NULL, 'u'},
                                        {"reps", required_argument, NULL, 'r'},
                                        {"slab-mib", required_argument, NULL, 's'},
+                                       {"shape", required_argument, NULL, 'S'},
+                                       {"memory", required_argument, NULL, 'm'},
+                                       {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
+    static const char usage[] =
+        "usage: bench_client [--units N (1-8, 2)] [--reps R (>= 3, 21)]\n"
+        "                    [--slab-mib M (256)] [--shape large|small (both)]\n"
+        "                    [--memory registered|malloc (both)]\n";
     int ch;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         if (ch == 'u')
@@ -260,11 +269,26 @@ main(int argc, char **argv)
             reps = atoi(optarg);
         else if (ch == 's')
             slab_mib = strtoull(optarg, NULL, 10);
-        else
+        else if (ch == 'S')
+            only_shape = optarg;
+        else if (ch == 'm')
+            only_mem = optarg;
+        else if (ch == 'h') {
+            fputs(usage, stdout);
+            return 0;
+        } else {
+            fputs(usage, stderr);
             return 2;
+        }
     }
-    if (n_units < 1 || n_units > 8 || reps < 3)
+    if (n_units < 1 || n_units > 8 || reps < 3 ||
+        (only_shape != NULL && strcmp(only_shape, "large") != 0 &&
+         strcmp(only_shape, "small") != 0) ||
+        (only_mem != NULL && strcmp(only_mem, "registered") != 0 &&
+         strcmp(only_mem, "malloc") != 0)) {
+        fputs(usage, stderr);
         return 2;
+    }
     char addr[8][128];
     const char *addrs[8];
     pid_t pids[8];
@@ -289,11 +313,15 @@ main(int argc, char **argv)
     memset(mc_src, 1, mc_span);
     memset(mc_dst, 2, mc_span);
     for (size_t k = 0; k < DP_ARRAY_LEN(shapes); k++) {
+        if (only_shape != NULL && strcmp(only_shape, shapes[k].name) != 0)
+            continue;
         printf("%s: %zu rows x %zu fields x %zu B = %.1f MiB per batch\n", shapes[k].name,
                shapes[k].rows, shapes[k].fields, shapes[k].bytes,
                (double)(shapes[k].rows * shapes[k].fields * shapes[k].bytes) / (1 << 20));
-        run_shape(c, &shapes[k], true, reps);
-        run_shape(c, &shapes[k], false, reps);
+        if (only_mem == NULL || strcmp(only_mem, "registered") == 0)
+            run_shape(c, &shapes[k], true, reps);
+        if (only_mem == NULL || strcmp(only_mem, "malloc") == 0)
+            run_shape(c, &shapes[k], false, reps);
     }
     free(mc_src);
     free(mc_dst);
