@@ -468,6 +468,49 @@ DP_TEST(builder_rejects_bad_entries)
     dp_blob_builder_destroy(bb);
 }
 
+/*
+ * A builder that trusts its keys skips the key checks and the duplicate
+ * search; a broken promise still cannot get past the parser (what a unit
+ * runs at commit).
+ */
+DP_TEST(trusted_builder_is_still_checked_by_the_parser)
+{
+    dp_blob_builder *bb;
+    dp_detail d;
+    CHECK_OK(dp_blob_builder_create(0, &bb, &d));
+    dp_blob_builder_trust_keys(bb, true);
+    char key[DP_KEY_MAX + 1];
+    size_t kl = dp_key_format(7, "obs", 3, key);
+    dp_blob_entry_spec s = {.key = key, .key_len = kl, .kind = DP_BLOB_BYTES, .len = 10};
+    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d));
+    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d)); /* the same key: not looked for */
+    dp_blob_layout l;
+    CHECK_OK(dp_blob_builder_layout(bb, &l, &d));
+    uint8_t *img = calloc(1, l.total_len);
+    CHECK(img != NULL);
+    CHECK_OK(dp_blob_builder_write(bb, img, l.total_len, &d));
+    dp_blob *pb = NULL;
+    CHECK_ERR(dp_blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
+    CHECK_CONTAINS(d.msg, "key '7@obs' appears twice");
+    free(img);
+    /* A malformed key is not split either; the parser refuses it. */
+    dp_blob_builder_reset(bb);
+    s.key = "07@obs";
+    s.key_len = 6;
+    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d));
+    CHECK_OK(dp_blob_builder_layout(bb, &l, &d));
+    img = calloc(1, l.total_len);
+    CHECK(img != NULL);
+    CHECK_OK(dp_blob_builder_write(bb, img, l.total_len, &d));
+    CHECK_ERR(dp_blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
+    CHECK_CONTAINS(d.msg, "leading zero");
+    free(img);
+    /* Untrusted again: the builder checks. */
+    dp_blob_builder_trust_keys(bb, false);
+    CHECK_ERR(dp_blob_builder_add(bb, &s, NULL, &d), DP_EINVAL);
+    dp_blob_builder_destroy(bb);
+}
+
 DP_TEST(kind_names)
 {
     dp_blob_kind k;

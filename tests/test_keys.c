@@ -97,6 +97,11 @@ DP_TEST(good_keys_split)
             &d);
         CHECK_EQ(n, strlen(g->key));
         CHECK_STR(buf, g->key);
+        /* format (unchecked) spells it the same */
+        char buf2[DP_KEY_MAX + 1];
+        memset(buf2, 'x', sizeof buf2);
+        CHECK_EQ(dp_key_format(g->gidx, g->field, strlen(g->field), buf2), n);
+        CHECK_STR(buf2, g->key);
     }
 }
 

@@ -701,6 +701,7 @@ struct bentry {
 
 struct dp_blob_builder {
     uint32_t flags;
+    bool keys_trusted;
     struct bentry *e;
     uint32_t n, cap;
     dp_buf strs;
@@ -740,6 +741,12 @@ dp_blob_builder_destroy(dp_blob_builder *b)
 }
 
 void
+dp_blob_builder_trust_keys(dp_blob_builder *b, bool trusted)
+{
+    b->keys_trusted = trusted;
+}
+
+void
 dp_blob_builder_reset(dp_blob_builder *b)
 {
     b->n = 0;
@@ -763,11 +770,13 @@ dp_blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *s, uint32_t *i
     if (s->key == NULL)
         return dp_fail(d, DP_EINVAL, "blob builder: key is NULL");
     size_t key_len = s->key_len != 0 ? s->key_len : strlen(s->key);
-    dp_key_parts kp;
-    int rc = dp_key_split(s->key, key_len, &kp, d);
-    if (rc != DP_OK)
-        return rc;
-        /* The quoted key, made only on an error path (this runs per entry). */
+    if (!b->keys_trusted) {
+        dp_key_parts kp;
+        int rc = dp_key_split(s->key, key_len, &kp, d);
+        if (rc != DP_OK)
+            return rc;
+    }
+    /* The quoted key, made only on an error path (this runs per entry). */
 #define qk dp__quote_bytes(s->key, key_len, 60, q, sizeof q)
     if ((unsigned)s->kind >= DP_ARRAY_LEN(kind_names))
         return dp_fail(d, DP_EINVAL, "blob entry '%s': unknown kind %d", qk,
@@ -892,9 +901,11 @@ dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
     b->laid_out = false;
     if (b->n == 0)
         return dp_fail(d, DP_EINVAL, "blob builder: a blob needs at least one entry");
-    int rc = check_duplicates(b, d);
-    if (rc != DP_OK)
-        return rc;
+    if (!b->keys_trusted) {
+        int rc = check_duplicates(b, d);
+        if (rc != DP_OK)
+            return rc;
+    }
 
     static const uint8_t off_placeholder[9] = {0xcf};
     static const uint8_t crc_placeholder[5] = {0xce};

@@ -190,6 +190,24 @@ dp_gidx_parse(const char *s, size_t len, uint64_t *out, dp_detail *d)
                    why);
 }
 
+size_t
+dp_key_format(uint64_t gidx, const char *field, size_t field_len, char *out)
+{
+    /* Decimal digits, last first (snprintf costs more than the rest of a put's
+     * per-entry work). */
+    char digits[DP_GIDX_MAX_DIGITS];
+    size_t nd = 0;
+    do {
+        digits[sizeof digits - ++nd] = (char)('0' + gidx % 10);
+        gidx /= 10;
+    } while (gidx != 0);
+    memcpy(out, digits + sizeof digits - nd, nd);
+    out[nd] = '@';
+    memcpy(out + nd + 1, field, field_len);
+    out[nd + 1 + field_len] = '\0';
+    return nd + 1 + field_len;
+}
+
 int
 dp_key_make(uint64_t gidx, const char *field, size_t field_len, char *out, size_t cap,
             size_t *key_len, dp_detail *d)
@@ -199,22 +217,14 @@ dp_key_make(uint64_t gidx, const char *field, size_t field_len, char *out, size_
     int rc = dp_field_check(field, field_len, d);
     if (rc != DP_OK)
         return rc;
-    /* Decimal digits, last first (snprintf costs more than the rest of a put's
-     * per-entry work). */
-    char digits[DP_GIDX_MAX_DIGITS];
-    size_t nd = 0;
-    do {
-        digits[sizeof digits - ++nd] = (char)('0' + gidx % 10);
-        gidx /= 10;
-    } while (gidx != 0);
+    size_t nd = 1;
+    for (uint64_t g = gidx; g >= 10; g /= 10)
+        nd++;
     size_t need = nd + 1 + field_len;
     if (out == NULL || cap < need + 1)
         return dp_fail(d, DP_EINVAL, "key buffer of %zu bytes is too small for %zu bytes",
                        out == NULL ? (size_t)0 : cap, need + 1);
-    memcpy(out, digits + sizeof digits - nd, nd);
-    out[nd] = '@';
-    memcpy(out + nd + 1, field, field_len);
-    out[need] = '\0';
+    dp_key_format(gidx, field, field_len, out);
     if (key_len != NULL)
         *key_len = need;
     return DP_OK;

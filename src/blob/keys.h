@@ -71,6 +71,13 @@ int dp_key_make(uint64_t gidx, const char *field, size_t field_len, char *out, s
                 size_t *key_len, dp_detail *d);
 
 /*
+ * dp_key_make without the checks, for a caller that checked the field once
+ * (dp_field_check) and makes many keys from it: out needs DP_KEY_MAX + 1
+ * bytes. Returns the key's length.
+ */
+size_t dp_key_format(uint64_t gidx, const char *field, size_t field_len, char *out);
+
+/*
  * Split key[0..len) into gidx and field. key need not be NUL-terminated; on
  * success parts->field points into key. Returns DP_EINVAL with a detail such
  * as "key '12x@a': gidx is not a decimal number".

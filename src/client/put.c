@@ -140,14 +140,17 @@ check_unique_rows(const uint64_t *gidxs, size_t n, dp_detail *d)
 /* Build unit pu's blob index from its rows (order[0..n_rows)). */
 static int
 build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
-                  const uint64_t *gidxs, const char *const *fields, size_t n_fields,
-                  const dp_value *values, const dp_value **ent_val, dp_detail *d)
+                  const uint64_t *gidxs, const char *const *fields, const size_t *flen,
+                  size_t n_fields, const dp_value *values, const dp_value **ent_val,
+                  dp_detail *d)
 {
     dp_blob_builder *b = c->builders[pu->u];
     if (b == NULL) {
         int rc = dp_blob_builder_create(c->o.crc ? DP_BLOB_FLAG_CRC : 0, &b, d);
         if (rc != 0)
             return rc;
+        /* Keys come from dp_key_format over checked fields and unique rows. */
+        dp_blob_builder_trust_keys(b, true);
         c->builders[pu->u] = b;
     }
     dp_blob_builder_reset(b);
@@ -159,11 +162,7 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
             const dp_value *v = &values[(size_t)r * n_fields + f];
             if (v->kind == DP_KIND_SKIP)
                 continue;
-            size_t klen = 0;
-            int rc = dp_key_make(gidxs[r], fields[f], strlen(fields[f]), key, sizeof key,
-                                 &klen, d);
-            if (rc != 0)
-                return rc;
+            size_t klen = dp_key_format(gidxs[r], fields[f], flen[f], key);
             dp_blob_entry_spec s;
             memset(&s, 0, sizeof s);
             s.key = key;
@@ -177,7 +176,7 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
                 s.has_crc = true;
                 s.crc = v->nbytes > 0 ? dp_crc32c(v->data, v->nbytes) : 0;
             }
-            rc = dp_blob_builder_add(b, &s, NULL, d);
+            int rc = dp_blob_builder_add(b, &s, NULL, d);
             if (rc != 0)
                 return dp_fail_ctx(d, rc, "put: row %" PRIu64 " field '%s'", gidxs[r],
                                    fields[f]);
@@ -536,15 +535,18 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
     int *results = malloc(N * sizeof *results);
     bool *sent = calloc(N, sizeof *sent);
     uint32_t *pos = calloc(N, sizeof *pos);
+    size_t *flen = malloc(n_fields * sizeof *flen);
     dp__buf *stage = NULL;
     size_t npu = 0;
     if (cnt == NULL || order == NULL || pus == NULL || ent_val == NULL || local == NULL ||
         remote == NULL || slot_pu == NULL || ops == NULL || results == NULL ||
-        sent == NULL || pos == NULL) {
+        sent == NULL || pos == NULL || flen == NULL) {
         rc = dp_fail(d, DP_ENOMEM, "put: out of memory");
         goto out;
     }
 
+    for (size_t f = 0; f < n_fields; f++)
+        flen[f] = strlen(fields[f]); /* checked by check_args */
     /* Group rows by unit (counting sort, stable). */
     for (size_t r = 0; r < n_rows; r++)
         cnt[gidxs[r] % N + 1]++;
@@ -564,8 +566,8 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         pu->u = u;
         pu->n_rows = cnt[u + 1] - cnt[u];
         pu->ent0 = (uint32_t)n_ent;
-        rc = build_unit_locked(c, pu, order + cnt[u], gidxs, fields, n_fields, values,
-                               ent_val, d);
+        rc = build_unit_locked(c, pu, order + cnt[u], gidxs, fields, flen, n_fields,
+                               values, ent_val, d);
         if (rc != 0)
             goto out;
         if (pu->n_ent == 0)
@@ -694,5 +696,6 @@ out:
     free(results);
     free(sent);
     free(pos);
+    free(flen);
     return rc;
 }
