@@ -18,8 +18,9 @@
 #
 #   bench/compare.sh [BUILD_DIR]
 #
-# Environment: ITERS (dataplane bench iterations, 30), REPS (perftest and
-# memcpy repetitions, 3), SLAB (per unit, 1G), UCX_TLS etc. pass through.
+# Environment: ITERS (dataplane bench iterations per round, 30), REPS (rounds
+# of ours and memcpy taking turns, and perftest repetitions, 3), SLAB (per
+# unit, 1G), UCX_TLS etc. pass through.
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -70,13 +71,17 @@ export DP_CLUSTER="$TMP/cluster/cluster.json"
 # ---- the shapes: name rows fields bytes ----
 SHAPES=("large 64 1 1048576" "small 1024 4 4096")
 
+# Ours and memcpy take turns, REPS rounds each, and the table takes the median
+# round of each: on a shared machine both then see the same load.
 for shape in "${SHAPES[@]}"; do
     read -r name rows fields bytes <<<"$shape"
-    echo "### $name rows: dataplane bench --rows $rows --fields $fields --bytes $bytes"
-    "$CLI" bench --rows "$rows" --fields "$fields" --bytes "$bytes" --iters "$ITERS" \
-        --warmup 3 | tee "$TMP/ours.$name"
-    echo "### $name rows: memcpy of $bytes-byte pieces"
-    "$MEMCPY" --size "$bytes" --reps "$((REPS * 2 + 1))" | tee "$TMP/memcpy.$name"
+    for ((k = 1; k <= REPS; k++)); do
+        echo "### $name rows, round $k of $REPS: dataplane bench --rows $rows --fields $fields --bytes $bytes"
+        "$CLI" bench --rows "$rows" --fields "$fields" --bytes "$bytes" --iters "$ITERS" \
+            --warmup 3 | tee "$TMP/ours.$name.$k"
+        echo "### $name rows, round $k of $REPS: memcpy of $bytes-byte pieces"
+        "$MEMCPY" --size "$bytes" --reps 3 | tee "$TMP/memcpy.$name.$k"
+    done
 done
 
 # ---- ucx_perftest (MB/s printed are MiB/s) ----
@@ -147,9 +152,9 @@ printf '%-6s %-22s | %7s %7s | %7s | %7s %7s | %7s %7s | %8s %8s | %8s %8s | %8s
     "put/mcp" "get/mcp" "put/pf" "get/pf" "put/rd" "get/rd"
 for shape in "${SHAPES[@]}"; do
     read -r name rows fields bytes <<<"$shape"
-    put=$(result "$TMP/ours.$name" put_GBps)
-    get=$(result "$TMP/ours.$name" get_GBps)
-    mcp=$(result "$TMP/memcpy.$name" GBps)
+    put=$(for f in "$TMP/ours.$name".*; do result "$f" put_GBps; done | median)
+    get=$(for f in "$TMP/ours.$name".*; do result "$f" get_GBps; done | median)
+    mcp=$(for f in "$TMP/memcpy.$name".*; do result "$f" GBps; done | median)
     pfp=nan pfg=nan rds=nan rdg=nan
     if [[ -f "$TMP/pf.$name" ]]; then
         read -r a b <"$TMP/pf.$name"
@@ -174,7 +179,8 @@ done
 echo
 echo "targets: large rows put and get >= 0.80 x memcpy; small rows >= 0.50 x memcpy;"
 echo "         >= 2 x Redis at 1 MiB (put/rd, get/rd of the large shape)."
-echo "ours: a put or get of one whole batch (rows x fields values), per batch; memcpy:"
+echo "ours: a put or get of one whole batch (rows x fields values), median of $REPS rounds"
+echo "taking turns with memcpy; memcpy:"
 echo "single thread, pieces of the value size through 2 x 512 MiB (DRAM to DRAM);"
 echo "pf: ucx_perftest, one message of that size at a time (-o), MiB/s converted; it"
 echo "reuses one message-sized buffer, so its data stays in the caches: an upper bound"
