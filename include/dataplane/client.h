@@ -11,7 +11,8 @@
  * out of the units' slabs, and talks to the units only for small control
  * messages:
  *   put:   one blob per unit; alloc on every unit at once, one WRITE per unit
- *          (all posted before any is waited for), commit on every unit at once;
+ *          (all posted before any is waited for), each unit's commit sent as
+ *          soon as its own WRITE is done;
  *   get:   resolve_keys on every unit at once, one READ of every value
  *          straight into its destination within the pins' lifetime, unpin;
  *   clear: release_rows on the owning units.
@@ -243,7 +244,8 @@ DP_API int dp_client_deregister(dp_client *c, void *addr, dp_detail *d);
  * value is overwritten; readers see the old or the new value, never a mix.
  *
  * One blob per unit: alloc on every unit at once, WRITE every blob at once,
- * commit on every unit at once ("pending": polled). Busy units are retried
+ * each unit's commit sent when its own WRITE is done, the replies awaited
+ * together ("pending": polled). Busy units are retried
  * with backoff within opts.timeout_s. A unit whose WRITE failed gets an abort
  * (its region is retired by the unit).
  *
