@@ -1648,6 +1648,102 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
     rm_dir(dir);
 }
 
+/*
+ * Commit a big spill of rows [g0, g0 + 4000) as id and clear its rows at once,
+ * while its io job writes the file (tens of ms). True if the job then found
+ * nothing left to publish (superseded); false if it won the race.
+ */
+static bool
+spill_then_clear(dp_unit *u, const char *id, uint64_t g0)
+{
+    enum { N = 4000 };
+    uint64_t *g = malloc(N * sizeof *g);
+    CHECK(g != NULL);
+    for (uint64_t i = 0; i < N; i++)
+        g[i] = g0 + i;
+    tblob t = rows_blob(g, N, 1);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t off;
+    dp_wire_commit_state st;
+    uint64_t before = stats(u).spills_superseded;
+    CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL, &d),
+               &d);
+    memcpy(dp_unit_slab(u) + off, t.p, t.len);
+    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_PENDING);
+    dp_unit_release_rows(u, g, N);
+    wait_idle(u);
+    free(t.p);
+    free(g);
+    return stats(u).spills_superseded == before + 1;
+}
+
+/*
+ * A spill whose rows were all cleared (or overwritten) before its io job
+ * ended publishes nothing, and its commit answers "done" (it landed and was
+ * replaced), not "lost", for as long as a client may still ask (the lease,
+ * 60 s here); then the id is forgotten. An id allocated again names the new
+ * blob.
+ */
+DP_TEST(superseded_spill_commit_answers_done)
+{
+    char *dir = mk_dir();
+    dp_unit_opts o;
+    dp_unit_opts_init(&o);
+    o.slab_bytes = 64 << 10;
+    o.alloc_lease_s = 60;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.ssd_dir = dir;
+    o.staging_bytes = 256 << 20;
+    o.io_threads = 1;
+    o.now = lease_now;
+    dp_unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    dp_wire_commit_state st;
+    char id[32] = "";
+    bool sup = false;
+    for (int a = 0; a < 3 && !sup; a++) { /* the io job may win the race: try again */
+        snprintf(id, sizeof id, "x%d", a);
+        sup = spill_then_clear(u, id, (uint64_t)a * 10000);
+    }
+    CHECK(sup);
+    CHECK_EQ(stats(u).entries, 0); /* the clears stand */
+    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    CHECK_OK_D(dp_unit_commit(u, "never", 5, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+    atomic_store(&lease_clock, atomic_load(&lease_clock) + 30);
+    dp_unit_tick(u);
+    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    atomic_store(&lease_clock, atomic_load(&lease_clock) + 31);
+    dp_unit_tick(u);
+    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+
+    /* The id allocated again names the new (unwritten) blob, not the old spill. */
+    sup = false;
+    for (int a = 0; a < 3 && !sup; a++) {
+        snprintf(id, sizeof id, "y%d", a);
+        sup = spill_then_clear(u, id, 100000 + (uint64_t)a * 10000);
+    }
+    CHECK(sup);
+    uint64_t off;
+    CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), 4096, 1, false, &off, NULL, &d),
+               &d);
+    memset(dp_unit_slab(u) + off, 0, 4096);
+    CHECK_ERR(dp_unit_commit(u, id, strlen(id), &st, &d), DP_EPROTO);
+    dp_unit_abort(u, id, strlen(id), false);
+    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+    check_unit(u);
+    dp_unit_destroy(u);
+    rm_dir(dir);
+}
+
 /* A checkpoint path naming a FIFO is refused at once, never blocks the unit. */
 DP_TEST(load_refuses_a_fifo)
 {

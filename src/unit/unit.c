@@ -71,7 +71,10 @@
  * when a spill's io job ends: a finished spill publishes only the keys whose
  * slot does not already point at a later commit, and not those a release
  * since its commit dropped (spill_keep, set by release_rows). A spill with no
- * key left is dropped (spills_superseded; its commit then answers "lost").
+ * key left is dropped (spills_superseded); its id is remembered for a while
+ * (superseded list, SUPERSEDED_KEEP_S or the lease if longer) so that its
+ * commit answers "done": it was ordered before what replaced it, as if it had
+ * landed and been overwritten at once.
  * A validated spill that found the io queue full waits on the pend list: the
  * ticker queues it as slots free, and the lease never retires it (its WRITE
  * is done).
@@ -220,6 +223,17 @@ typedef struct row {
 
 enum { JOB_SPILL = 1, JOB_STAGE = 2 };
 
+/* A spill whose keys were all replaced before its io job ended (see Order). */
+typedef struct superseded {
+    struct superseded *next;
+    double until;
+    bool gone; /* its id was allocated again: forgotten */
+    uint8_t id_len;
+    char id[DP_UNIT_ID_MAX + 1];
+} superseded;
+
+#define SUPERSEDED_KEEP_S 60.0
+
 typedef struct io_job {
     int kind;
     blob_rec *b;
@@ -274,6 +288,8 @@ struct dp_unit {
     uint64_t n_stages, stage_bytes, n_stages_failed, n_evictions;
     uint64_t ssd_report_sig;
     uint64_t resolving_epoch; /* set while a resolve starts a stage */
+    dp_map superseded;        /* id -> superseded*, also listed oldest first */
+    superseded *sup_head, *sup_tail;
     /* Checkpoints */
     struct hold_set *holds; /* running saves, each holding its snapshot */
     uint64_t n_clears;      /* release_rows calls that dropped something */
@@ -732,6 +748,42 @@ spill_keep_locked(dp_unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_de
     return DP_OK;
 }
 
+/* Remember b's id as superseded (its commit answers "done"); best effort. */
+static void
+superseded_add_locked(dp_unit *u, const blob_rec *b, double now)
+{
+    superseded *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return; /* the commit answers "lost": a false alarm, never a false "done" */
+    memcpy(x->id, b->id, b->id_len);
+    x->id_len = (uint8_t)b->id_len;
+    x->until = now + DP_MAX(SUPERSEDED_KEEP_S, u->o.alloc_lease_s);
+    if (dp_map_put(&u->superseded, x->id, x->id_len, x, NULL) != 0) {
+        free(x);
+        return;
+    }
+    if (u->sup_tail != NULL)
+        u->sup_tail->next = x;
+    else
+        u->sup_head = x;
+    u->sup_tail = x;
+}
+
+/* Forget superseded ids past their time. */
+static void
+superseded_expire_locked(dp_unit *u, double now)
+{
+    while (u->sup_head != NULL && (u->sup_head->gone || u->sup_head->until <= now)) {
+        superseded *x = u->sup_head;
+        u->sup_head = x->next;
+        if (u->sup_head == NULL)
+            u->sup_tail = NULL;
+        if (!x->gone)
+            dp_map_del(&u->superseded, x->id, x->id_len);
+        free(x);
+    }
+}
+
 /* A spill job ended (rc, fd): publish the disk blob or drop it. */
 static void
 spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
@@ -751,8 +803,10 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
         rc = spill_keep_locked(u, b, &keep, &kept, &pd);
         if (rc != 0)
             jd = &pd;
-        else if (kept == 0)
+        else if (kept == 0) {
             u->n_spills_superseded++; /* every key overwritten or released since */
+            superseded_add_locked(u, b, now);
+        }
     }
     if (rc == 0 && b->abort_req == 0 && keep != NULL) {
         b->disk = true; /* before publish: drop_locked counts disk blobs */
@@ -1117,6 +1171,7 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     dp_map_init_str(&u->blobs);
     dp_map_init_u64(&u->rows);
     dp_map_init_str(&u->pins);
+    dp_map_init_str(&u->superseded);
     dp_unit_numa_apply(u->o.numa, u->o.unit_id, u->numa_desc, sizeof u->numa_desc);
     int rc;
     if (u->o.ep != NULL) {
@@ -1252,6 +1307,11 @@ dp_unit_destroy(dp_unit *u)
     dp_map_fini(&u->rows);
     dp_map_fini(&u->blobs);
     dp_map_fini(&u->pins);
+    dp_map_fini(&u->superseded);
+    for (superseded *x = u->sup_head, *next; x != NULL; x = next) {
+        next = x->next;
+        free(x);
+    }
     dp_slab_alloc_destroy(u->alloc);
     if (u->slab != NULL) {
         if (u->o.ep != NULL)
@@ -1506,6 +1566,10 @@ dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nby
         u->pend_head = b;
     u->pend_tail = b;
     u->n_alloc++;
+    /* The id names a new blob now, not a superseded spill. */
+    superseded *x = dp_map_del(&u->superseded, b->id, b->id_len);
+    if (x != NULL)
+        x->gone = true;
     *off = o;
 out:
     pthread_mutex_unlock(&u->mu);
@@ -1626,6 +1690,10 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
     pthread_mutex_lock(&u->mu);
     double now = now_s(u);
     blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
+    if (b == NULL && dp_map_get(&u->superseded, blob_id, id_len) != NULL) {
+        *state = DP_WIRE_COMMIT_DONE; /* landed, and replaced before its spill ended */
+        goto out;
+    }
     if (b == NULL || b->abort_req != 0) {
         *state = DP_WIRE_COMMIT_LOST;
         goto out;
@@ -2241,6 +2309,7 @@ dp_unit_tick(dp_unit *u)
     dp_slab_alloc_sweep(u->alloc, now);
     if (u->io_alloc != NULL)
         dp_slab_alloc_sweep(u->io_alloc, now);
+    superseded_expire_locked(u, now);
     /* Every 30 s, one log line with the counters if anything changed. */
     char line[320], ssd_line[400];
     line[0] = '\0';
