@@ -108,6 +108,7 @@ typedef struct remote {
 typedef struct batch {
     int b_pending;         /* UCX requests not yet completed */
     ucs_status_t b_status; /* first error reported by UCX */
+    uint64_t b_done_ns;    /* when the last request completed, or the post did */
 } batch;
 
 struct dp_endpoint {
@@ -251,7 +252,8 @@ op_done_cb(void *request, ucs_status_t status, void *user_data)
     batch *b = user_data;
     if (status != UCS_OK && b->b_status == UCS_OK)
         b->b_status = status;
-    b->b_pending--;
+    if (--b->b_pending == 0)
+        b->b_done_ns = dp_now_ns();
     ucp_request_free(request);
 }
 
@@ -972,7 +974,8 @@ dp_endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out, dp_de
 typedef struct opstate {
     const dp_xfer_desc *o;
     remote *r;
-    batch *b; /* NULL until posted */
+    batch *b;          /* NULL until posted */
+    uint64_t deadline; /* dp_now_ns() clock */
     uint64_t fail_deadline;
     int rc;
     bool posted, finished;
@@ -1131,6 +1134,8 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
         else if (sp != NULL)
             b->b_pending++;
     }
+    if (b->b_pending == 0)
+        b->b_done_ns = dp_now_ns(); /* done at its post (memcpy, inline completions) */
 }
 
 /* End op s: DONE (batch freed) or retained (batch handed to the graveyard). */
@@ -1144,7 +1149,18 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     r->r_busy--;
     busy_locked(ep, o, -1);
     if (b->b_pending == 0) {
-        if (b->b_status == UCS_OK) {
+        if (b->b_status == UCS_OK && b->b_done_ns > s->deadline) {
+            /*
+             * Done, but only after the deadline (a long post, or seen late
+             * between two looks): the caller's deadline may guard something (a
+             * READ within a pin's life), so it is not reported as done in time.
+             */
+            s->rc = dp_fail(det, DP_ETIMEDOUT,
+                            "%s of %zu ranges to %s ended %.3f ms after its deadline",
+                            op_name(o->op), o->n_local, r->r_name,
+                            (double)(b->b_done_ns - s->deadline) / 1e6);
+            ep->st.transfers_failed++;
+        } else if (b->b_status == UCS_OK) {
             s->rc = DP_OK;
             ep->st.transfers_ok++;
         } else {
@@ -1216,6 +1232,7 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
         rc = dp_graveyard_check(&vd);
     for (size_t i = 0; rc == DP_OK && i < n_ops; i++) {
         ss[i].o = &ops[i];
+        ss[i].deadline = deadline;
         rc = validate_locked(ep, &ops[i], i, &ss[i].r, &vd);
     }
     if (rc != DP_OK) {
@@ -1234,7 +1251,16 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
     for (size_t i = 0; i < n_ops; i++) {
         opstate *s = &ss[i];
         dp_detail *det = details ? &details[i] : NULL;
-        post_locked(ep, s, det);
+        if (i > 0 && dp_now_ns() >= deadline) {
+            /* Earlier posts or callbacks used the whole time: not posted. */
+            s->rc = dp_fail(det, DP_ETIMEDOUT,
+                            "%s to %s: the deadline passed before it was posted "
+                            "(nothing posted)",
+                            op_name(s->o->op), s->r->r_name);
+            unreserve_locked(ep, s);
+        } else {
+            post_locked(ep, s, det);
+        }
         /* Done at post (memcpy path, or failed): ended now, so a callback can
          * act on it while the next op is posted. */
         if (s->posted && s->b->b_pending == 0)
