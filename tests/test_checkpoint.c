@@ -777,6 +777,34 @@ DP_TEST(cluster_save_load_and_refusals)
     CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "truncated");
     CHECK_EQ(stats(b.u[0]).blobs + stats(b.u[1]).blobs, 0);
+    /* A manifest whose blob numbers are not whole numbers >= 0 is refused. */
+    char mpath[1024];
+    snprintf(mpath, sizeof mpath, "%s/%s", dir, DP_CKPT_MANIFEST);
+    FILE *mf = fopen(mpath, "rb");
+    CHECK(mf != NULL);
+    char *mtext = calloc(1, 1 << 20);
+    size_t mlen = fread(mtext, 1, (1 << 20) - 1, mf);
+    fclose(mf);
+    CHECK(mlen > 0);
+    const char *bad_numbers[] = {"-1", "1.5", "1e300"};
+    for (size_t k = 0; k < DP_ARRAY_LEN(bad_numbers); k++) {
+        char *blobs = strstr(mtext, "\"blobs\"");
+        CHECK(blobs != NULL);
+        char *open_br = strchr(blobs, '[');
+        CHECK(open_br != NULL);
+        size_t num_len = strcspn(open_br + 1, ",");
+        mf = fopen(mpath, "wb");
+        CHECK(mf != NULL);
+        fwrite(mtext, 1, (size_t)(open_br + 1 - mtext), mf);
+        fputs(bad_numbers[k], mf);
+        fputs(open_br + 1 + num_len, mf);
+        fclose(mf);
+        CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
+        CHECK_CONTAINS(dp_detail_msg(&d), "bad blob entry");
+        CHECK_CONTAINS(dp_detail_msg(&d), mpath);
+    }
+    CHECK_EQ(stats(b.u[0]).blobs + stats(b.u[1]).blobs, 0);
+    free(mtext);
     tc_stop(&b);
     dp_ctl_client_destroy(cc);
     tc_stop(&a);

@@ -292,8 +292,22 @@ dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     int rc = abs_dir(dir, adir, sizeof adir, d);
     if (rc != 0)
         return rc;
-    if (mkdir(adir, 0755) != 0 && errno != EEXIST)
+    if (mkdir(adir, 0755) == 0) {
+        /* A new DIR: its own entry must be durable too. */
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof parent, "%s", adir);
+        char *slash = strrchr(parent, '/');
+        if (slash != NULL) {
+            if (slash == parent)
+                slash[1] = '\0';
+            else
+                *slash = '\0';
+            if ((rc = fsync_dir(parent, d)) != 0)
+                return dp_fail_ctx(d, rc, "checkpoint: creating %s", adir);
+        }
+    } else if (errno != EEXIST) {
         return dp_fail_sys(d, errno, "checkpoint: creating %s", adir);
+    }
     char rnd[33], ts[32];
     if ((rc = dp_random_hex_id(rnd, d)) != 0)
         return rc;
@@ -453,14 +467,21 @@ plain_name(const cJSON *s)
     return true;
 }
 
+/* x is a whole number in [0, 2^53] (exact in a JSON double). */
 static bool
-get_u64(const cJSON *o, const char *k, uint64_t *v)
+num_u64(const cJSON *x, uint64_t *v)
 {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9007199254740992.0)
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) ||
+        x->valuedouble > 9007199254740992.0)
         return false;
     *v = (uint64_t)x->valuedouble;
     return (double)*v == x->valuedouble;
+}
+
+static bool
+get_u64(const cJSON *o, const char *k, uint64_t *v)
+{
+    return num_u64(cJSON_GetObjectItemCaseSensitive(o, k), v);
 }
 
 typedef struct lunit {
@@ -498,11 +519,36 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                            mpath);
         return dp_fail_sys(d, errno, "checkpoint: opening %s", mpath);
     }
-    text = malloc(MANIFEST_MAX + 1);
-    size_t len = text ? fread(text, 1, MANIFEST_MAX + 1, f) : 0;
+    struct stat stt;
+    if (fstat(fileno(f), &stt) != 0 || !S_ISREG(stt.st_mode)) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: not a regular file", mpath);
+        fclose(f);
+        goto out;
+    }
+    if ((uint64_t)stt.st_size > MANIFEST_MAX) {
+        rc =
+            dp_fail(d, DP_ECORRUPT, "%s: %lld bytes, larger than a manifest can be (%zu)",
+                    mpath, (long long)stt.st_size, MANIFEST_MAX);
+        fclose(f);
+        goto out;
+    }
+    size_t want = (size_t)stt.st_size;
+    text = malloc(want + 1);
+    size_t len = text ? fread(text, 1, want, f) : 0;
+    int read_err = text != NULL && ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
-    if (text == NULL || len > MANIFEST_MAX) {
-        rc = dp_fail(d, text ? DP_ECORRUPT : DP_ENOMEM, "checkpoint: reading %s", mpath);
+    if (text == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "checkpoint: reading %s: out of memory", mpath);
+        goto out;
+    }
+    if (read_err != 0) {
+        rc = dp_fail_sys(d, read_err, "checkpoint: reading %s", mpath);
+        goto out;
+    }
+    if (len != want) {
+        rc =
+            dp_fail(d, DP_ECORRUPT, "%s: read %zu of its %zu bytes (changed while read?)",
+                    mpath, len, want);
         goto out;
     }
     text[len] = '\0';
@@ -593,17 +639,18 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         const cJSON *x;
         cJSON_ArrayForEach(x, bl)
         {
-            const cJSON *a0 = cJSON_GetArrayItem(x, 0), *a1 = cJSON_GetArrayItem(x, 1),
-                        *a2 = cJSON_GetArrayItem(x, 2);
+            uint64_t v0, v1, v2;
             if (x->string == NULL || !cJSON_IsArray(x) || cJSON_GetArraySize(x) != 3 ||
-                !cJSON_IsNumber(a0) || !cJSON_IsNumber(a1) || !cJSON_IsNumber(a2) ||
-                a0->valuedouble < 0 || a1->valuedouble < 0 || a2->valuedouble < 0) {
-                rc = dp_fail(d, DP_ECORRUPT, "%s: unit %u: bad blob entry", mpath, i);
+                !num_u64(cJSON_GetArrayItem(x, 0), &v0) ||
+                !num_u64(cJSON_GetArrayItem(x, 1), &v1) ||
+                !num_u64(cJSON_GetArrayItem(x, 2), &v2)) {
+                rc = dp_fail(d, DP_ECORRUPT,
+                             "%s: unit %u: bad blob entry '%.64s' (want \"id\": [three "
+                             "whole numbers >= 0])",
+                             mpath, i, x->string ? x->string : "");
                 goto out;
             }
-            lu[i].blobs[k++] = (dp_wire_shard_blob){
-                dp_wire_s(x->string), (uint64_t)a0->valuedouble,
-                (uint64_t)a1->valuedouble, (uint64_t)a2->valuedouble};
+            lu[i].blobs[k++] = (dp_wire_shard_blob){dp_wire_s(x->string), v0, v1, v2};
         }
         lu[i].n_blobs = k;
         sum->blobs += k;
