@@ -811,6 +811,97 @@ DP_TEST(cluster_save_load_and_refusals)
     rm_tree_ckpt(dir);
 }
 
+typedef struct busy_save {
+    const char *addr;
+    const char *path;
+    dp_buf reply;
+    int rc;
+    int done; /* atomic */
+} busy_save;
+
+/* save_shard sent straight to the unit; done once its reply is in. */
+static void *
+busy_saver(void *arg)
+{
+    busy_save *b = arg;
+    dp_ctl_client *cc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_SAVE_SHARD;
+    q.rid = (dp_wire_str){"s1", 2};
+    q.a.save_shard.path = dp_wire_s(b->path);
+    dp_buf req = {0};
+    b->rc = dp_ctl_client_create(&cc, &d);
+    if (b->rc == 0)
+        b->rc = dp_wire_request_encode(&q, NULL, &req, &d);
+    if (b->rc == 0)
+        b->rc = dp_ctl_call(cc, b->addr, req.data, req.len, "s1", 60, &b->reply, &d);
+    __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
+    dp_buf_fini(&req);
+    dp_ctl_client_destroy(cc);
+    return NULL;
+}
+
+/*
+ * A unit writing its shard keeps answering: save_shard runs on a thread of
+ * its own and replies through the ctl server later, so pings sent meanwhile
+ * are answered while the save is still running (before, they waited behind
+ * it, and at most one could be answered before its reply).
+ */
+DP_TEST(unit_answers_others_while_it_saves)
+{
+    char path[512];
+    tpath("busy-shard", path, sizeof path);
+    rm_shard(path);
+    tcluster a;
+    tc_start(&a, 1, 512 << 20, NULL, "busy.json");
+    tc_fill(&a, 192, 1 << 20, 4); /* about 190 MiB to write and fsync */
+    uint64_t live = stats(a.u[0]).entries;
+    dp_ctl_client *pc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_ctl_client_create(&pc, &d), &d);
+    busy_save b = {a.cl.units[0].zmq, path, {0}, -1, 0};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, busy_saver, &b), 0);
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_PING;
+    q.rid = (dp_wire_str){"p1", 2};
+    dp_buf req = {0}, rep = {0};
+    CHECK_OK_D(dp_wire_request_encode(&q, NULL, &req, &d), &d);
+    int during = 0, total = 0;
+    while (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE)) {
+        dp_buf_reset(&rep);
+        CHECK_OK_D(
+            dp_ctl_call(pc, a.cl.units[0].zmq, req.data, req.len, "p1", 60, &rep, &d),
+            &d);
+        total++;
+        if (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE))
+            during++;
+    }
+    pthread_join(th, NULL);
+    CHECK_OK(b.rc);
+    dp_wire_reply r;
+    CHECK_OK_D(dp_wire_reply_decode(b.reply.data, b.reply.len, DP_WIRE_OP_SAVE_SHARD,
+                                    NULL, &r, &d),
+               &d);
+    CHECK(r.ok);
+    CHECK(r.r.save_shard.nbytes > (100u << 20));
+    dp_wire_reply_fini(&r);
+    printf("  %d of %d pings answered while save_shard ran\n", during, total);
+    CHECKF(during >= 3, "only %d of %d pings answered during the save", during, total);
+    CHECK_EQ(stats(a.u[0]).entries, live);
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_buf_fini(&b.reply);
+    dp_ctl_client_destroy(pc);
+    tc_stop(&a);
+    rm_shard(path);
+}
+
 DP_TEST(cluster_ssd_rows_two_passes)
 {
     char dir[512], ssd[512];

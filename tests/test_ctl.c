@@ -15,10 +15,31 @@
 #include "ctl/ctl.h"
 #include "wire/mp.h"
 
+/* A deferred reply, sent from a thread of its own after 200 ms. */
+typedef struct later {
+    dp_ctl_deferred *t;
+    dp_buf reply;
+} later;
+
+static void *
+later_main(void *arg)
+{
+    later *l = arg;
+    dp_sleep_s(0.2);
+    dp_ctl_deferred_send(l->t, l->reply.data, l->reply.len);
+    dp_buf_fini(&l->reply);
+    free(l);
+    return NULL;
+}
+
+/* "keep": deferred and never answered here; atomic (set on the server thread) */
+static dp_ctl_deferred *kept_token;
+
 /*
  * Test handler: request [op, rid, ...] -> reply [rid, true, op].
  * op "notify": no reply. "slow": sleeps 300 ms first. "wrongid": replies with
- * another id. Anything unreadable: no reply.
+ * another id. "defer": the reply comes 200 ms later from another thread.
+ * "keep": deferred into kept_token. Anything unreadable: no reply.
  */
 static void
 handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
@@ -45,6 +66,24 @@ handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         dp_mp_put_strn(&w, rid, ridlen);
     dp_mp_put_bool(&w, true);
     dp_mp_put_strn(&w, op, oplen);
+    if (oplen == 4 && memcmp(op, "keep", 4) == 0) {
+        __atomic_store_n(&kept_token, dp_ctl_defer(), __ATOMIC_RELEASE);
+        dp_buf_reset(reply);
+    }
+    if (oplen == 5 && memcmp(op, "defer", 5) == 0) {
+        later *l = calloc(1, sizeof *l);
+        l->t = dp_ctl_defer();
+        if (l->t == NULL) {
+            free(l);
+            return; /* answered here after all */
+        }
+        dp_buf_init(&l->reply);
+        dp_buf_append(&l->reply, reply->data, reply->len);
+        dp_buf_reset(reply);
+        pthread_t th;
+        pthread_create(&th, NULL, later_main, l);
+        pthread_detach(th);
+    }
 }
 
 static void
@@ -344,6 +383,77 @@ DP_TEST(send_then_wait_many)
         waitpid(pids[i], NULL, 0);
     }
     dp_buf_fini(&req);
+    dp_ctl_client_destroy(c);
+}
+
+/*
+ * Deferred replies: a request answered later from another thread does not
+ * hold up the requests after it, and its reply still reaches its caller; no
+ * token outside a handler; a token that outlives its server is dropped.
+ */
+struct deferred_caller {
+    const char *addr;
+    int rc;
+    int done; /* atomic */
+    dp_buf rep;
+};
+
+static void *
+deferred_caller_main(void *p)
+{
+    struct deferred_caller *a = p;
+    dp_ctl_client *c = NULL;
+    dp_buf req;
+    dp_buf_init(&req);
+    make_req(&req, "defer", "d1", 0);
+    a->rc = dp_ctl_client_create(&c, NULL);
+    if (a->rc == 0)
+        a->rc = dp_ctl_call(c, a->addr, req.data, req.len, "d1", 5.0, &a->rep, NULL);
+    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+    dp_buf_fini(&req);
+    dp_ctl_client_destroy(c);
+    return NULL;
+}
+
+DP_TEST(deferred_replies)
+{
+    CHECK(dp_ctl_defer() == NULL); /* not in a handler */
+    dp_ctl_server *s = start_server(0);
+    struct deferred_caller a = {dp_ctl_server_address(s), -1, 0, {0}};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, deferred_caller_main, &a), 0);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    dp_buf req, rep;
+    dp_buf_init(&req);
+    dp_buf_init(&rep);
+    dp_detail d;
+    dp_sleep_s(0.05); /* the deferred request is in */
+    int before = 0;
+    for (int i = 0; i < 20; i++) {
+        char rid[16];
+        snprintf(rid, sizeof rid, "f%d", i);
+        make_req(&req, "fast", rid, 0);
+        dp_buf_reset(&rep);
+        CHECK_OK_D(dp_ctl_call(c, a.addr, req.data, req.len, rid, 5.0, &rep, &d), &d);
+        check_reply_op(&rep, "fast");
+        before += !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE);
+    }
+    pthread_join(th, NULL);
+    CHECK_OK(a.rc);
+    check_reply_op(&a.rep, "defer");
+    CHECKF(before >= 3, "only %d fast replies came before the deferred one", before);
+    /* A token still open when its server closes: its reply is dropped. */
+    make_req(&req, "keep", "k1", 0);
+    CHECK_ERR(dp_ctl_call(c, a.addr, req.data, req.len, "k1", 0.2, &rep, &d),
+              DP_ETIMEDOUT);
+    dp_ctl_deferred *kt = __atomic_load_n(&kept_token, __ATOMIC_ACQUIRE);
+    CHECK(kt != NULL);
+    dp_ctl_server_close(s);
+    dp_ctl_deferred_send(kt, "x", 1);
+    dp_buf_fini(&req);
+    dp_buf_fini(&rep);
+    dp_buf_fini(&a.rep);
     dp_ctl_client_destroy(c);
 }
 

@@ -11,15 +11,25 @@
  *   back (after a complete reply with the right id) or is closed (after a
  *   timeout, a wrong id, or any error). A socket that was closed had LINGER 0,
  *   so nothing queued on it is sent later.
- * - Lock order: the pool mutex is a leaf; no ZMQ call blocks while it is held.
+ * - Deferred replies: a handler may hand its request's reply to another
+ *   thread (dp_ctl_defer). That thread never touches the ROUTER socket: it
+ *   queues the reply in the server's outbox (mutex) and writes a byte to the
+ *   outbox's pipe, which the server thread polls next to the socket and
+ *   drains, sending each reply behind its saved routing id. The outbox is
+ *   reference counted (the server and every open token), so a token may
+ *   outlive the server: its reply is then dropped.
+ * - Lock order: the pool mutex and the outbox mutex are leaves; no ZMQ call
+ *   blocks while either is held.
  */
 #include "ctl/ctl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "wire/mp.h"
@@ -27,9 +37,114 @@
 #define DEFAULT_MAX_MSG (64u << 20)
 #define POLL_MS 50
 
+/* A reply waiting for the server thread. */
+struct out_item {
+    struct out_item *next;
+    size_t id_len, len;
+    uint8_t *data; /* routing id, then the reply */
+};
+
+/* Replies of deferred requests, handed to the server thread. */
+typedef struct outbox {
+    pthread_mutex_t mu;
+    int refs;    /* the server and each open token; under mu */
+    bool closed; /* the server is gone: replies are dropped */
+    int pipe_r, pipe_w;
+    struct out_item *head, *tail;
+} outbox;
+
+struct dp_ctl_deferred {
+    outbox *ob;
+    size_t id_len;
+    uint8_t id[256]; /* ROUTER routing ids are at most 255 bytes */
+};
+
+static void
+outbox_unref(outbox *ob)
+{
+    pthread_mutex_lock(&ob->mu);
+    bool last = --ob->refs == 0;
+    pthread_mutex_unlock(&ob->mu);
+    if (!last)
+        return;
+    for (struct out_item *it = ob->head, *next; it != NULL; it = next) {
+        next = it->next;
+        free(it->data);
+        free(it);
+    }
+    close(ob->pipe_r);
+    close(ob->pipe_w);
+    pthread_mutex_destroy(&ob->mu);
+    free(ob);
+}
+
+/* The request the server thread is handling now (NULL elsewhere). */
+static _Thread_local struct {
+    outbox *ob;
+    const zmq_msg_t *id;
+} cur_req;
+
+dp_ctl_deferred *
+dp_ctl_defer(void)
+{
+    if (cur_req.ob == NULL ||
+        zmq_msg_size((zmq_msg_t *)cur_req.id) > sizeof((dp_ctl_deferred *)NULL)->id)
+        return NULL;
+    dp_ctl_deferred *t = malloc(sizeof *t);
+    if (t == NULL)
+        return NULL;
+    t->ob = cur_req.ob;
+    t->id_len = zmq_msg_size((zmq_msg_t *)cur_req.id);
+    memcpy(t->id, zmq_msg_data((zmq_msg_t *)cur_req.id), t->id_len);
+    pthread_mutex_lock(&t->ob->mu);
+    t->ob->refs++;
+    pthread_mutex_unlock(&t->ob->mu);
+    return t;
+}
+
+void
+dp_ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len)
+{
+    if (t == NULL)
+        return;
+    outbox *ob = t->ob;
+    struct out_item *it = len > 0 ? calloc(1, sizeof *it) : NULL;
+    uint8_t *data = it != NULL ? malloc(t->id_len + len) : NULL;
+    if (it != NULL && data != NULL) {
+        memcpy(data, t->id, t->id_len);
+        memcpy(data + t->id_len, msg, len);
+        it->data = data;
+        it->id_len = t->id_len;
+        it->len = len;
+        pthread_mutex_lock(&ob->mu);
+        bool queued = !ob->closed;
+        if (queued) {
+            if (ob->tail != NULL)
+                ob->tail->next = it;
+            else
+                ob->head = it;
+            ob->tail = it;
+        }
+        pthread_mutex_unlock(&ob->mu);
+        if (queued) {
+            ssize_t w = write(ob->pipe_w, "r", 1); /* full pipe: a wake-up is pending */
+            (void)w;
+            it = NULL;
+            data = NULL;
+        }
+    } else if (len > 0) {
+        DP_LOG_W("ctl server: a deferred reply was dropped (out of memory)");
+    }
+    free(data);
+    free(it);
+    free(t);
+    outbox_unref(ob);
+}
+
 struct dp_ctl_server {
     void *zctx;
     void *sock;
+    outbox *ob;
     pthread_t thread;
     bool thread_started;
     int stop; /* atomic */
@@ -41,6 +156,28 @@ struct dp_ctl_server {
     char address[128];
 };
 
+/* Send the replies deferred requests queued (server thread). */
+static void
+send_outbox(dp_ctl_server *s)
+{
+    char junk[64];
+    while (read(s->ob->pipe_r, junk, sizeof junk) > 0) {
+    }
+    pthread_mutex_lock(&s->ob->mu);
+    struct out_item *it = s->ob->head;
+    s->ob->head = s->ob->tail = NULL;
+    pthread_mutex_unlock(&s->ob->mu);
+    while (it != NULL) {
+        struct out_item *next = it->next;
+        if (zmq_send(s->sock, it->data, it->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+            zmq_send(s->sock, it->data + it->id_len, it->len, ZMQ_DONTWAIT) < 0)
+            DP_LOG_D("ctl server: deferred reply dropped: %s", zmq_strerror(zmq_errno()));
+        free(it->data);
+        free(it);
+        it = next;
+    }
+}
+
 static void *
 server_main(void *arg)
 {
@@ -51,15 +188,18 @@ server_main(void *arg)
     zmq_msg_init(&id);
     zmq_msg_init(&body);
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
-        zmq_pollitem_t pi = {.socket = s->sock, .events = ZMQ_POLLIN};
-        int n = zmq_poll(&pi, 1, POLL_MS);
+        zmq_pollitem_t pi[2] = {{.socket = s->sock, .events = ZMQ_POLLIN},
+                                {.fd = s->ob->pipe_r, .events = ZMQ_POLLIN}};
+        int n = zmq_poll(pi, 2, POLL_MS);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             DP_LOG_E("ctl server: zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
-        if (n == 0)
+        if (pi[1].revents & ZMQ_POLLIN)
+            send_outbox(s);
+        if (!(pi[0].revents & ZMQ_POLLIN))
             continue;
         if (zmq_msg_recv(&id, s->sock, ZMQ_DONTWAIT) < 0)
             continue;
@@ -81,7 +221,11 @@ server_main(void *arg)
             if (s->oversize != NULL)
                 s->oversize(s->ctx, msg, len, &reply);
         } else {
+            cur_req.ob = s->ob;
+            cur_req.id = &id;
             s->handler(s->ctx, msg, len, &reply);
+            cur_req.ob = NULL;
+            cur_req.id = NULL;
         }
         __atomic_add_fetch(&s->served, 1, __ATOMIC_RELAXED);
         if (reply.len == 0 || reply.oom)
@@ -121,6 +265,22 @@ dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
         opts && opts->bind_ip && *opts->bind_ip ? opts->bind_ip : "127.0.0.1";
     unsigned port = opts ? opts->port : 0;
 
+    s->ob = calloc(1, sizeof *s->ob);
+    int pfd[2];
+    if (s->ob == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "ctl server: out of memory");
+        goto fail;
+    }
+    if (pipe2(pfd, O_NONBLOCK | O_CLOEXEC) != 0) {
+        rc = dp_fail_sys(d, errno, "ctl server: pipe");
+        free(s->ob);
+        s->ob = NULL;
+        goto fail;
+    }
+    pthread_mutex_init(&s->ob->mu, NULL);
+    s->ob->refs = 1;
+    s->ob->pipe_r = pfd[0];
+    s->ob->pipe_w = pfd[1];
     s->zctx = zmq_ctx_new();
     if (s->zctx == NULL) {
         rc = dp_fail_sys(d, zmq_errno(), "ctl server: zmq_ctx_new");
@@ -191,6 +351,12 @@ dp_ctl_server_close(dp_ctl_server *s)
         zmq_close(s->sock);
     if (s->zctx != NULL)
         zmq_ctx_term(s->zctx);
+    if (s->ob != NULL) {
+        pthread_mutex_lock(&s->ob->mu);
+        s->ob->closed = true; /* replies of tokens still open are dropped */
+        pthread_mutex_unlock(&s->ob->mu);
+        outbox_unref(s->ob);
+    }
     free(s);
 }
 

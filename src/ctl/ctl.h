@@ -59,6 +59,20 @@ uint64_t dp_ctl_server_served(const dp_ctl_server *s);
 /* Stop the thread and close the socket. NULL allowed. Not from the handler. */
 void dp_ctl_server_close(dp_ctl_server *s);
 
+/*
+ * Deferred replies, for a request too slow to answer on the server thread (it
+ * would hold up every other request). Called from inside a handler,
+ * dp_ctl_defer returns a token for the request being handled (NULL when not
+ * in a server's handler, or out of memory: then answer as usual); the handler
+ * leaves its reply empty and hands the work and the token to another thread,
+ * which calls dp_ctl_deferred_send exactly once, with the reply (len 0: none).
+ * That call never blocks, frees the token, and drops the reply if the server
+ * has closed meanwhile. Threads: any.
+ */
+typedef struct dp_ctl_deferred dp_ctl_deferred;
+dp_ctl_deferred *dp_ctl_defer(void);
+void dp_ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len);
+
 /* ---- client ---- */
 
 typedef struct dp_ctl_client dp_ctl_client;

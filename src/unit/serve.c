@@ -12,10 +12,16 @@
  *
  * Threads: the server thread; the unit lock is taken per request and never
  * held across a call into the endpoint (info fetches the metadata first).
+ * save_shard and load_shard run on a thread of their own (admin_main) and
+ * answer through a deferred reply (dp_ctl_defer): their file I/O would
+ * otherwise hold up every other request for as long as it runs. The unit
+ * counts them (dp_unit_admin_begin/end); its destroy waits for them.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl/ctl.h"
 #include "unit/unit.h"
 #include "wire/wire.h"
 
@@ -67,6 +73,112 @@ do_info(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
     reply_ok(rep, out);
     dp_unit_unlock(u);
     free(md);
+}
+
+/* save_shard and load_shard: file I/O outside the unit lock. */
+static void
+run_admin(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    int rc;
+    if (req->op == DP_WIRE_OP_SAVE_SHARD) {
+        dp_unit_save_res sr;
+        rc = dp_unit_save_shard(u, req->a.save_shard.path.p, req->a.save_shard.path.n,
+                                &sr, &d);
+        if (rc == 0) {
+            rep->r.save_shard.blobs = (dp_wire_shard_blobs){sr.blobs, sr.n_blobs};
+            rep->r.save_shard.nbytes = sr.nbytes;
+            rep->r.save_shard.clears_during_save = sr.clears_during_save;
+            reply_ok(rep, reply);
+            dp_unit_save_res_fini(&sr);
+            return;
+        }
+    } else {
+        const dp_wire_load_shard_args *a = &req->a.load_shard;
+        dp_unit_load_res lr;
+        rc = dp_unit_load_shard(u, a->path.p, a->path.n, a->blobs.v, a->blobs.n, a->spill,
+                                &lr, &d);
+        if (rc == 0) {
+            rep->r.load_shard.loaded = (dp_wire_strs){lr.loaded, lr.n_loaded};
+            rep->r.load_shard.failed = (dp_wire_strs){lr.failed, lr.n_failed};
+            reply_ok(rep, reply);
+            dp_unit_load_res_fini(&lr);
+            return;
+        }
+    }
+    DP_LOG_W("unit %u: %s", dp_unit_id(u), dp_detail_msg(&d));
+    reply_error(req->rid, rc, &d, NULL, reply);
+}
+
+/* A save or load running on a thread of its own, its reply deferred. */
+typedef struct admin_job {
+    dp_unit *u;
+    dp_ctl_deferred *t;
+    uint8_t *msg;
+    size_t len;
+} admin_job;
+
+static void *
+admin_main(void *arg)
+{
+    admin_job *j = arg;
+    dp_unit *u = j->u;
+    dp_buf out;
+    dp_buf_init(&out);
+    dp_wire_request req;
+    dp_detail d;
+    dp_detail_clear(&d);
+    /* The bytes the ctl thread decoded: they decode the same again. */
+    if (dp_wire_request_decode(j->msg, j->len, NULL, &req, &d) == 0) {
+        dp_wire_reply rep;
+        memset(&rep, 0, sizeof rep);
+        rep.op = req.op;
+        rep.rid = req.rid;
+        run_admin(u, &req, &rep, &out);
+        dp_wire_request_fini(&req);
+    }
+    dp_ctl_deferred_send(j->t, out.data, out.oom ? 0 : out.len);
+    dp_buf_fini(&out);
+    free(j->msg);
+    free(j);
+    dp_unit_admin_end(u);
+    return NULL;
+}
+
+/*
+ * Run this save or load on a thread of its own and answer from there, so
+ * that the ctl thread goes on serving puts and gets while the shard's file
+ * I/O runs (seconds for gigabytes). False when the request did not come
+ * through a ctl server (tests call the handler directly): the caller then
+ * runs it in place.
+ */
+static bool
+defer_admin(dp_unit *u, const uint8_t *msg, size_t len)
+{
+    admin_job *j = calloc(1, sizeof *j);
+    uint8_t *copy = malloc(len ? len : 1);
+    dp_ctl_deferred *t = j != NULL && copy != NULL ? dp_ctl_defer() : NULL;
+    if (t == NULL) {
+        free(j);
+        free(copy);
+        return false;
+    }
+    memcpy(copy, msg, len);
+    *j = (admin_job){u, t, copy, len};
+    dp_unit_admin_begin(u);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    int err = pthread_create(&th, &at, admin_main, j);
+    pthread_attr_destroy(&at);
+    if (err != 0) {
+        DP_LOG_W("unit %u: no thread for a save/load (%s): it runs on the ctl thread",
+                 dp_unit_id(u), strerror(err));
+        admin_main(j); /* answers through the token */
+    }
+    return true;
 }
 
 void
@@ -211,43 +323,11 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         dp_unit_unlock(u);
         break;
     }
-    case DP_WIRE_OP_SAVE_SHARD: {
-        /*
-         * The file I/O runs here, on the ctl thread, outside the unit lock:
-         * the unit answers other requests once the save ends (the io workers
-         * and the ticker keep running meanwhile).
-         */
-        dp_unit_save_res sr;
-        rc = dp_unit_save_shard(u, req.a.save_shard.path.p, req.a.save_shard.path.n, &sr,
-                                &d);
-        if (rc == 0) {
-            rep.r.save_shard.blobs = (dp_wire_shard_blobs){sr.blobs, sr.n_blobs};
-            rep.r.save_shard.nbytes = sr.nbytes;
-            rep.r.save_shard.clears_during_save = sr.clears_during_save;
-            reply_ok(&rep, reply);
-            dp_unit_save_res_fini(&sr);
-        } else {
-            DP_LOG_W("unit %u: %s", dp_unit_id(u), dp_detail_msg(&d));
-            reply_error(req.rid, rc, &d, NULL, reply);
-        }
+    case DP_WIRE_OP_SAVE_SHARD:
+    case DP_WIRE_OP_LOAD_SHARD:
+        if (!defer_admin(u, msg, len))
+            run_admin(u, &req, &rep, reply);
         break;
-    }
-    case DP_WIRE_OP_LOAD_SHARD: {
-        const dp_wire_load_shard_args *a = &req.a.load_shard;
-        dp_unit_load_res lr;
-        rc = dp_unit_load_shard(u, a->path.p, a->path.n, a->blobs.v, a->blobs.n, a->spill,
-                                &lr, &d);
-        if (rc == 0) {
-            rep.r.load_shard.loaded = (dp_wire_strs){lr.loaded, lr.n_loaded};
-            rep.r.load_shard.failed = (dp_wire_strs){lr.failed, lr.n_failed};
-            reply_ok(&rep, reply);
-            dp_unit_load_res_fini(&lr);
-        } else {
-            DP_LOG_W("unit %u: %s", dp_unit_id(u), dp_detail_msg(&d));
-            reply_error(req.rid, rc, &d, NULL, reply);
-        }
-        break;
-    }
     default:
         dp_fail(&d, DP_EPROTO, "unknown op");
         reply_error(req.rid, DP_EPROTO, &d, NULL, reply);

@@ -42,7 +42,8 @@
  * the lease.
  *
  * Locks. One unit lock (mu) guards everything above. The ctl thread (through
- * serve.c), the ticker thread and test callers take it; nothing blocking runs
+ * serve.c), save/load threads, the ticker, the io workers and test callers
+ * take it; nothing blocking runs
  * under it (no transfer, no file I/O, no ZMQ). The ticker's condition variable
  * waits on mu itself. Lock order: mu, then the allocator (not thread-safe,
  * used only under mu), then the endpoint's internal lock (only
@@ -114,11 +115,12 @@
  * take a hold on each (n_holds; the running saves' hold sets are listed in
  * u->holds for dp_unit_check). A hold keeps a record like a pin does: a
  * release meanwhile makes it a zombie (its region and fd stay), freed when the
- * last pin and hold end. Outside mu, on the caller's thread (the ctl thread
- * for serve.c: the unit answers nothing else while a save writes; the ticker
- * and io workers go on), the blobs are copied from the put area (published
- * bytes never change) or from the dup'd fd into path.tmp and path.rows.tmp
- * (O_EXCL), fsync'd and renamed without replacing anything. Back under mu
+ * last pin and hold end. Outside mu, on the caller's thread (for serve.c a
+ * thread of its own, whose reply is deferred: the ctl thread goes on serving;
+ * destroy waits for it, see dp_unit_admin_wait), the blobs are copied from
+ * the put area (published bytes never change) or from the dup'd fd into
+ * path.tmp and path.rows.tmp (O_EXCL), fsync'd and renamed without replacing
+ * anything. Back under mu
  * the holds end. A spill not yet acknowledged is not published: not saved.
  *
  * Load. Under mu: a put-area region per blob not already in the table (or,
@@ -294,6 +296,9 @@ struct dp_unit {
     struct hold_set *holds; /* running saves, each holding its snapshot */
     uint64_t n_clears;      /* release_rows calls that dropped something */
     uint64_t n_saves, n_loads, n_loaded_blobs;
+    /* Admin work (a save or load) running off the ctl thread */
+    uint32_t n_admin;
+    pthread_cond_t admin_cv;
 };
 
 static double
@@ -1154,6 +1159,7 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&u->cv, &ca);
+    pthread_cond_init(&u->admin_cv, NULL);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&u->io_cv, NULL);
     u->ssd = ssd;
@@ -1258,10 +1264,40 @@ dp_unit_start_ticker(dp_unit *u, double period_s, dp_detail *d)
 }
 
 void
+dp_unit_admin_begin(dp_unit *u)
+{
+    pthread_mutex_lock(&u->mu);
+    u->n_admin++;
+    pthread_mutex_unlock(&u->mu);
+}
+
+void
+dp_unit_admin_end(dp_unit *u)
+{
+    pthread_mutex_lock(&u->mu);
+    if (--u->n_admin == 0)
+        pthread_cond_broadcast(&u->admin_cv);
+    pthread_mutex_unlock(&u->mu);
+}
+
+void
+dp_unit_admin_wait(dp_unit *u)
+{
+    pthread_mutex_lock(&u->mu);
+    if (u->n_admin > 0)
+        DP_LOG_I("unit %u: waiting for %u running save/load to end", u->o.unit_id,
+                 u->n_admin);
+    while (u->n_admin > 0)
+        pthread_cond_wait(&u->admin_cv, &u->mu);
+    pthread_mutex_unlock(&u->mu);
+}
+
+void
 dp_unit_destroy(dp_unit *u)
 {
     if (u == NULL)
         return;
+    dp_unit_admin_wait(u);
     pthread_mutex_lock(&u->mu);
     bool join = u->ticker_on;
     u->stopping = true;
@@ -1320,6 +1356,7 @@ dp_unit_destroy(dp_unit *u)
             munmap(u->slab, u->slab_map_len);
     }
     pthread_cond_destroy(&u->cv);
+    pthread_cond_destroy(&u->admin_cv);
     pthread_cond_destroy(&u->io_cv);
     pthread_mutex_destroy(&u->mu);
     free(u);

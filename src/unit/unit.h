@@ -108,6 +108,15 @@ int dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d);
  */
 void dp_unit_destroy(dp_unit *u);
 
+/*
+ * Admin work running off the ctl thread (a save or load whose reply is
+ * deferred): begin before starting it, end when it no longer touches the
+ * unit. dp_unit_admin_wait blocks until none runs; destroy calls it first.
+ */
+void dp_unit_admin_begin(dp_unit *u);
+void dp_unit_admin_end(dp_unit *u);
+void dp_unit_admin_wait(dp_unit *u);
+
 /* Start the 1 s maintenance thread (dp_unit_tick); stopped by destroy. */
 int dp_unit_start_ticker(dp_unit *u, double period_s, dp_detail *d);
 
