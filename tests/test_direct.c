@@ -1023,6 +1023,38 @@ DP_TEST(abort_before_queued_and_during)
     pub_stop(&p);
 }
 
+/*
+ * A publisher restarted under the same name (a new process, whose metadata
+ * version starts over) is noticed from its metadata: the first fetch from it
+ * re-adds the remote and succeeds, instead of failing on the dead process's
+ * connection first.
+ */
+DP_TEST(restarted_publisher_with_the_same_name)
+{
+    dp_direct *t = fetcher("fetch-rs", 4, 0, 1);
+    int s[] = {0, -1};
+    for (int round = 0; round < 2; round++) {
+        pub p;
+        CHECK_EQ(pub_start(&p, "pub-same", 0), 0);
+        pub_alloc(&p, 0, 2 * MiB, 800 + (uint64_t)round);
+        md_bytes m;
+        CHECK_EQ(pub_publish(&p, &m, "o", s), 0);
+        dp_direct_stats st0, st1;
+        dp_direct_get_stats(t, &st0);
+        fetch_check(t, &p, "o", &m, s);
+        dp_direct_get_stats(t, &st1);
+        if (round == 1)
+            CHECK_EQ_U64(st1.remote_readds, st0.remote_readds + 1);
+        CHECK_EQ_U64(st1.fetch_failed, 0);
+        free(m.p);
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, NULL, 0);
+        p.pid = 0;
+        pub_stop(&p);
+    }
+    dp_direct_destroy(t);
+}
+
 DP_TEST(publisher_dies_mid_fetch)
 {
     pub p;

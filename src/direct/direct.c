@@ -32,11 +32,13 @@
  *   memory is released only by the caller's thread, never under a transfer.
  *
  * Remote LRU
- * - lru holds the connected remotes with the endpoint generation and metadata
- *   version they were added with, a busy count (fetches using it) and a use
- *   tick. A fetch whose metadata differs in either re-adds the remote once no
- *   other fetch uses it; only idle entries are evicted; size 0 removes an entry
- *   as soon as it is idle; a failed fetch drops its remote once idle.
+ * - lru holds the connected remotes with the endpoint generation, metadata
+ *   version and peer id (a hash of the UCX worker address: which process) they
+ *   were added with, a busy count (fetches using it) and a use tick. A fetch
+ *   whose metadata is newer, or comes from another process under the same name
+ *   (a restarted publisher), re-adds the remote once no other fetch uses it;
+ *   only idle entries are evicted; size 0 removes an entry as soon as it is
+ *   idle; a failed fetch drops its remote once idle.
  *
  * Locks (never nested, each a leaf except for calls into the endpoint, which
  * has its own internal lock and never calls back):
@@ -115,6 +117,7 @@ struct dp_direct_req {
 typedef struct rment {
     char name[DP_MD_NAME_MAX + 1];
     uint64_t gen, version, busy, tick;
+    uint64_t peer; /* dp_md_peer_id: which process this name was added for */
     bool drop;
 } rment;
 
@@ -482,8 +485,10 @@ lru_trim_locked(dp_direct *t, size_t keep)
  * the same keys, in every later metadata of that publisher.
  */
 static bool
-newer(const dp_direct_md *md, const rment *e)
+newer(const dp_direct_md *md, uint64_t peer, const rment *e)
 {
+    if (peer != e->peer)
+        return true; /* another process under the same name: a restarted publisher */
     if (md->version != e->version)
         return md->version > e->version;
     return md->ep_gen > e->gen;
@@ -494,14 +499,15 @@ static int
 lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
 {
     int rc = DP_OK;
+    uint64_t peer = dp_md_peer_id(md->ep_md, md->ep_md_len);
     pthread_mutex_lock(&t->lru_mu);
     rment *e = lru_find_locked(t, md->name);
-    while (e != NULL && newer(md, e) && e->busy > 0) {
+    while (e != NULL && newer(md, peer, e) && e->busy > 0) {
         pthread_cond_wait(&t->lru_cv, &t->lru_mu);
         e = lru_find_locked(t, md->name);
     }
     if (e != NULL) {
-        if (newer(md, e)) {
+        if (newer(md, peer, e)) {
             /* The publisher's registrations changed: connect again with the new keys. */
             dp_endpoint_remove_remote(t->ep, e->name, NULL);
             rc = dp_endpoint_add_remote(t->ep, md->ep_md, md->ep_md_len, NULL, d);
@@ -514,6 +520,7 @@ lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
             }
             e->gen = md->ep_gen;
             e->version = md->version;
+            e->peer = peer;
             e->drop = false;
             t->remote_readds++;
         } else {
@@ -540,6 +547,7 @@ lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
         snprintf(e->name, sizeof e->name, "%s", md->name);
         e->gen = md->ep_gen;
         e->version = md->version;
+        e->peer = peer;
         t->remote_adds++;
     }
     e->busy++;

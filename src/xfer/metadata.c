@@ -229,3 +229,20 @@ fail:
     out->n_regions = 0;
     return DP_EPROTO;
 }
+
+uint64_t
+dp_md_peer_id(const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    if (p == NULL || len < DP_MD_HEADER_LEN || memcmp(p, DP_MD_MAGIC, 4) != 0)
+        return 0;
+    size_t name_len = get_u16(p + 6);
+    size_t addr_len = get_u32(p + 8);
+    if (name_len + addr_len > len - DP_MD_HEADER_LEN)
+        return 0;
+    const uint8_t *a = p + DP_MD_HEADER_LEN + name_len;
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < addr_len; i++)
+        h = (h ^ a[i]) * 0x100000001b3ull;
+    return h | 1;
+}

@@ -83,6 +83,14 @@ int dp_md_encode(dp_buf *out, const char *name, uint64_t gen, const void *addr,
  */
 int dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d);
 
+/*
+ * A 64-bit hash of the worker address in metadata buf (0 if the header does
+ * not hold one): the address names one UCX worker of one process, so two
+ * metadata with the same endpoint name but different ids come from different
+ * processes (a restarted publisher). Reads only the header; no allocation.
+ */
+uint64_t dp_md_peer_id(const void *buf, size_t len);
+
 /* Release what dp_md_parse allocated (NULL and zeroed objects allowed). */
 void dp_md_fini(dp_md *md);
 
