@@ -232,6 +232,15 @@ DP_API int dp_client_register(dp_client *c, void *addr, size_t nbytes, dp_detail
  */
 DP_API int dp_client_deregister(dp_client *c, void *addr, dp_detail *d);
 
+/*
+ * True if a transfer of this process that failed without finishing (a put or
+ * get that returned DP_ETIMEDOUT or DP_ETRANSFER) may still read or write
+ * [p, p + nbytes): such memory must never be reused or freed. False means no
+ * unfinished transfer touches it. Threads: any.
+ */
+DP_API bool dp_client_touches_unfinished(const dp_client *c, const void *p,
+                                         size_t nbytes);
+
 /* ------------------------------------------------------------------ */
 /* Operations                                                          */
 /* ------------------------------------------------------------------ */

@@ -294,6 +294,12 @@ dp_client_alloc(dp_client *c, size_t nbytes, void **out, dp_detail *d)
     return rc;
 }
 
+bool
+dp_client_touches_unfinished(const dp_client *c, const void *p, size_t nbytes)
+{
+    return c != NULL && dp_endpoint_touches_unfinished(c->ep, p, nbytes);
+}
+
 void
 dp_client_free(dp_client *c, void *p)
 {
