@@ -745,6 +745,10 @@ DP_TEST(cluster_save_load_and_refusals)
     dp_ckpt_summary ls;
     CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
     CHECK_EQ(ls.loaded, s.blobs);
+    CHECK_EQ(stats(a.u[0]).saves, 1);
+    CHECK(stats(b.u[0]).loads >= 1);
+    CHECK_EQ(stats(b.u[0]).loaded_blobs + stats(b.u[1]).loaded_blobs, s.blobs);
+    CHECK_EQ(stats(a.u[0]).admin_running, 0);
     CHECK_STR(ls.checkpoint, s.checkpoint);
     tc_same(&a, &b, 100, 3000, 2);
     CHECK_EQ(row_version(b.u[1], 1, 3000, 2), 0);

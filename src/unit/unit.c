@@ -2214,6 +2214,10 @@ get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->spill_bytes = u->spill_bytes;
     st->spills_failed = u->n_spills_failed;
     st->spills_superseded = u->n_spills_superseded;
+    st->saves = u->n_saves;
+    st->loads = u->n_loads;
+    st->loaded_blobs = u->n_loaded_blobs;
+    st->admin_running = u->n_admin;
     st->stages = u->n_stages;
     st->stage_bytes = u->stage_bytes;
     st->stages_failed = u->n_stages_failed;
@@ -2234,7 +2238,7 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
 {
     dp_unit_stats s;
     get_stats_locked(u, &s);
-    enum { N = 47 };
+    enum { N = 51 };
     dp_wire_field *f = calloc(N, sizeof *f);
     if (f == NULL)
         return dp_fail(d, DP_ENOMEM, "stats: out of memory");
@@ -2286,6 +2290,10 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
     f[k++] = fu64("evictions", s.evictions);
     f[k++] = fu64("files_open", s.files_open);
     f[k++] = fu64("io_zombie_bytes", u->io_zombie_bytes);
+    f[k++] = fu64("saves", s.saves);
+    f[k++] = fu64("loads", s.loads);
+    f[k++] = fu64("loaded_blobs", s.loaded_blobs);
+    f[k++] = fu64("saves_loads_running", s.admin_running);
     DP_ASSERT(k == N);
     fields->v = f;
     fields->n = k;

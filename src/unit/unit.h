@@ -278,6 +278,9 @@ typedef struct dp_unit_stats {
     uint64_t spills_superseded; /* finished after every key was overwritten or released */
     uint64_t stages, stage_bytes, stages_failed, evictions;
     uint64_t files_open;
+    /* Checkpoints */
+    uint64_t saves, loads, loaded_blobs;
+    uint32_t admin_running; /* saves and loads running now */
 } dp_unit_stats;
 void dp_unit_get_stats(dp_unit *u, dp_unit_stats *st);
 
