@@ -7,6 +7,7 @@
  */
 #include "dp_test.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -904,6 +905,79 @@ DP_TEST(unit_answers_others_while_it_saves)
     dp_ctl_client_destroy(pc);
     tc_stop(&a);
     rm_shard(path);
+}
+
+/* Count DIR's ckpt-* entries; *has gets whether name is among them. */
+static int
+count_ckpts(const char *dir, const char *name, bool *has)
+{
+    DIR *dd = opendir(dir);
+    CHECK(dd != NULL);
+    int n = 0;
+    *has = false;
+    struct dirent *e;
+    while ((e = readdir(dd)) != NULL) {
+        if (strncmp(e->d_name, "ckpt-", 5) != 0)
+            continue;
+        n++;
+        if (strcmp(e->d_name, name) == 0)
+            *has = true;
+    }
+    closedir(dd);
+    return n;
+}
+
+/*
+ * save with keep = 2 leaves the new checkpoint and the newest older one; a
+ * directory that sorts after the new one (a save still running elsewhere) is
+ * left alone; the current checkpoint loads.
+ */
+DP_TEST(save_keeps_the_newest_checkpoints)
+{
+    char dir[512];
+    tpath("keep-ck", dir, sizeof dir);
+    rm_tree_ckpt(dir);
+    tcluster a;
+    tc_start(&a, 2, 8 << 20, NULL, "keep-a.json");
+    tc_fill(&a, 40, 2000, 4);
+    dp_ctl_client *cc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    dp_ckpt_opts o;
+    dp_ckpt_opts_init(&o);
+    dp_ckpt_summary s[4];
+    for (int i = 0; i < 3; i++)
+        CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, &o, &s[i], &d), &d);
+    CHECK(strcmp(s[0].checkpoint, s[1].checkpoint) < 0);
+    CHECK(strcmp(s[1].checkpoint, s[2].checkpoint) < 0);
+    /* "Another save", newer than anything this test saves: never removed. */
+    char later[600];
+    snprintf(later, sizeof later, "%s/ckpt-99991231T235959.999999Z-00000000", dir);
+    CHECK_EQ(mkdir(later, 0755), 0);
+    bool has;
+    CHECK_EQ(count_ckpts(dir, s[0].checkpoint, &has), 4);
+    o.keep = 2;
+    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, &o, &s[3], &d), &d);
+    CHECK_EQ(count_ckpts(dir, s[3].checkpoint, &has), 3);
+    CHECK(has);
+    count_ckpts(dir, s[2].checkpoint, &has);
+    CHECK(has);
+    count_ckpts(dir, s[1].checkpoint, &has);
+    CHECK(!has);
+    count_ckpts(dir, "ckpt-99991231T235959.999999Z-00000000", &has);
+    CHECK(has);
+    CHECK_EQ(rmdir(later), 0);
+    tcluster b;
+    tc_start(&b, 2, 8 << 20, NULL, "keep-b.json");
+    dp_ckpt_summary ls;
+    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_STR(ls.checkpoint, s[3].checkpoint);
+    tc_same(&a, &b, 40, 2000, 2);
+    tc_stop(&b);
+    dp_ctl_client_destroy(cc);
+    tc_stop(&a);
+    rm_tree_ckpt(dir);
 }
 
 DP_TEST(cluster_ssd_rows_two_passes)

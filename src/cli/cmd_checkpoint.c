@@ -16,7 +16,7 @@ int dp__cmd_save(int argc, char **argv);
 int dp__cmd_load(int argc, char **argv);
 
 static const char usage_save[] =
-    "usage: dataplane save [--cluster PATH] [--timeout S] [-q] DIR\n"
+    "usage: dataplane save [--cluster PATH] [--timeout S] [--keep N] [-q] DIR\n"
     "\n"
     "Save every unit of a running cluster into a new checkpoint in DIR: one\n"
     "shard per unit (written by the unit on its host: DIR must be the same path\n"
@@ -27,6 +27,9 @@ static const char usage_save[] =
     "  --cluster PATH   cluster file or its directory (default: $DP_CLUSTER, then\n"
     "                   the default directory)\n"
     "  --timeout S      seconds allowed for all units to write (default 600)\n"
+    "  --keep N         then remove DIR's older checkpoints but the N - 1 newest\n"
+    "                   (N >= 1; default: keep all). A checkpoint newer than this\n"
+    "                   one (another save running) is never removed.\n"
     "  -q, --quiet      no progress lines\n"
     "  -h, --help       this text\n";
 
@@ -56,6 +59,7 @@ run(const char *cmd, const char *usage, int argc, char **argv)
 {
     static const struct option opts[] = {{"cluster", required_argument, NULL, 'c'},
                                          {"timeout", required_argument, NULL, 't'},
+                                         {"keep", required_argument, NULL, 'k'},
                                          {"quiet", no_argument, NULL, 'q'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
@@ -78,6 +82,16 @@ run(const char *cmd, const char *usage, int argc, char **argv)
             if (end == optarg || *end != '\0' || !(o.timeout_s > 0))
                 return dp__cli_usage(cmd, "--timeout wants seconds > 0, not '%s'",
                                      optarg);
+            break;
+        }
+        case 'k': {
+            char *end = NULL;
+            unsigned long long k = strtoull(optarg, &end, 10);
+            if (strcmp(cmd, "save") != 0)
+                return dp__cli_usage(cmd, "--keep is an option of save");
+            if (end == optarg || *end != '\0' || optarg[0] == '-' || k < 1 || k > 1000000)
+                return dp__cli_usage(cmd, "--keep wants a count >= 1, not '%s'", optarg);
+            o.keep = (uint32_t)k;
             break;
         }
         case 'q':

@@ -6,6 +6,7 @@
 #include "client/checkpoint.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -28,6 +29,89 @@ dp_ckpt_opts_init(dp_ckpt_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->timeout_s = 600;
+}
+
+static void say(const dp_ckpt_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int
+cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/*
+ * Remove checkpoint directory adir/name: its regular files, then itself.
+ * Anything else inside (a subdirectory, a link) makes it stay. Best effort.
+ */
+static bool
+remove_ckpt_dir(const char *adir, const char *name)
+{
+    char sub[PATH_MAX];
+    if (snprintf(sub, sizeof sub, "%s/%s", adir, name) >= (int)sizeof sub)
+        return false;
+    int dfd = open(sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0)
+        return false;
+    DIR *dir = fdopendir(dfd);
+    if (dir == NULL) {
+        close(dfd);
+        return false;
+    }
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        struct stat st;
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+            unlinkat(dfd, e->d_name, 0);
+    }
+    closedir(dir);
+    return rmdir(sub) == 0;
+}
+
+/*
+ * After a save of `current` into adir: remove the ckpt-* directories older
+ * than it beyond the keep - 1 newest (names sort by time). Newer ones are
+ * another save's, possibly running: never touched.
+ */
+static void
+prune(const char *adir, const char *current, uint32_t keep, const dp_ckpt_opts *o)
+{
+    DIR *dir = opendir(adir);
+    if (dir == NULL)
+        return;
+    char **older = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        if (strncmp(e->d_name, "ckpt-", 5) != 0 || strcmp(e->d_name, current) >= 0)
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            char **no = realloc(older, nc * sizeof *no);
+            if (no == NULL)
+                break;
+            older = no;
+            cap = nc;
+        }
+        if ((older[n] = strdup(e->d_name)) == NULL)
+            break;
+        n++;
+    }
+    closedir(dir);
+    if (n > 0)
+        qsort(older, n, sizeof *older, cmp_str);
+    size_t keep_older = keep - 1;
+    for (size_t i = 0; i + keep_older < n; i++) {
+        if (remove_ckpt_dir(adir, older[i]))
+            say(o, "removed old checkpoint %s", older[i]);
+        else
+            say(o, "could not remove old checkpoint %s/%s", adir, older[i]);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(older[i]);
+    free(older);
 }
 
 static void
@@ -311,11 +395,14 @@ dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     char rnd[33], ts[32];
     if ((rc = dp_random_hex_id(rnd, d)) != 0)
         return rc;
-    time_t now = time(NULL);
+    /* UTC to the microsecond: names sort in save order (prune relies on it). */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
     struct tm tmv;
-    gmtime_r(&now, &tmv);
-    strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tmv);
-    snprintf(sum->checkpoint, sizeof sum->checkpoint, "ckpt-%s-%.8s", ts, rnd);
+    gmtime_r(&now.tv_sec, &tmv);
+    strftime(ts, sizeof ts, "%Y%m%dT%H%M%S", &tmv);
+    snprintf(sum->checkpoint, sizeof sum->checkpoint, "ckpt-%s.%06dZ-%.8s", ts,
+             (int)(now.tv_nsec / 1000), rnd);
     if ((rc = pathf(sub, sizeof sub, d, "%s/%s", adir, sum->checkpoint)) != 0)
         return rc;
     if (mkdir(sub, 0755) != 0)
@@ -422,6 +509,8 @@ dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         goto out;
     say(o, "saved %s: %" PRIu64 " blobs, %" PRIu64 " bytes", sum->checkpoint, sum->blobs,
         sum->bytes);
+    if (o->keep > 0)
+        prune(adir, sum->checkpoint, o->keep, o);
 out:
     if (rc != 0 && paths != NULL && !flipping) {
         /*

@@ -14,7 +14,9 @@
  * under a temporary name, fsync'd, renamed), fsyncs it, writes its manifest,
  * and only then replaces DIR/MANIFEST.json atomically (temporary name, fsync,
  * rename, fsync of DIR): a save that dies at any point leaves the previous
- * checkpoint the current one. Older ckpt-* directories are left in place.
+ * checkpoint the current one. Older ckpt-* directories are left in place
+ * unless opts.keep asks to prune them. Names are ckpt-<UTC to the
+ * microsecond>-<8 hex>: they sort in save order.
  *
  * Manifest (JSON): {"version": 1, "checkpoint": "ckpt-...", "n_units": N,
  *   "units": [{"unit": i, "shard": "unit-i.shard", "rows": "unit-i.shard.rows",
@@ -41,6 +43,13 @@
 
 typedef struct dp_ckpt_opts {
     double timeout_s; /* bound of each pass over the units (default 600) */
+    /*
+     * After a save: keep the new checkpoint and the keep - 1 newest older
+     * ckpt-* directories, remove the older ones (0: remove nothing). A
+     * directory newer than the new checkpoint (another save in progress) is
+     * never touched.
+     */
+    uint32_t keep;
     /* Progress lines ("unit 3: saved 120 blobs, 1.2 GB"), or NULL. */
     void (*progress)(void *ctx, const char *line);
     void *progress_ctx;
