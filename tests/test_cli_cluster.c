@@ -220,6 +220,11 @@ DP_TEST(usage_errors)
         {"bench --jagged 1", "--jagged"},
         {"bench --memory disk", "--memory"},
         {"bench extra", "unexpected argument"},
+        {"save --keep 0 d", "--keep"},
+        {"save --keep -1 d", "--keep"},
+        {"load --keep 2 d", "option of save"},
+        {"save --timeout 0 d", "--timeout"},
+        {"save", "one directory"},
     };
     for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
         int st = run(cases[i].args, out, sizeof out);
