@@ -977,7 +977,7 @@ DP_TEST(abort_before_queued_and_during)
     dp_direct_req *r = NULL, *r2 = NULL;
     /* Before: the next fetch of the id fails, once. */
     CHECK_OK(dp_direct_abort(t, "a", &d));
-    CHECK_ERR_D(dp_direct_fetch(t, "a", m.p, m.len, NULL, 0, &r, &d), DP_ETRANSFER, &d);
+    CHECK_ERR_D(dp_direct_fetch(t, "a", m.p, m.len, NULL, 0, &r, &d), DP_ECANCELED, &d);
     CHECK_CONTAINS(d.msg, "aborted");
     CHECK(r == NULL);
     fetch_check(t, &p, "a", &m, s);
@@ -994,12 +994,12 @@ DP_TEST(abort_before_queued_and_during)
     }
     CHECK(done > 0);
     CHECK_OK(dp_direct_abort(t, "a", &d));
-    CHECK_ERR_D(dp_direct_wait(r, 10, &d), DP_ETRANSFER, &d);
+    CHECK_ERR_D(dp_direct_wait(r, 10, &d), DP_ECANCELED, &d);
     CHECK_CONTAINS(d.msg, "aborted after");
     dp_direct_req_progress(r, &done, &total);
     CHECKF(done < total, "aborted fetch read %llu of %llu", (unsigned long long)done,
            (unsigned long long)total);
-    CHECK_ERR_D(dp_direct_wait(r2, 10, &d), DP_ETRANSFER, &d);
+    CHECK_ERR_D(dp_direct_wait(r2, 10, &d), DP_ECANCELED, &d);
     CHECK_CONTAINS(d.msg, "before it started");
     dp_direct_req_destroy(r);
     dp_direct_req_destroy(r2);
@@ -1135,7 +1135,7 @@ hammer_main(void *arg)
                 h->bad++;
             else
                 h->ok++;
-        } else if (rc == DP_ETRANSFER && strstr(d.msg, "aborted") != NULL) {
+        } else if (rc == DP_ECANCELED) {
             h->aborted++;
         } else {
             fprintf(stderr, "  hammer: %s: %s\n", dp_errname(rc), d.msg);

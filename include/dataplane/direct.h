@@ -165,8 +165,9 @@ DP_API int dp_direct_free(dp_direct *t, const char *obj_id, dp_detail *d);
  * DP_EEXIST (a target partly overlaps a registration, or memory the transport
  * allocated itself), DP_ETOOBIG (no targets and the object is larger than half
  * of this host's memory),
- * DP_ETRANSFER (aborted before it started: see dp_direct_abort; or target
- * registration refused), DP_ECLOSED, DP_ENOMEM. Threads: any.
+ * DP_ECANCELED (aborted before it started: see dp_direct_abort),
+ * DP_ETRANSFER (target registration refused), DP_ECLOSED, DP_ENOMEM.
+ * Threads: any.
  */
 DP_API int dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md,
                            size_t md_len, const dp_direct_buf *targets, size_t n_targets,
@@ -176,10 +177,10 @@ DP_API int dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md,
  * Wait for r to end: timeout_s < 0 waits for ever, 0 polls, > 0 waits that
  * many seconds. Returns DP_OK once every byte arrived; DP_ETIMEDOUT if r is
  * still running (wait again, or destroy it); otherwise r's error, the same on
- * every later call: DP_ETRANSFER (aborted, the publisher died or UCX failed; d
- * says which, with sizes and what to check), DP_ETIMEDOUT with "deadline" in d
- * (a READ outlived xfer_timeout_s), DP_EFATAL (process poisoned), DP_ECLOSED.
- * After a failure, target memory for which dp_direct_touches_unfinished() is
+ * every later call: DP_ECANCELED (aborted), DP_ETRANSFER (the publisher died
+ * or UCX failed; d says which, with sizes and what to check), DP_ETIMEDOUT with
+ * "deadline" in d (a READ outlived xfer_timeout_s), DP_EFATAL (process poisoned),
+ * DP_ECLOSED. After a failure, target memory for which dp_direct_touches_unfinished() is
  * true must never be reused. Threads: any; several may wait on one request.
  */
 DP_API int dp_direct_wait(dp_direct_req *r, double timeout_s, dp_detail *d);
@@ -202,14 +203,14 @@ DP_API int dp_direct_req_buffer(const dp_direct_req *r, size_t i, void **addr,
                                 size_t *len);
 
 /*
- * Abort r if it still runs (it ends within one chunk with DP_ETRANSFER) and free
+ * Abort r if it still runs (it ends within one chunk with DP_ECANCELED) and free
  * it. Blocks until the worker has let go of r. NULL allowed. Threads: any, but
  * not concurrently with other calls on the same r.
  */
 DP_API void dp_direct_req_destroy(dp_direct_req *r);
 
 /*
- * Make fetches of obj_id fail with DP_ETRANSFER ("aborted"): every fetch of it
+ * Make fetches of obj_id fail with DP_ECANCELED: every fetch of it
  * still queued or running (running ones stop at the next chunk); if there is
  * none, the next dp_direct_fetch of obj_id (the mark is used once). Threads: any.
  */

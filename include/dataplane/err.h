@@ -44,7 +44,8 @@ extern "C" {
     X(DP_ENOTFOUND, "not found")                                                         \
     X(DP_EEXIST, "already exists")                                                       \
     X(DP_ECORRUPT, "data corrupted")                                                     \
-    X(DP_EUNSUPPORTED, "not supported")
+    X(DP_EUNSUPPORTED, "not supported")                                                  \
+    X(DP_ECANCELED, "canceled")
 
 typedef enum dp_err {
     DP_OK = 0,

@@ -618,7 +618,7 @@ run_fetch(dp_direct_req *r, dp_detail *d)
     const dp_direct_md *md = &r->md;
     double pause = 0;
     if (req_aborted(r, NULL))
-        return dp_fail(d, DP_ETRANSFER,
+        return dp_fail(d, DP_ECANCELED,
                        "direct: fetch of object %s aborted before it started", r->obj_id);
     if (r->n == 0)
         return DP_OK;
@@ -650,7 +650,7 @@ run_fetch(dp_direct_req *r, dp_detail *d)
             }
         }
         if (req_aborted(r, &pause)) {
-            rc = dp_fail(d, DP_ETRANSFER,
+            rc = dp_fail(d, DP_ECANCELED,
                          "direct: fetch of object %s aborted after %" PRIu64
                          " of %" PRIu64 " bytes",
                          r->obj_id, done, md->total_bytes);
@@ -1159,7 +1159,7 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
     }
     if (dp_map_del(&t->aborted, obj_id, idlen) != NULL) {
         pthread_mutex_unlock(&t->mu);
-        rc = dp_fail(d, DP_ETRANSFER, "direct: fetch of object %s aborted", obj_id);
+        rc = dp_fail(d, DP_ECANCELED, "direct: fetch of object %s aborted", obj_id);
         goto fail;
     }
     set_state(r, REQ_QUEUED);
@@ -1283,7 +1283,7 @@ dp_direct_req_destroy(dp_direct_req *r)
             for (dp_direct_req *q = t->qhead; q != NULL; q = q->qnext)
                 t->qtail = q;
         }
-        r->rc = DP_ETRANSFER;
+        r->rc = DP_ECANCELED;
         set_state(r, REQ_END);
         t->fetch_aborted++;
     }
