@@ -1083,6 +1083,54 @@ DP_TEST(handler_malformed)
     dp_unit_destroy(u);
 }
 
+/*
+ * Rows wider than the inline slots: 300 fields of one row in one blob, half
+ * overwritten by a second blob that adds 50 more, fields named alike
+ * ("f1", "f10", "f100"), every key found in the right blob, then a release.
+ */
+DP_TEST(wide_rows)
+{
+    dp_unit *u = mk_unit(8 << 20, 1, 0);
+    enum { A = 300, B = 200 };
+    char(*ka)[32] = calloc(A, sizeof *ka), (*kb)[32] = calloc(B, sizeof *kb);
+    const char **pa = calloc(A, sizeof *pa), **pb = calloc(B, sizeof *pb);
+    for (int i = 0; i < A; i++) {
+        snprintf(ka[i], sizeof ka[i], "7@f%d", i);
+        pa[i] = ka[i];
+    }
+    for (int i = 0; i < B; i++) { /* f150..f349: 150 overwrites, 50 new */
+        snprintf(kb[i], sizeof kb[i], "7@f%d", 150 + i);
+        pb[i] = kb[i];
+    }
+    uint64_t offa = put_keys(u, "wa", pa, A, 64, 1);
+    check_unit(u);
+    uint64_t offb = put_keys(u, "wb", pb, B, 64, 2);
+    check_unit(u);
+    CHECK_EQ(stats(u).rows, 1);
+    CHECK_EQ(stats(u).entries, 350);
+    for (int i = 0; i < 350; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "7@f%d", i);
+        uint64_t off, len;
+        CHECKF(locate(u, key, &off, &len, NULL), "%s missing", key);
+        /* The blobs do not overlap: each runs up to the other or beyond. */
+        uint64_t base = i < 150 ? offa : offb, other = i < 150 ? offb : offa;
+        uint64_t end = other > base ? other : UINT64_MAX;
+        CHECKF(off > base && off < end, "%s in the wrong blob", key);
+        CHECK_EQ(len, 64);
+    }
+    uint64_t g = 7;
+    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 350);
+    check_unit(u);
+    CHECK_EQ(stats(u).rows, 0);
+    CHECK_EQ(stats(u).blobs, 0);
+    free(ka);
+    free(kb);
+    free(pa);
+    free(pb);
+    dp_unit_destroy(u);
+}
+
 /* The ticker thread runs maintenance on the real clock. */
 DP_TEST(ticker_thread)
 {

@@ -213,14 +213,30 @@ struct pin {
     pin *prev, *next; /* creation (= expiry) order */
 };
 
+/*
+ * A key's place in the row index. Its field name points into the strings of
+ * its blob's parsed index (the committing blob's for a placeholder): it moves
+ * with b, so it lives as long as the blob the slot holds a ref on.
+ */
 typedef struct slot {
-    blob_rec *b; /* NULL only while commit builds placeholders */
-    uint32_t i;  /* entry index in b->parsed */
+    blob_rec *b;       /* NULL only while commit builds placeholders */
+    const char *field; /* not NUL-terminated */
+    uint32_t flen;
+    uint32_t hash; /* of the field name, to skip most comparisons */
+    uint32_t i;    /* entry index in b->parsed */
 } slot;
 
+/*
+ * A row: its fields' slots in a small array, inline for the usual few fields
+ * (a new row then costs one allocation, not one per field plus a hash map),
+ * on the heap past ROW_INLINE. Lookup is a scan of the hashes.
+ */
+enum { ROW_INLINE = 4 };
 typedef struct row {
-    dp_map fields; /* field -> slot* */
     uint64_t gidx;
+    uint32_t n, cap;
+    slot *s; /* inl, or a heap array */
+    slot inl[ROW_INLINE];
 } row;
 
 enum { JOB_SPILL = 1, JOB_STAGE = 2 };
@@ -599,15 +615,82 @@ pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
     free(p);
 }
 
+static uint32_t
+field_hash(const char *f, uint32_t n)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (uint32_t k = 0; k < n; k++)
+        h = (h ^ (uint8_t)f[k]) * 16777619u;
+    return h;
+}
+
+static row *
+row_new(uint64_t gidx)
+{
+    row *r = malloc(sizeof *r);
+    if (r == NULL)
+        return NULL;
+    r->gidx = gidx;
+    r->n = 0;
+    r->cap = ROW_INLINE;
+    r->s = r->inl;
+    return r;
+}
+
 static void
 row_free(row *r)
 {
-    size_t it = 0;
-    void *v;
-    while (dp_map_next(&r->fields, &it, NULL, NULL, NULL, &v))
-        free(v);
-    dp_map_fini(&r->fields);
+    if (r->s != r->inl)
+        free(r->s);
     free(r);
+}
+
+/* Index of field f's slot in r, or -1. */
+static int32_t
+row_find(const row *r, const char *f, uint32_t flen, uint32_t h)
+{
+    for (uint32_t k = 0; k < r->n; k++) {
+        const slot *s = &r->s[k];
+        if (s->hash == h && s->flen == flen && memcmp(s->field, f, flen) == 0)
+            return (int32_t)k;
+    }
+    return -1;
+}
+
+/* r's slot for f, or NULL: a lookup by name. */
+static slot *
+row_slot(row *r, const char *f, uint32_t flen)
+{
+    if (r == NULL)
+        return NULL;
+    int32_t k = row_find(r, f, flen, field_hash(f, flen));
+    return k < 0 ? NULL : &r->s[k];
+}
+
+/* Append a placeholder slot for f (b NULL); its index, or -1 out of memory. */
+static int32_t
+row_add(row *r, const char *f, uint32_t flen, uint32_t h)
+{
+    if (r->n == r->cap) {
+        uint32_t cap = r->cap * 2;
+        slot *ns = malloc((size_t)cap * sizeof *ns);
+        if (ns == NULL)
+            return -1;
+        memcpy(ns, r->s, (size_t)r->n * sizeof *ns);
+        if (r->s != r->inl)
+            free(r->s);
+        r->s = ns;
+        r->cap = cap;
+    }
+    r->s[r->n] = (slot){.b = NULL, .field = f, .flen = flen, .hash = h, .i = 0};
+    return (int32_t)r->n++;
+}
+
+/* Remove slot k (the last one takes its place). */
+static void
+row_del(row *r, uint32_t k)
+{
+    r->s[k] = r->s[--r->n];
 }
 
 /* ---- SSD tier: files and io jobs ---- */
@@ -737,7 +820,7 @@ spill_keep_locked(dp_unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_de
         bool live = b->spill_keep == NULL || b->spill_keep[i];
         if (live) {
             row *r = dp_map_get_u64(&u->rows, e->gidx);
-            slot *s = r != NULL ? dp_map_get(&r->fields, e->field, e->field_len) : NULL;
+            slot *s = row_slot(r, e->field, (uint32_t)e->field_len);
             if (s != NULL && s->b != NULL && s->b->commit_seq > b->commit_seq)
                 live = false;
         }
@@ -1624,12 +1707,11 @@ publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
         row *r = dp_map_get_u64(&u->rows, e->gidx);
         if (r == NULL)
             continue;
-        slot *s = dp_map_get(&r->fields, e->field, e->field_len);
-        if (s != NULL && s->b == NULL) {
-            dp_map_del(&r->fields, e->field, e->field_len);
-            free(s);
-        }
-        if (dp_map_len(&r->fields) == 0) {
+        uint32_t flen = (uint32_t)e->field_len;
+        int32_t k = row_find(r, e->field, flen, field_hash(e->field, flen));
+        if (k >= 0 && r->s[k].b == NULL)
+            row_del(r, (uint32_t)k);
+        if (r->n == 0) {
             dp_map_del_u64(&u->rows, e->gidx);
             row_free(r);
         }
@@ -1647,15 +1729,21 @@ publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_deta
 {
     const dp_blob *pb = b->parsed;
     uint32_t n = dp_blob_count(pb), i = 0, kept = 0;
-    /* Each entry's slot, found once (a row's fields are usually adjacent). */
-    slot **slots = malloc((size_t)n * sizeof *slots);
-    if (slots == NULL)
+    /*
+     * Each entry's (row, slot index), found once (a row's fields are usually
+     * adjacent); an index, not a pointer: a row's array may move as it grows.
+     */
+    struct at {
+        row *r;
+        uint32_t k;
+    } *at = malloc((size_t)n * sizeof *at);
+    if (at == NULL)
         return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published",
                        b->id);
     row *r = NULL;
     /* Pass 1: every row and slot exists (the only step that allocates). */
     for (i = 0; i < n; i++) {
-        slots[i] = NULL;
+        at[i].r = NULL;
         if (keep != NULL && !keep[i])
             continue;
         kept++;
@@ -1663,30 +1751,26 @@ publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_deta
         if (r == NULL || r->gidx != e->gidx)
             r = dp_map_get_u64(&u->rows, e->gidx);
         if (r == NULL) {
-            r = calloc(1, sizeof *r);
+            r = row_new(e->gidx);
             if (r == NULL)
                 goto nomem;
-            dp_map_init_str(&r->fields);
-            r->gidx = e->gidx;
             if (dp_map_put_u64(&u->rows, e->gidx, r, NULL) != 0) {
                 row_free(r);
+                r = NULL;
                 goto nomem;
             }
         }
-        slot *s = dp_map_get(&r->fields, e->field, e->field_len);
-        if (s == NULL) {
-            s = calloc(1, sizeof *s);
-            if (s == NULL ||
-                dp_map_put(&r->fields, e->field, e->field_len, s, NULL) != 0) {
-                free(s);
-                if (dp_map_len(&r->fields) == 0) {
-                    dp_map_del_u64(&u->rows, e->gidx);
-                    row_free(r);
-                }
-                goto nomem;
+        uint32_t flen = (uint32_t)e->field_len, h = field_hash(e->field, flen);
+        int32_t k = row_find(r, e->field, flen, h);
+        if (k < 0 && (k = row_add(r, e->field, flen, h)) < 0) {
+            if (r->n == 0) {
+                dp_map_del_u64(&u->rows, e->gidx);
+                row_free(r);
             }
+            r = NULL;
+            goto nomem;
         }
-        slots[i] = s;
+        at[i] = (struct at){r, (uint32_t)k};
     }
     /* Pass 2: publish, cannot fail. */
     b->published = true;
@@ -1695,21 +1779,22 @@ publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now, dp_deta
     u->n_published++;
     u->n_commit++;
     for (i = 0; i < n; i++) {
-        slot *s = slots[i];
-        if (s == NULL)
+        if (at[i].r == NULL)
             continue;
+        slot *s = &at[i].r->s[at[i].k];
         blob_rec *old = s->b;
         s->b = b;
         s->i = i;
+        s->field = dp_blob_entry_at(pb, i)->field; /* the name now lives in b */
         if (old != NULL)
             unref_locked(u, old, now);
         else
             u->n_entries++;
     }
-    free(slots);
+    free(at);
     return 0;
 nomem:
-    free(slots);
+    free(at);
     publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
     return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
 }
@@ -1957,7 +2042,7 @@ dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
             goto fail;
         }
         row *r = dp_map_get_u64(&u->rows, kp.gidx);
-        slot *s = r != NULL ? dp_map_get(&r->fields, kp.field, kp.field_len) : NULL;
+        slot *s = row_slot(r, kp.field, (uint32_t)kp.field_len);
         if (s == NULL) {
             res->missing[res->n_missing++] = keys[i];
             continue;
@@ -2078,11 +2163,8 @@ dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
         row *r = dp_map_del_u64(&u->rows, gidxs[i]);
         if (r == NULL)
             continue;
-        size_t it = 0;
-        void *v;
-        while (dp_map_next(&r->fields, &it, NULL, NULL, NULL, &v)) {
-            slot *s = v;
-            unref_locked(u, s->b, now);
+        for (uint32_t k = 0; k < r->n; k++) {
+            unref_locked(u, r->s[k].b, now);
             dropped++;
         }
         row_free(r);
@@ -2468,16 +2550,27 @@ dp_unit_check(dp_unit *u, dp_detail *d)
     uint64_t g;
     while (dp_map_next(&u->rows, &it, NULL, NULL, &g, &v)) {
         row *r = v;
-        if (dp_map_len(&r->fields) == 0) {
+        if (r->n == 0) {
             rc = dp_fail(d, DP_ECORRUPT, "row %" PRIu64 " is empty", g);
             goto out;
         }
-        size_t it2 = 0;
-        void *sv;
-        while (dp_map_next(&r->fields, &it2, NULL, NULL, NULL, &sv)) {
-            slot *s = sv;
+        if (r->gidx != g || r->n > r->cap || (r->cap == ROW_INLINE) != (r->s == r->inl)) {
+            rc = dp_fail(d, DP_ECORRUPT, "row %" PRIu64 ": bad header", g);
+            goto out;
+        }
+        for (uint32_t k = 0; k < r->n; k++) {
+            const slot *s = &r->s[k];
             if (s->b == NULL || !s->b->published || s->b->dead) {
                 rc = dp_fail(d, DP_ECORRUPT, "row %" PRIu64 " points at a dead blob", g);
+                goto out;
+            }
+            const dp_blob_entry *e = dp_blob_entry_at(s->b->parsed, s->i);
+            if (e->gidx != g || s->field != e->field || s->flen != e->field_len ||
+                s->hash != field_hash(s->field, s->flen) ||
+                row_find(r, s->field, s->flen, s->hash) != (int32_t)k) {
+                rc = dp_fail(d, DP_ECORRUPT,
+                             "row %" PRIu64 " slot %u does not match its blob entry", g,
+                             k);
                 goto out;
             }
             uintptr_t key = (uintptr_t)s->b;
@@ -2817,7 +2910,7 @@ snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_deta
         for (uint32_t i = 0; i < ne; i++) {
             const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
             row *r = dp_map_get_u64(&u->rows, e->gidx);
-            slot *sl = r ? dp_map_get(&r->fields, e->field, e->field_len) : NULL;
+            slot *sl = row_slot(r, e->field, (uint32_t)e->field_len);
             if (sl != NULL && sl->b == b && sl->i == i)
                 s->live[s->n_live++] = i;
         }
