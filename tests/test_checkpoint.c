@@ -907,6 +907,57 @@ DP_TEST(unit_answers_others_while_it_saves)
     rm_shard(path);
 }
 
+/*
+ * Two saves of one unit at once (possible since saves left the ctl thread):
+ * both complete, and each shard loads back into a fresh unit as a full copy.
+ */
+DP_TEST(two_saves_of_one_unit_at_once)
+{
+    char p1[512], p2[512];
+    tpath("twin-1", p1, sizeof p1);
+    tpath("twin-2", p2, sizeof p2);
+    rm_shard(p1);
+    rm_shard(p2);
+    tcluster a;
+    tc_start(&a, 1, 256 << 20, NULL, "twin.json");
+    tc_fill(&a, 96, 1 << 20, 4);
+    busy_save b1 = {a.cl.units[0].zmq, p1, {0}, -1, 0};
+    busy_save b2 = {a.cl.units[0].zmq, p2, {0}, -1, 0};
+    pthread_t t1, t2;
+    CHECK_EQ(pthread_create(&t1, NULL, busy_saver, &b1), 0);
+    CHECK_EQ(pthread_create(&t2, NULL, busy_saver, &b2), 0);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    CHECK_OK(b1.rc);
+    CHECK_OK(b2.rc);
+    busy_save *bs[2] = {&b1, &b2};
+    dp_detail d;
+    dp_detail_clear(&d);
+    for (int k = 0; k < 2; k++) {
+        dp_wire_reply r;
+        CHECK_OK_D(dp_wire_reply_decode(bs[k]->reply.data, bs[k]->reply.len,
+                                        DP_WIRE_OP_SAVE_SHARD, NULL, &r, &d),
+                   &d);
+        CHECK(r.ok);
+        tcluster c;
+        tc_start(&c, 1, 256 << 20, NULL, "twin-c.json");
+        dp_unit_load_res lr;
+        CHECK_OK_D(dp_unit_load_shard(c.u[0], bs[k]->path, strlen(bs[k]->path),
+                                      r.r.save_shard.blobs.v, r.r.save_shard.blobs.n,
+                                      false, &lr, &d),
+                   &d);
+        CHECK_EQ(lr.n_failed, 0);
+        dp_unit_load_res_fini(&lr);
+        tc_same(&a, &c, 96, 1 << 20, 2);
+        tc_stop(&c);
+        dp_wire_reply_fini(&r);
+        dp_buf_fini(&bs[k]->reply);
+    }
+    tc_stop(&a);
+    rm_shard(p1);
+    rm_shard(p2);
+}
+
 /* Count DIR's ckpt-* entries; *has gets whether name is among them. */
 static int
 count_ckpts(const char *dir, const char *name, bool *has)
