@@ -1054,12 +1054,13 @@ DP_TEST(stopped_unit_leaves_the_destination_off_limits)
     CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
     CHECK(!dp_client_touches_unfinished(c, dst, BYTES));
     bool seen = false;
-    for (int attempt = 0; attempt < 3 && !seen; attempt++) {
+    for (int attempt = 0; attempt < 4 && !seen; attempt++) {
         if (attempt > 0) {
             kill(cl.pid[0], SIGCONT);
             dp_sleep_s(0.5);
         }
-        stopper sp = {cl.pid[0], 0.03};
+        /* Later tries wait longer: a slow resolve (sanitizers) must end first. */
+        stopper sp = {cl.pid[0], 0.03 + 0.05 * attempt};
         pthread_t th;
         CHECK_EQ(pthread_create(&th, NULL, stopper_main, &sp), 0);
         dp_get_item it = {.key = "7@obs", .dst = dst, .cap = BYTES};
