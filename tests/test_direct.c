@@ -1055,6 +1055,78 @@ DP_TEST(restarted_publisher_with_the_same_name)
     dp_direct_destroy(t);
 }
 
+typedef struct aborter {
+    dp_direct *t;
+    const char *id;
+    double after_s;
+} aborter;
+
+static void *
+aborter_main(void *arg)
+{
+    aborter *a = arg;
+    dp_sleep_s(a->after_s);
+    dp_direct_abort(a->t, a->id, NULL);
+    return NULL;
+}
+
+/*
+ * dp_direct_wait(-1) runs a fetch no worker has taken yet on the caller's
+ * thread (no hand-off); a bounded wait never does. Either way every byte is
+ * checked, and an abort stops a fetch the waiter runs.
+ */
+DP_TEST(waiting_for_ever_runs_the_fetch_in_the_caller)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-w", 0), 0);
+    pub_alloc(&p, 0, 4096, 900);
+    pub_alloc(&p, 1, 24 * MiB, 901);
+    md_bytes m, big;
+    int s0[] = {0, -1}, s1[] = {1, -1};
+    CHECK_EQ(pub_publish(&p, &m, "small", s0), 0);
+    CHECK_EQ(pub_publish(&p, &big, "big", s1), 0);
+    dp_direct *t = fetcher("fetch-w", 4, 1 * MiB, 1);
+    dp_direct_stats st0, st1;
+    dp_direct_get_stats(t, &st0);
+    for (int i = 0; i < 50; i++)
+        fetch_check(t, &p, "small", &m, s0); /* waits with -1 */
+    dp_direct_get_stats(t, &st1);
+    printf("  %llu of 50 fetches run by the waiting caller\n",
+           (unsigned long long)(st1.fetch_by_waiter - st0.fetch_by_waiter));
+    CHECK(st1.fetch_by_waiter > st0.fetch_by_waiter);
+    /* Bounded waits leave every fetch to the workers. */
+    dp_detail d;
+    dp_detail_clear(&d);
+    for (int i = 0; i < 20; i++) {
+        dp_direct_req *r = NULL;
+        CHECK_OK_D(dp_direct_fetch(t, "small", m.p, m.len, NULL, 0, &r, &d), &d);
+        CHECK_OK_D(dp_direct_wait(r, 10, &d), &d);
+        void *a;
+        size_t len;
+        CHECK_OK(dp_direct_req_buffer(r, 0, &a, &len));
+        CHECK_EQ_U64(fnv(a, len), pattern_sum(len, p.seed[0]));
+        dp_direct_req_destroy(r);
+    }
+    dp_direct_stats st2;
+    dp_direct_get_stats(t, &st2);
+    CHECK_EQ_U64(st2.fetch_by_waiter, st1.fetch_by_waiter);
+    /* An abort stops a fetch whoever runs it: 1 MiB chunks, 30 ms apart. */
+    dp__direct_set_chunk_pause(t, 0.03);
+    aborter ab = {t, "big", 0.1};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, aborter_main, &ab), 0);
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "big", big.p, big.len, NULL, 0, &r, &d), &d);
+    CHECK_ERR_D(dp_direct_wait(r, -1, &d), DP_ECANCELED, &d);
+    CHECK_CONTAINS(d.msg, "aborted after");
+    pthread_join(th, NULL);
+    dp_direct_req_destroy(r);
+    free(m.p);
+    free(big.p);
+    dp_direct_destroy(t);
+    pub_stop(&p);
+}
+
 DP_TEST(publisher_dies_mid_fetch)
 {
     pub p;

@@ -249,6 +249,7 @@ typedef struct dp_direct_stats {
     uint64_t remote_hits;      /* fetches that found their remote connected */
     uint64_t remote_evictions; /* removed: LRU, size 0, or after a failure */
     uint64_t remotes_cached;   /* connected now */
+    uint64_t fetch_by_waiter;  /* run by a dp_direct_wait(-1) caller, not a worker */
 } dp_direct_stats;
 DP_API void dp_direct_get_stats(dp_direct *t, dp_direct_stats *st);
 

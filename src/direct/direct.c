@@ -20,7 +20,9 @@
  *
  * Fetches
  * - dp_direct_fetch parses the metadata, registers the targets (or allocates
- *   registered memory) and queues a request; worker threads run requests: they
+ *   registered memory) and queues a request; worker threads run requests (or
+ *   a dp_direct_wait(-1) caller runs its own request if no worker took it yet,
+ *   saving two thread hand-offs): they
  *   connect the remote through the LRU, read the object chunk by chunk with
  *   blocking dp_endpoint_transfer calls, and end the request (state END, rc).
  *   Aborts are checked before each chunk; a chunk in flight is never
@@ -145,6 +147,7 @@ struct dp_direct {
     bool stopping;
     double chunk_pause;
     uint64_t fetches, fetch_ok, fetch_failed, fetch_aborted, bytes_fetched;
+    uint64_t fetch_stolen; /* run by a waiting caller instead of a worker */
     pthread_t workers[MAX_WORKERS];
     int n_started;
 
@@ -682,6 +685,55 @@ run_fetch(dp_direct_req *r, dp_detail *d)
     return rc;
 }
 
+/* Take r off the queue if it is still there (mu held); true if it was. */
+static bool
+dequeue_locked(dp_direct *t, dp_direct_req *r)
+{
+    dp_direct_req **pp = &t->qhead;
+    while (*pp != NULL && *pp != r)
+        pp = &(*pp)->qnext;
+    if (*pp == NULL)
+        return false;
+    *pp = r->qnext;
+    if (t->qtail == r) {
+        t->qtail = NULL;
+        for (dp_direct_req *q = t->qhead; q != NULL; q = q->qnext)
+            t->qtail = q;
+    }
+    r->qnext = NULL;
+    return true;
+}
+
+/*
+ * Run r (dequeued, mu held on entry and on return): RUNNING, the fetch
+ * outside mu, then END with its result, waking every waiter.
+ */
+static void
+run_req_locked(dp_direct *t, dp_direct_req *r)
+{
+    set_state(r, REQ_RUNNING);
+    pthread_mutex_unlock(&t->mu);
+
+    dp_detail d;
+    dp_detail_clear(&d);
+    int rc = run_fetch(r, &d);
+    release_targets(r);
+
+    pthread_mutex_lock(&t->mu);
+    r->rc = rc;
+    r->det = d;
+    set_state(r, REQ_END);
+    if (rc == DP_OK) {
+        t->fetch_ok++;
+        t->bytes_fetched += r->md.total_bytes;
+    } else if (r->aborted) {
+        t->fetch_aborted++;
+    } else {
+        t->fetch_failed++;
+    }
+    pthread_cond_broadcast(&t->cv);
+}
+
 static void *
 worker_main(void *arg)
 {
@@ -693,31 +745,8 @@ worker_main(void *arg)
         if (t->stopping)
             break;
         dp_direct_req *r = t->qhead;
-        t->qhead = r->qnext;
-        if (t->qhead == NULL)
-            t->qtail = NULL;
-        r->qnext = NULL;
-        set_state(r, REQ_RUNNING);
-        pthread_mutex_unlock(&t->mu);
-
-        dp_detail d;
-        dp_detail_clear(&d);
-        int rc = run_fetch(r, &d);
-        release_targets(r);
-
-        pthread_mutex_lock(&t->mu);
-        r->rc = rc;
-        r->det = d;
-        set_state(r, REQ_END);
-        if (rc == DP_OK) {
-            t->fetch_ok++;
-            t->bytes_fetched += r->md.total_bytes;
-        } else if (r->aborted) {
-            t->fetch_aborted++;
-        } else {
-            t->fetch_failed++;
-        }
-        pthread_cond_broadcast(&t->cv);
+        dequeue_locked(t, r);
+        run_req_locked(t, r);
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
@@ -1198,6 +1227,15 @@ dp_direct_wait(dp_direct_req *r, double timeout_s, dp_detail *d)
             ts.tv_nsec = 999999999L;
     }
     pthread_mutex_lock(&t->mu);
+    /*
+     * A wait for ever on a request no worker took yet runs it here: no hand-off
+     * to a worker and back (most of a small fetch's time). A bounded wait
+     * leaves it to the workers, so that it can return in time.
+     */
+    if (timeout_s < 0 && r->state == REQ_QUEUED && !t->stopping && dequeue_locked(t, r)) {
+        t->fetch_stolen++;
+        run_req_locked(t, r);
+    }
     for (;;) {
         if (r->state == REQ_END) {
             rc = r->rc;
@@ -1274,15 +1312,7 @@ dp_direct_req_destroy(dp_direct_req *r)
     dp_direct *t = r->t;
     pthread_mutex_lock(&t->mu);
     if (r->state == REQ_QUEUED) {
-        dp_direct_req **pp = &t->qhead;
-        while (*pp != r)
-            pp = &(*pp)->qnext;
-        *pp = r->qnext;
-        if (t->qtail == r) {
-            t->qtail = NULL;
-            for (dp_direct_req *q = t->qhead; q != NULL; q = q->qnext)
-                t->qtail = q;
-        }
+        dequeue_locked(t, r);
         r->rc = DP_ECANCELED;
         set_state(r, REQ_END);
         t->fetch_aborted++;
@@ -1370,6 +1400,7 @@ dp_direct_get_stats(dp_direct *t, dp_direct_stats *st)
     st->fetch_ok = t->fetch_ok;
     st->fetch_failed = t->fetch_failed;
     st->fetch_aborted = t->fetch_aborted;
+    st->fetch_by_waiter = t->fetch_stolen;
     st->bytes_fetched = t->bytes_fetched;
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_lock(&t->lru_mu);
