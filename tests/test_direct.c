@@ -1072,8 +1072,10 @@ aborter_main(void *arg)
 
 /*
  * dp_direct_wait(-1) runs a fetch no worker has taken yet on the caller's
- * thread (no hand-off); a bounded wait never does. Either way every byte is
- * checked, and an abort stops a fetch the waiter runs.
+ * thread (no hand-off); a bounded wait never does. Made certain here: the one
+ * worker is busy with a slow fetch (1 MiB chunks 30 ms apart), so small
+ * fetches queue behind it. Every byte is checked, and an abort stops a fetch
+ * whoever runs it.
  */
 DP_TEST(waiting_for_ever_runs_the_fetch_in_the_caller)
 {
@@ -1086,36 +1088,46 @@ DP_TEST(waiting_for_ever_runs_the_fetch_in_the_caller)
     CHECK_EQ(pub_publish(&p, &m, "small", s0), 0);
     CHECK_EQ(pub_publish(&p, &big, "big", s1), 0);
     dp_direct *t = fetcher("fetch-w", 4, 1 * MiB, 1);
-    dp_direct_stats st0, st1;
-    dp_direct_get_stats(t, &st0);
-    for (int i = 0; i < 50; i++)
-        fetch_check(t, &p, "small", &m, s0); /* waits with -1 */
-    dp_direct_get_stats(t, &st1);
-    printf("  %llu of 50 fetches run by the waiting caller\n",
-           (unsigned long long)(st1.fetch_by_waiter - st0.fetch_by_waiter));
-    CHECK(st1.fetch_by_waiter > st0.fetch_by_waiter);
-    /* Bounded waits leave every fetch to the workers. */
+    dp__direct_set_chunk_pause(t, 0.03);
     dp_detail d;
     dp_detail_clear(&d);
-    for (int i = 0; i < 20; i++) {
-        dp_direct_req *r = NULL;
-        CHECK_OK_D(dp_direct_fetch(t, "small", m.p, m.len, NULL, 0, &r, &d), &d);
-        CHECK_OK_D(dp_direct_wait(r, 10, &d), &d);
-        void *a;
-        size_t len;
-        CHECK_OK(dp_direct_req_buffer(r, 0, &a, &len));
-        CHECK_EQ_U64(fnv(a, len), pattern_sum(len, p.seed[0]));
-        dp_direct_req_destroy(r);
+    dp_direct_req *rb = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "big", big.p, big.len, NULL, 0, &rb, &d), &d);
+    uint64_t done = 0, total = 0;
+    double t0 = dp_test_now();
+    while (done == 0 && dp_test_now() - t0 < 10) { /* the worker has it */
+        usleep(1000);
+        dp_direct_req_progress(rb, &done, &total);
     }
+    CHECK(done > 0 && done < total);
+    dp_direct_stats st0, st1;
+    dp_direct_get_stats(t, &st0);
+    for (int i = 0; i < 10; i++)
+        fetch_check(t, &p, "small", &m, s0); /* waits with -1: runs it here */
+    dp_direct_get_stats(t, &st1);
+    CHECK_EQ_U64(st1.fetch_by_waiter - st0.fetch_by_waiter, 10);
+    dp_direct_req_progress(rb, &done, &total);
+    CHECK(done < total); /* they did not wait for the slow one */
+    /* A bounded wait leaves its fetch to the worker (after the slow one). */
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "small", m.p, m.len, NULL, 0, &r, &d), &d);
+    CHECK_OK_D(dp_direct_wait(r, 30, &d), &d);
+    void *a;
+    size_t len;
+    CHECK_OK(dp_direct_req_buffer(r, 0, &a, &len));
+    CHECK_EQ_U64(fnv(a, len), pattern_sum(len, p.seed[0]));
+    dp_direct_req_destroy(r);
+    CHECK_OK_D(dp_direct_wait(rb, 30, &d), &d);
+    CHECK_OK(dp_direct_req_buffer(rb, 0, &a, &len));
+    CHECK_EQ_U64(fnv(a, len), pattern_sum(len, p.seed[1]));
+    dp_direct_req_destroy(rb);
     dp_direct_stats st2;
     dp_direct_get_stats(t, &st2);
     CHECK_EQ_U64(st2.fetch_by_waiter, st1.fetch_by_waiter);
-    /* An abort stops a fetch whoever runs it: 1 MiB chunks, 30 ms apart. */
-    dp__direct_set_chunk_pause(t, 0.03);
+    /* An abort stops a fetch whoever runs it. */
     aborter ab = {t, "big", 0.1};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, aborter_main, &ab), 0);
-    dp_direct_req *r = NULL;
     CHECK_OK_D(dp_direct_fetch(t, "big", big.p, big.len, NULL, 0, &r, &d), &d);
     CHECK_ERR_D(dp_direct_wait(r, -1, &d), DP_ECANCELED, &d);
     CHECK_CONTAINS(d.msg, "aborted after");

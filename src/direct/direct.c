@@ -45,8 +45,10 @@
  * Locks (never nested, each a leaf except for calls into the endpoint, which
  * has its own internal lock and never calls back):
  * - cache_mu: regs, objs, pool, version and the registration counters.
- * - mu + cv: the queue, every live request's state, the abort set, stopping,
- *   fetch counters. cv is broadcast on every state change.
+ * - mu + cv + work_cv: the queue, every live request's state, the abort set,
+ *   stopping, fetch counters. cv is broadcast when a request ends (waiters);
+ *   work_cv is signalled once per queued request (one worker) and broadcast
+ *   on stopping, so a fetch does not wake every thread.
  * - lru_mu + lru_cv: the LRU and its counters; add/remove_remote run under it.
  */
 #include "direct/direct.h"
@@ -140,7 +142,8 @@ struct dp_direct {
     uint64_t version, registers, deregisters, pool_used, pool_blocks;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;      /* a request ended (waiters) */
+    pthread_cond_t work_cv; /* a request was queued, or stopping (workers) */
     dp_direct_req *qhead, *qtail;
     dp_direct_req *live;
     dp_map aborted; /* obj id -> (void *)1 */
@@ -741,7 +744,7 @@ worker_main(void *arg)
     pthread_mutex_lock(&t->mu);
     for (;;) {
         while (!t->stopping && t->qhead == NULL)
-            pthread_cond_wait(&t->cv, &t->mu);
+            pthread_cond_wait(&t->work_cv, &t->mu);
         if (t->stopping)
             break;
         dp_direct_req *r = t->qhead;
@@ -824,6 +827,7 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
     pthread_mutex_init(&t->cache_mu, NULL);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
+    pthread_cond_init(&t->work_cv, NULL);
     pthread_mutex_init(&t->lru_mu, NULL);
     pthread_cond_init(&t->lru_cv, NULL);
     t->locks_init = true;
@@ -897,6 +901,7 @@ dp_direct_destroy(dp_direct *t)
         }
         t->qhead = t->qtail = NULL;
         pthread_cond_broadcast(&t->cv);
+        pthread_cond_broadcast(&t->work_cv);
         pthread_mutex_unlock(&t->mu);
     }
     for (int i = 0; i < t->n_started; i++)
@@ -920,6 +925,7 @@ dp_direct_destroy(dp_direct *t)
         pthread_mutex_destroy(&t->cache_mu);
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
+        pthread_cond_destroy(&t->work_cv);
         pthread_mutex_destroy(&t->lru_mu);
         pthread_cond_destroy(&t->lru_cv);
     }
@@ -1202,7 +1208,7 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
         t->qhead = r;
     t->qtail = r;
     t->fetches++;
-    pthread_cond_broadcast(&t->cv);
+    pthread_cond_signal(&t->work_cv); /* one worker; waiters wait for END only */
     pthread_mutex_unlock(&t->mu);
     *out = r;
     return DP_OK;
