@@ -2694,20 +2694,8 @@ out:
 /* ---- checkpoints: save_shard / load_shard (DESIGN section 9) ---- */
 
 /*
- * Shard file (little-endian):
- *   header  32: "DPSHARD1", u32 version, u32 unit_id, u32 n_units,
- *               u32 n_blobs, u64 data_bytes
- *   data       the blobs back to back, each a DPBLOB01 blob as committed
- *   trailer 24: "DPSHEND1", u64 data_bytes, u32 CRC32C(data),
- *               u32 CRC32C(header)
- * Rows file (path.rows):
- *   header  24: "DPROWS01", u32 version, u32 unit_id, u32 n_units, u32 n_blobs
- *   per blob:   u8 id_len, id, u64 off_in_shard, u64 nbytes, u32 CRC32C(blob),
- *               u32 n_live, n_live x u32 entry index (in the blob's own index)
- *   trailer 12: u32 CRC32C(everything before), "DPROWEND"
- * A blob's own index may list keys that were overwritten or cleared before
- * the save; the rows file names the entries that were live, and a load
- * installs only those.
+ * The shard and rows files: layout in blob/shard.h (the rows-file parser is
+ * shared with a client that re-homes a checkpoint).
  */
 
 #define CK_CHUNK ((size_t)1 << 20)
@@ -3135,13 +3123,7 @@ out:
 }
 
 /* One blob of the rows file. */
-typedef struct ck_row {
-    const char *id;
-    uint32_t id_len;
-    uint64_t off, nbytes;
-    uint32_t crc, n_live;
-    const uint8_t *live; /* n_live u32 */
-} ck_row;
+typedef dp_shard_row ck_row;
 
 enum { LB_FAILED = 0, LB_PRESENT, LB_REGION, LB_DISK };
 
@@ -3220,70 +3202,22 @@ ck_read_rows(const char *name, uint32_t unit_id, uint32_t n_units, uint8_t **buf
     *buf = p;
     if ((rc = ck_pread(fd, p, (size_t)len, 0, name, d)) != 0)
         goto out;
-    if (memcmp(p, DP_ROWS_MAGIC, 8) != 0 ||
-        memcmp(p + len - 8, DP_ROWS_END_MAGIC, 8) != 0) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset %" PRIu64, name,
-                     memcmp(p, DP_ROWS_MAGIC, 8) != 0 ? 0 : len - 8);
+    dp_shard_rows sr;
+    if ((rc = dp_shard_rows_parse(p, len, name, &sr, d)) != 0)
         goto out;
-    }
-    if (get_u32(p + len - 12) != dp_crc32c(p, (size_t)len - 12)) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: CRC mismatch over [0, %" PRIu64 ")", name,
-                     len - 12);
-        goto out;
-    }
-    if (get_u32(p + 8) != DP_SHARD_VERSION) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
-                     get_u32(p + 8), DP_SHARD_VERSION);
-        goto out;
-    }
-    if (get_u32(p + 12) != unit_id || get_u32(p + 16) != n_units) {
+    if (sr.unit_id != unit_id || sr.n_units != n_units) {
         rc = dp_fail(d, DP_EINVAL,
                      "%s: written by unit %u of %u, this is unit %u of %u (offset 12)",
-                     name, get_u32(p + 12), get_u32(p + 16), unit_id, n_units);
+                     name, sr.unit_id, sr.n_units, unit_id, n_units);
+        dp_shard_rows_fini(&sr);
         goto out;
     }
-    uint32_t n = get_u32(p + 20);
-    if (n > (len - 36) / 25) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: %u blobs cannot fit (offset 20)", name, n);
-        goto out;
-    }
-    ck_row *r = calloc(n ? n : 1, sizeof *r);
-    if (r == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "load: out of memory for %s", name);
-        goto out;
-    }
-    *rows = r;
-    uint64_t pos = 24, end = len - 12;
-    for (uint32_t i = 0; i < n; i++) {
-        if (end - pos < 1 || end - pos - 1 < (uint64_t)p[pos] + 24 || p[pos] == 0 ||
-            p[pos] > DP_UNIT_ID_MAX) {
-            rc = dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name, pos);
-            goto out;
-        }
-        r[i].id_len = p[pos];
-        r[i].id = (const char *)p + pos + 1;
-        const uint8_t *q = p + pos + 1 + r[i].id_len;
-        r[i].off = get_u64(q);
-        r[i].nbytes = get_u64(q + 8);
-        r[i].crc = get_u32(q + 16);
-        r[i].n_live = get_u32(q + 20);
-        pos += 1 + r[i].id_len + 24;
-        if ((end - pos) / 4 < r[i].n_live || !valid_id(r[i].id, r[i].id_len)) {
-            rc = dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name, pos);
-            goto out;
-        }
-        r[i].live = p + pos;
-        pos += 4 * (uint64_t)r[i].n_live;
-    }
-    if (pos != end)
-        rc = dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " stray bytes at offset %" PRIu64,
-                     name, end - pos, pos);
-    *n_rows = n;
+    *rows = sr.v;
+    *n_rows = sr.n;
 out:
     close(fd);
     if (rc != 0) {
         free(*buf);
-        free(*rows);
         *buf = NULL;
         *rows = NULL;
     }
@@ -3512,7 +3446,7 @@ dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
         }
         uint32_t kept = 0;
         for (uint32_t j = 0; j < x->r->n_live; j++) {
-            uint32_t e = get_u32(x->r->live + 4 * (size_t)j);
+            uint32_t e = dp_shard_row_live(x->r, j);
             if (e >= ne || x->keep[e]) {
                 rc = dp_fail(d, DP_ECORRUPT, "%s: blob %.*s: live entry %u of %u", rfin,
                              (int)x->r->id_len, x->r->id, e, ne);

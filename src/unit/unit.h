@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "blob/shard.h"
 #include "common/common.h"
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
@@ -319,14 +320,7 @@ int dp_unit_check(dp_unit *u, dp_detail *d);
  */
 #define DP_UNIT_PATH_MAX 1024
 
-/* Magic and version of the two files of a shard (little-endian throughout). */
-#define DP_SHARD_MAGIC "DPSHARD1"
-#define DP_SHARD_END_MAGIC "DPSHEND1"
-#define DP_ROWS_MAGIC "DPROWS01"
-#define DP_ROWS_END_MAGIC "DPROWEND"
-#define DP_SHARD_VERSION 1u
-#define DP_SHARD_HEADER_LEN 32u
-#define DP_SHARD_TRAILER_LEN 24u
+/* Magic, version and layout of the two files of a shard: blob/shard.h. */
 
 /* Result of a save; every pointer is owned by it (free with _fini). */
 typedef struct dp_unit_save_res {
