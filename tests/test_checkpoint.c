@@ -1390,11 +1390,26 @@ DP_TEST(cli_save_load_fresh_processes)
         CHECKF(system(args) == 0, "row %d differs after the restore", r);
     }
     up_stop(up2);
-    /* Another shape: refused with the reason. */
+    /* Another shape: re-homed through the command, every row where it now lives. */
     pid_t up3 = up_start(c1, 3);
     snprintf(args, sizeof args, "load --cluster '%s' '%s'", c1, ck);
-    CHECK_EQ(cli(args, out, sizeof out), 1);
-    CHECK_CONTAINS(out, "has 2 units, the cluster has 3");
+    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
+    CHECK_CONTAINS(out, "re-homing");
+    CHECK_CONTAINS(out, "re-homed from 2 units into 3");
+    for (int r = 0; r < 6; r++) {
+        snprintf(g, sizeof g, "%s/got%d", dir, r);
+        snprintf(args, sizeof args, "get --cluster '%s' %d@x -o '%s'", c1, r, g);
+        int st = cli(args, out, sizeof out);
+        if (r == 5) {
+            CHECKF(st != 0, "cleared row 5 came back: %s", out);
+            continue;
+        }
+        CHECKF(st == 0, "%s", out);
+        CHECK_CONTAINS(out, r % 3 == 0 ? "unit 0" : r % 3 == 1 ? "unit 1" : "unit 2");
+        snprintf(f, sizeof f, "%s/v%d", dir, r == 4 ? 0 : r);
+        snprintf(args, sizeof args, "cmp -s '%s' '%s'", f, g);
+        CHECKF(system(args) == 0, "row %d differs after the re-homed restore", r);
+    }
     up_stop(up3);
     rm_tree_ckpt(dir);
     snprintf(args, sizeof args, "%s.out", c1);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "blob/crc32c.h"
+#include "client/checkpoint.h"
 #include "client/client_int.h"
 #include "client/cluster.h"
 #include "common/common.h"
@@ -1082,6 +1083,153 @@ DP_TEST(stopped_unit_leaves_the_destination_off_limits)
     dp_client_close(c);
     cluster_stop(&cl);
     unsetenv("UCX_TLS");
+}
+
+/* dp_ckpt_save of the units of cl into dir. */
+static void
+save_cluster(const cluster *cl, const char *dir)
+{
+    dp_cluster cs = {cl->n, calloc(cl->n, sizeof *cs.units)};
+    for (uint32_t u = 0; u < cl->n; u++) {
+        cs.units[u].id = u;
+        snprintf(cs.units[u].zmq, sizeof cs.units[u].zmq, "%s", cl->addr[u]);
+    }
+    dp_ctl_client *cc = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    dp_ckpt_summary sum;
+    CHECK_OK_D(dp_ckpt_save(cc, &cs, dir, NULL, &sum, &d), &d);
+    dp_ctl_client_destroy(cc);
+    free(cs.units);
+}
+
+/* Rows 100..299 hold one field each ((gidx / 2) % 4, so each unit's blob has
+ * all four): a sparse blob. */
+static void
+sparse_check(dp_client *c, uint64_t ver)
+{
+    for (uint64_t g = 100; g < 300; g++) {
+        char key[64];
+        uint32_t f = (uint32_t)(g / 2 % 4);
+        snprintf(key, sizeof key, "%" PRIu64 "@%s", g, field_names[f]);
+        enum { CAP = 400000 }; /* size_jagged's largest and then some */
+        uint8_t *buf = malloc(CAP);
+        dp_get_item it = {.key = key, .dst = buf, .cap = CAP};
+        dp_detail d;
+        dp_detail_clear(&d);
+        CHECK_OK_D(dp_client_get(c, &it, 1, &d), &d);
+        uint64_t v = ver;
+        CHECKF(check_value(buf, it.nbytes, g, f, &v) && v == ver, "%s differs", key);
+        /* The other fields of the row were never put. */
+        snprintf(key, sizeof key, "%" PRIu64 "@%s", g, field_names[(f + 1) % 4]);
+        it = (dp_get_item){.key = key, .dst = buf, .cap = CAP};
+        CHECK_ERR(dp_client_get(c, &it, 1, &d), DP_ENOTFOUND);
+        free(buf);
+    }
+}
+
+/*
+ * A checkpoint of 2 units loaded into 3 and into 1 (re-homed through the
+ * client): every live value comes back with its bytes, kind, dtype and
+ * shape; overwritten values come back new, cleared rows stay gone; a sparse
+ * blob (rows with different fields) too.
+ */
+DP_TEST(checkpoint_rehomed_into_other_sizes)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/dp-rehome-%d", (int)getpid());
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ(system(cmd), 0);
+    cluster a;
+    cluster_start(&a, 2, 64 << 20, 60, 10);
+    dp_client *c = connect_cl(&a);
+    uint64_t g1[40], g2[14], g3[40];
+    size_t n3 = 0;
+    for (uint64_t i = 0; i < 40; i++)
+        g1[i] = i;
+    for (uint64_t i = 0; i < 14; i++)
+        g2[i] = 3 * i; /* 0, 3, ..., 39: overwritten */
+    uint64_t cleared[] = {1, 10, 20};
+    for (uint64_t i = 0; i < 40; i++)
+        if (i % 3 != 0 && i != 1 && i != 10 && i != 20)
+            g3[n3++] = i; /* untouched since the first put */
+    batch b1, b2, b3;
+    batch_make(&b1, NULL, g1, 40, 3, size_jagged, 1);
+    batch_make(&b2, NULL, g2, 14, 3, size_jagged, 2);
+    batch_make(&b3, NULL, g3, n3, 3, size_jagged, 1);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(batch_put(c, &b1, NULL, &d), &d);
+    CHECK_OK_D(batch_put(c, &b2, NULL, &d), &d);
+    uint64_t dropped = 0;
+    CHECK_OK_D(dp_client_clear(c, cleared, 3, &dropped, &d), &d);
+    /* The sparse blob: 200 rows x 4 fields, one field per row (re-homing puts
+     * it per field: a rows x fields grid would be mostly holes). */
+    uint64_t gs[200];
+    batch bs;
+    for (uint64_t i = 0; i < 200; i++)
+        gs[i] = 100 + i;
+    batch_make(&bs, NULL, gs, 200, 4, size_jagged, 5);
+    for (size_t r = 0; r < 200; r++)
+        for (size_t f = 0; f < 4; f++)
+            if (f != gs[r] / 2 % 4)
+                bs.vals[r * 4 + f].kind = DP_KIND_SKIP;
+    CHECK_OK_D(batch_put(c, &bs, NULL, &d), &d);
+    save_cluster(&a, dir);
+    dp_client_close(c);
+    cluster_stop(&a);
+
+    uint32_t sizes[] = {3, 1};
+    for (size_t k = 0; k < DP_ARRAY_LEN(sizes); k++) {
+        cluster b;
+        cluster_start(&b, sizes[k], 64 << 20, 60, 10);
+        dp_client *cb = connect_cl(&b);
+        dp_ckpt_summary sum;
+        CHECK_OK_D(dp_ckpt_rehome(cb, dir, NULL, &sum, &d), &d);
+        CHECK_EQ(sum.n_units, 2);
+        CHECK(sum.loaded > 0);
+        batch_verify(cb, &b2, 2);
+        batch_verify(cb, &b3, 1);
+        sparse_check(cb, 5);
+        for (size_t i = 0; i < DP_ARRAY_LEN(cleared); i++) {
+            char key[64];
+            snprintf(key, sizeof key, "%" PRIu64 "@input_ids", cleared[i]);
+            uint8_t buf[16];
+            dp_get_item it = {.key = key, .dst = buf, .cap = sizeof buf};
+            CHECK_ERR(dp_client_get(cb, &it, 1, &d), DP_ENOTFOUND);
+        }
+        /* Rows live where gidx % M says (the client finds every one above). */
+        uint64_t entries = 0;
+        for (uint32_t u = 0; u < sizes[k]; u++)
+            entries += (uint64_t)stat_of(cb, u, "entries");
+        CHECK_EQ(entries, 14 * 3 + n3 * 3 + 200);
+        dp_client_close(cb);
+        cluster_stop(&b);
+    }
+    /* A damaged shard is refused before anything is put. */
+    char fix[600];
+    snprintf(fix, sizeof fix,
+             "f=$(find '%s' -name unit-1.shard | head -1) && "
+             "printf 'X' | dd of=\"$f\" bs=1 seek=100 conv=notrunc 2>/dev/null",
+             dir);
+    CHECK_EQ(system(fix), 0);
+    cluster b;
+    cluster_start(&b, 3, 64 << 20, 60, 10);
+    dp_client *cb = connect_cl(&b);
+    dp_ckpt_summary sum;
+    CHECK_ERR_D(dp_ckpt_rehome(cb, dir, NULL, &sum, &d), DP_ECORRUPT, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "unit-1.shard");
+    for (uint32_t u = 0; u < 3; u++)
+        CHECK_EQ((long long)stat_of(cb, u, "entries"), 0);
+    dp_client_close(cb);
+    cluster_stop(&b);
+    batch_free(&b1);
+    batch_free(&b2);
+    batch_free(&b3);
+    batch_free(&bs);
+    CHECK_EQ(system(cmd), 0);
 }
 
 DP_TEST(client_killed_between_write_and_commit)

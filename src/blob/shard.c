@@ -29,8 +29,8 @@ id_ok(const char *s, uint32_t n)
         return false;
     for (uint32_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == ':' || c == '-'))
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' || c == '-'))
             return false;
     }
     return true;
@@ -52,14 +52,15 @@ dp_shard_rows_fini(dp_shard_rows *r)
 }
 
 int
-dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name,
-                    dp_shard_rows *out, dp_detail *d)
+dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_rows *out,
+                    dp_detail *d)
 {
     memset(out, 0, sizeof *out);
     if (len < 36)
-        return dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " bytes: not a rows file (offset 0)",
-                       name, len);
-    if (memcmp(p, DP_ROWS_MAGIC, 8) != 0 || memcmp(p + len - 8, DP_ROWS_END_MAGIC, 8) != 0)
+        return dp_fail(d, DP_ECORRUPT,
+                       "%s: %" PRIu64 " bytes: not a rows file (offset 0)", name, len);
+    if (memcmp(p, DP_ROWS_MAGIC, 8) != 0 ||
+        memcmp(p + len - 8, DP_ROWS_END_MAGIC, 8) != 0)
         return dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset %" PRIu64, name,
                        memcmp(p, DP_ROWS_MAGIC, 8) != 0 ? 0 : len - 8);
     if (rd_u32(p + len - 12) != dp_crc32c(p, (size_t)len - 12))
@@ -81,7 +82,8 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name,
         if (end - pos < 1 || end - pos - 1 < (uint64_t)p[pos] + 24 || p[pos] == 0 ||
             p[pos] > DP_SHARD_ID_MAX) {
             free(r);
-            return dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name, pos);
+            return dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name,
+                           pos);
         }
         r[i].id_len = p[pos];
         r[i].id = (const char *)p + pos + 1;
@@ -93,7 +95,8 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name,
         pos += 1 + r[i].id_len + 24;
         if ((end - pos) / 4 < r[i].n_live || !id_ok(r[i].id, r[i].id_len)) {
             free(r);
-            return dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name, pos);
+            return dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name,
+                           pos);
         }
         r[i].live = p + pos;
         pos += 4 * (uint64_t)r[i].n_live;

@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "client/checkpoint.h"
+#include "dataplane/client.h"
 
 int dp__cmd_save(int argc, char **argv);
 int dp__cmd_load(int argc, char **argv);
@@ -36,11 +37,13 @@ static const char usage_save[] =
 static const char usage_load[] =
     "usage: dataplane load [--cluster PATH] [--timeout S] [-q] DIR\n"
     "\n"
-    "Load DIR's current checkpoint into a running cluster with as many units as\n"
-    "the saved one (rows are placed by gidx % units). Every file is checked\n"
-    "(size, CRC32C) before any unit is asked; each unit checks its shard again\n"
-    "and publishes nothing from a file that fails. Blobs go to RAM on every unit\n"
-    "first, then to the SSD tier for what did not fit.\n"
+    "Load DIR's current checkpoint into a running cluster. Every file is checked\n"
+    "(size, CRC32C) before any unit is asked. With as many units as the saved\n"
+    "cluster, each unit loads its own shard (checking it again, publishing\n"
+    "nothing from a file that fails): RAM first on every unit, then the SSD\n"
+    "tier for what did not fit. With another number of units, the checkpoint is\n"
+    "re-homed: every live value is read here and put again, so rows land on\n"
+    "gidx % the cluster's units (every byte moves through this command).\n"
     "\n"
     "options:\n"
     "  --cluster PATH   cluster file or its directory\n"
@@ -52,6 +55,36 @@ static void
 progress(void *ctx, const char *line)
 {
     fprintf(stderr, "%s: %s\n", (const char *)ctx, line);
+}
+
+/*
+ * The checkpoint has another number of units than the cluster: its values
+ * are read here and put again through a client (rows land on gidx % the
+ * cluster's units).
+ */
+static int
+rehome(const char *cmd, const char *cluster, const dp_ckpt_opts *o, const char *dir,
+       const dp_ckpt_summary *peek, uint32_t n_units, dp_ckpt_summary *s, dp_detail *d)
+{
+    if (o->progress != NULL)
+        fprintf(stderr,
+                "%s: %s was saved from %u units, the cluster has %u: re-homing every "
+                "value through this client (slower than a load of the same shape)\n",
+                cmd, peek->checkpoint, peek->n_units, n_units);
+    dp_client_opts co;
+    dp_client_opts_init(&co);
+    dp_client *c = NULL;
+    int rc = dp_client_open(cluster, &co, &c, d);
+    if (rc != DP_OK)
+        return rc;
+    rc = dp_ckpt_rehome(c, dir, o, s, d);
+    dp_client_close(c);
+    if (rc == DP_OK)
+        printf("loaded %s: re-homed from %u units into %u, %llu blobs, %llu bytes of "
+               "shards\n",
+               s->checkpoint, s->n_units, n_units, (unsigned long long)s->loaded,
+               (unsigned long long)s->bytes);
+    return rc;
 }
 
 static int
@@ -120,11 +153,17 @@ run(const char *cmd, const char *usage, int argc, char **argv)
             printf("saved %s: %u units, %llu blobs, %llu bytes\n", s.checkpoint,
                    s.n_units, (unsigned long long)s.blobs, (unsigned long long)s.bytes);
     } else {
-        rc = dp_ckpt_load(c.ctl, &c.cl, argv[optind], &o, &s, &d);
-        if (rc == DP_OK)
-            printf("loaded %s: %u units, %llu blobs (%llu on SSD), %llu bytes\n",
-                   s.checkpoint, s.n_units, (unsigned long long)s.loaded,
-                   (unsigned long long)s.spilled, (unsigned long long)s.bytes);
+        dp_ckpt_summary peek;
+        rc = dp_ckpt_peek(argv[optind], &peek, &d);
+        if (rc == DP_OK && peek.n_units != c.cl.n_units) {
+            rc = rehome(cmd, cluster, &o, argv[optind], &peek, c.cl.n_units, &s, &d);
+        } else if (rc == DP_OK) {
+            rc = dp_ckpt_load(c.ctl, &c.cl, argv[optind], &o, &s, &d);
+            if (rc == DP_OK)
+                printf("loaded %s: %u units, %llu blobs (%llu on SSD), %llu bytes\n",
+                       s.checkpoint, s.n_units, (unsigned long long)s.loaded,
+                       (unsigned long long)s.spilled, (unsigned long long)s.bytes);
+        }
     }
     dp__cli_disconnect(&c);
     if (rc != DP_OK)

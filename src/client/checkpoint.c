@@ -19,7 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blob/blob.h"
 #include "blob/crc32c.h"
+#include "blob/shard.h"
+#include "common/map.h"
+#include "dataplane/client.h"
 #include "wire/wire.h"
 
 #define MANIFEST_MAX ((size_t)1 << 30)
@@ -575,32 +579,47 @@ get_u64(const cJSON *o, const char *k, uint64_t *v)
 
 typedef struct lunit {
     char shard[PATH_MAX];
+    char rows[PATH_MAX];
     dp_wire_shard_blob *blobs;
     uint32_t n_blobs;
     dp_wire_shard_blob *retry; /* failed in the RAM pass */
     uint32_t n_retry;
 } lunit;
 
-int
-dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
-             const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+/* A checkpoint to load: its manifest (kept: blob ids point into it), checked. */
+typedef struct plan {
+    char mpath[PATH_MAX + 32];
+    char *text;
+    cJSON *man;
+    uint32_t n;
+    lunit *lu;
+} plan;
+
+static void
+plan_fini(plan *pl)
 {
-    dp_ckpt_opts defo;
-    if (o == NULL) {
-        dp_ckpt_opts_init(&defo);
-        o = &defo;
+    for (uint32_t i = 0; pl->lu != NULL && i < pl->n; i++) {
+        free(pl->lu[i].blobs);
+        free(pl->lu[i].retry);
     }
-    memset(sum, 0, sizeof *sum);
-    char adir[PATH_MAX], mpath[PATH_MAX + 32];
-    int rc = abs_dir(dir, adir, sizeof adir, d);
-    if (rc != 0)
-        return rc;
-    snprintf(mpath, sizeof mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
-    char *text = NULL;
-    cJSON *man = NULL;
-    lunit *lu = NULL;
-    uint32_t n = 0;
-    batch b = {0};
+    free(pl->lu);
+    cJSON_Delete(pl->man);
+    free(pl->text);
+    memset(pl, 0, sizeof *pl);
+}
+
+/*
+ * Read adir's current checkpoint: the manifest, and every file's size and
+ * CRC32C against it, before anything is loaded anywhere. sum gets the
+ * checkpoint's name, units, blobs and bytes.
+ */
+static int
+plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
+{
+    memset(pl, 0, sizeof *pl);
+    char *mpath = pl->mpath;
+    snprintf(mpath, sizeof pl->mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
+    int rc = DP_OK;
     FILE *f = fopen(mpath, "rb");
     if (f == NULL) {
         if (errno == ENOENT)
@@ -610,72 +629,64 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     }
     struct stat stt;
     if (fstat(fileno(f), &stt) != 0 || !S_ISREG(stt.st_mode)) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: not a regular file", mpath);
         fclose(f);
-        goto out;
+        return dp_fail(d, DP_ECORRUPT, "%s: not a regular file", mpath);
     }
     if ((uint64_t)stt.st_size > MANIFEST_MAX) {
-        rc =
-            dp_fail(d, DP_ECORRUPT, "%s: %lld bytes, larger than a manifest can be (%zu)",
-                    mpath, (long long)stt.st_size, MANIFEST_MAX);
         fclose(f);
-        goto out;
+        return dp_fail(d, DP_ECORRUPT,
+                       "%s: %lld bytes, larger than a manifest can be (%zu)", mpath,
+                       (long long)stt.st_size, MANIFEST_MAX);
     }
     size_t want = (size_t)stt.st_size;
-    text = malloc(want + 1);
-    size_t len = text ? fread(text, 1, want, f) : 0;
-    int read_err = text != NULL && ferror(f) ? (errno ? errno : EIO) : 0;
+    pl->text = malloc(want + 1);
+    size_t len = pl->text ? fread(pl->text, 1, want, f) : 0;
+    int read_err = pl->text != NULL && ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
-    if (text == NULL) {
+    if (pl->text == NULL) {
         rc = dp_fail(d, DP_ENOMEM, "checkpoint: reading %s: out of memory", mpath);
-        goto out;
+        goto fail;
     }
     if (read_err != 0) {
         rc = dp_fail_sys(d, read_err, "checkpoint: reading %s", mpath);
-        goto out;
+        goto fail;
     }
     if (len != want) {
         rc =
             dp_fail(d, DP_ECORRUPT, "%s: read %zu of its %zu bytes (changed while read?)",
                     mpath, len, want);
-        goto out;
+        goto fail;
     }
-    text[len] = '\0';
-    man = cJSON_ParseWithLength(text, len);
-    if (man == NULL) {
+    pl->text[len] = '\0';
+    pl->man = cJSON_ParseWithLength(pl->text, len);
+    if (pl->man == NULL) {
         rc = dp_fail(d, DP_ECORRUPT, "%s: not valid JSON (near offset %td)", mpath,
-                     cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : (ptrdiff_t)0);
-        goto out;
+                     cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - pl->text : (ptrdiff_t)0);
+        goto fail;
     }
     uint64_t ver = 0, nu = 0;
-    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(man, "checkpoint");
-    const cJSON *units = cJSON_GetObjectItemCaseSensitive(man, "units");
-    if (!get_u64(man, "version", &ver) || ver != 1 || !get_u64(man, "n_units", &nu) ||
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(pl->man, "checkpoint");
+    const cJSON *units = cJSON_GetObjectItemCaseSensitive(pl->man, "units");
+    if (!get_u64(pl->man, "version", &ver) || ver != 1 ||
+        !get_u64(pl->man, "n_units", &nu) || nu == 0 || nu > UINT32_MAX ||
         !plain_name(ck) || !cJSON_IsArray(units) ||
         (uint64_t)cJSON_GetArraySize(units) != nu) {
         rc = dp_fail(d, DP_ECORRUPT,
                      "%s: not a version 1 manifest (version, checkpoint, n_units, units)",
                      mpath);
-        goto out;
+        goto fail;
     }
     snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ck->valuestring);
-    if (nu != cl->n_units) {
-        rc = dp_fail(d, DP_EINVAL,
-                     "checkpoint %s has %" PRIu64 " units, the cluster has %u: rows are "
-                     "placed by gidx %% n_units, so it can only be loaded into a cluster "
-                     "of %" PRIu64 " units",
-                     sum->checkpoint, nu, cl->n_units, nu);
-        goto out;
-    }
-    n = (uint32_t)nu;
-    sum->n_units = n;
-    lu = calloc(n ? n : 1, sizeof *lu);
-    if (lu == NULL) {
+    pl->n = (uint32_t)nu;
+    sum->n_units = pl->n;
+    pl->lu = calloc(pl->n, sizeof *pl->lu);
+    if (pl->lu == NULL) {
         rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
-        goto out;
+        goto fail;
     }
+    lunit *lu = pl->lu;
     /* Check every file before any unit is asked: nothing is loaded otherwise. */
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < pl->n; i++) {
         const cJSON *u = cJSON_GetArrayItem(units, (int)i);
         const cJSON *sh = cJSON_GetObjectItemCaseSensitive(u, "shard");
         const cJSON *rw = cJSON_GetObjectItemCaseSensitive(u, "rows");
@@ -685,45 +696,44 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
             !get_u64(u, "nbytes", &nb) || !get_u64(u, "shard_crc32c", &scrc) ||
             !get_u64(u, "rows_crc32c", &rcrc) || !cJSON_IsObject(bl)) {
             rc = dp_fail(d, DP_ECORRUPT, "%s: unit %u: bad entry", mpath, i);
-            goto out;
+            goto fail;
         }
-        char rpath[PATH_MAX];
         if ((rc = pathf(lu[i].shard, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
                         sh->valuestring)) != 0 ||
-            (rc = pathf(rpath, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
+            (rc = pathf(lu[i].rows, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
                         rw->valuestring)) != 0)
-            goto out;
+            goto fail;
         uint32_t crc = 0;
         uint64_t size = 0;
         if ((rc = file_crc(lu[i].shard, &crc, &size, d)) != 0)
-            goto out;
+            goto fail;
         if (size != nb) {
             rc = dp_fail(d, DP_ECORRUPT,
                          "%s: %" PRIu64 " bytes, the manifest says %" PRIu64
                          " (truncated at offset %" PRIu64 "?)",
                          lu[i].shard, size, nb, size < nb ? size : nb);
-            goto out;
+            goto fail;
         }
         if (crc != scrc) {
             rc = dp_fail(d, DP_ECORRUPT,
                          "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
                          lu[i].shard, crc, size, (uint32_t)scrc);
-            goto out;
+            goto fail;
         }
-        if ((rc = file_crc(rpath, &crc, &size, d)) != 0)
-            goto out;
+        if ((rc = file_crc(lu[i].rows, &crc, &size, d)) != 0)
+            goto fail;
         if (crc != rcrc) {
             rc = dp_fail(d, DP_ECORRUPT,
                          "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
-                         rpath, crc, size, (uint32_t)rcrc);
-            goto out;
+                         lu[i].rows, crc, size, (uint32_t)rcrc);
+            goto fail;
         }
         uint32_t k = 0, m = (uint32_t)cJSON_GetArraySize(bl);
         lu[i].blobs = calloc(m ? m : 1, sizeof *lu[i].blobs);
         lu[i].retry = calloc(m ? m : 1, sizeof *lu[i].retry);
         if (lu[i].blobs == NULL || lu[i].retry == NULL) {
             rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
-            goto out;
+            goto fail;
         }
         const cJSON *x;
         cJSON_ArrayForEach(x, bl)
@@ -737,13 +747,47 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                              "%s: unit %u: bad blob entry '%.64s' (want \"id\": [three "
                              "whole numbers >= 0])",
                              mpath, i, x->string ? x->string : "");
-                goto out;
+                goto fail;
             }
             lu[i].blobs[k++] = (dp_wire_shard_blob){dp_wire_s(x->string), v0, v1, v2};
         }
         lu[i].n_blobs = k;
         sum->blobs += k;
         sum->bytes += nb;
+    }
+    return DP_OK;
+fail:
+    plan_fini(pl);
+    return rc;
+}
+
+int
+dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+             const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+{
+    dp_ckpt_opts defo;
+    if (o == NULL) {
+        dp_ckpt_opts_init(&defo);
+        o = &defo;
+    }
+    memset(sum, 0, sizeof *sum);
+    char adir[PATH_MAX];
+    int rc = abs_dir(dir, adir, sizeof adir, d);
+    if (rc != 0)
+        return rc;
+    plan pl;
+    batch b = {0};
+    if ((rc = plan_read(adir, &pl, sum, d)) != 0)
+        return rc;
+    uint32_t n = pl.n;
+    lunit *lu = pl.lu;
+    if (n != cl->n_units) {
+        rc = dp_fail(d, DP_EINVAL,
+                     "checkpoint %s has %u units, the cluster has %u: rows are placed by "
+                     "gidx %% n_units, so its shards cannot be loaded as they are (load "
+                     "through a client to re-home it: `dataplane load` does)",
+                     sum->checkpoint, n, cl->n_units);
+        goto out;
     }
     /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
     dp_wire_rid_gen g;
@@ -819,12 +863,294 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         sum->loaded, sum->spilled);
 out:
     batch_fini(&b);
-    for (uint32_t i = 0; lu != NULL && i < n; i++) {
-        free(lu[i].blobs);
-        free(lu[i].retry);
+    plan_fini(&pl);
+    return rc;
+}
+
+/* ---- re-homing: a checkpoint of N units into a cluster of M ---- */
+
+int
+dp_ckpt_peek(const char *dir, dp_ckpt_summary *sum, dp_detail *d)
+{
+    memset(sum, 0, sizeof *sum);
+    char adir[PATH_MAX];
+    int rc = abs_dir(dir, adir, sizeof adir, d);
+    if (rc != 0)
+        return rc;
+    plan pl;
+    if ((rc = plan_read(adir, &pl, sum, d)) != 0)
+        return rc;
+    plan_fini(&pl);
+    return DP_OK;
+}
+
+/* Read exactly n bytes at off of fd (name for messages). */
+static int
+read_at(int fd, void *buf, size_t n, uint64_t off, const char *name, dp_detail *d)
+{
+    uint8_t *p = buf;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, p + done, n - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return dp_fail_sys(d, errno, "reading %s at offset %" PRIu64, name,
+                               off + done);
+        if (r == 0)
+            return dp_fail(d, DP_ECORRUPT, "%s: ends at offset %" PRIu64 " (truncated)",
+                           name, off + done);
+        done += (size_t)r;
     }
-    free(lu);
-    cJSON_Delete(man);
-    free(text);
+    return DP_OK;
+}
+
+/* A whole (checked-size) file into memory. */
+static int
+read_file(const char *name, uint64_t max, uint8_t **out, uint64_t *len, dp_detail *d)
+{
+    *out = NULL;
+    int fd = open(name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "opening %s", name);
+    struct stat st;
+    int rc = DP_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+        rc = dp_fail(d, DP_ECORRUPT,
+                     "%s: not a regular file of at most %" PRIu64 " bytes", name, max);
+        goto out;
+    }
+    *len = (uint64_t)st.st_size;
+    *out = malloc(*len ? (size_t)*len : 1);
+    if (*out == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "out of memory for %s", name);
+        goto out;
+    }
+    rc = read_at(fd, *out, (size_t)*len, 0, name, d);
+    if (rc != DP_OK) {
+        free(*out);
+        *out = NULL;
+    }
+out:
+    close(fd);
+    return rc;
+}
+
+/*
+ * Put the live entries of one parsed blob (entry indexes live[0..n)) through
+ * c. One put of rows x fields when that grid is dense, else one put per field
+ * (a sparse blob would make a huge grid of skipped cells).
+ */
+static int
+put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t *live,
+            uint32_t n, dp_detail *d)
+{
+    int rc = DP_OK;
+    dp_map rows, fields;
+    dp_map_init_u64(&rows);
+    dp_map_init_str(&fields);
+    uint64_t *gidxs = malloc((size_t)n * sizeof *gidxs);
+    const char **fnames = malloc((size_t)n * sizeof *fnames);
+    uint32_t *ri = malloc((size_t)n * sizeof *ri), *fi = malloc((size_t)n * sizeof *fi);
+    dp_value *vals = NULL;
+    uint32_t nr = 0, nf = 0;
+    if (gidxs == NULL || fnames == NULL || ri == NULL || fi == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+        goto out;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        const dp_blob_entry *e = dp_blob_entry_at(pb, live[k]);
+        void *v = dp_map_get_u64(&rows, e->gidx);
+        if (v == NULL) {
+            gidxs[nr] = e->gidx;
+            v = (void *)(uintptr_t)(++nr);
+            if (dp_map_put_u64(&rows, e->gidx, v, NULL) != 0) {
+                rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+                goto out;
+            }
+        }
+        ri[k] = (uint32_t)(uintptr_t)v - 1;
+        v = dp_map_get(&fields, e->field, e->field_len);
+        if (v == NULL) {
+            fnames[nf] = e->field; /* NUL-terminated in the parsed blob */
+            v = (void *)(uintptr_t)(++nf);
+            if (dp_map_put(&fields, e->field, e->field_len, v, NULL) != 0) {
+                rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+                goto out;
+            }
+        }
+        fi[k] = (uint32_t)(uintptr_t)v - 1;
+    }
+    bool dense = (uint64_t)nr * nf <= 2 * (uint64_t)n + 64;
+    uint32_t groups = dense ? 1 : nf;
+    vals = malloc((size_t)(dense ? (uint64_t)nr * nf : nr) * sizeof *vals);
+    uint64_t *g1 = dense ? NULL : malloc((size_t)nr * sizeof *g1);
+    if (vals == NULL || (!dense && g1 == NULL)) {
+        free(g1);
+        rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+        goto out;
+    }
+    for (uint32_t g = 0; g < groups && rc == DP_OK; g++) {
+        uint32_t rows_here = 0;
+        if (dense) {
+            for (size_t q = 0; q < (size_t)nr * nf; q++)
+                vals[q] = (dp_value){.kind = DP_KIND_SKIP};
+        }
+        for (uint32_t k = 0; k < n; k++) {
+            if (!dense && fi[k] != g)
+                continue;
+            const dp_blob_entry *e = dp_blob_entry_at(pb, live[k]);
+            dp_value v = {base + e->off, e->len,   (dp_kind)e->kind,
+                          e->dtype,      e->shape, e->ndim};
+            if (dense) {
+                vals[(size_t)ri[k] * nf + fi[k]] = v;
+            } else {
+                g1[rows_here] = e->gidx;
+                vals[rows_here++] = v;
+            }
+        }
+        if (dense)
+            rc = dp_client_put(c, gidxs, nr, fnames, nf, vals, NULL, d);
+        else
+            rc = dp_client_put(c, g1, rows_here, &fnames[g], 1, vals, NULL, d);
+    }
+    free(g1);
+out:
+    dp_map_fini(&rows);
+    dp_map_fini(&fields);
+    free(gidxs);
+    free(fnames);
+    free(ri);
+    free(fi);
+    free(vals);
+    return rc;
+}
+
+int
+dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
+               dp_detail *d)
+{
+    dp_ckpt_opts defo;
+    if (o == NULL) {
+        dp_ckpt_opts_init(&defo);
+        o = &defo;
+    }
+    memset(sum, 0, sizeof *sum);
+    char adir[PATH_MAX];
+    int rc = abs_dir(dir, adir, sizeof adir, d);
+    if (rc != 0)
+        return rc;
+    plan pl;
+    if ((rc = plan_read(adir, &pl, sum, d)) != 0)
+        return rc;
+    say(o, "re-homing %s: %u units into %u, every value through this client",
+        sum->checkpoint, pl.n, dp_client_n_units(c));
+    uint64_t keys = 0;
+    for (uint32_t i = 0; i < pl.n && rc == DP_OK; i++) {
+        const char *shard = pl.lu[i].shard, *rows = pl.lu[i].rows;
+        uint8_t *rbuf = NULL, *buf = NULL;
+        uint64_t rlen = 0;
+        dp_shard_rows sr = {0};
+        int fd = -1;
+        if ((rc = read_file(rows, (uint64_t)1 << 32, &rbuf, &rlen, d)) != 0 ||
+            (rc = dp_shard_rows_parse(rbuf, rlen, rows, &sr, d)) != 0)
+            goto unit_out;
+        if (sr.unit_id != i || sr.n_units != pl.n) {
+            rc = dp_fail(d, DP_ECORRUPT,
+                         "%s: written by unit %u of %u, the manifest says %u of %u", rows,
+                         sr.unit_id, sr.n_units, i, pl.n);
+            goto unit_out;
+        }
+        fd = open(shard, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            rc = dp_fail_sys(d, errno, "opening %s", shard);
+            goto unit_out;
+        }
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            rc = dp_fail_sys(d, errno, "stat of %s", shard);
+            goto unit_out;
+        }
+        uint64_t fsize = (uint64_t)st.st_size;
+        uint64_t unit_keys = 0;
+        for (uint32_t k = 0; k < sr.n && rc == DP_OK; k++) {
+            const dp_shard_row *r = &sr.v[k];
+            if (r->off < DP_SHARD_HEADER_LEN || r->off > fsize ||
+                r->nbytes > fsize - r->off || r->nbytes == 0) {
+                rc = dp_fail(d, DP_ECORRUPT,
+                             "%s: blob %.*s at offset %" PRIu64 " (%" PRIu64
+                             " bytes) is outside %s",
+                             rows, (int)r->id_len, r->id, r->off, r->nbytes, shard);
+                break;
+            }
+            if (r->n_live == 0)
+                continue;
+            free(buf);
+            buf = malloc((size_t)r->nbytes);
+            if (buf == NULL) {
+                rc = dp_fail(d, DP_ENOMEM,
+                             "re-home: out of memory for a blob of %" PRIu64 " bytes",
+                             r->nbytes);
+                break;
+            }
+            if ((rc = read_at(fd, buf, (size_t)r->nbytes, r->off, shard, d)) != 0)
+                break;
+            if (dp_crc32c(buf, (size_t)r->nbytes) != r->crc) {
+                rc = dp_fail(d, DP_ECORRUPT,
+                             "%s: blob %.*s at offset %" PRIu64 ": CRC mismatch", shard,
+                             (int)r->id_len, r->id, r->off);
+                break;
+            }
+            dp_blob *pb = NULL;
+            if ((rc = dp_blob_parse(buf, (size_t)r->nbytes, NULL, &pb, d)) != 0) {
+                dp_fail_ctx(d, DP_ECORRUPT, "%s: blob %.*s at offset %" PRIu64, shard,
+                            (int)r->id_len, r->id, r->off);
+                rc = DP_ECORRUPT;
+                break;
+            }
+            uint32_t *live = malloc((size_t)r->n_live * sizeof *live);
+            if (live == NULL) {
+                dp_blob_destroy(pb);
+                rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+                break;
+            }
+            for (uint32_t j = 0; j < r->n_live && rc == DP_OK; j++) {
+                live[j] = dp_shard_row_live(r, j);
+                if (live[j] >= dp_blob_count(pb))
+                    rc = dp_fail(d, DP_ECORRUPT,
+                                 "%s: blob %.*s: live entry %u of a %u-entry index", rows,
+                                 (int)r->id_len, r->id, live[j], dp_blob_count(pb));
+            }
+            if (rc == DP_OK) {
+                rc = put_entries(c, buf, pb, live, r->n_live, d);
+                if (rc != DP_OK)
+                    dp_fail_ctx(d, rc,
+                                "re-home: putting blob %.*s of unit %u (%" PRIu64
+                                " keys put before it)",
+                                (int)r->id_len, r->id, i, keys + unit_keys);
+            }
+            if (rc == DP_OK) {
+                unit_keys += r->n_live;
+                sum->loaded++;
+            }
+            free(live);
+            dp_blob_destroy(pb);
+        }
+        if (rc == DP_OK) {
+            keys += unit_keys;
+            say(o, "shard of unit %u: %u blobs, %" PRIu64 " keys put", i, sr.n,
+                unit_keys);
+        }
+    unit_out:
+        if (fd >= 0)
+            close(fd);
+        free(buf);
+        free(rbuf);
+        dp_shard_rows_fini(&sr);
+    }
+    if (rc == DP_OK)
+        say(o, "re-homed %s: %" PRIu64 " keys from %" PRIu64 " blobs", sum->checkpoint,
+            keys, sum->loaded);
+    plan_fini(&pl);
     return rc;
 }

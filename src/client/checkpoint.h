@@ -89,4 +89,27 @@ int dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
 int dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                  const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d);
 
+/*
+ * Check dir's current checkpoint as a load does first (manifest, every file's
+ * size and CRC32C) and fill sum (checkpoint, n_units, blobs, bytes): what a
+ * caller needs to choose between dp_ckpt_load and dp_ckpt_rehome.
+ */
+int dp_ckpt_peek(const char *dir, dp_ckpt_summary *sum, dp_detail *d);
+
+typedef struct dp_client dp_client;
+
+/*
+ * Load dir's current checkpoint into the cluster c is connected to, whatever
+ * its number of units: after the same file checks as dp_ckpt_load, each
+ * shard's blobs are read here, each checked (CRC32C, index as a commit does),
+ * and their live values put again through c, so rows land on gidx % the
+ * cluster's units. Every byte moves through this client: slower than
+ * dp_ckpt_load, for a change of cluster size. Errors: as dp_ckpt_peek before
+ * anything is put; then a put's (the rows put before it stay, the detail says
+ * how many keys); DP_ECORRUPT for a blob that fails its checks (nothing of it
+ * is put). sum->loaded counts the blobs put.
+ */
+int dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o,
+                   dp_ckpt_summary *sum, dp_detail *d);
+
 #endif
