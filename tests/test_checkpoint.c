@@ -821,7 +821,8 @@ typedef struct busy_save {
     const char *path;
     dp_buf reply;
     int rc;
-    int done; /* atomic */
+    int done;         /* atomic */
+    double timeout_s; /* 0: 60 */
 } busy_save;
 
 /* save_shard sent straight to the unit; done once its reply is in. */
@@ -842,7 +843,8 @@ busy_saver(void *arg)
     if (b->rc == 0)
         b->rc = dp_wire_request_encode(&q, NULL, &req, &d);
     if (b->rc == 0)
-        b->rc = dp_ctl_call(cc, b->addr, req.data, req.len, "s1", 60, &b->reply, &d);
+        b->rc = dp_ctl_call(cc, b->addr, req.data, req.len, "s1",
+                            b->timeout_s > 0 ? b->timeout_s : 60, &b->reply, &d);
     __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
     dp_buf_fini(&req);
     dp_ctl_client_destroy(cc);
@@ -868,7 +870,7 @@ DP_TEST(unit_answers_others_while_it_saves)
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp_ctl_client_create(&pc, &d), &d);
-    busy_save b = {a.cl.units[0].zmq, path, {0}, -1, 0};
+    busy_save b = {a.cl.units[0].zmq, path, {0}, -1, 0, 0};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, busy_saver, &b), 0);
     dp_wire_request q;
@@ -921,8 +923,8 @@ DP_TEST(two_saves_of_one_unit_at_once)
     tcluster a;
     tc_start(&a, 1, 256 << 20, NULL, "twin.json");
     tc_fill(&a, 96, 1 << 20, 4);
-    busy_save b1 = {a.cl.units[0].zmq, p1, {0}, -1, 0};
-    busy_save b2 = {a.cl.units[0].zmq, p2, {0}, -1, 0};
+    busy_save b1 = {a.cl.units[0].zmq, p1, {0}, -1, 0, 0};
+    busy_save b2 = {a.cl.units[0].zmq, p2, {0}, -1, 0, 0};
     pthread_t t1, t2;
     CHECK_EQ(pthread_create(&t1, NULL, busy_saver, &b1), 0);
     CHECK_EQ(pthread_create(&t2, NULL, busy_saver, &b2), 0);
@@ -956,6 +958,42 @@ DP_TEST(two_saves_of_one_unit_at_once)
     tc_stop(&a);
     rm_shard(p1);
     rm_shard(p2);
+}
+
+/*
+ * A unit destroyed while it writes a shard stops the save at its next blob
+ * (it used to wait for the whole save): no shard and no temporary is left,
+ * and the save's reply is dropped with the server.
+ */
+DP_TEST(destroy_stops_a_running_save)
+{
+    char path[512], tmp[600], rows[600], rtmp[600];
+    tpath("stopped-shard", path, sizeof path);
+    rm_shard(path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(rows, sizeof rows, "%s.rows", path);
+    snprintf(rtmp, sizeof rtmp, "%s.rows.tmp", path);
+    tcluster a;
+    tc_start(&a, 1, 768 << 20, NULL, "stopped.json");
+    tc_fill(&a, 384, 1 << 20, 4); /* about 380 MiB to write */
+    busy_save b = {a.cl.units[0].zmq, path, {0}, -1, 0, 2.0};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, busy_saver, &b), 0);
+    double t0 = dp_test_now();
+    while (stats(a.u[0]).admin_running == 0 && dp_test_now() - t0 < 10)
+        usleep(200);
+    CHECK_EQ(stats(a.u[0]).admin_running, 1);
+    dp_ctl_server_close(a.srv[0]);
+    dp_unit_destroy(a.u[0]); /* returns once the save has stopped */
+    CHECK(access(path, F_OK) != 0);
+    CHECK(access(tmp, F_OK) != 0);
+    CHECK(access(rows, F_OK) != 0);
+    CHECK(access(rtmp, F_OK) != 0);
+    pthread_join(th, NULL);
+    CHECK_ERR(b.rc, DP_ETIMEDOUT); /* the reply went with the server */
+    dp_buf_fini(&b.reply);
+    unlink(a.file);
+    dp_cluster_fini(&a.cl);
 }
 
 /* Count DIR's ckpt-* entries; *has gets whether name is among them. */

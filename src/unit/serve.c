@@ -15,7 +15,8 @@
  * save_shard and load_shard run on a thread of their own (admin_main) and
  * answer through a deferred reply (dp_ctl_defer): their file I/O would
  * otherwise hold up every other request for as long as it runs. The unit
- * counts them (dp_unit_admin_begin/end); its destroy waits for them.
+ * counts them (dp_unit_admin_begin/end); its destroy stops them at their next
+ * blob and waits for them.
  */
 #include <pthread.h>
 #include <stdlib.h>

@@ -117,11 +117,11 @@
  * release meanwhile makes it a zombie (its region and fd stay), freed when the
  * last pin and hold end. Outside mu, on the caller's thread (for serve.c a
  * thread of its own, whose reply is deferred: the ctl thread goes on serving;
- * destroy waits for it, see dp_unit_admin_wait), the blobs are copied from
- * the put area (published bytes never change) or from the dup'd fd into
- * path.tmp and path.rows.tmp (O_EXCL), fsync'd and renamed without replacing
- * anything. Back under mu
- * the holds end. A spill not yet acknowledged is not published: not saved.
+ * destroy stops it at its next blob and waits, see dp_unit_admin_wait), the
+ * blobs are copied from the put area (published bytes never change) or from
+ * the dup'd fd into path.tmp and path.rows.tmp (O_EXCL), fsync'd and renamed
+ * without replacing anything. Back under mu the holds end. A spill not yet
+ * acknowledged is not published: not saved.
  *
  * Load. Under mu: a put-area region per blob not already in the table (or,
  * with spill and the SSD tier, a spill file to come). Outside mu: one
@@ -315,6 +315,7 @@ struct dp_unit {
     /* Admin work (a save or load) running off the ctl thread */
     uint32_t n_admin;
     pthread_cond_t admin_cv;
+    int admin_cancel; /* atomic: destroy asks running saves and loads to stop */
 };
 
 static double
@@ -1363,13 +1364,22 @@ dp_unit_admin_end(dp_unit *u)
     pthread_mutex_unlock(&u->mu);
 }
 
+/* A save or load asked to stop (the unit is being destroyed): fail it now. */
+static int
+admin_cancelled(dp_unit *u, const char *what, dp_detail *d)
+{
+    if (!__atomic_load_n(&u->admin_cancel, __ATOMIC_ACQUIRE))
+        return DP_OK;
+    return dp_fail(d, DP_ECLOSED, "%s: the unit is stopping", what);
+}
+
 void
 dp_unit_admin_wait(dp_unit *u)
 {
     pthread_mutex_lock(&u->mu);
     if (u->n_admin > 0)
-        DP_LOG_I("unit %u: waiting for %u running save/load to end", u->o.unit_id,
-                 u->n_admin);
+        DP_LOG_I("unit %u: stopping %u running save/load (each stops at its next blob)",
+                 u->o.unit_id, u->n_admin);
     while (u->n_admin > 0)
         pthread_cond_wait(&u->admin_cv, &u->mu);
     pthread_mutex_unlock(&u->mu);
@@ -1380,6 +1390,7 @@ dp_unit_destroy(dp_unit *u)
 {
     if (u == NULL)
         return;
+    __atomic_store_n(&u->admin_cancel, 1, __ATOMIC_RELEASE);
     dp_unit_admin_wait(u);
     pthread_mutex_lock(&u->mu);
     bool join = u->ticker_on;
@@ -3026,6 +3037,8 @@ dp_unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_r
         ck_snap *s = &sn[i];
         uint64_t off = so.pos;
         uint32_t bcrc = 0;
+        if ((rc = admin_cancelled(u, "save", d)) != 0)
+            goto out;
         if (s->src != NULL) {
             bcrc = dp_crc32c(s->src, (size_t)s->nbytes);
             rc = ck_write(&so, s->src, (size_t)s->nbytes, d);
@@ -3394,6 +3407,8 @@ dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
             pos += c;
         }
         if (x == NULL || rc != 0)
+            break;
+        if ((rc = admin_cancelled(u, "load", d)) != 0)
             break;
         uint8_t *dst = NULL;
         if (x->state == LB_REGION) {

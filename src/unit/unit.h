@@ -112,7 +112,9 @@ void dp_unit_destroy(dp_unit *u);
 /*
  * Admin work running off the ctl thread (a save or load whose reply is
  * deferred): begin before starting it, end when it no longer touches the
- * unit. dp_unit_admin_wait blocks until none runs; destroy calls it first.
+ * unit. dp_unit_admin_wait blocks until none runs; destroy first asks the
+ * running ones to stop (they fail with DP_ECLOSED at their next blob) and then
+ * calls it.
  */
 void dp_unit_admin_begin(dp_unit *u);
 void dp_unit_admin_end(dp_unit *u);
