@@ -290,6 +290,8 @@ DP_TEST(call_many_with_stopped_and_killed_servers)
         dp_buf_fini(&it[i].reply);
     }
     kill(pids[1], SIGSTOP);
+    int wst;
+    CHECK_EQ(waitpid(pids[1], &wst, WUNTRACED), pids[1]); /* stopped for sure */
     kill(pids[2], SIGKILL);
     waitpid(pids[2], NULL, 0);
     double t0 = dp_now_s();
@@ -363,6 +365,9 @@ DP_TEST(send_then_wait_many)
 
     /* One server stopped: its item times out, the other's reply is read. */
     kill(pids[1], SIGSTOP);
+    int wst;
+    CHECK_EQ(waitpid(pids[1], &wst, WUNTRACED), pids[1]); /* stopped for sure */
+    CHECK(WIFSTOPPED(wst));
     it[0].address = a[1];
     it[1].address = a[0];
     CHECK_OK(dp_ctl_send(c, &it[0]));

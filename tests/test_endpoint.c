@@ -974,6 +974,8 @@ DP_TEST(stopped_peer_times_out_and_is_retained)
     uint64_t bytes0 = dp_graveyard_bytes();
     size_t entries0 = dp_graveyard_entries();
     kill(p.pid, SIGSTOP);
+    int wst;
+    CHECK_EQ(waitpid(p.pid, &wst, WUNTRACED), p.pid); /* stopped for sure */
     double t0 = dp_test_now();
     CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 1.0, &d),
                 DP_ETIMEDOUT, &d);
