@@ -366,18 +366,29 @@ batch_run(batch *b, dp_ctl_client *c, dp_wire_op op, double timeout_s, dp_detail
     return rc;
 }
 
+/*
+ * What every checkpoint call does first: the default options when o is NULL
+ * (into *defo), a zeroed summary, dir made absolute into adir.
+ */
+static int
+ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
+           const char *dir, char adir[PATH_MAX], dp_detail *d)
+{
+    if (*o == NULL) {
+        dp_ckpt_opts_init(defo);
+        *o = defo;
+    }
+    memset(sum, 0, sizeof *sum);
+    return abs_dir(dir, adir, PATH_MAX, d);
+}
+
 int
 dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
              const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
 {
     dp_ckpt_opts defo;
-    if (o == NULL) {
-        dp_ckpt_opts_init(&defo);
-        o = &defo;
-    }
-    memset(sum, 0, sizeof *sum);
     char adir[PATH_MAX], sub[PATH_MAX];
-    int rc = abs_dir(dir, adir, sizeof adir, d);
+    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
     if (rc != 0)
         return rc;
     if (mkdir(adir, 0755) == 0) {
@@ -766,13 +777,8 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
              const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
 {
     dp_ckpt_opts defo;
-    if (o == NULL) {
-        dp_ckpt_opts_init(&defo);
-        o = &defo;
-    }
-    memset(sum, 0, sizeof *sum);
     char adir[PATH_MAX];
-    int rc = abs_dir(dir, adir, sizeof adir, d);
+    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
     if (rc != 0)
         return rc;
     plan pl;
@@ -1031,13 +1037,8 @@ dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_sum
                dp_detail *d)
 {
     dp_ckpt_opts defo;
-    if (o == NULL) {
-        dp_ckpt_opts_init(&defo);
-        o = &defo;
-    }
-    memset(sum, 0, sizeof *sum);
     char adir[PATH_MAX];
-    int rc = abs_dir(dir, adir, sizeof adir, d);
+    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
     if (rc != 0)
         return rc;
     plan pl;
