@@ -12,6 +12,7 @@
  * through the test hook, and at random times).
  */
 #include "dp_test.h"
+#include "dp_proc.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -101,19 +102,6 @@ check_value(const uint8_t *p, size_t len, uint64_t gidx, uint32_t f, uint64_t *v
 
 /* ---- unit peers ---- */
 
-static void
-write_all(int fd, const char *s)
-{
-    size_t n = strlen(s);
-    while (n > 0) {
-        ssize_t w = write(fd, s, n);
-        if (w <= 0)
-            _exit(3);
-        s += w;
-        n -= (size_t)w;
-    }
-}
-
 static int
 unit_main(int fd)
 {
@@ -146,7 +134,7 @@ unit_main(int fd)
         goto fail;
     char line[300];
     snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
-    write_all(fd, line);
+    dp_test_write_str(fd, line);
     int sig;
     sigwait(&sigs, &sig);
     dp_unit_server_close(srv);
@@ -518,14 +506,6 @@ spawn_client(const cluster *cl, const char *mode, uint64_t base, const char *doo
     return pid;
 }
 
-static int
-wait_status(pid_t pid)
-{
-    int st = 0;
-    CHECK(waitpid(pid, &st, 0) == pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-}
-
 /* ---- tests ---- */
 
 DP_TEST(put_get_overwrite_clear)
@@ -870,7 +850,7 @@ DP_TEST(several_client_processes)
     for (int i = 0; i < 4; i++)
         kids[i] = spawn_client(&cl, "client", 1000 * (uint64_t)(i + 1), NULL);
     for (int i = 0; i < 4; i++)
-        CHECK_EQ(wait_status(kids[i]), 0);
+        CHECK_EQ(dp_test_wait_status(kids[i]), 0);
     /* Everything the children left is their last version. */
     dp_client *c = connect_cl(&cl);
     for (int i = 0; i < 4; i++) {
@@ -965,7 +945,7 @@ DP_TEST(unit_killed_mid_run)
     dp_detail_clear(&d);
     CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
     kill(cl.pid[1], SIGKILL);
-    CHECK_EQ(wait_status(cl.pid[1]), -SIGKILL);
+    CHECK_EQ(dp_test_wait_status(cl.pid[1]), -SIGKILL);
     cl.pid[1] = 0;
 
     /* A put spanning every unit: exactly unit 1's rows fail, and say so. */
@@ -1239,7 +1219,7 @@ DP_TEST(client_killed_between_write_and_commit)
     cluster_start(&cl, 2, 32 << 20, 1, 10);
     dp_client *c = connect_cl(&cl);
     pid_t kid = spawn_client(&cl, "doomed", 300, "put:written");
-    CHECK_EQ(wait_status(kid), -SIGKILL);
+    CHECK_EQ(dp_test_wait_status(kid), -SIGKILL);
     /* Nothing was published. */
     for (uint32_t u = 0; u < 2; u++) {
         CHECK_EQ((long long)stat_of(c, u, "published"), 0);
@@ -1271,7 +1251,7 @@ DP_TEST(client_killed_between_write_and_commit)
 
     /* Killed between alloc and WRITE: same story. */
     kid = spawn_client(&cl, "doomed", 400, "put:allocated");
-    CHECK_EQ(wait_status(kid), -SIGKILL);
+    CHECK_EQ(dp_test_wait_status(kid), -SIGKILL);
     t0 = dp_test_now();
     while (dp_test_now() - t0 < 10 && stat_of(c, 0, "blobs") + stat_of(c, 1, "blobs") > 2)
         dp_sleep_s(0.1);
@@ -1291,7 +1271,7 @@ DP_TEST(client_killed_at_random_times)
         double wait_s = 0.3 + (double)(dp_test_rand(&seed) % 700) / 1000.0;
         dp_sleep_s(wait_s);
         kill(kid, SIGKILL);
-        CHECK_EQ(wait_status(kid), -SIGKILL);
+        CHECK_EQ(dp_test_wait_status(kid), -SIGKILL);
         /* After the lease, every blob left is published: nothing half-made. */
         double t0 = dp_test_now();
         for (;;) {

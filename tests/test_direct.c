@@ -11,6 +11,7 @@
  * fetched and the expected bytes).
  */
 #include "dp_test.h"
+#include "dp_proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -83,44 +84,12 @@ pattern_sum(uint64_t n, uint64_t seed)
 /* ---- I/O ---- */
 
 static int
-write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *c = p;
-    while (n > 0) {
-        ssize_t k = write(fd, c, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        c += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int
-read_all(int fd, void *p, size_t n)
-{
-    uint8_t *c = p;
-    while (n > 0) {
-        ssize_t k = read(fd, c, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        c += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int
 read_line(int fd, char *buf, size_t cap)
 {
     size_t n = 0;
     while (n + 1 < cap) {
         char c;
-        if (read_all(fd, &c, 1) != 0)
+        if (dp_test_read_all(fd, &c, 1) != 0)
             return -1;
         if (c == '\n')
             break;
@@ -134,7 +103,7 @@ static int
 reply(int fd, int rc, const void *p, size_t n)
 {
     uint32_t h[2] = {(uint32_t)rc, (uint32_t)n};
-    if (write_all(fd, h, sizeof h) != 0 || write_all(fd, p, n) != 0)
+    if (dp_test_write_all(fd, h, sizeof h) != 0 || dp_test_write_all(fd, p, n) != 0)
         return -1;
     return 0;
 }
@@ -271,7 +240,8 @@ pub_start(pub *p, const char *name, uint64_t pool)
     p->fd = sv[0];
     uint32_t h[2];
     char buf[16];
-    if (read_all(p->fd, h, sizeof h) != 0 || h[1] != 5 || read_all(p->fd, buf, 5) != 0)
+    if (dp_test_read_all(p->fd, h, sizeof h) != 0 || h[1] != 5 ||
+        dp_test_read_all(p->fd, buf, 5) != 0)
         return -1;
     return 0;
 }
@@ -289,10 +259,11 @@ pub_cmd(pub *p, uint8_t **out, size_t *out_len, const char *fmt, ...)
     va_end(ap);
     line[n] = '\n';
     uint32_t h[2];
-    if (write_all(p->fd, line, (size_t)n + 1) != 0 || read_all(p->fd, h, sizeof h) != 0)
+    if (dp_test_write_all(p->fd, line, (size_t)n + 1) != 0 ||
+        dp_test_read_all(p->fd, h, sizeof h) != 0)
         return -1000;
     uint8_t *b = malloc(h[1] + 1);
-    if (read_all(p->fd, b, h[1]) != 0) {
+    if (dp_test_read_all(p->fd, b, h[1]) != 0) {
         free(b);
         return -1000;
     }
@@ -355,7 +326,7 @@ pub_stop(pub *p)
 {
     if (p->pid > 0) {
         kill(p->pid, SIGCONT);
-        if (write_all(p->fd, "quit -\n", 7) != 0)
+        if (dp_test_write_all(p->fd, "quit -\n", 7) != 0)
             kill(p->pid, SIGKILL);
         int st;
         double t0 = dp_test_now();

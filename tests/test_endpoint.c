@@ -13,6 +13,7 @@
  * needs its progress thread).
  */
 #include "dp_test.h"
+#include "dp_proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -73,38 +74,6 @@ fill_words(uint8_t *q, uint64_t n, uint64_t v)
 
 /* ---- I/O helpers ---- */
 
-static int
-write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *c = p;
-    while (n > 0) {
-        ssize_t k = write(fd, c, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        c += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int
-read_all(int fd, void *p, size_t n)
-{
-    uint8_t *c = p;
-    while (n > 0) {
-        ssize_t k = read(fd, c, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        c += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* ---- peer side (runs before main in a re-executed child) ---- */
 
 static int poison_main(void);
@@ -141,19 +110,20 @@ peer_main(void)
         _exit(2);
     }
     uint64_t hdr[2] = {md_len, (uint64_t)(uintptr_t)base};
-    if (write_all(fd, hdr, sizeof hdr) != 0 || write_all(fd, md, md_len) != 0)
+    if (dp_test_write_all(fd, hdr, sizeof hdr) != 0 ||
+        dp_test_write_all(fd, md, md_len) != 0)
         _exit(3);
     free(md);
     /* Serve until told to quit: 'q' quits, 'c' answers a checksum of the slab. */
     for (;;) {
         char c;
-        if (read_all(fd, &c, 1) != 0 || c == 'q')
+        if (dp_test_read_all(fd, &c, 1) != 0 || c == 'q')
             break;
         if (c == 'c') {
             uint64_t h = 1469598103934665603ull;
             for (uint64_t i = 0; i < slab; i++)
                 h = (h ^ ((uint8_t *)base)[i]) * 1099511628211ull;
-            if (write_all(fd, &h, sizeof h) != 0)
+            if (dp_test_write_all(fd, &h, sizeof h) != 0)
                 break;
         }
     }
@@ -221,12 +191,12 @@ peer_start(peer *p, const char *name, uint64_t slab, bool progress_thread, uint6
     p->pid = pid;
     p->fd = sv[0];
     uint64_t hdr[2];
-    if (read_all(p->fd, hdr, sizeof hdr) != 0 || hdr[0] > DP_MD_TOTAL_MAX)
+    if (dp_test_read_all(p->fd, hdr, sizeof hdr) != 0 || hdr[0] > DP_MD_TOTAL_MAX)
         return -1;
     p->md_len = hdr[0];
     p->base = hdr[1];
     p->md = malloc(p->md_len);
-    if (p->md == NULL || read_all(p->fd, p->md, p->md_len) != 0)
+    if (p->md == NULL || dp_test_read_all(p->fd, p->md, p->md_len) != 0)
         return -1;
     return 0;
 }
@@ -236,7 +206,8 @@ static uint64_t
 peer_checksum(peer *p)
 {
     uint64_t h = 0;
-    if (write_all(p->fd, "c", 1) != 0 || read_all(p->fd, &h, sizeof h) != 0)
+    if (dp_test_write_all(p->fd, "c", 1) != 0 ||
+        dp_test_read_all(p->fd, &h, sizeof h) != 0)
         return 0;
     return h;
 }
@@ -246,7 +217,7 @@ peer_stop(peer *p)
 {
     if (p->pid > 0) {
         kill(p->pid, SIGCONT);
-        if (write_all(p->fd, "q", 1) != 0)
+        if (dp_test_write_all(p->fd, "q", 1) != 0)
             kill(p->pid, SIGKILL);
         int st;
         double t0 = dp_test_now();

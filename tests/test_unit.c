@@ -7,6 +7,7 @@
  * from a client process, including a client killed between alloc and commit.
  */
 #include "dp_test.h"
+#include "dp_proc.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -1199,19 +1200,6 @@ znotify(dp_ctl_client *c, const char *addr, dp_wire_request *q)
     dp_buf_fini(&req);
 }
 
-static void
-peer_write_line(int fd, const char *s)
-{
-    size_t n = strlen(s);
-    while (n > 0) {
-        ssize_t w = write(fd, s, n);
-        if (w <= 0)
-            _exit(3);
-        s += w;
-        n -= (size_t)w;
-    }
-}
-
 static int
 peer_unit(int fd)
 {
@@ -1233,7 +1221,7 @@ peer_unit(int fd)
         goto fail;
     char line[300];
     snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
-    peer_write_line(fd, line);
+    dp_test_write_str(fd, line);
     int sig;
     sigwait(&sigs, &sig);
     dp_unit_server_close(srv);
@@ -1317,7 +1305,7 @@ peer_client(int fd)
         return 1;
     char line[64];
     snprintf(line, sizeof line, "%" PRIu64 "\n", off);
-    peer_write_line(fd, line);
+    dp_test_write_str(fd, line);
     for (;;)
         pause();
 }
@@ -1608,84 +1596,30 @@ DP_TEST(zmq_client_killed_before_commit)
 /* ---- the `dataplane unit` command, through the real binary ---- */
 
 /* The CLI next to this test's build directory, or NULL if it was not built. */
-static const char *
-cli_path(void)
-{
-    static char path[4096];
-    char self[4000];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return NULL;
-    self[n] = '\0';
-    char *slash = strrchr(self, '/');
-    if (slash == NULL)
-        return NULL;
-    *slash = '\0';
-    snprintf(path, sizeof path, "%s/../dataplane", self);
-    return access(path, X_OK) == 0 ? path : NULL;
-}
-
 /* Run the CLI with args; first stdout line into line; returns the pid. */
-static pid_t
-cli_start(const char *const *args, char *line, size_t cap)
-{
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execv(args[0], (char *const *)args);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t n = 0;
-    while (n + 1 < cap) {
-        ssize_t r = read(fds[0], line + n, 1);
-        if (r <= 0 || line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(fds[0]);
-    return pid;
-}
-
-static int
-cli_wait(pid_t pid)
-{
-    int st = 0;
-    CHECK(waitpid(pid, &st, 0) == pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-}
-
 DP_TEST(cli_unit_command)
 {
-    const char *cli = cli_path();
+    const char *cli = dp_test_cli_path();
     if (cli == NULL) {
         printf("  skipped: the dataplane binary is not built next to this test\n");
         return;
     }
     char line[300];
     const char *bad[] = {cli, "unit", "--numa", "sideways", NULL};
-    CHECK_EQ(cli_wait(cli_start(bad, line, sizeof line)), 2);
+    CHECK_EQ(dp_test_wait_status(dp_test_cli_start(bad, line, sizeof line)), 2);
     const char *bad2[] = {cli, "unit", "--unit-id", "2", "--units", "2", NULL};
-    CHECK_EQ(cli_wait(cli_start(bad2, line, sizeof line)), 2);
+    CHECK_EQ(dp_test_wait_status(dp_test_cli_start(bad2, line, sizeof line)), 2);
     const char *help[] = {cli, "unit", "--help", NULL};
-    pid_t hp = cli_start(help, line, sizeof line);
+    pid_t hp = dp_test_cli_start(help, line, sizeof line);
     CHECK_CONTAINS(line, "usage: dataplane unit");
-    CHECK_EQ(cli_wait(hp), 0);
+    CHECK_EQ(dp_test_wait_status(hp), 0);
 
     const char *args[] = {
         cli,      "unit", "--bind",       "127.0.0.1", "--port",          "0",
         "--slab", "8M",   "--read-pin-s", "5",         "--alloc-lease-s", "2",
         "--numa", "auto", "--unit-id",    "1",         "--units",         "3",
         NULL};
-    pid_t pid = cli_start(args, line, sizeof line);
+    pid_t pid = dp_test_cli_start(args, line, sizeof line);
     CHECKF(strncmp(line, "tcp://127.0.0.1:", 16) == 0, "first line '%s'", line);
     dp_ctl_client *c = NULL;
     CHECK_OK(dp_ctl_client_create(&c, NULL));
@@ -1716,7 +1650,7 @@ DP_TEST(cli_unit_command)
     dp_buf_fini(&rb);
     dp_ctl_client_destroy(c);
     kill(pid, SIGINT);
-    CHECK_EQ(cli_wait(pid), 0);
+    CHECK_EQ(dp_test_wait_status(pid), 0);
 }
 
 /*

@@ -8,6 +8,7 @@
  * and UCX that is SIGKILLed with its files open.
  */
 #include "dp_test.h"
+#include "dp_proc.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -1056,19 +1057,6 @@ DP_TEST(model_no_reuse_across_areas)
  * DP_TEST_SSD_FSIZE, its files are limited to that many bytes (SIGXFSZ
  * ignored): a disk that fills up.
  */
-static void
-peer_write_line(int fd, const char *s)
-{
-    size_t n = strlen(s);
-    while (n > 0) {
-        ssize_t w = write(fd, s, n);
-        if (w <= 0)
-            _exit(3);
-        s += w;
-        n -= (size_t)w;
-    }
-}
-
 static int
 peer_unit(int fd)
 {
@@ -1104,7 +1092,7 @@ peer_unit(int fd)
     }
     char line[300];
     snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
-    peer_write_line(fd, line);
+    dp_test_write_str(fd, line);
     int sig;
     sigwait(&sigs, &sig);
     dp_unit_server_close(srv);
@@ -1427,63 +1415,9 @@ DP_TEST(zmq_ucx_full_disk_is_lost)
 
 /* ---- the `dataplane unit` flags, through the real binary ---- */
 
-static const char *
-cli_path(void)
-{
-    static char path[4096];
-    char self[4000];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return NULL;
-    self[n] = '\0';
-    char *slash = strrchr(self, '/');
-    if (slash == NULL)
-        return NULL;
-    *slash = '\0';
-    snprintf(path, sizeof path, "%s/../dataplane", self);
-    return access(path, X_OK) == 0 ? path : NULL;
-}
-
-static pid_t
-cli_start(const char *const *args, char *line, size_t cap)
-{
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execv(args[0], (char *const *)args);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t n = 0;
-    while (n + 1 < cap) {
-        ssize_t r = read(fds[0], line + n, 1);
-        if (r <= 0 || line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(fds[0]);
-    return pid;
-}
-
-static int
-cli_wait(pid_t pid)
-{
-    int st = 0;
-    CHECK(waitpid(pid, &st, 0) == pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-}
-
 DP_TEST(cli_ssd_flags)
 {
-    const char *cli = cli_path();
+    const char *cli = dp_test_cli_path();
     if (cli == NULL) {
         printf("  skipped: the dataplane binary is not built next to this test\n");
         return;
@@ -1491,16 +1425,16 @@ DP_TEST(cli_ssd_flags)
     char *dir = mk_dir();
     char line[300];
     const char *bad[] = {cli, "unit", "--staging", "8M", NULL};
-    CHECK_EQ(cli_wait(cli_start(bad, line, sizeof line)), 2);
+    CHECK_EQ(dp_test_wait_status(dp_test_cli_start(bad, line, sizeof line)), 2);
     const char *bad2[] = {cli, "unit", "--ssd-dir", dir, "--staging", "12", NULL};
-    CHECK_EQ(cli_wait(cli_start(bad2, line, sizeof line)), 2);
+    CHECK_EQ(dp_test_wait_status(dp_test_cli_start(bad2, line, sizeof line)), 2);
     const char *bad3[] = {cli, "unit", "--ssd-dir", dir, "--pickup-s", "-1", NULL};
-    CHECK_EQ(cli_wait(cli_start(bad3, line, sizeof line)), 2);
+    CHECK_EQ(dp_test_wait_status(dp_test_cli_start(bad3, line, sizeof line)), 2);
     const char *nodir[] = {cli, "unit", "--ssd-dir", "/nonexistent/dp", NULL};
-    CHECK_EQ(cli_wait(cli_start(nodir, line, sizeof line)), 1);
+    CHECK_EQ(dp_test_wait_status(dp_test_cli_start(nodir, line, sizeof line)), 1);
     const char *args[] = {cli,         "unit", "--slab",     "4M", "--ssd-dir", dir,
                           "--staging", "2M",   "--pickup-s", "3",  NULL};
-    pid_t pid = cli_start(args, line, sizeof line);
+    pid_t pid = dp_test_cli_start(args, line, sizeof line);
     CHECKF(strncmp(line, "tcp://127.0.0.1:", 16) == 0, "first line '%s'", line);
     zc z;
     memset(&z, 0, sizeof z);
@@ -1522,7 +1456,7 @@ DP_TEST(cli_ssd_flags)
     dp_buf_fini(&z.rb);
     dp_ctl_client_destroy(z.c);
     kill(pid, SIGKILL);
-    CHECK_EQ(cli_wait(pid), -SIGKILL);
+    CHECK_EQ(dp_test_wait_status(pid), -SIGKILL);
     CHECK_EQ(dir_count(dir), 0);
     rm_dir(dir);
 }
