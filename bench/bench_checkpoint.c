@@ -97,6 +97,8 @@ main(int argc, char **argv)
             die("alloc", &d);
         dp_blob_builder_write(b, dp_unit_slab(u) + off, lay.total_len, NULL);
         dp_blob_builder_copy_payloads(b, dp_unit_slab(u) + off, lay.total_len, NULL);
+        dp_blob_header_set_alloc(dp_unit_slab(u) + off, dp_unit_incarnation(u),
+                                 dp_unit_alloc_token(u, id, strlen(id)));
         dp_blob_builder_destroy(b);
         dp_wire_commit_state st;
         if (dp_unit_commit(u, id, strlen(id), &st, &d) != 0)

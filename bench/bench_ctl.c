@@ -292,7 +292,7 @@ put_blob(client *c, dp_endpoint *ep, const char *remote, uint64_t slab_addr,
     q.op = DP_WIRE_OP_ALLOC;
     q.a.alloc = (dp_wire_alloc_args){dp_wire_s(id), img->len, n_entries, false};
     double ta = call(c, &q, &r);
-    uint64_t off = r.r.off;
+    uint64_t off = r.r.alloc.off;
     dp_wire_reply_fini(&r);
     dp_range l = {(uint64_t)(uintptr_t)img->buf, img->len};
     dp_range rr = {slab_addr + off, img->len};

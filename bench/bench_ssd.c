@@ -175,6 +175,8 @@ main(int argc, char **argv)
                 dp_unit_alloc_spill(u, id, strlen(id), blen, 1, true, &off, NULL, &d);
             if (rc == 0) {
                 blob_write(dp_unit_slab(u) + off, blen, next, payload, plen);
+                dp_blob_header_set_alloc(dp_unit_slab(u) + off, dp_unit_incarnation(u),
+                                         dp_unit_alloc_token(u, id, strlen(id)));
                 dp_wire_commit_state st;
                 if (dp_unit_commit(u, id, strlen(id), &st, &d) != 0)
                     die("commit", &d);

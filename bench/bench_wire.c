@@ -135,7 +135,8 @@ main(int argc, char **argv)
         (dp_wire_alloc_args){dp_wire_s("9f3c2a7be0d14c55-b-17"), 33 << 20, 1024, true};
     ms[1].name = "alloc reply";
     ms[1].r = (dp_wire_reply){.op = DP_WIRE_OP_ALLOC, .rid = rid, .ok = true};
-    ms[1].r.r.off = 5ull << 30;
+    ms[1].r.r.alloc.off = 5ull << 30;
+    ms[1].r.r.alloc.token = 12345;
     ms[2].name = "commit request";
     ms[2].request = true;
     ms[2].q = (dp_wire_request){.op = DP_WIRE_OP_COMMIT, .rid = rid};

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blob/blob.h"
 #include "unit/unit.h"
 #include "wire/wire.h"
 
@@ -41,7 +42,7 @@ fuzz_now(void *ctx)
     return fuzz_t;
 }
 
-static uint64_t last_off;
+static uint64_t last_off, last_token;
 static char ssd_dir[] = "/tmp/dp-fuzz-unit-XXXXXX";
 
 /* The unit's files are unlinked at once: only the directory is left. */
@@ -78,7 +79,8 @@ feed(dp_unit *u, const uint8_t *msg, size_t len, dp_buf *out)
     if (dp_wire_reply_decode(out->data, out->len, DP_WIRE_OP_ALLOC, NULL, &rep, NULL) ==
             0 &&
         rep.ok)
-        last_off = rep.r.off;
+        last_off = rep.r.alloc.off;
+    last_token = rep.r.alloc.token;
     dp_wire_reply_fini(&rep);
 }
 
@@ -115,6 +117,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (dp_unit_create(&o, &u, NULL) != 0)
         abort();
     last_off = 0;
+    last_token = 0;
     dp_buf out;
     dp_buf_init(&out);
     size_t i = 0;
@@ -142,6 +145,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                : o.slab_bytes;
             uint64_t cap = last_off < end ? end - last_off : 0;
             memcpy(dp_unit_slab(u) + last_off, p, body < cap ? body : (size_t)cap);
+            /* Name the last allocation, as a client does, so commits can publish. */
+            if (body >= DP_BLOB_HEADER_LEN && cap >= DP_BLOB_HEADER_LEN)
+                dp_blob_header_set_alloc(dp_unit_slab(u) + last_off,
+                                         dp_unit_incarnation(u), last_token);
             break;
         }
         case 2:

@@ -86,8 +86,8 @@ fuzz_request(const uint8_t *p, size_t n, const dp_wire_limits *lim)
         /* What a server does with a bad request: answer with its id. */
         dp_buf e;
         dp_buf_init(&e);
-        if (dp_wire_reply_encode_error(q.rid, rc, d.msg, NULL, NULL, 0, lim, &e, NULL) !=
-            DP_OK)
+        if (dp_wire_reply_encode_error(q.rid, 0, rc, d.msg, NULL, NULL, 0, lim, &e,
+                                       NULL) != DP_OK)
             abort();
         dp_wire_reply r;
         if (dp_wire_reply_decode(e.data, e.len, DP_WIRE_OP_PING, lim, &r, &d) != DP_OK ||
@@ -277,7 +277,8 @@ main(int argc, char **argv)
                                       dp_wire_s("node0")};
             break;
         case DP_WIRE_OP_ALLOC:
-            r.r.off = 1ull << 20;
+            r.r.alloc.off = 1ull << 20;
+            r.r.alloc.token = 7;
             break;
         case DP_WIRE_OP_COMMIT:
             r.r.commit = DP_WIRE_COMMIT_PENDING;
@@ -323,7 +324,7 @@ main(int argc, char **argv)
     static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO};
     for (size_t i = 0; i < 4; i++) {
         dp_buf_reset(&b);
-        if (dp_wire_reply_encode_error(dp_wire_s("0123abcd-20"), codes[i], "no room",
+        if (dp_wire_reply_encode_error(dp_wire_s("0123abcd-20"), 0, codes[i], "no room",
                                        i == 1 ? "pins held" : NULL, keys, i == 2 ? 2 : 0,
                                        NULL, &b, NULL) != DP_OK)
             abort();

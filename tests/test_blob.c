@@ -176,7 +176,7 @@ craft(const struct rent *e, uint32_t n, uint32_t flags, uint64_t payload_room,
     size_t total = (size_t)(payload_off + payload_room);
     uint8_t *p = calloc(1, total);
     CHECK(p != NULL);
-    dp_blob_header h = {.version = 1,
+    dp_blob_header h = {.version = 2,
                         .n_entries = n,
                         .index_len = index_len,
                         .payload_off = payload_off,
@@ -223,7 +223,9 @@ DP_TEST(one_entry_round_trip)
     CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
     CHECK_EQ(dp_blob_count(b), 1);
     const dp_blob_header *h = dp_blob_get_header(b);
-    CHECK_EQ(h->version, 1);
+    CHECK_EQ(h->version, 2);
+    CHECK_EQ_U64(h->alloc_incarnation, 0); /* not named yet */
+    CHECK_EQ_U64(h->alloc_token, 0);
     CHECK_EQ(h->total_len, len);
     CHECK_EQ(h->flags, 0);
     const dp_blob_entry *e = dp_blob_entry_at(b, 0);
@@ -573,8 +575,10 @@ DP_TEST(rejects_bad_version)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    put_le32(p + 8, 2);
-    CHECK_REJECT(p, len, NULL, "version 2");
+    put_le32(p + 8, 3);
+    CHECK_REJECT(p, len, NULL, "version 3");
+    put_le32(p + 8, 1);
+    CHECK_REJECT(p, len, NULL, "layout version 1 (written by an older client");
     put_le32(p + 8, 0);
     CHECK_REJECT(p, len, NULL, "version 0");
     free(p);
@@ -589,16 +593,26 @@ DP_TEST(rejects_unknown_flags)
     free(p);
 }
 
-DP_TEST(rejects_nonzero_reserved)
+/* Bytes 48..63 name the allocation: any value parses and comes back as written. */
+DP_TEST(allocation_identity_round_trips)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    for (unsigned i = 48; i < 64; i++) {
-        p[i] = 1;
-        CHECK_REJECT(p, len, NULL, "reserved header byte");
-        p[i] = 0;
-    }
-    CHECK_ACCEPT(p, len, NULL);
+    dp_blob_header_set_alloc(p, 0x0123456789abcdefull, 42);
+    dp_blob *b = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
+    CHECK_EQ_U64(dp_blob_get_header(b)->alloc_incarnation, 0x0123456789abcdefull);
+    CHECK_EQ_U64(dp_blob_get_header(b)->alloc_token, 42);
+    dp_blob_destroy(b);
+    uint8_t h[64];
+    dp_blob_header hd = {.version = 2, .alloc_incarnation = 7, .alloc_token = UINT64_MAX};
+    dp_blob_header_encode(&hd, h);
+    dp_blob_header out;
+    CHECK_ERR(dp_blob_header_decode(h, 0, NULL, &out, NULL), DP_EPROTO); /* too short */
+    CHECK_EQ_U64(get_le64(h + 48), 7);
+    CHECK_EQ_U64(get_le64(h + 56), UINT64_MAX);
     free(p);
 }
 
@@ -625,7 +639,7 @@ DP_TEST(rejects_zero_entries)
     CHECK_REJECT(p, len, NULL, "no entries");
     /* also a well-formed empty index: [] */
     uint8_t q[128] = {0};
-    dp_blob_header h = {.version = 1,
+    dp_blob_header h = {.version = 2,
                         .n_entries = 0,
                         .index_len = 1,
                         .payload_off = 128,
@@ -1088,7 +1102,8 @@ DP_TEST(random_flips_fail_cleanly_or_hit_payload)
             size_t at = (size_t)(dp_test_rand(&s) % len);
             uint8_t x = (uint8_t)(1 + dp_test_rand(&s) % 255);
             p[at] ^= x;
-            if (at < lowest)
+            /* Bytes 48..63 name the allocation: any value parses. */
+            if (at < lowest && !(at >= 48 && at < 64))
                 lowest = at;
         }
         bool fix = it % 3 == 0;

@@ -437,11 +437,13 @@ DP_TEST(metadata_roundtrip_and_rejects)
     dp_buf b;
     dp_buf_init(&b);
     dp_detail d;
-    CHECK_OK_D(dp_md_encode(&b, "unit-3", 42, addr, sizeof addr, r, 2, &d), &d);
+    CHECK_OK_D(dp_md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, &d),
+               &d);
     dp_md md;
     CHECK_OK_D(dp_md_parse(b.data, b.len, &md, &d), &d);
     CHECK_STR(md.name, "unit-3");
     CHECK_EQ_U64(md.gen, 42);
+    CHECK_EQ_U64(md.xver, 0x010d0001);
     CHECK_EQ(md.addr_len, sizeof addr);
     CHECK(memcmp(md.addr, addr, sizeof addr) == 0);
     CHECK_EQ(md.n_regions, 2);
@@ -460,22 +462,27 @@ DP_TEST(metadata_roundtrip_and_rejects)
     x[0] = 'X';
     CHECK_ERR(dp_md_parse(x, b.len, &md, NULL), DP_EPROTO);
     x[0] = 'D';
-    x[4] = 2;
+    x[4] = 3;
     CHECK_ERR_D(dp_md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "version");
+    x[4] = 1; /* an older dataplane's metadata: named as such */
+    CHECK_ERR_D(dp_md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "older");
     free(x);
     /* Overlapping regions and bad names are refused by the encoder's peer too. */
     dp_md_region ov[2] = {{0x1000, 4096, k1, 8}, {0x1800, 1, k2, 2}};
     dp_buf_reset(&b);
-    CHECK_OK(dp_md_encode(&b, "u", 1, addr, sizeof addr, ov, 2, NULL));
+    CHECK_OK(dp_md_encode(&b, "u", 1, 0x010d0001, addr, sizeof addr, ov, 2, NULL));
     CHECK_ERR_D(dp_md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "overlaps");
-    CHECK_ERR(dp_md_encode(&b, "has space", 1, addr, sizeof addr, NULL, 0, NULL),
+    CHECK_ERR(
+        dp_md_encode(&b, "has space", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
+        DP_EINVAL);
+    CHECK_ERR(dp_md_encode(&b, "", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
               DP_EINVAL);
-    CHECK_ERR(dp_md_encode(&b, "", 1, addr, sizeof addr, NULL, 0, NULL), DP_EINVAL);
     /* Random corruption never crashes and never yields out-of-bounds pointers. */
     dp_buf_reset(&b);
-    CHECK_OK(dp_md_encode(&b, "unit-3", 42, addr, sizeof addr, r, 2, NULL));
+    CHECK_OK(dp_md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *y = malloc(b.len);
     for (int it = 0; it < 20000; it++) {

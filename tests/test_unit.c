@@ -8,6 +8,7 @@
  */
 #include "dp_test.h"
 #include "dp_proc.h"
+#include "dp_unit_blob.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -144,7 +145,7 @@ put_blob(dp_unit *u, const char *id, const tblob *t)
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp_unit_alloc(u, id, strlen(id), t->len, t->n, &off, NULL, &d), &d);
-    memcpy(dp_unit_slab(u) + off, t->p, t->len);
+    dp_test_write_blob(u, id, off, t->p, t->len);
     dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
     CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
@@ -378,6 +379,8 @@ DP_TEST(commit_rejects_bad_blobs)
         {"index crc", 40, &t, 2},
         {"index byte (the index lies)", 70, &t, 2},
         {"total_len", 32, &t, 2},
+        {"names another incarnation", 48, &t, 2},
+        {"names another allocation (stale bytes)", 56, &t, 2},
         {"key of another unit", SIZE_MAX, &t_other, 2},
         {"entry count differs from alloc", SIZE_MAX, &t, 3},
     };
@@ -388,7 +391,7 @@ DP_TEST(commit_rejects_bad_blobs)
         tblob *s = cases[c].src;
         CHECK_OK(
             dp_unit_alloc(u, id, strlen(id), s->len, cases[c].decl, &off, NULL, NULL));
-        memcpy(dp_unit_slab(u) + off, s->p, s->len);
+        dp_test_write_blob(u, id, off, s->p, s->len);
         if (cases[c].at != SIZE_MAX)
             dp_unit_slab(u)[off + cases[c].at] ^= 0x5a;
         dp_wire_commit_state st;
@@ -402,7 +405,7 @@ DP_TEST(commit_rejects_bad_blobs)
         check_unit(u);
         /* The allocation stays; a good blob written there later commits. */
         if (c == 0) {
-            memcpy(dp_unit_slab(u) + off, t.p, t.len);
+            dp_test_write_blob(u, id, off, t.p, t.len);
             CHECK_OK(dp_unit_commit(u, id, strlen(id), &st, NULL));
             CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
             uint64_t g[] = {1, 3};
@@ -508,7 +511,8 @@ DP_TEST(no_reuse_while_pinned)
     CHECK_ERR_D(dp_unit_alloc(u, "n", 1, 32 * 1024, 0, &a, &reason, &d), DP_EBUSY, &d);
     CHECK_STR(reason, "pins");
     /* The reader still sees its bytes (nobody wrote there). */
-    CHECK_EQ(memcmp(dp_unit_slab(u) + off, t.p, t.len), 0);
+    CHECK_EQ(memcmp(dp_unit_slab(u) + off, t.p, 48), 0); /* 48..63: the alloc's name */
+    CHECK_EQ(memcmp(dp_unit_slab(u) + off + 64, t.p + 64, t.len - 64), 0);
     /* The reader is done: the region is free at once. */
     dp_unit_unpin(u, pin, strlen(pin));
     CHECK_EQ(stats(u).zombies, 0);
@@ -691,7 +695,7 @@ DP_TEST(model_no_reuse_under_transfer)
                            ") overlaps protected region %d [%" PRIu64 ", +%" PRIu64
                            ") kind %d",
                            step, off, t.len, r, reg[r].off, reg[r].len, reg[r].kind);
-            memcpy(dp_unit_slab(u) + off, t.p, t.len);
+            dp_test_write_blob(u, blobs[bi].id, off, t.p, t.len);
             free(t.p);
             blobs[bi].used = true;
             blobs[bi].committed = false;
@@ -868,9 +872,9 @@ DP_TEST(handler_ops)
     q.a.alloc = (dp_wire_alloc_args){ws("blob-1"), t.len, 1, true};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
-    uint64_t off = r.r.off;
+    uint64_t off = r.r.alloc.off;
     dp_wire_reply_fini(&r);
-    memcpy(dp_unit_slab(u) + off, t.p, t.len);
+    dp_test_write_blob(u, "blob-1", off, t.p, t.len);
 
     q.op = DP_WIRE_OP_READ_BYTES;
     q.a.read_bytes = (dp_wire_read_bytes_args){off, 8};
@@ -1293,7 +1297,7 @@ peer_client(int fd)
     dp_buf rb = {0};
     if (zcall(c, addr, &q, &r, &rb, NULL) != 0 || !r.ok)
         return 1;
-    uint64_t off = r.r.off;
+    uint64_t off = r.r.alloc.off;
     dp_wire_reply_fini(&r);
     void *buf = NULL;
     if (dp_endpoint_alloc(ep, 512 << 10, &buf, NULL) != 0)
@@ -1445,7 +1449,9 @@ DP_TEST(zmq_ucx_put_get)
     q.a.alloc = (dp_wire_alloc_args){ws("put-1"), lay.total_len, 3, true};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
-    uint64_t off = r.r.off;
+    uint64_t off = r.r.alloc.off;
+    CHECK(r.incarnation != 0);
+    dp_blob_header_set_alloc(stage, r.incarnation, r.r.alloc.token);
     dp_wire_reply_fini(&r);
 
     /* Commit before the WRITE: the zeroed region fails validation. */
@@ -1581,7 +1587,7 @@ DP_TEST(zmq_client_killed_before_commit)
             dp_wire_reply_fini(&r);
             break;
         }
-        CHECK(r.r.off + (1 << 20) <= off || r.r.off >= off + (1 << 20));
+        CHECK(r.r.alloc.off + (1 << 20) <= off || r.r.alloc.off >= off + (1 << 20));
         dp_wire_reply_fini(&r);
     }
     q.op = DP_WIRE_OP_PING;
@@ -1681,7 +1687,7 @@ hammer(void *p)
         if (dp_unit_alloc(a->u, id, strlen(id), t.len, 2, &off, NULL, NULL) == 0) {
             int how = (int)(dp_test_rand(&rs) % 8);
             if (how < 6) {
-                memcpy(dp_unit_slab(a->u) + off, t.p, t.len);
+                dp_test_write_blob(a->u, id, off, t.p, t.len);
                 dp_wire_commit_state st;
                 dp_unit_commit(a->u, id, strlen(id), &st, NULL);
             } else if (how == 6) {
@@ -1802,7 +1808,8 @@ DP_TEST(zmq_pinned_read_survives_release)
     q.a.alloc = (dp_wire_alloc_args){ws("A"), t.len, 1, false};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
-    uint64_t aoff = r.r.off;
+    uint64_t aoff = r.r.alloc.off;
+    dp_blob_header_set_alloc(stage, r.incarnation, r.r.alloc.token);
     dp_wire_reply_fini(&r);
     dp_range l = {(uint64_t)(uintptr_t)stage, t.len};
     dp_range rr = {base + aoff, t.len};
@@ -1848,8 +1855,8 @@ DP_TEST(zmq_pinned_read_survives_release)
             CHECK(dp_wire_str_eq(r.err.reason, "pins"));
             busy = true;
         } else {
-            CHECK(r.r.off + t.len <= aoff || r.r.off >= aoff + t.len);
-            dp_range wr = {base + r.r.off, t.len};
+            CHECK(r.r.alloc.off + t.len <= aoff || r.r.alloc.off >= aoff + t.len);
+            dp_range wr = {base + r.r.alloc.off, t.len};
             CHECK_OK_D(
                 dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &wr, 1, name, 10, &d), &d);
         }
@@ -1877,7 +1884,7 @@ DP_TEST(zmq_pinned_read_survives_release)
         CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
         if (r.ok) {
             got = true;
-            CHECK_EQ(r.r.off, aoff);
+            CHECK_EQ(r.r.alloc.off, aoff);
         }
         dp_wire_reply_fini(&r);
         if (!got)

@@ -9,6 +9,7 @@
  */
 #include "dp_test.h"
 #include "dp_proc.h"
+#include "dp_unit_blob.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -227,7 +228,7 @@ put_spill(dp_unit *u, const char *id, const tblob *t, bool *spilled)
     CHECK_OK_D(rc, &d);
     if (spilled != NULL)
         *spilled = off >= dp_unit_io_base(u) && dp_unit_io_bytes(u) > 0;
-    memcpy(dp_unit_slab(u) + off, t->p, t->len);
+    dp_test_write_blob(u, id, off, t->p, t->len);
     dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
     t0 = dp_test_now();
     for (;;) {
@@ -654,7 +655,7 @@ DP_TEST(abort_and_lease_in_io_area)
     tblob t = rows_blob(gs, 1, 1);
     dp_unit_abort(u, "c", 1, false);
     CHECK_OK(dp_unit_alloc_spill(u, "f", 1, t.len, t.n, true, &c, NULL, NULL));
-    memcpy(dp_unit_slab(u) + c, t.p, t.len);
+    dp_test_write_blob(u, "f", c, t.p, t.len);
     CHECK_OK(dp_unit_commit(u, "f", 1, &st, NULL));
     dp_unit_abort(u, "f", 1, false);
     CHECK_OK(dp_unit_commit(u, "f", 1, &st, NULL));
@@ -699,7 +700,7 @@ DP_TEST(io_queue_limit_and_release_while_staging)
             dp_sleep_s(0.0005);
         CHECK_OK_D(rc, &d);
         n_spilled += off >= dp_unit_io_base(u); /* a few fit the 4 KiB put area */
-        memcpy(dp_unit_slab(u) + off, t[i].p, t[i].len);
+        dp_test_write_blob(u, id, off, t[i].p, t[i].len);
         dp_wire_commit_state st;
         CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
         CHECK(st == DP_WIRE_COMMIT_PENDING || st == DP_WIRE_COMMIT_DONE);
@@ -969,7 +970,7 @@ DP_TEST(model_no_reuse_across_areas)
                                          NULL);
             if (rc == 0) {
                 no_overlap(lv, nl, off, t.len, "alloc");
-                memcpy(dp_unit_slab(u) + off, t.p, t.len);
+                dp_test_write_blob(u, id, off, t.p, t.len);
                 uint64_t what = dp_test_rand(&rs) % 4;
                 if (what == 0) { /* left uncommitted: a WRITE may still run */
                     lv[nl++] = (live){off, t.len, 1, "", 0};
@@ -1239,7 +1240,8 @@ zput(zc *z, const char *id, const tblob *t)
         q.a.alloc = (dp_wire_alloc_args){ws(id), t->len, t->n, true};
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         if (r.ok) {
-            off = r.r.off;
+            off = r.r.alloc.off;
+            dp_blob_header_set_alloc(buf, r.incarnation, r.r.alloc.token);
             dp_wire_reply_fini(&r);
             break;
         }
@@ -1483,12 +1485,12 @@ DP_TEST(late_spill_never_overrides_later_commits_or_releases)
     dp_wire_commit_state st;
     CHECK_OK_D(dp_unit_alloc_spill(u, "x1", 2, t1.len, t1.n, true, &off, NULL, &d), &d);
     CHECK(off >= dp_unit_io_base(u));
-    memcpy(dp_unit_slab(u) + off, t1.p, t1.len);
+    dp_test_write_blob(u, "x1", off, t1.p, t1.len);
     CHECK_OK_D(dp_unit_commit(u, "x1", 2, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_PENDING);
     /* Row 0 again, committed after x1; then row 5 released. */
     CHECK_OK_D(dp_unit_alloc_spill(u, "x2", 2, t2.len, t2.n, false, &off, NULL, &d), &d);
-    memcpy(dp_unit_slab(u) + off, t2.p, t2.len);
+    dp_test_write_blob(u, "x2", off, t2.p, t2.len);
     CHECK_OK_D(dp_unit_commit(u, "x2", 2, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     uint64_t rel = 5;
@@ -1553,7 +1555,7 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
                                        NULL, &d),
                    &d);
         CHECK(off >= dp_unit_io_base(u));
-        memcpy(dp_unit_slab(u) + off, small.p, small.len);
+        dp_test_write_blob(u, id, off, small.p, small.len);
         free(small.p);
     }
     for (int i = 0; i < M; i++) {
@@ -1603,7 +1605,7 @@ spill_then_clear(dp_unit *u, const char *id, uint64_t g0)
     uint64_t before = stats(u).spills_superseded;
     CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL, &d),
                &d);
-    memcpy(dp_unit_slab(u) + off, t.p, t.len);
+    dp_test_write_blob(u, id, off, t.p, t.len);
     CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_PENDING);
     dp_unit_release_rows(u, g, N);

@@ -243,7 +243,8 @@ gresult(gen *g, dp_wire_reply *r)
         break;
     }
     case DP_WIRE_OP_ALLOC:
-        r->r.off = gnum(g, 1ull << 62);
+        r->r.alloc.off = gnum(g, 1ull << 62);
+        r->r.alloc.token = gnum(g, UINT64_MAX);
         break;
     case DP_WIRE_OP_COMMIT:
         r->r.commit = (dp_wire_commit_state)rnd(g, 3);
@@ -471,7 +472,8 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
         break;
     }
     case DP_WIRE_OP_ALLOC:
-        CHECK_EQ_U64(a->r.off, b->r.off);
+        CHECK_EQ_U64(a->r.alloc.off, b->r.alloc.off);
+        CHECK_EQ_U64(a->r.alloc.token, b->r.alloc.token);
         break;
     case DP_WIRE_OP_COMMIT:
         CHECK_EQ(a->r.commit, b->r.commit);
@@ -1392,7 +1394,7 @@ DP_TEST(error_kinds_round_trip)
         dp_wire_str blobs[] = {dp_wire_s("b1"), dp_wire_s("7@x")};
         dp_detail d;
         dp_buf_reset(&b);
-        CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r1"), ks[i].code, "it failed",
+        CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r1"), 0, ks[i].code, "it failed",
                                             i % 2 ? "pins" : NULL, blobs,
                                             (uint32_t)(i % 3), NULL, &b, &d));
         dp_wire_reply r;
@@ -1418,7 +1420,7 @@ DP_TEST(error_kinds_round_trip)
     }
     /* default message from the code */
     dp_buf_reset(&b);
-    CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r1"), DP_EBUSY, NULL, NULL, NULL, 5,
+    CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r1"), 0, DP_EBUSY, NULL, NULL, NULL, 5,
                                         NULL, &b, NULL));
     dp_wire_reply r;
     CHECK_OK(dp_wire_reply_decode(b.data, b.len, DP_WIRE_OP_COMMIT, NULL, &r, NULL));
@@ -1454,8 +1456,8 @@ DP_TEST(error_text_is_sanitised_and_bounded)
     memset(big, 'm', sizeof big - 1);
     big[sizeof big - 1] = 0;
     dp_buf_reset(&b);
-    CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r"), DP_EBUSY, big, big, NULL, 0, NULL,
-                                        &b, NULL));
+    CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r"), 0, DP_EBUSY, big, big, NULL, 0,
+                                        NULL, &b, NULL));
     CHECK_OK(dp_wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, NULL, &r, &d));
     CHECK_EQ(r.err.msg.n, 4096);
     CHECK_EQ(r.err.reason.n, 4096);
@@ -1552,8 +1554,38 @@ DP_TEST(reply_rules)
     expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "ping reply: result: unit_id: expected",
                NULL);
     reply_head(&m, "r1", true);
+    dp_mp_put_map(&m.w, 2);
+    dp_mp_put_str(&m.w, "off");
     dp_mp_put_u64(&m.w, 1ull << 62);
-    expect_rep(&m, DP_WIRE_OP_ALLOC, DP_EPROTO, "alloc reply: result: offset:", "above");
+    dp_mp_put_str(&m.w, "token");
+    dp_mp_put_u64(&m.w, 1);
+    expect_rep(&m, DP_WIRE_OP_ALLOC, DP_EPROTO, "alloc reply: result: off", "above");
+    reply_head(&m, "r1", true);
+    dp_mp_put_u64(&m.w, 4096); /* the offset alone: an older unit */
+    expect_rep(&m, DP_WIRE_OP_ALLOC, DP_EPROTO, "alloc reply: result", NULL);
+    /* The fourth element is the unit's incarnation; it must be a uint. */
+    mb_init(&m);
+    dp_mp_put_array(&m.w, 4);
+    dp_mp_put_str(&m.w, "r1");
+    dp_mp_put_bool(&m.w, true);
+    dp_mp_put_u64(&m.w, 1);
+    dp_mp_put_str(&m.w, "x");
+    expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "incarnation", NULL);
+    {
+        mb_init(&m);
+        dp_mp_put_array(&m.w, 4);
+        dp_mp_put_str(&m.w, "r1");
+        dp_mp_put_bool(&m.w, true);
+        dp_mp_put_u64(&m.w, 1);
+        dp_mp_put_u64(&m.w, 0xfeedfacecafebeefull);
+        dp_wire_reply r4;
+        CHECK_OK(
+            dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_PING, NULL, &r4, NULL));
+        CHECK_EQ_U64(r4.incarnation, 0xfeedfacecafebeefull);
+        CHECK_EQ_U64(r4.r.unit_id, 1);
+        dp_wire_reply_fini(&r4);
+        dp_buf_fini(&m.b);
+    }
     reply_head(&m, "r1", true);
     dp_mp_put_str(&m.w, "maybe");
     expect_rep(&m, DP_WIRE_OP_COMMIT, DP_EPROTO, "commit reply: result: state: 'maybe'",

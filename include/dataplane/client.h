@@ -34,7 +34,13 @@
  *                 retries busy units with backoff inside the budget);
  *   DP_ETIMEDOUT  no reply or transfer completion within the budget (for a
  *                 get: within the pin's life; the data is then discarded);
- *   DP_ETRANSFER  a WRITE or READ failed (for example the unit died);
+ *   DP_ETRANSFER  a unit is down or unreachable (its connection was refused
+ *                 or dropped), or a WRITE or READ failed;
+ *   DP_ERESTARTED a unit restarted (a new process answers on its address):
+ *                 what it held is gone unless it loaded a checkpoint. The
+ *                 client re-binds to it by itself; the operation that met the
+ *                 restart fails for that unit's rows (once), the next one
+ *                 works;
  *   DP_ELOST      the unit lost data it had accepted (commit answered "lost":
  *                 aborted, lease expired or spill failed; a stage from SSD
  *                 failed);
@@ -375,6 +381,27 @@ DP_API bool dp_client_stats_find(const dp_client_stats *s, uint32_t unit,
 
 /* NULL allowed. */
 DP_API void dp_client_stats_destroy(dp_client_stats *s);
+
+/*
+ * This client's own counters (not the units'): what it did to stay correct
+ * across unit restarts and outages. The struct may grow at its reserved tail;
+ * fields keep their places.
+ */
+typedef struct dp_client_counters {
+    uint64_t restarts_seen;      /* unit restarts noticed (a new incarnation answered) */
+    uint64_t rebinds;            /* data paths re-bound (after a restart or a failed
+                                    transfer endpoint) */
+    uint64_t units_down;         /* operation parts failed because a unit was down or
+                                    unreachable */
+    uint64_t transfers_retained; /* this process's transfers kept in the graveyard
+                                    (they may still touch their memory), now */
+    uint64_t transfers_released; /* retained transfers that ended later, released */
+    uint64_t retained_bytes;     /* memory those retained transfers keep, now */
+    uint64_t reserved[10];
+} dp_client_counters;
+
+/* Fill *out. Threads: any (locks c). DP_EINVAL for NULL arguments. */
+DP_API int dp_client_counters_get(dp_client *c, dp_client_counters *out);
 
 #ifdef __cplusplus
 }

@@ -45,7 +45,8 @@ extern "C" {
     X(DP_EEXIST, "already exists")                                                       \
     X(DP_ECORRUPT, "data corrupted")                                                     \
     X(DP_EUNSUPPORTED, "not supported")                                                  \
-    X(DP_ECANCELED, "canceled")
+    X(DP_ECANCELED, "canceled")                                                          \
+    X(DP_ERESTARTED, "storage unit restarted")
 
 typedef enum dp_err {
     DP_OK = 0,

@@ -120,6 +120,15 @@ dp_blob_header_encode(const dp_blob_header *h, uint8_t out[64])
     put_le64(out + 32, h->total_len);
     put_le32(out + 40, h->index_crc);
     put_le32(out + 44, h->flags);
+    put_le64(out + 48, h->alloc_incarnation);
+    put_le64(out + 56, h->alloc_token);
+}
+
+void
+dp_blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t token)
+{
+    put_le64(hdr64 + 48, incarnation);
+    put_le64(hdr64 + 56, token);
 }
 
 static uint32_t
@@ -155,15 +164,19 @@ dp_blob_header_decode(const uint8_t hdr64[64], uint64_t len,
     h.total_len = get_le64(hdr64 + 32);
     h.index_crc = get_le32(hdr64 + 40);
     h.flags = get_le32(hdr64 + 44);
+    h.alloc_incarnation = get_le64(hdr64 + 48);
+    h.alloc_token = get_le64(hdr64 + 56);
+    if (h.version == 1)
+        return dp_fail(d, DP_EPROTO,
+                       "blob: layout version 1 (written by an older client or saved by "
+                       "an older unit, before blobs named their allocation); this code "
+                       "reads version %u only: put the data again with this version",
+                       DP_BLOB_VERSION);
     if (h.version != DP_BLOB_VERSION)
         return dp_fail(d, DP_EPROTO, "blob: version %u, this unit reads version %u",
                        h.version, DP_BLOB_VERSION);
     if ((h.flags & ~DP_BLOB_FLAG_CRC) != 0)
         return dp_fail(d, DP_EPROTO, "blob: unknown flags 0x%x", h.flags);
-    for (unsigned i = 48; i < 64; i++)
-        if (hdr64[i] != 0)
-            return dp_fail(d, DP_EPROTO, "blob: reserved header byte %u is 0x%02x, not 0",
-                           i, hdr64[i]);
     if (h.total_len != len)
         return dp_fail(d, DP_EPROTO,
                        "blob: total_len %llu differs from the allocation of %llu bytes",

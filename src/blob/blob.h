@@ -1,25 +1,33 @@
 /*
- * Blob layout version 1 (DESIGN section 8): what one put sends to one unit.
+ * Blob layout version 2 (docs/design.md, "Keys and blobs"): what one put sends
+ * to one unit.
  *
  *     0    8   magic "DPBLOB01"
- *     8    4   version (1)
+ *     8    4   version (2)
  *     12   4   n_entries
  *     16   8   index_len     bytes of the msgpack index at offset 64
  *     24   8   payload_off   64-byte aligned, >= 64 + index_len
  *     32   8   total_len     the whole blob; equals the allocation
  *     40   4   index_crc32c  CRC32C of the index bytes
  *     44   4   flags         bit 0: every entry carries a payload CRC32C
- *     48  16   reserved, zero
+ *     48   8   alloc_incarnation  the incarnation of the unit that allocated
+ *     56   8   alloc_token        the token its alloc answered
  *     64   ..  index: msgpack array of n_entries arrays
  *              [key: str, kind: str, dtype: str, shape: [uint], off: uint,
  *               len: uint, crc: uint | nil]
  *     ...      payload; each entry 64-byte aligned, off relative to the blob
  *
- * All integers little-endian. Rules the parser enforces beyond the table
- * (decisions of this implementation, all part of version 1):
+ * All integers little-endian. Version 2 differs from version 1 only in bytes
+ * 48..63 (reserved, zero, in version 1): they name the allocation the blob was
+ * written for, so a unit publishes a region's bytes only if they were written
+ * for that very allocation (not stale bytes of an earlier put, nor a blob
+ * meant for another unit or an earlier process on the same port). The parser
+ * refuses version 1 with a message saying so. Rules the parser enforces beyond
+ * the table (decisions of this implementation, all part of version 2):
  * - n_entries >= 1: a blob with no entries publishes nothing and would only
  *   hold a region, so it is rejected (and the builder refuses to make one).
- * - Unknown flag bits and non-zero reserved bytes are rejected.
+ * - Unknown flag bits are rejected. The allocation identity is not checked
+ *   by the parser (any value parses); the unit compares it with its record.
  * - The index is exactly index_len bytes: one array of n_entries elements
  *   and nothing after it.
  * - key: a valid "<gidx>@<field>" (blob/keys.h); no two entries share a key.
@@ -52,7 +60,7 @@
 #include "dataplane/err.h"
 
 #define DP_BLOB_MAGIC "DPBLOB01"
-#define DP_BLOB_VERSION 1u
+#define DP_BLOB_VERSION 2u
 #define DP_BLOB_HEADER_LEN 64u
 #define DP_BLOB_ALIGN 64u
 #define DP_BLOB_MAX_DIMS 32u
@@ -84,6 +92,8 @@ typedef struct dp_blob_header {
     uint64_t total_len;
     uint32_t index_crc;
     uint32_t flags;
+    uint64_t alloc_incarnation; /* bytes 48..55 */
+    uint64_t alloc_token;       /* bytes 56..63 */
 } dp_blob_header;
 
 /* ------------------------------------------------------------------ */
@@ -168,7 +178,8 @@ uint32_t dp_blob_builder_count(const dp_blob_builder *b);
 
 /*
  * Write bytes [0, payload_off) of the laid-out blob (header, index, zero
- * padding) into dst[0..cap). cap >= payload_off, else DP_EINVAL. The payload
+ * padding) into dst[0..cap); the allocation identity is zero until
+ * dp_blob_header_set_alloc. cap >= payload_off, else DP_EINVAL. The payload
  * goes to dst + dp_blob_builder_offset(b, i), by the caller (copy or RDMA
  * WRITE) or by dp_blob_builder_copy_payloads(). DP_EINVAL before a layout
  * or when a CRC is still missing.
@@ -258,7 +269,13 @@ int dp_blob_header_decode(const uint8_t hdr64[64], uint64_t len,
                           const dp_blob_parse_opts *opts, dp_blob_header *out,
                           dp_detail *d);
 
-/* Write the 64-byte header for h into out (little-endian, reserved zero). */
+/* Write the 64-byte header for h into out (little-endian). */
 void dp_blob_header_encode(const dp_blob_header *h, uint8_t out[64]);
+
+/*
+ * Name the allocation in an encoded header (bytes 48..63 of hdr64): the
+ * client does this once its alloc answered, before the WRITE.
+ */
+void dp_blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t token);
 
 #endif

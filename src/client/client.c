@@ -416,73 +416,264 @@ client_new(const dp_client_opts *opts, uint32_t n_units, dp_client **out, dp_det
     return dp_ctl_client_create(&c->ctl, d);
 }
 
-/* info from every unit at once, then add each unit's endpoint as a remote. */
+/*
+ * Bind unit u's data path to the process whose info this is: check that it
+ * is unit u of this cluster and speaks this protocol, connect the transfer
+ * endpoint to it (replacing the remote of an earlier incarnation), and take
+ * its slab's place, sizes and incarnation.
+ */
+static int
+bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
+{
+    dp__unit_conn *uc = &c->units[u];
+    if (in->unit_id != u || in->n_units != c->n_units)
+        return dp_fail(d, DP_EPROTO,
+                       "says it is unit %" PRIu64 " of %" PRIu64
+                       ", but the cluster lists it as unit %u of %u (wrong order or a "
+                       "unit from another cluster)",
+                       in->unit_id, in->n_units, u, c->n_units);
+    if (in->proto < DP_WIRE_PROTO || in->incarnation == 0)
+        return dp_fail(d, DP_EPROTO,
+                       "speaks control protocol %" PRIu64
+                       " and this client %d: run the same dataplane version on units and "
+                       "clients",
+                       in->proto, DP_WIRE_PROTO);
+    if (in->metadata.n == 0)
+        return dp_fail(d, DP_EPROTO, "has no transfer endpoint (no metadata in info)");
+    if (in->slab_addr == 0)
+        return dp_fail(d, DP_EPROTO, "info carries no slab address");
+    char name[256];
+    int rc = dp_endpoint_add_remote(c->ep, in->metadata.p, in->metadata.n, name, d);
+    if (rc != 0)
+        return rc;
+    for (uint32_t v = 0; v < c->n_units; v++)
+        if (v != u && strcmp(c->units[v].remote, name) == 0)
+            return dp_fail(d, DP_EPROTO,
+                           "has the same endpoint name '%s' as unit %u: names must be "
+                           "unique",
+                           name, v);
+    if (uc->remote[0] != '\0' && strcmp(uc->remote, name) != 0)
+        dp_endpoint_remove_remote(c->ep, uc->remote, NULL); /* the old process's */
+    snprintf(uc->remote, sizeof uc->remote, "%s", name);
+    uc->slab_addr = in->slab_addr;
+    uc->slab_bytes = in->slab_bytes;
+    uc->io_bytes = in->io_bytes;
+    uc->region_bytes = uc->slab_bytes + uc->io_bytes;
+    uc->read_pin_s = in->read_pin_ms > 0 ? (double)in->read_pin_ms / 1e3 : 10.0;
+    uc->incarnation = in->incarnation;
+    uc->stale = false;
+    uc->lane = DP_XFER_LANE_UNKNOWN;
+    uc->tls[0] = '\0';
+    dp_endpoint_remote_lane(c->ep, uc->remote, &uc->lane, uc->tls, sizeof uc->tls, NULL);
+    return DP_OK;
+}
+
+/*
+ * info from units[0..n) at once (the items' slots 0..n-1), each reply
+ * decoded into reps[i] (rcs[i] 0) or its failure in rcs[i] / dets[i].
+ * reps[i] must be finished by the caller when rcs[i] is 0.
+ */
+static void
+info_many_locked(dp_client *c, const uint32_t *units, size_t n, double timeout_s,
+                 dp_wire_reply *reps, int *rcs, dp_detail *dets)
+{
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_INFO;
+    size_t ns = 0;
+    size_t *slot = calloc(n > 0 ? n : 1, sizeof *slot);
+    for (size_t i = 0; i < n; i++) {
+        dp_detail_clear(&dets[i]);
+        memset(&reps[i], 0, sizeof reps[i]);
+        rcs[i] = slot == NULL ? dp_fail(&dets[i], DP_ENOMEM, "out of memory")
+                              : dp__client_prepare_locked(c, units[i], ns, &q, &dets[i]);
+        if (rcs[i] == 0)
+            slot[i] = ns++;
+    }
+    dp_ctl_call_many(c->ctl, c->items, ns, timeout_s);
+    for (size_t i = 0; i < n; i++) {
+        if (rcs[i] != 0)
+            continue;
+        dp_ctl_item *it = &c->items[slot[i]];
+        if (it->rc != 0) {
+            rcs[i] = it->rc;
+            dets[i] = it->det;
+            continue;
+        }
+        rcs[i] = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_INFO,
+                                      NULL, &reps[i], &dets[i]);
+        if (rcs[i] == 0 && !reps[i].ok)
+            rcs[i] = dp_wire_error_to_detail(&reps[i].err, &dets[i]);
+        if (rcs[i] != 0)
+            dp_wire_reply_fini(&reps[i]);
+    }
+    free(slot);
+}
+
+/* info from every unit at once, then bind each unit's data path. */
 static int
 client_connect(dp_client *c, dp_detail *d)
 {
     double deadline = dp_now_s() + c->o.connect_timeout_s;
-    dp_wire_request q;
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_INFO;
-    for (uint32_t u = 0; u < c->n_units; u++) {
-        int rc = dp__client_prepare_locked(c, u, u, &q, d);
-        if (rc != 0)
-            return rc;
-    }
-    dp_ctl_call_many(c->ctl, c->items, c->n_units, dp__client_left(deadline));
+    uint32_t N = c->n_units;
+    uint32_t *units = calloc(N, sizeof *units);
+    dp_wire_reply *reps = calloc(N, sizeof *reps);
+    int *rcs = calloc(N, sizeof *rcs);
+    dp_detail *dets = calloc(N, sizeof *dets);
     int first = DP_OK;
-    for (uint32_t u = 0; u < c->n_units && first == DP_OK; u++) {
-        dp_ctl_item *it = &c->items[u];
-        dp__unit_conn *uc = &c->units[u];
-        if (it->rc != 0) {
-            if (d != NULL)
-                *d = it->det;
-            first = dp_fail_ctx(d, it->rc, "connecting to unit %u (%s)", u, uc->addr);
-            break;
-        }
-        dp_wire_reply rep;
-        dp_detail rd;
-        dp_detail_clear(&rd);
-        int rc = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_INFO,
-                                      NULL, &rep, &rd);
-        if (rc == 0 && !rep.ok)
-            rc = dp_wire_error_to_detail(&rep.err, &rd);
-        if (rc == 0 && (rep.r.info.unit_id != u || rep.r.info.n_units != c->n_units))
-            rc = dp_fail(&rd, DP_EPROTO,
-                         "says it is unit %" PRIu64 " of %" PRIu64
-                         ", but the cluster lists it as unit %u of %u (wrong order or a "
-                         "unit from another cluster)",
-                         rep.r.info.unit_id, rep.r.info.n_units, u, c->n_units);
-        if (rc == 0 && rep.r.info.metadata.n == 0)
-            rc =
-                dp_fail(&rd, DP_EPROTO, "has no transfer endpoint (no metadata in info)");
-        if (rc == 0 && rep.r.info.slab_addr == 0)
-            rc = dp_fail(&rd, DP_EPROTO,
-                         "info carries no slab address (unit too old for this client)");
+    if (units == NULL || reps == NULL || rcs == NULL || dets == NULL) {
+        first = dp_fail(d, DP_ENOMEM, "client: out of memory");
+        goto out;
+    }
+    for (uint32_t u = 0; u < N; u++)
+        units[u] = u;
+    info_many_locked(c, units, N, dp__client_left(deadline), reps, rcs, dets);
+    for (uint32_t u = 0; u < N; u++) {
+        int rc = rcs[u];
         if (rc == 0) {
-            uc->slab_addr = rep.r.info.slab_addr;
-            uc->slab_bytes = rep.r.info.slab_bytes;
-            uc->io_bytes = rep.r.info.io_bytes;
-            uc->region_bytes = uc->slab_bytes + uc->io_bytes;
-            uc->read_pin_s =
-                rep.r.info.read_pin_ms > 0 ? (double)rep.r.info.read_pin_ms / 1e3 : 10.0;
-            rc = dp_endpoint_add_remote(c->ep, rep.r.info.metadata.p,
-                                        rep.r.info.metadata.n, uc->remote, &rd);
+            if (first == DP_OK)
+                rc = bind_unit_locked(c, u, &reps[u].r.info, &dets[u]);
+            dp_wire_reply_fini(&reps[u]);
         }
-        for (uint32_t v = 0; rc == 0 && v < u; v++)
-            if (strcmp(c->units[v].remote, uc->remote) == 0)
-                rc = dp_fail(&rd, DP_EPROTO,
-                             "has the same endpoint name '%s' as unit %u: names must be "
-                             "unique",
-                             uc->remote, v);
-        dp_wire_reply_fini(&rep);
-        if (rc != 0) {
+        if (rc != 0 && first == DP_OK) {
             if (d != NULL)
-                *d = rd;
-            first = dp_fail_ctx(d, rc, "connecting to unit %u (%s)", u, uc->addr);
+                *d = dets[u];
+            first = dp_fail_ctx(d, rc, "connecting to unit %u (%s)", u, c->units[u].addr);
         }
     }
+out:
+    free(units);
+    free(reps);
+    free(rcs);
+    free(dets);
     return first;
+}
+
+int
+dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp_wire_reply *rep,
+                              bool report, dp_detail *d)
+{
+    dp__unit_conn *uc = &c->units[u];
+    if (rep->incarnation == 0 || rep->incarnation == uc->incarnation)
+        return DP_OK;
+    if (!uc->stale || uc->seen_incarnation != rep->incarnation) {
+        c->cnt.restarts_seen++;
+        DP_LOG_W("client: unit %u (%s) restarted: incarnation %016" PRIx64
+                 " answers, the data path is bound to %016" PRIx64 "; re-binding",
+                 u, uc->addr, rep->incarnation, uc->incarnation);
+        uc->restart_unreported = true;
+    }
+    uc->stale = true;
+    uc->seen_incarnation = rep->incarnation;
+    if (!report)
+        return DP_OK;
+    uc->restart_unreported = false;
+    return dp_fail(d, DP_ERESTARTED,
+                   "unit %u (%s) restarted (incarnation %016" PRIx64 " -> %016" PRIx64
+                   "): what it held is gone unless it loaded a checkpoint; this client "
+                   "re-binds to it and the next operation uses the new process",
+                   u, uc->addr, uc->incarnation, rep->incarnation);
+}
+
+void
+dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double deadline,
+                        int *rcs, dp_detail *dets)
+{
+    uint32_t *need = calloc(n > 0 ? n : 1, sizeof *need);
+    size_t *which = calloc(n > 0 ? n : 1, sizeof *which);
+    dp_wire_reply *reps = calloc(n > 0 ? n : 1, sizeof *reps);
+    int *irc = calloc(n > 0 ? n : 1, sizeof *irc);
+    dp_detail *idet = calloc(n > 0 ? n : 1, sizeof *idet);
+    bool oom =
+        need == NULL || which == NULL || reps == NULL || irc == NULL || idet == NULL;
+    size_t nn = 0;
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = 0;
+        dp_detail_clear(&dets[i]);
+        dp__unit_conn *uc = &c->units[units[i]];
+        bool failed =
+            !uc->stale && dp_endpoint_remote_check(c->ep, uc->remote, NULL) != 0;
+        if (!uc->stale && !failed)
+            continue;
+        if (oom) {
+            rcs[i] = dp_fail(&dets[i], DP_ENOMEM, "client: out of memory");
+            continue;
+        }
+        need[nn] = units[i];
+        which[nn++] = i;
+    }
+    if (nn > 0) {
+        info_many_locked(c, need, nn, dp__client_round_timeout(deadline), reps, irc,
+                         idet);
+        for (size_t k = 0; k < nn; k++) {
+            size_t i = which[k];
+            uint32_t u = need[k];
+            dp__unit_conn *uc = &c->units[u];
+            int rc = irc[k];
+            if (rc == 0) {
+                uint64_t was = uc->incarnation;
+                uint64_t now_inc = reps[k].r.info.incarnation;
+                bool restarted = now_inc != was;
+                if (restarted && (!uc->stale || uc->seen_incarnation != now_inc)) {
+                    c->cnt.restarts_seen++;
+                    uc->restart_unreported = true;
+                }
+                rc = bind_unit_locked(c, u, &reps[k].r.info, &idet[k]);
+                dp_wire_reply_fini(&reps[k]);
+                if (rc == 0) {
+                    c->cnt.rebinds++;
+                    DP_LOG_I("client: unit %u (%s) re-bound to incarnation %016" PRIx64
+                             " (%s)",
+                             u, uc->addr, now_inc,
+                             restarted ? "it restarted" : "its transfer endpoint failed");
+                    if (uc->restart_unreported) {
+                        uc->restart_unreported = false;
+                        rc = dp_fail(&idet[k], DP_ERESTARTED,
+                                     "unit %u (%s) restarted (incarnation %016" PRIx64
+                                     " -> %016" PRIx64
+                                     "): what it held is gone unless it loaded a "
+                                     "checkpoint; re-bound, the next operation uses it",
+                                     u, uc->addr, was, now_inc);
+                    }
+                }
+            } else if (rc == DP_ETRANSFER || rc == DP_ETIMEDOUT) {
+                c->cnt.units_down++;
+                dp_fail_ctx(&idet[k], rc, "unit %u (%s) is down", u, uc->addr);
+            }
+            if (rc != 0) {
+                rcs[i] = rc;
+                dets[i] = idet[k];
+            }
+        }
+    }
+    /* Units named twice get the same answer. */
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            if (units[j] == units[i] && rcs[j] != 0 && rcs[i] == 0) {
+                rcs[i] = rcs[j];
+                dets[i] = dets[j];
+            }
+    free(need);
+    free(which);
+    free(reps);
+    free(irc);
+    free(idet);
+}
+
+int
+dp_client_counters_get(dp_client *c, dp_client_counters *out)
+{
+    if (c == NULL || out == NULL)
+        return DP_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    *out = c->cnt;
+    dp_endpoint_stats es;
+    dp_endpoint_get_stats(c->ep, &es);
+    out->transfers_retained = es.transfers_retained - es.transfers_released;
+    out->transfers_released = es.transfers_released;
+    out->retained_bytes = dp_graveyard_bytes();
+    pthread_mutex_unlock(&c->mu);
+    return DP_OK;
 }
 
 static int
@@ -673,6 +864,9 @@ dp_client_clear(dp_client *c, const uint64_t *gidxs, size_t n, uint64_t *dropped
             dp_wire_reply rep;
             urc = dp_wire_reply_decode(it->reply.data, it->reply.len,
                                        DP_WIRE_OP_RELEASE_ROWS, NULL, &rep, &ud);
+            /* A restarted unit clears as well as the old one: note it, go on. */
+            if (urc == 0)
+                dp__client_reply_check_locked(c, u, &rep, false, NULL);
             if (urc == 0 && !rep.ok)
                 urc = dp_wire_error_to_detail(&rep.err, &ud);
             if (urc == 0 && dropped != NULL)
@@ -803,6 +997,8 @@ dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
             dp_wire_reply rep;
             urc = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_STATS,
                                        NULL, &rep, &ud);
+            if (urc == 0)
+                dp__client_reply_check_locked(c, u, &rep, false, NULL);
             if (urc == 0 && !rep.ok)
                 urc = dp_wire_error_to_detail(&rep.err, &ud);
             if (urc == 0)

@@ -18,7 +18,11 @@
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
 
-/* A unit as the client sees it (constant after open). */
+/*
+ * A unit as the client sees it. The address is constant after open; the rest
+ * is the data path's binding to one incarnation of the unit (one process),
+ * replaced when the client re-binds (docs/design.md, "Unit incarnations").
+ */
 typedef struct dp__unit_conn {
     char addr[DP_CLUSTER_ADDR_MAX]; /* control address */
     char remote[256];               /* its endpoint name (for transfers) */
@@ -27,6 +31,17 @@ typedef struct dp__unit_conn {
     uint64_t io_bytes;     /* the IO area (SSD tier), after the put area; 0 if none */
     uint64_t region_bytes; /* slab_bytes + io_bytes: every offset lies below it */
     double read_pin_s;     /* how long a resolve pins */
+    uint64_t incarnation;  /* the process the data path is bound to */
+    dp_xfer_lane lane;     /* how this client's RMA reaches it */
+    char tls[64];          /* the transports of that lane, for diagnostics */
+    /*
+     * A reply came from another incarnation (seen_incarnation): re-bind before
+     * the next transfer. restart_unreported: no put or get was told of that
+     * restart yet (it was seen by clear or stats): the next one is.
+     */
+    bool stale;
+    bool restart_unreported;
+    uint64_t seen_incarnation;
 } dp__unit_conn;
 
 /* State of a registered buffer the client mapped itself. */
@@ -72,6 +87,8 @@ struct dp_client {
     dp__region *regions;
     size_t n_regions, cap_regions;
 
+    dp_client_counters cnt; /* the caller's view: dp_client_counters_get */
+
     /* Per-unit scratch reused by every operation (no per-op allocation). */
     dp_blob_builder **builders; /* n_units, created on first use */
     dp_buf *reqs;               /* n_units encoded requests */
@@ -103,6 +120,26 @@ int dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_req
 
 /* Send a notify (abort, unpin) to unit u; failures are only logged. */
 void dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q);
+
+/*
+ * Check which process answered: DP_OK when rep came from the incarnation u's
+ * data path is bound to (or names none). Otherwise u is marked for re-binding
+ * and, when report (a put or get acting on the reply), DP_ERESTARTED with d
+ * naming the unit; without report (clear, stats) DP_OK, the restart then being
+ * reported to the next put or get.
+ */
+int dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp_wire_reply *rep,
+                                  bool report, dp_detail *d);
+
+/*
+ * Before a put or get transfers to units[0..n): re-bind each one whose
+ * restart was seen or whose transfer endpoint failed (fresh info, metadata,
+ * endpoint). rcs[i] (and dets[i]) get 0, or why unit units[i] cannot take part:
+ * DP_ERESTARTED (it restarted: re-bound now, reported once), DP_ETRANSFER (it
+ * is down or unreachable) or another code of the info call.
+ */
+void dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n,
+                             double deadline, int *rcs, dp_detail *dets);
 
 /*
  * A registered buffer of at least nbytes from the pool (reused when cached

@@ -2,6 +2,12 @@
  * dp_client_get and dp_client_get_alloc (DESIGN section 5): resolve_keys on
  * every unit at once, one READ of every located value at once, unpin.
  *
+ * Restarts. Before the first round every unit of the batch is made ready
+ * (re-bound after a restart or a failed endpoint, see put.c). A resolve
+ * answered by another incarnation than the one the data path is bound to
+ * fails that unit's keys with DP_ERESTARTED and READs nothing: its offsets
+ * name another process's slab.
+ *
  * Rounds. A round asks every unit for its keys that are still unresolved,
  * READs what was located (each unit's part under the deadline its pin
  * allows: the pin's life, counted from when the request was sent, minus a
@@ -200,6 +206,37 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
     for (size_t i = 0; i < n; i++)
         order[cnt[ks[i].unit] + pos[ks[i].unit]++] = (uint32_t)i;
 
+    /*
+     * Re-bind units that restarted or whose endpoint failed; keys of a unit
+     * that is down, or that restarted (reported once), fail now.
+     */
+    {
+        uint32_t nu = 0;
+        for (uint32_t u = 0; u < N; u++)
+            if (cnt[u + 1] > cnt[u])
+                slot_unit[nu++] = u;
+        int *rcs = malloc((nu > 0 ? nu : 1) * sizeof *rcs);
+        dp_detail *dets = malloc((nu > 0 ? nu : 1) * sizeof *dets);
+        if (rcs == NULL || dets == NULL) {
+            free(rcs);
+            free(dets);
+            rc = dp_fail(d, DP_ENOMEM, "get: out of memory");
+            goto out;
+        }
+        dp__client_ready_locked(c, slot_unit, nu, deadline, rcs, dets);
+        for (uint32_t k = 0; k < nu; k++) {
+            uint32_t u = slot_unit[k];
+            if (rcs[k] == 0)
+                continue;
+            ur[u].rc = rcs[k];
+            ur[u].det = dets[k];
+            for (uint32_t j = cnt[u]; j < cnt[u + 1]; j++)
+                item_fail(&items[order[j]], &ks[order[j]], rcs[k]);
+        }
+        free(rcs);
+        free(dets);
+    }
+
     double step = 0.002;
     uint32_t round_no = 0;
     for (;; round_no++) {
@@ -251,10 +288,21 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 *ud = ci->det;
             dp_wire_reply rep;
             memset(&rep, 0, sizeof rep);
+            if (urc == DP_ETRANSFER)
+                c->cnt.units_down++;
             if (urc == 0) {
                 urc = dp_wire_reply_decode(ci->reply.data, ci->reply.len,
                                            DP_WIRE_OP_RESOLVE_KEYS, NULL, &rep, ud);
-                if (urc == 0 && !rep.ok) {
+                if (urc == 0 && dp__client_reply_check_locked(c, u, &rep, true, ud)) {
+                    /* Another process answered: its offsets are not in the slab
+                     * this data path maps. Let go of its pin, READ nothing. */
+                    urc = DP_ERESTARTED;
+                    if (rep.ok && rep.r.resolve_keys.pin_id.n > 0) {
+                        char pin[DP_WIRE_RID_MAX + 32];
+                        dp_wire_str_copy(rep.r.resolve_keys.pin_id, pin, sizeof pin);
+                        unpin_locked(c, u, pin);
+                    }
+                } else if (urc == 0 && !rep.ok) {
                     urc = dp_wire_error_to_detail(&rep.err, ud);
                     if (urc == DP_EBUSY && dp__client_left(deadline) > 0) {
                         again = true;

@@ -19,7 +19,20 @@
  *
  * Cleanup on failure: a unit whose WRITE may still run gets
  * abort(in_flight=true), so it retires the region; a unit whose alloc reply
- * was lost, or whose WRITE never started, gets abort(in_flight=false).
+ * was lost, or whose WRITE never started or provably ended (every UCX request
+ * completed over shared memory, or only the synchronous memcpy path ran),
+ * gets abort(in_flight=false), so it frees the region at once. Over TCP or
+ * RDMA a failed WRITE counts as in flight: bytes the transport already took
+ * may still land after UCX gave up on them.
+ *
+ * Restarts. Before anything is sent, every unit of the batch is made ready
+ * (dp__client_ready_locked: re-bound after a restart or a failed endpoint).
+ * Every reply names the process that answered; an alloc or commit answered by
+ * another incarnation than the one the data path is bound to fails that
+ * unit's part with DP_ERESTARTED (the alloc is aborted: the WRITE is never
+ * posted through an endpoint bound to another process). The blob's header
+ * names the allocation (incarnation and token), so even bytes that reach a
+ * region by some other path are never published for the wrong allocation.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -44,8 +57,9 @@ typedef struct put_unit {
     dp_blob_layout lay;
     size_t stage_off, stage_len;
     char blob_id[40];
-    uint64_t off;  /* slab offset from alloc */
-    size_t r0, nr; /* its ranges in the per-call range arrays */
+    uint64_t off;   /* slab offset from alloc */
+    uint64_t token; /* the allocation's token, stamped into the blob header */
+    size_t r0, nr;  /* its ranges in the per-call range arrays */
     dp_detail det;
 } put_unit;
 
@@ -231,14 +245,24 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 pu->det = it->det;
                 pu->rc = it->rc;
                 pu->state = ST_FAILED;
+                if (it->rc == DP_ETRANSFER)
+                    c->cnt.units_down++;
                 send_abort_locked(c, pu, false);
                 continue;
             }
             dp_wire_reply rep;
             int rc = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_ALLOC,
                                           NULL, &rep, &pu->det);
-            if (rc == 0 && rep.ok) {
-                pu->off = rep.r.off;
+            if (rc == 0 &&
+                dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
+                /* Another process answered: free what it allocated, WRITE nothing. */
+                pu->rc = DP_ERESTARTED;
+                pu->state = ST_FAILED;
+                if (rep.ok)
+                    send_abort_locked(c, pu, false);
+            } else if (rc == 0 && rep.ok) {
+                pu->off = rep.r.alloc.off;
+                pu->token = rep.r.alloc.token;
                 if (pu->off > c->units[pu->u].region_bytes ||
                     pu->lay.total_len > c->units[pu->u].region_bytes - pu->off)
                     pu_fail(pu, DP_EPROTO,
@@ -350,9 +374,10 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         return nops;
     }
     dp_detail *dets = calloc(nops, sizeof *dets);
+    dp_xfer_end *ends = calloc(nops, sizeof *ends);
     write_ctx w = {c, pus, slot_pu, sent};
-    dp_endpoint_transfer_many_cb(c->ep, ops, nops, left, results, dets, write_done, &w,
-                                 NULL);
+    dp_endpoint_transfer_many_ends(c->ep, ops, nops, left, results, dets, ends,
+                                   write_done, &w, NULL);
     for (size_t s = 0; s < nops; s++) {
         put_unit *pu = &pus[slot_pu[s]];
         if (results[s] == 0)
@@ -363,13 +388,25 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
             dp_fail(&pu->det, results[s], "WRITE failed");
         pu->rc = results[s];
         pu->state = ST_FAILED;
-        /* EINVAL / EFATAL: nothing was posted. Otherwise the WRITE may still run. */
-        bool posted = results[s] != DP_EINVAL && results[s] != DP_EFATAL;
-        send_abort_locked(c, pu, posted);
-        dp_fail_ctx(&pu->det, results[s], "WRITE of blob %s (%" PRIu64 " bytes)",
-                    pu->blob_id, pu->lay.total_len);
+        /*
+         * Tell the unit the truth: in flight only if bytes may still land. Without
+         * the ends (out of memory) every posted WRITE counts as in flight.
+         */
+        dp_xfer_end e = ends != NULL ? ends[s] : DP_XFER_UNFINISHED;
+        if (ends == NULL && (results[s] == DP_EINVAL || results[s] == DP_EFATAL))
+            e = DP_XFER_NOT_POSTED;
+        bool in_flight = e == DP_XFER_UNFINISHED ||
+                         (e == DP_XFER_ENDED && results[s] != DP_ETIMEDOUT &&
+                          c->units[pu->u].lane != DP_XFER_LANE_SHM);
+        send_abort_locked(c, pu, in_flight);
+        dp_fail_ctx(&pu->det, results[s], "WRITE of blob %s (%" PRIu64 " bytes%s)",
+                    pu->blob_id, pu->lay.total_len,
+                    e == DP_XFER_NOT_POSTED ? ", nothing posted"
+                    : in_flight             ? ", may still land: the unit retires it"
+                                            : ", ended: the unit frees it");
     }
     free(dets);
+    free(ends);
     return nops;
 }
 
@@ -412,6 +449,8 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             dp_ctl_item *it = &c->items[s];
             if (it->rc != 0) {
                 pu->det = it->det;
+                if (it->rc == DP_ETRANSFER)
+                    c->cnt.units_down++;
                 pu_fail(pu, it->rc,
                         "commit of blob %s got no answer (%s): its rows may or may not "
                         "have landed; aborted",
@@ -422,7 +461,12 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             dp_wire_reply rep;
             int rc = dp_wire_reply_decode(it->reply.data, it->reply.len,
                                           DP_WIRE_OP_COMMIT, NULL, &rep, &pu->det);
-            if (rc == 0 && rep.ok) {
+            if (rc == 0 &&
+                dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
+                /* The process that took the WRITE is gone: its rows did not land. */
+                pu->rc = DP_ERESTARTED;
+                pu->state = ST_FAILED;
+            } else if (rc == 0 && rep.ok) {
                 switch (rep.r.commit) {
                 case DP_WIRE_COMMIT_DONE:
                     pu->state = ST_DONE;
@@ -643,6 +687,31 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         pu->nr = nr - pu->r0;
     }
 
+    /* Re-bind units that restarted or whose endpoint failed; others wait. */
+    {
+        uint32_t *us = malloc(npu * sizeof *us);
+        int *rcs = malloc(npu * sizeof *rcs);
+        dp_detail *dets = malloc(npu * sizeof *dets);
+        if (us == NULL || rcs == NULL || dets == NULL) {
+            free(us);
+            free(rcs);
+            free(dets);
+            rc = dp_fail(d, DP_ENOMEM, "put: out of memory");
+            goto out;
+        }
+        for (size_t i = 0; i < npu; i++)
+            us[i] = pus[i].u;
+        dp__client_ready_locked(c, us, npu, deadline, rcs, dets);
+        for (size_t i = 0; i < npu; i++)
+            if (rcs[i] != 0) {
+                pus[i].rc = rcs[i];
+                pus[i].det = dets[i];
+                pus[i].state = ST_FAILED;
+            }
+        free(us);
+        free(rcs);
+        free(dets);
+    }
     alloc_phase_locked(c, pus, npu, slot_pu, deadline);
     if (dp__client_test_hook != NULL)
         dp__client_test_hook("put:allocated");
@@ -653,6 +722,9 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         if (pu->state != ST_WRITE)
             continue;
         uint64_t rbase = c->units[pu->u].slab_addr + pu->off;
+        /* The header names the allocation: only it can publish these bytes. */
+        dp_blob_header_set_alloc(stage->p + pu->stage_off, c->units[pu->u].incarnation,
+                                 pu->token);
         remote[pu->r0] = (dp_range){rbase, local[pu->r0].nbytes};
         for (size_t k = pu->r0 + 1; k < pu->r0 + pu->nr; k++)
             remote[k] = (dp_range){rbase + remote[k].nbytes, local[k].nbytes};

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -365,4 +366,33 @@ dp_random_hex_id(char out[33], dp_detail *d)
     }
     out[32] = '\0';
     return DP_OK;
+}
+
+/* ---- host identity ---- */
+
+static char host_key[96];
+static pthread_once_t host_key_once = PTHREAD_ONCE_INIT;
+
+static void
+host_key_init(void)
+{
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f != NULL) {
+        if (fgets(boot, sizeof boot, f) == NULL)
+            boot[0] = '\0';
+        fclose(f);
+    }
+    boot[strcspn(boot, "\r\n")] = '\0';
+    struct stat st;
+    if (boot[0] == '\0' || stat("/proc/self/ns/pid", &st) != 0)
+        return;
+    snprintf(host_key, sizeof host_key, "%s/%llu", boot, (unsigned long long)st.st_ino);
+}
+
+const char *
+dp_host_key(void)
+{
+    pthread_once(&host_key_once, host_key_init);
+    return host_key;
 }

@@ -89,4 +89,12 @@ int dp_random_bytes(void *p, size_t n, dp_detail *d);
 /* A fresh random id as 32 lowercase hex chars + NUL into out[33]. */
 int dp_random_hex_id(char out[33], dp_detail *d);
 
+/*
+ * This process's host key: the kernel's boot id and the inode of its pid
+ * namespace ("<boot id>/<inode>"), so two processes with the same key run on
+ * one kernel and see each other's pids. "" if /proc cannot tell (then no
+ * process is ever taken to be on this host). Computed once; thread-safe.
+ */
+const char *dp_host_key(void);
+
 #endif

@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,9 +363,28 @@ dp_ctl_server_close(dp_ctl_server *s)
 
 /* ---- client ---- */
 
+/*
+ * A pooled DEALER socket and the PAIR socket that receives its monitor
+ * events, so a call learns at once when its unit cannot be reached (the
+ * connection is refused, or a connection that carried the request drops)
+ * instead of waiting out its timeout. See the Design notes at the top.
+ */
+typedef struct csock {
+    void *s;      /* DEALER */
+    void *mon;    /* PAIR: s's monitor events */
+    bool up;      /* a ZMTP handshake succeeded and no disconnect since */
+    bool ever_up; /* a handshake succeeded at some point */
+    uint64_t n_disconnects;
+    uint64_t n_refused; /* connect attempts that failed (refused, timed out) */
+    uint64_t n_handshakes;
+    /* Snapshot at the send of the request this socket waits for. */
+    bool sent_up;
+    uint64_t sent_disconnects, sent_refused, sent_handshakes;
+} csock;
+
 struct pooled {
     char *address;
-    void *sock;
+    csock *cs;
     struct pooled *next;
 };
 
@@ -372,7 +392,13 @@ struct dp_ctl_client {
     void *zctx;
     pthread_mutex_t mu;
     struct pooled *idle; /* under mu */
+    uint64_t n_socks;    /* monitor endpoint names; atomic */
 };
+
+/* Heartbeats and connect bounds: a dead or cut-off peer shows within seconds. */
+#define HEARTBEAT_IVL_MS 1000
+#define HEARTBEAT_TIMEOUT_MS 4000
+#define CONNECT_TIMEOUT_MS 2000
 
 int
 dp_ctl_client_create(dp_ctl_client **out, dp_detail *d)
@@ -392,11 +418,25 @@ dp_ctl_client_create(dp_ctl_client **out, dp_detail *d)
 }
 
 static void
-sock_close(void *sock)
+zsock_close(void *sock)
 {
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_close(sock);
+}
+
+static void
+sock_close(csock *cs)
+{
+    if (cs == NULL)
+        return;
+    if (cs->s != NULL) {
+        zmq_socket_monitor(cs->s, NULL, 0);
+        zsock_close(cs->s);
+    }
+    if (cs->mon != NULL)
+        zsock_close(cs->mon);
+    free(cs);
 }
 
 void
@@ -407,7 +447,7 @@ dp_ctl_client_destroy(dp_ctl_client *c)
     struct pooled *p = c->idle;
     while (p != NULL) {
         struct pooled *next = p->next;
-        sock_close(p->sock);
+        sock_close(p->cs);
         free(p->address);
         free(p);
         p = next;
@@ -417,9 +457,96 @@ dp_ctl_client_destroy(dp_ctl_client *c)
     free(c);
 }
 
+/* Read every queued monitor event of cs (never blocks). */
+static void
+drain_events(csock *cs)
+{
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, cs->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&m) >= 2)
+            memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+        bool more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, cs->mon, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&m);
+                break;
+            }
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        switch (ev) {
+        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+            cs->up = cs->ever_up = true;
+            cs->n_handshakes++;
+            break;
+        case ZMQ_EVENT_DISCONNECTED:
+            cs->up = false;
+            cs->n_disconnects++;
+            break;
+        case ZMQ_EVENT_CONNECT_RETRIED:
+            cs->n_refused++;
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static int
+sock_new(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
+{
+    csock *cs = calloc(1, sizeof *cs);
+    if (cs == NULL)
+        return dp_fail(d, DP_ENOMEM, "ctl client: out of memory");
+    cs->s = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (cs->s == NULL) {
+        int e = zmq_errno();
+        free(cs);
+        return dp_fail_sys(d, e, "zmq_socket(DEALER)");
+    }
+    int zero = 0, hb = HEARTBEAT_IVL_MS, hbt = HEARTBEAT_TIMEOUT_MS,
+        cto = CONNECT_TIMEOUT_MS;
+    zmq_setsockopt(cs->s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(cs->s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
+    zmq_setsockopt(cs->s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
+    zmq_setsockopt(cs->s, ZMQ_CONNECT_TIMEOUT, &cto, sizeof cto);
+    char mon[96];
+    snprintf(mon, sizeof mon, "inproc://dp-ctl-mon-%p-%" PRIu64, (void *)c,
+             __atomic_add_fetch(&c->n_socks, 1, __ATOMIC_RELAXED));
+    int rc = DP_OK;
+    if (zmq_socket_monitor(cs->s, mon,
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                               ZMQ_EVENT_CONNECT_RETRIED) != 0) {
+        rc = dp_fail_sys(d, zmq_errno(), "ctl client: zmq_socket_monitor");
+        goto fail;
+    }
+    cs->mon = zmq_socket(c->zctx, ZMQ_PAIR);
+    if (cs->mon == NULL || zmq_connect(cs->mon, mon) != 0) {
+        rc = dp_fail_sys(d, zmq_errno(), "ctl client: monitor socket");
+        goto fail;
+    }
+    if (zmq_connect(cs->s, address) != 0) {
+        rc = dp_fail_sys(d, zmq_errno(), "connect to unit %s", address);
+        goto fail;
+    }
+    *out = cs;
+    return DP_OK;
+fail:
+    sock_close(cs);
+    return rc;
+}
+
 /* A socket connected to address: an idle pooled one, or a new one. */
 static int
-sock_take(dp_ctl_client *c, const char *address, void **out, dp_detail *d)
+sock_take(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
 {
     pthread_mutex_lock(&c->mu);
     for (struct pooled **pp = &c->idle; *pp != NULL; pp = &(*pp)->next) {
@@ -427,7 +554,7 @@ sock_take(dp_ctl_client *c, const char *address, void **out, dp_detail *d)
             struct pooled *p = *pp;
             *pp = p->next;
             pthread_mutex_unlock(&c->mu);
-            *out = p->sock;
+            *out = p->cs;
             free(p->address);
             free(p);
             return DP_OK;
@@ -436,33 +563,22 @@ sock_take(dp_ctl_client *c, const char *address, void **out, dp_detail *d)
     pthread_mutex_unlock(&c->mu);
     if (strncmp(address, "tcp://", 6) != 0 && strncmp(address, "ipc://", 6) != 0)
         return dp_fail(d, DP_EINVAL, "unit address '%s' is not tcp://host:port", address);
-    void *s = zmq_socket(c->zctx, ZMQ_DEALER);
-    if (s == NULL)
-        return dp_fail_sys(d, zmq_errno(), "zmq_socket(DEALER)");
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_connect(s, address) != 0) {
-        int e = zmq_errno();
-        zmq_close(s);
-        return dp_fail_sys(d, e, "connect to unit %s", address);
-    }
-    *out = s;
-    return DP_OK;
+    return sock_new(c, address, out, d);
 }
 
 static void
-sock_give_back(dp_ctl_client *c, const char *address, void *sock)
+sock_give_back(dp_ctl_client *c, const char *address, csock *cs)
 {
     struct pooled *p = malloc(sizeof *p);
     char *a = strdup(address);
     if (p == NULL || a == NULL) {
         free(p);
         free(a);
-        sock_close(sock);
+        sock_close(cs);
         return;
     }
     p->address = a;
-    p->sock = sock;
+    p->cs = cs;
     pthread_mutex_lock(&c->mu);
     p->next = c->idle;
     c->idle = p;
@@ -486,20 +602,49 @@ reply_has_rid(const uint8_t *msg, size_t len, const char *rid)
 }
 
 static int
-send_req(void *sock, const char *address, const void *req, size_t len, dp_detail *d)
+send_req(csock *cs, const char *address, const void *req, size_t len, dp_detail *d)
 {
-    if (zmq_send(sock, req, len, ZMQ_DONTWAIT) < 0)
+    drain_events(cs);
+    cs->sent_up = cs->up;
+    cs->sent_disconnects = cs->n_disconnects;
+    cs->sent_refused = cs->n_refused;
+    cs->sent_handshakes = cs->n_handshakes;
+    if (zmq_send(cs->s, req, len, ZMQ_DONTWAIT) < 0)
         return dp_fail_sys(d, zmq_errno(), "send to unit %s", address);
     return DP_OK;
 }
 
-/* Read one message from sock into reply and check its id. */
+/*
+ * What the monitor says about the request cs waits for: DP_OK (nothing
+ * wrong yet), or DP_ETRANSFER when the unit cannot answer it any more.
+ */
 static int
-recv_reply(void *sock, const char *address, const char *rid, dp_buf *reply, dp_detail *d)
+sock_verdict(csock *cs, const char *address, dp_detail *d)
+{
+    drain_events(cs);
+    if (cs->n_disconnects > cs->sent_disconnects)
+        return dp_fail(
+            d, DP_ETRANSFER,
+            "unit %s is down or unreachable: the connection that carried the "
+            "request dropped before the reply (the request may or may not have "
+            "been carried out)",
+            address);
+    if (!cs->sent_up && cs->n_handshakes == cs->sent_handshakes &&
+        cs->n_refused > cs->sent_refused)
+        return dp_fail(d, DP_ETRANSFER,
+                       "unit %s is down or unreachable: %sno connection could be made "
+                       "(refused, or the host cannot be reached); nothing was delivered",
+                       address, cs->ever_up ? "the connection was lost and " : "");
+    return DP_OK;
+}
+
+/* Read one message from cs into reply and check its id. */
+static int
+recv_reply(csock *cs, const char *address, const char *rid, dp_buf *reply, dp_detail *d)
 {
     zmq_msg_t m;
     zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+    if (zmq_msg_recv(&m, cs->s, ZMQ_DONTWAIT) < 0) {
         int e = zmq_errno();
         zmq_msg_close(&m);
         return dp_fail_sys(d, e, "receive from unit %s", address);
@@ -540,19 +685,22 @@ int
 dp_ctl_send(dp_ctl_client *c, dp_ctl_item *it)
 {
     dp_detail_clear(&it->det);
+    csock *cs = NULL;
     it->sock = NULL;
-    it->rc = sock_take(c, it->address, &it->sock, &it->det);
+    it->rc = sock_take(c, it->address, &cs, &it->det);
     if (it->rc == DP_OK)
-        it->rc = send_req(it->sock, it->address, it->req, it->len, &it->det);
+        it->rc = send_req(cs, it->address, it->req, it->len, &it->det);
     if (it->rc != DP_OK) {
-        if (it->sock != NULL)
-            sock_close(it->sock);
-        it->sock = NULL;
+        sock_close(cs);
         return it->rc;
     }
+    it->sock = cs;
     it->rc = DP_CTL_PENDING;
     return DP_OK;
 }
+
+/* Slices of a wait: how often the monitor verdicts are looked at (at most). */
+#define WAIT_SLICE_MS 100
 
 int
 dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
@@ -560,8 +708,8 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
     size_t waiting = 0;
     for (size_t i = 0; i < n; i++)
         waiting += items[i].rc == DP_CTL_PENDING;
-    zmq_pollitem_t *pis = waiting > 0 ? calloc(waiting, sizeof *pis) : NULL;
-    size_t *which = waiting > 0 ? calloc(waiting, sizeof *which) : NULL;
+    zmq_pollitem_t *pis = waiting > 0 ? calloc(2 * waiting, sizeof *pis) : NULL;
+    size_t *which = waiting > 0 ? calloc(2 * waiting, sizeof *which) : NULL;
     if (waiting > 0 && (pis == NULL || which == NULL)) {
         /* Each pending socket may still get its reply: close, never reuse. */
         for (size_t i = 0; i < n; i++) {
@@ -579,28 +727,43 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
         for (size_t i = 0; i < n; i++) {
             if (items[i].rc != DP_CTL_PENDING)
                 continue;
-            pis[np] = (zmq_pollitem_t){.socket = items[i].sock, .events = ZMQ_POLLIN};
+            csock *cs = items[i].sock;
+            int vrc = sock_verdict(cs, items[i].address, &items[i].det);
+            if (vrc != DP_OK) {
+                /* The unit cannot answer this request: fail it now. */
+                sock_close(cs);
+                items[i].sock = NULL;
+                items[i].rc = vrc;
+                waiting--;
+                continue;
+            }
+            pis[np] = (zmq_pollitem_t){.socket = cs->s, .events = ZMQ_POLLIN};
             which[np++] = i;
+            pis[np] = (zmq_pollitem_t){.socket = cs->mon, .events = ZMQ_POLLIN};
+            which[np++] = SIZE_MAX;
         }
+        if (waiting == 0)
+            break;
         double left = deadline - dp_now_s();
         if (left <= 0)
             break;
         long ms = (long)(left * 1000) + 1;
-        int k = zmq_poll(pis, (int)np, ms);
+        int k = zmq_poll(pis, (int)np, ms < WAIT_SLICE_MS ? ms : WAIT_SLICE_MS);
         if (k < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             break;
         }
         for (size_t j = 0; j < np; j++) {
-            if (!(pis[j].revents & ZMQ_POLLIN))
+            if (which[j] == SIZE_MAX || !(pis[j].revents & ZMQ_POLLIN))
                 continue;
             dp_ctl_item *it = &items[which[j]];
-            it->rc = recv_reply(it->sock, it->address, it->rid, &it->reply, &it->det);
+            csock *cs = it->sock;
+            it->rc = recv_reply(cs, it->address, it->rid, &it->reply, &it->det);
             if (it->rc == DP_OK)
-                sock_give_back(c, it->address, it->sock);
+                sock_give_back(c, it->address, cs);
             else
-                sock_close(it->sock);
+                sock_close(cs);
             it->sock = NULL;
             waiting--;
         }
@@ -610,11 +773,19 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
         dp_ctl_item *it = &items[i];
         if (it->rc == DP_CTL_PENDING) {
             /* No reply in time: the socket may still get one; never reuse it. */
-            sock_close(it->sock);
+            csock *cs = it->sock;
+            bool never_up = !cs->sent_up && cs->n_handshakes == cs->sent_handshakes;
+            sock_close(cs);
             it->sock = NULL;
-            it->rc =
-                dp_fail(&it->det, DP_ETIMEDOUT, "unit %s did not reply within %.3g s",
-                        it->address, timeout_s);
+            if (never_up)
+                it->rc = dp_fail(&it->det, DP_ETIMEDOUT,
+                                 "unit %s did not answer within %.3g s: no connection "
+                                 "could be made (unit unreachable?)",
+                                 it->address, timeout_s);
+            else
+                it->rc =
+                    dp_fail(&it->det, DP_ETIMEDOUT, "unit %s did not reply within %.3g s",
+                            it->address, timeout_s);
         }
         if (it->rc != DP_OK && first == DP_OK)
             first = it->rc;
@@ -637,16 +808,16 @@ int
 dp_ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
               dp_detail *d)
 {
-    void *sock = NULL;
-    int rc = sock_take(c, address, &sock, d);
+    csock *cs = NULL;
+    int rc = sock_take(c, address, &cs, d);
     if (rc != DP_OK)
         return rc;
-    rc = send_req(sock, address, msg, len, d);
+    rc = send_req(cs, address, msg, len, d);
     if (rc != DP_OK) {
-        sock_close(sock);
+        sock_close(cs);
         return rc;
     }
     /* Nothing comes back for a notify, so the socket stays clean for reuse. */
-    sock_give_back(c, address, sock);
+    sock_give_back(c, address, cs);
     return DP_OK;
 }

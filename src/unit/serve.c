@@ -18,6 +18,7 @@
  * counts them (dp_unit_admin_begin/end); its destroy stops them at their next
  * blob and waits for them.
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,13 @@
 #include "unit/unit.h"
 #include "wire/wire.h"
 
+/*
+ * Every reply carries the unit's incarnation, so a client can tell this
+ * process from an earlier one on the same address (docs/design.md, "Unit
+ * incarnations").
+ */
 static void
-reply_error(dp_wire_str rid, int code, const dp_detail *d, const char *reason,
+reply_error(dp_unit *u, dp_wire_str rid, int code, const dp_detail *d, const char *reason,
             dp_buf *out)
 {
     dp_buf_reset(out);
@@ -36,22 +42,23 @@ reply_error(dp_wire_str rid, int code, const dp_detail *d, const char *reason,
     if (code != DP_EUNITFULL && code != DP_EBUSY && code != DP_ELOST)
         code = DP_EPROTO;
     const char *msg = dp_detail_msg(d);
-    if (dp_wire_reply_encode_error(rid, code, msg[0] ? msg : NULL, reason, NULL, 0, NULL,
-                                   out, NULL) != 0)
+    if (dp_wire_reply_encode_error(rid, dp_unit_incarnation(u), code, msg[0] ? msg : NULL,
+                                   reason, NULL, 0, NULL, out, NULL) != 0)
         dp_buf_reset(out);
 }
 
 /* Encode rep; if that fails (too big, out of memory) answer the failure instead. */
 static void
-reply_ok(dp_wire_reply *rep, dp_buf *out)
+reply_ok(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
 {
     dp_detail d;
     dp_detail_clear(&d);
     rep->ok = true;
+    rep->incarnation = dp_unit_incarnation(u);
     int rc = dp_wire_reply_encode(rep, NULL, out, &d);
     if (rc != 0) {
         dp_fail_ctx(&d, rc, "unit: encoding the %s reply", dp_wire_op_name(rep->op));
-        reply_error(rep->rid, rc, &d, NULL, out);
+        reply_error(u, rep->rid, rc, &d, NULL, out);
     }
 }
 
@@ -64,14 +71,14 @@ do_info(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
     dp_detail_clear(&d);
     dp_endpoint *ep = dp_unit_endpoint(u);
     if (ep != NULL && dp_endpoint_metadata(ep, &md, &mdlen, &d) != 0) {
-        reply_error(rep->rid, DP_EPROTO, &d, NULL, out);
+        reply_error(u, rep->rid, DP_EPROTO, &d, NULL, out);
         return;
     }
     dp_unit_lock(u);
     dp_unit_info_locked(u, &rep->r.info);
     if (md != NULL)
         rep->r.info.metadata = (dp_wire_bytes){md, (uint32_t)mdlen};
-    reply_ok(rep, out);
+    reply_ok(u, rep, out);
     dp_unit_unlock(u);
     free(md);
 }
@@ -91,7 +98,7 @@ run_admin(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *re
             rep->r.save_shard.blobs = (dp_wire_shard_blobs){sr.blobs, sr.n_blobs};
             rep->r.save_shard.nbytes = sr.nbytes;
             rep->r.save_shard.clears_during_save = sr.clears_during_save;
-            reply_ok(rep, reply);
+            reply_ok(u, rep, reply);
             dp_unit_save_res_fini(&sr);
             return;
         }
@@ -103,13 +110,13 @@ run_admin(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *re
         if (rc == 0) {
             rep->r.load_shard.loaded = (dp_wire_strs){lr.loaded, lr.n_loaded};
             rep->r.load_shard.failed = (dp_wire_strs){lr.failed, lr.n_failed};
-            reply_ok(rep, reply);
+            reply_ok(u, rep, reply);
             dp_unit_load_res_fini(&lr);
             return;
         }
     }
     DP_LOG_W("unit %u: %s", dp_unit_id(u), dp_detail_msg(&d));
-    reply_error(req->rid, rc, &d, NULL, reply);
+    reply_error(u, req->rid, rc, &d, NULL, reply);
 }
 
 /* A save or load running on a thread of its own, its reply deferred. */
@@ -193,7 +200,7 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
     if (rc != 0) {
         DP_LOG_D("unit %u: bad request: %s", dp_unit_id(u), dp_detail_msg(&d));
         if (!(req.op != DP_WIRE_OP_NONE && dp_wire_op_is_notify(req.op)))
-            reply_error(req.rid, rc, &d, NULL, reply);
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         dp_wire_request_fini(&req);
         return;
     }
@@ -204,7 +211,7 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
     switch (req.op) {
     case DP_WIRE_OP_PING:
         rep.r.unit_id = dp_unit_id(u);
-        reply_ok(&rep, reply);
+        reply_ok(u, &rep, reply);
         break;
     case DP_WIRE_OP_INFO:
         do_info(u, &rep, reply);
@@ -213,21 +220,20 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         const dp_wire_alloc_args *a = &req.a.alloc;
         const char *reason = NULL;
         /* spill is honoured only with the SSD tier on. */
-        rc = dp_unit_alloc_spill(u, a->blob_id.p, a->blob_id.n, a->nbytes, a->n_entries,
-                                 a->spill, &rep.r.off, &reason, &d);
+        rc = dp_unit_alloc_req(u, a, &rep.r.alloc, &reason, &d);
         if (rc == 0)
-            reply_ok(&rep, reply);
+            reply_ok(u, &rep, reply);
         else
-            reply_error(req.rid, rc, &d, reason, reply);
+            reply_error(u, req.rid, rc, &d, reason, reply);
         break;
     }
     case DP_WIRE_OP_COMMIT:
         rc = dp_unit_commit(u, req.a.commit.blob_id.p, req.a.commit.blob_id.n,
                             &rep.r.commit, &d);
         if (rc == 0)
-            reply_ok(&rep, reply);
+            reply_ok(u, &rep, reply);
         else
-            reply_error(req.rid, rc, &d, NULL, reply);
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         break;
     case DP_WIRE_OP_ABORT:
         dp_unit_abort(u, req.a.abort.blob_id.p, req.a.abort.blob_id.n,
@@ -248,10 +254,10 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
             r->missing = (dp_wire_strs){res.missing, res.n_missing};
             r->pending = (dp_wire_strs){res.pending, res.n_pending};
             r->failed = (dp_wire_strs){res.failed, res.n_failed};
-            reply_ok(&rep, reply);
+            reply_ok(u, &rep, reply);
             dp_unit_resolve_res_fini(&res);
         } else {
-            reply_error(req.rid, rc, &d, NULL, reply);
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         }
         dp_unit_unlock(u);
         break;
@@ -268,19 +274,39 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
             r->missing = (dp_wire_strs){res.missing, res.n_missing};
             r->pending = (dp_wire_strs){res.pending, res.n_pending};
             r->failed = (dp_wire_strs){res.failed, res.n_failed};
-            reply_ok(&rep, reply);
+            reply_ok(u, &rep, reply);
             dp_unit_resolve_keys_res_fini(&res);
         } else {
-            reply_error(req.rid, rc, &d, NULL, reply);
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         }
         dp_unit_unlock(u);
         break;
     }
-    case DP_WIRE_OP_RELEASE_ROWS:
-        rep.r.dropped = dp_unit_release_rows(u, req.a.release_rows.gidxs.v,
-                                             req.a.release_rows.gidxs.n);
-        reply_ok(&rep, reply);
+    case DP_WIRE_OP_RELEASE_ROWS: {
+        /* A row of another unit: the client's cluster is not this unit's. */
+        const dp_wire_u64s *g = &req.a.release_rows.gidxs;
+        dp_wire_info me;
+        dp_unit_lock(u);
+        dp_unit_info_locked(u, &me);
+        dp_unit_unlock(u);
+        uint32_t bad = g->n;
+        for (uint32_t i = 0; i < g->n && bad == g->n; i++)
+            if (g->v[i] % me.n_units != me.unit_id)
+                bad = i;
+        if (bad < g->n) {
+            dp_fail(&d, DP_EPROTO,
+                    "release_rows: row %" PRIu64 " belongs to unit %" PRIu64
+                    ", this is unit %" PRIu64 " of %" PRIu64
+                    " (the client's cluster lists the units in another order, or has "
+                    "another size); nothing released",
+                    g->v[bad], g->v[bad] % me.n_units, me.unit_id, me.n_units);
+            reply_error(u, req.rid, DP_EPROTO, &d, NULL, reply);
+            break;
+        }
+        rep.r.dropped = dp_unit_release_rows(u, g->v, g->n);
+        reply_ok(u, &rep, reply);
         break;
+    }
     case DP_WIRE_OP_SCAN: {
         dp_wire_fields *recs = NULL;
         uint32_t n = 0;
@@ -288,9 +314,9 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         rc = dp_unit_scan_locked(u, &recs, &n, &d);
         if (rc == 0) {
             rep.r.scan = (dp_wire_scan_res){recs, n};
-            reply_ok(&rep, reply);
+            reply_ok(u, &rep, reply);
         } else {
-            reply_error(req.rid, rc, &d, NULL, reply);
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         }
         dp_unit_unlock(u);
         dp_unit_fields_free(recs, n);
@@ -302,9 +328,9 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         rc = dp_unit_stats_locked(u, &f, &d);
         if (rc == 0) {
             rep.r.stats = f;
-            reply_ok(&rep, reply);
+            reply_ok(u, &rep, reply);
         } else {
-            reply_error(req.rid, rc, &d, NULL, reply);
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         }
         dp_unit_unlock(u);
         free(f.v);
@@ -317,9 +343,9 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
                                        &p, &d);
         if (rc == 0) {
             rep.r.bytes = (dp_wire_bytes){p, (uint32_t)req.a.read_bytes.nbytes};
-            reply_ok(&rep, reply);
+            reply_ok(u, &rep, reply);
         } else {
-            reply_error(req.rid, rc, &d, NULL, reply);
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         }
         dp_unit_unlock(u);
         break;
@@ -331,7 +357,7 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         break;
     default:
         dp_fail(&d, DP_EPROTO, "unknown op");
-        reply_error(req.rid, DP_EPROTO, &d, NULL, reply);
+        reply_error(u, req.rid, DP_EPROTO, &d, NULL, reply);
         break;
     }
     dp_wire_request_fini(&req);
@@ -351,5 +377,5 @@ dp_unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply
     dp_detail d;
     dp_fail(&d, DP_ETOOBIG, "unit %u: message of %zu bytes is over the size limit",
             dp_unit_id(u), len);
-    reply_error(rid, DP_EPROTO, &d, NULL, reply);
+    reply_error(u, rid, DP_EPROTO, &d, NULL, reply);
 }

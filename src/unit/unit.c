@@ -156,6 +156,7 @@
 #include "blob/crc32c.h"
 #include "blob/keys.h"
 #include "common/map.h"
+#include "unit/writers.h"
 
 typedef struct blob_rec blob_rec;
 struct blob_rec {
@@ -165,6 +166,8 @@ struct blob_rec {
     uint64_t nbytes; /* as asked by alloc: the blob's total_len */
     uint64_t size;   /* as allocated (rounded up) */
     uint64_t n_entries_decl;
+    uint64_t token;     /* the allocation's token: its blob's header must name it */
+    dp__writer *writer; /* who WRITEs it, until its commit validates (a reference) */
     uint64_t refs;
     uint32_t n_pins;
     uint32_t n_holds; /* saves copying it (checkpoint): keep it like a pin */
@@ -273,7 +276,13 @@ struct dp_unit {
     uint64_t pin_epoch;
     uint64_t n_published, n_entries;
     uint64_t n_zombies, zombie_bytes;
-    uint64_t retired_bytes, n_retired, leases_expired, pins_expired;
+    uint64_t leases_expired, pins_expired;
+    uint64_t incarnation;        /* random, drawn at create */
+    uint64_t token_seq;          /* last allocation token handed out */
+    dp__writers *writers;        /* retired regions and who may still write them */
+    uint64_t n_identity_refused; /* commits of blobs naming another allocation */
+    uint64_t n_allocs_reclaimed; /* open allocations of writers that are gone */
+    uint64_t allocs_reclaimed_bytes;
     uint64_t n_alloc, n_commit, n_abort, n_busy, n_full, n_proto;
     uint64_t n_resolve, n_unpin, n_release, n_ticks;
     char address[256];
@@ -342,6 +351,7 @@ dp_unit_opts_init(dp_unit_opts *o)
     o->numa = DP_UNIT_NUMA_AUTO;
     o->pickup_s = 10.0;
     o->io_threads = 4;
+    o->reclaim_grace_s = 5.0;
 }
 
 static bool
@@ -412,10 +422,11 @@ pend_unlink(dp_unit *u, blob_rec *b)
 }
 
 static void
-rec_free(blob_rec *b)
+rec_free(dp_unit *u, blob_rec *b)
 {
     if (b == NULL)
         return;
+    dp__writers_unref(u->writers, b->writer);
     dp_blob_destroy(b->parsed);
     free(b->spill_keep);
     free(b);
@@ -436,8 +447,8 @@ region_release_locked(dp_unit *u, blob_rec *b, double now)
     if (rc != 0) {
         /* Only quarantine can fail (no memory for its heap): then keep the
          * region for good rather than free it early. */
-        u->retired_bytes += b->size;
-        u->n_retired++;
+        dp__writers_retire(u->writers, NULL, b->in_io ? DP__AREA_IO : DP__AREA_PUT,
+                           b->off, b->size);
     }
     b->has_region = false;
 }
@@ -528,7 +539,7 @@ drop_locked(dp_unit *u, blob_rec *b, double now)
         u->disk_bytes -= b->nbytes;
     }
     close_later_locked(u, b);
-    rec_free(b);
+    rec_free(u, b);
 }
 
 /* The region stays allocated for good: a WRITE may still land in it. */
@@ -538,10 +549,11 @@ retire_locked(dp_unit *u, blob_rec *b)
     DP_ASSERT(!b->published && !b->job);
     dp_map_del(&u->blobs, b->id, b->id_len);
     pend_unlink(u, b);
-    u->retired_bytes += b->size;
-    u->n_retired++;
-    DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64, b->id, b->size, b->off);
-    rec_free(b);
+    dp__writers_retire(u->writers, b->writer, b->in_io ? DP__AREA_IO : DP__AREA_PUT,
+                       b->off, b->size);
+    DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64 " (writer %s)", b->id,
+             b->size, b->off, dp__writer_name(b->writer));
+    rec_free(u, b);
 }
 
 static void
@@ -928,9 +940,9 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
             u->n_disk--;
             u->disk_bytes -= b->nbytes;
         }
-        u->retired_bytes += b->size;
-        u->n_retired++;
-        rec_free(b);
+        dp__writers_retire(u->writers, b->writer, b->in_io ? DP__AREA_IO : DP__AREA_PUT,
+                           b->off, b->size);
+        rec_free(u, b);
         return;
     }
     drop_locked(u, b, now);
@@ -1263,7 +1275,15 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     dp_map_init_str(&u->pins);
     dp_map_init_str(&u->superseded);
     dp_unit_numa_apply(u->o.numa, u->o.unit_id, u->numa_desc, sizeof u->numa_desc);
-    int rc;
+    int rc = dp__writers_create(u->o.reclaim_grace_s, dp_host_key(), &u->writers, d);
+    if (rc != 0)
+        goto fail;
+    /* A random, non-zero incarnation tells this process from any earlier one. */
+    do {
+        rc = dp_random_bytes(&u->incarnation, sizeof u->incarnation, d);
+        if (rc != 0)
+            goto fail;
+    } while (u->incarnation == 0);
     if (u->o.ep != NULL) {
         void *addr = NULL;
         rc = dp_endpoint_alloc(u->o.ep, (size_t)u->region_len, &addr, d);
@@ -1427,7 +1447,7 @@ dp_unit_destroy(dp_unit *u)
         blob_rec *b = v;
         if (b->fd >= 0)
             close(b->fd);
-        rec_free(b);
+        rec_free(u, b);
     }
     for (size_t i = 0; i < u->n_closes; i++)
         close(u->closes[i]);
@@ -1442,6 +1462,7 @@ dp_unit_destroy(dp_unit *u)
         next = x->next;
         free(x);
     }
+    dp__writers_destroy(u->writers);
     dp_slab_alloc_destroy(u->alloc);
     if (u->slab != NULL) {
         if (u->o.ep != NULL)
@@ -1538,9 +1559,37 @@ dp_unit_info_locked(dp_unit *u, dp_wire_info *info)
     info->numa = zview(u->numa_desc);
     info->slab_addr = (uint64_t)(uintptr_t)u->slab;
     info->read_pin_ms = (uint64_t)(u->o.read_pin_s * 1000.0);
+    info->incarnation = u->incarnation;
+    info->proto = DP_WIRE_PROTO;
+    info->pid = (uint64_t)getpid();
+    info->host = zview(dp_host_key());
+}
+
+uint64_t
+dp_unit_incarnation(const dp_unit *u)
+{
+    return u->incarnation;
+}
+
+uint64_t
+dp_unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len)
+{
+    pthread_mutex_lock(&u->mu);
+    blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
+    uint64_t t = b != NULL && !b->published ? b->token : 0;
+    pthread_mutex_unlock(&u->mu);
+    return t;
 }
 
 /* ---- alloc ---- */
+
+static uint64_t
+retired_now_locked(const dp_unit *u)
+{
+    dp__writers_stats ws;
+    dp__writers_get_stats(u->writers, &ws);
+    return ws.retired_bytes;
+}
 
 /* Put-area region: 0, DP_EBUSY/DP_EUNITFULL (counted by the caller), others. */
 static int
@@ -1573,7 +1622,7 @@ put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
         d, DP_EUNITFULL,
         "unit %u: no room for %" PRIu64 " bytes (largest free %" PRIu64 ", free %" PRIu64
         ", retired %" PRIu64 ") and nothing pending frees any",
-        u->o.unit_id, nbytes, st.largest_free, st.free_bytes, u->retired_bytes);
+        u->o.unit_id, nbytes, st.largest_free, st.free_bytes, retired_now_locked(u));
 }
 
 int
@@ -1589,6 +1638,27 @@ dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nby
                     uint64_t n_entries, bool spill, uint64_t *off, const char **reason,
                     dp_detail *d)
 {
+    dp_wire_alloc_args a = {.blob_id = {blob_id, (uint32_t)id_len},
+                            .nbytes = nbytes,
+                            .n_entries = n_entries,
+                            .spill = spill};
+    dp_wire_alloc_res r;
+    int rc = dp_unit_alloc_req(u, &a, &r, reason, d);
+    if (rc == 0)
+        *off = r.off;
+    return rc;
+}
+
+int
+dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
+                  const char **reason, dp_detail *d)
+{
+    const char *blob_id = args->blob_id.p;
+    size_t id_len = args->blob_id.n;
+    uint64_t nbytes = args->nbytes, n_entries = args->n_entries;
+    bool spill = args->spill;
+    uint64_t dummy_off;
+    uint64_t *off = &dummy_off;
     if (reason != NULL)
         *reason = NULL;
     if (!valid_id(blob_id, id_len))
@@ -1607,6 +1677,8 @@ dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nby
     if (b != NULL) {
         if (!b->published && b->parsed == NULL && b->nbytes == nbytes) {
             *off = b->off; /* a retried alloc */
+            res->off = b->off;
+            res->token = b->token;
             goto out;
         }
         u->n_proto++;
@@ -1684,12 +1756,14 @@ dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nby
     b->fd = -1;
     b->n_entries_decl = n_entries;
     b->created_at = now;
+    b->token = ++u->token_seq;
     if (dp_map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0) {
         dp_slab_alloc_free(a, ao, NULL);
         free(b);
         rc = dp_fail(d, DP_ENOMEM, "alloc: out of memory");
         goto out;
     }
+    b->writer = dp__writers_ref(u->writers, args);
     b->pprev = u->pend_tail;
     if (u->pend_tail != NULL)
         u->pend_tail->pnext = b;
@@ -1702,6 +1776,8 @@ dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nby
     if (x != NULL)
         x->gone = true;
     *off = o;
+    res->off = o;
+    res->token = b->token;
 out:
     pthread_mutex_unlock(&u->mu);
     return rc;
@@ -1850,6 +1926,19 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
             dp_fail_ctx(d, rc, "commit %s", b->id);
             goto out;
         }
+        const dp_blob_header *h = dp_blob_get_header(pb);
+        if (h->alloc_incarnation != u->incarnation || h->alloc_token != b->token) {
+            u->n_proto++;
+            u->n_identity_refused++;
+            rc = dp_fail(
+                d, DP_EPROTO,
+                "commit %s: the blob names allocation %016" PRIx64 "/%" PRIu64
+                ", not this one (%016" PRIx64 "/%" PRIu64
+                "): stale bytes of an earlier put, or a blob written for another "
+                "unit process; nothing published",
+                b->id, h->alloc_incarnation, h->alloc_token, u->incarnation, b->token);
+            goto out;
+        }
         uint32_t n = dp_blob_count(pb);
         if (b->n_entries_decl != 0 && n != b->n_entries_decl) {
             u->n_proto++;
@@ -1861,6 +1950,9 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         }
         b->parsed = pb;
         pb = NULL;
+        /* Validated: the client's WRITE is done, nothing of the writer's runs. */
+        dp__writers_unref(u->writers, b->writer);
+        b->writer = NULL;
     }
     /* Commits are ordered here, when the index validated: a spill published
      * later by its io job never overrides what a later commit or release did. */
@@ -1908,7 +2000,7 @@ dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
             dp_map_del(&u->blobs, b->id, b->id_len);
             pend_unlink(u, b);
             region_release_locked(u, b, now_s(u));
-            rec_free(b);
+            rec_free(u, b);
         }
     }
     pthread_mutex_unlock(&u->mu);
@@ -2279,8 +2371,18 @@ get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->pins = dp_map_len(&u->pins);
     st->zombies = u->n_zombies;
     st->zombie_bytes = u->zombie_bytes;
-    st->retired_bytes = u->retired_bytes;
-    st->n_retired = u->n_retired;
+    dp__writers_stats ws;
+    dp__writers_get_stats(u->writers, &ws);
+    st->retired_bytes = ws.retired_bytes;
+    st->n_retired = ws.retired;
+    st->retired_kept_bytes = ws.retired_kept_bytes;
+    st->reclaimed_bytes = ws.reclaimed_bytes;
+    st->n_reclaimed = ws.reclaimed;
+    st->writers = ws.writers;
+    st->writers_gone = ws.writers_gone;
+    st->allocs_reclaimed = u->n_allocs_reclaimed;
+    st->allocs_reclaimed_bytes = u->allocs_reclaimed_bytes;
+    st->identity_refused = u->n_identity_refused;
     st->leases_expired = u->leases_expired;
     st->pins_expired = u->pins_expired;
     st->allocated_bytes = as.allocated_bytes;
@@ -2331,7 +2433,7 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
 {
     dp_unit_stats s;
     get_stats_locked(u, &s);
-    enum { N = 51 };
+    enum { N = 59 };
     dp_wire_field *f = calloc(N, sizeof *f);
     if (f == NULL)
         return dp_fail(d, DP_ENOMEM, "stats: out of memory");
@@ -2348,6 +2450,14 @@ dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
     f[k++] = fu64("zombie_bytes", s.zombie_bytes);
     f[k++] = fu64("retired_bytes", s.retired_bytes);
     f[k++] = fu64("retired", s.n_retired);
+    f[k++] = fu64("retired_kept_bytes", s.retired_kept_bytes);
+    f[k++] = fu64("reclaimed_bytes", s.reclaimed_bytes);
+    f[k++] = fu64("reclaimed", s.n_reclaimed);
+    f[k++] = fu64("allocs_reclaimed", s.allocs_reclaimed);
+    f[k++] = fu64("allocs_reclaimed_bytes", s.allocs_reclaimed_bytes);
+    f[k++] = fu64("writers", s.writers);
+    f[k++] = fu64("writers_gone", s.writers_gone);
+    f[k++] = fu64("identity_refused", s.identity_refused);
     f[k++] = fu64("leases_expired", s.leases_expired);
     f[k++] = fu64("pins_expired", s.pins_expired);
     f[k++] = fu64("allocated_bytes", s.allocated_bytes);
@@ -2411,6 +2521,48 @@ dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes, const uint8
 
 /* ---- maintenance ---- */
 
+/* dp__writers_give_fn: a retired region whose writer is gone comes back. */
+static void
+give_back_region(void *ctx, int area, uint64_t off, uint64_t size)
+{
+    dp_unit *u = ctx;
+    dp_slab_alloc *a = area == DP__AREA_IO ? u->io_alloc : u->alloc;
+    uint64_t ao = area == DP__AREA_IO ? off - u->io_base : off;
+    dp_detail d;
+    dp_detail_clear(&d);
+    if (a == NULL || dp_slab_alloc_free(a, ao, &d) != 0)
+        DP_LOG_E("unit %u: retired region at %" PRIu64 " (%" PRIu64
+                 " bytes) could not be handed back: %s",
+                 u->o.unit_id, off, size, dp_detail_msg(&d));
+}
+
+/*
+ * Writers that are gone (see writers.h): their retired regions come back,
+ * and so do their open allocations (nothing will WRITE or commit them).
+ */
+static void
+reclaim_locked(dp_unit *u, double now)
+{
+    dp__writers_reclaim(u->writers, now, give_back_region, u);
+    if (u->o.reclaim_grace_s < 0)
+        return;
+    for (blob_rec *b = u->pend_head, *next; b != NULL; b = next) {
+        next = b->pnext;
+        if (b->parsed != NULL || b->job || b->abort_req != 0 ||
+            !dp__writer_gone(b->writer, now - u->o.reclaim_grace_s))
+            continue;
+        DP_LOG_I("unit %u: blob %s (%" PRIu64 " bytes) was never committed and its "
+                 "writer %s is gone: region freed",
+                 u->o.unit_id, b->id, b->size, dp__writer_name(b->writer));
+        u->n_allocs_reclaimed++;
+        u->allocs_reclaimed_bytes += b->size;
+        dp_map_del(&u->blobs, b->id, b->id_len);
+        pend_unlink(u, b);
+        region_release_locked(u, b, now);
+        rec_free(u, b);
+    }
+}
+
 void
 dp_unit_tick(dp_unit *u)
 {
@@ -2444,6 +2596,7 @@ dp_unit_tick(dp_unit *u)
             retire_locked(u, b);
         }
     }
+    reclaim_locked(u, now);
     dp_slab_alloc_sweep(u->alloc, now);
     if (u->io_alloc != NULL)
         dp_slab_alloc_sweep(u->io_alloc, now);

@@ -62,6 +62,13 @@ typedef struct dp_unit_opts {
     double pickup_s;
     uint32_t io_threads;
     /*
+     * A retired region (its writer may still WRITE into it) and an open
+     * allocation come back this long after their writer provably can no
+     * longer write (src/unit/writers.h; docs/design.md, "Reclaiming retired
+     * memory"). < 0: never (retired regions are kept for good). Default 5.
+     */
+    double reclaim_grace_s;
+    /*
      * Name files and unlink them at once even where O_TMPFILE works (tests).
      * Either way, create removes names of that form (dp-spill-<32 hex>) that a
      * unit killed between its open and its unlink left in ssd_dir.
@@ -159,6 +166,29 @@ int dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbyte
                   uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d);
 
 /*
+ * alloc as the wire asks it (blob id, nbytes, n_entries, spill and the
+ * writer: see dp_wire_alloc_args): res gets the region's offset and the
+ * allocation's token, which the blob's header must name (with this unit's
+ * incarnation) for its commit to publish it. A retried alloc answers the same
+ * offset and token. Errors as dp_unit_alloc_spill.
+ */
+int dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
+                      const char **reason, dp_detail *d);
+
+/*
+ * This unit process's incarnation: random and non-zero, drawn at create, in
+ * info and in every reply (a client tells a restarted unit by it).
+ */
+uint64_t dp_unit_incarnation(const dp_unit *u);
+
+/*
+ * The token of blob_id's open (uncommitted) allocation, 0 if there is none:
+ * for tests and tools that write blobs into the slab themselves (they stamp it
+ * with dp_blob_header_set_alloc).
+ */
+uint64_t dp_unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len);
+
+/*
  * dp_unit_alloc with the wire's spill flag. With spill and the SSD tier on, a
  * blob the put area cannot take now gets an IO-area region instead (evicting
  * unpinned staged copies, oldest first, if that makes room); its commit then
@@ -172,7 +202,10 @@ int dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t
 
 /*
  * Publish blob_id whose WRITE is done: validate its embedded index over the
- * allocation (TOCTOU-safe copy), check every key belongs to this unit, then
+ * allocation (TOCTOU-safe copy), check that its header names this very
+ * allocation (this unit's incarnation and the alloc's token: otherwise the
+ * bytes are stale or were meant for another unit process), check every key
+ * belongs to this unit, then
  * install all its keys at once; a key that pointed at another blob drops that
  * blob's ref. *state: DONE (also when already published), LOST (unknown id:
  * aborted, retired, released, or its spill failed). A blob in the IO area
@@ -266,9 +299,16 @@ typedef struct dp_unit_stats {
     uint64_t pins;          /* live pins */
     uint64_t zombies;       /* released blobs kept for their pins */
     uint64_t zombie_bytes;
-    uint64_t retired_bytes; /* regions never to be reused */
+    uint64_t retired_bytes; /* regions retired now: a WRITE may still land in them */
     uint64_t n_retired;
-    uint64_t leases_expired; /* allocations retired by the ticker */
+    uint64_t retired_kept_bytes; /* of those, kept for good (no proof can come) */
+    uint64_t reclaimed_bytes;    /* retired regions handed back (writer gone) */
+    uint64_t n_reclaimed;
+    uint64_t allocs_reclaimed; /* open allocations of writers that are gone */
+    uint64_t allocs_reclaimed_bytes;
+    uint64_t writers, writers_gone;
+    uint64_t identity_refused; /* commits of blobs that named another allocation */
+    uint64_t leases_expired;   /* allocations retired by the ticker */
     uint64_t pins_expired;
     uint64_t allocated_bytes, free_bytes, quarantined_bytes, largest_free;
     uint64_t n_alloc, n_commit, n_busy, n_full, n_proto;
@@ -296,8 +336,9 @@ int dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
                               const uint8_t **p, dp_detail *d);
 
 /*
- * Maintenance: drop expired pins, retire allocations past their lease, sweep
- * the quarantine, log the counters (and the SSD counters) every 30 s when they
+ * Maintenance: drop expired pins, retire allocations past their lease, hand
+ * back the retired regions and open allocations of writers that are gone,
+ * sweep the quarantine, log the counters (and the SSD counters) every 30 s when they
  * changed. Called by the ticker; tests with a fake clock call it.
  */
 void dp_unit_tick(dp_unit *u);
@@ -338,8 +379,9 @@ typedef struct dp_unit_save_res {
  * save_shard: copy every live (published) blob back to back into path and the
  * keys the row index points at each of them with into path.rows. The snapshot
  * (which blobs, which of their entries are live) is taken under the unit lock;
- * the file I/O runs outside it, on the calling thread (the ctl thread when
- * called by serve.c: the unit answers other requests only after the save).
+ * the file I/O runs outside it, on the calling thread (serve.c runs it on a
+ * thread of its own and answers through a deferred reply, so the unit goes on
+ * answering other requests meanwhile).
  * Each snapshotted blob is held: a release meanwhile frees it only when the
  * save ends. Disk blobs are copied through a dup of their fd. Spills not yet
  * acknowledged are not published, so not saved. clears_during_save counts

@@ -985,6 +985,10 @@ static const dp__wire_fdesc alloc_f[] = {
     F(dp_wire_alloc_args, nbytes, SIZE, 1, 0),
     F(dp_wire_alloc_args, n_entries, ENTRIES, 1, 0),
     F(dp_wire_alloc_args, spill, BOOL, 0, 1),
+    F(dp_wire_alloc_args, writer, ID_OR_NIL, 0, 0),
+    F(dp_wire_alloc_args, pid, U64, 0, 0),
+    F(dp_wire_alloc_args, host, TEXT_OR_NIL, 0, 0),
+    F(dp_wire_alloc_args, lane, TEXT_OR_NIL, 0, 0),
 };
 static const dp__wire_fdesc commit_f[] = {
     F(dp_wire_commit_args, blob_id, ID, 1, 0),

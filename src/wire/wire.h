@@ -3,7 +3,7 @@
  * units exchange over ZMQ (DESIGN sections 6 and 7), as typed C structs.
  *
  *   request = [op: str, request_id: str, args: map]
- *   reply   = [request_id: str, ok: bool, result | error]
+ *   reply   = [request_id: str, ok: bool, result | error, incarnation: uint]
  *   error   = {"kind": str, "msg": str, "reason": str|nil, "blobs": [str]|nil}
  *
  * Encoders append one message to a dp_buf. Decoders read untrusted bytes through
@@ -182,11 +182,23 @@ dp_wire_str dp_wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
 
 /* ---- arguments, one struct per op (ping, info, scan, stats take none) ---- */
 
+/*
+ * alloc. The writer fields say who will WRITE the region (optional: absent or
+ * empty means unknown, and the unit then never reclaims the region if it is
+ * retired): writer is the client's id, pid its process id, host the client's
+ * host key (dp_host_key: boot id and pid namespace), lane how its RMA reaches
+ * this unit ("shm", "rdma", "tcp"). See docs/design.md, "Reclaiming retired
+ * memory".
+ */
 typedef struct dp_wire_alloc_args {
     dp_wire_str blob_id;
     uint64_t nbytes;    /* 1 .. max_size - 1 (ETOOBIG) */
     uint64_t n_entries; /* 0 .. max_entries (ETOOBIG) */
     bool spill;         /* optional, default true */
+    dp_wire_str writer; /* optional id, "" when unknown */
+    uint64_t pid;       /* optional, 0 when unknown */
+    dp_wire_str host;   /* optional text */
+    dp_wire_str lane;   /* optional text */
 } dp_wire_alloc_args;
 
 typedef struct dp_wire_commit_args {
@@ -292,6 +304,13 @@ int dp_wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
 
 /* ---- results ---- */
 
+/*
+ * The control protocol this code speaks (info's proto). 2: replies carry the
+ * unit's incarnation, alloc answers {off, token}, blobs carry their
+ * allocation's identity (blob layout version 2).
+ */
+#define DP_WIRE_PROTO 2
+
 typedef struct dp_wire_info {
     uint64_t unit_id;
     uint64_t n_units;
@@ -304,7 +323,17 @@ typedef struct dp_wire_info {
     uint64_t slab_addr;   /* optional: the slab's base address in the unit's
                              registered region (remote address = slab_addr + off) */
     uint64_t read_pin_ms; /* optional: how long a resolve pins (READ deadline) */
+    uint64_t incarnation; /* optional (0: unknown): the unit process's random id */
+    uint64_t proto;       /* optional (0: before versions): DP_WIRE_PROTO it speaks */
+    uint64_t pid;         /* optional: the unit's process id (diagnostics) */
+    dp_wire_str host;     /* optional: the unit's host key (dp_host_key) */
 } dp_wire_info;
+
+/* alloc: the region's offset and the allocation's token (the blob header names it). */
+typedef struct dp_wire_alloc_res {
+    uint64_t off;
+    uint64_t token;
+} dp_wire_alloc_res;
 
 typedef enum dp_wire_commit_state {
     DP_WIRE_COMMIT_DONE = 0,
@@ -431,12 +460,18 @@ int dp_wire_error_to_detail(const dp_wire_error *e, dp_detail *d);
 typedef struct dp_wire_reply {
     dp_wire_op op; /* the op of the request: selects the member of r */
     dp_wire_str rid;
+    /*
+     * The incarnation of the unit process that answered (0: unknown, not sent).
+     * Every reply of a unit carries it, so a client can tell a restarted unit
+     * (same address, new process) from the one its data path is bound to.
+     */
+    uint64_t incarnation;
     bool ok;
     dp_wire_error err; /* when !ok */
     union {
         uint64_t unit_id; /* ping */
         dp_wire_info info;
-        uint64_t off; /* alloc: slab offset */
+        dp_wire_alloc_res alloc;
         dp_wire_commit_state commit;
         dp_wire_resolve_res resolve;
         dp_wire_resolve_keys_res resolve_keys;
@@ -451,8 +486,9 @@ typedef struct dp_wire_reply {
 } dp_wire_reply;
 
 /*
- * Append the reply [rid, ok, result | error] to out: the result of rep->op
- * when rep->ok, else rep->err. Notify ops have no reply (DP_EINVAL).
+ * Append the reply [rid, ok, result | error, incarnation] to out: the result
+ * of rep->op when rep->ok, else rep->err; the incarnation element only when
+ * rep->incarnation is not 0. Notify ops have no reply (DP_EINVAL).
  */
 int dp_wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_buf *out,
                          dp_detail *d);
@@ -462,13 +498,14 @@ int dp_wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp
  * msg from d_in's message (or dp_strerror(code)), reason and blobs optional
  * (NULL / 0). Text is sanitised to UTF-8 and cut to max_text.
  */
-int dp_wire_reply_encode_error(dp_wire_str rid, int code, const char *msg,
-                               const char *reason, const dp_wire_str *blobs,
-                               uint32_t n_blobs, const dp_wire_limits *lim, dp_buf *out,
-                               dp_detail *d);
+int dp_wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
+                               const char *msg, const char *reason,
+                               const dp_wire_str *blobs, uint32_t n_blobs,
+                               const dp_wire_limits *lim, dp_buf *out, dp_detail *d);
 
 /*
  * Decode the reply to a request of op op (the caller knows what it sent).
+ * A reply of three elements (no incarnation) decodes with incarnation 0.
  * rep->ok tells a result from an error (an error reply decodes with DP_OK: the
  * unit's code is in rep->err.code). On failure rep->rid is set when it could be
  * read. Call dp_wire_reply_fini() either way.

@@ -18,11 +18,17 @@
 // clang-format on
 
 static const dp__wire_fdesc info_f[] = {
-    F(dp_wire_info, unit_id, U64, 1, 0),    F(dp_wire_info, n_units, U64, 1, 0),
-    F(dp_wire_info, zmq, TEXT, 1, 0),       F(dp_wire_info, agent, TEXT, 1, 0),
-    F(dp_wire_info, metadata, BIN, 1, 0),   F(dp_wire_info, slab_bytes, SIZE0, 1, 0),
-    F(dp_wire_info, io_bytes, SIZE0, 0, 0), F(dp_wire_info, numa, TEXT, 0, 0),
-    F(dp_wire_info, slab_addr, U64, 0, 0),  F(dp_wire_info, read_pin_ms, U64, 0, 0),
+    F(dp_wire_info, unit_id, U64, 1, 0),     F(dp_wire_info, n_units, U64, 1, 0),
+    F(dp_wire_info, zmq, TEXT, 1, 0),        F(dp_wire_info, agent, TEXT, 1, 0),
+    F(dp_wire_info, metadata, BIN, 1, 0),    F(dp_wire_info, slab_bytes, SIZE0, 1, 0),
+    F(dp_wire_info, io_bytes, SIZE0, 0, 0),  F(dp_wire_info, numa, TEXT, 0, 0),
+    F(dp_wire_info, slab_addr, U64, 0, 0),   F(dp_wire_info, read_pin_ms, U64, 0, 0),
+    F(dp_wire_info, incarnation, U64, 0, 0), F(dp_wire_info, proto, U64, 0, 0),
+    F(dp_wire_info, pid, U64, 0, 0),         F(dp_wire_info, host, TEXT, 0, 0),
+};
+static const dp__wire_fdesc alloc_res_f[] = {
+    F(dp_wire_alloc_res, off, OFF, 1, 0),
+    F(dp_wire_alloc_res, token, U64, 1, 0),
 };
 static const dp__wire_fdesc resolve_f[] = {
     F(dp_wire_resolve_res, pin_id, ID_OR_NIL, 1, 0),
@@ -336,7 +342,7 @@ rd_result(dp__wire_dec *c, dp_wire_reply *rep)
     case DP_WIRE_OP_INFO:
         return dp__wire_map_decode(c, TAB(info_f), false, &rep->r.info, NULL);
     case DP_WIRE_OP_ALLOC:
-        return dp__wire_value_decode(c, DP__V_OFF, "offset", &rep->r.off);
+        return dp__wire_map_decode(c, TAB(alloc_res_f), false, &rep->r.alloc, NULL);
     case DP_WIRE_OP_COMMIT: {
         dp_wire_str s;
         int rc = dp_mp_read_str(&c->r, &s.p, &s.n, "state", c->d);
@@ -388,7 +394,7 @@ put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
         dp__wire_map_encode(w, TAB(info_f), &rep->r.info, lim);
         return;
     case DP_WIRE_OP_ALLOC:
-        dp_mp_put_u64(w, rep->r.off);
+        dp__wire_map_encode(w, TAB(alloc_res_f), &rep->r.alloc, lim);
         return;
     case DP_WIRE_OP_COMMIT:
         dp_mp_put_str(w, dp_wire_commit_state_name(rep->r.commit));
@@ -458,20 +464,23 @@ dp_wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_buf
     bool oom = out->oom;
     dp_mp_writer w;
     dp_mp_writer_init(&w, out);
-    dp_mp_put_array(&w, 3);
+    dp_mp_put_array(&w, rep->incarnation != 0 ? 4 : 3);
     dp_mp_put_strn(&w, rep->rid.n ? rep->rid.p : "", rep->rid.n);
     dp_mp_put_bool(&w, rep->ok);
     if (rep->ok)
         put_result(&w, rep, lim);
     else
         put_error(&w, &rep->err, lim);
+    if (rep->incarnation != 0)
+        dp_mp_put_u64(&w, rep->incarnation);
     return dp__wire_encode_end(out, start, oom, lim, dp_wire_op_name(rep->op), d);
 }
 
 int
-dp_wire_reply_encode_error(dp_wire_str rid, int code, const char *msg, const char *reason,
-                           const dp_wire_str *blobs, uint32_t n_blobs,
-                           const dp_wire_limits *lim, dp_buf *out, dp_detail *d)
+dp_wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
+                           const char *msg, const char *reason, const dp_wire_str *blobs,
+                           uint32_t n_blobs, const dp_wire_limits *lim, dp_buf *out,
+                           dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     size_t start = out->len;
@@ -484,10 +493,12 @@ dp_wire_reply_encode_error(dp_wire_str rid, int code, const char *msg, const cha
     };
     dp_mp_writer w;
     dp_mp_writer_init(&w, out);
-    dp_mp_put_array(&w, 3);
+    dp_mp_put_array(&w, incarnation != 0 ? 4 : 3);
     dp_mp_put_strn(&w, rid.n ? rid.p : "", rid.n);
     dp_mp_put_bool(&w, false);
     put_error(&w, &e, lim);
+    if (incarnation != 0)
+        dp_mp_put_u64(&w, incarnation);
     return dp__wire_encode_end(out, start, oom, lim, "error reply", d);
 }
 
@@ -540,10 +551,12 @@ dp_wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
         return dp_fail(d, DP_ETOOBIG,
                        "%s reply: message of %zu bytes is over the limit %llu", name, len,
                        (unsigned long long)lim->max_msg);
-    if (n != 3)
+    if (n != 3 && n != 4)
         return dp_fail(
             d, DP_EPROTO,
-            "%s reply: array of %u elements, expected [request_id, ok, result]", name, n);
+            "%s reply: array of %u elements, expected [request_id, ok, result, "
+            "incarnation]",
+            name, n);
     if ((rc = dp_mp_read_bool(&c.r, &rep->ok, "ok", d)) != DP_OK)
         goto fail;
     if (rep->ok) {
@@ -558,6 +571,9 @@ dp_wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
             rep->err.code = dp_wire_err_code(rep->err.kind);
     }
     if (rc != DP_OK)
+        goto fail;
+    if (n == 4 &&
+        (rc = dp_mp_read_u64(&c.r, &rep->incarnation, "incarnation", d)) != DP_OK)
         goto fail;
     if (dp_mp_remaining(&c.r) != 0) {
         rc = dp_fail(d, DP_EPROTO, "%zu trailing bytes after the reply",

@@ -109,6 +109,16 @@ typedef struct batch {
     int b_pending;         /* UCX requests not yet completed */
     ucs_status_t b_status; /* first error reported by UCX */
     uint64_t b_done_ns;    /* when the last request completed, or the post did */
+    /*
+     * Retained in the graveyard (b_pending > 0 when its call ended): the
+     * completion callback of its last request hands it to ep->released, and
+     * reap_locked releases it from the graveyard: UCX no longer touches its
+     * local ranges once every request of it completed.
+     */
+    bool b_retained;
+    struct dp_endpoint *b_ep;
+    struct remote *b_r;
+    struct batch *b_next;
 } batch;
 
 struct dp_endpoint {
@@ -130,6 +140,7 @@ struct dp_endpoint {
     remote *zombies; /* removed but kept: busy or retained */
     uint64_t gen;
     uint64_t n_retained;
+    batch *released; /* retained batches whose last request completed */
     pthread_t thr;
     bool thr_started;
     int thr_stop; /* atomic */
@@ -252,9 +263,36 @@ op_done_cb(void *request, ucs_status_t status, void *user_data)
     batch *b = user_data;
     if (status != UCS_OK && b->b_status == UCS_OK)
         b->b_status = status;
-    if (--b->b_pending == 0)
+    if (--b->b_pending == 0) {
         b->b_done_ns = dp_now_ns();
+        if (b->b_retained) {
+            /* Freed later, outside the callback (reap_locked). */
+            b->b_next = b->b_ep->released;
+            b->b_ep->released = b;
+        }
+    }
     ucp_request_free(request);
+}
+
+/*
+ * Retained transfers that ended after all: UCX completed every request of
+ * theirs (done or failed), so nothing touches their local ranges any more.
+ */
+static void
+reap_locked(dp_endpoint *ep)
+{
+    while (ep->released != NULL) {
+        batch *b = ep->released;
+        ep->released = b->b_next;
+        dp_graveyard_release(b);
+        b->b_r->r_retained--;
+        ep->n_retained--;
+        ep->st.transfers_released++;
+        DP_LOG_I("endpoint %s: a retained transfer to %s ended (%s): its memory is "
+                 "released",
+                 ep->name, b->b_r->r_name, ucs_status_string(b->b_status));
+        free(b);
+    }
 }
 
 static void
@@ -753,6 +791,17 @@ out:
 
 /* ---- metadata and remotes ---- */
 
+/* This process's UCX version as metadata carries it: major << 24 | minor << 16 | release.
+ */
+static uint32_t
+ucx_version(void)
+{
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    return (uint32_t)(major & 0xff) << 24 | (uint32_t)(minor & 0xff) << 16 |
+           (uint32_t)(release & 0xffff);
+}
+
 int
 dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
 {
@@ -776,7 +825,8 @@ dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
                                .rkey_len = (uint32_t)ep->regs[i].r_rkey_len};
     dp_buf b;
     dp_buf_init(&b);
-    rc = dp_md_encode(&b, ep->name, ep->gen, ep->waddr, ep->waddr_len, mr, ep->n_regs, d);
+    rc = dp_md_encode(&b, ep->name, ep->gen, ucx_version(), ep->waddr, ep->waddr_len, mr,
+                      ep->n_regs, d);
     unlock(ep);
     free(mr);
     if (rc != DP_OK) {
@@ -812,6 +862,17 @@ dp_endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *
     int rc = dp_md_parse(md_bytes, len, &md, d);
     if (rc != DP_OK)
         return rc;
+    uint32_t mine = ucx_version();
+    if ((md.xver >> 16) != (mine >> 16)) {
+        rc = dp_fail(d, DP_EPROTO,
+                     "endpoint %s: remote %s runs UCX %u.%u.%u and this process UCX "
+                     "%u.%u.%u: their worker addresses and keys do not mix; use the same "
+                     "UCX version on both",
+                     ep->name, md.name, md.xver >> 24, (md.xver >> 16) & 0xff,
+                     md.xver & 0xffff, mine >> 24, (mine >> 16) & 0xff, mine & 0xffff);
+        dp_md_fini(&md);
+        return rc;
+    }
     remote *r = calloc(1, sizeof *r);
     if (r == NULL || (md.n_regions > 0 &&
                       (r->r_regs = calloc(md.n_regions, sizeof *r->r_regs)) == NULL)) {
@@ -979,6 +1040,8 @@ typedef struct opstate {
     uint64_t fail_deadline;
     int rc;
     bool posted, finished;
+    bool via_ucx;    /* some range went to UCX (not only the memcpy path) */
+    dp_xfer_end end; /* what became of it (for the caller's abort) */
 } opstate;
 
 static const char *
@@ -1116,6 +1179,7 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
                 : ucp_get_nbx(r->r_ep, lp, l->nbytes, m->addr, rr->rr_rkey, &prm);
         ep->st.ucx_ranges++;
         any_ucx = true;
+        s->via_ucx = true;
         if (UCS_PTR_IS_ERR(sp))
             b->b_status = UCS_PTR_STATUS(sp);
         else if (sp != NULL)
@@ -1148,6 +1212,7 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     s->finished = true;
     r->r_busy--;
     busy_locked(ep, o, -1);
+    s->end = s->via_ucx ? DP_XFER_ENDED : DP_XFER_ENDED_LOCAL;
     if (b->b_pending == 0) {
         if (b->b_status == UCS_OK && b->b_done_ns > s->deadline) {
             /*
@@ -1177,8 +1242,12 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     char what[2 * DP_MD_NAME_MAX + 96];
     snprintf(what, sizeof what, "%s of %zu ranges to %s from endpoint %s", op_name(o->op),
              o->n_local, r->r_name, ep->name);
+    b->b_retained = true;
+    b->b_ep = ep;
+    b->b_r = r;
     dp_graveyard_retain(b, o->local, o->n_local, what);
     s->b = NULL;
+    s->end = DP_XFER_UNFINISHED;
     r->r_retained++;
     ep->n_retained++;
     ep->st.transfers_retained++;
@@ -1199,9 +1268,12 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
 /* The engine behind transfer and transfer_many; details may be NULL. */
 static int
 run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s,
-        int *results, dp_detail *details, dp_xfer_done_fn on_done, void *ctx,
-        dp_detail *d)
+        int *results, dp_detail *details, dp_xfer_end *ends, dp_xfer_done_fn on_done,
+        void *ctx, dp_detail *d)
 {
+    if (ends != NULL)
+        for (size_t i = 0; i < n_ops; i++)
+            ends[i] = DP_XFER_NOT_POSTED;
     uint64_t t0 = dp_now_ns();
     if (!(timeout_s > 0) || !isfinite(timeout_s) || timeout_s > 1e9) {
         for (size_t i = 0; i < n_ops; i++) {
@@ -1299,16 +1371,20 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
         if (open == 0)
             break;
         unsigned n = ucp_worker_progress(ep->worker);
+        reap_locked(ep);
         unlock(ep);
         if (n == 0)
             sched_yield();
         lock(ep);
     }
+    reap_locked(ep);
     unlock(ep);
 
     size_t nfail = 0, first = 0;
     for (size_t i = 0; i < n_ops; i++) {
         results[i] = ss[i].rc;
+        if (ends != NULL)
+            ends[i] = ss[i].end;
         if (ss[i].rc != DP_OK && nfail++ == 0)
             first = i;
     }
@@ -1341,7 +1417,7 @@ dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
     int result;
     dp_detail det;
     dp_detail_clear(&det);
-    int rc = run_ops(ep, &o, 1, timeout_s, &result, &det, NULL, NULL, NULL);
+    int rc = run_ops(ep, &o, 1, timeout_s, &result, &det, NULL, NULL, NULL, NULL);
     if (rc != DP_OK && d != NULL)
         dp_fail(d, rc, "%s", det.msg);
     return rc;
@@ -1361,12 +1437,124 @@ dp_endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_
                              double timeout_s, int *results, dp_detail *details,
                              dp_xfer_done_fn on_done, void *ctx, dp_detail *d)
 {
+    return dp_endpoint_transfer_many_ends(ep, ops, n_ops, timeout_s, results, details,
+                                          NULL, on_done, ctx, d);
+}
+
+int
+dp_endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                               double timeout_s, int *results, dp_detail *details,
+                               dp_xfer_end *ends, dp_xfer_done_fn on_done, void *ctx,
+                               dp_detail *d)
+{
     if (n_ops > 0 && (ops == NULL || results == NULL))
         return dp_fail(d, DP_EINVAL, "transfer_many: ops or results is NULL");
     if (details != NULL)
         for (size_t i = 0; i < n_ops; i++)
             dp_detail_clear(&details[i]);
-    return run_ops(ep, ops, n_ops, timeout_s, results, details, on_done, ctx, d);
+    return run_ops(ep, ops, n_ops, timeout_s, results, details, ends, on_done, ctx, d);
+}
+
+int
+dp_endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
+{
+    lock(ep);
+    int rc = check_open_locked(ep, d);
+    remote *r = rc == DP_OK && name != NULL ? remote_find_locked(ep, name) : NULL;
+    if (rc == DP_OK && r == NULL)
+        rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                     name ? name : "(null)");
+    if (rc == DP_OK) {
+        /* Run keepalive and error callbacks that are due (the worker may have
+         * been idle since the last operation). */
+        for (int i = 0; i < 64 && ucp_worker_progress(ep->worker) != 0; i++) {
+        }
+        ucp_worker_progress(ep->worker);
+        reap_locked(ep);
+        ucs_status_t st = remote_failed(r);
+        if (st != UCS_OK)
+            rc = dp_fail(d, DP_ETRANSFER, "endpoint %s: the connection to %s failed: %s",
+                         ep->name, name, ucs_status_string(st));
+    }
+    unlock(ep);
+    return rc;
+}
+
+int
+dp_endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, char *tls,
+                        size_t tls_cap, dp_detail *d)
+{
+    char *info = NULL;
+    *lane = DP_XFER_LANE_UNKNOWN;
+    if (tls_cap > 0)
+        tls[0] = '\0';
+    int rc = dp_endpoint_describe_remote(ep, name, &info, d);
+    if (rc != DP_OK)
+        return rc;
+    /* Lines "lane[i]:  N:tl/dev.0 md[...] -> ...": collect each lane's tl. */
+    static const char *const shm[] = {"posix", "sysv", "xpmem", "cma", "knem", "self"};
+    static const char *const rdma[] = {"rc", "rc_verbs", "rc_mlx5", "dc", "dc_mlx5",
+                                       "ud", "ud_verbs", "ud_mlx5", "ib"};
+    bool any = false, all_shm = true, any_rdma = false, any_other = false;
+    size_t tl_len = 0;
+    for (const char *p = strstr(info, "lane["); p != NULL; p = strstr(p + 1, "lane[")) {
+        const char *c = strchr(p, ':');
+        const char *nl = strchr(p, '\n');
+        if (c == NULL || (nl != NULL && c > nl))
+            continue;
+        c++;
+        while (*c == ' ')
+            c++;
+        while (*c >= '0' && *c <= '9')
+            c++;
+        if (*c != ':')
+            continue;
+        c++;
+        size_t n = strcspn(c, "/ \n");
+        if (n == 0 || n > 31)
+            continue;
+        char tl[32];
+        memcpy(tl, c, n);
+        tl[n] = '\0';
+        any = true;
+        bool is_shm = false, is_rdma = false;
+        for (size_t i = 0; i < DP_ARRAY_LEN(shm); i++)
+            is_shm = is_shm || strcmp(tl, shm[i]) == 0;
+        for (size_t i = 0; i < DP_ARRAY_LEN(rdma); i++)
+            is_rdma = is_rdma || strcmp(tl, rdma[i]) == 0;
+        all_shm = all_shm && is_shm;
+        any_rdma = any_rdma || is_rdma;
+        any_other = any_other || (!is_shm && !is_rdma);
+        if (tls_cap > 0 && strstr(tls, tl) == NULL && tl_len + n + 2 < tls_cap) {
+            tl_len += (size_t)snprintf(tls + tl_len, tls_cap - tl_len, "%s%s",
+                                       tl_len > 0 ? "," : "", tl);
+        }
+    }
+    free(info);
+    if (!any)
+        *lane = DP_XFER_LANE_UNKNOWN;
+    else if (all_shm)
+        *lane = DP_XFER_LANE_SHM;
+    else if (any_rdma && !any_other)
+        *lane = DP_XFER_LANE_RDMA;
+    else
+        *lane = DP_XFER_LANE_TCP;
+    return DP_OK;
+}
+
+const char *
+dp_xfer_lane_name(dp_xfer_lane lane)
+{
+    switch (lane) {
+    case DP_XFER_LANE_SHM:
+        return "shm";
+    case DP_XFER_LANE_RDMA:
+        return "rdma";
+    case DP_XFER_LANE_TCP:
+        return "tcp";
+    default:
+        return "?";
+    }
 }
 
 bool

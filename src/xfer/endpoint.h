@@ -7,7 +7,9 @@
  * string their metadata carries, memory by plain addresses.
  *
  * Every posted transfer ends DONE or is retained in the process graveyard
- * (graveyard.h) with its local ranges, on every exit path. Callers must not
+ * (graveyard.h) with its local ranges, on every exit path; a retained one
+ * whose UCX requests all complete later (a failed peer's are purged by UCX)
+ * is released from it when the worker is next progressed. Callers must not
  * reuse or free memory for which dp_endpoint_touches_unfinished() is true.
  *
  * Threads: every function may be called from any thread unless its comment
@@ -76,6 +78,28 @@ typedef struct dp_xfer_desc {
     size_t n_remote;
     const char *remote_name;
 } dp_xfer_desc;
+
+/*
+ * What became of one op of a batch, for a caller that must tell its peer the
+ * truth about it (a put's abort: may bytes still land in the unit's region?).
+ */
+typedef enum dp_xfer_end {
+    DP_XFER_NOT_POSTED = 0,  /* nothing was handed to UCX or copied: no byte moved */
+    DP_XFER_ENDED_LOCAL = 1, /* only the synchronous memcpy path ran: it is over */
+    DP_XFER_ENDED = 2,       /* UCX completed every request of it (done or failed) */
+    DP_XFER_UNFINISHED = 3,  /* retained: UCX may still run it */
+} dp_xfer_end;
+
+/* How this endpoint's RMA reaches a remote, from the lanes UCX chose. */
+typedef enum dp_xfer_lane {
+    DP_XFER_LANE_UNKNOWN = 0,
+    DP_XFER_LANE_SHM = 1,  /* every lane is shared memory on this host */
+    DP_XFER_LANE_RDMA = 2, /* RDMA transports (and same-host helpers) only */
+    DP_XFER_LANE_TCP = 3,  /* some lane is TCP (RMA emulated) or unknown */
+} dp_xfer_lane;
+
+/* "shm", "rdma", "tcp", "?". */
+const char *dp_xfer_lane_name(dp_xfer_lane lane);
 
 /* Fill o with the defaults. */
 void dp_endpoint_opts_init(dp_endpoint_opts *o);
@@ -202,6 +226,29 @@ int dp_endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_
                                  double timeout_s, int *results, dp_detail *details,
                                  dp_xfer_done_fn on_done, void *ctx, dp_detail *d);
 
+/* As dp_endpoint_transfer_many_cb; ends (NULL or n_ops entries) says what became of each
+ * op. */
+int dp_endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                                   double timeout_s, int *results, dp_detail *details,
+                                   dp_xfer_end *ends, dp_xfer_done_fn on_done, void *ctx,
+                                   dp_detail *d);
+
+/*
+ * Progress the worker briefly (keepalive and error callbacks that are due run
+ * now, even after a long idle) and say whether the connection to remote name
+ * is healthy: DP_OK, DP_ETRANSFER when UCX reported it failed (re-add it from
+ * fresh metadata: dp_endpoint_add_remote replaces it), DP_ENOTFOUND.
+ */
+int dp_endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d);
+
+/*
+ * How RMA towards remote name travels (from its UCX lanes), and the
+ * transports' names, comma-separated, into tls[tls_cap] ("" when unknown).
+ * Errors as dp_endpoint_describe_remote.
+ */
+int dp_endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane,
+                            char *tls, size_t tls_cap, dp_detail *d);
+
 /*
  * True if [addr, addr + nbytes) overlaps the local ranges of a retained
  * (possibly still running) transfer, in this endpoint or any other of the
@@ -223,6 +270,7 @@ typedef struct dp_endpoint_stats {
     uint64_t transfers_ok;
     uint64_t transfers_failed;
     uint64_t transfers_retained; /* handed to the graveyard */
+    uint64_t transfers_released; /* of those, ended later: released from it */
     uint64_t memcpy_ranges;      /* ranges done by the direct memcpy path */
     uint64_t ucx_ranges;         /* ranges posted to UCX */
     size_t n_regions;

@@ -2,16 +2,19 @@
  * The process-wide graveyard (see graveyard.h).
  *
  * Design notes:
- * - State: the retained owners (kept reachable from a global so leak checkers
- *   see them as live, and so nothing ever frees them), the charged bytes, the
- *   limit, the poisoned flag, and the union of retained local ranges as a
- *   sorted array of disjoint, non-adjacent intervals. Retained transfers are
- *   rare, so inserting with memmove is fine; lookups are a binary search.
+ * - State: the retained entries (owner, a copy of its local ranges, bytes;
+ *   kept reachable from a global so leak checkers see the owners as live),
+ *   the charged bytes, the limit, the poisoned flag, and the union of the
+ *   live entries' local ranges as a sorted array of disjoint, non-adjacent
+ *   intervals. Retained transfers are rare, so inserting with memmove is fine;
+ *   lookups are a binary search.
+ * - An entry leaves only when its owner tells (dp_graveyard_release: the
+ *   endpoint saw UCX complete every request of it); the interval set is then
+ *   rebuilt from the entries that remain, so ranges shared with another
+ *   retained transfer stay covered. Releases are rarer still.
  * - One mutex (gy_mu) guards all of it. It is a leaf lock: callers may hold
  *   their own locks (the endpoint's) when calling in, and nothing here calls
  *   out while holding it, except logging.
- * - Nothing is ever removed: an entry may describe a UCX operation that still
- *   runs, and the graveyard cannot know when it stops.
  */
 #include "graveyard.h"
 
@@ -29,9 +32,16 @@ static bool gy_limit_set;
 static uint64_t gy_max = DP_GRAVEYARD_DEFAULT_MAX_BYTES;
 static uint64_t gy_bytes;
 static bool gy_poisoned;
-static void **gy_owners;
-static size_t gy_n_owners, gy_cap_owners;
-static size_t gy_entries;
+typedef struct entry {
+    void *owner;
+    dp_range *ranges; /* a copy of its local ranges (NULL if none was kept) */
+    size_t n;
+    uint64_t bytes;
+} entry;
+
+static entry *gy_ents;
+static size_t gy_n_ents, gy_cap_ents;
+static size_t gy_entries, gy_released;
 static iv *gy_iv;
 static size_t gy_n_iv, gy_cap_iv;
 
@@ -109,19 +119,27 @@ dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *wh
     pthread_mutex_lock(&gy_mu);
     limit_init_locked();
     bool ok = true;
-    if (owner != NULL) {
-        if (gy_n_owners == gy_cap_owners) {
-            size_t cap = gy_cap_owners ? gy_cap_owners * 2 : 16;
-            void **p = realloc(gy_owners, cap * sizeof *p);
-            if (p != NULL) {
-                gy_owners = p;
-                gy_cap_owners = cap;
-            }
+    entry *e = NULL;
+    if (gy_n_ents == gy_cap_ents) {
+        size_t cap = gy_cap_ents ? gy_cap_ents * 2 : 16;
+        entry *p = realloc(gy_ents, cap * sizeof *p);
+        if (p != NULL) {
+            gy_ents = p;
+            gy_cap_ents = cap;
         }
-        if (gy_n_owners < gy_cap_owners)
-            gy_owners[gy_n_owners++] = owner;
-        else
-            ok = false;
+    }
+    if (gy_n_ents < gy_cap_ents) {
+        e = &gy_ents[gy_n_ents++];
+        *e = (entry){.owner = owner};
+        if (n > 0 && (e->ranges = malloc(n * sizeof *e->ranges)) != NULL) {
+            memcpy(e->ranges, local, n * sizeof *e->ranges);
+            e->n = n;
+        }
+        /* Without its ranges, the entry can never be released (ok stays). */
+        if (n > 0 && e->ranges == NULL)
+            e->owner = NULL;
+    } else {
+        ok = false;
     }
     uint64_t charged = 0;
     for (size_t i = 0; i < n; i++) {
@@ -135,6 +153,8 @@ dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *wh
         charged += local[i].nbytes;
     }
     gy_bytes = gy_bytes + charged < gy_bytes ? UINT64_MAX : gy_bytes + charged;
+    if (e != NULL)
+        e->bytes = charged;
     gy_entries++;
     DP_LOG_W("graveyard: retained %s: %zu local ranges, %" PRIu64 " bytes (total %" PRIu64
              " of %" PRIu64 ")",
@@ -146,6 +166,63 @@ dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *wh
     }
     poison_check_locked();
     pthread_mutex_unlock(&gy_mu);
+}
+
+bool
+dp_graveyard_release(void *owner)
+{
+    if (owner == NULL)
+        return false;
+    pthread_mutex_lock(&gy_mu);
+    size_t i = 0;
+    while (i < gy_n_ents && gy_ents[i].owner != owner)
+        i++;
+    if (i == gy_n_ents) {
+        pthread_mutex_unlock(&gy_mu);
+        return false;
+    }
+    entry e = gy_ents[i];
+    gy_ents[i] = gy_ents[--gy_n_ents];
+    gy_bytes = e.bytes <= gy_bytes ? gy_bytes - e.bytes : 0;
+    gy_entries--;
+    gy_released++;
+    free(e.ranges);
+    /* Rebuild the interval set from the entries that remain. */
+    gy_n_iv = 0;
+    bool ok = true;
+    for (size_t k = 0; k < gy_n_ents; k++)
+        for (size_t j = 0; j < gy_ents[k].n; j++) {
+            const dp_range *r = &gy_ents[k].ranges[j];
+            if (r->nbytes == 0)
+                continue;
+            uint64_t hi =
+                r->addr + r->nbytes < r->addr ? UINT64_MAX : r->addr + r->nbytes;
+            ok = iv_insert_locked(r->addr, hi) && ok;
+        }
+    if (!ok && !gy_poisoned) {
+        gy_poisoned = true;
+        DP_LOG_E("graveyard: out of memory rebuilding the retained ranges: process "
+                 "poisoned");
+    }
+    pthread_mutex_unlock(&gy_mu);
+    return true;
+}
+
+void
+dp_graveyard_release_buffer(uint64_t nbytes)
+{
+    pthread_mutex_lock(&gy_mu);
+    gy_bytes = nbytes <= gy_bytes ? gy_bytes - nbytes : 0;
+    pthread_mutex_unlock(&gy_mu);
+}
+
+size_t
+dp_graveyard_released(void)
+{
+    pthread_mutex_lock(&gy_mu);
+    size_t v = gy_released;
+    pthread_mutex_unlock(&gy_mu);
+    return v;
 }
 
 void

@@ -5,8 +5,10 @@
  * UCX: it may still read from or write into its local ranges. Releasing its
  * request or reusing/unmapping that memory would be a use-after-free, so the
  * transfer's bookkeeping object (owned by the endpoint until then) and its
- * local ranges are handed here and kept for the life of the process. Callers
- * ask dp_graveyard_touches() before reusing memory.
+ * local ranges are handed here and kept until the endpoint learns that UCX
+ * completed every request of it after all (dp_graveyard_release: UCX then
+ * touches its local memory no more), which may be never. Callers ask
+ * dp_graveyard_touches() before reusing memory.
  *
  * Past max_bytes of retained memory (the local ranges of retained transfers,
  * plus every buffer retired whole through dp_graveyard_retain_buffer) the
@@ -45,6 +47,21 @@ typedef struct dp_range {
  * poisons the process instead (it can no longer vouch for memory).
  */
 void dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *what);
+
+/*
+ * The transfer retained under owner ended: UCX completed every request of it,
+ * so its local ranges are touched no more; they stop counting (and
+ * dp_graveyard_touches forgets them, unless another retained transfer still
+ * names them). Returns false if owner was not retained. A poisoned process
+ * stays poisoned.
+ */
+bool dp_graveyard_release(void *owner);
+
+/* A buffer charged by dp_graveyard_retain_buffer is touched no more: uncharge it. */
+void dp_graveyard_release_buffer(uint64_t nbytes);
+
+/* Transfers released so far (dp_graveyard_release). */
+size_t dp_graveyard_released(void);
 
 /*
  * Charge a buffer retired whole (never reused, never freed) because a failed

@@ -75,7 +75,7 @@ dp_md_check_name(const char *name, size_t len, dp_detail *d)
 }
 
 int
-dp_md_encode(dp_buf *out, const char *name, uint64_t gen, const void *addr,
+dp_md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, const void *addr,
              size_t addr_len, const dp_md_region *regions, size_t n_regions, dp_detail *d)
 {
     size_t name_len = name ? strlen(name) : 0;
@@ -107,6 +107,7 @@ dp_md_encode(dp_buf *out, const char *name, uint64_t gen, const void *addr,
     put_u32(h + 8, (uint32_t)addr_len);
     put_u32(h + 12, (uint32_t)n_regions);
     put_u64(h + 16, gen);
+    put_u32(h + 24, xver);
     dp_buf_append(out, h, sizeof h);
     dp_buf_append(out, name, name_len);
     dp_buf_append(out, addr, addr_len);
@@ -146,6 +147,11 @@ dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
     if (memcmp(p, DP_MD_MAGIC, 4) != 0)
         return dp_fail(d, DP_EPROTO, "metadata: bad magic (not endpoint metadata)");
     uint16_t version = get_u16(p + 4);
+    if (version == 1)
+        return dp_fail(d, DP_EPROTO,
+                       "metadata: version 1, from a dataplane older than this one (%d): "
+                       "run the same version on both sides",
+                       DP_MD_VERSION);
     if (version != DP_MD_VERSION)
         return dp_fail(d, DP_EPROTO, "metadata: version %u, this build reads %d", version,
                        DP_MD_VERSION);
@@ -153,6 +159,7 @@ dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
     uint32_t addr_len = get_u32(p + 8);
     uint32_t n_regions = get_u32(p + 12);
     out->gen = get_u64(p + 16);
+    out->xver = get_u32(p + 24);
     if (name_len == 0 || name_len > DP_MD_NAME_MAX)
         return dp_fail(d, DP_EPROTO, "metadata: name length %u outside 1..%d", name_len,
                        DP_MD_NAME_MAX);

@@ -4,15 +4,20 @@
  * generation counter, its UCX worker address and, per registered region, the
  * base address, the length and the packed remote key.
  *
- * Layout (version 1, all integers little-endian):
+ * Layout (version 2, all integers little-endian):
  *
  *   0   4  magic "DPMD"
- *   4   2  version (1)
+ *   4   2  version (2)
  *   6   2  name_len            1..DP_MD_NAME_MAX
  *   8   4  addr_len            1..DP_MD_ADDR_MAX
  *   12  4  n_regions           0..DP_MD_REGIONS_MAX
  *   16  8  gen                 bumps on every register/deregister
- *   24  .. name bytes, then worker address bytes
+ *   24  4  xver                the transport library's version that packed the
+ *                              address and keys (UCX: major << 24 | minor << 16 |
+ *                              release); a peer of another major.minor cannot
+ *                              read them, so add_remote refuses it (never hands
+ *                              UCX bytes of a format it does not know)
+ *   28  .. name bytes, then worker address bytes
  *   ..  per region: base u64, len u64, rkey_len u32, rkey bytes
  *
  * The blob ends exactly after the last region. The parser takes untrusted
@@ -30,8 +35,8 @@
 #include "common/common.h"
 
 #define DP_MD_MAGIC "DPMD"
-#define DP_MD_VERSION 1
-#define DP_MD_HEADER_LEN 24
+#define DP_MD_VERSION 2
+#define DP_MD_HEADER_LEN 28
 #define DP_MD_NAME_MAX 255
 #define DP_MD_ADDR_MAX (64u * 1024)
 #define DP_MD_REGIONS_MAX 65536u
@@ -54,6 +59,7 @@ typedef struct dp_md_region {
 typedef struct dp_md {
     char name[DP_MD_NAME_MAX + 1];
     uint64_t gen;
+    uint32_t xver;
     const uint8_t *addr;
     uint32_t addr_len;
     uint32_t n_regions;
@@ -70,9 +76,9 @@ int dp_md_check_name(const char *name, size_t len, dp_detail *d);
  * Encode into out (appended). Fails with DP_EINVAL when a field is out of the
  * limits above, DP_ENOMEM when out cannot grow.
  */
-int dp_md_encode(dp_buf *out, const char *name, uint64_t gen, const void *addr,
-                 size_t addr_len, const dp_md_region *regions, size_t n_regions,
-                 dp_detail *d);
+int dp_md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
+                 const void *addr, size_t addr_len, const dp_md_region *regions,
+                 size_t n_regions, dp_detail *d);
 
 /*
  * Parse untrusted bytes. On success *out is filled (release with dp_md_fini).
