@@ -4,13 +4,18 @@
  * refused, a unit killed with SIGKILL is reported and stops the cluster,
  * SIGINT stops everything and removes the file, no unit is left behind), the
  * admin commands against it (stats, scan, clear), their usage errors and
- * --help.
+ * --help, a cluster file in the wrong order (every command refuses it and
+ * nothing is done), and the addresses `up --bind 0.0.0.0` writes.
  */
 #include "dp_test.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,6 +84,8 @@ up_start(up_proc *u, const char *dir, const char *extra)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        /* up (sh execs it) stops its units on SIGTERM: none outlives a failed test. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -624,4 +631,258 @@ DP_TEST(up_sighup_stops_it)
     CHECK(access(u.file, F_OK) != 0);
     CHECK(pid_gone(pid));
     rm_dir(dir);
+}
+
+/* Run a shell fragment as is (its own redirections); stdout only. */
+static int
+run_sh(const char *sh, char *out, size_t cap)
+{
+    FILE *p = popen(sh, "r");
+    CHECK(p != NULL);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    CHECK(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+/* Write a cluster file listing addrs in this order (ids 0..n-1). */
+static void
+write_cluster(const char *file, const char *const *addrs, uint32_t n)
+{
+    dp_cluster_unit us[4];
+    memset(us, 0, sizeof us);
+    for (uint32_t i = 0; i < n; i++) {
+        us[i].id = i;
+        snprintf(us[i].zmq, sizeof us[i].zmq, "%s", addrs[i]);
+        snprintf(us[i].agent, sizeof us[i].agent, "unit-%u", i);
+    }
+    dp_cluster cl = {.n_units = n, .units = us};
+    CHECK_OK(dp_cluster_save(file, &cl, NULL));
+}
+
+/* Row g's field f holds "row-<g>" (checked through the good cluster file). */
+static void
+check_rows(const char *cluster, int from, int to, bool present)
+{
+    char args[512], out[8192], want[32];
+    for (int g = from; g <= to; g++) {
+        snprintf(args, sizeof args, "'%s' get %d@f --cluster %s 2>/dev/null", DP_CLI_PATH,
+                 g, cluster);
+        int st = run_sh(args, out, sizeof out);
+        snprintf(want, sizeof want, "row-%d", g);
+        if (present) {
+            CHECKF(st == 0, "get %d@f exited %d", g, st);
+            CHECK_STR(out, want);
+        } else {
+            CHECKF(st == 1, "get %d@f exited %d: %s", g, st, out);
+        }
+    }
+}
+
+/* A TCP port on 127.0.0.1 that never answers (listening, never accepted). */
+static int
+silent_port(char *addr, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    socklen_t len = sizeof a;
+    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    CHECK(listen(fd, 64) == 0);
+    snprintf(addr, cap, "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+    return fd;
+}
+
+/*
+ * A cluster file listing live units in the wrong order, or a unit of another
+ * cluster: clear, stats, scan, save, load, put and get refuse before doing
+ * anything, naming the unit, its address, what it said and what the file
+ * says. Nothing is cleared, saved or loaded: the rows are checked through the
+ * right file afterwards. Also: load (both the same-shape path and re-homing)
+ * gives up within its --timeout on a cluster that does not answer, and get
+ * and bench keep stdout clean with UCX logging at info level.
+ */
+DP_TEST(wrong_order_is_refused_and_nothing_is_done)
+{
+    char dir[64], out[16384], args[2048], log[16384];
+    char good[192], swapped[128], other[128], dead1[128], dead2[128], ck[128];
+    tmp_dir(dir, sizeof dir);
+    up_proc u;
+    up_start(&u, dir, "--units 2 --slab 16M");
+    bool ok = up_wait_file(&u, 60);
+    slurp(u.err, log, sizeof log);
+    CHECKF(ok, "no cluster file; up said: %s", log);
+    snprintf(good, sizeof good, "%s", u.file);
+    dp_cluster cl;
+    CHECK_OK(dp_cluster_load(good, &cl, NULL));
+    char a0[DP_CLUSTER_ADDR_MAX], a1[DP_CLUSTER_ADDR_MAX];
+    snprintf(a0, sizeof a0, "%s", cl.units[0].zmq);
+    snprintf(a1, sizeof a1, "%s", cl.units[1].zmq);
+    dp_cluster_fini(&cl);
+    snprintf(swapped, sizeof swapped, "%s/swapped.json", dir);
+    snprintf(other, sizeof other, "%s/other.json", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    const char *sw[] = {a1, a0};
+    write_cluster(swapped, sw, 2);
+    const char *one[] = {a0};
+    write_cluster(other, one, 1);
+
+    for (int g = 0; g < 4; g++) {
+        snprintf(args, sizeof args,
+                 "printf 'row-%d' | '%s' put --row %d --field f --file - --cluster %s", g,
+                 DP_CLI_PATH, g, good);
+        CHECK_EQ(run_sh(args, out, sizeof out), 0);
+    }
+    check_rows(good, 0, 3, true);
+
+    /* clear: before, each unit was sent the other's rows and "cleared" nothing. */
+    snprintf(args, sizeof args, "clear 0-3 --cluster %s", swapped);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "unit 0 (");
+    CHECK_CONTAINS(out, a1);
+    CHECK_CONTAINS(out, "says it is unit 1 of 2");
+    CHECK_CONTAINS(out, "lists it as unit 0 of 2");
+    CHECK_CONTAINS(out, "wrong order or a unit from another cluster");
+    CHECK_CONTAINS(out, swapped);
+    CHECK(strstr(out, "cleared") == NULL);
+    check_rows(good, 0, 3, true);
+    /* A unit of another cluster (this file has one unit; the unit says 2). */
+    snprintf(args, sizeof args, "clear 0-3 --cluster %s", other);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "says it is unit 0 of 2");
+    CHECK_CONTAINS(out, "lists it as unit 0 of 1");
+    check_rows(good, 0, 3, true);
+
+    snprintf(args, sizeof args, "stats --cluster %s", swapped);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "wrong order");
+    CHECK(strstr(out, "slab_bytes") == NULL); /* no table of mislabelled counters */
+    snprintf(args, sizeof args, "scan 1 --cluster %s", swapped);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "unit 1 (");
+    CHECK_CONTAINS(out, a0);
+    CHECK_CONTAINS(out, "says it is unit 0 of 2");
+    CHECK(strstr(out, "blobs") == NULL);
+
+    /* save: no checkpoint is written, so none becomes current. */
+    snprintf(args, sizeof args, "save -q --cluster %s %s", swapped, ck);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "wrong order");
+    char manifest[192];
+    snprintf(manifest, sizeof manifest, "%s/MANIFEST.json", ck);
+    CHECK(access(manifest, F_OK) != 0);
+
+    /* The library's own check, through put and get. */
+    snprintf(args, sizeof args, "put --row 0 --field f --file /dev/null --cluster %s",
+             swapped);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "wrong order");
+    snprintf(args, sizeof args, "get 0@f --cluster %s", swapped);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "wrong order");
+    check_rows(good, 0, 3, true);
+
+    /* load: save through the right file, clear, then a wrong-order load loads nothing. */
+    snprintf(args, sizeof args, "save -q --cluster %s %s", good, ck);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK(access(manifest, F_OK) == 0);
+    snprintf(args, sizeof args, "clear 0-3 --cluster %s", good);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "4 entries dropped");
+    snprintf(args, sizeof args, "load -q --cluster %s %s", swapped, ck);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "wrong order");
+    check_rows(good, 0, 3, false);
+    snprintf(args, sizeof args, "load -q --cluster %s %s", good, ck);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    check_rows(good, 0, 3, true);
+
+    /* load gives up within --timeout on units that do not answer, either path. */
+    char dead_a[64], dead_b[64];
+    int fa = silent_port(dead_a, sizeof dead_a), fb = silent_port(dead_b, sizeof dead_b);
+    snprintf(dead1, sizeof dead1, "%s/dead1.json", dir);
+    snprintf(dead2, sizeof dead2, "%s/dead2.json", dir);
+    const char *d1[] = {dead_a};
+    const char *d2[] = {dead_a, dead_b};
+    write_cluster(dead1, d1, 1);
+    write_cluster(dead2, d2, 2);
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "load --timeout 2 --cluster %s %s", k ? dead2 : dead1,
+                 ck);
+        double t0 = dp_test_now();
+        int st = run(args, out, sizeof out);
+        double took = dp_test_now() - t0;
+        CHECKF(st == 1, "'%s' exited %d: %s", args, st, out);
+        CHECKF(took >= 1.5 && took < 8, "'%s' took %.1f s: %s", args, took, out);
+        CHECK_CONTAINS(out, dead_a);
+        CHECK_CONTAINS(out, k ? "did not answer" : "re-homing");
+    }
+    close(fa);
+    close(fb);
+
+    /* UCX logging at info level stays off stdout: a value, a RESULT line. */
+    snprintf(args, sizeof args,
+             "UCX_LOG_LEVEL=info '%s' get 2@f --cluster %s 2>/dev/null", DP_CLI_PATH,
+             good);
+    CHECK_EQ(run_sh(args, out, sizeof out), 0);
+    CHECK_STR(out, "row-2");
+    snprintf(args, sizeof args,
+             "UCX_LOG_LEVEL=info '%s' get 2@f --cluster %s 2>&1 >/dev/null", DP_CLI_PATH,
+             good);
+    CHECK_EQ(run_sh(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "UCX"); /* it did log, on stderr */
+    snprintf(args, sizeof args,
+             "UCX_LOG_LEVEL=info '%s' bench --rows 2 --bytes 1K --iters 1 --warmup 0 "
+             "--first-row 5000 --cluster %s 2>/dev/null",
+             DP_CLI_PATH, good);
+    CHECK_EQ(run_sh(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "RESULT rows=2");
+    CHECK(strstr(out, "UCX") == NULL);
+
+    kill(u.pid, SIGINT);
+    CHECK_EQ(up_wait(&u, 60), 0);
+    rm_dir(dir);
+}
+
+/*
+ * `up --bind 0.0.0.0` writes routable addresses (never 0.0.0.0) into the
+ * cluster file, the ones the units print and answer in info; --advertise
+ * sets the host written. Either file works for the commands.
+ */
+DP_TEST(up_with_a_wildcard_bind_writes_routable_addresses)
+{
+    char dir[64], out[16384], args[512], log[16384];
+    for (int adv = 0; adv < 2; adv++) {
+        tmp_dir(dir, sizeof dir);
+        up_proc u;
+        up_start(&u, dir,
+                 adv ? "--units 2 --slab 8M --bind 0.0.0.0 --advertise 127.0.0.1"
+                     : "--units 2 --slab 8M --bind 0.0.0.0");
+        bool ok = up_wait_file(&u, 60);
+        slurp(u.err, log, sizeof log);
+        CHECKF(ok, "no cluster file; up said: %s", log);
+        dp_cluster cl;
+        CHECK_OK(dp_cluster_load(u.file, &cl, NULL));
+        CHECK_EQ(cl.n_units, 2);
+        slurp(u.out, log, sizeof log);
+        for (uint32_t i = 0; i < cl.n_units; i++) {
+            const char *z = cl.units[i].zmq;
+            CHECKF(strstr(z, "0.0.0.0") == NULL, "unit %u at %s", i, z);
+            if (adv)
+                CHECK(strncmp(z, "tcp://127.0.0.1:", 16) == 0);
+            char said[192];
+            snprintf(said, sizeof said, "unit %u at %s ", i, z);
+            CHECK_CONTAINS(log, said);
+        }
+        dp_cluster_fini(&cl);
+        snprintf(args, sizeof args, "stats --cluster %s", u.file);
+        CHECK_EQ(run(args, out, sizeof out), 0);
+        CHECK_CONTAINS(out, "unit 1");
+        kill(u.pid, SIGINT);
+        CHECK_EQ(up_wait(&u, 60), 0);
+        rm_dir(dir);
+    }
 }

@@ -1,10 +1,15 @@
 /*
  * Tests for src/client/cluster: locating, writing and reading cluster files,
- * and the errors for every kind of bad file.
+ * and the errors for every kind of bad file (a FIFO, a device, a socket or a
+ * directory where the file should be is refused without blocking).
  */
 #include "dp_test.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "client/cluster.h"
@@ -112,6 +117,97 @@ DP_TEST(bad_files_are_refused_with_the_field)
         CHECK_CONTAINS(d.msg, path);
         CHECK(r.units == NULL);
     }
+    unlink(path);
+    rmdir(dir);
+}
+
+/* Called if a load blocks: the test would otherwise hang until CTest's timeout. */
+static void
+on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "  dp_cluster_load blocked for 10 s\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(1);
+}
+
+/*
+ * A FIFO, a directory, a device and a socket where the cluster file should be
+ * are refused at once, saying what the path is; nothing blocks.
+ */
+DP_TEST(special_files_are_refused_without_blocking)
+{
+    mkdir_tmp();
+    char fifo[512], sub[512], sock[512], dirfile[512];
+    snprintf(fifo, sizeof fifo, "%s/fifo.json", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(dirfile, sizeof dirfile, "%s/cluster.json", dir);
+    snprintf(sock, sizeof sock, "%s/sock", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK(mkdir(sub, 0700) == 0);
+    CHECK(mkdir(dirfile, 0700) == 0); /* a directory named cluster.json */
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK(sfd >= 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    CHECK(strlen(sock) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    CHECK(bind(sfd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    struct {
+        const char *path, *want;
+    } cases[] = {
+        {fifo, "is a FIFO"},         {sub, "is a directory"},
+        {dirfile, "is a directory"}, {"/dev/null", "is a character device"},
+        {sock, "is a socket"},
+    };
+    signal(SIGALRM, on_alarm);
+    int loaded = 0;
+    for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
+        dp_cluster r;
+        dp_detail d;
+        alarm(10);
+        int rc = dp_cluster_load(cases[i].path, &r, &d);
+        alarm(0);
+        CHECK_ERR_D(rc, DP_EINVAL, &d);
+        CHECK_CONTAINS(d.msg, cases[i].path);
+        CHECK_CONTAINS(d.msg, cases[i].want);
+        CHECK_CONTAINS(d.msg, "not a regular file");
+        CHECK(r.units == NULL);
+        loaded++;
+    }
+    CHECK_EQ(loaded, DP_ARRAY_LEN(cases));
+    /* A directory without cluster.json: locate names the file, load says it is missing.
+     */
+    char path[512];
+    dp_detail d;
+    CHECK_OK_D(dp_cluster_locate(sub, path, sizeof path, &d), &d);
+    dp_cluster r;
+    CHECK_ERR_D(dp_cluster_load(path, &r, &d), DP_ENOTFOUND, &d);
+    CHECK_CONTAINS(d.msg, "no cluster file");
+    CHECK_CONTAINS(d.msg, sub);
+    close(sfd);
+    unlink(sock);
+    unlink(fifo);
+    rmdir(sub);
+    rmdir(dirfile);
+    rmdir(dir);
+}
+
+/* The size bound stays: a file over 4 MiB is refused before it is read. */
+DP_TEST(oversized_file_is_refused)
+{
+    mkdir_tmp();
+    char path[512];
+    snprintf(path, sizeof path, "%s/cluster.json", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0);
+    CHECK(ftruncate(fd, (5 << 20)) == 0);
+    close(fd);
+    dp_cluster r;
+    dp_detail d;
+    CHECK_ERR_D(dp_cluster_load(path, &r, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, path);
+    CHECK_CONTAINS(d.msg, "at most");
     unlink(path);
     rmdir(dir);
 }

@@ -1,8 +1,9 @@
 /*
  * Helpers shared by the `dataplane` subcommands (internal to src/cli): usage
  * and failure messages in the house form, and a connection to a running
- * cluster (its cluster file, a control client, request ids) for the commands
- * that talk to units (stats, scan, clear, put, get, bench).
+ * cluster (its cluster file, a control client, request ids, a check that
+ * every unit is the one the file says) for the commands that talk to units
+ * over the control plane (stats, scan, clear, save, load, up).
  *
  * Threads: a dp__cli_conn belongs to one thread.
  */
@@ -41,22 +42,69 @@ int dp__cli_fail(const char *cmd, int rc, const dp_detail *d);
 /* Default control-call timeout of the admin commands, seconds. */
 #define DP_CLI_TIMEOUT_S 10.0
 
+/*
+ * The longest save and load wait for the units to say who they are, seconds:
+ * their --timeout (600) bounds writing shards, not connecting.
+ */
+#define DP_CLI_CONNECT_MAX_S 30.0
+
+/* What a command knows of one unit of its cluster file. */
+typedef enum dp__cli_unit_state {
+    DP__CLI_UNCHECKED = 0, /* not asked yet: no request but info may go to it */
+    DP__CLI_CHECKED,       /* it said it is unit i of n, as the file says */
+    DP__CLI_DOWN,          /* it did not answer info (rc and det say why) */
+} dp__cli_unit_state;
+
+typedef struct dp__cli_unit {
+    dp__cli_unit_state state;
+    int rc; /* DP__CLI_DOWN: why */
+    dp_detail det;
+    char agent[DP_CLUSTER_ADDR_MAX]; /* its endpoint name, from its info */
+} dp__cli_unit;
+
 /* A running cluster as seen from a command. */
 typedef struct dp__cli_conn {
     char path[PATH_MAX]; /* the cluster file */
     dp_cluster cl;
     dp_ctl_client *ctl;
     dp_wire_rid_gen rids;
-    double timeout_s;
+    double timeout_s;         /* each control call */
+    double connect_timeout_s; /* asking the units who they are */
+    dp__cli_unit *units;      /* n_units */
 } dp__cli_conn;
 
 /*
- * Locate (arg, else $DP_CLUSTER, else the default directory) and load the
- * cluster file, and create a control client. Errors of dp_cluster_locate and
- * dp_cluster_load (DP_ENOTFOUND says how to start a cluster), DP_ENOMEM.
+ * Flags of dp__cli_connect and dp__cli_check_units. NO_CHECK: load the
+ * cluster file only, ask no unit yet. ALLOW_DOWN: a unit that does not answer
+ * is marked down (calls to it then fail with why) instead of an error.
  */
-int dp__cli_connect(const char *arg, double timeout_s, dp__cli_conn *c, dp_detail *d);
+#define DP__CLI_NO_CHECK 1u
+#define DP__CLI_ALLOW_DOWN 2u
+
+/*
+ * Locate (arg, else $DP_CLUSTER, else the default directory) and load the
+ * cluster file, create a control client, and (unless DP__CLI_NO_CHECK) ask
+ * every unit who it is (dp__cli_check_units, within connect_timeout_s).
+ * Control calls then wait timeout_s. Errors of dp_cluster_locate and
+ * dp_cluster_load (DP_ENOTFOUND says how to start a cluster), of
+ * dp__cli_check_units, DP_ENOMEM. On an error nothing is left to disconnect.
+ */
+int dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
+                    unsigned flags, dp__cli_conn *c, dp_detail *d);
 void dp__cli_disconnect(dp__cli_conn *c);
+
+/*
+ * Ask unit only (or every unit: only < 0) for its info, all at once, and
+ * check that unit i says it is unit i of n as the cluster file does: a unit
+ * listed in the wrong order, or a unit of another cluster, would be cleared,
+ * saved or loaded as if it were another. Nothing but info is sent to a unit
+ * before this succeeded for it: dp__cli_call and dp__cli_call_all refuse
+ * unchecked units. Errors: DP_EPROTO (a unit says otherwise: d names the
+ * unit, its address, what it said and what the file says), the error of a
+ * unit that does not answer (with DP__CLI_ALLOW_DOWN it is marked down
+ * instead), an error reply of a unit.
+ */
+int dp__cli_check_units(dp__cli_conn *c, int64_t only, unsigned flags, dp_detail *d);
 
 /*
  * One request to unit i and its decoded reply (call dp_wire_reply_fini on rep
@@ -72,7 +120,8 @@ int dp__cli_call(dp__cli_conn *c, uint32_t i, dp_wire_request *q, dp_wire_reply 
  * and rcs[i]/dets[i] per unit (arrays of n_units; rbs zero-initialised by the
  * caller and freed with dp_buf_fini, reps finied by the caller). q_of(i, q,
  * ctx) fills unit i's request, or returns false to skip that unit (rcs[i] =
- * DP_OK, reps[i] zeroed with ok = false and op = DP_WIRE_OP_NONE).
+ * DP_OK, reps[i] zeroed with ok = false and op = DP_WIRE_OP_NONE). A unit
+ * marked down is not sent anything: rcs[i]/dets[i] say why it is down.
  * Returns DP_OK if every unit answered with a result.
  */
 typedef bool (*dp__cli_req_fn)(uint32_t i, dp_wire_request *q, void *ctx);
@@ -81,5 +130,23 @@ int dp__cli_call_all(dp__cli_conn *c, dp__cli_req_fn q_of, void *ctx, dp_wire_re
 
 /* Parse a cluster-relative unit index ("3") against the loaded cluster. */
 int dp__cli_parse_unit(const dp__cli_conn *c, const char *s, uint32_t *out, dp_detail *d);
+
+/*
+ * Check an --advertise value: a dotted IPv4 address, a bracketed IPv6 address
+ * ("[fe80::1]") or a host name (letters, digits, '-', '.', '_'), not a
+ * wildcard, short enough for "tcp://HOST:65535" to fit a cluster file.
+ * DP_EINVAL with what is wrong.
+ */
+int dp__cli_check_advertise(const char *host, dp_detail *d);
+
+/*
+ * Keep library logs off stdout: UCX writes its log to the stdout it saw when
+ * it was loaded, before main. This points file descriptor 1 at stderr and
+ * stdout at a new stream on the original standard output, so what the
+ * commands print (addresses, values, tables) is all that reaches it. Call
+ * first thing in main, before any thread exists. Does nothing if stdout or
+ * stderr is closed.
+ */
+void dp__cli_guard_stdout(void);
 
 #endif

@@ -2,7 +2,8 @@
  * Commands for a person poking at a running cluster: `dataplane stats` (every
  * unit's counters side by side), `dataplane scan UNIT` (one unit's blob table)
  * and `dataplane clear G...` (drop rows). They need only the cluster file and
- * the control plane (src/client/cluster, src/ctl, src/wire), no UCX.
+ * the control plane (src/client/cluster, src/ctl, src/wire), no UCX. Each asks
+ * the units it talks to who they are before anything else (cli_util.c).
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -184,7 +185,9 @@ dp__cmd_stats(int argc, char **argv)
     dp_detail d;
     dp_detail_clear(&d);
     dp__cli_conn c;
-    int rc = dp__cli_connect(o.cluster, o.timeout_s, &c, &d);
+    /* A unit that does not answer is shown (down); the others still are. */
+    int rc =
+        dp__cli_connect(o.cluster, o.timeout_s, o.timeout_s, DP__CLI_ALLOW_DOWN, &c, &d);
     if (rc != DP_OK)
         return dp__cli_fail("stats", rc, &d);
     uint32_t n = c.cl.n_units;
@@ -293,13 +296,19 @@ dp__cmd_scan(int argc, char **argv)
     if (dp_parse_u64(unit_arg, 0, UINT32_MAX, &probe, "UNIT", &d) != DP_OK)
         return dp__cli_usage("scan", "%s", d.msg);
     dp__cli_conn c;
-    int rc = dp__cli_connect(o.cluster, o.timeout_s, &c, &d);
+    int rc =
+        dp__cli_connect(o.cluster, o.timeout_s, o.timeout_s, DP__CLI_NO_CHECK, &c, &d);
     if (rc != DP_OK)
         return dp__cli_fail("scan", rc, &d);
     uint32_t u;
     if ((rc = dp__cli_parse_unit(&c, unit_arg, &u, &d)) != DP_OK) {
         dp__cli_disconnect(&c);
         return dp__cli_usage("scan", "%s", d.msg);
+    }
+    /* Only the unit scanned is asked who it is. */
+    if ((rc = dp__cli_check_units(&c, u, 0, &d)) != DP_OK) {
+        dp__cli_disconnect(&c);
+        return dp__cli_fail("scan", rc, &d);
     }
     dp_wire_request q;
     memset(&q, 0, sizeof q);
@@ -410,7 +419,13 @@ dp__cmd_clear(int argc, char **argv)
             return dp__cli_usage("clear", "at most %u rows per clear", CLEAR_MAX_ROWS);
     }
     dp__cli_conn c;
-    int rc = dp__cli_connect(o.cluster, o.timeout_s, &c, &d);
+    /*
+     * Every unit says who it is first: a file in the wrong order would clear
+     * rows on units that do not own them. A unit that does not answer keeps
+     * its rows, and the clear says so.
+     */
+    int rc =
+        dp__cli_connect(o.cluster, o.timeout_s, o.timeout_s, DP__CLI_ALLOW_DOWN, &c, &d);
     if (rc != DP_OK)
         return dp__cli_fail("clear", rc, &d);
     uint32_t n = c.cl.n_units;

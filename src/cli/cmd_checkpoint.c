@@ -27,7 +27,8 @@ static const char usage_save[] =
     "options:\n"
     "  --cluster PATH   cluster file or its directory (default: $DP_CLUSTER, then\n"
     "                   the default directory)\n"
-    "  --timeout S      seconds allowed for all units to write (default 600)\n"
+    "  --timeout S      seconds allowed for all units to write (default 600);\n"
+    "                   asking the units who they are waits at most min(S, 30)\n"
     "  --keep N         then remove DIR's older checkpoints but the N - 1 newest\n"
     "                   (N >= 1; default: keep all). A checkpoint newer than this\n"
     "                   one (another save running) is never removed.\n"
@@ -47,9 +48,21 @@ static const char usage_load[] =
     "\n"
     "options:\n"
     "  --cluster PATH   cluster file or its directory\n"
-    "  --timeout S      seconds allowed for each pass over the units (default 600)\n"
+    "  --timeout S      seconds allowed for each pass over the units (default 600);\n"
+    "                   connecting to the units waits at most min(S, 30)\n"
     "  -q, --quiet      no progress lines\n"
     "  -h, --help       this text\n";
+
+/*
+ * How long asking the units who they are may take: the command's --timeout
+ * bounds the whole save or load, but a dead unit should not take minutes to
+ * report.
+ */
+static double
+connect_budget(double timeout_s)
+{
+    return DP_MIN(timeout_s, DP_CLI_CONNECT_MAX_S);
+}
 
 static void
 progress(void *ctx, const char *line)
@@ -73,6 +86,8 @@ rehome(const char *cmd, const char *cluster, const dp_ckpt_opts *o, const char *
                 cmd, peek->checkpoint, peek->n_units, n_units);
     dp_client_opts co;
     dp_client_opts_init(&co);
+    /* The library asks every unit who it is, within the command's budget. */
+    co.connect_timeout_s = connect_budget(o->timeout_s);
     dp_client *c = NULL;
     int rc = dp_client_open(cluster, &co, &c, d);
     if (rc != DP_OK)
@@ -143,12 +158,21 @@ run(const char *cmd, const char *usage, int argc, char **argv)
     dp_detail d;
     dp_detail_clear(&d);
     dp__cli_conn c;
-    int rc = dp__cli_connect(cluster, o.timeout_s, &c, &d);
+    /*
+     * The file first, no unit yet: a re-homing load connects through the
+     * client library, which asks the units itself. Everything else asks every
+     * unit who it is before a shard is written or loaded, so no unit's shard
+     * is saved or loaded as another's.
+     */
+    int rc = dp__cli_connect(cluster, o.timeout_s, connect_budget(o.timeout_s),
+                             DP__CLI_NO_CHECK, &c, &d);
     if (rc != DP_OK)
         return dp__cli_fail(cmd, rc, &d);
     dp_ckpt_summary s;
     if (strcmp(cmd, "save") == 0) {
-        rc = dp_ckpt_save(c.ctl, &c.cl, argv[optind], &o, &s, &d);
+        rc = dp__cli_check_units(&c, -1, 0, &d);
+        if (rc == DP_OK)
+            rc = dp_ckpt_save(c.ctl, &c.cl, argv[optind], &o, &s, &d);
         if (rc == DP_OK)
             printf("saved %s: %u units, %llu blobs, %llu bytes\n", s.checkpoint,
                    s.n_units, (unsigned long long)s.blobs, (unsigned long long)s.bytes);
@@ -156,9 +180,11 @@ run(const char *cmd, const char *usage, int argc, char **argv)
         dp_ckpt_summary peek;
         rc = dp_ckpt_peek(argv[optind], &peek, &d);
         if (rc == DP_OK && peek.n_units != c.cl.n_units) {
-            rc = rehome(cmd, cluster, &o, argv[optind], &peek, c.cl.n_units, &s, &d);
+            rc = rehome(cmd, c.path, &o, argv[optind], &peek, c.cl.n_units, &s, &d);
         } else if (rc == DP_OK) {
-            rc = dp_ckpt_load(c.ctl, &c.cl, argv[optind], &o, &s, &d);
+            rc = dp__cli_check_units(&c, -1, 0, &d);
+            if (rc == DP_OK)
+                rc = dp_ckpt_load(c.ctl, &c.cl, argv[optind], &o, &s, &d);
             if (rc == DP_OK)
                 printf("loaded %s: %u units, %llu blobs (%llu on SSD), %llu bytes\n",
                        s.checkpoint, s.n_units, (unsigned long long)s.loaded,

@@ -40,7 +40,7 @@ static const char usage_put[] =
     "dtype)\n"
     "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
     "                   (default: $DP_CLUSTER, else the default directory)\n"
-    "  --timeout-s S    time budget of the put (30)\n"
+    "  --timeout-s S    time budget of connecting, and of the put (30)\n"
     "  -h, --help       this text\n"
     "\n"
     "example:\n"
@@ -57,7 +57,7 @@ static const char usage_get[] =
     "  -o, --output PATH  write the bytes here (created or truncated)\n"
     "  --cluster PATH     the cluster file, or a directory holding cluster.json\n"
     "                     (default: $DP_CLUSTER, else the default directory)\n"
-    "  --timeout-s S      time budget of the get (30)\n"
+    "  --timeout-s S      time budget of connecting, and of the get (30)\n"
     "  -h, --help         this text\n"
     "\n"
     "example:\n"
@@ -87,7 +87,7 @@ static const char usage_bench[] =
     "  --seed S          seed of the sizes and contents (time)\n"
     "  --cluster PATH    the cluster file, or a directory holding cluster.json\n"
     "                    (default: $DP_CLUSTER, else the default directory)\n"
-    "  --timeout-s S     time budget of each batch operation (30)\n"
+    "  --timeout-s S     time budget of connecting, and of each batch operation (30)\n"
     "  -h, --help        this text\n"
     "\n"
     "example:\n"
@@ -120,6 +120,8 @@ open_client(const char *cmd, const char *cluster, double timeout_s, dp_client **
     dp_client_opts co;
     dp_client_opts_init(&co);
     co.timeout_s = timeout_s;
+    /* One budget: asking the units who they are must not outlast it either. */
+    co.connect_timeout_s = timeout_s;
     dp_detail d;
     dp_detail_clear(&d);
     int rc = dp_client_open(cluster, &co, out, &d);
@@ -503,7 +505,9 @@ dp__cmd_get(int argc, char **argv)
         }
         describe(stdout, key, n, desc, dp_client_unit_of(cl, row));
     } else {
-        if (write_all(1, data, n) != 0) {
+        /* stdout, not descriptor 1: main points that at stderr (cli.h). */
+        fflush(stdout);
+        if (write_all(fileno(stdout), data, n) != 0) {
             fprintf(stderr, "dataplane get: cannot write to stdout: %s\n",
                     strerror(errno));
             status = 1;

@@ -1,10 +1,11 @@
 /*
- * `dataplane unit`: run one storage unit in the foreground (DESIGN section
- * 14), for launchers on many machines and for `dataplane up`. It creates the
- * UCX endpoint (with a progress thread, so peers whose RMA is emulated are
- * served), the unit and its slab, the ticker and the ZMQ control server,
- * prints the server's tcp://ip:port as the first line of stdout, and runs
- * until SIGINT or SIGTERM.
+ * `dataplane unit`: run one storage unit in the foreground, for launchers on
+ * many machines and for `dataplane up`. It creates the UCX endpoint (with a
+ * progress thread, so peers whose RMA is emulated are served), the unit and
+ * its slab, the ticker and the ZMQ control server, prints the address clients
+ * use (tcp://host:port: the advertised host, which is never a wildcard, and
+ * the bound port) as the first line of stdout and nothing else there, and
+ * runs until SIGINT or SIGTERM.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -14,21 +15,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "common/common.h"
 #include "unit/server.h"
-
-int dp__cmd_unit(int argc, char **argv);
 
 static const char usage_unit[] =
     "usage: dataplane unit [options]\n"
     "\n"
     "Run one storage unit: a registered DRAM slab that clients WRITE to and READ\n"
     "from one-sided, and a ZMQ control server for alloc/commit/resolve/release.\n"
-    "Prints the control address (tcp://ip:port) on the first line of stdout and\n"
-    "runs until SIGINT or SIGTERM.\n"
+    "Prints the address clients use (tcp://host:port) as the first line of stdout,\n"
+    "and nothing else there (logs, UCX's too, go to stderr), and runs until SIGINT\n"
+    "or SIGTERM.\n"
     "\n"
     "options:\n"
-    "  --bind IP            address to bind the control server to (127.0.0.1)\n"
+    "  --bind IP            address to bind the control server to (127.0.0.1);\n"
+    "                       0.0.0.0 binds every IPv4 interface\n"
+    "  --advertise HOST     address to tell clients (info, the first stdout line):\n"
+    "                       an IPv4 address, [IPv6] or a host name; the port is the\n"
+    "                       bound one. Default: the bound address; for a wildcard\n"
+    "                       --bind, this host's primary IPv4 address (127.0.0.1,\n"
+    "                       with a warning, if it has none)\n"
     "  --port N             port, 0 for a free one (0)\n"
     "  --slab SIZE          slab size, e.g. 512M, 4G (256M)\n"
     "  --read-pin-s S       how long a resolve pins what it returns (30)\n"
@@ -56,6 +63,7 @@ dp__cmd_unit(int argc, char **argv)
 {
     enum {
         O_BIND = 1,
+        O_ADVERTISE,
         O_PORT,
         O_SLAB,
         O_PIN,
@@ -69,6 +77,7 @@ dp__cmd_unit(int argc, char **argv)
     };
     static const struct option opts[] = {
         {"bind", required_argument, NULL, O_BIND},
+        {"advertise", required_argument, NULL, O_ADVERTISE},
         {"port", required_argument, NULL, O_PORT},
         {"slab", required_argument, NULL, O_SLAB},
         {"read-pin-s", required_argument, NULL, O_PIN},
@@ -81,7 +90,7 @@ dp__cmd_unit(int argc, char **argv)
         {"pickup-s", required_argument, NULL, O_PICKUP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const char *bind_ip = "127.0.0.1";
+    const char *bind_ip = "127.0.0.1", *advertise = NULL;
     uint64_t port = 0, unit_id = 0, units = 1, staging = 0;
     bool staging_set = false;
     dp_unit_opts uo;
@@ -97,6 +106,10 @@ dp__cmd_unit(int argc, char **argv)
         switch (c) {
         case O_BIND:
             bind_ip = optarg;
+            break;
+        case O_ADVERTISE:
+            rc = dp__cli_check_advertise(optarg, &d);
+            advertise = optarg;
             break;
         case O_PORT:
             rc = dp_parse_u64(optarg, 0, 65535, &port, "--port", &d);
@@ -187,16 +200,23 @@ dp__cmd_unit(int argc, char **argv)
     if ((rc = dp_random_hex_id(rnd, &d)) != 0)
         goto fail;
     snprintf(name, sizeof name, "unit%u-%.8s", uo.unit_id, rnd);
-    if ((rc = dp_unit_server_open(&uo, name, bind_ip, (uint16_t)port, 1.0, &srv, &d)) !=
-        0)
+    dp_unit_server_opts so = {.bind_ip = bind_ip,
+                              .port = (uint16_t)port,
+                              .advertise = advertise,
+                              .tick_s = 1.0};
+    if ((rc = dp_unit_server_start(&uo, name, &so, &srv, &d)) != 0)
         goto fail;
+    /* The contract with launchers: this is the first line of stdout. */
     printf("%s\n", dp_unit_server_address(srv));
     fflush(stdout);
-    char sz[32];
+    char sz[32], bound[160] = "";
+    if (strcmp(dp_unit_server_bound_address(srv), dp_unit_server_address(srv)) != 0)
+        snprintf(bound, sizeof bound, " (bound to %s)",
+                 dp_unit_server_bound_address(srv));
     DP_LOG_I(
-        "serving %s: unit %u of %u, slab %s, endpoint %s, numa: %s, read_pin_s %.1f, "
+        "serving %s%s: unit %u of %u, slab %s, endpoint %s, numa: %s, read_pin_s %.1f, "
         "alloc_lease_s %.1f",
-        dp_unit_server_address(srv), uo.unit_id, uo.n_units,
+        dp_unit_server_address(srv), bound, uo.unit_id, uo.n_units,
         dp_fmt_size(uo.slab_bytes, sz, sizeof sz), name,
         dp_unit_numa_desc(dp_unit_server_unit(srv)), uo.read_pin_s, uo.alloc_lease_s);
     if (uo.ssd_dir != NULL)

@@ -1,8 +1,8 @@
 /*
- * `dataplane up`: a whole cluster on this machine, in the foreground (DESIGN
- * section 14). It starts N unit processes (this binary re-executed as
- * `dataplane unit --unit-id i --units N --port 0 ...`), reads each one's
- * control address from the first line of its stdout, asks each for its
+ * `dataplane up`: a whole cluster on this machine, in the foreground. It
+ * starts N unit processes (this binary re-executed as `dataplane unit
+ * --unit-id i --units N --port 0 ...`), reads each one's advertised control
+ * address from the first line of its stdout, asks each who it is and for its
  * endpoint name (info), writes DIR/cluster.json and waits. Ctrl-C, SIGTERM or
  * SIGHUP stop every unit (SIGTERM, then SIGKILL after a grace period) and
  * remove the cluster file. A unit that dies on its own is reported (which one,
@@ -55,6 +55,11 @@ static const char usage_up[] =
     "  --dir DIR            where to write cluster.json (default: $XDG_RUNTIME_DIR/\n"
     "                       dataplane, else /tmp/dataplane-<uid>); created 0700\n"
     "  --bind IP            address the units' control servers bind (127.0.0.1)\n"
+    "  --advertise HOST     address the units tell clients, written to cluster.json:\n"
+    "                       an IPv4 address, [IPv6] or a host name; the port is the\n"
+    "                       bound one (default: the bound address; for a wildcard\n"
+    "                       --bind such as 0.0.0.0, this host's primary IPv4\n"
+    "                       address)\n"
     "  --read-pin-s S       passed to each unit (see 'dataplane unit --help')\n"
     "  --alloc-lease-s S    passed to each unit\n"
     "  --numa MODE          passed to each unit: auto, bind or off\n"
@@ -105,6 +110,7 @@ typedef struct up_opts {
     const char *slab;
     const char *dir;
     const char *bind;
+    const char *advertise;
     const char *read_pin_s, *alloc_lease_s, *numa;
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
@@ -118,6 +124,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         O_SLAB,
         O_DIR,
         O_BIND,
+        O_ADVERTISE,
         O_PIN,
         O_LEASE,
         O_NUMA,
@@ -132,6 +139,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"slab", required_argument, NULL, O_SLAB},
         {"dir", required_argument, NULL, O_DIR},
         {"bind", required_argument, NULL, O_BIND},
+        {"advertise", required_argument, NULL, O_ADVERTISE},
         {"read-pin-s", required_argument, NULL, O_PIN},
         {"alloc-lease-s", required_argument, NULL, O_LEASE},
         {"numa", required_argument, NULL, O_NUMA},
@@ -172,6 +180,10 @@ parse_opts(int argc, char **argv, up_opts *o)
             break;
         case O_BIND:
             o->bind = optarg;
+            break;
+        case O_ADVERTISE:
+            rc = dp__cli_check_advertise(optarg, &d);
+            o->advertise = optarg;
             break;
         case O_PIN:
             rc = dp_parse_seconds(optarg, &s, "--read-pin-s", &d);
@@ -411,6 +423,7 @@ spawn_unit(unit_proc *u, uint32_t n, const up_opts *o, dp_detail *d)
             args[k++] = (val);                                                           \
         }                                                                                \
     } while (0)
+    PASS("--advertise", o->advertise);
     PASS("--read-pin-s", o->read_pin_s);
     PASS("--alloc-lease-s", o->alloc_lease_s);
     PASS("--numa", o->numa);
@@ -659,73 +672,36 @@ stop_all(up_state *s, double grace_s)
     return clean;
 }
 
-/* info from every unit: its endpoint name, and a check of its place. */
-static bool
-info_req(uint32_t i, dp_wire_request *q, void *ctx)
-{
-    DP_UNUSED(i);
-    DP_UNUSED(ctx);
-    q->op = DP_WIRE_OP_INFO;
-    return true;
-}
-
+/*
+ * info from every unit, within timeout_s: each says it is unit i of n (as up
+ * started it) and gives its endpoint name for the cluster file.
+ */
 static int
-ask_info(up_state *s, dp_detail *d)
+ask_info(up_state *s, const char *path, double timeout_s, dp_detail *d)
 {
     dp__cli_conn c;
     memset(&c, 0, sizeof c);
-    c.timeout_s = 30;
+    c.timeout_s = c.connect_timeout_s = timeout_s;
     c.cl.n_units = s->n;
-    int rc = DP_ENOMEM;
-    dp_wire_reply *reps = calloc(s->n, sizeof *reps);
-    dp_buf *rbs = calloc(s->n, sizeof *rbs);
-    int *rcs = calloc(s->n, sizeof *rcs);
-    dp_detail *dets = calloc(s->n, sizeof *dets);
+    snprintf(c.path, sizeof c.path, "%s", path); /* the file up writes next */
+    int rc = DP_OK;
     c.cl.units = calloc(s->n, sizeof *c.cl.units);
-    if (reps == NULL || rbs == NULL || rcs == NULL || dets == NULL ||
-        c.cl.units == NULL) {
+    c.units = calloc(s->n, sizeof *c.units);
+    if (c.cl.units == NULL || c.units == NULL) {
         rc = dp_fail(d, DP_ENOMEM, "out of memory");
         goto out;
     }
-    snprintf(c.path, sizeof c.path, "(starting)");
     for (uint32_t i = 0; i < s->n; i++) {
         c.cl.units[i].id = i;
         snprintf(c.cl.units[i].zmq, sizeof c.cl.units[i].zmq, "%s", s->u[i].addr);
     }
     if ((rc = dp_wire_rid_gen_init(&c.rids, d)) != DP_OK ||
-        (rc = dp_ctl_client_create(&c.ctl, d)) != DP_OK)
+        (rc = dp_ctl_client_create(&c.ctl, d)) != DP_OK ||
+        (rc = dp__cli_check_units(&c, -1, 0, d)) != DP_OK)
         goto out;
-    dp__cli_call_all(&c, info_req, NULL, reps, rbs, rcs, dets);
-    for (uint32_t i = 0; i < s->n && rc == DP_OK; i++) {
-        if (rcs[i] != DP_OK) {
-            *d = dets[i];
-            rc = rcs[i];
-            break;
-        }
-        const dp_wire_info *in = &reps[i].r.info;
-        if (in->unit_id != i || in->n_units != s->n) {
-            rc = dp_fail(d, DP_EPROTO,
-                         "unit %u at %s says it is unit %" PRIu64 " of %" PRIu64, i,
-                         s->u[i].addr, in->unit_id, in->n_units);
-            break;
-        }
-        if (dp_wire_str_copy(in->agent, s->u[i].agent, sizeof s->u[i].agent) >=
-            sizeof s->u[i].agent) {
-            rc = dp_fail(d, DP_EPROTO, "unit %u: endpoint name too long", i);
-            break;
-        }
-    }
+    for (uint32_t i = 0; i < s->n; i++)
+        snprintf(s->u[i].agent, sizeof s->u[i].agent, "%s", c.units[i].agent);
 out:
-    for (uint32_t i = 0; i < s->n; i++) {
-        if (reps != NULL)
-            dp_wire_reply_fini(&reps[i]);
-        if (rbs != NULL)
-            dp_buf_fini(&rbs[i]);
-    }
-    free(reps);
-    free(rbs);
-    free(rcs);
-    free(dets);
     dp__cli_disconnect(&c);
     return rc;
 }
@@ -873,7 +849,8 @@ dp__cmd_up(int argc, char **argv)
             goto stop;
         }
     }
-    if ((rc = ask_info(&s, &d)) != DP_OK) {
+    /* Asking the units who they are is part of starting them: the same budget. */
+    if ((rc = ask_info(&s, path, DP_MAX(end - dp_now_s(), 1.0), &d)) != DP_OK) {
         dp__cli_fail("up", rc, &d);
         goto stop;
     }

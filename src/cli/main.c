@@ -106,6 +106,12 @@ cmd_policy(int argc, char **argv)
 int
 main(int argc, char **argv)
 {
+    /*
+     * Launchers read what commands print on stdout (a unit's address on its
+     * first line, a value from get, bench's RESULT line): library logs go to
+     * stderr only, UCX's included.
+     */
+    dp__cli_guard_stdout();
     if (argc < 2) {
         fputs(usage_main, stderr);
         return 2;

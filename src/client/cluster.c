@@ -47,42 +47,87 @@ dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d)
     return DP_OK;
 }
 
+/* What a file type is, for an error that says what the path names. */
+static const char *
+file_kind(mode_t m)
+{
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISFIFO(m))
+        return "a FIFO (named pipe)";
+    if (S_ISSOCK(m))
+        return "a socket";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    return "not a regular file";
+}
+
+static int
+not_regular(const char *path, mode_t m, dp_detail *d)
+{
+    return dp_fail(d, DP_EINVAL,
+                   "cluster file %s is %s, not a regular file: point --cluster or "
+                   "DP_CLUSTER at the cluster.json that 'dataplane up' (or your "
+                   "launcher) wrote, or at its directory",
+                   path, file_kind(m));
+}
+
+/*
+ * Read the whole file. Only a regular file is read: the path is checked with
+ * stat first, so a device is never opened (opening some has side effects),
+ * then opened with O_NONBLOCK (a FIFO swapped in meanwhile cannot block the
+ * open) and checked again with fstat, which is what counts.
+ */
 static int
 read_file(const char *path, char **out, dp_detail *d)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return not_regular(path, st.st_mode, d);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
             return dp_fail(d, DP_ENOTFOUND,
                            "no cluster file at %s: start a cluster with 'dataplane up', "
                            "or point --cluster / DP_CLUSTER at its cluster.json",
                            path);
-        return dp_fail_sys(d, errno, "open cluster file %s", path);
+        int e = errno;
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            return not_regular(path, st.st_mode, d);
+        return dp_fail_sys(d, e, "open cluster file %s", path);
     }
-    struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return dp_fail_sys(d, e, "stat cluster file %s", path);
     }
-    if (!S_ISREG(st.st_mode) || st.st_size > MAX_FILE_BYTES) {
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return not_regular(path, st.st_mode, d);
+    }
+    if (st.st_size > MAX_FILE_BYTES) {
         close(fd);
         return dp_fail(d, DP_EPROTO,
-                       "cluster file %s is not a regular file under %u bytes", path,
-                       MAX_FILE_BYTES);
+                       "cluster file %s is %lld bytes; a cluster file is at most %u",
+                       path, (long long)st.st_size, MAX_FILE_BYTES);
     }
     char *buf = malloc((size_t)st.st_size + 1);
     if (buf == NULL) {
         close(fd);
         return dp_fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
     }
+    /* The size is from fstat; a file that shrinks meanwhile reads short. */
     size_t got = 0;
     while (got < (size_t)st.st_size) {
         ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
+        if (r == 0)
+            break;
+        if (r < 0) {
+            int e = errno;
             free(buf);
             close(fd);
             return dp_fail_sys(d, e, "read cluster file %s", path);

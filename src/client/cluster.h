@@ -49,7 +49,10 @@ int dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d);
 /*
  * Read and validate a cluster file: version 1, 1..DP_CLUSTER_MAX_UNITS units
  * with ids 0..n-1 in order, zmq addresses "tcp://host:port", bounded strings.
- * Errors: DP_ENOTFOUND (no file: says how to start a cluster), DP_EPROTO (the
+ * Only a regular file of at most 4 MiB is read; nothing here blocks (a FIFO,
+ * a device, a socket or a directory is refused without reading it).
+ * Errors: DP_ENOTFOUND (no file: says how to start a cluster), DP_EINVAL (the
+ * path names something other than a regular file: says what), DP_EPROTO (the
  * file is not a valid cluster file: says which field), DP_ESYS, DP_ENOMEM.
  */
 int dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d);

@@ -13,19 +13,51 @@
 
 typedef struct dp_unit_server dp_unit_server;
 
+/* Where the control server listens and what it tells clients. Zeroed: defaults. */
+typedef struct dp_unit_server_opts {
+    const char *bind_ip; /* NULL or "": 127.0.0.1; 0.0.0.0 (or "*") binds every IPv4 */
+    uint16_t port;       /* 0: a free port */
+    /*
+     * The host clients are told (info, dp_unit_server_address): a host name,
+     * an IPv4 address or a bracketed IPv6 address, checked by the caller; the
+     * port is always the bound one. NULL: the bound address, except that a
+     * wildcard bind (0.0.0.0, ::) advertises this host's primary IPv4
+     * address (the source address of its default route, else the first
+     * non-loopback interface that is up), or 127.0.0.1 with a warning on
+     * stderr if it has none.
+     */
+    const char *advertise;
+    double tick_s; /* ticker period; 0: 1 s */
+} dp_unit_server_opts;
+
 /*
  * Start a unit from uo (uo->ep is ignored: the server creates the endpoint,
- * named endpoint_name), tick it every tick_s seconds, and bind its control
- * server on bind_ip:port (NULL: 127.0.0.1; port 0: a free port). Errors from
- * the endpoint, the unit or the bind, with a detail. Threads: any; the
- * server's threads inherit the caller's signal mask.
+ * named endpoint_name) and serve it as so says (NULL: defaults). Errors from
+ * the endpoint, the unit or the bind, with a detail; DP_EINVAL for an
+ * advertised address longer than a cluster file holds (127
+ * bytes). Threads: any;
+ * the server's threads inherit the caller's signal mask.
+ */
+int dp_unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
+                         const dp_unit_server_opts *so, dp_unit_server **out,
+                         dp_detail *d);
+
+/*
+ * dp_unit_server_start binding bind_ip:port (NULL: 127.0.0.1; port 0: a free
+ * port), ticking every tick_s seconds, advertising the default.
  */
 int dp_unit_server_open(const dp_unit_opts *uo, const char *endpoint_name,
                         const char *bind_ip, uint16_t port, double tick_s,
                         dp_unit_server **out, dp_detail *d);
 
-/* "tcp://ip:port" of the control server; valid until close. */
+/*
+ * "tcp://host:port" clients use (what info reports): the advertised host and
+ * the bound port. Valid until close.
+ */
 const char *dp_unit_server_address(const dp_unit_server *s);
+
+/* "tcp://ip:port" the control server bound (0.0.0.0 for a wildcard). */
+const char *dp_unit_server_bound_address(const dp_unit_server *s);
 
 /* The unit (owned by the server). */
 dp_unit *dp_unit_server_unit(const dp_unit_server *s);
