@@ -14,6 +14,7 @@ PKGS=(
     libnuma-dev                             # NUMA placement of slabs
     libcjson-dev                            # cluster files (cluster.json)
     redis-server redis-tools                # benchmark comparison
+    iproute2 iptables                       # multi-host fault tests (network namespaces)
 )
 
 missing=()
