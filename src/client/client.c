@@ -15,7 +15,16 @@
  *   caller (dp_client_alloc), and buffers of dp_values. A buffer given back
  *   is cached (up to staging_cache_bytes) unless an unfinished transfer may
  *   still touch it (dp_endpoint_touches_unfinished): then it is retired
- *   whole, charged to the graveyard, and never reused, unmapped or freed.
+ *   whole, charged to the graveyard, and never reused, unmapped or freed
+ *   while that transfer may run. When every such transfer ended after all
+ *   (the endpoint released it from the graveyard: UCX completed its
+ *   requests, e.g. purged them when the peer failed), the buffer is cached
+ *   again at the next lookup.
+ * - Each unit's data path is bound to one incarnation of it (its process):
+ *   replies from another, and failed transfer endpoints, make the client
+ *   re-bind before the next transfer (dp__client_ready_locked), never post
+ *   through a binding of another process (docs/design.md, "Unit
+ *   incarnations").
  * - Per-unit scratch (blob builders, request buffers, ctl items) is kept in
  *   the client and reset per operation, so a batch costs a few allocations,
  *   not one per key.
@@ -204,6 +213,14 @@ dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < c->n_bufs; i++) {
         dp__buf *b = &c->bufs[i];
+        if (b->state == DP__BUF_RETIRED &&
+            !dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {
+            /* The transfers that touched it ended after all: usable again. */
+            b->state = DP__BUF_FREE;
+            b->last_use = ++c->use_clock;
+            c->cached_bytes += b->len;
+            dp_graveyard_release_buffer(b->len);
+        }
         if (b->state != DP__BUF_FREE || b->len < nbytes)
             continue;
         if (dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {

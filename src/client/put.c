@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "blob/crc32c.h"
 #include "blob/keys.h"
@@ -224,6 +225,11 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             q.a.alloc.nbytes = pu->lay.total_len;
             q.a.alloc.n_entries = pu->n_ent;
             q.a.alloc.spill = c->o.spill;
+            /* Who writes the region: lets the unit reclaim it if this process dies. */
+            q.a.alloc.writer = dp_wire_s(c->blob_prefix);
+            q.a.alloc.pid = (uint64_t)getpid();
+            q.a.alloc.host = dp_wire_s(dp_host_key());
+            q.a.alloc.lane = dp_wire_s(dp_xfer_lane_name(c->units[pu->u].lane));
             dp_detail_clear(&pu->det);
             int rc = dp__client_prepare_locked(c, pu->u, ns, &q, &pu->det);
             if (rc != 0) {

@@ -629,8 +629,12 @@ sock_verdict(csock *cs, const char *address, dp_detail *d)
             "request dropped before the reply (the request may or may not have "
             "been carried out)",
             address);
+    /*
+     * Two failed attempts, not one: the first after an outage may fail on a
+     * stale neighbour entry while the next (100 ms later) gets through.
+     */
     if (!cs->sent_up && cs->n_handshakes == cs->sent_handshakes &&
-        cs->n_refused > cs->sent_refused)
+        cs->n_refused >= cs->sent_refused + 2)
         return dp_fail(d, DP_ETRANSFER,
                        "unit %s is down or unreachable: %sno connection could be made "
                        "(refused, or the host cannot be reached); nothing was delivered",

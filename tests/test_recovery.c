@@ -1,0 +1,636 @@
+/*
+ * Restarts and outages, end to end with real unit processes (the dataplane
+ * binary) and a long-lived client: a unit restarted on the same port never
+ * makes a client report wrong data as success, and the client recovers by
+ * itself; a dead unit shows at once as "down"; clients killed mid-put cost
+ * the unit nothing once their processes are gone; a retired region of a
+ * shared-memory writer comes back when the writer dies, others never; a peer
+ * of another UCX version is refused before UCX sees its address. Content is
+ * checked byte for byte.
+ */
+#include "dp_test.h"
+#include "dp_proc.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/client_int.h"
+#include "common/common.h"
+#include "ctl/ctl.h"
+#include "dataplane/client.h"
+#include "wire/wire.h"
+#include "xfer/endpoint.h"
+
+/* ---- unit processes ---- */
+
+typedef struct unit_proc {
+    pid_t pid;
+    char addr[128];
+    unsigned port;
+    char slab[16];
+    uint32_t id, n;
+} unit_proc;
+
+/* Start `dataplane unit` on 127.0.0.1:port (0: a free one). */
+static void
+unit_start(unit_proc *u, unsigned port, const char *slab, uint32_t id, uint32_t n)
+{
+    const char *cli = dp_test_cli_path();
+    CHECKF(cli != NULL, "the dataplane binary is not built next to the tests");
+    char p[16], ids[16], ns[16];
+    snprintf(p, sizeof p, "%u", port);
+    snprintf(ids, sizeof ids, "%u", id);
+    snprintf(ns, sizeof ns, "%u", n);
+    char sl[16];
+    snprintf(sl, sizeof sl, "%s", slab); /* slab may be u->slab (a restart) */
+    snprintf(u->slab, sizeof u->slab, "%s", sl);
+    u->id = id;
+    u->n = n;
+    const char *args[] = {cli,       "unit",   "--bind", "127.0.0.1", "--port",
+                          p,         "--slab", sl,       "--unit-id", ids,
+                          "--units", ns,       NULL};
+    for (int attempt = 0; attempt < 50; attempt++) {
+        u->pid = dp_test_cli_start(args, u->addr, sizeof u->addr);
+        if (strncmp(u->addr, "tcp://", 6) == 0)
+            break;
+        /* The port may still be held for a moment after a kill: try again. */
+        kill(u->pid, SIGKILL);
+        waitpid(u->pid, NULL, 0);
+        dp_sleep_s(0.1);
+    }
+    CHECKF(strncmp(u->addr, "tcp://", 6) == 0, "unit did not start: '%s'", u->addr);
+    const char *colon = strrchr(u->addr, ':');
+    u->port = (unsigned)atoi(colon + 1);
+}
+
+static void
+unit_kill(unit_proc *u)
+{
+    kill(u->pid, SIGKILL);
+    waitpid(u->pid, NULL, 0);
+}
+
+/* Kill -9 and start again on the same port: a launcher restarting it. */
+static void
+unit_restart(unit_proc *u)
+{
+    unit_kill(u);
+    unit_start(u, u->port, u->slab, u->id, u->n);
+}
+
+static dp_client *
+open_units(unit_proc *u, uint32_t n, double timeout_s)
+{
+    const char *addrs[8];
+    for (uint32_t i = 0; i < n; i++)
+        addrs[i] = u[i].addr;
+    dp_client_opts o;
+    dp_client_opts_init(&o);
+    o.timeout_s = timeout_s;
+    o.connect_timeout_s = timeout_s;
+    dp_client *c = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_open_units(addrs, n, &o, &c, &d), &d);
+    return c;
+}
+
+/* One unit's counter through a client. */
+static double
+unit_stat(dp_client *c, uint32_t unit, const char *name)
+{
+    dp_client_stats *s = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_stats_get(c, &s, &d), &d);
+    double v = -1;
+    CHECKF(dp_client_stats_find(s, unit, name, &v), "no counter %s", name);
+    dp_client_stats_destroy(s);
+    return v;
+}
+
+/* ---- values: a pattern per (row, seed), checked byte for byte ---- */
+
+static void
+fill(uint8_t *p, size_t n, uint64_t row, uint64_t seed)
+{
+    uint64_t x = row * 0x9e3779b97f4a7c15ull ^ (seed + 1) * 0xbf58476d1ce4e5b9ull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (uint8_t)x;
+    }
+}
+
+/* Put rows r0..r0+n-1 (field "v", len bytes each, pattern seed). row_status too. */
+static int
+put_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *rs,
+         dp_detail *d)
+{
+    uint8_t *buf = NULL;
+    CHECK_OK(dp_client_alloc(c, (size_t)n * len, (void **)&buf, NULL));
+    uint64_t g[64];
+    dp_value v[64];
+    CHECK(n <= 64);
+    for (uint32_t i = 0; i < n; i++) {
+        g[i] = r0 + i;
+        fill(buf + i * len, len, g[i], seed);
+        v[i] = (dp_value){buf + i * len, len, DP_KIND_BYTES, NULL, NULL, 0};
+    }
+    const char *f[] = {"v"};
+    dp_detail_clear(d);
+    int rc = dp_client_put(c, g, n, f, 1, v, rs, d);
+    dp_client_free(c, buf);
+    return rc;
+}
+
+/*
+ * Get rows r0..r0+n-1 and check every value that came back DP_OK against
+ * pattern seed: a wrong byte with DP_OK fails the test at once (a false
+ * success). st[i] gets each key's status.
+ */
+static int
+get_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *st,
+         dp_detail *d)
+{
+    CHECK(n <= 64);
+    uint8_t *buf = NULL, *want = malloc(len);
+    CHECK_OK(dp_client_alloc(c, (size_t)n * len, (void **)&buf, NULL));
+    memset(buf, 0xa5, (size_t)n * len);
+    char keys[64][32];
+    dp_get_item it[64];
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@v", r0 + i);
+        it[i] = (dp_get_item){.key = keys[i], .dst = buf + i * len, .cap = len};
+    }
+    dp_detail_clear(d);
+    int rc = dp_client_get(c, it, n, d);
+    for (uint32_t i = 0; i < n; i++) {
+        st[i] = it[i].status;
+        if (it[i].status != 0)
+            continue;
+        fill(want, len, r0 + i, seed);
+        CHECKF(it[i].nbytes == len && memcmp(buf + i * len, want, len) == 0,
+               "row %" PRIu64 " came back DP_OK with bytes that are not its value (seed "
+               "%" PRIu64 "): a false success",
+               r0 + i, seed);
+    }
+    dp_client_free(c, buf);
+    free(want);
+    return rc;
+}
+
+static void
+expect_all(const int *st, uint32_t n, int code, const char *what)
+{
+    for (uint32_t i = 0; i < n; i++)
+        CHECKF(st[i] == code, "%s: key %u is %s, want %s", what, i, dp_errname(st[i]),
+               dp_errname(code));
+}
+
+/* ---- a unit restarted on the same port, with a long-lived client ---- */
+
+/*
+ * S keeps one client across a kill -9 and restart of its unit on the same
+ * port; F is a fresh client of the new process. S never gets a wrong byte
+ * or a false success, its first operation fails once with DP_ERESTARTED,
+ * then it works without reopening; F's clears stay cleared and F's
+ * overwrites stay. first_put: S's first operation after the restart is a
+ * put (else a get).
+ */
+static void
+restart_scenario(size_t len, bool first_put)
+{
+    unit_proc u;
+    unit_start(&u, 0, "64M", 0, 1);
+    dp_client *s = open_units(&u, 1, 10);
+    dp_detail d;
+    int st[8], rs[8];
+    CHECK_OK_D(put_rows(s, 100, 4, len, 1, rs, &d), &d);
+    CHECK_OK_D(put_rows(s, 110, 4, len, 1, rs, &d), &d);
+    CHECK_OK_D(get_rows(s, 100, 4, len, 1, st, &d), &d);
+
+    unit_restart(&u);
+    dp_client *f = open_units(&u, 1, 10);
+    CHECK_OK_D(put_rows(f, 100, 4, len, 2, rs, &d), &d);
+    uint64_t g[4] = {100, 101, 102, 103}, dropped = 0;
+    CHECK_OK_D(dp_client_clear(f, g, 4, &dropped, &d), &d);
+    CHECK_EQ(dropped, 4);
+    CHECK_OK_D(put_rows(f, 110, 4, len, 2, rs, &d), &d);
+    CHECK_OK_D(put_rows(f, 110, 4, len, 3, rs, &d), &d); /* a confirmed overwrite */
+
+    if (first_put) {
+        /* S's put meets the new process: refused once, nothing lands. */
+        CHECK_ERR_D(put_rows(s, 200, 4, len, 4, rs, &d), DP_ERESTARTED, &d);
+        CHECK_CONTAINS(d.msg, "restarted");
+        expect_all(rs, 4, DP_ERESTARTED, "put after the restart");
+        CHECK_ERR_D(get_rows(f, 200, 4, len, 4, st, &d), DP_ENOTFOUND, &d);
+        CHECK_ERR_D(get_rows(s, 100, 4, len, 1, st, &d), DP_ENOTFOUND, &d);
+    } else {
+        /* S's get meets the new process: refused once, never old or wrong bytes. */
+        CHECK_ERR_D(get_rows(s, 100, 4, len, 1, st, &d), DP_ERESTARTED, &d);
+        CHECK_CONTAINS(d.msg, "restarted");
+        expect_all(st, 4, DP_ERESTARTED, "get after the restart");
+        CHECK_ERR_D(get_rows(s, 100, 4, len, 1, st, &d), DP_ENOTFOUND, &d);
+    }
+    expect_all(st, 4, DP_ENOTFOUND, "F's cleared rows, seen by S");
+    /* S works again without reopening: it reads F's overwrite, and puts. */
+    CHECK_OK_D(get_rows(s, 110, 4, len, 3, st, &d), &d);
+    CHECK_OK_D(put_rows(s, 200, 4, len, 5, rs, &d), &d);
+    CHECK_OK_D(get_rows(f, 200, 4, len, 5, st, &d), &d);
+    CHECK_ERR_D(get_rows(f, 100, 4, len, 2, st, &d), DP_ENOTFOUND, &d);
+    CHECK_OK_D(get_rows(f, 110, 4, len, 3, st, &d), &d);
+    /* Nothing was published from stale bytes and nothing was retired. */
+    CHECK_EQ(unit_stat(f, 0, "identity_refused"), 0);
+    CHECK_EQ(unit_stat(f, 0, "retired_bytes"), 0);
+    dp_client_counters cn;
+    CHECK_OK(dp_client_counters_get(s, &cn));
+    CHECK_EQ_U64(cn.restarts_seen, 1);
+    CHECK(cn.rebinds >= 1);
+    dp_client_close(f);
+    dp_client_close(s);
+    unit_kill(&u);
+}
+
+DP_TEST(restart_same_port_get_first_4k)
+{
+    restart_scenario(4096, false); /* the memcpy path */
+}
+
+DP_TEST(restart_same_port_put_first_4k)
+{
+    restart_scenario(4096, true);
+}
+
+DP_TEST(restart_same_port_get_first_256k)
+{
+    restart_scenario(256 << 10, false); /* UCX's put/get */
+}
+
+DP_TEST(restart_same_port_put_first_256k)
+{
+    restart_scenario(256 << 10, true);
+}
+
+/* ---- a dead unit shows at once ---- */
+
+/*
+ * Two units, one killed: with a 30 s budget, puts, gets, clears and stats
+ * fail that unit's part within seconds as DP_ETRANSFER "down", the other
+ * unit's part works; many retries while it is down wedge nothing; restarted
+ * on its port it serves the same client again.
+ */
+DP_TEST(dead_unit_is_down_at_once_and_comes_back)
+{
+    unit_proc u[2];
+    unit_start(&u[0], 0, "64M", 0, 2);
+    unit_start(&u[1], 0, "64M", 1, 2);
+    dp_client *c = open_units(u, 2, 30);
+    dp_detail d;
+    int st[8], rs[8];
+    enum { LEN = 64 << 10 };
+    CHECK_OK_D(put_rows(c, 0, 8, LEN, 1, rs, &d), &d);
+    unit_kill(&u[1]);
+    double t0 = dp_test_now();
+    CHECK_ERR_D(put_rows(c, 0, 8, LEN, 2, rs, &d), DP_ETRANSFER, &d);
+    double took = dp_test_now() - t0;
+    CHECKF(took < 5.0, "a put to a dead unit took %.1f s of its 30 s budget", took);
+    CHECK_CONTAINS(d.msg, "down");
+    for (uint32_t i = 0; i < 8; i++) /* even rows: unit 0, landed */
+        CHECK_EQ(rs[i], i % 2 == 0 ? 0 : DP_ETRANSFER);
+    t0 = dp_test_now();
+    CHECK_ERR_D(get_rows(c, 0, 8, LEN, 2, st, &d), DP_ETRANSFER, &d);
+    CHECKF(dp_test_now() - t0 < 5.0, "a get took %.1f s", dp_test_now() - t0);
+    for (uint32_t i = 0; i < 8; i += 2)
+        CHECK_EQ(st[i], 0); /* and checked: seed 2 on unit 0 */
+    uint64_t g[2] = {0, 1};
+    t0 = dp_test_now();
+    CHECK_ERR_D(dp_client_clear(c, g, 2, NULL, &d), DP_ETRANSFER, &d);
+    CHECKF(dp_test_now() - t0 < 5.0, "a clear took %.1f s", dp_test_now() - t0);
+    /* Retrying while it is down: fast every time. */
+    t0 = dp_test_now();
+    for (int i = 0; i < 20; i++)
+        CHECK_ERR(put_rows(c, 1, 1, LEN, 9, rs, &d), DP_ETRANSFER);
+    CHECKF(dp_test_now() - t0 < 20.0, "20 puts to a dead unit took %.1f s",
+           dp_test_now() - t0);
+    unit_start(&u[1], u[1].port, "64M", 1, 2);
+    /* The restart is reported once; then everything works. */
+    int rc = put_rows(c, 0, 8, LEN, 3, rs, &d);
+    CHECKF(rc == DP_ERESTARTED, "first put after the restart: %s: %s", dp_errname(rc),
+           d.msg);
+    CHECK_OK_D(put_rows(c, 0, 8, LEN, 3, rs, &d), &d);
+    CHECK_OK_D(get_rows(c, 0, 8, LEN, 3, st, &d), &d);
+    for (uint32_t k = 0; k < 2; k++) {
+        CHECK_EQ(unit_stat(c, k, "retired_bytes"), 0);
+        CHECK_EQ(unit_stat(c, k, "identity_refused"), 0);
+    }
+    dp_client_counters cn;
+    CHECK_OK(dp_client_counters_get(c, &cn));
+    CHECK(cn.units_down >= 20);
+    CHECK_EQ_U64(cn.restarts_seen, 1);
+    dp_client_close(c);
+    unit_kill(&u[0]);
+    unit_kill(&u[1]);
+}
+
+/* ---- clients killed mid-put ---- */
+
+static int hook_fd = -1;
+static const char *hook_stage;
+
+/* In the child: tell the parent the put reached the stage, then wait to die. */
+static void
+stop_at_stage(const char *stage)
+{
+    if (hook_stage == NULL || strcmp(stage, hook_stage) != 0)
+        return;
+    dp_test_write_str(hook_fd, "A");
+    for (;;)
+        pause();
+}
+
+/* A child client that puts 8 MiB over rows 0..7 and is killed at stage. */
+static pid_t
+doomed_client(const char *addr, const char *stage)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(fds[0]);
+        /* A fresh process: exec ourselves into the child role. */
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", fds[1]);
+        setenv("DP_TEST_ROLE", "doomed", 1);
+        setenv("DP_TEST_ADDR", addr, 1);
+        setenv("DP_TEST_FD", fd, 1);
+        setenv("DP_TEST_STAGE", stage, 1);
+        execl("/proc/self/exe", "test_recovery", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char b = 0;
+    CHECKF(dp_test_read_all(fds[0], &b, 1) == 0 && b == 'A',
+           "the doomed client did not reach %s", stage);
+    close(fds[0]);
+    return pid;
+}
+
+static int
+doomed_main(void)
+{
+    hook_fd = atoi(getenv("DP_TEST_FD"));
+    hook_stage = getenv("DP_TEST_STAGE");
+    const char *addr = getenv("DP_TEST_ADDR");
+    dp_client *c = NULL;
+    if (dp_client_open_units(&addr, 1, NULL, &c, NULL) != 0)
+        return 2;
+    dp__client_test_hook = stop_at_stage;
+    enum { LEN = 1 << 20 };
+    uint8_t *buf = NULL;
+    if (dp_client_alloc(c, 8 * LEN, (void **)&buf, NULL) != 0)
+        return 2;
+    uint64_t g[8];
+    dp_value v[8];
+    for (int i = 0; i < 8; i++) {
+        g[i] = (uint64_t)i;
+        memset(buf + (size_t)i * LEN, 0xdd, LEN);
+        v[i] = (dp_value){buf + (size_t)i * LEN, LEN, DP_KIND_BYTES, NULL, NULL, 0};
+    }
+    const char *f[] = {"v"};
+    dp_client_put(c, g, 8, f, 1, v, NULL, NULL);
+    return 3; /* never reached: killed at the stage */
+}
+
+/*
+ * Ten clients SIGKILLed mid-put, one after the other (before their WRITE, or
+ * after it and before their commit): once the grace period has passed the
+ * unit has its free space back, and no row's bytes changed.
+ */
+DP_TEST(clients_killed_mid_put_cost_nothing)
+{
+    unit_proc u;
+    unit_start(&u, 0, "128M", 0, 1);
+    dp_client *c = open_units(&u, 1, 30);
+    dp_detail d;
+    int st[8], rs[8];
+    enum { LEN = 1 << 20 };
+    CHECK_OK_D(put_rows(c, 0, 8, LEN, 7, rs, &d), &d);
+    double base = unit_stat(c, 0, "allocated_bytes");
+    for (int k = 0; k < 10; k++) {
+        pid_t pid = doomed_client(u.addr, k % 2 == 0 ? "put:allocated" : "put:written");
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    CHECKF(unit_stat(c, 0, "allocated_bytes") >= base + 10 * 8.0 * LEN,
+           "the ten open allocations should hold their regions until reclaimed");
+    double t0 = dp_test_now(), alloc = 0;
+    while (dp_test_now() - t0 < 30) {
+        alloc = unit_stat(c, 0, "allocated_bytes");
+        if (alloc == base)
+            break;
+        dp_sleep_s(0.25);
+    }
+    CHECKF(alloc == base, "allocated %.0f bytes, %.0f before the kills", alloc, base);
+    printf("  free space back after %.1f s\n", dp_test_now() - t0);
+    CHECK_EQ(unit_stat(c, 0, "allocs_reclaimed"), 10);
+    CHECK_EQ(unit_stat(c, 0, "retired_bytes"), 0);
+    CHECK_OK_D(get_rows(c, 0, 8, LEN, 7, st, &d), &d); /* unchanged, byte for byte */
+    /* And the space is usable: a put of most of the slab lands. */
+    uint8_t *big = NULL;
+    CHECK_OK(dp_client_alloc(c, 100 << 20, (void **)&big, NULL));
+    memset(big, 1, 100 << 20);
+    uint64_t g = 50;
+    const char *f[] = {"big"};
+    dp_value v = {big, 100 << 20, DP_KIND_BYTES, NULL, NULL, 0};
+    CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
+    dp_client_free(c, big);
+    dp_client_close(c);
+    unit_kill(&u);
+}
+
+/* ---- retired regions: reclaimed when provably safe, else kept ---- */
+
+/*
+ * A child that allocates on addr as writer (its own pid and host key, the
+ * lane given), then aborts with in_flight (the unit retires the region) and
+ * exits.
+ */
+static int
+retire_main(void)
+{
+    const char *addr = getenv("DP_TEST_ADDR");
+    const char *lane = getenv("DP_TEST_LANE");
+    const char *host = getenv("DP_TEST_HOST");
+    dp_ctl_client *cc = NULL;
+    if (dp_ctl_client_create(&cc, NULL) != 0)
+        return 2;
+    char wid[40];
+    snprintf(wid, sizeof wid, "w-%ld", (long)getpid());
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ALLOC;
+    q.rid = dp_wire_s("a1");
+    q.a.alloc = (dp_wire_alloc_args){dp_wire_s(wid),
+                                     4 << 20,
+                                     0,
+                                     false,
+                                     dp_wire_s(wid),
+                                     (uint64_t)getpid(),
+                                     dp_wire_s(host[0] ? host : dp_host_key()),
+                                     dp_wire_s(lane)};
+    dp_buf b = {0}, rep = {0};
+    if (dp_wire_request_encode(&q, NULL, &b, NULL) != 0 ||
+        dp_ctl_call(cc, addr, b.data, b.len, "a1", 10, &rep, NULL) != 0)
+        return 2;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ABORT;
+    q.rid = dp_wire_s("a2");
+    q.a.abort.blob_id = dp_wire_s(wid);
+    q.a.abort.in_flight = true;
+    dp_buf_reset(&b);
+    if (dp_wire_request_encode(&q, NULL, &b, NULL) != 0 ||
+        dp_ctl_notify(cc, addr, b.data, b.len, NULL) != 0)
+        return 2;
+    /* A ping on the same socket: the abort was handled before its answer. */
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_PING;
+    q.rid = dp_wire_s("a3");
+    dp_buf_reset(&b);
+    dp_buf_reset(&rep);
+    if (dp_wire_request_encode(&q, NULL, &b, NULL) != 0 ||
+        dp_ctl_call(cc, addr, b.data, b.len, "a3", 10, &rep, NULL) != 0)
+        return 2;
+    dp_buf_fini(&b);
+    dp_buf_fini(&rep);
+    dp_ctl_client_destroy(cc);
+    return 0;
+}
+
+static void
+run_retirer(const char *addr, const char *lane, const char *host)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        setenv("DP_TEST_ROLE", "retire", 1);
+        setenv("DP_TEST_ADDR", addr, 1);
+        setenv("DP_TEST_LANE", lane, 1);
+        setenv("DP_TEST_HOST", host, 1);
+        execl("/proc/self/exe", "test_recovery", (char *)NULL);
+        _exit(127);
+    }
+    CHECK_EQ(dp_test_wait_status(pid), 0);
+}
+
+DP_TEST(retired_regions_come_back_only_when_provably_safe)
+{
+    unit_proc u;
+    unit_start(&u, 0, "64M", 0, 1);
+    dp_client *c = open_units(&u, 1, 30);
+    /* A same-host shared-memory writer that exits: its region comes back. */
+    run_retirer(u.addr, "shm", "");
+    CHECK_EQ(unit_stat(c, 0, "retired_bytes"), 4 << 20);
+    double t0 = dp_test_now();
+    while (unit_stat(c, 0, "retired_bytes") > 0 && dp_test_now() - t0 < 30)
+        dp_sleep_s(0.25);
+    CHECK_EQ(unit_stat(c, 0, "retired_bytes"), 0);
+    CHECK_EQ(unit_stat(c, 0, "reclaimed_bytes"), 4 << 20);
+    CHECK_EQ(unit_stat(c, 0, "allocated_bytes"), 0);
+    /* Over TCP, or from another host, nothing can prove the bytes will not land. */
+    run_retirer(u.addr, "tcp", "");
+    run_retirer(u.addr, "shm", "another-host/1");
+    dp_sleep_s(7); /* past the grace period */
+    CHECK_EQ(unit_stat(c, 0, "retired_bytes"), 8 << 20);
+    CHECK_EQ(unit_stat(c, 0, "retired_kept_bytes"), 8 << 20);
+    CHECK_EQ(unit_stat(c, 0, "reclaimed_bytes"), 4 << 20);
+    dp_client_close(c);
+    unit_kill(&u);
+}
+
+/* ---- bad peers ---- */
+
+typedef struct fake_unit {
+    uint8_t *md;
+    size_t md_len;
+    char addr[128];
+} fake_unit;
+
+static void
+fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+{
+    fake_unit *f = ctx;
+    dp_wire_request q;
+    if (dp_wire_request_decode(msg, len, NULL, &q, NULL) != 0 ||
+        q.op != DP_WIRE_OP_INFO) {
+        dp_wire_request_fini(&q);
+        return;
+    }
+    dp_wire_reply r;
+    memset(&r, 0, sizeof r);
+    r.op = DP_WIRE_OP_INFO;
+    r.rid = q.rid;
+    r.ok = true;
+    r.incarnation = 77;
+    r.r.info = (dp_wire_info){.unit_id = 0,
+                              .n_units = 1,
+                              .zmq = dp_wire_s(f->addr),
+                              .agent = dp_wire_s("fake"),
+                              .metadata = {f->md, (uint32_t)f->md_len},
+                              .slab_bytes = 1 << 20,
+                              .slab_addr = 4096,
+                              .incarnation = 77,
+                              .proto = DP_WIRE_PROTO};
+    dp_wire_reply_encode(&r, NULL, reply, NULL);
+    dp_wire_request_fini(&q);
+}
+
+/*
+ * A unit whose endpoint metadata comes from another UCX version (worker
+ * address and keys UCX could not read: it used to abort inside UCX) is
+ * refused with a clear DP_EPROTO; so is one speaking an older protocol.
+ */
+DP_TEST(peer_of_another_ucx_version_is_refused)
+{
+    dp_endpoint *ep = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_endpoint_create("fake", NULL, &ep, &d), &d);
+    fake_unit f = {0};
+    CHECK_OK_D(dp_endpoint_metadata(ep, &f.md, &f.md_len, &d), &d);
+    f.md[26] ^= 0x7f; /* UCX minor version */
+    dp_ctl_server *s = NULL;
+    CHECK_OK_D(dp_ctl_server_open(NULL, fake_handler, NULL, &f, &s, &d), &d);
+    snprintf(f.addr, sizeof f.addr, "%s", dp_ctl_server_address(s));
+    const char *addr = f.addr;
+    dp_client *c = NULL;
+    CHECK_ERR_D(dp_client_open_units(&addr, 1, NULL, &c, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "UCX");
+    CHECK_CONTAINS(d.msg, "same UCX version");
+    f.md[26] ^= 0x7f;
+    f.md[4] = 1; /* metadata of an older dataplane */
+    CHECK_ERR_D(dp_client_open_units(&addr, 1, NULL, &c, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "older");
+    dp_ctl_server_close(s);
+    free(f.md);
+    dp_endpoint_destroy(ep);
+}
+
+/* The child roles run instead of the tests (the test binary re-executed). */
+__attribute__((constructor)) static void
+role_main(void)
+{
+    const char *role = getenv("DP_TEST_ROLE");
+    if (role == NULL)
+        return;
+    _exit(strcmp(role, "doomed") == 0 ? doomed_main() : retire_main());
+}
