@@ -151,6 +151,9 @@ load_pids(const char *file, int64_t *pids, uint32_t n)
         CHECK(cl.units[i].pid > 0);
         CHECK(strncmp(cl.units[i].zmq, "tcp://127.0.0.1:", 16) == 0);
         CHECK(cl.units[i].agent[0] != '\0');
+        CHECK(cl.units[i].incarnation != 0); /* each unit process's own */
+        for (uint32_t j = 0; j < i; j++)
+            CHECK(cl.units[j].incarnation != cl.units[i].incarnation);
         pids[i] = cl.units[i].pid;
     }
     dp_cluster_fini(&cl);

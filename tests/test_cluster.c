@@ -42,6 +42,7 @@ DP_TEST(save_then_load)
         snprintf(us[i].zmq, sizeof us[i].zmq, "tcp://127.0.0.1:%d", 40000 + i);
         snprintf(us[i].agent, sizeof us[i].agent, "unit-%d", i);
         us[i].pid = 100 + i;
+        us[i].incarnation = i == 1 ? 0 : 0xfedcba9876543210ull + (uint64_t)i;
     }
     dp_cluster c = {3, us}, r;
     char path[512];
@@ -56,6 +57,7 @@ DP_TEST(save_then_load)
         CHECK_STR(r.units[i].zmq, us[i].zmq);
         CHECK_STR(r.units[i].agent, us[i].agent);
         CHECK_EQ(r.units[i].pid, 100 + i);
+        CHECK_EQ_U64(r.units[i].incarnation, us[i].incarnation); /* all 64 bits */
     }
     dp_cluster_fini(&r);
     /* DP_CLUSTER names the directory when no path is given. */
@@ -107,6 +109,12 @@ DP_TEST(bad_files_are_refused_with_the_field)
         {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"tcp://a:1\", \"agent\": "
          "\"u\\n\"}]}",
          "control character"},
+        {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"tcp://a:1\", \"agent\": "
+         "\"u\", \"incarnation\": 12}]}",
+         "units[0].incarnation must be 16 lowercase hex digits"},
+        {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"tcp://a:1\", \"agent\": "
+         "\"u\", \"incarnation\": \"12345678abcdefgh\"}]}",
+         "units[0].incarnation must be 16 lowercase hex digits"},
     };
     for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
         write_text(path, cases[i].text);

@@ -60,6 +60,7 @@ typedef struct dp__cli_unit {
     int rc; /* DP__CLI_DOWN: why */
     dp_detail det;
     char agent[DP_CLUSTER_ADDR_MAX]; /* its endpoint name, from its info */
+    uint64_t incarnation;            /* its process's, from its info */
 } dp__cli_unit;
 
 /* A running cluster as seen from a command. */

@@ -289,6 +289,7 @@ dp__cli_check_units(dp__cli_conn *c, int64_t only, unsigned flags, dp_detail *d)
                              n);
             continue;
         }
+        u->incarnation = in->incarnation;
         if (dp_wire_str_copy(in->agent, u->agent, sizeof u->agent) >= sizeof u->agent) {
             if (rc == DP_OK)
                 rc =

@@ -40,6 +40,9 @@ static const char usage_unit[] =
     "  --slab SIZE          slab size, e.g. 512M, 4G (256M)\n"
     "  --read-pin-s S       how long a resolve pins what it returns (30)\n"
     "  --alloc-lease-s S    an alloc not committed by then is retired, 0 never (300)\n"
+    "  --reclaim-grace-s S  a retired region (or an open alloc) of a writer on this\n"
+    "                       host using shared memory comes back S seconds after its\n"
+    "                       process exited; 'never' keeps retired regions for good (5)\n"
     "  --numa MODE          auto, bind or off (auto); a no-op on one-node machines\n"
     "  --unit-id K          this unit's index in the cluster (0)\n"
     "  --units N            units in the cluster; row g belongs to unit g % N (1)\n"
@@ -68,6 +71,7 @@ dp__cmd_unit(int argc, char **argv)
         O_SLAB,
         O_PIN,
         O_LEASE,
+        O_RECLAIM,
         O_NUMA,
         O_ID,
         O_UNITS,
@@ -82,6 +86,7 @@ dp__cmd_unit(int argc, char **argv)
         {"slab", required_argument, NULL, O_SLAB},
         {"read-pin-s", required_argument, NULL, O_PIN},
         {"alloc-lease-s", required_argument, NULL, O_LEASE},
+        {"reclaim-grace-s", required_argument, NULL, O_RECLAIM},
         {"numa", required_argument, NULL, O_NUMA},
         {"unit-id", required_argument, NULL, O_ID},
         {"units", required_argument, NULL, O_UNITS},
@@ -124,6 +129,13 @@ dp__cmd_unit(int argc, char **argv)
             break;
         case O_LEASE:
             rc = dp_parse_seconds(optarg, &uo.alloc_lease_s, "--alloc-lease-s", &d);
+            break;
+        case O_RECLAIM:
+            if (strcmp(optarg, "never") == 0)
+                uo.reclaim_grace_s = -1;
+            else
+                rc = dp_parse_seconds(optarg, &uo.reclaim_grace_s, "--reclaim-grace-s",
+                                      &d);
             break;
         case O_NUMA:
             if (strcmp(optarg, "auto") == 0)

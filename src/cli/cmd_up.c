@@ -62,6 +62,7 @@ static const char usage_up[] =
     "                       address)\n"
     "  --read-pin-s S       passed to each unit (see 'dataplane unit --help')\n"
     "  --alloc-lease-s S    passed to each unit\n"
+    "  --reclaim-grace-s S  passed to each unit ('never' keeps retired regions)\n"
     "  --numa MODE          passed to each unit: auto, bind or off\n"
     "  --ssd-dir D          SSD tier: passed to each unit when given\n"
     "  --staging SIZE       SSD tier staging area: passed when given\n"
@@ -83,6 +84,7 @@ typedef struct unit_proc {
     int out_fd, err_fd; /* read ends; -1 once closed */
     char addr[DP_CLUSTER_ADDR_MAX];
     char agent[DP_CLUSTER_ADDR_MAX];
+    uint64_t incarnation; /* from its info */
     char out_line[LINE_MAX_];
     size_t out_len;
     char err_line[LINE_MAX_];
@@ -111,7 +113,7 @@ typedef struct up_opts {
     const char *dir;
     const char *bind;
     const char *advertise;
-    const char *read_pin_s, *alloc_lease_s, *numa;
+    const char *read_pin_s, *alloc_lease_s, *reclaim_grace_s, *numa;
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
 } up_opts;
@@ -127,6 +129,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         O_ADVERTISE,
         O_PIN,
         O_LEASE,
+        O_RECLAIM,
         O_NUMA,
         O_SSD,
         O_STAGING,
@@ -142,6 +145,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"advertise", required_argument, NULL, O_ADVERTISE},
         {"read-pin-s", required_argument, NULL, O_PIN},
         {"alloc-lease-s", required_argument, NULL, O_LEASE},
+        {"reclaim-grace-s", required_argument, NULL, O_RECLAIM},
         {"numa", required_argument, NULL, O_NUMA},
         {"ssd-dir", required_argument, NULL, O_SSD},
         {"staging", required_argument, NULL, O_STAGING},
@@ -192,6 +196,11 @@ parse_opts(int argc, char **argv, up_opts *o)
         case O_LEASE:
             rc = dp_parse_seconds(optarg, &s, "--alloc-lease-s", &d);
             o->alloc_lease_s = optarg;
+            break;
+        case O_RECLAIM:
+            if (strcmp(optarg, "never") != 0)
+                rc = dp_parse_seconds(optarg, &s, "--reclaim-grace-s", &d);
+            o->reclaim_grace_s = optarg;
             break;
         case O_NUMA:
             if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "bind") != 0 &&
@@ -426,6 +435,7 @@ spawn_unit(unit_proc *u, uint32_t n, const up_opts *o, dp_detail *d)
     PASS("--advertise", o->advertise);
     PASS("--read-pin-s", o->read_pin_s);
     PASS("--alloc-lease-s", o->alloc_lease_s);
+    PASS("--reclaim-grace-s", o->reclaim_grace_s);
     PASS("--numa", o->numa);
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);
@@ -699,8 +709,10 @@ ask_info(up_state *s, const char *path, double timeout_s, dp_detail *d)
         (rc = dp_ctl_client_create(&c.ctl, d)) != DP_OK ||
         (rc = dp__cli_check_units(&c, -1, 0, d)) != DP_OK)
         goto out;
-    for (uint32_t i = 0; i < s->n; i++)
+    for (uint32_t i = 0; i < s->n; i++) {
         snprintf(s->u[i].agent, sizeof s->u[i].agent, "%s", c.units[i].agent);
+        s->u[i].incarnation = c.units[i].incarnation;
+    }
 out:
     dp__cli_disconnect(&c);
     return rc;
@@ -879,6 +891,7 @@ dp__cmd_up(int argc, char **argv)
         cl.units[i].pid = s.u[i].pid;
         snprintf(cl.units[i].zmq, sizeof cl.units[i].zmq, "%s", s.u[i].addr);
         snprintf(cl.units[i].agent, sizeof cl.units[i].agent, "%s", s.u[i].agent);
+        cl.units[i].incarnation = s.u[i].incarnation;
     }
     rc = dp_cluster_save(path, &cl, &d);
     dp_cluster_fini(&cl);

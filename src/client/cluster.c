@@ -161,6 +161,32 @@ get_str(const cJSON *o, const char *key, char *dst, size_t cap, const char *path
     return DP_OK;
 }
 
+/* An optional 64-bit value written as 16 hex digits (0 when absent). */
+static int
+get_hex64(const cJSON *o, const char *key, uint64_t *out, const char *path, int i,
+          dp_detail *d)
+{
+    *out = 0;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (v == NULL)
+        return DP_OK;
+    const char *s = cJSON_IsString(v) ? v->valuestring : NULL;
+    bool ok = s != NULL && strlen(s) == 16;
+    for (int k = 0; ok && k < 16; k++) {
+        char c = s[k];
+        int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        ok = x >= 0;
+        *out = *out << 4 | (uint64_t)(x >= 0 ? x : 0);
+    }
+    if (!ok) {
+        *out = 0;
+        return dp_fail(d, DP_EPROTO,
+                       "cluster file %s: units[%d].%s must be 16 lowercase hex digits",
+                       path, i, key);
+    }
+    return DP_OK;
+}
+
 static int
 get_int(const cJSON *o, const char *key, double lo, double hi, bool required,
         int64_t *out, const char *path, int i, dp_detail *d)
@@ -224,7 +250,8 @@ dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
                 0 ||
             (rc = get_int(u, "pid", 0, 4194304, false, &pid, path, i, d)) != 0 ||
             (rc = get_str(u, "zmq", cu->zmq, sizeof cu->zmq, path, i, d)) != 0 ||
-            (rc = get_str(u, "agent", cu->agent, sizeof cu->agent, path, i, d)) != 0)
+            (rc = get_str(u, "agent", cu->agent, sizeof cu->agent, path, i, d)) != 0 ||
+            (rc = get_hex64(u, "incarnation", &cu->incarnation, path, i, d)) != 0)
             goto out;
         if (id != i) {
             rc = dp_fail(d, DP_EPROTO,
@@ -252,6 +279,13 @@ out:
     return rc;
 }
 
+static const char *
+hex16(uint64_t v, char out[17])
+{
+    snprintf(out, 17, "%016llx", (unsigned long long)v);
+    return out;
+}
+
 int
 dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
 {
@@ -266,12 +300,16 @@ dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
     }
     for (uint32_t i = 0; i < c->n_units; i++) {
         const dp_cluster_unit *u = &c->units[i];
+        char inc[17];
         cJSON *o = cJSON_CreateObject();
         if (o == NULL || !cJSON_AddItemToArray(units, o) ||
             cJSON_AddNumberToObject(o, "id", u->id) == NULL ||
             cJSON_AddStringToObject(o, "zmq", u->zmq) == NULL ||
             cJSON_AddStringToObject(o, "agent", u->agent) == NULL ||
-            cJSON_AddNumberToObject(o, "pid", (double)u->pid) == NULL) {
+            cJSON_AddNumberToObject(o, "pid", (double)u->pid) == NULL ||
+            (u->incarnation != 0 &&
+             cJSON_AddStringToObject(o, "incarnation", hex16(u->incarnation, inc)) ==
+                 NULL)) {
             rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
             goto out;
         }

@@ -4,8 +4,14 @@
  * units[gidx % n_units], so the order is part of the data's placement.
  *
  *   {"version": 1,
- *    "units": [{"id": 0, "zmq": "tcp://127.0.0.1:41234", "agent": "unit-0", "pid": 123},
+ *    "units": [{"id": 0, "zmq": "tcp://127.0.0.1:41234", "agent": "unit-0", "pid": 123,
+ *               "incarnation": "9f3c0a5d11e2b7c4"},
  *              ...]}
+ *
+ * pid and incarnation (the unit process's random id, 16 hex digits: a JSON
+ * number would lose bits) are optional: a file written by hand may leave
+ * them out. A client binds to whatever incarnation answers; the file's only
+ * tells a reader which process `up` started.
  *
  * Where it is: an explicit path (a file, or a directory holding cluster.json),
  * else $DP_CLUSTER (same forms), else the default directory
@@ -30,6 +36,7 @@ typedef struct dp_cluster_unit {
     char zmq[DP_CLUSTER_ADDR_MAX];   /* "tcp://ip:port" */
     char agent[DP_CLUSTER_ADDR_MAX]; /* the unit's endpoint name */
     int64_t pid;                     /* 0 when unknown (another machine) */
+    uint64_t incarnation;            /* 0 when unknown */
 } dp_cluster_unit;
 
 typedef struct dp_cluster {

@@ -18,6 +18,11 @@
  *   drains, sending each reply behind its saved routing id. The outbox is
  *   reference counted (the server and every open token), so a token may
  *   outlive the server: its reply is then dropped.
+ * - Down detection: every client socket carries a monitor (a PAIR socket on
+ *   an inproc endpoint, owned with it), heartbeats and a connect timeout. A
+ *   wait fails a request at once when the connection that carried it drops,
+ *   or when it was sent unconnected and two connect attempts failed since;
+ *   the snapshot taken at the send (sent_*) tells which events are later.
  * - Lock order: the pool mutex and the outbox mutex are leaves; no ZMQ call
  *   blocks while either is held.
  */

@@ -14,10 +14,15 @@
  *
  * Lifecycle of a region (invariant 1, no reuse under a transfer):
  *   alloc -> uncommitted: a client WRITE may be running into it.
- *     commit (index validates)  -> published
+ *     commit (index validates   -> published
+ *       and names this alloc)
  *     abort(in_flight=false)    -> freed now (the writer says nothing runs)
- *     abort(in_flight=true)     -> retired: never freed, counted in retired_bytes
+ *     abort(in_flight=true)     -> retired, counted in retired_bytes
  *     lease (alloc_lease_s)     -> retired, as abort(in_flight=true)
+ *     its writer is gone        -> freed (writers.h: same-host, shared memory,
+ *                                  process exited, reclaim_grace_s ago)
+ *   retired: handed back when its writer is gone (writers.h), else kept for
+ *     good (retired_kept_bytes).
  *   published, refs > 0: readers resolve it; each resolve pins it.
  *     refs reach 0 (overwrite, release_rows):
  *       not pinned              -> freed now, or quarantined if a pin on it
@@ -25,6 +30,13 @@
  *       pinned                  -> zombie until its last pin ends, then as above
  * A pin ended by unpin means the reader is done; a pin that expired marks its
  * blobs, so their region goes through quarantine (quarantine_s) before reuse.
+ *
+ * Identity. Each allocation gets a token (a counter); the blob's header must
+ * name it and this unit's incarnation (drawn at create) for its commit to
+ * publish it, so bytes left in a recycled region by an earlier put, or
+ * written for an earlier process on the same port, are never published.
+ * An allocation holds a reference to its writer (writers.h) until its commit
+ * validates; a retired region holds one until it is handed back.
  *
  * Refs. A published record's refs is the number of row-index slots pointing
  * at it; the slots are the only counted references. Pins do not hold refs:
