@@ -220,7 +220,9 @@ main(int argc, char **argv)
         dp_wire_request q = {.op = (dp_wire_op)op, .rid = dp_wire_s("0123abcd-1f")};
         switch (q.op) {
         case DP_WIRE_OP_ALLOC:
-            q.a.alloc = (dp_wire_alloc_args){dp_wire_s("blob-1"), 1 << 20, 64, true};
+            q.a.alloc = (dp_wire_alloc_args){
+                dp_wire_s("blob-1"), 1 << 20,         64, true, dp_wire_s("c0ffee"), 4242,
+                dp_wire_s("boot/1"), dp_wire_s("shm")};
             break;
         case DP_WIRE_OP_COMMIT:
             q.a.commit.blob_id = dp_wire_s("blob-1");
@@ -261,7 +263,11 @@ main(int argc, char **argv)
         if (dp_wire_op_is_notify(q.op))
             continue;
 
-        dp_wire_reply r = {.op = q.op, .rid = q.rid, .ok = true};
+        /* Every other op's reply carries an incarnation (the 4-element form). */
+        dp_wire_reply r = {.op = q.op,
+                           .rid = q.rid,
+                           .ok = true,
+                           .incarnation = op % 2 ? 0x1234abcdull : 0};
         switch (r.op) {
         case DP_WIRE_OP_PING:
             r.r.unit_id = 3;
@@ -274,7 +280,13 @@ main(int argc, char **argv)
                                       {md, sizeof md - 1},
                                       1ull << 31,
                                       1ull << 28,
-                                      dp_wire_s("node0")};
+                                      dp_wire_s("node0"),
+                                      1ull << 40,
+                                      30000,
+                                      0x9f3c0a5d11e2b7c4ull,
+                                      DP_WIRE_PROTO,
+                                      4242,
+                                      dp_wire_s("boot-id/4026531836")};
             break;
         case DP_WIRE_OP_ALLOC:
             r.r.alloc.off = 1ull << 20;
@@ -324,9 +336,9 @@ main(int argc, char **argv)
     static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO};
     for (size_t i = 0; i < 4; i++) {
         dp_buf_reset(&b);
-        if (dp_wire_reply_encode_error(dp_wire_s("0123abcd-20"), 0, codes[i], "no room",
-                                       i == 1 ? "pins held" : NULL, keys, i == 2 ? 2 : 0,
-                                       NULL, &b, NULL) != DP_OK)
+        if (dp_wire_reply_encode_error(dp_wire_s("0123abcd-20"), i * 77, codes[i],
+                                       "no room", i == 1 ? "pins held" : NULL, keys,
+                                       i == 2 ? 2 : 0, NULL, &b, NULL) != DP_OK)
             abort();
         snprintf(name, sizeof name, "err_%s", dp_wire_err_kind(codes[i]));
         emit((uint8_t)(1 + DP_WIRE_OP_ALLOC), &b, name);

@@ -982,6 +982,108 @@ DP_TEST(stopped_peer_times_out_and_is_retained)
     set_tls(NULL);
 }
 
+/*
+ * A retained WRITE (its peer stopped) that completes once the peer runs
+ * again leaves the graveyard at the next progress: its memory may be reused,
+ * deregistered, and the endpoint closes normally. Over tcp, where the stopped
+ * peer's progress thread serves the emulated RMA.
+ */
+DP_TEST(retained_transfer_is_released_once_it_ends)
+{
+    set_tls("tcp");
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-r", 4 * MiB, true, 9), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-r", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    dp_range l = {(uint64_t)(uintptr_t)a, 2 * MiB}, r = {p.base, 2 * MiB};
+    uint64_t bytes0 = dp_graveyard_bytes();
+    size_t entries0 = dp_graveyard_entries(), released0 = dp_graveyard_released();
+    kill(p.pid, SIGSTOP);
+    int wst;
+    CHECK_EQ(waitpid(p.pid, &wst, WUNTRACED), p.pid);
+    dp_xfer_desc op = {DP_XFER_WRITE, &l, 1, &r, 1, "peer-r"};
+    int res = 0;
+    dp_xfer_end end = DP_XFER_NOT_POSTED;
+    CHECK_ERR_D(
+        dp_endpoint_transfer_many_ends(ep, &op, 1, 0.5, &res, NULL, &end, NULL, NULL, &d),
+        DP_ETIMEDOUT, &d);
+    CHECK_EQ(end, DP_XFER_UNFINISHED);
+    CHECK(dp_endpoint_touches_unfinished(ep, a, 1));
+    CHECK_EQ_U64(dp_graveyard_entries(), entries0 + 1);
+    kill(p.pid, SIGCONT);
+    /* Progress (as the next operation does) until UCX completes the WRITE. */
+    double t0 = dp_test_now();
+    while (dp_endpoint_touches_unfinished(ep, a, 1) && dp_test_now() - t0 < 20) {
+        CHECK_OK_D(dp_endpoint_remote_check(ep, "peer-r", &d), &d);
+        usleep(10000);
+    }
+    CHECK(!dp_endpoint_touches_unfinished(ep, a, 2 * MiB));
+    CHECK_EQ_U64(dp_graveyard_entries(), entries0);
+    CHECK_EQ_U64(dp_graveyard_bytes(), bytes0);
+    CHECK_EQ_U64(dp_graveyard_released(), released0 + 1);
+    dp_endpoint_stats st;
+    dp_endpoint_get_stats(ep, &st);
+    CHECK_EQ_U64(st.transfers_retained, 1);
+    CHECK_EQ_U64(st.transfers_released, 1);
+    /* The memory is usable again, and a new WRITE works. */
+    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-r", 20, &d),
+               &d);
+    CHECK_OK_D(dp_endpoint_deregister(ep, a, &d), &d);
+    dp_endpoint_destroy(ep); /* not abandoned: nothing is retained */
+    peer_stop(&p);
+    set_tls(NULL);
+}
+
+/*
+ * A WRITE to a peer that died: it is not posted, and says so (the put's
+ * abort then tells the unit nothing is in flight); the remote check reports
+ * the failure. Shared memory, where a dead peer shows through keepalive.
+ */
+DP_TEST(dead_peer_is_reported_and_not_posted)
+{
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-x", 4 * MiB, true, 9), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp_endpoint_create("client-x", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp_endpoint_remote_check(ep, "peer-x", &d), &d);
+    dp_xfer_lane lane = DP_XFER_LANE_UNKNOWN;
+    char tls[64];
+    CHECK_OK_D(dp_endpoint_remote_lane(ep, "peer-x", &lane, tls, sizeof tls, &d), &d);
+    printf("  lane %s (%s)\n", dp_xfer_lane_name(lane), tls);
+    CHECK(lane == DP_XFER_LANE_SHM || getenv("UCX_TLS") != NULL);
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, NULL, 0);
+    p.pid = -1;
+    double t0 = dp_test_now();
+    int rc = DP_OK;
+    while ((rc = dp_endpoint_remote_check(ep, "peer-x", &d)) == DP_OK &&
+           dp_test_now() - t0 < 30)
+        usleep(20000);
+    CHECK_ERR_D(rc, DP_ETRANSFER, &d);
+    printf("  failure seen after %.2f s: %s\n", dp_test_now() - t0, d.msg);
+    dp_range l = {(uint64_t)(uintptr_t)a, 2 * MiB}, r = {p.base, 2 * MiB};
+    dp_xfer_desc op = {DP_XFER_WRITE, &l, 1, &r, 1, "peer-x"};
+    int res = 0;
+    dp_xfer_end end = DP_XFER_UNFINISHED;
+    dp_detail det;
+    CHECK_ERR_D(
+        dp_endpoint_transfer_many_ends(ep, &op, 1, 5, &res, &det, &end, NULL, NULL, &d),
+        DP_ETRANSFER, &d);
+    CHECK_EQ(end, DP_XFER_NOT_POSTED);
+    CHECK_CONTAINS(det.msg, "nothing posted");
+    CHECK(!dp_endpoint_touches_unfinished(ep, a, 4 * MiB));
+    dp_endpoint_destroy(ep);
+    peer_stop(&p);
+}
+
 DP_TEST(stopped_peer_does_not_block_shared_memory)
 {
     /* Over shared memory RMA is truly one-sided: a stopped peer is no obstacle. */

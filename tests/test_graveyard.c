@@ -132,6 +132,46 @@ poison_body(void)
     C(dp_graveyard_poisoned());
 }
 
+static void
+release_body(void)
+{
+    static int a, b, c;
+    dp_range ra[2] = {{1000, 100}, {3000, 10}}, rb = {1050, 100};
+    dp_graveyard_retain(&a, ra, 2, "a");
+    dp_graveyard_retain(&b, &rb, 1, "b");
+    C(dp_graveyard_entries() == 2 && dp_graveyard_bytes() == 210);
+    /* Releasing a keeps what b still names, and only that. */
+    C(dp_graveyard_release(&a));
+    C(!dp_graveyard_release(&a)); /* once */
+    C(!dp_graveyard_release(&c)); /* never retained */
+    C(dp_graveyard_entries() == 1 && dp_graveyard_bytes() == 100);
+    C(dp_graveyard_released() == 1);
+    C(!dp_graveyard_touches(1000, 50));
+    C(dp_graveyard_touches(1050, 1) && dp_graveyard_touches(1149, 1));
+    C(!dp_graveyard_touches(1150, 10));
+    C(!dp_graveyard_touches(3000, 10));
+    C(dp_graveyard_release(&b));
+    C(dp_graveyard_entries() == 0 && dp_graveyard_bytes() == 0);
+    C(!dp_graveyard_touches(0, 1 << 20));
+    /* Whole retired buffers are charged and uncharged by size. */
+    dp_graveyard_retain_buffer(4096);
+    C(dp_graveyard_bytes() == 4096);
+    dp_graveyard_release_buffer(4096);
+    C(dp_graveyard_bytes() == 0);
+    /* A poisoned process stays poisoned after releases. */
+    dp_graveyard_set_max_bytes(10);
+    dp_graveyard_retain(&c, ra, 1, "c");
+    C(dp_graveyard_poisoned());
+    C(dp_graveyard_release(&c));
+    C(dp_graveyard_poisoned() && dp_graveyard_check(NULL) == DP_EFATAL);
+}
+
+/* A transfer that ended after all leaves the graveyard; the others' ranges stay. */
+DP_TEST(release_of_a_transfer_that_ended)
+{
+    IN_CHILD(release_body());
+}
+
 DP_TEST(poisoned_past_max_bytes_and_sticky)
 {
     IN_CHILD(poison_body());

@@ -1897,3 +1897,125 @@ DP_TEST(zmq_pinned_read_survives_release)
     dp_ctl_client_destroy(c);
     CHECK_EQ(peer_stop(&up, SIGTERM), 0);
 }
+
+/* ---- writers: retired regions come back when their writer is gone ---- */
+
+static dp_wire_alloc_args
+writer_alloc(const char *id, uint64_t nbytes, const char *writer, pid_t pid,
+             const char *host, const char *lane)
+{
+    return (dp_wire_alloc_args){
+        dp_wire_s(id),   nbytes,         0, false, dp_wire_s(writer), (uint64_t)pid,
+        dp_wire_s(host), dp_wire_s(lane)};
+}
+
+/*
+ * A same-host shared-memory writer's retired region and its open allocation
+ * come back reclaim_grace_s after its process exited (a real child, watched
+ * through a pidfd), not before; a TCP writer's, another host's and an
+ * unnamed writer's retired regions are kept for good. Tokens: a retried
+ * alloc answers the same one, a new alloc another.
+ */
+DP_TEST(gone_writers_regions_come_back)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    fflush(NULL);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;)
+            pause();
+    }
+    const char *host = dp_host_key();
+    CHECK(host[0] != '\0');
+    dp_wire_alloc_res r1, r1b, r2, r3, r4, r5;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_wire_alloc_args a = writer_alloc("open", 4096, "w1", child, host, "shm");
+    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r1, NULL, &d), &d);
+    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r1b, NULL, &d), &d); /* retried */
+    CHECK_EQ_U64(r1b.off, r1.off);
+    CHECK_EQ_U64(r1b.token, r1.token);
+    a = writer_alloc("retired", 8192, "w1", child, host, "shm");
+    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r2, NULL, &d), &d);
+    CHECK(r2.token != r1.token);
+    dp_unit_abort(u, "retired", 7, true);
+    a = writer_alloc("tcp", 4096, "w2", child, host, "tcp");
+    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r3, NULL, &d), &d);
+    dp_unit_abort(u, "tcp", 3, true);
+    a = writer_alloc("far", 4096, "w3", child, "another-host/1", "shm");
+    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r4, NULL, &d), &d);
+    dp_unit_abort(u, "far", 3, true);
+    a = writer_alloc("anon", 4096, "", 0, "", "");
+    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r5, NULL, &d), &d);
+    dp_unit_abort(u, "anon", 4, true);
+    dp_unit_stats s = stats(u);
+    CHECK_EQ(s.retired_bytes, 8192 + 3 * 4096);
+    CHECK_EQ(s.retired_kept_bytes, 3 * 4096);
+    CHECK_EQ(s.writers, 1); /* only w1's can ever be proved gone: tracked */
+    /* Alive: nothing comes back (30 s: within the alloc's 60 s lease). */
+    fake_t += 30;
+    dp_unit_tick(u);
+    s = stats(u);
+    CHECK_EQ(s.retired_bytes, 8192 + 3 * 4096);
+    CHECK_EQ(s.blobs, 1);
+    CHECK_EQ(s.writers_gone, 0);
+    /* Gone: seen at the next tick, handed back grace (5 s) later. */
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    dp_unit_tick(u);
+    s = stats(u);
+    CHECK_EQ(s.writers_gone, 1);
+    CHECK_EQ(s.retired_bytes, 8192 + 3 * 4096);
+    fake_t += 4;
+    dp_unit_tick(u);
+    CHECK_EQ(stats(u).blobs, 1);
+    fake_t += 2;
+    dp_unit_tick(u);
+    s = stats(u);
+    CHECK_EQ(s.retired_bytes, 3 * 4096);
+    CHECK_EQ(s.retired_kept_bytes, 3 * 4096);
+    CHECK_EQ(s.reclaimed_bytes, 8192);
+    CHECK_EQ(s.n_reclaimed, 1);
+    CHECK_EQ(s.allocs_reclaimed, 1);
+    CHECK_EQ(s.allocs_reclaimed_bytes, 4096);
+    CHECK_EQ(s.blobs, 0);
+    CHECK_EQ(s.allocated_bytes, 3 * 4096);
+    dp_wire_commit_state st;
+    CHECK_OK(dp_unit_commit(u, "open", 4, &st, NULL));
+    CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
+    check_unit(u);
+    /* The space is reusable: the freed regions are allocated again. */
+    uint64_t off;
+    CHECK_OK(dp_unit_alloc(u, "again", 5, 8192 + 4096, 0, &off, NULL, NULL));
+    dp_unit_destroy(u);
+}
+
+/* release_rows of a row another unit owns: Protocol error, nothing released. */
+DP_TEST(release_rows_of_another_unit_is_refused)
+{
+    dp_unit *u = mk_unit(1 << 20, 2, 1);
+    const char *keys[] = {"1@a"};
+    tblob t = mk_blob(keys, 1, 64, 1);
+    put_blob(u, "b", &t);
+    uint64_t g[2] = {1, 2}; /* 2 belongs to unit 0 */
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    q.rid = dp_wire_s("r1");
+    q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
+    dp_wire_reply r;
+    bool replied = false;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
+    char msg[512];
+    dp_wire_str_copy(r.err.msg, msg, sizeof msg);
+    CHECK_CONTAINS(msg, "row 2 belongs to unit 0");
+    CHECK(r.incarnation == dp_unit_incarnation(u));
+    dp_wire_reply_fini(&r);
+    CHECK_EQ(stats(u).entries, 1);
+    free(t.p);
+    dp_unit_destroy(u);
+}
