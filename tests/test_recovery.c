@@ -562,7 +562,6 @@ DP_TEST(retired_regions_come_back_only_when_provably_safe)
 typedef struct fake_unit {
     uint8_t *md;
     size_t md_len;
-    char addr[128];
 } fake_unit;
 
 static void
@@ -583,7 +582,7 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
     r.incarnation = 77;
     r.r.info = (dp_wire_info){.unit_id = 0,
                               .n_units = 1,
-                              .zmq = dp_wire_s(f->addr),
+                              .zmq = dp_wire_s("tcp://fake:1"),
                               .agent = dp_wire_s("fake"),
                               .metadata = {f->md, (uint32_t)f->md_len},
                               .slab_bytes = 1 << 20,
@@ -607,20 +606,28 @@ DP_TEST(peer_of_another_ucx_version_is_refused)
     CHECK_OK_D(dp_endpoint_create("fake", NULL, &ep, &d), &d);
     fake_unit f = {0};
     CHECK_OK_D(dp_endpoint_metadata(ep, &f.md, &f.md_len, &d), &d);
-    f.md[26] ^= 0x7f; /* UCX minor version */
-    dp_ctl_server *s = NULL;
-    CHECK_OK_D(dp_ctl_server_open(NULL, fake_handler, NULL, &f, &s, &d), &d);
-    snprintf(f.addr, sizeof f.addr, "%s", dp_ctl_server_address(s));
-    const char *addr = f.addr;
-    dp_client *c = NULL;
-    CHECK_ERR_D(dp_client_open_units(&addr, 1, NULL, &c, &d), DP_EPROTO, &d);
-    CHECK_CONTAINS(d.msg, "UCX");
-    CHECK_CONTAINS(d.msg, "same UCX version");
-    f.md[26] ^= 0x7f;
-    f.md[4] = 1; /* metadata of an older dataplane */
-    CHECK_ERR_D(dp_client_open_units(&addr, 1, NULL, &c, &d), DP_EPROTO, &d);
-    CHECK_CONTAINS(d.msg, "older");
-    dp_ctl_server_close(s);
+    /* The server thread reads f: change it only while no server runs. */
+    for (int variant = 0; variant < 2; variant++) {
+        if (variant == 0)
+            f.md[26] ^= 0x7f; /* UCX minor version */
+        else
+            f.md[4] = 1; /* metadata of an older dataplane */
+        dp_ctl_server *s = NULL;
+        CHECK_OK_D(dp_ctl_server_open(NULL, fake_handler, NULL, &f, &s, &d), &d);
+        char addr[128];
+        snprintf(addr, sizeof addr, "%s", dp_ctl_server_address(s));
+        const char *ap = addr;
+        dp_client *c = NULL;
+        CHECK_ERR_D(dp_client_open_units(&ap, 1, NULL, &c, &d), DP_EPROTO, &d);
+        dp_ctl_server_close(s);
+        if (variant == 0) {
+            CHECK_CONTAINS(d.msg, "UCX");
+            CHECK_CONTAINS(d.msg, "same UCX version");
+            f.md[26] ^= 0x7f;
+        } else {
+            CHECK_CONTAINS(d.msg, "older");
+        }
+    }
     free(f.md);
     dp_endpoint_destroy(ep);
 }

@@ -838,6 +838,18 @@ dp__cmd_bench(int argc, char **argv)
            pctl(&put, 0.99) * 1e3, pctl(&get, 0.5) * 1e3, pctl(&get, 0.99) * 1e3,
            pctl(&clr, 0.5) * 1e3);
 out:
+    if (cl != NULL) {
+        /* What the client did to stay correct: visible, so nobody misses it. */
+        dp_client_counters cn;
+        if (dp_client_counters_get(cl, &cn) == DP_OK &&
+            (cn.restarts_seen | cn.rebinds | cn.units_down | cn.transfers_retained |
+             cn.transfers_released) != 0)
+            printf("client: %" PRIu64 " unit restarts seen, %" PRIu64
+                   " re-binds, %" PRIu64 " unit parts down, %" PRIu64
+                   " transfers retained now (%" PRIu64 " bytes), %" PRIu64 " released\n",
+                   cn.restarts_seen, cn.rebinds, cn.units_down, cn.transfers_retained,
+                   cn.retained_bytes, cn.transfers_released);
+    }
     if (o.registered) {
         dp_client_free(cl, src);
         dp_client_free(cl, dst);

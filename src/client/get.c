@@ -24,18 +24,6 @@
  * Replies are matched to requests in order (the unit answers entries and
  * missing keys in request order); a reply out of order falls back to a
  * search, so a unit that reorders is still understood.
- *
- * Work-around (SSD tier, unit as of 8aa6e44): within one resolve_keys call the
- * unit may start a stage for a pending key that evicts an unpinned staged
- * copy it already listed in the same reply (the call's pin is created only at
- * its end). So a located entry in the IO area that comes before the reply's
- * last pending key is not read in that round: the call's pin is kept, the key
- * is asked again next round, and read then only if it is still at the same
- * offset and the offset was seen in the round just before, whose pin is still
- * held (it has held that copy in place since; the READ deadline counts from
- * that older pin). The kept pin ends after that READ. Entries in the put
- * area are never evicted and are read as usual. Harmless once the unit pins
- * answered copies against its own stages.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -53,13 +41,9 @@ typedef struct key_state {
     int st;
     uint64_t off; /* slab offset (K_READ) */
     uint64_t len;
-    bool staged;         /* READ into staging, then copied */
-    uint64_t soff;       /* its place in the round's staging buffer */
-    uint64_t held_off;   /* IO-area offset seen under a kept pin, or NONE */
-    uint32_t held_round; /* the round that saw it (only the next round may use it) */
+    bool staged;   /* READ into staging, then copied */
+    uint64_t soff; /* its place in the round's staging buffer */
 } key_state;
-
-#define NONE UINT64_MAX
 
 struct dp_values {
     dp_client *c;
@@ -76,10 +60,6 @@ typedef struct unit_round {
     char pin[DP_WIRE_RID_MAX + 32];
     double sent_at;
     bool asked;
-    bool keep_pin;  /* this round's pin is kept until the next round's READ */
-    bool uses_held; /* this round READs entries held by the kept pin */
-    char held_pin[DP_WIRE_RID_MAX + 32]; /* the kept pin of the last round */
-    double held_sent_at;
 } unit_round;
 
 static void
@@ -198,7 +178,6 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         ks[i].unit = (uint32_t)(kp.gidx % N);
         ks[i].klen = (uint32_t)kl;
         ks[i].st = K_ASK;
-        ks[i].held_off = NONE;
         cnt[ks[i].unit + 1]++;
     }
     for (uint32_t u = 0; u < N; u++)
@@ -238,14 +217,11 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
     }
 
     double step = 0.002;
-    uint32_t round_no = 0;
-    for (;; round_no++) {
+    for (;;) {
         /* 1. resolve_keys on every unit with keys still to ask. */
         size_t ns = 0;
         for (uint32_t u = 0; u < N; u++) {
             ur[u].asked = false;
-            ur[u].keep_pin = false;
-            ur[u].uses_held = false;
             ur[u].pin[0] = '\0';
             uint32_t nk = 0;
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
@@ -321,24 +297,6 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
             }
             const dp_wire_resolve_keys_res *res = &rep.r.resolve_keys;
             dp_wire_str_copy(res->pin_id, ur[u].pin, sizeof ur[u].pin);
-            /*
-             * Work-around for the unit (see the file comment): the last key
-             * answered pending; staged copies located before it may have been
-             * evicted by that key's stage within the same call.
-             */
-            uint32_t last_pending = 0;
-            bool any_pending = false;
-            if (res->pending.n > 0) {
-                uint32_t cq = 0;
-                for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
-                    uint32_t i = order[k];
-                    if (ks[i].st == K_ASK &&
-                        match_str(&res->pending, &cq, items[i].key, ks[i].klen) >= 0) {
-                        last_pending = k;
-                        any_pending = true;
-                    }
-                }
-            }
             uint32_t ce = 0, cm = 0, cp = 0, cf = 0;
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
                 uint32_t i = order[k];
@@ -349,23 +307,6 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 if ((x = match_loc(&res->entries, &ce, it->key, ks[i].klen)) >= 0) {
                     const dp_wire_key_loc *l = &res->entries.v[x];
                     const dp__unit_conn *uc = &c->units[u];
-                    if (any_pending && k < last_pending && l->off >= uc->slab_bytes) {
-                        if (ks[i].held_off == l->off &&
-                            ks[i].held_round + 1 == round_no &&
-                            ur[u].held_pin[0] != '\0') {
-                            /* Same copy, pinned by the last round's kept pin, which
-                             * is still held: safe. */
-                            ur[u].uses_held = true;
-                        } else {
-                            /* Maybe evicted by a later stage of this call: keep
-                             * this call's pin and ask again next round. */
-                            ks[i].held_off = l->off;
-                            ks[i].held_round = round_no;
-                            ur[u].keep_pin = true;
-                            again = true;
-                            continue;
-                        }
-                    }
                     it->nbytes = l->len;
                     if (it->desc != NULL)
                         fill_desc(it->desc, l);
@@ -467,8 +408,7 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 continue;
             double pin = c->units[u].read_pin_s;
             double margin = DP_MAX(0.2, 0.1 * pin);
-            double sent = ur[u].uses_held ? ur[u].held_sent_at : ur[u].sent_at;
-            double pin_left = pin - margin - (now - sent);
+            double pin_left = pin - margin - (now - ur[u].sent_at);
             if (pin_left < xfer_left)
                 xfer_left = pin_left;
             ops[nops] = (dp_xfer_desc){DP_XFER_READ, local + r0, nr - r0,
@@ -521,21 +461,10 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 items[i].status = 0;
                 ks[i].st = K_DONE;
             }
-        /*
-         * 5. Unpin: the last round's kept pin (its READs are done), and this
-         * round's pin unless entries it holds are asked again next round.
-         */
-        for (uint32_t u = 0; u < N; u++) {
-            unpin_locked(c, u, ur[u].held_pin);
-            if (!ur[u].asked)
-                continue;
-            if (ur[u].keep_pin && ur[u].pin[0] != '\0') {
-                memcpy(ur[u].held_pin, ur[u].pin, sizeof ur[u].pin);
-                ur[u].held_sent_at = ur[u].sent_at;
-            } else {
+        /* 5. Unpin: this round's READs are done. */
+        for (uint32_t u = 0; u < N; u++)
+            if (ur[u].asked)
                 unpin_locked(c, u, ur[u].pin);
-            }
-        }
         if (sbuf != NULL)
             dp__client_buf_put_locked(c, sbuf);
         if (!again)
@@ -544,8 +473,6 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
             break;
         dp__client_backoff(&step, deadline);
     }
-    for (uint32_t u = 0; u < N; u++)
-        unpin_locked(c, u, ur[u].held_pin);
     /* Keys still unresolved: pending or busy for the whole budget. */
     for (size_t i = 0; i < n; i++)
         if (ks[i].st == K_ASK) {
