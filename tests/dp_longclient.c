@@ -25,6 +25,10 @@
  *   clear ROW0 NROWS       ok T dropped=N | err T NAME DETAIL
  *   stats [all]            ok T u0:name=v,name=v u1:down=NAME ... (key
  *                          counters, or all of them) | err T NAME DETAIL ...
+ *   counters               ok T restarts_seen=N,rebinds=N,units_down=N,
+ *                          transfers_retained=N,transfers_released=N,
+ *                          retained_bytes=N (this client's own counters,
+ *                          dp_client_counters_get; one word)
  *   sleep S                ok T
  *   quit                   ok 0.000, then close and exit 0 (also at end of input)
  *
@@ -471,6 +475,30 @@ cmd_stats(char **tok, int ntok)
 }
 
 static void
+cmd_counters(char **tok, int ntok)
+{
+    (void)tok;
+    if (ntok != 1) {
+        answer_err(0, DP_EINVAL, "usage: counters");
+        return;
+    }
+    dp_client_counters k;
+    double t0 = now_s();
+    int rc = dp_client_counters_get(cl, &k);
+    double el = now_s() - t0;
+    if (rc != 0) {
+        answer_err(el, rc, "dp_client_counters_get");
+        return;
+    }
+    answer("ok", el,
+           "restarts_seen=%" PRIu64 ",rebinds=%" PRIu64 ",units_down=%" PRIu64
+           ",transfers_retained=%" PRIu64 ",transfers_released=%" PRIu64
+           ",retained_bytes=%" PRIu64,
+           k.restarts_seen, k.rebinds, k.units_down, k.transfers_retained,
+           k.transfers_released, k.retained_bytes);
+}
+
+static void
 cmd_sleep(char **tok, int ntok)
 {
     char *end = NULL;
@@ -496,8 +524,9 @@ on_signal(int sig)
 
 static const char usage[] =
     "usage: dp_longclient (--cluster PATH | --units tcp://a,tcp://b) [--timeout S]\n"
-    "Reads commands from stdin (put, get, clear, stats, sleep, quit), one line\n"
-    "each, and answers each with one line on stdout (see the source's header).\n";
+    "Reads commands from stdin (put, get, clear, stats, counters, sleep, quit),\n"
+    "one line each, and answers each with one line on stdout (see the source's\n"
+    "header).\n";
 
 int
 main(int argc, char **argv)
@@ -608,6 +637,8 @@ main(int argc, char **argv)
             cmd_clear(tok, ntok);
         } else if (strcmp(tok[0], "stats") == 0) {
             cmd_stats(tok, ntok);
+        } else if (strcmp(tok[0], "counters") == 0) {
+            cmd_counters(tok, ntok);
         } else if (strcmp(tok[0], "sleep") == 0) {
             cmd_sleep(tok, ntok);
         } else if (strcmp(tok[0], "quit") == 0) {
@@ -615,8 +646,8 @@ main(int argc, char **argv)
             break;
         } else {
             answer_err(0, DP_EINVAL,
-                       "unknown command %s (put, get, clear, stats, sleep, "
-                       "quit)",
+                       "unknown command %s (put, get, clear, stats, counters, "
+                       "sleep, quit)",
                        tok[0]);
         }
         if (ferror(answers)) {

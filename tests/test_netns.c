@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "dp_netns.h"
+#include "dp_lc.h"
 
 #ifndef DP_CLI_PATH
 #error "DP_CLI_PATH must name the dataplane binary"
@@ -39,130 +40,18 @@
 #define ROWS "0 16 65536"    /* ROW0 NROWS BYTES of the checked batch */
 #define SPARE "100 16 65536" /* rows written during faults (outcome unknown) */
 
-/* A topology, or exit 77 with the reason when the machine does not allow one. */
+/* A topology, or exit 77 with the reason. */
 static dp_netns *
 topology(uint32_t n_hosts, unsigned flags)
 {
-    dp_netns *n = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    int rc = dp_netns_create(n_hosts, flags, &n, &d);
-    if (rc == DP_EUNSUPPORTED) {
-        printf("SKIP test_netns: %s\n", dp_detail_msg(&d));
-        fflush(NULL);
-        exit(77);
-    }
-    CHECK_OK_D(rc, &d);
-    return n;
+    return dp_lc_topology("test_netns", n_hosts, flags);
 }
 
-static double t_start;
-
-/* A progress line with the time since the test began and the step's duration. */
+/* After a fault is lifted: the checked rows back, then a new seed put and got. */
 static void
-step(double t0, const char *what)
+recover(dp_lc *c, const char *fault, int seed_old, int seed_new)
 {
-    double t = dp_test_now();
-    printf("  [%6.2f s] %-48s %7.3f s\n", t - t_start, what, t - t0);
-}
-
-/* One answer of dp_longclient: "<verdict> <elapsed> <rest>". */
-typedef struct answer {
-    char line[8192];
-    char verdict[16];
-    double elapsed; /* the library call, as the client measured it */
-    double wall;    /* the whole exchange, as the test saw it */
-    const char *rest;
-} answer;
-
-static void
-ask(dp_netns_proc *c, const char *cmd, answer *a)
-{
-    dp_detail d;
-    dp_detail_clear(&d);
-    double t0 = dp_test_now();
-    int rc = dp_netns_ask(c, cmd, a->line, sizeof a->line, CLIENT_TIMEOUT_S + 20, &d);
-    a->wall = dp_test_now() - t0;
-    CHECKF(rc == 0, "`%s`: no answer: %s (%s)", cmd, dp_detail_msg(&d), dp_errname(rc));
-    a->verdict[0] = '\0';
-    a->elapsed = -1;
-    int used = 0;
-    CHECKF(sscanf(a->line, "%15s %lf %n", a->verdict, &a->elapsed, &used) >= 2,
-           "`%s`: malformed answer \"%s\"", cmd, a->line);
-    a->rest = a->line + used;
-    printf("    %-24s -> %.200s%s\n", cmd, a->line, strlen(a->line) > 200 ? "..." : "");
-}
-
-static void
-ask_ok(dp_netns_proc *c, const char *cmd, answer *a)
-{
-    ask(c, cmd, a);
-    CHECKF(strcmp(a->verdict, "ok") == 0, "`%s` answered \"%s\"", cmd, a->line);
-}
-
-/* A command that must fail (err), not hang past the budget, never lie. */
-static void
-ask_fails_in_budget(dp_netns_proc *c, const char *cmd, answer *a)
-{
-    ask(c, cmd, a);
-    CHECKF(strcmp(a->verdict, "err") == 0, "`%s` during the fault answered \"%s\"", cmd,
-           a->line);
-    CHECKF(a->elapsed <= CLIENT_TIMEOUT_S + MARGIN_S,
-           "`%s` took %.3f s, budget %.1f s + %.1f s", cmd, a->elapsed, CLIENT_TIMEOUT_S,
-           MARGIN_S);
-    CHECKF(a->wall <= CLIENT_TIMEOUT_S + MARGIN_S + 1.0, "`%s` took %.3f s wall", cmd,
-           a->wall);
-}
-
-/*
- * After a fault is lifted: gets of the checked rows until one answers ok
- * (within RECOVER_S), then a put and get of a new seed. Not recovering fails
- * with a line starting "RECOVERY FAILED" naming the fault and every answer
- * seen. A first get that still fails is reported on a line starting "NOTE
- * first call after"; with DP_TEST_STRICT_RECOVERY=1 it fails the test.
- */
-static void
-recover(dp_netns_proc *c, const char *fault, int seed_old, int seed_new)
-{
-    char cmd[128], seen[4096] = "";
-    size_t k = 0;
-    double t0 = dp_test_now();
-    answer a;
-    int tries = 0;
-    const char *strict = getenv("DP_TEST_STRICT_RECOVERY");
-    snprintf(cmd, sizeof cmd, "get " ROWS " %d", seed_old);
-    for (;;) {
-        ask(c, cmd, &a);
-        tries++;
-        CHECKF(strcmp(a.verdict, "corrupt") != 0, "after the %s: false success: %s",
-               fault, a.line);
-        if (strcmp(a.verdict, "ok") == 0)
-            break;
-        if (tries == 1) {
-            printf("    NOTE first call after the %s was lifted failed: %.400s\n", fault,
-                   a.line);
-            CHECKF(strict == NULL || strcmp(strict, "1") != 0,
-                   "DP_TEST_STRICT_RECOVERY: the first get after the %s failed: %s",
-                   fault, a.line);
-        }
-        if (k + 200 < sizeof seen)
-            k += (size_t)snprintf(seen + k, sizeof seen - k, " [%.2f s] %.160s;",
-                                  dp_test_now() - t0, a.line);
-        CHECKF(dp_test_now() - t0 < RECOVER_S,
-               "RECOVERY FAILED after the %s: no ok get within %.0f s (%d tries):%s",
-               fault, RECOVER_S, tries, seen);
-        usleep(200000);
-    }
-    printf("    recovered after the %s: %d get%s, %.3f s\n", fault, tries,
-           tries == 1 ? "" : "s", dp_test_now() - t0);
-    snprintf(cmd, sizeof cmd, "put " ROWS " %d", seed_new);
-    ask(c, cmd, &a);
-    CHECKF(strcmp(a.verdict, "ok") == 0, "RECOVERY FAILED after the %s: put: %s", fault,
-           a.line);
-    snprintf(cmd, sizeof cmd, "get " ROWS " %d", seed_new);
-    ask(c, cmd, &a);
-    CHECKF(strcmp(a.verdict, "ok") == 0, "RECOVERY FAILED after the %s: get: %s", fault,
-           a.line);
+    dp_lc_recover(c, fault, ROWS, seed_old, seed_new, RECOVER_S);
 }
 
 static bool
@@ -190,7 +79,7 @@ check_netns_list_clean(const char *prefix)
 
 DP_TEST(end_to_end)
 {
-    t_start = dp_test_now();
+    dp_lc_t_start = dp_test_now();
     dp_detail d;
     dp_detail_clear(&d);
     char root_rules_before[8192] = "", root_rules_after[8192] = "";
@@ -202,106 +91,79 @@ DP_TEST(end_to_end)
     dp_netns *n = topology(2, DP_NETNS_IPTABLES);
     char mine[64];
     snprintf(mine, sizeof mine, DP_NETNS_PREFIX "%ld-", (long)getpid());
-    step(t0, "topology of 2 hosts");
+    dp_lc_step(t0, "topology of 2 hosts");
     printf("    host0 %s %s, host1 %s %s\n", dp_netns_name(n, 0), dp_netns_ip(n, 0),
            dp_netns_name(n, 1), dp_netns_ip(n, 1));
 
     /* A unit in host 0. */
     t0 = dp_test_now();
-    const char *unit_argv[] = {DP_CLI_PATH,       "unit",   "--bind",
-                               dp_netns_ip(n, 0), "--port", "0",
-                               "--slab",          "64M",    NULL};
-    dp_netns_proc unit, client, other;
-    CHECK_OK_D(dp_netns_spawn(n, 0, unit_argv, DP_NETNS_OWN_MACHINE, &unit, &d), &d);
+    dp_netns_proc unit;
     char addr[256];
-    CHECK_OK_D(dp_netns_readline(&unit, addr, sizeof addr, 30, &d), &d);
-    char want[64];
-    snprintf(want, sizeof want, "tcp://%s:", dp_netns_ip(n, 0));
-    CHECKF(strncmp(addr, want, strlen(want)) == 0, "unit printed \"%s\", want %s...",
-           addr, want);
-    step(t0, "unit started in host 0");
+    dp_lc_unit_start(n, 0, DP_CLI_PATH, "0", "64M", &unit, addr, sizeof addr);
+    dp_lc_step(t0, "unit started in host 0");
     printf("    unit at %s\n", addr);
 
     /* The client in host 1, as another machine. */
     t0 = dp_test_now();
-    char tmo[16];
-    snprintf(tmo, sizeof tmo, "%g", CLIENT_TIMEOUT_S);
-    const char *client_argv[] = {DP_LONGCLIENT_PATH, "--units", addr,
-                                 "--timeout",        tmo,       NULL};
-    CHECK_OK_D(dp_netns_spawn(n, 1, client_argv, DP_NETNS_OWN_MACHINE | DP_NETNS_STDIN,
-                              &client, &d),
-               &d);
-    char line[4096];
-    CHECK_OK_D(dp_netns_readline(&client, line, sizeof line, 30, &d), &d);
-    printf("    client: %s\n", line);
-    CHECKF(strncmp(line, "ready ", 6) == 0 && strstr(line, "units=1") != NULL,
-           "client's first line \"%s\"", line);
-    step(t0, "client connected from host 1");
+    dp_lc client, other;
+    dp_lc_start(&client, n, 1, DP_LONGCLIENT_PATH, "", addr, 1, CLIENT_TIMEOUT_S);
+    dp_lc_step(t0, "client connected from host 1");
 
     /* It is another machine to UCX: shared memory alone cannot reach the unit. */
     t0 = dp_test_now();
-    const char *shm_argv[] = {"/usr/bin/env",
-                              "UCX_TLS=posix,sysv,cma,self",
-                              DP_LONGCLIENT_PATH,
-                              "--units",
-                              addr,
-                              "--timeout",
-                              tmo,
-                              NULL};
-    CHECK_OK_D(
-        dp_netns_spawn(n, 1, shm_argv, DP_NETNS_OWN_MACHINE | DP_NETNS_STDIN, &other, &d),
-        &d);
-    CHECK_OK_D(dp_netns_readline(&other, line, sizeof line, 30, &d), &d);
+    char line[4096];
+    dp_lc_spawn(&other, n, 1, DP_LONGCLIENT_PATH, "shm-only", addr, CLIENT_TIMEOUT_S,
+                "UCX_TLS=posix,sysv,cma,self", line, sizeof line);
     printf("    shm-only client: %.200s\n", line);
     CHECKF(strncmp(line, "err ", 4) == 0 && strstr(line, "DP_ETRANSFER") != NULL,
            "a client with only shared-memory transports answered \"%s\"", line);
-    CHECK_EQ(dp_netns_proc_stop(&other, 0, 10), 1);
-    step(t0, "shared memory cannot reach it");
+    CHECK_EQ(dp_netns_proc_stop(&other.p, 0, 10), 1);
+    dp_lc_step(t0, "shared memory cannot reach it");
 
     /* Byte for byte; the checker itself must catch a wrong seed and a gap. */
-    answer a;
+    dp_lc_answer a;
     t0 = dp_test_now();
-    ask_ok(&client, "put " ROWS " 7", &a);
-    ask_ok(&client, "get " ROWS " 7", &a);
-    ask(&client, "get " ROWS " 8", &a);
+    dp_lc_ask_ok(&client, "put " ROWS " 7", &a);
+    dp_lc_ask_ok(&client, "get " ROWS " 7", &a);
+    dp_lc_ask(&client, "get " ROWS " 8", &a);
     CHECKF(strcmp(a.verdict, "corrupt") == 0, "a get of the wrong seed answered \"%s\"",
            a.line);
-    ask(&client, "get 50 2 65536 7", &a);
+    dp_lc_ask(&client, "get 50 2 65536 7", &a);
     CHECK_STR(a.verdict, "missing");
     CHECK_CONTAINS(a.rest, "50-51");
-    ask_ok(&client, "stats", &a);
+    dp_lc_ask_ok(&client, "stats", &a);
     CHECK_CONTAINS(a.rest, "u0:blobs=1,rows=16,entries=16");
-    step(t0, "put/get 16 x 64 KiB, checker self-test");
+    dp_lc_step(t0, "put/get 16 x 64 KiB, checker self-test");
 
     /* Blackhole of host 0: everything in and out of its eth0 dropped. */
     t0 = dp_test_now();
     CHECK_OK_D(dp_netns_blackhole(n, 0, true, &d), &d);
     CHECK(rules_have_drop(n, 0));
-    ask_fails_in_budget(&client, "get " ROWS " 7", &a);
-    ask_fails_in_budget(&client, "put " SPARE " 1", &a);
+    dp_lc_ask_fails_in_budget(&client, "get " ROWS " 7", MARGIN_S, &a);
+    dp_lc_ask_fails_in_budget(&client, "put " SPARE " 1", MARGIN_S, &a);
     double left = OUTAGE_S - (dp_test_now() - t0);
     if (left > 0)
         usleep((useconds_t)(left * 1e6));
-    step(t0, "blackhole: get and put fail within budget");
+    dp_lc_step(t0, "blackhole: get and put fail within budget");
     t0 = dp_test_now();
     CHECK_OK_D(dp_netns_blackhole(n, 0, false, &d), &d);
     CHECK(!rules_have_drop(n, 0));
     recover(&client, "blackhole", 7, 9);
-    step(t0, "blackhole lifted: recovered");
+    dp_lc_step(t0, "blackhole lifted: recovered");
 
     /* Link of host 0 down, then up. */
     t0 = dp_test_now();
     CHECK_OK_D(dp_netns_link(n, 0, false, &d), &d);
-    ask_fails_in_budget(&client, "get " ROWS " 9", &a);
-    ask_fails_in_budget(&client, "put " SPARE " 2", &a);
+    dp_lc_ask_fails_in_budget(&client, "get " ROWS " 9", MARGIN_S, &a);
+    dp_lc_ask_fails_in_budget(&client, "put " SPARE " 2", MARGIN_S, &a);
     left = OUTAGE_S - (dp_test_now() - t0);
     if (left > 0)
         usleep((useconds_t)(left * 1e6));
-    step(t0, "link down: get and put fail within budget");
+    dp_lc_step(t0, "link down: get and put fail within budget");
     t0 = dp_test_now();
     CHECK_OK_D(dp_netns_link(n, 0, true, &d), &d);
     recover(&client, "link down", 9, 11);
-    step(t0, "link up: recovered");
+    dp_lc_step(t0, "link up: recovered");
 
     /* Random loss: answers may fail, within budget, but never lie. */
     t0 = dp_test_now();
@@ -311,7 +173,7 @@ DP_TEST(end_to_end)
     CHECK_CONTAINS(rules, "statistic");
     int oks = 0;
     for (int i = 0; i < 4; i++) {
-        ask(&client, "get " ROWS " 11", &a);
+        dp_lc_ask(&client, "get " ROWS " 11", &a);
         CHECKF(strcmp(a.verdict, "ok") == 0 || strcmp(a.verdict, "err") == 0,
                "a get under 20%% loss answered \"%s\"", a.line);
         CHECK(a.elapsed <= CLIENT_TIMEOUT_S + MARGIN_S);
@@ -321,16 +183,15 @@ DP_TEST(end_to_end)
     CHECK_OK_D(dp_netns_loss(n, 0, 0.0, &d), &d);
     CHECK(!rules_have_drop(n, 0));
     recover(&client, "packet loss", 11, 13);
-    step(t0, "20% loss: no false success, recovered");
+    dp_lc_step(t0, "20% loss: no false success, recovered");
 
     /* Clean stop of both processes. */
     t0 = dp_test_now();
-    ask_ok(&client, "clear 0 16", &a);
+    dp_lc_ask_ok(&client, "clear 0 16", &a);
     CHECK_CONTAINS(a.rest, "dropped=16");
-    ask_ok(&client, "quit", &a);
-    CHECK_EQ(dp_netns_proc_stop(&client, 0, 10), 0);
+    dp_lc_quit(&client);
     CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
-    step(t0, "client quit, unit stopped (SIGTERM)");
+    dp_lc_step(t0, "client quit, unit stopped (SIGTERM)");
 
     /* Teardown leaves nothing behind. */
     t0 = dp_test_now();
@@ -345,7 +206,7 @@ DP_TEST(end_to_end)
                    &d);
         CHECK_STR(root_rules_after, root_rules_before);
     }
-    step(t0, "teardown: no namespace, no rule left");
+    dp_lc_step(t0, "teardown: no namespace, no rule left");
 }
 
 /* A pid that no process has (one that just exited and was reaped). */
