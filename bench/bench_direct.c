@@ -147,8 +147,8 @@ publisher_main(void)
         }
     }
     free(buf);
-    dp_direct_destroy(pool);
-    dp_direct_destroy(reg);
+    dp_direct_destroy(pool, NULL);
+    dp_direct_destroy(reg, NULL);
     _exit(0);
 }
 
@@ -354,14 +354,14 @@ main(int argc, char **argv)
         printf("REGCOST %11llu %14.1f %14.1f\n", (unsigned long long)size, median(vr, n),
                median(vp, n));
     }
-    dp_direct_destroy(lp);
-    dp_direct_destroy(lr);
+    dp_direct_destroy(lp, NULL);
+    dp_direct_destroy(lr, NULL);
     free(src);
 
     cmd q = {3, 0, 0};
     io_all(peer_fd, &q, sizeof q, 1);
     waitpid(pid, NULL, 0);
-    dp_direct_destroy(t);
+    dp_direct_destroy(t, NULL);
     free(target);
     free(expect);
     return 0;

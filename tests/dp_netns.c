@@ -35,6 +35,8 @@
 #endif
 #include "dp_netns.h"
 
+#include "common/common.h" /* dp_fail, dp_fail_sys */
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

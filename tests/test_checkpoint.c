@@ -612,7 +612,7 @@ DP_TEST(save_during_puts_overwrites_clears)
     rmdir(tmpdir);
 }
 
-/* ---- cluster level: units served over ZMQ, dp_ckpt_save / dp_ckpt_load ---- */
+/* ---- cluster level: units served over ZMQ, dp__ckpt_save_units / _load_units ---- */
 
 typedef struct tcluster {
     uint32_t n;
@@ -740,13 +740,13 @@ DP_TEST(cluster_save_load_and_refusals)
     dp_ckpt_summary s;
     /* Nothing saved yet. */
     tc_start(&b, 2, 8 << 20, NULL, "cl-b.json");
-    CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &s, &d), DP_ENOTFOUND, &d);
-    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &s, &d), DP_ENOTFOUND, &d);
+    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     CHECK_EQ(s.n_units, 2);
     CHECK(s.blobs > 0);
     /* Restore into fresh units, byte for byte; cleared rows stay gone. */
     dp_ckpt_summary ls;
-    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
     CHECK_EQ(ls.loaded, s.blobs);
     CHECK_EQ(stats(a.u[0]).saves, 1);
     CHECK(stats(b.u[0]).loads >= 1);
@@ -759,18 +759,18 @@ DP_TEST(cluster_save_load_and_refusals)
     tc_stop(&b);
     /* Another shape is refused. */
     tc_start(&c3, 3, 8 << 20, NULL, "cl-c.json");
-    CHECK_ERR_D(dp_ckpt_load(cc, &c3.cl, dir, NULL, &ls, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__ckpt_load_units(cc, &c3.cl, dir, NULL, &ls, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "gidx % n_units");
     tc_stop(&c3);
     /* A second save becomes current; corrupting its shard is refused with the file. */
     dp_ckpt_summary s2;
-    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s2, &d), &d);
+    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s2, &d), &d);
     CHECK(strcmp(s2.checkpoint, s.checkpoint) != 0);
     char shard[1024];
     snprintf(shard, sizeof shard, "%s/%s/unit-1.shard", dir, s2.checkpoint);
     corrupt_at(shard, 100);
     tc_start(&b, 2, 8 << 20, NULL, "cl-b.json");
-    CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
+    CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), shard);
     for (uint32_t i = 0; i < 2; i++) {
         CHECK_EQ(stats(b.u[i]).blobs, 0);
@@ -781,7 +781,7 @@ DP_TEST(cluster_save_load_and_refusals)
     struct stat st;
     CHECK(stat(shard, &st) == 0);
     CHECK_EQ(truncate(shard, st.st_size - 1), 0);
-    CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
+    CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "truncated");
     CHECK_EQ(stats(b.u[0]).blobs + stats(b.u[1]).blobs, 0);
     /* A manifest whose blob numbers are not whole numbers >= 0 is refused. */
@@ -806,7 +806,7 @@ DP_TEST(cluster_save_load_and_refusals)
         fputs(bad_numbers[k], mf);
         fputs(open_br + 1 + num_len, mf);
         fclose(mf);
-        CHECK_ERR_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
+        CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
         CHECK_CONTAINS(dp_detail_msg(&d), "bad blob entry");
         CHECK_CONTAINS(dp_detail_msg(&d), mpath);
     }
@@ -1153,7 +1153,7 @@ DP_TEST(save_keeps_the_newest_checkpoints)
     dp_ckpt_opts_init(&o);
     dp_ckpt_summary s[4];
     for (int i = 0; i < 3; i++)
-        CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, &o, &s[i], &d), &d);
+        CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, &o, &s[i], &d), &d);
     CHECK(strcmp(s[0].checkpoint, s[1].checkpoint) < 0);
     CHECK(strcmp(s[1].checkpoint, s[2].checkpoint) < 0);
     /* "Another save", newer than anything this test saves: never removed. */
@@ -1163,7 +1163,7 @@ DP_TEST(save_keeps_the_newest_checkpoints)
     bool has;
     CHECK_EQ(count_ckpts(dir, s[0].checkpoint, &has), 4);
     o.keep = 2;
-    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, &o, &s[3], &d), &d);
+    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, &o, &s[3], &d), &d);
     CHECK_EQ(count_ckpts(dir, s[3].checkpoint, &has), 3);
     CHECK(has);
     count_ckpts(dir, s[2].checkpoint, &has);
@@ -1176,7 +1176,7 @@ DP_TEST(save_keeps_the_newest_checkpoints)
     tcluster b;
     tc_start(&b, 2, 8 << 20, NULL, "keep-b.json");
     dp_ckpt_summary ls;
-    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
     CHECK_STR(ls.checkpoint, s[3].checkpoint);
     tc_same(&a, &b, 40, 2000, 2);
     tc_stop(&b);
@@ -1210,10 +1210,10 @@ DP_TEST(cluster_ssd_rows_two_passes)
     dp_detail_clear(&d);
     CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
     dp_ckpt_summary s, ls;
-    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     CHECK_EQ(s.blobs, 39);
     tc_start(&b, 2, 256 << 10, ssd, "ssd-b.json");
-    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
     CHECK_EQ(ls.loaded, 39);
     CHECK(ls.spilled > 0);
     CHECK(stats(b.u[0]).disk_blobs > 0);
@@ -1227,7 +1227,7 @@ DP_TEST(cluster_ssd_rows_two_passes)
 
 /*
  * A saver killed midway: this program re-executed with DP_CKPT_SAVER=
- * "<cluster file>|<dir>" runs one dp_ckpt_save and exits.
+ * "<cluster file>|<dir>" runs one dp__ckpt_save_units and exits.
  */
 __attribute__((constructor)) static void
 saver_main(void)
@@ -1248,7 +1248,7 @@ saver_main(void)
     dp_ckpt_summary s;
     if (dp_cluster_load(buf, &cl, &d) != 0 || dp_ctl_client_create(&cc, &d) != 0)
         _exit(4);
-    int rc = dp_ckpt_save(cc, &cl, bar + 1, NULL, &s, &d);
+    int rc = dp__ckpt_save_units(cc, &cl, bar + 1, NULL, &s, &d);
     dp_ctl_client_destroy(cc);
     dp_cluster_fini(&cl);
     _exit(rc == 0 ? 0 : 5);
@@ -1281,7 +1281,7 @@ DP_TEST(save_killed_midway_keeps_previous)
     dp_detail_clear(&d);
     CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
     dp_ckpt_summary s;
-    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     uint64_t rs = dp_test_seed();
     int killed = 0;
     for (int round = 0; round < 6; round++) {
@@ -1316,7 +1316,7 @@ DP_TEST(save_killed_midway_keeps_previous)
     usleep(300000);
     tc_start(&b, 2, 64 << 20, NULL, "kill-b.json");
     dp_ckpt_summary ls;
-    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
     tc_same(&a, &b, 64, 400000, 2);
     tc_stop(&b);
     dp_ctl_client_destroy(cc);
@@ -1418,7 +1418,7 @@ DP_TEST(unit_gone_during_save_keeps_previous)
     dp_detail_clear(&d);
     CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
     dp_ckpt_summary s, s2, ls;
-    CHECK_OK_D(dp_ckpt_save(cc, &a.cl, dir, NULL, &s, &d), &d);
+    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     /* More data, then unit 1 stops answering: the save fails, naming it. */
     uint64_t g = 2;
     CHECK_OK(put_rows(a.u[0], "late", &g, 1, 3, 2000));
@@ -1427,14 +1427,14 @@ DP_TEST(unit_gone_during_save_keeps_previous)
     dp_ckpt_opts o;
     dp_ckpt_opts_init(&o);
     o.timeout_s = 1;
-    CHECK(dp_ckpt_save(cc, &a.cl, dir, &o, &s2, &d) != 0);
+    CHECK(dp__ckpt_save_units(cc, &a.cl, dir, &o, &s2, &d) != 0);
     CHECK_CONTAINS(dp_detail_msg(&d), "unit 1");
     char failed[1100];
     snprintf(failed, sizeof failed, "%s/%s", dir, s2.checkpoint);
     CHECKF(access(failed, F_OK) != 0, "%s left behind", failed);
     /* The previous checkpoint is still the current one, and loads. */
     tc_start(&b, 2, 8 << 20, NULL, "gone-b.json");
-    CHECK_OK_D(dp_ckpt_load(cc, &b.cl, dir, NULL, &ls, &d), &d);
+    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
     CHECK_STR(ls.checkpoint, s.checkpoint);
     CHECK_EQ(row_version(b.u[0], 2, 2000, 3), 1); /* not the late put */
     tc_stop(&b);

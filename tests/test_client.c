@@ -931,6 +931,88 @@ DP_TEST(threads_share_a_client)
     cluster_stop(&cl);
 }
 
+static void *
+destroy_values(void *v)
+{
+    dp_values_destroy(v);
+    return NULL;
+}
+
+/*
+ * A zeroed dp_client_opts is valid (the defaults); a non-zero reserved word
+ * is refused. Values outlive their client: closing it with values alive
+ * disconnects at once and deregisters the caller's region, the values stay
+ * readable, and the last dp_values_destroy (here racing another thread's)
+ * frees the client. Before, close freed the client under its values: reading
+ * them touched unmapped memory and dp_values_destroy locked a freed mutex (a
+ * use-after-free under AddressSanitizer).
+ */
+DP_TEST(values_keep_their_client_alive)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 64 << 20, 60, 10);
+    dp_client_opts o = {0};
+    dp_client *c = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    o.reserved[7] = 1;
+    CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "reserved[7]");
+    CHECK(c == NULL);
+    o.reserved[7] = 0;
+    o.timeout_s = -1;
+    CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
+    o.timeout_s = 0;
+    CHECK_OK_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), &d);
+
+    uint64_t g[8];
+    for (int i = 0; i < 8; i++)
+        g[i] = 200 + (uint64_t)i;
+    batch b;
+    batch_make(&b, NULL, g, 8, 2, size_jagged, 7);
+    CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+    char keys[16][64];
+    const char *kp[16];
+    for (size_t i = 0; i < 16; i++) {
+        snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@%s", g[i / 2], field_names[i % 2]);
+        kp[i] = keys[i];
+    }
+    dp_values *v1 = NULL, *v2 = NULL, *none = NULL;
+    CHECK_OK_D(dp_client_get_alloc(c, kp, 16, &v1, &d), &d);
+    CHECK_OK_D(dp_client_get_alloc(c, kp, 16, &v2, &d), &d);
+    CHECK_OK_D(dp_client_get_alloc(c, kp, 0, &none, &d), &d);
+    /* The caller's region: deregistered by close itself, free()d right after. */
+    size_t rlen = 1 << 20;
+    void *mine = aligned_alloc(4096, rlen);
+    CHECK_OK_D(dp_client_register(c, mine, rlen, &d), &d);
+    dp_client_close(c);
+    free(mine);
+
+    dp_values_destroy(none);
+    size_t checked = 0;
+    for (size_t i = 0; i < 16; i++) {
+        const void *p = NULL;
+        uint64_t n = 0;
+        const dp_value_desc *desc = NULL;
+        CHECK_OK(dp_values_get(v1, i, &p, &n, &desc));
+        CHECK_EQ_U64(n, b.vals[i].nbytes);
+        CHECK_EQ(desc->kind, b.vals[i].kind);
+        for (size_t k = 0; k < DP_ARRAY_LEN(desc->reserved); k++)
+            CHECK_EQ_U64(desc->reserved[k], 0);
+        uint64_t ver = 7;
+        CHECK(check_value(p, n, g[i / 2], (uint32_t)(i % 2), &ver));
+        checked++;
+    }
+    CHECK_EQ(checked, 16);
+    /* The last two go at once: exactly one of them frees the client. */
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, destroy_values, v2) == 0);
+    dp_values_destroy(v1);
+    pthread_join(th, NULL);
+    batch_free(&b);
+    cluster_stop(&cl);
+}
+
 DP_TEST(unit_killed_mid_run)
 {
     cluster cl;
@@ -1065,23 +1147,20 @@ DP_TEST(stopped_unit_leaves_the_destination_off_limits)
     unsetenv("UCX_TLS");
 }
 
-/* dp_ckpt_save of the units of cl into dir. */
+/* dp_ckpt_save (the public call) of the cluster c is connected to into dir. */
 static void
-save_cluster(const cluster *cl, const char *dir)
+save_cluster(dp_client *c, const char *dir)
 {
-    dp_cluster cs = {cl->n, calloc(cl->n, sizeof *cs.units)};
-    for (uint32_t u = 0; u < cl->n; u++) {
-        cs.units[u].id = u;
-        snprintf(cs.units[u].zmq, sizeof cs.units[u].zmq, "%s", cl->addr[u]);
-    }
-    dp_ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    dp_ckpt_opts o = {0}; /* zeroed: the defaults */
     dp_ckpt_summary sum;
-    CHECK_OK_D(dp_ckpt_save(cc, &cs, dir, NULL, &sum, &d), &d);
-    dp_ctl_client_destroy(cc);
-    free(cs.units);
+    CHECK_OK_D(dp_ckpt_save(c, dir, &o, &sum, &d), &d);
+    CHECK_EQ(sum.n_units, dp_client_n_units(c));
+    CHECK(sum.blobs > 0);
+    o.reserved[0] = 1; /* a field this library does not know: refused */
+    CHECK_ERR_D(dp_ckpt_save(c, dir, &o, &sum, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "reserved");
 }
 
 /* Rows 100..299 hold one field each ((gidx / 2) % 4, so each unit's blob has
@@ -1110,8 +1189,9 @@ sparse_check(dp_client *c, uint64_t ver)
 }
 
 /*
- * A checkpoint of 2 units loaded into 3 and into 1 (re-homed through the
- * client): every live value comes back with its bytes, kind, dtype and
+ * A checkpoint of 2 units (dp_ckpt_save over a client) loaded into 2
+ * (dp_ckpt_load), 3 and 1 (re-homed through the client): every live value
+ * comes back with its bytes, kind, dtype and
  * shape; overwritten values come back new, cleared rows stay gone; a sparse
  * blob (rows with different fields) too.
  */
@@ -1157,17 +1237,26 @@ DP_TEST(checkpoint_rehomed_into_other_sizes)
             if (f != gs[r] / 2 % 4)
                 bs.vals[r * 4 + f].kind = DP_KIND_SKIP;
     CHECK_OK_D(batch_put(c, &bs, NULL, &d), &d);
-    save_cluster(&a, dir);
+    save_cluster(c, dir);
     dp_client_close(c);
     cluster_stop(&a);
 
-    uint32_t sizes[] = {3, 1};
+    /* 2: the same shape, dp_ckpt_load (units load their shards); 3, 1: re-homed. */
+    uint32_t sizes[] = {2, 3, 1};
     for (size_t k = 0; k < DP_ARRAY_LEN(sizes); k++) {
         cluster b;
         cluster_start(&b, sizes[k], 64 << 20, 60, 10);
         dp_client *cb = connect_cl(&b);
         dp_ckpt_summary sum;
-        CHECK_OK_D(dp_ckpt_rehome(cb, dir, NULL, &sum, &d), &d);
+        CHECK_OK_D(dp_ckpt_peek(dir, &sum, &d), &d);
+        CHECK_EQ(sum.n_units, 2);
+        if (sizes[k] == 2) {
+            CHECK_OK_D(dp_ckpt_load(cb, dir, NULL, &sum, &d), &d);
+        } else {
+            CHECK_ERR_D(dp_ckpt_load(cb, dir, NULL, &sum, &d), DP_EINVAL, &d);
+            CHECK_CONTAINS(dp_detail_msg(&d), "dp_ckpt_rehome");
+            CHECK_OK_D(dp_ckpt_rehome(cb, dir, NULL, &sum, &d), &d);
+        }
         CHECK_EQ(sum.n_units, 2);
         CHECK(sum.loaded > 0);
         batch_verify(cb, &b2, 2);

@@ -8,14 +8,19 @@
 DP_TEST(strerror_covers_every_code)
 {
     CHECK_STR(dp_strerror(DP_OK), "success");
-    for (int c = 1; c < DP_ERR_COUNT_; c++) {
-        CHECK(strcmp(dp_strerror(c), "unknown error code") != 0);
-        CHECK(strncmp(dp_errname(c), "DP_E", 4) == 0);
+    static const int codes[] = {
+#define TC_CODE_(name, value, msg) name,
+        DP_ERRORS(TC_CODE_)
+#undef TC_CODE_
+    };
+    for (size_t i = 0; i < DP_ARRAY_LEN(codes); i++) {
+        CHECK(strcmp(dp_strerror(codes[i]), "unknown error code") != 0);
+        CHECK(strncmp(dp_errname(codes[i]), "DP_E", 4) == 0);
     }
     CHECK_STR(dp_errname(DP_EINVAL), "DP_EINVAL");
     CHECK_STR(dp_errname(DP_ESYS), "DP_ESYS");
     CHECK_STR(dp_strerror(-1), "unknown error code");
-    CHECK_STR(dp_strerror(DP_ERR_COUNT_), "unknown error code");
+    CHECK_STR(dp_strerror(DP_ERR_LAST), "unknown error code");
 }
 
 DP_TEST(detail_fail_and_context)

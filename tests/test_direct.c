@@ -169,7 +169,7 @@ publisher_main(void)
                 reply(fd, rc, md, md_len);
             else
                 reply(fd, rc, d.msg, strlen(d.msg));
-            free(md);
+            dp_free(md);
         } else if (strcmp(cmd, "free") == 0) {
             int rc = dp_direct_free(t, id, &d);
             reply(fd, rc, d.msg, rc ? strlen(d.msg) : 0);
@@ -185,7 +185,7 @@ publisher_main(void)
             reply(fd, DP_EINVAL, "unknown command", 15);
         }
     }
-    dp_direct_destroy(t);
+    dp_direct_destroy(t, NULL);
     for (int i = 0; i < NSLOTS; i++)
         free(slots[i].p);
     _exit(0);
@@ -495,9 +495,9 @@ DP_TEST(metadata_roundtrip_and_rejects)
     CHECK_OK_D(dp_direct_wait(r, 5, &d), &d);
     CHECK_EQ(dp_direct_req_count(r), 0);
     dp_direct_req_destroy(r);
-    free(md2);
-    free(md);
-    dp_direct_destroy(t);
+    dp_free(md2);
+    dp_free(md);
+    CHECK_OK(dp_direct_destroy(t, NULL));
 }
 
 DP_TEST(sizes_beyond_the_host_and_bad_options_are_refused)
@@ -539,8 +539,8 @@ DP_TEST(sizes_beyond_the_host_and_bad_options_are_refused)
     CHECK_CONTAINS(d.msg, "targets of your own");
     dp_buf_fini(&forged);
     dp__direct_md_fini(&m);
-    free(md);
-    dp_direct_destroy(t);
+    dp_free(md);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     /* Bad options and backends are refused plainly. */
     o.n_workers = 1000;
     CHECK_ERR_D(dp_direct_create(&o, &t, &d), DP_EINVAL, &d);
@@ -586,7 +586,7 @@ DP_TEST(efa_detection_reports_missing_libfabric)
     o.name = "efa-ucx";
     CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
     CHECK_STR(dp_direct_backend_name(t), "UCX");
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     dp__direct_set_sysfs_root(NULL);
     /* A bare host: efa netdevs. */
     snprintf(cmd, sizeof cmd,
@@ -676,7 +676,7 @@ DP_TEST(many_objects_shared_buffers)
     CHECK_EQ_U64(ps2.registrations, 0);
     CHECK_EQ_U64(ps2.deregisters, ps.registers);
     CHECK_EQ_U64(ps2.version, ps.registers);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -723,7 +723,7 @@ DP_TEST(refcounts_version_bump_and_readd)
     free(m1.p);
     free(m2.p);
     free(m3.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -749,7 +749,7 @@ DP_TEST(permanent_registration)
     CHECK_EQ_U64(ps.registrations, 1); /* the permanent one stays */
     CHECK_EQ_U64(ps.version, 1);
     free(m.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -787,7 +787,7 @@ DP_TEST(lru_eviction)
     CHECK_EQ_U64(st.remote_adds, 4);
     CHECK_EQ_U64(st.remote_evictions, 2);
     CHECK_EQ_U64(st.remotes_cached, 2);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     for (int i = 0; i < NP; i++) {
         free(md[i].p);
         pub_stop(&ps[i]);
@@ -803,7 +803,7 @@ DP_TEST(lru_size_zero_adds_and_removes_every_time)
     md_bytes m;
     int s[] = {0, 1, -1};
     CHECK_EQ(pub_publish(&p, &m, "z", s), 0);
-    dp_direct *t = fetcher("fetch-z", 0, 0, 2);
+    dp_direct *t = fetcher("fetch-z", DP_DIRECT_REMOTE_CACHE_OFF, 0, 2);
     for (int i = 0; i < 3; i++) {
         if (i == 1)
             fetch_check_targets(t, &p, "z", &m, s);
@@ -817,7 +817,7 @@ DP_TEST(lru_size_zero_adds_and_removes_every_time)
         CHECK_EQ_U64(st.remote_hits, 0);
     }
     free(m.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -879,7 +879,7 @@ DP_TEST(pool_path_and_rollback)
     free(m2.p);
     free(m3.p);
     free(m4.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -929,7 +929,7 @@ DP_TEST(wait_with_timeouts)
     CHECK_CONTAINS(d.msg, "still alive");
     dp_direct_req_destroy(r);
     free(m.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -990,7 +990,82 @@ DP_TEST(abort_before_queued_and_during)
     CHECK(dp_test_now() - t0 < 2);
     free(m.p);
     free(m2.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
+    pub_stop(&p);
+}
+
+/*
+ * A transport is never destroyed under a live request: destroy answers
+ * DP_EBUSY naming it (while it runs, and after it ended but before
+ * dp_direct_req_destroy), and the transport goes on working; once every
+ * request is destroyed, destroy succeeds. Before, destroy freed the transport
+ * and dp_direct_req_destroy then locked its freed mutex (a use-after-free
+ * under AddressSanitizer). Also: zeroed options (but the backend) are the
+ * defaults, and the default keeps remotes connected (the fast path).
+ */
+DP_TEST(destroy_refused_while_requests_live)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-busy", 0), 0);
+    pub_alloc(&p, 0, 8 * MiB, 650);
+    md_bytes m;
+    int s[] = {0, -1};
+    CHECK_EQ(pub_publish(&p, &m, "busy", s), 0);
+    dp_direct_opts o = {0};
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    dp_direct *t = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    o.reserved[3] = 1; /* a field this library does not know: refused */
+    dp_direct *t2 = NULL;
+    CHECK_ERR_D(dp_direct_create(&o, &t2, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "reserved[3]");
+    CHECK(t2 == NULL);
+
+    /* Zeroed remote_cache_size is the default LRU: the second fetch hits. */
+    fetch_check(t, &p, "busy", &m, s);
+    fetch_check(t, &p, "busy", &m, s);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.remote_adds, 1);
+    CHECK_EQ_U64(st.remote_hits, 1);
+    CHECK_EQ_U64(st.remotes_cached, 1);
+    for (size_t i = 0; i < DP_ARRAY_LEN(st.reserved); i++)
+        CHECK_EQ_U64(st.reserved[i], 0);
+
+    /* A request in flight (the worker pauses before reading its piece). */
+    dp__direct_set_chunk_pause(t, 0.02);
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "busy", m.p, m.len, NULL, 0, &r, &d), &d);
+    CHECK_ERR_D(dp_direct_destroy(t, &d), DP_EBUSY, &d);
+    CHECK_CONTAINS(d.msg, "1 fetch request is still alive");
+    CHECK_CONTAINS(d.msg, "busy");
+    dp__direct_set_chunk_pause(t, 0);
+    CHECK_OK_D(dp_direct_wait(r, 30, &d), &d);
+    /* Ended but not destroyed: its buffer is the transport's, still refused. */
+    CHECK(dp_direct_req_ended(r));
+    CHECK_ERR(dp_direct_destroy(t, NULL), DP_EBUSY);
+    void *addr = NULL;
+    size_t len = 0;
+    CHECK_OK(dp_direct_req_buffer(r, 0, &addr, &len));
+    CHECK_EQ_U64(len, 8 * MiB);
+    CHECK_EQ_U64(fnv(addr, len), pattern_sum(8 * MiB, 650));
+    /* The transport still works: a second request, two alive. */
+    dp_direct_req *r2 = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "busy", m.p, m.len, NULL, 0, &r2, &d), &d);
+    CHECK_ERR_D(dp_direct_destroy(t, &d), DP_EBUSY, &d);
+    CHECK_CONTAINS(d.msg, "2 fetch requests are still alive");
+    CHECK_OK_D(dp_direct_wait(r2, 30, &d), &d);
+    dp_direct_req_destroy(r);
+    CHECK_ERR(dp_direct_destroy(t, NULL), DP_EBUSY);
+    dp_direct_req_destroy(r2);
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.fetches, 4);
+    CHECK_EQ_U64(st.fetch_ok, 4);
+    CHECK_OK(dp_direct_destroy(t, &d));
+    CHECK_OK(dp_direct_destroy(NULL, NULL));
+    free(m.p);
     pub_stop(&p);
 }
 
@@ -1023,7 +1098,7 @@ DP_TEST(restarted_publisher_with_the_same_name)
         p.pid = 0;
         pub_stop(&p);
     }
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
 }
 
 typedef struct aborter {
@@ -1106,7 +1181,7 @@ DP_TEST(waiting_for_ever_runs_the_fetch_in_the_caller)
     dp_direct_req_destroy(r);
     free(m.p);
     free(big.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -1152,7 +1227,7 @@ DP_TEST(publisher_dies_mid_fetch)
     if (!dp_direct_touches_unfinished(t, tg, 24 * MiB))
         free(tg);
     free(m.p);
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }
 
@@ -1263,6 +1338,6 @@ DP_TEST(threads_fetch_abort_and_republish_at_once)
         fetch_check(t, &p, id, &md[i], s);
         free(md[i].p);
     }
-    dp_direct_destroy(t);
+    CHECK_OK(dp_direct_destroy(t, NULL));
     pub_stop(&p);
 }

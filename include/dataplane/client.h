@@ -1,6 +1,6 @@
 /*
  * dataplane client library: put, get and clear rows of named fields on a
- * cluster of storage units (DESIGN sections 4 and 5).
+ * cluster of storage units (docs/design.md).
  *
  * Rows are addressed by a global index gidx; row gidx lives on unit
  * units[gidx % n_units]. A row holds one value per field; a value is bytes
@@ -57,8 +57,8 @@
  * mutex per client, and every operation on a client (put, get, clear, stats,
  * alloc, register...) runs under it, one at a time. Use one client per thread
  * for parallelism. dp_client_close must not race with other calls on the same
- * client. Different clients are independent. A client does not survive
- * fork(): use it only in the process that opened it.
+ * client (dp_values_destroy excepted). Different clients are independent. A client does
+ * not survive fork(): use it only in the process that opened it.
  */
 #ifndef DATAPLANE_CLIENT_H
 #define DATAPLANE_CLIENT_H
@@ -100,7 +100,11 @@ DP_API const char *dp_kind_name(dp_kind k);
 #define DP_DTYPE_MAX 32 /* bytes of a dtype: [a-z0-9_], 0..32 */
 #define DP_SHAPE_MAX 32 /* dims of a shape */
 
-/* One value to put. Everything is borrowed for the duration of the call. */
+/*
+ * One value to put. Everything is borrowed for the duration of the call.
+ * reserved: zero (calloc, `= {0}` or designated initializers do it); future
+ * fields take its place, so the size and every offset stay as they are.
+ */
 typedef struct dp_value {
     const void *data; /* nbytes bytes; may be NULL when nbytes == 0 */
     uint64_t nbytes;
@@ -108,43 +112,58 @@ typedef struct dp_value {
     const char *dtype;     /* NUL-terminated; NULL or "" allowed unless tensor */
     const uint64_t *shape; /* ndim dims; NULL allowed when ndim == 0 */
     uint32_t ndim;         /* <= DP_SHAPE_MAX */
+    uint64_t reserved[2];
 } dp_value;
 
-/* A value's description as stored (filled by get). */
+/* A value's description as stored (filled by get; reserved comes back zero). */
 typedef struct dp_value_desc {
     dp_kind kind;
     char dtype[DP_DTYPE_MAX + 1]; /* NUL-terminated, may be "" */
     uint32_t ndim;
     uint64_t shape[DP_SHAPE_MAX];
     uint64_t nbytes;
+    uint64_t reserved[4];
 } dp_value_desc;
 
 /* ------------------------------------------------------------------ */
 /* Connecting                                                          */
 /* ------------------------------------------------------------------ */
 
-/* Options. dp_client_opts_init fills the defaults; a zeroed struct is NOT valid. */
+/*
+ * Options. A zeroed struct (`dp_client_opts o = {0};`, or dp_client_opts_init)
+ * is valid and means the defaults: 0, false or NULL in any field leaves it at
+ * its default. reserved must be zero: it is where fields added later go (so a
+ * program built against this header keeps working with later libraries);
+ * open refuses a non-zero reserved word (DP_EINVAL: the program was built
+ * against a newer header than this library).
+ */
 typedef struct dp_client_opts {
     /*
      * Time budget of one operation (put, get, clear, stats), seconds: every
-     * retry, poll and transfer of the operation fits inside it. Default 30.
+     * retry, poll and transfer of the operation fits inside it. 0: the
+     * default, 30. At most 1e6.
      */
     double timeout_s;
-    /* Budget of connecting (info from every unit, adding remotes). Default 30. */
+    /*
+     * Budget of connecting (info from every unit, adding remotes), seconds.
+     * 0: the default, 30. At most 1e6.
+     */
     double connect_timeout_s;
     /*
      * Registered staging memory kept cached between operations (buffers freed
-     * beyond this are unmapped). Default 256 MiB. Staging grows as a batch
-     * needs; this only bounds what is kept.
+     * beyond this are unmapped). 0: the default, 256 MiB (give 1 to keep
+     * next to nothing). Staging grows as a batch needs; this only bounds what
+     * is kept.
      */
     uint64_t staging_cache_bytes;
     /* Write a CRC32C of every payload into the blob index. Default false. */
     bool crc;
     /*
-     * Let a unit whose RAM area is full spill the blob to its SSD tier (commit
-     * then polls "pending"). Default true.
+     * Do not let a unit whose RAM area is full spill the blob to its SSD tier
+     * (a blob its RAM cannot take then fails the put). Default false: puts may spill,
+     * and commit polls "pending" while they do.
      */
-    bool spill;
+    bool no_spill;
     /*
      * Refuse to connect unless UCX is restricted to RDMA transports
      * (DP_EPOLICY; see `dataplane policy`). Default false; also switched on by
@@ -152,13 +171,14 @@ typedef struct dp_client_opts {
      */
     bool require_rdma;
     /*
-     * Endpoint name peers see; NULL: "client-<pid>-<random>". 1..200 printable
-     * ASCII bytes.
+     * Endpoint name peers see; NULL (the default): "client-<pid>-<random>".
+     * 1..200 printable ASCII bytes.
      */
     const char *name;
+    uint64_t reserved[8];
 } dp_client_opts;
 
-/* Fill o with the defaults. Threads: any. */
+/* Fill o with the defaults (the same as zeroing it). Threads: any. */
 DP_API void dp_client_opts_init(dp_client_opts *o);
 
 /*
@@ -188,7 +208,14 @@ DP_API int dp_client_open_units(const char *const *addrs, uint32_t n_units,
 /*
  * Disconnect and free. Memory from dp_client_alloc is unmapped (unless a
  * failed transfer may still touch it); regions from dp_client_register are
- * deregistered. NULL allowed. Must not race with any other call on c.
+ * deregistered. NULL allowed. After it, c must not be used again.
+ *
+ * Values of dp_client_get_alloc keep their client alive: close with values
+ * still alive disconnects from the units and deregisters the caller's regions
+ * at once, but the values stay readable, and their memory (with the transfer
+ * endpoint it is registered with) is freed by the last dp_values_destroy.
+ * Threads: must not race with any other call on c, except dp_values_destroy
+ * of its values (any thread).
  */
 DP_API void dp_client_close(dp_client *c);
 
@@ -276,7 +303,7 @@ DP_API int dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                          const char *const *fields, size_t n_fields,
                          const dp_value *values, int *row_status, dp_detail *d);
 
-/* One value to get (dp_client_get). */
+/* One value to get (dp_client_get). reserved: zero, as in dp_value. */
 typedef struct dp_get_item {
     const char *key;     /* in: "<gidx>@<field>", NUL-terminated */
     void *dst;           /* in: destination of cap bytes (NULL allowed when cap == 0) */
@@ -284,6 +311,7 @@ typedef struct dp_get_item {
     dp_value_desc *desc; /* in: NULL, or where to store kind, dtype, shape */
     uint64_t nbytes;     /* out: the value's size (also when it did not fit) */
     int status;          /* out: 0, DP_ENOTFOUND, DP_ETOOBIG, DP_ELOST, ... */
+    uint64_t reserved[2];
 } dp_get_item;
 
 /*
@@ -305,7 +333,10 @@ typedef struct dp_get_item {
  */
 DP_API int dp_client_get(dp_client *c, dp_get_item *items, size_t n, dp_detail *d);
 
-/* Values fetched by dp_client_get_alloc: opaque, freed with dp_values_destroy. */
+/*
+ * Values fetched by dp_client_get_alloc: opaque, freed with dp_values_destroy.
+ * They keep the client that made them alive (see dp_client_close).
+ */
 typedef struct dp_values dp_values;
 
 /*
@@ -329,8 +360,9 @@ DP_API int dp_values_get(const dp_values *v, size_t i, const void **data,
                          uint64_t *nbytes, const dp_value_desc **desc);
 
 /*
- * Free the values (their memory goes back to the client that made them, so
- * destroy them before closing that client). NULL allowed. Threads: any.
+ * Free the values: their memory goes back to the client that made them, or,
+ * when that client was closed and these were its last values, the client's
+ * remains are freed. NULL allowed. Threads: any.
  */
 DP_API void dp_values_destroy(dp_values *v);
 
@@ -384,8 +416,8 @@ DP_API void dp_client_stats_destroy(dp_client_stats *s);
 
 /*
  * This client's own counters (not the units'): what it did to stay correct
- * across unit restarts and outages. The struct may grow at its reserved tail;
- * fields keep their places.
+ * across unit restarts and outages. The struct grows into its reserved tail
+ * (filled with zeros today); fields keep their places.
  */
 typedef struct dp_client_counters {
     uint64_t restarts_seen;      /* unit restarts noticed (a new incarnation answered) */

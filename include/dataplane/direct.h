@@ -48,7 +48,7 @@ typedef struct dp_direct_req dp_direct_req;
 /* Most buffers in one object. */
 #define DP_DIRECT_BUFS_MAX 65536u
 
-/* One buffer: [addr, addr + len), len > 0. */
+/* One buffer: [addr, addr + len), len > 0. Its layout is fixed (like struct iovec). */
 typedef struct dp_direct_buf {
     void *addr;
     size_t len;
@@ -60,37 +60,52 @@ typedef enum dp_direct_backend {
     DP_DIRECT_BACKEND_UCX = 1,
 } dp_direct_backend;
 
-/* Creation options. dp_direct_opts_init (or a zeroed struct) gives the defaults. */
+/* remote_cache_size: keep no remote connected (connect around every fetch). */
+#define DP_DIRECT_REMOTE_CACHE_OFF (-1)
+
+/*
+ * Creation options. A zeroed struct (`dp_direct_opts o = {0};`, or
+ * dp_direct_opts_init) is valid and means the defaults: 0, false or NULL in
+ * any field leaves it at its default. reserved must be zero: it is where
+ * fields added later go; create refuses a non-zero reserved word (DP_EINVAL:
+ * the program was built against a newer header than this library).
+ */
 typedef struct dp_direct_opts {
-    /* The endpoint's name as peers see it; NULL: "direct-<random hex>". */
+    /* The endpoint's name as peers see it; NULL (the default): "direct-<random hex>". */
     const char *name;
-    /* AUTO, or UCX. The environment variable DP_DIRECT_BACKEND=ucx forces UCX. */
+    /*
+     * AUTO (0, the default), or UCX. The environment variable
+     * DP_DIRECT_BACKEND=ucx forces UCX.
+     */
     dp_direct_backend backend;
     /*
      * Remote endpoints kept connected, least recently used evicted first.
-     * 0: connect before and disconnect after every fetch. Negative: default (16).
+     * 0: the default, 16. DP_DIRECT_REMOTE_CACHE_OFF (any negative value):
+     * none, connect before and disconnect after every fetch.
      */
     int remote_cache_size;
-    /* Bytes of the pre-registered memory pool; 0: no pool (default). */
+    /* Bytes of the pre-registered memory pool; 0 (the default): no pool. */
     size_t pool_bytes;
-    /* Deadline of each READ the worker posts (seconds, > 0); 0: default (60). */
+    /* Deadline of each READ the worker posts, seconds (> 0); 0: the default, 60. */
     double xfer_timeout_s;
     /*
      * A fetch is read in pieces of at most this many bytes; an abort takes
-     * effect between pieces. 0: default (64 MiB).
+     * effect between pieces. 0: the default, 64 MiB.
      */
     size_t chunk_bytes;
-    /* Fetch worker threads (1..64); 0: default (2). */
+    /* Fetch worker threads (1..64); 0: the default, 2. */
     int n_workers;
     /*
-     * Do not run the endpoint's progress thread. A publisher whose memory the
-     * transport cannot map for its peers (plain malloc memory: RMA is then
-     * emulated) must progress to serve fetches, so leave this off there.
+     * Do not run the endpoint's progress thread (default false: it runs). A
+     * publisher whose memory the transport cannot map for its peers (plain
+     * malloc memory: RMA is then emulated) must progress to serve fetches, so
+     * leave this off there.
      */
     bool no_progress_thread;
+    uint64_t reserved[8];
 } dp_direct_opts;
 
-/* Fill o with the defaults. */
+/* Fill o with the defaults (the same as zeroing it). Threads: any. */
 DP_API void dp_direct_opts_init(dp_direct_opts *o);
 
 /*
@@ -103,12 +118,19 @@ DP_API void dp_direct_opts_init(dp_direct_opts *o);
 DP_API int dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d);
 
 /*
- * Stop the workers (pending requests fail with DP_ECLOSED), drop every object
- * and registration, close the endpoint. Memory a failed transfer may still
- * touch is kept for good (the process graveyard). Every request must have been
- * destroyed first. NULL allowed. Threads: must not race with other calls on t.
+ * Stop the workers, drop every object and registration, close the endpoint
+ * and free t. Memory a failed transfer may still touch is kept for good (the
+ * process graveyard).
+ *
+ * Refused while requests of t live (created by dp_direct_fetch and not yet
+ * dp_direct_req_destroy'ed, ended or not): DP_EBUSY, with d saying how many
+ * and the object id of one; nothing changes and t stays fully usable. Destroy
+ * the requests (which waits for running ones), then t. A request uses t's
+ * workers, endpoint and registration cache until it is destroyed, so t cannot
+ * go first. NULL allowed (DP_OK). Threads: must not race with other calls on
+ * t.
  */
-DP_API void dp_direct_destroy(dp_direct *t);
+DP_API int dp_direct_destroy(dp_direct *t, dp_detail *d);
 
 /* The endpoint name peers see (valid until destroy). Threads: any. */
 DP_API const char *dp_direct_name(const dp_direct *t);
@@ -129,7 +151,7 @@ DP_API int dp_direct_register_permanent(dp_direct *t, void *addr, size_t len,
 
 /*
  * Publish bufs[0..n) (n may be 0) under obj_id and return the transport
- * metadata in *md (malloc'd, caller frees) and *md_len. The buffers must stay
+ * metadata in *md and *md_len: the caller's, freed with dp_free. The buffers must stay
  * alive and unchanged until dp_direct_free(obj_id). With a pool, and when no
  * buffer has a registration of its own, the buffers are copied into pool
  * blocks (a buffer already pooled by another object shares that block and is
@@ -230,7 +252,10 @@ DP_API bool dp_direct_touches_unfinished(dp_direct *t, const void *addr, size_t 
 DP_API int dp_direct_md_describe(const void *md, size_t md_len, size_t *n,
                                  uint64_t *sizes, size_t cap, dp_detail *d);
 
-/* Counters. Threads: any. */
+/*
+ * Counters. The struct grows into its reserved tail (filled with zeros
+ * today); fields keep their places. Threads: any.
+ */
 typedef struct dp_direct_stats {
     uint64_t version;          /* metadata version: bumps on every deregistration */
     uint64_t objects;          /* published and not freed */
@@ -250,6 +275,7 @@ typedef struct dp_direct_stats {
     uint64_t remote_evictions; /* removed: LRU, size 0, or after a failure */
     uint64_t remotes_cached;   /* connected now */
     uint64_t fetch_by_waiter;  /* run by a dp_direct_wait(-1) caller, not a worker */
+    uint64_t reserved[12];
 } dp_direct_stats;
 DP_API void dp_direct_get_stats(dp_direct *t, dp_direct_stats *st);
 

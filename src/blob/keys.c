@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/common.h"
+
 const char *
 dp__quote_bytes(const char *s, size_t len, size_t max_shown, char *out, size_t cap)
 {

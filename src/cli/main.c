@@ -11,9 +11,8 @@
 
 #include "cli/cli.h"
 #include "common/common.h"
+#include "dataplane/version.h"
 #include "xfer/policy.h"
-
-#define DP_VERSION "0.1.0"
 
 int dp__cmd_unit(int argc, char **argv); /* cmd_unit.c */
 int dp__cmd_save(int argc, char **argv); /* cmd_checkpoint.c */
@@ -123,7 +122,7 @@ main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("dataplane %s\n", DP_VERSION);
+        printf("dataplane %s\n", DP_VERSION_STRING);
         return 0;
     }
     if (strcmp(cmd, "policy") == 0)

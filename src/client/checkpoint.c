@@ -1,7 +1,8 @@
 /*
  * Cluster checkpoints: drive save_shard / load_shard on every unit at once
- * (dp_ctl_call_many) and keep the manifest that makes a checkpoint complete.
- * See checkpoint.h for the layout and the crash guarantees.
+ * (dp_ctl_call_many) and keep the manifest that makes a checkpoint complete;
+ * re-home a checkpoint through a client. See checkpoint.h for the layout and
+ * the crash guarantees, include/dataplane/checkpoint.h for the API.
  */
 #include "client/checkpoint.h"
 
@@ -23,16 +24,17 @@
 #include "blob/crc32c.h"
 #include "blob/shard.h"
 #include "common/map.h"
-#include "dataplane/client.h"
 #include "wire/wire.h"
 
 #define MANIFEST_MAX ((size_t)1 << 30)
+
+#define DEFAULT_TIMEOUT_S 600.0
 
 void
 dp_ckpt_opts_init(dp_ckpt_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->timeout_s = 600;
+    o->timeout_s = DEFAULT_TIMEOUT_S;
 }
 
 static void say(const dp_ckpt_opts *o, const char *fmt, ...)
@@ -367,24 +369,40 @@ batch_run(batch *b, dp_ctl_client *c, dp_wire_op op, double timeout_s, dp_detail
 }
 
 /*
- * What every checkpoint call does first: the default options when o is NULL
- * (into *defo), a zeroed summary, dir made absolute into adir.
+ * What every checkpoint call does first: the caller's options (NULL: the
+ * defaults) with each 0 replaced by its default, checked, into *defo (*o then
+ * points there); a zeroed summary; dir made absolute into adir.
  */
 static int
 ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
            const char *dir, char adir[PATH_MAX], dp_detail *d)
 {
-    if (*o == NULL) {
-        dp_ckpt_opts_init(defo);
-        *o = defo;
-    }
+    if (sum == NULL)
+        return dp_fail(d, DP_EINVAL, "checkpoint: NULL summary");
     memset(sum, 0, sizeof *sum);
+    if (*o != NULL)
+        *defo = **o;
+    else
+        memset(defo, 0, sizeof *defo);
+    *o = defo;
+    for (size_t i = 0; i < DP_ARRAY_LEN(defo->reserved); i++)
+        if (defo->reserved[i] != 0)
+            return dp_fail(d, DP_EINVAL,
+                           "checkpoint: dp_ckpt_opts.reserved[%zu] is not zero (zero "
+                           "the struct)",
+                           i);
+    if (defo->timeout_s == 0)
+        defo->timeout_s = DEFAULT_TIMEOUT_S;
+    if (!(defo->timeout_s > 0) || defo->timeout_s > 1e9)
+        return dp_fail(d, DP_EINVAL,
+                       "checkpoint: timeout_s %g (seconds > 0, or 0 for the default)",
+                       defo->timeout_s);
     return abs_dir(dir, adir, PATH_MAX, d);
 }
 
 int
-dp_ckpt_save(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
-             const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+                    const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
 {
     dp_ckpt_opts defo;
     char adir[PATH_MAX], sub[PATH_MAX];
@@ -773,8 +791,8 @@ fail:
 }
 
 int
-dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
-             const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+                    const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
 {
     dp_ckpt_opts defo;
     char adir[PATH_MAX];
@@ -788,11 +806,12 @@ dp_ckpt_load(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     uint32_t n = pl.n;
     lunit *lu = pl.lu;
     if (n != cl->n_units) {
-        rc = dp_fail(d, DP_EINVAL,
-                     "checkpoint %s has %u units, the cluster has %u: rows are placed by "
-                     "gidx %% n_units, so its shards cannot be loaded as they are (load "
-                     "through a client to re-home it: `dataplane load` does)",
-                     sum->checkpoint, n, cl->n_units);
+        rc = dp_fail(
+            d, DP_EINVAL,
+            "checkpoint %s has %u units, the cluster has %u: rows are placed by "
+            "gidx %% n_units, so its shards cannot be loaded as they are (re-home "
+            "it through a client: dp_ckpt_rehome, as `dataplane load` does)",
+            sum->checkpoint, n, cl->n_units);
         goto out;
     }
     /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
@@ -875,9 +894,70 @@ out:
 
 /* ---- re-homing: a checkpoint of N units into a cluster of M ---- */
 
+/*
+ * The units c is connected to as a cluster (unit i at its address: the
+ * client checked at open that unit i says it is unit i of n) and a control
+ * client of this call's own, so a save or load never waits for c's lock and
+ * its requests never mix with c's.
+ */
+static int
+client_units(dp_client *c, dp_cluster *cl, dp_ctl_client **ctl, dp_detail *d)
+{
+    memset(cl, 0, sizeof *cl);
+    *ctl = NULL;
+    if (c == NULL)
+        return dp_fail(d, DP_EINVAL, "checkpoint: NULL client");
+    uint32_t n = dp_client_n_units(c);
+    cl->units = calloc(n > 0 ? n : 1, sizeof *cl->units);
+    if (cl->units == NULL)
+        return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+    cl->n_units = n;
+    for (uint32_t i = 0; i < n; i++) {
+        cl->units[i].id = i;
+        snprintf(cl->units[i].zmq, sizeof cl->units[i].zmq, "%s",
+                 dp_client_unit_address(c, i));
+    }
+    int rc = dp_ctl_client_create(ctl, d);
+    if (rc != 0)
+        dp_cluster_fini(cl);
+    return rc;
+}
+
+int
+dp_ckpt_save(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
+             dp_detail *d)
+{
+    dp_cluster cl;
+    dp_ctl_client *ctl;
+    int rc = client_units(c, &cl, &ctl, d);
+    if (rc != 0)
+        return rc;
+    rc = dp__ckpt_save_units(ctl, &cl, dir, o, sum, d);
+    dp_ctl_client_destroy(ctl);
+    dp_cluster_fini(&cl);
+    return rc;
+}
+
+int
+dp_ckpt_load(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
+             dp_detail *d)
+{
+    dp_cluster cl;
+    dp_ctl_client *ctl;
+    int rc = client_units(c, &cl, &ctl, d);
+    if (rc != 0)
+        return rc;
+    rc = dp__ckpt_load_units(ctl, &cl, dir, o, sum, d);
+    dp_ctl_client_destroy(ctl);
+    dp_cluster_fini(&cl);
+    return rc;
+}
+
 int
 dp_ckpt_peek(const char *dir, dp_ckpt_summary *sum, dp_detail *d)
 {
+    if (sum == NULL)
+        return dp_fail(d, DP_EINVAL, "checkpoint: NULL summary");
     memset(sum, 0, sizeof *sum);
     char adir[PATH_MAX];
     int rc = abs_dir(dir, adir, sizeof adir, d);
@@ -1036,6 +1116,8 @@ int
 dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
                dp_detail *d)
 {
+    if (c == NULL)
+        return dp_fail(d, DP_EINVAL, "checkpoint: NULL client");
     dp_ckpt_opts defo;
     char adir[PATH_MAX];
     int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);

@@ -10,6 +10,12 @@
  *   client have their own internal locks, taken inside c->mu (lock order:
  *   c->mu, then endpoint / ctl / graveyard internals). dp_values_destroy takes
  *   c->mu of the client that made the values.
+ * - Every live dp_values holds a reference on its client (n_values, under
+ *   c->mu): its memory is registered with c->ep. dp_client_close with values
+ *   alive marks the client closed, drops its control client and the caller's
+ *   regions, and leaves the rest to the last dp_values_destroy, which frees
+ *   the client (dp__client_free). Exactly one of the two frees it: both
+ *   decide under c->mu.
  * - Registered memory the client maps itself lives in c->bufs: staging
  *   buffers (one per operation, sized to the batch), buffers handed to the
  *   caller (dp_client_alloc), and buffers of dp_values. A buffer given back
@@ -39,6 +45,7 @@
 #include <unistd.h>
 
 #include "blob/keys.h"
+#include "dataplane/version.h"
 
 void (*dp__client_test_hook)(const char *stage);
 
@@ -102,17 +109,53 @@ dp_kind_name(dp_kind k)
     return "?";
 }
 
+/* The defaults of dp_client_opts (client.h): what 0 in a field stands for. */
+#define DEFAULT_TIMEOUT_S 30.0
+#define DEFAULT_CONNECT_TIMEOUT_S 30.0
+#define DEFAULT_STAGING_CACHE (256ull << 20)
+#define MAX_TIMEOUT_S 1e6
+
 void
 dp_client_opts_init(dp_client_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->timeout_s = 30;
-    o->connect_timeout_s = 30;
-    o->staging_cache_bytes = 256ull << 20;
-    o->crc = false;
-    o->spill = true;
-    o->require_rdma = false;
-    o->name = NULL;
+    o->timeout_s = DEFAULT_TIMEOUT_S;
+    o->connect_timeout_s = DEFAULT_CONNECT_TIMEOUT_S;
+    o->staging_cache_bytes = DEFAULT_STAGING_CACHE;
+}
+
+/*
+ * The caller's options (NULL: all defaults) with every 0 replaced by its
+ * default, checked. A non-zero reserved word is a field this library does not
+ * know: refused rather than ignored.
+ */
+static int
+opts_resolve(const dp_client_opts *in, dp_client_opts *o, dp_detail *d)
+{
+    if (in != NULL)
+        *o = *in;
+    else
+        memset(o, 0, sizeof *o);
+    for (size_t i = 0; i < DP_ARRAY_LEN(o->reserved); i++)
+        if (o->reserved[i] != 0)
+            return dp_fail(d, DP_EINVAL,
+                           "client: dp_client_opts.reserved[%zu] is not zero (zero the "
+                           "struct; a program built against a newer dataplane than %s "
+                           "needs that version)",
+                           i, DP_VERSION_STRING);
+    if (o->timeout_s == 0)
+        o->timeout_s = DEFAULT_TIMEOUT_S;
+    if (o->connect_timeout_s == 0)
+        o->connect_timeout_s = DEFAULT_CONNECT_TIMEOUT_S;
+    if (o->staging_cache_bytes == 0)
+        o->staging_cache_bytes = DEFAULT_STAGING_CACHE;
+    if (!(o->timeout_s > 0) || !(o->connect_timeout_s > 0) ||
+        o->timeout_s > MAX_TIMEOUT_S || o->connect_timeout_s > MAX_TIMEOUT_S)
+        return dp_fail(d, DP_EINVAL,
+                       "client: timeouts must be in (0, 1e6] s, or 0 for the default "
+                       "(timeout_s %g, connect_timeout_s %g)",
+                       o->timeout_s, o->connect_timeout_s);
+    return DP_OK;
 }
 
 int
@@ -385,14 +428,10 @@ client_new(const dp_client_opts *opts, uint32_t n_units, dp_client **out, dp_det
     if (c == NULL)
         return dp_fail(d, DP_ENOMEM, "client: out of memory");
     pthread_mutex_init(&c->mu, NULL);
-    if (opts != NULL)
-        c->o = *opts;
-    else
-        dp_client_opts_init(&c->o);
     *out = c;
-    if (!(c->o.timeout_s > 0) || !(c->o.connect_timeout_s > 0) || c->o.timeout_s > 1e6 ||
-        c->o.connect_timeout_s > 1e6)
-        return dp_fail(d, DP_EINVAL, "client: timeouts must be in (0, 1e6] s");
+    int rc = opts_resolve(opts, &c->o, d);
+    if (rc != DP_OK)
+        return rc;
     if (n_units == 0 || n_units > DP_CLUSTER_MAX_UNITS)
         return dp_fail(d, DP_EINVAL, "client: %u units (1..%u)", n_units,
                        DP_CLUSTER_MAX_UNITS);
@@ -405,7 +444,7 @@ client_new(const dp_client_opts *opts, uint32_t n_units, dp_client **out, dp_det
     if (c->units == NULL || c->builders == NULL || c->reqs == NULL || c->items == NULL ||
         c->rid == NULL)
         return dp_fail(d, DP_ENOMEM, "client: out of memory");
-    int rc = dp_wire_rid_gen_init(&c->rids, d);
+    rc = dp_wire_rid_gen_init(&c->rids, d);
     if (rc != 0)
         return rc;
     uint8_t rnd[8];
@@ -766,6 +805,35 @@ dp_client_close(dp_client *c)
 {
     if (c == NULL)
         return;
+    /*
+     * Live dp_values keep the client: their memory is registered with its
+     * endpoint, and dp_values_destroy gives it back under c->mu. Close then
+     * lets go of what values do not need (the units' connections, the
+     * caller's regions, which the caller may free after close) and the last
+     * dp_values_destroy frees the rest (dp__client_free).
+     */
+    pthread_mutex_lock(&c->mu);
+    c->closed = true;
+    bool keep = c->n_values > 0;
+    dp_ctl_client *ctl = NULL;
+    if (keep) {
+        for (size_t i = 0; i < c->n_regions; i++)
+            dp_endpoint_deregister(c->ep, c->regions[i].p, NULL);
+        c->n_regions = 0;
+        ctl = c->ctl;
+        c->ctl = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (keep) {
+        dp_ctl_client_destroy(ctl);
+        return;
+    }
+    dp__client_free(c);
+}
+
+void
+dp__client_free(dp_client *c)
+{
     if (c->ep != NULL) {
         for (size_t i = 0; i < c->n_bufs; i++) {
             if (c->bufs[i].state == DP__BUF_RETIRED ||

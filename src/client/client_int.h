@@ -89,6 +89,13 @@ struct dp_client {
 
     dp_client_counters cnt; /* the caller's view: dp_client_counters_get */
 
+    /*
+     * Live dp_values of this client (each keeps it alive), and whether
+     * dp_client_close was called: the last dp_values_destroy then frees it.
+     */
+    size_t n_values;
+    bool closed;
+
     /* Per-unit scratch reused by every operation (no per-op allocation). */
     dp_blob_builder **builders; /* n_units, created on first use */
     dp_buf *reqs;               /* n_units encoded requests */
@@ -149,6 +156,12 @@ int dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **
                               dp_detail *d);
 /* Give a buffer back: cached, or retired when an unfinished transfer touches it. */
 void dp__client_buf_put_locked(dp_client *c, uint8_t *p);
+
+/*
+ * Free c and everything it holds (the end of dp_client_close, or of the last
+ * dp_values_destroy after it). Nothing else may use c.
+ */
+void dp__client_free(dp_client *c);
 
 /* True if [p, p + n) lies in memory the caller may transfer to/from directly. */
 bool dp__client_direct_locked(const dp_client *c, const void *p, uint64_t n);

@@ -46,7 +46,7 @@ typedef struct key_state {
 } key_state;
 
 struct dp_values {
-    dp_client *c;
+    dp_client *c; /* counted in c->n_values once set; NULL before */
     size_t n;
     dp_get_item *items;
     dp_value_desc *descs;
@@ -575,7 +575,6 @@ dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values *
     dp_values *v = calloc(1, sizeof *v);
     if (v == NULL)
         return dp_fail(d, DP_ENOMEM, "get: out of memory");
-    v->c = c;
     v->n = n;
     v->items = calloc(n > 0 ? n : 1, sizeof *v->items);
     v->descs = calloc(n > 0 ? n : 1, sizeof *v->descs);
@@ -588,11 +587,12 @@ dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values *
         v->items[i].desc = &v->descs[i];
     }
     int rc = DP_OK;
-    if (n > 0) {
-        pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->mu);
+    v->c = c;
+    c->n_values++; /* v keeps c alive until dp_values_destroy */
+    if (n > 0)
         rc = get_locked(c, v->items, n, v, d);
-        pthread_mutex_unlock(&c->mu);
-    }
+    pthread_mutex_unlock(&c->mu);
     if (rc == DP_EINVAL || rc == DP_ENOMEM) {
         bool any = false;
         for (size_t i = 0; i < n && !any; i++)
@@ -637,14 +637,20 @@ dp_values_destroy(dp_values *v)
 {
     if (v == NULL)
         return;
-    if (v->n_bufs > 0) {
-        pthread_mutex_lock(&v->c->mu);
+    dp_client *c = v->c;
+    bool last = false;
+    if (c != NULL) {
+        pthread_mutex_lock(&c->mu);
         for (size_t i = 0; i < v->n_bufs; i++)
-            dp__client_buf_put_locked(v->c, v->bufs[i]);
-        pthread_mutex_unlock(&v->c->mu);
+            dp__client_buf_put_locked(c, v->bufs[i]);
+        c->n_values--;
+        last = c->closed && c->n_values == 0;
+        pthread_mutex_unlock(&c->mu);
     }
     free(v->bufs);
     free(v->items);
     free(v->descs);
     free(v);
+    if (last)
+        dp__client_free(c); /* closed, and these were its last values */
 }

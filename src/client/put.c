@@ -224,7 +224,7 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             q.a.alloc.blob_id = dp_wire_s(pu->blob_id);
             q.a.alloc.nbytes = pu->lay.total_len;
             q.a.alloc.n_entries = pu->n_ent;
-            q.a.alloc.spill = c->o.spill;
+            q.a.alloc.spill = !c->o.no_spill;
             /* Who writes the region: lets the unit reclaim it if this process dies. */
             q.a.alloc.writer = dp_wire_s(c->blob_prefix);
             q.a.alloc.pid = (uint64_t)getpid();
@@ -625,7 +625,7 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         n_ent += pu->n_ent;
         /* Too big for the put area and (spilling) for the IO area: refused up front. */
         if (pu->lay.total_len > c->units[u].slab_bytes &&
-            (!c->o.spill || pu->lay.total_len > c->units[u].io_bytes)) {
+            (c->o.no_spill || pu->lay.total_len > c->units[u].io_bytes)) {
             rc = dp_fail(d, DP_ETOOBIG,
                          "put: the blob for unit %u (%s) needs %" PRIu64
                          " bytes, more than its slab of %" PRIu64 " bytes",

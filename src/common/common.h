@@ -5,11 +5,36 @@
 #ifndef DP_COMMON_H
 #define DP_COMMON_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "dataplane/err.h"
+
+/*
+ * Filling a dp_detail (src/common/err.c). Internal: the public API only reads
+ * details (dp_detail_msg), it does not make them.
+ */
+
+/*
+ * Record a failure in d (NULL allowed) and return code, so a caller writes
+ * `return dp_fail(d, DP_EINVAL, "nbytes %zu > area %zu", n, cap);`.
+ */
+int dp_fail(dp_detail *d, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int dp_vfail(dp_detail *d, int code, const char *fmt, va_list ap);
+
+/* Record DP_ESYS with err_no kept and strerror(err_no) appended. Returns DP_ESYS. */
+int dp_fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/*
+ * Prefix d's message with context ("unit 3: " + old message) and return d's code
+ * (or fallback when d is NULL or empty). Use when passing an inner failure up.
+ */
+int dp_fail_ctx(dp_detail *d, int fallback, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #define DP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define DP_MIN(a, b) ((a) < (b) ? (a) : (b))

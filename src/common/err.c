@@ -1,37 +1,67 @@
 /*
- * Error codes and detail strings (see include/dataplane/err.h).
+ * The base of the public API (include/dataplane/err.h, version.h): error
+ * codes and detail strings, the library's version, and dp_free. The dp_fail
+ * helpers that fill details are internal (common/common.h).
  */
-#include "dataplane/err.h"
-
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-static const char *const err_msgs[] = {[DP_OK] = "success",
-#define DP_ERR_MSG_(name, msg) [name] = msg,
-                                       DP_ERRORS(DP_ERR_MSG_)
-#undef DP_ERR_MSG_
-};
+#include "common/common.h"
+#include "dataplane/version.h"
 
-static const char *const err_names[] = {[DP_OK] = "DP_OK",
-#define DP_ERR_NAME_(name, msg) [name] = #name,
-                                        DP_ERRORS(DP_ERR_NAME_)
-#undef DP_ERR_NAME_
-};
-
+/*
+ * Codes are sparse numbers (err.h): a switch generated from the list, never
+ * an array indexed by code, so any int is safe to ask about.
+ */
 const char *
 dp_strerror(int code)
 {
-    if (code < 0 || code >= DP_ERR_COUNT_)
+    switch (code) {
+    case DP_OK:
+        return "success";
+#define DP_ERR_MSG_(name, value, msg)                                                    \
+    case name:                                                                           \
+        return msg;
+        DP_ERRORS(DP_ERR_MSG_)
+#undef DP_ERR_MSG_
+    default:
         return "unknown error code";
-    return err_msgs[code];
+    }
 }
 
 const char *
 dp_errname(int code)
 {
-    if (code < 0 || code >= DP_ERR_COUNT_)
+    switch (code) {
+    case DP_OK:
+        return "DP_OK";
+#define DP_ERR_NAME_(name, value, msg)                                                   \
+    case name:                                                                           \
+        return #name;
+        DP_ERRORS(DP_ERR_NAME_)
+#undef DP_ERR_NAME_
+    default:
         return "DP_E?";
-    return err_names[code];
+    }
+}
+
+unsigned int
+dp_version(void)
+{
+    return DP_VERSION_HEX;
+}
+
+const char *
+dp_version_string(void)
+{
+    return DP_VERSION_STRING;
+}
+
+void
+dp_free(void *p)
+{
+    free(p);
 }
 
 void

@@ -1,6 +1,6 @@
 /*
- * Direct transport (seed 004): publish buffers under an object id, fetch them
- * from another process with one-sided READ over the endpoint (src/xfer).
+ * Direct transport: publish buffers under an object id, fetch them from
+ * another process with one-sided READ over the endpoint (src/xfer).
  *
  * Design notes
  * ------------
@@ -32,6 +32,9 @@
  *   charged with dp_graveyard_retain_buffer).
  * - dp_direct_req_destroy waits for the request to end (aborting it first), so
  *   memory is released only by the caller's thread, never under a transfer.
+ * - A request uses its transport (workers, endpoint, cache) until it is
+ *   destroyed, so dp_direct_destroy refuses (DP_EBUSY) while the live list
+ *   is not empty, checked under mu; it never frees under a request.
  *
  * Remote LRU
  * - lru holds the connected remotes with the endpoint generation, metadata
@@ -70,6 +73,7 @@
 #include "alloc/slab_alloc.h"
 #include "common/common.h"
 #include "common/map.h"
+#include "dataplane/version.h"
 #include "direct/direct_md.h"
 #include "xfer/endpoint.h"
 #include "xfer/graveyard.h"
@@ -761,7 +765,10 @@ void
 dp_direct_opts_init(dp_direct_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->remote_cache_size = -1;
+    o->remote_cache_size = DEFAULT_LRU;
+    o->xfer_timeout_s = DEFAULT_TIMEOUT_S;
+    o->chunk_bytes = DEFAULT_CHUNK;
+    o->n_workers = DEFAULT_WORKERS;
 }
 
 const char *
@@ -785,7 +792,14 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
     if (opts != NULL)
         o = *opts;
     else
-        dp_direct_opts_init(&o);
+        memset(&o, 0, sizeof o); /* zero is every default */
+    for (size_t i = 0; i < DP_ARRAY_LEN(o.reserved); i++)
+        if (o.reserved[i] != 0)
+            return dp_fail(d, DP_EINVAL,
+                           "direct: dp_direct_opts.reserved[%zu] is not zero (zero the "
+                           "struct; a program built against a newer dataplane than %s "
+                           "needs that version)",
+                           i, DP_VERSION_STRING);
     if (o.n_workers < 0 || o.n_workers > MAX_WORKERS || o.xfer_timeout_s < 0 ||
         !isfinite(o.xfer_timeout_s) ||
         (o.backend != DP_DIRECT_BACKEND_AUTO && o.backend != DP_DIRECT_BACKEND_UCX))
@@ -817,7 +831,9 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
     if (t == NULL)
         return dp_fail(d, DP_ENOMEM, "direct: transport object");
     int rc;
-    t->lru_max = o.remote_cache_size < 0 ? DEFAULT_LRU : o.remote_cache_size;
+    t->lru_max = o.remote_cache_size == 0  ? DEFAULT_LRU
+                 : o.remote_cache_size < 0 ? 0 /* DP_DIRECT_REMOTE_CACHE_OFF */
+                                           : o.remote_cache_size;
     t->timeout_s = o.xfer_timeout_s > 0 ? o.xfer_timeout_s : DEFAULT_TIMEOUT_S;
     t->chunk = o.chunk_bytes > 0 ? o.chunk_bytes : DEFAULT_CHUNK;
     t->n_workers = o.n_workers > 0 ? o.n_workers : DEFAULT_WORKERS;
@@ -880,27 +896,30 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
     *out = t;
     return DP_OK;
 fail:
-    dp_direct_destroy(t);
+    dp_direct_destroy(t, NULL);
     return rc;
 }
 
-void
-dp_direct_destroy(dp_direct *t)
+int
+dp_direct_destroy(dp_direct *t, dp_detail *d)
 {
     if (t == NULL)
-        return;
+        return DP_OK;
     if (t->locks_init) {
         pthread_mutex_lock(&t->mu);
-        t->stopping = true;
-        for (dp_direct_req *r = t->live; r != NULL; r = r->lnext) {
-            r->aborted = true;
-            if (r->state == REQ_QUEUED) {
-                set_state(r, REQ_END);
-                r->rc = dp_fail(&r->det, DP_ECLOSED, "direct: transport destroyed");
-            }
+        if (t->live != NULL) {
+            size_t n = 0;
+            for (dp_direct_req *r = t->live; r != NULL; r = r->lnext)
+                n++;
+            int rc = dp_fail(d, DP_EBUSY,
+                             "direct %s: %zu fetch request%s still alive (object %s): "
+                             "dp_direct_req_destroy them before destroying the transport",
+                             t->name, n, n == 1 ? " is" : "s are", t->live->obj_id);
+            pthread_mutex_unlock(&t->mu);
+            return rc;
         }
-        t->qhead = t->qtail = NULL;
-        pthread_cond_broadcast(&t->cv);
+        /* No request lives: the queue is empty and no waiter runs a fetch. */
+        t->stopping = true;
         pthread_cond_broadcast(&t->work_cv);
         pthread_mutex_unlock(&t->mu);
     }
@@ -930,6 +949,7 @@ dp_direct_destroy(dp_direct *t)
         pthread_cond_destroy(&t->lru_cv);
     }
     free(t);
+    return DP_OK;
 }
 
 int
