@@ -196,6 +196,45 @@ dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q)
     dp_buf_fini(&b);
 }
 
+static void
+send_abort(dp_client *c, uint32_t u, const char *blob_id, bool in_flight)
+{
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ABORT;
+    q.a.abort.blob_id = dp_wire_s(blob_id);
+    q.a.abort.in_flight = in_flight;
+    dp__client_notify_locked(c, u, &q);
+}
+
+void
+dp__client_abort_locked(dp_client *c, uint32_t u, const char *blob_id, bool in_flight)
+{
+    dp__unit_conn *uc = &c->units[u];
+    send_abort(c, u, blob_id, in_flight);
+    uint32_t cap = (uint32_t)DP_ARRAY_LEN(uc->aborts);
+    if (uc->n_aborts == cap) { /* the oldest goes: its lease covers it */
+        memmove(uc->aborts, uc->aborts + 1, (cap - 1) * sizeof uc->aborts[0]);
+        uc->n_aborts--;
+    }
+    snprintf(uc->aborts[uc->n_aborts].id, sizeof uc->aborts[0].id, "%s", blob_id);
+    uc->aborts[uc->n_aborts++].in_flight = in_flight;
+}
+
+/*
+ * Unit u answered: the aborts sent to it since it last did go out once more
+ * (to the same process only: another one never heard of those blobs).
+ */
+static void
+aborts_again_locked(dp_client *c, uint32_t u, bool same_process)
+{
+    dp__unit_conn *uc = &c->units[u];
+    uint32_t n = uc->n_aborts;
+    uc->n_aborts = 0;
+    for (uint32_t i = 0; same_process && i < n; i++)
+        send_abort(c, u, uc->aborts[i].id, uc->aborts[i].in_flight);
+}
+
 /* ---- registered memory ---- */
 
 static size_t
@@ -516,8 +555,10 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
     uc->io_bytes = in->io_bytes;
     uc->region_bytes = uc->slab_bytes + uc->io_bytes;
     uc->read_pin_s = in->read_pin_ms > 0 ? (double)in->read_pin_ms / 1e3 : 10.0;
+    aborts_again_locked(c, u, uc->incarnation == in->incarnation);
     uc->incarnation = in->incarnation;
     uc->stale = false;
+    uc->ep_suspect = false;
     uc->lane = DP_XFER_LANE_UNKNOWN;
     uc->tls[0] = '\0';
     dp_endpoint_remote_lane(c->ep, uc->remote, &uc->lane, uc->tls, sizeof uc->tls, NULL);
@@ -610,6 +651,8 @@ dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp_wire_reply *rep
                               bool report, dp_detail *d)
 {
     dp__unit_conn *uc = &c->units[u];
+    aborts_again_locked(c, u,
+                        rep->incarnation == 0 || rep->incarnation == uc->incarnation);
     if (rep->incarnation == 0 || rep->incarnation == uc->incarnation)
         return DP_OK;
     if (!uc->stale || uc->seen_incarnation != rep->incarnation) {
@@ -648,7 +691,8 @@ dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double de
         dp_detail_clear(&dets[i]);
         dp__unit_conn *uc = &c->units[units[i]];
         bool failed =
-            !uc->stale && dp_endpoint_remote_check(c->ep, uc->remote, NULL) != 0;
+            !uc->stale &&
+            (uc->ep_suspect || dp_endpoint_remote_check(c->ep, uc->remote, NULL) != 0);
         if (!uc->stale && !failed)
             continue;
         if (oom) {
@@ -669,7 +713,7 @@ dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double de
             if (rc == 0) {
                 uint64_t was = uc->incarnation;
                 uint64_t now_inc = reps[k].r.info.incarnation;
-                bool restarted = now_inc != was;
+                bool restarted = now_inc != was, stalled = uc->ep_suspect;
                 if (restarted && (!uc->stale || uc->seen_incarnation != now_inc)) {
                     c->cnt.restarts_seen++;
                     uc->restart_unreported = true;
@@ -681,7 +725,9 @@ dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double de
                     DP_LOG_I("client: unit %u (%s) re-bound to incarnation %016" PRIx64
                              " (%s)",
                              u, uc->addr, now_inc,
-                             restarted ? "it restarted" : "its transfer endpoint failed");
+                             restarted ? "it restarted"
+                             : stalled ? "its transfers stalled"
+                                       : "its transfer endpoint failed");
                     if (uc->restart_unreported) {
                         uc->restart_unreported = false;
                         rc = dp_fail(&idet[k], DP_ERESTARTED,

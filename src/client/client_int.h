@@ -42,6 +42,21 @@ typedef struct dp__unit_conn {
     bool stale;
     bool restart_unreported;
     uint64_t seen_incarnation;
+    /*
+     * ep_suspect: a transfer to it stalled while its control plane answered
+     * (a stalled connection, not a dead unit): re-create the endpoint before
+     * the next transfer. aborts: the aborts sent to it since it last answered
+     * (the newest 16). A notify gets no reply, and one queued on a connection
+     * that then drops is lost; so each is sent once more when the unit next
+     * answers (aborts are idempotent: blob ids are never reused), and a lost
+     * one does not leave its region to the lease.
+     */
+    bool ep_suspect;
+    uint32_t n_aborts;
+    struct {
+        char id[40];
+        bool in_flight;
+    } aborts[16];
 } dp__unit_conn;
 
 /* State of a registered buffer the client mapped itself. */
@@ -127,6 +142,13 @@ int dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_req
 
 /* Send a notify (abort, unpin) to unit u; failures are only logged. */
 void dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q);
+
+/*
+ * abort(blob_id, in_flight) to unit u, kept to be sent once more when u next
+ * answers (see dp__unit_conn.aborts).
+ */
+void dp__client_abort_locked(dp_client *c, uint32_t u, const char *blob_id,
+                             bool in_flight);
 
 /*
  * Check which process answered: DP_OK when rep came from the incarnation u's

@@ -448,6 +448,13 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
                 }
             }
             if (results[o] != 0) {
+                /*
+                 * The unit answered this round's resolve: a READ that timed out
+                 * or failed over a network lane means a stalled connection, which
+                 * is made anew before the next transfer.
+                 */
+                if (c->units[u].lane != DP_XFER_LANE_SHM)
+                    c->units[u].ep_suspect = true;
                 ur[u].rc = results[o];
                 ur[u].det = xdet[o];
                 dp_fail_ctx(&ur[u].det, results[o], "READ of %s",

@@ -89,12 +89,7 @@ pu_fail(put_unit *pu, int code, const char *fmt, ...)
 static void
 send_abort_locked(dp_client *c, put_unit *pu, bool in_flight)
 {
-    dp_wire_request q;
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_ABORT;
-    q.a.abort.blob_id = dp_wire_s(pu->blob_id);
-    q.a.abort.in_flight = in_flight;
-    dp__client_notify_locked(c, pu->u, &q);
+    dp__client_abort_locked(c, pu->u, pu->blob_id, in_flight);
 }
 
 static int
@@ -404,6 +399,13 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         bool in_flight = e == DP_XFER_UNFINISHED ||
                          (e == DP_XFER_ENDED && results[s] != DP_ETIMEDOUT &&
                           c->units[pu->u].lane != DP_XFER_LANE_SHM);
+        /*
+         * Its alloc was just answered, so the unit lives: a WRITE that stalls
+         * over a network lane means a stalled connection (TCP backing off after
+         * an outage): a new one is made before the next transfer.
+         */
+        if (e == DP_XFER_UNFINISHED && c->units[pu->u].lane != DP_XFER_LANE_SHM)
+            c->units[pu->u].ep_suspect = true;
         send_abort_locked(c, pu, in_flight);
         dp_fail_ctx(&pu->det, results[s], "WRITE of blob %s (%" PRIu64 " bytes%s)",
                     pu->blob_id, pu->lay.total_len,
