@@ -2,7 +2,8 @@
  * libFuzzer target for src/blob/shard: dp_shard_rows_parse on arbitrary
  * bytes (a checkpoint's rows file comes from disk). A file that parses must
  * have every record, id and live list inside the bytes, ids of the allowed
- * characters, and parse to the same records again.
+ * characters, parse to the same records again, and encode back to the same
+ * bytes with the rows-file encoders a save writes it with.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -14,6 +15,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int one(const uint8_t *data, size_t size, bool fix_crc);
+static void reencode(const uint8_t *p, size_t size, const dp_shard_rows *r);
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -67,7 +69,40 @@ one(const uint8_t *data, size_t size, bool fix_crc)
             again.v[i].n_live != r.v[i].n_live)
             abort();
     dp_shard_rows_fini(&again);
+    reencode(p, size, &r);
     dp_shard_rows_fini(&r);
     free(p);
     return (int)(live_total & 0); /* keep the loop */
+}
+
+/* The encoders give back exactly the bytes that parsed to r. */
+static void
+reencode(const uint8_t *p, size_t size, const dp_shard_rows *r)
+{
+    uint8_t *q = malloc(size);
+    if (q == NULL)
+        return;
+    size_t n = 0;
+    dp_shard_rows_header_encode(r->unit_id, r->n_units, r->n, q);
+    n += DP_SHARD_ROWS_HEADER_LEN;
+    for (uint32_t i = 0; i < r->n; i++) {
+        uint8_t rec[DP_SHARD_ROW_HEAD_MAX];
+        size_t m = dp_shard_row_encode(&r->v[i], rec);
+        if (n + m > size)
+            abort();
+        memcpy(q + n, rec, m);
+        n += m;
+        for (uint32_t k = 0; k < r->v[i].n_live; k++) {
+            if (n + 4 > size)
+                abort();
+            dp_shard_live_encode(dp_shard_row_live(&r->v[i], k), q + n);
+            n += 4;
+        }
+    }
+    if (n + DP_SHARD_ROWS_TRAILER_LEN != size)
+        abort();
+    dp_shard_rows_trailer_encode(dp_crc32c(q, n), q + n);
+    if (memcmp(p, q, size) != 0)
+        abort();
+    free(q);
 }

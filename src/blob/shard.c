@@ -1,13 +1,26 @@
 /*
- * Rows-file parser of a checkpoint shard (see shard.h).
+ * The checkpoint shard format (see shard.h): the shard file's header and
+ * trailer, the rows file, and reading a shard's blobs back with every check
+ * a load makes. The unit writes shards with the encoders and loads them with
+ * the readers; a client that re-homes a checkpoint reads them with the same
+ * code, so the format and its checks have one owner.
  */
 #include "blob/shard.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "blob/crc32c.h"
+
+/* Scratch for bytes a sequential pass reads only for their CRC. */
+#define SCRATCH_BYTES ((size_t)1 << 20)
+/* Largest single pread into a caller's buffer. */
+#define READ_MAX ((uint64_t)1 << 30)
 
 static uint32_t
 rd_u32(const uint8_t *p)
@@ -20,6 +33,20 @@ static uint64_t
 rd_u64(const uint8_t *p)
 {
     return (uint64_t)rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32;
+}
+
+static void
+wr_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void
+wr_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 
 static bool
@@ -35,6 +62,82 @@ id_ok(const char *s, uint32_t n)
     }
     return true;
 }
+
+/* ---- shard file: header and trailer ---- */
+
+void
+dp_shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN])
+{
+    memcpy(out, DP_SHARD_MAGIC, 8);
+    wr_u32(out + 8, DP_SHARD_VERSION);
+    wr_u32(out + 12, h->unit_id);
+    wr_u32(out + 16, h->n_units);
+    wr_u32(out + 20, h->n_blobs);
+    wr_u64(out + 24, h->data_bytes);
+}
+
+int
+dp_shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
+                       dp_shard_header *h, dp_detail *d)
+{
+    memset(h, 0, sizeof *h);
+    if (memcmp(p, DP_SHARD_MAGIC, 8) != 0)
+        return dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset 0", name);
+    if (rd_u32(p + 8) != DP_SHARD_VERSION)
+        return dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
+                       rd_u32(p + 8), DP_SHARD_VERSION);
+    h->unit_id = rd_u32(p + 12);
+    h->n_units = rd_u32(p + 16);
+    h->n_blobs = rd_u32(p + 20);
+    h->data_bytes = rd_u64(p + 24);
+    h->crc = dp_crc32c(p, DP_SHARD_HEADER_LEN);
+    return DP_OK;
+}
+
+uint64_t
+dp_shard_data_end(const dp_shard_header *h)
+{
+    return DP_SHARD_HEADER_LEN + h->data_bytes;
+}
+
+int
+dp_shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *name,
+                   dp_detail *d)
+{
+    if (h->data_bytes > file_len ||
+        file_len - h->data_bytes != DP_SHARD_HEADER_LEN + DP_SHARD_TRAILER_LEN)
+        return dp_fail(d, DP_ECORRUPT,
+                       "%s: %" PRIu64 " bytes, the header (offset 24) says %" PRIu64
+                       " of data: truncated or corrupted",
+                       name, file_len, h->data_bytes);
+    return DP_OK;
+}
+
+void
+dp_shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
+                        uint8_t out[DP_SHARD_TRAILER_LEN])
+{
+    uint8_t hdr[DP_SHARD_HEADER_LEN];
+    dp_shard_header_encode(h, hdr);
+    memcpy(out, DP_SHARD_END_MAGIC, 8);
+    wr_u64(out + 8, h->data_bytes);
+    wr_u32(out + 16, data_crc);
+    wr_u32(out + 20, dp_crc32c(hdr, sizeof hdr));
+}
+
+int
+dp_shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp_shard_header *h,
+                        const char *name, uint32_t *data_crc, dp_detail *d)
+{
+    if (memcmp(p, DP_SHARD_END_MAGIC, 8) != 0 || rd_u64(p + 8) != h->data_bytes ||
+        rd_u32(p + 20) != h->crc)
+        return dp_fail(d, DP_ECORRUPT, "%s: bad trailer at offset %" PRIu64, name,
+                       dp_shard_data_end(h));
+    *data_crc = rd_u32(p + 16);
+    return DP_OK;
+}
+
+/* ---- rows file ---- */
 
 uint32_t
 dp_shard_row_live(const dp_shard_row *r, uint32_t k)
@@ -56,7 +159,7 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_r
                     dp_detail *d)
 {
     memset(out, 0, sizeof *out);
-    if (len < 36)
+    if (len < DP_SHARD_ROWS_HEADER_LEN + DP_SHARD_ROWS_TRAILER_LEN)
         return dp_fail(d, DP_ECORRUPT,
                        "%s: %" PRIu64 " bytes: not a rows file (offset 0)", name, len);
     if (memcmp(p, DP_ROWS_MAGIC, 8) != 0 ||
@@ -77,7 +180,7 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_r
     dp_shard_row *r = calloc(n ? n : 1, sizeof *r);
     if (r == NULL)
         return dp_fail(d, DP_ENOMEM, "%s: out of memory for %u blobs", name, n);
-    uint64_t pos = 24, end = len - 12;
+    uint64_t pos = DP_SHARD_ROWS_HEADER_LEN, end = len - DP_SHARD_ROWS_TRAILER_LEN;
     for (uint32_t i = 0; i < n; i++) {
         if (end - pos < 1 || end - pos - 1 < (uint64_t)p[pos] + 24 || p[pos] == 0 ||
             p[pos] > DP_SHARD_ID_MAX) {
@@ -109,4 +212,308 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_r
     out->n = n;
     out->v = r;
     return DP_OK;
+}
+
+int
+dp_shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out, dp_detail *d)
+{
+    *buf = NULL;
+    memset(out, 0, sizeof *out);
+    int fd = -1;
+    uint64_t len = 0;
+    int rc = dp_shard_file_open(name, &fd, &len, d);
+    if (rc != 0)
+        return rc;
+    if (len < DP_SHARD_ROWS_HEADER_LEN + DP_SHARD_ROWS_TRAILER_LEN ||
+        len > DP_SHARD_ROWS_MAX) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " bytes: not a rows file (offset 0)",
+                     name, len);
+        goto out;
+    }
+    uint8_t *p = malloc((size_t)len);
+    if (p == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "load: out of memory for %s", name);
+        goto out;
+    }
+    *buf = p;
+    if ((rc = dp_shard_pread(fd, p, (size_t)len, 0, name, d)) != 0)
+        goto out;
+    rc = dp_shard_rows_parse(p, len, name, out, d);
+out:
+    close(fd);
+    if (rc != 0) {
+        free(*buf);
+        *buf = NULL;
+    }
+    return rc;
+}
+
+int
+dp_shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
+                    const char *rows_name, const char *shard_name, dp_detail *d)
+{
+    if (h->n_blobs != rows->n)
+        return dp_fail(d, DP_ECORRUPT, "%s: %u blobs (offset 20), %s lists %u",
+                       shard_name, h->n_blobs, rows_name, rows->n);
+    uint64_t end = dp_shard_data_end(h);
+    for (uint32_t i = 0; i < rows->n; i++) {
+        const dp_shard_row *r = &rows->v[i];
+        if (r->off < DP_SHARD_HEADER_LEN || r->nbytes == 0 || r->off > end ||
+            r->nbytes > end - r->off)
+            return dp_fail(
+                d, DP_ECORRUPT,
+                "%s: blob %.*s at [%" PRIu64 ", +%" PRIu64 ") is outside the data of %s",
+                rows_name, (int)r->id_len, r->id, r->off, r->nbytes, shard_name);
+    }
+    return DP_OK;
+}
+
+void
+dp_shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n_blobs,
+                            uint8_t out[DP_SHARD_ROWS_HEADER_LEN])
+{
+    memcpy(out, DP_ROWS_MAGIC, 8);
+    wr_u32(out + 8, DP_SHARD_VERSION);
+    wr_u32(out + 12, unit_id);
+    wr_u32(out + 16, n_units);
+    wr_u32(out + 20, n_blobs);
+}
+
+size_t
+dp_shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX])
+{
+    DP_ASSERT(r->id_len > 0 && r->id_len <= DP_SHARD_ID_MAX);
+    out[0] = (uint8_t)r->id_len;
+    memcpy(out + 1, r->id, r->id_len);
+    uint8_t *q = out + 1 + r->id_len;
+    wr_u64(q, r->off);
+    wr_u64(q + 8, r->nbytes);
+    wr_u32(q + 16, r->crc);
+    wr_u32(q + 20, r->n_live);
+    return (size_t)(q + 24 - out);
+}
+
+void
+dp_shard_live_encode(uint32_t entry, uint8_t out[4])
+{
+    wr_u32(out, entry);
+}
+
+void
+dp_shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILER_LEN])
+{
+    wr_u32(out, crc);
+    memcpy(out + 4, DP_ROWS_END_MAGIC, 8);
+}
+
+/* ---- reading ---- */
+
+int
+dp_shard_file_open(const char *name, int *out, uint64_t *len, dp_detail *d)
+{
+    int fd = open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return dp_fail_sys(d, errno, "opening %s", name);
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return dp_fail_sys(d, e, "stat of %s", name);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dp_fail(d, DP_EINVAL, "%s is not a regular file", name);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *out = fd;
+    *len = (uint64_t)st.st_size;
+    return DP_OK;
+}
+
+int
+dp_shard_pread(int fd, void *pv, size_t n, uint64_t off, const char *name, dp_detail *d)
+{
+    uint8_t *p = pv;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, DP_MIN(n, (size_t)READ_MAX), (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return dp_fail_sys(d, errno, "reading %s at offset %" PRIu64, name, off);
+        if (r == 0)
+            return dp_fail(d, DP_ECORRUPT, "%s: truncated: ends at offset %" PRIu64, name,
+                           off);
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return DP_OK;
+}
+
+/*
+ * Read r's bytes at r->off into dst (in reads of up to 1 GiB), or, with dst
+ * NULL, through scratch (SCRATCH_BYTES); *crc gets their CRC32C.
+ */
+static int
+read_blob(int fd, const char *name, const dp_shard_row *r, uint8_t *dst, uint8_t *scratch,
+          uint32_t *crc, dp_detail *d)
+{
+    uint32_t c = 0;
+    uint64_t pos = r->off;
+    for (uint64_t done = 0; done < r->nbytes;) {
+        size_t n = (size_t)DP_MIN(r->nbytes - done, dst ? READ_MAX : SCRATCH_BYTES);
+        uint8_t *p = dst ? dst + done : scratch;
+        int rc = dp_shard_pread(fd, p, n, pos, name, d);
+        if (rc != 0)
+            return rc;
+        c = dp_crc32c_update(c, p, n);
+        done += n;
+        pos += n;
+    }
+    *crc = c;
+    return DP_OK;
+}
+
+static int
+crc_mismatch(const char *name, const dp_shard_row *r, dp_detail *d)
+{
+    return dp_fail(d, DP_ECORRUPT,
+                   "%s: blob %.*s at offset %" PRIu64 " (%" PRIu64
+                   " bytes): CRC mismatch",
+                   name, (int)r->id_len, r->id, r->off, r->nbytes);
+}
+
+/* Pass over [rd->pos, off), keeping only the CRC. */
+static int
+reader_skip(dp_shard_reader *rd, uint64_t off, dp_detail *d)
+{
+    while (rd->pos < off) {
+        size_t n = (size_t)DP_MIN(off - rd->pos, (uint64_t)SCRATCH_BYTES);
+        int rc = dp_shard_pread(rd->fd, rd->buf, n, rd->pos, rd->name, d);
+        if (rc != 0)
+            return rc;
+        rd->crc = dp_crc32c_update(rd->crc, rd->buf, n);
+        rd->pos += n;
+    }
+    return DP_OK;
+}
+
+int
+dp_shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
+                     const dp_shard_header *h, dp_detail *d)
+{
+    memset(rd, 0, sizeof *rd);
+    rd->fd = fd;
+    rd->name = name;
+    rd->pos = DP_SHARD_HEADER_LEN;
+    rd->end = dp_shard_data_end(h);
+    rd->buf = malloc(SCRATCH_BYTES);
+    if (rd->buf == NULL)
+        return dp_fail(d, DP_ENOMEM, "load: out of memory");
+    return DP_OK;
+}
+
+void
+dp_shard_reader_fini(dp_shard_reader *rd)
+{
+    if (rd == NULL)
+        return;
+    free(rd->buf);
+    rd->buf = NULL;
+}
+
+int
+dp_shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
+                     dp_detail *d)
+{
+    if (r->off < rd->pos || r->off > rd->end || r->nbytes > rd->end - r->off)
+        return dp_fail(d, DP_EINVAL,
+                       "%s: blob %.*s at [%" PRIu64 ", +%" PRIu64
+                       ") is behind offset %" PRIu64 " or outside the data",
+                       rd->name, (int)r->id_len, r->id, r->off, r->nbytes, rd->pos);
+    int rc = reader_skip(rd, r->off, d);
+    if (rc != 0)
+        return rc;
+    uint32_t c = 0;
+    if ((rc = read_blob(rd->fd, rd->name, r, dst, rd->buf, &c, d)) != 0)
+        return rc;
+    rd->pos += r->nbytes;
+    rd->crc = dp_crc32c_combine(rd->crc, c, r->nbytes);
+    return c == r->crc ? DP_OK : crc_mismatch(rd->name, r, d);
+}
+
+int
+dp_shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d)
+{
+    int rc = reader_skip(rd, rd->end, d);
+    if (rc != 0)
+        return rc;
+    if (rd->crc != data_crc)
+        return dp_fail(d, DP_ECORRUPT, "%s: data CRC mismatch over [%u, %" PRIu64 ")",
+                       rd->name, DP_SHARD_HEADER_LEN, rd->end);
+    return DP_OK;
+}
+
+int
+dp_shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst,
+                   dp_detail *d)
+{
+    uint32_t c = 0;
+    int rc = read_blob(fd, name, r, dst, NULL, &c, d);
+    if (rc != 0)
+        return rc;
+    return c == r->crc ? DP_OK : crc_mismatch(name, r, d);
+}
+
+/* ---- checking a blob ---- */
+
+void
+dp_shard_blob_fini(dp_shard_blob *b)
+{
+    if (b == NULL)
+        return;
+    dp_blob_destroy(b->parsed);
+    free(b->keep);
+    free(b->live);
+    memset(b, 0, sizeof *b);
+}
+
+int
+dp_shard_blob_check(const dp_shard_row *r, const uint8_t *p, const dp_blob_parse_opts *po,
+                    const char *shard_name, const char *rows_name, dp_shard_blob *out,
+                    dp_detail *d)
+{
+    memset(out, 0, sizeof *out);
+    int rc = dp_blob_parse(p, (size_t)r->nbytes, po, &out->parsed, d);
+    if (rc != 0)
+        return dp_fail_ctx(d, rc, "%s: blob %.*s at offset %" PRIu64, shard_name,
+                           (int)r->id_len, r->id, r->off);
+    uint32_t ne = dp_blob_count(out->parsed);
+    out->keep = calloc(ne ? ne : 1, 1);
+    out->live = malloc((r->n_live ? r->n_live : 1) * sizeof *out->live);
+    if (out->keep == NULL || out->live == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "load: out of memory");
+        goto fail;
+    }
+    for (uint32_t j = 0; j < r->n_live; j++) {
+        uint32_t e = dp_shard_row_live(r, j);
+        if (e >= ne || out->keep[e]) {
+            rc = dp_fail(d, DP_ECORRUPT, "%s: blob %.*s: live entry %u of %u", rows_name,
+                         (int)r->id_len, r->id, e, ne);
+            goto fail;
+        }
+        out->keep[e] = 1;
+        out->live[out->n_live++] = e;
+    }
+    if (out->n_live == 0) {
+        rc = dp_fail(d, DP_ECORRUPT, "%s: blob %.*s has no live entry", rows_name,
+                     (int)r->id_len, r->id);
+        goto fail;
+    }
+    return DP_OK;
+fail:
+    dp_shard_blob_fini(out);
+    return rc;
 }

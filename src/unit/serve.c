@@ -1,11 +1,12 @@
 /*
- * The unit's control-message handler (DESIGN section 7): the dp_ctl_handler
- * that dp_ctl_server calls on its thread for every request. It decodes the
+ * The unit's control-message handler (docs/design.md, "Control-message codec"
+ * and "Storage unit"): the dp_ctl_handler that dp_ctl_server calls on its
+ * thread for every request. It decodes the
  * message with src/wire, runs the op on the unit core under the unit lock and
  * encodes the reply while still holding it (results of resolve, scan and
  * read_bytes are views into unit state that only the lock keeps valid).
  *
- * Invariant 4 (bad input never stops the unit): every malformed request whose
+ * Bad input never stops the unit: every malformed request whose
  * request id can be read gets a Protocol error reply naming what was wrong;
  * one whose id cannot be read, and every failed notify (unpin, abort), is
  * dropped. Nothing here can fail in a way that stops the server thread.
@@ -189,6 +190,138 @@ defer_admin(dp_unit *u, const uint8_t *msg, size_t len)
     return true;
 }
 
+static void
+do_resolve(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_unit_resolve_res res;
+    dp_unit_lock(u);
+    int rc = dp_unit_resolve_locked(u, req->a.resolve.blob_ids.v,
+                                    req->a.resolve.blob_ids.n, &res, &d);
+    if (rc == 0) {
+        dp_wire_resolve_res *r = &rep->r.resolve;
+        r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
+        r->blobs = (dp_wire_blob_locs){res.blobs, res.n_blobs};
+        r->missing = (dp_wire_strs){res.missing, res.n_missing};
+        r->pending = (dp_wire_strs){res.pending, res.n_pending};
+        r->failed = (dp_wire_strs){res.failed, res.n_failed};
+        reply_ok(u, rep, reply);
+        dp_unit_resolve_res_fini(&res);
+    } else {
+        reply_error(u, req->rid, rc, &d, NULL, reply);
+    }
+    dp_unit_unlock(u);
+}
+
+static void
+do_resolve_keys(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_unit_resolve_keys_res res;
+    dp_unit_lock(u);
+    int rc = dp_unit_resolve_keys_locked(u, req->a.resolve_keys.keys.v,
+                                         req->a.resolve_keys.keys.n, &res, &d);
+    if (rc == 0) {
+        dp_wire_resolve_keys_res *r = &rep->r.resolve_keys;
+        r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
+        r->entries = (dp_wire_key_locs){res.entries, res.n_entries};
+        r->missing = (dp_wire_strs){res.missing, res.n_missing};
+        r->pending = (dp_wire_strs){res.pending, res.n_pending};
+        r->failed = (dp_wire_strs){res.failed, res.n_failed};
+        reply_ok(u, rep, reply);
+        dp_unit_resolve_keys_res_fini(&res);
+    } else {
+        reply_error(u, req->rid, rc, &d, NULL, reply);
+    }
+    dp_unit_unlock(u);
+}
+
+static void
+do_release_rows(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    /* A row of another unit: the client's cluster is not this unit's. */
+    const dp_wire_u64s *g = &req->a.release_rows.gidxs;
+    dp_wire_info me;
+    dp_unit_lock(u);
+    dp_unit_info_locked(u, &me);
+    dp_unit_unlock(u);
+    uint32_t bad = g->n;
+    for (uint32_t i = 0; i < g->n && bad == g->n; i++)
+        if (g->v[i] % me.n_units != me.unit_id)
+            bad = i;
+    if (bad < g->n) {
+        dp_fail(&d, DP_EPROTO,
+                "release_rows: row %" PRIu64 " belongs to unit %" PRIu64
+                ", this is unit %" PRIu64 " of %" PRIu64
+                " (the client's cluster lists the units in another order, or has "
+                "another size); nothing released",
+                g->v[bad], g->v[bad] % me.n_units, me.unit_id, me.n_units);
+        reply_error(u, req->rid, DP_EPROTO, &d, NULL, reply);
+        return;
+    }
+    rep->r.dropped = dp_unit_release_rows(u, g->v, g->n);
+    reply_ok(u, rep, reply);
+}
+
+static void
+do_scan(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_wire_fields *recs = NULL;
+    uint32_t n = 0;
+    dp_unit_lock(u);
+    int rc = dp_unit_scan_locked(u, &recs, &n, &d);
+    if (rc == 0) {
+        rep->r.scan = (dp_wire_scan_res){recs, n};
+        reply_ok(u, rep, reply);
+    } else {
+        reply_error(u, req->rid, rc, &d, NULL, reply);
+    }
+    dp_unit_unlock(u);
+    dp_unit_fields_free(recs, n);
+}
+
+static void
+do_stats(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_wire_fields f = {0};
+    dp_unit_lock(u);
+    int rc = dp_unit_stats_locked(u, &f, &d);
+    if (rc == 0) {
+        rep->r.stats = f;
+        reply_ok(u, rep, reply);
+    } else {
+        reply_error(u, req->rid, rc, &d, NULL, reply);
+    }
+    dp_unit_unlock(u);
+    free(f.v);
+}
+
+static void
+do_read_bytes(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    const uint8_t *p = NULL;
+    dp_unit_lock(u);
+    int rc = dp_unit_read_bytes_locked(u, req->a.read_bytes.off, req->a.read_bytes.nbytes,
+                                       &p, &d);
+    if (rc == 0) {
+        rep->r.bytes = (dp_wire_bytes){p, (uint32_t)req->a.read_bytes.nbytes};
+        reply_ok(u, rep, reply);
+    } else {
+        reply_error(u, req->rid, rc, &d, NULL, reply);
+    }
+    dp_unit_unlock(u);
+}
+
 void
 dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 {
@@ -242,114 +375,24 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
     case DP_WIRE_OP_UNPIN:
         dp_unit_unpin(u, req.a.unpin.pin_id.p, req.a.unpin.pin_id.n);
         break;
-    case DP_WIRE_OP_RESOLVE: {
-        dp_unit_resolve_res res;
-        dp_unit_lock(u);
-        rc = dp_unit_resolve_locked(u, req.a.resolve.blob_ids.v, req.a.resolve.blob_ids.n,
-                                    &res, &d);
-        if (rc == 0) {
-            dp_wire_resolve_res *r = &rep.r.resolve;
-            r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
-            r->blobs = (dp_wire_blob_locs){res.blobs, res.n_blobs};
-            r->missing = (dp_wire_strs){res.missing, res.n_missing};
-            r->pending = (dp_wire_strs){res.pending, res.n_pending};
-            r->failed = (dp_wire_strs){res.failed, res.n_failed};
-            reply_ok(u, &rep, reply);
-            dp_unit_resolve_res_fini(&res);
-        } else {
-            reply_error(u, req.rid, rc, &d, NULL, reply);
-        }
-        dp_unit_unlock(u);
+    case DP_WIRE_OP_RESOLVE:
+        do_resolve(u, &req, &rep, reply);
         break;
-    }
-    case DP_WIRE_OP_RESOLVE_KEYS: {
-        dp_unit_resolve_keys_res res;
-        dp_unit_lock(u);
-        rc = dp_unit_resolve_keys_locked(u, req.a.resolve_keys.keys.v,
-                                         req.a.resolve_keys.keys.n, &res, &d);
-        if (rc == 0) {
-            dp_wire_resolve_keys_res *r = &rep.r.resolve_keys;
-            r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
-            r->entries = (dp_wire_key_locs){res.entries, res.n_entries};
-            r->missing = (dp_wire_strs){res.missing, res.n_missing};
-            r->pending = (dp_wire_strs){res.pending, res.n_pending};
-            r->failed = (dp_wire_strs){res.failed, res.n_failed};
-            reply_ok(u, &rep, reply);
-            dp_unit_resolve_keys_res_fini(&res);
-        } else {
-            reply_error(u, req.rid, rc, &d, NULL, reply);
-        }
-        dp_unit_unlock(u);
+    case DP_WIRE_OP_RESOLVE_KEYS:
+        do_resolve_keys(u, &req, &rep, reply);
         break;
-    }
-    case DP_WIRE_OP_RELEASE_ROWS: {
-        /* A row of another unit: the client's cluster is not this unit's. */
-        const dp_wire_u64s *g = &req.a.release_rows.gidxs;
-        dp_wire_info me;
-        dp_unit_lock(u);
-        dp_unit_info_locked(u, &me);
-        dp_unit_unlock(u);
-        uint32_t bad = g->n;
-        for (uint32_t i = 0; i < g->n && bad == g->n; i++)
-            if (g->v[i] % me.n_units != me.unit_id)
-                bad = i;
-        if (bad < g->n) {
-            dp_fail(&d, DP_EPROTO,
-                    "release_rows: row %" PRIu64 " belongs to unit %" PRIu64
-                    ", this is unit %" PRIu64 " of %" PRIu64
-                    " (the client's cluster lists the units in another order, or has "
-                    "another size); nothing released",
-                    g->v[bad], g->v[bad] % me.n_units, me.unit_id, me.n_units);
-            reply_error(u, req.rid, DP_EPROTO, &d, NULL, reply);
-            break;
-        }
-        rep.r.dropped = dp_unit_release_rows(u, g->v, g->n);
-        reply_ok(u, &rep, reply);
+    case DP_WIRE_OP_RELEASE_ROWS:
+        do_release_rows(u, &req, &rep, reply);
         break;
-    }
-    case DP_WIRE_OP_SCAN: {
-        dp_wire_fields *recs = NULL;
-        uint32_t n = 0;
-        dp_unit_lock(u);
-        rc = dp_unit_scan_locked(u, &recs, &n, &d);
-        if (rc == 0) {
-            rep.r.scan = (dp_wire_scan_res){recs, n};
-            reply_ok(u, &rep, reply);
-        } else {
-            reply_error(u, req.rid, rc, &d, NULL, reply);
-        }
-        dp_unit_unlock(u);
-        dp_unit_fields_free(recs, n);
+    case DP_WIRE_OP_SCAN:
+        do_scan(u, &req, &rep, reply);
         break;
-    }
-    case DP_WIRE_OP_STATS: {
-        dp_wire_fields f = {0};
-        dp_unit_lock(u);
-        rc = dp_unit_stats_locked(u, &f, &d);
-        if (rc == 0) {
-            rep.r.stats = f;
-            reply_ok(u, &rep, reply);
-        } else {
-            reply_error(u, req.rid, rc, &d, NULL, reply);
-        }
-        dp_unit_unlock(u);
-        free(f.v);
+    case DP_WIRE_OP_STATS:
+        do_stats(u, &req, &rep, reply);
         break;
-    }
-    case DP_WIRE_OP_READ_BYTES: {
-        const uint8_t *p = NULL;
-        dp_unit_lock(u);
-        rc = dp_unit_read_bytes_locked(u, req.a.read_bytes.off, req.a.read_bytes.nbytes,
-                                       &p, &d);
-        if (rc == 0) {
-            rep.r.bytes = (dp_wire_bytes){p, (uint32_t)req.a.read_bytes.nbytes};
-            reply_ok(u, &rep, reply);
-        } else {
-            reply_error(u, req.rid, rc, &d, NULL, reply);
-        }
-        dp_unit_unlock(u);
+    case DP_WIRE_OP_READ_BYTES:
+        do_read_bytes(u, &req, &rep, reply);
         break;
-    }
     case DP_WIRE_OP_SAVE_SHARD:
     case DP_WIRE_OP_LOAD_SHARD:
         if (!defer_admin(u, msg, len))

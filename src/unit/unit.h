@@ -1,8 +1,10 @@
 /*
- * The storage unit core (DESIGN section 6): one registered DRAM slab, its
- * put-area allocator, the blob table, the row index, pins, quarantine and
- * retired regions. It knows nothing of ZMQ: serve.c decodes control messages
- * and calls the operations here; tests call them directly.
+ * The storage unit core (docs/design.md, "Storage unit"): one registered
+ * DRAM slab, its put-area allocator, the blob table, the row index, pins,
+ * quarantine and retired regions, the SSD tier and checkpoints. It knows
+ * nothing of ZMQ: serve.c decodes control messages and calls the operations
+ * here; tests call them directly. This is the module's interface; its files
+ * share src/unit/unit_int.h among themselves only.
  *
  * Clients move the bytes themselves (one-sided WRITE into an alloc'd region,
  * READ out of a resolved one); the unit only hands out regions, publishes
@@ -21,7 +23,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "blob/shard.h"
 #include "common/common.h"
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
@@ -47,7 +48,7 @@ typedef struct dp_unit_opts {
     double quarantine_s;  /* a region whose pin expired waits this long (default 5) */
     dp_unit_numa numa;
     /*
-     * SSD tier (DESIGN section 9), on when ssd_dir is set: a put the put area
+     * SSD tier (docs/design.md, "SSD tier"), on when ssd_dir is set: a put the put area
      * cannot take (alloc with spill) goes to a file in ssd_dir through the IO
      * area, and a read of such a blob stages it back into the IO area first.
      * ssd_dir is copied at create; it must be an existing directory the unit
@@ -288,43 +289,87 @@ uint64_t dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n);
 int dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d);
 void dp_unit_fields_free(dp_wire_fields *recs, uint32_t n);
 
-/* Counters (names are static strings). fields->v malloc'd: free(fields->v). */
+/*
+ * The unit's counters, one table: X(field, wire name). It gives the fields of
+ * dp_unit_stats, the stats reply's fields in this order (under these names:
+ * tests and the CLI read them) and what the 30 s log line reports. Most are
+ * counted by the unit as it goes; the rest (marked "read") are read off its
+ * options, tables, allocators and writers when asked (src/unit/stats.c).
+ */
+#define DP_UNIT_STATS(X)                                                                 \
+    X(unit_id, "unit_id")             /* read: this unit's index */                      \
+    X(n_units, "n_units")             /* read */                                         \
+    X(slab_bytes, "slab_bytes")       /* read: the put area */                           \
+    X(blobs, "blobs")                 /* read: in the table: uncommitted + published */  \
+    X(published, "published")         /* published blobs in the table */                 \
+    X(rows, "rows")                   /* read: rows of the row index */                  \
+    X(entries, "entries")             /* keys of the row index */                        \
+    X(pins, "pins")                   /* read: live pins */                              \
+    X(zombies, "zombies")             /* released blobs kept for their pins or holds */  \
+    X(zombie_bytes, "zombie_bytes")   /* of those, in the put area */                    \
+    X(retired_bytes, "retired_bytes") /* read: retired: a WRITE may still land there */  \
+    X(n_retired, "retired")           /* read */                                         \
+    X(retired_kept_bytes, "retired_kept_bytes") /* read: of those, kept for good */      \
+    X(reclaimed_bytes, "reclaimed_bytes")       /* read: retired regions handed back */  \
+    X(n_reclaimed, "reclaimed")                 /* read */                               \
+    X(allocs_reclaimed, "allocs_reclaimed")     /* open allocations of writers gone */   \
+    X(allocs_reclaimed_bytes, "allocs_reclaimed_bytes")                                  \
+    X(writers, "writers") /* read: with an open allocation or retired region */          \
+    X(writers_gone, "writers_gone")         /* read: of those, proved unable to write */ \
+    X(identity_refused, "identity_refused") /* commits naming another allocation */      \
+    X(leases_expired, "leases_expired")     /* allocations retired by the ticker */      \
+    X(pins_expired, "pins_expired")                                                      \
+    X(allocated_bytes, "allocated_bytes")     /* read: the put area's allocator */       \
+    X(free_bytes, "free_bytes")               /* read */                                 \
+    X(quarantined_bytes, "quarantined_bytes") /* read */                                 \
+    X(largest_free, "largest_free")           /* read */                                 \
+    X(n_alloc, "allocs")                                                                 \
+    X(n_commit, "commits")                                                               \
+    X(n_abort, "aborts")                                                                 \
+    X(n_resolve, "resolves")                                                             \
+    X(n_unpin, "unpins")                                                                 \
+    X(n_release, "releases")                                                             \
+    X(n_busy, "busy")                                                                    \
+    X(n_full, "unit_full")                                                               \
+    X(n_proto, "protocol_errors")                                                        \
+    X(n_ticks, "ticks")                                                                  \
+    X(io_bytes, "io_bytes") /* read: the IO area, 0 without the SSD tier */              \
+    X(io_allocated_bytes, "io_allocated_bytes")     /* read: the IO area's allocator */  \
+    X(io_free_bytes, "io_free_bytes")               /* read */                           \
+    X(io_quarantined_bytes, "io_quarantined_bytes") /* read */                           \
+    X(io_jobs, "io_jobs")                           /* read: queued + running */         \
+    X(disk_blobs, "disk_blobs") /* published blobs on disk (and zombies of them) */      \
+    X(disk_bytes, "disk_bytes")                                                          \
+    X(staged_blobs, "staged_blobs") /* disk blobs with a staged copy */                  \
+    X(staged_bytes, "staged_bytes")                                                      \
+    X(spills, "spills")                                                                  \
+    X(spill_bytes, "spill_bytes")                                                        \
+    X(spills_failed, "spills_failed")                                                    \
+    X(spills_superseded, "spills_superseded") /* every key replaced before it ended */   \
+    X(stages, "stages")                                                                  \
+    X(stage_bytes, "stage_bytes")                                                        \
+    X(stages_failed, "stages_failed")                                                    \
+    X(evictions, "evictions")                                                            \
+    X(files_open, "files_open")                                                          \
+    X(io_zombie_bytes, "io_zombie_bytes") /* zombies' bytes in the IO area */            \
+    X(saves, "saves")                                                                    \
+    X(loads, "loads")                                                                    \
+    X(loaded_blobs, "loaded_blobs")                                                      \
+    X(admin_running, "saves_loads_running") /* read: saves and loads running now */
+
+/* The counters as numbers (tests; copied under the lock). */
+typedef struct dp_unit_stats {
+#define DP_UNIT_STATS_FIELD(field, wire) uint64_t field;
+    DP_UNIT_STATS(DP_UNIT_STATS_FIELD)
+#undef DP_UNIT_STATS_FIELD
+} dp_unit_stats;
+
+/*
+ * The counters as the stats reply carries them (names are static strings).
+ * fields->v malloc'd: free(fields->v).
+ */
 int dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d);
 
-/* Counters for tests (copied under the lock). */
-typedef struct dp_unit_stats {
-    uint64_t blobs;         /* in the table: uncommitted + published */
-    uint64_t published;     /* published blobs in the table */
-    uint64_t rows, entries; /* row index size */
-    uint64_t pins;          /* live pins */
-    uint64_t zombies;       /* released blobs kept for their pins */
-    uint64_t zombie_bytes;
-    uint64_t retired_bytes; /* regions retired now: a WRITE may still land in them */
-    uint64_t n_retired;
-    uint64_t retired_kept_bytes; /* of those, kept for good (no proof can come) */
-    uint64_t reclaimed_bytes;    /* retired regions handed back (writer gone) */
-    uint64_t n_reclaimed;
-    uint64_t allocs_reclaimed; /* open allocations of writers that are gone */
-    uint64_t allocs_reclaimed_bytes;
-    uint64_t writers, writers_gone;
-    uint64_t identity_refused; /* commits of blobs that named another allocation */
-    uint64_t leases_expired;   /* allocations retired by the ticker */
-    uint64_t pins_expired;
-    uint64_t allocated_bytes, free_bytes, quarantined_bytes, largest_free;
-    uint64_t n_alloc, n_commit, n_busy, n_full, n_proto;
-    /* SSD tier */
-    uint64_t io_allocated_bytes, io_free_bytes, io_quarantined_bytes;
-    uint64_t disk_blobs, disk_bytes;     /* published blobs on disk */
-    uint64_t staged_blobs, staged_bytes; /* of those, with a staged copy */
-    uint64_t io_jobs;                    /* queued + running */
-    uint64_t spills, spill_bytes, spills_failed;
-    uint64_t spills_superseded; /* finished after every key was overwritten or released */
-    uint64_t stages, stage_bytes, stages_failed, evictions;
-    uint64_t files_open;
-    /* Checkpoints */
-    uint64_t saves, loads, loaded_blobs;
-    uint32_t admin_running; /* saves and loads running now */
-} dp_unit_stats;
 void dp_unit_get_stats(dp_unit *u, dp_unit_stats *st);
 
 /*
@@ -349,7 +394,7 @@ void dp_unit_tick(dp_unit *u);
  */
 int dp_unit_check(dp_unit *u, dp_detail *d);
 
-/* ---- checkpoints (DESIGN section 9, seed 002 save_shard / load_shard) ---- */
+/* ---- checkpoints (docs/design.md, "Checkpoints") ---- */
 
 /*
  * Paths. The control plane is trusted to name files on the unit's host: a

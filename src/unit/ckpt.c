@@ -1,0 +1,787 @@
+/*
+ * Checkpoints of one unit: save_shard writes its live blobs into a shard and
+ * its rows file, load_shard reads them back (docs/design.md, "Checkpoints").
+ * The files' format, and every check a reader makes, belong to
+ * src/blob/shard.c; this file decides what is saved, holds it while the
+ * bytes go to disk, and allocates, fills and publishes what is loaded.
+ *
+ * Design notes
+ * ------------
+ * Save. Under mu: list the published blobs, the entries of each that the row
+ * index still points at (the live keys: an overwritten or cleared key of a
+ * blob's own index is not saved as live), dup the fd of each disk blob, and
+ * take a hold on each (n_holds; the running saves' hold sets are listed in
+ * u->holds for dp_unit_check). A hold keeps a record like a pin does: a
+ * release meanwhile makes it a zombie (its region and fd stay), freed when the
+ * last pin and hold end. Outside mu, on the caller's thread (for serve.c a
+ * thread of its own, whose reply is deferred: the ctl thread goes on serving;
+ * destroy stops it at its next blob and waits, see dp_unit_admin_wait), the
+ * blobs are copied from the put area (published bytes never change) or from
+ * the dup'd fd into path.tmp and path.rows.tmp (O_EXCL), fsync'd and renamed
+ * without replacing anything. Back under mu the holds end. A spill not yet
+ * acknowledged is not published: not saved.
+ *
+ * Load. Under mu: a put-area region per blob not already in the table (or,
+ * with spill and the SSD tier, a spill file to come). Outside mu: one
+ * sequential pass over the shard filling the regions, checking each blob's
+ * CRC32C and the whole data's, parsing each blob's index as commit does
+ * (dp_shard_reader_blob, dp_shard_blob_check), and writing the spill files.
+ * Back under mu: everything is published (only the live entries,
+ * dp__rows_publish_locked's keep), or, on any failure, the regions are freed
+ * (never exposed: no transfer can have touched them) and nothing is.
+ *
+ * Trust: paths come from the control plane, which is trusted to name files
+ * on this host (checked: absolute, bounded, no control characters); the unit
+ * writes only path.tmp / path.rows.tmp and their renames.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc/slab_alloc.h"
+#include "blob/crc32c.h"
+#include "blob/shard.h"
+#include "unit/unit_int.h"
+
+/* Chunk of a disk blob's file copied at a time by a save. */
+#define CK_CHUNK ((size_t)1 << 20)
+/* Live entry indexes encoded per write of a rows record. */
+#define CK_LIVE_BATCH 256
+
+/* Copy a client path into buf (NUL-terminated) if it passes the rules. */
+static int
+ck_path(const char *p, size_t n, char *buf, const char *op, dp_detail *d)
+{
+    if (n < 2 || n > DP_UNIT_PATH_MAX || p[0] != '/')
+        return dp_fail(d, DP_EINVAL, "%s: path must be absolute and 2..%d bytes long", op,
+                       DP_UNIT_PATH_MAX);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+            return dp_fail(d, DP_EINVAL,
+                           "%s: path has a NUL or control character at byte %zu", op, i);
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    return 0;
+}
+
+/* dst = base + suffix; dst has DP_UNIT_PATH_MAX + 16 bytes, base passed ck_path. */
+static void
+ck_name(char *dst, const char *base, const char *suffix)
+{
+    size_t n = strlen(base), m = strlen(suffix);
+    DP_ASSERT(n <= DP_UNIT_PATH_MAX && m < 16);
+    memcpy(dst, base, n);
+    memcpy(dst + n, suffix, m + 1);
+}
+
+/* Sequential writer with a running CRC32C of what it wrote. */
+typedef struct ck_out {
+    int fd;
+    uint64_t pos;
+    uint32_t crc;
+    const char *name;
+} ck_out;
+
+static int
+ck_write(ck_out *o, const void *pv, size_t n, dp_detail *d)
+{
+    const uint8_t *p = pv;
+    o->crc = dp_crc32c_update(o->crc, p, n);
+    while (n > 0) {
+        ssize_t w = write(o->fd, p, DP_MIN(n, (size_t)1 << 30));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return dp_fail_sys(d, w < 0 ? errno : EIO, "writing %s at offset %" PRIu64,
+                               o->name, o->pos);
+        p += w;
+        n -= (size_t)w;
+        o->pos += (uint64_t)w;
+    }
+    return 0;
+}
+
+static int
+ck_create_tmp(const char *tmp, int *fd, dp_detail *d)
+{
+    *fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (*fd < 0 && errno == EEXIST)
+        return dp_fail(d, DP_EEXIST,
+                       "creating %s: it exists (a save that died?); not overwritten",
+                       tmp);
+    if (*fd < 0)
+        return dp_fail_sys(d, errno, "creating %s", tmp);
+    return 0;
+}
+
+/* fsync, close and rename tmp to final; the fd is closed either way. */
+static int
+ck_finish(int fd, const char *tmp, const char *final, dp_detail *d)
+{
+    int rc = 0;
+    if (fsync(fd) != 0)
+        rc = dp_fail_sys(d, errno, "fsync of %s", tmp);
+    if (close(fd) != 0 && rc == 0)
+        rc = dp_fail_sys(d, errno, "closing %s", tmp);
+    /* Never replaces a file: a save writes only names that did not exist. */
+    if (rc == 0 && renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE) != 0)
+        rc = errno == EEXIST ? dp_fail(d, DP_EEXIST,
+                                       "renaming %s: %s exists; not replaced", tmp, final)
+                             : dp_fail_sys(d, errno, "renaming %s to %s", tmp, final);
+    return rc;
+}
+
+/* One blob of a save's snapshot. */
+typedef struct ck_snap {
+    blob_rec *b;
+    uint64_t nbytes;
+    uint64_t refs;
+    const uint8_t *src; /* put-area copy, or NULL */
+    int fd;             /* dup of a disk blob's fd, or -1 */
+    uint32_t *live;
+    uint32_t n_live;
+} ck_snap;
+
+/* A running save: its files and its snapshot. */
+typedef struct ck_save {
+    char fin[DP_UNIT_PATH_MAX + 16], tmp[DP_UNIT_PATH_MAX + 16];
+    char rfin[DP_UNIT_PATH_MAX + 16], rtmp[DP_UNIT_PATH_MAX + 16];
+    uint32_t unit_id, n_units;
+    hold_set h;
+    ck_snap *sn;
+    uint32_t n;
+    uint8_t *buf; /* CK_CHUNK, for disk blobs */
+    int fd, rfd;
+    bool tmp_made, rtmp_made;
+    ck_out so, ro; /* the shard and the rows file */
+    uint32_t data_crc;
+} ck_save;
+
+/* Drop the holds of a save (its blobs may be freed now). */
+static void
+holds_release_locked(dp_unit *u, hold_set *h)
+{
+    for (hold_set **pp = &u->holds; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    }
+    double now = dp__unit_now(u);
+    for (uint32_t i = 0; i < h->n; i++) {
+        blob_rec *b = h->b[i];
+        DP_ASSERT(b->n_holds > 0);
+        b->n_holds--;
+        if (b->state == REC_ZOMBIE && b->n_pins == 0 && b->n_holds == 0) {
+            dp__rec_zombie_count_locked(u, b, -1);
+            dp__rec_drop_locked(u, b, now);
+        }
+    }
+    h->n = 0;
+}
+
+/* Snapshot the live blobs and hold them. Nothing held on error. */
+static int
+snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_detail *d)
+{
+    int rc = DP_ENOMEM;
+    uint64_t cap = u->stats.published;
+    ck_snap *sn = calloc(cap ? cap : 1, sizeof *sn);
+    h->b = calloc(cap ? cap : 1, sizeof *h->b);
+    h->n = 0;
+    if (sn == NULL || h->b == NULL)
+        goto nomem;
+    size_t it = 0;
+    void *v;
+    uint32_t n = 0;
+    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+        blob_rec *b = v;
+        if (b->state != REC_PUBLISHED)
+            continue;
+        DP_ASSERT(n < cap);
+        ck_snap *s = &sn[n];
+        s->fd = -1;
+        uint32_t ne = dp_blob_count(b->parsed);
+        s->live = malloc((ne ? ne : 1) * sizeof *s->live);
+        if (s->live == NULL)
+            goto nomem;
+        for (uint32_t i = 0; i < ne; i++) {
+            const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
+            row *r = dp_map_get_u64(&u->rows, e->gidx);
+            slot *sl = dp__row_slot(r, e->field, (uint32_t)e->field_len);
+            if (sl != NULL && sl->b == b && sl->i == i)
+                s->live[s->n_live++] = i;
+        }
+        if (b->flags & REC_DISK) {
+            s->fd = fcntl(b->fd, F_DUPFD_CLOEXEC, 0);
+            if (s->fd < 0) {
+                int e = errno;
+                free(s->live);
+                s->live = NULL;
+                for (uint32_t j = 0; j < n; j++)
+                    if (sn[j].fd >= 0)
+                        close(sn[j].fd);
+                rc = dp_fail_sys(d, e, "save: dup of the file of disk blob %s", b->id);
+                goto undo;
+            }
+        } else {
+            s->src = u->slab + b->off;
+        }
+        s->b = b;
+        s->nbytes = b->nbytes;
+        s->refs = b->refs;
+        n++;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        sn[i].b->n_holds++;
+        h->b[h->n++] = sn[i].b;
+    }
+    h->next = u->holds;
+    u->holds = h;
+    *out = sn;
+    *n_out = n;
+    return 0;
+nomem:
+    dp_fail(d, DP_ENOMEM, "save: out of memory");
+    if (sn != NULL)
+        for (uint64_t j = 0; j < cap; j++)
+            if (sn[j].fd >= 0 && sn[j].b != NULL)
+                close(sn[j].fd);
+undo:
+    if (sn != NULL)
+        for (uint64_t j = 0; j < cap; j++)
+            free(sn[j].live);
+    free(sn);
+    free(h->b);
+    h->b = NULL;
+    return rc;
+}
+
+void
+dp_unit_save_res_fini(dp_unit_save_res *res)
+{
+    if (res == NULL)
+        return;
+    free(res->blobs);
+    free(res->ids);
+    memset(res, 0, sizeof *res);
+}
+
+/* Copy snapshot blob i into the shard and its record into the rows file. */
+static int
+save_blob(dp_unit *u, ck_save *sv, uint32_t i, dp_unit_save_res *res, dp_detail *d)
+{
+    ck_snap *s = &sv->sn[i];
+    uint64_t off = sv->so.pos;
+    uint32_t bcrc = 0;
+    int rc = dp__unit_admin_cancelled(u, "save", d);
+    if (rc != 0)
+        return rc;
+    if (s->src != NULL) {
+        bcrc = dp_crc32c(s->src, (size_t)s->nbytes);
+        rc = ck_write(&sv->so, s->src, (size_t)s->nbytes, d);
+    } else {
+        for (uint64_t done = 0; rc == 0 && done < s->nbytes;) {
+            size_t c = (size_t)DP_MIN(s->nbytes - done, (uint64_t)CK_CHUNK);
+            rc = dp_shard_pread(s->fd, sv->buf, c, done, "a disk blob's file", d);
+            if (rc == 0) {
+                bcrc = dp_crc32c_update(bcrc, sv->buf, c);
+                rc = ck_write(&sv->so, sv->buf, c, d);
+            }
+            done += c;
+        }
+    }
+    if (rc != 0)
+        return dp_fail_ctx(d, rc, "save: blob %s", s->b->id);
+    sv->data_crc = dp_crc32c_combine(sv->data_crc, bcrc, s->nbytes);
+    memcpy(res->ids[i], s->b->id, s->b->id_len + 1);
+    res->blobs[i] =
+        (dp_wire_shard_blob){{res->ids[i], s->b->id_len}, off, s->nbytes, s->refs};
+    dp_shard_row rec = {.id = s->b->id,
+                        .id_len = s->b->id_len,
+                        .off = off,
+                        .nbytes = s->nbytes,
+                        .crc = bcrc,
+                        .n_live = s->n_live};
+    uint8_t rb[DP_SHARD_ROW_HEAD_MAX];
+    if ((rc = ck_write(&sv->ro, rb, dp_shard_row_encode(&rec, rb), d)) != 0)
+        return rc;
+    uint8_t lv[4 * CK_LIVE_BATCH];
+    for (uint32_t k = 0; k < s->n_live;) {
+        uint32_t m = DP_MIN(s->n_live - k, (uint32_t)CK_LIVE_BATCH);
+        for (uint32_t j = 0; j < m; j++)
+            dp_shard_live_encode(s->live[k + j], lv + 4 * j);
+        if ((rc = ck_write(&sv->ro, lv, 4 * (size_t)m, d)) != 0)
+            return rc;
+        k += m;
+    }
+    return 0;
+}
+
+/* Write both temporaries, then rename them: rows first, then the shard. */
+static int
+save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
+{
+    uint32_t n = sv->n;
+    res->blobs = calloc(n ? n : 1, sizeof *res->blobs);
+    res->ids = calloc(n ? n : 1, sizeof *res->ids);
+    sv->buf = malloc(CK_CHUNK);
+    if (res->blobs == NULL || res->ids == NULL || sv->buf == NULL)
+        return dp_fail(d, DP_ENOMEM, "save: out of memory");
+    int rc = ck_create_tmp(sv->tmp, &sv->fd, d);
+    if (rc != 0)
+        return rc;
+    sv->tmp_made = true;
+    if ((rc = ck_create_tmp(sv->rtmp, &sv->rfd, d)) != 0)
+        return rc;
+    sv->rtmp_made = true;
+    dp_shard_header h = {.unit_id = sv->unit_id, .n_units = sv->n_units, .n_blobs = n};
+    for (uint32_t i = 0; i < n; i++)
+        h.data_bytes += sv->sn[i].nbytes;
+    uint8_t hdr[DP_SHARD_HEADER_LEN], rh[DP_SHARD_ROWS_HEADER_LEN];
+    dp_shard_header_encode(&h, hdr);
+    dp_shard_rows_header_encode(sv->unit_id, sv->n_units, n, rh);
+    sv->so = (ck_out){sv->fd, 0, 0, sv->tmp};
+    sv->ro = (ck_out){sv->rfd, 0, 0, sv->rtmp};
+    if ((rc = ck_write(&sv->so, hdr, sizeof hdr, d)) != 0 ||
+        (rc = ck_write(&sv->ro, rh, sizeof rh, d)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if ((rc = save_blob(u, sv, i, res, d)) != 0)
+            return rc;
+    uint8_t tr[DP_SHARD_TRAILER_LEN], rt[DP_SHARD_ROWS_TRAILER_LEN];
+    dp_shard_trailer_encode(&h, sv->data_crc, tr);
+    if ((rc = ck_write(&sv->so, tr, sizeof tr, d)) != 0)
+        return rc;
+    dp_shard_rows_trailer_encode(sv->ro.crc, rt);
+    if ((rc = ck_write(&sv->ro, rt, sizeof rt, d)) != 0)
+        return rc;
+    res->nbytes = sv->so.pos;
+    res->shard_crc = sv->so.crc;
+    res->rows_crc = sv->ro.crc;
+    res->n_blobs = n;
+    /* Rows first: a shard name never exists without its rows file. */
+    rc = ck_finish(sv->rfd, sv->rtmp, sv->rfin, d);
+    sv->rfd = -1;
+    if (rc != 0)
+        return rc;
+    sv->rtmp_made = false;
+    rc = ck_finish(sv->fd, sv->tmp, sv->fin, d);
+    sv->fd = -1;
+    if (rc != 0) {
+        unlink(sv->rfin);
+        return rc;
+    }
+    sv->tmp_made = false;
+    return 0;
+}
+
+int
+dp_unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_res *res,
+                   dp_detail *d)
+{
+    memset(res, 0, sizeof *res);
+    ck_save sv = {.fd = -1, .rfd = -1};
+    int rc = ck_path(path, path_len, sv.fin, "save_shard", d);
+    if (rc != 0)
+        return rc;
+    ck_name(sv.tmp, sv.fin, ".tmp");
+    ck_name(sv.rfin, sv.fin, ".rows");
+    ck_name(sv.rtmp, sv.fin, ".rows.tmp");
+    pthread_mutex_lock(&u->mu);
+    rc = snapshot_locked(u, &sv.h, &sv.sn, &sv.n, d);
+    uint64_t clears0 = u->n_clears;
+    sv.unit_id = u->o.unit_id;
+    sv.n_units = u->o.n_units;
+    pthread_mutex_unlock(&u->mu);
+    if (rc != 0)
+        return rc;
+
+    /* File I/O without the lock: the holds keep every snapshotted copy. */
+    rc = save_files(u, &sv, res, d);
+    if (sv.fd >= 0)
+        close(sv.fd);
+    if (sv.rfd >= 0)
+        close(sv.rfd);
+    if (sv.tmp_made)
+        unlink(sv.tmp);
+    if (sv.rtmp_made)
+        unlink(sv.rtmp);
+    free(sv.buf);
+    for (uint32_t i = 0; i < sv.n; i++) {
+        if (sv.sn[i].fd >= 0)
+            close(sv.sn[i].fd);
+        free(sv.sn[i].live);
+    }
+    free(sv.sn);
+    pthread_mutex_lock(&u->mu);
+    holds_release_locked(u, &sv.h);
+    res->clears_during_save = u->n_clears - clears0;
+    if (rc == 0)
+        u->stats.saves++;
+    pthread_mutex_unlock(&u->mu);
+    free(sv.h.b);
+    if (rc != 0)
+        dp_unit_save_res_fini(res);
+    return rc;
+}
+
+/* ---- load ---- */
+
+/* What happens to one requested blob. */
+enum { LB_FAILED = 0, LB_PRESENT, LB_REGION, LB_DISK };
+
+typedef struct ck_lb {
+    const dp_wire_shard_blob *w;
+    const dp_shard_row *r;
+    int state;
+    uint64_t off, size; /* LB_REGION */
+    uint8_t *buf;       /* LB_DISK: the bytes, until written to the spill file */
+    int fd;             /* LB_DISK */
+    dp_shard_blob sb;   /* its checked index and live entries */
+} ck_lb;
+
+/* A running load: its files, the rows file's records and the request. */
+typedef struct ck_load {
+    char fin[DP_UNIT_PATH_MAX + 16], rfin[DP_UNIT_PATH_MAX + 16];
+    int fd;
+    dp_shard_header h;
+    uint32_t data_crc; /* the trailer's */
+    uint8_t *rbuf;     /* the rows file; rows point into it */
+    dp_shard_rows rows;
+    dp_map byid; /* blob id -> its row */
+    ck_lb *lb;   /* the request, in its order */
+    ck_lb **ord; /* the same, in file order */
+    uint32_t n;
+} ck_load;
+
+static int
+lb_cmp(const void *a, const void *b)
+{
+    const ck_lb *x = *(ck_lb *const *)a, *y = *(ck_lb *const *)b;
+    return x->r->off < y->r->off ? -1 : x->r->off > y->r->off;
+}
+
+void
+dp_unit_load_res_fini(dp_unit_load_res *res)
+{
+    if (res == NULL)
+        return;
+    free(res->loaded);
+    free(res->failed);
+    memset(res, 0, sizeof *res);
+}
+
+/* Open the shard and check its frame; a shard of another unit is refused. */
+static int
+load_open(dp_unit *u, ck_load *ld, dp_detail *d)
+{
+    uint64_t flen = 0;
+    int rc = dp_shard_file_open(ld->fin, &ld->fd, &flen, d);
+    if (rc != 0)
+        return rc;
+    uint8_t hdr[DP_SHARD_HEADER_LEN], tr[DP_SHARD_TRAILER_LEN];
+    if ((rc = dp_shard_pread(ld->fd, hdr, sizeof hdr, 0, ld->fin, d)) != 0 ||
+        (rc = dp_shard_header_decode(hdr, ld->fin, &ld->h, d)) != 0)
+        return rc;
+    if (ld->h.unit_id != u->o.unit_id || ld->h.n_units != u->o.n_units)
+        return dp_fail(d, DP_EINVAL,
+                       "%s: shard of unit %u of a %u-unit cluster, this is unit %u of %u "
+                       "(rows are placed by gidx %% units)",
+                       ld->fin, ld->h.unit_id, ld->h.n_units, u->o.unit_id, u->o.n_units);
+    if ((rc = dp_shard_check_len(&ld->h, flen, ld->fin, d)) != 0)
+        return rc;
+    uint64_t toff = dp_shard_data_end(&ld->h);
+    if ((rc = dp_shard_pread(ld->fd, tr, sizeof tr, toff, ld->fin, d)) != 0)
+        return rc;
+    return dp_shard_trailer_decode(tr, &ld->h, ld->fin, &ld->data_crc, d);
+}
+
+/* Read path.rows: of this unit, agreeing with the shard; index it by id. */
+static int
+load_rows(dp_unit *u, ck_load *ld, dp_detail *d)
+{
+    int rc = dp_shard_rows_load(ld->rfin, &ld->rbuf, &ld->rows, d);
+    if (rc != 0)
+        return rc;
+    if (ld->rows.unit_id != u->o.unit_id || ld->rows.n_units != u->o.n_units)
+        return dp_fail(d, DP_EINVAL,
+                       "%s: written by unit %u of %u, this is unit %u of %u (offset 12)",
+                       ld->rfin, ld->rows.unit_id, ld->rows.n_units, u->o.unit_id,
+                       u->o.n_units);
+    if ((rc = dp_shard_rows_check(&ld->rows, &ld->h, ld->rfin, ld->fin, d)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < ld->rows.n; i++) {
+        const dp_shard_row *r = &ld->rows.v[i];
+        if (dp_map_put(&ld->byid, r->id, r->id_len, (void *)r, NULL) != 0)
+            return dp_fail(d, DP_ENOMEM, "load: out of memory");
+    }
+    return 0;
+}
+
+/* The request: every blob must be in the rows file, as save reported it. */
+static int
+load_plan(ck_load *ld, const dp_wire_shard_blob *blobs, uint32_t n, dp_unit_load_res *res,
+          dp_detail *d)
+{
+    ld->lb = calloc(n ? n : 1, sizeof *ld->lb);
+    ld->ord = calloc(n ? n : 1, sizeof *ld->ord);
+    res->loaded = calloc(n ? n : 1, sizeof *res->loaded);
+    res->failed = calloc(n ? n : 1, sizeof *res->failed);
+    if (ld->lb == NULL || ld->ord == NULL || res->loaded == NULL || res->failed == NULL)
+        return dp_fail(d, DP_ENOMEM, "load: out of memory");
+    ld->n = n;
+    for (uint32_t i = 0; i < n; i++)
+        ld->lb[i].fd = -1; /* before any check can fail: load_fini closes them */
+    for (uint32_t i = 0; i < n; i++) {
+        ck_lb *x = &ld->lb[i];
+        x->w = &blobs[i];
+        x->r = dp_map_get(&ld->byid, blobs[i].id.p, blobs[i].id.n);
+        if (x->r == NULL || x->r->off != blobs[i].off || x->r->nbytes != blobs[i].nbytes)
+            return dp_fail(d, DP_EINVAL,
+                           "load_shard: blob %.*s [%" PRIu64 ", +%" PRIu64
+                           ") is not in %s",
+                           (int)blobs[i].id.n, blobs[i].id.p, blobs[i].off,
+                           blobs[i].nbytes, ld->rfin);
+        ld->ord[i] = x;
+    }
+    qsort(ld->ord, n, sizeof *ld->ord, lb_cmp);
+    for (uint32_t i = 1; i < n; i++) {
+        const dp_shard_row *r = ld->ord[i]->r, *q = ld->ord[i - 1]->r;
+        if (r == q || r->off < q->off + q->nbytes)
+            return dp_fail(d, DP_EINVAL,
+                           "load_shard: blob %.*s asked twice or overlapping",
+                           (int)r->id_len, r->id);
+    }
+    return 0;
+}
+
+/* A put-area region for each blob not in the table, else a spill file to come. */
+static void
+load_alloc_locked(dp_unit *u, ck_load *ld, bool spill)
+{
+    double now = dp__unit_now(u);
+    for (uint32_t i = 0; i < ld->n; i++) {
+        ck_lb *x = &ld->lb[i];
+        const dp_shard_row *r = x->r;
+        blob_rec *b = dp_map_get(&u->blobs, r->id, r->id_len);
+        if (b != NULL) {
+            x->state = b->state == REC_PUBLISHED ? LB_PRESENT : LB_FAILED;
+            continue;
+        }
+        uint64_t o = 0;
+        dp_detail ad;
+        dp_detail_clear(&ad);
+        if (r->nbytes <= u->o.slab_bytes &&
+            dp__unit_put_alloc_locked(u, r->nbytes, now, &o, NULL, &ad) == 0) {
+            x->state = LB_REGION;
+            x->off = o;
+            x->size = r->nbytes;
+            dp_slab_alloc_size_of(u->alloc, o, &x->size);
+        } else if (spill && u->ssd && r->nbytes <= u->o.staging_bytes) {
+            x->state = LB_DISK;
+        } else {
+            x->state = LB_FAILED;
+        }
+    }
+}
+
+/*
+ * Fill without the lock: one pass over the data in file order, every blob's
+ * CRC32C and the whole data's checked, each blob to be published checked as a
+ * commit would (its index, its live list).
+ */
+static int
+load_fill(dp_unit *u, ck_load *ld, dp_detail *d)
+{
+    dp_shard_reader rd;
+    int rc = dp_shard_reader_init(&rd, ld->fd, ld->fin, &ld->h, d);
+    dp_blob_parse_opts po = {0};
+    po.n_units = u->o.n_units;
+    po.unit_index = u->o.unit_id;
+    for (uint32_t k = 0; k < ld->n && rc == 0; k++) {
+        ck_lb *x = ld->ord[k];
+        if ((rc = dp__unit_admin_cancelled(u, "load", d)) != 0)
+            break;
+        uint8_t *dst = NULL;
+        if (x->state == LB_REGION) {
+            dst = u->slab + x->off;
+        } else if (x->state == LB_DISK) {
+            dst = x->buf = malloc((size_t)x->r->nbytes);
+            if (dst == NULL) {
+                rc = dp_fail(d, DP_ENOMEM, "load: out of memory for blob %.*s",
+                             (int)x->r->id_len, x->r->id);
+                break;
+            }
+        }
+        /* Straight into its region: one pread per blob (up to 1 GiB). */
+        if ((rc = dp_shard_reader_blob(&rd, x->r, dst, d)) != 0)
+            break;
+        if (dst != NULL)
+            rc = dp_shard_blob_check(x->r, dst, &po, ld->fin, ld->rfin, &x->sb, d);
+    }
+    if (rc == 0)
+        rc = dp_shard_reader_end(&rd, ld->data_crc, d);
+    dp_shard_reader_fini(&rd);
+    return rc;
+}
+
+/* Spill files (outside the lock, as an io job would); a failure fails the blob. */
+static void
+load_spill_files(dp_unit *u, ck_load *ld)
+{
+    for (uint32_t i = 0; i < ld->n; i++) {
+        ck_lb *x = &ld->lb[i];
+        if (x->state != LB_DISK)
+            continue;
+        char label[DP_UNIT_PATH_MAX + 64];
+        dp_detail fd_d;
+        dp_detail_clear(&fd_d);
+        if (dp__ssd_new_file(u, u->use_tmpfile, &x->fd, label, sizeof label, &fd_d) !=
+                0 ||
+            dp__ssd_write_all(x->fd, x->buf, x->r->nbytes, label, &fd_d) != 0) {
+            DP_LOG_W("unit %u: load: spill of blob %s failed: %s", u->o.unit_id, x->r->id,
+                     dp_detail_msg(&fd_d));
+            if (x->fd >= 0)
+                close(x->fd);
+            x->fd = -1;
+            x->state = LB_FAILED;
+        }
+        free(x->buf);
+        x->buf = NULL;
+    }
+}
+
+/* Publish x as a new record; false (nothing changed) if that failed. */
+static bool
+load_publish_one_locked(dp_unit *u, ck_lb *x, double now)
+{
+    blob_rec *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return false;
+    memcpy(b->id, x->r->id, x->r->id_len);
+    b->id_len = x->r->id_len;
+    b->nbytes = x->r->nbytes;
+    b->fd = -1;
+    b->created_at = now;
+    b->parsed = x->sb.parsed;
+    if (x->state == LB_REGION) {
+        b->off = x->off;
+        b->size = x->size;
+        b->area = REC_AREA_PUT;
+    } else {
+        b->size = x->r->nbytes;
+        b->flags |= REC_DISK;
+        b->fd = x->fd;
+        u->stats.files_open++;
+        u->stats.disk_blobs++;
+        u->stats.disk_bytes += b->nbytes;
+    }
+    if (dp_map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0 ||
+        dp__rows_publish_locked(u, b, x->sb.keep, now, NULL) != 0) {
+        dp_map_del(&u->blobs, b->id, b->id_len);
+        if (b->flags & REC_DISK) {
+            u->stats.disk_blobs--;
+            u->stats.disk_bytes -= b->nbytes;
+            u->stats.files_open--;
+        }
+        free(b);
+        return false;
+    }
+    x->sb.parsed = NULL; /* the record owns it */
+    x->fd = -1;
+    return true;
+}
+
+/*
+ * Publish every filled blob (rc 0), or free every region (rc != 0: nothing
+ * is published), and report each blob as loaded or failed.
+ */
+static void
+load_publish_locked(dp_unit *u, ck_load *ld, int rc, dp_unit_load_res *res)
+{
+    double now = dp__unit_now(u);
+    for (uint32_t i = 0; i < ld->n; i++) {
+        ck_lb *x = &ld->lb[i];
+        bool fresh = x->state == LB_REGION || x->state == LB_DISK;
+        if (rc == 0 && fresh && dp_map_get(&u->blobs, x->r->id, x->r->id_len) == NULL) {
+            if (load_publish_one_locked(u, x, now)) {
+                x->state = LB_PRESENT;
+                u->stats.loaded_blobs++;
+            }
+        } else if (rc == 0 && x->state != LB_FAILED) {
+            /* Already there, or a put of the same id won meanwhile. */
+            if (x->state == LB_REGION)
+                dp_slab_alloc_free(u->alloc, x->off, NULL);
+            x->state = LB_PRESENT;
+        }
+        if (x->state == LB_REGION) {
+            /* Never exposed: no transfer can run into it. */
+            dp_slab_alloc_free(u->alloc, x->off, NULL);
+            if (rc == 0)
+                x->state = LB_FAILED;
+        }
+        if (rc == 0) {
+            if (x->state == LB_PRESENT)
+                res->loaded[res->n_loaded++] = x->w->id;
+            else
+                res->failed[res->n_failed++] = x->w->id;
+        }
+    }
+    if (rc == 0)
+        u->stats.loads++;
+}
+
+static void
+load_fini(ck_load *ld)
+{
+    if (ld->fd >= 0)
+        close(ld->fd);
+    for (uint32_t i = 0; ld->lb != NULL && i < ld->n; i++) {
+        if (ld->lb[i].fd >= 0)
+            close(ld->lb[i].fd);
+        free(ld->lb[i].buf);
+        dp_shard_blob_fini(&ld->lb[i].sb);
+    }
+    free(ld->lb);
+    free(ld->ord);
+    dp_shard_rows_fini(&ld->rows);
+    free(ld->rbuf);
+    dp_map_fini(&ld->byid);
+}
+
+int
+dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
+                   const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
+                   dp_unit_load_res *res, dp_detail *d)
+{
+    memset(res, 0, sizeof *res);
+    ck_load ld = {.fd = -1};
+    dp_map_init_str(&ld.byid);
+    int rc = ck_path(path, path_len, ld.fin, "load_shard", d);
+    if (rc != 0)
+        goto out;
+    ck_name(ld.rfin, ld.fin, ".rows");
+    if ((rc = load_open(u, &ld, d)) != 0 || (rc = load_rows(u, &ld, d)) != 0 ||
+        (rc = load_plan(&ld, blobs, n, res, d)) != 0)
+        goto out;
+    pthread_mutex_lock(&u->mu);
+    load_alloc_locked(u, &ld, spill);
+    pthread_mutex_unlock(&u->mu);
+    rc = load_fill(u, &ld, d);
+    if (rc == 0)
+        load_spill_files(u, &ld);
+    pthread_mutex_lock(&u->mu);
+    load_publish_locked(u, &ld, rc, res);
+    pthread_mutex_unlock(&u->mu);
+out:
+    load_fini(&ld);
+    if (rc != 0)
+        dp_unit_load_res_fini(res);
+    return rc;
+}

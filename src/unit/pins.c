@@ -1,0 +1,256 @@
+/*
+ * Reads: resolve (blob ids) and resolve_keys ("<gidx>@<field>" keys) answer
+ * where the bytes are and pin the blobs they answer for read_pin_s; unpin
+ * and expiry (the ticker) end the pins.
+ *
+ * Design notes
+ * ------------
+ * A pin holds n_pins on each record it names, not refs: a record released
+ * while pinned leaves the table as a zombie and is freed when its last pin
+ * (and save hold) ends. A pin ended by unpin means the reader is done; a pin
+ * that expired marks its records (REC_PIN_EXPIRED), so their region goes
+ * through quarantine (quarantine_s) before reuse: the reader that let it
+ * expire may still be READing.
+ *
+ * Every pin lives read_pin_s, so the pin list in creation order is also in
+ * expiry order: the ticker pops expired pins from its head. One call takes
+ * one pin over every record it answered (pin_mark dedups them), created at
+ * the end of the call, so a stage that the same call starts never evicts a
+ * copy it already answered (ssd.c, "Stage"). A disk blob is answered only
+ * once its staged copy is in the IO area (dp__ssd_resolve_state_locked).
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blob/keys.h"
+#include "unit/unit_int.h"
+
+/* End pin p (unpinned or expired) and free it. */
+void
+dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
+{
+    dp_map_del(&u->pins, p->id, strlen(p->id));
+    if (p->prev != NULL)
+        p->prev->next = p->next;
+    else
+        u->pin_head = p->next;
+    if (p->next != NULL)
+        p->next->prev = p->prev;
+    else
+        u->pin_tail = p->prev;
+    for (uint32_t i = 0; i < p->n; i++) {
+        blob_rec *b = p->blobs[i];
+        DP_ASSERT(b->n_pins > 0);
+        b->n_pins--;
+        if (expired)
+            b->flags |= REC_PIN_EXPIRED;
+        if (b->state == REC_ZOMBIE && b->n_pins == 0 && b->n_holds == 0) {
+            dp__rec_zombie_count_locked(u, b, -1);
+            dp__rec_drop_locked(u, b, now);
+        }
+    }
+    if (expired)
+        u->stats.pins_expired++;
+    free(p->blobs);
+    free(p);
+}
+
+/* Pin blobs[0..n) for read_pin_s; the id goes to out. */
+static int
+pin_create_locked(dp_unit *u, blob_rec **blobs, uint32_t n, double now, char out[33],
+                  dp_detail *d)
+{
+    out[0] = '\0';
+    if (n == 0) {
+        free(blobs);
+        return 0;
+    }
+    pin *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        free(blobs);
+        return dp_fail(d, DP_ENOMEM, "resolve: out of memory");
+    }
+    int rc = dp_random_hex_id(p->id, d);
+    if (rc == 0 && dp_map_put(&u->pins, p->id, strlen(p->id), p, NULL) != 0)
+        rc = dp_fail(d, DP_ENOMEM, "resolve: out of memory");
+    if (rc != 0) {
+        free(blobs);
+        free(p);
+        return rc;
+    }
+    p->blobs = blobs;
+    p->n = n;
+    p->expiry = now + u->o.read_pin_s;
+    for (uint32_t i = 0; i < n; i++) {
+        blobs[i]->n_pins++;
+        blobs[i]->last_resolve_at = now;
+    }
+    p->prev = u->pin_tail;
+    if (u->pin_tail != NULL)
+        u->pin_tail->next = p;
+    else
+        u->pin_head = p;
+    u->pin_tail = p;
+    memcpy(out, p->id, 33);
+    return 0;
+}
+
+int
+dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
+                       dp_unit_resolve_res *res, dp_detail *d)
+{
+    memset(res, 0, sizeof *res);
+    double now = dp__unit_now(u);
+    size_t cap = n > 0 ? n : 1;
+    res->blobs = calloc(cap, sizeof *res->blobs);
+    res->missing = calloc(cap, sizeof *res->missing);
+    res->pending = calloc(cap, sizeof *res->pending);
+    res->failed = calloc(cap, sizeof *res->failed);
+    blob_rec **pinned = calloc(cap, sizeof *pinned);
+    uint32_t np = 0;
+    if (res->blobs == NULL || res->missing == NULL || res->pending == NULL ||
+        res->failed == NULL || pinned == NULL) {
+        free(pinned);
+        dp_unit_resolve_res_fini(res);
+        return dp_fail(d, DP_ENOMEM, "resolve: out of memory");
+    }
+    uint64_t epoch = ++u->pin_epoch;
+    u->stats.n_resolve++;
+    for (uint32_t i = 0; i < n; i++) {
+        blob_rec *b = dp_map_get(&u->blobs, ids[i].p, ids[i].n);
+        if (b == NULL || b->state != REC_PUBLISHED) {
+            res->missing[res->n_missing++] = ids[i];
+            continue;
+        }
+        int st = dp__ssd_resolve_state_locked(u, b, epoch, now);
+        if (st == RES_PENDING) {
+            res->pending[res->n_pending++] = ids[i];
+            continue;
+        }
+        if (st == RES_FAILED) {
+            res->failed[res->n_failed++] = ids[i];
+            continue;
+        }
+        res->blobs[res->n_blobs++] = (dp_wire_blob_loc){ids[i], b->off, b->nbytes};
+        if (b->pin_mark != epoch) {
+            b->pin_mark = epoch;
+            pinned[np++] = b;
+        }
+    }
+    int rc = pin_create_locked(u, pinned, np, now, res->pin_id, d);
+    if (rc != 0)
+        dp_unit_resolve_res_fini(res);
+    return rc;
+}
+
+void
+dp_unit_resolve_res_fini(dp_unit_resolve_res *res)
+{
+    free(res->blobs);
+    free(res->missing);
+    free(res->pending);
+    free(res->failed);
+    memset(res, 0, sizeof *res);
+}
+
+int
+dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
+                            dp_unit_resolve_keys_res *res, dp_detail *d)
+{
+    memset(res, 0, sizeof *res);
+    double now = dp__unit_now(u);
+    size_t cap = n > 0 ? n : 1;
+    res->entries = calloc(cap, sizeof *res->entries);
+    res->missing = calloc(cap, sizeof *res->missing);
+    res->pending = calloc(cap, sizeof *res->pending);
+    res->failed = calloc(cap, sizeof *res->failed);
+    blob_rec **pinned = calloc(cap, sizeof *pinned);
+    uint32_t np = 0;
+    int rc;
+    if (res->entries == NULL || res->missing == NULL || res->pending == NULL ||
+        res->failed == NULL || pinned == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "resolve_keys: out of memory");
+        goto fail;
+    }
+    uint64_t epoch = ++u->pin_epoch;
+    for (uint32_t i = 0; i < n; i++) {
+        dp_key_parts kp;
+        rc = dp_key_split(keys[i].p, keys[i].n, &kp, d);
+        if (rc != 0) {
+            u->stats.n_proto++;
+            dp_fail_ctx(d, DP_EPROTO, "resolve_keys");
+            rc = DP_EPROTO;
+            goto fail;
+        }
+        if (kp.gidx % u->o.n_units != u->o.unit_id) {
+            u->stats.n_proto++;
+            rc = dp_fail(d, DP_EPROTO,
+                         "resolve_keys: key '%.*s' belongs to unit %" PRIu64
+                         ", not to unit %u of %u",
+                         (int)DP_MIN(keys[i].n, 80u), keys[i].p, kp.gidx % u->o.n_units,
+                         u->o.unit_id, u->o.n_units);
+            goto fail;
+        }
+        row *r = dp_map_get_u64(&u->rows, kp.gidx);
+        slot *s = dp__row_slot(r, kp.field, (uint32_t)kp.field_len);
+        if (s == NULL) {
+            res->missing[res->n_missing++] = keys[i];
+            continue;
+        }
+        blob_rec *b = s->b;
+        int st = dp__ssd_resolve_state_locked(u, b, epoch, now);
+        if (st == RES_PENDING) {
+            res->pending[res->n_pending++] = keys[i];
+            continue;
+        }
+        if (st == RES_FAILED) {
+            res->failed[res->n_failed++] = keys[i];
+            continue;
+        }
+        const dp_blob_entry *e = dp_blob_entry_at(b->parsed, s->i);
+        dp_wire_key_loc *l = &res->entries[res->n_entries++];
+        l->key = keys[i];
+        l->off = b->off + e->off;
+        l->len = e->len;
+        l->kind = dp__zview(dp_blob_kind_name(e->kind));
+        l->dtype = (dp_wire_str){e->dtype, e->dtype_len};
+        l->shape = e->ndim > 0 ? e->shape : NULL;
+        l->ndim = e->ndim;
+        if (b->pin_mark != epoch) {
+            b->pin_mark = epoch;
+            pinned[np++] = b;
+        }
+    }
+    u->stats.n_resolve++;
+    rc = pin_create_locked(u, pinned, np, now, res->pin_id, d);
+    if (rc != 0)
+        dp_unit_resolve_keys_res_fini(res);
+    return rc;
+fail:
+    free(pinned);
+    dp_unit_resolve_keys_res_fini(res);
+    return rc;
+}
+
+void
+dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res)
+{
+    free(res->entries);
+    free(res->missing);
+    free(res->pending);
+    free(res->failed);
+    memset(res, 0, sizeof *res);
+}
+
+void
+dp_unit_unpin(dp_unit *u, const char *pin_id, size_t len)
+{
+    pthread_mutex_lock(&u->mu);
+    pin *p = len <= 32 ? dp_map_get(&u->pins, pin_id, len) : NULL;
+    if (p != NULL) {
+        u->stats.n_unpin++;
+        dp__pin_end_locked(u, p, false, dp__unit_now(u));
+    }
+    pthread_mutex_unlock(&u->mu);
+}

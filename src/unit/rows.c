@@ -1,0 +1,200 @@
+/*
+ * The unit's row index (gidx -> row, a row's fields -> slots; see row and
+ * slot in unit_int.h) and the atomic publish of a committed blob's keys into
+ * it (docs/design.md, "Storage unit").
+ *
+ * Design notes
+ * ------------
+ * Atomic publish. A commit first makes sure every row and slot it needs
+ * exists (creating empty placeholders), which is the only step that
+ * allocates; on failure it removes the placeholders and nothing changed.
+ * Then it points the slots at the new blob, which cannot fail, and drops the
+ * old blobs' refs (a blob whose last ref goes leaves the table: unit.c).
+ * Each entry's slot is found once: pass 1 keeps the row and slot index for
+ * pass 2, and a row's adjacent fields reuse its row lookup.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "unit/unit_int.h"
+
+uint32_t
+dp__row_hash(const char *f, uint32_t n)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (uint32_t k = 0; k < n; k++)
+        h = (h ^ (uint8_t)f[k]) * 16777619u;
+    return h;
+}
+
+static row *
+row_new(uint64_t gidx)
+{
+    row *r = malloc(sizeof *r);
+    if (r == NULL)
+        return NULL;
+    r->gidx = gidx;
+    r->n = 0;
+    r->cap = ROW_INLINE;
+    r->s = r->inl;
+    return r;
+}
+
+void
+dp__row_free(row *r)
+{
+    if (r->s != r->inl)
+        free(r->s);
+    free(r);
+}
+
+/* Index of field f's slot in r, or -1. */
+int32_t
+dp__row_find(const row *r, const char *f, uint32_t flen, uint32_t h)
+{
+    for (uint32_t k = 0; k < r->n; k++) {
+        const slot *s = &r->s[k];
+        if (s->hash == h && s->flen == flen && memcmp(s->field, f, flen) == 0)
+            return (int32_t)k;
+    }
+    return -1;
+}
+
+/* r's slot for f, or NULL: a lookup by name. */
+slot *
+dp__row_slot(row *r, const char *f, uint32_t flen)
+{
+    if (r == NULL)
+        return NULL;
+    int32_t k = dp__row_find(r, f, flen, dp__row_hash(f, flen));
+    return k < 0 ? NULL : &r->s[k];
+}
+
+/* Append a placeholder slot for f (b NULL); its index, or -1 out of memory. */
+static int32_t
+row_add(row *r, const char *f, uint32_t flen, uint32_t h)
+{
+    if (r->n == r->cap) {
+        uint32_t cap = r->cap * 2;
+        slot *ns = malloc((size_t)cap * sizeof *ns);
+        if (ns == NULL)
+            return -1;
+        memcpy(ns, r->s, (size_t)r->n * sizeof *ns);
+        if (r->s != r->inl)
+            free(r->s);
+        r->s = ns;
+        r->cap = cap;
+    }
+    r->s[r->n] = (slot){.b = NULL, .field = f, .flen = flen, .hash = h, .i = 0};
+    return (int32_t)r->n++;
+}
+
+/* Remove slot k (the last one takes its place). */
+static void
+row_del(row *r, uint32_t k)
+{
+    r->s[k] = r->s[--r->n];
+}
+
+/* Remove the placeholders of a failed publish (slots still pointing nowhere). */
+static void
+publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
+{
+    for (uint32_t i = 0; i < upto; i++) {
+        const dp_blob_entry *e = dp_blob_entry_at(pb, i);
+        row *r = dp_map_get_u64(&u->rows, e->gidx);
+        if (r == NULL)
+            continue;
+        uint32_t flen = (uint32_t)e->field_len;
+        int32_t k = dp__row_find(r, e->field, flen, dp__row_hash(e->field, flen));
+        if (k >= 0 && r->s[k].b == NULL)
+            row_del(r, (uint32_t)k);
+        if (r->n == 0) {
+            dp_map_del_u64(&u->rows, e->gidx);
+            dp__row_free(r);
+        }
+    }
+}
+
+/*
+ * Install b's parsed index in the row index (b->parsed set, b unpublished).
+ * keep (NULL: all) names the entries to install, one byte per entry: a
+ * restored blob brings back only the keys its checkpoint listed as live; the
+ * caller makes sure at least one is kept. DP_ENOMEM: nothing changed.
+ */
+int
+dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now,
+                        dp_detail *d)
+{
+    const dp_blob *pb = b->parsed;
+    uint32_t n = dp_blob_count(pb), i = 0, kept = 0;
+    /*
+     * Each entry's (row, slot index), found once (a row's fields are usually
+     * adjacent); an index, not a pointer: a row's array may move as it grows.
+     */
+    struct at {
+        row *r;
+        uint32_t k;
+    } *at = malloc((size_t)n * sizeof *at);
+    if (at == NULL)
+        return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published",
+                       b->id);
+    row *r = NULL;
+    /* Pass 1: every row and slot exists (the only step that allocates). */
+    for (i = 0; i < n; i++) {
+        at[i].r = NULL;
+        if (keep != NULL && !keep[i])
+            continue;
+        kept++;
+        const dp_blob_entry *e = dp_blob_entry_at(pb, i);
+        if (r == NULL || r->gidx != e->gidx)
+            r = dp_map_get_u64(&u->rows, e->gidx);
+        if (r == NULL) {
+            r = row_new(e->gidx);
+            if (r == NULL)
+                goto nomem;
+            if (dp_map_put_u64(&u->rows, e->gidx, r, NULL) != 0) {
+                dp__row_free(r);
+                r = NULL;
+                goto nomem;
+            }
+        }
+        uint32_t flen = (uint32_t)e->field_len, h = dp__row_hash(e->field, flen);
+        int32_t k = dp__row_find(r, e->field, flen, h);
+        if (k < 0 && (k = row_add(r, e->field, flen, h)) < 0) {
+            if (r->n == 0) {
+                dp_map_del_u64(&u->rows, e->gidx);
+                dp__row_free(r);
+            }
+            r = NULL;
+            goto nomem;
+        }
+        at[i] = (struct at){r, (uint32_t)k};
+    }
+    /* Pass 2: publish, cannot fail. */
+    b->state = REC_PUBLISHED;
+    b->refs = kept;
+    dp__rec_pend_unlink_locked(u, b);
+    u->stats.published++;
+    u->stats.n_commit++;
+    for (i = 0; i < n; i++) {
+        if (at[i].r == NULL)
+            continue;
+        slot *s = &at[i].r->s[at[i].k];
+        blob_rec *old = s->b;
+        s->b = b;
+        s->i = i;
+        s->field = dp_blob_entry_at(pb, i)->field; /* the name now lives in b */
+        if (old != NULL)
+            dp__rec_unref_locked(u, old, now);
+        else
+            u->stats.entries++;
+    }
+    free(at);
+    return 0;
+nomem:
+    free(at);
+    publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
+    return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
+}
