@@ -224,6 +224,40 @@ read_all(dp_client *c, int fd, const char *name, void **out, uint64_t *len, bool
     return DP_OK;
 }
 
+/*
+ * A tensor's shape against its len bytes: without --shape (shape_s NULL), 1-D
+ * from a dtype of known size; with one, checked when the size is known.
+ * Returns -1 when it fits, else the exit status of a usage error (said).
+ */
+static int
+tensor_shape(const char *dtype, const char *shape_s, uint64_t len,
+             uint64_t dims[DP_SHAPE_MAX], uint32_t *ndim)
+{
+    uint64_t es = dtype_size(dtype);
+    if (shape_s == NULL) {
+        if (es == 0)
+            return dp__cli_usage("put", "dtype '%s' has no known size: give --shape",
+                                 dtype);
+        if (len % es != 0)
+            return dp__cli_usage("put",
+                                 "%" PRIu64 " bytes is not a whole number of "
+                                 "%s elements",
+                                 len, dtype);
+        dims[0] = len / es;
+        *ndim = 1;
+    } else if (es != 0) {
+        uint64_t elems = 1;
+        for (uint32_t i = 0; i < *ndim; i++)
+            elems *= dims[i];
+        if (elems * es != len)
+            return dp__cli_usage("put",
+                                 "--shape %s of %s is %" PRIu64 " bytes, the file "
+                                 "has %" PRIu64,
+                                 shape_s, dtype, elems * es, len);
+    }
+    return -1;
+}
+
 int
 dp__cmd_put(int argc, char **argv)
 {
@@ -337,33 +371,10 @@ dp__cmd_put(int argc, char **argv)
         goto out;
     }
     if (kind == DP_KIND_TENSOR) {
-        uint64_t es = dtype_size(dtype);
-        if (shape_s == NULL) {
-            if (es == 0) {
-                status = dp__cli_usage(
-                    "put", "dtype '%s' has no known size: give --shape", dtype);
-                goto out;
-            }
-            if (len % es != 0) {
-                status = dp__cli_usage("put",
-                                       "%" PRIu64 " bytes is not a whole number of "
-                                       "%s elements",
-                                       len, dtype);
-                goto out;
-            }
-            dims[0] = len / es;
-            ndim = 1;
-        } else if (es != 0) {
-            uint64_t elems = 1;
-            for (uint32_t i = 0; i < ndim; i++)
-                elems *= dims[i];
-            if (elems * es != len) {
-                status = dp__cli_usage("put",
-                                       "--shape %s of %s is %" PRIu64 " bytes, the file "
-                                       "has %" PRIu64,
-                                       shape_s, dtype, elems * es, len);
-                goto out;
-            }
+        int ts = tensor_shape(dtype, shape_s, len, dims, &ndim);
+        if (ts >= 0) {
+            status = ts;
+            goto out;
         }
     }
     dp_value v = {.data = data,
@@ -574,8 +585,25 @@ pctl(lat *l, double p)
     return l->v[(size_t)(p * (double)(l->n - 1) + 0.5)];
 }
 
-int
-dp__cmd_bench(int argc, char **argv)
+/* One batch's layout and buffers, and the timings of every operation. */
+typedef struct bench_state {
+    uint64_t cells;       /* rows x fields */
+    uint64_t batch_bytes; /* the values' bytes in one batch */
+    uint64_t alloc_len;   /* of src and dst */
+    uint64_t *size, *off; /* per cell: its size, its offset in src and dst */
+    uint32_t *crc;        /* per cell: CRC32C of what was put */
+    uint64_t *gidx;
+    char **fields;
+    dp_value *vals;
+    dp_get_item *items;
+    char *keybuf;
+    lat put, get, clr;
+    uint8_t *src, *dst;
+} bench_state;
+
+/* The options of bench; returns -1 when it is to run, else the exit status. */
+static int
+bench_parse(int argc, char **argv, bench_opts *o)
 {
     static const struct option opts[] = {
         {"rows", required_argument, NULL, O_ROWS},
@@ -592,15 +620,15 @@ dp__cmd_bench(int argc, char **argv)
         {"timeout-s", required_argument, NULL, O_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    bench_opts o = {.rows = 64,
-                    .fields = 1,
-                    .bytes = 1 << 20,
-                    .iters = 20,
-                    .warmup = 2,
-                    .timeout_s = 30,
-                    .registered = true,
-                    .verify = true,
-                    .seed = (uint64_t)(dp_wall_s() * 1e6)};
+    *o = (bench_opts){.rows = 64,
+                      .fields = 1,
+                      .bytes = 1 << 20,
+                      .iters = 20,
+                      .warmup = 2,
+                      .timeout_s = 30,
+                      .registered = true,
+                      .verify = true,
+                      .seed = (uint64_t)(dp_wall_s() * 1e6)};
     dp_detail d;
     dp_detail_clear(&d);
     int c;
@@ -610,49 +638,50 @@ dp__cmd_bench(int argc, char **argv)
         int rc = DP_OK;
         switch (c) {
         case O_ROWS:
-            rc = dp_parse_u64(optarg, 1, 1u << 20, &o.rows, "--rows", &d);
+            rc = dp_parse_u64(optarg, 1, 1u << 20, &o->rows, "--rows", &d);
             break;
         case O_FIELDS:
-            rc = dp_parse_u64(optarg, 1, 1024, &o.fields, "--fields", &d);
+            rc = dp_parse_u64(optarg, 1, 1024, &o->fields, "--fields", &d);
             break;
         case O_BYTES:
-            rc = dp_parse_size(optarg, &o.bytes, "--bytes", &d);
+            rc = dp_parse_size(optarg, &o->bytes, "--bytes", &d);
             break;
         case O_JAGGED:
-            rc = dp_parse_seconds(optarg, &o.jagged, "--jagged", &d);
-            if (rc == DP_OK && !(o.jagged < 1))
+            rc = dp_parse_seconds(optarg, &o->jagged, "--jagged", &d);
+            if (rc == DP_OK && !(o->jagged < 1))
                 rc = dp_fail(&d, DP_EINVAL, "--jagged must be in [0, 1)");
             break;
         case O_ITERS:
-            rc = dp_parse_u64(optarg, 1, UINT32_MAX, &o.iters, "--iters", &d);
+            rc = dp_parse_u64(optarg, 1, UINT32_MAX, &o->iters, "--iters", &d);
             break;
         case O_WARMUP:
-            rc = dp_parse_u64(optarg, 0, UINT32_MAX, &o.warmup, "--warmup", &d);
+            rc = dp_parse_u64(optarg, 0, UINT32_MAX, &o->warmup, "--warmup", &d);
             break;
         case O_FIRST:
-            rc = dp_parse_u64(optarg, 0, UINT64_MAX / 2, &o.first_row, "--first-row", &d);
+            rc =
+                dp_parse_u64(optarg, 0, UINT64_MAX / 2, &o->first_row, "--first-row", &d);
             break;
         case O_MEMORY:
             if (strcmp(optarg, "registered") == 0)
-                o.registered = true;
+                o->registered = true;
             else if (strcmp(optarg, "malloc") == 0)
-                o.registered = false;
+                o->registered = false;
             else
                 return dp__cli_usage(
                     "bench", "--memory must be registered or malloc, not '%s'", optarg);
             break;
         case O_NOVERIFY:
-            o.verify = false;
+            o->verify = false;
             break;
         case O_SEED:
-            rc = dp_parse_u64(optarg, 0, UINT64_MAX, &o.seed, "--seed", &d);
+            rc = dp_parse_u64(optarg, 0, UINT64_MAX, &o->seed, "--seed", &d);
             break;
         case O_CLUSTER:
-            o.cluster = optarg;
+            o->cluster = optarg;
             break;
         case O_TIMEOUT:
-            rc = dp_parse_seconds(optarg, &o.timeout_s, "--timeout-s", &d);
-            if (rc == DP_OK && !(o.timeout_s > 0))
+            rc = dp_parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d);
+            if (rc == DP_OK && !(o->timeout_s > 0))
                 rc = dp_fail(&d, DP_EINVAL, "--timeout-s must be > 0");
             break;
         case 'h':
@@ -667,82 +696,230 @@ dp__cmd_bench(int argc, char **argv)
     }
     if (optind < argc)
         return dp__cli_usage("bench", "unexpected argument '%s'", argv[optind]);
-    uint64_t cells = o.rows * o.fields;
+    uint64_t cells = o->rows * o->fields;
     if (cells > (1u << 22))
         return dp__cli_usage("bench", "--rows x --fields must be at most %u", 1u << 22);
-    if (o.bytes > (64ull << 30) / cells)
+    if (o->bytes > (64ull << 30) / cells)
         return dp__cli_usage("bench",
                              "a batch of more than 64 GiB is not a benchmark here");
+    return -1;
+}
 
+/*
+ * Sizes (jagged) and the layout of one batch, each value 64-byte aligned, its
+ * buffers (client-registered or malloc'd), keys and values. Returns -1 when
+ * ready, else the exit status (said); b is freed by bench_free either way.
+ */
+static int
+bench_setup(dp_client *cl, const bench_opts *o, bench_state *b)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t cells = b->cells = o->rows * o->fields;
+    b->size = calloc(cells, sizeof *b->size);
+    b->off = calloc(cells, sizeof *b->off);
+    b->crc = calloc(cells, sizeof *b->crc);
+    b->gidx = calloc(o->rows, sizeof *b->gidx);
+    b->fields = calloc(o->fields, sizeof *b->fields);
+    b->vals = calloc(cells, sizeof *b->vals);
+    b->items = calloc(cells, sizeof *b->items);
+    b->keybuf = calloc(cells, 48);
+    b->put = (lat){calloc(o->iters, sizeof(double)), 0, 0, 0};
+    b->get = (lat){calloc(o->iters, sizeof(double)), 0, 0, 0};
+    b->clr = (lat){calloc(o->iters, sizeof(double)), 0, 0, 0};
+    if (!b->size || !b->off || !b->crc || !b->gidx || !b->fields || !b->vals ||
+        !b->items || !b->keybuf || !b->put.v || !b->get.v || !b->clr.v)
+        return dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+    uint64_t rs = o->seed, total = 0;
+    for (uint64_t i = 0; i < cells; i++) {
+        uint64_t lo = (uint64_t)((double)o->bytes * (1 - o->jagged));
+        b->size[i] = o->jagged > 0 ? lo + mix(&rs) % (o->bytes - lo + 1) : o->bytes;
+        b->off[i] = total;
+        total += DP_ALIGN_UP(b->size[i], 64);
+    }
+    b->batch_bytes = 0;
+    for (uint64_t i = 0; i < cells; i++)
+        b->batch_bytes += b->size[i];
+    b->alloc_len = DP_MAX(total, 64);
+    int rc;
+    if (o->registered) {
+        if ((rc = dp_client_alloc(cl, b->alloc_len, (void **)&b->src, &d)) != DP_OK ||
+            (rc = dp_client_alloc(cl, b->alloc_len, (void **)&b->dst, &d)) != DP_OK)
+            return dp__cli_fail("bench", rc, &d);
+    } else {
+        b->src = malloc(b->alloc_len);
+        b->dst = malloc(b->alloc_len);
+        if (b->src == NULL || b->dst == NULL)
+            return dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+    }
+    memset(b->src, 0, b->alloc_len);
+    memset(b->dst, 0, b->alloc_len);
+    for (uint64_t f = 0; f < o->fields; f++) {
+        b->fields[f] = malloc(24);
+        if (b->fields[f] == NULL)
+            return dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+        snprintf(b->fields[f], 24, "f%" PRIu64, f);
+    }
+    for (uint64_t r = 0; r < o->rows; r++) {
+        b->gidx[r] = o->first_row + r;
+        for (uint64_t f = 0; f < o->fields; f++) {
+            uint64_t i = r * o->fields + f;
+            b->vals[i] = (dp_value){
+                .data = b->src + b->off[i], .nbytes = b->size[i], .kind = DP_KIND_BYTES};
+            char *k = b->keybuf + i * 48;
+            snprintf(k, 48, "%" PRIu64 "@%s", b->gidx[r], b->fields[f]);
+            b->items[i] =
+                (dp_get_item){.key = k, .dst = b->dst + b->off[i], .cap = b->size[i]};
+        }
+    }
+    return -1;
+}
+
+/*
+ * Iteration it: fill the values, put them, get them back (and check them),
+ * clear the rows; timings kept past the warm-up. Returns -1, else the exit
+ * status (said).
+ */
+static int
+bench_iter(dp_client *cl, const bench_opts *o, bench_state *b, uint64_t it)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    bool keep = it >= o->warmup;
+    for (uint64_t i = 0; i < b->cells; i++) {
+        fill(b->src + b->off[i], b->size[i], o->seed ^ (it << 32) ^ i);
+        if (o->verify)
+            b->crc[i] = dp_crc32c(b->src + b->off[i], b->size[i]);
+    }
+    double t0 = dp_now_s();
+    int rc = dp_client_put(cl, b->gidx, o->rows, (const char *const *)b->fields,
+                           o->fields, b->vals, NULL, &d);
+    double t1 = dp_now_s();
+    if (rc != DP_OK) {
+        dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": put", it);
+        return dp__cli_fail("bench", rc, &d);
+    }
+    rc = dp_client_get(cl, b->items, b->cells, &d);
+    double t2 = dp_now_s();
+    if (rc != DP_OK) {
+        dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": get", it);
+        return dp__cli_fail("bench", rc, &d);
+    }
+    if (o->verify) {
+        for (uint64_t i = 0; i < b->cells; i++) {
+            if (b->items[i].nbytes != b->size[i] ||
+                dp_crc32c(b->dst + b->off[i], b->size[i]) != b->crc[i]) {
+                fprintf(stderr,
+                        "dataplane bench: iteration %" PRIu64 ": %s came back "
+                        "different (%" PRIu64 " bytes, put %" PRIu64 ")\n",
+                        it, b->items[i].key, b->items[i].nbytes, b->size[i]);
+                return 1;
+            }
+        }
+    }
+    uint64_t dropped = 0;
+    double t3 = dp_now_s();
+    rc = dp_client_clear(cl, b->gidx, o->rows, &dropped, &d);
+    double t4 = dp_now_s();
+    if (rc != DP_OK) {
+        dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": clear", it);
+        return dp__cli_fail("bench", rc, &d);
+    }
+    if (keep) {
+        b->put.v[b->put.n++] = t1 - t0;
+        b->put.total_s += t1 - t0;
+        b->put.bytes += b->batch_bytes;
+        b->get.v[b->get.n++] = t2 - t1;
+        b->get.total_s += t2 - t1;
+        b->get.bytes += b->batch_bytes;
+        b->clr.v[b->clr.n++] = t4 - t3;
+        b->clr.total_s += t4 - t3;
+    }
+    return -1;
+}
+
+/* The table, the content line and the RESULT line. */
+static void
+bench_report(const bench_opts *o, bench_state *b)
+{
+    char sz[32];
+    lat *put = &b->put, *get = &b->get, *clr = &b->clr;
+    printf("%-6s %8s %12s %10s %10s %10s\n", "op", "batches", "bytes/batch", "GB/s",
+           "p50 ms", "p99 ms");
+    double gput = (double)put->bytes / put->total_s / 1e9;
+    double gget = (double)get->bytes / get->total_s / 1e9;
+    printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "put", put->n,
+           dp_fmt_size(b->batch_bytes, sz, sizeof sz), gput, pctl(put, 0.5) * 1e3,
+           pctl(put, 0.99) * 1e3);
+    printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "get", get->n,
+           dp_fmt_size(b->batch_bytes, sz, sizeof sz), gget, pctl(get, 0.5) * 1e3,
+           pctl(get, 0.99) * 1e3);
+    printf("%-6s %8zu %12s %10s %10.3f %10.3f\n", "clear", clr->n, "-", "-",
+           pctl(clr, 0.5) * 1e3, pctl(clr, 0.99) * 1e3);
+    printf("%s\n", o->verify ? "content: every value checked (CRC32C)"
+                             : "content: not checked (--no-verify)");
+    printf("RESULT rows=%" PRIu64 " fields=%" PRIu64 " bytes=%" PRIu64
+           " put_GBps=%.3f get_GBps=%.3f put_p50_ms=%.3f put_p99_ms=%.3f "
+           "get_p50_ms=%.3f get_p99_ms=%.3f clear_p50_ms=%.3f\n",
+           o->rows, o->fields, o->bytes, gput, gget, pctl(put, 0.5) * 1e3,
+           pctl(put, 0.99) * 1e3, pctl(get, 0.5) * 1e3, pctl(get, 0.99) * 1e3,
+           pctl(clr, 0.5) * 1e3);
+}
+
+/* Say what the client did to stay correct (if anything), free b, close cl. */
+static void
+bench_free(dp_client *cl, const bench_opts *o, bench_state *b)
+{
+    /* What the client did to stay correct: visible, so nobody misses it. */
+    dp_client_counters cn;
+    if (dp_client_counters_get(cl, &cn) == DP_OK &&
+        (cn.restarts_seen | cn.rebinds | cn.units_down | cn.transfers_retained |
+         cn.transfers_released) != 0)
+        printf("client: %" PRIu64 " unit restarts seen, %" PRIu64 " re-binds, %" PRIu64
+               " unit parts down, %" PRIu64 " transfers retained now (%" PRIu64
+               " bytes), %" PRIu64 " released\n",
+               cn.restarts_seen, cn.rebinds, cn.units_down, cn.transfers_retained,
+               cn.retained_bytes, cn.transfers_released);
+    if (o->registered) {
+        dp_client_free(cl, b->src);
+        dp_client_free(cl, b->dst);
+    } else {
+        free(b->src);
+        free(b->dst);
+    }
+    if (b->fields != NULL)
+        for (uint64_t f = 0; f < o->fields; f++)
+            free(b->fields[f]);
+    free(b->fields);
+    free(b->size);
+    free(b->off);
+    free(b->crc);
+    free(b->gidx);
+    free(b->vals);
+    free(b->items);
+    free(b->keybuf);
+    free(b->put.v);
+    free(b->get.v);
+    free(b->clr.v);
+    dp_client_close(cl);
+}
+
+int
+dp__cmd_bench(int argc, char **argv)
+{
+    bench_opts o;
+    int status = bench_parse(argc, argv, &o);
+    if (status >= 0)
+        return status;
     dp_client *cl = NULL;
-    int status = open_client("bench", o.cluster, o.timeout_s, &cl);
+    status = open_client("bench", o.cluster, o.timeout_s, &cl);
     if (status != 0)
         return status;
-
-    /* Sizes (jagged) and the layout of one batch: each value 64-byte aligned. */
-    uint64_t *size = calloc(cells, sizeof *size), *off = calloc(cells, sizeof *off);
-    uint32_t *crc = calloc(cells, sizeof *crc);
-    uint64_t *gidx = calloc(o.rows, sizeof *gidx);
-    char **fields = calloc(o.fields, sizeof *fields);
-    dp_value *vals = calloc(cells, sizeof *vals);
-    dp_get_item *items = calloc(cells, sizeof *items);
-    char *keybuf = calloc(cells, 48);
-    lat put = {calloc(o.iters, sizeof(double)), 0, 0, 0},
-        get = {calloc(o.iters, sizeof(double)), 0, 0, 0},
-        clr = {calloc(o.iters, sizeof(double)), 0, 0, 0};
-    uint8_t *src = NULL, *dst = NULL;
-    if (!size || !off || !crc || !gidx || !fields || !vals || !items || !keybuf ||
-        !put.v || !get.v || !clr.v) {
-        status = dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+    bench_state b;
+    memset(&b, 0, sizeof b);
+    status = bench_setup(cl, &o, &b);
+    if (status >= 0)
         goto out;
-    }
-    uint64_t rs = o.seed, total = 0;
-    for (uint64_t i = 0; i < cells; i++) {
-        uint64_t lo = (uint64_t)((double)o.bytes * (1 - o.jagged));
-        size[i] = o.jagged > 0 ? lo + mix(&rs) % (o.bytes - lo + 1) : o.bytes;
-        off[i] = total;
-        total += DP_ALIGN_UP(size[i], 64);
-    }
-    uint64_t batch_bytes = 0;
-    for (uint64_t i = 0; i < cells; i++)
-        batch_bytes += size[i];
-    uint64_t alloc_len = DP_MAX(total, 64);
-    int rc;
-    if (o.registered) {
-        if ((rc = dp_client_alloc(cl, alloc_len, (void **)&src, &d)) != DP_OK ||
-            (rc = dp_client_alloc(cl, alloc_len, (void **)&dst, &d)) != DP_OK) {
-            status = dp__cli_fail("bench", rc, &d);
-            goto out;
-        }
-    } else {
-        src = malloc(alloc_len);
-        dst = malloc(alloc_len);
-        if (src == NULL || dst == NULL) {
-            status = dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
-            goto out;
-        }
-    }
-    memset(src, 0, alloc_len);
-    memset(dst, 0, alloc_len);
-    for (uint64_t f = 0; f < o.fields; f++) {
-        fields[f] = malloc(24);
-        if (fields[f] == NULL) {
-            status = dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
-            goto out;
-        }
-        snprintf(fields[f], 24, "f%" PRIu64, f);
-    }
-    for (uint64_t r = 0; r < o.rows; r++) {
-        gidx[r] = o.first_row + r;
-        for (uint64_t f = 0; f < o.fields; f++) {
-            uint64_t i = r * o.fields + f;
-            vals[i] = (dp_value){
-                .data = src + off[i], .nbytes = size[i], .kind = DP_KIND_BYTES};
-            char *k = keybuf + i * 48;
-            snprintf(k, 48, "%" PRIu64 "@%s", gidx[r], fields[f]);
-            items[i] = (dp_get_item){.key = k, .dst = dst + off[i], .cap = size[i]};
-        }
-    }
 
     char sz[32], sz2[32];
     printf("bench: %u unit%s, %" PRIu64 " rows x %" PRIu64 " fields, %s per value%s, "
@@ -750,127 +927,24 @@ dp__cmd_bench(int argc, char **argv)
            "seed %" PRIu64 "\n",
            dp_client_n_units(cl), dp_client_n_units(cl) == 1 ? "" : "s", o.rows, o.fields,
            dp_fmt_size(o.bytes, sz, sizeof sz), o.jagged > 0 ? " (jagged)" : "",
-           dp_fmt_size(batch_bytes, sz2, sizeof sz2),
+           dp_fmt_size(b.batch_bytes, sz2, sizeof sz2),
            o.registered ? "registered" : "malloc", o.iters, o.warmup, o.seed);
     fflush(stdout);
-    double t_start = dp_now_s(), t_report = t_start + 2;
+    double t_report = dp_now_s() + 2;
     uint64_t n_all = o.warmup + o.iters;
     for (uint64_t it = 0; it < n_all; it++) {
-        bool keep = it >= o.warmup;
-        for (uint64_t i = 0; i < cells; i++) {
-            fill(src + off[i], size[i], o.seed ^ (it << 32) ^ i);
-            if (o.verify)
-                crc[i] = dp_crc32c(src + off[i], size[i]);
-        }
-        double t0 = dp_now_s();
-        rc = dp_client_put(cl, gidx, o.rows, (const char *const *)fields, o.fields, vals,
-                           NULL, &d);
-        double t1 = dp_now_s();
-        if (rc != DP_OK) {
-            dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": put", it);
-            status = dp__cli_fail("bench", rc, &d);
+        if ((status = bench_iter(cl, &o, &b, it)) >= 0)
             goto out;
-        }
-        rc = dp_client_get(cl, items, cells, &d);
-        double t2 = dp_now_s();
-        if (rc != DP_OK) {
-            dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": get", it);
-            status = dp__cli_fail("bench", rc, &d);
-            goto out;
-        }
-        if (o.verify) {
-            for (uint64_t i = 0; i < cells; i++) {
-                if (items[i].nbytes != size[i] ||
-                    dp_crc32c(dst + off[i], size[i]) != crc[i]) {
-                    fprintf(stderr,
-                            "dataplane bench: iteration %" PRIu64 ": %s came back "
-                            "different (%" PRIu64 " bytes, put %" PRIu64 ")\n",
-                            it, items[i].key, items[i].nbytes, size[i]);
-                    status = 1;
-                    goto out;
-                }
-            }
-        }
-        uint64_t dropped = 0;
-        double t3 = dp_now_s();
-        rc = dp_client_clear(cl, gidx, o.rows, &dropped, &d);
-        double t4 = dp_now_s();
-        if (rc != DP_OK) {
-            dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": clear", it);
-            status = dp__cli_fail("bench", rc, &d);
-            goto out;
-        }
-        if (keep) {
-            put.v[put.n++] = t1 - t0;
-            put.total_s += t1 - t0;
-            put.bytes += batch_bytes;
-            get.v[get.n++] = t2 - t1;
-            get.total_s += t2 - t1;
-            get.bytes += batch_bytes;
-            clr.v[clr.n++] = t4 - t3;
-            clr.total_s += t4 - t3;
-        }
-        if (dp_now_s() >= t_report && put.n > 0) {
+        if (dp_now_s() >= t_report && b.put.n > 0) {
             fprintf(stderr, "  %" PRIu64 "/%" PRIu64 ": put %.2f GB/s, get %.2f GB/s\n",
-                    it + 1, n_all, (double)put.bytes / put.total_s / 1e9,
-                    (double)get.bytes / get.total_s / 1e9);
+                    it + 1, n_all, (double)b.put.bytes / b.put.total_s / 1e9,
+                    (double)b.get.bytes / b.get.total_s / 1e9);
             t_report = dp_now_s() + 2;
         }
     }
-    printf("%-6s %8s %12s %10s %10s %10s\n", "op", "batches", "bytes/batch", "GB/s",
-           "p50 ms", "p99 ms");
-    double gput = (double)put.bytes / put.total_s / 1e9;
-    double gget = (double)get.bytes / get.total_s / 1e9;
-    printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "put", put.n,
-           dp_fmt_size(batch_bytes, sz, sizeof sz), gput, pctl(&put, 0.5) * 1e3,
-           pctl(&put, 0.99) * 1e3);
-    printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "get", get.n,
-           dp_fmt_size(batch_bytes, sz, sizeof sz), gget, pctl(&get, 0.5) * 1e3,
-           pctl(&get, 0.99) * 1e3);
-    printf("%-6s %8zu %12s %10s %10.3f %10.3f\n", "clear", clr.n, "-", "-",
-           pctl(&clr, 0.5) * 1e3, pctl(&clr, 0.99) * 1e3);
-    printf("%s\n", o.verify ? "content: every value checked (CRC32C)"
-                            : "content: not checked (--no-verify)");
-    printf("RESULT rows=%" PRIu64 " fields=%" PRIu64 " bytes=%" PRIu64
-           " put_GBps=%.3f get_GBps=%.3f put_p50_ms=%.3f put_p99_ms=%.3f "
-           "get_p50_ms=%.3f get_p99_ms=%.3f clear_p50_ms=%.3f\n",
-           o.rows, o.fields, o.bytes, gput, gget, pctl(&put, 0.5) * 1e3,
-           pctl(&put, 0.99) * 1e3, pctl(&get, 0.5) * 1e3, pctl(&get, 0.99) * 1e3,
-           pctl(&clr, 0.5) * 1e3);
+    bench_report(&o, &b);
+    status = 0;
 out:
-    if (cl != NULL) {
-        /* What the client did to stay correct: visible, so nobody misses it. */
-        dp_client_counters cn;
-        if (dp_client_counters_get(cl, &cn) == DP_OK &&
-            (cn.restarts_seen | cn.rebinds | cn.units_down | cn.transfers_retained |
-             cn.transfers_released) != 0)
-            printf("client: %" PRIu64 " unit restarts seen, %" PRIu64
-                   " re-binds, %" PRIu64 " unit parts down, %" PRIu64
-                   " transfers retained now (%" PRIu64 " bytes), %" PRIu64 " released\n",
-                   cn.restarts_seen, cn.rebinds, cn.units_down, cn.transfers_retained,
-                   cn.retained_bytes, cn.transfers_released);
-    }
-    if (o.registered) {
-        dp_client_free(cl, src);
-        dp_client_free(cl, dst);
-    } else {
-        free(src);
-        free(dst);
-    }
-    if (fields != NULL)
-        for (uint64_t f = 0; f < o.fields; f++)
-            free(fields[f]);
-    free(fields);
-    free(size);
-    free(off);
-    free(crc);
-    free(gidx);
-    free(vals);
-    free(items);
-    free(keybuf);
-    free(put.v);
-    free(get.v);
-    free(clr.v);
-    dp_client_close(cl);
+    bench_free(cl, &o, &b);
     return status;
 }

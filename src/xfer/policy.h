@@ -1,5 +1,5 @@
 /*
- * The RDMA-only transport policy (seed 000, check_rdma_only): decide from the
+ * The RDMA-only transport policy (check_rdma_only): decide from the
  * UCX_TLS and UCX_NET_DEVICES settings whether UCX can move data only over
  * RDMA (plus same-host helpers), never over TCP.
  *

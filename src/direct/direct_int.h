@@ -1,0 +1,201 @@
+/*
+ * Shared by the direct transport's own files only: struct dp_direct, its
+ * registration cache entries, objects, fetch requests and remote LRU
+ * entries, and the calls between the files. The API is
+ * include/dataplane/direct.h (test hooks: direct.h); nothing outside
+ * src/direct includes this header.
+ *
+ * Design notes
+ * ------------
+ * Files. direct.c: the API (create/destroy, publish, free, fetch, wait,
+ * abort, the request accessors, stats) and the EFA probe. regcache.c: the
+ * registration cache and the pool. lru.c: the remote LRU. worker.c: the
+ * fetch workers (running a request, chunk by chunk).
+ *
+ * Ownership. The transport owns its endpoint, the pool and every cache
+ * entry, object and LRU entry. A request is the caller's from
+ * dp_direct_fetch to dp_direct_req_destroy; while it lives it holds
+ * references on its targets' registrations (or owns a buffer from the
+ * endpoint) and uses the transport, which therefore refuses to be destroyed.
+ *
+ * Locks (never nested, each a leaf except for calls into the endpoint, which
+ * has its own internal lock and never calls back):
+ * - cache_mu: regs, objs, pool, version and the registration counters.
+ * - mu + cv + work_cv: the queue, every live request's state, the abort set,
+ *   stopping, fetch counters. cv is broadcast when a request ends (waiters);
+ *   work_cv is signalled once per queued request (one worker) and broadcast
+ *   on stopping, so a fetch does not wake every thread.
+ * - lru_mu + lru_cv: the LRU and its counters; add/remove_remote run under it.
+ * Functions named *_locked are called with the lock of their part held:
+ * cache_mu for the cache, mu for the queue and requests, lru_mu for the LRU.
+ */
+#ifndef DP_DIRECT_DIRECT_INT_H
+#define DP_DIRECT_DIRECT_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "alloc/slab_alloc.h"
+#include "common/common.h"
+#include "common/map.h"
+#include "direct/direct.h"
+#include "direct/direct_md.h"
+#include "xfer/endpoint.h"
+
+#define BACKEND "UCX"
+#define MAX_WORKERS 64
+
+/*
+ * A registration cache entry (regs, keyed by base): a registration of
+ * [base, base+len), or a pool block holding a copy of the buffer at base.
+ */
+typedef struct regent {
+    uint64_t base, len;
+    uint64_t refs;
+    uint64_t pool_off; /* pool block offset (pool entries) */
+    bool pool;
+    bool permanent;
+    bool stuck;
+} regent;
+
+/* A published object: the regs keys it holds. */
+typedef struct dobj {
+    size_t n;
+    uint64_t *keys; /* regs keys, one reference each */
+} dobj;
+
+/* A request's life: queued, run by a worker (or its waiter), ended. */
+enum req_state { REQ_QUEUED = 0, REQ_RUNNING, REQ_END };
+
+struct dp_direct_req {
+    dp_direct *t;
+    char obj_id[DP_DIRECT_ID_MAX + 1];
+    uint8_t *md_bytes;
+    dp_direct_md md;
+    size_t n;
+    dp_range *local;
+    uint64_t *target_keys; /* caller targets: regs keys to release */
+    bool targets_held;
+    void *own_buf;
+    /* Under t->mu. */
+    int state;
+    bool aborted;
+    int rc;
+    dp_detail det;
+    uint64_t done_bytes;
+    struct dp_direct_req *qnext;
+    struct dp_direct_req *lprev, *lnext; /* live list */
+};
+
+/* A remote LRU entry: a connected publisher and what it was added with. */
+typedef struct rment {
+    char name[DP_MD_NAME_MAX + 1];
+    uint64_t gen, version, busy, tick;
+    uint64_t peer; /* dp_md_peer_id: which process this name was added for */
+    bool drop;
+} rment;
+
+struct dp_direct {
+    dp_endpoint *ep;
+    char name[DP_MD_NAME_MAX + 1];
+    int lru_max;
+    double timeout_s;
+    uint64_t chunk;
+    int n_workers;
+
+    pthread_mutex_t cache_mu;
+    dp_map regs; /* u64 base -> regent */
+    dp_map objs; /* obj id -> dobj */
+    void *pool_base;
+    size_t pool_bytes;
+    dp_slab_alloc *pool;
+    uint64_t version, registers, deregisters, pool_used, pool_blocks;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* a request ended (waiters) */
+    pthread_cond_t work_cv; /* a request was queued, or stopping (workers) */
+    dp_direct_req *qhead, *qtail;
+    dp_direct_req *live;
+    dp_map aborted; /* obj id -> (void *)1 */
+    bool stopping;
+    double chunk_pause;
+    uint64_t fetches, fetch_ok, fetch_failed, fetch_aborted, bytes_fetched;
+    uint64_t fetch_stolen; /* run by a waiting caller instead of a worker */
+    pthread_t workers[MAX_WORKERS];
+    int n_started;
+
+    pthread_mutex_t lru_mu;
+    pthread_cond_t lru_cv;
+    rment *lru;
+    size_t lru_n, lru_cap;
+    uint64_t lru_tick;
+    uint64_t remote_adds, remote_readds, remote_hits, remote_evictions;
+
+    bool locks_init;
+};
+
+/* getenv(name), or dflt when it is unset or empty. */
+static inline const char *
+env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' ? v : dflt;
+}
+
+/* r's state (t->mu held). */
+static inline void
+set_state(dp_direct_req *r, int state)
+{
+    r->state = state;
+}
+
+/* ---- registration cache (regcache.c; cache_mu held unless said) ---- */
+
+/* Turn an endpoint registration failure into one a user can act on (any lock). */
+int dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr,
+                        size_t len);
+
+/* The registration (not pool) entry covering [addr, addr+len), or an overlap error. */
+int dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, regent **out,
+                               dp_detail *d);
+
+/* Take one reference on a registration covering the buffer, registering it if needed. */
+int dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *what,
+                                  uint64_t *key, dp_detail *d);
+
+/* Drop one reference; deregister (or return the pool block) at zero. */
+void dp__direct_reg_release_locked(dp_direct *t, uint64_t key);
+
+/* Copy a buffer into a pool block (or share the block it already has). */
+int dp__direct_pool_acquire_locked(dp_direct *t, const dp_direct_buf *b, uint64_t *key,
+                                   uint64_t *raddr, dp_detail *d);
+
+/* ---- remote LRU (lru.c; each takes lru_mu) ---- */
+
+/* Make md's remote usable for one fetch (busy + 1). */
+int dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d);
+
+/* End one fetch's use of remote name; failed: drop it once idle. */
+void dp__direct_lru_release(dp_direct *t, const char *name, bool failed);
+
+/* ---- fetch workers (worker.c) ---- */
+
+/* A fetch worker's thread (arg: the transport); returns once stopping. */
+void *dp__direct_worker_main(void *arg);
+
+/* Take r off the queue if it is still there (mu held); true if it was. */
+bool dp__direct_dequeue_locked(dp_direct *t, dp_direct_req *r);
+
+/*
+ * Run r (dequeued, mu held on entry and on return): RUNNING, the fetch
+ * outside mu, then END with its result, waking every waiter.
+ */
+void dp__direct_run_req_locked(dp_direct *t, dp_direct_req *r);
+
+/* Drop r's references on its targets' registrations, once (takes cache_mu). */
+void dp__direct_release_targets(dp_direct_req *r);
+
+#endif

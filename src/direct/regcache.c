@@ -1,0 +1,215 @@
+/*
+ * The direct transport's registration cache: which memory is registered with
+ * the endpoint (or copied into the pool) for published objects and for fetch
+ * targets, with a reference count per registration.
+ *
+ * Design notes
+ * ------------
+ * - regs maps a base address to a regent: a registration of [base, base+len)
+ *   with a reference count (one per object or running fetch holding it), or a
+ *   pool block holding a copy of the buffer that starts at base. A buffer
+ *   inside a registration (same base or contained) shares it; a buffer that
+ *   partly overlaps one is refused (the endpoint's regions never overlap).
+ * - A registration whose count reaches zero is deregistered and the metadata
+ *   version bumps, unless it is permanent (register_permanent) or the endpoint
+ *   refuses because a retained transfer touches it: then it stays registered
+ *   for good (stuck) and its memory must never be reused.
+ * - Publish (direct.c) takes one reference per buffer and undoes, in reverse,
+ *   exactly the references it took when anything fails, so blocks and
+ *   registrations of other objects are never touched by a failed publish
+ *   (pool rollback).
+ * - Everything here runs with cache_mu held, except dp__direct_reg_fail.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "direct/direct_int.h"
+
+static void
+memlock_text(char *buf, size_t cap)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+        snprintf(buf, cap, "unknown");
+    else if (rl.rlim_cur == RLIM_INFINITY)
+        snprintf(buf, cap, "unlimited");
+    else
+        snprintf(buf, cap, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
+}
+
+int
+dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr, size_t len)
+{
+    if (rc == DP_EEXIST)
+        return dp_fail_ctx(
+            d, rc,
+            "direct: registering %s of %zu bytes at %p: it overlaps memory "
+            "this transport registered itself (its pool, or the buffers of "
+            "a fetch request still alive)",
+            what, len, addr);
+    char ml[32];
+    memlock_text(ml, sizeof ml);
+    return dp_fail_ctx(d, rc,
+                       "direct (backend " BACKEND "): registering %s of %zu bytes at %p "
+                       "failed (check the memlock limit, ulimit -l = %s; UCX_TLS = %s; "
+                       "rerun with UCX_LOG_LEVEL=debug)",
+                       what, len, addr, ml, env_or("UCX_TLS", "unset"));
+}
+
+/* ---- registration cache (cache_mu held) ---- */
+
+int
+dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, regent **out,
+                           dp_detail *d)
+{
+    *out = NULL;
+    regent *e = dp_map_get_u64(&t->regs, addr);
+    if (e != NULL && !e->pool) {
+        if (len <= e->len) {
+            *out = e;
+            return DP_OK;
+        }
+        return dp_fail(d, DP_EEXIST,
+                       "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes starts a "
+                       "registration of only %" PRIu64 " bytes",
+                       addr, len, e->len);
+    }
+    void *v;
+    for (size_t it = 0; dp_map_next(&t->regs, &it, NULL, NULL, NULL, &v);) {
+        regent *x = v;
+        if (x->pool)
+            continue;
+        if (addr >= x->base && addr + len <= x->base + x->len) {
+            *out = x;
+            return DP_OK;
+        }
+        if (addr < x->base + x->len && x->base < addr + len)
+            return dp_fail(d, DP_EEXIST,
+                           "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes partly "
+                           "overlaps the registration %#" PRIx64 " of %" PRIu64 " bytes",
+                           addr, len, x->base, x->len);
+    }
+    return DP_OK;
+}
+
+int
+dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *what,
+                              uint64_t *key, dp_detail *d)
+{
+    uint64_t a = (uint64_t)(uintptr_t)addr;
+    regent *e = dp_map_get_u64(&t->regs, a);
+    if (e != NULL && e->pool)
+        return dp_fail(d, DP_EEXIST,
+                       "direct: %s %p is held in a pool block by a published object; "
+                       "free that object first",
+                       what, addr);
+    int rc = dp__direct_find_reg_locked(t, a, len, &e, d);
+    if (rc != DP_OK)
+        return rc;
+    if (e == NULL) {
+        e = calloc(1, sizeof *e);
+        if (e == NULL)
+            return dp_fail(d, DP_ENOMEM, "direct: registration cache entry");
+        rc = dp_endpoint_register(t->ep, addr, len, d);
+        if (rc != DP_OK) {
+            free(e);
+            return dp__direct_reg_fail(d, rc, what, addr, len);
+        }
+        e->base = a;
+        e->len = len;
+        if (dp_map_put_u64(&t->regs, a, e, NULL) != DP_OK) {
+            dp_endpoint_deregister(t->ep, addr, NULL);
+            free(e);
+            return dp_fail(d, DP_ENOMEM, "direct: registration cache");
+        }
+        t->registers++;
+    }
+    e->refs++;
+    *key = e->base;
+    return DP_OK;
+}
+
+void
+dp__direct_reg_release_locked(dp_direct *t, uint64_t key)
+{
+    regent *e = dp_map_get_u64(&t->regs, key);
+    DP_ASSERT(e != NULL && e->refs > 0);
+    if (--e->refs > 0 || e->permanent || e->stuck)
+        return;
+    if (e->pool) {
+        int frc = dp_slab_alloc_free(t->pool, e->pool_off, NULL);
+        DP_ASSERT(frc == DP_OK);
+        t->pool_used -= e->len;
+        t->pool_blocks--;
+    } else {
+        dp_detail d;
+        dp_detail_clear(&d);
+        int rc = dp_endpoint_deregister(t->ep, (void *)(uintptr_t)e->base, &d);
+        if (rc != DP_OK) {
+            /* A retained transfer touches it: registered for good. */
+            DP_LOG_W("direct %s: keeping %#" PRIx64 " registered: %s", t->name, e->base,
+                     d.msg);
+            e->stuck = true;
+            return;
+        }
+        t->deregisters++;
+        t->version++;
+    }
+    dp_map_del_u64(&t->regs, key);
+    free(e);
+}
+
+int
+dp__direct_pool_acquire_locked(dp_direct *t, const dp_direct_buf *b, uint64_t *key,
+                               uint64_t *raddr, dp_detail *d)
+{
+    uint64_t a = (uint64_t)(uintptr_t)b->addr;
+    regent *e = dp_map_get_u64(&t->regs, a);
+    if (e != NULL && e->pool && b->len <= e->len) {
+        e->refs++;
+        *key = a;
+        *raddr = (uint64_t)(uintptr_t)t->pool_base + e->pool_off;
+        return DP_OK;
+    }
+    if (e != NULL)
+        return dp_fail(d, DP_EEXIST,
+                       "direct: buffer %p of %zu bytes is pooled with %" PRIu64
+                       " bytes by another object",
+                       b->addr, b->len, e->len);
+    uint64_t off;
+    dp_detail ad;
+    dp_detail_clear(&ad);
+    int rc = dp_slab_alloc_alloc(t->pool, b->len, &off, &ad);
+    if (rc != DP_OK) {
+        char sz[32], psz[32], used[32];
+        dp_fmt_size(b->len, sz, sizeof sz);
+        dp_fmt_size(t->pool_bytes, psz, sizeof psz);
+        dp_fmt_size(t->pool_used, used, sizeof used);
+        int code = rc == DP_EUNITFULL ? DP_EBUSY : rc;
+        return dp_fail(d, code,
+                       "memory pool cannot take a buffer of %s (pool %s, %s "
+                       "held): %s; free objects, grow pool_bytes or publish without a "
+                       "pool",
+                       sz, psz, used, ad.msg);
+    }
+    e = calloc(1, sizeof *e);
+    if (e == NULL || dp_map_put_u64(&t->regs, a, e, NULL) != DP_OK) {
+        free(e);
+        dp_slab_alloc_free(t->pool, off, NULL);
+        return dp_fail(d, DP_ENOMEM, "direct: registration cache");
+    }
+    e->base = a;
+    e->len = b->len;
+    e->pool = true;
+    e->pool_off = off;
+    e->refs = 1;
+    memcpy((uint8_t *)t->pool_base + off, b->addr, b->len);
+    t->pool_used += b->len;
+    t->pool_blocks++;
+    *key = a;
+    *raddr = (uint64_t)(uintptr_t)t->pool_base + off;
+    return DP_OK;
+}

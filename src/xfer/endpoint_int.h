@@ -1,0 +1,190 @@
+/*
+ * Shared by the transfer endpoint's own files only: struct dp_endpoint, its
+ * local regions, remotes and batches, the lock helpers and the calls between
+ * the files. endpoint.h is the module's interface for the rest of the
+ * project and shows no UCX type; this header includes <ucp/api/ucp.h> (the
+ * only place that does), so only the .c files of src/xfer include it.
+ *
+ * Design notes
+ * ------------
+ * Files. endpoint.c: create/close (and the UCX configuration), the progress
+ * thread, memory registration, metadata, stats. remote.c: remotes (add,
+ * remove, check, describe, lane). transfer.c: posting and waiting, the
+ * hand-off of unfinished transfers to the graveyard and the released list.
+ *
+ * Invariants
+ * - Local regions are kept sorted by base and disjoint; a region with
+ *   transfers in flight (r_busy > 0) or touched by a retained transfer is
+ *   never deregistered. A remote with transfers in flight or retained is never
+ *   freed: remove_remote turns it into a zombie (unlisted, kept until close).
+ * - If any transfer of this endpoint was retained, close() keeps the UCX
+ *   context, worker, endpoints and registrations alive for good (the endpoint
+ *   object moves to a process-wide list of abandoned endpoints): a retained
+ *   operation may still use them.
+ *
+ * Threads and locks
+ * - The worker runs in UCS_THREAD_MODE_SERIALIZED: UCX does no locking of its
+ *   own on the data path and ep_mu (mu below) makes every worker call mutually
+ *   exclusive (ucp_worker_progress, posting, rkey unpack, ep create/close, mem
+ *   map). UCX callbacks (completion, peer error) therefore run with ep_mu
+ *   held, from whichever thread progresses; they only update counters, flags
+ *   and the released list.
+ * - Blocking calls post under ep_mu, then alternate progress (under ep_mu)
+ *   and a brief release of ep_mu, so other callers and the progress thread get
+ *   in between. Waiting threads all progress the worker; whichever completes a
+ *   request updates the owning batch under ep_mu.
+ * - The optional progress thread progresses the worker when nobody else does
+ *   and sleeps on the worker's event fd (ucp_worker_arm) when idle, so a target
+ *   serves emulated RMA (TCP) without any caller.
+ * - Lock order: ep_mu, then the graveyard's mutex (leaf), then the abandoned
+ *   list's mutex (leaf). Nothing calls back into the endpoint with ep_mu held.
+ *   Functions named *_locked are called with ep_mu held.
+ * - r_failed is written by the UCX error callback and read by waiters, both
+ *   under ep_mu; it is also accessed atomically in case UCX ever invokes the
+ *   callback from its async thread.
+ *
+ * Ownership
+ * - The endpoint owns the UCX context, worker, its worker address, every
+ *   region (memh and packed rkey; the memory itself only for alloc()), every
+ *   remote (UCX ep, unpacked rkeys and their local mappings).
+ * - A batch (one op of a call) is the endpoint's until its call ends; a
+ *   retained one is owned by the graveyard from then on (transfer.c).
+ * - The caller owns registered memory and the range arrays it passes.
+ */
+#ifndef DP_XFER_ENDPOINT_INT_H
+#define DP_XFER_ENDPOINT_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#include "xfer/endpoint.h"
+#include "xfer/metadata.h"
+
+typedef struct region {
+    uint64_t r_base, r_len;
+    ucp_mem_h r_memh;
+    void *r_rkey; /* packed rkey (ucp_rkey_buffer_release) */
+    size_t r_rkey_len;
+    bool r_allocated; /* memory came from ucp_mem_map ALLOCATE */
+    uint64_t r_busy;  /* posted ranges not yet ended */
+} region;
+
+typedef struct rregion {
+    uint64_t rr_base, rr_len;
+    ucp_rkey_h rr_rkey;
+    uint8_t *rr_ptr; /* local mapping of the remote region (shared memory) or NULL */
+} rregion;
+
+typedef struct remote {
+    char r_name[DP_MD_NAME_MAX + 1];
+    uint64_t r_gen;
+    ucp_ep_h r_ep;
+    rregion *r_regs;
+    uint32_t r_n_regs;
+    int r_failed;    /* ucs_status_t; UCS_OK while healthy (atomic access) */
+    uint64_t r_busy; /* ops in flight towards it */
+    uint64_t r_retained;
+    struct remote *r_next;
+} remote;
+
+/* One op of a call: its UCX requests and outcome. */
+typedef struct batch {
+    int b_pending;         /* UCX requests not yet completed */
+    ucs_status_t b_status; /* first error reported by UCX */
+    uint64_t b_done_ns;    /* when the last request completed, or the post did */
+    /*
+     * Retained in the graveyard (b_pending > 0 when its call ended): the
+     * completion callback of its last request hands it to ep->released, and
+     * dp__ep_reap_locked releases it from the graveyard: UCX no longer touches its
+     * local ranges once every request of it completed.
+     */
+    bool b_retained;
+    struct dp_endpoint *b_ep;
+    struct remote *b_r;
+    struct batch *b_next;
+} batch;
+
+struct dp_endpoint {
+    char name[DP_MD_NAME_MAX + 1];
+    dp_endpoint_opts opts;
+    size_t memcpy_max; /* 0: fast path off */
+    pthread_mutex_t mu;
+    bool mu_init;
+    bool closed;
+    bool abandoned;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *waddr;
+    size_t waddr_len;
+    int efd; /* worker event fd, -1 if none */
+    region *regs;
+    size_t n_regs, cap_regs;
+    remote *remotes; /* listed */
+    remote *zombies; /* removed but kept: busy or retained */
+    uint64_t gen;
+    uint64_t n_retained;
+    batch *released; /* retained batches whose last request completed */
+    pthread_t thr;
+    bool thr_started;
+    int thr_stop; /* atomic */
+    dp_endpoint_stats st;
+    struct dp_endpoint *ab_next;
+};
+
+static inline void
+lock(dp_endpoint *ep)
+{
+    pthread_mutex_lock(&ep->mu);
+}
+
+static inline void
+unlock(dp_endpoint *ep)
+{
+    pthread_mutex_unlock(&ep->mu);
+}
+
+static inline int
+check_open_locked(const dp_endpoint *ep, dp_detail *d)
+{
+    if (ep->closed)
+        return dp_fail(d, DP_EINVAL, "endpoint %s is closed", ep->name);
+    return DP_OK;
+}
+
+static inline ucs_status_t
+remote_failed(const remote *r)
+{
+    return (ucs_status_t)__atomic_load_n(&r->r_failed, __ATOMIC_ACQUIRE);
+}
+
+/* dp_fail with what (printf-style), a colon and UCX's text for st. endpoint.c. */
+int dp__ep_ucx_fail(dp_detail *d, int code, ucs_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/*
+ * This process's UCX version as metadata carries it: major << 24 | minor << 16 |
+ * release. endpoint.c.
+ */
+uint32_t dp__ep_ucx_version(void);
+
+/* The listed (not zombie) remote of that name, or NULL. remote.c. */
+remote *dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name);
+
+/*
+ * Close a remote's UCX endpoint and free it (no transfers in flight or
+ * retained); kept, with a warning, if the close does not complete. remote.c.
+ */
+void dp__ep_remote_free_locked(dp_endpoint *ep, remote *r);
+
+/*
+ * Release from the graveyard the retained batches whose last UCX request
+ * completed since (the released list). Called after progressing the worker,
+ * never from a UCX callback. transfer.c.
+ */
+void dp__ep_reap_locked(dp_endpoint *ep);
+
+#endif

@@ -1,0 +1,386 @@
+/*
+ * Remotes of a transfer endpoint: adding one from its metadata (connect,
+ * unpack its keys, map and pre-fault its shared memory), replacing, removing
+ * and freeing it, checking its connection, and describing and classifying
+ * the UCX lanes towards it.
+ *
+ * Design notes
+ * ------------
+ * - add_remote refuses metadata packed by another UCX major.minor before UCX
+ *   sees its bytes: UCX asserts on a worker address format it does not know.
+ * - The remote is published (listed) only after its shared-memory mappings
+ *   are pre-faulted, with ep_mu dropped meanwhile: nothing else can unmap a
+ *   mapping of an unlisted remote, and the first transfers then run at full
+ *   speed (docs/design.md, "Endpoint and graveyard").
+ * - A remote being replaced or removed while transfers towards it are in
+ *   flight or retained becomes a zombie (ep->zombies): unlisted, its UCX
+ *   endpoint and keys kept until close, since those transfers use them.
+ * - A UCX endpoint close that does not complete within EP_CLOSE_WAIT_NS is
+ *   left to UCX (its request is never freed while running) and the remote's
+ *   state is kept.
+ * - The lanes come from ucp_ep_print_info, the only place UCX 1.13 tells them.
+ */
+#include "xfer/endpoint_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "xfer/metadata.h"
+
+/* How long close() waits for a UCX endpoint close to complete. */
+#define EP_CLOSE_WAIT_NS 2000000000ull
+
+/* UCX's peer error callback (ep_mu held, from whichever thread progresses). */
+static void
+ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
+{
+    DP_UNUSED(uep);
+    remote *r = arg;
+    __atomic_store_n(&r->r_failed, (int)status, __ATOMIC_RELEASE);
+}
+
+remote *
+dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name)
+{
+    for (remote *r = ep->remotes; r != NULL; r = r->r_next)
+        if (strcmp(r->r_name, name) == 0)
+            return r;
+    return NULL;
+}
+
+/* Wait (progressing) for a close request; true when it completed. */
+static bool
+wait_close_locked(dp_endpoint *ep, ucs_status_ptr_t req)
+{
+    if (req == NULL)
+        return true;
+    if (UCS_PTR_IS_ERR(req))
+        return true; /* nothing left in flight for it */
+    uint64_t deadline = dp_now_ns() + EP_CLOSE_WAIT_NS;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS) {
+        if (dp_now_ns() > deadline)
+            return false; /* leave the request to UCX; never free it while running */
+        ucp_worker_progress(ep->worker);
+    }
+    ucp_request_free(req);
+    return true;
+}
+
+void
+dp__ep_remote_free_locked(dp_endpoint *ep, remote *r)
+{
+    for (uint32_t i = 0; i < r->r_n_regs; i++)
+        if (r->r_regs[i].rr_rkey != NULL)
+            ucp_rkey_destroy(r->r_regs[i].rr_rkey);
+    bool closed = true;
+    if (r->r_ep != NULL) {
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        closed = wait_close_locked(ep, ucp_ep_close_nbx(r->r_ep, &prm));
+    }
+    free(r->r_regs);
+    if (closed)
+        free(r);
+    else
+        DP_LOG_W("endpoint %s: closing remote %s did not complete; its state is kept",
+                 ep->name, r->r_name);
+}
+
+/* Fault in a remote's shared-memory mapping once, so first transfers run at full speed.
+ */
+static void
+prefault(uint8_t *p, uint64_t len)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p & ~((uintptr_t)pg - 1);
+    uintptr_t hi = (uintptr_t)p + len;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    /* Older kernels: a read per page maps it; a later write only upgrades it. */
+    for (uintptr_t a = (uintptr_t)p; a < hi; a += (uintptr_t)pg)
+        (void)*(volatile uint8_t *)a;
+}
+
+int
+dp_endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *name_out,
+                       dp_detail *d)
+{
+    dp_md md;
+    int rc = dp_md_parse(md_bytes, len, &md, d);
+    if (rc != DP_OK)
+        return rc;
+    uint32_t mine = dp__ep_ucx_version();
+    if ((md.xver >> 16) != (mine >> 16)) {
+        rc = dp_fail(d, DP_EPROTO,
+                     "endpoint %s: remote %s runs UCX %u.%u.%u and this process UCX "
+                     "%u.%u.%u: their worker addresses and keys do not mix; use the same "
+                     "UCX version on both",
+                     ep->name, md.name, md.xver >> 24, (md.xver >> 16) & 0xff,
+                     md.xver & 0xffff, mine >> 24, (mine >> 16) & 0xff, mine & 0xffff);
+        dp_md_fini(&md);
+        return rc;
+    }
+    remote *r = calloc(1, sizeof *r);
+    if (r == NULL || (md.n_regions > 0 &&
+                      (r->r_regs = calloc(md.n_regions, sizeof *r->r_regs)) == NULL)) {
+        free(r);
+        dp_md_fini(&md);
+        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+    }
+    snprintf(r->r_name, sizeof r->r_name, "%s", md.name);
+    r->r_gen = md.gen;
+    r->r_failed = UCS_OK;
+    lock(ep);
+    rc = check_open_locked(ep, d);
+    if (rc != DP_OK)
+        goto fail_locked;
+    ucp_ep_params_t epp = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)md.addr,
+        .err_mode = ep->opts.err_mode == DP_EP_ERR_PEER ? UCP_ERR_HANDLING_MODE_PEER
+                                                        : UCP_ERR_HANDLING_MODE_NONE,
+        .err_handler = {.cb = ep_err_cb, .arg = r},
+    };
+    ucs_status_t st = ucp_ep_create(ep->worker, &epp, &r->r_ep);
+    if (st != UCS_OK) {
+        r->r_ep = NULL;
+        rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: connect to %s", ep->name,
+                             md.name);
+        goto fail_locked;
+    }
+    for (uint32_t i = 0; i < md.n_regions; i++) {
+        rregion *rr = &r->r_regs[i];
+        rr->rr_base = md.regions[i].base;
+        rr->rr_len = md.regions[i].len;
+        st = ucp_ep_rkey_unpack(r->r_ep, md.regions[i].rkey, &rr->rr_rkey);
+        if (st != UCS_OK) {
+            rr->rr_rkey = NULL;
+            rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st,
+                                 "endpoint %s: remote %s region %u: rkey", ep->name,
+                                 md.name, i);
+            goto fail_locked;
+        }
+        r->r_n_regs = i + 1;
+        void *p = NULL;
+        if (ucp_rkey_ptr(rr->rr_rkey, rr->rr_base, &p) == UCS_OK)
+            rr->rr_ptr = p;
+    }
+    unlock(ep);
+    /* The remote is not published yet: nothing else can unmap these mappings. */
+    for (uint32_t i = 0; i < r->r_n_regs; i++)
+        if (r->r_regs[i].rr_ptr != NULL)
+            prefault(r->r_regs[i].rr_ptr, r->r_regs[i].rr_len);
+    lock(ep);
+    rc = check_open_locked(ep, d);
+    if (rc != DP_OK)
+        goto fail_locked;
+    /* Replace a remote of the same name (its metadata may have changed). */
+    for (remote **pp = &ep->remotes; *pp != NULL; pp = &(*pp)->r_next) {
+        remote *old = *pp;
+        if (strcmp(old->r_name, r->r_name) != 0)
+            continue;
+        *pp = old->r_next;
+        if (old->r_busy > 0 || old->r_retained > 0) {
+            old->r_next = ep->zombies;
+            ep->zombies = old;
+        } else {
+            dp__ep_remote_free_locked(ep, old);
+        }
+        break;
+    }
+    r->r_next = ep->remotes;
+    ep->remotes = r;
+    unlock(ep);
+    if (name_out != NULL)
+        snprintf(name_out, DP_MD_NAME_MAX + 1, "%s", md.name);
+    dp_md_fini(&md);
+    return DP_OK;
+fail_locked:
+    if (ep->closed) {
+        /* The worker is gone with everything made from it. */
+        free(r->r_regs);
+        free(r);
+    } else {
+        dp__ep_remote_free_locked(ep, r);
+    }
+    unlock(ep);
+    dp_md_fini(&md);
+    return rc;
+}
+
+bool
+dp_endpoint_has_remote(dp_endpoint *ep, const char *name)
+{
+    if (name == NULL)
+        return false;
+    lock(ep);
+    bool has = !ep->closed && dp__ep_remote_find_locked(ep, name) != NULL;
+    unlock(ep);
+    return has;
+}
+
+int
+dp_endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d)
+{
+    lock(ep);
+    int rc = check_open_locked(ep, d);
+    if (rc != DP_OK)
+        goto out;
+    rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                 name ? name : "(null)");
+    for (remote **pp = &ep->remotes; name != NULL && *pp != NULL; pp = &(*pp)->r_next) {
+        remote *r = *pp;
+        if (strcmp(r->r_name, name) != 0)
+            continue;
+        *pp = r->r_next;
+        if (r->r_busy > 0 || r->r_retained > 0) {
+            r->r_next = ep->zombies;
+            ep->zombies = r;
+        } else {
+            dp__ep_remote_free_locked(ep, r);
+        }
+        rc = DP_OK;
+        break;
+    }
+out:
+    unlock(ep);
+    return rc;
+}
+
+int
+dp_endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out, dp_detail *d)
+{
+    *out = NULL;
+    lock(ep);
+    int rc = check_open_locked(ep, d);
+    remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
+    if (rc == DP_OK && r == NULL)
+        rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                     name ? name : "(null)");
+    if (rc == DP_OK) {
+        size_t n = 0;
+        FILE *f = open_memstream(out, &n);
+        if (f == NULL) {
+            rc = dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+        } else {
+            ucp_ep_print_info(r->r_ep, f);
+            for (uint32_t i = 0; i < r->r_n_regs; i++)
+                fprintf(f, "# region %u: %" PRIu64 " bytes, %s\n", i, r->r_regs[i].rr_len,
+                        r->r_regs[i].rr_ptr ? "mapped here (shared memory)"
+                                            : "not mapped here");
+            fclose(f);
+        }
+    }
+    unlock(ep);
+    return rc;
+}
+
+int
+dp_endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
+{
+    lock(ep);
+    int rc = check_open_locked(ep, d);
+    remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
+    if (rc == DP_OK && r == NULL)
+        rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                     name ? name : "(null)");
+    if (rc == DP_OK) {
+        /* Run keepalive and error callbacks that are due (the worker may have
+         * been idle since the last operation). */
+        for (int i = 0; i < 64 && ucp_worker_progress(ep->worker) != 0; i++) {
+        }
+        ucp_worker_progress(ep->worker);
+        dp__ep_reap_locked(ep);
+        ucs_status_t st = remote_failed(r);
+        if (st != UCS_OK)
+            rc = dp_fail(d, DP_ETRANSFER, "endpoint %s: the connection to %s failed: %s",
+                         ep->name, name, ucs_status_string(st));
+    }
+    unlock(ep);
+    return rc;
+}
+
+int
+dp_endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, char *tls,
+                        size_t tls_cap, dp_detail *d)
+{
+    char *info = NULL;
+    *lane = DP_XFER_LANE_UNKNOWN;
+    if (tls_cap > 0)
+        tls[0] = '\0';
+    int rc = dp_endpoint_describe_remote(ep, name, &info, d);
+    if (rc != DP_OK)
+        return rc;
+    /* Lines "lane[i]:  N:tl/dev.0 md[...] -> ...": collect each lane's tl. */
+    static const char *const shm[] = {"posix", "sysv", "xpmem", "cma", "knem", "self"};
+    static const char *const rdma[] = {"rc", "rc_verbs", "rc_mlx5", "dc", "dc_mlx5",
+                                       "ud", "ud_verbs", "ud_mlx5", "ib"};
+    bool any = false, all_shm = true, any_rdma = false, any_other = false;
+    size_t tl_len = 0;
+    for (const char *p = strstr(info, "lane["); p != NULL; p = strstr(p + 1, "lane[")) {
+        const char *c = strchr(p, ':');
+        const char *nl = strchr(p, '\n');
+        if (c == NULL || (nl != NULL && c > nl))
+            continue;
+        c++;
+        while (*c == ' ')
+            c++;
+        while (*c >= '0' && *c <= '9')
+            c++;
+        if (*c != ':')
+            continue;
+        c++;
+        size_t n = strcspn(c, "/ \n");
+        if (n == 0 || n > 31)
+            continue;
+        char tl[32];
+        memcpy(tl, c, n);
+        tl[n] = '\0';
+        any = true;
+        bool is_shm = false, is_rdma = false;
+        for (size_t i = 0; i < DP_ARRAY_LEN(shm); i++)
+            is_shm = is_shm || strcmp(tl, shm[i]) == 0;
+        for (size_t i = 0; i < DP_ARRAY_LEN(rdma); i++)
+            is_rdma = is_rdma || strcmp(tl, rdma[i]) == 0;
+        all_shm = all_shm && is_shm;
+        any_rdma = any_rdma || is_rdma;
+        any_other = any_other || (!is_shm && !is_rdma);
+        if (tls_cap > 0 && strstr(tls, tl) == NULL && tl_len + n + 2 < tls_cap) {
+            tl_len += (size_t)snprintf(tls + tl_len, tls_cap - tl_len, "%s%s",
+                                       tl_len > 0 ? "," : "", tl);
+        }
+    }
+    free(info);
+    if (!any)
+        *lane = DP_XFER_LANE_UNKNOWN;
+    else if (all_shm)
+        *lane = DP_XFER_LANE_SHM;
+    else if (any_rdma && !any_other)
+        *lane = DP_XFER_LANE_RDMA;
+    else
+        *lane = DP_XFER_LANE_TCP;
+    return DP_OK;
+}
+
+const char *
+dp_xfer_lane_name(dp_xfer_lane lane)
+{
+    switch (lane) {
+    case DP_XFER_LANE_SHM:
+        return "shm";
+    case DP_XFER_LANE_RDMA:
+        return "rdma";
+    case DP_XFER_LANE_TCP:
+        return "tcp";
+    default:
+        return "?";
+    }
+}

@@ -1,0 +1,557 @@
+/*
+ * Transfers of an endpoint: validating a batch of ops, posting each op's
+ * ranges (UCX put/get, or memcpy into a remote region mapped here), waiting
+ * for all of them under one deadline, ending each op DONE or handing it to
+ * the graveyard, and releasing retained ops whose UCX requests completed
+ * later (the released list).
+ *
+ * Design notes
+ * ------------
+ * Invariants
+ * - Every posted transfer ends DONE (all its UCX requests completed and
+ *   released) or is retained in the process graveyard with its local ranges,
+ *   on every exit path: success, error, timeout, peer failure. A retained
+ *   transfer's bookkeeping (struct batch) is owned by the graveyard and is
+ *   not freed while UCX may still invoke its completion callback: only once
+ *   that callback saw its last request complete, and then outside it
+ *   (dp__ep_reap_locked, after a progress).
+ * - Arguments are validated completely (endpoint open, process not poisoned,
+ *   remote known, every range inside a registered region, list lengths and
+ *   range sizes equal) before the first operation of a call is posted.
+ * - A request handle is released (ucp_request_free) only inside its own
+ *   completion callback; no code path frees an incomplete request.
+ * - Every validated op holds its remote and its local regions busy from
+ *   validation to its end, so the lock can drop between posts (a done
+ *   callback runs without it) and neither can go meanwhile.
+ * - The deadline is a promise: an op that ends after it is DP_ETIMEDOUT
+ *   although its bytes moved, and an op whose turn to be posted comes after
+ *   it is not posted.
+ */
+#include "xfer/endpoint_int.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xfer/graveyard.h"
+
+/* How long a failed peer's pending requests get to be purged by UCX. */
+#define FAILED_GRACE_NS 50000000ull
+
+/* ---- lookups (ep_mu held) ---- */
+
+/* Index of the region containing [addr, addr+n), or -1. */
+static ptrdiff_t
+region_find_locked(const dp_endpoint *ep, uint64_t addr, uint64_t n)
+{
+    size_t a = 0, b = ep->n_regs;
+    while (a < b) { /* first region with base > addr */
+        size_t m = a + (b - a) / 2;
+        if (ep->regs[m].r_base <= addr)
+            a = m + 1;
+        else
+            b = m;
+    }
+    if (a == 0)
+        return -1;
+    const region *r = &ep->regs[a - 1];
+    if (addr - r->r_base <= r->r_len && n <= r->r_len - (addr - r->r_base))
+        return (ptrdiff_t)(a - 1);
+    return -1;
+}
+
+/* The region of remote r containing [addr, addr+n), or NULL. */
+static rregion *
+rregion_find(const remote *r, uint64_t addr, uint64_t n)
+{
+    size_t a = 0, b = r->r_n_regs;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (r->r_regs[m].rr_base <= addr)
+            a = m + 1;
+        else
+            b = m;
+    }
+    if (a == 0)
+        return NULL;
+    rregion *rr = &r->r_regs[a - 1];
+    if (addr - rr->rr_base <= rr->rr_len && n <= rr->rr_len - (addr - rr->rr_base))
+        return rr;
+    return NULL;
+}
+
+/* ---- UCX callbacks (run with ep_mu held, from whichever thread progresses) ---- */
+
+static void
+op_done_cb(void *request, ucs_status_t status, void *user_data)
+{
+    batch *b = user_data;
+    if (status != UCS_OK && b->b_status == UCS_OK)
+        b->b_status = status;
+    if (--b->b_pending == 0) {
+        b->b_done_ns = dp_now_ns();
+        if (b->b_retained) {
+            /* Freed later, outside the callback (dp__ep_reap_locked). */
+            b->b_next = b->b_ep->released;
+            b->b_ep->released = b;
+        }
+    }
+    ucp_request_free(request);
+}
+
+/*
+ * Retained transfers that ended after all: UCX completed every request of
+ * theirs (done or failed), so nothing touches their local ranges any more.
+ */
+void
+dp__ep_reap_locked(dp_endpoint *ep)
+{
+    while (ep->released != NULL) {
+        batch *b = ep->released;
+        ep->released = b->b_next;
+        dp_graveyard_release(b);
+        b->b_r->r_retained--;
+        ep->n_retained--;
+        ep->st.transfers_released++;
+        DP_LOG_I("endpoint %s: a retained transfer to %s ended (%s): its memory is "
+                 "released",
+                 ep->name, b->b_r->r_name, ucs_status_string(b->b_status));
+        free(b);
+    }
+}
+
+/* ---- transfers ---- */
+
+/* Per-op state of one call. */
+typedef struct opstate {
+    const dp_xfer_desc *o;
+    remote *r;
+    batch *b;          /* NULL until posted */
+    uint64_t deadline; /* dp_now_ns() clock */
+    uint64_t fail_deadline;
+    int rc;
+    bool posted, finished;
+    bool via_ucx;    /* some range went to UCX (not only the memcpy path) */
+    dp_xfer_end end; /* what became of it (for the caller's abort) */
+} opstate;
+
+static const char *
+op_name(dp_xfer_op op)
+{
+    return op == DP_XFER_WRITE ? "WRITE" : "READ";
+}
+
+/* Check op i completely; DP_EINVAL with a detail if anything is wrong. */
+static int
+validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
+                dp_detail *d)
+{
+    if (o->op != DP_XFER_WRITE && o->op != DP_XFER_READ)
+        return dp_fail(d, DP_EINVAL, "op %zu: unknown operation %d", i, (int)o->op);
+    if (o->remote_name == NULL)
+        return dp_fail(d, DP_EINVAL, "op %zu: no remote name", i);
+    remote *r = dp__ep_remote_find_locked(ep, o->remote_name);
+    if (r == NULL)
+        return dp_fail(d, DP_EINVAL, "op %zu: unknown remote %s (add_remote first)", i,
+                       o->remote_name);
+    if (o->n_local != o->n_remote)
+        return dp_fail(d, DP_EINVAL, "op %zu: %zu local ranges but %zu remote ranges", i,
+                       o->n_local, o->n_remote);
+    if (o->n_local > 0 && (o->local == NULL || o->remote == NULL))
+        return dp_fail(d, DP_EINVAL, "op %zu: range list is NULL", i);
+    for (size_t k = 0; k < o->n_local; k++) {
+        const dp_range *l = &o->local[k], *m = &o->remote[k];
+        if (l->nbytes != m->nbytes)
+            return dp_fail(d, DP_EINVAL,
+                           "op %zu range %zu: local has %" PRIu64
+                           " bytes, remote %" PRIu64,
+                           i, k, l->nbytes, m->nbytes);
+        if (l->nbytes == 0)
+            continue;
+        if (region_find_locked(ep, l->addr, l->nbytes) < 0)
+            return dp_fail(d, DP_EINVAL,
+                           "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
+                           ") is not inside a region registered with endpoint %s",
+                           i, k, l->addr, l->nbytes, ep->name);
+        if (rregion_find(r, m->addr, m->nbytes) == NULL)
+            return dp_fail(d, DP_EINVAL,
+                           "op %zu range %zu: remote [0x%" PRIx64 ", +%" PRIu64
+                           ") is not inside a region of remote %s",
+                           i, k, m->addr, m->nbytes, r->r_name);
+    }
+    *rout = r;
+    return DP_OK;
+}
+
+/* Mark/unmark the local regions of an op's ranges as in use. */
+static void
+busy_locked(dp_endpoint *ep, const dp_xfer_desc *o, int delta)
+{
+    for (size_t k = 0; k < o->n_local; k++) {
+        if (o->local[k].nbytes == 0)
+            continue;
+        ptrdiff_t g = region_find_locked(ep, o->local[k].addr, o->local[k].nbytes);
+        DP_ASSERT(g >= 0);
+        ep->regs[g].r_busy += (uint64_t)(int64_t)delta;
+    }
+}
+
+/*
+ * Every validated op holds its remote and its local regions busy from
+ * validation to its end, so that neither can go while the batch is posted with
+ * the lock dropped between ops (for a done callback). finish_locked ends the
+ * hold of a posted op; this ends that of an op never posted.
+ */
+static void
+reserve_locked(dp_endpoint *ep, opstate *s)
+{
+    s->r->r_busy++;
+    busy_locked(ep, s->o, +1);
+}
+
+static void
+unreserve_locked(dp_endpoint *ep, opstate *s)
+{
+    s->finished = true;
+    s->r->r_busy--;
+    busy_locked(ep, s->o, -1);
+}
+
+/* Post every range of op s (validated and reserved). Sets s->rc for immediate
+ * failures. */
+static void
+post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
+{
+    const dp_xfer_desc *o = s->o;
+    remote *r = s->r;
+    ucs_status_t fst = remote_failed(r);
+    if (fst != UCS_OK) {
+        s->rc = dp_fail(det, DP_ETRANSFER, "%s to %s: peer failed: %s (nothing posted)",
+                        op_name(o->op), r->r_name, ucs_status_string(fst));
+        unreserve_locked(ep, s);
+        return;
+    }
+    batch *b = calloc(1, sizeof *b);
+    if (b == NULL) {
+        s->rc = dp_fail(det, DP_ENOMEM, "%s to %s: out of memory (nothing posted)",
+                        op_name(o->op), r->r_name);
+        unreserve_locked(ep, s);
+        return;
+    }
+    s->b = b;
+    s->posted = true;
+    bool any_ucx = false;
+    for (size_t k = 0; k < o->n_local && b->b_status == UCS_OK; k++) {
+        const dp_range *l = &o->local[k], *m = &o->remote[k];
+        if (l->nbytes == 0)
+            continue;
+        rregion *rr = rregion_find(r, m->addr, m->nbytes);
+        void *lp = (void *)(uintptr_t)l->addr;
+        if (rr->rr_ptr != NULL && l->nbytes <= ep->memcpy_max) {
+            uint8_t *rp = rr->rr_ptr + (m->addr - rr->rr_base);
+            if (o->op == DP_XFER_WRITE)
+                memcpy(rp, lp, l->nbytes);
+            else
+                memcpy(lp, rp, l->nbytes);
+            ep->st.memcpy_ranges++;
+            continue;
+        }
+        ptrdiff_t g = region_find_locked(ep, l->addr, l->nbytes);
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_MEMH,
+            .cb.send = op_done_cb,
+            .user_data = b,
+            .memh = ep->regs[g].r_memh,
+        };
+        ucs_status_ptr_t sp =
+            o->op == DP_XFER_WRITE
+                ? ucp_put_nbx(r->r_ep, lp, l->nbytes, m->addr, rr->rr_rkey, &prm)
+                : ucp_get_nbx(r->r_ep, lp, l->nbytes, m->addr, rr->rr_rkey, &prm);
+        ep->st.ucx_ranges++;
+        any_ucx = true;
+        s->via_ucx = true;
+        if (UCS_PTR_IS_ERR(sp))
+            b->b_status = UCS_PTR_STATUS(sp);
+        else if (sp != NULL)
+            b->b_pending++;
+    }
+    /* A put is complete locally at its callback; the flush makes it remote-visible. */
+    if (o->op == DP_XFER_WRITE && any_ucx && b->b_status == UCS_OK) {
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = op_done_cb,
+            .user_data = b,
+        };
+        ucs_status_ptr_t sp = ucp_ep_flush_nbx(r->r_ep, &prm);
+        if (UCS_PTR_IS_ERR(sp))
+            b->b_status = UCS_PTR_STATUS(sp);
+        else if (sp != NULL)
+            b->b_pending++;
+    }
+    if (b->b_pending == 0)
+        b->b_done_ns = dp_now_ns(); /* done at its post (memcpy, inline completions) */
+}
+
+/* End op s: DONE (batch freed) or retained (batch handed to the graveyard). */
+static void
+finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
+{
+    const dp_xfer_desc *o = s->o;
+    remote *r = s->r;
+    batch *b = s->b;
+    s->finished = true;
+    r->r_busy--;
+    busy_locked(ep, o, -1);
+    s->end = s->via_ucx ? DP_XFER_ENDED : DP_XFER_ENDED_LOCAL;
+    if (b->b_pending == 0) {
+        if (b->b_status == UCS_OK && b->b_done_ns > s->deadline) {
+            /*
+             * Done, but only after the deadline (a long post, or seen late
+             * between two looks): the caller's deadline may guard something (a
+             * READ within a pin's life), so it is not reported as done in time.
+             */
+            s->rc = dp_fail(det, DP_ETIMEDOUT,
+                            "%s of %zu ranges to %s ended %.3f ms after its deadline",
+                            op_name(o->op), o->n_local, r->r_name,
+                            (double)(b->b_done_ns - s->deadline) / 1e6);
+            ep->st.transfers_failed++;
+        } else if (b->b_status == UCS_OK) {
+            s->rc = DP_OK;
+            ep->st.transfers_ok++;
+        } else {
+            s->rc = dp_fail(det, DP_ETRANSFER, "%s of %zu ranges to %s failed: %s",
+                            op_name(o->op), o->n_local, r->r_name,
+                            ucs_status_string(b->b_status));
+            ep->st.transfers_failed++;
+        }
+        free(b);
+        s->b = NULL;
+        return;
+    }
+    ucs_status_t fst = remote_failed(r);
+    char what[2 * DP_MD_NAME_MAX + 96];
+    snprintf(what, sizeof what, "%s of %zu ranges to %s from endpoint %s", op_name(o->op),
+             o->n_local, r->r_name, ep->name);
+    b->b_retained = true;
+    b->b_ep = ep;
+    b->b_r = r;
+    dp_graveyard_retain(b, o->local, o->n_local, what);
+    s->b = NULL;
+    s->end = DP_XFER_UNFINISHED;
+    r->r_retained++;
+    ep->n_retained++;
+    ep->st.transfers_retained++;
+    ep->st.transfers_failed++;
+    if (fst != UCS_OK || b->b_status != UCS_OK || !deadline_passed)
+        s->rc = dp_fail(det, DP_ETRANSFER,
+                        "%s failed (%s) with %d operations unfinished: retained, its "
+                        "local memory must not be reused",
+                        what, ucs_status_string(fst != UCS_OK ? fst : b->b_status),
+                        b->b_pending);
+    else
+        s->rc = dp_fail(det, DP_ETIMEDOUT,
+                        "%s timed out with %d operations unfinished: retained, its local "
+                        "memory must not be reused",
+                        what, b->b_pending);
+}
+
+/* The engine behind transfer and transfer_many; details may be NULL. */
+static int
+run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s,
+        int *results, dp_detail *details, dp_xfer_end *ends, dp_xfer_done_fn on_done,
+        void *ctx, dp_detail *d)
+{
+    if (ends != NULL)
+        for (size_t i = 0; i < n_ops; i++)
+            ends[i] = DP_XFER_NOT_POSTED;
+    uint64_t t0 = dp_now_ns();
+    if (!(timeout_s > 0) || !isfinite(timeout_s) || timeout_s > 1e9) {
+        for (size_t i = 0; i < n_ops; i++) {
+            results[i] = DP_EINVAL;
+            if (details != NULL)
+                dp_fail(&details[i], DP_EINVAL, "timeout %g s: must be finite and > 0",
+                        timeout_s);
+        }
+        return dp_fail(d, DP_EINVAL, "timeout %g s: must be finite and > 0", timeout_s);
+    }
+    uint64_t deadline = t0 + (uint64_t)(timeout_s * 1e9);
+    opstate *ss = calloc(n_ops ? n_ops : 1, sizeof *ss);
+    if (ss == NULL) {
+        /* Nothing was posted: every op says so, as for invalid arguments. */
+        for (size_t i = 0; i < n_ops; i++) {
+            results[i] = DP_ENOMEM;
+            if (details != NULL)
+                dp_fail(&details[i], DP_ENOMEM,
+                        "transfer: out of memory (nothing posted)");
+        }
+        return dp_fail(d, DP_ENOMEM, "transfer: out of memory");
+    }
+    dp_detail vd;
+    dp_detail_clear(&vd);
+    lock(ep);
+    int rc = check_open_locked(ep, &vd);
+    if (rc == DP_OK)
+        rc = dp_graveyard_check(&vd);
+    for (size_t i = 0; rc == DP_OK && i < n_ops; i++) {
+        ss[i].o = &ops[i];
+        ss[i].deadline = deadline;
+        rc = validate_locked(ep, &ops[i], i, &ss[i].r, &vd);
+    }
+    if (rc != DP_OK) {
+        unlock(ep);
+        for (size_t i = 0; i < n_ops; i++) {
+            results[i] = rc;
+            if (details != NULL)
+                dp_fail(&details[i], rc, "%s", vd.msg);
+        }
+        dp_fail(d, rc, "%s", vd.msg);
+        free(ss);
+        return rc;
+    }
+    for (size_t i = 0; i < n_ops; i++)
+        reserve_locked(ep, &ss[i]);
+    for (size_t i = 0; i < n_ops; i++) {
+        opstate *s = &ss[i];
+        dp_detail *det = details ? &details[i] : NULL;
+        if (i > 0 && dp_now_ns() >= deadline) {
+            /* Earlier posts or callbacks used the whole time: not posted. */
+            s->rc = dp_fail(det, DP_ETIMEDOUT,
+                            "%s to %s: the deadline passed before it was posted "
+                            "(nothing posted)",
+                            op_name(s->o->op), s->r->r_name);
+            unreserve_locked(ep, s);
+        } else {
+            post_locked(ep, s, det);
+        }
+        /* Done at post (memcpy path, or failed): ended now, so a callback can
+         * act on it while the next op is posted. */
+        if (s->posted && s->b->b_pending == 0)
+            finish_locked(ep, s, false, det);
+        if (s->finished && on_done != NULL) {
+            unlock(ep);
+            on_done(ctx, i, s->rc);
+            lock(ep);
+        }
+    }
+
+    size_t open = 0;
+    for (size_t i = 0; i < n_ops; i++)
+        open += ss[i].posted && !ss[i].finished;
+    while (open > 0) {
+        uint64_t now = dp_now_ns();
+        for (size_t i = 0; i < n_ops; i++) {
+            opstate *s = &ss[i];
+            if (!s->posted || s->finished)
+                continue;
+            if (s->b->b_pending > 0 && remote_failed(s->r) != UCS_OK &&
+                s->fail_deadline == 0)
+                s->fail_deadline = now + FAILED_GRACE_NS;
+            bool out =
+                now >= deadline || (s->fail_deadline != 0 && now >= s->fail_deadline);
+            if (s->b->b_pending == 0 || out) {
+                finish_locked(ep, s, now >= deadline, details ? &details[i] : NULL);
+                open--;
+                if (on_done != NULL) {
+                    unlock(ep);
+                    on_done(ctx, i, s->rc);
+                    lock(ep);
+                }
+            }
+        }
+        if (open == 0)
+            break;
+        unsigned n = ucp_worker_progress(ep->worker);
+        dp__ep_reap_locked(ep);
+        unlock(ep);
+        if (n == 0)
+            sched_yield();
+        lock(ep);
+    }
+    dp__ep_reap_locked(ep);
+    unlock(ep);
+
+    size_t nfail = 0, first = 0;
+    for (size_t i = 0; i < n_ops; i++) {
+        results[i] = ss[i].rc;
+        if (ends != NULL)
+            ends[i] = ss[i].end;
+        if (ss[i].rc != DP_OK && nfail++ == 0)
+            first = i;
+    }
+    if (nfail > 0) {
+        rc = ss[first].rc;
+        if (d != NULL) {
+            if (details != NULL)
+                dp_fail(d, rc, "%zu of %zu transfers failed; first, op %zu: %s", nfail,
+                        n_ops, first, details[first].msg);
+            else
+                dp_fail(d, rc, "%zu of %zu transfers failed; first: op %zu", nfail, n_ops,
+                        first);
+        }
+    }
+    free(ss);
+    return rc;
+}
+
+int
+dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
+                     size_t n_local, const dp_range *remote_ranges, size_t n_remote,
+                     const char *remote_name, double timeout_s, dp_detail *d)
+{
+    dp_xfer_desc o = {.op = op,
+                      .local = local,
+                      .n_local = n_local,
+                      .remote = remote_ranges,
+                      .n_remote = n_remote,
+                      .remote_name = remote_name};
+    int result;
+    dp_detail det;
+    dp_detail_clear(&det);
+    int rc = run_ops(ep, &o, 1, timeout_s, &result, &det, NULL, NULL, NULL, NULL);
+    if (rc != DP_OK && d != NULL)
+        dp_fail(d, rc, "%s", det.msg);
+    return rc;
+}
+
+int
+dp_endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                          double timeout_s, int *results, dp_detail *details,
+                          dp_detail *d)
+{
+    return dp_endpoint_transfer_many_cb(ep, ops, n_ops, timeout_s, results, details, NULL,
+                                        NULL, d);
+}
+
+int
+dp_endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                             double timeout_s, int *results, dp_detail *details,
+                             dp_xfer_done_fn on_done, void *ctx, dp_detail *d)
+{
+    return dp_endpoint_transfer_many_ends(ep, ops, n_ops, timeout_s, results, details,
+                                          NULL, on_done, ctx, d);
+}
+
+int
+dp_endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                               double timeout_s, int *results, dp_detail *details,
+                               dp_xfer_end *ends, dp_xfer_done_fn on_done, void *ctx,
+                               dp_detail *d)
+{
+    if (n_ops > 0 && (ops == NULL || results == NULL))
+        return dp_fail(d, DP_EINVAL, "transfer_many: ops or results is NULL");
+    if (details != NULL)
+        for (size_t i = 0; i < n_ops; i++)
+            dp_detail_clear(&details[i]);
+    return run_ops(ep, ops, n_ops, timeout_s, results, details, ends, on_done, ctx, d);
+}
+
+bool
+dp_endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr, size_t nbytes)
+{
+    DP_UNUSED(ep);
+    return dp_graveyard_touches((uint64_t)(uintptr_t)addr, nbytes);
+}
