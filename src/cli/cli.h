@@ -1,9 +1,10 @@
 /*
  * Helpers shared by the `dataplane` subcommands (internal to src/cli): usage
  * and failure messages in the house form, and a connection to a running
- * cluster (its cluster file, a control client, request ids, a check that
- * every unit is the one the file says) for the commands that talk to units
- * over the control plane (stats, scan, clear, save, load, up).
+ * cluster (its cluster file and the library's control-only client of its
+ * units, which checks that every unit is the one the file says) for the
+ * commands that talk to units over the control plane only (stats, scan,
+ * clear, save, load, up): no UCX.
  *
  * Threads: a dp__cli_conn belongs to one thread.
  */
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #include "client/cluster.h"
+#include "client/fanout.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "wire/wire.h"
@@ -63,7 +65,14 @@ typedef struct dp__cli_unit {
     uint64_t incarnation;            /* its process's, from its info */
 } dp__cli_unit;
 
-/* A running cluster as seen from a command. */
+/*
+ * A running cluster as seen from a command. Requests go through client, the
+ * library's control-only client of cl's units (client/fanout.h: no transfer
+ * endpoint, so no UCX), opened by dp__cli_connect or by the first
+ * dp__cli_check_units of a conn filled in by hand. ctl and rids are a
+ * caller's own, for calls of its own (closed by dp__cli_disconnect when
+ * set); nothing here uses them.
+ */
 typedef struct dp__cli_conn {
     char path[PATH_MAX]; /* the cluster file */
     dp_cluster cl;
@@ -71,7 +80,8 @@ typedef struct dp__cli_conn {
     dp_wire_rid_gen rids;
     double timeout_s;         /* each control call */
     double connect_timeout_s; /* asking the units who they are */
-    dp__cli_unit *units;      /* n_units */
+    dp__cli_unit *units;      /* n_units: what the last check found */
+    dp_client *client;
 } dp__cli_conn;
 
 /*
@@ -84,11 +94,12 @@ typedef struct dp__cli_conn {
 
 /*
  * Locate (arg, else $DP_CLUSTER, else the default directory) and load the
- * cluster file, create a control client, and (unless DP__CLI_NO_CHECK) ask
- * every unit who it is (dp__cli_check_units, within connect_timeout_s).
- * Control calls then wait timeout_s. Errors of dp_cluster_locate and
- * dp_cluster_load (DP_ENOTFOUND says how to start a cluster), of
- * dp__cli_check_units, DP_ENOMEM. On an error nothing is left to disconnect.
+ * cluster file, open the control-only client of its units, and (unless
+ * DP__CLI_NO_CHECK) ask every unit who it is (dp__cli_check_units, within
+ * connect_timeout_s). Control calls then wait timeout_s. Errors of
+ * dp_cluster_locate and dp_cluster_load (DP_ENOTFOUND says how to start a
+ * cluster), of dp__cli_check_units, DP_ENOMEM. On an error nothing is left
+ * to disconnect.
  */
 int dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
                     unsigned flags, dp__cli_conn *c, dp_detail *d);
@@ -98,36 +109,16 @@ void dp__cli_disconnect(dp__cli_conn *c);
  * Ask unit only (or every unit: only < 0) for its info, all at once, and
  * check that unit i says it is unit i of n as the cluster file does: a unit
  * listed in the wrong order, or a unit of another cluster, would be cleared,
- * saved or loaded as if it were another. Nothing but info is sent to a unit
- * before this succeeded for it: dp__cli_call and dp__cli_call_all refuse
- * unchecked units. Errors: DP_EPROTO (a unit says otherwise: d names the
+ * saved or loaded as if it were another (dp__client_check_units; c->units
+ * get what it found). Nothing but info is sent to a unit before this
+ * succeeded for it: the client's calls (dp__client_call_all,
+ * dp__client_clear_units) refuse unchecked units and give a unit marked
+ * down its reason. Errors: DP_EPROTO (a unit says otherwise: d names the
  * unit, its address, what it said and what the file says), the error of a
  * unit that does not answer (with DP__CLI_ALLOW_DOWN it is marked down
  * instead), an error reply of a unit.
  */
 int dp__cli_check_units(dp__cli_conn *c, int64_t only, unsigned flags, dp_detail *d);
-
-/*
- * One request to unit i and its decoded reply (call dp_wire_reply_fini on rep
- * whatever the result; rb holds the bytes rep points into). An error reply
- * from the unit is returned as its code with the unit's words in d, prefixed
- * with the unit. q->rid is set here.
- */
-int dp__cli_call(dp__cli_conn *c, uint32_t i, dp_wire_request *q, dp_wire_reply *rep,
-                 dp_buf *rb, dp_detail *d);
-
-/*
- * The same request to every unit at once (dp_ctl_call_many): reps[i], rbs[i]
- * and rcs[i]/dets[i] per unit (arrays of n_units; rbs zero-initialised by the
- * caller and freed with dp_buf_fini, reps finied by the caller). q_of(i, q,
- * ctx) fills unit i's request, or returns false to skip that unit (rcs[i] =
- * DP_OK, reps[i] zeroed with ok = false and op = DP_WIRE_OP_NONE). A unit
- * marked down is not sent anything: rcs[i]/dets[i] say why it is down.
- * Returns DP_OK if every unit answered with a result.
- */
-typedef bool (*dp__cli_req_fn)(uint32_t i, dp_wire_request *q, void *ctx);
-int dp__cli_call_all(dp__cli_conn *c, dp__cli_req_fn q_of, void *ctx, dp_wire_reply *reps,
-                     dp_buf *rbs, int *rcs, dp_detail *dets);
 
 /* Parse a cluster-relative unit index ("3") against the loaded cluster. */
 int dp__cli_parse_unit(const dp__cli_conn *c, const char *s, uint32_t *out, dp_detail *d);

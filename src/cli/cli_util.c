@@ -1,8 +1,10 @@
 /*
  * Helpers shared by the subcommands (see cli.h): house-style messages, the
- * control-plane session of the commands that talk to a running cluster (which
- * asks every unit who it is before anything else goes to it), the check of an
- * advertised address and the guard that keeps library logs off stdout.
+ * control-plane session of the commands that talk to a running cluster (the
+ * library's control-only client, which asks every unit who it is before
+ * anything else goes to it; this file gives its reports the command's
+ * words), the check of an advertised address and the guard that keeps
+ * library logs off stdout.
  */
 #include "cli/cli.h"
 
@@ -53,8 +55,6 @@ dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
         rc = dp_fail(d, DP_ENOMEM, "out of memory");
     if (rc == DP_OK)
         rc = dp_wire_rid_gen_init(&c->rids, d);
-    if (rc == DP_OK)
-        rc = dp_ctl_client_create(&c->ctl, d);
     if (rc == DP_OK && !(flags & DP__CLI_NO_CHECK))
         rc = dp__cli_check_units(c, -1, flags, d);
     if (rc != DP_OK)
@@ -65,6 +65,8 @@ dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
 void
 dp__cli_disconnect(dp__cli_conn *c)
 {
+    dp_client_close(c->client);
+    c->client = NULL;
     dp_ctl_client_destroy(c->ctl);
     c->ctl = NULL;
     free(c->units);
@@ -72,246 +74,59 @@ dp__cli_disconnect(dp__cli_conn *c)
     dp_cluster_fini(&c->cl);
 }
 
-/* Turn a decoded reply into a code: an error reply's kind and words, per unit. */
-static int
-reply_rc(const dp__cli_conn *c, uint32_t i, const dp_wire_reply *rep, dp_detail *d)
+/* The client takes timeouts of at most 1e6 s (11 days): longer is as good as that. */
+static double
+client_timeout(double s)
 {
-    if (rep->ok)
-        return DP_OK;
-    dp_detail e;
-    dp_detail_clear(&e);
-    int rc = dp_wire_error_to_detail(&rep->err, &e);
-    return dp_fail(d, rc, "unit %u (%s): %s", i, c->cl.units[i].zmq, e.msg);
-}
-
-/* Whether a request may go to unit i: checked, or an info while checking. */
-static int
-unit_usable(const dp__cli_conn *c, uint32_t i, dp_detail *d)
-{
-    const dp__cli_unit *u = &c->units[i];
-    if (u->state == DP__CLI_CHECKED)
-        return DP_OK;
-    if (u->state == DP__CLI_DOWN) {
-        if (d != NULL)
-            *d = u->det;
-        return u->rc;
-    }
-    return dp_fail(d, DP_EINVAL, "unit %u (%s) was not asked who it is before use", i,
-                   c->cl.units[i].zmq);
-}
-
-static int
-no_answer(const dp__cli_conn *c, uint32_t i, const char *what, double timeout_s,
-          dp_detail *d)
-{
-    return dp_fail(d, DP_ETIMEDOUT,
-                   "unit %u (%s) did not answer %s within %g s: is the cluster running? "
-                   "(cluster file %s)",
-                   i, c->cl.units[i].zmq, what, timeout_s, c->path);
-}
-
-int
-dp__cli_call(dp__cli_conn *c, uint32_t i, dp_wire_request *q, dp_wire_reply *rep,
-             dp_buf *rb, dp_detail *d)
-{
-    memset(rep, 0, sizeof *rep);
-    rep->op = DP_WIRE_OP_NONE;
-    int rc = unit_usable(c, i, d);
-    if (rc != DP_OK)
-        return rc;
-    char rid[DP_WIRE_RID_MAX];
-    q->rid = dp_wire_rid_next(&c->rids, rid);
-    dp_buf req;
-    dp_buf_init(&req);
-    dp_buf_reset(rb);
-    rc = dp_wire_request_encode(q, NULL, &req, d);
-    if (rc == DP_OK)
-        rc = dp_ctl_call(c->ctl, c->cl.units[i].zmq, req.data, req.len, rid, c->timeout_s,
-                         rb, d);
-    dp_buf_fini(&req);
-    if (rc == DP_OK)
-        rc = dp_wire_reply_decode(rb->data, rb->len, q->op, NULL, rep, d);
-    if (rc == DP_OK)
-        return reply_rc(c, i, rep, d);
-    if (rc == DP_ETIMEDOUT)
-        return no_answer(c, i, dp_wire_op_name(q->op), c->timeout_s, d);
-    return dp_fail_ctx(d, rc, "unit %u (%s)", i, c->cl.units[i].zmq);
+    return DP_MIN(s, 1e6);
 }
 
 /*
- * dp__cli_call_all with its own timeout; checking false lets requests go to
- * units not checked yet (the info of dp__cli_check_units). answered (NULL or
- * n_units) says which units sent a reply, whatever it said.
+ * The control-only client of c's units, its reports in the command's words:
+ * the cluster file a misplaced unit contradicts, and what to do about a unit
+ * that does not answer.
  */
 static int
-call_all(dp__cli_conn *c, double timeout_s, bool checking, dp__cli_req_fn q_of, void *ctx,
-         dp_wire_reply *reps, dp_buf *rbs, int *rcs, dp_detail *dets, bool *answered)
+open_client(dp__cli_conn *c, dp_detail *d)
 {
-    uint32_t n = c->cl.n_units;
-    int first = DP_OK;
-    dp_ctl_item *items = calloc(n, sizeof *items);
-    dp_buf *reqs = calloc(n, sizeof *reqs);
-    char(*rids)[DP_WIRE_RID_MAX] = calloc(n, sizeof *rids);
-    uint32_t *which = calloc(n, sizeof *which);
-    if (items == NULL || reqs == NULL || rids == NULL || which == NULL) {
-        for (uint32_t i = 0; i < n; i++) {
-            memset(&reps[i], 0, sizeof reps[i]);
-            reps[i].op = DP_WIRE_OP_NONE;
-            rcs[i] = dp_fail(&dets[i], DP_ENOMEM, "out of memory");
-        }
-        first = DP_ENOMEM;
-        goto out;
-    }
-    size_t k = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        memset(&reps[i], 0, sizeof reps[i]);
-        reps[i].op = DP_WIRE_OP_NONE;
-        dp_detail_clear(&dets[i]);
-        rcs[i] = DP_OK;
-        if (answered != NULL)
-            answered[i] = false;
-        dp_wire_request q;
-        memset(&q, 0, sizeof q);
-        if (!q_of(i, &q, ctx))
-            continue;
-        if (!checking && (rcs[i] = unit_usable(c, i, &dets[i])) != DP_OK)
-            continue;
-        q.rid = dp_wire_rid_next(&c->rids, rids[i]);
-        reps[i].op = q.op;
-        dp_buf_init(&reqs[i]);
-        rcs[i] = dp_wire_request_encode(&q, NULL, &reqs[i], &dets[i]);
-        if (rcs[i] != DP_OK)
-            continue;
-        items[k] = (dp_ctl_item){.address = c->cl.units[i].zmq,
-                                 .req = reqs[i].data,
-                                 .len = reqs[i].len,
-                                 .rid = rids[i]};
-        dp_buf_init(&items[k].reply);
-        which[k++] = i;
-    }
-    if (k > 0)
-        dp_ctl_call_many(c->ctl, items, k, timeout_s);
-    for (size_t j = 0; j < k; j++) {
-        uint32_t i = which[j];
-        rbs[i] = items[j].reply; /* hand the reply bytes over */
-        dp_wire_op op = reps[i].op;
-        if (items[j].rc == DP_ETIMEDOUT) {
-            rcs[i] = no_answer(c, i, dp_wire_op_name(op), timeout_s, &dets[i]);
-        } else if (items[j].rc != DP_OK) {
-            dets[i] = items[j].det;
-            rcs[i] =
-                dp_fail_ctx(&dets[i], items[j].rc, "unit %u (%s)", i, c->cl.units[i].zmq);
-        } else {
-            if (answered != NULL)
-                answered[i] = true;
-            rcs[i] = dp_wire_reply_decode(rbs[i].data, rbs[i].len, op, NULL, &reps[i],
-                                          &dets[i]);
-            if (rcs[i] == DP_OK)
-                rcs[i] = reply_rc(c, i, &reps[i], &dets[i]);
-        }
-    }
-    for (uint32_t i = 0; i < n; i++)
-        if (rcs[i] != DP_OK && first == DP_OK)
-            first = rcs[i];
-out:
-    if (reqs != NULL)
-        for (uint32_t i = 0; i < n; i++)
-            dp_buf_fini(&reqs[i]);
-    free(items);
-    free(reqs);
-    free(rids);
-    free(which);
-    return first;
-}
-
-int
-dp__cli_call_all(dp__cli_conn *c, dp__cli_req_fn q_of, void *ctx, dp_wire_reply *reps,
-                 dp_buf *rbs, int *rcs, dp_detail *dets)
-{
-    return call_all(c, c->timeout_s, false, q_of, ctx, reps, rbs, rcs, dets, NULL);
-}
-
-static bool
-info_req(uint32_t i, dp_wire_request *q, void *ctx)
-{
-    int64_t only = *(const int64_t *)ctx;
-    if (only >= 0 && (int64_t)i != only)
-        return false;
-    q->op = DP_WIRE_OP_INFO;
-    return true;
+    char listed_by[PATH_MAX + 32], silence[PATH_MAX + 64];
+    snprintf(listed_by, sizeof listed_by, "the cluster file %s", c->path);
+    snprintf(silence, sizeof silence, ": is the cluster running? (cluster file %s)",
+             c->path);
+    dp__fanout_opts words = {
+        .listed_by = listed_by,
+        .misplaced_hint = ": nothing was done; fix the order in the file, or point "
+                          "--cluster at the file of the cluster these units belong to",
+        .silence_hint = silence,
+    };
+    dp_client_opts o;
+    dp_client_opts_init(&o);
+    o.timeout_s = client_timeout(c->timeout_s > 0 ? c->timeout_s : DP_CLI_TIMEOUT_S);
+    o.connect_timeout_s =
+        client_timeout(c->connect_timeout_s > 0 ? c->connect_timeout_s : o.timeout_s);
+    return dp__client_open_ctl(&c->cl, &o, &words, DP__CTL_NO_CHECK, &c->client, d);
 }
 
 int
 dp__cli_check_units(dp__cli_conn *c, int64_t only, unsigned flags, dp_detail *d)
 {
-    uint32_t n = c->cl.n_units;
-    dp_wire_reply *reps = calloc(n, sizeof *reps);
-    dp_buf *rbs = calloc(n, sizeof *rbs);
-    int *rcs = calloc(n, sizeof *rcs);
-    dp_detail *dets = calloc(n, sizeof *dets);
-    bool *answered = calloc(n, sizeof *answered);
-    int rc = DP_OK;
-    if (reps == NULL || rbs == NULL || rcs == NULL || dets == NULL || answered == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "out of memory");
-        goto out;
-    }
-    call_all(c, c->connect_timeout_s, true, info_req, &only, reps, rbs, rcs, dets,
-             answered);
-    for (uint32_t i = 0; i < n; i++) {
-        dp__cli_unit *u = &c->units[i];
+    int rc = c->client == NULL ? open_client(c, d) : DP_OK;
+    if (rc == DP_OK)
+        rc = dp__client_check_units(
+            c->client, only, (flags & DP__CLI_ALLOW_DOWN) ? DP__CTL_ALLOW_DOWN : 0, d);
+    for (uint32_t i = 0; c->client != NULL && i < c->cl.n_units; i++) {
         if (only >= 0 && (int64_t)i != only)
             continue;
-        if (rcs[i] != DP_OK && !answered[i] && (flags & DP__CLI_ALLOW_DOWN)) {
-            u->state = DP__CLI_DOWN;
-            u->rc = rcs[i];
-            u->det = dets[i];
-            continue;
-        }
-        if (rcs[i] != DP_OK) {
-            if (rc == DP_OK) {
-                if (d != NULL)
-                    *d = dets[i];
-                rc = rcs[i];
-            }
-            continue;
-        }
-        /* The words of the library's own check (dp_client_open), per unit. */
-        const dp_wire_info *in = &reps[i].r.info;
-        if (in->unit_id != i || in->n_units != n) {
-            if (rc == DP_OK)
-                rc = dp_fail(d, DP_EPROTO,
-                             "unit %u (%s) says it is unit %" PRIu64 " of %" PRIu64
-                             ", but the cluster file %s lists it as unit %u of %u (wrong "
-                             "order or a unit from another cluster): nothing was done; "
-                             "fix the order in the file, or point --cluster at the "
-                             "file of the cluster these units belong to",
-                             i, c->cl.units[i].zmq, in->unit_id, in->n_units, c->path, i,
-                             n);
-            continue;
-        }
-        u->incarnation = in->incarnation;
-        if (dp_wire_str_copy(in->agent, u->agent, sizeof u->agent) >= sizeof u->agent) {
-            if (rc == DP_OK)
-                rc =
-                    dp_fail(d, DP_EPROTO,
-                            "unit %u (%s) has an endpoint name of %u bytes (at most %zu)",
-                            i, c->cl.units[i].zmq, in->agent.n, sizeof u->agent - 1);
-            continue;
-        }
-        u->state = DP__CLI_CHECKED;
+        dp__cli_unit *u = &c->units[i];
+        const char *agent = NULL;
+        int st = dp__client_unit_check(c->client, i, &u->det, &agent, &u->incarnation);
+        u->state = st == DP__UNIT_CHECKED ? DP__CLI_CHECKED
+                   : st == DP__UNIT_DOWN  ? DP__CLI_DOWN
+                                          : DP__CLI_UNCHECKED;
+        u->rc = st == DP__UNIT_DOWN ? u->det.code : DP_OK;
+        if (agent != NULL)
+            snprintf(u->agent, sizeof u->agent, "%s", agent);
     }
-out:
-    for (uint32_t i = 0; i < n; i++) {
-        if (reps != NULL)
-            dp_wire_reply_fini(&reps[i]);
-        if (rbs != NULL)
-            dp_buf_fini(&rbs[i]);
-    }
-    free(reps);
-    free(rbs);
-    free(rcs);
-    free(dets);
-    free(answered);
     return rc;
 }
 

@@ -2,8 +2,9 @@
  * Commands for a person poking at a running cluster: `dataplane stats` (every
  * unit's counters side by side), `dataplane scan UNIT` (one unit's blob table)
  * and `dataplane clear G...` (drop rows). They need only the cluster file and
- * the control plane (src/client/cluster, src/ctl, src/wire), no UCX. Each asks
- * the units it talks to who they are before anything else (cli_util.c).
+ * the control plane: they run through the client library's control-only
+ * client (client/fanout.h), no UCX. Each asks the units it talks to who they
+ * are before anything else (cli_util.c).
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -191,31 +192,24 @@ dp__cmd_stats(int argc, char **argv)
     if (rc != DP_OK)
         return dp__cli_fail("stats", rc, &d);
     uint32_t n = c.cl.n_units;
-    dp_wire_reply *reps = calloc(n, sizeof *reps);
-    dp_buf *rbs = calloc(n, sizeof *rbs);
-    int *rcs = calloc(n, sizeof *rcs);
-    dp_detail *dets = calloc(n, sizeof *dets);
-    if (reps == NULL || rbs == NULL || rcs == NULL || dets == NULL) {
-        free(reps);
-        free(rbs);
-        free(rcs);
-        free(dets);
+    dp__fanout f;
+    dp__client_call_all(c.client, &f, stats_req, NULL, &d);
+    if (f.n == 0) { /* not even asked: out of memory */
         dp__cli_disconnect(&c);
-        return dp__cli_fail("stats", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+        return dp__cli_fail("stats", d.code, &d);
     }
-    dp__cli_call_all(&c, stats_req, NULL, reps, rbs, rcs, dets);
     int status = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (rcs[i] != DP_OK) {
-            fprintf(stderr, "dataplane stats: %s (%s)\n", dets[i].msg,
-                    dp_strerror(rcs[i]));
+        if (f.u[i].rc != DP_OK) {
+            fprintf(stderr, "dataplane stats: %s (%s)\n", f.u[i].det.msg,
+                    dp_strerror(f.u[i].rc));
             status = 1;
         }
     /* Rows: the counter names of the first unit that answered, in its order. */
     const dp_wire_fields *names = NULL;
     for (uint32_t i = 0; i < n && names == NULL; i++)
-        if (rcs[i] == DP_OK)
-            names = &reps[i].r.stats;
+        if (f.u[i].rc == DP_OK)
+            names = &f.u[i].rep.r.stats;
     printf("cluster %s: %u unit%s\n", c.path, n, n == 1 ? "" : "s");
     int w = 18; /* the name column fits the longest counter name */
     for (uint32_t k = 0; names != NULL && k < names->n; k++)
@@ -241,16 +235,17 @@ dp__cmd_stats(int argc, char **argv)
             uint64_t total = 0;
             bool summable = !no_total(name);
             for (uint32_t i = 0; i < n; i++) {
-                const dp_wire_field *f =
-                    rcs[i] == DP_OK ? dp_wire_fields_get(&reps[i].r.stats, name) : NULL;
-                if (f != NULL && f->type == DP_WIRE_U64)
-                    total += f->v.u;
+                const dp_wire_field *x =
+                    f.u[i].rc == DP_OK ? dp_wire_fields_get(&f.u[i].rep.r.stats, name)
+                                       : NULL;
+                if (x != NULL && x->type == DP_WIRE_U64)
+                    total += x->v.u;
                 else
                     summable = false;
                 if (i < g0 || i >= g1)
                     continue;
-                printf(" %12s", f != NULL ? fmt_field(f, size, o.raw, buf, sizeof buf)
-                                          : (rcs[i] != DP_OK ? "(down)" : "-"));
+                printf(" %12s", x != NULL ? fmt_field(x, size, o.raw, buf, sizeof buf)
+                                          : (f.u[i].rc != DP_OK ? "(down)" : "-"));
             }
             if (last && n > 1) {
                 if (summable) {
@@ -263,19 +258,21 @@ dp__cmd_stats(int argc, char **argv)
             printf("\n");
         }
     }
-    for (uint32_t i = 0; i < n; i++) {
-        dp_wire_reply_fini(&reps[i]);
-        dp_buf_fini(&rbs[i]);
-    }
-    free(reps);
-    free(rbs);
-    free(rcs);
-    free(dets);
+    dp__fanout_fini(&f);
     dp__cli_disconnect(&c);
     return status;
 }
 
 /* ---- scan ---- */
+
+static bool
+scan_req(uint32_t i, dp_wire_request *q, void *ctx)
+{
+    if (i != *(const uint32_t *)ctx)
+        return false;
+    q->op = DP_WIRE_OP_SCAN;
+    return true;
+}
 
 int
 dp__cmd_scan(int argc, char **argv)
@@ -310,18 +307,13 @@ dp__cmd_scan(int argc, char **argv)
         dp__cli_disconnect(&c);
         return dp__cli_fail("scan", rc, &d);
     }
-    dp_wire_request q;
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_SCAN;
-    dp_wire_reply r;
-    dp_buf rb;
-    dp_buf_init(&rb);
-    rc = dp__cli_call(&c, u, &q, &r, &rb, &d);
+    dp__fanout fo;
+    rc = dp__client_call_all(c.client, &fo, scan_req, &u, &d);
     int status = 0;
     if (rc != DP_OK) {
         status = dp__cli_fail("scan", rc, &d);
     } else {
-        const dp_wire_scan_res *s = &r.r.scan;
+        const dp_wire_scan_res *s = &fo.u[u].rep.r.scan;
         printf("unit %u (%s): %u blob%s\n", u, c.cl.units[u].zmq, s->n,
                s->n == 1 ? "" : "s");
         if (s->n > 0) {
@@ -345,29 +337,12 @@ dp__cmd_scan(int argc, char **argv)
             }
         }
     }
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&rb);
+    dp__fanout_fini(&fo);
     dp__cli_disconnect(&c);
     return status;
 }
 
 /* ---- clear ---- */
-
-typedef struct clear_ctx {
-    uint64_t **by_unit; /* gidxs per unit */
-    uint32_t *count;
-} clear_ctx;
-
-static bool
-clear_req(uint32_t i, dp_wire_request *q, void *ctx)
-{
-    clear_ctx *x = ctx;
-    if (x->count[i] == 0)
-        return false;
-    q->op = DP_WIRE_OP_RELEASE_ROWS;
-    q->a.release_rows.gidxs = (dp_wire_u64s){x->by_unit[i], x->count[i]};
-    return true;
-}
 
 /* "G" or "A-B" into [lo, hi]. */
 static int
@@ -429,79 +404,58 @@ dp__cmd_clear(int argc, char **argv)
     if (rc != DP_OK)
         return dp__cli_fail("clear", rc, &d);
     uint32_t n = c.cl.n_units;
-    clear_ctx x = {calloc(n, sizeof(uint64_t *)), calloc(n, sizeof(uint32_t))};
-    dp_wire_reply *reps = calloc(n, sizeof *reps);
-    dp_buf *rbs = calloc(n, sizeof *rbs);
-    int *rcs = calloc(n, sizeof *rcs);
-    dp_detail *dets = calloc(n, sizeof *dets);
+    dp__fanout f = {0};
+    dp__groups g = {0};
     int status = 0;
-    if (x.by_unit == NULL || x.count == NULL || reps == NULL || rbs == NULL ||
-        rcs == NULL || dets == NULL) {
+    /* The rows in the order given; the library groups them by unit. */
+    uint64_t *gidxs = malloc(total * sizeof *gidxs);
+    if (gidxs == NULL) {
         status = dp__cli_fail("clear", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
         goto out;
     }
-    /* Per-unit lists sized exactly: count first, then fill. */
-    for (int pass = 0; pass < 2; pass++) {
-        for (int a = optind; a < argc; a++) {
-            uint64_t lo, hi;
-            parse_rows(argv[a], &lo, &hi, NULL);
-            for (uint64_t g = lo;; g++) {
-                uint32_t u = (uint32_t)(g % n);
-                if (pass == 0)
-                    x.count[u]++;
-                else
-                    x.by_unit[u][x.count[u]++] = g;
-                if (g == hi)
-                    break;
-            }
+    size_t k = 0;
+    for (int a = optind; a < argc; a++) {
+        uint64_t lo, hi;
+        parse_rows(argv[a], &lo, &hi, NULL);
+        for (uint64_t r = lo;; r++) {
+            gidxs[k++] = r;
+            if (r == hi)
+                break;
         }
-        if (pass == 0)
-            for (uint32_t u = 0; u < n; u++) {
-                x.by_unit[u] = malloc(DP_MAX(x.count[u], 1) * sizeof(uint64_t));
-                if (x.by_unit[u] == NULL) {
-                    status = dp__cli_fail("clear",
-                                          dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
-                    goto out;
-                }
-                x.count[u] = 0;
-            }
     }
-    dp__cli_call_all(&c, clear_req, &x, reps, rbs, rcs, dets);
+    rc = dp__client_clear_units(c.client, gidxs, total, &f, &g, &d);
+    /* Every unit with rows was asked, or given its reason; else nothing was. */
+    bool asked = f.n > 0 && g.start != NULL;
+    for (uint32_t u = 0; asked && u < n; u++)
+        asked = dp__groups_count(&g, u) == 0 || f.u[u].op != DP_WIRE_OP_NONE;
+    if (!asked) {
+        status = dp__cli_fail("clear", rc, &d);
+        goto out;
+    }
     uint64_t dropped = 0;
     uint32_t units_ok = 0;
     for (uint32_t u = 0; u < n; u++) {
-        if (x.count[u] == 0)
+        uint32_t rows = dp__groups_count(&g, u);
+        if (rows == 0)
             continue;
-        if (rcs[u] != DP_OK) {
+        if (f.u[u].rc != DP_OK) {
             fprintf(stderr,
                     "dataplane clear: %s (%s); its %u row%s may still hold data: run the "
                     "same clear again once the unit is back\n",
-                    dets[u].msg, dp_strerror(rcs[u]), x.count[u],
-                    x.count[u] == 1 ? "" : "s");
+                    f.u[u].det.msg, dp_strerror(f.u[u].rc), rows, rows == 1 ? "" : "s");
             status = 1;
             continue;
         }
-        dropped += reps[u].r.dropped;
+        dropped += f.u[u].rep.r.dropped;
         units_ok++;
     }
     printf("cleared %" PRIu64 " row%s: %" PRIu64 " entr%s dropped on %u unit%s\n", total,
            total == 1 ? "" : "s", dropped, dropped == 1 ? "y" : "ies", units_ok,
            units_ok == 1 ? "" : "s");
 out:
-    for (uint32_t u = 0; u < n; u++) {
-        if (reps != NULL)
-            dp_wire_reply_fini(&reps[u]);
-        if (rbs != NULL)
-            dp_buf_fini(&rbs[u]);
-        if (x.by_unit != NULL)
-            free(x.by_unit[u]);
-    }
-    free(x.by_unit);
-    free(x.count);
-    free(reps);
-    free(rbs);
-    free(rcs);
-    free(dets);
+    dp__fanout_fini(&f);
+    dp__groups_fini(&g);
+    free(gidxs);
     dp__cli_disconnect(&c);
     return status;
 }

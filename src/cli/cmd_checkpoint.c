@@ -3,9 +3,10 @@
  * a directory and load the current checkpoint of a directory back into a
  * cluster of the same number of units, or re-home it into another size
  * (client/checkpoint.h has the layout and the crash guarantees). Save and
- * load run over the cluster file's units after checking each one's identity
- * here; re-homing opens a client (dp_ckpt_rehome). Progress lines go to
- * stderr, the summary to stdout.
+ * load run through the library's control-only client of the cluster file's
+ * units (dp_ckpt_save / dp_ckpt_load over it, no UCX) once each unit said who
+ * it is; re-homing opens a full client (dp_ckpt_rehome). Progress lines go
+ * to stderr, the summary to stdout.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -13,7 +14,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "client/checkpoint.h"
+#include "dataplane/checkpoint.h"
 #include "dataplane/client.h"
 
 int dp__cmd_save(int argc, char **argv);
@@ -175,7 +176,7 @@ run(const char *cmd, const char *usage, int argc, char **argv)
     if (strcmp(cmd, "save") == 0) {
         rc = dp__cli_check_units(&c, -1, 0, &d);
         if (rc == DP_OK)
-            rc = dp__ckpt_save_units(c.ctl, &c.cl, argv[optind], &o, &s, &d);
+            rc = dp_ckpt_save(c.client, argv[optind], &o, &s, &d);
         if (rc == DP_OK)
             printf("saved %s: %u units, %llu blobs, %llu bytes\n", s.checkpoint,
                    s.n_units, (unsigned long long)s.blobs, (unsigned long long)s.bytes);
@@ -187,7 +188,7 @@ run(const char *cmd, const char *usage, int argc, char **argv)
         } else if (rc == DP_OK) {
             rc = dp__cli_check_units(&c, -1, 0, &d);
             if (rc == DP_OK)
-                rc = dp__ckpt_load_units(c.ctl, &c.cl, argv[optind], &o, &s, &d);
+                rc = dp_ckpt_load(c.client, argv[optind], &o, &s, &d);
             if (rc == DP_OK)
                 printf("loaded %s: %u units, %llu blobs (%llu on SSD), %llu bytes\n",
                        s.checkpoint, s.n_units, (unsigned long long)s.loaded,

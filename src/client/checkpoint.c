@@ -1,8 +1,10 @@
 /*
  * Cluster checkpoints: drive save_shard / load_shard on every unit at once
- * (dp_ctl_call_many) and keep the manifest that makes a checkpoint complete;
- * re-home a checkpoint through a client. See checkpoint.h for the layout and
- * the crash guarantees, include/dataplane/checkpoint.h for the API.
+ * (the fanout, client/fanout.h) and keep the manifest that makes a
+ * checkpoint complete; re-home a checkpoint through a client, reading its
+ * shards with the format's owner (blob/shard.h). See checkpoint.h for the
+ * layout and the crash guarantees, include/dataplane/checkpoint.h for the
+ * API.
  */
 #include "client/checkpoint.h"
 
@@ -23,6 +25,7 @@
 #include "blob/blob.h"
 #include "blob/crc32c.h"
 #include "blob/shard.h"
+#include "client/fanout.h"
 #include "common/map.h"
 #include "wire/wire.h"
 
@@ -262,112 +265,6 @@ write_atomic(const char *dir, const char *path, const char *data, size_t len,
     return rc;
 }
 
-/* One request per unit, sent at once; replies decoded into reps[i]. */
-typedef struct batch {
-    uint32_t n;
-    dp_ctl_item *items;
-    dp_buf *reqs;
-    char (*rids)[DP_WIRE_RID_MAX];
-    dp_wire_reply *reps;
-    bool *decoded;
-} batch;
-
-static void
-batch_fini(batch *b)
-{
-    for (uint32_t i = 0; i < b->n; i++) {
-        if (b->items != NULL)
-            dp_buf_fini(&b->items[i].reply);
-        if (b->reqs != NULL)
-            dp_buf_fini(&b->reqs[i]);
-        if (b->decoded != NULL && b->decoded[i])
-            dp_wire_reply_fini(&b->reps[i]);
-    }
-    free(b->items);
-    free(b->reqs);
-    free(b->rids);
-    free(b->reps);
-    free(b->decoded);
-    memset(b, 0, sizeof *b);
-}
-
-static int
-batch_init(batch *b, uint32_t n, dp_detail *d)
-{
-    memset(b, 0, sizeof *b);
-    b->n = n;
-    b->items = calloc(n, sizeof *b->items);
-    b->reqs = calloc(n, sizeof *b->reqs);
-    b->rids = calloc(n, sizeof *b->rids);
-    b->reps = calloc(n, sizeof *b->reps);
-    b->decoded = calloc(n, sizeof *b->decoded);
-    if (!b->items || !b->reqs || !b->rids || !b->reps || !b->decoded) {
-        batch_fini(b);
-        return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
-    }
-    return 0;
-}
-
-/* Encode req (its rid is set here) as item i to address. */
-static int
-batch_add(batch *b, uint32_t i, dp_wire_rid_gen *g, dp_wire_request *req,
-          const char *address, dp_detail *d)
-{
-    req->rid = dp_wire_rid_next(g, b->rids[i]);
-    int rc = dp_wire_request_encode(req, NULL, &b->reqs[i], d);
-    if (rc != 0)
-        return dp_fail_ctx(d, rc, "checkpoint: encoding the request to %s", address);
-    b->items[i].address = address;
-    b->items[i].req = b->reqs[i].data;
-    b->items[i].len = b->reqs[i].len;
-    b->items[i].rid = b->rids[i];
-    return 0;
-}
-
-/* Run the batch (items with req NULL are skipped); first failure into d. */
-static int
-batch_run(batch *b, dp_ctl_client *c, dp_wire_op op, double timeout_s, dp_detail *d)
-{
-    dp_ctl_item *live = calloc(b->n ? b->n : 1, sizeof *live);
-    uint32_t *idx = calloc(b->n ? b->n : 1, sizeof *idx);
-    if (live == NULL || idx == NULL) {
-        free(live);
-        free(idx);
-        return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
-    }
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < b->n; i++)
-        if (b->items[i].req != NULL) {
-            idx[m] = i;
-            live[m++] = b->items[i];
-        }
-    dp_ctl_call_many(c, live, m, timeout_s);
-    for (uint32_t k = 0; k < m; k++)
-        b->items[idx[k]] = live[k];
-    free(live);
-    int rc = 0;
-    for (uint32_t k = 0; k < m; k++) {
-        uint32_t i = idx[k];
-        dp_ctl_item *it = &b->items[i];
-        int r = it->rc;
-        dp_detail ud;
-        dp_detail_clear(&ud);
-        if (r != 0) {
-            ud = it->det;
-        } else {
-            r = dp_wire_reply_decode(it->reply.data, it->reply.len, op, NULL, &b->reps[i],
-                                     &ud);
-            b->decoded[i] = true;
-            if (r == 0 && !b->reps[i].ok)
-                r = dp_wire_error_to_detail(&b->reps[i].err, &ud);
-        }
-        if (r != 0 && rc == 0)
-            rc = dp_fail(d, r, "unit %u (%s): %s", i, it->address, dp_detail_msg(&ud));
-    }
-    free(idx);
-    return rc;
-}
-
 /*
  * What every checkpoint call does first: the caller's options (NULL: the
  * defaults) with each 0 replaced by its default, checked, into *defo (*o then
@@ -400,15 +297,107 @@ ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
     return abs_dir(dir, adir, PATH_MAX, d);
 }
 
-int
-dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
-                    const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+/*
+ * The request of every unit of cl, sent at once through the fanout f (reset
+ * first): q_of fills unit i's; an encoding failure goes into d (with what).
+ */
+static int
+ask_units(dp__fanout *f, dp_wire_rid_gen *g, const dp_cluster *cl, dp__fanout_req_fn q_of,
+          void *ctx, dp_detail *d)
 {
-    dp_ckpt_opts defo;
-    char adir[PATH_MAX], sub[PATH_MAX];
-    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
-    if (rc != 0)
-        return rc;
+    dp__fanout_reset(f);
+    for (uint32_t i = 0; i < cl->n_units; i++) {
+        dp_wire_request q;
+        memset(&q, 0, sizeof q);
+        if (!q_of(i, &q, ctx))
+            continue;
+        int rc = dp__fanout_add(f, g, i, cl->units[i].zmq, 0, &q);
+        if (rc != DP_OK)
+            return dp_fail(d, rc, "checkpoint: %s", f->u[i].det.msg);
+    }
+    return DP_OK;
+}
+
+/* The fanout's first failure into d, under what ("checkpoint save"). */
+static int
+units_failed(const dp__fanout *f, const char *what, dp_detail *d)
+{
+    int rc = dp__fanout_first(f, d);
+    return dp_fail_ctx(d, rc, "%s", what);
+}
+
+static bool
+save_req(uint32_t i, dp_wire_request *q, void *ctx)
+{
+    char(*paths)[PATH_MAX] = ctx;
+    q->op = DP_WIRE_OP_SAVE_SHARD;
+    q->a.save_shard.path = dp_wire_s(paths[i]);
+    return true;
+}
+
+/*
+ * The manifest's entry of every unit of a save (f holds their answers):
+ * each shard's and rows file's size and CRC32C, checked against what the
+ * unit wrote; sum and progress lines.
+ */
+static int
+manifest_units(cJSON *units, const dp__fanout *f, char (*paths)[PATH_MAX], uint32_t n,
+               const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+{
+    int rc = DP_OK;
+    for (uint32_t i = 0; i < n; i++) {
+        const dp_wire_save_shard_res *r = &f->u[i].rep.r.save_shard;
+        char rows[PATH_MAX + 8];
+        snprintf(rows, sizeof rows, "%s.rows", paths[i]);
+        uint32_t scrc = 0, rcrc = 0;
+        uint64_t ssize = 0, rsize = 0;
+        if ((rc = file_crc(paths[i], &scrc, &ssize, d)) != 0 ||
+            (rc = file_crc(rows, &rcrc, &rsize, d)) != 0)
+            return rc;
+        if (ssize != r->nbytes)
+            return dp_fail(d, DP_ECORRUPT,
+                           "%s: %" PRIu64 " bytes, unit %u wrote %" PRIu64, paths[i],
+                           ssize, i, r->nbytes);
+        cJSON *u = cJSON_CreateObject();
+        cJSON_AddItemToArray(units, u);
+        char name[64];
+        cJSON_AddNumberToObject(u, "unit", i);
+        snprintf(name, sizeof name, "unit-%u.shard", i);
+        cJSON_AddStringToObject(u, "shard", name);
+        snprintf(name, sizeof name, "unit-%u.shard.rows", i);
+        cJSON_AddStringToObject(u, "rows", name);
+        cJSON_AddNumberToObject(u, "nbytes", (double)r->nbytes);
+        cJSON_AddNumberToObject(u, "shard_crc32c", scrc);
+        cJSON_AddNumberToObject(u, "rows_crc32c", rcrc);
+        cJSON *bl = cJSON_AddObjectToObject(u, "blobs");
+        if (bl == NULL)
+            return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        for (uint32_t k = 0; k < r->blobs.n; k++) {
+            const dp_wire_shard_blob *x = &r->blobs.v[k];
+            char id[128];
+            snprintf(id, sizeof id, "%.*s", (int)x->id.n, x->id.p);
+            double v[3] = {(double)x->off, (double)x->nbytes, (double)x->refs};
+            cJSON_AddItemToObject(bl, id, cJSON_CreateDoubleArray(v, 3));
+        }
+        sum->blobs += r->blobs.n;
+        sum->bytes += r->nbytes;
+        sum->clears_during_save += r->clears_during_save;
+        say(o,
+            "unit %u: %u blobs, %" PRIu64 " bytes (%" PRIu64 " clears during the save)",
+            i, r->blobs.n, r->nbytes, r->clears_during_save);
+    }
+    return rc;
+}
+
+/*
+ * Make DIR (adir) if it is new, durably; name the new checkpoint (UTC to the
+ * microsecond: names sort in save order, prune relies on it) into
+ * sum->checkpoint and create its directory sub.
+ */
+static int
+save_dirs(const char *adir, char sub[PATH_MAX], dp_ckpt_summary *sum, dp_detail *d)
+{
+    int rc;
     if (mkdir(adir, 0755) == 0) {
         /* A new DIR: its own entry must be durable too. */
         char parent[PATH_MAX];
@@ -428,7 +417,6 @@ dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     char rnd[33], ts[32];
     if ((rc = dp_random_hex_id(rnd, d)) != 0)
         return rc;
-    /* UTC to the microsecond: names sort in save order (prune relies on it). */
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     struct tm tmv;
@@ -436,19 +424,56 @@ dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     strftime(ts, sizeof ts, "%Y%m%dT%H%M%S", &tmv);
     snprintf(sum->checkpoint, sizeof sum->checkpoint, "ckpt-%s.%06dZ-%.8s", ts,
              (int)(now.tv_nsec / 1000), rnd);
-    if ((rc = pathf(sub, sizeof sub, d, "%s/%s", adir, sum->checkpoint)) != 0)
+    if ((rc = pathf(sub, PATH_MAX, d, "%s/%s", adir, sum->checkpoint)) != 0)
         return rc;
     if (mkdir(sub, 0755) != 0)
         return dp_fail_sys(d, errno, "checkpoint: creating %s", sub);
+    return DP_OK;
+}
+
+/*
+ * Best effort after a failed save: remove what it wrote. A unit that did
+ * not answer in time may still create its files later; the directory then
+ * stays, never referenced by a manifest.
+ */
+static void
+save_undo(const char *sub, char (*paths)[PATH_MAX], uint32_t n)
+{
+    char p[PATH_MAX + 32];
+    for (uint32_t i = 0; paths != NULL && i < n; i++) {
+        if (paths[i][0] == '\0')
+            continue;
+        unlink(paths[i]);
+        snprintf(p, sizeof p, "%s.rows", paths[i]);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/manifest.json", sub);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/manifest.json.tmp", sub);
+    unlink(p);
+    rmdir(sub);
+}
+
+int
+dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+                    const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
+{
+    dp_ckpt_opts defo;
+    char adir[PATH_MAX], sub[PATH_MAX];
+    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
+    if (rc == 0)
+        rc = save_dirs(adir, sub, sum, d);
+    if (rc != 0)
+        return rc;
     sum->n_units = cl->n_units;
 
     uint32_t n = cl->n_units;
-    batch b;
+    dp__fanout f;
     char(*paths)[PATH_MAX] = calloc(n, sizeof *paths);
     cJSON *man = cJSON_CreateObject(), *units = NULL;
     char *text = NULL;
     bool flipping = false; /* DIR's manifest may name this checkpoint: keep it */
-    if ((rc = batch_init(&b, n, d)) != 0) {
+    if ((rc = dp__fanout_init(&f, n, d)) != 0) {
         free(paths);
         cJSON_Delete(man);
         rmdir(sub);
@@ -461,70 +486,22 @@ dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     }
     if ((rc = dp_wire_rid_gen_init(&g, d)) != 0)
         goto out;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < n; i++)
         if ((rc = pathf(paths[i], PATH_MAX, d, "%s/unit-%u.shard", sub, i)) != 0)
             goto out;
-        dp_wire_request q;
-        memset(&q, 0, sizeof q);
-        q.op = DP_WIRE_OP_SAVE_SHARD;
-        q.a.save_shard.path = dp_wire_s(paths[i]);
-        if ((rc = batch_add(&b, i, &g, &q, cl->units[i].zmq, d)) != 0)
-            goto out;
-    }
+    if ((rc = ask_units(&f, &g, cl, save_req, paths, d)) != 0)
+        goto out;
     say(o, "saving %u units into %s", n, sub);
-    if ((rc = batch_run(&b, c, DP_WIRE_OP_SAVE_SHARD, o->timeout_s, d)) != 0) {
-        dp_fail_ctx(d, rc, "checkpoint save");
+    if ((rc = dp__fanout_run(&f, c, o->timeout_s, NULL)) != 0) {
+        rc = units_failed(&f, "checkpoint save", d);
         goto out;
     }
     cJSON_AddNumberToObject(man, "version", 1);
     cJSON_AddStringToObject(man, "checkpoint", sum->checkpoint);
     cJSON_AddNumberToObject(man, "n_units", n);
     units = cJSON_AddArrayToObject(man, "units");
-    for (uint32_t i = 0; i < n; i++) {
-        const dp_wire_save_shard_res *r = &b.reps[i].r.save_shard;
-        char rows[PATH_MAX + 8];
-        snprintf(rows, sizeof rows, "%s.rows", paths[i]);
-        uint32_t scrc = 0, rcrc = 0;
-        uint64_t ssize = 0, rsize = 0;
-        if ((rc = file_crc(paths[i], &scrc, &ssize, d)) != 0 ||
-            (rc = file_crc(rows, &rcrc, &rsize, d)) != 0)
-            goto out;
-        if (ssize != r->nbytes) {
-            rc = dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " bytes, unit %u wrote %" PRIu64,
-                         paths[i], ssize, i, r->nbytes);
-            goto out;
-        }
-        cJSON *u = cJSON_CreateObject();
-        cJSON_AddItemToArray(units, u);
-        char name[64];
-        cJSON_AddNumberToObject(u, "unit", i);
-        snprintf(name, sizeof name, "unit-%u.shard", i);
-        cJSON_AddStringToObject(u, "shard", name);
-        snprintf(name, sizeof name, "unit-%u.shard.rows", i);
-        cJSON_AddStringToObject(u, "rows", name);
-        cJSON_AddNumberToObject(u, "nbytes", (double)r->nbytes);
-        cJSON_AddNumberToObject(u, "shard_crc32c", scrc);
-        cJSON_AddNumberToObject(u, "rows_crc32c", rcrc);
-        cJSON *bl = cJSON_AddObjectToObject(u, "blobs");
-        if (bl == NULL) {
-            rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
-            goto out;
-        }
-        for (uint32_t k = 0; k < r->blobs.n; k++) {
-            const dp_wire_shard_blob *x = &r->blobs.v[k];
-            char id[128];
-            snprintf(id, sizeof id, "%.*s", (int)x->id.n, x->id.p);
-            double v[3] = {(double)x->off, (double)x->nbytes, (double)x->refs};
-            cJSON_AddItemToObject(bl, id, cJSON_CreateDoubleArray(v, 3));
-        }
-        sum->blobs += r->blobs.n;
-        sum->bytes += r->nbytes;
-        sum->clears_during_save += r->clears_during_save;
-        say(o,
-            "unit %u: %u blobs, %" PRIu64 " bytes (%" PRIu64 " clears during the save)",
-            i, r->blobs.n, r->nbytes, r->clears_during_save);
-    }
-    if ((rc = fsync_dir(sub, d)) != 0)
+    if ((rc = manifest_units(units, &f, paths, n, o, sum, d)) != 0 ||
+        (rc = fsync_dir(sub, d)) != 0)
         goto out;
     text = cJSON_Print(man);
     if (text == NULL) {
@@ -545,29 +522,11 @@ dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     if (o->keep > 0)
         prune(adir, sum->checkpoint, o->keep, o);
 out:
-    if (rc != 0 && paths != NULL && !flipping) {
-        /*
-         * Best effort: remove what this save wrote. A unit that did not answer
-         * in time may still create its files later; the directory then stays,
-         * never referenced by a manifest.
-         */
-        char p[PATH_MAX + 32];
-        for (uint32_t i = 0; i < n; i++) {
-            if (paths[i][0] == '\0')
-                continue;
-            unlink(paths[i]);
-            snprintf(p, sizeof p, "%s.rows", paths[i]);
-            unlink(p);
-        }
-        snprintf(p, sizeof p, "%s/manifest.json", sub);
-        unlink(p);
-        snprintf(p, sizeof p, "%s/manifest.json.tmp", sub);
-        unlink(p);
-        rmdir(sub);
-    }
+    if (rc != 0 && paths != NULL && !flipping)
+        save_undo(sub, paths, n);
     free(text);
     cJSON_Delete(man);
-    batch_fini(&b);
+    dp__fanout_fini(&f);
     free(paths);
     return rc;
 }
@@ -790,6 +749,44 @@ fail:
     return rc;
 }
 
+/* A load pass's requests: every unit's shard (RAM pass), or what did not fit. */
+typedef struct load_pass {
+    const lunit *lu;
+    int pass; /* 0: RAM only; 1: spill */
+} load_pass;
+
+static bool
+load_req(uint32_t i, dp_wire_request *q, void *ctx)
+{
+    const load_pass *p = ctx;
+    const lunit *lu = &p->lu[i];
+    if (p->pass == 1 && lu->n_retry == 0)
+        return false;
+    q->op = DP_WIRE_OP_LOAD_SHARD;
+    q->a.load_shard.path = dp_wire_s(lu->shard);
+    q->a.load_shard.spill = p->pass == 1;
+    q->a.load_shard.blobs = p->pass == 0 ? (dp_wire_shard_blobs){lu->blobs, lu->n_blobs}
+                                         : (dp_wire_shard_blobs){lu->retry, lu->n_retry};
+    return true;
+}
+
+/* The RAM pass's failed ids of unit i, as the manifest has them (views stay valid). */
+static void
+load_retry(lunit *lu, const dp_wire_load_shard_res *r)
+{
+    for (uint32_t k = 0; k < r->failed.n; k++)
+        for (uint32_t j = 0; j < lu->n_blobs; j++)
+            if (dp_wire_str_same(lu->blobs[j].id, r->failed.v[k])) {
+                /* Each blob once, however the unit lists it. */
+                bool seen = false;
+                for (uint32_t q = 0; q < lu->n_retry && !seen; q++)
+                    seen = dp_wire_str_same(lu->retry[q].id, r->failed.v[k]);
+                if (!seen && lu->n_retry < lu->n_blobs)
+                    lu->retry[lu->n_retry++] = lu->blobs[j];
+                break;
+            }
+}
+
 int
 dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                     const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
@@ -800,7 +797,7 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     if (rc != 0)
         return rc;
     plan pl;
-    batch b = {0};
+    dp__fanout f = {0};
     if ((rc = plan_read(adir, &pl, sum, d)) != 0)
         return rc;
     uint32_t n = pl.n;
@@ -816,65 +813,35 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     }
     /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
     dp_wire_rid_gen g;
-    if ((rc = dp_wire_rid_gen_init(&g, d)) != 0)
+    if ((rc = dp_wire_rid_gen_init(&g, d)) != 0 || (rc = dp__fanout_init(&f, n, d)) != 0)
         goto out;
     for (int pass = 0; pass < 2; pass++) {
-        if ((rc = batch_init(&b, n, d)) != 0)
+        load_pass lp = {lu, pass};
+        if ((rc = ask_units(&f, &g, cl, load_req, &lp, d)) != 0)
             goto out;
-        uint32_t asked = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            dp_wire_request q;
-            memset(&q, 0, sizeof q);
-            q.op = DP_WIRE_OP_LOAD_SHARD;
-            q.a.load_shard.path = dp_wire_s(lu[i].shard);
-            q.a.load_shard.spill = pass == 1;
-            q.a.load_shard.blobs =
-                pass == 0 ? (dp_wire_shard_blobs){lu[i].blobs, lu[i].n_blobs}
-                          : (dp_wire_shard_blobs){lu[i].retry, lu[i].n_retry};
-            if (pass == 1 && lu[i].n_retry == 0)
-                continue;
-            asked++;
-            if ((rc = batch_add(&b, i, &g, &q, cl->units[i].zmq, d)) != 0)
-                goto out;
-        }
-        if (asked == 0) {
-            batch_fini(&b);
+        uint32_t asked = f.n_slots;
+        if (asked == 0)
             break;
-        }
         say(o, "%s pass: loading %s into %u units", pass == 0 ? "RAM" : "spill",
             sum->checkpoint, asked);
-        if ((rc = batch_run(&b, c, DP_WIRE_OP_LOAD_SHARD, o->timeout_s, d)) != 0) {
-            dp_fail_ctx(d, rc, "checkpoint load");
+        if ((rc = dp__fanout_run(&f, c, o->timeout_s, NULL)) != 0) {
+            rc = units_failed(&f, "checkpoint load", d);
             goto out;
         }
         uint64_t left = 0;
         for (uint32_t i = 0; i < n; i++) {
-            if (b.items[i].req == NULL)
+            if (f.u[i].op == DP_WIRE_OP_NONE)
                 continue;
-            const dp_wire_load_shard_res *r = &b.reps[i].r.load_shard;
+            const dp_wire_load_shard_res *r = &f.u[i].rep.r.load_shard;
             sum->loaded += r->loaded.n;
             if (pass == 1)
                 sum->spilled += r->loaded.n;
             say(o, "unit %u: %u blobs loaded, %u did not fit", i, r->loaded.n,
                 r->failed.n);
             left += r->failed.n;
-            if (pass == 0) {
-                /* The failed ids, as the manifest has them (views stay valid). */
-                for (uint32_t k = 0; k < r->failed.n; k++)
-                    for (uint32_t j = 0; j < lu[i].n_blobs; j++)
-                        if (dp_wire_str_same(lu[i].blobs[j].id, r->failed.v[k])) {
-                            /* Each blob once, however the unit lists it. */
-                            bool seen = false;
-                            for (uint32_t q = 0; q < lu[i].n_retry && !seen; q++)
-                                seen =
-                                    dp_wire_str_same(lu[i].retry[q].id, r->failed.v[k]);
-                            if (!seen && lu[i].n_retry < lu[i].n_blobs)
-                                lu[i].retry[lu[i].n_retry++] = lu[i].blobs[j];
-                            break;
-                        }
-            }
+            if (pass == 0)
+                load_retry(&lu[i], r);
         }
-        batch_fini(&b);
         if (pass == 1 && left > 0) {
             rc = dp_fail(d, DP_EUNITFULL,
                          "checkpoint load: %" PRIu64
@@ -887,7 +854,7 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     say(o, "loaded %s: %" PRIu64 " blobs (%" PRIu64 " spilled to SSD)", sum->checkpoint,
         sum->loaded, sum->spilled);
 out:
-    batch_fini(&b);
+    dp__fanout_fini(&f);
     plan_fini(&pl);
     return rc;
 }
@@ -968,58 +935,6 @@ dp_ckpt_peek(const char *dir, dp_ckpt_summary *sum, dp_detail *d)
         return rc;
     plan_fini(&pl);
     return DP_OK;
-}
-
-/* Read exactly n bytes at off of fd (name for messages). */
-static int
-read_at(int fd, void *buf, size_t n, uint64_t off, const char *name, dp_detail *d)
-{
-    uint8_t *p = buf;
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(fd, p + done, n - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return dp_fail_sys(d, errno, "reading %s at offset %" PRIu64, name,
-                               off + done);
-        if (r == 0)
-            return dp_fail(d, DP_ECORRUPT, "%s: ends at offset %" PRIu64 " (truncated)",
-                           name, off + done);
-        done += (size_t)r;
-    }
-    return DP_OK;
-}
-
-/* A whole (checked-size) file into memory. */
-static int
-read_file(const char *name, uint64_t max, uint8_t **out, uint64_t *len, dp_detail *d)
-{
-    *out = NULL;
-    int fd = open(name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dp_fail_sys(d, errno, "opening %s", name);
-    struct stat st;
-    int rc = DP_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
-        rc = dp_fail(d, DP_ECORRUPT,
-                     "%s: not a regular file of at most %" PRIu64 " bytes", name, max);
-        goto out;
-    }
-    *len = (uint64_t)st.st_size;
-    *out = malloc(*len ? (size_t)*len : 1);
-    if (*out == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "out of memory for %s", name);
-        goto out;
-    }
-    rc = read_at(fd, *out, (size_t)*len, 0, name, d);
-    if (rc != DP_OK) {
-        free(*out);
-        *out = NULL;
-    }
-out:
-    close(fd);
-    return rc;
 }
 
 /*
@@ -1112,6 +1027,117 @@ out:
     return rc;
 }
 
+/*
+ * A shard's frame checked before its blobs are read: header (its unit and
+ * cluster size as the manifest says), length and trailer, through the
+ * format's owner (blob/shard.h). *h gets the header.
+ */
+static int
+shard_frame(int fd, uint64_t len, const char *shard, uint32_t unit, uint32_t n_units,
+            dp_shard_header *h, dp_detail *d)
+{
+    uint8_t hb[DP_SHARD_HEADER_LEN], tb[DP_SHARD_TRAILER_LEN];
+    uint32_t data_crc;
+    int rc = dp_shard_pread(fd, hb, sizeof hb, 0, shard, d);
+    if (rc == DP_OK)
+        rc = dp_shard_header_decode(hb, shard, h, d);
+    if (rc == DP_OK)
+        rc = dp_shard_check_len(h, len, shard, d);
+    if (rc == DP_OK)
+        rc = dp_shard_pread(fd, tb, sizeof tb, dp_shard_data_end(h), shard, d);
+    if (rc == DP_OK)
+        rc = dp_shard_trailer_decode(tb, h, shard, &data_crc, d);
+    if (rc == DP_OK && (h->unit_id != unit || h->n_units != n_units))
+        rc = dp_fail(
+            d, DP_ECORRUPT,
+            "%s: written by unit %u of %u (offset 12), the manifest says %u of %u", shard,
+            h->unit_id, h->n_units, unit, n_units);
+    return rc;
+}
+
+/*
+ * A damaged checkpoint is DP_ECORRUPT whatever check of its files found it:
+ * the format's owner words a bad blob index as a commit would (DP_EPROTO)
+ * and a file that is not a regular one as DP_EINVAL. Out of memory and
+ * system errors stay what they are.
+ */
+static int
+as_corrupt(int rc, dp_detail *d)
+{
+    if (rc == DP_OK || rc == DP_ENOMEM || rc == DP_ESYS || rc == DP_ECORRUPT)
+        return rc;
+    if (d != NULL)
+        d->code = DP_ECORRUPT;
+    return DP_ECORRUPT;
+}
+
+/*
+ * Re-home the shard of unit i of an n-unit checkpoint (lu) through c: its
+ * rows file and frame checked, then blob by blob: read and CRC-checked, its
+ * index and live list checked (blob/shard.h), its live entries put. *keys
+ * counts the keys put so far (all units).
+ */
+static int
+rehome_unit(dp_client *c, const lunit *lu, uint32_t i, uint32_t n, const dp_ckpt_opts *o,
+            dp_ckpt_summary *sum, uint64_t *keys, dp_detail *d)
+{
+    const char *shard = lu->shard, *rows = lu->rows;
+    uint8_t *rbuf = NULL, *buf = NULL;
+    dp_shard_rows sr = {0};
+    dp_shard_header h;
+    int fd = -1;
+    uint64_t fsize = 0, unit_keys = 0;
+    int rc = as_corrupt(dp_shard_rows_load(rows, &rbuf, &sr, d), d);
+    if (rc == DP_OK && (sr.unit_id != i || sr.n_units != n))
+        rc = dp_fail(d, DP_ECORRUPT,
+                     "%s: written by unit %u of %u, the manifest says %u of %u", rows,
+                     sr.unit_id, sr.n_units, i, n);
+    if (rc == DP_OK)
+        rc = as_corrupt(dp_shard_file_open(shard, &fd, &fsize, d), d);
+    if (rc == DP_OK)
+        rc = shard_frame(fd, fsize, shard, i, n, &h, d);
+    if (rc == DP_OK)
+        rc = dp_shard_rows_check(&sr, &h, rows, shard, d);
+    for (uint32_t k = 0; k < sr.n && rc == DP_OK; k++) {
+        const dp_shard_row *r = &sr.v[k];
+        if (r->n_live == 0)
+            continue;
+        free(buf);
+        if ((buf = malloc((size_t)r->nbytes)) == NULL) {
+            rc = dp_fail(d, DP_ENOMEM,
+                         "re-home: out of memory for a blob of %" PRIu64 " bytes",
+                         r->nbytes);
+            break;
+        }
+        dp_shard_blob sb;
+        if ((rc = dp_shard_blob_read(fd, shard, r, buf, d)) != DP_OK ||
+            (rc = as_corrupt(dp_shard_blob_check(r, buf, NULL, shard, rows, &sb, d),
+                             d)) != DP_OK)
+            break;
+        rc = put_entries(c, buf, sb.parsed, sb.live, sb.n_live, d);
+        if (rc != DP_OK)
+            dp_fail_ctx(d, rc,
+                        "re-home: putting blob %.*s of unit %u (%" PRIu64
+                        " keys put before it)",
+                        (int)r->id_len, r->id, i, *keys + unit_keys);
+        if (rc == DP_OK) {
+            unit_keys += sb.n_live;
+            sum->loaded++;
+        }
+        dp_shard_blob_fini(&sb);
+    }
+    if (rc == DP_OK) {
+        *keys += unit_keys;
+        say(o, "shard of unit %u: %u blobs, %" PRIu64 " keys put", i, sr.n, unit_keys);
+    }
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    free(rbuf);
+    dp_shard_rows_fini(&sr);
+    return rc;
+}
+
 int
 dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
                dp_detail *d)
@@ -1129,108 +1155,8 @@ dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_sum
     say(o, "re-homing %s: %u units into %u, every value through this client",
         sum->checkpoint, pl.n, dp_client_n_units(c));
     uint64_t keys = 0;
-    for (uint32_t i = 0; i < pl.n && rc == DP_OK; i++) {
-        const char *shard = pl.lu[i].shard, *rows = pl.lu[i].rows;
-        uint8_t *rbuf = NULL, *buf = NULL;
-        uint64_t rlen = 0;
-        dp_shard_rows sr = {0};
-        int fd = -1;
-        if ((rc = read_file(rows, (uint64_t)1 << 32, &rbuf, &rlen, d)) != 0 ||
-            (rc = dp_shard_rows_parse(rbuf, rlen, rows, &sr, d)) != 0)
-            goto unit_out;
-        if (sr.unit_id != i || sr.n_units != pl.n) {
-            rc = dp_fail(d, DP_ECORRUPT,
-                         "%s: written by unit %u of %u, the manifest says %u of %u", rows,
-                         sr.unit_id, sr.n_units, i, pl.n);
-            goto unit_out;
-        }
-        fd = open(shard, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            rc = dp_fail_sys(d, errno, "opening %s", shard);
-            goto unit_out;
-        }
-        struct stat st;
-        if (fstat(fd, &st) != 0) {
-            rc = dp_fail_sys(d, errno, "stat of %s", shard);
-            goto unit_out;
-        }
-        uint64_t fsize = (uint64_t)st.st_size;
-        uint64_t unit_keys = 0;
-        for (uint32_t k = 0; k < sr.n && rc == DP_OK; k++) {
-            const dp_shard_row *r = &sr.v[k];
-            if (r->off < DP_SHARD_HEADER_LEN || r->off > fsize ||
-                r->nbytes > fsize - r->off || r->nbytes == 0) {
-                rc = dp_fail(d, DP_ECORRUPT,
-                             "%s: blob %.*s at offset %" PRIu64 " (%" PRIu64
-                             " bytes) is outside %s",
-                             rows, (int)r->id_len, r->id, r->off, r->nbytes, shard);
-                break;
-            }
-            if (r->n_live == 0)
-                continue;
-            free(buf);
-            buf = malloc((size_t)r->nbytes);
-            if (buf == NULL) {
-                rc = dp_fail(d, DP_ENOMEM,
-                             "re-home: out of memory for a blob of %" PRIu64 " bytes",
-                             r->nbytes);
-                break;
-            }
-            if ((rc = read_at(fd, buf, (size_t)r->nbytes, r->off, shard, d)) != 0)
-                break;
-            if (dp_crc32c(buf, (size_t)r->nbytes) != r->crc) {
-                rc = dp_fail(d, DP_ECORRUPT,
-                             "%s: blob %.*s at offset %" PRIu64 ": CRC mismatch", shard,
-                             (int)r->id_len, r->id, r->off);
-                break;
-            }
-            dp_blob *pb = NULL;
-            if ((rc = dp_blob_parse(buf, (size_t)r->nbytes, NULL, &pb, d)) != 0) {
-                dp_fail_ctx(d, DP_ECORRUPT, "%s: blob %.*s at offset %" PRIu64, shard,
-                            (int)r->id_len, r->id, r->off);
-                rc = DP_ECORRUPT;
-                break;
-            }
-            uint32_t *live = malloc((size_t)r->n_live * sizeof *live);
-            if (live == NULL) {
-                dp_blob_destroy(pb);
-                rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
-                break;
-            }
-            for (uint32_t j = 0; j < r->n_live && rc == DP_OK; j++) {
-                live[j] = dp_shard_row_live(r, j);
-                if (live[j] >= dp_blob_count(pb))
-                    rc = dp_fail(d, DP_ECORRUPT,
-                                 "%s: blob %.*s: live entry %u of a %u-entry index", rows,
-                                 (int)r->id_len, r->id, live[j], dp_blob_count(pb));
-            }
-            if (rc == DP_OK) {
-                rc = put_entries(c, buf, pb, live, r->n_live, d);
-                if (rc != DP_OK)
-                    dp_fail_ctx(d, rc,
-                                "re-home: putting blob %.*s of unit %u (%" PRIu64
-                                " keys put before it)",
-                                (int)r->id_len, r->id, i, keys + unit_keys);
-            }
-            if (rc == DP_OK) {
-                unit_keys += r->n_live;
-                sum->loaded++;
-            }
-            free(live);
-            dp_blob_destroy(pb);
-        }
-        if (rc == DP_OK) {
-            keys += unit_keys;
-            say(o, "shard of unit %u: %u blobs, %" PRIu64 " keys put", i, sr.n,
-                unit_keys);
-        }
-    unit_out:
-        if (fd >= 0)
-            close(fd);
-        free(buf);
-        free(rbuf);
-        dp_shard_rows_fini(&sr);
-    }
+    for (uint32_t i = 0; i < pl.n && rc == DP_OK; i++)
+        rc = rehome_unit(c, &pl.lu[i], i, pl.n, o, sum, &keys, d);
     if (rc == DP_OK)
         say(o, "re-homed %s: %" PRIu64 " keys from %" PRIu64 " blobs", sum->checkpoint,
             keys, sum->loaded);

@@ -2,11 +2,11 @@
  * Cluster checkpoints, the internal side (the API is
  * include/dataplane/checkpoint.h): save every unit's shard into a directory
  * and load them back into a cluster of the same shape. Save and load are
- * built directly on the control plane (src/ctl), the wire format (src/wire)
- * and the cluster file (client/cluster.h), independent of the client
- * library's put and get; the public calls run them over a dp_client's units,
- * the CLI over a cluster file it checked itself. Re-homing puts through a
- * dp_client.
+ * built on the fanout over a cluster's units (client/fanout.h: one request
+ * per unit, under one deadline), independent of the client library's put
+ * and get; the public calls run them over a dp_client's units (the CLI's is
+ * a control-only one). Re-homing reads the shards through blob/shard.h and
+ * puts through a dp_client.
  *
  * Layout of a checkpoint directory DIR:
  *   DIR/ckpt-<time>-<8 hex>/unit-<i>.shard        one shard per unit
@@ -47,8 +47,8 @@
 
 /*
  * dp_ckpt_save over the units of cl (cl->units[i].zmq is unit i), asked
- * through c: what the CLI runs after it checked every unit's identity itself
- * (dp__cli_check_units). Contract and errors as dp_ckpt_save.
+ * through c (one fanout over cl: client/fanout.h): what dp_ckpt_save runs
+ * over a client's units. Contract and errors as dp_ckpt_save.
  */
 int dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                         const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d);

@@ -1,7 +1,10 @@
 /*
  * The client library's core (see dataplane/client.h): connecting to the units,
- * the pool of registered memory, clear and stats. put.c and get.c hold the
- * data operations.
+ * the pool of registered memory, clear and stats, and the control-only
+ * clients the CLI uses (client/fanout.h). put.c and get.c hold the data
+ * operations. Every request to the units goes through the client's fanout
+ * (fanout.c): info at open and re-bind, clear, stats and the CLI's calls
+ * run whole batches there; put and get use its scratch for their phases.
  *
  * Design notes
  * - One mutex per client (c->mu) guards every mutable field; every public
@@ -31,9 +34,14 @@
  *   re-bind before the next transfer (dp__client_ready_locked), never post
  *   through a binding of another process (docs/design.md, "Unit
  *   incarnations").
- * - Per-unit scratch (blob builders, request buffers, ctl items) is kept in
- *   the client and reset per operation, so a batch costs a few allocations,
- *   not one per key.
+ * - Per-unit scratch (blob builders, the fanout's request buffers, ctl items
+ *   and replies) is kept in the client and reset per operation, so a batch
+ *   costs a few allocations, not one per key.
+ * - A control-only client (dp__client_open_ctl) has no endpoint (ep NULL):
+ *   no UCX, nothing mapped; it records what asking each unit who it is found
+ *   (checks: checked, down with why, not asked) and sends nothing but info
+ *   to a unit before it was checked. put, get and the memory calls refuse it
+ *   (dp__client_data_check).
  */
 #include "client/client_int.h"
 
@@ -162,20 +170,17 @@ int
 dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_request *q,
                           dp_detail *d)
 {
-    q->rid = dp_wire_rid_next(&c->rids, c->rid[u]);
-    dp_buf_reset(&c->reqs[u]);
-    int rc = dp_wire_request_encode(q, NULL, &c->reqs[u], d);
-    if (rc != 0)
-        return dp_fail_ctx(d, rc, "unit %u (%s): %s request", u, c->units[u].addr,
-                           dp_wire_op_name(q->op));
-    dp_ctl_item *it = &c->items[slot];
-    dp_buf_reset(&it->reply);
-    it->address = c->units[u].addr;
-    it->req = c->reqs[u].data;
-    it->len = c->reqs[u].len;
-    it->rid = c->rid[u];
-    it->rc = 0;
-    dp_detail_clear(&it->det);
+    return dp__fanout_place(&c->fo, &c->rids, slot, u, c->units[u].addr, q, d);
+}
+
+int
+dp__client_data_check(const dp_client *c, const char *what, dp_detail *d)
+{
+    if (c != NULL && c->ep == NULL)
+        return dp_fail(d, DP_EINVAL,
+                       "%s: this client is for the control plane only (no transfer "
+                       "endpoint): open one with dp_client_open",
+                       what);
     return DP_OK;
 }
 
@@ -384,9 +389,12 @@ dp_client_alloc(dp_client *c, size_t nbytes, void **out, dp_detail *d)
 {
     if (c == NULL || out == NULL || nbytes == 0)
         return dp_fail(d, DP_EINVAL, "dp_client_alloc: NULL argument or zero size");
+    int rc = dp__client_data_check(c, "dp_client_alloc", d);
+    if (rc != DP_OK)
+        return rc;
     pthread_mutex_lock(&c->mu);
     dp__buf *b = NULL;
-    int rc = dp__client_buf_get_locked(c, nbytes, DP__BUF_USER, &b, d);
+    rc = dp__client_buf_get_locked(c, nbytes, DP__BUF_USER, &b, d);
     if (rc == 0)
         *out = b->p;
     pthread_mutex_unlock(&c->mu);
@@ -396,7 +404,7 @@ dp_client_alloc(dp_client *c, size_t nbytes, void **out, dp_detail *d)
 bool
 dp_client_touches_unfinished(const dp_client *c, const void *p, size_t nbytes)
 {
-    return c != NULL && dp_endpoint_touches_unfinished(c->ep, p, nbytes);
+    return c != NULL && c->ep != NULL && dp_endpoint_touches_unfinished(c->ep, p, nbytes);
 }
 
 void
@@ -418,8 +426,10 @@ dp_client_register(dp_client *c, void *addr, size_t nbytes, dp_detail *d)
 {
     if (c == NULL || addr == NULL || nbytes == 0)
         return dp_fail(d, DP_EINVAL, "dp_client_register: NULL address or zero size");
+    int rc = dp__client_data_check(c, "dp_client_register", d);
+    if (rc != DP_OK)
+        return rc;
     pthread_mutex_lock(&c->mu);
-    int rc = DP_OK;
     if (c->n_regions == c->cap_regions) {
         size_t nc = c->cap_regions ? c->cap_regions * 2 : 8;
         dp__region *nr = realloc(c->regions, nc * sizeof *nr);
@@ -443,6 +453,8 @@ dp_client_deregister(dp_client *c, void *addr, dp_detail *d)
 {
     if (c == NULL)
         return dp_fail(d, DP_EINVAL, "dp_client_deregister: NULL client");
+    if (c->ep == NULL)
+        return dp_fail(d, DP_ENOTFOUND, "no region registered at %p", addr);
     pthread_mutex_lock(&c->mu);
     int rc = dp_fail(d, DP_ENOTFOUND, "no region registered at %p", addr);
     for (size_t i = 0; i < c->n_regions; i++) {
@@ -461,7 +473,8 @@ dp_client_deregister(dp_client *c, void *addr, dp_detail *d)
 /* ---- connecting ---- */
 
 static int
-client_new(const dp_client_opts *opts, uint32_t n_units, dp_client **out, dp_detail *d)
+client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_client **out,
+           dp_detail *d)
 {
     dp_client *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -477,12 +490,12 @@ client_new(const dp_client_opts *opts, uint32_t n_units, dp_client **out, dp_det
     c->n_units = n_units;
     c->units = calloc(n_units, sizeof *c->units);
     c->builders = calloc(n_units, sizeof *c->builders);
-    c->reqs = calloc(n_units, sizeof *c->reqs);
-    c->items = calloc(n_units, sizeof *c->items);
-    c->rid = calloc(n_units, sizeof *c->rid);
-    if (c->units == NULL || c->builders == NULL || c->reqs == NULL || c->items == NULL ||
-        c->rid == NULL)
+    if (ctl_only)
+        c->checks = calloc(n_units, sizeof *c->checks);
+    if (c->units == NULL || c->builders == NULL || (ctl_only && c->checks == NULL))
         return dp_fail(d, DP_ENOMEM, "client: out of memory");
+    if ((rc = dp__fanout_init(&c->fo, n_units, d)) != 0)
+        return rc;
     rc = dp_wire_rid_gen_init(&c->rids, d);
     if (rc != 0)
         return rc;
@@ -502,31 +515,38 @@ client_new(const dp_client_opts *opts, uint32_t n_units, dp_client **out, dp_det
                  c->blob_prefix);
     }
     c->o.name = NULL; /* not kept: the caller's string */
-    dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
-    eo.require_rdma = c->o.require_rdma;
-    rc = dp_endpoint_create(c->name, &eo, &c->ep, d);
-    if (rc != 0)
-        return dp_fail_ctx(d, rc, "client: transfer endpoint");
+    if (!ctl_only) {
+        dp_endpoint_opts eo;
+        dp_endpoint_opts_init(&eo);
+        eo.require_rdma = c->o.require_rdma;
+        rc = dp_endpoint_create(c->name, &eo, &c->ep, d);
+        if (rc != 0)
+            return dp_fail_ctx(d, rc, "client: transfer endpoint");
+    }
     return dp_ctl_client_create(&c->ctl, d);
 }
 
+/* Unit u's control address a, checked. */
+static int
+set_addr(dp_client *c, uint32_t u, const char *a, dp_detail *d)
+{
+    if (a == NULL || strlen(a) >= DP_CLUSTER_ADDR_MAX || strncmp(a, "tcp://", 6) != 0)
+        return dp_fail(d, DP_EINVAL, "unit %u: bad control address '%s'", u,
+                       a ? a : "(null)");
+    snprintf(c->units[u].addr, sizeof c->units[u].addr, "%s", a);
+    return DP_OK;
+}
+
 /*
- * Bind unit u's data path to the process whose info this is: check that it
- * is unit u of this cluster and speaks this protocol, connect the transfer
- * endpoint to it (replacing the remote of an earlier incarnation), and take
- * its slab's place, sizes and incarnation.
+ * Bind unit u's data path to the process whose info this is (the fanout
+ * checked that it is unit u of this cluster): check that it speaks this
+ * protocol, connect the transfer endpoint to it (replacing the remote of an
+ * earlier incarnation), and take its slab's place, sizes and incarnation.
  */
 static int
 bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
 {
     dp__unit_conn *uc = &c->units[u];
-    if (in->unit_id != u || in->n_units != c->n_units)
-        return dp_fail(d, DP_EPROTO,
-                       "says it is unit %" PRIu64 " of %" PRIu64
-                       ", but the cluster lists it as unit %u of %u (wrong order or a "
-                       "unit from another cluster)",
-                       in->unit_id, in->n_units, u, c->n_units);
     if (in->proto < DP_WIRE_PROTO || in->incarnation == 0)
         return dp_fail(d, DP_EPROTO,
                        "speaks control protocol %" PRIu64
@@ -566,83 +586,95 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
 }
 
 /*
- * info from units[0..n) at once (the items' slots 0..n-1), each reply
- * decoded into reps[i] (rcs[i] 0) or its failure in rcs[i] / dets[i].
- * reps[i] must be finished by the caller when rcs[i] is 0.
+ * A control-only client's unit u answered info (the fanout checked who it
+ * is): keep its process and endpoint name, and record the check.
  */
 static void
-info_many_locked(dp_client *c, const uint32_t *units, size_t n, double timeout_s,
-                 dp_wire_reply *reps, int *rcs, dp_detail *dets)
+bind_ctl_locked(dp_client *c, uint32_t u, dp__fanout_unit *r)
 {
+    dp__unit_check *k = &c->checks[u];
+    const dp_wire_info *in = &r->rep.r.info;
+    if (dp_wire_str_copy(in->agent, k->agent, sizeof k->agent) >= sizeof k->agent) {
+        k->agent[0] = '\0';
+        dp__fanout_fail(&c->fo, u, DP_EPROTO, " ",
+                        "has an endpoint name of %u bytes (at most %zu)", in->agent.n,
+                        sizeof k->agent - 1);
+        return;
+    }
+    c->units[u].incarnation = in->incarnation;
+    k->state = DP__UNIT_CHECKED;
+}
+
+/* The fanout's options for info: who answered must be unit u of this cluster. */
+static dp__fanout_opts
+info_opts(const dp_client *c)
+{
+    dp__fanout_opts o = c->words;
+    o.flags |= DP__FANOUT_IDENTITY;
+    o.n_units = c->n_units;
+    return o;
+}
+
+/*
+ * info from unit only (every unit: only < 0) at once, each checked by the
+ * fanout to be unit u of n, then bound: a full client's data path (binding
+ * stops at the first failure: the open fails), a control-only client's
+ * record. With DP__CTL_ALLOW_DOWN (control-only) a unit that does not answer
+ * is marked down instead of an error. The first failure (unit order) goes
+ * into d: the unit's report, "connecting to unit U (ADDR): why" for a full
+ * client.
+ */
+static int
+check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
+{
+    dp__fanout *f = &c->fo;
+    dp__fanout_reset(f);
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
-    size_t ns = 0;
-    size_t *slot = calloc(n > 0 ? n : 1, sizeof *slot);
-    for (size_t i = 0; i < n; i++) {
-        dp_detail_clear(&dets[i]);
-        memset(&reps[i], 0, sizeof reps[i]);
-        rcs[i] = slot == NULL ? dp_fail(&dets[i], DP_ENOMEM, "out of memory")
-                              : dp__client_prepare_locked(c, units[i], ns, &q, &dets[i]);
-        if (rcs[i] == 0)
-            slot[i] = ns++;
-    }
-    dp_ctl_call_many(c->ctl, c->items, ns, timeout_s);
-    for (size_t i = 0; i < n; i++) {
-        if (rcs[i] != 0)
-            continue;
-        dp_ctl_item *it = &c->items[slot[i]];
-        if (it->rc != 0) {
-            rcs[i] = it->rc;
-            dets[i] = it->det;
-            continue;
-        }
-        rcs[i] = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_INFO,
-                                      NULL, &reps[i], &dets[i]);
-        if (rcs[i] == 0 && !reps[i].ok)
-            rcs[i] = dp_wire_error_to_detail(&reps[i].err, &dets[i]);
-        if (rcs[i] != 0)
-            dp_wire_reply_fini(&reps[i]);
-    }
-    free(slot);
-}
-
-/* info from every unit at once, then bind each unit's data path. */
-static int
-client_connect(dp_client *c, dp_detail *d)
-{
-    double deadline = dp_now_s() + c->o.connect_timeout_s;
-    uint32_t N = c->n_units;
-    uint32_t *units = calloc(N, sizeof *units);
-    dp_wire_reply *reps = calloc(N, sizeof *reps);
-    int *rcs = calloc(N, sizeof *rcs);
-    dp_detail *dets = calloc(N, sizeof *dets);
+    for (uint32_t u = 0; u < c->n_units; u++)
+        if (only < 0 || (int64_t)u == only)
+            dp__fanout_add(f, &c->rids, u, c->units[u].addr, 0, &q);
+    dp__fanout_opts o = info_opts(c);
+    dp__fanout_run(f, c->ctl, c->o.connect_timeout_s, &o);
     int first = DP_OK;
-    if (units == NULL || reps == NULL || rcs == NULL || dets == NULL) {
-        first = dp_fail(d, DP_ENOMEM, "client: out of memory");
-        goto out;
-    }
-    for (uint32_t u = 0; u < N; u++)
-        units[u] = u;
-    info_many_locked(c, units, N, dp__client_left(deadline), reps, rcs, dets);
-    for (uint32_t u = 0; u < N; u++) {
-        int rc = rcs[u];
-        if (rc == 0) {
-            if (first == DP_OK)
-                rc = bind_unit_locked(c, u, &reps[u].r.info, &dets[u]);
-            dp_wire_reply_fini(&reps[u]);
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        dp__fanout_unit *r = &f->u[u];
+        if (r->op == DP_WIRE_OP_NONE)
+            continue;
+        bool down = false;
+        if (c->checks != NULL) {
+            if (r->rc == DP_OK)
+                bind_ctl_locked(c, u, r);
+            dp__unit_check *k = &c->checks[u];
+            down = r->rc != DP_OK && !r->answered && (flags & DP__CTL_ALLOW_DOWN);
+            if (down) {
+                k->state = DP__UNIT_DOWN;
+                k->rc = r->rc;
+                k->det = r->det;
+                k->why = r->why;
+            } else if (r->rc != DP_OK) {
+                k->state = DP__UNIT_UNCHECKED;
+            }
+        } else if (r->rc == DP_OK && first == DP_OK) {
+            dp_detail e;
+            dp_detail_clear(&e);
+            int rc = bind_unit_locked(c, u, &r->rep.r.info, &e);
+            if (rc != DP_OK)
+                dp__fanout_fail(f, u, rc, ": ", "%s", e.msg);
         }
-        if (rc != 0 && first == DP_OK) {
+        if (r->rc == DP_OK || down || first != DP_OK)
+            continue;
+        first = r->rc;
+        if (c->checks != NULL) {
             if (d != NULL)
-                *d = dets[u];
-            first = dp_fail_ctx(d, rc, "connecting to unit %u (%s)", u, c->units[u].addr);
+                *d = r->det;
+        } else {
+            dp_fail(d, r->rc, "connecting to unit %u (%s): %s", u, c->units[u].addr,
+                    dp__fanout_why(r));
         }
     }
-out:
-    free(units);
-    free(reps);
-    free(rcs);
-    free(dets);
+    dp__fanout_reset(f);
     return first;
 }
 
@@ -651,9 +683,9 @@ dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp_wire_reply *rep
                               bool report, dp_detail *d)
 {
     dp__unit_conn *uc = &c->units[u];
-    aborts_again_locked(c, u,
-                        rep->incarnation == 0 || rep->incarnation == uc->incarnation);
-    if (rep->incarnation == 0 || rep->incarnation == uc->incarnation)
+    bool other = dp__fanout_other_process(uc->incarnation, rep->incarnation);
+    aborts_again_locked(c, u, !other);
+    if (!other)
         return DP_OK;
     if (!uc->stale || uc->seen_incarnation != rep->incarnation) {
         c->cnt.restarts_seen++;
@@ -674,79 +706,80 @@ dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp_wire_reply *rep
                    u, uc->addr, uc->incarnation, rep->incarnation);
 }
 
+/*
+ * Re-bind unit u after the fanout's info (r): the restart bookkeeping, the
+ * new binding, and a restart reported once. Returns the unit's code for the
+ * operation, its detail into det.
+ */
+static int
+rebind_locked(dp_client *c, uint32_t u, const dp__fanout_unit *r, dp_detail *det)
+{
+    dp__unit_conn *uc = &c->units[u];
+    int rc = r->rc;
+    if (rc == DP_ETRANSFER || rc == DP_ETIMEDOUT) {
+        c->cnt.units_down++;
+        return dp_fail(det, rc, "unit %u (%s) is down: %s", u, uc->addr,
+                       dp__fanout_why(r));
+    }
+    if (rc != DP_OK)
+        return dp_fail(det, rc, "%s", dp__fanout_why(r));
+    uint64_t was = uc->incarnation;
+    uint64_t now_inc = r->rep.r.info.incarnation;
+    bool restarted = now_inc != was, stalled = uc->ep_suspect;
+    if (restarted && (!uc->stale || uc->seen_incarnation != now_inc)) {
+        c->cnt.restarts_seen++;
+        uc->restart_unreported = true;
+    }
+    rc = bind_unit_locked(c, u, &r->rep.r.info, det);
+    if (rc != DP_OK)
+        return rc;
+    c->cnt.rebinds++;
+    DP_LOG_I("client: unit %u (%s) re-bound to incarnation %016" PRIx64 " (%s)", u,
+             uc->addr, now_inc,
+             restarted ? "it restarted"
+             : stalled ? "its transfers stalled"
+                       : "its transfer endpoint failed");
+    if (!uc->restart_unreported)
+        return DP_OK;
+    uc->restart_unreported = false;
+    return dp_fail(det, DP_ERESTARTED,
+                   "unit %u (%s) restarted (incarnation %016" PRIx64 " -> %016" PRIx64
+                   "): what it held is gone unless it loaded a checkpoint; re-bound, the "
+                   "next operation uses it",
+                   u, uc->addr, was, now_inc);
+}
+
 void
 dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double deadline,
                         int *rcs, dp_detail *dets)
 {
-    uint32_t *need = calloc(n > 0 ? n : 1, sizeof *need);
-    size_t *which = calloc(n > 0 ? n : 1, sizeof *which);
-    dp_wire_reply *reps = calloc(n > 0 ? n : 1, sizeof *reps);
-    int *irc = calloc(n > 0 ? n : 1, sizeof *irc);
-    dp_detail *idet = calloc(n > 0 ? n : 1, sizeof *idet);
-    bool oom =
-        need == NULL || which == NULL || reps == NULL || irc == NULL || idet == NULL;
-    size_t nn = 0;
+    dp__fanout *f = &c->fo;
+    dp__fanout_reset(f);
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_INFO;
     for (size_t i = 0; i < n; i++) {
         rcs[i] = 0;
         dp_detail_clear(&dets[i]);
         dp__unit_conn *uc = &c->units[units[i]];
+        if (f->u[units[i]].op != DP_WIRE_OP_NONE)
+            continue; /* named twice: asked once */
         bool failed =
             !uc->stale &&
             (uc->ep_suspect || dp_endpoint_remote_check(c->ep, uc->remote, NULL) != 0);
-        if (!uc->stale && !failed)
-            continue;
-        if (oom) {
-            rcs[i] = dp_fail(&dets[i], DP_ENOMEM, "client: out of memory");
-            continue;
-        }
-        need[nn] = units[i];
-        which[nn++] = i;
+        if (uc->stale || failed)
+            dp__fanout_add(f, &c->rids, units[i], uc->addr, 0, &q);
     }
-    if (nn > 0) {
-        info_many_locked(c, need, nn, dp__client_round_timeout(deadline), reps, irc,
-                         idet);
-        for (size_t k = 0; k < nn; k++) {
-            size_t i = which[k];
-            uint32_t u = need[k];
-            dp__unit_conn *uc = &c->units[u];
-            int rc = irc[k];
-            if (rc == 0) {
-                uint64_t was = uc->incarnation;
-                uint64_t now_inc = reps[k].r.info.incarnation;
-                bool restarted = now_inc != was, stalled = uc->ep_suspect;
-                if (restarted && (!uc->stale || uc->seen_incarnation != now_inc)) {
-                    c->cnt.restarts_seen++;
-                    uc->restart_unreported = true;
-                }
-                rc = bind_unit_locked(c, u, &reps[k].r.info, &idet[k]);
-                dp_wire_reply_fini(&reps[k]);
-                if (rc == 0) {
-                    c->cnt.rebinds++;
-                    DP_LOG_I("client: unit %u (%s) re-bound to incarnation %016" PRIx64
-                             " (%s)",
-                             u, uc->addr, now_inc,
-                             restarted ? "it restarted"
-                             : stalled ? "its transfers stalled"
-                                       : "its transfer endpoint failed");
-                    if (uc->restart_unreported) {
-                        uc->restart_unreported = false;
-                        rc = dp_fail(&idet[k], DP_ERESTARTED,
-                                     "unit %u (%s) restarted (incarnation %016" PRIx64
-                                     " -> %016" PRIx64
-                                     "): what it held is gone unless it loaded a "
-                                     "checkpoint; re-bound, the next operation uses it",
-                                     u, uc->addr, was, now_inc);
-                    }
-                }
-            } else if (rc == DP_ETRANSFER || rc == DP_ETIMEDOUT) {
-                c->cnt.units_down++;
-                dp_fail_ctx(&idet[k], rc, "unit %u (%s) is down", u, uc->addr);
-            }
-            if (rc != 0) {
-                rcs[i] = rc;
-                dets[i] = idet[k];
-            }
-        }
+    if (f->n_slots == 0 && dp__fanout_failed(f) == 0)
+        return;
+    dp__fanout_opts o = info_opts(c);
+    dp__fanout_run(f, c->ctl, dp__client_round_timeout(deadline), &o);
+    for (size_t i = 0; i < n; i++) {
+        bool first = f->u[units[i]].op != DP_WIRE_OP_NONE;
+        for (size_t j = 0; j < i && first; j++)
+            first = units[j] != units[i];
+        if (first)
+            rcs[i] = rebind_locked(c, units[i], &f->u[units[i]], &dets[i]);
     }
     /* Units named twice get the same answer. */
     for (size_t i = 0; i < n; i++)
@@ -755,11 +788,7 @@ dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double de
                 rcs[i] = rcs[j];
                 dets[i] = dets[j];
             }
-    free(need);
-    free(which);
-    free(reps);
-    free(irc);
-    free(idet);
+    dp__fanout_reset(f);
 }
 
 int
@@ -769,10 +798,12 @@ dp_client_counters_get(dp_client *c, dp_client_counters *out)
         return DP_EINVAL;
     pthread_mutex_lock(&c->mu);
     *out = c->cnt;
-    dp_endpoint_stats es;
-    dp_endpoint_get_stats(c->ep, &es);
-    out->transfers_retained = es.transfers_retained - es.transfers_released;
-    out->transfers_released = es.transfers_released;
+    if (c->ep != NULL) {
+        dp_endpoint_stats es;
+        dp_endpoint_get_stats(c->ep, &es);
+        out->transfers_retained = es.transfers_retained - es.transfers_released;
+        out->transfers_released = es.transfers_released;
+    }
     out->retained_bytes = dp_graveyard_bytes();
     pthread_mutex_unlock(&c->mu);
     return DP_OK;
@@ -783,18 +814,12 @@ open_common(const char *const *addrs, uint32_t n, const dp_client_opts *opts,
             dp_client **out, dp_detail *d)
 {
     dp_client *c = NULL;
-    int rc = client_new(opts, n, &c, d);
-    for (uint32_t u = 0; rc == 0 && u < n; u++) {
-        if (addrs[u] == NULL || strlen(addrs[u]) >= DP_CLUSTER_ADDR_MAX ||
-            strncmp(addrs[u], "tcp://", 6) != 0)
-            rc = dp_fail(d, DP_EINVAL, "unit %u: bad control address '%s'", u,
-                         addrs[u] ? addrs[u] : "(null)");
-        else
-            snprintf(c->units[u].addr, sizeof c->units[u].addr, "%s", addrs[u]);
-    }
+    int rc = client_new(opts, n, false, &c, d);
+    for (uint32_t u = 0; rc == 0 && u < n; u++)
+        rc = set_addr(c, u, addrs[u], d);
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
-        rc = client_connect(c, d);
+        rc = check_units_locked(c, -1, 0, d);
         pthread_mutex_unlock(&c->mu);
     }
     if (rc != 0) {
@@ -846,6 +871,145 @@ dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
     return rc;
 }
 
+/* ---- control-only clients ---- */
+
+/* A copy of s (NULL stays NULL); *oom set when out of memory. */
+static char *
+dup_or_null(const char *s, bool *oom)
+{
+    if (s == NULL)
+        return NULL;
+    char *p = strdup(s);
+    if (p == NULL)
+        *oom = true;
+    return p;
+}
+
+int
+dp__client_open_ctl(const dp_cluster *cl, const dp_client_opts *opts,
+                    const dp__fanout_opts *words, unsigned flags, dp_client **out,
+                    dp_detail *d)
+{
+    if (out == NULL || cl == NULL)
+        return dp_fail(d, DP_EINVAL, "dp__client_open_ctl: NULL argument");
+    *out = NULL;
+    dp_client *c = NULL;
+    int rc = client_new(opts, cl->n_units, true, &c, d);
+    for (uint32_t u = 0; rc == DP_OK && u < cl->n_units; u++)
+        rc = set_addr(c, u, cl->units[u].zmq, d);
+    if (rc == DP_OK && words != NULL) {
+        bool oom = false;
+        c->words.listed_by = dup_or_null(words->listed_by, &oom);
+        c->words.misplaced_hint = dup_or_null(words->misplaced_hint, &oom);
+        c->words.silence_hint = dup_or_null(words->silence_hint, &oom);
+        if (oom)
+            rc = dp_fail(d, DP_ENOMEM, "client: out of memory");
+    }
+    if (rc == DP_OK && !(flags & DP__CTL_NO_CHECK))
+        rc = dp__client_check_units(c, -1, flags, d);
+    if (rc != DP_OK) {
+        dp_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return DP_OK;
+}
+
+int
+dp__client_check_units(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
+{
+    if (c == NULL || c->checks == NULL || only >= (int64_t)c->n_units)
+        return dp_fail(d, DP_EINVAL,
+                       "dp__client_check_units: a control-only client and a unit of it");
+    pthread_mutex_lock(&c->mu);
+    int rc = check_units_locked(c, only, flags, d);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int
+dp__client_unit_check(const dp_client *c, uint32_t u, dp_detail *det, const char **agent,
+                      uint64_t *incarnation)
+{
+    if (c == NULL || u >= c->n_units)
+        return DP__UNIT_UNCHECKED;
+    const dp__unit_check *k = c->checks != NULL ? &c->checks[u] : NULL;
+    int state = k != NULL ? k->state : DP__UNIT_CHECKED;
+    if (det != NULL && state == DP__UNIT_DOWN)
+        *det = k->det;
+    if (agent != NULL && state == DP__UNIT_CHECKED)
+        *agent = k != NULL ? k->agent : c->units[u].remote;
+    if (incarnation != NULL && state == DP__UNIT_CHECKED)
+        *incarnation = c->units[u].incarnation;
+    return state;
+}
+
+/*
+ * Whether a control-only client may send op to unit u: checked, or not at
+ * all (a unit down gets its reason, one never asked who it is DP_EINVAL, as
+ * its outcome in f).
+ */
+static bool
+refused_locked(dp_client *c, dp__fanout *f, uint32_t u, dp_wire_op op)
+{
+    const dp__unit_check *k = c->checks != NULL ? &c->checks[u] : NULL;
+    if (k == NULL || k->state == DP__UNIT_CHECKED)
+        return false;
+    dp__fanout_unit *r = &f->u[u];
+    r->addr = c->units[u].addr;
+    r->op = op;
+    if (k->state == DP__UNIT_DOWN) {
+        r->rc = k->rc;
+        r->det = k->det;
+        r->why = k->why;
+    } else {
+        dp__fanout_fail(f, u, DP_EINVAL, " ", "was not asked who it is before use");
+    }
+    return true;
+}
+
+/*
+ * q_of's request to every unit it picks, at once, into f (reset first):
+ * clear, stats and the CLI's calls. A full client notes each reply's
+ * incarnation (a restart seen here is reported to the next put or get).
+ * Returns the first failure, into d.
+ */
+static int
+call_all_locked(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *ctx,
+                dp_detail *d)
+{
+    dp__fanout_reset(f);
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        dp_wire_request q;
+        memset(&q, 0, sizeof q);
+        if (!q_of(u, &q, ctx) || refused_locked(c, f, u, q.op))
+            continue;
+        dp__fanout_add(f, &c->rids, u, c->units[u].addr, c->units[u].incarnation, &q);
+    }
+    dp__fanout_run(f, c->ctl, c->o.timeout_s, &c->words);
+    for (uint32_t u = 0; c->checks == NULL && u < c->n_units; u++)
+        if (f->u[u].decoded && f->u[u].answered)
+            /* A restarted unit answers as well as the old one: note it, go on. */
+            dp__client_reply_check_locked(c, u, &f->u[u].rep, false, NULL);
+    return dp__fanout_first(f, d);
+}
+
+int
+dp__client_call_all(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *ctx,
+                    dp_detail *d)
+{
+    memset(f, 0, sizeof *f);
+    if (c == NULL || q_of == NULL)
+        return dp_fail(d, DP_EINVAL, "dp__client_call_all: NULL argument");
+    int rc = dp__fanout_init(f, c->n_units, d);
+    if (rc != DP_OK)
+        return rc;
+    pthread_mutex_lock(&c->mu);
+    rc = call_all_locked(c, f, q_of, ctx, d);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 void
 dp_client_close(dp_client *c)
 {
@@ -892,18 +1056,14 @@ dp__client_free(dp_client *c)
         dp_endpoint_destroy(c->ep);
     }
     dp_ctl_client_destroy(c->ctl);
-    for (uint32_t u = 0; u < c->n_units; u++) {
-        if (c->builders != NULL)
-            dp_blob_builder_destroy(c->builders[u]);
-        if (c->reqs != NULL)
-            dp_buf_fini(&c->reqs[u]);
-        if (c->items != NULL)
-            dp_buf_fini(&c->items[u].reply);
-    }
+    for (uint32_t u = 0; c->builders != NULL && u < c->n_units; u++)
+        dp_blob_builder_destroy(c->builders[u]);
+    dp__fanout_fini(&c->fo);
+    free((char *)c->words.listed_by);
+    free((char *)c->words.misplaced_hint);
+    free((char *)c->words.silence_hint);
     free(c->builders);
-    free(c->reqs);
-    free(c->items);
-    free(c->rid);
+    free(c->checks);
     free(c->units);
     free(c->bufs);
     free(c->regions);
@@ -931,97 +1091,117 @@ dp_client_unit_of(const dp_client *c, uint64_t gidx)
 
 /* ---- clear ---- */
 
+typedef struct clear_ctx {
+    const dp__groups *g;
+    uint64_t *sorted; /* the rows in g's order: each unit's side by side */
+} clear_ctx;
+
+static bool
+clear_req(uint32_t u, dp_wire_request *q, void *ctx)
+{
+    const clear_ctx *x = ctx;
+    uint32_t n = dp__groups_count(x->g, u);
+    if (n == 0)
+        return false;
+    q->op = DP_WIRE_OP_RELEASE_ROWS;
+    q->a.release_rows.gidxs = (dp_wire_u64s){x->sorted + x->g->start[u], n};
+    return true;
+}
+
+/*
+ * release_rows of gidxs[0..n) (1..UINT32_MAX rows) on the units that own
+ * them, at once: g gets the rows grouped by unit, f each unit's outcome,
+ * *dropped the entries dropped; d the summary of the failed units.
+ */
+static int
+clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__groups *g,
+             uint64_t *dropped, dp_detail *d)
+{
+    int rc = dp__groups_make(g, c->n_units, gidxs, n, d);
+    if (rc != DP_OK)
+        return dp_fail_ctx(d, rc, "clear");
+    uint64_t *sorted = malloc(n * sizeof *sorted);
+    if (sorted == NULL)
+        return dp_fail(d, DP_ENOMEM, "clear: out of memory");
+    for (size_t k = 0; k < n; k++)
+        sorted[k] = gidxs[g->order[k]];
+    clear_ctx x = {g, sorted};
+    call_all_locked(c, f, clear_req, &x, NULL);
+    free(sorted);
+    size_t n_failed_rows = 0;
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        const dp__fanout_unit *r = &f->u[u];
+        if (r->op == DP_WIRE_OP_NONE)
+            continue;
+        if (r->rc == DP_OK) {
+            *dropped += r->rep.r.dropped;
+            continue;
+        }
+        if (rc == DP_OK)
+            rc = dp_fail(d, r->rc, "clear: rows of unit %u (%s) not cleared: %s", u,
+                         c->units[u].addr, dp__fanout_why(r));
+        else
+            dp__detail_append(d, "; unit %u (%s) also failed: %s", u, c->units[u].addr,
+                              dp_errname(r->rc));
+        n_failed_rows += dp__groups_count(g, u);
+    }
+    if (rc != DP_OK)
+        dp__detail_append(d, " (%zu of %zu rows not cleared)", n_failed_rows, n);
+    return rc;
+}
+
+/* dp_client_clear's argument checks; *go false when there is nothing to do. */
+static int
+clear_args(const dp_client *c, const uint64_t *gidxs, size_t n, bool *go, dp_detail *d)
+{
+    *go = false;
+    if (c == NULL || (gidxs == NULL && n > 0))
+        return dp_fail(d, DP_EINVAL, "dp_client_clear: NULL argument");
+    if (n > UINT32_MAX)
+        return dp_fail(d, DP_ETOOBIG, "clear: %zu rows in one call", n);
+    *go = n > 0;
+    return DP_OK;
+}
+
 int
 dp_client_clear(dp_client *c, const uint64_t *gidxs, size_t n, uint64_t *dropped,
                 dp_detail *d)
 {
-    if (c == NULL || (gidxs == NULL && n > 0))
-        return dp_fail(d, DP_EINVAL, "dp_client_clear: NULL argument");
+    uint64_t dropped_here = 0;
+    bool go;
+    int rc = clear_args(c, gidxs, n, &go, d);
     if (dropped != NULL)
         *dropped = 0;
-    if (n == 0)
-        return DP_OK;
-    if (n > UINT32_MAX)
-        return dp_fail(d, DP_ETOOBIG, "clear: %zu rows in one call", n);
+    if (rc != DP_OK || !go)
+        return rc;
+    dp__groups g;
     pthread_mutex_lock(&c->mu);
-    double deadline = dp_now_s() + c->o.timeout_s;
-    int rc = DP_OK;
-    uint32_t N = c->n_units;
-    /* Group the rows by unit: counting sort into one array. */
-    uint64_t *sorted = malloc(n * sizeof *sorted);
-    uint32_t *cnt = calloc(N + 1, sizeof *cnt);
-    uint32_t *slot_unit = malloc(N * sizeof *slot_unit);
-    if (sorted == NULL || cnt == NULL || slot_unit == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "clear: out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++)
-        cnt[gidxs[i] % N + 1]++;
-    for (uint32_t u = 0; u < N; u++)
-        cnt[u + 1] += cnt[u];
-    {
-        uint32_t *pos = calloc(N, sizeof *pos);
-        if (pos == NULL) {
-            rc = dp_fail(d, DP_ENOMEM, "clear: out of memory");
-            goto out;
-        }
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u = (uint32_t)(gidxs[i] % N);
-            sorted[cnt[u] + pos[u]++] = gidxs[i];
-        }
-        free(pos);
-    }
-    size_t ns = 0;
-    dp_wire_request q;
-    for (uint32_t u = 0; u < N; u++) {
-        if (cnt[u + 1] == cnt[u])
-            continue;
-        memset(&q, 0, sizeof q);
-        q.op = DP_WIRE_OP_RELEASE_ROWS;
-        q.a.release_rows.gidxs = (dp_wire_u64s){sorted + cnt[u], cnt[u + 1] - cnt[u]};
-        rc = dp__client_prepare_locked(c, u, ns, &q, d);
-        if (rc != 0)
-            goto out;
-        slot_unit[ns++] = u;
-    }
-    dp_ctl_call_many(c->ctl, c->items, ns, dp__client_left(deadline));
-    size_t n_failed_rows = 0;
-    for (size_t s = 0; s < ns; s++) {
-        uint32_t u = slot_unit[s];
-        dp_ctl_item *it = &c->items[s];
-        dp_detail ud = it->det;
-        int urc = it->rc;
-        if (urc == 0) {
-            dp_wire_reply rep;
-            urc = dp_wire_reply_decode(it->reply.data, it->reply.len,
-                                       DP_WIRE_OP_RELEASE_ROWS, NULL, &rep, &ud);
-            /* A restarted unit clears as well as the old one: note it, go on. */
-            if (urc == 0)
-                dp__client_reply_check_locked(c, u, &rep, false, NULL);
-            if (urc == 0 && !rep.ok)
-                urc = dp_wire_error_to_detail(&rep.err, &ud);
-            if (urc == 0 && dropped != NULL)
-                *dropped += rep.r.dropped;
-            dp_wire_reply_fini(&rep);
-        }
-        if (urc == 0)
-            continue;
-        if (rc == 0) {
-            rc = urc;
-            dp_fail(d, urc, "clear: rows of unit %u (%s) not cleared: %s", u,
-                    c->units[u].addr, dp_detail_msg(&ud));
-        } else {
-            dp__detail_append(d, "; unit %u (%s) also failed: %s", u, c->units[u].addr,
-                              dp_errname(urc));
-        }
-        n_failed_rows += cnt[u + 1] - cnt[u];
-    }
-    if (rc != 0)
-        dp__detail_append(d, " (%zu of %zu rows not cleared)", n_failed_rows, n);
-out:
-    free(sorted);
-    free(cnt);
-    free(slot_unit);
+    rc = clear_locked(c, gidxs, n, &c->fo, &g, &dropped_here, d);
+    dp__fanout_reset(&c->fo);
+    pthread_mutex_unlock(&c->mu);
+    dp__groups_fini(&g);
+    if (dropped != NULL)
+        *dropped = dropped_here;
+    return rc;
+}
+
+int
+dp__client_clear_units(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f,
+                       dp__groups *g, dp_detail *d)
+{
+    memset(f, 0, sizeof *f);
+    memset(g, 0, sizeof *g);
+    uint64_t dropped = 0;
+    bool go;
+    int rc = clear_args(c, gidxs, n, &go, d);
+    if (rc == DP_OK)
+        rc = dp__fanout_init(f, c->n_units, d);
+    if (rc != DP_OK)
+        return rc;
+    if (!go)
+        return dp__groups_make(g, c->n_units, gidxs, 0, d);
+    pthread_mutex_lock(&c->mu);
+    rc = clear_locked(c, gidxs, n, f, g, &dropped, d);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -1091,6 +1271,15 @@ stats_fill(unit_stats *us, const dp_wire_fields *f, dp_detail *d)
     return DP_OK;
 }
 
+static bool
+stats_req(uint32_t u, dp_wire_request *q, void *ctx)
+{
+    DP_UNUSED(u);
+    DP_UNUSED(ctx);
+    q->op = DP_WIRE_OP_STATS;
+    return true;
+}
+
 int
 dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
 {
@@ -1107,40 +1296,21 @@ dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
         return dp_fail(d, DP_ENOMEM, "stats: out of memory");
     }
     pthread_mutex_lock(&c->mu);
-    double deadline = dp_now_s() + c->o.timeout_s;
-    dp_wire_request q;
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_STATS;
+    call_all_locked(c, &c->fo, stats_req, NULL, NULL);
     int rc = DP_OK;
-    for (uint32_t u = 0; u < c->n_units && rc == 0; u++)
-        rc = dp__client_prepare_locked(c, u, u, &q, d);
-    if (rc != 0) {
-        pthread_mutex_unlock(&c->mu);
-        dp_client_stats_destroy(s);
-        return rc;
-    }
-    dp_ctl_call_many(c->ctl, c->items, c->n_units, dp__client_left(deadline));
     for (uint32_t u = 0; u < c->n_units; u++) {
-        dp_ctl_item *it = &c->items[u];
-        dp_detail ud = it->det;
-        int urc = it->rc;
-        if (urc == 0) {
-            dp_wire_reply rep;
-            urc = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_STATS,
-                                       NULL, &rep, &ud);
-            if (urc == 0)
-                dp__client_reply_check_locked(c, u, &rep, false, NULL);
-            if (urc == 0 && !rep.ok)
-                urc = dp_wire_error_to_detail(&rep.err, &ud);
-            if (urc == 0)
-                urc = stats_fill(&s->u[u], &rep.r.stats, &ud);
-            dp_wire_reply_fini(&rep);
-        }
+        const dp__fanout_unit *r = &c->fo.u[u];
+        dp_detail ud;
+        dp_detail_clear(&ud);
+        int urc = r->rc;
+        if (urc == DP_OK)
+            urc = stats_fill(&s->u[u], &r->rep.r.stats, &ud);
         s->u[u].status = urc;
-        if (urc != 0 && rc == 0)
+        if (urc != DP_OK && rc == DP_OK)
             rc = dp_fail(d, urc, "stats: unit %u (%s): %s", u, c->units[u].addr,
-                         dp_detail_msg(&ud));
+                         r->rc != DP_OK ? dp__fanout_why(r) : ud.msg);
     }
+    dp__fanout_reset(&c->fo);
     pthread_mutex_unlock(&c->mu);
     *out = s;
     return rc;

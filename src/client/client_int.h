@@ -1,6 +1,7 @@
 /*
  * Internals of the client library shared by client.c (connect, memory, clear,
- * stats), put.c and get.c. Not installed.
+ * stats), put.c and get.c. Not installed. Requests to units go through the
+ * client's fanout (client/fanout.h).
  */
 #ifndef DP_CLIENT_CLIENT_INT_H
 #define DP_CLIENT_CLIENT_INT_H
@@ -12,6 +13,7 @@
 
 #include "blob/blob.h"
 #include "client/cluster.h"
+#include "client/fanout.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
@@ -59,6 +61,19 @@ typedef struct dp__unit_conn {
     } aborts[16];
 } dp__unit_conn;
 
+/*
+ * A control-only client's record of asking a unit who it is
+ * (dp__client_check_units): its state (DP__UNIT_*), why it is down (rc, det,
+ * why as in dp__fanout_unit) and the endpoint name its info gave.
+ */
+typedef struct dp__unit_check {
+    int state;
+    int rc;
+    dp_detail det;
+    size_t why;
+    char agent[DP_CLUSTER_ADDR_MAX];
+} dp__unit_check;
+
 /* State of a registered buffer the client mapped itself. */
 enum {
     DP__BUF_FREE = 0, /* cached, may be handed out again */
@@ -85,13 +100,20 @@ struct dp_client {
     pthread_mutex_t mu; /* guards everything below that is not constant */
     dp_client_opts o;
     char name[256];
-    dp_endpoint *ep;
+    dp_endpoint *ep; /* NULL: a control-only client (dp__client_open_ctl) */
     dp_ctl_client *ctl;
     dp_wire_rid_gen rids;
     char blob_prefix[17]; /* random per client: blob ids "<prefix>-<seq>" */
     uint64_t blob_seq;
     uint32_t n_units;
     dp__unit_conn *units;
+    /*
+     * A control-only client's: each unit's check (n_units; NULL for a full
+     * client, whose units are all bound at open), and the words of its
+     * reports (dp__fanout_opts, strings owned).
+     */
+    dp__unit_check *checks;
+    dp__fanout_opts words;
 
     /* Registered memory the client mapped (staging, user, values). */
     dp__buf *bufs;
@@ -111,11 +133,12 @@ struct dp_client {
     size_t n_values;
     bool closed;
 
-    /* Per-unit scratch reused by every operation (no per-op allocation). */
+    /*
+     * Per-unit scratch reused by every operation (no per-op allocation):
+     * blob builders, and the fanout's requests, ctl items and replies.
+     */
     dp_blob_builder **builders; /* n_units, created on first use */
-    dp_buf *reqs;               /* n_units encoded requests */
-    dp_ctl_item *items;         /* n_units */
-    char (*rid)[DP_WIRE_RID_MAX];
+    dp__fanout fo;              /* n_units */
 };
 
 /* ---- helpers of client.c used by put.c and get.c ---- */
@@ -134,11 +157,17 @@ double dp__client_round_timeout(double deadline);
 void dp__client_backoff(double *step, double deadline);
 
 /*
- * Encode request q for unit u into c->reqs[u] with a fresh rid and point
- * c->items[slot] at it. Returns DP_ENOMEM/DP_ETOOBIG/DP_EINVAL.
+ * Encode request q for unit u with a fresh rid and point c->fo.items[slot]
+ * at it (dp__fanout_place). Returns DP_ENOMEM/DP_ETOOBIG/DP_EINVAL.
  */
 int dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_request *q,
                               dp_detail *d);
+
+/*
+ * DP_OK if c can transfer (put, get, memory); a control-only client is
+ * refused with DP_EINVAL naming what (the call) was asked.
+ */
+int dp__client_data_check(const dp_client *c, const char *what, dp_detail *d);
 
 /* Send a notify (abort, unpin) to unit u; failures are only logged. */
 void dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q);

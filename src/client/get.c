@@ -1,6 +1,8 @@
 /*
- * dp_client_get and dp_client_get_alloc (DESIGN section 5): resolve_keys on
- * every unit at once, one READ of every located value at once, unpin.
+ * dp_client_get and dp_client_get_alloc (docs/design.md, "Client put" and
+ * "Fanout"): resolve_keys on every unit at once, one READ of every located
+ * value at once, unpin. Keys are grouped by unit with dp__groups and each
+ * round's replies decoded with dp__fanout_reply (client/fanout.h).
  *
  * Restarts. Before the first round every unit of the batch is made ready
  * (re-bound after a restart or a failed endpoint, see put.c). A resolve
@@ -126,377 +128,488 @@ item_fail(dp_get_item *it, key_state *ks, int code)
 }
 
 /*
- * The engine: vals != NULL is the alloc form (destinations come from
- * registered buffers owned by vals).
+ * One get's state across its rounds: the keys (ks, grouped by unit in g),
+ * each unit's round (ur), and the scratch of a round's requests and READs.
+ * vals != NULL is the alloc form (destinations come from registered buffers
+ * owned by vals).
  */
-static int
-get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detail *d)
+typedef struct get_op {
+    dp_client *c;
+    dp_get_item *items;
+    size_t n;
+    dp_values *vals;
+    double deadline;
+    key_state *ks;
+    dp__groups g;
+    dp_wire_str *keys;
+    uint32_t *slot_unit;
+    unit_round *ur;
+    dp_range *local, *remote;
+    dp_xfer_desc *ops;
+    int *results;
+    dp_detail *xdet;
+} get_op;
+
+static void
+get_op_fini(get_op *x)
 {
+    free(x->ks);
+    dp__groups_fini(&x->g);
+    free(x->keys);
+    free(x->slot_unit);
+    free(x->ur);
+    free(x->local);
+    free(x->remote);
+    free(x->ops);
+    free(x->results);
+    free(x->xdet);
+}
+
+static int
+get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *vals,
+            dp_detail *d)
+{
+    memset(x, 0, sizeof *x);
     uint32_t N = c->n_units;
-    double deadline = dp_now_s() + c->o.timeout_s;
+    size_t m = n > 0 ? n : 1;
+    x->c = c;
+    x->items = items;
+    x->n = n;
+    x->vals = vals;
+    x->deadline = dp_now_s() + c->o.timeout_s;
+    x->ks = calloc(m, sizeof *x->ks);
+    x->keys = malloc(m * sizeof *x->keys);
+    x->slot_unit = malloc(N * sizeof *x->slot_unit);
+    x->ur = calloc(N, sizeof *x->ur);
+    x->local = malloc(m * sizeof *x->local);
+    x->remote = malloc(m * sizeof *x->remote);
+    x->ops = malloc(N * sizeof *x->ops);
+    x->results = malloc(N * sizeof *x->results);
+    x->xdet = calloc(N, sizeof *x->xdet);
+    if (x->ks == NULL || x->keys == NULL || x->slot_unit == NULL || x->ur == NULL ||
+        x->local == NULL || x->remote == NULL || x->ops == NULL || x->results == NULL ||
+        x->xdet == NULL)
+        return dp_fail(d, DP_ENOMEM, "get: out of memory");
+    return DP_OK;
+}
+
+/* Check and place every key; group them by unit. */
+static int
+get_place(get_op *x, dp_detail *d)
+{
+    uint32_t N = x->c->n_units;
+    uint64_t *gx = malloc((x->n > 0 ? x->n : 1) * sizeof *gx);
+    if (gx == NULL)
+        return dp_fail(d, DP_ENOMEM, "get: out of memory");
     int rc = DP_OK;
-    key_state *ks = calloc(n > 0 ? n : 1, sizeof *ks);
-    uint32_t *cnt = calloc((size_t)N + 1, sizeof *cnt);
-    uint32_t *order = malloc((n > 0 ? n : 1) * sizeof *order);
-    uint32_t *pos = calloc(N, sizeof *pos);
-    dp_wire_str *keys = malloc((n > 0 ? n : 1) * sizeof *keys);
-    uint32_t *slot_unit = malloc(N * sizeof *slot_unit);
-    unit_round *ur = calloc(N, sizeof *ur);
-    dp_range *local = malloc((n > 0 ? n : 1) * sizeof *local);
-    dp_range *remote = malloc((n > 0 ? n : 1) * sizeof *remote);
-    dp_xfer_desc *ops = malloc(N * sizeof *ops);
-    int *results = malloc(N * sizeof *results);
-    dp_detail *xdet = calloc(N, sizeof *xdet);
-    if (ks == NULL || cnt == NULL || order == NULL || pos == NULL || keys == NULL ||
-        slot_unit == NULL || ur == NULL || local == NULL || remote == NULL ||
-        ops == NULL || results == NULL || xdet == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "get: out of memory");
-        goto out;
-    }
-    /* Check and place every key; group by unit. */
-    for (size_t i = 0; i < n; i++) {
-        dp_get_item *it = &items[i];
+    for (size_t i = 0; i < x->n && rc == DP_OK; i++) {
+        dp_get_item *it = &x->items[i];
         it->nbytes = 0;
         it->status = DP_ETIMEDOUT;
         if (it->key == NULL) {
             rc = dp_fail(d, DP_EINVAL, "get: key %zu is NULL", i);
-            goto out;
+            break;
         }
         size_t kl = strlen(it->key);
         dp_key_parts kp;
         rc = dp_key_split(it->key, kl, &kp, d);
         if (rc != 0) {
             dp_fail_ctx(d, rc, "get: key %zu", i);
-            goto out;
+            break;
         }
-        if (vals == NULL && it->cap > 0 && it->dst == NULL) {
+        if (x->vals == NULL && it->cap > 0 && it->dst == NULL) {
             rc = dp_fail(d, DP_EINVAL,
                          "get: key '%s': NULL destination of %" PRIu64 " bytes", it->key,
                          it->cap);
-            goto out;
+            break;
         }
-        ks[i].unit = (uint32_t)(kp.gidx % N);
-        ks[i].klen = (uint32_t)kl;
-        ks[i].st = K_ASK;
-        cnt[ks[i].unit + 1]++;
+        gx[i] = kp.gidx;
+        x->ks[i].unit = (uint32_t)(kp.gidx % N);
+        x->ks[i].klen = (uint32_t)kl;
+        x->ks[i].st = K_ASK;
     }
-    for (uint32_t u = 0; u < N; u++)
-        cnt[u + 1] += cnt[u];
-    for (size_t i = 0; i < n; i++)
-        order[cnt[ks[i].unit] + pos[ks[i].unit]++] = (uint32_t)i;
+    if (rc == DP_OK)
+        rc = dp__groups_make(&x->g, N, gx, x->n, d);
+    free(gx);
+    return rc;
+}
 
-    /*
-     * Re-bind units that restarted or whose endpoint failed; keys of a unit
-     * that is down, or that restarted (reported once), fail now.
-     */
-    {
-        uint32_t nu = 0;
-        for (uint32_t u = 0; u < N; u++)
-            if (cnt[u + 1] > cnt[u])
-                slot_unit[nu++] = u;
-        int *rcs = malloc((nu > 0 ? nu : 1) * sizeof *rcs);
-        dp_detail *dets = malloc((nu > 0 ? nu : 1) * sizeof *dets);
-        if (rcs == NULL || dets == NULL) {
-            free(rcs);
-            free(dets);
-            rc = dp_fail(d, DP_ENOMEM, "get: out of memory");
-            goto out;
-        }
-        dp__client_ready_locked(c, slot_unit, nu, deadline, rcs, dets);
-        for (uint32_t k = 0; k < nu; k++) {
-            uint32_t u = slot_unit[k];
-            if (rcs[k] == 0)
-                continue;
-            ur[u].rc = rcs[k];
-            ur[u].det = dets[k];
-            for (uint32_t j = cnt[u]; j < cnt[u + 1]; j++)
-                item_fail(&items[order[j]], &ks[order[j]], rcs[k]);
-        }
+/*
+ * Re-bind units that restarted or whose endpoint failed; keys of a unit
+ * that is down, or that restarted (reported once), fail now.
+ */
+static int
+get_ready(get_op *x, dp_detail *d)
+{
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    uint32_t nu = 0;
+    for (uint32_t u = 0; u < x->c->n_units; u++)
+        if (cnt[u + 1] > cnt[u])
+            x->slot_unit[nu++] = u;
+    int *rcs = malloc((nu > 0 ? nu : 1) * sizeof *rcs);
+    dp_detail *dets = malloc((nu > 0 ? nu : 1) * sizeof *dets);
+    if (rcs == NULL || dets == NULL) {
         free(rcs);
         free(dets);
+        return dp_fail(d, DP_ENOMEM, "get: out of memory");
     }
+    dp__client_ready_locked(x->c, x->slot_unit, nu, x->deadline, rcs, dets);
+    for (uint32_t k = 0; k < nu; k++) {
+        uint32_t u = x->slot_unit[k];
+        if (rcs[k] == 0)
+            continue;
+        x->ur[u].rc = rcs[k];
+        x->ur[u].det = dets[k];
+        for (uint32_t j = cnt[u]; j < cnt[u + 1]; j++)
+            item_fail(&x->items[order[j]], &x->ks[order[j]], rcs[k]);
+    }
+    free(rcs);
+    free(dets);
+    return DP_OK;
+}
 
-    double step = 0.002;
-    for (;;) {
-        /* 1. resolve_keys on every unit with keys still to ask. */
-        size_t ns = 0;
-        for (uint32_t u = 0; u < N; u++) {
-            ur[u].asked = false;
-            ur[u].pin[0] = '\0';
-            uint32_t nk = 0;
-            for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
-                uint32_t i = order[k];
-                if (ks[i].st == K_ASK)
-                    keys[cnt[u] + nk++] = (dp_wire_str){items[i].key, ks[i].klen};
-            }
-            if (nk == 0)
-                continue;
-            dp_wire_request q;
-            memset(&q, 0, sizeof q);
-            q.op = DP_WIRE_OP_RESOLVE_KEYS;
-            q.a.resolve_keys.keys = (dp_wire_strs){keys + cnt[u], nk};
-            dp_detail_clear(&ur[u].det);
-            ur[u].rc = dp__client_prepare_locked(c, u, ns, &q, &ur[u].det);
-            if (ur[u].rc != 0) {
-                for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
-                    if (ks[order[k]].st == K_ASK)
-                        item_fail(&items[order[k]], &ks[order[k]], ur[u].rc);
-                continue;
-            }
-            ur[u].asked = true;
-            ur[u].sent_at = dp_now_s();
-            slot_unit[ns++] = u;
+/* 1. resolve_keys on every unit with keys still to ask; returns the slots sent. */
+static size_t
+get_ask(get_op *x)
+{
+    dp_client *c = x->c;
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    key_state *ks = x->ks;
+    unit_round *ur = x->ur;
+    size_t ns = 0;
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        ur[u].asked = false;
+        ur[u].pin[0] = '\0';
+        uint32_t nk = 0;
+        for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
+            uint32_t i = order[k];
+            if (ks[i].st == K_ASK)
+                x->keys[cnt[u] + nk++] = (dp_wire_str){x->items[i].key, ks[i].klen};
         }
-        if (ns == 0)
-            break;
-        dp_ctl_call_many(c->ctl, c->items, ns,
-                         DP_MAX(dp__client_round_timeout(deadline), 0.001));
+        if (nk == 0)
+            continue;
+        dp_wire_request q;
+        memset(&q, 0, sizeof q);
+        q.op = DP_WIRE_OP_RESOLVE_KEYS;
+        q.a.resolve_keys.keys = (dp_wire_strs){x->keys + cnt[u], nk};
+        dp_detail_clear(&ur[u].det);
+        ur[u].rc = dp__client_prepare_locked(c, u, ns, &q, &ur[u].det);
+        if (ur[u].rc != 0) {
+            for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
+                if (ks[order[k]].st == K_ASK)
+                    item_fail(&x->items[order[k]], &ks[order[k]], ur[u].rc);
+            continue;
+        }
+        ur[u].asked = true;
+        ur[u].sent_at = dp_now_s();
+        x->slot_unit[ns++] = u;
+    }
+    if (ns > 0)
+        dp_ctl_call_many(c->ctl, c->fo.items, ns,
+                         DP_MAX(dp__client_round_timeout(x->deadline), 0.001));
+    return ns;
+}
 
-        /* 2. Match answers to keys. */
-        bool again = false;
-        uint64_t alloc_need = 0, stage_need = 0;
-        for (size_t s = 0; s < ns; s++) {
-            uint32_t u = slot_unit[s];
-            dp_ctl_item *ci = &c->items[s];
-            int urc = ci->rc;
-            dp_detail *ud = &ur[u].det;
-            if (urc != 0)
-                *ud = ci->det;
-            dp_wire_reply rep;
-            memset(&rep, 0, sizeof rep);
-            if (urc == DP_ETRANSFER)
-                c->cnt.units_down++;
-            if (urc == 0) {
-                urc = dp_wire_reply_decode(ci->reply.data, ci->reply.len,
-                                           DP_WIRE_OP_RESOLVE_KEYS, NULL, &rep, ud);
-                if (urc == 0 && dp__client_reply_check_locked(c, u, &rep, true, ud)) {
-                    /* Another process answered: its offsets are not in the slab
-                     * this data path maps. Let go of its pin, READ nothing. */
-                    urc = DP_ERESTARTED;
-                    if (rep.ok && rep.r.resolve_keys.pin_id.n > 0) {
-                        char pin[DP_WIRE_RID_MAX + 32];
-                        dp_wire_str_copy(rep.r.resolve_keys.pin_id, pin, sizeof pin);
-                        unpin_locked(c, u, pin);
-                    }
-                } else if (urc == 0 && !rep.ok) {
-                    urc = dp_wire_error_to_detail(&rep.err, ud);
-                    if (urc == DP_EBUSY && dp__client_left(deadline) > 0) {
-                        again = true;
-                        dp_wire_reply_fini(&rep);
-                        continue;
-                    }
-                }
+/*
+ * Unit u's located key: where it is, whether it fits, and where it goes
+ * (the values' own buffer, staging, or the caller's registered memory).
+ */
+static void
+get_locate(get_op *x, uint32_t u, uint32_t i, const dp_wire_key_loc *l,
+           uint64_t *alloc_need, uint64_t *stage_need)
+{
+    dp_get_item *it = &x->items[i];
+    key_state *ks = &x->ks[i];
+    const dp__unit_conn *uc = &x->c->units[u];
+    it->nbytes = l->len;
+    if (it->desc != NULL)
+        fill_desc(it->desc, l);
+    if (l->off > uc->region_bytes || l->len > uc->region_bytes - l->off) {
+        item_fail(it, ks, DP_EPROTO);
+        dp_fail(&x->ur[u].det, DP_EPROTO, "key '%s' located outside the unit's region",
+                it->key);
+        return;
+    }
+    if (x->vals == NULL && it->cap < l->len) {
+        item_fail(it, ks, DP_ETOOBIG);
+        return;
+    }
+    ks->st = K_READ;
+    ks->off = l->off;
+    ks->len = l->len;
+    ks->staged = false;
+    if (x->vals != NULL) {
+        ks->soff = *alloc_need;
+        *alloc_need += DP_ALIGN_UP(l->len, 64);
+    } else if (l->len > 0 && !dp__client_direct_locked(x->c, it->dst, l->len)) {
+        ks->staged = true;
+        ks->soff = *stage_need;
+        *stage_need += DP_ALIGN_UP(l->len, 64);
+    }
+}
+
+/* Unit u's answer (res) matched to its keys still asked. */
+static bool
+get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
+               uint64_t *alloc_need, uint64_t *stage_need)
+{
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    dp_detail *ud = &x->ur[u].det;
+    bool again = false;
+    dp_wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
+    uint32_t ce = 0, cm = 0, cp = 0, cf = 0;
+    for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
+        uint32_t i = order[k];
+        if (x->ks[i].st != K_ASK)
+            continue;
+        dp_get_item *it = &x->items[i];
+        uint32_t kl = x->ks[i].klen;
+        ptrdiff_t m;
+        if ((m = match_loc(&res->entries, &ce, it->key, kl)) >= 0) {
+            get_locate(x, u, i, &res->entries.v[m], alloc_need, stage_need);
+        } else if (match_str(&res->missing, &cm, it->key, kl) >= 0) {
+            item_fail(it, &x->ks[i], DP_ENOTFOUND);
+        } else if (match_str(&res->pending, &cp, it->key, kl) >= 0) {
+            again = true; /* being staged from SSD: ask again */
+        } else if (match_str(&res->failed, &cf, it->key, kl) >= 0) {
+            item_fail(it, &x->ks[i], DP_ELOST);
+            dp_fail(ud, DP_ELOST, "staging key '%s' from SSD failed", it->key);
+        } else {
+            item_fail(it, &x->ks[i], DP_EPROTO);
+            dp_fail(ud, DP_EPROTO, "resolve_keys did not answer for key '%s'", it->key);
+        }
+    }
+    return again;
+}
+
+/*
+ * 2. Match the answers of slots [0, ns) to keys; *alloc_need and
+ * *stage_need get the bytes the round's destinations need. Returns whether
+ * a key must be asked again (pending, or a busy unit).
+ */
+static bool
+get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
+{
+    dp_client *c = x->c;
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    bool again = false;
+    for (size_t s = 0; s < ns; s++) {
+        uint32_t u = x->slot_unit[s];
+        dp_ctl_item *ci = &c->fo.items[s];
+        dp_detail *ud = &x->ur[u].det;
+        dp_wire_reply rep;
+        int urc = dp__fanout_reply(ci, DP_WIRE_OP_RESOLVE_KEYS, &rep, ud);
+        if (ci->rc == DP_ETRANSFER)
+            c->cnt.units_down++;
+        if (urc == 0 && dp__client_reply_check_locked(c, u, &rep, true, ud)) {
+            /* Another process answered: its offsets are not in the slab
+             * this data path maps. Let go of its pin, READ nothing. */
+            urc = DP_ERESTARTED;
+            if (rep.ok && rep.r.resolve_keys.pin_id.n > 0) {
+                char pin[DP_WIRE_RID_MAX + 32];
+                dp_wire_str_copy(rep.r.resolve_keys.pin_id, pin, sizeof pin);
+                unpin_locked(c, u, pin);
             }
-            ur[u].rc = urc;
-            if (urc != 0) {
-                for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
-                    if (ks[order[k]].st == K_ASK)
-                        item_fail(&items[order[k]], &ks[order[k]], urc);
+        } else if (urc == 0 && !rep.ok) {
+            urc = dp_wire_error_to_detail(&rep.err, ud);
+            if (urc == DP_EBUSY && dp__client_left(x->deadline) > 0) {
+                again = true;
                 dp_wire_reply_fini(&rep);
                 continue;
             }
-            const dp_wire_resolve_keys_res *res = &rep.r.resolve_keys;
-            dp_wire_str_copy(res->pin_id, ur[u].pin, sizeof ur[u].pin);
-            uint32_t ce = 0, cm = 0, cp = 0, cf = 0;
-            for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
-                uint32_t i = order[k];
-                if (ks[i].st != K_ASK)
-                    continue;
-                dp_get_item *it = &items[i];
-                ptrdiff_t x;
-                if ((x = match_loc(&res->entries, &ce, it->key, ks[i].klen)) >= 0) {
-                    const dp_wire_key_loc *l = &res->entries.v[x];
-                    const dp__unit_conn *uc = &c->units[u];
-                    it->nbytes = l->len;
-                    if (it->desc != NULL)
-                        fill_desc(it->desc, l);
-                    if (l->off > uc->region_bytes || l->len > uc->region_bytes - l->off) {
-                        item_fail(it, &ks[i], DP_EPROTO);
-                        dp_fail(ud, DP_EPROTO,
-                                "key '%s' located outside the unit's region", it->key);
-                        continue;
-                    }
-                    if (vals == NULL && it->cap < l->len) {
-                        item_fail(it, &ks[i], DP_ETOOBIG);
-                        continue;
-                    }
-                    ks[i].st = K_READ;
-                    ks[i].off = l->off;
-                    ks[i].len = l->len;
-                    ks[i].staged = false;
-                    if (vals != NULL) {
-                        ks[i].soff = alloc_need;
-                        alloc_need += DP_ALIGN_UP(l->len, 64);
-                    } else if (l->len > 0 &&
-                               !dp__client_direct_locked(c, it->dst, l->len)) {
-                        ks[i].staged = true;
-                        ks[i].soff = stage_need;
-                        stage_need += DP_ALIGN_UP(l->len, 64);
-                    }
-                } else if (match_str(&res->missing, &cm, it->key, ks[i].klen) >= 0) {
-                    item_fail(it, &ks[i], DP_ENOTFOUND);
-                } else if (match_str(&res->pending, &cp, it->key, ks[i].klen) >= 0) {
-                    again = true; /* being staged from SSD: ask again */
-                } else if (match_str(&res->failed, &cf, it->key, ks[i].klen) >= 0) {
-                    item_fail(it, &ks[i], DP_ELOST);
-                    dp_fail(ud, DP_ELOST, "staging key '%s' from SSD failed", it->key);
-                } else {
-                    item_fail(it, &ks[i], DP_EPROTO);
-                    dp_fail(ud, DP_EPROTO, "resolve_keys did not answer for key '%s'",
-                            it->key);
-                }
-            }
-            dp_wire_reply_fini(&rep);
         }
-
-        /* 3. Destinations: the values' own buffer, and staging. */
-        uint8_t *abuf = NULL, *sbuf = NULL;
-        int brc = DP_OK;
-        dp_detail bdet;
-        dp_detail_clear(&bdet);
-        if (alloc_need > 0) {
-            uint8_t **nb = realloc(vals->bufs, (vals->n_bufs + 1) * sizeof *nb);
-            dp__buf *b = NULL;
-            if (nb == NULL)
-                brc = dp_fail(&bdet, DP_ENOMEM, "get: out of memory");
-            else
-                vals->bufs = nb;
-            if (brc == 0)
-                brc = dp__client_buf_get_locked(c, alloc_need, DP__BUF_VALUES, &b, &bdet);
-            if (brc == 0) {
-                abuf = b->p;
-                vals->bufs[vals->n_bufs++] = abuf;
-            }
+        x->ur[u].rc = urc;
+        if (urc != 0) {
+            for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
+                if (x->ks[order[k]].st == K_ASK)
+                    item_fail(&x->items[order[k]], &x->ks[order[k]], urc);
+        } else if (get_match_unit(x, u, &rep.r.resolve_keys, alloc_need, stage_need)) {
+            again = true;
         }
-        if (brc == 0 && stage_need > 0) {
-            dp__buf *b = NULL;
-            brc = dp__client_buf_get_locked(c, stage_need, DP__BUF_STAGING, &b, &bdet);
-            if (brc == 0)
-                sbuf = b->p;
-        }
-
-        /* 4. One READ per unit, all at once, inside the pins' life. */
-        size_t nops = 0, nr = 0;
-        double now = dp_now_s();
-        double xfer_left = dp__client_left(deadline);
-        for (size_t s = 0; s < ns; s++) {
-            uint32_t u = slot_unit[s];
-            size_t r0 = nr;
-            for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
-                uint32_t i = order[k];
-                if (ks[i].st != K_READ)
-                    continue;
-                dp_get_item *it = &items[i];
-                if (brc != 0) {
-                    item_fail(it, &ks[i], brc);
-                    ur[u].rc = brc;
-                    ur[u].det = bdet;
-                    continue;
-                }
-                if (vals != NULL) {
-                    it->dst = abuf != NULL ? abuf + ks[i].soff : NULL;
-                    it->cap = ks[i].len;
-                }
-                if (ks[i].len == 0)
-                    continue;
-                uint8_t *dst = ks[i].staged ? sbuf + ks[i].soff : it->dst;
-                local[nr] = (dp_range){(uint64_t)(uintptr_t)dst, ks[i].len};
-                remote[nr] = (dp_range){c->units[u].slab_addr + ks[i].off, ks[i].len};
-                nr++;
-            }
-            if (nr == r0)
-                continue;
-            double pin = c->units[u].read_pin_s;
-            double margin = DP_MAX(0.2, 0.1 * pin);
-            double pin_left = pin - margin - (now - ur[u].sent_at);
-            if (pin_left < xfer_left)
-                xfer_left = pin_left;
-            ops[nops] = (dp_xfer_desc){DP_XFER_READ, local + r0, nr - r0,
-                                       remote + r0,  nr - r0,    c->units[u].remote};
-            results[nops] = 0;
-            slot_unit[nops] = u; /* reuse: op index -> unit (slots are done) */
-            nops++;
-        }
-        if (nops > 0) {
-            if (!(xfer_left > 0)) {
-                for (size_t o = 0; o < nops; o++) {
-                    results[o] = dp_fail(&xdet[o], DP_ETIMEDOUT,
-                                         "no time left to READ within the budget and the "
-                                         "pin's life (%.3g s)",
-                                         c->units[slot_unit[o]].read_pin_s);
-                }
-            } else {
-                for (size_t o = 0; o < nops; o++)
-                    dp_detail_clear(&xdet[o]);
-                dp_endpoint_transfer_many(c->ep, ops, nops, xfer_left, results, xdet,
-                                          NULL);
-            }
-        }
-        for (size_t o = 0; o < nops; o++) {
-            uint32_t u = slot_unit[o];
-            for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
-                uint32_t i = order[k];
-                if (ks[i].st != K_READ)
-                    continue;
-                if (results[o] != 0) {
-                    item_fail(&items[i], &ks[i], results[o]);
-                } else {
-                    if (ks[i].staged)
-                        memcpy(items[i].dst, sbuf + ks[i].soff, ks[i].len);
-                    items[i].status = 0;
-                    ks[i].st = K_DONE;
-                }
-            }
-            if (results[o] != 0) {
-                /*
-                 * The unit answered this round's resolve: a READ that timed out
-                 * or failed over a network lane means a stalled connection, which
-                 * is made anew before the next transfer.
-                 */
-                if (c->units[u].lane != DP_XFER_LANE_SHM)
-                    c->units[u].ep_suspect = true;
-                ur[u].rc = results[o];
-                ur[u].det = xdet[o];
-                dp_fail_ctx(&ur[u].det, results[o], "READ of %s",
-                            results[o] == DP_ETIMEDOUT ? "values (data discarded)"
-                                                       : "values");
-            }
-        }
-        /* Zero-byte values and any other located key with nothing to read. */
-        for (size_t i = 0; i < n; i++)
-            if (ks[i].st == K_READ && brc == 0 && ks[i].len == 0) {
-                items[i].status = 0;
-                ks[i].st = K_DONE;
-            }
-        /* 5. Unpin: this round's READs are done. */
-        for (uint32_t u = 0; u < N; u++)
-            if (ur[u].asked)
-                unpin_locked(c, u, ur[u].pin);
-        if (sbuf != NULL)
-            dp__client_buf_put_locked(c, sbuf);
-        if (!again)
-            break;
-        if (dp__client_left(deadline) <= 0)
-            break;
-        dp__client_backoff(&step, deadline);
+        dp_wire_reply_fini(&rep);
     }
-    /* Keys still unresolved: pending or busy for the whole budget. */
-    for (size_t i = 0; i < n; i++)
-        if (ks[i].st == K_ASK) {
-            ks[i].st = K_DONE;
-            items[i].status = DP_ETIMEDOUT;
-            uint32_t u = ks[i].unit;
-            if (ur[u].rc == 0)
-                dp_fail(
-                    &ur[u].det, DP_ETIMEDOUT,
-                    "keys still pending (staged from SSD) or the unit still busy when "
-                    "the budget of %.3g s ran out",
-                    c->o.timeout_s);
-            ur[u].rc = DP_ETIMEDOUT;
-        }
+    return again;
+}
 
-    /* Report: first failure's code; missing keys by name; failed units. */
-    size_t n_bad = 0, n_missing = 0, n_small = 0;
+/*
+ * 3. Destinations: the values' own buffer (*abuf) and staging (*sbuf).
+ * Returns DP_OK or why neither could be had (into bdet).
+ */
+static int
+get_dest(get_op *x, uint64_t alloc_need, uint64_t stage_need, uint8_t **abuf,
+         uint8_t **sbuf, dp_detail *bdet)
+{
+    int brc = DP_OK;
+    *abuf = *sbuf = NULL;
+    if (alloc_need > 0) {
+        dp_values *vals = x->vals;
+        uint8_t **nb = realloc(vals->bufs, (vals->n_bufs + 1) * sizeof *nb);
+        dp__buf *b = NULL;
+        if (nb == NULL)
+            brc = dp_fail(bdet, DP_ENOMEM, "get: out of memory");
+        else
+            vals->bufs = nb;
+        if (brc == 0)
+            brc = dp__client_buf_get_locked(x->c, alloc_need, DP__BUF_VALUES, &b, bdet);
+        if (brc == 0) {
+            *abuf = b->p;
+            vals->bufs[vals->n_bufs++] = *abuf;
+        }
+    }
+    if (brc == 0 && stage_need > 0) {
+        dp__buf *b = NULL;
+        brc = dp__client_buf_get_locked(x->c, stage_need, DP__BUF_STAGING, &b, bdet);
+        if (brc == 0)
+            *sbuf = b->p;
+    }
+    return brc;
+}
+
+/*
+ * 4a. One READ per unit of slots [0, ns) with located keys, inside the pins'
+ * life: the ops (x->ops, their units in x->slot_unit) and how long they may
+ * take (*xfer_left). Keys fail with brc when there is no destination.
+ */
+static size_t
+get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf,
+             uint8_t *sbuf, double *xfer_left)
+{
+    dp_client *c = x->c;
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    size_t nops = 0, nr = 0;
+    double now = dp_now_s();
+    *xfer_left = dp__client_left(x->deadline);
+    for (size_t s = 0; s < ns; s++) {
+        uint32_t u = x->slot_unit[s];
+        size_t r0 = nr;
+        for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
+            uint32_t i = order[k];
+            key_state *ks = &x->ks[i];
+            if (ks->st != K_READ)
+                continue;
+            dp_get_item *it = &x->items[i];
+            if (brc != 0) {
+                item_fail(it, ks, brc);
+                x->ur[u].rc = brc;
+                x->ur[u].det = *bdet;
+                continue;
+            }
+            if (x->vals != NULL) {
+                it->dst = abuf != NULL ? abuf + ks->soff : NULL;
+                it->cap = ks->len;
+            }
+            if (ks->len == 0)
+                continue;
+            uint8_t *dst = ks->staged ? sbuf + ks->soff : it->dst;
+            x->local[nr] = (dp_range){(uint64_t)(uintptr_t)dst, ks->len};
+            x->remote[nr] = (dp_range){c->units[u].slab_addr + ks->off, ks->len};
+            nr++;
+        }
+        if (nr == r0)
+            continue;
+        double pin = c->units[u].read_pin_s;
+        double margin = DP_MAX(0.2, 0.1 * pin);
+        double pin_left = pin - margin - (now - x->ur[u].sent_at);
+        if (pin_left < *xfer_left)
+            *xfer_left = pin_left;
+        x->ops[nops] = (dp_xfer_desc){DP_XFER_READ,   x->local + r0, nr - r0,
+                                      x->remote + r0, nr - r0,       c->units[u].remote};
+        x->results[nops] = 0;
+        x->slot_unit[nops] = u; /* reuse: op index -> unit (slots are done) */
+        nops++;
+    }
+    return nops;
+}
+
+/* 4b. Run the READs and settle their keys. */
+static void
+get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
+{
+    dp_client *c = x->c;
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    if (nops > 0 && !(xfer_left > 0)) {
+        for (size_t o = 0; o < nops; o++)
+            x->results[o] = dp_fail(&x->xdet[o], DP_ETIMEDOUT,
+                                    "no time left to READ within the budget and the "
+                                    "pin's life (%.3g s)",
+                                    c->units[x->slot_unit[o]].read_pin_s);
+    } else if (nops > 0) {
+        for (size_t o = 0; o < nops; o++)
+            dp_detail_clear(&x->xdet[o]);
+        dp_endpoint_transfer_many(c->ep, x->ops, nops, xfer_left, x->results, x->xdet,
+                                  NULL);
+    }
+    for (size_t o = 0; o < nops; o++) {
+        uint32_t u = x->slot_unit[o];
+        for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
+            uint32_t i = order[k];
+            if (x->ks[i].st != K_READ)
+                continue;
+            if (x->results[o] != 0) {
+                item_fail(&x->items[i], &x->ks[i], x->results[o]);
+            } else {
+                if (x->ks[i].staged)
+                    memcpy(x->items[i].dst, sbuf + x->ks[i].soff, x->ks[i].len);
+                x->items[i].status = 0;
+                x->ks[i].st = K_DONE;
+            }
+        }
+        if (x->results[o] != 0) {
+            /*
+             * The unit answered this round's resolve: a READ that timed out
+             * or failed over a network lane means a stalled connection, which
+             * is made anew before the next transfer.
+             */
+            if (c->units[u].lane != DP_XFER_LANE_SHM)
+                c->units[u].ep_suspect = true;
+            x->ur[u].rc = x->results[o];
+            x->ur[u].det = x->xdet[o];
+            dp_fail_ctx(&x->ur[u].det, x->results[o], "READ of %s",
+                        x->results[o] == DP_ETIMEDOUT ? "values (data discarded)"
+                                                      : "values");
+        }
+    }
+}
+
+/* One round: ask, match, READ, unpin. Returns whether to ask again. */
+static bool
+get_round(get_op *x)
+{
+    dp_client *c = x->c;
+    size_t ns = get_ask(x);
+    if (ns == 0)
+        return false;
+    uint64_t alloc_need = 0, stage_need = 0;
+    bool again = get_match(x, ns, &alloc_need, &stage_need);
+    uint8_t *abuf, *sbuf;
+    dp_detail bdet;
+    dp_detail_clear(&bdet);
+    int brc = get_dest(x, alloc_need, stage_need, &abuf, &sbuf, &bdet);
+    double xfer_left;
+    size_t nops = get_read_ops(x, ns, brc, &bdet, abuf, sbuf, &xfer_left);
+    get_read(x, nops, xfer_left, sbuf);
+    /* Zero-byte values and any other located key with nothing to read. */
+    for (size_t i = 0; i < x->n; i++)
+        if (x->ks[i].st == K_READ && brc == 0 && x->ks[i].len == 0) {
+            x->items[i].status = 0;
+            x->ks[i].st = K_DONE;
+        }
+    /* 5. Unpin: this round's READs are done. */
+    for (uint32_t u = 0; u < c->n_units; u++)
+        if (x->ur[u].asked)
+            unpin_locked(c, u, x->ur[u].pin);
+    if (sbuf != NULL)
+        dp__client_buf_put_locked(c, sbuf);
+    return again;
+}
+
+/* Report: first failure's code; missing keys by name; failed units. */
+static int
+get_report(get_op *x, dp_detail *d)
+{
+    dp_client *c = x->c;
+    dp_get_item *items = x->items;
+    size_t n = x->n, n_bad = 0, n_missing = 0, n_small = 0;
     int first = DP_OK;
     for (size_t i = 0; i < n; i++) {
         if (items[i].status == 0)
@@ -509,49 +622,74 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         else if (items[i].status == DP_ETOOBIG)
             n_small++;
     }
-    if (first != DP_OK) {
-        rc = first;
-        dp_fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
-        for (uint32_t u = 0; u < N; u++)
-            if (ur[u].rc != 0)
-                dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
-                                  dp_detail_msg(&ur[u].det));
-        if (n_missing > 0) {
-            dp__detail_append(d, "; %zu missing:", n_missing);
-            for (size_t i = 0; i < n; i++)
-                if (items[i].status == DP_ENOTFOUND)
-                    dp__detail_append(d, " '%s'", items[i].key);
-        }
-        if (n_bad > n_missing + n_small) {
-            /* Lost (failed stage) and unreachable keys, by name, with their code. */
-            dp__detail_append(d, "; failed:");
-            for (size_t i = 0; i < n; i++)
-                if (items[i].status != 0 && items[i].status != DP_ENOTFOUND &&
-                    items[i].status != DP_ETOOBIG)
-                    dp__detail_append(d, " '%s' (%s)", items[i].key,
-                                      dp_errname(items[i].status));
-        }
+    if (first == DP_OK)
+        return DP_OK;
+    dp_fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
+    for (uint32_t u = 0; u < c->n_units; u++)
+        if (x->ur[u].rc != 0)
+            dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
+                              dp_detail_msg(&x->ur[u].det));
+    if (n_missing > 0) {
+        dp__detail_append(d, "; %zu missing:", n_missing);
         for (size_t i = 0; i < n; i++)
-            if (items[i].status == DP_ETOOBIG) {
-                dp__detail_append(
-                    d, "; '%s' needs %" PRIu64 " bytes, destination has %" PRIu64,
-                    items[i].key, items[i].nbytes, items[i].cap);
-                break;
-            }
+            if (items[i].status == DP_ENOTFOUND)
+                dp__detail_append(d, " '%s'", items[i].key);
     }
-out:
-    free(ks);
-    free(cnt);
-    free(order);
-    free(pos);
-    free(keys);
-    free(slot_unit);
-    free(ur);
-    free(local);
-    free(remote);
-    free(ops);
-    free(results);
-    free(xdet);
+    if (n_bad > n_missing + n_small) {
+        /* Lost (failed stage) and unreachable keys, by name, with their code. */
+        dp__detail_append(d, "; failed:");
+        for (size_t i = 0; i < n; i++)
+            if (items[i].status != 0 && items[i].status != DP_ENOTFOUND &&
+                items[i].status != DP_ETOOBIG)
+                dp__detail_append(d, " '%s' (%s)", items[i].key,
+                                  dp_errname(items[i].status));
+    }
+    for (size_t i = 0; i < n; i++)
+        if (items[i].status == DP_ETOOBIG) {
+            dp__detail_append(d,
+                              "; '%s' needs %" PRIu64 " bytes, destination has %" PRIu64,
+                              items[i].key, items[i].nbytes, items[i].cap);
+            break;
+        }
+    return first;
+}
+
+/*
+ * The engine: vals != NULL is the alloc form (destinations come from
+ * registered buffers owned by vals).
+ */
+static int
+get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detail *d)
+{
+    get_op x;
+    int rc = get_op_init(&x, c, items, n, vals, d);
+    if (rc == DP_OK)
+        rc = get_place(&x, d);
+    if (rc == DP_OK)
+        rc = get_ready(&x, d);
+    if (rc != DP_OK) {
+        get_op_fini(&x);
+        return rc;
+    }
+    double step = 0.002;
+    while (get_round(&x) && dp__client_left(x.deadline) > 0)
+        dp__client_backoff(&step, x.deadline);
+    /* Keys still unresolved: pending or busy for the whole budget. */
+    for (size_t i = 0; i < n; i++)
+        if (x.ks[i].st == K_ASK) {
+            x.ks[i].st = K_DONE;
+            items[i].status = DP_ETIMEDOUT;
+            uint32_t u = x.ks[i].unit;
+            if (x.ur[u].rc == 0)
+                dp_fail(
+                    &x.ur[u].det, DP_ETIMEDOUT,
+                    "keys still pending (staged from SSD) or the unit still busy when "
+                    "the budget of %.3g s ran out",
+                    c->o.timeout_s);
+            x.ur[u].rc = DP_ETIMEDOUT;
+        }
+    rc = get_report(&x, d);
+    get_op_fini(&x);
     return rc;
 }
 
@@ -560,12 +698,13 @@ dp_client_get(dp_client *c, dp_get_item *items, size_t n, dp_detail *d)
 {
     if (c == NULL || (items == NULL && n > 0))
         return dp_fail(d, DP_EINVAL, "dp_client_get: NULL argument");
-    if (n == 0)
-        return DP_OK;
+    int rc = dp__client_data_check(c, "get", d);
+    if (rc != DP_OK || n == 0)
+        return rc;
     if (n > (1u << 24))
         return dp_fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
     pthread_mutex_lock(&c->mu);
-    int rc = get_locked(c, items, n, NULL, d);
+    rc = get_locked(c, items, n, NULL, d);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -577,6 +716,9 @@ dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values *
     if (c == NULL || out == NULL || (keys == NULL && n > 0))
         return dp_fail(d, DP_EINVAL, "dp_client_get_alloc: NULL argument");
     *out = NULL;
+    int rc = dp__client_data_check(c, "get", d);
+    if (rc != DP_OK)
+        return rc;
     if (n > (1u << 24))
         return dp_fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
     dp_values *v = calloc(1, sizeof *v);
@@ -593,7 +735,6 @@ dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values *
         v->items[i].key = keys[i];
         v->items[i].desc = &v->descs[i];
     }
-    int rc = DP_OK;
     pthread_mutex_lock(&c->mu);
     v->c = c;
     c->n_values++; /* v keeps c alive until dp_values_destroy */

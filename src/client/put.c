@@ -1,13 +1,17 @@
 /*
- * dp_client_put (DESIGN section 5): one blob per unit, alloc on every unit at
- * once, WRITE every blob at once, and each unit's commit sent the moment its
- * own WRITE is done (so a unit publishes while the other WRITEs still run),
- * then every commit reply awaited under one deadline.
+ * dp_client_put (docs/design.md, "Client put"): one blob per unit, alloc on
+ * every unit at once, WRITE every blob at once, and each unit's commit sent
+ * the moment its own WRITE is done (so a unit publishes while the other
+ * WRITEs still run), then every commit reply awaited under one deadline.
  *
  * Each unit's part moves through ALLOC -> WRITE -> COMMIT -> DONE, or ends in
  * FAILED with its own code and detail; one unit failing does not stop the
  * others (a batch spanning units is not atomic), and the caller learns per
  * row what landed.
+ *
+ * Rows are grouped by unit with dp__groups, requests go through the client's
+ * fanout scratch (dp__client_prepare_locked) and replies are decoded with
+ * dp__fanout_reply (client/fanout.h); the phases below send on their own.
  *
  * The blob's header and index always go through the staging buffer. A
  * payload in memory registered with the client is written straight from
@@ -236,24 +240,13 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         }
         if (ns == 0)
             return;
-        dp_ctl_call_many(c->ctl, c->items, ns, dp__client_round_timeout(deadline));
+        dp_ctl_call_many(c->ctl, c->fo.items, ns, dp__client_round_timeout(deadline));
         bool busy = false;
         for (size_t s = 0; s < ns; s++) {
             put_unit *pu = &pus[slot_pu[s]];
-            dp_ctl_item *it = &c->items[s];
-            if (it->rc != 0) {
-                /* The unit may have allocated and its reply got lost. */
-                pu->det = it->det;
-                pu->rc = it->rc;
-                pu->state = ST_FAILED;
-                if (it->rc == DP_ETRANSFER)
-                    c->cnt.units_down++;
-                send_abort_locked(c, pu, false);
-                continue;
-            }
+            dp_ctl_item *it = &c->fo.items[s];
             dp_wire_reply rep;
-            int rc = dp_wire_reply_decode(it->reply.data, it->reply.len, DP_WIRE_OP_ALLOC,
-                                          NULL, &rep, &pu->det);
+            int rc = dp__fanout_reply(it, DP_WIRE_OP_ALLOC, &rep, &pu->det);
             if (rc == 0 &&
                 dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
                 /* Another process answered: free what it allocated, WRITE nothing. */
@@ -284,6 +277,9 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                                     "alloc stayed busy for the whole budget");
                 }
             } else {
+                /* No reply, or none that decodes: the unit may have allocated. */
+                if (it->rc == DP_ETRANSFER)
+                    c->cnt.units_down++;
                 pu->rc = rc;
                 pu->state = ST_FAILED;
                 send_abort_locked(c, pu, false);
@@ -296,7 +292,7 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
     }
 }
 
-/* Sends the commit of unit pu as c->items[slot]; sent[slot] says it went. */
+/* Sends the commit of unit pu as c->fo.items[slot]; sent[slot] says it went. */
 static void
 send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
 {
@@ -312,7 +308,7 @@ send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
         return;
     }
     /* A failed send leaves its code in the item: the reply loop reports it. */
-    dp_ctl_send(c->ctl, &c->items[slot]);
+    dp_ctl_send(c->ctl, &c->fo.items[slot]);
     sent[slot] = true;
 }
 
@@ -448,13 +444,13 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         /* Give a commit a moment (50 ms) even when the budget is spent: its WRITE is
          * done. */
         double left = DP_MAX(dp__client_left(deadline), 0.05);
-        dp_ctl_wait_many(c->ctl, c->items, ns, left);
+        dp_ctl_wait_many(c->ctl, c->fo.items, ns, left);
         bool again = false;
         for (size_t s = 0; s < ns; s++) {
             if (!sent[s])
                 continue;
             put_unit *pu = &pus[slot_pu[s]];
-            dp_ctl_item *it = &c->items[s];
+            dp_ctl_item *it = &c->fo.items[s];
             if (it->rc != 0) {
                 pu->det = it->det;
                 if (it->rc == DP_ETRANSFER)
@@ -467,8 +463,7 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 continue;
             }
             dp_wire_reply rep;
-            int rc = dp_wire_reply_decode(it->reply.data, it->reply.len,
-                                          DP_WIRE_OP_COMMIT, NULL, &rep, &pu->det);
+            int rc = dp__fanout_reply(it, DP_WIRE_OP_COMMIT, &rep, &pu->det);
             if (rc == 0 &&
                 dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
                 /* The process that took the WRITE is gone: its rows did not land. */
@@ -527,8 +522,8 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
 
 /* The detail of a put with failed units: which units, why, which rows. */
 static void
-put_report(dp_client *c, const put_unit *pus, size_t npu, const uint32_t *order,
-           const uint32_t *cnt, const uint64_t *gidxs, size_t n_rows, dp_detail *d)
+put_report(dp_client *c, const put_unit *pus, size_t npu, const dp__groups *g,
+           const uint64_t *gidxs, size_t n_rows, dp_detail *d)
 {
     size_t bad = 0;
     const put_unit *first = NULL;
@@ -550,93 +545,101 @@ put_report(dp_client *c, const put_unit *pus, size_t npu, const uint32_t *order,
         if (pus[i].state != ST_FAILED)
             continue;
         uint32_t u = pus[i].u;
-        for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
-            dp__detail_append(d, " %" PRIu64, gidxs[order[k]]);
+        for (uint32_t k = g->start[u]; k < g->start[u + 1]; k++)
+            dp__detail_append(d, " %" PRIu64, gidxs[g->order[k]]);
     }
 }
 
-int
-dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
-              const char *const *fields, size_t n_fields, const dp_value *values,
-              int *row_status, dp_detail *d)
+/* One put's per-call arrays (put_arrays_make / _fini). */
+typedef struct put_arrays {
+    dp__groups g;  /* the rows grouped by unit */
+    put_unit *pus; /* one per unit with something to put (npu) */
+    size_t npu;
+    const dp_value **ent_val; /* every entry's value, unit by unit */
+    dp_range *local, *remote; /* the WRITEs' ranges */
+    uint32_t *slot_pu;
+    dp_xfer_desc *ops;
+    int *results;
+    bool *sent;
+    size_t *flen; /* field name lengths */
+} put_arrays;
+
+static void
+put_arrays_fini(put_arrays *a)
 {
-    int rc = check_args(c, gidxs, n_rows, fields, n_fields, values, d);
-    if (rc != 0)
-        return rc;
-    if (row_status != NULL)
-        for (size_t r = 0; r < n_rows; r++)
-            row_status[r] = 0;
-    if (n_rows == 0 || n_fields == 0)
-        return DP_OK;
-    rc = check_unique_rows(gidxs, n_rows, d);
-    if (rc != 0)
-        return rc;
+    dp__groups_fini(&a->g);
+    free(a->pus);
+    free(a->ent_val);
+    free(a->local);
+    free(a->remote);
+    free(a->slot_pu);
+    free(a->ops);
+    free(a->results);
+    free(a->sent);
+    free(a->flen);
+    memset(a, 0, sizeof *a);
+}
 
-    pthread_mutex_lock(&c->mu);
-    double deadline = dp_now_s() + c->o.timeout_s;
-    uint32_t N = c->n_units;
+static int
+put_arrays_make(put_arrays *a, uint32_t N, const uint64_t *gidxs, size_t n_rows,
+                const char *const *fields, size_t n_fields, dp_detail *d)
+{
+    memset(a, 0, sizeof *a);
     size_t n_cells = n_rows * n_fields;
-    uint32_t *cnt = calloc((size_t)N + 1, sizeof *cnt);
-    uint32_t *order = malloc(n_rows * sizeof *order);
-    put_unit *pus = calloc(N, sizeof *pus);
-    const dp_value **ent_val = malloc(n_cells * sizeof *ent_val);
-    dp_range *local = malloc((n_cells + N) * sizeof *local);
-    dp_range *remote = malloc((n_cells + N) * sizeof *remote);
-    uint32_t *slot_pu = malloc(N * sizeof *slot_pu);
-    dp_xfer_desc *ops = malloc(N * sizeof *ops);
-    int *results = malloc(N * sizeof *results);
-    bool *sent = calloc(N, sizeof *sent);
-    uint32_t *pos = calloc(N, sizeof *pos);
-    size_t *flen = malloc(n_fields * sizeof *flen);
-    dp__buf *stage = NULL;
-    size_t npu = 0;
-    if (cnt == NULL || order == NULL || pus == NULL || ent_val == NULL || local == NULL ||
-        remote == NULL || slot_pu == NULL || ops == NULL || results == NULL ||
-        sent == NULL || pos == NULL || flen == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "put: out of memory");
-        goto out;
-    }
-
+    a->pus = calloc(N, sizeof *a->pus);
+    a->ent_val = malloc(n_cells * sizeof *a->ent_val);
+    a->local = malloc((n_cells + N) * sizeof *a->local);
+    a->remote = malloc((n_cells + N) * sizeof *a->remote);
+    a->slot_pu = malloc(N * sizeof *a->slot_pu);
+    a->ops = malloc(N * sizeof *a->ops);
+    a->results = malloc(N * sizeof *a->results);
+    a->sent = calloc(N, sizeof *a->sent);
+    a->flen = malloc(n_fields * sizeof *a->flen);
+    if (a->pus == NULL || a->ent_val == NULL || a->local == NULL || a->remote == NULL ||
+        a->slot_pu == NULL || a->ops == NULL || a->results == NULL || a->sent == NULL ||
+        a->flen == NULL)
+        return dp_fail(d, DP_ENOMEM, "put: out of memory");
     for (size_t f = 0; f < n_fields; f++)
-        flen[f] = strlen(fields[f]); /* checked by check_args */
-    /* Group rows by unit (counting sort, stable). */
-    for (size_t r = 0; r < n_rows; r++)
-        cnt[gidxs[r] % N + 1]++;
-    for (uint32_t u = 0; u < N; u++)
-        cnt[u + 1] += cnt[u];
-    for (size_t r = 0; r < n_rows; r++) {
-        uint32_t u = (uint32_t)(gidxs[r] % N);
-        order[cnt[u] + pos[u]++] = (uint32_t)r;
-    }
+        a->flen[f] = strlen(fields[f]); /* checked by check_args */
+    return dp__groups_make(&a->g, N, gidxs, n_rows, d);
+}
 
-    /* One blob per unit: index, layout, staging needs. */
-    size_t stage_total = 0, n_ent = 0;
-    for (uint32_t u = 0; u < N; u++) {
-        if (cnt[u + 1] == cnt[u])
+/*
+ * One blob per unit with rows: index, layout, staging needs, blob id. The
+ * parts go into a->pus (a->npu); *stage_total is the staging they need.
+ */
+static int
+put_plan_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
+                const char *const *fields, size_t n_fields, const dp_value *values,
+                size_t *stage_total, dp_detail *d)
+{
+    size_t n_ent = 0;
+    *stage_total = 0;
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        if (dp__groups_count(&a->g, u) == 0)
             continue;
-        put_unit *pu = &pus[npu];
+        put_unit *pu = &a->pus[a->npu];
         pu->u = u;
-        pu->n_rows = cnt[u + 1] - cnt[u];
+        pu->n_rows = dp__groups_count(&a->g, u);
         pu->ent0 = (uint32_t)n_ent;
-        rc = build_unit_locked(c, pu, order + cnt[u], gidxs, fields, flen, n_fields,
-                               values, ent_val, d);
+        int rc = build_unit_locked(c, pu, a->g.order + a->g.start[u], gidxs, fields,
+                                   a->flen, n_fields, values, a->ent_val, d);
         if (rc != 0)
-            goto out;
+            return rc;
         if (pu->n_ent == 0)
             continue; /* every cell skipped: nothing to send */
         n_ent += pu->n_ent;
         /* Too big for the put area and (spilling) for the IO area: refused up front. */
         if (pu->lay.total_len > c->units[u].slab_bytes &&
-            (c->o.no_spill || pu->lay.total_len > c->units[u].io_bytes)) {
-            rc = dp_fail(d, DP_ETOOBIG,
-                         "put: the blob for unit %u (%s) needs %" PRIu64
-                         " bytes, more than its slab of %" PRIu64 " bytes",
-                         u, c->units[u].addr, pu->lay.total_len, c->units[u].slab_bytes);
-            goto out;
-        }
+            (c->o.no_spill || pu->lay.total_len > c->units[u].io_bytes))
+            return dp_fail(d, DP_ETOOBIG,
+                           "put: the blob for unit %u (%s) needs %" PRIu64
+                           " bytes, more than its slab of %" PRIu64 " bytes",
+                           u, c->units[u].addr, pu->lay.total_len,
+                           c->units[u].slab_bytes);
         bool any_staged = false;
         for (uint32_t i = 0; i < pu->n_ent; i++) {
-            const dp_value *v = ent_val[pu->ent0 + i];
+            const dp_value *v = a->ent_val[pu->ent0 + i];
             if (v->nbytes == 0)
                 continue;
             if (dp__client_direct_locked(c, v->data, v->nbytes))
@@ -644,31 +647,35 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
             else
                 any_staged = true;
         }
-        pu->stage_off = stage_total;
+        pu->stage_off = *stage_total;
         pu->stage_len = any_staged ? pu->lay.total_len : pu->lay.payload_off;
-        stage_total += DP_ALIGN_UP(pu->stage_len, 64);
+        *stage_total += DP_ALIGN_UP(pu->stage_len, 64);
         snprintf(pu->blob_id, sizeof pu->blob_id, "%s-%" PRIx64, c->blob_prefix,
                  ++c->blob_seq);
         pu->state = ST_ALLOC;
-        npu++;
+        a->npu++;
     }
-    if (npu == 0)
-        goto out;
+    return DP_OK;
+}
 
-    /* Staging: header + index of every blob, and the payloads to copy. */
-    rc = dp__client_buf_get_locked(c, stage_total, DP__BUF_STAGING, &stage, d);
-    if (rc != 0) {
-        stage = NULL;
-        goto out;
-    }
+/*
+ * Staging: the header and index of every blob, and the payloads to copy;
+ * the local ranges of each WRITE (a payload written from registered memory
+ * is a range of its own, its offset in the blob kept in remote[].nbytes
+ * until the alloc answers).
+ */
+static int
+put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
+{
     size_t nr = 0;
-    for (size_t i = 0; i < npu; i++) {
-        put_unit *pu = &pus[i];
-        uint8_t *base = stage->p + pu->stage_off;
+    dp_range *local = a->local, *remote = a->remote;
+    for (size_t i = 0; i < a->npu; i++) {
+        put_unit *pu = &a->pus[i];
+        uint8_t *base = stage + pu->stage_off;
         dp_blob_builder *b = c->builders[pu->u];
-        rc = dp_blob_builder_write(b, base, pu->stage_len, d);
+        int rc = dp_blob_builder_write(b, base, pu->stage_len, d);
         if (rc != 0)
-            goto out;
+            return rc;
         pu->r0 = nr;
         if (!pu->any_direct) {
             local[nr++] = (dp_range){(uint64_t)(uintptr_t)base, pu->lay.total_len};
@@ -676,7 +683,7 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
             local[nr++] = (dp_range){(uint64_t)(uintptr_t)base, pu->lay.payload_off};
         }
         for (uint32_t e = 0; e < pu->n_ent; e++) {
-            const dp_value *v = ent_val[pu->ent0 + e];
+            const dp_value *v = a->ent_val[pu->ent0 + e];
             if (v->nbytes == 0)
                 continue;
             uint64_t off = dp_blob_builder_offset(b, e);
@@ -694,88 +701,129 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         }
         pu->nr = nr - pu->r0;
     }
+    return DP_OK;
+}
 
-    /* Re-bind units that restarted or whose endpoint failed; others wait. */
-    {
-        uint32_t *us = malloc(npu * sizeof *us);
-        int *rcs = malloc(npu * sizeof *rcs);
-        dp_detail *dets = malloc(npu * sizeof *dets);
-        if (us == NULL || rcs == NULL || dets == NULL) {
-            free(us);
-            free(rcs);
-            free(dets);
-            rc = dp_fail(d, DP_ENOMEM, "put: out of memory");
-            goto out;
-        }
-        for (size_t i = 0; i < npu; i++)
-            us[i] = pus[i].u;
-        dp__client_ready_locked(c, us, npu, deadline, rcs, dets);
-        for (size_t i = 0; i < npu; i++)
-            if (rcs[i] != 0) {
-                pus[i].rc = rcs[i];
-                pus[i].det = dets[i];
-                pus[i].state = ST_FAILED;
-            }
-        free(us);
-        free(rcs);
-        free(dets);
+/* Re-bind units that restarted or whose endpoint failed; others wait. */
+static int
+put_ready_locked(dp_client *c, put_arrays *a, double deadline, dp_detail *d)
+{
+    size_t npu = a->npu;
+    uint32_t *us = malloc(npu * sizeof *us);
+    int *rcs = malloc(npu * sizeof *rcs);
+    dp_detail *dets = malloc(npu * sizeof *dets);
+    int rc = DP_OK;
+    if (us == NULL || rcs == NULL || dets == NULL) {
+        rc = dp_fail(d, DP_ENOMEM, "put: out of memory");
+        goto out;
     }
-    alloc_phase_locked(c, pus, npu, slot_pu, deadline);
-    if (dp__client_test_hook != NULL)
-        dp__client_test_hook("put:allocated");
+    for (size_t i = 0; i < npu; i++)
+        us[i] = a->pus[i].u;
+    dp__client_ready_locked(c, us, npu, deadline, rcs, dets);
+    for (size_t i = 0; i < npu; i++)
+        if (rcs[i] != 0) {
+            a->pus[i].rc = rcs[i];
+            a->pus[i].det = dets[i];
+            a->pus[i].state = ST_FAILED;
+        }
+out:
+    free(us);
+    free(rcs);
+    free(dets);
+    return rc;
+}
 
-    /* Remote ranges now that the offsets are known. */
-    for (size_t i = 0; i < npu; i++) {
-        put_unit *pu = &pus[i];
+/* Remote ranges now that the offsets are known; each header names its allocation. */
+static void
+put_remote_ranges_locked(dp_client *c, put_arrays *a, uint8_t *stage)
+{
+    for (size_t i = 0; i < a->npu; i++) {
+        put_unit *pu = &a->pus[i];
         if (pu->state != ST_WRITE)
             continue;
         uint64_t rbase = c->units[pu->u].slab_addr + pu->off;
         /* The header names the allocation: only it can publish these bytes. */
-        dp_blob_header_set_alloc(stage->p + pu->stage_off, c->units[pu->u].incarnation,
+        dp_blob_header_set_alloc(stage + pu->stage_off, c->units[pu->u].incarnation,
                                  pu->token);
-        remote[pu->r0] = (dp_range){rbase, local[pu->r0].nbytes};
+        a->remote[pu->r0] = (dp_range){rbase, a->local[pu->r0].nbytes};
         for (size_t k = pu->r0 + 1; k < pu->r0 + pu->nr; k++)
-            remote[k] = (dp_range){rbase + remote[k].nbytes, local[k].nbytes};
+            a->remote[k] = (dp_range){rbase + a->remote[k].nbytes, a->local[k].nbytes};
     }
-    size_t nw = write_phase_locked(c, pus, npu, ops, results, slot_pu, sent, local,
-                                   remote, deadline);
-    commit_phase_locked(c, pus, npu, slot_pu, sent, nw, deadline);
+}
 
+/* Which rows landed (row_status) and the report of the failed units. */
+static int
+put_outcome_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
+                   size_t n_rows, int *row_status, dp_detail *d)
+{
     bool failed = false;
-    for (size_t i = 0; i < npu; i++) {
-        put_unit *pu = &pus[i];
+    int first = DP_OK;
+    for (size_t i = 0; i < a->npu; i++) {
+        const put_unit *pu = &a->pus[i];
         if (pu->state != ST_FAILED)
             continue;
         failed = true;
+        if (first == DP_OK)
+            first = pu->rc;
         if (row_status != NULL)
-            for (uint32_t k = cnt[pu->u]; k < cnt[pu->u + 1]; k++)
-                row_status[order[k]] = pu->rc;
+            for (uint32_t k = a->g.start[pu->u]; k < a->g.start[pu->u + 1]; k++)
+                row_status[a->g.order[k]] = pu->rc;
     }
-    if (failed) {
-        put_report(c, pus, npu, order, cnt, gidxs, n_rows, d);
-        rc = d != NULL ? d->code : DP_ETRANSFER;
-        if (d == NULL)
-            for (size_t i = 0; i < npu; i++)
-                if (pus[i].state == ST_FAILED) {
-                    rc = pus[i].rc;
-                    break;
-                }
+    if (!failed)
+        return DP_OK;
+    put_report(c, a->pus, a->npu, &a->g, gidxs, n_rows, d);
+    return d != NULL ? d->code : first;
+}
+
+int
+dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
+              const char *const *fields, size_t n_fields, const dp_value *values,
+              int *row_status, dp_detail *d)
+{
+    int rc = check_args(c, gidxs, n_rows, fields, n_fields, values, d);
+    if (rc == 0)
+        rc = dp__client_data_check(c, "put", d);
+    if (rc != 0)
+        return rc;
+    if (row_status != NULL)
+        for (size_t r = 0; r < n_rows; r++)
+            row_status[r] = 0;
+    if (n_rows == 0 || n_fields == 0)
+        return DP_OK;
+    rc = check_unique_rows(gidxs, n_rows, d);
+    if (rc != 0)
+        return rc;
+
+    pthread_mutex_lock(&c->mu);
+    double deadline = dp_now_s() + c->o.timeout_s;
+    put_arrays a;
+    dp__buf *stage = NULL;
+    size_t stage_total = 0;
+    rc = put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, d);
+    if (rc == 0)
+        rc = put_plan_locked(c, &a, gidxs, fields, n_fields, values, &stage_total, d);
+    if (rc != 0 || a.npu == 0)
+        goto out;
+    rc = dp__client_buf_get_locked(c, stage_total, DP__BUF_STAGING, &stage, d);
+    if (rc != 0) {
+        stage = NULL;
+        goto out;
     }
+    if ((rc = put_stage_locked(c, &a, stage->p, d)) != 0 ||
+        (rc = put_ready_locked(c, &a, deadline, d)) != 0)
+        goto out;
+    alloc_phase_locked(c, a.pus, a.npu, a.slot_pu, deadline);
+    if (dp__client_test_hook != NULL)
+        dp__client_test_hook("put:allocated");
+    put_remote_ranges_locked(c, &a, stage->p);
+    size_t nw = write_phase_locked(c, a.pus, a.npu, a.ops, a.results, a.slot_pu, a.sent,
+                                   a.local, a.remote, deadline);
+    commit_phase_locked(c, a.pus, a.npu, a.slot_pu, a.sent, nw, deadline);
+    rc = put_outcome_locked(c, &a, gidxs, n_rows, row_status, d);
 out:
     if (stage != NULL)
         dp__client_buf_put_locked(c, stage->p);
     pthread_mutex_unlock(&c->mu);
-    free(cnt);
-    free(order);
-    free(pus);
-    free(ent_val);
-    free(local);
-    free(remote);
-    free(slot_pu);
-    free(ops);
-    free(results);
-    free(sent);
-    free(pos);
-    free(flen);
+    put_arrays_fini(&a);
     return rc;
 }
