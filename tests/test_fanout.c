@@ -123,6 +123,7 @@ cluster_of(const fake *fs, uint32_t n, dp_cluster *cl, dp_cluster_unit *us)
         us[i].id = i;
         snprintf(us[i].zmq, sizeof us[i].zmq, "%s", dp_ctl_server_address(fs[i].srv));
     }
+    memset(cl, 0, sizeof *cl); /* no cluster id: only index and size are checked */
     cl->n_units = n;
     cl->units = us;
 }

@@ -43,6 +43,10 @@ static const char usage_unit[] =
     "  --reclaim-grace-s S  a retired region (or an open alloc) of a writer on this\n"
     "                       host using shared memory comes back S seconds after its\n"
     "                       process exited; 'never' keeps retired regions for good (5)\n"
+    "  --cluster-id ID      the cluster this unit belongs to (1..64 of "
+    "[A-Za-z0-9_.:-]);\n"
+    "                       info reports it and clients whose cluster file names\n"
+    "                       another id refuse the unit (`up` sets one per cluster)\n"
     "  --numa MODE          auto, bind or off (auto); a no-op on one-node machines\n"
     "  --unit-id K          this unit's index in the cluster (0)\n"
     "  --units N            units in the cluster; row g belongs to unit g % N (1)\n"
@@ -72,6 +76,7 @@ dp__cmd_unit(int argc, char **argv)
         O_PIN,
         O_LEASE,
         O_RECLAIM,
+        O_CLUSTER_ID,
         O_NUMA,
         O_ID,
         O_UNITS,
@@ -87,6 +92,7 @@ dp__cmd_unit(int argc, char **argv)
         {"read-pin-s", required_argument, NULL, O_PIN},
         {"alloc-lease-s", required_argument, NULL, O_LEASE},
         {"reclaim-grace-s", required_argument, NULL, O_RECLAIM},
+        {"cluster-id", required_argument, NULL, O_CLUSTER_ID},
         {"numa", required_argument, NULL, O_NUMA},
         {"unit-id", required_argument, NULL, O_ID},
         {"units", required_argument, NULL, O_UNITS},
@@ -129,6 +135,11 @@ dp__cmd_unit(int argc, char **argv)
             break;
         case O_LEASE:
             rc = dp_parse_seconds(optarg, &uo.alloc_lease_s, "--alloc-lease-s", &d);
+            break;
+        case O_CLUSTER_ID:
+            if (dp_wire_check_id(dp_wire_s(optarg), NULL, "--cluster-id", &d) != DP_OK)
+                rc = DP_EINVAL;
+            uo.cluster_id = optarg;
             break;
         case O_RECLAIM:
             if (strcmp(optarg, "never") == 0)

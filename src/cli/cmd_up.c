@@ -81,6 +81,7 @@ typedef struct up_opts {
     const char *read_pin_s, *alloc_lease_s, *reclaim_grace_s, *numa;
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
+    char cluster_id[40]; /* drawn at start, given to every unit and the file */
 } up_opts;
 
 static int
@@ -360,6 +361,8 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, dp_detail *d)
     PASS("--read-pin-s", o->read_pin_s);
     PASS("--alloc-lease-s", o->alloc_lease_s);
     PASS("--reclaim-grace-s", o->reclaim_grace_s);
+    args[k++] = "--cluster-id";
+    args[k++] = o->cluster_id;
     PASS("--numa", o->numa);
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);
@@ -504,9 +507,10 @@ start_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
 
 /* Write the cluster file of the started units; false (said) if it fails. */
 static bool
-write_cluster(const dp__sup *s, const char *path, dp_detail *d)
+write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id, dp_detail *d)
 {
     dp_cluster cl = {.n_units = s->n, .units = calloc(s->n, sizeof(dp_cluster_unit))};
+    snprintf(cl.cluster_id, sizeof cl.cluster_id, "%s", o_cluster_id);
     if (cl.units == NULL) {
         dp__cli_fail("up", dp_fail(d, DP_ENOMEM, "out of memory"), d);
         return false;
@@ -560,6 +564,15 @@ dp__cmd_up(int argc, char **argv)
     int st = parse_opts(argc, argv, &o);
     if (st >= 0)
         return st;
+    {
+        /* One id for this cluster: its units and its file name it. */
+        char rnd[33];
+        dp_detail rd;
+        dp_detail_clear(&rd);
+        if (dp_random_hex_id(rnd, &rd) != DP_OK)
+            return dp__cli_fail("up", rd.code, &rd);
+        snprintf(o.cluster_id, sizeof o.cluster_id, "up-%.24s", rnd);
+    }
 
     /* Before any thread or child exists: the event loop reads these from a signalfd. */
     sigset_t sigs;
@@ -578,7 +591,8 @@ dp__cmd_up(int argc, char **argv)
     if (rc != DP_OK) {
         status = dp__cli_fail("up", rc, &d);
     } else {
-        bool wrote = start_units(&s, &o, path, &d) && write_cluster(&s, path, &d);
+        bool wrote =
+            start_units(&s, &o, path, &d) && write_cluster(&s, path, o.cluster_id, &d);
         if (wrote) {
             printf("cluster of %u unit%s up: %s\n"
                    "clients find it with --cluster %s, or:\n"

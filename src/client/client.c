@@ -612,6 +612,7 @@ info_opts(const dp_client *c)
     dp__fanout_opts o = c->words;
     o.flags |= DP__FANOUT_IDENTITY;
     o.n_units = c->n_units;
+    o.cluster_id = c->cluster_id;
     return o;
 }
 
@@ -810,11 +811,13 @@ dp_client_counters_get(dp_client *c, dp_client_counters *out)
 }
 
 static int
-open_common(const char *const *addrs, uint32_t n, const dp_client_opts *opts,
-            dp_client **out, dp_detail *d)
+open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
+            const dp_client_opts *opts, dp_client **out, dp_detail *d)
 {
     dp_client *c = NULL;
     int rc = client_new(opts, n, false, &c, d);
+    if (rc == 0 && cluster_id != NULL)
+        snprintf(c->cluster_id, sizeof c->cluster_id, "%s", cluster_id);
     for (uint32_t u = 0; rc == 0 && u < n; u++)
         rc = set_addr(c, u, addrs[u], d);
     if (rc == 0) {
@@ -837,7 +840,7 @@ dp_client_open_units(const char *const *addrs, uint32_t n_units,
     if (out == NULL || (addrs == NULL && n_units > 0))
         return dp_fail(d, DP_EINVAL, "dp_client_open_units: NULL argument");
     *out = NULL;
-    return open_common(addrs, n_units, opts, out, d);
+    return open_common(addrs, n_units, NULL, opts, out, d);
 }
 
 int
@@ -863,7 +866,7 @@ dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
     }
     for (uint32_t u = 0; u < cl.n_units; u++)
         addrs[u] = cl.units[u].zmq;
-    rc = open_common(addrs, cl.n_units, opts, out, d);
+    rc = open_common(addrs, cl.n_units, cl.cluster_id, opts, out, d);
     if (rc != 0)
         dp_fail_ctx(d, rc, "cluster %s", path);
     free(addrs);
@@ -897,6 +900,8 @@ dp__client_open_ctl(const dp_cluster *cl, const dp_client_opts *opts,
     int rc = client_new(opts, cl->n_units, true, &c, d);
     for (uint32_t u = 0; rc == DP_OK && u < cl->n_units; u++)
         rc = set_addr(c, u, cl->units[u].zmq, d);
+    if (rc == DP_OK)
+        snprintf(c->cluster_id, sizeof c->cluster_id, "%s", cl->cluster_id);
     if (rc == DP_OK && words != NULL) {
         bool oom = false;
         c->words.listed_by = dup_or_null(words->listed_by, &oom);

@@ -100,7 +100,8 @@ struct dp_client {
     pthread_mutex_t mu; /* guards everything below that is not constant */
     dp_client_opts o;
     char name[256];
-    dp_endpoint *ep; /* NULL: a control-only client (dp__client_open_ctl) */
+    char cluster_id[65]; /* the cluster file's id ("" for none): units must report it */
+    dp_endpoint *ep;     /* NULL: a control-only client (dp__client_open_ctl) */
     dp_ctl_client *ctl;
     dp_wire_rid_gen rids;
     char blob_prefix[17]; /* random per client: blob ids "<prefix>-<seq>" */

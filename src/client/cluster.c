@@ -223,6 +223,26 @@ dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
         rc = dp_fail(d, DP_EPROTO, "cluster file %s: \"version\" must be 1", path);
         goto out;
     }
+    const cJSON *cid = cJSON_GetObjectItemCaseSensitive(root, "cluster");
+    if (cid != NULL) {
+        const char *v = cJSON_IsString(cid) ? cid->valuestring : NULL;
+        size_t vn = v != NULL ? strlen(v) : 0;
+        bool ok = vn >= 1 && vn < sizeof out->cluster_id;
+        for (size_t k = 0; ok && k < vn; k++) {
+            char ch = v[k];
+            ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                 (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' ||
+                 ch == '-';
+        }
+        if (!ok) {
+            rc = dp_fail(d, DP_EPROTO,
+                         "cluster file %s: \"cluster\" must be 1..%zu bytes of "
+                         "[A-Za-z0-9_.:-]",
+                         path, sizeof out->cluster_id - 1);
+            goto out;
+        }
+        memcpy(out->cluster_id, v, vn + 1);
+    }
     int n = cJSON_GetArraySize(units);
     if (!cJSON_IsArray(units) || n < 1 || n > DP_CLUSTER_MAX_UNITS) {
         rc = dp_fail(d, DP_EPROTO,
@@ -294,7 +314,9 @@ dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
     cJSON *root = cJSON_CreateObject();
     cJSON *units = cJSON_AddArrayToObject(root, "units");
     if (root == NULL || units == NULL ||
-        cJSON_AddNumberToObject(root, "version", 1) == NULL) {
+        cJSON_AddNumberToObject(root, "version", 1) == NULL ||
+        (c->cluster_id[0] != '\0' &&
+         cJSON_AddStringToObject(root, "cluster", c->cluster_id) == NULL)) {
         rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
         goto out;
     }

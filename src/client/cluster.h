@@ -3,7 +3,7 @@
  * `dataplane up` (or any launcher) and read by clients. Row gidx belongs to
  * units[gidx % n_units], so the order is part of the data's placement.
  *
- *   {"version": 1,
+ *   {"version": 1, "cluster": "up-6f1c...",
  *    "units": [{"id": 0, "zmq": "tcp://127.0.0.1:41234", "agent": "unit-0", "pid": 123,
  *               "incarnation": "9f3c0a5d11e2b7c4"},
  *              ...]}
@@ -42,6 +42,12 @@ typedef struct dp_cluster_unit {
 typedef struct dp_cluster {
     uint32_t n_units;
     dp_cluster_unit *units; /* units[i].id == i */
+    /*
+     * The cluster's id ("cluster": optional, 1..64 bytes of [A-Za-z0-9_.:-];
+     * "" when the file has none): every unit must report the same id, so a
+     * file mixing units of two clusters is refused.
+     */
+    char cluster_id[65];
 } dp_cluster;
 
 /* The default directory into buf; returns buf. */

@@ -219,8 +219,22 @@ check_identity(dp__fanout *f, uint32_t u, const dp__fanout_opts *o)
     dp__fanout_unit *r = &f->u[u];
     const dp_wire_info *in = &r->rep.r.info;
     uint32_t n = o->n_units > 0 ? o->n_units : f->n;
-    if (in->unit_id == u && in->n_units == n)
+    if (in->unit_id == u && in->n_units == n &&
+        (o->cluster_id == NULL || o->cluster_id[0] == '\0' ||
+         dp_wire_str_eq(in->cluster, o->cluster_id)))
         return;
+    if (in->unit_id == u && in->n_units == n) {
+        char got[72];
+        dp_wire_str_copy(in->cluster, got, sizeof got);
+        r->misplaced = true;
+        dp__fanout_fail(f, u, DP_EPROTO, " ",
+                        "belongs to cluster '%s', but %s names cluster '%s' (a unit "
+                        "from another cluster)%s",
+                        got[0] ? got : "(none)",
+                        o->listed_by ? o->listed_by : "the cluster", o->cluster_id,
+                        o->misplaced_hint ? o->misplaced_hint : "");
+        return;
+    }
     r->misplaced = true;
     dp__fanout_fail(f, u, DP_EPROTO, " ",
                     "says it is unit %" PRIu64 " of %" PRIu64

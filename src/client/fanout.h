@@ -81,6 +81,7 @@ typedef struct dp__fanout_opts {
     const char *listed_by;      /* IDENTITY: whose list it contradicts ("the cluster") */
     const char *misplaced_hint; /* appended to an IDENTITY failure ("") */
     const char *silence_hint;   /* appended to "did not answer OP within S s" ("") */
+    const char *cluster_id;     /* IDENTITY: the id every unit must report (NULL: any) */
 } dp__fanout_opts;
 
 /*

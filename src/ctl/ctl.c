@@ -783,6 +783,7 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
         if (it->rc == DP_CTL_PENDING) {
             /* No reply in time: the socket may still get one; never reuse it. */
             csock *cs = it->sock;
+            drain_events(cs); /* a handshake may have come after the last look */
             bool never_up = !cs->sent_up && cs->n_handshakes == cs->sent_handshakes;
             sock_close(cs);
             it->sock = NULL;

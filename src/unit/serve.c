@@ -337,6 +337,20 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         dp_wire_request_fini(&req);
         return;
     }
+    /*
+     * A request older than one its client sent later arrived on a connection
+     * the client gave up: refused (a notify dropped), except unpin, which
+     * only ends a pin (docs/design.md, "Request order").
+     */
+    if (req.op != DP_WIRE_OP_UNPIN &&
+        dp_unit_order_check(u, req.rid.p, req.rid.n, &d) != DP_OK) {
+        DP_LOG_W("unit %u: %s %s", dp_unit_id(u), dp_wire_op_name(req.op),
+                 dp_detail_msg(&d));
+        if (!dp_wire_op_is_notify(req.op))
+            reply_error(u, req.rid, DP_EPROTO, &d, NULL, reply);
+        dp_wire_request_fini(&req);
+        return;
+    }
     dp_wire_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.op = req.op;

@@ -252,10 +252,17 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
                 opts->io_threads == 0 || opts->io_threads > 256))
         return dp_fail(d, DP_EINVAL,
                        "unit: pickup_s must be >= 0 and io_threads 1..256 with ssd_dir");
+    size_t cid_len = opts->cluster_id != NULL ? strlen(opts->cluster_id) : 0;
+    if (cid_len > 0 && !valid_id(opts->cluster_id, cid_len))
+        return dp_fail(d, DP_EINVAL,
+                       "unit: cluster id '%s' must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                       opts->cluster_id, DP_UNIT_ID_MAX);
     dp_unit *u = calloc(1, sizeof *u);
     if (u == NULL)
         return dp_fail(d, DP_ENOMEM, "unit: out of memory");
     u->o = *opts;
+    memcpy(u->cluster_id, opts->cluster_id != NULL ? opts->cluster_id : "", cid_len + 1);
+    u->o.cluster_id = u->cluster_id;
     if (u->o.now == NULL)
         u->o.now = default_now;
     u->last_report = dp__unit_now(u);
@@ -283,6 +290,7 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     dp_map_init_u64(&u->rows);
     dp_map_init_str(&u->pins);
     dp_map_init_str(&u->superseded);
+    dp_map_init_str(&u->order);
     dp_unit_numa_apply(u->o.numa, u->o.unit_id, u->numa_desc, sizeof u->numa_desc);
     int rc = dp__writers_create(u->o.reclaim_grace_s, dp_host_key(), &u->writers, d);
     if (rc != 0)
@@ -444,6 +452,7 @@ dp_unit_destroy(dp_unit *u)
         dp__rec_free_locked(u, b);
     }
     dp__ssd_fini(u);
+    dp__order_fini(u);
     dp_map_fini(&u->rows);
     dp_map_fini(&u->blobs);
     dp_map_fini(&u->pins);
@@ -542,6 +551,7 @@ dp_unit_info_locked(dp_unit *u, dp_wire_info *info)
     info->proto = DP_WIRE_PROTO;
     info->pid = (uint64_t)getpid();
     info->host = dp__zview(dp_host_key());
+    info->cluster = dp__zview(u->cluster_id);
 }
 
 uint64_t
@@ -977,6 +987,7 @@ dp_unit_tick(dp_unit *u)
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
     u->stats.n_ticks++;
+    dp__order_sweep_locked(u, now);
     while (u->pin_head != NULL && u->pin_head->expiry <= now)
         dp__pin_end_locked(u, u->pin_head, true, now);
     /*

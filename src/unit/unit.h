@@ -70,6 +70,12 @@ typedef struct dp_unit_opts {
      */
     double reclaim_grace_s;
     /*
+     * The id of the cluster this unit was started for (NULL or "": none),
+     * 1..64 bytes of [A-Za-z0-9_.:-]; info reports it, so a client whose
+     * cluster file names another cluster refuses this unit. Copied at create.
+     */
+    const char *cluster_id;
+    /*
      * Name files and unlink them at once even where O_TMPFILE works (tests).
      * Either way, create removes names of that form (dp-spill-<32 hex>) that a
      * unit killed between its open and its unlink left in ssd_dir.
@@ -274,6 +280,19 @@ int dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
                                 dp_unit_resolve_keys_res *res, dp_detail *d);
 void dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
 
+/*
+ * Request order (docs/design.md, "Request order"). A request id of the form
+ * "<16 hex>-<hex counter>" names its client (the prefix) and its place among
+ * that client's requests (the counter, increasing). A request older than one
+ * this unit already took from the same client is stale: it travelled on a
+ * connection the client gave up (a timeout, a dropped link) and arrives late,
+ * after the client moved on; acting on it could undo what a later request did
+ * (a clear carried out after a confirmed put of the same rows). Returns
+ * DP_EPROTO (naming both counters) for a stale id, else DP_OK, and records
+ * the id as the client's newest. Ids of another form are never stale.
+ */
+int dp_unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d);
+
 /* End a pin (the reader is done). Unknown pins: no-op. */
 void dp_unit_unpin(dp_unit *u, const char *pin_id, size_t len);
 
@@ -317,7 +336,9 @@ void dp_unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(writers, "writers") /* read: with an open allocation or retired region */          \
     X(writers_gone, "writers_gone")         /* read: of those, proved unable to write */ \
     X(identity_refused, "identity_refused") /* commits naming another allocation */      \
-    X(leases_expired, "leases_expired")     /* allocations retired by the ticker */      \
+    X(stale_refused,                                                                     \
+      "stale_refused") /* requests older than one the client sent later */               \
+    X(leases_expired, "leases_expired") /* allocations retired by the ticker */          \
     X(pins_expired, "pins_expired")                                                      \
     X(allocated_bytes, "allocated_bytes")     /* read: the put area's allocator */       \
     X(free_bytes, "free_bytes")               /* read */                                 \

@@ -234,6 +234,7 @@ struct dp_unit {
     /* Info (unit.c) */
     char address[256];
     char numa_desc[128];
+    char cluster_id[DP_UNIT_ID_MAX + 1]; /* "" when none */
     /* The ticker (unit.c) and its log line (stats.c) */
     pthread_cond_t cv;
     pthread_t ticker;
@@ -261,6 +262,8 @@ struct dp_unit {
     uint64_t n_doomed;
     uint64_t resolving_epoch; /* set while a resolve starts a stage */
     dp_map superseded;        /* id -> superseded*, also listed oldest first */
+    dp_map order;             /* client prefix -> order_rec* (order.c) */
+    double order_swept;       /* when order.c last dropped idle clients */
     superseded *sup_head, *sup_tail;
     /* Checkpoints (ckpt.c) */
     struct hold_set *holds; /* running saves, each holding its snapshot */
@@ -372,5 +375,9 @@ void dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st);
  */
 void dp__unit_report_locked(dp_unit *u, double now, char *line, size_t cap,
                             char *ssd_line, size_t ssd_cap);
+
+/* Request order (order.c). */
+void dp__order_fini(dp_unit *u);
+void dp__order_sweep_locked(dp_unit *u, double now);
 
 #endif

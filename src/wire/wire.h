@@ -327,6 +327,7 @@ typedef struct dp_wire_info {
     uint64_t proto;       /* optional (0: before versions): DP_WIRE_PROTO it speaks */
     uint64_t pid;         /* optional: the unit's process id (diagnostics) */
     dp_wire_str host;     /* optional: the unit's host key (dp_host_key) */
+    dp_wire_str cluster;  /* optional: the id of the cluster it was started for ("") */
 } dp_wire_info;
 
 /* alloc: the region's offset and the allocation's token (the blob header names it). */
