@@ -1,6 +1,6 @@
 /*
  * Helpers the multi-host fault tests share (test_netns, test_outage): a
- * topology or a skip (exit 77), progress lines with timings, unit processes
+ * topology or a skip (DP_SKIP), progress lines with timings, unit processes
  * (the dataplane binary) and long-lived clients (dp_longclient) inside hosts,
  * their one-line answers, the checks every fault test makes on them (an
  * answer within its budget, never a false success) and recovery after a
@@ -26,21 +26,19 @@
 static double dp_lc_t_start;
 
 /*
- * A topology, or exit 77 with the reason (prefixed by the test program's
- * name) when the machine does not allow one.
+ * A topology, or the test ends as skipped (DP_SKIP) with the reason when the
+ * machine does not allow one (no root, no namespaces, no iptables). When
+ * every test of the program skips, it exits 77: CTest reports it skipped.
  */
 static inline dp_netns *
-dp_lc_topology(const char *program, uint32_t n_hosts, unsigned flags)
+dp_lc_topology(uint32_t n_hosts, unsigned flags)
 {
     dp_netns *n = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     int rc = dp_netns_create(n_hosts, flags, &n, &d);
-    if (rc == DP_EUNSUPPORTED) {
-        printf("SKIP %s: %s\n", program, dp_detail_msg(&d));
-        fflush(NULL);
-        exit(77);
-    }
+    if (rc == DP_EUNSUPPORTED)
+        DP_SKIP("%s", dp_detail_msg(&d));
     CHECK_OK_D(rc, &d);
     return n;
 }

@@ -1,6 +1,7 @@
 /*
- * Test helper shared by the unit, SSD tier and checkpoint tests: write a blob
- * into an allocation the way a client does.
+ * Test helpers shared by the unit, SSD tier and checkpoint tests: write a
+ * blob into an allocation the way a client does, check a unit's invariants,
+ * read its counters. Include after dp_test.h (CHECK).
  */
 #ifndef DP_TEST_UNIT_BLOB_H
 #define DP_TEST_UNIT_BLOB_H
@@ -22,6 +23,24 @@ dp_test_write_blob(dp_unit *u, const char *id, uint64_t off, const void *p, uint
     if (len >= DP_BLOB_HEADER_LEN)
         dp_blob_header_set_alloc(dp_unit_slab(u) + off, dp_unit_incarnation(u),
                                  dp_unit_alloc_token(u, id, strlen(id)));
+}
+
+/* The unit's invariants hold (dp_unit_check); the test fails otherwise. */
+static inline void
+dp_test_unit_check(dp_unit *u)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_unit_check(u, &d), &d);
+}
+
+/* The unit's counters now. */
+static inline dp_unit_stats
+dp_test_unit_stats(dp_unit *u)
+{
+    dp_unit_stats s;
+    dp_unit_get_stats(u, &s);
+    return s;
 }
 
 #endif

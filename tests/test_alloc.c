@@ -418,17 +418,18 @@ DP_TEST(stats_and_fragmentation)
     fr(a, o[5]);
     CHECK_OK(dp_slab_alloc_free_at(a, o[8], 9.0, NULL));
     st = stats(a);
-    CHECK_EQ_U64(st.area_bytes, 640);
-    CHECK_EQ_U64(st.usable_bytes, 640);
-    CHECK_EQ_U64(st.free_bytes, 256);
-    CHECK_EQ_U64(st.allocated_bytes, 320);
-    CHECK_EQ_U64(st.quarantined_bytes, 64);
-    CHECK_EQ_U64(st.largest_free, 128);
-    CHECK_EQ_U64(st.n_free, 3);
-    CHECK_EQ_U64(st.n_allocated, 5);
-    CHECK_EQ_U64(st.n_quarantined, 1);
-    CHECK(fabs(st.fragmentation - 0.5) < 1e-12);
-    CHECK(st.next_release == 9.0);
+    /* Each counter on its own: a wrong one does not hide the others. */
+    EXPECT_EQ_U64(st.area_bytes, 640);
+    EXPECT_EQ_U64(st.usable_bytes, 640);
+    EXPECT_EQ_U64(st.free_bytes, 256);
+    EXPECT_EQ_U64(st.allocated_bytes, 320);
+    EXPECT_EQ_U64(st.quarantined_bytes, 64);
+    EXPECT_EQ_U64(st.largest_free, 128);
+    EXPECT_EQ_U64(st.n_free, 3);
+    EXPECT_EQ_U64(st.n_allocated, 5);
+    EXPECT_EQ_U64(st.n_quarantined, 1);
+    EXPECT(fabs(st.fragmentation - 0.5) < 1e-12);
+    EXPECT(st.next_release == 9.0);
     dp_slab_alloc_destroy(a);
 }
 
@@ -644,7 +645,9 @@ rand_size(uint64_t *s, const model *m)
     return (units - 1) * m->align + 1 + rnd(s, m->align);
 }
 
-static void
+enum { ST_OK, ST_FULL, ST_REFUSED }; /* how a step_alloc ended */
+
+static int
 step_alloc(dp_slab_alloc *a, model *m, uint64_t nbytes)
 {
     uint64_t off = UINT64_MAX, start = 0, largest = 0;
@@ -652,11 +655,11 @@ step_alloc(dp_slab_alloc *a, model *m, uint64_t nbytes)
     int rc = dp_slab_alloc_alloc(a, nbytes, &off, &d);
     if (nbytes == 0) {
         CHECK_ERR_D(rc, DP_EINVAL, &d);
-        return;
+        return ST_REFUSED;
     }
     if (nbytes > m->units * m->align) {
         CHECK_ERR_D(rc, DP_ETOOBIG, &d);
-        return;
+        return ST_REFUSED;
     }
     uint64_t n = (nbytes + m->align - 1) / m->align;
     if (!model_best_fit(m, n, &start, &largest)) {
@@ -665,7 +668,7 @@ step_alloc(dp_slab_alloc *a, model *m, uint64_t nbytes)
         snprintf(want, sizeof want, "largest free block %" PRIu64, largest * m->align);
         CHECK_CONTAINS(d.msg, want);
         CHECK_EQ_U64(off, UINT64_MAX);
-        return;
+        return ST_FULL;
     }
     CHECK_OK_D(rc, &d);
     CHECKF(off == start * m->align,
@@ -675,6 +678,7 @@ step_alloc(dp_slab_alloc *a, model *m, uint64_t nbytes)
     uint64_t got = 0;
     CHECK_OK(dp_slab_alloc_size_of(a, off, &got));
     CHECK_EQ_U64(got, n * m->align);
+    return ST_OK;
 }
 
 /* An offset that is not the start of an allocated block. */
@@ -713,13 +717,22 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
     model_init(&m, st.usable_bytes, st.align);
     double now = 0.0;
     dp_detail d;
+    /*
+     * What the run exercised, asserted at the end: allocations that fit, that
+     * did not (full) and refused ones (0 bytes, too big); frees, frees refused
+     * (quarantined), quarantines, sweeps that released blocks, bad offsets,
+     * and requests at the largest free block that fit exactly.
+     */
+    struct {
+        int alloc[3], frees, frees_refused, quarantines, sweeps_released, bad, exact;
+    } ran = {{0}, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < steps; i++) {
         uint64_t r = rnd(&s, 100);
         /* Keep the area busy: allocate more when it is mostly free. */
         if (m.alloc_units + m.quar_units < m.units / 4 && r >= 45 && r < 70)
             r = 0;
         if (r < 45) {
-            step_alloc(a, &m, rand_size(&s, &m));
+            ran.alloc[step_alloc(a, &m, rand_size(&s, &m))]++;
         } else if (r < 65) {
             if (m.n_live > 0) {
                 uint32_t id = m.live[rnd(&s, m.n_live)];
@@ -727,8 +740,10 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
                 if (m.blk[id].state == DP_SLAB_ALLOCATED) {
                     CHECK_OK_D(dp_slab_alloc_free(a, off, &d), &d);
                     model_release(&m, id);
+                    ran.frees++;
                 } else {
                     CHECK_ERR_D(dp_slab_alloc_free(a, off, &d), DP_EINVAL, &d);
+                    ran.frees_refused++;
                 }
             }
         } else if (r < 80) {
@@ -740,6 +755,7 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
                                              : (double)rnd(&s, 4000) / 1000.0);
                 if (m.blk[id].state == DP_SLAB_ALLOCATED) {
                     CHECK_OK_D(dp_slab_alloc_free_at(a, off, t, &d), &d);
+                    ran.quarantines++;
                     m.blk[id].state = DP_SLAB_QUARANTINED;
                     m.blk[id].t = t;
                     m.alloc_units -= m.blk[id].size;
@@ -763,11 +779,13 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
                 }
             }
             CHECK_EQ_U64(dp_slab_alloc_sweep(a, now), want);
+            ran.sweeps_released += want > 0;
             dp_slab_alloc_get_stats(a, &st);
             CHECK(m.n_quar > 0 || isinf(st.next_release));
             CHECK(m.n_quar == 0 || st.next_release > now);
         } else if (r < 95) {
             uint64_t off = bad_offset(&s, &m);
+            ran.bad++;
             if (rnd(&s, 2))
                 CHECK_ERR_D(dp_slab_alloc_free(a, off, &d), DP_EINVAL, &d);
             else
@@ -775,16 +793,34 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
             uint64_t n;
             CHECK_ERR(dp_slab_alloc_size_of(a, off, &n), DP_ENOTFOUND);
         } else if (r < 97) {
-            step_alloc(a, &m, rnd(&s, 2) ? 0 : m.units * m.align + 1 + rnd(&s, 100));
+            ran.alloc[step_alloc(
+                a, &m, rnd(&s, 2) ? 0 : m.units * m.align + 1 + rnd(&s, 100))]++;
         } else {
             /* A request near the largest free block: exact fits and just-misses. */
             uint64_t start = 0, largest = 0;
             model_best_fit(&m, m.units + 1, &start, &largest);
             uint64_t nb = largest * m.align + (rnd(&s, 2) ? 0 : 1);
-            step_alloc(a, &m, nb == 0 ? 1 : nb);
+            int how = step_alloc(a, &m, nb == 0 ? 1 : nb);
+            ran.alloc[how]++;
+            ran.exact += how == ST_OK && nb == largest * m.align;
         }
         verify(a, &m);
     }
+    printf("  %d allocs, %d full, %d refused; %d frees, %d refused, %d quarantined, %d "
+           "sweeps released blocks, %d bad offsets, %d exact fits of the largest block\n",
+           ran.alloc[ST_OK], ran.alloc[ST_FULL], ran.alloc[ST_REFUSED], ran.frees,
+           ran.frees_refused, ran.quarantines, ran.sweeps_released, ran.bad, ran.exact);
+    /* Every kind of step ran, the area filled up (floors well below any seed seen). */
+    int least = steps / 1000;
+    EXPECT_GE(ran.alloc[ST_OK], 10 * least);
+    EXPECT_GE(ran.alloc[ST_FULL], least);
+    EXPECT_GE(ran.alloc[ST_REFUSED], least);
+    EXPECT_GE(ran.frees, 5 * least);
+    EXPECT_GE(ran.frees_refused, least);
+    EXPECT_GE(ran.quarantines, 5 * least);
+    EXPECT_GE(ran.sweeps_released, least);
+    EXPECT_GE(ran.bad, least);
+    EXPECT_GE(ran.exact, least);
     /* Drain: everything freed or swept leaves one free block. */
     dp_slab_alloc_sweep(a, INFINITY);
     while (m.n_live > 0) {
@@ -866,7 +902,7 @@ DP_TEST(hundred_thousand_live_blocks)
     /* Churn: free a random victim (now or through quarantine), allocate a new
      * random size. Best fit is checked against a walk from time to time. */
     double now = 0;
-    uint64_t full = 0;
+    uint64_t full = 0, fits_checked = 0;
     dp_detail d;
     for (int i = 0; i < CHURN; i++) {
         int v = (int)rnd(&s, LIVE);
@@ -895,12 +931,14 @@ DP_TEST(hundred_thousand_live_blocks)
         if (i % 20000 == 0) {
             CHECK(c.found);
             CHECK_EQ_U64(off[v], c.best_off);
+            fits_checked++;
         }
         size[v] = nb;
         total += nb;
     }
     st = stats(a);
     CHECK_EQ_U64(full, 0);
+    CHECK_EQ_U64(fits_checked, CHURN / 20000); /* best fit checked against a walk */
     CHECK_EQ_U64(st.allocated_bytes, total);
     ok_check(a);
     uint64_t n, live = 0;

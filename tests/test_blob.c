@@ -223,23 +223,23 @@ DP_TEST(one_entry_round_trip)
     CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
     CHECK_EQ(dp_blob_count(b), 1);
     const dp_blob_header *h = dp_blob_get_header(b);
-    CHECK_EQ(h->version, 2);
-    CHECK_EQ_U64(h->alloc_incarnation, 0); /* not named yet */
-    CHECK_EQ_U64(h->alloc_token, 0);
-    CHECK_EQ(h->total_len, len);
-    CHECK_EQ(h->flags, 0);
+    EXPECT_EQ(h->version, 2);
+    EXPECT_EQ_U64(h->alloc_incarnation, 0); /* not named yet */
+    EXPECT_EQ_U64(h->alloc_token, 0);
+    EXPECT_EQ(h->total_len, len);
+    EXPECT_EQ(h->flags, 0);
     const dp_blob_entry *e = dp_blob_entry_at(b, 0);
-    CHECK_STR(e->key, "17@input_ids");
-    CHECK_EQ(e->key_len, 12);
-    CHECK_EQ_U64(e->gidx, 17);
-    CHECK_STR(e->field, "input_ids");
-    CHECK_EQ(e->field_len, 9);
-    CHECK_EQ(e->kind, DP_BLOB_TENSOR);
-    CHECK_STR(e->dtype, "float32");
-    CHECK_EQ(e->ndim, 2);
-    CHECK_EQ_U64(e->shape[0], 2);
-    CHECK_EQ_U64(e->shape[1], 3);
-    CHECK_EQ_U64(e->len, sizeof data);
+    EXPECT_STR(e->key, "17@input_ids");
+    EXPECT_EQ(e->key_len, 12);
+    EXPECT_EQ_U64(e->gidx, 17);
+    EXPECT_STR(e->field, "input_ids");
+    EXPECT_EQ(e->field_len, 9);
+    EXPECT_EQ(e->kind, DP_BLOB_TENSOR);
+    EXPECT_STR(e->dtype, "float32");
+    CHECK_EQ(e->ndim, 2); /* shape[0..1] read below */
+    EXPECT_EQ_U64(e->shape[0], 2);
+    EXPECT_EQ_U64(e->shape[1], 3);
+    EXPECT_EQ_U64(e->len, sizeof data);
     CHECK(!e->has_crc);
     CHECK_EQ(e->off % 64, 0);
     CHECK_EQ_U64(e->off, h->payload_off);

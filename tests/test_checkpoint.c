@@ -6,6 +6,8 @@
  * cluster shape refused, path rules) and through the control handler.
  */
 #include "dp_test.h"
+#include "dp_proc.h"
+#include "dp_tsan_ucx.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,30 +25,6 @@
 #include "ctl/ctl.h"
 #include "unit/unit.h"
 #include "wire/wire.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define DP_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define DP_TEST_TSAN 1
-#endif
-#endif
-#ifdef DP_TEST_TSAN
-/*
- * As in test_unit: UCX's libucm (linked through dp_client) hooks madvise(),
- * which glibc calls on an exiting thread's stack after TSan tore the thread
- * down. Under TSan only, re-execute once with UCX memory events off.
- */
-__attribute__((constructor)) static void
-tsan_ucx_env(int argc, char **argv)
-{
-    (void)argc;
-    if (getenv("UCX_MEM_EVENTS") != NULL)
-        return;
-    setenv("UCX_MEM_EVENTS", "no", 1);
-    execv("/proc/self/exe", argv);
-}
-#endif
 
 static dp_unit *
 mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
@@ -552,6 +530,7 @@ cc_writer(void *arg)
             dp_unit_release_rows(s->u, g, k);
         } else if (put_rows(s->u, id, g, k, 1 + n % 5, CC_PLEN) == 0) {
             n++;
+            __atomic_store_n(&s->puts, n, __ATOMIC_RELEASE);
         }
     }
     s->puts = n;
@@ -569,10 +548,13 @@ DP_TEST(save_during_puts_overwrites_clears)
     dp_detail d;
     dp_detail_clear(&d);
     uint64_t clears = 0;
+    int overlapped = 0, restored = 0; /* saves that puts overlapped; rows restored */
     for (int round = 0; round < 12; round++) {
         rm_shard(p);
         dp_unit_save_res sr;
+        uint32_t puts0 = __atomic_load_n(&s.puts, __ATOMIC_ACQUIRE);
         CHECK_OK_D(save(u, p, &sr, &d), &d);
+        overlapped += __atomic_load_n(&s.puts, __ATOMIC_ACQUIRE) > puts0;
         clears += sr.clears_during_save;
         check_unit(u);
         dp_unit *v = mk_unit(4 << 20, 1, 0);
@@ -584,7 +566,7 @@ DP_TEST(save_during_puts_overwrites_clears)
         check_unit(v);
         /* Every restored row holds one whole version's bytes. */
         for (uint64_t g = 0; g < CC_ROWS * 3; g++)
-            (void)row_version(v, g, CC_PLEN, 5);
+            restored += row_version(v, g, CC_PLEN, 5) != 0;
         dp_unit_destroy(v);
         dp_unit_save_res_fini(&sr);
     }
@@ -592,8 +574,11 @@ DP_TEST(save_during_puts_overwrites_clears)
     pthread_join(th, NULL);
     check_unit(u);
     CHECK(s.puts > 0);
-    DP_LOG_I("checkpoint: %u puts, %llu clears during saves", s.puts,
-             (unsigned long long)clears);
+    DP_LOG_I("checkpoint: %u puts, %llu clears during saves, %d of 12 saves overlapped "
+             "by puts, %d rows restored",
+             s.puts, (unsigned long long)clears, overlapped, restored);
+    CHECK_GE(overlapped, 1); /* saves ran under concurrent puts */
+    CHECK_GE(restored, 1);   /* and restored rows whose bytes were checked */
     /* Quiet now: a save then a load reproduces every row exactly. */
     rm_shard(p);
     dp_unit_save_res sr;
@@ -1283,18 +1268,25 @@ DP_TEST(save_killed_midway_keeps_previous)
     dp_ckpt_summary s;
     CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     uint64_t rs = dp_test_seed();
-    int killed = 0;
+    int killed = 0, midway = 0;
     for (int round = 0; round < 6; round++) {
         char *before = read_manifest(dir);
         char env[1200];
         snprintf(env, sizeof env, "%s|%s", a.file, dir);
-        pid_t pid = fork();
-        CHECK(pid >= 0);
-        if (pid == 0) {
-            setenv("DP_CKPT_SAVER", env, 1);
-            char *argv[] = {(char *)"test_checkpoint", NULL};
-            execv("/proc/self/exe", argv);
-            _exit(127);
+        const char *saver[] = {"DP_CKPT_SAVER", env, NULL};
+        uint64_t saves0 = stats(a.u[0]).saves + stats(a.u[1]).saves;
+        pid_t pid = dp_test_spawn_self(saver, -1);
+        /* Midway: once a unit runs the save (not before the saver connected). */
+        bool began = false;
+        for (double t0 = dp_test_now(); !began;) {
+            began = stats(a.u[0]).admin_running + stats(a.u[1]).admin_running > 0 ||
+                    stats(a.u[0]).saves + stats(a.u[1]).saves > saves0;
+            siginfo_t si = {0};
+            if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                si.si_pid == pid)
+                break; /* the saver ended by itself */
+            CHECKF(dp_test_now() - t0 < 60, "the saver did not reach the units in 60 s");
+            usleep(200);
         }
         usleep((useconds_t)(dp_test_rand(&rs) % 40000));
         kill(pid, SIGKILL);
@@ -1304,6 +1296,11 @@ DP_TEST(save_killed_midway_keeps_previous)
             killed++;
         else
             CHECK_EQ(WEXITSTATUS(st), 0);
+        midway += began && WIFSIGNALED(st);
+        /* The units finish the shards of a killed save before the next round. */
+        for (double t0 = dp_test_now();
+             stats(a.u[0]).admin_running + stats(a.u[1]).admin_running > 0;)
+            CHECKF(dp_test_now() - t0 < 60, "a save still runs after 60 s");
         char *after = read_manifest(dir);
         /* Killed: the previous manifest, whole; finished: a complete new one. */
         if (WIFSIGNALED(st) && strcmp(before, after) != 0)
@@ -1311,7 +1308,8 @@ DP_TEST(save_killed_midway_keeps_previous)
         free(before);
         free(after);
     }
-    DP_LOG_I("checkpoint: %d of 6 saves killed midway", killed);
+    DP_LOG_I("checkpoint: %d of 6 saves killed, %d of them midway", killed, midway);
+    CHECK_GE(midway, 1); /* a save was killed while the units ran it */
     /* The units finish the shards of a killed save; give them time, then load. */
     usleep(300000);
     tc_start(&b, 2, 64 << 20, NULL, "kill-b.json");
@@ -1446,19 +1444,13 @@ DP_TEST(unit_gone_during_save_keeps_previous)
 /* ---- the CLI through real unit processes (dataplane up / put / save / load / get) ----
  */
 
-#if defined(DP_CLI_PATH) && !defined(DP_TEST_TSAN)
+#if defined(DP_CLI_PATH)
 static int
 cli(const char *args, char *out, size_t cap)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", DP_CLI_PATH, args);
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    CHECK(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return dp_test_run_sh(cmd, out, cap);
 }
 
 static pid_t
@@ -1494,6 +1486,10 @@ up_stop(pid_t pid)
 
 DP_TEST(cli_save_load_fresh_processes)
 {
+#ifdef DP_TEST_TSAN
+    DP_SKIP("real `dataplane up` processes are not run under ThreadSanitizer (the "
+            "in-process save and load tests cover the threads)");
+#endif
     char dir[512], c1[600], c2[600], ck[600], args[3000], out[8192], f[600], g[600];
     tpath("cli", dir, sizeof dir);
     rm_tree_ckpt(dir);

@@ -3,6 +3,7 @@
  * --help on every command, the policy command's verdicts, clear usage errors.
  */
 #include "dp_test.h"
+#include "dp_proc.h"
 
 #include <sys/wait.h>
 
@@ -17,13 +18,7 @@ run(const char *env, const char *args, char *out, size_t outlen)
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "env -u UCX_TLS -u UCX_NET_DEVICES %s '%s' %s 2>&1",
              env ? env : "", DP_CLI_PATH, args);
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    size_t n = fread(out, 1, outlen - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    CHECK(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return dp_test_run_sh(cmd, out, outlen);
 }
 
 DP_TEST(help_and_version)

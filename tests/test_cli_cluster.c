@@ -8,6 +8,7 @@
  * nothing is done), and the addresses `up --bind 0.0.0.0` writes.
  */
 #include "dp_test.h"
+#include "dp_proc.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -32,13 +33,7 @@ run(const char *args, char *out, size_t outlen)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", DP_CLI_PATH, args);
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    size_t n = fread(out, 1, outlen - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    CHECK(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return dp_test_run_sh(cmd, out, outlen);
 }
 
 /* A fresh private directory for one test. */
@@ -687,15 +682,9 @@ check_rows(const char *cluster, int from, int to, bool present)
 static int
 silent_port(char *addr, size_t cap)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    socklen_t len = sizeof a;
-    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    CHECK(listen(fd, 64) == 0);
-    snprintf(addr, cap, "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+    uint16_t port = 0;
+    int fd = dp_test_silent_port(&port);
+    snprintf(addr, cap, "tcp://127.0.0.1:%u", port);
     return fd;
 }
 

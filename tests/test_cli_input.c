@@ -42,15 +42,10 @@ run_timed(const char *env, const char *args, char *out, size_t cap, double *took
     snprintf(cmd, sizeof cmd, "exec env %s timeout -k 2 %d '%s' %s 2>&1 </dev/null",
              env != NULL ? env : "", HANG_S, DP_CLI_PATH, args);
     double t0 = dp_test_now();
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
+    int st = dp_test_run_sh(cmd, out, cap);
     if (took != NULL)
         *took = dp_test_now() - t0;
-    CHECK(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return st;
 }
 
 static int
@@ -153,16 +148,7 @@ DP_TEST(special_cluster_files_are_refused_by_every_command)
 static int
 silent_port(uint16_t *port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    socklen_t len = sizeof a;
-    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    CHECK(listen(fd, 64) == 0);
-    *port = ntohs(a.sin_port);
-    return fd;
+    return dp_test_silent_port(port);
 }
 
 /*
@@ -349,10 +335,8 @@ DP_TEST(unit_advertises_a_routable_address)
  */
 DP_TEST(unit_without_an_address_advertises_loopback_and_warns)
 {
-    if (system("unshare -rn true >/dev/null 2>&1") != 0) {
-        fprintf(stderr, "  SKIP: unshare -rn is not available here\n");
-        return;
-    }
+    if (system("unshare -rn true >/dev/null 2>&1") != 0)
+        DP_SKIP("unshare -rn cannot make a network namespace here");
     char dir[64], err[128], cmd[2048], out[8192];
     tmp_dir(dir, sizeof dir);
     snprintf(err, sizeof err, "%s/err", dir);

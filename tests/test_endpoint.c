@@ -59,14 +59,7 @@ fill_words(uint8_t *q, uint64_t n, uint64_t v)
 }
 
 /* Sanitizer builds run the same tests on less data, to stay well within the timeout. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define DP_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define DP_SANITIZED 1
-#endif
-#endif
-#ifdef DP_SANITIZED
+#ifdef DP_TEST_SANITIZED
 #define SCALE_ROUNDS(n) (((n) + 2) / 3)
 #else
 #define SCALE_ROUNDS(n) (n)
@@ -171,22 +164,21 @@ peer_start(peer *p, const char *name, uint64_t slab, bool progress_thread, uint6
     snprintf(fdbuf, sizeof fdbuf, "%d", sv[1]);
     snprintf(slabbuf, sizeof slabbuf, "%llu", (unsigned long long)slab);
     snprintf(seedbuf, sizeof seedbuf, "%llu", (unsigned long long)seed);
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        /* A peer never outlives the test, even a stopped one (SIGKILL ends those). */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        fcntl(sv[1], F_SETFD, 0); /* keep the peer's end across exec */
-        setenv("DP_TEST_PEER", "peer", 1);
-        setenv("DP_TEST_PEER_FD", fdbuf, 1);
-        setenv("DP_TEST_PEER_NAME", name, 1);
-        setenv("DP_TEST_PEER_SLAB", slabbuf, 1);
-        setenv("DP_TEST_PEER_SEED", seedbuf, 1);
-        setenv("DP_TEST_PEER_PT", progress_thread ? "1" : "0", 1);
-        execl("/proc/self/exe", "test_endpoint", (char *)NULL);
-        _exit(127);
-    }
+    /* A peer never outlives the test, even a stopped one (SIGKILL ends those). */
+    const char *env[] = {"DP_TEST_PEER",
+                         "peer",
+                         "DP_TEST_PEER_FD",
+                         fdbuf,
+                         "DP_TEST_PEER_NAME",
+                         name,
+                         "DP_TEST_PEER_SLAB",
+                         slabbuf,
+                         "DP_TEST_PEER_SEED",
+                         seedbuf,
+                         "DP_TEST_PEER_PT",
+                         progress_thread ? "1" : "0",
+                         NULL};
+    pid_t pid = dp_test_spawn_self(env, sv[1]);
     close(sv[1]);
     p->pid = pid;
     p->fd = sv[0];
@@ -361,7 +353,7 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
     free(info);
 
     double t_total = dp_test_now();
-    uint64_t moved = 0;
+    uint64_t moved = 0, ranges = 0;
     static plan pl;
     rounds = SCALE_ROUNDS(rounds);
     for (int round = 0; round < rounds; round++) {
@@ -409,12 +401,14 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
                    "round %d range %zu (%llu bytes) differs after WRITE+READ", round, i,
                    (unsigned long long)pl.local[i].nbytes);
             moved += 2 * pl.local[i].nbytes;
+            ranges++;
         }
     }
     t_total = dp_test_now() - t_total;
-    printf("  %s: %d rounds, %.1f MiB moved in %.2f s (%.2f GB/s)\n",
-           tls ? tls : "default tls", rounds, (double)moved / MiB, t_total,
+    printf("  %s: %d rounds, %" PRIu64 " ranges, %.1f MiB moved in %.2f s (%.2f GB/s)\n",
+           tls ? tls : "default tls", rounds, ranges, (double)moved / MiB, t_total,
            (double)moved / t_total / 1e9);
+    CHECK_GE(ranges, (uint64_t)rounds + 1); /* every round moved a range, round 0 two */
     (void)rb;
     dp_endpoint_stats st;
     dp_endpoint_get_stats(ep, &st);
@@ -485,6 +479,7 @@ DP_TEST(metadata_roundtrip_and_rejects)
     CHECK_OK(dp_md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *y = malloc(b.len);
+    int parsed = 0; /* corrupted copies that parsed: their pointers were checked */
     for (int it = 0; it < 20000; it++) {
         memcpy(y, b.data, b.len);
         int flips = 1 + (int)(dp_test_rand(&rs) % 4);
@@ -497,8 +492,11 @@ DP_TEST(metadata_roundtrip_and_rejects)
                 CHECK(md.regions[i].rkey >= y &&
                       md.regions[i].rkey + md.regions[i].rkey_len <= y + n);
             dp_md_fini(&md);
+            parsed++;
         }
     }
+    printf("  %d of 20000 corrupted copies parsed\n", parsed);
+    CHECK_GE(parsed, 100);
     free(y);
     dp_buf_fini(&b);
 }
@@ -1183,14 +1181,8 @@ poison_main(void)
 
 DP_TEST(poisoning_with_small_max_bytes)
 {
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        setenv("DP_TEST_PEER", "poison", 1);
-        execl("/proc/self/exe", "test_endpoint", (char *)NULL);
-        _exit(127);
-    }
+    const char *env[] = {"DP_TEST_PEER", "poison", NULL};
+    pid_t pid = dp_test_spawn_self(env, -1);
     int st = 0;
     CHECK_EQ(waitpid(pid, &st, 0), pid);
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "poison child status 0x%x", st);

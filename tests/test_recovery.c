@@ -359,23 +359,14 @@ static pid_t
 doomed_client(const char *addr, const char *stage)
 {
     int fds[2];
-    CHECK(pipe(fds) == 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(fds[0]);
-        /* A fresh process: exec ourselves into the child role. */
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", fds[1]);
-        setenv("DP_TEST_ROLE", "doomed", 1);
-        setenv("DP_TEST_ADDR", addr, 1);
-        setenv("DP_TEST_FD", fd, 1);
-        setenv("DP_TEST_STAGE", stage, 1);
-        execl("/proc/self/exe", "test_recovery", (char *)NULL);
-        _exit(127);
-    }
+    CHECK(pipe2(fds, O_CLOEXEC) == 0);
+    /* A fresh process: exec ourselves into the child role. */
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", fds[1]);
+    const char *env[] = {
+        "DP_TEST_ROLE", "doomed", "DP_TEST_ADDR", addr, "DP_TEST_FD", fd, "DP_TEST_STAGE",
+        stage,          NULL};
+    pid_t pid = dp_test_spawn_self(env, fds[1]);
     close(fds[1]);
     char b = 0;
     CHECKF(dp_test_read_all(fds[0], &b, 1) == 0 && b == 'A',
@@ -518,18 +509,10 @@ retire_main(void)
 static void
 run_retirer(const char *addr, const char *lane, const char *host)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        setenv("DP_TEST_ROLE", "retire", 1);
-        setenv("DP_TEST_ADDR", addr, 1);
-        setenv("DP_TEST_LANE", lane, 1);
-        setenv("DP_TEST_HOST", host, 1);
-        execl("/proc/self/exe", "test_recovery", (char *)NULL);
-        _exit(127);
-    }
-    CHECK_EQ(dp_test_wait_status(pid), 0);
+    const char *env[] = {"DP_TEST_ROLE", "retire",       "DP_TEST_ADDR",
+                         addr,           "DP_TEST_LANE", lane,
+                         "DP_TEST_HOST", host,           NULL};
+    CHECK_EQ(dp_test_wait_status(dp_test_spawn_self(env, -1)), 0);
 }
 
 DP_TEST(retired_regions_come_back_only_when_provably_safe)

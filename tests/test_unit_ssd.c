@@ -8,6 +8,7 @@
  * and UCX that is SIGKILLed with its files open.
  */
 #include "dp_test.h"
+#include "dp_tsan_ucx.h"
 #include "dp_proc.h"
 #include "dp_unit_blob.h"
 
@@ -30,26 +31,6 @@
 #include "unit/unit.h"
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define DP_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define DP_TEST_TSAN 1
-#endif
-#endif
-#ifdef DP_TEST_TSAN
-/* As in test_unit.c: UCX memory events crash under TSan; re-execute without. */
-__attribute__((constructor)) static void
-tsan_ucx_env(int argc, char **argv)
-{
-    (void)argc;
-    if (getenv("UCX_MEM_EVENTS") != NULL)
-        return;
-    setenv("UCX_MEM_EVENTS", "no", 1);
-    execv("/proc/self/exe", argv);
-}
-#endif
 
 /* ---- helpers ---- */
 
@@ -110,36 +91,14 @@ mk_ssd_unit(uint64_t slab, uint64_t staging, const char *dir, double pickup_s,
     return u;
 }
 
-static void
-check_unit(dp_unit *u)
-{
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_check(u, &d), &d);
-}
-
-static dp_unit_stats
-stats(dp_unit *u)
-{
-    dp_unit_stats s;
-    dp_unit_get_stats(u, &s);
-    return s;
-}
-
-static dp_wire_str
-ws(const char *z)
-{
-    return (dp_wire_str){z, (uint32_t)strlen(z)};
-}
-
 /* Wait until no io job is queued or running (bounded). */
 static void
 wait_idle(dp_unit *u)
 {
     double t0 = dp_test_now();
-    while (stats(u).io_jobs > 0 && dp_test_now() - t0 < 30)
+    while (dp_test_unit_stats(u).io_jobs > 0 && dp_test_now() - t0 < 30)
         dp_sleep_s(0.001);
-    CHECK_EQ(stats(u).io_jobs, 0);
+    CHECK_EQ(dp_test_unit_stats(u).io_jobs, 0);
 }
 
 /* ---- rows with content we can check ---- */
@@ -253,7 +212,7 @@ read_row(dp_unit *u, uint64_t g, uint32_t v)
     char ka[48], kb[48];
     snprintf(ka, sizeof ka, "%" PRIu64 "@a", g);
     snprintf(kb, sizeof kb, "%" PRIu64 "@b", g);
-    dp_wire_str keys[2] = {ws(ka), ws(kb)};
+    dp_wire_str keys[2] = {dp_wire_s(ka), dp_wire_s(kb)};
     dp_detail d;
     dp_detail_clear(&d);
     double t0 = dp_test_now();
@@ -364,7 +323,7 @@ DP_TEST(options_and_info)
     /* The put area is full now: a spill lands in the IO area. */
     CHECK_OK(dp_unit_alloc_spill(u, "y", 1, 64 << 10, 0, true, &off, NULL, NULL));
     CHECK(off >= dp_unit_io_base(u));
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -392,29 +351,29 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
         spilled_n += sp;
         free(t.p);
     }
-    dp_unit_stats s = stats(u);
+    dp_unit_stats s = dp_test_unit_stats(u);
     printf("  %" PRIu64 " bytes in %u blobs on a 1 MiB slab: %d spilled, %" PRIu64
            " disk blobs\n",
            total, ROWS / PER, spilled_n, s.disk_blobs);
     CHECK(total > 3 * (1 << 20));
     CHECK(spilled_n > 0);
-    CHECK_EQ(s.spills, (uint64_t)spilled_n);
-    CHECK_EQ(s.disk_blobs, (uint64_t)spilled_n);
-    CHECK_EQ(s.files_open, (uint64_t)spilled_n);
-    CHECK_EQ(s.spills_failed, 0);
-    CHECK_EQ(s.entries, 2 * ROWS);
-    CHECK_EQ(dir_count(dir), 0); /* the files have no names */
-    check_unit(u);
+    EXPECT_EQ(s.spills, (uint64_t)spilled_n);
+    EXPECT_EQ(s.disk_blobs, (uint64_t)spilled_n);
+    EXPECT_EQ(s.files_open, (uint64_t)spilled_n);
+    EXPECT_EQ(s.spills_failed, 0);
+    EXPECT_EQ(s.entries, 2 * ROWS);
+    EXPECT_EQ(dir_count(dir), 0); /* the files have no names */
+    dp_test_unit_check(u);
 
     /* Every row back, twice (the second pass stages again after evictions). */
     for (int pass = 0; pass < 2; pass++)
         for (uint64_t g = 0; g < ROWS; g++)
             CHECK_EQ(read_row(u, g, ver[g]), RD_OK);
-    s = stats(u);
+    s = dp_test_unit_stats(u);
     CHECK(s.stages >= (uint64_t)spilled_n);
     CHECK(s.evictions > 0);
     CHECK_EQ(s.stages_failed, 0);
-    check_unit(u);
+    dp_test_unit_check(u);
 
     /* Overwrite a third of the rows (new versions, spilled as needed). */
     for (uint32_t b = 0; b < ROWS / PER; b += 3) {
@@ -430,7 +389,7 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
         free(t.p);
     }
     wait_idle(u);
-    check_unit(u);
+    dp_test_unit_check(u);
     for (uint64_t g = 0; g < ROWS; g++)
         CHECK_EQ(read_row(u, g, ver[g]), RD_OK);
 
@@ -441,18 +400,18 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
     CHECK_EQ(dp_unit_release_rows(u, clear, ROWS / 2), ROWS);
     for (uint64_t g = 0; g < ROWS; g++)
         CHECK_EQ(read_row(u, g, ver[g]), g < ROWS / 2 ? RD_MISSING : RD_OK);
-    check_unit(u);
+    dp_test_unit_check(u);
     uint64_t rest[ROWS / 2];
     for (uint32_t i = 0; i < ROWS / 2; i++)
         rest[i] = ROWS / 2 + i;
     CHECK_EQ(dp_unit_release_rows(u, rest, ROWS / 2), ROWS);
     wait_idle(u);
-    s = stats(u);
+    s = dp_test_unit_stats(u);
     CHECK_EQ(s.disk_blobs, 0);
     CHECK_EQ(s.files_open, 0);
     CHECK_EQ(s.staged_blobs, 0);
     CHECK_EQ(s.published, 0);
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -509,15 +468,15 @@ DP_TEST(failing_disk_lost_and_failed)
     dp_wire_commit_state st;
     CHECK_OK(dp_unit_commit(u, "big", 3, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
-    dp_unit_stats s = stats(u);
-    CHECK_EQ(s.spills_failed, 1);
-    CHECK_EQ(s.spills, 1);
-    CHECK_EQ(s.io_allocated_bytes, 0);
-    CHECK_EQ(s.files_open, 1);
+    dp_unit_stats s = dp_test_unit_stats(u);
+    EXPECT_EQ(s.spills_failed, 1);
+    EXPECT_EQ(s.spills, 1);
+    EXPECT_EQ(s.io_allocated_bytes, 0);
+    EXPECT_EQ(s.files_open, 1);
     CHECK_EQ(read_row(u, 1, 1), RD_OK);
     CHECK_EQ(read_row(u, 2, 1), RD_MISSING);
     CHECK_EQ(read_row(u, 3, 1), RD_MISSING);
-    check_unit(u);
+    dp_test_unit_check(u);
 
     /* A disk that loses data: a truncated file fails its stage, never a wrong byte. */
     tblob other = rows_blob(gb, 1, 1);
@@ -532,16 +491,16 @@ DP_TEST(failing_disk_lost_and_failed)
         CHECK(ftruncate(fds[i], 100) == 0);
     /* Row 1 may still be staged from before; row 9 never was. */
     CHECK_EQ(read_row(u, 9, 1), RD_FAILED);
-    s = stats(u);
+    s = dp_test_unit_stats(u);
     CHECK(s.stages_failed >= 1);
     /* failed is answered once; the next resolve tries again (and fails again) */
     CHECK_EQ(read_row(u, 9, 1), RD_FAILED);
-    check_unit(u);
+    dp_test_unit_check(u);
     uint64_t all[4] = {1, 2, 3, 9};
     CHECK_EQ(dp_unit_release_rows(u, all, 4), 4);
     wait_idle(u);
-    CHECK_EQ(stats(u).files_open, 0);
-    check_unit(u);
+    CHECK_EQ(dp_test_unit_stats(u).files_open, 0);
+    dp_test_unit_check(u);
     free(small.p);
     free(big.p);
     free(other.p);
@@ -567,9 +526,9 @@ DP_TEST(pickup_and_eviction_order)
         snprintf(id, sizeof id, "b%d", i);
         CHECK_EQ(put_spill(u, id, &t[i], NULL), DP_WIRE_COMMIT_DONE);
     }
-    CHECK_EQ(stats(u).disk_blobs, 3);
+    CHECK_EQ(dp_test_unit_stats(u).disk_blobs, 3);
     /* Stage 1 and 2 but do not pick them up (a resolve that stays pending). */
-    dp_wire_str k1 = ws("1@a"), k2 = ws("2@a"), k3 = ws("3@a");
+    dp_wire_str k1 = dp_wire_s("1@a"), k2 = dp_wire_s("2@a"), k3 = dp_wire_s("3@a");
     dp_unit_resolve_keys_res r;
     dp_unit_lock(u);
     CHECK_OK(dp_unit_resolve_keys_locked(u, &k1, 1, &r, NULL));
@@ -580,7 +539,7 @@ DP_TEST(pickup_and_eviction_order)
     dp_unit_resolve_keys_res_fini(&r);
     dp_unit_unlock(u);
     wait_idle(u);
-    CHECK_EQ(stats(u).staged_blobs, 2);
+    CHECK_EQ(dp_test_unit_stats(u).staged_blobs, 2);
     /* Row 3 has to wait: the copies are kept pickup_s for their readers. */
     double t0 = dp_test_now();
     dp_unit_lock(u);
@@ -589,8 +548,8 @@ DP_TEST(pickup_and_eviction_order)
     CHECK_EQ(r.n_pending, 1);
     dp_unit_resolve_keys_res_fini(&r);
     if (dp_test_now() - t0 < 0.4) {
-        CHECK_EQ(stats(u).staged_blobs, 2);
-        CHECK_EQ(stats(u).evictions, 0);
+        CHECK_EQ(dp_test_unit_stats(u).staged_blobs, 2);
+        CHECK_EQ(dp_test_unit_stats(u).evictions, 0);
     }
     /* Row 1 is picked up and pinned: never evicted while pinned. */
     dp_unit_lock(u);
@@ -604,7 +563,7 @@ DP_TEST(pickup_and_eviction_order)
     /* After pickup_s, row 3's stage evicts row 2 (the unpinned one), not row 1. */
     dp_sleep_s(0.55);
     CHECK_EQ(read_row(u, 3, 1), RD_OK);
-    dp_unit_stats s = stats(u);
+    dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.evictions, 1);
     uint8_t *want = malloc(row_len(1, 1));
     row_fill(1, 1, want, row_len(1, 1));
@@ -613,7 +572,7 @@ DP_TEST(pickup_and_eviction_order)
     dp_unit_unpin(u, pin, strlen(pin));
     CHECK_EQ(read_row(u, 2, 1), RD_OK);
     CHECK_EQ(read_row(u, 1, 1), RD_OK);
-    check_unit(u);
+    dp_test_unit_check(u);
     for (int i = 0; i < 3; i++)
         free(t[i].p);
     dp_unit_destroy(u);
@@ -635,7 +594,7 @@ DP_TEST(abort_and_lease_in_io_area)
     CHECK_OK(dp_unit_alloc_spill(u, "b", 1, 64 << 10, 0, true, &b, NULL, NULL));
     CHECK_EQ(b, a);
     dp_unit_abort(u, "b", 1, true);
-    CHECK_EQ(stats(u).retired_bytes, 64 << 10);
+    CHECK_EQ(dp_test_unit_stats(u).retired_bytes, 64 << 10);
     CHECK_OK(dp_unit_alloc_spill(u, "c", 1, 64 << 10, 0, true, &c, NULL, NULL));
     CHECK(c + (64 << 10) <= b || c >= b + (64 << 10));
     /* The rest of the area: one more fits, then UnitFull (nothing will free). */
@@ -649,7 +608,7 @@ DP_TEST(abort_and_lease_in_io_area)
     dp_wire_commit_state st;
     memset(dp_unit_slab(u) + c, 0, 64 << 10);
     CHECK_ERR(dp_unit_commit(u, "c", 1, &st, NULL), DP_EPROTO);
-    CHECK_EQ(stats(u).io_jobs, 0);
+    CHECK_EQ(dp_test_unit_stats(u).io_jobs, 0);
     /* A spill aborted while its job may run is never published. */
     uint64_t gs[1] = {5};
     tblob t = rows_blob(gs, 1, 1);
@@ -661,7 +620,7 @@ DP_TEST(abort_and_lease_in_io_area)
     CHECK_OK(dp_unit_commit(u, "f", 1, &st, NULL));
     CHECK(st == DP_WIRE_COMMIT_LOST || st == DP_WIRE_COMMIT_DONE);
     wait_idle(u);
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     free(t.p);
     rm_dir(dir);
@@ -704,7 +663,7 @@ DP_TEST(io_queue_limit_and_release_while_staging)
         dp_wire_commit_state st;
         CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
         CHECK(st == DP_WIRE_COMMIT_PENDING || st == DP_WIRE_COMMIT_DONE);
-        max_jobs = DP_MAX(max_jobs, stats(u).io_jobs);
+        max_jobs = DP_MAX(max_jobs, dp_test_unit_stats(u).io_jobs);
     }
     CHECK(max_jobs <= DP_UNIT_MAX_IO_JOBS);
     /* Commits polled until done (a commit refused a queue slot is queued later). */
@@ -723,14 +682,14 @@ DP_TEST(io_queue_limit_and_release_while_staging)
     }
     printf("  %" PRIu64 " spills, at most %" PRIu64 " io jobs at once\n", n_spilled,
            max_jobs);
-    CHECK_EQ(stats(u).spills, n_spilled);
+    CHECK_EQ(dp_test_unit_stats(u).spills, n_spilled);
     CHECK(n_spilled > DP_UNIT_MAX_IO_JOBS);
-    check_unit(u);
+    dp_test_unit_check(u);
     /* Release rows while their stages may run: files close once the jobs end. */
     for (uint64_t i = 0; i < NB; i++) {
         char k[48];
         snprintf(k, sizeof k, "%" PRIu64 "@a", 1000 + i);
-        dp_wire_str kk = ws(k);
+        dp_wire_str kk = dp_wire_s(k);
         dp_unit_resolve_keys_res r;
         dp_unit_lock(u);
         CHECK_OK(dp_unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
@@ -743,11 +702,11 @@ DP_TEST(io_queue_limit_and_release_while_staging)
         CHECK_EQ(dp_unit_release_rows(u, &g, 1), 2);
     }
     wait_idle(u);
-    dp_unit_stats s = stats(u);
+    dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.files_open, 0);
     CHECK_EQ(s.disk_blobs, 0);
     CHECK_EQ(s.io_allocated_bytes, 0);
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -789,10 +748,10 @@ DP_TEST(named_files_fallback_and_stale_names)
         free(t.p);
         CHECK_EQ(dir_count(dir), 0);
     }
-    CHECK(stats(u).spills > 0);
+    CHECK(dp_test_unit_stats(u).spills > 0);
     for (uint64_t g = 0; g < 24; g++)
         CHECK_EQ(read_row(u, g, 1), RD_OK);
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -813,15 +772,15 @@ DP_TEST(one_resolve_never_evicts_what_it_answers)
     CHECK_EQ(put_spill(u, "two", &t2, NULL), DP_WIRE_COMMIT_DONE);
     CHECK_EQ(put_spill(u, "three", &t3, NULL), DP_WIRE_COMMIT_DONE);
     CHECK_EQ(read_row(u, 2, 1), RD_OK); /* staged, picked up, unpinned */
-    CHECK_EQ(stats(u).staged_blobs, 1);
-    dp_wire_str keys[2] = {ws("2@a"), ws("3@a")};
+    CHECK_EQ(dp_test_unit_stats(u).staged_blobs, 1);
+    dp_wire_str keys[2] = {dp_wire_s("2@a"), dp_wire_s("3@a")};
     dp_unit_resolve_keys_res r;
     dp_unit_lock(u);
     CHECK_OK(dp_unit_resolve_keys_locked(u, keys, 2, &r, NULL));
     dp_unit_unlock(u);
     CHECK_EQ(r.n_entries, 1);
     CHECK_EQ(r.n_pending, 1);
-    CHECK_EQ(stats(u).evictions, 0);
+    CHECK_EQ(dp_test_unit_stats(u).evictions, 0);
     wait_idle(u);
     uint64_t la = row_len(2, 1);
     uint8_t *want = malloc(la);
@@ -833,7 +792,7 @@ DP_TEST(one_resolve_never_evicts_what_it_answers)
     /* Unpinned now: row 3's stage may take the room. */
     CHECK_EQ(read_row(u, 3, 1), RD_OK);
     CHECK_EQ(read_row(u, 2, 1), RD_OK);
-    check_unit(u);
+    dp_test_unit_check(u);
     free(t2.p);
     free(t3.p);
     dp_unit_destroy(u);
@@ -853,7 +812,7 @@ static void *
 reader_main(void *p)
 {
     reader_arg *a = p;
-    dp_wire_str k = ws("7@a");
+    dp_wire_str k = dp_wire_s("7@a");
     uint64_t la = row_len(7, 1);
     uint8_t *want = malloc(la), *got = malloc(la);
     row_fill(7, 1, want, la);
@@ -914,12 +873,12 @@ DP_TEST(concurrent_readers_of_a_staged_blob)
         CHECK_EQ(ra[i].errors, 0);
         reads += ra[i].reads;
     }
-    dp_unit_stats s = stats(u);
+    dp_unit_stats s = dp_test_unit_stats(u);
     printf("  %d concurrent reads of one staged blob, %" PRIu64 " stages, %" PRIu64
            " evictions\n",
            reads, s.stages, s.evictions);
     CHECK(reads > 0);
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -931,7 +890,7 @@ DP_TEST(concurrent_readers_of_a_staged_blob)
  */
 typedef struct live {
     uint64_t off, len;
-    int kind; /* 1 write, 2 read (pin) */
+    int kind; /* 1 write, 2 read (pin), 3 retired (for good) */
     char id[33];
     uint64_t g;
 } live;
@@ -943,7 +902,11 @@ no_overlap(const live *lv, int n, uint64_t off, uint64_t len, const char *what)
         CHECKF(off + len <= lv[i].off || off >= lv[i].off + lv[i].len,
                "%s [%" PRIu64 ", +%" PRIu64 ") overlaps a live %s [%" PRIu64 ", +%" PRIu64
                ")",
-               what, off, len, lv[i].kind == 1 ? "write" : "read", lv[i].off, lv[i].len);
+               what, off, len,
+               lv[i].kind == 1   ? "write"
+               : lv[i].kind == 2 ? "read"
+                                 : "retired region",
+               lv[i].off, lv[i].len);
 }
 
 DP_TEST(model_no_reuse_across_areas)
@@ -956,7 +919,15 @@ DP_TEST(model_no_reuse_across_areas)
     live lv[MAXL];
     int nl = 0;
     uint32_t ver[32] = {0};
-    int steps = 600;
+    int steps = 2000;
+    /*
+     * What the run exercised, asserted at the end: allocations in each area
+     * checked against live WRITEs and READs, reads (pins) of rows in each
+     * area, transfers ended, commits, retirements.
+     */
+    struct {
+        int allocs[2], vs_write, vs_read, vs_retired, reads[2], ended, commits, retired;
+    } ran = {{0}, 0, 0, 0, {0}, 0, 0, 0};
     for (int step = 0; step < steps; step++) {
         uint64_t op = dp_test_rand(&rs) % 10;
         uint64_t g = dp_test_rand(&rs) % 32;
@@ -969,14 +940,29 @@ DP_TEST(model_no_reuse_across_areas)
             int rc = dp_unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL,
                                          NULL);
             if (rc == 0) {
+                ran.allocs[off >= dp_unit_io_base(u)]++;
+                bool vs[4] = {false, false, false, false};
+                for (int i = 0; i < nl; i++)
+                    vs[lv[i].kind] = true;
+                ran.vs_write += vs[1];
+                ran.vs_read += vs[2];
+                ran.vs_retired += vs[3];
                 no_overlap(lv, nl, off, t.len, "alloc");
                 dp_test_write_blob(u, id, off, t.p, t.len);
-                uint64_t what = dp_test_rand(&rs) % 4;
-                if (what == 0) { /* left uncommitted: a WRITE may still run */
+                /*
+                 * A quarter left uncommitted, one in 16 retired (at most 8: a
+                 * retired region never comes back, more would fill the areas
+                 * for the rest of the run), the rest committed.
+                 */
+                uint64_t what = dp_test_rand(&rs) % 16;
+                if (what < 4) { /* left uncommitted: a WRITE may still run */
                     lv[nl++] = (live){off, t.len, 1, "", 0};
                     snprintf(lv[nl - 1].id, 33, "%s", id);
-                } else if (what == 1) {
+                } else if (what == 4 && ran.retired < 8) {
                     dp_unit_abort(u, id, strlen(id), true); /* retired for good */
+                    lv[nl++] = (live){off, t.len, 3, "", 0};
+                    snprintf(lv[nl - 1].id, 33, "retired-%s", id);
+                    ran.retired++;
                 } else {
                     dp_wire_commit_state st;
                     do {
@@ -986,6 +972,7 @@ DP_TEST(model_no_reuse_across_areas)
                     } while (st == DP_WIRE_COMMIT_PENDING);
                     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
                     ver[g] = v;
+                    ran.commits++;
                 }
             } else {
                 CHECK(rc == DP_EBUSY || rc == DP_EUNITFULL);
@@ -994,12 +981,25 @@ DP_TEST(model_no_reuse_across_areas)
         } else if (op < 7 && nl < MAXL - 4) { /* resolve and keep the pin */
             char k[48];
             snprintf(k, sizeof k, "%" PRIu64 "@a", g);
-            dp_wire_str kk = ws(k);
+            dp_wire_str kk = dp_wire_s(k);
             dp_unit_resolve_keys_res r;
-            dp_unit_lock(u);
-            CHECK_OK(dp_unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
-            dp_unit_unlock(u);
+            /*
+             * A row on disk answers pending while it is staged: ask again, as a
+             * client does, so that READs of the IO area are modelled too; not
+             * when no stage runs (the IO area is held by live transfers).
+             */
+            for (double t0 = dp_test_now();;) {
+                dp_unit_lock(u);
+                CHECK_OK(dp_unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
+                dp_unit_unlock(u);
+                if (r.n_pending == 0 || dp_test_unit_stats(u).io_jobs == 0)
+                    break;
+                dp_unit_resolve_keys_res_fini(&r);
+                CHECKF(dp_test_now() - t0 < 30, "row %" PRIu64 " pending for 30 s", g);
+                dp_sleep_s(0.0002);
+            }
             if (r.n_entries == 1) {
+                ran.reads[r.entries[0].off >= dp_unit_io_base(u)]++;
                 /* overlap with its own blob's other pins is fine: same bytes */
                 uint8_t *want = malloc(r.entries[0].len);
                 row_fill(g, ver[g], want, r.entries[0].len);
@@ -1008,7 +1008,7 @@ DP_TEST(model_no_reuse_across_areas)
                        "row %" PRIu64 " v%u: wrong bytes", g, ver[g]);
                 free(want);
                 for (int i = 0; i < nl; i++)
-                    if (lv[i].kind == 1)
+                    if (lv[i].kind != 2)
                         no_overlap(&lv[i], 1, r.entries[0].off, r.entries[0].len,
                                    "resolve");
                 lv[nl++] = (live){r.entries[0].off, r.entries[0].len, 2, "", g};
@@ -1017,6 +1017,9 @@ DP_TEST(model_no_reuse_across_areas)
             dp_unit_resolve_keys_res_fini(&r);
         } else if (op < 9 && nl > 0) { /* end a transfer */
             int i = (int)(dp_test_rand(&rs) % (uint64_t)nl);
+            if (lv[i].kind == 3)
+                continue; /* retired: never ends */
+            ran.ended++;
             if (lv[i].kind == 1)
                 dp_unit_abort(u, lv[i].id, strlen(lv[i].id), false);
             else
@@ -1034,17 +1037,39 @@ DP_TEST(model_no_reuse_across_areas)
             ver[g] = 0;
         }
         if (step % 50 == 0)
-            check_unit(u);
+            dp_test_unit_check(u);
     }
     for (int i = 0; i < nl; i++)
         if (lv[i].kind == 2)
             dp_unit_unpin(u, lv[i].id, strlen(lv[i].id));
     wait_idle(u);
-    check_unit(u);
-    dp_unit_stats s = stats(u);
+    dp_test_unit_check(u);
+    dp_unit_stats s = dp_test_unit_stats(u);
     printf("  seed %" PRIu64 ": %" PRIu64 " spills, %" PRIu64 " stages, %" PRIu64
-           " evictions, %" PRIu64 " busy\n",
-           seed, s.spills, s.stages, s.evictions, s.n_busy);
+           " evictions, %" PRIu64
+           " busy; allocs %d + %d (put area + IO area), %d, %d and "
+           "%d checked against live WRITEs, READs and retired regions, reads %d + %d, %d "
+           "ended, %d commits, %d retired\n",
+           seed, s.spills, s.stages, s.evictions, s.n_busy, ran.allocs[0], ran.allocs[1],
+           ran.vs_write, ran.vs_read, ran.vs_retired, ran.reads[0], ran.reads[1],
+           ran.ended, ran.commits, ran.retired);
+    /*
+     * Both areas were used, for WRITEs and READs, and every allocation was
+     * checked against live WRITEs, READs and retired regions (at about half
+     * the least of 200 seeds).
+     */
+    EXPECT_GE(ran.allocs[0], 60);
+    EXPECT_GE(ran.allocs[1], 60);
+    EXPECT_GE(ran.vs_write, 150);
+    EXPECT_GE(ran.vs_read, 150);
+    EXPECT_GE(ran.vs_retired, 150);
+    EXPECT_GE(ran.reads[0], 40);
+    EXPECT_GE(ran.reads[1], 15);
+    EXPECT_GE(ran.ended, 100);
+    EXPECT_GE(ran.commits, 100);
+    EXPECT_GE(ran.retired, 4);
+    EXPECT_GE(s.spills, 30);
+    EXPECT_GE(s.stages, 10);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -1121,35 +1146,21 @@ static void
 peer_start(peer *p, const char *dir, const char *fsize)
 {
     int fds[2];
-    CHECK(pipe(fds) == 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-        close(fds[0]);
-        char fdbuf[16];
-        snprintf(fdbuf, sizeof fdbuf, "%d", fds[1]);
-        setenv("DP_TEST_SSD_PEER", "unit", 1);
-        setenv("DP_TEST_SSD_FD", fdbuf, 1);
-        setenv("DP_TEST_SSD_DIR", dir, 1);
-        if (fsize != NULL)
-            setenv("DP_TEST_SSD_FSIZE", fsize, 1);
-        char *argv[] = {"test_unit_ssd", NULL};
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
+    CHECK(pipe2(fds, O_CLOEXEC) == 0);
+    char fdbuf[16];
+    snprintf(fdbuf, sizeof fdbuf, "%d", fds[1]);
+    const char *env[] = {"DP_TEST_SSD_PEER",
+                         "unit",
+                         "DP_TEST_SSD_FD",
+                         fdbuf,
+                         "DP_TEST_SSD_DIR",
+                         dir,
+                         fsize != NULL ? "DP_TEST_SSD_FSIZE" : NULL,
+                         fsize,
+                         NULL};
+    p->pid = dp_test_spawn_self(env, fds[1]);
     close(fds[1]);
-    p->pid = pid;
-    size_t n = 0;
-    double t0 = dp_test_now();
-    while (n + 1 < sizeof p->addr && dp_test_now() - t0 < 30) {
-        ssize_t r = read(fds[0], p->addr + n, 1);
-        if (r <= 0 || p->addr[n] == '\n')
-            break;
-        n++;
-    }
-    p->addr[n] = '\0';
+    size_t n = dp_test_read_line(fds[0], p->addr, sizeof p->addr, 30);
     close(fds[0]);
     CHECKF(n > 0, "the unit peer reported nothing");
 }
@@ -1157,10 +1168,7 @@ peer_start(peer *p, const char *dir, const char *fsize)
 static int
 peer_stop(peer *p, int sig)
 {
-    kill(p->pid, sig);
-    int st = 0;
-    CHECK(waitpid(p->pid, &st, 0) == p->pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    return dp_test_kill_wait(p->pid, sig);
 }
 
 typedef struct zc {
@@ -1237,7 +1245,7 @@ zput(zc *z, const char *id, const tblob *t)
     double t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){ws(id), t->len, t->n, true};
+        q.a.alloc = (dp_wire_alloc_args){dp_wire_s(id), t->len, t->n, true};
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         if (r.ok) {
             off = r.r.alloc.off;
@@ -1258,7 +1266,7 @@ zput(zc *z, const char *id, const tblob *t)
     t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_COMMIT;
-        q.a.commit.blob_id = ws(id);
+        q.a.commit.blob_id = dp_wire_s(id);
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         CHECK(r.ok);
         st = r.r.commit;
@@ -1277,7 +1285,7 @@ zread(zc *z, uint64_t g, uint32_t v)
 {
     char ka[48];
     snprintf(ka, sizeof ka, "%" PRIu64 "@a", g);
-    dp_wire_str k = ws(ka);
+    dp_wire_str k = dp_wire_s(ka);
     dp_detail d;
     dp_detail_clear(&d);
     dp_wire_request q;
@@ -1320,7 +1328,7 @@ zread(zc *z, uint64_t g, uint32_t v)
         dp_wire_str_copy(x->pin_id, pin, sizeof pin);
         dp_wire_reply_fini(&r);
         q.op = DP_WIRE_OP_UNPIN;
-        q.a.unpin.pin_id = ws(pin);
+        q.a.unpin.pin_id = dp_wire_s(pin);
         char rid[DP_WIRE_RID_MAX];
         q.rid = dp_wire_rid_next(&z->rid, rid);
         dp_buf req = {0};
@@ -1420,10 +1428,8 @@ DP_TEST(zmq_ucx_full_disk_is_lost)
 DP_TEST(cli_ssd_flags)
 {
     const char *cli = dp_test_cli_path();
-    if (cli == NULL) {
-        printf("  skipped: the dataplane binary is not built next to this test\n");
-        return;
-    }
+    if (cli == NULL)
+        DP_SKIP("the dataplane binary is not built next to this test");
     char *dir = mk_dir();
     char line[300];
     const char *bad[] = {cli, "unit", "--staging", "8M", NULL};
@@ -1501,7 +1507,7 @@ DP_TEST(late_spill_never_overrides_later_commits_or_releases)
     CHECK_EQ(read_row(u, 0, 2), RD_OK);      /* the newer put stays */
     CHECK_EQ(read_row(u, 5, 1), RD_MISSING); /* the release stays */
     CHECK_EQ(read_row(u, 3, 1), RD_OK);      /* the spill's other rows landed */
-    check_unit(u);
+    dp_test_unit_check(u);
     free(t1.p);
     free(t2.p);
     free(g1);
@@ -1564,11 +1570,11 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
     }
     /* The client stops asking; the lease passes; the ticker runs. */
     atomic_store(&lease_clock, atomic_load(&lease_clock) + 61);
-    for (int round = 0; round < 100 && stats(u).spills < M; round++) {
+    for (int round = 0; round < 100 && dp_test_unit_stats(u).spills < M; round++) {
         dp_unit_tick(u);
         wait_idle(u);
     }
-    dp_unit_stats s = stats(u);
+    dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.leases_expired, 0);
     CHECK_EQ(s.retired_bytes, 0);
     CHECK_EQ(s.spills, M);
@@ -1579,7 +1585,7 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
     }
     CHECK_EQ(read_row(u, 4, 1), RD_OK);
     CHECK_EQ(read_row(u, 8 * M - 1, 1), RD_OK);
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -1602,7 +1608,7 @@ spill_then_clear(dp_unit *u, const char *id, uint64_t g0)
     dp_detail_clear(&d);
     uint64_t off;
     dp_wire_commit_state st;
-    uint64_t before = stats(u).spills_superseded;
+    uint64_t before = dp_test_unit_stats(u).spills_superseded;
     CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL, &d),
                &d);
     dp_test_write_blob(u, id, off, t.p, t.len);
@@ -1612,7 +1618,7 @@ spill_then_clear(dp_unit *u, const char *id, uint64_t g0)
     wait_idle(u);
     free(t.p);
     free(g);
-    return stats(u).spills_superseded == before + 1;
+    return dp_test_unit_stats(u).spills_superseded == before + 1;
 }
 
 /*
@@ -1646,7 +1652,7 @@ DP_TEST(superseded_spill_commit_answers_done)
         sup = spill_then_clear(u, id, (uint64_t)a * 10000);
     }
     CHECK(sup);
-    CHECK_EQ(stats(u).entries, 0); /* the clears stand */
+    CHECK_EQ(dp_test_unit_stats(u).entries, 0); /* the clears stand */
     CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     CHECK_OK_D(dp_unit_commit(u, "never", 5, &st, &d), &d);
@@ -1675,7 +1681,7 @@ DP_TEST(superseded_spill_commit_answers_done)
     dp_unit_abort(u, id, strlen(id), false);
     CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
-    check_unit(u);
+    dp_test_unit_check(u);
     dp_unit_destroy(u);
     rm_dir(dir);
 }
@@ -1690,7 +1696,7 @@ DP_TEST(load_refuses_a_fifo)
     snprintf(pr, sizeof pr, "%s/shard.rows", dir);
     CHECK(mkfifo(p, 0600) == 0);
     CHECK(mkfifo(pr, 0600) == 0);
-    dp_wire_shard_blob b = {ws("b1"), 0, 64, 1};
+    dp_wire_shard_blob b = {dp_wire_s("b1"), 0, 64, 1};
     dp_unit_load_res res;
     dp_detail d;
     dp_detail_clear(&d);

@@ -631,17 +631,17 @@ DP_TEST(op_names_and_notify)
         "stats",   "read_bytes",   "save_shard", "load_shard"};
     CHECK_EQ(DP_ARRAY_LEN(names), DP_WIRE_OP_COUNT_);
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++) {
-        CHECK_STR(dp_wire_op_name((dp_wire_op)i), names[i]);
-        CHECK_EQ(dp_wire_op_parse(dp_wire_s(names[i])), i);
+        EXPECT_STR(dp_wire_op_name((dp_wire_op)i), names[i]);
+        EXPECT_EQ(dp_wire_op_parse(dp_wire_s(names[i])), i);
         bool notify = strcmp(names[i], "unpin") == 0 || strcmp(names[i], "abort") == 0;
-        CHECK_EQ(dp_wire_op_is_notify((dp_wire_op)i), notify);
+        EXPECT_EQ(dp_wire_op_is_notify((dp_wire_op)i), notify);
     }
-    CHECK_EQ(dp_wire_op_parse(dp_wire_s("Ping")), DP_WIRE_OP_NONE);
-    CHECK_EQ(dp_wire_op_parse(dp_wire_s("")), DP_WIRE_OP_NONE);
-    CHECK_EQ(dp_wire_op_parse((dp_wire_str){"pingx", 4}), DP_WIRE_OP_PING);
-    CHECK_STR(dp_wire_op_name(DP_WIRE_OP_NONE), "?");
-    CHECK_STR(dp_wire_op_name(DP_WIRE_OP_COUNT_), "?");
-    CHECK(!dp_wire_op_is_notify(DP_WIRE_OP_NONE));
+    EXPECT_EQ(dp_wire_op_parse(dp_wire_s("Ping")), DP_WIRE_OP_NONE);
+    EXPECT_EQ(dp_wire_op_parse(dp_wire_s("")), DP_WIRE_OP_NONE);
+    EXPECT_EQ(dp_wire_op_parse((dp_wire_str){"pingx", 4}), DP_WIRE_OP_PING);
+    EXPECT_STR(dp_wire_op_name(DP_WIRE_OP_NONE), "?");
+    EXPECT_STR(dp_wire_op_name(DP_WIRE_OP_COUNT_), "?");
+    EXPECT(!dp_wire_op_is_notify(DP_WIRE_OP_NONE));
     CHECK_STR(dp_wire_commit_state_name(DP_WIRE_COMMIT_PENDING), "pending");
 }
 
