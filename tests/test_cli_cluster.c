@@ -878,3 +878,52 @@ DP_TEST(up_with_a_wildcard_bind_writes_routable_addresses)
         rm_dir(dir);
     }
 }
+
+/*
+ * Two clusters of two units each: a file naming unit 0 of one and unit 1 of
+ * the other (same index, same size) is refused by its cluster id, and
+ * nothing lands in either cluster.
+ */
+DP_TEST(a_unit_of_another_cluster_is_refused)
+{
+    char dir[2][64], out[16384], args[2048], log[16384], mixed[128];
+    up_proc u[2];
+    dp_cluster cl[2];
+    for (int k = 0; k < 2; k++) {
+        tmp_dir(dir[k], sizeof dir[k]);
+        up_start(&u[k], dir[k], "--units 2 --slab 8M");
+        bool ok = up_wait_file(&u[k], 60);
+        slurp(u[k].err, log, sizeof log);
+        CHECKF(ok, "no cluster file; up said: %s", log);
+        CHECK_OK(dp_cluster_load(u[k].file, &cl[k], NULL));
+        CHECK(cl[k].cluster_id[0] != '\0');
+    }
+    CHECK(strcmp(cl[0].cluster_id, cl[1].cluster_id) != 0);
+    /* The mixed file claims cluster 0's id. */
+    dp_cluster_unit us[2] = {cl[0].units[0], cl[1].units[1]};
+    dp_cluster m = {.n_units = 2, .units = us};
+    snprintf(m.cluster_id, sizeof m.cluster_id, "%s", cl[0].cluster_id);
+    snprintf(mixed, sizeof mixed, "%s/mixed.json", dir[0]);
+    CHECK_OK(dp_cluster_save(mixed, &m, NULL));
+    snprintf(args, sizeof args,
+             "printf 'row-1' | '%s' put --row 1 --field f --file - --cluster %s 2>&1",
+             DP_CLI_PATH, mixed);
+    CHECK_EQ(run_sh(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "belongs to cluster");
+    CHECK_CONTAINS(out, cl[1].cluster_id);
+    snprintf(args, sizeof args, "stats --cluster %s", mixed);
+    CHECK_EQ(run(args, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "a unit from another cluster");
+    /* Nothing landed in either cluster. */
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "'%s' get 1@f --cluster %s 2>/dev/null", DP_CLI_PATH,
+                 u[k].file);
+        CHECK_EQ(run_sh(args, out, sizeof out), 1);
+    }
+    for (int k = 0; k < 2; k++) {
+        dp_cluster_fini(&cl[k]);
+        kill(u[k].pid, SIGINT);
+        CHECK_EQ(up_wait(&u[k], 60), 0);
+        rm_dir(dir[k]);
+    }
+}

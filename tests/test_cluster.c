@@ -44,7 +44,7 @@ DP_TEST(save_then_load)
         us[i].pid = 100 + i;
         us[i].incarnation = i == 1 ? 0 : 0xfedcba9876543210ull + (uint64_t)i;
     }
-    dp_cluster c = {3, us}, r;
+    dp_cluster c = {3, us, "up-0123abcd"}, r;
     char path[512];
     dp_detail d;
     CHECK_OK_D(dp_cluster_locate(dir, path, sizeof path, &d), &d);
@@ -59,6 +59,7 @@ DP_TEST(save_then_load)
         CHECK_EQ(r.units[i].pid, 100 + i);
         CHECK_EQ_U64(r.units[i].incarnation, us[i].incarnation); /* all 64 bits */
     }
+    CHECK_STR(r.cluster_id, "up-0123abcd");
     dp_cluster_fini(&r);
     /* DP_CLUSTER names the directory when no path is given. */
     setenv("DP_CLUSTER", dir, 1);
@@ -112,6 +113,9 @@ DP_TEST(bad_files_are_refused_with_the_field)
         {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"tcp://a:1\", \"agent\": "
          "\"u\", \"incarnation\": 12}]}",
          "units[0].incarnation must be 16 lowercase hex digits"},
+        {"{\"version\": 1, \"cluster\": \"has space\", \"units\": [{\"id\": 0, \"zmq\": "
+         "\"tcp://a:1\", \"agent\": \"u\"}]}",
+         "\"cluster\" must be 1..64 bytes"},
         {"{\"version\": 1, \"units\": [{\"id\": 0, \"zmq\": \"tcp://a:1\", \"agent\": "
          "\"u\", \"incarnation\": \"12345678abcdefgh\"}]}",
          "units[0].incarnation must be 16 lowercase hex digits"},

@@ -102,7 +102,7 @@ unit_counters(dp_lc *c, dp_lc_answer *a)
         "rows",          "blobs",           "allocated_bytes",    "free_bytes",
         "retired_bytes", "retired",         "retired_kept_bytes", "allocs",
         "commits",       "aborts",          "leases_expired",     "identity_refused",
-        "writers",       "protocol_errors",
+        "writers",       "protocol_errors", "stale_refused",
     };
     dp_lc_ask_ok(c, "stats all", a);
     printf("    unit:");
@@ -544,4 +544,69 @@ DP_TEST(unit_restart)
     CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
     CHECK_OK_D(dp_netns_destroy(n, &d), &d);
     dp_lc_step(t0, "clients quit, unit stopped, topology removed");
+}
+
+/*
+ * A request the client gave up on must not take effect after its next one.
+ * A clear that times out in a blackhole stays in the old connection's kernel
+ * buffer; when the network comes back TCP delivers it, after the client put
+ * the same rows again over a new connection. The unit refuses it as stale
+ * (it used to carry it out, 1-4 s later, and the confirmed rows vanished).
+ */
+DP_TEST(late_clear_is_refused)
+{
+    dp_lc_t_start = dp_test_now();
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    dp_netns *n = topology(2);
+    dp_netns_proc unit;
+    char addr[256];
+    dp_lc_unit_start(n, 0, DP_CLI_PATH, "0", SLAB, &unit, addr, sizeof addr);
+    dp_lc c;
+    dp_lc_start(&c, n, 1, DP_LONGCLIENT_PATH, "client", addr, 1, 2.0);
+    dp_lc_answer a;
+    dp_lc_ask_ok(&c, "put 0 8 4096 1", &a);
+    dp_lc_ask_ok(&c, "get 0 8 4096 1", &a);
+    dp_lc_step(t0, "unit in host 0, a client in host 1, 8 rows put");
+
+    t0 = dp_test_now();
+    CHECK_OK_D(dp_netns_blackhole(n, 0, true, &d), &d);
+    dp_lc_ask_fails_in_budget(&c, "clear 0 8", MARGIN_S, &a);
+    usleep(4000000);
+    CHECK_OK_D(dp_netns_blackhole(n, 0, false, &d), &d);
+    dp_lc_step(t0, "a clear timed out in a 4 s blackhole");
+
+    /* The client moves on: the rows again, confirmed, and they must stay. */
+    t0 = dp_test_now();
+    double t_put = 0;
+    for (int tries = 0;; tries++) {
+        dp_lc_ask(&c, "put 0 8 4096 2", &a);
+        if (strcmp(a.verdict, "ok") == 0) {
+            t_put = dp_test_now();
+            break;
+        }
+        CHECKF(tries < 20, "no put worked after the blackhole: %s", a.line);
+        usleep(250000);
+    }
+    dp_lc_ask_ok(&c, "get 0 8 4096 2", &a);
+    while (dp_test_now() - t_put < 10.0) {
+        usleep(1000000);
+        dp_lc_ask(&c, "get 0 8 4096 2", &a);
+        CHECKF(strcmp(a.verdict, "ok") == 0,
+               "%.1f s after a confirmed put its rows read \"%s\": the late clear took "
+               "effect",
+               dp_test_now() - t_put, a.line);
+    }
+    unit_counters(&c, &a);
+    CHECKF(dp_lc_value_of(&a, "u0:", "stale_refused") >= 1,
+           "the late clear never arrived (the scenario did not happen): %s", a.line);
+    CHECK_EQ(dp_lc_value_of(&a, "u0:", "rows"), 8);
+    dp_lc_step(t0, "confirmed rows stayed 10 s; the late clear was refused");
+
+    t0 = dp_test_now();
+    dp_lc_quit(&c);
+    CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
+    CHECK_OK_D(dp_netns_destroy(n, &d), &d);
+    dp_lc_step(t0, "client quit, unit stopped, topology removed");
 }

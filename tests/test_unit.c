@@ -1994,3 +1994,108 @@ DP_TEST(release_rows_of_another_unit_is_refused)
     free(t.p);
     dp_unit_destroy(u);
 }
+
+/*
+ * Request order: a request whose id is older than one the same client sent
+ * later is refused (a notify dropped, unpin still carried out); other
+ * clients, and ids of another form, are not affected.
+ */
+DP_TEST(stale_requests_are_refused)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    const char *A = "0123456789abcdef", *B = "fedcba9876543210";
+    char rid[64];
+    dp_wire_request q;
+    dp_wire_reply r;
+    bool replied = false;
+    /* A's alloc with counter 5. */
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ALLOC;
+    snprintf(rid, sizeof rid, "%s-5", A);
+    q.rid = dp_wire_s(rid);
+    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("x"), 4096, 0, false};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    dp_wire_reply_fini(&r);
+    /* A's older clear (counter 3) arrives late: refused, nothing released. */
+    const char *keys[] = {"7@a"};
+    tblob t = mk_blob(keys, 1, 64, 1);
+    put_blob(u, "b", &t);
+    uint64_t g = 7;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    snprintf(rid, sizeof rid, "%s-3", A);
+    q.rid = dp_wire_s(rid);
+    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
+    char msg[512];
+    dp_wire_str_copy(r.err.msg, msg, sizeof msg);
+    CHECK_CONTAINS(msg, "stale request");
+    dp_wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).entries, 1);
+    /* The same counter again is stale too; an older abort is dropped. */
+    snprintf(rid, sizeof rid, "%s-5", A);
+    q.rid = dp_wire_s(rid);
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    dp_wire_reply_fini(&r);
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ABORT;
+    snprintf(rid, sizeof rid, "%s-4", A);
+    q.rid = dp_wire_s(rid);
+    q.a.abort = (dp_wire_abort_args){dp_wire_s("x"), false};
+    call_handler(u, &q, &r, &replied);
+    CHECK(!replied);
+    CHECK_EQ(dp_test_unit_stats(u).blobs, 2); /* "x" is still allocated */
+    /* Another client's low counters are its own; a newer A goes through. */
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    snprintf(rid, sizeof rid, "%s-1", B);
+    q.rid = dp_wire_s(rid);
+    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok && r.r.dropped == 1);
+    dp_wire_reply_fini(&r);
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ABORT;
+    snprintf(rid, sizeof rid, "%s-6", A);
+    q.rid = dp_wire_s(rid);
+    q.a.abort = (dp_wire_abort_args){dp_wire_s("x"), false};
+    call_handler(u, &q, &r, &replied);
+    CHECK_EQ(dp_test_unit_stats(u).blobs, 0);
+    /* Ids of another form are never stale. */
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_PING;
+    for (int i = 0; i < 2; i++) {
+        q.rid = dp_wire_s("r1");
+        call_handler(u, &q, &r, &replied);
+        CHECK(replied && r.ok);
+        dp_wire_reply_fini(&r);
+    }
+    /* A stale unpin is still carried out (it only ends a pin). */
+    put_blob(u, "c", &t);
+    dp_wire_str k = dp_wire_s("7@a");
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    snprintf(rid, sizeof rid, "%s-9", A);
+    q.rid = dp_wire_s(rid);
+    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok && r.r.resolve_keys.pin_id.n > 0);
+    char pin[64];
+    dp_wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp_wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 1);
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_UNPIN;
+    snprintf(rid, sizeof rid, "%s-8", A);
+    q.rid = dp_wire_s(rid);
+    q.a.unpin.pin_id = dp_wire_s(pin);
+    call_handler(u, &q, &r, &replied);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 0);
+    CHECK_EQ(dp_test_unit_stats(u).stale_refused, 3);
+    free(t.p);
+    dp_unit_destroy(u);
+}
