@@ -15,17 +15,9 @@
 #include "blob/blob.h"
 #include "blob/crc32c.h"
 #include "blob/keys.h"
+#include "common/le.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static uint64_t
-get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 static void
 check_entries(const dp_blob *b, size_t size)
@@ -126,7 +118,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     one(data, size, NULL);
     if (size < 64)
         return 0;
-    uint64_t index_len = get_le64(data + 16);
+    uint64_t index_len = dp_le64_load(data + 16);
     if (index_len > size - 64)
         return 0;
     uint8_t *q = malloc(size);
@@ -134,8 +126,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(q, data, size);
     uint32_t crc = dp_crc32c(q + 64, (size_t)index_len);
-    for (int i = 0; i < 4; i++)
-        q[40 + i] = (uint8_t)(crc >> (8 * i));
+    dp_le32_store(q + 40, crc);
     one(q, size, NULL);
     dp_blob_parse_opts o = {.allow_overlap = true,
                             .n_units = 1 + data[size - 1] % 4,

@@ -1076,23 +1076,31 @@ DP_TEST(stopped_unit_leaves_the_destination_off_limits)
     CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
     CHECK(!dp_client_touches_unfinished(c, dst, BYTES));
     bool seen = false;
-    for (int attempt = 0; attempt < 4 && !seen; attempt++) {
+    double after = 0.03;
+    for (int attempt = 0; attempt < 8 && !seen; attempt++) {
         if (attempt > 0) {
             kill(cl.pid[0], SIGCONT);
             dp_sleep_s(0.5);
         }
-        /* Later tries wait longer: a slow resolve (sanitizers) must end first. */
-        stopper sp = {cl.pid[0], 0.03 + 0.05 * attempt};
+        stopper sp = {cl.pid[0], after};
         pthread_t th;
         CHECK_EQ(pthread_create(&th, NULL, stopper_main, &sp), 0);
         dp_get_item it = {.key = "7@obs", .dst = dst, .cap = BYTES};
         int rc = dp_client_get(c, &it, 1, &d);
         pthread_join(th, NULL);
+        printf("  attempt %d (stop after %.3f s): %s %s\n", attempt, after,
+               dp_errname(rc), rc == DP_OK ? "" : dp_detail_msg(&d));
+        if (rc == DP_OK) { /* the READ ended before the stop: stop sooner */
+            after /= 2;
+            continue;
+        }
         CHECKF(rc == DP_ETIMEDOUT || rc == DP_ETRANSFER, "get from a stopped unit: %s",
                dp_errname(rc));
-        /* Stopped before the READ began (resolve timed out): nothing to protect. */
+        /* Stopped before the READ began (resolve timed out): stop later
+         * (a slow resolve, under sanitizers, must end first). */
         seen = strstr(dp_detail_msg(&d), "retained") != NULL;
-        printf("  attempt %d: %s\n", attempt, dp_detail_msg(&d));
+        if (!seen)
+            after += 0.05;
     }
     CHECK(seen);
     CHECK(dp_client_touches_unfinished(c, dst, BYTES));

@@ -6,7 +6,7 @@
  *
  * Blocks. Every byte of the usable area belongs to exactly one block, free,
  * allocated or quarantined. Blocks are kept in one doubly linked list in
- * address order (prev/next), so the neighbours a free has to merge with are
+ * address order (a->blocks), so the neighbours a free has to merge with are
  * found in O(1). Invariants, checked by dp_slab_alloc_check():
  *   - the list tiles [0, usable) with no gap and no overlap, every size > 0
  *     and a multiple of align;
@@ -58,6 +58,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/list.h"
 
 /* Node states: the public three, plus a node sitting in the spare list. */
 enum {
@@ -75,7 +76,7 @@ struct blk {
     blk *l, *r;    /* treap children (by_size or by_off); r links the spare list */
     uint32_t prio; /* treap priority: a parent's is >= its children's */
     uint8_t state;
-    blk *prev, *next; /* address order, every live block */
+    dp_list_node link; /* a->blocks: address order, every live block */
 } __attribute__((aligned(64)));
 
 typedef struct blk_chunk blk_chunk;
@@ -92,10 +93,10 @@ typedef struct qent {
 
 struct dp_slab_alloc {
     uint64_t area, usable, align;
-    blk *head;    /* the block at offset 0 */
-    blk *by_size; /* treap root: free blocks by (size, off) */
-    blk *by_off;  /* treap root: allocated and quarantined blocks by off */
-    blk *spare;   /* recycled nodes, linked through r */
+    dp_list blocks; /* every live block in address order (blk.link) */
+    blk *by_size;   /* treap root: free blocks by (size, off) */
+    blk *by_off;    /* treap root: allocated and quarantined blocks by off */
+    blk *spare;     /* recycled nodes, linked through r */
     blk_chunk *chunks;
     size_t chunk_nodes; /* nodes in the next chunk (grows to a cap) */
     qent *q;            /* quarantine min-heap on (t, seq) */
@@ -153,7 +154,7 @@ node_put(dp_slab_alloc *a, blk *b)
 {
     b->state = ST_SPARE;
     b->l = NULL;
-    b->prev = b->next = NULL;
+    b->link = (dp_list_node){NULL, NULL};
     b->r = a->spare;
     a->spare = b;
 }
@@ -385,7 +386,7 @@ dp_slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
     b->off = 0;
     b->size = usable;
     b->state = ST_FREE;
-    a->head = b;
+    dp_list_insert_tail(&a->blocks, &b->link);
     treap_insert(&a->by_size, b, true);
     a->free_bytes = usable;
     a->n_free = 1;
@@ -448,11 +449,7 @@ dp_slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail 
         rest->off = f->off + n;
         rest->size = f->size - n;
         rest->state = ST_FREE;
-        rest->prev = f;
-        rest->next = f->next;
-        if (f->next != NULL)
-            f->next->prev = rest;
-        f->next = rest;
+        dp_list_insert_after(&a->blocks, &f->link, &rest->link);
         f->size = n;
         treap_insert(&a->by_size, rest, true);
     } else {
@@ -529,24 +526,20 @@ release(dp_slab_alloc *a, blk *b, blk **link)
     a->n_free++;
     b->state = ST_FREE;
 
-    blk *p = b->prev;
+    blk *p = DP_LIST_PREV(b, blk, link);
     if (p != NULL && p->state == ST_FREE) {
         treap_remove(&a->by_size, p, true);
         p->size += b->size;
-        p->next = b->next;
-        if (b->next != NULL)
-            b->next->prev = p;
+        dp_list_remove(&a->blocks, &b->link);
         node_put(a, b);
         a->n_free--;
         b = p;
     }
-    blk *nx = b->next;
+    blk *nx = DP_LIST_NEXT(b, blk, link);
     if (nx != NULL && nx->state == ST_FREE) {
         treap_remove(&a->by_size, nx, true);
         b->size += nx->size;
-        b->next = nx->next;
-        if (nx->next != NULL)
-            nx->next->prev = b;
+        dp_list_remove(&a->blocks, &nx->link);
         node_put(a, nx);
         a->n_free--;
     }
@@ -645,7 +638,8 @@ dp_slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg)
 {
     if (a == NULL || fn == NULL)
         return 0;
-    for (const blk *b = a->head; b != NULL; b = b->next) {
+    for (const blk *b = DP_LIST_FIRST(&a->blocks, blk, link); b != NULL;
+         b = DP_LIST_NEXT(b, blk, link)) {
         int rc = fn(arg, b->off, b->size, b->state);
         if (rc != 0)
             return rc;
@@ -702,8 +696,9 @@ dp_slab_alloc_check(const dp_slab_alloc *a, dp_detail *d)
     const blk *prev = NULL;
     if (a == NULL)
         return dp_fail(d, DP_EINVAL, "slab allocator: NULL argument");
-    for (const blk *b = a->head; b != NULL; prev = b, b = b->next) {
-        if (b->prev != prev)
+    for (const blk *b = DP_LIST_FIRST(&a->blocks, blk, link); b != NULL;
+         prev = b, b = DP_LIST_NEXT(b, blk, link)) {
+        if (b->link.prev != (prev != NULL ? &prev->link : NULL))
             return dp_fail(d, DP_ECORRUPT, "slab allocator: bad prev link at %" PRIu64,
                            b->off);
         if (b->off != end)

@@ -30,6 +30,7 @@
 #include "blob/crc32c.h"
 #include "blob/keys.h"
 #include "common/common.h"
+#include "common/le.h"
 #include "wire/mp.h"
 
 #define ENTRY_FIELDS 7
@@ -76,59 +77,27 @@ dtype_problem(const char *dtype, size_t len, dp_blob_kind kind)
 
 /* ---- header ---- */
 
-static void
-put_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t
-get_le32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t
-get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 void
 dp_blob_header_encode(const dp_blob_header *h, uint8_t out[64])
 {
     memset(out, 0, DP_BLOB_HEADER_LEN);
     memcpy(out, DP_BLOB_MAGIC, 8);
-    put_le32(out + 8, h->version);
-    put_le32(out + 12, h->n_entries);
-    put_le64(out + 16, h->index_len);
-    put_le64(out + 24, h->payload_off);
-    put_le64(out + 32, h->total_len);
-    put_le32(out + 40, h->index_crc);
-    put_le32(out + 44, h->flags);
-    put_le64(out + 48, h->alloc_incarnation);
-    put_le64(out + 56, h->alloc_token);
+    dp_le32_store(out + 8, h->version);
+    dp_le32_store(out + 12, h->n_entries);
+    dp_le64_store(out + 16, h->index_len);
+    dp_le64_store(out + 24, h->payload_off);
+    dp_le64_store(out + 32, h->total_len);
+    dp_le32_store(out + 40, h->index_crc);
+    dp_le32_store(out + 44, h->flags);
+    dp_le64_store(out + 48, h->alloc_incarnation);
+    dp_le64_store(out + 56, h->alloc_token);
 }
 
 void
 dp_blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t token)
 {
-    put_le64(hdr64 + 48, incarnation);
-    put_le64(hdr64 + 56, token);
+    dp_le64_store(hdr64 + 48, incarnation);
+    dp_le64_store(hdr64 + 56, token);
 }
 
 static uint32_t
@@ -157,15 +126,15 @@ dp_blob_header_decode(const uint8_t hdr64[64], uint64_t len,
                        dp__quote_bytes((const char *)hdr64, 8, 8, q, sizeof q),
                        DP_BLOB_MAGIC);
     }
-    h.version = get_le32(hdr64 + 8);
-    h.n_entries = get_le32(hdr64 + 12);
-    h.index_len = get_le64(hdr64 + 16);
-    h.payload_off = get_le64(hdr64 + 24);
-    h.total_len = get_le64(hdr64 + 32);
-    h.index_crc = get_le32(hdr64 + 40);
-    h.flags = get_le32(hdr64 + 44);
-    h.alloc_incarnation = get_le64(hdr64 + 48);
-    h.alloc_token = get_le64(hdr64 + 56);
+    h.version = dp_le32_load(hdr64 + 8);
+    h.n_entries = dp_le32_load(hdr64 + 12);
+    h.index_len = dp_le64_load(hdr64 + 16);
+    h.payload_off = dp_le64_load(hdr64 + 24);
+    h.total_len = dp_le64_load(hdr64 + 32);
+    h.index_crc = dp_le32_load(hdr64 + 40);
+    h.flags = dp_le32_load(hdr64 + 44);
+    h.alloc_incarnation = dp_le64_load(hdr64 + 48);
+    h.alloc_token = dp_le64_load(hdr64 + 56);
     if (h.version == 1)
         return dp_fail(d, DP_EPROTO,
                        "blob: layout version 1 (written by an older client or saved by "

@@ -21,6 +21,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "common/le.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define CRC_HAVE_X86 1
 #include <nmmintrin.h>
@@ -110,13 +112,6 @@ crc_setup(void)
     pthread_once(&crc_once, crc_init);
 }
 
-static inline uint32_t
-le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-           (uint32_t)p[3] << 24;
-}
-
 static uint32_t
 table_run(uint32_t r, const uint8_t *p, size_t n)
 {
@@ -125,7 +120,7 @@ table_run(uint32_t r, const uint8_t *p, size_t n)
         n--;
     }
     while (n >= 8) {
-        uint32_t lo = r ^ le32(p), hi = le32(p + 4);
+        uint32_t lo = r ^ dp_le32_load(p), hi = dp_le32_load(p + 4);
         r = table[7][lo & 0xff] ^ table[6][(lo >> 8) & 0xff] ^
             table[5][(lo >> 16) & 0xff] ^ table[4][lo >> 24] ^ table[3][hi & 0xff] ^
             table[2][(hi >> 8) & 0xff] ^ table[1][(hi >> 16) & 0xff] ^ table[0][hi >> 24];

@@ -16,52 +16,13 @@
 #include <unistd.h>
 
 #include "blob/crc32c.h"
+#include "common/fileio.h"
+#include "common/le.h"
 
 /* Scratch for bytes a sequential pass reads only for their CRC. */
 #define SCRATCH_BYTES ((size_t)1 << 20)
-/* Largest single pread into a caller's buffer. */
+/* Bytes read into a caller's buffer per step (each step's CRC follows it). */
 #define READ_MAX ((uint64_t)1 << 30)
-
-static uint32_t
-rd_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-           (uint32_t)p[3] << 24;
-}
-
-static uint64_t
-rd_u64(const uint8_t *p)
-{
-    return (uint64_t)rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32;
-}
-
-static void
-wr_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-wr_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static bool
-id_ok(const char *s, uint32_t n)
-{
-    if (n == 0 || n > DP_SHARD_ID_MAX)
-        return false;
-    for (uint32_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' || c == '-'))
-            return false;
-    }
-    return true;
-}
 
 /* ---- shard file: header and trailer ---- */
 
@@ -69,11 +30,11 @@ void
 dp_shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN])
 {
     memcpy(out, DP_SHARD_MAGIC, 8);
-    wr_u32(out + 8, DP_SHARD_VERSION);
-    wr_u32(out + 12, h->unit_id);
-    wr_u32(out + 16, h->n_units);
-    wr_u32(out + 20, h->n_blobs);
-    wr_u64(out + 24, h->data_bytes);
+    dp_le32_store(out + 8, DP_SHARD_VERSION);
+    dp_le32_store(out + 12, h->unit_id);
+    dp_le32_store(out + 16, h->n_units);
+    dp_le32_store(out + 20, h->n_blobs);
+    dp_le64_store(out + 24, h->data_bytes);
 }
 
 int
@@ -83,13 +44,13 @@ dp_shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
     memset(h, 0, sizeof *h);
     if (memcmp(p, DP_SHARD_MAGIC, 8) != 0)
         return dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset 0", name);
-    if (rd_u32(p + 8) != DP_SHARD_VERSION)
+    if (dp_le32_load(p + 8) != DP_SHARD_VERSION)
         return dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
-                       rd_u32(p + 8), DP_SHARD_VERSION);
-    h->unit_id = rd_u32(p + 12);
-    h->n_units = rd_u32(p + 16);
-    h->n_blobs = rd_u32(p + 20);
-    h->data_bytes = rd_u64(p + 24);
+                       dp_le32_load(p + 8), DP_SHARD_VERSION);
+    h->unit_id = dp_le32_load(p + 12);
+    h->n_units = dp_le32_load(p + 16);
+    h->n_blobs = dp_le32_load(p + 20);
+    h->data_bytes = dp_le64_load(p + 24);
     h->crc = dp_crc32c(p, DP_SHARD_HEADER_LEN);
     return DP_OK;
 }
@@ -120,20 +81,20 @@ dp_shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
     uint8_t hdr[DP_SHARD_HEADER_LEN];
     dp_shard_header_encode(h, hdr);
     memcpy(out, DP_SHARD_END_MAGIC, 8);
-    wr_u64(out + 8, h->data_bytes);
-    wr_u32(out + 16, data_crc);
-    wr_u32(out + 20, dp_crc32c(hdr, sizeof hdr));
+    dp_le64_store(out + 8, h->data_bytes);
+    dp_le32_store(out + 16, data_crc);
+    dp_le32_store(out + 20, dp_crc32c(hdr, sizeof hdr));
 }
 
 int
 dp_shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp_shard_header *h,
                         const char *name, uint32_t *data_crc, dp_detail *d)
 {
-    if (memcmp(p, DP_SHARD_END_MAGIC, 8) != 0 || rd_u64(p + 8) != h->data_bytes ||
-        rd_u32(p + 20) != h->crc)
+    if (memcmp(p, DP_SHARD_END_MAGIC, 8) != 0 || dp_le64_load(p + 8) != h->data_bytes ||
+        dp_le32_load(p + 20) != h->crc)
         return dp_fail(d, DP_ECORRUPT, "%s: bad trailer at offset %" PRIu64, name,
                        dp_shard_data_end(h));
-    *data_crc = rd_u32(p + 16);
+    *data_crc = dp_le32_load(p + 16);
     return DP_OK;
 }
 
@@ -142,7 +103,7 @@ dp_shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp_shard_he
 uint32_t
 dp_shard_row_live(const dp_shard_row *r, uint32_t k)
 {
-    return rd_u32(r->live + 4 * (size_t)k);
+    return dp_le32_load(r->live + 4 * (size_t)k);
 }
 
 void
@@ -166,15 +127,15 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_r
         memcmp(p + len - 8, DP_ROWS_END_MAGIC, 8) != 0)
         return dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset %" PRIu64, name,
                        memcmp(p, DP_ROWS_MAGIC, 8) != 0 ? 0 : len - 8);
-    if (rd_u32(p + len - 12) != dp_crc32c(p, (size_t)len - 12))
+    if (dp_le32_load(p + len - 12) != dp_crc32c(p, (size_t)len - 12))
         return dp_fail(d, DP_ECORRUPT, "%s: CRC mismatch over [0, %" PRIu64 ")", name,
                        len - 12);
-    if (rd_u32(p + 8) != DP_SHARD_VERSION)
+    if (dp_le32_load(p + 8) != DP_SHARD_VERSION)
         return dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
-                       rd_u32(p + 8), DP_SHARD_VERSION);
-    out->unit_id = rd_u32(p + 12);
-    out->n_units = rd_u32(p + 16);
-    uint32_t n = rd_u32(p + 20);
+                       dp_le32_load(p + 8), DP_SHARD_VERSION);
+    out->unit_id = dp_le32_load(p + 12);
+    out->n_units = dp_le32_load(p + 16);
+    uint32_t n = dp_le32_load(p + 20);
     if (n > (len - 36) / 25)
         return dp_fail(d, DP_ECORRUPT, "%s: %u blobs cannot fit (offset 20)", name, n);
     dp_shard_row *r = calloc(n ? n : 1, sizeof *r);
@@ -191,12 +152,13 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_r
         r[i].id_len = p[pos];
         r[i].id = (const char *)p + pos + 1;
         const uint8_t *q = p + pos + 1 + r[i].id_len;
-        r[i].off = rd_u64(q);
-        r[i].nbytes = rd_u64(q + 8);
-        r[i].crc = rd_u32(q + 16);
-        r[i].n_live = rd_u32(q + 20);
+        r[i].off = dp_le64_load(q);
+        r[i].nbytes = dp_le64_load(q + 8);
+        r[i].crc = dp_le32_load(q + 16);
+        r[i].n_live = dp_le32_load(q + 20);
         pos += 1 + r[i].id_len + 24;
-        if ((end - pos) / 4 < r[i].n_live || !id_ok(r[i].id, r[i].id_len)) {
+        if ((end - pos) / 4 < r[i].n_live ||
+            !dp_id_valid(r[i].id, r[i].id_len, DP_SHARD_ID_MAX)) {
             free(r);
             return dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name,
                            pos);
@@ -236,7 +198,7 @@ dp_shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out, dp_detai
         goto out;
     }
     *buf = p;
-    if ((rc = dp_shard_pread(fd, p, (size_t)len, 0, name, d)) != 0)
+    if ((rc = dp_pread_full(fd, p, (size_t)len, 0, NULL, name, d)) != 0)
         goto out;
     rc = dp_shard_rows_parse(p, len, name, out, d);
 out:
@@ -273,10 +235,10 @@ dp_shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n_blobs
                             uint8_t out[DP_SHARD_ROWS_HEADER_LEN])
 {
     memcpy(out, DP_ROWS_MAGIC, 8);
-    wr_u32(out + 8, DP_SHARD_VERSION);
-    wr_u32(out + 12, unit_id);
-    wr_u32(out + 16, n_units);
-    wr_u32(out + 20, n_blobs);
+    dp_le32_store(out + 8, DP_SHARD_VERSION);
+    dp_le32_store(out + 12, unit_id);
+    dp_le32_store(out + 16, n_units);
+    dp_le32_store(out + 20, n_blobs);
 }
 
 size_t
@@ -286,23 +248,23 @@ dp_shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX])
     out[0] = (uint8_t)r->id_len;
     memcpy(out + 1, r->id, r->id_len);
     uint8_t *q = out + 1 + r->id_len;
-    wr_u64(q, r->off);
-    wr_u64(q + 8, r->nbytes);
-    wr_u32(q + 16, r->crc);
-    wr_u32(q + 20, r->n_live);
+    dp_le64_store(q, r->off);
+    dp_le64_store(q + 8, r->nbytes);
+    dp_le32_store(q + 16, r->crc);
+    dp_le32_store(q + 20, r->n_live);
     return (size_t)(q + 24 - out);
 }
 
 void
 dp_shard_live_encode(uint32_t entry, uint8_t out[4])
 {
-    wr_u32(out, entry);
+    dp_le32_store(out, entry);
 }
 
 void
 dp_shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILER_LEN])
 {
-    wr_u32(out, crc);
+    dp_le32_store(out, crc);
     memcpy(out + 4, DP_ROWS_END_MAGIC, 8);
 }
 
@@ -332,26 +294,6 @@ dp_shard_file_open(const char *name, int *out, uint64_t *len, dp_detail *d)
     return DP_OK;
 }
 
-int
-dp_shard_pread(int fd, void *pv, size_t n, uint64_t off, const char *name, dp_detail *d)
-{
-    uint8_t *p = pv;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, DP_MIN(n, (size_t)READ_MAX), (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return dp_fail_sys(d, errno, "reading %s at offset %" PRIu64, name, off);
-        if (r == 0)
-            return dp_fail(d, DP_ECORRUPT, "%s: truncated: ends at offset %" PRIu64, name,
-                           off);
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return DP_OK;
-}
-
 /*
  * Read r's bytes at r->off into dst (in reads of up to 1 GiB), or, with dst
  * NULL, through scratch (SCRATCH_BYTES); *crc gets their CRC32C.
@@ -365,7 +307,7 @@ read_blob(int fd, const char *name, const dp_shard_row *r, uint8_t *dst, uint8_t
     for (uint64_t done = 0; done < r->nbytes;) {
         size_t n = (size_t)DP_MIN(r->nbytes - done, dst ? READ_MAX : SCRATCH_BYTES);
         uint8_t *p = dst ? dst + done : scratch;
-        int rc = dp_shard_pread(fd, p, n, pos, name, d);
+        int rc = dp_pread_full(fd, p, n, pos, NULL, name, d);
         if (rc != 0)
             return rc;
         c = dp_crc32c_update(c, p, n);
@@ -391,7 +333,7 @@ reader_skip(dp_shard_reader *rd, uint64_t off, dp_detail *d)
 {
     while (rd->pos < off) {
         size_t n = (size_t)DP_MIN(off - rd->pos, (uint64_t)SCRATCH_BYTES);
-        int rc = dp_shard_pread(rd->fd, rd->buf, n, rd->pos, rd->name, d);
+        int rc = dp_pread_full(rd->fd, rd->buf, n, rd->pos, NULL, rd->name, d);
         if (rc != 0)
             return rc;
         rd->crc = dp_crc32c_update(rd->crc, rd->buf, n);

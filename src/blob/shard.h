@@ -49,7 +49,7 @@
 #define DP_SHARD_TRAILER_LEN 24u
 #define DP_SHARD_ROWS_HEADER_LEN 24u
 #define DP_SHARD_ROWS_TRAILER_LEN 12u
-#define DP_SHARD_ID_MAX 64 /* a blob id: 1..64 bytes of [A-Za-z0-9_.:-] */
+#define DP_SHARD_ID_MAX DP_ID_MAX /* a blob id (dp_id_valid) */
 /* A rows-file record before its live list: u8 id_len, id, 2 x u64, 2 x u32. */
 #define DP_SHARD_ROW_HEAD_MAX (1 + DP_SHARD_ID_MAX + 24)
 /* The largest rows file dp_shard_rows_load reads. */
@@ -162,13 +162,6 @@ void dp_shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILE
  * DP_ESYS, DP_EINVAL (not a regular file).
  */
 int dp_shard_file_open(const char *name, int *fd, uint64_t *len, dp_detail *d);
-
-/*
- * Read exactly n bytes at off (short reads and EINTR retried). A file that
- * ends first is DP_ECORRUPT ("truncated") naming the offset; DP_ESYS.
- */
-int dp_shard_pread(int fd, void *p, size_t n, uint64_t off, const char *name,
-                   dp_detail *d);
 
 /*
  * One sequential pass over a shard's data section: blobs in offset order

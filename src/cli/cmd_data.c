@@ -22,6 +22,7 @@
 
 #include "blob/crc32c.h"
 #include "cli/cli.h"
+#include "common/fileio.h"
 #include "dataplane/client.h"
 
 static const char usage_put[] =
@@ -185,17 +186,12 @@ read_all(dp_client *c, int fd, const char *name, void **out, uint64_t *len, bool
                 return rc;
             *reg = true;
         }
-        uint64_t got = 0;
-        while (got < n) {
-            ssize_t r = read(fd, (char *)*out + got, n - got);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r < 0)
-                return dp_fail_sys(d, errno, "read %s", name);
-            if (r == 0)
-                return dp_fail(d, DP_EINVAL, "%s shrank while being read", name);
-            got += (uint64_t)r;
-        }
+        size_t got = 0;
+        int rc = dp_read_full(fd, *out, (size_t)n, 0, &got, name, d);
+        if (rc != DP_OK)
+            return rc;
+        if (got < n)
+            return dp_fail(d, DP_EINVAL, "%s shrank while being read", name);
         *len = n;
         return DP_OK;
     }
@@ -203,17 +199,14 @@ read_all(dp_client *c, int fd, const char *name, void **out, uint64_t *len, bool
     dp_buf b;
     dp_buf_init(&b);
     char tmp[65536];
-    for (;;) {
-        ssize_t r = read(fd, tmp, sizeof tmp);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
+    size_t got = sizeof tmp; /* a read short of that met the end */
+    while (got == sizeof tmp) {
+        int rc = dp_read_full(fd, tmp, sizeof tmp, b.len, &got, name, d);
+        if (rc != DP_OK) {
             dp_buf_fini(&b);
-            return dp_fail_sys(d, errno, "read %s", name);
+            return rc;
         }
-        if (r == 0)
-            break;
-        if (dp_buf_append(&b, tmp, (size_t)r) != DP_OK) {
+        if (dp_buf_append(&b, tmp, got) != DP_OK) {
             dp_buf_fini(&b);
             return dp_fail(d, DP_ENOMEM, "%s: out of memory", name);
         }
@@ -417,20 +410,21 @@ describe(FILE *f, const char *key, uint64_t n, const dp_value_desc *desc, uint32
     fprintf(f, ", unit %u\n", unit);
 }
 
+/* Write p[0, n) to a new or truncated file: 0, or the errno of what failed. */
 static int
-write_all(int fd, const void *p, uint64_t n)
+write_file(const char *path, const void *p, uint64_t n)
 {
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        c += w;
-        n -= (uint64_t)w;
-    }
-    return 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno;
+    dp_detail wd;
+    dp_detail_clear(&wd);
+    int err = 0;
+    if (dp_write_full(fd, p, (size_t)n, 0, path, &wd) != DP_OK)
+        err = wd.sys_errno;
+    if (close(fd) != 0 && err == 0)
+        err = errno;
+    return err;
 }
 
 int
@@ -507,10 +501,10 @@ dp__cmd_get(int argc, char **argv)
         goto out;
     }
     if (output != NULL) {
-        int fd = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || write_all(fd, data, n) != 0 || close(fd) != 0) {
+        int err = write_file(output, data, n);
+        if (err != 0) {
             fprintf(stderr, "dataplane get: cannot write %s: %s\n", output,
-                    strerror(errno));
+                    strerror(err));
             status = 1;
             goto out;
         }
@@ -518,9 +512,11 @@ dp__cmd_get(int argc, char **argv)
     } else {
         /* stdout, not descriptor 1: main points that at stderr (cli.h). */
         fflush(stdout);
-        if (write_all(fileno(stdout), data, n) != 0) {
+        dp_detail wd;
+        dp_detail_clear(&wd);
+        if (dp_write_full(fileno(stdout), data, (size_t)n, 0, "stdout", &wd) != DP_OK) {
             fprintf(stderr, "dataplane get: cannot write to stdout: %s\n",
-                    strerror(errno));
+                    strerror(wd.sys_errno));
             status = 1;
             goto out;
         }

@@ -65,25 +65,123 @@ unit_usage_error(const char *fmt, const char *arg)
     return 2;
 }
 
-int
-dp__cmd_unit(int argc, char **argv)
+/* What the command line asked for, and where a parse error is described. */
+typedef struct unit_cmd {
+    const char *bind_ip, *advertise;
+    uint64_t port, unit_id, units, staging;
+    bool staging_set;
+    dp_unit_opts uo;
+    dp_detail d;
+} unit_cmd;
+
+enum {
+    O_BIND = 1,
+    O_ADVERTISE,
+    O_PORT,
+    O_SLAB,
+    O_PIN,
+    O_LEASE,
+    O_RECLAIM,
+    O_CLUSTER_ID,
+    O_NUMA,
+    O_ID,
+    O_UNITS,
+    O_SSD,
+    O_STAGING,
+    O_PICKUP
+};
+
+/* unit_option and unit_parse: go on (anything else is the exit status). */
+#define UNIT_GO_ON (-1)
+
+/*
+ * Apply option c (its argument in optarg) to u: UNIT_GO_ON, or the status to
+ * exit with at once (0 after --help, 2 after a usage error it printed).
+ */
+static int
+unit_option(unit_cmd *u, int c, char **argv)
 {
-    enum {
-        O_BIND = 1,
-        O_ADVERTISE,
-        O_PORT,
-        O_SLAB,
-        O_PIN,
-        O_LEASE,
-        O_RECLAIM,
-        O_CLUSTER_ID,
-        O_NUMA,
-        O_ID,
-        O_UNITS,
-        O_SSD,
-        O_STAGING,
-        O_PICKUP
-    };
+    dp_unit_opts *uo = &u->uo;
+    dp_detail *d = &u->d;
+    int rc = 0;
+    switch (c) {
+    case O_BIND:
+        u->bind_ip = optarg;
+        break;
+    case O_ADVERTISE:
+        rc = dp__cli_check_advertise(optarg, d);
+        u->advertise = optarg;
+        break;
+    case O_PORT:
+        rc = dp_parse_u64(optarg, 0, 65535, &u->port, "--port", d);
+        break;
+    case O_SLAB:
+        rc = dp_parse_size(optarg, &uo->slab_bytes, "--slab", d);
+        break;
+    case O_PIN:
+        rc = dp_parse_seconds(optarg, &uo->read_pin_s, "--read-pin-s", d);
+        if (rc == 0 && !(uo->read_pin_s > 0))
+            rc = dp_fail(d, DP_EINVAL, "--read-pin-s must be > 0");
+        break;
+    case O_LEASE:
+        rc = dp_parse_seconds(optarg, &uo->alloc_lease_s, "--alloc-lease-s", d);
+        break;
+    case O_CLUSTER_ID:
+        if (dp_wire_check_id(dp_wire_s(optarg), NULL, "--cluster-id", d) != DP_OK)
+            rc = DP_EINVAL;
+        uo->cluster_id = optarg;
+        break;
+    case O_RECLAIM:
+        if (strcmp(optarg, "never") == 0)
+            uo->reclaim_grace_s = -1;
+        else
+            rc = dp_parse_seconds(optarg, &uo->reclaim_grace_s, "--reclaim-grace-s", d);
+        break;
+    case O_NUMA:
+        if (strcmp(optarg, "auto") == 0)
+            uo->numa = DP_UNIT_NUMA_AUTO;
+        else if (strcmp(optarg, "bind") == 0)
+            uo->numa = DP_UNIT_NUMA_BIND;
+        else if (strcmp(optarg, "off") == 0)
+            uo->numa = DP_UNIT_NUMA_OFF;
+        else
+            return unit_usage_error("--numa must be auto, bind or off, not '%s'", optarg);
+        break;
+    case O_ID:
+        rc = dp_parse_u64(optarg, 0, UINT32_MAX - 1, &u->unit_id, "--unit-id", d);
+        break;
+    case O_UNITS:
+        rc = dp_parse_u64(optarg, 1, UINT32_MAX, &u->units, "--units", d);
+        break;
+    case O_SSD:
+        if (optarg[0] == '\0')
+            return unit_usage_error("--ssd-dir must not be empty%s", "");
+        uo->ssd_dir = optarg;
+        break;
+    case O_STAGING:
+        rc = dp_parse_size(optarg, &u->staging, "--staging", d);
+        if (rc == 0 && u->staging < 4096)
+            rc = dp_fail(d, DP_EINVAL, "--staging must be at least 4K");
+        u->staging_set = true;
+        break;
+    case O_PICKUP:
+        rc = dp_parse_seconds(optarg, &uo->pickup_s, "--pickup-s", d);
+        break;
+    case 'h':
+        fputs(usage_unit, stdout);
+        return 0;
+    default:
+        return unit_usage_error("unknown option or missing value '%s'", argv[optind - 1]);
+    }
+    if (rc != 0)
+        return unit_usage_error("%s", dp_detail_msg(d));
+    return UNIT_GO_ON;
+}
+
+/* Parse the command line into u: UNIT_GO_ON, or the status to exit with. */
+static int
+unit_parse(int argc, char **argv, unit_cmd *u)
+{
     static const struct option opts[] = {
         {"bind", required_argument, NULL, O_BIND},
         {"advertise", required_argument, NULL, O_ADVERTISE},
@@ -101,109 +199,40 @@ dp__cmd_unit(int argc, char **argv)
         {"pickup-s", required_argument, NULL, O_PICKUP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const char *bind_ip = "127.0.0.1", *advertise = NULL;
-    uint64_t port = 0, unit_id = 0, units = 1, staging = 0;
-    bool staging_set = false;
-    dp_unit_opts uo;
-    dp_unit_opts_init(&uo);
-    uo.slab_bytes = 256ull << 20;
-    dp_detail d;
-    dp_detail_clear(&d);
+    *u = (unit_cmd){.bind_ip = "127.0.0.1", .units = 1};
+    dp_unit_opts_init(&u->uo);
+    u->uo.slab_bytes = 256ull << 20;
+    dp_detail_clear(&u->d);
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (c) {
-        case O_BIND:
-            bind_ip = optarg;
-            break;
-        case O_ADVERTISE:
-            rc = dp__cli_check_advertise(optarg, &d);
-            advertise = optarg;
-            break;
-        case O_PORT:
-            rc = dp_parse_u64(optarg, 0, 65535, &port, "--port", &d);
-            break;
-        case O_SLAB:
-            rc = dp_parse_size(optarg, &uo.slab_bytes, "--slab", &d);
-            break;
-        case O_PIN:
-            rc = dp_parse_seconds(optarg, &uo.read_pin_s, "--read-pin-s", &d);
-            if (rc == 0 && !(uo.read_pin_s > 0))
-                rc = dp_fail(&d, DP_EINVAL, "--read-pin-s must be > 0");
-            break;
-        case O_LEASE:
-            rc = dp_parse_seconds(optarg, &uo.alloc_lease_s, "--alloc-lease-s", &d);
-            break;
-        case O_CLUSTER_ID:
-            if (dp_wire_check_id(dp_wire_s(optarg), NULL, "--cluster-id", &d) != DP_OK)
-                rc = DP_EINVAL;
-            uo.cluster_id = optarg;
-            break;
-        case O_RECLAIM:
-            if (strcmp(optarg, "never") == 0)
-                uo.reclaim_grace_s = -1;
-            else
-                rc = dp_parse_seconds(optarg, &uo.reclaim_grace_s, "--reclaim-grace-s",
-                                      &d);
-            break;
-        case O_NUMA:
-            if (strcmp(optarg, "auto") == 0)
-                uo.numa = DP_UNIT_NUMA_AUTO;
-            else if (strcmp(optarg, "bind") == 0)
-                uo.numa = DP_UNIT_NUMA_BIND;
-            else if (strcmp(optarg, "off") == 0)
-                uo.numa = DP_UNIT_NUMA_OFF;
-            else
-                return unit_usage_error("--numa must be auto, bind or off, not '%s'",
-                                        optarg);
-            break;
-        case O_ID:
-            rc = dp_parse_u64(optarg, 0, UINT32_MAX - 1, &unit_id, "--unit-id", &d);
-            break;
-        case O_UNITS:
-            rc = dp_parse_u64(optarg, 1, UINT32_MAX, &units, "--units", &d);
-            break;
-        case O_SSD:
-            if (optarg[0] == '\0')
-                return unit_usage_error("--ssd-dir must not be empty%s", "");
-            uo.ssd_dir = optarg;
-            break;
-        case O_STAGING:
-            rc = dp_parse_size(optarg, &staging, "--staging", &d);
-            if (rc == 0 && staging < 4096)
-                rc = dp_fail(&d, DP_EINVAL, "--staging must be at least 4K");
-            staging_set = true;
-            break;
-        case O_PICKUP:
-            rc = dp_parse_seconds(optarg, &uo.pickup_s, "--pickup-s", &d);
-            break;
-        case 'h':
-            fputs(usage_unit, stdout);
-            return 0;
-        default:
-            return unit_usage_error("unknown option or missing value '%s'",
-                                    argv[optind - 1]);
-        }
-        if (rc != 0)
-            return unit_usage_error("%s", dp_detail_msg(&d));
+        int st = unit_option(u, c, argv);
+        if (st != UNIT_GO_ON)
+            return st;
     }
     if (optind < argc)
         return unit_usage_error("unexpected argument '%s'", argv[optind]);
-    if (unit_id >= units) {
+    if (u->unit_id >= u->units) {
         char msg[96];
         snprintf(msg, sizeof msg, "--unit-id %" PRIu64 " must be below --units %" PRIu64,
-                 unit_id, units);
+                 u->unit_id, u->units);
         return unit_usage_error("%s", msg);
     }
-    if (staging_set && uo.ssd_dir == NULL)
+    if (u->staging_set && u->uo.ssd_dir == NULL)
         return unit_usage_error("--staging needs --ssd-dir%s", "");
-    if (uo.ssd_dir != NULL)
-        uo.staging_bytes = staging_set ? staging : 64ull << 20;
-    uo.unit_id = (uint32_t)unit_id;
-    uo.n_units = (uint32_t)units;
+    if (u->uo.ssd_dir != NULL)
+        u->uo.staging_bytes = u->staging_set ? u->staging : 64ull << 20;
+    u->uo.unit_id = (uint32_t)u->unit_id;
+    u->uo.n_units = (uint32_t)u->units;
+    return UNIT_GO_ON;
+}
 
+/* Run the unit u describes until SIGINT or SIGTERM: the exit status. */
+static int
+unit_serve(unit_cmd *u)
+{
+    dp_unit_opts *uo = &u->uo;
     /* Every thread started from here on inherits this mask; sigwait takes them. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -212,22 +241,22 @@ dp__cmd_unit(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     char prefix[32];
-    snprintf(prefix, sizeof prefix, "unit %u", uo.unit_id);
+    snprintf(prefix, sizeof prefix, "unit %u", uo->unit_id);
     dp_log_set_prefix(prefix);
 
     int status = 1, rc;
     dp_unit_server *srv = NULL;
     char name[64], rnd[33], numa[128];
     /* NUMA first, so the endpoint's threads start on the unit's node too. */
-    dp_unit_numa_apply(uo.numa, uo.unit_id, numa, sizeof numa);
-    if ((rc = dp_random_hex_id(rnd, &d)) != 0)
+    dp_unit_numa_apply(uo->numa, uo->unit_id, numa, sizeof numa);
+    if ((rc = dp_random_hex_id(rnd, &u->d)) != 0)
         goto fail;
-    snprintf(name, sizeof name, "unit%u-%.8s", uo.unit_id, rnd);
-    dp_unit_server_opts so = {.bind_ip = bind_ip,
-                              .port = (uint16_t)port,
-                              .advertise = advertise,
+    snprintf(name, sizeof name, "unit%u-%.8s", uo->unit_id, rnd);
+    dp_unit_server_opts so = {.bind_ip = u->bind_ip,
+                              .port = (uint16_t)u->port,
+                              .advertise = u->advertise,
                               .tick_s = 1.0};
-    if ((rc = dp_unit_server_start(&uo, name, &so, &srv, &d)) != 0)
+    if ((rc = dp_unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
         goto fail;
     /* The contract with launchers: this is the first line of stdout. */
     printf("%s\n", dp_unit_server_address(srv));
@@ -239,12 +268,12 @@ dp__cmd_unit(int argc, char **argv)
     DP_LOG_I(
         "serving %s%s: unit %u of %u, slab %s, endpoint %s, numa: %s, read_pin_s %.1f, "
         "alloc_lease_s %.1f",
-        dp_unit_server_address(srv), bound, uo.unit_id, uo.n_units,
-        dp_fmt_size(uo.slab_bytes, sz, sizeof sz), name,
-        dp_unit_numa_desc(dp_unit_server_unit(srv)), uo.read_pin_s, uo.alloc_lease_s);
-    if (uo.ssd_dir != NULL)
-        DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo.ssd_dir,
-                 dp_fmt_size(uo.staging_bytes, sz, sizeof sz), uo.pickup_s);
+        dp_unit_server_address(srv), bound, uo->unit_id, uo->n_units,
+        dp_fmt_size(uo->slab_bytes, sz, sizeof sz), name,
+        dp_unit_numa_desc(dp_unit_server_unit(srv)), uo->read_pin_s, uo->alloc_lease_s);
+    if (uo->ssd_dir != NULL)
+        DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo->ssd_dir,
+                 dp_fmt_size(uo->staging_bytes, sz, sizeof sz), uo->pickup_s);
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
         ;
@@ -252,8 +281,18 @@ dp__cmd_unit(int argc, char **argv)
     status = 0;
     goto out;
 fail:
-    fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&d), dp_strerror(rc));
+    fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&u->d), dp_strerror(rc));
 out:
     dp_unit_server_close(srv);
     return status;
+}
+
+int
+dp__cmd_unit(int argc, char **argv)
+{
+    unit_cmd u;
+    int st = unit_parse(argc, argv, &u);
+    if (st != UNIT_GO_ON)
+        return st;
+    return unit_serve(&u);
 }

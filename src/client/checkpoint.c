@@ -26,6 +26,7 @@
 #include "blob/crc32c.h"
 #include "blob/shard.h"
 #include "client/fanout.h"
+#include "common/fileio.h"
 #include "common/map.h"
 #include "wire/wire.h"
 
@@ -203,18 +204,13 @@ file_crc(const char *path, uint32_t *crc, uint64_t *size, dp_detail *d)
         rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
         goto out;
     }
-    for (;;) {
-        ssize_t r = read(fd, buf, cap);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            rc = dp_fail_sys(d, errno, "reading %s at offset %" PRIu64, path, n);
+    /* A read that stops short of cap found the end of the file. */
+    size_t got = cap;
+    while (got == cap) {
+        if ((rc = dp_pread_full(fd, buf, cap, n, &got, path, d)) != 0)
             goto out;
-        }
-        if (r == 0)
-            break;
-        c = dp_crc32c_update(c, buf, (size_t)r);
-        n += (uint64_t)r;
+        c = dp_crc32c_update(c, buf, got);
+        n += got;
     }
     *crc = c;
     *size = n;
@@ -238,17 +234,7 @@ write_atomic(const char *dir, const char *path, const char *data, size_t len,
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
         return dp_fail_sys(d, errno, "creating %s", tmp);
-    size_t done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, data + done, len - done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = dp_fail_sys(d, w < 0 ? errno : EIO, "writing %s", tmp);
-            break;
-        }
-        done += (size_t)w;
-    }
+    rc = dp_write_full(fd, data, len, 0, tmp, d);
     if (rc == 0 && fsync(fd) != 0)
         rc = dp_fail_sys(d, errno, "fsync of %s", tmp);
     if (close(fd) != 0 && rc == 0)
@@ -1038,13 +1024,13 @@ shard_frame(int fd, uint64_t len, const char *shard, uint32_t unit, uint32_t n_u
 {
     uint8_t hb[DP_SHARD_HEADER_LEN], tb[DP_SHARD_TRAILER_LEN];
     uint32_t data_crc;
-    int rc = dp_shard_pread(fd, hb, sizeof hb, 0, shard, d);
+    int rc = dp_pread_full(fd, hb, sizeof hb, 0, NULL, shard, d);
     if (rc == DP_OK)
         rc = dp_shard_header_decode(hb, shard, h, d);
     if (rc == DP_OK)
         rc = dp_shard_check_len(h, len, shard, d);
     if (rc == DP_OK)
-        rc = dp_shard_pread(fd, tb, sizeof tb, dp_shard_data_end(h), shard, d);
+        rc = dp_pread_full(fd, tb, sizeof tb, dp_shard_data_end(h), NULL, shard, d);
     if (rc == DP_OK)
         rc = dp_shard_trailer_decode(tb, h, shard, &data_crc, d);
     if (rc == DP_OK && (h->unit_id != unit || h->n_units != n_units))

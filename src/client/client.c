@@ -28,7 +28,9 @@
  *   while that transfer may run. When every such transfer ended after all
  *   (the endpoint released it from the graveyard: UCX completed its
  *   requests, e.g. purged them when the peer failed), the buffer is cached
- *   again at the next lookup.
+ *   again at the next lookup. USER and VALUES buffers and the caller's
+ *   regions are also kept as a set of ranges (c->direct), so whether a value
+ *   lies in memory a transfer can use in place is a binary search.
  * - Each unit's data path is bound to one incarnation of it (its process):
  *   replies from another, and failed transfer endpoints, make the client
  *   re-bind before the next transfer (dp__client_ready_locked), never post
@@ -251,6 +253,31 @@ round_buf(size_t n)
     return r;
 }
 
+/* A buffer in this state is the caller's memory: transfers use it in place. */
+static bool
+buf_direct(int state)
+{
+    return state == DP__BUF_USER || state == DP__BUF_VALUES;
+}
+
+/* b (its state set) joins c->direct if its state counts; room was reserved. */
+static void
+direct_add_locked(dp_client *c, const dp__buf *b)
+{
+    if (!buf_direct(b->state))
+        return;
+    int rc = dp_ranges_add(&c->direct, (uintptr_t)b->p, b->len, NULL);
+    DP_ASSERT(rc == DP_OK); /* the endpoint's regions never overlap */
+}
+
+static void
+direct_remove_locked(dp_client *c, const void *p)
+{
+    dp_ranges_ent *e = dp_ranges_at(&c->direct, (uintptr_t)p);
+    if (e != NULL)
+        dp_ranges_remove(&c->direct, e);
+}
+
 static dp__buf *
 buf_find_locked(dp_client *c, const void *p)
 {
@@ -297,6 +324,8 @@ dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
 {
     if (nbytes == 0)
         nbytes = 1;
+    if (buf_direct(state) && dp_ranges_reserve(&c->direct, 1) != DP_OK)
+        return dp_fail(d, DP_ENOMEM, "client: out of memory (buffer table)");
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < c->n_bufs; i++) {
         dp__buf *b = &c->bufs[i];
@@ -322,6 +351,7 @@ dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
     if (best != SIZE_MAX && c->bufs[best].len <= 4 * round_buf(nbytes)) {
         c->bufs[best].state = state;
         c->cached_bytes -= c->bufs[best].len;
+        direct_add_locked(c, &c->bufs[best]);
         *out = &c->bufs[best];
         return DP_OK;
     }
@@ -342,6 +372,7 @@ dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
     b->p = p;
     b->len = len;
     b->state = state;
+    direct_add_locked(c, b);
     *out = b;
     return DP_OK;
 }
@@ -352,6 +383,8 @@ dp__client_buf_put_locked(dp_client *c, uint8_t *p)
     dp__buf *b = buf_find_locked(c, p);
     if (b == NULL || b->state == DP__BUF_FREE || b->state == DP__BUF_RETIRED)
         return;
+    if (buf_direct(b->state))
+        direct_remove_locked(c, b->p);
     if (dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {
         b->state = DP__BUF_RETIRED;
         dp_graveyard_retain_buffer(b->len);
@@ -369,19 +402,7 @@ dp__client_buf_put_locked(dp_client *c, uint8_t *p)
 bool
 dp__client_direct_locked(const dp_client *c, const void *p, uint64_t n)
 {
-    uintptr_t a = (uintptr_t)p;
-    for (size_t i = 0; i < c->n_bufs; i++) {
-        const dp__buf *b = &c->bufs[i];
-        if ((b->state == DP__BUF_USER || b->state == DP__BUF_VALUES) &&
-            a >= (uintptr_t)b->p && n <= b->len && a - (uintptr_t)b->p <= b->len - n)
-            return true;
-    }
-    for (size_t i = 0; i < c->n_regions; i++) {
-        const dp__region *r = &c->regions[i];
-        if (a >= (uintptr_t)r->p && n <= r->len && a - (uintptr_t)r->p <= r->len - n)
-            return true;
-    }
-    return false;
+    return dp_ranges_find(&c->direct, (uintptr_t)p, n) != NULL;
 }
 
 int
@@ -440,9 +461,16 @@ dp_client_register(dp_client *c, void *addr, size_t nbytes, dp_detail *d)
         c->regions = nr;
         c->cap_regions = nc;
     }
+    if (dp_ranges_reserve(&c->direct, 1) != DP_OK) {
+        rc = dp_fail(d, DP_ENOMEM, "client: out of memory (region table)");
+        goto out;
+    }
     rc = dp_endpoint_register(c->ep, addr, nbytes, d);
-    if (rc == 0)
+    if (rc == 0) {
         c->regions[c->n_regions++] = (dp__region){addr, nbytes};
+        rc = dp_ranges_add(&c->direct, (uintptr_t)addr, nbytes, NULL);
+        DP_ASSERT(rc == DP_OK); /* the endpoint refuses overlapping regions */
+    }
 out:
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -462,8 +490,10 @@ dp_client_deregister(dp_client *c, void *addr, dp_detail *d)
             continue;
         dp_detail_clear(d);
         rc = dp_endpoint_deregister(c->ep, addr, d);
-        if (rc == 0)
+        if (rc == 0) {
             c->regions[i] = c->regions[--c->n_regions];
+            direct_remove_locked(c, addr);
+        }
         break;
     }
     pthread_mutex_unlock(&c->mu);
@@ -1032,8 +1062,10 @@ dp_client_close(dp_client *c)
     bool keep = c->n_values > 0;
     dp_ctl_client *ctl = NULL;
     if (keep) {
-        for (size_t i = 0; i < c->n_regions; i++)
+        for (size_t i = 0; i < c->n_regions; i++) {
             dp_endpoint_deregister(c->ep, c->regions[i].p, NULL);
+            direct_remove_locked(c, c->regions[i].p);
+        }
         c->n_regions = 0;
         ctl = c->ctl;
         c->ctl = NULL;
@@ -1072,6 +1104,7 @@ dp__client_free(dp_client *c)
     free(c->units);
     free(c->bufs);
     free(c->regions);
+    dp_ranges_fini(&c->direct);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

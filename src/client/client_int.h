@@ -15,6 +15,7 @@
 #include "client/cluster.h"
 #include "client/fanout.h"
 #include "common/common.h"
+#include "common/ranges.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
 #include "wire/wire.h"
@@ -124,6 +125,12 @@ struct dp_client {
     /* Caller-registered regions. */
     dp__region *regions;
     size_t n_regions, cap_regions;
+    /*
+     * The memory transfers use in place (dp__client_direct_locked): USER and
+     * VALUES buffers and the caller's regions, as ranges (v unused). Kept as
+     * buffers change state and regions come and go.
+     */
+    dp_ranges direct;
 
     dp_client_counters cnt; /* the caller's view: dp_client_counters_get */
 

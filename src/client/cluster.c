@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
+
 #define MAX_FILE_BYTES (4u << 20)
 
 const char *
@@ -119,22 +121,15 @@ read_file(const char *path, char **out, dp_detail *d)
         return dp_fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
     }
     /* The size is from fstat; a file that shrinks meanwhile reads short. */
+    char label[PATH_MAX + 16];
+    snprintf(label, sizeof label, "cluster file %s", path);
     size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r == 0)
-            break;
-        if (r < 0) {
-            int e = errno;
-            free(buf);
-            close(fd);
-            return dp_fail_sys(d, e, "read cluster file %s", path);
-        }
-        got += (size_t)r;
-    }
+    int rc = dp_read_full(fd, buf, (size_t)st.st_size, 0, &got, label, d);
     close(fd);
+    if (rc != DP_OK) {
+        free(buf);
+        return rc;
+    }
     buf[got] = '\0';
     *out = buf;
     return DP_OK;
@@ -227,14 +222,7 @@ dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
     if (cid != NULL) {
         const char *v = cJSON_IsString(cid) ? cid->valuestring : NULL;
         size_t vn = v != NULL ? strlen(v) : 0;
-        bool ok = vn >= 1 && vn < sizeof out->cluster_id;
-        for (size_t k = 0; ok && k < vn; k++) {
-            char ch = v[k];
-            ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                 (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' ||
-                 ch == '-';
-        }
-        if (!ok) {
+        if (!dp_id_valid(v, vn, sizeof out->cluster_id - 1)) {
             rc = dp_fail(d, DP_EPROTO,
                          "cluster file %s: \"cluster\" must be 1..%zu bytes of "
                          "[A-Za-z0-9_.:-]",
@@ -351,18 +339,11 @@ dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
         rc = dp_fail_sys(d, errno, "create %s", tmp);
         goto out;
     }
-    size_t len = strlen(text), put = 0;
-    while (put < len) {
-        ssize_t w = write(fd, text + put, len - put);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            rc = dp_fail_sys(d, errno, "write %s", tmp);
-            break;
-        }
-        put += (size_t)w;
-    }
-    if (rc == DP_OK && (write(fd, "\n", 1) != 1 || fsync(fd) != 0))
+    size_t len = strlen(text);
+    rc = dp_write_full(fd, text, len, 0, tmp, d);
+    if (rc == DP_OK)
+        rc = dp_write_full(fd, "\n", 1, len, tmp, d);
+    if (rc == DP_OK && fsync(fd) != 0)
         rc = dp_fail_sys(d, errno, "write %s", tmp);
     close(fd);
     if (rc == DP_OK && rename(tmp, path) != 0)

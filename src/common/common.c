@@ -1,6 +1,6 @@
 /*
- * Assertions, clocks, logging, growable buffers, size parsing and random ids:
- * the small pieces every module uses.
+ * Assertions, clocks, logging, growable buffers, size parsing, the id rule
+ * and random ids: the small pieces every module uses.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -333,6 +334,42 @@ dp_fmt_size(uint64_t n, char *buf, size_t len)
     else
         snprintf(buf, len, "%.2f %s", v, units[i]);
     return buf;
+}
+
+const char *
+dp_fmt_memlock(char *buf, size_t len)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+        snprintf(buf, len, "unknown");
+    else if (rl.rlim_cur == RLIM_INFINITY)
+        snprintf(buf, len, "unlimited");
+    else
+        dp_fmt_size((uint64_t)rl.rlim_cur, buf, len);
+    return buf;
+}
+
+/* ---- ids ---- */
+
+/* [A-Za-z0-9_.:-] as a bitmap over bytes 0..127: '-' '.' '0'-'9' ':' in the
+ * first word, 'A'-'Z' '_' 'a'-'z' in the second. */
+static const uint64_t id_bits[2] = {0x07ff600000000000ull, 0x07fffffe87fffffeull};
+
+size_t
+dp_id_bad_byte(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch >= 128 || !((id_bits[ch >> 6] >> (ch & 63)) & 1))
+            return i;
+    }
+    return n;
+}
+
+bool
+dp_id_valid(const char *p, size_t n, size_t max)
+{
+    return n >= 1 && n <= max && dp_id_bad_byte(p, n) == n;
 }
 
 int

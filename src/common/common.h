@@ -1,6 +1,6 @@
 /*
  * Small shared helpers: assertions, clocks, logging, growable buffers, size
- * parsing. Internal to the library (not installed).
+ * parsing, the id rule. Internal to the library (not installed).
  */
 #ifndef DP_COMMON_H
 #define DP_COMMON_H
@@ -108,6 +108,23 @@ int dp_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, const c
                  dp_detail *d);
 /* Format bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
 const char *dp_fmt_size(uint64_t n, char *buf, size_t len);
+/*
+ * This process's RLIMIT_MEMLOCK (what registering memory for RDMA may pin)
+ * as "unlimited", a size as dp_fmt_size writes it, or "unknown", into buf (at
+ * least 32 bytes); returns buf. For the messages of failed registrations.
+ */
+const char *dp_fmt_memlock(char *buf, size_t len);
+
+/*
+ * The id rule, one for blob, pin, cluster and request ids: 1..max bytes of
+ * [A-Za-z0-9_.:-] (no '/', NUL or control bytes: ids are made by clients and
+ * end up in logs and file names). DP_ID_MAX is the usual max.
+ */
+#define DP_ID_MAX 64
+/* Index of the first byte of p[0, n) an id may not hold, or n if there is none. */
+size_t dp_id_bad_byte(const char *p, size_t n);
+/* Whether p[0, n) is an id of at most max bytes. */
+bool dp_id_valid(const char *p, size_t n, size_t max);
 
 /* Random bytes from the OS (getrandom), for ids; never fails silently. */
 int dp_random_bytes(void *p, size_t n, dp_detail *d);

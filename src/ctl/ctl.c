@@ -38,6 +38,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/list.h"
+
 #include "wire/mp.h"
 
 #define DEFAULT_MAX_MSG (64u << 20)
@@ -45,7 +47,7 @@
 
 /* A reply waiting for the server thread. */
 struct out_item {
-    struct out_item *next;
+    dp_list_node link; /* outbox.items */
     size_t id_len, len;
     uint8_t *data; /* routing id, then the reply */
 };
@@ -56,7 +58,7 @@ typedef struct outbox {
     int refs;    /* the server and each open token; under mu */
     bool closed; /* the server is gone: replies are dropped */
     int pipe_r, pipe_w;
-    struct out_item *head, *tail;
+    dp_list items; /* struct out_item, oldest first; under mu */
 } outbox;
 
 struct dp_ctl_deferred {
@@ -73,8 +75,9 @@ outbox_unref(outbox *ob)
     pthread_mutex_unlock(&ob->mu);
     if (!last)
         return;
-    for (struct out_item *it = ob->head, *next; it != NULL; it = next) {
-        next = it->next;
+    for (struct out_item *it;
+         (it = DP_LIST_FIRST(&ob->items, struct out_item, link)) != NULL;) {
+        dp_list_remove(&ob->items, &it->link);
         free(it->data);
         free(it);
     }
@@ -124,13 +127,8 @@ dp_ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len)
         it->len = len;
         pthread_mutex_lock(&ob->mu);
         bool queued = !ob->closed;
-        if (queued) {
-            if (ob->tail != NULL)
-                ob->tail->next = it;
-            else
-                ob->head = it;
-            ob->tail = it;
-        }
+        if (queued)
+            dp_list_insert_tail(&ob->items, &it->link);
         pthread_mutex_unlock(&ob->mu);
         if (queued) {
             ssize_t w = write(ob->pipe_w, "r", 1); /* full pipe: a wake-up is pending */
@@ -169,18 +167,18 @@ send_outbox(dp_ctl_server *s)
     char junk[64];
     while (read(s->ob->pipe_r, junk, sizeof junk) > 0) {
     }
+    dp_list items = {0};
     pthread_mutex_lock(&s->ob->mu);
-    struct out_item *it = s->ob->head;
-    s->ob->head = s->ob->tail = NULL;
+    dp_list_move_tail(&items, &s->ob->items);
     pthread_mutex_unlock(&s->ob->mu);
-    while (it != NULL) {
-        struct out_item *next = it->next;
+    for (struct out_item *it;
+         (it = DP_LIST_FIRST(&items, struct out_item, link)) != NULL;) {
+        dp_list_remove(&items, &it->link);
         if (zmq_send(s->sock, it->data, it->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
             zmq_send(s->sock, it->data + it->id_len, it->len, ZMQ_DONTWAIT) < 0)
             DP_LOG_D("ctl server: deferred reply dropped: %s", zmq_strerror(zmq_errno()));
         free(it->data);
         free(it);
-        it = next;
     }
 }
 
@@ -390,14 +388,14 @@ typedef struct csock {
 struct pooled {
     char *address;
     csock *cs;
-    struct pooled *next;
+    dp_list_node link; /* dp_ctl_client.idle, most recently given back first */
 };
 
 struct dp_ctl_client {
     void *zctx;
     pthread_mutex_t mu;
-    struct pooled *idle; /* under mu */
-    uint64_t n_socks;    /* monitor endpoint names; atomic */
+    dp_list idle;     /* struct pooled; under mu */
+    uint64_t n_socks; /* monitor endpoint names; atomic */
 };
 
 /* Heartbeats and connect bounds: a dead or cut-off peer shows within seconds. */
@@ -449,13 +447,11 @@ dp_ctl_client_destroy(dp_ctl_client *c)
 {
     if (c == NULL)
         return;
-    struct pooled *p = c->idle;
-    while (p != NULL) {
-        struct pooled *next = p->next;
+    for (struct pooled *p; (p = DP_LIST_FIRST(&c->idle, struct pooled, link)) != NULL;) {
+        dp_list_remove(&c->idle, &p->link);
         sock_close(p->cs);
         free(p->address);
         free(p);
-        p = next;
     }
     zmq_ctx_term(c->zctx);
     pthread_mutex_destroy(&c->mu);
@@ -554,10 +550,10 @@ static int
 sock_take(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
 {
     pthread_mutex_lock(&c->mu);
-    for (struct pooled **pp = &c->idle; *pp != NULL; pp = &(*pp)->next) {
-        if (strcmp((*pp)->address, address) == 0) {
-            struct pooled *p = *pp;
-            *pp = p->next;
+    for (struct pooled *p = DP_LIST_FIRST(&c->idle, struct pooled, link); p != NULL;
+         p = DP_LIST_NEXT(p, struct pooled, link)) {
+        if (strcmp(p->address, address) == 0) {
+            dp_list_remove(&c->idle, &p->link);
             pthread_mutex_unlock(&c->mu);
             *out = p->cs;
             free(p->address);
@@ -585,8 +581,7 @@ sock_give_back(dp_ctl_client *c, const char *address, csock *cs)
     p->address = a;
     p->cs = cs;
     pthread_mutex_lock(&c->mu);
-    p->next = c->idle;
-    c->idle = p;
+    dp_list_insert_head(&c->idle, &p->link);
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -261,14 +261,16 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
         return DP_OK;
     if (t->locks_init) {
         pthread_mutex_lock(&t->mu);
-        if (t->live != NULL) {
+        if (!dp_list_empty(&t->live)) {
             size_t n = 0;
-            for (dp_direct_req *r = t->live; r != NULL; r = r->lnext)
+            for (dp_list_node *x = dp_list_first(&t->live); x != NULL;
+                 x = dp_list_next(x))
                 n++;
             int rc = dp_fail(d, DP_EBUSY,
                              "direct %s: %zu fetch request%s still alive (object %s): "
                              "dp_direct_req_destroy them before destroying the transport",
-                             t->name, n, n == 1 ? " is" : "s are", t->live->obj_id);
+                             t->name, n, n == 1 ? " is" : "s are",
+                             DP_LIST_FIRST(&t->live, dp_direct_req, llink)->obj_id);
             pthread_mutex_unlock(&t->mu);
             return rc;
         }
@@ -289,6 +291,7 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
         free(v);
     dp_map_fini(&t->objs);
     dp_map_fini(&t->regs);
+    dp_ranges_fini(&t->reg_ranges);
     dp_map_fini(&t->aborted);
     /* The endpoint deregisters everything, keeping what retained transfers touch. */
     dp_endpoint_destroy(t->ep);
@@ -574,15 +577,8 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
         goto fail;
     }
     set_state(r, REQ_QUEUED);
-    r->lnext = t->live;
-    if (t->live != NULL)
-        t->live->lprev = r;
-    t->live = r;
-    if (t->qtail != NULL)
-        t->qtail->qnext = r;
-    else
-        t->qhead = r;
-    t->qtail = r;
+    dp_list_insert_head(&t->live, &r->llink);
+    dp_list_insert_tail(&t->queue, &r->qlink);
     t->fetches++;
     pthread_cond_signal(&t->work_cv); /* one worker; waiters wait for END only */
     pthread_mutex_unlock(&t->mu);
@@ -703,12 +699,7 @@ dp_direct_req_destroy(dp_direct_req *r)
     r->aborted = true;
     while (r->state != REQ_END)
         pthread_cond_wait(&t->cv, &t->mu);
-    if (r->lprev != NULL)
-        r->lprev->lnext = r->lnext;
-    else
-        t->live = r->lnext;
-    if (r->lnext != NULL)
-        r->lnext->lprev = r->lprev;
+    dp_list_remove(&t->live, &r->llink);
     pthread_mutex_unlock(&t->mu);
     req_free(r);
 }
@@ -722,7 +713,8 @@ dp_direct_abort(dp_direct *t, const char *obj_id, dp_detail *d)
         return rc;
     pthread_mutex_lock(&t->mu);
     bool hit = false;
-    for (dp_direct_req *r = t->live; r != NULL; r = r->lnext) {
+    for (dp_direct_req *r = DP_LIST_FIRST(&t->live, dp_direct_req, llink); r != NULL;
+         r = DP_LIST_NEXT(r, dp_direct_req, llink)) {
         if (r->state != REQ_END && strcmp(r->obj_id, obj_id) == 0) {
             r->aborted = true;
             hit = true;

@@ -20,7 +20,8 @@
  *
  * Locks (never nested, each a leaf except for calls into the endpoint, which
  * has its own internal lock and never calls back):
- * - cache_mu: regs, objs, pool, version and the registration counters.
+ * - cache_mu: regs, reg_ranges, objs, pool, version and the registration
+ *   counters.
  * - mu + cv + work_cv: the queue, every live request's state, the abort set,
  *   stopping, fetch counters. cv is broadcast when a request ends (waiters);
  *   work_cv is signalled once per queued request (one worker) and broadcast
@@ -40,7 +41,9 @@
 
 #include "alloc/slab_alloc.h"
 #include "common/common.h"
+#include "common/list.h"
 #include "common/map.h"
+#include "common/ranges.h"
 #include "direct/direct.h"
 #include "direct/direct_md.h"
 #include "xfer/endpoint.h"
@@ -86,8 +89,8 @@ struct dp_direct_req {
     int rc;
     dp_detail det;
     uint64_t done_bytes;
-    struct dp_direct_req *qnext;
-    struct dp_direct_req *lprev, *lnext; /* live list */
+    dp_list_node qlink; /* t->queue while QUEUED */
+    dp_list_node llink; /* t->live, newest first */
 };
 
 /* A remote LRU entry: a connected publisher and what it was added with. */
@@ -107,8 +110,9 @@ struct dp_direct {
     int n_workers;
 
     pthread_mutex_t cache_mu;
-    dp_map regs; /* u64 base -> regent */
-    dp_map objs; /* obj id -> dobj */
+    dp_map regs;          /* u64 base -> regent */
+    dp_ranges reg_ranges; /* the registrations (not pool entries) in regs (v: regent) */
+    dp_map objs;          /* obj id -> dobj */
     void *pool_base;
     size_t pool_bytes;
     dp_slab_alloc *pool;
@@ -117,9 +121,9 @@ struct dp_direct {
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* a request ended (waiters) */
     pthread_cond_t work_cv; /* a request was queued, or stopping (workers) */
-    dp_direct_req *qhead, *qtail;
-    dp_direct_req *live;
-    dp_map aborted; /* obj id -> (void *)1 */
+    dp_list queue;          /* queued requests, oldest first (dp_direct_req.qlink) */
+    dp_list live;           /* every request alive (dp_direct_req.llink) */
+    dp_map aborted;         /* obj id -> (void *)1 */
     bool stopping;
     double chunk_pause;
     uint64_t fetches, fetch_ok, fetch_failed, fetch_aborted, bytes_fetched;

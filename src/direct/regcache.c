@@ -10,6 +10,8 @@
  *   pool block holding a copy of the buffer that starts at base. A buffer
  *   inside a registration (same base or contained) shares it; a buffer that
  *   partly overlaps one is refused (the endpoint's regions never overlap).
+ *   The registrations are also a set of ranges (reg_ranges), so finding the
+ *   one that holds a buffer is a binary search.
  * - A registration whose count reaches zero is deregistered and the metadata
  *   version bumps, unless it is permanent (register_permanent) or the endpoint
  *   refuses because a retained transfer touches it: then it stays registered
@@ -24,21 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "direct/direct_int.h"
-
-static void
-memlock_text(char *buf, size_t cap)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
-        snprintf(buf, cap, "unknown");
-    else if (rl.rlim_cur == RLIM_INFINITY)
-        snprintf(buf, cap, "unlimited");
-    else
-        snprintf(buf, cap, "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
-}
 
 int
 dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr, size_t len)
@@ -51,7 +40,7 @@ dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr, si
             "a fetch request still alive)",
             what, len, addr);
     char ml[32];
-    memlock_text(ml, sizeof ml);
+    dp_fmt_memlock(ml, sizeof ml);
     return dp_fail_ctx(d, rc,
                        "direct (backend " BACKEND "): registering %s of %zu bytes at %p "
                        "failed (check the memlock limit, ulimit -l = %s; UCX_TLS = %s; "
@@ -77,21 +66,17 @@ dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, regent **o
                        "registration of only %" PRIu64 " bytes",
                        addr, len, e->len);
     }
-    void *v;
-    for (size_t it = 0; dp_map_next(&t->regs, &it, NULL, NULL, NULL, &v);) {
-        regent *x = v;
-        if (x->pool)
-            continue;
-        if (addr >= x->base && addr + len <= x->base + x->len) {
-            *out = x;
-            return DP_OK;
-        }
-        if (addr < x->base + x->len && x->base < addr + len)
-            return dp_fail(d, DP_EEXIST,
-                           "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes partly "
-                           "overlaps the registration %#" PRIx64 " of %" PRIu64 " bytes",
-                           addr, len, x->base, x->len);
+    dp_ranges_ent *x = dp_ranges_find(&t->reg_ranges, addr, len);
+    if (x != NULL) {
+        *out = x->v;
+        return DP_OK;
     }
+    x = dp_ranges_overlap(&t->reg_ranges, addr, len);
+    if (x != NULL)
+        return dp_fail(d, DP_EEXIST,
+                       "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes partly "
+                       "overlaps the registration %#" PRIx64 " of %" PRIu64 " bytes",
+                       addr, len, x->base, x->len);
     return DP_OK;
 }
 
@@ -111,8 +96,10 @@ dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *
         return rc;
     if (e == NULL) {
         e = calloc(1, sizeof *e);
-        if (e == NULL)
+        if (e == NULL || dp_ranges_reserve(&t->reg_ranges, 1) != DP_OK) {
+            free(e);
             return dp_fail(d, DP_ENOMEM, "direct: registration cache entry");
+        }
         rc = dp_endpoint_register(t->ep, addr, len, d);
         if (rc != DP_OK) {
             free(e);
@@ -125,6 +112,9 @@ dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *
             free(e);
             return dp_fail(d, DP_ENOMEM, "direct: registration cache");
         }
+        /* Room was reserved, and nothing registered overlaps (checked above). */
+        rc = dp_ranges_add(&t->reg_ranges, e->base, e->len, e);
+        DP_ASSERT(rc == DP_OK);
         t->registers++;
     }
     e->refs++;
@@ -157,6 +147,7 @@ dp__direct_reg_release_locked(dp_direct *t, uint64_t key)
         }
         t->deregisters++;
         t->version++;
+        dp_ranges_remove(&t->reg_ranges, dp_ranges_at(&t->reg_ranges, e->base));
     }
     dp_map_del_u64(&t->regs, key);
     free(e);

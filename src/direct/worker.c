@@ -133,18 +133,9 @@ run_fetch(dp_direct_req *r, dp_detail *d)
 bool
 dp__direct_dequeue_locked(dp_direct *t, dp_direct_req *r)
 {
-    dp_direct_req **pp = &t->qhead;
-    while (*pp != NULL && *pp != r)
-        pp = &(*pp)->qnext;
-    if (*pp == NULL)
+    if (!dp_list_contains(&t->queue, &r->qlink))
         return false;
-    *pp = r->qnext;
-    if (t->qtail == r) {
-        t->qtail = NULL;
-        for (dp_direct_req *q = t->qhead; q != NULL; q = q->qnext)
-            t->qtail = q;
-    }
-    r->qnext = NULL;
+    dp_list_remove(&t->queue, &r->qlink);
     return true;
 }
 
@@ -180,11 +171,11 @@ dp__direct_worker_main(void *arg)
     dp_direct *t = arg;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        while (!t->stopping && t->qhead == NULL)
+        while (!t->stopping && dp_list_empty(&t->queue))
             pthread_cond_wait(&t->work_cv, &t->mu);
         if (t->stopping)
             break;
-        dp_direct_req *r = t->qhead;
+        dp_direct_req *r = DP_LIST_FIRST(&t->queue, dp_direct_req, qlink);
         dp__direct_dequeue_locked(t, r);
         dp__direct_run_req_locked(t, r);
     }

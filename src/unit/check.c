@@ -17,14 +17,16 @@ static int
 check_ssd_locked(dp_unit *u, dp_detail *d)
 {
     uint64_t ns = 0, sb = 0, ndisk = 0, dbytes = 0;
-    for (blob_rec *b = u->st_head; b != NULL; b = b->snext) {
+    for (blob_rec *b = DP_LIST_FIRST(&u->staged, blob_rec, staged_link); b != NULL;
+         b = DP_LIST_NEXT(b, blob_rec, staged_link)) {
         ns++;
         sb += b->size;
         if (!(b->flags & REC_STAGED) || !(b->flags & REC_DISK) ||
             b->area != REC_AREA_IO || (b->flags & REC_JOB))
             return dp_fail(d, DP_ECORRUPT, "staged list: blob %s in a wrong state",
                            b->id);
-        if (b->snext == NULL && u->st_tail != b)
+        if (DP_LIST_NEXT(b, blob_rec, staged_link) == NULL &&
+            DP_LIST_LAST(&u->staged, blob_rec, staged_link) != b)
             return dp_fail(d, DP_ECORRUPT, "staged list tail");
     }
     if (ns != u->stats.staged_blobs || sb != u->stats.staged_bytes)
@@ -136,7 +138,8 @@ check_blobs_locked(dp_unit *u, dp_map *slots, dp_detail *d)
         return dp_fail(d, DP_ECORRUPT, "published %" PRIu64 " != counter %" PRIu64, pub,
                        u->stats.published);
     uint64_t np = 0;
-    for (blob_rec *b = u->pend_head; b != NULL; b = b->pnext)
+    for (blob_rec *b = DP_LIST_FIRST(&u->pend, blob_rec, pend_link); b != NULL;
+         b = DP_LIST_NEXT(b, blob_rec, pend_link))
         np++;
     if (np != pend)
         return dp_fail(d, DP_ECORRUPT, "uncommitted list %" PRIu64 " != %" PRIu64, np,
@@ -176,9 +179,11 @@ check_pins_locked(dp_unit *u, dp_detail *d)
     dp_map_init_u64(&holds);
     int rc = 0;
     uint64_t npins = 0, zb = 0, nz = 0;
-    for (pin *p = u->pin_head; p != NULL; p = p->next) {
+    for (pin *p = DP_LIST_FIRST(&u->pins_by_expiry, pin, link); p != NULL;
+         p = DP_LIST_NEXT(p, pin, link)) {
         npins++;
-        if (p->next != NULL && p->next->expiry < p->expiry) {
+        pin *next = DP_LIST_NEXT(p, pin, link);
+        if (next != NULL && next->expiry < p->expiry) {
             rc = dp_fail(d, DP_ECORRUPT, "pin list out of expiry order");
             goto out;
         }
@@ -192,7 +197,8 @@ check_pins_locked(dp_unit *u, dp_detail *d)
         }
     }
     /* Holds of running saves keep released records alive like pins. */
-    for (struct hold_set *h = u->holds; h != NULL; h = h->next) {
+    for (hold_set *h = DP_LIST_FIRST(&u->holds, hold_set, link); h != NULL;
+         h = DP_LIST_NEXT(h, hold_set, link)) {
         for (uint32_t i = 0; i < h->n; i++) {
             blob_rec *b = h->b[i];
             if (count_bump(&holds, b) == 0 && b->state == REC_ZOMBIE &&

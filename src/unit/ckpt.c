@@ -46,6 +46,7 @@
 #include "alloc/slab_alloc.h"
 #include "blob/crc32c.h"
 #include "blob/shard.h"
+#include "common/fileio.h"
 #include "unit/unit_int.h"
 
 /* Chunk of a disk blob's file copied at a time by a save. */
@@ -87,23 +88,15 @@ typedef struct ck_out {
     const char *name;
 } ck_out;
 
+/* The file is new (O_EXCL) and written only here: pos is its offset. */
 static int
-ck_write(ck_out *o, const void *pv, size_t n, dp_detail *d)
+ck_write(ck_out *o, const void *p, size_t n, dp_detail *d)
 {
-    const uint8_t *p = pv;
     o->crc = dp_crc32c_update(o->crc, p, n);
-    while (n > 0) {
-        ssize_t w = write(o->fd, p, DP_MIN(n, (size_t)1 << 30));
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return dp_fail_sys(d, w < 0 ? errno : EIO, "writing %s at offset %" PRIu64,
-                               o->name, o->pos);
-        p += w;
-        n -= (size_t)w;
-        o->pos += (uint64_t)w;
-    }
-    return 0;
+    int rc = dp_pwrite_full(o->fd, p, n, o->pos, o->name, d);
+    if (rc == 0)
+        o->pos += n;
+    return rc;
 }
 
 static int
@@ -166,12 +159,7 @@ typedef struct ck_save {
 static void
 holds_release_locked(dp_unit *u, hold_set *h)
 {
-    for (hold_set **pp = &u->holds; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == h) {
-            *pp = h->next;
-            break;
-        }
-    }
+    dp_list_remove(&u->holds, &h->link);
     double now = dp__unit_now(u);
     for (uint32_t i = 0; i < h->n; i++) {
         blob_rec *b = h->b[i];
@@ -241,8 +229,7 @@ snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_deta
         sn[i].b->n_holds++;
         h->b[h->n++] = sn[i].b;
     }
-    h->next = u->holds;
-    u->holds = h;
+    dp_list_insert_head(&u->holds, &h->link);
     *out = sn;
     *n_out = n;
     return 0;
@@ -288,7 +275,7 @@ save_blob(dp_unit *u, ck_save *sv, uint32_t i, dp_unit_save_res *res, dp_detail 
     } else {
         for (uint64_t done = 0; rc == 0 && done < s->nbytes;) {
             size_t c = (size_t)DP_MIN(s->nbytes - done, (uint64_t)CK_CHUNK);
-            rc = dp_shard_pread(s->fd, sv->buf, c, done, "a disk blob's file", d);
+            rc = dp_pread_full(s->fd, sv->buf, c, done, NULL, "a disk blob's file", d);
             if (rc == 0) {
                 bcrc = dp_crc32c_update(bcrc, sv->buf, c);
                 rc = ck_write(&sv->so, sv->buf, c, d);
@@ -486,7 +473,7 @@ load_open(dp_unit *u, ck_load *ld, dp_detail *d)
     if (rc != 0)
         return rc;
     uint8_t hdr[DP_SHARD_HEADER_LEN], tr[DP_SHARD_TRAILER_LEN];
-    if ((rc = dp_shard_pread(ld->fd, hdr, sizeof hdr, 0, ld->fin, d)) != 0 ||
+    if ((rc = dp_pread_full(ld->fd, hdr, sizeof hdr, 0, NULL, ld->fin, d)) != 0 ||
         (rc = dp_shard_header_decode(hdr, ld->fin, &ld->h, d)) != 0)
         return rc;
     if (ld->h.unit_id != u->o.unit_id || ld->h.n_units != u->o.n_units)
@@ -497,7 +484,7 @@ load_open(dp_unit *u, ck_load *ld, dp_detail *d)
     if ((rc = dp_shard_check_len(&ld->h, flen, ld->fin, d)) != 0)
         return rc;
     uint64_t toff = dp_shard_data_end(&ld->h);
-    if ((rc = dp_shard_pread(ld->fd, tr, sizeof tr, toff, ld->fin, d)) != 0)
+    if ((rc = dp_pread_full(ld->fd, tr, sizeof tr, toff, NULL, ld->fin, d)) != 0)
         return rc;
     return dp_shard_trailer_decode(tr, &ld->h, ld->fin, &ld->data_crc, d);
 }
@@ -644,7 +631,7 @@ load_spill_files(dp_unit *u, ck_load *ld)
         dp_detail_clear(&fd_d);
         if (dp__ssd_new_file(u, u->use_tmpfile, &x->fd, label, sizeof label, &fd_d) !=
                 0 ||
-            dp__ssd_write_all(x->fd, x->buf, x->r->nbytes, label, &fd_d) != 0) {
+            dp_pwrite_full(x->fd, x->buf, (size_t)x->r->nbytes, 0, label, &fd_d) != 0) {
             DP_LOG_W("unit %u: load: spill of blob %s failed: %s", u->o.unit_id, x->r->id,
                      dp_detail_msg(&fd_d));
             if (x->fd >= 0)

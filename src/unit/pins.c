@@ -31,14 +31,7 @@ void
 dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
 {
     dp_map_del(&u->pins, p->id, strlen(p->id));
-    if (p->prev != NULL)
-        p->prev->next = p->next;
-    else
-        u->pin_head = p->next;
-    if (p->next != NULL)
-        p->next->prev = p->prev;
-    else
-        u->pin_tail = p->prev;
+    dp_list_remove(&u->pins_by_expiry, &p->link);
     for (uint32_t i = 0; i < p->n; i++) {
         blob_rec *b = p->blobs[i];
         DP_ASSERT(b->n_pins > 0);
@@ -86,12 +79,7 @@ pin_create_locked(dp_unit *u, blob_rec **blobs, uint32_t n, double now, char out
         blobs[i]->n_pins++;
         blobs[i]->last_resolve_at = now;
     }
-    p->prev = u->pin_tail;
-    if (u->pin_tail != NULL)
-        u->pin_tail->next = p;
-    else
-        u->pin_head = p;
-    u->pin_tail = p;
+    dp_list_insert_tail(&u->pins_by_expiry, &p->link);
     memcpy(out, p->id, 33);
     return 0;
 }

@@ -175,7 +175,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
     /* Pass 2: publish, cannot fail. */
     b->state = REC_PUBLISHED;
     b->refs = kept;
-    dp__rec_pend_unlink_locked(u, b);
+    dp_list_remove(&u->pend, &b->pend_link);
     u->stats.published++;
     u->stats.n_commit++;
     for (i = 0; i < n; i++) {

@@ -78,6 +78,7 @@
 #include <unistd.h>
 
 #include "alloc/slab_alloc.h"
+#include "common/fileio.h"
 #include "unit/unit_int.h"
 
 /* The fd is closed by an io worker, outside the lock. */
@@ -109,15 +110,7 @@ void
 dp__ssd_staged_unlink_locked(dp_unit *u, blob_rec *b)
 {
     DP_ASSERT(b->flags & REC_STAGED);
-    if (b->sprev != NULL)
-        b->sprev->snext = b->snext;
-    else
-        u->st_head = b->snext;
-    if (b->snext != NULL)
-        b->snext->sprev = b->sprev;
-    else
-        u->st_tail = b->sprev;
-    b->sprev = b->snext = NULL;
+    dp_list_remove(&u->staged, &b->staged_link);
     b->flags &= ~REC_STAGED;
     u->stats.staged_blobs--;
     u->stats.staged_bytes -= b->size;
@@ -127,13 +120,7 @@ static void
 staged_append_locked(dp_unit *u, blob_rec *b)
 {
     b->flags |= REC_STAGED;
-    b->sprev = u->st_tail;
-    b->snext = NULL;
-    if (u->st_tail != NULL)
-        u->st_tail->snext = b;
-    else
-        u->st_head = b;
-    u->st_tail = b;
+    dp_list_insert_tail(&u->staged, &b->staged_link);
     u->stats.staged_blobs++;
     u->stats.staged_bytes += b->size;
 }
@@ -174,54 +161,6 @@ dp__ssd_new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap
         return dp_fail_sys(d, e, "ssd: unlinking %s", label);
     }
     *out = fd;
-    return 0;
-}
-
-/* Write p[0, n) at file offset 0: short writes and EINTR are retried. */
-int
-dp__ssd_write_all(int fd, const uint8_t *p, uint64_t n, const char *label, dp_detail *d)
-{
-    uint64_t done = 0;
-    while (done < n) {
-        size_t chunk = (size_t)DP_MIN(n - done, (uint64_t)1 << 30);
-        ssize_t w = pwrite(fd, p + done, chunk, (off_t)done);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return dp_fail_sys(d, errno,
-                               "ssd: writing %s at offset %" PRIu64 " of %" PRIu64, label,
-                               done, n);
-        }
-        if (w == 0)
-            return dp_fail_sys(d, EIO, "ssd: writing %s: no progress at offset %" PRIu64,
-                               label, done);
-        done += (uint64_t)w;
-    }
-    return 0;
-}
-
-/* Read file offsets [0, n) into p: short reads and EINTR are retried. */
-static int
-read_all(int fd, uint8_t *p, uint64_t n, const char *what, dp_detail *d)
-{
-    uint64_t done = 0;
-    while (done < n) {
-        size_t chunk = (size_t)DP_MIN(n - done, (uint64_t)1 << 30);
-        ssize_t r = pread(fd, p + done, chunk, (off_t)done);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return dp_fail_sys(d, errno,
-                               "ssd: reading %s at offset %" PRIu64 " of %" PRIu64, what,
-                               done, n);
-        }
-        if (r == 0)
-            return dp_fail_sys(d, EIO,
-                               "ssd: reading %s: the file ends at %" PRIu64
-                               " bytes, the blob has %" PRIu64,
-                               what, done, n);
-        done += (uint64_t)r;
-    }
     return 0;
 }
 
@@ -292,11 +231,7 @@ superseded_add_locked(dp_unit *u, const blob_rec *b, double now)
         free(x);
         return;
     }
-    if (u->sup_tail != NULL)
-        u->sup_tail->next = x;
-    else
-        u->sup_head = x;
-    u->sup_tail = x;
+    dp_list_insert_tail(&u->sup_order, &x->link);
 }
 
 void
@@ -311,11 +246,9 @@ dp__ssd_superseded_forget_locked(dp_unit *u, const char *id, size_t id_len)
 void
 dp__ssd_superseded_expire_locked(dp_unit *u, double now)
 {
-    while (u->sup_head != NULL && (u->sup_head->gone || u->sup_head->until <= now)) {
-        superseded *x = u->sup_head;
-        u->sup_head = x->next;
-        if (u->sup_head == NULL)
-            u->sup_tail = NULL;
+    for (superseded *x; (x = DP_LIST_FIRST(&u->sup_order, superseded, link)) != NULL &&
+                        (x->gone || x->until <= now);) {
+        dp_list_remove(&u->sup_order, &x->link);
         if (!x->gone)
             dp_map_del(&u->superseded, x->id, x->id_len);
         free(x);
@@ -368,7 +301,7 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
                  u->o.unit_id, b->id, b->nbytes, dp_detail_msg(jd));
     }
     dp_map_del(&u->blobs, b->id, b->id_len);
-    dp__rec_pend_unlink_locked(u, b);
+    dp_list_remove(&u->pend, &b->pend_link);
     if (b->state == REC_ABORTING_RETIRE) {
         /* abort(in_flight): the client says a WRITE may still run. */
         dp__ssd_close_later_locked(u, b);
@@ -446,15 +379,23 @@ io_main(void *arg)
         if (j.kind == JOB_SPILL) {
             fd = -1;
             rc = dp__ssd_new_file(u, u->use_tmpfile, &fd, label, sizeof label, &jd);
-            if (rc == 0)
-                rc = dp__ssd_write_all(fd, p, n, label, &jd);
+            if (rc == 0 && (rc = dp_pwrite_full(fd, p, (size_t)n, 0, label, &jd)) != 0)
+                dp_fail_ctx(&jd, rc, "ssd");
             if (rc != 0 && fd >= 0) {
                 close(fd);
                 fd = -1;
             }
         } else {
             snprintf(label, sizeof label, "the file of blob %s in %s", id, u->ssd_dir);
-            rc = read_all(fd, p, n, label, &jd);
+            size_t got = 0;
+            rc = dp_pread_full(fd, p, (size_t)n, 0, &got, label, &jd);
+            if (rc != 0)
+                dp_fail_ctx(&jd, rc, "ssd");
+            else if (got < n)
+                rc = dp_fail_sys(&jd, EIO,
+                                 "ssd: reading %s: the file ends at %zu bytes, the blob "
+                                 "has %" PRIu64,
+                                 label, got, n);
         }
 
         pthread_mutex_lock(&u->mu);
@@ -484,9 +425,9 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
     int rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
     if (rc == DP_EUNITFULL && dp_slab_alloc_sweep(u->io_alloc, now) > 0)
         rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
-    blob_rec *b = u->st_head;
+    blob_rec *b = DP_LIST_FIRST(&u->staged, blob_rec, staged_link);
     while (rc == DP_EUNITFULL && b != NULL) {
-        blob_rec *next = b->snext;
+        blob_rec *next = DP_LIST_NEXT(b, blob_rec, staged_link);
         /* A copy answered earlier in the running resolve is pinned at its end. */
         bool answered = u->resolving_epoch != 0 && b->res_epoch == u->resolving_epoch;
         if (b->n_pins == 0 && b->state != REC_ZOMBIE && !answered &&
@@ -725,9 +666,8 @@ dp__ssd_fini(dp_unit *u)
     free(u->ssd_dir);
     u->ssd_dir = NULL;
     dp_map_fini(&u->superseded);
-    for (superseded *x = u->sup_head, *next; x != NULL; x = next) {
-        next = x->next;
+    for (superseded *x; (x = DP_LIST_FIRST(&u->sup_order, superseded, link)) != NULL;) {
+        dp_list_remove(&u->sup_order, &x->link);
         free(x);
     }
-    u->sup_head = u->sup_tail = NULL;
 }

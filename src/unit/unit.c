@@ -73,35 +73,7 @@ dp_unit_opts_init(dp_unit_opts *o)
     o->reclaim_grace_s = 5.0;
 }
 
-static bool
-valid_id(const char *p, size_t n)
-{
-    if (n == 0 || n > DP_UNIT_ID_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = p[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' || c == '-'))
-            return false;
-    }
-    return true;
-}
-
 /* ---- records ---- */
-
-void
-dp__rec_pend_unlink_locked(dp_unit *u, blob_rec *b)
-{
-    if (b->pprev != NULL)
-        b->pprev->pnext = b->pnext;
-    else if (u->pend_head == b)
-        u->pend_head = b->pnext;
-    if (b->pnext != NULL)
-        b->pnext->pprev = b->pprev;
-    else if (u->pend_tail == b)
-        u->pend_tail = b->pprev;
-    b->pprev = b->pnext = NULL;
-}
 
 void
 dp__rec_free_locked(dp_unit *u, blob_rec *b)
@@ -171,7 +143,7 @@ dp__rec_retire_locked(dp_unit *u, blob_rec *b)
     DP_ASSERT((b->state == REC_ALLOCATED || b->state == REC_VALIDATED) &&
               !(b->flags & REC_JOB));
     dp_map_del(&u->blobs, b->id, b->id_len);
-    dp__rec_pend_unlink_locked(u, b);
+    dp_list_remove(&u->pend, &b->pend_link);
     dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
     DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64 " (writer %s)", b->id,
              b->size, b->off, dp__writer_name(b->writer));
@@ -253,7 +225,7 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
         return dp_fail(d, DP_EINVAL,
                        "unit: pickup_s must be >= 0 and io_threads 1..256 with ssd_dir");
     size_t cid_len = opts->cluster_id != NULL ? strlen(opts->cluster_id) : 0;
-    if (cid_len > 0 && !valid_id(opts->cluster_id, cid_len))
+    if (cid_len > 0 && !dp_id_valid(opts->cluster_id, cid_len, DP_UNIT_ID_MAX))
         return dp_fail(d, DP_EINVAL,
                        "unit: cluster id '%s' must be 1..%d bytes of [A-Za-z0-9_.:-]",
                        opts->cluster_id, DP_UNIT_ID_MAX);
@@ -438,8 +410,8 @@ dp_unit_destroy(dp_unit *u)
         pthread_join(u->ticker, NULL);
     dp__ssd_stop(u);
     /* Pins first: they own the zombies. */
-    while (u->pin_head != NULL)
-        dp__pin_end_locked(u, u->pin_head, false, 0);
+    while (!dp_list_empty(&u->pins_by_expiry))
+        dp__pin_end_locked(u, DP_LIST_FIRST(&u->pins_by_expiry, pin, link), false, 0);
     size_t it = 0;
     void *v;
     while (dp_map_next(&u->rows, &it, NULL, NULL, NULL, &v))
@@ -650,7 +622,7 @@ dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res 
     uint64_t *off = &dummy_off;
     if (reason != NULL)
         *reason = NULL;
-    if (!valid_id(blob_id, id_len))
+    if (!dp_id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
         return dp_fail(d, DP_EPROTO,
                        "alloc: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
                        DP_UNIT_ID_MAX);
@@ -753,12 +725,7 @@ dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res 
         goto out;
     }
     b->writer = dp__writers_ref(u->writers, args);
-    b->pprev = u->pend_tail;
-    if (u->pend_tail != NULL)
-        u->pend_tail->pnext = b;
-    else
-        u->pend_head = b;
-    u->pend_tail = b;
+    dp_list_insert_tail(&u->pend, &b->pend_link);
     u->stats.n_alloc++;
     /* The id names a new blob now, not a superseded spill. */
     dp__ssd_superseded_forget_locked(u, b->id, b->id_len);
@@ -776,7 +743,7 @@ int
 dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
                dp_wire_commit_state *state, dp_detail *d)
 {
-    if (!valid_id(blob_id, id_len))
+    if (!dp_id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
         return dp_fail(d, DP_EPROTO,
                        "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
                        DP_UNIT_ID_MAX);
@@ -848,7 +815,8 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         /* A spill: an io job writes it to a file, then publishes it. */
         b->state = REC_VALIDATED;
         if (!dp__ssd_jobs_full_locked(u)) {
-            dp__rec_pend_unlink_locked(u, b); /* no lease: the client's WRITE is done */
+            /* Off the pend list: no lease, the client's WRITE is done. */
+            dp_list_remove(&u->pend, &b->pend_link);
             dp__ssd_submit_locked(u, JOB_SPILL, b);
         }
         *state = DP_WIRE_COMMIT_PENDING;
@@ -872,7 +840,7 @@ out:
 void
 dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
 {
-    if (!valid_id(blob_id, id_len))
+    if (!dp_id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
         return;
     pthread_mutex_lock(&u->mu);
     blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
@@ -885,7 +853,7 @@ dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
             dp__rec_retire_locked(u, b);
         } else {
             dp_map_del(&u->blobs, b->id, b->id_len);
-            dp__rec_pend_unlink_locked(u, b);
+            dp_list_remove(&u->pend, &b->pend_link);
             dp__rec_release_region_locked(u, b, dp__unit_now(u));
             dp__rec_free_locked(u, b);
         }
@@ -964,8 +932,9 @@ reclaim_locked(dp_unit *u, double now)
     dp__writers_reclaim(u->writers, now, give_back_region, u);
     if (u->o.reclaim_grace_s < 0)
         return;
-    for (blob_rec *b = u->pend_head, *next; b != NULL; b = next) {
-        next = b->pnext;
+    for (blob_rec *b = DP_LIST_FIRST(&u->pend, blob_rec, pend_link), *next; b != NULL;
+         b = next) {
+        next = DP_LIST_NEXT(b, blob_rec, pend_link);
         if (b->state != REC_ALLOCATED || (b->flags & REC_JOB) ||
             !dp__writer_gone(b->writer, now - u->o.reclaim_grace_s))
             continue;
@@ -975,7 +944,7 @@ reclaim_locked(dp_unit *u, double now)
         u->stats.allocs_reclaimed++;
         u->stats.allocs_reclaimed_bytes += b->size;
         dp_map_del(&u->blobs, b->id, b->id_len);
-        dp__rec_pend_unlink_locked(u, b);
+        dp_list_remove(&u->pend, &b->pend_link);
         dp__rec_release_region_locked(u, b, now);
         dp__rec_free_locked(u, b);
     }
@@ -988,25 +957,26 @@ dp_unit_tick(dp_unit *u)
     double now = dp__unit_now(u);
     u->stats.n_ticks++;
     dp__order_sweep_locked(u, now);
-    while (u->pin_head != NULL && u->pin_head->expiry <= now)
-        dp__pin_end_locked(u, u->pin_head, true, now);
+    for (pin *p;
+         (p = DP_LIST_FIRST(&u->pins_by_expiry, pin, link)) != NULL && p->expiry <= now;)
+        dp__pin_end_locked(u, p, true, now);
     /*
      * Spills whose commit validated while the io queue was full wait on the
      * pend list: queue them as slots free. Their WRITE is done, so the lease
      * below never retires them.
      */
-    for (blob_rec *b = u->pend_head, *next; b != NULL && !dp__ssd_jobs_full_locked(u);
-         b = next) {
-        next = b->pnext;
+    for (blob_rec *b = DP_LIST_FIRST(&u->pend, blob_rec, pend_link), *next;
+         b != NULL && !dp__ssd_jobs_full_locked(u); b = next) {
+        next = DP_LIST_NEXT(b, blob_rec, pend_link);
         if (b->state == REC_VALIDATED && !(b->flags & REC_JOB)) {
-            dp__rec_pend_unlink_locked(u, b);
+            dp_list_remove(&u->pend, &b->pend_link);
             dp__ssd_submit_locked(u, JOB_SPILL, b);
         }
     }
     if (u->o.alloc_lease_s > 0) {
-        for (blob_rec *b = u->pend_head, *next;
+        for (blob_rec *b = DP_LIST_FIRST(&u->pend, blob_rec, pend_link), *next;
              b != NULL && now - b->created_at >= u->o.alloc_lease_s; b = next) {
-            next = b->pnext;
+            next = DP_LIST_NEXT(b, blob_rec, pend_link);
             if (b->state == REC_VALIDATED)
                 continue; /* a validated spill waiting for the io queue */
             DP_LOG_W("unit %u: blob %s not committed within %.1f s: region of %" PRIu64

@@ -30,7 +30,7 @@
 typedef struct dp_unit dp_unit;
 
 /* Longest blob or pin id, bytes (the wire's default max_id). */
-#define DP_UNIT_ID_MAX 64
+#define DP_UNIT_ID_MAX DP_ID_MAX
 
 typedef enum dp_unit_numa {
     DP_UNIT_NUMA_AUTO = 0, /* prefer the node unit_id % nodes on multi-node machines */

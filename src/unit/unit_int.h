@@ -53,6 +53,7 @@
 
 #include "alloc/slab_alloc.h"
 #include "blob/blob.h"
+#include "common/list.h"
 #include "common/map.h"
 #include "unit/unit.h"
 #include "unit/writers.h"
@@ -117,7 +118,7 @@ struct blob_rec {
     uint64_t pin_mark;
     double created_at;
     double last_resolve_at;
-    blob_rec *pprev, *pnext; /* uncommitted list, creation order */
+    dp_list_node pend_link; /* u->pend: uncommitted, creation order */
     /* SSD tier (see ssd.c) */
     uint64_t commit_seq; /* order of its validated commit (0: not yet) */
     uint8_t *spill_keep; /* validated spill: entries a later release cleared (0),
@@ -126,7 +127,7 @@ struct blob_rec {
     int fd;              /* -1: none */
     uint64_t res_epoch;
     double staged_at;
-    blob_rec *sprev, *snext; /* staged copies, oldest first */
+    dp_list_node staged_link; /* u->staged: staged copies, oldest first */
 };
 
 /* The writers.h area of b's region. */
@@ -149,7 +150,7 @@ typedef struct hold_set hold_set;
 struct hold_set {
     blob_rec **b;
     uint32_t n;
-    hold_set *next;
+    dp_list_node link; /* u->holds */
 };
 
 /* One resolve's pin on the records it answered (pins.c). */
@@ -159,7 +160,7 @@ struct pin {
     double expiry;
     blob_rec **blobs;
     uint32_t n;
-    pin *prev, *next; /* creation (= expiry) order */
+    dp_list_node link; /* u->pins_by_expiry: creation (= expiry) order */
 };
 
 /*
@@ -192,7 +193,7 @@ enum { JOB_SPILL = 1, JOB_STAGE = 2 };
 
 /* A spill whose keys were all replaced before its io job ended (ssd.c, Order). */
 typedef struct superseded {
-    struct superseded *next;
+    dp_list_node link; /* u->sup_order: oldest first */
     double until;
     bool gone; /* its id was allocated again: forgotten */
     uint8_t id_len;
@@ -220,16 +221,16 @@ struct dp_unit {
     dp_slab_alloc *alloc;
     uint64_t incarnation; /* random, drawn at create */
     /* Blob records (unit.c) */
-    dp_map blobs; /* id -> blob_rec* */
-    blob_rec *pend_head, *pend_tail;
+    dp_map blobs;         /* id -> blob_rec* */
+    dp_list pend;         /* uncommitted records (blob_rec.pend_link) */
     uint64_t token_seq;   /* last allocation token handed out */
     uint64_t commit_seq;  /* last commit_seq handed out */
     dp__writers *writers; /* retired regions and who may still write them */
     /* The row index (rows.c) */
     dp_map rows; /* gidx -> row* */
     /* Pins (pins.c) */
-    dp_map pins; /* pin id -> pin* */
-    pin *pin_head, *pin_tail;
+    dp_map pins;            /* pin id -> pin* */
+    dp_list pins_by_expiry; /* pin.link */
     uint64_t pin_epoch;
     /* Info (unit.c) */
     char address[256];
@@ -257,17 +258,17 @@ struct dp_unit {
     uint32_t q_head, q_n, n_running;
     int *closes; /* fds for the workers to close */
     size_t n_closes, cap_closes;
-    blob_rec *st_head, *st_tail; /* staged copies, oldest first */
-    uint64_t io_job_bytes;       /* regions io jobs own */
+    dp_list staged;        /* staged copies, oldest first */
+    uint64_t io_job_bytes; /* regions io jobs own */
     uint64_t n_doomed;
     uint64_t resolving_epoch; /* set while a resolve starts a stage */
     dp_map superseded;        /* id -> superseded*, also listed oldest first */
     dp_map order;             /* client prefix -> order_rec* (order.c) */
     double order_swept;       /* when order.c last dropped idle clients */
-    superseded *sup_head, *sup_tail;
+    dp_list sup_order;        /* the superseded, oldest first (superseded.link) */
     /* Checkpoints (ckpt.c) */
-    struct hold_set *holds; /* running saves, each holding its snapshot */
-    uint64_t n_clears;      /* release_rows calls that dropped something */
+    dp_list holds;     /* running saves, each holding its snapshot (hold_set.link) */
+    uint64_t n_clears; /* release_rows calls that dropped something */
     /* Admin work (a save or load) running off the ctl thread (unit.c) */
     uint32_t n_admin;
     pthread_cond_t admin_cv;
@@ -290,8 +291,6 @@ dp__zview(const char *z)
 
 /* ---- records (unit.c) ---- */
 
-/* Off the pend list (uncommitted records, creation order). */
-void dp__rec_pend_unlink_locked(dp_unit *u, blob_rec *b);
 /* Free the record itself (its writer reference, index, spill_keep). NULL allowed. */
 void dp__rec_free_locked(dp_unit *u, blob_rec *b);
 /* Give b's region back: now, or through quarantine if a pin on it expired. */
@@ -348,9 +347,6 @@ void dp__ssd_staged_unlink_locked(dp_unit *u, blob_rec *b);
 /* A fresh file in ssd_dir with no name left behind. Worker threads and create. */
 int dp__ssd_new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap,
                      dp_detail *d);
-/* Write p[0, n) at file offset 0 (short writes and EINTR retried). */
-int dp__ssd_write_all(int fd, const uint8_t *p, uint64_t n, const char *label,
-                      dp_detail *d);
 bool dp__ssd_jobs_full_locked(const dp_unit *u);
 /* Queue a job owning b's region (the caller checked dp__ssd_jobs_full_locked). */
 void dp__ssd_submit_locked(dp_unit *u, int kind, blob_rec *b);

@@ -26,10 +26,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "common/list.h"
 #include "common/map.h"
 
 typedef struct retired_region {
-    struct retired_region *next;
+    dp_list_node link; /* dp__writer.retired, newest first */
     int area;
     uint64_t off, size;
 } retired_region;
@@ -38,11 +39,11 @@ struct dp__writer {
     char id[DP_WIRE_RID_MAX + 32];
     size_t id_len;
     uint64_t refs;
-    int pidfd;      /* -1: no proof can come */
-    bool provable;  /* same host, shared-memory lane, pidfd open */
-    bool dead;      /* the pidfd turned readable */
-    double dead_at; /* when that was seen */
-    retired_region *retired;
+    int pidfd;       /* -1: no proof can come */
+    bool provable;   /* same host, shared-memory lane, pidfd open */
+    bool dead;       /* the pidfd turned readable */
+    double dead_at;  /* when that was seen */
+    dp_list retired; /* retired_region.link */
 };
 
 struct dp__writers {
@@ -69,8 +70,9 @@ dp__writers_create(double grace_s, const char *host_key, dp__writers **out, dp_d
 static void
 writer_free(dp__writer *wr)
 {
-    for (retired_region *r = wr->retired, *next; r != NULL; r = next) {
-        next = r->next;
+    for (retired_region *r;
+         (r = DP_LIST_FIRST(&wr->retired, retired_region, link)) != NULL;) {
+        dp_list_remove(&wr->retired, &r->link);
         free(r);
     }
     if (wr->pidfd >= 0)
@@ -173,8 +175,8 @@ dp__writers_retire(dp__writers *w, dp__writer *wr, int area, uint64_t off, uint6
         w->kept_bytes += size; /* kept for good: nothing can prove the writer gone */
         return;
     }
-    *r = (retired_region){wr->retired, area, off, size};
-    wr->retired = r;
+    *r = (retired_region){.area = area, .off = off, .size = size};
+    dp_list_insert_head(&wr->retired, &r->link);
     wr->refs++;
 }
 
@@ -209,7 +211,7 @@ dp__writers_reclaim(dp__writers *w, double now, dp__writers_give_fn give, void *
     void *v;
     for (size_t it = 0; dp_map_next(&w->by_id, &it, NULL, NULL, NULL, &v);) {
         dp__writer *wr = v;
-        if (wr->retired == NULL || !dp__writer_gone(wr, now - w->grace_s))
+        if (dp_list_empty(&wr->retired) || !dp__writer_gone(wr, now - w->grace_s))
             continue;
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 8;
@@ -224,13 +226,15 @@ dp__writers_reclaim(dp__writers *w, double now, dp__writers_give_fn give, void *
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         dp__writer *wr = due[i];
-        retired_region *r = wr->retired;
-        wr->retired = NULL;
+        /* Off wr first: the last region's unref may free wr. */
+        dp_list regions = {0};
+        dp_list_move_tail(&regions, &wr->retired);
         DP_LOG_I("unit: writer %s is gone (its process exited %.1f s ago): its retired "
                  "regions are handed back",
                  wr->id, now - wr->dead_at);
-        while (r != NULL) {
-            retired_region *next = r->next;
+        for (retired_region *r;
+             (r = DP_LIST_FIRST(&regions, retired_region, link)) != NULL;) {
+            dp_list_remove(&regions, &r->link);
             give(ctx, r->area, r->off, r->size);
             w->retired_bytes -= r->size;
             w->retired--;
@@ -239,7 +243,6 @@ dp__writers_reclaim(dp__writers *w, double now, dp__writers_give_fn give, void *
             bytes += r->size;
             free(r);
             dp__writers_unref(w, wr);
-            r = next;
         }
     }
     free(due);

@@ -162,16 +162,6 @@ dp__wire_quote(dp_wire_str s, char *buf, size_t cap)
 
 #define WHAT(w) (w) ? (w) : "", (w) ? ": " : ""
 
-/* [A-Za-z0-9_.:-] as a bitmap over bytes 0..127: '-' '.' '0'-'9' ':' in the
- * first word, 'A'-'Z' '_' 'a'-'z' in the second. */
-static const uint64_t id_bits[2] = {0x07ff600000000000ull, 0x07fffffe87fffffeull};
-
-static inline bool
-id_char(unsigned char ch)
-{
-    return ch < 128 && ((id_bits[ch >> 6] >> (ch & 63)) & 1);
-}
-
 int
 dp_wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what, dp_detail *d)
 {
@@ -181,13 +171,12 @@ dp_wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what, dp_
     if (s.n > lim->max_id)
         return dp_fail(d, DP_EPROTO, "%s%sid of %u bytes is longer than the limit %u",
                        WHAT(what), s.n, lim->max_id);
-    for (uint32_t i = 0; i < s.n; i++) {
-        if (!id_char((unsigned char)s.p[i]))
-            return dp_fail(d, DP_EPROTO,
-                           "%s%sbyte 0x%02x at %u is not allowed in an id "
-                           "(allowed: A-Z a-z 0-9 _ . : -)",
-                           WHAT(what), (unsigned char)s.p[i], i);
-    }
+    size_t i = dp_id_bad_byte(s.p, s.n);
+    if (i < s.n)
+        return dp_fail(d, DP_EPROTO,
+                       "%s%sbyte 0x%02x at %zu is not allowed in an id "
+                       "(allowed: A-Z a-z 0-9 _ . : -)",
+                       WHAT(what), (unsigned char)s.p[i], i);
     return DP_OK;
 }
 
@@ -236,7 +225,7 @@ const dp_wire_limits dp_wire_limits_default = {
     .max_msg = 64ull << 20,
     .max_list = 1u << 20,
     .max_items = 1u << 23,
-    .max_id = 64,
+    .max_id = DP_ID_MAX,
     .max_key = 20 + 1 + 255,
     .max_path = PATH_MAX - 1,
     .max_text = 4096,

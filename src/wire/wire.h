@@ -111,8 +111,9 @@ void dp_wire_limits_init(dp_wire_limits *lim);
 
 /*
  * Validators shared with callers. what names the value in the detail.
- * An id is 1..max_id bytes of [A-Za-z0-9_.:-] (no '/', NUL or control bytes:
- * ids are client-generated and may end up in logs and file names). A key is
+ * An id is 1..max_id bytes of [A-Za-z0-9_.:-] (the id rule of common.h,
+ * dp_id_bad_byte: no '/', NUL or control bytes, as ids are client-generated
+ * and may end up in logs and file names). A key is
  * 1..max_key bytes of UTF-8 without NUL (its syntax is checked by src/blob).
  * A path is 1..max_path bytes of UTF-8 without NUL. Text is 0..max_text bytes of
  * UTF-8 without NUL. All fail with DP_EPROTO.

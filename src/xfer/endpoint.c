@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "xfer/metadata.h"
@@ -43,7 +42,7 @@
 
 /* Endpoints closed with retained transfers: reachable forever, never freed. */
 static pthread_mutex_t ab_mu = PTHREAD_MUTEX_INITIALIZER;
-static dp_endpoint *ab_list;
+static dp_list ab_list; /* dp_endpoint.ab_link */
 
 /* ---- small helpers ---- */
 
@@ -64,19 +63,6 @@ env_true(const char *name)
     const char *e = getenv(name);
     return e != NULL && (strcmp(e, "1") == 0 || strcasecmp(e, "y") == 0 ||
                          strcasecmp(e, "yes") == 0 || strcasecmp(e, "true") == 0);
-}
-
-static const char *
-memlock_str(char *buf, size_t len)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
-        snprintf(buf, len, "unknown");
-    else if (rl.rlim_cur == RLIM_INFINITY)
-        snprintf(buf, len, "unlimited");
-    else
-        dp_fmt_size((uint64_t)rl.rlim_cur, buf, len);
-    return buf;
 }
 
 /* ---- progress thread ---- */
@@ -301,30 +287,27 @@ dp_endpoint_close(dp_endpoint *ep)
                  ep->name, ep->n_retained);
         unlock(ep);
         pthread_mutex_lock(&ab_mu);
-        ep->ab_next = ab_list;
-        ab_list = ep;
+        dp_list_insert_head(&ab_list, &ep->ab_link);
         pthread_mutex_unlock(&ab_mu);
         return;
     }
-    remote *lists[2] = {ep->remotes, ep->zombies};
-    ep->remotes = ep->zombies = NULL;
-    for (int k = 0; k < 2; k++) {
-        for (remote *r = lists[k], *next; r != NULL; r = next) {
-            next = r->r_next;
-            dp__ep_remote_free_locked(ep, r);
-        }
+    dp_list all = {0};
+    dp_list_move_tail(&all, &ep->remotes);
+    dp_list_move_tail(&all, &ep->zombies);
+    for (remote *r; (r = DP_LIST_FIRST(&all, remote, r_link)) != NULL;) {
+        dp_list_remove(&all, &r->r_link);
+        dp__ep_remote_free_locked(ep, r);
     }
-    for (size_t i = 0; i < ep->n_regs; i++) {
-        region *g = &ep->regs[i];
+    for (size_t i = 0; i < ep->regs.n; i++) {
+        region *g = ep->regs.e[i].v;
         if (g->r_rkey != NULL)
             ucp_rkey_buffer_release(g->r_rkey);
         ucs_status_t st = ucp_mem_unmap(ep->ctx, g->r_memh);
         if (st != UCS_OK)
             DP_LOG_W("endpoint %s: ucp_mem_unmap: %s", ep->name, ucs_status_string(st));
+        free(g);
     }
-    free(ep->regs);
-    ep->regs = NULL;
-    ep->n_regs = ep->cap_regs = 0;
+    dp_ranges_fini(&ep->regs);
     if (ep->waddr != NULL)
         ucp_worker_release_address(ep->worker, ep->waddr);
     ep->waddr = NULL;
@@ -363,22 +346,15 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
                   void **addr_out, dp_detail *d)
 {
     char lim[32], sz[32];
-    if (!allocate) {
-        if (len == 0 || base + len < base)
-            goto overlap_or_bad;
-        for (size_t i = 0; i < ep->n_regs; i++)
-            if (ep->regs[i].r_base < base + len &&
-                base < ep->regs[i].r_base + ep->regs[i].r_len)
-                goto overlap_or_bad;
-    }
-    if (ep->n_regs == ep->cap_regs) {
-        size_t cap = ep->cap_regs ? ep->cap_regs * 2 : 8;
-        region *p = realloc(ep->regs, cap * sizeof *p);
-        if (p == NULL)
-            return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
-        ep->regs = p;
-        ep->cap_regs = cap;
-    }
+    if (!allocate && (len == 0 || base + len < base ||
+                      dp_ranges_overlap(&ep->regs, base, len) != NULL))
+        goto overlap_or_bad;
+    /* Room first: nothing can fail once UCX has mapped the memory. */
+    if (dp_ranges_reserve(&ep->regs, 1) != DP_OK)
+        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+    region *g = malloc(sizeof *g);
+    if (g == NULL)
+        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS,
         .length = len,
@@ -390,18 +366,21 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
     }
     ucp_mem_h memh;
     ucs_status_t st = ucp_mem_map(ep->ctx, &mp, &memh);
-    if (st != UCS_OK)
+    if (st != UCS_OK) {
+        free(g);
         return dp_fail(d, st == UCS_ERR_NO_MEMORY ? DP_ENOMEM : DP_ETRANSFER,
                        "endpoint %s: %s of %s failed: %s (RLIMIT_MEMLOCK %s; RDMA "
                        "registration of large regions needs `ulimit -l unlimited`)",
                        ep->name, allocate ? "allocation" : "registration",
                        dp_fmt_size(len, sz, sizeof sz), ucs_status_string(st),
-                       memlock_str(lim, sizeof lim));
+                       dp_fmt_memlock(lim, sizeof lim));
+    }
     if (allocate) {
         ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
         st = ucp_mem_query(memh, &ma);
         if (st != UCS_OK) {
             ucp_mem_unmap(ep->ctx, memh);
+            free(g);
             return dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_mem_query",
                                    ep->name);
         }
@@ -414,20 +393,24 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
         if (st == UCS_OK)
             ucp_rkey_buffer_release(rkey);
         ucp_mem_unmap(ep->ctx, memh);
+        free(g);
         return dp_fail(d, DP_ETRANSFER, "endpoint %s: ucp_rkey_pack: %s (%zu bytes)",
                        ep->name, ucs_status_string(st), rkey_len);
     }
-    size_t pos = 0;
-    while (pos < ep->n_regs && ep->regs[pos].r_base < base)
-        pos++;
-    memmove(ep->regs + pos + 1, ep->regs + pos, (ep->n_regs - pos) * sizeof *ep->regs);
-    ep->regs[pos] = (region){.r_base = base,
-                             .r_len = len,
-                             .r_memh = memh,
-                             .r_rkey = rkey,
-                             .r_rkey_len = rkey_len,
-                             .r_allocated = allocate};
-    ep->n_regs++;
+    *g = (region){.r_base = base,
+                  .r_len = len,
+                  .r_memh = memh,
+                  .r_rkey = rkey,
+                  .r_rkey_len = rkey_len,
+                  .r_allocated = allocate};
+    if (dp_ranges_add(&ep->regs, base, len, g) != DP_OK) {
+        /* Memory UCX allocated over a region still registered (freed by its
+         * owner without deregistering it): refused, the set stays disjoint. */
+        ucp_rkey_buffer_release(rkey);
+        ucp_mem_unmap(ep->ctx, memh);
+        free(g);
+        goto overlap_or_bad;
+    }
     ep->gen++;
     if (addr_out != NULL)
         *addr_out = (void *)(uintptr_t)base;
@@ -491,15 +474,13 @@ dp_endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d)
     int rc = check_open_locked(ep, d);
     if (rc != DP_OK)
         goto out;
-    size_t i;
-    for (i = 0; i < ep->n_regs && ep->regs[i].r_base != base; i++) {
-    }
-    if (i == ep->n_regs) {
+    dp_ranges_ent *e = dp_ranges_at(&ep->regs, base);
+    if (e == NULL) {
         rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no region starts at %p", ep->name,
                      addr);
         goto out;
     }
-    region *g = &ep->regs[i];
+    region *g = e->v;
     if (g->r_busy > 0 || dp_graveyard_touches(g->r_base, g->r_len)) {
         rc = dp_fail(d, DP_EBUSY,
                      "endpoint %s: region %p (%" PRIu64 " bytes) is %s; it "
@@ -511,8 +492,8 @@ dp_endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d)
     }
     ucp_rkey_buffer_release(g->r_rkey);
     ucs_status_t st = ucp_mem_unmap(ep->ctx, g->r_memh);
-    memmove(ep->regs + i, ep->regs + i + 1, (ep->n_regs - i - 1) * sizeof *ep->regs);
-    ep->n_regs--;
+    dp_ranges_remove(&ep->regs, e);
+    free(g);
     ep->gen++;
     if (st != UCS_OK)
         rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_mem_unmap", ep->name);
@@ -543,20 +524,22 @@ dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
         unlock(ep);
         return rc;
     }
-    dp_md_region *mr = calloc(ep->n_regs ? ep->n_regs : 1, sizeof *mr);
+    dp_md_region *mr = calloc(ep->regs.n ? ep->regs.n : 1, sizeof *mr);
     if (mr == NULL) {
         unlock(ep);
         return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     }
-    for (size_t i = 0; i < ep->n_regs; i++)
-        mr[i] = (dp_md_region){.base = ep->regs[i].r_base,
-                               .len = ep->regs[i].r_len,
-                               .rkey = ep->regs[i].r_rkey,
-                               .rkey_len = (uint32_t)ep->regs[i].r_rkey_len};
+    for (size_t i = 0; i < ep->regs.n; i++) {
+        const region *g = ep->regs.e[i].v;
+        mr[i] = (dp_md_region){.base = g->r_base,
+                               .len = g->r_len,
+                               .rkey = g->r_rkey,
+                               .rkey_len = (uint32_t)g->r_rkey_len};
+    }
     dp_buf b;
     dp_buf_init(&b);
     rc = dp_md_encode(&b, ep->name, ep->gen, dp__ep_ucx_version(), ep->waddr,
-                      ep->waddr_len, mr, ep->n_regs, d);
+                      ep->waddr_len, mr, ep->regs.n, d);
     unlock(ep);
     free(mr);
     if (rc != DP_OK) {
@@ -572,9 +555,9 @@ dp_endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st)
 {
     lock(ep);
     *st = ep->st;
-    st->n_regions = ep->n_regs;
+    st->n_regions = ep->regs.n;
     size_t n = 0;
-    for (remote *r = ep->remotes; r != NULL; r = r->r_next)
+    for (dp_list_node *x = dp_list_first(&ep->remotes); x != NULL; x = dp_list_next(x))
         n++;
     st->n_remotes = n;
     unlock(ep);

@@ -13,7 +13,8 @@
  * hand-off of unfinished transfers to the graveyard and the released list.
  *
  * Invariants
- * - Local regions are kept sorted by base and disjoint; a region with
+ * - Local regions are a set of disjoint ranges (common/ranges.h: sorted by
+ *   base, binary-searched), and so are a remote's regions; a region with
  *   transfers in flight (r_busy > 0) or touched by a retained transfer is
  *   never deregistered. A remote with transfers in flight or retained is never
  *   freed: remove_remote turns it into a zombie (unlisted, kept until close).
@@ -61,6 +62,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include "common/list.h"
+#include "common/ranges.h"
 #include "xfer/endpoint.h"
 #include "xfer/metadata.h"
 
@@ -73,6 +76,7 @@ typedef struct region {
     uint64_t r_busy;  /* posted ranges not yet ended */
 } region;
 
+/* A remote's region, in r_regs (metadata order) and its r_index. */
 typedef struct rregion {
     uint64_t rr_base, rr_len;
     ucp_rkey_h rr_rkey;
@@ -85,10 +89,11 @@ typedef struct remote {
     ucp_ep_h r_ep;
     rregion *r_regs;
     uint32_t r_n_regs;
-    int r_failed;    /* ucs_status_t; UCS_OK while healthy (atomic access) */
-    uint64_t r_busy; /* ops in flight towards it */
+    dp_ranges r_index; /* r_regs as ranges (v: the rregion) */
+    int r_failed;      /* ucs_status_t; UCS_OK while healthy (atomic access) */
+    uint64_t r_busy;   /* ops in flight towards it */
     uint64_t r_retained;
-    struct remote *r_next;
+    dp_list_node r_link; /* ep->remotes, or ep->zombies */
 } remote;
 
 /* One op of a call: its UCX requests and outcome. */
@@ -105,7 +110,7 @@ typedef struct batch {
     bool b_retained;
     struct dp_endpoint *b_ep;
     struct remote *b_r;
-    struct batch *b_next;
+    dp_list_node b_link; /* ep->released */
 } batch;
 
 struct dp_endpoint {
@@ -120,19 +125,18 @@ struct dp_endpoint {
     ucp_worker_h worker;
     ucp_address_t *waddr;
     size_t waddr_len;
-    int efd; /* worker event fd, -1 if none */
-    region *regs;
-    size_t n_regs, cap_regs;
-    remote *remotes; /* listed */
-    remote *zombies; /* removed but kept: busy or retained */
+    int efd;         /* worker event fd, -1 if none */
+    dp_ranges regs;  /* the local regions (v: a malloc'd region) */
+    dp_list remotes; /* listed (remote.r_link) */
+    dp_list zombies; /* removed but kept: busy or retained */
     uint64_t gen;
     uint64_t n_retained;
-    batch *released; /* retained batches whose last request completed */
+    dp_list released; /* retained batches whose last request completed (b_link) */
     pthread_t thr;
     bool thr_started;
     int thr_stop; /* atomic */
     dp_endpoint_stats st;
-    struct dp_endpoint *ab_next;
+    dp_list_node ab_link; /* the abandoned endpoints (endpoint.c) */
 };
 
 static inline void

@@ -5,9 +5,9 @@
  * - State: the retained entries (owner, a copy of its local ranges, bytes;
  *   kept reachable from a global so leak checkers see the owners as live),
  *   the charged bytes, the limit, the poisoned flag, and the union of the
- *   live entries' local ranges as a sorted array of disjoint, non-adjacent
- *   intervals. Retained transfers are rare, so inserting with memmove is fine;
- *   lookups are a binary search.
+ *   live entries' local ranges as a set of disjoint, non-adjacent ranges
+ *   (common/ranges.h: a sorted array; merging inserts, binary-search
+ *   lookups). Retained transfers are rare, so inserting with memmove is fine.
  * - An entry leaves only when its owner tells (dp_graveyard_release: the
  *   endpoint saw UCX complete every request of it); the interval set is then
  *   rebuilt from the entries that remain, so ranges shared with another
@@ -23,9 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct iv {
-    uint64_t lo, hi; /* [lo, hi) */
-} iv;
+#include "common/ranges.h"
 
 static pthread_mutex_t gy_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool gy_limit_set;
@@ -42,8 +40,7 @@ typedef struct entry {
 static entry *gy_ents;
 static size_t gy_n_ents, gy_cap_ents;
 static size_t gy_entries, gy_released;
-static iv *gy_iv;
-static size_t gy_n_iv, gy_cap_iv;
+static dp_ranges gy_iv; /* the union of the entries' ranges */
 
 static void
 limit_init_locked(void)
@@ -72,45 +69,6 @@ poison_check_locked(void)
                  ": process poisoned, every later transfer fails",
                  gy_bytes, gy_max);
     }
-}
-
-/* Insert [lo, hi) into the interval set, merging neighbours. false on OOM. */
-static bool
-iv_insert_locked(uint64_t lo, uint64_t hi)
-{
-    /* First interval whose hi >= lo (may merge with [lo, hi)). */
-    size_t a = 0, b = gy_n_iv;
-    while (a < b) {
-        size_t m = a + (b - a) / 2;
-        if (gy_iv[m].hi < lo)
-            a = m + 1;
-        else
-            b = m;
-    }
-    size_t first = a, last = a; /* merge [first, last) */
-    while (last < gy_n_iv && gy_iv[last].lo <= hi) {
-        lo = DP_MIN(lo, gy_iv[last].lo);
-        hi = DP_MAX(hi, gy_iv[last].hi);
-        last++;
-    }
-    if (first == last) {
-        if (gy_n_iv == gy_cap_iv) {
-            size_t cap = gy_cap_iv ? gy_cap_iv * 2 : 64;
-            iv *p = realloc(gy_iv, cap * sizeof *p);
-            if (p == NULL)
-                return false;
-            gy_iv = p;
-            gy_cap_iv = cap;
-        }
-        memmove(gy_iv + first + 1, gy_iv + first, (gy_n_iv - first) * sizeof *gy_iv);
-        gy_n_iv++;
-    } else if (last - first > 1) {
-        memmove(gy_iv + first + 1, gy_iv + last, (gy_n_iv - last) * sizeof *gy_iv);
-        gy_n_iv -= last - first - 1;
-    }
-    gy_iv[first].lo = lo;
-    gy_iv[first].hi = hi;
-    return true;
 }
 
 void
@@ -143,12 +101,7 @@ dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *wh
     }
     uint64_t charged = 0;
     for (size_t i = 0; i < n; i++) {
-        if (local[i].nbytes == 0)
-            continue;
-        uint64_t hi = local[i].addr + local[i].nbytes;
-        if (hi < local[i].addr)
-            hi = UINT64_MAX;
-        if (!iv_insert_locked(local[i].addr, hi))
+        if (dp_ranges_merge(&gy_iv, local[i].addr, local[i].nbytes) != DP_OK)
             ok = false;
         charged += local[i].nbytes;
     }
@@ -188,16 +141,12 @@ dp_graveyard_release(void *owner)
     gy_released++;
     free(e.ranges);
     /* Rebuild the interval set from the entries that remain. */
-    gy_n_iv = 0;
+    dp_ranges_clear(&gy_iv);
     bool ok = true;
     for (size_t k = 0; k < gy_n_ents; k++)
         for (size_t j = 0; j < gy_ents[k].n; j++) {
             const dp_range *r = &gy_ents[k].ranges[j];
-            if (r->nbytes == 0)
-                continue;
-            uint64_t hi =
-                r->addr + r->nbytes < r->addr ? UINT64_MAX : r->addr + r->nbytes;
-            ok = iv_insert_locked(r->addr, hi) && ok;
+            ok = dp_ranges_merge(&gy_iv, r->addr, r->nbytes) == DP_OK && ok;
         }
     if (!ok && !gy_poisoned) {
         gy_poisoned = true;
@@ -257,18 +206,8 @@ dp_graveyard_touches(uint64_t addr, uint64_t nbytes)
 {
     if (nbytes == 0)
         return false;
-    uint64_t hi = addr + nbytes < addr ? UINT64_MAX : addr + nbytes;
     pthread_mutex_lock(&gy_mu);
-    /* First interval with iv.hi > addr; it overlaps iff its lo < hi. */
-    size_t a = 0, b = gy_n_iv;
-    while (a < b) {
-        size_t m = a + (b - a) / 2;
-        if (gy_iv[m].hi <= addr)
-            a = m + 1;
-        else
-            b = m;
-    }
-    bool hit = a < gy_n_iv && gy_iv[a].lo < hi;
+    bool hit = dp_ranges_overlap(&gy_iv, addr, nbytes) != NULL;
     pthread_mutex_unlock(&gy_mu);
     return hit;
 }

@@ -10,50 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void
-put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void
-put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t
-get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t
-get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t
-get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
+#include "common/le.h"
 
 int
 dp_md_check_name(const char *name, size_t len, dp_detail *d)
@@ -102,20 +59,20 @@ dp_md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, const v
         return dp_fail(d, DP_ENOMEM, "metadata: cannot allocate %zu bytes", total);
     uint8_t h[DP_MD_HEADER_LEN];
     memcpy(h, DP_MD_MAGIC, 4);
-    put_u16(h + 4, DP_MD_VERSION);
-    put_u16(h + 6, (uint16_t)name_len);
-    put_u32(h + 8, (uint32_t)addr_len);
-    put_u32(h + 12, (uint32_t)n_regions);
-    put_u64(h + 16, gen);
-    put_u32(h + 24, xver);
+    dp_le16_store(h + 4, DP_MD_VERSION);
+    dp_le16_store(h + 6, (uint16_t)name_len);
+    dp_le32_store(h + 8, (uint32_t)addr_len);
+    dp_le32_store(h + 12, (uint32_t)n_regions);
+    dp_le64_store(h + 16, gen);
+    dp_le32_store(h + 24, xver);
     dp_buf_append(out, h, sizeof h);
     dp_buf_append(out, name, name_len);
     dp_buf_append(out, addr, addr_len);
     for (size_t i = 0; i < n_regions; i++) {
         uint8_t r[20];
-        put_u64(r, regions[i].base);
-        put_u64(r + 8, regions[i].len);
-        put_u32(r + 16, regions[i].rkey_len);
+        dp_le64_store(r, regions[i].base);
+        dp_le64_store(r + 8, regions[i].len);
+        dp_le32_store(r + 16, regions[i].rkey_len);
         dp_buf_append(out, r, sizeof r);
         dp_buf_append(out, regions[i].rkey, regions[i].rkey_len);
     }
@@ -146,7 +103,7 @@ dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
                        DP_MD_TOTAL_MAX);
     if (memcmp(p, DP_MD_MAGIC, 4) != 0)
         return dp_fail(d, DP_EPROTO, "metadata: bad magic (not endpoint metadata)");
-    uint16_t version = get_u16(p + 4);
+    uint16_t version = dp_le16_load(p + 4);
     if (version == 1)
         return dp_fail(d, DP_EPROTO,
                        "metadata: version 1, from a dataplane older than this one (%d): "
@@ -155,11 +112,11 @@ dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
     if (version != DP_MD_VERSION)
         return dp_fail(d, DP_EPROTO, "metadata: version %u, this build reads %d", version,
                        DP_MD_VERSION);
-    uint32_t name_len = get_u16(p + 6);
-    uint32_t addr_len = get_u32(p + 8);
-    uint32_t n_regions = get_u32(p + 12);
-    out->gen = get_u64(p + 16);
-    out->xver = get_u32(p + 24);
+    uint32_t name_len = dp_le16_load(p + 6);
+    uint32_t addr_len = dp_le32_load(p + 8);
+    uint32_t n_regions = dp_le32_load(p + 12);
+    out->gen = dp_le64_load(p + 16);
+    out->xver = dp_le32_load(p + 24);
     if (name_len == 0 || name_len > DP_MD_NAME_MAX)
         return dp_fail(d, DP_EPROTO, "metadata: name length %u outside 1..%d", name_len,
                        DP_MD_NAME_MAX);
@@ -198,9 +155,9 @@ dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
             goto fail;
         }
         dp_md_region *r = &out->regions[i];
-        r->base = get_u64(p + off);
-        r->len = get_u64(p + off + 8);
-        r->rkey_len = get_u32(p + off + 16);
+        r->base = dp_le64_load(p + off);
+        r->len = dp_le64_load(p + off + 8);
+        r->rkey_len = dp_le32_load(p + off + 16);
         off += 20;
         if (r->len == 0 || r->base + r->len < r->base) {
             dp_fail(d, DP_EPROTO,
@@ -243,8 +200,8 @@ dp_md_peer_id(const void *buf, size_t len)
     const uint8_t *p = buf;
     if (p == NULL || len < DP_MD_HEADER_LEN || memcmp(p, DP_MD_MAGIC, 4) != 0)
         return 0;
-    size_t name_len = get_u16(p + 6);
-    size_t addr_len = get_u32(p + 8);
+    size_t name_len = dp_le16_load(p + 6);
+    size_t addr_len = dp_le32_load(p + 8);
     if (name_len + addr_len > len - DP_MD_HEADER_LEN)
         return 0;
     const uint8_t *a = p + DP_MD_HEADER_LEN + name_len;

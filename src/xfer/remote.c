@@ -46,10 +46,22 @@ ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
 remote *
 dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name)
 {
-    for (remote *r = ep->remotes; r != NULL; r = r->r_next)
+    for (remote *r = DP_LIST_FIRST(&ep->remotes, remote, r_link); r != NULL;
+         r = DP_LIST_NEXT(r, remote, r_link))
         if (strcmp(r->r_name, name) == 0)
             return r;
     return NULL;
+}
+
+/* Take listed r off the list: a zombie while transfers use it, else freed. */
+static void
+unlist_locked(dp_endpoint *ep, remote *r)
+{
+    dp_list_remove(&ep->remotes, &r->r_link);
+    if (r->r_busy > 0 || r->r_retained > 0)
+        dp_list_insert_head(&ep->zombies, &r->r_link);
+    else
+        dp__ep_remote_free_locked(ep, r);
 }
 
 /* Wait (progressing) for a close request; true when it completed. */
@@ -83,6 +95,7 @@ dp__ep_remote_free_locked(dp_endpoint *ep, remote *r)
         closed = wait_close_locked(ep, ucp_ep_close_nbx(r->r_ep, &prm));
     }
     free(r->r_regs);
+    dp_ranges_fini(&r->r_index);
     if (closed)
         free(r);
     else
@@ -128,10 +141,21 @@ dp_endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *
     }
     remote *r = calloc(1, sizeof *r);
     if (r == NULL || (md.n_regions > 0 &&
-                      (r->r_regs = calloc(md.n_regions, sizeof *r->r_regs)) == NULL)) {
+                      ((r->r_regs = calloc(md.n_regions, sizeof *r->r_regs)) == NULL ||
+                       dp_ranges_reserve(&r->r_index, md.n_regions) != DP_OK))) {
+        if (r != NULL) {
+            free(r->r_regs);
+            dp_ranges_fini(&r->r_index);
+        }
         free(r);
         dp_md_fini(&md);
         return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+    }
+    /* Sorted and disjoint (dp_md_parse checked): the adds cannot fail. */
+    for (uint32_t i = 0; i < md.n_regions; i++) {
+        rc = dp_ranges_add(&r->r_index, md.regions[i].base, md.regions[i].len,
+                           &r->r_regs[i]);
+        DP_ASSERT(rc == DP_OK);
     }
     snprintf(r->r_name, sizeof r->r_name, "%s", md.name);
     r->r_gen = md.gen;
@@ -183,21 +207,10 @@ dp_endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *
     if (rc != DP_OK)
         goto fail_locked;
     /* Replace a remote of the same name (its metadata may have changed). */
-    for (remote **pp = &ep->remotes; *pp != NULL; pp = &(*pp)->r_next) {
-        remote *old = *pp;
-        if (strcmp(old->r_name, r->r_name) != 0)
-            continue;
-        *pp = old->r_next;
-        if (old->r_busy > 0 || old->r_retained > 0) {
-            old->r_next = ep->zombies;
-            ep->zombies = old;
-        } else {
-            dp__ep_remote_free_locked(ep, old);
-        }
-        break;
-    }
-    r->r_next = ep->remotes;
-    ep->remotes = r;
+    remote *old = dp__ep_remote_find_locked(ep, r->r_name);
+    if (old != NULL)
+        unlist_locked(ep, old);
+    dp_list_insert_head(&ep->remotes, &r->r_link);
     unlock(ep);
     if (name_out != NULL)
         snprintf(name_out, DP_MD_NAME_MAX + 1, "%s", md.name);
@@ -207,6 +220,7 @@ fail_locked:
     if (ep->closed) {
         /* The worker is gone with everything made from it. */
         free(r->r_regs);
+        dp_ranges_fini(&r->r_index);
         free(r);
     } else {
         dp__ep_remote_free_locked(ep, r);
@@ -236,19 +250,10 @@ dp_endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d)
         goto out;
     rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
                  name ? name : "(null)");
-    for (remote **pp = &ep->remotes; name != NULL && *pp != NULL; pp = &(*pp)->r_next) {
-        remote *r = *pp;
-        if (strcmp(r->r_name, name) != 0)
-            continue;
-        *pp = r->r_next;
-        if (r->r_busy > 0 || r->r_retained > 0) {
-            r->r_next = ep->zombies;
-            ep->zombies = r;
-        } else {
-            dp__ep_remote_free_locked(ep, r);
-        }
+    remote *r = name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
+    if (r != NULL) {
+        unlist_locked(ep, r);
         rc = DP_OK;
-        break;
     }
 out:
     unlock(ep);

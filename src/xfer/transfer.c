@@ -43,44 +43,20 @@
 
 /* ---- lookups (ep_mu held) ---- */
 
-/* Index of the region containing [addr, addr+n), or -1. */
-static ptrdiff_t
+/* The region containing [addr, addr+n), or NULL. */
+static region *
 region_find_locked(const dp_endpoint *ep, uint64_t addr, uint64_t n)
 {
-    size_t a = 0, b = ep->n_regs;
-    while (a < b) { /* first region with base > addr */
-        size_t m = a + (b - a) / 2;
-        if (ep->regs[m].r_base <= addr)
-            a = m + 1;
-        else
-            b = m;
-    }
-    if (a == 0)
-        return -1;
-    const region *r = &ep->regs[a - 1];
-    if (addr - r->r_base <= r->r_len && n <= r->r_len - (addr - r->r_base))
-        return (ptrdiff_t)(a - 1);
-    return -1;
+    dp_ranges_ent *e = dp_ranges_find(&ep->regs, addr, n);
+    return e != NULL ? e->v : NULL;
 }
 
 /* The region of remote r containing [addr, addr+n), or NULL. */
 static rregion *
 rregion_find(const remote *r, uint64_t addr, uint64_t n)
 {
-    size_t a = 0, b = r->r_n_regs;
-    while (a < b) {
-        size_t m = a + (b - a) / 2;
-        if (r->r_regs[m].rr_base <= addr)
-            a = m + 1;
-        else
-            b = m;
-    }
-    if (a == 0)
-        return NULL;
-    rregion *rr = &r->r_regs[a - 1];
-    if (addr - rr->rr_base <= rr->rr_len && n <= rr->rr_len - (addr - rr->rr_base))
-        return rr;
-    return NULL;
+    dp_ranges_ent *e = dp_ranges_find(&r->r_index, addr, n);
+    return e != NULL ? e->v : NULL;
 }
 
 /* ---- UCX callbacks (run with ep_mu held, from whichever thread progresses) ---- */
@@ -95,8 +71,7 @@ op_done_cb(void *request, ucs_status_t status, void *user_data)
         b->b_done_ns = dp_now_ns();
         if (b->b_retained) {
             /* Freed later, outside the callback (dp__ep_reap_locked). */
-            b->b_next = b->b_ep->released;
-            b->b_ep->released = b;
+            dp_list_insert_head(&b->b_ep->released, &b->b_link);
         }
     }
     ucp_request_free(request);
@@ -109,9 +84,8 @@ op_done_cb(void *request, ucs_status_t status, void *user_data)
 void
 dp__ep_reap_locked(dp_endpoint *ep)
 {
-    while (ep->released != NULL) {
-        batch *b = ep->released;
-        ep->released = b->b_next;
+    for (batch *b; (b = DP_LIST_FIRST(&ep->released, batch, b_link)) != NULL;) {
+        dp_list_remove(&ep->released, &b->b_link);
         dp_graveyard_release(b);
         b->b_r->r_retained--;
         ep->n_retained--;
@@ -171,7 +145,7 @@ validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
                            i, k, l->nbytes, m->nbytes);
         if (l->nbytes == 0)
             continue;
-        if (region_find_locked(ep, l->addr, l->nbytes) < 0)
+        if (region_find_locked(ep, l->addr, l->nbytes) == NULL)
             return dp_fail(d, DP_EINVAL,
                            "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
                            ") is not inside a region registered with endpoint %s",
@@ -193,9 +167,9 @@ busy_locked(dp_endpoint *ep, const dp_xfer_desc *o, int delta)
     for (size_t k = 0; k < o->n_local; k++) {
         if (o->local[k].nbytes == 0)
             continue;
-        ptrdiff_t g = region_find_locked(ep, o->local[k].addr, o->local[k].nbytes);
-        DP_ASSERT(g >= 0);
-        ep->regs[g].r_busy += (uint64_t)(int64_t)delta;
+        region *g = region_find_locked(ep, o->local[k].addr, o->local[k].nbytes);
+        DP_ASSERT(g != NULL);
+        g->r_busy += (uint64_t)(int64_t)delta;
     }
 }
 
@@ -259,13 +233,13 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
             ep->st.memcpy_ranges++;
             continue;
         }
-        ptrdiff_t g = region_find_locked(ep, l->addr, l->nbytes);
+        region *g = region_find_locked(ep, l->addr, l->nbytes);
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                             UCP_OP_ATTR_FIELD_MEMH,
             .cb.send = op_done_cb,
             .user_data = b,
-            .memh = ep->regs[g].r_memh,
+            .memh = g->r_memh,
         };
         ucs_status_ptr_t sp =
             o->op == DP_XFER_WRITE

@@ -1,0 +1,69 @@
+/*
+ * Little-endian loads and stores of 16-, 32- and 64-bit integers at any
+ * alignment: every on-disk and on-the-wire binary format here (blobs,
+ * shards, endpoint metadata) is little-endian. memcpy keeps them free of
+ * alignment and aliasing trouble; compilers turn each into one move (and a
+ * byte swap on a big-endian host).
+ */
+#ifndef DP_COMMON_LE_H
+#define DP_COMMON_LE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define DP_LE16(v) __builtin_bswap16(v)
+#define DP_LE32(v) __builtin_bswap32(v)
+#define DP_LE64(v) __builtin_bswap64(v)
+#else
+#define DP_LE16(v) (v)
+#define DP_LE32(v) (v)
+#define DP_LE64(v) (v)
+#endif
+
+static inline uint16_t
+dp_le16_load(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return DP_LE16(v);
+}
+
+static inline uint32_t
+dp_le32_load(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return DP_LE32(v);
+}
+
+static inline uint64_t
+dp_le64_load(const void *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return DP_LE64(v);
+}
+
+static inline void
+dp_le16_store(void *p, uint16_t v)
+{
+    v = DP_LE16(v);
+    memcpy(p, &v, sizeof v);
+}
+
+static inline void
+dp_le32_store(void *p, uint32_t v)
+{
+    v = DP_LE32(v);
+    memcpy(p, &v, sizeof v);
+}
+
+static inline void
+dp_le64_store(void *p, uint64_t v)
+{
+    v = DP_LE64(v);
+    memcpy(p, &v, sizeof v);
+}
+
+#endif
