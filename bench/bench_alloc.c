@@ -67,12 +67,12 @@ run(uint64_t seed, size_t live, size_t pairs, int quarantine, run_result *out)
     int rc = -1;
     if (off == NULL || victim == NULL || size == NULL)
         goto out;
-    if (dp_slab_alloc_create(area, 64, &a, &d) != 0) {
+    if (dp__slab_alloc_create(area, 64, &a, &d) != 0) {
         fprintf(stderr, "create: %s\n", d.msg);
         goto out;
     }
     for (size_t i = 0; i < live; i++) {
-        if (dp_slab_alloc_alloc(a, 1 + rnd(&s) % MAX_SIZE, &off[i], &d) != 0) {
+        if (dp__slab_alloc_alloc(a, 1 + rnd(&s) % MAX_SIZE, &off[i], &d) != 0) {
             fprintf(stderr, "fill: %s\n", d.msg);
             goto out;
         }
@@ -87,16 +87,16 @@ run(uint64_t seed, size_t live, size_t pairs, int quarantine, run_result *out)
     for (size_t i = 0; i < pairs; i++) {
         uint32_t v = victim[i];
         if (off[v] != UINT64_MAX) {
-            int frc = quarantine ? dp_slab_alloc_free_at(a, off[v], (double)i + lag, &d)
-                                 : dp_slab_alloc_free(a, off[v], &d);
+            int frc = quarantine ? dp__slab_alloc_free_at(a, off[v], (double)i + lag, &d)
+                                 : dp__slab_alloc_free(a, off[v], &d);
             if (frc != 0) {
                 fprintf(stderr, "free: %s\n", d.msg);
                 goto out;
             }
         }
         if (quarantine)
-            dp_slab_alloc_sweep(a, (double)i);
-        if (dp_slab_alloc_alloc(a, size[i], &off[v], &d) != 0) {
+            dp__slab_alloc_sweep(a, (double)i);
+        if (dp__slab_alloc_alloc(a, size[i], &off[v], &d) != 0) {
             off[v] = UINT64_MAX;
             full++;
         }
@@ -104,14 +104,14 @@ run(uint64_t seed, size_t live, size_t pairs, int quarantine, run_result *out)
     double dt = now_s() - t0;
 
     dp_slab_alloc_stats st;
-    dp_slab_alloc_get_stats(a, &st);
+    dp__slab_alloc_get_stats(a, &st);
     out->pairs_per_s = (double)pairs / dt;
     out->fragmentation = st.fragmentation;
     out->n_free = st.n_free;
     out->full = full;
     rc = 0;
 out:
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
     free(off);
     free(victim);
     free(size);

@@ -38,14 +38,14 @@ static dp_unit *
 mk_unit(uint64_t slab)
 {
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = 1;
     o.numa = DP_UNIT_NUMA_OFF;
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    if (dp_unit_create(&o, &u, &d) != 0)
+    if (dp__unit_create(&o, &u, &d) != 0)
         die("unit", &d);
     return u;
 }
@@ -70,7 +70,7 @@ main(int argc, char **argv)
     if (blob == 0 || total < blob)
         die("usage: bench_checkpoint [dir] [total_MiB] [blob_MiB]", NULL);
     uint32_t n = (uint32_t)(total / blob);
-    dp_log_set_level(DP_LOG_WARN);
+    dp__log_set_level(DP_LOG_WARN);
     dp_unit *u = mk_unit(total + total / 8 + (1 << 20));
     dp_detail d;
     dp_detail_clear(&d);
@@ -80,7 +80,7 @@ main(int argc, char **argv)
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < n; i++) {
         dp_blob_builder *b = NULL;
-        dp_blob_builder_create(0, &b, NULL);
+        dp__blob_builder_create(0, &b, NULL);
         char key[32], id[32];
         snprintf(key, sizeof key, "%u@x", i);
         snprintf(id, sizeof id, "b%u", i);
@@ -89,19 +89,19 @@ main(int argc, char **argv)
         s.kind = DP_BLOB_BYTES;
         s.len = blob - 4096;
         s.payload = pay;
-        dp_blob_builder_add(b, &s, NULL, NULL);
+        dp__blob_builder_add(b, &s, NULL, NULL);
         dp_blob_layout lay;
-        dp_blob_builder_layout(b, &lay, NULL);
+        dp__blob_builder_layout(b, &lay, NULL);
         uint64_t off = 0;
-        if (dp_unit_alloc(u, id, strlen(id), lay.total_len, 1, &off, NULL, &d) != 0)
+        if (dp__unit_alloc(u, id, strlen(id), lay.total_len, 1, &off, NULL, &d) != 0)
             die("alloc", &d);
-        dp_blob_builder_write(b, dp_unit_slab(u) + off, lay.total_len, NULL);
-        dp_blob_builder_copy_payloads(b, dp_unit_slab(u) + off, lay.total_len, NULL);
-        dp_blob_header_set_alloc(dp_unit_slab(u) + off, dp_unit_incarnation(u),
-                                 dp_unit_alloc_token(u, id, strlen(id)));
-        dp_blob_builder_destroy(b);
+        dp__blob_builder_write(b, dp__unit_slab(u) + off, lay.total_len, NULL);
+        dp__blob_builder_copy_payloads(b, dp__unit_slab(u) + off, lay.total_len, NULL);
+        dp__blob_header_set_alloc(dp__unit_slab(u) + off, dp__unit_incarnation(u),
+                                  dp__unit_alloc_token(u, id, strlen(id)));
+        dp__blob_builder_destroy(b);
         dp_wire_commit_state st;
-        if (dp_unit_commit(u, id, strlen(id), &st, &d) != 0)
+        if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
             die("commit", &d);
         bytes += lay.total_len;
     }
@@ -111,32 +111,32 @@ main(int argc, char **argv)
     snprintf(rows, sizeof rows, "%s.rows", shard);
 
     /* Plain write of the same bytes (from the same slab), then fsync. */
-    double t0 = dp_now_s();
+    double t0 = dp__now_s();
     int fd = open(plain, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0)
         die(plain, NULL);
     for (uint64_t done = 0; done < bytes;) {
         ssize_t w =
-            write(fd, dp_unit_slab(u) + done, (size_t)DP_MIN(bytes - done, 1u << 26));
+            write(fd, dp__unit_slab(u) + done, (size_t)DP_MIN(bytes - done, 1u << 26));
         if (w <= 0)
             die("plain write", NULL);
         done += (uint64_t)w;
     }
     fsync(fd);
     close(fd);
-    double t_pw = dp_now_s() - t0;
+    double t_pw = dp__now_s() - t0;
 
     dp_unit_save_res sr;
-    t0 = dp_now_s();
-    if (dp_unit_save_shard(u, shard, strlen(shard), &sr, &d) != 0)
+    t0 = dp__now_s();
+    if (dp__unit_save_shard(u, shard, strlen(shard), &sr, &d) != 0)
         die("save", &d);
-    double t_save = dp_now_s() - t0;
+    double t_save = dp__now_s() - t0;
 
     drop_cache(plain);
     drop_cache(shard);
     drop_cache(rows);
     uint8_t *buf = malloc(bytes);
-    t0 = dp_now_s();
+    t0 = dp__now_s();
     fd = open(plain, O_RDONLY);
     for (uint64_t done = 0; done < bytes;) {
         ssize_t r = read(fd, buf + done, (size_t)DP_MIN(bytes - done, 1u << 26));
@@ -145,15 +145,15 @@ main(int argc, char **argv)
         done += (uint64_t)r;
     }
     close(fd);
-    double t_pr = dp_now_s() - t0;
+    double t_pr = dp__now_s() - t0;
 
     dp_unit *v = mk_unit(total + total / 8 + (1 << 20));
     dp_unit_load_res lr;
-    t0 = dp_now_s();
-    if (dp_unit_load_shard(v, shard, strlen(shard), sr.blobs, sr.n_blobs, false, &lr,
-                           &d) != 0)
+    t0 = dp__now_s();
+    if (dp__unit_load_shard(v, shard, strlen(shard), sr.blobs, sr.n_blobs, false, &lr,
+                            &d) != 0)
         die("load", &d);
-    double t_load = dp_now_s() - t0;
+    double t_load = dp__now_s() - t0;
     if (lr.n_loaded != n)
         die("load: not every blob fit", NULL);
 
@@ -164,14 +164,14 @@ main(int argc, char **argv)
            gb / t_save, t_pw / t_save);
     printf("  read:  plain %.2f GB/s, load_shard %.2f GB/s, ratio %.2f\n", gb / t_pr,
            gb / t_load, t_pr / t_load);
-    dp_unit_load_res_fini(&lr);
-    dp_unit_save_res_fini(&sr);
+    dp__unit_load_res_fini(&lr);
+    dp__unit_save_res_fini(&sr);
     unlink(plain);
     unlink(shard);
     unlink(rows);
     free(buf);
     free(pay);
-    dp_unit_destroy(v);
-    dp_unit_destroy(u);
+    dp__unit_destroy(v);
+    dp__unit_destroy(u);
     return 0;
 }

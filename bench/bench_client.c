@@ -49,19 +49,19 @@ unit_main(void)
     char name[64];
     snprintf(name, sizeof name, "bench-unit-%u-%ld", id, (long)getpid());
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.unit_id = id;
     o.n_units = (uint32_t)atoi(getenv("DP_BC_UNITS"));
     o.slab_bytes = strtoull(getenv("DP_BC_SLAB"), NULL, 10);
     o.numa = DP_UNIT_NUMA_AUTO;
     dp_unit_server *srv = NULL;
-    if (dp_unit_server_open(&o, name, "127.0.0.1", 0, 1.0, &srv, &d) != 0)
+    if (dp__unit_server_open(&o, name, "127.0.0.1", 0, 1.0, &srv, &d) != 0)
         goto fail;
-    dprintf(fd, "%s\n", dp_unit_server_address(srv));
+    dprintf(fd, "%s\n", dp__unit_server_address(srv));
     close(fd);
     int sig;
     sigwait(&sigs, &sig);
-    dp_unit_server_close(srv);
+    dp__unit_server_close(srv);
     return 0;
 fail:
     fprintf(stderr, "bench unit: %s\n", dp_detail_msg(&d));
@@ -135,14 +135,14 @@ static double
 memcpy_batch(uint8_t *dst, const uint8_t *src, size_t span, size_t piece, size_t n_pieces,
              size_t *cursor)
 {
-    double t0 = dp_now_s();
+    double t0 = dp__now_s();
     for (size_t i = 0; i < n_pieces; i++) {
         if (*cursor + piece > span)
             *cursor = 0;
         memcpy(dst + *cursor, src + *cursor, piece);
         *cursor += piece;
     }
-    return dp_now_s() - t0;
+    return dp__now_s() - t0;
 }
 
 typedef struct shape {
@@ -198,17 +198,17 @@ run_shape(dp_client *c, const shape *s, bool registered, int reps)
         /* memcpy of the same bytes in the same pieces, interleaved with the
          * operations so both see the same machine load. */
         double tmc = memcpy_batch(mc_dst, mc_src, mc_span, s->bytes, nc, &mc_cursor);
-        double t0 = dp_now_s();
+        double t0 = dp__now_s();
         if (dp_client_put(c, g, s->rows, fnames, s->fields, v, NULL, &d) != 0) {
             fprintf(stderr, "put: %s\n", dp_detail_msg(&d));
             exit(1);
         }
-        double t1 = dp_now_s();
+        double t1 = dp__now_s();
         if (dp_client_get(c, it, nc, &d) != 0) {
             fprintf(stderr, "get: %s\n", dp_detail_msg(&d));
             exit(1);
         }
-        double t2 = dp_now_s();
+        double t2 = dp__now_s();
         if (k >= 0) {
             tp[k] = t1 - t0;
             tg[k] = t2 - t1;

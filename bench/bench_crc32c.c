@@ -27,11 +27,11 @@ static volatile uint32_t sink;
 static double
 run_once(crc_fn f, const uint8_t *buf, size_t n, uint64_t min_bytes)
 {
-    uint64_t reps = min_bytes / n + 1, t0 = dp_now_ns();
+    uint64_t reps = min_bytes / n + 1, t0 = dp__now_ns();
     uint32_t crc = 0;
     for (uint64_t i = 0; i < reps; i++)
         crc = f(crc, buf, n);
-    uint64_t dt = dp_now_ns() - t0;
+    uint64_t dt = dp__now_ns() - t0;
     sink = crc;
     return (double)(reps * n) / (double)(dt ? dt : 1);
 }
@@ -70,12 +70,12 @@ main(int argc, char **argv)
         buf[i] = (uint8_t)x;
     }
     printf("crc32c: dispatch uses %s; median of %d runs, each >= 256 MiB\n",
-           dp_crc32c_impl(), runs);
+           dp__crc32c_impl(), runs);
     printf("%-8s %12s %12s %8s\n", "size", "hw GB/s", "table GB/s", "hw/table");
     for (size_t k = 0; k < DP_ARRAY_LEN(sizes); k++) {
         size_t n = sizes[k];
-        double hw = median_gbs(dp_crc32c_update_hw, buf, n, runs);
-        double tab = median_gbs(dp_crc32c_update_table, buf, n, runs);
+        double hw = median_gbs(dp__crc32c_update_hw, buf, n, runs);
+        double tab = median_gbs(dp__crc32c_update_table, buf, n, runs);
         char label[32];
         if (n >= (1u << 20))
             snprintf(label, sizeof label, "%zu MiB", n >> 20);
@@ -83,7 +83,7 @@ main(int argc, char **argv)
             snprintf(label, sizeof label, "%zu KiB", n >> 10);
         printf("%-8s %12.2f %12.2f %8.1fx\n", label, hw, tab, hw / tab);
     }
-    if (!dp_crc32c_hw_available())
+    if (!dp__crc32c_hw_available())
         printf("note: no SSE4.2 on this CPU; the hw column is the table code\n");
     free(buf);
     return 0;

@@ -6,7 +6,7 @@
  * (UCX endpoint with a progress thread, slab from the endpoint, ticker, ZMQ
  * control server), and a bare ROUTER that echoes every message. The parent is
  * the client: it measures, one request at a time, with the full client path
- * (encode the request, dp_ctl_call, decode the reply):
+ * (encode the request, dp__ctl_call, decode the reply):
  *
  *   bare       a DEALER sends a message the size of a ping request, the ROUTER
  *              echoes it: the floor for any request/reply over ZMQ here;
@@ -84,19 +84,19 @@ unit_main(int fd)
     dp_detail d;
     dp_detail_clear(&d);
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 64ull << 20;
     o.unit_id = 0;
     o.n_units = 1;
     dp_unit_server *srv = NULL;
-    if (dp_unit_server_open(&o, "bench-unit", "127.0.0.1", 0, 1.0, &srv, &d) != DP_OK)
+    if (dp__unit_server_open(&o, "bench-unit", "127.0.0.1", 0, 1.0, &srv, &d) != DP_OK)
         die("unit endpoint", &d);
     char line[256];
-    snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
+    snprintf(line, sizeof line, "%s\n", dp__unit_server_address(srv));
     write_line(fd, line);
     int sig;
     sigwait(&sigs, &sig);
-    dp_unit_server_close(srv);
+    dp__unit_server_close(srv);
     return 0;
 }
 
@@ -207,19 +207,19 @@ call(client *c, dp_wire_request *q, dp_wire_reply *r)
     dp_detail d;
     dp_detail_clear(&d);
     char rid[DP_WIRE_RID_MAX];
-    uint64_t t0 = dp_now_ns();
-    q->rid = dp_wire_rid_next(&c->rids, rid);
-    dp_buf_reset(&c->req);
-    dp_buf_reset(&c->rep);
-    if (dp_wire_request_encode(q, NULL, &c->req, &d) != DP_OK ||
-        dp_ctl_call(c->ctl, c->addr, c->req.data, c->req.len, rid, 10.0, &c->rep, &d) !=
+    uint64_t t0 = dp__now_ns();
+    q->rid = dp__wire_rid_next(&c->rids, rid);
+    dp__buf_reset(&c->req);
+    dp__buf_reset(&c->rep);
+    if (dp__wire_request_encode(q, NULL, &c->req, &d) != DP_OK ||
+        dp__ctl_call(c->ctl, c->addr, c->req.data, c->req.len, rid, 10.0, &c->rep, &d) !=
             DP_OK ||
-        dp_wire_reply_decode(c->rep.data, c->rep.len, q->op, NULL, r, &d) != DP_OK)
-        die(dp_wire_op_name(q->op), &d);
-    double us = (double)(dp_now_ns() - t0) / 1e3;
+        dp__wire_reply_decode(c->rep.data, c->rep.len, q->op, NULL, r, &d) != DP_OK)
+        die(dp__wire_op_name(q->op), &d);
+    double us = (double)(dp__now_ns() - t0) / 1e3;
     if (!r->ok) {
-        dp_wire_error_to_detail(&r->err, &d);
-        die(dp_wire_op_name(q->op), &d);
+        dp__wire_error_to_detail(&r->err, &d);
+        die(dp__wire_op_name(q->op), &d);
     }
     return us;
 }
@@ -234,11 +234,11 @@ unpin(client *c, dp_wire_str pin)
     q.op = DP_WIRE_OP_UNPIN;
     q.a.unpin.pin_id = pin;
     char rid[DP_WIRE_RID_MAX];
-    q.rid = dp_wire_rid_next(&c->rids, rid);
-    dp_buf_reset(&c->req);
+    q.rid = dp__wire_rid_next(&c->rids, rid);
+    dp__buf_reset(&c->req);
     dp_detail d;
-    if (dp_wire_request_encode(&q, NULL, &c->req, &d) != DP_OK ||
-        dp_ctl_notify(c->ctl, c->addr, c->req.data, c->req.len, &d) != DP_OK)
+    if (dp__wire_request_encode(&q, NULL, &c->req, &d) != DP_OK ||
+        dp__ctl_notify(c->ctl, c->addr, c->req.data, c->req.len, &d) != DP_OK)
         die("unpin", &d);
 }
 
@@ -254,7 +254,7 @@ build_blob(dp_endpoint *ep, uint32_t n, blob_img *img)
     dp_detail d;
     dp_detail_clear(&d);
     dp_blob_builder *b = NULL;
-    if (dp_blob_builder_create(0, &b, &d) != DP_OK)
+    if (dp__blob_builder_create(0, &b, &d) != DP_OK)
         die("builder", &d);
     static uint8_t payload[64];
     memset(payload, 0x5a, sizeof payload);
@@ -263,19 +263,19 @@ build_blob(dp_endpoint *ep, uint32_t n, blob_img *img)
         snprintf(key, sizeof key, "%u@x", i);
         dp_blob_entry_spec e = {
             .key = key, .kind = DP_BLOB_BYTES, .len = sizeof payload, .payload = payload};
-        if (dp_blob_builder_add(b, &e, NULL, &d) != DP_OK)
+        if (dp__blob_builder_add(b, &e, NULL, &d) != DP_OK)
             die("builder add", &d);
     }
     dp_blob_layout lay;
-    if (dp_blob_builder_layout(b, &lay, &d) != DP_OK)
+    if (dp__blob_builder_layout(b, &lay, &d) != DP_OK)
         die("layout", &d);
     img->len = lay.total_len;
-    if (dp_endpoint_alloc(ep, img->len, &img->buf, &d) != DP_OK)
+    if (dp__endpoint_alloc(ep, img->len, &img->buf, &d) != DP_OK)
         die("client alloc", &d);
-    if (dp_blob_builder_write(b, img->buf, img->len, &d) != DP_OK ||
-        dp_blob_builder_copy_payloads(b, img->buf, img->len, &d) != DP_OK)
+    if (dp__blob_builder_write(b, img->buf, img->len, &d) != DP_OK ||
+        dp__blob_builder_copy_payloads(b, img->buf, img->len, &d) != DP_OK)
         die("builder write", &d);
-    dp_blob_builder_destroy(b);
+    dp__blob_builder_destroy(b);
 }
 
 /* alloc (timed), WRITE (not timed), commit (timed). */
@@ -290,21 +290,21 @@ put_blob(client *c, dp_endpoint *ep, const char *remote, uint64_t slab_addr,
     dp_wire_reply r;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s(id), img->len, n_entries, false};
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), img->len, n_entries, false};
     double ta = call(c, &q, &r);
     uint64_t off = r.r.alloc.off;
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     dp_range l = {(uint64_t)(uintptr_t)img->buf, img->len};
     dp_range rr = {slab_addr + off, img->len};
-    if (dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, remote, 10, &d) != DP_OK)
+    if (dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, remote, 10, &d) != DP_OK)
         die("WRITE", &d);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp_wire_s(id);
+    q.a.commit.blob_id = dp__wire_s(id);
     double tc = call(c, &q, &r);
     if (r.r.commit != DP_WIRE_COMMIT_DONE)
         die("commit did not answer done", NULL);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     if (s_alloc != NULL) {
         sample_add(s_alloc, ta);
         sample_add(s_commit, tc);
@@ -339,7 +339,7 @@ main(int argc, char **argv)
     dp_detail d;
     dp_detail_clear(&d);
     client c = {.addr = unit_addr};
-    if (dp_ctl_client_create(&c.ctl, &d) != DP_OK || dp_wire_rid_gen_init(&c.rids, &d))
+    if (dp__ctl_client_create(&c.ctl, &d) != DP_OK || dp__wire_rid_gen_init(&c.rids, &d))
         die("client", &d);
 
     /* The bare ping-pong carries a message the size of a ping request. */
@@ -348,10 +348,10 @@ main(int argc, char **argv)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_PING;
     char rid[DP_WIRE_RID_MAX];
-    q.rid = dp_wire_rid_next(&c.rids, rid);
+    q.rid = dp__wire_rid_next(&c.rids, rid);
     dp_buf ping_msg;
-    dp_buf_init(&ping_msg);
-    if (dp_wire_request_encode(&q, NULL, &ping_msg, &d) != DP_OK)
+    dp__buf_init(&ping_msg);
+    if (dp__wire_request_encode(&q, NULL, &ping_msg, &d) != DP_OK)
         die("encode", &d);
 
     void *zctx = zmq_ctx_new();
@@ -364,15 +364,15 @@ main(int argc, char **argv)
     long warm = iters / 10;
     /* Interleaved, so both see the same machine. */
     for (long i = -warm; i < iters; i++) {
-        uint64_t t0 = dp_now_ns();
+        uint64_t t0 = dp__now_ns();
         if (zmq_send(dealer, ping_msg.data, ping_msg.len, 0) < 0 ||
             zmq_recv(dealer, back, sizeof back, 0) < 0)
             die("bare ping-pong", NULL);
-        double bus = (double)(dp_now_ns() - t0) / 1e3;
+        double bus = (double)(dp__now_ns() - t0) / 1e3;
         memset(&q, 0, sizeof q);
         q.op = DP_WIRE_OP_PING;
         double us = call(&c, &q, &r);
-        dp_wire_reply_fini(&r);
+        dp__wire_reply_fini(&r);
         if (i >= 0) {
             sample_add(&bare, bus);
             sample_add(&ping, us);
@@ -381,17 +381,17 @@ main(int argc, char **argv)
 
     /* The data path, to WRITE the blobs that alloc+commit publish. */
     dp_endpoint *ep = NULL;
-    if (dp_endpoint_create("bench-ctl-client", NULL, &ep, &d) != DP_OK)
+    if (dp__endpoint_create("bench-ctl-client", NULL, &ep, &d) != DP_OK)
         die("client endpoint", &d);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
     call(&c, &q, &r);
     char remote[256];
-    if (dp_endpoint_add_remote(ep, r.r.info.metadata.p, r.r.info.metadata.n, remote,
-                               &d) != DP_OK)
+    if (dp__endpoint_add_remote(ep, r.r.info.metadata.p, r.r.info.metadata.n, remote,
+                                &d) != DP_OK)
         die("add_remote", &d);
     uint64_t slab_addr = r.r.info.slab_addr;
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     blob_img one, many;
     build_blob(ep, 1, &one);
@@ -410,7 +410,7 @@ main(int argc, char **argv)
     char keybuf[KEYS][16];
     for (uint32_t i = 0; i < KEYS; i++) {
         snprintf(keybuf[i], sizeof keybuf[i], "%u@x", i);
-        keys[i] = dp_wire_s(keybuf[i]);
+        keys[i] = dp__wire_s(keybuf[i]);
     }
     for (int pass = 0; pass < 2; pass++) {
         uint32_t nk = pass == 0 ? 1 : KEYS;
@@ -424,7 +424,7 @@ main(int argc, char **argv)
             if (r.r.resolve_keys.entries.n != nk)
                 die("resolve_keys: not every key was found", NULL);
             unpin(&c, r.r.resolve_keys.pin_id);
-            dp_wire_reply_fini(&r);
+            dp__wire_reply_fini(&r);
             if (i >= 0)
                 sample_add(s, us);
         }
@@ -458,11 +458,11 @@ main(int argc, char **argv)
 
     zmq_close(dealer);
     zmq_ctx_term(zctx);
-    dp_endpoint_destroy(ep);
-    dp_ctl_client_destroy(c.ctl);
-    dp_buf_fini(&c.req);
-    dp_buf_fini(&c.rep);
-    dp_buf_fini(&ping_msg);
+    dp__endpoint_destroy(ep);
+    dp__ctl_client_destroy(c.ctl);
+    dp__buf_fini(&c.req);
+    dp__buf_fini(&c.rep);
+    dp__buf_fini(&ping_msg);
     kill(unit_pid, SIGTERM);
     kill(echo_pid, SIGKILL);
     waitpid(unit_pid, NULL, 0);

@@ -32,11 +32,11 @@ main(int argc, char **argv)
         dp_detail d;
         int rc = DP_EINVAL;
         if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
-            rc = dp_parse_size(argv[++i], &size, "--size", &d);
+            rc = dp__parse_size(argv[++i], &size, "--size", &d);
         else if (strcmp(argv[i], "--buf") == 0 && i + 1 < argc)
-            rc = dp_parse_u64(argv[++i], 1, 1 << 20, &buf_mib, "--buf", &d);
+            rc = dp__parse_u64(argv[++i], 1, 1 << 20, &buf_mib, "--buf", &d);
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
-            rc = dp_parse_u64(argv[++i], 1, 1000, &reps, "--reps", &d);
+            rc = dp__parse_u64(argv[++i], 1, 1000, &reps, "--reps", &d);
         if (rc != DP_OK) {
             fprintf(stderr,
                     "usage: bench_memcpy [--size BYTES] [--buf MiB] [--reps N]\n");
@@ -67,12 +67,12 @@ main(int argc, char **argv)
         return 1;
     volatile uint8_t sink = 0;
     for (uint64_t r = 0; r < reps; r++) {
-        uint64_t t0 = dp_now_ns();
+        uint64_t t0 = dp__now_ns();
         for (uint64_t k = 0; k < per_pass; k++) {
             uint64_t off = (k % pieces) * stride;
             memcpy(dst + off, src + off, size);
         }
-        uint64_t ns = dp_now_ns() - t0;
+        uint64_t ns = dp__now_ns() - t0;
         sink ^= dst[(r * 4099) % buf];
         gbps[r] = (double)(per_pass * size) / (double)ns;
     }

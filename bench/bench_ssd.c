@@ -45,15 +45,15 @@ static uint64_t
 blob_len(uint64_t plen)
 {
     dp_blob_builder *b = NULL;
-    dp_blob_builder_create(0, &b, NULL);
+    dp__blob_builder_create(0, &b, NULL);
     dp_blob_entry_spec s = {0};
     s.key = "18446744073709551615@x";
     s.kind = DP_BLOB_BYTES;
     s.len = plen;
-    dp_blob_builder_add(b, &s, NULL, NULL);
+    dp__blob_builder_add(b, &s, NULL, NULL);
     dp_blob_layout lay;
-    dp_blob_builder_layout(b, &lay, NULL);
-    dp_blob_builder_destroy(b);
+    dp__blob_builder_layout(b, &lay, NULL);
+    dp__blob_builder_destroy(b);
     return lay.total_len;
 }
 
@@ -65,21 +65,21 @@ blob_write(uint8_t *dst, uint64_t cap, uint64_t g, const uint8_t *payload, uint6
     dp_blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    if (dp_blob_builder_create(0, &b, &d) != 0)
+    if (dp__blob_builder_create(0, &b, &d) != 0)
         die("builder", &d);
     dp_blob_entry_spec s = {0};
     s.key = key;
     s.kind = DP_BLOB_BYTES;
     s.len = plen;
     s.payload = payload;
-    if (dp_blob_builder_add(b, &s, NULL, &d) != 0)
+    if (dp__blob_builder_add(b, &s, NULL, &d) != 0)
         die("builder add", &d);
     dp_blob_layout lay;
-    if (dp_blob_builder_layout(b, &lay, &d) != 0 || lay.total_len > cap ||
-        dp_blob_builder_write(b, dst, cap, &d) != 0 ||
-        dp_blob_builder_copy_payloads(b, dst, cap, &d) != 0)
+    if (dp__blob_builder_layout(b, &lay, &d) != 0 || lay.total_len > cap ||
+        dp__blob_builder_write(b, dst, cap, &d) != 0 ||
+        dp__blob_builder_copy_payloads(b, dst, cap, &d) != 0)
         die("builder write", &d);
-    dp_blob_builder_destroy(b);
+    dp__blob_builder_destroy(b);
 }
 
 /* fds of this process that point into dir (the unit's unlinked files). */
@@ -129,7 +129,7 @@ main(int argc, char **argv)
                         "[staging_MiB >= 2 blobs]\n");
         return 2;
     }
-    dp_log_set_level(DP_LOG_WARN);
+    dp__log_set_level(DP_LOG_WARN);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/dp-bench-ssd-XXXXXX", base);
     if (mkdtemp(dir) == NULL) {
@@ -143,7 +143,7 @@ main(int argc, char **argv)
         payload[i] = (uint8_t)(i * 131 + 7);
 
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 4096;
     o.numa = DP_UNIT_NUMA_OFF;
     o.ssd_dir = dir;
@@ -154,7 +154,7 @@ main(int argc, char **argv)
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    if (dp_unit_create(&o, &u, &d) != 0)
+    if (dp__unit_create(&o, &u, &d) != 0)
         die("unit", &d);
     printf("bench_ssd: %s, %" PRIu64 " blobs of %.1f MiB (%.0f MiB), %u io threads, "
            "IO area %.0f MiB\n",
@@ -163,7 +163,7 @@ main(int argc, char **argv)
 
     /* ---- spill: puts with as many in flight as the IO area takes ---- */
     char id[32];
-    double t0 = dp_now_s();
+    double t0 = dp__now_s();
     uint64_t next = 0, done = 0;
     uint8_t *pend = calloc(n, 1);
     while (done < n) {
@@ -172,13 +172,13 @@ main(int argc, char **argv)
             uint64_t off;
             snprintf(id, sizeof id, "b%" PRIu64, next);
             int rc =
-                dp_unit_alloc_spill(u, id, strlen(id), blen, 1, true, &off, NULL, &d);
+                dp__unit_alloc_spill(u, id, strlen(id), blen, 1, true, &off, NULL, &d);
             if (rc == 0) {
-                blob_write(dp_unit_slab(u) + off, blen, next, payload, plen);
-                dp_blob_header_set_alloc(dp_unit_slab(u) + off, dp_unit_incarnation(u),
-                                         dp_unit_alloc_token(u, id, strlen(id)));
+                blob_write(dp__unit_slab(u) + off, blen, next, payload, plen);
+                dp__blob_header_set_alloc(dp__unit_slab(u) + off, dp__unit_incarnation(u),
+                                          dp__unit_alloc_token(u, id, strlen(id)));
                 dp_wire_commit_state st;
-                if (dp_unit_commit(u, id, strlen(id), &st, &d) != 0)
+                if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
                     die("commit", &d);
                 if (st == DP_WIRE_COMMIT_DONE)
                     done++;
@@ -198,7 +198,7 @@ main(int argc, char **argv)
                     continue;
                 dp_wire_commit_state st;
                 snprintf(id, sizeof id, "b%" PRIu64, i);
-                if (dp_unit_commit(u, id, strlen(id), &st, &d) != 0)
+                if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
                     die("commit", &d);
                 if (st == DP_WIRE_COMMIT_LOST)
                     die("spill lost", NULL);
@@ -207,15 +207,15 @@ main(int argc, char **argv)
                     done++;
                 }
             }
-            dp_sleep_s(0.0002);
+            dp__sleep_s(0.0002);
         }
     }
     sync_dir(dir);
-    double t_spill = dp_now_s() - t0;
+    double t_spill = dp__now_s() - t0;
     fadvise_spill_files(dir);
 
     /* ---- stage: gets, as many in flight as the IO area takes ---- */
-    t0 = dp_now_s();
+    t0 = dp__now_s();
     uint64_t got = 0;
     next = 0;
     memset(pend, 0, n);
@@ -231,31 +231,31 @@ main(int argc, char **argv)
             snprintf(id, sizeof id, "b%" PRIu64, i);
             dp_wire_str s = {id, (uint32_t)strlen(id)};
             dp_unit_resolve_res r;
-            dp_unit_lock(u);
-            int rc = dp_unit_resolve_locked(u, &s, 1, &r, &d);
-            dp_unit_unlock(u);
+            dp__unit_lock(u);
+            int rc = dp__unit_resolve_locked(u, &s, 1, &r, &d);
+            dp__unit_unlock(u);
             if (rc != 0)
                 die("resolve", &d);
             if (r.n_failed > 0 || r.n_missing > 0)
                 die("stage failed", NULL);
             if (r.n_blobs == 1) {
-                memcpy(dst, dp_unit_slab(u) + r.blobs[0].off, blen); /* the READ */
-                dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
+                memcpy(dst, dp__unit_slab(u) + r.blobs[0].off, blen); /* the READ */
+                dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
                 pend[i] = 2;
                 got++;
                 inflight--;
             }
-            dp_unit_resolve_res_fini(&r);
+            dp__unit_resolve_res_fini(&r);
         }
         if (got < n)
-            dp_sleep_s(0.0002);
+            dp__sleep_s(0.0002);
     }
-    double t_stage = dp_now_s() - t0;
+    double t_stage = dp__now_s() - t0;
     if (memcmp(dst + blen - plen, payload, plen) != 0)
         die("staged bytes differ", NULL);
     dp_unit_stats st;
-    dp_unit_get_stats(u, &st);
-    dp_unit_destroy(u);
+    dp__unit_get_stats(u, &st);
+    dp__unit_destroy(u);
 
     /* ---- the disk's limit: one sequential file, same bytes, same dir ---- */
     char path[4200];
@@ -266,7 +266,7 @@ main(int argc, char **argv)
         return 1;
     }
     blob_write(dst, blen, 0, payload, plen);
-    t0 = dp_now_s();
+    t0 = dp__now_s();
     for (uint64_t i = 0; i < n; i++) {
         uint64_t w = 0;
         while (w < blen) {
@@ -281,10 +281,10 @@ main(int argc, char **argv)
         }
     }
     fsync(fd);
-    double t_write = dp_now_s() - t0;
+    double t_write = dp__now_s() - t0;
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     lseek(fd, 0, SEEK_SET);
-    t0 = dp_now_s();
+    t0 = dp__now_s();
     for (uint64_t i = 0; i < n; i++) {
         uint64_t r = 0;
         while (r < blen) {
@@ -298,7 +298,7 @@ main(int argc, char **argv)
             r += (uint64_t)k;
         }
     }
-    double t_read = dp_now_s() - t0;
+    double t_read = dp__now_s() - t0;
     close(fd);
     unlink(path);
     rmdir(dir);

@@ -2,7 +2,7 @@
  * bench_xfer: WRITE and READ bandwidth and latency of dp_endpoint between two
  * processes on this host, message sizes 8 B to 64 MiB, buffers larger than the
  * caches. The server is this program re-executed with --server: it allocates a
- * slab with dp_endpoint_alloc (progress thread on), sends its metadata over a
+ * slab with dp__endpoint_alloc (progress thread on), sends its metadata over a
  * socketpair and waits. The client allocates its own buffer the same way,
  * prints the UCX lanes its endpoint uses towards the server, then measures.
  *
@@ -65,19 +65,19 @@ static int
 server_main(int fd, uint64_t buf)
 {
     dp_endpoint_opts o;
-    dp_endpoint_opts_init(&o);
+    dp__endpoint_opts_init(&o);
     o.progress_thread = true;
     dp_detail d;
     dp_endpoint *ep;
     void *base;
     uint8_t *md;
     size_t md_len;
-    if (dp_endpoint_create("bench-server", &o, &ep, &d) != DP_OK)
+    if (dp__endpoint_create("bench-server", &o, &ep, &d) != DP_OK)
         die("server create", &d);
-    if (dp_endpoint_alloc(ep, buf, &base, &d) != DP_OK)
+    if (dp__endpoint_alloc(ep, buf, &base, &d) != DP_OK)
         die("server alloc", &d);
     memset(base, 1, buf); /* fault the slab in, as a unit does */
-    if (dp_endpoint_metadata(ep, &md, &md_len, &d) != DP_OK)
+    if (dp__endpoint_metadata(ep, &md, &md_len, &d) != DP_OK)
         die("server metadata", &d);
     uint64_t hdr[2] = {md_len, (uint64_t)(uintptr_t)base};
     if (io_all(fd, hdr, sizeof hdr, true) != 0 || io_all(fd, md, md_len, true) != 0)
@@ -85,7 +85,7 @@ server_main(int fd, uint64_t buf)
     free(md);
     char c;
     io_all(fd, &c, 1, false);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     return 0;
 }
 
@@ -122,7 +122,7 @@ bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_o
     uint64_t per_call = DP_MIN((uint64_t)BATCH, DP_MAX(1, (64 * MiB) / size));
     uint64_t step = c->hot ? 0 : DP_ALIGN_UP(size, 64);
     dp_detail d;
-    double t0 = dp_now_s();
+    double t0 = dp__now_s();
     for (uint64_t done = 0; done < ops;) {
         uint64_t k = DP_MIN(per_call, ops - done);
         for (uint64_t i = 0; i < k; i++) {
@@ -135,11 +135,11 @@ bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_o
             c->loff += step;
             c->roff += step;
         }
-        if (dp_endpoint_transfer(c->ep, op, l, k, r, k, "bench-server", 60, &d) != DP_OK)
+        if (dp__endpoint_transfer(c->ep, op, l, k, r, k, "bench-server", 60, &d) != DP_OK)
             die("transfer", &d);
         done += k;
     }
-    return (double)(ops * size) / (dp_now_s() - t0);
+    return (double)(ops * size) / (dp__now_s() - t0);
 }
 
 /* Mean latency of single-range blocking transfers, in seconds. */
@@ -148,7 +148,7 @@ lat_once(ctx *c, dp_xfer_op op, uint64_t size, int iters)
 {
     dp_detail d;
     uint64_t step = c->hot ? 0 : DP_ALIGN_UP(size, 64);
-    double t0 = dp_now_s();
+    double t0 = dp__now_s();
     for (int i = 0; i < iters; i++) {
         if (c->loff + step > c->buf)
             c->loff = 0;
@@ -157,11 +157,11 @@ lat_once(ctx *c, dp_xfer_op op, uint64_t size, int iters)
         dp_range l = {c->lbase + c->loff, size}, r = {c->rbase + c->roff, size};
         c->loff += step;
         c->roff += step;
-        if (dp_endpoint_transfer(c->ep, op, &l, 1, &r, 1, "bench-server", 60, &d) !=
+        if (dp__endpoint_transfer(c->ep, op, &l, 1, &r, 1, "bench-server", 60, &d) !=
             DP_OK)
             die("transfer", &d);
     }
-    return (dp_now_s() - t0) / iters;
+    return (dp__now_s() - t0) / iters;
 }
 
 int
@@ -223,23 +223,23 @@ main(int argc, char **argv)
         return 1;
 
     dp_endpoint_opts o;
-    dp_endpoint_opts_init(&o);
+    dp__endpoint_opts_init(&o);
     o.memcpy_max = memcpy_max;
     dp_detail d;
     ctx c = {.buf = buf, .rbase = hdr[1], .hot = hot};
     void *lb;
-    if (dp_endpoint_create("bench-client", &o, &c.ep, &d) != DP_OK)
+    if (dp__endpoint_create("bench-client", &o, &c.ep, &d) != DP_OK)
         die("create", &d);
-    if (dp_endpoint_alloc(c.ep, buf, &lb, &d) != DP_OK)
+    if (dp__endpoint_alloc(c.ep, buf, &lb, &d) != DP_OK)
         die("alloc", &d);
     memset(lb, 2, buf);
     c.lbase = (uint64_t)(uintptr_t)lb;
-    double t_add = dp_now_s();
-    if (dp_endpoint_add_remote(c.ep, md, hdr[0], NULL, &d) != DP_OK)
+    double t_add = dp__now_s();
+    if (dp__endpoint_add_remote(c.ep, md, hdr[0], NULL, &d) != DP_OK)
         die("add_remote", &d);
-    t_add = dp_now_s() - t_add;
+    t_add = dp__now_s() - t_add;
     char *info = NULL;
-    if (dp_endpoint_describe_remote(c.ep, "bench-server", &info, &d) != DP_OK)
+    if (dp__endpoint_describe_remote(c.ep, "bench-server", &info, &d) != DP_OK)
         die("describe", &d);
     const char *tls = getenv("UCX_TLS");
     printf("# bench_xfer: buffers %" PRIu64 " MiB each side%s, %d reps (medians), "
@@ -282,10 +282,10 @@ main(int argc, char **argv)
     }
     free(sizes);
     dp_endpoint_stats st;
-    dp_endpoint_get_stats(c.ep, &st);
+    dp__endpoint_get_stats(c.ep, &st);
     printf("# ranges by memcpy fast path: %" PRIu64 ", by UCX put/get: %" PRIu64 "\n",
            st.memcpy_ranges, st.ucx_ranges);
-    dp_endpoint_destroy(c.ep);
+    dp__endpoint_destroy(c.ep);
     io_all(sv[0], "q", 1, true);
     waitpid(pid, NULL, 0);
     free(md);

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for src/blob/blob: dp_blob_parse on arbitrary bytes.
+ * libFuzzer target for src/blob/blob: dp__blob_parse on arbitrary bytes.
  *
  * Each input is parsed twice: as it is, and with the header's index CRC
  * recomputed over the bytes it names (when they lie inside the input), so
@@ -22,11 +22,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void
 check_entries(const dp_blob *b, size_t size)
 {
-    const dp_blob_header *h = dp_blob_get_header(b);
-    if (h->total_len != size || h->n_entries == 0 || dp_blob_count(b) != h->n_entries)
+    const dp_blob_header *h = dp__blob_get_header(b);
+    if (h->total_len != size || h->n_entries == 0 || dp__blob_count(b) != h->n_entries)
         abort();
-    for (uint32_t i = 0; i < dp_blob_count(b); i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(b, i);
+    for (uint32_t i = 0; i < dp__blob_count(b); i++) {
+        const dp_blob_entry *e = dp__blob_entry_at(b, i);
         if (e->off < h->payload_off || e->off % 64 != 0 || e->off > size ||
             e->len > size - e->off)
             abort();
@@ -34,10 +34,10 @@ check_entries(const dp_blob *b, size_t size)
             e->ndim > DP_BLOB_MAX_DIMS)
             abort();
         dp_key_parts kp;
-        if (dp_key_split(e->key, e->key_len, &kp, NULL) != DP_OK || kp.gidx != e->gidx ||
+        if (dp__key_split(e->key, e->key_len, &kp, NULL) != DP_OK || kp.gidx != e->gidx ||
             kp.field != e->field || kp.field_len != e->field_len)
             abort();
-        if (dp_blob_find(b, e->key, e->key_len) != e)
+        if (dp__blob_find(b, e->key, e->key_len) != e)
             abort();
     }
 }
@@ -46,12 +46,12 @@ check_entries(const dp_blob *b, size_t size)
 static void
 round_trip(const dp_blob *b)
 {
-    const dp_blob_header *h = dp_blob_get_header(b);
+    const dp_blob_header *h = dp__blob_get_header(b);
     dp_blob_builder *bb = NULL;
-    if (dp_blob_builder_create(h->flags, &bb, NULL) != DP_OK)
+    if (dp__blob_builder_create(h->flags, &bb, NULL) != DP_OK)
         abort();
-    for (uint32_t i = 0; i < dp_blob_count(b); i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(b, i);
+    for (uint32_t i = 0; i < dp__blob_count(b); i++) {
+        const dp_blob_entry *e = dp__blob_entry_at(b, i);
         /* keep the rebuilt blob small: lengths are capped, the check below
          * knows it */
         dp_blob_entry_spec s = {.key = e->key,
@@ -63,31 +63,31 @@ round_trip(const dp_blob *b)
                                 .len = e->len % 4096,
                                 .has_crc = e->has_crc,
                                 .crc = e->crc};
-        if (dp_blob_builder_add(bb, &s, NULL, NULL) != DP_OK)
+        if (dp__blob_builder_add(bb, &s, NULL, NULL) != DP_OK)
             abort();
     }
     dp_blob_layout l;
-    if (dp_blob_builder_layout(bb, &l, NULL) != DP_OK)
+    if (dp__blob_builder_layout(bb, &l, NULL) != DP_OK)
         abort();
     uint8_t *p = calloc(1, (size_t)l.total_len);
     if (p == NULL)
         abort();
-    if (dp_blob_builder_write(bb, p, (size_t)l.total_len, NULL) != DP_OK)
+    if (dp__blob_builder_write(bb, p, (size_t)l.total_len, NULL) != DP_OK)
         abort();
     dp_blob *c = NULL;
-    if (dp_blob_parse(p, (size_t)l.total_len, NULL, &c, NULL) != DP_OK)
+    if (dp__blob_parse(p, (size_t)l.total_len, NULL, &c, NULL) != DP_OK)
         abort();
-    for (uint32_t i = 0; i < dp_blob_count(b); i++) {
-        const dp_blob_entry *x = dp_blob_entry_at(b, i), *y = dp_blob_entry_at(c, i);
+    for (uint32_t i = 0; i < dp__blob_count(b); i++) {
+        const dp_blob_entry *x = dp__blob_entry_at(b, i), *y = dp__blob_entry_at(c, i);
         if (strcmp(x->key, y->key) != 0 || strcmp(x->dtype, y->dtype) != 0 ||
             x->kind != y->kind || x->ndim != y->ndim || y->len != x->len % 4096 ||
             x->has_crc != y->has_crc || x->crc != y->crc ||
             memcmp(x->shape, y->shape, x->ndim * sizeof(uint64_t)) != 0)
             abort();
     }
-    dp_blob_destroy(c);
+    dp__blob_destroy(c);
     free(p);
-    dp_blob_builder_destroy(bb);
+    dp__blob_builder_destroy(bb);
 }
 
 static void
@@ -95,21 +95,21 @@ one(const uint8_t *p, size_t size, const dp_blob_parse_opts *o)
 {
     dp_blob *b = NULL;
     dp_detail d;
-    int rc = dp_blob_parse(p, size, o, &b, &d);
+    int rc = dp__blob_parse(p, size, o, &b, &d);
     if (rc != DP_OK) {
         if ((rc != DP_EPROTO && rc != DP_ENOMEM) || b != NULL || d.msg[0] == '\0')
             abort();
         return;
     }
     check_entries(b, size);
-    if (dp_blob_get_header(b)->flags & DP_BLOB_FLAG_CRC) {
-        rc = dp_blob_check_payload(b, p, size, NULL);
+    if (dp__blob_get_header(b)->flags & DP_BLOB_FLAG_CRC) {
+        rc = dp__blob_check_payload(b, p, size, NULL);
         if (rc != DP_OK && rc != DP_ECORRUPT)
             abort();
     }
     if (o == NULL)
         round_trip(b);
-    dp_blob_destroy(b);
+    dp__blob_destroy(b);
 }
 
 int
@@ -118,15 +118,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     one(data, size, NULL);
     if (size < 64)
         return 0;
-    uint64_t index_len = dp_le64_load(data + 16);
+    uint64_t index_len = dp__le64_load(data + 16);
     if (index_len > size - 64)
         return 0;
     uint8_t *q = malloc(size);
     if (q == NULL)
         return 0;
     memcpy(q, data, size);
-    uint32_t crc = dp_crc32c(q + 64, (size_t)index_len);
-    dp_le32_store(q + 40, crc);
+    uint32_t crc = dp__crc32c(q + 64, (size_t)index_len);
+    dp__le32_store(q + 40, crc);
     one(q, size, NULL);
     dp_blob_parse_opts o = {.allow_overlap = true,
                             .n_units = 1 + data[size - 1] % 4,

@@ -52,7 +52,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         DP_ASSERT(total == m.total_bytes);
         dp_buf out;
-        dp_buf_init(&out);
+        dp__buf_init(&out);
         int rc = dp__direct_md_encode(&out, m.obj_id, m.backend, m.name, m.version,
                                       m.ep_md, m.ep_md_len, m.descs, m.n_descs, NULL);
         DP_ASSERT(rc == DP_OK);
@@ -64,7 +64,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         DP_ASSERT(dp_direct_md_describe(out.data, out.len, &n, sizes, 4, NULL) == DP_OK);
         DP_ASSERT(n == m.n_descs);
         dp__direct_md_fini(&m2);
-        dp_buf_fini(&out);
+        dp__buf_fini(&out);
         dp__direct_md_fini(&m);
     }
     free(buf);

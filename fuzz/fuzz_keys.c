@@ -1,6 +1,6 @@
 /*
- * libFuzzer target for src/blob/keys: dp_key_split on arbitrary bytes (not
- * NUL-terminated). A key that splits must pass dp_field_valid, remake to the
+ * libFuzzer target for src/blob/keys: dp__key_split on arbitrary bytes (not
+ * NUL-terminated). A key that splits must pass dp__field_valid, remake to the
  * same bytes (one spelling per key) and stay within the size limits.
  */
 #include <stdint.h>
@@ -17,17 +17,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *k = (const char *)data;
     dp_key_parts kp;
     dp_detail d;
-    int rc = dp_key_split(k, size, &kp, &d);
+    int rc = dp__key_split(k, size, &kp, &d);
     if (rc != DP_OK && rc != DP_EINVAL)
         abort();
     if (rc == DP_OK) {
         if (size > DP_KEY_MAX || kp.field < k || kp.field + kp.field_len != k + size)
             abort();
-        if (!dp_field_valid(kp.field, kp.field_len))
+        if (!dp__field_valid(kp.field, kp.field_len))
             abort();
         char buf[DP_KEY_MAX + 1];
         size_t n = 0;
-        if (dp_key_make(kp.gidx, kp.field, kp.field_len, buf, sizeof buf, &n, &d) !=
+        if (dp__key_make(kp.gidx, kp.field, kp.field_len, buf, sizeof buf, &n, &d) !=
             DP_OK)
             abort();
         if (n != size || memcmp(buf, k, size) != 0)
@@ -36,11 +36,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
     /* the same bytes as a field and as a gidx */
-    int fv = dp_field_check(k, size, NULL);
-    if ((fv == DP_OK) != dp_field_valid(k, size))
+    int fv = dp__field_check(k, size, NULL);
+    if ((fv == DP_OK) != dp__field_valid(k, size))
         abort();
     uint64_t g;
-    rc = dp_gidx_parse(k, size, &g, &d);
+    rc = dp__gidx_parse(k, size, &g, &d);
     if (rc != DP_OK && rc != DP_EINVAL)
         abort();
     return 0;

@@ -22,7 +22,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(buf, data, size);
     dp_md md;
-    if (dp_md_parse(buf, size, &md, NULL) == DP_OK) {
+    if (dp__md_parse(buf, size, &md, NULL) == DP_OK) {
         DP_ASSERT(md.addr >= buf && md.addr + md.addr_len <= buf + size);
         for (uint32_t i = 0; i < md.n_regions; i++) {
             const dp_md_region *r = &md.regions[i];
@@ -30,13 +30,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             DP_ASSERT(r->len > 0 && r->base + r->len > r->base);
         }
         dp_buf out;
-        dp_buf_init(&out);
-        int rc = dp_md_encode(&out, md.name, md.gen, md.xver, md.addr, md.addr_len,
-                              md.regions, md.n_regions, NULL);
+        dp__buf_init(&out);
+        int rc = dp__md_encode(&out, md.name, md.gen, md.xver, md.addr, md.addr_len,
+                               md.regions, md.n_regions, NULL);
         DP_ASSERT(rc == DP_OK);
         DP_ASSERT(out.len == size && memcmp(out.data, buf, size) == 0);
-        dp_buf_fini(&out);
-        dp_md_fini(&md);
+        dp__buf_fini(&out);
+        dp__md_fini(&md);
     }
     free(buf);
     return 0;

@@ -137,7 +137,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dp_detail d;
     dp_detail_clear(&d);
     memset(desc, 'X', sizeof desc);
-    int rc = dp_policy_check_rdma_only_values(tls, net, desc, sizeof desc, &d);
+    int rc = dp__policy_check_rdma_only_values(tls, net, desc, sizeof desc, &d);
     FAIL_IF(rc != DP_OK && rc != DP_EPOLICY);
     FAIL_IF(memchr(desc, '\0', sizeof desc) == NULL);
     FAIL_IF(!printable_line(desc));
@@ -151,7 +151,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* A shorter desc gets a prefix of the same line. */
     size_t small = 1 + (size % 40);
     char cut[40];
-    FAIL_IF(dp_policy_check_rdma_only_values(tls, net, cut, small, NULL) != rc);
+    FAIL_IF(dp__policy_check_rdma_only_values(tls, net, cut, small, NULL) != rc);
     FAIL_IF(strlen(cut) >= small || strncmp(cut, desc, strlen(cut)) != 0);
 
     /* The env-array form agrees, with a decoy entry before the real ones. */
@@ -166,7 +166,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         env[k++] = env_net;
     env[k] = NULL;
     char desc2[DP_DETAIL_MAX];
-    FAIL_IF(dp_policy_check_rdma_only(env, desc2, sizeof desc2, NULL) != rc);
+    FAIL_IF(dp__policy_check_rdma_only(env, desc2, sizeof desc2, NULL) != rc);
     FAIL_IF(strcmp(desc, desc2) != 0);
 
     free(env_tls);

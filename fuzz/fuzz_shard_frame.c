@@ -1,6 +1,6 @@
 /*
  * libFuzzer target for src/blob/shard: the shard file's frame decoders
- * (dp_shard_header_decode, dp_shard_check_len, dp_shard_trailer_decode) on
+ * (dp__shard_header_decode, dp__shard_check_len, dp__shard_trailer_decode) on
  * arbitrary bytes taken as a whole shard file: its first 32 bytes the
  * header, its last 24 the trailer. Whatever decodes must encode back to the
  * same bytes. Each input runs twice: as it is, and with the magics, version,
@@ -51,27 +51,27 @@ one(const uint8_t *data, size_t size, bool fix)
         put_le(hdr + 24, data_bytes, 8);
         memcpy(tr, DP_SHARD_END_MAGIC, 8);
         put_le(tr + 8, data_bytes, 8);
-        put_le(tr + 20, dp_crc32c(hdr, DP_SHARD_HEADER_LEN), 4);
+        put_le(tr + 20, dp__crc32c(hdr, DP_SHARD_HEADER_LEN), 4);
     }
     dp_shard_header h;
     dp_detail d;
-    int rc = dp_shard_header_decode(hdr, "fuzz.shard", &h, &d);
+    int rc = dp__shard_header_decode(hdr, "fuzz.shard", &h, &d);
     if (rc == DP_OK) {
         uint8_t again[DP_SHARD_HEADER_LEN];
-        dp_shard_header_encode(&h, again);
+        dp__shard_header_encode(&h, again);
         if (memcmp(again, hdr, sizeof again) != 0 ||
-            h.crc != dp_crc32c(hdr, DP_SHARD_HEADER_LEN))
+            h.crc != dp__crc32c(hdr, DP_SHARD_HEADER_LEN))
             abort();
-        rc = dp_shard_check_len(&h, size, "fuzz.shard", &d);
+        rc = dp__shard_check_len(&h, size, "fuzz.shard", &d);
     }
     if (rc == DP_OK) {
-        if (dp_shard_data_end(&h) != size - DP_SHARD_TRAILER_LEN)
+        if (dp__shard_data_end(&h) != size - DP_SHARD_TRAILER_LEN)
             abort();
         uint32_t data_crc = 0;
-        rc = dp_shard_trailer_decode(tr, &h, "fuzz.shard", &data_crc, &d);
+        rc = dp__shard_trailer_decode(tr, &h, "fuzz.shard", &data_crc, &d);
         if (rc == DP_OK) {
             uint8_t again[DP_SHARD_TRAILER_LEN];
-            dp_shard_trailer_encode(&h, data_crc, again);
+            dp__shard_trailer_encode(&h, data_crc, again);
             if (memcmp(again, tr, sizeof again) != 0)
                 abort();
         }

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for src/blob/shard: dp_shard_rows_parse on arbitrary
+ * libFuzzer target for src/blob/shard: dp__shard_rows_parse on arbitrary
  * bytes (a checkpoint's rows file comes from disk). A file that parses must
  * have every record, id and live list inside the bytes, ids of the allowed
  * characters, parse to the same records again, and encode back to the same
@@ -36,13 +36,13 @@ one(const uint8_t *data, size_t size, bool fix_crc)
         return 0;
     memcpy(p, data, size);
     if (fix_crc && size >= 12) {
-        uint32_t c = dp_crc32c(p, size - 12);
+        uint32_t c = dp__crc32c(p, size - 12);
         for (int k = 0; k < 4; k++)
             p[size - 12 + k] = (uint8_t)(c >> (8 * k));
     }
     dp_shard_rows r;
     dp_detail d;
-    int rc = dp_shard_rows_parse(p, size, "fuzz.rows", &r, &d);
+    int rc = dp__shard_rows_parse(p, size, "fuzz.rows", &r, &d);
     if (rc != DP_OK) {
         if ((rc != DP_ECORRUPT && rc != DP_ENOMEM) || d.msg[0] == '\0')
             abort();
@@ -59,18 +59,18 @@ one(const uint8_t *data, size_t size, bool fix_crc)
         if (x->live < p || x->live + 4 * (size_t)x->n_live > p + size)
             abort();
         for (uint32_t k = 0; k < x->n_live; k++)
-            live_total += dp_shard_row_live(x, k) & 1;
+            live_total += dp__shard_row_live(x, k) & 1;
     }
     dp_shard_rows again;
-    if (dp_shard_rows_parse(p, size, "fuzz.rows", &again, &d) != DP_OK || again.n != r.n)
+    if (dp__shard_rows_parse(p, size, "fuzz.rows", &again, &d) != DP_OK || again.n != r.n)
         abort();
     for (uint32_t i = 0; i < r.n; i++)
         if (again.v[i].off != r.v[i].off || again.v[i].nbytes != r.v[i].nbytes ||
             again.v[i].n_live != r.v[i].n_live)
             abort();
-    dp_shard_rows_fini(&again);
+    dp__shard_rows_fini(&again);
     reencode(p, size, &r);
-    dp_shard_rows_fini(&r);
+    dp__shard_rows_fini(&r);
     free(p);
     return (int)(live_total & 0); /* keep the loop */
 }
@@ -83,11 +83,11 @@ reencode(const uint8_t *p, size_t size, const dp_shard_rows *r)
     if (q == NULL)
         return;
     size_t n = 0;
-    dp_shard_rows_header_encode(r->unit_id, r->n_units, r->n, q);
+    dp__shard_rows_header_encode(r->unit_id, r->n_units, r->n, q);
     n += DP_SHARD_ROWS_HEADER_LEN;
     for (uint32_t i = 0; i < r->n; i++) {
         uint8_t rec[DP_SHARD_ROW_HEAD_MAX];
-        size_t m = dp_shard_row_encode(&r->v[i], rec);
+        size_t m = dp__shard_row_encode(&r->v[i], rec);
         if (n + m > size)
             abort();
         memcpy(q + n, rec, m);
@@ -95,13 +95,13 @@ reencode(const uint8_t *p, size_t size, const dp_shard_rows *r)
         for (uint32_t k = 0; k < r->v[i].n_live; k++) {
             if (n + 4 > size)
                 abort();
-            dp_shard_live_encode(dp_shard_row_live(&r->v[i], k), q + n);
+            dp__shard_live_encode(dp__shard_row_live(&r->v[i], k), q + n);
             n += 4;
         }
     }
     if (n + DP_SHARD_ROWS_TRAILER_LEN != size)
         abort();
-    dp_shard_rows_trailer_encode(dp_crc32c(q, n), q + n);
+    dp__shard_rows_trailer_encode(dp__crc32c(q, n), q + n);
     if (memcmp(p, q, size) != 0)
         abort();
     free(q);

@@ -5,14 +5,14 @@
  * (alloc, write a blob, commit, resolve, release...):
  *
  *   record = len: u16 little-endian, kind: u8, body: len - 1 bytes
- *   kind 0: body is one control message for dp_unit_handle
+ *   kind 0: body is one control message for dp__unit_handle
  *   kind 1: body is copied into the slab at the last offset an alloc returned
  *           (a client's WRITE), cut to the slab
  *   kind 2: the clock moves body[0] seconds and the ticker runs
  *   other:  body goes to the oversize handler
  *
  * A trailing partial record is fed to the handler as it is. After the script
- * the unit's own invariants must hold (dp_unit_check) and every reply must be
+ * the unit's own invariants must hold (dp__unit_check) and every reply must be
  * a well-formed msgpack reply.
  *
  * save_shard and load_shard messages are dropped before the handler (they
@@ -55,33 +55,33 @@ rm_ssd_dir(void)
 static void
 feed(dp_unit *u, const uint8_t *msg, size_t len, dp_buf *out)
 {
-    dp_buf_reset(out);
+    dp__buf_reset(out);
     /*
      * save_shard and load_shard act on files the message names (the control
      * plane is trusted with paths): never let fuzz input create files. Their
      * file formats are exercised by test_checkpoint.
      */
     dp_wire_op op = DP_WIRE_OP_NONE;
-    dp_wire_limits lim = dp_wire_limits_default;
+    dp_wire_limits lim = dp__wire_limits_default;
     lim.max_msg = UINT64_MAX;
     dp_wire_str prid = {"", 0};
-    dp_wire_request_peek(msg, len, &lim, &op, &prid, NULL);
+    dp__wire_request_peek(msg, len, &lim, &op, &prid, NULL);
     if (op == DP_WIRE_OP_SAVE_SHARD || op == DP_WIRE_OP_LOAD_SHARD)
         return;
-    dp_unit_handle(u, msg, len, out);
+    dp__unit_handle(u, msg, len, out);
     if (out->len == 0)
         return;
     /* Every reply carries a valid request id; remember alloc offsets. */
     dp_wire_str rid;
-    if (dp_wire_reply_peek(out->data, out->len, NULL, &rid, NULL) != 0)
+    if (dp__wire_reply_peek(out->data, out->len, NULL, &rid, NULL) != 0)
         abort();
     dp_wire_reply rep;
-    if (dp_wire_reply_decode(out->data, out->len, DP_WIRE_OP_ALLOC, NULL, &rep, NULL) ==
+    if (dp__wire_reply_decode(out->data, out->len, DP_WIRE_OP_ALLOC, NULL, &rep, NULL) ==
             0 &&
         rep.ok)
         last_off = rep.r.alloc.off;
     last_token = rep.r.alloc.token;
-    dp_wire_reply_fini(&rep);
+    dp__wire_reply_fini(&rep);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -91,7 +91,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool quiet;
     if (!quiet) {
-        dp_log_set_level(DP_LOG_ERROR);
+        dp__log_set_level(DP_LOG_ERROR);
         if (mkdtemp(ssd_dir) == NULL) {
             perror("fuzz_unit_handler: mkdtemp");
             abort();
@@ -100,7 +100,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         quiet = true;
     }
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 64 * 1024;
     o.n_units = 2;
     o.unit_id = 0;
@@ -114,12 +114,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o.pickup_s = 1;
     o.io_threads = 1;
     dp_unit *u = NULL;
-    if (dp_unit_create(&o, &u, NULL) != 0)
+    if (dp__unit_create(&o, &u, NULL) != 0)
         abort();
     last_off = 0;
     last_token = 0;
     dp_buf out;
-    dp_buf_init(&out);
+    dp__buf_init(&out);
     size_t i = 0;
     while (i < size) {
         if (size - i < 3) {
@@ -140,32 +140,32 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 1: {
             /* last_off is in the put area or in the IO area */
-            uint64_t end = last_off >= dp_unit_io_base(u) && dp_unit_io_bytes(u) > 0
-                               ? dp_unit_io_base(u) + dp_unit_io_bytes(u)
+            uint64_t end = last_off >= dp__unit_io_base(u) && dp__unit_io_bytes(u) > 0
+                               ? dp__unit_io_base(u) + dp__unit_io_bytes(u)
                                : o.slab_bytes;
             uint64_t cap = last_off < end ? end - last_off : 0;
-            memcpy(dp_unit_slab(u) + last_off, p, body < cap ? body : (size_t)cap);
+            memcpy(dp__unit_slab(u) + last_off, p, body < cap ? body : (size_t)cap);
             /* Name the last allocation, as a client does, so commits can publish. */
             if (body >= DP_BLOB_HEADER_LEN && cap >= DP_BLOB_HEADER_LEN)
-                dp_blob_header_set_alloc(dp_unit_slab(u) + last_off,
-                                         dp_unit_incarnation(u), last_token);
+                dp__blob_header_set_alloc(dp__unit_slab(u) + last_off,
+                                          dp__unit_incarnation(u), last_token);
             break;
         }
         case 2:
-            dp_unit_lock(u);
+            dp__unit_lock(u);
             fuzz_t += body > 0 ? p[0] : 1;
-            dp_unit_unlock(u);
-            dp_unit_tick(u);
+            dp__unit_unlock(u);
+            dp__unit_tick(u);
             break;
         default:
-            dp_buf_reset(&out);
-            dp_unit_handle_oversize(u, p, body, &out);
+            dp__buf_reset(&out);
+            dp__unit_handle_oversize(u, p, body, &out);
             break;
         }
     }
-    if (dp_unit_check(u, NULL) != 0)
+    if (dp__unit_check(u, NULL) != 0)
         abort();
-    dp_buf_fini(&out);
-    dp_unit_destroy(u);
+    dp__buf_fini(&out);
+    dp__unit_destroy(u);
     return 0;
 }

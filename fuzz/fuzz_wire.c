@@ -28,7 +28,7 @@ pick_limits(uint8_t sel)
     static dp_wire_limits tight;
     static int init;
     if (!init) {
-        dp_wire_limits_init(&tight);
+        dp__wire_limits_init(&tight);
         tight.max_msg = 4096;
         tight.max_list = 8;
         tight.max_items = 16;
@@ -59,44 +59,44 @@ fuzz_request(const uint8_t *p, size_t n, const dp_wire_limits *lim)
     dp_detail d;
     dp_wire_op op;
     dp_wire_str rid;
-    int prc = dp_wire_request_peek(p, n, lim, &op, &rid, &d);
+    int prc = dp__wire_request_peek(p, n, lim, &op, &rid, &d);
     check_rc(prc);
     dp_wire_request q;
-    int rc = dp_wire_request_decode(p, n, lim, &q, &d);
+    int rc = dp__wire_request_decode(p, n, lim, &q, &d);
     check_rc(rc);
     if (rc == DP_OK) {
-        if (prc != DP_OK || op != q.op || !dp_wire_str_same(rid, q.rid))
+        if (prc != DP_OK || op != q.op || !dp__wire_str_same(rid, q.rid))
             abort();
         dp_buf a, b;
-        dp_buf_init(&a);
-        dp_buf_init(&b);
-        if (dp_wire_request_encode(&q, lim, &a, &d) != DP_OK)
+        dp__buf_init(&a);
+        dp__buf_init(&b);
+        if (dp__wire_request_encode(&q, lim, &a, &d) != DP_OK)
             abort();
         dp_wire_request q2;
-        if (dp_wire_request_decode(a.data, a.len, lim, &q2, &d) != DP_OK)
+        if (dp__wire_request_decode(a.data, a.len, lim, &q2, &d) != DP_OK)
             abort();
-        if (dp_wire_request_encode(&q2, lim, &b, &d) != DP_OK)
+        if (dp__wire_request_encode(&q2, lim, &b, &d) != DP_OK)
             abort();
         if (a.len != b.len || memcmp(a.data, b.data, a.len) != 0)
             abort();
-        dp_wire_request_fini(&q2);
-        dp_buf_fini(&a);
-        dp_buf_fini(&b);
-    } else if (q.rid.n > 0 && !dp_wire_op_is_notify(q.op)) {
+        dp__wire_request_fini(&q2);
+        dp__buf_fini(&a);
+        dp__buf_fini(&b);
+    } else if (q.rid.n > 0 && !dp__wire_op_is_notify(q.op)) {
         /* What a server does with a bad request: answer with its id. */
         dp_buf e;
-        dp_buf_init(&e);
-        if (dp_wire_reply_encode_error(q.rid, 0, rc, d.msg, NULL, NULL, 0, lim, &e,
-                                       NULL) != DP_OK)
+        dp__buf_init(&e);
+        if (dp__wire_reply_encode_error(q.rid, 0, rc, d.msg, NULL, NULL, 0, lim, &e,
+                                        NULL) != DP_OK)
             abort();
         dp_wire_reply r;
-        if (dp_wire_reply_decode(e.data, e.len, DP_WIRE_OP_PING, lim, &r, &d) != DP_OK ||
+        if (dp__wire_reply_decode(e.data, e.len, DP_WIRE_OP_PING, lim, &r, &d) != DP_OK ||
             r.ok || r.err.code != DP_EPROTO)
             abort();
-        dp_wire_reply_fini(&r);
-        dp_buf_fini(&e);
+        dp__wire_reply_fini(&r);
+        dp__buf_fini(&e);
     }
-    dp_wire_request_fini(&q);
+    dp__wire_request_fini(&q);
 }
 
 static void
@@ -104,37 +104,37 @@ fuzz_reply(const uint8_t *p, size_t n, dp_wire_op op, const dp_wire_limits *lim)
 {
     dp_detail d;
     dp_wire_str rid;
-    check_rc(dp_wire_reply_peek(p, n, lim, &rid, &d));
+    check_rc(dp__wire_reply_peek(p, n, lim, &rid, &d));
     dp_wire_reply r;
-    int rc = dp_wire_reply_decode(p, n, op, lim, &r, &d);
+    int rc = dp__wire_reply_decode(p, n, op, lim, &r, &d);
     check_rc(rc);
     if (rc == DP_OK) {
         dp_detail e;
-        dp_wire_error_to_detail(&r.err, &e);
+        dp__wire_error_to_detail(&r.err, &e);
         dp_buf a, b;
-        dp_buf_init(&a);
-        dp_buf_init(&b);
+        dp__buf_init(&a);
+        dp__buf_init(&b);
         /* float32 fields re-encode as float64: the copy may outgrow max_msg */
-        int erc = dp_wire_reply_encode(&r, lim, &a, &d);
+        int erc = dp__wire_reply_encode(&r, lim, &a, &d);
         if (erc == DP_ETOOBIG) {
-            dp_buf_fini(&a);
-            dp_wire_reply_fini(&r);
+            dp__buf_fini(&a);
+            dp__wire_reply_fini(&r);
             return;
         }
         if (erc != DP_OK)
             abort();
         dp_wire_reply r2;
-        if (dp_wire_reply_decode(a.data, a.len, op, lim, &r2, &d) != DP_OK)
+        if (dp__wire_reply_decode(a.data, a.len, op, lim, &r2, &d) != DP_OK)
             abort();
-        if (dp_wire_reply_encode(&r2, lim, &b, &d) != DP_OK)
+        if (dp__wire_reply_encode(&r2, lim, &b, &d) != DP_OK)
             abort();
         if (a.len != b.len || memcmp(a.data, b.data, a.len) != 0)
             abort();
-        dp_wire_reply_fini(&r2);
-        dp_buf_fini(&a);
-        dp_buf_fini(&b);
+        dp__wire_reply_fini(&r2);
+        dp__buf_fini(&a);
+        dp__buf_fini(&b);
     }
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -153,7 +153,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(p, data + 1, n);
     unsigned mode = (sel & 0x7f) % (DP_WIRE_OP_COUNT_ + 1);
-    if (mode == 0 || dp_wire_op_is_notify((dp_wire_op)(mode - 1)))
+    if (mode == 0 || dp__wire_op_is_notify((dp_wire_op)(mode - 1)))
         fuzz_request(p, n, lim);
     else
         fuzz_reply(p, n, (dp_wire_op)(mode - 1), lim);
@@ -188,47 +188,53 @@ main(int argc, char **argv)
         return 2;
     }
     dir = argv[1];
-    dp_wire_str ids[] = {dp_wire_s("blob-1"), dp_wire_s("blob.2"), dp_wire_s("b:3")};
-    dp_wire_str keys[] = {dp_wire_s("0@input_ids"), dp_wire_s("3@caf\xc3\xa9"),
-                          dp_wire_s("18446744073709551615@reward")};
+    dp_wire_str ids[] = {dp__wire_s("blob-1"), dp__wire_s("blob.2"), dp__wire_s("b:3")};
+    dp_wire_str keys[] = {dp__wire_s("0@input_ids"), dp__wire_s("3@caf\xc3\xa9"),
+                          dp__wire_s("18446744073709551615@reward")};
     uint64_t gidxs[] = {0, 7, 1ull << 40, UINT64_MAX};
-    dp_wire_shard_blob sb[] = {{dp_wire_s("blob-1"), 0, 4096, 2},
-                               {dp_wire_s("blob.2"), 4096, 70000, 1}};
+    dp_wire_shard_blob sb[] = {{dp__wire_s("blob-1"), 0, 4096, 2},
+                               {dp__wire_s("blob.2"), 4096, 70000, 1}};
     uint64_t shape[] = {2, 1024};
     dp_wire_key_loc kl[] = {
-        {dp_wire_s("0@input_ids"), 128, 8192, dp_wire_s("tensor"), dp_wire_s("int64"),
+        {dp__wire_s("0@input_ids"), 128, 8192, dp__wire_s("tensor"), dp__wire_s("int64"),
          shape, 2},
-        {dp_wire_s("3@caf\xc3\xa9"), 1ull << 33, 5, dp_wire_s("bytes"), dp_wire_s(""),
+        {dp__wire_s("3@caf\xc3\xa9"), 1ull << 33, 5, dp__wire_s("bytes"), dp__wire_s(""),
          NULL, 0},
     };
-    dp_wire_blob_loc bl[] = {{dp_wire_s("blob-1"), 0, 4096}, {dp_wire_s("b:3"), 300, 1}};
+    dp_wire_blob_loc bl[] = {{dp__wire_s("blob-1"), 0, 4096},
+                             {dp__wire_s("b:3"), 300, 1}};
     dp_wire_field fs[] = {
-        {.name = dp_wire_s("id"), .type = DP_WIRE_STR, .v.s = dp_wire_s("blob-1")},
-        {.name = dp_wire_s("off"), .type = DP_WIRE_U64, .v.u = 65536},
-        {.name = dp_wire_s("published"), .type = DP_WIRE_BOOL, .v.b = true},
-        {.name = dp_wire_s("disk"), .type = DP_WIRE_NIL},
-        {.name = dp_wire_s("age_s"), .type = DP_WIRE_F64, .v.f = 1.5},
-        {.name = dp_wire_s("delta"), .type = DP_WIRE_I64, .v.i = -3},
+        {.name = dp__wire_s("id"), .type = DP_WIRE_STR, .v.s = dp__wire_s("blob-1")},
+        {.name = dp__wire_s("off"), .type = DP_WIRE_U64, .v.u = 65536},
+        {.name = dp__wire_s("published"), .type = DP_WIRE_BOOL, .v.b = true},
+        {.name = dp__wire_s("disk"), .type = DP_WIRE_NIL},
+        {.name = dp__wire_s("age_s"), .type = DP_WIRE_F64, .v.f = 1.5},
+        {.name = dp__wire_s("delta"), .type = DP_WIRE_I64, .v.i = -3},
     };
     dp_wire_fields recs[] = {{fs, 6}, {fs, 2}};
     static const uint8_t md[] = "\x01\x00mdv1 endpoint metadata";
 
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     char name[64];
     for (int op = 0; op < DP_WIRE_OP_COUNT_; op++) {
-        dp_wire_request q = {.op = (dp_wire_op)op, .rid = dp_wire_s("0123abcd-1f")};
+        dp_wire_request q = {.op = (dp_wire_op)op, .rid = dp__wire_s("0123abcd-1f")};
         switch (q.op) {
         case DP_WIRE_OP_ALLOC:
-            q.a.alloc = (dp_wire_alloc_args){
-                dp_wire_s("blob-1"), 1 << 20,         64, true, dp_wire_s("c0ffee"), 4242,
-                dp_wire_s("boot/1"), dp_wire_s("shm")};
+            q.a.alloc = (dp_wire_alloc_args){dp__wire_s("blob-1"),
+                                             1 << 20,
+                                             64,
+                                             true,
+                                             dp__wire_s("c0ffee"),
+                                             4242,
+                                             dp__wire_s("boot/1"),
+                                             dp__wire_s("shm")};
             break;
         case DP_WIRE_OP_COMMIT:
-            q.a.commit.blob_id = dp_wire_s("blob-1");
+            q.a.commit.blob_id = dp__wire_s("blob-1");
             break;
         case DP_WIRE_OP_ABORT:
-            q.a.abort = (dp_wire_abort_args){dp_wire_s("blob-1"), true};
+            q.a.abort = (dp_wire_abort_args){dp__wire_s("blob-1"), true};
             break;
         case DP_WIRE_OP_RESOLVE:
             q.a.resolve.blob_ids = (dp_wire_strs){ids, 3};
@@ -237,7 +243,7 @@ main(int argc, char **argv)
             q.a.resolve_keys.keys = (dp_wire_strs){keys, 3};
             break;
         case DP_WIRE_OP_UNPIN:
-            q.a.unpin.pin_id = dp_wire_s("pin-9");
+            q.a.unpin.pin_id = dp__wire_s("pin-9");
             break;
         case DP_WIRE_OP_RELEASE_ROWS:
             q.a.release_rows.gidxs = (dp_wire_u64s){gidxs, 4};
@@ -246,21 +252,21 @@ main(int argc, char **argv)
             q.a.read_bytes = (dp_wire_read_bytes_args){4096, 64};
             break;
         case DP_WIRE_OP_SAVE_SHARD:
-            q.a.save_shard.path = dp_wire_s("/tmp/ckpt/unit-0.shard");
+            q.a.save_shard.path = dp__wire_s("/tmp/ckpt/unit-0.shard");
             break;
         case DP_WIRE_OP_LOAD_SHARD:
             q.a.load_shard = (dp_wire_load_shard_args){
-                dp_wire_s("/tmp/ckpt/unit-0.shard"), {sb, 2}, false};
+                dp__wire_s("/tmp/ckpt/unit-0.shard"), {sb, 2}, false};
             break;
         default:
             break;
         }
-        dp_buf_reset(&b);
-        if (dp_wire_request_encode(&q, NULL, &b, NULL) != DP_OK)
+        dp__buf_reset(&b);
+        if (dp__wire_request_encode(&q, NULL, &b, NULL) != DP_OK)
             abort();
-        snprintf(name, sizeof name, "req_%s", dp_wire_op_name(q.op));
+        snprintf(name, sizeof name, "req_%s", dp__wire_op_name(q.op));
         emit(0, &b, name);
-        if (dp_wire_op_is_notify(q.op))
+        if (dp__wire_op_is_notify(q.op))
             continue;
 
         /* Every other op's reply carries an incarnation (the 4-element form). */
@@ -275,18 +281,18 @@ main(int argc, char **argv)
         case DP_WIRE_OP_INFO:
             r.r.info = (dp_wire_info){3,
                                       4,
-                                      dp_wire_s("tcp://10.0.0.1:5555"),
-                                      dp_wire_s("unit-3"),
+                                      dp__wire_s("tcp://10.0.0.1:5555"),
+                                      dp__wire_s("unit-3"),
                                       {md, sizeof md - 1},
                                       1ull << 31,
                                       1ull << 28,
-                                      dp_wire_s("node0"),
+                                      dp__wire_s("node0"),
                                       1ull << 40,
                                       30000,
                                       0x9f3c0a5d11e2b7c4ull,
                                       DP_WIRE_PROTO,
                                       4242,
-                                      dp_wire_s("boot-id/4026531836")};
+                                      dp__wire_s("boot-id/4026531836")};
             break;
         case DP_WIRE_OP_ALLOC:
             r.r.alloc.off = 1ull << 20;
@@ -297,11 +303,11 @@ main(int argc, char **argv)
             break;
         case DP_WIRE_OP_RESOLVE:
             r.r.resolve = (dp_wire_resolve_res){
-                dp_wire_s("pin-9"), {bl, 2}, {ids, 1}, {ids + 1, 1}, {ids + 2, 1}};
+                dp__wire_s("pin-9"), {bl, 2}, {ids, 1}, {ids + 1, 1}, {ids + 2, 1}};
             break;
         case DP_WIRE_OP_RESOLVE_KEYS:
             r.r.resolve_keys = (dp_wire_resolve_keys_res){
-                dp_wire_s("pin-9"), {kl, 2}, {keys + 2, 1}, {NULL, 0}, {keys, 1}};
+                dp__wire_s("pin-9"), {kl, 2}, {keys + 2, 1}, {NULL, 0}, {keys, 1}};
             break;
         case DP_WIRE_OP_RELEASE_ROWS:
             r.r.dropped = 12;
@@ -324,26 +330,26 @@ main(int argc, char **argv)
         default:
             break;
         }
-        dp_buf_reset(&b);
-        if (dp_wire_reply_encode(&r, NULL, &b, NULL) != DP_OK)
+        dp__buf_reset(&b);
+        if (dp__wire_reply_encode(&r, NULL, &b, NULL) != DP_OK)
             abort();
-        snprintf(name, sizeof name, "rep_%s", dp_wire_op_name(r.op));
+        snprintf(name, sizeof name, "rep_%s", dp__wire_op_name(r.op));
         emit((uint8_t)(op + 1), &b, name);
         emit((uint8_t)(0x80 | (op + 1)), &b,
-             (snprintf(name, sizeof name, "rep_%s_tight", dp_wire_op_name(r.op)), name));
+             (snprintf(name, sizeof name, "rep_%s_tight", dp__wire_op_name(r.op)), name));
     }
     /* error replies of every kind */
     static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO};
     for (size_t i = 0; i < 4; i++) {
-        dp_buf_reset(&b);
-        if (dp_wire_reply_encode_error(dp_wire_s("0123abcd-20"), i * 77, codes[i],
-                                       "no room", i == 1 ? "pins held" : NULL, keys,
-                                       i == 2 ? 2 : 0, NULL, &b, NULL) != DP_OK)
+        dp__buf_reset(&b);
+        if (dp__wire_reply_encode_error(dp__wire_s("0123abcd-20"), i * 77, codes[i],
+                                        "no room", i == 1 ? "pins held" : NULL, keys,
+                                        i == 2 ? 2 : 0, NULL, &b, NULL) != DP_OK)
             abort();
-        snprintf(name, sizeof name, "err_%s", dp_wire_err_kind(codes[i]));
+        snprintf(name, sizeof name, "err_%s", dp__wire_err_kind(codes[i]));
         emit((uint8_t)(1 + DP_WIRE_OP_ALLOC), &b, name);
     }
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
     printf("wrote %d files to %s\n", nfiles, dir);
     return 0;
 }

@@ -2,7 +2,7 @@
 # The shared library exports exactly the public API and is the client library:
 #   check_exports.sh LIB HEADER_DIR...
 # Fails when LIB exports a symbol no public header declares with DP_API (an
-# internal helper leaked: dp_fail, dp_log, dp__*...), when a DP_API function
+# internal helper leaked: dp__fail, dp__log, dp__*...), when a DP_API function
 # is declared but not exported, or when LIB itself needs libnuma (the unit's
 # NUMA placement: only the unit links it; UCX's libucs may still pull it in).
 set -eu

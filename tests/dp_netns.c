@@ -35,7 +35,7 @@
 #endif
 #include "dp_netns.h"
 
-#include "common/common.h" /* dp_fail, dp_fail_sys */
+#include "common/common.h" /* dp__fail, dp__fail_sys */
 
 #include <dirent.h>
 #include <errno.h>
@@ -212,7 +212,7 @@ run_cmd(const char *nspath, const char *const *argv, char *out, size_t cap, dp_d
     join_argv(argv, cmdline, sizeof cmdline);
     int nsfd = -1, fds[2] = {-1, -1}, devnull = -1;
     if (nspath != NULL && (nsfd = open(nspath, O_RDONLY | O_CLOEXEC)) < 0)
-        return dp_fail_sys(d, errno, "`%s`: open %s", cmdline, nspath);
+        return dp__fail_sys(d, errno, "`%s`: open %s", cmdline, nspath);
     if (pipe2(fds, O_CLOEXEC) != 0 ||
         (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
         int e = errno;
@@ -222,7 +222,7 @@ run_cmd(const char *nspath, const char *const *argv, char *out, size_t cap, dp_d
             close(fds[0]);
             close(fds[1]);
         }
-        return dp_fail_sys(d, e, "`%s`: pipe", cmdline);
+        return dp__fail_sys(d, e, "`%s`: pipe", cmdline);
     }
     pid_t pid = fork();
     if (pid == 0) {
@@ -246,7 +246,7 @@ run_cmd(const char *nspath, const char *const *argv, char *out, size_t cap, dp_d
         close(nsfd);
     if (pid < 0) {
         close(fds[0]);
-        return dp_fail_sys(d, fork_errno, "`%s`: fork", cmdline);
+        return dp__fail_sys(d, fork_errno, "`%s`: fork", cmdline);
     }
     size_t n = 0;
     double end = now_s() + CMD_TIMEOUT_S;
@@ -289,13 +289,13 @@ run_cmd(const char *nspath, const char *const *argv, char *out, size_t cap, dp_d
         return 0;
     one_line(buf);
     if (timed_out)
-        return dp_fail(d, DP_ESYS, "`%s` did not finish within %.0f s (killed): %s",
-                       cmdline, CMD_TIMEOUT_S, buf);
+        return dp__fail(d, DP_ESYS, "`%s` did not finish within %.0f s (killed): %s",
+                        cmdline, CMD_TIMEOUT_S, buf);
     if (WIFEXITED(st))
-        return dp_fail(d, DP_ESYS, "`%s` exited %d: %s", cmdline, WEXITSTATUS(st),
-                       buf[0] ? buf : "(no output)");
-    return dp_fail(d, DP_ESYS, "`%s` killed by signal %d: %s", cmdline,
-                   WIFSIGNALED(st) ? WTERMSIG(st) : -1, buf);
+        return dp__fail(d, DP_ESYS, "`%s` exited %d: %s", cmdline, WEXITSTATUS(st),
+                        buf[0] ? buf : "(no output)");
+    return dp__fail(d, DP_ESYS, "`%s` killed by signal %d: %s", cmdline,
+                    WIFSIGNALED(st) ? WTERMSIG(st) : -1, buf);
 }
 
 #define MAX_ARGS 32
@@ -333,9 +333,9 @@ static int
 iptc(dp_netns *n, uint32_t h, char *out, size_t cap, dp_detail *d, ...)
 {
     if (n->ipt_bin[0] == '\0')
-        return dp_fail(d, DP_EUNSUPPORTED,
-                       "no working iptables (install the iptables package: "
-                       "scripts/deps.sh)");
+        return dp__fail(d, DP_EUNSUPPORTED,
+                        "no working iptables (install the iptables package: "
+                        "scripts/deps.sh)");
     va_list ap;
     va_start(ap, d);
     int rc = vcmd(n->host[h], n->ipt_bin, out, cap, d, ap);
@@ -495,13 +495,13 @@ guardian_start(dp_netns *n, dp_detail *d)
     argv[k] = NULL;
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0)
-        return dp_fail_sys(d, errno, "guardian: pipe");
+        return dp__fail_sys(d, errno, "guardian: pipe");
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull < 0) {
         int e = errno;
         close(fds[0]);
         close(fds[1]);
-        return dp_fail_sys(d, e, "guardian: open /dev/null");
+        return dp__fail_sys(d, e, "guardian: open /dev/null");
     }
     pid_t mid = fork();
     if (mid == 0) {
@@ -521,14 +521,14 @@ guardian_start(dp_netns *n, dp_detail *d)
     close(devnull);
     if (mid < 0) {
         close(fds[1]);
-        return dp_fail_sys(d, e, "guardian: fork");
+        return dp__fail_sys(d, e, "guardian: fork");
     }
     int st = 0;
     while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
         ;
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         close(fds[1]);
-        return dp_fail(d, DP_ESYS, "guardian: the second fork failed");
+        return dp__fail(d, DP_ESYS, "guardian: the second fork failed");
     }
     n->guard_fd = fds[1];
     return 0;
@@ -567,10 +567,10 @@ dp_netns_sweep(int *removed, dp_detail *d)
         *removed = 0;
     char ip_bin[256];
     if (!find_bin("ip", ip_bin, sizeof ip_bin))
-        return dp_fail(d, DP_EUNSUPPORTED, "no `ip` command (install iproute2)");
+        return dp__fail(d, DP_EUNSUPPORTED, "no `ip` command (install iproute2)");
     DIR *dir = opendir(RUN_NETNS);
     if (dir == NULL)
-        return errno == ENOENT ? 0 : dp_fail_sys(d, errno, "opendir " RUN_NETNS);
+        return errno == ENOENT ? 0 : dp__fail_sys(d, errno, "opendir " RUN_NETNS);
     char names[64][NS_NAME_MAX];
     int n = 0, rc = 0;
     struct dirent *e;
@@ -598,8 +598,8 @@ dp_netns_sweep(int *removed, dp_detail *d)
         ns_path(names[i], path, sizeof path);
         if (run_cmd(NULL, delv, NULL, 0, &dd) != 0 && access(path, F_OK) == 0) {
             if (rc == 0)
-                rc = dp_fail(d, DP_ESYS, "sweep of stale namespace %s: %s", names[i],
-                             dd.msg);
+                rc = dp__fail(d, DP_ESYS, "sweep of stale namespace %s: %s", names[i],
+                              dd.msg);
             continue;
         }
         if (removed != NULL)
@@ -647,7 +647,7 @@ unsupported(dp_detail *d, const char *what)
         char m[DP_DETAIL_MAX];
         memcpy(m, d->msg, sizeof m);
         m[sizeof m - 1] = '\0';
-        dp_fail(d, DP_EUNSUPPORTED, "%s: %s", what, m);
+        dp__fail(d, DP_EUNSUPPORTED, "%s: %s", what, m);
     }
     return DP_EUNSUPPORTED;
 }
@@ -671,9 +671,9 @@ probe_iptables(dp_netns *n, dp_detail *d)
             snprintf(first, sizeof first, "%s", pd.msg);
     }
     n->ipt_bin[0] = '\0';
-    return dp_fail(d, DP_EUNSUPPORTED, "no working iptables inside a namespace%s%s",
-                   first[0] ? ": " : " (install the iptables package: scripts/deps.sh)",
-                   first);
+    return dp__fail(d, DP_EUNSUPPORTED, "no working iptables inside a namespace%s%s",
+                    first[0] ? ": " : " (install the iptables package: scripts/deps.sh)",
+                    first);
 }
 
 int
@@ -681,15 +681,15 @@ dp_netns_create(uint32_t n_hosts, unsigned flags, dp_netns **out, dp_detail *d)
 {
     *out = NULL;
     if (n_hosts < 1 || n_hosts > DP_NETNS_MAX_HOSTS)
-        return dp_fail(d, DP_EINVAL, "n_hosts %u not in 1..%d", n_hosts,
-                       DP_NETNS_MAX_HOSTS);
+        return dp__fail(d, DP_EINVAL, "n_hosts %u not in 1..%d", n_hosts,
+                        DP_NETNS_MAX_HOSTS);
     if (geteuid() != 0)
-        return dp_fail(d, DP_EUNSUPPORTED,
-                       "not root: network namespaces, veths and bridges need "
-                       "CAP_SYS_ADMIN and CAP_NET_ADMIN");
+        return dp__fail(d, DP_EUNSUPPORTED,
+                        "not root: network namespaces, veths and bridges need "
+                        "CAP_SYS_ADMIN and CAP_NET_ADMIN");
     dp_netns *n = calloc(1, sizeof *n);
     if (n == NULL)
-        return dp_fail(d, DP_ENOMEM, "dp_netns: out of memory");
+        return dp__fail(d, DP_ENOMEM, "dp_netns: out of memory");
     n->guard_fd = -1;
     for (int i = 0; i < MAX_PROCS; i++)
         n->procs[i].in_fd = n->procs[i].out_fd = -1;
@@ -698,7 +698,7 @@ dp_netns_create(uint32_t n_hosts, unsigned flags, dp_netns **out, dp_detail *d)
     n->seq = next_seq++;
     if (!find_bin("ip", n->ip_bin, sizeof n->ip_bin)) {
         free(n);
-        return dp_fail(d, DP_EUNSUPPORTED, "no `ip` command (install iproute2)");
+        return dp__fail(d, DP_EUNSUPPORTED, "no `ip` command (install iproute2)");
     }
     snprintf(n->sw, sizeof n->sw, DP_NETNS_PREFIX "%ld-%u-sw", (long)n->owner, n->seq);
     unsigned octet = (unsigned)(n->owner % 250) + 1;
@@ -771,8 +771,8 @@ dp_netns_create(uint32_t n_hosts, unsigned flags, dp_netns **out, dp_detail *d)
         }
         int st = dp_netns_proc_stop(&p, 0, 10.0);
         if (st != 0) {
-            rc = dp_fail(d, DP_EUNSUPPORTED,
-                         "/bin/true inside a namespace exited with status %d", st);
+            rc = dp__fail(d, DP_EUNSUPPORTED,
+                          "/bin/true inside a namespace exited with status %d", st);
             goto fail;
         }
     }
@@ -796,7 +796,7 @@ dp_netns_destroy(dp_netns *n, dp_detail *d)
     do {                                                                                 \
         dp_detail_clear(&sd);                                                            \
         if ((r = (expr)) != 0 && rc == 0)                                                \
-            rc = dp_fail(d, r, "teardown: %s", sd.msg);                                  \
+            rc = dp__fail(d, r, "teardown: %s", sd.msg);                                 \
     } while (0)
     kill_procs(n);
     for (int i = 0; i < MAX_PROCS; i++) {
@@ -836,7 +836,7 @@ dp_netns_destroy(dp_netns *n, dp_detail *d)
         char path[NS_NAME_MAX + 16];
         ns_path(name, path, sizeof path);
         if (access(path, F_OK) == 0 && rc == 0)
-            rc = dp_fail(d, DP_ESYS, "teardown: namespace %s still exists", name);
+            rc = dp__fail(d, DP_ESYS, "teardown: namespace %s still exists", name);
         *made = false;
     }
 #undef STEP
@@ -870,8 +870,8 @@ static int
 check_host(const dp_netns *n, uint32_t host, dp_detail *d)
 {
     if (host >= n->n_hosts || !n->host_made[host])
-        return dp_fail(d, DP_EINVAL, "host %u not in this topology of %u", host,
-                       n->n_hosts);
+        return dp__fail(d, DP_EINVAL, "host %u not in this topology of %u", host,
+                        n->n_hosts);
     return 0;
 }
 
@@ -911,7 +911,7 @@ dp_netns_loss(dp_netns *n, uint32_t host, double p, dp_detail *d)
     if (rc != 0)
         return rc;
     if (!(p >= 0.0 && p <= 1.0))
-        return dp_fail(d, DP_EINVAL, "loss probability %g not in 0..1", p);
+        return dp__fail(d, DP_EINVAL, "loss probability %g not in 0..1", p);
     char prob[24];
     snprintf(prob, sizeof prob, "%.6f", p);
     if (p > 0.0 && strcmp(prob, n->loss[host]) == 0)
@@ -969,7 +969,7 @@ dp_netns_exec(dp_netns *n, uint32_t host, const char *const *argv, char *out, si
               dp_detail *d)
 {
     if (argv == NULL || argv[0] == NULL)
-        return dp_fail(d, DP_EINVAL, "dp_netns_exec: empty argv");
+        return dp__fail(d, DP_EINVAL, "dp_netns_exec: empty argv");
     if (host != DP_NETNS_HERE) {
         int rc = check_host(n, host, d);
         if (rc != 0)
@@ -977,7 +977,7 @@ dp_netns_exec(dp_netns *n, uint32_t host, const char *const *argv, char *out, si
     }
     char bin[4096];
     if (!find_bin(argv[0], bin, sizeof bin))
-        return dp_fail(d, DP_ENOTFOUND, "dp_netns_exec: no executable %s", argv[0]);
+        return dp__fail(d, DP_ENOTFOUND, "dp_netns_exec: no executable %s", argv[0]);
     const char *args[MAX_ARGS + 1];
     size_t k = 0;
     args[k++] = bin;
@@ -1041,17 +1041,19 @@ dp_netns_spawn(dp_netns *n, uint32_t host, const char *const *argv, unsigned fla
     if (rc != 0)
         return rc;
     if (argv == NULL || argv[0] == NULL)
-        return dp_fail(d, DP_EINVAL, "dp_netns_spawn: empty argv");
+        return dp__fail(d, DP_EINVAL, "dp_netns_spawn: empty argv");
     int slot = -1;
     for (int i = 0; i < MAX_PROCS && slot < 0; i++)
         if (n->procs[i].pid == 0)
             slot = i;
     if (slot < 0)
-        return dp_fail(d, DP_ENOMEM, "dp_netns_spawn: more than %d processes", MAX_PROCS);
+        return dp__fail(d, DP_ENOMEM, "dp_netns_spawn: more than %d processes",
+                        MAX_PROCS);
     char bin[4096], path[NS_NAME_MAX + 16], cmdline[512];
     join_argv(argv, cmdline, sizeof cmdline);
     if (!find_bin(argv[0], bin, sizeof bin))
-        return dp_fail(d, DP_ENOTFOUND, "spawn `%s`: no executable %s", cmdline, argv[0]);
+        return dp__fail(d, DP_ENOTFOUND, "spawn `%s`: no executable %s", cmdline,
+                        argv[0]);
     const char *args[256];
     size_t k = 0;
     args[k++] = bin;
@@ -1065,16 +1067,16 @@ dp_netns_spawn(dp_netns *n, uint32_t host, const char *const *argv, unsigned fla
     int out_fd = memfd_create("dp_netns-stdout", MFD_CLOEXEC);
     int in[2] = {-1, -1}, errp[2] = {-1, -1};
     if (out_fd < 0)
-        return dp_fail_sys(d, errno, "spawn `%s`: memfd_create", cmdline);
+        return dp__fail_sys(d, errno, "spawn `%s`: memfd_create", cmdline);
     if (pipe2(errp, O_CLOEXEC) != 0 ||
         ((flags & DP_NETNS_STDIN) && pipe2(in, O_CLOEXEC) != 0)) {
-        rc = dp_fail_sys(d, errno, "spawn `%s`: pipe", cmdline);
+        rc = dp__fail_sys(d, errno, "spawn `%s`: pipe", cmdline);
         goto fail_fds;
     }
     int devnull = -1;
     if (!(flags & DP_NETNS_STDIN) &&
         (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
-        rc = dp_fail_sys(d, errno, "spawn `%s`: open /dev/null", cmdline);
+        rc = dp__fail_sys(d, errno, "spawn `%s`: open /dev/null", cmdline);
         goto fail_fds;
     }
     pid_t parent = getpid();
@@ -1128,8 +1130,8 @@ dp_netns_spawn(dp_netns *n, uint32_t host, const char *const *argv, unsigned fla
     if (devnull >= 0)
         close(devnull);
     if (pid < 0) {
-        rc = dp_fail_sys(d, fork_errno, "spawn `%s`: %s", cmdline,
-                         own ? "clone(CLONE_NEWPID|CLONE_NEWIPC|CLONE_NEWUTS)" : "fork");
+        rc = dp__fail_sys(d, fork_errno, "spawn `%s`: %s", cmdline,
+                          own ? "clone(CLONE_NEWPID|CLONE_NEWIPC|CLONE_NEWUTS)" : "fork");
         goto fail_fds;
     }
     struct spawn_err se;
@@ -1144,8 +1146,8 @@ dp_netns_spawn(dp_netns *n, uint32_t host, const char *const *argv, unsigned fla
             ;
         const char *step = se.step >= 0 && se.step <= S_EXEC ? spawn_step_names[se.step]
                                                              : "an unknown step";
-        rc = dp_fail(d, DP_ESYS, "spawn `%s` in %s: %s failed: %s", cmdline, hostname,
-                     step, strerror(se.err));
+        rc = dp__fail(d, DP_ESYS, "spawn `%s` in %s: %s failed: %s", cmdline, hostname,
+                      step, strerror(se.err));
         goto fail_fds;
     }
     proc_slot *s = &n->procs[slot];
@@ -1207,10 +1209,10 @@ dp_netns_readline(dp_netns_proc *p, char *line, size_t cap, double timeout_s,
                   dp_detail *d)
 {
     if (cap == 0)
-        return dp_fail(d, DP_EINVAL, "readline: cap 0");
+        return dp__fail(d, DP_EINVAL, "readline: cap 0");
     line[0] = '\0';
     if (p->out_fd < 0)
-        return dp_fail(d, DP_ECLOSED, "readline: process already stopped");
+        return dp__fail(d, DP_ECLOSED, "readline: process already stopped");
     double end = now_s() + timeout_s, nap = 0.0005;
     for (;;) {
         bool gone = !dp_netns_proc_alive(p); /* before reading: no output is missed */
@@ -1237,18 +1239,18 @@ dp_netns_readline(dp_netns_proc *p, char *line, size_t cap, double timeout_s,
         if (nl || (gone && off > p->out_off)) {
             p->out_off = off;
             if (truncated)
-                return dp_fail(d, DP_ETOOBIG, "readline: line longer than %zu bytes",
-                               cap - 1);
+                return dp__fail(d, DP_ETOOBIG, "readline: line longer than %zu bytes",
+                                cap - 1);
             return 0;
         }
         line[0] = '\0';
         if (gone)
-            return dp_fail(d, DP_ECLOSED,
-                           "process %ld exited (status %d), no more output", (long)p->pid,
-                           p->status);
+            return dp__fail(d, DP_ECLOSED,
+                            "process %ld exited (status %d), no more output",
+                            (long)p->pid, p->status);
         if (now_s() >= end)
-            return dp_fail(d, DP_ETIMEDOUT, "no line from process %ld within %.1f s",
-                           (long)p->pid, timeout_s);
+            return dp__fail(d, DP_ETIMEDOUT, "no line from process %ld within %.1f s",
+                            (long)p->pid, timeout_s);
         sleep_s(nap);
         if (nap < 0.005)
             nap *= 2;
@@ -1259,21 +1261,21 @@ int
 dp_netns_writeline(dp_netns_proc *p, const char *line, dp_detail *d)
 {
     if (p->in_fd < 0)
-        return dp_fail(d, DP_ECLOSED,
-                       "writeline: no stdin pipe (DP_NETNS_STDIN) or closed");
+        return dp__fail(d, DP_ECLOSED,
+                        "writeline: no stdin pipe (DP_NETNS_STDIN) or closed");
     size_t n = strlen(line);
     char *buf = malloc(n + 1);
     if (buf == NULL)
-        return dp_fail(d, DP_ENOMEM, "writeline: out of memory");
+        return dp__fail(d, DP_ENOMEM, "writeline: out of memory");
     memcpy(buf, line, n);
     buf[n] = '\n';
     int err = write_nosigpipe(p->in_fd, buf, n + 1);
     free(buf);
     if (err == EPIPE)
-        return dp_fail(d, DP_ECLOSED, "writeline: process %ld closed its stdin",
-                       (long)p->pid);
+        return dp__fail(d, DP_ECLOSED, "writeline: process %ld closed its stdin",
+                        (long)p->pid);
     if (err != 0)
-        return dp_fail_sys(d, err, "writeline to process %ld", (long)p->pid);
+        return dp__fail_sys(d, err, "writeline to process %ld", (long)p->pid);
     return 0;
 }
 

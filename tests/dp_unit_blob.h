@@ -19,19 +19,19 @@
 static inline void
 dp_test_write_blob(dp_unit *u, const char *id, uint64_t off, const void *p, uint64_t len)
 {
-    memcpy(dp_unit_slab(u) + off, p, len);
+    memcpy(dp__unit_slab(u) + off, p, len);
     if (len >= DP_BLOB_HEADER_LEN)
-        dp_blob_header_set_alloc(dp_unit_slab(u) + off, dp_unit_incarnation(u),
-                                 dp_unit_alloc_token(u, id, strlen(id)));
+        dp__blob_header_set_alloc(dp__unit_slab(u) + off, dp__unit_incarnation(u),
+                                  dp__unit_alloc_token(u, id, strlen(id)));
 }
 
-/* The unit's invariants hold (dp_unit_check); the test fails otherwise. */
+/* The unit's invariants hold (dp__unit_check); the test fails otherwise. */
 static inline void
 dp_test_unit_check(dp_unit *u)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_check(u, &d), &d);
+    CHECK_OK_D(dp__unit_check(u, &d), &d);
 }
 
 /* The unit's counters now. */
@@ -39,7 +39,7 @@ static inline dp_unit_stats
 dp_test_unit_stats(dp_unit *u)
 {
     dp_unit_stats s;
-    dp_unit_get_stats(u, &s);
+    dp__unit_get_stats(u, &s);
     return s;
 }
 

@@ -19,7 +19,7 @@ mk(uint64_t area, uint64_t align)
 {
     dp_slab_alloc *a = NULL;
     dp_detail d;
-    CHECK_OK_D(dp_slab_alloc_create(area, align, &a, &d), &d);
+    CHECK_OK_D(dp__slab_alloc_create(area, align, &a, &d), &d);
     CHECK(a != NULL);
     return a;
 }
@@ -29,7 +29,7 @@ al(dp_slab_alloc *a, uint64_t n)
 {
     uint64_t off = UINT64_MAX;
     dp_detail d;
-    CHECK_OK_D(dp_slab_alloc_alloc(a, n, &off, &d), &d);
+    CHECK_OK_D(dp__slab_alloc_alloc(a, n, &off, &d), &d);
     return off;
 }
 
@@ -37,21 +37,21 @@ static void
 fr(dp_slab_alloc *a, uint64_t off)
 {
     dp_detail d;
-    CHECK_OK_D(dp_slab_alloc_free(a, off, &d), &d);
+    CHECK_OK_D(dp__slab_alloc_free(a, off, &d), &d);
 }
 
 static void
 ok_check(dp_slab_alloc *a)
 {
     dp_detail d;
-    CHECK_OK_D(dp_slab_alloc_check(a, &d), &d);
+    CHECK_OK_D(dp__slab_alloc_check(a, &d), &d);
 }
 
 static dp_slab_alloc_stats
 stats(dp_slab_alloc *a)
 {
     dp_slab_alloc_stats st;
-    dp_slab_alloc_get_stats(a, &st);
+    dp__slab_alloc_get_stats(a, &st);
     CHECK_EQ_U64(st.allocated_bytes + st.free_bytes + st.quarantined_bytes,
                  st.usable_bytes);
     return st;
@@ -63,22 +63,22 @@ DP_TEST(create_rejects_bad_arguments)
 {
     dp_slab_alloc *a = (dp_slab_alloc *)1;
     dp_detail d;
-    CHECK_ERR_D(dp_slab_alloc_create(1 << 20, 48, &a, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__slab_alloc_create(1 << 20, 48, &a, &d), DP_EINVAL, &d);
     CHECK(a == NULL);
     CHECK_CONTAINS(d.msg, "power of two");
-    CHECK_ERR(dp_slab_alloc_create(0, 0, &a, &d), DP_EINVAL);
-    CHECK_ERR(dp_slab_alloc_create(63, 64, &a, &d), DP_EINVAL);
-    CHECK_ERR(dp_slab_alloc_create(4095, 4096, &a, &d), DP_EINVAL);
-    CHECK_ERR(dp_slab_alloc_create(1 << 20, 0, NULL, &d), DP_EINVAL);
-    CHECK_ERR(dp_slab_alloc_create(1 << 20, 3, &a, NULL), DP_EINVAL);
-    dp_slab_alloc_destroy(NULL);
+    CHECK_ERR(dp__slab_alloc_create(0, 0, &a, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_create(63, 64, &a, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_create(4095, 4096, &a, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_create(1 << 20, 0, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_create(1 << 20, 3, &a, NULL), DP_EINVAL);
+    dp__slab_alloc_destroy(NULL);
     /* The largest granule that fits and align 1 are fine. */
     a = mk(64, 64);
     CHECK_EQ_U64(al(a, 64), 0);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
     a = mk(7, 1);
     CHECK_EQ_U64(al(a, 7), 0);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(alignment_rounds_sizes_and_offsets)
@@ -90,21 +90,21 @@ DP_TEST(alignment_rounds_sizes_and_offsets)
     CHECK_EQ_U64(o1, 0);
     CHECK_EQ_U64(o2, 64);
     CHECK_EQ_U64(o3, 192);
-    CHECK_OK(dp_slab_alloc_size_of(a, o1, &n));
+    CHECK_OK(dp__slab_alloc_size_of(a, o1, &n));
     CHECK_EQ_U64(n, 64);
-    CHECK_OK(dp_slab_alloc_size_of(a, o2, &n));
+    CHECK_OK(dp__slab_alloc_size_of(a, o2, &n));
     CHECK_EQ_U64(n, 128);
     CHECK_EQ_U64(stats(a).allocated_bytes, 256);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 
     a = mk(1 << 20, 4096);
     CHECK_EQ_U64(al(a, 10), 0);
     CHECK_EQ_U64(al(a, 4097), 4096);
     CHECK_EQ_U64(al(a, 1), 3 * 4096);
-    CHECK_OK(dp_slab_alloc_size_of(a, 4096, &n));
+    CHECK_OK(dp__slab_alloc_size_of(a, 4096, &n));
     CHECK_EQ_U64(n, 8192);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(exact_fit_and_full_area)
@@ -120,7 +120,7 @@ DP_TEST(exact_fit_and_full_area)
     CHECK(st.fragmentation == 0.0);
     uint64_t o = 7;
     dp_detail d;
-    CHECK_ERR_D(dp_slab_alloc_alloc(a, 1, &o, &d), DP_EUNITFULL, &d);
+    CHECK_ERR_D(dp__slab_alloc_alloc(a, 1, &o, &d), DP_EUNITFULL, &d);
     CHECK_EQ_U64(o, 7);
     CHECK_CONTAINS(d.msg, "asked 1");
     CHECK_CONTAINS(d.msg, "largest free block 0");
@@ -128,12 +128,12 @@ DP_TEST(exact_fit_and_full_area)
     CHECK_EQ_U64(al(a, 64), off[2]);
     fr(a, off[0]);
     fr(a, off[1]);
-    CHECK_ERR_D(dp_slab_alloc_alloc(a, 129, &o, &d), DP_EUNITFULL, &d);
+    CHECK_ERR_D(dp__slab_alloc_alloc(a, 129, &o, &d), DP_EUNITFULL, &d);
     CHECK_CONTAINS(d.msg, "no free block of 192 bytes (asked 129)");
     CHECK_CONTAINS(d.msg, "largest free block 128");
     CHECK_EQ_U64(al(a, 128), 0);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 
     /* One block covering the whole area. */
     a = mk(1 << 20, 64);
@@ -143,7 +143,7 @@ DP_TEST(exact_fit_and_full_area)
     st = stats(a);
     CHECK_EQ_U64(st.n_free, 1);
     CHECK_EQ_U64(st.largest_free, 1 << 20);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(zero_and_oversized_requests)
@@ -151,18 +151,18 @@ DP_TEST(zero_and_oversized_requests)
     dp_slab_alloc *a = mk(1 << 16, 64);
     uint64_t o = 5;
     dp_detail d;
-    CHECK_ERR_D(dp_slab_alloc_alloc(a, 0, &o, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__slab_alloc_alloc(a, 0, &o, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "zero");
-    CHECK_ERR_D(dp_slab_alloc_alloc(a, (1 << 16) + 1, &o, &d), DP_ETOOBIG, &d);
+    CHECK_ERR_D(dp__slab_alloc_alloc(a, (1 << 16) + 1, &o, &d), DP_ETOOBIG, &d);
     CHECK_CONTAINS(d.msg, "65537");
-    CHECK_ERR(dp_slab_alloc_alloc(a, UINT64_MAX, &o, &d), DP_ETOOBIG);
-    CHECK_ERR(dp_slab_alloc_alloc(a, UINT64_MAX - 62, &o, &d), DP_ETOOBIG);
-    CHECK_ERR(dp_slab_alloc_alloc(a, 64, NULL, &d), DP_EINVAL);
-    CHECK_ERR(dp_slab_alloc_alloc(NULL, 64, &o, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_alloc(a, UINT64_MAX, &o, &d), DP_ETOOBIG);
+    CHECK_ERR(dp__slab_alloc_alloc(a, UINT64_MAX - 62, &o, &d), DP_ETOOBIG);
+    CHECK_ERR(dp__slab_alloc_alloc(a, 64, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_alloc(NULL, 64, &o, &d), DP_EINVAL);
     CHECK_EQ_U64(o, 5);
     CHECK_EQ_U64(stats(a).free_bytes, 1 << 16);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(area_not_a_multiple_of_align)
@@ -173,13 +173,13 @@ DP_TEST(area_not_a_multiple_of_align)
     CHECK_EQ_U64(st.usable_bytes, 960);
     CHECK_EQ_U64(st.free_bytes, 960);
     uint64_t o;
-    CHECK_ERR(dp_slab_alloc_alloc(a, 961, &o, NULL), DP_ETOOBIG);
+    CHECK_ERR(dp__slab_alloc_alloc(a, 961, &o, NULL), DP_ETOOBIG);
     CHECK_EQ_U64(al(a, 900), 0); /* rounds to 960: the whole usable area */
-    CHECK_ERR(dp_slab_alloc_alloc(a, 1, &o, NULL), DP_EUNITFULL);
+    CHECK_ERR(dp__slab_alloc_alloc(a, 1, &o, NULL), DP_EUNITFULL);
     fr(a, 0);
     CHECK_EQ_U64(al(a, 960), 0);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 /* Lay out blocks of the given sizes (in 64-byte units) back to back. */
@@ -226,7 +226,7 @@ DP_TEST(best_fit_picks_smallest_then_lowest)
     CHECK_EQ_U64(stats(a).n_free, 1);
     CHECK_EQ_U64(al(a, 64), 18 * 64);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(coalescing_left_right_both_none)
@@ -276,7 +276,7 @@ DP_TEST(coalescing_left_right_both_none)
     CHECK_EQ_U64(st.largest_free, 16 * 64);
     CHECK_EQ_U64(st.n_allocated, 0);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(double_free_and_unknown_offsets_are_refused)
@@ -286,22 +286,22 @@ DP_TEST(double_free_and_unknown_offsets_are_refused)
     dp_detail d;
     fr(a, x);
     dp_slab_alloc_stats before = stats(a);
-    CHECK_ERR_D(dp_slab_alloc_free(a, x, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__slab_alloc_free(a, x, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "double free");
-    CHECK_ERR_D(dp_slab_alloc_free(a, y + 64, &d), DP_EINVAL, &d); /* never handed out */
+    CHECK_ERR_D(dp__slab_alloc_free(a, y + 64, &d), DP_EINVAL, &d); /* never handed out */
     CHECK_CONTAINS(d.msg, "no allocated block");
-    CHECK_ERR_D(dp_slab_alloc_free(a, 1 << 16, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__slab_alloc_free(a, 1 << 16, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "outside");
-    CHECK_ERR(dp_slab_alloc_free(a, UINT64_MAX, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_free(a, UINT64_MAX, &d), DP_EINVAL);
     uint64_t z = al(a, 256);
     CHECK_EQ_U64(z, x);
-    CHECK_ERR_D(dp_slab_alloc_free(a, z + 64, &d), DP_EINVAL, &d); /* inner */
+    CHECK_ERR_D(dp__slab_alloc_free(a, z + 64, &d), DP_EINVAL, &d); /* inner */
     CHECK_CONTAINS(d.msg, "inside the allocated block [0, 256)");
-    CHECK_ERR_D(dp_slab_alloc_free(a, z + 1, &d), DP_EINVAL, &d); /* unaligned */
-    CHECK_ERR(dp_slab_alloc_free(NULL, 0, &d), DP_EINVAL);
+    CHECK_ERR_D(dp__slab_alloc_free(a, z + 1, &d), DP_EINVAL, &d); /* unaligned */
+    CHECK_ERR(dp__slab_alloc_free(NULL, 0, &d), DP_EINVAL);
     uint64_t n;
-    CHECK_ERR(dp_slab_alloc_size_of(a, z + 64, &n), DP_ENOTFOUND);
-    CHECK_ERR(dp_slab_alloc_size_of(a, 4096, &n), DP_ENOTFOUND);
+    CHECK_ERR(dp__slab_alloc_size_of(a, z + 64, &n), DP_ENOTFOUND);
+    CHECK_ERR(dp__slab_alloc_size_of(a, 4096, &n), DP_ENOTFOUND);
     fr(a, z);
     dp_slab_alloc_stats after = stats(a);
     CHECK_EQ_U64(after.free_bytes, before.free_bytes);
@@ -310,7 +310,7 @@ DP_TEST(double_free_and_unknown_offsets_are_refused)
     fr(a, y);
     ok_check(a);
     CHECK_EQ_U64(stats(a).n_free, 1);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(quarantine_releases_in_time_order)
@@ -320,9 +320,9 @@ DP_TEST(quarantine_releases_in_time_order)
     uint64_t o[8];
     layout(a, units, 8, o);
     dp_detail d;
-    CHECK_OK_D(dp_slab_alloc_free_at(a, o[2], 2.0, &d), &d);
-    CHECK_OK_D(dp_slab_alloc_free_at(a, o[5], 1.0, &d), &d);
-    CHECK_OK_D(dp_slab_alloc_free_at(a, o[3], 3.0, &d), &d);
+    CHECK_OK_D(dp__slab_alloc_free_at(a, o[2], 2.0, &d), &d);
+    CHECK_OK_D(dp__slab_alloc_free_at(a, o[5], 1.0, &d), &d);
+    CHECK_OK_D(dp__slab_alloc_free_at(a, o[3], 3.0, &d), &d);
     dp_slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.quarantined_bytes, 192);
     CHECK_EQ_U64(st.n_quarantined, 3);
@@ -332,27 +332,27 @@ DP_TEST(quarantine_releases_in_time_order)
 
     /* Quarantined: not allocatable, not freeable, not re-quarantinable. */
     uint64_t x, n;
-    CHECK_ERR_D(dp_slab_alloc_alloc(a, 64, &x, &d), DP_EUNITFULL, &d);
+    CHECK_ERR_D(dp__slab_alloc_alloc(a, 64, &x, &d), DP_EUNITFULL, &d);
     CHECK_CONTAINS(d.msg, "192 quarantined");
-    CHECK_ERR_D(dp_slab_alloc_free(a, o[2], &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__slab_alloc_free(a, o[2], &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "quarantined");
-    CHECK_ERR(dp_slab_alloc_free_at(a, o[2], 0.0, &d), DP_EINVAL);
-    CHECK_ERR(dp_slab_alloc_size_of(a, o[2], &n), DP_ENOTFOUND);
-    CHECK_ERR(dp_slab_alloc_free_at(a, o[0], NAN, &d), DP_EINVAL);
-    CHECK_ERR(dp_slab_alloc_free_at(a, o[0] + 64 * 8, 1.0, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_free_at(a, o[2], 0.0, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_size_of(a, o[2], &n), DP_ENOTFOUND);
+    CHECK_ERR(dp__slab_alloc_free_at(a, o[0], NAN, &d), DP_EINVAL);
+    CHECK_ERR(dp__slab_alloc_free_at(a, o[0] + 64 * 8, 1.0, &d), DP_EINVAL);
     ok_check(a);
 
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 0.5), 0);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, NAN), 0);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 1.0), 64); /* now == t releases */
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 0.5), 0);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, NAN), 0);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 1.0), 64); /* now == t releases */
     CHECK_EQ_U64(al(a, 64), o[5]);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 1.5), 0);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 2.5), 64);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 1.5), 0);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 2.5), 64);
     st = stats(a);
     CHECK(st.next_release == 3.0);
     CHECK_EQ_U64(st.n_free, 1);
     /* o[3] released next to the free o[2]: they merge. */
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 100.0), 64);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 100.0), 64);
     st = stats(a);
     CHECK_EQ_U64(st.n_free, 1);
     CHECK_EQ_U64(st.largest_free, 128);
@@ -360,7 +360,7 @@ DP_TEST(quarantine_releases_in_time_order)
     CHECK(isinf(st.next_release));
     CHECK_EQ_U64(al(a, 128), o[2]);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 static int
@@ -383,24 +383,24 @@ DP_TEST(quarantine_equal_times_and_past_times)
     uint64_t units[] = {1, 1, 1, 1, 1, 1, 1, 1};
     uint64_t o[8];
     layout(a, units, 8, o);
-    CHECK_OK(dp_slab_alloc_free_at(a, o[6], 5.0, NULL));
-    CHECK_OK(dp_slab_alloc_free_at(a, o[1], 5.0, NULL));
-    CHECK_OK(dp_slab_alloc_free_at(a, o[4], -1.0, NULL));
-    CHECK_OK(dp_slab_alloc_free_at(a, o[7], INFINITY, NULL));
+    CHECK_OK(dp__slab_alloc_free_at(a, o[6], 5.0, NULL));
+    CHECK_OK(dp__slab_alloc_free_at(a, o[1], 5.0, NULL));
+    CHECK_OK(dp__slab_alloc_free_at(a, o[4], -1.0, NULL));
+    CHECK_OK(dp__slab_alloc_free_at(a, o[7], INFINITY, NULL));
     CHECK_EQ_U64(stats(a).free_bytes, 0);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, -1.0), 64);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 4.999), 0);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 5.0), 128);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, -1.0), 64);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 4.999), 0);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 5.0), 128);
     uint64_t v[1 + 2 * 8] = {0};
-    CHECK_EQ(dp_slab_alloc_walk(a, collect_free, v), 0);
+    CHECK_EQ(dp__slab_alloc_walk(a, collect_free, v), 0);
     CHECK_EQ_U64(v[0], 3);
     CHECK_EQ_U64(v[1], o[1]);
     CHECK_EQ_U64(v[3], o[4]);
     CHECK_EQ_U64(v[5], o[6]);
-    CHECK_EQ_U64(dp_slab_alloc_sweep(a, 1e300), 0);
+    CHECK_EQ_U64(dp__slab_alloc_sweep(a, 1e300), 0);
     CHECK_EQ_U64(stats(a).n_quarantined, 1);
     ok_check(a);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(stats_and_fragmentation)
@@ -416,7 +416,7 @@ DP_TEST(stats_and_fragmentation)
     fr(a, o[2]);
     fr(a, o[3]);
     fr(a, o[5]);
-    CHECK_OK(dp_slab_alloc_free_at(a, o[8], 9.0, NULL));
+    CHECK_OK(dp__slab_alloc_free_at(a, o[8], 9.0, NULL));
     st = stats(a);
     /* Each counter on its own: a wrong one does not hide the others. */
     EXPECT_EQ_U64(st.area_bytes, 640);
@@ -430,7 +430,7 @@ DP_TEST(stats_and_fragmentation)
     EXPECT_EQ_U64(st.n_quarantined, 1);
     EXPECT(fabs(st.fragmentation - 0.5) < 1e-12);
     EXPECT(st.next_release == 9.0);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 /* ---- the model ---- */
@@ -608,7 +608,7 @@ static void
 verify(dp_slab_alloc *a, const model *m)
 {
     walk_ctx c = {.m = m, .prev_state = -1};
-    int rc = dp_slab_alloc_walk(a, walk_cmp, &c);
+    int rc = dp__slab_alloc_walk(a, walk_cmp, &c);
     CHECKF(rc == 0, "%s", c.err);
     CHECK_EQ_U64(c.end, m->units * m->align);
     CHECK_EQ_U64(c.n_used, m->n_live);
@@ -652,7 +652,7 @@ step_alloc(dp_slab_alloc *a, model *m, uint64_t nbytes)
 {
     uint64_t off = UINT64_MAX, start = 0, largest = 0;
     dp_detail d;
-    int rc = dp_slab_alloc_alloc(a, nbytes, &off, &d);
+    int rc = dp__slab_alloc_alloc(a, nbytes, &off, &d);
     if (nbytes == 0) {
         CHECK_ERR_D(rc, DP_EINVAL, &d);
         return ST_REFUSED;
@@ -676,7 +676,7 @@ step_alloc(dp_slab_alloc *a, model *m, uint64_t nbytes)
            start * m->align);
     model_take(m, start, n);
     uint64_t got = 0;
-    CHECK_OK(dp_slab_alloc_size_of(a, off, &got));
+    CHECK_OK(dp__slab_alloc_size_of(a, off, &got));
     CHECK_EQ_U64(got, n * m->align);
     return ST_OK;
 }
@@ -738,11 +738,11 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
                 uint32_t id = m.live[rnd(&s, m.n_live)];
                 uint64_t off = m.blk[id].off * m.align;
                 if (m.blk[id].state == DP_SLAB_ALLOCATED) {
-                    CHECK_OK_D(dp_slab_alloc_free(a, off, &d), &d);
+                    CHECK_OK_D(dp__slab_alloc_free(a, off, &d), &d);
                     model_release(&m, id);
                     ran.frees++;
                 } else {
-                    CHECK_ERR_D(dp_slab_alloc_free(a, off, &d), DP_EINVAL, &d);
+                    CHECK_ERR_D(dp__slab_alloc_free(a, off, &d), DP_EINVAL, &d);
                     ran.frees_refused++;
                 }
             }
@@ -754,7 +754,7 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
                 double t = now + (rnd(&s, 2) ? (double)rnd(&s, 4)
                                              : (double)rnd(&s, 4000) / 1000.0);
                 if (m.blk[id].state == DP_SLAB_ALLOCATED) {
-                    CHECK_OK_D(dp_slab_alloc_free_at(a, off, t, &d), &d);
+                    CHECK_OK_D(dp__slab_alloc_free_at(a, off, t, &d), &d);
                     ran.quarantines++;
                     m.blk[id].state = DP_SLAB_QUARANTINED;
                     m.blk[id].t = t;
@@ -763,7 +763,7 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
                     m.quar_units += m.blk[id].size;
                     m.n_quar++;
                 } else {
-                    CHECK_ERR_D(dp_slab_alloc_free_at(a, off, t, &d), DP_EINVAL, &d);
+                    CHECK_ERR_D(dp__slab_alloc_free_at(a, off, t, &d), DP_EINVAL, &d);
                 }
             }
         } else if (r < 90) {
@@ -778,20 +778,20 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
                     k++;
                 }
             }
-            CHECK_EQ_U64(dp_slab_alloc_sweep(a, now), want);
+            CHECK_EQ_U64(dp__slab_alloc_sweep(a, now), want);
             ran.sweeps_released += want > 0;
-            dp_slab_alloc_get_stats(a, &st);
+            dp__slab_alloc_get_stats(a, &st);
             CHECK(m.n_quar > 0 || isinf(st.next_release));
             CHECK(m.n_quar == 0 || st.next_release > now);
         } else if (r < 95) {
             uint64_t off = bad_offset(&s, &m);
             ran.bad++;
             if (rnd(&s, 2))
-                CHECK_ERR_D(dp_slab_alloc_free(a, off, &d), DP_EINVAL, &d);
+                CHECK_ERR_D(dp__slab_alloc_free(a, off, &d), DP_EINVAL, &d);
             else
-                CHECK_ERR_D(dp_slab_alloc_free_at(a, off, now, &d), DP_EINVAL, &d);
+                CHECK_ERR_D(dp__slab_alloc_free_at(a, off, now, &d), DP_EINVAL, &d);
             uint64_t n;
-            CHECK_ERR(dp_slab_alloc_size_of(a, off, &n), DP_ENOTFOUND);
+            CHECK_ERR(dp__slab_alloc_size_of(a, off, &n), DP_ENOTFOUND);
         } else if (r < 97) {
             ran.alloc[step_alloc(
                 a, &m, rnd(&s, 2) ? 0 : m.units * m.align + 1 + rnd(&s, 100))]++;
@@ -822,11 +822,11 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
     EXPECT_GE(ran.bad, least);
     EXPECT_GE(ran.exact, least);
     /* Drain: everything freed or swept leaves one free block. */
-    dp_slab_alloc_sweep(a, INFINITY);
+    dp__slab_alloc_sweep(a, INFINITY);
     while (m.n_live > 0) {
         uint32_t id = m.live[0];
         if (m.blk[id].state == DP_SLAB_ALLOCATED)
-            CHECK_OK(dp_slab_alloc_free(a, m.blk[id].off * m.align, NULL));
+            CHECK_OK(dp__slab_alloc_free(a, m.blk[id].off * m.align, NULL));
         model_release(&m, id);
     }
     verify(a, &m);
@@ -834,7 +834,7 @@ random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
     CHECK_EQ_U64(st.n_free, 1);
     CHECK_EQ_U64(st.largest_free, st.usable_bytes);
     model_fini(&m);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }
 
 DP_TEST(random_vs_model_align64)
@@ -908,20 +908,20 @@ DP_TEST(hundred_thousand_live_blocks)
         int v = (int)rnd(&s, LIVE);
         if (off[v] != UINT64_MAX) {
             if (rnd(&s, 8) == 0) {
-                CHECK_OK_D(dp_slab_alloc_free_at(a, off[v], now + 1.0, &d), &d);
+                CHECK_OK_D(dp__slab_alloc_free_at(a, off[v], now + 1.0, &d), &d);
             } else {
-                CHECK_OK_D(dp_slab_alloc_free(a, off[v], &d), &d);
+                CHECK_OK_D(dp__slab_alloc_free(a, off[v], &d), &d);
             }
             total -= size[v];
         }
         if ((i & 1023) == 0)
             now += 0.5;
-        dp_slab_alloc_sweep(a, now);
+        dp__slab_alloc_sweep(a, now);
         uint64_t nb = (1 + rnd(&s, rnd(&s, 10) == 0 ? 256 : 16)) * 64;
         big_ctx c = {.want = nb};
         if (i % 20000 == 0)
-            dp_slab_alloc_walk(a, walk_best, &c);
-        int rc = dp_slab_alloc_alloc(a, nb, &off[v], &d);
+            dp__slab_alloc_walk(a, walk_best, &c);
+        int rc = dp__slab_alloc_alloc(a, nb, &off[v], &d);
         if (rc == DP_EUNITFULL) {
             off[v] = UINT64_MAX;
             full++;
@@ -946,7 +946,7 @@ DP_TEST(hundred_thousand_live_blocks)
         if (off[i] == UINT64_MAX)
             continue;
         live++;
-        CHECK_OK(dp_slab_alloc_size_of(a, off[i], &n));
+        CHECK_OK(dp__slab_alloc_size_of(a, off[i], &n));
         CHECK_EQ_U64(n, size[i]);
     }
     CHECK_EQ_U64(st.n_allocated, live);
@@ -961,7 +961,7 @@ DP_TEST(hundred_thousand_live_blocks)
     for (int i = 0; i < LIVE; i++)
         if (off[i] != UINT64_MAX)
             fr(a, off[i]);
-    dp_slab_alloc_sweep(a, INFINITY);
+    dp__slab_alloc_sweep(a, INFINITY);
     st = stats(a);
     CHECK_EQ_U64(st.n_free, 1);
     CHECK_EQ_U64(st.free_bytes, area);
@@ -969,5 +969,5 @@ DP_TEST(hundred_thousand_live_blocks)
     ok_check(a);
     free(off);
     free(size);
-    dp_slab_alloc_destroy(a);
+    dp__slab_alloc_destroy(a);
 }

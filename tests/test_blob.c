@@ -47,7 +47,7 @@ fix_index_crc_n(uint8_t *blob, size_t len)
 {
     uint64_t index_len = get_le64(blob + 16);
     if (len >= 64 && index_len <= len - 64)
-        put_le32(blob + 40, dp_crc32c(blob + 64, (size_t)index_len));
+        put_le32(blob + 40, dp__crc32c(blob + 64, (size_t)index_len));
 }
 #define fix_index_crc(p) fix_index_crc_n((p), len)
 
@@ -58,14 +58,14 @@ build(const dp_blob_entry_spec *specs, uint32_t n, uint32_t flags, size_t *len)
     dp_blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_blob_builder_create(flags, &b, &d), &d);
+    CHECK_OK_D(dp__blob_builder_create(flags, &b, &d), &d);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t idx = 99;
-        CHECK_OK_D(dp_blob_builder_add(b, &specs[i], &idx, &d), &d);
+        CHECK_OK_D(dp__blob_builder_add(b, &specs[i], &idx, &d), &d);
         CHECK_EQ(idx, i);
     }
     dp_blob_layout l;
-    CHECK_OK_D(dp_blob_builder_layout(b, &l, &d), &d);
+    CHECK_OK_D(dp__blob_builder_layout(b, &l, &d), &d);
     CHECK_EQ(l.n_entries, n);
     CHECK_EQ(l.payload_off % 64, 0);
     CHECK(l.payload_off >= 64 + l.index_len);
@@ -73,10 +73,10 @@ build(const dp_blob_entry_spec *specs, uint32_t n, uint32_t flags, size_t *len)
     uint8_t *p = malloc((size_t)l.total_len);
     CHECK(p != NULL);
     memset(p, 0xee, (size_t)l.total_len);
-    CHECK_OK_D(dp_blob_builder_write(b, p, (size_t)l.total_len, &d), &d);
-    CHECK_OK_D(dp_blob_builder_copy_payloads(b, p, (size_t)l.total_len, &d), &d);
+    CHECK_OK_D(dp__blob_builder_write(b, p, (size_t)l.total_len, &d), &d);
+    CHECK_OK_D(dp__blob_builder_copy_payloads(b, p, (size_t)l.total_len, &d), &d);
     *len = (size_t)l.total_len;
-    dp_blob_builder_destroy(b);
+    dp__blob_builder_destroy(b);
     return p;
 }
 
@@ -85,12 +85,12 @@ parse_rc(const uint8_t *p, size_t len, const dp_blob_parse_opts *o, dp_detail *d
 {
     dp_blob *b = NULL;
     dp_detail_clear(d);
-    int rc = dp_blob_parse(p, len, o, &b, d);
+    int rc = dp__blob_parse(p, len, o, &b, d);
     if (rc == DP_OK)
         CHECK(b != NULL);
     else
         CHECK(b == NULL);
-    dp_blob_destroy(b);
+    dp__blob_destroy(b);
     return rc;
 }
 
@@ -138,38 +138,38 @@ craft(const struct rent *e, uint32_t n, uint32_t flags, uint64_t payload_room,
 {
     /* First pass to learn index_len with placeholder offsets (full width). */
     dp_buf idx;
-    dp_buf_init(&idx);
+    dp__buf_init(&idx);
     uint64_t index_len = 0, payload_off = 0;
     for (int pass = 0; pass < 2; pass++) {
-        dp_buf_reset(&idx);
+        dp__buf_reset(&idx);
         dp_mp_writer w;
-        dp_mp_writer_init(&w, &idx);
-        dp_mp_put_array(&w, n);
+        dp__mp_writer_init(&w, &idx);
+        dp__mp_put_array(&w, n);
         for (uint32_t i = 0; i < n; i++) {
             const struct rent *r = &e[i];
-            dp_mp_put_array(&w, r->crc_mode == 3 ? 6 : 7);
-            dp_mp_put_str(&w, r->key);
-            dp_mp_put_str(&w, r->kind);
-            dp_mp_put_str(&w, r->dtype);
-            dp_mp_put_array(&w, (uint32_t)r->ndim);
+            dp__mp_put_array(&w, r->crc_mode == 3 ? 6 : 7);
+            dp__mp_put_str(&w, r->key);
+            dp__mp_put_str(&w, r->kind);
+            dp__mp_put_str(&w, r->dtype);
+            dp__mp_put_array(&w, (uint32_t)r->ndim);
             for (int k = 0; k < r->ndim; k++)
-                dp_mp_put_u64(&w, r->dims[k]);
+                dp__mp_put_u64(&w, r->dims[k]);
             uint64_t off = r->abs_off ? r->off : payload_off + r->off;
             /* full-width uint64 so both passes have the same length */
             uint8_t raw[9] = {0xcf};
             for (int k = 0; k < 8; k++)
                 raw[1 + k] = (uint8_t)(off >> (56 - 8 * k));
-            dp_buf_append(&idx, raw, sizeof raw);
-            dp_mp_put_u64(&w, r->len);
+            dp__buf_append(&idx, raw, sizeof raw);
+            dp__mp_put_u64(&w, r->len);
             if (r->crc_mode == 0)
-                dp_mp_put_nil(&w);
+                dp__mp_put_nil(&w);
             else if (r->crc_mode == 1)
-                dp_mp_put_u64(&w, r->crc);
+                dp__mp_put_u64(&w, r->crc);
             else if (r->crc_mode == 2)
-                dp_mp_put_str(&w, "crc");
+                dp__mp_put_str(&w, "crc");
         }
         if (extra_len > 0)
-            dp_buf_append(&idx, extra, extra_len);
+            dp__buf_append(&idx, extra, extra_len);
         index_len = idx.len;
         payload_off = DP_ALIGN_UP(64 + index_len, 64);
     }
@@ -182,10 +182,10 @@ craft(const struct rent *e, uint32_t n, uint32_t flags, uint64_t payload_room,
                         .payload_off = payload_off,
                         .total_len = total,
                         .flags = flags};
-    dp_blob_header_encode(&h, p);
+    dp__blob_header_encode(&h, p);
     memcpy(p + 64, idx.data, idx.len);
     fix_index_crc_n(p, total);
-    dp_buf_fini(&idx);
+    dp__buf_fini(&idx);
     *len = total;
     return p;
 }
@@ -220,15 +220,15 @@ DP_TEST(one_entry_round_trip)
     uint8_t *p = build(&s, 1, 0, &len);
     dp_blob *b = NULL;
     dp_detail d;
-    CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
-    CHECK_EQ(dp_blob_count(b), 1);
-    const dp_blob_header *h = dp_blob_get_header(b);
+    CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
+    CHECK_EQ(dp__blob_count(b), 1);
+    const dp_blob_header *h = dp__blob_get_header(b);
     EXPECT_EQ(h->version, 2);
     EXPECT_EQ_U64(h->alloc_incarnation, 0); /* not named yet */
     EXPECT_EQ_U64(h->alloc_token, 0);
     EXPECT_EQ(h->total_len, len);
     EXPECT_EQ(h->flags, 0);
-    const dp_blob_entry *e = dp_blob_entry_at(b, 0);
+    const dp_blob_entry *e = dp__blob_entry_at(b, 0);
     EXPECT_STR(e->key, "17@input_ids");
     EXPECT_EQ(e->key_len, 12);
     EXPECT_EQ_U64(e->gidx, 17);
@@ -245,10 +245,10 @@ DP_TEST(one_entry_round_trip)
     CHECK_EQ_U64(e->off, h->payload_off);
     CHECK(memcmp(p + e->off, data, sizeof data) == 0);
     CHECK(memcmp(p, "DPBLOB01", 8) == 0);
-    CHECK(dp_blob_find(b, "17@input_ids", 12) == e);
-    CHECK(dp_blob_find(b, "17@input_id", 11) == NULL);
-    CHECK_ERR(dp_blob_check_payload(b, p, len, &d), DP_EINVAL); /* no crcs */
-    dp_blob_destroy(b);
+    CHECK(dp__blob_find(b, "17@input_ids", 12) == e);
+    CHECK(dp__blob_find(b, "17@input_id", 11) == NULL);
+    CHECK_ERR(dp__blob_check_payload(b, p, len, &d), DP_EINVAL); /* no crcs */
+    dp__blob_destroy(b);
     free(p);
 }
 
@@ -286,11 +286,11 @@ DP_TEST(many_entries_round_trip_with_crc)
     uint8_t *p = build(specs, N, DP_BLOB_FLAG_CRC, &len);
     dp_blob *b = NULL;
     dp_detail d;
-    CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
-    CHECK_EQ(dp_blob_count(b), N);
-    CHECK_EQ(dp_blob_get_header(b)->flags, DP_BLOB_FLAG_CRC);
+    CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
+    CHECK_EQ(dp__blob_count(b), N);
+    CHECK_EQ(dp__blob_get_header(b)->flags, DP_BLOB_FLAG_CRC);
     for (uint32_t i = 0; i < N; i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(b, i);
+        const dp_blob_entry *e = dp__blob_entry_at(b, i);
         CHECK_STR(e->key, keys[i]);
         CHECK_EQ_U64(e->gidx, (uint64_t)i * 7);
         CHECK_EQ(e->kind, (int)(i % 3));
@@ -300,17 +300,17 @@ DP_TEST(many_entries_round_trip_with_crc)
             CHECK_EQ_U64(e->shape[k], shapes[i][k]);
         CHECK_EQ_U64(e->len, specs[i].len);
         CHECK(e->has_crc);
-        CHECK_EQ_U64(e->crc, dp_crc32c(payloads[i], (size_t)specs[i].len));
+        CHECK_EQ_U64(e->crc, dp__crc32c(payloads[i], (size_t)specs[i].len));
         CHECK(memcmp(p + e->off, payloads[i], (size_t)e->len) == 0);
-        CHECK(dp_blob_find(b, keys[i], strlen(keys[i])) == e);
+        CHECK(dp__blob_find(b, keys[i], strlen(keys[i])) == e);
     }
-    CHECK_OK_D(dp_blob_check_payload(b, p, len, &d), &d);
+    CHECK_OK_D(dp__blob_check_payload(b, p, len, &d), &d);
     /* a unit that owns gidx % 7 == 0 accepts all of them */
     dp_blob_parse_opts o = {.n_units = 7, .unit_index = 0};
     CHECK_ACCEPT(p, len, &o);
     o.unit_index = 1;
     CHECK_REJECT(p, len, &o, "belongs to unit 0 of 7, not to unit 1");
-    dp_blob_destroy(b);
+    dp__blob_destroy(b);
     for (uint32_t i = 0; i < N; i++)
         free(payloads[i]);
     free(payloads);
@@ -331,17 +331,17 @@ DP_TEST(zero_byte_payloads)
     uint8_t *p = build(s, 3, DP_BLOB_FLAG_CRC, &len);
     dp_blob *b = NULL;
     dp_detail d;
-    CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
+    CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
     for (uint32_t i = 0; i < 3; i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(b, i);
+        const dp_blob_entry *e = dp__blob_entry_at(b, i);
         CHECK_EQ(e->len, 0);
         CHECK(e->off <= len);
         CHECK_EQ(e->ndim, 0);
         CHECK(e->shape != NULL);
         CHECK_EQ(e->crc, 0);
     }
-    CHECK_OK_D(dp_blob_check_payload(b, p, len, &d), &d);
-    dp_blob_destroy(b);
+    CHECK_OK_D(dp__blob_check_payload(b, p, len, &d), &d);
+    dp__blob_destroy(b);
     free(p);
 }
 
@@ -361,13 +361,13 @@ DP_TEST(big_shapes)
     uint8_t *p = build(&s, 1, 0, &len);
     dp_blob *b = NULL;
     dp_detail d;
-    CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
-    const dp_blob_entry *e = dp_blob_entry_at(b, 0);
+    CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
+    const dp_blob_entry *e = dp__blob_entry_at(b, 0);
     CHECK_EQ(e->ndim, DP_BLOB_MAX_DIMS);
     for (unsigned i = 0; i < DP_BLOB_MAX_DIMS; i++)
         CHECK_EQ_U64(e->shape[i], shape[i]);
     CHECK_EQ_U64(e->gidx, UINT64_MAX);
-    dp_blob_destroy(b);
+    dp__blob_destroy(b);
     free(p);
 }
 
@@ -378,43 +378,44 @@ DP_TEST(layout_before_payload_and_set_crc)
      * crcs set after the layout. */
     dp_blob_builder *bb;
     dp_detail d;
-    CHECK_OK(dp_blob_builder_create(DP_BLOB_FLAG_CRC, &bb, &d));
+    CHECK_OK(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &bb, &d));
     const char *vals[2] = {"first payload", "second, longer payload................"};
     dp_blob_entry_spec s = {.key = "4@x", .kind = DP_BLOB_BYTES, .len = strlen(vals[0])};
-    CHECK_OK_D(dp_blob_builder_add(bb, &s, NULL, &d), &d);
+    CHECK_OK_D(dp__blob_builder_add(bb, &s, NULL, &d), &d);
     s.key = "8@x";
     s.len = strlen(vals[1]);
-    CHECK_OK_D(dp_blob_builder_add(bb, &s, NULL, &d), &d);
-    CHECK_EQ(dp_blob_builder_count(bb), 2);
+    CHECK_OK_D(dp__blob_builder_add(bb, &s, NULL, &d), &d);
+    CHECK_EQ(dp__blob_builder_count(bb), 2);
     dp_blob_layout l;
-    CHECK_OK_D(dp_blob_builder_layout(bb, &l, &d), &d);
+    CHECK_OK_D(dp__blob_builder_layout(bb, &l, &d), &d);
     uint8_t *p = calloc(1, (size_t)l.total_len);
     /* crcs still missing: write refuses */
-    CHECK_ERR(dp_blob_builder_write(bb, p, (size_t)l.total_len, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_write(bb, p, (size_t)l.total_len, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "no crc");
     for (uint32_t i = 0; i < 2; i++) {
-        CHECK_EQ_U64(dp_blob_builder_len(bb, i), strlen(vals[i]));
-        uint64_t off = dp_blob_builder_offset(bb, i);
+        CHECK_EQ_U64(dp__blob_builder_len(bb, i), strlen(vals[i]));
+        uint64_t off = dp__blob_builder_offset(bb, i);
         CHECK_EQ(off % 64, 0);
         CHECK(off + strlen(vals[i]) <= l.total_len);
-        CHECK_OK(dp_blob_builder_set_crc(bb, i, dp_crc32c(vals[i], strlen(vals[i])), &d));
+        CHECK_OK(
+            dp__blob_builder_set_crc(bb, i, dp__crc32c(vals[i], strlen(vals[i])), &d));
     }
     /* header+index only needs payload_off bytes */
-    CHECK_ERR(dp_blob_builder_write(bb, p, (size_t)l.payload_off - 1, &d), DP_EINVAL);
-    CHECK_OK_D(dp_blob_builder_write(bb, p, (size_t)l.payload_off, &d), &d);
+    CHECK_ERR(dp__blob_builder_write(bb, p, (size_t)l.payload_off - 1, &d), DP_EINVAL);
+    CHECK_OK_D(dp__blob_builder_write(bb, p, (size_t)l.payload_off, &d), &d);
     for (uint32_t i = 0; i < 2; i++)
-        memcpy(p + dp_blob_builder_offset(bb, i), vals[i], strlen(vals[i]));
+        memcpy(p + dp__blob_builder_offset(bb, i), vals[i], strlen(vals[i]));
     dp_blob *b;
-    CHECK_OK_D(dp_blob_parse(p, (size_t)l.total_len, NULL, &b, &d), &d);
-    CHECK_OK_D(dp_blob_check_payload(b, p, (size_t)l.total_len, &d), &d);
-    dp_blob_destroy(b);
-    CHECK_ERR(dp_blob_builder_set_crc(bb, 2, 0, &d), DP_EINVAL);
+    CHECK_OK_D(dp__blob_parse(p, (size_t)l.total_len, NULL, &b, &d), &d);
+    CHECK_OK_D(dp__blob_check_payload(b, p, (size_t)l.total_len, &d), &d);
+    dp__blob_destroy(b);
+    CHECK_ERR(dp__blob_builder_set_crc(bb, 2, 0, &d), DP_EINVAL);
     /* reset and reuse */
-    dp_blob_builder_reset(bb);
-    CHECK_EQ(dp_blob_builder_count(bb), 0);
-    CHECK_ERR(dp_blob_builder_layout(bb, &l, &d), DP_EINVAL);
-    dp_blob_builder_destroy(bb);
-    dp_blob_builder_destroy(NULL);
+    dp__blob_builder_reset(bb);
+    CHECK_EQ(dp__blob_builder_count(bb), 0);
+    CHECK_ERR(dp__blob_builder_layout(bb, &l, &d), DP_EINVAL);
+    dp__blob_builder_destroy(bb);
+    dp__blob_builder_destroy(NULL);
     free(p);
 }
 
@@ -422,52 +423,52 @@ DP_TEST(builder_rejects_bad_entries)
 {
     dp_blob_builder *bb;
     dp_detail d;
-    CHECK_ERR(dp_blob_builder_create(2, &bb, &d), DP_EINVAL);
-    CHECK_OK(dp_blob_builder_create(0, &bb, &d));
+    CHECK_ERR(dp__blob_builder_create(2, &bb, &d), DP_EINVAL);
+    CHECK_OK(dp__blob_builder_create(0, &bb, &d));
     dp_blob_entry_spec s = {.key = "1@a", .kind = DP_BLOB_TENSOR, .dtype = "float32"};
     dp_blob_layout l;
-    CHECK_ERR(dp_blob_builder_layout(bb, &l, &d), DP_EINVAL); /* no entries */
+    CHECK_ERR(dp__blob_builder_layout(bb, &l, &d), DP_EINVAL); /* no entries */
     CHECK_CONTAINS(d.msg, "at least one entry");
     uint8_t tmp[4096];
-    CHECK_ERR(dp_blob_builder_write(bb, tmp, sizeof tmp, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_write(bb, tmp, sizeof tmp, &d), DP_EINVAL);
 
     dp_blob_entry_spec bad = s;
     bad.key = "01@a";
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "leading zero");
     bad = s;
     bad.dtype = "";
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "needs a dtype");
     bad.dtype = "Float32";
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     bad.dtype = "float32float32float32float32float32";
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     bad = s;
     bad.kind = (dp_blob_kind)7;
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     bad = s;
     bad.ndim = 33;
     uint64_t dims[33] = {0};
     bad.shape = dims;
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     bad.shape = NULL;
     bad.ndim = 1;
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     bad = s;
     bad.has_crc = true;
-    CHECK_ERR(dp_blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "without crcs");
-    CHECK_ERR(dp_blob_builder_set_crc(bb, 0, 1, &d), DP_EINVAL);
+    CHECK_ERR(dp__blob_builder_set_crc(bb, 0, 1, &d), DP_EINVAL);
 
-    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d));
-    CHECK_OK(dp_blob_builder_layout(bb, &l, &d));
-    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d));
-    CHECK_ERR(dp_blob_builder_write(bb, tmp, sizeof tmp, &d), DP_EINVAL); /* stale */
-    CHECK_ERR(dp_blob_builder_layout(bb, &l, &d), DP_EINVAL);
+    CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d));
+    CHECK_OK(dp__blob_builder_layout(bb, &l, &d));
+    CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d));
+    CHECK_ERR(dp__blob_builder_write(bb, tmp, sizeof tmp, &d), DP_EINVAL); /* stale */
+    CHECK_ERR(dp__blob_builder_layout(bb, &l, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "'1@a' added twice");
-    CHECK_ERR(dp_blob_builder_copy_payloads(bb, tmp, sizeof tmp, &d), DP_EINVAL);
-    dp_blob_builder_destroy(bb);
+    CHECK_ERR(dp__blob_builder_copy_payloads(bb, tmp, sizeof tmp, &d), DP_EINVAL);
+    dp__blob_builder_destroy(bb);
 }
 
 /*
@@ -479,51 +480,51 @@ DP_TEST(trusted_builder_is_still_checked_by_the_parser)
 {
     dp_blob_builder *bb;
     dp_detail d;
-    CHECK_OK(dp_blob_builder_create(0, &bb, &d));
-    dp_blob_builder_trust_keys(bb, true);
+    CHECK_OK(dp__blob_builder_create(0, &bb, &d));
+    dp__blob_builder_trust_keys(bb, true);
     char key[DP_KEY_MAX + 1];
-    size_t kl = dp_key_format(7, "obs", 3, key);
+    size_t kl = dp__key_format(7, "obs", 3, key);
     dp_blob_entry_spec s = {.key = key, .key_len = kl, .kind = DP_BLOB_BYTES, .len = 10};
-    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d));
-    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d)); /* the same key: not looked for */
+    CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d));
+    CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d)); /* the same key: not looked for */
     dp_blob_layout l;
-    CHECK_OK(dp_blob_builder_layout(bb, &l, &d));
+    CHECK_OK(dp__blob_builder_layout(bb, &l, &d));
     uint8_t *img = calloc(1, l.total_len);
     CHECK(img != NULL);
-    CHECK_OK(dp_blob_builder_write(bb, img, l.total_len, &d));
+    CHECK_OK(dp__blob_builder_write(bb, img, l.total_len, &d));
     dp_blob *pb = NULL;
-    CHECK_ERR(dp_blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
+    CHECK_ERR(dp__blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "key '7@obs' appears twice");
     free(img);
     /* A malformed key is not split either; the parser refuses it. */
-    dp_blob_builder_reset(bb);
+    dp__blob_builder_reset(bb);
     s.key = "07@obs";
     s.key_len = 6;
-    CHECK_OK(dp_blob_builder_add(bb, &s, NULL, &d));
-    CHECK_OK(dp_blob_builder_layout(bb, &l, &d));
+    CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d));
+    CHECK_OK(dp__blob_builder_layout(bb, &l, &d));
     img = calloc(1, l.total_len);
     CHECK(img != NULL);
-    CHECK_OK(dp_blob_builder_write(bb, img, l.total_len, &d));
-    CHECK_ERR(dp_blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
+    CHECK_OK(dp__blob_builder_write(bb, img, l.total_len, &d));
+    CHECK_ERR(dp__blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "leading zero");
     free(img);
     /* Untrusted again: the builder checks. */
-    dp_blob_builder_trust_keys(bb, false);
-    CHECK_ERR(dp_blob_builder_add(bb, &s, NULL, &d), DP_EINVAL);
-    dp_blob_builder_destroy(bb);
+    dp__blob_builder_trust_keys(bb, false);
+    CHECK_ERR(dp__blob_builder_add(bb, &s, NULL, &d), DP_EINVAL);
+    dp__blob_builder_destroy(bb);
 }
 
 DP_TEST(kind_names)
 {
     dp_blob_kind k;
-    CHECK_STR(dp_blob_kind_name(DP_BLOB_TENSOR), "tensor");
-    CHECK_STR(dp_blob_kind_name(DP_BLOB_BYTES), "bytes");
-    CHECK_STR(dp_blob_kind_name(DP_BLOB_OBJECT), "object");
-    CHECK_STR(dp_blob_kind_name((dp_blob_kind)9), "?");
-    CHECK_OK(dp_blob_kind_parse("object", 6, &k));
+    CHECK_STR(dp__blob_kind_name(DP_BLOB_TENSOR), "tensor");
+    CHECK_STR(dp__blob_kind_name(DP_BLOB_BYTES), "bytes");
+    CHECK_STR(dp__blob_kind_name(DP_BLOB_OBJECT), "object");
+    CHECK_STR(dp__blob_kind_name((dp_blob_kind)9), "?");
+    CHECK_OK(dp__blob_kind_parse("object", 6, &k));
     CHECK_EQ(k, DP_BLOB_OBJECT);
-    CHECK_ERR(dp_blob_kind_parse("objec", 5, &k), DP_EINVAL);
-    CHECK_ERR(dp_blob_kind_parse("objects", 7, &k), DP_EINVAL);
+    CHECK_ERR(dp__blob_kind_parse("objec", 5, &k), DP_EINVAL);
+    CHECK_ERR(dp__blob_kind_parse("objects", 7, &k), DP_EINVAL);
 }
 
 /* ---- header rules: each corrupts one header field of a valid blob ---- */
@@ -598,19 +599,19 @@ DP_TEST(allocation_identity_round_trips)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    dp_blob_header_set_alloc(p, 0x0123456789abcdefull, 42);
+    dp__blob_header_set_alloc(p, 0x0123456789abcdefull, 42);
     dp_blob *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
-    CHECK_EQ_U64(dp_blob_get_header(b)->alloc_incarnation, 0x0123456789abcdefull);
-    CHECK_EQ_U64(dp_blob_get_header(b)->alloc_token, 42);
-    dp_blob_destroy(b);
+    CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
+    CHECK_EQ_U64(dp__blob_get_header(b)->alloc_incarnation, 0x0123456789abcdefull);
+    CHECK_EQ_U64(dp__blob_get_header(b)->alloc_token, 42);
+    dp__blob_destroy(b);
     uint8_t h[64];
     dp_blob_header hd = {.version = 2, .alloc_incarnation = 7, .alloc_token = UINT64_MAX};
-    dp_blob_header_encode(&hd, h);
+    dp__blob_header_encode(&hd, h);
     dp_blob_header out;
-    CHECK_ERR(dp_blob_header_decode(h, 0, NULL, &out, NULL), DP_EPROTO); /* too short */
+    CHECK_ERR(dp__blob_header_decode(h, 0, NULL, &out, NULL), DP_EPROTO); /* too short */
     CHECK_EQ_U64(get_le64(h + 48), 7);
     CHECK_EQ_U64(get_le64(h + 56), UINT64_MAX);
     free(p);
@@ -645,8 +646,8 @@ DP_TEST(rejects_zero_entries)
                         .payload_off = 128,
                         .total_len = 128};
     q[64] = 0x90;
-    h.index_crc = dp_crc32c(q + 64, 1);
-    dp_blob_header_encode(&h, q);
+    h.index_crc = dp__crc32c(q + 64, 1);
+    dp__blob_header_encode(&h, q);
     q[64] = 0x90;
     CHECK_REJECT(q, sizeof q, NULL, "no entries");
     free(p);
@@ -1058,15 +1059,15 @@ DP_TEST(truncation_at_every_length)
         uint8_t *p = random_blob(&s, round % 2 ? DP_BLOB_FLAG_CRC : 0, &len, &n);
         dp_blob *b;
         dp_detail bd;
-        CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &bd), &bd);
+        CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &bd), &bd);
         /* the least a valid blob with these entries can be */
-        uint64_t need = dp_blob_get_header(b)->payload_off;
+        uint64_t need = dp__blob_get_header(b)->payload_off;
         for (uint32_t i = 0; i < n; i++) {
-            const dp_blob_entry *e = dp_blob_entry_at(b, i);
+            const dp_blob_entry *e = dp__blob_entry_at(b, i);
             if (e->off + e->len > need)
                 need = e->off + e->len;
         }
-        dp_blob_destroy(b);
+        dp__blob_destroy(b);
         for (size_t k = 0; k < len; k++) {
             /* exact-size heap copy: ASan catches any read past k */
             uint8_t *q = malloc(k ? k : 1);
@@ -1111,19 +1112,19 @@ DP_TEST(random_flips_fail_cleanly_or_hit_payload)
             fix_index_crc(p);
         dp_blob *b = NULL;
         dp_detail d;
-        int rc = dp_blob_parse(p, len, NULL, &b, &d);
+        int rc = dp__blob_parse(p, len, NULL, &b, &d);
         CHECKF(rc == DP_OK || rc == DP_EPROTO, "rc %s", dp_errname(rc));
         if (rc == DP_OK) {
             accepted++;
             if (!fix) /* without a CRC fix-up, only flips past the index pass */
                 CHECKF(lowest >= index_end, "flip at %zu accepted, index ends at %llu",
                        lowest, (unsigned long long)index_end);
-            if (flags && dp_blob_check_payload(b, p, len, &d) == DP_ECORRUPT)
+            if (flags && dp__blob_check_payload(b, p, len, &d) == DP_ECORRUPT)
                 caught++;
         } else {
             rejected++;
         }
-        dp_blob_destroy(b);
+        dp__blob_destroy(b);
         free(p);
     }
     fprintf(stderr, "  flips: %d rejected, %d accepted (%d caught by payload crc)\n",
@@ -1140,23 +1141,23 @@ DP_TEST(payload_crc_catches_corruption)
         uint8_t *p = random_blob(&s, DP_BLOB_FLAG_CRC, &len, &n);
         dp_blob *b;
         dp_detail d;
-        CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
-        CHECK_OK_D(dp_blob_check_payload(b, p, len, &d), &d);
+        CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
+        CHECK_OK_D(dp__blob_check_payload(b, p, len, &d), &d);
         uint32_t i = (uint32_t)(dp_test_rand(&s) % n);
-        const dp_blob_entry *e = dp_blob_entry_at(b, i);
+        const dp_blob_entry *e = dp__blob_entry_at(b, i);
         if (e->len > 0) {
             size_t at = (size_t)(e->off + dp_test_rand(&s) % e->len);
             p[at] ^= (uint8_t)(1u << (dp_test_rand(&s) % 8));
-            CHECK_ERR_D(dp_blob_check_payload(b, p, len, &d), DP_ECORRUPT, &d);
+            CHECK_ERR_D(dp__blob_check_payload(b, p, len, &d), DP_ECORRUPT, &d);
             CHECK_CONTAINS(d.msg, e->key);
-            CHECK_ERR(dp_blob_entry_check(e, p + e->off, &d), DP_ECORRUPT);
+            CHECK_ERR(dp__blob_entry_check(e, p + e->off, &d), DP_ECORRUPT);
             /* the parse itself does not read the payload */
             CHECK_ACCEPT(p, len, NULL);
         } else {
-            CHECK_OK(dp_blob_entry_check(e, p + e->off, &d));
+            CHECK_OK(dp__blob_entry_check(e, p + e->off, &d));
         }
-        CHECK_ERR(dp_blob_check_payload(b, p, len - 1, &d), DP_EINVAL);
-        dp_blob_destroy(b);
+        CHECK_ERR(dp__blob_check_payload(b, p, len - 1, &d), DP_EINVAL);
+        dp__blob_destroy(b);
         free(p);
     }
 }
@@ -1171,11 +1172,11 @@ DP_TEST(parsed_blob_owns_its_copy)
     uint8_t *p = random_blob(&s, 0, &len, &n);
     dp_blob *b;
     dp_detail d;
-    CHECK_OK_D(dp_blob_parse(p, len, NULL, &b, &d), &d);
+    CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
     char saved[12][64];
     uint64_t offs[12];
     for (uint32_t i = 0; i < n; i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(b, i);
+        const dp_blob_entry *e = dp__blob_entry_at(b, i);
         snprintf(saved[i], sizeof saved[i], "%s|%s|%s", e->key, e->field, e->dtype);
         offs[i] = e->off;
         const uint8_t *ptrs[4] = {(const uint8_t *)e->key, (const uint8_t *)e->field,
@@ -1185,14 +1186,14 @@ DP_TEST(parsed_blob_owns_its_copy)
     }
     memset(p, 0xa5, len);
     for (uint32_t i = 0; i < n; i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(b, i);
+        const dp_blob_entry *e = dp__blob_entry_at(b, i);
         char now[64];
         snprintf(now, sizeof now, "%s|%s|%s", e->key, e->field, e->dtype);
         CHECK_STR(now, saved[i]);
         CHECK_EQ_U64(e->off, offs[i]);
     }
-    CHECK_EQ(dp_blob_get_header(b)->total_len, len);
-    dp_blob_destroy(b);
+    CHECK_EQ(dp__blob_get_header(b)->total_len, len);
+    dp__blob_destroy(b);
     free(p);
 }
 
@@ -1202,15 +1203,15 @@ DP_TEST(header_decode_alone)
     uint8_t *p = valid_blob(&len);
     dp_blob_header h;
     dp_detail d;
-    CHECK_OK_D(dp_blob_header_decode(p, len, NULL, &h, &d), &d);
+    CHECK_OK_D(dp__blob_header_decode(p, len, NULL, &h, &d), &d);
     CHECK_EQ(h.n_entries, 2);
     CHECK_EQ(h.total_len, len);
     uint8_t again[64];
-    dp_blob_header_encode(&h, again);
+    dp__blob_header_encode(&h, again);
     CHECK(memcmp(again, p, 64) == 0);
     /* a header that claims a blob shorter than itself */
     put_le64(p + 32, 10);
-    CHECK_ERR(dp_blob_header_decode(p, 10, NULL, &h, &d), DP_EPROTO);
+    CHECK_ERR(dp__blob_header_decode(p, 10, NULL, &h, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "shorter than the 64-byte header");
     free(p);
 }

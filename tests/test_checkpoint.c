@@ -30,7 +30,7 @@ static dp_unit *
 mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
 {
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = n_units;
     o.unit_id = unit_id;
@@ -38,7 +38,7 @@ mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     return u;
 }
 
@@ -47,14 +47,14 @@ check_unit(dp_unit *u)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_check(u, &d), &d);
+    CHECK_OK_D(dp__unit_check(u, &d), &d);
 }
 
 static dp_unit_stats
 stats(dp_unit *u)
 {
     dp_unit_stats s;
-    dp_unit_get_stats(u, &s);
+    dp__unit_get_stats(u, &s);
     return s;
 }
 
@@ -84,7 +84,7 @@ put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
     dp_blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
+    CHECK_OK_D(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
     uint8_t *pay = malloc(n * plen);
     char key[64];
     for (uint32_t i = 0; i < n; i++) {
@@ -96,29 +96,29 @@ put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
         s.kind = DP_BLOB_BYTES;
         s.len = plen;
         s.payload = pay + i * plen;
-        CHECK_OK_D(dp_blob_builder_add(b, &s, NULL, &d), &d);
+        CHECK_OK_D(dp__blob_builder_add(b, &s, NULL, &d), &d);
     }
     dp_blob_layout lay;
-    CHECK_OK_D(dp_blob_builder_layout(b, &lay, &d), &d);
+    CHECK_OK_D(dp__blob_builder_layout(b, &lay, &d), &d);
     uint64_t off = 0;
     int rc =
-        dp_unit_alloc_spill(u, id, strlen(id), lay.total_len, n, spill, &off, NULL, &d);
+        dp__unit_alloc_spill(u, id, strlen(id), lay.total_len, n, spill, &off, NULL, &d);
     if (rc == 0) {
-        uint8_t *dst = dp_unit_slab(u) + off;
-        CHECK_OK_D(dp_blob_builder_write(b, dst, lay.total_len, &d), &d);
-        CHECK_OK_D(dp_blob_builder_copy_payloads(b, dst, lay.total_len, &d), &d);
-        dp_blob_header_set_alloc(dst, dp_unit_incarnation(u),
-                                 dp_unit_alloc_token(u, id, strlen(id)));
+        uint8_t *dst = dp__unit_slab(u) + off;
+        CHECK_OK_D(dp__blob_builder_write(b, dst, lay.total_len, &d), &d);
+        CHECK_OK_D(dp__blob_builder_copy_payloads(b, dst, lay.total_len, &d), &d);
+        dp__blob_header_set_alloc(dst, dp__unit_incarnation(u),
+                                  dp__unit_alloc_token(u, id, strlen(id)));
         dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
         for (int tries = 0; tries < 10000; tries++) {
-            CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+            CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
             if (st != DP_WIRE_COMMIT_PENDING)
                 break;
             usleep(1000);
         }
         CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     }
-    dp_blob_builder_destroy(b);
+    dp__blob_builder_destroy(b);
     free(pay);
     return rc;
 }
@@ -135,20 +135,20 @@ row_version(dp_unit *u, uint64_t gidx, uint64_t plen, uint32_t max_ver)
     dp_detail_clear(&d);
     /* A disk blob answers pending while it is staged: ask again. */
     for (int tries = 0;; tries++) {
-        dp_unit_lock(u);
-        CHECK_OK_D(dp_unit_resolve_keys_locked(u, &k, 1, &r, &d), &d);
-        dp_unit_unlock(u);
+        dp__unit_lock(u);
+        CHECK_OK_D(dp__unit_resolve_keys_locked(u, &k, 1, &r, &d), &d);
+        dp__unit_unlock(u);
         if (r.n_pending == 0 || tries > 5000)
             break;
-        dp_unit_resolve_keys_res_fini(&r);
+        dp__unit_resolve_keys_res_fini(&r);
         usleep(1000);
     }
     CHECK_EQ(r.n_failed, 0);
-    dp_unit_lock(u);
+    dp__unit_lock(u);
     uint32_t ver = 0;
     if (r.n_entries == 1) {
         CHECK_EQ(r.entries[0].len, plen);
-        const uint8_t *p = dp_unit_slab(u) + r.entries[0].off;
+        const uint8_t *p = dp__unit_slab(u) + r.entries[0].off;
         for (uint32_t v = 1; v <= max_ver && ver == 0; v++) {
             uint64_t k2 = 0;
             while (k2 < plen && p[k2] == pat(gidx, v, k2))
@@ -158,10 +158,10 @@ row_version(dp_unit *u, uint64_t gidx, uint64_t plen, uint32_t max_ver)
         }
         CHECKF(ver != 0, "row %llu: bytes match no version", (unsigned long long)gidx);
     }
-    dp_unit_unlock(u);
+    dp__unit_unlock(u);
     if (r.pin_id[0])
-        dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
-    dp_unit_resolve_keys_res_fini(&r);
+        dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    dp__unit_resolve_keys_res_fini(&r);
     return ver;
 }
 
@@ -203,14 +203,14 @@ rm_shard(const char *p)
 static int
 save(dp_unit *u, const char *p, dp_unit_save_res *res, dp_detail *d)
 {
-    return dp_unit_save_shard(u, p, strlen(p), res, d);
+    return dp__unit_save_shard(u, p, strlen(p), res, d);
 }
 
 static int
 load(dp_unit *u, const char *p, const dp_unit_save_res *sr, bool spill,
      dp_unit_load_res *lr, dp_detail *d)
 {
-    return dp_unit_load_shard(u, p, strlen(p), sr->blobs, sr->n_blobs, spill, lr, d);
+    return dp__unit_load_shard(u, p, strlen(p), sr->blobs, sr->n_blobs, spill, lr, d);
 }
 
 DP_TEST(round_trip_live_keys_only)
@@ -225,7 +225,7 @@ DP_TEST(round_trip_live_keys_only)
     CHECK_OK(put_rows(u, "b3", g3, 1, 2, 300)); /* overwrites 3@f */
     CHECK_OK(put_rows(u, "b4", g4, 2, 1, 300));
     uint64_t clr[] = {7, 9};
-    CHECK_EQ(dp_unit_release_rows(u, clr, 2), 2); /* b2 gone, b4 half */
+    CHECK_EQ(dp__unit_release_rows(u, clr, 2), 2); /* b2 gone, b4 half */
     dp_unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
@@ -242,7 +242,7 @@ DP_TEST(round_trip_live_keys_only)
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
     CHECK_EQ(lr.n_loaded, 3);
     CHECK_EQ(lr.n_failed, 0);
-    dp_unit_load_res_fini(&lr);
+    dp__unit_load_res_fini(&lr);
     check_unit(v);
     for (uint64_t g = 1; g < 13; g += 2)
         CHECK_EQ(row_version(v, g, 300, 2), row_version(u, g, 300, 2));
@@ -254,7 +254,7 @@ DP_TEST(round_trip_live_keys_only)
     /* Loading again: everything is already there. */
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
     CHECK_EQ(lr.n_loaded, 3);
-    dp_unit_load_res_fini(&lr);
+    dp__unit_load_res_fini(&lr);
     CHECK_EQ(stats(v).published, 3);
     check_unit(v);
 
@@ -262,9 +262,9 @@ DP_TEST(round_trip_live_keys_only)
     dp_unit_save_res sr2;
     CHECK_ERR_D(save(u, p, &sr2, &d), DP_EEXIST, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "not replaced");
-    dp_unit_destroy(v);
-    dp_unit_save_res_fini(&sr);
-    dp_unit_destroy(u);
+    dp__unit_destroy(v);
+    dp__unit_save_res_fini(&sr);
+    dp__unit_destroy(u);
     rm_shard(p);
 }
 
@@ -290,11 +290,11 @@ DP_TEST(not_enough_room_then_failed)
     CHECK(lr.n_loaded >= 2 && lr.n_loaded < 8);
     CHECK_EQ(lr.n_loaded + lr.n_failed, 8);
     CHECK_EQ(stats(v).published, lr.n_loaded);
-    dp_unit_load_res_fini(&lr);
+    dp__unit_load_res_fini(&lr);
     check_unit(v);
-    dp_unit_destroy(v);
-    dp_unit_save_res_fini(&sr);
-    dp_unit_destroy(u);
+    dp__unit_destroy(v);
+    dp__unit_save_res_fini(&sr);
+    dp__unit_destroy(u);
     rm_shard(p);
 }
 
@@ -339,7 +339,7 @@ refused(const char *p, const dp_unit_save_res *sr, uint32_t n_units, int code,
     CHECK_EQ(s.entries, 0);
     CHECK_EQ(s.allocated_bytes, 0);
     check_unit(v);
-    dp_unit_destroy(v);
+    dp__unit_destroy(v);
 }
 
 DP_TEST(corrupted_and_truncated_refused)
@@ -397,8 +397,8 @@ DP_TEST(corrupted_and_truncated_refused)
     refused(q, &sr, 1, DP_ESYS, ".rows");
     rm_shard(q);
     refused(q, &sr, 1, DP_ESYS, q);
-    dp_unit_save_res_fini(&sr);
-    dp_unit_destroy(u);
+    dp__unit_save_res_fini(&sr);
+    dp__unit_destroy(u);
     rm_shard(p);
 }
 
@@ -408,17 +408,17 @@ DP_TEST(path_rules)
     dp_unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_unit_save_shard(u, "rel/x", 5, &sr, &d), DP_EINVAL, &d);
-    CHECK_ERR_D(dp_unit_save_shard(u, "/tmp/a\nb", 8, &sr, &d), DP_EINVAL, &d);
-    CHECK_ERR_D(dp_unit_save_shard(u, "/tmp/a\0b", 8, &sr, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__unit_save_shard(u, "rel/x", 5, &sr, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__unit_save_shard(u, "/tmp/a\nb", 8, &sr, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__unit_save_shard(u, "/tmp/a\0b", 8, &sr, &d), DP_EINVAL, &d);
     char *longp = malloc(DP_UNIT_PATH_MAX + 2);
     memset(longp, 'a', DP_UNIT_PATH_MAX + 1);
     longp[0] = '/';
-    CHECK_ERR_D(dp_unit_save_shard(u, longp, DP_UNIT_PATH_MAX + 1, &sr, &d), DP_EINVAL,
+    CHECK_ERR_D(dp__unit_save_shard(u, longp, DP_UNIT_PATH_MAX + 1, &sr, &d), DP_EINVAL,
                 &d);
     free(longp);
     dp_unit_load_res lr;
-    CHECK_ERR_D(dp_unit_load_shard(u, "x", 1, NULL, 0, false, &lr, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__unit_load_shard(u, "x", 1, NULL, 0, false, &lr, &d), DP_EINVAL, &d);
     /* A stale temporary name makes the save fail, nothing replaced. */
     char p[512], t[600];
     tpath("stale", p, sizeof p);
@@ -427,10 +427,10 @@ DP_TEST(path_rules)
     FILE *f = fopen(t, "w");
     CHECK(f != NULL);
     fclose(f);
-    CHECK_ERR_D(dp_unit_save_shard(u, p, strlen(p), &sr, &d), DP_EEXIST, &d);
+    CHECK_ERR_D(dp__unit_save_shard(u, p, strlen(p), &sr, &d), DP_EEXIST, &d);
     CHECK(access(p, F_OK) != 0);
     rm_shard(p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* Run one request through the unit's handler; the reply keeps out alive. */
@@ -440,12 +440,12 @@ handle(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *out)
     dp_buf in = {0};
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_wire_request_encode(req, NULL, &in, &d), &d);
-    dp_buf_reset(out);
-    dp_unit_handle(u, in.data, in.len, out);
+    CHECK_OK_D(dp__wire_request_encode(req, NULL, &in, &d), &d);
+    dp__buf_reset(out);
+    dp__unit_handle(u, in.data, in.len, out);
     CHECK(out->len > 0);
-    CHECK_OK_D(dp_wire_reply_decode(out->data, out->len, req->op, NULL, rep, &d), &d);
-    dp_buf_fini(&in);
+    CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, req->op, NULL, rep, &d), &d);
+    dp__buf_fini(&in);
 }
 
 DP_TEST(handler_save_load)
@@ -483,21 +483,21 @@ DP_TEST(handler_save_load)
     CHECK(lr.ok);
     CHECK_EQ(lr.r.load_shard.loaded.n, 2);
     CHECK_EQ(lr.r.load_shard.failed.n, 0);
-    dp_wire_reply_fini(&lr);
+    dp__wire_reply_fini(&lr);
     CHECK_EQ(row_version(v, 1, 100, 2), 1);
     CHECK_EQ(row_version(v, 2, 100, 2), 2);
     CHECK_EQ(stats(v).entries, 2);
     check_unit(v);
     /* Saving to the same name again is refused (Protocol error, nothing replaced). */
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     handle(u, &q, &r, &out);
     CHECK(!r.ok);
     CHECK_EQ(r.err.code, DP_EPROTO);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&out);
-    dp_buf_fini(&out2);
-    dp_unit_destroy(v);
-    dp_unit_destroy(u);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&out);
+    dp__buf_fini(&out2);
+    dp__unit_destroy(v);
+    dp__unit_destroy(u);
     rm_shard(p);
 }
 
@@ -527,7 +527,7 @@ cc_writer(void *arg)
         char id[32];
         snprintf(id, sizeof id, "w%u", n);
         if (dp_test_rand(&rs) % 4 == 0) {
-            dp_unit_release_rows(s->u, g, k);
+            dp__unit_release_rows(s->u, g, k);
         } else if (put_rows(s->u, id, g, k, 1 + n % 5, CC_PLEN) == 0) {
             n++;
             __atomic_store_n(&s->puts, n, __ATOMIC_RELEASE);
@@ -562,13 +562,13 @@ DP_TEST(save_during_puts_overwrites_clears)
         CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
         CHECK_EQ(lr.n_failed, 0);
         CHECK_EQ(lr.n_loaded, sr.n_blobs);
-        dp_unit_load_res_fini(&lr);
+        dp__unit_load_res_fini(&lr);
         check_unit(v);
         /* Every restored row holds one whole version's bytes. */
         for (uint64_t g = 0; g < CC_ROWS * 3; g++)
             restored += row_version(v, g, CC_PLEN, 5) != 0;
-        dp_unit_destroy(v);
-        dp_unit_save_res_fini(&sr);
+        dp__unit_destroy(v);
+        dp__unit_save_res_fini(&sr);
     }
     __atomic_store_n(&s.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
@@ -586,13 +586,13 @@ DP_TEST(save_during_puts_overwrites_clears)
     dp_unit *v = mk_unit(4 << 20, 1, 0);
     dp_unit_load_res lr;
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
-    dp_unit_load_res_fini(&lr);
+    dp__unit_load_res_fini(&lr);
     for (uint64_t g = 0; g < CC_ROWS * 3; g++)
         CHECK_EQ(row_version(v, g, CC_PLEN, 5), row_version(u, g, CC_PLEN, 5));
     CHECK_EQ(stats(v).entries, stats(u).entries);
-    dp_unit_destroy(v);
-    dp_unit_save_res_fini(&sr);
-    dp_unit_destroy(u);
+    dp__unit_destroy(v);
+    dp__unit_save_res_fini(&sr);
+    dp__unit_destroy(u);
     rm_shard(p);
     rmdir(tmpdir);
 }
@@ -619,7 +619,7 @@ tc_start(tcluster *t, uint32_t n, uint64_t slab, const char *ssd_dir, const char
     dp_detail_clear(&d);
     for (uint32_t i = 0; i < n; i++) {
         dp_unit_opts o;
-        dp_unit_opts_init(&o);
+        dp__unit_opts_init(&o);
         o.slab_bytes = slab;
         o.n_units = n;
         o.unit_id = i;
@@ -629,31 +629,31 @@ tc_start(tcluster *t, uint32_t n, uint64_t slab, const char *ssd_dir, const char
             o.staging_bytes = 4 << 20;
             o.io_threads = 2;
         }
-        CHECK_OK_D(dp_unit_create(&o, &t->u[i], &d), &d);
+        CHECK_OK_D(dp__unit_create(&o, &t->u[i], &d), &d);
         dp_ctl_server_opts so = {0};
-        CHECK_OK_D(dp_ctl_server_open(&so, dp_unit_handle, dp_unit_handle_oversize,
-                                      t->u[i], &t->srv[i], &d),
+        CHECK_OK_D(dp__ctl_server_open(&so, dp__unit_handle, dp__unit_handle_oversize,
+                                       t->u[i], &t->srv[i], &d),
                    &d);
-        dp_unit_set_address(t->u[i], dp_ctl_server_address(t->srv[i]));
+        dp__unit_set_address(t->u[i], dp__ctl_server_address(t->srv[i]));
         t->cl.units[i].id = i;
         snprintf(t->cl.units[i].zmq, sizeof t->cl.units[i].zmq, "%s",
-                 dp_ctl_server_address(t->srv[i]));
+                 dp__ctl_server_address(t->srv[i]));
         snprintf(t->cl.units[i].agent, sizeof t->cl.units[i].agent, "unit-%u", i);
     }
     tpath(name, t->file, sizeof t->file);
-    CHECK_OK_D(dp_cluster_save(t->file, &t->cl, &d), &d);
+    CHECK_OK_D(dp__cluster_save(t->file, &t->cl, &d), &d);
 }
 
 static void
 tc_stop(tcluster *t)
 {
     for (uint32_t i = 0; i < t->n; i++) {
-        dp_ctl_server_close(t->srv[i]);
+        dp__ctl_server_close(t->srv[i]);
         check_unit(t->u[i]);
-        dp_unit_destroy(t->u[i]);
+        dp__unit_destroy(t->u[i]);
     }
     unlink(t->file);
-    dp_cluster_fini(&t->cl);
+    dp__cluster_fini(&t->cl);
 }
 
 /* Rows 0..rows-1 (plen bytes each) of two clusters hold the same versions. */
@@ -699,7 +699,7 @@ tc_fill(tcluster *t, uint64_t rows, uint64_t plen, uint32_t per_blob)
         }
     }
     for (uint64_t g = 1; g < rows; g += 7) /* clears */
-        dp_unit_release_rows(t->u[g % t->n], &g, 1);
+        dp__unit_release_rows(t->u[g % t->n], &g, 1);
 }
 
 static void
@@ -721,7 +721,7 @@ DP_TEST(cluster_save_load_and_refusals)
     dp_ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
     dp_ckpt_summary s;
     /* Nothing saved yet. */
     tc_start(&b, 2, 8 << 20, NULL, "cl-b.json");
@@ -798,7 +798,7 @@ DP_TEST(cluster_save_load_and_refusals)
     CHECK_EQ(stats(b.u[0]).blobs + stats(b.u[1]).blobs, 0);
     free(mtext);
     tc_stop(&b);
-    dp_ctl_client_destroy(cc);
+    dp__ctl_client_destroy(cc);
     tc_stop(&a);
     rm_tree_ckpt(dir);
 }
@@ -824,17 +824,17 @@ busy_saver(void *arg)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_SAVE_SHARD;
     q.rid = (dp_wire_str){"s1", 2};
-    q.a.save_shard.path = dp_wire_s(b->path);
+    q.a.save_shard.path = dp__wire_s(b->path);
     dp_buf req = {0};
-    b->rc = dp_ctl_client_create(&cc, &d);
+    b->rc = dp__ctl_client_create(&cc, &d);
     if (b->rc == 0)
-        b->rc = dp_wire_request_encode(&q, NULL, &req, &d);
+        b->rc = dp__wire_request_encode(&q, NULL, &req, &d);
     if (b->rc == 0)
-        b->rc = dp_ctl_call(cc, b->addr, req.data, req.len, "s1",
-                            b->timeout_s > 0 ? b->timeout_s : 60, &b->reply, &d);
+        b->rc = dp__ctl_call(cc, b->addr, req.data, req.len, "s1",
+                             b->timeout_s > 0 ? b->timeout_s : 60, &b->reply, &d);
     __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
-    dp_buf_fini(&req);
-    dp_ctl_client_destroy(cc);
+    dp__buf_fini(&req);
+    dp__ctl_client_destroy(cc);
     return NULL;
 }
 
@@ -856,7 +856,7 @@ DP_TEST(unit_answers_others_while_it_saves)
     dp_ctl_client *pc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&pc, &d), &d);
+    CHECK_OK_D(dp__ctl_client_create(&pc, &d), &d);
     busy_save b = {a.cl.units[0].zmq, path, {0}, -1, 0, 0};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, busy_saver, &b), 0);
@@ -865,12 +865,12 @@ DP_TEST(unit_answers_others_while_it_saves)
     q.op = DP_WIRE_OP_PING;
     q.rid = (dp_wire_str){"p1", 2};
     dp_buf req = {0}, rep = {0};
-    CHECK_OK_D(dp_wire_request_encode(&q, NULL, &req, &d), &d);
+    CHECK_OK_D(dp__wire_request_encode(&q, NULL, &req, &d), &d);
     int during = 0, total = 0;
     while (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE)) {
-        dp_buf_reset(&rep);
+        dp__buf_reset(&rep);
         CHECK_OK_D(
-            dp_ctl_call(pc, a.cl.units[0].zmq, req.data, req.len, "p1", 60, &rep, &d),
+            dp__ctl_call(pc, a.cl.units[0].zmq, req.data, req.len, "p1", 60, &rep, &d),
             &d);
         total++;
         if (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE))
@@ -879,19 +879,19 @@ DP_TEST(unit_answers_others_while_it_saves)
     pthread_join(th, NULL);
     CHECK_OK(b.rc);
     dp_wire_reply r;
-    CHECK_OK_D(dp_wire_reply_decode(b.reply.data, b.reply.len, DP_WIRE_OP_SAVE_SHARD,
-                                    NULL, &r, &d),
+    CHECK_OK_D(dp__wire_reply_decode(b.reply.data, b.reply.len, DP_WIRE_OP_SAVE_SHARD,
+                                     NULL, &r, &d),
                &d);
     CHECK(r.ok);
     CHECK(r.r.save_shard.nbytes > (100u << 20));
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     printf("  %d of %d pings answered while save_shard ran\n", during, total);
     CHECKF(during >= 3, "only %d of %d pings answered during the save", during, total);
     CHECK_EQ(stats(a.u[0]).entries, live);
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_buf_fini(&b.reply);
-    dp_ctl_client_destroy(pc);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__buf_fini(&b.reply);
+    dp__ctl_client_destroy(pc);
     tc_stop(&a);
     rm_shard(path);
 }
@@ -924,23 +924,23 @@ DP_TEST(two_saves_of_one_unit_at_once)
     dp_detail_clear(&d);
     for (int k = 0; k < 2; k++) {
         dp_wire_reply r;
-        CHECK_OK_D(dp_wire_reply_decode(bs[k]->reply.data, bs[k]->reply.len,
-                                        DP_WIRE_OP_SAVE_SHARD, NULL, &r, &d),
+        CHECK_OK_D(dp__wire_reply_decode(bs[k]->reply.data, bs[k]->reply.len,
+                                         DP_WIRE_OP_SAVE_SHARD, NULL, &r, &d),
                    &d);
         CHECK(r.ok);
         tcluster c;
         tc_start(&c, 1, 256 << 20, NULL, "twin-c.json");
         dp_unit_load_res lr;
-        CHECK_OK_D(dp_unit_load_shard(c.u[0], bs[k]->path, strlen(bs[k]->path),
-                                      r.r.save_shard.blobs.v, r.r.save_shard.blobs.n,
-                                      false, &lr, &d),
+        CHECK_OK_D(dp__unit_load_shard(c.u[0], bs[k]->path, strlen(bs[k]->path),
+                                       r.r.save_shard.blobs.v, r.r.save_shard.blobs.n,
+                                       false, &lr, &d),
                    &d);
         CHECK_EQ(lr.n_failed, 0);
-        dp_unit_load_res_fini(&lr);
+        dp__unit_load_res_fini(&lr);
         tc_same(&a, &c, 96, 1 << 20, 2);
         tc_stop(&c);
-        dp_wire_reply_fini(&r);
-        dp_buf_fini(&bs[k]->reply);
+        dp__wire_reply_fini(&r);
+        dp__buf_fini(&bs[k]->reply);
     }
     tc_stop(&a);
     rm_shard(p1);
@@ -967,16 +967,16 @@ busy_loader(void *arg)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_LOAD_SHARD;
     q.rid = (dp_wire_str){"l1", 2};
-    q.a.load_shard.path = dp_wire_s(b->path);
+    q.a.load_shard.path = dp__wire_s(b->path);
     q.a.load_shard.blobs = (dp_wire_shard_blobs){(dp_wire_shard_blob *)b->blobs, b->n};
     dp_buf req = {0};
-    b->rc = dp_ctl_client_create(&cc, &d);
+    b->rc = dp__ctl_client_create(&cc, &d);
     if (b->rc == 0)
-        b->rc = dp_wire_request_encode(&q, NULL, &req, &d);
+        b->rc = dp__wire_request_encode(&q, NULL, &req, &d);
     if (b->rc == 0)
-        b->rc = dp_ctl_call(cc, b->addr, req.data, req.len, "l1", 60, &b->reply, &d);
-    dp_buf_fini(&req);
-    dp_ctl_client_destroy(cc);
+        b->rc = dp__ctl_call(cc, b->addr, req.data, req.len, "l1", 60, &b->reply, &d);
+    dp__buf_fini(&req);
+    dp__ctl_client_destroy(cc);
     return NULL;
 }
 
@@ -1006,7 +1006,7 @@ DP_TEST(save_and_load_of_one_unit_at_once)
     dp_unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_save_shard(b.u[0], pb, strlen(pb), &sr, &d), &d);
+    CHECK_OK_D(dp__unit_save_shard(b.u[0], pb, strlen(pb), &sr, &d), &d);
     tc_stop(&b);
     tcluster a;
     tc_start(&a, 1, 512 << 20, NULL, "sl-a.json");
@@ -1021,26 +1021,26 @@ DP_TEST(save_and_load_of_one_unit_at_once)
     CHECK_OK(bs.rc);
     CHECK_OK(bl.rc);
     dp_wire_reply rl, rs;
-    CHECK_OK_D(dp_wire_reply_decode(bl.reply.data, bl.reply.len, DP_WIRE_OP_LOAD_SHARD,
-                                    NULL, &rl, &d),
+    CHECK_OK_D(dp__wire_reply_decode(bl.reply.data, bl.reply.len, DP_WIRE_OP_LOAD_SHARD,
+                                     NULL, &rl, &d),
                &d);
     CHECK(rl.ok);
     CHECK_EQ(rl.r.load_shard.loaded.n, 16);
-    dp_wire_reply_fini(&rl);
+    dp__wire_reply_fini(&rl);
     for (uint64_t g = 1000; g < 1064; g++)
         CHECK_EQ(row_version(a.u[0], g, 1 << 20, 1), 1);
-    CHECK_OK_D(dp_wire_reply_decode(bs.reply.data, bs.reply.len, DP_WIRE_OP_SAVE_SHARD,
-                                    NULL, &rs, &d),
+    CHECK_OK_D(dp__wire_reply_decode(bs.reply.data, bs.reply.len, DP_WIRE_OP_SAVE_SHARD,
+                                     NULL, &rs, &d),
                &d);
     CHECK(rs.ok);
     tcluster c;
     tc_start(&c, 1, 512 << 20, NULL, "sl-c.json");
     dp_unit_load_res lr;
-    CHECK_OK_D(dp_unit_load_shard(c.u[0], pa, strlen(pa), rs.r.save_shard.blobs.v,
-                                  rs.r.save_shard.blobs.n, false, &lr, &d),
+    CHECK_OK_D(dp__unit_load_shard(c.u[0], pa, strlen(pa), rs.r.save_shard.blobs.v,
+                                   rs.r.save_shard.blobs.n, false, &lr, &d),
                &d);
     CHECK_EQ(lr.n_failed, 0);
-    dp_unit_load_res_fini(&lr);
+    dp__unit_load_res_fini(&lr);
     for (uint64_t g = 0; g < 96; g++)
         CHECK_EQ(row_version(c.u[0], g, 1 << 20, 2), row_version(a.u[0], g, 1 << 20, 2));
     uint32_t with = 0;
@@ -1050,12 +1050,12 @@ DP_TEST(save_and_load_of_one_unit_at_once)
         with += v;
     }
     printf("  the save caught %u of the 64 rows loaded meanwhile\n", with);
-    dp_wire_reply_fini(&rs);
+    dp__wire_reply_fini(&rs);
     tc_stop(&c);
     tc_stop(&a);
-    dp_unit_save_res_fini(&sr);
-    dp_buf_fini(&bs.reply);
-    dp_buf_fini(&bl.reply);
+    dp__unit_save_res_fini(&sr);
+    dp__buf_fini(&bs.reply);
+    dp__buf_fini(&bl.reply);
     rm_shard(pa);
     rm_shard(pb);
 }
@@ -1083,8 +1083,8 @@ DP_TEST(destroy_stops_a_running_save)
     while (stats(a.u[0]).admin_running == 0 && dp_test_now() - t0 < 10)
         usleep(200);
     CHECK_EQ(stats(a.u[0]).admin_running, 1);
-    dp_ctl_server_close(a.srv[0]);
-    dp_unit_destroy(a.u[0]); /* returns once the save has stopped */
+    dp__ctl_server_close(a.srv[0]);
+    dp__unit_destroy(a.u[0]); /* returns once the save has stopped */
     CHECK(access(path, F_OK) != 0);
     CHECK(access(tmp, F_OK) != 0);
     CHECK(access(rows, F_OK) != 0);
@@ -1092,9 +1092,9 @@ DP_TEST(destroy_stops_a_running_save)
     pthread_join(th, NULL);
     /* The reply went with the server: its connection dropped (or the wait ran out). */
     CHECKF(b.rc == DP_ETRANSFER || b.rc == DP_ETIMEDOUT, "got %s", dp_errname(b.rc));
-    dp_buf_fini(&b.reply);
+    dp__buf_fini(&b.reply);
     unlink(a.file);
-    dp_cluster_fini(&a.cl);
+    dp__cluster_fini(&a.cl);
 }
 
 /* Count DIR's ckpt-* entries; *has gets whether name is among them. */
@@ -1133,7 +1133,7 @@ DP_TEST(save_keeps_the_newest_checkpoints)
     dp_ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
     dp_ckpt_opts o;
     dp_ckpt_opts_init(&o);
     dp_ckpt_summary s[4];
@@ -1165,7 +1165,7 @@ DP_TEST(save_keeps_the_newest_checkpoints)
     CHECK_STR(ls.checkpoint, s[3].checkpoint);
     tc_same(&a, &b, 40, 2000, 2);
     tc_stop(&b);
-    dp_ctl_client_destroy(cc);
+    dp__ctl_client_destroy(cc);
     tc_stop(&a);
     rm_tree_ckpt(dir);
 }
@@ -1188,12 +1188,12 @@ DP_TEST(cluster_ssd_rows_two_passes)
             put_rows_spill(a.u[g % 2], id, &g, 1, 1 + (uint32_t)(g % 2), 60000, true));
     }
     uint64_t gc = 5;
-    dp_unit_release_rows(a.u[1], &gc, 1);
+    dp__unit_release_rows(a.u[1], &gc, 1);
     CHECK(stats(a.u[0]).disk_blobs > 0);
     dp_ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
     dp_ckpt_summary s, ls;
     CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     CHECK_EQ(s.blobs, 39);
@@ -1204,7 +1204,7 @@ DP_TEST(cluster_ssd_rows_two_passes)
     CHECK(stats(b.u[0]).disk_blobs > 0);
     tc_same(&a, &b, 40, 60000, 2);
     tc_stop(&b);
-    dp_ctl_client_destroy(cc);
+    dp__ctl_client_destroy(cc);
     tc_stop(&a);
     rm_tree_ckpt(dir);
     rmdir(ssd);
@@ -1231,11 +1231,11 @@ saver_main(void)
     dp_detail_clear(&d);
     dp_ctl_client *cc = NULL;
     dp_ckpt_summary s;
-    if (dp_cluster_load(buf, &cl, &d) != 0 || dp_ctl_client_create(&cc, &d) != 0)
+    if (dp__cluster_load(buf, &cl, &d) != 0 || dp__ctl_client_create(&cc, &d) != 0)
         _exit(4);
     int rc = dp__ckpt_save_units(cc, &cl, bar + 1, NULL, &s, &d);
-    dp_ctl_client_destroy(cc);
-    dp_cluster_fini(&cl);
+    dp__ctl_client_destroy(cc);
+    dp__cluster_fini(&cl);
     _exit(rc == 0 ? 0 : 5);
 }
 
@@ -1264,7 +1264,7 @@ DP_TEST(save_killed_midway_keeps_previous)
     dp_ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
     dp_ckpt_summary s;
     CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     uint64_t rs = dp_test_seed();
@@ -1317,7 +1317,7 @@ DP_TEST(save_killed_midway_keeps_previous)
     CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
     tc_same(&a, &b, 64, 400000, 2);
     tc_stop(&b);
-    dp_ctl_client_destroy(cc);
+    dp__ctl_client_destroy(cc);
     tc_stop(&a);
     rm_tree_ckpt(dir);
 }
@@ -1337,7 +1337,7 @@ hold_saver(void *arg)
     hold_ctx *h = arg;
     dp_detail d;
     dp_detail_clear(&d);
-    h->rc = dp_unit_save_shard(h->u, h->path, strlen(h->path), &h->sr, &d);
+    h->rc = dp__unit_save_shard(h->u, h->path, strlen(h->path), &h->sr, &d);
     return NULL;
 }
 
@@ -1364,7 +1364,7 @@ DP_TEST(clear_during_save_frees_after_copy)
         double end = dp_test_now() + 10;
         while (access(tmp, F_OK) != 0 && dp_test_now() < end)
             ;
-        CHECK_EQ(dp_unit_release_rows(u, g, 16), 16);
+        CHECK_EQ(dp__unit_release_rows(u, g, 16), 16);
         dp_unit_stats s = stats(u);
         bool during = access(tmp, F_OK) == 0; /* still copying after the clear */
         if (during) {
@@ -1390,13 +1390,13 @@ DP_TEST(clear_during_save_frees_after_copy)
             dp_detail_clear(&d);
             CHECK_OK_D(load(v, p, &h.sr, false, &lr, &d), &d);
             CHECK_EQ(lr.n_loaded, 16);
-            dp_unit_load_res_fini(&lr);
+            dp__unit_load_res_fini(&lr);
             for (uint64_t r = 0; r < 16; r++)
                 CHECK_EQ(row_version(v, r, 4 << 20, 1), 1);
-            dp_unit_destroy(v);
+            dp__unit_destroy(v);
         }
-        dp_unit_save_res_fini(&h.sr);
-        dp_unit_destroy(u);
+        dp__unit_save_res_fini(&h.sr);
+        dp__unit_destroy(u);
     }
     DP_LOG_I("checkpoint: clear landed during the copy after %d tries", tries);
     CHECKF(seen, "the save always ended before the clear (%d tries)", tries);
@@ -1414,13 +1414,13 @@ DP_TEST(unit_gone_during_save_keeps_previous)
     dp_ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&cc, &d), &d);
+    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
     dp_ckpt_summary s, s2, ls;
     CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
     /* More data, then unit 1 stops answering: the save fails, naming it. */
     uint64_t g = 2;
     CHECK_OK(put_rows(a.u[0], "late", &g, 1, 3, 2000));
-    dp_ctl_server_close(a.srv[1]);
+    dp__ctl_server_close(a.srv[1]);
     a.srv[1] = NULL;
     dp_ckpt_opts o;
     dp_ckpt_opts_init(&o);
@@ -1436,7 +1436,7 @@ DP_TEST(unit_gone_during_save_keeps_previous)
     CHECK_STR(ls.checkpoint, s.checkpoint);
     CHECK_EQ(row_version(b.u[0], 2, 2000, 3), 1); /* not the late put */
     tc_stop(&b);
-    dp_ctl_client_destroy(cc);
+    dp__ctl_client_destroy(cc);
     tc_stop(&a);
     rm_tree_ckpt(dir);
 }

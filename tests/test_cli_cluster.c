@@ -140,7 +140,7 @@ load_pids(const char *file, int64_t *pids, uint32_t n)
     dp_cluster cl;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_cluster_load(file, &cl, &d), &d);
+    CHECK_OK_D(dp__cluster_load(file, &cl, &d), &d);
     CHECK_EQ(cl.n_units, n);
     for (uint32_t i = 0; i < n; i++) {
         CHECK(cl.units[i].pid > 0);
@@ -151,7 +151,7 @@ load_pids(const char *file, int64_t *pids, uint32_t n)
             CHECK(cl.units[j].incarnation != cl.units[i].incarnation);
         pids[i] = cl.units[i].pid;
     }
-    dp_cluster_fini(&cl);
+    dp__cluster_fini(&cl);
 }
 
 static void
@@ -402,7 +402,7 @@ DP_TEST(up_replaces_a_stale_cluster_file)
     dp_cluster cl = {.n_units = 1, .units = &cu};
     char file[192];
     snprintf(file, sizeof file, "%s/cluster.json", dir);
-    CHECK_OK(dp_cluster_save(file, &cl, NULL));
+    CHECK_OK(dp__cluster_save(file, &cl, NULL));
     up_proc u;
     up_start(&u, dir, "--units 1 --slab 8M");
     bool ok = up_wait_file(&u, 60);
@@ -411,9 +411,9 @@ DP_TEST(up_replaces_a_stale_cluster_file)
     for (double end = dp_test_now() + 60; ok && pid == dead && dp_test_now() < end;) {
         usleep(20000);
         dp_cluster c2;
-        if (dp_cluster_load(file, &c2, NULL) == DP_OK) {
+        if (dp__cluster_load(file, &c2, NULL) == DP_OK) {
             pid = c2.units[0].pid;
-            dp_cluster_fini(&c2);
+            dp__cluster_fini(&c2);
         }
     }
     CHECK(pid != dead);
@@ -599,7 +599,7 @@ DP_TEST(up_refuses_a_live_cluster_file)
     memcpy(cu.zmq, line, sizeof line);
     dp_cluster cl = {.n_units = 1, .units = &cu};
     snprintf(file, sizeof file, "%s/cluster.json", dir);
-    CHECK_OK(dp_cluster_save(file, &cl, NULL));
+    CHECK_OK(dp__cluster_save(file, &cl, NULL));
     snprintf(args, sizeof args, "up --units 1 --slab 8M --dir %s", dir);
     int st = run(args, out, sizeof out);
     kill(unit, SIGTERM);
@@ -656,7 +656,7 @@ write_cluster(const char *file, const char *const *addrs, uint32_t n)
         snprintf(us[i].agent, sizeof us[i].agent, "unit-%u", i);
     }
     dp_cluster cl = {.n_units = n, .units = us};
-    CHECK_OK(dp_cluster_save(file, &cl, NULL));
+    CHECK_OK(dp__cluster_save(file, &cl, NULL));
 }
 
 /* Row g's field f holds "row-<g>" (checked through the good cluster file). */
@@ -709,11 +709,11 @@ DP_TEST(wrong_order_is_refused_and_nothing_is_done)
     CHECKF(ok, "no cluster file; up said: %s", log);
     snprintf(good, sizeof good, "%s", u.file);
     dp_cluster cl;
-    CHECK_OK(dp_cluster_load(good, &cl, NULL));
+    CHECK_OK(dp__cluster_load(good, &cl, NULL));
     char a0[DP_CLUSTER_ADDR_MAX], a1[DP_CLUSTER_ADDR_MAX];
     snprintf(a0, sizeof a0, "%s", cl.units[0].zmq);
     snprintf(a1, sizeof a1, "%s", cl.units[1].zmq);
-    dp_cluster_fini(&cl);
+    dp__cluster_fini(&cl);
     snprintf(swapped, sizeof swapped, "%s/swapped.json", dir);
     snprintf(other, sizeof other, "%s/other.json", dir);
     snprintf(ck, sizeof ck, "%s/ck", dir);
@@ -857,7 +857,7 @@ DP_TEST(up_with_a_wildcard_bind_writes_routable_addresses)
         slurp(u.err, log, sizeof log);
         CHECKF(ok, "no cluster file; up said: %s", log);
         dp_cluster cl;
-        CHECK_OK(dp_cluster_load(u.file, &cl, NULL));
+        CHECK_OK(dp__cluster_load(u.file, &cl, NULL));
         CHECK_EQ(cl.n_units, 2);
         slurp(u.out, log, sizeof log);
         for (uint32_t i = 0; i < cl.n_units; i++) {
@@ -869,7 +869,7 @@ DP_TEST(up_with_a_wildcard_bind_writes_routable_addresses)
             snprintf(said, sizeof said, "unit %u at %s ", i, z);
             CHECK_CONTAINS(log, said);
         }
-        dp_cluster_fini(&cl);
+        dp__cluster_fini(&cl);
         snprintf(args, sizeof args, "stats --cluster %s", u.file);
         CHECK_EQ(run(args, out, sizeof out), 0);
         CHECK_CONTAINS(out, "unit 1");
@@ -895,7 +895,7 @@ DP_TEST(a_unit_of_another_cluster_is_refused)
         bool ok = up_wait_file(&u[k], 60);
         slurp(u[k].err, log, sizeof log);
         CHECKF(ok, "no cluster file; up said: %s", log);
-        CHECK_OK(dp_cluster_load(u[k].file, &cl[k], NULL));
+        CHECK_OK(dp__cluster_load(u[k].file, &cl[k], NULL));
         CHECK(cl[k].cluster_id[0] != '\0');
     }
     CHECK(strcmp(cl[0].cluster_id, cl[1].cluster_id) != 0);
@@ -904,7 +904,7 @@ DP_TEST(a_unit_of_another_cluster_is_refused)
     dp_cluster m = {.n_units = 2, .units = us};
     snprintf(m.cluster_id, sizeof m.cluster_id, "%s", cl[0].cluster_id);
     snprintf(mixed, sizeof mixed, "%s/mixed.json", dir[0]);
-    CHECK_OK(dp_cluster_save(mixed, &m, NULL));
+    CHECK_OK(dp__cluster_save(mixed, &m, NULL));
     snprintf(args, sizeof args,
              "printf 'row-1' | '%s' put --row 1 --field f --file - --cluster %s 2>&1",
              DP_CLI_PATH, mixed);
@@ -921,7 +921,7 @@ DP_TEST(a_unit_of_another_cluster_is_refused)
         CHECK_EQ(run_sh(args, out, sizeof out), 1);
     }
     for (int k = 0; k < 2; k++) {
-        dp_cluster_fini(&cl[k]);
+        dp__cluster_fini(&cl[k]);
         kill(u[k].pid, SIGINT);
         CHECK_EQ(up_wait(&u[k], 60), 0);
         rm_dir(dir[k]);

@@ -168,7 +168,7 @@ DP_TEST(every_command_gives_up_within_its_timeout)
     snprintf(cu.zmq, sizeof cu.zmq, "%s", addr);
     dp_cluster cl = {.n_units = 1, .units = &cu};
     snprintf(file, sizeof file, "%s/cluster.json", dir);
-    CHECK_OK(dp_cluster_save(file, &cl, NULL));
+    CHECK_OK(dp__cluster_save(file, &cl, NULL));
     int runs = 0;
     for (size_t i = 0; i < DP_ARRAY_LEN(cluster_cmds); i++) {
         if (strncmp(cluster_cmds[i], "load", 4) == 0)
@@ -241,29 +241,29 @@ ask_info(const char *address, char *zmq, size_t cap, uint64_t *unit_id)
     dp_ctl_client *c = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_ctl_client_create(&c, &d), &d);
+    CHECK_OK_D(dp__ctl_client_create(&c, &d), &d);
     dp_wire_rid_gen g;
-    CHECK_OK_D(dp_wire_rid_gen_init(&g, &d), &d);
+    CHECK_OK_D(dp__wire_rid_gen_init(&g, &d), &d);
     char rid[DP_WIRE_RID_MAX];
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
-    q.rid = dp_wire_rid_next(&g, rid);
+    q.rid = dp__wire_rid_next(&g, rid);
     dp_buf req, rb;
-    dp_buf_init(&req);
-    dp_buf_init(&rb);
-    CHECK_OK_D(dp_wire_request_encode(&q, NULL, &req, &d), &d);
-    CHECK_OK_D(dp_ctl_call(c, address, req.data, req.len, rid, 10, &rb, &d), &d);
+    dp__buf_init(&req);
+    dp__buf_init(&rb);
+    CHECK_OK_D(dp__wire_request_encode(&q, NULL, &req, &d), &d);
+    CHECK_OK_D(dp__ctl_call(c, address, req.data, req.len, rid, 10, &rb, &d), &d);
     dp_wire_reply rep;
-    CHECK_OK_D(dp_wire_reply_decode(rb.data, rb.len, DP_WIRE_OP_INFO, NULL, &rep, &d),
+    CHECK_OK_D(dp__wire_reply_decode(rb.data, rb.len, DP_WIRE_OP_INFO, NULL, &rep, &d),
                &d);
     CHECK(rep.ok);
-    dp_wire_str_copy(rep.r.info.zmq, zmq, cap);
+    dp__wire_str_copy(rep.r.info.zmq, zmq, cap);
     *unit_id = rep.r.info.unit_id;
-    dp_wire_reply_fini(&rep);
-    dp_buf_fini(&req);
-    dp_buf_fini(&rb);
-    dp_ctl_client_destroy(c);
+    dp__wire_reply_fini(&rep);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rb);
+    dp__ctl_client_destroy(c);
 }
 
 /* "tcp://host:port" -> port, 0 if it is not of that form. */

@@ -71,7 +71,7 @@ check_value(const uint8_t *p, size_t len, uint64_t gidx, uint32_t f, uint64_t *v
         memcpy(&v, p, 8);
     uint8_t *want = malloc(len > 0 ? len : 1);
     fill(want, len, gidx, f, v);
-    bool ok = dp_crc32c(want, len) == dp_crc32c(p, len) && memcmp(want, p, len) == 0;
+    bool ok = dp__crc32c(want, len) == dp__crc32c(p, len) && memcmp(want, p, len) == 0;
     free(want);
     *ver = v;
     return ok;
@@ -92,7 +92,7 @@ unit_main(int fd)
     char name[64];
     snprintf(name, sizeof name, "tc-unit-%u-%ld", id, (long)getpid());
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.unit_id = id;
     o.n_units = (uint32_t)atoi(getenv("DP_TC_UNITS"));
     o.slab_bytes = strtoull(getenv("DP_TC_SLAB"), NULL, 10);
@@ -107,14 +107,14 @@ unit_main(int fd)
         o.pickup_s = 5;
     }
     dp_unit_server *srv = NULL;
-    if (dp_unit_server_open(&o, name, "127.0.0.1", 0, 0.1, &srv, &d) != 0)
+    if (dp__unit_server_open(&o, name, "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
     char line[300];
-    snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
+    snprintf(line, sizeof line, "%s\n", dp__unit_server_address(srv));
     dp_test_write_str(fd, line);
     int sig;
     sigwait(&sigs, &sig);
-    dp_unit_server_close(srv);
+    dp__unit_server_close(srv);
     return 0;
 fail:
     fprintf(stderr, "unit peer: %s\n", dp_detail_msg(&d));
@@ -716,7 +716,7 @@ DP_TEST(cluster_file_and_stats)
     snprintf(path, sizeof path, "%s/cluster.json", dir);
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_cluster_save(path, &cf, &d), &d);
+    CHECK_OK_D(dp__cluster_save(path, &cf, &d), &d);
     dp_client *c = NULL;
     CHECK_OK_D(dp_client_open(dir, NULL, &c, &d), &d);
     CHECK_EQ(dp_client_n_units(c), 2);
@@ -745,7 +745,7 @@ DP_TEST(cluster_file_and_stats)
     /* The units in the wrong order: refused, naming the unit. */
     snprintf(us[0].zmq, sizeof us[0].zmq, "%s", cl.addr[1]);
     snprintf(us[1].zmq, sizeof us[1].zmq, "%s", cl.addr[0]);
-    CHECK_OK(dp_cluster_save(path, &cf, &d));
+    CHECK_OK(dp__cluster_save(path, &cf, &d));
     c = NULL;
     CHECK_ERR_D(dp_client_open(path, NULL, &c, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "unit 0");
@@ -772,19 +772,19 @@ DP_TEST(busy_unit_is_retried)
     CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
     /* Pin it with a raw resolve_keys that is never unpinned, then clear it. */
     dp_ctl_client *ctl = NULL;
-    CHECK_OK(dp_ctl_client_create(&ctl, NULL));
+    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
     dp_wire_rid_gen rg;
-    CHECK_OK(dp_wire_rid_gen_init(&rg, NULL));
+    CHECK_OK(dp__wire_rid_gen_init(&rg, NULL));
     char rid[DP_WIRE_RID_MAX];
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    dp_wire_str k = dp_wire_s("1@big");
+    dp_wire_str k = dp__wire_s("1@big");
     q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
-    q.rid = dp_wire_rid_next(&rg, rid);
+    q.rid = dp__wire_rid_next(&rg, rid);
     dp_buf req = {0}, rep = {0};
-    CHECK_OK(dp_wire_request_encode(&q, NULL, &req, NULL));
-    CHECK_OK(dp_ctl_call(ctl, cl.addr[0], req.data, req.len, rid, 10, &rep, NULL));
+    CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
+    CHECK_OK(dp__ctl_call(ctl, cl.addr[0], req.data, req.len, rid, 10, &rep, NULL));
     CHECK_OK(dp_client_clear(c, &g, 1, NULL, &d));
     /* The next 3 MiB put meets Busy until the pin expires, then lands. */
     g = 2;
@@ -793,9 +793,9 @@ DP_TEST(busy_unit_is_retried)
     CHECK(dp_test_now() - t0 > 0.3);
     CHECK(stat_of(c, 0, "busy") >= 1);
     /* With a budget too short to wait it out, Busy comes back. */
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(ctl);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(ctl);
     free(p);
     dp_client_close(c);
     cluster_stop(&cl);
@@ -1047,7 +1047,7 @@ static void *
 stopper_main(void *arg)
 {
     stopper *s = arg;
-    dp_sleep_s(s->after_s);
+    dp__sleep_s(s->after_s);
     kill(s->pid, SIGSTOP);
     return NULL;
 }
@@ -1080,7 +1080,7 @@ DP_TEST(stopped_unit_leaves_the_destination_off_limits)
     for (int attempt = 0; attempt < 8 && !seen; attempt++) {
         if (attempt > 0) {
             kill(cl.pid[0], SIGCONT);
-            dp_sleep_s(0.5);
+            dp__sleep_s(0.5);
         }
         stopper sp = {cl.pid[0], after};
         pthread_t th;
@@ -1287,7 +1287,7 @@ DP_TEST(client_killed_between_write_and_commit)
     double t0 = dp_test_now();
     while (dp_test_now() - t0 < 10 &&
            (stat_of(c, 0, "blobs") > 0 || stat_of(c, 1, "blobs") > 0))
-        dp_sleep_s(0.1);
+        dp__sleep_s(0.1);
     for (uint32_t u = 0; u < 2; u++) {
         CHECK_EQ((long long)stat_of(c, u, "blobs"), 0);
         CHECK_EQ((long long)stat_of(c, u, "leases_expired"), 1);
@@ -1310,7 +1310,7 @@ DP_TEST(client_killed_between_write_and_commit)
     CHECK_EQ(dp_test_wait_status(kid), -SIGKILL);
     t0 = dp_test_now();
     while (dp_test_now() - t0 < 10 && stat_of(c, 0, "blobs") + stat_of(c, 1, "blobs") > 2)
-        dp_sleep_s(0.1);
+        dp__sleep_s(0.1);
     CHECK_EQ((long long)(stat_of(c, 0, "blobs") + stat_of(c, 1, "blobs")), 2);
     dp_client_close(c);
     cluster_stop(&cl);
@@ -1330,10 +1330,10 @@ DP_TEST(client_killed_at_random_times)
         double t_up = dp_test_now();
         while (stat_of(c, 0, "commits") + stat_of(c, 1, "commits") <= commits) {
             CHECKF(dp_test_now() - t_up < 60, "the client put nothing in 60 s");
-            dp_sleep_s(0.01);
+            dp__sleep_s(0.01);
         }
         double wait_s = (double)(dp_test_rand(&seed) % 700) / 1000.0;
-        dp_sleep_s(wait_s);
+        dp__sleep_s(wait_s);
         kill(kid, SIGKILL);
         CHECK_EQ(dp_test_wait_status(kid), -SIGKILL);
         /* After the lease, every blob left is published: nothing half-made. */
@@ -1344,7 +1344,7 @@ DP_TEST(client_killed_at_random_times)
             if (blobs == pub)
                 break;
             CHECKF(dp_test_now() - t0 < 10, "%g blobs, %g published", blobs, pub);
-            dp_sleep_s(0.1);
+            dp__sleep_s(0.1);
         }
         /* Every key present holds a complete value of one version. */
         const char *f[] = {"input_ids", "logprobs", "reward"};

@@ -47,10 +47,10 @@ DP_TEST(save_then_load)
     dp_cluster c = {3, us, "up-0123abcd"}, r;
     char path[512];
     dp_detail d;
-    CHECK_OK_D(dp_cluster_locate(dir, path, sizeof path, &d), &d);
+    CHECK_OK_D(dp__cluster_locate(dir, path, sizeof path, &d), &d);
     CHECK_CONTAINS(path, "/cluster.json");
-    CHECK_OK_D(dp_cluster_save(path, &c, &d), &d);
-    CHECK_OK_D(dp_cluster_load(path, &r, &d), &d);
+    CHECK_OK_D(dp__cluster_save(path, &c, &d), &d);
+    CHECK_OK_D(dp__cluster_load(path, &r, &d), &d);
     CHECK_EQ(r.n_units, 3);
     for (int i = 0; i < 3; i++) {
         CHECK_EQ(r.units[i].id, i);
@@ -60,11 +60,11 @@ DP_TEST(save_then_load)
         CHECK_EQ_U64(r.units[i].incarnation, us[i].incarnation); /* all 64 bits */
     }
     CHECK_STR(r.cluster_id, "up-0123abcd");
-    dp_cluster_fini(&r);
+    dp__cluster_fini(&r);
     /* DP_CLUSTER names the directory when no path is given. */
     setenv("DP_CLUSTER", dir, 1);
     char p2[512];
-    CHECK_OK(dp_cluster_locate(NULL, p2, sizeof p2, &d));
+    CHECK_OK(dp__cluster_locate(NULL, p2, sizeof p2, &d));
     CHECK_STR(p2, path);
     unsetenv("DP_CLUSTER");
     unlink(path);
@@ -75,7 +75,7 @@ DP_TEST(missing_file_says_how_to_start_one)
 {
     dp_cluster r;
     dp_detail d;
-    CHECK_ERR_D(dp_cluster_load("/nonexistent/dp/cluster.json", &r, &d), DP_ENOTFOUND,
+    CHECK_ERR_D(dp__cluster_load("/nonexistent/dp/cluster.json", &r, &d), DP_ENOTFOUND,
                 &d);
     CHECK_CONTAINS(d.msg, "dataplane up");
 }
@@ -124,7 +124,7 @@ DP_TEST(bad_files_are_refused_with_the_field)
         write_text(path, cases[i].text);
         dp_cluster r;
         dp_detail d;
-        CHECK_ERR_D(dp_cluster_load(path, &r, &d), DP_EPROTO, &d);
+        CHECK_ERR_D(dp__cluster_load(path, &r, &d), DP_EPROTO, &d);
         CHECK_CONTAINS(d.msg, cases[i].want);
         CHECK_CONTAINS(d.msg, path);
         CHECK(r.units == NULL);
@@ -138,7 +138,7 @@ static void
 on_alarm(int sig)
 {
     (void)sig;
-    static const char msg[] = "  dp_cluster_load blocked for 10 s\n";
+    static const char msg[] = "  dp__cluster_load blocked for 10 s\n";
     ssize_t w = write(2, msg, sizeof msg - 1);
     (void)w;
     _exit(1);
@@ -178,7 +178,7 @@ DP_TEST(special_files_are_refused_without_blocking)
         dp_cluster r;
         dp_detail d;
         alarm(10);
-        int rc = dp_cluster_load(cases[i].path, &r, &d);
+        int rc = dp__cluster_load(cases[i].path, &r, &d);
         alarm(0);
         CHECK_ERR_D(rc, DP_EINVAL, &d);
         CHECK_CONTAINS(d.msg, cases[i].path);
@@ -192,9 +192,9 @@ DP_TEST(special_files_are_refused_without_blocking)
      */
     char path[512];
     dp_detail d;
-    CHECK_OK_D(dp_cluster_locate(sub, path, sizeof path, &d), &d);
+    CHECK_OK_D(dp__cluster_locate(sub, path, sizeof path, &d), &d);
     dp_cluster r;
-    CHECK_ERR_D(dp_cluster_load(path, &r, &d), DP_ENOTFOUND, &d);
+    CHECK_ERR_D(dp__cluster_load(path, &r, &d), DP_ENOTFOUND, &d);
     CHECK_CONTAINS(d.msg, "no cluster file");
     CHECK_CONTAINS(d.msg, sub);
     close(sfd);
@@ -217,7 +217,7 @@ DP_TEST(oversized_file_is_refused)
     close(fd);
     dp_cluster r;
     dp_detail d;
-    CHECK_ERR_D(dp_cluster_load(path, &r, &d), DP_EPROTO, &d);
+    CHECK_ERR_D(dp__cluster_load(path, &r, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, path);
     CHECK_CONTAINS(d.msg, "at most");
     unlink(path);

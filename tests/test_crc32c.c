@@ -13,9 +13,9 @@ static const struct {
     const char *name;
     crc_fn fn;
 } impls[] = {
-    {"dispatch", dp_crc32c_update},
-    {"table", dp_crc32c_update_table},
-    {"hw", dp_crc32c_update_hw},
+    {"dispatch", dp__crc32c_update},
+    {"table", dp__crc32c_update_table},
+    {"hw", dp__crc32c_update_hw},
 };
 
 DP_TEST(known_vectors)
@@ -27,7 +27,7 @@ DP_TEST(known_vectors)
         inc[i] = (uint8_t)i;
         dec[i] = (uint8_t)(31 - i);
     }
-    fprintf(stderr, "  crc32c implementation: %s\n", dp_crc32c_impl());
+    fprintf(stderr, "  crc32c implementation: %s\n", dp__crc32c_impl());
     for (size_t k = 0; k < DP_ARRAY_LEN(impls); k++) {
         crc_fn f = impls[k].fn;
         CHECK_EQ_U64(f(0, "123456789", 9), 0xE3069283u);
@@ -42,7 +42,7 @@ DP_TEST(known_vectors)
         const char *fox = "The quick brown fox jumps over the lazy dog";
         CHECK_EQ_U64(f(0, fox, strlen(fox)), 0x22620404u);
     }
-    CHECK_EQ_U64(dp_crc32c("123456789", 9), 0xE3069283u);
+    CHECK_EQ_U64(dp__crc32c("123456789", 9), 0xE3069283u);
 }
 
 DP_TEST(hw_equals_table_random)
@@ -57,8 +57,8 @@ DP_TEST(hw_equals_table_random)
         /* mostly 0..several KiB, sometimes long enough for the 3 x 4 KiB blocks */
         size_t n = it % 10 == 0 ? dp_test_rand(&s) % MAX : dp_test_rand(&s) % 5000;
         uint32_t seed_crc = it % 2 ? (uint32_t)dp_test_rand(&s) : 0;
-        uint32_t a = dp_crc32c_update_table(seed_crc, buf + align, n);
-        uint32_t b = dp_crc32c_update_hw(seed_crc, buf + align, n);
+        uint32_t a = dp__crc32c_update_table(seed_crc, buf + align, n);
+        uint32_t b = dp__crc32c_update_hw(seed_crc, buf + align, n);
         CHECKF(a == b, "align %zu len %zu: table 0x%08x hw 0x%08x", align, n, a, b);
     }
     free(buf);
@@ -76,8 +76,8 @@ DP_TEST(block_boundaries)
     for (size_t c = 0; c < DP_ARRAY_LEN(centers); c++) {
         for (size_t n = centers[c] - 8; n <= centers[c] + 16; n++) {
             for (size_t off = 0; off < 9; off++) {
-                uint32_t a = dp_crc32c_update_table(0, buf + off, n);
-                uint32_t b = dp_crc32c_update_hw(0, buf + off, n);
+                uint32_t a = dp__crc32c_update_table(0, buf + off, n);
+                uint32_t b = dp__crc32c_update_hw(0, buf + off, n);
                 CHECKF(a == b, "off %zu len %zu: table 0x%08x hw 0x%08x", off, n, a, b);
             }
         }
@@ -94,7 +94,7 @@ DP_TEST(incremental_equals_one_shot)
         buf[i] = (uint8_t)dp_test_rand(&s);
     for (int it = 0; it < 300; it++) {
         size_t n = dp_test_rand(&s) % MAX;
-        uint32_t whole = dp_crc32c(buf, n);
+        uint32_t whole = dp__crc32c(buf, n);
         for (size_t k = 0; k < DP_ARRAY_LEN(impls); k++) {
             uint32_t crc = 0;
             size_t pos = 0;
@@ -110,8 +110,8 @@ DP_TEST(incremental_equals_one_shot)
         }
         /* combine of two halves */
         size_t cut = n ? dp_test_rand(&s) % (n + 1) : 0;
-        uint32_t ca = dp_crc32c(buf, cut), cb = dp_crc32c(buf + cut, n - cut);
-        CHECK_EQ_U64(dp_crc32c_combine(ca, cb, n - cut), whole);
+        uint32_t ca = dp__crc32c(buf, cut), cb = dp__crc32c(buf + cut, n - cut);
+        CHECK_EQ_U64(dp__crc32c_combine(ca, cb, n - cut), whole);
     }
     free(buf);
 }
@@ -122,12 +122,12 @@ DP_TEST(detects_single_bit_flips)
     uint64_t s = dp_test_seed();
     for (size_t i = 0; i < sizeof buf; i++)
         buf[i] = (uint8_t)dp_test_rand(&s);
-    uint32_t ref = dp_crc32c(buf, sizeof buf);
+    uint32_t ref = dp__crc32c(buf, sizeof buf);
     for (int it = 0; it < 2000; it++) {
         size_t bit = dp_test_rand(&s) % (8 * sizeof buf);
         buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
-        CHECK(dp_crc32c(buf, sizeof buf) != ref);
+        CHECK(dp__crc32c(buf, sizeof buf) != ref);
         buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
     }
-    CHECK_EQ_U64(dp_crc32c(buf, sizeof buf), ref);
+    CHECK_EQ_U64(dp__crc32c(buf, sizeof buf), ref);
 }

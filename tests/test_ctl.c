@@ -25,9 +25,9 @@ static void *
 later_main(void *arg)
 {
     later *l = arg;
-    dp_sleep_s(0.2);
-    dp_ctl_deferred_send(l->t, l->reply.data, l->reply.len);
-    dp_buf_fini(&l->reply);
+    dp__sleep_s(0.2);
+    dp__ctl_deferred_send(l->t, l->reply.data, l->reply.len);
+    dp__buf_fini(&l->reply);
     free(l);
     return NULL;
 }
@@ -46,40 +46,40 @@ handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 {
     (void)ctx;
     dp_mp_reader r;
-    dp_mp_reader_init(&r, msg, len);
+    dp__mp_reader_init(&r, msg, len);
     uint32_t n, oplen, ridlen;
     const char *op, *rid;
-    if (dp_mp_read_array(&r, &n, NULL, NULL) || n < 2 ||
-        dp_mp_read_str(&r, &op, &oplen, NULL, NULL) ||
-        dp_mp_read_str(&r, &rid, &ridlen, NULL, NULL))
+    if (dp__mp_read_array(&r, &n, NULL, NULL) || n < 2 ||
+        dp__mp_read_str(&r, &op, &oplen, NULL, NULL) ||
+        dp__mp_read_str(&r, &rid, &ridlen, NULL, NULL))
         return;
     if (oplen == 6 && memcmp(op, "notify", 6) == 0)
         return;
     if (oplen == 4 && memcmp(op, "slow", 4) == 0)
-        dp_sleep_s(0.3);
+        dp__sleep_s(0.3);
     dp_mp_writer w;
-    dp_mp_writer_init(&w, reply);
-    dp_mp_put_array(&w, 3);
+    dp__mp_writer_init(&w, reply);
+    dp__mp_put_array(&w, 3);
     if (oplen == 7 && memcmp(op, "wrongid", 7) == 0)
-        dp_mp_put_str(&w, "not-your-id");
+        dp__mp_put_str(&w, "not-your-id");
     else
-        dp_mp_put_strn(&w, rid, ridlen);
-    dp_mp_put_bool(&w, true);
-    dp_mp_put_strn(&w, op, oplen);
+        dp__mp_put_strn(&w, rid, ridlen);
+    dp__mp_put_bool(&w, true);
+    dp__mp_put_strn(&w, op, oplen);
     if (oplen == 4 && memcmp(op, "keep", 4) == 0) {
-        __atomic_store_n(&kept_token, dp_ctl_defer(), __ATOMIC_RELEASE);
-        dp_buf_reset(reply);
+        __atomic_store_n(&kept_token, dp__ctl_defer(), __ATOMIC_RELEASE);
+        dp__buf_reset(reply);
     }
     if (oplen == 5 && memcmp(op, "defer", 5) == 0) {
         later *l = calloc(1, sizeof *l);
-        l->t = dp_ctl_defer();
+        l->t = dp__ctl_defer();
         if (l->t == NULL) {
             free(l);
             return; /* answered here after all */
         }
-        dp_buf_init(&l->reply);
-        dp_buf_append(&l->reply, reply->data, reply->len);
-        dp_buf_reset(reply);
+        dp__buf_init(&l->reply);
+        dp__buf_append(&l->reply, reply->data, reply->len);
+        dp__buf_reset(reply);
         pthread_t th;
         pthread_create(&th, NULL, later_main, l);
         pthread_detach(th);
@@ -91,20 +91,20 @@ oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 {
     (void)ctx;
     (void)msg;
-    dp_buf_printf(reply, "too big: %zu", len); /* not msgpack: the client rejects it */
+    dp__buf_printf(reply, "too big: %zu", len); /* not msgpack: the client rejects it */
 }
 
 static void
 make_req(dp_buf *b, const char *op, const char *rid, size_t pad)
 {
     dp_mp_writer w;
-    dp_buf_reset(b);
-    dp_mp_writer_init(&w, b);
-    dp_mp_put_array(&w, 3);
-    dp_mp_put_str(&w, op);
-    dp_mp_put_str(&w, rid);
+    dp__buf_reset(b);
+    dp__mp_writer_init(&w, b);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, op);
+    dp__mp_put_str(&w, rid);
     char *junk = calloc(1, pad + 1);
-    dp_mp_put_bin(&w, junk, pad);
+    dp__mp_put_bin(&w, junk, pad);
     free(junk);
 }
 
@@ -113,16 +113,16 @@ static void
 check_reply_op(const dp_buf *b, const char *op)
 {
     dp_mp_reader r;
-    dp_mp_reader_init(&r, b->data, b->len);
+    dp__mp_reader_init(&r, b->data, b->len);
     uint32_t n, sl;
     const char *s;
     bool ok;
-    CHECK_OK(dp_mp_read_array(&r, &n, NULL, NULL));
+    CHECK_OK(dp__mp_read_array(&r, &n, NULL, NULL));
     CHECK_EQ(n, 3);
-    CHECK_OK(dp_mp_read_str(&r, &s, &sl, NULL, NULL));
-    CHECK_OK(dp_mp_read_bool(&r, &ok, NULL, NULL));
+    CHECK_OK(dp__mp_read_str(&r, &s, &sl, NULL, NULL));
+    CHECK_OK(dp__mp_read_bool(&r, &ok, NULL, NULL));
     CHECK(ok);
-    CHECK_OK(dp_mp_read_str(&r, &s, &sl, NULL, NULL));
+    CHECK_OK(dp__mp_read_str(&r, &s, &sl, NULL, NULL));
     CHECK(sl == strlen(op) && memcmp(s, op, sl) == 0);
 }
 
@@ -132,8 +132,8 @@ start_server(size_t max_msg)
     dp_ctl_server_opts o = {.bind_ip = "127.0.0.1", .port = 0, .max_msg_bytes = max_msg};
     dp_ctl_server *s = NULL;
     dp_detail d;
-    CHECK_OK_D(dp_ctl_server_open(&o, handler, oversize, NULL, &s, &d), &d);
-    CHECK(strncmp(dp_ctl_server_address(s), "tcp://127.0.0.1:", 16) == 0);
+    CHECK_OK_D(dp__ctl_server_open(&o, handler, oversize, NULL, &s, &d), &d);
+    CHECK(strncmp(dp__ctl_server_address(s), "tcp://127.0.0.1:", 16) == 0);
     return s;
 }
 
@@ -150,9 +150,9 @@ fork_server(char *addr, size_t alen)
         close(fds[0]);
         dp_ctl_server_opts o = {0};
         dp_ctl_server *s = NULL;
-        if (dp_ctl_server_open(&o, handler, NULL, NULL, &s, NULL) != DP_OK)
+        if (dp__ctl_server_open(&o, handler, NULL, NULL, &s, NULL) != DP_OK)
             _exit(1);
-        const char *a = dp_ctl_server_address(s);
+        const char *a = dp__ctl_server_address(s);
         if (write(fds[1], a, strlen(a) + 1) < 0)
             _exit(1);
         close(fds[1]);
@@ -170,100 +170,101 @@ DP_TEST(call_round_trip_and_reuse)
 {
     dp_ctl_server *s = start_server(0);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     dp_detail d;
     for (int i = 0; i < 50; i++) {
         char rid[32];
         snprintf(rid, sizeof rid, "r%d", i);
         make_req(&req, "ping", rid, (size_t)i * 100);
-        dp_buf_reset(&rep);
-        CHECK_OK_D(dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, rid, 5.0,
-                               &rep, &d),
+        dp__buf_reset(&rep);
+        CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, rid, 5.0,
+                                &rep, &d),
                    &d);
         check_reply_op(&rep, "ping");
     }
-    CHECK_EQ(dp_ctl_server_served(s), 50);
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(c);
-    dp_ctl_server_close(s);
+    CHECK_EQ(dp__ctl_server_served(s), 50);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
 }
 
 DP_TEST(notify_gets_no_reply_and_socket_stays_clean)
 {
     dp_ctl_server *s = start_server(0);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     dp_detail d;
     for (int i = 0; i < 10; i++) {
         make_req(&req, "notify", "n", 0);
-        CHECK_OK_D(dp_ctl_notify(c, dp_ctl_server_address(s), req.data, req.len, &d), &d);
+        CHECK_OK_D(dp__ctl_notify(c, dp__ctl_server_address(s), req.data, req.len, &d),
+                   &d);
         make_req(&req, "after", "a1", 0);
-        dp_buf_reset(&rep);
-        CHECK_OK_D(dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "a1", 5.0,
-                               &rep, &d),
+        dp__buf_reset(&rep);
+        CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "a1",
+                                5.0, &rep, &d),
                    &d);
         check_reply_op(&rep, "after");
     }
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(c);
-    dp_ctl_server_close(s);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
 }
 
 DP_TEST(late_reply_is_never_read_as_the_next_answer)
 {
     dp_ctl_server *s = start_server(0);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     dp_detail d;
     make_req(&req, "slow", "s1", 0);
-    double t0 = dp_now_s();
-    CHECK_ERR_D(
-        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "s1", 0.1, &rep, &d),
-        DP_ETIMEDOUT, &d);
-    CHECK(dp_now_s() - t0 < 0.25);
+    double t0 = dp__now_s();
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "s1", 0.1,
+                             &rep, &d),
+                DP_ETIMEDOUT, &d);
+    CHECK(dp__now_s() - t0 < 0.25);
     CHECK_CONTAINS(d.msg, "did not reply");
     /* The server answers s1 later; the next call must get its own reply. */
     make_req(&req, "fast", "f1", 0);
-    dp_buf_reset(&rep);
-    CHECK_OK_D(
-        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "f1", 5.0, &rep, &d),
-        &d);
+    dp__buf_reset(&rep);
+    CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "f1", 5.0,
+                            &rep, &d),
+               &d);
     check_reply_op(&rep, "fast");
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(c);
-    dp_ctl_server_close(s);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
 }
 
 DP_TEST(reply_with_wrong_id_is_a_protocol_error)
 {
     dp_ctl_server *s = start_server(0);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     dp_detail d;
     make_req(&req, "wrongid", "w1", 0);
-    CHECK_ERR_D(
-        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "w1", 5.0, &rep, &d),
-        DP_EPROTO, &d);
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "w1", 5.0,
+                             &rep, &d),
+                DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "w1");
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(c);
-    dp_ctl_server_close(s);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
 }
 
 DP_TEST(call_many_with_stopped_and_killed_servers)
@@ -273,9 +274,9 @@ DP_TEST(call_many_with_stopped_and_killed_servers)
     for (int i = 0; i < 3; i++)
         pids[i] = fork_server(a[i], sizeof a[i]);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req;
-    dp_buf_init(&req);
+    dp__buf_init(&req);
     make_req(&req, "ping", "m1", 0);
     dp_ctl_item it[3];
     memset(it, 0, sizeof it);
@@ -283,20 +284,20 @@ DP_TEST(call_many_with_stopped_and_killed_servers)
         it[i] =
             (dp_ctl_item){.address = a[i], .req = req.data, .len = req.len, .rid = "m1"};
     /* All alive first. */
-    CHECK_OK(dp_ctl_call_many(c, it, 3, 5.0));
+    CHECK_OK(dp__ctl_call_many(c, it, 3, 5.0));
     for (int i = 0; i < 3; i++) {
         CHECK_EQ(it[i].rc, DP_OK);
         check_reply_op(&it[i].reply, "ping");
-        dp_buf_fini(&it[i].reply);
+        dp__buf_fini(&it[i].reply);
     }
     kill(pids[1], SIGSTOP);
     int wst;
     CHECK_EQ(waitpid(pids[1], &wst, WUNTRACED), pids[1]); /* stopped for sure */
     kill(pids[2], SIGKILL);
     waitpid(pids[2], NULL, 0);
-    double t0 = dp_now_s();
-    CHECK_ERR(dp_ctl_call_many(c, it, 3, 0.5), DP_ETIMEDOUT);
-    double took = dp_now_s() - t0;
+    double t0 = dp__now_s();
+    CHECK_ERR(dp__ctl_call_many(c, it, 3, 0.5), DP_ETIMEDOUT);
+    double took = dp__now_s() - t0;
     CHECKF(took < 2.0, "call_many took %.2f s with a 0.5 s deadline", took);
     CHECK_EQ(it[0].rc, DP_OK);
     check_reply_op(&it[0].reply, "ping");
@@ -306,30 +307,30 @@ DP_TEST(call_many_with_stopped_and_killed_servers)
     CHECK_CONTAINS(it[1].det.msg, a[1]);
     CHECK_CONTAINS(it[2].det.msg, "is down or unreachable");
     /* A dead unit shows at once, not after the budget: connection refused. */
-    dp_buf_fini(&it[2].reply);
-    t0 = dp_now_s();
-    CHECK_ERR(dp_ctl_call_many(c, it + 2, 1, 10.0), DP_ETRANSFER);
-    took = dp_now_s() - t0;
+    dp__buf_fini(&it[2].reply);
+    t0 = dp__now_s();
+    CHECK_ERR(dp__ctl_call_many(c, it + 2, 1, 10.0), DP_ETRANSFER);
+    took = dp__now_s() - t0;
     CHECKF(took < 2.0, "a dead server took %.2f s to show with a 10 s budget", took);
     CHECK_CONTAINS(it[2].det.msg, "refused");
     /* The stopped server resumes: the next batch to it works on a fresh socket. */
     kill(pids[1], SIGCONT);
     for (int i = 0; i < 3; i++)
-        dp_buf_fini(&it[i].reply);
-    CHECK_OK(dp_ctl_call_many(c, it, 2, 5.0));
+        dp__buf_fini(&it[i].reply);
+    CHECK_OK(dp__ctl_call_many(c, it, 2, 5.0));
     check_reply_op(&it[1].reply, "ping");
     for (int i = 0; i < 3; i++)
-        dp_buf_fini(&it[i].reply);
+        dp__buf_fini(&it[i].reply);
     kill(pids[0], SIGKILL);
     kill(pids[1], SIGKILL);
     waitpid(pids[0], NULL, 0);
     waitpid(pids[1], NULL, 0);
-    dp_buf_fini(&req);
-    dp_ctl_client_destroy(c);
+    dp__buf_fini(&req);
+    dp__ctl_client_destroy(c);
 }
 
 /*
- * dp_ctl_send then dp_ctl_wait_many: requests sent one at a time (as a put
+ * dp__ctl_send then dp__ctl_wait_many: requests sent one at a time (as a put
  * sends each commit after its own WRITE) are all answered under one deadline;
  * a send that fails and an item never sent are left alone; a stopped server
  * times out without holding up the others.
@@ -341,9 +342,9 @@ DP_TEST(send_then_wait_many)
     for (int i = 0; i < 2; i++)
         pids[i] = fork_server(a[i], sizeof a[i]);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req;
-    dp_buf_init(&req);
+    dp__buf_init(&req);
     make_req(&req, "ping", "s1", 0);
     dp_ctl_item it[4];
     memset(it, 0, sizeof it);
@@ -352,12 +353,12 @@ DP_TEST(send_then_wait_many)
         it[i] = (dp_ctl_item){
             .address = addr[i], .req = req.data, .len = req.len, .rid = "s1"};
     it[3].rc = 1234; /* never sent: must stay as it is */
-    CHECK_OK(dp_ctl_send(c, &it[0]));
+    CHECK_OK(dp__ctl_send(c, &it[0]));
     CHECK_EQ(it[0].rc, DP_CTL_PENDING);
-    CHECK_ERR(dp_ctl_send(c, &it[1]), DP_EINVAL);
+    CHECK_ERR(dp__ctl_send(c, &it[1]), DP_EINVAL);
     CHECK_EQ(it[1].rc, DP_EINVAL);
-    CHECK_OK(dp_ctl_send(c, &it[2]));
-    CHECK_ERR(dp_ctl_wait_many(c, it, 4, 5.0), DP_EINVAL);
+    CHECK_OK(dp__ctl_send(c, &it[2]));
+    CHECK_ERR(dp__ctl_wait_many(c, it, 4, 5.0), DP_EINVAL);
     CHECK_EQ(it[0].rc, DP_OK);
     check_reply_op(&it[0].reply, "ping");
     CHECK_EQ(it[2].rc, DP_OK);
@@ -366,11 +367,11 @@ DP_TEST(send_then_wait_many)
     CHECK_EQ(it[3].rc, 1234);
     CHECK_EQ(it[3].reply.len, 0);
     /* Nothing pending: returns at once with the items' codes. */
-    double t0 = dp_now_s();
-    CHECK_ERR(dp_ctl_wait_many(c, it, 3, 5.0), DP_EINVAL);
-    CHECK(dp_now_s() - t0 < 1.0);
+    double t0 = dp__now_s();
+    CHECK_ERR(dp__ctl_wait_many(c, it, 3, 5.0), DP_EINVAL);
+    CHECK(dp__now_s() - t0 < 1.0);
     for (int i = 0; i < 4; i++)
-        dp_buf_fini(&it[i].reply);
+        dp__buf_fini(&it[i].reply);
 
     /* One server stopped: its item times out, the other's reply is read. */
     kill(pids[1], SIGSTOP);
@@ -379,25 +380,25 @@ DP_TEST(send_then_wait_many)
     CHECK(WIFSTOPPED(wst));
     it[0].address = a[1];
     it[1].address = a[0];
-    CHECK_OK(dp_ctl_send(c, &it[0]));
-    CHECK_OK(dp_ctl_send(c, &it[1]));
-    t0 = dp_now_s();
-    CHECK_ERR(dp_ctl_wait_many(c, it, 2, 0.3), DP_ETIMEDOUT);
-    CHECKF(dp_now_s() - t0 < 2.0, "wait_many took %.2f s with a 0.3 s deadline",
-           dp_now_s() - t0);
+    CHECK_OK(dp__ctl_send(c, &it[0]));
+    CHECK_OK(dp__ctl_send(c, &it[1]));
+    t0 = dp__now_s();
+    CHECK_ERR(dp__ctl_wait_many(c, it, 2, 0.3), DP_ETIMEDOUT);
+    CHECKF(dp__now_s() - t0 < 2.0, "wait_many took %.2f s with a 0.3 s deadline",
+           dp__now_s() - t0);
     CHECK_EQ(it[0].rc, DP_ETIMEDOUT);
     CHECK_CONTAINS(it[0].det.msg, a[1]);
     CHECK_EQ(it[1].rc, DP_OK);
     check_reply_op(&it[1].reply, "ping");
     CHECK(it[0].sock == NULL && it[1].sock == NULL);
     for (int i = 0; i < 2; i++)
-        dp_buf_fini(&it[i].reply);
+        dp__buf_fini(&it[i].reply);
     for (int i = 0; i < 2; i++) {
         kill(pids[i], SIGKILL);
         waitpid(pids[i], NULL, 0);
     }
-    dp_buf_fini(&req);
-    dp_ctl_client_destroy(c);
+    dp__buf_fini(&req);
+    dp__ctl_client_destroy(c);
 }
 
 /*
@@ -418,38 +419,38 @@ deferred_caller_main(void *p)
     struct deferred_caller *a = p;
     dp_ctl_client *c = NULL;
     dp_buf req;
-    dp_buf_init(&req);
+    dp__buf_init(&req);
     make_req(&req, "defer", "d1", 0);
-    a->rc = dp_ctl_client_create(&c, NULL);
+    a->rc = dp__ctl_client_create(&c, NULL);
     if (a->rc == 0)
-        a->rc = dp_ctl_call(c, a->addr, req.data, req.len, "d1", 5.0, &a->rep, NULL);
+        a->rc = dp__ctl_call(c, a->addr, req.data, req.len, "d1", 5.0, &a->rep, NULL);
     __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
-    dp_buf_fini(&req);
-    dp_ctl_client_destroy(c);
+    dp__buf_fini(&req);
+    dp__ctl_client_destroy(c);
     return NULL;
 }
 
 DP_TEST(deferred_replies)
 {
-    CHECK(dp_ctl_defer() == NULL); /* not in a handler */
+    CHECK(dp__ctl_defer() == NULL); /* not in a handler */
     dp_ctl_server *s = start_server(0);
-    struct deferred_caller a = {dp_ctl_server_address(s), -1, 0, {0}};
+    struct deferred_caller a = {dp__ctl_server_address(s), -1, 0, {0}};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, deferred_caller_main, &a), 0);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     dp_detail d;
-    dp_sleep_s(0.05); /* the deferred request is in */
+    dp__sleep_s(0.05); /* the deferred request is in */
     int before = 0;
     for (int i = 0; i < 20; i++) {
         char rid[16];
         snprintf(rid, sizeof rid, "f%d", i);
         make_req(&req, "fast", rid, 0);
-        dp_buf_reset(&rep);
-        CHECK_OK_D(dp_ctl_call(c, a.addr, req.data, req.len, rid, 5.0, &rep, &d), &d);
+        dp__buf_reset(&rep);
+        CHECK_OK_D(dp__ctl_call(c, a.addr, req.data, req.len, rid, 5.0, &rep, &d), &d);
         check_reply_op(&rep, "fast");
         before += !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE);
     }
@@ -459,52 +460,52 @@ DP_TEST(deferred_replies)
     CHECKF(before >= 3, "only %d fast replies came before the deferred one", before);
     /* A token still open when its server closes: its reply is dropped. */
     make_req(&req, "keep", "k1", 0);
-    CHECK_ERR(dp_ctl_call(c, a.addr, req.data, req.len, "k1", 0.2, &rep, &d),
+    CHECK_ERR(dp__ctl_call(c, a.addr, req.data, req.len, "k1", 0.2, &rep, &d),
               DP_ETIMEDOUT);
     dp_ctl_deferred *kt = __atomic_load_n(&kept_token, __ATOMIC_ACQUIRE);
     CHECK(kt != NULL);
-    dp_ctl_server_close(s);
-    dp_ctl_deferred_send(kt, "x", 1);
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_buf_fini(&a.rep);
-    dp_ctl_client_destroy(c);
+    dp__ctl_server_close(s);
+    dp__ctl_deferred_send(kt, "x", 1);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__buf_fini(&a.rep);
+    dp__ctl_client_destroy(c);
 }
 
 DP_TEST(oversized_messages)
 {
     dp_ctl_server *s = start_server(1024);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     dp_detail d;
     /* Between the limit and twice it: the oversize hook answers (here: junk). */
     make_req(&req, "big", "b1", 1500);
-    CHECK_ERR_D(
-        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "b1", 2.0, &rep, &d),
-        DP_EPROTO, &d);
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "b1", 2.0,
+                             &rep, &d),
+                DP_EPROTO, &d);
     /* Past twice the limit ZMQ drops the connection: no reply, and the call
      * learns it from the dropped connection, not from its timeout. */
     make_req(&req, "huge", "h1", 4096);
-    double t0 = dp_now_s();
-    CHECK_ERR_D(
-        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "h1", 10.0, &rep, &d),
-        DP_ETRANSFER, &d);
-    CHECKF(dp_now_s() - t0 < 5.0, "took %.2f s", dp_now_s() - t0);
+    double t0 = dp__now_s();
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "h1", 10.0,
+                             &rep, &d),
+                DP_ETRANSFER, &d);
+    CHECKF(dp__now_s() - t0 < 5.0, "took %.2f s", dp__now_s() - t0);
     CHECK_CONTAINS(d.msg, "dropped");
     /* And the server goes on serving. */
     make_req(&req, "ping", "p1", 0);
-    dp_buf_reset(&rep);
-    CHECK_OK_D(
-        dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "p1", 5.0, &rep, &d),
-        &d);
+    dp__buf_reset(&rep);
+    CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "p1", 5.0,
+                            &rep, &d),
+               &d);
     check_reply_op(&rep, "ping");
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(c);
-    dp_ctl_server_close(s);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
 }
 
 DP_TEST(garbage_and_multiframe_messages_are_dropped)
@@ -514,7 +515,7 @@ DP_TEST(garbage_and_multiframe_messages_are_dropped)
     void *raw = zmq_socket(zctx, ZMQ_DEALER);
     int zero = 0;
     zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
-    CHECK(zmq_connect(raw, dp_ctl_server_address(s)) == 0);
+    CHECK(zmq_connect(raw, dp__ctl_server_address(s)) == 0);
     CHECK(zmq_send(raw, "\xc1\xc1", 2, 0) == 2);
     CHECK(zmq_send(raw, "", 0, 0) == 0);
     CHECK(zmq_send(raw, "a", 1, ZMQ_SNDMORE) == 1);
@@ -522,42 +523,43 @@ DP_TEST(garbage_and_multiframe_messages_are_dropped)
     zmq_close(raw);
     zmq_ctx_term(zctx);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     make_req(&req, "ping", "g1", 0);
-    CHECK_OK(dp_ctl_call(c, dp_ctl_server_address(s), req.data, req.len, "g1", 5.0, &rep,
-                         NULL));
+    CHECK_OK(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "g1", 5.0,
+                          &rep, NULL));
     check_reply_op(&rep, "ping");
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(c);
-    dp_ctl_server_close(s);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
 }
 
 DP_TEST(bad_addresses)
 {
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf rep;
-    dp_buf_init(&rep);
+    dp__buf_init(&rep);
     dp_detail d;
-    CHECK_ERR_D(dp_ctl_call(c, "127.0.0.1:5", "x", 1, "r", 0.1, &rep, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__ctl_call(c, "127.0.0.1:5", "x", 1, "r", 0.1, &rep, &d), DP_EINVAL,
+                &d);
     CHECK_CONTAINS(d.msg, "127.0.0.1:5");
     /* ZMQ resolves names in the background: an unknown host shows as a
      * connection that cannot be made, before the budget ends. */
-    double t0 = dp_now_s();
-    CHECK_ERR_D(dp_ctl_call(c, "tcp://no-such-host-zz:1", "x", 1, "r", 10.0, &rep, &d),
+    double t0 = dp__now_s();
+    CHECK_ERR_D(dp__ctl_call(c, "tcp://no-such-host-zz:1", "x", 1, "r", 10.0, &rep, &d),
                 DP_ETRANSFER, &d);
-    CHECKF(dp_now_s() - t0 < 5.0, "took %.2f s", dp_now_s() - t0);
+    CHECKF(dp__now_s() - t0 < 5.0, "took %.2f s", dp__now_s() - t0);
     CHECK_CONTAINS(d.msg, "no-such-host-zz");
     dp_ctl_server_opts o = {.bind_ip = "203.0.113.9"};
     dp_ctl_server *s = NULL;
-    CHECK_ERR_D(dp_ctl_server_open(&o, handler, NULL, NULL, &s, &d), DP_ESYS, &d);
+    CHECK_ERR_D(dp__ctl_server_open(&o, handler, NULL, NULL, &s, &d), DP_ESYS, &d);
     CHECK_CONTAINS(d.msg, "203.0.113.9");
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(c);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(c);
 }
 
 struct caller_arg {
@@ -572,34 +574,34 @@ caller_main(void *p)
 {
     struct caller_arg *a = p;
     dp_buf req, rep;
-    dp_buf_init(&req);
-    dp_buf_init(&rep);
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
     for (int i = 0; i < 50; i++) {
         char rid[32], op[32];
         snprintf(rid, sizeof rid, "t%d-%d", a->t, i);
         snprintf(op, sizeof op, "op%d-%d", a->t, i);
         make_req(&req, op, rid, 0);
-        dp_buf_reset(&rep);
-        if (dp_ctl_call(a->c, a->addr, req.data, req.len, rid, 5.0, &rep, NULL) !=
+        dp__buf_reset(&rep);
+        if (dp__ctl_call(a->c, a->addr, req.data, req.len, rid, 5.0, &rep, NULL) !=
             DP_OK) {
             a->bad++;
             continue;
         }
         /* The reply must echo this thread's op. */
         dp_mp_reader r;
-        dp_mp_reader_init(&r, rep.data, rep.len);
+        dp__mp_reader_init(&r, rep.data, rep.len);
         uint32_t n, sl;
         const char *str;
         bool ok;
-        if (dp_mp_read_array(&r, &n, NULL, NULL) ||
-            dp_mp_read_str(&r, &str, &sl, NULL, NULL) ||
-            dp_mp_read_bool(&r, &ok, NULL, NULL) ||
-            dp_mp_read_str(&r, &str, &sl, NULL, NULL) || sl != strlen(op) ||
+        if (dp__mp_read_array(&r, &n, NULL, NULL) ||
+            dp__mp_read_str(&r, &str, &sl, NULL, NULL) ||
+            dp__mp_read_bool(&r, &ok, NULL, NULL) ||
+            dp__mp_read_str(&r, &str, &sl, NULL, NULL) || sl != strlen(op) ||
             memcmp(str, op, sl) != 0)
             a->bad++;
     }
-    dp_buf_fini(&req);
-    dp_buf_fini(&rep);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
     return NULL;
 }
 
@@ -607,19 +609,19 @@ DP_TEST(concurrent_callers_share_one_client)
 {
     dp_ctl_server *s = start_server(0);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     enum { T = 4 };
     struct caller_arg args[T];
     pthread_t th[T];
     for (int t = 0; t < T; t++) {
-        args[t] = (struct caller_arg){c, dp_ctl_server_address(s), t, 0};
+        args[t] = (struct caller_arg){c, dp__ctl_server_address(s), t, 0};
         CHECK(pthread_create(&th[t], NULL, caller_main, &args[t]) == 0);
     }
     for (int t = 0; t < T; t++) {
         pthread_join(th[t], NULL);
         CHECK_EQ(args[t].bad, 0);
     }
-    CHECK_EQ(dp_ctl_server_served(s), T * 50);
-    dp_ctl_client_destroy(c);
-    dp_ctl_server_close(s);
+    CHECK_EQ(dp__ctl_server_served(s), T * 50);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
 }

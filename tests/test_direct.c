@@ -518,7 +518,7 @@ DP_TEST(sizes_beyond_the_host_and_bad_options_are_refused)
     CHECK_OK_D(dp__direct_md_parse(md, len, &m, &d), &d);
     m.descs[0].len = 1ull << 46;
     dp_buf forged;
-    dp_buf_init(&forged);
+    dp__buf_init(&forged);
     CHECK_OK_D(dp__direct_md_encode(&forged, m.obj_id, m.backend, m.name, m.version,
                                     m.ep_md, m.ep_md_len, m.descs, m.n_descs, &d),
                &d);
@@ -526,7 +526,7 @@ DP_TEST(sizes_beyond_the_host_and_bad_options_are_refused)
     CHECK_ERR_D(dp_direct_fetch(t, "big", forged.data, forged.len, NULL, 0, &r, &d),
                 DP_ETOOBIG, &d);
     CHECK_CONTAINS(d.msg, "targets of your own");
-    dp_buf_fini(&forged);
+    dp__buf_fini(&forged);
     dp__direct_md_fini(&m);
     dp_free(md);
     CHECK_OK(dp_direct_destroy(t, NULL));
@@ -1100,7 +1100,7 @@ static void *
 aborter_main(void *arg)
 {
     aborter *a = arg;
-    dp_sleep_s(a->after_s);
+    dp__sleep_s(a->after_s);
     dp_direct_abort(a->t, a->id, NULL);
     return NULL;
 }

@@ -79,7 +79,7 @@ peer_main(void)
     uint64_t slab = strtoull(getenv("DP_TEST_PEER_SLAB"), NULL, 0);
     uint64_t seed = strtoull(getenv("DP_TEST_PEER_SEED"), NULL, 0);
     dp_endpoint_opts o;
-    dp_endpoint_opts_init(&o);
+    dp__endpoint_opts_init(&o);
     o.progress_thread = atoi(getenv("DP_TEST_PEER_PT")) != 0;
     dp_detail d;
     dp_detail_clear(&d);
@@ -87,8 +87,8 @@ peer_main(void)
     void *base = NULL;
     uint8_t *md = NULL;
     size_t md_len = 0;
-    if (dp_endpoint_create(name, &o, &ep, &d) != DP_OK ||
-        dp_endpoint_alloc(ep, slab, &base, &d) != DP_OK) {
+    if (dp__endpoint_create(name, &o, &ep, &d) != DP_OK ||
+        dp__endpoint_alloc(ep, slab, &base, &d) != DP_OK) {
         fprintf(stderr, "peer %s: %s\n", name, d.msg);
         _exit(2);
     }
@@ -98,7 +98,7 @@ peer_main(void)
     }
     for (uint64_t i = slab & ~7ull; i < slab; i++)
         ((uint8_t *)base)[i] = pat(seed, i);
-    if (dp_endpoint_metadata(ep, &md, &md_len, &d) != DP_OK) {
+    if (dp__endpoint_metadata(ep, &md, &md_len, &d) != DP_OK) {
         fprintf(stderr, "peer %s: %s\n", name, d.msg);
         _exit(2);
     }
@@ -120,7 +120,7 @@ peer_main(void)
                 break;
         }
     }
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     _exit(0);
 }
 
@@ -323,26 +323,26 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
     dp_detail_clear(&d);
     CHECK_EQ(peer_start(&p, "peer-a", slab, peer_pt, rs ^ 0x55), 0);
     dp_endpoint_opts o;
-    dp_endpoint_opts_init(&o);
-    CHECK_OK_D(dp_endpoint_create("client", &o, &ep, &d), &d);
+    dp__endpoint_opts_init(&o);
+    CHECK_OK_D(dp__endpoint_create("client", &o, &ep, &d), &d);
     uint64_t lcap = slab;
     uint8_t *lbuf = NULL, *rb = NULL;
     if (local_alloc) {
         void *a = NULL;
-        CHECK_OK_D(dp_endpoint_alloc(ep, 2 * lcap, &a, &d), &d);
+        CHECK_OK_D(dp__endpoint_alloc(ep, 2 * lcap, &a, &d), &d);
         lbuf = a;
     } else {
         lbuf = aligned_alloc(4096, 2 * lcap);
         CHECK(lbuf != NULL);
-        CHECK_OK_D(dp_endpoint_register(ep, lbuf, 2 * lcap, &d), &d);
+        CHECK_OK_D(dp__endpoint_register(ep, lbuf, 2 * lcap, &d), &d);
     }
     rb = lbuf + lcap; /* read-back half */
     char name[256];
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, name, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, name, &d), &d);
     CHECK_STR(name, "peer-a");
-    CHECK(dp_endpoint_has_remote(ep, "peer-a"));
+    CHECK(dp__endpoint_has_remote(ep, "peer-a"));
     char *info = NULL;
-    CHECK_OK_D(dp_endpoint_describe_remote(ep, "peer-a", &info, &d), &d);
+    CHECK_OK_D(dp__endpoint_describe_remote(ep, "peer-a", &info, &d), &d);
     if (tls == NULL) {
         /* One host, default transports: RMA over shared memory, not tcp. */
         CHECKF(strstr(info, "posix") != NULL || strstr(info, "sysv") != NULL, "%s", info);
@@ -369,8 +369,8 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
         }
         /* READ first: the peer's pattern must come back where nothing was written. */
         if (round == 0) {
-            CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, pl.local, pl.n, pl.remote,
-                                            pl.n, "peer-a", 60, &d),
+            CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, pl.local, pl.n, pl.remote,
+                                             pl.n, "peer-a", 60, &d),
                        &d);
             for (size_t i = 0; i < pl.n; i++)
                 for (uint64_t k = 0; k < pl.local[i].nbytes; k += 1 + k / 7) {
@@ -383,8 +383,8 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
         for (size_t i = 0; i < pl.n; i++)
             fill_words((uint8_t *)(uintptr_t)pl.local[i].addr, pl.local[i].nbytes,
                        dp_test_rand(&rs));
-        CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, pl.local, pl.n, pl.remote,
-                                        pl.n, "peer-a", 60, &d),
+        CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, pl.local, pl.n, pl.remote,
+                                         pl.n, "peer-a", 60, &d),
                    &d);
         /* Read back into the other half of the buffer at the same relative offsets. */
         static dp_range back[80];
@@ -392,8 +392,8 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
             back[i] = (dp_range){pl.local[i].addr + lcap, pl.local[i].nbytes};
             memset((void *)(uintptr_t)back[i].addr, 0xEE, back[i].nbytes);
         }
-        CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, back, pl.n, pl.remote, pl.n,
-                                        "peer-a", 60, &d),
+        CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, back, pl.n, pl.remote, pl.n,
+                                         "peer-a", 60, &d),
                    &d);
         for (size_t i = 0; i < pl.n; i++) {
             CHECKF(memcmp((void *)(uintptr_t)back[i].addr,
@@ -411,9 +411,9 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
     CHECK_GE(ranges, (uint64_t)rounds + 1); /* every round moved a range, round 0 two */
     (void)rb;
     dp_endpoint_stats st;
-    dp_endpoint_get_stats(ep, &st);
+    dp__endpoint_get_stats(ep, &st);
     CHECK(st.transfers_retained == 0);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     if (!local_alloc)
         free(lbuf);
     peer_stop(&p);
@@ -429,12 +429,12 @@ DP_TEST(metadata_roundtrip_and_rejects)
         addr[i] = (uint8_t)i;
     dp_md_region r[2] = {{0x1000, 4096, k1, 8}, {0x10000, 1, k2, 2}};
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     dp_detail d;
-    CHECK_OK_D(dp_md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, &d),
+    CHECK_OK_D(dp__md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, &d),
                &d);
     dp_md md;
-    CHECK_OK_D(dp_md_parse(b.data, b.len, &md, &d), &d);
+    CHECK_OK_D(dp__md_parse(b.data, b.len, &md, &d), &d);
     CHECK_STR(md.name, "unit-3");
     CHECK_EQ_U64(md.gen, 42);
     CHECK_EQ_U64(md.xver, 0x010d0001);
@@ -444,39 +444,39 @@ DP_TEST(metadata_roundtrip_and_rejects)
     CHECK_EQ_U64(md.regions[1].base, 0x10000);
     CHECK_EQ(md.regions[0].rkey_len, 8);
     CHECK(memcmp(md.regions[0].rkey, "rkey-one", 8) == 0);
-    dp_md_fini(&md);
+    dp__md_fini(&md);
     /* Every truncation is rejected; so is a trailing byte and a bad magic/version. */
     for (size_t n = 0; n < b.len; n++)
-        CHECK_ERR(dp_md_parse(b.data, n, &md, NULL), DP_EPROTO);
+        CHECK_ERR(dp__md_parse(b.data, n, &md, NULL), DP_EPROTO);
     uint8_t *x = malloc(b.len + 1);
     memcpy(x, b.data, b.len);
     x[b.len] = 0;
-    CHECK_ERR_D(dp_md_parse(x, b.len + 1, &md, &d), DP_EPROTO, &d);
+    CHECK_ERR_D(dp__md_parse(x, b.len + 1, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "trailing");
     x[0] = 'X';
-    CHECK_ERR(dp_md_parse(x, b.len, &md, NULL), DP_EPROTO);
+    CHECK_ERR(dp__md_parse(x, b.len, &md, NULL), DP_EPROTO);
     x[0] = 'D';
     x[4] = 3;
-    CHECK_ERR_D(dp_md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
+    CHECK_ERR_D(dp__md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "version");
     x[4] = 1; /* an older dataplane's metadata: named as such */
-    CHECK_ERR_D(dp_md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
+    CHECK_ERR_D(dp__md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "older");
     free(x);
     /* Overlapping regions and bad names are refused by the encoder's peer too. */
     dp_md_region ov[2] = {{0x1000, 4096, k1, 8}, {0x1800, 1, k2, 2}};
-    dp_buf_reset(&b);
-    CHECK_OK(dp_md_encode(&b, "u", 1, 0x010d0001, addr, sizeof addr, ov, 2, NULL));
-    CHECK_ERR_D(dp_md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
+    dp__buf_reset(&b);
+    CHECK_OK(dp__md_encode(&b, "u", 1, 0x010d0001, addr, sizeof addr, ov, 2, NULL));
+    CHECK_ERR_D(dp__md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "overlaps");
     CHECK_ERR(
-        dp_md_encode(&b, "has space", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
+        dp__md_encode(&b, "has space", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
         DP_EINVAL);
-    CHECK_ERR(dp_md_encode(&b, "", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
+    CHECK_ERR(dp__md_encode(&b, "", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
               DP_EINVAL);
     /* Random corruption never crashes and never yields out-of-bounds pointers. */
-    dp_buf_reset(&b);
-    CHECK_OK(dp_md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, NULL));
+    dp__buf_reset(&b);
+    CHECK_OK(dp__md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *y = malloc(b.len);
     int parsed = 0; /* corrupted copies that parsed: their pointers were checked */
@@ -486,46 +486,46 @@ DP_TEST(metadata_roundtrip_and_rejects)
         for (int f = 0; f < flips; f++)
             y[dp_test_rand(&rs) % b.len] = (uint8_t)dp_test_rand(&rs);
         size_t n = b.len - dp_test_rand(&rs) % 3;
-        if (dp_md_parse(y, n, &md, NULL) == DP_OK) {
+        if (dp__md_parse(y, n, &md, NULL) == DP_OK) {
             CHECK(md.addr >= y && md.addr + md.addr_len <= y + n);
             for (uint32_t i = 0; i < md.n_regions; i++)
                 CHECK(md.regions[i].rkey >= y &&
                       md.regions[i].rkey + md.regions[i].rkey_len <= y + n);
-            dp_md_fini(&md);
+            dp__md_fini(&md);
             parsed++;
         }
     }
     printf("  %d of 20000 corrupted copies parsed\n", parsed);
     CHECK_GE(parsed, 100);
     free(y);
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
 }
 
 DP_TEST(create_rejects_bad_names_and_policy)
 {
     dp_endpoint *ep = (dp_endpoint *)1;
     dp_detail d;
-    CHECK_ERR(dp_endpoint_create("", NULL, &ep, &d), DP_EINVAL);
+    CHECK_ERR(dp__endpoint_create("", NULL, &ep, &d), DP_EINVAL);
     CHECK(ep == NULL);
-    CHECK_ERR(dp_endpoint_create("a b", NULL, &ep, &d), DP_EINVAL);
+    CHECK_ERR(dp__endpoint_create("a b", NULL, &ep, &d), DP_EINVAL);
     dp_endpoint_opts o;
-    dp_endpoint_opts_init(&o);
+    dp__endpoint_opts_init(&o);
     o.require_rdma = true;
     set_tls(NULL);
-    CHECK_ERR_D(dp_endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
+    CHECK_ERR_D(dp__endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
     CHECK_CONTAINS(d.msg, "UCX_TLS");
     set_tls("tcp");
-    CHECK_ERR_D(dp_endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
+    CHECK_ERR_D(dp__endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
     CHECK_CONTAINS(d.msg, "tcp");
     /* The environment switch does the same without the option. */
     o.require_rdma = false;
     setenv("DP_REQUIRE_RDMA", "1", 1);
-    CHECK_ERR_D(dp_endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
+    CHECK_ERR_D(dp__endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
     unsetenv("DP_REQUIRE_RDMA");
     set_tls(NULL);
-    CHECK_OK_D(dp_endpoint_create("fine", &o, &ep, &d), &d);
-    dp_endpoint_destroy(ep);
-    dp_endpoint_destroy(NULL);
+    CHECK_OK_D(dp__endpoint_create("fine", &o, &ep, &d), &d);
+    dp__endpoint_destroy(ep);
+    dp__endpoint_destroy(NULL);
 }
 
 DP_TEST(write_read_scattered_shm_no_target_progress)
@@ -552,22 +552,23 @@ DP_TEST(small_ranges_use_memcpy_on_one_host)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-m", 4 * MiB, false, 7), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-m", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-m", NULL, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     dp_range l[2] = {{(uint64_t)(uintptr_t)a, 100},
                      {(uint64_t)(uintptr_t)a + 4096, 2 * MiB}};
     dp_range r[2] = {{p.base + 10, 100}, {p.base + MiB, 2 * MiB}};
     memset(a, 0x5a, 4 * MiB);
     uint64_t before = peer_checksum(&p);
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, l, 2, r, 2, "peer-m", 10, &d), &d);
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l, 2, r, 2, "peer-m", 10, &d),
+               &d);
     CHECK(peer_checksum(&p) != before); /* the peer sees the bytes in its own memory */
     dp_endpoint_stats st;
-    dp_endpoint_get_stats(ep, &st);
+    dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.memcpy_ranges, 1);
     CHECK_EQ_U64(st.ucx_ranges, 1);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     peer_stop(&p);
 }
 
@@ -590,7 +591,7 @@ log_done(void *ctx, size_t i, int rc)
             g->next_untouched &= g->next_dst[k] == 0;
     }
     if (g->n == 0 && g->remove != NULL)
-        g->remove_rc = dp_endpoint_remove_remote(g->ep, g->remove, NULL);
+        g->remove_rc = dp__endpoint_remove_remote(g->ep, g->remove, NULL);
     if (g->n < 8) {
         g->order[g->n] = (int)i;
         g->rc[g->n] = rc;
@@ -611,10 +612,10 @@ DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-c", 4 * MiB, false, 13), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-c", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-c", NULL, &ep, &d), &d);
     uint8_t *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, (void **)&a, &d), &d);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, (void **)&a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     uint64_t la = (uint64_t)(uintptr_t)a;
     /* op 0 and 1: 4 KiB (memcpy path); op 2: 2 MiB (UCX). */
     dp_range l[3] = {{la, 4096}, {la + 8192, 4096}, {la + MiB, 2 * MiB}};
@@ -630,7 +631,7 @@ DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
             g.remove = "peer-c";
         int res[3] = {-1, -1, -1};
         CHECK_OK_D(
-            dp_endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
+            dp__endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
             &d);
         CHECK_EQ(g.n, 3);
         CHECK_EQ(g.order[0], 0);
@@ -648,20 +649,20 @@ DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
         }
         if (round == 1) {
             CHECK_EQ(g.remove_rc, DP_OK);
-            CHECK(!dp_endpoint_has_remote(ep, "peer-c"));
+            CHECK(!dp__endpoint_has_remote(ep, "peer-c"));
         }
     }
     /* A refused batch calls nothing. */
     struct done_log g = {.ep = ep};
     int res[3];
-    CHECK_ERR(dp_endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
+    CHECK_ERR(dp__endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
               DP_EINVAL);
     CHECK_EQ(g.n, 0);
     dp_endpoint_stats st;
-    dp_endpoint_get_stats(ep, &st);
+    dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.memcpy_ranges, 4);
     CHECK_EQ_U64(st.ucx_ranges, 2);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     peer_stop(&p);
 }
 
@@ -671,7 +672,7 @@ sleep_on_first(void *ctx, size_t i, int rc)
     int *calls = ctx;
     (void)rc;
     if (i == 0)
-        dp_sleep_s(0.05);
+        dp__sleep_s(0.05);
     (*calls)++;
 }
 
@@ -688,10 +689,10 @@ DP_TEST(an_op_ending_after_its_deadline_is_a_timeout)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-l", 128 * MiB, false, 17), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-l", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-l", NULL, &ep, &d), &d);
     uint8_t *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 128 * MiB, (void **)&a, &d), &d);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 128 * MiB, (void **)&a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     enum { NR = 2048 }; /* 64 KiB each: the memcpy path */
     dp_range *l = calloc(NR, sizeof *l), *r = calloc(NR, sizeof *r);
     CHECK(l != NULL && r != NULL);
@@ -700,16 +701,16 @@ DP_TEST(an_op_ending_after_its_deadline_is_a_timeout)
         r[k] = (dp_range){p.base + k * 64 * 1024, 64 * 1024};
     }
     memset(a, 0x3c, 128 * MiB);
-    uint64_t gy = dp_graveyard_entries();
+    uint64_t gy = dp__graveyard_entries();
     CHECK_ERR_D(
-        dp_endpoint_transfer(ep, DP_XFER_WRITE, l, NR, r, NR, "peer-l", 0.005, &d),
+        dp__endpoint_transfer(ep, DP_XFER_WRITE, l, NR, r, NR, "peer-l", 0.005, &d),
         DP_ETIMEDOUT, &d);
     CHECK_CONTAINS(d.msg, "after its deadline");
-    CHECK_EQ_U64(dp_graveyard_entries(), gy);
-    CHECK(!dp_endpoint_touches_unfinished(ep, a, 128 * MiB));
+    CHECK_EQ_U64(dp__graveyard_entries(), gy);
+    CHECK(!dp__endpoint_touches_unfinished(ep, a, 128 * MiB));
     /* It did run to the end: a READ back in time finds every byte. */
     memset(a, 0, 128 * MiB);
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, l, NR, r, NR, "peer-l", 30, &d),
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, l, NR, r, NR, "peer-l", 30, &d),
                &d);
     for (size_t k = 0; k < 128 * MiB; k += 4099)
         CHECK_EQ(a[k], 0x3c);
@@ -718,21 +719,21 @@ DP_TEST(an_op_ending_after_its_deadline_is_a_timeout)
     dp_xfer_desc ops[2] = {{DP_XFER_READ, &l[0], 1, &r[0], 1, "peer-l"},
                            {DP_XFER_READ, &l[1], 1, &r[1], 1, "peer-l"}};
     dp_endpoint_stats st0, st1;
-    dp_endpoint_get_stats(ep, &st0);
+    dp__endpoint_get_stats(ep, &st0);
     int res[2], calls = 0;
     dp_detail dets[2];
-    CHECK_ERR(dp_endpoint_transfer_many_cb(ep, ops, 2, 0.02, res, dets, sleep_on_first,
-                                           &calls, &d),
+    CHECK_ERR(dp__endpoint_transfer_many_cb(ep, ops, 2, 0.02, res, dets, sleep_on_first,
+                                            &calls, &d),
               DP_ETIMEDOUT);
     CHECK_EQ(res[0], DP_OK);
     CHECK_EQ(res[1], DP_ETIMEDOUT);
     CHECK_CONTAINS(dets[1].msg, "nothing posted");
     CHECK_EQ(calls, 2);
-    dp_endpoint_get_stats(ep, &st1);
+    dp__endpoint_get_stats(ep, &st1);
     CHECK_EQ_U64(st1.memcpy_ranges - st0.memcpy_ranges, 1);
     free(l);
     free(r);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     peer_stop(&p);
 }
 
@@ -743,80 +744,80 @@ DP_TEST(invalid_arguments_fail_before_posting)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-i", 1 * MiB, false, 3), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-i", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-i", NULL, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
     /* More than the host's memory is refused before UCX maps anything. */
     void *huge = NULL;
-    CHECK_ERR_D(dp_endpoint_alloc(ep, (size_t)1 << 46, &huge, &d), DP_ENOMEM, &d);
+    CHECK_ERR_D(dp__endpoint_alloc(ep, (size_t)1 << 46, &huge, &d), DP_ENOMEM, &d);
     CHECK_CONTAINS(d.msg, "more than this host's memory");
     CHECK(huge == NULL);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     uint64_t la = (uint64_t)(uintptr_t)a;
     dp_range l1 = {la, 4096}, r1 = {p.base, 4096};
     dp_range l2[2] = {{la, 4096}, {la + 8192, 10}};
     dp_range r_small = {p.base, 4095};
     dp_range l_out = {la + MiB - 10, 4096}, r_out = {p.base + MiB - 10, 4096};
     dp_range l_unreg = {(uint64_t)(uintptr_t)&d, 8};
-    uint64_t gy_before = dp_graveyard_entries();
-    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "nobody", 5, &d),
+    uint64_t gy_before = dp__graveyard_entries();
+    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "nobody", 5, &d),
                 DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "unknown remote");
-    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, l2, 2, &r1, 1, "peer-i", 5, &d),
+    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l2, 2, &r1, 1, "peer-i", 5, &d),
                 DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "2 local ranges but 1 remote");
     CHECK_ERR_D(
-        dp_endpoint_transfer(ep, DP_XFER_READ, &l1, 1, &r_small, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(ep, DP_XFER_READ, &l1, 1, &r_small, 1, "peer-i", 5, &d),
         DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "4096 bytes, remote 4095");
     CHECK_ERR_D(
-        dp_endpoint_transfer(ep, DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(ep, DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i", 5, &d),
         DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "local");
     CHECK_ERR_D(
-        dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r_out, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r_out, 1, "peer-i", 5, &d),
         DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "remote");
     CHECK_ERR(
-        dp_endpoint_transfer(ep, DP_XFER_WRITE, &l_unreg, 1, &r1, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(ep, DP_XFER_WRITE, &l_unreg, 1, &r1, 1, "peer-i", 5, &d),
         DP_EINVAL);
-    CHECK_ERR(dp_endpoint_transfer(ep, (dp_xfer_op)7, &l1, 1, &r1, 1, "peer-i", 5, &d),
+    CHECK_ERR(dp__endpoint_transfer(ep, (dp_xfer_op)7, &l1, 1, &r1, 1, "peer-i", 5, &d),
               DP_EINVAL);
-    CHECK_ERR(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 0, &d),
+    CHECK_ERR(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 0, &d),
               DP_EINVAL);
-    CHECK_ERR(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", -1, &d),
+    CHECK_ERR(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", -1, &d),
               DP_EINVAL);
     /* One bad op refuses the whole batch: the good one is not posted either. */
     dp_xfer_desc ops[2] = {{DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i"},
                            {DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i"}};
     int res[2] = {-1, -1};
     dp_detail dets[2];
-    CHECK_ERR_D(dp_endpoint_transfer_many(ep, ops, 2, 5, res, dets, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__endpoint_transfer_many(ep, ops, 2, 5, res, dets, &d), DP_EINVAL, &d);
     CHECK_EQ(res[0], DP_EINVAL);
     CHECK_EQ(res[1], DP_EINVAL);
     CHECK_CONTAINS(d.msg, "op 1");
     dp_endpoint_stats st;
-    dp_endpoint_get_stats(ep, &st);
+    dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.ucx_ranges + st.memcpy_ranges, 0);
     CHECK_EQ_U64(st.transfers_ok + st.transfers_failed, 0);
-    CHECK_EQ_U64(dp_graveyard_entries(), gy_before);
+    CHECK_EQ_U64(dp__graveyard_entries(), gy_before);
     /* Other entry points. */
-    CHECK_ERR(dp_endpoint_remove_remote(ep, "nobody", &d), DP_ENOTFOUND);
-    CHECK_ERR(dp_endpoint_deregister(ep, (uint8_t *)a + 1, &d), DP_ENOTFOUND);
-    CHECK_ERR(dp_endpoint_register(ep, (uint8_t *)a + 100, 10, &d), DP_EEXIST);
-    CHECK_ERR(dp_endpoint_add_remote(ep, "junk", 4, NULL, &d), DP_EPROTO);
+    CHECK_ERR(dp__endpoint_remove_remote(ep, "nobody", &d), DP_ENOTFOUND);
+    CHECK_ERR(dp__endpoint_deregister(ep, (uint8_t *)a + 1, &d), DP_ENOTFOUND);
+    CHECK_ERR(dp__endpoint_register(ep, (uint8_t *)a + 100, 10, &d), DP_EEXIST);
+    CHECK_ERR(dp__endpoint_add_remote(ep, "junk", 4, NULL, &d), DP_EPROTO);
     /* A closed endpoint refuses everything with DP_EINVAL. */
-    dp_endpoint_close(ep);
-    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 5, &d),
+    dp__endpoint_close(ep);
+    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 5, &d),
                 DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "closed");
-    CHECK(!dp_endpoint_has_remote(ep, "peer-i"));
-    CHECK_ERR(dp_endpoint_alloc(ep, 10, &a, &d), DP_EINVAL);
+    CHECK(!dp__endpoint_has_remote(ep, "peer-i"));
+    CHECK_ERR(dp__endpoint_alloc(ep, 10, &a, &d), DP_EINVAL);
     uint8_t *md;
     size_t mdl;
-    CHECK_ERR(dp_endpoint_metadata(ep, &md, &mdl, &d), DP_EINVAL);
-    dp_endpoint_close(ep); /* idempotent */
-    dp_endpoint_destroy(ep);
+    CHECK_ERR(dp__endpoint_metadata(ep, &md, &mdl, &d), DP_EINVAL);
+    dp__endpoint_close(ep); /* idempotent */
+    dp__endpoint_destroy(ep);
     peer_stop(&p);
 }
 
@@ -827,38 +828,38 @@ DP_TEST(remove_and_readd_remote)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-r", 1 * MiB, false, 5), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-r", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-r", NULL, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
     dp_range l = {(uint64_t)(uintptr_t)a, MiB}, r = {p.base, MiB};
     for (int i = 0; i < 3; i++) {
-        CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
-        CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d),
+        CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+        CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d),
                    &d); /* replace */
-        CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-r", 10, &d),
-                   &d);
+        CHECK_OK_D(
+            dp__endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-r", 10, &d), &d);
         CHECK_EQ(((uint8_t *)a)[5], pat(p.seed, 5));
-        CHECK_OK_D(dp_endpoint_remove_remote(ep, "peer-r", &d), &d);
-        CHECK(!dp_endpoint_has_remote(ep, "peer-r"));
+        CHECK_OK_D(dp__endpoint_remove_remote(ep, "peer-r", &d), &d);
+        CHECK(!dp__endpoint_has_remote(ep, "peer-r"));
     }
     /* Metadata generation bumps with registrations. */
     uint8_t *m1, *m2;
     size_t n1, n2;
-    CHECK_OK(dp_endpoint_metadata(ep, &m1, &n1, &d));
+    CHECK_OK(dp__endpoint_metadata(ep, &m1, &n1, &d));
     void *b = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 8192, &b, &d), &d);
-    CHECK_OK(dp_endpoint_metadata(ep, &m2, &n2, &d));
+    CHECK_OK_D(dp__endpoint_alloc(ep, 8192, &b, &d), &d);
+    CHECK_OK(dp__endpoint_metadata(ep, &m2, &n2, &d));
     dp_md x, y;
-    CHECK_OK(dp_md_parse(m1, n1, &x, &d));
-    CHECK_OK(dp_md_parse(m2, n2, &y, &d));
+    CHECK_OK(dp__md_parse(m1, n1, &x, &d));
+    CHECK_OK(dp__md_parse(m2, n2, &y, &d));
     CHECK(y.gen > x.gen);
     CHECK_EQ(y.n_regions, x.n_regions + 1);
-    dp_md_fini(&x);
-    dp_md_fini(&y);
+    dp__md_fini(&x);
+    dp__md_fini(&y);
     free(m1);
     free(m2);
-    CHECK_OK_D(dp_endpoint_deregister(ep, b, &d), &d);
-    dp_endpoint_destroy(ep);
+    CHECK_OK_D(dp__endpoint_deregister(ep, b, &d), &d);
+    dp__endpoint_destroy(ep);
     peer_stop(&p);
 }
 
@@ -874,22 +875,22 @@ many_peers_one_killed(const char *tls)
         CHECK_EQ(peer_start(&ps[i], names[i], 8 * MiB, tls != NULL, 11 + i), 0);
     dp_endpoint *ep = NULL;
     dp_endpoint_opts o;
-    dp_endpoint_opts_init(&o);
+    dp__endpoint_opts_init(&o);
     o.progress_thread = true;
-    CHECK_OK_D(dp_endpoint_create("client-k", &o, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-k", &o, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, NP * 8 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, NP * 8 * MiB, &a, &d), &d);
     dp_range l[NP], r[NP];
     dp_xfer_desc ops[NP];
     for (int i = 0; i < NP; i++) {
-        CHECK_OK_D(dp_endpoint_add_remote(ep, ps[i].md, ps[i].md_len, NULL, &d), &d);
+        CHECK_OK_D(dp__endpoint_add_remote(ep, ps[i].md, ps[i].md_len, NULL, &d), &d);
         l[i] = (dp_range){(uint64_t)(uintptr_t)a + (uint64_t)i * 8 * MiB, 8 * MiB};
         r[i] = (dp_range){ps[i].base, 8 * MiB};
         ops[i] = (dp_xfer_desc){DP_XFER_WRITE, &l[i], 1, &r[i], 1, names[i]};
     }
     int res[NP];
     dp_detail dets[NP];
-    CHECK_OK_D(dp_endpoint_transfer_many(ep, ops, NP, 20, res, dets, &d), &d);
+    CHECK_OK_D(dp__endpoint_transfer_many(ep, ops, NP, 20, res, dets, &d), &d);
     peer_kill(&ps[1]);
     /*
      * Over shared memory a WRITE into a dead peer's mapping may still "succeed"
@@ -899,7 +900,7 @@ many_peers_one_killed(const char *tls)
     double t0 = dp_test_now();
     int rc;
     for (;;) {
-        rc = dp_endpoint_transfer_many(ep, ops, NP, 5, res, dets, &d);
+        rc = dp__endpoint_transfer_many(ep, ops, NP, 5, res, dets, &d);
         CHECK_EQ(res[0], DP_OK);
         CHECK_EQ(res[2], DP_OK);
         if (res[1] != DP_OK)
@@ -915,7 +916,7 @@ many_peers_one_killed(const char *tls)
     printf("  %s: dead peer reported after %.2f s: %s\n", tls ? tls : "default tls",
            dp_test_now() - t0, dets[1].msg);
     /* The endpoint may have retained the dead peer's transfer; that is allowed. */
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     for (int i = 0; i < NP; i++)
         peer_stop(&ps[i]);
     set_tls(NULL);
@@ -939,43 +940,43 @@ DP_TEST(stopped_peer_times_out_and_is_retained)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-s", 4 * MiB, true, 9), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-s", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-s", NULL, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     dp_range l = {(uint64_t)(uintptr_t)a + MiB, 2 * MiB}, r = {p.base, 2 * MiB};
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 20, &d),
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 20, &d),
                &d);
-    CHECK(!dp_endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 10));
-    uint64_t bytes0 = dp_graveyard_bytes();
-    size_t entries0 = dp_graveyard_entries();
+    CHECK(!dp__endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 10));
+    uint64_t bytes0 = dp__graveyard_bytes();
+    size_t entries0 = dp__graveyard_entries();
     kill(p.pid, SIGSTOP);
     int wst;
     CHECK_EQ(waitpid(p.pid, &wst, WUNTRACED), p.pid); /* stopped for sure */
     double t0 = dp_test_now();
-    CHECK_ERR_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 1.0, &d),
+    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 1.0, &d),
                 DP_ETIMEDOUT, &d);
     double took = dp_test_now() - t0;
     CHECKF(took < 1.5, "timed out after %.2f s, deadline 1 s", took);
     CHECK_CONTAINS(d.msg, "retained");
-    CHECK_EQ_U64(dp_graveyard_entries(), entries0 + 1);
-    CHECK_EQ_U64(dp_graveyard_bytes(), bytes0 + 2 * MiB);
-    CHECK(dp_endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 1));
-    CHECK(dp_endpoint_touches_unfinished(ep, (uint8_t *)a + 3 * MiB - 1, 1));
-    CHECK(dp_endpoint_touches_unfinished(ep, a, 2 * MiB));
-    CHECK(!dp_endpoint_touches_unfinished(ep, a, MiB));
-    CHECK(!dp_endpoint_touches_unfinished(ep, (uint8_t *)a + 3 * MiB, MiB));
+    CHECK_EQ_U64(dp__graveyard_entries(), entries0 + 1);
+    CHECK_EQ_U64(dp__graveyard_bytes(), bytes0 + 2 * MiB);
+    CHECK(dp__endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 1));
+    CHECK(dp__endpoint_touches_unfinished(ep, (uint8_t *)a + 3 * MiB - 1, 1));
+    CHECK(dp__endpoint_touches_unfinished(ep, a, 2 * MiB));
+    CHECK(!dp__endpoint_touches_unfinished(ep, a, MiB));
+    CHECK(!dp__endpoint_touches_unfinished(ep, (uint8_t *)a + 3 * MiB, MiB));
     /* The memory is never reused: deregistering it is refused. */
-    CHECK_ERR_D(dp_endpoint_deregister(ep, a, &d), DP_EBUSY, &d);
+    CHECK_ERR_D(dp__endpoint_deregister(ep, a, &d), DP_EBUSY, &d);
     dp_endpoint_stats st;
-    dp_endpoint_get_stats(ep, &st);
+    dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.transfers_retained, 1);
     /* Still true once the peer runs again and even after close: forever. */
     kill(p.pid, SIGCONT);
     usleep(200000);
-    CHECK(dp_endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 1));
-    dp_endpoint_destroy(ep); /* abandoned: its worker and memory are kept */
-    CHECK(dp_graveyard_touches((uint64_t)(uintptr_t)a + MiB, 1));
+    CHECK(dp__endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 1));
+    dp__endpoint_destroy(ep); /* abandoned: its worker and memory are kept */
+    CHECK(dp__graveyard_touches((uint64_t)(uintptr_t)a + MiB, 1));
     peer_stop(&p);
     set_tls(NULL);
 }
@@ -993,45 +994,45 @@ DP_TEST(retained_transfer_is_released_once_it_ends)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-r", 4 * MiB, true, 9), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-r", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-r", NULL, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     dp_range l = {(uint64_t)(uintptr_t)a, 2 * MiB}, r = {p.base, 2 * MiB};
-    uint64_t bytes0 = dp_graveyard_bytes();
-    size_t entries0 = dp_graveyard_entries(), released0 = dp_graveyard_released();
+    uint64_t bytes0 = dp__graveyard_bytes();
+    size_t entries0 = dp__graveyard_entries(), released0 = dp__graveyard_released();
     kill(p.pid, SIGSTOP);
     int wst;
     CHECK_EQ(waitpid(p.pid, &wst, WUNTRACED), p.pid);
     dp_xfer_desc op = {DP_XFER_WRITE, &l, 1, &r, 1, "peer-r"};
     int res = 0;
     dp_xfer_end end = DP_XFER_NOT_POSTED;
-    CHECK_ERR_D(
-        dp_endpoint_transfer_many_ends(ep, &op, 1, 0.5, &res, NULL, &end, NULL, NULL, &d),
-        DP_ETIMEDOUT, &d);
+    CHECK_ERR_D(dp__endpoint_transfer_many_ends(ep, &op, 1, 0.5, &res, NULL, &end, NULL,
+                                                NULL, &d),
+                DP_ETIMEDOUT, &d);
     CHECK_EQ(end, DP_XFER_UNFINISHED);
-    CHECK(dp_endpoint_touches_unfinished(ep, a, 1));
-    CHECK_EQ_U64(dp_graveyard_entries(), entries0 + 1);
+    CHECK(dp__endpoint_touches_unfinished(ep, a, 1));
+    CHECK_EQ_U64(dp__graveyard_entries(), entries0 + 1);
     kill(p.pid, SIGCONT);
     /* Progress (as the next operation does) until UCX completes the WRITE. */
     double t0 = dp_test_now();
-    while (dp_endpoint_touches_unfinished(ep, a, 1) && dp_test_now() - t0 < 20) {
-        CHECK_OK_D(dp_endpoint_remote_check(ep, "peer-r", &d), &d);
+    while (dp__endpoint_touches_unfinished(ep, a, 1) && dp_test_now() - t0 < 20) {
+        CHECK_OK_D(dp__endpoint_remote_check(ep, "peer-r", &d), &d);
         usleep(10000);
     }
-    CHECK(!dp_endpoint_touches_unfinished(ep, a, 2 * MiB));
-    CHECK_EQ_U64(dp_graveyard_entries(), entries0);
-    CHECK_EQ_U64(dp_graveyard_bytes(), bytes0);
-    CHECK_EQ_U64(dp_graveyard_released(), released0 + 1);
+    CHECK(!dp__endpoint_touches_unfinished(ep, a, 2 * MiB));
+    CHECK_EQ_U64(dp__graveyard_entries(), entries0);
+    CHECK_EQ_U64(dp__graveyard_bytes(), bytes0);
+    CHECK_EQ_U64(dp__graveyard_released(), released0 + 1);
     dp_endpoint_stats st;
-    dp_endpoint_get_stats(ep, &st);
+    dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.transfers_retained, 1);
     CHECK_EQ_U64(st.transfers_released, 1);
     /* The memory is usable again, and a new WRITE works. */
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-r", 20, &d),
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-r", 20, &d),
                &d);
-    CHECK_OK_D(dp_endpoint_deregister(ep, a, &d), &d);
-    dp_endpoint_destroy(ep); /* not abandoned: nothing is retained */
+    CHECK_OK_D(dp__endpoint_deregister(ep, a, &d), &d);
+    dp__endpoint_destroy(ep); /* not abandoned: nothing is retained */
     peer_stop(&p);
     set_tls(NULL);
 }
@@ -1047,22 +1048,22 @@ DP_TEST(dead_peer_is_reported_and_not_posted)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-x", 4 * MiB, true, 9), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-x", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-x", NULL, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
-    CHECK_OK_D(dp_endpoint_remote_check(ep, "peer-x", &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_remote_check(ep, "peer-x", &d), &d);
     dp_xfer_lane lane = DP_XFER_LANE_UNKNOWN;
     char tls[64];
-    CHECK_OK_D(dp_endpoint_remote_lane(ep, "peer-x", &lane, tls, sizeof tls, &d), &d);
-    printf("  lane %s (%s)\n", dp_xfer_lane_name(lane), tls);
+    CHECK_OK_D(dp__endpoint_remote_lane(ep, "peer-x", &lane, tls, sizeof tls, &d), &d);
+    printf("  lane %s (%s)\n", dp__xfer_lane_name(lane), tls);
     CHECK(lane == DP_XFER_LANE_SHM || getenv("UCX_TLS") != NULL);
     kill(p.pid, SIGKILL);
     waitpid(p.pid, NULL, 0);
     p.pid = -1;
     double t0 = dp_test_now();
     int rc = DP_OK;
-    while ((rc = dp_endpoint_remote_check(ep, "peer-x", &d)) == DP_OK &&
+    while ((rc = dp__endpoint_remote_check(ep, "peer-x", &d)) == DP_OK &&
            dp_test_now() - t0 < 30)
         usleep(20000);
     CHECK_ERR_D(rc, DP_ETRANSFER, &d);
@@ -1073,12 +1074,12 @@ DP_TEST(dead_peer_is_reported_and_not_posted)
     dp_xfer_end end = DP_XFER_UNFINISHED;
     dp_detail det;
     CHECK_ERR_D(
-        dp_endpoint_transfer_many_ends(ep, &op, 1, 5, &res, &det, &end, NULL, NULL, &d),
+        dp__endpoint_transfer_many_ends(ep, &op, 1, 5, &res, &det, &end, NULL, NULL, &d),
         DP_ETRANSFER, &d);
     CHECK_EQ(end, DP_XFER_NOT_POSTED);
     CHECK_CONTAINS(det.msg, "nothing posted");
-    CHECK(!dp_endpoint_touches_unfinished(ep, a, 4 * MiB));
-    dp_endpoint_destroy(ep);
+    CHECK(!dp__endpoint_touches_unfinished(ep, a, 4 * MiB));
+    dp__endpoint_destroy(ep);
     peer_stop(&p);
 }
 
@@ -1090,19 +1091,19 @@ DP_TEST(stopped_peer_does_not_block_shared_memory)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-o", 8 * MiB, false, 13), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp_endpoint_create("client-o", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("client-o", NULL, &ep, &d), &d);
     void *a = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 8 * MiB, &a, &d), &d);
-    CHECK_OK_D(dp_endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 8 * MiB, &a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     kill(p.pid, SIGSTOP);
     dp_range l = {(uint64_t)(uintptr_t)a, 8 * MiB}, r = {p.base, 8 * MiB};
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-o", 10, &d),
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-o", 10, &d),
                &d);
     CHECK_EQ(((uint8_t *)a)[12345], pat(p.seed, 12345));
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-o", 10, &d),
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-o", 10, &d),
                &d);
     kill(p.pid, SIGCONT);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     peer_stop(&p);
 }
 
@@ -1126,20 +1127,20 @@ poison_main(void)
     dp_detail_clear(&d);
     unsetenv("DP_TEST_PEER");
     setenv("UCX_TLS", "tcp", 1);
-    dp_graveyard_set_max_bytes(4 * MiB);
-    P_CHECK(dp_graveyard_max_bytes() == 4 * MiB);
+    dp__graveyard_set_max_bytes(4 * MiB);
+    P_CHECK(dp__graveyard_max_bytes() == 4 * MiB);
     peer stopped, healthy;
     P_CHECK(peer_start(&stopped, "peer-p0", 4 * MiB, true, 1) == 0);
     P_CHECK(peer_start(&healthy, "peer-p1", 4 * MiB, true, 2) == 0);
     dp_endpoint *ep = NULL;
-    P_CHECK(dp_endpoint_create("client-p", NULL, &ep, &d) == DP_OK);
+    P_CHECK(dp__endpoint_create("client-p", NULL, &ep, &d) == DP_OK);
     void *a = NULL;
-    P_CHECK(dp_endpoint_alloc(ep, 4 * MiB, &a, &d) == DP_OK);
-    P_CHECK(dp_endpoint_add_remote(ep, stopped.md, stopped.md_len, NULL, &d) == DP_OK);
-    P_CHECK(dp_endpoint_add_remote(ep, healthy.md, healthy.md_len, NULL, &d) == DP_OK);
+    P_CHECK(dp__endpoint_alloc(ep, 4 * MiB, &a, &d) == DP_OK);
+    P_CHECK(dp__endpoint_add_remote(ep, stopped.md, stopped.md_len, NULL, &d) == DP_OK);
+    P_CHECK(dp__endpoint_add_remote(ep, healthy.md, healthy.md_len, NULL, &d) == DP_OK);
     dp_range l = {(uint64_t)(uintptr_t)a, 512 * 1024}, r0 = {stopped.base, 512 * 1024},
              r1 = {healthy.base, 512 * 1024};
-    P_CHECK(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r0, 1, "peer-p0", 20, &d) ==
+    P_CHECK(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r0, 1, "peer-p0", 20, &d) ==
             DP_OK);
     kill(stopped.pid, SIGSTOP);
     /*
@@ -1151,28 +1152,29 @@ poison_main(void)
     dp_range l2 = {(uint64_t)(uintptr_t)a, 2 * MiB}, r2 = {stopped.base, 2 * MiB};
     int trc = DP_OK;
     for (int attempt = 0; attempt < 5 && trc == DP_OK; attempt++)
-        trc = dp_endpoint_transfer(ep, DP_XFER_WRITE, &l2, 1, &r2, 1, "peer-p0", 0.5, &d);
+        trc =
+            dp__endpoint_transfer(ep, DP_XFER_WRITE, &l2, 1, &r2, 1, "peer-p0", 0.5, &d);
     P_CHECK(trc == DP_ETIMEDOUT);
-    P_CHECK(dp_graveyard_bytes() == 2 * MiB);
-    P_CHECK(!dp_graveyard_poisoned());
-    P_CHECK(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
+    P_CHECK(dp__graveyard_bytes() == 2 * MiB);
+    P_CHECK(!dp__graveyard_poisoned());
+    P_CHECK(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
             DP_OK);
     /* A buffer retired whole pushes it over. */
-    dp_graveyard_retain_buffer(3 * MiB);
-    P_CHECK(dp_graveyard_poisoned());
+    dp__graveyard_retain_buffer(3 * MiB);
+    P_CHECK(dp__graveyard_poisoned());
     dp_endpoint_stats st0, st1;
-    dp_endpoint_get_stats(ep, &st0);
-    P_CHECK(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
+    dp__endpoint_get_stats(ep, &st0);
+    P_CHECK(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
             DP_EFATAL);
     P_CHECK(strstr(d.msg, "poisoned") != NULL);
     int res[1];
     dp_xfer_desc op = {DP_XFER_READ, &l, 1, &r1, 1, "peer-p1"};
-    P_CHECK(dp_endpoint_transfer_many(ep, &op, 1, 5, res, NULL, &d) == DP_EFATAL);
+    P_CHECK(dp__endpoint_transfer_many(ep, &op, 1, 5, res, NULL, &d) == DP_EFATAL);
     P_CHECK(res[0] == DP_EFATAL);
-    dp_endpoint_get_stats(ep, &st1);
+    dp__endpoint_get_stats(ep, &st1);
     P_CHECK(st1.ucx_ranges == st0.ucx_ranges && st1.memcpy_ranges == st0.memcpy_ranges);
     kill(stopped.pid, SIGCONT);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     peer_stop(&stopped);
     peer_stop(&healthy);
     return 0;

@@ -38,19 +38,19 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *out)
 {
     fake *f = ctx;
     dp_wire_request q;
-    if (dp_wire_request_decode(msg, len, NULL, &q, NULL) != DP_OK) {
-        dp_wire_request_fini(&q);
+    if (dp__wire_request_decode(msg, len, NULL, &q, NULL) != DP_OK) {
+        dp__wire_request_fini(&q);
         return;
     }
     atomic_fetch_add(&f->asked, 1);
     if (f->mode == FAKE_SILENT) {
-        dp_wire_request_fini(&q);
+        dp__wire_request_fini(&q);
         return;
     }
     if (f->mode == FAKE_BUSY) {
-        dp_wire_reply_encode_error(q.rid, f->incarnation, DP_EBUSY, "try later", NULL,
-                                   NULL, 0, NULL, out, NULL);
-        dp_wire_request_fini(&q);
+        dp__wire_reply_encode_error(q.rid, f->incarnation, DP_EBUSY, "try later", NULL,
+                                    NULL, 0, NULL, out, NULL);
+        dp__wire_request_fini(&q);
         return;
     }
     dp_wire_reply r;
@@ -67,8 +67,8 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *out)
     case DP_WIRE_OP_INFO:
         r.r.info.unit_id = f->says_id;
         r.r.info.n_units = f->says_n;
-        r.r.info.zmq = dp_wire_s("tcp://127.0.0.1:1"); /* not read by a client */
-        r.r.info.agent = dp_wire_s("fake-unit");
+        r.r.info.zmq = dp__wire_s("tcp://127.0.0.1:1"); /* not read by a client */
+        r.r.info.agent = dp__wire_s("fake-unit");
         r.r.info.metadata = (dp_wire_bytes){(const uint8_t *)"x", 1};
         r.r.info.slab_bytes = 1 << 20;
         r.r.info.incarnation = f->incarnation;
@@ -82,13 +82,13 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *out)
         r.r.dropped = f->dropped;
         break;
     default:
-        dp_wire_reply_encode_error(q.rid, f->incarnation, DP_EPROTO, "not faked", NULL,
-                                   NULL, 0, NULL, out, NULL);
-        dp_wire_request_fini(&q);
+        dp__wire_reply_encode_error(q.rid, f->incarnation, DP_EPROTO, "not faked", NULL,
+                                    NULL, 0, NULL, out, NULL);
+        dp__wire_request_fini(&q);
         return;
     }
-    dp_wire_reply_encode(&r, NULL, out, NULL);
-    dp_wire_request_fini(&q);
+    dp__wire_reply_encode(&r, NULL, out, NULL);
+    dp__wire_request_fini(&q);
 }
 
 /* n fake units; unit i says it is unit i of n and runs incarnation 100 + i. */
@@ -103,7 +103,7 @@ fakes_start(fake *fs, uint32_t n)
         dp_ctl_server_opts o = {.bind_ip = "127.0.0.1"};
         dp_detail d;
         dp_detail_clear(&d);
-        CHECK_OK_D(dp_ctl_server_open(&o, fake_handler, NULL, &fs[i], &fs[i].srv, &d),
+        CHECK_OK_D(dp__ctl_server_open(&o, fake_handler, NULL, &fs[i], &fs[i].srv, &d),
                    &d);
     }
 }
@@ -112,7 +112,7 @@ static void
 fakes_stop(fake *fs, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
-        dp_ctl_server_close(fs[i].srv);
+        dp__ctl_server_close(fs[i].srv);
 }
 
 static void
@@ -121,7 +121,7 @@ cluster_of(const fake *fs, uint32_t n, dp_cluster *cl, dp_cluster_unit *us)
     memset(us, 0, n * sizeof *us);
     for (uint32_t i = 0; i < n; i++) {
         us[i].id = i;
-        snprintf(us[i].zmq, sizeof us[i].zmq, "%s", dp_ctl_server_address(fs[i].srv));
+        snprintf(us[i].zmq, sizeof us[i].zmq, "%s", dp__ctl_server_address(fs[i].srv));
     }
     memset(cl, 0, sizeof *cl); /* no cluster id: only index and size are checked */
     cl->n_units = n;
@@ -158,9 +158,9 @@ DP_TEST(fanout_reports_each_unit)
     fakes_start(fs, 4);
     cluster_of(fs, 4, &cl, us);
     dp_ctl_client *ctl = NULL;
-    CHECK_OK(dp_ctl_client_create(&ctl, NULL));
+    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
     dp_wire_rid_gen g;
-    CHECK_OK(dp_wire_rid_gen_init(&g, NULL));
+    CHECK_OK(dp__wire_rid_gen_init(&g, NULL));
     dp__fanout f;
     dp_detail d;
     CHECK_OK(dp__fanout_init(&f, 4, NULL));
@@ -171,7 +171,7 @@ DP_TEST(fanout_reports_each_unit)
     for (uint32_t i = 0; i < 4; i++) {
         CHECK(f.u[i].answered && f.u[i].decoded && !f.u[i].restarted);
         CHECK_EQ(f.u[i].rep.r.info.unit_id, i);
-        CHECK(dp_wire_str_eq(f.u[i].rep.r.info.agent, "fake-unit"));
+        CHECK(dp__wire_str_eq(f.u[i].rep.r.info.agent, "fake-unit"));
     }
 
     fs[1].says_id = 2;       /* wrong order */
@@ -207,7 +207,7 @@ DP_TEST(fanout_reports_each_unit)
 
     dp__fanout_fini(&f);
     dp__fanout_fini(&f); /* twice: harmless */
-    dp_ctl_client_destroy(ctl);
+    dp__ctl_client_destroy(ctl);
     fakes_stop(fs, 4);
 }
 
@@ -225,15 +225,15 @@ DP_TEST(fanout_silent_unit_and_units_left_out)
     cluster_of(fs, 3, &cl, us);
     fs[2].mode = FAKE_SILENT;
     dp_ctl_client *ctl = NULL;
-    CHECK_OK(dp_ctl_client_create(&ctl, NULL));
+    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
     dp_wire_rid_gen g;
-    CHECK_OK(dp_wire_rid_gen_init(&g, NULL));
+    CHECK_OK(dp__wire_rid_gen_init(&g, NULL));
     dp__fanout f;
     CHECK_OK(dp__fanout_init(&f, 3, NULL));
     dp__fanout_opts o = {.silence_hint = ": is it running?"};
-    double t0 = dp_now_s();
+    double t0 = dp__now_s();
     CHECK_ERR(ask_info(&f, ctl, &g, &cl, 0.5, &o), DP_ETIMEDOUT);
-    double took = dp_now_s() - t0;
+    double took = dp__now_s() - t0;
     CHECKF(took >= 0.4 && took < 3, "took %.2f s", took);
     CHECK_EQ(f.u[0].rc, DP_OK);
     CHECK_EQ(f.u[1].rc, DP_OK);
@@ -256,12 +256,12 @@ DP_TEST(fanout_silent_unit_and_units_left_out)
     CHECK_EQ(atomic_load(&fs[0].asked), before0);
     CHECK(f.u[0].op == DP_WIRE_OP_NONE && f.u[2].op == DP_WIRE_OP_NONE);
     uint64_t v = 0;
-    CHECK(dp_wire_fields_u64(&f.u[1].rep.r.stats, "entries", &v));
+    CHECK(dp__wire_fields_u64(&f.u[1].rep.r.stats, "entries", &v));
     CHECK_EQ(v, 7);
     CHECK_OK(dp__fanout_first(&f, NULL));
 
     dp__fanout_fini(&f);
-    dp_ctl_client_destroy(ctl);
+    dp__ctl_client_destroy(ctl);
     fakes_stop(fs, 3);
 }
 
@@ -274,9 +274,9 @@ DP_TEST(fanout_place_and_reply)
     fakes_start(fs, 2);
     cluster_of(fs, 2, &cl, us);
     dp_ctl_client *ctl = NULL;
-    CHECK_OK(dp_ctl_client_create(&ctl, NULL));
+    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
     dp_wire_rid_gen g;
-    CHECK_OK(dp_wire_rid_gen_init(&g, NULL));
+    CHECK_OK(dp__wire_rid_gen_init(&g, NULL));
     dp__fanout f;
     CHECK_OK(dp__fanout_init(&f, 2, NULL));
     dp_wire_request q;
@@ -286,9 +286,9 @@ DP_TEST(fanout_place_and_reply)
     CHECK_OK(dp__fanout_place(&f, &g, 0, 1, us[1].zmq, &q, NULL));
     CHECK_OK(dp__fanout_place(&f, &g, 1, 0, us[0].zmq, &q, NULL));
     CHECK_EQ(f.slot_unit[0], 1);
-    CHECK_OK(dp_ctl_send(ctl, &f.items[1]));
-    CHECK_OK(dp_ctl_send(ctl, &f.items[0]));
-    dp_ctl_wait_many(ctl, f.items, 2, 5);
+    CHECK_OK(dp__ctl_send(ctl, &f.items[1]));
+    CHECK_OK(dp__ctl_send(ctl, &f.items[0]));
+    dp__ctl_wait_many(ctl, f.items, 2, 5);
     for (uint32_t s = 0; s < 2; s++) {
         dp_wire_reply rep;
         dp_detail d;
@@ -296,18 +296,18 @@ DP_TEST(fanout_place_and_reply)
         CHECK_OK_D(dp__fanout_reply(&f.items[s], DP_WIRE_OP_INFO, &rep, &d), &d);
         CHECK(rep.ok);
         CHECK_EQ(rep.r.info.unit_id, f.slot_unit[s]);
-        dp_wire_reply_fini(&rep);
+        dp__wire_reply_fini(&rep);
     }
     /* A transport failure is the item's own. */
     dp_ctl_item bad = {.rc = DP_ETRANSFER};
-    dp_fail(&bad.det, DP_ETRANSFER, "gone");
+    dp__fail(&bad.det, DP_ETRANSFER, "gone");
     dp_wire_reply rep;
     dp_detail d;
     CHECK_ERR(dp__fanout_reply(&bad, DP_WIRE_OP_INFO, &rep, &d), DP_ETRANSFER);
     CHECK_STR(d.msg, "gone");
-    dp_wire_reply_fini(&rep);
+    dp__wire_reply_fini(&rep);
     dp__fanout_fini(&f);
-    dp_ctl_client_destroy(ctl);
+    dp__ctl_client_destroy(ctl);
     fakes_stop(fs, 2);
 }
 

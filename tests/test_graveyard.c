@@ -40,36 +40,36 @@
 static void
 ranges_body(void)
 {
-    C(!dp_graveyard_touches(0, 1 << 20));
-    C(dp_graveyard_entries() == 0 && dp_graveyard_bytes() == 0);
+    C(!dp__graveyard_touches(0, 1 << 20));
+    C(dp__graveyard_entries() == 0 && dp__graveyard_bytes() == 0);
     static int owner;
     dp_range r[3] = {{1000, 100}, {5000, 1}, {2000, 0}};
-    dp_graveyard_retain(&owner, r, 3, "test");
-    C(dp_graveyard_entries() == 1);
-    C(dp_graveyard_bytes() == 101);
-    C(dp_graveyard_touches(1000, 1));
-    C(dp_graveyard_touches(1099, 1));
-    C(!dp_graveyard_touches(1100, 10));
-    C(!dp_graveyard_touches(990, 10));
-    C(dp_graveyard_touches(990, 11));
-    C(dp_graveyard_touches(0, 100000));
-    C(dp_graveyard_touches(5000, 1));
-    C(!dp_graveyard_touches(4999, 1));
-    C(!dp_graveyard_touches(5001, 1));
-    C(!dp_graveyard_touches(2000, 10)); /* empty ranges are not retained */
-    C(!dp_graveyard_touches(1000, 0));
+    dp__graveyard_retain(&owner, r, 3, "test");
+    C(dp__graveyard_entries() == 1);
+    C(dp__graveyard_bytes() == 101);
+    C(dp__graveyard_touches(1000, 1));
+    C(dp__graveyard_touches(1099, 1));
+    C(!dp__graveyard_touches(1100, 10));
+    C(!dp__graveyard_touches(990, 10));
+    C(dp__graveyard_touches(990, 11));
+    C(dp__graveyard_touches(0, 100000));
+    C(dp__graveyard_touches(5000, 1));
+    C(!dp__graveyard_touches(4999, 1));
+    C(!dp__graveyard_touches(5001, 1));
+    C(!dp__graveyard_touches(2000, 10)); /* empty ranges are not retained */
+    C(!dp__graveyard_touches(1000, 0));
     /* Adjacent and overlapping ranges merge; the charge is the sum as given. */
     dp_range s[2] = {{1100, 50}, {1050, 200}};
-    dp_graveyard_retain(NULL, s, 2, "test2");
-    C(dp_graveyard_bytes() == 351);
-    C(dp_graveyard_touches(1249, 1));
-    C(!dp_graveyard_touches(1250, 1));
+    dp__graveyard_retain(NULL, s, 2, "test2");
+    C(dp__graveyard_bytes() == 351);
+    C(dp__graveyard_touches(1249, 1));
+    C(!dp__graveyard_touches(1250, 1));
     /* Wrap-around at the top of the address space is clamped. */
     dp_range w = {UINT64_MAX - 10, 100};
-    dp_graveyard_retain(NULL, &w, 1, "wrap");
-    C(dp_graveyard_touches(UINT64_MAX - 1, 1));
-    C(!dp_graveyard_poisoned());
-    C(dp_graveyard_check(NULL) == DP_OK);
+    dp__graveyard_retain(NULL, &w, 1, "wrap");
+    C(dp__graveyard_touches(UINT64_MAX - 1, 1));
+    C(!dp__graveyard_poisoned());
+    C(dp__graveyard_check(NULL) == DP_OK);
 }
 
 DP_TEST(ranges_overlap_and_merge)
@@ -89,7 +89,7 @@ random_body(uint64_t seed)
         if (a + n > SPACE)
             n = SPACE - a;
         dp_range r = {a, n};
-        dp_graveyard_retain(NULL, &r, 1, "rand");
+        dp__graveyard_retain(NULL, &r, 1, "rand");
         memset(map + a, 1, n);
         for (int q = 0; q < 50; q++) {
             uint64_t b = dp_test_rand(&rs) % SPACE, m = 1 + dp_test_rand(&rs) % 32;
@@ -98,7 +98,7 @@ random_body(uint64_t seed)
             bool want = false;
             for (uint64_t k = b; k < b + m; k++)
                 want |= map[k] != 0;
-            C(dp_graveyard_touches(b, m) == want);
+            C(dp__graveyard_touches(b, m) == want);
         }
     }
 }
@@ -112,24 +112,24 @@ DP_TEST(touches_matches_bitmap)
 static void
 poison_body(void)
 {
-    C(dp_graveyard_max_bytes() == DP_GRAVEYARD_DEFAULT_MAX_BYTES);
-    dp_graveyard_set_max_bytes(1000);
+    C(dp__graveyard_max_bytes() == DP_GRAVEYARD_DEFAULT_MAX_BYTES);
+    dp__graveyard_set_max_bytes(1000);
     dp_range r = {4096, 600};
-    dp_graveyard_retain(NULL, &r, 1, "a");
-    C(!dp_graveyard_poisoned());
-    dp_graveyard_retain_buffer(400); /* exactly at the limit: still fine */
-    C(!dp_graveyard_poisoned());
-    C(dp_graveyard_check(NULL) == DP_OK);
-    dp_graveyard_retain_buffer(1);
-    C(dp_graveyard_poisoned());
+    dp__graveyard_retain(NULL, &r, 1, "a");
+    C(!dp__graveyard_poisoned());
+    dp__graveyard_retain_buffer(400); /* exactly at the limit: still fine */
+    C(!dp__graveyard_poisoned());
+    C(dp__graveyard_check(NULL) == DP_OK);
+    dp__graveyard_retain_buffer(1);
+    C(dp__graveyard_poisoned());
     dp_detail d;
     dp_detail_clear(&d);
-    C(dp_graveyard_check(&d) == DP_EFATAL);
+    C(dp__graveyard_check(&d) == DP_EFATAL);
     C(strstr(d.msg, "poisoned") != NULL);
     C(strstr(d.msg, "1001") != NULL);
     /* Sticky: raising the limit does not heal the process. */
-    dp_graveyard_set_max_bytes(1ull << 40);
-    C(dp_graveyard_poisoned());
+    dp__graveyard_set_max_bytes(1ull << 40);
+    C(dp__graveyard_poisoned());
 }
 
 static void
@@ -137,33 +137,33 @@ release_body(void)
 {
     static int a, b, c;
     dp_range ra[2] = {{1000, 100}, {3000, 10}}, rb = {1050, 100};
-    dp_graveyard_retain(&a, ra, 2, "a");
-    dp_graveyard_retain(&b, &rb, 1, "b");
-    C(dp_graveyard_entries() == 2 && dp_graveyard_bytes() == 210);
+    dp__graveyard_retain(&a, ra, 2, "a");
+    dp__graveyard_retain(&b, &rb, 1, "b");
+    C(dp__graveyard_entries() == 2 && dp__graveyard_bytes() == 210);
     /* Releasing a keeps what b still names, and only that. */
-    C(dp_graveyard_release(&a));
-    C(!dp_graveyard_release(&a)); /* once */
-    C(!dp_graveyard_release(&c)); /* never retained */
-    C(dp_graveyard_entries() == 1 && dp_graveyard_bytes() == 100);
-    C(dp_graveyard_released() == 1);
-    C(!dp_graveyard_touches(1000, 50));
-    C(dp_graveyard_touches(1050, 1) && dp_graveyard_touches(1149, 1));
-    C(!dp_graveyard_touches(1150, 10));
-    C(!dp_graveyard_touches(3000, 10));
-    C(dp_graveyard_release(&b));
-    C(dp_graveyard_entries() == 0 && dp_graveyard_bytes() == 0);
-    C(!dp_graveyard_touches(0, 1 << 20));
+    C(dp__graveyard_release(&a));
+    C(!dp__graveyard_release(&a)); /* once */
+    C(!dp__graveyard_release(&c)); /* never retained */
+    C(dp__graveyard_entries() == 1 && dp__graveyard_bytes() == 100);
+    C(dp__graveyard_released() == 1);
+    C(!dp__graveyard_touches(1000, 50));
+    C(dp__graveyard_touches(1050, 1) && dp__graveyard_touches(1149, 1));
+    C(!dp__graveyard_touches(1150, 10));
+    C(!dp__graveyard_touches(3000, 10));
+    C(dp__graveyard_release(&b));
+    C(dp__graveyard_entries() == 0 && dp__graveyard_bytes() == 0);
+    C(!dp__graveyard_touches(0, 1 << 20));
     /* Whole retired buffers are charged and uncharged by size. */
-    dp_graveyard_retain_buffer(4096);
-    C(dp_graveyard_bytes() == 4096);
-    dp_graveyard_release_buffer(4096);
-    C(dp_graveyard_bytes() == 0);
+    dp__graveyard_retain_buffer(4096);
+    C(dp__graveyard_bytes() == 4096);
+    dp__graveyard_release_buffer(4096);
+    C(dp__graveyard_bytes() == 0);
     /* A poisoned process stays poisoned after releases. */
-    dp_graveyard_set_max_bytes(10);
-    dp_graveyard_retain(&c, ra, 1, "c");
-    C(dp_graveyard_poisoned());
-    C(dp_graveyard_release(&c));
-    C(dp_graveyard_poisoned() && dp_graveyard_check(NULL) == DP_EFATAL);
+    dp__graveyard_set_max_bytes(10);
+    dp__graveyard_retain(&c, ra, 1, "c");
+    C(dp__graveyard_poisoned());
+    C(dp__graveyard_release(&c));
+    C(dp__graveyard_poisoned() && dp__graveyard_check(NULL) == DP_EFATAL);
 }
 
 /* A transfer that ended after all leaves the graveyard; the others' ranges stay. */
@@ -180,10 +180,10 @@ DP_TEST(poisoned_past_max_bytes_and_sticky)
 static void
 lower_limit_body(void)
 {
-    dp_graveyard_retain_buffer(5000);
-    C(!dp_graveyard_poisoned());
-    dp_graveyard_set_max_bytes(4999); /* lowering below the charge poisons at once */
-    C(dp_graveyard_poisoned());
+    dp__graveyard_retain_buffer(5000);
+    C(!dp__graveyard_poisoned());
+    dp__graveyard_set_max_bytes(4999); /* lowering below the charge poisons at once */
+    C(dp__graveyard_poisoned());
 }
 
 DP_TEST(lowering_the_limit_poisons)
@@ -194,9 +194,9 @@ DP_TEST(lowering_the_limit_poisons)
 static void
 env_limit_body(void)
 {
-    C(dp_graveyard_max_bytes() == 64 * 1024);
-    dp_graveyard_retain_buffer(64 * 1024 + 1);
-    C(dp_graveyard_poisoned());
+    C(dp__graveyard_max_bytes() == 64 * 1024);
+    dp__graveyard_retain_buffer(64 * 1024 + 1);
+    C(dp__graveyard_poisoned());
 }
 
 DP_TEST(limit_from_environment)
@@ -212,10 +212,10 @@ hammer(void *arg)
     uint64_t base = (uint64_t)(uintptr_t)arg;
     for (int i = 0; i < 2000; i++) {
         dp_range r = {base + (uint64_t)i * 16, 8};
-        dp_graveyard_retain(NULL, &r, 1, "thread");
-        if (!dp_graveyard_touches(base + (uint64_t)i * 16 + 7, 1))
+        dp__graveyard_retain(NULL, &r, 1, "thread");
+        if (!dp__graveyard_touches(base + (uint64_t)i * 16 + 7, 1))
             abort();
-        dp_graveyard_check(NULL);
+        dp__graveyard_check(NULL);
     }
     return NULL;
 }
@@ -226,10 +226,10 @@ hammer(void *arg)
  */
 DP_TEST(concurrent_retain_and_lookup)
 {
-    size_t e0 = dp_graveyard_entries();
-    uint64_t b0 = dp_graveyard_bytes();
-    int lv = dp_log_enabled(DP_LOG_WARN) ? DP_LOG_INFO : DP_LOG_ERROR;
-    dp_log_set_level(DP_LOG_ERROR);
+    size_t e0 = dp__graveyard_entries();
+    uint64_t b0 = dp__graveyard_bytes();
+    int lv = dp__log_enabled(DP_LOG_WARN) ? DP_LOG_INFO : DP_LOG_ERROR;
+    dp__log_set_level(DP_LOG_ERROR);
     pthread_t t[4];
     for (int i = 0; i < 4; i++)
         CHECK_EQ(pthread_create(&t[i], NULL, hammer,
@@ -237,8 +237,8 @@ DP_TEST(concurrent_retain_and_lookup)
                  0);
     for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
-    dp_log_set_level(lv);
-    CHECK_EQ_U64(dp_graveyard_entries(), e0 + 8000);
-    CHECK_EQ_U64(dp_graveyard_bytes(), b0 + 8000 * 8);
-    CHECK(!dp_graveyard_poisoned());
+    dp__log_set_level(lv);
+    CHECK_EQ_U64(dp__graveyard_entries(), e0 + 8000);
+    CHECK_EQ_U64(dp__graveyard_bytes(), b0 + 8000 * 8);
+    CHECK(!dp__graveyard_poisoned());
 }

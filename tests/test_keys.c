@@ -84,23 +84,23 @@ DP_TEST(good_keys_split)
         dp_key_parts kp;
         dp_detail d;
         dp_detail_clear(&d);
-        CHECK_OK_D(dp_key_split(g->key, strlen(g->key), &kp, &d), &d);
+        CHECK_OK_D(dp__key_split(g->key, strlen(g->key), &kp, &d), &d);
         CHECK_EQ_U64(kp.gidx, g->gidx);
         CHECK_EQ(kp.field_len, strlen(g->field));
         CHECK(memcmp(kp.field, g->field, kp.field_len) == 0);
-        CHECK(dp_field_valid(g->field, strlen(g->field)));
+        CHECK(dp__field_valid(g->field, strlen(g->field)));
         /* make gives back the same spelling */
         char buf[DP_KEY_MAX + 1];
         size_t n = 0;
         CHECK_OK_D(
-            dp_key_make(g->gidx, g->field, strlen(g->field), buf, sizeof buf, &n, &d),
+            dp__key_make(g->gidx, g->field, strlen(g->field), buf, sizeof buf, &n, &d),
             &d);
         CHECK_EQ(n, strlen(g->key));
         CHECK_STR(buf, g->key);
         /* format (unchecked) spells it the same */
         char buf2[DP_KEY_MAX + 1];
         memset(buf2, 'x', sizeof buf2);
-        CHECK_EQ(dp_key_format(g->gidx, g->field, strlen(g->field), buf2), n);
+        CHECK_EQ(dp__key_format(g->gidx, g->field, strlen(g->field), buf2), n);
         CHECK_STR(buf2, g->key);
     }
 }
@@ -112,13 +112,13 @@ DP_TEST(bad_keys_rejected_with_reason)
         dp_key_parts kp;
         dp_detail d;
         dp_detail_clear(&d);
-        int rc = dp_key_split(b->key, strlen(b->key), &kp, &d);
+        int rc = dp__key_split(b->key, strlen(b->key), &kp, &d);
         CHECKF(rc == DP_EINVAL, "key #%zu: got %s", i, dp_errname(rc));
         CHECK_EQ(d.code, DP_EINVAL);
         CHECK_CONTAINS(d.msg, b->why);
         CHECK_CONTAINS(d.msg, "key '");
         /* NULL detail is fine too */
-        CHECK_ERR(dp_key_split(b->key, strlen(b->key), &kp, NULL), DP_EINVAL);
+        CHECK_ERR(dp__key_split(b->key, strlen(b->key), &kp, NULL), DP_EINVAL);
     }
 }
 
@@ -126,12 +126,12 @@ DP_TEST(detail_names_the_key)
 {
     dp_detail d;
     dp_key_parts kp;
-    CHECK_ERR(dp_key_split("12x@a", 5, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split("12x@a", 5, &kp, &d), DP_EINVAL);
     CHECK_STR(d.msg, "key '12x@a': gidx is not a decimal number");
     /* unprintable bytes are escaped in the message */
-    CHECK_ERR(dp_key_split("1@a\nb", 5, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split("1@a\nb", 5, &kp, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "key '1@a\\x0ab'");
-    CHECK_ERR(dp_key_split("1@\xff", 3, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split("1@\xff", 3, &kp, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "'1@\\xff'");
 }
 
@@ -139,11 +139,11 @@ DP_TEST(embedded_nul_rejected)
 {
     dp_key_parts kp;
     dp_detail d;
-    CHECK_ERR_D(dp_key_split("1@a\0b", 5, &kp, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp__key_split("1@a\0b", 5, &kp, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "control character 0x00");
-    CHECK_ERR(dp_key_split("1\0@a", 4, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split("1\0@a", 4, &kp, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "not a decimal number");
-    CHECK_ERR(dp_key_split("1@\0", 3, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split("1@\0", 3, &kp, &d), DP_EINVAL);
 }
 
 DP_TEST(field_length_limits)
@@ -154,16 +154,16 @@ DP_TEST(field_length_limits)
     /* "7@" + 255 bytes: ok; 256: rejected. */
     strcpy(key, "7@");
     memset(key + 2, 'f', 256);
-    CHECK_OK_D(dp_key_split(key, 2 + 255, &kp, &d), &d);
+    CHECK_OK_D(dp__key_split(key, 2 + 255, &kp, &d), &d);
     CHECK_EQ(kp.field_len, 255);
-    CHECK_ERR(dp_key_split(key, 2 + 256, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split(key, 2 + 256, &kp, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "longer than 255");
     /* Longest possible key: 20 digits + '@' + 255. */
     memcpy(key, "18446744073709551615@", 21);
     memset(key + 21, 'g', 255);
-    CHECK_OK_D(dp_key_split(key, DP_KEY_MAX, &kp, &d), &d);
+    CHECK_OK_D(dp__key_split(key, DP_KEY_MAX, &kp, &d), &d);
     CHECK_EQ_U64(kp.gidx, UINT64_MAX);
-    CHECK_ERR(dp_key_split(key, DP_KEY_MAX + 1, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split(key, DP_KEY_MAX + 1, &kp, &d), DP_EINVAL);
     CHECK_EQ(DP_KEY_MAX, 276);
     /* 255 bytes made of 2-byte characters is 254 bytes + one more ASCII */
     char f[300];
@@ -172,11 +172,11 @@ DP_TEST(field_length_limits)
         f[2 * i + 1] = '\xa9';
     }
     f[254] = 'z';
-    CHECK(dp_field_valid(f, 255));
+    CHECK(dp__field_valid(f, 255));
     /* a multibyte character cut by the end of the field */
-    CHECK(!dp_field_valid(f, 253));
-    CHECK(!dp_field_valid(f, 0));
-    CHECK_ERR(dp_field_check(f, 256, &d), DP_EINVAL);
+    CHECK(!dp__field_valid(f, 253));
+    CHECK(!dp__field_valid(f, 0));
+    CHECK_ERR(dp__field_check(f, 256, &d), DP_EINVAL);
 }
 
 DP_TEST(split_does_not_read_past_len)
@@ -188,7 +188,7 @@ DP_TEST(split_does_not_read_past_len)
     char *k = malloc(n);
     memcpy(k, src, n);
     dp_key_parts kp;
-    CHECK_OK(dp_key_split(k, n, &kp, NULL));
+    CHECK_OK(dp__key_split(k, n, &kp, NULL));
     CHECK_EQ_U64(kp.gidx, 42);
     CHECK_EQ(kp.field_len, 6);
     CHECK(kp.field == k + 3);
@@ -196,7 +196,7 @@ DP_TEST(split_does_not_read_past_len)
     for (size_t len = 0; len <= n; len++) {
         char *p = malloc(len ? len : 1);
         memcpy(p, src, len);
-        int rc = dp_key_split(p, len, &kp, NULL);
+        int rc = dp__key_split(p, len, &kp, NULL);
         CHECK(rc == (len >= 4 ? DP_OK : DP_EINVAL));
         free(p);
     }
@@ -208,9 +208,9 @@ DP_TEST(first_at_splits)
     dp_key_parts kp;
     dp_detail d;
     /* the gidx part ends at the first '@'; a second one lands in the field */
-    CHECK_ERR(dp_key_split("5@x@y", 5, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split("5@x@y", 5, &kp, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "field has '@' at byte 1");
-    CHECK_ERR(dp_key_split("5@@", 3, &kp, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_split("5@@", 3, &kp, &d), DP_EINVAL);
 }
 
 DP_TEST(make_checks_field_and_buffer)
@@ -218,24 +218,24 @@ DP_TEST(make_checks_field_and_buffer)
     char buf[DP_KEY_MAX + 1];
     size_t n;
     dp_detail d;
-    CHECK_ERR(dp_key_make(1, "a@b", 3, buf, sizeof buf, &n, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_make(1, "a@b", 3, buf, sizeof buf, &n, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "'@'");
     CHECK_STR(buf, "");
-    CHECK_ERR(dp_key_make(1, "", 0, buf, sizeof buf, &n, &d), DP_EINVAL);
-    CHECK_ERR(dp_key_make(1, "a\x01", 2, buf, sizeof buf, &n, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_make(1, "", 0, buf, sizeof buf, &n, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_make(1, "a\x01", 2, buf, sizeof buf, &n, &d), DP_EINVAL);
     /* exact fit: "123@ab" + NUL = 7 */
-    CHECK_OK(dp_key_make(123, "ab", 2, buf, 7, &n, &d));
+    CHECK_OK(dp__key_make(123, "ab", 2, buf, 7, &n, &d));
     CHECK_STR(buf, "123@ab");
-    CHECK_ERR(dp_key_make(123, "ab", 2, buf, 6, &n, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_make(123, "ab", 2, buf, 6, &n, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "too small");
-    CHECK_ERR(dp_key_make(123, "ab", 2, NULL, 0, &n, &d), DP_EINVAL);
+    CHECK_ERR(dp__key_make(123, "ab", 2, NULL, 0, &n, &d), DP_EINVAL);
     /* field need not be NUL-terminated */
-    CHECK_OK(dp_key_make(0, "abcdef", 3, buf, sizeof buf, NULL, &d));
+    CHECK_OK(dp__key_make(0, "abcdef", 3, buf, sizeof buf, NULL, &d));
     CHECK_STR(buf, "0@abc");
     /* largest key fits in DP_KEY_MAX + 1 */
     char f[DP_FIELD_MAX];
     memset(f, 'q', sizeof f);
-    CHECK_OK(dp_key_make(UINT64_MAX, f, sizeof f, buf, sizeof buf, &n, &d));
+    CHECK_OK(dp__key_make(UINT64_MAX, f, sizeof f, buf, sizeof buf, &n, &d));
     CHECK_EQ(n, DP_KEY_MAX);
 }
 
@@ -243,17 +243,17 @@ DP_TEST(gidx_parse)
 {
     uint64_t v;
     dp_detail d;
-    CHECK_OK(dp_gidx_parse("0", 1, &v, &d));
+    CHECK_OK(dp__gidx_parse("0", 1, &v, &d));
     CHECK_EQ_U64(v, 0);
-    CHECK_OK(dp_gidx_parse("18446744073709551615", 20, &v, &d));
+    CHECK_OK(dp__gidx_parse("18446744073709551615", 20, &v, &d));
     CHECK_EQ_U64(v, UINT64_MAX);
-    CHECK_ERR(dp_gidx_parse("18446744073709551616", 20, &v, &d), DP_EINVAL);
+    CHECK_ERR(dp__gidx_parse("18446744073709551616", 20, &v, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "64 bits");
-    CHECK_ERR(dp_gidx_parse("", 0, &v, &d), DP_EINVAL);
-    CHECK_ERR(dp_gidx_parse("007", 3, &v, &d), DP_EINVAL);
-    CHECK_ERR(dp_gidx_parse("7 ", 2, &v, &d), DP_EINVAL);
+    CHECK_ERR(dp__gidx_parse("", 0, &v, &d), DP_EINVAL);
+    CHECK_ERR(dp__gidx_parse("007", 3, &v, &d), DP_EINVAL);
+    CHECK_ERR(dp__gidx_parse("7 ", 2, &v, &d), DP_EINVAL);
     /* only len bytes count */
-    CHECK_OK(dp_gidx_parse("12junk", 2, &v, &d));
+    CHECK_OK(dp__gidx_parse("12junk", 2, &v, &d));
     CHECK_EQ_U64(v, 12);
 }
 
@@ -279,9 +279,9 @@ DP_TEST(random_keys_round_trip)
         char buf[DP_KEY_MAX + 1];
         size_t klen;
         dp_detail d;
-        CHECK_OK_D(dp_key_make(gidx, f, n, buf, sizeof buf, &klen, &d), &d);
+        CHECK_OK_D(dp__key_make(gidx, f, n, buf, sizeof buf, &klen, &d), &d);
         dp_key_parts kp;
-        CHECK_OK_D(dp_key_split(buf, klen, &kp, &d), &d);
+        CHECK_OK_D(dp__key_split(buf, klen, &kp, &d), &d);
         CHECK_EQ_U64(kp.gidx, gidx);
         CHECK_EQ(kp.field_len, n);
         CHECK(memcmp(kp.field, f, n) == 0);
@@ -291,7 +291,7 @@ DP_TEST(random_keys_round_trip)
 DP_TEST(random_bytes_never_crash)
 {
     /* Random short byte strings: split either succeeds with a field that
-     * passes dp_field_valid, or fails with DP_EINVAL. */
+     * passes dp__field_valid, or fails with DP_EINVAL. */
     uint64_t s = dp_test_seed();
     static const char alphabet[] = "0123456789@@ab\x00\x7f\xc3\xa9\xff\x80 +-";
     for (int it = 0; it < 50000; it++) {
@@ -300,14 +300,14 @@ DP_TEST(random_bytes_never_crash)
         for (size_t i = 0; i < n; i++)
             k[i] = alphabet[dp_test_rand(&s) % (sizeof alphabet - 1)];
         dp_key_parts kp;
-        int rc = dp_key_split(k, n, &kp, NULL);
+        int rc = dp__key_split(k, n, &kp, NULL);
         CHECK(rc == DP_OK || rc == DP_EINVAL);
         if (rc == DP_OK) {
-            CHECK(dp_field_valid(kp.field, kp.field_len));
+            CHECK(dp__field_valid(kp.field, kp.field_len));
             char buf[DP_KEY_MAX + 1];
             size_t m;
             CHECK_OK(
-                dp_key_make(kp.gidx, kp.field, kp.field_len, buf, sizeof buf, &m, NULL));
+                dp__key_make(kp.gidx, kp.field, kp.field_len, buf, sizeof buf, &m, NULL));
             CHECK(m == n && memcmp(buf, k, n) == 0); /* one spelling per key */
         }
         free(k);

@@ -40,66 +40,66 @@ walk(dp_mp_reader *r, const msgpack_object *o)
     dp_mp_reader save = *r;
     switch (o->type) {
     case MSGPACK_OBJECT_NIL:
-        CHECK_EQ(dp_mp_peek(r), DP_MP_NIL);
-        CHECK_OK(dp_mp_read_nil(r, NULL, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_NIL);
+        CHECK_OK(dp__mp_read_nil(r, NULL, &d));
         break;
     case MSGPACK_OBJECT_BOOLEAN: {
         bool b;
-        CHECK_EQ(dp_mp_peek(r), DP_MP_BOOL);
-        CHECK_OK(dp_mp_read_bool(r, &b, NULL, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_BOOL);
+        CHECK_OK(dp__mp_read_bool(r, &b, NULL, &d));
         CHECK_EQ(b, o->via.boolean);
         break;
     }
     case MSGPACK_OBJECT_POSITIVE_INTEGER: {
         uint64_t u;
-        dp_mp_type t = dp_mp_peek(r);
+        dp_mp_type t = dp__mp_peek(r);
         CHECK(t == DP_MP_UINT || t == DP_MP_INT); /* int 8..64 may hold >= 0 */
-        CHECK_OK_D(dp_mp_read_u64(r, &u, NULL, &d), &d);
+        CHECK_OK_D(dp__mp_read_u64(r, &u, NULL, &d), &d);
         CHECK_EQ_U64(u, o->via.u64);
         dp_mp_reader again = save;
         int64_t i;
         if (o->via.u64 <= (uint64_t)INT64_MAX) {
-            CHECK_OK(dp_mp_read_i64(&again, &i, NULL, &d));
+            CHECK_OK(dp__mp_read_i64(&again, &i, NULL, &d));
             CHECK_EQ(i, (int64_t)o->via.u64);
         } else {
-            CHECK_ERR(dp_mp_read_i64(&again, &i, "big", &d), DP_EPROTO);
+            CHECK_ERR(dp__mp_read_i64(&again, &i, "big", &d), DP_EPROTO);
             CHECK_CONTAINS(d.msg, "big: integer out of range");
             CHECK(again.p == save.p);
         }
         again = save;
         double f;
-        CHECK_OK(dp_mp_read_double(&again, &f, NULL, &d));
+        CHECK_OK(dp__mp_read_double(&again, &f, NULL, &d));
         CHECK(f == (double)o->via.u64);
         break;
     }
     case MSGPACK_OBJECT_NEGATIVE_INTEGER: {
         int64_t i;
         uint64_t u;
-        CHECK_EQ(dp_mp_peek(r), DP_MP_INT);
-        CHECK_ERR(dp_mp_read_u64(r, &u, "n", &d), DP_EPROTO);
+        CHECK_EQ(dp__mp_peek(r), DP_MP_INT);
+        CHECK_ERR(dp__mp_read_u64(r, &u, "n", &d), DP_EPROTO);
         CHECK_CONTAINS(d.msg, "n: negative integer");
         CHECK(r->p == save.p);
         dp_mp_reader again = save;
         double f;
-        CHECK_OK(dp_mp_read_double(&again, &f, NULL, &d));
+        CHECK_OK(dp__mp_read_double(&again, &f, NULL, &d));
         CHECK(f == (double)o->via.i64);
-        CHECK_OK(dp_mp_read_i64(r, &i, NULL, &d));
+        CHECK_OK(dp__mp_read_i64(r, &i, NULL, &d));
         CHECK_EQ(i, o->via.i64);
         break;
     }
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64: {
         double f;
-        CHECK_EQ(dp_mp_peek(r), DP_MP_FLOAT);
-        CHECK_OK(dp_mp_read_double(r, &f, NULL, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_FLOAT);
+        CHECK_OK(dp__mp_read_double(r, &f, NULL, &d));
         CHECK((isnan(f) && isnan(o->via.f64)) || f == o->via.f64);
         break;
     }
     case MSGPACK_OBJECT_STR: {
         const char *s;
         uint32_t n;
-        CHECK_EQ(dp_mp_peek(r), DP_MP_STR);
-        CHECK_OK(dp_mp_read_str(r, &s, &n, NULL, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_STR);
+        CHECK_OK(dp__mp_read_str(r, &s, &n, NULL, &d));
         CHECK_EQ(n, o->via.str.size);
         CHECK(n == 0 || memcmp(s, o->via.str.ptr, n) == 0);
         break;
@@ -107,16 +107,16 @@ walk(dp_mp_reader *r, const msgpack_object *o)
     case MSGPACK_OBJECT_BIN: {
         const uint8_t *p;
         uint32_t n;
-        CHECK_EQ(dp_mp_peek(r), DP_MP_BIN);
-        CHECK_OK(dp_mp_read_bin(r, &p, &n, NULL, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_BIN);
+        CHECK_OK(dp__mp_read_bin(r, &p, &n, NULL, &d));
         CHECK_EQ(n, o->via.bin.size);
         CHECK(n == 0 || memcmp(p, o->via.bin.ptr, n) == 0);
         break;
     }
     case MSGPACK_OBJECT_ARRAY: {
         uint32_t n;
-        CHECK_EQ(dp_mp_peek(r), DP_MP_ARRAY);
-        CHECK_OK(dp_mp_read_array(r, &n, NULL, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_ARRAY);
+        CHECK_OK(dp__mp_read_array(r, &n, NULL, &d));
         CHECK_EQ(n, o->via.array.size);
         for (uint32_t i = 0; i < n; i++)
             walk(r, &o->via.array.ptr[i]);
@@ -124,8 +124,8 @@ walk(dp_mp_reader *r, const msgpack_object *o)
     }
     case MSGPACK_OBJECT_MAP: {
         uint32_t n;
-        CHECK_EQ(dp_mp_peek(r), DP_MP_MAP);
-        CHECK_OK(dp_mp_read_map(r, &n, NULL, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_MAP);
+        CHECK_OK(dp__mp_read_map(r, &n, NULL, &d));
         CHECK_EQ(n, o->via.map.size);
         for (uint32_t i = 0; i < n; i++) {
             walk(r, &o->via.map.ptr[i].key);
@@ -134,15 +134,15 @@ walk(dp_mp_reader *r, const msgpack_object *o)
         break;
     }
     case MSGPACK_OBJECT_EXT:
-        CHECK_EQ(dp_mp_peek(r), DP_MP_EXT);
-        CHECK_OK(dp_mp_skip(r, &d));
+        CHECK_EQ(dp__mp_peek(r), DP_MP_EXT);
+        CHECK_OK(dp__mp_skip(r, &d));
         break;
     default:
         CHECK(!"unexpected oracle type");
     }
     /* Whatever was read, skip from the same place lands at the same byte. */
     dp_mp_reader s2 = save;
-    CHECK_OK_D(dp_mp_skip(&s2, &d), &d);
+    CHECK_OK_D(dp__mp_skip(&s2, &d), &d);
     CHECK(s2.p == r->p);
 }
 
@@ -151,7 +151,7 @@ static void
 check_against_oracle(const void *data, size_t len)
 {
     dp_mp_reader r;
-    dp_mp_reader_init(&r, data, len);
+    dp__mp_reader_init(&r, data, len);
     size_t off = 0;
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
@@ -160,13 +160,13 @@ check_against_oracle(const void *data, size_t len)
         msgpack_unpack_return ret = msgpack_unpack_next(&u, data, len, &off);
         CHECKF(ret == MSGPACK_UNPACK_SUCCESS, "oracle failed (%d) at %zu", (int)ret,
                before);
-        CHECK_EQ(dp_mp_offset(&r), before);
+        CHECK_EQ(dp__mp_offset(&r), before);
         walk(&r, &u.data);
-        CHECK_EQ(dp_mp_offset(&r), off);
+        CHECK_EQ(dp__mp_offset(&r), off);
     }
     msgpack_unpacked_destroy(&u);
-    CHECK_EQ(dp_mp_remaining(&r), 0);
-    CHECK_EQ(dp_mp_peek(&r), DP_MP_END);
+    CHECK_EQ(dp__mp_remaining(&r), 0);
+    CHECK_EQ(dp__mp_peek(&r), DP_MP_END);
 }
 
 /* ---- well-formed data, every type and width ---- */
@@ -407,12 +407,12 @@ DP_TEST(random_values_match_oracle)
         /* Every strict prefix fails to skip the whole stream. */
         for (size_t cut = 0; cut < k.sb.size; cut += 1 + cut / 8) {
             dp_mp_reader r;
-            dp_mp_reader_init(&r, k.sb.data, cut);
+            dp__mp_reader_init(&r, k.sb.data, cut);
             dp_detail d;
             int rc = DP_OK;
-            while (rc == DP_OK && dp_mp_remaining(&r) > 0)
-                rc = dp_mp_skip(&r, &d);
-            CHECK(rc == DP_EPROTO || cut == 0 || dp_mp_remaining(&r) == 0);
+            while (rc == DP_OK && dp__mp_remaining(&r) > 0)
+                rc = dp__mp_skip(&r, &d);
+            CHECK(rc == DP_EPROTO || cut == 0 || dp__mp_remaining(&r) == 0);
         }
         pk_fini(&k);
     }
@@ -423,63 +423,63 @@ DP_TEST(random_values_match_oracle)
 DP_TEST(writer_round_trips_through_oracle)
 {
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     dp_mp_writer w;
-    dp_mp_writer_init(&w, &b);
-    dp_mp_put_array(&w, 11);
-    dp_mp_put_nil(&w);
-    dp_mp_put_bool(&w, true);
-    dp_mp_put_u64(&w, UINT64_MAX);
-    dp_mp_put_i64(&w, INT64_MIN);
-    dp_mp_put_double(&w, 0.5);
-    dp_mp_put_str(&w, "héllo");
-    dp_mp_put_strn(&w, "abc\0def", 7);
-    dp_mp_put_bin(&w, "\x00\x01", 2);
-    dp_mp_put_map(&w, 1);
-    dp_mp_put_str(&w, "k");
-    dp_mp_put_i64(&w, 5);
-    dp_mp_put_array(&w, 0);
-    dp_mp_put_map(&w, 0);
-    CHECK_OK(dp_mp_writer_status(&w));
+    dp__mp_writer_init(&w, &b);
+    dp__mp_put_array(&w, 11);
+    dp__mp_put_nil(&w);
+    dp__mp_put_bool(&w, true);
+    dp__mp_put_u64(&w, UINT64_MAX);
+    dp__mp_put_i64(&w, INT64_MIN);
+    dp__mp_put_double(&w, 0.5);
+    dp__mp_put_str(&w, "héllo");
+    dp__mp_put_strn(&w, "abc\0def", 7);
+    dp__mp_put_bin(&w, "\x00\x01", 2);
+    dp__mp_put_map(&w, 1);
+    dp__mp_put_str(&w, "k");
+    dp__mp_put_i64(&w, 5);
+    dp__mp_put_array(&w, 0);
+    dp__mp_put_map(&w, 0);
+    CHECK_OK(dp__mp_writer_status(&w));
     check_against_oracle(b.data, b.len);
 
     dp_mp_reader r;
     dp_detail d;
-    dp_mp_reader_init(&r, b.data, b.len);
+    dp__mp_reader_init(&r, b.data, b.len);
     uint32_t n;
-    CHECK_OK(dp_mp_read_array(&r, &n, NULL, &d));
+    CHECK_OK(dp__mp_read_array(&r, &n, NULL, &d));
     CHECK_EQ(n, 11);
-    CHECK_OK(dp_mp_read_nil(&r, NULL, &d));
-    CHECK(!dp_mp_take_nil(&r));
+    CHECK_OK(dp__mp_read_nil(&r, NULL, &d));
+    CHECK(!dp__mp_take_nil(&r));
     bool bv;
-    CHECK_OK(dp_mp_read_bool(&r, &bv, NULL, &d));
+    CHECK_OK(dp__mp_read_bool(&r, &bv, NULL, &d));
     CHECK(bv);
     uint64_t u;
-    CHECK_OK(dp_mp_read_u64(&r, &u, NULL, &d));
+    CHECK_OK(dp__mp_read_u64(&r, &u, NULL, &d));
     CHECK_EQ_U64(u, UINT64_MAX);
     int64_t i;
-    CHECK_OK(dp_mp_read_i64(&r, &i, NULL, &d));
+    CHECK_OK(dp__mp_read_i64(&r, &i, NULL, &d));
     CHECK(i == INT64_MIN);
     double f;
-    CHECK_OK(dp_mp_read_double(&r, &f, NULL, &d));
+    CHECK_OK(dp__mp_read_double(&r, &f, NULL, &d));
     CHECK(f == 0.5);
     const char *s;
     uint32_t sn;
-    CHECK_OK(dp_mp_read_str(&r, &s, &sn, NULL, &d));
+    CHECK_OK(dp__mp_read_str(&r, &s, &sn, NULL, &d));
     CHECK_EQ(sn, strlen("héllo"));
-    CHECK_OK(dp_mp_read_str(&r, &s, &sn, NULL, &d));
+    CHECK_OK(dp__mp_read_str(&r, &s, &sn, NULL, &d));
     CHECK_EQ(sn, 7);
     CHECK(memcmp(s, "abc\0def", 7) == 0);
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
 
     /* A buffer already out of memory reports it. */
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     b.oom = true;
-    dp_mp_writer_init(&w, &b);
-    dp_mp_put_u64(&w, 1);
-    CHECK_ERR(dp_mp_writer_status(&w), DP_ENOMEM);
+    dp__mp_writer_init(&w, &b);
+    dp__mp_put_u64(&w, 1);
+    CHECK_ERR(dp__mp_writer_status(&w), DP_ENOMEM);
     CHECK_EQ(b.len, 0);
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
 }
 
 /* ---- hostile inputs ---- */
@@ -490,7 +490,7 @@ all_readers_fail(const uint8_t *data, size_t len)
 {
     dp_mp_reader r;
     dp_detail d;
-    dp_mp_reader_init(&r, data, len);
+    dp__mp_reader_init(&r, data, len);
     bool b;
     uint64_t u;
     int64_t i;
@@ -498,18 +498,18 @@ all_readers_fail(const uint8_t *data, size_t len)
     const char *s;
     const uint8_t *p;
     uint32_t n;
-    CHECK_ERR(dp_mp_read_nil(&r, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_bool(&r, &b, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_u64(&r, &u, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_i64(&r, &i, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_double(&r, &f, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_str(&r, &s, &n, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_bin(&r, &p, &n, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_array(&r, &n, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_read_map(&r, &n, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_mp_skip(&r, &d), DP_EPROTO);
-    CHECK_EQ(dp_mp_offset(&r), 0);
-    CHECK(!dp_mp_take_nil(&r) || (len > 0 && data[0] == 0xc0));
+    CHECK_ERR(dp__mp_read_nil(&r, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_bool(&r, &b, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_u64(&r, &u, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_i64(&r, &i, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_double(&r, &f, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_str(&r, &s, &n, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_bin(&r, &p, &n, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_array(&r, &n, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_map(&r, &n, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
+    CHECK_EQ(dp__mp_offset(&r), 0);
+    CHECK(!dp__mp_take_nil(&r) || (len > 0 && data[0] == 0xc0));
 }
 
 /* Copy into an exact-size heap block so ASan catches any overread. */
@@ -549,17 +549,17 @@ DP_TEST(truncated_headers_of_every_width_fail)
             if (cut > 0) {
                 dp_mp_reader r;
                 dp_detail d;
-                dp_mp_reader_init(&r, buf, cut);
-                CHECK_ERR(dp_mp_skip(&r, &d), DP_EPROTO);
+                dp__mp_reader_init(&r, buf, cut);
+                CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
                 CHECK_CONTAINS(d.msg, "at byte");
             }
         }
     }
     all_readers_fail_heap(NULL, 0);
     dp_mp_reader r;
-    dp_mp_reader_init(&r, NULL, 0);
-    CHECK_EQ(dp_mp_peek(&r), DP_MP_END);
-    CHECK_EQ(dp_mp_remaining(&r), 0);
+    dp__mp_reader_init(&r, NULL, 0);
+    CHECK_EQ(dp__mp_peek(&r), DP_MP_END);
+    CHECK_EQ(dp__mp_remaining(&r), 0);
 }
 
 DP_TEST(lengths_past_the_end_fail)
@@ -579,8 +579,8 @@ DP_TEST(lengths_past_the_end_fail)
     dp_detail d;
     const char *s;
     uint32_t n;
-    dp_mp_reader_init(&r, cases[0], 8);
-    CHECK_ERR(dp_mp_read_str(&r, &s, &n, "blob_id", &d), DP_EPROTO);
+    dp__mp_reader_init(&r, cases[0], 8);
+    CHECK_ERR(dp__mp_read_str(&r, &s, &n, "blob_id", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "blob_id: str of 4294967295 bytes at byte 0 runs past the end");
 }
 
@@ -599,13 +599,13 @@ DP_TEST(huge_counts_in_a_few_bytes_fail)
     dp_mp_reader r;
     dp_detail d;
     uint32_t n;
-    dp_mp_reader_init(&r, cases[0], 6);
-    CHECK_ERR(dp_mp_read_array(&r, &n, "keys", &d), DP_EPROTO);
+    dp__mp_reader_init(&r, cases[0], 6);
+    CHECK_ERR(dp__mp_read_array(&r, &n, "keys", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "keys: array of 4294967295 elements");
     /* A map of 2 with exactly 4 one-byte values is fine. */
     static const uint8_t ok[] = {0x82, 0xc0, 0xc0, 0xc0, 0xc0};
-    dp_mp_reader_init(&r, ok, sizeof ok);
-    CHECK_OK(dp_mp_read_map(&r, &n, NULL, &d));
+    dp__mp_reader_init(&r, ok, sizeof ok);
+    CHECK_OK(dp__mp_read_map(&r, &n, NULL, &d));
     CHECK_EQ(n, 2);
 }
 
@@ -615,16 +615,16 @@ DP_TEST(invalid_byte_c1_fails)
     all_readers_fail_heap(c1, 1);
     dp_mp_reader r;
     dp_detail d;
-    dp_mp_reader_init(&r, c1, 1);
-    CHECK_EQ(dp_mp_peek(&r), DP_MP_INVALID);
-    CHECK_ERR(dp_mp_skip(&r, &d), DP_EPROTO);
+    dp__mp_reader_init(&r, c1, 1);
+    CHECK_EQ(dp__mp_peek(&r), DP_MP_INVALID);
+    CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "0xc1");
     static const uint8_t nested[] = {0x92, 0x01, 0xc1};
-    dp_mp_reader_init(&r, nested, sizeof nested);
-    CHECK_ERR(dp_mp_skip(&r, &d), DP_EPROTO);
-    CHECK_EQ(dp_mp_offset(&r), 0);
-    CHECK_STR(dp_mp_type_name(DP_MP_INVALID), "invalid byte");
-    CHECK_STR(dp_mp_type_name((dp_mp_type)99), "?");
+    dp__mp_reader_init(&r, nested, sizeof nested);
+    CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
+    CHECK_EQ(dp__mp_offset(&r), 0);
+    CHECK_STR(dp__mp_type_name(DP_MP_INVALID), "invalid byte");
+    CHECK_STR(dp__mp_type_name((dp_mp_type)99), "?");
 }
 
 static size_t
@@ -643,31 +643,31 @@ DP_TEST(nesting_is_bounded)
     dp_mp_reader r;
     dp_detail d;
     size_t n = nested_arrays(buf, DP_MP_MAX_DEPTH);
-    dp_mp_reader_init(&r, buf, n);
-    CHECK_OK_D(dp_mp_skip(&r, &d), &d);
-    CHECK_EQ(dp_mp_remaining(&r), 0);
+    dp__mp_reader_init(&r, buf, n);
+    CHECK_OK_D(dp__mp_skip(&r, &d), &d);
+    CHECK_EQ(dp__mp_remaining(&r), 0);
     n = nested_arrays(buf, DP_MP_MAX_DEPTH + 1);
-    dp_mp_reader_init(&r, buf, n);
-    CHECK_ERR(dp_mp_skip(&r, &d), DP_EPROTO);
+    dp__mp_reader_init(&r, buf, n);
+    CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "nested deeper than");
-    CHECK_EQ(dp_mp_offset(&r), 0);
+    CHECK_EQ(dp__mp_offset(&r), 0);
     /* A million levels: fails fast, no recursion to overflow. */
     n = nested_arrays(buf, 1000000);
-    dp_mp_reader_init(&r, buf, n);
-    CHECK_ERR(dp_mp_skip(&r, &d), DP_EPROTO);
+    dp__mp_reader_init(&r, buf, n);
+    CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
     /* Empty containers at the limit do not count as deeper. */
     n = nested_arrays(buf, DP_MP_MAX_DEPTH);
     buf[DP_MP_MAX_DEPTH] = 0x90;
-    dp_mp_reader_init(&r, buf, n);
-    CHECK_OK(dp_mp_skip(&r, &d));
+    dp__mp_reader_init(&r, buf, n);
+    CHECK_OK(dp__mp_skip(&r, &d));
     /* Maps nest too. */
     for (unsigned i = 0; i <= DP_MP_MAX_DEPTH; i++) {
         buf[2 * i] = 0x81;
         buf[2 * i + 1] = 0xc0;
     }
     buf[2 * (DP_MP_MAX_DEPTH + 1)] = 0xc0;
-    dp_mp_reader_init(&r, buf, 2 * (DP_MP_MAX_DEPTH + 1) + 1);
-    CHECK_ERR(dp_mp_skip(&r, &d), DP_EPROTO);
+    dp__mp_reader_init(&r, buf, 2 * (DP_MP_MAX_DEPTH + 1) + 1);
+    CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
     free(buf);
 }
 
@@ -683,33 +683,33 @@ DP_TEST(wrong_types_name_the_value_and_keep_the_cursor)
     int64_t i;
     bool b;
     uint32_t n;
-    dp_mp_reader_init(&r, neg, sizeof neg);
-    CHECK_ERR(dp_mp_read_u64(&r, &u, "nbytes", &d), DP_EPROTO);
+    dp__mp_reader_init(&r, neg, sizeof neg);
+    CHECK_ERR(dp__mp_read_u64(&r, &u, "nbytes", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "nbytes: negative integer at byte 0");
-    dp_mp_reader_init(&r, neg64, sizeof neg64);
-    CHECK_ERR(dp_mp_read_u64(&r, &u, "off", &d), DP_EPROTO);
+    dp__mp_reader_init(&r, neg64, sizeof neg64);
+    CHECK_ERR(dp__mp_read_u64(&r, &u, "off", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "off: negative");
-    CHECK_OK(dp_mp_read_i64(&r, &i, NULL, &d));
+    CHECK_OK(dp__mp_read_i64(&r, &i, NULL, &d));
     CHECK(i == INT64_MIN);
-    dp_mp_reader_init(&r, big, sizeof big);
-    CHECK_ERR(dp_mp_read_i64(&r, &i, "x", &d), DP_EPROTO);
-    CHECK_EQ(dp_mp_offset(&r), 0);
-    dp_mp_reader_init(&r, str, sizeof str);
-    CHECK_ERR(dp_mp_read_u64(&r, &u, "nbytes", &d), DP_EPROTO);
+    dp__mp_reader_init(&r, big, sizeof big);
+    CHECK_ERR(dp__mp_read_i64(&r, &i, "x", &d), DP_EPROTO);
+    CHECK_EQ(dp__mp_offset(&r), 0);
+    dp__mp_reader_init(&r, str, sizeof str);
+    CHECK_ERR(dp__mp_read_u64(&r, &u, "nbytes", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "nbytes: expected unsigned integer, got str at byte 0");
-    CHECK_ERR(dp_mp_read_bool(&r, &b, NULL, &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_bool(&r, &b, NULL, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "expected bool, got str");
-    CHECK_ERR(dp_mp_read_map(&r, &n, "args", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_map(&r, &n, "args", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "args: expected map");
-    CHECK_ERR(dp_mp_read_nil(&r, NULL, &d), DP_EPROTO);
-    CHECK_EQ(dp_mp_offset(&r), 0);
+    CHECK_ERR(dp__mp_read_nil(&r, NULL, &d), DP_EPROTO);
+    CHECK_EQ(dp__mp_offset(&r), 0);
     const uint8_t *p;
-    CHECK_ERR(dp_mp_read_bin(&r, &p, &n, "metadata", &d), DP_EPROTO);
+    CHECK_ERR(dp__mp_read_bin(&r, &p, &n, "metadata", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "metadata: expected bin, got str");
     double f;
-    CHECK_ERR(dp_mp_read_double(&r, &f, NULL, &d), DP_EPROTO);
-    CHECK_EQ(dp_mp_offset(&r), 0);
-    CHECK_ERR(dp_mp_read_u64(&r, &u, NULL, NULL), DP_EPROTO); /* NULL detail is fine */
+    CHECK_ERR(dp__mp_read_double(&r, &f, NULL, &d), DP_EPROTO);
+    CHECK_EQ(dp__mp_offset(&r), 0);
+    CHECK_ERR(dp__mp_read_u64(&r, &u, NULL, NULL), DP_EPROTO); /* NULL detail is fine */
 }
 
 /* Every input of 1 or 2 bytes: skip agrees with the oracle on what is complete. */
@@ -728,16 +728,16 @@ DP_TEST(all_short_inputs_agree_with_oracle)
             msgpack_unpack_return ret =
                 msgpack_unpack_next(&u, (const char *)h, len, &off);
             dp_mp_reader r;
-            dp_mp_reader_init(&r, h, len);
-            int rc = dp_mp_skip(&r, NULL);
+            dp__mp_reader_init(&r, h, len);
+            int rc = dp__mp_skip(&r, NULL);
             if (ret == MSGPACK_UNPACK_SUCCESS) {
                 CHECKF(rc == DP_OK, "input %02x%02x len %u", h[0], len > 1 ? h[1] : 0,
                        len);
-                CHECK_EQ(dp_mp_offset(&r), off);
+                CHECK_EQ(dp__mp_offset(&r), off);
             } else {
                 CHECKF(rc == DP_EPROTO, "input %02x%02x len %u: oracle %d", h[0],
                        len > 1 ? h[1] : 0, len, (int)ret);
-                CHECK_EQ(dp_mp_offset(&r), 0);
+                CHECK_EQ(dp__mp_offset(&r), 0);
             }
         }
     }
@@ -759,36 +759,36 @@ DP_TEST(random_bytes_never_crash)
         uint8_t *h = malloc(len ? len : 1);
         memcpy(h, tmp, len);
         dp_mp_reader r;
-        dp_mp_reader_init(&r, h, len);
-        while (dp_mp_remaining(&r) > 0 && dp_mp_skip(&r, NULL) == DP_OK) {
+        dp__mp_reader_init(&r, h, len);
+        while (dp__mp_remaining(&r) > 0 && dp__mp_skip(&r, NULL) == DP_OK) {
         }
-        dp_mp_reader_init(&r, h, len);
+        dp__mp_reader_init(&r, h, len);
         const char *s;
         uint32_t n;
         uint64_t u;
         int rc = DP_OK;
-        while (rc == DP_OK && dp_mp_remaining(&r) > 0) {
-            switch (dp_mp_peek(&r)) {
+        while (rc == DP_OK && dp__mp_remaining(&r) > 0) {
+            switch (dp__mp_peek(&r)) {
             case DP_MP_STR:
-                rc = dp_mp_read_str(&r, &s, &n, NULL, NULL);
+                rc = dp__mp_read_str(&r, &s, &n, NULL, NULL);
                 if (rc == DP_OK)
                     CHECK((const uint8_t *)s + n <= h + len);
                 break;
             case DP_MP_ARRAY:
-                rc = dp_mp_read_array(&r, &n, NULL, NULL);
+                rc = dp__mp_read_array(&r, &n, NULL, NULL);
                 if (rc == DP_OK)
-                    CHECK(n <= dp_mp_remaining(&r));
+                    CHECK(n <= dp__mp_remaining(&r));
                 break;
             case DP_MP_MAP:
-                rc = dp_mp_read_map(&r, &n, NULL, NULL);
+                rc = dp__mp_read_map(&r, &n, NULL, NULL);
                 if (rc == DP_OK)
-                    CHECK(2ull * n <= dp_mp_remaining(&r));
+                    CHECK(2ull * n <= dp__mp_remaining(&r));
                 break;
             case DP_MP_UINT:
-                rc = dp_mp_read_u64(&r, &u, NULL, NULL);
+                rc = dp__mp_read_u64(&r, &u, NULL, NULL);
                 break;
             default:
-                rc = dp_mp_skip(&r, NULL);
+                rc = dp__mp_skip(&r, NULL);
             }
             CHECK(rc == DP_OK || rc == DP_EPROTO);
         }
@@ -800,16 +800,16 @@ DP_TEST(random_bytes_never_crash)
 static int
 ref_write(void *data, const char *buf, size_t len)
 {
-    return dp_buf_append(data, buf, len) == DP_OK ? 0 : -1;
+    return dp__buf_append(data, buf, len) == DP_OK ? 0 : -1;
 }
 
 DP_TEST(writer_matches_msgpack_c_byte_for_byte)
 {
     dp_buf ours, ref;
-    dp_buf_init(&ours);
-    dp_buf_init(&ref);
+    dp__buf_init(&ours);
+    dp__buf_init(&ref);
     dp_mp_writer w;
-    dp_mp_writer_init(&w, &ours);
+    dp__mp_writer_init(&w, &ours);
     msgpack_packer refpk;
     msgpack_packer_init(&refpk, &ref, ref_write);
     static const uint64_t us[] = {0,     1,     127,         128,        255,       256,
@@ -820,44 +820,44 @@ DP_TEST(writer_matches_msgpack_c_byte_for_byte)
                                  INT64_MIN, 5,         70000};
     static const size_t lens[] = {0, 1, 15, 16, 31, 32, 255, 256, 65535, 65536, 70000};
     for (size_t i = 0; i < DP_ARRAY_LEN(us); i++) {
-        dp_mp_put_u64(&w, us[i]);
+        dp__mp_put_u64(&w, us[i]);
         msgpack_pack_uint64(&refpk, us[i]);
     }
     for (size_t i = 0; i < DP_ARRAY_LEN(is); i++) {
-        dp_mp_put_i64(&w, is[i]);
+        dp__mp_put_i64(&w, is[i]);
         msgpack_pack_int64(&refpk, is[i]);
     }
     char *blob = calloc(1, 70000);
     CHECK(blob != NULL);
     for (size_t i = 0; i < DP_ARRAY_LEN(lens); i++) {
         size_t n = lens[i];
-        dp_mp_put_strn(&w, blob, n);
+        dp__mp_put_strn(&w, blob, n);
         msgpack_pack_str(&refpk, n);
         msgpack_pack_str_body(&refpk, blob, n);
-        dp_mp_put_bin(&w, blob, n);
+        dp__mp_put_bin(&w, blob, n);
         msgpack_pack_bin(&refpk, n);
         msgpack_pack_bin_body(&refpk, blob, n);
-        dp_mp_put_array(&w, (uint32_t)n);
+        dp__mp_put_array(&w, (uint32_t)n);
         msgpack_pack_array(&refpk, n);
-        dp_mp_put_map(&w, (uint32_t)n);
+        dp__mp_put_map(&w, (uint32_t)n);
         msgpack_pack_map(&refpk, n);
     }
     free(blob);
-    dp_mp_put_nil(&w);
+    dp__mp_put_nil(&w);
     msgpack_pack_nil(&refpk);
-    dp_mp_put_bool(&w, true);
+    dp__mp_put_bool(&w, true);
     msgpack_pack_true(&refpk);
-    dp_mp_put_bool(&w, false);
+    dp__mp_put_bool(&w, false);
     msgpack_pack_false(&refpk);
-    dp_mp_put_double(&w, -1.5e300);
+    dp__mp_put_double(&w, -1.5e300);
     msgpack_pack_double(&refpk, -1.5e300);
-    dp_mp_put_str(&w, "abc");
+    dp__mp_put_str(&w, "abc");
     msgpack_pack_str_with_body(&refpk, "abc", 3);
-    CHECK_OK(dp_mp_writer_status(&w));
+    CHECK_OK(dp__mp_writer_status(&w));
     CHECK_EQ(ours.len, ref.len);
     for (size_t i = 0; i < ours.len; i++)
         CHECKF(ours.data[i] == ref.data[i], "byte %zu: 0x%02x != 0x%02x", i, ours.data[i],
                ref.data[i]);
-    dp_buf_fini(&ours);
-    dp_buf_fini(&ref);
+    dp__buf_fini(&ours);
+    dp__buf_fini(&ref);
 }

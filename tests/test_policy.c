@@ -190,7 +190,7 @@ DP_TEST(table)
         dp_detail d;
         dp_detail_clear(&d);
         memset(desc, 'X', sizeof desc);
-        int rc = dp_policy_check_rdma_only_values(r->tls, r->net, desc, sizeof desc, &d);
+        int rc = dp__policy_check_rdma_only_values(r->tls, r->net, desc, sizeof desc, &d);
         CHECKF(rc == r->want,
                "row %zu (UCX_TLS=%s UCX_NET_DEVICES=%s): got %s, want %s: %s", i,
                r->tls ? r->tls : "(unset)", r->net ? r->net : "(unset)", dp_errname(rc),
@@ -221,12 +221,12 @@ DP_TEST(every_rdma_name)
     for (size_t i = 0; i < DP_ARRAY_LEN(names); i++) {
         snprintf(tls, sizeof tls, "%s,self", names[i]);
         snprintf(want, sizeof want, "RDMA (%s) + same-host (self)", names[i]);
-        CHECK_OK(dp_policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL));
+        CHECK_OK(dp__policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL));
         CHECK_CONTAINS(desc, want);
     }
     for (size_t i = 0; i < DP_ARRAY_LEN(real); i++) {
         snprintf(tls, sizeof tls, "\\%s", real[i]);
-        CHECK_OK(dp_policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL));
+        CHECK_OK(dp__policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL));
     }
 }
 
@@ -239,10 +239,10 @@ DP_TEST(every_samehost_name)
     for (size_t i = 0; i < DP_ARRAY_LEN(names); i++) {
         snprintf(tls, sizeof tls, "rc,%s", names[i]);
         snprintf(want, sizeof want, "RDMA (rc) + same-host (%s)", names[i]);
-        CHECK_OK(dp_policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL));
+        CHECK_OK(dp__policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL));
         CHECK_CONTAINS(desc, want);
         CHECK_ERR(
-            dp_policy_check_rdma_only_values(names[i], NULL, desc, sizeof desc, NULL),
+            dp__policy_check_rdma_only_values(names[i], NULL, desc, sizeof desc, NULL),
             DP_EPOLICY);
         CHECK_CONTAINS(desc, "has no RDMA transport");
     }
@@ -256,33 +256,33 @@ DP_TEST(env_array)
 
     const char *const good[] = {"PATH=/bin", "UCX_TLS=rc_x,sm,self",
                                 "UCX_NET_DEVICES=mlx5_0:1", NULL};
-    CHECK_OK_D(dp_policy_check_rdma_only(good, desc, sizeof desc, &d), &d);
+    CHECK_OK_D(dp__policy_check_rdma_only(good, desc, sizeof desc, &d), &d);
     CHECK_STR(desc, "UCX_TLS=rc_x,sm,self: RDMA (rc_x) + same-host (sm, self); "
                     "UCX_NET_DEVICES=mlx5_0:1");
 
     /* The first entry of a key wins, as with getenv(). */
     const char *const dup[] = {"UCX_TLS=tcp", "UCX_TLS=rc", NULL};
-    CHECK_ERR(dp_policy_check_rdma_only(dup, desc, sizeof desc, NULL), DP_EPOLICY);
+    CHECK_ERR(dp__policy_check_rdma_only(dup, desc, sizeof desc, NULL), DP_EPOLICY);
     CHECK_CONTAINS(desc, "'tcp'");
     const char *const dup2[] = {"UCX_TLS=rc", "UCX_TLS=tcp", NULL};
-    CHECK_OK(dp_policy_check_rdma_only(dup2, desc, sizeof desc, NULL));
+    CHECK_OK(dp__policy_check_rdma_only(dup2, desc, sizeof desc, NULL));
 
     /* Keys match whole: no '=' or a longer key is not UCX_TLS. */
     const char *const odd[] = {"UCX_TLS", "UCX_TLSX=rc", "XUCX_TLS=rc", "ucx_tls=rc",
                                NULL};
-    CHECK_ERR(dp_policy_check_rdma_only(odd, desc, sizeof desc, NULL), DP_EPOLICY);
+    CHECK_ERR(dp__policy_check_rdma_only(odd, desc, sizeof desc, NULL), DP_EPOLICY);
     CHECK_CONTAINS(desc, "UCX_TLS is unset");
 
     const char *const none[] = {NULL};
-    CHECK_ERR(dp_policy_check_rdma_only(none, desc, sizeof desc, NULL), DP_EPOLICY);
+    CHECK_ERR(dp__policy_check_rdma_only(none, desc, sizeof desc, NULL), DP_EPOLICY);
     CHECK_CONTAINS(desc, "UCX_TLS is unset");
 
     const char *const netdev[] = {"UCX_NET_DEVICES=eth0", "UCX_TLS=rc", NULL};
-    CHECK_ERR(dp_policy_check_rdma_only(netdev, desc, sizeof desc, NULL), DP_EPOLICY);
+    CHECK_ERR(dp__policy_check_rdma_only(netdev, desc, sizeof desc, NULL), DP_EPOLICY);
     CHECK_CONTAINS(desc, "'eth0'");
 
     const char *const empty_tls[] = {"UCX_TLS=", NULL};
-    CHECK_ERR(dp_policy_check_rdma_only(empty_tls, desc, sizeof desc, NULL), DP_EPOLICY);
+    CHECK_ERR(dp__policy_check_rdma_only(empty_tls, desc, sizeof desc, NULL), DP_EPOLICY);
     CHECK_CONTAINS(desc, "names no transport");
 }
 
@@ -319,17 +319,17 @@ DP_TEST(process_environment)
 
     setenv("UCX_TLS", "rc,sm,self", 1);
     unsetenv("UCX_NET_DEVICES");
-    int rc1 = dp_policy_check_rdma_only(NULL, desc, sizeof desc, NULL);
+    int rc1 = dp__policy_check_rdma_only(NULL, desc, sizeof desc, NULL);
     char desc1[DP_DETAIL_MAX];
     snprintf(desc1, sizeof desc1, "%s", desc);
 
     setenv("UCX_NET_DEVICES", "eth0", 1);
-    int rc2 = dp_policy_check_rdma_only(NULL, desc, sizeof desc, NULL);
+    int rc2 = dp__policy_check_rdma_only(NULL, desc, sizeof desc, NULL);
     char desc2[DP_DETAIL_MAX];
     snprintf(desc2, sizeof desc2, "%s", desc);
 
     unsetenv("UCX_TLS");
-    int rc3 = dp_policy_check_rdma_only(NULL, desc, sizeof desc, NULL);
+    int rc3 = dp__policy_check_rdma_only(NULL, desc, sizeof desc, NULL);
 
     env_restore(&tls);
     env_restore(&net);
@@ -349,26 +349,26 @@ DP_TEST(detail_and_desc_contract)
     snprintf(d.msg, sizeof d.msg, "sentinel");
 
     /* Success leaves d alone; NULL desc is fine. */
-    CHECK_OK(dp_policy_check_rdma_only_values("rc", "mlx5_0:1", NULL, 0, &d));
+    CHECK_OK(dp__policy_check_rdma_only_values("rc", "mlx5_0:1", NULL, 0, &d));
     CHECK_EQ(d.code, 0);
     CHECK_STR(d.msg, "sentinel");
-    CHECK_OK(dp_policy_check_rdma_only_values("rc", NULL, NULL, 100, NULL));
+    CHECK_OK(dp__policy_check_rdma_only_values("rc", NULL, NULL, 100, NULL));
 
     /* Failure fills d even without desc. */
-    CHECK_ERR(dp_policy_check_rdma_only_values("tcp", NULL, NULL, 0, &d), DP_EPOLICY);
+    CHECK_ERR(dp__policy_check_rdma_only_values("tcp", NULL, NULL, 0, &d), DP_EPOLICY);
     CHECK_EQ(d.code, DP_EPOLICY);
     CHECK_CONTAINS(d.msg, "'tcp'");
 
     /* desc is truncated to desc_len and always terminated. */
     char small[8];
     memset(small, 'X', sizeof small);
-    CHECK_OK(dp_policy_check_rdma_only_values("rc", NULL, small, sizeof small, NULL));
+    CHECK_OK(dp__policy_check_rdma_only_values("rc", NULL, small, sizeof small, NULL));
     CHECK_STR(small, "UCX_TLS");
     char one[1] = {'X'};
-    CHECK_ERR(dp_policy_check_rdma_only_values(NULL, NULL, one, 1, NULL), DP_EPOLICY);
+    CHECK_ERR(dp__policy_check_rdma_only_values(NULL, NULL, one, 1, NULL), DP_EPOLICY);
     CHECK_EQ(one[0], '\0');
     char zero[1] = {'X'};
-    CHECK_OK(dp_policy_check_rdma_only_values("rc", NULL, zero, 0, NULL));
+    CHECK_OK(dp__policy_check_rdma_only_values("rc", NULL, zero, 0, NULL));
     CHECK_EQ(zero[0], 'X');
 }
 
@@ -382,7 +382,7 @@ DP_TEST(hostile_values)
     /* One huge unknown item: rejected, shortened, marked with "...". */
     memset(s, 'a', big);
     s[big] = '\0';
-    int rc = dp_policy_check_rdma_only_values(s, NULL, desc, sizeof desc, NULL);
+    int rc = dp__policy_check_rdma_only_values(s, NULL, desc, sizeof desc, NULL);
     CHECK_EQ(rc, DP_EPOLICY);
     CHECK_CONTAINS(desc, "aaa...'");
     CHECK(strlen(desc) < 400); /* the 200000-byte item was shortened */
@@ -391,10 +391,10 @@ DP_TEST(hostile_values)
     for (size_t i = 0; i + 3 <= big; i += 3)
         memcpy(s + i, "rc,", 3);
     s[big - big % 3] = '\0';
-    rc = dp_policy_check_rdma_only_values(s, s, desc, sizeof desc, NULL);
+    rc = dp__policy_check_rdma_only_values(s, s, desc, sizeof desc, NULL);
     CHECK_EQ(rc, DP_EPOLICY); /* "rc" is no <dev>:<port> */
     CHECK_CONTAINS(desc, "'rc'");
-    rc = dp_policy_check_rdma_only_values(s, "mlx5_0:1", desc, sizeof desc, NULL);
+    rc = dp__policy_check_rdma_only_values(s, "mlx5_0:1", desc, sizeof desc, NULL);
     CHECK_EQ(rc, DP_OK);
     CHECK_EQ(strlen(desc), sizeof desc - 1);
     CHECK(strcmp(desc + strlen(desc) - 3, "...") == 0);
@@ -404,13 +404,13 @@ DP_TEST(hostile_values)
     for (int i = 1; i < 256; i++)
         s[i - 1] = (char)i;
     s[255] = '\0';
-    CHECK_EQ(dp_policy_check_rdma_only_values(s, NULL, desc, sizeof desc, NULL),
+    CHECK_EQ(dp__policy_check_rdma_only_values(s, NULL, desc, sizeof desc, NULL),
              DP_EPOLICY);
     CHECK(printable_line(desc));
-    CHECK_EQ(dp_policy_check_rdma_only_values("rc", s, desc, sizeof desc, NULL),
+    CHECK_EQ(dp__policy_check_rdma_only_values("rc", s, desc, sizeof desc, NULL),
              DP_EPOLICY);
     CHECK(printable_line(desc));
-    CHECK_EQ(dp_policy_check_rdma_only_values(s + 93, NULL, desc, sizeof desc, NULL),
+    CHECK_EQ(dp__policy_check_rdma_only_values(s + 93, NULL, desc, sizeof desc, NULL),
              DP_EPOLICY); /* starts with '^' (0x5e) */
     CHECK(printable_line(desc));
     free(s);
@@ -453,7 +453,7 @@ DP_TEST(random_lists)
                 (size_t)snprintf(tls + len, sizeof tls - len, "%s%s", k ? "," : "", item);
         }
         int want = (first_bad == NULL && any_rdma) ? DP_OK : DP_EPOLICY;
-        int rc = dp_policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL);
+        int rc = dp__policy_check_rdma_only_values(tls, NULL, desc, sizeof desc, NULL);
         CHECKF(rc == want, "UCX_TLS=\"%s\": got %s, want %s: %s", tls, dp_errname(rc),
                dp_errname(want), desc);
         if (first_bad != NULL) {

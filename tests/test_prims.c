@@ -30,21 +30,21 @@ DP_TEST(le_loads_and_stores_at_any_alignment)
     uint8_t buf[32];
     for (size_t at = 0; at < 8; at++) {
         memset(buf, 0xee, sizeof buf);
-        dp_le16_store(buf + at, 0x0102);
+        dp__le16_store(buf + at, 0x0102);
         CHECK(buf[at] == 0x02 && buf[at + 1] == 0x01 && buf[at + 2] == 0xee);
-        CHECK_EQ(dp_le16_load(buf + at), 0x0102);
-        dp_le32_store(buf + at, 0x01020304u);
+        CHECK_EQ(dp__le16_load(buf + at), 0x0102);
+        dp__le32_store(buf + at, 0x01020304u);
         CHECK(buf[at] == 0x04 && buf[at + 3] == 0x01 && buf[at + 4] == 0xee);
-        CHECK_EQ_U64(dp_le32_load(buf + at), 0x01020304u);
-        dp_le64_store(buf + at, 0x0102030405060708ull);
+        CHECK_EQ_U64(dp__le32_load(buf + at), 0x01020304u);
+        dp__le64_store(buf + at, 0x0102030405060708ull);
         static const uint8_t want[8] = {8, 7, 6, 5, 4, 3, 2, 1};
         CHECK(memcmp(buf + at, want, 8) == 0 && buf[at + 8] == 0xee);
-        CHECK_EQ_U64(dp_le64_load(buf + at), 0x0102030405060708ull);
+        CHECK_EQ_U64(dp__le64_load(buf + at), 0x0102030405060708ull);
     }
     /* Byte by byte, as the formats document them. */
     const uint8_t b[8] = {0xff, 0x00, 0x80, 0x7f, 0x01, 0x02, 0x03, 0xfe};
-    CHECK_EQ_U64(dp_le32_load(b), 0x7f8000ffu);
-    CHECK_EQ_U64(dp_le64_load(b), 0xfe0302017f8000ffull);
+    CHECK_EQ_U64(dp__le32_load(b), 0x7f8000ffu);
+    CHECK_EQ_U64(dp__le64_load(b), 0xfe0302017f8000ffull);
 }
 
 DP_TEST(le_round_trips_random_values)
@@ -55,14 +55,14 @@ DP_TEST(le_round_trips_random_values)
     for (; n < 10000; n++) {
         uint64_t v = dp_test_rand(&st);
         size_t at = (size_t)(v % 8);
-        dp_le64_store(buf + at, v);
-        CHECK_EQ_U64(dp_le64_load(buf + at), v);
+        dp__le64_store(buf + at, v);
+        CHECK_EQ_U64(dp__le64_load(buf + at), v);
         for (int i = 0; i < 8; i++)
             CHECK_EQ(buf[at + i], (uint8_t)(v >> (8 * i)));
-        dp_le32_store(buf + at, (uint32_t)v);
-        CHECK_EQ_U64(dp_le32_load(buf + at), (uint32_t)v);
-        dp_le16_store(buf + at, (uint16_t)v);
-        CHECK_EQ(dp_le16_load(buf + at), (uint16_t)v);
+        dp__le32_store(buf + at, (uint32_t)v);
+        CHECK_EQ_U64(dp__le32_load(buf + at), (uint32_t)v);
+        dp__le16_store(buf + at, (uint16_t)v);
+        CHECK_EQ(dp__le16_load(buf + at), (uint16_t)v);
     }
     CHECK_EQ(n, 10000);
 }
@@ -90,13 +90,13 @@ DP_TEST(fileio_positional_round_trip)
         w[i] = (uint8_t)(i * 7 + 3);
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_pwrite_full(fd, w, sizeof w, 4096, "the file", &d), &d);
+    CHECK_OK_D(dp__pwrite_full(fd, w, sizeof w, 4096, "the file", &d), &d);
     /* The positional calls leave the file's position alone. */
     CHECK_EQ((long)lseek(fd, 0, SEEK_CUR), 0);
-    CHECK_OK_D(dp_pread_full(fd, r, sizeof r, 4096, NULL, "the file", &d), &d);
+    CHECK_OK_D(dp__pread_full(fd, r, sizeof r, 4096, NULL, "the file", &d), &d);
     CHECK(memcmp(w, r, sizeof w) == 0);
     /* The hole before is zeros. */
-    CHECK_OK_D(dp_pread_full(fd, r, 4096, 0, NULL, "the file", &d), &d);
+    CHECK_OK_D(dp__pread_full(fd, r, 4096, 0, NULL, "the file", &d), &d);
     for (size_t i = 0; i < 4096; i++)
         CHECK_EQ(r[i], 0);
     close(fd);
@@ -109,26 +109,26 @@ DP_TEST(fileio_end_of_file_short_or_truncated)
     CHECK(fd >= 0);
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_pwrite_full(fd, "0123456789", 10, 0, "f", &d), &d);
+    CHECK_OK_D(dp__pwrite_full(fd, "0123456789", 10, 0, "f", &d), &d);
     char buf[32];
     size_t got = 99;
     /* With got: the read stops at the end and says how far it got. */
-    CHECK_OK_D(dp_pread_full(fd, buf, sizeof buf, 4, &got, "f", &d), &d);
+    CHECK_OK_D(dp__pread_full(fd, buf, sizeof buf, 4, &got, "f", &d), &d);
     CHECK_EQ(got, 6);
     CHECK(memcmp(buf, "456789", 6) == 0);
-    CHECK_OK_D(dp_pread_full(fd, buf, 4, 20, &got, "f", &d), &d);
+    CHECK_OK_D(dp__pread_full(fd, buf, 4, 20, &got, "f", &d), &d);
     CHECK_EQ(got, 0);
     /* Without: DP_ECORRUPT naming the file and where it ends. */
-    CHECK_ERR_D(dp_pread_full(fd, buf, 8, 6, NULL, "shard x", &d), DP_ECORRUPT, &d);
+    CHECK_ERR_D(dp__pread_full(fd, buf, 8, 6, NULL, "shard x", &d), DP_ECORRUPT, &d);
     CHECK_STR(d.msg, "shard x: truncated: ends at offset 10");
     /* Sequential reads count from pos. */
-    CHECK_OK(dp_read_full(fd, buf, 4, 0, &got, "f", &d));
+    CHECK_OK(dp__read_full(fd, buf, 4, 0, &got, "f", &d));
     CHECK_EQ(got, 4);
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_read_full(fd, buf, 10, 4, NULL, "stdin", &d), DP_ECORRUPT, &d);
+    CHECK_ERR_D(dp__read_full(fd, buf, 10, 4, NULL, "stdin", &d), DP_ECORRUPT, &d);
     CHECK_STR(d.msg, "stdin: truncated: ends at offset 10");
     /* n == 0 reads nothing. */
-    CHECK_OK(dp_pread_full(fd, buf, 0, 0, &got, "f", &d));
+    CHECK_OK(dp__pread_full(fd, buf, 0, 0, &got, "f", &d));
     CHECK_EQ(got, 0);
     close(fd);
 }
@@ -141,19 +141,19 @@ DP_TEST(fileio_errors_name_file_and_offset)
     char buf[8] = "abcdefg";
     /* Writing the read end, reading the write end: EBADF, as DP_ESYS. */
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_write_full(p[0], buf, 8, 100, "the pipe", &d), DP_ESYS, &d);
+    CHECK_ERR_D(dp__write_full(p[0], buf, 8, 100, "the pipe", &d), DP_ESYS, &d);
     CHECK_EQ(d.sys_errno, EBADF);
     CHECK_CONTAINS(d.msg, "writing the pipe at offset 100: ");
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_read_full(p[1], buf, 8, 7, NULL, "the pipe", &d), DP_ESYS, &d);
+    CHECK_ERR_D(dp__read_full(p[1], buf, 8, 7, NULL, "the pipe", &d), DP_ESYS, &d);
     CHECK_CONTAINS(d.msg, "reading the pipe at offset 7: ");
     /* A pipe cannot be read at an offset. */
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_pread_full(p[0], buf, 8, 5, NULL, "the pipe", &d), DP_ESYS, &d);
+    CHECK_ERR_D(dp__pread_full(p[0], buf, 8, 5, NULL, "the pipe", &d), DP_ESYS, &d);
     CHECK_EQ(d.sys_errno, ESPIPE);
     CHECK_CONTAINS(d.msg, "reading the pipe at offset 5: ");
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_pwrite_full(p[1], buf, 8, 9, "the pipe", &d), DP_ESYS, &d);
+    CHECK_ERR_D(dp__pwrite_full(p[1], buf, 8, 9, "the pipe", &d), DP_ESYS, &d);
     CHECK_CONTAINS(d.msg, "writing the pipe at offset 9: ");
     close(p[0]);
     close(p[1]);
@@ -214,7 +214,7 @@ DP_TEST(fileio_pipe_short_transfers_and_eintr)
     dp_detail d;
     dp_detail_clear(&d);
     size_t got = 0;
-    int rc = dp_read_full(p[0], dst, N, 0, &got, "pipe", &d);
+    int rc = dp__read_full(p[0], dst, N, 0, &got, "pipe", &d);
     interrupt_often(false);
     int st = 0;
     waitpid(pid, &st, 0);
@@ -255,13 +255,13 @@ DP_TEST(fileio_pipe_short_transfers_and_eintr)
     if (col == 0) {
         close(q[1]);
         size_t n = 0;
-        int rrc = dp_read_full(back[0], dst, N, 0, &n, "back", NULL);
+        int rrc = dp__read_full(back[0], dst, N, 0, &n, "back", NULL);
         _exit(rrc == DP_OK && n == N && memcmp(src, dst, N) == 0 ? 0 : 1);
     }
     close(back[0]);
     alarms = 0;
     interrupt_often(true);
-    rc = dp_write_full(q[1], src, N, 0, "pipe", &d);
+    rc = dp__write_full(q[1], src, N, 0, "pipe", &d);
     interrupt_often(false);
     close(q[1]);
     int st2 = 0, st3 = 0;
@@ -304,56 +304,56 @@ list_values(const dp_list *l, int *out, size_t cap)
 DP_TEST(list_basic_operations)
 {
     dp_list l = {0}; /* a zeroed list is empty */
-    CHECK(dp_list_empty(&l));
+    CHECK(dp__list_empty(&l));
     CHECK(DP_LIST_FIRST(&l, item, link) == NULL && DP_LIST_LAST(&l, item, link) == NULL);
     item a = {.v = 1}, b = {.v = 2}, c = {.v = 3}, e = {.v = 5};
-    CHECK(!dp_list_contains(&l, &a.link));
-    dp_list_insert_tail(&l, &b.link);
-    dp_list_insert_head(&l, &a.link);
-    dp_list_insert_tail(&l, &c.link);
-    dp_list_insert_after(&l, &c.link, &e.link); /* after the last: the new last */
+    CHECK(!dp__list_contains(&l, &a.link));
+    dp__list_insert_tail(&l, &b.link);
+    dp__list_insert_head(&l, &a.link);
+    dp__list_insert_tail(&l, &c.link);
+    dp__list_insert_after(&l, &c.link, &e.link); /* after the last: the new last */
     int v[8];
     CHECK_EQ(list_values(&l, v, 8), 4);
     CHECK(v[0] == 1 && v[1] == 2 && v[2] == 3 && v[3] == 5);
-    CHECK(dp_list_contains(&l, &a.link) && dp_list_contains(&l, &e.link));
+    CHECK(dp__list_contains(&l, &a.link) && dp__list_contains(&l, &e.link));
     item m = {.v = 4};
-    dp_list_insert_after(&l, &c.link, &m.link);
+    dp__list_insert_after(&l, &c.link, &m.link);
     CHECK_EQ(list_values(&l, v, 8), 5);
     CHECK(v[3] == 4 && v[4] == 5);
     /* Remove the middle, the head and the tail; twice is harmless. */
-    dp_list_remove(&l, &c.link);
-    dp_list_remove(&l, &c.link);
-    dp_list_remove(&l, &a.link);
-    dp_list_remove(&l, &e.link);
-    CHECK(!dp_list_contains(&l, &c.link));
+    dp__list_remove(&l, &c.link);
+    dp__list_remove(&l, &c.link);
+    dp__list_remove(&l, &a.link);
+    dp__list_remove(&l, &e.link);
+    CHECK(!dp__list_contains(&l, &c.link));
     CHECK(c.link.next == NULL && c.link.prev == NULL);
     CHECK_EQ(list_values(&l, v, 8), 2);
     CHECK(v[0] == 2 && v[1] == 4);
     /* A node first on another list is not on this one. */
     dp_list other = {0};
-    dp_list_insert_tail(&other, &a.link);
-    CHECK(!dp_list_contains(&l, &a.link));
-    dp_list_remove(&l, &a.link); /* no-op */
+    dp__list_insert_tail(&other, &a.link);
+    CHECK(!dp__list_contains(&l, &a.link));
+    dp__list_remove(&l, &a.link); /* no-op */
     CHECK_EQ(list_values(&other, v, 8), 1);
     /* Move everything of other onto l's tail, in O(1). */
-    dp_list_insert_tail(&other, &c.link);
-    dp_list_move_tail(&l, &other);
-    CHECK(dp_list_empty(&other));
+    dp__list_insert_tail(&other, &c.link);
+    dp__list_move_tail(&l, &other);
+    CHECK(dp__list_empty(&other));
     CHECK_EQ(list_values(&l, v, 8), 4);
     CHECK(v[0] == 2 && v[1] == 4 && v[2] == 1 && v[3] == 3);
-    dp_list_move_tail(&other, &l); /* onto an empty list */
-    CHECK(dp_list_empty(&l));
+    dp__list_move_tail(&other, &l); /* onto an empty list */
+    CHECK(dp__list_empty(&l));
     CHECK_EQ(list_values(&other, v, 8), 4);
-    dp_list_move_tail(&other, &l); /* an empty list moves nothing */
+    dp__list_move_tail(&other, &l); /* an empty list moves nothing */
     CHECK_EQ(list_values(&other, v, 8), 4);
     /* Draining from the front while walking. */
     int drained = 0;
     for (item *it; (it = DP_LIST_FIRST(&other, item, link)) != NULL; drained++)
-        dp_list_remove(&other, &it->link);
+        dp__list_remove(&other, &it->link);
     CHECK_EQ(drained, 4);
-    CHECK(dp_list_empty(&other));
-    dp_list_init(&other);
-    CHECK(dp_list_empty(&other));
+    CHECK(dp__list_empty(&other));
+    dp__list_init(&other);
+    CHECK(dp__list_empty(&other));
 }
 
 /* Random inserts and removes against an array holding the same order. */
@@ -365,7 +365,7 @@ DP_TEST(list_model_random_operations)
     for (int i = 0; i < N; i++)
         items[i] = (item){.v = i};
     dp_list l;
-    dp_list_init(&l);
+    dp__list_init(&l);
     int model[N], n = 0;
     int counts[4] = {0};
     for (int op = 0; op < OPS; op++) {
@@ -376,23 +376,23 @@ DP_TEST(list_model_random_operations)
                 pos = i;
         int what = (int)(dp_test_rand(&st) % 4);
         if (pos >= 0) {
-            dp_list_remove(&l, &items[k].link);
+            dp__list_remove(&l, &items[k].link);
             memmove(model + pos, model + pos + 1, (size_t)(n - pos - 1) * sizeof *model);
             n--;
             counts[3]++;
         } else if (what == 0 || n == 0) {
-            dp_list_insert_head(&l, &items[k].link);
+            dp__list_insert_head(&l, &items[k].link);
             memmove(model + 1, model, (size_t)n * sizeof *model);
             model[0] = k;
             n++;
             counts[0]++;
         } else if (what == 1) {
-            dp_list_insert_tail(&l, &items[k].link);
+            dp__list_insert_tail(&l, &items[k].link);
             model[n++] = k;
             counts[1]++;
         } else {
             int at = (int)(dp_test_rand(&st) % (uint64_t)n);
-            dp_list_insert_after(&l, &items[model[at]].link, &items[k].link);
+            dp__list_insert_after(&l, &items[model[at]].link, &items[k].link);
             memmove(model + at + 2, model + at + 1, (size_t)(n - at - 1) * sizeof *model);
             model[at + 1] = k;
             n++;
@@ -406,7 +406,7 @@ DP_TEST(list_model_random_operations)
             bool in = false;
             for (int j = 0; j < n; j++)
                 in = in || model[j] == i;
-            CHECK_EQ(dp_list_contains(&l, &items[i].link), in);
+            CHECK_EQ(dp__list_contains(&l, &items[i].link), in);
         }
     }
     for (int i = 0; i < 4; i++)
@@ -419,87 +419,87 @@ DP_TEST(ranges_add_find_overlap_remove)
 {
     dp_ranges rs = {0};
     int tag[4];
-    CHECK_OK(dp_ranges_add(&rs, 100, 50, &tag[0])); /* [100, 150) */
-    CHECK_OK(dp_ranges_add(&rs, 200, 10, &tag[1])); /* [200, 210) */
-    CHECK_OK(dp_ranges_add(&rs, 150, 50, &tag[2])); /* touching both: fine */
-    CHECK_ERR(dp_ranges_add(&rs, 149, 2, NULL), DP_EEXIST);
-    CHECK_ERR(dp_ranges_add(&rs, 209, 5, NULL), DP_EEXIST);
-    CHECK_ERR(dp_ranges_add(&rs, 50, 300, NULL), DP_EEXIST); /* covers them all */
-    CHECK_ERR(dp_ranges_add(&rs, 120, 1, NULL), DP_EEXIST);  /* inside one */
-    CHECK_ERR(dp_ranges_add(&rs, 300, 0, NULL), DP_EINVAL);
-    CHECK_ERR(dp_ranges_add(&rs, UINT64_MAX - 1, 3, NULL), DP_EINVAL);
-    CHECK_OK(dp_ranges_add(&rs, UINT64_MAX - 10, 10, &tag[3])); /* up to 2^64 - 1 */
+    CHECK_OK(dp__ranges_add(&rs, 100, 50, &tag[0])); /* [100, 150) */
+    CHECK_OK(dp__ranges_add(&rs, 200, 10, &tag[1])); /* [200, 210) */
+    CHECK_OK(dp__ranges_add(&rs, 150, 50, &tag[2])); /* touching both: fine */
+    CHECK_ERR(dp__ranges_add(&rs, 149, 2, NULL), DP_EEXIST);
+    CHECK_ERR(dp__ranges_add(&rs, 209, 5, NULL), DP_EEXIST);
+    CHECK_ERR(dp__ranges_add(&rs, 50, 300, NULL), DP_EEXIST); /* covers them all */
+    CHECK_ERR(dp__ranges_add(&rs, 120, 1, NULL), DP_EEXIST);  /* inside one */
+    CHECK_ERR(dp__ranges_add(&rs, 300, 0, NULL), DP_EINVAL);
+    CHECK_ERR(dp__ranges_add(&rs, UINT64_MAX - 1, 3, NULL), DP_EINVAL);
+    CHECK_OK(dp__ranges_add(&rs, UINT64_MAX - 10, 10, &tag[3])); /* up to 2^64 - 1 */
     CHECK_EQ(rs.n, 4);
     for (size_t i = 1; i < rs.n; i++)
         CHECK(rs.e[i - 1].base + rs.e[i - 1].len <= rs.e[i].base);
 
     /* find: the range holding all of [addr, addr+n). */
-    CHECK(dp_ranges_find(&rs, 100, 50)->v == &tag[0]);
-    CHECK(dp_ranges_find(&rs, 149, 1)->v == &tag[0]);
-    CHECK(dp_ranges_find(&rs, 150, 1)->v == &tag[2]);
-    CHECK(dp_ranges_find(&rs, 149, 2) == NULL); /* spans two ranges */
-    CHECK(dp_ranges_find(&rs, 99, 2) == NULL);
-    CHECK(dp_ranges_find(&rs, 205, 6) == NULL);
-    CHECK(dp_ranges_find(&rs, 0, 1) == NULL);
-    CHECK(dp_ranges_find(&rs, 300, 1) == NULL);
-    CHECK(dp_ranges_find(&rs, 205, UINT64_MAX) == NULL);
-    CHECK(dp_ranges_find(&rs, UINT64_MAX - 1, 1)->v == &tag[3]);
+    CHECK(dp__ranges_find(&rs, 100, 50)->v == &tag[0]);
+    CHECK(dp__ranges_find(&rs, 149, 1)->v == &tag[0]);
+    CHECK(dp__ranges_find(&rs, 150, 1)->v == &tag[2]);
+    CHECK(dp__ranges_find(&rs, 149, 2) == NULL); /* spans two ranges */
+    CHECK(dp__ranges_find(&rs, 99, 2) == NULL);
+    CHECK(dp__ranges_find(&rs, 205, 6) == NULL);
+    CHECK(dp__ranges_find(&rs, 0, 1) == NULL);
+    CHECK(dp__ranges_find(&rs, 300, 1) == NULL);
+    CHECK(dp__ranges_find(&rs, 205, UINT64_MAX) == NULL);
+    CHECK(dp__ranges_find(&rs, UINT64_MAX - 1, 1)->v == &tag[3]);
     /* n == 0: a range holding addr, or ending right at it. */
-    CHECK(dp_ranges_find(&rs, 210, 0)->v == &tag[1]);
-    CHECK(dp_ranges_find(&rs, 211, 0) == NULL);
-    CHECK(dp_ranges_find(&rs, 150, 0)->v == &tag[2]);
+    CHECK(dp__ranges_find(&rs, 210, 0)->v == &tag[1]);
+    CHECK(dp__ranges_find(&rs, 211, 0) == NULL);
+    CHECK(dp__ranges_find(&rs, 150, 0)->v == &tag[2]);
 
     /* overlap: the lowest range sharing a byte. */
-    CHECK(dp_ranges_overlap(&rs, 0, 101)->v == &tag[0]);
-    CHECK(dp_ranges_overlap(&rs, 0, 100) == NULL);
-    CHECK(dp_ranges_overlap(&rs, 140, 100)->v == &tag[0]);
-    CHECK(dp_ranges_overlap(&rs, 150, 100)->v == &tag[2]);
-    CHECK(dp_ranges_overlap(&rs, 210, 1000) == NULL);
-    CHECK(dp_ranges_overlap(&rs, 120, 0) == NULL);
-    CHECK(dp_ranges_overlap(&rs, 300, UINT64_MAX)->v == &tag[3]); /* end clamped */
+    CHECK(dp__ranges_overlap(&rs, 0, 101)->v == &tag[0]);
+    CHECK(dp__ranges_overlap(&rs, 0, 100) == NULL);
+    CHECK(dp__ranges_overlap(&rs, 140, 100)->v == &tag[0]);
+    CHECK(dp__ranges_overlap(&rs, 150, 100)->v == &tag[2]);
+    CHECK(dp__ranges_overlap(&rs, 210, 1000) == NULL);
+    CHECK(dp__ranges_overlap(&rs, 120, 0) == NULL);
+    CHECK(dp__ranges_overlap(&rs, 300, UINT64_MAX)->v == &tag[3]); /* end clamped */
 
     /* at and remove. */
-    CHECK(dp_ranges_at(&rs, 150)->v == &tag[2]);
-    CHECK(dp_ranges_at(&rs, 151) == NULL);
-    dp_ranges_remove(&rs, dp_ranges_at(&rs, 150));
+    CHECK(dp__ranges_at(&rs, 150)->v == &tag[2]);
+    CHECK(dp__ranges_at(&rs, 151) == NULL);
+    dp__ranges_remove(&rs, dp__ranges_at(&rs, 150));
     CHECK_EQ(rs.n, 3);
-    CHECK(dp_ranges_find(&rs, 160, 1) == NULL);
-    CHECK(dp_ranges_find(&rs, 200, 10)->v == &tag[1]);
-    CHECK_OK(dp_ranges_add(&rs, 160, 20, NULL)); /* the gap is free again */
-    dp_ranges_clear(&rs);
+    CHECK(dp__ranges_find(&rs, 160, 1) == NULL);
+    CHECK(dp__ranges_find(&rs, 200, 10)->v == &tag[1]);
+    CHECK_OK(dp__ranges_add(&rs, 160, 20, NULL)); /* the gap is free again */
+    dp__ranges_clear(&rs);
     CHECK_EQ(rs.n, 0);
-    CHECK(dp_ranges_find(&rs, 100, 1) == NULL);
-    CHECK_OK(dp_ranges_reserve(&rs, 100));
+    CHECK(dp__ranges_find(&rs, 100, 1) == NULL);
+    CHECK_OK(dp__ranges_reserve(&rs, 100));
     CHECK_GE(rs.cap, 100);
-    dp_ranges_fini(&rs);
+    dp__ranges_fini(&rs);
     CHECK(rs.e == NULL && rs.n == 0);
 }
 
 DP_TEST(ranges_merge_is_a_union)
 {
     dp_ranges rs = {0};
-    CHECK_OK(dp_ranges_merge(&rs, 10, 10)); /* [10, 20) */
-    CHECK_OK(dp_ranges_merge(&rs, 30, 10)); /* [30, 40) */
-    CHECK_OK(dp_ranges_merge(&rs, 50, 0));  /* nothing */
+    CHECK_OK(dp__ranges_merge(&rs, 10, 10)); /* [10, 20) */
+    CHECK_OK(dp__ranges_merge(&rs, 30, 10)); /* [30, 40) */
+    CHECK_OK(dp__ranges_merge(&rs, 50, 0));  /* nothing */
     CHECK_EQ(rs.n, 2);
-    CHECK_OK(dp_ranges_merge(&rs, 20, 5)); /* touches [10, 20): one range */
+    CHECK_OK(dp__ranges_merge(&rs, 20, 5)); /* touches [10, 20): one range */
     CHECK_EQ(rs.n, 2);
     CHECK(rs.e[0].base == 10 && rs.e[0].len == 15);
-    CHECK_OK(dp_ranges_merge(&rs, 25, 5)); /* bridges both */
+    CHECK_OK(dp__ranges_merge(&rs, 25, 5)); /* bridges both */
     CHECK_EQ(rs.n, 1);
     CHECK(rs.e[0].base == 10 && rs.e[0].len == 30);
-    CHECK_OK(dp_ranges_merge(&rs, 0, 5));
-    CHECK_OK(dp_ranges_merge(&rs, 100, 5));
+    CHECK_OK(dp__ranges_merge(&rs, 0, 5));
+    CHECK_OK(dp__ranges_merge(&rs, 100, 5));
     CHECK_EQ(rs.n, 3);
-    CHECK_OK(dp_ranges_merge(&rs, 2, 200)); /* swallows all */
+    CHECK_OK(dp__ranges_merge(&rs, 2, 200)); /* swallows all */
     CHECK_EQ(rs.n, 1);
     CHECK(rs.e[0].base == 0 && rs.e[0].len == 202);
-    CHECK_OK(dp_ranges_merge(&rs, UINT64_MAX - 5, 100)); /* end clamped */
+    CHECK_OK(dp__ranges_merge(&rs, UINT64_MAX - 5, 100)); /* end clamped */
     CHECK_EQ(rs.n, 2);
     CHECK_EQ_U64(rs.e[1].base + rs.e[1].len, UINT64_MAX);
-    CHECK(dp_ranges_overlap(&rs, UINT64_MAX - 1, 1) != NULL);
+    CHECK(dp__ranges_overlap(&rs, UINT64_MAX - 1, 1) != NULL);
     CHECK(rs.e[0].v == NULL && rs.e[1].v == NULL);
-    dp_ranges_fini(&rs);
+    dp__ranges_fini(&rs);
 }
 
 /*
@@ -526,7 +526,7 @@ DP_TEST(ranges_model_random_operations)
                 free_span = free_span && owner[a] == 0;
             if (merged) {
                 /* Union: [base, base+len) and whatever it overlaps or touches. */
-                CHECK_OK(dp_ranges_merge(&rs, base, len));
+                CHECK_OK(dp__ranges_merge(&rs, base, len));
                 uint64_t lo = base, hi = base + len;
                 while (lo > 0 && owner[lo - 1] != 0)
                     lo--;
@@ -539,10 +539,10 @@ DP_TEST(ranges_model_random_operations)
                 dp_ranges_ent *e = &rs.e[dp_test_rand(&st) % rs.n];
                 for (uint64_t a = e->base; a < e->base + e->len; a++)
                     owner[a] = 0;
-                dp_ranges_remove(&rs, e);
+                dp__ranges_remove(&rs, e);
                 removes++;
             } else {
-                int rc = dp_ranges_add(&rs, base, len, NULL);
+                int rc = dp__ranges_add(&rs, base, len, NULL);
                 CHECK_EQ(rc, free_span ? DP_OK : DP_EEXIST);
                 if (rc == DP_OK)
                     for (uint64_t a = base; a < base + len; a++)
@@ -560,7 +560,7 @@ DP_TEST(ranges_model_random_operations)
                 uint64_t a = dp_test_rand(&st) % SPACE, n = dp_test_rand(&st) % 16;
                 if (a + n > SPACE)
                     n = SPACE - a;
-                const dp_ranges_ent *f = dp_ranges_find(&rs, a, n);
+                const dp_ranges_ent *f = dp__ranges_find(&rs, a, n);
                 bool holds = n > 0 && owner[a] != 0;
                 for (uint64_t x = a; holds && x < a + n; x++)
                     holds = owner[x] == owner[a];
@@ -568,7 +568,7 @@ DP_TEST(ranges_model_random_operations)
                     CHECK_EQ(f != NULL, holds);
                 if (f != NULL)
                     CHECK(f->base <= a && a + n <= f->base + f->len);
-                const dp_ranges_ent *o = dp_ranges_overlap(&rs, a, n);
+                const dp_ranges_ent *o = dp__ranges_overlap(&rs, a, n);
                 uint64_t first = SPACE;
                 for (uint64_t x = a; x < a + n && first == SPACE; x++)
                     if (owner[x] != 0)
@@ -582,7 +582,7 @@ DP_TEST(ranges_model_random_operations)
         CHECKF(merged || (refused > 0 && removes > 0), "%d refused, %d removes", refused,
                removes);
         CHECK_GE(queries, OPS);
-        dp_ranges_fini(&rs);
+        dp__ranges_fini(&rs);
     }
 }
 
@@ -596,21 +596,21 @@ DP_TEST(id_rule)
         bool want = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                     (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' ||
                     c == '-';
-        CHECKF(dp_id_valid(s, 3, DP_ID_MAX) == want, "byte 0x%02x", c);
-        CHECK_EQ(dp_id_bad_byte(s, 3), want ? 3 : 1);
+        CHECKF(dp__id_valid(s, 3, DP_ID_MAX) == want, "byte 0x%02x", c);
+        CHECK_EQ(dp__id_bad_byte(s, 3), want ? 3 : 1);
         allowed += want;
     }
     CHECK_EQ(allowed, 26 + 26 + 10 + 4);
     char id[DP_ID_MAX + 1];
     memset(id, 'x', sizeof id);
-    CHECK(dp_id_valid(id, DP_ID_MAX, DP_ID_MAX));
-    CHECK(!dp_id_valid(id, DP_ID_MAX + 1, DP_ID_MAX));
-    CHECK(!dp_id_valid(id, 5, 4));
-    CHECK(!dp_id_valid(id, 0, DP_ID_MAX));
-    CHECK(!dp_id_valid(NULL, 0, DP_ID_MAX));
-    CHECK(dp_id_valid("up-0123:a.b_c-D", 15, DP_ID_MAX));
-    CHECK_EQ(dp_id_bad_byte("ab/c", 4), 2);
-    CHECK_EQ(dp_id_bad_byte("", 0), 0);
+    CHECK(dp__id_valid(id, DP_ID_MAX, DP_ID_MAX));
+    CHECK(!dp__id_valid(id, DP_ID_MAX + 1, DP_ID_MAX));
+    CHECK(!dp__id_valid(id, 5, 4));
+    CHECK(!dp__id_valid(id, 0, DP_ID_MAX));
+    CHECK(!dp__id_valid(NULL, 0, DP_ID_MAX));
+    CHECK(dp__id_valid("up-0123:a.b_c-D", 15, DP_ID_MAX));
+    CHECK_EQ(dp__id_bad_byte("ab/c", 4), 2);
+    CHECK_EQ(dp__id_bad_byte("", 0), 0);
 }
 
 DP_TEST(memlock_text)
@@ -618,21 +618,21 @@ DP_TEST(memlock_text)
     struct rlimit rl;
     CHECK(getrlimit(RLIMIT_MEMLOCK, &rl) == 0);
     char buf[32], want[32];
-    dp_fmt_memlock(buf, sizeof buf);
+    dp__fmt_memlock(buf, sizeof buf);
     if (rl.rlim_cur == RLIM_INFINITY)
         CHECK_STR(buf, "unlimited");
     else
-        CHECK_STR(buf, dp_fmt_size((uint64_t)rl.rlim_cur, want, sizeof want));
+        CHECK_STR(buf, dp__fmt_size((uint64_t)rl.rlim_cur, want, sizeof want));
     /* Lowering the soft limit is always allowed (this test's own process). */
     struct rlimit low = {
         rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= 65536 ? 65536 : rl.rlim_max,
         rl.rlim_max};
     CHECK(setrlimit(RLIMIT_MEMLOCK, &low) == 0);
-    CHECK_STR(dp_fmt_memlock(buf, sizeof buf),
-              dp_fmt_size((uint64_t)low.rlim_cur, want, sizeof want));
+    CHECK_STR(dp__fmt_memlock(buf, sizeof buf),
+              dp__fmt_size((uint64_t)low.rlim_cur, want, sizeof want));
     if (rl.rlim_max == RLIM_INFINITY) {
         struct rlimit inf = {RLIM_INFINITY, RLIM_INFINITY};
         CHECK(setrlimit(RLIMIT_MEMLOCK, &inf) == 0);
-        CHECK_STR(dp_fmt_memlock(buf, sizeof buf), "unlimited");
+        CHECK_STR(dp__fmt_memlock(buf, sizeof buf), "unlimited");
     }
 }

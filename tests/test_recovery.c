@@ -60,7 +60,7 @@ unit_start(unit_proc *u, unsigned port, const char *slab, uint32_t id, uint32_t 
         /* The port may still be held for a moment after a kill: try again. */
         kill(u->pid, SIGKILL);
         waitpid(u->pid, NULL, 0);
-        dp_sleep_s(0.1);
+        dp__sleep_s(0.1);
     }
     CHECKF(strncmp(u->addr, "tcp://", 6) == 0, "unit did not start: '%s'", u->addr);
     const char *colon = strrchr(u->addr, ':');
@@ -428,7 +428,7 @@ DP_TEST(clients_killed_mid_put_cost_nothing)
         alloc = unit_stat(c, 0, "allocated_bytes");
         if (alloc == base)
             break;
-        dp_sleep_s(0.25);
+        dp__sleep_s(0.25);
     }
     CHECKF(alloc == base, "allocated %.0f bytes, %.0f before the kills", alloc, base);
     printf("  free space back after %.1f s\n", dp_test_now() - t0);
@@ -462,47 +462,47 @@ retire_main(void)
     const char *lane = getenv("DP_TEST_LANE");
     const char *host = getenv("DP_TEST_HOST");
     dp_ctl_client *cc = NULL;
-    if (dp_ctl_client_create(&cc, NULL) != 0)
+    if (dp__ctl_client_create(&cc, NULL) != 0)
         return 2;
     char wid[40];
     snprintf(wid, sizeof wid, "w-%ld", (long)getpid());
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.rid = dp_wire_s("a1");
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s(wid),
+    q.rid = dp__wire_s("a1");
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s(wid),
                                      4 << 20,
                                      0,
                                      false,
-                                     dp_wire_s(wid),
+                                     dp__wire_s(wid),
                                      (uint64_t)getpid(),
-                                     dp_wire_s(host[0] ? host : dp_host_key()),
-                                     dp_wire_s(lane)};
+                                     dp__wire_s(host[0] ? host : dp__host_key()),
+                                     dp__wire_s(lane)};
     dp_buf b = {0}, rep = {0};
-    if (dp_wire_request_encode(&q, NULL, &b, NULL) != 0 ||
-        dp_ctl_call(cc, addr, b.data, b.len, "a1", 10, &rep, NULL) != 0)
+    if (dp__wire_request_encode(&q, NULL, &b, NULL) != 0 ||
+        dp__ctl_call(cc, addr, b.data, b.len, "a1", 10, &rep, NULL) != 0)
         return 2;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ABORT;
-    q.rid = dp_wire_s("a2");
-    q.a.abort.blob_id = dp_wire_s(wid);
+    q.rid = dp__wire_s("a2");
+    q.a.abort.blob_id = dp__wire_s(wid);
     q.a.abort.in_flight = true;
-    dp_buf_reset(&b);
-    if (dp_wire_request_encode(&q, NULL, &b, NULL) != 0 ||
-        dp_ctl_notify(cc, addr, b.data, b.len, NULL) != 0)
+    dp__buf_reset(&b);
+    if (dp__wire_request_encode(&q, NULL, &b, NULL) != 0 ||
+        dp__ctl_notify(cc, addr, b.data, b.len, NULL) != 0)
         return 2;
     /* A ping on the same socket: the abort was handled before its answer. */
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_PING;
-    q.rid = dp_wire_s("a3");
-    dp_buf_reset(&b);
-    dp_buf_reset(&rep);
-    if (dp_wire_request_encode(&q, NULL, &b, NULL) != 0 ||
-        dp_ctl_call(cc, addr, b.data, b.len, "a3", 10, &rep, NULL) != 0)
+    q.rid = dp__wire_s("a3");
+    dp__buf_reset(&b);
+    dp__buf_reset(&rep);
+    if (dp__wire_request_encode(&q, NULL, &b, NULL) != 0 ||
+        dp__ctl_call(cc, addr, b.data, b.len, "a3", 10, &rep, NULL) != 0)
         return 2;
-    dp_buf_fini(&b);
-    dp_buf_fini(&rep);
-    dp_ctl_client_destroy(cc);
+    dp__buf_fini(&b);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(cc);
     return 0;
 }
 
@@ -525,14 +525,14 @@ DP_TEST(retired_regions_come_back_only_when_provably_safe)
     CHECK_EQ(unit_stat(c, 0, "retired_bytes"), 4 << 20);
     double t0 = dp_test_now();
     while (unit_stat(c, 0, "retired_bytes") > 0 && dp_test_now() - t0 < 30)
-        dp_sleep_s(0.25);
+        dp__sleep_s(0.25);
     CHECK_EQ(unit_stat(c, 0, "retired_bytes"), 0);
     CHECK_EQ(unit_stat(c, 0, "reclaimed_bytes"), 4 << 20);
     CHECK_EQ(unit_stat(c, 0, "allocated_bytes"), 0);
     /* Over TCP, or from another host, nothing can prove the bytes will not land. */
     run_retirer(u.addr, "tcp", "");
     run_retirer(u.addr, "shm", "another-host/1");
-    dp_sleep_s(7); /* past the grace period */
+    dp__sleep_s(7); /* past the grace period */
     CHECK_EQ(unit_stat(c, 0, "retired_bytes"), 8 << 20);
     CHECK_EQ(unit_stat(c, 0, "retired_kept_bytes"), 8 << 20);
     CHECK_EQ(unit_stat(c, 0, "reclaimed_bytes"), 4 << 20);
@@ -552,9 +552,9 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 {
     fake_unit *f = ctx;
     dp_wire_request q;
-    if (dp_wire_request_decode(msg, len, NULL, &q, NULL) != 0 ||
+    if (dp__wire_request_decode(msg, len, NULL, &q, NULL) != 0 ||
         q.op != DP_WIRE_OP_INFO) {
-        dp_wire_request_fini(&q);
+        dp__wire_request_fini(&q);
         return;
     }
     dp_wire_reply r;
@@ -565,15 +565,15 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
     r.incarnation = 77;
     r.r.info = (dp_wire_info){.unit_id = 0,
                               .n_units = 1,
-                              .zmq = dp_wire_s("tcp://fake:1"),
-                              .agent = dp_wire_s("fake"),
+                              .zmq = dp__wire_s("tcp://fake:1"),
+                              .agent = dp__wire_s("fake"),
                               .metadata = {f->md, (uint32_t)f->md_len},
                               .slab_bytes = 1 << 20,
                               .slab_addr = 4096,
                               .incarnation = 77,
                               .proto = DP_WIRE_PROTO};
-    dp_wire_reply_encode(&r, NULL, reply, NULL);
-    dp_wire_request_fini(&q);
+    dp__wire_reply_encode(&r, NULL, reply, NULL);
+    dp__wire_request_fini(&q);
 }
 
 /*
@@ -586,9 +586,9 @@ DP_TEST(peer_of_another_ucx_version_is_refused)
     dp_endpoint *ep = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_endpoint_create("fake", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("fake", NULL, &ep, &d), &d);
     fake_unit f = {0};
-    CHECK_OK_D(dp_endpoint_metadata(ep, &f.md, &f.md_len, &d), &d);
+    CHECK_OK_D(dp__endpoint_metadata(ep, &f.md, &f.md_len, &d), &d);
     /* The server thread reads f: change it only while no server runs. */
     for (int variant = 0; variant < 2; variant++) {
         if (variant == 0)
@@ -596,13 +596,13 @@ DP_TEST(peer_of_another_ucx_version_is_refused)
         else
             f.md[4] = 1; /* metadata of an older dataplane */
         dp_ctl_server *s = NULL;
-        CHECK_OK_D(dp_ctl_server_open(NULL, fake_handler, NULL, &f, &s, &d), &d);
+        CHECK_OK_D(dp__ctl_server_open(NULL, fake_handler, NULL, &f, &s, &d), &d);
         char addr[128];
-        snprintf(addr, sizeof addr, "%s", dp_ctl_server_address(s));
+        snprintf(addr, sizeof addr, "%s", dp__ctl_server_address(s));
         const char *ap = addr;
         dp_client *c = NULL;
         CHECK_ERR_D(dp_client_open_units(&ap, 1, NULL, &c, &d), DP_EPROTO, &d);
-        dp_ctl_server_close(s);
+        dp__ctl_server_close(s);
         if (variant == 0) {
             CHECK_CONTAINS(d.msg, "UCX");
             CHECK_CONTAINS(d.msg, "same UCX version");
@@ -612,7 +612,7 @@ DP_TEST(peer_of_another_ucx_version_is_refused)
         }
     }
     free(f.md);
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
 }
 
 /* The child roles run instead of the tests (the test binary re-executed). */

@@ -44,7 +44,7 @@ static dp_unit *
 mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
 {
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = n_units;
     o.unit_id = unit_id;
@@ -56,7 +56,7 @@ mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     return u;
 }
 
@@ -78,7 +78,7 @@ mk_blob(const char *const *keys, uint32_t n, uint64_t plen, uint32_t seed)
     dp_blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
+    CHECK_OK_D(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
     uint8_t *pay = malloc(n * plen + 1);
     for (uint32_t i = 0; i < n; i++) {
         for (uint64_t k = 0; k < plen; k++)
@@ -92,14 +92,14 @@ mk_blob(const char *const *keys, uint32_t n, uint64_t plen, uint32_t seed)
         s.ndim = plen % 4 == 0 ? 1 : 0;
         s.len = plen;
         s.payload = pay + i * plen;
-        CHECK_OK_D(dp_blob_builder_add(b, &s, NULL, &d), &d);
+        CHECK_OK_D(dp__blob_builder_add(b, &s, NULL, &d), &d);
     }
     dp_blob_layout lay;
-    CHECK_OK_D(dp_blob_builder_layout(b, &lay, &d), &d);
+    CHECK_OK_D(dp__blob_builder_layout(b, &lay, &d), &d);
     tblob t = {calloc(1, lay.total_len), lay.total_len, n};
-    CHECK_OK_D(dp_blob_builder_write(b, t.p, lay.total_len, &d), &d);
-    CHECK_OK_D(dp_blob_builder_copy_payloads(b, t.p, lay.total_len, &d), &d);
-    dp_blob_builder_destroy(b);
+    CHECK_OK_D(dp__blob_builder_write(b, t.p, lay.total_len, &d), &d);
+    CHECK_OK_D(dp__blob_builder_copy_payloads(b, t.p, lay.total_len, &d), &d);
+    dp__blob_builder_destroy(b);
     free(pay);
     return t;
 }
@@ -111,10 +111,10 @@ put_blob(dp_unit *u, const char *id, const tblob *t)
     uint64_t off = 0;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_alloc(u, id, strlen(id), t->len, t->n, &off, NULL, &d), &d);
+    CHECK_OK_D(dp__unit_alloc(u, id, strlen(id), t->len, t->n, &off, NULL, &d), &d);
     dp_test_write_blob(u, id, off, t->p, t->len);
     dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
-    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     return off;
 }
@@ -134,12 +134,12 @@ static bool
 locate(dp_unit *u, const char *key, uint64_t *off, uint64_t *len, char pin[33])
 {
     dp_unit_resolve_keys_res r;
-    dp_wire_str k = dp_wire_s(key);
+    dp_wire_str k = dp__wire_s(key);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_lock(u);
-    int rc = dp_unit_resolve_keys_locked(u, &k, 1, &r, &d);
-    dp_unit_unlock(u);
+    dp__unit_lock(u);
+    int rc = dp__unit_resolve_keys_locked(u, &k, 1, &r, &d);
+    dp__unit_unlock(u);
     CHECK_OK_D(rc, &d);
     bool found = r.n_entries == 1;
     if (found) {
@@ -149,8 +149,8 @@ locate(dp_unit *u, const char *key, uint64_t *off, uint64_t *len, char pin[33])
     if (pin != NULL)
         memcpy(pin, r.pin_id, 33);
     else if (r.pin_id[0])
-        dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
-    dp_unit_resolve_keys_res_fini(&r);
+        dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    dp__unit_resolve_keys_res_fini(&r);
     return found;
 }
 
@@ -163,33 +163,33 @@ DP_TEST(put_resolve_read)
     tblob t = mk_blob(keys, 3, 256, 5);
     uint64_t off = put_blob(u, "b1", &t);
 
-    dp_wire_str q[] = {dp_wire_s("2@input_ids"), dp_wire_s("0@input_ids"),
-                       dp_wire_s("6@input_ids"), dp_wire_s("4@reward"),
-                       dp_wire_s("0@nope")};
+    dp_wire_str q[] = {dp__wire_s("2@input_ids"), dp__wire_s("0@input_ids"),
+                       dp__wire_s("6@input_ids"), dp__wire_s("4@reward"),
+                       dp__wire_s("0@nope")};
     dp_unit_resolve_keys_res r;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_lock(u);
-    CHECK_OK_D(dp_unit_resolve_keys_locked(u, q, 5, &r, &d), &d);
-    dp_unit_unlock(u);
+    dp__unit_lock(u);
+    CHECK_OK_D(dp__unit_resolve_keys_locked(u, q, 5, &r, &d), &d);
+    dp__unit_unlock(u);
     CHECK_EQ(r.n_entries, 3);
     CHECK_EQ(r.n_missing, 2);
     CHECK(r.pin_id[0] != '\0');
-    CHECK(dp_wire_str_eq(r.missing[0], "6@input_ids"));
-    CHECK(dp_wire_str_eq(r.missing[1], "0@nope"));
+    CHECK(dp__wire_str_eq(r.missing[0], "6@input_ids"));
+    CHECK(dp__wire_str_eq(r.missing[1], "0@nope"));
     for (uint32_t i = 0; i < r.n_entries; i++) {
         dp_wire_key_loc *l = &r.entries[i];
         CHECK_EQ(l->len, 256);
-        CHECK(dp_wire_str_eq(l->kind, "tensor"));
-        CHECK(dp_wire_str_eq(l->dtype, "float32"));
+        CHECK(dp__wire_str_eq(l->kind, "tensor"));
+        CHECK(dp__wire_str_eq(l->dtype, "float32"));
         CHECK_EQ(l->ndim, 1);
         CHECK_EQ(l->shape[0], 64);
         CHECK(l->off >= off && l->off + l->len <= off + t.len);
         /* The bytes at the resolved offset are that key's payload. */
-        uint32_t idx = dp_wire_str_eq(l->key, "0@input_ids")   ? 0
-                       : dp_wire_str_eq(l->key, "2@input_ids") ? 1
-                                                               : 2;
-        const uint8_t *p = dp_unit_slab(u) + l->off;
+        uint32_t idx = dp__wire_str_eq(l->key, "0@input_ids")   ? 0
+                       : dp__wire_str_eq(l->key, "2@input_ids") ? 1
+                                                                : 2;
+        const uint8_t *p = dp__unit_slab(u) + l->off;
         for (uint64_t k = 0; k < 256; k++)
             CHECK_EQ(p[k], (uint8_t)(5 * 31 + idx * 7 + k));
     }
@@ -197,38 +197,38 @@ DP_TEST(put_resolve_read)
     CHECK_EQ(s.pins, 1);
     CHECK_EQ(s.entries, 3);
     CHECK_EQ(s.rows, 3);
-    dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
-    dp_unit_unpin(u, r.pin_id, strlen(r.pin_id)); /* unknown now: no-op */
-    dp_unit_unpin(u, "nope", 4);
+    dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    dp__unit_unpin(u, r.pin_id, strlen(r.pin_id)); /* unknown now: no-op */
+    dp__unit_unpin(u, "nope", 4);
     CHECK_EQ(dp_test_unit_stats(u).pins, 0);
-    dp_unit_resolve_keys_res_fini(&r);
+    dp__unit_resolve_keys_res_fini(&r);
 
     /* resolve by blob id */
-    dp_wire_str ids[] = {dp_wire_s("b1"), dp_wire_s("zz"), dp_wire_s("b1")};
+    dp_wire_str ids[] = {dp__wire_s("b1"), dp__wire_s("zz"), dp__wire_s("b1")};
     dp_unit_resolve_res rr;
-    dp_unit_lock(u);
-    CHECK_OK_D(dp_unit_resolve_locked(u, ids, 3, &rr, &d), &d);
-    dp_unit_unlock(u);
+    dp__unit_lock(u);
+    CHECK_OK_D(dp__unit_resolve_locked(u, ids, 3, &rr, &d), &d);
+    dp__unit_unlock(u);
     CHECK_EQ(rr.n_blobs, 2);
     CHECK_EQ(rr.blobs[0].off, off);
     CHECK_EQ(rr.blobs[0].len, t.len);
     CHECK_EQ(rr.n_missing, 1);
     CHECK_EQ(dp_test_unit_stats(u).pins, 1);
     dp_test_unit_check(u);
-    dp_unit_unpin(u, rr.pin_id, strlen(rr.pin_id));
-    dp_unit_resolve_res_fini(&rr);
+    dp__unit_unpin(u, rr.pin_id, strlen(rr.pin_id));
+    dp__unit_resolve_res_fini(&rr);
 
     /* A key of another unit or a malformed key is a Protocol error. */
-    dp_wire_str bad[] = {dp_wire_s("0@input_ids"), dp_wire_s("1@input_ids")};
-    dp_unit_lock(u);
-    CHECK_ERR(dp_unit_resolve_keys_locked(u, bad, 2, &r, &d), DP_EPROTO);
-    bad[1] = dp_wire_s("01@x");
-    CHECK_ERR(dp_unit_resolve_keys_locked(u, bad, 2, &r, &d), DP_EPROTO);
-    dp_unit_unlock(u);
+    dp_wire_str bad[] = {dp__wire_s("0@input_ids"), dp__wire_s("1@input_ids")};
+    dp__unit_lock(u);
+    CHECK_ERR(dp__unit_resolve_keys_locked(u, bad, 2, &r, &d), DP_EPROTO);
+    bad[1] = dp__wire_s("01@x");
+    CHECK_ERR(dp__unit_resolve_keys_locked(u, bad, 2, &r, &d), DP_EPROTO);
+    dp__unit_unlock(u);
     CHECK_EQ(dp_test_unit_stats(u).pins, 0);
     dp_test_unit_check(u);
     free(t.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 DP_TEST(commit_idempotent_and_lost)
@@ -237,42 +237,42 @@ DP_TEST(commit_idempotent_and_lost)
     const char *keys[] = {"1@a"};
     put_keys(u, "b", keys, 1, 64, 1);
     dp_wire_commit_state st;
-    CHECK_OK(dp_unit_commit(u, "b", 1, &st, NULL));
+    CHECK_OK(dp__unit_commit(u, "b", 1, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
-    CHECK_OK(dp_unit_commit(u, "nope", 4, &st, NULL));
+    CHECK_OK(dp__unit_commit(u, "nope", 4, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     CHECK_EQ(dp_test_unit_stats(u).n_commit, 1);
     /* an alloc for a committed id is refused; abort of a published blob is a no-op */
     uint64_t off;
-    CHECK_ERR(dp_unit_alloc(u, "b", 1, 64, 0, &off, NULL, NULL), DP_EPROTO);
-    dp_unit_abort(u, "b", 1, true);
+    CHECK_ERR(dp__unit_alloc(u, "b", 1, 64, 0, &off, NULL, NULL), DP_EPROTO);
+    dp__unit_abort(u, "b", 1, true);
     CHECK_EQ(dp_test_unit_stats(u).published, 1);
     CHECK_EQ(dp_test_unit_stats(u).retired_bytes, 0);
     /* bad ids */
-    CHECK_ERR(dp_unit_alloc(u, "a/b", 3, 64, 0, &off, NULL, NULL), DP_EPROTO);
-    CHECK_ERR(dp_unit_alloc(u, "", 0, 64, 0, &off, NULL, NULL), DP_EPROTO);
-    CHECK_ERR(dp_unit_alloc(u, "x", 1, 0, 0, &off, NULL, NULL), DP_EPROTO);
-    CHECK_ERR(dp_unit_alloc(u, "x", 1, 2 << 20, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp__unit_alloc(u, "a/b", 3, 64, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp__unit_alloc(u, "", 0, 64, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp__unit_alloc(u, "x", 1, 0, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp__unit_alloc(u, "x", 1, 2 << 20, 0, &off, NULL, NULL), DP_EPROTO);
     /* release of the row: the commit is lost from then on */
     uint64_t g = 1;
-    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 1);
-    CHECK_OK(dp_unit_commit(u, "b", 1, &st, NULL));
+    CHECK_EQ(dp__unit_release_rows(u, &g, 1), 1);
+    CHECK_OK(dp__unit_commit(u, "b", 1, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 DP_TEST(alloc_retry_same_id)
 {
     dp_unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t a, b;
-    CHECK_OK(dp_unit_alloc(u, "x", 1, 1000, 0, &a, NULL, NULL));
-    CHECK_OK(dp_unit_alloc(u, "x", 1, 1000, 0, &b, NULL, NULL));
+    CHECK_OK(dp__unit_alloc(u, "x", 1, 1000, 0, &a, NULL, NULL));
+    CHECK_OK(dp__unit_alloc(u, "x", 1, 1000, 0, &b, NULL, NULL));
     CHECK_EQ(a, b);
-    CHECK_ERR(dp_unit_alloc(u, "x", 1, 2000, 0, &b, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp__unit_alloc(u, "x", 1, 2000, 0, &b, NULL, NULL), DP_EPROTO);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 1);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 DP_TEST(overwrite_and_release)
@@ -294,12 +294,12 @@ DP_TEST(overwrite_and_release)
     /* Row 1 holds b1's last two refs: releasing it frees b1 at once (no pins). */
     uint64_t allocated = dp_test_unit_stats(u).allocated_bytes;
     uint64_t g[] = {1, 77, 1};
-    CHECK_EQ(dp_unit_release_rows(u, g, 3), 2);
+    CHECK_EQ(dp__unit_release_rows(u, g, 3), 2);
     CHECK_EQ(dp_test_unit_stats(u).published, 1);
     CHECK(dp_test_unit_stats(u).allocated_bytes < allocated);
     CHECK_EQ(dp_test_unit_stats(u).quarantined_bytes, 0);
     CHECK(!locate(u, "1@x", &o, &l, NULL));
-    CHECK_EQ(dp_unit_release_rows(u, g, 3), 0);
+    CHECK_EQ(dp__unit_release_rows(u, g, 3), 0);
     /* Overwrite b2's only key with b3: b2 is freed. */
     put_keys(u, "b3", k2, 1, 50, 3);
     CHECK_EQ(dp_test_unit_stats(u).published, 1);
@@ -307,11 +307,11 @@ DP_TEST(overwrite_and_release)
     CHECK_EQ(l, 50);
     dp_test_unit_check(u);
     uint64_t g0 = 0;
-    CHECK_EQ(dp_unit_release_rows(u, &g0, 1), 1);
+    CHECK_EQ(dp__unit_release_rows(u, &g0, 1), 1);
     CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, 0);
     CHECK_EQ(dp_test_unit_stats(u).rows, 0);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* Corrupt copies of a valid blob: each is refused and publishes nothing. */
@@ -344,14 +344,14 @@ DP_TEST(commit_rejects_bad_blobs)
         uint64_t off;
         tblob *s = cases[c].src;
         CHECK_OK(
-            dp_unit_alloc(u, id, strlen(id), s->len, cases[c].decl, &off, NULL, NULL));
+            dp__unit_alloc(u, id, strlen(id), s->len, cases[c].decl, &off, NULL, NULL));
         dp_test_write_blob(u, id, off, s->p, s->len);
         if (cases[c].at != SIZE_MAX)
-            dp_unit_slab(u)[off + cases[c].at] ^= 0x5a;
+            dp__unit_slab(u)[off + cases[c].at] ^= 0x5a;
         dp_wire_commit_state st;
         dp_detail d;
         dp_detail_clear(&d);
-        int rc = dp_unit_commit(u, id, strlen(id), &st, &d);
+        int rc = dp__unit_commit(u, id, strlen(id), &st, &d);
         CHECKF(rc == DP_EPROTO, "%s: got %s", cases[c].what, dp_errname(rc));
         CHECK(dp_detail_msg(&d)[0] != '\0');
         CHECK_EQ(dp_test_unit_stats(u).published, 0);
@@ -360,44 +360,44 @@ DP_TEST(commit_rejects_bad_blobs)
         /* The allocation stays; a good blob written there later commits. */
         if (c == 0) {
             dp_test_write_blob(u, id, off, t.p, t.len);
-            CHECK_OK(dp_unit_commit(u, id, strlen(id), &st, NULL));
+            CHECK_OK(dp__unit_commit(u, id, strlen(id), &st, NULL));
             CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
             uint64_t g[] = {1, 3};
-            CHECK_EQ(dp_unit_release_rows(u, g, 2), 2);
+            CHECK_EQ(dp__unit_release_rows(u, g, 2), 2);
         } else {
-            dp_unit_abort(u, id, strlen(id), false);
+            dp__unit_abort(u, id, strlen(id), false);
         }
     }
     CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, 0);
     CHECK(dp_test_unit_stats(u).n_proto >= DP_ARRAY_LEN(cases));
     free(t.p);
     free(t_other.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 DP_TEST(abort_semantics)
 {
     dp_unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t a, b;
-    CHECK_OK(dp_unit_alloc(u, "a", 1, 1000, 0, &a, NULL, NULL));
-    CHECK_OK(dp_unit_alloc(u, "b", 1, 1000, 0, &b, NULL, NULL));
-    dp_unit_abort(u, "a", 1, false); /* freed */
-    dp_unit_abort(u, "b", 1, true);  /* retired */
-    dp_unit_abort(u, "zz", 2, true); /* unknown: no-op */
+    CHECK_OK(dp__unit_alloc(u, "a", 1, 1000, 0, &a, NULL, NULL));
+    CHECK_OK(dp__unit_alloc(u, "b", 1, 1000, 0, &b, NULL, NULL));
+    dp__unit_abort(u, "a", 1, false); /* freed */
+    dp__unit_abort(u, "b", 1, true);  /* retired */
+    dp__unit_abort(u, "zz", 2, true); /* unknown: no-op */
     dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.blobs, 0);
     CHECK_EQ(s.retired_bytes, 1024);
     CHECK_EQ(s.n_retired, 1);
     CHECK_EQ(s.allocated_bytes, 1024); /* the retired region is never freed */
     dp_wire_commit_state st;
-    CHECK_OK(dp_unit_commit(u, "b", 1, &st, NULL));
+    CHECK_OK(dp__unit_commit(u, "b", 1, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     /* The retired region is never handed out again: fill the slab. */
     for (int i = 0;; i++) {
         char id[16];
         snprintf(id, sizeof id, "f%d", i);
         uint64_t off;
-        int rc = dp_unit_alloc(u, id, strlen(id), 1000, 0, &off, NULL, NULL);
+        int rc = dp__unit_alloc(u, id, strlen(id), 1000, 0, &off, NULL, NULL);
         if (rc != 0) {
             CHECK_EQ(rc, DP_EUNITFULL);
             break;
@@ -405,19 +405,19 @@ DP_TEST(abort_semantics)
         CHECK(off + 1024 <= b || off >= b + 1024);
     }
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 DP_TEST(lease_expiry_retires)
 {
     dp_unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t a;
-    CHECK_OK(dp_unit_alloc(u, "late", 4, 5000, 0, &a, NULL, NULL));
+    CHECK_OK(dp__unit_alloc(u, "late", 4, 5000, 0, &a, NULL, NULL));
     fake_t += 59;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 1);
     fake_t += 2;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.blobs, 0);
     CHECK_EQ(s.leases_expired, 1);
@@ -426,18 +426,18 @@ DP_TEST(lease_expiry_retires)
     /* The writer comes back too late: its commit is lost. */
     const char *keys[] = {"0@a"};
     tblob t = mk_blob(keys, 1, 64, 1);
-    memcpy(dp_unit_slab(u) + a, t.p, t.len);
+    memcpy(dp__unit_slab(u) + a, t.p, t.len);
     dp_wire_commit_state st;
-    CHECK_OK(dp_unit_commit(u, "late", 4, &st, NULL));
+    CHECK_OK(dp__unit_commit(u, "late", 4, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     /* Committed blobs are not subject to the lease. */
     put_blob(u, "ok", &t);
     fake_t += 1000;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     CHECK_EQ(dp_test_unit_stats(u).published, 1);
     free(t.p);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* Invariant 1: a released blob's region is not reused while it is pinned. */
@@ -451,7 +451,7 @@ DP_TEST(no_reuse_while_pinned)
     uint64_t o, l;
     CHECK(locate(u, "0@a", &o, &l, pin));
     uint64_t g = 0;
-    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 1);
+    CHECK_EQ(dp__unit_release_rows(u, &g, 1), 1);
     dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.zombies, 1);
     CHECK_EQ(s.zombie_bytes, t.len);
@@ -462,23 +462,23 @@ DP_TEST(no_reuse_while_pinned)
     const char *reason = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_unit_alloc(u, "n", 1, 32 * 1024, 0, &a, &reason, &d), DP_EBUSY, &d);
+    CHECK_ERR_D(dp__unit_alloc(u, "n", 1, 32 * 1024, 0, &a, &reason, &d), DP_EBUSY, &d);
     CHECK_STR(reason, "pins");
     /* The reader still sees its bytes (nobody wrote there). */
-    CHECK_EQ(memcmp(dp_unit_slab(u) + off, t.p, 48), 0); /* 48..63: the alloc's name */
-    CHECK_EQ(memcmp(dp_unit_slab(u) + off + 64, t.p + 64, t.len - 64), 0);
+    CHECK_EQ(memcmp(dp__unit_slab(u) + off, t.p, 48), 0); /* 48..63: the alloc's name */
+    CHECK_EQ(memcmp(dp__unit_slab(u) + off + 64, t.p + 64, t.len - 64), 0);
     /* The reader is done: the region is free at once. */
-    dp_unit_unpin(u, pin, strlen(pin));
+    dp__unit_unpin(u, pin, strlen(pin));
     CHECK_EQ(dp_test_unit_stats(u).zombies, 0);
     CHECK_EQ(dp_test_unit_stats(u).quarantined_bytes, 0);
-    CHECK_OK(dp_unit_alloc(u, "n", 1, 32 * 1024, 0, &a, NULL, NULL));
+    CHECK_OK(dp__unit_alloc(u, "n", 1, 32 * 1024, 0, &a, NULL, NULL));
     CHECK_EQ(a, off);
     /* Now really full and nothing pending: UnitFull. */
-    CHECK_ERR(dp_unit_alloc(u, "m", 1, 40 * 1024, 0, &a, NULL, NULL), DP_EUNITFULL);
+    CHECK_ERR(dp__unit_alloc(u, "m", 1, 40 * 1024, 0, &a, NULL, NULL), DP_EUNITFULL);
     CHECK_EQ(dp_test_unit_stats(u).n_full, 1);
     dp_test_unit_check(u);
     free(t.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* A pin that expires sends its region through quarantine before reuse. */
@@ -492,12 +492,12 @@ DP_TEST(pin_expiry_quarantine)
     uint64_t o, l;
     CHECK(locate(u, "0@a", &o, &l, pin));
     uint64_t g = 0;
-    dp_unit_release_rows(u, &g, 1);
+    dp__unit_release_rows(u, &g, 1);
     fake_t += 9.5;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     CHECK_EQ(dp_test_unit_stats(u).pins, 1);
     fake_t += 1;
-    dp_unit_tick(u); /* the pin expired (10 s): quarantine for 5 s */
+    dp__unit_tick(u); /* the pin expired (10 s): quarantine for 5 s */
     dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.pins, 0);
     CHECK_EQ(s.pins_expired, 1);
@@ -505,20 +505,20 @@ DP_TEST(pin_expiry_quarantine)
     CHECK_EQ(s.quarantined_bytes, t.len);
     uint64_t a;
     const char *reason = NULL;
-    CHECK_ERR(dp_unit_alloc(u, "n", 1, 8192, 0, &a, &reason, NULL), DP_EBUSY);
+    CHECK_ERR(dp__unit_alloc(u, "n", 1, 8192, 0, &a, &reason, NULL), DP_EBUSY);
     CHECK_STR(reason, "quarantine");
     /* Unpinning the expired pin later is a no-op. */
-    dp_unit_unpin(u, pin, strlen(pin));
+    dp__unit_unpin(u, pin, strlen(pin));
     fake_t += 4;
-    dp_unit_tick(u);
-    CHECK_ERR(dp_unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL), DP_EBUSY);
+    dp__unit_tick(u);
+    CHECK_ERR(dp__unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL), DP_EBUSY);
     fake_t += 1.5;
     /* alloc sweeps due quarantine itself, without waiting for the ticker. */
-    CHECK_OK(dp_unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL));
+    CHECK_OK(dp__unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL));
     CHECK_EQ(a, off);
     dp_test_unit_check(u);
     free(t.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* A live blob whose pin expired is quarantined when released later, unpinned. */
@@ -532,19 +532,19 @@ DP_TEST(expired_pin_then_release)
     char pin[33];
     CHECK(locate(u, "0@a", &o, &l, pin));
     fake_t += 11;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     CHECK_EQ(dp_test_unit_stats(u).pins, 0);
     CHECK_EQ(dp_test_unit_stats(u).quarantined_bytes, 0); /* still live */
     uint64_t g = 0;
-    dp_unit_release_rows(u, &g, 1);
+    dp__unit_release_rows(u, &g, 1);
     CHECK_EQ(dp_test_unit_stats(u).quarantined_bytes, t.len);
     fake_t += 6;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     CHECK_EQ(dp_test_unit_stats(u).quarantined_bytes, 0);
     CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, 0);
     dp_test_unit_check(u);
     free(t.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* Two pins on one released blob: freed only when both end. */
@@ -559,25 +559,25 @@ DP_TEST(two_pins_one_blob)
     CHECK(locate(u, "0@a", &o, &l, p1));
     CHECK(locate(u, "0@b", &o, &l, p2));
     uint64_t g = 0;
-    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 2);
+    CHECK_EQ(dp__unit_release_rows(u, &g, 1), 2);
     CHECK_EQ(dp_test_unit_stats(u).zombies, 1);
-    dp_unit_unpin(u, p1, strlen(p1));
+    dp__unit_unpin(u, p1, strlen(p1));
     CHECK_EQ(dp_test_unit_stats(u).zombies, 1);
     CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, t.len);
     dp_test_unit_check(u);
-    dp_unit_unpin(u, p2, strlen(p2));
+    dp__unit_unpin(u, p2, strlen(p2));
     CHECK_EQ(dp_test_unit_stats(u).zombies, 0);
     CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, 0);
     /* The blob id is free for a new alloc even while a zombie is pinned. */
     CHECK(locate(u, "0@a", &o, &l, NULL) == false);
     put_blob(u, "b", &t);
     CHECK(locate(u, "0@a", &o, &l, p1));
-    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 2);
+    CHECK_EQ(dp__unit_release_rows(u, &g, 1), 2);
     put_blob(u, "b", &t);
     CHECK_EQ(dp_test_unit_stats(u).zombies, 1);
     dp_test_unit_check(u);
     free(t.p);
-    dp_unit_destroy(u); /* frees the zombie through its pin */
+    dp__unit_destroy(u); /* frees the zombie through its pin */
 }
 
 /*
@@ -600,7 +600,7 @@ DP_TEST(model_no_reuse_under_transfer)
     uint64_t seed = dp_test_seed();
     uint64_t rs = seed;
     dp_unit *u = mk_unit(384 * 1024, 1, 0);
-    dp_log_set_level(DP_LOG_ERROR); /* lease expiries are expected here */
+    dp__log_set_level(DP_LOG_ERROR); /* lease expiries are expected here */
     enum { MAXR = 4096, MAXB = 64, MAXP = 64 };
     static mregion reg[MAXR];
     int nreg = 0;
@@ -643,8 +643,8 @@ DP_TEST(model_no_reuse_under_transfer)
             tblob t = mk_blob(keys, nk, 64 + dp_test_rand(&rs) % 8000, (uint32_t)step);
             snprintf(blobs[bi].id, sizeof blobs[bi].id, "m%d", next_id++);
             uint64_t off;
-            int rc = dp_unit_alloc(u, blobs[bi].id, strlen(blobs[bi].id), t.len, nk, &off,
-                                   NULL, NULL);
+            int rc = dp__unit_alloc(u, blobs[bi].id, strlen(blobs[bi].id), t.len, nk,
+                                    &off, NULL, NULL);
             if (rc != 0) {
                 CHECKF(rc == DP_EBUSY || rc == DP_EUNITFULL, "alloc: %s", dp_errname(rc));
                 free(t.p);
@@ -687,15 +687,15 @@ DP_TEST(model_no_reuse_under_transfer)
                 dp_wire_commit_state st;
                 dp_detail d;
                 dp_detail_clear(&d);
-                CHECK_OK_D(dp_unit_commit(u, blobs[bi].id, strlen(blobs[bi].id), &st, &d),
-                           &d);
+                CHECK_OK_D(
+                    dp__unit_commit(u, blobs[bi].id, strlen(blobs[bi].id), &st, &d), &d);
                 blobs[bi].committed = st == DP_WIRE_COMMIT_DONE;
                 ran.commits += blobs[bi].committed;
                 if (st != DP_WIRE_COMMIT_DONE)
                     blobs[bi].used = false; /* retired by the lease meanwhile */
                 after = st == DP_WIRE_COMMIT_DONE ? 0 : 1;
             } else {
-                dp_unit_abort(u, blobs[bi].id, strlen(blobs[bi].id), how == 2);
+                dp__unit_abort(u, blobs[bi].id, strlen(blobs[bi].id), how == 2);
                 blobs[bi].used = false;
                 if (how == 2)
                     ran.aborts_in_flight++;
@@ -721,12 +721,12 @@ DP_TEST(model_no_reuse_under_transfer)
                 snprintf(kb[k], sizeof kb[k], "%u@f%u",
                          (unsigned)(dp_test_rand(&rs) % 16),
                          (unsigned)(dp_test_rand(&rs) % 3));
-                q[k] = dp_wire_s(kb[k]);
+                q[k] = dp__wire_s(kb[k]);
             }
             dp_unit_resolve_keys_res r;
-            dp_unit_lock(u);
-            CHECK_OK(dp_unit_resolve_keys_locked(u, q, 4, &r, NULL));
-            dp_unit_unlock(u);
+            dp__unit_lock(u);
+            CHECK_OK(dp__unit_resolve_keys_locked(u, q, 4, &r, NULL));
+            dp__unit_unlock(u);
             for (uint32_t e = 0; e < r.n_entries && nreg < MAXR; e++)
                 reg[nreg++] =
                     (mregion){r.entries[e].off, r.entries[e].len, INFINITY, 2, pi, true};
@@ -736,12 +736,12 @@ DP_TEST(model_no_reuse_under_transfer)
                 pins[pi].t = fake_t;
                 memcpy(pins[pi].id, r.pin_id, 33);
             }
-            dp_unit_resolve_keys_res_fini(&r);
+            dp__unit_resolve_keys_res_fini(&r);
         } else if (op == 7) { /* unpin */
             int pi = (int)(dp_test_rand(&rs) % MAXP);
             if (!pins[pi].used)
                 continue;
-            dp_unit_unpin(u, pins[pi].id, strlen(pins[pi].id));
+            dp__unit_unpin(u, pins[pi].id, strlen(pins[pi].id));
             pins[pi].used = false;
             ran.unpins++;
             for (int r = 0; r < nreg; r++)
@@ -749,10 +749,10 @@ DP_TEST(model_no_reuse_under_transfer)
                     reg[r].live = false;
         } else if (op == 8) { /* release rows */
             uint64_t g[2] = {dp_test_rand(&rs) % 16, dp_test_rand(&rs) % 16};
-            dp_unit_release_rows(u, g, 2);
+            dp__unit_release_rows(u, g, 2);
         } else if (op == 9) { /* time passes */
             fake_t += (double)(dp_test_rand(&rs) % 4000) / 1000.0;
-            dp_unit_tick(u);
+            dp__unit_tick(u);
         } else { /* a committed blob whose rows are all gone may be reused: forget it */
             int bi = (int)(dp_test_rand(&rs) % MAXB);
             if (blobs[bi].used && blobs[bi].committed)
@@ -773,7 +773,7 @@ DP_TEST(model_no_reuse_under_transfer)
             }
         }
         if ((step % 64) == 63) {
-            CHECK_OK(dp_unit_check(u, NULL));
+            CHECK_OK(dp__unit_check(u, NULL));
             /* compact the region list */
             int w = 0;
             for (int r = 0; r < nreg; r++)
@@ -803,9 +803,9 @@ DP_TEST(model_no_reuse_under_transfer)
     EXPECT_GE(ran.unpins, 10);
     EXPECT_GE(ran.expired, 50);
     EXPECT_EQ_U64(s.n_commit, (uint64_t)ran.commits);
-    dp_log_set_level(DP_LOG_INFO);
+    dp__log_set_level(DP_LOG_INFO);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* ---- the handler, fed encoded and malformed messages ---- */
@@ -816,58 +816,58 @@ call_handler(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, bool *r
     dp_buf in = {0}, out = {0};
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_wire_request_encode(req, NULL, &in, &d), &d);
-    dp_unit_handle(u, in.data, in.len, &out);
+    CHECK_OK_D(dp__wire_request_encode(req, NULL, &in, &d), &d);
+    dp__unit_handle(u, in.data, in.len, &out);
     *replied = out.len > 0;
     int rc = 0;
     if (out.len > 0) {
-        rc = dp_wire_reply_decode(out.data, out.len, req->op, NULL, rep, &d);
+        rc = dp__wire_reply_decode(out.data, out.len, req->op, NULL, rep, &d);
         CHECK_OK_D(rc, &d);
-        CHECK(dp_wire_str_same(rep->rid, req->rid));
+        CHECK(dp__wire_str_same(rep->rid, req->rid));
         /* the reply's views point into out: keep it alive with the reply */
         static dp_buf keep[64];
         static int nkeep;
-        dp_buf_fini(&keep[nkeep % 64]);
+        dp__buf_fini(&keep[nkeep % 64]);
         keep[nkeep++ % 64] = out;
         out = (dp_buf){0};
     }
-    dp_buf_fini(&in);
-    dp_buf_fini(&out);
+    dp__buf_fini(&in);
+    dp__buf_fini(&out);
     return rc;
 }
 
 DP_TEST(handler_ops)
 {
     dp_unit *u = mk_unit(1 << 20, 1, 0);
-    dp_unit_set_address(u, "tcp://127.0.0.1:1");
+    dp__unit_set_address(u, "tcp://127.0.0.1:1");
     dp_wire_request q;
     dp_wire_reply r;
     bool replied;
     memset(&q, 0, sizeof q);
-    q.rid = dp_wire_s("r1");
+    q.rid = dp__wire_s("r1");
 
     q.op = DP_WIRE_OP_PING;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.unit_id, 0);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_INFO;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.info.slab_bytes, 1 << 20);
-    CHECK(dp_wire_str_eq(r.r.info.zmq, "tcp://127.0.0.1:1"));
-    CHECK(dp_wire_str_eq(r.r.info.numa, "off"));
-    dp_wire_reply_fini(&r);
+    CHECK(dp__wire_str_eq(r.r.info.zmq, "tcp://127.0.0.1:1"));
+    CHECK(dp__wire_str_eq(r.r.info.numa, "off"));
+    dp__wire_reply_fini(&r);
 
     const char *keys[] = {"5@obs"};
     tblob t = mk_blob(keys, 1, 100, 3);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("blob-1"), t.len, 1, true};
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("blob-1"), t.len, 1, true};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     uint64_t off = r.r.alloc.off;
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     dp_test_write_blob(u, "blob-1", off, t.p, t.len);
 
     q.op = DP_WIRE_OP_READ_BYTES;
@@ -876,41 +876,41 @@ DP_TEST(handler_ops)
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.bytes.n, 8);
     CHECK_EQ(memcmp(r.r.bytes.p, DP_BLOB_MAGIC, 8), 0);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     q.a.read_bytes = (dp_wire_read_bytes_args){(1 << 20) - 4, 8};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK_EQ(r.err.code, DP_EPROTO);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp_wire_s("blob-1");
+    q.a.commit.blob_id = dp__wire_s("blob-1");
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
-    dp_wire_str ks[] = {dp_wire_s("5@obs"), dp_wire_s("6@obs")};
+    dp_wire_str ks[] = {dp__wire_s("5@obs"), dp__wire_s("6@obs")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.resolve_keys.entries.n, 1);
     CHECK_EQ(r.r.resolve_keys.missing.n, 1);
-    CHECK(dp_wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "") ||
-          dp_wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "float32"));
+    CHECK(dp__wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "") ||
+          dp__wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "float32"));
     char pin[64];
-    dp_wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
-    dp_wire_reply_fini(&r);
+    dp__wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).pins, 1);
 
     q.op = DP_WIRE_OP_UNPIN;
-    q.a.unpin.pin_id = dp_wire_s(pin);
+    q.a.unpin.pin_id = dp__wire_s(pin);
     call_handler(u, &q, &r, &replied);
     CHECK(!replied);
     CHECK_EQ(dp_test_unit_stats(u).pins, 0);
 
-    dp_wire_str ids[] = {dp_wire_s("blob-1"), dp_wire_s("gone")};
+    dp_wire_str ids[] = {dp__wire_s("blob-1"), dp__wire_s("gone")};
     q.op = DP_WIRE_OP_RESOLVE;
     q.a.resolve.blob_ids = (dp_wire_strs){ids, 2};
     call_handler(u, &q, &r, &replied);
@@ -918,26 +918,26 @@ DP_TEST(handler_ops)
     CHECK_EQ(r.r.resolve.blobs.n, 1);
     CHECK_EQ(r.r.resolve.blobs.v[0].off, off);
     CHECK_EQ(r.r.resolve.missing.n, 1);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_SCAN;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.scan.n, 1);
     uint64_t refs = 0;
-    CHECK(dp_wire_fields_u64(&r.r.scan.recs[0], "refs", &refs));
+    CHECK(dp__wire_fields_u64(&r.r.scan.recs[0], "refs", &refs));
     CHECK_EQ(refs, 1);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_STATS;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     uint64_t pins = 99, commits = 0;
-    CHECK(dp_wire_fields_u64(&r.r.stats, "pins", &pins));
-    CHECK(dp_wire_fields_u64(&r.r.stats, "commits", &commits));
+    CHECK(dp__wire_fields_u64(&r.r.stats, "pins", &pins));
+    CHECK(dp__wire_fields_u64(&r.r.stats, "commits", &commits));
     CHECK_EQ(pins, 1); /* the resolve above */
     CHECK_EQ(commits, 1);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     uint64_t g[] = {5, 6};
     q.op = DP_WIRE_OP_RELEASE_ROWS;
@@ -945,45 +945,45 @@ DP_TEST(handler_ops)
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.dropped, 1);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     /* Busy/UnitFull map to their error kinds with a reason. */
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("huge"), (1 << 20) - 64, 0, false};
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("huge"), (1 << 20) - 64, 0, false};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK_EQ(r.err.code, DP_EBUSY); /* the resolve pin above holds blob-1 */
     CHECK(r.err.reason.n > 0);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_ABORT;
-    q.a.abort = (dp_wire_abort_args){dp_wire_s("nothing"), true};
+    q.a.abort = (dp_wire_abort_args){dp__wire_s("nothing"), true};
     call_handler(u, &q, &r, &replied);
     CHECK(!replied);
 
     /* A relative path is refused (test_checkpoint tests real saves). */
     q.op = DP_WIRE_OP_SAVE_SHARD;
-    q.a.save_shard.path = dp_wire_s("tmp/x");
+    q.a.save_shard.path = dp__wire_s("tmp/x");
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK_EQ(r.err.code, DP_EPROTO);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     dp_test_unit_check(u);
     free(t.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* Send raw bytes; return the reply (decoded as op) or false if none. */
 static bool
 raw_call(dp_unit *u, const void *msg, size_t len, dp_wire_reply *rep, dp_buf *out)
 {
-    dp_buf_reset(out);
-    dp_unit_handle(u, msg, len, out);
+    dp__buf_reset(out);
+    dp__unit_handle(u, msg, len, out);
     if (out->len == 0)
         return false;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_wire_reply_decode(out->data, out->len, DP_WIRE_OP_PING, NULL, rep, &d),
+    CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, DP_WIRE_OP_PING, NULL, rep, &d),
                &d);
     return true;
 }
@@ -998,65 +998,65 @@ DP_TEST(handler_malformed)
     /* Garbage and messages without a readable request id: no reply. */
     CHECK(!raw_call(u, "\xc1\xff\x00", 3, &r, &out));
     CHECK(!raw_call(u, "", 0, &r, &out));
-    dp_mp_writer_init(&w, &m);
-    dp_mp_put_array(&w, 3);
-    dp_mp_put_str(&w, "ping");
-    dp_mp_put_u64(&w, 7);
-    dp_mp_put_map(&w, 0);
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "ping");
+    dp__mp_put_u64(&w, 7);
+    dp__mp_put_map(&w, 0);
     CHECK(!raw_call(u, m.data, m.len, &r, &out));
 
     /* Unknown op with a readable id: Protocol error carrying the id. */
-    dp_buf_reset(&m);
-    dp_mp_writer_init(&w, &m);
-    dp_mp_put_array(&w, 3);
-    dp_mp_put_str(&w, "explode");
-    dp_mp_put_str(&w, "rid-9");
-    dp_mp_put_map(&w, 0);
+    dp__buf_reset(&m);
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "explode");
+    dp__mp_put_str(&w, "rid-9");
+    dp__mp_put_map(&w, 0);
     CHECK(raw_call(u, m.data, m.len, &r, &out));
     CHECK(!r.ok);
-    CHECK(dp_wire_str_eq(r.rid, "rid-9"));
-    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
-    dp_wire_reply_fini(&r);
+    CHECK(dp__wire_str_eq(r.rid, "rid-9"));
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
+    dp__wire_reply_fini(&r);
 
     /* alloc with a wrong type and an unknown key: Protocol with the id. */
-    dp_buf_reset(&m);
-    dp_mp_writer_init(&w, &m);
-    dp_mp_put_array(&w, 3);
-    dp_mp_put_str(&w, "alloc");
-    dp_mp_put_str(&w, "rid-10");
-    dp_mp_put_map(&w, 2);
-    dp_mp_put_str(&w, "blob_id");
-    dp_mp_put_u64(&w, 5);
-    dp_mp_put_str(&w, "evil");
-    dp_mp_put_bool(&w, true);
+    dp__buf_reset(&m);
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "alloc");
+    dp__mp_put_str(&w, "rid-10");
+    dp__mp_put_map(&w, 2);
+    dp__mp_put_str(&w, "blob_id");
+    dp__mp_put_u64(&w, 5);
+    dp__mp_put_str(&w, "evil");
+    dp__mp_put_bool(&w, true);
     CHECK(raw_call(u, m.data, m.len, &r, &out));
     CHECK(!r.ok);
     CHECK_EQ(r.err.code, DP_EPROTO);
-    CHECK(dp_wire_str_eq(r.rid, "rid-10"));
-    dp_wire_reply_fini(&r);
+    CHECK(dp__wire_str_eq(r.rid, "rid-10"));
+    dp__wire_reply_fini(&r);
 
     /* A malformed notify is dropped. */
-    dp_buf_reset(&m);
-    dp_mp_writer_init(&w, &m);
-    dp_mp_put_array(&w, 3);
-    dp_mp_put_str(&w, "unpin");
-    dp_mp_put_str(&w, "rid-11");
-    dp_mp_put_map(&w, 1);
-    dp_mp_put_str(&w, "pin_id");
-    dp_mp_put_u64(&w, 1);
+    dp__buf_reset(&m);
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "unpin");
+    dp__mp_put_str(&w, "rid-11");
+    dp__mp_put_map(&w, 1);
+    dp__mp_put_str(&w, "pin_id");
+    dp__mp_put_u64(&w, 1);
     CHECK(!raw_call(u, m.data, m.len, &r, &out));
 
     /* Truncations of a valid request never crash and never reply wrongly. */
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.rid = dp_wire_s("rid-12");
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("b"), 100, 1, true};
-    dp_buf_reset(&m);
-    CHECK_OK(dp_wire_request_encode(&q, NULL, &m, NULL));
+    q.rid = dp__wire_s("rid-12");
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("b"), 100, 1, true};
+    dp__buf_reset(&m);
+    CHECK_OK(dp__wire_request_encode(&q, NULL, &m, NULL));
     for (size_t cut = 0; cut < m.len; cut++) {
-        dp_buf_reset(&out);
-        dp_unit_handle(u, m.data, cut, &out);
+        dp__buf_reset(&out);
+        dp__unit_handle(u, m.data, cut, &out);
     }
     /* Random bit flips of it. */
     uint64_t rs = dp_test_seed();
@@ -1064,8 +1064,8 @@ DP_TEST(handler_malformed)
     for (int i = 0; i < 2000; i++) {
         memcpy(copy, m.data, m.len);
         copy[dp_test_rand(&rs) % m.len] ^= (uint8_t)(1u << (dp_test_rand(&rs) % 8));
-        dp_buf_reset(&out);
-        dp_unit_handle(u, copy, m.len, &out);
+        dp__buf_reset(&out);
+        dp__unit_handle(u, copy, m.len, &out);
     }
     free(copy);
     /* Still serving. */
@@ -1073,13 +1073,13 @@ DP_TEST(handler_malformed)
     bool replied;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
-    dp_wire_reply_fini(&r);
-    dp_unit_handle_oversize(u, m.data, m.len, &out);
+    dp__wire_reply_fini(&r);
+    dp__unit_handle_oversize(u, m.data, m.len, &out);
     CHECK(out.len > 0);
     dp_test_unit_check(u);
-    dp_buf_fini(&out);
-    dp_buf_fini(&m);
-    dp_unit_destroy(u);
+    dp__buf_fini(&out);
+    dp__buf_fini(&m);
+    dp__unit_destroy(u);
 }
 
 /*
@@ -1119,7 +1119,7 @@ DP_TEST(wide_rows)
         CHECK_EQ(len, 64);
     }
     uint64_t g = 7;
-    CHECK_EQ(dp_unit_release_rows(u, &g, 1), 350);
+    CHECK_EQ(dp__unit_release_rows(u, &g, 1), 350);
     dp_test_unit_check(u);
     CHECK_EQ(dp_test_unit_stats(u).rows, 0);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 0);
@@ -1127,29 +1127,29 @@ DP_TEST(wide_rows)
     free(kb);
     free(pa);
     free(pb);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* The ticker thread runs maintenance on the real clock. */
 DP_TEST(ticker_thread)
 {
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.alloc_lease_s = 0.2;
     o.numa = DP_UNIT_NUMA_AUTO;
     dp_unit *u = NULL;
-    CHECK_OK(dp_unit_create(&o, &u, NULL));
-    CHECK(dp_unit_numa_desc(u)[0] != '\0');
-    CHECK_OK(dp_unit_start_ticker(u, 0.05, NULL));
+    CHECK_OK(dp__unit_create(&o, &u, NULL));
+    CHECK(dp__unit_numa_desc(u)[0] != '\0');
+    CHECK_OK(dp__unit_start_ticker(u, 0.05, NULL));
     uint64_t off;
-    CHECK_OK(dp_unit_alloc(u, "x", 1, 100, 0, &off, NULL, NULL));
+    CHECK_OK(dp__unit_alloc(u, "x", 1, 100, 0, &off, NULL, NULL));
     double t0 = dp_test_now();
     while (dp_test_unit_stats(u).leases_expired == 0 && dp_test_now() - t0 < 5)
-        dp_sleep_s(0.02);
+        dp__sleep_s(0.02);
     CHECK_EQ(dp_test_unit_stats(u).leases_expired, 1);
     CHECK_EQ(dp_test_unit_stats(u).retired_bytes, 128);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /* ---- over real ZMQ, with real UCX transfers from another process ---- */
@@ -1172,30 +1172,30 @@ zcall(dp_ctl_client *c, const char *addr, dp_wire_request *q, dp_wire_reply *rep
       dp_buf *rbuf, dp_detail *d)
 {
     if (!rid_init) {
-        CHECK_OK(dp_wire_rid_gen_init(&rid_gen, NULL));
+        CHECK_OK(dp__wire_rid_gen_init(&rid_gen, NULL));
         rid_init = true;
     }
     char rid[DP_WIRE_RID_MAX];
-    q->rid = dp_wire_rid_next(&rid_gen, rid);
+    q->rid = dp__wire_rid_next(&rid_gen, rid);
     dp_buf req = {0};
-    CHECK_OK_D(dp_wire_request_encode(q, NULL, &req, d), d);
-    dp_buf_reset(rbuf);
-    int rc = dp_ctl_call(c, addr, req.data, req.len, rid, 10.0, rbuf, d);
-    dp_buf_fini(&req);
+    CHECK_OK_D(dp__wire_request_encode(q, NULL, &req, d), d);
+    dp__buf_reset(rbuf);
+    int rc = dp__ctl_call(c, addr, req.data, req.len, rid, 10.0, rbuf, d);
+    dp__buf_fini(&req);
     if (rc != 0)
         return rc;
-    return dp_wire_reply_decode(rbuf->data, rbuf->len, q->op, NULL, rep, d);
+    return dp__wire_reply_decode(rbuf->data, rbuf->len, q->op, NULL, rep, d);
 }
 
 static void
 znotify(dp_ctl_client *c, const char *addr, dp_wire_request *q)
 {
     char rid[DP_WIRE_RID_MAX];
-    q->rid = dp_wire_rid_next(&rid_gen, rid);
+    q->rid = dp__wire_rid_next(&rid_gen, rid);
     dp_buf req = {0};
-    CHECK_OK(dp_wire_request_encode(q, NULL, &req, NULL));
-    CHECK_OK(dp_ctl_notify(c, addr, req.data, req.len, NULL));
-    dp_buf_fini(&req);
+    CHECK_OK(dp__wire_request_encode(q, NULL, &req, NULL));
+    CHECK_OK(dp__ctl_notify(c, addr, req.data, req.len, NULL));
+    dp__buf_fini(&req);
 }
 
 static int
@@ -1208,21 +1208,21 @@ peer_unit(int fd)
     dp_detail d;
     dp_detail_clear(&d);
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 16 << 20;
     o.read_pin_s = 10;
     o.alloc_lease_s = atof(getenv("DP_TEST_UNIT_LEASE"));
     o.quarantine_s = 1;
     o.numa = DP_UNIT_NUMA_AUTO;
     dp_unit_server *srv = NULL;
-    if (dp_unit_server_open(&o, "test-unit", "127.0.0.1", 0, 0.1, &srv, &d) != 0)
+    if (dp__unit_server_open(&o, "test-unit", "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
     char line[300];
-    snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
+    snprintf(line, sizeof line, "%s\n", dp__unit_server_address(srv));
     dp_test_write_str(fd, line);
     int sig;
     sigwait(&sigs, &sig);
-    dp_unit_server_close(srv);
+    dp__unit_server_close(srv);
     return 0;
 fail:
     fprintf(stderr, "unit peer: %s\n", dp_detail_msg(&d));
@@ -1236,10 +1236,10 @@ slab_base(const dp_wire_bytes *md)
     dp_md m;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_md_parse(md->p, md->n, &m, &d), &d);
+    CHECK_OK_D(dp__md_parse(md->p, md->n, &m, &d), &d);
     CHECK_EQ(m.n_regions, 1);
     uint64_t base = m.regions[0].base;
-    dp_md_fini(&m);
+    dp__md_fini(&m);
     return base;
 }
 
@@ -1257,17 +1257,17 @@ connect_unit(dp_ctl_client *c, const char *addr, dp_endpoint *ep, char name[256]
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK(r.r.info.metadata.n > 0);
-    CHECK(dp_wire_str_eq(r.r.info.zmq, addr));
-    CHECK(dp_wire_str_eq(r.r.info.agent, "test-unit"));
+    CHECK(dp__wire_str_eq(r.r.info.zmq, addr));
+    CHECK(dp__wire_str_eq(r.r.info.agent, "test-unit"));
     CHECK_OK_D(
-        dp_endpoint_add_remote(ep, r.r.info.metadata.p, r.r.info.metadata.n, name, &d),
+        dp__endpoint_add_remote(ep, r.r.info.metadata.p, r.r.info.metadata.n, name, &d),
         &d);
     uint64_t base = slab_base(&r.r.info.metadata);
     /* info names the slab base directly too; it must agree with the metadata. */
     CHECK_EQ_U64(r.r.info.slab_addr, base);
     CHECK(r.r.info.read_pin_ms > 0);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&rb);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&rb);
     return base;
 }
 
@@ -1276,30 +1276,30 @@ peer_client(int fd)
 {
     const char *addr = getenv("DP_TEST_UNIT_ADDR");
     dp_ctl_client *c = NULL;
-    if (dp_ctl_client_create(&c, NULL) != 0)
+    if (dp__ctl_client_create(&c, NULL) != 0)
         return 1;
     dp_endpoint *ep = NULL;
-    if (dp_endpoint_create("doomed-client", NULL, &ep, NULL) != 0)
+    if (dp__endpoint_create("doomed-client", NULL, &ep, NULL) != 0)
         return 1;
     char name[256];
     uint64_t base = connect_unit(c, addr, ep, name);
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("doomed"), 1 << 20, 0, false};
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("doomed"), 1 << 20, 0, false};
     dp_wire_reply r;
     dp_buf rb = {0};
     if (zcall(c, addr, &q, &r, &rb, NULL) != 0 || !r.ok)
         return 1;
     uint64_t off = r.r.alloc.off;
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     void *buf = NULL;
-    if (dp_endpoint_alloc(ep, 512 << 10, &buf, NULL) != 0)
+    if (dp__endpoint_alloc(ep, 512 << 10, &buf, NULL) != 0)
         return 1;
     memset(buf, 0xab, 512 << 10);
     dp_range l = {(uint64_t)(uintptr_t)buf, 512 << 10};
     dp_range rr = {base + off, 512 << 10};
-    if (dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, NULL) != 0)
+    if (dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, NULL) != 0)
         return 1;
     char line[64];
     snprintf(line, sizeof line, "%" PRIu64 "\n", off);
@@ -1368,9 +1368,9 @@ zstat(dp_ctl_client *c, const char *addr, const char *name)
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     uint64_t v = 0;
-    CHECKF(dp_wire_fields_u64(&r.r.stats, name, &v), "stat %s", name);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&rb);
+    CHECKF(dp__wire_fields_u64(&r.r.stats, name, &v), "stat %s", name);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&rb);
     return v;
 }
 
@@ -1381,11 +1381,11 @@ DP_TEST(zmq_ucx_put_get)
     const char *addr = up.line;
     CHECK(strncmp(addr, "tcp://127.0.0.1:", 16) == 0);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_endpoint *ep = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_endpoint_create("test-client", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("test-client", NULL, &ep, &d), &d);
     char name[256];
     uint64_t base = connect_unit(c, addr, ep, name);
 
@@ -1393,7 +1393,7 @@ DP_TEST(zmq_ucx_put_get)
     const char *keys[] = {"0@input_ids", "1@input_ids", "1@logprobs"};
     const uint64_t lens[] = {1000, 300 * 1024 + 7, 8};
     dp_blob_builder *bb = NULL;
-    CHECK_OK(dp_blob_builder_create(DP_BLOB_FLAG_CRC, &bb, NULL));
+    CHECK_OK(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &bb, NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *pay[3];
     uint32_t crc[3];
@@ -1401,57 +1401,57 @@ DP_TEST(zmq_ucx_put_get)
         pay[i] = malloc(lens[i]);
         for (uint64_t k = 0; k < lens[i]; k++)
             pay[i][k] = (uint8_t)dp_test_rand(&rs);
-        crc[i] = dp_crc32c(pay[i], lens[i]);
+        crc[i] = dp__crc32c(pay[i], lens[i]);
         dp_blob_entry_spec s = {0};
         s.key = keys[i];
         s.kind = DP_BLOB_BYTES;
         s.len = lens[i];
         s.payload = pay[i];
-        CHECK_OK_D(dp_blob_builder_add(bb, &s, NULL, &d), &d);
+        CHECK_OK_D(dp__blob_builder_add(bb, &s, NULL, &d), &d);
     }
     dp_blob_layout lay;
-    CHECK_OK_D(dp_blob_builder_layout(bb, &lay, &d), &d);
+    CHECK_OK_D(dp__blob_builder_layout(bb, &lay, &d), &d);
     void *stage = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, lay.total_len, &stage, &d), &d);
-    CHECK_OK(dp_blob_builder_write(bb, stage, lay.total_len, NULL));
-    CHECK_OK(dp_blob_builder_copy_payloads(bb, stage, lay.total_len, NULL));
+    CHECK_OK_D(dp__endpoint_alloc(ep, lay.total_len, &stage, &d), &d);
+    CHECK_OK(dp__blob_builder_write(bb, stage, lay.total_len, NULL));
+    CHECK_OK(dp__blob_builder_copy_payloads(bb, stage, lay.total_len, NULL));
 
     dp_wire_request q;
     dp_wire_reply r;
     dp_buf rb = {0};
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("put-1"), lay.total_len, 3, true};
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("put-1"), lay.total_len, 3, true};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     uint64_t off = r.r.alloc.off;
     CHECK(r.incarnation != 0);
-    dp_blob_header_set_alloc(stage, r.incarnation, r.r.alloc.token);
-    dp_wire_reply_fini(&r);
+    dp__blob_header_set_alloc(stage, r.incarnation, r.r.alloc.token);
+    dp__wire_reply_fini(&r);
 
     /* Commit before the WRITE: the zeroed region fails validation. */
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp_wire_s("put-1");
+    q.a.commit.blob_id = dp__wire_s("put-1");
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(!r.ok);
-    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
-    dp_wire_reply_fini(&r);
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
+    dp__wire_reply_fini(&r);
 
     dp_range l = {(uint64_t)(uintptr_t)stage, lay.total_len};
     dp_range rr = {base + off, lay.total_len};
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, &d), &d);
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, &d), &d);
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d); /* idempotent */
     CHECK(r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     /* resolve_keys, READ each entry into registered memory, check CRCs. */
-    dp_wire_str ks[] = {dp_wire_s("1@logprobs"), dp_wire_s("0@input_ids"),
-                        dp_wire_s("9@nothing"), dp_wire_s("1@input_ids")};
+    dp_wire_str ks[] = {dp__wire_s("1@logprobs"), dp__wire_s("0@input_ids"),
+                        dp__wire_s("9@nothing"), dp__wire_s("1@input_ids")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){ks, 4};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
@@ -1460,32 +1460,32 @@ DP_TEST(zmq_ucx_put_get)
     CHECK_EQ(r.r.resolve_keys.missing.n, 1);
     CHECK(r.r.resolve_keys.pin_id.n > 0);
     void *dst = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, 512 << 10, &dst, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, 512 << 10, &dst, &d), &d);
     for (uint32_t i = 0; i < r.r.resolve_keys.entries.n; i++) {
         const dp_wire_key_loc *e = &r.r.resolve_keys.entries.v[i];
-        int k = dp_wire_str_eq(e->key, "0@input_ids")   ? 0
-                : dp_wire_str_eq(e->key, "1@input_ids") ? 1
-                                                        : 2;
+        int k = dp__wire_str_eq(e->key, "0@input_ids")   ? 0
+                : dp__wire_str_eq(e->key, "1@input_ids") ? 1
+                                                         : 2;
         CHECK_EQ(e->len, lens[k]);
-        CHECK(dp_wire_str_eq(e->kind, "bytes"));
+        CHECK(dp__wire_str_eq(e->kind, "bytes"));
         memset(dst, 0, e->len);
         dp_range ll = {(uint64_t)(uintptr_t)dst, e->len};
         dp_range rl = {base + e->off, e->len};
-        CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, &ll, 1, &rl, 1, name, 10, &d),
+        CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, &ll, 1, &rl, 1, name, 10, &d),
                    &d);
-        CHECK_EQ(dp_crc32c(dst, e->len), crc[k]);
+        CHECK_EQ(dp__crc32c(dst, e->len), crc[k]);
         CHECK_EQ(memcmp(dst, pay[k], e->len), 0);
     }
     char pin[64];
-    dp_wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
-    dp_wire_reply_fini(&r);
+    dp__wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp__wire_reply_fini(&r);
     CHECK_EQ(zstat(c, addr, "pins"), 1);
     q.op = DP_WIRE_OP_UNPIN;
-    q.a.unpin.pin_id = dp_wire_s(pin);
+    q.a.unpin.pin_id = dp__wire_s(pin);
     znotify(c, addr, &q);
     double t0 = dp_test_now();
     while (zstat(c, addr, "pins") != 0 && dp_test_now() - t0 < 5)
-        dp_sleep_s(0.01);
+        dp__sleep_s(0.01);
     CHECK_EQ(zstat(c, addr, "pins"), 0);
 
     /* read_bytes sees the header the WRITE put there. */
@@ -1493,26 +1493,26 @@ DP_TEST(zmq_ucx_put_get)
     q.a.read_bytes = (dp_wire_read_bytes_args){off, 8};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.bytes.n == 8 && memcmp(r.r.bytes.p, DP_BLOB_MAGIC, 8) == 0);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     /* Garbage on the wire: no reply, and the unit keeps serving. */
-    CHECK_OK(dp_ctl_notify(c, addr, "\x93\xc1\xc1", 3, NULL));
+    CHECK_OK(dp__ctl_notify(c, addr, "\x93\xc1\xc1", 3, NULL));
     uint64_t g[] = {0, 1};
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.dropped, 3);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     CHECK_EQ(zstat(c, addr, "allocated_bytes"), 0);
     CHECK_EQ(zstat(c, addr, "entries"), 0);
 
-    dp_buf_fini(&rb);
+    dp__buf_fini(&rb);
     for (int i = 0; i < 3; i++)
         free(pay[i]);
-    dp_blob_builder_destroy(bb);
-    dp_endpoint_destroy(ep);
-    dp_ctl_client_destroy(c);
+    dp__blob_builder_destroy(bb);
+    dp__endpoint_destroy(ep);
+    dp__ctl_client_destroy(c);
     CHECK_EQ(peer_stop(&up, SIGTERM), 0);
 }
 
@@ -1530,10 +1530,10 @@ DP_TEST(zmq_client_killed_before_commit)
     CHECK_EQ(peer_stop(&cl, SIGKILL), -SIGKILL);
 
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     double t0 = dp_test_now();
     while (zstat(c, addr, "leases_expired") == 0 && dp_test_now() - t0 < 10)
-        dp_sleep_s(0.05);
+        dp__sleep_s(0.05);
     CHECK_EQ(zstat(c, addr, "leases_expired"), 1);
     CHECK_EQ(zstat(c, addr, "retired_bytes"), 1 << 20);
     CHECK_EQ(zstat(c, addr, "blobs"), 0);
@@ -1545,32 +1545,32 @@ DP_TEST(zmq_client_killed_before_commit)
     dp_detail_clear(&d);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp_wire_s("doomed");
+    q.a.commit.blob_id = dp__wire_s("doomed");
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_LOST);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     /* Fill the rest of the slab: nothing overlaps the retired region. */
     for (int i = 0; i < 64; i++) {
         char id[16];
         snprintf(id, sizeof id, "fill%d", i);
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp_wire_s(id), 1 << 20, 0, false};
+        q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), 1 << 20, 0, false};
         CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
         if (!r.ok) {
-            CHECK(dp_wire_str_eq(r.err.kind, "UnitFull"));
-            dp_wire_reply_fini(&r);
+            CHECK(dp__wire_str_eq(r.err.kind, "UnitFull"));
+            dp__wire_reply_fini(&r);
             break;
         }
         CHECK(r.r.alloc.off + (1 << 20) <= off || r.r.alloc.off >= off + (1 << 20));
-        dp_wire_reply_fini(&r);
+        dp__wire_reply_fini(&r);
     }
     q.op = DP_WIRE_OP_PING;
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&rb);
-    dp_ctl_client_destroy(c);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&rb);
+    dp__ctl_client_destroy(c);
     CHECK_EQ(peer_stop(&up, SIGTERM), 0);
 }
 
@@ -1599,7 +1599,7 @@ DP_TEST(cli_unit_command)
     pid_t pid = dp_test_cli_start(args, line, sizeof line);
     CHECKF(strncmp(line, "tcp://127.0.0.1:", 16) == 0, "first line '%s'", line);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_wire_request q;
     dp_wire_reply r;
     dp_buf rb = {0};
@@ -1612,20 +1612,20 @@ DP_TEST(cli_unit_command)
     CHECK_EQ(r.r.info.unit_id, 1);
     CHECK_EQ(r.r.info.n_units, 3);
     CHECK_EQ(r.r.info.slab_bytes, 8 << 20);
-    CHECK(dp_wire_str_eq(r.r.info.zmq, line));
+    CHECK(dp__wire_str_eq(r.r.info.zmq, line));
     CHECK(r.r.info.numa.n > 0);
     CHECK(r.r.info.metadata.n > 0);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     /* A key of another unit is refused; this unit owns gidx 1, 4, 7... */
-    dp_wire_str ks[] = {dp_wire_s("4@a"), dp_wire_s("2@a")};
+    dp_wire_str ks[] = {dp__wire_s("4@a"), dp__wire_s("2@a")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
     CHECK_OK_D(zcall(c, line, &q, &r, &rb, &d), &d);
     CHECK(!r.ok);
-    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&rb);
-    dp_ctl_client_destroy(c);
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&rb);
+    dp__ctl_client_destroy(c);
     kill(pid, SIGINT);
     CHECK_EQ(dp_test_wait_status(pid), 0);
 }
@@ -1655,63 +1655,63 @@ hammer(void *p)
         const char *keys[] = {k1, k2};
         tblob t = mk_blob(keys, 2, 64 + dp_test_rand(&rs) % 2000, (uint32_t)i);
         uint64_t off;
-        if (dp_unit_alloc(a->u, id, strlen(id), t.len, 2, &off, NULL, NULL) == 0) {
+        if (dp__unit_alloc(a->u, id, strlen(id), t.len, 2, &off, NULL, NULL) == 0) {
             int how = (int)(dp_test_rand(&rs) % 8);
             if (how < 6) {
                 dp_test_write_blob(a->u, id, off, t.p, t.len);
                 dp_wire_commit_state st;
-                dp_unit_commit(a->u, id, strlen(id), &st, NULL);
+                dp__unit_commit(a->u, id, strlen(id), &st, NULL);
             } else if (how == 6) {
-                dp_unit_abort(a->u, id, strlen(id), dp_test_rand(&rs) % 2 == 0);
+                dp__unit_abort(a->u, id, strlen(id), dp_test_rand(&rs) % 2 == 0);
             } /* else: left for the lease */
         }
         free(t.p);
         /* resolve through the handler, unpin some of the pins */
-        dp_wire_str ks[] = {dp_wire_s(k1), dp_wire_s(k2)};
+        dp_wire_str ks[] = {dp__wire_s(k1), dp__wire_s(k2)};
         dp_wire_request q;
         memset(&q, 0, sizeof q);
         q.op = DP_WIRE_OP_RESOLVE_KEYS;
-        q.rid = dp_wire_s("h");
+        q.rid = dp__wire_s("h");
         q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
-        dp_buf_reset(&in);
-        dp_wire_request_encode(&q, NULL, &in, NULL);
-        dp_buf_reset(&out);
-        dp_unit_handle(a->u, in.data, in.len, &out);
+        dp__buf_reset(&in);
+        dp__wire_request_encode(&q, NULL, &in, NULL);
+        dp__buf_reset(&out);
+        dp__unit_handle(a->u, in.data, in.len, &out);
         dp_wire_reply r;
-        if (dp_wire_reply_decode(out.data, out.len, q.op, NULL, &r, NULL) == 0 && r.ok &&
+        if (dp__wire_reply_decode(out.data, out.len, q.op, NULL, &r, NULL) == 0 && r.ok &&
             r.r.resolve_keys.pin_id.n > 0 && dp_test_rand(&rs) % 2 == 0)
-            dp_unit_unpin(a->u, r.r.resolve_keys.pin_id.p, r.r.resolve_keys.pin_id.n);
-        dp_wire_reply_fini(&r);
+            dp__unit_unpin(a->u, r.r.resolve_keys.pin_id.p, r.r.resolve_keys.pin_id.n);
+        dp__wire_reply_fini(&r);
         if (dp_test_rand(&rs) % 4 == 0) {
             uint64_t g = dp_test_rand(&rs) % 32;
-            dp_unit_release_rows(a->u, &g, 1);
+            dp__unit_release_rows(a->u, &g, 1);
         }
         if (i % 50 == 0) {
             q.op = DP_WIRE_OP_SCAN;
-            dp_buf_reset(&in);
-            dp_wire_request_encode(&q, NULL, &in, NULL);
-            dp_buf_reset(&out);
-            dp_unit_handle(a->u, in.data, in.len, &out);
+            dp__buf_reset(&in);
+            dp__wire_request_encode(&q, NULL, &in, NULL);
+            dp__buf_reset(&out);
+            dp__unit_handle(a->u, in.data, in.len, &out);
         }
     }
-    dp_buf_fini(&in);
-    dp_buf_fini(&out);
+    dp__buf_fini(&in);
+    dp__buf_fini(&out);
     return NULL;
 }
 
 DP_TEST(threads_hammer)
 {
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.read_pin_s = 0.05;
     o.alloc_lease_s = 0.05;
     o.quarantine_s = 0.02;
     o.numa = DP_UNIT_NUMA_OFF;
     dp_unit *u = NULL;
-    CHECK_OK(dp_unit_create(&o, &u, NULL));
-    CHECK_OK(dp_unit_start_ticker(u, 0.01, NULL));
-    dp_log_set_level(DP_LOG_ERROR);
+    CHECK_OK(dp__unit_create(&o, &u, NULL));
+    CHECK_OK(dp__unit_start_ticker(u, 0.01, NULL));
+    dp__log_set_level(DP_LOG_ERROR);
     enum { NT = 4 };
     pthread_t th[NT];
     hammer_arg args[NT];
@@ -1722,7 +1722,7 @@ DP_TEST(threads_hammer)
     }
     for (int i = 0; i < NT; i++)
         pthread_join(th[i], NULL);
-    dp_log_set_level(DP_LOG_INFO);
+    dp__log_set_level(DP_LOG_INFO);
     dp_test_unit_check(u);
     /* Everything left ends: pins expire, leases retire, quarantine drains. */
     dp_unit_stats s = dp_test_unit_stats(u);
@@ -1730,7 +1730,7 @@ DP_TEST(threads_hammer)
     while ((s.pins != 0 || s.zombies != 0 || s.quarantined_bytes != 0 ||
             s.blobs != s.published) &&
            dp_test_now() - t0 < 10) {
-        dp_sleep_s(0.02);
+        dp__sleep_s(0.02);
         s = dp_test_unit_stats(u);
     }
     CHECK_EQ(s.pins, 0);
@@ -1745,7 +1745,7 @@ DP_TEST(threads_hammer)
     EXPECT(s.n_retired > 0);
     EXPECT(s.pins_expired > 0);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /*
@@ -1760,11 +1760,11 @@ DP_TEST(zmq_pinned_read_survives_release)
     char addr[300];
     snprintf(addr, sizeof addr, "%s", up.line);
     dp_ctl_client *c = NULL;
-    CHECK_OK(dp_ctl_client_create(&c, NULL));
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_endpoint *ep = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_endpoint_create("test-client2", NULL, &ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("test-client2", NULL, &ep, &d), &d);
     char name[256];
     uint64_t base = connect_unit(c, addr, ep, name);
 
@@ -1773,29 +1773,29 @@ DP_TEST(zmq_pinned_read_survives_release)
     tblob t = mk_blob(keys, 1, plen, 77);
     uint32_t want = 0;
     void *stage = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, t.len, &stage, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, t.len, &stage, &d), &d);
     memcpy(stage, t.p, t.len);
     dp_wire_request q;
     dp_wire_reply r;
     dp_buf rb = {0};
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("A"), t.len, 1, false};
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("A"), t.len, 1, false};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     uint64_t aoff = r.r.alloc.off;
-    dp_blob_header_set_alloc(stage, r.incarnation, r.r.alloc.token);
-    dp_wire_reply_fini(&r);
+    dp__blob_header_set_alloc(stage, r.incarnation, r.r.alloc.token);
+    dp__wire_reply_fini(&r);
     dp_range l = {(uint64_t)(uintptr_t)stage, t.len};
     dp_range rr = {base + aoff, t.len};
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, &d), &d);
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, &d), &d);
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp_wire_s("A");
+    q.a.commit.blob_id = dp__wire_s("A");
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.commit == DP_WIRE_COMMIT_DONE);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
-    dp_wire_str k = dp_wire_s("3@obs");
+    dp_wire_str k = dp__wire_s("3@obs");
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
@@ -1803,17 +1803,17 @@ DP_TEST(zmq_pinned_read_survives_release)
     uint64_t eoff = r.r.resolve_keys.entries.v[0].off,
              elen = r.r.resolve_keys.entries.v[0].len;
     char pin[64];
-    dp_wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
-    dp_wire_reply_fini(&r);
+    dp__wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp__wire_reply_fini(&r);
     CHECK_EQ(elen, plen);
-    want = dp_crc32c(t.p + (eoff - aoff), plen);
+    want = dp__crc32c(t.p + (eoff - aoff), plen);
 
     uint64_t g = 3;
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.dropped == 1);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 
     /* Writers fill the slab with 0xee: never A's region; then Busy. */
     memset(stage, 0xee, t.len);
@@ -1822,54 +1822,55 @@ DP_TEST(zmq_pinned_read_survives_release)
         char id[16];
         snprintf(id, sizeof id, "W%d", i);
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp_wire_s(id), t.len, 0, false};
+        q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), t.len, 0, false};
         CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
         if (!r.ok) {
-            CHECKF(dp_wire_str_eq(r.err.kind, "Busy"), "%.*s",
+            CHECKF(dp__wire_str_eq(r.err.kind, "Busy"), "%.*s",
                    DP_WIRE_STR_ARG(r.err.kind));
-            CHECK(dp_wire_str_eq(r.err.reason, "pins"));
+            CHECK(dp__wire_str_eq(r.err.reason, "pins"));
             busy = true;
         } else {
             CHECK(r.r.alloc.off + t.len <= aoff || r.r.alloc.off >= aoff + t.len);
             dp_range wr = {base + r.r.alloc.off, t.len};
             CHECK_OK_D(
-                dp_endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &wr, 1, name, 10, &d), &d);
+                dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &wr, 1, name, 10, &d),
+                &d);
         }
-        dp_wire_reply_fini(&r);
+        dp__wire_reply_fini(&r);
     }
     CHECK(busy);
 
     /* The reader's READ still gets A's bytes. */
     void *dst = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(ep, plen, &dst, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(ep, plen, &dst, &d), &d);
     dp_range ll = {(uint64_t)(uintptr_t)dst, plen};
     dp_range rl = {base + eoff, plen};
-    CHECK_OK_D(dp_endpoint_transfer(ep, DP_XFER_READ, &ll, 1, &rl, 1, name, 10, &d), &d);
-    CHECK_EQ(dp_crc32c(dst, plen), want);
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, &ll, 1, &rl, 1, name, 10, &d), &d);
+    CHECK_EQ(dp__crc32c(dst, plen), want);
 
     /* Unpinned: A's region is handed out again. */
     q.op = DP_WIRE_OP_UNPIN;
-    q.a.unpin.pin_id = dp_wire_s(pin);
+    q.a.unpin.pin_id = dp__wire_s(pin);
     znotify(c, addr, &q);
     bool got = false;
     double t0 = dp_test_now();
     while (!got && dp_test_now() - t0 < 5) {
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp_wire_s("after"), t.len, 0, false};
+        q.a.alloc = (dp_wire_alloc_args){dp__wire_s("after"), t.len, 0, false};
         CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
         if (r.ok) {
             got = true;
             CHECK_EQ(r.r.alloc.off, aoff);
         }
-        dp_wire_reply_fini(&r);
+        dp__wire_reply_fini(&r);
         if (!got)
-            dp_sleep_s(0.01);
+            dp__sleep_s(0.01);
     }
     CHECK(got);
-    dp_buf_fini(&rb);
+    dp__buf_fini(&rb);
     free(t.p);
-    dp_endpoint_destroy(ep);
-    dp_ctl_client_destroy(c);
+    dp__endpoint_destroy(ep);
+    dp__ctl_client_destroy(c);
     CHECK_EQ(peer_stop(&up, SIGTERM), 0);
 }
 
@@ -1880,8 +1881,8 @@ writer_alloc(const char *id, uint64_t nbytes, const char *writer, pid_t pid,
              const char *host, const char *lane)
 {
     return (dp_wire_alloc_args){
-        dp_wire_s(id),   nbytes,         0, false, dp_wire_s(writer), (uint64_t)pid,
-        dp_wire_s(host), dp_wire_s(lane)};
+        dp__wire_s(id),   nbytes,          0, false, dp__wire_s(writer), (uint64_t)pid,
+        dp__wire_s(host), dp__wire_s(lane)};
 }
 
 /*
@@ -1902,36 +1903,36 @@ DP_TEST(gone_writers_regions_come_back)
         for (;;)
             pause();
     }
-    const char *host = dp_host_key();
+    const char *host = dp__host_key();
     CHECK(host[0] != '\0');
     dp_wire_alloc_res r1, r1b, r2, r3, r4, r5;
     dp_detail d;
     dp_detail_clear(&d);
     dp_wire_alloc_args a = writer_alloc("open", 4096, "w1", child, host, "shm");
-    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r1, NULL, &d), &d);
-    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r1b, NULL, &d), &d); /* retried */
+    CHECK_OK_D(dp__unit_alloc_req(u, &a, &r1, NULL, &d), &d);
+    CHECK_OK_D(dp__unit_alloc_req(u, &a, &r1b, NULL, &d), &d); /* retried */
     CHECK_EQ_U64(r1b.off, r1.off);
     CHECK_EQ_U64(r1b.token, r1.token);
     a = writer_alloc("retired", 8192, "w1", child, host, "shm");
-    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r2, NULL, &d), &d);
+    CHECK_OK_D(dp__unit_alloc_req(u, &a, &r2, NULL, &d), &d);
     CHECK(r2.token != r1.token);
-    dp_unit_abort(u, "retired", 7, true);
+    dp__unit_abort(u, "retired", 7, true);
     a = writer_alloc("tcp", 4096, "w2", child, host, "tcp");
-    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r3, NULL, &d), &d);
-    dp_unit_abort(u, "tcp", 3, true);
+    CHECK_OK_D(dp__unit_alloc_req(u, &a, &r3, NULL, &d), &d);
+    dp__unit_abort(u, "tcp", 3, true);
     a = writer_alloc("far", 4096, "w3", child, "another-host/1", "shm");
-    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r4, NULL, &d), &d);
-    dp_unit_abort(u, "far", 3, true);
+    CHECK_OK_D(dp__unit_alloc_req(u, &a, &r4, NULL, &d), &d);
+    dp__unit_abort(u, "far", 3, true);
     a = writer_alloc("anon", 4096, "", 0, "", "");
-    CHECK_OK_D(dp_unit_alloc_req(u, &a, &r5, NULL, &d), &d);
-    dp_unit_abort(u, "anon", 4, true);
+    CHECK_OK_D(dp__unit_alloc_req(u, &a, &r5, NULL, &d), &d);
+    dp__unit_abort(u, "anon", 4, true);
     dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.retired_bytes, 8192 + 3 * 4096);
     CHECK_EQ(s.retired_kept_bytes, 3 * 4096);
     CHECK_EQ(s.writers, 1); /* only w1's can ever be proved gone: tracked */
     /* Alive: nothing comes back (30 s: within the alloc's 60 s lease). */
     fake_t += 30;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     s = dp_test_unit_stats(u);
     CHECK_EQ(s.retired_bytes, 8192 + 3 * 4096);
     CHECK_EQ(s.blobs, 1);
@@ -1939,15 +1940,15 @@ DP_TEST(gone_writers_regions_come_back)
     /* Gone: seen at the next tick, handed back grace (5 s) later. */
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     s = dp_test_unit_stats(u);
     CHECK_EQ(s.writers_gone, 1);
     CHECK_EQ(s.retired_bytes, 8192 + 3 * 4096);
     fake_t += 4;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 1);
     fake_t += 2;
-    dp_unit_tick(u);
+    dp__unit_tick(u);
     s = dp_test_unit_stats(u);
     EXPECT_EQ(s.retired_bytes, 3 * 4096);
     EXPECT_EQ(s.retired_kept_bytes, 3 * 4096);
@@ -1958,13 +1959,13 @@ DP_TEST(gone_writers_regions_come_back)
     EXPECT_EQ(s.blobs, 0);
     EXPECT_EQ(s.allocated_bytes, 3 * 4096);
     dp_wire_commit_state st;
-    CHECK_OK(dp_unit_commit(u, "open", 4, &st, NULL));
+    CHECK_OK(dp__unit_commit(u, "open", 4, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     dp_test_unit_check(u);
     /* The space is reusable: the freed regions are allocated again. */
     uint64_t off;
-    CHECK_OK(dp_unit_alloc(u, "again", 5, 8192 + 4096, 0, &off, NULL, NULL));
-    dp_unit_destroy(u);
+    CHECK_OK(dp__unit_alloc(u, "again", 5, 8192 + 4096, 0, &off, NULL, NULL));
+    dp__unit_destroy(u);
 }
 
 /* release_rows of a row another unit owns: Protocol error, nothing released. */
@@ -1978,21 +1979,21 @@ DP_TEST(release_rows_of_another_unit_is_refused)
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RELEASE_ROWS;
-    q.rid = dp_wire_s("r1");
+    q.rid = dp__wire_s("r1");
     q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
     dp_wire_reply r;
     bool replied = false;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
-    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
     char msg[512];
-    dp_wire_str_copy(r.err.msg, msg, sizeof msg);
+    dp__wire_str_copy(r.err.msg, msg, sizeof msg);
     CHECK_CONTAINS(msg, "row 2 belongs to unit 0");
-    CHECK(r.incarnation == dp_unit_incarnation(u));
-    dp_wire_reply_fini(&r);
+    CHECK(r.incarnation == dp__unit_incarnation(u));
+    dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).entries, 1);
     free(t.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }
 
 /*
@@ -2012,11 +2013,11 @@ DP_TEST(stale_requests_are_refused)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
     snprintf(rid, sizeof rid, "%s-5", A);
-    q.rid = dp_wire_s(rid);
-    q.a.alloc = (dp_wire_alloc_args){dp_wire_s("x"), 4096, 0, false};
+    q.rid = dp__wire_s(rid);
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("x"), 4096, 0, false};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     /* A's older clear (counter 3) arrives late: refused, nothing released. */
     const char *keys[] = {"7@a"};
     tblob t = mk_blob(keys, 1, 64, 1);
@@ -2025,27 +2026,27 @@ DP_TEST(stale_requests_are_refused)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     snprintf(rid, sizeof rid, "%s-3", A);
-    q.rid = dp_wire_s(rid);
+    q.rid = dp__wire_s(rid);
     q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
-    CHECK(dp_wire_str_eq(r.err.kind, "Protocol"));
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
     char msg[512];
-    dp_wire_str_copy(r.err.msg, msg, sizeof msg);
+    dp__wire_str_copy(r.err.msg, msg, sizeof msg);
     CHECK_CONTAINS(msg, "stale request");
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).entries, 1);
     /* The same counter again is stale too; an older abort is dropped. */
     snprintf(rid, sizeof rid, "%s-5", A);
-    q.rid = dp_wire_s(rid);
+    q.rid = dp__wire_s(rid);
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ABORT;
     snprintf(rid, sizeof rid, "%s-4", A);
-    q.rid = dp_wire_s(rid);
-    q.a.abort = (dp_wire_abort_args){dp_wire_s("x"), false};
+    q.rid = dp__wire_s(rid);
+    q.a.abort = (dp_wire_abort_args){dp__wire_s("x"), false};
     call_handler(u, &q, &r, &replied);
     CHECK(!replied);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 2); /* "x" is still allocated */
@@ -2053,49 +2054,49 @@ DP_TEST(stale_requests_are_refused)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     snprintf(rid, sizeof rid, "%s-1", B);
-    q.rid = dp_wire_s(rid);
+    q.rid = dp__wire_s(rid);
     q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok && r.r.dropped == 1);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ABORT;
     snprintf(rid, sizeof rid, "%s-6", A);
-    q.rid = dp_wire_s(rid);
-    q.a.abort = (dp_wire_abort_args){dp_wire_s("x"), false};
+    q.rid = dp__wire_s(rid);
+    q.a.abort = (dp_wire_abort_args){dp__wire_s("x"), false};
     call_handler(u, &q, &r, &replied);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 0);
     /* Ids of another form are never stale. */
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_PING;
     for (int i = 0; i < 2; i++) {
-        q.rid = dp_wire_s("r1");
+        q.rid = dp__wire_s("r1");
         call_handler(u, &q, &r, &replied);
         CHECK(replied && r.ok);
-        dp_wire_reply_fini(&r);
+        dp__wire_reply_fini(&r);
     }
     /* A stale unpin is still carried out (it only ends a pin). */
     put_blob(u, "c", &t);
-    dp_wire_str k = dp_wire_s("7@a");
+    dp_wire_str k = dp__wire_s("7@a");
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     snprintf(rid, sizeof rid, "%s-9", A);
-    q.rid = dp_wire_s(rid);
+    q.rid = dp__wire_s(rid);
     q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok && r.r.resolve_keys.pin_id.n > 0);
     char pin[64];
-    dp_wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
-    dp_wire_reply_fini(&r);
+    dp__wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).pins, 1);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_UNPIN;
     snprintf(rid, sizeof rid, "%s-8", A);
-    q.rid = dp_wire_s(rid);
-    q.a.unpin.pin_id = dp_wire_s(pin);
+    q.rid = dp__wire_s(rid);
+    q.a.unpin.pin_id = dp__wire_s(pin);
     call_handler(u, &q, &r, &replied);
     CHECK_EQ(dp_test_unit_stats(u).pins, 0);
     CHECK_EQ(dp_test_unit_stats(u).stale_refused, 3);
     free(t.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
 }

@@ -73,7 +73,7 @@ mk_ssd_unit(uint64_t slab, uint64_t staging, const char *dir, double pickup_s,
             uint32_t n_units)
 {
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = n_units;
     o.read_pin_s = 30;
@@ -87,7 +87,7 @@ mk_ssd_unit(uint64_t slab, uint64_t staging, const char *dir, double pickup_s,
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     return u;
 }
 
@@ -97,7 +97,7 @@ wait_idle(dp_unit *u)
 {
     double t0 = dp_test_now();
     while (dp_test_unit_stats(u).io_jobs > 0 && dp_test_now() - t0 < 30)
-        dp_sleep_s(0.001);
+        dp__sleep_s(0.001);
     CHECK_EQ(dp_test_unit_stats(u).io_jobs, 0);
 }
 
@@ -133,7 +133,7 @@ rows_blob(const uint64_t *g, uint32_t n, uint32_t v)
     dp_blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
+    CHECK_OK_D(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
     uint8_t **pay = calloc(2 * n, sizeof *pay);
     char(*keys)[48] = calloc(2 * n, sizeof *keys);
     for (uint32_t i = 0; i < n; i++) {
@@ -152,16 +152,16 @@ rows_blob(const uint64_t *g, uint32_t n, uint32_t v)
             s.len = f == 0 ? la : 8;
             s.payload = pay[2 * i + f];
             s.has_crc = true;
-            s.crc = dp_crc32c(s.payload, s.len);
-            CHECK_OK_D(dp_blob_builder_add(b, &s, NULL, &d), &d);
+            s.crc = dp__crc32c(s.payload, s.len);
+            CHECK_OK_D(dp__blob_builder_add(b, &s, NULL, &d), &d);
         }
     }
     dp_blob_layout lay;
-    CHECK_OK_D(dp_blob_builder_layout(b, &lay, &d), &d);
+    CHECK_OK_D(dp__blob_builder_layout(b, &lay, &d), &d);
     tblob t = {calloc(1, lay.total_len), lay.total_len, 2 * n};
-    CHECK_OK_D(dp_blob_builder_write(b, t.p, lay.total_len, &d), &d);
-    CHECK_OK_D(dp_blob_builder_copy_payloads(b, t.p, lay.total_len, &d), &d);
-    dp_blob_builder_destroy(b);
+    CHECK_OK_D(dp__blob_builder_write(b, t.p, lay.total_len, &d), &d);
+    CHECK_OK_D(dp__blob_builder_copy_payloads(b, t.p, lay.total_len, &d), &d);
+    dp__blob_builder_destroy(b);
     for (uint32_t i = 0; i < 2 * n; i++)
         free(pay[i]);
     free(pay);
@@ -179,22 +179,22 @@ put_spill(dp_unit *u, const char *id, const tblob *t, bool *spilled)
     double t0 = dp_test_now();
     int rc;
     for (;;) {
-        rc = dp_unit_alloc_spill(u, id, strlen(id), t->len, t->n, true, &off, NULL, &d);
+        rc = dp__unit_alloc_spill(u, id, strlen(id), t->len, t->n, true, &off, NULL, &d);
         if (rc != DP_EBUSY || dp_test_now() - t0 > 30)
             break;
-        dp_sleep_s(0.001);
+        dp__sleep_s(0.001);
     }
     CHECK_OK_D(rc, &d);
     if (spilled != NULL)
-        *spilled = off >= dp_unit_io_base(u) && dp_unit_io_bytes(u) > 0;
+        *spilled = off >= dp__unit_io_base(u) && dp__unit_io_bytes(u) > 0;
     dp_test_write_blob(u, id, off, t->p, t->len);
     dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
     t0 = dp_test_now();
     for (;;) {
-        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+        CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
         if (st != DP_WIRE_COMMIT_PENDING || dp_test_now() - t0 > 30)
             break;
-        dp_sleep_s(0.0005);
+        dp__sleep_s(0.0005);
     }
     return st;
 }
@@ -212,29 +212,29 @@ read_row(dp_unit *u, uint64_t g, uint32_t v)
     char ka[48], kb[48];
     snprintf(ka, sizeof ka, "%" PRIu64 "@a", g);
     snprintf(kb, sizeof kb, "%" PRIu64 "@b", g);
-    dp_wire_str keys[2] = {dp_wire_s(ka), dp_wire_s(kb)};
+    dp_wire_str keys[2] = {dp__wire_s(ka), dp__wire_s(kb)};
     dp_detail d;
     dp_detail_clear(&d);
     double t0 = dp_test_now();
     for (;;) {
         dp_unit_resolve_keys_res r;
-        dp_unit_lock(u);
-        int rc = dp_unit_resolve_keys_locked(u, keys, 2, &r, &d);
-        dp_unit_unlock(u);
+        dp__unit_lock(u);
+        int rc = dp__unit_resolve_keys_locked(u, keys, 2, &r, &d);
+        dp__unit_unlock(u);
         CHECK_OK_D(rc, &d);
         if (r.n_pending > 0) {
             CHECK_EQ(r.n_pending, 2); /* both keys live in one blob */
             CHECK(r.pin_id[0] == '\0');
-            dp_unit_resolve_keys_res_fini(&r);
+            dp__unit_resolve_keys_res_fini(&r);
             CHECKF(dp_test_now() - t0 < 30, "row %" PRIu64 " pending for 30 s", g);
-            dp_sleep_s(0.0005);
+            dp__sleep_s(0.0005);
             continue;
         }
         if (r.n_failed > 0 || r.n_missing > 0) {
             int out = r.n_failed > 0 ? RD_FAILED : RD_MISSING;
             CHECK_EQ(r.n_entries, 0);
             CHECK(r.pin_id[0] == '\0');
-            dp_unit_resolve_keys_res_fini(&r);
+            dp__unit_resolve_keys_res_fini(&r);
             return out;
         }
         CHECK_EQ(r.n_entries, 2);
@@ -243,7 +243,7 @@ read_row(dp_unit *u, uint64_t g, uint32_t v)
         row_fill(g, v, want, la);
         uint64_t off_a = 0, off_b = 0, len_a = 0;
         for (int i = 0; i < 2; i++) {
-            if (dp_wire_str_eq(r.entries[i].key, ka)) {
+            if (dp__wire_str_eq(r.entries[i].key, ka)) {
                 off_a = r.entries[i].off;
                 len_a = r.entries[i].len;
             } else {
@@ -252,13 +252,13 @@ read_row(dp_unit *u, uint64_t g, uint32_t v)
         }
         CHECK_EQ_U64(len_a, la);
         /* The READ: outside the lock, under the pin. */
-        memcpy(got, dp_unit_slab(u) + off_a, la);
+        memcpy(got, dp__unit_slab(u) + off_a, la);
         uint64_t tag;
-        memcpy(&tag, dp_unit_slab(u) + off_b, 8);
+        memcpy(&tag, dp__unit_slab(u) + off_b, 8);
         CHECKF(memcmp(got, want, la) == 0, "row %" PRIu64 " v%u: wrong bytes", g, v);
         CHECK_EQ_U64(tag, g << 16 | v);
-        dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
-        dp_unit_resolve_keys_res_fini(&r);
+        dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
+        dp__unit_resolve_keys_res_fini(&r);
         free(want);
         free(got);
         return RD_OK;
@@ -271,60 +271,61 @@ DP_TEST(options_and_info)
 {
     char *dir = mk_dir();
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.numa = DP_UNIT_NUMA_OFF;
     dp_unit *u = NULL;
     o.staging_bytes = 1 << 20; /* without ssd_dir */
-    CHECK_ERR(dp_unit_create(&o, &u, NULL), DP_EINVAL);
+    CHECK_ERR(dp__unit_create(&o, &u, NULL), DP_EINVAL);
     o.ssd_dir = dir;
     o.staging_bytes = 0;
-    CHECK_ERR(dp_unit_create(&o, &u, NULL), DP_EINVAL);
+    CHECK_ERR(dp__unit_create(&o, &u, NULL), DP_EINVAL);
     o.staging_bytes = 1 << 20;
     o.ssd_dir = "/nonexistent/dp-ssd";
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_unit_create(&o, &u, &d), DP_ESYS, &d);
+    CHECK_ERR_D(dp__unit_create(&o, &u, &d), DP_ESYS, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "/nonexistent/dp-ssd");
     o.ssd_dir = dir;
     o.slab_bytes = (1 << 20) + 100; /* the IO area starts 4 KiB aligned */
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
-    CHECK_EQ(dp_unit_io_bytes(u), 1 << 20);
-    CHECK_EQ(dp_unit_io_base(u), (1 << 20) + 4096);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    CHECK_EQ(dp__unit_io_bytes(u), 1 << 20);
+    CHECK_EQ(dp__unit_io_base(u), (1 << 20) + 4096);
     dp_wire_info info;
-    dp_unit_lock(u);
-    dp_unit_info_locked(u, &info);
+    dp__unit_lock(u);
+    dp__unit_info_locked(u, &info);
     const uint8_t *p = NULL;
     /* read_bytes covers both areas, not the gap nor past the end */
-    CHECK_OK(dp_unit_read_bytes_locked(u, dp_unit_io_base(u), 1 << 20, &p, NULL));
-    CHECK_ERR(dp_unit_read_bytes_locked(u, (1 << 20) + 200, 16, &p, NULL), DP_EPROTO);
-    CHECK_ERR(dp_unit_read_bytes_locked(u, dp_unit_io_base(u) + 1, 1 << 20, &p, NULL),
+    CHECK_OK(dp__unit_read_bytes_locked(u, dp__unit_io_base(u), 1 << 20, &p, NULL));
+    CHECK_ERR(dp__unit_read_bytes_locked(u, (1 << 20) + 200, 16, &p, NULL), DP_EPROTO);
+    CHECK_ERR(dp__unit_read_bytes_locked(u, dp__unit_io_base(u) + 1, 1 << 20, &p, NULL),
               DP_EPROTO);
     dp_wire_fields f = {0};
-    CHECK_OK(dp_unit_stats_locked(u, &f, NULL));
-    dp_unit_unlock(u);
+    CHECK_OK(dp__unit_stats_locked(u, &f, NULL));
+    dp__unit_unlock(u);
     CHECK_EQ(info.io_bytes, 1 << 20);
     uint64_t v = 0;
-    CHECK(dp_wire_fields_u64(&f, "io_bytes", &v) && v == 1 << 20);
-    CHECK(dp_wire_fields_u64(&f, "spills", &v) && v == 0);
-    CHECK(dp_wire_fields_u64(&f, "stages_failed", &v) && v == 0);
+    CHECK(dp__wire_fields_u64(&f, "io_bytes", &v) && v == 1 << 20);
+    CHECK(dp__wire_fields_u64(&f, "spills", &v) && v == 0);
+    CHECK(dp__wire_fields_u64(&f, "stages_failed", &v) && v == 0);
     free(f.v);
     CHECK_EQ(dir_count(dir), 0); /* the probe file is gone */
     /* Too big for either area is a Protocol error; for the put area only without
      * spill. */
     uint64_t off;
-    CHECK_ERR(dp_unit_alloc_spill(u, "x", 1, 3 << 20, 0, true, &off, NULL, NULL),
+    CHECK_ERR(dp__unit_alloc_spill(u, "x", 1, 3 << 20, 0, true, &off, NULL, NULL),
               DP_EPROTO);
     CHECK_ERR(
-        dp_unit_alloc_spill(u, "x", 1, (1 << 20) + 8192, 0, false, &off, NULL, NULL),
+        dp__unit_alloc_spill(u, "x", 1, (1 << 20) + 8192, 0, false, &off, NULL, NULL),
         DP_EPROTO);
-    CHECK_OK(dp_unit_alloc_spill(u, "x", 1, (1 << 20) - 4096, 0, true, &off, NULL, NULL));
+    CHECK_OK(
+        dp__unit_alloc_spill(u, "x", 1, (1 << 20) - 4096, 0, true, &off, NULL, NULL));
     CHECK(off < (1 << 20));
     /* The put area is full now: a spill lands in the IO area. */
-    CHECK_OK(dp_unit_alloc_spill(u, "y", 1, 64 << 10, 0, true, &off, NULL, NULL));
-    CHECK(off >= dp_unit_io_base(u));
+    CHECK_OK(dp__unit_alloc_spill(u, "y", 1, 64 << 10, 0, true, &off, NULL, NULL));
+    CHECK(off >= dp__unit_io_base(u));
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -397,14 +398,14 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
     uint64_t clear[ROWS / 2];
     for (uint32_t i = 0; i < ROWS / 2; i++)
         clear[i] = i;
-    CHECK_EQ(dp_unit_release_rows(u, clear, ROWS / 2), ROWS);
+    CHECK_EQ(dp__unit_release_rows(u, clear, ROWS / 2), ROWS);
     for (uint64_t g = 0; g < ROWS; g++)
         CHECK_EQ(read_row(u, g, ver[g]), g < ROWS / 2 ? RD_MISSING : RD_OK);
     dp_test_unit_check(u);
     uint64_t rest[ROWS / 2];
     for (uint32_t i = 0; i < ROWS / 2; i++)
         rest[i] = ROWS / 2 + i;
-    CHECK_EQ(dp_unit_release_rows(u, rest, ROWS / 2), ROWS);
+    CHECK_EQ(dp__unit_release_rows(u, rest, ROWS / 2), ROWS);
     wait_idle(u);
     s = dp_test_unit_stats(u);
     CHECK_EQ(s.disk_blobs, 0);
@@ -412,7 +413,7 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
     CHECK_EQ(s.staged_blobs, 0);
     CHECK_EQ(s.published, 0);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -445,7 +446,7 @@ DP_TEST(failing_disk_lost_and_failed)
     dp_unit *u = mk_ssd_unit(64 << 10, 512 << 10, dir, 0.2, 1);
     /* Fill the put area so every put below spills. */
     uint64_t off;
-    CHECK_OK(dp_unit_alloc_spill(u, "fill", 4, 64 << 10, 0, false, &off, NULL, NULL));
+    CHECK_OK(dp__unit_alloc_spill(u, "fill", 4, 64 << 10, 0, false, &off, NULL, NULL));
 
     /* A file size limit (SIGXFSZ ignored): writes past it fail with EFBIG. */
     struct rlimit old, lim;
@@ -466,7 +467,7 @@ DP_TEST(failing_disk_lost_and_failed)
     CHECK(sigaction(SIGXFSZ, &oldsa, NULL) == 0);
     /* lost stays lost; nothing of it was published */
     dp_wire_commit_state st;
-    CHECK_OK(dp_unit_commit(u, "big", 3, &st, NULL));
+    CHECK_OK(dp__unit_commit(u, "big", 3, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     dp_unit_stats s = dp_test_unit_stats(u);
     EXPECT_EQ(s.spills_failed, 1);
@@ -482,7 +483,7 @@ DP_TEST(failing_disk_lost_and_failed)
     tblob other = rows_blob(gb, 1, 1);
     CHECK_EQ(put_spill(u, "other", &other, NULL), DP_WIRE_COMMIT_DONE);
     /* Evict row 1's staged copy: it was picked up and unpinned. */
-    dp_sleep_s(0.25);
+    dp__sleep_s(0.25);
     wait_idle(u);
     int fds[8];
     int nf = spill_fds(dir, fds, 8);
@@ -497,14 +498,14 @@ DP_TEST(failing_disk_lost_and_failed)
     CHECK_EQ(read_row(u, 9, 1), RD_FAILED);
     dp_test_unit_check(u);
     uint64_t all[4] = {1, 2, 3, 9};
-    CHECK_EQ(dp_unit_release_rows(u, all, 4), 4);
+    CHECK_EQ(dp__unit_release_rows(u, all, 4), 4);
     wait_idle(u);
     CHECK_EQ(dp_test_unit_stats(u).files_open, 0);
     dp_test_unit_check(u);
     free(small.p);
     free(big.p);
     free(other.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -528,54 +529,54 @@ DP_TEST(pickup_and_eviction_order)
     }
     CHECK_EQ(dp_test_unit_stats(u).disk_blobs, 3);
     /* Stage 1 and 2 but do not pick them up (a resolve that stays pending). */
-    dp_wire_str k1 = dp_wire_s("1@a"), k2 = dp_wire_s("2@a"), k3 = dp_wire_s("3@a");
+    dp_wire_str k1 = dp__wire_s("1@a"), k2 = dp__wire_s("2@a"), k3 = dp__wire_s("3@a");
     dp_unit_resolve_keys_res r;
-    dp_unit_lock(u);
-    CHECK_OK(dp_unit_resolve_keys_locked(u, &k1, 1, &r, NULL));
+    dp__unit_lock(u);
+    CHECK_OK(dp__unit_resolve_keys_locked(u, &k1, 1, &r, NULL));
     CHECK_EQ(r.n_pending, 1);
-    dp_unit_resolve_keys_res_fini(&r);
-    CHECK_OK(dp_unit_resolve_keys_locked(u, &k2, 1, &r, NULL));
+    dp__unit_resolve_keys_res_fini(&r);
+    CHECK_OK(dp__unit_resolve_keys_locked(u, &k2, 1, &r, NULL));
     CHECK_EQ(r.n_pending, 1);
-    dp_unit_resolve_keys_res_fini(&r);
-    dp_unit_unlock(u);
+    dp__unit_resolve_keys_res_fini(&r);
+    dp__unit_unlock(u);
     wait_idle(u);
     CHECK_EQ(dp_test_unit_stats(u).staged_blobs, 2);
     /* Row 3 has to wait: the copies are kept pickup_s for their readers. */
     double t0 = dp_test_now();
-    dp_unit_lock(u);
-    CHECK_OK(dp_unit_resolve_keys_locked(u, &k3, 1, &r, NULL));
-    dp_unit_unlock(u);
+    dp__unit_lock(u);
+    CHECK_OK(dp__unit_resolve_keys_locked(u, &k3, 1, &r, NULL));
+    dp__unit_unlock(u);
     CHECK_EQ(r.n_pending, 1);
-    dp_unit_resolve_keys_res_fini(&r);
+    dp__unit_resolve_keys_res_fini(&r);
     if (dp_test_now() - t0 < 0.4) {
         CHECK_EQ(dp_test_unit_stats(u).staged_blobs, 2);
         CHECK_EQ(dp_test_unit_stats(u).evictions, 0);
     }
     /* Row 1 is picked up and pinned: never evicted while pinned. */
-    dp_unit_lock(u);
-    CHECK_OK(dp_unit_resolve_keys_locked(u, &k1, 1, &r, NULL));
-    dp_unit_unlock(u);
+    dp__unit_lock(u);
+    CHECK_OK(dp__unit_resolve_keys_locked(u, &k1, 1, &r, NULL));
+    dp__unit_unlock(u);
     CHECK_EQ(r.n_entries, 1);
     char pin[33];
     memcpy(pin, r.pin_id, 33);
     uint64_t off1 = r.entries[0].off;
-    dp_unit_resolve_keys_res_fini(&r);
+    dp__unit_resolve_keys_res_fini(&r);
     /* After pickup_s, row 3's stage evicts row 2 (the unpinned one), not row 1. */
-    dp_sleep_s(0.55);
+    dp__sleep_s(0.55);
     CHECK_EQ(read_row(u, 3, 1), RD_OK);
     dp_unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.evictions, 1);
     uint8_t *want = malloc(row_len(1, 1));
     row_fill(1, 1, want, row_len(1, 1));
-    CHECK(memcmp(dp_unit_slab(u) + off1, want, row_len(1, 1)) == 0);
+    CHECK(memcmp(dp__unit_slab(u) + off1, want, row_len(1, 1)) == 0);
     free(want);
-    dp_unit_unpin(u, pin, strlen(pin));
+    dp__unit_unpin(u, pin, strlen(pin));
     CHECK_EQ(read_row(u, 2, 1), RD_OK);
     CHECK_EQ(read_row(u, 1, 1), RD_OK);
     dp_test_unit_check(u);
     for (int i = 0; i < 3; i++)
         free(t[i].p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -584,44 +585,44 @@ DP_TEST(abort_and_lease_in_io_area)
     char *dir = mk_dir();
     dp_unit *u = mk_ssd_unit(4096, 256 << 10, dir, 0.2, 1);
     uint64_t a = 0, b = 0, c = 0;
-    CHECK_OK(dp_unit_alloc_spill(u, "a", 1, 64 << 10, 0, true, &a, NULL, NULL));
-    CHECK(a >= dp_unit_io_base(u));
+    CHECK_OK(dp__unit_alloc_spill(u, "a", 1, 64 << 10, 0, true, &a, NULL, NULL));
+    CHECK(a >= dp__unit_io_base(u));
     /* a retried alloc gets the same region */
-    CHECK_OK(dp_unit_alloc_spill(u, "a", 1, 64 << 10, 0, true, &b, NULL, NULL));
+    CHECK_OK(dp__unit_alloc_spill(u, "a", 1, 64 << 10, 0, true, &b, NULL, NULL));
     CHECK_EQ(a, b);
     /* abort without a WRITE in flight frees; with, retires */
-    dp_unit_abort(u, "a", 1, false);
-    CHECK_OK(dp_unit_alloc_spill(u, "b", 1, 64 << 10, 0, true, &b, NULL, NULL));
+    dp__unit_abort(u, "a", 1, false);
+    CHECK_OK(dp__unit_alloc_spill(u, "b", 1, 64 << 10, 0, true, &b, NULL, NULL));
     CHECK_EQ(b, a);
-    dp_unit_abort(u, "b", 1, true);
+    dp__unit_abort(u, "b", 1, true);
     CHECK_EQ(dp_test_unit_stats(u).retired_bytes, 64 << 10);
-    CHECK_OK(dp_unit_alloc_spill(u, "c", 1, 64 << 10, 0, true, &c, NULL, NULL));
+    CHECK_OK(dp__unit_alloc_spill(u, "c", 1, 64 << 10, 0, true, &c, NULL, NULL));
     CHECK(c + (64 << 10) <= b || c >= b + (64 << 10));
     /* The rest of the area: one more fits, then UnitFull (nothing will free). */
     uint64_t d1;
-    CHECK_OK(dp_unit_alloc_spill(u, "d", 1, 128 << 10, 0, true, &d1, NULL, NULL));
+    CHECK_OK(dp__unit_alloc_spill(u, "d", 1, 128 << 10, 0, true, &d1, NULL, NULL));
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp_unit_alloc_spill(u, "e", 1, 64 << 10, 0, true, &d1, NULL, &d),
+    CHECK_ERR_D(dp__unit_alloc_spill(u, "e", 1, 64 << 10, 0, true, &d1, NULL, &d),
                 DP_EUNITFULL, &d);
     /* A bad blob committed in the IO area is a Protocol error, nothing spills. */
     dp_wire_commit_state st;
-    memset(dp_unit_slab(u) + c, 0, 64 << 10);
-    CHECK_ERR(dp_unit_commit(u, "c", 1, &st, NULL), DP_EPROTO);
+    memset(dp__unit_slab(u) + c, 0, 64 << 10);
+    CHECK_ERR(dp__unit_commit(u, "c", 1, &st, NULL), DP_EPROTO);
     CHECK_EQ(dp_test_unit_stats(u).io_jobs, 0);
     /* A spill aborted while its job may run is never published. */
     uint64_t gs[1] = {5};
     tblob t = rows_blob(gs, 1, 1);
-    dp_unit_abort(u, "c", 1, false);
-    CHECK_OK(dp_unit_alloc_spill(u, "f", 1, t.len, t.n, true, &c, NULL, NULL));
+    dp__unit_abort(u, "c", 1, false);
+    CHECK_OK(dp__unit_alloc_spill(u, "f", 1, t.len, t.n, true, &c, NULL, NULL));
     dp_test_write_blob(u, "f", c, t.p, t.len);
-    CHECK_OK(dp_unit_commit(u, "f", 1, &st, NULL));
-    dp_unit_abort(u, "f", 1, false);
-    CHECK_OK(dp_unit_commit(u, "f", 1, &st, NULL));
+    CHECK_OK(dp__unit_commit(u, "f", 1, &st, NULL));
+    dp__unit_abort(u, "f", 1, false);
+    CHECK_OK(dp__unit_commit(u, "f", 1, &st, NULL));
     CHECK(st == DP_WIRE_COMMIT_LOST || st == DP_WIRE_COMMIT_DONE);
     wait_idle(u);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     free(t.p);
     rm_dir(dir);
 }
@@ -630,7 +631,7 @@ DP_TEST(io_queue_limit_and_release_while_staging)
 {
     char *dir = mk_dir();
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 4096;
     o.numa = DP_UNIT_NUMA_OFF;
     o.ssd_dir = dir;
@@ -640,7 +641,7 @@ DP_TEST(io_queue_limit_and_release_while_staging)
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     /* More commits than the queue holds, back to back: never more than 256 jobs. */
     enum { NB = 400 };
     tblob t[NB];
@@ -654,14 +655,14 @@ DP_TEST(io_queue_limit_and_release_while_staging)
         snprintf(id, sizeof id, "q%" PRIu64, i);
         uint64_t off;
         int rc;
-        while ((rc = dp_unit_alloc_spill(u, id, strlen(id), t[i].len, t[i].n, true, &off,
-                                         NULL, &d)) == DP_EBUSY)
-            dp_sleep_s(0.0005);
+        while ((rc = dp__unit_alloc_spill(u, id, strlen(id), t[i].len, t[i].n, true, &off,
+                                          NULL, &d)) == DP_EBUSY)
+            dp__sleep_s(0.0005);
         CHECK_OK_D(rc, &d);
-        n_spilled += off >= dp_unit_io_base(u); /* a few fit the 4 KiB put area */
+        n_spilled += off >= dp__unit_io_base(u); /* a few fit the 4 KiB put area */
         dp_test_write_blob(u, id, off, t[i].p, t[i].len);
         dp_wire_commit_state st;
-        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+        CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
         CHECK(st == DP_WIRE_COMMIT_PENDING || st == DP_WIRE_COMMIT_DONE);
         max_jobs = DP_MAX(max_jobs, dp_test_unit_stats(u).io_jobs);
     }
@@ -673,9 +674,9 @@ DP_TEST(io_queue_limit_and_release_while_staging)
         dp_wire_commit_state st;
         double t0 = dp_test_now();
         do {
-            CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+            CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
             if (st == DP_WIRE_COMMIT_PENDING)
-                dp_sleep_s(0.0005);
+                dp__sleep_s(0.0005);
         } while (st == DP_WIRE_COMMIT_PENDING && dp_test_now() - t0 < 30);
         CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
         free(t[i].p);
@@ -689,17 +690,17 @@ DP_TEST(io_queue_limit_and_release_while_staging)
     for (uint64_t i = 0; i < NB; i++) {
         char k[48];
         snprintf(k, sizeof k, "%" PRIu64 "@a", 1000 + i);
-        dp_wire_str kk = dp_wire_s(k);
+        dp_wire_str kk = dp__wire_s(k);
         dp_unit_resolve_keys_res r;
-        dp_unit_lock(u);
-        CHECK_OK(dp_unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
-        dp_unit_unlock(u);
+        dp__unit_lock(u);
+        CHECK_OK(dp__unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
+        dp__unit_unlock(u);
         CHECK(r.n_pending == 1 || r.n_entries == 1);
         if (r.pin_id[0] != '\0')
-            dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
-        dp_unit_resolve_keys_res_fini(&r);
+            dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
+        dp__unit_resolve_keys_res_fini(&r);
         uint64_t g = 1000 + i;
-        CHECK_EQ(dp_unit_release_rows(u, &g, 1), 2);
+        CHECK_EQ(dp__unit_release_rows(u, &g, 1), 2);
     }
     wait_idle(u);
     dp_unit_stats s = dp_test_unit_stats(u);
@@ -707,7 +708,7 @@ DP_TEST(io_queue_limit_and_release_while_staging)
     CHECK_EQ(s.disk_blobs, 0);
     CHECK_EQ(s.io_allocated_bytes, 0);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -725,7 +726,7 @@ DP_TEST(named_files_fallback_and_stale_names)
     CHECK(fd >= 0);
     close(fd);
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 4096;
     o.numa = DP_UNIT_NUMA_OFF;
     o.ssd_dir = dir;
@@ -735,7 +736,7 @@ DP_TEST(named_files_fallback_and_stale_names)
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     CHECK(access(stale, F_OK) != 0);
     CHECK(access(keep, F_OK) == 0);
     CHECK(unlink(keep) == 0);
@@ -752,7 +753,7 @@ DP_TEST(named_files_fallback_and_stale_names)
     for (uint64_t g = 0; g < 24; g++)
         CHECK_EQ(read_row(u, g, 1), RD_OK);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -773,11 +774,11 @@ DP_TEST(one_resolve_never_evicts_what_it_answers)
     CHECK_EQ(put_spill(u, "three", &t3, NULL), DP_WIRE_COMMIT_DONE);
     CHECK_EQ(read_row(u, 2, 1), RD_OK); /* staged, picked up, unpinned */
     CHECK_EQ(dp_test_unit_stats(u).staged_blobs, 1);
-    dp_wire_str keys[2] = {dp_wire_s("2@a"), dp_wire_s("3@a")};
+    dp_wire_str keys[2] = {dp__wire_s("2@a"), dp__wire_s("3@a")};
     dp_unit_resolve_keys_res r;
-    dp_unit_lock(u);
-    CHECK_OK(dp_unit_resolve_keys_locked(u, keys, 2, &r, NULL));
-    dp_unit_unlock(u);
+    dp__unit_lock(u);
+    CHECK_OK(dp__unit_resolve_keys_locked(u, keys, 2, &r, NULL));
+    dp__unit_unlock(u);
     CHECK_EQ(r.n_entries, 1);
     CHECK_EQ(r.n_pending, 1);
     CHECK_EQ(dp_test_unit_stats(u).evictions, 0);
@@ -785,17 +786,17 @@ DP_TEST(one_resolve_never_evicts_what_it_answers)
     uint64_t la = row_len(2, 1);
     uint8_t *want = malloc(la);
     row_fill(2, 1, want, la);
-    CHECK(memcmp(dp_unit_slab(u) + r.entries[0].off, want, la) == 0);
+    CHECK(memcmp(dp__unit_slab(u) + r.entries[0].off, want, la) == 0);
     free(want);
-    dp_unit_unpin(u, r.pin_id, strlen(r.pin_id));
-    dp_unit_resolve_keys_res_fini(&r);
+    dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    dp__unit_resolve_keys_res_fini(&r);
     /* Unpinned now: row 3's stage may take the room. */
     CHECK_EQ(read_row(u, 3, 1), RD_OK);
     CHECK_EQ(read_row(u, 2, 1), RD_OK);
     dp_test_unit_check(u);
     free(t2.p);
     free(t3.p);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -812,29 +813,29 @@ static void *
 reader_main(void *p)
 {
     reader_arg *a = p;
-    dp_wire_str k = dp_wire_s("7@a");
+    dp_wire_str k = dp__wire_s("7@a");
     uint64_t la = row_len(7, 1);
     uint8_t *want = malloc(la), *got = malloc(la);
     row_fill(7, 1, want, la);
     while (!__atomic_load_n(a->stop, __ATOMIC_ACQUIRE)) {
         dp_unit_resolve_keys_res r;
-        dp_unit_lock(a->u);
-        int rc = dp_unit_resolve_keys_locked(a->u, &k, 1, &r, NULL);
-        dp_unit_unlock(a->u);
+        dp__unit_lock(a->u);
+        int rc = dp__unit_resolve_keys_locked(a->u, &k, 1, &r, NULL);
+        dp__unit_unlock(a->u);
         if (rc != 0) {
             a->errors++;
             break;
         }
         if (r.n_entries == 1) {
-            memcpy(got, dp_unit_slab(a->u) + r.entries[0].off, la);
+            memcpy(got, dp__unit_slab(a->u) + r.entries[0].off, la);
             if (r.entries[0].len != la || memcmp(got, want, la) != 0)
                 a->errors++;
             a->reads++;
-            dp_unit_unpin(a->u, r.pin_id, strlen(r.pin_id));
+            dp__unit_unpin(a->u, r.pin_id, strlen(r.pin_id));
         } else if (r.n_pending != 1) {
             a->errors++;
         }
-        dp_unit_resolve_keys_res_fini(&r);
+        dp__unit_resolve_keys_res_fini(&r);
     }
     free(want);
     free(got);
@@ -879,7 +880,7 @@ DP_TEST(concurrent_readers_of_a_staged_blob)
            reads, s.stages, s.evictions);
     CHECK(reads > 0);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -937,10 +938,10 @@ DP_TEST(model_no_reuse_across_areas)
             char id[33];
             snprintf(id, sizeof id, "m%d", step);
             uint64_t off;
-            int rc = dp_unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL,
-                                         NULL);
+            int rc = dp__unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL,
+                                          NULL);
             if (rc == 0) {
-                ran.allocs[off >= dp_unit_io_base(u)]++;
+                ran.allocs[off >= dp__unit_io_base(u)]++;
                 bool vs[4] = {false, false, false, false};
                 for (int i = 0; i < nl; i++)
                     vs[lv[i].kind] = true;
@@ -959,16 +960,16 @@ DP_TEST(model_no_reuse_across_areas)
                     lv[nl++] = (live){off, t.len, 1, "", 0};
                     snprintf(lv[nl - 1].id, 33, "%s", id);
                 } else if (what == 4 && ran.retired < 8) {
-                    dp_unit_abort(u, id, strlen(id), true); /* retired for good */
+                    dp__unit_abort(u, id, strlen(id), true); /* retired for good */
                     lv[nl++] = (live){off, t.len, 3, "", 0};
                     snprintf(lv[nl - 1].id, 33, "retired-%s", id);
                     ran.retired++;
                 } else {
                     dp_wire_commit_state st;
                     do {
-                        CHECK_OK(dp_unit_commit(u, id, strlen(id), &st, NULL));
+                        CHECK_OK(dp__unit_commit(u, id, strlen(id), &st, NULL));
                         if (st == DP_WIRE_COMMIT_PENDING)
-                            dp_sleep_s(0.0002);
+                            dp__sleep_s(0.0002);
                     } while (st == DP_WIRE_COMMIT_PENDING);
                     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
                     ver[g] = v;
@@ -981,7 +982,7 @@ DP_TEST(model_no_reuse_across_areas)
         } else if (op < 7 && nl < MAXL - 4) { /* resolve and keep the pin */
             char k[48];
             snprintf(k, sizeof k, "%" PRIu64 "@a", g);
-            dp_wire_str kk = dp_wire_s(k);
+            dp_wire_str kk = dp__wire_s(k);
             dp_unit_resolve_keys_res r;
             /*
              * A row on disk answers pending while it is staged: ask again, as a
@@ -989,21 +990,21 @@ DP_TEST(model_no_reuse_across_areas)
              * when no stage runs (the IO area is held by live transfers).
              */
             for (double t0 = dp_test_now();;) {
-                dp_unit_lock(u);
-                CHECK_OK(dp_unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
-                dp_unit_unlock(u);
+                dp__unit_lock(u);
+                CHECK_OK(dp__unit_resolve_keys_locked(u, &kk, 1, &r, NULL));
+                dp__unit_unlock(u);
                 if (r.n_pending == 0 || dp_test_unit_stats(u).io_jobs == 0)
                     break;
-                dp_unit_resolve_keys_res_fini(&r);
+                dp__unit_resolve_keys_res_fini(&r);
                 CHECKF(dp_test_now() - t0 < 30, "row %" PRIu64 " pending for 30 s", g);
-                dp_sleep_s(0.0002);
+                dp__sleep_s(0.0002);
             }
             if (r.n_entries == 1) {
-                ran.reads[r.entries[0].off >= dp_unit_io_base(u)]++;
+                ran.reads[r.entries[0].off >= dp__unit_io_base(u)]++;
                 /* overlap with its own blob's other pins is fine: same bytes */
                 uint8_t *want = malloc(r.entries[0].len);
                 row_fill(g, ver[g], want, r.entries[0].len);
-                CHECKF(memcmp(dp_unit_slab(u) + r.entries[0].off, want,
+                CHECKF(memcmp(dp__unit_slab(u) + r.entries[0].off, want,
                               r.entries[0].len) == 0,
                        "row %" PRIu64 " v%u: wrong bytes", g, ver[g]);
                 free(want);
@@ -1014,16 +1015,16 @@ DP_TEST(model_no_reuse_across_areas)
                 lv[nl++] = (live){r.entries[0].off, r.entries[0].len, 2, "", g};
                 memcpy(lv[nl - 1].id, r.pin_id, 33);
             }
-            dp_unit_resolve_keys_res_fini(&r);
+            dp__unit_resolve_keys_res_fini(&r);
         } else if (op < 9 && nl > 0) { /* end a transfer */
             int i = (int)(dp_test_rand(&rs) % (uint64_t)nl);
             if (lv[i].kind == 3)
                 continue; /* retired: never ends */
             ran.ended++;
             if (lv[i].kind == 1)
-                dp_unit_abort(u, lv[i].id, strlen(lv[i].id), false);
+                dp__unit_abort(u, lv[i].id, strlen(lv[i].id), false);
             else
-                dp_unit_unpin(u, lv[i].id, strlen(lv[i].id));
+                dp__unit_unpin(u, lv[i].id, strlen(lv[i].id));
             /* other pins with the same id end too */
             char id[33];
             memcpy(id, lv[i].id, 33);
@@ -1033,7 +1034,7 @@ DP_TEST(model_no_reuse_across_areas)
                     lv[w++] = lv[j];
             nl = w;
         } else { /* clear a row */
-            dp_unit_release_rows(u, &g, 1);
+            dp__unit_release_rows(u, &g, 1);
             ver[g] = 0;
         }
         if (step % 50 == 0)
@@ -1041,7 +1042,7 @@ DP_TEST(model_no_reuse_across_areas)
     }
     for (int i = 0; i < nl; i++)
         if (lv[i].kind == 2)
-            dp_unit_unpin(u, lv[i].id, strlen(lv[i].id));
+            dp__unit_unpin(u, lv[i].id, strlen(lv[i].id));
     wait_idle(u);
     dp_test_unit_check(u);
     dp_unit_stats s = dp_test_unit_stats(u);
@@ -1070,7 +1071,7 @@ DP_TEST(model_no_reuse_across_areas)
     EXPECT_GE(ran.retired, 4);
     EXPECT_GE(s.spills, 30);
     EXPECT_GE(s.stages, 10);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -1093,7 +1094,7 @@ peer_unit(int fd)
     dp_detail d;
     dp_detail_clear(&d);
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.read_pin_s = 10;
     o.quarantine_s = 0.1;
@@ -1102,7 +1103,7 @@ peer_unit(int fd)
     o.staging_bytes = 1 << 20;
     o.pickup_s = 0.2;
     dp_unit_server *srv = NULL;
-    if (dp_unit_server_open(&o, "ssd-unit", "127.0.0.1", 0, 0.1, &srv, &d) != 0)
+    if (dp__unit_server_open(&o, "ssd-unit", "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
     /*
      * The size limit comes last: UCX's shared-memory transport sizes its own
@@ -1117,11 +1118,11 @@ peer_unit(int fd)
         setrlimit(RLIMIT_FSIZE, &lim);
     }
     char line[300];
-    snprintf(line, sizeof line, "%s\n", dp_unit_server_address(srv));
+    snprintf(line, sizeof line, "%s\n", dp__unit_server_address(srv));
     dp_test_write_str(fd, line);
     int sig;
     sigwait(&sigs, &sig);
-    dp_unit_server_close(srv);
+    dp__unit_server_close(srv);
     return 0;
 fail:
     fprintf(stderr, "ssd unit peer: %s\n", dp_detail_msg(&d));
@@ -1185,15 +1186,15 @@ static int
 zcall(zc *z, dp_wire_request *q, dp_wire_reply *rep, dp_detail *d)
 {
     char rid[DP_WIRE_RID_MAX];
-    q->rid = dp_wire_rid_next(&z->rid, rid);
+    q->rid = dp__wire_rid_next(&z->rid, rid);
     dp_buf req = {0};
-    CHECK_OK_D(dp_wire_request_encode(q, NULL, &req, d), d);
-    dp_buf_reset(&z->rb);
-    int rc = dp_ctl_call(z->c, z->addr, req.data, req.len, rid, 10.0, &z->rb, d);
-    dp_buf_fini(&req);
+    CHECK_OK_D(dp__wire_request_encode(q, NULL, &req, d), d);
+    dp__buf_reset(&z->rb);
+    int rc = dp__ctl_call(z->c, z->addr, req.data, req.len, rid, 10.0, &z->rb, d);
+    dp__buf_fini(&req);
     if (rc != 0)
         return rc;
-    return dp_wire_reply_decode(z->rb.data, z->rb.len, q->op, NULL, rep, d);
+    return dp__wire_reply_decode(z->rb.data, z->rb.len, q->op, NULL, rep, d);
 }
 
 static void
@@ -1201,11 +1202,11 @@ zc_open(zc *z, const char *addr)
 {
     memset(z, 0, sizeof *z);
     z->addr = addr;
-    CHECK_OK(dp_wire_rid_gen_init(&z->rid, NULL));
-    CHECK_OK(dp_ctl_client_create(&z->c, NULL));
+    CHECK_OK(dp__wire_rid_gen_init(&z->rid, NULL));
+    CHECK_OK(dp__ctl_client_create(&z->c, NULL));
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_endpoint_create("ssd-client", NULL, &z->ep, &d), &d);
+    CHECK_OK_D(dp__endpoint_create("ssd-client", NULL, &z->ep, &d), &d);
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
@@ -1214,19 +1215,19 @@ zc_open(zc *z, const char *addr)
     CHECK(r.ok);
     CHECK_EQ(r.r.info.slab_bytes, 1 << 20);
     CHECK_EQ(r.r.info.io_bytes, 1 << 20);
-    CHECK_OK_D(dp_endpoint_add_remote(z->ep, r.r.info.metadata.p, r.r.info.metadata.n,
-                                      z->name, &d),
+    CHECK_OK_D(dp__endpoint_add_remote(z->ep, r.r.info.metadata.p, r.r.info.metadata.n,
+                                       z->name, &d),
                &d);
     z->base = r.r.info.slab_addr;
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
 }
 
 static void
 zc_close(zc *z)
 {
-    dp_buf_fini(&z->rb);
-    dp_endpoint_destroy(z->ep);
-    dp_ctl_client_destroy(z->c);
+    dp__buf_fini(&z->rb);
+    dp__endpoint_destroy(z->ep);
+    dp__ctl_client_destroy(z->c);
 }
 
 /* alloc(spill) (Busy retried), WRITE over UCX, commit polled. */
@@ -1236,7 +1237,7 @@ zput(zc *z, const char *id, const tblob *t)
     dp_detail d;
     dp_detail_clear(&d);
     void *buf = NULL;
-    CHECK_OK_D(dp_endpoint_alloc(z->ep, t->len, &buf, &d), &d);
+    CHECK_OK_D(dp__endpoint_alloc(z->ep, t->len, &buf, &d), &d);
     memcpy(buf, t->p, t->len);
     dp_wire_request q;
     dp_wire_reply r;
@@ -1245,37 +1246,37 @@ zput(zc *z, const char *id, const tblob *t)
     double t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp_wire_s(id), t->len, t->n, true};
+        q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), t->len, t->n, true};
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         if (r.ok) {
             off = r.r.alloc.off;
-            dp_blob_header_set_alloc(buf, r.incarnation, r.r.alloc.token);
-            dp_wire_reply_fini(&r);
+            dp__blob_header_set_alloc(buf, r.incarnation, r.r.alloc.token);
+            dp__wire_reply_fini(&r);
             break;
         }
-        CHECKF(dp_wire_str_eq(r.err.kind, "Busy") && dp_test_now() - t0 < 30,
+        CHECKF(dp__wire_str_eq(r.err.kind, "Busy") && dp_test_now() - t0 < 30,
                "%.*s: %.*s", DP_WIRE_STR_ARG(r.err.kind), DP_WIRE_STR_ARG(r.err.msg));
-        dp_wire_reply_fini(&r);
-        dp_sleep_s(0.002);
+        dp__wire_reply_fini(&r);
+        dp__sleep_s(0.002);
     }
     dp_range l = {(uint64_t)(uintptr_t)buf, t->len};
     dp_range rr = {z->base + off, t->len};
-    CHECK_OK_D(dp_endpoint_transfer(z->ep, DP_XFER_WRITE, &l, 1, &rr, 1, z->name, 10, &d),
-               &d);
+    CHECK_OK_D(
+        dp__endpoint_transfer(z->ep, DP_XFER_WRITE, &l, 1, &rr, 1, z->name, 10, &d), &d);
     dp_wire_commit_state st;
     t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_COMMIT;
-        q.a.commit.blob_id = dp_wire_s(id);
+        q.a.commit.blob_id = dp__wire_s(id);
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         CHECK(r.ok);
         st = r.r.commit;
-        dp_wire_reply_fini(&r);
+        dp__wire_reply_fini(&r);
         if (st != DP_WIRE_COMMIT_PENDING || dp_test_now() - t0 > 30)
             break;
-        dp_sleep_s(0.001);
+        dp__sleep_s(0.001);
     }
-    dp_endpoint_deregister(z->ep, buf, NULL);
+    dp__endpoint_deregister(z->ep, buf, NULL);
     return st;
 }
 
@@ -1285,7 +1286,7 @@ zread(zc *z, uint64_t g, uint32_t v)
 {
     char ka[48];
     snprintf(ka, sizeof ka, "%" PRIu64 "@a", g);
-    dp_wire_str k = dp_wire_s(ka);
+    dp_wire_str k = dp__wire_s(ka);
     dp_detail d;
     dp_detail_clear(&d);
     dp_wire_request q;
@@ -1299,42 +1300,42 @@ zread(zc *z, uint64_t g, uint32_t v)
         CHECK(r.ok);
         dp_wire_resolve_keys_res *x = &r.r.resolve_keys;
         if (x->pending.n > 0) {
-            dp_wire_reply_fini(&r);
+            dp__wire_reply_fini(&r);
             CHECKF(dp_test_now() - t0 < 30, "row %" PRIu64 " pending for 30 s", g);
-            dp_sleep_s(0.001);
+            dp__sleep_s(0.001);
             continue;
         }
         if (x->failed.n > 0 || x->missing.n > 0) {
             int out = x->failed.n > 0 ? RD_FAILED : RD_MISSING;
-            dp_wire_reply_fini(&r);
+            dp__wire_reply_fini(&r);
             return out;
         }
         CHECK_EQ(x->entries.n, 1);
         uint64_t la = row_len(g, v);
         CHECK_EQ_U64(x->entries.v[0].len, la);
         void *dst = NULL;
-        CHECK_OK_D(dp_endpoint_alloc(z->ep, la, &dst, &d), &d);
+        CHECK_OK_D(dp__endpoint_alloc(z->ep, la, &dst, &d), &d);
         dp_range l = {(uint64_t)(uintptr_t)dst, la};
         dp_range rr = {z->base + x->entries.v[0].off, la};
         CHECK_OK_D(
-            dp_endpoint_transfer(z->ep, DP_XFER_READ, &l, 1, &rr, 1, z->name, 10, &d),
+            dp__endpoint_transfer(z->ep, DP_XFER_READ, &l, 1, &rr, 1, z->name, 10, &d),
             &d);
         uint8_t *want = malloc(la);
         row_fill(g, v, want, la);
         CHECKF(memcmp(dst, want, la) == 0, "row %" PRIu64 ": wrong bytes over UCX", g);
         free(want);
-        dp_endpoint_deregister(z->ep, dst, NULL);
+        dp__endpoint_deregister(z->ep, dst, NULL);
         char pin[64];
-        dp_wire_str_copy(x->pin_id, pin, sizeof pin);
-        dp_wire_reply_fini(&r);
+        dp__wire_str_copy(x->pin_id, pin, sizeof pin);
+        dp__wire_reply_fini(&r);
         q.op = DP_WIRE_OP_UNPIN;
-        q.a.unpin.pin_id = dp_wire_s(pin);
+        q.a.unpin.pin_id = dp__wire_s(pin);
         char rid[DP_WIRE_RID_MAX];
-        q.rid = dp_wire_rid_next(&z->rid, rid);
+        q.rid = dp__wire_rid_next(&z->rid, rid);
         dp_buf req = {0};
-        CHECK_OK(dp_wire_request_encode(&q, NULL, &req, NULL));
-        CHECK_OK(dp_ctl_notify(z->c, z->addr, req.data, req.len, NULL));
-        dp_buf_fini(&req);
+        CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
+        CHECK_OK(dp__ctl_notify(z->c, z->addr, req.data, req.len, NULL));
+        dp__buf_fini(&req);
         return RD_OK;
     }
 }
@@ -1351,8 +1352,8 @@ zstat(zc *z, const char *name)
     CHECK_OK_D(zcall(z, &q, &r, &d), &d);
     CHECK(r.ok);
     uint64_t v = 0;
-    CHECKF(dp_wire_fields_u64(&r.r.stats, name, &v), "stat %s", name);
-    dp_wire_reply_fini(&r);
+    CHECKF(dp__wire_fields_u64(&r.r.stats, name, &v), "stat %s", name);
+    dp__wire_reply_fini(&r);
     return v;
 }
 
@@ -1447,8 +1448,8 @@ DP_TEST(cli_ssd_flags)
     zc z;
     memset(&z, 0, sizeof z);
     z.addr = line;
-    CHECK_OK(dp_wire_rid_gen_init(&z.rid, NULL));
-    CHECK_OK(dp_ctl_client_create(&z.c, NULL));
+    CHECK_OK(dp__wire_rid_gen_init(&z.rid, NULL));
+    CHECK_OK(dp__ctl_client_create(&z.c, NULL));
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
@@ -1459,10 +1460,10 @@ DP_TEST(cli_ssd_flags)
     CHECK(r.ok);
     CHECK_EQ(r.r.info.slab_bytes, 4 << 20);
     CHECK_EQ(r.r.info.io_bytes, 2 << 20);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     CHECK_EQ(zstat(&z, "io_bytes"), 2 << 20);
-    dp_buf_fini(&z.rb);
-    dp_ctl_client_destroy(z.c);
+    dp__buf_fini(&z.rb);
+    dp__ctl_client_destroy(z.c);
     kill(pid, SIGKILL);
     CHECK_EQ(dp_test_wait_status(pid), -SIGKILL);
     CHECK_EQ(dir_count(dir), 0);
@@ -1489,20 +1490,20 @@ DP_TEST(late_spill_never_overrides_later_commits_or_releases)
     dp_detail_clear(&d);
     uint64_t off = 0;
     dp_wire_commit_state st;
-    CHECK_OK_D(dp_unit_alloc_spill(u, "x1", 2, t1.len, t1.n, true, &off, NULL, &d), &d);
-    CHECK(off >= dp_unit_io_base(u));
+    CHECK_OK_D(dp__unit_alloc_spill(u, "x1", 2, t1.len, t1.n, true, &off, NULL, &d), &d);
+    CHECK(off >= dp__unit_io_base(u));
     dp_test_write_blob(u, "x1", off, t1.p, t1.len);
-    CHECK_OK_D(dp_unit_commit(u, "x1", 2, &st, &d), &d);
+    CHECK_OK_D(dp__unit_commit(u, "x1", 2, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_PENDING);
     /* Row 0 again, committed after x1; then row 5 released. */
-    CHECK_OK_D(dp_unit_alloc_spill(u, "x2", 2, t2.len, t2.n, false, &off, NULL, &d), &d);
+    CHECK_OK_D(dp__unit_alloc_spill(u, "x2", 2, t2.len, t2.n, false, &off, NULL, &d), &d);
     dp_test_write_blob(u, "x2", off, t2.p, t2.len);
-    CHECK_OK_D(dp_unit_commit(u, "x2", 2, &st, &d), &d);
+    CHECK_OK_D(dp__unit_commit(u, "x2", 2, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     uint64_t rel = 5;
-    dp_unit_release_rows(u, &rel, 1);
+    dp__unit_release_rows(u, &rel, 1);
     wait_idle(u);
-    CHECK_OK_D(dp_unit_commit(u, "x1", 2, &st, &d), &d);
+    CHECK_OK_D(dp__unit_commit(u, "x1", 2, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     CHECK_EQ(read_row(u, 0, 2), RD_OK);      /* the newer put stays */
     CHECK_EQ(read_row(u, 5, 1), RD_MISSING); /* the release stays */
@@ -1511,7 +1512,7 @@ DP_TEST(late_spill_never_overrides_later_commits_or_releases)
     free(t1.p);
     free(t2.p);
     free(g1);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -1533,7 +1534,7 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
 {
     char *dir = mk_dir();
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 64 << 10;
     o.alloc_lease_s = 60;
     o.quarantine_s = 0.05;
@@ -1545,7 +1546,7 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     enum { M = 300 }; /* more than the 256 io jobs */
     char id[32];
     uint64_t off;
@@ -1557,21 +1558,21 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
             gs[k] = (uint64_t)i * 8 + (uint64_t)k; /* > the 64 KiB put area */
         tblob small = rows_blob(gs, 8, 1);
         snprintf(id, sizeof id, "s%d", i);
-        CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), small.len, small.n, true, &off,
-                                       NULL, &d),
+        CHECK_OK_D(dp__unit_alloc_spill(u, id, strlen(id), small.len, small.n, true, &off,
+                                        NULL, &d),
                    &d);
-        CHECK(off >= dp_unit_io_base(u));
+        CHECK(off >= dp__unit_io_base(u));
         dp_test_write_blob(u, id, off, small.p, small.len);
         free(small.p);
     }
     for (int i = 0; i < M; i++) {
         snprintf(id, sizeof id, "s%d", i);
-        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+        CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     }
     /* The client stops asking; the lease passes; the ticker runs. */
     atomic_store(&lease_clock, atomic_load(&lease_clock) + 61);
     for (int round = 0; round < 100 && dp_test_unit_stats(u).spills < M; round++) {
-        dp_unit_tick(u);
+        dp__unit_tick(u);
         wait_idle(u);
     }
     dp_unit_stats s = dp_test_unit_stats(u);
@@ -1580,13 +1581,13 @@ DP_TEST(validated_spills_waiting_for_the_queue_are_never_retired)
     CHECK_EQ(s.spills, M);
     for (int i = 0; i < M; i++) {
         snprintf(id, sizeof id, "s%d", i);
-        CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+        CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
         CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     }
     CHECK_EQ(read_row(u, 4, 1), RD_OK);
     CHECK_EQ(read_row(u, 8 * M - 1, 1), RD_OK);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -1609,12 +1610,12 @@ spill_then_clear(dp_unit *u, const char *id, uint64_t g0)
     uint64_t off;
     dp_wire_commit_state st;
     uint64_t before = dp_test_unit_stats(u).spills_superseded;
-    CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL, &d),
+    CHECK_OK_D(dp__unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL, &d),
                &d);
     dp_test_write_blob(u, id, off, t.p, t.len);
-    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_PENDING);
-    dp_unit_release_rows(u, g, N);
+    dp__unit_release_rows(u, g, N);
     wait_idle(u);
     free(t.p);
     free(g);
@@ -1632,7 +1633,7 @@ DP_TEST(superseded_spill_commit_answers_done)
 {
     char *dir = mk_dir();
     dp_unit_opts o;
-    dp_unit_opts_init(&o);
+    dp__unit_opts_init(&o);
     o.slab_bytes = 64 << 10;
     o.alloc_lease_s = 60;
     o.numa = DP_UNIT_NUMA_OFF;
@@ -1643,7 +1644,7 @@ DP_TEST(superseded_spill_commit_answers_done)
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_unit_create(&o, &u, &d), &d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     dp_wire_commit_state st;
     char id[32] = "";
     bool sup = false;
@@ -1653,17 +1654,17 @@ DP_TEST(superseded_spill_commit_answers_done)
     }
     CHECK(sup);
     CHECK_EQ(dp_test_unit_stats(u).entries, 0); /* the clears stand */
-    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
-    CHECK_OK_D(dp_unit_commit(u, "never", 5, &st, &d), &d);
+    CHECK_OK_D(dp__unit_commit(u, "never", 5, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     atomic_store(&lease_clock, atomic_load(&lease_clock) + 30);
-    dp_unit_tick(u);
-    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    dp__unit_tick(u);
+    CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     atomic_store(&lease_clock, atomic_load(&lease_clock) + 31);
-    dp_unit_tick(u);
-    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    dp__unit_tick(u);
+    CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
 
     /* The id allocated again names the new (unwritten) blob, not the old spill. */
@@ -1674,15 +1675,15 @@ DP_TEST(superseded_spill_commit_answers_done)
     }
     CHECK(sup);
     uint64_t off;
-    CHECK_OK_D(dp_unit_alloc_spill(u, id, strlen(id), 4096, 1, false, &off, NULL, &d),
+    CHECK_OK_D(dp__unit_alloc_spill(u, id, strlen(id), 4096, 1, false, &off, NULL, &d),
                &d);
-    memset(dp_unit_slab(u) + off, 0, 4096);
-    CHECK_ERR(dp_unit_commit(u, id, strlen(id), &st, &d), DP_EPROTO);
-    dp_unit_abort(u, id, strlen(id), false);
-    CHECK_OK_D(dp_unit_commit(u, id, strlen(id), &st, &d), &d);
+    memset(dp__unit_slab(u) + off, 0, 4096);
+    CHECK_ERR(dp__unit_commit(u, id, strlen(id), &st, &d), DP_EPROTO);
+    dp__unit_abort(u, id, strlen(id), false);
+    CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     dp_test_unit_check(u);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }
 
@@ -1696,17 +1697,17 @@ DP_TEST(load_refuses_a_fifo)
     snprintf(pr, sizeof pr, "%s/shard.rows", dir);
     CHECK(mkfifo(p, 0600) == 0);
     CHECK(mkfifo(pr, 0600) == 0);
-    dp_wire_shard_blob b = {dp_wire_s("b1"), 0, 64, 1};
+    dp_wire_shard_blob b = {dp__wire_s("b1"), 0, 64, 1};
     dp_unit_load_res res;
     dp_detail d;
     dp_detail_clear(&d);
     double t0 = dp_test_now();
-    int rc = dp_unit_load_shard(u, p, strlen(p), &b, 1, false, &res, &d);
+    int rc = dp__unit_load_shard(u, p, strlen(p), &b, 1, false, &res, &d);
     CHECK(rc != DP_OK);
     CHECK_CONTAINS(d.msg, "not a regular file");
     CHECK(dp_test_now() - t0 < 5);
     unlink(p);
     unlink(pr);
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     rm_dir(dir);
 }

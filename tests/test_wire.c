@@ -100,9 +100,9 @@ gkey(gen *g)
     memcpy(p + n, f.p, f.n);
     /* a cut multi-byte char would be invalid: keep only whole characters */
     uint32_t len = (uint32_t)n + f.n;
-    while (len > (uint32_t)n + 1 && !dp_wire_utf8_valid(p, len))
+    while (len > (uint32_t)n + 1 && !dp__wire_utf8_valid(p, len))
         len--;
-    if (!dp_wire_utf8_valid(p, len)) {
+    if (!dp__wire_utf8_valid(p, len)) {
         p[n] = 'f';
         len = (uint32_t)n + 1;
     }
@@ -333,7 +333,7 @@ gerror(gen *g, dp_wire_reply *r)
 /* ---- equality ---- */
 
 #define CHECK_SV(a, b)                                                                   \
-    CHECKF(dp_wire_str_same((a), (b)), "'%.*s' != '%.*s'", DP_WIRE_STR_ARG(a),           \
+    CHECKF(dp__wire_str_same((a), (b)), "'%.*s' != '%.*s'", DP_WIRE_STR_ARG(a),          \
            DP_WIRE_STR_ARG(b))
 
 static void
@@ -444,8 +444,8 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
     CHECK_EQ(a->ok, b->ok);
     if (!a->ok) {
         CHECK_EQ(a->err.code, b->err.code);
-        CHECK_STR(dp_wire_err_kind(a->err.code), dp_wire_err_kind(b->err.code));
-        CHECK(dp_wire_str_eq(b->err.kind, dp_wire_err_kind(a->err.code)));
+        CHECK_STR(dp__wire_err_kind(a->err.code), dp__wire_err_kind(b->err.code));
+        CHECK(dp__wire_str_eq(b->err.kind, dp__wire_err_kind(a->err.code)));
         CHECK_SV(a->err.msg, b->err.msg);
         CHECK_SV(a->err.reason, b->err.reason);
         check_strs(a->err.blobs, b->err.blobs);
@@ -550,17 +550,17 @@ round_trip_request(gen *g, dp_wire_op op, dp_buf *out)
     dp_wire_request q = {.op = op, .rid = gid(g)};
     gargs(g, &q);
     dp_detail d;
-    dp_buf_reset(out);
-    CHECK_OK_D(dp_wire_request_encode(&q, NULL, out, &d), &d);
+    dp__buf_reset(out);
+    CHECK_OK_D(dp__wire_request_encode(&q, NULL, out, &d), &d);
     dp_wire_request r;
-    CHECK_OK_D(dp_wire_request_decode(out->data, out->len, NULL, &r, &d), &d);
+    CHECK_OK_D(dp__wire_request_decode(out->data, out->len, NULL, &r, &d), &d);
     check_req_eq(&q, &r);
     dp_wire_op pop;
     dp_wire_str prid;
-    CHECK_OK(dp_wire_request_peek(out->data, out->len, NULL, &pop, &prid, &d));
+    CHECK_OK(dp__wire_request_peek(out->data, out->len, NULL, &pop, &prid, &d));
     CHECK_EQ(pop, op);
     CHECK_SV(prid, q.rid);
-    dp_wire_request_fini(&r);
+    dp__wire_request_fini(&r);
     CHECK_EQ(r.op, DP_WIRE_OP_NONE);
 }
 
@@ -573,15 +573,15 @@ round_trip_reply(gen *g, dp_wire_op op, bool error, dp_buf *out)
     else
         gresult(g, &a);
     dp_detail d;
-    dp_buf_reset(out);
-    CHECK_OK_D(dp_wire_reply_encode(&a, NULL, out, &d), &d);
+    dp__buf_reset(out);
+    CHECK_OK_D(dp__wire_reply_encode(&a, NULL, out, &d), &d);
     dp_wire_reply b;
-    CHECK_OK_D(dp_wire_reply_decode(out->data, out->len, op, NULL, &b, &d), &d);
+    CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, op, NULL, &b, &d), &d);
     check_rep_eq(&a, &b);
     dp_wire_str prid;
-    CHECK_OK(dp_wire_reply_peek(out->data, out->len, NULL, &prid, &d));
+    CHECK_OK(dp__wire_reply_peek(out->data, out->len, NULL, &prid, &d));
     CHECK_SV(prid, a.rid);
-    dp_wire_reply_fini(&b);
+    dp__wire_reply_fini(&b);
 }
 
 DP_TEST(every_op_round_trips)
@@ -589,18 +589,18 @@ DP_TEST(every_op_round_trips)
     gen *g = calloc(1, sizeof *g);
     g->st = 12345;
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     for (int op = 0; op < DP_WIRE_OP_COUNT_; op++) {
         for (int i = 0; i < 50; i++) {
             round_trip_request(g, (dp_wire_op)op, &b);
-            if (!dp_wire_op_is_notify((dp_wire_op)op)) {
+            if (!dp__wire_op_is_notify((dp_wire_op)op)) {
                 round_trip_reply(g, (dp_wire_op)op, false, &b);
                 round_trip_reply(g, (dp_wire_op)op, true, &b);
             }
             gfree(g);
         }
     }
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
     free(g);
 }
 
@@ -609,15 +609,15 @@ DP_TEST(random_structs_round_trip)
     gen *g = calloc(1, sizeof *g);
     g->st = dp_test_seed();
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     for (int i = 0; i < 3000; i++) {
         dp_wire_op op = (dp_wire_op)rnd(g, DP_WIRE_OP_COUNT_);
         round_trip_request(g, op, &b);
-        if (!dp_wire_op_is_notify(op))
+        if (!dp__wire_op_is_notify(op))
             round_trip_reply(g, op, rnd(g, 4) == 0, &b);
         gfree(g);
     }
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
     free(g);
 }
 
@@ -631,70 +631,70 @@ DP_TEST(op_names_and_notify)
         "stats",   "read_bytes",   "save_shard", "load_shard"};
     CHECK_EQ(DP_ARRAY_LEN(names), DP_WIRE_OP_COUNT_);
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++) {
-        EXPECT_STR(dp_wire_op_name((dp_wire_op)i), names[i]);
-        EXPECT_EQ(dp_wire_op_parse(dp_wire_s(names[i])), i);
+        EXPECT_STR(dp__wire_op_name((dp_wire_op)i), names[i]);
+        EXPECT_EQ(dp__wire_op_parse(dp__wire_s(names[i])), i);
         bool notify = strcmp(names[i], "unpin") == 0 || strcmp(names[i], "abort") == 0;
-        EXPECT_EQ(dp_wire_op_is_notify((dp_wire_op)i), notify);
+        EXPECT_EQ(dp__wire_op_is_notify((dp_wire_op)i), notify);
     }
-    EXPECT_EQ(dp_wire_op_parse(dp_wire_s("Ping")), DP_WIRE_OP_NONE);
-    EXPECT_EQ(dp_wire_op_parse(dp_wire_s("")), DP_WIRE_OP_NONE);
-    EXPECT_EQ(dp_wire_op_parse((dp_wire_str){"pingx", 4}), DP_WIRE_OP_PING);
-    EXPECT_STR(dp_wire_op_name(DP_WIRE_OP_NONE), "?");
-    EXPECT_STR(dp_wire_op_name(DP_WIRE_OP_COUNT_), "?");
-    EXPECT(!dp_wire_op_is_notify(DP_WIRE_OP_NONE));
-    CHECK_STR(dp_wire_commit_state_name(DP_WIRE_COMMIT_PENDING), "pending");
+    EXPECT_EQ(dp__wire_op_parse(dp__wire_s("Ping")), DP_WIRE_OP_NONE);
+    EXPECT_EQ(dp__wire_op_parse(dp__wire_s("")), DP_WIRE_OP_NONE);
+    EXPECT_EQ(dp__wire_op_parse((dp_wire_str){"pingx", 4}), DP_WIRE_OP_PING);
+    EXPECT_STR(dp__wire_op_name(DP_WIRE_OP_NONE), "?");
+    EXPECT_STR(dp__wire_op_name(DP_WIRE_OP_COUNT_), "?");
+    EXPECT(!dp__wire_op_is_notify(DP_WIRE_OP_NONE));
+    CHECK_STR(dp__wire_commit_state_name(DP_WIRE_COMMIT_PENDING), "pending");
 }
 
 DP_TEST(string_views_and_utf8)
 {
-    dp_wire_str s = dp_wire_s("abc");
+    dp_wire_str s = dp__wire_s("abc");
     CHECK_EQ(s.n, 3);
-    CHECK(dp_wire_str_eq(s, "abc"));
-    CHECK(!dp_wire_str_eq(s, "ab"));
-    CHECK(!dp_wire_str_eq(s, "abcd"));
-    CHECK(dp_wire_s(NULL).n == 0 && dp_wire_s(NULL).p != NULL);
-    CHECK(dp_wire_str_same((dp_wire_str){"abX", 2}, (dp_wire_str){"abY", 2}));
+    CHECK(dp__wire_str_eq(s, "abc"));
+    CHECK(!dp__wire_str_eq(s, "ab"));
+    CHECK(!dp__wire_str_eq(s, "abcd"));
+    CHECK(dp__wire_s(NULL).n == 0 && dp__wire_s(NULL).p != NULL);
+    CHECK(dp__wire_str_same((dp_wire_str){"abX", 2}, (dp_wire_str){"abY", 2}));
     char out[4];
-    CHECK_EQ(dp_wire_str_copy((dp_wire_str){"hello", 5}, out, sizeof out), 5);
+    CHECK_EQ(dp__wire_str_copy((dp_wire_str){"hello", 5}, out, sizeof out), 5);
     CHECK_STR(out, "hel");
-    CHECK_EQ(dp_wire_str_copy((dp_wire_str){"hi!", 2}, out, sizeof out), 2);
+    CHECK_EQ(dp__wire_str_copy((dp_wire_str){"hi!", 2}, out, sizeof out), 2);
     CHECK_STR(out, "hi");
-    char *z = dp_wire_str_dup((dp_wire_str){"key@x!", 5});
+    char *z = dp__wire_str_dup((dp_wire_str){"key@x!", 5});
     CHECK_STR(z, "key@x");
     free(z);
 
-    CHECK(dp_wire_utf8_valid("", 0));
-    CHECK(dp_wire_utf8_valid("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
-    CHECK(!dp_wire_utf8_valid("\xc0\x80", 2));         /* overlong NUL */
-    CHECK(!dp_wire_utf8_valid("\xe0\x80\xaf", 3));     /* overlong '/' */
-    CHECK(!dp_wire_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
-    CHECK(!dp_wire_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
-    CHECK(!dp_wire_utf8_valid("\xe2\x82", 2));         /* cut short */
-    CHECK(!dp_wire_utf8_valid("\x80", 1));             /* lone continuation */
-    CHECK(!dp_wire_utf8_valid("\xff", 1));
-    CHECK(dp_wire_utf8_valid("\xf4\x8f\xbf\xbf", 4)); /* U+10FFFF */
+    CHECK(dp__wire_utf8_valid("", 0));
+    CHECK(dp__wire_utf8_valid("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
+    CHECK(!dp__wire_utf8_valid("\xc0\x80", 2));         /* overlong NUL */
+    CHECK(!dp__wire_utf8_valid("\xe0\x80\xaf", 3));     /* overlong '/' */
+    CHECK(!dp__wire_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
+    CHECK(!dp__wire_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
+    CHECK(!dp__wire_utf8_valid("\xe2\x82", 2));         /* cut short */
+    CHECK(!dp__wire_utf8_valid("\x80", 1));             /* lone continuation */
+    CHECK(!dp__wire_utf8_valid("\xff", 1));
+    CHECK(dp__wire_utf8_valid("\xf4\x8f\xbf\xbf", 4)); /* U+10FFFF */
 }
 
 DP_TEST(validators_name_the_value)
 {
     dp_detail d;
-    CHECK_OK(dp_wire_check_id(dp_wire_s("blob-1_a.b:c"), NULL, "blob_id", &d));
-    CHECK_ERR(dp_wire_check_id(dp_wire_s(""), NULL, "blob_id", &d), DP_EPROTO);
+    CHECK_OK(dp__wire_check_id(dp__wire_s("blob-1_a.b:c"), NULL, "blob_id", &d));
+    CHECK_ERR(dp__wire_check_id(dp__wire_s(""), NULL, "blob_id", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "blob_id: empty id");
-    CHECK_ERR(dp_wire_check_id(dp_wire_s("../etc"), NULL, "blob_id", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_id(dp__wire_s("../etc"), NULL, "blob_id", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "blob_id: byte 0x2f at 2");
-    CHECK_ERR(dp_wire_check_id((dp_wire_str){"a\0b", 3}, NULL, "pin_id", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_id((dp_wire_str){"a\0b", 3}, NULL, "pin_id", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "pin_id: byte 0x00 at 1");
-    CHECK_ERR(dp_wire_check_id(dp_wire_s("a b"), NULL, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_wire_check_id(dp_wire_s("a\n"), NULL, "x", &d), DP_EPROTO);
-    CHECK_ERR(dp_wire_check_id(dp_wire_s("\xc3\xa9"), NULL, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_id(dp__wire_s("a b"), NULL, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_id(dp__wire_s("a\n"), NULL, "x", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_id(dp__wire_s("\xc3\xa9"), NULL, "x", &d), DP_EPROTO);
     char id[66];
     memset(id, 'a', 65);
     id[65] = 0;
-    CHECK_ERR(dp_wire_check_id(dp_wire_s(id), NULL, "blob_id", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_id(dp__wire_s(id), NULL, "blob_id", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "blob_id: id of 65 bytes is longer than the limit 64");
     id[64] = 0;
-    CHECK_OK(dp_wire_check_id(dp_wire_s(id), NULL, "blob_id", &d));
+    CHECK_OK(dp__wire_check_id(dp__wire_s(id), NULL, "blob_id", &d));
 
     /* every byte against the charset [A-Za-z0-9_.:-] */
     for (int c = 0; c < 256; c++) {
@@ -702,41 +702,43 @@ DP_TEST(validators_name_the_value)
         bool want = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                     (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' ||
                     c == '-';
-        int rc = dp_wire_check_id((dp_wire_str){&one, 1}, NULL, "x", &d);
+        int rc = dp__wire_check_id((dp_wire_str){&one, 1}, NULL, "x", &d);
         CHECKF((rc == DP_OK) == want, "byte 0x%02x", c);
     }
 
     char key[300];
     memset(key, 'f', sizeof key);
     memcpy(key, "12@", 3);
-    CHECK_OK(dp_wire_check_key((dp_wire_str){key, 276}, NULL, "keys[0]", &d));
-    CHECK_ERR(dp_wire_check_key((dp_wire_str){key, 277}, NULL, "keys[0]", &d), DP_EPROTO);
+    CHECK_OK(dp__wire_check_key((dp_wire_str){key, 276}, NULL, "keys[0]", &d));
+    CHECK_ERR(dp__wire_check_key((dp_wire_str){key, 277}, NULL, "keys[0]", &d),
+              DP_EPROTO);
     CHECK_CONTAINS(d.msg, "keys[0]: key of 277 bytes is longer than the limit 276");
-    CHECK_ERR(dp_wire_check_key((dp_wire_str){"1@a\0", 4}, NULL, "k", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_key((dp_wire_str){"1@a\0", 4}, NULL, "k", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "k: key has a NUL at byte 3");
-    CHECK_ERR(dp_wire_check_key(dp_wire_s("1@\xff"), NULL, "k", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_key(dp__wire_s("1@\xff"), NULL, "k", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "k: key has invalid UTF-8 at byte 2");
-    CHECK_ERR(dp_wire_check_key(dp_wire_s(""), NULL, "k", &d), DP_EPROTO);
-    CHECK_OK(dp_wire_check_key(dp_wire_s("7@caf\xc3\xa9"), NULL, "k", &d));
+    CHECK_ERR(dp__wire_check_key(dp__wire_s(""), NULL, "k", &d), DP_EPROTO);
+    CHECK_OK(dp__wire_check_key(dp__wire_s("7@caf\xc3\xa9"), NULL, "k", &d));
 
-    CHECK_OK(dp_wire_check_path(dp_wire_s("/tmp/shard 1"), NULL, "path", &d));
-    CHECK_ERR(dp_wire_check_path(dp_wire_s(""), NULL, "path", &d), DP_EPROTO);
+    CHECK_OK(dp__wire_check_path(dp__wire_s("/tmp/shard 1"), NULL, "path", &d));
+    CHECK_ERR(dp__wire_check_path(dp__wire_s(""), NULL, "path", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "path: empty path");
-    CHECK_ERR(dp_wire_check_path((dp_wire_str){"/a\0b", 4}, NULL, "path", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_path((dp_wire_str){"/a\0b", 4}, NULL, "path", &d),
+              DP_EPROTO);
     char *longp = malloc(PATH_MAX + 1);
     memset(longp, 'p', PATH_MAX);
-    CHECK_OK(dp_wire_check_path((dp_wire_str){longp, PATH_MAX - 1}, NULL, "path", &d));
-    CHECK_ERR(dp_wire_check_path((dp_wire_str){longp, PATH_MAX}, NULL, "path", &d),
+    CHECK_OK(dp__wire_check_path((dp_wire_str){longp, PATH_MAX - 1}, NULL, "path", &d));
+    CHECK_ERR(dp__wire_check_path((dp_wire_str){longp, PATH_MAX}, NULL, "path", &d),
               DP_EPROTO);
     CHECK_CONTAINS(d.msg, "path: path of");
     free(longp);
 
-    CHECK_OK(dp_wire_check_text(dp_wire_s(""), NULL, "msg", &d));
-    CHECK_OK(dp_wire_check_text(dp_wire_s("line\nline\t"), NULL, "msg", &d));
+    CHECK_OK(dp__wire_check_text(dp__wire_s(""), NULL, "msg", &d));
+    CHECK_OK(dp__wire_check_text(dp__wire_s("line\nline\t"), NULL, "msg", &d));
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_text = 3;
-    CHECK_ERR(dp_wire_check_text(dp_wire_s("abcd"), &lim, "dtype", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_text(dp__wire_s("abcd"), &lim, "dtype", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "dtype: string of 4 bytes is longer than the limit 3");
 }
 
@@ -744,27 +746,27 @@ DP_TEST(request_ids_are_unique_and_valid)
 {
     dp_wire_rid_gen g1, g2;
     dp_detail d;
-    CHECK_OK(dp_wire_rid_gen_init(&g1, &d));
-    CHECK_OK(dp_wire_rid_gen_init(&g2, &d));
+    CHECK_OK(dp__wire_rid_gen_init(&g1, &d));
+    CHECK_OK(dp__wire_rid_gen_init(&g2, &d));
     CHECK(strcmp(g1.prefix, g2.prefix) != 0);
     char a[DP_WIRE_RID_MAX], b[DP_WIRE_RID_MAX];
-    dp_wire_str s = dp_wire_rid_next(&g1, a);
+    dp_wire_str s = dp__wire_rid_next(&g1, a);
     CHECK_EQ(s.n, strlen(a));
     CHECK_EQ(a[16], '-');
     CHECK_STR(a + 17, "0");
     for (int i = 1; i < 2000; i++) {
-        dp_wire_str t = dp_wire_rid_next(&g1, b);
-        CHECK_OK(dp_wire_check_id(t, NULL, "rid", &d));
-        CHECK(!dp_wire_str_same(s, t));
+        dp_wire_str t = dp__wire_rid_next(&g1, b);
+        CHECK_OK(dp__wire_check_id(t, NULL, "rid", &d));
+        CHECK(!dp__wire_str_same(s, t));
         if (i == 255)
             CHECK_STR(b + 17, "ff");
     }
     g1.next = UINT64_MAX;
-    s = dp_wire_rid_next(&g1, a);
+    s = dp__wire_rid_next(&g1, a);
     CHECK_EQ(s.n, 33);
     CHECK_STR(a + 17, "ffffffffffffffff");
     CHECK(s.n < DP_WIRE_RID_MAX);
-    CHECK_OK(dp_wire_check_id(s, NULL, "rid", &d));
+    CHECK_OK(dp__wire_check_id(s, NULL, "rid", &d));
 }
 
 /* ---- hand-built messages for the rejection cases ---- */
@@ -777,8 +779,8 @@ typedef struct mb {
 static void
 mb_init(mb *m)
 {
-    dp_buf_init(&m->b);
-    dp_mp_writer_init(&m->w, &m->b);
+    dp__buf_init(&m->b);
+    dp__mp_writer_init(&m->w, &m->b);
 }
 
 /* [op, rid, {...}] header: the caller writes nargs key/value pairs. */
@@ -786,17 +788,17 @@ static void
 mb_req(mb *m, const char *op, const char *rid, uint32_t nargs)
 {
     mb_init(m);
-    dp_mp_put_array(&m->w, 3);
-    dp_mp_put_str(&m->w, op);
-    dp_mp_put_str(&m->w, rid);
-    dp_mp_put_map(&m->w, nargs);
+    dp__mp_put_array(&m->w, 3);
+    dp__mp_put_str(&m->w, op);
+    dp__mp_put_str(&m->w, rid);
+    dp__mp_put_map(&m->w, nargs);
 }
 
 static int
 mb_decode(mb *m, dp_wire_request *q, const dp_wire_limits *lim, dp_detail *d)
 {
     dp_detail_clear(d);
-    int rc = dp_wire_request_decode(m->b.data, m->b.len, lim, q, d);
+    int rc = dp__wire_request_decode(m->b.data, m->b.len, lim, q, d);
     return rc;
 }
 
@@ -814,8 +816,8 @@ expect_req_fail(mb *m, const dp_wire_limits *lim, int code, const char *n1,
         CHECK_CONTAINS(d.msg, n1);
     if (n2)
         CHECK_CONTAINS(d.msg, n2);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m->b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m->b);
 }
 
 /* A valid value for each arg, by name. */
@@ -823,33 +825,33 @@ static void
 put_good(dp_mp_writer *w, const char *name, const char *op)
 {
     if (!strcmp(name, "blob_id") || !strcmp(name, "pin_id")) {
-        dp_mp_put_str(w, "b1");
+        dp__mp_put_str(w, "b1");
     } else if (!strcmp(name, "nbytes")) {
-        dp_mp_put_u64(w, 4096);
+        dp__mp_put_u64(w, 4096);
     } else if (!strcmp(name, "n_entries") || !strcmp(name, "off")) {
-        dp_mp_put_u64(w, 3);
+        dp__mp_put_u64(w, 3);
     } else if (!strcmp(name, "spill") || !strcmp(name, "in_flight")) {
-        dp_mp_put_bool(w, false);
+        dp__mp_put_bool(w, false);
     } else if (!strcmp(name, "blob_ids")) {
-        dp_mp_put_array(w, 2);
-        dp_mp_put_str(w, "a");
-        dp_mp_put_str(w, "b");
+        dp__mp_put_array(w, 2);
+        dp__mp_put_str(w, "a");
+        dp__mp_put_str(w, "b");
     } else if (!strcmp(name, "keys")) {
-        dp_mp_put_array(w, 1);
-        dp_mp_put_str(w, "1@x");
+        dp__mp_put_array(w, 1);
+        dp__mp_put_str(w, "1@x");
     } else if (!strcmp(name, "gidxs")) {
-        dp_mp_put_array(w, 2);
-        dp_mp_put_u64(w, 1);
-        dp_mp_put_u64(w, UINT64_MAX);
+        dp__mp_put_array(w, 2);
+        dp__mp_put_u64(w, 1);
+        dp__mp_put_u64(w, UINT64_MAX);
     } else if (!strcmp(name, "path")) {
-        dp_mp_put_str(w, "/tmp/shard");
+        dp__mp_put_str(w, "/tmp/shard");
     } else if (!strcmp(name, "blobs")) {
-        dp_mp_put_map(w, 1);
-        dp_mp_put_str(w, "b1");
-        dp_mp_put_array(w, 3);
-        dp_mp_put_u64(w, 0);
-        dp_mp_put_u64(w, 10);
-        dp_mp_put_u64(w, 1);
+        dp__mp_put_map(w, 1);
+        dp__mp_put_str(w, "b1");
+        dp__mp_put_array(w, 3);
+        dp__mp_put_u64(w, 0);
+        dp__mp_put_u64(w, 10);
+        dp__mp_put_u64(w, 1);
     } else {
         fprintf(stderr, "no value for %s of %s\n", name, op);
         CHECK(!"unknown arg");
@@ -900,22 +902,22 @@ build_args(mb *m, size_t s, int skip, int bad, bool bad_nil, bool unknown, int d
     for (uint32_t i = 0; i < n; i++) {
         if ((int)i == skip)
             continue;
-        dp_mp_put_str(&m->w, arg_specs[s].args[i]);
+        dp__mp_put_str(&m->w, arg_specs[s].args[i]);
         if ((int)i == bad) {
             if (bad_nil)
-                dp_mp_put_nil(&m->w);
+                dp__mp_put_nil(&m->w);
             else
-                dp_mp_put_double(&m->w, 1.5);
+                dp__mp_put_double(&m->w, 1.5);
         } else {
             put_good(&m->w, arg_specs[s].args[i], arg_specs[s].op);
         }
     }
     if (unknown) {
-        dp_mp_put_str(&m->w, "bogus\x01key");
-        dp_mp_put_u64(&m->w, 1);
+        dp__mp_put_str(&m->w, "bogus\x01key");
+        dp__mp_put_u64(&m->w, 1);
     }
     if (dup >= 0) {
-        dp_mp_put_str(&m->w, arg_specs[s].args[dup]);
+        dp__mp_put_str(&m->w, arg_specs[s].args[dup]);
         put_good(&m->w, arg_specs[s].args[dup], arg_specs[s].op);
     }
 }
@@ -932,10 +934,10 @@ DP_TEST(args_rules_for_every_field)
         dp_wire_request q;
         dp_detail d;
         CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
-        CHECK_STR(dp_wire_op_name(q.op), op);
-        CHECK(dp_wire_str_eq(q.rid, "rid-1"));
-        dp_wire_request_fini(&q);
-        dp_buf_fini(&m.b);
+        CHECK_STR(dp__wire_op_name(q.op), op);
+        CHECK(dp__wire_str_eq(q.rid, "rid-1"));
+        dp__wire_request_fini(&q);
+        dp__buf_fini(&m.b);
         /* unknown key */
         build_args(&m, s, -1, -1, false, true, -1);
         snprintf(want, sizeof want, "%s args: unknown key 'bogus?key'", op);
@@ -959,8 +961,8 @@ DP_TEST(args_rules_for_every_field)
                 expect_req_fail(&m, NULL, DP_EPROTO, want, NULL);
             } else {
                 CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
-                dp_wire_request_fini(&q);
-                dp_buf_fini(&m.b);
+                dp__wire_request_fini(&q);
+                dp__buf_fini(&m.b);
             }
         }
     }
@@ -972,43 +974,43 @@ DP_TEST(optional_args_get_their_defaults)
     dp_wire_request q;
     dp_detail d;
     mb_req(&m, "alloc", "r", 3);
-    dp_mp_put_str(&m.w, "blob_id");
-    dp_mp_put_str(&m.w, "b");
-    dp_mp_put_str(&m.w, "n_entries");
-    dp_mp_put_u64(&m.w, 0);
-    dp_mp_put_str(&m.w, "nbytes");
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "blob_id");
+    dp__mp_put_str(&m.w, "b");
+    dp__mp_put_str(&m.w, "n_entries");
+    dp__mp_put_u64(&m.w, 0);
+    dp__mp_put_str(&m.w, "nbytes");
+    dp__mp_put_u64(&m.w, 1);
     CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
     CHECK(q.a.alloc.spill);
     CHECK_EQ(q.a.alloc.nbytes, 1);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     mb_req(&m, "abort", "r", 1);
-    dp_mp_put_str(&m.w, "blob_id");
-    dp_mp_put_str(&m.w, "b");
+    dp__mp_put_str(&m.w, "blob_id");
+    dp__mp_put_str(&m.w, "b");
     CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
     CHECK(q.a.abort.in_flight);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     mb_req(&m, "load_shard", "r", 2);
-    dp_mp_put_str(&m.w, "blobs");
-    dp_mp_put_map(&m.w, 0);
-    dp_mp_put_str(&m.w, "path");
-    dp_mp_put_str(&m.w, "p");
+    dp__mp_put_str(&m.w, "blobs");
+    dp__mp_put_map(&m.w, 0);
+    dp__mp_put_str(&m.w, "path");
+    dp__mp_put_str(&m.w, "p");
     CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
     CHECK(!q.a.load_shard.spill);
     CHECK_EQ(q.a.load_shard.blobs.n, 0);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 }
 
 /* One-arg request with a value written by fn. */
 #define ONE_ARG(m, op, key, body)                                                        \
     do {                                                                                 \
         mb_req((m), (op), "r1", 1);                                                      \
-        dp_mp_put_str(&(m)->w, (key));                                                   \
+        dp__mp_put_str(&(m)->w, (key));                                                  \
         dp_mp_writer *w = &(m)->w;                                                       \
         body;                                                                            \
     } while (0)
@@ -1017,12 +1019,12 @@ static void
 alloc_msg(mb *m, const char *id, uint64_t nbytes, uint64_t n_entries)
 {
     mb_req(m, "alloc", "r1", 3);
-    dp_mp_put_str(&m->w, "blob_id");
-    dp_mp_put_strn(&m->w, id, strlen(id));
-    dp_mp_put_str(&m->w, "nbytes");
-    dp_mp_put_u64(&m->w, nbytes);
-    dp_mp_put_str(&m->w, "n_entries");
-    dp_mp_put_u64(&m->w, n_entries);
+    dp__mp_put_str(&m->w, "blob_id");
+    dp__mp_put_strn(&m->w, id, strlen(id));
+    dp__mp_put_str(&m->w, "nbytes");
+    dp__mp_put_u64(&m->w, nbytes);
+    dp__mp_put_str(&m->w, "n_entries");
+    dp__mp_put_u64(&m->w, n_entries);
 }
 
 DP_TEST(args_ranges_and_limits)
@@ -1038,8 +1040,8 @@ DP_TEST(args_ranges_and_limits)
     dp_wire_request q;
     dp_detail d;
     CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
     alloc_msg(&m, "b", 1, (1u << 20) + 1);
     expect_req_fail(&m, NULL, DP_ETOOBIG, "alloc args: n_entries: 1048577 is above",
                     NULL);
@@ -1050,77 +1052,77 @@ DP_TEST(args_ranges_and_limits)
 
     /* negative integer for a u64 */
     mb_req(&m, "read_bytes", "r1", 2);
-    dp_mp_put_str(&m.w, "off");
-    dp_mp_put_i64(&m.w, -5);
-    dp_mp_put_str(&m.w, "nbytes");
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "off");
+    dp__mp_put_i64(&m.w, -5);
+    dp__mp_put_str(&m.w, "nbytes");
+    dp__mp_put_u64(&m.w, 1);
     expect_req_fail(&m, NULL, DP_EPROTO, "read_bytes args: off: negative integer", NULL);
     mb_req(&m, "read_bytes", "r1", 2);
-    dp_mp_put_str(&m.w, "off");
-    dp_mp_put_u64(&m.w, 1ull << 62);
-    dp_mp_put_str(&m.w, "nbytes");
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "off");
+    dp__mp_put_u64(&m.w, 1ull << 62);
+    dp__mp_put_str(&m.w, "nbytes");
+    dp__mp_put_u64(&m.w, 1);
     expect_req_fail(&m, NULL, DP_EPROTO,
                     "read_bytes args: off: 4611686018427387904 is above", NULL);
     mb_req(&m, "read_bytes", "r1", 2);
-    dp_mp_put_str(&m.w, "off");
-    dp_mp_put_u64(&m.w, 0);
-    dp_mp_put_str(&m.w, "nbytes");
-    dp_mp_put_u64(&m.w, (16u << 20) + 1);
+    dp__mp_put_str(&m.w, "off");
+    dp__mp_put_u64(&m.w, 0);
+    dp__mp_put_str(&m.w, "nbytes");
+    dp__mp_put_u64(&m.w, (16u << 20) + 1);
     expect_req_fail(&m, NULL, DP_ETOOBIG, "read_bytes args: nbytes: 16777217 is above",
                     "16777216");
 
     /* lists: element types and rules name the index */
     ONE_ARG(&m, "resolve_keys", "keys", {
-        dp_mp_put_array(w, 3);
-        dp_mp_put_str(w, "1@a");
-        dp_mp_put_strn(w, "1@\0", 3);
-        dp_mp_put_str(w, "1@b");
+        dp__mp_put_array(w, 3);
+        dp__mp_put_str(w, "1@a");
+        dp__mp_put_strn(w, "1@\0", 3);
+        dp__mp_put_str(w, "1@b");
     });
     expect_req_fail(&m, NULL, DP_EPROTO, "resolve_keys args: keys[1]: key has a NUL",
                     NULL);
     ONE_ARG(&m, "resolve_keys", "keys", {
-        dp_mp_put_array(w, 2);
-        dp_mp_put_str(w, "1@a");
-        dp_mp_put_u64(w, 7);
+        dp__mp_put_array(w, 2);
+        dp__mp_put_str(w, "1@a");
+        dp__mp_put_u64(w, 7);
     });
     expect_req_fail(&m, NULL, DP_EPROTO, "resolve_keys args: keys[1]: expected str",
                     NULL);
     ONE_ARG(&m, "resolve_keys", "keys", {
         char k[300];
         memset(k, 'x', sizeof k);
-        dp_mp_put_array(w, 1);
-        dp_mp_put_strn(w, k, 277);
+        dp__mp_put_array(w, 1);
+        dp__mp_put_strn(w, k, 277);
     });
     expect_req_fail(&m, NULL, DP_EPROTO, "keys[0]: key of 277 bytes", "limit 276");
     ONE_ARG(&m, "resolve_keys", "keys", {
-        dp_mp_put_array(w, 1);
-        dp_mp_put_str(w, "1@\xc3");
+        dp__mp_put_array(w, 1);
+        dp__mp_put_str(w, "1@\xc3");
     });
     expect_req_fail(&m, NULL, DP_EPROTO, "keys[0]: key has invalid UTF-8", NULL);
     ONE_ARG(&m, "resolve", "blob_ids", {
-        dp_mp_put_array(w, 2);
-        dp_mp_put_str(w, "ok");
-        dp_mp_put_str(w, "no\x7f");
+        dp__mp_put_array(w, 2);
+        dp__mp_put_str(w, "ok");
+        dp__mp_put_str(w, "no\x7f");
     });
     expect_req_fail(&m, NULL, DP_EPROTO, "resolve args: blob_ids[1]: byte 0x7f", NULL);
     ONE_ARG(&m, "release_rows", "gidxs", {
-        dp_mp_put_array(w, 2);
-        dp_mp_put_u64(w, 1);
-        dp_mp_put_i64(w, -1);
+        dp__mp_put_array(w, 2);
+        dp__mp_put_u64(w, 1);
+        dp__mp_put_i64(w, -1);
     });
     expect_req_fail(&m, NULL, DP_EPROTO, "release_rows args: gidxs[1]: negative", NULL);
-    ONE_ARG(&m, "release_rows", "gidxs", { dp_mp_put_str(w, "1,2"); });
+    ONE_ARG(&m, "release_rows", "gidxs", { dp__mp_put_str(w, "1,2"); });
     expect_req_fail(&m, NULL, DP_EPROTO, "gidxs: expected array", NULL);
 
     /* list lengths and the per-message item budget */
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_list = 4;
     ONE_ARG(&m, "release_rows", "gidxs", {
-        dp_mp_put_array(w, 5);
+        dp__mp_put_array(w, 5);
         for (int i = 0; i < 5; i++)
-            dp_mp_put_u64(w, (uint64_t)i);
+            dp__mp_put_u64(w, (uint64_t)i);
     });
     expect_req_fail(
         &m, &lim, DP_ETOOBIG,
@@ -1128,21 +1130,21 @@ DP_TEST(args_ranges_and_limits)
     lim.max_list = 100;
     lim.max_items = 3;
     ONE_ARG(&m, "resolve", "blob_ids", {
-        dp_mp_put_array(w, 4);
+        dp__mp_put_array(w, 4);
         for (int i = 0; i < 4; i++)
-            dp_mp_put_str(w, "b");
+            dp__mp_put_str(w, "b");
     });
     expect_req_fail(&m, &lim, DP_ETOOBIG, "blob_ids: more than 3 list items", NULL);
 
     /* paths */
-    ONE_ARG(&m, "save_shard", "path", { dp_mp_put_strn(w, "/a\0b", 4); });
+    ONE_ARG(&m, "save_shard", "path", { dp__mp_put_strn(w, "/a\0b", 4); });
     expect_req_fail(&m, NULL, DP_EPROTO, "save_shard args: path: path has a NUL", NULL);
-    ONE_ARG(&m, "save_shard", "path", { dp_mp_put_str(w, ""); });
+    ONE_ARG(&m, "save_shard", "path", { dp__mp_put_str(w, ""); });
     expect_req_fail(&m, NULL, DP_EPROTO, "save_shard args: path: empty path", NULL);
     ONE_ARG(&m, "save_shard", "path", {
         char *p = malloc(PATH_MAX);
         memset(p, 'p', PATH_MAX);
-        dp_mp_put_strn(w, p, PATH_MAX);
+        dp__mp_put_strn(w, p, PATH_MAX);
         free(p);
     });
     expect_req_fail(&m, NULL, DP_EPROTO, "path: path of 4096 bytes is longer", NULL);
@@ -1164,17 +1166,17 @@ DP_TEST(args_ranges_and_limits)
     };
     for (size_t i = 0; i < DP_ARRAY_LEN(sb); i++) {
         mb_req(&m, "load_shard", "r1", 2);
-        dp_mp_put_str(&m.w, "path");
-        dp_mp_put_str(&m.w, "/p");
-        dp_mp_put_str(&m.w, "blobs");
-        dp_mp_put_map(&m.w, 1);
-        dp_mp_put_str(&m.w, sb[i].id);
-        dp_mp_put_array(&m.w, (uint32_t)sb[i].n);
+        dp__mp_put_str(&m.w, "path");
+        dp__mp_put_str(&m.w, "/p");
+        dp__mp_put_str(&m.w, "blobs");
+        dp__mp_put_map(&m.w, 1);
+        dp__mp_put_str(&m.w, sb[i].id);
+        dp__mp_put_array(&m.w, (uint32_t)sb[i].n);
         for (int j = 0; j < sb[i].n; j++)
-            dp_mp_put_u64(&m.w, sb[i].v[j]);
+            dp__mp_put_u64(&m.w, sb[i].v[j]);
         expect_req_fail(&m, NULL, sb[i].code, sb[i].want, NULL);
     }
-    ONE_ARG(&m, "load_shard", "blobs", { dp_mp_put_array(w, 0); });
+    ONE_ARG(&m, "load_shard", "blobs", { dp__mp_put_array(w, 0); });
     expect_req_fail(&m, NULL, DP_EPROTO, "load_shard args: blobs: expected map", NULL);
 }
 
@@ -1186,165 +1188,165 @@ DP_TEST(request_framing_rules)
 
     /* not an array: nothing readable, no rid */
     mb_init(&m);
-    dp_mp_put_map(&m.w, 0);
+    dp__mp_put_map(&m.w, 0);
     CHECK_ERR(mb_decode(&m, &q, NULL, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "request: expected array");
     CHECK_EQ(q.rid.n, 0);
     CHECK_EQ(q.op, DP_WIRE_OP_NONE);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     /* [op] only */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 1);
-    dp_mp_put_str(&m.w, "ping");
+    dp__mp_put_array(&m.w, 1);
+    dp__mp_put_str(&m.w, "ping");
     CHECK_ERR(mb_decode(&m, &q, NULL, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "array of 1 elements");
     CHECK_EQ(q.rid.n, 0);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     /* [op, rid]: rid readable, still an error */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 2);
-    dp_mp_put_str(&m.w, "ping");
-    dp_mp_put_str(&m.w, "r9");
+    dp__mp_put_array(&m.w, 2);
+    dp__mp_put_str(&m.w, "ping");
+    dp__mp_put_str(&m.w, "r9");
     CHECK_ERR(mb_decode(&m, &q, NULL, &d), DP_EPROTO);
-    CHECK(dp_wire_str_eq(q.rid, "r9"));
+    CHECK(dp__wire_str_eq(q.rid, "r9"));
     CHECK_EQ(q.op, DP_WIRE_OP_PING);
     CHECK_CONTAINS(d.msg, "ping: request of 2 elements");
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     /* four elements */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 4);
-    dp_mp_put_str(&m.w, "ping");
-    dp_mp_put_str(&m.w, "r9");
-    dp_mp_put_map(&m.w, 0);
-    dp_mp_put_nil(&m.w);
+    dp__mp_put_array(&m.w, 4);
+    dp__mp_put_str(&m.w, "ping");
+    dp__mp_put_str(&m.w, "r9");
+    dp__mp_put_map(&m.w, 0);
+    dp__mp_put_nil(&m.w);
     expect_req_fail(&m, NULL, DP_EPROTO, "request of 4 elements", NULL);
 
     /* op not a string */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 3);
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_str(&m.w, "r9");
-    dp_mp_put_map(&m.w, 0);
+    dp__mp_put_array(&m.w, 3);
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "r9");
+    dp__mp_put_map(&m.w, 0);
     expect_req_fail(&m, NULL, DP_EPROTO, "op: expected str, got uint", NULL);
 
     /* unknown op: rid still available for the error reply */
     mb_req(&m, "explode\xff", "r9", 0);
     CHECK_ERR(mb_decode(&m, &q, NULL, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "unknown op 'explode?'");
-    CHECK(dp_wire_str_eq(q.rid, "r9"));
+    CHECK(dp__wire_str_eq(q.rid, "r9"));
     CHECK_EQ(q.op, DP_WIRE_OP_NONE);
     dp_wire_op pop;
     dp_wire_str prid;
-    CHECK_ERR(dp_wire_request_peek(m.b.data, m.b.len, NULL, &pop, &prid, &d), DP_EPROTO);
-    CHECK(dp_wire_str_eq(prid, "r9"));
+    CHECK_ERR(dp__wire_request_peek(m.b.data, m.b.len, NULL, &pop, &prid, &d), DP_EPROTO);
+    CHECK(dp__wire_str_eq(prid, "r9"));
     CHECK_EQ(pop, DP_WIRE_OP_NONE);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     /* bad rid: unreadable, the request is dropped */
     mb_req(&m, "ping", "r/9", 0);
     CHECK_ERR(mb_decode(&m, &q, NULL, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "request_id: byte 0x2f");
     CHECK_EQ(q.rid.n, 0);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
     mb_init(&m);
-    dp_mp_put_array(&m.w, 3);
-    dp_mp_put_str(&m.w, "ping");
-    dp_mp_put_u64(&m.w, 9);
-    dp_mp_put_map(&m.w, 0);
+    dp__mp_put_array(&m.w, 3);
+    dp__mp_put_str(&m.w, "ping");
+    dp__mp_put_u64(&m.w, 9);
+    dp__mp_put_map(&m.w, 0);
     expect_req_fail(&m, NULL, DP_EPROTO, "request_id: expected str", NULL);
 
     /* args not a map; the rid and op are known */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 3);
-    dp_mp_put_str(&m.w, "commit");
-    dp_mp_put_str(&m.w, "r9");
-    dp_mp_put_nil(&m.w);
+    dp__mp_put_array(&m.w, 3);
+    dp__mp_put_str(&m.w, "commit");
+    dp__mp_put_str(&m.w, "r9");
+    dp__mp_put_nil(&m.w);
     CHECK_ERR(mb_decode(&m, &q, NULL, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "commit args: args: expected map, got nil");
-    CHECK(dp_wire_str_eq(q.rid, "r9"));
+    CHECK(dp__wire_str_eq(q.rid, "r9"));
     CHECK_EQ(q.op, DP_WIRE_OP_COMMIT);
-    CHECK_OK(dp_wire_request_peek(m.b.data, m.b.len, NULL, &pop, &prid, &d));
+    CHECK_OK(dp__wire_request_peek(m.b.data, m.b.len, NULL, &pop, &prid, &d));
     CHECK_EQ(pop, DP_WIRE_OP_COMMIT);
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     /* non-string key in args */
     mb_req(&m, "commit", "r9", 1);
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_str(&m.w, "b");
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "b");
     expect_req_fail(&m, NULL, DP_EPROTO, "commit args: map key: expected str", NULL);
 
     /* trailing bytes */
     mb_req(&m, "ping", "r9", 0);
-    dp_mp_put_nil(&m.w);
+    dp__mp_put_nil(&m.w);
     expect_req_fail(&m, NULL, DP_EPROTO, "ping: 1 trailing bytes", NULL);
 
     /* over the size limit: the rid is still known */
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_msg = 16;
-    ONE_ARG(&m, "save_shard", "path", { dp_mp_put_str(w, "/a/long/enough/path"); });
+    ONE_ARG(&m, "save_shard", "path", { dp__mp_put_str(w, "/a/long/enough/path"); });
     CHECK_ERR(mb_decode(&m, &q, &lim, &d), DP_ETOOBIG);
     CHECK_CONTAINS(d.msg, "over the limit 16");
-    CHECK(dp_wire_str_eq(q.rid, "r1"));
-    dp_wire_request_fini(&q);
-    dp_buf_fini(&m.b);
+    CHECK(dp__wire_str_eq(q.rid, "r1"));
+    dp__wire_request_fini(&q);
+    dp__buf_fini(&m.b);
 
     /* empty and NULL input */
-    CHECK_ERR(dp_wire_request_decode(NULL, 0, NULL, &q, &d), DP_EPROTO);
-    dp_wire_request_fini(&q);
-    dp_wire_request_fini(NULL);
+    CHECK_ERR(dp__wire_request_decode(NULL, 0, NULL, &q, &d), DP_EPROTO);
+    dp__wire_request_fini(&q);
+    dp__wire_request_fini(NULL);
 }
 
 DP_TEST(encoders_check_op_and_size)
 {
     dp_buf b;
-    dp_buf_init(&b);
-    dp_buf_append(&b, "xyz", 3);
+    dp__buf_init(&b);
+    dp__buf_append(&b, "xyz", 3);
     dp_detail d;
-    dp_wire_request q = {.op = DP_WIRE_OP_COUNT_, .rid = dp_wire_s("r")};
-    CHECK_ERR(dp_wire_request_encode(&q, NULL, &b, &d), DP_EINVAL);
+    dp_wire_request q = {.op = DP_WIRE_OP_COUNT_, .rid = dp__wire_s("r")};
+    CHECK_ERR(dp__wire_request_encode(&q, NULL, &b, &d), DP_EINVAL);
     q.op = DP_WIRE_OP_NONE;
-    CHECK_ERR(dp_wire_request_encode(&q, NULL, &b, &d), DP_EINVAL);
-    dp_wire_reply r = {.op = DP_WIRE_OP_UNPIN, .rid = dp_wire_s("r"), .ok = true};
-    CHECK_ERR(dp_wire_reply_encode(&r, NULL, &b, &d), DP_EINVAL);
+    CHECK_ERR(dp__wire_request_encode(&q, NULL, &b, &d), DP_EINVAL);
+    dp_wire_reply r = {.op = DP_WIRE_OP_UNPIN, .rid = dp__wire_s("r"), .ok = true};
+    CHECK_ERR(dp__wire_reply_encode(&r, NULL, &b, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "unpin has no reply");
     dp_wire_reply rr;
-    CHECK_ERR(dp_wire_reply_decode("x", 1, DP_WIRE_OP_ABORT, NULL, &rr, &d), DP_EINVAL);
-    dp_wire_reply_fini(&rr);
+    CHECK_ERR(dp__wire_reply_decode("x", 1, DP_WIRE_OP_ABORT, NULL, &rr, &d), DP_EINVAL);
+    dp__wire_reply_fini(&rr);
 
     /* too big: nothing appended; the earlier bytes stay */
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_msg = 20;
     q.op = DP_WIRE_OP_SAVE_SHARD;
-    q.a.save_shard.path = dp_wire_s("/some/path/that/is/long");
-    CHECK_ERR(dp_wire_request_encode(&q, &lim, &b, &d), DP_ETOOBIG);
+    q.a.save_shard.path = dp__wire_s("/some/path/that/is/long");
+    CHECK_ERR(dp__wire_request_encode(&q, &lim, &b, &d), DP_ETOOBIG);
     CHECK_CONTAINS(d.msg, "save_shard: message of");
     CHECK_EQ(b.len, 3);
     r.op = DP_WIRE_OP_READ_BYTES;
     r.r.bytes = (dp_wire_bytes){(const uint8_t *)"0123456789012345678901234", 25};
-    CHECK_ERR(dp_wire_reply_encode(&r, &lim, &b, &d), DP_ETOOBIG);
+    CHECK_ERR(dp__wire_reply_encode(&r, &lim, &b, &d), DP_ETOOBIG);
     CHECK_EQ(b.len, 3);
     /* appends after existing bytes */
-    q.a.save_shard.path = dp_wire_s("/p");
-    CHECK_OK(dp_wire_request_encode(&q, NULL, &b, &d));
+    q.a.save_shard.path = dp__wire_s("/p");
+    CHECK_OK(dp__wire_request_encode(&q, NULL, &b, &d));
     dp_wire_request x;
-    CHECK_OK(dp_wire_request_decode(b.data + 3, b.len - 3, NULL, &x, &d));
-    CHECK(dp_wire_str_eq(x.a.save_shard.path, "/p"));
-    dp_wire_request_fini(&x);
+    CHECK_OK(dp__wire_request_decode(b.data + 3, b.len - 3, NULL, &x, &d));
+    CHECK(dp__wire_str_eq(x.a.save_shard.path, "/p"));
+    dp__wire_request_fini(&x);
     /* a buffer already out of memory */
     b.oom = true;
-    CHECK_ERR(dp_wire_request_encode(&q, NULL, &b, &d), DP_ENOMEM);
-    dp_buf_fini(&b);
+    CHECK_ERR(dp__wire_request_encode(&q, NULL, &b, &d), DP_ENOMEM);
+    dp__buf_fini(&b);
 }
 
 /* ---- replies and errors ---- */
@@ -1353,9 +1355,9 @@ static void
 reply_head(mb *m, const char *rid, bool ok)
 {
     mb_init(m);
-    dp_mp_put_array(&m->w, 3);
-    dp_mp_put_str(&m->w, rid);
-    dp_mp_put_bool(&m->w, ok);
+    dp__mp_put_array(&m->w, 3);
+    dp__mp_put_str(&m->w, rid);
+    dp__mp_put_bool(&m->w, ok);
 }
 
 static void
@@ -1364,14 +1366,14 @@ expect_rep(mb *m, dp_wire_op op, int code, const char *n1, const char *n2)
     dp_wire_reply r;
     dp_detail d;
     dp_detail_clear(&d);
-    int rc = dp_wire_reply_decode(m->b.data, m->b.len, op, NULL, &r, &d);
+    int rc = dp__wire_reply_decode(m->b.data, m->b.len, op, NULL, &r, &d);
     CHECKF(rc == code, "got %s want %s: %s", dp_errname(rc), dp_errname(code), d.msg);
     if (n1)
         CHECK_CONTAINS(d.msg, n1);
     if (n2)
         CHECK_CONTAINS(d.msg, n2);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m->b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m->b);
 }
 
 DP_TEST(error_kinds_round_trip)
@@ -1387,27 +1389,27 @@ DP_TEST(error_kinds_round_trip)
         {DP_ESYS, "Protocol", DP_EPROTO},
     };
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     for (size_t i = 0; i < DP_ARRAY_LEN(ks); i++) {
-        CHECK_STR(dp_wire_err_kind(ks[i].code), ks[i].kind);
-        CHECK_EQ(dp_wire_err_code(dp_wire_s(ks[i].kind)), ks[i].back);
-        dp_wire_str blobs[] = {dp_wire_s("b1"), dp_wire_s("7@x")};
+        CHECK_STR(dp__wire_err_kind(ks[i].code), ks[i].kind);
+        CHECK_EQ(dp__wire_err_code(dp__wire_s(ks[i].kind)), ks[i].back);
+        dp_wire_str blobs[] = {dp__wire_s("b1"), dp__wire_s("7@x")};
         dp_detail d;
-        dp_buf_reset(&b);
-        CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r1"), 0, ks[i].code, "it failed",
-                                            i % 2 ? "pins" : NULL, blobs,
-                                            (uint32_t)(i % 3), NULL, &b, &d));
+        dp__buf_reset(&b);
+        CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r1"), 0, ks[i].code, "it failed",
+                                             i % 2 ? "pins" : NULL, blobs,
+                                             (uint32_t)(i % 3), NULL, &b, &d));
         dp_wire_reply r;
-        CHECK_OK_D(dp_wire_reply_decode(b.data, b.len, DP_WIRE_OP_ALLOC, NULL, &r, &d),
+        CHECK_OK_D(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_ALLOC, NULL, &r, &d),
                    &d);
         CHECK(!r.ok);
         CHECK_EQ(r.err.code, ks[i].back);
-        CHECK(dp_wire_str_eq(r.err.kind, ks[i].kind));
-        CHECK(dp_wire_str_eq(r.err.msg, "it failed"));
-        CHECK(dp_wire_str_eq(r.err.reason, i % 2 ? "pins" : ""));
+        CHECK(dp__wire_str_eq(r.err.kind, ks[i].kind));
+        CHECK(dp__wire_str_eq(r.err.msg, "it failed"));
+        CHECK(dp__wire_str_eq(r.err.reason, i % 2 ? "pins" : ""));
         CHECK_EQ(r.err.blobs.n, i % 3);
         dp_detail e;
-        CHECK_EQ(dp_wire_error_to_detail(&r.err, &e), ks[i].back);
+        CHECK_EQ(dp__wire_error_to_detail(&r.err, &e), ks[i].back);
         CHECK_EQ(e.code, ks[i].back);
         CHECK_CONTAINS(e.msg, ks[i].kind);
         CHECK_CONTAINS(e.msg, ": it failed");
@@ -1415,67 +1417,67 @@ DP_TEST(error_kinds_round_trip)
             CHECK_CONTAINS(e.msg, "(reason: pins)");
         if (i % 3 == 2)
             CHECK_CONTAINS(e.msg, "[blobs: b1, 7@x]");
-        CHECK_EQ(dp_wire_error_to_detail(&r.err, NULL), ks[i].back);
-        dp_wire_reply_fini(&r);
+        CHECK_EQ(dp__wire_error_to_detail(&r.err, NULL), ks[i].back);
+        dp__wire_reply_fini(&r);
     }
     /* default message from the code */
-    dp_buf_reset(&b);
-    CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r1"), 0, DP_EBUSY, NULL, NULL, NULL, 5,
-                                        NULL, &b, NULL));
+    dp__buf_reset(&b);
+    CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r1"), 0, DP_EBUSY, NULL, NULL, NULL,
+                                         5, NULL, &b, NULL));
     dp_wire_reply r;
-    CHECK_OK(dp_wire_reply_decode(b.data, b.len, DP_WIRE_OP_COMMIT, NULL, &r, NULL));
-    CHECK(dp_wire_str_eq(r.err.msg, dp_strerror(DP_EBUSY)));
+    CHECK_OK(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_COMMIT, NULL, &r, NULL));
+    CHECK(dp__wire_str_eq(r.err.msg, dp_strerror(DP_EBUSY)));
     CHECK_EQ(r.err.blobs.n, 0);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&b);
 }
 
 DP_TEST(error_text_is_sanitised_and_bounded)
 {
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_text = 10;
     /* NUL and invalid bytes become '?'; a multi-byte char is never cut */
     static const char msg[] = "a\0b\xff\xc3\xa9\xe2\x82\xac\xe2\x82\xac!";
-    dp_wire_reply e = {.op = DP_WIRE_OP_INFO, .rid = dp_wire_s("r"), .ok = false};
+    dp_wire_reply e = {.op = DP_WIRE_OP_INFO, .rid = dp__wire_s("r"), .ok = false};
     e.err.code = DP_EPROTO;
     e.err.msg = (dp_wire_str){msg, sizeof msg - 1};
-    e.err.reason = dp_wire_s("\x01ok");
-    CHECK_OK(dp_wire_reply_encode(&e, &lim, &b, NULL));
+    e.err.reason = dp__wire_s("\x01ok");
+    CHECK_OK(dp__wire_reply_encode(&e, &lim, &b, NULL));
     dp_wire_reply r;
     dp_detail d;
-    CHECK_OK_D(dp_wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, &lim, &r, &d), &d);
-    CHECKF(dp_wire_str_eq(r.err.msg, "a?b?\xc3\xa9\xe2\x82\xac"), "%.*s",
+    CHECK_OK_D(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, &lim, &r, &d), &d);
+    CHECKF(dp__wire_str_eq(r.err.msg, "a?b?\xc3\xa9\xe2\x82\xac"), "%.*s",
            DP_WIRE_STR_ARG(r.err.msg));
-    CHECK(dp_wire_str_eq(r.err.reason, "\x01ok"));
-    dp_wire_reply_fini(&r);
+    CHECK(dp__wire_str_eq(r.err.reason, "\x01ok"));
+    dp__wire_reply_fini(&r);
     /* a long detail is cut to max_text */
     char big[6000];
     memset(big, 'm', sizeof big - 1);
     big[sizeof big - 1] = 0;
-    dp_buf_reset(&b);
-    CHECK_OK(dp_wire_reply_encode_error(dp_wire_s("r"), 0, DP_EBUSY, big, big, NULL, 0,
-                                        NULL, &b, NULL));
-    CHECK_OK(dp_wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, NULL, &r, &d));
+    dp__buf_reset(&b);
+    CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r"), 0, DP_EBUSY, big, big, NULL, 0,
+                                         NULL, &b, NULL));
+    CHECK_OK(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, NULL, &r, &d));
     CHECK_EQ(r.err.msg.n, 4096);
     CHECK_EQ(r.err.reason.n, 4096);
-    CHECK_EQ(dp_wire_error_to_detail(&r.err, &d), DP_EBUSY);
+    CHECK_EQ(dp__wire_error_to_detail(&r.err, &d), DP_EBUSY);
     CHECK(strlen(d.msg) < DP_DETAIL_MAX);
-    dp_wire_reply_fini(&r);
+    dp__wire_reply_fini(&r);
     /* info's text fields are sanitised the same way */
-    dp_wire_reply inf = {.op = DP_WIRE_OP_INFO, .rid = dp_wire_s("r"), .ok = true};
+    dp_wire_reply inf = {.op = DP_WIRE_OP_INFO, .rid = dp__wire_s("r"), .ok = true};
     inf.r.info.zmq = (dp_wire_str){"tcp\0x", 5};
-    inf.r.info.agent = dp_wire_s("a");
-    inf.r.info.numa = dp_wire_s("");
-    dp_buf_reset(&b);
-    CHECK_OK(dp_wire_reply_encode(&inf, NULL, &b, NULL));
-    CHECK_OK(dp_wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, NULL, &r, &d));
-    CHECK(dp_wire_str_eq(r.r.info.zmq, "tcp?x"));
+    inf.r.info.agent = dp__wire_s("a");
+    inf.r.info.numa = dp__wire_s("");
+    dp__buf_reset(&b);
+    CHECK_OK(dp__wire_reply_encode(&inf, NULL, &b, NULL));
+    CHECK_OK(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, NULL, &r, &d));
+    CHECK(dp__wire_str_eq(r.r.info.zmq, "tcp?x"));
     CHECK_EQ(r.r.info.metadata.n, 0);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&b);
 }
 
 DP_TEST(error_detail_lists_many_blobs_within_bounds)
@@ -1484,20 +1486,20 @@ DP_TEST(error_detail_lists_many_blobs_within_bounds)
     char names[200][8];
     for (int i = 0; i < 200; i++) {
         snprintf(names[i], sizeof names[i], "b%d", i);
-        v[i] = dp_wire_s(names[i]);
+        v[i] = dp__wire_s(names[i]);
     }
     dp_wire_error e = {.code = DP_ELOST,
-                       .kind = dp_wire_s("Missing"),
-                       .msg = dp_wire_s("gone"),
+                       .kind = dp__wire_s("Missing"),
+                       .msg = dp__wire_s("gone"),
                        .blobs = {v, 200}};
     dp_detail d;
-    CHECK_EQ(dp_wire_error_to_detail(&e, &d), DP_ELOST);
+    CHECK_EQ(dp__wire_error_to_detail(&e, &d), DP_ELOST);
     CHECK_CONTAINS(d.msg, "Missing: gone [blobs: b0, b1, b2");
     CHECK_CONTAINS(d.msg, "more");
     CHECK(strlen(d.msg) < DP_DETAIL_MAX);
     /* a zeroed error built by hand still reads well */
     dp_wire_error z = {.code = DP_EBUSY};
-    CHECK_EQ(dp_wire_error_to_detail(&z, &d), DP_EBUSY);
+    CHECK_EQ(dp__wire_error_to_detail(&z, &d), DP_EBUSY);
     CHECK_STR(d.msg, "Busy: ");
 }
 
@@ -1505,43 +1507,43 @@ DP_TEST(unknown_error_kind_is_protocol)
 {
     mb m;
     reply_head(&m, "r1", false);
-    dp_mp_put_map(&m.w, 3);
-    dp_mp_put_str(&m.w, "kind");
-    dp_mp_put_str(&m.w, "Overheated");
-    dp_mp_put_str(&m.w, "msg");
-    dp_mp_put_str(&m.w, "hot");
-    dp_mp_put_str(&m.w, "extra"); /* unknown keys in an error are skipped */
-    dp_mp_put_array(&m.w, 1);
-    dp_mp_put_map(&m.w, 0);
+    dp__mp_put_map(&m.w, 3);
+    dp__mp_put_str(&m.w, "kind");
+    dp__mp_put_str(&m.w, "Overheated");
+    dp__mp_put_str(&m.w, "msg");
+    dp__mp_put_str(&m.w, "hot");
+    dp__mp_put_str(&m.w, "extra"); /* unknown keys in an error are skipped */
+    dp__mp_put_array(&m.w, 1);
+    dp__mp_put_map(&m.w, 0);
     dp_wire_reply r;
     dp_detail d;
-    CHECK_OK_D(dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_COMMIT, NULL, &r, &d),
+    CHECK_OK_D(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_COMMIT, NULL, &r, &d),
                &d);
     CHECK_EQ(r.err.code, DP_EPROTO);
-    CHECK(dp_wire_str_eq(r.err.kind, "Overheated"));
+    CHECK(dp__wire_str_eq(r.err.kind, "Overheated"));
     CHECK_EQ(r.err.reason.n, 0);
-    CHECK_EQ(dp_wire_error_to_detail(&r.err, &d), DP_EPROTO);
+    CHECK_EQ(dp__wire_error_to_detail(&r.err, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "Overheated: hot");
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
 
     reply_head(&m, "r1", false);
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_str(&m.w, "msg");
-    dp_mp_put_str(&m.w, "x");
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_str(&m.w, "msg");
+    dp__mp_put_str(&m.w, "x");
     expect_rep(&m, DP_WIRE_OP_COMMIT, DP_EPROTO,
                "commit reply: error: missing key 'kind'", NULL);
     reply_head(&m, "r1", false);
-    dp_mp_put_map(&m.w, 3);
-    dp_mp_put_str(&m.w, "kind");
-    dp_mp_put_str(&m.w, "Busy");
-    dp_mp_put_str(&m.w, "msg");
-    dp_mp_put_str(&m.w, "x");
-    dp_mp_put_str(&m.w, "blobs");
-    dp_mp_put_str(&m.w, "b1");
+    dp__mp_put_map(&m.w, 3);
+    dp__mp_put_str(&m.w, "kind");
+    dp__mp_put_str(&m.w, "Busy");
+    dp__mp_put_str(&m.w, "msg");
+    dp__mp_put_str(&m.w, "x");
+    dp__mp_put_str(&m.w, "blobs");
+    dp__mp_put_str(&m.w, "b1");
     expect_rep(&m, DP_WIRE_OP_COMMIT, DP_EPROTO, "error: blobs: expected array", NULL);
     reply_head(&m, "r1", false);
-    dp_mp_put_str(&m.w, "Busy");
+    dp__mp_put_str(&m.w, "Busy");
     expect_rep(&m, DP_WIRE_OP_COMMIT, DP_EPROTO, "error: error: expected map", NULL);
 }
 
@@ -1550,148 +1552,148 @@ DP_TEST(reply_rules)
     mb m;
     /* results of the wrong type name the op and the value */
     reply_head(&m, "r1", true);
-    dp_mp_put_str(&m.w, "5");
+    dp__mp_put_str(&m.w, "5");
     expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "ping reply: result: unit_id: expected",
                NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 2);
-    dp_mp_put_str(&m.w, "off");
-    dp_mp_put_u64(&m.w, 1ull << 62);
-    dp_mp_put_str(&m.w, "token");
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_map(&m.w, 2);
+    dp__mp_put_str(&m.w, "off");
+    dp__mp_put_u64(&m.w, 1ull << 62);
+    dp__mp_put_str(&m.w, "token");
+    dp__mp_put_u64(&m.w, 1);
     expect_rep(&m, DP_WIRE_OP_ALLOC, DP_EPROTO, "alloc reply: result: off", "above");
     reply_head(&m, "r1", true);
-    dp_mp_put_u64(&m.w, 4096); /* the offset alone: an older unit */
+    dp__mp_put_u64(&m.w, 4096); /* the offset alone: an older unit */
     expect_rep(&m, DP_WIRE_OP_ALLOC, DP_EPROTO, "alloc reply: result", NULL);
     /* The fourth element is the unit's incarnation; it must be a uint. */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 4);
-    dp_mp_put_str(&m.w, "r1");
-    dp_mp_put_bool(&m.w, true);
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_str(&m.w, "x");
+    dp__mp_put_array(&m.w, 4);
+    dp__mp_put_str(&m.w, "r1");
+    dp__mp_put_bool(&m.w, true);
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "x");
     expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "incarnation", NULL);
     {
         mb_init(&m);
-        dp_mp_put_array(&m.w, 4);
-        dp_mp_put_str(&m.w, "r1");
-        dp_mp_put_bool(&m.w, true);
-        dp_mp_put_u64(&m.w, 1);
-        dp_mp_put_u64(&m.w, 0xfeedfacecafebeefull);
+        dp__mp_put_array(&m.w, 4);
+        dp__mp_put_str(&m.w, "r1");
+        dp__mp_put_bool(&m.w, true);
+        dp__mp_put_u64(&m.w, 1);
+        dp__mp_put_u64(&m.w, 0xfeedfacecafebeefull);
         dp_wire_reply r4;
         CHECK_OK(
-            dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_PING, NULL, &r4, NULL));
+            dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_PING, NULL, &r4, NULL));
         CHECK_EQ_U64(r4.incarnation, 0xfeedfacecafebeefull);
         CHECK_EQ_U64(r4.r.unit_id, 1);
-        dp_wire_reply_fini(&r4);
-        dp_buf_fini(&m.b);
+        dp__wire_reply_fini(&r4);
+        dp__buf_fini(&m.b);
     }
     reply_head(&m, "r1", true);
-    dp_mp_put_str(&m.w, "maybe");
+    dp__mp_put_str(&m.w, "maybe");
     expect_rep(&m, DP_WIRE_OP_COMMIT, DP_EPROTO, "commit reply: result: state: 'maybe'",
                NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_str(&m.w, "x");
+    dp__mp_put_str(&m.w, "x");
     expect_rep(&m, DP_WIRE_OP_READ_BYTES, DP_EPROTO, "bytes: expected bin", NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_i64(&m.w, -1);
+    dp__mp_put_i64(&m.w, -1);
     expect_rep(&m, DP_WIRE_OP_RELEASE_ROWS, DP_EPROTO, "dropped: negative", NULL);
     /* ok not a bool */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 3);
-    dp_mp_put_str(&m.w, "r1");
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_array(&m.w, 3);
+    dp__mp_put_str(&m.w, "r1");
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_u64(&m.w, 1);
     expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "ping reply: ok: expected bool", NULL);
     /* wrong element count; the rid is still read */
     mb_init(&m);
-    dp_mp_put_array(&m.w, 2);
-    dp_mp_put_str(&m.w, "r1");
-    dp_mp_put_bool(&m.w, true);
+    dp__mp_put_array(&m.w, 2);
+    dp__mp_put_str(&m.w, "r1");
+    dp__mp_put_bool(&m.w, true);
     dp_wire_reply r;
     dp_detail d;
-    CHECK_ERR(dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_PING, NULL, &r, &d),
+    CHECK_ERR(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_PING, NULL, &r, &d),
               DP_EPROTO);
     CHECK_CONTAINS(d.msg, "array of 2 elements");
-    CHECK(dp_wire_str_eq(r.rid, "r1"));
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    CHECK(dp__wire_str_eq(r.rid, "r1"));
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
     mb_init(&m);
-    dp_mp_put_array(&m.w, 0);
+    dp__mp_put_array(&m.w, 0);
     expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "reply: empty array", NULL);
     mb_init(&m);
-    dp_mp_put_array(&m.w, 3);
-    dp_mp_put_str(&m.w, "");
-    dp_mp_put_bool(&m.w, true);
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_array(&m.w, 3);
+    dp__mp_put_str(&m.w, "");
+    dp__mp_put_bool(&m.w, true);
+    dp__mp_put_u64(&m.w, 1);
     expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "request_id: empty id", NULL);
     /* trailing bytes */
     reply_head(&m, "r1", true);
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_u64(&m.w, 1);
     expect_rep(&m, DP_WIRE_OP_PING, DP_EPROTO, "ping reply: 1 trailing bytes", NULL);
 
     /* info: unknown keys skipped (forward compatible), required keys enforced */
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 8);
-    dp_mp_put_str(&m.w, "future");
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_str(&m.w, "x");
-    dp_mp_put_array(&m.w, 0);
-    dp_mp_put_str(&m.w, "unit_id");
-    dp_mp_put_u64(&m.w, 3);
-    dp_mp_put_str(&m.w, "n_units");
-    dp_mp_put_u64(&m.w, 4);
-    dp_mp_put_str(&m.w, "zmq");
-    dp_mp_put_str(&m.w, "tcp://127.0.0.1:5555");
-    dp_mp_put_str(&m.w, "agent");
-    dp_mp_put_str(&m.w, "unit-3");
-    dp_mp_put_str(&m.w, "metadata");
-    dp_mp_put_bin(&m.w, "\x00\x01\x02", 3);
-    dp_mp_put_str(&m.w, "slab_bytes");
-    dp_mp_put_u64(&m.w, 1 << 30);
-    dp_mp_put_str(&m.w, "numa");
-    dp_mp_put_nil(&m.w);
+    dp__mp_put_map(&m.w, 8);
+    dp__mp_put_str(&m.w, "future");
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_str(&m.w, "x");
+    dp__mp_put_array(&m.w, 0);
+    dp__mp_put_str(&m.w, "unit_id");
+    dp__mp_put_u64(&m.w, 3);
+    dp__mp_put_str(&m.w, "n_units");
+    dp__mp_put_u64(&m.w, 4);
+    dp__mp_put_str(&m.w, "zmq");
+    dp__mp_put_str(&m.w, "tcp://127.0.0.1:5555");
+    dp__mp_put_str(&m.w, "agent");
+    dp__mp_put_str(&m.w, "unit-3");
+    dp__mp_put_str(&m.w, "metadata");
+    dp__mp_put_bin(&m.w, "\x00\x01\x02", 3);
+    dp__mp_put_str(&m.w, "slab_bytes");
+    dp__mp_put_u64(&m.w, 1 << 30);
+    dp__mp_put_str(&m.w, "numa");
+    dp__mp_put_nil(&m.w);
     expect_rep(&m, DP_WIRE_OP_INFO, DP_EPROTO, "info reply: result: numa: expected str",
                NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 7);
-    dp_mp_put_str(&m.w, "future");
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_str(&m.w, "unit_id");
-    dp_mp_put_u64(&m.w, 3);
-    dp_mp_put_str(&m.w, "n_units");
-    dp_mp_put_u64(&m.w, 4);
-    dp_mp_put_str(&m.w, "zmq");
-    dp_mp_put_str(&m.w, "tcp://127.0.0.1:5555");
-    dp_mp_put_str(&m.w, "agent");
-    dp_mp_put_str(&m.w, "unit-3");
-    dp_mp_put_str(&m.w, "metadata");
-    dp_mp_put_bin(&m.w, "\x00\x01\x02", 3);
-    dp_mp_put_str(&m.w, "slab_bytes");
-    dp_mp_put_u64(&m.w, 1 << 30);
-    CHECK_OK_D(dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_INFO, NULL, &r, &d),
+    dp__mp_put_map(&m.w, 7);
+    dp__mp_put_str(&m.w, "future");
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "unit_id");
+    dp__mp_put_u64(&m.w, 3);
+    dp__mp_put_str(&m.w, "n_units");
+    dp__mp_put_u64(&m.w, 4);
+    dp__mp_put_str(&m.w, "zmq");
+    dp__mp_put_str(&m.w, "tcp://127.0.0.1:5555");
+    dp__mp_put_str(&m.w, "agent");
+    dp__mp_put_str(&m.w, "unit-3");
+    dp__mp_put_str(&m.w, "metadata");
+    dp__mp_put_bin(&m.w, "\x00\x01\x02", 3);
+    dp__mp_put_str(&m.w, "slab_bytes");
+    dp__mp_put_u64(&m.w, 1 << 30);
+    CHECK_OK_D(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_INFO, NULL, &r, &d),
                &d);
     CHECK_EQ(r.r.info.unit_id, 3);
     CHECK_EQ(r.r.info.n_units, 4);
-    CHECK(dp_wire_str_eq(r.r.info.zmq, "tcp://127.0.0.1:5555"));
+    CHECK(dp__wire_str_eq(r.r.info.zmq, "tcp://127.0.0.1:5555"));
     CHECK_EQ(r.r.info.metadata.n, 3);
     CHECK_EQ(r.r.info.io_bytes, 0);
     CHECK_EQ(r.r.info.numa.n, 0);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_str(&m.w, "unit_id");
-    dp_mp_put_u64(&m.w, 3);
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_str(&m.w, "unit_id");
+    dp__mp_put_u64(&m.w, 3);
     expect_rep(&m, DP_WIRE_OP_INFO, DP_EPROTO,
                "info reply: result: missing key 'n_units'", NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 2);
-    dp_mp_put_str(&m.w, "unit_id");
-    dp_mp_put_u64(&m.w, 3);
-    dp_mp_put_str(&m.w, "unit_id");
-    dp_mp_put_u64(&m.w, 3);
+    dp__mp_put_map(&m.w, 2);
+    dp__mp_put_str(&m.w, "unit_id");
+    dp__mp_put_u64(&m.w, 3);
+    dp__mp_put_str(&m.w, "unit_id");
+    dp__mp_put_u64(&m.w, 3);
     expect_rep(&m, DP_WIRE_OP_INFO, DP_EPROTO, "duplicate key 'unit_id'", NULL);
 }
 
@@ -1700,34 +1702,34 @@ DP_TEST(reply_rules)
     do {                                                                                 \
         reply_head((m), "r1", true);                                                     \
         dp_mp_writer *w = &(m)->w;                                                       \
-        dp_mp_put_map(w, 5);                                                             \
-        dp_mp_put_str(w, "pin_id");                                                      \
-        dp_mp_put_nil(w);                                                                \
-        dp_mp_put_str(w, "missing");                                                     \
-        dp_mp_put_array(w, 0);                                                           \
-        dp_mp_put_str(w, "pending");                                                     \
-        dp_mp_put_array(w, 0);                                                           \
-        dp_mp_put_str(w, "failed");                                                      \
-        dp_mp_put_array(w, 0);                                                           \
-        dp_mp_put_str(w, "entries");                                                     \
-        dp_mp_put_map(w, 1);                                                             \
-        dp_mp_put_str(w, "5@obs");                                                       \
+        dp__mp_put_map(w, 5);                                                            \
+        dp__mp_put_str(w, "pin_id");                                                     \
+        dp__mp_put_nil(w);                                                               \
+        dp__mp_put_str(w, "missing");                                                    \
+        dp__mp_put_array(w, 0);                                                          \
+        dp__mp_put_str(w, "pending");                                                    \
+        dp__mp_put_array(w, 0);                                                          \
+        dp__mp_put_str(w, "failed");                                                     \
+        dp__mp_put_array(w, 0);                                                          \
+        dp__mp_put_str(w, "entries");                                                    \
+        dp__mp_put_map(w, 1);                                                            \
+        dp__mp_put_str(w, "5@obs");                                                      \
         body;                                                                            \
     } while (0)
 
 static void
 put_entry(dp_mp_writer *w, uint32_t n, uint64_t off, const char *kind, uint32_t ndim)
 {
-    dp_mp_put_array(w, n);
-    dp_mp_put_u64(w, off);
-    dp_mp_put_u64(w, 64);
+    dp__mp_put_array(w, n);
+    dp__mp_put_u64(w, off);
+    dp__mp_put_u64(w, 64);
     if (n < 3)
         return;
-    dp_mp_put_str(w, kind);
-    dp_mp_put_str(w, "float32");
-    dp_mp_put_array(w, ndim);
+    dp__mp_put_str(w, kind);
+    dp__mp_put_str(w, "float32");
+    dp__mp_put_array(w, ndim);
     for (uint32_t i = 0; i < ndim; i++)
-        dp_mp_put_u64(w, i + 1);
+        dp__mp_put_u64(w, i + 1);
 }
 
 DP_TEST(resolve_results_rules)
@@ -1737,38 +1739,38 @@ DP_TEST(resolve_results_rules)
     dp_detail d;
     RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 32));
     CHECK_OK_D(
-        dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, NULL, &r, &d),
+        dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, NULL, &r, &d),
         &d);
     CHECK_EQ(r.r.resolve_keys.pin_id.n, 0);
     CHECK_EQ(r.r.resolve_keys.entries.n, 1);
     const dp_wire_key_loc *e = &r.r.resolve_keys.entries.v[0];
-    CHECK(dp_wire_str_eq(e->key, "5@obs"));
+    CHECK(dp__wire_str_eq(e->key, "5@obs"));
     CHECK_EQ(e->off, 128);
     CHECK_EQ(e->ndim, 32);
     CHECK_EQ(e->shape[31], 32);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
     RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 33));
     expect_rep(
         &m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
         "resolve_keys reply: result: entries: '5@obs': shape: 33 dims, the limit is 32",
         NULL);
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_items = 1 + 10; /* the entry + 10 dims */
     RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 11));
     CHECK_ERR_D(
-        dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, &lim, &r, &d),
+        dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, &lim, &r, &d),
         DP_ETOOBIG, &d);
     CHECK_CONTAINS(d.msg, "'5@obs': shape: more than 11 list items");
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
     RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 10));
     CHECK_OK_D(
-        dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, &lim, &r, &d),
+        dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, &lim, &r, &d),
         &d);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
     RK_ENTRY(&m, put_entry(w, 2, 128, "tensor", 0));
     expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
                "entries: '5@obs': array of 2 elements, expected 5", NULL);
@@ -1778,47 +1780,47 @@ DP_TEST(resolve_results_rules)
     expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
                "'5@obs': kind: string has invalid", NULL);
     RK_ENTRY(&m, {
-        dp_mp_put_array(w, 5);
-        dp_mp_put_u64(w, 0);
-        dp_mp_put_u64(w, 0);
-        dp_mp_put_str(w, "tensor");
-        dp_mp_put_str(w, "int8");
-        dp_mp_put_array(w, 1);
-        dp_mp_put_i64(w, -3);
+        dp__mp_put_array(w, 5);
+        dp__mp_put_u64(w, 0);
+        dp__mp_put_u64(w, 0);
+        dp__mp_put_str(w, "tensor");
+        dp__mp_put_str(w, "int8");
+        dp__mp_put_array(w, 1);
+        dp__mp_put_i64(w, -3);
     });
     expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO, "'5@obs': shape[0]: negative",
                NULL);
 
     /* resolve: pin_id wrong, blob locations wrong */
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_str(&m.w, "pin_id");
-    dp_mp_put_str(&m.w, "p/1");
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_str(&m.w, "pin_id");
+    dp__mp_put_str(&m.w, "p/1");
     expect_rep(&m, DP_WIRE_OP_RESOLVE, DP_EPROTO,
                "resolve reply: result: pin_id: byte 0x2f", NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 2);
-    dp_mp_put_str(&m.w, "pin_id");
-    dp_mp_put_str(&m.w, "p1");
-    dp_mp_put_str(&m.w, "blobs");
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_str(&m.w, "b1");
-    dp_mp_put_array(&m.w, 3);
-    dp_mp_put_u64(&m.w, 0);
-    dp_mp_put_u64(&m.w, 0);
-    dp_mp_put_u64(&m.w, 0);
+    dp__mp_put_map(&m.w, 2);
+    dp__mp_put_str(&m.w, "pin_id");
+    dp__mp_put_str(&m.w, "p1");
+    dp__mp_put_str(&m.w, "blobs");
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_str(&m.w, "b1");
+    dp__mp_put_array(&m.w, 3);
+    dp__mp_put_u64(&m.w, 0);
+    dp__mp_put_u64(&m.w, 0);
+    dp__mp_put_u64(&m.w, 0);
     expect_rep(&m, DP_WIRE_OP_RESOLVE, DP_EPROTO, "blobs: 'b1': array of 3 elements",
                NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 4);
-    dp_mp_put_str(&m.w, "pin_id");
-    dp_mp_put_str(&m.w, "p1");
-    dp_mp_put_str(&m.w, "blobs");
-    dp_mp_put_map(&m.w, 0);
-    dp_mp_put_str(&m.w, "missing");
-    dp_mp_put_array(&m.w, 0);
-    dp_mp_put_str(&m.w, "pending");
-    dp_mp_put_array(&m.w, 0);
+    dp__mp_put_map(&m.w, 4);
+    dp__mp_put_str(&m.w, "pin_id");
+    dp__mp_put_str(&m.w, "p1");
+    dp__mp_put_str(&m.w, "blobs");
+    dp__mp_put_map(&m.w, 0);
+    dp__mp_put_str(&m.w, "missing");
+    dp__mp_put_array(&m.w, 0);
+    dp__mp_put_str(&m.w, "pending");
+    dp__mp_put_array(&m.w, 0);
     expect_rep(&m, DP_WIRE_OP_RESOLVE, DP_EPROTO, "missing key 'failed'", NULL);
 }
 
@@ -1826,91 +1828,91 @@ DP_TEST(scan_and_stats_generic_records)
 {
     mb m;
     reply_head(&m, "r1", true);
-    dp_mp_put_array(&m.w, 2);
-    dp_mp_put_map(&m.w, 8);
-    dp_mp_put_str(&m.w, "id");
-    dp_mp_put_str(&m.w, "b1");
-    dp_mp_put_str(&m.w, "off");
-    dp_mp_put_u64(&m.w, 4096);
-    dp_mp_put_str(&m.w, "published");
-    dp_mp_put_bool(&m.w, true);
-    dp_mp_put_str(&m.w, "disk");
-    dp_mp_put_nil(&m.w);
-    dp_mp_put_str(&m.w, "age");
-    dp_mp_put_double(&m.w, 1.25);
-    dp_mp_put_str(&m.w, "delta");
-    dp_mp_put_i64(&m.w, -7);
-    dp_mp_put_str(&m.w, "pins"); /* nested: skipped */
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_str(&m.w, "p");
-    dp_mp_put_double(&m.w, 1.0);
-    dp_mp_put_str(&m.w, "refs");
-    dp_buf_append(&m.b, "\xd1\x00\x03", 3); /* 3 as an int16: a signed format */
-    dp_mp_put_map(&m.w, 0);
+    dp__mp_put_array(&m.w, 2);
+    dp__mp_put_map(&m.w, 8);
+    dp__mp_put_str(&m.w, "id");
+    dp__mp_put_str(&m.w, "b1");
+    dp__mp_put_str(&m.w, "off");
+    dp__mp_put_u64(&m.w, 4096);
+    dp__mp_put_str(&m.w, "published");
+    dp__mp_put_bool(&m.w, true);
+    dp__mp_put_str(&m.w, "disk");
+    dp__mp_put_nil(&m.w);
+    dp__mp_put_str(&m.w, "age");
+    dp__mp_put_double(&m.w, 1.25);
+    dp__mp_put_str(&m.w, "delta");
+    dp__mp_put_i64(&m.w, -7);
+    dp__mp_put_str(&m.w, "pins"); /* nested: skipped */
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_str(&m.w, "p");
+    dp__mp_put_double(&m.w, 1.0);
+    dp__mp_put_str(&m.w, "refs");
+    dp__buf_append(&m.b, "\xd1\x00\x03", 3); /* 3 as an int16: a signed format */
+    dp__mp_put_map(&m.w, 0);
     dp_wire_reply r;
     dp_detail d;
-    CHECK_OK_D(dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_SCAN, NULL, &r, &d),
+    CHECK_OK_D(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_SCAN, NULL, &r, &d),
                &d);
     CHECK_EQ(r.r.scan.n, 2);
     const dp_wire_fields *f = &r.r.scan.recs[0];
     CHECK_EQ(f->n, 7);
-    CHECK(dp_wire_fields_get(f, "pins") == NULL);
+    CHECK(dp__wire_fields_get(f, "pins") == NULL);
     uint64_t u;
-    CHECK(dp_wire_fields_u64(f, "off", &u) && u == 4096);
-    CHECK(dp_wire_fields_u64(f, "published", &u) && u == 1);
-    CHECK(dp_wire_fields_u64(f, "refs", &u) && u == 3);
-    CHECK(!dp_wire_fields_u64(f, "delta", &u));
-    CHECK(!dp_wire_fields_u64(f, "age", &u));
-    CHECK(!dp_wire_fields_u64(f, "id", &u));
-    CHECK(!dp_wire_fields_u64(f, "nope", &u));
-    CHECK_EQ(dp_wire_fields_get(f, "disk")->type, DP_WIRE_NIL);
-    CHECK_EQ(dp_wire_fields_get(f, "delta")->v.i, -7);
-    CHECK(dp_wire_str_eq(dp_wire_fields_get(f, "id")->v.s, "b1"));
+    CHECK(dp__wire_fields_u64(f, "off", &u) && u == 4096);
+    CHECK(dp__wire_fields_u64(f, "published", &u) && u == 1);
+    CHECK(dp__wire_fields_u64(f, "refs", &u) && u == 3);
+    CHECK(!dp__wire_fields_u64(f, "delta", &u));
+    CHECK(!dp__wire_fields_u64(f, "age", &u));
+    CHECK(!dp__wire_fields_u64(f, "id", &u));
+    CHECK(!dp__wire_fields_u64(f, "nope", &u));
+    CHECK_EQ(dp__wire_fields_get(f, "disk")->type, DP_WIRE_NIL);
+    CHECK_EQ(dp__wire_fields_get(f, "delta")->v.i, -7);
+    CHECK(dp__wire_str_eq(dp__wire_fields_get(f, "id")->v.s, "b1"));
     CHECK_EQ(r.r.scan.recs[1].n, 0);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
 
     /* stats: integral doubles count as numbers */
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 2);
-    dp_mp_put_str(&m.w, "puts");
-    dp_mp_put_double(&m.w, 12.0);
-    dp_mp_put_str(&m.w, "bytes");
-    dp_mp_put_u64(&m.w, UINT64_MAX);
-    CHECK_OK_D(dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_STATS, NULL, &r, &d),
+    dp__mp_put_map(&m.w, 2);
+    dp__mp_put_str(&m.w, "puts");
+    dp__mp_put_double(&m.w, 12.0);
+    dp__mp_put_str(&m.w, "bytes");
+    dp__mp_put_u64(&m.w, UINT64_MAX);
+    CHECK_OK_D(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_STATS, NULL, &r, &d),
                &d);
-    CHECK(dp_wire_fields_u64(&r.r.stats, "puts", &u) && u == 12);
-    CHECK(dp_wire_fields_u64(&r.r.stats, "bytes", &u) && u == UINT64_MAX);
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    CHECK(dp__wire_fields_u64(&r.r.stats, "puts", &u) && u == 12);
+    CHECK(dp__wire_fields_u64(&r.r.stats, "bytes", &u) && u == UINT64_MAX);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
 
     /* limits on fields */
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_fields = 1;
     reply_head(&m, "r1", true);
-    dp_mp_put_map(&m.w, 2);
-    dp_mp_put_str(&m.w, "a");
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_str(&m.w, "b");
-    dp_mp_put_u64(&m.w, 1);
-    CHECK_ERR_D(dp_wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_STATS, &lim, &r, &d),
+    dp__mp_put_map(&m.w, 2);
+    dp__mp_put_str(&m.w, "a");
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_str(&m.w, "b");
+    dp__mp_put_u64(&m.w, 1);
+    CHECK_ERR_D(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_STATS, &lim, &r, &d),
                 DP_ETOOBIG, &d);
     CHECK_CONTAINS(d.msg, "stats reply: result: map of 2 fields, the limit is 1");
-    dp_wire_reply_fini(&r);
-    dp_buf_fini(&m.b);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
     reply_head(&m, "r1", true);
-    dp_mp_put_array(&m.w, 1);
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_str(&m.w, "name");
-    dp_mp_put_strn(&m.w, "a\0", 2);
+    dp__mp_put_array(&m.w, 1);
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_str(&m.w, "name");
+    dp__mp_put_strn(&m.w, "a\0", 2);
     expect_rep(&m, DP_WIRE_OP_SCAN, DP_EPROTO,
                "scan reply: result: record 0: 'name': string has a NUL", NULL);
     reply_head(&m, "r1", true);
-    dp_mp_put_array(&m.w, 1);
-    dp_mp_put_map(&m.w, 1);
-    dp_mp_put_u64(&m.w, 1);
-    dp_mp_put_u64(&m.w, 1);
+    dp__mp_put_array(&m.w, 1);
+    dp__mp_put_map(&m.w, 1);
+    dp__mp_put_u64(&m.w, 1);
+    dp__mp_put_u64(&m.w, 1);
     expect_rep(&m, DP_WIRE_OP_SCAN, DP_EPROTO, "record 0: field name: expected str",
                NULL);
 }
@@ -1922,22 +1924,22 @@ decode_any(const uint8_t *p, size_t n)
 {
     dp_detail d;
     dp_wire_request q;
-    int rc = dp_wire_request_decode(p, n, NULL, &q, &d);
+    int rc = dp__wire_request_decode(p, n, NULL, &q, &d);
     CHECKF(rc == DP_OK || rc == DP_EPROTO || rc == DP_ETOOBIG, "%s", dp_errname(rc));
-    dp_wire_request_fini(&q);
+    dp__wire_request_fini(&q);
     dp_wire_op op;
     dp_wire_str rid;
-    rc = dp_wire_request_peek(p, n, NULL, &op, &rid, &d);
+    rc = dp__wire_request_peek(p, n, NULL, &op, &rid, &d);
     CHECK(rc == DP_OK || rc == DP_EPROTO);
     for (int o = 0; o < DP_WIRE_OP_COUNT_; o++) {
-        if (dp_wire_op_is_notify((dp_wire_op)o))
+        if (dp__wire_op_is_notify((dp_wire_op)o))
             continue;
         dp_wire_reply r;
-        rc = dp_wire_reply_decode(p, n, (dp_wire_op)o, NULL, &r, &d);
+        rc = dp__wire_reply_decode(p, n, (dp_wire_op)o, NULL, &r, &d);
         CHECKF(rc == DP_OK || rc == DP_EPROTO || rc == DP_ETOOBIG, "%s", dp_errname(rc));
-        dp_wire_reply_fini(&r);
+        dp__wire_reply_fini(&r);
     }
-    rc = dp_wire_reply_peek(p, n, NULL, &rid, &d);
+    rc = dp__wire_reply_peek(p, n, NULL, &rid, &d);
     CHECK(rc == DP_OK || rc == DP_EPROTO);
 }
 
@@ -1952,12 +1954,12 @@ check_prefixes(const dp_buf *b, bool request, dp_wire_op op)
         int rc;
         if (request) {
             dp_wire_request q;
-            rc = dp_wire_request_decode(h, cut, NULL, &q, &d);
-            dp_wire_request_fini(&q);
+            rc = dp__wire_request_decode(h, cut, NULL, &q, &d);
+            dp__wire_request_fini(&q);
         } else {
             dp_wire_reply r;
-            rc = dp_wire_reply_decode(h, cut, op, NULL, &r, &d);
-            dp_wire_reply_fini(&r);
+            rc = dp__wire_reply_decode(h, cut, op, NULL, &r, &d);
+            dp__wire_reply_fini(&r);
         }
         CHECKF(rc == DP_EPROTO, "prefix %zu of %zu: %s", cut, b->len, dp_errname(rc));
         free(h);
@@ -1969,30 +1971,30 @@ DP_TEST(truncation_at_every_byte_fails)
     gen *g = calloc(1, sizeof *g);
     g->st = 777;
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     for (int op = 0; op < DP_WIRE_OP_COUNT_; op++) {
         for (int i = 0; i < 3; i++) {
             dp_wire_request q = {.op = (dp_wire_op)op, .rid = gid(g)};
             gargs(g, &q);
             if (op == DP_WIRE_OP_SAVE_SHARD)
-                q.a.save_shard.path = dp_wire_s("/tmp/x");
-            dp_buf_reset(&b);
-            CHECK_OK(dp_wire_request_encode(&q, NULL, &b, NULL));
+                q.a.save_shard.path = dp__wire_s("/tmp/x");
+            dp__buf_reset(&b);
+            CHECK_OK(dp__wire_request_encode(&q, NULL, &b, NULL));
             check_prefixes(&b, true, (dp_wire_op)op);
-            if (!dp_wire_op_is_notify((dp_wire_op)op)) {
+            if (!dp__wire_op_is_notify((dp_wire_op)op)) {
                 dp_wire_reply r = {.op = (dp_wire_op)op, .rid = gid(g), .ok = true};
                 if (i == 2)
                     gerror(g, &r);
                 else
                     gresult(g, &r);
-                dp_buf_reset(&b);
-                CHECK_OK(dp_wire_reply_encode(&r, NULL, &b, NULL));
+                dp__buf_reset(&b);
+                CHECK_OK(dp__wire_reply_encode(&r, NULL, &b, NULL));
                 check_prefixes(&b, false, (dp_wire_op)op);
             }
             gfree(g);
         }
     }
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
     free(g);
 }
 
@@ -2001,23 +2003,23 @@ DP_TEST(random_mutations_never_crash)
     gen *g = calloc(1, sizeof *g);
     g->st = dp_test_seed() ^ 0x6d7574;
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     for (int iter = 0; iter < 4000; iter++) {
         dp_wire_op op = (dp_wire_op)rnd(g, DP_WIRE_OP_COUNT_);
-        dp_buf_reset(&b);
-        if (rnd(g, 2) || dp_wire_op_is_notify(op)) {
+        dp__buf_reset(&b);
+        if (rnd(g, 2) || dp__wire_op_is_notify(op)) {
             dp_wire_request q = {.op = op, .rid = gid(g)};
             gargs(g, &q);
             if (op == DP_WIRE_OP_SAVE_SHARD)
                 q.a.save_shard.path = gtext_n(g, 1, 40);
-            CHECK_OK(dp_wire_request_encode(&q, NULL, &b, NULL));
+            CHECK_OK(dp__wire_request_encode(&q, NULL, &b, NULL));
         } else {
             dp_wire_reply r = {.op = op, .rid = gid(g), .ok = true};
             if (rnd(g, 4) == 0)
                 gerror(g, &r);
             else
                 gresult(g, &r);
-            CHECK_OK(dp_wire_reply_encode(&r, NULL, &b, NULL));
+            CHECK_OK(dp__wire_reply_encode(&r, NULL, &b, NULL));
         }
         size_t n = b.len;
         uint8_t *p = malloc(n + 16);
@@ -2054,7 +2056,7 @@ DP_TEST(random_mutations_never_crash)
         free(p);
         gfree(g);
     }
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
     free(g);
 }
 
@@ -2068,24 +2070,24 @@ DP_TEST(big_lists_near_the_limits)
         int n = snprintf(store + (size_t)i * 24, 24, "%d@input_ids", i);
         keys[i] = (dp_wire_str){store + (size_t)i * 24, (uint32_t)n};
     }
-    dp_wire_request q = {.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = dp_wire_s("r")};
+    dp_wire_request q = {.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = dp__wire_s("r")};
     q.a.resolve_keys.keys = (dp_wire_strs){keys, N};
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     dp_detail d;
-    CHECK_OK(dp_wire_request_encode(&q, NULL, &b, &d));
+    CHECK_OK(dp__wire_request_encode(&q, NULL, &b, &d));
     dp_wire_request x;
-    CHECK_OK_D(dp_wire_request_decode(b.data, b.len, NULL, &x, &d), &d);
+    CHECK_OK_D(dp__wire_request_decode(b.data, b.len, NULL, &x, &d), &d);
     CHECK_EQ(x.a.resolve_keys.keys.n, N);
-    CHECK(dp_wire_str_eq(x.a.resolve_keys.keys.v[N - 1], "99999@input_ids"));
-    dp_wire_request_fini(&x);
+    CHECK(dp__wire_str_eq(x.a.resolve_keys.keys.v[N - 1], "99999@input_ids"));
+    dp__wire_request_fini(&x);
     dp_wire_limits lim;
-    dp_wire_limits_init(&lim);
+    dp__wire_limits_init(&lim);
     lim.max_list = N - 1;
-    CHECK_ERR(dp_wire_request_decode(b.data, b.len, &lim, &x, &d), DP_ETOOBIG);
+    CHECK_ERR(dp__wire_request_decode(b.data, b.len, &lim, &x, &d), DP_ETOOBIG);
     CHECK_CONTAINS(d.msg, "keys: list of 100000 items");
-    dp_wire_request_fini(&x);
-    dp_buf_fini(&b);
+    dp__wire_request_fini(&x);
+    dp__buf_fini(&b);
     free(keys);
     free(store);
 }

@@ -7,7 +7,7 @@
  * Blocks. Every byte of the usable area belongs to exactly one block, free,
  * allocated or quarantined. Blocks are kept in one doubly linked list in
  * address order (a->blocks), so the neighbours a free has to merge with are
- * found in O(1). Invariants, checked by dp_slab_alloc_check():
+ * found in O(1). Invariants, checked by dp__slab_alloc_check():
  *   - the list tiles [0, usable) with no gap and no overlap, every size > 0
  *     and a multiple of align;
  *   - no two free blocks are adjacent (free merges at once);
@@ -307,8 +307,8 @@ q_reserve(dp_slab_alloc *a, dp_detail *d)
     size_t cap = a->q_cap ? a->q_cap * 2 : 64;
     qent *q = realloc(a->q, cap * sizeof(*q));
     if (q == NULL)
-        return dp_fail(d, DP_ENOMEM, "slab allocator: no memory for a quarantine of %zu",
-                       cap);
+        return dp__fail(d, DP_ENOMEM, "slab allocator: no memory for a quarantine of %zu",
+                        cap);
     a->q = q;
     a->q_cap = cap;
     return 0;
@@ -354,27 +354,27 @@ q_pop(dp_slab_alloc *a)
 /* ---- lifecycle ---- */
 
 int
-dp_slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
-                     dp_detail *d)
+dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
+                      dp_detail *d)
 {
     if (out == NULL)
-        return dp_fail(d, DP_EINVAL, "slab allocator: out is NULL");
+        return dp__fail(d, DP_EINVAL, "slab allocator: out is NULL");
     *out = NULL;
     if (align == 0)
         align = 64;
     if ((align & (align - 1)) != 0)
-        return dp_fail(d, DP_EINVAL,
-                       "slab allocator: align %" PRIu64 " is not a power of two", align);
+        return dp__fail(d, DP_EINVAL,
+                        "slab allocator: align %" PRIu64 " is not a power of two", align);
     uint64_t usable = area_bytes & ~(align - 1);
     if (usable == 0)
-        return dp_fail(d, DP_EINVAL,
-                       "slab allocator: area of %" PRIu64
-                       " bytes holds no block of the alignment %" PRIu64,
-                       area_bytes, align);
+        return dp__fail(d, DP_EINVAL,
+                        "slab allocator: area of %" PRIu64
+                        " bytes holds no block of the alignment %" PRIu64,
+                        area_bytes, align);
 
     dp_slab_alloc *a = calloc(1, sizeof(*a));
     if (a == NULL)
-        return dp_fail(d, DP_ENOMEM, "slab allocator: no memory");
+        return dp__fail(d, DP_ENOMEM, "slab allocator: no memory");
     a->area = area_bytes;
     a->usable = usable;
     a->align = align;
@@ -386,7 +386,7 @@ dp_slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
     b->off = 0;
     b->size = usable;
     b->state = ST_FREE;
-    dp_list_insert_tail(&a->blocks, &b->link);
+    dp__list_insert_tail(&a->blocks, &b->link);
     treap_insert(&a->by_size, b, true);
     a->free_bytes = usable;
     a->n_free = 1;
@@ -394,12 +394,12 @@ dp_slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
     return 0;
 
 fail:
-    dp_slab_alloc_destroy(a);
-    return dp_fail(d, DP_ENOMEM, "slab allocator: no memory");
+    dp__slab_alloc_destroy(a);
+    return dp__fail(d, DP_ENOMEM, "slab allocator: no memory");
 }
 
 void
-dp_slab_alloc_destroy(dp_slab_alloc *a)
+dp__slab_alloc_destroy(dp_slab_alloc *a)
 {
     if (a == NULL)
         return;
@@ -415,21 +415,21 @@ dp_slab_alloc_destroy(dp_slab_alloc *a)
 /* ---- alloc / free ---- */
 
 int
-dp_slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d)
+dp__slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d)
 {
     if (a == NULL || off == NULL)
-        return dp_fail(d, DP_EINVAL, "slab allocator: NULL argument");
+        return dp__fail(d, DP_EINVAL, "slab allocator: NULL argument");
     if (nbytes == 0)
-        return dp_fail(d, DP_EINVAL, "slab allocator: zero-byte allocation");
+        return dp__fail(d, DP_EINVAL, "slab allocator: zero-byte allocation");
     if (nbytes > a->usable)
-        return dp_fail(d, DP_ETOOBIG,
-                       "slab allocator: %" PRIu64
-                       " bytes asked, the whole area holds %" PRIu64,
-                       nbytes, a->usable);
+        return dp__fail(d, DP_ETOOBIG,
+                        "slab allocator: %" PRIu64
+                        " bytes asked, the whole area holds %" PRIu64,
+                        nbytes, a->usable);
     uint64_t n = DP_ALIGN_UP(nbytes, a->align); /* <= usable: no overflow */
     blk **fl = best_fit(a, n);
     if (fl == NULL)
-        return dp_fail(
+        return dp__fail(
             d, DP_EUNITFULL,
             "slab allocator: no free block of %" PRIu64 " bytes (asked %" PRIu64
             "): largest free block %" PRIu64 ", %" PRIu64 " bytes free in %" PRIu64
@@ -439,7 +439,7 @@ dp_slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail 
     if (f->size > n) {
         rest = node_get(a);
         if (rest == NULL)
-            return dp_fail(d, DP_ENOMEM, "slab allocator: no memory for a block node");
+            return dp__fail(d, DP_ENOMEM, "slab allocator: no memory for a block node");
     }
 
     treap_unlink(fl); /* node_get() left the trees alone: fl is still f's link */
@@ -449,7 +449,7 @@ dp_slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail 
         rest->off = f->off + n;
         rest->size = f->size - n;
         rest->state = ST_FREE;
-        dp_list_insert_after(&a->blocks, &f->link, &rest->link);
+        dp__list_insert_after(&a->blocks, &f->link, &rest->link);
         f->size = n;
         treap_insert(&a->by_size, rest, true);
     } else {
@@ -476,29 +476,29 @@ lookup_allocated(dp_slab_alloc *a, uint64_t off, const char *op, dp_detail *d)
     if (b != NULL && b->state == ST_ALLOC)
         return link;
     if (b != NULL) {
-        dp_fail(d, DP_EINVAL,
-                "slab allocator: %s(%" PRIu64 "): the block (%" PRIu64
-                " bytes) is quarantined; only sweep releases it",
-                op, off, b->size);
+        dp__fail(d, DP_EINVAL,
+                 "slab allocator: %s(%" PRIu64 "): the block (%" PRIu64
+                 " bytes) is quarantined; only sweep releases it",
+                 op, off, b->size);
     } else if (off >= a->usable) {
-        dp_fail(d, DP_EINVAL,
-                "slab allocator: %s(%" PRIu64 "): offset outside the area of %" PRIu64
-                " bytes",
-                op, off, a->usable);
+        dp__fail(d, DP_EINVAL,
+                 "slab allocator: %s(%" PRIu64 "): offset outside the area of %" PRIu64
+                 " bytes",
+                 op, off, a->usable);
     } else {
         const blk *f = floor_used(a, off);
         if (f != NULL && off < f->off + f->size)
-            dp_fail(d, DP_EINVAL,
-                    "slab allocator: %s(%" PRIu64
-                    "): offset inside the %s block [%" PRIu64 ", %" PRIu64
-                    "), not its start",
-                    op, off, f->state == ST_QUAR ? "quarantined" : "allocated", f->off,
-                    f->off + f->size);
+            dp__fail(d, DP_EINVAL,
+                     "slab allocator: %s(%" PRIu64
+                     "): offset inside the %s block [%" PRIu64 ", %" PRIu64
+                     "), not its start",
+                     op, off, f->state == ST_QUAR ? "quarantined" : "allocated", f->off,
+                     f->off + f->size);
         else
-            dp_fail(d, DP_EINVAL,
-                    "slab allocator: %s(%" PRIu64
-                    "): no allocated block there (double free or never allocated)",
-                    op, off);
+            dp__fail(d, DP_EINVAL,
+                     "slab allocator: %s(%" PRIu64
+                     "): no allocated block there (double free or never allocated)",
+                     op, off);
     }
     return NULL;
 }
@@ -530,7 +530,7 @@ release(dp_slab_alloc *a, blk *b, blk **link)
     if (p != NULL && p->state == ST_FREE) {
         treap_remove(&a->by_size, p, true);
         p->size += b->size;
-        dp_list_remove(&a->blocks, &b->link);
+        dp__list_remove(&a->blocks, &b->link);
         node_put(a, b);
         a->n_free--;
         b = p;
@@ -539,7 +539,7 @@ release(dp_slab_alloc *a, blk *b, blk **link)
     if (nx != NULL && nx->state == ST_FREE) {
         treap_remove(&a->by_size, nx, true);
         b->size += nx->size;
-        dp_list_remove(&a->blocks, &nx->link);
+        dp__list_remove(&a->blocks, &nx->link);
         node_put(a, nx);
         a->n_free--;
     }
@@ -547,10 +547,10 @@ release(dp_slab_alloc *a, blk *b, blk **link)
 }
 
 int
-dp_slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d)
+dp__slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d)
 {
     if (a == NULL)
-        return dp_fail(d, DP_EINVAL, "slab allocator: NULL argument");
+        return dp__fail(d, DP_EINVAL, "slab allocator: NULL argument");
     blk **link = lookup_allocated(a, off, "free", d);
     if (link == NULL)
         return DP_EINVAL;
@@ -559,13 +559,13 @@ dp_slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d)
 }
 
 int
-dp_slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d)
+dp__slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d)
 {
     if (a == NULL)
-        return dp_fail(d, DP_EINVAL, "slab allocator: NULL argument");
+        return dp__fail(d, DP_EINVAL, "slab allocator: NULL argument");
     if (isnan(t))
-        return dp_fail(d, DP_EINVAL, "slab allocator: free_at(%" PRIu64 "): time is NaN",
-                       off);
+        return dp__fail(d, DP_EINVAL, "slab allocator: free_at(%" PRIu64 "): time is NaN",
+                        off);
     blk **link = lookup_allocated(a, off, "free_at", d);
     if (link == NULL)
         return DP_EINVAL;
@@ -583,7 +583,7 @@ dp_slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d)
 }
 
 uint64_t
-dp_slab_alloc_sweep(dp_slab_alloc *a, double now)
+dp__slab_alloc_sweep(dp_slab_alloc *a, double now)
 {
     uint64_t released = 0;
     if (a == NULL)
@@ -599,7 +599,7 @@ dp_slab_alloc_sweep(dp_slab_alloc *a, double now)
 /* ---- queries ---- */
 
 int
-dp_slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n)
+dp__slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n)
 {
     if (a == NULL || n == NULL)
         return DP_EINVAL;
@@ -611,7 +611,7 @@ dp_slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n)
 }
 
 void
-dp_slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st)
+dp__slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st)
 {
     memset(st, 0, sizeof(*st));
     st->next_release = INFINITY;
@@ -634,7 +634,7 @@ dp_slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st)
 }
 
 int
-dp_slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg)
+dp__slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg)
 {
     if (a == NULL || fn == NULL)
         return 0;
@@ -661,21 +661,22 @@ check_tree(const blk *t, const blk *parent, tree_check *c, int depth, dp_detail 
     if (t == NULL)
         return 0;
     if (depth > 10000)
-        return dp_fail(d, DP_ECORRUPT, "slab allocator: %s tree deeper than 10000",
-                       c->by_size ? "size" : "offset");
+        return dp__fail(d, DP_ECORRUPT, "slab allocator: %s tree deeper than 10000",
+                        c->by_size ? "size" : "offset");
     if (parent != NULL && t->prio > parent->prio)
-        return dp_fail(d, DP_ECORRUPT, "slab allocator: heap order broken at %" PRIu64,
-                       t->off);
+        return dp__fail(d, DP_ECORRUPT, "slab allocator: heap order broken at %" PRIu64,
+                        t->off);
     int rc = check_tree(t->l, t, c, depth + 1, d);
     if (rc != 0)
         return rc;
     if (c->by_size ? t->state != ST_FREE : (t->state != ST_ALLOC && t->state != ST_QUAR))
-        return dp_fail(d, DP_ECORRUPT,
-                       "slab allocator: block %" PRIu64 " in state %d in the %s tree",
-                       t->off, t->state, c->by_size ? "size" : "offset");
+        return dp__fail(d, DP_ECORRUPT,
+                        "slab allocator: block %" PRIu64 " in state %d in the %s tree",
+                        t->off, t->state, c->by_size ? "size" : "offset");
     if (c->last != NULL && !key_lt(c->by_size, c->last, t->size, t->off))
-        return dp_fail(d, DP_ECORRUPT, "slab allocator: %s tree out of order at %" PRIu64,
-                       c->by_size ? "size" : "offset", t->off);
+        return dp__fail(d, DP_ECORRUPT,
+                        "slab allocator: %s tree out of order at %" PRIu64,
+                        c->by_size ? "size" : "offset", t->off);
     c->last = t;
     c->count++;
     return check_tree(t->r, t, c, depth + 1, d);
@@ -690,33 +691,33 @@ cmp_blk_ptr(const void *x, const void *y)
 }
 
 int
-dp_slab_alloc_check(const dp_slab_alloc *a, dp_detail *d)
+dp__slab_alloc_check(const dp_slab_alloc *a, dp_detail *d)
 {
     uint64_t end = 0, nf = 0, na = 0, nq = 0, bf = 0, ba = 0, bq = 0;
     const blk *prev = NULL;
     if (a == NULL)
-        return dp_fail(d, DP_EINVAL, "slab allocator: NULL argument");
+        return dp__fail(d, DP_EINVAL, "slab allocator: NULL argument");
     for (const blk *b = DP_LIST_FIRST(&a->blocks, blk, link); b != NULL;
          prev = b, b = DP_LIST_NEXT(b, blk, link)) {
         if (b->link.prev != (prev != NULL ? &prev->link : NULL))
-            return dp_fail(d, DP_ECORRUPT, "slab allocator: bad prev link at %" PRIu64,
-                           b->off);
+            return dp__fail(d, DP_ECORRUPT, "slab allocator: bad prev link at %" PRIu64,
+                            b->off);
         if (b->off != end)
-            return dp_fail(d, DP_ECORRUPT,
-                           "slab allocator: block at %" PRIu64 ", expected %" PRIu64,
-                           b->off, end);
+            return dp__fail(d, DP_ECORRUPT,
+                            "slab allocator: block at %" PRIu64 ", expected %" PRIu64,
+                            b->off, end);
         if (b->size == 0 || b->size % a->align != 0 || b->size > a->usable - b->off)
-            return dp_fail(d, DP_ECORRUPT,
-                           "slab allocator: block at %" PRIu64 " has size %" PRIu64,
-                           b->off, b->size);
+            return dp__fail(d, DP_ECORRUPT,
+                            "slab allocator: block at %" PRIu64 " has size %" PRIu64,
+                            b->off, b->size);
         end = b->off + b->size;
         switch (b->state) {
         case ST_FREE:
             if (prev != NULL && prev->state == ST_FREE)
-                return dp_fail(d, DP_ECORRUPT,
-                               "slab allocator: free blocks at %" PRIu64 " and %" PRIu64
-                               " not merged",
-                               prev->off, b->off);
+                return dp__fail(d, DP_ECORRUPT,
+                                "slab allocator: free blocks at %" PRIu64 " and %" PRIu64
+                                " not merged",
+                                prev->off, b->off);
             nf++;
             bf += b->size;
             break;
@@ -729,57 +730,57 @@ dp_slab_alloc_check(const dp_slab_alloc *a, dp_detail *d)
             bq += b->size;
             break;
         default:
-            return dp_fail(d, DP_ECORRUPT,
-                           "slab allocator: block %" PRIu64 " in state %d", b->off,
-                           b->state);
+            return dp__fail(d, DP_ECORRUPT,
+                            "slab allocator: block %" PRIu64 " in state %d", b->off,
+                            b->state);
         }
     }
     if (end != a->usable)
-        return dp_fail(d, DP_ECORRUPT,
-                       "slab allocator: blocks end at %" PRIu64 ", area at %" PRIu64, end,
-                       a->usable);
+        return dp__fail(d, DP_ECORRUPT,
+                        "slab allocator: blocks end at %" PRIu64 ", area at %" PRIu64,
+                        end, a->usable);
     if (nf != a->n_free || na != a->n_alloc || nq != a->n_quar || bf != a->free_bytes ||
         ba != a->alloc_bytes || bq != a->quar_bytes)
-        return dp_fail(d, DP_ECORRUPT,
-                       "slab allocator: counters (free %" PRIu64 "/%" PRIu64
-                       ", allocated %" PRIu64 "/%" PRIu64 ", quarantined %" PRIu64
-                       "/%" PRIu64 ") disagree with the blocks (%" PRIu64 "/%" PRIu64
-                       ", %" PRIu64 "/%" PRIu64 ", %" PRIu64 "/%" PRIu64 ")",
-                       a->n_free, a->free_bytes, a->n_alloc, a->alloc_bytes, a->n_quar,
-                       a->quar_bytes, nf, bf, na, ba, nq, bq);
+        return dp__fail(d, DP_ECORRUPT,
+                        "slab allocator: counters (free %" PRIu64 "/%" PRIu64
+                        ", allocated %" PRIu64 "/%" PRIu64 ", quarantined %" PRIu64
+                        "/%" PRIu64 ") disagree with the blocks (%" PRIu64 "/%" PRIu64
+                        ", %" PRIu64 "/%" PRIu64 ", %" PRIu64 "/%" PRIu64 ")",
+                        a->n_free, a->free_bytes, a->n_alloc, a->alloc_bytes, a->n_quar,
+                        a->quar_bytes, nf, bf, na, ba, nq, bq);
 
     tree_check c = {.by_size = true};
     int rc = check_tree(a->by_size, NULL, &c, 0, d);
     if (rc != 0)
         return rc;
     if (c.count != nf)
-        return dp_fail(d, DP_ECORRUPT,
-                       "slab allocator: size tree holds %" PRIu64 " of %" PRIu64
-                       " free blocks",
-                       c.count, nf);
+        return dp__fail(d, DP_ECORRUPT,
+                        "slab allocator: size tree holds %" PRIu64 " of %" PRIu64
+                        " free blocks",
+                        c.count, nf);
     c = (tree_check){.by_size = false};
     rc = check_tree(a->by_off, NULL, &c, 0, d);
     if (rc != 0)
         return rc;
     if (c.count != na + nq)
-        return dp_fail(d, DP_ECORRUPT,
-                       "slab allocator: offset tree holds %" PRIu64 " of %" PRIu64
-                       " used blocks",
-                       c.count, na + nq);
+        return dp__fail(d, DP_ECORRUPT,
+                        "slab allocator: offset tree holds %" PRIu64 " of %" PRIu64
+                        " used blocks",
+                        c.count, na + nq);
 
     if (a->q_len != nq)
-        return dp_fail(d, DP_ECORRUPT,
-                       "slab allocator: quarantine heap holds %zu of %" PRIu64 " blocks",
-                       a->q_len, nq);
+        return dp__fail(d, DP_ECORRUPT,
+                        "slab allocator: quarantine heap holds %zu of %" PRIu64 " blocks",
+                        a->q_len, nq);
     for (size_t i = 0; i < a->q_len; i++) {
         if (a->q[i].b->state != ST_QUAR)
-            return dp_fail(
+            return dp__fail(
                 d, DP_ECORRUPT,
                 "slab allocator: quarantine entry %zu names a block in state %d", i,
                 a->q[i].b->state);
         if (i > 0 && q_lt(&a->q[i], &a->q[(i - 1) / 2]))
-            return dp_fail(d, DP_ECORRUPT,
-                           "slab allocator: quarantine heap order broken");
+            return dp__fail(d, DP_ECORRUPT,
+                            "slab allocator: quarantine heap order broken");
     }
     /* Every quarantined block exactly once: the entries name distinct blocks. */
     if (a->q_len > 1) {
@@ -794,8 +795,8 @@ dp_slab_alloc_check(const dp_slab_alloc *a, dp_detail *d)
             dup = v[i] == v[i - 1];
         free(v);
         if (dup)
-            return dp_fail(d, DP_ECORRUPT,
-                           "slab allocator: a block is twice in the quarantine heap");
+            return dp__fail(d, DP_ECORRUPT,
+                            "slab allocator: a block is twice in the quarantine heap");
     }
     return 0;
 }

@@ -12,7 +12,7 @@
  * Quarantine (design invariant 1, no reuse under a transfer): free_at() parks a
  * block until a given time; it is neither allocatable nor freeable again until
  * sweep() runs with now >= that time. Times are seconds on any clock the caller
- * picks, as long as it is one clock (the unit uses dp_now_s()).
+ * picks, as long as it is one clock (the unit uses dp__now_s()).
  *
  * Threads: a dp_slab_alloc is not thread-safe, by design. Every call on one
  * allocator must be serialised by the caller (the unit holds its unit lock);
@@ -29,7 +29,7 @@
 
 typedef struct dp_slab_alloc dp_slab_alloc;
 
-/* The state of one block, as reported by dp_slab_alloc_walk(). */
+/* The state of one block, as reported by dp__slab_alloc_walk(). */
 enum dp_slab_block_state {
     DP_SLAB_FREE = 0,        /* allocatable */
     DP_SLAB_ALLOCATED = 1,   /* handed out, not freed */
@@ -62,19 +62,19 @@ typedef struct dp_slab_alloc_stats {
  * 64; otherwise a power of two. Sizes are rounded up to it. The area is rounded
  * down to it: a tail of area_bytes % align is never handed out.
  *
- * Returns 0 and *out (free it with dp_slab_alloc_destroy), DP_EINVAL (align not
+ * Returns 0 and *out (free it with dp__slab_alloc_destroy), DP_EINVAL (align not
  * a power of two, area smaller than one granule, out NULL) or DP_ENOMEM.
  * Threads: any.
  */
-int dp_slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
-                         dp_detail *d);
+int dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
+                          dp_detail *d);
 
 /*
  * Free the allocator and all its bookkeeping (NULL is fine). Outstanding and
  * quarantined blocks are simply forgotten: the caller owns the memory behind
  * them and decides whether anything can still touch it.
  */
-void dp_slab_alloc_destroy(dp_slab_alloc *a);
+void dp__slab_alloc_destroy(dp_slab_alloc *a);
 
 /*
  * Allocate nbytes (rounded up to align); the block's offset goes to *off.
@@ -89,7 +89,7 @@ void dp_slab_alloc_destroy(dp_slab_alloc *a);
  *   DP_ENOMEM     host memory for bookkeeping ran out.
  * On any error nothing changed. Threads: caller-serialised (see the top).
  */
-int dp_slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d);
+int dp__slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d);
 
 /*
  * Free the allocated block that starts at off, now; it merges with free
@@ -100,13 +100,13 @@ int dp_slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_det
  * quarantined block (those are released only by sweep). The detail says which.
  * On error nothing changed. Threads: caller-serialised.
  */
-int dp_slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d);
+int dp__slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d);
 
 /*
  * Quarantine the allocated block at off until time t: it stops counting as
  * allocated, cannot be freed or quarantined again, and becomes free at the
- * first dp_slab_alloc_sweep(a, now) with now >= t. It is never released
- * immediately, even when t is already past: call dp_slab_alloc_free for that.
+ * first dp__slab_alloc_sweep(a, now) with now >= t. It is never released
+ * immediately, even when t is already past: call dp__slab_alloc_free for that.
  * t = INFINITY parks the block until a sweep with now = INFINITY (but see
  * "Retired regions" in the Design notes of slab_alloc.c: leaving a block
  * allocated is the better way to retire it).
@@ -114,7 +114,7 @@ int dp_slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d);
  * Returns 0, DP_EINVAL (as for free, or t is NaN) or DP_ENOMEM; on error
  * nothing changed. Threads: caller-serialised.
  */
-int dp_slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d);
+int dp__slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d);
 
 /*
  * Release every quarantined block whose time is <= now, earliest time first
@@ -122,7 +122,7 @@ int dp_slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d
  * Returns the bytes released (0 when nothing was due; that case costs O(1)).
  * Threads: caller-serialised.
  */
-uint64_t dp_slab_alloc_sweep(dp_slab_alloc *a, double now);
+uint64_t dp__slab_alloc_sweep(dp_slab_alloc *a, double now);
 
 /*
  * The size (after rounding) of the allocated block that starts at off.
@@ -130,10 +130,10 @@ uint64_t dp_slab_alloc_sweep(dp_slab_alloc *a, double now);
  * (free, quarantined and inner offsets included). O(log n).
  * Threads: caller-serialised.
  */
-int dp_slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n);
+int dp__slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n);
 
 /* Fill *st with the current counters. O(log n). Threads: caller-serialised. */
-void dp_slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st);
+void dp__slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st);
 
 /*
  * Call fn(arg, off, size, state) for every block in address order: together
@@ -142,7 +142,7 @@ void dp_slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st);
  * admin, debugging and tests. Threads: caller-serialised.
  */
 typedef int (*dp_slab_alloc_walk_fn)(void *arg, uint64_t off, uint64_t size, int state);
-int dp_slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg);
+int dp__slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg);
 
 /*
  * Verify every internal invariant (tiling, coalescing, both trees' order and
@@ -150,6 +150,6 @@ int dp_slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *a
  * DP_ECORRUPT with the first violation in d. O(n): for tests and debugging.
  * Threads: caller-serialised.
  */
-int dp_slab_alloc_check(const dp_slab_alloc *a, dp_detail *d);
+int dp__slab_alloc_check(const dp_slab_alloc *a, dp_detail *d);
 
 #endif

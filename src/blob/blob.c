@@ -7,7 +7,7 @@
  *   hostile client may still be writing, so the header and the index are
  *   read from it exactly once, by memcpy into memory the dp_blob owns; every
  *   check and every returned pointer refers to that copy. The payload is
- *   never read by dp_blob_parse (dp_blob_check_payload reads it, inside the
+ *   never read by dp__blob_parse (dp__blob_check_payload reads it, inside the
  *   bounds the parse established).
  * - Every size is checked before it is used in arithmetic, in an order that
  *   cannot overflow: index_len <= len - 64, then payload_off >= 64 +
@@ -42,13 +42,13 @@ static const char *const kind_names[] = {
 };
 
 const char *
-dp_blob_kind_name(dp_blob_kind k)
+dp__blob_kind_name(dp_blob_kind k)
 {
     return (unsigned)k < DP_ARRAY_LEN(kind_names) ? kind_names[k] : "?";
 }
 
 int
-dp_blob_kind_parse(const char *s, size_t len, dp_blob_kind *out)
+dp__blob_kind_parse(const char *s, size_t len, dp_blob_kind *out)
 {
     for (unsigned k = 0; k < DP_ARRAY_LEN(kind_names); k++) {
         if (strlen(kind_names[k]) == len && memcmp(kind_names[k], s, len) == 0) {
@@ -78,26 +78,26 @@ dtype_problem(const char *dtype, size_t len, dp_blob_kind kind)
 /* ---- header ---- */
 
 void
-dp_blob_header_encode(const dp_blob_header *h, uint8_t out[64])
+dp__blob_header_encode(const dp_blob_header *h, uint8_t out[64])
 {
     memset(out, 0, DP_BLOB_HEADER_LEN);
     memcpy(out, DP_BLOB_MAGIC, 8);
-    dp_le32_store(out + 8, h->version);
-    dp_le32_store(out + 12, h->n_entries);
-    dp_le64_store(out + 16, h->index_len);
-    dp_le64_store(out + 24, h->payload_off);
-    dp_le64_store(out + 32, h->total_len);
-    dp_le32_store(out + 40, h->index_crc);
-    dp_le32_store(out + 44, h->flags);
-    dp_le64_store(out + 48, h->alloc_incarnation);
-    dp_le64_store(out + 56, h->alloc_token);
+    dp__le32_store(out + 8, h->version);
+    dp__le32_store(out + 12, h->n_entries);
+    dp__le64_store(out + 16, h->index_len);
+    dp__le64_store(out + 24, h->payload_off);
+    dp__le64_store(out + 32, h->total_len);
+    dp__le32_store(out + 40, h->index_crc);
+    dp__le32_store(out + 44, h->flags);
+    dp__le64_store(out + 48, h->alloc_incarnation);
+    dp__le64_store(out + 56, h->alloc_token);
 }
 
 void
-dp_blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t token)
+dp__blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t token)
 {
-    dp_le64_store(hdr64 + 48, incarnation);
-    dp_le64_store(hdr64 + 56, token);
+    dp__le64_store(hdr64 + 48, incarnation);
+    dp__le64_store(hdr64 + 56, token);
 }
 
 static uint32_t
@@ -113,72 +113,73 @@ opt_max_index_len(const dp_blob_parse_opts *o)
 }
 
 int
-dp_blob_header_decode(const uint8_t hdr64[64], uint64_t len,
-                      const dp_blob_parse_opts *opts, dp_blob_header *out, dp_detail *d)
+dp__blob_header_decode(const uint8_t hdr64[64], uint64_t len,
+                       const dp_blob_parse_opts *opts, dp_blob_header *out, dp_detail *d)
 {
     dp_blob_header h;
     if (len < DP_BLOB_HEADER_LEN)
-        return dp_fail(d, DP_EPROTO, "blob: %llu bytes, shorter than the %u-byte header",
-                       (unsigned long long)len, DP_BLOB_HEADER_LEN);
+        return dp__fail(d, DP_EPROTO, "blob: %llu bytes, shorter than the %u-byte header",
+                        (unsigned long long)len, DP_BLOB_HEADER_LEN);
     if (memcmp(hdr64, DP_BLOB_MAGIC, 8) != 0) {
         char q[48];
-        return dp_fail(d, DP_EPROTO, "blob: bad magic '%s' (want '%s')",
-                       dp__quote_bytes((const char *)hdr64, 8, 8, q, sizeof q),
-                       DP_BLOB_MAGIC);
+        return dp__fail(d, DP_EPROTO, "blob: bad magic '%s' (want '%s')",
+                        dp__quote_bytes((const char *)hdr64, 8, 8, q, sizeof q),
+                        DP_BLOB_MAGIC);
     }
-    h.version = dp_le32_load(hdr64 + 8);
-    h.n_entries = dp_le32_load(hdr64 + 12);
-    h.index_len = dp_le64_load(hdr64 + 16);
-    h.payload_off = dp_le64_load(hdr64 + 24);
-    h.total_len = dp_le64_load(hdr64 + 32);
-    h.index_crc = dp_le32_load(hdr64 + 40);
-    h.flags = dp_le32_load(hdr64 + 44);
-    h.alloc_incarnation = dp_le64_load(hdr64 + 48);
-    h.alloc_token = dp_le64_load(hdr64 + 56);
+    h.version = dp__le32_load(hdr64 + 8);
+    h.n_entries = dp__le32_load(hdr64 + 12);
+    h.index_len = dp__le64_load(hdr64 + 16);
+    h.payload_off = dp__le64_load(hdr64 + 24);
+    h.total_len = dp__le64_load(hdr64 + 32);
+    h.index_crc = dp__le32_load(hdr64 + 40);
+    h.flags = dp__le32_load(hdr64 + 44);
+    h.alloc_incarnation = dp__le64_load(hdr64 + 48);
+    h.alloc_token = dp__le64_load(hdr64 + 56);
     if (h.version == 1)
-        return dp_fail(d, DP_EPROTO,
-                       "blob: layout version 1 (written by an older client or saved by "
-                       "an older unit, before blobs named their allocation); this code "
-                       "reads version %u only: put the data again with this version",
-                       DP_BLOB_VERSION);
+        return dp__fail(d, DP_EPROTO,
+                        "blob: layout version 1 (written by an older client or saved by "
+                        "an older unit, before blobs named their allocation); this code "
+                        "reads version %u only: put the data again with this version",
+                        DP_BLOB_VERSION);
     if (h.version != DP_BLOB_VERSION)
-        return dp_fail(d, DP_EPROTO, "blob: version %u, this unit reads version %u",
-                       h.version, DP_BLOB_VERSION);
+        return dp__fail(d, DP_EPROTO, "blob: version %u, this unit reads version %u",
+                        h.version, DP_BLOB_VERSION);
     if ((h.flags & ~DP_BLOB_FLAG_CRC) != 0)
-        return dp_fail(d, DP_EPROTO, "blob: unknown flags 0x%x", h.flags);
+        return dp__fail(d, DP_EPROTO, "blob: unknown flags 0x%x", h.flags);
     if (h.total_len != len)
-        return dp_fail(d, DP_EPROTO,
-                       "blob: total_len %llu differs from the allocation of %llu bytes",
-                       (unsigned long long)h.total_len, (unsigned long long)len);
+        return dp__fail(d, DP_EPROTO,
+                        "blob: total_len %llu differs from the allocation of %llu bytes",
+                        (unsigned long long)h.total_len, (unsigned long long)len);
     if (h.n_entries == 0)
-        return dp_fail(d, DP_EPROTO, "blob: no entries");
+        return dp__fail(d, DP_EPROTO, "blob: no entries");
     uint32_t max_entries = opt_max_entries(opts);
     if (h.n_entries > max_entries)
-        return dp_fail(d, DP_EPROTO, "blob: %u entries, more than the limit of %u",
-                       h.n_entries, max_entries);
+        return dp__fail(d, DP_EPROTO, "blob: %u entries, more than the limit of %u",
+                        h.n_entries, max_entries);
     uint64_t max_index = opt_max_index_len(opts);
     if (h.index_len > max_index)
-        return dp_fail(d, DP_EPROTO, "blob: index_len %llu is over the limit of %llu",
-                       (unsigned long long)h.index_len, (unsigned long long)max_index);
+        return dp__fail(d, DP_EPROTO, "blob: index_len %llu is over the limit of %llu",
+                        (unsigned long long)h.index_len, (unsigned long long)max_index);
     if (h.index_len > len - DP_BLOB_HEADER_LEN)
-        return dp_fail(d, DP_EPROTO, "blob: index_len %llu runs past the blob end (%llu)",
-                       (unsigned long long)h.index_len, (unsigned long long)len);
+        return dp__fail(d, DP_EPROTO,
+                        "blob: index_len %llu runs past the blob end (%llu)",
+                        (unsigned long long)h.index_len, (unsigned long long)len);
     if ((uint64_t)h.n_entries * DP_BLOB_MIN_ENTRY_LEN > h.index_len)
-        return dp_fail(d, DP_EPROTO,
-                       "blob: %u entries cannot fit in an index of %llu bytes",
-                       h.n_entries, (unsigned long long)h.index_len);
+        return dp__fail(d, DP_EPROTO,
+                        "blob: %u entries cannot fit in an index of %llu bytes",
+                        h.n_entries, (unsigned long long)h.index_len);
     if (h.payload_off % DP_BLOB_ALIGN != 0)
-        return dp_fail(d, DP_EPROTO, "blob: payload_off %llu is not 64-byte aligned",
-                       (unsigned long long)h.payload_off);
+        return dp__fail(d, DP_EPROTO, "blob: payload_off %llu is not 64-byte aligned",
+                        (unsigned long long)h.payload_off);
     if (h.payload_off < DP_BLOB_HEADER_LEN + h.index_len)
-        return dp_fail(d, DP_EPROTO,
-                       "blob: payload_off %llu overlaps the index (ends at %llu)",
-                       (unsigned long long)h.payload_off,
-                       (unsigned long long)(DP_BLOB_HEADER_LEN + h.index_len));
+        return dp__fail(d, DP_EPROTO,
+                        "blob: payload_off %llu overlaps the index (ends at %llu)",
+                        (unsigned long long)h.payload_off,
+                        (unsigned long long)(DP_BLOB_HEADER_LEN + h.index_len));
     if (h.payload_off > h.total_len)
-        return dp_fail(d, DP_EPROTO, "blob: payload_off %llu is past total_len %llu",
-                       (unsigned long long)h.payload_off,
-                       (unsigned long long)h.total_len);
+        return dp__fail(d, DP_EPROTO, "blob: payload_off %llu is past total_len %llu",
+                        (unsigned long long)h.payload_off,
+                        (unsigned long long)h.total_len);
     *out = h;
     return DP_OK;
 }
@@ -206,7 +207,7 @@ reject_ctx(dp_detail *d, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    dp_fail_ctx(d, DP_EPROTO, "%s", prefix);
+    dp__fail_ctx(d, DP_EPROTO, "%s", prefix);
     d->code = DP_EPROTO;
     return DP_EPROTO;
 }
@@ -232,75 +233,75 @@ parse_entry(dp_mp_reader *r, uint32_t i, const dp_blob_header *h, struct raw_ent
 {
     char q[80];
     uint32_t n;
-    if (dp_mp_read_array(r, &n, NULL, d) != DP_OK)
+    if (dp__mp_read_array(r, &n, NULL, d) != DP_OK)
         return reject_ctx(d, "blob entry %u", i);
     if (n != ENTRY_FIELDS)
-        return dp_fail(d, DP_EPROTO, "blob entry %u: %u fields, want %d", i, n,
-                       ENTRY_FIELDS);
-    if (dp_mp_read_str(r, &e->key, &e->key_len, "key", d) != DP_OK)
+        return dp__fail(d, DP_EPROTO, "blob entry %u: %u fields, want %d", i, n,
+                        ENTRY_FIELDS);
+    if (dp__mp_read_str(r, &e->key, &e->key_len, "key", d) != DP_OK)
         return reject_ctx(d, "blob entry %u", i);
-    if (dp_key_split(e->key, e->key_len, &e->kp, d) != DP_OK)
+    if (dp__key_split(e->key, e->key_len, &e->kp, d) != DP_OK)
         return reject_ctx(d, "blob entry %u", i);
         /* The quoted key, made only on an error path (this runs per entry). */
 #define qk dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q)
 
     const char *s;
     uint32_t slen;
-    if (dp_mp_read_str(r, &s, &slen, "kind", d) != DP_OK)
+    if (dp__mp_read_str(r, &s, &slen, "kind", d) != DP_OK)
         return reject_ctx(d, "blob entry %u ('%s')", i, qk);
-    if (dp_blob_kind_parse(s, slen, &e->kind) != DP_OK) {
+    if (dp__blob_kind_parse(s, slen, &e->kind) != DP_OK) {
         char qs[48];
-        return dp_fail(d, DP_EPROTO,
-                       "blob entry %u ('%s'): kind '%s' is not tensor, bytes or object",
-                       i, qk, dp__quote_bytes(s, slen, 16, qs, sizeof qs));
+        return dp__fail(d, DP_EPROTO,
+                        "blob entry %u ('%s'): kind '%s' is not tensor, bytes or object",
+                        i, qk, dp__quote_bytes(s, slen, 16, qs, sizeof qs));
     }
-    if (dp_mp_read_str(r, &e->dtype, &e->dtype_len, "dtype", d) != DP_OK)
+    if (dp__mp_read_str(r, &e->dtype, &e->dtype_len, "dtype", d) != DP_OK)
         return reject_ctx(d, "blob entry %u ('%s')", i, qk);
     const char *why = dtype_problem(e->dtype, e->dtype_len, e->kind);
     if (why != NULL)
-        return dp_fail(d, DP_EPROTO, "blob entry %u ('%s'): %s", i, qk, why);
+        return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): %s", i, qk, why);
 
-    if (dp_mp_read_array(r, &e->ndim, "shape", d) != DP_OK)
+    if (dp__mp_read_array(r, &e->ndim, "shape", d) != DP_OK)
         return reject_ctx(d, "blob entry %u ('%s')", i, qk);
     if (e->ndim > DP_BLOB_MAX_DIMS)
-        return dp_fail(d, DP_EPROTO, "blob entry %u ('%s'): shape has %u dims, max %u", i,
-                       qk, e->ndim, DP_BLOB_MAX_DIMS);
+        return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): shape has %u dims, max %u",
+                        i, qk, e->ndim, DP_BLOB_MAX_DIMS);
     for (uint32_t k = 0; k < e->ndim; k++)
-        if (dp_mp_read_u64(r, &e->dims[k], "shape dim", d) != DP_OK)
+        if (dp__mp_read_u64(r, &e->dims[k], "shape dim", d) != DP_OK)
             return reject_ctx(d, "blob entry %u ('%s')", i, qk);
 
-    if (dp_mp_read_u64(r, &e->off, "off", d) != DP_OK ||
-        dp_mp_read_u64(r, &e->len, "len", d) != DP_OK)
+    if (dp__mp_read_u64(r, &e->off, "off", d) != DP_OK ||
+        dp__mp_read_u64(r, &e->len, "len", d) != DP_OK)
         return reject_ctx(d, "blob entry %u ('%s')", i, qk);
-    if (dp_mp_take_nil(r)) {
+    if (dp__mp_take_nil(r)) {
         e->has_crc = false;
         e->crc = 0;
     } else {
         uint64_t crc;
-        if (dp_mp_read_u64(r, &crc, "crc", d) != DP_OK)
+        if (dp__mp_read_u64(r, &crc, "crc", d) != DP_OK)
             return reject_ctx(d, "blob entry %u ('%s')", i, qk);
         if (crc > UINT32_MAX)
-            return dp_fail(d, DP_EPROTO, "blob entry %u ('%s'): crc %llu is not 32-bit",
-                           i, qk, (unsigned long long)crc);
+            return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): crc %llu is not 32-bit",
+                            i, qk, (unsigned long long)crc);
         e->has_crc = true;
         e->crc = (uint32_t)crc;
     }
     bool want_crc = (h->flags & DP_BLOB_FLAG_CRC) != 0;
     if (e->has_crc != want_crc)
-        return dp_fail(d, DP_EPROTO, "blob entry %u ('%s'): %s", i, qk,
-                       want_crc ? "no crc, but the header says every entry has one"
-                                : "has a crc, but the header says entries have none");
+        return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): %s", i, qk,
+                        want_crc ? "no crc, but the header says every entry has one"
+                                 : "has a crc, but the header says entries have none");
 
     if (e->off < h->payload_off)
-        return dp_fail(d, DP_EPROTO,
-                       "blob entry %u ('%s'): off %llu is before payload_off %llu", i, qk,
-                       (unsigned long long)e->off, (unsigned long long)h->payload_off);
+        return dp__fail(
+            d, DP_EPROTO, "blob entry %u ('%s'): off %llu is before payload_off %llu", i,
+            qk, (unsigned long long)e->off, (unsigned long long)h->payload_off);
     if (e->off % DP_BLOB_ALIGN != 0)
-        return dp_fail(d, DP_EPROTO,
-                       "blob entry %u ('%s'): off %llu is not 64-byte aligned", i, qk,
-                       (unsigned long long)e->off);
+        return dp__fail(d, DP_EPROTO,
+                        "blob entry %u ('%s'): off %llu is not 64-byte aligned", i, qk,
+                        (unsigned long long)e->off);
     if (e->off > h->total_len || e->len > h->total_len - e->off)
-        return dp_fail(
+        return dp__fail(
             d, DP_EPROTO,
             "blob entry %u ('%s'): off %llu + len %llu runs past total_len %llu", i, qk,
             (unsigned long long)e->off, (unsigned long long)e->len,
@@ -381,7 +382,7 @@ check_overlap(dp_blob *b, dp_detail *d)
     uint32_t n = b->h.n_entries;
     const dp_blob_entry **by_off = malloc(n * sizeof *by_off);
     if (by_off == NULL)
-        return dp_fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
+        return dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++)
         if (b->entries[i].len > 0)
@@ -398,13 +399,13 @@ check_overlap(dp_blob *b, dp_detail *d)
         if (p->off + p->len >
             c->off) { /* sorted by off: p->off + p->len cannot overflow */
             char q1[80], q2[80];
-            rc =
-                dp_fail(d, DP_EPROTO,
-                        "blob: entries '%s' [%llu, +%llu) and '%s' [%llu, +%llu) overlap",
-                        dp__quote_bytes(p->key, p->key_len, 60, q1, sizeof q1),
-                        (unsigned long long)p->off, (unsigned long long)p->len,
-                        dp__quote_bytes(c->key, c->key_len, 60, q2, sizeof q2),
-                        (unsigned long long)c->off, (unsigned long long)c->len);
+            rc = dp__fail(
+                d, DP_EPROTO,
+                "blob: entries '%s' [%llu, +%llu) and '%s' [%llu, +%llu) overlap",
+                dp__quote_bytes(p->key, p->key_len, 60, q1, sizeof q1),
+                (unsigned long long)p->off, (unsigned long long)p->len,
+                dp__quote_bytes(c->key, c->key_len, 60, q2, sizeof q2),
+                (unsigned long long)c->off, (unsigned long long)c->len);
             break;
         }
     }
@@ -413,7 +414,7 @@ check_overlap(dp_blob *b, dp_detail *d)
 }
 
 void
-dp_blob_destroy(dp_blob *b)
+dp__blob_destroy(dp_blob *b)
 {
     if (b == NULL)
         return;
@@ -426,31 +427,31 @@ dp_blob_destroy(dp_blob *b)
 }
 
 int
-dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob **out,
-              dp_detail *d)
+dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob **out,
+               dp_detail *d)
 {
     *out = NULL;
     if (opts != NULL && opts->n_units > 0 && opts->unit_index >= opts->n_units)
-        return dp_fail(d, DP_EINVAL, "blob parse options: unit %u of %u units",
-                       opts->unit_index, opts->n_units);
+        return dp__fail(d, DP_EINVAL, "blob parse options: unit %u of %u units",
+                        opts->unit_index, opts->n_units);
     if (p == NULL || len < DP_BLOB_HEADER_LEN)
-        return dp_fail(d, DP_EPROTO, "blob: %zu bytes, shorter than the %u-byte header",
-                       p == NULL ? (size_t)0 : len, DP_BLOB_HEADER_LEN);
+        return dp__fail(d, DP_EPROTO, "blob: %zu bytes, shorter than the %u-byte header",
+                        p == NULL ? (size_t)0 : len, DP_BLOB_HEADER_LEN);
     dp_blob *b = calloc(1, sizeof *b);
     dp_buf strs, dims;
-    dp_buf_init(&strs);
-    dp_buf_init(&dims);
+    dp__buf_init(&strs);
+    dp__buf_init(&dims);
     struct {
         size_t key, dtype, dims;
     } *at = NULL;
     int rc;
     if (b == NULL)
-        return dp_fail(d, DP_ENOMEM, "blob: no memory");
+        return dp__fail(d, DP_ENOMEM, "blob: no memory");
 
     /* One read of the header from the shared memory, then only the copy. */
     uint8_t hdr[DP_BLOB_HEADER_LEN];
     memcpy(hdr, p, sizeof hdr);
-    rc = dp_blob_header_decode(hdr, len, opts, &b->h, d);
+    rc = dp__blob_header_decode(hdr, len, opts, &b->h, d);
     if (rc != DP_OK)
         goto fail;
     const dp_blob_header *h = &b->h;
@@ -458,8 +459,8 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
     size_t copy_len = (size_t)(DP_BLOB_HEADER_LEN + h->index_len);
     b->copy = malloc(copy_len);
     if (b->copy == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "blob: no memory for an index of %llu bytes",
-                     (unsigned long long)h->index_len);
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for an index of %llu bytes",
+                      (unsigned long long)h->index_len);
         goto fail;
     }
     memcpy(b->copy, hdr, DP_BLOB_HEADER_LEN);
@@ -467,43 +468,43 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
            (size_t)h->index_len);
     const uint8_t *index = b->copy + DP_BLOB_HEADER_LEN;
 
-    uint32_t crc = dp_crc32c(index, (size_t)h->index_len);
+    uint32_t crc = dp__crc32c(index, (size_t)h->index_len);
     if (crc != h->index_crc) {
-        rc = dp_fail(d, DP_EPROTO, "blob: index CRC32C 0x%08x, header says 0x%08x", crc,
-                     h->index_crc);
+        rc = dp__fail(d, DP_EPROTO, "blob: index CRC32C 0x%08x, header says 0x%08x", crc,
+                      h->index_crc);
         goto fail;
     }
 
     dp_mp_reader r;
-    dp_mp_reader_init(&r, index, (size_t)h->index_len);
+    dp__mp_reader_init(&r, index, (size_t)h->index_len);
     uint32_t n;
-    if (dp_mp_read_array(&r, &n, "blob index", d) != DP_OK) {
+    if (dp__mp_read_array(&r, &n, "blob index", d) != DP_OK) {
         rc = reject_ctx(d, "blob");
         goto fail;
     }
     if (n != h->n_entries) {
-        rc = dp_fail(d, DP_EPROTO, "blob: index has %u entries, header says %u", n,
-                     h->n_entries);
+        rc = dp__fail(d, DP_EPROTO, "blob: index has %u entries, header says %u", n,
+                      h->n_entries);
         goto fail;
     }
     b->entries = calloc(n, sizeof *b->entries);
     b->kmask = key_slots_for(n) - 1;
     b->kslots = calloc((size_t)b->kmask + 1, sizeof *b->kslots);
     if (b->entries == NULL || b->kslots == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
         goto fail;
     }
     /* Strings and dims go to growing arenas; their offsets are kept aside
      * (the arenas move while they grow) and turned into pointers at the end. */
     at = malloc(n * sizeof *at);
     if (at == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
         goto fail;
     }
     /* Every key and dtype is a string of the index: the index's length bounds
      * them all, so the string arena is sized once and never grows. */
-    if (dp_buf_reserve(&strs, (size_t)h->index_len + 2 * (size_t)n) != DP_OK) {
-        rc = dp_fail(d, DP_ENOMEM, "blob: no memory for the index strings");
+    if (dp__buf_reserve(&strs, (size_t)h->index_len + 2 * (size_t)n) != DP_OK) {
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
         goto fail;
     }
     struct raw_entry e;
@@ -514,7 +515,7 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
         if (opts != NULL && opts->n_units > 0 &&
             e.kp.gidx % opts->n_units != opts->unit_index) {
             char q[80];
-            rc = dp_fail(
+            rc = dp__fail(
                 d, DP_EPROTO,
                 "blob entry %u ('%s'): row %llu belongs to unit %llu of %u, not to "
                 "unit %u",
@@ -536,7 +537,7 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
         strs.len += (size_t)e.dtype_len + 1;
         at[i].dims = dims.len / sizeof(uint64_t);
         if (e.ndim > 0)
-            dp_buf_append(&dims, e.dims, e.ndim * sizeof(uint64_t));
+            dp__buf_append(&dims, e.dims, e.ndim * sizeof(uint64_t));
         o->key_len = e.key_len;
         o->gidx = e.kp.gidx;
         o->field_len = (uint32_t)e.kp.field_len;
@@ -548,18 +549,18 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
         o->has_crc = e.has_crc;
         o->crc = e.crc;
     }
-    if (dp_mp_remaining(&r) != 0) {
-        rc = dp_fail(d, DP_EPROTO, "blob: %zu stray bytes after the index's %u entries",
-                     dp_mp_remaining(&r), n);
+    if (dp__mp_remaining(&r) != 0) {
+        rc = dp__fail(d, DP_EPROTO, "blob: %zu stray bytes after the index's %u entries",
+                      dp__mp_remaining(&r), n);
         goto fail;
     }
-    dp_buf_append(&dims, &(uint64_t){0}, sizeof(uint64_t)); /* shape never NULL */
+    dp__buf_append(&dims, &(uint64_t){0}, sizeof(uint64_t)); /* shape never NULL */
     if (strs.oom || dims.oom) {
-        rc = dp_fail(d, DP_ENOMEM, "blob: no memory for the index strings");
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
         goto fail;
     }
-    b->strs = (char *)dp_buf_steal(&strs, NULL);
-    b->dims = (uint64_t *)(void *)dp_buf_steal(&dims, NULL);
+    b->strs = (char *)dp__buf_steal(&strs, NULL);
+    b->dims = (uint64_t *)(void *)dp__buf_steal(&dims, NULL);
     for (uint32_t i = 0; i < n; i++) {
         dp_blob_entry *o = &b->entries[i];
         o->key = b->strs + at[i].key;
@@ -575,8 +576,8 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
         if (key_slots_insert(b->kslots, b->kmask, o->key, o->key_len, i, parsed_key_of,
                              b) != UINT32_MAX) {
             char q[80];
-            rc = dp_fail(d, DP_EPROTO, "blob: key '%s' appears twice",
-                         dp__quote_bytes(o->key, o->key_len, 60, q, sizeof q));
+            rc = dp__fail(d, DP_EPROTO, "blob: key '%s' appears twice",
+                          dp__quote_bytes(o->key, o->key_len, 60, q, sizeof q));
             goto fail;
         }
     }
@@ -590,33 +591,33 @@ dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob
 
 fail:
     free(at);
-    dp_buf_fini(&strs);
-    dp_buf_fini(&dims);
-    dp_blob_destroy(b);
+    dp__buf_fini(&strs);
+    dp__buf_fini(&dims);
+    dp__blob_destroy(b);
     return rc;
 }
 
 const dp_blob_header *
-dp_blob_get_header(const dp_blob *b)
+dp__blob_get_header(const dp_blob *b)
 {
     return &b->h;
 }
 
 uint32_t
-dp_blob_count(const dp_blob *b)
+dp__blob_count(const dp_blob *b)
 {
     return b->h.n_entries;
 }
 
 const dp_blob_entry *
-dp_blob_entry_at(const dp_blob *b, uint32_t i)
+dp__blob_entry_at(const dp_blob *b, uint32_t i)
 {
     DP_ASSERT(i < b->h.n_entries);
     return &b->entries[i];
 }
 
 const dp_blob_entry *
-dp_blob_find(const dp_blob *b, const char *key, size_t key_len)
+dp__blob_find(const dp_blob *b, const char *key, size_t key_len)
 {
     if (key_len > DP_KEY_MAX)
         return NULL;
@@ -631,31 +632,31 @@ dp_blob_find(const dp_blob *b, const char *key, size_t key_len)
 }
 
 int
-dp_blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d)
+dp__blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d)
 {
     char q[80];
     if (!e->has_crc)
-        return dp_fail(d, DP_EINVAL, "blob entry '%s' carries no crc",
-                       dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q));
-    uint32_t crc = dp_crc32c(payload, (size_t)e->len);
+        return dp__fail(d, DP_EINVAL, "blob entry '%s' carries no crc",
+                        dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q));
+    uint32_t crc = dp__crc32c(payload, (size_t)e->len);
     if (crc != e->crc)
-        return dp_fail(d, DP_ECORRUPT,
-                       "blob entry '%s': payload CRC32C 0x%08x, index says 0x%08x",
-                       dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q), crc, e->crc);
+        return dp__fail(
+            d, DP_ECORRUPT, "blob entry '%s': payload CRC32C 0x%08x, index says 0x%08x",
+            dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q), crc, e->crc);
     return DP_OK;
 }
 
 int
-dp_blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d)
+dp__blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d)
 {
     if ((b->h.flags & DP_BLOB_FLAG_CRC) == 0)
-        return dp_fail(d, DP_EINVAL, "blob carries no payload CRCs");
+        return dp__fail(d, DP_EINVAL, "blob carries no payload CRCs");
     if (p == NULL || len != b->h.total_len)
-        return dp_fail(d, DP_EINVAL, "blob check: %zu bytes given, the blob has %llu",
-                       len, (unsigned long long)b->h.total_len);
+        return dp__fail(d, DP_EINVAL, "blob check: %zu bytes given, the blob has %llu",
+                        len, (unsigned long long)b->h.total_len);
     for (uint32_t i = 0; i < b->h.n_entries; i++) {
         const dp_blob_entry *e = &b->entries[i];
-        int rc = dp_blob_entry_check(e, (const uint8_t *)p + e->off, d);
+        int rc = dp__blob_entry_check(e, (const uint8_t *)p + e->off, d);
         if (rc != DP_OK)
             return rc;
     }
@@ -694,98 +695,98 @@ struct dp_blob_builder {
 };
 
 int
-dp_blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d)
+dp__blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d)
 {
     *out = NULL;
     if ((flags & ~DP_BLOB_FLAG_CRC) != 0)
-        return dp_fail(d, DP_EINVAL, "blob builder: unknown flags 0x%x", flags);
+        return dp__fail(d, DP_EINVAL, "blob builder: unknown flags 0x%x", flags);
     dp_blob_builder *b = calloc(1, sizeof *b);
     if (b == NULL)
-        return dp_fail(d, DP_ENOMEM, "blob builder: no memory");
+        return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
     b->flags = flags;
-    dp_buf_init(&b->strs);
-    dp_buf_init(&b->dims);
-    dp_buf_init(&b->index);
+    dp__buf_init(&b->strs);
+    dp__buf_init(&b->dims);
+    dp__buf_init(&b->index);
     *out = b;
     return DP_OK;
 }
 
 void
-dp_blob_builder_destroy(dp_blob_builder *b)
+dp__blob_builder_destroy(dp_blob_builder *b)
 {
     if (b == NULL)
         return;
     free(b->e);
-    dp_buf_fini(&b->strs);
-    dp_buf_fini(&b->dims);
-    dp_buf_fini(&b->index);
+    dp__buf_fini(&b->strs);
+    dp__buf_fini(&b->dims);
+    dp__buf_fini(&b->index);
     free(b);
 }
 
 void
-dp_blob_builder_trust_keys(dp_blob_builder *b, bool trusted)
+dp__blob_builder_trust_keys(dp_blob_builder *b, bool trusted)
 {
     b->keys_trusted = trusted;
 }
 
 void
-dp_blob_builder_reset(dp_blob_builder *b)
+dp__blob_builder_reset(dp_blob_builder *b)
 {
     b->n = 0;
-    dp_buf_reset(&b->strs);
-    dp_buf_reset(&b->dims);
-    dp_buf_reset(&b->index);
+    dp__buf_reset(&b->strs);
+    dp__buf_reset(&b->dims);
+    dp__buf_reset(&b->index);
     b->laid_out = false;
 }
 
 uint32_t
-dp_blob_builder_count(const dp_blob_builder *b)
+dp__blob_builder_count(const dp_blob_builder *b)
 {
     return b->n;
 }
 
 int
-dp_blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *s, uint32_t *idx,
-                    dp_detail *d)
+dp__blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *s, uint32_t *idx,
+                     dp_detail *d)
 {
     char q[80];
     if (s->key == NULL)
-        return dp_fail(d, DP_EINVAL, "blob builder: key is NULL");
+        return dp__fail(d, DP_EINVAL, "blob builder: key is NULL");
     size_t key_len = s->key_len != 0 ? s->key_len : strlen(s->key);
     if (!b->keys_trusted) {
         dp_key_parts kp;
-        int rc = dp_key_split(s->key, key_len, &kp, d);
+        int rc = dp__key_split(s->key, key_len, &kp, d);
         if (rc != DP_OK)
             return rc;
     }
     /* The quoted key, made only on an error path (this runs per entry). */
 #define qk dp__quote_bytes(s->key, key_len, 60, q, sizeof q)
     if ((unsigned)s->kind >= DP_ARRAY_LEN(kind_names))
-        return dp_fail(d, DP_EINVAL, "blob entry '%s': unknown kind %d", qk,
-                       (int)s->kind);
+        return dp__fail(d, DP_EINVAL, "blob entry '%s': unknown kind %d", qk,
+                        (int)s->kind);
     const char *dtype = s->dtype != NULL ? s->dtype : "";
     size_t dtype_len = strnlen(dtype, DP_BLOB_DTYPE_MAX + 1);
     const char *why = dtype_problem(dtype, dtype_len, s->kind);
     if (why != NULL)
-        return dp_fail(d, DP_EINVAL, "blob entry '%s': %s", qk, why);
+        return dp__fail(d, DP_EINVAL, "blob entry '%s': %s", qk, why);
     if (s->ndim > DP_BLOB_MAX_DIMS)
-        return dp_fail(d, DP_EINVAL, "blob entry '%s': shape has %u dims, max %u", qk,
-                       s->ndim, DP_BLOB_MAX_DIMS);
+        return dp__fail(d, DP_EINVAL, "blob entry '%s': shape has %u dims, max %u", qk,
+                        s->ndim, DP_BLOB_MAX_DIMS);
     if (s->ndim > 0 && s->shape == NULL)
-        return dp_fail(d, DP_EINVAL, "blob entry '%s': shape is NULL", qk);
+        return dp__fail(d, DP_EINVAL, "blob entry '%s': shape is NULL", qk);
     bool want_crc = (b->flags & DP_BLOB_FLAG_CRC) != 0;
     if (!want_crc && s->has_crc)
-        return dp_fail(d, DP_EINVAL,
-                       "blob entry '%s': a crc for a blob built without crcs", qk);
+        return dp__fail(d, DP_EINVAL,
+                        "blob entry '%s': a crc for a blob built without crcs", qk);
     /* With crcs on, an entry with neither crc nor payload is allowed: the
-     * caller sets its crc with dp_blob_builder_set_crc before the write. */
+     * caller sets its crc with dp__blob_builder_set_crc before the write. */
     if (b->n >= DP_BLOB_MAX_ENTRIES)
-        return dp_fail(d, DP_ETOOBIG, "blob: more than %u entries", DP_BLOB_MAX_ENTRIES);
+        return dp__fail(d, DP_ETOOBIG, "blob: more than %u entries", DP_BLOB_MAX_ENTRIES);
     if (b->n == b->cap) {
         uint32_t cap = b->cap == 0 ? 16 : b->cap * 2;
         struct bentry *ne = realloc(b->e, (size_t)cap * sizeof *ne);
         if (ne == NULL)
-            return dp_fail(d, DP_ENOMEM, "blob builder: no memory for %u entries", cap);
+            return dp__fail(d, DP_ENOMEM, "blob builder: no memory for %u entries", cap);
         b->e = ne;
         b->cap = cap;
     }
@@ -793,16 +794,16 @@ dp_blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *s, uint32_t *i
     memset(e, 0, sizeof *e);
     e->key_at = b->strs.len;
     e->key_len = (uint32_t)key_len;
-    dp_buf_append(&b->strs, s->key, key_len);
+    dp__buf_append(&b->strs, s->key, key_len);
     e->dtype_at = b->strs.len;
     e->dtype_len = (uint32_t)dtype_len;
-    dp_buf_append(&b->strs, dtype, dtype_len);
+    dp__buf_append(&b->strs, dtype, dtype_len);
     e->dims_at = b->dims.len / sizeof(uint64_t);
     e->ndim = s->ndim;
     if (s->ndim > 0)
-        dp_buf_append(&b->dims, s->shape, s->ndim * sizeof(uint64_t));
+        dp__buf_append(&b->dims, s->shape, s->ndim * sizeof(uint64_t));
     if (b->strs.oom || b->dims.oom)
-        return dp_fail(d, DP_ENOMEM, "blob builder: no memory");
+        return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
     e->kind = s->kind;
     e->len = s->len;
     e->payload = s->payload;
@@ -812,7 +813,7 @@ dp_blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *s, uint32_t *i
             e->crc = s->crc;
         } else if (s->payload != NULL || s->len == 0) {
             e->has_crc = true;
-            e->crc = dp_crc32c(s->payload, (size_t)s->len);
+            e->crc = dp__crc32c(s->payload, (size_t)s->len);
         }
     }
     b->laid_out = false;
@@ -833,12 +834,12 @@ patch_be(uint8_t *p, uint64_t v, int nbytes)
 }
 
 int
-dp_blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d)
+dp__blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d)
 {
     if ((b->flags & DP_BLOB_FLAG_CRC) == 0)
-        return dp_fail(d, DP_EINVAL, "blob builder: built without crcs");
+        return dp__fail(d, DP_EINVAL, "blob builder: built without crcs");
     if (i >= b->n)
-        return dp_fail(d, DP_EINVAL, "blob builder: no entry %u (%u entries)", i, b->n);
+        return dp__fail(d, DP_EINVAL, "blob builder: no entry %u (%u entries)", i, b->n);
     b->e[i].has_crc = true;
     b->e[i].crc = crc;
     if (b->laid_out)
@@ -860,7 +861,7 @@ check_duplicates(const dp_blob_builder *b, dp_detail *d)
     uint32_t cap = key_slots_for(b->n);
     uint32_t *slots = calloc(cap, sizeof *slots);
     if (slots == NULL)
-        return dp_fail(d, DP_ENOMEM, "blob builder: no memory");
+        return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
     int rc = DP_OK;
     for (uint32_t i = 0; i < b->n; i++) {
         uint32_t len;
@@ -868,8 +869,8 @@ check_duplicates(const dp_blob_builder *b, dp_detail *d)
         if (key_slots_insert(slots, cap - 1, k, len, i, builder_key_of, b) !=
             UINT32_MAX) {
             char q[80];
-            rc = dp_fail(d, DP_EINVAL, "blob builder: key '%s' added twice",
-                         dp__quote_bytes(k, len, 60, q, sizeof q));
+            rc = dp__fail(d, DP_EINVAL, "blob builder: key '%s' added twice",
+                          dp__quote_bytes(k, len, 60, q, sizeof q));
             break;
         }
     }
@@ -878,11 +879,11 @@ check_duplicates(const dp_blob_builder *b, dp_detail *d)
 }
 
 int
-dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
+dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
 {
     b->laid_out = false;
     if (b->n == 0)
-        return dp_fail(d, DP_EINVAL, "blob builder: a blob needs at least one entry");
+        return dp__fail(d, DP_EINVAL, "blob builder: a blob needs at least one entry");
     if (!b->keys_trusted) {
         int rc = check_duplicates(b, d);
         if (rc != DP_OK)
@@ -892,39 +893,39 @@ dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
     static const uint8_t off_placeholder[9] = {0xcf};
     static const uint8_t crc_placeholder[5] = {0xce};
     bool with_crc = (b->flags & DP_BLOB_FLAG_CRC) != 0;
-    dp_buf_reset(&b->index);
+    dp__buf_reset(&b->index);
     dp_mp_writer w;
-    dp_mp_writer_init(&w, &b->index);
-    dp_mp_put_array(&w, b->n);
+    dp__mp_writer_init(&w, &b->index);
+    dp__mp_put_array(&w, b->n);
     const uint64_t *dims = (const uint64_t *)(const void *)b->dims.data;
     for (uint32_t i = 0; i < b->n; i++) {
         struct bentry *e = &b->e[i];
         const char *strs = (const char *)b->strs.data;
-        dp_mp_put_array(&w, ENTRY_FIELDS);
-        dp_mp_put_strn(&w, strs + e->key_at, e->key_len);
-        dp_mp_put_str(&w, kind_names[e->kind]);
+        dp__mp_put_array(&w, ENTRY_FIELDS);
+        dp__mp_put_strn(&w, strs + e->key_at, e->key_len);
+        dp__mp_put_str(&w, kind_names[e->kind]);
         /* msgpack-c packs an empty str body with a NULL pointer fine. */
-        dp_mp_put_strn(&w, e->dtype_len ? strs + e->dtype_at : "", e->dtype_len);
-        dp_mp_put_array(&w, e->ndim);
+        dp__mp_put_strn(&w, e->dtype_len ? strs + e->dtype_at : "", e->dtype_len);
+        dp__mp_put_array(&w, e->ndim);
         for (uint32_t k = 0; k < e->ndim; k++)
-            dp_mp_put_u64(&w, dims[e->dims_at + k]);
+            dp__mp_put_u64(&w, dims[e->dims_at + k]);
         e->off_pos = b->index.len + 1;
-        dp_buf_append(&b->index, off_placeholder, sizeof off_placeholder);
-        dp_mp_put_u64(&w, e->len);
+        dp__buf_append(&b->index, off_placeholder, sizeof off_placeholder);
+        dp__mp_put_u64(&w, e->len);
         if (with_crc) {
             e->crc_pos = b->index.len + 1;
-            dp_buf_append(&b->index, crc_placeholder, sizeof crc_placeholder);
+            dp__buf_append(&b->index, crc_placeholder, sizeof crc_placeholder);
         } else {
-            dp_mp_put_nil(&w);
+            dp__mp_put_nil(&w);
         }
     }
-    if (dp_mp_writer_status(&w) != DP_OK)
-        return dp_fail(d, DP_ENOMEM, "blob builder: no memory for the index");
+    if (dp__mp_writer_status(&w) != DP_OK)
+        return dp__fail(d, DP_ENOMEM, "blob builder: no memory for the index");
     uint64_t index_len = b->index.len;
     if (index_len > DP_BLOB_MAX_INDEX_LEN)
-        return dp_fail(d, DP_ETOOBIG, "blob: index of %llu bytes, over the limit of %llu",
-                       (unsigned long long)index_len,
-                       (unsigned long long)DP_BLOB_MAX_INDEX_LEN);
+        return dp__fail(
+            d, DP_ETOOBIG, "blob: index of %llu bytes, over the limit of %llu",
+            (unsigned long long)index_len, (unsigned long long)DP_BLOB_MAX_INDEX_LEN);
     uint64_t payload_off = DP_ALIGN_UP(DP_BLOB_HEADER_LEN + index_len, DP_BLOB_ALIGN);
     uint64_t cursor = payload_off;
     const uint64_t limit = UINT64_MAX - 2 * DP_BLOB_ALIGN;
@@ -932,8 +933,8 @@ dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
         struct bentry *e = &b->e[i];
         uint64_t off = DP_ALIGN_UP(cursor, DP_BLOB_ALIGN);
         if (e->len > limit - off)
-            return dp_fail(d, DP_ETOOBIG, "blob: payloads overflow 64 bits at entry %u",
-                           i);
+            return dp__fail(d, DP_ETOOBIG, "blob: payloads overflow 64 bits at entry %u",
+                            i);
         e->off = off;
         cursor = off + e->len;
         patch_be(b->index.data + e->off_pos, off, 8);
@@ -942,8 +943,8 @@ dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
     }
     uint64_t total = DP_ALIGN_UP(cursor, DP_BLOB_ALIGN);
     if (total > SIZE_MAX)
-        return dp_fail(d, DP_ETOOBIG, "blob: %llu bytes do not fit in memory",
-                       (unsigned long long)total);
+        return dp__fail(d, DP_ETOOBIG, "blob: %llu bytes do not fit in memory",
+                        (unsigned long long)total);
     b->layout = (dp_blob_layout){.n_entries = b->n,
                                  .index_len = index_len,
                                  .payload_off = payload_off,
@@ -955,43 +956,43 @@ dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
 }
 
 uint64_t
-dp_blob_builder_offset(const dp_blob_builder *b, uint32_t i)
+dp__blob_builder_offset(const dp_blob_builder *b, uint32_t i)
 {
     DP_ASSERT(b->laid_out && i < b->n);
     return b->e[i].off;
 }
 
 uint64_t
-dp_blob_builder_len(const dp_blob_builder *b, uint32_t i)
+dp__blob_builder_len(const dp_blob_builder *b, uint32_t i)
 {
     DP_ASSERT(i < b->n);
     return b->e[i].len;
 }
 
 int
-dp_blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail *d)
+dp__blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail *d)
 {
     if (!b->laid_out)
-        return dp_fail(d, DP_EINVAL, "blob builder: write before layout");
+        return dp__fail(d, DP_EINVAL, "blob builder: write before layout");
     if (b->flags & DP_BLOB_FLAG_CRC) {
         for (uint32_t i = 0; i < b->n; i++)
             if (!b->e[i].has_crc)
-                return dp_fail(d, DP_EINVAL, "blob builder: entry %u has no crc yet", i);
+                return dp__fail(d, DP_EINVAL, "blob builder: entry %u has no crc yet", i);
     }
     const dp_blob_layout *l = &b->layout;
     if (dst == NULL || cap < l->payload_off)
-        return dp_fail(d, DP_EINVAL,
-                       "blob builder: %zu bytes given, header and index need %llu", cap,
-                       (unsigned long long)l->payload_off);
+        return dp__fail(d, DP_EINVAL,
+                        "blob builder: %zu bytes given, header and index need %llu", cap,
+                        (unsigned long long)l->payload_off);
     dp_blob_header h = {.version = DP_BLOB_VERSION,
                         .n_entries = b->n,
                         .index_len = l->index_len,
                         .payload_off = l->payload_off,
                         .total_len = l->total_len,
-                        .index_crc = dp_crc32c(b->index.data, b->index.len),
+                        .index_crc = dp__crc32c(b->index.data, b->index.len),
                         .flags = b->flags};
     uint8_t *o = dst;
-    dp_blob_header_encode(&h, o);
+    dp__blob_header_encode(&h, o);
     memcpy(o + DP_BLOB_HEADER_LEN, b->index.data, b->index.len);
     size_t end = DP_BLOB_HEADER_LEN + b->index.len;
     memset(o + end, 0, (size_t)l->payload_off - end);
@@ -999,15 +1000,16 @@ dp_blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail
 }
 
 int
-dp_blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
-                              dp_detail *d)
+dp__blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
+                               dp_detail *d)
 {
     if (!b->laid_out)
-        return dp_fail(d, DP_EINVAL, "blob builder: copy before layout");
+        return dp__fail(d, DP_EINVAL, "blob builder: copy before layout");
     const dp_blob_layout *l = &b->layout;
     if (dst == NULL || cap < l->total_len)
-        return dp_fail(d, DP_EINVAL, "blob builder: %zu bytes given, the blob needs %llu",
-                       cap, (unsigned long long)l->total_len);
+        return dp__fail(d, DP_EINVAL,
+                        "blob builder: %zu bytes given, the blob needs %llu", cap,
+                        (unsigned long long)l->total_len);
     uint8_t *o = dst;
     uint64_t pos = l->payload_off;
     for (uint32_t i = 0; i < b->n; i++) {

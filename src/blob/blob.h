@@ -47,7 +47,7 @@
  * is, and the layout can be computed before the payload exists.
  *
  * Threads: a builder or a parsed blob belongs to one thread at a time; a
- * parsed blob is read-only after dp_blob_parse() and may then be read from
+ * parsed blob is read-only after dp__blob_parse() and may then be read from
  * several threads. Everything else is reentrant.
  */
 #ifndef DP_BLOB_BLOB_H
@@ -79,9 +79,9 @@ typedef enum dp_blob_kind {
 } dp_blob_kind;
 
 /* "tensor", "bytes", "object"; "?" for anything else. */
-const char *dp_blob_kind_name(dp_blob_kind k);
+const char *dp__blob_kind_name(dp_blob_kind k);
 /* The kind spelled s[0..len); DP_EINVAL if it is none of the three. */
-int dp_blob_kind_parse(const char *s, size_t len, dp_blob_kind *out);
+int dp__blob_kind_parse(const char *s, size_t len, dp_blob_kind *out);
 
 /* The decoded header fields. */
 typedef struct dp_blob_header {
@@ -120,79 +120,80 @@ typedef struct dp_blob_builder dp_blob_builder;
 typedef struct dp_blob_layout {
     uint32_t n_entries;
     uint64_t index_len;
-    uint64_t payload_off; /* header + index + padding: what dp_blob_builder_write fills */
-    uint64_t total_len;   /* the allocation to ask for: payload end, rounded up to 64 */
+    uint64_t
+        payload_off;    /* header + index + padding: what dp__blob_builder_write fills */
+    uint64_t total_len; /* the allocation to ask for: payload end, rounded up to 64 */
 } dp_blob_layout;
 
 /*
  * New empty builder. flags: 0 or DP_BLOB_FLAG_CRC (every entry then needs a
  * payload CRC32C). DP_EINVAL for unknown flags, DP_ENOMEM.
  */
-int dp_blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d);
+int dp__blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d);
 /* NULL allowed. */
-void dp_blob_builder_destroy(dp_blob_builder *b);
+void dp__blob_builder_destroy(dp_blob_builder *b);
 /* Forget every entry (keeps the flags and the memory), to build the next blob. */
-void dp_blob_builder_reset(dp_blob_builder *b);
+void dp__blob_builder_reset(dp_blob_builder *b);
 
 /*
  * The caller promises that every key it adds from now on was made by
- * dp_key_make / dp_key_format from a checked field, and that no key repeats:
+ * dp__key_make / dp__key_format from a checked field, and that no key repeats:
  * add then skips splitting the key again and layout skips the duplicate
  * search (a put of 4096 small values spends a fifth of its index building
  * there). A broken promise makes a blob the unit refuses at commit (it checks
  * both), never a corrupt one. Kept across resets.
  */
-void dp_blob_builder_trust_keys(dp_blob_builder *b, bool trusted);
+void dp__blob_builder_trust_keys(dp_blob_builder *b, bool trusted);
 
 /*
  * Add an entry; its index (0, 1, ...) into *idx (NULL allowed). Checks the key,
  * kind, dtype and shape against the rules above; duplicate keys are caught
- * by dp_blob_builder_layout. With DP_BLOB_FLAG_CRC the entry needs has_crc,
+ * by dp__blob_builder_layout. With DP_BLOB_FLAG_CRC the entry needs has_crc,
  * or a payload from which add computes the CRC (a pass over len bytes); a
  * crc without the flag is DP_EINVAL. If payload is given the builder keeps
- * the pointer for dp_blob_builder_copy_payloads(): the bytes must stay valid
+ * the pointer for dp__blob_builder_copy_payloads(): the bytes must stay valid
  * until then. Invalidates an earlier layout.
  * Returns DP_EINVAL (with the reason), DP_ETOOBIG (entry count), DP_ENOMEM.
  */
-int dp_blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *spec, uint32_t *idx,
-                        dp_detail *d);
+int dp__blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *spec,
+                         uint32_t *idx, dp_detail *d);
 
 /*
  * Set entry i's payload CRC32C (blob built with DP_BLOB_FLAG_CRC), e.g. once
  * the payload has been produced after the layout. Does not change the layout.
  */
-int dp_blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d);
+int dp__blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d);
 
 /*
  * Lay the blob out: encode the index, place each entry's payload, size the
  * blob. Needs at least one entry. DP_EINVAL for duplicate keys or no entries,
  * DP_ETOOBIG if the index or the blob would pass the limits or overflow,
- * DP_ENOMEM. After it, dp_blob_builder_offset() gives each payload's place.
+ * DP_ENOMEM. After it, dp__blob_builder_offset() gives each payload's place.
  */
-int dp_blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d);
+int dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d);
 
 /* Entry i's payload offset in the blob (after a layout) and length. */
-uint64_t dp_blob_builder_offset(const dp_blob_builder *b, uint32_t i);
-uint64_t dp_blob_builder_len(const dp_blob_builder *b, uint32_t i);
-uint32_t dp_blob_builder_count(const dp_blob_builder *b);
+uint64_t dp__blob_builder_offset(const dp_blob_builder *b, uint32_t i);
+uint64_t dp__blob_builder_len(const dp_blob_builder *b, uint32_t i);
+uint32_t dp__blob_builder_count(const dp_blob_builder *b);
 
 /*
  * Write bytes [0, payload_off) of the laid-out blob (header, index, zero
  * padding) into dst[0..cap); the allocation identity is zero until
- * dp_blob_header_set_alloc. cap >= payload_off, else DP_EINVAL. The payload
- * goes to dst + dp_blob_builder_offset(b, i), by the caller (copy or RDMA
- * WRITE) or by dp_blob_builder_copy_payloads(). DP_EINVAL before a layout
+ * dp__blob_header_set_alloc. cap >= payload_off, else DP_EINVAL. The payload
+ * goes to dst + dp__blob_builder_offset(b, i), by the caller (copy or RDMA
+ * WRITE) or by dp__blob_builder_copy_payloads(). DP_EINVAL before a layout
  * or when a CRC is still missing.
  */
-int dp_blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail *d);
+int dp__blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail *d);
 
 /*
  * Copy every payload given to add into dst (cap >= total_len) at its offset
  * and zero the gaps between payloads. Entries added without a payload are
  * left alone. DP_EINVAL before a layout or when cap is too small.
  */
-int dp_blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
-                                  dp_detail *d);
+int dp__blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
+                                   dp_detail *d);
 
 /* ------------------------------------------------------------------ */
 /* Parser / validator (unit side).                                     */
@@ -233,21 +234,21 @@ typedef struct dp_blob dp_blob;
  * into memory the dp_blob owns; everything is validated on that copy and the
  * entries point into it, so a writer still scribbling on p cannot change
  * what was validated. Nothing outside p[0..len) is read; the payload is not
- * read at all (see dp_blob_check_payload). opts NULL: defaults.
+ * read at all (see dp__blob_check_payload). opts NULL: defaults.
  * Returns DP_EPROTO with the reason in d, DP_ENOMEM, or DP_EINVAL for bad
  * opts (unit_index >= n_units). *out is NULL on error.
  */
-int dp_blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts,
-                  dp_blob **out, dp_detail *d);
+int dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts,
+                   dp_blob **out, dp_detail *d);
 /* NULL allowed. */
-void dp_blob_destroy(dp_blob *b);
+void dp__blob_destroy(dp_blob *b);
 
-const dp_blob_header *dp_blob_get_header(const dp_blob *b);
-uint32_t dp_blob_count(const dp_blob *b);
-/* Entry i < dp_blob_count(b), in index order. */
-const dp_blob_entry *dp_blob_entry_at(const dp_blob *b, uint32_t i);
+const dp_blob_header *dp__blob_get_header(const dp_blob *b);
+uint32_t dp__blob_count(const dp_blob *b);
+/* Entry i < dp__blob_count(b), in index order. */
+const dp_blob_entry *dp__blob_entry_at(const dp_blob *b, uint32_t i);
 /* The entry with this key, or NULL (binary search). */
-const dp_blob_entry *dp_blob_find(const dp_blob *b, const char *key, size_t key_len);
+const dp_blob_entry *dp__blob_find(const dp_blob *b, const char *key, size_t key_len);
 
 /*
  * Check every entry's payload CRC32C against the blob bytes p[0..len) (the
@@ -255,27 +256,27 @@ const dp_blob_entry *dp_blob_find(const dp_blob *b, const char *key, size_t key_
  * the payload. DP_ECORRUPT naming the first bad entry, DP_EINVAL if the blob
  * carries no CRCs or len differs.
  */
-int dp_blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d);
+int dp__blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d);
 
 /* Check one entry's payload (payload = the entry's len bytes). DP_ECORRUPT/DP_EINVAL. */
-int dp_blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d);
+int dp__blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d);
 
 /*
  * Decode and check the 64-byte header alone (magic, version, flags, reserved,
  * sizes against len and the limits), from hdr64 (64 bytes the caller owns).
- * Used by dp_blob_parse; exposed for tools. DP_EPROTO with the reason.
+ * Used by dp__blob_parse; exposed for tools. DP_EPROTO with the reason.
  */
-int dp_blob_header_decode(const uint8_t hdr64[64], uint64_t len,
-                          const dp_blob_parse_opts *opts, dp_blob_header *out,
-                          dp_detail *d);
+int dp__blob_header_decode(const uint8_t hdr64[64], uint64_t len,
+                           const dp_blob_parse_opts *opts, dp_blob_header *out,
+                           dp_detail *d);
 
 /* Write the 64-byte header for h into out (little-endian). */
-void dp_blob_header_encode(const dp_blob_header *h, uint8_t out[64]);
+void dp__blob_header_encode(const dp_blob_header *h, uint8_t out[64]);
 
 /*
  * Name the allocation in an encoded header (bytes 48..63 of hdr64): the
  * client does this once its alloc answered, before the WRITE.
  */
-void dp_blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t token);
+void dp__blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t token);
 
 #endif

@@ -120,7 +120,7 @@ table_run(uint32_t r, const uint8_t *p, size_t n)
         n--;
     }
     while (n >= 8) {
-        uint32_t lo = r ^ dp_le32_load(p), hi = dp_le32_load(p + 4);
+        uint32_t lo = r ^ dp__le32_load(p), hi = dp__le32_load(p + 4);
         r = table[7][lo & 0xff] ^ table[6][(lo >> 8) & 0xff] ^
             table[5][(lo >> 16) & 0xff] ^ table[4][lo >> 24] ^ table[3][hi & 0xff] ^
             table[2][(hi >> 8) & 0xff] ^ table[1][(hi >> 16) & 0xff] ^ table[0][hi >> 24];
@@ -135,7 +135,7 @@ table_run(uint32_t r, const uint8_t *p, size_t n)
 }
 
 uint32_t
-dp_crc32c_update_table(uint32_t crc, const void *p, size_t n)
+dp__crc32c_update_table(uint32_t crc, const void *p, size_t n)
 {
     crc_setup();
     if (n == 0)
@@ -201,7 +201,7 @@ hw_run(uint32_t reg, const uint8_t *p, size_t n)
 #endif
 
 uint32_t
-dp_crc32c_update_hw(uint32_t crc, const void *p, size_t n)
+dp__crc32c_update_hw(uint32_t crc, const void *p, size_t n)
 {
     crc_setup();
     if (n == 0)
@@ -214,32 +214,32 @@ dp_crc32c_update_hw(uint32_t crc, const void *p, size_t n)
 }
 
 uint32_t
-dp_crc32c_update(uint32_t crc, const void *p, size_t n)
+dp__crc32c_update(uint32_t crc, const void *p, size_t n)
 {
-    return dp_crc32c_update_hw(crc, p, n);
+    return dp__crc32c_update_hw(crc, p, n);
 }
 
 uint32_t
-dp_crc32c(const void *p, size_t n)
+dp__crc32c(const void *p, size_t n)
 {
-    return dp_crc32c_update_hw(0, p, n);
+    return dp__crc32c_update_hw(0, p, n);
 }
 
 bool
-dp_crc32c_hw_available(void)
+dp__crc32c_hw_available(void)
 {
     crc_setup();
     return have_hw;
 }
 
 const char *
-dp_crc32c_impl(void)
+dp__crc32c_impl(void)
 {
-    return dp_crc32c_hw_available() ? "sse4.2" : "table";
+    return dp__crc32c_hw_available() ? "sse4.2" : "table";
 }
 
 uint32_t
-dp_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+dp__crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
 {
     /* Registers: ra = ~crc_a runs over b: shift(ra, |b|) ^ run(0, b), and
      * run(0, b) = ~crc_b ^ shift(~0, |b|) (b's own CRC starts from ~0). So

@@ -135,19 +135,19 @@ field_problem(const char *field, size_t len, char *why, size_t cap)
 }
 
 int
-dp_field_check(const char *field, size_t len, dp_detail *d)
+dp__field_check(const char *field, size_t len, dp_detail *d)
 {
     char why[128], q[80];
     if (field == NULL && len > 0)
-        return dp_fail(d, DP_EINVAL, "field is NULL");
+        return dp__fail(d, DP_EINVAL, "field is NULL");
     if (!field_problem(field, len, why, sizeof why))
         return DP_OK;
-    return dp_fail(d, DP_EINVAL, "field '%s': %s",
-                   dp__quote_bytes(field, len, 48, q, sizeof q), why);
+    return dp__fail(d, DP_EINVAL, "field '%s': %s",
+                    dp__quote_bytes(field, len, 48, q, sizeof q), why);
 }
 
 bool
-dp_field_valid(const char *field, size_t len)
+dp__field_valid(const char *field, size_t len)
 {
     char why[128];
     if (field == NULL && len > 0)
@@ -180,20 +180,20 @@ gidx_problem(const char *s, size_t len, uint64_t *out)
 }
 
 int
-dp_gidx_parse(const char *s, size_t len, uint64_t *out, dp_detail *d)
+dp__gidx_parse(const char *s, size_t len, uint64_t *out, dp_detail *d)
 {
     char q[80];
     if (s == NULL && len > 0)
-        return dp_fail(d, DP_EINVAL, "gidx is NULL");
+        return dp__fail(d, DP_EINVAL, "gidx is NULL");
     const char *why = gidx_problem(s, len, out);
     if (why == NULL)
         return DP_OK;
-    return dp_fail(d, DP_EINVAL, "'%s': %s", dp__quote_bytes(s, len, 48, q, sizeof q),
-                   why);
+    return dp__fail(d, DP_EINVAL, "'%s': %s", dp__quote_bytes(s, len, 48, q, sizeof q),
+                    why);
 }
 
 size_t
-dp_key_format(uint64_t gidx, const char *field, size_t field_len, char *out)
+dp__key_format(uint64_t gidx, const char *field, size_t field_len, char *out)
 {
     /* Decimal digits, last first (snprintf costs more than the rest of a put's
      * per-entry work). */
@@ -211,12 +211,12 @@ dp_key_format(uint64_t gidx, const char *field, size_t field_len, char *out)
 }
 
 int
-dp_key_make(uint64_t gidx, const char *field, size_t field_len, char *out, size_t cap,
-            size_t *key_len, dp_detail *d)
+dp__key_make(uint64_t gidx, const char *field, size_t field_len, char *out, size_t cap,
+             size_t *key_len, dp_detail *d)
 {
     if (out != NULL && cap > 0)
         out[0] = '\0';
-    int rc = dp_field_check(field, field_len, d);
+    int rc = dp__field_check(field, field_len, d);
     if (rc != DP_OK)
         return rc;
     size_t nd = 1;
@@ -224,38 +224,39 @@ dp_key_make(uint64_t gidx, const char *field, size_t field_len, char *out, size_
         nd++;
     size_t need = nd + 1 + field_len;
     if (out == NULL || cap < need + 1)
-        return dp_fail(d, DP_EINVAL, "key buffer of %zu bytes is too small for %zu bytes",
-                       out == NULL ? (size_t)0 : cap, need + 1);
-    dp_key_format(gidx, field, field_len, out);
+        return dp__fail(d, DP_EINVAL,
+                        "key buffer of %zu bytes is too small for %zu bytes",
+                        out == NULL ? (size_t)0 : cap, need + 1);
+    dp__key_format(gidx, field, field_len, out);
     if (key_len != NULL)
         *key_len = need;
     return DP_OK;
 }
 
 int
-dp_key_split(const char *key, size_t len, dp_key_parts *parts, dp_detail *d)
+dp__key_split(const char *key, size_t len, dp_key_parts *parts, dp_detail *d)
 {
     char q[80], why[128];
     if (key == NULL && len > 0)
-        return dp_fail(d, DP_EINVAL, "key is NULL");
+        return dp__fail(d, DP_EINVAL, "key is NULL");
     if (len > DP_KEY_MAX)
-        return dp_fail(d, DP_EINVAL, "key '%s': %zu bytes long, longer than %d",
-                       dp__quote_bytes(key, len, 48, q, sizeof q), len, DP_KEY_MAX);
+        return dp__fail(d, DP_EINVAL, "key '%s': %zu bytes long, longer than %d",
+                        dp__quote_bytes(key, len, 48, q, sizeof q), len, DP_KEY_MAX);
     const char *at = len > 0 ? memchr(key, '@', len) : NULL;
     if (at == NULL)
-        return dp_fail(d, DP_EINVAL, "key '%s': no '@' between gidx and field",
-                       dp__quote_bytes(key, len, 48, q, sizeof q));
+        return dp__fail(d, DP_EINVAL, "key '%s': no '@' between gidx and field",
+                        dp__quote_bytes(key, len, 48, q, sizeof q));
     size_t glen = (size_t)(at - key);
     uint64_t gidx = 0;
     const char *gwhy = gidx_problem(key, glen, &gidx);
     if (gwhy != NULL)
-        return dp_fail(d, DP_EINVAL, "key '%s': %s",
-                       dp__quote_bytes(key, len, 48, q, sizeof q), gwhy);
+        return dp__fail(d, DP_EINVAL, "key '%s': %s",
+                        dp__quote_bytes(key, len, 48, q, sizeof q), gwhy);
     const char *field = at + 1;
     size_t flen = len - glen - 1;
     if (field_problem(field, flen, why, sizeof why))
-        return dp_fail(d, DP_EINVAL, "key '%s': %s",
-                       dp__quote_bytes(key, len, 48, q, sizeof q), why);
+        return dp__fail(d, DP_EINVAL, "key '%s': %s",
+                        dp__quote_bytes(key, len, 48, q, sizeof q), why);
     parts->gidx = gidx;
     parts->field = field;
     parts->field_len = flen;

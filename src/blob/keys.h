@@ -49,16 +49,16 @@ typedef struct dp_key_parts {
  * Check that field[0..len) is a valid field name (rules above). Returns DP_OK
  * or DP_EINVAL with a detail. field need not be NUL-terminated.
  */
-int dp_field_check(const char *field, size_t len, dp_detail *d);
+int dp__field_check(const char *field, size_t len, dp_detail *d);
 
-/* dp_field_check without the detail. */
-bool dp_field_valid(const char *field, size_t len);
+/* dp__field_check without the detail. */
+bool dp__field_valid(const char *field, size_t len);
 
 /*
  * Parse a gidx spelled as s[0..len) (rules above). DP_EINVAL with a detail on
  * anything else, including overflow.
  */
-int dp_gidx_parse(const char *s, size_t len, uint64_t *out, dp_detail *d);
+int dp__gidx_parse(const char *s, size_t len, uint64_t *out, dp_detail *d);
 
 /*
  * Make the key for (gidx, field[0..field_len)) into out[0..cap): the key's
@@ -67,22 +67,22 @@ int dp_gidx_parse(const char *s, size_t len, uint64_t *out, dp_detail *d);
  * Returns DP_EINVAL if the field is invalid or cap is too small (out is then
  * left as an empty string when cap > 0).
  */
-int dp_key_make(uint64_t gidx, const char *field, size_t field_len, char *out, size_t cap,
-                size_t *key_len, dp_detail *d);
+int dp__key_make(uint64_t gidx, const char *field, size_t field_len, char *out,
+                 size_t cap, size_t *key_len, dp_detail *d);
 
 /*
- * dp_key_make without the checks, for a caller that checked the field once
- * (dp_field_check) and makes many keys from it: out needs DP_KEY_MAX + 1
+ * dp__key_make without the checks, for a caller that checked the field once
+ * (dp__field_check) and makes many keys from it: out needs DP_KEY_MAX + 1
  * bytes. Returns the key's length.
  */
-size_t dp_key_format(uint64_t gidx, const char *field, size_t field_len, char *out);
+size_t dp__key_format(uint64_t gidx, const char *field, size_t field_len, char *out);
 
 /*
  * Split key[0..len) into gidx and field. key need not be NUL-terminated; on
  * success parts->field points into key. Returns DP_EINVAL with a detail such
  * as "key '12x@a': gidx is not a decimal number".
  */
-int dp_key_split(const char *key, size_t len, dp_key_parts *parts, dp_detail *d);
+int dp__key_split(const char *key, size_t len, dp_key_parts *parts, dp_detail *d);
 
 /*
  * Internal: write s[0..len) into out[0..cap) (NUL-terminated) for an error

@@ -27,87 +27,87 @@
 /* ---- shard file: header and trailer ---- */
 
 void
-dp_shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN])
+dp__shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN])
 {
     memcpy(out, DP_SHARD_MAGIC, 8);
-    dp_le32_store(out + 8, DP_SHARD_VERSION);
-    dp_le32_store(out + 12, h->unit_id);
-    dp_le32_store(out + 16, h->n_units);
-    dp_le32_store(out + 20, h->n_blobs);
-    dp_le64_store(out + 24, h->data_bytes);
+    dp__le32_store(out + 8, DP_SHARD_VERSION);
+    dp__le32_store(out + 12, h->unit_id);
+    dp__le32_store(out + 16, h->n_units);
+    dp__le32_store(out + 20, h->n_blobs);
+    dp__le64_store(out + 24, h->data_bytes);
 }
 
 int
-dp_shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
-                       dp_shard_header *h, dp_detail *d)
+dp__shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
+                        dp_shard_header *h, dp_detail *d)
 {
     memset(h, 0, sizeof *h);
     if (memcmp(p, DP_SHARD_MAGIC, 8) != 0)
-        return dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset 0", name);
-    if (dp_le32_load(p + 8) != DP_SHARD_VERSION)
-        return dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
-                       dp_le32_load(p + 8), DP_SHARD_VERSION);
-    h->unit_id = dp_le32_load(p + 12);
-    h->n_units = dp_le32_load(p + 16);
-    h->n_blobs = dp_le32_load(p + 20);
-    h->data_bytes = dp_le64_load(p + 24);
-    h->crc = dp_crc32c(p, DP_SHARD_HEADER_LEN);
+        return dp__fail(d, DP_ECORRUPT, "%s: bad magic at offset 0", name);
+    if (dp__le32_load(p + 8) != DP_SHARD_VERSION)
+        return dp__fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
+                        dp__le32_load(p + 8), DP_SHARD_VERSION);
+    h->unit_id = dp__le32_load(p + 12);
+    h->n_units = dp__le32_load(p + 16);
+    h->n_blobs = dp__le32_load(p + 20);
+    h->data_bytes = dp__le64_load(p + 24);
+    h->crc = dp__crc32c(p, DP_SHARD_HEADER_LEN);
     return DP_OK;
 }
 
 uint64_t
-dp_shard_data_end(const dp_shard_header *h)
+dp__shard_data_end(const dp_shard_header *h)
 {
     return DP_SHARD_HEADER_LEN + h->data_bytes;
 }
 
 int
-dp_shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *name,
-                   dp_detail *d)
+dp__shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *name,
+                    dp_detail *d)
 {
     if (h->data_bytes > file_len ||
         file_len - h->data_bytes != DP_SHARD_HEADER_LEN + DP_SHARD_TRAILER_LEN)
-        return dp_fail(d, DP_ECORRUPT,
-                       "%s: %" PRIu64 " bytes, the header (offset 24) says %" PRIu64
-                       " of data: truncated or corrupted",
-                       name, file_len, h->data_bytes);
+        return dp__fail(d, DP_ECORRUPT,
+                        "%s: %" PRIu64 " bytes, the header (offset 24) says %" PRIu64
+                        " of data: truncated or corrupted",
+                        name, file_len, h->data_bytes);
     return DP_OK;
 }
 
 void
-dp_shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
-                        uint8_t out[DP_SHARD_TRAILER_LEN])
+dp__shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
+                         uint8_t out[DP_SHARD_TRAILER_LEN])
 {
     uint8_t hdr[DP_SHARD_HEADER_LEN];
-    dp_shard_header_encode(h, hdr);
+    dp__shard_header_encode(h, hdr);
     memcpy(out, DP_SHARD_END_MAGIC, 8);
-    dp_le64_store(out + 8, h->data_bytes);
-    dp_le32_store(out + 16, data_crc);
-    dp_le32_store(out + 20, dp_crc32c(hdr, sizeof hdr));
+    dp__le64_store(out + 8, h->data_bytes);
+    dp__le32_store(out + 16, data_crc);
+    dp__le32_store(out + 20, dp__crc32c(hdr, sizeof hdr));
 }
 
 int
-dp_shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp_shard_header *h,
-                        const char *name, uint32_t *data_crc, dp_detail *d)
+dp__shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp_shard_header *h,
+                         const char *name, uint32_t *data_crc, dp_detail *d)
 {
-    if (memcmp(p, DP_SHARD_END_MAGIC, 8) != 0 || dp_le64_load(p + 8) != h->data_bytes ||
-        dp_le32_load(p + 20) != h->crc)
-        return dp_fail(d, DP_ECORRUPT, "%s: bad trailer at offset %" PRIu64, name,
-                       dp_shard_data_end(h));
-    *data_crc = dp_le32_load(p + 16);
+    if (memcmp(p, DP_SHARD_END_MAGIC, 8) != 0 || dp__le64_load(p + 8) != h->data_bytes ||
+        dp__le32_load(p + 20) != h->crc)
+        return dp__fail(d, DP_ECORRUPT, "%s: bad trailer at offset %" PRIu64, name,
+                        dp__shard_data_end(h));
+    *data_crc = dp__le32_load(p + 16);
     return DP_OK;
 }
 
 /* ---- rows file ---- */
 
 uint32_t
-dp_shard_row_live(const dp_shard_row *r, uint32_t k)
+dp__shard_row_live(const dp_shard_row *r, uint32_t k)
 {
-    return dp_le32_load(r->live + 4 * (size_t)k);
+    return dp__le32_load(r->live + 4 * (size_t)k);
 }
 
 void
-dp_shard_rows_fini(dp_shard_rows *r)
+dp__shard_rows_fini(dp_shard_rows *r)
 {
     if (r == NULL)
         return;
@@ -116,60 +116,60 @@ dp_shard_rows_fini(dp_shard_rows *r)
 }
 
 int
-dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_rows *out,
-                    dp_detail *d)
+dp__shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_rows *out,
+                     dp_detail *d)
 {
     memset(out, 0, sizeof *out);
     if (len < DP_SHARD_ROWS_HEADER_LEN + DP_SHARD_ROWS_TRAILER_LEN)
-        return dp_fail(d, DP_ECORRUPT,
-                       "%s: %" PRIu64 " bytes: not a rows file (offset 0)", name, len);
+        return dp__fail(d, DP_ECORRUPT,
+                        "%s: %" PRIu64 " bytes: not a rows file (offset 0)", name, len);
     if (memcmp(p, DP_ROWS_MAGIC, 8) != 0 ||
         memcmp(p + len - 8, DP_ROWS_END_MAGIC, 8) != 0)
-        return dp_fail(d, DP_ECORRUPT, "%s: bad magic at offset %" PRIu64, name,
-                       memcmp(p, DP_ROWS_MAGIC, 8) != 0 ? 0 : len - 8);
-    if (dp_le32_load(p + len - 12) != dp_crc32c(p, (size_t)len - 12))
-        return dp_fail(d, DP_ECORRUPT, "%s: CRC mismatch over [0, %" PRIu64 ")", name,
-                       len - 12);
-    if (dp_le32_load(p + 8) != DP_SHARD_VERSION)
-        return dp_fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
-                       dp_le32_load(p + 8), DP_SHARD_VERSION);
-    out->unit_id = dp_le32_load(p + 12);
-    out->n_units = dp_le32_load(p + 16);
-    uint32_t n = dp_le32_load(p + 20);
+        return dp__fail(d, DP_ECORRUPT, "%s: bad magic at offset %" PRIu64, name,
+                        memcmp(p, DP_ROWS_MAGIC, 8) != 0 ? 0 : len - 8);
+    if (dp__le32_load(p + len - 12) != dp__crc32c(p, (size_t)len - 12))
+        return dp__fail(d, DP_ECORRUPT, "%s: CRC mismatch over [0, %" PRIu64 ")", name,
+                        len - 12);
+    if (dp__le32_load(p + 8) != DP_SHARD_VERSION)
+        return dp__fail(d, DP_ECORRUPT, "%s: version %u at offset 8, expected %u", name,
+                        dp__le32_load(p + 8), DP_SHARD_VERSION);
+    out->unit_id = dp__le32_load(p + 12);
+    out->n_units = dp__le32_load(p + 16);
+    uint32_t n = dp__le32_load(p + 20);
     if (n > (len - 36) / 25)
-        return dp_fail(d, DP_ECORRUPT, "%s: %u blobs cannot fit (offset 20)", name, n);
+        return dp__fail(d, DP_ECORRUPT, "%s: %u blobs cannot fit (offset 20)", name, n);
     dp_shard_row *r = calloc(n ? n : 1, sizeof *r);
     if (r == NULL)
-        return dp_fail(d, DP_ENOMEM, "%s: out of memory for %u blobs", name, n);
+        return dp__fail(d, DP_ENOMEM, "%s: out of memory for %u blobs", name, n);
     uint64_t pos = DP_SHARD_ROWS_HEADER_LEN, end = len - DP_SHARD_ROWS_TRAILER_LEN;
     for (uint32_t i = 0; i < n; i++) {
         if (end - pos < 1 || end - pos - 1 < (uint64_t)p[pos] + 24 || p[pos] == 0 ||
             p[pos] > DP_SHARD_ID_MAX) {
             free(r);
-            return dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name,
-                           pos);
+            return dp__fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name,
+                            pos);
         }
         r[i].id_len = p[pos];
         r[i].id = (const char *)p + pos + 1;
         const uint8_t *q = p + pos + 1 + r[i].id_len;
-        r[i].off = dp_le64_load(q);
-        r[i].nbytes = dp_le64_load(q + 8);
-        r[i].crc = dp_le32_load(q + 16);
-        r[i].n_live = dp_le32_load(q + 20);
+        r[i].off = dp__le64_load(q);
+        r[i].nbytes = dp__le64_load(q + 8);
+        r[i].crc = dp__le32_load(q + 16);
+        r[i].n_live = dp__le32_load(q + 20);
         pos += 1 + r[i].id_len + 24;
         if ((end - pos) / 4 < r[i].n_live ||
-            !dp_id_valid(r[i].id, r[i].id_len, DP_SHARD_ID_MAX)) {
+            !dp__id_valid(r[i].id, r[i].id_len, DP_SHARD_ID_MAX)) {
             free(r);
-            return dp_fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name,
-                           pos);
+            return dp__fail(d, DP_ECORRUPT, "%s: bad record at offset %" PRIu64, name,
+                            pos);
         }
         r[i].live = p + pos;
         pos += 4 * (uint64_t)r[i].n_live;
     }
     if (pos != end) {
         free(r);
-        return dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " stray bytes at offset %" PRIu64,
-                       name, end - pos, pos);
+        return dp__fail(d, DP_ECORRUPT, "%s: %" PRIu64 " stray bytes at offset %" PRIu64,
+                        name, end - pos, pos);
     }
     out->n = n;
     out->v = r;
@@ -177,30 +177,30 @@ dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_r
 }
 
 int
-dp_shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out, dp_detail *d)
+dp__shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out, dp_detail *d)
 {
     *buf = NULL;
     memset(out, 0, sizeof *out);
     int fd = -1;
     uint64_t len = 0;
-    int rc = dp_shard_file_open(name, &fd, &len, d);
+    int rc = dp__shard_file_open(name, &fd, &len, d);
     if (rc != 0)
         return rc;
     if (len < DP_SHARD_ROWS_HEADER_LEN + DP_SHARD_ROWS_TRAILER_LEN ||
         len > DP_SHARD_ROWS_MAX) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: %" PRIu64 " bytes: not a rows file (offset 0)",
-                     name, len);
+        rc = dp__fail(d, DP_ECORRUPT, "%s: %" PRIu64 " bytes: not a rows file (offset 0)",
+                      name, len);
         goto out;
     }
     uint8_t *p = malloc((size_t)len);
     if (p == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "load: out of memory for %s", name);
+        rc = dp__fail(d, DP_ENOMEM, "load: out of memory for %s", name);
         goto out;
     }
     *buf = p;
-    if ((rc = dp_pread_full(fd, p, (size_t)len, 0, NULL, name, d)) != 0)
+    if ((rc = dp__pread_full(fd, p, (size_t)len, 0, NULL, name, d)) != 0)
         goto out;
-    rc = dp_shard_rows_parse(p, len, name, out, d);
+    rc = dp__shard_rows_parse(p, len, name, out, d);
 out:
     close(fd);
     if (rc != 0) {
@@ -211,18 +211,18 @@ out:
 }
 
 int
-dp_shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
-                    const char *rows_name, const char *shard_name, dp_detail *d)
+dp__shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
+                     const char *rows_name, const char *shard_name, dp_detail *d)
 {
     if (h->n_blobs != rows->n)
-        return dp_fail(d, DP_ECORRUPT, "%s: %u blobs (offset 20), %s lists %u",
-                       shard_name, h->n_blobs, rows_name, rows->n);
-    uint64_t end = dp_shard_data_end(h);
+        return dp__fail(d, DP_ECORRUPT, "%s: %u blobs (offset 20), %s lists %u",
+                        shard_name, h->n_blobs, rows_name, rows->n);
+    uint64_t end = dp__shard_data_end(h);
     for (uint32_t i = 0; i < rows->n; i++) {
         const dp_shard_row *r = &rows->v[i];
         if (r->off < DP_SHARD_HEADER_LEN || r->nbytes == 0 || r->off > end ||
             r->nbytes > end - r->off)
-            return dp_fail(
+            return dp__fail(
                 d, DP_ECORRUPT,
                 "%s: blob %.*s at [%" PRIu64 ", +%" PRIu64 ") is outside the data of %s",
                 rows_name, (int)r->id_len, r->id, r->off, r->nbytes, shard_name);
@@ -231,60 +231,60 @@ dp_shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
 }
 
 void
-dp_shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n_blobs,
-                            uint8_t out[DP_SHARD_ROWS_HEADER_LEN])
+dp__shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n_blobs,
+                             uint8_t out[DP_SHARD_ROWS_HEADER_LEN])
 {
     memcpy(out, DP_ROWS_MAGIC, 8);
-    dp_le32_store(out + 8, DP_SHARD_VERSION);
-    dp_le32_store(out + 12, unit_id);
-    dp_le32_store(out + 16, n_units);
-    dp_le32_store(out + 20, n_blobs);
+    dp__le32_store(out + 8, DP_SHARD_VERSION);
+    dp__le32_store(out + 12, unit_id);
+    dp__le32_store(out + 16, n_units);
+    dp__le32_store(out + 20, n_blobs);
 }
 
 size_t
-dp_shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX])
+dp__shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX])
 {
     DP_ASSERT(r->id_len > 0 && r->id_len <= DP_SHARD_ID_MAX);
     out[0] = (uint8_t)r->id_len;
     memcpy(out + 1, r->id, r->id_len);
     uint8_t *q = out + 1 + r->id_len;
-    dp_le64_store(q, r->off);
-    dp_le64_store(q + 8, r->nbytes);
-    dp_le32_store(q + 16, r->crc);
-    dp_le32_store(q + 20, r->n_live);
+    dp__le64_store(q, r->off);
+    dp__le64_store(q + 8, r->nbytes);
+    dp__le32_store(q + 16, r->crc);
+    dp__le32_store(q + 20, r->n_live);
     return (size_t)(q + 24 - out);
 }
 
 void
-dp_shard_live_encode(uint32_t entry, uint8_t out[4])
+dp__shard_live_encode(uint32_t entry, uint8_t out[4])
 {
-    dp_le32_store(out, entry);
+    dp__le32_store(out, entry);
 }
 
 void
-dp_shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILER_LEN])
+dp__shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILER_LEN])
 {
-    dp_le32_store(out, crc);
+    dp__le32_store(out, crc);
     memcpy(out + 4, DP_ROWS_END_MAGIC, 8);
 }
 
 /* ---- reading ---- */
 
 int
-dp_shard_file_open(const char *name, int *out, uint64_t *len, dp_detail *d)
+dp__shard_file_open(const char *name, int *out, uint64_t *len, dp_detail *d)
 {
     int fd = open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return dp_fail_sys(d, errno, "opening %s", name);
+        return dp__fail_sys(d, errno, "opening %s", name);
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return dp_fail_sys(d, e, "stat of %s", name);
+        return dp__fail_sys(d, e, "stat of %s", name);
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return dp_fail(d, DP_EINVAL, "%s is not a regular file", name);
+        return dp__fail(d, DP_EINVAL, "%s is not a regular file", name);
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
@@ -307,10 +307,10 @@ read_blob(int fd, const char *name, const dp_shard_row *r, uint8_t *dst, uint8_t
     for (uint64_t done = 0; done < r->nbytes;) {
         size_t n = (size_t)DP_MIN(r->nbytes - done, dst ? READ_MAX : SCRATCH_BYTES);
         uint8_t *p = dst ? dst + done : scratch;
-        int rc = dp_pread_full(fd, p, n, pos, NULL, name, d);
+        int rc = dp__pread_full(fd, p, n, pos, NULL, name, d);
         if (rc != 0)
             return rc;
-        c = dp_crc32c_update(c, p, n);
+        c = dp__crc32c_update(c, p, n);
         done += n;
         pos += n;
     }
@@ -321,10 +321,10 @@ read_blob(int fd, const char *name, const dp_shard_row *r, uint8_t *dst, uint8_t
 static int
 crc_mismatch(const char *name, const dp_shard_row *r, dp_detail *d)
 {
-    return dp_fail(d, DP_ECORRUPT,
-                   "%s: blob %.*s at offset %" PRIu64 " (%" PRIu64
-                   " bytes): CRC mismatch",
-                   name, (int)r->id_len, r->id, r->off, r->nbytes);
+    return dp__fail(d, DP_ECORRUPT,
+                    "%s: blob %.*s at offset %" PRIu64 " (%" PRIu64
+                    " bytes): CRC mismatch",
+                    name, (int)r->id_len, r->id, r->off, r->nbytes);
 }
 
 /* Pass over [rd->pos, off), keeping only the CRC. */
@@ -333,32 +333,32 @@ reader_skip(dp_shard_reader *rd, uint64_t off, dp_detail *d)
 {
     while (rd->pos < off) {
         size_t n = (size_t)DP_MIN(off - rd->pos, (uint64_t)SCRATCH_BYTES);
-        int rc = dp_pread_full(rd->fd, rd->buf, n, rd->pos, NULL, rd->name, d);
+        int rc = dp__pread_full(rd->fd, rd->buf, n, rd->pos, NULL, rd->name, d);
         if (rc != 0)
             return rc;
-        rd->crc = dp_crc32c_update(rd->crc, rd->buf, n);
+        rd->crc = dp__crc32c_update(rd->crc, rd->buf, n);
         rd->pos += n;
     }
     return DP_OK;
 }
 
 int
-dp_shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
-                     const dp_shard_header *h, dp_detail *d)
+dp__shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
+                      const dp_shard_header *h, dp_detail *d)
 {
     memset(rd, 0, sizeof *rd);
     rd->fd = fd;
     rd->name = name;
     rd->pos = DP_SHARD_HEADER_LEN;
-    rd->end = dp_shard_data_end(h);
+    rd->end = dp__shard_data_end(h);
     rd->buf = malloc(SCRATCH_BYTES);
     if (rd->buf == NULL)
-        return dp_fail(d, DP_ENOMEM, "load: out of memory");
+        return dp__fail(d, DP_ENOMEM, "load: out of memory");
     return DP_OK;
 }
 
 void
-dp_shard_reader_fini(dp_shard_reader *rd)
+dp__shard_reader_fini(dp_shard_reader *rd)
 {
     if (rd == NULL)
         return;
@@ -367,14 +367,14 @@ dp_shard_reader_fini(dp_shard_reader *rd)
 }
 
 int
-dp_shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
-                     dp_detail *d)
+dp__shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
+                      dp_detail *d)
 {
     if (r->off < rd->pos || r->off > rd->end || r->nbytes > rd->end - r->off)
-        return dp_fail(d, DP_EINVAL,
-                       "%s: blob %.*s at [%" PRIu64 ", +%" PRIu64
-                       ") is behind offset %" PRIu64 " or outside the data",
-                       rd->name, (int)r->id_len, r->id, r->off, r->nbytes, rd->pos);
+        return dp__fail(d, DP_EINVAL,
+                        "%s: blob %.*s at [%" PRIu64 ", +%" PRIu64
+                        ") is behind offset %" PRIu64 " or outside the data",
+                        rd->name, (int)r->id_len, r->id, r->off, r->nbytes, rd->pos);
     int rc = reader_skip(rd, r->off, d);
     if (rc != 0)
         return rc;
@@ -382,25 +382,25 @@ dp_shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
     if ((rc = read_blob(rd->fd, rd->name, r, dst, rd->buf, &c, d)) != 0)
         return rc;
     rd->pos += r->nbytes;
-    rd->crc = dp_crc32c_combine(rd->crc, c, r->nbytes);
+    rd->crc = dp__crc32c_combine(rd->crc, c, r->nbytes);
     return c == r->crc ? DP_OK : crc_mismatch(rd->name, r, d);
 }
 
 int
-dp_shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d)
+dp__shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d)
 {
     int rc = reader_skip(rd, rd->end, d);
     if (rc != 0)
         return rc;
     if (rd->crc != data_crc)
-        return dp_fail(d, DP_ECORRUPT, "%s: data CRC mismatch over [%u, %" PRIu64 ")",
-                       rd->name, DP_SHARD_HEADER_LEN, rd->end);
+        return dp__fail(d, DP_ECORRUPT, "%s: data CRC mismatch over [%u, %" PRIu64 ")",
+                        rd->name, DP_SHARD_HEADER_LEN, rd->end);
     return DP_OK;
 }
 
 int
-dp_shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst,
-                   dp_detail *d)
+dp__shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst,
+                    dp_detail *d)
 {
     uint32_t c = 0;
     int rc = read_blob(fd, name, r, dst, NULL, &c, d);
@@ -412,50 +412,50 @@ dp_shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst
 /* ---- checking a blob ---- */
 
 void
-dp_shard_blob_fini(dp_shard_blob *b)
+dp__shard_blob_fini(dp_shard_blob *b)
 {
     if (b == NULL)
         return;
-    dp_blob_destroy(b->parsed);
+    dp__blob_destroy(b->parsed);
     free(b->keep);
     free(b->live);
     memset(b, 0, sizeof *b);
 }
 
 int
-dp_shard_blob_check(const dp_shard_row *r, const uint8_t *p, const dp_blob_parse_opts *po,
-                    const char *shard_name, const char *rows_name, dp_shard_blob *out,
-                    dp_detail *d)
+dp__shard_blob_check(const dp_shard_row *r, const uint8_t *p,
+                     const dp_blob_parse_opts *po, const char *shard_name,
+                     const char *rows_name, dp_shard_blob *out, dp_detail *d)
 {
     memset(out, 0, sizeof *out);
-    int rc = dp_blob_parse(p, (size_t)r->nbytes, po, &out->parsed, d);
+    int rc = dp__blob_parse(p, (size_t)r->nbytes, po, &out->parsed, d);
     if (rc != 0)
-        return dp_fail_ctx(d, rc, "%s: blob %.*s at offset %" PRIu64, shard_name,
-                           (int)r->id_len, r->id, r->off);
-    uint32_t ne = dp_blob_count(out->parsed);
+        return dp__fail_ctx(d, rc, "%s: blob %.*s at offset %" PRIu64, shard_name,
+                            (int)r->id_len, r->id, r->off);
+    uint32_t ne = dp__blob_count(out->parsed);
     out->keep = calloc(ne ? ne : 1, 1);
     out->live = malloc((r->n_live ? r->n_live : 1) * sizeof *out->live);
     if (out->keep == NULL || out->live == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "load: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "load: out of memory");
         goto fail;
     }
     for (uint32_t j = 0; j < r->n_live; j++) {
-        uint32_t e = dp_shard_row_live(r, j);
+        uint32_t e = dp__shard_row_live(r, j);
         if (e >= ne || out->keep[e]) {
-            rc = dp_fail(d, DP_ECORRUPT, "%s: blob %.*s: live entry %u of %u", rows_name,
-                         (int)r->id_len, r->id, e, ne);
+            rc = dp__fail(d, DP_ECORRUPT, "%s: blob %.*s: live entry %u of %u", rows_name,
+                          (int)r->id_len, r->id, e, ne);
             goto fail;
         }
         out->keep[e] = 1;
         out->live[out->n_live++] = e;
     }
     if (out->n_live == 0) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: blob %.*s has no live entry", rows_name,
-                     (int)r->id_len, r->id);
+        rc = dp__fail(d, DP_ECORRUPT, "%s: blob %.*s has no live entry", rows_name,
+                      (int)r->id_len, r->id);
         goto fail;
     }
     return DP_OK;
 fail:
-    dp_shard_blob_fini(out);
+    dp__shard_blob_fini(out);
     return rc;
 }

@@ -19,12 +19,12 @@
  * the save; the rows file names the entries that were live: only those load.
  *
  * What a reader checks, and where: the frame of the shard file (header,
- * length, trailer: dp_shard_header_decode, dp_shard_check_len,
- * dp_shard_trailer_decode), the rows file (dp_shard_rows_load) and its
- * agreement with the shard (dp_shard_rows_check), each blob's bytes against
- * the CRC32C the rows file gives (dp_shard_reader_blob in one sequential pass
- * that also checks the whole data's CRC, or dp_shard_blob_read for one
- * blob), and each blob's index and live list (dp_shard_blob_check). Which
+ * length, trailer: dp__shard_header_decode, dp__shard_check_len,
+ * dp__shard_trailer_decode), the rows file (dp__shard_rows_load) and its
+ * agreement with the shard (dp__shard_rows_check), each blob's bytes against
+ * the CRC32C the rows file gives (dp__shard_reader_blob in one sequential pass
+ * that also checks the whole data's CRC, or dp__shard_blob_read for one
+ * blob), and each blob's index and live list (dp__shard_blob_check). Which
  * unit and cluster size a shard may be loaded into is the caller's to check
  * (the headers carry them).
  *
@@ -49,10 +49,10 @@
 #define DP_SHARD_TRAILER_LEN 24u
 #define DP_SHARD_ROWS_HEADER_LEN 24u
 #define DP_SHARD_ROWS_TRAILER_LEN 12u
-#define DP_SHARD_ID_MAX DP_ID_MAX /* a blob id (dp_id_valid) */
+#define DP_SHARD_ID_MAX DP_ID_MAX /* a blob id (dp__id_valid) */
 /* A rows-file record before its live list: u8 id_len, id, 2 x u64, 2 x u32. */
 #define DP_SHARD_ROW_HEAD_MAX (1 + DP_SHARD_ID_MAX + 24)
-/* The largest rows file dp_shard_rows_load reads. */
+/* The largest rows file dp__shard_rows_load reads. */
 #define DP_SHARD_ROWS_MAX ((uint64_t)1 << 32)
 
 /* ---- shard file: header and trailer ---- */
@@ -65,38 +65,38 @@ typedef struct dp_shard_header {
 } dp_shard_header;
 
 /* The 32 header bytes of h (version DP_SHARD_VERSION; h->crc is ignored). */
-void dp_shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN]);
+void dp__shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN]);
 
 /*
  * Decode a shard header (name is for messages): magic and version are
  * checked, the rest is the caller's (unit and cluster size, then
- * dp_shard_check_len). DP_ECORRUPT.
+ * dp__shard_check_len). DP_ECORRUPT.
  */
-int dp_shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
-                           dp_shard_header *h, dp_detail *d);
+int dp__shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
+                            dp_shard_header *h, dp_detail *d);
 
 /* Where the data section ends and the trailer starts. */
-uint64_t dp_shard_data_end(const dp_shard_header *h);
+uint64_t dp__shard_data_end(const dp_shard_header *h);
 
 /*
  * A shard file of file_len bytes holds exactly h's header, data and trailer.
  * DP_ECORRUPT (truncated or corrupted).
  */
-int dp_shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *name,
-                       dp_detail *d);
+int dp__shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *name,
+                        dp_detail *d);
 
 /* The 24 trailer bytes after h's data, whose CRC32C is data_crc. */
-void dp_shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
-                             uint8_t out[DP_SHARD_TRAILER_LEN]);
+void dp__shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
+                              uint8_t out[DP_SHARD_TRAILER_LEN]);
 
 /*
  * Decode the trailer of a shard whose header decoded to h: magic, data_bytes
  * and the header's CRC32C must match; *data_crc gets the data's CRC32C (for
- * dp_shard_reader_end). DP_ECORRUPT naming the trailer's offset.
+ * dp__shard_reader_end). DP_ECORRUPT naming the trailer's offset.
  */
-int dp_shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN],
-                            const dp_shard_header *h, const char *name,
-                            uint32_t *data_crc, dp_detail *d);
+int dp__shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN],
+                             const dp_shard_header *h, const char *name,
+                             uint32_t *data_crc, dp_detail *d);
 
 /* ---- rows file ---- */
 
@@ -118,14 +118,14 @@ typedef struct dp_shard_rows {
  * Parse and check a whole rows file p[0..len) (name is for messages): magic,
  * trailer CRC, version, every record within bounds with a valid id, no stray
  * bytes. DP_ECORRUPT naming the file and offset, DP_ENOMEM. The records point
- * into p, which must outlive out. dp_shard_rows_fini frees out->v.
+ * into p, which must outlive out. dp__shard_rows_fini frees out->v.
  */
-int dp_shard_rows_parse(const uint8_t *p, uint64_t len, const char *name,
-                        dp_shard_rows *out, dp_detail *d);
-void dp_shard_rows_fini(dp_shard_rows *r);
+int dp__shard_rows_parse(const uint8_t *p, uint64_t len, const char *name,
+                         dp_shard_rows *out, dp_detail *d);
+void dp__shard_rows_fini(dp_shard_rows *r);
 
 /* Entry index k (< n_live) of r. */
-uint32_t dp_shard_row_live(const dp_shard_row *r, uint32_t k);
+uint32_t dp__shard_row_live(const dp_shard_row *r, uint32_t k);
 
 /*
  * Read the rows file name (a regular file of at most DP_SHARD_ROWS_MAX
@@ -133,26 +133,27 @@ uint32_t dp_shard_row_live(const dp_shard_row *r, uint32_t k);
  * NULL then) holds the bytes out's records point into. Errors: DP_ESYS (open,
  * read), DP_EINVAL (not a regular file), DP_ECORRUPT, DP_ENOMEM.
  */
-int dp_shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out, dp_detail *d);
+int dp__shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out,
+                        dp_detail *d);
 
 /*
  * The rows file rows_name agrees with the shard shard_name whose header is h:
  * as many blobs, each inside the data section and not empty. DP_ECORRUPT.
  */
-int dp_shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
-                        const char *rows_name, const char *shard_name, dp_detail *d);
+int dp__shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
+                         const char *rows_name, const char *shard_name, dp_detail *d);
 
 /* The 24 header bytes of a rows file. */
-void dp_shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n_blobs,
-                                 uint8_t out[DP_SHARD_ROWS_HEADER_LEN]);
+void dp__shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n_blobs,
+                                  uint8_t out[DP_SHARD_ROWS_HEADER_LEN]);
 /*
  * The record of r up to its live list (r->live is not read: r->n_live entry
- * indexes follow, each dp_shard_live_encode'd). Returns its length.
+ * indexes follow, each dp__shard_live_encode'd). Returns its length.
  */
-size_t dp_shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX]);
-void dp_shard_live_encode(uint32_t entry, uint8_t out[4]);
+size_t dp__shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX]);
+void dp__shard_live_encode(uint32_t entry, uint8_t out[4]);
 /* The 12 trailer bytes; crc is the CRC32C of every byte before them. */
-void dp_shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILER_LEN]);
+void dp__shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILER_LEN]);
 
 /* ---- reading ---- */
 
@@ -161,13 +162,13 @@ void dp_shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILE
  * device must not block or feed the reader forever). *len gets its size.
  * DP_ESYS, DP_EINVAL (not a regular file).
  */
-int dp_shard_file_open(const char *name, int *fd, uint64_t *len, dp_detail *d);
+int dp__shard_file_open(const char *name, int *fd, uint64_t *len, dp_detail *d);
 
 /*
  * One sequential pass over a shard's data section: blobs in offset order
- * (dp_shard_reader_blob), the bytes between them passed over, and the CRC32C
+ * (dp__shard_reader_blob), the bytes between them passed over, and the CRC32C
  * of the whole data checked at the end against the trailer's
- * (dp_shard_reader_end). Caller-owned storage; fd is borrowed.
+ * (dp__shard_reader_end). Caller-owned storage; fd is borrowed.
  */
 typedef struct dp_shard_reader {
     int fd;
@@ -179,9 +180,9 @@ typedef struct dp_shard_reader {
 } dp_shard_reader;
 
 /* DP_ENOMEM. */
-int dp_shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
-                         const dp_shard_header *h, dp_detail *d);
-void dp_shard_reader_fini(dp_shard_reader *rd);
+int dp__shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
+                          const dp_shard_header *h, dp_detail *d);
+void dp__shard_reader_fini(dp_shard_reader *rd);
 
 /*
  * Read blob r (at or after the reader's position, inside the data section)
@@ -189,21 +190,21 @@ void dp_shard_reader_fini(dp_shard_reader *rd);
  * CRC32C against r->crc. DP_ECORRUPT (CRC mismatch, truncated), DP_ESYS,
  * DP_EINVAL (r is behind the reader or outside the data).
  */
-int dp_shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
-                         dp_detail *d);
+int dp__shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
+                          dp_detail *d);
 
 /* Pass over the rest of the data; its CRC32C must be data_crc. DP_ECORRUPT. */
-int dp_shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d);
+int dp__shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d);
 
 /*
  * Read one blob r of the shard fd (name) into dst (r->nbytes bytes) and
  * check its CRC32C against r->crc, without a sequential pass. Errors as
- * dp_shard_reader_blob.
+ * dp__shard_reader_blob.
  */
-int dp_shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst,
-                       dp_detail *d);
+int dp__shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst,
+                        dp_detail *d);
 
-/* A blob read from a shard, checked by dp_shard_blob_check. */
+/* A blob read from a shard, checked by dp__shard_blob_check. */
 typedef struct dp_shard_blob {
     dp_blob *parsed; /* its index, parsed as a commit does (owned) */
     uint8_t *keep;   /* one byte per entry of parsed: 1 for a live one (owned) */
@@ -215,13 +216,13 @@ typedef struct dp_shard_blob {
  * Check blob r whose bytes (r->nbytes, CRC already checked) are p: parse its
  * index as a commit does (po: a unit's n_units and unit_index, or NULL for
  * no ownership check) and its live list against that index (every entry in
- * range, none twice, at least one). Errors: those of dp_blob_parse (a bad
+ * range, none twice, at least one). Errors: those of dp__blob_parse (a bad
  * index: DP_EPROTO), DP_ECORRUPT (the live list), DP_ENOMEM; out is then
- * empty. dp_shard_blob_fini frees out.
+ * empty. dp__shard_blob_fini frees out.
  */
-int dp_shard_blob_check(const dp_shard_row *r, const uint8_t *p,
-                        const dp_blob_parse_opts *po, const char *shard_name,
-                        const char *rows_name, dp_shard_blob *out, dp_detail *d);
-void dp_shard_blob_fini(dp_shard_blob *b);
+int dp__shard_blob_check(const dp_shard_row *r, const uint8_t *p,
+                         const dp_blob_parse_opts *po, const char *shard_name,
+                         const char *rows_name, dp_shard_blob *out, dp_detail *d);
+void dp__shard_blob_fini(dp_shard_blob *b);
 
 #endif

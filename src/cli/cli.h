@@ -97,7 +97,7 @@ typedef struct dp__cli_conn {
  * cluster file, open the control-only client of its units, and (unless
  * DP__CLI_NO_CHECK) ask every unit who it is (dp__cli_check_units, within
  * connect_timeout_s). Control calls then wait timeout_s. Errors of
- * dp_cluster_locate and dp_cluster_load (DP_ENOTFOUND says how to start a
+ * dp__cluster_locate and dp__cluster_load (DP_ENOTFOUND says how to start a
  * cluster), of dp__cli_check_units, DP_ENOMEM. On an error nothing is left
  * to disconnect.
  */

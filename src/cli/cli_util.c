@@ -48,13 +48,13 @@ dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
     memset(c, 0, sizeof *c);
     c->timeout_s = timeout_s > 0 ? timeout_s : DP_CLI_TIMEOUT_S;
     c->connect_timeout_s = connect_timeout_s > 0 ? connect_timeout_s : c->timeout_s;
-    int rc = dp_cluster_locate(arg, c->path, sizeof c->path, d);
+    int rc = dp__cluster_locate(arg, c->path, sizeof c->path, d);
     if (rc == DP_OK)
-        rc = dp_cluster_load(c->path, &c->cl, d);
+        rc = dp__cluster_load(c->path, &c->cl, d);
     if (rc == DP_OK && (c->units = calloc(c->cl.n_units, sizeof *c->units)) == NULL)
-        rc = dp_fail(d, DP_ENOMEM, "out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "out of memory");
     if (rc == DP_OK)
-        rc = dp_wire_rid_gen_init(&c->rids, d);
+        rc = dp__wire_rid_gen_init(&c->rids, d);
     if (rc == DP_OK && !(flags & DP__CLI_NO_CHECK))
         rc = dp__cli_check_units(c, -1, flags, d);
     if (rc != DP_OK)
@@ -67,11 +67,11 @@ dp__cli_disconnect(dp__cli_conn *c)
 {
     dp_client_close(c->client);
     c->client = NULL;
-    dp_ctl_client_destroy(c->ctl);
+    dp__ctl_client_destroy(c->ctl);
     c->ctl = NULL;
     free(c->units);
     c->units = NULL;
-    dp_cluster_fini(&c->cl);
+    dp__cluster_fini(&c->cl);
 }
 
 /* The client takes timeouts of at most 1e6 s (11 days): longer is as good as that. */
@@ -134,14 +134,14 @@ int
 dp__cli_parse_unit(const dp__cli_conn *c, const char *s, uint32_t *out, dp_detail *d)
 {
     uint64_t v;
-    int rc = dp_parse_u64(s, 0, UINT32_MAX, &v, "UNIT", d);
+    int rc = dp__parse_u64(s, 0, UINT32_MAX, &v, "UNIT", d);
     if (rc != DP_OK)
         return rc;
     if (v >= c->cl.n_units)
-        return dp_fail(d, DP_EINVAL,
-                       "unit %" PRIu64
-                       " does not exist: the cluster in %s has units 0..%u",
-                       v, c->path, c->cl.n_units - 1);
+        return dp__fail(d, DP_EINVAL,
+                        "unit %" PRIu64
+                        " does not exist: the cluster in %s has units 0..%u",
+                        v, c->path, c->cl.n_units - 1);
     *out = (uint32_t)v;
     return DP_OK;
 }
@@ -151,33 +151,33 @@ dp__cli_check_advertise(const char *h, dp_detail *d)
 {
     size_t n = strlen(h);
     if (n == 0)
-        return dp_fail(d, DP_EINVAL, "--advertise must not be empty");
+        return dp__fail(d, DP_EINVAL, "--advertise must not be empty");
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)h[i];
         if (ch <= 0x20 || ch >= 0x7f)
-            return dp_fail(d, DP_EINVAL,
-                           "--advertise has a space, control or non-ASCII character at "
-                           "byte %zu: give an IPv4 address, [IPv6] or a host name",
-                           i);
+            return dp__fail(d, DP_EINVAL,
+                            "--advertise has a space, control or non-ASCII character at "
+                            "byte %zu: give an IPv4 address, [IPv6] or a host name",
+                            i);
     }
     if (n > DP_CLUSTER_ADDR_MAX - sizeof "tcp://:65535")
-        return dp_fail(d, DP_EINVAL,
-                       "--advertise '%.40s...' is too long (at most %zu bytes)", h,
-                       DP_CLUSTER_ADDR_MAX - sizeof "tcp://:65535");
+        return dp__fail(d, DP_EINVAL,
+                        "--advertise '%.40s...' is too long (at most %zu bytes)", h,
+                        DP_CLUSTER_ADDR_MAX - sizeof "tcp://:65535");
     if (h[0] == '[') {
         char in[64];
         struct in6_addr a6;
         if (n < 3 || h[n - 1] != ']' || n - 2 >= sizeof in)
-            return dp_fail(d, DP_EINVAL,
-                           "--advertise '%s' is not a bracketed IPv6 address like "
-                           "[fe80::1]",
-                           h);
+            return dp__fail(d, DP_EINVAL,
+                            "--advertise '%s' is not a bracketed IPv6 address like "
+                            "[fe80::1]",
+                            h);
         memcpy(in, h + 1, n - 2);
         in[n - 2] = '\0';
         if (inet_pton(AF_INET6, in, &a6) != 1)
-            return dp_fail(d, DP_EINVAL, "--advertise '%s' is not an IPv6 address", h);
+            return dp__fail(d, DP_EINVAL, "--advertise '%s' is not an IPv6 address", h);
         if (IN6_IS_ADDR_UNSPECIFIED(&a6))
-            return dp_fail(
+            return dp__fail(
                 d, DP_EINVAL,
                 "--advertise '%s' is the wildcard address, which no client can "
                 "reach: give this host's address",
@@ -185,18 +185,18 @@ dp__cli_check_advertise(const char *h, dp_detail *d)
         return DP_OK;
     }
     if (strchr(h, ':') != NULL)
-        return dp_fail(d, DP_EINVAL,
-                       "--advertise '%s': an IPv6 address goes in brackets, e.g. [%s]; "
-                       "the port is always the bound one",
-                       h, h);
+        return dp__fail(d, DP_EINVAL,
+                        "--advertise '%s': an IPv6 address goes in brackets, e.g. [%s]; "
+                        "the port is always the bound one",
+                        h, h);
     if (strspn(h, "0123456789.") == n) {
         struct in_addr a4;
         if (inet_pton(AF_INET, h, &a4) != 1)
-            return dp_fail(d, DP_EINVAL,
-                           "--advertise '%s' is not a dotted IPv4 address like 10.0.0.5",
-                           h);
+            return dp__fail(d, DP_EINVAL,
+                            "--advertise '%s' is not a dotted IPv4 address like 10.0.0.5",
+                            h);
         if (a4.s_addr == htonl(INADDR_ANY))
-            return dp_fail(
+            return dp__fail(
                 d, DP_EINVAL,
                 "--advertise '%s' is the wildcard address, which no client can "
                 "reach: give this host's address",
@@ -207,7 +207,7 @@ dp__cli_check_advertise(const char *h, dp_detail *d)
     if (strspn(h, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.") !=
             n ||
         h[0] == '.' || h[0] == '-' || h[n - 1] == '-' || strstr(h, "..") != NULL)
-        return dp_fail(
+        return dp__fail(
             d, DP_EINVAL,
             "--advertise '%s' is not an IPv4 address, a bracketed IPv6 address "
             "or a host name (letters, digits, '-', '_' and dots)",

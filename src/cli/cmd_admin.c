@@ -98,7 +98,7 @@ parse_common(const char *cmd, const char *usage, bool allow_raw, int argc, char 
             o->cluster = optarg;
             break;
         case O_TIMEOUT:
-            if (dp_parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d) != DP_OK)
+            if (dp__parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d) != DP_OK)
                 return dp__cli_usage(cmd, "%s", d.msg);
             if (!(o->timeout_s > 0))
                 return dp__cli_usage(cmd, "--timeout-s must be > 0");
@@ -145,7 +145,7 @@ fmt_field(const dp_wire_field *f, bool size, bool raw, char *buf, size_t cap)
     switch (f->type) {
     case DP_WIRE_U64:
         if (size && !raw)
-            return dp_fmt_size(f->v.u, buf, cap);
+            return dp__fmt_size(f->v.u, buf, cap);
         snprintf(buf, cap, "%" PRIu64, f->v.u);
         break;
     case DP_WIRE_I64:
@@ -229,14 +229,14 @@ dp__cmd_stats(int argc, char **argv)
         printf("\n");
         for (uint32_t k = 0; k < names->n; k++) {
             char name[64], buf[64];
-            dp_wire_str_copy(names->v[k].name, name, sizeof name);
+            dp__wire_str_copy(names->v[k].name, name, sizeof name);
             bool size = is_size_counter(name);
             printf("%-*s", w, name);
             uint64_t total = 0;
             bool summable = !no_total(name);
             for (uint32_t i = 0; i < n; i++) {
                 const dp_wire_field *x =
-                    f.u[i].rc == DP_OK ? dp_wire_fields_get(&f.u[i].rep.r.stats, name)
+                    f.u[i].rc == DP_OK ? dp__wire_fields_get(&f.u[i].rep.r.stats, name)
                                        : NULL;
                 if (x != NULL && x->type == DP_WIRE_U64)
                     total += x->v.u;
@@ -290,7 +290,7 @@ dp__cmd_scan(int argc, char **argv)
     dp_detail d;
     dp_detail_clear(&d);
     uint64_t probe;
-    if (dp_parse_u64(unit_arg, 0, UINT32_MAX, &probe, "UNIT", &d) != DP_OK)
+    if (dp__parse_u64(unit_arg, 0, UINT32_MAX, &probe, "UNIT", &d) != DP_OK)
         return dp__cli_usage("scan", "%s", d.msg);
     dp__cli_conn c;
     int rc =
@@ -320,15 +320,15 @@ dp__cmd_scan(int argc, char **argv)
             /* Columns: the first record's fields; ids get a wide column. */
             const dp_wire_fields *h = &s->recs[0];
             for (uint32_t k = 0; k < h->n; k++) {
-                int w = dp_wire_str_eq(h->v[k].name, "id") ? -34 : 12;
+                int w = dp__wire_str_eq(h->v[k].name, "id") ? -34 : 12;
                 printf("%s%*.*s", k ? " " : "", w, DP_WIRE_STR_ARG(h->v[k].name));
             }
             printf("\n");
             for (uint32_t j = 0; j < s->n; j++) {
                 for (uint32_t k = 0; k < h->n; k++) {
                     char name[64], buf[96];
-                    dp_wire_str_copy(h->v[k].name, name, sizeof name);
-                    const dp_wire_field *f = dp_wire_fields_get(&s->recs[j], name);
+                    dp__wire_str_copy(h->v[k].name, name, sizeof name);
+                    const dp_wire_field *f = dp__wire_fields_get(&s->recs[j], name);
                     int w = strcmp(name, "id") == 0 ? -34 : 12;
                     printf("%s%*s", k ? " " : "", w,
                            f ? fmt_field(f, false, true, buf, sizeof buf) : "-");
@@ -351,24 +351,24 @@ parse_rows(const char *s, uint64_t *lo, uint64_t *hi, dp_detail *d)
     const char *dash = strchr(s, '-');
     if (dash == NULL) {
         *hi = *lo = 0;
-        if (dp_parse_u64(s, 0, UINT64_MAX, lo, "row", NULL) != DP_OK)
-            return dp_fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
+        if (dp__parse_u64(s, 0, UINT64_MAX, lo, "row", NULL) != DP_OK)
+            return dp__fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
         *hi = *lo;
         return DP_OK;
     }
     char a[32];
     size_t n = (size_t)(dash - s);
     if (n == 0 || n >= sizeof a)
-        return dp_fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
+        return dp__fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
     memcpy(a, s, n);
     a[n] = '\0';
-    int rc = dp_parse_u64(a, 0, UINT64_MAX, lo, "row", d);
+    int rc = dp__parse_u64(a, 0, UINT64_MAX, lo, "row", d);
     if (rc == DP_OK)
-        rc = dp_parse_u64(dash + 1, 0, UINT64_MAX, hi, "row", d);
+        rc = dp__parse_u64(dash + 1, 0, UINT64_MAX, hi, "row", d);
     if (rc != DP_OK)
-        return dp_fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
+        return dp__fail(d, DP_EINVAL, "'%s' is not a row or a range A-B", s);
     if (*hi < *lo)
-        return dp_fail(d, DP_EINVAL, "range '%s' ends before it starts", s);
+        return dp__fail(d, DP_EINVAL, "range '%s' ends before it starts", s);
     return DP_OK;
 }
 
@@ -410,7 +410,7 @@ dp__cmd_clear(int argc, char **argv)
     /* The rows in the order given; the library groups them by unit. */
     uint64_t *gidxs = malloc(total * sizeof *gidxs);
     if (gidxs == NULL) {
-        status = dp__cli_fail("clear", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+        status = dp__cli_fail("clear", dp__fail(&d, DP_ENOMEM, "out of memory"), &d);
         goto out;
     }
     size_t k = 0;

@@ -156,13 +156,13 @@ parse_shape(const char *s, uint64_t *dims, uint32_t *ndim, dp_detail *d)
         return DP_OK; /* a scalar */
     char buf[1024];
     if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf)
-        return dp_fail(d, DP_EINVAL, "--shape is too long");
+        return dp__fail(d, DP_EINVAL, "--shape is too long");
     char *save = NULL;
     for (char *t = strtok_r(buf, ",x", &save); t != NULL;
          t = strtok_r(NULL, ",x", &save)) {
         if (*ndim >= DP_SHAPE_MAX)
-            return dp_fail(d, DP_EINVAL, "--shape has more than %d dims", DP_SHAPE_MAX);
-        if (dp_parse_u64(t, 0, UINT64_MAX, &dims[*ndim], "--shape dim", d) != DP_OK)
+            return dp__fail(d, DP_EINVAL, "--shape has more than %d dims", DP_SHAPE_MAX);
+        if (dp__parse_u64(t, 0, UINT64_MAX, &dims[*ndim], "--shape dim", d) != DP_OK)
             return DP_EINVAL;
         (*ndim)++;
     }
@@ -187,32 +187,32 @@ read_all(dp_client *c, int fd, const char *name, void **out, uint64_t *len, bool
             *reg = true;
         }
         size_t got = 0;
-        int rc = dp_read_full(fd, *out, (size_t)n, 0, &got, name, d);
+        int rc = dp__read_full(fd, *out, (size_t)n, 0, &got, name, d);
         if (rc != DP_OK)
             return rc;
         if (got < n)
-            return dp_fail(d, DP_EINVAL, "%s shrank while being read", name);
+            return dp__fail(d, DP_EINVAL, "%s shrank while being read", name);
         *len = n;
         return DP_OK;
     }
     /* A pipe or terminal: grow a plain buffer (the put stages it). */
     dp_buf b;
-    dp_buf_init(&b);
+    dp__buf_init(&b);
     char tmp[65536];
     size_t got = sizeof tmp; /* a read short of that met the end */
     while (got == sizeof tmp) {
-        int rc = dp_read_full(fd, tmp, sizeof tmp, b.len, &got, name, d);
+        int rc = dp__read_full(fd, tmp, sizeof tmp, b.len, &got, name, d);
         if (rc != DP_OK) {
-            dp_buf_fini(&b);
+            dp__buf_fini(&b);
             return rc;
         }
-        if (dp_buf_append(&b, tmp, got) != DP_OK) {
-            dp_buf_fini(&b);
-            return dp_fail(d, DP_ENOMEM, "%s: out of memory", name);
+        if (dp__buf_append(&b, tmp, got) != DP_OK) {
+            dp__buf_fini(&b);
+            return dp__fail(d, DP_ENOMEM, "%s: out of memory", name);
         }
     }
     size_t n = 0;
-    *out = dp_buf_steal(&b, &n);
+    *out = dp__buf_steal(&b, &n);
     *len = n;
     return DP_OK;
 }
@@ -279,7 +279,7 @@ dp__cmd_put(int argc, char **argv)
         int rc = DP_OK;
         switch (c) {
         case O_ROW:
-            rc = dp_parse_u64(optarg, 0, UINT64_MAX, &row, "--row", &d);
+            rc = dp__parse_u64(optarg, 0, UINT64_MAX, &row, "--row", &d);
             have_row = true;
             break;
         case O_FIELD:
@@ -301,9 +301,9 @@ dp__cmd_put(int argc, char **argv)
             cluster = optarg;
             break;
         case O_TIMEOUT:
-            rc = dp_parse_seconds(optarg, &timeout_s, "--timeout-s", &d);
+            rc = dp__parse_seconds(optarg, &timeout_s, "--timeout-s", &d);
             if (rc == DP_OK && !(timeout_s > 0))
-                rc = dp_fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+                rc = dp__fail(&d, DP_EINVAL, "--timeout-s must be > 0");
             break;
         case 'h':
             fputs(usage_put, stdout);
@@ -384,7 +384,7 @@ dp__cmd_put(int argc, char **argv)
     }
     char sz[32];
     printf("put %" PRIu64 "@%s: %" PRIu64 " bytes (%s), %s, on unit %u\n", row, field,
-           len, dp_fmt_size(len, sz, sizeof sz), dp_kind_name(kind),
+           len, dp__fmt_size(len, sz, sizeof sz), dp_kind_name(kind),
            dp_client_unit_of(cl, row));
 out:
     if (reg)
@@ -420,7 +420,7 @@ write_file(const char *path, const void *p, uint64_t n)
     dp_detail wd;
     dp_detail_clear(&wd);
     int err = 0;
-    if (dp_write_full(fd, p, (size_t)n, 0, path, &wd) != DP_OK)
+    if (dp__write_full(fd, p, (size_t)n, 0, path, &wd) != DP_OK)
         err = wd.sys_errno;
     if (close(fd) != 0 && err == 0)
         err = errno;
@@ -452,7 +452,7 @@ dp__cmd_get(int argc, char **argv)
             cluster = optarg;
             break;
         case O_TIMEOUT:
-            if (dp_parse_seconds(optarg, &timeout_s, "--timeout-s", &d) != DP_OK)
+            if (dp__parse_seconds(optarg, &timeout_s, "--timeout-s", &d) != DP_OK)
                 return dp__cli_usage("get", "%s", d.msg);
             if (!(timeout_s > 0))
                 return dp__cli_usage("get", "--timeout-s must be > 0");
@@ -478,7 +478,7 @@ dp__cmd_get(int argc, char **argv)
                              key);
     memcpy(rowbuf, key, (size_t)(at - key));
     rowbuf[at - key] = '\0';
-    if (dp_parse_u64(rowbuf, 0, UINT64_MAX, &row, "row", NULL) != DP_OK)
+    if (dp__parse_u64(rowbuf, 0, UINT64_MAX, &row, "row", NULL) != DP_OK)
         return dp__cli_usage("get", "'%s' is not a key: keys look like <row>@<field>",
                              key);
 
@@ -496,7 +496,7 @@ dp__cmd_get(int argc, char **argv)
         rc = dp_values_get(vals, 0, &data, &n, &desc);
     if (rc != DP_OK) {
         if (d.msg[0] == '\0')
-            dp_fail(&d, rc, "%s", key);
+            dp__fail(&d, rc, "%s", key);
         status = dp__cli_fail("get", rc, &d);
         goto out;
     }
@@ -514,7 +514,7 @@ dp__cmd_get(int argc, char **argv)
         fflush(stdout);
         dp_detail wd;
         dp_detail_clear(&wd);
-        if (dp_write_full(fileno(stdout), data, (size_t)n, 0, "stdout", &wd) != DP_OK) {
+        if (dp__write_full(fileno(stdout), data, (size_t)n, 0, "stdout", &wd) != DP_OK) {
             fprintf(stderr, "dataplane get: cannot write to stdout: %s\n",
                     strerror(wd.sys_errno));
             status = 1;
@@ -624,7 +624,7 @@ bench_parse(int argc, char **argv, bench_opts *o)
                       .timeout_s = 30,
                       .registered = true,
                       .verify = true,
-                      .seed = (uint64_t)(dp_wall_s() * 1e6)};
+                      .seed = (uint64_t)(dp__wall_s() * 1e6)};
     dp_detail d;
     dp_detail_clear(&d);
     int c;
@@ -634,28 +634,28 @@ bench_parse(int argc, char **argv, bench_opts *o)
         int rc = DP_OK;
         switch (c) {
         case O_ROWS:
-            rc = dp_parse_u64(optarg, 1, 1u << 20, &o->rows, "--rows", &d);
+            rc = dp__parse_u64(optarg, 1, 1u << 20, &o->rows, "--rows", &d);
             break;
         case O_FIELDS:
-            rc = dp_parse_u64(optarg, 1, 1024, &o->fields, "--fields", &d);
+            rc = dp__parse_u64(optarg, 1, 1024, &o->fields, "--fields", &d);
             break;
         case O_BYTES:
-            rc = dp_parse_size(optarg, &o->bytes, "--bytes", &d);
+            rc = dp__parse_size(optarg, &o->bytes, "--bytes", &d);
             break;
         case O_JAGGED:
-            rc = dp_parse_seconds(optarg, &o->jagged, "--jagged", &d);
+            rc = dp__parse_seconds(optarg, &o->jagged, "--jagged", &d);
             if (rc == DP_OK && !(o->jagged < 1))
-                rc = dp_fail(&d, DP_EINVAL, "--jagged must be in [0, 1)");
+                rc = dp__fail(&d, DP_EINVAL, "--jagged must be in [0, 1)");
             break;
         case O_ITERS:
-            rc = dp_parse_u64(optarg, 1, UINT32_MAX, &o->iters, "--iters", &d);
+            rc = dp__parse_u64(optarg, 1, UINT32_MAX, &o->iters, "--iters", &d);
             break;
         case O_WARMUP:
-            rc = dp_parse_u64(optarg, 0, UINT32_MAX, &o->warmup, "--warmup", &d);
+            rc = dp__parse_u64(optarg, 0, UINT32_MAX, &o->warmup, "--warmup", &d);
             break;
         case O_FIRST:
-            rc =
-                dp_parse_u64(optarg, 0, UINT64_MAX / 2, &o->first_row, "--first-row", &d);
+            rc = dp__parse_u64(optarg, 0, UINT64_MAX / 2, &o->first_row, "--first-row",
+                               &d);
             break;
         case O_MEMORY:
             if (strcmp(optarg, "registered") == 0)
@@ -670,15 +670,15 @@ bench_parse(int argc, char **argv, bench_opts *o)
             o->verify = false;
             break;
         case O_SEED:
-            rc = dp_parse_u64(optarg, 0, UINT64_MAX, &o->seed, "--seed", &d);
+            rc = dp__parse_u64(optarg, 0, UINT64_MAX, &o->seed, "--seed", &d);
             break;
         case O_CLUSTER:
             o->cluster = optarg;
             break;
         case O_TIMEOUT:
-            rc = dp_parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d);
+            rc = dp__parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d);
             if (rc == DP_OK && !(o->timeout_s > 0))
-                rc = dp_fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+                rc = dp__fail(&d, DP_EINVAL, "--timeout-s must be > 0");
             break;
         case 'h':
             fputs(usage_bench, stdout);
@@ -725,7 +725,7 @@ bench_setup(dp_client *cl, const bench_opts *o, bench_state *b)
     b->clr = (lat){calloc(o->iters, sizeof(double)), 0, 0, 0};
     if (!b->size || !b->off || !b->crc || !b->gidx || !b->fields || !b->vals ||
         !b->items || !b->keybuf || !b->put.v || !b->get.v || !b->clr.v)
-        return dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+        return dp__cli_fail("bench", dp__fail(&d, DP_ENOMEM, "out of memory"), &d);
     uint64_t rs = o->seed, total = 0;
     for (uint64_t i = 0; i < cells; i++) {
         uint64_t lo = (uint64_t)((double)o->bytes * (1 - o->jagged));
@@ -746,14 +746,14 @@ bench_setup(dp_client *cl, const bench_opts *o, bench_state *b)
         b->src = malloc(b->alloc_len);
         b->dst = malloc(b->alloc_len);
         if (b->src == NULL || b->dst == NULL)
-            return dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+            return dp__cli_fail("bench", dp__fail(&d, DP_ENOMEM, "out of memory"), &d);
     }
     memset(b->src, 0, b->alloc_len);
     memset(b->dst, 0, b->alloc_len);
     for (uint64_t f = 0; f < o->fields; f++) {
         b->fields[f] = malloc(24);
         if (b->fields[f] == NULL)
-            return dp__cli_fail("bench", dp_fail(&d, DP_ENOMEM, "out of memory"), &d);
+            return dp__cli_fail("bench", dp__fail(&d, DP_ENOMEM, "out of memory"), &d);
         snprintf(b->fields[f], 24, "f%" PRIu64, f);
     }
     for (uint64_t r = 0; r < o->rows; r++) {
@@ -785,26 +785,26 @@ bench_iter(dp_client *cl, const bench_opts *o, bench_state *b, uint64_t it)
     for (uint64_t i = 0; i < b->cells; i++) {
         fill(b->src + b->off[i], b->size[i], o->seed ^ (it << 32) ^ i);
         if (o->verify)
-            b->crc[i] = dp_crc32c(b->src + b->off[i], b->size[i]);
+            b->crc[i] = dp__crc32c(b->src + b->off[i], b->size[i]);
     }
-    double t0 = dp_now_s();
+    double t0 = dp__now_s();
     int rc = dp_client_put(cl, b->gidx, o->rows, (const char *const *)b->fields,
                            o->fields, b->vals, NULL, &d);
-    double t1 = dp_now_s();
+    double t1 = dp__now_s();
     if (rc != DP_OK) {
-        dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": put", it);
+        dp__fail_ctx(&d, rc, "iteration %" PRIu64 ": put", it);
         return dp__cli_fail("bench", rc, &d);
     }
     rc = dp_client_get(cl, b->items, b->cells, &d);
-    double t2 = dp_now_s();
+    double t2 = dp__now_s();
     if (rc != DP_OK) {
-        dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": get", it);
+        dp__fail_ctx(&d, rc, "iteration %" PRIu64 ": get", it);
         return dp__cli_fail("bench", rc, &d);
     }
     if (o->verify) {
         for (uint64_t i = 0; i < b->cells; i++) {
             if (b->items[i].nbytes != b->size[i] ||
-                dp_crc32c(b->dst + b->off[i], b->size[i]) != b->crc[i]) {
+                dp__crc32c(b->dst + b->off[i], b->size[i]) != b->crc[i]) {
                 fprintf(stderr,
                         "dataplane bench: iteration %" PRIu64 ": %s came back "
                         "different (%" PRIu64 " bytes, put %" PRIu64 ")\n",
@@ -814,11 +814,11 @@ bench_iter(dp_client *cl, const bench_opts *o, bench_state *b, uint64_t it)
         }
     }
     uint64_t dropped = 0;
-    double t3 = dp_now_s();
+    double t3 = dp__now_s();
     rc = dp_client_clear(cl, b->gidx, o->rows, &dropped, &d);
-    double t4 = dp_now_s();
+    double t4 = dp__now_s();
     if (rc != DP_OK) {
-        dp_fail_ctx(&d, rc, "iteration %" PRIu64 ": clear", it);
+        dp__fail_ctx(&d, rc, "iteration %" PRIu64 ": clear", it);
         return dp__cli_fail("bench", rc, &d);
     }
     if (keep) {
@@ -845,10 +845,10 @@ bench_report(const bench_opts *o, bench_state *b)
     double gput = (double)put->bytes / put->total_s / 1e9;
     double gget = (double)get->bytes / get->total_s / 1e9;
     printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "put", put->n,
-           dp_fmt_size(b->batch_bytes, sz, sizeof sz), gput, pctl(put, 0.5) * 1e3,
+           dp__fmt_size(b->batch_bytes, sz, sizeof sz), gput, pctl(put, 0.5) * 1e3,
            pctl(put, 0.99) * 1e3);
     printf("%-6s %8zu %12s %10.3f %10.3f %10.3f\n", "get", get->n,
-           dp_fmt_size(b->batch_bytes, sz, sizeof sz), gget, pctl(get, 0.5) * 1e3,
+           dp__fmt_size(b->batch_bytes, sz, sizeof sz), gget, pctl(get, 0.5) * 1e3,
            pctl(get, 0.99) * 1e3);
     printf("%-6s %8zu %12s %10s %10.3f %10.3f\n", "clear", clr->n, "-", "-",
            pctl(clr, 0.5) * 1e3, pctl(clr, 0.99) * 1e3);
@@ -922,20 +922,20 @@ dp__cmd_bench(int argc, char **argv)
            "%s per batch, %s memory, %" PRIu64 " iterations (+%" PRIu64 " warm-up), "
            "seed %" PRIu64 "\n",
            dp_client_n_units(cl), dp_client_n_units(cl) == 1 ? "" : "s", o.rows, o.fields,
-           dp_fmt_size(o.bytes, sz, sizeof sz), o.jagged > 0 ? " (jagged)" : "",
-           dp_fmt_size(b.batch_bytes, sz2, sizeof sz2),
+           dp__fmt_size(o.bytes, sz, sizeof sz), o.jagged > 0 ? " (jagged)" : "",
+           dp__fmt_size(b.batch_bytes, sz2, sizeof sz2),
            o.registered ? "registered" : "malloc", o.iters, o.warmup, o.seed);
     fflush(stdout);
-    double t_report = dp_now_s() + 2;
+    double t_report = dp__now_s() + 2;
     uint64_t n_all = o.warmup + o.iters;
     for (uint64_t it = 0; it < n_all; it++) {
         if ((status = bench_iter(cl, &o, &b, it)) >= 0)
             goto out;
-        if (dp_now_s() >= t_report && b.put.n > 0) {
+        if (dp__now_s() >= t_report && b.put.n > 0) {
             fprintf(stderr, "  %" PRIu64 "/%" PRIu64 ": put %.2f GB/s, get %.2f GB/s\n",
                     it + 1, n_all, (double)b.put.bytes / b.put.total_s / 1e9,
                     (double)b.get.bytes / b.get.total_s / 1e9);
-            t_report = dp_now_s() + 2;
+            t_report = dp__now_s() + 2;
         }
     }
     bench_report(&o, &b);

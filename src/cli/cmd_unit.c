@@ -113,21 +113,21 @@ unit_option(unit_cmd *u, int c, char **argv)
         u->advertise = optarg;
         break;
     case O_PORT:
-        rc = dp_parse_u64(optarg, 0, 65535, &u->port, "--port", d);
+        rc = dp__parse_u64(optarg, 0, 65535, &u->port, "--port", d);
         break;
     case O_SLAB:
-        rc = dp_parse_size(optarg, &uo->slab_bytes, "--slab", d);
+        rc = dp__parse_size(optarg, &uo->slab_bytes, "--slab", d);
         break;
     case O_PIN:
-        rc = dp_parse_seconds(optarg, &uo->read_pin_s, "--read-pin-s", d);
+        rc = dp__parse_seconds(optarg, &uo->read_pin_s, "--read-pin-s", d);
         if (rc == 0 && !(uo->read_pin_s > 0))
-            rc = dp_fail(d, DP_EINVAL, "--read-pin-s must be > 0");
+            rc = dp__fail(d, DP_EINVAL, "--read-pin-s must be > 0");
         break;
     case O_LEASE:
-        rc = dp_parse_seconds(optarg, &uo->alloc_lease_s, "--alloc-lease-s", d);
+        rc = dp__parse_seconds(optarg, &uo->alloc_lease_s, "--alloc-lease-s", d);
         break;
     case O_CLUSTER_ID:
-        if (dp_wire_check_id(dp_wire_s(optarg), NULL, "--cluster-id", d) != DP_OK)
+        if (dp__wire_check_id(dp__wire_s(optarg), NULL, "--cluster-id", d) != DP_OK)
             rc = DP_EINVAL;
         uo->cluster_id = optarg;
         break;
@@ -135,7 +135,7 @@ unit_option(unit_cmd *u, int c, char **argv)
         if (strcmp(optarg, "never") == 0)
             uo->reclaim_grace_s = -1;
         else
-            rc = dp_parse_seconds(optarg, &uo->reclaim_grace_s, "--reclaim-grace-s", d);
+            rc = dp__parse_seconds(optarg, &uo->reclaim_grace_s, "--reclaim-grace-s", d);
         break;
     case O_NUMA:
         if (strcmp(optarg, "auto") == 0)
@@ -148,10 +148,10 @@ unit_option(unit_cmd *u, int c, char **argv)
             return unit_usage_error("--numa must be auto, bind or off, not '%s'", optarg);
         break;
     case O_ID:
-        rc = dp_parse_u64(optarg, 0, UINT32_MAX - 1, &u->unit_id, "--unit-id", d);
+        rc = dp__parse_u64(optarg, 0, UINT32_MAX - 1, &u->unit_id, "--unit-id", d);
         break;
     case O_UNITS:
-        rc = dp_parse_u64(optarg, 1, UINT32_MAX, &u->units, "--units", d);
+        rc = dp__parse_u64(optarg, 1, UINT32_MAX, &u->units, "--units", d);
         break;
     case O_SSD:
         if (optarg[0] == '\0')
@@ -159,13 +159,13 @@ unit_option(unit_cmd *u, int c, char **argv)
         uo->ssd_dir = optarg;
         break;
     case O_STAGING:
-        rc = dp_parse_size(optarg, &u->staging, "--staging", d);
+        rc = dp__parse_size(optarg, &u->staging, "--staging", d);
         if (rc == 0 && u->staging < 4096)
-            rc = dp_fail(d, DP_EINVAL, "--staging must be at least 4K");
+            rc = dp__fail(d, DP_EINVAL, "--staging must be at least 4K");
         u->staging_set = true;
         break;
     case O_PICKUP:
-        rc = dp_parse_seconds(optarg, &uo->pickup_s, "--pickup-s", d);
+        rc = dp__parse_seconds(optarg, &uo->pickup_s, "--pickup-s", d);
         break;
     case 'h':
         fputs(usage_unit, stdout);
@@ -200,7 +200,7 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     *u = (unit_cmd){.bind_ip = "127.0.0.1", .units = 1};
-    dp_unit_opts_init(&u->uo);
+    dp__unit_opts_init(&u->uo);
     u->uo.slab_bytes = 256ull << 20;
     dp_detail_clear(&u->d);
     int c;
@@ -242,38 +242,38 @@ unit_serve(unit_cmd *u)
 
     char prefix[32];
     snprintf(prefix, sizeof prefix, "unit %u", uo->unit_id);
-    dp_log_set_prefix(prefix);
+    dp__log_set_prefix(prefix);
 
     int status = 1, rc;
     dp_unit_server *srv = NULL;
     char name[64], rnd[33], numa[128];
     /* NUMA first, so the endpoint's threads start on the unit's node too. */
-    dp_unit_numa_apply(uo->numa, uo->unit_id, numa, sizeof numa);
-    if ((rc = dp_random_hex_id(rnd, &u->d)) != 0)
+    dp__unit_numa_apply(uo->numa, uo->unit_id, numa, sizeof numa);
+    if ((rc = dp__random_hex_id(rnd, &u->d)) != 0)
         goto fail;
     snprintf(name, sizeof name, "unit%u-%.8s", uo->unit_id, rnd);
     dp_unit_server_opts so = {.bind_ip = u->bind_ip,
                               .port = (uint16_t)u->port,
                               .advertise = u->advertise,
                               .tick_s = 1.0};
-    if ((rc = dp_unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
+    if ((rc = dp__unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
         goto fail;
     /* The contract with launchers: this is the first line of stdout. */
-    printf("%s\n", dp_unit_server_address(srv));
+    printf("%s\n", dp__unit_server_address(srv));
     fflush(stdout);
     char sz[32], bound[160] = "";
-    if (strcmp(dp_unit_server_bound_address(srv), dp_unit_server_address(srv)) != 0)
+    if (strcmp(dp__unit_server_bound_address(srv), dp__unit_server_address(srv)) != 0)
         snprintf(bound, sizeof bound, " (bound to %s)",
-                 dp_unit_server_bound_address(srv));
+                 dp__unit_server_bound_address(srv));
     DP_LOG_I(
         "serving %s%s: unit %u of %u, slab %s, endpoint %s, numa: %s, read_pin_s %.1f, "
         "alloc_lease_s %.1f",
-        dp_unit_server_address(srv), bound, uo->unit_id, uo->n_units,
-        dp_fmt_size(uo->slab_bytes, sz, sizeof sz), name,
-        dp_unit_numa_desc(dp_unit_server_unit(srv)), uo->read_pin_s, uo->alloc_lease_s);
+        dp__unit_server_address(srv), bound, uo->unit_id, uo->n_units,
+        dp__fmt_size(uo->slab_bytes, sz, sizeof sz), name,
+        dp__unit_numa_desc(dp__unit_server_unit(srv)), uo->read_pin_s, uo->alloc_lease_s);
     if (uo->ssd_dir != NULL)
         DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo->ssd_dir,
-                 dp_fmt_size(uo->staging_bytes, sz, sizeof sz), uo->pickup_s);
+                 dp__fmt_size(uo->staging_bytes, sz, sizeof sz), uo->pickup_s);
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
         ;
@@ -283,7 +283,7 @@ unit_serve(unit_cmd *u)
 fail:
     fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&u->d), dp_strerror(rc));
 out:
-    dp_unit_server_close(srv);
+    dp__unit_server_close(srv);
     return status;
 }
 

@@ -137,12 +137,12 @@ parse_opts(int argc, char **argv, up_opts *o)
         int rc = DP_OK;
         switch (c) {
         case O_UNITS:
-            rc = dp_parse_u64(optarg, 1, DP_CLUSTER_MAX_UNITS, &o->units, "--units", &d);
+            rc = dp__parse_u64(optarg, 1, DP_CLUSTER_MAX_UNITS, &o->units, "--units", &d);
             break;
         case O_SLAB:
-            rc = dp_parse_size(optarg, &v, "--slab", &d);
+            rc = dp__parse_size(optarg, &v, "--slab", &d);
             if (rc == DP_OK && v == 0)
-                rc = dp_fail(&d, DP_EINVAL, "--slab must be > 0");
+                rc = dp__fail(&d, DP_EINVAL, "--slab must be > 0");
             o->slab = optarg;
             break;
         case O_DIR:
@@ -156,16 +156,16 @@ parse_opts(int argc, char **argv, up_opts *o)
             o->advertise = optarg;
             break;
         case O_PIN:
-            rc = dp_parse_seconds(optarg, &s, "--read-pin-s", &d);
+            rc = dp__parse_seconds(optarg, &s, "--read-pin-s", &d);
             o->read_pin_s = optarg;
             break;
         case O_LEASE:
-            rc = dp_parse_seconds(optarg, &s, "--alloc-lease-s", &d);
+            rc = dp__parse_seconds(optarg, &s, "--alloc-lease-s", &d);
             o->alloc_lease_s = optarg;
             break;
         case O_RECLAIM:
             if (strcmp(optarg, "never") != 0)
-                rc = dp_parse_seconds(optarg, &s, "--reclaim-grace-s", &d);
+                rc = dp__parse_seconds(optarg, &s, "--reclaim-grace-s", &d);
             o->reclaim_grace_s = optarg;
             break;
         case O_NUMA:
@@ -179,20 +179,20 @@ parse_opts(int argc, char **argv, up_opts *o)
             o->ssd_dir = optarg;
             break;
         case O_STAGING:
-            rc = dp_parse_size(optarg, &v, "--staging", &d);
+            rc = dp__parse_size(optarg, &v, "--staging", &d);
             o->staging = optarg;
             break;
         case O_PICKUP:
-            rc = dp_parse_seconds(optarg, &s, "--pickup-s", &d);
+            rc = dp__parse_seconds(optarg, &s, "--pickup-s", &d);
             o->pickup_s = optarg;
             break;
         case O_GRACE:
-            rc = dp_parse_seconds(optarg, &o->grace_s, "--grace-s", &d);
+            rc = dp__parse_seconds(optarg, &o->grace_s, "--grace-s", &d);
             break;
         case O_START:
-            rc = dp_parse_seconds(optarg, &o->start_timeout_s, "--start-timeout-s", &d);
+            rc = dp__parse_seconds(optarg, &o->start_timeout_s, "--start-timeout-s", &d);
             if (rc == DP_OK && !(o->start_timeout_s > 0))
-                rc = dp_fail(&d, DP_EINVAL, "--start-timeout-s must be > 0");
+                rc = dp__fail(&d, DP_EINVAL, "--start-timeout-s must be > 0");
             break;
         case 'h':
             fputs(usage_up, stdout);
@@ -219,26 +219,26 @@ make_dir(const char *dir, dp_detail *d)
 {
     char p[PATH_MAX];
     if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
-        return dp_fail(d, DP_EINVAL, "--dir '%s' is too long", dir);
+        return dp__fail(d, DP_EINVAL, "--dir '%s' is too long", dir);
     for (char *s = p + 1; *s != '\0'; s++) {
         if (*s != '/')
             continue;
         *s = '\0';
         if (mkdir(p, 0700) != 0 && errno != EEXIST)
-            return dp_fail_sys(d, errno, "create directory %s", p);
+            return dp__fail_sys(d, errno, "create directory %s", p);
         *s = '/';
     }
     if (mkdir(p, 0700) != 0 && errno != EEXIST)
-        return dp_fail_sys(d, errno, "create directory %s", p);
+        return dp__fail_sys(d, errno, "create directory %s", p);
     struct stat st;
     if (stat(p, &st) != 0)
-        return dp_fail_sys(d, errno, "stat %s", p);
+        return dp__fail_sys(d, errno, "stat %s", p);
     if (!S_ISDIR(st.st_mode))
-        return dp_fail(d, DP_EINVAL, "%s is not a directory", p);
+        return dp__fail(d, DP_EINVAL, "%s is not a directory", p);
     if (st.st_uid != getuid())
-        return dp_fail(d, DP_EINVAL,
-                       "%s belongs to another user (uid %u): choose another --dir", p,
-                       (unsigned)st.st_uid);
+        return dp__fail(d, DP_EINVAL,
+                        "%s belongs to another user (uid %u): choose another --dir", p,
+                        (unsigned)st.st_uid);
     return DP_OK;
 }
 
@@ -273,14 +273,14 @@ check_existing(const char *path, dp_detail *d)
     dp_cluster cl;
     dp_detail e;
     dp_detail_clear(&e);
-    int rc = dp_cluster_load(path, &cl, &e);
+    int rc = dp__cluster_load(path, &cl, &e);
     if (rc == DP_ENOTFOUND)
         return DP_OK;
     if (rc != DP_OK)
-        return dp_fail(d, DP_EEXIST,
-                       "%s exists but is not a usable cluster file (%s): remove it, or "
-                       "use --dir for another directory",
-                       path, e.msg);
+        return dp__fail(d, DP_EEXIST,
+                        "%s exists but is not a usable cluster file (%s): remove it, or "
+                        "use --dir for another directory",
+                        path, e.msg);
     char live[256] = "";
     size_t k = 0;
     bool remote = false;
@@ -292,18 +292,19 @@ check_existing(const char *path, dp_detail *d)
                                   cl.units[i].pid);
     }
     uint32_t n = cl.n_units;
-    dp_cluster_fini(&cl);
+    dp__cluster_fini(&cl);
     if (k > 0)
-        return dp_fail(d, DP_EEXIST,
-                       "a cluster is already running from %s (unit pids %s): stop it "
-                       "first (Ctrl-C where it runs, or kill those pids), or use --dir "
-                       "for a second cluster",
-                       path, live);
+        return dp__fail(d, DP_EEXIST,
+                        "a cluster is already running from %s (unit pids %s): stop it "
+                        "first (Ctrl-C where it runs, or kill those pids), or use --dir "
+                        "for a second cluster",
+                        path, live);
     if (remote)
-        return dp_fail(d, DP_EEXIST,
-                       "%s names units without a local pid (a cluster started by another "
-                       "launcher): remove it, or use --dir for another directory",
-                       path);
+        return dp__fail(
+            d, DP_EEXIST,
+            "%s names units without a local pid (a cluster started by another "
+            "launcher): remove it, or use --dir for another directory",
+            path);
     printf("replacing stale %s (its %u unit%s are gone)\n", path, n, n == 1 ? "" : "s");
     return DP_OK;
 }
@@ -388,15 +389,15 @@ ask_info(dp__sup *s, const char *path, double timeout_s, dp_detail *d)
     c.cl.units = calloc(s->n, sizeof *c.cl.units);
     c.units = calloc(s->n, sizeof *c.units);
     if (c.cl.units == NULL || c.units == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "out of memory");
         goto out;
     }
     for (uint32_t i = 0; i < s->n; i++) {
         c.cl.units[i].id = i;
         snprintf(c.cl.units[i].zmq, sizeof c.cl.units[i].zmq, "%s", s->u[i].addr);
     }
-    if ((rc = dp_wire_rid_gen_init(&c.rids, d)) != DP_OK ||
-        (rc = dp_ctl_client_create(&c.ctl, d)) != DP_OK ||
+    if ((rc = dp__wire_rid_gen_init(&c.rids, d)) != DP_OK ||
+        (rc = dp__ctl_client_create(&c.ctl, d)) != DP_OK ||
         (rc = dp__cli_check_units(&c, -1, 0, d)) != DP_OK)
         goto out;
     for (uint32_t i = 0; i < s->n; i++) {
@@ -423,7 +424,7 @@ lock_dir(const up_opts *o, char path[PATH_MAX], int *lock_fd, dp_detail *d)
     if (o->dir != NULL)
         snprintf(dir, PATH_MAX, "%s", o->dir);
     else
-        dp_cluster_default_dir(dir, PATH_MAX);
+        dp__cluster_default_dir(dir, PATH_MAX);
     if (snprintf(path, PATH_MAX, "%s/%s", dir, DP_CLUSTER_FILE) >= PATH_MAX ||
         snprintf(lock_path, sizeof lock_path, "%s/.up.lock", dir) >=
             (int)sizeof lock_path) {
@@ -441,7 +442,7 @@ lock_dir(const up_opts *o, char path[PATH_MAX], int *lock_fd, dp_detail *d)
     }
     int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0)
-        return dp__cli_fail("up", dp_fail_sys(d, errno, "open %s", lock_path), d);
+        return dp__cli_fail("up", dp__fail_sys(d, errno, "open %s", lock_path), d);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         close(fd);
         fprintf(stderr,
@@ -467,7 +468,7 @@ static bool
 start_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
 {
     uint64_t slab_bytes = 0;
-    dp_parse_size(o->slab, &slab_bytes, "--slab", NULL);
+    dp__parse_size(o->slab, &slab_bytes, "--slab", NULL);
     char sz[32];
     uint64_t avail = mem_available();
     if (avail > 0 && slab_bytes > avail / s->n) {
@@ -475,11 +476,11 @@ start_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
         fprintf(stderr,
                 "dataplane up: warning: %u x %s of slab is more than the %s of memory "
                 "available now; units may fail to start or be killed when they fill\n",
-                s->n, dp_fmt_size(slab_bytes, a, sizeof a),
-                dp_fmt_size(avail, b, sizeof b));
+                s->n, dp__fmt_size(slab_bytes, a, sizeof a),
+                dp__fmt_size(avail, b, sizeof b));
     }
     printf("starting %u unit%s (slab %s each%s%s)...\n", s->n, s->n == 1 ? "" : "s",
-           dp_fmt_size(slab_bytes, sz, sizeof sz), o->ssd_dir ? ", SSD tier in " : "",
+           dp__fmt_size(slab_bytes, sz, sizeof sz), o->ssd_dir ? ", SSD tier in " : "",
            o->ssd_dir ? o->ssd_dir : "");
     fflush(stdout);
     int rc;
@@ -489,11 +490,11 @@ start_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
             return false;
         }
     }
-    double end = dp_now_s() + o->start_timeout_s;
+    double end = dp__now_s() + o->start_timeout_s;
     if (!dp__sup_wait_started(s, end, o->start_timeout_s))
         return false;
     /* Asking the units who they are is part of starting them: the same budget. */
-    if ((rc = ask_info(s, path, DP_MAX(end - dp_now_s(), 1.0), d)) != DP_OK) {
+    if ((rc = ask_info(s, path, DP_MAX(end - dp__now_s(), 1.0), d)) != DP_OK) {
         dp__cli_fail("up", rc, d);
         return false;
     }
@@ -512,7 +513,7 @@ write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id, dp_d
     dp_cluster cl = {.n_units = s->n, .units = calloc(s->n, sizeof(dp_cluster_unit))};
     snprintf(cl.cluster_id, sizeof cl.cluster_id, "%s", o_cluster_id);
     if (cl.units == NULL) {
-        dp__cli_fail("up", dp_fail(d, DP_ENOMEM, "out of memory"), d);
+        dp__cli_fail("up", dp__fail(d, DP_ENOMEM, "out of memory"), d);
         return false;
     }
     for (uint32_t i = 0; i < s->n; i++) {
@@ -522,8 +523,8 @@ write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id, dp_d
         snprintf(cl.units[i].agent, sizeof cl.units[i].agent, "%s", s->u[i].agent);
         cl.units[i].incarnation = s->u[i].incarnation;
     }
-    int rc = dp_cluster_save(path, &cl, d);
-    dp_cluster_fini(&cl);
+    int rc = dp__cluster_save(path, &cl, d);
+    dp__cluster_fini(&cl);
     if (rc != DP_OK) {
         dp__cli_fail("up", rc, d);
         return false;
@@ -569,7 +570,7 @@ dp__cmd_up(int argc, char **argv)
         char rnd[33];
         dp_detail rd;
         dp_detail_clear(&rd);
-        if (dp_random_hex_id(rnd, &rd) != DP_OK)
+        if (dp__random_hex_id(rnd, &rd) != DP_OK)
             return dp__cli_fail("up", rd.code, &rd);
         snprintf(o.cluster_id, sizeof o.cluster_id, "up-%.24s", rnd);
     }

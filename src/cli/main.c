@@ -93,7 +93,7 @@ cmd_policy(int argc, char **argv)
     if (optind < argc)
         return usage_error("policy", "unexpected argument '%s'", argv[optind]);
     char desc[512];
-    int rc = dp_policy_check_rdma_only_values(tls, dev, desc, sizeof desc, NULL);
+    int rc = dp__policy_check_rdma_only_values(tls, dev, desc, sizeof desc, NULL);
     if (rc == DP_OK) {
         printf("allowed: %s\n", desc);
         return 0;

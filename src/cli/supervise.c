@@ -61,11 +61,11 @@ int
 dp__sup_open(dp__sup *s, uint32_t n, const sigset_t *sigs, dp_detail *d)
 {
     if ((s->sfd = signalfd(-1, sigs, SFD_CLOEXEC)) < 0)
-        return dp_fail_sys(d, errno, "signalfd");
+        return dp__fail_sys(d, errno, "signalfd");
     s->n = n;
     s->u = calloc(s->n, sizeof *s->u);
     if (s->u == NULL)
-        return dp_fail(d, DP_ENOMEM, "out of memory");
+        return dp__fail(d, DP_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < s->n; i++) {
         s->u[i].id = i;
         s->u[i].out_fd = s->u[i].err_fd = -1;
@@ -138,7 +138,7 @@ dp__sup_spawn(dp__sup *s, uint32_t id, const char *const *args, dp_detail *d)
             if (err[i] >= 0)
                 close(err[i]);
         }
-        return dp_fail_sys(d, e, "pipe for unit %u", u->id);
+        return dp__fail_sys(d, e, "pipe for unit %u", u->id);
     }
     pid_t parent = getpid();
     fflush(NULL);
@@ -149,7 +149,7 @@ dp__sup_spawn(dp__sup *s, uint32_t id, const char *const *args, dp_detail *d)
         close(out[1]);
         close(err[0]);
         close(err[1]);
-        return dp_fail_sys(d, e, "fork unit %u", u->id);
+        return dp__fail_sys(d, e, "fork unit %u", u->id);
     }
     if (pid == 0) {
         /* Child: only async-signal-safe calls until exec. */
@@ -290,7 +290,7 @@ wait_event(dp__sup *s, double timeout_s)
 {
     struct pollfd *p = calloc(1 + 2 * (size_t)s->n, sizeof *p);
     if (p == NULL) {
-        dp_sleep_s(0.05);
+        dp__sleep_s(0.05);
         return 0;
     }
     size_t k = 0;
@@ -332,9 +332,9 @@ dp__sup_stop_all(dp__sup *s, double grace_s)
     for (uint32_t i = 0; i < s->n; i++)
         if (s->u[i].pid > 0 && !s->u[i].exited)
             kill(s->u[i].pid, SIGTERM);
-    double end = dp_now_s() + grace_s;
-    while (n_running(s) > 0 && dp_now_s() < end) {
-        int sig = wait_event(s, DP_MIN(0.2, end - dp_now_s()));
+    double end = dp__now_s() + grace_s;
+    while (n_running(s) > 0 && dp__now_s() < end) {
+        int sig = wait_event(s, DP_MIN(0.2, end - dp__now_s()));
         if (sig == SIGINT || sig == SIGTERM) {
             fprintf(stderr, "dataplane up: asked again: killing the units now\n");
             break;
@@ -384,7 +384,7 @@ dp__sup_wait_started(dp__sup *s, double end, double start_timeout_s)
             up += s->u[i].started;
         if (up == s->n)
             return true;
-        if (dp_now_s() >= end) {
+        if (dp__now_s() >= end) {
             for (uint32_t i = 0; i < s->n; i++) {
                 if (s->u[i].started)
                     continue;
@@ -396,7 +396,7 @@ dp__sup_wait_started(dp__sup *s, double end, double start_timeout_s)
             }
             return false;
         }
-        int sig = wait_event(s, end - dp_now_s());
+        int sig = wait_event(s, end - dp__now_s());
         if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
             fprintf(stderr, "dataplane up: %s while starting: stopping\n",
                     strsignal(sig));

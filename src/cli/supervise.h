@@ -82,7 +82,7 @@ int dp__sup_open(dp__sup *s, uint32_t n, const sigset_t *sigs, dp_detail *d);
 int dp__sup_spawn(dp__sup *s, uint32_t i, const char *const *args, dp_detail *d);
 
 /*
- * Wait until every unit printed its address, or end (dp_now_s clock)
+ * Wait until every unit printed its address, or end (dp__now_s clock)
  * passed, a unit died, or INT/TERM/HUP came. True when every unit started;
  * otherwise the reason was printed (with the unit's stderr tail), and for a
  * signal stopping and stop_signal are set.

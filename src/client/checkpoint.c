@@ -146,7 +146,7 @@ pathf(char *out, size_t cap, dp_detail *d, const char *fmt, ...)
     int n = vsnprintf(out, cap, fmt, ap);
     va_end(ap);
     if (n < 0 || (size_t)n >= cap)
-        return dp_fail(d, DP_EINVAL, "checkpoint: path too long: %s...", out);
+        return dp__fail(d, DP_EINVAL, "checkpoint: path too long: %s...", out);
     return 0;
 }
 
@@ -155,21 +155,21 @@ static int
 abs_dir(const char *dir, char *out, size_t cap, dp_detail *d)
 {
     if (dir == NULL || dir[0] == '\0')
-        return dp_fail(d, DP_EINVAL, "checkpoint: no directory given");
+        return dp__fail(d, DP_EINVAL, "checkpoint: no directory given");
     int n;
     if (dir[0] == '/') {
         n = snprintf(out, cap, "%s", dir);
     } else {
         char cwd[PATH_MAX];
         if (getcwd(cwd, sizeof cwd) == NULL)
-            return dp_fail_sys(d, errno, "checkpoint: getcwd");
+            return dp__fail_sys(d, errno, "checkpoint: getcwd");
         n = snprintf(out, cap, "%s/%s", cwd, dir);
     }
     if (n < 0 || (size_t)n >= cap || (size_t)n > 800)
-        return dp_fail(d, DP_EINVAL, "checkpoint: directory path too long");
+        return dp__fail(d, DP_EINVAL, "checkpoint: directory path too long");
     for (const char *p = out; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            return dp_fail(d, DP_EINVAL, "checkpoint: control character in the path");
+            return dp__fail(d, DP_EINVAL, "checkpoint: control character in the path");
     while (n > 1 && out[n - 1] == '/')
         out[--n] = '\0';
     return 0;
@@ -180,10 +180,10 @@ fsync_dir(const char *dir, dp_detail *d)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-        return dp_fail_sys(d, errno, "opening directory %s", dir);
+        return dp__fail_sys(d, errno, "opening directory %s", dir);
     int rc = 0;
     if (fsync(fd) != 0)
-        rc = dp_fail_sys(d, errno, "fsync of directory %s", dir);
+        rc = dp__fail_sys(d, errno, "fsync of directory %s", dir);
     close(fd);
     return rc;
 }
@@ -194,22 +194,22 @@ file_crc(const char *path, uint32_t *crc, uint64_t *size, dp_detail *d)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return dp_fail_sys(d, errno, "opening %s", path);
+        return dp__fail_sys(d, errno, "opening %s", path);
     size_t cap = (size_t)1 << 20;
     uint8_t *buf = malloc(cap);
     int rc = 0;
     uint32_t c = 0;
     uint64_t n = 0;
     if (buf == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         goto out;
     }
     /* A read that stops short of cap found the end of the file. */
     size_t got = cap;
     while (got == cap) {
-        if ((rc = dp_pread_full(fd, buf, cap, n, &got, path, d)) != 0)
+        if ((rc = dp__pread_full(fd, buf, cap, n, &got, path, d)) != 0)
             goto out;
-        c = dp_crc32c_update(c, buf, got);
+        c = dp__crc32c_update(c, buf, got);
         n += got;
     }
     *crc = c;
@@ -227,27 +227,27 @@ write_atomic(const char *dir, const char *path, const char *data, size_t len,
 {
     /* A name of its own: two saves into one DIR must never share a temporary. */
     char tmp[PATH_MAX], rnd[33];
-    int rc = dp_random_hex_id(rnd, d);
+    int rc = dp__random_hex_id(rnd, d);
     if (rc != 0)
         return rc;
     snprintf(tmp, sizeof tmp, "%s.tmp.%.16s", path, rnd);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
-        return dp_fail_sys(d, errno, "creating %s", tmp);
-    rc = dp_write_full(fd, data, len, 0, tmp, d);
+        return dp__fail_sys(d, errno, "creating %s", tmp);
+    rc = dp__write_full(fd, data, len, 0, tmp, d);
     if (rc == 0 && fsync(fd) != 0)
-        rc = dp_fail_sys(d, errno, "fsync of %s", tmp);
+        rc = dp__fail_sys(d, errno, "fsync of %s", tmp);
     if (close(fd) != 0 && rc == 0)
-        rc = dp_fail_sys(d, errno, "closing %s", tmp);
+        rc = dp__fail_sys(d, errno, "closing %s", tmp);
     if (rc == 0 && rename(tmp, path) != 0)
-        rc = dp_fail_sys(d, errno, "renaming %s to %s", tmp, path);
+        rc = dp__fail_sys(d, errno, "renaming %s to %s", tmp, path);
     if (rc != 0) {
         unlink(tmp);
         return rc;
     }
     rc = fsync_dir(dir, d);
     if (rc != 0)
-        dp_fail_ctx(d, rc, "%s is in place but may not be durable yet", path);
+        dp__fail_ctx(d, rc, "%s is in place but may not be durable yet", path);
     return rc;
 }
 
@@ -261,7 +261,7 @@ ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
            const char *dir, char adir[PATH_MAX], dp_detail *d)
 {
     if (sum == NULL)
-        return dp_fail(d, DP_EINVAL, "checkpoint: NULL summary");
+        return dp__fail(d, DP_EINVAL, "checkpoint: NULL summary");
     memset(sum, 0, sizeof *sum);
     if (*o != NULL)
         *defo = **o;
@@ -270,16 +270,16 @@ ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
     *o = defo;
     for (size_t i = 0; i < DP_ARRAY_LEN(defo->reserved); i++)
         if (defo->reserved[i] != 0)
-            return dp_fail(d, DP_EINVAL,
-                           "checkpoint: dp_ckpt_opts.reserved[%zu] is not zero (zero "
-                           "the struct)",
-                           i);
+            return dp__fail(d, DP_EINVAL,
+                            "checkpoint: dp_ckpt_opts.reserved[%zu] is not zero (zero "
+                            "the struct)",
+                            i);
     if (defo->timeout_s == 0)
         defo->timeout_s = DEFAULT_TIMEOUT_S;
     if (!(defo->timeout_s > 0) || defo->timeout_s > 1e9)
-        return dp_fail(d, DP_EINVAL,
-                       "checkpoint: timeout_s %g (seconds > 0, or 0 for the default)",
-                       defo->timeout_s);
+        return dp__fail(d, DP_EINVAL,
+                        "checkpoint: timeout_s %g (seconds > 0, or 0 for the default)",
+                        defo->timeout_s);
     return abs_dir(dir, adir, PATH_MAX, d);
 }
 
@@ -299,7 +299,7 @@ ask_units(dp__fanout *f, dp_wire_rid_gen *g, const dp_cluster *cl, dp__fanout_re
             continue;
         int rc = dp__fanout_add(f, g, i, cl->units[i].zmq, 0, &q);
         if (rc != DP_OK)
-            return dp_fail(d, rc, "checkpoint: %s", f->u[i].det.msg);
+            return dp__fail(d, rc, "checkpoint: %s", f->u[i].det.msg);
     }
     return DP_OK;
 }
@@ -309,7 +309,7 @@ static int
 units_failed(const dp__fanout *f, const char *what, dp_detail *d)
 {
     int rc = dp__fanout_first(f, d);
-    return dp_fail_ctx(d, rc, "%s", what);
+    return dp__fail_ctx(d, rc, "%s", what);
 }
 
 static bool
@@ -317,7 +317,7 @@ save_req(uint32_t i, dp_wire_request *q, void *ctx)
 {
     char(*paths)[PATH_MAX] = ctx;
     q->op = DP_WIRE_OP_SAVE_SHARD;
-    q->a.save_shard.path = dp_wire_s(paths[i]);
+    q->a.save_shard.path = dp__wire_s(paths[i]);
     return true;
 }
 
@@ -341,9 +341,9 @@ manifest_units(cJSON *units, const dp__fanout *f, char (*paths)[PATH_MAX], uint3
             (rc = file_crc(rows, &rcrc, &rsize, d)) != 0)
             return rc;
         if (ssize != r->nbytes)
-            return dp_fail(d, DP_ECORRUPT,
-                           "%s: %" PRIu64 " bytes, unit %u wrote %" PRIu64, paths[i],
-                           ssize, i, r->nbytes);
+            return dp__fail(d, DP_ECORRUPT,
+                            "%s: %" PRIu64 " bytes, unit %u wrote %" PRIu64, paths[i],
+                            ssize, i, r->nbytes);
         cJSON *u = cJSON_CreateObject();
         cJSON_AddItemToArray(units, u);
         char name[64];
@@ -357,7 +357,7 @@ manifest_units(cJSON *units, const dp__fanout *f, char (*paths)[PATH_MAX], uint3
         cJSON_AddNumberToObject(u, "rows_crc32c", rcrc);
         cJSON *bl = cJSON_AddObjectToObject(u, "blobs");
         if (bl == NULL)
-            return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+            return dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         for (uint32_t k = 0; k < r->blobs.n; k++) {
             const dp_wire_shard_blob *x = &r->blobs.v[k];
             char id[128];
@@ -395,13 +395,13 @@ save_dirs(const char *adir, char sub[PATH_MAX], dp_ckpt_summary *sum, dp_detail 
             else
                 *slash = '\0';
             if ((rc = fsync_dir(parent, d)) != 0)
-                return dp_fail_ctx(d, rc, "checkpoint: creating %s", adir);
+                return dp__fail_ctx(d, rc, "checkpoint: creating %s", adir);
         }
     } else if (errno != EEXIST) {
-        return dp_fail_sys(d, errno, "checkpoint: creating %s", adir);
+        return dp__fail_sys(d, errno, "checkpoint: creating %s", adir);
     }
     char rnd[33], ts[32];
-    if ((rc = dp_random_hex_id(rnd, d)) != 0)
+    if ((rc = dp__random_hex_id(rnd, d)) != 0)
         return rc;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
@@ -413,7 +413,7 @@ save_dirs(const char *adir, char sub[PATH_MAX], dp_ckpt_summary *sum, dp_detail 
     if ((rc = pathf(sub, PATH_MAX, d, "%s/%s", adir, sum->checkpoint)) != 0)
         return rc;
     if (mkdir(sub, 0755) != 0)
-        return dp_fail_sys(d, errno, "checkpoint: creating %s", sub);
+        return dp__fail_sys(d, errno, "checkpoint: creating %s", sub);
     return DP_OK;
 }
 
@@ -467,10 +467,10 @@ dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     }
     dp_wire_rid_gen g;
     if (paths == NULL || man == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         goto out;
     }
-    if ((rc = dp_wire_rid_gen_init(&g, d)) != 0)
+    if ((rc = dp__wire_rid_gen_init(&g, d)) != 0)
         goto out;
     for (uint32_t i = 0; i < n; i++)
         if ((rc = pathf(paths[i], PATH_MAX, d, "%s/unit-%u.shard", sub, i)) != 0)
@@ -491,7 +491,7 @@ dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         goto out;
     text = cJSON_Print(man);
     if (text == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         goto out;
     }
     char mpath[PATH_MAX + 32];
@@ -597,20 +597,20 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
     FILE *f = fopen(mpath, "rb");
     if (f == NULL) {
         if (errno == ENOENT)
-            return dp_fail(d, DP_ENOTFOUND, "checkpoint: no %s (no complete checkpoint)",
-                           mpath);
-        return dp_fail_sys(d, errno, "checkpoint: opening %s", mpath);
+            return dp__fail(d, DP_ENOTFOUND, "checkpoint: no %s (no complete checkpoint)",
+                            mpath);
+        return dp__fail_sys(d, errno, "checkpoint: opening %s", mpath);
     }
     struct stat stt;
     if (fstat(fileno(f), &stt) != 0 || !S_ISREG(stt.st_mode)) {
         fclose(f);
-        return dp_fail(d, DP_ECORRUPT, "%s: not a regular file", mpath);
+        return dp__fail(d, DP_ECORRUPT, "%s: not a regular file", mpath);
     }
     if ((uint64_t)stt.st_size > MANIFEST_MAX) {
         fclose(f);
-        return dp_fail(d, DP_ECORRUPT,
-                       "%s: %lld bytes, larger than a manifest can be (%zu)", mpath,
-                       (long long)stt.st_size, MANIFEST_MAX);
+        return dp__fail(d, DP_ECORRUPT,
+                        "%s: %lld bytes, larger than a manifest can be (%zu)", mpath,
+                        (long long)stt.st_size, MANIFEST_MAX);
     }
     size_t want = (size_t)stt.st_size;
     pl->text = malloc(want + 1);
@@ -618,23 +618,24 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
     int read_err = pl->text != NULL && ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
     if (pl->text == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "checkpoint: reading %s: out of memory", mpath);
+        rc = dp__fail(d, DP_ENOMEM, "checkpoint: reading %s: out of memory", mpath);
         goto fail;
     }
     if (read_err != 0) {
-        rc = dp_fail_sys(d, read_err, "checkpoint: reading %s", mpath);
+        rc = dp__fail_sys(d, read_err, "checkpoint: reading %s", mpath);
         goto fail;
     }
     if (len != want) {
-        rc =
-            dp_fail(d, DP_ECORRUPT, "%s: read %zu of its %zu bytes (changed while read?)",
-                    mpath, len, want);
+        rc = dp__fail(d, DP_ECORRUPT,
+                      "%s: read %zu of its %zu bytes (changed while read?)", mpath, len,
+                      want);
         goto fail;
     }
     pl->text[len] = '\0';
     pl->man = cJSON_ParseWithLength(pl->text, len);
     if (pl->man == NULL) {
-        rc = dp_fail(d, DP_ECORRUPT, "%s: not valid JSON (near offset %td)", mpath,
+        rc =
+            dp__fail(d, DP_ECORRUPT, "%s: not valid JSON (near offset %td)", mpath,
                      cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - pl->text : (ptrdiff_t)0);
         goto fail;
     }
@@ -645,9 +646,9 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
         !get_u64(pl->man, "n_units", &nu) || nu == 0 || nu > UINT32_MAX ||
         !plain_name(ck) || !cJSON_IsArray(units) ||
         (uint64_t)cJSON_GetArraySize(units) != nu) {
-        rc = dp_fail(d, DP_ECORRUPT,
-                     "%s: not a version 1 manifest (version, checkpoint, n_units, units)",
-                     mpath);
+        rc = dp__fail(
+            d, DP_ECORRUPT,
+            "%s: not a version 1 manifest (version, checkpoint, n_units, units)", mpath);
         goto fail;
     }
     snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ck->valuestring);
@@ -655,7 +656,7 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
     sum->n_units = pl->n;
     pl->lu = calloc(pl->n, sizeof *pl->lu);
     if (pl->lu == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         goto fail;
     }
     lunit *lu = pl->lu;
@@ -669,7 +670,7 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
         if (!get_u64(u, "unit", &uid) || uid != i || !plain_name(sh) || !plain_name(rw) ||
             !get_u64(u, "nbytes", &nb) || !get_u64(u, "shard_crc32c", &scrc) ||
             !get_u64(u, "rows_crc32c", &rcrc) || !cJSON_IsObject(bl)) {
-            rc = dp_fail(d, DP_ECORRUPT, "%s: unit %u: bad entry", mpath, i);
+            rc = dp__fail(d, DP_ECORRUPT, "%s: unit %u: bad entry", mpath, i);
             goto fail;
         }
         if ((rc = pathf(lu[i].shard, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
@@ -682,31 +683,31 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
         if ((rc = file_crc(lu[i].shard, &crc, &size, d)) != 0)
             goto fail;
         if (size != nb) {
-            rc = dp_fail(d, DP_ECORRUPT,
-                         "%s: %" PRIu64 " bytes, the manifest says %" PRIu64
-                         " (truncated at offset %" PRIu64 "?)",
-                         lu[i].shard, size, nb, size < nb ? size : nb);
+            rc = dp__fail(d, DP_ECORRUPT,
+                          "%s: %" PRIu64 " bytes, the manifest says %" PRIu64
+                          " (truncated at offset %" PRIu64 "?)",
+                          lu[i].shard, size, nb, size < nb ? size : nb);
             goto fail;
         }
         if (crc != scrc) {
-            rc = dp_fail(d, DP_ECORRUPT,
-                         "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
-                         lu[i].shard, crc, size, (uint32_t)scrc);
+            rc = dp__fail(d, DP_ECORRUPT,
+                          "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
+                          lu[i].shard, crc, size, (uint32_t)scrc);
             goto fail;
         }
         if ((rc = file_crc(lu[i].rows, &crc, &size, d)) != 0)
             goto fail;
         if (crc != rcrc) {
-            rc = dp_fail(d, DP_ECORRUPT,
-                         "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
-                         lu[i].rows, crc, size, (uint32_t)rcrc);
+            rc = dp__fail(d, DP_ECORRUPT,
+                          "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
+                          lu[i].rows, crc, size, (uint32_t)rcrc);
             goto fail;
         }
         uint32_t k = 0, m = (uint32_t)cJSON_GetArraySize(bl);
         lu[i].blobs = calloc(m ? m : 1, sizeof *lu[i].blobs);
         lu[i].retry = calloc(m ? m : 1, sizeof *lu[i].retry);
         if (lu[i].blobs == NULL || lu[i].retry == NULL) {
-            rc = dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+            rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
             goto fail;
         }
         const cJSON *x;
@@ -717,13 +718,13 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
                 !num_u64(cJSON_GetArrayItem(x, 0), &v0) ||
                 !num_u64(cJSON_GetArrayItem(x, 1), &v1) ||
                 !num_u64(cJSON_GetArrayItem(x, 2), &v2)) {
-                rc = dp_fail(d, DP_ECORRUPT,
-                             "%s: unit %u: bad blob entry '%.64s' (want \"id\": [three "
-                             "whole numbers >= 0])",
-                             mpath, i, x->string ? x->string : "");
+                rc = dp__fail(d, DP_ECORRUPT,
+                              "%s: unit %u: bad blob entry '%.64s' (want \"id\": [three "
+                              "whole numbers >= 0])",
+                              mpath, i, x->string ? x->string : "");
                 goto fail;
             }
-            lu[i].blobs[k++] = (dp_wire_shard_blob){dp_wire_s(x->string), v0, v1, v2};
+            lu[i].blobs[k++] = (dp_wire_shard_blob){dp__wire_s(x->string), v0, v1, v2};
         }
         lu[i].n_blobs = k;
         sum->blobs += k;
@@ -749,7 +750,7 @@ load_req(uint32_t i, dp_wire_request *q, void *ctx)
     if (p->pass == 1 && lu->n_retry == 0)
         return false;
     q->op = DP_WIRE_OP_LOAD_SHARD;
-    q->a.load_shard.path = dp_wire_s(lu->shard);
+    q->a.load_shard.path = dp__wire_s(lu->shard);
     q->a.load_shard.spill = p->pass == 1;
     q->a.load_shard.blobs = p->pass == 0 ? (dp_wire_shard_blobs){lu->blobs, lu->n_blobs}
                                          : (dp_wire_shard_blobs){lu->retry, lu->n_retry};
@@ -762,11 +763,11 @@ load_retry(lunit *lu, const dp_wire_load_shard_res *r)
 {
     for (uint32_t k = 0; k < r->failed.n; k++)
         for (uint32_t j = 0; j < lu->n_blobs; j++)
-            if (dp_wire_str_same(lu->blobs[j].id, r->failed.v[k])) {
+            if (dp__wire_str_same(lu->blobs[j].id, r->failed.v[k])) {
                 /* Each blob once, however the unit lists it. */
                 bool seen = false;
                 for (uint32_t q = 0; q < lu->n_retry && !seen; q++)
-                    seen = dp_wire_str_same(lu->retry[q].id, r->failed.v[k]);
+                    seen = dp__wire_str_same(lu->retry[q].id, r->failed.v[k]);
                 if (!seen && lu->n_retry < lu->n_blobs)
                     lu->retry[lu->n_retry++] = lu->blobs[j];
                 break;
@@ -789,7 +790,7 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     uint32_t n = pl.n;
     lunit *lu = pl.lu;
     if (n != cl->n_units) {
-        rc = dp_fail(
+        rc = dp__fail(
             d, DP_EINVAL,
             "checkpoint %s has %u units, the cluster has %u: rows are placed by "
             "gidx %% n_units, so its shards cannot be loaded as they are (re-home "
@@ -799,7 +800,7 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
     }
     /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
     dp_wire_rid_gen g;
-    if ((rc = dp_wire_rid_gen_init(&g, d)) != 0 || (rc = dp__fanout_init(&f, n, d)) != 0)
+    if ((rc = dp__wire_rid_gen_init(&g, d)) != 0 || (rc = dp__fanout_init(&f, n, d)) != 0)
         goto out;
     for (int pass = 0; pass < 2; pass++) {
         load_pass lp = {lu, pass};
@@ -829,11 +830,11 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
                 load_retry(&lu[i], r);
         }
         if (pass == 1 && left > 0) {
-            rc = dp_fail(d, DP_EUNITFULL,
-                         "checkpoint load: %" PRIu64
-                         " blobs fit neither RAM nor SSD (%" PRIu64 " of %" PRIu64
-                         " loaded)",
-                         left, sum->loaded, sum->blobs);
+            rc = dp__fail(d, DP_EUNITFULL,
+                          "checkpoint load: %" PRIu64
+                          " blobs fit neither RAM nor SSD (%" PRIu64 " of %" PRIu64
+                          " loaded)",
+                          left, sum->loaded, sum->blobs);
             goto out;
         }
     }
@@ -859,20 +860,20 @@ client_units(dp_client *c, dp_cluster *cl, dp_ctl_client **ctl, dp_detail *d)
     memset(cl, 0, sizeof *cl);
     *ctl = NULL;
     if (c == NULL)
-        return dp_fail(d, DP_EINVAL, "checkpoint: NULL client");
+        return dp__fail(d, DP_EINVAL, "checkpoint: NULL client");
     uint32_t n = dp_client_n_units(c);
     cl->units = calloc(n > 0 ? n : 1, sizeof *cl->units);
     if (cl->units == NULL)
-        return dp_fail(d, DP_ENOMEM, "checkpoint: out of memory");
+        return dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
     cl->n_units = n;
     for (uint32_t i = 0; i < n; i++) {
         cl->units[i].id = i;
         snprintf(cl->units[i].zmq, sizeof cl->units[i].zmq, "%s",
                  dp_client_unit_address(c, i));
     }
-    int rc = dp_ctl_client_create(ctl, d);
+    int rc = dp__ctl_client_create(ctl, d);
     if (rc != 0)
-        dp_cluster_fini(cl);
+        dp__cluster_fini(cl);
     return rc;
 }
 
@@ -886,8 +887,8 @@ dp_ckpt_save(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summa
     if (rc != 0)
         return rc;
     rc = dp__ckpt_save_units(ctl, &cl, dir, o, sum, d);
-    dp_ctl_client_destroy(ctl);
-    dp_cluster_fini(&cl);
+    dp__ctl_client_destroy(ctl);
+    dp__cluster_fini(&cl);
     return rc;
 }
 
@@ -901,8 +902,8 @@ dp_ckpt_load(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summa
     if (rc != 0)
         return rc;
     rc = dp__ckpt_load_units(ctl, &cl, dir, o, sum, d);
-    dp_ctl_client_destroy(ctl);
-    dp_cluster_fini(&cl);
+    dp__ctl_client_destroy(ctl);
+    dp__cluster_fini(&cl);
     return rc;
 }
 
@@ -910,7 +911,7 @@ int
 dp_ckpt_peek(const char *dir, dp_ckpt_summary *sum, dp_detail *d)
 {
     if (sum == NULL)
-        return dp_fail(d, DP_EINVAL, "checkpoint: NULL summary");
+        return dp__fail(d, DP_EINVAL, "checkpoint: NULL summary");
     memset(sum, 0, sizeof *sum);
     char adir[PATH_MAX];
     int rc = abs_dir(dir, adir, sizeof adir, d);
@@ -934,35 +935,35 @@ put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t
 {
     int rc = DP_OK;
     dp_map rows, fields;
-    dp_map_init_u64(&rows);
-    dp_map_init_str(&fields);
+    dp__map_init_u64(&rows);
+    dp__map_init_str(&fields);
     uint64_t *gidxs = malloc((size_t)n * sizeof *gidxs);
     const char **fnames = malloc((size_t)n * sizeof *fnames);
     uint32_t *ri = malloc((size_t)n * sizeof *ri), *fi = malloc((size_t)n * sizeof *fi);
     dp_value *vals = NULL;
     uint32_t nr = 0, nf = 0;
     if (gidxs == NULL || fnames == NULL || ri == NULL || fi == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
         goto out;
     }
     for (uint32_t k = 0; k < n; k++) {
-        const dp_blob_entry *e = dp_blob_entry_at(pb, live[k]);
-        void *v = dp_map_get_u64(&rows, e->gidx);
+        const dp_blob_entry *e = dp__blob_entry_at(pb, live[k]);
+        void *v = dp__map_get_u64(&rows, e->gidx);
         if (v == NULL) {
             gidxs[nr] = e->gidx;
             v = (void *)(uintptr_t)(++nr);
-            if (dp_map_put_u64(&rows, e->gidx, v, NULL) != 0) {
-                rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+            if (dp__map_put_u64(&rows, e->gidx, v, NULL) != 0) {
+                rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
                 goto out;
             }
         }
         ri[k] = (uint32_t)(uintptr_t)v - 1;
-        v = dp_map_get(&fields, e->field, e->field_len);
+        v = dp__map_get(&fields, e->field, e->field_len);
         if (v == NULL) {
             fnames[nf] = e->field; /* NUL-terminated in the parsed blob */
             v = (void *)(uintptr_t)(++nf);
-            if (dp_map_put(&fields, e->field, e->field_len, v, NULL) != 0) {
-                rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+            if (dp__map_put(&fields, e->field, e->field_len, v, NULL) != 0) {
+                rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
                 goto out;
             }
         }
@@ -974,7 +975,7 @@ put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t
     uint64_t *g1 = dense ? NULL : malloc((size_t)nr * sizeof *g1);
     if (vals == NULL || (!dense && g1 == NULL)) {
         free(g1);
-        rc = dp_fail(d, DP_ENOMEM, "re-home: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
         goto out;
     }
     for (uint32_t g = 0; g < groups && rc == DP_OK; g++) {
@@ -986,7 +987,7 @@ put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t
         for (uint32_t k = 0; k < n; k++) {
             if (!dense && fi[k] != g)
                 continue;
-            const dp_blob_entry *e = dp_blob_entry_at(pb, live[k]);
+            const dp_blob_entry *e = dp__blob_entry_at(pb, live[k]);
             dp_value v = {base + e->off, e->len,   (dp_kind)e->kind,
                           e->dtype,      e->shape, e->ndim};
             if (dense) {
@@ -1003,8 +1004,8 @@ put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t
     }
     free(g1);
 out:
-    dp_map_fini(&rows);
-    dp_map_fini(&fields);
+    dp__map_fini(&rows);
+    dp__map_fini(&fields);
     free(gidxs);
     free(fnames);
     free(ri);
@@ -1024,17 +1025,17 @@ shard_frame(int fd, uint64_t len, const char *shard, uint32_t unit, uint32_t n_u
 {
     uint8_t hb[DP_SHARD_HEADER_LEN], tb[DP_SHARD_TRAILER_LEN];
     uint32_t data_crc;
-    int rc = dp_pread_full(fd, hb, sizeof hb, 0, NULL, shard, d);
+    int rc = dp__pread_full(fd, hb, sizeof hb, 0, NULL, shard, d);
     if (rc == DP_OK)
-        rc = dp_shard_header_decode(hb, shard, h, d);
+        rc = dp__shard_header_decode(hb, shard, h, d);
     if (rc == DP_OK)
-        rc = dp_shard_check_len(h, len, shard, d);
+        rc = dp__shard_check_len(h, len, shard, d);
     if (rc == DP_OK)
-        rc = dp_pread_full(fd, tb, sizeof tb, dp_shard_data_end(h), NULL, shard, d);
+        rc = dp__pread_full(fd, tb, sizeof tb, dp__shard_data_end(h), NULL, shard, d);
     if (rc == DP_OK)
-        rc = dp_shard_trailer_decode(tb, h, shard, &data_crc, d);
+        rc = dp__shard_trailer_decode(tb, h, shard, &data_crc, d);
     if (rc == DP_OK && (h->unit_id != unit || h->n_units != n_units))
-        rc = dp_fail(
+        rc = dp__fail(
             d, DP_ECORRUPT,
             "%s: written by unit %u of %u (offset 12), the manifest says %u of %u", shard,
             h->unit_id, h->n_units, unit, n_units);
@@ -1073,44 +1074,44 @@ rehome_unit(dp_client *c, const lunit *lu, uint32_t i, uint32_t n, const dp_ckpt
     dp_shard_header h;
     int fd = -1;
     uint64_t fsize = 0, unit_keys = 0;
-    int rc = as_corrupt(dp_shard_rows_load(rows, &rbuf, &sr, d), d);
+    int rc = as_corrupt(dp__shard_rows_load(rows, &rbuf, &sr, d), d);
     if (rc == DP_OK && (sr.unit_id != i || sr.n_units != n))
-        rc = dp_fail(d, DP_ECORRUPT,
-                     "%s: written by unit %u of %u, the manifest says %u of %u", rows,
-                     sr.unit_id, sr.n_units, i, n);
+        rc = dp__fail(d, DP_ECORRUPT,
+                      "%s: written by unit %u of %u, the manifest says %u of %u", rows,
+                      sr.unit_id, sr.n_units, i, n);
     if (rc == DP_OK)
-        rc = as_corrupt(dp_shard_file_open(shard, &fd, &fsize, d), d);
+        rc = as_corrupt(dp__shard_file_open(shard, &fd, &fsize, d), d);
     if (rc == DP_OK)
         rc = shard_frame(fd, fsize, shard, i, n, &h, d);
     if (rc == DP_OK)
-        rc = dp_shard_rows_check(&sr, &h, rows, shard, d);
+        rc = dp__shard_rows_check(&sr, &h, rows, shard, d);
     for (uint32_t k = 0; k < sr.n && rc == DP_OK; k++) {
         const dp_shard_row *r = &sr.v[k];
         if (r->n_live == 0)
             continue;
         free(buf);
         if ((buf = malloc((size_t)r->nbytes)) == NULL) {
-            rc = dp_fail(d, DP_ENOMEM,
-                         "re-home: out of memory for a blob of %" PRIu64 " bytes",
-                         r->nbytes);
+            rc = dp__fail(d, DP_ENOMEM,
+                          "re-home: out of memory for a blob of %" PRIu64 " bytes",
+                          r->nbytes);
             break;
         }
         dp_shard_blob sb;
-        if ((rc = dp_shard_blob_read(fd, shard, r, buf, d)) != DP_OK ||
-            (rc = as_corrupt(dp_shard_blob_check(r, buf, NULL, shard, rows, &sb, d),
+        if ((rc = dp__shard_blob_read(fd, shard, r, buf, d)) != DP_OK ||
+            (rc = as_corrupt(dp__shard_blob_check(r, buf, NULL, shard, rows, &sb, d),
                              d)) != DP_OK)
             break;
         rc = put_entries(c, buf, sb.parsed, sb.live, sb.n_live, d);
         if (rc != DP_OK)
-            dp_fail_ctx(d, rc,
-                        "re-home: putting blob %.*s of unit %u (%" PRIu64
-                        " keys put before it)",
-                        (int)r->id_len, r->id, i, *keys + unit_keys);
+            dp__fail_ctx(d, rc,
+                         "re-home: putting blob %.*s of unit %u (%" PRIu64
+                         " keys put before it)",
+                         (int)r->id_len, r->id, i, *keys + unit_keys);
         if (rc == DP_OK) {
             unit_keys += sb.n_live;
             sum->loaded++;
         }
-        dp_shard_blob_fini(&sb);
+        dp__shard_blob_fini(&sb);
     }
     if (rc == DP_OK) {
         *keys += unit_keys;
@@ -1120,7 +1121,7 @@ rehome_unit(dp_client *c, const lunit *lu, uint32_t i, uint32_t n, const dp_ckpt
         close(fd);
     free(buf);
     free(rbuf);
-    dp_shard_rows_fini(&sr);
+    dp__shard_rows_fini(&sr);
     return rc;
 }
 
@@ -1129,7 +1130,7 @@ dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_sum
                dp_detail *d)
 {
     if (c == NULL)
-        return dp_fail(d, DP_EINVAL, "checkpoint: NULL client");
+        return dp__fail(d, DP_EINVAL, "checkpoint: NULL client");
     dp_ckpt_opts defo;
     char adir[PATH_MAX];
     int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);

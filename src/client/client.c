@@ -23,7 +23,7 @@
  *   buffers (one per operation, sized to the batch), buffers handed to the
  *   caller (dp_client_alloc), and buffers of dp_values. A buffer given back
  *   is cached (up to staging_cache_bytes) unless an unfinished transfer may
- *   still touch it (dp_endpoint_touches_unfinished): then it is retired
+ *   still touch it (dp__endpoint_touches_unfinished): then it is retired
  *   whole, charged to the graveyard, and never reused, unmapped or freed
  *   while that transfer may run. When every such transfer ended after all
  *   (the endpoint released it from the graveyard: UCX completed its
@@ -66,7 +66,7 @@ void (*dp__client_test_hook)(const char *stage);
 double
 dp__client_left(double deadline)
 {
-    double l = deadline - dp_now_s();
+    double l = deadline - dp__now_s();
     return l > 0 ? l : 0;
 }
 
@@ -83,7 +83,7 @@ dp__client_backoff(double *step, double deadline)
     double l = dp__client_left(deadline);
     double s = DP_MIN(*step, l);
     if (s > 0)
-        dp_sleep_s(s);
+        dp__sleep_s(s);
     *step = DP_MIN(*step * 2, 0.1);
 }
 
@@ -148,11 +148,11 @@ opts_resolve(const dp_client_opts *in, dp_client_opts *o, dp_detail *d)
         memset(o, 0, sizeof *o);
     for (size_t i = 0; i < DP_ARRAY_LEN(o->reserved); i++)
         if (o->reserved[i] != 0)
-            return dp_fail(d, DP_EINVAL,
-                           "client: dp_client_opts.reserved[%zu] is not zero (zero the "
-                           "struct; a program built against a newer dataplane than %s "
-                           "needs that version)",
-                           i, DP_VERSION_STRING);
+            return dp__fail(d, DP_EINVAL,
+                            "client: dp_client_opts.reserved[%zu] is not zero (zero the "
+                            "struct; a program built against a newer dataplane than %s "
+                            "needs that version)",
+                            i, DP_VERSION_STRING);
     if (o->timeout_s == 0)
         o->timeout_s = DEFAULT_TIMEOUT_S;
     if (o->connect_timeout_s == 0)
@@ -161,10 +161,10 @@ opts_resolve(const dp_client_opts *in, dp_client_opts *o, dp_detail *d)
         o->staging_cache_bytes = DEFAULT_STAGING_CACHE;
     if (!(o->timeout_s > 0) || !(o->connect_timeout_s > 0) ||
         o->timeout_s > MAX_TIMEOUT_S || o->connect_timeout_s > MAX_TIMEOUT_S)
-        return dp_fail(d, DP_EINVAL,
-                       "client: timeouts must be in (0, 1e6] s, or 0 for the default "
-                       "(timeout_s %g, connect_timeout_s %g)",
-                       o->timeout_s, o->connect_timeout_s);
+        return dp__fail(d, DP_EINVAL,
+                        "client: timeouts must be in (0, 1e6] s, or 0 for the default "
+                        "(timeout_s %g, connect_timeout_s %g)",
+                        o->timeout_s, o->connect_timeout_s);
     return DP_OK;
 }
 
@@ -179,10 +179,10 @@ int
 dp__client_data_check(const dp_client *c, const char *what, dp_detail *d)
 {
     if (c != NULL && c->ep == NULL)
-        return dp_fail(d, DP_EINVAL,
-                       "%s: this client is for the control plane only (no transfer "
-                       "endpoint): open one with dp_client_open",
-                       what);
+        return dp__fail(d, DP_EINVAL,
+                        "%s: this client is for the control plane only (no transfer "
+                        "endpoint): open one with dp_client_open",
+                        what);
     return DP_OK;
 }
 
@@ -190,17 +190,17 @@ void
 dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q)
 {
     char rid[DP_WIRE_RID_MAX];
-    q->rid = dp_wire_rid_next(&c->rids, rid);
+    q->rid = dp__wire_rid_next(&c->rids, rid);
     dp_buf b = {0};
     dp_detail d;
     dp_detail_clear(&d);
-    int rc = dp_wire_request_encode(q, NULL, &b, &d);
+    int rc = dp__wire_request_encode(q, NULL, &b, &d);
     if (rc == 0)
-        rc = dp_ctl_notify(c->ctl, c->units[u].addr, b.data, b.len, &d);
+        rc = dp__ctl_notify(c->ctl, c->units[u].addr, b.data, b.len, &d);
     if (rc != 0)
-        DP_LOG_W("client: %s to unit %u (%s) not sent: %s", dp_wire_op_name(q->op), u,
+        DP_LOG_W("client: %s to unit %u (%s) not sent: %s", dp__wire_op_name(q->op), u,
                  c->units[u].addr, dp_detail_msg(&d));
-    dp_buf_fini(&b);
+    dp__buf_fini(&b);
 }
 
 static void
@@ -209,7 +209,7 @@ send_abort(dp_client *c, uint32_t u, const char *blob_id, bool in_flight)
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ABORT;
-    q.a.abort.blob_id = dp_wire_s(blob_id);
+    q.a.abort.blob_id = dp__wire_s(blob_id);
     q.a.abort.in_flight = in_flight;
     dp__client_notify_locked(c, u, &q);
 }
@@ -266,16 +266,16 @@ direct_add_locked(dp_client *c, const dp__buf *b)
 {
     if (!buf_direct(b->state))
         return;
-    int rc = dp_ranges_add(&c->direct, (uintptr_t)b->p, b->len, NULL);
+    int rc = dp__ranges_add(&c->direct, (uintptr_t)b->p, b->len, NULL);
     DP_ASSERT(rc == DP_OK); /* the endpoint's regions never overlap */
 }
 
 static void
 direct_remove_locked(dp_client *c, const void *p)
 {
-    dp_ranges_ent *e = dp_ranges_at(&c->direct, (uintptr_t)p);
+    dp_ranges_ent *e = dp__ranges_at(&c->direct, (uintptr_t)p);
     if (e != NULL)
-        dp_ranges_remove(&c->direct, e);
+        dp__ranges_remove(&c->direct, e);
 }
 
 static dp__buf *
@@ -307,11 +307,11 @@ trim_cache_locked(dp_client *c)
         dp_detail d;
         dp_detail_clear(&d);
         c->cached_bytes -= b.len;
-        if (dp_endpoint_deregister(c->ep, b.p, &d) != 0) {
+        if (dp__endpoint_deregister(c->ep, b.p, &d) != 0) {
             /* Still in use by a transfer: keep it, never reuse it. */
             DP_LOG_W("client: staging buffer kept: %s", dp_detail_msg(&d));
             c->bufs[best].state = DP__BUF_RETIRED;
-            dp_graveyard_retain_buffer(b.len);
+            dp__graveyard_retain_buffer(b.len);
             continue;
         }
         c->bufs[best] = c->bufs[--c->n_bufs];
@@ -324,25 +324,25 @@ dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
 {
     if (nbytes == 0)
         nbytes = 1;
-    if (buf_direct(state) && dp_ranges_reserve(&c->direct, 1) != DP_OK)
-        return dp_fail(d, DP_ENOMEM, "client: out of memory (buffer table)");
+    if (buf_direct(state) && dp__ranges_reserve(&c->direct, 1) != DP_OK)
+        return dp__fail(d, DP_ENOMEM, "client: out of memory (buffer table)");
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < c->n_bufs; i++) {
         dp__buf *b = &c->bufs[i];
         if (b->state == DP__BUF_RETIRED &&
-            !dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {
+            !dp__endpoint_touches_unfinished(c->ep, b->p, b->len)) {
             /* The transfers that touched it ended after all: usable again. */
             b->state = DP__BUF_FREE;
             b->last_use = ++c->use_clock;
             c->cached_bytes += b->len;
-            dp_graveyard_release_buffer(b->len);
+            dp__graveyard_release_buffer(b->len);
         }
         if (b->state != DP__BUF_FREE || b->len < nbytes)
             continue;
-        if (dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {
+        if (dp__endpoint_touches_unfinished(c->ep, b->p, b->len)) {
             c->cached_bytes -= b->len;
             b->state = DP__BUF_RETIRED;
-            dp_graveyard_retain_buffer(b->len);
+            dp__graveyard_retain_buffer(b->len);
             continue;
         }
         if (best == SIZE_MAX || b->len < c->bufs[best].len)
@@ -359,15 +359,15 @@ dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
         size_t nc = c->cap_bufs ? c->cap_bufs * 2 : 16;
         dp__buf *nb = realloc(c->bufs, nc * sizeof *nb);
         if (nb == NULL)
-            return dp_fail(d, DP_ENOMEM, "client: out of memory (buffer table)");
+            return dp__fail(d, DP_ENOMEM, "client: out of memory (buffer table)");
         c->bufs = nb;
         c->cap_bufs = nc;
     }
     size_t len = round_buf(nbytes);
     void *p = NULL;
-    int rc = dp_endpoint_alloc(c->ep, len, &p, d);
+    int rc = dp__endpoint_alloc(c->ep, len, &p, d);
     if (rc != 0)
-        return dp_fail_ctx(d, rc, "client: mapping %zu bytes of registered memory", len);
+        return dp__fail_ctx(d, rc, "client: mapping %zu bytes of registered memory", len);
     dp__buf *b = &c->bufs[c->n_bufs++];
     b->p = p;
     b->len = len;
@@ -385,9 +385,9 @@ dp__client_buf_put_locked(dp_client *c, uint8_t *p)
         return;
     if (buf_direct(b->state))
         direct_remove_locked(c, b->p);
-    if (dp_endpoint_touches_unfinished(c->ep, b->p, b->len)) {
+    if (dp__endpoint_touches_unfinished(c->ep, b->p, b->len)) {
         b->state = DP__BUF_RETIRED;
-        dp_graveyard_retain_buffer(b->len);
+        dp__graveyard_retain_buffer(b->len);
         DP_LOG_W(
             "client: buffer of %zu bytes retired (an unfinished transfer touches it)",
             b->len);
@@ -402,14 +402,14 @@ dp__client_buf_put_locked(dp_client *c, uint8_t *p)
 bool
 dp__client_direct_locked(const dp_client *c, const void *p, uint64_t n)
 {
-    return dp_ranges_find(&c->direct, (uintptr_t)p, n) != NULL;
+    return dp__ranges_find(&c->direct, (uintptr_t)p, n) != NULL;
 }
 
 int
 dp_client_alloc(dp_client *c, size_t nbytes, void **out, dp_detail *d)
 {
     if (c == NULL || out == NULL || nbytes == 0)
-        return dp_fail(d, DP_EINVAL, "dp_client_alloc: NULL argument or zero size");
+        return dp__fail(d, DP_EINVAL, "dp_client_alloc: NULL argument or zero size");
     int rc = dp__client_data_check(c, "dp_client_alloc", d);
     if (rc != DP_OK)
         return rc;
@@ -425,7 +425,8 @@ dp_client_alloc(dp_client *c, size_t nbytes, void **out, dp_detail *d)
 bool
 dp_client_touches_unfinished(const dp_client *c, const void *p, size_t nbytes)
 {
-    return c != NULL && c->ep != NULL && dp_endpoint_touches_unfinished(c->ep, p, nbytes);
+    return c != NULL && c->ep != NULL &&
+           dp__endpoint_touches_unfinished(c->ep, p, nbytes);
 }
 
 void
@@ -446,7 +447,7 @@ int
 dp_client_register(dp_client *c, void *addr, size_t nbytes, dp_detail *d)
 {
     if (c == NULL || addr == NULL || nbytes == 0)
-        return dp_fail(d, DP_EINVAL, "dp_client_register: NULL address or zero size");
+        return dp__fail(d, DP_EINVAL, "dp_client_register: NULL address or zero size");
     int rc = dp__client_data_check(c, "dp_client_register", d);
     if (rc != DP_OK)
         return rc;
@@ -455,20 +456,20 @@ dp_client_register(dp_client *c, void *addr, size_t nbytes, dp_detail *d)
         size_t nc = c->cap_regions ? c->cap_regions * 2 : 8;
         dp__region *nr = realloc(c->regions, nc * sizeof *nr);
         if (nr == NULL) {
-            rc = dp_fail(d, DP_ENOMEM, "client: out of memory (region table)");
+            rc = dp__fail(d, DP_ENOMEM, "client: out of memory (region table)");
             goto out;
         }
         c->regions = nr;
         c->cap_regions = nc;
     }
-    if (dp_ranges_reserve(&c->direct, 1) != DP_OK) {
-        rc = dp_fail(d, DP_ENOMEM, "client: out of memory (region table)");
+    if (dp__ranges_reserve(&c->direct, 1) != DP_OK) {
+        rc = dp__fail(d, DP_ENOMEM, "client: out of memory (region table)");
         goto out;
     }
-    rc = dp_endpoint_register(c->ep, addr, nbytes, d);
+    rc = dp__endpoint_register(c->ep, addr, nbytes, d);
     if (rc == 0) {
         c->regions[c->n_regions++] = (dp__region){addr, nbytes};
-        rc = dp_ranges_add(&c->direct, (uintptr_t)addr, nbytes, NULL);
+        rc = dp__ranges_add(&c->direct, (uintptr_t)addr, nbytes, NULL);
         DP_ASSERT(rc == DP_OK); /* the endpoint refuses overlapping regions */
     }
 out:
@@ -480,16 +481,16 @@ int
 dp_client_deregister(dp_client *c, void *addr, dp_detail *d)
 {
     if (c == NULL)
-        return dp_fail(d, DP_EINVAL, "dp_client_deregister: NULL client");
+        return dp__fail(d, DP_EINVAL, "dp_client_deregister: NULL client");
     if (c->ep == NULL)
-        return dp_fail(d, DP_ENOTFOUND, "no region registered at %p", addr);
+        return dp__fail(d, DP_ENOTFOUND, "no region registered at %p", addr);
     pthread_mutex_lock(&c->mu);
-    int rc = dp_fail(d, DP_ENOTFOUND, "no region registered at %p", addr);
+    int rc = dp__fail(d, DP_ENOTFOUND, "no region registered at %p", addr);
     for (size_t i = 0; i < c->n_regions; i++) {
         if (c->regions[i].p != addr)
             continue;
         dp_detail_clear(d);
-        rc = dp_endpoint_deregister(c->ep, addr, d);
+        rc = dp__endpoint_deregister(c->ep, addr, d);
         if (rc == 0) {
             c->regions[i] = c->regions[--c->n_regions];
             direct_remove_locked(c, addr);
@@ -508,29 +509,29 @@ client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_clien
 {
     dp_client *c = calloc(1, sizeof *c);
     if (c == NULL)
-        return dp_fail(d, DP_ENOMEM, "client: out of memory");
+        return dp__fail(d, DP_ENOMEM, "client: out of memory");
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     int rc = opts_resolve(opts, &c->o, d);
     if (rc != DP_OK)
         return rc;
     if (n_units == 0 || n_units > DP_CLUSTER_MAX_UNITS)
-        return dp_fail(d, DP_EINVAL, "client: %u units (1..%u)", n_units,
-                       DP_CLUSTER_MAX_UNITS);
+        return dp__fail(d, DP_EINVAL, "client: %u units (1..%u)", n_units,
+                        DP_CLUSTER_MAX_UNITS);
     c->n_units = n_units;
     c->units = calloc(n_units, sizeof *c->units);
     c->builders = calloc(n_units, sizeof *c->builders);
     if (ctl_only)
         c->checks = calloc(n_units, sizeof *c->checks);
     if (c->units == NULL || c->builders == NULL || (ctl_only && c->checks == NULL))
-        return dp_fail(d, DP_ENOMEM, "client: out of memory");
+        return dp__fail(d, DP_ENOMEM, "client: out of memory");
     if ((rc = dp__fanout_init(&c->fo, n_units, d)) != 0)
         return rc;
-    rc = dp_wire_rid_gen_init(&c->rids, d);
+    rc = dp__wire_rid_gen_init(&c->rids, d);
     if (rc != 0)
         return rc;
     uint8_t rnd[8];
-    rc = dp_random_bytes(rnd, sizeof rnd, d);
+    rc = dp__random_bytes(rnd, sizeof rnd, d);
     if (rc != 0)
         return rc;
     for (int i = 0; i < 8; i++)
@@ -538,7 +539,7 @@ client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_clien
     if (c->o.name != NULL) {
         size_t nl = strlen(c->o.name);
         if (nl == 0 || nl > 200)
-            return dp_fail(d, DP_EINVAL, "client: name must be 1..200 bytes");
+            return dp__fail(d, DP_EINVAL, "client: name must be 1..200 bytes");
         memcpy(c->name, c->o.name, nl + 1);
     } else {
         snprintf(c->name, sizeof c->name, "client-%ld-%.8s", (long)getpid(),
@@ -547,13 +548,13 @@ client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_clien
     c->o.name = NULL; /* not kept: the caller's string */
     if (!ctl_only) {
         dp_endpoint_opts eo;
-        dp_endpoint_opts_init(&eo);
+        dp__endpoint_opts_init(&eo);
         eo.require_rdma = c->o.require_rdma;
-        rc = dp_endpoint_create(c->name, &eo, &c->ep, d);
+        rc = dp__endpoint_create(c->name, &eo, &c->ep, d);
         if (rc != 0)
-            return dp_fail_ctx(d, rc, "client: transfer endpoint");
+            return dp__fail_ctx(d, rc, "client: transfer endpoint");
     }
-    return dp_ctl_client_create(&c->ctl, d);
+    return dp__ctl_client_create(&c->ctl, d);
 }
 
 /* Unit u's control address a, checked. */
@@ -561,8 +562,8 @@ static int
 set_addr(dp_client *c, uint32_t u, const char *a, dp_detail *d)
 {
     if (a == NULL || strlen(a) >= DP_CLUSTER_ADDR_MAX || strncmp(a, "tcp://", 6) != 0)
-        return dp_fail(d, DP_EINVAL, "unit %u: bad control address '%s'", u,
-                       a ? a : "(null)");
+        return dp__fail(d, DP_EINVAL, "unit %u: bad control address '%s'", u,
+                        a ? a : "(null)");
     snprintf(c->units[u].addr, sizeof c->units[u].addr, "%s", a);
     return DP_OK;
 }
@@ -578,27 +579,28 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
 {
     dp__unit_conn *uc = &c->units[u];
     if (in->proto < DP_WIRE_PROTO || in->incarnation == 0)
-        return dp_fail(d, DP_EPROTO,
-                       "speaks control protocol %" PRIu64
-                       " and this client %d: run the same dataplane version on units and "
-                       "clients",
-                       in->proto, DP_WIRE_PROTO);
+        return dp__fail(
+            d, DP_EPROTO,
+            "speaks control protocol %" PRIu64
+            " and this client %d: run the same dataplane version on units and "
+            "clients",
+            in->proto, DP_WIRE_PROTO);
     if (in->metadata.n == 0)
-        return dp_fail(d, DP_EPROTO, "has no transfer endpoint (no metadata in info)");
+        return dp__fail(d, DP_EPROTO, "has no transfer endpoint (no metadata in info)");
     if (in->slab_addr == 0)
-        return dp_fail(d, DP_EPROTO, "info carries no slab address");
+        return dp__fail(d, DP_EPROTO, "info carries no slab address");
     char name[256];
-    int rc = dp_endpoint_add_remote(c->ep, in->metadata.p, in->metadata.n, name, d);
+    int rc = dp__endpoint_add_remote(c->ep, in->metadata.p, in->metadata.n, name, d);
     if (rc != 0)
         return rc;
     for (uint32_t v = 0; v < c->n_units; v++)
         if (v != u && strcmp(c->units[v].remote, name) == 0)
-            return dp_fail(d, DP_EPROTO,
-                           "has the same endpoint name '%s' as unit %u: names must be "
-                           "unique",
-                           name, v);
+            return dp__fail(d, DP_EPROTO,
+                            "has the same endpoint name '%s' as unit %u: names must be "
+                            "unique",
+                            name, v);
     if (uc->remote[0] != '\0' && strcmp(uc->remote, name) != 0)
-        dp_endpoint_remove_remote(c->ep, uc->remote, NULL); /* the old process's */
+        dp__endpoint_remove_remote(c->ep, uc->remote, NULL); /* the old process's */
     snprintf(uc->remote, sizeof uc->remote, "%s", name);
     uc->slab_addr = in->slab_addr;
     uc->slab_bytes = in->slab_bytes;
@@ -611,7 +613,7 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
     uc->ep_suspect = false;
     uc->lane = DP_XFER_LANE_UNKNOWN;
     uc->tls[0] = '\0';
-    dp_endpoint_remote_lane(c->ep, uc->remote, &uc->lane, uc->tls, sizeof uc->tls, NULL);
+    dp__endpoint_remote_lane(c->ep, uc->remote, &uc->lane, uc->tls, sizeof uc->tls, NULL);
     return DP_OK;
 }
 
@@ -622,9 +624,9 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
 static void
 bind_ctl_locked(dp_client *c, uint32_t u, dp__fanout_unit *r)
 {
-    dp__unit_check *k = &c->checks[u];
+    dp__unit_probe *k = &c->checks[u];
     const dp_wire_info *in = &r->rep.r.info;
-    if (dp_wire_str_copy(in->agent, k->agent, sizeof k->agent) >= sizeof k->agent) {
+    if (dp__wire_str_copy(in->agent, k->agent, sizeof k->agent) >= sizeof k->agent) {
         k->agent[0] = '\0';
         dp__fanout_fail(&c->fo, u, DP_EPROTO, " ",
                         "has an endpoint name of %u bytes (at most %zu)", in->agent.n,
@@ -677,7 +679,7 @@ check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
         if (c->checks != NULL) {
             if (r->rc == DP_OK)
                 bind_ctl_locked(c, u, r);
-            dp__unit_check *k = &c->checks[u];
+            dp__unit_probe *k = &c->checks[u];
             down = r->rc != DP_OK && !r->answered && (flags & DP__CTL_ALLOW_DOWN);
             if (down) {
                 k->state = DP__UNIT_DOWN;
@@ -701,8 +703,8 @@ check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
             if (d != NULL)
                 *d = r->det;
         } else {
-            dp_fail(d, r->rc, "connecting to unit %u (%s): %s", u, c->units[u].addr,
-                    dp__fanout_why(r));
+            dp__fail(d, r->rc, "connecting to unit %u (%s): %s", u, c->units[u].addr,
+                     dp__fanout_why(r));
         }
     }
     dp__fanout_reset(f);
@@ -730,11 +732,11 @@ dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp_wire_reply *rep
     if (!report)
         return DP_OK;
     uc->restart_unreported = false;
-    return dp_fail(d, DP_ERESTARTED,
-                   "unit %u (%s) restarted (incarnation %016" PRIx64 " -> %016" PRIx64
-                   "): what it held is gone unless it loaded a checkpoint; this client "
-                   "re-binds to it and the next operation uses the new process",
-                   u, uc->addr, uc->incarnation, rep->incarnation);
+    return dp__fail(d, DP_ERESTARTED,
+                    "unit %u (%s) restarted (incarnation %016" PRIx64 " -> %016" PRIx64
+                    "): what it held is gone unless it loaded a checkpoint; this client "
+                    "re-binds to it and the next operation uses the new process",
+                    u, uc->addr, uc->incarnation, rep->incarnation);
 }
 
 /*
@@ -749,11 +751,11 @@ rebind_locked(dp_client *c, uint32_t u, const dp__fanout_unit *r, dp_detail *det
     int rc = r->rc;
     if (rc == DP_ETRANSFER || rc == DP_ETIMEDOUT) {
         c->cnt.units_down++;
-        return dp_fail(det, rc, "unit %u (%s) is down: %s", u, uc->addr,
-                       dp__fanout_why(r));
+        return dp__fail(det, rc, "unit %u (%s) is down: %s", u, uc->addr,
+                        dp__fanout_why(r));
     }
     if (rc != DP_OK)
-        return dp_fail(det, rc, "%s", dp__fanout_why(r));
+        return dp__fail(det, rc, "%s", dp__fanout_why(r));
     uint64_t was = uc->incarnation;
     uint64_t now_inc = r->rep.r.info.incarnation;
     bool restarted = now_inc != was, stalled = uc->ep_suspect;
@@ -773,11 +775,12 @@ rebind_locked(dp_client *c, uint32_t u, const dp__fanout_unit *r, dp_detail *det
     if (!uc->restart_unreported)
         return DP_OK;
     uc->restart_unreported = false;
-    return dp_fail(det, DP_ERESTARTED,
-                   "unit %u (%s) restarted (incarnation %016" PRIx64 " -> %016" PRIx64
-                   "): what it held is gone unless it loaded a checkpoint; re-bound, the "
-                   "next operation uses it",
-                   u, uc->addr, was, now_inc);
+    return dp__fail(
+        det, DP_ERESTARTED,
+        "unit %u (%s) restarted (incarnation %016" PRIx64 " -> %016" PRIx64
+        "): what it held is gone unless it loaded a checkpoint; re-bound, the "
+        "next operation uses it",
+        u, uc->addr, was, now_inc);
 }
 
 void
@@ -797,7 +800,7 @@ dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double de
             continue; /* named twice: asked once */
         bool failed =
             !uc->stale &&
-            (uc->ep_suspect || dp_endpoint_remote_check(c->ep, uc->remote, NULL) != 0);
+            (uc->ep_suspect || dp__endpoint_remote_check(c->ep, uc->remote, NULL) != 0);
         if (uc->stale || failed)
             dp__fanout_add(f, &c->rids, units[i], uc->addr, 0, &q);
     }
@@ -831,11 +834,11 @@ dp_client_counters_get(dp_client *c, dp_client_counters *out)
     *out = c->cnt;
     if (c->ep != NULL) {
         dp_endpoint_stats es;
-        dp_endpoint_get_stats(c->ep, &es);
+        dp__endpoint_get_stats(c->ep, &es);
         out->transfers_retained = es.transfers_retained - es.transfers_released;
         out->transfers_released = es.transfers_released;
     }
-    out->retained_bytes = dp_graveyard_bytes();
+    out->retained_bytes = dp__graveyard_bytes();
     pthread_mutex_unlock(&c->mu);
     return DP_OK;
 }
@@ -868,7 +871,7 @@ dp_client_open_units(const char *const *addrs, uint32_t n_units,
                      const dp_client_opts *opts, dp_client **out, dp_detail *d)
 {
     if (out == NULL || (addrs == NULL && n_units > 0))
-        return dp_fail(d, DP_EINVAL, "dp_client_open_units: NULL argument");
+        return dp__fail(d, DP_EINVAL, "dp_client_open_units: NULL argument");
     *out = NULL;
     return open_common(addrs, n_units, NULL, opts, out, d);
 }
@@ -878,29 +881,29 @@ dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
                dp_detail *d)
 {
     if (out == NULL)
-        return dp_fail(d, DP_EINVAL, "dp_client_open: NULL out");
+        return dp__fail(d, DP_EINVAL, "dp_client_open: NULL out");
     *out = NULL;
     char path[PATH_MAX];
-    int rc = dp_cluster_locate(cluster, path, sizeof path, d);
+    int rc = dp__cluster_locate(cluster, path, sizeof path, d);
     if (rc != 0)
         return rc;
     dp_cluster cl;
     memset(&cl, 0, sizeof cl);
-    rc = dp_cluster_load(path, &cl, d);
+    rc = dp__cluster_load(path, &cl, d);
     if (rc != 0)
         return rc;
     const char **addrs = calloc(cl.n_units, sizeof *addrs);
     if (addrs == NULL) {
-        dp_cluster_fini(&cl);
-        return dp_fail(d, DP_ENOMEM, "client: out of memory");
+        dp__cluster_fini(&cl);
+        return dp__fail(d, DP_ENOMEM, "client: out of memory");
     }
     for (uint32_t u = 0; u < cl.n_units; u++)
         addrs[u] = cl.units[u].zmq;
     rc = open_common(addrs, cl.n_units, cl.cluster_id, opts, out, d);
     if (rc != 0)
-        dp_fail_ctx(d, rc, "cluster %s", path);
+        dp__fail_ctx(d, rc, "cluster %s", path);
     free(addrs);
-    dp_cluster_fini(&cl);
+    dp__cluster_fini(&cl);
     return rc;
 }
 
@@ -924,7 +927,7 @@ dp__client_open_ctl(const dp_cluster *cl, const dp_client_opts *opts,
                     dp_detail *d)
 {
     if (out == NULL || cl == NULL)
-        return dp_fail(d, DP_EINVAL, "dp__client_open_ctl: NULL argument");
+        return dp__fail(d, DP_EINVAL, "dp__client_open_ctl: NULL argument");
     *out = NULL;
     dp_client *c = NULL;
     int rc = client_new(opts, cl->n_units, true, &c, d);
@@ -938,7 +941,7 @@ dp__client_open_ctl(const dp_cluster *cl, const dp_client_opts *opts,
         c->words.misplaced_hint = dup_or_null(words->misplaced_hint, &oom);
         c->words.silence_hint = dup_or_null(words->silence_hint, &oom);
         if (oom)
-            rc = dp_fail(d, DP_ENOMEM, "client: out of memory");
+            rc = dp__fail(d, DP_ENOMEM, "client: out of memory");
     }
     if (rc == DP_OK && !(flags & DP__CTL_NO_CHECK))
         rc = dp__client_check_units(c, -1, flags, d);
@@ -954,8 +957,8 @@ int
 dp__client_check_units(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
 {
     if (c == NULL || c->checks == NULL || only >= (int64_t)c->n_units)
-        return dp_fail(d, DP_EINVAL,
-                       "dp__client_check_units: a control-only client and a unit of it");
+        return dp__fail(d, DP_EINVAL,
+                        "dp__client_check_units: a control-only client and a unit of it");
     pthread_mutex_lock(&c->mu);
     int rc = check_units_locked(c, only, flags, d);
     pthread_mutex_unlock(&c->mu);
@@ -968,7 +971,7 @@ dp__client_unit_check(const dp_client *c, uint32_t u, dp_detail *det, const char
 {
     if (c == NULL || u >= c->n_units)
         return DP__UNIT_UNCHECKED;
-    const dp__unit_check *k = c->checks != NULL ? &c->checks[u] : NULL;
+    const dp__unit_probe *k = c->checks != NULL ? &c->checks[u] : NULL;
     int state = k != NULL ? k->state : DP__UNIT_CHECKED;
     if (det != NULL && state == DP__UNIT_DOWN)
         *det = k->det;
@@ -987,7 +990,7 @@ dp__client_unit_check(const dp_client *c, uint32_t u, dp_detail *det, const char
 static bool
 refused_locked(dp_client *c, dp__fanout *f, uint32_t u, dp_wire_op op)
 {
-    const dp__unit_check *k = c->checks != NULL ? &c->checks[u] : NULL;
+    const dp__unit_probe *k = c->checks != NULL ? &c->checks[u] : NULL;
     if (k == NULL || k->state == DP__UNIT_CHECKED)
         return false;
     dp__fanout_unit *r = &f->u[u];
@@ -1035,7 +1038,7 @@ dp__client_call_all(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *c
 {
     memset(f, 0, sizeof *f);
     if (c == NULL || q_of == NULL)
-        return dp_fail(d, DP_EINVAL, "dp__client_call_all: NULL argument");
+        return dp__fail(d, DP_EINVAL, "dp__client_call_all: NULL argument");
     int rc = dp__fanout_init(f, c->n_units, d);
     if (rc != DP_OK)
         return rc;
@@ -1063,7 +1066,7 @@ dp_client_close(dp_client *c)
     dp_ctl_client *ctl = NULL;
     if (keep) {
         for (size_t i = 0; i < c->n_regions; i++) {
-            dp_endpoint_deregister(c->ep, c->regions[i].p, NULL);
+            dp__endpoint_deregister(c->ep, c->regions[i].p, NULL);
             direct_remove_locked(c, c->regions[i].p);
         }
         c->n_regions = 0;
@@ -1072,7 +1075,7 @@ dp_client_close(dp_client *c)
     }
     pthread_mutex_unlock(&c->mu);
     if (keep) {
-        dp_ctl_client_destroy(ctl);
+        dp__ctl_client_destroy(ctl);
         return;
     }
     dp__client_free(c);
@@ -1084,17 +1087,17 @@ dp__client_free(dp_client *c)
     if (c->ep != NULL) {
         for (size_t i = 0; i < c->n_bufs; i++) {
             if (c->bufs[i].state == DP__BUF_RETIRED ||
-                dp_endpoint_touches_unfinished(c->ep, c->bufs[i].p, c->bufs[i].len))
+                dp__endpoint_touches_unfinished(c->ep, c->bufs[i].p, c->bufs[i].len))
                 continue; /* the endpoint keeps it (graveyard) */
-            dp_endpoint_deregister(c->ep, c->bufs[i].p, NULL);
+            dp__endpoint_deregister(c->ep, c->bufs[i].p, NULL);
         }
         for (size_t i = 0; i < c->n_regions; i++)
-            dp_endpoint_deregister(c->ep, c->regions[i].p, NULL);
-        dp_endpoint_destroy(c->ep);
+            dp__endpoint_deregister(c->ep, c->regions[i].p, NULL);
+        dp__endpoint_destroy(c->ep);
     }
-    dp_ctl_client_destroy(c->ctl);
+    dp__ctl_client_destroy(c->ctl);
     for (uint32_t u = 0; c->builders != NULL && u < c->n_units; u++)
-        dp_blob_builder_destroy(c->builders[u]);
+        dp__blob_builder_destroy(c->builders[u]);
     dp__fanout_fini(&c->fo);
     free((char *)c->words.listed_by);
     free((char *)c->words.misplaced_hint);
@@ -1104,7 +1107,7 @@ dp__client_free(dp_client *c)
     free(c->units);
     free(c->bufs);
     free(c->regions);
-    dp_ranges_fini(&c->direct);
+    dp__ranges_fini(&c->direct);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -1157,10 +1160,10 @@ clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__g
 {
     int rc = dp__groups_make(g, c->n_units, gidxs, n, d);
     if (rc != DP_OK)
-        return dp_fail_ctx(d, rc, "clear");
+        return dp__fail_ctx(d, rc, "clear");
     uint64_t *sorted = malloc(n * sizeof *sorted);
     if (sorted == NULL)
-        return dp_fail(d, DP_ENOMEM, "clear: out of memory");
+        return dp__fail(d, DP_ENOMEM, "clear: out of memory");
     for (size_t k = 0; k < n; k++)
         sorted[k] = gidxs[g->order[k]];
     clear_ctx x = {g, sorted};
@@ -1176,8 +1179,8 @@ clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__g
             continue;
         }
         if (rc == DP_OK)
-            rc = dp_fail(d, r->rc, "clear: rows of unit %u (%s) not cleared: %s", u,
-                         c->units[u].addr, dp__fanout_why(r));
+            rc = dp__fail(d, r->rc, "clear: rows of unit %u (%s) not cleared: %s", u,
+                          c->units[u].addr, dp__fanout_why(r));
         else
             dp__detail_append(d, "; unit %u (%s) also failed: %s", u, c->units[u].addr,
                               dp_errname(r->rc));
@@ -1194,9 +1197,9 @@ clear_args(const dp_client *c, const uint64_t *gidxs, size_t n, bool *go, dp_det
 {
     *go = false;
     if (c == NULL || (gidxs == NULL && n > 0))
-        return dp_fail(d, DP_EINVAL, "dp_client_clear: NULL argument");
+        return dp__fail(d, DP_EINVAL, "dp_client_clear: NULL argument");
     if (n > UINT32_MAX)
-        return dp_fail(d, DP_ETOOBIG, "clear: %zu rows in one call", n);
+        return dp__fail(d, DP_ETOOBIG, "clear: %zu rows in one call", n);
     *go = n > 0;
     return DP_OK;
 }
@@ -1281,7 +1284,7 @@ stats_fill(unit_stats *us, const dp_wire_fields *f, dp_detail *d)
 {
     us->kv = calloc(f->n > 0 ? f->n : 1, sizeof *us->kv);
     if (us->kv == NULL)
-        return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+        return dp__fail(d, DP_ENOMEM, "stats: out of memory");
     for (uint32_t i = 0; i < f->n; i++) {
         const dp_wire_field *x = &f->v[i];
         double v;
@@ -1301,9 +1304,9 @@ stats_fill(unit_stats *us, const dp_wire_fields *f, dp_detail *d)
         default:
             continue;
         }
-        char *name = dp_wire_str_dup(x->name);
+        char *name = dp__wire_str_dup(x->name);
         if (name == NULL)
-            return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+            return dp__fail(d, DP_ENOMEM, "stats: out of memory");
         us->kv[us->n++] = (stat_kv){name, v};
     }
     return DP_OK;
@@ -1322,16 +1325,16 @@ int
 dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
 {
     if (c == NULL || out == NULL)
-        return dp_fail(d, DP_EINVAL, "dp_client_stats_get: NULL argument");
+        return dp__fail(d, DP_EINVAL, "dp_client_stats_get: NULL argument");
     *out = NULL;
     dp_client_stats *s = calloc(1, sizeof *s);
     if (s == NULL)
-        return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+        return dp__fail(d, DP_ENOMEM, "stats: out of memory");
     s->n_units = c->n_units;
     s->u = calloc(c->n_units, sizeof *s->u);
     if (s->u == NULL) {
         free(s);
-        return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+        return dp__fail(d, DP_ENOMEM, "stats: out of memory");
     }
     pthread_mutex_lock(&c->mu);
     call_all_locked(c, &c->fo, stats_req, NULL, NULL);
@@ -1345,8 +1348,8 @@ dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
             urc = stats_fill(&s->u[u], &r->rep.r.stats, &ud);
         s->u[u].status = urc;
         if (urc != DP_OK && rc == DP_OK)
-            rc = dp_fail(d, urc, "stats: unit %u (%s): %s", u, c->units[u].addr,
-                         r->rc != DP_OK ? dp__fanout_why(r) : ud.msg);
+            rc = dp__fail(d, urc, "stats: unit %u (%s): %s", u, c->units[u].addr,
+                          r->rc != DP_OK ? dp__fanout_why(r) : ud.msg);
     }
     dp__fanout_reset(&c->fo);
     pthread_mutex_unlock(&c->mu);

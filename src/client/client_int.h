@@ -67,13 +67,13 @@ typedef struct dp__unit_conn {
  * (dp__client_check_units): its state (DP__UNIT_*), why it is down (rc, det,
  * why as in dp__fanout_unit) and the endpoint name its info gave.
  */
-typedef struct dp__unit_check {
+typedef struct dp__unit_probe {
     int state;
     int rc;
     dp_detail det;
     size_t why;
     char agent[DP_CLUSTER_ADDR_MAX];
-} dp__unit_check;
+} dp__unit_probe;
 
 /* State of a registered buffer the client mapped itself. */
 enum {
@@ -114,7 +114,7 @@ struct dp_client {
      * client, whose units are all bound at open), and the words of its
      * reports (dp__fanout_opts, strings owned).
      */
-    dp__unit_check *checks;
+    dp__unit_probe *checks;
     dp__fanout_opts words;
 
     /* Registered memory the client mapped (staging, user, values). */

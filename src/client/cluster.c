@@ -19,7 +19,7 @@
 #define MAX_FILE_BYTES (4u << 20)
 
 const char *
-dp_cluster_default_dir(char *buf, size_t len)
+dp__cluster_default_dir(char *buf, size_t len)
 {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     if (xdg != NULL && xdg[0] == '/')
@@ -30,14 +30,14 @@ dp_cluster_default_dir(char *buf, size_t len)
 }
 
 int
-dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d)
+dp__cluster_locate(const char *arg, char *path, size_t len, dp_detail *d)
 {
     const char *p = arg;
     if (p == NULL || *p == '\0')
         p = getenv("DP_CLUSTER");
     char dir[PATH_MAX];
     if (p == NULL || *p == '\0')
-        p = dp_cluster_default_dir(dir, sizeof dir);
+        p = dp__cluster_default_dir(dir, sizeof dir);
     struct stat st;
     int n;
     if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
@@ -45,7 +45,7 @@ dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d)
     else
         n = snprintf(path, len, "%s", p);
     if (n < 0 || (size_t)n >= len)
-        return dp_fail(d, DP_EINVAL, "cluster path '%s' is too long", p);
+        return dp__fail(d, DP_EINVAL, "cluster path '%s' is too long", p);
     return DP_OK;
 }
 
@@ -69,11 +69,11 @@ file_kind(mode_t m)
 static int
 not_regular(const char *path, mode_t m, dp_detail *d)
 {
-    return dp_fail(d, DP_EINVAL,
-                   "cluster file %s is %s, not a regular file: point --cluster or "
-                   "DP_CLUSTER at the cluster.json that 'dataplane up' (or your "
-                   "launcher) wrote, or at its directory",
-                   path, file_kind(m));
+    return dp__fail(d, DP_EINVAL,
+                    "cluster file %s is %s, not a regular file: point --cluster or "
+                    "DP_CLUSTER at the cluster.json that 'dataplane up' (or your "
+                    "launcher) wrote, or at its directory",
+                    path, file_kind(m));
 }
 
 /*
@@ -91,19 +91,19 @@ read_file(const char *path, char **out, dp_detail *d)
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
-            return dp_fail(d, DP_ENOTFOUND,
-                           "no cluster file at %s: start a cluster with 'dataplane up', "
-                           "or point --cluster / DP_CLUSTER at its cluster.json",
-                           path);
+            return dp__fail(d, DP_ENOTFOUND,
+                            "no cluster file at %s: start a cluster with 'dataplane up', "
+                            "or point --cluster / DP_CLUSTER at its cluster.json",
+                            path);
         int e = errno;
         if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
             return not_regular(path, st.st_mode, d);
-        return dp_fail_sys(d, e, "open cluster file %s", path);
+        return dp__fail_sys(d, e, "open cluster file %s", path);
     }
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return dp_fail_sys(d, e, "stat cluster file %s", path);
+        return dp__fail_sys(d, e, "stat cluster file %s", path);
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -111,20 +111,20 @@ read_file(const char *path, char **out, dp_detail *d)
     }
     if (st.st_size > MAX_FILE_BYTES) {
         close(fd);
-        return dp_fail(d, DP_EPROTO,
-                       "cluster file %s is %lld bytes; a cluster file is at most %u",
-                       path, (long long)st.st_size, MAX_FILE_BYTES);
+        return dp__fail(d, DP_EPROTO,
+                        "cluster file %s is %lld bytes; a cluster file is at most %u",
+                        path, (long long)st.st_size, MAX_FILE_BYTES);
     }
     char *buf = malloc((size_t)st.st_size + 1);
     if (buf == NULL) {
         close(fd);
-        return dp_fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
+        return dp__fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
     }
     /* The size is from fstat; a file that shrinks meanwhile reads short. */
     char label[PATH_MAX + 16];
     snprintf(label, sizeof label, "cluster file %s", path);
     size_t got = 0;
-    int rc = dp_read_full(fd, buf, (size_t)st.st_size, 0, &got, label, d);
+    int rc = dp__read_full(fd, buf, (size_t)st.st_size, 0, &got, label, d);
     close(fd);
     if (rc != DP_OK) {
         free(buf);
@@ -141,17 +141,18 @@ get_str(const cJSON *o, const char *key, char *dst, size_t cap, const char *path
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsString(v) || v->valuestring == NULL)
-        return dp_fail(d, DP_EPROTO, "cluster file %s: units[%d].%s must be a string",
-                       path, i, key);
+        return dp__fail(d, DP_EPROTO, "cluster file %s: units[%d].%s must be a string",
+                        path, i, key);
     size_t n = strlen(v->valuestring);
     if (n == 0 || n >= cap)
-        return dp_fail(d, DP_EPROTO, "cluster file %s: units[%d].%s must be 1..%zu bytes",
-                       path, i, key, cap - 1);
+        return dp__fail(d, DP_EPROTO,
+                        "cluster file %s: units[%d].%s must be 1..%zu bytes", path, i,
+                        key, cap - 1);
     for (size_t k = 0; k < n; k++)
         if ((unsigned char)v->valuestring[k] < 0x20 || v->valuestring[k] == 0x7f)
-            return dp_fail(d, DP_EPROTO,
-                           "cluster file %s: units[%d].%s has a control character", path,
-                           i, key);
+            return dp__fail(d, DP_EPROTO,
+                            "cluster file %s: units[%d].%s has a control character", path,
+                            i, key);
     memcpy(dst, v->valuestring, n + 1);
     return DP_OK;
 }
@@ -175,9 +176,9 @@ get_hex64(const cJSON *o, const char *key, uint64_t *out, const char *path, int 
     }
     if (!ok) {
         *out = 0;
-        return dp_fail(d, DP_EPROTO,
-                       "cluster file %s: units[%d].%s must be 16 lowercase hex digits",
-                       path, i, key);
+        return dp__fail(d, DP_EPROTO,
+                        "cluster file %s: units[%d].%s must be 16 lowercase hex digits",
+                        path, i, key);
     }
     return DP_OK;
 }
@@ -193,15 +194,16 @@ get_int(const cJSON *o, const char *key, double lo, double hi, bool required,
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble ||
         v->valuedouble < lo || v->valuedouble > hi)
-        return dp_fail(d, DP_EPROTO,
-                       "cluster file %s: units[%d].%s must be an integer in [%.0f, %.0f]",
-                       path, i, key, lo, hi);
+        return dp__fail(
+            d, DP_EPROTO,
+            "cluster file %s: units[%d].%s must be an integer in [%.0f, %.0f]", path, i,
+            key, lo, hi);
     *out = (int64_t)v->valuedouble;
     return DP_OK;
 }
 
 int
-dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
+dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d)
 {
     memset(out, 0, sizeof *out);
     char *text = NULL;
@@ -211,36 +213,36 @@ dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
     cJSON *root = cJSON_Parse(text);
     free(text);
     if (root == NULL)
-        return dp_fail(d, DP_EPROTO, "cluster file %s is not valid JSON", path);
+        return dp__fail(d, DP_EPROTO, "cluster file %s is not valid JSON", path);
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(root, "version");
     const cJSON *units = cJSON_GetObjectItemCaseSensitive(root, "units");
     if (!cJSON_IsNumber(ver) || ver->valuedouble != 1) {
-        rc = dp_fail(d, DP_EPROTO, "cluster file %s: \"version\" must be 1", path);
+        rc = dp__fail(d, DP_EPROTO, "cluster file %s: \"version\" must be 1", path);
         goto out;
     }
     const cJSON *cid = cJSON_GetObjectItemCaseSensitive(root, "cluster");
     if (cid != NULL) {
         const char *v = cJSON_IsString(cid) ? cid->valuestring : NULL;
         size_t vn = v != NULL ? strlen(v) : 0;
-        if (!dp_id_valid(v, vn, sizeof out->cluster_id - 1)) {
-            rc = dp_fail(d, DP_EPROTO,
-                         "cluster file %s: \"cluster\" must be 1..%zu bytes of "
-                         "[A-Za-z0-9_.:-]",
-                         path, sizeof out->cluster_id - 1);
+        if (!dp__id_valid(v, vn, sizeof out->cluster_id - 1)) {
+            rc = dp__fail(d, DP_EPROTO,
+                          "cluster file %s: \"cluster\" must be 1..%zu bytes of "
+                          "[A-Za-z0-9_.:-]",
+                          path, sizeof out->cluster_id - 1);
             goto out;
         }
         memcpy(out->cluster_id, v, vn + 1);
     }
     int n = cJSON_GetArraySize(units);
     if (!cJSON_IsArray(units) || n < 1 || n > DP_CLUSTER_MAX_UNITS) {
-        rc = dp_fail(d, DP_EPROTO,
-                     "cluster file %s: \"units\" must be a list of 1..%d units", path,
-                     DP_CLUSTER_MAX_UNITS);
+        rc = dp__fail(d, DP_EPROTO,
+                      "cluster file %s: \"units\" must be a list of 1..%d units", path,
+                      DP_CLUSTER_MAX_UNITS);
         goto out;
     }
     out->units = calloc((size_t)n, sizeof *out->units);
     if (out->units == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
+        rc = dp__fail(d, DP_ENOMEM, "cluster file %s: out of memory", path);
         goto out;
     }
     int i = 0;
@@ -250,8 +252,8 @@ dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
         dp_cluster_unit *cu = &out->units[i];
         int64_t id, pid;
         if (!cJSON_IsObject(u)) {
-            rc = dp_fail(d, DP_EPROTO, "cluster file %s: units[%d] must be an object",
-                         path, i);
+            rc = dp__fail(d, DP_EPROTO, "cluster file %s: units[%d] must be an object",
+                          path, i);
             goto out;
         }
         if ((rc = get_int(u, "id", 0, DP_CLUSTER_MAX_UNITS, true, &id, path, i, d)) !=
@@ -262,16 +264,16 @@ dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
             (rc = get_hex64(u, "incarnation", &cu->incarnation, path, i, d)) != 0)
             goto out;
         if (id != i) {
-            rc = dp_fail(d, DP_EPROTO,
-                         "cluster file %s: units[%d] has id %lld; units must be listed "
-                         "in id order 0..%d",
-                         path, i, (long long)id, n - 1);
+            rc = dp__fail(d, DP_EPROTO,
+                          "cluster file %s: units[%d] has id %lld; units must be listed "
+                          "in id order 0..%d",
+                          path, i, (long long)id, n - 1);
             goto out;
         }
         if (strncmp(cu->zmq, "tcp://", 6) != 0 || strrchr(cu->zmq, ':') == cu->zmq + 3) {
-            rc = dp_fail(d, DP_EPROTO,
-                         "cluster file %s: units[%d].zmq '%s' is not tcp://host:port",
-                         path, i, cu->zmq);
+            rc = dp__fail(d, DP_EPROTO,
+                          "cluster file %s: units[%d].zmq '%s' is not tcp://host:port",
+                          path, i, cu->zmq);
             goto out;
         }
         cu->id = (uint32_t)id;
@@ -283,7 +285,7 @@ dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d)
 out:
     cJSON_Delete(root);
     if (rc != DP_OK)
-        dp_cluster_fini(out);
+        dp__cluster_fini(out);
     return rc;
 }
 
@@ -295,7 +297,7 @@ hex16(uint64_t v, char out[17])
 }
 
 int
-dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
+dp__cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
 {
     int rc = DP_OK;
     char *text = NULL;
@@ -305,7 +307,7 @@ dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
         cJSON_AddNumberToObject(root, "version", 1) == NULL ||
         (c->cluster_id[0] != '\0' &&
          cJSON_AddStringToObject(root, "cluster", c->cluster_id) == NULL)) {
-        rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "cluster file: out of memory");
         goto out;
     }
     for (uint32_t i = 0; i < c->n_units; i++) {
@@ -320,34 +322,34 @@ dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
             (u->incarnation != 0 &&
              cJSON_AddStringToObject(o, "incarnation", hex16(u->incarnation, inc)) ==
                  NULL)) {
-            rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
+            rc = dp__fail(d, DP_ENOMEM, "cluster file: out of memory");
             goto out;
         }
     }
     text = cJSON_Print(root);
     if (text == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "cluster file: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "cluster file: out of memory");
         goto out;
     }
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
-        rc = dp_fail(d, DP_EINVAL, "cluster path '%s' is too long", path);
+        rc = dp__fail(d, DP_EINVAL, "cluster path '%s' is too long", path);
         goto out;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        rc = dp_fail_sys(d, errno, "create %s", tmp);
+        rc = dp__fail_sys(d, errno, "create %s", tmp);
         goto out;
     }
     size_t len = strlen(text);
-    rc = dp_write_full(fd, text, len, 0, tmp, d);
+    rc = dp__write_full(fd, text, len, 0, tmp, d);
     if (rc == DP_OK)
-        rc = dp_write_full(fd, "\n", 1, len, tmp, d);
+        rc = dp__write_full(fd, "\n", 1, len, tmp, d);
     if (rc == DP_OK && fsync(fd) != 0)
-        rc = dp_fail_sys(d, errno, "write %s", tmp);
+        rc = dp__fail_sys(d, errno, "write %s", tmp);
     close(fd);
     if (rc == DP_OK && rename(tmp, path) != 0)
-        rc = dp_fail_sys(d, errno, "rename %s to %s", tmp, path);
+        rc = dp__fail_sys(d, errno, "rename %s to %s", tmp, path);
     if (rc != DP_OK)
         unlink(tmp);
 out:
@@ -357,7 +359,7 @@ out:
 }
 
 void
-dp_cluster_fini(dp_cluster *c)
+dp__cluster_fini(dp_cluster *c)
 {
     free(c->units);
     memset(c, 0, sizeof *c);

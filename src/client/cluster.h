@@ -51,13 +51,13 @@ typedef struct dp_cluster {
 } dp_cluster;
 
 /* The default directory into buf; returns buf. */
-const char *dp_cluster_default_dir(char *buf, size_t len);
+const char *dp__cluster_default_dir(char *buf, size_t len);
 
 /*
  * Resolve where the cluster file is: arg (file or directory; NULL or "" for
  * none), else $DP_CLUSTER, else the default directory. The file need not exist.
  */
-int dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d);
+int dp__cluster_locate(const char *arg, char *path, size_t len, dp_detail *d);
 
 /*
  * Read and validate a cluster file: version 1, 1..DP_CLUSTER_MAX_UNITS units
@@ -68,11 +68,11 @@ int dp_cluster_locate(const char *arg, char *path, size_t len, dp_detail *d);
  * path names something other than a regular file: says what), DP_EPROTO (the
  * file is not a valid cluster file: says which field), DP_ESYS, DP_ENOMEM.
  */
-int dp_cluster_load(const char *path, dp_cluster *out, dp_detail *d);
+int dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d);
 
 /* Write atomically: a temporary file in the same directory, fsync, rename. */
-int dp_cluster_save(const char *path, const dp_cluster *c, dp_detail *d);
+int dp__cluster_save(const char *path, const dp_cluster *c, dp_detail *d);
 
-void dp_cluster_fini(dp_cluster *c);
+void dp__cluster_fini(dp_cluster *c);
 
 #endif

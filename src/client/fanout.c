@@ -30,13 +30,13 @@ dp__fanout_init(dp__fanout *f, uint32_t n, dp_detail *d)
 {
     memset(f, 0, sizeof *f);
     if (n == 0)
-        return dp_fail(d, DP_EINVAL, "fanout: no units");
+        return dp__fail(d, DP_EINVAL, "fanout: no units");
     f->u = calloc(n, sizeof *f->u);
     f->items = calloc(n, sizeof *f->items);
     f->slot_unit = calloc(n, sizeof *f->slot_unit);
     if (f->u == NULL || f->items == NULL || f->slot_unit == NULL) {
         dp__fanout_fini(f);
-        return dp_fail(d, DP_ENOMEM, "fanout: out of memory for %u units", n);
+        return dp__fail(d, DP_ENOMEM, "fanout: out of memory for %u units", n);
     }
     f->n = n;
     for (uint32_t u = 0; u < n; u++)
@@ -53,9 +53,9 @@ dp__fanout_fini(dp__fanout *f)
         dp__fanout_reset(f);
     for (uint32_t u = 0; u < f->n; u++) {
         if (f->u != NULL)
-            dp_buf_fini(&f->u[u].req);
+            dp__buf_fini(&f->u[u].req);
         if (f->items != NULL)
-            dp_buf_fini(&f->items[u].reply);
+            dp__buf_fini(&f->items[u].reply);
     }
     free(f->u);
     free(f->items);
@@ -68,7 +68,7 @@ static void
 outcome_clear(dp__fanout_unit *r)
 {
     if (r->decoded)
-        dp_wire_reply_fini(&r->rep);
+        dp__wire_reply_fini(&r->rep);
     memset(&r->rep, 0, sizeof r->rep);
     r->rep.op = DP_WIRE_OP_NONE;
     r->rc = DP_OK;
@@ -159,14 +159,14 @@ dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t u,
     dp__fanout_unit *r = &f->u[u];
     r->addr = addr;
     r->op = q->op;
-    q->rid = dp_wire_rid_next(rids, r->rid);
-    dp_buf_reset(&r->req);
-    int rc = dp_wire_request_encode(q, NULL, &r->req, d);
+    q->rid = dp__wire_rid_next(rids, r->rid);
+    dp__buf_reset(&r->req);
+    int rc = dp__wire_request_encode(q, NULL, &r->req, d);
     if (rc != 0)
-        return dp_fail_ctx(d, rc, "unit %u (%s): %s request", u, addr,
-                           dp_wire_op_name(q->op));
+        return dp__fail_ctx(d, rc, "unit %u (%s): %s request", u, addr,
+                            dp__wire_op_name(q->op));
     dp_ctl_item *it = &f->items[slot];
-    dp_buf_reset(&it->reply);
+    dp__buf_reset(&it->reply);
     it->address = addr;
     it->req = r->req.data;
     it->len = r->req.len;
@@ -192,7 +192,7 @@ dp__fanout_add(dp__fanout *f, dp_wire_rid_gen *rids, uint32_t u, const char *add
     int rc = dp__fanout_place(f, rids, f->n_slots, u, addr, q, &e);
     if (rc != 0)
         return dp__fanout_fail(f, u, rc, ": ", "encoding the %s request: %s",
-                               dp_wire_op_name(q->op), e.msg);
+                               dp__wire_op_name(q->op), e.msg);
     f->n_slots++;
     return DP_OK;
 }
@@ -209,7 +209,7 @@ dp__fanout_reply(const dp_ctl_item *it, dp_wire_op op, dp_wire_reply *rep, dp_de
             *d = it->det;
         return it->rc;
     }
-    return dp_wire_reply_decode(it->reply.data, it->reply.len, op, NULL, rep, d);
+    return dp__wire_reply_decode(it->reply.data, it->reply.len, op, NULL, rep, d);
 }
 
 /* An info reply from unit u must say it is unit u of the cluster's n. */
@@ -221,11 +221,11 @@ check_identity(dp__fanout *f, uint32_t u, const dp__fanout_opts *o)
     uint32_t n = o->n_units > 0 ? o->n_units : f->n;
     if (in->unit_id == u && in->n_units == n &&
         (o->cluster_id == NULL || o->cluster_id[0] == '\0' ||
-         dp_wire_str_eq(in->cluster, o->cluster_id)))
+         dp__wire_str_eq(in->cluster, o->cluster_id)))
         return;
     if (in->unit_id == u && in->n_units == n) {
         char got[72];
-        dp_wire_str_copy(in->cluster, got, sizeof got);
+        dp__wire_str_copy(in->cluster, got, sizeof got);
         r->misplaced = true;
         dp__fanout_fail(f, u, DP_EPROTO, " ",
                         "belongs to cluster '%s', but %s names cluster '%s' (a unit "
@@ -250,7 +250,7 @@ judge(dp__fanout *f, uint32_t u, const dp_ctl_item *it, double timeout_s,
       const dp__fanout_opts *o)
 {
     dp__fanout_unit *r = &f->u[u];
-    const char *opname = dp_wire_op_name(r->op);
+    const char *opname = dp__wire_op_name(r->op);
     if (it->rc == DP_ETIMEDOUT) {
         dp__fanout_fail(f, u, DP_ETIMEDOUT, " ", "did not answer %s within %g s%s",
                         opname, timeout_s, o->silence_hint ? o->silence_hint : "");
@@ -278,7 +278,7 @@ judge(dp__fanout *f, uint32_t u, const dp_ctl_item *it, double timeout_s,
         return;
     }
     if (!r->rep.ok) {
-        rc = dp_wire_error_to_detail(&r->rep.err, &e);
+        rc = dp__wire_error_to_detail(&r->rep.err, &e);
         dp__fanout_fail(f, u, rc, ": ", "%s", e.msg);
         return;
     }
@@ -294,7 +294,7 @@ dp__fanout_run(dp__fanout *f, dp_ctl_client *ctl, double timeout_s,
     if (o == NULL)
         o = &none;
     if (f->n_slots > 0)
-        dp_ctl_call_many(ctl, f->items, f->n_slots, timeout_s);
+        dp__ctl_call_many(ctl, f->items, f->n_slots, timeout_s);
     for (uint32_t k = 0; k < f->n_slots; k++)
         judge(f, f->slot_unit[k], &f->items[k], timeout_s, o);
     return dp__fanout_first(f, NULL);
@@ -314,7 +314,7 @@ dp__groups_make(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, size_t n
     if (g->start == NULL || g->order == NULL || pos == NULL) {
         free(pos);
         dp__groups_fini(g);
-        return dp_fail(d, DP_ENOMEM, "out of memory grouping %zu rows by unit", n);
+        return dp__fail(d, DP_ENOMEM, "out of memory grouping %zu rows by unit", n);
     }
     g->n_units = n_units;
     /* Counting sort: counts, prefix sums, then each item at its unit's next place. */

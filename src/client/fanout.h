@@ -4,7 +4,7 @@
  * info at open and at re-bind, its clear and stats, a checkpoint's
  * save_shard and load_shard passes, and the CLI's control-only commands all
  * encode one request per unit here, send them all before waiting for any
- * (dp_ctl_call_many), wait under one deadline, decode each reply for its op
+ * (dp__ctl_call_many), wait under one deadline, decode each reply for its op
  * and get a report per unit: a code, a detail naming the unit's index and
  * address, and the decoded reply. Where asked, it checks who answered: that
  * unit i says it is unit i of n (an info reply), and that the reply came
@@ -59,7 +59,7 @@ typedef struct dp__fanout_unit {
 /*
  * Per-unit scratch for requests to n units, reused batch after batch
  * (dp__fanout_reset): one request buffer per unit and n slots of
- * dp_ctl_item, the requests of one batch side by side as dp_ctl_call_many
+ * dp_ctl_item, the requests of one batch side by side as dp__ctl_call_many
  * wants them.
  */
 typedef struct dp__fanout {
@@ -108,7 +108,7 @@ int dp__fanout_add(dp__fanout *f, dp_wire_rid_gen *rids, uint32_t u, const char 
  * For callers that send each request themselves (put, get): encode q for
  * unit u into its request buffer and point items[slot] at it (reply emptied,
  * rc 0), outside the slots dp__fanout_add counts. Errors of
- * dp_wire_request_encode, into d naming the unit and the op.
+ * dp__wire_request_encode, into d naming the unit and the op.
  */
 int dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t u,
                      const char *addr, dp_wire_request *q, dp_detail *d);
@@ -143,9 +143,9 @@ int dp__fanout_fail(dp__fanout *f, uint32_t u, int rc, const char *sep, const ch
 const char *dp__fanout_why(const dp__fanout_unit *r);
 
 /*
- * The reply of one item sent by dp_ctl_send / _call_many, decoded for op:
- * the item's own failure (its rc and det), else dp_wire_reply_decode's. rep
- * is zeroed first and needs dp_wire_reply_fini whatever the result. An
+ * The reply of one item sent by dp__ctl_send / _call_many, decoded for op:
+ * the item's own failure (its rc and det), else dp__wire_reply_decode's. rep
+ * is zeroed first and needs dp__wire_reply_fini whatever the result. An
  * error reply decodes with DP_OK (rep->ok false), for the caller to judge.
  */
 int dp__fanout_reply(const dp_ctl_item *it, dp_wire_op op, dp_wire_reply *rep,

@@ -72,7 +72,7 @@ unpin_locked(dp_client *c, uint32_t u, char *pin)
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_UNPIN;
-    q.a.unpin.pin_id = dp_wire_s(pin);
+    q.a.unpin.pin_id = dp__wire_s(pin);
     dp__client_notify_locked(c, u, &q);
     pin[0] = '\0';
 }
@@ -81,10 +81,10 @@ static void
 fill_desc(dp_value_desc *o, const dp_wire_key_loc *l)
 {
     dp_blob_kind k = DP_BLOB_BYTES;
-    if (dp_blob_kind_parse(l->kind.p, l->kind.n, &k) != 0)
+    if (dp__blob_kind_parse(l->kind.p, l->kind.n, &k) != 0)
         k = DP_BLOB_BYTES;
     o->kind = (dp_kind)k;
-    dp_wire_str_copy(l->dtype, o->dtype, sizeof o->dtype);
+    dp__wire_str_copy(l->dtype, o->dtype, sizeof o->dtype);
     o->ndim = DP_MIN(l->ndim, (uint32_t)DP_SHAPE_MAX);
     for (uint32_t i = 0; i < o->ndim; i++)
         o->shape[i] = l->shape[i];
@@ -176,7 +176,7 @@ get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *va
     x->items = items;
     x->n = n;
     x->vals = vals;
-    x->deadline = dp_now_s() + c->o.timeout_s;
+    x->deadline = dp__now_s() + c->o.timeout_s;
     x->ks = calloc(m, sizeof *x->ks);
     x->keys = malloc(m * sizeof *x->keys);
     x->slot_unit = malloc(N * sizeof *x->slot_unit);
@@ -189,7 +189,7 @@ get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *va
     if (x->ks == NULL || x->keys == NULL || x->slot_unit == NULL || x->ur == NULL ||
         x->local == NULL || x->remote == NULL || x->ops == NULL || x->results == NULL ||
         x->xdet == NULL)
-        return dp_fail(d, DP_ENOMEM, "get: out of memory");
+        return dp__fail(d, DP_ENOMEM, "get: out of memory");
     return DP_OK;
 }
 
@@ -200,27 +200,27 @@ get_place(get_op *x, dp_detail *d)
     uint32_t N = x->c->n_units;
     uint64_t *gx = malloc((x->n > 0 ? x->n : 1) * sizeof *gx);
     if (gx == NULL)
-        return dp_fail(d, DP_ENOMEM, "get: out of memory");
+        return dp__fail(d, DP_ENOMEM, "get: out of memory");
     int rc = DP_OK;
     for (size_t i = 0; i < x->n && rc == DP_OK; i++) {
         dp_get_item *it = &x->items[i];
         it->nbytes = 0;
         it->status = DP_ETIMEDOUT;
         if (it->key == NULL) {
-            rc = dp_fail(d, DP_EINVAL, "get: key %zu is NULL", i);
+            rc = dp__fail(d, DP_EINVAL, "get: key %zu is NULL", i);
             break;
         }
         size_t kl = strlen(it->key);
         dp_key_parts kp;
-        rc = dp_key_split(it->key, kl, &kp, d);
+        rc = dp__key_split(it->key, kl, &kp, d);
         if (rc != 0) {
-            dp_fail_ctx(d, rc, "get: key %zu", i);
+            dp__fail_ctx(d, rc, "get: key %zu", i);
             break;
         }
         if (x->vals == NULL && it->cap > 0 && it->dst == NULL) {
-            rc = dp_fail(d, DP_EINVAL,
-                         "get: key '%s': NULL destination of %" PRIu64 " bytes", it->key,
-                         it->cap);
+            rc = dp__fail(d, DP_EINVAL,
+                          "get: key '%s': NULL destination of %" PRIu64 " bytes", it->key,
+                          it->cap);
             break;
         }
         gx[i] = kp.gidx;
@@ -251,7 +251,7 @@ get_ready(get_op *x, dp_detail *d)
     if (rcs == NULL || dets == NULL) {
         free(rcs);
         free(dets);
-        return dp_fail(d, DP_ENOMEM, "get: out of memory");
+        return dp__fail(d, DP_ENOMEM, "get: out of memory");
     }
     dp__client_ready_locked(x->c, x->slot_unit, nu, x->deadline, rcs, dets);
     for (uint32_t k = 0; k < nu; k++) {
@@ -301,12 +301,12 @@ get_ask(get_op *x)
             continue;
         }
         ur[u].asked = true;
-        ur[u].sent_at = dp_now_s();
+        ur[u].sent_at = dp__now_s();
         x->slot_unit[ns++] = u;
     }
     if (ns > 0)
-        dp_ctl_call_many(c->ctl, c->fo.items, ns,
-                         DP_MAX(dp__client_round_timeout(x->deadline), 0.001));
+        dp__ctl_call_many(c->ctl, c->fo.items, ns,
+                          DP_MAX(dp__client_round_timeout(x->deadline), 0.001));
     return ns;
 }
 
@@ -326,8 +326,8 @@ get_locate(get_op *x, uint32_t u, uint32_t i, const dp_wire_key_loc *l,
         fill_desc(it->desc, l);
     if (l->off > uc->region_bytes || l->len > uc->region_bytes - l->off) {
         item_fail(it, ks, DP_EPROTO);
-        dp_fail(&x->ur[u].det, DP_EPROTO, "key '%s' located outside the unit's region",
-                it->key);
+        dp__fail(&x->ur[u].det, DP_EPROTO, "key '%s' located outside the unit's region",
+                 it->key);
         return;
     }
     if (x->vals == NULL && it->cap < l->len) {
@@ -356,7 +356,7 @@ get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
     const uint32_t *cnt = x->g.start, *order = x->g.order;
     dp_detail *ud = &x->ur[u].det;
     bool again = false;
-    dp_wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
+    dp__wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
     uint32_t ce = 0, cm = 0, cp = 0, cf = 0;
     for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
         uint32_t i = order[k];
@@ -373,10 +373,10 @@ get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
             again = true; /* being staged from SSD: ask again */
         } else if (match_str(&res->failed, &cf, it->key, kl) >= 0) {
             item_fail(it, &x->ks[i], DP_ELOST);
-            dp_fail(ud, DP_ELOST, "staging key '%s' from SSD failed", it->key);
+            dp__fail(ud, DP_ELOST, "staging key '%s' from SSD failed", it->key);
         } else {
             item_fail(it, &x->ks[i], DP_EPROTO);
-            dp_fail(ud, DP_EPROTO, "resolve_keys did not answer for key '%s'", it->key);
+            dp__fail(ud, DP_EPROTO, "resolve_keys did not answer for key '%s'", it->key);
         }
     }
     return again;
@@ -407,14 +407,14 @@ get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
             urc = DP_ERESTARTED;
             if (rep.ok && rep.r.resolve_keys.pin_id.n > 0) {
                 char pin[DP_WIRE_RID_MAX + 32];
-                dp_wire_str_copy(rep.r.resolve_keys.pin_id, pin, sizeof pin);
+                dp__wire_str_copy(rep.r.resolve_keys.pin_id, pin, sizeof pin);
                 unpin_locked(c, u, pin);
             }
         } else if (urc == 0 && !rep.ok) {
-            urc = dp_wire_error_to_detail(&rep.err, ud);
+            urc = dp__wire_error_to_detail(&rep.err, ud);
             if (urc == DP_EBUSY && dp__client_left(x->deadline) > 0) {
                 again = true;
-                dp_wire_reply_fini(&rep);
+                dp__wire_reply_fini(&rep);
                 continue;
             }
         }
@@ -426,7 +426,7 @@ get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
         } else if (get_match_unit(x, u, &rep.r.resolve_keys, alloc_need, stage_need)) {
             again = true;
         }
-        dp_wire_reply_fini(&rep);
+        dp__wire_reply_fini(&rep);
     }
     return again;
 }
@@ -446,7 +446,7 @@ get_dest(get_op *x, uint64_t alloc_need, uint64_t stage_need, uint8_t **abuf,
         uint8_t **nb = realloc(vals->bufs, (vals->n_bufs + 1) * sizeof *nb);
         dp__buf *b = NULL;
         if (nb == NULL)
-            brc = dp_fail(bdet, DP_ENOMEM, "get: out of memory");
+            brc = dp__fail(bdet, DP_ENOMEM, "get: out of memory");
         else
             vals->bufs = nb;
         if (brc == 0)
@@ -477,7 +477,7 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
     dp_client *c = x->c;
     const uint32_t *cnt = x->g.start, *order = x->g.order;
     size_t nops = 0, nr = 0;
-    double now = dp_now_s();
+    double now = dp__now_s();
     *xfer_left = dp__client_left(x->deadline);
     for (size_t s = 0; s < ns; s++) {
         uint32_t u = x->slot_unit[s];
@@ -529,15 +529,15 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
     const uint32_t *cnt = x->g.start, *order = x->g.order;
     if (nops > 0 && !(xfer_left > 0)) {
         for (size_t o = 0; o < nops; o++)
-            x->results[o] = dp_fail(&x->xdet[o], DP_ETIMEDOUT,
-                                    "no time left to READ within the budget and the "
-                                    "pin's life (%.3g s)",
-                                    c->units[x->slot_unit[o]].read_pin_s);
+            x->results[o] = dp__fail(&x->xdet[o], DP_ETIMEDOUT,
+                                     "no time left to READ within the budget and the "
+                                     "pin's life (%.3g s)",
+                                     c->units[x->slot_unit[o]].read_pin_s);
     } else if (nops > 0) {
         for (size_t o = 0; o < nops; o++)
             dp_detail_clear(&x->xdet[o]);
-        dp_endpoint_transfer_many(c->ep, x->ops, nops, xfer_left, x->results, x->xdet,
-                                  NULL);
+        dp__endpoint_transfer_many(c->ep, x->ops, nops, xfer_left, x->results, x->xdet,
+                                   NULL);
     }
     for (size_t o = 0; o < nops; o++) {
         uint32_t u = x->slot_unit[o];
@@ -564,9 +564,9 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
                 c->units[u].ep_suspect = true;
             x->ur[u].rc = x->results[o];
             x->ur[u].det = x->xdet[o];
-            dp_fail_ctx(&x->ur[u].det, x->results[o], "READ of %s",
-                        x->results[o] == DP_ETIMEDOUT ? "values (data discarded)"
-                                                      : "values");
+            dp__fail_ctx(&x->ur[u].det, x->results[o], "READ of %s",
+                         x->results[o] == DP_ETIMEDOUT ? "values (data discarded)"
+                                                       : "values");
         }
     }
 }
@@ -624,7 +624,7 @@ get_report(get_op *x, dp_detail *d)
     }
     if (first == DP_OK)
         return DP_OK;
-    dp_fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
+    dp__fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
     for (uint32_t u = 0; u < c->n_units; u++)
         if (x->ur[u].rc != 0)
             dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
@@ -681,7 +681,7 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
             items[i].status = DP_ETIMEDOUT;
             uint32_t u = x.ks[i].unit;
             if (x.ur[u].rc == 0)
-                dp_fail(
+                dp__fail(
                     &x.ur[u].det, DP_ETIMEDOUT,
                     "keys still pending (staged from SSD) or the unit still busy when "
                     "the budget of %.3g s ran out",
@@ -697,12 +697,12 @@ int
 dp_client_get(dp_client *c, dp_get_item *items, size_t n, dp_detail *d)
 {
     if (c == NULL || (items == NULL && n > 0))
-        return dp_fail(d, DP_EINVAL, "dp_client_get: NULL argument");
+        return dp__fail(d, DP_EINVAL, "dp_client_get: NULL argument");
     int rc = dp__client_data_check(c, "get", d);
     if (rc != DP_OK || n == 0)
         return rc;
     if (n > (1u << 24))
-        return dp_fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
+        return dp__fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
     pthread_mutex_lock(&c->mu);
     rc = get_locked(c, items, n, NULL, d);
     pthread_mutex_unlock(&c->mu);
@@ -714,22 +714,22 @@ dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values *
                     dp_detail *d)
 {
     if (c == NULL || out == NULL || (keys == NULL && n > 0))
-        return dp_fail(d, DP_EINVAL, "dp_client_get_alloc: NULL argument");
+        return dp__fail(d, DP_EINVAL, "dp_client_get_alloc: NULL argument");
     *out = NULL;
     int rc = dp__client_data_check(c, "get", d);
     if (rc != DP_OK)
         return rc;
     if (n > (1u << 24))
-        return dp_fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
+        return dp__fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
     dp_values *v = calloc(1, sizeof *v);
     if (v == NULL)
-        return dp_fail(d, DP_ENOMEM, "get: out of memory");
+        return dp__fail(d, DP_ENOMEM, "get: out of memory");
     v->n = n;
     v->items = calloc(n > 0 ? n : 1, sizeof *v->items);
     v->descs = calloc(n > 0 ? n : 1, sizeof *v->descs);
     if (v->items == NULL || v->descs == NULL) {
         dp_values_destroy(v);
-        return dp_fail(d, DP_ENOMEM, "get: out of memory");
+        return dp__fail(d, DP_ENOMEM, "get: out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         v->items[i].key = keys[i];

@@ -83,7 +83,7 @@ pu_fail(put_unit *pu, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    dp_vfail(&pu->det, code, fmt, ap);
+    dp__vfail(&pu->det, code, fmt, ap);
     va_end(ap);
     pu->rc = code;
     pu->state = ST_FAILED;
@@ -103,31 +103,31 @@ check_args(const dp_client *c, const uint64_t *gidxs, size_t n_rows,
 {
     if (c == NULL || (n_rows > 0 && gidxs == NULL) || (n_fields > 0 && fields == NULL) ||
         (n_rows > 0 && n_fields > 0 && values == NULL))
-        return dp_fail(d, DP_EINVAL, "put: NULL argument");
+        return dp__fail(d, DP_EINVAL, "put: NULL argument");
     if (n_rows > UINT32_MAX || n_fields > UINT32_MAX ||
         (n_fields > 0 && n_rows > (size_t)DP_BLOB_MAX_ENTRIES * 64 / n_fields))
-        return dp_fail(d, DP_ETOOBIG, "put: %zu rows x %zu fields is too many", n_rows,
-                       n_fields);
+        return dp__fail(d, DP_ETOOBIG, "put: %zu rows x %zu fields is too many", n_rows,
+                        n_fields);
     for (size_t f = 0; f < n_fields; f++) {
         if (fields[f] == NULL)
-            return dp_fail(d, DP_EINVAL, "put: field %zu is NULL", f);
-        int rc = dp_field_check(fields[f], strlen(fields[f]), d);
+            return dp__fail(d, DP_EINVAL, "put: field %zu is NULL", f);
+        int rc = dp__field_check(fields[f], strlen(fields[f]), d);
         if (rc != 0)
-            return dp_fail_ctx(d, rc, "put: field %zu", f);
+            return dp__fail_ctx(d, rc, "put: field %zu", f);
         for (size_t g = 0; g < f; g++)
             if (strcmp(fields[f], fields[g]) == 0)
-                return dp_fail(d, DP_EINVAL, "put: field '%s' given twice", fields[f]);
+                return dp__fail(d, DP_EINVAL, "put: field '%s' given twice", fields[f]);
     }
     for (size_t i = 0; i < n_rows * n_fields; i++) {
         const dp_value *v = &values[i];
         if ((unsigned)v->kind > DP_KIND_SKIP)
-            return dp_fail(d, DP_EINVAL, "put: row %" PRIu64 " field '%s': bad kind %d",
-                           gidxs[i / n_fields], fields[i % n_fields], (int)v->kind);
+            return dp__fail(d, DP_EINVAL, "put: row %" PRIu64 " field '%s': bad kind %d",
+                            gidxs[i / n_fields], fields[i % n_fields], (int)v->kind);
         if (v->kind != DP_KIND_SKIP && v->data == NULL && v->nbytes > 0)
-            return dp_fail(d, DP_EINVAL,
-                           "put: row %" PRIu64 " field '%s': NULL data of %" PRIu64
-                           " bytes",
-                           gidxs[i / n_fields], fields[i % n_fields], v->nbytes);
+            return dp__fail(d, DP_EINVAL,
+                            "put: row %" PRIu64 " field '%s': NULL data of %" PRIu64
+                            " bytes",
+                            gidxs[i / n_fields], fields[i % n_fields], v->nbytes);
     }
     return DP_OK;
 }
@@ -138,13 +138,13 @@ check_unique_rows(const uint64_t *gidxs, size_t n, dp_detail *d)
 {
     uint64_t *s = malloc((n > 0 ? n : 1) * sizeof *s);
     if (s == NULL)
-        return dp_fail(d, DP_ENOMEM, "put: out of memory");
+        return dp__fail(d, DP_ENOMEM, "put: out of memory");
     memcpy(s, gidxs, n * sizeof *s);
     qsort(s, n, sizeof *s, cmp_u64);
     int rc = DP_OK;
     for (size_t i = 1; i < n; i++)
         if (s[i] == s[i - 1]) {
-            rc = dp_fail(d, DP_EINVAL, "put: row %" PRIu64 " given twice", s[i]);
+            rc = dp__fail(d, DP_EINVAL, "put: row %" PRIu64 " given twice", s[i]);
             break;
         }
     free(s);
@@ -160,14 +160,14 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
 {
     dp_blob_builder *b = c->builders[pu->u];
     if (b == NULL) {
-        int rc = dp_blob_builder_create(c->o.crc ? DP_BLOB_FLAG_CRC : 0, &b, d);
+        int rc = dp__blob_builder_create(c->o.crc ? DP_BLOB_FLAG_CRC : 0, &b, d);
         if (rc != 0)
             return rc;
-        /* Keys come from dp_key_format over checked fields and unique rows. */
-        dp_blob_builder_trust_keys(b, true);
+        /* Keys come from dp__key_format over checked fields and unique rows. */
+        dp__blob_builder_trust_keys(b, true);
         c->builders[pu->u] = b;
     }
-    dp_blob_builder_reset(b);
+    dp__blob_builder_reset(b);
     char key[DP_KEY_MAX + 1];
     pu->n_ent = 0;
     for (uint32_t k = 0; k < pu->n_rows; k++) {
@@ -176,7 +176,7 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
             const dp_value *v = &values[(size_t)r * n_fields + f];
             if (v->kind == DP_KIND_SKIP)
                 continue;
-            size_t klen = dp_key_format(gidxs[r], fields[f], flen[f], key);
+            size_t klen = dp__key_format(gidxs[r], fields[f], flen[f], key);
             dp_blob_entry_spec s;
             memset(&s, 0, sizeof s);
             s.key = key;
@@ -188,20 +188,20 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
             s.len = v->nbytes;
             if (c->o.crc) {
                 s.has_crc = true;
-                s.crc = v->nbytes > 0 ? dp_crc32c(v->data, v->nbytes) : 0;
+                s.crc = v->nbytes > 0 ? dp__crc32c(v->data, v->nbytes) : 0;
             }
-            int rc = dp_blob_builder_add(b, &s, NULL, d);
+            int rc = dp__blob_builder_add(b, &s, NULL, d);
             if (rc != 0)
-                return dp_fail_ctx(d, rc, "put: row %" PRIu64 " field '%s'", gidxs[r],
-                                   fields[f]);
+                return dp__fail_ctx(d, rc, "put: row %" PRIu64 " field '%s'", gidxs[r],
+                                    fields[f]);
             ent_val[pu->ent0 + pu->n_ent++] = v;
         }
     }
     if (pu->n_ent == 0)
         return DP_OK;
-    int rc = dp_blob_builder_layout(b, &pu->lay, d);
+    int rc = dp__blob_builder_layout(b, &pu->lay, d);
     if (rc != 0)
-        return dp_fail_ctx(d, rc, "put: blob for unit %u", pu->u);
+        return dp__fail_ctx(d, rc, "put: blob for unit %u", pu->u);
     return DP_OK;
 }
 
@@ -220,15 +220,15 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             dp_wire_request q;
             memset(&q, 0, sizeof q);
             q.op = DP_WIRE_OP_ALLOC;
-            q.a.alloc.blob_id = dp_wire_s(pu->blob_id);
+            q.a.alloc.blob_id = dp__wire_s(pu->blob_id);
             q.a.alloc.nbytes = pu->lay.total_len;
             q.a.alloc.n_entries = pu->n_ent;
             q.a.alloc.spill = !c->o.no_spill;
             /* Who writes the region: lets the unit reclaim it if this process dies. */
-            q.a.alloc.writer = dp_wire_s(c->blob_prefix);
+            q.a.alloc.writer = dp__wire_s(c->blob_prefix);
             q.a.alloc.pid = (uint64_t)getpid();
-            q.a.alloc.host = dp_wire_s(dp_host_key());
-            q.a.alloc.lane = dp_wire_s(dp_xfer_lane_name(c->units[pu->u].lane));
+            q.a.alloc.host = dp__wire_s(dp__host_key());
+            q.a.alloc.lane = dp__wire_s(dp__xfer_lane_name(c->units[pu->u].lane));
             dp_detail_clear(&pu->det);
             int rc = dp__client_prepare_locked(c, pu->u, ns, &q, &pu->det);
             if (rc != 0) {
@@ -240,7 +240,7 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         }
         if (ns == 0)
             return;
-        dp_ctl_call_many(c->ctl, c->fo.items, ns, dp__client_round_timeout(deadline));
+        dp__ctl_call_many(c->ctl, c->fo.items, ns, dp__client_round_timeout(deadline));
         bool busy = false;
         for (size_t s = 0; s < ns; s++) {
             put_unit *pu = &pus[slot_pu[s]];
@@ -266,15 +266,15 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 else
                     pu->state = ST_WRITE;
             } else if (rc == 0) {
-                rc = dp_wire_error_to_detail(&rep.err, &pu->det);
+                rc = dp__wire_error_to_detail(&rep.err, &pu->det);
                 if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
                     busy = true; /* stays in ST_ALLOC */
                 } else {
                     pu->rc = rc;
                     pu->state = ST_FAILED;
                     if (rc == DP_EBUSY)
-                        dp_fail_ctx(&pu->det, rc,
-                                    "alloc stayed busy for the whole budget");
+                        dp__fail_ctx(&pu->det, rc,
+                                     "alloc stayed busy for the whole budget");
                 }
             } else {
                 /* No reply, or none that decodes: the unit may have allocated. */
@@ -284,7 +284,7 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 pu->state = ST_FAILED;
                 send_abort_locked(c, pu, false);
             }
-            dp_wire_reply_fini(&rep);
+            dp__wire_reply_fini(&rep);
         }
         if (!busy)
             return;
@@ -299,7 +299,7 @@ send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
     dp_wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp_wire_s(pu->blob_id);
+    q.a.commit.blob_id = dp__wire_s(pu->blob_id);
     int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
     if (rc != 0) {
         pu->rc = rc;
@@ -308,7 +308,7 @@ send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
         return;
     }
     /* A failed send leaves its code in the item: the reply loop reports it. */
-    dp_ctl_send(c->ctl, &c->fo.items[slot]);
+    dp__ctl_send(c->ctl, &c->fo.items[slot]);
     sent[slot] = true;
 }
 
@@ -373,8 +373,8 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
     dp_detail *dets = calloc(nops, sizeof *dets);
     dp_xfer_end *ends = calloc(nops, sizeof *ends);
     write_ctx w = {c, pus, slot_pu, sent};
-    dp_endpoint_transfer_many_ends(c->ep, ops, nops, left, results, dets, ends,
-                                   write_done, &w, NULL);
+    dp__endpoint_transfer_many_ends(c->ep, ops, nops, left, results, dets, ends,
+                                    write_done, &w, NULL);
     for (size_t s = 0; s < nops; s++) {
         put_unit *pu = &pus[slot_pu[s]];
         if (results[s] == 0)
@@ -382,7 +382,7 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         if (dets != NULL)
             pu->det = dets[s];
         else
-            dp_fail(&pu->det, results[s], "WRITE failed");
+            dp__fail(&pu->det, results[s], "WRITE failed");
         pu->rc = results[s];
         pu->state = ST_FAILED;
         /*
@@ -403,11 +403,11 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         if (e == DP_XFER_UNFINISHED && c->units[pu->u].lane != DP_XFER_LANE_SHM)
             c->units[pu->u].ep_suspect = true;
         send_abort_locked(c, pu, in_flight);
-        dp_fail_ctx(&pu->det, results[s], "WRITE of blob %s (%" PRIu64 " bytes%s)",
-                    pu->blob_id, pu->lay.total_len,
-                    e == DP_XFER_NOT_POSTED ? ", nothing posted"
-                    : in_flight             ? ", may still land: the unit retires it"
-                                            : ", ended: the unit frees it");
+        dp__fail_ctx(&pu->det, results[s], "WRITE of blob %s (%" PRIu64 " bytes%s)",
+                     pu->blob_id, pu->lay.total_len,
+                     e == DP_XFER_NOT_POSTED ? ", nothing posted"
+                     : in_flight             ? ", may still land: the unit retires it"
+                                             : ", ended: the unit frees it");
     }
     free(dets);
     free(ends);
@@ -444,7 +444,7 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         /* Give a commit a moment (50 ms) even when the budget is spent: its WRITE is
          * done. */
         double left = DP_MAX(dp__client_left(deadline), 0.05);
-        dp_ctl_wait_many(c->ctl, c->fo.items, ns, left);
+        dp__ctl_wait_many(c->ctl, c->fo.items, ns, left);
         bool again = false;
         for (size_t s = 0; s < ns; s++) {
             if (!sent[s])
@@ -501,18 +501,18 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 }
             } else {
                 if (rc == 0)
-                    rc = dp_wire_error_to_detail(&rep.err, &pu->det);
+                    rc = dp__wire_error_to_detail(&rep.err, &pu->det);
                 if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
                     again = true;
                 } else {
                     pu->rc = rc;
                     pu->state = ST_FAILED;
-                    dp_fail_ctx(&pu->det, rc, "commit of blob %s", pu->blob_id);
+                    dp__fail_ctx(&pu->det, rc, "commit of blob %s", pu->blob_id);
                     /* Nothing was published: free the region (the WRITE is done). */
                     send_abort_locked(c, pu, false);
                 }
             }
-            dp_wire_reply_fini(&rep);
+            dp__wire_reply_fini(&rep);
         }
         if (!again)
             return;
@@ -534,8 +534,8 @@ put_report(dp_client *c, const put_unit *pus, size_t npu, const dp__groups *g,
         if (first == NULL)
             first = &pus[i];
     }
-    dp_fail(d, first->rc, "put: %zu of %zu rows did not land: unit %u (%s): %s", bad,
-            n_rows, first->u, c->units[first->u].addr, dp_detail_msg(&first->det));
+    dp__fail(d, first->rc, "put: %zu of %zu rows did not land: unit %u (%s): %s", bad,
+             n_rows, first->u, c->units[first->u].addr, dp_detail_msg(&first->det));
     for (size_t i = 0; i < npu; i++)
         if (pus[i].state == ST_FAILED && &pus[i] != first)
             dp__detail_append(d, "; unit %u (%s): %s", pus[i].u, c->units[pus[i].u].addr,
@@ -598,7 +598,7 @@ put_arrays_make(put_arrays *a, uint32_t N, const uint64_t *gidxs, size_t n_rows,
     if (a->pus == NULL || a->ent_val == NULL || a->local == NULL || a->remote == NULL ||
         a->slot_pu == NULL || a->ops == NULL || a->results == NULL || a->sent == NULL ||
         a->flen == NULL)
-        return dp_fail(d, DP_ENOMEM, "put: out of memory");
+        return dp__fail(d, DP_ENOMEM, "put: out of memory");
     for (size_t f = 0; f < n_fields; f++)
         a->flen[f] = strlen(fields[f]); /* checked by check_args */
     return dp__groups_make(&a->g, N, gidxs, n_rows, d);
@@ -632,11 +632,11 @@ put_plan_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
         /* Too big for the put area and (spilling) for the IO area: refused up front. */
         if (pu->lay.total_len > c->units[u].slab_bytes &&
             (c->o.no_spill || pu->lay.total_len > c->units[u].io_bytes))
-            return dp_fail(d, DP_ETOOBIG,
-                           "put: the blob for unit %u (%s) needs %" PRIu64
-                           " bytes, more than its slab of %" PRIu64 " bytes",
-                           u, c->units[u].addr, pu->lay.total_len,
-                           c->units[u].slab_bytes);
+            return dp__fail(d, DP_ETOOBIG,
+                            "put: the blob for unit %u (%s) needs %" PRIu64
+                            " bytes, more than its slab of %" PRIu64 " bytes",
+                            u, c->units[u].addr, pu->lay.total_len,
+                            c->units[u].slab_bytes);
         bool any_staged = false;
         for (uint32_t i = 0; i < pu->n_ent; i++) {
             const dp_value *v = a->ent_val[pu->ent0 + i];
@@ -673,7 +673,7 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
         put_unit *pu = &a->pus[i];
         uint8_t *base = stage + pu->stage_off;
         dp_blob_builder *b = c->builders[pu->u];
-        int rc = dp_blob_builder_write(b, base, pu->stage_len, d);
+        int rc = dp__blob_builder_write(b, base, pu->stage_len, d);
         if (rc != 0)
             return rc;
         pu->r0 = nr;
@@ -686,7 +686,7 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
             const dp_value *v = a->ent_val[pu->ent0 + e];
             if (v->nbytes == 0)
                 continue;
-            uint64_t off = dp_blob_builder_offset(b, e);
+            uint64_t off = dp__blob_builder_offset(b, e);
             if (dp__client_direct_locked(c, v->data, v->nbytes)) {
                 local[nr++] = (dp_range){(uint64_t)(uintptr_t)v->data, v->nbytes};
                 remote[nr - 1].nbytes = off; /* remote filled after alloc */
@@ -714,7 +714,7 @@ put_ready_locked(dp_client *c, put_arrays *a, double deadline, dp_detail *d)
     dp_detail *dets = malloc(npu * sizeof *dets);
     int rc = DP_OK;
     if (us == NULL || rcs == NULL || dets == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "put: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "put: out of memory");
         goto out;
     }
     for (size_t i = 0; i < npu; i++)
@@ -743,8 +743,8 @@ put_remote_ranges_locked(dp_client *c, put_arrays *a, uint8_t *stage)
             continue;
         uint64_t rbase = c->units[pu->u].slab_addr + pu->off;
         /* The header names the allocation: only it can publish these bytes. */
-        dp_blob_header_set_alloc(stage + pu->stage_off, c->units[pu->u].incarnation,
-                                 pu->token);
+        dp__blob_header_set_alloc(stage + pu->stage_off, c->units[pu->u].incarnation,
+                                  pu->token);
         a->remote[pu->r0] = (dp_range){rbase, a->local[pu->r0].nbytes};
         for (size_t k = pu->r0 + 1; k < pu->r0 + pu->nr; k++)
             a->remote[k] = (dp_range){rbase + a->remote[k].nbytes, a->local[k].nbytes};
@@ -795,7 +795,7 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
         return rc;
 
     pthread_mutex_lock(&c->mu);
-    double deadline = dp_now_s() + c->o.timeout_s;
+    double deadline = dp__now_s() + c->o.timeout_s;
     put_arrays a;
     dp__buf *stage = NULL;
     size_t stage_total = 0;

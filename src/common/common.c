@@ -30,7 +30,7 @@ dp__assert_fail(const char *expr, const char *file, int line, const char *func)
 }
 
 uint64_t
-dp_now_ns(void)
+dp__now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -38,13 +38,13 @@ dp_now_ns(void)
 }
 
 double
-dp_now_s(void)
+dp__now_s(void)
 {
-    return (double)dp_now_ns() / 1e9;
+    return (double)dp__now_ns() / 1e9;
 }
 
 double
-dp_wall_s(void)
+dp__wall_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -52,7 +52,7 @@ dp_wall_s(void)
 }
 
 void
-dp_sleep_s(double seconds)
+dp__sleep_s(double seconds)
 {
     if (!(seconds > 0))
         return;
@@ -90,19 +90,19 @@ log_level_get(void)
 }
 
 bool
-dp_log_enabled(int level)
+dp__log_enabled(int level)
 {
     return level <= log_level_get();
 }
 
 void
-dp_log_set_level(int level)
+dp__log_set_level(int level)
 {
     __atomic_store_n(&log_level, level, __ATOMIC_RELAXED);
 }
 
 void
-dp_log_set_prefix(const char *prefix)
+dp__log_set_prefix(const char *prefix)
 {
     pthread_mutex_lock(&log_mu);
     snprintf(log_prefix, sizeof log_prefix, "%s", prefix ? prefix : "");
@@ -110,9 +110,9 @@ dp_log_set_prefix(const char *prefix)
 }
 
 void
-dp_log(int level, const char *fmt, ...)
+dp__log(int level, const char *fmt, ...)
 {
-    if (!dp_log_enabled(level))
+    if (!dp__log_enabled(level))
         return;
     static const char *const names[] = {"error", "warn", "info", "debug"};
     char line[1024];
@@ -131,27 +131,27 @@ dp_log(int level, const char *fmt, ...)
 /* ---- growable buffer ---- */
 
 void
-dp_buf_init(dp_buf *b)
+dp__buf_init(dp_buf *b)
 {
     memset(b, 0, sizeof *b);
 }
 
 void
-dp_buf_fini(dp_buf *b)
+dp__buf_fini(dp_buf *b)
 {
     free(b->data);
     memset(b, 0, sizeof *b);
 }
 
 void
-dp_buf_reset(dp_buf *b)
+dp__buf_reset(dp_buf *b)
 {
     b->len = 0;
     b->oom = false;
 }
 
 int
-dp_buf_reserve(dp_buf *b, size_t extra)
+dp__buf_reserve(dp_buf *b, size_t extra)
 {
     if (b->oom)
         return DP_ENOMEM;
@@ -176,11 +176,11 @@ dp_buf_reserve(dp_buf *b, size_t extra)
 }
 
 int
-dp_buf_append(dp_buf *b, const void *p, size_t n)
+dp__buf_append(dp_buf *b, const void *p, size_t n)
 {
     if (n == 0)
         return b->oom ? DP_ENOMEM : DP_OK;
-    int rc = dp_buf_reserve(b, n);
+    int rc = dp__buf_reserve(b, n);
     if (rc != DP_OK)
         return rc;
     memcpy(b->data + b->len, p, n);
@@ -189,7 +189,7 @@ dp_buf_append(dp_buf *b, const void *p, size_t n)
 }
 
 int
-dp_buf_printf(dp_buf *b, const char *fmt, ...)
+dp__buf_printf(dp_buf *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -197,7 +197,7 @@ dp_buf_printf(dp_buf *b, const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         return DP_EINVAL;
-    int rc = dp_buf_reserve(b, (size_t)n + 1);
+    int rc = dp__buf_reserve(b, (size_t)n + 1);
     if (rc != DP_OK)
         return rc;
     va_start(ap, fmt);
@@ -208,7 +208,7 @@ dp_buf_printf(dp_buf *b, const char *fmt, ...)
 }
 
 uint8_t *
-dp_buf_steal(dp_buf *b, size_t *len)
+dp__buf_steal(dp_buf *b, size_t *len)
 {
     uint8_t *p = b->data;
     if (len != NULL)
@@ -220,44 +220,44 @@ dp_buf_steal(dp_buf *b, size_t *len)
 /* ---- parsing ---- */
 
 int
-dp_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, const char *what,
-             dp_detail *d)
+dp__parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, const char *what,
+              dp_detail *d)
 {
     if (s == NULL || *s == '\0')
-        return dp_fail(d, DP_EINVAL, "%s: empty value, expected a number", what);
+        return dp__fail(d, DP_EINVAL, "%s: empty value, expected a number", what);
     uint64_t v = 0;
     for (const char *p = s; *p; p++) {
         if (*p < '0' || *p > '9')
-            return dp_fail(d, DP_EINVAL, "%s: '%s' is not an unsigned decimal number",
-                           what, s);
+            return dp__fail(d, DP_EINVAL, "%s: '%s' is not an unsigned decimal number",
+                            what, s);
         unsigned dig = (unsigned)(*p - '0');
         if (v > (UINT64_MAX - dig) / 10)
-            return dp_fail(d, DP_EINVAL, "%s: '%s' is out of range", what, s);
+            return dp__fail(d, DP_EINVAL, "%s: '%s' is out of range", what, s);
         v = v * 10 + dig;
     }
     if (v < lo || v > hi)
-        return dp_fail(d, DP_EINVAL, "%s: %llu is outside [%llu, %llu]", what,
-                       (unsigned long long)v, (unsigned long long)lo,
-                       (unsigned long long)hi);
+        return dp__fail(d, DP_EINVAL, "%s: %llu is outside [%llu, %llu]", what,
+                        (unsigned long long)v, (unsigned long long)lo,
+                        (unsigned long long)hi);
     *out = v;
     return DP_OK;
 }
 
 int
-dp_parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d)
+dp__parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d)
 {
     if (s == NULL || *s == '\0')
-        return dp_fail(d, DP_EINVAL, "%s: empty size, expected e.g. 512M or 4G", what);
+        return dp__fail(d, DP_EINVAL, "%s: empty size, expected e.g. 512M or 4G", what);
     if (!isdigit((unsigned char)s[0]))
-        return dp_fail(d, DP_EINVAL,
-                       "%s: '%s' is not a size (expected digits with an optional "
-                       "K/M/G/T suffix, e.g. 512M)",
-                       what, s);
+        return dp__fail(d, DP_EINVAL,
+                        "%s: '%s' is not a size (expected digits with an optional "
+                        "K/M/G/T suffix, e.g. 512M)",
+                        what, s);
     errno = 0;
     char *end = NULL;
     double v = strtod(s, &end);
     if (errno != 0 || end == s || !isfinite(v) || v < 0)
-        return dp_fail(d, DP_EINVAL, "%s: '%s' is not a size", what, s);
+        return dp__fail(d, DP_EINVAL, "%s: '%s' is not a size", what, s);
     double mult = 1;
     const char *u = end;
     switch (toupper((unsigned char)*u)) {
@@ -283,8 +283,8 @@ dp_parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d)
         u++;
         break;
     default:
-        return dp_fail(d, DP_EINVAL, "%s: '%s' has an unknown unit (use K, M, G or T)",
-                       what, s);
+        return dp__fail(d, DP_EINVAL, "%s: '%s' has an unknown unit (use K, M, G or T)",
+                        what, s);
     }
     if (mult > 1) {
         if (*u == 'i' || *u == 'I')
@@ -293,34 +293,34 @@ dp_parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d)
             u++;
     }
     if (*u != '\0')
-        return dp_fail(d, DP_EINVAL, "%s: '%s' has trailing characters", what, s);
+        return dp__fail(d, DP_EINVAL, "%s: '%s' has trailing characters", what, s);
     double bytes = v * mult;
     if (bytes >= 18446744073709551615.0)
-        return dp_fail(d, DP_EINVAL, "%s: '%s' is too large", what, s);
+        return dp__fail(d, DP_EINVAL, "%s: '%s' is too large", what, s);
     if (bytes != floor(bytes))
-        return dp_fail(d, DP_EINVAL, "%s: '%s' is not a whole number of bytes", what, s);
+        return dp__fail(d, DP_EINVAL, "%s: '%s' is not a whole number of bytes", what, s);
     *out = (uint64_t)bytes;
     return DP_OK;
 }
 
 int
-dp_parse_seconds(const char *s, double *out, const char *what, dp_detail *d)
+dp__parse_seconds(const char *s, double *out, const char *what, dp_detail *d)
 {
     if (s == NULL || *s == '\0')
-        return dp_fail(d, DP_EINVAL, "%s: empty value, expected seconds", what);
+        return dp__fail(d, DP_EINVAL, "%s: empty value, expected seconds", what);
     errno = 0;
     char *end = NULL;
     double v = strtod(s, &end);
     if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < 0 ||
         !isdigit((unsigned char)s[0]))
-        return dp_fail(d, DP_EINVAL, "%s: '%s' is not a non-negative number of seconds",
-                       what, s);
+        return dp__fail(d, DP_EINVAL, "%s: '%s' is not a non-negative number of seconds",
+                        what, s);
     *out = v;
     return DP_OK;
 }
 
 const char *
-dp_fmt_size(uint64_t n, char *buf, size_t len)
+dp__fmt_size(uint64_t n, char *buf, size_t len)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     double v = (double)n;
@@ -337,7 +337,7 @@ dp_fmt_size(uint64_t n, char *buf, size_t len)
 }
 
 const char *
-dp_fmt_memlock(char *buf, size_t len)
+dp__fmt_memlock(char *buf, size_t len)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
@@ -345,7 +345,7 @@ dp_fmt_memlock(char *buf, size_t len)
     else if (rl.rlim_cur == RLIM_INFINITY)
         snprintf(buf, len, "unlimited");
     else
-        dp_fmt_size((uint64_t)rl.rlim_cur, buf, len);
+        dp__fmt_size((uint64_t)rl.rlim_cur, buf, len);
     return buf;
 }
 
@@ -356,7 +356,7 @@ dp_fmt_memlock(char *buf, size_t len)
 static const uint64_t id_bits[2] = {0x07ff600000000000ull, 0x07fffffe87fffffeull};
 
 size_t
-dp_id_bad_byte(const char *p, size_t n)
+dp__id_bad_byte(const char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)p[i];
@@ -367,13 +367,13 @@ dp_id_bad_byte(const char *p, size_t n)
 }
 
 bool
-dp_id_valid(const char *p, size_t n, size_t max)
+dp__id_valid(const char *p, size_t n, size_t max)
 {
-    return n >= 1 && n <= max && dp_id_bad_byte(p, n) == n;
+    return n >= 1 && n <= max && dp__id_bad_byte(p, n) == n;
 }
 
 int
-dp_random_bytes(void *p, size_t n, dp_detail *d)
+dp__random_bytes(void *p, size_t n, dp_detail *d)
 {
     uint8_t *q = p;
     while (n > 0) {
@@ -381,7 +381,7 @@ dp_random_bytes(void *p, size_t n, dp_detail *d)
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            return dp_fail_sys(d, errno, "getrandom(%zu bytes)", n);
+            return dp__fail_sys(d, errno, "getrandom(%zu bytes)", n);
         }
         q += r;
         n -= (size_t)r;
@@ -390,10 +390,10 @@ dp_random_bytes(void *p, size_t n, dp_detail *d)
 }
 
 int
-dp_random_hex_id(char out[33], dp_detail *d)
+dp__random_hex_id(char out[33], dp_detail *d)
 {
     uint8_t raw[16];
-    int rc = dp_random_bytes(raw, sizeof raw, d);
+    int rc = dp__random_bytes(raw, sizeof raw, d);
     if (rc != DP_OK)
         return rc;
     static const char hex[] = "0123456789abcdef";
@@ -428,7 +428,7 @@ host_key_init(void)
 }
 
 const char *
-dp_host_key(void)
+dp__host_key(void)
 {
     pthread_once(&host_key_once, host_key_init);
     return host_key;

@@ -19,21 +19,21 @@
 
 /*
  * Record a failure in d (NULL allowed) and return code, so a caller writes
- * `return dp_fail(d, DP_EINVAL, "nbytes %zu > area %zu", n, cap);`.
+ * `return dp__fail(d, DP_EINVAL, "nbytes %zu > area %zu", n, cap);`.
  */
-int dp_fail(dp_detail *d, int code, const char *fmt, ...)
+int dp__fail(dp_detail *d, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int dp_vfail(dp_detail *d, int code, const char *fmt, va_list ap);
+int dp__vfail(dp_detail *d, int code, const char *fmt, va_list ap);
 
 /* Record DP_ESYS with err_no kept and strerror(err_no) appended. Returns DP_ESYS. */
-int dp_fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
+int dp__fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /*
  * Prefix d's message with context ("unit 3: " + old message) and return d's code
  * (or fallback when d is NULL or empty). Use when passing an inner failure up.
  */
-int dp_fail_ctx(dp_detail *d, int fallback, const char *fmt, ...)
+int dp__fail_ctx(dp_detail *d, int fallback, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define DP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -55,24 +55,24 @@ __attribute__((noreturn)) void dp__assert_fail(const char *expr, const char *fil
                                                int line, const char *func);
 
 /* Clocks. Monotonic for deadlines and durations; wall only for display. */
-uint64_t dp_now_ns(void);        /* CLOCK_MONOTONIC, nanoseconds */
-double dp_now_s(void);           /* CLOCK_MONOTONIC, seconds */
-double dp_wall_s(void);          /* CLOCK_REALTIME, seconds */
-void dp_sleep_s(double seconds); /* restarts after signals until the time is spent */
+uint64_t dp__now_ns(void);        /* CLOCK_MONOTONIC, nanoseconds */
+double dp__now_s(void);           /* CLOCK_MONOTONIC, seconds */
+double dp__wall_s(void);          /* CLOCK_REALTIME, seconds */
+void dp__sleep_s(double seconds); /* restarts after signals until the time is spent */
 
 /* Logging to stderr. Level from DP_LOG_LEVEL (error|warn|info|debug), default info. */
 enum dp_log_level { DP_LOG_ERROR = 0, DP_LOG_WARN, DP_LOG_INFO, DP_LOG_DEBUG };
-void dp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-bool dp_log_enabled(int level);
-void dp_log_set_level(int level);
-void dp_log_set_prefix(const char *prefix); /* e.g. "unit 3"; copied */
-#define DP_LOG_E(...) dp_log(DP_LOG_ERROR, __VA_ARGS__)
-#define DP_LOG_W(...) dp_log(DP_LOG_WARN, __VA_ARGS__)
-#define DP_LOG_I(...) dp_log(DP_LOG_INFO, __VA_ARGS__)
+void dp__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool dp__log_enabled(int level);
+void dp__log_set_level(int level);
+void dp__log_set_prefix(const char *prefix); /* e.g. "unit 3"; copied */
+#define DP_LOG_E(...) dp__log(DP_LOG_ERROR, __VA_ARGS__)
+#define DP_LOG_W(...) dp__log(DP_LOG_WARN, __VA_ARGS__)
+#define DP_LOG_I(...) dp__log(DP_LOG_INFO, __VA_ARGS__)
 #define DP_LOG_D(...)                                                                    \
     do {                                                                                 \
-        if (dp_log_enabled(DP_LOG_DEBUG))                                                \
-            dp_log(DP_LOG_DEBUG, __VA_ARGS__);                                           \
+        if (dp__log_enabled(DP_LOG_DEBUG))                                               \
+            dp__log(DP_LOG_DEBUG, __VA_ARGS__);                                          \
     } while (0)
 
 /*
@@ -87,33 +87,33 @@ typedef struct dp_buf {
     bool oom;
 } dp_buf;
 
-void dp_buf_init(dp_buf *b);
-void dp_buf_fini(dp_buf *b);
-void dp_buf_reset(dp_buf *b); /* len = 0, keeps the storage, clears oom */
-int dp_buf_reserve(dp_buf *b, size_t extra);
-int dp_buf_append(dp_buf *b, const void *p, size_t n);
-int dp_buf_printf(dp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void dp__buf_init(dp_buf *b);
+void dp__buf_fini(dp_buf *b);
+void dp__buf_reset(dp_buf *b); /* len = 0, keeps the storage, clears oom */
+int dp__buf_reserve(dp_buf *b, size_t extra);
+int dp__buf_append(dp_buf *b, const void *p, size_t n);
+int dp__buf_printf(dp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Hand the bytes to the caller (free() them); the buffer becomes empty. */
-uint8_t *dp_buf_steal(dp_buf *b, size_t *len);
+uint8_t *dp__buf_steal(dp_buf *b, size_t *len);
 
 /*
  * Parse "123", "64K", "1.5G", "2GiB", "512MB" (binary units: K = 1024) into bytes.
  * Rejects signs, junk, overflow. what names the value in the error ("--slab").
  */
-int dp_parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d);
+int dp__parse_size(const char *s, uint64_t *out, const char *what, dp_detail *d);
 /* Parse a non-negative finite decimal number of seconds. */
-int dp_parse_seconds(const char *s, double *out, const char *what, dp_detail *d);
+int dp__parse_seconds(const char *s, double *out, const char *what, dp_detail *d);
 /* Parse an unsigned decimal integer in [lo, hi]. */
-int dp_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, const char *what,
-                 dp_detail *d);
+int dp__parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out,
+                  const char *what, dp_detail *d);
 /* Format bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
-const char *dp_fmt_size(uint64_t n, char *buf, size_t len);
+const char *dp__fmt_size(uint64_t n, char *buf, size_t len);
 /*
  * This process's RLIMIT_MEMLOCK (what registering memory for RDMA may pin)
- * as "unlimited", a size as dp_fmt_size writes it, or "unknown", into buf (at
+ * as "unlimited", a size as dp__fmt_size writes it, or "unknown", into buf (at
  * least 32 bytes); returns buf. For the messages of failed registrations.
  */
-const char *dp_fmt_memlock(char *buf, size_t len);
+const char *dp__fmt_memlock(char *buf, size_t len);
 
 /*
  * The id rule, one for blob, pin, cluster and request ids: 1..max bytes of
@@ -122,14 +122,14 @@ const char *dp_fmt_memlock(char *buf, size_t len);
  */
 #define DP_ID_MAX 64
 /* Index of the first byte of p[0, n) an id may not hold, or n if there is none. */
-size_t dp_id_bad_byte(const char *p, size_t n);
+size_t dp__id_bad_byte(const char *p, size_t n);
 /* Whether p[0, n) is an id of at most max bytes. */
-bool dp_id_valid(const char *p, size_t n, size_t max);
+bool dp__id_valid(const char *p, size_t n, size_t max);
 
 /* Random bytes from the OS (getrandom), for ids; never fails silently. */
-int dp_random_bytes(void *p, size_t n, dp_detail *d);
+int dp__random_bytes(void *p, size_t n, dp_detail *d);
 /* A fresh random id as 32 lowercase hex chars + NUL into out[33]. */
-int dp_random_hex_id(char out[33], dp_detail *d);
+int dp__random_hex_id(char out[33], dp_detail *d);
 
 /*
  * This process's host key: the kernel's boot id and the inode of its pid
@@ -137,6 +137,6 @@ int dp_random_hex_id(char out[33], dp_detail *d);
  * one kernel and see each other's pids. "" if /proc cannot tell (then no
  * process is ever taken to be on this host). Computed once; thread-safe.
  */
-const char *dp_host_key(void);
+const char *dp__host_key(void);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * The base of the public API (include/dataplane/err.h, version.h): error
- * codes and detail strings, the library's version, and dp_free. The dp_fail
+ * codes and detail strings, the library's version, and dp_free. The dp__fail
  * helpers that fill details are internal (common/common.h).
  */
 #include <stdio.h>
@@ -81,7 +81,7 @@ dp_detail_msg(const dp_detail *d)
 }
 
 int
-dp_vfail(dp_detail *d, int code, const char *fmt, va_list ap)
+dp__vfail(dp_detail *d, int code, const char *fmt, va_list ap)
 {
     if (d == NULL)
         return code;
@@ -95,23 +95,23 @@ dp_vfail(dp_detail *d, int code, const char *fmt, va_list ap)
 }
 
 int
-dp_fail(dp_detail *d, int code, const char *fmt, ...)
+dp__fail(dp_detail *d, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    dp_vfail(d, code, fmt, ap);
+    dp__vfail(d, code, fmt, ap);
     va_end(ap);
     return code;
 }
 
 int
-dp_fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
+dp__fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
 {
     if (d == NULL)
         return DP_ESYS;
     va_list ap;
     va_start(ap, fmt);
-    dp_vfail(d, DP_ESYS, fmt, ap);
+    dp__vfail(d, DP_ESYS, fmt, ap);
     va_end(ap);
     size_t n = strlen(d->msg);
     if (n < sizeof d->msg)
@@ -121,7 +121,7 @@ dp_fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
 }
 
 int
-dp_fail_ctx(dp_detail *d, int fallback, const char *fmt, ...)
+dp__fail_ctx(dp_detail *d, int fallback, const char *fmt, ...)
 {
     if (d == NULL)
         return fallback;

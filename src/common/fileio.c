@@ -38,13 +38,13 @@ full_io(int fd, void *p, size_t n, uint64_t off, bool pos, bool write_op, size_t
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || (r == 0 && write_op))
-            return dp_fail_sys(d, r < 0 ? errno : EIO, "%s %s at offset %" PRIu64,
-                               write_op ? "writing" : "reading", label, off + done);
+            return dp__fail_sys(d, r < 0 ? errno : EIO, "%s %s at offset %" PRIu64,
+                                write_op ? "writing" : "reading", label, off + done);
         if (r == 0) {
             if (got != NULL)
                 break;
-            return dp_fail(d, DP_ECORRUPT, "%s: truncated: ends at offset %" PRIu64,
-                           label, off + done);
+            return dp__fail(d, DP_ECORRUPT, "%s: truncated: ends at offset %" PRIu64,
+                            label, off + done);
         }
         done += (size_t)r;
     }
@@ -54,29 +54,29 @@ full_io(int fd, void *p, size_t n, uint64_t off, bool pos, bool write_op, size_t
 }
 
 int
-dp_pread_full(int fd, void *p, size_t n, uint64_t off, size_t *got, const char *label,
-              dp_detail *d)
+dp__pread_full(int fd, void *p, size_t n, uint64_t off, size_t *got, const char *label,
+               dp_detail *d)
 {
     return full_io(fd, p, n, off, true, false, got, label, d);
 }
 
 int
-dp_pwrite_full(int fd, const void *p, size_t n, uint64_t off, const char *label,
-               dp_detail *d)
+dp__pwrite_full(int fd, const void *p, size_t n, uint64_t off, const char *label,
+                dp_detail *d)
 {
     return full_io(fd, (void *)p, n, off, true, true, NULL, label, d);
 }
 
 int
-dp_read_full(int fd, void *p, size_t n, uint64_t pos, size_t *got, const char *label,
-             dp_detail *d)
+dp__read_full(int fd, void *p, size_t n, uint64_t pos, size_t *got, const char *label,
+              dp_detail *d)
 {
     return full_io(fd, p, n, pos, false, false, got, label, d);
 }
 
 int
-dp_write_full(int fd, const void *p, size_t n, uint64_t pos, const char *label,
-              dp_detail *d)
+dp__write_full(int fd, const void *p, size_t n, uint64_t pos, const char *label,
+               dp_detail *d)
 {
     return full_io(fd, (void *)p, n, pos, false, true, NULL, label, d);
 }

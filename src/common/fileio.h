@@ -24,21 +24,21 @@
  * first is DP_ECORRUPT "LABEL: truncated: ends at offset N"; with got, the
  * call stops there and returns 0 with *got < n (the caller words that case).
  */
-int dp_pread_full(int fd, void *p, size_t n, uint64_t off, size_t *got, const char *label,
-                  dp_detail *d);
+int dp__pread_full(int fd, void *p, size_t n, uint64_t off, size_t *got,
+                   const char *label, dp_detail *d);
 
 /* Write p[0, n) at file offset off (pwrite). */
-int dp_pwrite_full(int fd, const void *p, size_t n, uint64_t off, const char *label,
-                   dp_detail *d);
+int dp__pwrite_full(int fd, const void *p, size_t n, uint64_t off, const char *label,
+                    dp_detail *d);
 
 /*
  * The same at the file's own position (read / write), for pipes, terminals
  * and descriptors the caller did not open. pos is only for messages: how far
  * into the stream this call starts (the bytes the caller moved before it).
  */
-int dp_read_full(int fd, void *p, size_t n, uint64_t pos, size_t *got, const char *label,
-                 dp_detail *d);
-int dp_write_full(int fd, const void *p, size_t n, uint64_t pos, const char *label,
+int dp__read_full(int fd, void *p, size_t n, uint64_t pos, size_t *got, const char *label,
                   dp_detail *d);
+int dp__write_full(int fd, const void *p, size_t n, uint64_t pos, const char *label,
+                   dp_detail *d);
 
 #endif

@@ -22,7 +22,7 @@
 #endif
 
 static inline uint16_t
-dp_le16_load(const void *p)
+dp__le16_load(const void *p)
 {
     uint16_t v;
     memcpy(&v, p, sizeof v);
@@ -30,7 +30,7 @@ dp_le16_load(const void *p)
 }
 
 static inline uint32_t
-dp_le32_load(const void *p)
+dp__le32_load(const void *p)
 {
     uint32_t v;
     memcpy(&v, p, sizeof v);
@@ -38,7 +38,7 @@ dp_le32_load(const void *p)
 }
 
 static inline uint64_t
-dp_le64_load(const void *p)
+dp__le64_load(const void *p)
 {
     uint64_t v;
     memcpy(&v, p, sizeof v);
@@ -46,21 +46,21 @@ dp_le64_load(const void *p)
 }
 
 static inline void
-dp_le16_store(void *p, uint16_t v)
+dp__le16_store(void *p, uint16_t v)
 {
     v = DP_LE16(v);
     memcpy(p, &v, sizeof v);
 }
 
 static inline void
-dp_le32_store(void *p, uint32_t v)
+dp__le32_store(void *p, uint32_t v)
 {
     v = DP_LE32(v);
     memcpy(p, &v, sizeof v);
 }
 
 static inline void
-dp_le64_store(void *p, uint64_t v)
+dp__le64_store(void *p, uint64_t v)
 {
     v = DP_LE64(v);
     memcpy(p, &v, sizeof v);

@@ -5,7 +5,7 @@
  * a member, remove, first, last, next, prev, empty, moving a whole list.
  *
  * A zeroed dp_list is an empty list and a zeroed node is on no list, so a
- * calloc'd or `= {0}` structure needs no init call (dp_list_init is there for
+ * calloc'd or `= {0}` structure needs no init call (dp__list_init is there for
  * reuse). The list holds its first and last nodes; nodes never point back at
  * the list, so a struct holding a list may be moved while the list is empty or
  * owned by it alone. An object is on at most one list per node it embeds.
@@ -34,26 +34,26 @@ typedef struct dp_list {
 } dp_list;
 
 static inline void
-dp_list_init(dp_list *l)
+dp__list_init(dp_list *l)
 {
     l->first = l->last = NULL;
 }
 
 static inline bool
-dp_list_empty(const dp_list *l)
+dp__list_empty(const dp_list *l)
 {
     return l->first == NULL;
 }
 
 /* Whether n is on l (n must be on l or on no list). */
 static inline bool
-dp_list_contains(const dp_list *l, const dp_list_node *n)
+dp__list_contains(const dp_list *l, const dp_list_node *n)
 {
     return n->prev != NULL || l->first == n;
 }
 
 static inline void
-dp_list_insert_head(dp_list *l, dp_list_node *n)
+dp__list_insert_head(dp_list *l, dp_list_node *n)
 {
     n->prev = NULL;
     n->next = l->first;
@@ -65,7 +65,7 @@ dp_list_insert_head(dp_list *l, dp_list_node *n)
 }
 
 static inline void
-dp_list_insert_tail(dp_list *l, dp_list_node *n)
+dp__list_insert_tail(dp_list *l, dp_list_node *n)
 {
     n->next = NULL;
     n->prev = l->last;
@@ -78,7 +78,7 @@ dp_list_insert_tail(dp_list *l, dp_list_node *n)
 
 /* Insert n right after at, a member of l. */
 static inline void
-dp_list_insert_after(dp_list *l, dp_list_node *at, dp_list_node *n)
+dp__list_insert_after(dp_list *l, dp_list_node *at, dp_list_node *n)
 {
     n->prev = at;
     n->next = at->next;
@@ -94,9 +94,9 @@ dp_list_insert_after(dp_list *l, dp_list_node *at, dp_list_node *n)
  * removed already) is left as it is, so removing twice is harmless.
  */
 static inline void
-dp_list_remove(dp_list *l, dp_list_node *n)
+dp__list_remove(dp_list *l, dp_list_node *n)
 {
-    if (!dp_list_contains(l, n))
+    if (!dp__list_contains(l, n))
         return;
     if (n->prev != NULL)
         n->prev->next = n->next;
@@ -111,7 +111,7 @@ dp_list_remove(dp_list *l, dp_list_node *n)
 
 /* Append every node of from to to, in order, in O(1); from ends empty. */
 static inline void
-dp_list_move_tail(dp_list *to, dp_list *from)
+dp__list_move_tail(dp_list *to, dp_list *from)
 {
     if (from->first == NULL)
         return;
@@ -126,25 +126,25 @@ dp_list_move_tail(dp_list *to, dp_list *from)
 }
 
 static inline dp_list_node *
-dp_list_first(const dp_list *l)
+dp__list_first(const dp_list *l)
 {
     return l->first;
 }
 
 static inline dp_list_node *
-dp_list_last(const dp_list *l)
+dp__list_last(const dp_list *l)
 {
     return l->last;
 }
 
 static inline dp_list_node *
-dp_list_next(const dp_list_node *n)
+dp__list_next(const dp_list_node *n)
 {
     return n->next;
 }
 
 static inline dp_list_node *
-dp_list_prev(const dp_list_node *n)
+dp__list_prev(const dp_list_node *n)
 {
     return n->prev;
 }
@@ -159,8 +159,8 @@ dp__list_item(const dp_list_node *n, size_t off)
 /* The type object whose member node is n (NULL stays NULL). */
 #define DP_LIST_ITEM(n, type, member) ((type *)dp__list_item((n), offsetof(type, member)))
 /* The first (last) object on list l, or NULL. */
-#define DP_LIST_FIRST(l, type, member) DP_LIST_ITEM(dp_list_first(l), type, member)
-#define DP_LIST_LAST(l, type, member) DP_LIST_ITEM(dp_list_last(l), type, member)
+#define DP_LIST_FIRST(l, type, member) DP_LIST_ITEM(dp__list_first(l), type, member)
+#define DP_LIST_LAST(l, type, member) DP_LIST_ITEM(dp__list_last(l), type, member)
 /* The object after (before) obj on its list, or NULL. */
 #define DP_LIST_NEXT(obj, type, member) DP_LIST_ITEM((obj)->member.next, type, member)
 #define DP_LIST_PREV(obj, type, member) DP_LIST_ITEM((obj)->member.prev, type, member)

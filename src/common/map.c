@@ -44,20 +44,20 @@ hash_u64(uint64_t k)
 }
 
 void
-dp_map_init_str(dp_map *m)
+dp__map_init_str(dp_map *m)
 {
     memset(m, 0, sizeof *m);
 }
 
 void
-dp_map_init_u64(dp_map *m)
+dp__map_init_u64(dp_map *m)
 {
     memset(m, 0, sizeof *m);
     m->u64_keys = true;
 }
 
 void
-dp_map_fini(dp_map *m)
+dp__map_fini(dp_map *m)
 {
     if (!m->u64_keys)
         for (size_t i = 0; i < m->cap; i++)
@@ -69,7 +69,7 @@ dp_map_fini(dp_map *m)
 }
 
 size_t
-dp_map_len(const dp_map *m)
+dp__map_len(const dp_map *m)
 {
     return m->len;
 }
@@ -180,48 +180,48 @@ del_at(dp_map *m, size_t i)
 }
 
 void *
-dp_map_get(const dp_map *m, const void *key, size_t klen)
+dp__map_get(const dp_map *m, const void *key, size_t klen)
 {
     size_t at = find(m, hash_bytes(key, klen), key, klen, 0);
     return at == SIZE_MAX ? NULL : m->slots[at].val;
 }
 
 int
-dp_map_put(dp_map *m, const void *key, size_t klen, void *val, void **old)
+dp__map_put(dp_map *m, const void *key, size_t klen, void *val, void **old)
 {
     return put(m, hash_bytes(key, klen), key, klen, 0, val, old);
 }
 
 void *
-dp_map_del(dp_map *m, const void *key, size_t klen)
+dp__map_del(dp_map *m, const void *key, size_t klen)
 {
     size_t at = find(m, hash_bytes(key, klen), key, klen, 0);
     return at == SIZE_MAX ? NULL : del_at(m, at);
 }
 
 void *
-dp_map_get_u64(const dp_map *m, uint64_t key)
+dp__map_get_u64(const dp_map *m, uint64_t key)
 {
     size_t at = find(m, hash_u64(key), NULL, 0, key);
     return at == SIZE_MAX ? NULL : m->slots[at].val;
 }
 
 int
-dp_map_put_u64(dp_map *m, uint64_t key, void *val, void **old)
+dp__map_put_u64(dp_map *m, uint64_t key, void *val, void **old)
 {
     return put(m, hash_u64(key), NULL, 0, key, val, old);
 }
 
 void *
-dp_map_del_u64(dp_map *m, uint64_t key)
+dp__map_del_u64(dp_map *m, uint64_t key)
 {
     size_t at = find(m, hash_u64(key), NULL, 0, key);
     return at == SIZE_MAX ? NULL : del_at(m, at);
 }
 
 bool
-dp_map_next(const dp_map *m, size_t *it, const void **key, size_t *klen, uint64_t *ukey,
-            void **val)
+dp__map_next(const dp_map *m, size_t *it, const void **key, size_t *klen, uint64_t *ukey,
+             void **val)
 {
     for (size_t i = *it; i < m->cap; i++) {
         const dp_map_slot *s = &m->slots[i];

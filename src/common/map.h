@@ -23,28 +23,28 @@ typedef struct dp_map {
     bool u64_keys;
 } dp_map;
 
-void dp_map_init_str(dp_map *m);
-void dp_map_init_u64(dp_map *m);
+void dp__map_init_str(dp_map *m);
+void dp__map_init_u64(dp_map *m);
 /* Frees the map's storage and key copies (not the values). */
-void dp_map_fini(dp_map *m);
-size_t dp_map_len(const dp_map *m);
+void dp__map_fini(dp_map *m);
+size_t dp__map_len(const dp_map *m);
 
 /* String keys. put replaces an existing value (returning it in *old if asked). */
-void *dp_map_get(const dp_map *m, const void *key, size_t klen);
-int dp_map_put(dp_map *m, const void *key, size_t klen, void *val, void **old);
-void *dp_map_del(dp_map *m, const void *key, size_t klen); /* removed value or NULL */
+void *dp__map_get(const dp_map *m, const void *key, size_t klen);
+int dp__map_put(dp_map *m, const void *key, size_t klen, void *val, void **old);
+void *dp__map_del(dp_map *m, const void *key, size_t klen); /* removed value or NULL */
 
 /* u64 keys. */
-void *dp_map_get_u64(const dp_map *m, uint64_t key);
-int dp_map_put_u64(dp_map *m, uint64_t key, void *val, void **old);
-void *dp_map_del_u64(dp_map *m, uint64_t key);
+void *dp__map_get_u64(const dp_map *m, uint64_t key);
+int dp__map_put_u64(dp_map *m, uint64_t key, void *val, void **old);
+void *dp__map_del_u64(dp_map *m, uint64_t key);
 
 /*
- * Iteration: for (size_t it = 0; dp_map_next(m, &it, &k, &klen, &ku, &v);) ...
+ * Iteration: for (size_t it = 0; dp__map_next(m, &it, &k, &klen, &ku, &v);) ...
  * Any out-parameter may be NULL. The map must not change during iteration
  * (collect what to delete, then delete).
  */
-bool dp_map_next(const dp_map *m, size_t *it, const void **key, size_t *klen,
-                 uint64_t *ukey, void **val);
+bool dp__map_next(const dp_map *m, size_t *it, const void **key, size_t *klen,
+                  uint64_t *ukey, void **val);
 
 #endif

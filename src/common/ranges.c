@@ -48,14 +48,14 @@ lower_end(const dp_ranges *rs, uint64_t addr)
 }
 
 void
-dp_ranges_fini(dp_ranges *rs)
+dp__ranges_fini(dp_ranges *rs)
 {
     free(rs->e);
     memset(rs, 0, sizeof *rs);
 }
 
 int
-dp_ranges_reserve(dp_ranges *rs, size_t extra)
+dp__ranges_reserve(dp_ranges *rs, size_t extra)
 {
     if (rs->cap - rs->n >= extra)
         return DP_OK;
@@ -74,7 +74,7 @@ dp_ranges_reserve(dp_ranges *rs, size_t extra)
 }
 
 int
-dp_ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v)
+dp__ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v)
 {
     if (len == 0 || base + len < base)
         return DP_EINVAL;
@@ -83,7 +83,7 @@ dp_ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v)
         return DP_EEXIST;
     if (i < rs->n && rs->e[i].base < base + len)
         return DP_EEXIST;
-    if (dp_ranges_reserve(rs, 1) != DP_OK)
+    if (dp__ranges_reserve(rs, 1) != DP_OK)
         return DP_ENOMEM;
     memmove(rs->e + i + 1, rs->e + i, (rs->n - i) * sizeof *rs->e);
     rs->e[i] = (dp_ranges_ent){base, len, v};
@@ -92,7 +92,7 @@ dp_ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v)
 }
 
 int
-dp_ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len)
+dp__ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len)
 {
     if (len == 0)
         return DP_OK;
@@ -105,7 +105,7 @@ dp_ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len)
         last++;
     }
     if (first == last) {
-        if (dp_ranges_reserve(rs, 1) != DP_OK)
+        if (dp__ranges_reserve(rs, 1) != DP_OK)
             return DP_ENOMEM;
         memmove(rs->e + first + 1, rs->e + first, (rs->n - first) * sizeof *rs->e);
         rs->n++;
@@ -118,14 +118,14 @@ dp_ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len)
 }
 
 dp_ranges_ent *
-dp_ranges_at(const dp_ranges *rs, uint64_t base)
+dp__ranges_at(const dp_ranges *rs, uint64_t base)
 {
     size_t i = upper_base(rs, base);
     return i > 0 && rs->e[i - 1].base == base ? &rs->e[i - 1] : NULL;
 }
 
 void
-dp_ranges_remove(dp_ranges *rs, dp_ranges_ent *e)
+dp__ranges_remove(dp_ranges *rs, dp_ranges_ent *e)
 {
     size_t i = (size_t)(e - rs->e);
     DP_ASSERT(i < rs->n);
@@ -134,7 +134,7 @@ dp_ranges_remove(dp_ranges *rs, dp_ranges_ent *e)
 }
 
 dp_ranges_ent *
-dp_ranges_find(const dp_ranges *rs, uint64_t addr, uint64_t n)
+dp__ranges_find(const dp_ranges *rs, uint64_t addr, uint64_t n)
 {
     size_t i = upper_base(rs, addr);
     if (i == 0)
@@ -146,7 +146,7 @@ dp_ranges_find(const dp_ranges *rs, uint64_t addr, uint64_t n)
 }
 
 dp_ranges_ent *
-dp_ranges_overlap(const dp_ranges *rs, uint64_t addr, uint64_t n)
+dp__ranges_overlap(const dp_ranges *rs, uint64_t addr, uint64_t n)
 {
     if (n == 0)
         return NULL;

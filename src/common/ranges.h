@@ -27,17 +27,17 @@ typedef struct dp_ranges {
     size_t n, cap;
 } dp_ranges;
 
-void dp_ranges_fini(dp_ranges *rs);
+void dp__ranges_fini(dp_ranges *rs);
 
 /* Room for extra more entries, so that as many adds cannot fail: 0, DP_ENOMEM. */
-int dp_ranges_reserve(dp_ranges *rs, size_t extra);
+int dp__ranges_reserve(dp_ranges *rs, size_t extra);
 
 /*
  * Add [base, base+len) with v. DP_EINVAL (len 0, or the range wraps),
  * DP_EEXIST (it overlaps a range of the set: touching one is fine), DP_ENOMEM.
  * Nothing changes on an error.
  */
-int dp_ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v);
+int dp__ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v);
 
 /*
  * Add [base, base+len) as a union: it and every range it overlaps or touches
@@ -45,29 +45,29 @@ int dp_ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v);
  * touch. len 0 adds nothing; an end past 2^64 is taken as 2^64 - 1. 0, or
  * DP_ENOMEM (nothing changed).
  */
-int dp_ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len);
+int dp__ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len);
 
 /* The range that starts at base, or NULL. */
-dp_ranges_ent *dp_ranges_at(const dp_ranges *rs, uint64_t base);
+dp_ranges_ent *dp__ranges_at(const dp_ranges *rs, uint64_t base);
 
-/* Remove e, an entry of rs (from dp_ranges_at, _find, _overlap or rs->e). */
-void dp_ranges_remove(dp_ranges *rs, dp_ranges_ent *e);
+/* Remove e, an entry of rs (from dp__ranges_at, _find, _overlap or rs->e). */
+void dp__ranges_remove(dp_ranges *rs, dp_ranges_ent *e);
 
 /*
  * The range holding all of [addr, addr+n), or NULL. With n == 0: a range
  * holding addr or ending right at it.
  */
-dp_ranges_ent *dp_ranges_find(const dp_ranges *rs, uint64_t addr, uint64_t n);
+dp_ranges_ent *dp__ranges_find(const dp_ranges *rs, uint64_t addr, uint64_t n);
 
 /*
  * The lowest range sharing a byte with [addr, addr+n) (an end past 2^64 is
  * taken as 2^64 - 1), or NULL; NULL for n == 0.
  */
-dp_ranges_ent *dp_ranges_overlap(const dp_ranges *rs, uint64_t addr, uint64_t n);
+dp_ranges_ent *dp__ranges_overlap(const dp_ranges *rs, uint64_t addr, uint64_t n);
 
 /* Empty the set, keeping its storage. */
 static inline void
-dp_ranges_clear(dp_ranges *rs)
+dp__ranges_clear(dp_ranges *rs)
 {
     rs->n = 0;
 }

@@ -12,7 +12,7 @@
  *   timeout, a wrong id, or any error). A socket that was closed had LINGER 0,
  *   so nothing queued on it is sent later.
  * - Deferred replies: a handler may hand its request's reply to another
- *   thread (dp_ctl_defer). That thread never touches the ROUTER socket: it
+ *   thread (dp__ctl_defer). That thread never touches the ROUTER socket: it
  *   queues the reply in the server's outbox (mutex) and writes a byte to the
  *   outbox's pipe, which the server thread polls next to the socket and
  *   drains, sending each reply behind its saved routing id. The outbox is
@@ -77,7 +77,7 @@ outbox_unref(outbox *ob)
         return;
     for (struct out_item *it;
          (it = DP_LIST_FIRST(&ob->items, struct out_item, link)) != NULL;) {
-        dp_list_remove(&ob->items, &it->link);
+        dp__list_remove(&ob->items, &it->link);
         free(it->data);
         free(it);
     }
@@ -94,7 +94,7 @@ static _Thread_local struct {
 } cur_req;
 
 dp_ctl_deferred *
-dp_ctl_defer(void)
+dp__ctl_defer(void)
 {
     if (cur_req.ob == NULL ||
         zmq_msg_size((zmq_msg_t *)cur_req.id) > sizeof((dp_ctl_deferred *)NULL)->id)
@@ -112,7 +112,7 @@ dp_ctl_defer(void)
 }
 
 void
-dp_ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len)
+dp__ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len)
 {
     if (t == NULL)
         return;
@@ -128,7 +128,7 @@ dp_ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len)
         pthread_mutex_lock(&ob->mu);
         bool queued = !ob->closed;
         if (queued)
-            dp_list_insert_tail(&ob->items, &it->link);
+            dp__list_insert_tail(&ob->items, &it->link);
         pthread_mutex_unlock(&ob->mu);
         if (queued) {
             ssize_t w = write(ob->pipe_w, "r", 1); /* full pipe: a wake-up is pending */
@@ -169,11 +169,11 @@ send_outbox(dp_ctl_server *s)
     }
     dp_list items = {0};
     pthread_mutex_lock(&s->ob->mu);
-    dp_list_move_tail(&items, &s->ob->items);
+    dp__list_move_tail(&items, &s->ob->items);
     pthread_mutex_unlock(&s->ob->mu);
     for (struct out_item *it;
          (it = DP_LIST_FIRST(&items, struct out_item, link)) != NULL;) {
-        dp_list_remove(&items, &it->link);
+        dp__list_remove(&items, &it->link);
         if (zmq_send(s->sock, it->data, it->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
             zmq_send(s->sock, it->data + it->id_len, it->len, ZMQ_DONTWAIT) < 0)
             DP_LOG_D("ctl server: deferred reply dropped: %s", zmq_strerror(zmq_errno()));
@@ -187,7 +187,7 @@ server_main(void *arg)
 {
     dp_ctl_server *s = arg;
     dp_buf reply;
-    dp_buf_init(&reply);
+    dp__buf_init(&reply);
     zmq_msg_t id, body;
     zmq_msg_init(&id);
     zmq_msg_init(&body);
@@ -220,7 +220,7 @@ server_main(void *arg)
         }
         size_t len = zmq_msg_size(&body);
         const uint8_t *msg = zmq_msg_data(&body);
-        dp_buf_reset(&reply);
+        dp__buf_reset(&reply);
         if (len > s->max_msg) {
             if (s->oversize != NULL)
                 s->oversize(s->ctx, msg, len, &reply);
@@ -247,20 +247,21 @@ server_main(void *arg)
     }
     zmq_msg_close(&id);
     zmq_msg_close(&body);
-    dp_buf_fini(&reply);
+    dp__buf_fini(&reply);
     return NULL;
 }
 
 int
-dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
-                   dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out, dp_detail *d)
+dp__ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
+                    dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out,
+                    dp_detail *d)
 {
     int rc;
     if (handler == NULL || out == NULL)
-        return dp_fail(d, DP_EINVAL, "ctl server: handler and out are required");
+        return dp__fail(d, DP_EINVAL, "ctl server: handler and out are required");
     dp_ctl_server *s = calloc(1, sizeof *s);
     if (s == NULL)
-        return dp_fail(d, DP_ENOMEM, "ctl server: out of memory");
+        return dp__fail(d, DP_ENOMEM, "ctl server: out of memory");
     s->handler = handler;
     s->oversize = oversize;
     s->ctx = ctx;
@@ -272,11 +273,11 @@ dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
     s->ob = calloc(1, sizeof *s->ob);
     int pfd[2];
     if (s->ob == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "ctl server: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "ctl server: out of memory");
         goto fail;
     }
     if (pipe2(pfd, O_NONBLOCK | O_CLOEXEC) != 0) {
-        rc = dp_fail_sys(d, errno, "ctl server: pipe");
+        rc = dp__fail_sys(d, errno, "ctl server: pipe");
         free(s->ob);
         s->ob = NULL;
         goto fail;
@@ -287,12 +288,12 @@ dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
     s->ob->pipe_w = pfd[1];
     s->zctx = zmq_ctx_new();
     if (s->zctx == NULL) {
-        rc = dp_fail_sys(d, zmq_errno(), "ctl server: zmq_ctx_new");
+        rc = dp__fail_sys(d, zmq_errno(), "ctl server: zmq_ctx_new");
         goto fail;
     }
     s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
     if (s->sock == NULL) {
-        rc = dp_fail_sys(d, zmq_errno(), "ctl server: zmq_socket(ROUTER)");
+        rc = dp__fail_sys(d, zmq_errno(), "ctl server: zmq_socket(ROUTER)");
         goto fail;
     }
     int zero = 0;
@@ -306,44 +307,44 @@ dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
     else
         snprintf(ep, sizeof ep, "tcp://%s:%u", ip, port);
     if (zmq_bind(s->sock, ep) != 0) {
-        rc = dp_fail_sys(d, zmq_errno(),
-                         "ctl server: bind %s (is the address local and "
-                         "the port free?)",
-                         ep);
+        rc = dp__fail_sys(d, zmq_errno(),
+                          "ctl server: bind %s (is the address local and "
+                          "the port free?)",
+                          ep);
         goto fail;
     }
     size_t alen = sizeof s->address;
     if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->address, &alen) != 0) {
-        rc = dp_fail_sys(d, zmq_errno(), "ctl server: ZMQ_LAST_ENDPOINT");
+        rc = dp__fail_sys(d, zmq_errno(), "ctl server: ZMQ_LAST_ENDPOINT");
         goto fail;
     }
     int err = pthread_create(&s->thread, NULL, server_main, s);
     if (err != 0) {
-        rc = dp_fail_sys(d, err, "ctl server: pthread_create");
+        rc = dp__fail_sys(d, err, "ctl server: pthread_create");
         goto fail;
     }
     s->thread_started = true;
     *out = s;
     return DP_OK;
 fail:
-    dp_ctl_server_close(s);
+    dp__ctl_server_close(s);
     return rc;
 }
 
 const char *
-dp_ctl_server_address(const dp_ctl_server *s)
+dp__ctl_server_address(const dp_ctl_server *s)
 {
     return s->address;
 }
 
 uint64_t
-dp_ctl_server_served(const dp_ctl_server *s)
+dp__ctl_server_served(const dp_ctl_server *s)
 {
     return __atomic_load_n(&s->served, __ATOMIC_RELAXED);
 }
 
 void
-dp_ctl_server_close(dp_ctl_server *s)
+dp__ctl_server_close(dp_ctl_server *s)
 {
     if (s == NULL)
         return;
@@ -404,16 +405,16 @@ struct dp_ctl_client {
 #define CONNECT_TIMEOUT_MS 2000
 
 int
-dp_ctl_client_create(dp_ctl_client **out, dp_detail *d)
+dp__ctl_client_create(dp_ctl_client **out, dp_detail *d)
 {
     dp_ctl_client *c = calloc(1, sizeof *c);
     if (c == NULL)
-        return dp_fail(d, DP_ENOMEM, "ctl client: out of memory");
+        return dp__fail(d, DP_ENOMEM, "ctl client: out of memory");
     c->zctx = zmq_ctx_new();
     if (c->zctx == NULL) {
         int e = zmq_errno();
         free(c);
-        return dp_fail_sys(d, e, "ctl client: zmq_ctx_new");
+        return dp__fail_sys(d, e, "ctl client: zmq_ctx_new");
     }
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
@@ -443,12 +444,12 @@ sock_close(csock *cs)
 }
 
 void
-dp_ctl_client_destroy(dp_ctl_client *c)
+dp__ctl_client_destroy(dp_ctl_client *c)
 {
     if (c == NULL)
         return;
     for (struct pooled *p; (p = DP_LIST_FIRST(&c->idle, struct pooled, link)) != NULL;) {
-        dp_list_remove(&c->idle, &p->link);
+        dp__list_remove(&c->idle, &p->link);
         sock_close(p->cs);
         free(p->address);
         free(p);
@@ -506,12 +507,12 @@ sock_new(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
 {
     csock *cs = calloc(1, sizeof *cs);
     if (cs == NULL)
-        return dp_fail(d, DP_ENOMEM, "ctl client: out of memory");
+        return dp__fail(d, DP_ENOMEM, "ctl client: out of memory");
     cs->s = zmq_socket(c->zctx, ZMQ_DEALER);
     if (cs->s == NULL) {
         int e = zmq_errno();
         free(cs);
-        return dp_fail_sys(d, e, "zmq_socket(DEALER)");
+        return dp__fail_sys(d, e, "zmq_socket(DEALER)");
     }
     int zero = 0, hb = HEARTBEAT_IVL_MS, hbt = HEARTBEAT_TIMEOUT_MS,
         cto = CONNECT_TIMEOUT_MS;
@@ -526,16 +527,16 @@ sock_new(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
     if (zmq_socket_monitor(cs->s, mon,
                            ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
                                ZMQ_EVENT_CONNECT_RETRIED) != 0) {
-        rc = dp_fail_sys(d, zmq_errno(), "ctl client: zmq_socket_monitor");
+        rc = dp__fail_sys(d, zmq_errno(), "ctl client: zmq_socket_monitor");
         goto fail;
     }
     cs->mon = zmq_socket(c->zctx, ZMQ_PAIR);
     if (cs->mon == NULL || zmq_connect(cs->mon, mon) != 0) {
-        rc = dp_fail_sys(d, zmq_errno(), "ctl client: monitor socket");
+        rc = dp__fail_sys(d, zmq_errno(), "ctl client: monitor socket");
         goto fail;
     }
     if (zmq_connect(cs->s, address) != 0) {
-        rc = dp_fail_sys(d, zmq_errno(), "connect to unit %s", address);
+        rc = dp__fail_sys(d, zmq_errno(), "connect to unit %s", address);
         goto fail;
     }
     *out = cs;
@@ -553,7 +554,7 @@ sock_take(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
     for (struct pooled *p = DP_LIST_FIRST(&c->idle, struct pooled, link); p != NULL;
          p = DP_LIST_NEXT(p, struct pooled, link)) {
         if (strcmp(p->address, address) == 0) {
-            dp_list_remove(&c->idle, &p->link);
+            dp__list_remove(&c->idle, &p->link);
             pthread_mutex_unlock(&c->mu);
             *out = p->cs;
             free(p->address);
@@ -563,7 +564,8 @@ sock_take(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
     }
     pthread_mutex_unlock(&c->mu);
     if (strncmp(address, "tcp://", 6) != 0 && strncmp(address, "ipc://", 6) != 0)
-        return dp_fail(d, DP_EINVAL, "unit address '%s' is not tcp://host:port", address);
+        return dp__fail(d, DP_EINVAL, "unit address '%s' is not tcp://host:port",
+                        address);
     return sock_new(c, address, out, d);
 }
 
@@ -581,7 +583,7 @@ sock_give_back(dp_ctl_client *c, const char *address, csock *cs)
     p->address = a;
     p->cs = cs;
     pthread_mutex_lock(&c->mu);
-    dp_list_insert_head(&c->idle, &p->link);
+    dp__list_insert_head(&c->idle, &p->link);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -590,13 +592,13 @@ static bool
 reply_has_rid(const uint8_t *msg, size_t len, const char *rid)
 {
     dp_mp_reader r;
-    dp_mp_reader_init(&r, msg, len);
+    dp__mp_reader_init(&r, msg, len);
     uint32_t n;
     const char *s;
     uint32_t slen;
-    if (dp_mp_read_array(&r, &n, NULL, NULL) != DP_OK || n < 1)
+    if (dp__mp_read_array(&r, &n, NULL, NULL) != DP_OK || n < 1)
         return false;
-    if (dp_mp_read_str(&r, &s, &slen, NULL, NULL) != DP_OK)
+    if (dp__mp_read_str(&r, &s, &slen, NULL, NULL) != DP_OK)
         return false;
     return slen == strlen(rid) && memcmp(s, rid, slen) == 0;
 }
@@ -610,7 +612,7 @@ send_req(csock *cs, const char *address, const void *req, size_t len, dp_detail 
     cs->sent_refused = cs->n_refused;
     cs->sent_handshakes = cs->n_handshakes;
     if (zmq_send(cs->s, req, len, ZMQ_DONTWAIT) < 0)
-        return dp_fail_sys(d, zmq_errno(), "send to unit %s", address);
+        return dp__fail_sys(d, zmq_errno(), "send to unit %s", address);
     return DP_OK;
 }
 
@@ -623,7 +625,7 @@ sock_verdict(csock *cs, const char *address, dp_detail *d)
 {
     drain_events(cs);
     if (cs->n_disconnects > cs->sent_disconnects)
-        return dp_fail(
+        return dp__fail(
             d, DP_ETRANSFER,
             "unit %s is down or unreachable: the connection that carried the "
             "request dropped before the reply (the request may or may not have "
@@ -635,10 +637,10 @@ sock_verdict(csock *cs, const char *address, dp_detail *d)
      */
     if (!cs->sent_up && cs->n_handshakes == cs->sent_handshakes &&
         cs->n_refused >= cs->sent_refused + 2)
-        return dp_fail(d, DP_ETRANSFER,
-                       "unit %s is down or unreachable: %sno connection could be made "
-                       "(refused, or the host cannot be reached); nothing was delivered",
-                       address, cs->ever_up ? "the connection was lost and " : "");
+        return dp__fail(d, DP_ETRANSFER,
+                        "unit %s is down or unreachable: %sno connection could be made "
+                        "(refused, or the host cannot be reached); nothing was delivered",
+                        address, cs->ever_up ? "the connection was lost and " : "");
     return DP_OK;
 }
 
@@ -651,42 +653,42 @@ recv_reply(csock *cs, const char *address, const char *rid, dp_buf *reply, dp_de
     if (zmq_msg_recv(&m, cs->s, ZMQ_DONTWAIT) < 0) {
         int e = zmq_errno();
         zmq_msg_close(&m);
-        return dp_fail_sys(d, e, "receive from unit %s", address);
+        return dp__fail_sys(d, e, "receive from unit %s", address);
     }
     bool more = zmq_msg_more(&m);
     const uint8_t *p = zmq_msg_data(&m);
     size_t n = zmq_msg_size(&m);
     int rc = DP_OK;
     if (more || !reply_has_rid(p, n, rid))
-        rc = dp_fail(d, DP_EPROTO,
-                     "unit %s sent a reply that does not carry request id %s", address,
-                     rid);
-    else if (dp_buf_append(reply, p, n) != DP_OK)
-        rc = dp_fail(d, DP_ENOMEM, "reply from unit %s: out of memory (%zu bytes)",
-                     address, n);
+        rc = dp__fail(d, DP_EPROTO,
+                      "unit %s sent a reply that does not carry request id %s", address,
+                      rid);
+    else if (dp__buf_append(reply, p, n) != DP_OK)
+        rc = dp__fail(d, DP_ENOMEM, "reply from unit %s: out of memory (%zu bytes)",
+                      address, n);
     zmq_msg_close(&m);
     return rc;
 }
 
 int
-dp_ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
-            const char *rid, double timeout_s, dp_buf *reply, dp_detail *d)
+dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
+             const char *rid, double timeout_s, dp_buf *reply, dp_detail *d)
 {
     dp_ctl_item it = {.address = address, .req = req, .len = len, .rid = rid};
-    dp_buf_init(&it.reply);
-    int rc = dp_ctl_call_many(c, &it, 1, timeout_s);
+    dp__buf_init(&it.reply);
+    int rc = dp__ctl_call_many(c, &it, 1, timeout_s);
     if (rc == DP_OK) {
-        if (dp_buf_append(reply, it.reply.data, it.reply.len) != DP_OK)
-            rc = dp_fail(d, DP_ENOMEM, "reply from unit %s: out of memory", address);
+        if (dp__buf_append(reply, it.reply.data, it.reply.len) != DP_OK)
+            rc = dp__fail(d, DP_ENOMEM, "reply from unit %s: out of memory", address);
     } else if (d != NULL) {
         *d = it.det;
     }
-    dp_buf_fini(&it.reply);
+    dp__buf_fini(&it.reply);
     return rc;
 }
 
 int
-dp_ctl_send(dp_ctl_client *c, dp_ctl_item *it)
+dp__ctl_send(dp_ctl_client *c, dp_ctl_item *it)
 {
     dp_detail_clear(&it->det);
     csock *cs = NULL;
@@ -707,7 +709,7 @@ dp_ctl_send(dp_ctl_client *c, dp_ctl_item *it)
 #define WAIT_SLICE_MS 100
 
 int
-dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
 {
     size_t waiting = 0;
     for (size_t i = 0; i < n; i++)
@@ -721,11 +723,11 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
                 continue;
             sock_close(items[i].sock);
             items[i].sock = NULL;
-            items[i].rc = dp_fail(&items[i].det, DP_ENOMEM, "call: out of memory");
+            items[i].rc = dp__fail(&items[i].det, DP_ENOMEM, "call: out of memory");
         }
         waiting = 0;
     }
-    double deadline = dp_now_s() + (timeout_s > 0 ? timeout_s : 0);
+    double deadline = dp__now_s() + (timeout_s > 0 ? timeout_s : 0);
     while (waiting > 0) {
         size_t np = 0;
         for (size_t i = 0; i < n; i++) {
@@ -748,7 +750,7 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
         }
         if (waiting == 0)
             break;
-        double left = deadline - dp_now_s();
+        double left = deadline - dp__now_s();
         if (left <= 0)
             break;
         long ms = (long)(left * 1000) + 1;
@@ -783,14 +785,14 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
             sock_close(cs);
             it->sock = NULL;
             if (never_up)
-                it->rc = dp_fail(&it->det, DP_ETIMEDOUT,
-                                 "unit %s did not answer within %.3g s: no connection "
-                                 "could be made (unit unreachable?)",
-                                 it->address, timeout_s);
+                it->rc = dp__fail(&it->det, DP_ETIMEDOUT,
+                                  "unit %s did not answer within %.3g s: no connection "
+                                  "could be made (unit unreachable?)",
+                                  it->address, timeout_s);
             else
-                it->rc =
-                    dp_fail(&it->det, DP_ETIMEDOUT, "unit %s did not reply within %.3g s",
-                            it->address, timeout_s);
+                it->rc = dp__fail(&it->det, DP_ETIMEDOUT,
+                                  "unit %s did not reply within %.3g s", it->address,
+                                  timeout_s);
         }
         if (it->rc != DP_OK && first == DP_OK)
             first = it->rc;
@@ -801,17 +803,17 @@ dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_
 }
 
 int
-dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+dp__ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
 {
     /* Every request goes out before any reply is read. */
     for (size_t i = 0; i < n; i++)
-        dp_ctl_send(c, &items[i]);
-    return dp_ctl_wait_many(c, items, n, timeout_s);
+        dp__ctl_send(c, &items[i]);
+    return dp__ctl_wait_many(c, items, n, timeout_s);
 }
 
 int
-dp_ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
-              dp_detail *d)
+dp__ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
+               dp_detail *d)
 {
     csock *cs = NULL;
     int rc = sock_take(c, address, &cs, d);

@@ -43,44 +43,44 @@ typedef struct dp_ctl_server_opts {
 
 /*
  * Bind a ROUTER socket and start the server thread. The address actually bound
- * (with the real port) is available from dp_ctl_server_address().
+ * (with the real port) is available from dp__ctl_server_address().
  * Threads: any. Errors: DP_ESYS (bind failed: address in use, bad ip), DP_ENOMEM.
  */
-int dp_ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
-                       dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out,
-                       dp_detail *d);
+int dp__ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
+                        dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out,
+                        dp_detail *d);
 
 /* "tcp://ip:port"; valid until close. Threads: any. */
-const char *dp_ctl_server_address(const dp_ctl_server *s);
+const char *dp__ctl_server_address(const dp_ctl_server *s);
 
 /* Requests served so far (handler calls). Threads: any. */
-uint64_t dp_ctl_server_served(const dp_ctl_server *s);
+uint64_t dp__ctl_server_served(const dp_ctl_server *s);
 
 /* Stop the thread and close the socket. NULL allowed. Not from the handler. */
-void dp_ctl_server_close(dp_ctl_server *s);
+void dp__ctl_server_close(dp_ctl_server *s);
 
 /*
  * Deferred replies, for a request too slow to answer on the server thread (it
  * would hold up every other request). Called from inside a handler,
- * dp_ctl_defer returns a token for the request being handled (NULL when not
+ * dp__ctl_defer returns a token for the request being handled (NULL when not
  * in a server's handler, or out of memory: then answer as usual); the handler
  * leaves its reply empty and hands the work and the token to another thread,
- * which calls dp_ctl_deferred_send exactly once, with the reply (len 0: none).
+ * which calls dp__ctl_deferred_send exactly once, with the reply (len 0: none).
  * That call never blocks, frees the token, and drops the reply if the server
  * has closed meanwhile. Threads: any.
  */
 typedef struct dp_ctl_deferred dp_ctl_deferred;
-dp_ctl_deferred *dp_ctl_defer(void);
-void dp_ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len);
+dp_ctl_deferred *dp__ctl_defer(void);
+void dp__ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len);
 
 /* ---- client ---- */
 
 typedef struct dp_ctl_client dp_ctl_client;
 
 /* Threads: any thread may use one client; calls run concurrently. */
-int dp_ctl_client_create(dp_ctl_client **out, dp_detail *d);
+int dp__ctl_client_create(dp_ctl_client **out, dp_detail *d);
 /* Close every pooled socket. NULL allowed; no call may be running. */
-void dp_ctl_client_destroy(dp_ctl_client *c);
+void dp__ctl_client_destroy(dp_ctl_client *c);
 
 /*
  * Send req (a request whose id is rid) to address and wait at most timeout_s for
@@ -88,17 +88,17 @@ void dp_ctl_client_destroy(dp_ctl_client *c);
  * reply in time: the socket is closed, never reused), DP_EPROTO (a reply that
  * does not carry rid), DP_ESYS, DP_EINVAL (bad address).
  */
-int dp_ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
-                const char *rid, double timeout_s, dp_buf *reply, dp_detail *d);
+int dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
+                 const char *rid, double timeout_s, dp_buf *reply, dp_detail *d);
 
-/* One request of a dp_ctl_call_many batch; rc/reply/det are its outcome. */
+/* One request of a dp__ctl_call_many batch; rc/reply/det are its outcome. */
 typedef struct dp_ctl_item {
     const char *address;
     const void *req;
     size_t len;
     const char *rid;
     dp_buf reply; /* caller inits and finis */
-    int rc;       /* DP_CTL_PENDING between dp_ctl_send and its reply */
+    int rc;       /* DP_CTL_PENDING between dp__ctl_send and its reply */
     dp_detail det;
     void *sock; /* private: the socket a sent request waits on */
 } dp_ctl_item;
@@ -110,22 +110,22 @@ typedef struct dp_ctl_item {
  * batch. Each item gets its own rc (and det): one failure does not stop the
  * others. Returns DP_OK if every item succeeded, else the first failure's code.
  */
-int dp_ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
+int dp__ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
 
 /*
- * The two halves of dp_ctl_call_many, for a caller that sends each request as
+ * The two halves of dp__ctl_call_many, for a caller that sends each request as
  * soon as it can (a commit right after its own WRITE) and waits for them all
- * later. dp_ctl_send sends it->req without blocking: it->rc becomes
- * DP_CTL_PENDING, or the error (also returned). dp_ctl_wait_many then waits
+ * later. dp__ctl_send sends it->req without blocking: it->rc becomes
+ * DP_CTL_PENDING, or the error (also returned). dp__ctl_wait_many then waits
  * for the pending items of items[0..n) under one deadline, leaving the others
  * as they are; every pending item ends with a code. An item sent must be
  * waited for (its socket is held until then).
  */
-int dp_ctl_send(dp_ctl_client *c, dp_ctl_item *it);
-int dp_ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
+int dp__ctl_send(dp_ctl_client *c, dp_ctl_item *it);
+int dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
 
 /* Fire-and-forget (notify ops get no reply). Never blocks. */
-int dp_ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
-                  dp_detail *d);
+int dp__ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
+                   dp_detail *d);
 
 #endif

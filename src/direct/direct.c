@@ -149,41 +149,41 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
         memset(&o, 0, sizeof o); /* zero is every default */
     for (size_t i = 0; i < DP_ARRAY_LEN(o.reserved); i++)
         if (o.reserved[i] != 0)
-            return dp_fail(d, DP_EINVAL,
-                           "direct: dp_direct_opts.reserved[%zu] is not zero (zero the "
-                           "struct; a program built against a newer dataplane than %s "
-                           "needs that version)",
-                           i, DP_VERSION_STRING);
+            return dp__fail(d, DP_EINVAL,
+                            "direct: dp_direct_opts.reserved[%zu] is not zero (zero the "
+                            "struct; a program built against a newer dataplane than %s "
+                            "needs that version)",
+                            i, DP_VERSION_STRING);
     if (o.n_workers < 0 || o.n_workers > MAX_WORKERS || o.xfer_timeout_s < 0 ||
         !isfinite(o.xfer_timeout_s) ||
         (o.backend != DP_DIRECT_BACKEND_AUTO && o.backend != DP_DIRECT_BACKEND_UCX))
-        return dp_fail(d, DP_EINVAL,
-                       "direct: bad options (n_workers %d: 0..%d, xfer_timeout_s %g, "
-                       "backend %d)",
-                       o.n_workers, MAX_WORKERS, o.xfer_timeout_s, (int)o.backend);
+        return dp__fail(d, DP_EINVAL,
+                        "direct: bad options (n_workers %d: 0..%d, xfer_timeout_s %g, "
+                        "backend %d)",
+                        o.n_workers, MAX_WORKERS, o.xfer_timeout_s, (int)o.backend);
     const char *eb = getenv("DP_DIRECT_BACKEND");
     if (eb != NULL && *eb != '\0') {
         if (strcasecmp(eb, "ucx") == 0)
             o.backend = DP_DIRECT_BACKEND_UCX;
         else
-            return dp_fail(d, DP_EUNSUPPORTED,
-                           "direct: DP_DIRECT_BACKEND=%s: only the UCX backend is "
-                           "available in this build (the libfabric backend is not)",
-                           eb);
+            return dp__fail(d, DP_EUNSUPPORTED,
+                            "direct: DP_DIRECT_BACKEND=%s: only the UCX backend is "
+                            "available in this build (the libfabric backend is not)",
+                            eb);
     }
     char efa[300];
     if (o.backend == DP_DIRECT_BACKEND_AUTO &&
         dp__direct_find_efa(sysfs_root, efa, sizeof efa))
-        return dp_fail(d, DP_EUNSUPPORTED,
-                       "direct: AWS EFA found (%s): EFA wants the libfabric backend, "
-                       "which is not available in this build. To use UCX anyway, set "
-                       "backend = DP_DIRECT_BACKEND_UCX (or DP_DIRECT_BACKEND=ucx) and "
-                       "check UCX_TLS and UCX_NET_DEVICES",
-                       efa);
+        return dp__fail(d, DP_EUNSUPPORTED,
+                        "direct: AWS EFA found (%s): EFA wants the libfabric backend, "
+                        "which is not available in this build. To use UCX anyway, set "
+                        "backend = DP_DIRECT_BACKEND_UCX (or DP_DIRECT_BACKEND=ucx) and "
+                        "check UCX_TLS and UCX_NET_DEVICES",
+                        efa);
 
     dp_direct *t = calloc(1, sizeof *t);
     if (t == NULL)
-        return dp_fail(d, DP_ENOMEM, "direct: transport object");
+        return dp__fail(d, DP_ENOMEM, "direct: transport object");
     int rc;
     t->lru_max = o.remote_cache_size == 0  ? DEFAULT_LRU
                  : o.remote_cache_size < 0 ? 0 /* DP_DIRECT_REMOTE_CACHE_OFF */
@@ -191,9 +191,9 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
     t->timeout_s = o.xfer_timeout_s > 0 ? o.xfer_timeout_s : DEFAULT_TIMEOUT_S;
     t->chunk = o.chunk_bytes > 0 ? o.chunk_bytes : DEFAULT_CHUNK;
     t->n_workers = o.n_workers > 0 ? o.n_workers : DEFAULT_WORKERS;
-    dp_map_init_u64(&t->regs);
-    dp_map_init_str(&t->objs);
-    dp_map_init_str(&t->aborted);
+    dp__map_init_u64(&t->regs);
+    dp__map_init_str(&t->objs);
+    dp__map_init_str(&t->aborted);
     pthread_mutex_init(&t->cache_mu, NULL);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
@@ -205,44 +205,44 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
         snprintf(t->name, sizeof t->name, "%s", o.name);
     } else {
         char hex[33];
-        if ((rc = dp_random_hex_id(hex, d)) != DP_OK)
+        if ((rc = dp__random_hex_id(hex, d)) != DP_OK)
             goto fail;
         snprintf(t->name, sizeof t->name, "direct-%.16s", hex);
     }
     dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
+    dp__endpoint_opts_init(&eo);
     eo.progress_thread = !o.no_progress_thread;
-    rc = dp_endpoint_create(t->name, &eo, &t->ep, d);
+    rc = dp__endpoint_create(t->name, &eo, &t->ep, d);
     if (rc != DP_OK) {
-        dp_fail_ctx(d, rc,
-                    "direct (backend " BACKEND "): cannot start the endpoint (UCX_TLS = "
-                    "%s; rerun with UCX_LOG_LEVEL=debug)",
-                    env_or("UCX_TLS", "unset"));
+        dp__fail_ctx(d, rc,
+                     "direct (backend " BACKEND "): cannot start the endpoint (UCX_TLS = "
+                     "%s; rerun with UCX_LOG_LEVEL=debug)",
+                     env_or("UCX_TLS", "unset"));
         goto fail;
     }
     if (o.pool_bytes > phys_bytes() / 2) {
         char a[32], b[32];
-        rc = dp_fail(d, DP_EINVAL,
-                     "direct: a memory pool of %s (%zu bytes) exceeds half of this "
-                     "host's %s of memory",
-                     dp_fmt_size(o.pool_bytes, a, sizeof a), o.pool_bytes,
-                     dp_fmt_size(phys_bytes(), b, sizeof b));
+        rc = dp__fail(d, DP_EINVAL,
+                      "direct: a memory pool of %s (%zu bytes) exceeds half of this "
+                      "host's %s of memory",
+                      dp__fmt_size(o.pool_bytes, a, sizeof a), o.pool_bytes,
+                      dp__fmt_size(phys_bytes(), b, sizeof b));
         goto fail;
     }
     if (o.pool_bytes > 0) {
-        rc = dp_endpoint_alloc(t->ep, o.pool_bytes, &t->pool_base, d);
+        rc = dp__endpoint_alloc(t->ep, o.pool_bytes, &t->pool_base, d);
         if (rc != DP_OK) {
             dp__direct_reg_fail(d, rc, "the memory pool", NULL, o.pool_bytes);
             goto fail;
         }
         t->pool_bytes = o.pool_bytes;
-        if ((rc = dp_slab_alloc_create(o.pool_bytes, 64, &t->pool, d)) != DP_OK)
+        if ((rc = dp__slab_alloc_create(o.pool_bytes, 64, &t->pool, d)) != DP_OK)
             goto fail;
     }
     for (int i = 0; i < t->n_workers; i++) {
         int e = pthread_create(&t->workers[i], NULL, dp__direct_worker_main, t);
         if (e != 0) {
-            rc = dp_fail_sys(d, e, "direct: starting fetch worker %d", i);
+            rc = dp__fail_sys(d, e, "direct: starting fetch worker %d", i);
             goto fail;
         }
         t->n_started++;
@@ -261,16 +261,17 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
         return DP_OK;
     if (t->locks_init) {
         pthread_mutex_lock(&t->mu);
-        if (!dp_list_empty(&t->live)) {
+        if (!dp__list_empty(&t->live)) {
             size_t n = 0;
-            for (dp_list_node *x = dp_list_first(&t->live); x != NULL;
-                 x = dp_list_next(x))
+            for (dp_list_node *x = dp__list_first(&t->live); x != NULL;
+                 x = dp__list_next(x))
                 n++;
-            int rc = dp_fail(d, DP_EBUSY,
-                             "direct %s: %zu fetch request%s still alive (object %s): "
-                             "dp_direct_req_destroy them before destroying the transport",
-                             t->name, n, n == 1 ? " is" : "s are",
-                             DP_LIST_FIRST(&t->live, dp_direct_req, llink)->obj_id);
+            int rc =
+                dp__fail(d, DP_EBUSY,
+                         "direct %s: %zu fetch request%s still alive (object %s): "
+                         "dp_direct_req_destroy them before destroying the transport",
+                         t->name, n, n == 1 ? " is" : "s are",
+                         DP_LIST_FIRST(&t->live, dp_direct_req, llink)->obj_id);
             pthread_mutex_unlock(&t->mu);
             return rc;
         }
@@ -282,20 +283,20 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
     for (int i = 0; i < t->n_started; i++)
         pthread_join(t->workers[i], NULL);
     void *v;
-    for (size_t it = 0; dp_map_next(&t->objs, &it, NULL, NULL, NULL, &v);) {
+    for (size_t it = 0; dp__map_next(&t->objs, &it, NULL, NULL, NULL, &v);) {
         dobj *o = v;
         free(o->keys);
         free(o);
     }
-    for (size_t it = 0; dp_map_next(&t->regs, &it, NULL, NULL, NULL, &v);)
+    for (size_t it = 0; dp__map_next(&t->regs, &it, NULL, NULL, NULL, &v);)
         free(v);
-    dp_map_fini(&t->objs);
-    dp_map_fini(&t->regs);
-    dp_ranges_fini(&t->reg_ranges);
-    dp_map_fini(&t->aborted);
+    dp__map_fini(&t->objs);
+    dp__map_fini(&t->regs);
+    dp__ranges_fini(&t->reg_ranges);
+    dp__map_fini(&t->aborted);
     /* The endpoint deregisters everything, keeping what retained transfers touch. */
-    dp_endpoint_destroy(t->ep);
-    dp_slab_alloc_destroy(t->pool);
+    dp__endpoint_destroy(t->ep);
+    dp__slab_alloc_destroy(t->pool);
     free(t->lru);
     if (t->locks_init) {
         pthread_mutex_destroy(&t->cache_mu);
@@ -313,13 +314,13 @@ int
 dp_direct_register_permanent(dp_direct *t, void *addr, size_t len, dp_detail *d)
 {
     if (addr == NULL || len == 0)
-        return dp_fail(d, DP_EINVAL, "direct: register_permanent needs memory (%p, %zu)",
-                       addr, len);
+        return dp__fail(d, DP_EINVAL, "direct: register_permanent needs memory (%p, %zu)",
+                        addr, len);
     uint64_t key;
     pthread_mutex_lock(&t->cache_mu);
     int rc = dp__direct_reg_acquire_locked(t, addr, len, "permanent buffer", &key, d);
     if (rc == DP_OK) {
-        regent *e = dp_map_get_u64(&t->regs, key);
+        regent *e = dp__map_get_u64(&t->regs, key);
         e->permanent = true;
         e->refs--;
     }
@@ -338,29 +339,29 @@ dp_direct_publish(dp_direct *t, const char *obj_id, const dp_direct_buf *bufs, s
     if (rc != DP_OK)
         return rc;
     if (n > DP_DIRECT_BUFS_MAX || (n > 0 && bufs == NULL))
-        return dp_fail(d, DP_EINVAL, "direct: publish of %zu buffers (max %u)", n,
-                       DP_DIRECT_BUFS_MAX);
+        return dp__fail(d, DP_EINVAL, "direct: publish of %zu buffers (max %u)", n,
+                        DP_DIRECT_BUFS_MAX);
     for (size_t i = 0; i < n; i++)
         if (bufs[i].addr == NULL || bufs[i].len == 0)
-            return dp_fail(d, DP_EINVAL,
-                           "direct: object %s buffer %zu is empty (%p, %zu)", obj_id, i,
-                           bufs[i].addr, bufs[i].len);
+            return dp__fail(d, DP_EINVAL,
+                            "direct: object %s buffer %zu is empty (%p, %zu)", obj_id, i,
+                            bufs[i].addr, bufs[i].len);
     dobj *o = calloc(1, sizeof *o);
     dp_direct_desc *descs = calloc(n ? n : 1, sizeof *descs);
     uint64_t *keys = calloc(n ? n : 1, sizeof *keys);
     uint8_t *emd = NULL;
     size_t emd_len = 0, taken = 0;
     dp_buf out;
-    dp_buf_init(&out);
+    dp__buf_init(&out);
     if (o == NULL || descs == NULL || keys == NULL) {
         free(o);
         free(descs);
         free(keys);
-        return dp_fail(d, DP_ENOMEM, "direct: publish of %zu buffers", n);
+        return dp__fail(d, DP_ENOMEM, "direct: publish of %zu buffers", n);
     }
     pthread_mutex_lock(&t->cache_mu);
-    if (dp_map_get(&t->objs, obj_id, idlen) != NULL) {
-        rc = dp_fail(d, DP_EEXIST, "direct: object %s is already published", obj_id);
+    if (dp__map_get(&t->objs, obj_id, idlen) != NULL) {
+        rc = dp__fail(d, DP_EEXIST, "direct: object %s is already published", obj_id);
         goto fail;
     }
     /* The pool takes the buffers only if none has a registration of its own. */
@@ -383,32 +384,33 @@ dp_direct_publish(dp_direct *t, const char *obj_id, const dp_direct_buf *bufs, s
             descs[taken].addr = (uint64_t)(uintptr_t)b->addr;
         }
         if (rc != DP_OK) {
-            dp_fail_ctx(d, rc, "direct: publish %s, buffer %zu of %zu", obj_id, taken, n);
+            dp__fail_ctx(d, rc, "direct: publish %s, buffer %zu of %zu", obj_id, taken,
+                         n);
             goto fail;
         }
         descs[taken].len = b->len;
     }
-    if ((rc = dp_endpoint_metadata(t->ep, &emd, &emd_len, d)) != DP_OK ||
+    if ((rc = dp__endpoint_metadata(t->ep, &emd, &emd_len, d)) != DP_OK ||
         (rc = dp__direct_md_encode(&out, obj_id, BACKEND, t->name, t->version, emd,
                                    emd_len, descs, n, d)) != DP_OK)
         goto fail;
     o->n = n;
     o->keys = keys;
-    if (dp_map_put(&t->objs, obj_id, idlen, o, NULL) != DP_OK) {
-        rc = dp_fail(d, DP_ENOMEM, "direct: object table");
+    if (dp__map_put(&t->objs, obj_id, idlen, o, NULL) != DP_OK) {
+        rc = dp__fail(d, DP_ENOMEM, "direct: object table");
         goto fail;
     }
     pthread_mutex_unlock(&t->cache_mu);
     free(emd);
     free(descs);
-    *md = dp_buf_steal(&out, md_len);
+    *md = dp__buf_steal(&out, md_len);
     return DP_OK;
 fail:
     /* Undo exactly what this call took, newest first. */
     while (taken-- > 0)
         dp__direct_reg_release_locked(t, keys[taken]);
     pthread_mutex_unlock(&t->cache_mu);
-    dp_buf_fini(&out);
+    dp__buf_fini(&out);
     free(emd);
     free(descs);
     free(keys);
@@ -421,11 +423,11 @@ dp_direct_free(dp_direct *t, const char *obj_id, dp_detail *d)
 {
     size_t idlen = obj_id != NULL ? strlen(obj_id) : 0;
     pthread_mutex_lock(&t->cache_mu);
-    dobj *o = obj_id != NULL ? dp_map_del(&t->objs, obj_id, idlen) : NULL;
+    dobj *o = obj_id != NULL ? dp__map_del(&t->objs, obj_id, idlen) : NULL;
     if (o == NULL) {
         pthread_mutex_unlock(&t->cache_mu);
-        return dp_fail(d, DP_ENOTFOUND, "direct: object %s is not published",
-                       obj_id != NULL ? obj_id : "(null)");
+        return dp__fail(d, DP_ENOTFOUND, "direct: object %s is not published",
+                        obj_id != NULL ? obj_id : "(null)");
     }
     for (size_t i = o->n; i-- > 0;)
         dp__direct_reg_release_locked(t, o->keys[i]);
@@ -445,12 +447,12 @@ req_free(dp_direct_req *r)
     if (r->own_buf != NULL) {
         dp_detail d;
         dp_detail_clear(&d);
-        if (dp_endpoint_deregister(t->ep, r->own_buf, &d) != DP_OK) {
+        if (dp__endpoint_deregister(t->ep, r->own_buf, &d) != DP_OK) {
             /* A retained transfer may still write into it: never freed. */
             uint64_t total = 0;
             for (size_t i = 0; i < r->n; i++)
                 total += DP_ALIGN_UP(r->local[i].nbytes, 64);
-            dp_graveyard_retain_buffer(total);
+            dp__graveyard_retain_buffer(total);
             DP_LOG_W("direct %s: fetch buffer of object %s kept for good: %s", t->name,
                      r->obj_id, d.msg);
         }
@@ -473,43 +475,44 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
     if (rc != DP_OK)
         return rc;
     if (md == NULL || md_len == 0)
-        return dp_fail(d, DP_EINVAL, "direct: fetch of %s without metadata", obj_id);
+        return dp__fail(d, DP_EINVAL, "direct: fetch of %s without metadata", obj_id);
     dp_direct_req *r = calloc(1, sizeof *r);
     if (r == NULL)
-        return dp_fail(d, DP_ENOMEM, "direct: fetch request");
+        return dp__fail(d, DP_ENOMEM, "direct: fetch request");
     r->t = t;
     snprintf(r->obj_id, sizeof r->obj_id, "%s", obj_id);
     r->md_bytes = malloc(md_len);
     if (r->md_bytes == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "direct: %zu bytes of metadata", md_len);
+        rc = dp__fail(d, DP_ENOMEM, "direct: %zu bytes of metadata", md_len);
         goto fail;
     }
     memcpy(r->md_bytes, md, md_len);
     if ((rc = dp__direct_md_parse(r->md_bytes, md_len, &r->md, d)) != DP_OK)
         goto fail;
     if (strcmp(r->md.obj_id, obj_id) != 0) {
-        rc = dp_fail(d, DP_EINVAL, "direct: fetch of %s with the metadata of object %s",
-                     obj_id, r->md.obj_id);
+        rc = dp__fail(d, DP_EINVAL, "direct: fetch of %s with the metadata of object %s",
+                      obj_id, r->md.obj_id);
         goto fail;
     }
     r->n = r->md.n_descs;
     if (targets != NULL && n_targets != r->n) {
-        rc = dp_fail(d, DP_EINVAL, "direct: object %s has %zu buffers, %zu targets given",
+        rc =
+            dp__fail(d, DP_EINVAL, "direct: object %s has %zu buffers, %zu targets given",
                      obj_id, r->n, n_targets);
         goto fail;
     }
     r->local = calloc(r->n ? r->n : 1, sizeof *r->local);
     r->target_keys = calloc(r->n ? r->n : 1, sizeof *r->target_keys);
     if (r->local == NULL || r->target_keys == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "direct: fetch of %zu buffers", r->n);
+        rc = dp__fail(d, DP_ENOMEM, "direct: fetch of %zu buffers", r->n);
         goto fail;
     }
     for (size_t i = 0; targets != NULL && i < r->n; i++)
         if (targets[i].addr == NULL || targets[i].len != r->md.descs[i].len) {
-            rc = dp_fail(d, DP_EINVAL,
-                         "direct: object %s buffer %zu has %" PRIu64
-                         " bytes, target has %zu at %p",
-                         obj_id, i, r->md.descs[i].len, targets[i].len, targets[i].addr);
+            rc = dp__fail(d, DP_EINVAL,
+                          "direct: object %s buffer %zu has %" PRIu64
+                          " bytes, target has %zu at %p",
+                          obj_id, i, r->md.descs[i].len, targets[i].len, targets[i].addr);
             goto fail;
         }
 
@@ -540,13 +543,13 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
                                                 : DP_ALIGN_UP(r->md.descs[i].len, 64);
         if (total > SIZE_MAX || total > limit) {
             char a[32];
-            rc = dp_fail(d, DP_ETOOBIG,
-                         "direct: object %s needs %" PRIu64 " bytes, more than half of "
-                         "this host's %s of memory: fetch it into targets of your own",
-                         obj_id, total, dp_fmt_size(phys_bytes(), a, sizeof a));
+            rc = dp__fail(d, DP_ETOOBIG,
+                          "direct: object %s needs %" PRIu64 " bytes, more than half of "
+                          "this host's %s of memory: fetch it into targets of your own",
+                          obj_id, total, dp__fmt_size(phys_bytes(), a, sizeof a));
             goto fail;
         }
-        rc = dp_endpoint_alloc(t->ep, (size_t)total, &r->own_buf, d);
+        rc = dp__endpoint_alloc(t->ep, (size_t)total, &r->own_buf, d);
         if (rc != DP_OK) {
             dp__direct_reg_fail(d, rc, "the fetch buffer", NULL, (size_t)total);
             r->own_buf = NULL;
@@ -568,17 +571,17 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
     pthread_mutex_lock(&t->mu);
     if (t->stopping) {
         pthread_mutex_unlock(&t->mu);
-        rc = dp_fail(d, DP_ECLOSED, "direct: transport is being destroyed");
+        rc = dp__fail(d, DP_ECLOSED, "direct: transport is being destroyed");
         goto fail;
     }
-    if (dp_map_del(&t->aborted, obj_id, idlen) != NULL) {
+    if (dp__map_del(&t->aborted, obj_id, idlen) != NULL) {
         pthread_mutex_unlock(&t->mu);
-        rc = dp_fail(d, DP_ECANCELED, "direct: fetch of object %s aborted", obj_id);
+        rc = dp__fail(d, DP_ECANCELED, "direct: fetch of object %s aborted", obj_id);
         goto fail;
     }
     set_state(r, REQ_QUEUED);
-    dp_list_insert_head(&t->live, &r->llink);
-    dp_list_insert_tail(&t->queue, &r->qlink);
+    dp__list_insert_head(&t->live, &r->llink);
+    dp__list_insert_tail(&t->queue, &r->qlink);
     t->fetches++;
     pthread_cond_signal(&t->work_cv); /* one worker; waiters wait for END only */
     pthread_mutex_unlock(&t->mu);
@@ -640,10 +643,10 @@ dp_direct_wait(dp_direct_req *r, double timeout_s, dp_detail *d)
     bool ended = r->state == REQ_END;
     pthread_mutex_unlock(&t->mu);
     if (rc == DP_ETIMEDOUT && !ended)
-        return dp_fail(d, DP_ETIMEDOUT,
-                       "direct: fetch of object %s still running after %gs (%" PRIu64
-                       " of %" PRIu64 " bytes)",
-                       r->obj_id, timeout_s, done, r->md.total_bytes);
+        return dp__fail(d, DP_ETIMEDOUT,
+                        "direct: fetch of object %s still running after %gs (%" PRIu64
+                        " of %" PRIu64 " bytes)",
+                        r->obj_id, timeout_s, done, r->md.total_bytes);
     return rc;
 }
 
@@ -699,7 +702,7 @@ dp_direct_req_destroy(dp_direct_req *r)
     r->aborted = true;
     while (r->state != REQ_END)
         pthread_cond_wait(&t->cv, &t->mu);
-    dp_list_remove(&t->live, &r->llink);
+    dp__list_remove(&t->live, &r->llink);
     pthread_mutex_unlock(&t->mu);
     req_free(r);
 }
@@ -721,17 +724,17 @@ dp_direct_abort(dp_direct *t, const char *obj_id, dp_detail *d)
         }
     }
     if (!hit)
-        rc = dp_map_put(&t->aborted, obj_id, idlen, (void *)1, NULL);
+        rc = dp__map_put(&t->aborted, obj_id, idlen, (void *)1, NULL);
     pthread_mutex_unlock(&t->mu);
     if (rc != DP_OK)
-        return dp_fail(d, DP_ENOMEM, "direct: abort set");
+        return dp__fail(d, DP_ENOMEM, "direct: abort set");
     return DP_OK;
 }
 
 bool
 dp_direct_touches_unfinished(dp_direct *t, const void *addr, size_t len)
 {
-    return dp_endpoint_touches_unfinished(t->ep, addr, len);
+    return dp__endpoint_touches_unfinished(t->ep, addr, len);
 }
 
 int
@@ -755,9 +758,9 @@ dp_direct_get_stats(dp_direct *t, dp_direct_stats *st)
     memset(st, 0, sizeof *st);
     pthread_mutex_lock(&t->cache_mu);
     st->version = t->version;
-    st->objects = dp_map_len(&t->objs);
+    st->objects = dp__map_len(&t->objs);
     void *v;
-    for (size_t it = 0; dp_map_next(&t->regs, &it, NULL, NULL, NULL, &v);) {
+    for (size_t it = 0; dp__map_next(&t->regs, &it, NULL, NULL, NULL, &v);) {
         regent *e = v;
         if (!e->pool) {
             st->registrations++;

@@ -27,7 +27,7 @@ bool dp__direct_find_efa(const char *root, char *what, size_t cap);
 void dp__direct_set_sysfs_root(const char *root);
 
 /*
- * What UCX uses towards a connected remote (dp_endpoint_describe_remote):
+ * What UCX uses towards a connected remote (dp__endpoint_describe_remote):
  * *out malloc'd, caller frees. DP_ENOTFOUND if not connected. Threads: any.
  */
 int dp__direct_describe_remote(dp_direct *t, const char *name, char **out, dp_detail *d);

@@ -97,7 +97,7 @@ struct dp_direct_req {
 typedef struct rment {
     char name[DP_MD_NAME_MAX + 1];
     uint64_t gen, version, busy, tick;
-    uint64_t peer; /* dp_md_peer_id: which process this name was added for */
+    uint64_t peer; /* dp__md_peer_id: which process this name was added for */
     bool drop;
 } rment;
 

@@ -26,7 +26,7 @@ int
 dp__direct_describe_remote(dp_direct *t, const char *name, char **out, dp_detail *d)
 {
     pthread_mutex_lock(&t->lru_mu);
-    int rc = dp_endpoint_describe_remote(t->ep, name, out, d);
+    int rc = dp__endpoint_describe_remote(t->ep, name, out, d);
     pthread_mutex_unlock(&t->lru_mu);
     return rc;
 }
@@ -45,7 +45,7 @@ lru_find_locked(dp_direct *t, const char *name)
 static void
 lru_remove_locked(dp_direct *t, rment *e)
 {
-    dp_endpoint_remove_remote(t->ep, e->name, NULL);
+    dp__endpoint_remove_remote(t->ep, e->name, NULL);
     t->remote_evictions++;
     size_t i = (size_t)(e - t->lru);
     memmove(t->lru + i, t->lru + i + 1, (t->lru_n - i - 1) * sizeof *t->lru);
@@ -88,7 +88,7 @@ int
 dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
 {
     int rc = DP_OK;
-    uint64_t peer = dp_md_peer_id(md->ep_md, md->ep_md_len);
+    uint64_t peer = dp__md_peer_id(md->ep_md, md->ep_md_len);
     pthread_mutex_lock(&t->lru_mu);
     rment *e = lru_find_locked(t, md->name);
     while (e != NULL && newer(md, peer, e) && e->busy > 0) {
@@ -98,8 +98,8 @@ dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
     if (e != NULL) {
         if (newer(md, peer, e)) {
             /* The publisher's registrations changed: connect again with the new keys. */
-            dp_endpoint_remove_remote(t->ep, e->name, NULL);
-            rc = dp_endpoint_add_remote(t->ep, md->ep_md, md->ep_md_len, NULL, d);
+            dp__endpoint_remove_remote(t->ep, e->name, NULL);
+            rc = dp__endpoint_add_remote(t->ep, md->ep_md, md->ep_md_len, NULL, d);
             if (rc != DP_OK) {
                 size_t i = (size_t)(e - t->lru);
                 memmove(t->lru + i, t->lru + i + 1, (t->lru_n - i - 1) * sizeof *t->lru);
@@ -122,13 +122,13 @@ dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
             size_t cap = t->lru_cap ? 2 * t->lru_cap : 8;
             rment *nl = realloc(t->lru, cap * sizeof *nl);
             if (nl == NULL) {
-                rc = dp_fail(d, DP_ENOMEM, "direct: remote cache");
+                rc = dp__fail(d, DP_ENOMEM, "direct: remote cache");
                 goto out;
             }
             t->lru = nl;
             t->lru_cap = cap;
         }
-        rc = dp_endpoint_add_remote(t->ep, md->ep_md, md->ep_md_len, NULL, d);
+        rc = dp__endpoint_add_remote(t->ep, md->ep_md, md->ep_md_len, NULL, d);
         if (rc != DP_OK)
             goto out;
         e = &t->lru[t->lru_n++];

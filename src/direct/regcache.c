@@ -33,19 +33,19 @@ int
 dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr, size_t len)
 {
     if (rc == DP_EEXIST)
-        return dp_fail_ctx(
+        return dp__fail_ctx(
             d, rc,
             "direct: registering %s of %zu bytes at %p: it overlaps memory "
             "this transport registered itself (its pool, or the buffers of "
             "a fetch request still alive)",
             what, len, addr);
     char ml[32];
-    dp_fmt_memlock(ml, sizeof ml);
-    return dp_fail_ctx(d, rc,
-                       "direct (backend " BACKEND "): registering %s of %zu bytes at %p "
-                       "failed (check the memlock limit, ulimit -l = %s; UCX_TLS = %s; "
-                       "rerun with UCX_LOG_LEVEL=debug)",
-                       what, len, addr, ml, env_or("UCX_TLS", "unset"));
+    dp__fmt_memlock(ml, sizeof ml);
+    return dp__fail_ctx(d, rc,
+                        "direct (backend " BACKEND "): registering %s of %zu bytes at %p "
+                        "failed (check the memlock limit, ulimit -l = %s; UCX_TLS = %s; "
+                        "rerun with UCX_LOG_LEVEL=debug)",
+                        what, len, addr, ml, env_or("UCX_TLS", "unset"));
 }
 
 /* ---- registration cache (cache_mu held) ---- */
@@ -55,28 +55,28 @@ dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, regent **o
                            dp_detail *d)
 {
     *out = NULL;
-    regent *e = dp_map_get_u64(&t->regs, addr);
+    regent *e = dp__map_get_u64(&t->regs, addr);
     if (e != NULL && !e->pool) {
         if (len <= e->len) {
             *out = e;
             return DP_OK;
         }
-        return dp_fail(d, DP_EEXIST,
-                       "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes starts a "
-                       "registration of only %" PRIu64 " bytes",
-                       addr, len, e->len);
+        return dp__fail(d, DP_EEXIST,
+                        "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes starts a "
+                        "registration of only %" PRIu64 " bytes",
+                        addr, len, e->len);
     }
-    dp_ranges_ent *x = dp_ranges_find(&t->reg_ranges, addr, len);
+    dp_ranges_ent *x = dp__ranges_find(&t->reg_ranges, addr, len);
     if (x != NULL) {
         *out = x->v;
         return DP_OK;
     }
-    x = dp_ranges_overlap(&t->reg_ranges, addr, len);
+    x = dp__ranges_overlap(&t->reg_ranges, addr, len);
     if (x != NULL)
-        return dp_fail(d, DP_EEXIST,
-                       "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes partly "
-                       "overlaps the registration %#" PRIx64 " of %" PRIu64 " bytes",
-                       addr, len, x->base, x->len);
+        return dp__fail(d, DP_EEXIST,
+                        "direct: buffer %#" PRIx64 " of %" PRIu64 " bytes partly "
+                        "overlaps the registration %#" PRIx64 " of %" PRIu64 " bytes",
+                        addr, len, x->base, x->len);
     return DP_OK;
 }
 
@@ -85,35 +85,35 @@ dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *
                               uint64_t *key, dp_detail *d)
 {
     uint64_t a = (uint64_t)(uintptr_t)addr;
-    regent *e = dp_map_get_u64(&t->regs, a);
+    regent *e = dp__map_get_u64(&t->regs, a);
     if (e != NULL && e->pool)
-        return dp_fail(d, DP_EEXIST,
-                       "direct: %s %p is held in a pool block by a published object; "
-                       "free that object first",
-                       what, addr);
+        return dp__fail(d, DP_EEXIST,
+                        "direct: %s %p is held in a pool block by a published object; "
+                        "free that object first",
+                        what, addr);
     int rc = dp__direct_find_reg_locked(t, a, len, &e, d);
     if (rc != DP_OK)
         return rc;
     if (e == NULL) {
         e = calloc(1, sizeof *e);
-        if (e == NULL || dp_ranges_reserve(&t->reg_ranges, 1) != DP_OK) {
+        if (e == NULL || dp__ranges_reserve(&t->reg_ranges, 1) != DP_OK) {
             free(e);
-            return dp_fail(d, DP_ENOMEM, "direct: registration cache entry");
+            return dp__fail(d, DP_ENOMEM, "direct: registration cache entry");
         }
-        rc = dp_endpoint_register(t->ep, addr, len, d);
+        rc = dp__endpoint_register(t->ep, addr, len, d);
         if (rc != DP_OK) {
             free(e);
             return dp__direct_reg_fail(d, rc, what, addr, len);
         }
         e->base = a;
         e->len = len;
-        if (dp_map_put_u64(&t->regs, a, e, NULL) != DP_OK) {
-            dp_endpoint_deregister(t->ep, addr, NULL);
+        if (dp__map_put_u64(&t->regs, a, e, NULL) != DP_OK) {
+            dp__endpoint_deregister(t->ep, addr, NULL);
             free(e);
-            return dp_fail(d, DP_ENOMEM, "direct: registration cache");
+            return dp__fail(d, DP_ENOMEM, "direct: registration cache");
         }
         /* Room was reserved, and nothing registered overlaps (checked above). */
-        rc = dp_ranges_add(&t->reg_ranges, e->base, e->len, e);
+        rc = dp__ranges_add(&t->reg_ranges, e->base, e->len, e);
         DP_ASSERT(rc == DP_OK);
         t->registers++;
     }
@@ -125,19 +125,19 @@ dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *
 void
 dp__direct_reg_release_locked(dp_direct *t, uint64_t key)
 {
-    regent *e = dp_map_get_u64(&t->regs, key);
+    regent *e = dp__map_get_u64(&t->regs, key);
     DP_ASSERT(e != NULL && e->refs > 0);
     if (--e->refs > 0 || e->permanent || e->stuck)
         return;
     if (e->pool) {
-        int frc = dp_slab_alloc_free(t->pool, e->pool_off, NULL);
+        int frc = dp__slab_alloc_free(t->pool, e->pool_off, NULL);
         DP_ASSERT(frc == DP_OK);
         t->pool_used -= e->len;
         t->pool_blocks--;
     } else {
         dp_detail d;
         dp_detail_clear(&d);
-        int rc = dp_endpoint_deregister(t->ep, (void *)(uintptr_t)e->base, &d);
+        int rc = dp__endpoint_deregister(t->ep, (void *)(uintptr_t)e->base, &d);
         if (rc != DP_OK) {
             /* A retained transfer touches it: registered for good. */
             DP_LOG_W("direct %s: keeping %#" PRIx64 " registered: %s", t->name, e->base,
@@ -147,9 +147,9 @@ dp__direct_reg_release_locked(dp_direct *t, uint64_t key)
         }
         t->deregisters++;
         t->version++;
-        dp_ranges_remove(&t->reg_ranges, dp_ranges_at(&t->reg_ranges, e->base));
+        dp__ranges_remove(&t->reg_ranges, dp__ranges_at(&t->reg_ranges, e->base));
     }
-    dp_map_del_u64(&t->regs, key);
+    dp__map_del_u64(&t->regs, key);
     free(e);
 }
 
@@ -158,7 +158,7 @@ dp__direct_pool_acquire_locked(dp_direct *t, const dp_direct_buf *b, uint64_t *k
                                uint64_t *raddr, dp_detail *d)
 {
     uint64_t a = (uint64_t)(uintptr_t)b->addr;
-    regent *e = dp_map_get_u64(&t->regs, a);
+    regent *e = dp__map_get_u64(&t->regs, a);
     if (e != NULL && e->pool && b->len <= e->len) {
         e->refs++;
         *key = a;
@@ -166,31 +166,31 @@ dp__direct_pool_acquire_locked(dp_direct *t, const dp_direct_buf *b, uint64_t *k
         return DP_OK;
     }
     if (e != NULL)
-        return dp_fail(d, DP_EEXIST,
-                       "direct: buffer %p of %zu bytes is pooled with %" PRIu64
-                       " bytes by another object",
-                       b->addr, b->len, e->len);
+        return dp__fail(d, DP_EEXIST,
+                        "direct: buffer %p of %zu bytes is pooled with %" PRIu64
+                        " bytes by another object",
+                        b->addr, b->len, e->len);
     uint64_t off;
     dp_detail ad;
     dp_detail_clear(&ad);
-    int rc = dp_slab_alloc_alloc(t->pool, b->len, &off, &ad);
+    int rc = dp__slab_alloc_alloc(t->pool, b->len, &off, &ad);
     if (rc != DP_OK) {
         char sz[32], psz[32], used[32];
-        dp_fmt_size(b->len, sz, sizeof sz);
-        dp_fmt_size(t->pool_bytes, psz, sizeof psz);
-        dp_fmt_size(t->pool_used, used, sizeof used);
+        dp__fmt_size(b->len, sz, sizeof sz);
+        dp__fmt_size(t->pool_bytes, psz, sizeof psz);
+        dp__fmt_size(t->pool_used, used, sizeof used);
         int code = rc == DP_EUNITFULL ? DP_EBUSY : rc;
-        return dp_fail(d, code,
-                       "memory pool cannot take a buffer of %s (pool %s, %s "
-                       "held): %s; free objects, grow pool_bytes or publish without a "
-                       "pool",
-                       sz, psz, used, ad.msg);
+        return dp__fail(d, code,
+                        "memory pool cannot take a buffer of %s (pool %s, %s "
+                        "held): %s; free objects, grow pool_bytes or publish without a "
+                        "pool",
+                        sz, psz, used, ad.msg);
     }
     e = calloc(1, sizeof *e);
-    if (e == NULL || dp_map_put_u64(&t->regs, a, e, NULL) != DP_OK) {
+    if (e == NULL || dp__map_put_u64(&t->regs, a, e, NULL) != DP_OK) {
         free(e);
-        dp_slab_alloc_free(t->pool, off, NULL);
-        return dp_fail(d, DP_ENOMEM, "direct: registration cache");
+        dp__slab_alloc_free(t->pool, off, NULL);
+        return dp__fail(d, DP_ENOMEM, "direct: registration cache");
     }
     e->base = a;
     e->len = b->len;

@@ -6,14 +6,14 @@
  * ------------
  * - A worker (or a dp_direct_wait(-1) caller that takes its own request
  *   before any worker does, saving two thread hand-offs) connects the remote
- *   through the LRU, reads the object with blocking dp_endpoint_transfer
+ *   through the LRU, reads the object with blocking dp__endpoint_transfer
  *   calls of at most chunk bytes (CHUNK_RANGES ranges), and ends the request
  *   (state END, rc), broadcasting cv.
  * - Aborts are checked before each chunk; a chunk in flight is never
  *   abandoned, so when a request ends nothing of ours writes into its memory
  *   any more, except transfers the endpoint retained in the graveyard (their
  *   memory is never freed: regions stay registered, own buffers are leaked
- *   and charged with dp_graveyard_retain_buffer by direct.c).
+ *   and charged with dp__graveyard_retain_buffer by direct.c).
  * - A request's targets are released as soon as it ends, by whoever ran it.
  */
 #include <inttypes.h>
@@ -66,16 +66,17 @@ run_fetch(dp_direct_req *r, dp_detail *d)
     const dp_direct_md *md = &r->md;
     double pause = 0;
     if (req_aborted(r, NULL))
-        return dp_fail(d, DP_ECANCELED,
-                       "direct: fetch of object %s aborted before it started", r->obj_id);
+        return dp__fail(d, DP_ECANCELED,
+                        "direct: fetch of object %s aborted before it started",
+                        r->obj_id);
     if (r->n == 0)
         return DP_OK;
     int rc = dp__direct_lru_acquire(t, md, d);
     if (rc != DP_OK) {
-        dp_fail_ctx(d, rc,
-                    "direct (backend " BACKEND "): cannot connect to publisher %s for "
-                    "object %s (check UCX_TLS = %s; rerun with UCX_LOG_LEVEL=debug)",
-                    md->name, r->obj_id, env_or("UCX_TLS", "unset"));
+        dp__fail_ctx(d, rc,
+                     "direct (backend " BACKEND "): cannot connect to publisher %s for "
+                     "object %s (check UCX_TLS = %s; rerun with UCX_LOG_LEVEL=debug)",
+                     md->name, r->obj_id, env_or("UCX_TLS", "unset"));
         return rc;
     }
     dp_range l[CHUNK_RANGES], rr[CHUNK_RANGES];
@@ -98,26 +99,27 @@ run_fetch(dp_direct_req *r, dp_detail *d)
             }
         }
         if (req_aborted(r, &pause)) {
-            rc = dp_fail(d, DP_ECANCELED,
-                         "direct: fetch of object %s aborted after %" PRIu64
-                         " of %" PRIu64 " bytes",
-                         r->obj_id, done, md->total_bytes);
+            rc = dp__fail(d, DP_ECANCELED,
+                          "direct: fetch of object %s aborted after %" PRIu64
+                          " of %" PRIu64 " bytes",
+                          r->obj_id, done, md->total_bytes);
             break;
         }
         if (pause > 0)
-            dp_sleep_s(pause);
-        rc = dp_endpoint_transfer(t->ep, DP_XFER_READ, l, k, rr, k, md->name,
-                                  t->timeout_s, d);
+            dp__sleep_s(pause);
+        rc = dp__endpoint_transfer(t->ep, DP_XFER_READ, l, k, rr, k, md->name,
+                                   t->timeout_s, d);
         if (rc != DP_OK) {
             xfer_failed = true;
             char tot[32];
-            dp_fmt_size(md->total_bytes, tot, sizeof tot);
-            dp_fail_ctx(d, rc,
-                        "direct (backend " BACKEND "): READ of object %s (%zu buffers, "
-                        "%s) from %s failed after %" PRIu64 " bytes; the publisher may "
-                        "have died or freed it (UCX_TLS = %s; rerun with "
-                        "UCX_LOG_LEVEL=debug)",
-                        r->obj_id, r->n, tot, md->name, done, env_or("UCX_TLS", "unset"));
+            dp__fmt_size(md->total_bytes, tot, sizeof tot);
+            dp__fail_ctx(d, rc,
+                         "direct (backend " BACKEND "): READ of object %s (%zu buffers, "
+                         "%s) from %s failed after %" PRIu64 " bytes; the publisher may "
+                         "have died or freed it (UCX_TLS = %s; rerun with "
+                         "UCX_LOG_LEVEL=debug)",
+                         r->obj_id, r->n, tot, md->name, done,
+                         env_or("UCX_TLS", "unset"));
             break;
         }
         done += bytes;
@@ -133,9 +135,9 @@ run_fetch(dp_direct_req *r, dp_detail *d)
 bool
 dp__direct_dequeue_locked(dp_direct *t, dp_direct_req *r)
 {
-    if (!dp_list_contains(&t->queue, &r->qlink))
+    if (!dp__list_contains(&t->queue, &r->qlink))
         return false;
-    dp_list_remove(&t->queue, &r->qlink);
+    dp__list_remove(&t->queue, &r->qlink);
     return true;
 }
 
@@ -171,7 +173,7 @@ dp__direct_worker_main(void *arg)
     dp_direct *t = arg;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        while (!t->stopping && dp_list_empty(&t->queue))
+        while (!t->stopping && dp__list_empty(&t->queue))
             pthread_cond_wait(&t->work_cv, &t->mu);
         if (t->stopping)
             break;

@@ -11,11 +11,11 @@
  * index still points at (the live keys: an overwritten or cleared key of a
  * blob's own index is not saved as live), dup the fd of each disk blob, and
  * take a hold on each (n_holds; the running saves' hold sets are listed in
- * u->holds for dp_unit_check). A hold keeps a record like a pin does: a
+ * u->holds for dp__unit_check). A hold keeps a record like a pin does: a
  * release meanwhile makes it a zombie (its region and fd stay), freed when the
  * last pin and hold end. Outside mu, on the caller's thread (for serve.c a
  * thread of its own, whose reply is deferred: the ctl thread goes on serving;
- * destroy stops it at its next blob and waits, see dp_unit_admin_wait), the
+ * destroy stops it at its next blob and waits, see dp__unit_admin_wait), the
  * blobs are copied from the put area (published bytes never change) or from
  * the dup'd fd into path.tmp and path.rows.tmp (O_EXCL), fsync'd and renamed
  * without replacing anything. Back under mu the holds end. A spill not yet
@@ -25,7 +25,7 @@
  * with spill and the SSD tier, a spill file to come). Outside mu: one
  * sequential pass over the shard filling the regions, checking each blob's
  * CRC32C and the whole data's, parsing each blob's index as commit does
- * (dp_shard_reader_blob, dp_shard_blob_check), and writing the spill files.
+ * (dp__shard_reader_blob, dp__shard_blob_check), and writing the spill files.
  * Back under mu: everything is published (only the live entries,
  * dp__rows_publish_locked's keep), or, on any failure, the regions are freed
  * (never exposed: no transfer can have touched them) and nothing is.
@@ -59,12 +59,12 @@ static int
 ck_path(const char *p, size_t n, char *buf, const char *op, dp_detail *d)
 {
     if (n < 2 || n > DP_UNIT_PATH_MAX || p[0] != '/')
-        return dp_fail(d, DP_EINVAL, "%s: path must be absolute and 2..%d bytes long", op,
-                       DP_UNIT_PATH_MAX);
+        return dp__fail(d, DP_EINVAL, "%s: path must be absolute and 2..%d bytes long",
+                        op, DP_UNIT_PATH_MAX);
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
-            return dp_fail(d, DP_EINVAL,
-                           "%s: path has a NUL or control character at byte %zu", op, i);
+            return dp__fail(d, DP_EINVAL,
+                            "%s: path has a NUL or control character at byte %zu", op, i);
     memcpy(buf, p, n);
     buf[n] = '\0';
     return 0;
@@ -92,8 +92,8 @@ typedef struct ck_out {
 static int
 ck_write(ck_out *o, const void *p, size_t n, dp_detail *d)
 {
-    o->crc = dp_crc32c_update(o->crc, p, n);
-    int rc = dp_pwrite_full(o->fd, p, n, o->pos, o->name, d);
+    o->crc = dp__crc32c_update(o->crc, p, n);
+    int rc = dp__pwrite_full(o->fd, p, n, o->pos, o->name, d);
     if (rc == 0)
         o->pos += n;
     return rc;
@@ -104,11 +104,11 @@ ck_create_tmp(const char *tmp, int *fd, dp_detail *d)
 {
     *fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (*fd < 0 && errno == EEXIST)
-        return dp_fail(d, DP_EEXIST,
-                       "creating %s: it exists (a save that died?); not overwritten",
-                       tmp);
+        return dp__fail(d, DP_EEXIST,
+                        "creating %s: it exists (a save that died?); not overwritten",
+                        tmp);
     if (*fd < 0)
-        return dp_fail_sys(d, errno, "creating %s", tmp);
+        return dp__fail_sys(d, errno, "creating %s", tmp);
     return 0;
 }
 
@@ -118,14 +118,15 @@ ck_finish(int fd, const char *tmp, const char *final, dp_detail *d)
 {
     int rc = 0;
     if (fsync(fd) != 0)
-        rc = dp_fail_sys(d, errno, "fsync of %s", tmp);
+        rc = dp__fail_sys(d, errno, "fsync of %s", tmp);
     if (close(fd) != 0 && rc == 0)
-        rc = dp_fail_sys(d, errno, "closing %s", tmp);
+        rc = dp__fail_sys(d, errno, "closing %s", tmp);
     /* Never replaces a file: a save writes only names that did not exist. */
     if (rc == 0 && renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE) != 0)
-        rc = errno == EEXIST ? dp_fail(d, DP_EEXIST,
-                                       "renaming %s: %s exists; not replaced", tmp, final)
-                             : dp_fail_sys(d, errno, "renaming %s to %s", tmp, final);
+        rc = errno == EEXIST
+                 ? dp__fail(d, DP_EEXIST, "renaming %s: %s exists; not replaced", tmp,
+                            final)
+                 : dp__fail_sys(d, errno, "renaming %s to %s", tmp, final);
     return rc;
 }
 
@@ -159,7 +160,7 @@ typedef struct ck_save {
 static void
 holds_release_locked(dp_unit *u, hold_set *h)
 {
-    dp_list_remove(&u->holds, &h->link);
+    dp__list_remove(&u->holds, &h->link);
     double now = dp__unit_now(u);
     for (uint32_t i = 0; i < h->n; i++) {
         blob_rec *b = h->b[i];
@@ -187,20 +188,20 @@ snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_deta
     size_t it = 0;
     void *v;
     uint32_t n = 0;
-    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+    while (dp__map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
         blob_rec *b = v;
         if (b->state != REC_PUBLISHED)
             continue;
         DP_ASSERT(n < cap);
         ck_snap *s = &sn[n];
         s->fd = -1;
-        uint32_t ne = dp_blob_count(b->parsed);
+        uint32_t ne = dp__blob_count(b->parsed);
         s->live = malloc((ne ? ne : 1) * sizeof *s->live);
         if (s->live == NULL)
             goto nomem;
         for (uint32_t i = 0; i < ne; i++) {
-            const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
-            row *r = dp_map_get_u64(&u->rows, e->gidx);
+            const dp_blob_entry *e = dp__blob_entry_at(b->parsed, i);
+            row *r = dp__map_get_u64(&u->rows, e->gidx);
             slot *sl = dp__row_slot(r, e->field, (uint32_t)e->field_len);
             if (sl != NULL && sl->b == b && sl->i == i)
                 s->live[s->n_live++] = i;
@@ -214,7 +215,7 @@ snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_deta
                 for (uint32_t j = 0; j < n; j++)
                     if (sn[j].fd >= 0)
                         close(sn[j].fd);
-                rc = dp_fail_sys(d, e, "save: dup of the file of disk blob %s", b->id);
+                rc = dp__fail_sys(d, e, "save: dup of the file of disk blob %s", b->id);
                 goto undo;
             }
         } else {
@@ -229,12 +230,12 @@ snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_deta
         sn[i].b->n_holds++;
         h->b[h->n++] = sn[i].b;
     }
-    dp_list_insert_head(&u->holds, &h->link);
+    dp__list_insert_head(&u->holds, &h->link);
     *out = sn;
     *n_out = n;
     return 0;
 nomem:
-    dp_fail(d, DP_ENOMEM, "save: out of memory");
+    dp__fail(d, DP_ENOMEM, "save: out of memory");
     if (sn != NULL)
         for (uint64_t j = 0; j < cap; j++)
             if (sn[j].fd >= 0 && sn[j].b != NULL)
@@ -250,7 +251,7 @@ undo:
 }
 
 void
-dp_unit_save_res_fini(dp_unit_save_res *res)
+dp__unit_save_res_fini(dp_unit_save_res *res)
 {
     if (res == NULL)
         return;
@@ -270,22 +271,22 @@ save_blob(dp_unit *u, ck_save *sv, uint32_t i, dp_unit_save_res *res, dp_detail 
     if (rc != 0)
         return rc;
     if (s->src != NULL) {
-        bcrc = dp_crc32c(s->src, (size_t)s->nbytes);
+        bcrc = dp__crc32c(s->src, (size_t)s->nbytes);
         rc = ck_write(&sv->so, s->src, (size_t)s->nbytes, d);
     } else {
         for (uint64_t done = 0; rc == 0 && done < s->nbytes;) {
             size_t c = (size_t)DP_MIN(s->nbytes - done, (uint64_t)CK_CHUNK);
-            rc = dp_pread_full(s->fd, sv->buf, c, done, NULL, "a disk blob's file", d);
+            rc = dp__pread_full(s->fd, sv->buf, c, done, NULL, "a disk blob's file", d);
             if (rc == 0) {
-                bcrc = dp_crc32c_update(bcrc, sv->buf, c);
+                bcrc = dp__crc32c_update(bcrc, sv->buf, c);
                 rc = ck_write(&sv->so, sv->buf, c, d);
             }
             done += c;
         }
     }
     if (rc != 0)
-        return dp_fail_ctx(d, rc, "save: blob %s", s->b->id);
-    sv->data_crc = dp_crc32c_combine(sv->data_crc, bcrc, s->nbytes);
+        return dp__fail_ctx(d, rc, "save: blob %s", s->b->id);
+    sv->data_crc = dp__crc32c_combine(sv->data_crc, bcrc, s->nbytes);
     memcpy(res->ids[i], s->b->id, s->b->id_len + 1);
     res->blobs[i] =
         (dp_wire_shard_blob){{res->ids[i], s->b->id_len}, off, s->nbytes, s->refs};
@@ -296,13 +297,13 @@ save_blob(dp_unit *u, ck_save *sv, uint32_t i, dp_unit_save_res *res, dp_detail 
                         .crc = bcrc,
                         .n_live = s->n_live};
     uint8_t rb[DP_SHARD_ROW_HEAD_MAX];
-    if ((rc = ck_write(&sv->ro, rb, dp_shard_row_encode(&rec, rb), d)) != 0)
+    if ((rc = ck_write(&sv->ro, rb, dp__shard_row_encode(&rec, rb), d)) != 0)
         return rc;
     uint8_t lv[4 * CK_LIVE_BATCH];
     for (uint32_t k = 0; k < s->n_live;) {
         uint32_t m = DP_MIN(s->n_live - k, (uint32_t)CK_LIVE_BATCH);
         for (uint32_t j = 0; j < m; j++)
-            dp_shard_live_encode(s->live[k + j], lv + 4 * j);
+            dp__shard_live_encode(s->live[k + j], lv + 4 * j);
         if ((rc = ck_write(&sv->ro, lv, 4 * (size_t)m, d)) != 0)
             return rc;
         k += m;
@@ -319,7 +320,7 @@ save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
     res->ids = calloc(n ? n : 1, sizeof *res->ids);
     sv->buf = malloc(CK_CHUNK);
     if (res->blobs == NULL || res->ids == NULL || sv->buf == NULL)
-        return dp_fail(d, DP_ENOMEM, "save: out of memory");
+        return dp__fail(d, DP_ENOMEM, "save: out of memory");
     int rc = ck_create_tmp(sv->tmp, &sv->fd, d);
     if (rc != 0)
         return rc;
@@ -331,8 +332,8 @@ save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
     for (uint32_t i = 0; i < n; i++)
         h.data_bytes += sv->sn[i].nbytes;
     uint8_t hdr[DP_SHARD_HEADER_LEN], rh[DP_SHARD_ROWS_HEADER_LEN];
-    dp_shard_header_encode(&h, hdr);
-    dp_shard_rows_header_encode(sv->unit_id, sv->n_units, n, rh);
+    dp__shard_header_encode(&h, hdr);
+    dp__shard_rows_header_encode(sv->unit_id, sv->n_units, n, rh);
     sv->so = (ck_out){sv->fd, 0, 0, sv->tmp};
     sv->ro = (ck_out){sv->rfd, 0, 0, sv->rtmp};
     if ((rc = ck_write(&sv->so, hdr, sizeof hdr, d)) != 0 ||
@@ -342,10 +343,10 @@ save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
         if ((rc = save_blob(u, sv, i, res, d)) != 0)
             return rc;
     uint8_t tr[DP_SHARD_TRAILER_LEN], rt[DP_SHARD_ROWS_TRAILER_LEN];
-    dp_shard_trailer_encode(&h, sv->data_crc, tr);
+    dp__shard_trailer_encode(&h, sv->data_crc, tr);
     if ((rc = ck_write(&sv->so, tr, sizeof tr, d)) != 0)
         return rc;
-    dp_shard_rows_trailer_encode(sv->ro.crc, rt);
+    dp__shard_rows_trailer_encode(sv->ro.crc, rt);
     if ((rc = ck_write(&sv->ro, rt, sizeof rt, d)) != 0)
         return rc;
     res->nbytes = sv->so.pos;
@@ -369,8 +370,8 @@ save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
 }
 
 int
-dp_unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_res *res,
-                   dp_detail *d)
+dp__unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_res *res,
+                    dp_detail *d)
 {
     memset(res, 0, sizeof *res);
     ck_save sv = {.fd = -1, .rfd = -1};
@@ -414,7 +415,7 @@ dp_unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_r
     pthread_mutex_unlock(&u->mu);
     free(sv.h.b);
     if (rc != 0)
-        dp_unit_save_res_fini(res);
+        dp__unit_save_res_fini(res);
     return rc;
 }
 
@@ -455,7 +456,7 @@ lb_cmp(const void *a, const void *b)
 }
 
 void
-dp_unit_load_res_fini(dp_unit_load_res *res)
+dp__unit_load_res_fini(dp_unit_load_res *res)
 {
     if (res == NULL)
         return;
@@ -469,44 +470,45 @@ static int
 load_open(dp_unit *u, ck_load *ld, dp_detail *d)
 {
     uint64_t flen = 0;
-    int rc = dp_shard_file_open(ld->fin, &ld->fd, &flen, d);
+    int rc = dp__shard_file_open(ld->fin, &ld->fd, &flen, d);
     if (rc != 0)
         return rc;
     uint8_t hdr[DP_SHARD_HEADER_LEN], tr[DP_SHARD_TRAILER_LEN];
-    if ((rc = dp_pread_full(ld->fd, hdr, sizeof hdr, 0, NULL, ld->fin, d)) != 0 ||
-        (rc = dp_shard_header_decode(hdr, ld->fin, &ld->h, d)) != 0)
+    if ((rc = dp__pread_full(ld->fd, hdr, sizeof hdr, 0, NULL, ld->fin, d)) != 0 ||
+        (rc = dp__shard_header_decode(hdr, ld->fin, &ld->h, d)) != 0)
         return rc;
     if (ld->h.unit_id != u->o.unit_id || ld->h.n_units != u->o.n_units)
-        return dp_fail(d, DP_EINVAL,
-                       "%s: shard of unit %u of a %u-unit cluster, this is unit %u of %u "
-                       "(rows are placed by gidx %% units)",
-                       ld->fin, ld->h.unit_id, ld->h.n_units, u->o.unit_id, u->o.n_units);
-    if ((rc = dp_shard_check_len(&ld->h, flen, ld->fin, d)) != 0)
+        return dp__fail(
+            d, DP_EINVAL,
+            "%s: shard of unit %u of a %u-unit cluster, this is unit %u of %u "
+            "(rows are placed by gidx %% units)",
+            ld->fin, ld->h.unit_id, ld->h.n_units, u->o.unit_id, u->o.n_units);
+    if ((rc = dp__shard_check_len(&ld->h, flen, ld->fin, d)) != 0)
         return rc;
-    uint64_t toff = dp_shard_data_end(&ld->h);
-    if ((rc = dp_pread_full(ld->fd, tr, sizeof tr, toff, NULL, ld->fin, d)) != 0)
+    uint64_t toff = dp__shard_data_end(&ld->h);
+    if ((rc = dp__pread_full(ld->fd, tr, sizeof tr, toff, NULL, ld->fin, d)) != 0)
         return rc;
-    return dp_shard_trailer_decode(tr, &ld->h, ld->fin, &ld->data_crc, d);
+    return dp__shard_trailer_decode(tr, &ld->h, ld->fin, &ld->data_crc, d);
 }
 
 /* Read path.rows: of this unit, agreeing with the shard; index it by id. */
 static int
 load_rows(dp_unit *u, ck_load *ld, dp_detail *d)
 {
-    int rc = dp_shard_rows_load(ld->rfin, &ld->rbuf, &ld->rows, d);
+    int rc = dp__shard_rows_load(ld->rfin, &ld->rbuf, &ld->rows, d);
     if (rc != 0)
         return rc;
     if (ld->rows.unit_id != u->o.unit_id || ld->rows.n_units != u->o.n_units)
-        return dp_fail(d, DP_EINVAL,
-                       "%s: written by unit %u of %u, this is unit %u of %u (offset 12)",
-                       ld->rfin, ld->rows.unit_id, ld->rows.n_units, u->o.unit_id,
-                       u->o.n_units);
-    if ((rc = dp_shard_rows_check(&ld->rows, &ld->h, ld->rfin, ld->fin, d)) != 0)
+        return dp__fail(d, DP_EINVAL,
+                        "%s: written by unit %u of %u, this is unit %u of %u (offset 12)",
+                        ld->rfin, ld->rows.unit_id, ld->rows.n_units, u->o.unit_id,
+                        u->o.n_units);
+    if ((rc = dp__shard_rows_check(&ld->rows, &ld->h, ld->rfin, ld->fin, d)) != 0)
         return rc;
     for (uint32_t i = 0; i < ld->rows.n; i++) {
         const dp_shard_row *r = &ld->rows.v[i];
-        if (dp_map_put(&ld->byid, r->id, r->id_len, (void *)r, NULL) != 0)
-            return dp_fail(d, DP_ENOMEM, "load: out of memory");
+        if (dp__map_put(&ld->byid, r->id, r->id_len, (void *)r, NULL) != 0)
+            return dp__fail(d, DP_ENOMEM, "load: out of memory");
     }
     return 0;
 }
@@ -521,29 +523,29 @@ load_plan(ck_load *ld, const dp_wire_shard_blob *blobs, uint32_t n, dp_unit_load
     res->loaded = calloc(n ? n : 1, sizeof *res->loaded);
     res->failed = calloc(n ? n : 1, sizeof *res->failed);
     if (ld->lb == NULL || ld->ord == NULL || res->loaded == NULL || res->failed == NULL)
-        return dp_fail(d, DP_ENOMEM, "load: out of memory");
+        return dp__fail(d, DP_ENOMEM, "load: out of memory");
     ld->n = n;
     for (uint32_t i = 0; i < n; i++)
         ld->lb[i].fd = -1; /* before any check can fail: load_fini closes them */
     for (uint32_t i = 0; i < n; i++) {
         ck_lb *x = &ld->lb[i];
         x->w = &blobs[i];
-        x->r = dp_map_get(&ld->byid, blobs[i].id.p, blobs[i].id.n);
+        x->r = dp__map_get(&ld->byid, blobs[i].id.p, blobs[i].id.n);
         if (x->r == NULL || x->r->off != blobs[i].off || x->r->nbytes != blobs[i].nbytes)
-            return dp_fail(d, DP_EINVAL,
-                           "load_shard: blob %.*s [%" PRIu64 ", +%" PRIu64
-                           ") is not in %s",
-                           (int)blobs[i].id.n, blobs[i].id.p, blobs[i].off,
-                           blobs[i].nbytes, ld->rfin);
+            return dp__fail(d, DP_EINVAL,
+                            "load_shard: blob %.*s [%" PRIu64 ", +%" PRIu64
+                            ") is not in %s",
+                            (int)blobs[i].id.n, blobs[i].id.p, blobs[i].off,
+                            blobs[i].nbytes, ld->rfin);
         ld->ord[i] = x;
     }
     qsort(ld->ord, n, sizeof *ld->ord, lb_cmp);
     for (uint32_t i = 1; i < n; i++) {
         const dp_shard_row *r = ld->ord[i]->r, *q = ld->ord[i - 1]->r;
         if (r == q || r->off < q->off + q->nbytes)
-            return dp_fail(d, DP_EINVAL,
-                           "load_shard: blob %.*s asked twice or overlapping",
-                           (int)r->id_len, r->id);
+            return dp__fail(d, DP_EINVAL,
+                            "load_shard: blob %.*s asked twice or overlapping",
+                            (int)r->id_len, r->id);
     }
     return 0;
 }
@@ -556,7 +558,7 @@ load_alloc_locked(dp_unit *u, ck_load *ld, bool spill)
     for (uint32_t i = 0; i < ld->n; i++) {
         ck_lb *x = &ld->lb[i];
         const dp_shard_row *r = x->r;
-        blob_rec *b = dp_map_get(&u->blobs, r->id, r->id_len);
+        blob_rec *b = dp__map_get(&u->blobs, r->id, r->id_len);
         if (b != NULL) {
             x->state = b->state == REC_PUBLISHED ? LB_PRESENT : LB_FAILED;
             continue;
@@ -569,7 +571,7 @@ load_alloc_locked(dp_unit *u, ck_load *ld, bool spill)
             x->state = LB_REGION;
             x->off = o;
             x->size = r->nbytes;
-            dp_slab_alloc_size_of(u->alloc, o, &x->size);
+            dp__slab_alloc_size_of(u->alloc, o, &x->size);
         } else if (spill && u->ssd && r->nbytes <= u->o.staging_bytes) {
             x->state = LB_DISK;
         } else {
@@ -587,7 +589,7 @@ static int
 load_fill(dp_unit *u, ck_load *ld, dp_detail *d)
 {
     dp_shard_reader rd;
-    int rc = dp_shard_reader_init(&rd, ld->fd, ld->fin, &ld->h, d);
+    int rc = dp__shard_reader_init(&rd, ld->fd, ld->fin, &ld->h, d);
     dp_blob_parse_opts po = {0};
     po.n_units = u->o.n_units;
     po.unit_index = u->o.unit_id;
@@ -601,20 +603,20 @@ load_fill(dp_unit *u, ck_load *ld, dp_detail *d)
         } else if (x->state == LB_DISK) {
             dst = x->buf = malloc((size_t)x->r->nbytes);
             if (dst == NULL) {
-                rc = dp_fail(d, DP_ENOMEM, "load: out of memory for blob %.*s",
-                             (int)x->r->id_len, x->r->id);
+                rc = dp__fail(d, DP_ENOMEM, "load: out of memory for blob %.*s",
+                              (int)x->r->id_len, x->r->id);
                 break;
             }
         }
         /* Straight into its region: one pread per blob (up to 1 GiB). */
-        if ((rc = dp_shard_reader_blob(&rd, x->r, dst, d)) != 0)
+        if ((rc = dp__shard_reader_blob(&rd, x->r, dst, d)) != 0)
             break;
         if (dst != NULL)
-            rc = dp_shard_blob_check(x->r, dst, &po, ld->fin, ld->rfin, &x->sb, d);
+            rc = dp__shard_blob_check(x->r, dst, &po, ld->fin, ld->rfin, &x->sb, d);
     }
     if (rc == 0)
-        rc = dp_shard_reader_end(&rd, ld->data_crc, d);
-    dp_shard_reader_fini(&rd);
+        rc = dp__shard_reader_end(&rd, ld->data_crc, d);
+    dp__shard_reader_fini(&rd);
     return rc;
 }
 
@@ -631,7 +633,7 @@ load_spill_files(dp_unit *u, ck_load *ld)
         dp_detail_clear(&fd_d);
         if (dp__ssd_new_file(u, u->use_tmpfile, &x->fd, label, sizeof label, &fd_d) !=
                 0 ||
-            dp_pwrite_full(x->fd, x->buf, (size_t)x->r->nbytes, 0, label, &fd_d) != 0) {
+            dp__pwrite_full(x->fd, x->buf, (size_t)x->r->nbytes, 0, label, &fd_d) != 0) {
             DP_LOG_W("unit %u: load: spill of blob %s failed: %s", u->o.unit_id, x->r->id,
                      dp_detail_msg(&fd_d));
             if (x->fd >= 0)
@@ -669,9 +671,9 @@ load_publish_one_locked(dp_unit *u, ck_lb *x, double now)
         u->stats.disk_blobs++;
         u->stats.disk_bytes += b->nbytes;
     }
-    if (dp_map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0 ||
+    if (dp__map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0 ||
         dp__rows_publish_locked(u, b, x->sb.keep, now, NULL) != 0) {
-        dp_map_del(&u->blobs, b->id, b->id_len);
+        dp__map_del(&u->blobs, b->id, b->id_len);
         if (b->flags & REC_DISK) {
             u->stats.disk_blobs--;
             u->stats.disk_bytes -= b->nbytes;
@@ -696,7 +698,7 @@ load_publish_locked(dp_unit *u, ck_load *ld, int rc, dp_unit_load_res *res)
     for (uint32_t i = 0; i < ld->n; i++) {
         ck_lb *x = &ld->lb[i];
         bool fresh = x->state == LB_REGION || x->state == LB_DISK;
-        if (rc == 0 && fresh && dp_map_get(&u->blobs, x->r->id, x->r->id_len) == NULL) {
+        if (rc == 0 && fresh && dp__map_get(&u->blobs, x->r->id, x->r->id_len) == NULL) {
             if (load_publish_one_locked(u, x, now)) {
                 x->state = LB_PRESENT;
                 u->stats.loaded_blobs++;
@@ -704,12 +706,12 @@ load_publish_locked(dp_unit *u, ck_load *ld, int rc, dp_unit_load_res *res)
         } else if (rc == 0 && x->state != LB_FAILED) {
             /* Already there, or a put of the same id won meanwhile. */
             if (x->state == LB_REGION)
-                dp_slab_alloc_free(u->alloc, x->off, NULL);
+                dp__slab_alloc_free(u->alloc, x->off, NULL);
             x->state = LB_PRESENT;
         }
         if (x->state == LB_REGION) {
             /* Never exposed: no transfer can run into it. */
-            dp_slab_alloc_free(u->alloc, x->off, NULL);
+            dp__slab_alloc_free(u->alloc, x->off, NULL);
             if (rc == 0)
                 x->state = LB_FAILED;
         }
@@ -733,23 +735,23 @@ load_fini(ck_load *ld)
         if (ld->lb[i].fd >= 0)
             close(ld->lb[i].fd);
         free(ld->lb[i].buf);
-        dp_shard_blob_fini(&ld->lb[i].sb);
+        dp__shard_blob_fini(&ld->lb[i].sb);
     }
     free(ld->lb);
     free(ld->ord);
-    dp_shard_rows_fini(&ld->rows);
+    dp__shard_rows_fini(&ld->rows);
     free(ld->rbuf);
-    dp_map_fini(&ld->byid);
+    dp__map_fini(&ld->byid);
 }
 
 int
-dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
-                   const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
-                   dp_unit_load_res *res, dp_detail *d)
+dp__unit_load_shard(dp_unit *u, const char *path, size_t path_len,
+                    const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
+                    dp_unit_load_res *res, dp_detail *d)
 {
     memset(res, 0, sizeof *res);
     ck_load ld = {.fd = -1};
-    dp_map_init_str(&ld.byid);
+    dp__map_init_str(&ld.byid);
     int rc = ck_path(path, path_len, ld.fin, "load_shard", d);
     if (rc != 0)
         goto out;
@@ -769,6 +771,6 @@ dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
 out:
     load_fini(&ld);
     if (rc != 0)
-        dp_unit_load_res_fini(res);
+        dp__unit_load_res_fini(res);
     return rc;
 }

@@ -1,6 +1,6 @@
 /*
  * Request order: a stale request (older than one its client sent later) is
- * refused (see dp_unit_order_check in unit.h and docs/design.md, "Request
+ * refused (see dp__unit_order_check in unit.h and docs/design.md, "Request
  * order").
  *
  * Design notes
@@ -46,7 +46,7 @@ parse_rid(const char *p, size_t n, uint64_t *counter)
 }
 
 int
-dp_unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d)
+dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d)
 {
     uint64_t k;
     if (!parse_rid(rid, len, &k))
@@ -54,10 +54,10 @@ dp_unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d)
     int rc = DP_OK;
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
-    order_rec *r = dp_map_get(&u->order, rid, 16);
+    order_rec *r = dp__map_get(&u->order, rid, 16);
     if (r == NULL) {
         r = calloc(1, sizeof *r);
-        if (r != NULL && dp_map_put(&u->order, rid, 16, r, NULL) != 0) {
+        if (r != NULL && dp__map_put(&u->order, rid, 16, r, NULL) != 0) {
             free(r);
             r = NULL;
         }
@@ -66,10 +66,10 @@ dp_unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d)
         r->last = k;
     } else if (k <= r->last) {
         u->stats.stale_refused++;
-        rc = dp_fail(d, DP_EPROTO,
-                     "stale request %.*s: this client already sent request %llx, "
-                     "so this one travelled on a connection it gave up; refused",
-                     (int)len, rid, (unsigned long long)r->last);
+        rc = dp__fail(d, DP_EPROTO,
+                      "stale request %.*s: this client already sent request %llx, "
+                      "so this one travelled on a connection it gave up; refused",
+                      (int)len, rid, (unsigned long long)r->last);
     } else {
         r->last = k;
     }
@@ -91,7 +91,7 @@ dp__order_sweep_locked(dp_unit *u, double now)
     const void *key;
     size_t klen;
     void *v;
-    for (size_t it = 0; dp_map_next(&u->order, &it, &key, &klen, NULL, &v);) {
+    for (size_t it = 0; dp__map_next(&u->order, &it, &key, &klen, NULL, &v);) {
         if (now - ((order_rec *)v)->seen < ORDER_KEEP_S || klen != 16)
             continue;
         if (n == cap) {
@@ -105,7 +105,7 @@ dp__order_sweep_locked(dp_unit *u, double now)
         memcpy(gone[n++], key, 16);
     }
     for (size_t i = 0; i < n; i++)
-        free(dp_map_del(&u->order, gone[i], 16));
+        free(dp__map_del(&u->order, gone[i], 16));
     free(gone);
 }
 
@@ -113,7 +113,7 @@ void
 dp__order_fini(dp_unit *u)
 {
     void *v;
-    for (size_t it = 0; dp_map_next(&u->order, &it, NULL, NULL, NULL, &v);)
+    for (size_t it = 0; dp__map_next(&u->order, &it, NULL, NULL, NULL, &v);)
         free(v);
-    dp_map_fini(&u->order);
+    dp__map_fini(&u->order);
 }

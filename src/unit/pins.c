@@ -30,8 +30,8 @@
 void
 dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
 {
-    dp_map_del(&u->pins, p->id, strlen(p->id));
-    dp_list_remove(&u->pins_by_expiry, &p->link);
+    dp__map_del(&u->pins, p->id, strlen(p->id));
+    dp__list_remove(&u->pins_by_expiry, &p->link);
     for (uint32_t i = 0; i < p->n; i++) {
         blob_rec *b = p->blobs[i];
         DP_ASSERT(b->n_pins > 0);
@@ -62,11 +62,11 @@ pin_create_locked(dp_unit *u, blob_rec **blobs, uint32_t n, double now, char out
     pin *p = calloc(1, sizeof *p);
     if (p == NULL) {
         free(blobs);
-        return dp_fail(d, DP_ENOMEM, "resolve: out of memory");
+        return dp__fail(d, DP_ENOMEM, "resolve: out of memory");
     }
-    int rc = dp_random_hex_id(p->id, d);
-    if (rc == 0 && dp_map_put(&u->pins, p->id, strlen(p->id), p, NULL) != 0)
-        rc = dp_fail(d, DP_ENOMEM, "resolve: out of memory");
+    int rc = dp__random_hex_id(p->id, d);
+    if (rc == 0 && dp__map_put(&u->pins, p->id, strlen(p->id), p, NULL) != 0)
+        rc = dp__fail(d, DP_ENOMEM, "resolve: out of memory");
     if (rc != 0) {
         free(blobs);
         free(p);
@@ -79,14 +79,14 @@ pin_create_locked(dp_unit *u, blob_rec **blobs, uint32_t n, double now, char out
         blobs[i]->n_pins++;
         blobs[i]->last_resolve_at = now;
     }
-    dp_list_insert_tail(&u->pins_by_expiry, &p->link);
+    dp__list_insert_tail(&u->pins_by_expiry, &p->link);
     memcpy(out, p->id, 33);
     return 0;
 }
 
 int
-dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
-                       dp_unit_resolve_res *res, dp_detail *d)
+dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
+                        dp_unit_resolve_res *res, dp_detail *d)
 {
     memset(res, 0, sizeof *res);
     double now = dp__unit_now(u);
@@ -100,13 +100,13 @@ dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
     if (res->blobs == NULL || res->missing == NULL || res->pending == NULL ||
         res->failed == NULL || pinned == NULL) {
         free(pinned);
-        dp_unit_resolve_res_fini(res);
-        return dp_fail(d, DP_ENOMEM, "resolve: out of memory");
+        dp__unit_resolve_res_fini(res);
+        return dp__fail(d, DP_ENOMEM, "resolve: out of memory");
     }
     uint64_t epoch = ++u->pin_epoch;
     u->stats.n_resolve++;
     for (uint32_t i = 0; i < n; i++) {
-        blob_rec *b = dp_map_get(&u->blobs, ids[i].p, ids[i].n);
+        blob_rec *b = dp__map_get(&u->blobs, ids[i].p, ids[i].n);
         if (b == NULL || b->state != REC_PUBLISHED) {
             res->missing[res->n_missing++] = ids[i];
             continue;
@@ -128,12 +128,12 @@ dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
     }
     int rc = pin_create_locked(u, pinned, np, now, res->pin_id, d);
     if (rc != 0)
-        dp_unit_resolve_res_fini(res);
+        dp__unit_resolve_res_fini(res);
     return rc;
 }
 
 void
-dp_unit_resolve_res_fini(dp_unit_resolve_res *res)
+dp__unit_resolve_res_fini(dp_unit_resolve_res *res)
 {
     free(res->blobs);
     free(res->missing);
@@ -143,8 +143,8 @@ dp_unit_resolve_res_fini(dp_unit_resolve_res *res)
 }
 
 int
-dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
-                            dp_unit_resolve_keys_res *res, dp_detail *d)
+dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
+                             dp_unit_resolve_keys_res *res, dp_detail *d)
 {
     memset(res, 0, sizeof *res);
     double now = dp__unit_now(u);
@@ -158,29 +158,29 @@ dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
     int rc;
     if (res->entries == NULL || res->missing == NULL || res->pending == NULL ||
         res->failed == NULL || pinned == NULL) {
-        rc = dp_fail(d, DP_ENOMEM, "resolve_keys: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "resolve_keys: out of memory");
         goto fail;
     }
     uint64_t epoch = ++u->pin_epoch;
     for (uint32_t i = 0; i < n; i++) {
         dp_key_parts kp;
-        rc = dp_key_split(keys[i].p, keys[i].n, &kp, d);
+        rc = dp__key_split(keys[i].p, keys[i].n, &kp, d);
         if (rc != 0) {
             u->stats.n_proto++;
-            dp_fail_ctx(d, DP_EPROTO, "resolve_keys");
+            dp__fail_ctx(d, DP_EPROTO, "resolve_keys");
             rc = DP_EPROTO;
             goto fail;
         }
         if (kp.gidx % u->o.n_units != u->o.unit_id) {
             u->stats.n_proto++;
-            rc = dp_fail(d, DP_EPROTO,
-                         "resolve_keys: key '%.*s' belongs to unit %" PRIu64
-                         ", not to unit %u of %u",
-                         (int)DP_MIN(keys[i].n, 80u), keys[i].p, kp.gidx % u->o.n_units,
-                         u->o.unit_id, u->o.n_units);
+            rc = dp__fail(d, DP_EPROTO,
+                          "resolve_keys: key '%.*s' belongs to unit %" PRIu64
+                          ", not to unit %u of %u",
+                          (int)DP_MIN(keys[i].n, 80u), keys[i].p, kp.gidx % u->o.n_units,
+                          u->o.unit_id, u->o.n_units);
             goto fail;
         }
-        row *r = dp_map_get_u64(&u->rows, kp.gidx);
+        row *r = dp__map_get_u64(&u->rows, kp.gidx);
         slot *s = dp__row_slot(r, kp.field, (uint32_t)kp.field_len);
         if (s == NULL) {
             res->missing[res->n_missing++] = keys[i];
@@ -196,12 +196,12 @@ dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
             res->failed[res->n_failed++] = keys[i];
             continue;
         }
-        const dp_blob_entry *e = dp_blob_entry_at(b->parsed, s->i);
+        const dp_blob_entry *e = dp__blob_entry_at(b->parsed, s->i);
         dp_wire_key_loc *l = &res->entries[res->n_entries++];
         l->key = keys[i];
         l->off = b->off + e->off;
         l->len = e->len;
-        l->kind = dp__zview(dp_blob_kind_name(e->kind));
+        l->kind = dp__zview(dp__blob_kind_name(e->kind));
         l->dtype = (dp_wire_str){e->dtype, e->dtype_len};
         l->shape = e->ndim > 0 ? e->shape : NULL;
         l->ndim = e->ndim;
@@ -213,16 +213,16 @@ dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
     u->stats.n_resolve++;
     rc = pin_create_locked(u, pinned, np, now, res->pin_id, d);
     if (rc != 0)
-        dp_unit_resolve_keys_res_fini(res);
+        dp__unit_resolve_keys_res_fini(res);
     return rc;
 fail:
     free(pinned);
-    dp_unit_resolve_keys_res_fini(res);
+    dp__unit_resolve_keys_res_fini(res);
     return rc;
 }
 
 void
-dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res)
+dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res)
 {
     free(res->entries);
     free(res->missing);
@@ -232,10 +232,10 @@ dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res)
 }
 
 void
-dp_unit_unpin(dp_unit *u, const char *pin_id, size_t len)
+dp__unit_unpin(dp_unit *u, const char *pin_id, size_t len)
 {
     pthread_mutex_lock(&u->mu);
-    pin *p = len <= 32 ? dp_map_get(&u->pins, pin_id, len) : NULL;
+    pin *p = len <= 32 ? dp__map_get(&u->pins, pin_id, len) : NULL;
     if (p != NULL) {
         u->stats.n_unpin++;
         dp__pin_end_locked(u, p, false, dp__unit_now(u));

@@ -102,8 +102,8 @@ static void
 publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
 {
     for (uint32_t i = 0; i < upto; i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(pb, i);
-        row *r = dp_map_get_u64(&u->rows, e->gidx);
+        const dp_blob_entry *e = dp__blob_entry_at(pb, i);
+        row *r = dp__map_get_u64(&u->rows, e->gidx);
         if (r == NULL)
             continue;
         uint32_t flen = (uint32_t)e->field_len;
@@ -111,7 +111,7 @@ publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
         if (k >= 0 && r->s[k].b == NULL)
             row_del(r, (uint32_t)k);
         if (r->n == 0) {
-            dp_map_del_u64(&u->rows, e->gidx);
+            dp__map_del_u64(&u->rows, e->gidx);
             dp__row_free(r);
         }
     }
@@ -128,7 +128,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
                         dp_detail *d)
 {
     const dp_blob *pb = b->parsed;
-    uint32_t n = dp_blob_count(pb), i = 0, kept = 0;
+    uint32_t n = dp__blob_count(pb), i = 0, kept = 0;
     /*
      * Each entry's (row, slot index), found once (a row's fields are usually
      * adjacent); an index, not a pointer: a row's array may move as it grows.
@@ -138,8 +138,8 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
         uint32_t k;
     } *at = malloc((size_t)n * sizeof *at);
     if (at == NULL)
-        return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published",
-                       b->id);
+        return dp__fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published",
+                        b->id);
     row *r = NULL;
     /* Pass 1: every row and slot exists (the only step that allocates). */
     for (i = 0; i < n; i++) {
@@ -147,14 +147,14 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
         if (keep != NULL && !keep[i])
             continue;
         kept++;
-        const dp_blob_entry *e = dp_blob_entry_at(pb, i);
+        const dp_blob_entry *e = dp__blob_entry_at(pb, i);
         if (r == NULL || r->gidx != e->gidx)
-            r = dp_map_get_u64(&u->rows, e->gidx);
+            r = dp__map_get_u64(&u->rows, e->gidx);
         if (r == NULL) {
             r = row_new(e->gidx);
             if (r == NULL)
                 goto nomem;
-            if (dp_map_put_u64(&u->rows, e->gidx, r, NULL) != 0) {
+            if (dp__map_put_u64(&u->rows, e->gidx, r, NULL) != 0) {
                 dp__row_free(r);
                 r = NULL;
                 goto nomem;
@@ -164,7 +164,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
         int32_t k = dp__row_find(r, e->field, flen, h);
         if (k < 0 && (k = row_add(r, e->field, flen, h)) < 0) {
             if (r->n == 0) {
-                dp_map_del_u64(&u->rows, e->gidx);
+                dp__map_del_u64(&u->rows, e->gidx);
                 dp__row_free(r);
             }
             r = NULL;
@@ -175,7 +175,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
     /* Pass 2: publish, cannot fail. */
     b->state = REC_PUBLISHED;
     b->refs = kept;
-    dp_list_remove(&u->pend, &b->pend_link);
+    dp__list_remove(&u->pend, &b->pend_link);
     u->stats.published++;
     u->stats.n_commit++;
     for (i = 0; i < n; i++) {
@@ -185,7 +185,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
         blob_rec *old = s->b;
         s->b = b;
         s->i = i;
-        s->field = dp_blob_entry_at(pb, i)->field; /* the name now lives in b */
+        s->field = dp__blob_entry_at(pb, i)->field; /* the name now lives in b */
         if (old != NULL)
             dp__rec_unref_locked(u, old, now);
         else
@@ -196,5 +196,5 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
 nomem:
     free(at);
     publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
-    return dp_fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
+    return dp__fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
 }

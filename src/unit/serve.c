@@ -14,9 +14,9 @@
  * Threads: the server thread; the unit lock is taken per request and never
  * held across a call into the endpoint (info fetches the metadata first).
  * save_shard and load_shard run on a thread of their own (admin_main) and
- * answer through a deferred reply (dp_ctl_defer): their file I/O would
+ * answer through a deferred reply (dp__ctl_defer): their file I/O would
  * otherwise hold up every other request for as long as it runs. The unit
- * counts them (dp_unit_admin_begin/end); its destroy stops them at their next
+ * counts them (dp__unit_admin_begin/end); its destroy stops them at their next
  * blob and waits for them.
  */
 #include <inttypes.h>
@@ -37,15 +37,16 @@ static void
 reply_error(dp_unit *u, dp_wire_str rid, int code, const dp_detail *d, const char *reason,
             dp_buf *out)
 {
-    dp_buf_reset(out);
+    dp__buf_reset(out);
     if (rid.n == 0)
         return;
     if (code != DP_EUNITFULL && code != DP_EBUSY && code != DP_ELOST)
         code = DP_EPROTO;
     const char *msg = dp_detail_msg(d);
-    if (dp_wire_reply_encode_error(rid, dp_unit_incarnation(u), code, msg[0] ? msg : NULL,
-                                   reason, NULL, 0, NULL, out, NULL) != 0)
-        dp_buf_reset(out);
+    if (dp__wire_reply_encode_error(rid, dp__unit_incarnation(u), code,
+                                    msg[0] ? msg : NULL, reason, NULL, 0, NULL, out,
+                                    NULL) != 0)
+        dp__buf_reset(out);
 }
 
 /* Encode rep; if that fails (too big, out of memory) answer the failure instead. */
@@ -55,10 +56,10 @@ reply_ok(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
     dp_detail d;
     dp_detail_clear(&d);
     rep->ok = true;
-    rep->incarnation = dp_unit_incarnation(u);
-    int rc = dp_wire_reply_encode(rep, NULL, out, &d);
+    rep->incarnation = dp__unit_incarnation(u);
+    int rc = dp__wire_reply_encode(rep, NULL, out, &d);
     if (rc != 0) {
-        dp_fail_ctx(&d, rc, "unit: encoding the %s reply", dp_wire_op_name(rep->op));
+        dp__fail_ctx(&d, rc, "unit: encoding the %s reply", dp__wire_op_name(rep->op));
         reply_error(u, rep->rid, rc, &d, NULL, out);
     }
 }
@@ -70,17 +71,17 @@ do_info(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
     size_t mdlen = 0;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_endpoint *ep = dp_unit_endpoint(u);
-    if (ep != NULL && dp_endpoint_metadata(ep, &md, &mdlen, &d) != 0) {
+    dp_endpoint *ep = dp__unit_endpoint(u);
+    if (ep != NULL && dp__endpoint_metadata(ep, &md, &mdlen, &d) != 0) {
         reply_error(u, rep->rid, DP_EPROTO, &d, NULL, out);
         return;
     }
-    dp_unit_lock(u);
-    dp_unit_info_locked(u, &rep->r.info);
+    dp__unit_lock(u);
+    dp__unit_info_locked(u, &rep->r.info);
     if (md != NULL)
         rep->r.info.metadata = (dp_wire_bytes){md, (uint32_t)mdlen};
     reply_ok(u, rep, out);
-    dp_unit_unlock(u);
+    dp__unit_unlock(u);
     free(md);
 }
 
@@ -93,30 +94,30 @@ run_admin(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *re
     int rc;
     if (req->op == DP_WIRE_OP_SAVE_SHARD) {
         dp_unit_save_res sr;
-        rc = dp_unit_save_shard(u, req->a.save_shard.path.p, req->a.save_shard.path.n,
-                                &sr, &d);
+        rc = dp__unit_save_shard(u, req->a.save_shard.path.p, req->a.save_shard.path.n,
+                                 &sr, &d);
         if (rc == 0) {
             rep->r.save_shard.blobs = (dp_wire_shard_blobs){sr.blobs, sr.n_blobs};
             rep->r.save_shard.nbytes = sr.nbytes;
             rep->r.save_shard.clears_during_save = sr.clears_during_save;
             reply_ok(u, rep, reply);
-            dp_unit_save_res_fini(&sr);
+            dp__unit_save_res_fini(&sr);
             return;
         }
     } else {
         const dp_wire_load_shard_args *a = &req->a.load_shard;
         dp_unit_load_res lr;
-        rc = dp_unit_load_shard(u, a->path.p, a->path.n, a->blobs.v, a->blobs.n, a->spill,
-                                &lr, &d);
+        rc = dp__unit_load_shard(u, a->path.p, a->path.n, a->blobs.v, a->blobs.n,
+                                 a->spill, &lr, &d);
         if (rc == 0) {
             rep->r.load_shard.loaded = (dp_wire_strs){lr.loaded, lr.n_loaded};
             rep->r.load_shard.failed = (dp_wire_strs){lr.failed, lr.n_failed};
             reply_ok(u, rep, reply);
-            dp_unit_load_res_fini(&lr);
+            dp__unit_load_res_fini(&lr);
             return;
         }
     }
-    DP_LOG_W("unit %u: %s", dp_unit_id(u), dp_detail_msg(&d));
+    DP_LOG_W("unit %u: %s", dp__unit_id(u), dp_detail_msg(&d));
     reply_error(u, req->rid, rc, &d, NULL, reply);
 }
 
@@ -134,24 +135,24 @@ admin_main(void *arg)
     admin_job *j = arg;
     dp_unit *u = j->u;
     dp_buf out;
-    dp_buf_init(&out);
+    dp__buf_init(&out);
     dp_wire_request req;
     dp_detail d;
     dp_detail_clear(&d);
     /* The bytes the ctl thread decoded: they decode the same again. */
-    if (dp_wire_request_decode(j->msg, j->len, NULL, &req, &d) == 0) {
+    if (dp__wire_request_decode(j->msg, j->len, NULL, &req, &d) == 0) {
         dp_wire_reply rep;
         memset(&rep, 0, sizeof rep);
         rep.op = req.op;
         rep.rid = req.rid;
         run_admin(u, &req, &rep, &out);
-        dp_wire_request_fini(&req);
+        dp__wire_request_fini(&req);
     }
-    dp_ctl_deferred_send(j->t, out.data, out.oom ? 0 : out.len);
-    dp_buf_fini(&out);
+    dp__ctl_deferred_send(j->t, out.data, out.oom ? 0 : out.len);
+    dp__buf_fini(&out);
     free(j->msg);
     free(j);
-    dp_unit_admin_end(u);
+    dp__unit_admin_end(u);
     return NULL;
 }
 
@@ -167,7 +168,7 @@ defer_admin(dp_unit *u, const uint8_t *msg, size_t len)
 {
     admin_job *j = calloc(1, sizeof *j);
     uint8_t *copy = malloc(len ? len : 1);
-    dp_ctl_deferred *t = j != NULL && copy != NULL ? dp_ctl_defer() : NULL;
+    dp_ctl_deferred *t = j != NULL && copy != NULL ? dp__ctl_defer() : NULL;
     if (t == NULL) {
         free(j);
         free(copy);
@@ -175,7 +176,7 @@ defer_admin(dp_unit *u, const uint8_t *msg, size_t len)
     }
     memcpy(copy, msg, len);
     *j = (admin_job){u, t, copy, len};
-    dp_unit_admin_begin(u);
+    dp__unit_admin_begin(u);
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -184,7 +185,7 @@ defer_admin(dp_unit *u, const uint8_t *msg, size_t len)
     pthread_attr_destroy(&at);
     if (err != 0) {
         DP_LOG_W("unit %u: no thread for a save/load (%s): it runs on the ctl thread",
-                 dp_unit_id(u), strerror(err));
+                 dp__unit_id(u), strerror(err));
         admin_main(j); /* answers through the token */
     }
     return true;
@@ -196,9 +197,9 @@ do_resolve(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *r
     dp_detail d;
     dp_detail_clear(&d);
     dp_unit_resolve_res res;
-    dp_unit_lock(u);
-    int rc = dp_unit_resolve_locked(u, req->a.resolve.blob_ids.v,
-                                    req->a.resolve.blob_ids.n, &res, &d);
+    dp__unit_lock(u);
+    int rc = dp__unit_resolve_locked(u, req->a.resolve.blob_ids.v,
+                                     req->a.resolve.blob_ids.n, &res, &d);
     if (rc == 0) {
         dp_wire_resolve_res *r = &rep->r.resolve;
         r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
@@ -207,11 +208,11 @@ do_resolve(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *r
         r->pending = (dp_wire_strs){res.pending, res.n_pending};
         r->failed = (dp_wire_strs){res.failed, res.n_failed};
         reply_ok(u, rep, reply);
-        dp_unit_resolve_res_fini(&res);
+        dp__unit_resolve_res_fini(&res);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
     }
-    dp_unit_unlock(u);
+    dp__unit_unlock(u);
 }
 
 static void
@@ -220,9 +221,9 @@ do_resolve_keys(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
     dp_detail d;
     dp_detail_clear(&d);
     dp_unit_resolve_keys_res res;
-    dp_unit_lock(u);
-    int rc = dp_unit_resolve_keys_locked(u, req->a.resolve_keys.keys.v,
-                                         req->a.resolve_keys.keys.n, &res, &d);
+    dp__unit_lock(u);
+    int rc = dp__unit_resolve_keys_locked(u, req->a.resolve_keys.keys.v,
+                                          req->a.resolve_keys.keys.n, &res, &d);
     if (rc == 0) {
         dp_wire_resolve_keys_res *r = &rep->r.resolve_keys;
         r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
@@ -231,11 +232,11 @@ do_resolve_keys(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
         r->pending = (dp_wire_strs){res.pending, res.n_pending};
         r->failed = (dp_wire_strs){res.failed, res.n_failed};
         reply_ok(u, rep, reply);
-        dp_unit_resolve_keys_res_fini(&res);
+        dp__unit_resolve_keys_res_fini(&res);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
     }
-    dp_unit_unlock(u);
+    dp__unit_unlock(u);
 }
 
 static void
@@ -246,24 +247,24 @@ do_release_rows(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
     /* A row of another unit: the client's cluster is not this unit's. */
     const dp_wire_u64s *g = &req->a.release_rows.gidxs;
     dp_wire_info me;
-    dp_unit_lock(u);
-    dp_unit_info_locked(u, &me);
-    dp_unit_unlock(u);
+    dp__unit_lock(u);
+    dp__unit_info_locked(u, &me);
+    dp__unit_unlock(u);
     uint32_t bad = g->n;
     for (uint32_t i = 0; i < g->n && bad == g->n; i++)
         if (g->v[i] % me.n_units != me.unit_id)
             bad = i;
     if (bad < g->n) {
-        dp_fail(&d, DP_EPROTO,
-                "release_rows: row %" PRIu64 " belongs to unit %" PRIu64
-                ", this is unit %" PRIu64 " of %" PRIu64
-                " (the client's cluster lists the units in another order, or has "
-                "another size); nothing released",
-                g->v[bad], g->v[bad] % me.n_units, me.unit_id, me.n_units);
+        dp__fail(&d, DP_EPROTO,
+                 "release_rows: row %" PRIu64 " belongs to unit %" PRIu64
+                 ", this is unit %" PRIu64 " of %" PRIu64
+                 " (the client's cluster lists the units in another order, or has "
+                 "another size); nothing released",
+                 g->v[bad], g->v[bad] % me.n_units, me.unit_id, me.n_units);
         reply_error(u, req->rid, DP_EPROTO, &d, NULL, reply);
         return;
     }
-    rep->r.dropped = dp_unit_release_rows(u, g->v, g->n);
+    rep->r.dropped = dp__unit_release_rows(u, g->v, g->n);
     reply_ok(u, rep, reply);
 }
 
@@ -274,16 +275,16 @@ do_scan(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *repl
     dp_detail_clear(&d);
     dp_wire_fields *recs = NULL;
     uint32_t n = 0;
-    dp_unit_lock(u);
-    int rc = dp_unit_scan_locked(u, &recs, &n, &d);
+    dp__unit_lock(u);
+    int rc = dp__unit_scan_locked(u, &recs, &n, &d);
     if (rc == 0) {
         rep->r.scan = (dp_wire_scan_res){recs, n};
         reply_ok(u, rep, reply);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
     }
-    dp_unit_unlock(u);
-    dp_unit_fields_free(recs, n);
+    dp__unit_unlock(u);
+    dp__unit_fields_free(recs, n);
 }
 
 static void
@@ -292,15 +293,15 @@ do_stats(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *rep
     dp_detail d;
     dp_detail_clear(&d);
     dp_wire_fields f = {0};
-    dp_unit_lock(u);
-    int rc = dp_unit_stats_locked(u, &f, &d);
+    dp__unit_lock(u);
+    int rc = dp__unit_stats_locked(u, &f, &d);
     if (rc == 0) {
         rep->r.stats = f;
         reply_ok(u, rep, reply);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
     }
-    dp_unit_unlock(u);
+    dp__unit_unlock(u);
     free(f.v);
 }
 
@@ -310,31 +311,31 @@ do_read_bytes(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf
     dp_detail d;
     dp_detail_clear(&d);
     const uint8_t *p = NULL;
-    dp_unit_lock(u);
-    int rc = dp_unit_read_bytes_locked(u, req->a.read_bytes.off, req->a.read_bytes.nbytes,
-                                       &p, &d);
+    dp__unit_lock(u);
+    int rc = dp__unit_read_bytes_locked(u, req->a.read_bytes.off,
+                                        req->a.read_bytes.nbytes, &p, &d);
     if (rc == 0) {
         rep->r.bytes = (dp_wire_bytes){p, (uint32_t)req->a.read_bytes.nbytes};
         reply_ok(u, rep, reply);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
     }
-    dp_unit_unlock(u);
+    dp__unit_unlock(u);
 }
 
 void
-dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 {
     dp_unit *u = ctx;
     dp_wire_request req;
     dp_detail d;
     dp_detail_clear(&d);
-    int rc = dp_wire_request_decode(msg, len, NULL, &req, &d);
+    int rc = dp__wire_request_decode(msg, len, NULL, &req, &d);
     if (rc != 0) {
-        DP_LOG_D("unit %u: bad request: %s", dp_unit_id(u), dp_detail_msg(&d));
-        if (!(req.op != DP_WIRE_OP_NONE && dp_wire_op_is_notify(req.op)))
+        DP_LOG_D("unit %u: bad request: %s", dp__unit_id(u), dp_detail_msg(&d));
+        if (!(req.op != DP_WIRE_OP_NONE && dp__wire_op_is_notify(req.op)))
             reply_error(u, req.rid, rc, &d, NULL, reply);
-        dp_wire_request_fini(&req);
+        dp__wire_request_fini(&req);
         return;
     }
     /*
@@ -343,12 +344,12 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
      * only ends a pin (docs/design.md, "Request order").
      */
     if (req.op != DP_WIRE_OP_UNPIN &&
-        dp_unit_order_check(u, req.rid.p, req.rid.n, &d) != DP_OK) {
-        DP_LOG_W("unit %u: %s %s", dp_unit_id(u), dp_wire_op_name(req.op),
+        dp__unit_order_check(u, req.rid.p, req.rid.n, &d) != DP_OK) {
+        DP_LOG_W("unit %u: %s %s", dp__unit_id(u), dp__wire_op_name(req.op),
                  dp_detail_msg(&d));
-        if (!dp_wire_op_is_notify(req.op))
+        if (!dp__wire_op_is_notify(req.op))
             reply_error(u, req.rid, DP_EPROTO, &d, NULL, reply);
-        dp_wire_request_fini(&req);
+        dp__wire_request_fini(&req);
         return;
     }
     dp_wire_reply rep;
@@ -357,7 +358,7 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
     rep.rid = req.rid;
     switch (req.op) {
     case DP_WIRE_OP_PING:
-        rep.r.unit_id = dp_unit_id(u);
+        rep.r.unit_id = dp__unit_id(u);
         reply_ok(u, &rep, reply);
         break;
     case DP_WIRE_OP_INFO:
@@ -367,7 +368,7 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         const dp_wire_alloc_args *a = &req.a.alloc;
         const char *reason = NULL;
         /* spill is honoured only with the SSD tier on. */
-        rc = dp_unit_alloc_req(u, a, &rep.r.alloc, &reason, &d);
+        rc = dp__unit_alloc_req(u, a, &rep.r.alloc, &reason, &d);
         if (rc == 0)
             reply_ok(u, &rep, reply);
         else
@@ -375,19 +376,19 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         break;
     }
     case DP_WIRE_OP_COMMIT:
-        rc = dp_unit_commit(u, req.a.commit.blob_id.p, req.a.commit.blob_id.n,
-                            &rep.r.commit, &d);
+        rc = dp__unit_commit(u, req.a.commit.blob_id.p, req.a.commit.blob_id.n,
+                             &rep.r.commit, &d);
         if (rc == 0)
             reply_ok(u, &rep, reply);
         else
             reply_error(u, req.rid, rc, &d, NULL, reply);
         break;
     case DP_WIRE_OP_ABORT:
-        dp_unit_abort(u, req.a.abort.blob_id.p, req.a.abort.blob_id.n,
-                      req.a.abort.in_flight);
+        dp__unit_abort(u, req.a.abort.blob_id.p, req.a.abort.blob_id.n,
+                       req.a.abort.in_flight);
         break;
     case DP_WIRE_OP_UNPIN:
-        dp_unit_unpin(u, req.a.unpin.pin_id.p, req.a.unpin.pin_id.n);
+        dp__unit_unpin(u, req.a.unpin.pin_id.p, req.a.unpin.pin_id.n);
         break;
     case DP_WIRE_OP_RESOLVE:
         do_resolve(u, &req, &rep, reply);
@@ -413,26 +414,26 @@ dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
             run_admin(u, &req, &rep, reply);
         break;
     default:
-        dp_fail(&d, DP_EPROTO, "unknown op");
+        dp__fail(&d, DP_EPROTO, "unknown op");
         reply_error(u, req.rid, DP_EPROTO, &d, NULL, reply);
         break;
     }
-    dp_wire_request_fini(&req);
+    dp__wire_request_fini(&req);
 }
 
 void
-dp_unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 {
     dp_unit *u = ctx;
     dp_wire_op op = DP_WIRE_OP_NONE;
     dp_wire_str rid = {"", 0};
-    dp_wire_limits lim = dp_wire_limits_default;
+    dp_wire_limits lim = dp__wire_limits_default;
     lim.max_msg = UINT64_MAX; /* only the head is read */
-    dp_wire_request_peek(msg, len, &lim, &op, &rid, NULL);
-    if (op != DP_WIRE_OP_NONE && dp_wire_op_is_notify(op))
+    dp__wire_request_peek(msg, len, &lim, &op, &rid, NULL);
+    if (op != DP_WIRE_OP_NONE && dp__wire_op_is_notify(op))
         return;
     dp_detail d;
-    dp_fail(&d, DP_ETOOBIG, "unit %u: message of %zu bytes is over the size limit",
-            dp_unit_id(u), len);
+    dp__fail(&d, DP_ETOOBIG, "unit %u: message of %zu bytes is over the size limit",
+             dp__unit_id(u), len);
     reply_error(u, rid, DP_EPROTO, &d, NULL, reply);
 }

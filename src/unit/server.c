@@ -91,8 +91,8 @@ advertised(const char *bound, const char *advertise, char *out, size_t cap, dp_d
     const char *host = strncmp(bound, "tcp://", 6) == 0 ? bound + 6 : NULL;
     const char *colon = host != NULL ? strrchr(host, ':') : NULL;
     if (colon == NULL)
-        return dp_fail(d, DP_EPROTO, "unit server: cannot read the bound address '%s'",
-                       bound);
+        return dp__fail(d, DP_EPROTO, "unit server: cannot read the bound address '%s'",
+                        bound);
     char ip[INET_ADDRSTRLEN];
     const char *h = advertise;
     size_t hn = h != NULL ? strlen(h) : 0;
@@ -114,82 +114,82 @@ advertised(const char *bound, const char *advertise, char *out, size_t cap, dp_d
     }
     int n = snprintf(out, cap, "tcp://%.*s%s", (int)hn, h, colon);
     if (n < 0 || (size_t)n >= cap)
-        return dp_fail(d, DP_EINVAL,
-                       "unit server: advertised address 'tcp://%.*s%s' is "
-                       "longer than %zu bytes",
-                       (int)hn, h, colon, cap - 1);
+        return dp__fail(d, DP_EINVAL,
+                        "unit server: advertised address 'tcp://%.*s%s' is "
+                        "longer than %zu bytes",
+                        (int)hn, h, colon, cap - 1);
     return DP_OK;
 }
 
 int
-dp_unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
-                     const dp_unit_server_opts *so, dp_unit_server **out, dp_detail *d)
+dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
+                      const dp_unit_server_opts *so, dp_unit_server **out, dp_detail *d)
 {
     dp_unit_server_opts def = {0};
     if (so == NULL)
         so = &def;
     dp_unit_server *s = calloc(1, sizeof *s);
     if (s == NULL)
-        return dp_fail(d, DP_ENOMEM, "unit server: out of memory");
+        return dp__fail(d, DP_ENOMEM, "unit server: out of memory");
     dp_endpoint_opts eo;
-    dp_endpoint_opts_init(&eo);
+    dp__endpoint_opts_init(&eo);
     eo.progress_thread = true; /* emulated RMA (tcp) needs the unit to progress */
-    int rc = dp_endpoint_create(endpoint_name, &eo, &s->ep, d);
+    int rc = dp__endpoint_create(endpoint_name, &eo, &s->ep, d);
     if (rc != 0)
         goto fail;
     dp_unit_opts o = *uo;
     o.ep = s->ep;
-    if ((rc = dp_unit_create(&o, &s->u, d)) != 0 ||
-        (rc = dp_unit_start_ticker(s->u, so->tick_s > 0 ? so->tick_s : 1.0, d)) != 0)
+    if ((rc = dp__unit_create(&o, &s->u, d)) != 0 ||
+        (rc = dp__unit_start_ticker(s->u, so->tick_s > 0 ? so->tick_s : 1.0, d)) != 0)
         goto fail;
     dp_ctl_server_opts cso = {.bind_ip = so->bind_ip, .port = so->port};
-    if ((rc = dp_ctl_server_open(&cso, dp_unit_handle, dp_unit_handle_oversize, s->u,
-                                 &s->srv, d)) != 0 ||
-        (rc = advertised(dp_ctl_server_address(s->srv), so->advertise, s->address,
+    if ((rc = dp__ctl_server_open(&cso, dp__unit_handle, dp__unit_handle_oversize, s->u,
+                                  &s->srv, d)) != 0 ||
+        (rc = advertised(dp__ctl_server_address(s->srv), so->advertise, s->address,
                          sizeof s->address, d)) != 0)
         goto fail;
-    dp_unit_set_address(s->u, s->address);
+    dp__unit_set_address(s->u, s->address);
     *out = s;
     return DP_OK;
 fail:
-    dp_unit_server_close(s);
+    dp__unit_server_close(s);
     return rc;
 }
 
 int
-dp_unit_server_open(const dp_unit_opts *uo, const char *endpoint_name,
-                    const char *bind_ip, uint16_t port, double tick_s,
-                    dp_unit_server **out, dp_detail *d)
+dp__unit_server_open(const dp_unit_opts *uo, const char *endpoint_name,
+                     const char *bind_ip, uint16_t port, double tick_s,
+                     dp_unit_server **out, dp_detail *d)
 {
     dp_unit_server_opts so = {.bind_ip = bind_ip, .port = port, .tick_s = tick_s};
-    return dp_unit_server_start(uo, endpoint_name, &so, out, d);
+    return dp__unit_server_start(uo, endpoint_name, &so, out, d);
 }
 
 const char *
-dp_unit_server_address(const dp_unit_server *s)
+dp__unit_server_address(const dp_unit_server *s)
 {
     return s->address;
 }
 
 const char *
-dp_unit_server_bound_address(const dp_unit_server *s)
+dp__unit_server_bound_address(const dp_unit_server *s)
 {
-    return dp_ctl_server_address(s->srv);
+    return dp__ctl_server_address(s->srv);
 }
 
 dp_unit *
-dp_unit_server_unit(const dp_unit_server *s)
+dp__unit_server_unit(const dp_unit_server *s)
 {
     return s->u;
 }
 
 void
-dp_unit_server_close(dp_unit_server *s)
+dp__unit_server_close(dp_unit_server *s)
 {
     if (s == NULL)
         return;
-    dp_ctl_server_close(s->srv);
-    dp_unit_destroy(s->u);
-    dp_endpoint_destroy(s->ep);
+    dp__ctl_server_close(s->srv);
+    dp__unit_destroy(s->u);
+    dp__endpoint_destroy(s->ep);
     free(s);
 }

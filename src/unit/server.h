@@ -1,7 +1,7 @@
 /*
  * A storage unit ready to serve: its transfer endpoint (progress thread on),
  * the unit over that endpoint's memory, the ticker, and the ZMQ control server
- * whose requests go to dp_unit_handle. What `dataplane unit` runs, and what
+ * whose requests go to dp__unit_handle. What `dataplane unit` runs, and what
  * tests and benchmarks start in a child process.
  */
 #ifndef DP_UNIT_SERVER_H
@@ -18,7 +18,7 @@ typedef struct dp_unit_server_opts {
     const char *bind_ip; /* NULL or "": 127.0.0.1; 0.0.0.0 (or "*") binds every IPv4 */
     uint16_t port;       /* 0: a free port */
     /*
-     * The host clients are told (info, dp_unit_server_address): a host name,
+     * The host clients are told (info, dp__unit_server_address): a host name,
      * an IPv4 address or a bracketed IPv6 address, checked by the caller; the
      * port is always the bound one. NULL: the bound address, except that a
      * wildcard bind (0.0.0.0, ::) advertises this host's primary IPv4
@@ -38,31 +38,31 @@ typedef struct dp_unit_server_opts {
  * bytes). Threads: any;
  * the server's threads inherit the caller's signal mask.
  */
-int dp_unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
-                         const dp_unit_server_opts *so, dp_unit_server **out,
-                         dp_detail *d);
+int dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
+                          const dp_unit_server_opts *so, dp_unit_server **out,
+                          dp_detail *d);
 
 /*
- * dp_unit_server_start binding bind_ip:port (NULL: 127.0.0.1; port 0: a free
+ * dp__unit_server_start binding bind_ip:port (NULL: 127.0.0.1; port 0: a free
  * port), ticking every tick_s seconds, advertising the default.
  */
-int dp_unit_server_open(const dp_unit_opts *uo, const char *endpoint_name,
-                        const char *bind_ip, uint16_t port, double tick_s,
-                        dp_unit_server **out, dp_detail *d);
+int dp__unit_server_open(const dp_unit_opts *uo, const char *endpoint_name,
+                         const char *bind_ip, uint16_t port, double tick_s,
+                         dp_unit_server **out, dp_detail *d);
 
 /*
  * "tcp://host:port" clients use (what info reports): the advertised host and
  * the bound port. Valid until close.
  */
-const char *dp_unit_server_address(const dp_unit_server *s);
+const char *dp__unit_server_address(const dp_unit_server *s);
 
 /* "tcp://ip:port" the control server bound (0.0.0.0 for a wildcard). */
-const char *dp_unit_server_bound_address(const dp_unit_server *s);
+const char *dp__unit_server_bound_address(const dp_unit_server *s);
 
 /* The unit (owned by the server). */
-dp_unit *dp_unit_server_unit(const dp_unit_server *s);
+dp_unit *dp__unit_server_unit(const dp_unit_server *s);
 
 /* Stop serving and free everything, control server first. NULL allowed. */
-void dp_unit_server_close(dp_unit_server *s);
+void dp__unit_server_close(dp_unit_server *s);
 
 #endif

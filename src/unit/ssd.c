@@ -110,7 +110,7 @@ void
 dp__ssd_staged_unlink_locked(dp_unit *u, blob_rec *b)
 {
     DP_ASSERT(b->flags & REC_STAGED);
-    dp_list_remove(&u->staged, &b->staged_link);
+    dp__list_remove(&u->staged, &b->staged_link);
     b->flags &= ~REC_STAGED;
     u->stats.staged_blobs--;
     u->stats.staged_bytes -= b->size;
@@ -120,7 +120,7 @@ static void
 staged_append_locked(dp_unit *u, blob_rec *b)
 {
     b->flags |= REC_STAGED;
-    dp_list_insert_tail(&u->staged, &b->staged_link);
+    dp__list_insert_tail(&u->staged, &b->staged_link);
     u->stats.staged_blobs++;
     u->stats.staged_bytes += b->size;
 }
@@ -147,18 +147,18 @@ dp__ssd_new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap
     (void)try_tmpfile;
 #endif
     char rnd[33];
-    int rc = dp_random_hex_id(rnd, d);
+    int rc = dp__random_hex_id(rnd, d);
     if (rc != 0)
         return rc;
     snprintf(label, cap, "%s/dp-spill-%s", u->ssd_dir, rnd);
     int fd = open(label, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
-        return dp_fail_sys(d, errno, "ssd: creating %s", label);
+        return dp__fail_sys(d, errno, "ssd: creating %s", label);
     /* ENOENT: a starting unit swept the name first (see sweep_stale_names). */
     if (unlink(label) != 0 && errno != ENOENT) {
         int e = errno;
         close(fd);
-        return dp_fail_sys(d, e, "ssd: unlinking %s", label);
+        return dp__fail_sys(d, e, "ssd: unlinking %s", label);
     }
     *out = fd;
     return 0;
@@ -191,16 +191,16 @@ dp__ssd_submit_locked(dp_unit *u, int kind, blob_rec *b)
 static int
 spill_keep_locked(dp_unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_detail *d)
 {
-    uint32_t n = dp_blob_count(b->parsed);
+    uint32_t n = dp__blob_count(b->parsed);
     uint8_t *k = malloc(n ? n : 1);
     if (k == NULL)
-        return dp_fail(d, DP_ENOMEM, "spill of %s: out of memory", b->id);
+        return dp__fail(d, DP_ENOMEM, "spill of %s: out of memory", b->id);
     uint32_t c = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
+        const dp_blob_entry *e = dp__blob_entry_at(b->parsed, i);
         bool live = b->spill_keep == NULL || b->spill_keep[i];
         if (live) {
-            row *r = dp_map_get_u64(&u->rows, e->gidx);
+            row *r = dp__map_get_u64(&u->rows, e->gidx);
             slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
             if (s != NULL && s->b != NULL && s->b->commit_seq > b->commit_seq)
                 live = false;
@@ -227,17 +227,17 @@ superseded_add_locked(dp_unit *u, const blob_rec *b, double now)
     memcpy(x->id, b->id, b->id_len);
     x->id_len = (uint8_t)b->id_len;
     x->until = now + DP_MAX(SUPERSEDED_KEEP_S, u->o.alloc_lease_s);
-    if (dp_map_put(&u->superseded, x->id, x->id_len, x, NULL) != 0) {
+    if (dp__map_put(&u->superseded, x->id, x->id_len, x, NULL) != 0) {
         free(x);
         return;
     }
-    dp_list_insert_tail(&u->sup_order, &x->link);
+    dp__list_insert_tail(&u->sup_order, &x->link);
 }
 
 void
 dp__ssd_superseded_forget_locked(dp_unit *u, const char *id, size_t id_len)
 {
-    superseded *x = dp_map_del(&u->superseded, id, id_len);
+    superseded *x = dp__map_del(&u->superseded, id, id_len);
     if (x != NULL)
         x->gone = true;
 }
@@ -248,9 +248,9 @@ dp__ssd_superseded_expire_locked(dp_unit *u, double now)
 {
     for (superseded *x; (x = DP_LIST_FIRST(&u->sup_order, superseded, link)) != NULL &&
                         (x->gone || x->until <= now);) {
-        dp_list_remove(&u->sup_order, &x->link);
+        dp__list_remove(&u->sup_order, &x->link);
         if (!x->gone)
-            dp_map_del(&u->superseded, x->id, x->id_len);
+            dp__map_del(&u->superseded, x->id, x->id_len);
         free(x);
     }
 }
@@ -300,8 +300,8 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
                  "lost: %s",
                  u->o.unit_id, b->id, b->nbytes, dp_detail_msg(jd));
     }
-    dp_map_del(&u->blobs, b->id, b->id_len);
-    dp_list_remove(&u->pend, &b->pend_link);
+    dp__map_del(&u->blobs, b->id, b->id_len);
+    dp__list_remove(&u->pend, &b->pend_link);
     if (b->state == REC_ABORTING_RETIRE) {
         /* abort(in_flight): the client says a WRITE may still run. */
         dp__ssd_close_later_locked(u, b);
@@ -379,8 +379,8 @@ io_main(void *arg)
         if (j.kind == JOB_SPILL) {
             fd = -1;
             rc = dp__ssd_new_file(u, u->use_tmpfile, &fd, label, sizeof label, &jd);
-            if (rc == 0 && (rc = dp_pwrite_full(fd, p, (size_t)n, 0, label, &jd)) != 0)
-                dp_fail_ctx(&jd, rc, "ssd");
+            if (rc == 0 && (rc = dp__pwrite_full(fd, p, (size_t)n, 0, label, &jd)) != 0)
+                dp__fail_ctx(&jd, rc, "ssd");
             if (rc != 0 && fd >= 0) {
                 close(fd);
                 fd = -1;
@@ -388,14 +388,14 @@ io_main(void *arg)
         } else {
             snprintf(label, sizeof label, "the file of blob %s in %s", id, u->ssd_dir);
             size_t got = 0;
-            rc = dp_pread_full(fd, p, (size_t)n, 0, &got, label, &jd);
+            rc = dp__pread_full(fd, p, (size_t)n, 0, &got, label, &jd);
             if (rc != 0)
-                dp_fail_ctx(&jd, rc, "ssd");
+                dp__fail_ctx(&jd, rc, "ssd");
             else if (got < n)
-                rc = dp_fail_sys(&jd, EIO,
-                                 "ssd: reading %s: the file ends at %zu bytes, the blob "
-                                 "has %" PRIu64,
-                                 label, got, n);
+                rc = dp__fail_sys(&jd, EIO,
+                                  "ssd: reading %s: the file ends at %zu bytes, the blob "
+                                  "has %" PRIu64,
+                                  label, got, n);
         }
 
         pthread_mutex_lock(&u->mu);
@@ -422,9 +422,9 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
     uint64_t o = 0;
     dp_detail ad;
     dp_detail_clear(&ad);
-    int rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
-    if (rc == DP_EUNITFULL && dp_slab_alloc_sweep(u->io_alloc, now) > 0)
-        rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
+    int rc = dp__slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
+    if (rc == DP_EUNITFULL && dp__slab_alloc_sweep(u->io_alloc, now) > 0)
+        rc = dp__slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
     blob_rec *b = DP_LIST_FIRST(&u->staged, blob_rec, staged_link);
     while (rc == DP_EUNITFULL && b != NULL) {
         blob_rec *next = DP_LIST_NEXT(b, blob_rec, staged_link);
@@ -436,7 +436,7 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
             dp__rec_release_region_locked(u, b, now);
             b->flags &= ~REC_PIN_EXPIRED; /* the next copy is a new region */
             u->stats.evictions++;
-            rc = dp_slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
+            rc = dp__slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
         }
         b = next;
     }
@@ -445,9 +445,9 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
         return 0;
     }
     if (rc != DP_EUNITFULL)
-        return dp_fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
+        return dp__fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
     dp_slab_alloc_stats st;
-    dp_slab_alloc_get_stats(u->io_alloc, &st);
+    dp__slab_alloc_get_stats(u->io_alloc, &st);
     uint64_t pending = st.quarantined_bytes + u->stats.staged_bytes + u->io_job_bytes;
     if (pending > 0 && st.free_bytes + pending >= nbytes) {
         const char *why = u->io_job_bytes > 0         ? "io jobs"
@@ -455,20 +455,20 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
                                                       : "quarantine";
         if (reason != NULL)
             *reason = why;
-        return dp_fail(d, DP_EBUSY,
-                       "unit %u: no room for %" PRIu64
-                       " bytes in the IO area now (largest "
-                       "free %" PRIu64 ", free %" PRIu64 "); %" PRIu64
-                       " bytes held by io jobs, %" PRIu64 " by staged copies and %" PRIu64
-                       " in quarantine will free: retry",
-                       u->o.unit_id, nbytes, st.largest_free, st.free_bytes,
-                       u->io_job_bytes, u->stats.staged_bytes, st.quarantined_bytes);
+        return dp__fail(
+            d, DP_EBUSY,
+            "unit %u: no room for %" PRIu64 " bytes in the IO area now (largest "
+            "free %" PRIu64 ", free %" PRIu64 "); %" PRIu64
+            " bytes held by io jobs, %" PRIu64 " by staged copies and %" PRIu64
+            " in quarantine will free: retry",
+            u->o.unit_id, nbytes, st.largest_free, st.free_bytes, u->io_job_bytes,
+            u->stats.staged_bytes, st.quarantined_bytes);
     }
-    return dp_fail(d, DP_EUNITFULL,
-                   "unit %u: no room for %" PRIu64
-                   " bytes in the IO area (largest free %" PRIu64 ", free %" PRIu64
-                   ") and nothing pending frees any",
-                   u->o.unit_id, nbytes, st.largest_free, st.free_bytes);
+    return dp__fail(d, DP_EUNITFULL,
+                    "unit %u: no room for %" PRIu64
+                    " bytes in the IO area (largest free %" PRIu64 ", free %" PRIu64
+                    ") and nothing pending frees any",
+                    u->o.unit_id, nbytes, st.largest_free, st.free_bytes);
 }
 
 /*
@@ -488,7 +488,7 @@ start_stage_locked(dp_unit *u, blob_rec *b, double now)
         return rc == DP_EUNITFULL ? DP_EUNITFULL : DP_EBUSY;
     b->off = o;
     b->size = b->nbytes;
-    dp_slab_alloc_size_of(u->io_alloc, o - u->io_base, &b->size);
+    dp__slab_alloc_size_of(u->io_alloc, o - u->io_base, &b->size);
     b->area = REC_AREA_IO;
     b->flags &= ~REC_STAGE_FAILED;
     dp__ssd_submit_locked(u, JOB_STAGE, b);
@@ -558,9 +558,9 @@ dp__ssd_open(dp_unit *u, dp_detail *d)
 {
     struct stat sb;
     if (stat(u->ssd_dir, &sb) != 0)
-        return dp_fail_sys(d, errno, "unit: ssd_dir %s", u->ssd_dir);
+        return dp__fail_sys(d, errno, "unit: ssd_dir %s", u->ssd_dir);
     if (!S_ISDIR(sb.st_mode))
-        return dp_fail(d, DP_EINVAL, "unit: ssd_dir %s is not a directory", u->ssd_dir);
+        return dp__fail(d, DP_EINVAL, "unit: ssd_dir %s is not a directory", u->ssd_dir);
     sweep_stale_names(u);
     char label[512];
     int fd = -1;
@@ -573,11 +573,11 @@ dp__ssd_open(dp_unit *u, dp_detail *d)
              u->use_tmpfile ? "O_TMPFILE" : "opened and unlinked");
     u->io_th = calloc(u->o.io_threads, sizeof *u->io_th);
     if (u->io_th == NULL)
-        return dp_fail(d, DP_ENOMEM, "unit: out of memory");
+        return dp__fail(d, DP_ENOMEM, "unit: out of memory");
     for (uint32_t i = 0; i < u->o.io_threads; i++) {
         int e = pthread_create(&u->io_th[i], NULL, io_main, u);
         if (e != 0)
-            return dp_fail_sys(d, e, "unit: starting io thread %u", i);
+            return dp__fail_sys(d, e, "unit: starting io thread %u", i);
         u->n_io_th++;
     }
     return 0;
@@ -593,30 +593,30 @@ void
 dp__ssd_release_spills_locked(dp_unit *u, const uint64_t *gidxs, uint32_t n)
 {
     dp_map set;
-    dp_map_init_u64(&set);
+    dp__map_init_u64(&set);
     bool built = false;
     size_t it = 0;
     void *v;
-    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+    while (dp__map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
         blob_rec *b = v;
         if (!rec_committing(b) || b->area != REC_AREA_IO || b->commit_seq == 0)
             continue;
         if (!built) {
             for (uint32_t i = 0; i < n; i++)
-                if (dp_map_put_u64(&set, gidxs[i], &set, NULL) != 0) {
+                if (dp__map_put_u64(&set, gidxs[i], &set, NULL) != 0) {
                     /* Out of memory: mark nothing rather than guess. */
                     DP_LOG_W("unit %u: release of %u rows: no memory to mark pending "
                              "spills; a spill finishing later may bring rows back",
                              u->o.unit_id, n);
-                    dp_map_fini(&set);
+                    dp__map_fini(&set);
                     return;
                 }
             built = true;
         }
-        uint32_t ne = dp_blob_count(b->parsed);
+        uint32_t ne = dp__blob_count(b->parsed);
         for (uint32_t i = 0; i < ne; i++) {
-            const dp_blob_entry *e = dp_blob_entry_at(b->parsed, i);
-            if (dp_map_get_u64(&set, e->gidx) == NULL)
+            const dp_blob_entry *e = dp__blob_entry_at(b->parsed, i);
+            if (dp__map_get_u64(&set, e->gidx) == NULL)
                 continue;
             if (b->spill_keep == NULL) {
                 b->spill_keep = malloc(ne);
@@ -627,7 +627,7 @@ dp__ssd_release_spills_locked(dp_unit *u, const uint64_t *gidxs, uint32_t n)
             b->spill_keep[i] = 0;
         }
     }
-    dp_map_fini(&set);
+    dp__map_fini(&set);
 }
 
 void
@@ -661,13 +661,13 @@ dp__ssd_fini(dp_unit *u)
     free(u->closes);
     u->closes = NULL;
     u->n_closes = u->cap_closes = 0;
-    dp_slab_alloc_destroy(u->io_alloc);
+    dp__slab_alloc_destroy(u->io_alloc);
     u->io_alloc = NULL;
     free(u->ssd_dir);
     u->ssd_dir = NULL;
-    dp_map_fini(&u->superseded);
+    dp__map_fini(&u->superseded);
     for (superseded *x; (x = DP_LIST_FIRST(&u->sup_order, superseded, link)) != NULL;) {
-        dp_list_remove(&u->sup_order, &x->link);
+        dp__list_remove(&u->sup_order, &x->link);
         free(x);
     }
 }

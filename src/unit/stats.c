@@ -4,8 +4,8 @@
  * The counters have one table, DP_UNIT_STATS in unit.h (field, wire name).
  * The unit counts most of them as it goes, in u->stats (a dp_unit_stats);
  * dp__unit_get_stats_locked copies that and fills in the rest from the
- * options, tables, allocators and writers. dp_unit_get_stats (tests), the
- * stats reply (dp_unit_stats_locked: every row, in table order, under its
+ * options, tables, allocators and writers. dp__unit_get_stats (tests), the
+ * stats reply (dp__unit_stats_locked: every row, in table order, under its
  * wire name) and the ticker's 30 s log line all read that one snapshot, so a
  * counter is named in one row only (its field and its wire name side by side).
  */
@@ -35,9 +35,9 @@ ff64(const char *name, double v)
 }
 
 int
-dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d)
+dp__unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d)
 {
-    size_t nb = dp_map_len(&u->blobs);
+    size_t nb = dp__map_len(&u->blobs);
     *recs = NULL;
     *n = 0;
     dp_wire_fields *r = calloc(nb > 0 ? nb : 1, sizeof *r);
@@ -45,12 +45,12 @@ dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d
     if (r == NULL || f == NULL) {
         free(r);
         free(f);
-        return dp_fail(d, DP_ENOMEM, "scan: out of memory");
+        return dp__fail(d, DP_ENOMEM, "scan: out of memory");
     }
-    r[0].v = f; /* owns the field storage, see dp_unit_fields_free */
+    r[0].v = f; /* owns the field storage, see dp__unit_fields_free */
     size_t it = 0, k = 0;
     void *v;
-    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+    while (dp__map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
         blob_rec *b = v;
         dp_wire_field *x = f + k * SCAN_FIELDS;
         x[0] = (dp_wire_field){dp__zview("id"), DP_WIRE_STR, {.s = {b->id, b->id_len}}};
@@ -61,7 +61,7 @@ dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d
             dp__zview("published"), DP_WIRE_BOOL, {.b = b->state == REC_PUBLISHED}};
         x[5] = fu64("pins", b->n_pins);
         x[6] =
-            fu64("n_entries", b->parsed ? dp_blob_count(b->parsed) : b->n_entries_decl);
+            fu64("n_entries", b->parsed ? dp__blob_count(b->parsed) : b->n_entries_decl);
         x[7] = ff64("created_at", b->created_at);
         x[8] = ff64("last_resolve_at", b->last_resolve_at);
         x[9] = (dp_wire_field){dp__zview("in_slab"),
@@ -86,7 +86,7 @@ dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d
 }
 
 void
-dp_unit_fields_free(dp_wire_fields *recs, uint32_t n)
+dp__unit_fields_free(dp_wire_fields *recs, uint32_t n)
 {
     if (recs == NULL)
         return;
@@ -104,9 +104,9 @@ dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->unit_id = u->o.unit_id;
     st->n_units = u->o.n_units;
     st->slab_bytes = u->o.slab_bytes;
-    st->blobs = dp_map_len(&u->blobs);
-    st->rows = dp_map_len(&u->rows);
-    st->pins = dp_map_len(&u->pins);
+    st->blobs = dp__map_len(&u->blobs);
+    st->rows = dp__map_len(&u->rows);
+    st->pins = dp__map_len(&u->pins);
     dp__writers_stats ws;
     dp__writers_get_stats(u->writers, &ws);
     st->retired_bytes = ws.retired_bytes;
@@ -117,14 +117,14 @@ dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->writers = ws.writers;
     st->writers_gone = ws.writers_gone;
     dp_slab_alloc_stats as;
-    dp_slab_alloc_get_stats(u->alloc, &as);
+    dp__slab_alloc_get_stats(u->alloc, &as);
     st->allocated_bytes = as.allocated_bytes;
     st->free_bytes = as.free_bytes;
     st->quarantined_bytes = as.quarantined_bytes;
     st->largest_free = as.largest_free;
-    st->io_bytes = dp_unit_io_bytes(u);
+    st->io_bytes = dp__unit_io_bytes(u);
     if (u->io_alloc != NULL) {
-        dp_slab_alloc_get_stats(u->io_alloc, &as);
+        dp__slab_alloc_get_stats(u->io_alloc, &as);
         st->io_allocated_bytes = as.allocated_bytes;
         st->io_free_bytes = as.free_bytes;
         st->io_quarantined_bytes = as.quarantined_bytes;
@@ -134,7 +134,7 @@ dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st)
 }
 
 void
-dp_unit_get_stats(dp_unit *u, dp_unit_stats *st)
+dp__unit_get_stats(dp_unit *u, dp_unit_stats *st)
 {
     pthread_mutex_lock(&u->mu);
     dp__unit_get_stats_locked(u, st);
@@ -146,13 +146,13 @@ enum { N_STATS = 0 DP_UNIT_STATS(STATS_COUNT) };
 #undef STATS_COUNT
 
 int
-dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
+dp__unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
 {
     dp_unit_stats s;
     dp__unit_get_stats_locked(u, &s);
     dp_wire_field *f = calloc(N_STATS, sizeof *f);
     if (f == NULL)
-        return dp_fail(d, DP_ENOMEM, "stats: out of memory");
+        return dp__fail(d, DP_ENOMEM, "stats: out of memory");
     uint32_t k = 0;
 #define STATS_FIELD(field, wire) f[k++] = fu64(wire, s.field);
     DP_UNIT_STATS(STATS_FIELD)
@@ -181,10 +181,10 @@ dp__unit_report_locked(dp_unit *u, double now, char *line, size_t cap, char *ssd
                  "unit %u: %" PRIu64 " blobs, %" PRIu64 " entries, %" PRIu64
                  " pins; allocated %s, free %s, quarantined %s, retired %s",
                  u->o.unit_id, st.published, st.entries, st.pins,
-                 dp_fmt_size(st.allocated_bytes, a, sizeof a),
-                 dp_fmt_size(st.free_bytes, f, sizeof f),
-                 dp_fmt_size(st.quarantined_bytes, q, sizeof q),
-                 dp_fmt_size(st.retired_bytes, r, sizeof r));
+                 dp__fmt_size(st.allocated_bytes, a, sizeof a),
+                 dp__fmt_size(st.free_bytes, f, sizeof f),
+                 dp__fmt_size(st.quarantined_bytes, q, sizeof q),
+                 dp__fmt_size(st.retired_bytes, r, sizeof r));
         u->report_sig = sig;
     }
     uint64_t ssig = st.spills * 1000003u ^ st.stages * 10007u ^ st.evictions * 101u ^
@@ -195,11 +195,11 @@ dp__unit_report_locked(dp_unit *u, double now, char *line, size_t cap, char *ssd
                  "unit %u ssd: %" PRIu64 " spills (%s), %" PRIu64 " failed; %" PRIu64
                  " stages (%s), %" PRIu64 " failed; %" PRIu64 " evictions; %" PRIu64
                  " disk blobs (%s), %" PRIu64 " staged (%s), %" PRIu64 " io jobs",
-                 u->o.unit_id, st.spills, dp_fmt_size(st.spill_bytes, a, sizeof a),
-                 st.spills_failed, st.stages, dp_fmt_size(st.stage_bytes, b, sizeof b),
+                 u->o.unit_id, st.spills, dp__fmt_size(st.spill_bytes, a, sizeof a),
+                 st.spills_failed, st.stages, dp__fmt_size(st.stage_bytes, b, sizeof b),
                  st.stages_failed, st.evictions, st.disk_blobs,
-                 dp_fmt_size(st.disk_bytes, c, sizeof c), st.staged_blobs,
-                 dp_fmt_size(st.staged_bytes, e, sizeof e), st.io_jobs);
+                 dp__fmt_size(st.disk_bytes, c, sizeof c), st.staged_blobs,
+                 dp__fmt_size(st.staged_bytes, e, sizeof e), st.io_jobs);
         u->ssd_report_sig = ssig;
     }
     u->last_report = now;

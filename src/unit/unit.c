@@ -56,11 +56,11 @@ static double
 default_now(void *ctx)
 {
     (void)ctx;
-    return dp_now_s();
+    return dp__now_s();
 }
 
 void
-dp_unit_opts_init(dp_unit_opts *o)
+dp__unit_opts_init(dp_unit_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->n_units = 1;
@@ -81,7 +81,7 @@ dp__rec_free_locked(dp_unit *u, blob_rec *b)
     if (b == NULL)
         return;
     dp__writers_unref(u->writers, b->writer);
-    dp_blob_destroy(b->parsed);
+    dp__blob_destroy(b->parsed);
     free(b->spill_keep);
     free(b);
 }
@@ -96,9 +96,9 @@ dp__rec_release_region_locked(dp_unit *u, blob_rec *b, double now)
     uint64_t o = io ? b->off - u->io_base : b->off;
     int rc;
     if (b->flags & REC_PIN_EXPIRED)
-        rc = dp_slab_alloc_free_at(a, o, now + u->o.quarantine_s, NULL);
+        rc = dp__slab_alloc_free_at(a, o, now + u->o.quarantine_s, NULL);
     else
-        rc = dp_slab_alloc_free(a, o, NULL);
+        rc = dp__slab_alloc_free(a, o, NULL);
     if (rc != 0) {
         /* Only quarantine can fail (no memory for its heap): then keep the
          * region for good rather than free it early. */
@@ -142,8 +142,8 @@ dp__rec_retire_locked(dp_unit *u, blob_rec *b)
 {
     DP_ASSERT((b->state == REC_ALLOCATED || b->state == REC_VALIDATED) &&
               !(b->flags & REC_JOB));
-    dp_map_del(&u->blobs, b->id, b->id_len);
-    dp_list_remove(&u->pend, &b->pend_link);
+    dp__map_del(&u->blobs, b->id, b->id_len);
+    dp__list_remove(&u->pend, &b->pend_link);
     dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
     DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64 " (writer %s)", b->id,
              b->size, b->off, dp__writer_name(b->writer));
@@ -174,7 +174,7 @@ static void
 dispose_locked(dp_unit *u, blob_rec *b, double now)
 {
     DP_ASSERT(b->state == REC_PUBLISHED && b->refs == 0);
-    dp_map_del(&u->blobs, b->id, b->id_len);
+    dp__map_del(&u->blobs, b->id, b->id_len);
     u->stats.published--;
     if (b->n_pins > 0 || b->n_holds > 0) {
         b->state = REC_ZOMBIE;
@@ -195,43 +195,43 @@ dp__rec_unref_locked(dp_unit *u, blob_rec *b, double now)
 /* ---- lifecycle ---- */
 
 int
-dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
+dp__unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
 {
     if (opts == NULL || out == NULL)
-        return dp_fail(d, DP_EINVAL, "unit: opts and out are required");
+        return dp__fail(d, DP_EINVAL, "unit: opts and out are required");
     *out = NULL;
     if (opts->n_units == 0 || opts->unit_id >= opts->n_units)
-        return dp_fail(d, DP_EINVAL, "unit: unit id %u must be below the unit count %u",
-                       opts->unit_id, opts->n_units);
+        return dp__fail(d, DP_EINVAL, "unit: unit id %u must be below the unit count %u",
+                        opts->unit_id, opts->n_units);
     if (opts->slab_bytes < 4096)
-        return dp_fail(d, DP_EINVAL, "unit: slab of %" PRIu64 " bytes is below 4 KiB",
-                       opts->slab_bytes);
+        return dp__fail(d, DP_EINVAL, "unit: slab of %" PRIu64 " bytes is below 4 KiB",
+                        opts->slab_bytes);
     if (!(opts->read_pin_s > 0) || !isfinite(opts->read_pin_s) ||
         !(opts->alloc_lease_s >= 0) || !isfinite(opts->alloc_lease_s) ||
         !(opts->quarantine_s >= 0) || !isfinite(opts->quarantine_s))
-        return dp_fail(
+        return dp__fail(
             d, DP_EINVAL,
             "unit: read_pin_s must be > 0, alloc_lease_s and quarantine_s >= 0");
     bool ssd = opts->ssd_dir != NULL && opts->ssd_dir[0] != '\0';
     if (ssd && (opts->staging_bytes < 4096 || opts->staging_bytes > (1ull << 50)))
-        return dp_fail(
+        return dp__fail(
             d, DP_EINVAL,
             "unit: the SSD tier needs staging_bytes of 4 KiB or more, not %" PRIu64,
             opts->staging_bytes);
     if (!ssd && opts->staging_bytes != 0)
-        return dp_fail(d, DP_EINVAL, "unit: staging_bytes without ssd_dir");
+        return dp__fail(d, DP_EINVAL, "unit: staging_bytes without ssd_dir");
     if (ssd && (!(opts->pickup_s >= 0) || !isfinite(opts->pickup_s) ||
                 opts->io_threads == 0 || opts->io_threads > 256))
-        return dp_fail(d, DP_EINVAL,
-                       "unit: pickup_s must be >= 0 and io_threads 1..256 with ssd_dir");
+        return dp__fail(d, DP_EINVAL,
+                        "unit: pickup_s must be >= 0 and io_threads 1..256 with ssd_dir");
     size_t cid_len = opts->cluster_id != NULL ? strlen(opts->cluster_id) : 0;
-    if (cid_len > 0 && !dp_id_valid(opts->cluster_id, cid_len, DP_UNIT_ID_MAX))
-        return dp_fail(d, DP_EINVAL,
-                       "unit: cluster id '%s' must be 1..%d bytes of [A-Za-z0-9_.:-]",
-                       opts->cluster_id, DP_UNIT_ID_MAX);
+    if (cid_len > 0 && !dp__id_valid(opts->cluster_id, cid_len, DP_UNIT_ID_MAX))
+        return dp__fail(d, DP_EINVAL,
+                        "unit: cluster id '%s' must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                        opts->cluster_id, DP_UNIT_ID_MAX);
     dp_unit *u = calloc(1, sizeof *u);
     if (u == NULL)
-        return dp_fail(d, DP_ENOMEM, "unit: out of memory");
+        return dp__fail(d, DP_ENOMEM, "unit: out of memory");
     u->o = *opts;
     memcpy(u->cluster_id, opts->cluster_id != NULL ? opts->cluster_id : "", cid_len + 1);
     u->o.cluster_id = u->cluster_id;
@@ -255,31 +255,31 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
         u->o.ssd_dir = u->ssd_dir;
         if (u->ssd_dir == NULL) {
             free(u);
-            return dp_fail(d, DP_ENOMEM, "unit: out of memory");
+            return dp__fail(d, DP_ENOMEM, "unit: out of memory");
         }
     }
-    dp_map_init_str(&u->blobs);
-    dp_map_init_u64(&u->rows);
-    dp_map_init_str(&u->pins);
-    dp_map_init_str(&u->superseded);
-    dp_map_init_str(&u->order);
-    dp_unit_numa_apply(u->o.numa, u->o.unit_id, u->numa_desc, sizeof u->numa_desc);
-    int rc = dp__writers_create(u->o.reclaim_grace_s, dp_host_key(), &u->writers, d);
+    dp__map_init_str(&u->blobs);
+    dp__map_init_u64(&u->rows);
+    dp__map_init_str(&u->pins);
+    dp__map_init_str(&u->superseded);
+    dp__map_init_str(&u->order);
+    dp__unit_numa_apply(u->o.numa, u->o.unit_id, u->numa_desc, sizeof u->numa_desc);
+    int rc = dp__writers_create(u->o.reclaim_grace_s, dp__host_key(), &u->writers, d);
     if (rc != 0)
         goto fail;
     /* A random, non-zero incarnation tells this process from any earlier one. */
     do {
-        rc = dp_random_bytes(&u->incarnation, sizeof u->incarnation, d);
+        rc = dp__random_bytes(&u->incarnation, sizeof u->incarnation, d);
         if (rc != 0)
             goto fail;
     } while (u->incarnation == 0);
     if (u->o.ep != NULL) {
         void *addr = NULL;
-        rc = dp_endpoint_alloc(u->o.ep, (size_t)u->region_len, &addr, d);
+        rc = dp__endpoint_alloc(u->o.ep, (size_t)u->region_len, &addr, d);
         if (rc != 0) {
-            dp_fail_ctx(d, rc,
-                        "unit %u: slab of %" PRIu64 " bytes (IO area %" PRIu64 " bytes)",
-                        u->o.unit_id, u->o.slab_bytes, u->o.staging_bytes);
+            dp__fail_ctx(d, rc,
+                         "unit %u: slab of %" PRIu64 " bytes (IO area %" PRIu64 " bytes)",
+                         u->o.unit_id, u->o.slab_bytes, u->o.staging_bytes);
             goto fail;
         }
         u->slab = addr;
@@ -288,18 +288,18 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
         void *p = mmap(NULL, u->slab_map_len, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
-            rc = dp_fail_sys(d, errno, "unit: mmap of a %" PRIu64 "-byte slab",
-                             u->region_len);
+            rc = dp__fail_sys(d, errno, "unit: mmap of a %" PRIu64 "-byte slab",
+                              u->region_len);
             u->slab_map_len = 0;
             goto fail;
         }
         u->slab = p;
     }
-    rc = dp_slab_alloc_create(u->o.slab_bytes, DP_BLOB_ALIGN, &u->alloc, d);
+    rc = dp__slab_alloc_create(u->o.slab_bytes, DP_BLOB_ALIGN, &u->alloc, d);
     if (rc != 0)
         goto fail;
     if (ssd) {
-        rc = dp_slab_alloc_create(u->o.staging_bytes, DP_BLOB_ALIGN, &u->io_alloc, d);
+        rc = dp__slab_alloc_create(u->o.staging_bytes, DP_BLOB_ALIGN, &u->io_alloc, d);
         if (rc == 0)
             rc = dp__ssd_open(u, d);
         if (rc != 0)
@@ -308,7 +308,7 @@ dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     *out = u;
     return 0;
 fail:
-    dp_unit_destroy(u);
+    dp__unit_destroy(u);
     return rc;
 }
 
@@ -328,7 +328,7 @@ ticker_main(void *arg)
             break;
         if (rc == ETIMEDOUT) {
             pthread_mutex_unlock(&u->mu);
-            dp_unit_tick(u);
+            dp__unit_tick(u);
             pthread_mutex_lock(&u->mu);
         }
     }
@@ -337,14 +337,14 @@ ticker_main(void *arg)
 }
 
 int
-dp_unit_start_ticker(dp_unit *u, double period_s, dp_detail *d)
+dp__unit_start_ticker(dp_unit *u, double period_s, dp_detail *d)
 {
     if (!(period_s > 0) || !isfinite(period_s))
-        return dp_fail(d, DP_EINVAL, "unit: ticker period must be > 0");
+        return dp__fail(d, DP_EINVAL, "unit: ticker period must be > 0");
     pthread_mutex_lock(&u->mu);
     if (u->ticker_on) {
         pthread_mutex_unlock(&u->mu);
-        return dp_fail(d, DP_EINVAL, "unit: ticker already running");
+        return dp__fail(d, DP_EINVAL, "unit: ticker already running");
     }
     u->period_s = period_s;
     int e = pthread_create(&u->ticker, NULL, ticker_main, u);
@@ -352,12 +352,12 @@ dp_unit_start_ticker(dp_unit *u, double period_s, dp_detail *d)
         u->ticker_on = true;
     pthread_mutex_unlock(&u->mu);
     if (e != 0)
-        return dp_fail_sys(d, e, "unit: starting the ticker thread");
+        return dp__fail_sys(d, e, "unit: starting the ticker thread");
     return 0;
 }
 
 void
-dp_unit_admin_begin(dp_unit *u)
+dp__unit_admin_begin(dp_unit *u)
 {
     pthread_mutex_lock(&u->mu);
     u->n_admin++;
@@ -365,7 +365,7 @@ dp_unit_admin_begin(dp_unit *u)
 }
 
 void
-dp_unit_admin_end(dp_unit *u)
+dp__unit_admin_end(dp_unit *u)
 {
     pthread_mutex_lock(&u->mu);
     if (--u->n_admin == 0)
@@ -379,11 +379,11 @@ dp__unit_admin_cancelled(dp_unit *u, const char *what, dp_detail *d)
 {
     if (!__atomic_load_n(&u->admin_cancel, __ATOMIC_ACQUIRE))
         return DP_OK;
-    return dp_fail(d, DP_ECLOSED, "%s: the unit is stopping", what);
+    return dp__fail(d, DP_ECLOSED, "%s: the unit is stopping", what);
 }
 
 void
-dp_unit_admin_wait(dp_unit *u)
+dp__unit_admin_wait(dp_unit *u)
 {
     pthread_mutex_lock(&u->mu);
     if (u->n_admin > 0)
@@ -395,12 +395,12 @@ dp_unit_admin_wait(dp_unit *u)
 }
 
 void
-dp_unit_destroy(dp_unit *u)
+dp__unit_destroy(dp_unit *u)
 {
     if (u == NULL)
         return;
     __atomic_store_n(&u->admin_cancel, 1, __ATOMIC_RELEASE);
-    dp_unit_admin_wait(u);
+    dp__unit_admin_wait(u);
     pthread_mutex_lock(&u->mu);
     bool join = u->ticker_on;
     u->stopping = true;
@@ -410,14 +410,14 @@ dp_unit_destroy(dp_unit *u)
         pthread_join(u->ticker, NULL);
     dp__ssd_stop(u);
     /* Pins first: they own the zombies. */
-    while (!dp_list_empty(&u->pins_by_expiry))
+    while (!dp__list_empty(&u->pins_by_expiry))
         dp__pin_end_locked(u, DP_LIST_FIRST(&u->pins_by_expiry, pin, link), false, 0);
     size_t it = 0;
     void *v;
-    while (dp_map_next(&u->rows, &it, NULL, NULL, NULL, &v))
+    while (dp__map_next(&u->rows, &it, NULL, NULL, NULL, &v))
         dp__row_free(v);
     it = 0;
-    while (dp_map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
+    while (dp__map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
         blob_rec *b = v;
         if (b->fd >= 0)
             close(b->fd);
@@ -425,14 +425,14 @@ dp_unit_destroy(dp_unit *u)
     }
     dp__ssd_fini(u);
     dp__order_fini(u);
-    dp_map_fini(&u->rows);
-    dp_map_fini(&u->blobs);
-    dp_map_fini(&u->pins);
+    dp__map_fini(&u->rows);
+    dp__map_fini(&u->blobs);
+    dp__map_fini(&u->pins);
     dp__writers_destroy(u->writers);
-    dp_slab_alloc_destroy(u->alloc);
+    dp__slab_alloc_destroy(u->alloc);
     if (u->slab != NULL) {
         if (u->o.ep != NULL)
-            dp_endpoint_deregister(u->o.ep, u->slab, NULL);
+            dp__endpoint_deregister(u->o.ep, u->slab, NULL);
         else
             munmap(u->slab, u->slab_map_len);
     }
@@ -444,7 +444,7 @@ dp_unit_destroy(dp_unit *u)
 }
 
 void
-dp_unit_set_address(dp_unit *u, const char *zmq_address)
+dp__unit_set_address(dp_unit *u, const char *zmq_address)
 {
     pthread_mutex_lock(&u->mu);
     snprintf(u->address, sizeof u->address, "%s", zmq_address ? zmq_address : "");
@@ -452,91 +452,91 @@ dp_unit_set_address(dp_unit *u, const char *zmq_address)
 }
 
 void
-dp_unit_lock(dp_unit *u)
+dp__unit_lock(dp_unit *u)
 {
     pthread_mutex_lock(&u->mu);
 }
 
 void
-dp_unit_unlock(dp_unit *u)
+dp__unit_unlock(dp_unit *u)
 {
     pthread_mutex_unlock(&u->mu);
 }
 
 uint32_t
-dp_unit_id(const dp_unit *u)
+dp__unit_id(const dp_unit *u)
 {
     return u->o.unit_id;
 }
 
 uint64_t
-dp_unit_slab_bytes(const dp_unit *u)
+dp__unit_slab_bytes(const dp_unit *u)
 {
     return u->o.slab_bytes;
 }
 
 uint64_t
-dp_unit_io_bytes(const dp_unit *u)
+dp__unit_io_bytes(const dp_unit *u)
 {
     return u->ssd ? u->o.staging_bytes : 0;
 }
 
 uint64_t
-dp_unit_io_base(const dp_unit *u)
+dp__unit_io_base(const dp_unit *u)
 {
     return u->io_base;
 }
 
 uint8_t *
-dp_unit_slab(const dp_unit *u)
+dp__unit_slab(const dp_unit *u)
 {
     return u->slab;
 }
 
 dp_endpoint *
-dp_unit_endpoint(const dp_unit *u)
+dp__unit_endpoint(const dp_unit *u)
 {
     return u->o.ep;
 }
 
 const char *
-dp_unit_numa_desc(const dp_unit *u)
+dp__unit_numa_desc(const dp_unit *u)
 {
     return u->numa_desc;
 }
 
 void
-dp_unit_info_locked(dp_unit *u, dp_wire_info *info)
+dp__unit_info_locked(dp_unit *u, dp_wire_info *info)
 {
     memset(info, 0, sizeof *info);
     info->unit_id = u->o.unit_id;
     info->n_units = u->o.n_units;
     info->zmq = dp__zview(u->address);
-    info->agent = dp__zview(u->o.ep != NULL ? dp_endpoint_name(u->o.ep) : "");
+    info->agent = dp__zview(u->o.ep != NULL ? dp__endpoint_name(u->o.ep) : "");
     info->metadata = (dp_wire_bytes){(const uint8_t *)"", 0};
     info->slab_bytes = u->o.slab_bytes;
-    info->io_bytes = dp_unit_io_bytes(u);
+    info->io_bytes = dp__unit_io_bytes(u);
     info->numa = dp__zview(u->numa_desc);
     info->slab_addr = (uint64_t)(uintptr_t)u->slab;
     info->read_pin_ms = (uint64_t)(u->o.read_pin_s * 1000.0);
     info->incarnation = u->incarnation;
     info->proto = DP_WIRE_PROTO;
     info->pid = (uint64_t)getpid();
-    info->host = dp__zview(dp_host_key());
+    info->host = dp__zview(dp__host_key());
     info->cluster = dp__zview(u->cluster_id);
 }
 
 uint64_t
-dp_unit_incarnation(const dp_unit *u)
+dp__unit_incarnation(const dp_unit *u)
 {
     return u->incarnation;
 }
 
 uint64_t
-dp_unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len)
+dp__unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len)
 {
     pthread_mutex_lock(&u->mu);
-    blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
+    blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
     uint64_t t = b != NULL && b->state != REC_PUBLISHED ? b->token : 0;
     pthread_mutex_unlock(&u->mu);
     return t;
@@ -559,27 +559,28 @@ dp__unit_put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off
 {
     dp_detail ad;
     dp_detail_clear(&ad);
-    int rc = dp_slab_alloc_alloc(u->alloc, nbytes, off, &ad);
-    if (rc == DP_EUNITFULL && dp_slab_alloc_sweep(u->alloc, now) > 0)
-        rc = dp_slab_alloc_alloc(u->alloc, nbytes, off, &ad);
+    int rc = dp__slab_alloc_alloc(u->alloc, nbytes, off, &ad);
+    if (rc == DP_EUNITFULL && dp__slab_alloc_sweep(u->alloc, now) > 0)
+        rc = dp__slab_alloc_alloc(u->alloc, nbytes, off, &ad);
     if (rc == 0)
         return 0;
     if (rc != DP_EUNITFULL)
-        return dp_fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
+        return dp__fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
     dp_slab_alloc_stats st;
-    dp_slab_alloc_get_stats(u->alloc, &st);
+    dp__slab_alloc_get_stats(u->alloc, &st);
     uint64_t pending = st.quarantined_bytes + u->stats.zombie_bytes;
     if (pending > 0 && st.free_bytes + pending >= nbytes) {
         if (reason != NULL)
             *reason = st.quarantined_bytes > 0 ? "quarantine" : "pins";
-        return dp_fail(d, DP_EBUSY,
-                       "unit %u: no room for %" PRIu64 " bytes now (largest free %" PRIu64
-                       ", free %" PRIu64 "); %" PRIu64 " bytes in quarantine and %" PRIu64
-                       " held by pins of released blobs will free: retry",
-                       u->o.unit_id, nbytes, st.largest_free, st.free_bytes,
-                       st.quarantined_bytes, u->stats.zombie_bytes);
+        return dp__fail(d, DP_EBUSY,
+                        "unit %u: no room for %" PRIu64
+                        " bytes now (largest free %" PRIu64 ", free %" PRIu64
+                        "); %" PRIu64 " bytes in quarantine and %" PRIu64
+                        " held by pins of released blobs will free: retry",
+                        u->o.unit_id, nbytes, st.largest_free, st.free_bytes,
+                        st.quarantined_bytes, u->stats.zombie_bytes);
     }
-    return dp_fail(
+    return dp__fail(
         d, DP_EUNITFULL,
         "unit %u: no room for %" PRIu64 " bytes (largest free %" PRIu64 ", free %" PRIu64
         ", retired %" PRIu64 ") and nothing pending frees any",
@@ -587,32 +588,32 @@ dp__unit_put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off
 }
 
 int
-dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-              uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d)
+dp__unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
+               uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d)
 {
-    return dp_unit_alloc_spill(u, blob_id, id_len, nbytes, n_entries, false, off, reason,
-                               d);
+    return dp__unit_alloc_spill(u, blob_id, id_len, nbytes, n_entries, false, off, reason,
+                                d);
 }
 
 int
-dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-                    uint64_t n_entries, bool spill, uint64_t *off, const char **reason,
-                    dp_detail *d)
+dp__unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
+                     uint64_t n_entries, bool spill, uint64_t *off, const char **reason,
+                     dp_detail *d)
 {
     dp_wire_alloc_args a = {.blob_id = {blob_id, (uint32_t)id_len},
                             .nbytes = nbytes,
                             .n_entries = n_entries,
                             .spill = spill};
     dp_wire_alloc_res r;
-    int rc = dp_unit_alloc_req(u, &a, &r, reason, d);
+    int rc = dp__unit_alloc_req(u, &a, &r, reason, d);
     if (rc == 0)
         *off = r.off;
     return rc;
 }
 
 int
-dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
-                  const char **reason, dp_detail *d)
+dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
+                   const char **reason, dp_detail *d)
 {
     const char *blob_id = args->blob_id.p;
     size_t id_len = args->blob_id.n;
@@ -622,19 +623,19 @@ dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res 
     uint64_t *off = &dummy_off;
     if (reason != NULL)
         *reason = NULL;
-    if (!dp_id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
-        return dp_fail(d, DP_EPROTO,
-                       "alloc: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
-                       DP_UNIT_ID_MAX);
+    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
+        return dp__fail(d, DP_EPROTO,
+                        "alloc: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                        DP_UNIT_ID_MAX);
     if (nbytes == 0)
-        return dp_fail(d, DP_EPROTO, "alloc %.*s: nbytes must be > 0", (int)id_len,
-                       blob_id);
+        return dp__fail(d, DP_EPROTO, "alloc %.*s: nbytes must be > 0", (int)id_len,
+                        blob_id);
     int rc = 0;
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
     bool to_io = spill && u->ssd && nbytes <= u->o.staging_bytes;
     bool to_put = nbytes <= u->o.slab_bytes;
-    blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
+    blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
     if (b != NULL) {
         if (b->state == REC_ALLOCATED && b->nbytes == nbytes) {
             *off = b->off; /* a retried alloc */
@@ -643,22 +644,22 @@ dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res 
             goto out;
         }
         u->stats.n_proto++;
-        rc = dp_fail(d, DP_EPROTO,
-                     "alloc %.*s: blob id already in use (%s, %" PRIu64 " bytes)",
-                     (int)id_len, blob_id,
-                     b->state == REC_PUBLISHED   ? "committed"
-                     : b->state != REC_ALLOCATED ? "committing"
-                                                 : "allocated",
-                     b->nbytes);
+        rc = dp__fail(d, DP_EPROTO,
+                      "alloc %.*s: blob id already in use (%s, %" PRIu64 " bytes)",
+                      (int)id_len, blob_id,
+                      b->state == REC_PUBLISHED   ? "committed"
+                      : b->state != REC_ALLOCATED ? "committing"
+                                                  : "allocated",
+                      b->nbytes);
         goto out;
     }
     if (!to_put && !to_io) {
         u->stats.n_proto++;
-        rc = dp_fail(d, DP_EPROTO,
-                     "alloc %.*s: %" PRIu64 " bytes can never fit a %" PRIu64
-                     "-byte slab%s (IO area %" PRIu64 " bytes)",
-                     (int)id_len, blob_id, nbytes, u->o.slab_bytes,
-                     spill ? "" : " without spill", dp_unit_io_bytes(u));
+        rc = dp__fail(d, DP_EPROTO,
+                      "alloc %.*s: %" PRIu64 " bytes can never fit a %" PRIu64
+                      "-byte slab%s (IO area %" PRIu64 " bytes)",
+                      (int)id_len, blob_id, nbytes, u->o.slab_bytes,
+                      spill ? "" : " without spill", dp__unit_io_bytes(u));
         goto out;
     }
     uint64_t o = 0;
@@ -675,12 +676,12 @@ dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res 
             in_io = true;
         } else if (prc == DP_EBUSY && rc == DP_EUNITFULL) {
             rc = DP_EBUSY; /* the put area will free room */
-            dp_fail(d, rc, "%s", dp_detail_msg(&pd));
+            dp__fail(d, rc, "%s", dp_detail_msg(&pd));
         } else if (rc == DP_EBUSY) {
             why = iwhy;
         }
     } else if (rc != 0) {
-        dp_fail(d, rc, "%s", dp_detail_msg(&pd));
+        dp__fail(d, rc, "%s", dp_detail_msg(&pd));
     }
     if (rc == DP_EBUSY) {
         u->stats.n_busy++;
@@ -695,15 +696,15 @@ dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res 
     if (rc != 0) {
         if (rc == DP_EPROTO)
             u->stats.n_proto++;
-        dp_fail_ctx(d, rc, "alloc %.*s", (int)id_len, blob_id);
+        dp__fail_ctx(d, rc, "alloc %.*s", (int)id_len, blob_id);
         goto out;
     }
     dp_slab_alloc *a = in_io ? u->io_alloc : u->alloc;
     uint64_t ao = in_io ? o - u->io_base : o;
     b = calloc(1, sizeof *b);
     if (b == NULL) {
-        dp_slab_alloc_free(a, ao, NULL);
-        rc = dp_fail(d, DP_ENOMEM, "alloc: out of memory");
+        dp__slab_alloc_free(a, ao, NULL);
+        rc = dp__fail(d, DP_ENOMEM, "alloc: out of memory");
         goto out;
     }
     memcpy(b->id, blob_id, id_len);
@@ -711,21 +712,21 @@ dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res 
     b->off = o;
     b->nbytes = nbytes;
     b->size = nbytes;
-    dp_slab_alloc_size_of(a, ao, &b->size);
+    dp__slab_alloc_size_of(a, ao, &b->size);
     b->state = REC_ALLOCATED;
     b->area = in_io ? REC_AREA_IO : REC_AREA_PUT;
     b->fd = -1;
     b->n_entries_decl = n_entries;
     b->created_at = now;
     b->token = ++u->token_seq;
-    if (dp_map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0) {
-        dp_slab_alloc_free(a, ao, NULL);
+    if (dp__map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0) {
+        dp__slab_alloc_free(a, ao, NULL);
         free(b);
-        rc = dp_fail(d, DP_ENOMEM, "alloc: out of memory");
+        rc = dp__fail(d, DP_ENOMEM, "alloc: out of memory");
         goto out;
     }
     b->writer = dp__writers_ref(u->writers, args);
-    dp_list_insert_tail(&u->pend, &b->pend_link);
+    dp__list_insert_tail(&u->pend, &b->pend_link);
     u->stats.n_alloc++;
     /* The id names a new blob now, not a superseded spill. */
     dp__ssd_superseded_forget_locked(u, b->id, b->id_len);
@@ -740,19 +741,19 @@ out:
 /* ---- commit ---- */
 
 int
-dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
-               dp_wire_commit_state *state, dp_detail *d)
+dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
+                dp_wire_commit_state *state, dp_detail *d)
 {
-    if (!dp_id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
-        return dp_fail(d, DP_EPROTO,
-                       "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
-                       DP_UNIT_ID_MAX);
+    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
+        return dp__fail(d, DP_EPROTO,
+                        "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                        DP_UNIT_ID_MAX);
     int rc = 0;
     dp_blob *pb = NULL;
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
-    blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
-    if (b == NULL && dp_map_get(&u->superseded, blob_id, id_len) != NULL) {
+    blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
+    if (b == NULL && dp__map_get(&u->superseded, blob_id, id_len) != NULL) {
         *state = DP_WIRE_COMMIT_DONE; /* landed, and replaced before its spill ended */
         goto out;
     }
@@ -772,18 +773,18 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         dp_blob_parse_opts po = {0};
         po.n_units = u->o.n_units;
         po.unit_index = u->o.unit_id;
-        rc = dp_blob_parse(u->slab + b->off, (size_t)b->nbytes, &po, &pb, d);
+        rc = dp__blob_parse(u->slab + b->off, (size_t)b->nbytes, &po, &pb, d);
         if (rc != 0) {
             if (rc == DP_EPROTO)
                 u->stats.n_proto++;
-            dp_fail_ctx(d, rc, "commit %s", b->id);
+            dp__fail_ctx(d, rc, "commit %s", b->id);
             goto out;
         }
-        const dp_blob_header *h = dp_blob_get_header(pb);
+        const dp_blob_header *h = dp__blob_get_header(pb);
         if (h->alloc_incarnation != u->incarnation || h->alloc_token != b->token) {
             u->stats.n_proto++;
             u->stats.identity_refused++;
-            rc = dp_fail(
+            rc = dp__fail(
                 d, DP_EPROTO,
                 "commit %s: the blob names allocation %016" PRIx64 "/%" PRIu64
                 ", not this one (%016" PRIx64 "/%" PRIu64
@@ -792,13 +793,13 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
                 b->id, h->alloc_incarnation, h->alloc_token, u->incarnation, b->token);
             goto out;
         }
-        uint32_t n = dp_blob_count(pb);
+        uint32_t n = dp__blob_count(pb);
         if (b->n_entries_decl != 0 && n != b->n_entries_decl) {
             u->stats.n_proto++;
-            rc = dp_fail(d, DP_EPROTO,
-                         "commit %s: the blob's index has %u entries, alloc announced "
-                         "%" PRIu64,
-                         b->id, n, b->n_entries_decl);
+            rc = dp__fail(d, DP_EPROTO,
+                          "commit %s: the blob's index has %u entries, alloc announced "
+                          "%" PRIu64,
+                          b->id, n, b->n_entries_decl);
             goto out;
         }
         b->parsed = pb;
@@ -816,7 +817,7 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         b->state = REC_VALIDATED;
         if (!dp__ssd_jobs_full_locked(u)) {
             /* Off the pend list: no lease, the client's WRITE is done. */
-            dp_list_remove(&u->pend, &b->pend_link);
+            dp__list_remove(&u->pend, &b->pend_link);
             dp__ssd_submit_locked(u, JOB_SPILL, b);
         }
         *state = DP_WIRE_COMMIT_PENDING;
@@ -824,26 +825,26 @@ dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
     }
     rc = dp__rows_publish_locked(u, b, NULL, now, d);
     if (rc != 0) {
-        dp_blob_destroy(b->parsed);
+        dp__blob_destroy(b->parsed);
         b->parsed = NULL;
         goto out;
     }
     *state = DP_WIRE_COMMIT_DONE;
 out:
     pthread_mutex_unlock(&u->mu);
-    dp_blob_destroy(pb);
+    dp__blob_destroy(pb);
     return rc;
 }
 
 /* ---- abort ---- */
 
 void
-dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
+dp__unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
 {
-    if (!dp_id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
+    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
         return;
     pthread_mutex_lock(&u->mu);
-    blob_rec *b = dp_map_get(&u->blobs, blob_id, id_len);
+    blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
     if (b != NULL && (b->state == REC_ALLOCATED || b->state == REC_VALIDATED)) {
         u->stats.n_abort++;
         if (b->flags & REC_JOB) {
@@ -852,8 +853,8 @@ dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
         } else if (in_flight) {
             dp__rec_retire_locked(u, b);
         } else {
-            dp_map_del(&u->blobs, b->id, b->id_len);
-            dp_list_remove(&u->pend, &b->pend_link);
+            dp__map_del(&u->blobs, b->id, b->id_len);
+            dp__list_remove(&u->pend, &b->pend_link);
             dp__rec_release_region_locked(u, b, dp__unit_now(u));
             dp__rec_free_locked(u, b);
         }
@@ -864,13 +865,13 @@ dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
 /* ---- release ---- */
 
 uint64_t
-dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
+dp__unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
 {
     uint64_t dropped = 0;
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
     for (uint32_t i = 0; i < n; i++) {
-        row *r = dp_map_del_u64(&u->rows, gidxs[i]);
+        row *r = dp__map_del_u64(&u->rows, gidxs[i]);
         if (r == NULL)
             continue;
         for (uint32_t k = 0; k < r->n; k++) {
@@ -890,17 +891,17 @@ dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
 }
 
 int
-dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes, const uint8_t **p,
-                          dp_detail *d)
+dp__unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes, const uint8_t **p,
+                           dp_detail *d)
 {
     bool in_put = off <= u->o.slab_bytes && nbytes <= u->o.slab_bytes - off;
     bool in_io = u->ssd && off >= u->io_base && off - u->io_base <= u->o.staging_bytes &&
                  nbytes <= u->o.staging_bytes - (off - u->io_base);
     if (!in_put && !in_io)
-        return dp_fail(d, DP_EPROTO,
-                       "read_bytes: [%" PRIu64 ", +%" PRIu64 ") is outside the %" PRIu64
-                       "-byte slab and the %" PRIu64 "-byte IO area at %" PRIu64,
-                       off, nbytes, u->o.slab_bytes, dp_unit_io_bytes(u), u->io_base);
+        return dp__fail(d, DP_EPROTO,
+                        "read_bytes: [%" PRIu64 ", +%" PRIu64 ") is outside the %" PRIu64
+                        "-byte slab and the %" PRIu64 "-byte IO area at %" PRIu64,
+                        off, nbytes, u->o.slab_bytes, dp__unit_io_bytes(u), u->io_base);
     *p = u->slab + off;
     return 0;
 }
@@ -916,7 +917,7 @@ give_back_region(void *ctx, int area, uint64_t off, uint64_t size)
     uint64_t ao = area == DP__AREA_IO ? off - u->io_base : off;
     dp_detail d;
     dp_detail_clear(&d);
-    if (a == NULL || dp_slab_alloc_free(a, ao, &d) != 0)
+    if (a == NULL || dp__slab_alloc_free(a, ao, &d) != 0)
         DP_LOG_E("unit %u: retired region at %" PRIu64 " (%" PRIu64
                  " bytes) could not be handed back: %s",
                  u->o.unit_id, off, size, dp_detail_msg(&d));
@@ -943,15 +944,15 @@ reclaim_locked(dp_unit *u, double now)
                  u->o.unit_id, b->id, b->size, dp__writer_name(b->writer));
         u->stats.allocs_reclaimed++;
         u->stats.allocs_reclaimed_bytes += b->size;
-        dp_map_del(&u->blobs, b->id, b->id_len);
-        dp_list_remove(&u->pend, &b->pend_link);
+        dp__map_del(&u->blobs, b->id, b->id_len);
+        dp__list_remove(&u->pend, &b->pend_link);
         dp__rec_release_region_locked(u, b, now);
         dp__rec_free_locked(u, b);
     }
 }
 
 void
-dp_unit_tick(dp_unit *u)
+dp__unit_tick(dp_unit *u)
 {
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
@@ -969,7 +970,7 @@ dp_unit_tick(dp_unit *u)
          b != NULL && !dp__ssd_jobs_full_locked(u); b = next) {
         next = DP_LIST_NEXT(b, blob_rec, pend_link);
         if (b->state == REC_VALIDATED && !(b->flags & REC_JOB)) {
-            dp_list_remove(&u->pend, &b->pend_link);
+            dp__list_remove(&u->pend, &b->pend_link);
             dp__ssd_submit_locked(u, JOB_SPILL, b);
         }
     }
@@ -987,9 +988,9 @@ dp_unit_tick(dp_unit *u)
         }
     }
     reclaim_locked(u, now);
-    dp_slab_alloc_sweep(u->alloc, now);
+    dp__slab_alloc_sweep(u->alloc, now);
     if (u->io_alloc != NULL)
-        dp_slab_alloc_sweep(u->io_alloc, now);
+        dp__slab_alloc_sweep(u->io_alloc, now);
     dp__ssd_superseded_expire_locked(u, now);
     /* Every 30 s, one log line with the counters if anything changed. */
     char line[320], ssd_line[400];

@@ -13,7 +13,7 @@
  *
  * Threads: every function may be called from any thread unless its comment
  * says otherwise. Operations take the unit lock themselves, except those whose
- * name ends in _locked: their caller holds it (dp_unit_lock) and the views
+ * name ends in _locked: their caller holds it (dp__unit_lock) and the views
  * they return stay valid until it unlocks.
  */
 #ifndef DP_UNIT_UNIT_H
@@ -38,7 +38,7 @@ typedef enum dp_unit_numa {
     DP_UNIT_NUMA_OFF = 2,
 } dp_unit_numa;
 
-/* Creation options. dp_unit_opts_init gives the defaults. */
+/* Creation options. dp__unit_opts_init gives the defaults. */
 typedef struct dp_unit_opts {
     uint32_t unit_id; /* this unit's index, < n_units */
     uint32_t n_units; /* units of the cluster (gidx % n_units picks the unit) */
@@ -82,17 +82,17 @@ typedef struct dp_unit_opts {
      */
     bool ssd_no_tmpfile;
     /*
-     * The slab comes from dp_endpoint_alloc(ep) (borrowed; it must outlive the
+     * The slab comes from dp__endpoint_alloc(ep) (borrowed; it must outlive the
      * unit) so same-host peers get shared memory. NULL: plain host memory, for
      * tests and fuzzing without UCX.
      */
     dp_endpoint *ep;
-    /* Clock in seconds (default dp_now_s); tests pass a fake one. */
+    /* Clock in seconds (default dp__now_s); tests pass a fake one. */
     double (*now)(void *ctx);
     void *now_ctx;
 } dp_unit_opts;
 
-void dp_unit_opts_init(dp_unit_opts *o);
+void dp__unit_opts_init(dp_unit_opts *o);
 
 /* At most this many io jobs (spills and stages) are queued or running. */
 #define DP_UNIT_MAX_IO_JOBS 256
@@ -102,62 +102,62 @@ void dp_unit_opts_init(dp_unit_opts *o);
  * NUMA node unit_id % nodes: preferred memory (auto) or bound CPU and memory
  * (bind). A no-op on one-node machines, without libnuma support, or with
  * DP_UNIT_NUMA_OFF. desc[cap] says what was done (for info). Idempotent;
- * dp_unit_create calls it, and a process can call it earlier so threads it
+ * dp__unit_create calls it, and a process can call it earlier so threads it
  * starts before the unit (the endpoint's) are placed too.
  */
-void dp_unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t cap);
+void dp__unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t cap);
 
 /*
  * Create a unit: place the process (NUMA), take the slab (put area + IO
  * area), build the tables; with ssd_dir, check the directory by creating and
  * dropping one file and start the io threads.
  * Errors: DP_EINVAL (bad options), DP_ENOMEM, DP_ESYS (ssd_dir unusable,
- * threads), errors of dp_endpoint_alloc.
+ * threads), errors of dp__endpoint_alloc.
  */
-int dp_unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d);
+int dp__unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d);
 
 /*
  * Stop the ticker and the io threads (a running io job finishes first; queued
  * ones are dropped), close every file, free every table and the slab. NULL
  * allowed. Not concurrent with other calls.
  */
-void dp_unit_destroy(dp_unit *u);
+void dp__unit_destroy(dp_unit *u);
 
 /*
  * Admin work running off the ctl thread (a save or load whose reply is
  * deferred): begin before starting it, end when it no longer touches the
- * unit. dp_unit_admin_wait blocks until none runs; destroy first asks the
+ * unit. dp__unit_admin_wait blocks until none runs; destroy first asks the
  * running ones to stop (they fail with DP_ECLOSED at their next blob) and then
  * calls it.
  */
-void dp_unit_admin_begin(dp_unit *u);
-void dp_unit_admin_end(dp_unit *u);
-void dp_unit_admin_wait(dp_unit *u);
+void dp__unit_admin_begin(dp_unit *u);
+void dp__unit_admin_end(dp_unit *u);
+void dp__unit_admin_wait(dp_unit *u);
 
-/* Start the 1 s maintenance thread (dp_unit_tick); stopped by destroy. */
-int dp_unit_start_ticker(dp_unit *u, double period_s, dp_detail *d);
+/* Start the 1 s maintenance thread (dp__unit_tick); stopped by destroy. */
+int dp__unit_start_ticker(dp_unit *u, double period_s, dp_detail *d);
 
 /* The address the control server bound, reported by info (copied). */
-void dp_unit_set_address(dp_unit *u, const char *zmq_address);
+void dp__unit_set_address(dp_unit *u, const char *zmq_address);
 
-void dp_unit_lock(dp_unit *u);
-void dp_unit_unlock(dp_unit *u);
+void dp__unit_lock(dp_unit *u);
+void dp__unit_unlock(dp_unit *u);
 
 /* Constant after create. */
-uint32_t dp_unit_id(const dp_unit *u);
-uint64_t dp_unit_slab_bytes(const dp_unit *u); /* the put area */
-uint64_t dp_unit_io_bytes(const dp_unit *u);   /* the IO area, 0 without SSD tier */
-uint64_t dp_unit_io_base(const dp_unit *u);    /* offset of the IO area */
+uint32_t dp__unit_id(const dp_unit *u);
+uint64_t dp__unit_slab_bytes(const dp_unit *u); /* the put area */
+uint64_t dp__unit_io_bytes(const dp_unit *u);   /* the IO area, 0 without SSD tier */
+uint64_t dp__unit_io_base(const dp_unit *u);    /* offset of the IO area */
 /* The region's base: put area at [0, slab_bytes), IO area at io_base. */
-uint8_t *dp_unit_slab(const dp_unit *u);
-dp_endpoint *dp_unit_endpoint(const dp_unit *u);
-const char *dp_unit_numa_desc(const dp_unit *u); /* what NUMA placement did */
+uint8_t *dp__unit_slab(const dp_unit *u);
+dp_endpoint *dp__unit_endpoint(const dp_unit *u);
+const char *dp__unit_numa_desc(const dp_unit *u); /* what NUMA placement did */
 
 /*
  * info without the metadata: the zmq address (as set), the endpoint name ("" if
  * none). Views into the unit, valid until destroy / the next set_address.
  */
-void dp_unit_info_locked(dp_unit *u, dp_wire_info *info);
+void dp__unit_info_locked(dp_unit *u, dp_wire_info *info);
 
 /*
  * Reserve nbytes for blob_id (1..DP_UNIT_ID_MAX bytes of [A-Za-z0-9_.:-]) and
@@ -169,43 +169,43 @@ void dp_unit_info_locked(dp_unit *u, dp_wire_info *info);
  *   DP_EUNITFULL  no room and nothing pending will make any;
  *   DP_EPROTO     bad id, id in use, nbytes over the slab.
  */
-int dp_unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-                  uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d);
+int dp__unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
+                   uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d);
 
 /*
  * alloc as the wire asks it (blob id, nbytes, n_entries, spill and the
  * writer: see dp_wire_alloc_args): res gets the region's offset and the
  * allocation's token, which the blob's header must name (with this unit's
  * incarnation) for its commit to publish it. A retried alloc answers the same
- * offset and token. Errors as dp_unit_alloc_spill.
+ * offset and token. Errors as dp__unit_alloc_spill.
  */
-int dp_unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
-                      const char **reason, dp_detail *d);
+int dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
+                       const char **reason, dp_detail *d);
 
 /*
  * This unit process's incarnation: random and non-zero, drawn at create, in
  * info and in every reply (a client tells a restarted unit by it).
  */
-uint64_t dp_unit_incarnation(const dp_unit *u);
+uint64_t dp__unit_incarnation(const dp_unit *u);
 
 /*
  * The token of blob_id's open (uncommitted) allocation, 0 if there is none:
  * for tests and tools that write blobs into the slab themselves (they stamp it
- * with dp_blob_header_set_alloc).
+ * with dp__blob_header_set_alloc).
  */
-uint64_t dp_unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len);
+uint64_t dp__unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len);
 
 /*
- * dp_unit_alloc with the wire's spill flag. With spill and the SSD tier on, a
+ * dp__unit_alloc with the wire's spill flag. With spill and the SSD tier on, a
  * blob the put area cannot take now gets an IO-area region instead (evicting
  * unpinned staged copies, oldest first, if that makes room); its commit then
  * spills it to a file. Busy (reasons "io jobs", "staged copies", "pins",
  * "quarantine") when something will free room in an area that could take it,
  * UnitFull when nothing will. DP_EPROTO when nbytes fits neither area.
  */
-int dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-                        uint64_t n_entries, bool spill, uint64_t *off,
-                        const char **reason, dp_detail *d);
+int dp__unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
+                         uint64_t n_entries, bool spill, uint64_t *off,
+                         const char **reason, dp_detail *d);
 
 /*
  * Publish blob_id whose WRITE is done: validate its embedded index over the
@@ -222,8 +222,8 @@ int dp_unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t
  * validation: nothing is published, the allocation stays until abort or its
  * lease), DP_ENOMEM (nothing published).
  */
-int dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
-                   dp_wire_commit_state *state, dp_detail *d);
+int dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
+                    dp_wire_commit_state *state, dp_detail *d);
 
 /*
  * Forget an uncommitted blob. in_flight: its WRITE may still run, so the region
@@ -232,7 +232,7 @@ int dp_unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
  * published) when the job ends, and its region freed or retired then.
  * Never fails.
  */
-void dp_unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight);
+void dp__unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight);
 
 /* Result of resolve: arrays malloc'd, views valid while the unit lock is held. */
 typedef struct dp_unit_resolve_res {
@@ -267,18 +267,18 @@ typedef struct dp_unit_resolve_keys_res {
  * failed (the next resolve tries again). The ids must outlive the result.
  * Errors: DP_ENOMEM, DP_ESYS (no random pin id). Free with _fini.
  */
-int dp_unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
-                           dp_unit_resolve_res *res, dp_detail *d);
-void dp_unit_resolve_res_fini(dp_unit_resolve_res *res);
+int dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
+                            dp_unit_resolve_res *res, dp_detail *d);
+void dp__unit_resolve_res_fini(dp_unit_resolve_res *res);
 
 /*
  * Locate "<gidx>@<field>" keys: [slab_off of the entry, len, kind, dtype,
  * shape] each, and pin their blobs. A malformed key or one owned by another
  * unit is DP_EPROTO (nothing pinned); a key not held is missing.
  */
-int dp_unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
-                                dp_unit_resolve_keys_res *res, dp_detail *d);
-void dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
+int dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
+                                 dp_unit_resolve_keys_res *res, dp_detail *d);
+void dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
 
 /*
  * Request order (docs/design.md, "Request order"). A request id of the form
@@ -291,22 +291,22 @@ void dp_unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
  * DP_EPROTO (naming both counters) for a stale id, else DP_OK, and records
  * the id as the client's newest. Ids of another form are never stale.
  */
-int dp_unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d);
+int dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d);
 
 /* End a pin (the reader is done). Unknown pins: no-op. */
-void dp_unit_unpin(dp_unit *u, const char *pin_id, size_t len);
+void dp__unit_unpin(dp_unit *u, const char *pin_id, size_t len);
 
 /* Drop every field of these rows; returns the entries dropped. Idempotent. */
-uint64_t dp_unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n);
+uint64_t dp__unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n);
 
 /*
  * One flat record per blob of the table (id, off, nbytes, refs, published,
  * pins, n_entries, created_at, last_resolve_at). *recs and each record's
- * fields are malloc'd (free with dp_unit_fields_free); views valid under the
+ * fields are malloc'd (free with dp__unit_fields_free); views valid under the
  * lock.
  */
-int dp_unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d);
-void dp_unit_fields_free(dp_wire_fields *recs, uint32_t n);
+int dp__unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d);
+void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
 
 /*
  * The unit's counters, one table: X(field, wire name). It gives the fields of
@@ -389,17 +389,17 @@ typedef struct dp_unit_stats {
  * The counters as the stats reply carries them (names are static strings).
  * fields->v malloc'd: free(fields->v).
  */
-int dp_unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d);
+int dp__unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d);
 
-void dp_unit_get_stats(dp_unit *u, dp_unit_stats *st);
+void dp__unit_get_stats(dp_unit *u, dp_unit_stats *st);
 
 /*
  * slab[off, off + nbytes) for the read_bytes test helper (a view; the bytes may
  * change under a concurrent WRITE). DP_EPROTO if out of the put area and the
  * IO area.
  */
-int dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
-                              const uint8_t **p, dp_detail *d);
+int dp__unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
+                               const uint8_t **p, dp_detail *d);
 
 /*
  * Maintenance: drop expired pins, retire allocations past their lease, hand
@@ -407,13 +407,13 @@ int dp_unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
  * sweep the quarantine, log the counters (and the SSD counters) every 30 s when they
  * changed. Called by the ticker; tests with a fake clock call it.
  */
-void dp_unit_tick(dp_unit *u);
+void dp__unit_tick(dp_unit *u);
 
 /*
  * Check the unit's own invariants (refs match the row index, zombie and pin
  * accounting, allocator). DP_ECORRUPT with the first violation. O(n): tests.
  */
-int dp_unit_check(dp_unit *u, dp_detail *d);
+int dp__unit_check(dp_unit *u, dp_detail *d);
 
 /* ---- checkpoints (docs/design.md, "Checkpoints") ---- */
 
@@ -455,9 +455,9 @@ typedef struct dp_unit_save_res {
  * Errors: DP_EINVAL (path), DP_EEXIST (a temporary name exists), DP_ESYS,
  * DP_ENOMEM. On error no final name is created or replaced.
  */
-int dp_unit_save_shard(dp_unit *u, const char *path, size_t path_len,
-                       dp_unit_save_res *res, dp_detail *d);
-void dp_unit_save_res_fini(dp_unit_save_res *res);
+int dp__unit_save_shard(dp_unit *u, const char *path, size_t path_len,
+                        dp_unit_save_res *res, dp_detail *d);
+void dp__unit_save_res_fini(dp_unit_save_res *res);
 
 /* Result of a load: id views into the caller's blobs array (must outlive it). */
 typedef struct dp_unit_load_res {
@@ -477,15 +477,15 @@ typedef struct dp_unit_load_res {
  * Validation: both files' magic, version, lengths and CRC32C (the whole data
  * section and each blob), the unit id and cluster size (a shard of another
  * unit or of a cluster with another number of units is refused), and every
- * blob's own index (dp_blob_parse, as a commit). Any failure publishes
+ * blob's own index (dp__blob_parse, as a commit). Any failure publishes
  * nothing and names the file and offset. Blobs already in the table count as
  * loaded. Errors: DP_EINVAL (path, request), DP_ECORRUPT (a file failed
  * validation), DP_EPROTO (a blob's index), DP_ESYS, DP_ENOMEM.
  */
-int dp_unit_load_shard(dp_unit *u, const char *path, size_t path_len,
-                       const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
-                       dp_unit_load_res *res, dp_detail *d);
-void dp_unit_load_res_fini(dp_unit_load_res *res);
+int dp__unit_load_shard(dp_unit *u, const char *path, size_t path_len,
+                        const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
+                        dp_unit_load_res *res, dp_detail *d);
+void dp__unit_load_res_fini(dp_unit_load_res *res);
 
 /* ---- control-message handler (serve.c) ---- */
 
@@ -496,9 +496,9 @@ void dp_unit_load_res_fini(dp_unit_load_res *res);
  * is readable and are dropped otherwise (and always for notify ops).
  * Threads: the control server thread (any one thread at a time per reply).
  */
-void dp_unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+void dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
 
 /* The dp_ctl_oversize callback: a Protocol error naming the limit. */
-void dp_unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+void dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
 
 #endif

@@ -12,11 +12,11 @@
  * tier (IO area, spill and stage jobs, files). ckpt.c: save_shard and
  * load_shard (the file format is src/blob/shard.c's). stats.c: the counters
  * (one table: DP_UNIT_STATS in unit.h) and the blob scan. check.c:
- * dp_unit_check. numa.c: NUMA placement. writers.c: who may still WRITE into
+ * dp__unit_check. numa.c: NUMA placement. writers.c: who may still WRITE into
  * a retired region. serve.c / server.c: the control-message handler and the
  * serving unit over the endpoint and the ctl server.
  *
- * Ownership. The unit owns the slab (from dp_endpoint_alloc, or mmap without
+ * Ownership. The unit owns the slab (from dp__endpoint_alloc, or mmap without
  * an endpoint), the allocators, every blob record, row, slot and pin. A blob
  * record lives in the blob table (id -> rec) from alloc until it is retired,
  * aborted or released; a released record that is still pinned or held leaves
@@ -31,7 +31,7 @@
  * holds (ckpt.c) do not hold refs: they hold n_pins and n_holds, and keep a
  * released record alive as a zombie.
  *
- * Time. Every timestamp comes from one monotonic clock (opts.now, dp_now_s by
+ * Time. Every timestamp comes from one monotonic clock (opts.now, dp__now_s by
  * default; dp__unit_now).
  *
  * Locks. One unit lock (mu) guards everything here. The ctl thread (through
@@ -39,7 +39,7 @@
  * take it; nothing blocking runs under it (no transfer, no file I/O, no ZMQ).
  * The ticker's and the io workers' condition variables wait on mu itself.
  * Lock order: mu, then the allocators (not thread-safe, used only under mu),
- * then the endpoint's internal lock (only dp_endpoint_name, which takes none,
+ * then the endpoint's internal lock (only dp__endpoint_name, which takes none,
  * is called under mu; metadata is fetched by serve.c outside mu). Functions
  * named *_locked are called with mu held.
  */

@@ -59,10 +59,10 @@ dp__writers_create(double grace_s, const char *host_key, dp__writers **out, dp_d
 {
     dp__writers *w = calloc(1, sizeof *w);
     if (w == NULL)
-        return dp_fail(d, DP_ENOMEM, "unit: out of memory (writers)");
+        return dp__fail(d, DP_ENOMEM, "unit: out of memory (writers)");
     w->grace_s = grace_s;
     snprintf(w->host, sizeof w->host, "%s", host_key != NULL ? host_key : "");
-    dp_map_init_str(&w->by_id);
+    dp__map_init_str(&w->by_id);
     *out = w;
     return DP_OK;
 }
@@ -72,7 +72,7 @@ writer_free(dp__writer *wr)
 {
     for (retired_region *r;
          (r = DP_LIST_FIRST(&wr->retired, retired_region, link)) != NULL;) {
-        dp_list_remove(&wr->retired, &r->link);
+        dp__list_remove(&wr->retired, &r->link);
         free(r);
     }
     if (wr->pidfd >= 0)
@@ -86,9 +86,9 @@ dp__writers_destroy(dp__writers *w)
     if (w == NULL)
         return;
     void *v;
-    for (size_t it = 0; dp_map_next(&w->by_id, &it, NULL, NULL, NULL, &v);)
+    for (size_t it = 0; dp__map_next(&w->by_id, &it, NULL, NULL, NULL, &v);)
         writer_free(v);
-    dp_map_fini(&w->by_id);
+    dp__map_fini(&w->by_id);
     free(w);
 }
 
@@ -111,7 +111,7 @@ dp__writers_ref(dp__writers *w, const dp_wire_alloc_args *a)
 {
     if (a->writer.n == 0 || a->writer.n >= sizeof(((dp__writer *)0)->id))
         return NULL;
-    dp__writer *wr = dp_map_get(&w->by_id, a->writer.p, a->writer.n);
+    dp__writer *wr = dp__map_get(&w->by_id, a->writer.p, a->writer.n);
     if (wr != NULL) {
         wr->refs++;
         return wr;
@@ -123,8 +123,8 @@ dp__writers_ref(dp__writers *w, const dp_wire_alloc_args *a)
     wr->id_len = a->writer.n;
     wr->refs = 1;
     wr->pidfd = -1;
-    bool same_host = w->host[0] != '\0' && dp_wire_str_eq(a->host, w->host);
-    if (same_host && a->pid != 0 && dp_wire_str_eq(a->lane, "shm")) {
+    bool same_host = w->host[0] != '\0' && dp__wire_str_eq(a->host, w->host);
+    if (same_host && a->pid != 0 && dp__wire_str_eq(a->lane, "shm")) {
         wr->pidfd = pidfd_open_(a->pid);
         if (wr->pidfd < 0 && errno == ESRCH) {
             /* Gone already: this message was its last. */
@@ -134,7 +134,7 @@ dp__writers_ref(dp__writers *w, const dp_wire_alloc_args *a)
         }
         wr->provable = wr->provable || wr->pidfd >= 0;
     }
-    if (dp_map_put(&w->by_id, wr->id, wr->id_len, wr, NULL) != 0) {
+    if (dp__map_put(&w->by_id, wr->id, wr->id_len, wr, NULL) != 0) {
         writer_free(wr);
         return NULL;
     }
@@ -146,7 +146,7 @@ dp__writers_unref(dp__writers *w, dp__writer *wr)
 {
     if (wr == NULL || --wr->refs > 0)
         return;
-    dp_map_del(&w->by_id, wr->id, wr->id_len);
+    dp__map_del(&w->by_id, wr->id, wr->id_len);
     writer_free(wr);
 }
 
@@ -176,7 +176,7 @@ dp__writers_retire(dp__writers *w, dp__writer *wr, int area, uint64_t off, uint6
         return;
     }
     *r = (retired_region){.area = area, .off = off, .size = size};
-    dp_list_insert_head(&wr->retired, &r->link);
+    dp__list_insert_head(&wr->retired, &r->link);
     wr->refs++;
 }
 
@@ -185,7 +185,7 @@ static void
 poll_writers(dp__writers *w, double now)
 {
     void *v;
-    for (size_t it = 0; dp_map_next(&w->by_id, &it, NULL, NULL, NULL, &v);) {
+    for (size_t it = 0; dp__map_next(&w->by_id, &it, NULL, NULL, NULL, &v);) {
         dp__writer *wr = v;
         if (wr->dead && wr->dead_at < 0)
             wr->dead_at = now;
@@ -209,9 +209,9 @@ dp__writers_reclaim(dp__writers *w, double now, dp__writers_give_fn give, void *
     size_t n = 0, cap = 0;
     dp__writer **due = NULL;
     void *v;
-    for (size_t it = 0; dp_map_next(&w->by_id, &it, NULL, NULL, NULL, &v);) {
+    for (size_t it = 0; dp__map_next(&w->by_id, &it, NULL, NULL, NULL, &v);) {
         dp__writer *wr = v;
-        if (dp_list_empty(&wr->retired) || !dp__writer_gone(wr, now - w->grace_s))
+        if (dp__list_empty(&wr->retired) || !dp__writer_gone(wr, now - w->grace_s))
             continue;
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 8;
@@ -228,13 +228,13 @@ dp__writers_reclaim(dp__writers *w, double now, dp__writers_give_fn give, void *
         dp__writer *wr = due[i];
         /* Off wr first: the last region's unref may free wr. */
         dp_list regions = {0};
-        dp_list_move_tail(&regions, &wr->retired);
+        dp__list_move_tail(&regions, &wr->retired);
         DP_LOG_I("unit: writer %s is gone (its process exited %.1f s ago): its retired "
                  "regions are handed back",
                  wr->id, now - wr->dead_at);
         for (retired_region *r;
              (r = DP_LIST_FIRST(&regions, retired_region, link)) != NULL;) {
-            dp_list_remove(&regions, &r->link);
+            dp__list_remove(&regions, &r->link);
             give(ctx, r->area, r->off, r->size);
             w->retired_bytes -= r->size;
             w->retired--;
@@ -253,9 +253,9 @@ void
 dp__writers_get_stats(const dp__writers *w, dp__writers_stats *st)
 {
     memset(st, 0, sizeof *st);
-    st->writers = dp_map_len(&w->by_id);
+    st->writers = dp__map_len(&w->by_id);
     void *v;
-    for (size_t it = 0; dp_map_next(&w->by_id, &it, NULL, NULL, NULL, &v);)
+    for (size_t it = 0; dp__map_next(&w->by_id, &it, NULL, NULL, NULL, &v);)
         st->writers_gone += ((dp__writer *)v)->dead;
     st->retired_bytes = w->retired_bytes;
     st->retired = w->retired;

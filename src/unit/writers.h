@@ -48,7 +48,7 @@ typedef void (*dp__writers_give_fn)(void *ctx, int area, uint64_t off, uint64_t 
 /*
  * grace_s: how long after its process is seen gone a writer's regions are
  * handed back (< 0: never, the seed rule: retired regions are never freed).
- * host_key: this unit's (dp_host_key()).
+ * host_key: this unit's (dp__host_key()).
  */
 int dp__writers_create(double grace_s, const char *host_key, dp__writers **out,
                        dp_detail *d);

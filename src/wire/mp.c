@@ -12,7 +12,7 @@
 #include <string.h>
 
 void
-dp_mp_reader_init(dp_mp_reader *r, const void *data, size_t len)
+dp__mp_reader_init(dp_mp_reader *r, const void *data, size_t len)
 {
     r->base = data;
     r->p = data;
@@ -20,13 +20,13 @@ dp_mp_reader_init(dp_mp_reader *r, const void *data, size_t len)
 }
 
 size_t
-dp_mp_remaining(const dp_mp_reader *r)
+dp__mp_remaining(const dp_mp_reader *r)
 {
     return (size_t)(r->end - r->p);
 }
 
 size_t
-dp_mp_offset(const dp_mp_reader *r)
+dp__mp_offset(const dp_mp_reader *r)
 {
     return (size_t)(r->p - r->base);
 }
@@ -72,13 +72,13 @@ type_of(uint8_t b)
 }
 
 dp_mp_type
-dp_mp_peek(const dp_mp_reader *r)
+dp__mp_peek(const dp_mp_reader *r)
 {
     return r->p < r->end ? type_of(*r->p) : DP_MP_END;
 }
 
 const char *
-dp_mp_type_name(dp_mp_type t)
+dp__mp_type_name(dp_mp_type t)
 {
     static const char *const names[] = {
         [DP_MP_END] = "end of message",
@@ -100,16 +100,16 @@ dp_mp_type_name(dp_mp_type t)
 static int
 mismatch(const dp_mp_reader *r, const char *want, const char *what, dp_detail *d)
 {
-    return dp_fail(d, DP_EPROTO, "%s%sexpected %s, got %s at byte %zu", what ? what : "",
-                   what ? ": " : "", want, dp_mp_type_name(dp_mp_peek(r)),
-                   dp_mp_offset(r));
+    return dp__fail(d, DP_EPROTO, "%s%sexpected %s, got %s at byte %zu", what ? what : "",
+                    what ? ": " : "", want, dp__mp_type_name(dp__mp_peek(r)),
+                    dp__mp_offset(r));
 }
 
 static int
 truncated(const dp_mp_reader *r, const char *what, dp_detail *d)
 {
-    return dp_fail(d, DP_EPROTO, "%s%struncated value at byte %zu", what ? what : "",
-                   what ? ": " : "", dp_mp_offset(r));
+    return dp__fail(d, DP_EPROTO, "%s%struncated value at byte %zu", what ? what : "",
+                    what ? ": " : "", dp__mp_offset(r));
 }
 
 static uint64_t
@@ -136,7 +136,7 @@ struct hdr {
 static bool
 header(const dp_mp_reader *r, struct hdr *h)
 {
-    size_t left = dp_mp_remaining(r);
+    size_t left = dp__mp_remaining(r);
     if (left == 0)
         return false;
     uint8_t b = r->p[0];
@@ -235,27 +235,27 @@ header(const dp_mp_reader *r, struct hdr *h)
 }
 
 int
-dp_mp_read_nil(dp_mp_reader *r, const char *what, dp_detail *d)
+dp__mp_read_nil(dp_mp_reader *r, const char *what, dp_detail *d)
 {
-    if (dp_mp_peek(r) != DP_MP_NIL)
+    if (dp__mp_peek(r) != DP_MP_NIL)
         return mismatch(r, "nil", what, d);
     r->p++;
     return DP_OK;
 }
 
 bool
-dp_mp_take_nil(dp_mp_reader *r)
+dp__mp_take_nil(dp_mp_reader *r)
 {
-    if (dp_mp_peek(r) != DP_MP_NIL)
+    if (dp__mp_peek(r) != DP_MP_NIL)
         return false;
     r->p++;
     return true;
 }
 
 int
-dp_mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d)
+dp__mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d)
 {
-    if (dp_mp_peek(r) != DP_MP_BOOL)
+    if (dp__mp_peek(r) != DP_MP_BOOL)
         return mismatch(r, "bool", what, d);
     *v = *r->p == 0xc3;
     r->p++;
@@ -263,7 +263,7 @@ dp_mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d)
 }
 
 int
-dp_mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
+dp__mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
 {
     /* Fast paths for what blob indexes and requests carry most: positive
      * fixint and uint 8..64 (builders patch offsets in as uint 64). */
@@ -279,7 +279,7 @@ dp_mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
             return DP_OK;
         }
     }
-    dp_mp_type t = dp_mp_peek(r);
+    dp_mp_type t = dp__mp_peek(r);
     if (t != DP_MP_UINT && t != DP_MP_INT)
         return mismatch(r, "unsigned integer", what, d);
     struct hdr h;
@@ -287,34 +287,34 @@ dp_mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
         return truncated(r, what, d);
     /* int 8..64 may carry a non-negative value (valid msgpack, other encoders). */
     if (t == DP_MP_INT && (int64_t)h.arg < 0)
-        return dp_fail(d, DP_EPROTO, "%s%snegative integer at byte %zu", what ? what : "",
-                       what ? ": " : "", dp_mp_offset(r));
+        return dp__fail(d, DP_EPROTO, "%s%snegative integer at byte %zu",
+                        what ? what : "", what ? ": " : "", dp__mp_offset(r));
     *v = h.arg;
     r->p += h.hlen;
     return DP_OK;
 }
 
 int
-dp_mp_read_i64(dp_mp_reader *r, int64_t *v, const char *what, dp_detail *d)
+dp__mp_read_i64(dp_mp_reader *r, int64_t *v, const char *what, dp_detail *d)
 {
-    dp_mp_type t = dp_mp_peek(r);
+    dp_mp_type t = dp__mp_peek(r);
     if (t != DP_MP_UINT && t != DP_MP_INT)
         return mismatch(r, "integer", what, d);
     struct hdr h;
     if (!header(r, &h))
         return truncated(r, what, d);
     if (t == DP_MP_UINT && h.arg > (uint64_t)INT64_MAX)
-        return dp_fail(d, DP_EPROTO, "%s%sinteger out of range at byte %zu",
-                       what ? what : "", what ? ": " : "", dp_mp_offset(r));
+        return dp__fail(d, DP_EPROTO, "%s%sinteger out of range at byte %zu",
+                        what ? what : "", what ? ": " : "", dp__mp_offset(r));
     *v = (int64_t)h.arg;
     r->p += h.hlen;
     return DP_OK;
 }
 
 int
-dp_mp_read_double(dp_mp_reader *r, double *v, const char *what, dp_detail *d)
+dp__mp_read_double(dp_mp_reader *r, double *v, const char *what, dp_detail *d)
 {
-    dp_mp_type t = dp_mp_peek(r);
+    dp_mp_type t = dp__mp_peek(r);
     if (t == DP_MP_UINT || t == DP_MP_INT) {
         struct hdr h;
         if (!header(r, &h))
@@ -345,15 +345,16 @@ static int
 read_bytes(dp_mp_reader *r, dp_mp_type want, const uint8_t **p, uint32_t *len,
            const char *what, dp_detail *d)
 {
-    if (dp_mp_peek(r) != want)
-        return mismatch(r, dp_mp_type_name(want), what, d);
+    if (dp__mp_peek(r) != want)
+        return mismatch(r, dp__mp_type_name(want), what, d);
     struct hdr h;
     if (!header(r, &h))
         return truncated(r, what, d);
-    if (h.arg > dp_mp_remaining(r) - h.hlen)
-        return dp_fail(d, DP_EPROTO, "%s%s%s of %llu bytes at byte %zu runs past the end",
-                       what ? what : "", what ? ": " : "", dp_mp_type_name(want),
-                       (unsigned long long)h.arg, dp_mp_offset(r));
+    if (h.arg > dp__mp_remaining(r) - h.hlen)
+        return dp__fail(d, DP_EPROTO,
+                        "%s%s%s of %llu bytes at byte %zu runs past the end",
+                        what ? what : "", what ? ": " : "", dp__mp_type_name(want),
+                        (unsigned long long)h.arg, dp__mp_offset(r));
     *p = r->p + h.hlen;
     *len = (uint32_t)h.arg;
     r->p += h.hlen + h.arg;
@@ -361,8 +362,8 @@ read_bytes(dp_mp_reader *r, dp_mp_type want, const uint8_t **p, uint32_t *len,
 }
 
 int
-dp_mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what,
-               dp_detail *d)
+dp__mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what,
+                dp_detail *d)
 {
     /* Fast path: fixstr (keys, kinds, dtypes, ids). */
     if (r->p < r->end && (*r->p & 0xe0) == 0xa0) {
@@ -382,8 +383,8 @@ dp_mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what,
 }
 
 int
-dp_mp_read_bin(dp_mp_reader *r, const uint8_t **p, uint32_t *len, const char *what,
-               dp_detail *d)
+dp__mp_read_bin(dp_mp_reader *r, const uint8_t **p, uint32_t *len, const char *what,
+                dp_detail *d)
 {
     return read_bytes(r, DP_MP_BIN, p, len, what, d);
 }
@@ -392,25 +393,25 @@ static int
 read_container(dp_mp_reader *r, dp_mp_type want, uint32_t *n, const char *what,
                dp_detail *d)
 {
-    if (dp_mp_peek(r) != want)
-        return mismatch(r, dp_mp_type_name(want), what, d);
+    if (dp__mp_peek(r) != want)
+        return mismatch(r, dp__mp_type_name(want), what, d);
     struct hdr h;
     if (!header(r, &h))
         return truncated(r, what, d);
     /* Every element takes at least one byte (a map entry two). */
     uint64_t min_bytes = want == DP_MP_MAP ? 2 * h.arg : h.arg;
-    if (min_bytes > dp_mp_remaining(r) - h.hlen)
-        return dp_fail(d, DP_EPROTO,
-                       "%s%s%s of %llu elements at byte %zu is longer than the message",
-                       what ? what : "", what ? ": " : "", dp_mp_type_name(want),
-                       (unsigned long long)h.arg, dp_mp_offset(r));
+    if (min_bytes > dp__mp_remaining(r) - h.hlen)
+        return dp__fail(d, DP_EPROTO,
+                        "%s%s%s of %llu elements at byte %zu is longer than the message",
+                        what ? what : "", what ? ": " : "", dp__mp_type_name(want),
+                        (unsigned long long)h.arg, dp__mp_offset(r));
     *n = (uint32_t)h.arg;
     r->p += h.hlen;
     return DP_OK;
 }
 
 int
-dp_mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
+dp__mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
 {
     /* Fast path: fixarray whose elements (a byte each at least) fit. */
     if (r->p < r->end && (*r->p & 0xf0) == 0x90) {
@@ -425,13 +426,13 @@ dp_mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
 }
 
 int
-dp_mp_read_map(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
+dp__mp_read_map(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
 {
     return read_container(r, DP_MP_MAP, n, what, d);
 }
 
 int
-dp_mp_skip(dp_mp_reader *r, dp_detail *d)
+dp__mp_skip(dp_mp_reader *r, dp_detail *d)
 {
     /* Iterative: pending[k] counts the values still to skip at depth k. */
     uint64_t pending[DP_MP_MAX_DEPTH + 1];
@@ -450,12 +451,12 @@ dp_mp_skip(dp_mp_reader *r, dp_detail *d)
             r->p = start;
             return rc;
         }
-        size_t left = dp_mp_remaining(r) - h.hlen;
+        size_t left = dp__mp_remaining(r) - h.hlen;
         switch (h.type) {
         case DP_MP_INVALID:
             r->p = start;
-            return dp_fail(d, DP_EPROTO, "invalid msgpack byte 0xc1 at byte %zu",
-                           dp_mp_offset(r));
+            return dp__fail(d, DP_EPROTO, "invalid msgpack byte 0xc1 at byte %zu",
+                            dp__mp_offset(r));
         case DP_MP_STR:
         case DP_MP_BIN:
         case DP_MP_EXT:
@@ -478,8 +479,8 @@ dp_mp_skip(dp_mp_reader *r, dp_detail *d)
             if (n > 0) {
                 if (depth == DP_MP_MAX_DEPTH) {
                     r->p = start;
-                    return dp_fail(d, DP_EPROTO, "msgpack nested deeper than %d",
-                                   DP_MP_MAX_DEPTH);
+                    return dp__fail(d, DP_EPROTO, "msgpack nested deeper than %d",
+                                    DP_MP_MAX_DEPTH);
                 }
                 pending[++depth] = n;
             }
@@ -503,7 +504,7 @@ static inline uint8_t *
 room(dp_mp_writer *w, size_t n)
 {
     dp_buf *b = w->out;
-    if (b->oom || (b->cap - b->len < n && dp_buf_reserve(b, n) != DP_OK))
+    if (b->oom || (b->cap - b->len < n && dp__buf_reserve(b, n) != DP_OK))
         return NULL;
     return b->data + b->len;
 }
@@ -549,25 +550,25 @@ put_len(dp_mp_writer *w, size_t n, uint8_t fix, size_t fix_max, uint8_t t8, uint
 }
 
 void
-dp_mp_writer_init(dp_mp_writer *w, dp_buf *out)
+dp__mp_writer_init(dp_mp_writer *w, dp_buf *out)
 {
     w->out = out;
 }
 
 void
-dp_mp_put_nil(dp_mp_writer *w)
+dp__mp_put_nil(dp_mp_writer *w)
 {
     put_tagged(w, 0xc0, 0, 0);
 }
 
 void
-dp_mp_put_bool(dp_mp_writer *w, bool v)
+dp__mp_put_bool(dp_mp_writer *w, bool v)
 {
     put_tagged(w, v ? 0xc3 : 0xc2, 0, 0);
 }
 
 void
-dp_mp_put_u64(dp_mp_writer *w, uint64_t v)
+dp__mp_put_u64(dp_mp_writer *w, uint64_t v)
 {
     if (v < 0x80)
         put_tagged(w, (uint8_t)v, 0, 0);
@@ -582,10 +583,10 @@ dp_mp_put_u64(dp_mp_writer *w, uint64_t v)
 }
 
 void
-dp_mp_put_i64(dp_mp_writer *w, int64_t v)
+dp__mp_put_i64(dp_mp_writer *w, int64_t v)
 {
     if (v >= 0)
-        dp_mp_put_u64(w, (uint64_t)v);
+        dp__mp_put_u64(w, (uint64_t)v);
     else if (v >= -32)
         put_tagged(w, (uint8_t)(int8_t)v, 0, 0);
     else if (v >= INT8_MIN)
@@ -599,7 +600,7 @@ dp_mp_put_i64(dp_mp_writer *w, int64_t v)
 }
 
 void
-dp_mp_put_double(dp_mp_writer *w, double v)
+dp__mp_put_double(dp_mp_writer *w, double v)
 {
     uint64_t bits;
     memcpy(&bits, &v, sizeof bits);
@@ -607,39 +608,39 @@ dp_mp_put_double(dp_mp_writer *w, double v)
 }
 
 void
-dp_mp_put_str(dp_mp_writer *w, const char *s)
+dp__mp_put_str(dp_mp_writer *w, const char *s)
 {
-    dp_mp_put_strn(w, s, strlen(s));
+    dp__mp_put_strn(w, s, strlen(s));
 }
 
 void
-dp_mp_put_strn(dp_mp_writer *w, const char *s, size_t n)
+dp__mp_put_strn(dp_mp_writer *w, const char *s, size_t n)
 {
     put_len(w, n, 0xa0, 32, 0xd9, 0xda, 0xdb);
     put_raw(w, s, n);
 }
 
 void
-dp_mp_put_bin(dp_mp_writer *w, const void *p, size_t n)
+dp__mp_put_bin(dp_mp_writer *w, const void *p, size_t n)
 {
     put_len(w, n, 0, 0, 0xc4, 0xc5, 0xc6);
     put_raw(w, p, n);
 }
 
 void
-dp_mp_put_array(dp_mp_writer *w, uint32_t n)
+dp__mp_put_array(dp_mp_writer *w, uint32_t n)
 {
     put_len(w, n, 0x90, 16, 0, 0xdc, 0xdd);
 }
 
 void
-dp_mp_put_map(dp_mp_writer *w, uint32_t n)
+dp__mp_put_map(dp_mp_writer *w, uint32_t n)
 {
     put_len(w, n, 0x80, 16, 0, 0xde, 0xdf);
 }
 
 int
-dp_mp_writer_status(const dp_mp_writer *w)
+dp__mp_writer_status(const dp_mp_writer *w)
 {
     return w->out->oom ? DP_ENOMEM : DP_OK;
 }

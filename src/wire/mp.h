@@ -23,7 +23,7 @@
 
 #include "common/common.h"
 
-/* Deepest nesting dp_mp_skip() follows before it reports DP_EPROTO. */
+/* Deepest nesting dp__mp_skip() follows before it reports DP_EPROTO. */
 #define DP_MP_MAX_DEPTH 32
 
 typedef enum dp_mp_type {
@@ -47,54 +47,54 @@ typedef struct dp_mp_reader {
     const uint8_t *end;
 } dp_mp_reader;
 
-void dp_mp_reader_init(dp_mp_reader *r, const void *data, size_t len);
-size_t dp_mp_remaining(const dp_mp_reader *r);
-size_t dp_mp_offset(const dp_mp_reader *r);
+void dp__mp_reader_init(dp_mp_reader *r, const void *data, size_t len);
+size_t dp__mp_remaining(const dp_mp_reader *r);
+size_t dp__mp_offset(const dp_mp_reader *r);
 /* The type of the next value, without consuming it. */
-dp_mp_type dp_mp_peek(const dp_mp_reader *r);
-const char *dp_mp_type_name(dp_mp_type t);
+dp_mp_type dp__mp_peek(const dp_mp_reader *r);
+const char *dp__mp_type_name(dp_mp_type t);
 
 /*
  * Each reader consumes one value of the named type or fails with DP_EPROTO and
  * leaves the cursor where it was. what names the value in the detail ("args",
  * "blob_id"), may be NULL.
  */
-int dp_mp_read_nil(dp_mp_reader *r, const char *what, dp_detail *d);
-int dp_mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d);
-int dp_mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d);
-int dp_mp_read_i64(dp_mp_reader *r, int64_t *v, const char *what, dp_detail *d);
+int dp__mp_read_nil(dp_mp_reader *r, const char *what, dp_detail *d);
+int dp__mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d);
+int dp__mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d);
+int dp__mp_read_i64(dp_mp_reader *r, int64_t *v, const char *what, dp_detail *d);
 /* Accepts float32, float64 and integers. */
-int dp_mp_read_double(dp_mp_reader *r, double *v, const char *what, dp_detail *d);
+int dp__mp_read_double(dp_mp_reader *r, double *v, const char *what, dp_detail *d);
 /* *s points into the input and is NOT NUL-terminated. */
-int dp_mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what,
-                   dp_detail *d);
-int dp_mp_read_bin(dp_mp_reader *r, const uint8_t **p, uint32_t *len, const char *what,
-                   dp_detail *d);
+int dp__mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what,
+                    dp_detail *d);
+int dp__mp_read_bin(dp_mp_reader *r, const uint8_t **p, uint32_t *len, const char *what,
+                    dp_detail *d);
 /* Array/map headers: n is checked against the bytes left (every element needs one). */
-int dp_mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d);
-int dp_mp_read_map(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d);
+int dp__mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d);
+int dp__mp_read_map(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d);
 /* Skip one complete value of any type, nesting at most DP_MP_MAX_DEPTH deep. */
-int dp_mp_skip(dp_mp_reader *r, dp_detail *d);
+int dp__mp_skip(dp_mp_reader *r, dp_detail *d);
 /* True (and consumed) if the next value is nil. */
-bool dp_mp_take_nil(dp_mp_reader *r);
+bool dp__mp_take_nil(dp_mp_reader *r);
 
 /* Writer: appends to a dp_buf (the buffer's oom flag is sticky). */
 typedef struct dp_mp_writer {
     dp_buf *out;
 } dp_mp_writer;
 
-void dp_mp_writer_init(dp_mp_writer *w, dp_buf *out);
-void dp_mp_put_nil(dp_mp_writer *w);
-void dp_mp_put_bool(dp_mp_writer *w, bool v);
-void dp_mp_put_u64(dp_mp_writer *w, uint64_t v);
-void dp_mp_put_i64(dp_mp_writer *w, int64_t v);
-void dp_mp_put_double(dp_mp_writer *w, double v);
-void dp_mp_put_str(dp_mp_writer *w, const char *s); /* NUL-terminated */
-void dp_mp_put_strn(dp_mp_writer *w, const char *s, size_t n);
-void dp_mp_put_bin(dp_mp_writer *w, const void *p, size_t n);
-void dp_mp_put_array(dp_mp_writer *w, uint32_t n);
-void dp_mp_put_map(dp_mp_writer *w, uint32_t n);
+void dp__mp_writer_init(dp_mp_writer *w, dp_buf *out);
+void dp__mp_put_nil(dp_mp_writer *w);
+void dp__mp_put_bool(dp_mp_writer *w, bool v);
+void dp__mp_put_u64(dp_mp_writer *w, uint64_t v);
+void dp__mp_put_i64(dp_mp_writer *w, int64_t v);
+void dp__mp_put_double(dp_mp_writer *w, double v);
+void dp__mp_put_str(dp_mp_writer *w, const char *s); /* NUL-terminated */
+void dp__mp_put_strn(dp_mp_writer *w, const char *s, size_t n);
+void dp__mp_put_bin(dp_mp_writer *w, const void *p, size_t n);
+void dp__mp_put_array(dp_mp_writer *w, uint32_t n);
+void dp__mp_put_map(dp_mp_writer *w, uint32_t n);
 /* DP_OK, or DP_ENOMEM if any write since init ran out of memory. */
-int dp_mp_writer_status(const dp_mp_writer *w);
+int dp__mp_writer_status(const dp_mp_writer *w);
 
 #endif

@@ -26,7 +26,7 @@
 /* ---- strings ---- */
 
 dp_wire_str
-dp_wire_s(const char *z)
+dp__wire_s(const char *z)
 {
     dp_wire_str s = {"", 0};
     if (z != NULL) {
@@ -37,20 +37,20 @@ dp_wire_s(const char *z)
 }
 
 bool
-dp_wire_str_eq(dp_wire_str s, const char *z)
+dp__wire_str_eq(dp_wire_str s, const char *z)
 {
     size_t n = strlen(z);
     return n == s.n && (n == 0 || memcmp(s.p, z, n) == 0);
 }
 
 bool
-dp_wire_str_same(dp_wire_str a, dp_wire_str b)
+dp__wire_str_same(dp_wire_str a, dp_wire_str b)
 {
     return a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
 }
 
 size_t
-dp_wire_str_copy(dp_wire_str s, char *out, size_t cap)
+dp__wire_str_copy(dp_wire_str s, char *out, size_t cap)
 {
     if (cap > 0) {
         size_t n = s.n < cap - 1 ? s.n : cap - 1;
@@ -62,11 +62,11 @@ dp_wire_str_copy(dp_wire_str s, char *out, size_t cap)
 }
 
 char *
-dp_wire_str_dup(dp_wire_str s)
+dp__wire_str_dup(dp_wire_str s)
 {
     char *z = malloc((size_t)s.n + 1);
     if (z != NULL)
-        dp_wire_str_copy(s, z, (size_t)s.n + 1);
+        dp__wire_str_copy(s, z, (size_t)s.n + 1);
     return z;
 }
 
@@ -107,7 +107,7 @@ utf8_seq(const uint8_t *s, const uint8_t *e)
 }
 
 bool
-dp_wire_utf8_valid(const void *p, size_t n)
+dp__wire_utf8_valid(const void *p, size_t n)
 {
     const uint8_t *s = p, *e = s + n;
     while (s < e) {
@@ -163,20 +163,21 @@ dp__wire_quote(dp_wire_str s, char *buf, size_t cap)
 #define WHAT(w) (w) ? (w) : "", (w) ? ": " : ""
 
 int
-dp_wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what, dp_detail *d)
+dp__wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                  dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     if (s.n == 0)
-        return dp_fail(d, DP_EPROTO, "%s%sempty id", WHAT(what));
+        return dp__fail(d, DP_EPROTO, "%s%sempty id", WHAT(what));
     if (s.n > lim->max_id)
-        return dp_fail(d, DP_EPROTO, "%s%sid of %u bytes is longer than the limit %u",
-                       WHAT(what), s.n, lim->max_id);
-    size_t i = dp_id_bad_byte(s.p, s.n);
+        return dp__fail(d, DP_EPROTO, "%s%sid of %u bytes is longer than the limit %u",
+                        WHAT(what), s.n, lim->max_id);
+    size_t i = dp__id_bad_byte(s.p, s.n);
     if (i < s.n)
-        return dp_fail(d, DP_EPROTO,
-                       "%s%sbyte 0x%02x at %zu is not allowed in an id "
-                       "(allowed: A-Z a-z 0-9 _ . : -)",
-                       WHAT(what), (unsigned char)s.p[i], i);
+        return dp__fail(d, DP_EPROTO,
+                        "%s%sbyte 0x%02x at %zu is not allowed in an id "
+                        "(allowed: A-Z a-z 0-9 _ . : -)",
+                        WHAT(what), (unsigned char)s.p[i], i);
     return DP_OK;
 }
 
@@ -185,43 +186,43 @@ check_text_like(dp_wire_str s, uint32_t min, uint32_t max, const char *kind,
                 const char *what, dp_detail *d)
 {
     if (s.n < min)
-        return dp_fail(d, DP_EPROTO, "%s%sempty %s", WHAT(what), kind);
+        return dp__fail(d, DP_EPROTO, "%s%sempty %s", WHAT(what), kind);
     if (s.n > max)
-        return dp_fail(d, DP_EPROTO, "%s%s%s of %u bytes is longer than the limit %u",
-                       WHAT(what), kind, s.n, max);
+        return dp__fail(d, DP_EPROTO, "%s%s%s of %u bytes is longer than the limit %u",
+                        WHAT(what), kind, s.n, max);
     size_t bad = text_bad(s.p, s.n);
     if (bad != 0) {
         unsigned char ch = (unsigned char)s.p[bad - 1];
-        return dp_fail(d, DP_EPROTO, "%s%s%s has %s at byte %zu", WHAT(what), kind,
-                       ch == 0 ? "a NUL" : "invalid UTF-8", bad - 1);
+        return dp__fail(d, DP_EPROTO, "%s%s%s has %s at byte %zu", WHAT(what), kind,
+                        ch == 0 ? "a NUL" : "invalid UTF-8", bad - 1);
     }
     return DP_OK;
 }
 
 int
-dp_wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
-                  dp_detail *d)
+dp__wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                   dp_detail *d)
 {
     return check_text_like(s, 1, DP__WIRE_LIM(lim)->max_key, "key", what, d);
 }
 
 int
-dp_wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
-                   dp_detail *d)
+dp__wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                    dp_detail *d)
 {
     return check_text_like(s, 1, DP__WIRE_LIM(lim)->max_path, "path", what, d);
 }
 
 int
-dp_wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
-                   dp_detail *d)
+dp__wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                    dp_detail *d)
 {
     return check_text_like(s, 0, DP__WIRE_LIM(lim)->max_text, "string", what, d);
 }
 
 /* ---- limits ---- */
 
-const dp_wire_limits dp_wire_limits_default = {
+const dp_wire_limits dp__wire_limits_default = {
     .max_msg = 64ull << 20,
     .max_list = 1u << 20,
     .max_items = 1u << 23,
@@ -237,9 +238,9 @@ const dp_wire_limits dp_wire_limits_default = {
 };
 
 void
-dp_wire_limits_init(dp_wire_limits *lim)
+dp__wire_limits_init(dp_wire_limits *lim)
 {
-    *lim = dp_wire_limits_default;
+    *lim = dp__wire_limits_default;
 }
 
 /* ---- ops ---- */
@@ -257,7 +258,7 @@ static const bool op_notify[] = {
 };
 
 const char *
-dp_wire_op_name(dp_wire_op op)
+dp__wire_op_name(dp_wire_op op)
 {
     if ((int)op < 0 || op >= DP_WIRE_OP_COUNT_)
         return "?";
@@ -265,16 +266,16 @@ dp_wire_op_name(dp_wire_op op)
 }
 
 dp_wire_op
-dp_wire_op_parse(dp_wire_str s)
+dp__wire_op_parse(dp_wire_str s)
 {
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++)
-        if (dp_wire_str_eq(s, op_names[i]))
+        if (dp__wire_str_eq(s, op_names[i]))
             return (dp_wire_op)i;
     return DP_WIRE_OP_NONE;
 }
 
 bool
-dp_wire_op_is_notify(dp_wire_op op)
+dp__wire_op_is_notify(dp_wire_op op)
 {
     return (int)op >= 0 && op < DP_WIRE_OP_COUNT_ && op_notify[op];
 }
@@ -284,10 +285,10 @@ dp_wire_op_is_notify(dp_wire_op op)
 static const char hexdig[] = "0123456789abcdef";
 
 int
-dp_wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d)
+dp__wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d)
 {
     uint8_t rnd[8];
-    int rc = dp_random_bytes(rnd, sizeof rnd, d);
+    int rc = dp__random_bytes(rnd, sizeof rnd, d);
     if (rc != DP_OK)
         return rc;
     for (int i = 0; i < 8; i++) {
@@ -300,7 +301,7 @@ dp_wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d)
 }
 
 dp_wire_str
-dp_wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX])
+dp__wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX])
 {
     uint64_t k = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED);
     memcpy(out, g->prefix, 16);
@@ -388,13 +389,13 @@ int
 dp__wire_charge(dp__wire_dec *c, uint64_t n, const char *what)
 {
     if (n > c->lim->max_list)
-        return dp_fail(c->d, DP_ETOOBIG,
-                       "%s%slist of %llu items is longer than the limit %u", WHAT(what),
-                       (unsigned long long)n, c->lim->max_list);
+        return dp__fail(c->d, DP_ETOOBIG,
+                        "%s%slist of %llu items is longer than the limit %u", WHAT(what),
+                        (unsigned long long)n, c->lim->max_list);
     c->items += n;
     if (c->items > c->lim->max_items)
-        return dp_fail(c->d, DP_ETOOBIG, "%s%smore than %u list items in one message",
-                       WHAT(what), c->lim->max_items);
+        return dp__fail(c->d, DP_ETOOBIG, "%s%smore than %u list items in one message",
+                        WHAT(what), c->lim->max_items);
     return DP_OK;
 }
 
@@ -403,27 +404,27 @@ dp__wire_charge(dp__wire_dec *c, uint64_t n, const char *what)
 static int
 nomem(dp__wire_dec *c, const char *what)
 {
-    return dp_fail(c->d, DP_ENOMEM, "%s%sout of memory", WHAT(what));
+    return dp__fail(c->d, DP_ENOMEM, "%s%sout of memory", WHAT(what));
 }
 
 static int
 rd_str_checked(dp__wire_dec *c, int k, dp_wire_str *s, const char *what)
 {
-    int rc = dp_mp_read_str(&c->r, &s->p, &s->n, what, c->d);
+    int rc = dp__mp_read_str(&c->r, &s->p, &s->n, what, c->d);
     if (rc != DP_OK)
         return rc;
     switch (k) {
     case DP__V_ID:
     case DP__V_ID_OR_NIL:
     case DP__V_IDS:
-        return dp_wire_check_id(*s, c->lim, what, c->d);
+        return dp__wire_check_id(*s, c->lim, what, c->d);
     case DP__V_PATH:
-        return dp_wire_check_path(*s, c->lim, what, c->d);
+        return dp__wire_check_path(*s, c->lim, what, c->d);
     case DP__V_KEYS:
     case DP__V_KEYS_OR_NIL:
-        return dp_wire_check_key(*s, c->lim, what, c->d);
+        return dp__wire_check_key(*s, c->lim, what, c->d);
     default:
-        return dp_wire_check_text(*s, c->lim, what, c->d);
+        return dp__wire_check_text(*s, c->lim, what, c->d);
     }
 }
 
@@ -431,22 +432,22 @@ static int
 rd_bounded(dp__wire_dec *c, uint64_t *v, uint64_t lo, uint64_t hi, int code,
            const char *what)
 {
-    int rc = dp_mp_read_u64(&c->r, v, what, c->d);
+    int rc = dp__mp_read_u64(&c->r, v, what, c->d);
     if (rc != DP_OK)
         return rc;
     if (*v < lo)
-        return dp_fail(c->d, DP_EPROTO, "%s%s%llu is below the minimum %llu", WHAT(what),
-                       (unsigned long long)*v, (unsigned long long)lo);
+        return dp__fail(c->d, DP_EPROTO, "%s%s%llu is below the minimum %llu", WHAT(what),
+                        (unsigned long long)*v, (unsigned long long)lo);
     if (*v > hi)
-        return dp_fail(c->d, code, "%s%s%llu is above the limit %llu", WHAT(what),
-                       (unsigned long long)*v, (unsigned long long)hi);
+        return dp__fail(c->d, code, "%s%s%llu is above the limit %llu", WHAT(what),
+                        (unsigned long long)*v, (unsigned long long)hi);
     return DP_OK;
 }
 
 static int
 rd_list_head(dp__wire_dec *c, uint32_t *n, const char *what)
 {
-    int rc = dp_mp_read_array(&c->r, n, what, c->d);
+    int rc = dp__mp_read_array(&c->r, n, what, c->d);
     if (rc == DP_OK)
         rc = dp__wire_charge(c, *n, what);
     return rc;
@@ -469,7 +470,7 @@ rd_strs(dp__wire_dec *c, int k, dp_wire_strs *out, const char *what)
     for (uint32_t i = 0; i < n; i++) {
         rc = rd_str_checked(c, k, &v[i], NULL);
         if (rc != DP_OK)
-            return dp_fail_ctx(c->d, rc, "%s[%u]", what, i);
+            return dp__fail_ctx(c->d, rc, "%s[%u]", what, i);
     }
     out->v = v;
     out->n = n;
@@ -491,9 +492,9 @@ rd_u64s(dp__wire_dec *c, dp_wire_u64s *out, const char *what)
     if (v == NULL)
         return nomem(c, what);
     for (uint32_t i = 0; i < n; i++) {
-        rc = dp_mp_read_u64(&c->r, &v[i], NULL, c->d);
+        rc = dp__mp_read_u64(&c->r, &v[i], NULL, c->d);
         if (rc != DP_OK)
-            return dp_fail_ctx(c->d, rc, "%s[%u]", what, i);
+            return dp__fail_ctx(c->d, rc, "%s[%u]", what, i);
     }
     out->v = v;
     out->n = n;
@@ -504,7 +505,7 @@ rd_u64s(dp__wire_dec *c, dp_wire_u64s *out, const char *what)
 static int
 rd_dmap_head(dp__wire_dec *c, uint32_t *n, const char *what)
 {
-    int rc = dp_mp_read_map(&c->r, n, what, c->d);
+    int rc = dp__mp_read_map(&c->r, n, what, c->d);
     if (rc == DP_OK)
         rc = dp__wire_charge(c, *n, what);
     return rc;
@@ -515,11 +516,11 @@ static int
 rd_tuple(dp__wire_dec *c, uint32_t want)
 {
     uint32_t n;
-    int rc = dp_mp_read_array(&c->r, &n, NULL, c->d);
+    int rc = dp__mp_read_array(&c->r, &n, NULL, c->d);
     if (rc != DP_OK)
         return rc;
     if (n != want)
-        return dp_fail(c->d, DP_EPROTO, "array of %u elements, expected %u", n, want);
+        return dp__fail(c->d, DP_EPROTO, "array of %u elements, expected %u", n, want);
     return DP_OK;
 }
 
@@ -542,14 +543,14 @@ rd_shard_blobs(dp__wire_dec *c, dp_wire_shard_blobs *out, const char *what)
         dp_wire_shard_blob *b = &v[i];
         rc = rd_str_checked(c, DP__V_ID, &b->id, NULL);
         if (rc != DP_OK)
-            return dp_fail_ctx(c->d, rc, "%s: key %u", what, i);
+            return dp__fail_ctx(c->d, rc, "%s: key %u", what, i);
         uint64_t max = c->lim->max_size - 1;
         if ((rc = rd_tuple(c, 3)) != DP_OK ||
             (rc = rd_bounded(c, &b->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
             (rc = rd_bounded(c, &b->nbytes, 0, max, DP_ETOOBIG, "nbytes")) != DP_OK ||
             (rc = rd_bounded(c, &b->refs, 0, max, DP_EPROTO, "refs")) != DP_OK)
-            return dp_fail_ctx(c->d, rc, "%s: '%s'", what,
-                               dp__wire_quote(b->id, q, sizeof q));
+            return dp__fail_ctx(c->d, rc, "%s: '%s'", what,
+                                dp__wire_quote(b->id, q, sizeof q));
     }
     out->v = v;
     out->n = n;
@@ -575,13 +576,13 @@ rd_blob_locs(dp__wire_dec *c, dp_wire_blob_locs *out, const char *what)
         dp_wire_blob_loc *b = &v[i];
         rc = rd_str_checked(c, DP__V_ID, &b->id, NULL);
         if (rc != DP_OK)
-            return dp_fail_ctx(c->d, rc, "%s: key %u", what, i);
+            return dp__fail_ctx(c->d, rc, "%s: key %u", what, i);
         uint64_t max = c->lim->max_size - 1;
         if ((rc = rd_tuple(c, 2)) != DP_OK ||
             (rc = rd_bounded(c, &b->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
             (rc = rd_bounded(c, &b->len, 0, max, DP_ETOOBIG, "len")) != DP_OK)
-            return dp_fail_ctx(c->d, rc, "%s: '%s'", what,
-                               dp__wire_quote(b->id, q, sizeof q));
+            return dp__fail_ctx(c->d, rc, "%s: '%s'", what,
+                                dp__wire_quote(b->id, q, sizeof q));
     }
     out->v = v;
     out->n = n;
@@ -600,11 +601,11 @@ rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
         (rc = rd_str_checked(c, DP__V_TEXT, &e->dtype, "dtype")) != DP_OK)
         return rc;
     uint32_t nd;
-    if ((rc = dp_mp_read_array(&c->r, &nd, "shape", c->d)) != DP_OK)
+    if ((rc = dp__mp_read_array(&c->r, &nd, "shape", c->d)) != DP_OK)
         return rc;
     if (nd > c->lim->max_dims)
-        return dp_fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
-                       c->lim->max_dims);
+        return dp__fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
+                        c->lim->max_dims);
     if ((rc = dp__wire_charge(c, nd, "shape")) != DP_OK)
         return rc;
     for (uint32_t j = 0; j < nd; j++) {
@@ -613,7 +614,7 @@ rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
             return nomem(c, "shape");
         rc = rd_bounded(c, dim, 0, max, DP_EPROTO, NULL);
         if (rc != DP_OK)
-            return dp_fail_ctx(c->d, rc, "shape[%u]", j);
+            return dp__fail_ctx(c->d, rc, "shape[%u]", j);
     }
     e->ndim = nd;
     return DP_OK;
@@ -638,13 +639,13 @@ rd_key_locs(dp__wire_dec *c, dp_wire_key_locs *out, const char *what)
     for (uint32_t i = 0; i < n; i++) {
         rc = rd_str_checked(c, DP__V_KEYS, &v[i].key, NULL);
         if (rc != DP_OK) {
-            rc = dp_fail_ctx(c->d, rc, "%s: key %u", what, i);
+            rc = dp__fail_ctx(c->d, rc, "%s: key %u", what, i);
             goto fail;
         }
         rc = rd_key_loc(c, &v[i], &dims);
         if (rc != DP_OK) {
-            rc = dp_fail_ctx(c->d, rc, "%s: '%s'", what,
-                             dp__wire_quote(v[i].key, q, sizeof q));
+            rc = dp__fail_ctx(c->d, rc, "%s: '%s'", what,
+                              dp__wire_quote(v[i].key, q, sizeof q));
             goto fail;
         }
     }
@@ -670,7 +671,7 @@ dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
     switch (k) {
     case DP__V_ID_OR_NIL:
     case DP__V_TEXT_OR_NIL:
-        if (dp_mp_take_nil(&c->r)) {
+        if (dp__mp_take_nil(&c->r)) {
             *(dp_wire_str *)p = (dp_wire_str){"", 0};
             return DP_OK;
         }
@@ -680,9 +681,9 @@ dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
     case DP__V_TEXT:
         return rd_str_checked(c, k, p, what);
     case DP__V_BOOL:
-        return dp_mp_read_bool(&c->r, p, what, c->d);
+        return dp__mp_read_bool(&c->r, p, what, c->d);
     case DP__V_U64:
-        return dp_mp_read_u64(&c->r, p, what, c->d);
+        return dp__mp_read_u64(&c->r, p, what, c->d);
     case DP__V_OFF:
         return rd_bounded(c, p, 0, lim->max_size - 1, DP_EPROTO, what);
     case DP__V_SIZE:
@@ -695,10 +696,10 @@ dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
         return rd_bounded(c, p, 0, lim->max_read, DP_ETOOBIG, what);
     case DP__V_BIN: {
         dp_wire_bytes *b = p;
-        return dp_mp_read_bin(&c->r, &b->p, &b->n, what, c->d);
+        return dp__mp_read_bin(&c->r, &b->p, &b->n, what, c->d);
     }
     case DP__V_KEYS_OR_NIL:
-        if (dp_mp_take_nil(&c->r)) {
+        if (dp__mp_take_nil(&c->r)) {
             *(dp_wire_strs *)p = (dp_wire_strs){NULL, 0};
             return DP_OK;
         }
@@ -725,30 +726,30 @@ dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool st
 {
     DP_ASSERT(nf <= 64);
     uint32_t n;
-    int rc = dp_mp_read_map(&c->r, &n, what, c->d);
+    int rc = dp__mp_read_map(&c->r, &n, what, c->d);
     if (rc != DP_OK)
         return rc;
     uint64_t seen = 0;
     char q[80];
     for (uint32_t i = 0; i < n; i++) {
         dp_wire_str key;
-        rc = dp_mp_read_str(&c->r, &key.p, &key.n, "map key", c->d);
+        rc = dp__mp_read_str(&c->r, &key.p, &key.n, "map key", c->d);
         if (rc != DP_OK)
             return rc;
         size_t j;
         for (j = 0; j < nf; j++)
-            if (dp_wire_str_eq(key, f[j].name))
+            if (dp__wire_str_eq(key, f[j].name))
                 break;
         if (j == nf) {
             if (strict)
-                return dp_fail(c->d, DP_EPROTO, "unknown key '%s'",
-                               dp__wire_quote(key, q, sizeof q));
-            if ((rc = dp_mp_skip(&c->r, c->d)) != DP_OK)
-                return dp_fail_ctx(c->d, rc, "%s", dp__wire_quote(key, q, sizeof q));
+                return dp__fail(c->d, DP_EPROTO, "unknown key '%s'",
+                                dp__wire_quote(key, q, sizeof q));
+            if ((rc = dp__mp_skip(&c->r, c->d)) != DP_OK)
+                return dp__fail_ctx(c->d, rc, "%s", dp__wire_quote(key, q, sizeof q));
             continue;
         }
         if (seen & (1ull << j))
-            return dp_fail(c->d, DP_EPROTO, "duplicate key '%s'", f[j].name);
+            return dp__fail(c->d, DP_EPROTO, "duplicate key '%s'", f[j].name);
         seen |= 1ull << j;
         rc = dp__wire_value_decode(c, f[j].kind, f[j].name, (char *)base + f[j].off);
         if (rc != DP_OK)
@@ -758,7 +759,7 @@ dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool st
         if (seen & (1ull << j))
             continue;
         if (f[j].required)
-            return dp_fail(c->d, DP_EPROTO, "missing key '%s'", f[j].name);
+            return dp__fail(c->d, DP_EPROTO, "missing key '%s'", f[j].name);
         void *p = (char *)base + f[j].off;
         switch (f[j].kind) {
         case DP__V_BOOL:
@@ -786,7 +787,7 @@ dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool st
 static void
 put_view(dp_mp_writer *w, dp_wire_str s)
 {
-    dp_mp_put_strn(w, s.n ? s.p : "", s.n);
+    dp__mp_put_strn(w, s.n ? s.p : "", s.n);
 }
 
 void
@@ -819,14 +820,14 @@ dp__wire_put_text(dp_mp_writer *w, dp_wire_str s, uint32_t max)
             p += k;
         }
     }
-    dp_mp_put_strn(w, t, n);
+    dp__mp_put_strn(w, t, n);
     free(t);
 }
 
 static void
 put_strs(dp_mp_writer *w, const dp_wire_strs *l)
 {
-    dp_mp_put_array(w, l->n);
+    dp__mp_put_array(w, l->n);
     for (uint32_t i = 0; i < l->n; i++)
         put_view(w, l->v[i]);
 }
@@ -837,7 +838,7 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
     switch (k) {
     case DP__V_ID_OR_NIL:
         if (((const dp_wire_str *)p)->n == 0) {
-            dp_mp_put_nil(w);
+            dp__mp_put_nil(w);
             return;
         }
         /* fall through */
@@ -847,7 +848,7 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         return;
     case DP__V_TEXT_OR_NIL:
         if (((const dp_wire_str *)p)->n == 0) {
-            dp_mp_put_nil(w);
+            dp__mp_put_nil(w);
             return;
         }
         /* fall through */
@@ -855,7 +856,7 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         dp__wire_put_text(w, *(const dp_wire_str *)p, lim->max_text);
         return;
     case DP__V_BOOL:
-        dp_mp_put_bool(w, *(const bool *)p);
+        dp__mp_put_bool(w, *(const bool *)p);
         return;
     case DP__V_U64:
     case DP__V_OFF:
@@ -863,16 +864,16 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
     case DP__V_SIZE0:
     case DP__V_ENTRIES:
     case DP__V_READN:
-        dp_mp_put_u64(w, *(const uint64_t *)p);
+        dp__mp_put_u64(w, *(const uint64_t *)p);
         return;
     case DP__V_BIN: {
         const dp_wire_bytes *b = p;
-        dp_mp_put_bin(w, b->n ? b->p : (const uint8_t *)"", b->n);
+        dp__mp_put_bin(w, b->n ? b->p : (const uint8_t *)"", b->n);
         return;
     }
     case DP__V_KEYS_OR_NIL:
         if (((const dp_wire_strs *)p)->n == 0) {
-            dp_mp_put_nil(w);
+            dp__mp_put_nil(w);
             return;
         }
         /* fall through */
@@ -882,48 +883,48 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         return;
     case DP__V_U64S: {
         const dp_wire_u64s *l = p;
-        dp_mp_put_array(w, l->n);
+        dp__mp_put_array(w, l->n);
         for (uint32_t i = 0; i < l->n; i++)
-            dp_mp_put_u64(w, l->v[i]);
+            dp__mp_put_u64(w, l->v[i]);
         return;
     }
     case DP__V_SHARD_BLOBS: {
         const dp_wire_shard_blobs *l = p;
-        dp_mp_put_map(w, l->n);
+        dp__mp_put_map(w, l->n);
         for (uint32_t i = 0; i < l->n; i++) {
             put_view(w, l->v[i].id);
-            dp_mp_put_array(w, 3);
-            dp_mp_put_u64(w, l->v[i].off);
-            dp_mp_put_u64(w, l->v[i].nbytes);
-            dp_mp_put_u64(w, l->v[i].refs);
+            dp__mp_put_array(w, 3);
+            dp__mp_put_u64(w, l->v[i].off);
+            dp__mp_put_u64(w, l->v[i].nbytes);
+            dp__mp_put_u64(w, l->v[i].refs);
         }
         return;
     }
     case DP__V_BLOB_LOCS: {
         const dp_wire_blob_locs *l = p;
-        dp_mp_put_map(w, l->n);
+        dp__mp_put_map(w, l->n);
         for (uint32_t i = 0; i < l->n; i++) {
             put_view(w, l->v[i].id);
-            dp_mp_put_array(w, 2);
-            dp_mp_put_u64(w, l->v[i].off);
-            dp_mp_put_u64(w, l->v[i].len);
+            dp__mp_put_array(w, 2);
+            dp__mp_put_u64(w, l->v[i].off);
+            dp__mp_put_u64(w, l->v[i].len);
         }
         return;
     }
     case DP__V_KEY_LOCS: {
         const dp_wire_key_locs *l = p;
-        dp_mp_put_map(w, l->n);
+        dp__mp_put_map(w, l->n);
         for (uint32_t i = 0; i < l->n; i++) {
             const dp_wire_key_loc *e = &l->v[i];
             put_view(w, e->key);
-            dp_mp_put_array(w, 5);
-            dp_mp_put_u64(w, e->off);
-            dp_mp_put_u64(w, e->len);
+            dp__mp_put_array(w, 5);
+            dp__mp_put_u64(w, e->off);
+            dp__mp_put_u64(w, e->len);
             dp__wire_put_text(w, e->kind, lim->max_text);
             dp__wire_put_text(w, e->dtype, lim->max_text);
-            dp_mp_put_array(w, e->ndim);
+            dp__mp_put_array(w, e->ndim);
             for (uint32_t j = 0; j < e->ndim; j++)
-                dp_mp_put_u64(w, e->shape[j]);
+                dp__mp_put_u64(w, e->shape[j]);
         }
         return;
     }
@@ -935,9 +936,9 @@ void
 dp__wire_map_encode(dp_mp_writer *w, const dp__wire_fdesc *f, size_t nf, const void *base,
                     const dp_wire_limits *lim)
 {
-    dp_mp_put_map(w, (uint32_t)nf);
+    dp__mp_put_map(w, (uint32_t)nf);
     for (size_t j = 0; j < nf; j++) {
-        dp_mp_put_str(w, f[j].name);
+        dp__mp_put_str(w, f[j].name);
         dp__wire_value_encode(w, f[j].kind, (const char *)base + f[j].off, lim);
     }
 }
@@ -949,15 +950,15 @@ dp__wire_encode_end(dp_buf *out, size_t start, bool oom_before, const dp_wire_li
     if (out->oom && !oom_before) {
         out->len = start;
         out->oom = false;
-        return dp_fail(d, DP_ENOMEM, "%s: out of memory while encoding", what);
+        return dp__fail(d, DP_ENOMEM, "%s: out of memory while encoding", what);
     }
     if (out->oom)
-        return dp_fail(d, DP_ENOMEM, "%s: output buffer already out of memory", what);
+        return dp__fail(d, DP_ENOMEM, "%s: output buffer already out of memory", what);
     size_t n = out->len - start;
     if (n > lim->max_msg) {
         out->len = start;
-        return dp_fail(d, DP_ETOOBIG, "%s: message of %zu bytes is over the limit %llu",
-                       what, n, (unsigned long long)lim->max_msg);
+        return dp__fail(d, DP_ETOOBIG, "%s: message of %zu bytes is over the limit %llu",
+                        what, n, (unsigned long long)lim->max_msg);
     }
     return DP_OK;
 }
@@ -1030,18 +1031,18 @@ static const struct {
 };
 
 int
-dp_wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim, dp_buf *out,
-                       dp_detail *d)
+dp__wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim,
+                        dp_buf *out, dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     if ((int)req->op < 0 || req->op >= DP_WIRE_OP_COUNT_)
-        return dp_fail(d, DP_EINVAL, "request: invalid op %d", (int)req->op);
+        return dp__fail(d, DP_EINVAL, "request: invalid op %d", (int)req->op);
     size_t start = out->len;
     bool oom = out->oom;
     dp_mp_writer w;
-    dp_mp_writer_init(&w, out);
-    dp_mp_put_array(&w, 3);
-    dp_mp_put_str(&w, op_names[req->op]);
+    dp__mp_writer_init(&w, out);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, op_names[req->op]);
     put_view(&w, req->rid);
     dp__wire_map_encode(&w, args_tab[req->op].f, args_tab[req->op].n, &req->a, lim);
     return dp__wire_encode_end(out, start, oom, lim, op_names[req->op], d);
@@ -1054,69 +1055,69 @@ request_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_op *op, dp_wire
 {
     *op = DP_WIRE_OP_NONE;
     *rid = (dp_wire_str){"", 0};
-    int rc = dp_mp_read_array(r, n, "request", d);
+    int rc = dp__mp_read_array(r, n, "request", d);
     if (rc != DP_OK)
         return rc;
     if (*n < 2)
-        return dp_fail(d, DP_EPROTO,
-                       "request: array of %u elements, expected [op, request_id, args]",
-                       *n);
+        return dp__fail(d, DP_EPROTO,
+                        "request: array of %u elements, expected [op, request_id, args]",
+                        *n);
     dp_wire_str name, id;
-    if ((rc = dp_mp_read_str(r, &name.p, &name.n, "op", d)) != DP_OK)
+    if ((rc = dp__mp_read_str(r, &name.p, &name.n, "op", d)) != DP_OK)
         return rc;
-    if ((rc = dp_mp_read_str(r, &id.p, &id.n, "request_id", d)) != DP_OK)
+    if ((rc = dp__mp_read_str(r, &id.p, &id.n, "request_id", d)) != DP_OK)
         return rc;
-    if ((rc = dp_wire_check_id(id, lim, "request_id", d)) != DP_OK)
+    if ((rc = dp__wire_check_id(id, lim, "request_id", d)) != DP_OK)
         return rc;
     *rid = id;
-    *op = dp_wire_op_parse(name);
+    *op = dp__wire_op_parse(name);
     if (*op == DP_WIRE_OP_NONE) {
         char q[80];
-        return dp_fail(d, DP_EPROTO, "unknown op '%s'",
-                       dp__wire_quote(name, q, sizeof q));
+        return dp__fail(d, DP_EPROTO, "unknown op '%s'",
+                        dp__wire_quote(name, q, sizeof q));
     }
     return DP_OK;
 }
 
 int
-dp_wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                     dp_wire_op *op, dp_wire_str *rid, dp_detail *d)
+dp__wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
+                      dp_wire_op *op, dp_wire_str *rid, dp_detail *d)
 {
     dp_mp_reader r;
     uint32_t n;
-    dp_mp_reader_init(&r, msg, len);
+    dp__mp_reader_init(&r, msg, len);
     return request_head(&r, DP__WIRE_LIM(lim), op, rid, &n, d);
 }
 
 int
-dp_wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
-                       dp_wire_request *req, dp_detail *d)
+dp__wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
+                        dp_wire_request *req, dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     memset(req, 0, sizeof *req);
     dp__wire_dec c = {.lim = lim, .d = d, .mem = &req->mem_};
-    dp_mp_reader_init(&c.r, msg, len);
+    dp__mp_reader_init(&c.r, msg, len);
     uint32_t n;
     int rc = request_head(&c.r, lim, &req->op, &req->rid, &n, d);
     if (rc != DP_OK)
         return rc;
     const char *name = op_names[req->op];
     if (len > lim->max_msg)
-        return dp_fail(d, DP_ETOOBIG, "%s: message of %zu bytes is over the limit %llu",
-                       name, len, (unsigned long long)lim->max_msg);
+        return dp__fail(d, DP_ETOOBIG, "%s: message of %zu bytes is over the limit %llu",
+                        name, len, (unsigned long long)lim->max_msg);
     if (n != 3)
-        return dp_fail(d, DP_EPROTO,
-                       "%s: request of %u elements, expected [op, request_id, args]",
-                       name, n);
+        return dp__fail(d, DP_EPROTO,
+                        "%s: request of %u elements, expected [op, request_id, args]",
+                        name, n);
     rc = dp__wire_map_decode(&c, args_tab[req->op].f, args_tab[req->op].n, true, &req->a,
                              "args");
     if (rc != DP_OK) {
-        rc = dp_fail_ctx(d, rc, "%s args", name);
+        rc = dp__fail_ctx(d, rc, "%s args", name);
         goto fail;
     }
-    if (dp_mp_remaining(&c.r) != 0) {
-        rc = dp_fail(d, DP_EPROTO, "%s: %zu trailing bytes after the request", name,
-                     dp_mp_remaining(&c.r));
+    if (dp__mp_remaining(&c.r) != 0) {
+        rc = dp__fail(d, DP_EPROTO, "%s: %zu trailing bytes after the request", name,
+                      dp__mp_remaining(&c.r));
         goto fail;
     }
     return DP_OK;
@@ -1127,7 +1128,7 @@ fail:
 }
 
 void
-dp_wire_request_fini(dp_wire_request *req)
+dp__wire_request_fini(dp_wire_request *req)
 {
     if (req == NULL)
         return;

@@ -13,7 +13,7 @@
  * Memory model. Decoded strings and bins are views into the message bytes
  * (pointer + length, NOT NUL-terminated): the message must outlive the decoded
  * struct. Lists go into arrays the decoder allocates (bounded by the limits) and
- * that dp_wire_request_fini() / dp_wire_reply_fini() free. A decoded view is
+ * that dp__wire_request_fini() / dp__wire_reply_fini() free. A decoded view is
  * never NULL: an empty or nil string is {"", 0}.
  *
  * Strictness. Argument maps (read by the unit) are strict: an unknown key, a
@@ -30,11 +30,11 @@
  * alloc nbytes / n_entries, read_bytes nbytes); the detail names the field and
  * the limit. Encoders fail only with DP_ENOMEM, DP_EINVAL (bad op) or
  * DP_ETOOBIG (message over max_msg); they trust ids, keys and paths (the peer
- * validates them; dp_wire_check_id() is there for callers that generate ids)
+ * validates them; dp__wire_check_id() is there for callers that generate ids)
  * but sanitise free text (error messages, addresses) so the peer accepts it.
  *
  * Threads: everything here is pure, reentrant logic with no I/O; a struct or
- * buffer belongs to one thread at a time. dp_wire_rid_next() may be called from
+ * buffer belongs to one thread at a time. dp__wire_rid_next() may be called from
  * several threads on one generator.
  */
 #ifndef DP_WIRE_WIRE_H
@@ -73,20 +73,20 @@ typedef struct dp_wire_u64s {
 #define DP_WIRE_STR_ARG(s) (int)(s).n, (s).p
 
 /* A view of NUL-terminated z (NULL gives ""). */
-dp_wire_str dp_wire_s(const char *z);
+dp_wire_str dp__wire_s(const char *z);
 /* True if s holds exactly the bytes of NUL-terminated z. */
-bool dp_wire_str_eq(dp_wire_str s, const char *z);
-bool dp_wire_str_same(dp_wire_str a, dp_wire_str b);
+bool dp__wire_str_eq(dp_wire_str s, const char *z);
+bool dp__wire_str_same(dp_wire_str a, dp_wire_str b);
 /*
  * Copy s into out[cap] NUL-terminated, truncated to cap - 1 bytes. Returns s.n:
  * the copy is complete when the result is < cap (strlcpy semantics).
  */
-size_t dp_wire_str_copy(dp_wire_str s, char *out, size_t cap);
+size_t dp__wire_str_copy(dp_wire_str s, char *out, size_t cap);
 /* A malloc'd NUL-terminated copy (free() it), NULL on out of memory. */
-char *dp_wire_str_dup(dp_wire_str s);
+char *dp__wire_str_dup(dp_wire_str s);
 
 /* True if p[0..n) is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF). */
-bool dp_wire_utf8_valid(const void *p, size_t n);
+bool dp__wire_utf8_valid(const void *p, size_t n);
 
 /* ---- limits ---- */
 
@@ -106,26 +106,26 @@ typedef struct dp_wire_limits {
 } dp_wire_limits;
 
 /* The defaults above. Every function taking limits accepts NULL for them. */
-extern const dp_wire_limits dp_wire_limits_default;
-void dp_wire_limits_init(dp_wire_limits *lim);
+extern const dp_wire_limits dp__wire_limits_default;
+void dp__wire_limits_init(dp_wire_limits *lim);
 
 /*
  * Validators shared with callers. what names the value in the detail.
  * An id is 1..max_id bytes of [A-Za-z0-9_.:-] (the id rule of common.h,
- * dp_id_bad_byte: no '/', NUL or control bytes, as ids are client-generated
+ * dp__id_bad_byte: no '/', NUL or control bytes, as ids are client-generated
  * and may end up in logs and file names). A key is
  * 1..max_key bytes of UTF-8 without NUL (its syntax is checked by src/blob).
  * A path is 1..max_path bytes of UTF-8 without NUL. Text is 0..max_text bytes of
  * UTF-8 without NUL. All fail with DP_EPROTO.
  */
-int dp_wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what,
-                     dp_detail *d);
-int dp_wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+int dp__wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what,
                       dp_detail *d);
-int dp_wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+int dp__wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
                        dp_detail *d);
-int dp_wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
-                       dp_detail *d);
+int dp__wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                        dp_detail *d);
+int dp__wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+                        dp_detail *d);
 
 /* ---- ops ---- */
 
@@ -155,11 +155,11 @@ typedef enum dp_wire_op {
 } dp_wire_op;
 
 /* "alloc", ...; "?" for anything else. */
-const char *dp_wire_op_name(dp_wire_op op);
+const char *dp__wire_op_name(dp_wire_op op);
 /* The op named s, or DP_WIRE_OP_NONE. */
-dp_wire_op dp_wire_op_parse(dp_wire_str s);
+dp_wire_op dp__wire_op_parse(dp_wire_str s);
 /* unpin and abort: the unit sends no reply. False for invalid ops. */
-bool dp_wire_op_is_notify(dp_wire_op op);
+bool dp__wire_op_is_notify(dp_wire_op op);
 
 /* ---- request ids ---- */
 
@@ -177,9 +177,9 @@ typedef struct dp_wire_rid_gen {
 } dp_wire_rid_gen;
 
 /* Fails only if the OS gives no random bytes (DP_ESYS). */
-int dp_wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d);
+int dp__wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d);
 /* Write the next id into out and return its view (valid as long as out). Thread-safe. */
-dp_wire_str dp_wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
+dp_wire_str dp__wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
 
 /* ---- arguments, one struct per op (ping, info, scan, stats take none) ---- */
 
@@ -187,7 +187,7 @@ dp_wire_str dp_wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
  * alloc. The writer fields say who will WRITE the region (optional: absent or
  * empty means unknown, and the unit then never reclaims the region if it is
  * retired): writer is the client's id, pid its process id, host the client's
- * host key (dp_host_key: boot id and pid namespace), lane how its RMA reaches
+ * host key (dp__host_key: boot id and pid namespace), lane how its RMA reaches
  * this unit ("shm", "rdma", "tcp"). See docs/design.md, "Reclaiming retired
  * memory".
  */
@@ -279,20 +279,20 @@ typedef struct dp_wire_request {
  * Append the request [op, rid, args] to out. The fields of req->a for req->op
  * are encoded, optional ones included. On failure out is left as it was.
  */
-int dp_wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim,
-                           dp_buf *out, dp_detail *d);
+int dp__wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim,
+                            dp_buf *out, dp_detail *d);
 
 /*
  * Decode a request from msg[0..len) (the whole message: trailing bytes are an
- * error). On success req holds validated args; call dp_wire_request_fini().
+ * error). On success req holds validated args; call dp__wire_request_fini().
  * On failure req->rid and req->op are still set when they could be read
  * (rid.n > 0, op != DP_WIRE_OP_NONE) so the server can answer with a Protocol
  * error carrying the id; a request whose rid could not be read is dropped, as
- * is any failed notify. req needs dp_wire_request_fini() either way.
+ * is any failed notify. req needs dp__wire_request_fini() either way.
  */
-int dp_wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
-                           dp_wire_request *req, dp_detail *d);
-void dp_wire_request_fini(dp_wire_request *req);
+int dp__wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
+                            dp_wire_request *req, dp_detail *d);
+void dp__wire_request_fini(dp_wire_request *req);
 
 /*
  * Read only the op and the request id, without the args. *rid is set (n > 0)
@@ -300,8 +300,8 @@ void dp_wire_request_fini(dp_wire_request *req);
  * is otherwise bad; *op is DP_WIRE_OP_NONE unless the op is known. Returns 0
  * when both were read.
  */
-int dp_wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                         dp_wire_op *op, dp_wire_str *rid, dp_detail *d);
+int dp__wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
+                          dp_wire_op *op, dp_wire_str *rid, dp_detail *d);
 
 /* ---- results ---- */
 
@@ -327,7 +327,7 @@ typedef struct dp_wire_info {
     uint64_t incarnation; /* optional (0: unknown): the unit process's random id */
     uint64_t proto;       /* optional (0: before versions): DP_WIRE_PROTO it speaks */
     uint64_t pid;         /* optional: the unit's process id (diagnostics) */
-    dp_wire_str host;     /* optional: the unit's host key (dp_host_key) */
+    dp_wire_str host;     /* optional: the unit's host key (dp__host_key) */
     dp_wire_str cluster;  /* optional: the id of the cluster it was started for ("") */
 } dp_wire_info;
 
@@ -343,7 +343,7 @@ typedef enum dp_wire_commit_state {
     DP_WIRE_COMMIT_LOST,
 } dp_wire_commit_state;
 
-const char *dp_wire_commit_state_name(dp_wire_commit_state s);
+const char *dp__wire_commit_state_name(dp_wire_commit_state s);
 
 /* resolve: {id: [off, len]} */
 typedef struct dp_wire_blob_loc {
@@ -414,9 +414,9 @@ typedef struct dp_wire_fields {
 } dp_wire_fields;
 
 /* The field called name, or NULL. */
-const dp_wire_field *dp_wire_fields_get(const dp_wire_fields *f, const char *name);
+const dp_wire_field *dp__wire_fields_get(const dp_wire_fields *f, const char *name);
 /* Its value as a number (bool, u64, i64 >= 0 or an integral f64 >= 0), else false. */
-bool dp_wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out);
+bool dp__wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out);
 
 typedef struct dp_wire_scan_res {
     dp_wire_fields *recs; /* one flat map per blob: id, off, nbytes, refs, ... */
@@ -448,14 +448,14 @@ typedef struct dp_wire_error {
  * any other code "Protocol". Parsing an unknown kind gives DP_EPROTO (a newer
  * unit's kind is still an error the client can report).
  */
-const char *dp_wire_err_kind(int code);
-int dp_wire_err_code(dp_wire_str kind);
+const char *dp__wire_err_kind(int code);
+int dp__wire_err_code(dp_wire_str kind);
 
 /*
  * Fill d with what the unit said ("Busy: <msg> (reason: ...) [blobs: a, b, ...]")
  * and return e->code, for a client turning an error reply into its return value.
  */
-int dp_wire_error_to_detail(const dp_wire_error *e, dp_detail *d);
+int dp__wire_error_to_detail(const dp_wire_error *e, dp_detail *d);
 
 /* ---- replies ---- */
 
@@ -492,32 +492,32 @@ typedef struct dp_wire_reply {
  * of rep->op when rep->ok, else rep->err; the incarnation element only when
  * rep->incarnation is not 0. Notify ops have no reply (DP_EINVAL).
  */
-int dp_wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_buf *out,
-                         dp_detail *d);
+int dp__wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim,
+                          dp_buf *out, dp_detail *d);
 
 /*
  * Append an error reply for a failure the unit met: kind from code (section 7),
  * msg from d_in's message (or dp_strerror(code)), reason and blobs optional
  * (NULL / 0). Text is sanitised to UTF-8 and cut to max_text.
  */
-int dp_wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
-                               const char *msg, const char *reason,
-                               const dp_wire_str *blobs, uint32_t n_blobs,
-                               const dp_wire_limits *lim, dp_buf *out, dp_detail *d);
+int dp__wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
+                                const char *msg, const char *reason,
+                                const dp_wire_str *blobs, uint32_t n_blobs,
+                                const dp_wire_limits *lim, dp_buf *out, dp_detail *d);
 
 /*
  * Decode the reply to a request of op op (the caller knows what it sent).
  * A reply of three elements (no incarnation) decodes with incarnation 0.
  * rep->ok tells a result from an error (an error reply decodes with DP_OK: the
  * unit's code is in rep->err.code). On failure rep->rid is set when it could be
- * read. Call dp_wire_reply_fini() either way.
+ * read. Call dp__wire_reply_fini() either way.
  */
-int dp_wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
-                         const dp_wire_limits *lim, dp_wire_reply *rep, dp_detail *d);
-void dp_wire_reply_fini(dp_wire_reply *rep);
+int dp__wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
+                          const dp_wire_limits *lim, dp_wire_reply *rep, dp_detail *d);
+void dp__wire_reply_fini(dp_wire_reply *rep);
 
 /* Read only the request id of a reply (the client matches it before decoding). */
-int dp_wire_reply_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                       dp_wire_str *rid, dp_detail *d);
+int dp__wire_reply_peek(const void *msg, size_t len, const dp_wire_limits *lim,
+                        dp_wire_str *rid, dp_detail *d);
 
 #endif

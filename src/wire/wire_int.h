@@ -93,6 +93,6 @@ int dp__wire_charge(dp__wire_dec *c, uint64_t n, const char *what);
 int dp__wire_encode_end(dp_buf *out, size_t start, bool oom_before,
                         const dp_wire_limits *lim, const char *what, dp_detail *d);
 
-#define DP__WIRE_LIM(lim) ((lim) != NULL ? (lim) : &dp_wire_limits_default)
+#define DP__WIRE_LIM(lim) ((lim) != NULL ? (lim) : &dp__wire_limits_default)
 
 #endif

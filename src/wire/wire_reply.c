@@ -68,13 +68,13 @@ static const dp__wire_fdesc error_f[] = {
 static const char *const commit_names[] = {"done", "pending", "lost"};
 
 const char *
-dp_wire_commit_state_name(dp_wire_commit_state s)
+dp__wire_commit_state_name(dp_wire_commit_state s)
 {
     return (unsigned)s < DP_ARRAY_LEN(commit_names) ? commit_names[s] : "?";
 }
 
 const char *
-dp_wire_err_kind(int code)
+dp__wire_err_kind(int code)
 {
     switch (code) {
     case DP_EUNITFULL:
@@ -89,24 +89,24 @@ dp_wire_err_kind(int code)
 }
 
 int
-dp_wire_err_code(dp_wire_str kind)
+dp__wire_err_code(dp_wire_str kind)
 {
-    if (dp_wire_str_eq(kind, "UnitFull"))
+    if (dp__wire_str_eq(kind, "UnitFull"))
         return DP_EUNITFULL;
-    if (dp_wire_str_eq(kind, "Busy"))
+    if (dp__wire_str_eq(kind, "Busy"))
         return DP_EBUSY;
-    if (dp_wire_str_eq(kind, "Missing"))
+    if (dp__wire_str_eq(kind, "Missing"))
         return DP_ELOST;
     return DP_EPROTO;
 }
 
 int
-dp_wire_error_to_detail(const dp_wire_error *e, dp_detail *d)
+dp__wire_error_to_detail(const dp_wire_error *e, dp_detail *d)
 {
     if (d == NULL)
         return e->code;
     char buf[DP_DETAIL_MAX];
-    dp_wire_str kind = e->kind.n > 0 ? e->kind : dp_wire_s(dp_wire_err_kind(e->code));
+    dp_wire_str kind = e->kind.n > 0 ? e->kind : dp__wire_s(dp__wire_err_kind(e->code));
     int n = snprintf(buf, sizeof buf, "%.*s: %.*s", DP_WIRE_STR_ARG(kind),
                      e->msg.n > 0 ? (int)e->msg.n : 0, e->msg.n > 0 ? e->msg.p : "");
     if (e->reason.n > 0 && n >= 0 && (size_t)n < sizeof buf)
@@ -122,24 +122,24 @@ dp_wire_error_to_detail(const dp_wire_error *e, dp_detail *d)
         if (i + 1 == e->blobs.n && (size_t)n < sizeof buf)
             n += snprintf(buf + n, sizeof buf - (size_t)n, "]");
     }
-    return dp_fail(d, e->code, "%s", buf);
+    return dp__fail(d, e->code, "%s", buf);
 }
 
 /* ---- generic scalar records (scan, stats) ---- */
 
 const dp_wire_field *
-dp_wire_fields_get(const dp_wire_fields *f, const char *name)
+dp__wire_fields_get(const dp_wire_fields *f, const char *name)
 {
     for (uint32_t i = 0; i < f->n; i++)
-        if (dp_wire_str_eq(f->v[i].name, name))
+        if (dp__wire_str_eq(f->v[i].name, name))
             return &f->v[i];
     return NULL;
 }
 
 bool
-dp_wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out)
+dp__wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out)
 {
-    const dp_wire_field *x = dp_wire_fields_get(f, name);
+    const dp_wire_field *x = dp__wire_fields_get(f, name);
     if (x == NULL)
         return false;
     switch (x->type) {
@@ -173,29 +173,29 @@ static int
 rd_field(dp__wire_dec *c, dp__wire_pool *pool, bool *kept)
 {
     dp_wire_str name;
-    int rc = dp_mp_read_str(&c->r, &name.p, &name.n, "field name", c->d);
+    int rc = dp__mp_read_str(&c->r, &name.p, &name.n, "field name", c->d);
     if (rc == DP_OK)
-        rc = dp_wire_check_text(name, c->lim, "field name", c->d);
+        rc = dp__wire_check_text(name, c->lim, "field name", c->d);
     if (rc != DP_OK)
         return rc;
     char q[80];
     dp_wire_field x = {.name = name};
-    switch (dp_mp_peek(&c->r)) {
+    switch (dp__mp_peek(&c->r)) {
     case DP_MP_NIL:
         c->r.p++;
         x.type = DP_WIRE_NIL;
         break;
     case DP_MP_BOOL:
         x.type = DP_WIRE_BOOL;
-        rc = dp_mp_read_bool(&c->r, &x.v.b, NULL, c->d);
+        rc = dp__mp_read_bool(&c->r, &x.v.b, NULL, c->d);
         break;
     case DP_MP_UINT:
         x.type = DP_WIRE_U64;
-        rc = dp_mp_read_u64(&c->r, &x.v.u, NULL, c->d);
+        rc = dp__mp_read_u64(&c->r, &x.v.u, NULL, c->d);
         break;
     case DP_MP_INT:
         x.type = DP_WIRE_I64;
-        rc = dp_mp_read_i64(&c->r, &x.v.i, NULL, c->d);
+        rc = dp__mp_read_i64(&c->r, &x.v.i, NULL, c->d);
         if (rc == DP_OK && x.v.i >= 0) { /* a positive value in a signed format */
             x.type = DP_WIRE_U64;
             x.v.u = (uint64_t)x.v.i;
@@ -203,26 +203,26 @@ rd_field(dp__wire_dec *c, dp__wire_pool *pool, bool *kept)
         break;
     case DP_MP_FLOAT:
         x.type = DP_WIRE_F64;
-        rc = dp_mp_read_double(&c->r, &x.v.f, NULL, c->d);
+        rc = dp__mp_read_double(&c->r, &x.v.f, NULL, c->d);
         break;
     case DP_MP_STR:
         x.type = DP_WIRE_STR;
-        rc = dp_mp_read_str(&c->r, &x.v.s.p, &x.v.s.n, NULL, c->d);
+        rc = dp__mp_read_str(&c->r, &x.v.s.p, &x.v.s.n, NULL, c->d);
         if (rc == DP_OK)
-            rc = dp_wire_check_text(x.v.s, c->lim, NULL, c->d);
+            rc = dp__wire_check_text(x.v.s, c->lim, NULL, c->d);
         break;
     default:
         *kept = false;
-        rc = dp_mp_skip(&c->r, c->d);
+        rc = dp__mp_skip(&c->r, c->d);
         if (rc != DP_OK)
-            return dp_fail_ctx(c->d, rc, "'%s'", dp__wire_quote(name, q, sizeof q));
+            return dp__fail_ctx(c->d, rc, "'%s'", dp__wire_quote(name, q, sizeof q));
         return DP_OK;
     }
     if (rc != DP_OK)
-        return dp_fail_ctx(c->d, rc, "'%s'", dp__wire_quote(name, q, sizeof q));
+        return dp__fail_ctx(c->d, rc, "'%s'", dp__wire_quote(name, q, sizeof q));
     dp_wire_field *slot = dp__wire_pool_push(pool);
     if (slot == NULL)
-        return dp_fail(c->d, DP_ENOMEM, "out of memory");
+        return dp__fail(c->d, DP_ENOMEM, "out of memory");
     *slot = x;
     *kept = true;
     return DP_OK;
@@ -233,12 +233,12 @@ static int
 rd_fields(dp__wire_dec *c, dp__wire_pool *pool, uint32_t *kept_n)
 {
     uint32_t n;
-    int rc = dp_mp_read_map(&c->r, &n, NULL, c->d);
+    int rc = dp__mp_read_map(&c->r, &n, NULL, c->d);
     if (rc != DP_OK)
         return rc;
     if (n > c->lim->max_fields)
-        return dp_fail(c->d, DP_ETOOBIG, "map of %u fields, the limit is %u", n,
-                       c->lim->max_fields);
+        return dp__fail(c->d, DP_ETOOBIG, "map of %u fields, the limit is %u", n,
+                        c->lim->max_fields);
     if ((rc = dp__wire_charge(c, n, NULL)) != DP_OK)
         return rc;
     *kept_n = 0;
@@ -270,7 +270,7 @@ static int
 rd_scan(dp__wire_dec *c, dp_wire_scan_res *out)
 {
     uint32_t n;
-    int rc = dp_mp_read_array(&c->r, &n, NULL, c->d);
+    int rc = dp__mp_read_array(&c->r, &n, NULL, c->d);
     if (rc == DP_OK)
         rc = dp__wire_charge(c, n, "records");
     if (rc != DP_OK)
@@ -281,13 +281,13 @@ rd_scan(dp__wire_dec *c, dp_wire_scan_res *out)
         return DP_OK;
     dp_wire_fields *recs = dp__wire_alloc(c->mem, (size_t)n * sizeof *recs);
     if (recs == NULL)
-        return dp_fail(c->d, DP_ENOMEM, "out of memory");
+        return dp__fail(c->d, DP_ENOMEM, "out of memory");
     dp__wire_pool pool = {.esz = sizeof(dp_wire_field)};
     for (uint32_t i = 0; i < n; i++) {
         rc = rd_fields(c, &pool, &recs[i].n);
         if (rc != DP_OK) {
             dp__wire_pool_drop(&pool);
-            return dp_fail_ctx(c->d, rc, "record %u", i);
+            return dp__fail_ctx(c->d, rc, "record %u", i);
         }
     }
     /* Fields were pushed record by record: hand out consecutive slices. */
@@ -305,28 +305,28 @@ rd_scan(dp__wire_dec *c, dp_wire_scan_res *out)
 static void
 put_fields(dp_mp_writer *w, const dp_wire_fields *f, const dp_wire_limits *lim)
 {
-    dp_mp_put_map(w, f->n);
+    dp__mp_put_map(w, f->n);
     for (uint32_t i = 0; i < f->n; i++) {
         const dp_wire_field *x = &f->v[i];
         dp__wire_put_text(w, x->name, lim->max_text);
         switch (x->type) {
         case DP_WIRE_BOOL:
-            dp_mp_put_bool(w, x->v.b);
+            dp__mp_put_bool(w, x->v.b);
             break;
         case DP_WIRE_U64:
-            dp_mp_put_u64(w, x->v.u);
+            dp__mp_put_u64(w, x->v.u);
             break;
         case DP_WIRE_I64:
-            dp_mp_put_i64(w, x->v.i);
+            dp__mp_put_i64(w, x->v.i);
             break;
         case DP_WIRE_F64:
-            dp_mp_put_double(w, x->v.f);
+            dp__mp_put_double(w, x->v.f);
             break;
         case DP_WIRE_STR:
             dp__wire_put_text(w, x->v.s, lim->max_text);
             break;
         default:
-            dp_mp_put_nil(w);
+            dp__mp_put_nil(w);
             break;
         }
     }
@@ -346,19 +346,19 @@ rd_result(dp__wire_dec *c, dp_wire_reply *rep)
         return dp__wire_map_decode(c, TAB(alloc_res_f), false, &rep->r.alloc, NULL);
     case DP_WIRE_OP_COMMIT: {
         dp_wire_str s;
-        int rc = dp_mp_read_str(&c->r, &s.p, &s.n, "state", c->d);
+        int rc = dp__mp_read_str(&c->r, &s.p, &s.n, "state", c->d);
         if (rc != DP_OK)
             return rc;
         for (size_t i = 0; i < DP_ARRAY_LEN(commit_names); i++) {
-            if (dp_wire_str_eq(s, commit_names[i])) {
+            if (dp__wire_str_eq(s, commit_names[i])) {
                 rep->r.commit = (dp_wire_commit_state)i;
                 return DP_OK;
             }
         }
         char q[80];
-        return dp_fail(c->d, DP_EPROTO,
-                       "state: '%s' is not one of \"done\", \"pending\", \"lost\"",
-                       dp__wire_quote(s, q, sizeof q));
+        return dp__fail(c->d, DP_EPROTO,
+                        "state: '%s' is not one of \"done\", \"pending\", \"lost\"",
+                        dp__wire_quote(s, q, sizeof q));
     }
     case DP_WIRE_OP_RESOLVE:
         return dp__wire_map_decode(c, TAB(resolve_f), false, &rep->r.resolve, NULL);
@@ -389,7 +389,7 @@ put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
 {
     switch (rep->op) {
     case DP_WIRE_OP_PING:
-        dp_mp_put_u64(w, rep->r.unit_id);
+        dp__mp_put_u64(w, rep->r.unit_id);
         return;
     case DP_WIRE_OP_INFO:
         dp__wire_map_encode(w, TAB(info_f), &rep->r.info, lim);
@@ -398,7 +398,7 @@ put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
         dp__wire_map_encode(w, TAB(alloc_res_f), &rep->r.alloc, lim);
         return;
     case DP_WIRE_OP_COMMIT:
-        dp_mp_put_str(w, dp_wire_commit_state_name(rep->r.commit));
+        dp__mp_put_str(w, dp__wire_commit_state_name(rep->r.commit));
         return;
     case DP_WIRE_OP_RESOLVE:
         dp__wire_map_encode(w, TAB(resolve_f), &rep->r.resolve, lim);
@@ -407,10 +407,10 @@ put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
         dp__wire_map_encode(w, TAB(resolve_keys_f), &rep->r.resolve_keys, lim);
         return;
     case DP_WIRE_OP_RELEASE_ROWS:
-        dp_mp_put_u64(w, rep->r.dropped);
+        dp__mp_put_u64(w, rep->r.dropped);
         return;
     case DP_WIRE_OP_SCAN:
-        dp_mp_put_array(w, rep->r.scan.n);
+        dp__mp_put_array(w, rep->r.scan.n);
         for (uint32_t i = 0; i < rep->r.scan.n; i++)
             put_fields(w, &rep->r.scan.recs[i], lim);
         return;
@@ -434,14 +434,14 @@ put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
 static void
 put_error(dp_mp_writer *w, const dp_wire_error *e, const dp_wire_limits *lim)
 {
-    dp_mp_put_map(w, 4);
-    dp_mp_put_str(w, "kind");
-    dp_mp_put_str(w, dp_wire_err_kind(e->code));
-    dp_mp_put_str(w, "msg");
+    dp__mp_put_map(w, 4);
+    dp__mp_put_str(w, "kind");
+    dp__mp_put_str(w, dp__wire_err_kind(e->code));
+    dp__mp_put_str(w, "msg");
     dp__wire_put_text(w, e->msg, lim->max_text);
-    dp_mp_put_str(w, "reason");
+    dp__mp_put_str(w, "reason");
     dp__wire_value_encode(w, DP__V_TEXT_OR_NIL, &e->reason, lim);
-    dp_mp_put_str(w, "blobs");
+    dp__mp_put_str(w, "blobs");
     dp__wire_value_encode(w, DP__V_KEYS_OR_NIL, &e->blobs, lim);
 }
 
@@ -450,56 +450,56 @@ put_error(dp_mp_writer *w, const dp_wire_error *e, const dp_wire_limits *lim)
 static bool
 has_reply(dp_wire_op op)
 {
-    return (int)op >= 0 && op < DP_WIRE_OP_COUNT_ && !dp_wire_op_is_notify(op);
+    return (int)op >= 0 && op < DP_WIRE_OP_COUNT_ && !dp__wire_op_is_notify(op);
 }
 
 int
-dp_wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_buf *out,
-                     dp_detail *d)
+dp__wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_buf *out,
+                      dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     if (!has_reply(rep->op))
-        return dp_fail(d, DP_EINVAL, "reply: op %s has no reply",
-                       dp_wire_op_name(rep->op));
+        return dp__fail(d, DP_EINVAL, "reply: op %s has no reply",
+                        dp__wire_op_name(rep->op));
     size_t start = out->len;
     bool oom = out->oom;
     dp_mp_writer w;
-    dp_mp_writer_init(&w, out);
-    dp_mp_put_array(&w, rep->incarnation != 0 ? 4 : 3);
-    dp_mp_put_strn(&w, rep->rid.n ? rep->rid.p : "", rep->rid.n);
-    dp_mp_put_bool(&w, rep->ok);
+    dp__mp_writer_init(&w, out);
+    dp__mp_put_array(&w, rep->incarnation != 0 ? 4 : 3);
+    dp__mp_put_strn(&w, rep->rid.n ? rep->rid.p : "", rep->rid.n);
+    dp__mp_put_bool(&w, rep->ok);
     if (rep->ok)
         put_result(&w, rep, lim);
     else
         put_error(&w, &rep->err, lim);
     if (rep->incarnation != 0)
-        dp_mp_put_u64(&w, rep->incarnation);
-    return dp__wire_encode_end(out, start, oom, lim, dp_wire_op_name(rep->op), d);
+        dp__mp_put_u64(&w, rep->incarnation);
+    return dp__wire_encode_end(out, start, oom, lim, dp__wire_op_name(rep->op), d);
 }
 
 int
-dp_wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
-                           const char *msg, const char *reason, const dp_wire_str *blobs,
-                           uint32_t n_blobs, const dp_wire_limits *lim, dp_buf *out,
-                           dp_detail *d)
+dp__wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
+                            const char *msg, const char *reason, const dp_wire_str *blobs,
+                            uint32_t n_blobs, const dp_wire_limits *lim, dp_buf *out,
+                            dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     size_t start = out->len;
     bool oom = out->oom;
     dp_wire_error e = {
         .code = code,
-        .msg = dp_wire_s(msg != NULL ? msg : dp_strerror(code)),
-        .reason = dp_wire_s(reason),
+        .msg = dp__wire_s(msg != NULL ? msg : dp_strerror(code)),
+        .reason = dp__wire_s(reason),
         .blobs = {(dp_wire_str *)blobs, blobs != NULL ? n_blobs : 0},
     };
     dp_mp_writer w;
-    dp_mp_writer_init(&w, out);
-    dp_mp_put_array(&w, incarnation != 0 ? 4 : 3);
-    dp_mp_put_strn(&w, rid.n ? rid.p : "", rid.n);
-    dp_mp_put_bool(&w, false);
+    dp__mp_writer_init(&w, out);
+    dp__mp_put_array(&w, incarnation != 0 ? 4 : 3);
+    dp__mp_put_strn(&w, rid.n ? rid.p : "", rid.n);
+    dp__mp_put_bool(&w, false);
     put_error(&w, &e, lim);
     if (incarnation != 0)
-        dp_mp_put_u64(&w, incarnation);
+        dp__mp_put_u64(&w, incarnation);
     return dp__wire_encode_end(out, start, oom, lim, "error reply", d);
 }
 
@@ -508,82 +508,82 @@ reply_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_str *rid, uint32_
            dp_detail *d)
 {
     *rid = (dp_wire_str){"", 0};
-    int rc = dp_mp_read_array(r, n, "reply", d);
+    int rc = dp__mp_read_array(r, n, "reply", d);
     if (rc != DP_OK)
         return rc;
     if (*n < 1)
-        return dp_fail(d, DP_EPROTO, "reply: empty array");
+        return dp__fail(d, DP_EPROTO, "reply: empty array");
     dp_wire_str id;
-    if ((rc = dp_mp_read_str(r, &id.p, &id.n, "request_id", d)) != DP_OK)
+    if ((rc = dp__mp_read_str(r, &id.p, &id.n, "request_id", d)) != DP_OK)
         return rc;
-    if ((rc = dp_wire_check_id(id, lim, "request_id", d)) != DP_OK)
+    if ((rc = dp__wire_check_id(id, lim, "request_id", d)) != DP_OK)
         return rc;
     *rid = id;
     return DP_OK;
 }
 
 int
-dp_wire_reply_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                   dp_wire_str *rid, dp_detail *d)
+dp__wire_reply_peek(const void *msg, size_t len, const dp_wire_limits *lim,
+                    dp_wire_str *rid, dp_detail *d)
 {
     dp_mp_reader r;
     uint32_t n;
-    dp_mp_reader_init(&r, msg, len);
+    dp__mp_reader_init(&r, msg, len);
     return reply_head(&r, DP__WIRE_LIM(lim), rid, &n, d);
 }
 
 int
-dp_wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
-                     const dp_wire_limits *lim, dp_wire_reply *rep, dp_detail *d)
+dp__wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
+                      const dp_wire_limits *lim, dp_wire_reply *rep, dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     memset(rep, 0, sizeof *rep);
     rep->op = op;
     if (!has_reply(op))
-        return dp_fail(d, DP_EINVAL, "reply: op %s has no reply", dp_wire_op_name(op));
-    const char *name = dp_wire_op_name(op);
+        return dp__fail(d, DP_EINVAL, "reply: op %s has no reply", dp__wire_op_name(op));
+    const char *name = dp__wire_op_name(op);
     dp__wire_dec c = {.lim = lim, .d = d, .mem = &rep->mem_};
-    dp_mp_reader_init(&c.r, msg, len);
+    dp__mp_reader_init(&c.r, msg, len);
     uint32_t n;
     int rc = reply_head(&c.r, lim, &rep->rid, &n, d);
     if (rc != DP_OK)
-        return dp_fail_ctx(d, rc, "%s reply", name);
+        return dp__fail_ctx(d, rc, "%s reply", name);
     if (len > lim->max_msg)
-        return dp_fail(d, DP_ETOOBIG,
-                       "%s reply: message of %zu bytes is over the limit %llu", name, len,
-                       (unsigned long long)lim->max_msg);
+        return dp__fail(d, DP_ETOOBIG,
+                        "%s reply: message of %zu bytes is over the limit %llu", name,
+                        len, (unsigned long long)lim->max_msg);
     if (n != 3 && n != 4)
-        return dp_fail(
+        return dp__fail(
             d, DP_EPROTO,
             "%s reply: array of %u elements, expected [request_id, ok, result, "
             "incarnation]",
             name, n);
-    if ((rc = dp_mp_read_bool(&c.r, &rep->ok, "ok", d)) != DP_OK)
+    if ((rc = dp__mp_read_bool(&c.r, &rep->ok, "ok", d)) != DP_OK)
         goto fail;
     if (rep->ok) {
         rc = rd_result(&c, rep);
         if (rc != DP_OK)
-            rc = dp_fail_ctx(d, rc, "result");
+            rc = dp__fail_ctx(d, rc, "result");
     } else {
         rc = dp__wire_map_decode(&c, TAB(error_f), false, &rep->err, "error");
         if (rc != DP_OK)
-            rc = dp_fail_ctx(d, rc, "error");
+            rc = dp__fail_ctx(d, rc, "error");
         else
-            rep->err.code = dp_wire_err_code(rep->err.kind);
+            rep->err.code = dp__wire_err_code(rep->err.kind);
     }
     if (rc != DP_OK)
         goto fail;
     if (n == 4 &&
-        (rc = dp_mp_read_u64(&c.r, &rep->incarnation, "incarnation", d)) != DP_OK)
+        (rc = dp__mp_read_u64(&c.r, &rep->incarnation, "incarnation", d)) != DP_OK)
         goto fail;
-    if (dp_mp_remaining(&c.r) != 0) {
-        rc = dp_fail(d, DP_EPROTO, "%zu trailing bytes after the reply",
-                     dp_mp_remaining(&c.r));
+    if (dp__mp_remaining(&c.r) != 0) {
+        rc = dp__fail(d, DP_EPROTO, "%zu trailing bytes after the reply",
+                      dp__mp_remaining(&c.r));
         goto fail;
     }
     return DP_OK;
 fail:
-    rc = dp_fail_ctx(d, rc, "%s reply", name);
+    rc = dp__fail_ctx(d, rc, "%s reply", name);
     dp__wire_free_all(&rep->mem_);
     memset(&rep->r, 0, sizeof rep->r);
     memset(&rep->err, 0, sizeof rep->err);
@@ -591,7 +591,7 @@ fail:
 }
 
 void
-dp_wire_reply_fini(dp_wire_reply *rep)
+dp__wire_reply_fini(dp_wire_reply *rep)
 {
     if (rep == NULL)
         return;

@@ -54,7 +54,7 @@ dp__ep_ucx_fail(dp_detail *d, int code, ucs_status_t st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return dp_fail(d, code, "%s: %s", what, ucs_status_string(st));
+    return dp__fail(d, code, "%s: %s", what, ucs_status_string(st));
 }
 
 static bool
@@ -101,7 +101,7 @@ progress_main(void *arg)
 /* ---- create / close ---- */
 
 void
-dp_endpoint_opts_init(dp_endpoint_opts *o)
+dp__endpoint_opts_init(dp_endpoint_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->err_mode = DP_EP_ERR_PEER;
@@ -143,34 +143,34 @@ tls_may_use_mm(void)
 }
 
 int
-dp_endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
-                   dp_detail *d)
+dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
+                    dp_detail *d)
 {
     *out = NULL;
-    int rc = dp_md_check_name(name, name ? strlen(name) : 0, d);
+    int rc = dp__md_check_name(name, name ? strlen(name) : 0, d);
     if (rc != DP_OK)
         return rc;
     dp_endpoint_opts o;
     if (opts != NULL)
         o = *opts;
     else
-        dp_endpoint_opts_init(&o);
+        dp__endpoint_opts_init(&o);
     if (o.err_mode != DP_EP_ERR_PEER && o.err_mode != DP_EP_ERR_NONE)
-        return dp_fail(d, DP_EINVAL, "endpoint %s: unknown error mode %d", name,
-                       (int)o.err_mode);
+        return dp__fail(d, DP_EINVAL, "endpoint %s: unknown error mode %d", name,
+                        (int)o.err_mode);
     if (o.require_rdma || env_true("DP_REQUIRE_RDMA")) {
         char desc[256];
         dp_detail pd;
         dp_detail_clear(&pd);
-        if (dp_policy_check_rdma_only(NULL, desc, sizeof desc, &pd) != DP_OK)
-            return dp_fail(d, DP_EPOLICY, "endpoint %s: require_rdma: %s", name, pd.msg);
+        if (dp__policy_check_rdma_only(NULL, desc, sizeof desc, &pd) != DP_OK)
+            return dp__fail(d, DP_EPOLICY, "endpoint %s: require_rdma: %s", name, pd.msg);
         o.require_rdma = true;
         DP_LOG_I("endpoint %s: transport policy: %s", name, desc);
     }
 
     dp_endpoint *ep = calloc(1, sizeof *ep);
     if (ep == NULL)
-        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", name);
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", name);
     snprintf(ep->name, sizeof ep->name, "%s", name);
     ep->opts = o;
     ep->efd = -1;
@@ -179,7 +179,7 @@ dp_endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint *
                                          : (size_t)o.memcpy_max;
     if (pthread_mutex_init(&ep->mu, NULL) != 0) {
         free(ep);
-        return dp_fail(d, DP_ENOMEM, "endpoint %s: cannot create mutex", name);
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: cannot create mutex", name);
     }
     ep->mu_init = true;
 
@@ -231,9 +231,9 @@ dp_endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint *
         goto fail;
     }
     if (ep->waddr_len > DP_MD_ADDR_MAX) {
-        rc = dp_fail(d, DP_ETRANSFER,
-                     "endpoint %s: worker address has %zu bytes, limit %u", name,
-                     ep->waddr_len, DP_MD_ADDR_MAX);
+        rc = dp__fail(d, DP_ETRANSFER,
+                      "endpoint %s: worker address has %zu bytes, limit %u", name,
+                      ep->waddr_len, DP_MD_ADDR_MAX);
         goto fail;
     }
     if (o.progress_thread) {
@@ -242,7 +242,7 @@ dp_endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint *
             ep->efd = fd;
         int e = pthread_create(&ep->thr, NULL, progress_main, ep);
         if (e != 0) {
-            rc = dp_fail_sys(d, e, "endpoint %s: progress thread", name);
+            rc = dp__fail_sys(d, e, "endpoint %s: progress thread", name);
             goto fail;
         }
         ep->thr_started = true;
@@ -250,12 +250,12 @@ dp_endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint *
     *out = ep;
     return DP_OK;
 fail:
-    dp_endpoint_destroy(ep);
+    dp__endpoint_destroy(ep);
     return rc;
 }
 
 void
-dp_endpoint_close(dp_endpoint *ep)
+dp__endpoint_close(dp_endpoint *ep)
 {
     if (ep == NULL)
         return;
@@ -287,15 +287,15 @@ dp_endpoint_close(dp_endpoint *ep)
                  ep->name, ep->n_retained);
         unlock(ep);
         pthread_mutex_lock(&ab_mu);
-        dp_list_insert_head(&ab_list, &ep->ab_link);
+        dp__list_insert_head(&ab_list, &ep->ab_link);
         pthread_mutex_unlock(&ab_mu);
         return;
     }
     dp_list all = {0};
-    dp_list_move_tail(&all, &ep->remotes);
-    dp_list_move_tail(&all, &ep->zombies);
+    dp__list_move_tail(&all, &ep->remotes);
+    dp__list_move_tail(&all, &ep->zombies);
     for (remote *r; (r = DP_LIST_FIRST(&all, remote, r_link)) != NULL;) {
-        dp_list_remove(&all, &r->r_link);
+        dp__list_remove(&all, &r->r_link);
         dp__ep_remote_free_locked(ep, r);
     }
     for (size_t i = 0; i < ep->regs.n; i++) {
@@ -307,7 +307,7 @@ dp_endpoint_close(dp_endpoint *ep)
             DP_LOG_W("endpoint %s: ucp_mem_unmap: %s", ep->name, ucs_status_string(st));
         free(g);
     }
-    dp_ranges_fini(&ep->regs);
+    dp__ranges_fini(&ep->regs);
     if (ep->waddr != NULL)
         ucp_worker_release_address(ep->worker, ep->waddr);
     ep->waddr = NULL;
@@ -321,11 +321,11 @@ dp_endpoint_close(dp_endpoint *ep)
 }
 
 void
-dp_endpoint_destroy(dp_endpoint *ep)
+dp__endpoint_destroy(dp_endpoint *ep)
 {
     if (ep == NULL)
         return;
-    dp_endpoint_close(ep);
+    dp__endpoint_close(ep);
     if (ep->abandoned)
         return; /* owned by ab_list now */
     if (ep->mu_init)
@@ -334,7 +334,7 @@ dp_endpoint_destroy(dp_endpoint *ep)
 }
 
 const char *
-dp_endpoint_name(const dp_endpoint *ep)
+dp__endpoint_name(const dp_endpoint *ep)
 {
     return ep->name;
 }
@@ -347,14 +347,14 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
 {
     char lim[32], sz[32];
     if (!allocate && (len == 0 || base + len < base ||
-                      dp_ranges_overlap(&ep->regs, base, len) != NULL))
+                      dp__ranges_overlap(&ep->regs, base, len) != NULL))
         goto overlap_or_bad;
     /* Room first: nothing can fail once UCX has mapped the memory. */
-    if (dp_ranges_reserve(&ep->regs, 1) != DP_OK)
-        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+    if (dp__ranges_reserve(&ep->regs, 1) != DP_OK)
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     region *g = malloc(sizeof *g);
     if (g == NULL)
-        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS,
         .length = len,
@@ -368,12 +368,12 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
     ucs_status_t st = ucp_mem_map(ep->ctx, &mp, &memh);
     if (st != UCS_OK) {
         free(g);
-        return dp_fail(d, st == UCS_ERR_NO_MEMORY ? DP_ENOMEM : DP_ETRANSFER,
-                       "endpoint %s: %s of %s failed: %s (RLIMIT_MEMLOCK %s; RDMA "
-                       "registration of large regions needs `ulimit -l unlimited`)",
-                       ep->name, allocate ? "allocation" : "registration",
-                       dp_fmt_size(len, sz, sizeof sz), ucs_status_string(st),
-                       dp_fmt_memlock(lim, sizeof lim));
+        return dp__fail(d, st == UCS_ERR_NO_MEMORY ? DP_ENOMEM : DP_ETRANSFER,
+                        "endpoint %s: %s of %s failed: %s (RLIMIT_MEMLOCK %s; RDMA "
+                        "registration of large regions needs `ulimit -l unlimited`)",
+                        ep->name, allocate ? "allocation" : "registration",
+                        dp__fmt_size(len, sz, sizeof sz), ucs_status_string(st),
+                        dp__fmt_memlock(lim, sizeof lim));
     }
     if (allocate) {
         ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
@@ -394,8 +394,8 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
             ucp_rkey_buffer_release(rkey);
         ucp_mem_unmap(ep->ctx, memh);
         free(g);
-        return dp_fail(d, DP_ETRANSFER, "endpoint %s: ucp_rkey_pack: %s (%zu bytes)",
-                       ep->name, ucs_status_string(st), rkey_len);
+        return dp__fail(d, DP_ETRANSFER, "endpoint %s: ucp_rkey_pack: %s (%zu bytes)",
+                        ep->name, ucs_status_string(st), rkey_len);
     }
     *g = (region){.r_base = base,
                   .r_len = len,
@@ -403,7 +403,7 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
                   .r_rkey = rkey,
                   .r_rkey_len = rkey_len,
                   .r_allocated = allocate};
-    if (dp_ranges_add(&ep->regs, base, len, g) != DP_OK) {
+    if (dp__ranges_add(&ep->regs, base, len, g) != DP_OK) {
         /* Memory UCX allocated over a region still registered (freed by its
          * owner without deregistering it): refused, the set stays disjoint. */
         ucp_rkey_buffer_release(rkey);
@@ -417,23 +417,23 @@ region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
     return DP_OK;
 overlap_or_bad:
     if (len == 0 || base + len < base)
-        return dp_fail(d, DP_EINVAL,
-                       "endpoint %s: cannot register %" PRIu64 " bytes at 0x%" PRIx64,
-                       ep->name, len, base);
-    return dp_fail(d, DP_EEXIST,
-                   "endpoint %s: [0x%" PRIx64 ", +%" PRIu64
-                   ") overlaps a registered region",
-                   ep->name, base, len);
+        return dp__fail(d, DP_EINVAL,
+                        "endpoint %s: cannot register %" PRIu64 " bytes at 0x%" PRIx64,
+                        ep->name, len, base);
+    return dp__fail(d, DP_EEXIST,
+                    "endpoint %s: [0x%" PRIx64 ", +%" PRIu64
+                    ") overlaps a registered region",
+                    ep->name, base, len);
 }
 
 int
-dp_endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d)
+dp__endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d)
 {
     if (addr == NULL || len == 0)
-        return dp_fail(d, DP_EINVAL,
-                       "endpoint %s: register needs memory (addr %p, %zu "
-                       "bytes)",
-                       ep->name, addr, len);
+        return dp__fail(d, DP_EINVAL,
+                        "endpoint %s: register needs memory (addr %p, %zu "
+                        "bytes)",
+                        ep->name, addr, len);
     lock(ep);
     int rc = check_open_locked(ep, d);
     if (rc == DP_OK)
@@ -443,21 +443,21 @@ dp_endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d)
 }
 
 int
-dp_endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d)
+dp__endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d)
 {
     *addr = NULL;
     if (len == 0)
-        return dp_fail(d, DP_EINVAL, "endpoint %s: alloc of 0 bytes", ep->name);
+        return dp__fail(d, DP_EINVAL, "endpoint %s: alloc of 0 bytes", ep->name);
     /*
      * UCX backs this memory with a shared-memory file that it fills: a size
      * beyond the host's RAM would take all of it (and tmpfs) before failing.
      */
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages > 0 && psz > 0 && (uint64_t)len > (uint64_t)pages * (uint64_t)psz)
-        return dp_fail(d, DP_ENOMEM,
-                       "endpoint %s: alloc of %zu bytes is more than this host's "
-                       "memory (%" PRIu64 " bytes); ask for less",
-                       ep->name, len, (uint64_t)pages * (uint64_t)psz);
+        return dp__fail(d, DP_ENOMEM,
+                        "endpoint %s: alloc of %zu bytes is more than this host's "
+                        "memory (%" PRIu64 " bytes); ask for less",
+                        ep->name, len, (uint64_t)pages * (uint64_t)psz);
     lock(ep);
     int rc = check_open_locked(ep, d);
     if (rc == DP_OK)
@@ -467,32 +467,32 @@ dp_endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d)
 }
 
 int
-dp_endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d)
+dp__endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d)
 {
     uint64_t base = (uint64_t)(uintptr_t)addr;
     lock(ep);
     int rc = check_open_locked(ep, d);
     if (rc != DP_OK)
         goto out;
-    dp_ranges_ent *e = dp_ranges_at(&ep->regs, base);
+    dp_ranges_ent *e = dp__ranges_at(&ep->regs, base);
     if (e == NULL) {
-        rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no region starts at %p", ep->name,
-                     addr);
+        rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no region starts at %p", ep->name,
+                      addr);
         goto out;
     }
     region *g = e->v;
-    if (g->r_busy > 0 || dp_graveyard_touches(g->r_base, g->r_len)) {
-        rc = dp_fail(d, DP_EBUSY,
-                     "endpoint %s: region %p (%" PRIu64 " bytes) is %s; it "
-                     "stays registered and its memory must not be reused",
-                     ep->name, addr, g->r_len,
-                     g->r_busy > 0 ? "in use by a running transfer"
-                                   : "touched by an unfinished transfer");
+    if (g->r_busy > 0 || dp__graveyard_touches(g->r_base, g->r_len)) {
+        rc = dp__fail(d, DP_EBUSY,
+                      "endpoint %s: region %p (%" PRIu64 " bytes) is %s; it "
+                      "stays registered and its memory must not be reused",
+                      ep->name, addr, g->r_len,
+                      g->r_busy > 0 ? "in use by a running transfer"
+                                    : "touched by an unfinished transfer");
         goto out;
     }
     ucp_rkey_buffer_release(g->r_rkey);
     ucs_status_t st = ucp_mem_unmap(ep->ctx, g->r_memh);
-    dp_ranges_remove(&ep->regs, e);
+    dp__ranges_remove(&ep->regs, e);
     free(g);
     ep->gen++;
     if (st != UCS_OK)
@@ -514,7 +514,7 @@ dp__ep_ucx_version(void)
 }
 
 int
-dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
+dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
 {
     *out = NULL;
     *len = 0;
@@ -527,7 +527,7 @@ dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
     dp_md_region *mr = calloc(ep->regs.n ? ep->regs.n : 1, sizeof *mr);
     if (mr == NULL) {
         unlock(ep);
-        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     }
     for (size_t i = 0; i < ep->regs.n; i++) {
         const region *g = ep->regs.e[i].v;
@@ -537,27 +537,27 @@ dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
                                .rkey_len = (uint32_t)g->r_rkey_len};
     }
     dp_buf b;
-    dp_buf_init(&b);
-    rc = dp_md_encode(&b, ep->name, ep->gen, dp__ep_ucx_version(), ep->waddr,
-                      ep->waddr_len, mr, ep->regs.n, d);
+    dp__buf_init(&b);
+    rc = dp__md_encode(&b, ep->name, ep->gen, dp__ep_ucx_version(), ep->waddr,
+                       ep->waddr_len, mr, ep->regs.n, d);
     unlock(ep);
     free(mr);
     if (rc != DP_OK) {
-        dp_buf_fini(&b);
+        dp__buf_fini(&b);
         return rc;
     }
-    *out = dp_buf_steal(&b, len);
+    *out = dp__buf_steal(&b, len);
     return DP_OK;
 }
 
 void
-dp_endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st)
+dp__endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st)
 {
     lock(ep);
     *st = ep->st;
     st->n_regions = ep->regs.n;
     size_t n = 0;
-    for (dp_list_node *x = dp_list_first(&ep->remotes); x != NULL; x = dp_list_next(x))
+    for (dp_list_node *x = dp__list_first(&ep->remotes); x != NULL; x = dp__list_next(x))
         n++;
     st->n_remotes = n;
     unlock(ep);

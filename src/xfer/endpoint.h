@@ -10,7 +10,7 @@
  * (graveyard.h) with its local ranges, on every exit path; a retained one
  * whose UCX requests all complete later (a failed peer's are purged by UCX)
  * is released from it when the worker is next progressed. Callers must not
- * reuse or free memory for which dp_endpoint_touches_unfinished() is true.
+ * reuse or free memory for which dp__endpoint_touches_unfinished() is true.
  *
  * Threads: every function may be called from any thread unless its comment
  * says otherwise; the endpoint serialises access to its UCX worker with one
@@ -45,7 +45,7 @@ typedef enum dp_ep_err_mode {
     DP_EP_ERR_NONE = 1,
 } dp_ep_err_mode;
 
-/* Creation options. A zeroed struct (or dp_endpoint_opts_init) gives the defaults. */
+/* Creation options. A zeroed struct (or dp__endpoint_opts_init) gives the defaults. */
 typedef struct dp_endpoint_opts {
     /*
      * Run a thread that progresses the worker whenever no caller does. Needed by
@@ -99,10 +99,10 @@ typedef enum dp_xfer_lane {
 } dp_xfer_lane;
 
 /* "shm", "rdma", "tcp", "?". */
-const char *dp_xfer_lane_name(dp_xfer_lane lane);
+const char *dp__xfer_lane_name(dp_xfer_lane lane);
 
 /* Fill o with the defaults. */
-void dp_endpoint_opts_init(dp_endpoint_opts *o);
+void dp__endpoint_opts_init(dp_endpoint_opts *o);
 
 /*
  * Create an endpoint named name (1..255 printable ASCII bytes; it is how peers
@@ -111,24 +111,24 @@ void dp_endpoint_opts_init(dp_endpoint_opts *o);
  * (require_rdma and the UCX configuration allows non-RDMA transports; d says
  * why), DP_ETRANSFER (UCX failed to initialise; d has the UCX status), DP_ENOMEM.
  */
-int dp_endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
-                       dp_detail *d);
+int dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
+                        dp_detail *d);
 
 /*
  * Release the UCX resources: stop the progress thread, disconnect remotes,
- * unmap memory from dp_endpoint_alloc, deregister the rest. If a transfer of
+ * unmap memory from dp__endpoint_alloc, deregister the rest. If a transfer of
  * this endpoint was retained in the graveyard, the UCX context, worker and
  * every registration are kept (owned by the graveyard) instead, because that
  * transfer may still run. Later calls on ep fail with DP_EINVAL. Idempotent.
  * Must not race with other calls on ep.
  */
-void dp_endpoint_close(dp_endpoint *ep);
+void dp__endpoint_close(dp_endpoint *ep);
 
 /* Close (if needed) and free. NULL and half-built endpoints allowed. */
-void dp_endpoint_destroy(dp_endpoint *ep);
+void dp__endpoint_destroy(dp_endpoint *ep);
 
 /* The endpoint's name (valid until destroy). */
-const char *dp_endpoint_name(const dp_endpoint *ep);
+const char *dp__endpoint_name(const dp_endpoint *ep);
 
 /*
  * Register [addr, addr + len) that the caller owns and keeps alive until
@@ -136,30 +136,30 @@ const char *dp_endpoint_name(const dp_endpoint *ep);
  * (overlaps a registered region), DP_ETRANSFER (UCX refused; d gives the size
  * and RLIMIT_MEMLOCK).
  */
-int dp_endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d);
+int dp__endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d);
 
 /*
  * Allocate len bytes of registered memory through UCX (shared memory where
  * possible, so a peer on the same host gets true one-sided access: use it for
- * slabs) and return its address in *addr. Freed by dp_endpoint_deregister or
+ * slabs) and return its address in *addr. Freed by dp__endpoint_deregister or
  * close. Errors as for register, plus DP_ENOMEM.
  */
-int dp_endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d);
+int dp__endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d);
 
 /*
  * Deregister the region starting at addr (and free it if it came from
- * dp_endpoint_alloc). Errors: DP_ENOTFOUND (no region starts there), DP_EBUSY
+ * dp__endpoint_alloc). Errors: DP_ENOTFOUND (no region starts there), DP_EBUSY
  * (an unfinished transfer touches it: it stays registered for good and the
  * memory must not be reused).
  */
-int dp_endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d);
+int dp__endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d);
 
 /*
- * This endpoint's metadata: the bytes a peer passes to dp_endpoint_add_remote.
+ * This endpoint's metadata: the bytes a peer passes to dp__endpoint_add_remote.
  * *out is malloc'd (caller frees), *len its size. The generation inside bumps
  * on every register/deregister, so take it again after those.
  */
-int dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d);
+int dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d);
 
 /*
  * Parse untrusted metadata md[0..len) and connect to that endpoint. The remote's
@@ -169,17 +169,17 @@ int dp_endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail 
  * (malformed metadata), DP_ETRANSFER (UCX could not reach it or unpack a key),
  * DP_EINVAL, DP_ENOMEM.
  */
-int dp_endpoint_add_remote(dp_endpoint *ep, const void *md, size_t len, char *name_out,
-                           dp_detail *d);
+int dp__endpoint_add_remote(dp_endpoint *ep, const void *md, size_t len, char *name_out,
+                            dp_detail *d);
 
 /* True if a remote of that name was added and not removed. */
-bool dp_endpoint_has_remote(dp_endpoint *ep, const char *name);
+bool dp__endpoint_has_remote(dp_endpoint *ep, const char *name);
 
 /*
  * Disconnect and forget a remote. Errors: DP_ENOTFOUND. A remote with retained
  * transfers is forgotten, but its UCX endpoint and keys are kept.
  */
-int dp_endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
+int dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
 
 /*
  * Blocking one-sided transfer: WRITE copies local[i] to remote[i], READ remote[i]
@@ -194,12 +194,12 @@ int dp_endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
  * DP_ETRANSFER (the peer failed or UCX reported an error; retained if it may
  * still run).
  */
-int dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
-                         size_t n_local, const dp_range *remote, size_t n_remote,
-                         const char *remote_name, double timeout_s, dp_detail *d);
+int dp__endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
+                          size_t n_local, const dp_range *remote, size_t n_remote,
+                          const char *remote_name, double timeout_s, dp_detail *d);
 
 /*
- * Post every transfer of ops[0..n_ops) (as dp_endpoint_transfer), then wait for
+ * Post every transfer of ops[0..n_ops) (as dp__endpoint_transfer), then wait for
  * all of them under one deadline, so N peers cost about the slowest one.
  * results[i] (required) gets op i's code; details (NULL or n_ops entries) its
  * detail. Ops are independent: one failing does not stop the others.
@@ -208,12 +208,12 @@ int dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
  * refuse the whole batch before anything is posted (results all set to it);
  * otherwise the code of the first failed op, with d naming it.
  */
-int dp_endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                              double timeout_s, int *results, dp_detail *details,
-                              dp_detail *d);
+int dp__endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                               double timeout_s, int *results, dp_detail *details,
+                               dp_detail *d);
 
 /*
- * As dp_endpoint_transfer_many, and on_done(ctx, i, rc) is called once for
+ * As dp__endpoint_transfer_many, and on_done(ctx, i, rc) is called once for
  * each op i that was posted or tried, as soon as it ends (rc as results[i]),
  * in the calling thread, without the endpoint's lock, before this returns.
  * An op that ends at its post (same-host memcpy path, a dead peer) is
@@ -222,48 +222,48 @@ int dp_endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n
  * batch is refused (DP_EINVAL, DP_EFATAL, DP_ENOMEM before posting).
  */
 typedef void (*dp_xfer_done_fn)(void *ctx, size_t i, int rc);
-int dp_endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                                 double timeout_s, int *results, dp_detail *details,
-                                 dp_xfer_done_fn on_done, void *ctx, dp_detail *d);
+int dp__endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                                  double timeout_s, int *results, dp_detail *details,
+                                  dp_xfer_done_fn on_done, void *ctx, dp_detail *d);
 
-/* As dp_endpoint_transfer_many_cb; ends (NULL or n_ops entries) says what became of each
+/* As dp__endpoint_transfer_many_cb; ends (NULL or n_ops entries) says what became of each
  * op. */
-int dp_endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                                   double timeout_s, int *results, dp_detail *details,
-                                   dp_xfer_end *ends, dp_xfer_done_fn on_done, void *ctx,
-                                   dp_detail *d);
+int dp__endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops,
+                                    size_t n_ops, double timeout_s, int *results,
+                                    dp_detail *details, dp_xfer_end *ends,
+                                    dp_xfer_done_fn on_done, void *ctx, dp_detail *d);
 
 /*
  * Progress the worker briefly (keepalive and error callbacks that are due run
  * now, even after a long idle) and say whether the connection to remote name
  * is healthy: DP_OK, DP_ETRANSFER when UCX reported it failed (re-add it from
- * fresh metadata: dp_endpoint_add_remote replaces it), DP_ENOTFOUND.
+ * fresh metadata: dp__endpoint_add_remote replaces it), DP_ENOTFOUND.
  */
-int dp_endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d);
+int dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d);
 
 /*
  * How RMA towards remote name travels (from its UCX lanes), and the
  * transports' names, comma-separated, into tls[tls_cap] ("" when unknown).
- * Errors as dp_endpoint_describe_remote.
+ * Errors as dp__endpoint_describe_remote.
  */
-int dp_endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane,
-                            char *tls, size_t tls_cap, dp_detail *d);
+int dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane,
+                             char *tls, size_t tls_cap, dp_detail *d);
 
 /*
  * True if [addr, addr + nbytes) overlaps the local ranges of a retained
  * (possibly still running) transfer, in this endpoint or any other of the
  * process. Such memory must never be reused or freed.
  */
-bool dp_endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr,
-                                    size_t nbytes);
+bool dp__endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr,
+                                     size_t nbytes);
 
 /*
  * Describe the UCX lanes (transports) used towards remote name: what
  * ucp_ep_print_info prints, into a malloc'd string (*out, caller frees).
  * For benchmarks and diagnostics. Errors: DP_ENOTFOUND, DP_EINVAL, DP_ENOMEM.
  */
-int dp_endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out,
-                                dp_detail *d);
+int dp__endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out,
+                                 dp_detail *d);
 
 /* Counters for tests and stats. Any thread. */
 typedef struct dp_endpoint_stats {
@@ -276,6 +276,6 @@ typedef struct dp_endpoint_stats {
     size_t n_regions;
     size_t n_remotes;
 } dp_endpoint_stats;
-void dp_endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st);
+void dp__endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st);
 
 #endif

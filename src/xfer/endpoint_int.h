@@ -155,7 +155,7 @@ static inline int
 check_open_locked(const dp_endpoint *ep, dp_detail *d)
 {
     if (ep->closed)
-        return dp_fail(d, DP_EINVAL, "endpoint %s is closed", ep->name);
+        return dp__fail(d, DP_EINVAL, "endpoint %s is closed", ep->name);
     return DP_OK;
 }
 
@@ -165,7 +165,7 @@ remote_failed(const remote *r)
     return (ucs_status_t)__atomic_load_n(&r->r_failed, __ATOMIC_ACQUIRE);
 }
 
-/* dp_fail with what (printf-style), a colon and UCX's text for st. endpoint.c. */
+/* dp__fail with what (printf-style), a colon and UCX's text for st. endpoint.c. */
 int dp__ep_ucx_fail(dp_detail *d, int code, ucs_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

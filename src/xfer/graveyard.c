@@ -8,7 +8,7 @@
  *   live entries' local ranges as a set of disjoint, non-adjacent ranges
  *   (common/ranges.h: a sorted array; merging inserts, binary-search
  *   lookups). Retained transfers are rare, so inserting with memmove is fine.
- * - An entry leaves only when its owner tells (dp_graveyard_release: the
+ * - An entry leaves only when its owner tells (dp__graveyard_release: the
  *   endpoint saw UCX complete every request of it); the interval set is then
  *   rebuilt from the entries that remain, so ranges shared with another
  *   retained transfer stay covered. Releases are rarer still.
@@ -52,7 +52,7 @@ limit_init_locked(void)
     if (e != NULL && *e != '\0') {
         uint64_t v;
         dp_detail det;
-        if (dp_parse_size(e, &v, "DP_GRAVEYARD_MAX_BYTES", &det) == DP_OK)
+        if (dp__parse_size(e, &v, "DP_GRAVEYARD_MAX_BYTES", &det) == DP_OK)
             gy_max = v;
         else
             DP_LOG_W("graveyard: ignoring %s", det.msg);
@@ -72,7 +72,7 @@ poison_check_locked(void)
 }
 
 void
-dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *what)
+dp__graveyard_retain(void *owner, const dp_range *local, size_t n, const char *what)
 {
     pthread_mutex_lock(&gy_mu);
     limit_init_locked();
@@ -101,7 +101,7 @@ dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *wh
     }
     uint64_t charged = 0;
     for (size_t i = 0; i < n; i++) {
-        if (dp_ranges_merge(&gy_iv, local[i].addr, local[i].nbytes) != DP_OK)
+        if (dp__ranges_merge(&gy_iv, local[i].addr, local[i].nbytes) != DP_OK)
             ok = false;
         charged += local[i].nbytes;
     }
@@ -122,7 +122,7 @@ dp_graveyard_retain(void *owner, const dp_range *local, size_t n, const char *wh
 }
 
 bool
-dp_graveyard_release(void *owner)
+dp__graveyard_release(void *owner)
 {
     if (owner == NULL)
         return false;
@@ -141,12 +141,12 @@ dp_graveyard_release(void *owner)
     gy_released++;
     free(e.ranges);
     /* Rebuild the interval set from the entries that remain. */
-    dp_ranges_clear(&gy_iv);
+    dp__ranges_clear(&gy_iv);
     bool ok = true;
     for (size_t k = 0; k < gy_n_ents; k++)
         for (size_t j = 0; j < gy_ents[k].n; j++) {
             const dp_range *r = &gy_ents[k].ranges[j];
-            ok = dp_ranges_merge(&gy_iv, r->addr, r->nbytes) == DP_OK && ok;
+            ok = dp__ranges_merge(&gy_iv, r->addr, r->nbytes) == DP_OK && ok;
         }
     if (!ok && !gy_poisoned) {
         gy_poisoned = true;
@@ -158,7 +158,7 @@ dp_graveyard_release(void *owner)
 }
 
 void
-dp_graveyard_release_buffer(uint64_t nbytes)
+dp__graveyard_release_buffer(uint64_t nbytes)
 {
     pthread_mutex_lock(&gy_mu);
     gy_bytes = nbytes <= gy_bytes ? gy_bytes - nbytes : 0;
@@ -166,7 +166,7 @@ dp_graveyard_release_buffer(uint64_t nbytes)
 }
 
 size_t
-dp_graveyard_released(void)
+dp__graveyard_released(void)
 {
     pthread_mutex_lock(&gy_mu);
     size_t v = gy_released;
@@ -175,7 +175,7 @@ dp_graveyard_released(void)
 }
 
 void
-dp_graveyard_retain_buffer(uint64_t nbytes)
+dp__graveyard_retain_buffer(uint64_t nbytes)
 {
     pthread_mutex_lock(&gy_mu);
     limit_init_locked();
@@ -185,7 +185,7 @@ dp_graveyard_retain_buffer(uint64_t nbytes)
 }
 
 int
-dp_graveyard_check(dp_detail *d)
+dp__graveyard_check(dp_detail *d)
 {
     pthread_mutex_lock(&gy_mu);
     bool p = gy_poisoned;
@@ -194,26 +194,26 @@ dp_graveyard_check(dp_detail *d)
     pthread_mutex_unlock(&gy_mu);
     if (!p)
         return DP_OK;
-    return dp_fail(d, DP_EFATAL,
-                   "process poisoned: %zu unfinished transfers retain %" PRIu64
-                   " bytes, limit %" PRIu64
-                   " (DP_GRAVEYARD_MAX_BYTES); restart the process",
-                   entries, bytes, max);
+    return dp__fail(d, DP_EFATAL,
+                    "process poisoned: %zu unfinished transfers retain %" PRIu64
+                    " bytes, limit %" PRIu64
+                    " (DP_GRAVEYARD_MAX_BYTES); restart the process",
+                    entries, bytes, max);
 }
 
 bool
-dp_graveyard_touches(uint64_t addr, uint64_t nbytes)
+dp__graveyard_touches(uint64_t addr, uint64_t nbytes)
 {
     if (nbytes == 0)
         return false;
     pthread_mutex_lock(&gy_mu);
-    bool hit = dp_ranges_overlap(&gy_iv, addr, nbytes) != NULL;
+    bool hit = dp__ranges_overlap(&gy_iv, addr, nbytes) != NULL;
     pthread_mutex_unlock(&gy_mu);
     return hit;
 }
 
 void
-dp_graveyard_set_max_bytes(uint64_t max_bytes)
+dp__graveyard_set_max_bytes(uint64_t max_bytes)
 {
     pthread_mutex_lock(&gy_mu);
     gy_limit_set = true;
@@ -223,7 +223,7 @@ dp_graveyard_set_max_bytes(uint64_t max_bytes)
 }
 
 uint64_t
-dp_graveyard_max_bytes(void)
+dp__graveyard_max_bytes(void)
 {
     pthread_mutex_lock(&gy_mu);
     limit_init_locked();
@@ -233,7 +233,7 @@ dp_graveyard_max_bytes(void)
 }
 
 uint64_t
-dp_graveyard_bytes(void)
+dp__graveyard_bytes(void)
 {
     pthread_mutex_lock(&gy_mu);
     uint64_t v = gy_bytes;
@@ -242,7 +242,7 @@ dp_graveyard_bytes(void)
 }
 
 size_t
-dp_graveyard_entries(void)
+dp__graveyard_entries(void)
 {
     pthread_mutex_lock(&gy_mu);
     size_t v = gy_entries;
@@ -251,7 +251,7 @@ dp_graveyard_entries(void)
 }
 
 bool
-dp_graveyard_poisoned(void)
+dp__graveyard_poisoned(void)
 {
     pthread_mutex_lock(&gy_mu);
     bool v = gy_poisoned;

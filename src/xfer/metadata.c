@@ -13,74 +13,75 @@
 #include "common/le.h"
 
 int
-dp_md_check_name(const char *name, size_t len, dp_detail *d)
+dp__md_check_name(const char *name, size_t len, dp_detail *d)
 {
     if (name == NULL || len == 0)
-        return dp_fail(d, DP_EINVAL, "endpoint name is empty");
+        return dp__fail(d, DP_EINVAL, "endpoint name is empty");
     if (len > DP_MD_NAME_MAX)
-        return dp_fail(d, DP_EINVAL, "endpoint name has %zu bytes, limit %d", len,
-                       DP_MD_NAME_MAX);
+        return dp__fail(d, DP_EINVAL, "endpoint name has %zu bytes, limit %d", len,
+                        DP_MD_NAME_MAX);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)name[i];
         if (c < 0x21 || c > 0x7e)
-            return dp_fail(d, DP_EINVAL,
-                           "endpoint name has byte 0x%02x at %zu: printable ASCII only, "
-                           "no spaces",
-                           c, i);
+            return dp__fail(d, DP_EINVAL,
+                            "endpoint name has byte 0x%02x at %zu: printable ASCII only, "
+                            "no spaces",
+                            c, i);
     }
     return DP_OK;
 }
 
 int
-dp_md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, const void *addr,
-             size_t addr_len, const dp_md_region *regions, size_t n_regions, dp_detail *d)
+dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
+              const void *addr, size_t addr_len, const dp_md_region *regions,
+              size_t n_regions, dp_detail *d)
 {
     size_t name_len = name ? strlen(name) : 0;
-    int rc = dp_md_check_name(name, name_len, d);
+    int rc = dp__md_check_name(name, name_len, d);
     if (rc != DP_OK)
         return rc;
     if (addr_len == 0 || addr_len > DP_MD_ADDR_MAX)
-        return dp_fail(d, DP_EINVAL, "worker address has %zu bytes, limit %u", addr_len,
-                       DP_MD_ADDR_MAX);
+        return dp__fail(d, DP_EINVAL, "worker address has %zu bytes, limit %u", addr_len,
+                        DP_MD_ADDR_MAX);
     if (n_regions > DP_MD_REGIONS_MAX)
-        return dp_fail(d, DP_EINVAL, "%zu regions, limit %u", n_regions,
-                       DP_MD_REGIONS_MAX);
+        return dp__fail(d, DP_EINVAL, "%zu regions, limit %u", n_regions,
+                        DP_MD_REGIONS_MAX);
     size_t total = DP_MD_HEADER_LEN + name_len + addr_len;
     for (size_t i = 0; i < n_regions; i++) {
         if (regions[i].rkey_len == 0 || regions[i].rkey_len > DP_MD_RKEY_MAX)
-            return dp_fail(d, DP_EINVAL, "region %zu: rkey has %u bytes, limit %u", i,
-                           regions[i].rkey_len, DP_MD_RKEY_MAX);
+            return dp__fail(d, DP_EINVAL, "region %zu: rkey has %u bytes, limit %u", i,
+                            regions[i].rkey_len, DP_MD_RKEY_MAX);
         total += 20 + regions[i].rkey_len;
     }
     if (total > DP_MD_TOTAL_MAX)
-        return dp_fail(d, DP_EINVAL, "metadata would take %zu bytes, limit %u", total,
-                       DP_MD_TOTAL_MAX);
-    if (dp_buf_reserve(out, total) != DP_OK)
-        return dp_fail(d, DP_ENOMEM, "metadata: cannot allocate %zu bytes", total);
+        return dp__fail(d, DP_EINVAL, "metadata would take %zu bytes, limit %u", total,
+                        DP_MD_TOTAL_MAX);
+    if (dp__buf_reserve(out, total) != DP_OK)
+        return dp__fail(d, DP_ENOMEM, "metadata: cannot allocate %zu bytes", total);
     uint8_t h[DP_MD_HEADER_LEN];
     memcpy(h, DP_MD_MAGIC, 4);
-    dp_le16_store(h + 4, DP_MD_VERSION);
-    dp_le16_store(h + 6, (uint16_t)name_len);
-    dp_le32_store(h + 8, (uint32_t)addr_len);
-    dp_le32_store(h + 12, (uint32_t)n_regions);
-    dp_le64_store(h + 16, gen);
-    dp_le32_store(h + 24, xver);
-    dp_buf_append(out, h, sizeof h);
-    dp_buf_append(out, name, name_len);
-    dp_buf_append(out, addr, addr_len);
+    dp__le16_store(h + 4, DP_MD_VERSION);
+    dp__le16_store(h + 6, (uint16_t)name_len);
+    dp__le32_store(h + 8, (uint32_t)addr_len);
+    dp__le32_store(h + 12, (uint32_t)n_regions);
+    dp__le64_store(h + 16, gen);
+    dp__le32_store(h + 24, xver);
+    dp__buf_append(out, h, sizeof h);
+    dp__buf_append(out, name, name_len);
+    dp__buf_append(out, addr, addr_len);
     for (size_t i = 0; i < n_regions; i++) {
         uint8_t r[20];
-        dp_le64_store(r, regions[i].base);
-        dp_le64_store(r + 8, regions[i].len);
-        dp_le32_store(r + 16, regions[i].rkey_len);
-        dp_buf_append(out, r, sizeof r);
-        dp_buf_append(out, regions[i].rkey, regions[i].rkey_len);
+        dp__le64_store(r, regions[i].base);
+        dp__le64_store(r + 8, regions[i].len);
+        dp__le32_store(r + 16, regions[i].rkey_len);
+        dp__buf_append(out, r, sizeof r);
+        dp__buf_append(out, regions[i].rkey, regions[i].rkey_len);
     }
-    return out->oom ? dp_fail(d, DP_ENOMEM, "metadata: out of memory") : DP_OK;
+    return out->oom ? dp__fail(d, DP_ENOMEM, "metadata: out of memory") : DP_OK;
 }
 
 void
-dp_md_fini(dp_md *md)
+dp__md_fini(dp_md *md)
 {
     if (md == NULL)
         return;
@@ -90,53 +91,53 @@ dp_md_fini(dp_md *md)
 }
 
 int
-dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
+dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
 {
     const uint8_t *p = buf;
     memset(out, 0, sizeof *out);
     if (p == NULL || len < DP_MD_HEADER_LEN)
-        return dp_fail(d, DP_EPROTO,
-                       "metadata: %zu bytes, shorter than the %d-byte header",
-                       p ? len : 0, DP_MD_HEADER_LEN);
+        return dp__fail(d, DP_EPROTO,
+                        "metadata: %zu bytes, shorter than the %d-byte header",
+                        p ? len : 0, DP_MD_HEADER_LEN);
     if (len > DP_MD_TOTAL_MAX)
-        return dp_fail(d, DP_EPROTO, "metadata: %zu bytes, limit %u", len,
-                       DP_MD_TOTAL_MAX);
+        return dp__fail(d, DP_EPROTO, "metadata: %zu bytes, limit %u", len,
+                        DP_MD_TOTAL_MAX);
     if (memcmp(p, DP_MD_MAGIC, 4) != 0)
-        return dp_fail(d, DP_EPROTO, "metadata: bad magic (not endpoint metadata)");
-    uint16_t version = dp_le16_load(p + 4);
+        return dp__fail(d, DP_EPROTO, "metadata: bad magic (not endpoint metadata)");
+    uint16_t version = dp__le16_load(p + 4);
     if (version == 1)
-        return dp_fail(d, DP_EPROTO,
-                       "metadata: version 1, from a dataplane older than this one (%d): "
-                       "run the same version on both sides",
-                       DP_MD_VERSION);
+        return dp__fail(d, DP_EPROTO,
+                        "metadata: version 1, from a dataplane older than this one (%d): "
+                        "run the same version on both sides",
+                        DP_MD_VERSION);
     if (version != DP_MD_VERSION)
-        return dp_fail(d, DP_EPROTO, "metadata: version %u, this build reads %d", version,
-                       DP_MD_VERSION);
-    uint32_t name_len = dp_le16_load(p + 6);
-    uint32_t addr_len = dp_le32_load(p + 8);
-    uint32_t n_regions = dp_le32_load(p + 12);
-    out->gen = dp_le64_load(p + 16);
-    out->xver = dp_le32_load(p + 24);
+        return dp__fail(d, DP_EPROTO, "metadata: version %u, this build reads %d",
+                        version, DP_MD_VERSION);
+    uint32_t name_len = dp__le16_load(p + 6);
+    uint32_t addr_len = dp__le32_load(p + 8);
+    uint32_t n_regions = dp__le32_load(p + 12);
+    out->gen = dp__le64_load(p + 16);
+    out->xver = dp__le32_load(p + 24);
     if (name_len == 0 || name_len > DP_MD_NAME_MAX)
-        return dp_fail(d, DP_EPROTO, "metadata: name length %u outside 1..%d", name_len,
-                       DP_MD_NAME_MAX);
+        return dp__fail(d, DP_EPROTO, "metadata: name length %u outside 1..%d", name_len,
+                        DP_MD_NAME_MAX);
     if (addr_len == 0 || addr_len > DP_MD_ADDR_MAX)
-        return dp_fail(d, DP_EPROTO, "metadata: worker address length %u outside 1..%u",
-                       addr_len, DP_MD_ADDR_MAX);
+        return dp__fail(d, DP_EPROTO, "metadata: worker address length %u outside 1..%u",
+                        addr_len, DP_MD_ADDR_MAX);
     if (n_regions > DP_MD_REGIONS_MAX)
-        return dp_fail(d, DP_EPROTO, "metadata: %u regions, limit %u", n_regions,
-                       DP_MD_REGIONS_MAX);
+        return dp__fail(d, DP_EPROTO, "metadata: %u regions, limit %u", n_regions,
+                        DP_MD_REGIONS_MAX);
     size_t off = DP_MD_HEADER_LEN;
     /* Each region takes at least 21 bytes: a count the bytes cannot hold is a lie. */
     if ((size_t)name_len + addr_len > len - off ||
         (size_t)n_regions * 21 > len - off - name_len - addr_len)
-        return dp_fail(
+        return dp__fail(
             d, DP_EPROTO,
             "metadata: %zu bytes cannot hold name %u, address %u and %u regions", len,
             name_len, addr_len, n_regions);
     dp_detail tmp;
-    if (dp_md_check_name((const char *)p + off, name_len, &tmp) != DP_OK)
-        return dp_fail(d, DP_EPROTO, "metadata: %s", tmp.msg);
+    if (dp__md_check_name((const char *)p + off, name_len, &tmp) != DP_OK)
+        return dp__fail(d, DP_EPROTO, "metadata: %s", tmp.msg);
     memcpy(out->name, p + off, name_len);
     out->name[name_len] = '\0';
     off += name_len;
@@ -146,36 +147,36 @@ dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
     if (n_regions > 0) {
         out->regions = calloc(n_regions, sizeof *out->regions);
         if (out->regions == NULL)
-            return dp_fail(d, DP_ENOMEM, "metadata: cannot allocate %u regions",
-                           n_regions);
+            return dp__fail(d, DP_ENOMEM, "metadata: cannot allocate %u regions",
+                            n_regions);
     }
     for (uint32_t i = 0; i < n_regions; i++) {
         if (len - off < 20) {
-            dp_fail(d, DP_EPROTO, "metadata: region %u cut short", i);
+            dp__fail(d, DP_EPROTO, "metadata: region %u cut short", i);
             goto fail;
         }
         dp_md_region *r = &out->regions[i];
-        r->base = dp_le64_load(p + off);
-        r->len = dp_le64_load(p + off + 8);
-        r->rkey_len = dp_le32_load(p + off + 16);
+        r->base = dp__le64_load(p + off);
+        r->len = dp__le64_load(p + off + 8);
+        r->rkey_len = dp__le32_load(p + off + 16);
         off += 20;
         if (r->len == 0 || r->base + r->len < r->base) {
-            dp_fail(d, DP_EPROTO,
-                    "metadata: region %u: base 0x%llx len %llu is empty or "
-                    "wraps",
-                    i, (unsigned long long)r->base, (unsigned long long)r->len);
+            dp__fail(d, DP_EPROTO,
+                     "metadata: region %u: base 0x%llx len %llu is empty or "
+                     "wraps",
+                     i, (unsigned long long)r->base, (unsigned long long)r->len);
             goto fail;
         }
         if (i > 0 && r->base < out->regions[i - 1].base + out->regions[i - 1].len) {
-            dp_fail(d, DP_EPROTO, "metadata: region %u overlaps or precedes region %u", i,
-                    i - 1);
+            dp__fail(d, DP_EPROTO, "metadata: region %u overlaps or precedes region %u",
+                     i, i - 1);
             goto fail;
         }
         if (r->rkey_len == 0 || r->rkey_len > DP_MD_RKEY_MAX || r->rkey_len > len - off) {
-            dp_fail(d, DP_EPROTO,
-                    "metadata: region %u: rkey length %u outside 1..%u or "
-                    "past the end",
-                    i, r->rkey_len, DP_MD_RKEY_MAX);
+            dp__fail(d, DP_EPROTO,
+                     "metadata: region %u: rkey length %u outside 1..%u or "
+                     "past the end",
+                     i, r->rkey_len, DP_MD_RKEY_MAX);
             goto fail;
         }
         r->rkey = p + off;
@@ -183,7 +184,7 @@ dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
     }
     out->n_regions = n_regions;
     if (off != len) {
-        dp_fail(d, DP_EPROTO, "metadata: %zu trailing bytes", len - off);
+        dp__fail(d, DP_EPROTO, "metadata: %zu trailing bytes", len - off);
         goto fail;
     }
     return DP_OK;
@@ -195,13 +196,13 @@ fail:
 }
 
 uint64_t
-dp_md_peer_id(const void *buf, size_t len)
+dp__md_peer_id(const void *buf, size_t len)
 {
     const uint8_t *p = buf;
     if (p == NULL || len < DP_MD_HEADER_LEN || memcmp(p, DP_MD_MAGIC, 4) != 0)
         return 0;
-    size_t name_len = dp_le16_load(p + 6);
-    size_t addr_len = dp_le32_load(p + 8);
+    size_t name_len = dp__le16_load(p + 6);
+    size_t addr_len = dp__le32_load(p + 8);
     if (name_len + addr_len > len - DP_MD_HEADER_LEN)
         return 0;
     const uint8_t *a = p + DP_MD_HEADER_LEN + name_len;

@@ -53,8 +53,8 @@ typedef struct dp_md_region {
 
 /*
  * Parsed metadata. name is NUL-terminated (copied); addr and each region's rkey
- * point into the buffer given to dp_md_parse, which must outlive this object.
- * regions is heap-allocated: release with dp_md_fini.
+ * point into the buffer given to dp__md_parse, which must outlive this object.
+ * regions is heap-allocated: release with dp__md_fini.
  */
 typedef struct dp_md {
     char name[DP_MD_NAME_MAX + 1];
@@ -70,24 +70,24 @@ typedef struct dp_md {
  * Check that name is a valid endpoint name: 1..DP_MD_NAME_MAX bytes, printable
  * ASCII (0x21..0x7e). DP_EINVAL with a reason otherwise.
  */
-int dp_md_check_name(const char *name, size_t len, dp_detail *d);
+int dp__md_check_name(const char *name, size_t len, dp_detail *d);
 
 /*
  * Encode into out (appended). Fails with DP_EINVAL when a field is out of the
  * limits above, DP_ENOMEM when out cannot grow.
  */
-int dp_md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
-                 const void *addr, size_t addr_len, const dp_md_region *regions,
-                 size_t n_regions, dp_detail *d);
+int dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
+                  const void *addr, size_t addr_len, const dp_md_region *regions,
+                  size_t n_regions, dp_detail *d);
 
 /*
- * Parse untrusted bytes. On success *out is filled (release with dp_md_fini).
+ * Parse untrusted bytes. On success *out is filled (release with dp__md_fini).
  * Fails with DP_EPROTO and a reason for malformed input (bad magic, unknown
  * version, a length past the end or the limits, trailing bytes, a region whose
  * base+len overflows, regions that overlap), DP_ENOMEM on allocation failure.
  * On failure *out needs no fini.
  */
-int dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d);
+int dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d);
 
 /*
  * A 64-bit hash of the worker address in metadata buf (0 if the header does
@@ -95,9 +95,9 @@ int dp_md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d);
  * metadata with the same endpoint name but different ids come from different
  * processes (a restarted publisher). Reads only the header; no allocation.
  */
-uint64_t dp_md_peer_id(const void *buf, size_t len);
+uint64_t dp__md_peer_id(const void *buf, size_t len);
 
-/* Release what dp_md_parse allocated (NULL and zeroed objects allowed). */
-void dp_md_fini(dp_md *md);
+/* Release what dp__md_parse allocated (NULL and zeroed objects allowed). */
+void dp__md_fini(dp_md *md);
 
 #endif

@@ -611,8 +611,8 @@ check_net_devices(const char *net, text *desc, text *why)
 }
 
 int
-dp_policy_check_rdma_only_values(const char *ucx_tls, const char *ucx_net_devices,
-                                 char *desc, size_t desc_len, dp_detail *d)
+dp__policy_check_rdma_only_values(const char *ucx_tls, const char *ucx_net_devices,
+                                  char *desc, size_t desc_len, dp_detail *d)
 {
     text out = {0}, why = {0};
     int rc = check_tls(ucx_tls, &out, &why);
@@ -622,7 +622,7 @@ dp_policy_check_rdma_only_values(const char *ucx_tls, const char *ucx_net_device
     if (desc != NULL && desc_len > 0)
         snprintf(desc, desc_len, "%s", line);
     if (rc != DP_OK)
-        return dp_fail(d, DP_EPOLICY, "%s", line);
+        return dp__fail(d, DP_EPOLICY, "%s", line);
     return DP_OK;
 }
 
@@ -640,10 +640,10 @@ env_lookup(const char *const *env, const char *key)
 }
 
 int
-dp_policy_check_rdma_only(const char *const *env, char *desc, size_t desc_len,
-                          dp_detail *d)
+dp__policy_check_rdma_only(const char *const *env, char *desc, size_t desc_len,
+                           dp_detail *d)
 {
-    return dp_policy_check_rdma_only_values(env_lookup(env, "UCX_TLS"),
-                                            env_lookup(env, "UCX_NET_DEVICES"), desc,
-                                            desc_len, d);
+    return dp__policy_check_rdma_only_values(env_lookup(env, "UCX_TLS"),
+                                             env_lookup(env, "UCX_NET_DEVICES"), desc,
+                                             desc_len, d);
 }

@@ -55,15 +55,15 @@
  * are shortened and non-printable bytes shown as \xNN, so desc and d are
  * always printable ASCII without newlines.
  */
-int dp_policy_check_rdma_only(const char *const *env, char *desc, size_t desc_len,
-                              dp_detail *d);
+int dp__policy_check_rdma_only(const char *const *env, char *desc, size_t desc_len,
+                               dp_detail *d);
 
 /*
  * The same check on the two values directly; NULL means the variable is unset.
- * Used by dp_policy_check_rdma_only(), the fuzz target, and callers that hold
+ * Used by dp__policy_check_rdma_only(), the fuzz target, and callers that hold
  * the values elsewhere (a config file, a command line).
  */
-int dp_policy_check_rdma_only_values(const char *ucx_tls, const char *ucx_net_devices,
-                                     char *desc, size_t desc_len, dp_detail *d);
+int dp__policy_check_rdma_only_values(const char *ucx_tls, const char *ucx_net_devices,
+                                      char *desc, size_t desc_len, dp_detail *d);
 
 #endif

@@ -57,9 +57,9 @@ dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name)
 static void
 unlist_locked(dp_endpoint *ep, remote *r)
 {
-    dp_list_remove(&ep->remotes, &r->r_link);
+    dp__list_remove(&ep->remotes, &r->r_link);
     if (r->r_busy > 0 || r->r_retained > 0)
-        dp_list_insert_head(&ep->zombies, &r->r_link);
+        dp__list_insert_head(&ep->zombies, &r->r_link);
     else
         dp__ep_remote_free_locked(ep, r);
 }
@@ -72,9 +72,9 @@ wait_close_locked(dp_endpoint *ep, ucs_status_ptr_t req)
         return true;
     if (UCS_PTR_IS_ERR(req))
         return true; /* nothing left in flight for it */
-    uint64_t deadline = dp_now_ns() + EP_CLOSE_WAIT_NS;
+    uint64_t deadline = dp__now_ns() + EP_CLOSE_WAIT_NS;
     while (ucp_request_check_status(req) == UCS_INPROGRESS) {
-        if (dp_now_ns() > deadline)
+        if (dp__now_ns() > deadline)
             return false; /* leave the request to UCX; never free it while running */
         ucp_worker_progress(ep->worker);
     }
@@ -95,7 +95,7 @@ dp__ep_remote_free_locked(dp_endpoint *ep, remote *r)
         closed = wait_close_locked(ep, ucp_ep_close_nbx(r->r_ep, &prm));
     }
     free(r->r_regs);
-    dp_ranges_fini(&r->r_index);
+    dp__ranges_fini(&r->r_index);
     if (closed)
         free(r);
     else
@@ -121,40 +121,41 @@ prefault(uint8_t *p, uint64_t len)
 }
 
 int
-dp_endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *name_out,
-                       dp_detail *d)
+dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *name_out,
+                        dp_detail *d)
 {
     dp_md md;
-    int rc = dp_md_parse(md_bytes, len, &md, d);
+    int rc = dp__md_parse(md_bytes, len, &md, d);
     if (rc != DP_OK)
         return rc;
     uint32_t mine = dp__ep_ucx_version();
     if ((md.xver >> 16) != (mine >> 16)) {
-        rc = dp_fail(d, DP_EPROTO,
+        rc =
+            dp__fail(d, DP_EPROTO,
                      "endpoint %s: remote %s runs UCX %u.%u.%u and this process UCX "
                      "%u.%u.%u: their worker addresses and keys do not mix; use the same "
                      "UCX version on both",
                      ep->name, md.name, md.xver >> 24, (md.xver >> 16) & 0xff,
                      md.xver & 0xffff, mine >> 24, (mine >> 16) & 0xff, mine & 0xffff);
-        dp_md_fini(&md);
+        dp__md_fini(&md);
         return rc;
     }
     remote *r = calloc(1, sizeof *r);
     if (r == NULL || (md.n_regions > 0 &&
                       ((r->r_regs = calloc(md.n_regions, sizeof *r->r_regs)) == NULL ||
-                       dp_ranges_reserve(&r->r_index, md.n_regions) != DP_OK))) {
+                       dp__ranges_reserve(&r->r_index, md.n_regions) != DP_OK))) {
         if (r != NULL) {
             free(r->r_regs);
-            dp_ranges_fini(&r->r_index);
+            dp__ranges_fini(&r->r_index);
         }
         free(r);
-        dp_md_fini(&md);
-        return dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+        dp__md_fini(&md);
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     }
-    /* Sorted and disjoint (dp_md_parse checked): the adds cannot fail. */
+    /* Sorted and disjoint (dp__md_parse checked): the adds cannot fail. */
     for (uint32_t i = 0; i < md.n_regions; i++) {
-        rc = dp_ranges_add(&r->r_index, md.regions[i].base, md.regions[i].len,
-                           &r->r_regs[i]);
+        rc = dp__ranges_add(&r->r_index, md.regions[i].base, md.regions[i].len,
+                            &r->r_regs[i]);
         DP_ASSERT(rc == DP_OK);
     }
     snprintf(r->r_name, sizeof r->r_name, "%s", md.name);
@@ -210,28 +211,28 @@ dp_endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *
     remote *old = dp__ep_remote_find_locked(ep, r->r_name);
     if (old != NULL)
         unlist_locked(ep, old);
-    dp_list_insert_head(&ep->remotes, &r->r_link);
+    dp__list_insert_head(&ep->remotes, &r->r_link);
     unlock(ep);
     if (name_out != NULL)
         snprintf(name_out, DP_MD_NAME_MAX + 1, "%s", md.name);
-    dp_md_fini(&md);
+    dp__md_fini(&md);
     return DP_OK;
 fail_locked:
     if (ep->closed) {
         /* The worker is gone with everything made from it. */
         free(r->r_regs);
-        dp_ranges_fini(&r->r_index);
+        dp__ranges_fini(&r->r_index);
         free(r);
     } else {
         dp__ep_remote_free_locked(ep, r);
     }
     unlock(ep);
-    dp_md_fini(&md);
+    dp__md_fini(&md);
     return rc;
 }
 
 bool
-dp_endpoint_has_remote(dp_endpoint *ep, const char *name)
+dp__endpoint_has_remote(dp_endpoint *ep, const char *name)
 {
     if (name == NULL)
         return false;
@@ -242,14 +243,14 @@ dp_endpoint_has_remote(dp_endpoint *ep, const char *name)
 }
 
 int
-dp_endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d)
+dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d)
 {
     lock(ep);
     int rc = check_open_locked(ep, d);
     if (rc != DP_OK)
         goto out;
-    rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
-                 name ? name : "(null)");
+    rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                  name ? name : "(null)");
     remote *r = name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
     if (r != NULL) {
         unlist_locked(ep, r);
@@ -261,20 +262,20 @@ out:
 }
 
 int
-dp_endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out, dp_detail *d)
+dp__endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out, dp_detail *d)
 {
     *out = NULL;
     lock(ep);
     int rc = check_open_locked(ep, d);
     remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
     if (rc == DP_OK && r == NULL)
-        rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
-                     name ? name : "(null)");
+        rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                      name ? name : "(null)");
     if (rc == DP_OK) {
         size_t n = 0;
         FILE *f = open_memstream(out, &n);
         if (f == NULL) {
-            rc = dp_fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+            rc = dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
         } else {
             ucp_ep_print_info(r->r_ep, f);
             for (uint32_t i = 0; i < r->r_n_regs; i++)
@@ -289,14 +290,14 @@ dp_endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out, dp_de
 }
 
 int
-dp_endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
+dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
 {
     lock(ep);
     int rc = check_open_locked(ep, d);
     remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
     if (rc == DP_OK && r == NULL)
-        rc = dp_fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
-                     name ? name : "(null)");
+        rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                      name ? name : "(null)");
     if (rc == DP_OK) {
         /* Run keepalive and error callbacks that are due (the worker may have
          * been idle since the last operation). */
@@ -306,22 +307,22 @@ dp_endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
         dp__ep_reap_locked(ep);
         ucs_status_t st = remote_failed(r);
         if (st != UCS_OK)
-            rc = dp_fail(d, DP_ETRANSFER, "endpoint %s: the connection to %s failed: %s",
-                         ep->name, name, ucs_status_string(st));
+            rc = dp__fail(d, DP_ETRANSFER, "endpoint %s: the connection to %s failed: %s",
+                          ep->name, name, ucs_status_string(st));
     }
     unlock(ep);
     return rc;
 }
 
 int
-dp_endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, char *tls,
-                        size_t tls_cap, dp_detail *d)
+dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, char *tls,
+                         size_t tls_cap, dp_detail *d)
 {
     char *info = NULL;
     *lane = DP_XFER_LANE_UNKNOWN;
     if (tls_cap > 0)
         tls[0] = '\0';
-    int rc = dp_endpoint_describe_remote(ep, name, &info, d);
+    int rc = dp__endpoint_describe_remote(ep, name, &info, d);
     if (rc != DP_OK)
         return rc;
     /* Lines "lane[i]:  N:tl/dev.0 md[...] -> ...": collect each lane's tl. */
@@ -376,7 +377,7 @@ dp_endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, c
 }
 
 const char *
-dp_xfer_lane_name(dp_xfer_lane lane)
+dp__xfer_lane_name(dp_xfer_lane lane)
 {
     switch (lane) {
     case DP_XFER_LANE_SHM:

@@ -47,7 +47,7 @@
 static region *
 region_find_locked(const dp_endpoint *ep, uint64_t addr, uint64_t n)
 {
-    dp_ranges_ent *e = dp_ranges_find(&ep->regs, addr, n);
+    dp_ranges_ent *e = dp__ranges_find(&ep->regs, addr, n);
     return e != NULL ? e->v : NULL;
 }
 
@@ -55,7 +55,7 @@ region_find_locked(const dp_endpoint *ep, uint64_t addr, uint64_t n)
 static rregion *
 rregion_find(const remote *r, uint64_t addr, uint64_t n)
 {
-    dp_ranges_ent *e = dp_ranges_find(&r->r_index, addr, n);
+    dp_ranges_ent *e = dp__ranges_find(&r->r_index, addr, n);
     return e != NULL ? e->v : NULL;
 }
 
@@ -68,10 +68,10 @@ op_done_cb(void *request, ucs_status_t status, void *user_data)
     if (status != UCS_OK && b->b_status == UCS_OK)
         b->b_status = status;
     if (--b->b_pending == 0) {
-        b->b_done_ns = dp_now_ns();
+        b->b_done_ns = dp__now_ns();
         if (b->b_retained) {
             /* Freed later, outside the callback (dp__ep_reap_locked). */
-            dp_list_insert_head(&b->b_ep->released, &b->b_link);
+            dp__list_insert_head(&b->b_ep->released, &b->b_link);
         }
     }
     ucp_request_free(request);
@@ -85,8 +85,8 @@ void
 dp__ep_reap_locked(dp_endpoint *ep)
 {
     for (batch *b; (b = DP_LIST_FIRST(&ep->released, batch, b_link)) != NULL;) {
-        dp_list_remove(&ep->released, &b->b_link);
-        dp_graveyard_release(b);
+        dp__list_remove(&ep->released, &b->b_link);
+        dp__graveyard_release(b);
         b->b_r->r_retained--;
         ep->n_retained--;
         ep->st.transfers_released++;
@@ -104,7 +104,7 @@ typedef struct opstate {
     const dp_xfer_desc *o;
     remote *r;
     batch *b;          /* NULL until posted */
-    uint64_t deadline; /* dp_now_ns() clock */
+    uint64_t deadline; /* dp__now_ns() clock */
     uint64_t fail_deadline;
     int rc;
     bool posted, finished;
@@ -124,37 +124,37 @@ validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
                 dp_detail *d)
 {
     if (o->op != DP_XFER_WRITE && o->op != DP_XFER_READ)
-        return dp_fail(d, DP_EINVAL, "op %zu: unknown operation %d", i, (int)o->op);
+        return dp__fail(d, DP_EINVAL, "op %zu: unknown operation %d", i, (int)o->op);
     if (o->remote_name == NULL)
-        return dp_fail(d, DP_EINVAL, "op %zu: no remote name", i);
+        return dp__fail(d, DP_EINVAL, "op %zu: no remote name", i);
     remote *r = dp__ep_remote_find_locked(ep, o->remote_name);
     if (r == NULL)
-        return dp_fail(d, DP_EINVAL, "op %zu: unknown remote %s (add_remote first)", i,
-                       o->remote_name);
+        return dp__fail(d, DP_EINVAL, "op %zu: unknown remote %s (add_remote first)", i,
+                        o->remote_name);
     if (o->n_local != o->n_remote)
-        return dp_fail(d, DP_EINVAL, "op %zu: %zu local ranges but %zu remote ranges", i,
-                       o->n_local, o->n_remote);
+        return dp__fail(d, DP_EINVAL, "op %zu: %zu local ranges but %zu remote ranges", i,
+                        o->n_local, o->n_remote);
     if (o->n_local > 0 && (o->local == NULL || o->remote == NULL))
-        return dp_fail(d, DP_EINVAL, "op %zu: range list is NULL", i);
+        return dp__fail(d, DP_EINVAL, "op %zu: range list is NULL", i);
     for (size_t k = 0; k < o->n_local; k++) {
         const dp_range *l = &o->local[k], *m = &o->remote[k];
         if (l->nbytes != m->nbytes)
-            return dp_fail(d, DP_EINVAL,
-                           "op %zu range %zu: local has %" PRIu64
-                           " bytes, remote %" PRIu64,
-                           i, k, l->nbytes, m->nbytes);
+            return dp__fail(d, DP_EINVAL,
+                            "op %zu range %zu: local has %" PRIu64
+                            " bytes, remote %" PRIu64,
+                            i, k, l->nbytes, m->nbytes);
         if (l->nbytes == 0)
             continue;
         if (region_find_locked(ep, l->addr, l->nbytes) == NULL)
-            return dp_fail(d, DP_EINVAL,
-                           "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
-                           ") is not inside a region registered with endpoint %s",
-                           i, k, l->addr, l->nbytes, ep->name);
+            return dp__fail(d, DP_EINVAL,
+                            "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
+                            ") is not inside a region registered with endpoint %s",
+                            i, k, l->addr, l->nbytes, ep->name);
         if (rregion_find(r, m->addr, m->nbytes) == NULL)
-            return dp_fail(d, DP_EINVAL,
-                           "op %zu range %zu: remote [0x%" PRIx64 ", +%" PRIu64
-                           ") is not inside a region of remote %s",
-                           i, k, m->addr, m->nbytes, r->r_name);
+            return dp__fail(d, DP_EINVAL,
+                            "op %zu range %zu: remote [0x%" PRIx64 ", +%" PRIu64
+                            ") is not inside a region of remote %s",
+                            i, k, m->addr, m->nbytes, r->r_name);
     }
     *rout = r;
     return DP_OK;
@@ -203,15 +203,15 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
     remote *r = s->r;
     ucs_status_t fst = remote_failed(r);
     if (fst != UCS_OK) {
-        s->rc = dp_fail(det, DP_ETRANSFER, "%s to %s: peer failed: %s (nothing posted)",
-                        op_name(o->op), r->r_name, ucs_status_string(fst));
+        s->rc = dp__fail(det, DP_ETRANSFER, "%s to %s: peer failed: %s (nothing posted)",
+                         op_name(o->op), r->r_name, ucs_status_string(fst));
         unreserve_locked(ep, s);
         return;
     }
     batch *b = calloc(1, sizeof *b);
     if (b == NULL) {
-        s->rc = dp_fail(det, DP_ENOMEM, "%s to %s: out of memory (nothing posted)",
-                        op_name(o->op), r->r_name);
+        s->rc = dp__fail(det, DP_ENOMEM, "%s to %s: out of memory (nothing posted)",
+                         op_name(o->op), r->r_name);
         unreserve_locked(ep, s);
         return;
     }
@@ -267,7 +267,7 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
             b->b_pending++;
     }
     if (b->b_pending == 0)
-        b->b_done_ns = dp_now_ns(); /* done at its post (memcpy, inline completions) */
+        b->b_done_ns = dp__now_ns(); /* done at its post (memcpy, inline completions) */
 }
 
 /* End op s: DONE (batch freed) or retained (batch handed to the graveyard). */
@@ -288,18 +288,18 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
              * between two looks): the caller's deadline may guard something (a
              * READ within a pin's life), so it is not reported as done in time.
              */
-            s->rc = dp_fail(det, DP_ETIMEDOUT,
-                            "%s of %zu ranges to %s ended %.3f ms after its deadline",
-                            op_name(o->op), o->n_local, r->r_name,
-                            (double)(b->b_done_ns - s->deadline) / 1e6);
+            s->rc = dp__fail(det, DP_ETIMEDOUT,
+                             "%s of %zu ranges to %s ended %.3f ms after its deadline",
+                             op_name(o->op), o->n_local, r->r_name,
+                             (double)(b->b_done_ns - s->deadline) / 1e6);
             ep->st.transfers_failed++;
         } else if (b->b_status == UCS_OK) {
             s->rc = DP_OK;
             ep->st.transfers_ok++;
         } else {
-            s->rc = dp_fail(det, DP_ETRANSFER, "%s of %zu ranges to %s failed: %s",
-                            op_name(o->op), o->n_local, r->r_name,
-                            ucs_status_string(b->b_status));
+            s->rc = dp__fail(det, DP_ETRANSFER, "%s of %zu ranges to %s failed: %s",
+                             op_name(o->op), o->n_local, r->r_name,
+                             ucs_status_string(b->b_status));
             ep->st.transfers_failed++;
         }
         free(b);
@@ -313,7 +313,7 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     b->b_retained = true;
     b->b_ep = ep;
     b->b_r = r;
-    dp_graveyard_retain(b, o->local, o->n_local, what);
+    dp__graveyard_retain(b, o->local, o->n_local, what);
     s->b = NULL;
     s->end = DP_XFER_UNFINISHED;
     r->r_retained++;
@@ -321,16 +321,17 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     ep->st.transfers_retained++;
     ep->st.transfers_failed++;
     if (fst != UCS_OK || b->b_status != UCS_OK || !deadline_passed)
-        s->rc = dp_fail(det, DP_ETRANSFER,
-                        "%s failed (%s) with %d operations unfinished: retained, its "
-                        "local memory must not be reused",
-                        what, ucs_status_string(fst != UCS_OK ? fst : b->b_status),
-                        b->b_pending);
+        s->rc = dp__fail(det, DP_ETRANSFER,
+                         "%s failed (%s) with %d operations unfinished: retained, its "
+                         "local memory must not be reused",
+                         what, ucs_status_string(fst != UCS_OK ? fst : b->b_status),
+                         b->b_pending);
     else
-        s->rc = dp_fail(det, DP_ETIMEDOUT,
-                        "%s timed out with %d operations unfinished: retained, its local "
-                        "memory must not be reused",
-                        what, b->b_pending);
+        s->rc =
+            dp__fail(det, DP_ETIMEDOUT,
+                     "%s timed out with %d operations unfinished: retained, its local "
+                     "memory must not be reused",
+                     what, b->b_pending);
 }
 
 /* The engine behind transfer and transfer_many; details may be NULL. */
@@ -342,15 +343,15 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
     if (ends != NULL)
         for (size_t i = 0; i < n_ops; i++)
             ends[i] = DP_XFER_NOT_POSTED;
-    uint64_t t0 = dp_now_ns();
+    uint64_t t0 = dp__now_ns();
     if (!(timeout_s > 0) || !isfinite(timeout_s) || timeout_s > 1e9) {
         for (size_t i = 0; i < n_ops; i++) {
             results[i] = DP_EINVAL;
             if (details != NULL)
-                dp_fail(&details[i], DP_EINVAL, "timeout %g s: must be finite and > 0",
-                        timeout_s);
+                dp__fail(&details[i], DP_EINVAL, "timeout %g s: must be finite and > 0",
+                         timeout_s);
         }
-        return dp_fail(d, DP_EINVAL, "timeout %g s: must be finite and > 0", timeout_s);
+        return dp__fail(d, DP_EINVAL, "timeout %g s: must be finite and > 0", timeout_s);
     }
     uint64_t deadline = t0 + (uint64_t)(timeout_s * 1e9);
     opstate *ss = calloc(n_ops ? n_ops : 1, sizeof *ss);
@@ -359,17 +360,17 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
         for (size_t i = 0; i < n_ops; i++) {
             results[i] = DP_ENOMEM;
             if (details != NULL)
-                dp_fail(&details[i], DP_ENOMEM,
-                        "transfer: out of memory (nothing posted)");
+                dp__fail(&details[i], DP_ENOMEM,
+                         "transfer: out of memory (nothing posted)");
         }
-        return dp_fail(d, DP_ENOMEM, "transfer: out of memory");
+        return dp__fail(d, DP_ENOMEM, "transfer: out of memory");
     }
     dp_detail vd;
     dp_detail_clear(&vd);
     lock(ep);
     int rc = check_open_locked(ep, &vd);
     if (rc == DP_OK)
-        rc = dp_graveyard_check(&vd);
+        rc = dp__graveyard_check(&vd);
     for (size_t i = 0; rc == DP_OK && i < n_ops; i++) {
         ss[i].o = &ops[i];
         ss[i].deadline = deadline;
@@ -380,9 +381,9 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
         for (size_t i = 0; i < n_ops; i++) {
             results[i] = rc;
             if (details != NULL)
-                dp_fail(&details[i], rc, "%s", vd.msg);
+                dp__fail(&details[i], rc, "%s", vd.msg);
         }
-        dp_fail(d, rc, "%s", vd.msg);
+        dp__fail(d, rc, "%s", vd.msg);
         free(ss);
         return rc;
     }
@@ -391,12 +392,12 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
     for (size_t i = 0; i < n_ops; i++) {
         opstate *s = &ss[i];
         dp_detail *det = details ? &details[i] : NULL;
-        if (i > 0 && dp_now_ns() >= deadline) {
+        if (i > 0 && dp__now_ns() >= deadline) {
             /* Earlier posts or callbacks used the whole time: not posted. */
-            s->rc = dp_fail(det, DP_ETIMEDOUT,
-                            "%s to %s: the deadline passed before it was posted "
-                            "(nothing posted)",
-                            op_name(s->o->op), s->r->r_name);
+            s->rc = dp__fail(det, DP_ETIMEDOUT,
+                             "%s to %s: the deadline passed before it was posted "
+                             "(nothing posted)",
+                             op_name(s->o->op), s->r->r_name);
             unreserve_locked(ep, s);
         } else {
             post_locked(ep, s, det);
@@ -416,7 +417,7 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
     for (size_t i = 0; i < n_ops; i++)
         open += ss[i].posted && !ss[i].finished;
     while (open > 0) {
-        uint64_t now = dp_now_ns();
+        uint64_t now = dp__now_ns();
         for (size_t i = 0; i < n_ops; i++) {
             opstate *s = &ss[i];
             if (!s->posted || s->finished)
@@ -460,11 +461,11 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
         rc = ss[first].rc;
         if (d != NULL) {
             if (details != NULL)
-                dp_fail(d, rc, "%zu of %zu transfers failed; first, op %zu: %s", nfail,
-                        n_ops, first, details[first].msg);
+                dp__fail(d, rc, "%zu of %zu transfers failed; first, op %zu: %s", nfail,
+                         n_ops, first, details[first].msg);
             else
-                dp_fail(d, rc, "%zu of %zu transfers failed; first: op %zu", nfail, n_ops,
-                        first);
+                dp__fail(d, rc, "%zu of %zu transfers failed; first: op %zu", nfail,
+                         n_ops, first);
         }
     }
     free(ss);
@@ -472,9 +473,9 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
 }
 
 int
-dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
-                     size_t n_local, const dp_range *remote_ranges, size_t n_remote,
-                     const char *remote_name, double timeout_s, dp_detail *d)
+dp__endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
+                      size_t n_local, const dp_range *remote_ranges, size_t n_remote,
+                      const char *remote_name, double timeout_s, dp_detail *d)
 {
     dp_xfer_desc o = {.op = op,
                       .local = local,
@@ -487,36 +488,36 @@ dp_endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
     dp_detail_clear(&det);
     int rc = run_ops(ep, &o, 1, timeout_s, &result, &det, NULL, NULL, NULL, NULL);
     if (rc != DP_OK && d != NULL)
-        dp_fail(d, rc, "%s", det.msg);
+        dp__fail(d, rc, "%s", det.msg);
     return rc;
 }
 
 int
-dp_endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                          double timeout_s, int *results, dp_detail *details,
-                          dp_detail *d)
+dp__endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                           double timeout_s, int *results, dp_detail *details,
+                           dp_detail *d)
 {
-    return dp_endpoint_transfer_many_cb(ep, ops, n_ops, timeout_s, results, details, NULL,
-                                        NULL, d);
+    return dp__endpoint_transfer_many_cb(ep, ops, n_ops, timeout_s, results, details,
+                                         NULL, NULL, d);
 }
 
 int
-dp_endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                             double timeout_s, int *results, dp_detail *details,
-                             dp_xfer_done_fn on_done, void *ctx, dp_detail *d)
+dp__endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                              double timeout_s, int *results, dp_detail *details,
+                              dp_xfer_done_fn on_done, void *ctx, dp_detail *d)
 {
-    return dp_endpoint_transfer_many_ends(ep, ops, n_ops, timeout_s, results, details,
-                                          NULL, on_done, ctx, d);
+    return dp__endpoint_transfer_many_ends(ep, ops, n_ops, timeout_s, results, details,
+                                           NULL, on_done, ctx, d);
 }
 
 int
-dp_endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                               double timeout_s, int *results, dp_detail *details,
-                               dp_xfer_end *ends, dp_xfer_done_fn on_done, void *ctx,
-                               dp_detail *d)
+dp__endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
+                                double timeout_s, int *results, dp_detail *details,
+                                dp_xfer_end *ends, dp_xfer_done_fn on_done, void *ctx,
+                                dp_detail *d)
 {
     if (n_ops > 0 && (ops == NULL || results == NULL))
-        return dp_fail(d, DP_EINVAL, "transfer_many: ops or results is NULL");
+        return dp__fail(d, DP_EINVAL, "transfer_many: ops or results is NULL");
     if (details != NULL)
         for (size_t i = 0; i < n_ops; i++)
             dp_detail_clear(&details[i]);
@@ -524,8 +525,8 @@ dp_endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t 
 }
 
 bool
-dp_endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr, size_t nbytes)
+dp__endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr, size_t nbytes)
 {
     DP_UNUSED(ep);
-    return dp_graveyard_touches((uint64_t)(uintptr_t)addr, nbytes);
+    return dp__graveyard_touches((uint64_t)(uintptr_t)addr, nbytes);
 }
