@@ -426,6 +426,59 @@ dp__blob_destroy(dp_blob *b)
     free(b);
 }
 
+/* Where an entry's strings and dims lie in the arenas while they grow. */
+struct entry_at {
+    size_t key, dtype, dims;
+};
+
+/* With opts naming a unit, an entry whose row another unit owns is refused. */
+static int
+entry_on_unit(const dp_blob_parse_opts *opts, const struct raw_entry *e, uint32_t i,
+              dp_detail *d)
+{
+    if (opts == NULL || opts->n_units == 0 ||
+        e->kp.gidx % opts->n_units == opts->unit_index)
+        return DP_OK;
+    char q[80];
+    return dp__fail(d, DP_EPROTO,
+                    "blob entry %u ('%s'): row %llu belongs to unit %llu of %u, not to "
+                    "unit %u",
+                    i, dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q),
+                    (unsigned long long)e->kp.gidx,
+                    (unsigned long long)(e->kp.gidx % opts->n_units), opts->n_units,
+                    opts->unit_index);
+}
+
+/* Copies a checked entry into o, its key and dtype into strs (reserved large
+ * enough by the caller) and its dims into dims; at records the arena offsets. */
+static void
+keep_entry(dp_blob_entry *o, struct entry_at *at, const struct raw_entry *e, dp_buf *strs,
+           dp_buf *dims)
+{
+    DP_ASSERT(strs->cap - strs->len >= (size_t)e->key_len + e->dtype_len + 2);
+    at->key = strs->len;
+    memcpy(strs->data + strs->len, e->key, e->key_len);
+    strs->data[strs->len + e->key_len] = '\0';
+    strs->len += (size_t)e->key_len + 1;
+    at->dtype = strs->len;
+    memcpy(strs->data + strs->len, e->dtype, e->dtype_len);
+    strs->data[strs->len + e->dtype_len] = '\0';
+    strs->len += (size_t)e->dtype_len + 1;
+    at->dims = dims->len / sizeof(uint64_t);
+    if (e->ndim > 0)
+        dp__buf_append(dims, e->dims, e->ndim * sizeof(uint64_t));
+    o->key_len = e->key_len;
+    o->gidx = e->kp.gidx;
+    o->field_len = (uint32_t)e->kp.field_len;
+    o->kind = e->kind;
+    o->dtype_len = e->dtype_len;
+    o->ndim = e->ndim;
+    o->off = e->off;
+    o->len = e->len;
+    o->has_crc = e->has_crc;
+    o->crc = e->crc;
+}
+
 int
 dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob **out,
                dp_detail *d)
@@ -441,9 +494,7 @@ dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blo
     dp_buf strs, dims;
     dp__buf_init(&strs);
     dp__buf_init(&dims);
-    struct {
-        size_t key, dtype, dims;
-    } *at = NULL;
+    struct entry_at *at = NULL;
     int rc;
     if (b == NULL)
         return dp__fail(d, DP_ENOMEM, "blob: no memory");
@@ -512,42 +563,10 @@ dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blo
         rc = parse_entry(&r, i, h, &e, d);
         if (rc != DP_OK)
             goto fail;
-        if (opts != NULL && opts->n_units > 0 &&
-            e.kp.gidx % opts->n_units != opts->unit_index) {
-            char q[80];
-            rc = dp__fail(
-                d, DP_EPROTO,
-                "blob entry %u ('%s'): row %llu belongs to unit %llu of %u, not to "
-                "unit %u",
-                i, dp__quote_bytes(e.key, e.key_len, 60, q, sizeof q),
-                (unsigned long long)e.kp.gidx,
-                (unsigned long long)(e.kp.gidx % opts->n_units), opts->n_units,
-                opts->unit_index);
+        rc = entry_on_unit(opts, &e, i, d);
+        if (rc != DP_OK)
             goto fail;
-        }
-        dp_blob_entry *o = &b->entries[i];
-        DP_ASSERT(strs.cap - strs.len >= (size_t)e.key_len + e.dtype_len + 2);
-        at[i].key = strs.len;
-        memcpy(strs.data + strs.len, e.key, e.key_len);
-        strs.data[strs.len + e.key_len] = '\0';
-        strs.len += (size_t)e.key_len + 1;
-        at[i].dtype = strs.len;
-        memcpy(strs.data + strs.len, e.dtype, e.dtype_len);
-        strs.data[strs.len + e.dtype_len] = '\0';
-        strs.len += (size_t)e.dtype_len + 1;
-        at[i].dims = dims.len / sizeof(uint64_t);
-        if (e.ndim > 0)
-            dp__buf_append(&dims, e.dims, e.ndim * sizeof(uint64_t));
-        o->key_len = e.key_len;
-        o->gidx = e.kp.gidx;
-        o->field_len = (uint32_t)e.kp.field_len;
-        o->kind = e.kind;
-        o->dtype_len = e.dtype_len;
-        o->ndim = e.ndim;
-        o->off = e.off;
-        o->len = e.len;
-        o->has_crc = e.has_crc;
-        o->crc = e.crc;
+        keep_entry(&b->entries[i], &at[i], &e, &strs, &dims);
     }
     if (dp__mp_remaining(&r) != 0) {
         rc = dp__fail(d, DP_EPROTO, "blob: %zu stray bytes after the index's %u entries",

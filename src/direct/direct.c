@@ -284,7 +284,7 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
         pthread_join(t->workers[i], NULL);
     void *v;
     for (size_t it = 0; dp__map_next(&t->objs, &it, NULL, NULL, NULL, &v);) {
-        dobj *o = v;
+        pub_obj *o = v;
         free(o->keys);
         free(o);
     }
@@ -320,7 +320,7 @@ dp_direct_register_permanent(dp_direct *t, void *addr, size_t len, dp_detail *d)
     pthread_mutex_lock(&t->cache_mu);
     int rc = dp__direct_reg_acquire_locked(t, addr, len, "permanent buffer", &key, d);
     if (rc == DP_OK) {
-        regent *e = dp__map_get_u64(&t->regs, key);
+        reg_entry *e = dp__map_get_u64(&t->regs, key);
         e->permanent = true;
         e->refs--;
     }
@@ -346,7 +346,7 @@ dp_direct_publish(dp_direct *t, const char *obj_id, const dp_direct_buf *bufs, s
             return dp__fail(d, DP_EINVAL,
                             "direct: object %s buffer %zu is empty (%p, %zu)", obj_id, i,
                             bufs[i].addr, bufs[i].len);
-    dobj *o = calloc(1, sizeof *o);
+    pub_obj *o = calloc(1, sizeof *o);
     dp_direct_desc *descs = calloc(n ? n : 1, sizeof *descs);
     uint64_t *keys = calloc(n ? n : 1, sizeof *keys);
     uint8_t *emd = NULL;
@@ -367,7 +367,7 @@ dp_direct_publish(dp_direct *t, const char *obj_id, const dp_direct_buf *bufs, s
     /* The pool takes the buffers only if none has a registration of its own. */
     bool use_pool = t->pool != NULL;
     for (size_t i = 0; use_pool && i < n; i++) {
-        regent *e = NULL;
+        reg_entry *e = NULL;
         if (dp__direct_find_reg_locked(t, (uint64_t)(uintptr_t)bufs[i].addr, bufs[i].len,
                                        &e, NULL) != DP_OK ||
             e != NULL)
@@ -423,7 +423,7 @@ dp_direct_free(dp_direct *t, const char *obj_id, dp_detail *d)
 {
     size_t idlen = obj_id != NULL ? strlen(obj_id) : 0;
     pthread_mutex_lock(&t->cache_mu);
-    dobj *o = obj_id != NULL ? dp__map_del(&t->objs, obj_id, idlen) : NULL;
+    pub_obj *o = obj_id != NULL ? dp__map_del(&t->objs, obj_id, idlen) : NULL;
     if (o == NULL) {
         pthread_mutex_unlock(&t->cache_mu);
         return dp__fail(d, DP_ENOTFOUND, "direct: object %s is not published",
@@ -761,7 +761,7 @@ dp_direct_get_stats(dp_direct *t, dp_direct_stats *st)
     st->objects = dp__map_len(&t->objs);
     void *v;
     for (size_t it = 0; dp__map_next(&t->regs, &it, NULL, NULL, NULL, &v);) {
-        regent *e = v;
+        reg_entry *e = v;
         if (!e->pool) {
             st->registrations++;
             st->registered_bytes += e->len;

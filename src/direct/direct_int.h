@@ -55,20 +55,20 @@
  * A registration cache entry (regs, keyed by base): a registration of
  * [base, base+len), or a pool block holding a copy of the buffer at base.
  */
-typedef struct regent {
+typedef struct reg_entry {
     uint64_t base, len;
     uint64_t refs;
     uint64_t pool_off; /* pool block offset (pool entries) */
     bool pool;
     bool permanent;
     bool stuck;
-} regent;
+} reg_entry;
 
 /* A published object: the regs keys it holds. */
-typedef struct dobj {
+typedef struct pub_obj {
     size_t n;
     uint64_t *keys; /* regs keys, one reference each */
-} dobj;
+} pub_obj;
 
 /* A request's life: queued, run by a worker (or its waiter), ended. */
 enum req_state { REQ_QUEUED = 0, REQ_RUNNING, REQ_END };
@@ -94,12 +94,12 @@ struct dp_direct_req {
 };
 
 /* A remote LRU entry: a connected publisher and what it was added with. */
-typedef struct rment {
+typedef struct remote_entry {
     char name[DP_MD_NAME_MAX + 1];
     uint64_t gen, version, busy, tick;
     uint64_t peer; /* dp__md_peer_id: which process this name was added for */
     bool drop;
-} rment;
+} remote_entry;
 
 struct dp_direct {
     dp_endpoint *ep;
@@ -110,9 +110,10 @@ struct dp_direct {
     int n_workers;
 
     pthread_mutex_t cache_mu;
-    dp_map regs;          /* u64 base -> regent */
-    dp_ranges reg_ranges; /* the registrations (not pool entries) in regs (v: regent) */
-    dp_map objs;          /* obj id -> dobj */
+    dp_map regs; /* u64 base -> reg_entry */
+    dp_ranges
+        reg_ranges; /* the registrations (not pool entries) in regs (v: reg_entry) */
+    dp_map objs;    /* obj id -> pub_obj */
     void *pool_base;
     size_t pool_bytes;
     dp_slab_alloc *pool;
@@ -133,7 +134,7 @@ struct dp_direct {
 
     pthread_mutex_t lru_mu;
     pthread_cond_t lru_cv;
-    rment *lru;
+    remote_entry *lru;
     size_t lru_n, lru_cap;
     uint64_t lru_tick;
     uint64_t remote_adds, remote_readds, remote_hits, remote_evictions;
@@ -163,7 +164,7 @@ int dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr
                         size_t len);
 
 /* The registration (not pool) entry covering [addr, addr+len), or an overlap error. */
-int dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, regent **out,
+int dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, reg_entry **out,
                                dp_detail *d);
 
 /* Take one reference on a registration covering the buffer, registering it if needed. */

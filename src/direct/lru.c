@@ -33,7 +33,7 @@ dp__direct_describe_remote(dp_direct *t, const char *name, char **out, dp_detail
 
 /* ---- remote LRU (lru_mu held) ---- */
 
-static rment *
+static remote_entry *
 lru_find_locked(dp_direct *t, const char *name)
 {
     for (size_t i = 0; i < t->lru_n; i++)
@@ -43,7 +43,7 @@ lru_find_locked(dp_direct *t, const char *name)
 }
 
 static void
-lru_remove_locked(dp_direct *t, rment *e)
+lru_remove_locked(dp_direct *t, remote_entry *e)
 {
     dp__endpoint_remove_remote(t->ep, e->name, NULL);
     t->remote_evictions++;
@@ -57,7 +57,7 @@ static void
 lru_trim_locked(dp_direct *t, size_t keep)
 {
     while (t->lru_n > keep) {
-        rment *victim = NULL;
+        remote_entry *victim = NULL;
         for (size_t i = 0; i < t->lru_n; i++)
             if (t->lru[i].busy == 0 && (victim == NULL || t->lru[i].tick < victim->tick))
                 victim = &t->lru[i];
@@ -75,7 +75,7 @@ lru_trim_locked(dp_direct *t, size_t keep)
  * the same keys, in every later metadata of that publisher.
  */
 static bool
-newer(const dp_direct_md *md, uint64_t peer, const rment *e)
+newer(const dp_direct_md *md, uint64_t peer, const remote_entry *e)
 {
     if (peer != e->peer)
         return true; /* another process under the same name: a restarted publisher */
@@ -90,7 +90,7 @@ dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
     int rc = DP_OK;
     uint64_t peer = dp__md_peer_id(md->ep_md, md->ep_md_len);
     pthread_mutex_lock(&t->lru_mu);
-    rment *e = lru_find_locked(t, md->name);
+    remote_entry *e = lru_find_locked(t, md->name);
     while (e != NULL && newer(md, peer, e) && e->busy > 0) {
         pthread_cond_wait(&t->lru_cv, &t->lru_mu);
         e = lru_find_locked(t, md->name);
@@ -120,7 +120,7 @@ dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
             lru_trim_locked(t, (size_t)t->lru_max - 1);
         if (t->lru_n == t->lru_cap) {
             size_t cap = t->lru_cap ? 2 * t->lru_cap : 8;
-            rment *nl = realloc(t->lru, cap * sizeof *nl);
+            remote_entry *nl = realloc(t->lru, cap * sizeof *nl);
             if (nl == NULL) {
                 rc = dp__fail(d, DP_ENOMEM, "direct: remote cache");
                 goto out;
@@ -150,7 +150,7 @@ void
 dp__direct_lru_release(dp_direct *t, const char *name, bool failed)
 {
     pthread_mutex_lock(&t->lru_mu);
-    rment *e = lru_find_locked(t, name);
+    remote_entry *e = lru_find_locked(t, name);
     if (e != NULL) {
         DP_ASSERT(e->busy > 0);
         e->busy--;

@@ -5,7 +5,7 @@
  *
  * Design notes
  * ------------
- * - regs maps a base address to a regent: a registration of [base, base+len)
+ * - regs maps a base address to a reg_entry: a registration of [base, base+len)
  *   with a reference count (one per object or running fetch holding it), or a
  *   pool block holding a copy of the buffer that starts at base. A buffer
  *   inside a registration (same base or contained) shares it; a buffer that
@@ -51,11 +51,11 @@ dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr, si
 /* ---- registration cache (cache_mu held) ---- */
 
 int
-dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, regent **out,
+dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, reg_entry **out,
                            dp_detail *d)
 {
     *out = NULL;
-    regent *e = dp__map_get_u64(&t->regs, addr);
+    reg_entry *e = dp__map_get_u64(&t->regs, addr);
     if (e != NULL && !e->pool) {
         if (len <= e->len) {
             *out = e;
@@ -85,7 +85,7 @@ dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *
                               uint64_t *key, dp_detail *d)
 {
     uint64_t a = (uint64_t)(uintptr_t)addr;
-    regent *e = dp__map_get_u64(&t->regs, a);
+    reg_entry *e = dp__map_get_u64(&t->regs, a);
     if (e != NULL && e->pool)
         return dp__fail(d, DP_EEXIST,
                         "direct: %s %p is held in a pool block by a published object; "
@@ -125,7 +125,7 @@ dp__direct_reg_acquire_locked(dp_direct *t, void *addr, size_t len, const char *
 void
 dp__direct_reg_release_locked(dp_direct *t, uint64_t key)
 {
-    regent *e = dp__map_get_u64(&t->regs, key);
+    reg_entry *e = dp__map_get_u64(&t->regs, key);
     DP_ASSERT(e != NULL && e->refs > 0);
     if (--e->refs > 0 || e->permanent || e->stuck)
         return;
@@ -158,7 +158,7 @@ dp__direct_pool_acquire_locked(dp_direct *t, const dp_direct_buf *b, uint64_t *k
                                uint64_t *raddr, dp_detail *d)
 {
     uint64_t a = (uint64_t)(uintptr_t)b->addr;
-    regent *e = dp__map_get_u64(&t->regs, a);
+    reg_entry *e = dp__map_get_u64(&t->regs, a);
     if (e != NULL && e->pool && b->len <= e->len) {
         e->refs++;
         *key = a;

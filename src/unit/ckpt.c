@@ -424,7 +424,7 @@ dp__unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_
 /* What happens to one requested blob. */
 enum { LB_FAILED = 0, LB_PRESENT, LB_REGION, LB_DISK };
 
-typedef struct ck_lb {
+typedef struct load_blob {
     const dp_wire_shard_blob *w;
     const dp_shard_row *r;
     int state;
@@ -432,7 +432,7 @@ typedef struct ck_lb {
     uint8_t *buf;       /* LB_DISK: the bytes, until written to the spill file */
     int fd;             /* LB_DISK */
     dp_shard_blob sb;   /* its checked index and live entries */
-} ck_lb;
+} load_blob;
 
 /* A running load: its files, the rows file's records and the request. */
 typedef struct ck_load {
@@ -442,16 +442,16 @@ typedef struct ck_load {
     uint32_t data_crc; /* the trailer's */
     uint8_t *rbuf;     /* the rows file; rows point into it */
     dp_shard_rows rows;
-    dp_map byid; /* blob id -> its row */
-    ck_lb *lb;   /* the request, in its order */
-    ck_lb **ord; /* the same, in file order */
+    dp_map byid;     /* blob id -> its row */
+    load_blob *lb;   /* the request, in its order */
+    load_blob **ord; /* the same, in file order */
     uint32_t n;
 } ck_load;
 
 static int
 lb_cmp(const void *a, const void *b)
 {
-    const ck_lb *x = *(ck_lb *const *)a, *y = *(ck_lb *const *)b;
+    const load_blob *x = *(load_blob *const *)a, *y = *(load_blob *const *)b;
     return x->r->off < y->r->off ? -1 : x->r->off > y->r->off;
 }
 
@@ -528,7 +528,7 @@ load_plan(ck_load *ld, const dp_wire_shard_blob *blobs, uint32_t n, dp_unit_load
     for (uint32_t i = 0; i < n; i++)
         ld->lb[i].fd = -1; /* before any check can fail: load_fini closes them */
     for (uint32_t i = 0; i < n; i++) {
-        ck_lb *x = &ld->lb[i];
+        load_blob *x = &ld->lb[i];
         x->w = &blobs[i];
         x->r = dp__map_get(&ld->byid, blobs[i].id.p, blobs[i].id.n);
         if (x->r == NULL || x->r->off != blobs[i].off || x->r->nbytes != blobs[i].nbytes)
@@ -556,7 +556,7 @@ load_alloc_locked(dp_unit *u, ck_load *ld, bool spill)
 {
     double now = dp__unit_now(u);
     for (uint32_t i = 0; i < ld->n; i++) {
-        ck_lb *x = &ld->lb[i];
+        load_blob *x = &ld->lb[i];
         const dp_shard_row *r = x->r;
         blob_rec *b = dp__map_get(&u->blobs, r->id, r->id_len);
         if (b != NULL) {
@@ -594,7 +594,7 @@ load_fill(dp_unit *u, ck_load *ld, dp_detail *d)
     po.n_units = u->o.n_units;
     po.unit_index = u->o.unit_id;
     for (uint32_t k = 0; k < ld->n && rc == 0; k++) {
-        ck_lb *x = ld->ord[k];
+        load_blob *x = ld->ord[k];
         if ((rc = dp__unit_admin_cancelled(u, "load", d)) != 0)
             break;
         uint8_t *dst = NULL;
@@ -625,7 +625,7 @@ static void
 load_spill_files(dp_unit *u, ck_load *ld)
 {
     for (uint32_t i = 0; i < ld->n; i++) {
-        ck_lb *x = &ld->lb[i];
+        load_blob *x = &ld->lb[i];
         if (x->state != LB_DISK)
             continue;
         char label[DP_UNIT_PATH_MAX + 64];
@@ -648,7 +648,7 @@ load_spill_files(dp_unit *u, ck_load *ld)
 
 /* Publish x as a new record; false (nothing changed) if that failed. */
 static bool
-load_publish_one_locked(dp_unit *u, ck_lb *x, double now)
+load_publish_one_locked(dp_unit *u, load_blob *x, double now)
 {
     blob_rec *b = calloc(1, sizeof *b);
     if (b == NULL)
@@ -696,7 +696,7 @@ load_publish_locked(dp_unit *u, ck_load *ld, int rc, dp_unit_load_res *res)
 {
     double now = dp__unit_now(u);
     for (uint32_t i = 0; i < ld->n; i++) {
-        ck_lb *x = &ld->lb[i];
+        load_blob *x = &ld->lb[i];
         bool fresh = x->state == LB_REGION || x->state == LB_DISK;
         if (rc == 0 && fresh && dp__map_get(&u->blobs, x->r->id, x->r->id_len) == NULL) {
             if (load_publish_one_locked(u, x, now)) {

@@ -21,7 +21,7 @@
 #define SCAN_FIELDS 12
 
 static dp_wire_field
-fu64(const char *name, uint64_t v)
+field_u64(const char *name, uint64_t v)
 {
     dp_wire_field f = {dp__zview(name), DP_WIRE_U64, {.u = v}};
     return f;
@@ -54,14 +54,14 @@ dp__unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *
         blob_rec *b = v;
         dp_wire_field *x = f + k * SCAN_FIELDS;
         x[0] = (dp_wire_field){dp__zview("id"), DP_WIRE_STR, {.s = {b->id, b->id_len}}};
-        x[1] = fu64("off", b->off);
-        x[2] = fu64("nbytes", b->nbytes);
-        x[3] = fu64("refs", b->refs);
+        x[1] = field_u64("off", b->off);
+        x[2] = field_u64("nbytes", b->nbytes);
+        x[3] = field_u64("refs", b->refs);
         x[4] = (dp_wire_field){
             dp__zview("published"), DP_WIRE_BOOL, {.b = b->state == REC_PUBLISHED}};
-        x[5] = fu64("pins", b->n_pins);
-        x[6] =
-            fu64("n_entries", b->parsed ? dp__blob_count(b->parsed) : b->n_entries_decl);
+        x[5] = field_u64("pins", b->n_pins);
+        x[6] = field_u64("n_entries",
+                         b->parsed ? dp__blob_count(b->parsed) : b->n_entries_decl);
         x[7] = ff64("created_at", b->created_at);
         x[8] = ff64("last_resolve_at", b->last_resolve_at);
         x[9] = (dp_wire_field){dp__zview("in_slab"),
@@ -154,7 +154,7 @@ dp__unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
     if (f == NULL)
         return dp__fail(d, DP_ENOMEM, "stats: out of memory");
     uint32_t k = 0;
-#define STATS_FIELD(field, wire) f[k++] = fu64(wire, s.field);
+#define STATS_FIELD(field, wire) f[k++] = field_u64(wire, s.field);
     DP_UNIT_STATS(STATS_FIELD)
 #undef STATS_FIELD
     DP_ASSERT(k == N_STATS);
