@@ -3,8 +3,10 @@
 #   check_exports.sh LIB HEADER_DIR...
 # Fails when LIB exports a symbol no public header declares with DP_API (an
 # internal helper leaked: dp__fail, dp__log, dp__*...), when a DP_API function
-# is declared but not exported, or when LIB itself needs libnuma (the unit's
-# NUMA placement: only the unit links it; UCX's libucs may still pull it in).
+# is declared but not exported, when an internal function has the public dp_
+# prefix, when LIB carries the unit's code, or when LIB itself needs libnuma
+# (the unit's NUMA placement: only the unit links it; UCX's libucs may still
+# pull it in).
 set -eu
 lib=$1
 shift
@@ -41,9 +43,19 @@ if echo "$needed" | grep -q numa; then
     echo
     status=1
 fi
-if nm --defined-only "$lib" | grep -q ' [Tt] dp_unit_'; then
+if nm --defined-only "$lib" | grep -q ' [Tt] dp__unit_'; then
     echo "FAIL: $lib carries the storage unit's code:"
-    nm --defined-only "$lib" | grep ' [Tt] dp_unit_' | head -5
+    nm --defined-only "$lib" | grep ' [Tt] dp__unit_' | head -5
+    status=1
+fi
+# The dp_ prefix is the public API's: an internal function (hidden, so local
+# in LIB) that carries it would read as public in a backtrace or a binding.
+nm --defined-only "$lib" | awk '$2 ~ /^[Tt]$/ && $3 ~ /^dp_[^_]/ { print $3 }' | sort -u \
+    >"$tmp/plain"
+misnamed=$(comm -23 "$tmp/plain" "$tmp/declared")
+if [ -n "$misnamed" ]; then
+    echo "FAIL: internal functions named like the public API (rename them dp__...):"
+    echo "$misnamed" | sed 's/^/  /'
     status=1
 fi
 n=$(wc -l <"$tmp/exported")
