@@ -1,0 +1,423 @@
+/*
+ * Tests for src/unit's control-message handler, in process: every op fed as
+ * an encoded request, malformed and truncated messages, release_rows of a
+ * row another unit owns, and stale requests (an id older than one the same
+ * client sent later). The unit's core is tested in test_unit.c.
+ */
+#include "dp_test.h"
+#include "dp_tsan_ucx.h"
+#include "dp_unit_blob.h"
+#include "dp_unit_fixture.h"
+
+#include "blob/blob.h"
+#include "common/common.h"
+#include "unit/unit.h"
+#include "wire/mp.h"
+#include "wire/wire.h"
+
+/* ---- the handler, fed encoded and malformed messages ---- */
+
+static int
+call_handler(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, bool *replied)
+{
+    dp_buf in = {0}, out = {0};
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__wire_request_encode(req, NULL, &in, &d), &d);
+    dp__unit_handle(u, in.data, in.len, &out);
+    *replied = out.len > 0;
+    int rc = 0;
+    if (out.len > 0) {
+        rc = dp__wire_reply_decode(out.data, out.len, req->op, NULL, rep, &d);
+        CHECK_OK_D(rc, &d);
+        CHECK(dp__wire_str_same(rep->rid, req->rid));
+        /* the reply's views point into out: keep it alive with the reply */
+        static dp_buf keep[64];
+        static int nkeep;
+        dp__buf_fini(&keep[nkeep % 64]);
+        keep[nkeep++ % 64] = out;
+        out = (dp_buf){0};
+    }
+    dp__buf_fini(&in);
+    dp__buf_fini(&out);
+    return rc;
+}
+
+DP_TEST(handler_ops)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit_set_address(u, "tcp://127.0.0.1:1");
+    dp_wire_request q;
+    dp_wire_reply r;
+    bool replied;
+    memset(&q, 0, sizeof q);
+    q.rid = dp__wire_s("r1");
+
+    q.op = DP_WIRE_OP_PING;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.unit_id, 0);
+    dp__wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_INFO;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.info.slab_bytes, 1 << 20);
+    CHECK(dp__wire_str_eq(r.r.info.zmq, "tcp://127.0.0.1:1"));
+    CHECK(dp__wire_str_eq(r.r.info.numa, "off"));
+    dp__wire_reply_fini(&r);
+
+    const char *keys[] = {"5@obs"};
+    tblob t = mk_blob(keys, 1, 100, 3);
+    q.op = DP_WIRE_OP_ALLOC;
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("blob-1"), t.len, 1, true};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    uint64_t off = r.r.alloc.off;
+    dp__wire_reply_fini(&r);
+    dp_test_write_blob(u, "blob-1", off, t.p, t.len);
+
+    q.op = DP_WIRE_OP_READ_BYTES;
+    q.a.read_bytes = (dp_wire_read_bytes_args){off, 8};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.bytes.n, 8);
+    CHECK_EQ(memcmp(r.r.bytes.p, DP_BLOB_MAGIC, 8), 0);
+    dp__wire_reply_fini(&r);
+    q.a.read_bytes = (dp_wire_read_bytes_args){(1 << 20) - 4, 8};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_EQ(r.err.code, DP_EPROTO);
+    dp__wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_COMMIT;
+    q.a.commit.blob_id = dp__wire_s("blob-1");
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
+    dp__wire_reply_fini(&r);
+
+    dp_wire_str ks[] = {dp__wire_s("5@obs"), dp__wire_s("6@obs")};
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.resolve_keys.entries.n, 1);
+    CHECK_EQ(r.r.resolve_keys.missing.n, 1);
+    CHECK(dp__wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "") ||
+          dp__wire_str_eq(r.r.resolve_keys.entries.v[0].dtype, "float32"));
+    char pin[64];
+    dp__wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 1);
+
+    q.op = DP_WIRE_OP_UNPIN;
+    q.a.unpin.pin_id = dp__wire_s(pin);
+    call_handler(u, &q, &r, &replied);
+    CHECK(!replied);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 0);
+
+    dp_wire_str ids[] = {dp__wire_s("blob-1"), dp__wire_s("gone")};
+    q.op = DP_WIRE_OP_RESOLVE;
+    q.a.resolve.blob_ids = (dp_wire_strs){ids, 2};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.resolve.blobs.n, 1);
+    CHECK_EQ(r.r.resolve.blobs.v[0].off, off);
+    CHECK_EQ(r.r.resolve.missing.n, 1);
+    dp__wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_SCAN;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.scan.n, 1);
+    uint64_t refs = 0;
+    CHECK(dp__wire_fields_u64(&r.r.scan.recs[0], "refs", &refs));
+    CHECK_EQ(refs, 1);
+    dp__wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_STATS;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    uint64_t pins = 99, commits = 0;
+    CHECK(dp__wire_fields_u64(&r.r.stats, "pins", &pins));
+    CHECK(dp__wire_fields_u64(&r.r.stats, "commits", &commits));
+    CHECK_EQ(pins, 1); /* the resolve above */
+    CHECK_EQ(commits, 1);
+    dp__wire_reply_fini(&r);
+
+    uint64_t g[] = {5, 6};
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.dropped, 1);
+    dp__wire_reply_fini(&r);
+
+    /* Busy/UnitFull map to their error kinds with a reason. */
+    q.op = DP_WIRE_OP_ALLOC;
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("huge"), (1 << 20) - 64, 0, false};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_EQ(r.err.code, DP_EBUSY); /* the resolve pin above holds blob-1 */
+    CHECK(r.err.reason.n > 0);
+    dp__wire_reply_fini(&r);
+
+    q.op = DP_WIRE_OP_ABORT;
+    q.a.abort = (dp_wire_abort_args){dp__wire_s("nothing"), true};
+    call_handler(u, &q, &r, &replied);
+    CHECK(!replied);
+
+    /* A relative path is refused (test_checkpoint tests real saves). */
+    q.op = DP_WIRE_OP_SAVE_SHARD;
+    q.a.save_shard.path = dp__wire_s("tmp/x");
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_EQ(r.err.code, DP_EPROTO);
+    dp__wire_reply_fini(&r);
+    dp_test_unit_check(u);
+    free(t.p);
+    dp__unit_destroy(u);
+}
+
+/* Send raw bytes; return the reply (decoded as op) or false if none. */
+static bool
+raw_call(dp_unit *u, const void *msg, size_t len, dp_wire_reply *rep, dp_buf *out)
+{
+    dp__buf_reset(out);
+    dp__unit_handle(u, msg, len, out);
+    if (out->len == 0)
+        return false;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, DP_WIRE_OP_PING, NULL, rep, &d),
+               &d);
+    return true;
+}
+
+DP_TEST(handler_malformed)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp_buf out = {0}, m = {0};
+    dp_wire_reply r;
+    dp_mp_writer w;
+
+    /* Garbage and messages without a readable request id: no reply. */
+    CHECK(!raw_call(u, "\xc1\xff\x00", 3, &r, &out));
+    CHECK(!raw_call(u, "", 0, &r, &out));
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "ping");
+    dp__mp_put_u64(&w, 7);
+    dp__mp_put_map(&w, 0);
+    CHECK(!raw_call(u, m.data, m.len, &r, &out));
+
+    /* Unknown op with a readable id: Protocol error carrying the id. */
+    dp__buf_reset(&m);
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "explode");
+    dp__mp_put_str(&w, "rid-9");
+    dp__mp_put_map(&w, 0);
+    CHECK(raw_call(u, m.data, m.len, &r, &out));
+    CHECK(!r.ok);
+    CHECK(dp__wire_str_eq(r.rid, "rid-9"));
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
+    dp__wire_reply_fini(&r);
+
+    /* alloc with a wrong type and an unknown key: Protocol with the id. */
+    dp__buf_reset(&m);
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "alloc");
+    dp__mp_put_str(&w, "rid-10");
+    dp__mp_put_map(&w, 2);
+    dp__mp_put_str(&w, "blob_id");
+    dp__mp_put_u64(&w, 5);
+    dp__mp_put_str(&w, "evil");
+    dp__mp_put_bool(&w, true);
+    CHECK(raw_call(u, m.data, m.len, &r, &out));
+    CHECK(!r.ok);
+    CHECK_EQ(r.err.code, DP_EPROTO);
+    CHECK(dp__wire_str_eq(r.rid, "rid-10"));
+    dp__wire_reply_fini(&r);
+
+    /* A malformed notify is dropped. */
+    dp__buf_reset(&m);
+    dp__mp_writer_init(&w, &m);
+    dp__mp_put_array(&w, 3);
+    dp__mp_put_str(&w, "unpin");
+    dp__mp_put_str(&w, "rid-11");
+    dp__mp_put_map(&w, 1);
+    dp__mp_put_str(&w, "pin_id");
+    dp__mp_put_u64(&w, 1);
+    CHECK(!raw_call(u, m.data, m.len, &r, &out));
+
+    /* Truncations of a valid request never crash and never reply wrongly. */
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ALLOC;
+    q.rid = dp__wire_s("rid-12");
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("b"), 100, 1, true};
+    dp__buf_reset(&m);
+    CHECK_OK(dp__wire_request_encode(&q, NULL, &m, NULL));
+    for (size_t cut = 0; cut < m.len; cut++) {
+        dp__buf_reset(&out);
+        dp__unit_handle(u, m.data, cut, &out);
+    }
+    /* Random bit flips of it. */
+    uint64_t rs = dp_test_seed();
+    uint8_t *copy = malloc(m.len);
+    for (int i = 0; i < 2000; i++) {
+        memcpy(copy, m.data, m.len);
+        copy[dp_test_rand(&rs) % m.len] ^= (uint8_t)(1u << (dp_test_rand(&rs) % 8));
+        dp__buf_reset(&out);
+        dp__unit_handle(u, copy, m.len, &out);
+    }
+    free(copy);
+    /* Still serving. */
+    q.op = DP_WIRE_OP_PING;
+    bool replied;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    dp__wire_reply_fini(&r);
+    dp__unit_handle_oversize(u, m.data, m.len, &out);
+    CHECK(out.len > 0);
+    dp_test_unit_check(u);
+    dp__buf_fini(&out);
+    dp__buf_fini(&m);
+    dp__unit_destroy(u);
+}
+
+/* release_rows of a row another unit owns: Protocol error, nothing released. */
+DP_TEST(release_rows_of_another_unit_is_refused)
+{
+    dp_unit *u = mk_unit(1 << 20, 2, 1);
+    const char *keys[] = {"1@a"};
+    tblob t = mk_blob(keys, 1, 64, 1);
+    put_blob(u, "b", &t);
+    uint64_t g[2] = {1, 2}; /* 2 belongs to unit 0 */
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    q.rid = dp__wire_s("r1");
+    q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
+    dp_wire_reply r;
+    bool replied = false;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
+    char msg[512];
+    dp__wire_str_copy(r.err.msg, msg, sizeof msg);
+    CHECK_CONTAINS(msg, "row 2 belongs to unit 0");
+    CHECK(r.incarnation == dp__unit_incarnation(u));
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).entries, 1);
+    free(t.p);
+    dp__unit_destroy(u);
+}
+
+/*
+ * Request order: a request whose id is older than one the same client sent
+ * later is refused (a notify dropped, unpin still carried out); other
+ * clients, and ids of another form, are not affected.
+ */
+DP_TEST(stale_requests_are_refused)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    const char *A = "0123456789abcdef", *B = "fedcba9876543210";
+    char rid[64];
+    dp_wire_request q;
+    dp_wire_reply r;
+    bool replied = false;
+    /* A's alloc with counter 5. */
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ALLOC;
+    snprintf(rid, sizeof rid, "%s-5", A);
+    q.rid = dp__wire_s(rid);
+    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("x"), 4096, 0, false};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    dp__wire_reply_fini(&r);
+    /* A's older clear (counter 3) arrives late: refused, nothing released. */
+    const char *keys[] = {"7@a"};
+    tblob t = mk_blob(keys, 1, 64, 1);
+    put_blob(u, "b", &t);
+    uint64_t g = 7;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    snprintf(rid, sizeof rid, "%s-3", A);
+    q.rid = dp__wire_s(rid);
+    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
+    char msg[512];
+    dp__wire_str_copy(r.err.msg, msg, sizeof msg);
+    CHECK_CONTAINS(msg, "stale request");
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).entries, 1);
+    /* The same counter again is stale too; an older abort is dropped. */
+    snprintf(rid, sizeof rid, "%s-5", A);
+    q.rid = dp__wire_s(rid);
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    dp__wire_reply_fini(&r);
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ABORT;
+    snprintf(rid, sizeof rid, "%s-4", A);
+    q.rid = dp__wire_s(rid);
+    q.a.abort = (dp_wire_abort_args){dp__wire_s("x"), false};
+    call_handler(u, &q, &r, &replied);
+    CHECK(!replied);
+    CHECK_EQ(dp_test_unit_stats(u).blobs, 2); /* "x" is still allocated */
+    /* Another client's low counters are its own; a newer A goes through. */
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RELEASE_ROWS;
+    snprintf(rid, sizeof rid, "%s-1", B);
+    q.rid = dp__wire_s(rid);
+    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok && r.r.dropped == 1);
+    dp__wire_reply_fini(&r);
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ABORT;
+    snprintf(rid, sizeof rid, "%s-6", A);
+    q.rid = dp__wire_s(rid);
+    q.a.abort = (dp_wire_abort_args){dp__wire_s("x"), false};
+    call_handler(u, &q, &r, &replied);
+    CHECK_EQ(dp_test_unit_stats(u).blobs, 0);
+    /* Ids of another form are never stale. */
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_PING;
+    for (int i = 0; i < 2; i++) {
+        q.rid = dp__wire_s("r1");
+        call_handler(u, &q, &r, &replied);
+        CHECK(replied && r.ok);
+        dp__wire_reply_fini(&r);
+    }
+    /* A stale unpin is still carried out (it only ends a pin). */
+    put_blob(u, "c", &t);
+    dp_wire_str k = dp__wire_s("7@a");
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    snprintf(rid, sizeof rid, "%s-9", A);
+    q.rid = dp__wire_s(rid);
+    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok && r.r.resolve_keys.pin_id.n > 0);
+    char pin[64];
+    dp__wire_str_copy(r.r.resolve_keys.pin_id, pin, sizeof pin);
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 1);
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_UNPIN;
+    snprintf(rid, sizeof rid, "%s-8", A);
+    q.rid = dp__wire_s(rid);
+    q.a.unpin.pin_id = dp__wire_s(pin);
+    call_handler(u, &q, &r, &replied);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 0);
+    CHECK_EQ(dp_test_unit_stats(u).stale_refused, 3);
+    free(t.p);
+    dp__unit_destroy(u);
+}
