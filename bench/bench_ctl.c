@@ -293,6 +293,8 @@ put_blob(client *c, dp_endpoint *ep, const char *remote, uint64_t slab_addr,
     q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), img->len, n_entries, false};
     double ta = call(c, &q, &r);
     uint64_t off = r.r.alloc.off;
+    /* The header names this allocation, or the commit refuses the blob (stale bytes). */
+    dp__blob_header_set_alloc(img->buf, r.incarnation, r.r.alloc.token);
     dp__wire_reply_fini(&r);
     dp_range l = {(uint64_t)(uintptr_t)img->buf, img->len};
     dp_range rr = {slab_addr + off, img->len};
