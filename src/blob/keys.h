@@ -1,5 +1,5 @@
 /*
- * Row keys: "<gidx>@<field>", e.g. "17@input_ids" (DESIGN section 4).
+ * Row keys: "<gidx>@<field>", e.g. "17@input_ids" (docs/design.md, "Overview").
  *
  * Keys arrive from untrusted places (blob indexes, control messages), so the
  * splitter takes bytes plus a length, never assumes a NUL terminator, and
@@ -13,9 +13,9 @@
  *   most U+10FFFF) without '@', without C0 control characters (U+0000..U+001F,
  *   so no NUL), DEL (U+007F) or C1 control characters (U+0080..U+009F).
  *   Everything else is allowed, including '/', '.', spaces and non-ASCII
- *   letters: a field is a name, never a path (files on the SSD tier are named
- *   by random ids, DESIGN section 9), so "obs/image" or ".." carry no risk and
- *   rejecting them would only break users' field names.
+ *   letters: a field is a name, never a path (spill files of the SSD tier have
+ *   no name or a random one, docs/design.md "SSD tier"), so "obs/image" or ".." carry no
+ * risk and rejecting them would only break users' field names.
  *
  * Every rejection is DP_EINVAL with a detail that quotes the key (bytes
  * outside printable ASCII shown as \xNN) and says what was wrong.

@@ -1,6 +1,6 @@
 /*
  * The control-message codec: every request and reply that clients and storage
- * units exchange over ZMQ (DESIGN sections 6 and 7), as typed C structs.
+ * units exchange over ZMQ (docs/design.md, "Wire protocol"), as typed C structs.
  *
  *   request = [op: str, request_id: str, args: map]
  *   reply   = [request_id: str, ok: bool, result | error, incarnation: uint]
@@ -252,7 +252,8 @@ typedef struct dp_wire_shard_blobs {
 typedef struct dp_wire_load_shard_args {
     dp_wire_str path;
     dp_wire_shard_blobs blobs;
-    bool spill; /* optional, default false (seed 002: load_shard(spill=False)) */
+    bool spill; /* optional, default false; true also writes each blob to a fresh SSD file
+                 */
 } dp_wire_load_shard_args;
 
 struct dp_wire_blk; /* decoder allocations, freed by the _fini functions */
