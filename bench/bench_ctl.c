@@ -320,20 +320,192 @@ row(const char *name, samples *s)
     printf("%-22s %10zu %10.1f %10.1f\n", name, s->n, pct(s, 0.5), pct(s, 0.99));
 }
 
-int
-main(int argc, char **argv)
+/* Every series the run measures. */
+typedef struct ctl_samples {
+    samples bare, ping, alloc, commit, both, rk1, rk1024;
+} ctl_samples;
+
+/* 0, or 2 after printing the usage line. */
+static int
+parse_args(int argc, char **argv, long *iters)
 {
-    long iters = 20000;
+    *iters = 20000;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-            iters = strtol(argv[++i], NULL, 10);
+            *iters = strtol(argv[++i], NULL, 10);
         } else {
             fprintf(stderr, "usage: bench_ctl [--iters N]\n");
             return 2;
         }
     }
-    if (iters < 100)
-        iters = 100;
+    if (*iters < 100)
+        *iters = 100;
+    return 0;
+}
+
+/* A ping request as the client encodes it: what the bare ping-pong carries. */
+static void
+encode_ping(client *c, dp_buf *msg)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_PING;
+    char rid[DP_WIRE_RID_MAX];
+    q.rid = dp__wire_rid_next(&c->rids, rid);
+    dp__buf_init(msg);
+    if (dp__wire_request_encode(&q, NULL, msg, &d) != DP_OK)
+        die("encode", &d);
+}
+
+/* Bare ping-pongs and pings, interleaved, so both see the same machine. */
+static void
+ping_phase(client *c, void *dealer, const dp_buf *ping_msg, long iters, ctl_samples *s)
+{
+    dp_wire_request q;
+    dp_wire_reply r;
+    char back[256];
+    long warm = iters / 10;
+    for (long i = -warm; i < iters; i++) {
+        uint64_t t0 = dp__now_ns();
+        if (zmq_send(dealer, ping_msg->data, ping_msg->len, 0) < 0 ||
+            zmq_recv(dealer, back, sizeof back, 0) < 0)
+            die("bare ping-pong", NULL);
+        double bus = (double)(dp__now_ns() - t0) / 1e3;
+        memset(&q, 0, sizeof q);
+        q.op = DP_WIRE_OP_PING;
+        double us = call(c, &q, &r);
+        dp__wire_reply_fini(&r);
+        if (i >= 0) {
+            sample_add(&s->bare, bus);
+            sample_add(&s->ping, us);
+        }
+    }
+}
+
+/* The data path, to WRITE the blobs that alloc+commit publish. */
+static dp_endpoint *
+data_path_open(client *c, char *remote, uint64_t *slab_addr)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_endpoint *ep = NULL;
+    if (dp__endpoint_create("bench-ctl-client", NULL, &ep, &d) != DP_OK)
+        die("client endpoint", &d);
+    dp_wire_request q;
+    dp_wire_reply r;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_INFO;
+    call(c, &q, &r);
+    if (dp__endpoint_add_remote(ep, r.r.info.metadata.p, r.r.info.metadata.n, remote,
+                                &d) != DP_OK)
+        die("add_remote", &d);
+    *slab_addr = r.r.info.slab_addr;
+    dp__wire_reply_fini(&r);
+    return ep;
+}
+
+/* alloc+commit of 1-entry blobs, then the 1024-entry blob resolve_keys reads. */
+static void
+put_phase(client *c, dp_endpoint *ep, const char *remote, uint64_t slab_addr, long iters,
+          ctl_samples *s)
+{
+    blob_img one, many;
+    build_blob(ep, 1, &one);
+    build_blob(ep, KEYS, &many);
+    long n_put = iters / 4;
+    char id[64];
+    for (long i = -n_put / 10; i < n_put; i++) {
+        snprintf(id, sizeof id, "b%ld", i + n_put);
+        bool keep = i >= 0;
+        put_blob(c, ep, remote, slab_addr, &one, 1, id, keep ? &s->alloc : NULL,
+                 &s->commit, &s->both);
+    }
+    put_blob(c, ep, remote, slab_addr, &many, KEYS, "many", NULL, NULL, NULL);
+}
+
+/* n resolve_keys of nk keys from keys (one key: a different one each time). */
+static void
+resolve_keys_pass(client *c, dp_wire_str *keys, uint32_t nk, long n, samples *s)
+{
+    dp_wire_request q;
+    dp_wire_reply r;
+    for (long i = -n / 10; i < n; i++) {
+        memset(&q, 0, sizeof q);
+        q.op = DP_WIRE_OP_RESOLVE_KEYS;
+        q.a.resolve_keys.keys = (dp_wire_strs){keys + (nk == 1 ? i & 1023 : 0), nk};
+        double us = call(c, &q, &r);
+        if (r.r.resolve_keys.entries.n != nk)
+            die("resolve_keys: not every key was found", NULL);
+        unpin(c, r.r.resolve_keys.pin_id);
+        dp__wire_reply_fini(&r);
+        if (i >= 0)
+            sample_add(s, us);
+    }
+}
+
+static void
+resolve_keys_phase(client *c, long iters, ctl_samples *s)
+{
+    dp_wire_str keys[KEYS];
+    char keybuf[KEYS][16];
+    for (uint32_t i = 0; i < KEYS; i++) {
+        snprintf(keybuf[i], sizeof keybuf[i], "%u@x", i);
+        keys[i] = dp__wire_s(keybuf[i]);
+    }
+    resolve_keys_pass(c, keys, 1, iters / 2, &s->rk1);
+    resolve_keys_pass(c, keys, KEYS, iters / 20, &s->rk1024);
+}
+
+static void
+print_results(long iters, ctl_samples *s)
+{
+    printf("bench_ctl: one request at a time, client and servers on 127.0.0.1, "
+           "%ld ping iterations\n",
+           iters);
+    printf("%-22s %10s %10s %10s\n", "op", "n", "p50 us", "p99 us");
+    row("bare zmq ping-pong", &s->bare);
+    row("ping", &s->ping);
+    row("alloc", &s->alloc);
+    row("commit (1 entry)", &s->commit);
+    row("alloc+commit", &s->both);
+    row("resolve_keys x1", &s->rk1);
+    row("resolve_keys x1024", &s->rk1024);
+    double b50 = pct(&s->bare, 0.5), b99 = pct(&s->bare, 0.99);
+    double per_key = (pct(&s->rk1024, 0.5) - pct(&s->rk1, 0.5)) / (KEYS - 1);
+    printf("\nping / bare: p50 %.2fx, p99 %.2fx (target <= 1.5x)\n",
+           pct(&s->ping, 0.5) / b50, pct(&s->ping, 0.99) / b99);
+    printf("alloc+commit / bare: p50 %.2fx\n", pct(&s->both, 0.5) / b50);
+    printf("resolve_keys per key: %.3f us (p50 x1024 - p50 x1) / 1023 (target < 1 us)\n",
+           per_key);
+    printf("RESULT bare_p50=%.1f bare_p99=%.1f ping_p50=%.1f ping_p99=%.1f "
+           "alloc_commit_p50=%.1f alloc_commit_p99=%.1f rk1_p50=%.1f rk1_p99=%.1f "
+           "rk1024_p50=%.1f rk1024_p99=%.1f per_key_us=%.3f\n",
+           b50, b99, pct(&s->ping, 0.5), pct(&s->ping, 0.99), pct(&s->both, 0.5),
+           pct(&s->both, 0.99), pct(&s->rk1, 0.5), pct(&s->rk1, 0.99),
+           pct(&s->rk1024, 0.5), pct(&s->rk1024, 0.99), per_key);
+    fflush(stdout);
+}
+
+static void
+samples_free(ctl_samples *s)
+{
+    free(s->bare.v);
+    free(s->ping.v);
+    free(s->alloc.v);
+    free(s->commit.v);
+    free(s->both.v);
+    free(s->rk1.v);
+    free(s->rk1024.v);
+}
+
+int
+main(int argc, char **argv)
+{
+    long iters;
+    if (parse_args(argc, argv, &iters) != 0)
+        return 2;
     char unit_addr[256], echo_addr[256];
     pid_t unit_pid = spawn(unit_main, unit_addr, sizeof unit_addr);
     pid_t echo_pid = spawn(echo_main, echo_addr, sizeof echo_addr);
@@ -343,120 +515,23 @@ main(int argc, char **argv)
     client c = {.addr = unit_addr};
     if (dp__ctl_client_create(&c.ctl, &d) != DP_OK || dp__wire_rid_gen_init(&c.rids, &d))
         die("client", &d);
-
-    /* The bare ping-pong carries a message the size of a ping request. */
-    dp_wire_request q;
-    dp_wire_reply r;
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_PING;
-    char rid[DP_WIRE_RID_MAX];
-    q.rid = dp__wire_rid_next(&c.rids, rid);
     dp_buf ping_msg;
-    dp__buf_init(&ping_msg);
-    if (dp__wire_request_encode(&q, NULL, &ping_msg, &d) != DP_OK)
-        die("encode", &d);
+    encode_ping(&c, &ping_msg);
 
     void *zctx = zmq_ctx_new();
     void *dealer = zmq_socket(zctx, ZMQ_DEALER);
     if (dealer == NULL || zmq_connect(dealer, echo_addr) != 0)
         die("bare connect", NULL);
-    samples bare = {0}, ping = {0}, s_alloc = {0}, s_commit = {0}, s_both = {0},
-            rk1 = {0}, rk1024 = {0};
-    char back[256];
-    long warm = iters / 10;
-    /* Interleaved, so both see the same machine. */
-    for (long i = -warm; i < iters; i++) {
-        uint64_t t0 = dp__now_ns();
-        if (zmq_send(dealer, ping_msg.data, ping_msg.len, 0) < 0 ||
-            zmq_recv(dealer, back, sizeof back, 0) < 0)
-            die("bare ping-pong", NULL);
-        double bus = (double)(dp__now_ns() - t0) / 1e3;
-        memset(&q, 0, sizeof q);
-        q.op = DP_WIRE_OP_PING;
-        double us = call(&c, &q, &r);
-        dp__wire_reply_fini(&r);
-        if (i >= 0) {
-            sample_add(&bare, bus);
-            sample_add(&ping, us);
-        }
-    }
+    ctl_samples s;
+    memset(&s, 0, sizeof s);
+    ping_phase(&c, dealer, &ping_msg, iters, &s);
 
-    /* The data path, to WRITE the blobs that alloc+commit publish. */
-    dp_endpoint *ep = NULL;
-    if (dp__endpoint_create("bench-ctl-client", NULL, &ep, &d) != DP_OK)
-        die("client endpoint", &d);
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_INFO;
-    call(&c, &q, &r);
     char remote[256];
-    if (dp__endpoint_add_remote(ep, r.r.info.metadata.p, r.r.info.metadata.n, remote,
-                                &d) != DP_OK)
-        die("add_remote", &d);
-    uint64_t slab_addr = r.r.info.slab_addr;
-    dp__wire_reply_fini(&r);
-
-    blob_img one, many;
-    build_blob(ep, 1, &one);
-    build_blob(ep, KEYS, &many);
-    long n_put = iters / 4;
-    char id[64];
-    for (long i = -n_put / 10; i < n_put; i++) {
-        snprintf(id, sizeof id, "b%ld", i + n_put);
-        bool keep = i >= 0;
-        put_blob(&c, ep, remote, slab_addr, &one, 1, id, keep ? &s_alloc : NULL,
-                 &s_commit, &s_both);
-    }
-    put_blob(&c, ep, remote, slab_addr, &many, KEYS, "many", NULL, NULL, NULL);
-
-    dp_wire_str keys[KEYS];
-    char keybuf[KEYS][16];
-    for (uint32_t i = 0; i < KEYS; i++) {
-        snprintf(keybuf[i], sizeof keybuf[i], "%u@x", i);
-        keys[i] = dp__wire_s(keybuf[i]);
-    }
-    for (int pass = 0; pass < 2; pass++) {
-        uint32_t nk = pass == 0 ? 1 : KEYS;
-        long n = pass == 0 ? iters / 2 : iters / 20;
-        samples *s = pass == 0 ? &rk1 : &rk1024;
-        for (long i = -n / 10; i < n; i++) {
-            memset(&q, 0, sizeof q);
-            q.op = DP_WIRE_OP_RESOLVE_KEYS;
-            q.a.resolve_keys.keys = (dp_wire_strs){keys + (pass == 0 ? i & 1023 : 0), nk};
-            double us = call(&c, &q, &r);
-            if (r.r.resolve_keys.entries.n != nk)
-                die("resolve_keys: not every key was found", NULL);
-            unpin(&c, r.r.resolve_keys.pin_id);
-            dp__wire_reply_fini(&r);
-            if (i >= 0)
-                sample_add(s, us);
-        }
-    }
-
-    printf("bench_ctl: one request at a time, client and servers on 127.0.0.1, "
-           "%ld ping iterations\n",
-           iters);
-    printf("%-22s %10s %10s %10s\n", "op", "n", "p50 us", "p99 us");
-    row("bare zmq ping-pong", &bare);
-    row("ping", &ping);
-    row("alloc", &s_alloc);
-    row("commit (1 entry)", &s_commit);
-    row("alloc+commit", &s_both);
-    row("resolve_keys x1", &rk1);
-    row("resolve_keys x1024", &rk1024);
-    double b50 = pct(&bare, 0.5), b99 = pct(&bare, 0.99);
-    double per_key = (pct(&rk1024, 0.5) - pct(&rk1, 0.5)) / (KEYS - 1);
-    printf("\nping / bare: p50 %.2fx, p99 %.2fx (target <= 1.5x)\n",
-           pct(&ping, 0.5) / b50, pct(&ping, 0.99) / b99);
-    printf("alloc+commit / bare: p50 %.2fx\n", pct(&s_both, 0.5) / b50);
-    printf("resolve_keys per key: %.3f us (p50 x1024 - p50 x1) / 1023 (target < 1 us)\n",
-           per_key);
-    printf("RESULT bare_p50=%.1f bare_p99=%.1f ping_p50=%.1f ping_p99=%.1f "
-           "alloc_commit_p50=%.1f alloc_commit_p99=%.1f rk1_p50=%.1f rk1_p99=%.1f "
-           "rk1024_p50=%.1f rk1024_p99=%.1f per_key_us=%.3f\n",
-           b50, b99, pct(&ping, 0.5), pct(&ping, 0.99), pct(&s_both, 0.5),
-           pct(&s_both, 0.99), pct(&rk1, 0.5), pct(&rk1, 0.99), pct(&rk1024, 0.5),
-           pct(&rk1024, 0.99), per_key);
-    fflush(stdout);
+    uint64_t slab_addr;
+    dp_endpoint *ep = data_path_open(&c, remote, &slab_addr);
+    put_phase(&c, ep, remote, slab_addr, iters, &s);
+    resolve_keys_phase(&c, iters, &s);
+    print_results(iters, &s);
 
     zmq_close(dealer);
     zmq_ctx_term(zctx);
@@ -469,12 +544,6 @@ main(int argc, char **argv)
     kill(echo_pid, SIGKILL);
     waitpid(unit_pid, NULL, 0);
     waitpid(echo_pid, NULL, 0);
-    free(bare.v);
-    free(ping.v);
-    free(s_alloc.v);
-    free(s_commit.v);
-    free(s_both.v);
-    free(rk1.v);
-    free(rk1024.v);
+    samples_free(&s);
     return 0;
 }

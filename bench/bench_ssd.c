@@ -115,195 +115,241 @@ sync_dir(const char *dir)
     close(fd);
 }
 
-int
-main(int argc, char **argv)
+/* What the arguments ask for, and the sizes that follow from them. */
+typedef struct ssd_cfg {
+    const char *base;
+    uint64_t total, bsz, staging;
+    uint32_t threads;
+    uint64_t n;    /* blobs */
+    uint64_t plen; /* payload bytes per blob */
+    uint64_t blen; /* laid-out bytes per blob */
+} ssd_cfg;
+
+/* 0, or 2 after printing the usage line. */
+static int
+parse_args(int argc, char **argv, ssd_cfg *c)
 {
-    const char *base = argc > 1 ? argv[1] : "/tmp";
-    uint64_t total = (argc > 2 ? strtoull(argv[2], NULL, 10) : 512) << 20;
-    uint64_t bsz = (argc > 3 ? strtoull(argv[3], NULL, 10) : 4) << 20;
-    uint32_t threads = argc > 4 ? (uint32_t)strtoul(argv[4], NULL, 10) : 4;
-    uint64_t staging = (argc > 5 ? strtoull(argv[5], NULL, 10) : 64) << 20;
-    uint64_t n = total / bsz;
-    if (n == 0 || bsz == 0 || threads == 0 || staging < 2 * bsz) {
+    c->base = argc > 1 ? argv[1] : "/tmp";
+    c->total = (argc > 2 ? strtoull(argv[2], NULL, 10) : 512) << 20;
+    c->bsz = (argc > 3 ? strtoull(argv[3], NULL, 10) : 4) << 20;
+    c->threads = argc > 4 ? (uint32_t)strtoul(argv[4], NULL, 10) : 4;
+    c->staging = (argc > 5 ? strtoull(argv[5], NULL, 10) : 64) << 20;
+    c->n = c->total / c->bsz;
+    if (c->n == 0 || c->bsz == 0 || c->threads == 0 || c->staging < 2 * c->bsz) {
         fprintf(stderr, "usage: bench_ssd [dir] [total_MiB] [blob_MiB] [io_threads] "
                         "[staging_MiB >= 2 blobs]\n");
         return 2;
     }
-    dp__log_set_level(DP_LOG_WARN);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/dp-bench-ssd-XXXXXX", base);
-    if (mkdtemp(dir) == NULL) {
-        perror("bench_ssd: mkdtemp");
-        return 1;
-    }
-    uint64_t plen = bsz - 4096;
-    uint64_t blen = blob_len(plen);
-    uint8_t *payload = malloc(plen), *dst = malloc(blen);
-    for (uint64_t i = 0; i < plen; i++)
-        payload[i] = (uint8_t)(i * 131 + 7);
+    return 0;
+}
 
+/* The in-process unit: a 4 KiB put area, so every blob spills into dir. */
+static dp_unit *
+unit_open(const ssd_cfg *c, const char *dir)
+{
     dp_unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 4096;
     o.numa = DP_UNIT_NUMA_OFF;
     o.ssd_dir = dir;
-    o.staging_bytes = staging;
+    o.staging_bytes = c->staging;
     o.pickup_s = 0;
-    o.io_threads = threads;
+    o.io_threads = c->threads;
     o.read_pin_s = 600;
     dp_unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     if (dp__unit_create(&o, &u, &d) != 0)
         die("unit", &d);
-    printf("bench_ssd: %s, %" PRIu64 " blobs of %.1f MiB (%.0f MiB), %u io threads, "
-           "IO area %.0f MiB\n",
-           dir, n, (double)blen / (1 << 20), (double)(n * blen) / (1 << 20), threads,
-           (double)staging / (1 << 20));
+    return u;
+}
 
-    /* ---- spill: puts with as many in flight as the IO area takes ---- */
+static void
+blob_id(char *id, size_t cap, uint64_t g)
+{
+    snprintf(id, cap, "b%" PRIu64, g);
+}
+
+/*
+ * One put of blob g: alloc(spill), WRITE, commit. False when the IO area is
+ * full (try again later); a commit still pending is marked in pend.
+ */
+static bool
+spill_put(dp_unit *u, const ssd_cfg *c, const uint8_t *payload, uint64_t g, uint8_t *pend,
+          uint64_t *done)
+{
     char id[32];
+    blob_id(id, sizeof id, g);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t off;
+    int rc = dp__unit_alloc_spill(u, id, strlen(id), c->blen, 1, true, &off, NULL, &d);
+    if (rc == DP_EBUSY)
+        return false;
+    if (rc != 0)
+        die("alloc", &d);
+    blob_write(dp__unit_slab(u) + off, c->blen, g, payload, c->plen);
+    dp__blob_header_set_alloc(dp__unit_slab(u) + off, dp__unit_incarnation(u),
+                              dp__unit_alloc_token(u, id, strlen(id)));
+    dp_wire_commit_state st;
+    if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
+        die("commit", &d);
+    if (st == DP_WIRE_COMMIT_DONE)
+        (*done)++;
+    else if (st == DP_WIRE_COMMIT_PENDING)
+        pend[g] = 1;
+    else
+        die("spill lost", NULL);
+    return true;
+}
+
+/* Commit again every pending put below next; the ones done are counted. */
+static void
+spill_poll(dp_unit *u, uint8_t *pend, uint64_t next, uint64_t *done)
+{
+    char id[32];
+    dp_detail d;
+    dp_detail_clear(&d);
+    for (uint64_t i = 0; i < next; i++) {
+        if (!pend[i])
+            continue;
+        dp_wire_commit_state st;
+        blob_id(id, sizeof id, i);
+        if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
+            die("commit", &d);
+        if (st == DP_WIRE_COMMIT_LOST)
+            die("spill lost", NULL);
+        if (st == DP_WIRE_COMMIT_DONE) {
+            pend[i] = 0;
+            (*done)++;
+        }
+    }
+}
+
+/* Spill: puts with as many in flight as the IO area takes, then syncfs. Seconds. */
+static double
+spill_phase(dp_unit *u, const ssd_cfg *c, const char *dir, const uint8_t *payload,
+            uint8_t *pend)
+{
     double t0 = dp__now_s();
     uint64_t next = 0, done = 0;
-    uint8_t *pend = calloc(n, 1);
-    while (done < n) {
+    while (done < c->n) {
         bool progress = false;
-        if (next < n) {
-            uint64_t off;
-            snprintf(id, sizeof id, "b%" PRIu64, next);
-            int rc =
-                dp__unit_alloc_spill(u, id, strlen(id), blen, 1, true, &off, NULL, &d);
-            if (rc == 0) {
-                blob_write(dp__unit_slab(u) + off, blen, next, payload, plen);
-                dp__blob_header_set_alloc(dp__unit_slab(u) + off, dp__unit_incarnation(u),
-                                          dp__unit_alloc_token(u, id, strlen(id)));
-                dp_wire_commit_state st;
-                if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
-                    die("commit", &d);
-                if (st == DP_WIRE_COMMIT_DONE)
-                    done++;
-                else if (st == DP_WIRE_COMMIT_PENDING)
-                    pend[next] = 1;
-                else
-                    die("spill lost", NULL);
-                next++;
-                progress = true;
-            } else if (rc != DP_EBUSY) {
-                die("alloc", &d);
-            }
+        if (next < c->n && spill_put(u, c, payload, next, pend, &done)) {
+            next++;
+            progress = true;
         }
         if (!progress) {
-            for (uint64_t i = 0; i < next; i++) {
-                if (!pend[i])
-                    continue;
-                dp_wire_commit_state st;
-                snprintf(id, sizeof id, "b%" PRIu64, i);
-                if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
-                    die("commit", &d);
-                if (st == DP_WIRE_COMMIT_LOST)
-                    die("spill lost", NULL);
-                if (st == DP_WIRE_COMMIT_DONE) {
-                    pend[i] = 0;
-                    done++;
-                }
-            }
+            spill_poll(u, pend, next, &done);
             dp__sleep_s(0.0002);
         }
     }
     sync_dir(dir);
-    double t_spill = dp__now_s() - t0;
-    fadvise_spill_files(dir);
+    return dp__now_s() - t0;
+}
 
-    /* ---- stage: gets, as many in flight as the IO area takes ---- */
-    t0 = dp__now_s();
-    uint64_t got = 0;
-    next = 0;
-    memset(pend, 0, n);
-    uint64_t window = staging / blen;
+/* One resolve of blob g; true when it was staged and READ into dst (then unpinned). */
+static bool
+stage_get(dp_unit *u, const ssd_cfg *c, uint64_t g, uint8_t *dst)
+{
+    char id[32];
+    blob_id(id, sizeof id, g);
+    dp_wire_str s = {id, (uint32_t)strlen(id)};
+    dp_unit_resolve_res r;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp__unit_lock(u);
+    int rc = dp__unit_resolve_locked(u, &s, 1, &r, &d);
+    dp__unit_unlock(u);
+    if (rc != 0)
+        die("resolve", &d);
+    if (r.n_failed > 0 || r.n_missing > 0)
+        die("stage failed", NULL);
+    bool got = r.n_blobs == 1;
+    if (got) {
+        memcpy(dst, dp__unit_slab(u) + r.blobs[0].off, c->blen); /* the READ */
+        dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
+    }
+    dp__unit_resolve_res_fini(&r);
+    return got;
+}
+
+/* Stage: gets, as many in flight as the IO area takes. Seconds. */
+static double
+stage_phase(dp_unit *u, const ssd_cfg *c, uint8_t *dst, uint8_t *pend)
+{
+    double t0 = dp__now_s();
+    uint64_t got = 0, next = 0;
+    memset(pend, 0, c->n);
+    uint64_t window = c->staging / c->blen;
     uint64_t inflight = 0;
-    while (got < n) {
+    while (got < c->n) {
         /* ask for the next ones, up to the window */
-        for (; next < n && inflight < window; next++, inflight++)
+        for (; next < c->n && inflight < window; next++, inflight++)
             pend[next] = 1;
         for (uint64_t i = 0; i < next; i++) {
-            if (pend[i] != 1)
+            if (pend[i] != 1 || !stage_get(u, c, i, dst))
                 continue;
-            snprintf(id, sizeof id, "b%" PRIu64, i);
-            dp_wire_str s = {id, (uint32_t)strlen(id)};
-            dp_unit_resolve_res r;
-            dp__unit_lock(u);
-            int rc = dp__unit_resolve_locked(u, &s, 1, &r, &d);
-            dp__unit_unlock(u);
-            if (rc != 0)
-                die("resolve", &d);
-            if (r.n_failed > 0 || r.n_missing > 0)
-                die("stage failed", NULL);
-            if (r.n_blobs == 1) {
-                memcpy(dst, dp__unit_slab(u) + r.blobs[0].off, blen); /* the READ */
-                dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
-                pend[i] = 2;
-                got++;
-                inflight--;
-            }
-            dp__unit_resolve_res_fini(&r);
+            pend[i] = 2;
+            got++;
+            inflight--;
         }
-        if (got < n)
+        if (got < c->n)
             dp__sleep_s(0.0002);
     }
-    double t_stage = dp__now_s() - t0;
-    if (memcmp(dst + blen - plen, payload, plen) != 0)
-        die("staged bytes differ", NULL);
-    dp_unit_stats st;
-    dp__unit_get_stats(u, &st);
-    dp__unit_destroy(u);
+    return dp__now_s() - t0;
+}
 
-    /* ---- the disk's limit: one sequential file, same bytes, same dir ---- */
+/* n copies of buf, each written (wr) or read in full; exits on an error. */
+static void
+plain_io(int fd, uint8_t *buf, uint64_t len, uint64_t n, int wr)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t w = 0;
+        while (w < len) {
+            ssize_t k = wr ? write(fd, buf + w, len - w) : read(fd, buf + w, len - w);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0) {
+                perror(wr ? "bench_ssd: write" : "bench_ssd: read");
+                exit(1);
+            }
+            w += (uint64_t)k;
+        }
+    }
+}
+
+/* The disk's limit: one sequential file, same bytes, same dir. Seconds each. */
+static void
+plain_phase(const ssd_cfg *c, const char *dir, const uint8_t *payload, uint8_t *dst,
+            double *t_write, double *t_read)
+{
     char path[4200];
     snprintf(path, sizeof path, "%s/plain", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd < 0) {
         perror("bench_ssd: open");
-        return 1;
+        exit(1);
     }
-    blob_write(dst, blen, 0, payload, plen);
-    t0 = dp__now_s();
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t w = 0;
-        while (w < blen) {
-            ssize_t k = write(fd, dst + w, blen - w);
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0) {
-                perror("bench_ssd: write");
-                return 1;
-            }
-            w += (uint64_t)k;
-        }
-    }
+    blob_write(dst, c->blen, 0, payload, c->plen);
+    double t0 = dp__now_s();
+    plain_io(fd, dst, c->blen, c->n, 1);
     fsync(fd);
-    double t_write = dp__now_s() - t0;
+    *t_write = dp__now_s() - t0;
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     lseek(fd, 0, SEEK_SET);
     t0 = dp__now_s();
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t r = 0;
-        while (r < blen) {
-            ssize_t k = read(fd, dst + r, blen - r);
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0) {
-                perror("bench_ssd: read");
-                return 1;
-            }
-            r += (uint64_t)k;
-        }
-    }
-    double t_read = dp__now_s() - t0;
+    plain_io(fd, dst, c->blen, c->n, 0);
+    *t_read = dp__now_s() - t0;
     close(fd);
     unlink(path);
-    rmdir(dir);
+}
 
-    double gb = (double)(n * blen) / 1e9;
+static void
+print_results(const ssd_cfg *c, double t_spill, double t_stage, double t_write,
+              double t_read, const dp_unit_stats *st)
+{
+    double gb = (double)(c->n * c->blen) / 1e9;
     printf("spill (put: alloc+WRITE+commit..done, +syncfs): %6.2f GB/s  (%.3f s)\n",
            gb / t_spill, t_spill);
     printf("plain write + fsync, same bytes, same dir:      %6.2f GB/s  (%.3f s)\n",
@@ -315,7 +361,49 @@ main(int argc, char **argv)
     printf("ratio spill / plain write: %.2f\n", t_write / t_spill);
     printf("ratio stage / plain read:  %.2f\n", t_read / t_stage);
     printf("unit: %" PRIu64 " spills, %" PRIu64 " stages, %" PRIu64 " evictions\n",
-           st.spills, st.stages, st.evictions);
+           st->spills, st->stages, st->evictions);
+}
+
+int
+main(int argc, char **argv)
+{
+    ssd_cfg c;
+    if (parse_args(argc, argv, &c) != 0)
+        return 2;
+    dp__log_set_level(DP_LOG_WARN);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/dp-bench-ssd-XXXXXX", c.base);
+    if (mkdtemp(dir) == NULL) {
+        perror("bench_ssd: mkdtemp");
+        return 1;
+    }
+    c.plen = c.bsz - 4096;
+    c.blen = blob_len(c.plen);
+    uint8_t *payload = malloc(c.plen), *dst = malloc(c.blen);
+    for (uint64_t i = 0; i < c.plen; i++)
+        payload[i] = (uint8_t)(i * 131 + 7);
+
+    dp_unit *u = unit_open(&c, dir);
+    printf("bench_ssd: %s, %" PRIu64 " blobs of %.1f MiB (%.0f MiB), %u io threads, "
+           "IO area %.0f MiB\n",
+           dir, c.n, (double)c.blen / (1 << 20), (double)(c.n * c.blen) / (1 << 20),
+           c.threads, (double)c.staging / (1 << 20));
+
+    uint8_t *pend = calloc(c.n, 1);
+    double t_spill = spill_phase(u, &c, dir, payload, pend);
+    fadvise_spill_files(dir);
+    double t_stage = stage_phase(u, &c, dst, pend);
+    if (memcmp(dst + c.blen - c.plen, payload, c.plen) != 0)
+        die("staged bytes differ", NULL);
+    dp_unit_stats st;
+    dp__unit_get_stats(u, &st);
+    dp__unit_destroy(u);
+
+    double t_write, t_read;
+    plain_phase(&c, dir, payload, dst, &t_write, &t_read);
+    rmdir(dir);
+
+    print_results(&c, t_spill, t_stage, t_write, t_read, &st);
     free(pend);
     free(payload);
     free(dst);

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Our put and get next to the limits and the alternative, in one run (issue 5,
-# DESIGN section 15):
+# Our put and get next to the limits and the alternative, in one run (issue 5):
 #
 #   large rows: 64 rows x 1 field x 1 MiB per batch
 #   small rows: 1024 rows x 4 fields x 4 KiB per batch

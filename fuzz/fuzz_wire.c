@@ -180,6 +180,197 @@ emit(uint8_t sel, const dp_buf *b, const char *name)
     nfiles++;
 }
 
+/* A dp_wire_str of string literal z, usable in a static initializer. */
+// clang-format off
+#define SEED_S(z) {(z), (uint32_t)(sizeof(z) - 1)}
+// clang-format on
+
+/* The values the seed messages carry. */
+static dp_wire_str seed_ids[] = {SEED_S("blob-1"), SEED_S("blob.2"), SEED_S("b:3")};
+static dp_wire_str seed_keys[] = {SEED_S("0@input_ids"), SEED_S("3@caf\xc3\xa9"),
+                                  SEED_S("18446744073709551615@reward")};
+static uint64_t seed_gidxs[] = {0, 7, 1ull << 40, UINT64_MAX};
+static dp_wire_shard_blob seed_shards[] = {{SEED_S("blob-1"), 0, 4096, 2},
+                                           {SEED_S("blob.2"), 4096, 70000, 1}};
+static const uint64_t seed_shape[] = {2, 1024};
+static dp_wire_key_loc seed_key_locs[] = {
+    {SEED_S("0@input_ids"), 128, 8192, SEED_S("tensor"), SEED_S("int64"), seed_shape, 2},
+    {SEED_S("3@caf\xc3\xa9"), 1ull << 33, 5, SEED_S("bytes"), SEED_S(""), NULL, 0},
+};
+static dp_wire_blob_loc seed_blob_locs[] = {{SEED_S("blob-1"), 0, 4096},
+                                            {SEED_S("b:3"), 300, 1}};
+static dp_wire_field seed_fields[] = {
+    {.name = SEED_S("id"), .type = DP_WIRE_STR, .v.s = SEED_S("blob-1")},
+    {.name = SEED_S("off"), .type = DP_WIRE_U64, .v.u = 65536},
+    {.name = SEED_S("published"), .type = DP_WIRE_BOOL, .v.b = true},
+    {.name = SEED_S("disk"), .type = DP_WIRE_NIL},
+    {.name = SEED_S("age_s"), .type = DP_WIRE_F64, .v.f = 1.5},
+    {.name = SEED_S("delta"), .type = DP_WIRE_I64, .v.i = -3},
+};
+static dp_wire_fields seed_records[] = {{seed_fields, 6}, {seed_fields, 2}};
+static const uint8_t seed_md[] = "\x01\x00mdv1 endpoint metadata";
+
+/* The arguments of a valid request of q->op (ops without arguments keep none). */
+static void
+seed_request_args(dp_wire_request *q)
+{
+    switch (q->op) {
+    case DP_WIRE_OP_ALLOC:
+        q->a.alloc = (dp_wire_alloc_args){.blob_id = dp__wire_s("blob-1"),
+                                          .nbytes = 1 << 20,
+                                          .n_entries = 64,
+                                          .spill = true,
+                                          .writer = dp__wire_s("c0ffee"),
+                                          .pid = 4242,
+                                          .host = dp__wire_s("boot/1"),
+                                          .lane = dp__wire_s("shm")};
+        break;
+    case DP_WIRE_OP_COMMIT:
+        q->a.commit.blob_id = dp__wire_s("blob-1");
+        break;
+    case DP_WIRE_OP_ABORT:
+        q->a.abort = (dp_wire_abort_args){dp__wire_s("blob-1"), true};
+        break;
+    case DP_WIRE_OP_RESOLVE:
+        q->a.resolve.blob_ids = (dp_wire_strs){seed_ids, 3};
+        break;
+    case DP_WIRE_OP_RESOLVE_KEYS:
+        q->a.resolve_keys.keys = (dp_wire_strs){seed_keys, 3};
+        break;
+    case DP_WIRE_OP_UNPIN:
+        q->a.unpin.pin_id = dp__wire_s("pin-9");
+        break;
+    case DP_WIRE_OP_RELEASE_ROWS:
+        q->a.release_rows.gidxs = (dp_wire_u64s){seed_gidxs, 4};
+        break;
+    case DP_WIRE_OP_READ_BYTES:
+        q->a.read_bytes = (dp_wire_read_bytes_args){4096, 64};
+        break;
+    case DP_WIRE_OP_SAVE_SHARD:
+        q->a.save_shard.path = dp__wire_s("/tmp/ckpt/unit-0.shard");
+        break;
+    case DP_WIRE_OP_LOAD_SHARD:
+        q->a.load_shard = (dp_wire_load_shard_args){
+            dp__wire_s("/tmp/ckpt/unit-0.shard"), {seed_shards, 2}, false};
+        break;
+    default:
+        break;
+    }
+}
+
+/* The result of a successful reply to r->op (ops without one keep none). */
+static void
+seed_reply_result(dp_wire_reply *r)
+{
+    switch (r->op) {
+    case DP_WIRE_OP_PING:
+        r->r.unit_id = 3;
+        break;
+    case DP_WIRE_OP_INFO:
+        r->r.info = (dp_wire_info){3,
+                                   4,
+                                   dp__wire_s("tcp://10.0.0.1:5555"),
+                                   dp__wire_s("unit-3"),
+                                   {seed_md, sizeof seed_md - 1},
+                                   1ull << 31,
+                                   1ull << 28,
+                                   dp__wire_s("node0"),
+                                   1ull << 40,
+                                   30000,
+                                   0x9f3c0a5d11e2b7c4ull,
+                                   DP_WIRE_PROTO,
+                                   4242,
+                                   dp__wire_s("boot-id/4026531836")};
+        break;
+    case DP_WIRE_OP_ALLOC:
+        r->r.alloc.off = 1ull << 20;
+        r->r.alloc.token = 7;
+        break;
+    case DP_WIRE_OP_COMMIT:
+        r->r.commit = DP_WIRE_COMMIT_PENDING;
+        break;
+    case DP_WIRE_OP_RESOLVE:
+        r->r.resolve = (dp_wire_resolve_res){dp__wire_s("pin-9"),
+                                             {seed_blob_locs, 2},
+                                             {seed_ids, 1},
+                                             {seed_ids + 1, 1},
+                                             {seed_ids + 2, 1}};
+        break;
+    case DP_WIRE_OP_RESOLVE_KEYS:
+        r->r.resolve_keys = (dp_wire_resolve_keys_res){dp__wire_s("pin-9"),
+                                                       {seed_key_locs, 2},
+                                                       {seed_keys + 2, 1},
+                                                       {NULL, 0},
+                                                       {seed_keys, 1}};
+        break;
+    case DP_WIRE_OP_RELEASE_ROWS:
+        r->r.dropped = 12;
+        break;
+    case DP_WIRE_OP_SCAN:
+        r->r.scan = (dp_wire_scan_res){seed_records, 2};
+        break;
+    case DP_WIRE_OP_STATS:
+        r->r.stats = seed_records[0];
+        break;
+    case DP_WIRE_OP_READ_BYTES:
+        r->r.bytes = (dp_wire_bytes){seed_md, sizeof seed_md - 1};
+        break;
+    case DP_WIRE_OP_SAVE_SHARD:
+        r->r.save_shard = (dp_wire_save_shard_res){{seed_shards, 2}, 74096, 1};
+        break;
+    case DP_WIRE_OP_LOAD_SHARD:
+        r->r.load_shard = (dp_wire_load_shard_res){{seed_ids, 2}, {seed_ids + 2, 1}};
+        break;
+    default:
+        break;
+    }
+}
+
+/* req_<op>, and for an op that is answered rep_<op> and rep_<op>_tight. */
+static void
+emit_op(int op, dp_buf *b)
+{
+    char name[64];
+    dp_wire_request q = {.op = (dp_wire_op)op, .rid = dp__wire_s("0123abcd-1f")};
+    seed_request_args(&q);
+    dp__buf_reset(b);
+    if (dp__wire_request_encode(&q, NULL, b, NULL) != DP_OK)
+        abort();
+    snprintf(name, sizeof name, "req_%s", dp__wire_op_name(q.op));
+    emit(0, b, name);
+    if (dp__wire_op_is_notify(q.op))
+        return;
+
+    /* Every other op's reply carries an incarnation (the 4-element form). */
+    dp_wire_reply r = {
+        .op = q.op, .rid = q.rid, .ok = true, .incarnation = op % 2 ? 0x1234abcdull : 0};
+    seed_reply_result(&r);
+    dp__buf_reset(b);
+    if (dp__wire_reply_encode(&r, NULL, b, NULL) != DP_OK)
+        abort();
+    snprintf(name, sizeof name, "rep_%s", dp__wire_op_name(r.op));
+    emit((uint8_t)(op + 1), b, name);
+    emit((uint8_t)(0x80 | (op + 1)), b,
+         (snprintf(name, sizeof name, "rep_%s_tight", dp__wire_op_name(r.op)), name));
+}
+
+/* err_<kind>: an error reply of every kind. */
+static void
+emit_errors(dp_buf *b)
+{
+    static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO};
+    char name[64];
+    for (size_t i = 0; i < 4; i++) {
+        dp__buf_reset(b);
+        if (dp__wire_reply_encode_error(dp__wire_s("0123abcd-20"), i * 77, codes[i],
+                                        "no room", i == 1 ? "pins held" : NULL, seed_keys,
+                                        i == 2 ? 2 : 0, NULL, b, NULL) != DP_OK)
+            abort();
+        snprintf(name, sizeof name, "err_%s", dp__wire_err_kind(codes[i]));
+        emit((uint8_t)(1 + DP_WIRE_OP_ALLOC), b, name);
+    }
+}
+
 int
 main(int argc, char **argv)
 {
@@ -188,167 +379,11 @@ main(int argc, char **argv)
         return 2;
     }
     dir = argv[1];
-    dp_wire_str ids[] = {dp__wire_s("blob-1"), dp__wire_s("blob.2"), dp__wire_s("b:3")};
-    dp_wire_str keys[] = {dp__wire_s("0@input_ids"), dp__wire_s("3@caf\xc3\xa9"),
-                          dp__wire_s("18446744073709551615@reward")};
-    uint64_t gidxs[] = {0, 7, 1ull << 40, UINT64_MAX};
-    dp_wire_shard_blob sb[] = {{dp__wire_s("blob-1"), 0, 4096, 2},
-                               {dp__wire_s("blob.2"), 4096, 70000, 1}};
-    uint64_t shape[] = {2, 1024};
-    dp_wire_key_loc kl[] = {
-        {dp__wire_s("0@input_ids"), 128, 8192, dp__wire_s("tensor"), dp__wire_s("int64"),
-         shape, 2},
-        {dp__wire_s("3@caf\xc3\xa9"), 1ull << 33, 5, dp__wire_s("bytes"), dp__wire_s(""),
-         NULL, 0},
-    };
-    dp_wire_blob_loc bl[] = {{dp__wire_s("blob-1"), 0, 4096},
-                             {dp__wire_s("b:3"), 300, 1}};
-    dp_wire_field fs[] = {
-        {.name = dp__wire_s("id"), .type = DP_WIRE_STR, .v.s = dp__wire_s("blob-1")},
-        {.name = dp__wire_s("off"), .type = DP_WIRE_U64, .v.u = 65536},
-        {.name = dp__wire_s("published"), .type = DP_WIRE_BOOL, .v.b = true},
-        {.name = dp__wire_s("disk"), .type = DP_WIRE_NIL},
-        {.name = dp__wire_s("age_s"), .type = DP_WIRE_F64, .v.f = 1.5},
-        {.name = dp__wire_s("delta"), .type = DP_WIRE_I64, .v.i = -3},
-    };
-    dp_wire_fields recs[] = {{fs, 6}, {fs, 2}};
-    static const uint8_t md[] = "\x01\x00mdv1 endpoint metadata";
-
     dp_buf b;
     dp__buf_init(&b);
-    char name[64];
-    for (int op = 0; op < DP_WIRE_OP_COUNT_; op++) {
-        dp_wire_request q = {.op = (dp_wire_op)op, .rid = dp__wire_s("0123abcd-1f")};
-        switch (q.op) {
-        case DP_WIRE_OP_ALLOC:
-            q.a.alloc = (dp_wire_alloc_args){dp__wire_s("blob-1"),
-                                             1 << 20,
-                                             64,
-                                             true,
-                                             dp__wire_s("c0ffee"),
-                                             4242,
-                                             dp__wire_s("boot/1"),
-                                             dp__wire_s("shm")};
-            break;
-        case DP_WIRE_OP_COMMIT:
-            q.a.commit.blob_id = dp__wire_s("blob-1");
-            break;
-        case DP_WIRE_OP_ABORT:
-            q.a.abort = (dp_wire_abort_args){dp__wire_s("blob-1"), true};
-            break;
-        case DP_WIRE_OP_RESOLVE:
-            q.a.resolve.blob_ids = (dp_wire_strs){ids, 3};
-            break;
-        case DP_WIRE_OP_RESOLVE_KEYS:
-            q.a.resolve_keys.keys = (dp_wire_strs){keys, 3};
-            break;
-        case DP_WIRE_OP_UNPIN:
-            q.a.unpin.pin_id = dp__wire_s("pin-9");
-            break;
-        case DP_WIRE_OP_RELEASE_ROWS:
-            q.a.release_rows.gidxs = (dp_wire_u64s){gidxs, 4};
-            break;
-        case DP_WIRE_OP_READ_BYTES:
-            q.a.read_bytes = (dp_wire_read_bytes_args){4096, 64};
-            break;
-        case DP_WIRE_OP_SAVE_SHARD:
-            q.a.save_shard.path = dp__wire_s("/tmp/ckpt/unit-0.shard");
-            break;
-        case DP_WIRE_OP_LOAD_SHARD:
-            q.a.load_shard = (dp_wire_load_shard_args){
-                dp__wire_s("/tmp/ckpt/unit-0.shard"), {sb, 2}, false};
-            break;
-        default:
-            break;
-        }
-        dp__buf_reset(&b);
-        if (dp__wire_request_encode(&q, NULL, &b, NULL) != DP_OK)
-            abort();
-        snprintf(name, sizeof name, "req_%s", dp__wire_op_name(q.op));
-        emit(0, &b, name);
-        if (dp__wire_op_is_notify(q.op))
-            continue;
-
-        /* Every other op's reply carries an incarnation (the 4-element form). */
-        dp_wire_reply r = {.op = q.op,
-                           .rid = q.rid,
-                           .ok = true,
-                           .incarnation = op % 2 ? 0x1234abcdull : 0};
-        switch (r.op) {
-        case DP_WIRE_OP_PING:
-            r.r.unit_id = 3;
-            break;
-        case DP_WIRE_OP_INFO:
-            r.r.info = (dp_wire_info){3,
-                                      4,
-                                      dp__wire_s("tcp://10.0.0.1:5555"),
-                                      dp__wire_s("unit-3"),
-                                      {md, sizeof md - 1},
-                                      1ull << 31,
-                                      1ull << 28,
-                                      dp__wire_s("node0"),
-                                      1ull << 40,
-                                      30000,
-                                      0x9f3c0a5d11e2b7c4ull,
-                                      DP_WIRE_PROTO,
-                                      4242,
-                                      dp__wire_s("boot-id/4026531836")};
-            break;
-        case DP_WIRE_OP_ALLOC:
-            r.r.alloc.off = 1ull << 20;
-            r.r.alloc.token = 7;
-            break;
-        case DP_WIRE_OP_COMMIT:
-            r.r.commit = DP_WIRE_COMMIT_PENDING;
-            break;
-        case DP_WIRE_OP_RESOLVE:
-            r.r.resolve = (dp_wire_resolve_res){
-                dp__wire_s("pin-9"), {bl, 2}, {ids, 1}, {ids + 1, 1}, {ids + 2, 1}};
-            break;
-        case DP_WIRE_OP_RESOLVE_KEYS:
-            r.r.resolve_keys = (dp_wire_resolve_keys_res){
-                dp__wire_s("pin-9"), {kl, 2}, {keys + 2, 1}, {NULL, 0}, {keys, 1}};
-            break;
-        case DP_WIRE_OP_RELEASE_ROWS:
-            r.r.dropped = 12;
-            break;
-        case DP_WIRE_OP_SCAN:
-            r.r.scan = (dp_wire_scan_res){recs, 2};
-            break;
-        case DP_WIRE_OP_STATS:
-            r.r.stats = recs[0];
-            break;
-        case DP_WIRE_OP_READ_BYTES:
-            r.r.bytes = (dp_wire_bytes){md, sizeof md - 1};
-            break;
-        case DP_WIRE_OP_SAVE_SHARD:
-            r.r.save_shard = (dp_wire_save_shard_res){{sb, 2}, 74096, 1};
-            break;
-        case DP_WIRE_OP_LOAD_SHARD:
-            r.r.load_shard = (dp_wire_load_shard_res){{ids, 2}, {ids + 2, 1}};
-            break;
-        default:
-            break;
-        }
-        dp__buf_reset(&b);
-        if (dp__wire_reply_encode(&r, NULL, &b, NULL) != DP_OK)
-            abort();
-        snprintf(name, sizeof name, "rep_%s", dp__wire_op_name(r.op));
-        emit((uint8_t)(op + 1), &b, name);
-        emit((uint8_t)(0x80 | (op + 1)), &b,
-             (snprintf(name, sizeof name, "rep_%s_tight", dp__wire_op_name(r.op)), name));
-    }
-    /* error replies of every kind */
-    static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO};
-    for (size_t i = 0; i < 4; i++) {
-        dp__buf_reset(&b);
-        if (dp__wire_reply_encode_error(dp__wire_s("0123abcd-20"), i * 77, codes[i],
-                                        "no room", i == 1 ? "pins held" : NULL, keys,
-                                        i == 2 ? 2 : 0, NULL, &b, NULL) != DP_OK)
-            abort();
-        snprintf(name, sizeof name, "err_%s", dp__wire_err_kind(codes[i]));
-        emit((uint8_t)(1 + DP_WIRE_OP_ALLOC), &b, name);
-    }
+    for (int op = 0; op < DP_WIRE_OP_COUNT_; op++)
+        emit_op(op, &b);
+    emit_errors(&b);
     dp__buf_fini(&b);
     printf("wrote %d files to %s\n", nfiles, dir);
     return 0;

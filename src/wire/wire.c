@@ -127,6 +127,8 @@ dp__wire_utf8_valid(const void *p, size_t n)
 static size_t
 text_bad(const char *p, uint32_t n)
 {
+    if (n == 0)
+        return 0; /* p may be NULL: no pointer arithmetic on it */
     const uint8_t *s = (const uint8_t *)p, *e = s + n;
     while (s < e) {
         if (*s >= 0x20 && *s < 0x80) {
