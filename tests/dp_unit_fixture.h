@@ -1,8 +1,9 @@
 /*
  * Fixtures of the in-process unit tests (test_unit, test_unit_handler and the
  * blob builder of test_unit_zmq): a unit on a fake clock, blobs of patterned
- * entries, a put (alloc, WRITE, commit) and the location of one key. Include
- * after dp_test.h (CHECK) and dp_unit_blob.h.
+ * entries, a put (alloc, WRITE, commit) and the location of one key; the SSD
+ * tier's fixtures (dp_unit_ssd_fixture.h) build their blobs as its tblob.
+ * Include after dp_test.h (CHECK) and dp_unit_blob.h.
  */
 #ifndef DP_UNIT_FIXTURE_H
 #define DP_UNIT_FIXTURE_H

@@ -1,217 +1,29 @@
 /*
- * Tests for checkpoints (DESIGN section 9): the unit's save_shard and
- * load_shard called in process (round trip byte for byte, overwritten and
- * cleared keys stay gone, holds under concurrent puts, overwrites and clears,
- * corrupted and truncated files refused with nothing published, another
- * cluster shape refused, path rules) and through the control handler.
+ * Tests for checkpoints (docs/design.md, Checkpoints) of one unit: its
+ * save_shard and load_shard called in process (round trip byte for byte,
+ * overwritten and cleared keys stay gone, not enough room, corrupted and
+ * truncated files refused with nothing published, another cluster shape
+ * refused, path rules, holds under concurrent puts, overwrites and clears),
+ * through the control handler, and over ZMQ while the unit saves (it answers
+ * others, two saves or a save and a load at once, destroyed midway). The
+ * cluster-level checkpoints and the CLI are tested in test_checkpoint_cluster.c.
  */
 #include "dp_test.h"
-#include "dp_proc.h"
 #include "dp_tsan_ucx.h"
+#include "dp_unit_blob.h"
+#include "dp_checkpoint_fixture.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include "blob/blob.h"
-#include "client/checkpoint.h"
-#include "client/cluster.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "unit/unit.h"
 #include "wire/wire.h"
 
-static dp_unit *
-mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
-{
-    dp_unit_opts o;
-    dp__unit_opts_init(&o);
-    o.slab_bytes = slab;
-    o.n_units = n_units;
-    o.unit_id = unit_id;
-    o.numa = DP_UNIT_NUMA_OFF;
-    dp_unit *u = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
-    return u;
-}
-
-static void
-check_unit(dp_unit *u)
-{
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_check(u, &d), &d);
-}
-
-static dp_unit_stats
-stats(dp_unit *u)
-{
-    dp_unit_stats s;
-    dp__unit_get_stats(u, &s);
-    return s;
-}
-
-/* Payload byte k of key (gidx, field) at version ver. */
-static uint8_t
-pat(uint64_t gidx, uint32_t ver, uint64_t k)
-{
-    return (uint8_t)(gidx * 131 + ver * 17 + k * 3 + 1);
-}
-
-/* Put one blob holding rows gidxs[0..n) (field "f"), version ver, plen bytes each. */
-static int put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
-                          uint32_t ver, uint64_t plen, bool spill);
-
-static int
-put_rows(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n, uint32_t ver,
-         uint64_t plen)
-{
-    return put_rows_spill(u, id, gidxs, n, ver, plen, false);
-}
-
-/* As put_rows; with spill, a blob the put area cannot take goes to the SSD tier. */
-static int
-put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
-               uint32_t ver, uint64_t plen, bool spill)
-{
-    dp_blob_builder *b = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
-    uint8_t *pay = malloc(n * plen);
-    char key[64];
-    for (uint32_t i = 0; i < n; i++) {
-        for (uint64_t k = 0; k < plen; k++)
-            pay[i * plen + k] = pat(gidxs[i], ver, k);
-        snprintf(key, sizeof key, "%llu@f", (unsigned long long)gidxs[i]);
-        dp_blob_entry_spec s = {0};
-        s.key = key;
-        s.kind = DP_BLOB_BYTES;
-        s.len = plen;
-        s.payload = pay + i * plen;
-        CHECK_OK_D(dp__blob_builder_add(b, &s, NULL, &d), &d);
-    }
-    dp_blob_layout lay;
-    CHECK_OK_D(dp__blob_builder_layout(b, &lay, &d), &d);
-    uint64_t off = 0;
-    int rc =
-        dp__unit_alloc_spill(u, id, strlen(id), lay.total_len, n, spill, &off, NULL, &d);
-    if (rc == 0) {
-        uint8_t *dst = dp__unit_slab(u) + off;
-        CHECK_OK_D(dp__blob_builder_write(b, dst, lay.total_len, &d), &d);
-        CHECK_OK_D(dp__blob_builder_copy_payloads(b, dst, lay.total_len, &d), &d);
-        dp__blob_header_set_alloc(dst, dp__unit_incarnation(u),
-                                  dp__unit_alloc_token(u, id, strlen(id)));
-        dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
-        for (int tries = 0; tries < 10000; tries++) {
-            CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
-            if (st != DP_WIRE_COMMIT_PENDING)
-                break;
-            usleep(1000);
-        }
-        CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
-    }
-    dp__blob_builder_destroy(b);
-    free(pay);
-    return rc;
-}
-
-/* The version of row gidx's "f" held by u (0: missing), its bytes checked. */
-static uint32_t
-row_version(dp_unit *u, uint64_t gidx, uint64_t plen, uint32_t max_ver)
-{
-    char key[64];
-    snprintf(key, sizeof key, "%llu@f", (unsigned long long)gidx);
-    dp_wire_str k = {key, (uint32_t)strlen(key)};
-    dp_unit_resolve_keys_res r;
-    dp_detail d;
-    dp_detail_clear(&d);
-    /* A disk blob answers pending while it is staged: ask again. */
-    for (int tries = 0;; tries++) {
-        dp__unit_lock(u);
-        CHECK_OK_D(dp__unit_resolve_keys_locked(u, &k, 1, &r, &d), &d);
-        dp__unit_unlock(u);
-        if (r.n_pending == 0 || tries > 5000)
-            break;
-        dp__unit_resolve_keys_res_fini(&r);
-        usleep(1000);
-    }
-    CHECK_EQ(r.n_failed, 0);
-    dp__unit_lock(u);
-    uint32_t ver = 0;
-    if (r.n_entries == 1) {
-        CHECK_EQ(r.entries[0].len, plen);
-        const uint8_t *p = dp__unit_slab(u) + r.entries[0].off;
-        for (uint32_t v = 1; v <= max_ver && ver == 0; v++) {
-            uint64_t k2 = 0;
-            while (k2 < plen && p[k2] == pat(gidx, v, k2))
-                k2++;
-            if (k2 == plen)
-                ver = v;
-        }
-        CHECKF(ver != 0, "row %llu: bytes match no version", (unsigned long long)gidx);
-    }
-    dp__unit_unlock(u);
-    if (r.pin_id[0])
-        dp__unit_unpin(u, r.pin_id, strlen(r.pin_id));
-    dp__unit_resolve_keys_res_fini(&r);
-    return ver;
-}
-
-static char tmpdir[256];
-
-/* Every test removes its files; the directory goes at exit (if empty). */
-static void
-rm_tmpdir(void)
-{
-    rmdir(tmpdir);
-}
-
-static const char *
-tpath(const char *name, char *buf, size_t cap)
-{
-    if (tmpdir[0] == '\0') {
-        snprintf(tmpdir, sizeof tmpdir, "/tmp/dp-ckpt-test-XXXXXX");
-        CHECK(mkdtemp(tmpdir) != NULL);
-        atexit(rm_tmpdir);
-    }
-    mkdir(tmpdir, 0700); /* again if a test removed it */
-    snprintf(buf, cap, "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void
-rm_shard(const char *p)
-{
-    char b[1100];
-    unlink(p);
-    snprintf(b, sizeof b, "%s.rows", p);
-    unlink(b);
-    snprintf(b, sizeof b, "%s.tmp", p);
-    unlink(b);
-    snprintf(b, sizeof b, "%s.rows.tmp", p);
-    unlink(b);
-}
-
-static int
-save(dp_unit *u, const char *p, dp_unit_save_res *res, dp_detail *d)
-{
-    return dp__unit_save_shard(u, p, strlen(p), res, d);
-}
-
-static int
-load(dp_unit *u, const char *p, const dp_unit_save_res *sr, bool spill,
-     dp_unit_load_res *lr, dp_detail *d)
-{
-    return dp__unit_load_shard(u, p, strlen(p), sr->blobs, sr->n_blobs, spill, lr, d);
-}
+/* ---- one unit, in process ---- */
 
 DP_TEST(round_trip_live_keys_only)
 {
@@ -235,7 +47,7 @@ DP_TEST(round_trip_live_keys_only)
     struct stat st;
     CHECK(stat(p, &st) == 0);
     CHECK_EQ((uint64_t)st.st_size, sr.nbytes);
-    check_unit(u);
+    dp_test_unit_check(u);
 
     dp_unit *v = mk_unit(1 << 20, 2, 1);
     dp_unit_load_res lr;
@@ -243,20 +55,20 @@ DP_TEST(round_trip_live_keys_only)
     CHECK_EQ(lr.n_loaded, 3);
     CHECK_EQ(lr.n_failed, 0);
     dp__unit_load_res_fini(&lr);
-    check_unit(v);
+    dp_test_unit_check(v);
     for (uint64_t g = 1; g < 13; g += 2)
         CHECK_EQ(row_version(v, g, 300, 2), row_version(u, g, 300, 2));
     CHECK_EQ(row_version(v, 3, 300, 2), 2);
     CHECK_EQ(row_version(v, 7, 300, 2), 0);
     CHECK_EQ(row_version(v, 9, 300, 2), 0);
-    CHECK_EQ(stats(v).entries, stats(u).entries);
-    CHECK_EQ(stats(v).published, 3);
+    CHECK_EQ(dp_test_unit_stats(v).entries, dp_test_unit_stats(u).entries);
+    CHECK_EQ(dp_test_unit_stats(v).published, 3);
     /* Loading again: everything is already there. */
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
     CHECK_EQ(lr.n_loaded, 3);
     dp__unit_load_res_fini(&lr);
-    CHECK_EQ(stats(v).published, 3);
-    check_unit(v);
+    CHECK_EQ(dp_test_unit_stats(v).published, 3);
+    dp_test_unit_check(v);
 
     /* The final name exists: a save never replaces it, nor a stale .tmp. */
     dp_unit_save_res sr2;
@@ -289,25 +101,13 @@ DP_TEST(not_enough_room_then_failed)
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
     CHECK(lr.n_loaded >= 2 && lr.n_loaded < 8);
     CHECK_EQ(lr.n_loaded + lr.n_failed, 8);
-    CHECK_EQ(stats(v).published, lr.n_loaded);
+    CHECK_EQ(dp_test_unit_stats(v).published, lr.n_loaded);
     dp__unit_load_res_fini(&lr);
-    check_unit(v);
+    dp_test_unit_check(v);
     dp__unit_destroy(v);
     dp__unit_save_res_fini(&sr);
     dp__unit_destroy(u);
     rm_shard(p);
-}
-
-static void
-corrupt_at(const char *p, uint64_t off)
-{
-    int fd = open(p, O_RDWR);
-    CHECK(fd >= 0);
-    uint8_t c = 0;
-    CHECK_EQ(pread(fd, &c, 1, (off_t)off), 1);
-    c ^= 0x40;
-    CHECK_EQ(pwrite(fd, &c, 1, (off_t)off), 1);
-    close(fd);
 }
 
 static void
@@ -334,11 +134,11 @@ refused(const char *p, const dp_unit_save_res *sr, uint32_t n_units, int code,
     dp_detail_clear(&d);
     CHECK_ERR_D(load(v, p, sr, true, &lr, &d), code, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), needle);
-    dp_unit_stats s = stats(v);
+    dp_unit_stats s = dp_test_unit_stats(v);
     CHECK_EQ(s.blobs, 0);
     CHECK_EQ(s.entries, 0);
     CHECK_EQ(s.allocated_bytes, 0);
-    check_unit(v);
+    dp_test_unit_check(v);
     dp__unit_destroy(v);
 }
 
@@ -486,8 +286,8 @@ DP_TEST(handler_save_load)
     dp__wire_reply_fini(&lr);
     CHECK_EQ(row_version(v, 1, 100, 2), 1);
     CHECK_EQ(row_version(v, 2, 100, 2), 2);
-    CHECK_EQ(stats(v).entries, 2);
-    check_unit(v);
+    CHECK_EQ(dp_test_unit_stats(v).entries, 2);
+    dp_test_unit_check(v);
     /* Saving to the same name again is refused (Protocol error, nothing replaced). */
     dp__wire_reply_fini(&r);
     handle(u, &q, &r, &out);
@@ -556,14 +356,14 @@ DP_TEST(save_during_puts_overwrites_clears)
         CHECK_OK_D(save(u, p, &sr, &d), &d);
         overlapped += __atomic_load_n(&s.puts, __ATOMIC_ACQUIRE) > puts0;
         clears += sr.clears_during_save;
-        check_unit(u);
+        dp_test_unit_check(u);
         dp_unit *v = mk_unit(4 << 20, 1, 0);
         dp_unit_load_res lr;
         CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
         CHECK_EQ(lr.n_failed, 0);
         CHECK_EQ(lr.n_loaded, sr.n_blobs);
         dp__unit_load_res_fini(&lr);
-        check_unit(v);
+        dp_test_unit_check(v);
         /* Every restored row holds one whole version's bytes. */
         for (uint64_t g = 0; g < CC_ROWS * 3; g++)
             restored += row_version(v, g, CC_PLEN, 5) != 0;
@@ -572,7 +372,7 @@ DP_TEST(save_during_puts_overwrites_clears)
     }
     __atomic_store_n(&s.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
-    check_unit(u);
+    dp_test_unit_check(u);
     CHECK(s.puts > 0);
     DP_LOG_I("checkpoint: %u puts, %llu clears during saves, %d of 12 saves overlapped "
              "by puts, %d rows restored",
@@ -589,7 +389,7 @@ DP_TEST(save_during_puts_overwrites_clears)
     dp__unit_load_res_fini(&lr);
     for (uint64_t g = 0; g < CC_ROWS * 3; g++)
         CHECK_EQ(row_version(v, g, CC_PLEN, 5), row_version(u, g, CC_PLEN, 5));
-    CHECK_EQ(stats(v).entries, stats(u).entries);
+    CHECK_EQ(dp_test_unit_stats(v).entries, dp_test_unit_stats(u).entries);
     dp__unit_destroy(v);
     dp__unit_save_res_fini(&sr);
     dp__unit_destroy(u);
@@ -597,211 +397,88 @@ DP_TEST(save_during_puts_overwrites_clears)
     rmdir(tmpdir);
 }
 
-/* ---- cluster level: units served over ZMQ, dp__ckpt_save_units / _load_units ---- */
+/* ---- holds: rows cleared while the save copies ---- */
 
-typedef struct tcluster {
-    uint32_t n;
-    dp_unit *u[4];
-    dp_ctl_server *srv[4];
-    dp_cluster cl;
-    char file[512];
-} tcluster;
+typedef struct hold_ctx {
+    dp_unit *u;
+    const char *path;
+    dp_unit_save_res sr;
+    int rc;
+} hold_ctx;
 
-/* n units (SSD tier on with ssd_dir) each served by a ctl server. */
-static void
-tc_start(tcluster *t, uint32_t n, uint64_t slab, const char *ssd_dir, const char *name)
+static void *
+hold_saver(void *arg)
 {
-    memset(t, 0, sizeof *t);
-    t->n = n;
-    t->cl.n_units = n;
-    t->cl.units = calloc(n, sizeof *t->cl.units);
+    hold_ctx *h = arg;
     dp_detail d;
     dp_detail_clear(&d);
-    for (uint32_t i = 0; i < n; i++) {
-        dp_unit_opts o;
-        dp__unit_opts_init(&o);
-        o.slab_bytes = slab;
-        o.n_units = n;
-        o.unit_id = i;
-        o.numa = DP_UNIT_NUMA_OFF;
-        if (ssd_dir != NULL) {
-            o.ssd_dir = ssd_dir;
-            o.staging_bytes = 4 << 20;
-            o.io_threads = 2;
+    h->rc = dp__unit_save_shard(h->u, h->path, strlen(h->path), &h->sr, &d);
+    return NULL;
+}
+
+DP_TEST(clear_during_save_frees_after_copy)
+{
+    char p[512], tmp[600];
+    tpath("hold", p, sizeof p);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    int tries = 0, seen = 0;
+    for (; tries < 5 && !seen; tries++) {
+        rm_shard(p);
+        dp_unit *u = mk_unit(80 << 20, 1, 0);
+        uint64_t g[16];
+        for (uint32_t i = 0; i < 16; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "h%u", i);
+            g[i] = i;
+            CHECK_OK(put_rows(u, id, &g[i], 1, 1, 4 << 20));
         }
-        CHECK_OK_D(dp__unit_create(&o, &t->u[i], &d), &d);
-        dp_ctl_server_opts so = {0};
-        CHECK_OK_D(dp__ctl_server_open(&so, dp__unit_handle, dp__unit_handle_oversize,
-                                       t->u[i], &t->srv[i], &d),
-                   &d);
-        dp__unit_set_address(t->u[i], dp__ctl_server_address(t->srv[i]));
-        t->cl.units[i].id = i;
-        snprintf(t->cl.units[i].zmq, sizeof t->cl.units[i].zmq, "%s",
-                 dp__ctl_server_address(t->srv[i]));
-        snprintf(t->cl.units[i].agent, sizeof t->cl.units[i].agent, "unit-%u", i);
-    }
-    tpath(name, t->file, sizeof t->file);
-    CHECK_OK_D(dp__cluster_save(t->file, &t->cl, &d), &d);
-}
-
-static void
-tc_stop(tcluster *t)
-{
-    for (uint32_t i = 0; i < t->n; i++) {
-        dp__ctl_server_close(t->srv[i]);
-        check_unit(t->u[i]);
-        dp__unit_destroy(t->u[i]);
-    }
-    unlink(t->file);
-    dp__cluster_fini(&t->cl);
-}
-
-/* Rows 0..rows-1 (plen bytes each) of two clusters hold the same versions. */
-static void
-tc_same(tcluster *a, tcluster *b, uint64_t rows, uint64_t plen, uint32_t max_ver)
-{
-    for (uint64_t g = 0; g < rows; g++)
-        CHECK_EQ(row_version(b->u[g % b->n], g, plen, max_ver),
-                 row_version(a->u[g % a->n], g, plen, max_ver));
-    uint64_t ea = 0, eb = 0;
-    for (uint32_t i = 0; i < a->n; i++)
-        ea += stats(a->u[i]).entries;
-    for (uint32_t i = 0; i < b->n; i++)
-        eb += stats(b->u[i]).entries;
-    CHECK_EQ(eb, ea);
-}
-
-/* Puts (per unit), overwrites and clears, in process. */
-static void
-tc_fill(tcluster *t, uint64_t rows, uint64_t plen, uint32_t per_blob)
-{
-    uint32_t nb = 0;
-    for (uint32_t ver = 1; ver <= 2; ver++) {
-        for (uint32_t u = 0; u < t->n; u++) {
-            uint64_t g[64];
-            uint32_t k = 0;
-            for (uint64_t r = u; r < rows; r += t->n) {
-                if (ver == 2 && r % 3 != 0)
-                    continue; /* overwrite every third row */
-                g[k++] = r;
-                if (k == per_blob || r + t->n >= rows) {
-                    char id[32];
-                    snprintf(id, sizeof id, "c%u", nb++);
-                    CHECK_OK(put_rows(t->u[u], id, g, k, ver, plen));
-                    k = 0;
-                }
-            }
-            if (k > 0) {
-                char id[32];
-                snprintf(id, sizeof id, "c%u", nb++);
-                CHECK_OK(put_rows(t->u[u], id, g, k, ver, plen));
-            }
+        hold_ctx h = {.u = u, .path = p};
+        pthread_t th;
+        CHECK_EQ(pthread_create(&th, NULL, hold_saver, &h), 0);
+        /* path.tmp exists only after the snapshot: clear everything then. */
+        double end = dp_test_now() + 10;
+        while (access(tmp, F_OK) != 0 && dp_test_now() < end)
+            ;
+        CHECK_EQ(dp__unit_release_rows(u, g, 16), 16);
+        dp_unit_stats s = dp_test_unit_stats(u);
+        bool during = access(tmp, F_OK) == 0; /* still copying after the clear */
+        if (during) {
+            /* Held: out of the table, regions kept until the copy ends. */
+            CHECK_EQ(s.published, 0);
+            CHECK_EQ(s.zombies, 16);
+            CHECK(s.allocated_bytes >= 64 << 20);
+            dp_test_unit_check(u);
         }
+        CHECK_EQ(pthread_join(th, NULL), 0);
+        CHECK_OK(h.rc);
+        s = dp_test_unit_stats(u);
+        CHECK_EQ(s.zombies, 0);
+        CHECK_EQ(s.allocated_bytes, 0);
+        dp_test_unit_check(u);
+        if (during) {
+            seen = 1;
+            CHECK_EQ(h.sr.clears_during_save, 1);
+            /* The copy is whole: all 16 rows come back. */
+            dp_unit *v = mk_unit(80 << 20, 1, 0);
+            dp_unit_load_res lr;
+            dp_detail d;
+            dp_detail_clear(&d);
+            CHECK_OK_D(load(v, p, &h.sr, false, &lr, &d), &d);
+            CHECK_EQ(lr.n_loaded, 16);
+            dp__unit_load_res_fini(&lr);
+            for (uint64_t r = 0; r < 16; r++)
+                CHECK_EQ(row_version(v, r, 4 << 20, 1), 1);
+            dp__unit_destroy(v);
+        }
+        dp__unit_save_res_fini(&h.sr);
+        dp__unit_destroy(u);
     }
-    for (uint64_t g = 1; g < rows; g += 7) /* clears */
-        dp__unit_release_rows(t->u[g % t->n], &g, 1);
+    DP_LOG_I("checkpoint: clear landed during the copy after %d tries", tries);
+    CHECKF(seen, "the save always ended before the clear (%d tries)", tries);
+    rm_shard(p);
 }
 
-static void
-rm_tree_ckpt(const char *dir)
-{
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ(system(cmd), 0);
-}
-
-DP_TEST(cluster_save_load_and_refusals)
-{
-    char dir[512];
-    tpath("cl-ck", dir, sizeof dir);
-    rm_tree_ckpt(dir);
-    tcluster a, b, c3;
-    tc_start(&a, 2, 8 << 20, NULL, "cl-a.json");
-    tc_fill(&a, 100, 3000, 5);
-    dp_ctl_client *cc = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
-    dp_ckpt_summary s;
-    /* Nothing saved yet. */
-    tc_start(&b, 2, 8 << 20, NULL, "cl-b.json");
-    CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &s, &d), DP_ENOTFOUND, &d);
-    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
-    CHECK_EQ(s.n_units, 2);
-    CHECK(s.blobs > 0);
-    /* Restore into fresh units, byte for byte; cleared rows stay gone. */
-    dp_ckpt_summary ls;
-    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
-    CHECK_EQ(ls.loaded, s.blobs);
-    CHECK_EQ(stats(a.u[0]).saves, 1);
-    CHECK(stats(b.u[0]).loads >= 1);
-    CHECK_EQ(stats(b.u[0]).loaded_blobs + stats(b.u[1]).loaded_blobs, s.blobs);
-    CHECK_EQ(stats(a.u[0]).admin_running, 0);
-    CHECK_STR(ls.checkpoint, s.checkpoint);
-    tc_same(&a, &b, 100, 3000, 2);
-    CHECK_EQ(row_version(b.u[1], 1, 3000, 2), 0);
-    CHECK_EQ(row_version(b.u[0], 0, 3000, 2), 2);
-    tc_stop(&b);
-    /* Another shape is refused. */
-    tc_start(&c3, 3, 8 << 20, NULL, "cl-c.json");
-    CHECK_ERR_D(dp__ckpt_load_units(cc, &c3.cl, dir, NULL, &ls, &d), DP_EINVAL, &d);
-    CHECK_CONTAINS(dp_detail_msg(&d), "gidx % n_units");
-    tc_stop(&c3);
-    /* A second save becomes current; corrupting its shard is refused with the file. */
-    dp_ckpt_summary s2;
-    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s2, &d), &d);
-    CHECK(strcmp(s2.checkpoint, s.checkpoint) != 0);
-    char shard[1024];
-    snprintf(shard, sizeof shard, "%s/%s/unit-1.shard", dir, s2.checkpoint);
-    corrupt_at(shard, 100);
-    tc_start(&b, 2, 8 << 20, NULL, "cl-b.json");
-    CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
-    CHECK_CONTAINS(dp_detail_msg(&d), shard);
-    for (uint32_t i = 0; i < 2; i++) {
-        CHECK_EQ(stats(b.u[i]).blobs, 0);
-        CHECK_EQ(stats(b.u[i]).allocated_bytes, 0);
-    }
-    /* Truncated. */
-    corrupt_at(shard, 100);
-    struct stat st;
-    CHECK(stat(shard, &st) == 0);
-    CHECK_EQ(truncate(shard, st.st_size - 1), 0);
-    CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
-    CHECK_CONTAINS(dp_detail_msg(&d), "truncated");
-    CHECK_EQ(stats(b.u[0]).blobs + stats(b.u[1]).blobs, 0);
-    /* A manifest whose blob numbers are not whole numbers >= 0 is refused. */
-    char mpath[1024];
-    snprintf(mpath, sizeof mpath, "%s/%s", dir, DP_CKPT_MANIFEST);
-    FILE *mf = fopen(mpath, "rb");
-    CHECK(mf != NULL);
-    char *mtext = calloc(1, 1 << 20);
-    size_t mlen = fread(mtext, 1, (1 << 20) - 1, mf);
-    fclose(mf);
-    CHECK(mlen > 0);
-    const char *bad_numbers[] = {"-1", "1.5", "1e300"};
-    for (size_t k = 0; k < DP_ARRAY_LEN(bad_numbers); k++) {
-        char *blobs = strstr(mtext, "\"blobs\"");
-        CHECK(blobs != NULL);
-        char *open_br = strchr(blobs, '[');
-        CHECK(open_br != NULL);
-        size_t num_len = strcspn(open_br + 1, ",");
-        mf = fopen(mpath, "wb");
-        CHECK(mf != NULL);
-        fwrite(mtext, 1, (size_t)(open_br + 1 - mtext), mf);
-        fputs(bad_numbers[k], mf);
-        fputs(open_br + 1 + num_len, mf);
-        fclose(mf);
-        CHECK_ERR_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), DP_ECORRUPT, &d);
-        CHECK_CONTAINS(dp_detail_msg(&d), "bad blob entry");
-        CHECK_CONTAINS(dp_detail_msg(&d), mpath);
-    }
-    CHECK_EQ(stats(b.u[0]).blobs + stats(b.u[1]).blobs, 0);
-    free(mtext);
-    tc_stop(&b);
-    dp__ctl_client_destroy(cc);
-    tc_stop(&a);
-    rm_tree_ckpt(dir);
-}
+/* ---- one unit served over ZMQ: saves and loads on threads of their own ---- */
 
 typedef struct busy_save {
     const char *addr;
@@ -852,7 +529,7 @@ DP_TEST(unit_answers_others_while_it_saves)
     tcluster a;
     tc_start(&a, 1, 512 << 20, NULL, "busy.json");
     tc_fill(&a, 192, 1 << 20, 4); /* about 190 MiB to write and fsync */
-    uint64_t live = stats(a.u[0]).entries;
+    uint64_t live = dp_test_unit_stats(a.u[0]).entries;
     dp_ctl_client *pc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
@@ -887,7 +564,7 @@ DP_TEST(unit_answers_others_while_it_saves)
     dp__wire_reply_fini(&r);
     printf("  %d of %d pings answered while save_shard ran\n", during, total);
     CHECKF(during >= 3, "only %d of %d pings answered during the save", during, total);
-    CHECK_EQ(stats(a.u[0]).entries, live);
+    CHECK_EQ(dp_test_unit_stats(a.u[0]).entries, live);
     dp__buf_fini(&req);
     dp__buf_fini(&rep);
     dp__buf_fini(&b.reply);
@@ -1080,9 +757,9 @@ DP_TEST(destroy_stops_a_running_save)
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, busy_saver, &b), 0);
     double t0 = dp_test_now();
-    while (stats(a.u[0]).admin_running == 0 && dp_test_now() - t0 < 10)
+    while (dp_test_unit_stats(a.u[0]).admin_running == 0 && dp_test_now() - t0 < 10)
         usleep(200);
-    CHECK_EQ(stats(a.u[0]).admin_running, 1);
+    CHECK_EQ(dp_test_unit_stats(a.u[0]).admin_running, 1);
     dp__ctl_server_close(a.srv[0]);
     dp__unit_destroy(a.u[0]); /* returns once the save has stopped */
     CHECK(access(path, F_OK) != 0);
@@ -1096,475 +773,3 @@ DP_TEST(destroy_stops_a_running_save)
     unlink(a.file);
     dp__cluster_fini(&a.cl);
 }
-
-/* Count DIR's ckpt-* entries; *has gets whether name is among them. */
-static int
-count_ckpts(const char *dir, const char *name, bool *has)
-{
-    DIR *dd = opendir(dir);
-    CHECK(dd != NULL);
-    int n = 0;
-    *has = false;
-    struct dirent *e;
-    while ((e = readdir(dd)) != NULL) {
-        if (strncmp(e->d_name, "ckpt-", 5) != 0)
-            continue;
-        n++;
-        if (strcmp(e->d_name, name) == 0)
-            *has = true;
-    }
-    closedir(dd);
-    return n;
-}
-
-/*
- * save with keep = 2 leaves the new checkpoint and the newest older one; a
- * directory that sorts after the new one (a save still running elsewhere) is
- * left alone; the current checkpoint loads.
- */
-DP_TEST(save_keeps_the_newest_checkpoints)
-{
-    char dir[512];
-    tpath("keep-ck", dir, sizeof dir);
-    rm_tree_ckpt(dir);
-    tcluster a;
-    tc_start(&a, 2, 8 << 20, NULL, "keep-a.json");
-    tc_fill(&a, 40, 2000, 4);
-    dp_ctl_client *cc = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
-    dp_ckpt_opts o;
-    dp_ckpt_opts_init(&o);
-    dp_ckpt_summary s[4];
-    for (int i = 0; i < 3; i++)
-        CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, &o, &s[i], &d), &d);
-    CHECK(strcmp(s[0].checkpoint, s[1].checkpoint) < 0);
-    CHECK(strcmp(s[1].checkpoint, s[2].checkpoint) < 0);
-    /* "Another save", newer than anything this test saves: never removed. */
-    char later[600];
-    snprintf(later, sizeof later, "%s/ckpt-99991231T235959.999999Z-00000000", dir);
-    CHECK_EQ(mkdir(later, 0755), 0);
-    bool has;
-    CHECK_EQ(count_ckpts(dir, s[0].checkpoint, &has), 4);
-    o.keep = 2;
-    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, &o, &s[3], &d), &d);
-    CHECK_EQ(count_ckpts(dir, s[3].checkpoint, &has), 3);
-    CHECK(has);
-    count_ckpts(dir, s[2].checkpoint, &has);
-    CHECK(has);
-    count_ckpts(dir, s[1].checkpoint, &has);
-    CHECK(!has);
-    count_ckpts(dir, "ckpt-99991231T235959.999999Z-00000000", &has);
-    CHECK(has);
-    CHECK_EQ(rmdir(later), 0);
-    tcluster b;
-    tc_start(&b, 2, 8 << 20, NULL, "keep-b.json");
-    dp_ckpt_summary ls;
-    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
-    CHECK_STR(ls.checkpoint, s[3].checkpoint);
-    tc_same(&a, &b, 40, 2000, 2);
-    tc_stop(&b);
-    dp__ctl_client_destroy(cc);
-    tc_stop(&a);
-    rm_tree_ckpt(dir);
-}
-
-DP_TEST(cluster_ssd_rows_two_passes)
-{
-    char dir[512], ssd[512];
-    tpath("cl-ssd", dir, sizeof dir);
-    tpath("ssd", ssd, sizeof ssd);
-    rm_tree_ckpt(dir);
-    mkdir(ssd, 0700);
-    tcluster a, b;
-    /* 256 KiB put areas: most of the 1.2 MiB per unit spills to the SSD tier. */
-    tc_start(&a, 2, 256 << 10, ssd, "ssd-a.json");
-    uint32_t nb = 0;
-    for (uint64_t g = 0; g < 40; g++) {
-        char id[32];
-        snprintf(id, sizeof id, "s%u", nb++);
-        CHECK_OK(
-            put_rows_spill(a.u[g % 2], id, &g, 1, 1 + (uint32_t)(g % 2), 60000, true));
-    }
-    uint64_t gc = 5;
-    dp__unit_release_rows(a.u[1], &gc, 1);
-    CHECK(stats(a.u[0]).disk_blobs > 0);
-    dp_ctl_client *cc = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
-    dp_ckpt_summary s, ls;
-    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
-    CHECK_EQ(s.blobs, 39);
-    tc_start(&b, 2, 256 << 10, ssd, "ssd-b.json");
-    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
-    CHECK_EQ(ls.loaded, 39);
-    CHECK(ls.spilled > 0);
-    CHECK(stats(b.u[0]).disk_blobs > 0);
-    tc_same(&a, &b, 40, 60000, 2);
-    tc_stop(&b);
-    dp__ctl_client_destroy(cc);
-    tc_stop(&a);
-    rm_tree_ckpt(dir);
-    rmdir(ssd);
-}
-
-/*
- * A saver killed midway: this program re-executed with DP_CKPT_SAVER=
- * "<cluster file>|<dir>" runs one dp__ckpt_save_units and exits.
- */
-__attribute__((constructor)) static void
-saver_main(void)
-{
-    const char *e = getenv("DP_CKPT_SAVER");
-    if (e == NULL)
-        return;
-    char buf[1100];
-    snprintf(buf, sizeof buf, "%s", e);
-    char *bar = strchr(buf, '|');
-    if (bar == NULL)
-        _exit(3);
-    *bar = '\0';
-    dp_cluster cl;
-    dp_detail d;
-    dp_detail_clear(&d);
-    dp_ctl_client *cc = NULL;
-    dp_ckpt_summary s;
-    if (dp__cluster_load(buf, &cl, &d) != 0 || dp__ctl_client_create(&cc, &d) != 0)
-        _exit(4);
-    int rc = dp__ckpt_save_units(cc, &cl, bar + 1, NULL, &s, &d);
-    dp__ctl_client_destroy(cc);
-    dp__cluster_fini(&cl);
-    _exit(rc == 0 ? 0 : 5);
-}
-
-static char *
-read_manifest(const char *dir)
-{
-    char p[1100];
-    snprintf(p, sizeof p, "%s/%s", dir, DP_CKPT_MANIFEST);
-    FILE *f = fopen(p, "rb");
-    CHECK(f != NULL);
-    char *m = calloc(1, 1 << 20);
-    size_t n = fread(m, 1, (1 << 20) - 1, f);
-    (void)n;
-    fclose(f);
-    return m;
-}
-
-DP_TEST(save_killed_midway_keeps_previous)
-{
-    char dir[512];
-    tpath("cl-kill", dir, sizeof dir);
-    rm_tree_ckpt(dir);
-    tcluster a, b;
-    tc_start(&a, 2, 64 << 20, NULL, "kill-a.json");
-    tc_fill(&a, 64, 400000, 4); /* ~16 MiB per unit: a save takes a while */
-    dp_ctl_client *cc = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
-    dp_ckpt_summary s;
-    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
-    uint64_t rs = dp_test_seed();
-    int killed = 0, midway = 0;
-    for (int round = 0; round < 6; round++) {
-        char *before = read_manifest(dir);
-        char env[1200];
-        snprintf(env, sizeof env, "%s|%s", a.file, dir);
-        const char *saver[] = {"DP_CKPT_SAVER", env, NULL};
-        uint64_t saves0 = stats(a.u[0]).saves + stats(a.u[1]).saves;
-        pid_t pid = dp_test_spawn_self(saver, -1);
-        /* Midway: once a unit runs the save (not before the saver connected). */
-        bool began = false;
-        for (double t0 = dp_test_now(); !began;) {
-            began = stats(a.u[0]).admin_running + stats(a.u[1]).admin_running > 0 ||
-                    stats(a.u[0]).saves + stats(a.u[1]).saves > saves0;
-            siginfo_t si = {0};
-            if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-                si.si_pid == pid)
-                break; /* the saver ended by itself */
-            CHECKF(dp_test_now() - t0 < 60, "the saver did not reach the units in 60 s");
-            usleep(200);
-        }
-        usleep((useconds_t)(dp_test_rand(&rs) % 40000));
-        kill(pid, SIGKILL);
-        int st = 0;
-        CHECK_EQ(waitpid(pid, &st, 0), pid);
-        if (WIFSIGNALED(st))
-            killed++;
-        else
-            CHECK_EQ(WEXITSTATUS(st), 0);
-        midway += began && WIFSIGNALED(st);
-        /* The units finish the shards of a killed save before the next round. */
-        for (double t0 = dp_test_now();
-             stats(a.u[0]).admin_running + stats(a.u[1]).admin_running > 0;)
-            CHECKF(dp_test_now() - t0 < 60, "a save still runs after 60 s");
-        char *after = read_manifest(dir);
-        /* Killed: the previous manifest, whole; finished: a complete new one. */
-        if (WIFSIGNALED(st) && strcmp(before, after) != 0)
-            CHECK(strstr(after, "\"units\"") != NULL);
-        free(before);
-        free(after);
-    }
-    DP_LOG_I("checkpoint: %d of 6 saves killed, %d of them midway", killed, midway);
-    CHECK_GE(midway, 1); /* a save was killed while the units ran it */
-    /* The units finish the shards of a killed save; give them time, then load. */
-    usleep(300000);
-    tc_start(&b, 2, 64 << 20, NULL, "kill-b.json");
-    dp_ckpt_summary ls;
-    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
-    tc_same(&a, &b, 64, 400000, 2);
-    tc_stop(&b);
-    dp__ctl_client_destroy(cc);
-    tc_stop(&a);
-    rm_tree_ckpt(dir);
-}
-
-/* ---- holds: rows cleared while the save copies ---- */
-
-typedef struct hold_ctx {
-    dp_unit *u;
-    const char *path;
-    dp_unit_save_res sr;
-    int rc;
-} hold_ctx;
-
-static void *
-hold_saver(void *arg)
-{
-    hold_ctx *h = arg;
-    dp_detail d;
-    dp_detail_clear(&d);
-    h->rc = dp__unit_save_shard(h->u, h->path, strlen(h->path), &h->sr, &d);
-    return NULL;
-}
-
-DP_TEST(clear_during_save_frees_after_copy)
-{
-    char p[512], tmp[600];
-    tpath("hold", p, sizeof p);
-    snprintf(tmp, sizeof tmp, "%s.tmp", p);
-    int tries = 0, seen = 0;
-    for (; tries < 5 && !seen; tries++) {
-        rm_shard(p);
-        dp_unit *u = mk_unit(80 << 20, 1, 0);
-        uint64_t g[16];
-        for (uint32_t i = 0; i < 16; i++) {
-            char id[16];
-            snprintf(id, sizeof id, "h%u", i);
-            g[i] = i;
-            CHECK_OK(put_rows(u, id, &g[i], 1, 1, 4 << 20));
-        }
-        hold_ctx h = {.u = u, .path = p};
-        pthread_t th;
-        CHECK_EQ(pthread_create(&th, NULL, hold_saver, &h), 0);
-        /* path.tmp exists only after the snapshot: clear everything then. */
-        double end = dp_test_now() + 10;
-        while (access(tmp, F_OK) != 0 && dp_test_now() < end)
-            ;
-        CHECK_EQ(dp__unit_release_rows(u, g, 16), 16);
-        dp_unit_stats s = stats(u);
-        bool during = access(tmp, F_OK) == 0; /* still copying after the clear */
-        if (during) {
-            /* Held: out of the table, regions kept until the copy ends. */
-            CHECK_EQ(s.published, 0);
-            CHECK_EQ(s.zombies, 16);
-            CHECK(s.allocated_bytes >= 64 << 20);
-            check_unit(u);
-        }
-        CHECK_EQ(pthread_join(th, NULL), 0);
-        CHECK_OK(h.rc);
-        s = stats(u);
-        CHECK_EQ(s.zombies, 0);
-        CHECK_EQ(s.allocated_bytes, 0);
-        check_unit(u);
-        if (during) {
-            seen = 1;
-            CHECK_EQ(h.sr.clears_during_save, 1);
-            /* The copy is whole: all 16 rows come back. */
-            dp_unit *v = mk_unit(80 << 20, 1, 0);
-            dp_unit_load_res lr;
-            dp_detail d;
-            dp_detail_clear(&d);
-            CHECK_OK_D(load(v, p, &h.sr, false, &lr, &d), &d);
-            CHECK_EQ(lr.n_loaded, 16);
-            dp__unit_load_res_fini(&lr);
-            for (uint64_t r = 0; r < 16; r++)
-                CHECK_EQ(row_version(v, r, 4 << 20, 1), 1);
-            dp__unit_destroy(v);
-        }
-        dp__unit_save_res_fini(&h.sr);
-        dp__unit_destroy(u);
-    }
-    DP_LOG_I("checkpoint: clear landed during the copy after %d tries", tries);
-    CHECKF(seen, "the save always ended before the clear (%d tries)", tries);
-    rm_shard(p);
-}
-
-DP_TEST(unit_gone_during_save_keeps_previous)
-{
-    char dir[512];
-    tpath("cl-gone", dir, sizeof dir);
-    rm_tree_ckpt(dir);
-    tcluster a, b;
-    tc_start(&a, 2, 8 << 20, NULL, "gone-a.json");
-    tc_fill(&a, 40, 2000, 4);
-    dp_ctl_client *cc = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
-    dp_ckpt_summary s, s2, ls;
-    CHECK_OK_D(dp__ckpt_save_units(cc, &a.cl, dir, NULL, &s, &d), &d);
-    /* More data, then unit 1 stops answering: the save fails, naming it. */
-    uint64_t g = 2;
-    CHECK_OK(put_rows(a.u[0], "late", &g, 1, 3, 2000));
-    dp__ctl_server_close(a.srv[1]);
-    a.srv[1] = NULL;
-    dp_ckpt_opts o;
-    dp_ckpt_opts_init(&o);
-    o.timeout_s = 1;
-    CHECK(dp__ckpt_save_units(cc, &a.cl, dir, &o, &s2, &d) != 0);
-    CHECK_CONTAINS(dp_detail_msg(&d), "unit 1");
-    char failed[1100];
-    snprintf(failed, sizeof failed, "%s/%s", dir, s2.checkpoint);
-    CHECKF(access(failed, F_OK) != 0, "%s left behind", failed);
-    /* The previous checkpoint is still the current one, and loads. */
-    tc_start(&b, 2, 8 << 20, NULL, "gone-b.json");
-    CHECK_OK_D(dp__ckpt_load_units(cc, &b.cl, dir, NULL, &ls, &d), &d);
-    CHECK_STR(ls.checkpoint, s.checkpoint);
-    CHECK_EQ(row_version(b.u[0], 2, 2000, 3), 1); /* not the late put */
-    tc_stop(&b);
-    dp__ctl_client_destroy(cc);
-    tc_stop(&a);
-    rm_tree_ckpt(dir);
-}
-
-/* ---- the CLI through real unit processes (dataplane up / put / save / load / get) ----
- */
-
-#if defined(DP_CLI_PATH)
-static int
-cli(const char *args, char *out, size_t cap)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", DP_CLI_PATH, args);
-    return dp_test_run_sh(cmd, out, cap);
-}
-
-static pid_t
-up_start(const char *dir, uint32_t units)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "exec '%s' up --dir '%s' --units %u --slab 32M --numa off >'%s.out' 2>&1",
-             DP_CLI_PATH, dir, units, dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    char file[600];
-    snprintf(file, sizeof file, "%s/cluster.json", dir);
-    double end = dp_test_now() + 60;
-    while (access(file, F_OK) != 0 && dp_test_now() < end)
-        usleep(20000);
-    CHECKF(access(file, F_OK) == 0, "dataplane up did not write %s", file);
-    return pid;
-}
-
-static void
-up_stop(pid_t pid)
-{
-    kill(pid, SIGTERM);
-    int st = 0;
-    CHECK_EQ(waitpid(pid, &st, 0), pid);
-}
-
-DP_TEST(cli_save_load_fresh_processes)
-{
-#ifdef DP_TEST_TSAN
-    DP_SKIP("real `dataplane up` processes are not run under ThreadSanitizer (the "
-            "in-process save and load tests cover the threads)");
-#endif
-    char dir[512], c1[600], c2[600], ck[600], args[3000], out[8192], f[600], g[600];
-    tpath("cli", dir, sizeof dir);
-    rm_tree_ckpt(dir);
-    CHECK_EQ(mkdir(dir, 0700), 0);
-    snprintf(c1, sizeof c1, "%s/c1", dir);
-    snprintf(c2, sizeof c2, "%s/c2", dir);
-    snprintf(ck, sizeof ck, "%s/ck", dir);
-    pid_t up1 = up_start(c1, 2);
-    /* Values: rows 0..5, row 4 overwritten, row 5 cleared. */
-    for (int r = 0; r < 6; r++) {
-        snprintf(f, sizeof f, "%s/v%d", dir, r);
-        FILE *fp = fopen(f, "wb");
-        CHECK(fp != NULL);
-        for (int k = 0; k < 3000 + r * 10007; k++)
-            fputc((r * 37 + k * 11) & 0xff, fp);
-        fclose(fp);
-        snprintf(args, sizeof args, "put --cluster '%s' --row %d --field x --file '%s'",
-                 c1, r, f);
-        CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
-    }
-    snprintf(f, sizeof f, "%s/v0", dir);
-    snprintf(args, sizeof args, "put --cluster '%s' --row 4 --field x --file '%s'", c1,
-             f);
-    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
-    snprintf(args, sizeof args, "clear --cluster '%s' 5", c1);
-    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
-    snprintf(args, sizeof args, "save --cluster '%s' '%s'", c1, ck);
-    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
-    CHECK_CONTAINS(out, "saved ckpt-");
-    CHECK_CONTAINS(out, "save: unit 1:");
-    up_stop(up1);
-
-    pid_t up2 = up_start(c2, 2);
-    snprintf(args, sizeof args, "load --cluster '%s' '%s'", c2, ck);
-    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
-    CHECK_CONTAINS(out, "loaded ckpt-");
-    for (int r = 0; r < 6; r++) {
-        snprintf(g, sizeof g, "%s/got%d", dir, r);
-        snprintf(args, sizeof args, "get --cluster '%s' %d@x -o '%s'", c2, r, g);
-        int st = cli(args, out, sizeof out);
-        if (r == 5) {
-            CHECKF(st != 0, "cleared row 5 came back: %s", out);
-            continue;
-        }
-        CHECKF(st == 0, "%s", out);
-        snprintf(f, sizeof f, "%s/v%d", dir, r == 4 ? 0 : r);
-        snprintf(args, sizeof args, "cmp -s '%s' '%s'", f, g);
-        CHECKF(system(args) == 0, "row %d differs after the restore", r);
-    }
-    up_stop(up2);
-    /* Another shape: re-homed through the command, every row where it now lives. */
-    pid_t up3 = up_start(c1, 3);
-    snprintf(args, sizeof args, "load --cluster '%s' '%s'", c1, ck);
-    CHECKF(cli(args, out, sizeof out) == 0, "%s", out);
-    CHECK_CONTAINS(out, "re-homing");
-    CHECK_CONTAINS(out, "re-homed from 2 units into 3");
-    for (int r = 0; r < 6; r++) {
-        snprintf(g, sizeof g, "%s/got%d", dir, r);
-        snprintf(args, sizeof args, "get --cluster '%s' %d@x -o '%s'", c1, r, g);
-        int st = cli(args, out, sizeof out);
-        if (r == 5) {
-            CHECKF(st != 0, "cleared row 5 came back: %s", out);
-            continue;
-        }
-        CHECKF(st == 0, "%s", out);
-        CHECK_CONTAINS(out, r % 3 == 0 ? "unit 0" : r % 3 == 1 ? "unit 1" : "unit 2");
-        snprintf(f, sizeof f, "%s/v%d", dir, r == 4 ? 0 : r);
-        snprintf(args, sizeof args, "cmp -s '%s' '%s'", f, g);
-        CHECKF(system(args) == 0, "row %d differs after the re-homed restore", r);
-    }
-    up_stop(up3);
-    rm_tree_ckpt(dir);
-    snprintf(args, sizeof args, "%s.out", c1);
-    unlink(args);
-    snprintf(args, sizeof args, "%s.out", c2);
-    unlink(args);
-}
-#endif
