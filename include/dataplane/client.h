@@ -429,7 +429,11 @@ typedef struct dp_client_counters {
                                     (they may still touch their memory), now */
     uint64_t transfers_released; /* retained transfers that ended later, released */
     uint64_t retained_bytes;     /* memory those retained transfers keep, now */
-    uint64_t reserved[10];
+    uint64_t staged_put_bytes;   /* value bytes puts copied into staging (values
+                                    outside registered memory) */
+    uint64_t staged_get_bytes;   /* value bytes gets copied out of staging
+                                    (destinations outside registered memory) */
+    uint64_t reserved[8];
 } dp_client_counters;
 
 /* Fill *out. Threads: any (locks c). DP_EINVAL for NULL arguments. */

@@ -548,8 +548,10 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
             if (x->results[o] != 0) {
                 item_fail(&x->items[i], &x->ks[i], x->results[o]);
             } else {
-                if (x->ks[i].staged)
+                if (x->ks[i].staged) {
                     memcpy(x->items[i].dst, sbuf + x->ks[i].soff, x->ks[i].len);
+                    c->cnt.staged_get_bytes += x->ks[i].len;
+                }
                 x->items[i].status = 0;
                 x->ks[i].st = K_DONE;
             }

@@ -692,6 +692,7 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
                 remote[nr - 1].nbytes = off; /* remote filled after alloc */
             } else {
                 memcpy(base + off, v->data, v->nbytes);
+                c->cnt.staged_put_bytes += v->nbytes;
                 if (pu->any_direct) {
                     local[nr++] =
                         (dp_range){(uint64_t)(uintptr_t)(base + off), v->nbytes};
