@@ -2,6 +2,7 @@
 #
 #   make test          install what is missing, build, run every test
 #   make run           the main job on this machine
+#   make install       library, headers, pkg-config, the tool and the Python package
 #   make asan          the tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make tsan          the threaded tests under ThreadSanitizer
 #   make fuzz          build the libFuzzer targets and run each for FUZZ_SECONDS
@@ -24,7 +25,7 @@ MAKEFLAGS += --no-print-directory
 
 SOURCES = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench fuzz -name '*.[ch]')
 
-.PHONY: all deps configure build test run asan tsan fuzz bench format format-check clean
+.PHONY: all deps configure build test run install asan tsan fuzz bench format format-check clean
 
 all: build
 
@@ -43,6 +44,12 @@ test: build
 
 run: build
 	@scripts/run.sh $(BUILD)
+
+# Library, headers, pkg-config file, the dataplane tool and the Python package
+# under PREFIX (default /usr/local; DESTDIR is honoured).
+PREFIX ?= /usr/local
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan SANITIZE=address,undefined

@@ -1,0 +1,509 @@
+"""dataplane.Client: put, get and clear rows of named fields.
+
+The C extension (dataplane._core) does the work with the GIL released; this
+layer turns tensors, arrays and bytes into the forms it takes and the values
+that come back into tensors and arrays again (docs/design.md, "Python
+package").
+"""
+
+import os
+import sys
+import threading
+
+from . import _core
+from . import _dtypes as dt
+from ._dtypes import np, torch
+
+_ALIGN = 64
+
+
+_CODE_CLASS = {
+    _core.DP_EINVAL: _core.InvalidArgument,
+    _core.DP_ENOMEM: _core.OutOfMemory,
+    _core.DP_ETIMEDOUT: _core.Timeout,
+    _core.DP_EUNITFULL: _core.UnitFull,
+    _core.DP_EBUSY: _core.Busy,
+    _core.DP_ELOST: _core.Lost,
+    _core.DP_EPROTO: _core.ProtocolError,
+    _core.DP_ETRANSFER: _core.TransferError,
+    _core.DP_EFATAL: _core.Fatal,
+    _core.DP_EPOLICY: _core.PolicyError,
+    _core.DP_ECLOSED: _core.Closed,
+    _core.DP_ESYS: _core.SysError,
+    _core.DP_ETOOBIG: _core.TooBig,
+    _core.DP_ENOTFOUND: _core.NotFound,
+    _core.DP_EEXIST: _core.Exists,
+    _core.DP_ECORRUPT: _core.Corrupt,
+    _core.DP_EUNSUPPORTED: _core.Unsupported,
+    _core.DP_ECANCELED: _core.Canceled,
+    _core.DP_ERESTARTED: _core.Restarted,
+}
+
+
+def make_error(rc, msg, keys=None, rows=None, landed=None):
+    """An exception of the class for code rc, with the package's attributes."""
+    cls = _CODE_CLASS.get(rc, _core.Error)
+    e = cls(msg)
+    e.code, e.name, e.detail = rc, _core_name(rc), msg
+    e.keys, e.rows, e.landed = keys, rows, landed
+    return e
+
+
+def _core_name(rc):
+    for k, v in vars(_core).items():
+        if k.startswith("DP_E") and v == rc:
+            return k
+    return "DP_E?"
+
+
+def _rows(rows):
+    """Rows as the extension takes them: a list of ints or a 1-D int buffer."""
+    if dt.is_tensor(rows):
+        if rows.dim() != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex:
+            raise TypeError(f"rows: a 1-D integer tensor is needed, got {rows.dtype} "
+                            f"of shape {tuple(rows.shape)}")
+        return rows.detach().to("cpu", torch.int64).contiguous().numpy()
+    if dt.is_array(rows):
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise TypeError(f"rows: a 1-D integer array is needed, got {rows.dtype} "
+                            f"of shape {rows.shape}")
+        return np.ascontiguousarray(rows, dtype=rows.dtype.newbyteorder("="))
+    if isinstance(rows, range):
+        return list(rows)
+    if isinstance(rows, (list, tuple)):
+        return rows
+    raise TypeError(f"rows: a sequence of ints or a 1-D integer tensor/array is "
+                    f"needed, got {type(rows).__name__}")
+
+
+class _Copies:
+    """Values that must be copied before a put (non-contiguous, on a GPU, or of
+    another byte order): each is copied once, into registered memory of the
+    client, so the put then moves it without a further staging copy."""
+
+    def __init__(self, client):
+        self.client = client
+        self.jobs = []  # (src, nbytes, place): place(address) fills the cell
+        self.total = 0
+        self.buf = None
+        self.views = []
+
+    def add(self, src, nbytes, place):
+        off = self.total
+        self.total += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        self.jobs.append((src, nbytes, off, place))
+
+    def run(self):
+        if not self.jobs:
+            return
+        self.buf = self.client._c.alloc(max(self.total, 1))
+        base = self.buf.address
+        for src, nbytes, off, place in self.jobs:
+            if nbytes:
+                if dt.is_tensor(src):
+                    dst = torch.frombuffer(self.buf, dtype=torch.uint8, count=nbytes,
+                                           offset=off)
+                    dst = dst.view(src.dtype).view(src.shape)
+                    dst.copy_(src)
+                else:
+                    dst = np.frombuffer(self.buf, dtype=np.uint8, count=nbytes,
+                                        offset=off)
+                    dst = dst.view(src.dtype.newbyteorder("=")).reshape(src.shape)
+                    dst[...] = src
+                self.views.append(dst)
+            place(base + off)
+        self.client._c._count_copy(sum(j[1] for j in self.jobs))
+
+    def close(self):
+        self.views.clear()
+        self.jobs.clear()
+        self.buf = None  # freed; kept by the library if a failed WRITE touches it
+
+
+def _tensor_ok(t):
+    return t.device.type == "cpu" and t.is_contiguous()
+
+
+_NATIVE = "=|" + ("<" if sys.byteorder == "little" else ">")
+
+
+def _array_ok(a):
+    return a.flags.c_contiguous and a.dtype.byteorder in _NATIVE
+
+
+class Client:
+    """A connection to a dataplane cluster.
+
+    cluster: a cluster file, a directory holding cluster.json, a list of unit
+    addresses ("tcp://host:port", in unit order), or None for $DP_CLUSTER or
+    the default directory. timeout_s bounds each operation; the other options
+    are the C library's (see the README). A Client may be shared by threads
+    (their calls take turns); it does not survive fork().
+    """
+
+    def __init__(self, cluster=None, *, timeout_s=30.0, connect_timeout_s=30.0,
+                 staging_cache_bytes=0, crc=False, no_spill=False,
+                 require_rdma=False, name=None):
+        for k, v in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
+            if not isinstance(v, (int, float)) or not 0 < v <= 1e6:
+                raise ValueError(f"{k}: seconds in (0, 1e6] are needed, got {v!r}")
+        addrs = None
+        if isinstance(cluster, (list, tuple)):
+            addrs, cluster = list(cluster), None
+        elif cluster is not None:
+            cluster = os.fspath(cluster)
+        self._c = _core.Client(cluster, addrs, float(timeout_s), float(connect_timeout_s),
+                               int(staging_cache_bytes), bool(crc), bool(no_spill),
+                               bool(require_rdma), name)
+        self._regs = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle --
+
+    def close(self):
+        """Disconnect. Memory from alloc() stays valid until its last view dies."""
+        self._c.close()
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def n_units(self):
+        return self._c.n_units
+
+    def unit_address(self, i):
+        return self._c.unit_address(i)
+
+    # -- put --
+
+    def put(self, rows, data):
+        """Put rows x fields. data maps each field to a tensor or array whose
+        first dimension is len(rows), or to a list of one value per row
+        (tensor, array, bytes, or None to leave that cell out). Raises a
+        dataplane.Error; one whose batch landed in part has .landed (rows
+        stored) and .rows (rows not stored)."""
+        if not isinstance(data, dict):
+            raise TypeError(f"data: a dict field -> values is needed, got "
+                            f"{type(data).__name__}")
+        r = _rows(rows)
+        n = len(r)
+        fields = list(data)
+        for f in fields:
+            if not isinstance(f, str):
+                raise TypeError(f"field names are str, got {f!r}")
+        copies = _Copies(self)
+        try:
+            cols = [self._column(f, data[f], n, copies) for f in fields]
+            copies.run()
+            cols = [c[0] if isinstance(c, _Deferred) else c for c in cols]
+            self._c.put(r, fields, cols)
+        finally:
+            copies.close()
+
+    def _column(self, field, v, n, copies):
+        if dt.is_tensor(v) or dt.is_array(v):
+            shape = tuple(v.shape)
+            if len(shape) == 0 or shape[0] != n:
+                raise ValueError(
+                    f"field '{field}': a tensor or array whose first dimension is "
+                    f"len(rows) ({n}) is needed, or a list of {n} values; got shape "
+                    f"{shape}")
+            return self._strided(field, v, n, copies)
+        if isinstance(v, (list, tuple)):
+            if len(v) != n:
+                raise ValueError(f"field '{field}': {len(v)} values for {n} rows")
+            cells = [None] * n
+            for i, x in enumerate(v):
+                cells[i] = self._cell(field, i, x, cells, copies)
+            return cells
+        raise TypeError(f"field '{field}': a tensor, an array or a list of values per "
+                        f"row is needed, got {type(v).__name__}")
+
+    def _strided(self, field, v, n, copies):
+        if dt.is_tensor(v):
+            name, kind = dt.torch_name(v.dtype), _core.KIND_TENSOR
+            row_shape = tuple(v.shape[1:])
+            row_nbytes = v[0].numel() * v.element_size() if n else 0
+            if _tensor_ok(v) or n == 0:
+                return (0, v.data_ptr(), row_nbytes, row_nbytes, kind, name, row_shape)
+        else:
+            name, kind = dt.numpy_name(v.dtype), _core.KIND_TENSOR
+            row_shape = tuple(v.shape[1:])
+            row_nbytes = v[0].nbytes if n else 0
+            if _array_ok(v) or n == 0:
+                return (0, v.__array_interface__["data"][0], row_nbytes, row_nbytes,
+                        kind, name, row_shape)
+        col = _Deferred([None])  # col[0] is set by copies.run()
+
+        def place(addr):
+            col[0] = (0, addr, row_nbytes, row_nbytes, kind, name, row_shape)
+
+        copies.add(v, row_nbytes * n, place)
+        return col
+
+    def _cell(self, field, i, x, cells, copies):
+        if x is None or isinstance(x, (bytes, bytearray, memoryview)):
+            return x
+        if isinstance(x, Encoded):
+            return (x.data, _core.KIND_OBJECT, x.codec)
+        if dt.is_tensor(x):
+            name = dt.torch_name(x.dtype)
+            nb = x.numel() * x.element_size()
+            if _tensor_ok(x):
+                return (x.data_ptr(), nb, _core.KIND_TENSOR, name, tuple(x.shape))
+            shape = tuple(x.shape)
+
+            def place(addr):
+                cells[i] = (addr, nb, _core.KIND_TENSOR, name, shape)
+
+            copies.add(x, nb, place)
+            return None
+        if dt.is_array(x) or (np is not None and isinstance(x, np.generic)):
+            a = np.asarray(x)
+            dt.numpy_name(a.dtype)  # a clear error for dtypes without a name
+            if _array_ok(a):
+                return a
+            name, nb, shape = dt.numpy_name(a.dtype), a.nbytes, a.shape
+
+            def place_a(addr):
+                cells[i] = (addr, nb, _core.KIND_TENSOR, name, shape)
+
+            copies.add(a, nb, place_a)
+            return None
+        raise TypeError(f"row {i}, field '{field}': cannot store a {type(x).__name__} "
+                        f"(tensors, arrays, bytes or None; the TQ backend "
+                        f"dataplane.tq also stores other objects)")
+
+    # -- get --
+
+    def get(self, rows, fields, *, out=None):
+        """{field: [value per row]} for rows x fields. Values come back as they
+        were put (torch tensor, numpy array or bytes). out: {field: tensor or
+        array of len(rows) rows, or a list of one per row} to receive into;
+        the values returned are then views of it. Raises NotFound (a KeyError)
+        naming missing keys."""
+        if isinstance(fields, str):
+            raise TypeError("fields: a list of field names is needed, got one str")
+        fields = list(fields)
+        r = _rows(rows)
+        n = len(r)
+        if out is not None:
+            return self._get_out(r, fields, out)
+        vals, rc, detail = self._c.get(r, fields)
+        entries = vals.entries()
+        if rc:
+            keys = [f"{r[i % n]}@{fields[i // n]}" for i in range(len(entries))]
+            _raise_get(rc, detail, entries, keys)
+        res = {}
+        for fi, f in enumerate(fields):
+            base = fi * n
+            res[f] = [value_of(entries[base + i], r[i], f) for i in range(n)]
+        return res
+
+    def get_keys(self, keys):
+        """Values of "<gidx>@<field>" keys, in their order."""
+        keys = list(keys)
+        vals, rc, detail = self._c.get_keys(keys)
+        entries = vals.entries()
+        if rc:
+            _raise_get(rc, detail, entries, keys)
+        return [value_of(e, None, k) for e, k in zip(entries, keys)]
+
+    def _get_out(self, r, fields, out):
+        n = len(r)
+        keys, dsts, views = [], [], []
+        for f in fields:
+            if f not in out:
+                raise KeyError(f"out has no destination for field '{f}'")
+            o = out[f]
+            per_row = list(o) if isinstance(o, (list, tuple)) else None
+            if per_row is None:
+                if not (dt.is_tensor(o) or dt.is_array(o)) or len(o) != n:
+                    raise ValueError(f"out['{f}']: a tensor or array of {n} rows, or a "
+                                     f"list of {n}, is needed")
+                per_row = [o[i] for i in range(n)]
+            if len(per_row) != n:
+                raise ValueError(f"out['{f}']: {len(per_row)} destinations for {n} rows")
+            for i, d in enumerate(per_row):
+                keys.append(f"{r[i]}@{f}")
+                dsts.append(_dst(d, keys[-1]))
+                views.append(d)
+        items, rc, detail = self._c.get_into(keys, dsts)
+        if rc:
+            _raise_get(rc, detail, [(it[0],) for it in items], keys)
+        res = {}
+        for fi, f in enumerate(fields):
+            res[f] = [_fit(views[fi * n + i], items[fi * n + i], keys[fi * n + i])
+                      for i in range(n)]
+        return res
+
+    # -- clear, stats, memory --
+
+    def clear(self, rows):
+        """Drop every field of the rows; returns the number of values dropped."""
+        return self._c.clear(_rows(rows))
+
+    def stats(self):
+        """One dict of counters per unit."""
+        lst, rc, detail = self._c.stats()
+        if rc:
+            e = make_error(rc, detail)
+            e.stats = lst
+            raise e
+        return lst
+
+    def counters(self):
+        """This client's own counters (restarts seen, re-binds, retained
+        transfers, bytes this package copied...)."""
+        return self._c.counters()
+
+    def alloc(self, nbytes):
+        """nbytes of registered memory (buffer protocol: numpy.frombuffer,
+        torch.frombuffer). Values in it are put and got without a copy."""
+        return self._c.alloc(nbytes)
+
+    def register(self, obj):
+        """Register a contiguous CPU tensor's or array's memory so values in it
+        move without a staging copy. The object is kept alive until
+        deregister(obj); if a failed transfer may still touch it, it is kept
+        for good."""
+        addr, nbytes = _span(obj)
+        self._c._register(addr, nbytes, obj)
+        with self._lock:
+            self._regs[id(obj)] = addr
+
+    def deregister(self, obj):
+        with self._lock:
+            addr = self._regs.pop(id(obj), None)
+        if addr is None:
+            raise make_error(_core.DP_ENOTFOUND, "this object is not registered")
+        self._c._deregister(addr)
+
+    def touches_unfinished(self, obj):
+        """True if a failed transfer may still write obj's memory (never reuse it)."""
+        addr, nbytes = _span(obj)
+        return self._c._touches_unfinished(addr, nbytes)
+
+
+class Encoded:
+    """A serialized object to put as it is: kind "object", dtype codec (e.g.
+    "msgpack"); a get gives back its bytes (dataplane.tq decodes them)."""
+
+    __slots__ = ("data", "codec")
+
+    def __init__(self, data, codec):
+        self.data, self.codec = data, codec
+
+
+class _Deferred(list):
+    """A strided column whose address is known once the copies ran."""
+
+    pass
+
+
+def _span(obj):
+    if dt.is_tensor(obj):
+        if not _tensor_ok(obj):
+            raise ValueError("register: a contiguous CPU tensor is needed")
+        return obj.data_ptr(), obj.numel() * obj.element_size()
+    if dt.is_array(obj):
+        if not obj.flags.c_contiguous:
+            raise ValueError("register: a C-contiguous array is needed")
+        return obj.__array_interface__["data"][0], obj.nbytes
+    raise TypeError(f"register: a tensor or array is needed, got {type(obj).__name__}")
+
+
+def _dst(d, key):
+    if dt.is_tensor(d):
+        if not _tensor_ok(d):
+            raise ValueError(f"out for '{key}': a contiguous CPU tensor is needed")
+        return (d.data_ptr(), d.numel() * d.element_size())
+    if dt.is_array(d):
+        if not d.flags.c_contiguous or not d.flags.writeable:
+            raise ValueError(f"out for '{key}': a writable C-contiguous array is needed")
+        return (d.__array_interface__["data"][0], d.nbytes)
+    raise TypeError(f"out for '{key}': a tensor or array is needed")
+
+
+def _fit(view, item, key):
+    """The caller's destination, reshaped to the value that landed in it."""
+    _, nbytes, kind, dtype, shape = item
+    if kind != _core.KIND_TENSOR:
+        return view
+    if dt.is_tensor(view):
+        want = dt.NAME_TO_TORCH.get(dtype)
+        if want is None and dtype in dt.NAME_TO_NUMPY:
+            want = dt.NAME_TO_TORCH.get(dtype[3:])
+        if want is not None and want != view.dtype:
+            raise TypeError(f"out for '{key}' is {view.dtype}, the value is {dtype}")
+        if view.numel() * view.element_size() != nbytes:
+            return view.view(-1)[: nbytes // view.element_size()].view(shape)
+        return view.view(shape)
+    if view.nbytes != nbytes:
+        return view.reshape(-1)[: nbytes // view.itemsize].reshape(shape)
+    return view.reshape(shape)
+
+
+def _raise_get(rc, detail, entries, keys):
+    missing = [k for e, k in zip(entries, keys) if e[0] == _core.DP_ENOTFOUND]
+    failed = [k for e, k in zip(entries, keys) if e[0] not in (0, _core.DP_ENOTFOUND)]
+    if failed:
+        first = next(e[0] for e in entries if e[0] not in (0, _core.DP_ENOTFOUND))
+        raise make_error(first, detail, keys=failed + missing)
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more"
+                                      if len(missing) > 8 else "")
+    raise make_error(_core.DP_ENOTFOUND, f"{len(missing)} key(s) not found: {shown}",
+                     keys=missing)
+
+
+def value_of(e, row, field):
+    """A fetched entry as a Python value: tensor, array or bytes."""
+    _, kind, dtype, shape, nbytes, sl = e
+    if kind != _core.KIND_TENSOR:
+        return bytes(sl)
+    key = f"{row}@{field}" if row is not None else field
+    size = dt.itemsize(dtype)
+    count = 1
+    for s in shape:
+        count *= s
+    if size is None:
+        raise make_error(_core.DP_EUNSUPPORTED,
+                         f"'{key}': stored dtype '{dtype}' is not one this package "
+                         f"knows; get_keys of it fails, read it from C")
+    if count * size != nbytes:
+        raise make_error(_core.DP_EPROTO,
+                         f"'{key}': {nbytes} bytes but shape {shape} of {dtype} needs "
+                         f"{count * size}")
+    if dtype.startswith("np_") and np is not None:
+        return np.frombuffer(sl, dtype=dt.NAME_TO_NUMPY[dtype]).reshape(shape)
+    name = dtype[3:] if dtype.startswith("np_") else dtype
+    if torch is not None and name in dt.NAME_TO_TORCH:
+        t = dt.NAME_TO_TORCH[name]
+        if nbytes == 0:
+            return torch.empty(shape, dtype=t)
+        return torch.frombuffer(sl, dtype=t).view(shape)
+    if np is not None and "np_" + name in dt.NAME_TO_NUMPY:
+        return np.frombuffer(sl, dtype=dt.NAME_TO_NUMPY["np_" + name]).reshape(shape)
+    raise make_error(_core.DP_EUNSUPPORTED,
+                     f"'{key}': dtype '{dtype}' needs torch, which is not installed")
+
+
+def stack(values):
+    """One tensor or array of a field's values whose shapes and dtypes agree."""
+    if not values:
+        raise ValueError("stack: no values")
+    first = values[0]
+    for i, v in enumerate(values):
+        if tuple(v.shape) != tuple(first.shape) or v.dtype != first.dtype:
+            raise ValueError(f"stack: value {i} is {v.dtype}{tuple(v.shape)}, value 0 "
+                             f"is {first.dtype}{tuple(first.shape)}")
+    if dt.is_tensor(first):
+        return torch.stack(values)
+    return np.stack(values)

@@ -1,0 +1,231 @@
+"""dataplane.tq: a TransferQueue storage backend.
+
+DataplaneKVClient implements TransferQueue's KV storage-client interface
+(put, get, clear over "<global_index>@<field>" keys) by duck typing, so TQ's
+KV storage manager can keep its samples on a dataplane cluster:
+
+    from dataplane.tq import DataplaneKVClient
+    kv = DataplaneKVClient({"cluster": "/run/user/1000/dataplane"})
+    kv.put(["0@obs", "1@obs"], [t0, t1])
+    t0, t1 = kv.get(["0@obs", "1@obs"])
+    kv.clear(["0@obs", "1@obs"])
+
+Values: torch tensors and numpy arrays of any dtype, shape and contiguity
+(CUDA tensors are copied to host), bytes, and plain objects (str, int, float,
+bool, None, and lists and dicts of those), which are stored with msgpack.
+Anything else (tuples, numpy scalars, your classes) needs
+config["allow_pickle"] = True: pickle from the network runs code, so it is off
+by default and the error names the key and the type. Values come back as the
+type they were put as.
+
+clear drops every field of the rows its keys name (TQ clears whole samples).
+
+If TransferQueue is importable, importing this module registers the client
+with TQ's StorageClientFactory as "Dataplane", and a storage manager
+"Dataplane" (a KVStorageManager that uses it).
+"""
+
+import pickle
+
+from . import _core
+from . import _dtypes as dt
+from .client import Client, Encoded, make_error, value_of
+
+try:
+    import msgpack
+except ImportError:  # plain objects then need allow_pickle
+    msgpack = None
+
+_CLIENT_OPTS = {
+    "timeout_s": float, "connect_timeout_s": float, "staging_cache_bytes": int,
+    "crc": bool, "no_spill": bool, "require_rdma": bool, "name": str,
+}
+
+
+def _split(key):
+    """(gidx, field) of "<gidx>@<field>"; ValueError naming a malformed key."""
+    if not isinstance(key, str):
+        raise ValueError(f"key {key!r}: a str '<global_index>@<field>' is needed")
+    g, at, f = key.partition("@")
+    if (not at or not f or not g.isdigit() or not g.isascii()
+            or (len(g) > 1 and g[0] == "0") or int(g) >= 1 << 64):
+        raise ValueError(f"key {key!r}: '<global_index>@<field>' is needed, the index "
+                         f"in decimal without sign or leading zeros")
+    return int(g), f
+
+
+class DataplaneKVClient:
+    """TQ's KV storage client over a dataplane cluster.
+
+    config (a dict, or TQ's DictConfig): "cluster" (cluster file, directory,
+    or list of unit addresses; default: $DP_CLUSTER or the default
+    directory), "allow_pickle" (False), and the Client options timeout_s,
+    connect_timeout_s, staging_cache_bytes, crc, no_spill, require_rdma,
+    name. Other keys (TQ's own, e.g. client_name) are ignored.
+    """
+
+    def __init__(self, config=None):
+        config = {} if config is None else config
+        self.config = config
+        opts = {}
+        for k, typ in _CLIENT_OPTS.items():
+            v = config.get(k)
+            if v is not None:
+                if typ is not str and isinstance(v, str):
+                    raise ValueError(f"config['{k}']: a {typ.__name__} is needed, got "
+                                     f"{v!r}")
+                opts[k] = typ(v)
+        self.allow_pickle = bool(config.get("allow_pickle", False))
+        cluster = config.get("cluster")
+        if cluster is not None and not isinstance(cluster, str):
+            cluster = list(cluster)
+        self._client = Client(cluster, **opts)
+
+    @property
+    def client(self):
+        return self._client
+
+    def close(self):
+        self._client.close()
+
+    # -- values --
+
+    def _encode(self, key, v):
+        if v is None or isinstance(v, (str, int, float, bool, list, dict)):
+            if msgpack is not None:
+                try:
+                    return Encoded(msgpack.packb(v, use_bin_type=True,
+                                                 strict_types=True), "msgpack")
+                except (TypeError, ValueError, OverflowError):
+                    pass  # a tuple, a big int, an object inside: pickle or refuse
+        if self.allow_pickle:
+            return Encoded(pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL), "pickle")
+        raise TypeError(
+            f"key '{key}': cannot store a {type(v).__name__} without pickle (tensors, "
+            f"arrays, bytes, str, int, float, bool, None, lists and dicts of those); "
+            f"set config['allow_pickle'] = True to store it with pickle (unpickling "
+            f"runs code: only for trusted clusters)")
+
+    def _cell(self, key, v):
+        if dt.is_tensor(v):
+            return v if v.device.type == "cpu" else v.detach().cpu()
+        if dt.is_array(v) or isinstance(v, (bytes, bytearray, memoryview)):
+            return v
+        return self._encode(key, v)
+
+    def _decode(self, key, e):
+        st, kind, dtype, shape, nbytes, sl = e
+        if kind != _core.KIND_OBJECT:
+            return value_of(e, None, key)
+        if dtype == "msgpack" and msgpack is not None:
+            try:
+                return msgpack.unpackb(memoryview(sl), raw=False, strict_map_key=False)
+            except Exception as x:  # malformed bytes from the cluster
+                raise make_error(_core.DP_EPROTO,
+                                 f"key '{key}': stored msgpack does not decode: {x}")
+        if dtype == "pickle":
+            if not self.allow_pickle:
+                raise make_error(_core.DP_EPOLICY,
+                                 f"key '{key}' was stored with pickle; set "
+                                 f"config['allow_pickle'] = True to read it (unpickling "
+                                 f"runs code)")
+            return pickle.loads(memoryview(sl))
+        return bytes(sl)
+
+    # -- the interface --
+
+    def put(self, keys, values):
+        """Store values[i] under keys[i]. Returns None (no per-key metadata)."""
+        keys, values = list(keys), list(values)
+        if len(keys) != len(values):
+            raise ValueError(f"put: {len(keys)} keys and {len(values)} values")
+        rows, fields, cells = {}, {}, {}
+        for k, v in zip(keys, values):
+            g, f = _split(k)
+            r = rows.setdefault(g, len(rows))
+            fi = fields.setdefault(f, len(fields))
+            if (r, fi) in cells:
+                raise ValueError(f"put: key '{k}' appears twice")
+            cells[(r, fi)] = self._cell(k, v)
+        n = len(rows)
+        data = {}
+        for f, fi in fields.items():
+            col = [None] * n
+            for r in range(n):
+                col[r] = cells.get((r, fi))
+            data[f] = col
+        self._client.put(list(rows), data)
+        return None
+
+    def get(self, keys, shapes=None, dtypes=None, custom_backend_meta=None,
+            custom_meta=None):
+        """The values of keys, in their order. shapes and dtypes (TQ passes one
+        per key, None for non-tensor fields) are checked against what is
+        stored, and a tensor is given the requested shape when its element
+        count matches (TQ records 1-D fields' rows as shape (1,)). Raises
+        KeyError (dataplane.NotFound) naming missing keys and ValueError for
+        malformed ones."""
+        keys = list(keys)
+        for k in keys:
+            _split(k)
+        vals, rc, detail = self._client._c.get_keys(keys)
+        entries = vals.entries()
+        if rc:
+            from .client import _raise_get
+            _raise_get(rc, detail, entries, keys)
+        out = [self._decode(k, e) for k, e in zip(keys, entries)]
+        if shapes is not None or dtypes is not None:
+            for i, v in enumerate(out):
+                out[i] = self._conform(keys[i], v,
+                                       None if shapes is None else shapes[i],
+                                       None if dtypes is None else dtypes[i])
+        return out
+
+    def _conform(self, key, v, shape, dtype):
+        if not dt.is_tensor(v) or (shape is None and dtype is None):
+            return v
+        if dtype is not None and v.dtype != dtype:
+            raise ValueError(f"key '{key}': stored {v.dtype}, asked for {dtype}")
+        if shape is not None and tuple(v.shape) != tuple(shape):
+            want = 1
+            for s in shape:
+                want *= int(s)
+            if want != v.numel():
+                raise ValueError(f"key '{key}': stored shape {tuple(v.shape)}, asked "
+                                 f"for {tuple(shape)}")
+            v = v.view(tuple(shape))
+        return v
+
+    def clear(self, keys, custom_backend_meta=None, custom_meta=None):
+        """Drop the rows the keys name (every field of each). Keys never put
+        are fine."""
+        rows = sorted({_split(k)[0] for k in keys})
+        if rows:
+            self._client.clear(rows)
+
+
+def _register_with_tq():
+    """Register with TransferQueue's factories when TQ is installed."""
+    try:
+        from transfer_queue.storage.clients import StorageClientFactory
+    except Exception:
+        return False
+    StorageClientFactory.register("Dataplane")(DataplaneKVClient)
+    try:
+        from transfer_queue.storage.managers.base import (KVStorageManager,
+                                                          StorageManagerFactory)
+    except Exception:
+        return True
+
+    @StorageManagerFactory.register("Dataplane")
+    class DataplaneStorageManager(KVStorageManager):
+        def __init__(self, controller_info, config):
+            config = dict(config)
+            config["client_name"] = "Dataplane"
+            super().__init__(controller_info, config)
+
+    globals()["DataplaneStorageManager"] = DataplaneStorageManager
+    return True
+
+
+registered_with_tq = _register_with_tq()

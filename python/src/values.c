@@ -1,0 +1,307 @@
+/*
+ * Memory the package hands to Python (docs/design.md, "Python package"):
+ * Values (what a get fetched, in registered memory of the library), Slice
+ * (one value's bytes through the buffer protocol, keeping its Values alive)
+ * and Buffer (registered memory from Client.alloc, keeping its Client open).
+ * numpy.frombuffer and torch.frombuffer read both without a copy.
+ */
+#include "dp_py.h"
+
+#include <unistd.h>
+
+/* ---- Values ---- */
+
+typedef struct DpValues {
+    PyObject_HEAD
+    dp_values *v;
+    pid_t pid;
+} DpValues;
+
+PyObject *
+dp_py_values_new(dp_values *v, PyObject *client)
+{
+    (void)client; /* v keeps the library's client alive by itself */
+    DpValues *self = PyObject_New(DpValues, &DpValues_Type);
+    if (self == NULL) {
+        dp_values_destroy(v);
+        return NULL;
+    }
+    self->v = v;
+    self->pid = getpid();
+    return (PyObject *)self;
+}
+
+static void
+values_dealloc(DpValues *self)
+{
+    if (self->v != NULL && self->pid == getpid())
+        dp_values_destroy(self->v);
+    PyObject_Free(self);
+}
+
+static Py_ssize_t
+values_len(DpValues *self)
+{
+    return (Py_ssize_t)dp_values_count(self->v);
+}
+
+static bool
+values_usable(DpValues *self)
+{
+    if (self->pid != getpid()) {
+        dp_py_raise_forked("Values", self->pid);
+        return false;
+    }
+    return true;
+}
+
+static PyObject *
+desc_shape(const dp_value_desc *ds)
+{
+    PyObject *shape = PyTuple_New(ds->ndim);
+    for (uint32_t k = 0; shape != NULL && k < ds->ndim; k++) {
+        PyObject *x = PyLong_FromUnsignedLongLong(ds->shape[k]);
+        if (x == NULL) {
+            Py_CLEAR(shape);
+            break;
+        }
+        PyTuple_SET_ITEM(shape, k, x);
+    }
+    return shape;
+}
+
+static PyObject *
+slice_new(PyObject *owner, void *p, Py_ssize_t n)
+{
+    DpSlice *s = PyObject_New(DpSlice, &DpSlice_Type);
+    if (s == NULL)
+        return NULL;
+    s->owner = Py_NewRef(owner);
+    s->p = p;
+    s->n = n;
+    return (PyObject *)s;
+}
+
+/*
+ * entries() -> [(status, kind, dtype, shape, nbytes, Slice or None)], one per
+ * key in request order; the Slice exposes the value's bytes.
+ */
+static PyObject *
+values_entries(DpValues *self, PyObject *noarg)
+{
+    (void)noarg;
+    if (!values_usable(self))
+        return NULL;
+    size_t n = dp_values_count(self->v);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list != NULL && i < n; i++) {
+        const void *data = NULL;
+        uint64_t nb = 0;
+        const dp_value_desc *ds = NULL;
+        int st = dp_values_get(self->v, i, &data, &nb, &ds);
+        PyObject *t;
+        if (st != 0) {
+            t = Py_BuildValue("(iOOOKO)", st, Py_None, Py_None, Py_None, 0ULL, Py_None);
+        } else {
+            PyObject *shape = desc_shape(ds);
+            PyObject *sl =
+                shape ? slice_new((PyObject *)self, (void *)data, (Py_ssize_t)nb) : NULL;
+            t = sl ? Py_BuildValue("(iisNKN)", 0, (int)ds->kind, ds->dtype, shape,
+                                   (unsigned long long)nb, sl)
+                   : NULL;
+            if (sl == NULL)
+                Py_XDECREF(shape);
+        }
+        if (t == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    return list;
+}
+
+static PyMethodDef values_methods[] = {
+    {"entries", (PyCFunction)values_entries, METH_NOARGS,
+     "entries() -> [(status, kind, dtype, shape, nbytes, Slice or None)]"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods values_seq = {.sq_length = (lenfunc)values_len};
+
+PyTypeObject DpValues_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dataplane._core.Values",
+    .tp_basicsize = sizeof(DpValues),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Values fetched by a get, in memory of the library.",
+    .tp_dealloc = (destructor)values_dealloc,
+    .tp_methods = values_methods,
+    .tp_as_sequence = &values_seq,
+};
+
+/* ---- Slice ---- */
+
+static char empty_byte;
+
+static void
+slice_dealloc(DpSlice *self)
+{
+    Py_XDECREF(self->owner);
+    PyObject_Free(self);
+}
+
+static int
+slice_getbuffer(DpSlice *self, Py_buffer *view, int flags)
+{
+    void *p = self->n > 0 ? self->p : &empty_byte;
+    return PyBuffer_FillInfo(view, (PyObject *)self, p, self->n, 0, flags);
+}
+
+static Py_ssize_t
+slice_len(DpSlice *self)
+{
+    return self->n;
+}
+
+static PyBufferProcs slice_buffer = {.bf_getbuffer = (getbufferproc)slice_getbuffer};
+static PySequenceMethods slice_seq = {.sq_length = (lenfunc)slice_len};
+
+PyTypeObject DpSlice_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dataplane._core.Slice",
+    .tp_basicsize = sizeof(DpSlice),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The bytes of one fetched value (buffer protocol, writable).",
+    .tp_dealloc = (destructor)slice_dealloc,
+    .tp_as_buffer = &slice_buffer,
+    .tp_as_sequence = &slice_seq,
+};
+
+/* ---- Buffer ---- */
+
+typedef struct DpBuffer {
+    PyObject_HEAD
+    DpClient *client;
+    void *p;
+    size_t n;
+    Py_ssize_t exports;
+    pid_t pid;
+} DpBuffer;
+
+PyObject *
+dp_py_buffer_new(DpClient *client, void *p, size_t n)
+{
+    DpBuffer *b = PyObject_New(DpBuffer, &DpBuffer_Type);
+    if (b == NULL)
+        return NULL;
+    b->client = (DpClient *)Py_NewRef((PyObject *)client);
+    b->p = p;
+    b->n = n;
+    b->exports = 0;
+    b->pid = getpid();
+    pthread_mutex_lock(&client->mu);
+    client->n_bufs++;
+    pthread_mutex_unlock(&client->mu);
+    return (PyObject *)b;
+}
+
+/* Give the memory back (kept by the library if a failed transfer touches it). */
+static void
+buffer_free(DpBuffer *self)
+{
+    if (self->p == NULL)
+        return;
+    void *p = self->p;
+    self->p = NULL;
+    if (self->pid != getpid())
+        return; /* the parent's memory */
+    dp_client_free(self->client->c, p);
+    dp_py_client_buffer_gone(self->client);
+}
+
+static void
+buffer_dealloc(DpBuffer *self)
+{
+    buffer_free(self);
+    Py_XDECREF(self->client);
+    PyObject_Free(self);
+}
+
+static int
+buffer_getbuffer(DpBuffer *self, Py_buffer *view, int flags)
+{
+    if (self->p == NULL) {
+        PyErr_SetString(PyExc_BufferError, "this Buffer was released");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->p, (Py_ssize_t)self->n, 0,
+                          flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void
+buffer_releasebuffer(DpBuffer *self, Py_buffer *view)
+{
+    (void)view;
+    self->exports--;
+}
+
+static PyObject *
+buffer_release(DpBuffer *self, PyObject *noarg)
+{
+    (void)noarg;
+    if (self->exports > 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "Buffer.release: %zd views (arrays, tensors, memoryviews) still "
+                     "use this memory; drop them first",
+                     self->exports);
+        return NULL;
+    }
+    buffer_free(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+buffer_address(DpBuffer *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromVoidPtr(self->p);
+}
+
+static Py_ssize_t
+buffer_len(DpBuffer *self)
+{
+    return self->p != NULL ? (Py_ssize_t)self->n : 0;
+}
+
+static PyMethodDef buffer_methods[] = {
+    {"release", (PyCFunction)buffer_release, METH_NOARGS,
+     "Give the memory back now (refused while views of it live)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef buffer_getset[] = {
+    {"address", (getter)buffer_address, NULL, "its address (0 once released)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyBufferProcs buffer_buffer = {
+    .bf_getbuffer = (getbufferproc)buffer_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)buffer_releasebuffer,
+};
+static PySequenceMethods buffer_seq = {.sq_length = (lenfunc)buffer_len};
+
+PyTypeObject DpBuffer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dataplane._core.Buffer",
+    .tp_basicsize = sizeof(DpBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Registered memory of a Client (buffer protocol): values in it move "
+              "without a copy.",
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_methods = buffer_methods,
+    .tp_getset = buffer_getset,
+    .tp_as_buffer = &buffer_buffer,
+    .tp_as_sequence = &buffer_seq,
+};
