@@ -42,7 +42,9 @@ static const char usage_up[] =
     "foreground. Writes DIR/cluster.json, which clients find through --cluster,\n"
     "DP_CLUSTER or the default directory. Ctrl-C (or SIGTERM) stops every unit and\n"
     "removes the cluster file. If a unit dies, up says which and how, stops the\n"
-    "others and exits with status 1.\n"
+    "others and exits with status 1; with --restart it starts the unit again on\n"
+    "its address instead (a new incarnation: clients re-bind by themselves, and what\n"
+    "the unit held is gone) and updates the cluster file.\n"
     "\n"
     "options:\n"
     "  --units N            number of units (2)\n"
@@ -64,6 +66,9 @@ static const char usage_up[] =
     "  --pickup-s S         SSD tier pickup time: passed when given\n"
     "  --grace-s S          how long stopping units may take before SIGKILL (10)\n"
     "  --start-timeout-s S  how long a unit may take to start (120)\n"
+    "  --restart            start a unit that dies again, on the same port\n"
+    "  --max-restarts N     restarts per unit before up gives up and stops the\n"
+    "                       cluster (10)\n"
     "  -h, --help           this text\n"
     "\n"
     "example:\n"
@@ -81,6 +86,8 @@ typedef struct up_opts {
     const char *read_pin_s, *alloc_lease_s, *reclaim_grace_s, *numa;
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
+    bool restart;
+    uint64_t max_restarts;
     char cluster_id[40]; /* drawn at start, given to every unit and the file */
 } up_opts;
 
@@ -101,7 +108,9 @@ parse_opts(int argc, char **argv, up_opts *o)
         O_STAGING,
         O_PICKUP,
         O_GRACE,
-        O_START
+        O_START,
+        O_RESTART,
+        O_MAX_RESTARTS
     };
     static const struct option opts[] = {
         {"units", required_argument, NULL, O_UNITS},
@@ -118,6 +127,8 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"pickup-s", required_argument, NULL, O_PICKUP},
         {"grace-s", required_argument, NULL, O_GRACE},
         {"start-timeout-s", required_argument, NULL, O_START},
+        {"restart", no_argument, NULL, O_RESTART},
+        {"max-restarts", required_argument, NULL, O_MAX_RESTARTS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof *o);
@@ -126,6 +137,7 @@ parse_opts(int argc, char **argv, up_opts *o)
     o->bind = "127.0.0.1";
     o->grace_s = 10;
     o->start_timeout_s = 120;
+    o->max_restarts = 10;
     dp_detail d;
     dp_detail_clear(&d);
     uint64_t v;
@@ -193,6 +205,13 @@ parse_opts(int argc, char **argv, up_opts *o)
             rc = dp__parse_seconds(optarg, &o->start_timeout_s, "--start-timeout-s", &d);
             if (rc == DP_OK && !(o->start_timeout_s > 0))
                 rc = dp__fail(&d, DP_EINVAL, "--start-timeout-s must be > 0");
+            break;
+        case O_RESTART:
+            o->restart = true;
+            break;
+        case O_MAX_RESTARTS:
+            rc =
+                dp__parse_u64(optarg, 0, 1000000, &o->max_restarts, "--max-restarts", &d);
             break;
         case 'h':
             fputs(usage_up, stdout);
@@ -328,11 +347,12 @@ mem_available(void)
 /* ---- starting ---- */
 
 /*
- * Start unit i of s->n: `dataplane unit --unit-id i --units N --port 0` with
- * up's --bind and --slab, and each option of up that is passed on when given.
+ * Start unit i of s->n: `dataplane unit --unit-id i --units N --port PORT`
+ * (PORT "0": any free one) with up's --bind and --slab, and each option of up
+ * that is passed on when given.
  */
 static int
-spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, dp_detail *d)
+spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail *d)
 {
     char id[16], units[16];
     snprintf(id, sizeof id, "%u", i);
@@ -346,7 +366,7 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, dp_detail *d)
     args[k++] = "--units";
     args[k++] = units;
     args[k++] = "--port";
-    args[k++] = "0";
+    args[k++] = port;
     args[k++] = "--bind";
     args[k++] = o->bind;
     args[k++] = "--slab";
@@ -485,7 +505,7 @@ start_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
     fflush(stdout);
     int rc;
     for (uint32_t i = 0; i < s->n; i++) {
-        if ((rc = spawn_unit(s, i, o, d)) != DP_OK) {
+        if ((rc = spawn_unit(s, i, o, "0", d)) != DP_OK) {
             dp__cli_fail("up", rc, d);
             return false;
         }
@@ -558,6 +578,82 @@ stop_units(dp__sup *s, const up_opts *o, const char *path, bool wrote)
     return status;
 }
 
+/*
+ * Start unit u, which died, again on the port of its address, with the same
+ * id, options and cluster id; wait for it within --start-timeout-s, ask every
+ * unit who it is, and rewrite the cluster file with its pid and incarnation.
+ * False (said) when it could not be started.
+ */
+static bool
+restart_unit(dp__sup *s, dp__sup_unit *u, const up_opts *o, const char *path,
+             dp_detail *d)
+{
+    const char *colon = strrchr(u->addr, ':');
+    char port[8];
+    if (colon == NULL || strlen(colon + 1) >= sizeof port) {
+        fprintf(stderr, "dataplane up: unit %u: no port in its address '%s'\n", u->id,
+                u->addr);
+        return false;
+    }
+    snprintf(port, sizeof port, "%s", colon + 1);
+    fprintf(stderr, "dataplane up: restarting unit %u on port %s\n", u->id, port);
+    dp__sup_reset(u);
+    int rc = spawn_unit(s, u->id, o, port, d);
+    if (rc != DP_OK) {
+        dp__cli_fail("up", rc, d);
+        return false;
+    }
+    double end = dp__now_s() + o->start_timeout_s;
+    if (!dp__sup_wait_started(s, end, o->start_timeout_s))
+        return false;
+    if ((rc = ask_info(s, path, DP_MAX(end - dp__now_s(), 1.0), d)) != DP_OK) {
+        dp__cli_fail("up", rc, d);
+        return false;
+    }
+    if (!write_cluster(s, path, o->cluster_id, d))
+        return false;
+    printf("unit %u restarted (pid %d, incarnation %016" PRIx64 "); %s updated\n", u->id,
+           (int)u->pid, u->incarnation, path);
+    fflush(stdout);
+    return true;
+}
+
+/*
+ * Watch the cluster until asked to stop or a unit dies; with --restart, a
+ * dead unit is started again (up to --max-restarts times each).
+ */
+static void
+watch_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
+{
+    uint64_t *restarts = calloc(s->n, sizeof *restarts);
+    for (;;) {
+        dp__sup_unit *dead = dp__sup_watch(s);
+        if (dead == NULL)
+            break;
+        if (!o->restart || restarts == NULL) {
+            fprintf(stderr, "dataplane up: stopping the other units\n");
+            break;
+        }
+        if (restarts[dead->id]++ >= o->max_restarts) {
+            fprintf(stderr,
+                    "dataplane up: unit %u died %" PRIu64
+                    " times (--max-restarts %" PRIu64 "): stopping the cluster\n",
+                    dead->id, restarts[dead->id], o->max_restarts);
+            break;
+        }
+        if (!restart_unit(s, dead, o, path, d)) {
+            if (s->stopping)
+                break;
+            fprintf(stderr,
+                    "dataplane up: unit %u could not be restarted: stopping the "
+                    "cluster\n",
+                    dead->id);
+            break;
+        }
+    }
+    free(restarts);
+}
+
 int
 dp__cmd_up(int argc, char **argv)
 {
@@ -601,7 +697,7 @@ dp__cmd_up(int argc, char **argv)
                    "Ctrl-C stops it.\n",
                    s.n, s.n == 1 ? "" : "s", path, path, path);
             fflush(stdout);
-            dp__sup_watch(&s);
+            watch_units(&s, &o, path, &d);
         }
         status = stop_units(&s, &o, path, wrote);
     }

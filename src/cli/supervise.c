@@ -432,7 +432,7 @@ dp__sup_start_forwarding(dp__sup *s)
     s->forward = true;
 }
 
-void
+dp__sup_unit *
 dp__sup_watch(dp__sup *s)
 {
     for (;;) {
@@ -443,16 +443,30 @@ dp__sup_watch(dp__sup *s)
             fflush(stdout);
             s->stopping = true;
             s->stop_signal = sig;
-            return;
+            return NULL;
         }
         dp__sup_unit *dead = reap(s);
         if (dead != NULL) {
             char why[96];
-            fprintf(stderr,
-                    "dataplane up: unit %u (pid %d, %s) %s: stopping the other units\n",
-                    dead->id, (int)dead->pid, dead->addr,
+            fprintf(stderr, "dataplane up: unit %u (pid %d, %s) %s\n", dead->id,
+                    (int)dead->pid, dead->addr,
                     describe_status(dead->status, why, sizeof why));
-            return;
+            return dead;
         }
     }
+}
+
+void
+dp__sup_reset(dp__sup_unit *u)
+{
+    if (u->out_fd >= 0)
+        close(u->out_fd);
+    if (u->err_fd >= 0)
+        close(u->err_fd);
+    u->out_fd = u->err_fd = -1;
+    u->pid = 0;
+    u->out_len = u->err_len = 0;
+    u->tail_n = 0;
+    u->started = u->exited = false;
+    u->status = 0;
 }

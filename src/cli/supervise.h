@@ -98,9 +98,16 @@ void dp__sup_start_forwarding(dp__sup *s);
 
 /*
  * Forward output until INT/TERM/HUP (stopping and stop_signal set, said on
- * stdout) or a unit dies (said on stderr).
+ * stdout; returns NULL) or a unit dies (said on stderr, with its exit status
+ * or signal; returns it). Units started again keep being watched.
  */
-void dp__sup_watch(dp__sup *s);
+dp__sup_unit *dp__sup_watch(dp__sup *s);
+
+/*
+ * Make a unit that exited startable again (dp__sup_spawn): its pipes closed,
+ * its state cleared; its id and last address stay.
+ */
+void dp__sup_reset(dp__sup_unit *u);
 
 /*
  * Stop every running unit: SIGTERM, wait up to grace_s, SIGKILL the rest. A
