@@ -25,6 +25,7 @@ with TQ's StorageClientFactory as "Dataplane", and a storage manager
 "Dataplane" (a KVStorageManager that uses it).
 """
 
+import os
 import pickle
 
 from . import _core
@@ -77,8 +78,8 @@ class DataplaneKVClient:
                 opts[k] = typ(v)
         self.allow_pickle = bool(config.get("allow_pickle", False))
         cluster = config.get("cluster")
-        if cluster is not None and not isinstance(cluster, str):
-            cluster = list(cluster)
+        if cluster is not None and not isinstance(cluster, (str, os.PathLike)):
+            cluster = list(cluster)  # unit addresses (e.g. a ListConfig)
         self._client = Client(cluster, **opts)
 
     @property

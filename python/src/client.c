@@ -241,7 +241,7 @@ typedef struct put_call {
     uint64_t *dims; /* every shape, back to back; vals[i].shape points in */
     size_t n_dims, cap_dims;
     Py_buffer *bufs;
-    size_t n_bufs;
+    size_t n_bufs, cap_bufs;
     PyObject *dtypes; /* list keeping generated dtype strings alive */
 } put_call;
 
@@ -345,6 +345,10 @@ static int
 cell_buffer(put_call *p, PyObject *o, dp_value *v, size_t r, size_t f)
 {
     bool raw = PyBytes_Check(o) || PyByteArray_Check(o) || PyMemoryView_Check(o);
+    if (p->n_bufs == p->cap_bufs) { /* the columns changed while being read */
+        PyErr_SetString(PyExc_RuntimeError, "put: the values changed during the call");
+        return -1;
+    }
     Py_buffer *b = &p->bufs[p->n_bufs];
     int flags = raw ? PyBUF_C_CONTIGUOUS : (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
     if (PyObject_GetBuffer(o, b, flags) < 0) {
@@ -528,7 +532,12 @@ put_parse(put_call *p, PyObject *rows, PyObject *fields, PyObject *cols)
             return -1;
         }
         PyObject *col = PyList_GET_ITEM(cols, f);
-        if (!PyTuple_Check(col) && PyList_Check(col)) {
+        if (!PyTuple_Check(col) && !PyList_Check(col)) {
+            PyErr_Format(PyExc_TypeError, "column of field '%s': a tuple or a list",
+                         p->fields[f]);
+            return -1;
+        }
+        if (PyList_Check(col)) {
             for (Py_ssize_t r = 0; r < PyList_GET_SIZE(col); r++) {
                 PyObject *o = PyList_GET_ITEM(col, r);
                 n_buf += o != Py_None && (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) == 3);
@@ -536,6 +545,7 @@ put_parse(put_call *p, PyObject *rows, PyObject *fields, PyObject *cols)
         }
     }
     p->bufs = PyMem_Calloc(n_buf ? n_buf : 1, sizeof *p->bufs);
+    p->cap_bufs = n_buf;
     if (p->bufs == NULL) {
         PyErr_NoMemory();
         return -1;
