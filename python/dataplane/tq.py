@@ -43,16 +43,40 @@ _CLIENT_OPTS = {
 }
 
 
+_U64 = 1 << 64
+
+
 def _split(key):
     """(gidx, field) of "<gidx>@<field>"; ValueError naming a malformed key."""
-    if not isinstance(key, str):
-        raise ValueError(f"key {key!r}: a str '<global_index>@<field>' is needed")
-    g, at, f = key.partition("@")
-    if (not at or not f or not g.isdigit() or not g.isascii()
-            or (len(g) > 1 and g[0] == "0") or int(g) >= 1 << 64):
-        raise ValueError(f"key {key!r}: '<global_index>@<field>' is needed, the index "
-                         f"in decimal without sign or leading zeros")
-    return int(g), f
+    try:
+        g, f = key.split("@", 1)
+        if g.isdigit() and g.isascii() and f and (g[0] != "0" or len(g) == 1):
+            i = int(g)
+            if i < _U64:
+                return i, f
+    except (AttributeError, ValueError):
+        pass
+    raise ValueError(f"key {key!r}: '<global_index>@<field>' is needed, the index "
+                     f"in decimal without sign or leading zeros")
+
+
+def _rows_of_one_tensor(col):
+    """The tensor whose consecutive rows col's values are (TQ hands a batch
+    field as list(tensor): views of one contiguous tensor), or None."""
+    first = col[0]
+    if not dt.is_tensor(first):
+        return None
+    b = first._base
+    if b is None or b.is_nested or b.dim() == 0 or b.shape[0] != len(col) or not b.is_contiguous():
+        return None
+    if b.device.type != "cpu" or tuple(b.shape[1:]) != tuple(first.shape):
+        return None
+    step = b.stride(0)
+    off = b.storage_offset()
+    for i, v in enumerate(col):
+        if not dt.is_tensor(v) or v._base is not b or v.storage_offset() != off + i * step:
+            return None
+    return b
 
 
 class DataplaneKVClient:
@@ -154,7 +178,8 @@ class DataplaneKVClient:
             col = [None] * n
             for r in range(n):
                 col[r] = cells.get((r, fi))
-            data[f] = col
+            whole = _rows_of_one_tensor(col) if n > 1 else None
+            data[f] = whole if whole is not None else col
         self._client.put(list(rows), data)
         return None
 
@@ -166,9 +191,7 @@ class DataplaneKVClient:
         count matches (TQ records 1-D fields' rows as shape (1,)). Raises
         KeyError (dataplane.NotFound) naming missing keys and ValueError for
         malformed ones."""
-        keys = list(keys)
-        for k in keys:
-            _split(k)
+        keys = list(keys)  # the library checks each key (InvalidArgument, a ValueError)
         vals, rc, detail = self._client._c.get_keys(keys)
         entries = vals.entries()
         if rc:
@@ -183,11 +206,11 @@ class DataplaneKVClient:
         return out
 
     def _conform(self, key, v, shape, dtype):
-        if not dt.is_tensor(v) or (shape is None and dtype is None):
+        if (shape is None and dtype is None) or not dt.is_tensor(v):
             return v
         if dtype is not None and v.dtype != dtype:
             raise ValueError(f"key '{key}': stored {v.dtype}, asked for {dtype}")
-        if shape is not None and tuple(v.shape) != tuple(shape):
+        if shape is not None and v.shape != shape and tuple(v.shape) != tuple(shape):
             want = 1
             for s in shape:
                 want *= int(s)
