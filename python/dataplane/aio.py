@@ -12,7 +12,8 @@ import asyncio
 import concurrent.futures
 import functools
 
-from .client import Client
+from . import _core
+from .client import Client, make_error
 
 
 class AsyncClient:
@@ -29,12 +30,15 @@ class AsyncClient:
         self._ex = executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="dataplane")
         self._opening = None
+        self._closed = False
 
     async def _run(self, fn, *args, **kw):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._ex, functools.partial(fn, *args, **kw))
 
     async def open(self):
+        if self._closed:
+            raise make_error(_core.DP_ECLOSED, "this AsyncClient is closed")
         if self._client is None:
             if self._opening is None:
                 cluster, opts = self._args
@@ -44,6 +48,8 @@ class AsyncClient:
         return self
 
     async def _call(self, name, *args, **kw):
+        if self._closed:
+            raise make_error(_core.DP_ECLOSED, "this AsyncClient is closed")
         await self.open()
         return await self._run(getattr(self._client, name), *args, **kw)
 
@@ -68,6 +74,9 @@ class AsyncClient:
         return self._client
 
     async def close(self):
+        if self._closed:
+            return
+        self._closed = True
         if self._client is not None:
             await self._run(self._client.close)
         if self._own:

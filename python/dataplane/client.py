@@ -59,7 +59,8 @@ def _core_name(rc):
 def _rows(rows):
     """Rows as the extension takes them: a list of ints or a 1-D int buffer."""
     if dt.is_tensor(rows):
-        if rows.dim() != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex:
+        if (rows.dim() != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex
+                or rows.dtype == torch.bool):
             raise TypeError(f"rows: a 1-D integer tensor is needed, got {rows.dtype} "
                             f"of shape {tuple(rows.shape)}")
         return rows.detach().to("cpu", torch.int64).contiguous().numpy()
@@ -121,7 +122,10 @@ class _Copies:
 
 
 def _tensor_ok(t):
-    return t.device.type == "cpu" and t.is_contiguous()
+    """True if t's memory holds its values as they are: a contiguous CPU
+    tensor that is not a lazy conjugate or negative view."""
+    return (t.device.type == "cpu" and t.is_contiguous() and not t.is_conj()
+            and not t.is_neg())
 
 
 _NATIVE = "=|" + ("<" if sys.byteorder == "little" else ">")
@@ -430,8 +434,9 @@ def _dst(d, key):
             raise ValueError(f"out for '{key}': a contiguous CPU tensor is needed")
         return (d.data_ptr(), d.numel() * d.element_size())
     if dt.is_array(d):
-        if not d.flags.c_contiguous or not d.flags.writeable:
-            raise ValueError(f"out for '{key}': a writable C-contiguous array is needed")
+        if not _array_ok(d) or not d.flags.writeable:
+            raise ValueError(f"out for '{key}': a writable C-contiguous array of native "
+                             f"byte order is needed")
         return (d.__array_interface__["data"][0], d.nbytes)
     raise TypeError(f"out for '{key}': a tensor or array is needed")
 
@@ -439,8 +444,10 @@ def _dst(d, key):
 def _fit(view, item, key):
     """The caller's destination, reshaped to the value that landed in it."""
     _, nbytes, kind, dtype, shape = item
-    if kind != _core.KIND_TENSOR:
-        return view
+    if kind != _core.KIND_TENSOR:  # bytes: the first nbytes of the destination
+        if dt.is_tensor(view):
+            return view.view(-1).view(torch.uint8)[:nbytes]
+        return view.reshape(-1).view(np.uint8)[:nbytes]
     if dt.is_tensor(view):
         want = dt.NAME_TO_TORCH.get(dtype)
         if want is None and dtype in dt.NAME_TO_NUMPY:
@@ -450,6 +457,9 @@ def _fit(view, item, key):
         if view.numel() * view.element_size() != nbytes:
             return view.view(-1)[: nbytes // view.element_size()].view(shape)
         return view.view(shape)
+    want = dt.NAME_TO_NUMPY.get(dtype) or dt.NAME_TO_NUMPY.get("np_" + dtype)
+    if want is not None and view.dtype != want:
+        raise TypeError(f"out for '{key}' is {view.dtype}, the value is {dtype}")
     if view.nbytes != nbytes:
         return view.reshape(-1)[: nbytes // view.itemsize].reshape(shape)
     return view.reshape(shape)

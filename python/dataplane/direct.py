@@ -17,6 +17,7 @@ own transport metadata (docs/design.md, "Python package").
 
 import json
 import struct
+import sys
 
 from . import _core
 from . import _dtypes as dt
@@ -24,6 +25,18 @@ from ._dtypes import np, torch
 from .client import make_error
 
 _MAGIC = b"DPPYMD01"
+
+
+def _native(x):
+    """x with its values in its memory as stored: lazy conjugate and negative
+    torch views resolved, numpy arrays in native byte order (a copy when
+    needed; the caller keeps it alive)."""
+    if dt.is_tensor(x):
+        return x.resolve_conj().resolve_neg()
+    if dt.is_array(x) and x.dtype.byteorder not in "=|" + ("<" if sys.byteorder ==
+                                                           "little" else ">"):
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
 
 
 def _describe(x, i):
@@ -58,8 +71,9 @@ def _parse(md):
     try:
         desc = json.loads(md[12:12 + n])
         ok = isinstance(desc, list) and all(
-            isinstance(d, list) and len(d) == 3 and d[0] in ("torch", "numpy")
-            and isinstance(d[1], str) and dt.itemsize(d[1]) is not None
+            isinstance(d, list) and len(d) == 3 and isinstance(d[1], str)
+            and ((d[0] == "torch" and d[1] in dt.NAME_TO_TORCH)
+                 or (d[0] == "numpy" and d[1] in dt.NAME_TO_NUMPY))
             and isinstance(d[2], list)
             and all(isinstance(s, int) and s >= 0 for s in d[2]) for d in desc)
     except ValueError:
@@ -100,8 +114,14 @@ class FetchRequest:
         self._f.wait(-1.0 if timeout is None else float(timeout))
         if self._out is not None:
             return self._out
-        bufs = iter(self._f.buffers())
-        return [_make(d, next(bufs) if _nbytes(d) else None) for d in self._desc]
+        bufs = self._f.buffers()
+        sized = [d for d in self._desc if _nbytes(d)]
+        if len(bufs) != len(sized) or any(len(b) != _nbytes(d) for b, d in zip(bufs, sized)):
+            raise make_error(_core.DP_EPROTO,
+                             "metadata: the tensor description does not match the "
+                             "published buffers (count or sizes)")
+        it = iter(bufs)
+        return [_make(d, next(it) if _nbytes(d) else None) for d in self._desc]
 
     @property
     def done(self):
@@ -136,7 +156,7 @@ class Transport:
         """Publish tensors (or arrays) under obj_id; returns the metadata to
         hand to fetchers. Keep the tensors unchanged until free(obj_id); the
         transport keeps them alive until then."""
-        tensors = list(tensors)
+        tensors = [_native(x) for x in tensors]
         descs, spans = [], []
         for i, x in enumerate(tensors):
             d, s = _describe(x, i)

@@ -192,6 +192,9 @@ class DataplaneKVClient:
         KeyError (dataplane.NotFound) naming missing keys and ValueError for
         malformed ones."""
         keys = list(keys)  # the library checks each key (InvalidArgument, a ValueError)
+        for k in keys:
+            if not isinstance(k, str):
+                raise ValueError(f"key {k!r}: a str '<global_index>@<field>' is needed")
         vals, rc, detail = self._client._c.get_keys(keys)
         entries = vals.entries()
         if rc:

@@ -693,7 +693,15 @@ key_list(PyObject *list, const char ***keys, size_t *n)
     for (size_t i = 0; i < cnt; i++) {
         PyObject *s = PySequence_Fast_ITEMS(seq)[i];
         Py_ssize_t len;
-        const char *k = PyUnicode_Check(s) ? PyUnicode_AsUTF8AndSize(s, &len) : NULL;
+        if (!PyUnicode_Check(s)) {
+            PyErr_Format(PyExc_TypeError, "keys[%zu]: a str is needed, got %s", i,
+                         Py_TYPE(s)->tp_name);
+            PyMem_Free(*keys);
+            *keys = NULL;
+            Py_DECREF(seq);
+            return -1;
+        }
+        const char *k = PyUnicode_AsUTF8AndSize(s, &len);
         if (k == NULL || (size_t)len != strlen(k)) {
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_ValueError,

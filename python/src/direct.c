@@ -26,6 +26,8 @@ typedef struct DpFetch {
     DpTransport *tr;
     dp_direct_req *r;
     PyObject *owners;
+    bool given;  /* buffers() handed out Slices: they keep this object alive */
+    bool closed; /* close() was called */
     pid_t pid;
 } DpFetch;
 
@@ -248,6 +250,7 @@ transport_fetch(DpTransport *self, PyObject *args)
     f->tr = (DpTransport *)Py_NewRef((PyObject *)self);
     f->r = r;
     f->owners = Py_NewRef(owners);
+    f->given = f->closed = false;
     f->pid = getpid();
     return (PyObject *)f;
 }
@@ -351,7 +354,7 @@ fetch_wait(DpFetch *self, PyObject *args)
         return NULL;
     if (self->pid != getpid())
         return dp_py_raise_forked("Fetch", self->pid);
-    if (self->r == NULL)
+    if (self->r == NULL || self->closed)
         return dp_py_raise_ex(DP_ECLOSED, "this fetch is closed", NULL, NULL, NULL);
     dp_detail d = {0};
     int rc;
@@ -368,8 +371,9 @@ static PyObject *
 fetch_buffers(DpFetch *self, PyObject *noarg)
 {
     (void)noarg;
-    if (self->r == NULL || self->pid != getpid())
+    if (self->r == NULL || self->closed || self->pid != getpid())
         return dp_py_raise_ex(DP_ECLOSED, "this fetch is closed", NULL, NULL, NULL);
+    self->given = true;
     size_t n = dp_direct_req_count(self->r);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list != NULL && i < n; i++) {
@@ -389,11 +393,18 @@ fetch_buffers(DpFetch *self, PyObject *noarg)
     return list;
 }
 
+/*
+ * Stop and free the request, unless buffers() handed out its memory: the
+ * tensors made of it stay valid, and the request (which owns that memory) is
+ * freed with this object, when the last of them is gone.
+ */
 static PyObject *
 fetch_close(DpFetch *self, PyObject *noarg)
 {
     (void)noarg;
-    fetch_destroy(self);
+    self->closed = true;
+    if (!self->given)
+        fetch_destroy(self);
     Py_RETURN_NONE;
 }
 

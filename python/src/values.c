@@ -304,15 +304,25 @@ buffer_releasebuffer(DpBuffer *self, Py_buffer *view)
     self->exports--;
 }
 
+/*
+ * Some exporters (torch.frombuffer) give the buffer view back at once and keep
+ * only a reference to this object while they use its memory. So release()
+ * frees only when nothing but the caller refers to this object (its variable
+ * and the call's own reference) and no view is exported.
+ */
 static PyObject *
 buffer_release(DpBuffer *self, PyObject *noarg)
 {
     (void)noarg;
-    if (self->exports > 0) {
-        PyErr_Format(PyExc_BufferError,
-                     "Buffer.release: %zd views (arrays, tensors, memoryviews) still "
-                     "use this memory; drop them first",
-                     self->exports);
+    if (self->p == NULL)
+        Py_RETURN_NONE;
+    if (self->exports > 0 || Py_REFCNT(self) > 2) {
+        PyErr_Format(
+            PyExc_BufferError,
+            "Buffer.release: this memory is still in use (%zd views, %zd other "
+            "references, e.g. torch.frombuffer tensors); drop them first, or let "
+            "the Buffer go and it is freed with its last reference",
+            self->exports, Py_REFCNT(self) > 2 ? Py_REFCNT(self) - 2 : 0);
         return NULL;
     }
     buffer_free(self);

@@ -1,0 +1,60 @@
+"""stats() and dataplane.stack()."""
+
+import numbers
+
+import numpy as np
+import pytest
+import torch
+
+import dataplane
+
+
+def test_stats_one_dict_per_unit(client, fresh_rows):
+    rows = fresh_rows(10)
+    before = client.stats()
+    client.put(rows, {"s": torch.ones(10, 1000)})
+    st = client.stats()
+    assert isinstance(st, list) and len(st) == client.n_units == 2
+    for u, d in enumerate(st):
+        assert isinstance(d, dict) and d
+        assert d["unit_id"] == u and d["n_units"] == 2
+        assert d["slab_bytes"] == 256 << 20
+        for k, v in d.items():
+            assert isinstance(k, str)
+            assert isinstance(v, numbers.Real) and not isinstance(v, bool), (k, v)
+            assert v >= 0, (k, v)
+    # the put shows in the counters: commits grew, the rows hold bytes
+    assert sum(d["commits"] for d in st) > sum(d["commits"] for d in before)
+    assert sum(d["allocated_bytes"] for d in st) >= 10 * 4000
+
+
+def test_stack_torch():
+    vals = [torch.full((2, 3), float(i)) for i in range(4)]
+    s = dataplane.stack(vals)
+    assert isinstance(s, torch.Tensor) and s.shape == (4, 2, 3)
+    assert torch.equal(s, torch.stack(vals))
+
+
+def test_stack_numpy():
+    vals = [np.arange(5, dtype=np.int16) + i for i in range(3)]
+    s = dataplane.stack(vals)
+    assert isinstance(s, np.ndarray) and s.dtype == np.int16 and s.shape == (3, 5)
+    assert np.array_equal(s, np.stack(vals))
+
+
+def test_stack_got_values(client, fresh_rows):
+    rows = fresh_rows(5)
+    t = torch.randn(5, 7)
+    client.put(rows, {"v": t})
+    assert torch.equal(dataplane.stack(client.get(rows, ["v"])["v"]), t)
+
+
+def test_stack_mismatch():
+    with pytest.raises(ValueError, match="value 1"):
+        dataplane.stack([torch.zeros(2, 3), torch.zeros(3, 2)])
+    with pytest.raises(ValueError):
+        dataplane.stack([torch.zeros(3), torch.zeros(3, dtype=torch.int32)])
+    with pytest.raises(ValueError):
+        dataplane.stack([np.zeros(3), np.zeros(4)])
+    with pytest.raises(ValueError):
+        dataplane.stack([])

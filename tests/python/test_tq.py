@@ -1,0 +1,213 @@
+"""The TransferQueue backend driven as TQ's KV storage manager drives it.
+
+TQ (not installable here) builds keys field-major with fields sorted
+("<global_index>@<field>"), hands per-row views of each batch tensor (0-d for
+1-D fields, rows of a nested tensor for jagged fields, Python objects for
+non-tensor fields), runs put in the event loop's default executor (several at
+once), calls get synchronously on the loop thread with one shape and dtype
+per key (torch.Size, a tuple for jagged rows, (1,) for a 1-D field's rows,
+None for non-tensor fields) and the per-key metadata put returned, and
+clears whole samples. This test does exactly that against real units and
+checks every value.
+"""
+
+import asyncio
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+import torch
+
+from dataplane.tq import DataplaneKVClient
+import dataplane
+
+
+def _keys(gidxs, fields):
+    return [f"{g}@{f}" for f in sorted(fields) for g in gidxs]
+
+
+def _values(batch, gidxs):
+    """TQ's _generate_values: field-major, one entry per (field, row)."""
+    out = []
+    for f in sorted(batch):
+        v = batch[f]
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            out.extend(v.unbind())
+        elif isinstance(v, torch.Tensor):
+            out.extend(v)  # per-row views; 0-d for a 1-D field
+        else:
+            out.extend(v)
+    return out
+
+
+def _shapes_dtypes(batch, n):
+    shapes, dtypes = [], []
+    for f in sorted(batch):
+        v = batch[f]
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            rows = v.unbind()
+            shapes += [tuple(r.shape) for r in rows]
+            dtypes += [v.dtype] * n
+        elif isinstance(v, torch.Tensor):
+            row = v.shape[1:] if v.dim() > 1 else torch.Size([1])  # TQ's unsqueeze
+            shapes += [row] * n
+            dtypes += [v.dtype] * n
+        else:
+            shapes += [None] * n
+            dtypes += [None] * n
+    return shapes, dtypes
+
+
+def _batch(base, n):
+    g = torch.Generator().manual_seed(base)
+    lens = [int(x) for x in torch.randint(1, 300, (n,), generator=g)]
+    return {
+        "input_ids": torch.nested.nested_tensor(
+            [torch.randint(0, 50000, (k,), generator=g) for k in lens]),
+        "attention_mask": torch.ones(n, 16, dtype=torch.bool),
+        "logprobs": torch.randn(n, 16, generator=g).t().contiguous().t(),  # non-contiguous
+        "reward": torch.randn(n, generator=g),                    # 1-D: 0-d rows
+        "hidden": torch.randn(n, 4, 8, generator=g, dtype=torch.float32).to(torch.bfloat16),
+        "prompt": [f"prompt {base + i} \u00e9" for i in range(n)],   # non-tensor
+        "meta": [{"step": base + i, "tags": ["a", None], "ok": i % 2 == 0}
+                 for i in range(n)],
+    }
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(
+            a.reshape(b.shape), b)
+    return type(a) is type(b) and a == b
+
+
+def test_driven_as_tq_kv_storage_manager(cluster):
+    kv = DataplaneKVClient({"cluster": cluster, "client_name": "Dataplane",
+                            "timeout_s": 20})
+    n = 24
+    parts = [list(range(1000 + 100 * p, 1000 + 100 * p + n)) for p in range(4)]
+    batches = [_batch(p, n) for p in range(4)]
+
+    async def put_all():
+        loop = asyncio.get_running_loop()
+        futs = [loop.run_in_executor(None, kv.put, _keys(g, b), _values(b, g))
+                for g, b in zip(parts, batches)]
+        return await asyncio.gather(*futs)
+
+    metas = asyncio.run(put_all())
+    for m, g, b in zip(metas, parts, batches):
+        assert m is None or len(m) == len(_keys(g, b))
+
+    async def get_on_loop(g, b, meta):
+        keys = _keys(g, b)
+        shapes, dtypes = _shapes_dtypes(b, len(g))
+        cbm = meta if meta else [None] * len(keys)
+        return kv.get(keys=keys, shapes=shapes, dtypes=dtypes, custom_backend_meta=cbm)
+
+    for g, b, m in zip(parts, batches, metas):
+        got = asyncio.run(get_on_loop(g, b, m))
+        want = _values(b, g)
+        assert len(got) == len(want)
+        for k, x, y in zip(_keys(g, b), want, got):
+            assert _same(x, y), k
+        # the shapes TQ asked for: (1,) for the 1-D field's rows
+        shapes, _ = _shapes_dtypes(b, len(g))
+        for k, y, s in zip(_keys(g, b), got, shapes):
+            if s is not None:
+                assert tuple(y.shape) == tuple(s), k
+        # TQ's merge: regular fields stack, jagged ones nest
+        i = sorted(b).index("logprobs") * len(g)
+        assert torch.equal(torch.stack(got[i:i + len(g)]), b["logprobs"])
+
+    # clear whole samples, as TQ's clear_samples does; keys never put are fine
+    g, b = parts[0], batches[0]
+    kv.clear(keys=_keys(g, b) + ["999999@never"], custom_backend_meta=None)
+    with pytest.raises(KeyError) as e:
+        kv.get(keys=_keys(g[:1], b))
+    assert f"{g[0]}@attention_mask" in str(e.value)
+    # the other parts are untouched
+    got = kv.get(keys=_keys(parts[1], batches[1]))
+    assert all(_same(x, y) for x, y in zip(_values(batches[1], parts[1]), got))
+    for g in parts[1:]:
+        kv.clear(_keys(g, batches[0]))
+    kv.close()
+
+
+class _Thing:
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return isinstance(other, _Thing) and other.x == self.x
+
+
+def test_pickle_off_by_default(cluster):
+    kv = DataplaneKVClient({"cluster": cluster})
+    for v in [(1, 2), _Thing(3), {1, 2}]:
+        with pytest.raises(TypeError) as e:
+            kv.put(["3000@obj"], [v])
+        assert "3000@obj" in str(e.value) and type(v).__name__ in str(e.value)
+    with pytest.raises(KeyError):  # nothing was stored
+        kv.get(["3000@obj"])
+    kp = DataplaneKVClient({"cluster": cluster, "allow_pickle": True})
+    kp.put(["3000@obj", "3001@obj"], [(1, 2), _Thing(3)])
+    assert kp.get(["3000@obj", "3001@obj"]) == [(1, 2), _Thing(3)]
+    with pytest.raises(dataplane.PolicyError) as e:  # a pickled value needs the opt-in
+        kv.get(["3001@obj"])
+    assert "allow_pickle" in str(e.value)
+    kp.clear(["3000@obj", "3001@obj"])
+    kv.close()
+    kp.close()
+
+
+def test_plain_values_keep_their_types(cluster):
+    kv = DataplaneKVClient({"cluster": cluster})
+    vals = ["s", "", 0, -5, 2**63 - 1, 1.5, float("inf"), True, False, None, b"\x00raw",
+            [1, [2, "x"], None], {"a": {"b": [1.0]}, "n": None}, {7: "int key"}, []]
+    keys = [f"{3100 + i}@v" for i in range(len(vals))]
+    kv.put(keys, vals)
+    got = kv.get(keys)
+    for k, a, b in zip(keys, vals, got):
+        assert type(a) is type(b) and a == b, (k, a, b)
+    # numpy values stay numpy
+    np = pytest.importorskip("numpy")
+    arr = np.arange(6, dtype=np.uint16).reshape(2, 3)[:, ::2]  # non-contiguous
+    kv.put(["3200@np"], [arr])
+    (back,) = kv.get(["3200@np"])
+    assert isinstance(back, np.ndarray) and back.dtype == np.uint16
+    assert np.array_equal(back, arr)
+    kv.clear(keys + ["3200@np"])
+    kv.close()
+
+
+def test_bad_keys_and_arguments(cluster):
+    kv = DataplaneKVClient({"cluster": cluster})
+    for bad in ["x@f", "01@f", "-1@f", "1", "1@", "@f", "1 @f", 7]:
+        with pytest.raises(ValueError):
+            kv.put([bad], [torch.zeros(1)])
+        with pytest.raises(ValueError):
+            kv.get([bad])
+    with pytest.raises(ValueError):
+        kv.put(["1@a", "1@a"], [torch.zeros(1), torch.ones(1)])
+    with pytest.raises(ValueError):
+        kv.put(["1@a"], [])
+    with pytest.raises(ValueError):  # a dtype other than the stored one
+        kv.put(["3300@t"], [torch.zeros(3)])
+        kv.get(["3300@t"], shapes=[(3,)], dtypes=[torch.int64])
+    with pytest.raises(ValueError):
+        kv.get(["3300@t"], shapes=[(4,)], dtypes=[torch.float32])
+    with pytest.raises(ValueError):
+        DataplaneKVClient({"cluster": cluster, "timeout_s": "soon"})
+    kv.clear(["3300@t"])
+    kv.close()
+
+
+def test_tq_registration_when_importable():
+    import dataplane.tq as tq
+    try:
+        import transfer_queue  # noqa: F401
+    except ImportError:
+        assert tq.registered_with_tq is False
+        return
+    from transfer_queue.storage.clients import StorageClientFactory
+    assert StorageClientFactory._registry["Dataplane"] is tq.DataplaneKVClient

@@ -1,0 +1,113 @@
+"""`dataplane up --restart`: a unit that dies is started again on its port.
+
+A long-lived client keeps working across the restart: the operation that
+meets the new process fails for that unit's rows with dataplane.Restarted
+(never with wrong bytes), the next one works, rows of the other unit are
+untouched, the cluster file names the new pid and incarnation, and a fresh
+client works. With --max-restarts 0 the first death stops the cluster.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+import dataplane
+
+from conftest import _cli, _tail
+
+
+def _start(tmp_path, *extra):
+    d = tmp_path / "c"
+    log = tmp_path / "up.log"
+    proc = subprocess.Popen([_cli(), "up", "--units", "2", "--slab", "64M", "--dir", str(d),
+                             *extra], stdin=subprocess.DEVNULL, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    end = time.monotonic() + 60
+    while not (d / "cluster.json").exists():
+        assert proc.poll() is None, _tail(log)
+        assert time.monotonic() < end, _tail(log)
+        time.sleep(0.05)
+    return proc, d, log
+
+
+def _units(d):
+    with open(d / "cluster.json") as f:
+        return json.load(f)["units"]
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_restart_keeps_the_cluster_and_the_client(tmp_path):
+    proc, d, log = _start(tmp_path, "--restart")
+    try:
+        before = _units(d)
+        c = dataplane.Client(d, timeout_s=10)
+        rows = list(range(16))  # even rows on unit 0, odd on unit 1
+        x = torch.randn(16, 4096)
+        c.put(rows, {"x": x})
+        os.kill(before[0]["pid"], signal.SIGKILL)
+        end = time.monotonic() + 60
+        while True:
+            try:
+                now = _units(d)
+                if now[0]["pid"] != before[0]["pid"]:
+                    break
+            except (OSError, ValueError):
+                pass  # the file is being replaced
+            assert proc.poll() is None, _tail(log)
+            assert time.monotonic() < end, _tail(log)
+            time.sleep(0.05)
+        assert now[0]["zmq"] == before[0]["zmq"]
+        assert now[0]["incarnation"] != before[0]["incarnation"]
+        assert now[1] == before[1]
+        # the old client: unit 0's part fails once, clearly; unit 1's rows are intact
+        odd = rows[1::2]
+        got = c.get(odd, ["x"])["x"]
+        assert all(torch.equal(g, x[r]) for g, r in zip(got, odd))
+        with pytest.raises((dataplane.Restarted, dataplane.NotFound)) as e:
+            c.get(rows[0::2], ["x"])
+        if isinstance(e.value, dataplane.Restarted):
+            with pytest.raises(dataplane.NotFound):  # what the dead process held is gone
+                c.get(rows[0::2], ["x"])
+        # and then works: put and get every row again
+        y = torch.randn(16, 4096)
+        for _ in range(2):
+            try:
+                c.put(rows, {"x": y})
+                break
+            except dataplane.Restarted:
+                continue
+        got = c.get(rows, ["x"])["x"]
+        assert all(torch.equal(g, y[r]) for g, r in zip(got, rows))
+        assert c.counters()["restarts_seen"] >= 1
+        with dataplane.Client(d, timeout_s=10) as fresh:
+            got = fresh.get(rows, ["x"])["x"]
+            assert all(torch.equal(g, y[r]) for g, r in zip(got, rows))
+        c.close()
+        assert "restarting unit 0" in _tail(log)
+    finally:
+        _stop(proc)
+
+
+def test_max_restarts_stops_the_cluster(tmp_path):
+    proc, d, log = _start(tmp_path, "--restart", "--max-restarts", "0")
+    try:
+        os.kill(_units(d)[1]["pid"], signal.SIGKILL)
+        assert proc.wait(30) == 1
+        assert not (d / "cluster.json").exists()
+        assert "--max-restarts 0" in _tail(log)
+    finally:
+        _stop(proc)
