@@ -322,34 +322,45 @@ class Client:
         entries = vals.entries()
         if rc:
             _raise_get(rc, detail, entries, keys)
-        return [value_of(e, None, k) for e, k in zip(entries, keys)]
+        return values_in_order(vals, entries, lambda i: value_of(entries[i], None, keys[i]))
 
     def _get_out(self, r, fields, out):
         n = len(r)
-        keys, dsts, views = [], [], []
+        if not fields:
+            return {}
+        specs, views = [], []
         for f in fields:
             if f not in out:
                 raise KeyError(f"out has no destination for field '{f}'")
             o = out[f]
-            per_row = list(o) if isinstance(o, (list, tuple)) else None
-            if per_row is None:
-                if not (dt.is_tensor(o) or dt.is_array(o)) or len(o) != n:
-                    raise ValueError(f"out['{f}']: a tensor or array of {n} rows, or a "
-                                     f"list of {n}, is needed")
-                per_row = [o[i] for i in range(n)]
-            if len(per_row) != n:
-                raise ValueError(f"out['{f}']: {len(per_row)} destinations for {n} rows")
-            for i, d in enumerate(per_row):
-                keys.append(f"{r[i]}@{f}")
-                dsts.append(_dst(d, keys[-1]))
-                views.append(d)
-        items, rc, detail = self._c.get_into(keys, dsts)
+            if isinstance(o, (list, tuple)):
+                if len(o) != n:
+                    raise ValueError(f"out['{f}']: {len(o)} destinations for {n} rows")
+                specs.append([_dst(d, f"{r[i]}@{f}") for i, d in enumerate(o)])
+                views.append(list(o))
+                continue
+            if not (dt.is_tensor(o) or dt.is_array(o)) or len(o.shape) == 0 or len(o) != n:
+                raise ValueError(f"out['{f}']: a tensor or array of {n} rows, or a list "
+                                 f"of {n}, is needed")
+            addr, nbytes = _dst(o, f"rows of {f}")
+            row = nbytes // n if n else 0
+            specs.append((addr, row, row))
+            views.append(o)
+        items, rc, detail = self._c.get_into_rows(r, fields, specs)
         if rc:
+            keys = [f"{r[i % n]}@{fields[i // n]}" for i in range(len(items))]
             _raise_get(rc, detail, [(it[0],) for it in items], keys)
         res = {}
         for fi, f in enumerate(fields):
-            res[f] = [_fit(views[fi * n + i], items[fi * n + i], keys[fi * n + i])
-                      for i in range(n)]
+            its = items[fi * n:(fi + 1) * n]
+            o = views[fi]
+            if not isinstance(o, list):
+                whole = _whole_rows(o, its, f)
+                if whole is not None:
+                    res[f] = whole
+                    continue
+                o = [o[i] for i in range(n)]
+            res[f] = [_fit(o[i], its[i], f"{r[i]}@{f}") for i in range(n)]
         return res
 
     # -- clear, stats, memory --
@@ -441,6 +452,30 @@ def _dst(d, key):
     raise TypeError(f"out for '{key}': a tensor or array is needed")
 
 
+def _whole_rows(o, items, field):
+    """The rows of a batch destination as views, in one call, when every value
+    that landed in it is a tensor of its dtype and row shape; else None."""
+    if not items:
+        return []
+    first = items[0]
+    _, nbytes, kind, dtype, shape = first
+    row_shape = tuple(o.shape[1:])
+    if kind != _core.KIND_TENSOR or shape != row_shape:
+        return None
+    for it in items:
+        if it[2] != kind or it[3] != dtype or it[4] != shape:
+            return None
+    if dt.is_tensor(o):
+        want = dt.NAME_TO_TORCH.get(dtype[3:] if dtype.startswith("np_") else dtype)
+        if want is not None and want != o.dtype:
+            raise TypeError(f"out['{field}'] is {o.dtype}, the values are {dtype}")
+        return list(o.unbind(0))
+    want = dt.NAME_TO_NUMPY.get(dtype) or dt.NAME_TO_NUMPY.get("np_" + dtype)
+    if want is not None and want != o.dtype:
+        raise TypeError(f"out['{field}'] is {o.dtype}, the values are {dtype}")
+    return list(o)
+
+
 def _fit(view, item, key):
     """The caller's destination, reshaped to the value that landed in it."""
     _, nbytes, kind, dtype, shape = item
@@ -528,6 +563,32 @@ def _key(row, field):
 
 
 _RUN_MIN = 8  # rows of a field worth making views of in one go
+
+
+def values_in_order(vals, entries, one):
+    """Every fetched entry as a value, in order: stretches of consecutive
+    tensors of one dtype and shape through _field_runs, the rest through
+    one(i)."""
+    n = len(entries)
+    out = [None] * n
+    addrs = vals.addresses() if n >= _RUN_MIN else None
+    i = 0
+    while i < n:
+        e = entries[i]
+        j = i + 1
+        if addrs is not None and e[0] == 0 and e[1] == _core.KIND_TENSOR:
+            while (j < n and entries[j][0] == 0 and entries[j][1] == e[1]
+                   and entries[j][2] == e[2] and entries[j][3] == e[3]):
+                j += 1
+            got = _field_runs(vals, entries, addrs, i, j - i) if j - i >= _RUN_MIN else None
+            if got is not None:
+                out[i:j] = got
+                i = j
+                continue
+        for k in range(i, j):
+            out[k] = one(k)
+        i = j
+    return out
 
 
 def _field_runs(vals, entries, addrs, base, n):

@@ -30,7 +30,7 @@ import pickle
 
 from . import _core
 from . import _dtypes as dt
-from .client import Client, Encoded, make_error, value_of
+from .client import Client, Encoded, make_error, value_of, values_in_order
 
 try:
     import msgpack
@@ -44,6 +44,7 @@ _CLIENT_OPTS = {
 
 
 _U64 = 1 << 64
+_UNSET = object()  # a cell a put was not given (a TQ value may be None)
 
 
 def _split(key):
@@ -131,12 +132,12 @@ class DataplaneKVClient:
             f"set config['allow_pickle'] = True to store it with pickle (unpickling "
             f"runs code: only for trusted clusters)")
 
-    def _cell(self, key, v):
+    def _cell(self, gidx, field, v):
         if dt.is_tensor(v):
             return v if v.device.type == "cpu" else v.detach().cpu()
         if dt.is_array(v) or isinstance(v, (bytes, bytearray, memoryview)):
             return v
-        return self._encode(key, v)
+        return self._encode(f"{gidx}@{field}", v)
 
     def _decode(self, key, e):
         st, kind, dtype, shape, nbytes, sl = e
@@ -164,23 +165,34 @@ class DataplaneKVClient:
         keys, values = list(keys), list(values)
         if len(keys) != len(values):
             raise ValueError(f"put: {len(keys)} keys and {len(values)} values")
-        rows, fields, cells = {}, {}, {}
-        for k, v in zip(keys, values):
-            g, f = _split(k)
-            r = rows.setdefault(g, len(rows))
-            fi = fields.setdefault(f, len(fields))
-            if (r, fi) in cells:
-                raise ValueError(f"put: key '{k}' appears twice")
-            cells[(r, fi)] = self._cell(k, v)
+        gcache, rows, by_field = {}, {}, {}
+        for i, k in enumerate(keys):
+            g, sep, f = k.partition("@") if isinstance(k, str) else ("", "", "")
+            gi = gcache.get(g) if sep and f else None
+            if gi is None:
+                gi = _split(k)[0]  # raises for a malformed key
+                gcache[g] = gi
+            r = rows.get(gi)
+            if r is None:
+                r = rows[gi] = len(rows)
+            by_field.setdefault(f, []).append((r, i))
         n = len(rows)
+        row_list = list(rows)
         data = {}
-        for f, fi in fields.items():
-            col = [None] * n
-            for r in range(n):
-                col[r] = cells.get((r, fi))
+        for f, cells in by_field.items():
+            col = [_UNSET] * n
+            for r, i in cells:
+                if col[r] is not _UNSET:
+                    raise ValueError(f"put: key '{keys[i]}' appears twice")
+                col[r] = values[i]
             whole = _rows_of_one_tensor(col) if n > 1 else None
-            data[f] = whole if whole is not None else col
-        self._client.put(list(rows), data)
+            if whole is not None:
+                data[f] = whole
+                continue
+            for r, v in enumerate(col):
+                col[r] = None if v is _UNSET else self._cell(row_list[r], f, v)
+            data[f] = col
+        self._client.put(row_list, data)
         return None
 
     def get(self, keys, shapes=None, dtypes=None, custom_backend_meta=None,
@@ -200,7 +212,7 @@ class DataplaneKVClient:
         if rc:
             from .client import _raise_get
             _raise_get(rc, detail, entries, keys)
-        out = [self._decode(k, e) for k, e in zip(keys, entries)]
+        out = values_in_order(vals, entries, lambda i: self._decode(keys[i], entries[i]))
         if shapes is not None or dtypes is not None:
             for i, v in enumerate(out):
                 out[i] = self._conform(keys[i], v,

@@ -792,6 +792,29 @@ item_tuple(const dp_get_item *it, const dp_value_desc *ds)
                          (int)ds->kind, ds->dtype, shape);
 }
 
+/* Run a get into the items' destinations; (items as tuples, rc, detail). */
+static PyObject *
+get_into_run(DpClient *self, dp_get_item *items, size_t n)
+{
+    dp_detail d = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dp_client_get(self->c, items, n, &d);
+    Py_END_ALLOW_THREADS
+    if (rc == DP_EINVAL)
+        return dp_py_raise(rc, &d);
+    PyObject *res = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; res != NULL && i < n; i++) {
+        PyObject *t = item_tuple(&items[i], items[i].desc);
+        if (t == NULL) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, (Py_ssize_t)i, t);
+    }
+    return res != NULL ? Py_BuildValue("(Nis)", res, rc, dp_detail_msg(&d)) : NULL;
+}
+
 /* get_into(keys, [(address, cap)]) -> ([(status, nbytes, kind, dtype, shape)], rc,
  * detail). */
 static PyObject *
@@ -835,28 +858,106 @@ client_get_into(DpClient *self, PyObject *args)
         if (PyErr_Occurred())
             goto out;
     }
-    dp_detail d = {0};
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = dp_client_get(self->c, items, n, &d);
-    Py_END_ALLOW_THREADS
-    if (rc == DP_EINVAL) {
-        dp_py_raise(rc, &d);
-        goto out;
-    }
-    PyObject *res = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; res != NULL && i < n; i++) {
-        PyObject *t = item_tuple(&items[i], &descs[i]);
-        if (t == NULL) {
-            Py_CLEAR(res);
-            break;
-        }
-        PyList_SET_ITEM(res, (Py_ssize_t)i, t);
-    }
-    if (res != NULL)
-        ret = Py_BuildValue("(Nis)", res, rc, dp_detail_msg(&d));
+    ret = get_into_run(self, items, n);
 out:
     Py_XDECREF(seq);
+    PyMem_Free(keys);
+    PyMem_Free(items);
+    PyMem_Free(descs);
+    dp_py_client_leave(self);
+    return ret;
+}
+
+/*
+ * Destinations of field f's n rows: (base, stride, cap), row r at base + r *
+ * stride, or a list of n (address, cap).
+ */
+static int
+row_dsts(PyObject *spec, size_t f, size_t n, dp_get_item *items)
+{
+    if (PyTuple_Check(spec)) {
+        PyObject *base;
+        long long stride;
+        unsigned long long cap;
+        if (!PyArg_ParseTuple(spec, "OLK", &base, &stride, &cap))
+            return -1;
+        uint8_t *b = PyLong_AsVoidPtr(base);
+        if (b == NULL && PyErr_Occurred())
+            return -1;
+        for (size_t r = 0; r < n; r++) {
+            items[f * n + r].dst = b + (ptrdiff_t)r * stride;
+            items[f * n + r].cap = cap;
+        }
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(spec, "destinations: a list of (address, cap)");
+    if (seq == NULL)
+        return -1;
+    if ((size_t)PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "field %zu: %zd destinations for %zu rows", f,
+                     PySequence_Fast_GET_SIZE(seq), n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    for (size_t r = 0; r < n; r++) {
+        PyObject *addr;
+        unsigned long long cap;
+        if (!PyArg_ParseTuple(PySequence_Fast_ITEMS(seq)[r], "OK", &addr, &cap)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        items[f * n + r].dst = PyLong_AsVoidPtr(addr);
+        items[f * n + r].cap = cap;
+        if (PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/*
+ * get_into_rows(rows, fields, [destinations per field]) -> (items, rc,
+ * detail): keys field-major, built here; destinations as row_dsts takes them.
+ */
+static PyObject *
+client_get_into_rows(DpClient *self, PyObject *args)
+{
+    PyObject *rows, *fields, *dsts;
+    if (!PyArg_ParseTuple(args, "OOO!", &rows, &fields, &PyList_Type, &dsts))
+        return NULL;
+    if (!dp_py_client_enter(self))
+        return NULL;
+    char *arena = NULL;
+    const char **keys = NULL;
+    size_t n = 0;
+    dp_get_item *items = NULL;
+    dp_value_desc *descs = NULL;
+    PyObject *ret = NULL;
+    if (row_keys(rows, fields, &arena, &keys, &n) < 0)
+        goto out;
+    size_t nf = (size_t)PyList_GET_SIZE(dsts);
+    if (nf == 0 || n % nf != 0 || (size_t)PySequence_Size(fields) != nf) {
+        PyErr_SetString(PyExc_ValueError, "get_into_rows: one destination per field");
+        goto out;
+    }
+    items = PyMem_Calloc(n ? n : 1, sizeof *items);
+    descs = PyMem_Calloc(n ? n : 1, sizeof *descs);
+    if (items == NULL || descs == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        items[i].key = keys[i];
+        items[i].desc = &descs[i];
+    }
+    for (size_t f = 0; f < nf; f++)
+        if (row_dsts(PyList_GET_ITEM(dsts, f), f, n / nf, items) < 0)
+            goto out;
+    ret = get_into_run(self, items, n);
+out:
+    PyMem_Free(arena);
     PyMem_Free(keys);
     PyMem_Free(items);
     PyMem_Free(descs);
@@ -1137,6 +1238,8 @@ static PyMethodDef client_methods[] = {
      "get_keys(keys) -> (Values, rc, detail)"},
     {"get_into", (PyCFunction)client_get_into, METH_VARARGS,
      "get_into(keys, [(address, cap)]) -> (items, rc, detail)"},
+    {"get_into_rows", (PyCFunction)client_get_into_rows, METH_VARARGS,
+     "get_into_rows(rows, fields, destinations) -> (items, rc, detail)"},
     {"clear", (PyCFunction)client_clear, METH_O, "clear(rows) -> values dropped"},
     {"stats", (PyCFunction)client_stats, METH_NOARGS, "stats() -> (list, rc, detail)"},
     {"counters", (PyCFunction)client_counters, METH_NOARGS, "counters() -> dict"},
