@@ -6,13 +6,13 @@
 #
 #   scripts/bench.sh [BUILD_DIR] [NAME...]
 #
-# NAMES: alloc crc32c wire ctl xfer direct client ssd compare (default: all).
+# NAMES: alloc crc32c wire ctl xfer direct client ssd compare python (default: all).
 set -euo pipefail
 build=${1:-build}
 shift || true
 root=$(cd "$(dirname "$0")/.." && pwd)
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(alloc crc32c wire ctl xfer direct ssd compare)
+[ ${#names[@]} -gt 0 ] || names=(alloc crc32c wire ctl xfer direct ssd compare python)
 
 run() {
     printf '\n==== %s ====\n' "$1"
@@ -31,8 +31,9 @@ for n in "${names[@]}"; do
     client) run "client put/get vs memcpy" "$build/bench/bench_client" ;;
     ssd) run "SSD tier spill/stage vs plain file I/O" "$build/bench/bench_ssd" "${TMPDIR:-/tmp}" ;;
     compare) run "put/get vs memcpy, ucx_perftest and Redis" "$root/bench/compare.sh" "$build" ;;
+    python) run "Python package vs the C library, torch and redis-py" "$root/bench/python/run.sh" --build "$build" ;;
     *)
-        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare)" >&2
+        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare python)" >&2
         exit 2
         ;;
     esac
