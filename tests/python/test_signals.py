@@ -1,0 +1,47 @@
+"""Ctrl-C during long calls: the call ends (within its budget) and
+KeyboardInterrupt is raised at the next safe point; nothing hangs, and the
+interpreter exits normally afterwards."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PROG = r"""
+import sys, time, torch, dataplane
+c = dataplane.Client(sys.argv[1], timeout_s=20)
+rows = list(range(900000, 900064))
+x = torch.randn(64, 262144)
+c.put(rows, {"x": x})
+print("ready", flush=True)
+n = 0
+try:
+    while True:
+        got = c.get(rows, ["x"])["x"]
+        assert all(torch.equal(g, x[i]) for i, g in enumerate(got))
+        c.put(rows, {"x": x})
+        n += 1
+except KeyboardInterrupt:
+    c.clear(rows)  # the client still works after the interrupt
+    c.close()
+    print(f"interrupted after {n} rounds", flush=True)
+    sys.exit(0)
+"""
+
+
+def test_ctrl_c_during_transfers(cluster):
+    p = subprocess.Popen([sys.executable, "-c", PROG, str(cluster)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ))
+    try:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert "interrupted after" in out
