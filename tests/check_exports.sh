@@ -50,7 +50,9 @@ if nm --defined-only "$lib" | grep -q ' [Tt] dp__unit_'; then
 fi
 # The dp_ prefix is the public API's: an internal function (hidden, so local
 # in LIB) that carries it would read as public in a backtrace or a binding.
-nm --defined-only "$lib" | awk '$2 ~ /^[Tt]$/ && $3 ~ /^dp_[^_]/ { print $3 }' | sort -u \
+# Parts the compiler splits off a function (dp_x.cold, dp_x.part.0) count as
+# the function.
+nm --defined-only "$lib" | awk '$2 ~ /^[Tt]$/ && $3 ~ /^dp_[^_]/ { sub(/\..*/, "", $3); print $3 }' | sort -u \
     >"$tmp/plain"
 misnamed=$(comm -23 "$tmp/plain" "$tmp/declared")
 if [ -n "$misnamed" ]; then
