@@ -292,7 +292,8 @@ DP_API bool dp_client_touches_unfinished(const dp_client *c, const void *p,
  * (its region is retired by the unit).
  *
  * row_status (NULL, or n_rows entries) gets 0 for every row that landed and
- * the error code of its unit's part otherwise. Returns DP_OK when every row
+ * the error code of its unit's part otherwise (every row gets the code when
+ * the put was refused before anything was sent). Returns DP_OK when every row
  * landed; else the first failing unit's code, with d naming the unit(s) and
  * the rows that did not land (a list, cut when long). Rows of other units
  * did land. Errors: DP_EINVAL (bad field, key, dtype or shape, duplicate

@@ -121,6 +121,15 @@ class _Copies:
         self.buf = None  # freed; kept by the library if a failed WRITE touches it
 
 
+def _dense(t, where):
+    """TypeError unless t is a dense tensor with memory (not nested, sparse or
+    on the meta device)."""
+    if t.is_nested or t.layout != torch.strided or t.device.type == "meta":
+        kind = "nested" if t.is_nested else f"{t.layout} on {t.device}"
+        raise TypeError(f"{where}: cannot store a {kind} tensor (dense tensors only; "
+                        f"unbind a nested one, .to_dense() a sparse one)")
+
+
 def _tensor_ok(t):
     """True if t's memory holds its values as they are: a contiguous CPU
     tensor that is not a lazy conjugate or negative view."""
@@ -232,6 +241,7 @@ class Client:
 
     def _strided(self, field, v, n, copies):
         if dt.is_tensor(v):
+            _dense(v, f"field '{field}'")
             name, kind = dt.torch_name(v.dtype), _core.KIND_TENSOR
             row_shape = tuple(v.shape[1:])
             row_nbytes = v[0].numel() * v.element_size() if n else 0
@@ -258,6 +268,7 @@ class Client:
         if isinstance(x, Encoded):
             return (x.data, _core.KIND_OBJECT, x.codec)
         if dt.is_tensor(x):
+            _dense(x, f"row {i}, field '{field}'")
             name = dt.torch_name(x.dtype)
             nb = x.numel() * x.element_size()
             if _tensor_ok(x):

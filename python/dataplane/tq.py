@@ -50,6 +50,8 @@ _UNSET = object()  # a cell a put was not given (a TQ value may be None)
 def _split(key):
     """(gidx, field) of "<gidx>@<field>"; ValueError naming a malformed key."""
     try:
+        if not isinstance(key, str):
+            raise ValueError
         g, f = key.split("@", 1)
         if g.isdigit() and g.isascii() and f and (g[0] != "0" or len(g) == 1):
             i = int(g)
@@ -72,10 +74,17 @@ def _rows_of_one_tensor(col):
         return None
     if b.device.type != "cpu" or tuple(b.shape[1:]) != tuple(first.shape):
         return None
+    if b.is_conj() or b.is_neg() or b.dtype != first.dtype:
+        return None
     step = b.stride(0)
     off = b.storage_offset()
+    inner = b.stride()[1:]
     for i, v in enumerate(col):
-        if not dt.is_tensor(v) or v._base is not b or v.storage_offset() != off + i * step:
+        # each value must be exactly row i of b: same place, same layout, no
+        # lazy conjugate or negation (a transposed row has other strides)
+        if (not dt.is_tensor(v) or v._base is not b or v.storage_offset() != off + i * step
+                or v.stride() != inner or v.is_conj() or v.is_neg()
+                or v.dtype != b.dtype):
             return None
     return b
 
@@ -101,7 +110,11 @@ class DataplaneKVClient:
                     raise ValueError(f"config['{k}']: a {typ.__name__} is needed, got "
                                      f"{v!r}")
                 opts[k] = typ(v)
-        self.allow_pickle = bool(config.get("allow_pickle", False))
+        ap = config.get("allow_pickle", False)
+        if not isinstance(ap, bool):
+            raise ValueError(f"config['allow_pickle']: True or False is needed, got {ap!r} "
+                             f"(a string such as 'false' would turn pickle on)")
+        self.allow_pickle = ap
         cluster = config.get("cluster")
         if cluster is not None and not isinstance(cluster, (str, os.PathLike)):
             cluster = list(cluster)  # unit addresses (e.g. a ListConfig)
@@ -125,7 +138,10 @@ class DataplaneKVClient:
                 except (TypeError, ValueError, OverflowError):
                     pass  # a tuple, a big int, an object inside: pickle or refuse
         if self.allow_pickle:
-            return Encoded(pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL), "pickle")
+            try:
+                return Encoded(pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL), "pickle")
+            except Exception as x:
+                raise TypeError(f"key '{key}': a {type(v).__name__} does not pickle: {x}")
         raise TypeError(
             f"key '{key}': cannot store a {type(v).__name__} without pickle (tensors, "
             f"arrays, bytes, str, int, float, bool, None, lists and dicts of those); "
@@ -134,6 +150,10 @@ class DataplaneKVClient:
 
     def _cell(self, gidx, field, v):
         if dt.is_tensor(v):
+            if v.is_nested or v.layout != dt.torch.strided or v.device.type == "meta":
+                raise TypeError(f"key '{gidx}@{field}': cannot store a "
+                                f"{'nested' if v.is_nested else str(v.layout)} tensor on "
+                                f"{v.device} (dense tensors only; unbind a nested one)")
             return v if v.device.type == "cpu" else v.detach().cpu()
         if dt.is_array(v) or isinstance(v, (bytes, bytearray, memoryview)):
             return v
@@ -213,6 +233,9 @@ class DataplaneKVClient:
             from .client import _raise_get
             _raise_get(rc, detail, entries, keys)
         out = values_in_order(vals, entries, lambda i: self._decode(keys[i], entries[i]))
+        for name, lst in (("shapes", shapes), ("dtypes", dtypes)):
+            if lst is not None and len(lst) != len(keys):
+                raise ValueError(f"get: {len(lst)} {name} for {len(keys)} keys")
         if shapes is not None or dtypes is not None:
             for i, v in enumerate(out):
                 out[i] = self._conform(keys[i], v,
@@ -221,7 +244,13 @@ class DataplaneKVClient:
         return out
 
     def _conform(self, key, v, shape, dtype):
-        if (shape is None and dtype is None) or not dt.is_tensor(v):
+        if shape is None and dtype is None:
+            return v
+        if not dt.is_tensor(v):
+            if dtype is not None:  # TQ asks for a tensor of this dtype
+                what = f"a {v.dtype} array" if dt.is_array(v) else f"a {type(v).__name__}"
+                raise ValueError(f"key '{key}': {what} is stored, asked for a {dtype} "
+                                 f"tensor")
             return v
         if dtype is not None and v.dtype != dtype:
             raise ValueError(f"key '{key}': stored {v.dtype}, asked for {dtype}")

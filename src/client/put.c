@@ -784,15 +784,13 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
     int rc = check_args(c, gidxs, n_rows, fields, n_fields, values, d);
     if (rc == 0)
         rc = dp__client_data_check(c, "put", d);
-    if (rc != 0)
-        return rc;
+    if (rc == 0 && n_rows > 0 && n_fields > 0)
+        rc = check_unique_rows(gidxs, n_rows, d);
+    /* Every row: 0 (landed, or nothing to do) unless a unit's part says otherwise. */
     if (row_status != NULL)
         for (size_t r = 0; r < n_rows; r++)
-            row_status[r] = 0;
-    if (n_rows == 0 || n_fields == 0)
-        return DP_OK;
-    rc = check_unique_rows(gidxs, n_rows, d);
-    if (rc != 0)
+            row_status[r] = rc;
+    if (rc != 0 || n_rows == 0 || n_fields == 0)
         return rc;
 
     pthread_mutex_lock(&c->mu);
@@ -800,6 +798,7 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
     put_arrays a;
     dp__buf *stage = NULL;
     size_t stage_total = 0;
+    bool decided = false; /* put_outcome_locked set row_status */
     rc = put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, d);
     if (rc == 0)
         rc = put_plan_locked(c, &a, gidxs, fields, n_fields, values, &stage_total, d);
@@ -821,7 +820,11 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                                    a.local, a.remote, deadline);
     commit_phase_locked(c, a.pus, a.npu, a.slot_pu, a.sent, nw, deadline);
     rc = put_outcome_locked(c, &a, gidxs, n_rows, row_status, d);
+    decided = true;
 out:
+    if (!decided && rc != 0 && row_status != NULL) /* refused before any transfer */
+        for (size_t r = 0; r < n_rows; r++)
+            row_status[r] = rc;
     if (stage != NULL)
         dp__client_buf_put_locked(c, stage->p);
     pthread_mutex_unlock(&c->mu);

@@ -211,3 +211,60 @@ def test_tq_registration_when_importable():
         return
     from transfer_queue.storage.clients import StorageClientFactory
     assert StorageClientFactory._registry["Dataplane"] is tq.DataplaneKVClient
+
+
+def test_rows_of_one_tensor_keep_their_layout(cluster):
+    """Rows handed as views of one tensor are stored as the rows, not as the
+    tensor under them: transposed, permuted, conjugated and negated views."""
+    kv = DataplaneKVClient({"cluster": cluster})
+    x = torch.arange(36.).view(4, 3, 3).clone()
+    z = torch.complex(torch.randn(4, 2), torch.randn(4, 2))
+    cases = {
+        "tr": list(x.transpose(1, 2)), "perm": list(x.permute(0, 2, 1)),
+        "mt": list(x.mT), "conj": list(z.conj()), "neg": list(torch._neg_view(x)),
+        "plain": list(x), "cols": list(x[:, :, 1]),
+    }
+    for f, rows in cases.items():
+        keys = [f"{3400 + i}@{f}" for i in range(4)]
+        kv.put(keys, rows)
+        for k, want, got in zip(keys, rows, kv.get(keys)):
+            assert torch.equal(got, want.resolve_conj().resolve_neg()), k
+    kv.clear([f"{3400 + i}@x" for i in range(4)])
+    kv.close()
+
+
+def test_refused_put_reports_no_row_landed(cluster):
+    kv = DataplaneKVClient({"cluster": cluster})
+    with pytest.raises(dataplane.Error) as e:  # bigger than a unit can ever hold
+        kv.put(["3500@ok", "3501@huge"], ["small", torch.zeros(300 << 20, dtype=torch.uint8)])
+    assert e.value.landed == [] and sorted(e.value.rows) == [3500, 3501]
+    with pytest.raises(KeyError):
+        kv.get(["3500@ok"])
+    kv.close()
+
+
+def test_config_and_argument_checks(cluster):
+    for bad in ["false", "0", 1, "yes"]:
+        with pytest.raises(ValueError):
+            DataplaneKVClient({"cluster": cluster, "allow_pickle": bad})
+    kv = DataplaneKVClient({"cluster": cluster})
+    kv.put(["3600@t"], [torch.zeros(2)])
+    with pytest.raises(ValueError):
+        kv.get(["3600@t"], shapes=[], dtypes=None)
+    with pytest.raises(ValueError):
+        kv.get(["3600@t"], shapes=None, dtypes=[torch.float32, torch.float32])
+    with pytest.raises(ValueError):  # a non-tensor asked for as a tensor
+        kv.put(["3601@s"], ["text"])
+        kv.get(["3601@s"], shapes=[(3,)], dtypes=[torch.float32])
+    for bad in [b"1@f", 1.5]:
+        with pytest.raises(ValueError):
+            kv.put([bad], [torch.zeros(1)])
+        with pytest.raises(ValueError):
+            kv.clear([bad])
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    for v in [nested, torch.zeros(3).to_sparse(), torch.empty(3, device="meta")]:
+        with pytest.raises(TypeError) as e:
+            kv.put(["3602@odd"], [v])
+        assert "3602@odd" in str(e.value)
+    kv.clear(["3600@t", "3601@s"])
+    kv.close()
