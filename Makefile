@@ -53,6 +53,7 @@ install: build
 
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan SANITIZE=address,undefined
+	@scripts/pytest-asan.sh build-asan $(BUILD)
 
 tsan:
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" \
