@@ -78,13 +78,18 @@ def _rows_of_one_tensor(col):
         return None
     step = b.stride(0)
     off = b.storage_offset()
-    inner = b.stride()[1:]
+    dtype = b.dtype
+    complex_ = b.is_complex()
+    tensor = type(first)
     for i, v in enumerate(col):
-        # each value must be exactly row i of b: same place, same layout, no
-        # lazy conjugate or negation (a transposed row has other strides)
-        if (not dt.is_tensor(v) or v._base is not b or v.storage_offset() != off + i * step
-                or v.stride() != inner or v.is_conj() or v.is_neg()
-                or v.dtype != b.dtype):
+        if type(v) is not tensor:
+            return None
+        # each value must be exactly row i of b: same place, same layout (b is
+        # contiguous, so its rows are; a transposed row is not), no lazy
+        # negation, and for complex dtypes no lazy conjugate
+        if (v._base is not b or v.storage_offset() != off + i * step
+                or not v.is_contiguous() or v.is_neg() or v.dtype is not dtype
+                or (complex_ and v.is_conj())):
             return None
     return b
 
