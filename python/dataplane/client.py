@@ -69,10 +69,8 @@ def _rows(rows):
             raise TypeError(f"rows: a 1-D integer array is needed, got {rows.dtype} "
                             f"of shape {rows.shape}")
         return np.ascontiguousarray(rows, dtype=rows.dtype.newbyteorder("="))
-    if isinstance(rows, range):
-        return list(rows)
-    if isinstance(rows, (list, tuple)):
-        return rows
+    if isinstance(rows, (list, tuple, range)):
+        return tuple(rows)  # a snapshot: the count stays what the columns were checked against
     raise TypeError(f"rows: a sequence of ints or a 1-D integer tensor/array is "
                     f"needed, got {type(rows).__name__}")
 
@@ -160,6 +158,9 @@ class Client:
         for k, v in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
             if not isinstance(v, (int, float)) or not 0 < v <= 1e6:
                 raise ValueError(f"{k}: seconds in (0, 1e6] are needed, got {v!r}")
+        if not isinstance(staging_cache_bytes, int) or not 0 <= staging_cache_bytes < 2**63:
+            raise ValueError(f"staging_cache_bytes: bytes >= 0 are needed, got "
+                             f"{staging_cache_bytes!r}")
         addrs = None
         if isinstance(cluster, (list, tuple)):
             addrs, cluster = list(cluster), None
@@ -614,8 +615,8 @@ def _field_runs(vals, entries, addrs, base, n):
     kind, dtype, shape, nbytes = first[1], first[2], first[3], first[4]
     for i in range(base + 1, base + n):
         e = entries[i]
-        if e[2] != dtype or e[3] != shape or e[1] != kind:
-            return None
+        if e[2] != dtype or e[3] != shape or e[1] != kind or e[4] != nbytes:
+            return None  # every value's size must match its shape to be viewed
     size = dt.itemsize(dtype)
     m = _maker(dtype)
     if size is None or m is None or _count(shape) * size != nbytes:

@@ -178,6 +178,8 @@ class Transport:
                 raise ValueError(f"out: {len(out)} tensors for {len(desc)} published")
             targets = []
             for i, (o, d) in enumerate(zip(out, desc)):
+                if dt.is_array(o) and not o.flags.writeable:
+                    raise ValueError(f"out[{i}]: a writable array is needed")
                 _, (addr, n) = _describe(o, i)
                 if n != _nbytes(d):
                     raise ValueError(f"out[{i}]: {n} bytes, the published tensor has "

@@ -50,6 +50,8 @@ keep_touched_regions(DpClient *self)
 {
     if (self->regs == NULL)
         return;
+    PyObject *et, *ev, *tb; /* this may run in a dealloc while an exception flies */
+    PyErr_Fetch(&et, &ev, &tb);
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     while (PyDict_Next(self->regs, &pos, &k, &v)) {
@@ -63,6 +65,7 @@ keep_touched_regions(DpClient *self)
         }
     }
     PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
 }
 
 /* Close the library's client; the caller holds the GIL and busy is 0. */
@@ -84,7 +87,8 @@ void
 dp_py_client_buffer_gone(DpClient *self)
 {
     pthread_mutex_lock(&self->mu);
-    bool last = --self->n_bufs == 0 && self->closed;
+    /* With calls in flight, the close() waiting for them closes. */
+    bool last = --self->n_bufs == 0 && self->closed && self->busy == 0;
     pthread_mutex_unlock(&self->mu);
     if (last && self->pid == getpid())
         close_now(self);
@@ -642,9 +646,14 @@ row_keys(PyObject *rows, PyObject *fields, char **arena, const char ***keys, siz
     for (size_t f = 0; f < nf; f++) {
         Py_ssize_t len;
         PyObject *s = PySequence_Fast_ITEMS(fs)[f];
-        if (!PyUnicode_Check(s) || PyUnicode_AsUTF8AndSize(s, &len) == NULL) {
+        const char *name = PyUnicode_Check(s) ? PyUnicode_AsUTF8AndSize(s, &len) : NULL;
+        if (name == NULL) {
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_TypeError, "fields[%zu]: a str is needed", f);
+            goto fail;
+        }
+        if ((size_t)len != strlen(name)) {
+            PyErr_Format(PyExc_ValueError, "field %R contains a NUL character", s);
             goto fail;
         }
         total += nr * ((size_t)len + 22);
@@ -734,7 +743,7 @@ get_run(DpClient *self, const char **keys, size_t n)
     if (vals == NULL)
         return NULL;
     PyObject *prc = PyLong_FromLong(rc);
-    PyObject *pd = PyUnicode_FromString(dp_detail_msg(&d));
+    PyObject *pd = dp_py_text(dp_detail_msg(&d));
     PyObject *t = prc && pd ? PyTuple_Pack(3, vals, prc, pd) : NULL;
     Py_DECREF(vals);
     Py_XDECREF(prc);
@@ -812,7 +821,9 @@ get_into_run(DpClient *self, dp_get_item *items, size_t n)
         }
         PyList_SET_ITEM(res, (Py_ssize_t)i, t);
     }
-    return res != NULL ? Py_BuildValue("(Nis)", res, rc, dp_detail_msg(&d)) : NULL;
+    if (res == NULL)
+        return NULL;
+    return Py_BuildValue("(NiN)", res, rc, dp_py_text(dp_detail_msg(&d)));
 }
 
 /* get_into(keys, [(address, cap)]) -> ([(status, nbytes, kind, dtype, shape)], rc,
@@ -1041,7 +1052,7 @@ client_stats(DpClient *self, PyObject *noarg)
     } else {
         PyObject *list = stats_list(s);
         if (list != NULL)
-            ret = Py_BuildValue("(Nis)", list, rc, dp_detail_msg(&d));
+            ret = Py_BuildValue("(NiN)", list, rc, dp_py_text(dp_detail_msg(&d)));
     }
     dp_client_stats_destroy(s);
     dp_py_client_leave(self);
@@ -1055,7 +1066,10 @@ client_counters(DpClient *self, PyObject *noarg)
     if (!dp_py_client_enter(self))
         return NULL;
     dp_client_counters k;
-    int rc = dp_client_counters_get(self->c, &k);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex, held by a running put */
+    rc = dp_client_counters_get(self->c, &k);
+    Py_END_ALLOW_THREADS
     dp_py_client_leave(self);
     if (rc != DP_OK)
         return dp_py_raise(rc, NULL);
@@ -1203,13 +1217,14 @@ client_unit_address(DpClient *self, PyObject *arg)
         return NULL;
     if (!dp_py_client_enter(self))
         return NULL;
-    const char *a = i >= 0 ? dp_client_unit_address(self->c, (uint32_t)i) : NULL;
+    const char *a = i >= 0 && i <= (long)UINT32_MAX
+                        ? dp_client_unit_address(self->c, (uint32_t)i)
+                        : NULL;
+    PyObject *ret = a != NULL ? PyUnicode_FromString(a) : NULL;
     dp_py_client_leave(self);
-    if (a == NULL) {
+    if (a == NULL)
         PyErr_Format(PyExc_IndexError, "unit %ld: out of range", i);
-        return NULL;
-    }
-    return PyUnicode_FromString(a);
+    return ret;
 }
 
 static PyObject *

@@ -16,8 +16,9 @@
 
 typedef struct DpTransport {
     PyObject_HEAD
-    dp_direct *t;
+    dp_direct *t; /* NULL once closed (set before the library's destroy runs) */
     pid_t pid;
+    int busy;            /* calls running with the GIL released (counted under it) */
     PyObject *published; /* obj_id -> owners */
 } DpTransport;
 
@@ -28,6 +29,8 @@ typedef struct DpFetch {
     PyObject *owners;
     bool given;  /* buffers() handed out Slices: they keep this object alive */
     bool closed; /* close() was called */
+    int waiters; /* threads in wait() with the GIL released (counted under it) */
+    char id[DP_DIRECT_ID_MAX + 1];
     pid_t pid;
 } DpFetch;
 
@@ -93,20 +96,33 @@ transport_init(DpTransport *self, PyObject *args, PyObject *kw)
     return self->published != NULL ? 0 : -1;
 }
 
+/*
+ * Close: refused while other threads' calls run (Busy) or fetches live (the
+ * library's Busy). t is taken away before the library's destroy runs without
+ * the GIL, so a call that starts meanwhile sees a closed Transport.
+ */
 static PyObject *
 transport_close(DpTransport *self, PyObject *noarg)
 {
     (void)noarg;
     if (self->pid != getpid() || self->t == NULL)
         Py_RETURN_NONE;
+    if (self->busy > 0)
+        return dp_py_raise_ex(DP_EBUSY,
+                              "Transport.close: other threads' calls on it are running; "
+                              "let them end first",
+                              NULL, NULL, NULL);
+    dp_direct *t = self->t;
+    self->t = NULL;
     dp_detail d = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = dp_direct_destroy(self->t, &d);
+    rc = dp_direct_destroy(t, &d);
     Py_END_ALLOW_THREADS
-    if (rc != DP_OK)
+    if (rc != DP_OK) {
+        self->t = t; /* still fully usable */
         return dp_py_raise(rc, &d);
-    self->t = NULL;
+    }
     Py_CLEAR(self->published); /* the library kept what a failed READ may touch */
     Py_RETURN_NONE;
 }
@@ -169,9 +185,12 @@ transport_publish(DpTransport *self, PyObject *args)
     size_t md_len = 0;
     dp_detail d = {0};
     int rc;
+    dp_direct *t = self->t;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = dp_direct_publish(self->t, id, b, n, &md, &md_len, &d);
+    rc = dp_direct_publish(t, id, b, n, &md, &md_len, &d);
     Py_END_ALLOW_THREADS
+    self->busy--;
     PyMem_Free(b);
     if (rc != DP_OK)
         return dp_py_raise(rc, &d);
@@ -190,9 +209,12 @@ transport_free(DpTransport *self, PyObject *args)
         return NULL;
     dp_detail d = {0};
     int rc;
+    dp_direct *t = self->t;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = dp_direct_free(self->t, id, &d);
+    rc = dp_direct_free(t, id, &d);
     Py_END_ALLOW_THREADS
+    self->busy--;
     if (rc != DP_OK)
         return dp_py_raise(rc, &d);
     if (PyDict_DelItemString(self->published, id) < 0)
@@ -235,9 +257,12 @@ transport_fetch(DpTransport *self, PyObject *args)
     dp_direct_req *r = NULL;
     dp_detail d = {0};
     int rc;
+    dp_direct *t = self->t;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = dp_direct_fetch(self->t, id, md.buf, (size_t)md.len, b, n, &r, &d);
+    rc = dp_direct_fetch(t, id, md.buf, (size_t)md.len, b, n, &r, &d);
     Py_END_ALLOW_THREADS
+    self->busy--;
     PyMem_Free(b);
     PyBuffer_Release(&md);
     if (rc != DP_OK)
@@ -251,6 +276,8 @@ transport_fetch(DpTransport *self, PyObject *args)
     f->r = r;
     f->owners = Py_NewRef(owners);
     f->given = f->closed = false;
+    f->waiters = 0;
+    snprintf(f->id, sizeof f->id, "%s", id);
     f->pid = getpid();
     return (PyObject *)f;
 }
@@ -320,21 +347,26 @@ fetch_destroy(DpFetch *self)
     self->r = NULL;
     if (self->pid != getpid())
         return;
-    bool keep = false;
-    if (dp_direct_wait(r, 0, NULL) != DP_OK) { /* failed or running: targets at risk */
-        size_t n = dp_direct_req_count(r);
-        for (size_t i = 0; i < n && !keep; i++) {
-            void *a;
-            size_t len;
-            if (dp_direct_req_buffer(r, i, &a, &len) == DP_OK)
-                keep = dp_direct_touches_unfinished(self->tr->t, a, len);
-        }
-    }
+    /*
+     * Whether a failed READ may still write the targets is known only once
+     * the request ended: destroy (it aborts and waits), then ask about the
+     * ranges it had.
+     */
+    size_t n = dp_direct_req_count(r);
+    dp_direct_buf *spans = PyMem_Calloc(n ? n : 1, sizeof *spans);
+    for (size_t i = 0; spans != NULL && i < n; i++)
+        if (dp_direct_req_buffer(r, i, &spans[i].addr, &spans[i].len) != DP_OK)
+            spans[i].len = 0;
     Py_BEGIN_ALLOW_THREADS
     dp_direct_req_destroy(r);
     Py_END_ALLOW_THREADS
+    bool keep = spans == NULL || self->tr->t == NULL; /* unknown: keep */
+    for (size_t i = 0; !keep && i < n; i++)
+        keep = spans[i].len > 0 &&
+               dp_direct_touches_unfinished(self->tr->t, spans[i].addr, spans[i].len);
+    PyMem_Free(spans);
     if (keep)
-        Py_XINCREF(self->owners); /* never freed */
+        Py_XINCREF(self->owners); /* never freed: a READ may still land in them */
 }
 
 static void
@@ -358,9 +390,13 @@ fetch_wait(DpFetch *self, PyObject *args)
         return dp_py_raise_ex(DP_ECLOSED, "this fetch is closed", NULL, NULL, NULL);
     dp_detail d = {0};
     int rc;
+    dp_direct_req *r = self->r;
+    self->waiters++;
     Py_BEGIN_ALLOW_THREADS
-    rc = dp_direct_wait(self->r, timeout, &d);
+    rc = dp_direct_wait(r, timeout, &d);
     Py_END_ALLOW_THREADS
+    if (--self->waiters == 0 && self->closed && !self->given)
+        fetch_destroy(self); /* closed while this thread waited */
     if (rc != DP_OK)
         return dp_py_raise(rc, &d);
     Py_RETURN_NONE;
@@ -403,6 +439,13 @@ fetch_close(DpFetch *self, PyObject *noarg)
 {
     (void)noarg;
     self->closed = true;
+    if (self->r == NULL || self->pid != getpid())
+        Py_RETURN_NONE;
+    if (self->waiters > 0) { /* stop it; the last waiter frees it */
+        if (!dp_direct_req_ended(self->r) && self->tr->t != NULL)
+            dp_direct_abort(self->tr->t, self->id, NULL);
+        Py_RETURN_NONE;
+    }
     if (!self->given)
         fetch_destroy(self);
     Py_RETURN_NONE;
@@ -422,6 +465,8 @@ static PyObject *
 fetch_ended(DpFetch *self, void *closure)
 {
     (void)closure;
+    if (self->pid != getpid())
+        return dp_py_raise_forked("Fetch", self->pid);
     return PyBool_FromLong(self->r == NULL || dp_direct_req_ended(self->r));
 }
 

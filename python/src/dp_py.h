@@ -69,6 +69,8 @@ PyObject *dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *ro
                          PyObject *landed);
 /* Raise dataplane.Closed saying that obj was made in another process. */
 PyObject *dp_py_raise_forked(const char *what, pid_t pid);
+/* Text from the library as str (invalid UTF-8 replaced, never an error). */
+PyObject *dp_py_text(const char *s);
 /* The exception class for code (borrowed). */
 PyObject *dp_py_error_class(int code);
 

@@ -71,12 +71,17 @@ dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
     PyObject *cls = dp_py_error_class(code);
     if (msg == NULL || msg[0] == '\0')
         msg = dp_strerror(code);
-    PyObject *e = PyObject_CallFunction(cls, "s", msg);
-    if (e == NULL)
+    /* A detail cut at its size limit may end inside a UTF-8 sequence. */
+    PyObject *pd = dp_py_text(msg);
+    if (pd == NULL)
         return NULL;
+    PyObject *e = PyObject_CallFunctionObjArgs(cls, pd, NULL);
+    if (e == NULL) {
+        Py_DECREF(pd);
+        return NULL;
+    }
     PyObject *pc = PyLong_FromLong(code);
     PyObject *pn = PyUnicode_FromString(dp_errname(code));
-    PyObject *pd = PyUnicode_FromString(msg);
     if (pc == NULL || pn == NULL || pd == NULL || set_attr(e, "code", pc) < 0 ||
         set_attr(e, "name", pn) < 0 || set_attr(e, "detail", pd) < 0 ||
         set_attr(e, "keys", keys) < 0 || set_attr(e, "rows", rows) < 0 ||
@@ -93,6 +98,12 @@ dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
     PyErr_SetObject(cls, e);
     Py_DECREF(e);
     return NULL;
+}
+
+PyObject *
+dp_py_text(const char *s)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
 }
 
 PyObject *
@@ -133,7 +144,7 @@ rows_from_buffer(PyObject *obj, uint64_t **out, size_t *n)
         PyBuffer_Release(&b);
         return -1;
     }
-    size_t cnt = (size_t)(b.len / b.itemsize);
+    size_t cnt = b.itemsize > 0 ? (size_t)(b.len / b.itemsize) : 0;
     uint64_t *r = PyMem_Malloc((cnt > 0 ? cnt : 1) * sizeof *r);
     if (r == NULL) {
         PyBuffer_Release(&b);
@@ -187,9 +198,16 @@ dp_py_rows(PyObject *obj, uint64_t **out, size_t *n)
 {
     if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj) && !PyByteArray_Check(obj))
         return rows_from_buffer(obj, out, n);
-    PyObject *seq = PySequence_Fast(obj, "rows: a sequence of ints is needed");
-    if (seq == NULL)
+    /* A tuple copy: converting an item may run Python code that changes a list. */
+    PyObject *seq = PySequence_Tuple(obj);
+    if (seq == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "rows: a sequence of ints is needed, got %s",
+                         Py_TYPE(obj)->tp_name);
+        }
         return -1;
+    }
     Py_ssize_t cnt = PySequence_Fast_GET_SIZE(seq);
     uint64_t *r = PyMem_Malloc((size_t)(cnt > 0 ? cnt : 1) * sizeof *r);
     if (r == NULL) {

@@ -34,8 +34,12 @@ dp_py_values_new(dp_values *v, PyObject *client)
 static void
 values_dealloc(DpValues *self)
 {
-    if (self->v != NULL && self->pid == getpid())
-        dp_values_destroy(self->v);
+    if (self->v != NULL && self->pid == getpid()) {
+        dp_values *v = self->v;
+        Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex */
+        dp_values_destroy(v);
+        Py_END_ALLOW_THREADS
+    }
     PyObject_Free(self);
 }
 
@@ -167,7 +171,7 @@ values_span(DpValues *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t len = (Py_ssize_t)((const uint8_t *)pj + nj - (const uint8_t *)pi);
-    if (j - i > 1 && (size_t)len / (size_t)(j - i + 1) > (ni > 64 ? 2 * ni : 128)) {
+    if ((size_t)len / (size_t)(j - i + 1) > (ni > 64 ? 2 * ni : 128)) {
         PyErr_Format(PyExc_ValueError, "span(%zd, %zd): the values are not close", i, j);
         return NULL;
     }
@@ -209,6 +213,12 @@ slice_dealloc(DpSlice *self)
 static int
 slice_getbuffer(DpSlice *self, Py_buffer *view, int flags)
 {
+    if (Py_TYPE(self->owner) == &DpValues_Type &&
+        ((DpValues *)self->owner)->pid != getpid()) {
+        view->obj = NULL;
+        dp_py_raise_forked("Values", ((DpValues *)self->owner)->pid);
+        return -1;
+    }
     void *p = self->n > 0 ? self->p : &empty_byte;
     return PyBuffer_FillInfo(view, (PyObject *)self, p, self->n, 0, flags);
 }
@@ -270,8 +280,14 @@ buffer_free(DpBuffer *self)
     self->p = NULL;
     if (self->pid != getpid())
         return; /* the parent's memory */
-    dp_client_free(self->client->c, p);
+    dp_client *c = self->client->c;
+    Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex, held by a running put */
+    dp_client_free(c, p);
+    Py_END_ALLOW_THREADS
+    PyObject *et, *ev, *tb; /* a dealloc may run while an exception flies */
+    PyErr_Fetch(&et, &ev, &tb);
     dp_py_client_buffer_gone(self->client);
+    PyErr_Restore(et, ev, tb);
 }
 
 static void
@@ -288,6 +304,11 @@ buffer_getbuffer(DpBuffer *self, Py_buffer *view, int flags)
     if (self->p == NULL) {
         PyErr_SetString(PyExc_BufferError, "this Buffer was released");
         view->obj = NULL;
+        return -1;
+    }
+    if (self->pid != getpid()) {
+        view->obj = NULL;
+        dp_py_raise_forked("Buffer", self->pid);
         return -1;
     }
     if (PyBuffer_FillInfo(view, (PyObject *)self, self->p, (Py_ssize_t)self->n, 0,

@@ -8,6 +8,8 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -308,3 +310,74 @@ def test_publish_checks(transport):
     with pytest.raises(dataplane.Exists):
         transport.publish("dup", [x])
     transport.free("dup")
+
+
+def _check_outcome(got):
+    if isinstance(got, dataplane.Error):
+        assert isinstance(got, (dataplane.Canceled, dataplane.Closed)), got
+    else:
+        for g, w in zip(got, W1):
+            _same(g, w)
+
+
+def test_close_while_another_thread_waits(publisher):
+    """FetchRequest.close() from one thread while another waits on it: the
+    waiter gets the fetch's outcome (done or Canceled), nothing is freed
+    under it, and the Transport closes once the request is gone."""
+    md, _ = publisher
+    t = dataplane.Transport()
+    for _ in range(5):
+        req = t.fetch("w1", md["w1"])
+        outcome = []
+
+        def wait():
+            try:
+                outcome.append(req.wait(timeout=30))
+            except dataplane.Error as e:
+                outcome.append(e)
+
+        th = threading.Thread(target=wait)
+        th.start()
+        req.close()
+        th.join(30)
+        assert not th.is_alive()
+        assert len(outcome) == 1
+        _check_outcome(outcome[0])
+        del req, outcome  # the fetched tensors keep their request alive
+    gc.collect()
+    t.close()
+
+
+def test_transport_close_while_publishing_in_a_thread():
+    t = dataplane.Transport()
+    x = torch.randn(1 << 16)
+    stop = threading.Event()
+    errors = []
+
+    def loop():
+        i = 0
+        while not stop.is_set():
+            try:
+                t.publish(f"o{i}", [x])
+                t.free(f"o{i}")
+            except dataplane.Closed:
+                return
+            except dataplane.Error as e:  # pragma: no cover - reported below
+                errors.append(e)
+                return
+            i += 1
+
+    th = threading.Thread(target=loop)
+    th.start()
+    time.sleep(0.05)
+    for _ in range(200):
+        try:
+            t.close()
+            break
+        except dataplane.Busy:  # a publish is running: refused, t still usable
+            time.sleep(0.001)
+    stop.set()
+    th.join(30)
+    assert not errors, errors
+    with pytest.raises(dataplane.Closed):
+        t.publish("after", [x])
