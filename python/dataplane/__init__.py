@@ -19,6 +19,13 @@ from .client import Client, stack  # noqa: F401
 from .aio import AsyncClient  # noqa: F401
 from .direct import Transport, FetchRequest  # noqa: F401
 
+__all__ = [
+    "Client", "AsyncClient", "Transport", "FetchRequest", "Buffer", "stack", "version",
+    "Error", "InvalidArgument", "OutOfMemory", "Timeout", "UnitFull", "Busy", "Lost",
+    "ProtocolError", "TransferError", "Fatal", "PolicyError", "Closed", "SysError",
+    "TooBig", "NotFound", "Exists", "Corrupt", "Unsupported", "Canceled", "Restarted",
+]
+
 __version__ = _core.version()
 
 

@@ -343,7 +343,7 @@ def test_close_while_another_thread_waits(publisher):
         assert not th.is_alive()
         assert len(outcome) == 1
         _check_outcome(outcome[0])
-        del req, outcome  # the fetched tensors keep their request alive
+        req = outcome = None  # the fetched tensors keep their request alive
     gc.collect()
     t.close()
 
