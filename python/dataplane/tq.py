@@ -190,26 +190,12 @@ class DataplaneKVClient:
         keys, values = list(keys), list(values)
         if len(keys) != len(values):
             raise ValueError(f"put: {len(keys)} keys and {len(values)} values")
-        gcache, rows, by_field = {}, {}, {}
-        for i, k in enumerate(keys):
-            g, sep, f = k.partition("@") if isinstance(k, str) else ("", "", "")
-            gi = gcache.get(g) if sep and f else None
-            if gi is None:
-                gi = _split(k)[0]  # raises for a malformed key
-                gcache[g] = gi
-            r = rows.get(gi)
-            if r is None:
-                r = rows[gi] = len(rows)
-            by_field.setdefault(f, []).append((r, i))
-        n = len(rows)
-        row_list = list(rows)
+        # rows and fields in order of first appearance; slots[f][r]: the key index
+        row_list, fields, slots = _core.group_keys(keys)
+        n = len(row_list)
         data = {}
-        for f, cells in by_field.items():
-            col = [_UNSET] * n
-            for r, i in cells:
-                if col[r] is not _UNSET:
-                    raise ValueError(f"put: key '{keys[i]}' appears twice")
-                col[r] = values[i]
+        for f, slot in zip(fields, slots):
+            col = [values[i] if i >= 0 else _UNSET for i in slot]
             whole = _rows_of_one_tensor(col) if n > 1 else None
             if whole is not None:
                 data[f] = whole
