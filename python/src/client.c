@@ -39,33 +39,20 @@ dp_py_client_leave(DpClient *self)
     pthread_mutex_unlock(&self->mu);
 }
 
-/*
- * Registered regions that a failed transfer may still touch must outlive the
- * client: their owners are kept here for the life of the process.
- */
-static PyObject *kept_forever;
-
+/* Registered regions a failed transfer may still touch keep their owners for good. */
 static void
 keep_touched_regions(DpClient *self)
 {
     if (self->regs == NULL)
         return;
-    PyObject *et, *ev, *tb; /* this may run in a dealloc while an exception flies */
-    PyErr_Fetch(&et, &ev, &tb);
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     while (PyDict_Next(self->regs, &pos, &k, &v)) {
         void *addr = PyLong_AsVoidPtr(k);
         uint64_t n = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1));
-        if (dp_client_touches_unfinished(self->c, addr, (size_t)n)) {
-            if (kept_forever == NULL)
-                kept_forever = PyList_New(0);
-            if (kept_forever != NULL)
-                PyList_Append(kept_forever, v);
-        }
+        if (dp_client_touches_unfinished(self->c, addr, (size_t)n))
+            dp_py_keep_forever(v);
     }
-    PyErr_Clear();
-    PyErr_Restore(et, ev, tb);
 }
 
 /* Close the library's client; the caller holds the GIL and busy is 0. */
@@ -75,12 +62,16 @@ close_now(DpClient *self)
     dp_client *c = self->c;
     if (c == NULL)
         return;
+    PyObject *et, *ev, *tb; /* this may run in a dealloc while an exception flies */
+    PyErr_Fetch(&et, &ev, &tb);
     keep_touched_regions(self);
     self->c = NULL;
     Py_BEGIN_ALLOW_THREADS
     dp_client_close(c);
     Py_END_ALLOW_THREADS
     Py_CLEAR(self->regs);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
 }
 
 void
@@ -788,15 +779,13 @@ client_get_keys(DpClient *self, PyObject *list)
     return ret;
 }
 
-/* One (status, nbytes, kind, dtype, shape) per item of get_into. */
+/* One (status, nbytes, kind, dtype, shape) per item of get_into_rows. */
 static PyObject *
 item_tuple(const dp_get_item *it, const dp_value_desc *ds)
 {
-    PyObject *shape = PyTuple_New(ds->ndim);
+    PyObject *shape = dp_py_shape(ds);
     if (shape == NULL)
         return NULL;
-    for (uint32_t k = 0; k < ds->ndim; k++)
-        PyTuple_SET_ITEM(shape, k, PyLong_FromUnsignedLongLong(ds->shape[k]));
     return Py_BuildValue("(iKisN)", it->status, (unsigned long long)it->nbytes,
                          (int)ds->kind, ds->dtype, shape);
 }
@@ -824,59 +813,6 @@ get_into_run(DpClient *self, dp_get_item *items, size_t n)
     if (res == NULL)
         return NULL;
     return Py_BuildValue("(NiN)", res, rc, dp_py_text(dp_detail_msg(&d)));
-}
-
-/* get_into(keys, [(address, cap)]) -> ([(status, nbytes, kind, dtype, shape)], rc,
- * detail). */
-static PyObject *
-client_get_into(DpClient *self, PyObject *args)
-{
-    PyObject *list, *dsts;
-    if (!PyArg_ParseTuple(args, "OO", &list, &dsts))
-        return NULL;
-    if (!dp_py_client_enter(self))
-        return NULL;
-    const char **keys = NULL;
-    size_t n = 0;
-    dp_get_item *items = NULL;
-    dp_value_desc *descs = NULL;
-    PyObject *ret = NULL, *seq = NULL;
-    if (key_list(list, &keys, &n) < 0)
-        goto out;
-    seq = PySequence_Fast(dsts, "destinations: a list of (address, cap)");
-    if (seq == NULL)
-        goto out;
-    if ((size_t)PySequence_Fast_GET_SIZE(seq) != n) {
-        PyErr_Format(PyExc_ValueError, "get_into: %zd destinations for %zu keys",
-                     PySequence_Fast_GET_SIZE(seq), n);
-        goto out;
-    }
-    items = PyMem_Calloc(n ? n : 1, sizeof *items);
-    descs = PyMem_Calloc(n ? n : 1, sizeof *descs);
-    if (items == NULL || descs == NULL) {
-        PyErr_NoMemory();
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        PyObject *addr;
-        unsigned long long cap;
-        if (!PyArg_ParseTuple(PySequence_Fast_ITEMS(seq)[i], "OK", &addr, &cap))
-            goto out;
-        items[i].key = keys[i];
-        items[i].dst = PyLong_AsVoidPtr(addr);
-        items[i].cap = cap;
-        items[i].desc = &descs[i];
-        if (PyErr_Occurred())
-            goto out;
-    }
-    ret = get_into_run(self, items, n);
-out:
-    Py_XDECREF(seq);
-    PyMem_Free(keys);
-    PyMem_Free(items);
-    PyMem_Free(descs);
-    dp_py_client_leave(self);
-    return ret;
 }
 
 /*
@@ -1149,8 +1085,11 @@ client_register(DpClient *self, PyObject *args)
         dp_py_raise(rc, &d);
     } else {
         PyObject *v = Py_BuildValue("(OK)", owner, n);
-        if (v != NULL && PyDict_SetItem(self->regs, addr, v) == 0)
+        if (v != NULL && PyDict_SetItem(self->regs, addr, v) == 0) {
             ret = Py_NewRef(Py_None);
+        } else if (dp_client_deregister(self->c, p, NULL) != DP_OK && v != NULL) {
+            dp_py_keep_forever(v); /* registered for good: its owner too */
+        }
         Py_XDECREF(v);
     }
     dp_py_client_leave(self);
@@ -1179,11 +1118,9 @@ client_deregister(DpClient *self, PyObject *addr)
         if (rc == DP_EBUSY) { /* a failed transfer may touch it: keep its owner */
             PyObject *v = PyDict_GetItem(self->regs, addr);
             if (v != NULL) {
-                if (kept_forever == NULL)
-                    kept_forever = PyList_New(0);
-                if (kept_forever != NULL)
-                    PyList_Append(kept_forever, v);
-                PyDict_DelItem(self->regs, addr);
+                dp_py_keep_forever(v);
+                if (PyDict_DelItem(self->regs, addr) < 0)
+                    PyErr_Clear();
             }
         }
         dp_py_raise(rc, &d);
@@ -1251,8 +1188,6 @@ static PyMethodDef client_methods[] = {
      "get(rows, fields) -> (Values, rc, detail)"},
     {"get_keys", (PyCFunction)client_get_keys, METH_O,
      "get_keys(keys) -> (Values, rc, detail)"},
-    {"get_into", (PyCFunction)client_get_into, METH_VARARGS,
-     "get_into(keys, [(address, cap)]) -> (items, rc, detail)"},
     {"get_into_rows", (PyCFunction)client_get_into_rows, METH_VARARGS,
      "get_into_rows(rows, fields, destinations) -> (items, rc, detail)"},
     {"clear", (PyCFunction)client_clear, METH_O, "clear(rows) -> values dropped"},

@@ -130,10 +130,9 @@ transport_close(DpTransport *self, PyObject *noarg)
 static void
 transport_dealloc(DpTransport *self)
 {
-    if (self->t != NULL && self->pid == getpid()) {
-        if (dp_direct_destroy(self->t, NULL) != DP_OK)
-            Py_XINCREF(self->published); /* cannot happen: fetches hold self */
-    }
+    if (self->t != NULL && self->pid == getpid() && self->published != NULL &&
+        dp_direct_destroy(self->t, NULL) != DP_OK)
+        dp_py_keep_forever(self->published); /* cannot happen: fetches hold self */
     Py_XDECREF(self->published);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -196,8 +195,13 @@ transport_publish(DpTransport *self, PyObject *args)
         return dp_py_raise(rc, &d);
     PyObject *ret = PyBytes_FromStringAndSize((const char *)md, (Py_ssize_t)md_len);
     dp_free(md);
-    if (ret != NULL && PyDict_SetItemString(self->published, id, owners) < 0)
+    if (ret == NULL || PyDict_SetItemString(self->published, id, owners) < 0) {
+        /* Unpublish: a published object whose owners are not kept could be freed
+         * under a fetch. */
         Py_CLEAR(ret);
+        if (dp_direct_free(t, id, NULL) != DP_OK)
+            dp_py_keep_forever(owners);
+    }
     return ret;
 }
 
@@ -365,8 +369,8 @@ fetch_destroy(DpFetch *self)
         keep = spans[i].len > 0 &&
                dp_direct_touches_unfinished(self->tr->t, spans[i].addr, spans[i].len);
     PyMem_Free(spans);
-    if (keep)
-        Py_XINCREF(self->owners); /* never freed: a READ may still land in them */
+    if (keep && self->owners != NULL)
+        dp_py_keep_forever(self->owners); /* a READ may still land in them */
 }
 
 static void

@@ -69,6 +69,10 @@ PyObject *dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *ro
                          PyObject *landed);
 /* Raise dataplane.Closed saying that obj was made in another process. */
 PyObject *dp_py_raise_forked(const char *what, pid_t pid);
+/* Keep owner referenced for good (memory a failed transfer may still touch). */
+void dp_py_keep_forever(PyObject *owner);
+/* A value description's shape as a tuple of ints (NULL, exception set, on failure). */
+PyObject *dp_py_shape(const dp_value_desc *ds);
 /* Text from the library as str (invalid UTF-8 replaced, never an error). */
 PyObject *dp_py_text(const char *s);
 /* The exception class for code (borrowed). */

@@ -100,6 +100,40 @@ dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
     return NULL;
 }
 
+/*
+ * Owners of memory that a failed transfer may still touch: referenced here
+ * for the life of the process, so that memory is never freed under it.
+ */
+static PyObject *kept_forever;
+
+void
+dp_py_keep_forever(PyObject *owner)
+{
+    PyObject *et, *ev, *tb; /* callers may run in a dealloc while an exception flies */
+    PyErr_Fetch(&et, &ev, &tb);
+    if (kept_forever == NULL)
+        kept_forever = PyList_New(0);
+    if (kept_forever == NULL || PyList_Append(kept_forever, owner) < 0)
+        Py_INCREF(owner); /* no list: leak the reference instead, never free */
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
+PyObject *
+dp_py_shape(const dp_value_desc *ds)
+{
+    PyObject *shape = PyTuple_New(ds->ndim);
+    for (uint32_t k = 0; shape != NULL && k < ds->ndim; k++) {
+        PyObject *x = PyLong_FromUnsignedLongLong(ds->shape[k]);
+        if (x == NULL) {
+            Py_CLEAR(shape);
+            break;
+        }
+        PyTuple_SET_ITEM(shape, k, x);
+    }
+    return shape;
+}
+
 PyObject *
 dp_py_text(const char *s)
 {

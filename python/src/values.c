@@ -60,21 +60,6 @@ values_usable(DpValues *self)
 }
 
 static PyObject *
-desc_shape(const dp_value_desc *ds)
-{
-    PyObject *shape = PyTuple_New(ds->ndim);
-    for (uint32_t k = 0; shape != NULL && k < ds->ndim; k++) {
-        PyObject *x = PyLong_FromUnsignedLongLong(ds->shape[k]);
-        if (x == NULL) {
-            Py_CLEAR(shape);
-            break;
-        }
-        PyTuple_SET_ITEM(shape, k, x);
-    }
-    return shape;
-}
-
-static PyObject *
 slice_new(PyObject *owner, void *p, Py_ssize_t n)
 {
     DpSlice *s = PyObject_New(DpSlice, &DpSlice_Type);
@@ -107,7 +92,7 @@ values_entries(DpValues *self, PyObject *noarg)
         if (st != 0) {
             t = Py_BuildValue("(iOOOKO)", st, Py_None, Py_None, Py_None, 0ULL, Py_None);
         } else {
-            PyObject *shape = desc_shape(ds);
+            PyObject *shape = dp_py_shape(ds);
             PyObject *sl =
                 shape ? slice_new((PyObject *)self, (void *)data, (Py_ssize_t)nb) : NULL;
             t = sl ? Py_BuildValue("(iisNKN)", 0, (int)ds->kind, ds->dtype, shape,
@@ -284,10 +269,7 @@ buffer_free(DpBuffer *self)
     Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex, held by a running put */
     dp_client_free(c, p);
     Py_END_ALLOW_THREADS
-    PyObject *et, *ev, *tb; /* a dealloc may run while an exception flies */
-    PyErr_Fetch(&et, &ev, &tb);
-    dp_py_client_buffer_gone(self->client);
-    PyErr_Restore(et, ev, tb);
+    dp_py_client_buffer_gone(self->client); /* close_now keeps a flying exception */
 }
 
 static void
