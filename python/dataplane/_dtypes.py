@@ -58,6 +58,16 @@ def itemsize(name):
     return ITEMSIZE.get(name[3:] if name.startswith("np_") else name)
 
 
+def torch_of(name):
+    """The torch dtype a stored name (with or without "np_") stands for, or None."""
+    return NAME_TO_TORCH.get(name[3:] if name.startswith("np_") else name)
+
+
+def numpy_of(name):
+    """The numpy dtype a stored name (with or without "np_") stands for, or None."""
+    return NAME_TO_NUMPY.get(name if name.startswith("np_") else "np_" + name)
+
+
 def torch_name(dtype):
     """The stored name of a torch dtype; TypeError if it has none."""
     n = TORCH_TO_NAME.get(dtype)
@@ -76,6 +86,14 @@ def numpy_name(dtype):
             f"numpy dtype {dtype} has no stored name (supported: "
             f"{', '.join(sorted(x[3:] for x in NAME_TO_NUMPY))})")
     return n
+
+
+_NATIVE = "=|" + ("<" if __import__("sys").byteorder == "little" else ">")
+
+
+def native_order(a):
+    """True if numpy array a's elements are in this machine's byte order."""
+    return a.dtype.byteorder in _NATIVE
 
 
 def is_tensor(x):

@@ -7,7 +7,6 @@ package").
 """
 
 import os
-import sys
 import threading
 
 from . import _core
@@ -17,43 +16,9 @@ from ._dtypes import np, torch
 _ALIGN = 64
 
 
-_CODE_CLASS = {
-    _core.DP_EINVAL: _core.InvalidArgument,
-    _core.DP_ENOMEM: _core.OutOfMemory,
-    _core.DP_ETIMEDOUT: _core.Timeout,
-    _core.DP_EUNITFULL: _core.UnitFull,
-    _core.DP_EBUSY: _core.Busy,
-    _core.DP_ELOST: _core.Lost,
-    _core.DP_EPROTO: _core.ProtocolError,
-    _core.DP_ETRANSFER: _core.TransferError,
-    _core.DP_EFATAL: _core.Fatal,
-    _core.DP_EPOLICY: _core.PolicyError,
-    _core.DP_ECLOSED: _core.Closed,
-    _core.DP_ESYS: _core.SysError,
-    _core.DP_ETOOBIG: _core.TooBig,
-    _core.DP_ENOTFOUND: _core.NotFound,
-    _core.DP_EEXIST: _core.Exists,
-    _core.DP_ECORRUPT: _core.Corrupt,
-    _core.DP_EUNSUPPORTED: _core.Unsupported,
-    _core.DP_ECANCELED: _core.Canceled,
-    _core.DP_ERESTARTED: _core.Restarted,
-}
-
-
 def make_error(rc, msg, keys=None, rows=None, landed=None):
-    """An exception of the class for code rc, with the package's attributes."""
-    cls = _CODE_CLASS.get(rc, _core.Error)
-    e = cls(msg)
-    e.code, e.name, e.detail = rc, _core_name(rc), msg
-    e.keys, e.rows, e.landed = keys, rows, landed
-    return e
-
-
-def _core_name(rc):
-    for k, v in vars(_core).items():
-        if k.startswith("DP_E") and v == rc:
-            return k
-    return "DP_E?"
+    """The exception for code rc (its class and attributes are the extension's)."""
+    return _core.error(rc, msg, keys, rows, landed)
 
 
 def _rows(rows):
@@ -135,11 +100,8 @@ def _tensor_ok(t):
             and not t.is_neg())
 
 
-_NATIVE = "=|" + ("<" if sys.byteorder == "little" else ">")
-
-
 def _array_ok(a):
-    return a.flags.c_contiguous and a.dtype.byteorder in _NATIVE
+    return a.flags.c_contiguous and dt.native_order(a)
 
 
 class Client:
@@ -477,15 +439,15 @@ def _whole_rows(o, items, field):
     for it in items:
         if it[2] != kind or it[3] != dtype or it[4] != shape:
             return None
-    if dt.is_tensor(o):
-        want = dt.NAME_TO_TORCH.get(dtype[3:] if dtype.startswith("np_") else dtype)
-        if want is not None and want != o.dtype:
-            raise TypeError(f"out['{field}'] is {o.dtype}, the values are {dtype}")
-        return list(o.unbind(0))
-    want = dt.NAME_TO_NUMPY.get(dtype) or dt.NAME_TO_NUMPY.get("np_" + dtype)
-    if want is not None and want != o.dtype:
-        raise TypeError(f"out['{field}'] is {o.dtype}, the values are {dtype}")
-    return list(o)
+    _check_out_dtype(o, dtype, f"out['{field}']")
+    return list(o.unbind(0)) if dt.is_tensor(o) else list(o)
+
+
+def _check_out_dtype(view, dtype, what):
+    """TypeError when a destination's element type is not the stored dtype's."""
+    want = dt.torch_of(dtype) if dt.is_tensor(view) else dt.numpy_of(dtype)
+    if want is not None and want != view.dtype:
+        raise TypeError(f"{what} is {view.dtype}, the value is {dtype}")
 
 
 def _fit(view, item, key):
@@ -495,18 +457,11 @@ def _fit(view, item, key):
         if dt.is_tensor(view):
             return view.view(-1).view(torch.uint8)[:nbytes]
         return view.reshape(-1).view(np.uint8)[:nbytes]
+    _check_out_dtype(view, dtype, f"out for '{key}'")
     if dt.is_tensor(view):
-        want = dt.NAME_TO_TORCH.get(dtype)
-        if want is None and dtype in dt.NAME_TO_NUMPY:
-            want = dt.NAME_TO_TORCH.get(dtype[3:])
-        if want is not None and want != view.dtype:
-            raise TypeError(f"out for '{key}' is {view.dtype}, the value is {dtype}")
         if view.numel() * view.element_size() != nbytes:
             return view.view(-1)[: nbytes // view.element_size()].view(shape)
         return view.view(shape)
-    want = dt.NAME_TO_NUMPY.get(dtype) or dt.NAME_TO_NUMPY.get("np_" + dtype)
-    if want is not None and view.dtype != want:
-        raise TypeError(f"out for '{key}' is {view.dtype}, the value is {dtype}")
     if view.nbytes != nbytes:
         return view.reshape(-1)[: nbytes // view.itemsize].reshape(shape)
     return view.reshape(shape)
@@ -526,13 +481,12 @@ def _raise_get(rc, detail, entries, keys):
 
 def _maker(dtype):
     """("torch" or "numpy", element type) a stored dtype comes back as, or None."""
-    if dtype.startswith("np_") and np is not None:
-        return "numpy", dt.NAME_TO_NUMPY.get(dtype)
-    name = dtype[3:] if dtype.startswith("np_") else dtype
-    if torch is not None and name in dt.NAME_TO_TORCH:
-        return "torch", dt.NAME_TO_TORCH[name]
-    if np is not None and "np_" + name in dt.NAME_TO_NUMPY:
-        return "numpy", dt.NAME_TO_NUMPY["np_" + name]
+    if dtype.startswith("np_") and dt.numpy_of(dtype) is not None:
+        return "numpy", dt.numpy_of(dtype)
+    if dt.torch_of(dtype) is not None:
+        return "torch", dt.torch_of(dtype)
+    if dt.numpy_of(dtype) is not None:
+        return "numpy", dt.numpy_of(dtype)
     return None
 
 

@@ -17,12 +17,11 @@ own transport metadata (docs/design.md, "Python package").
 
 import json
 import struct
-import sys
 
 from . import _core
 from . import _dtypes as dt
 from ._dtypes import np, torch
-from .client import make_error
+from .client import _dense, make_error
 
 _MAGIC = b"DPPYMD01"
 
@@ -33,14 +32,14 @@ def _native(x):
     needed; the caller keeps it alive)."""
     if dt.is_tensor(x):
         return x.resolve_conj().resolve_neg()
-    if dt.is_array(x) and x.dtype.byteorder not in "=|" + ("<" if sys.byteorder ==
-                                                           "little" else ">"):
+    if dt.is_array(x) and not dt.native_order(x):
         return x.astype(x.dtype.newbyteorder("="))
     return x
 
 
 def _describe(x, i):
     if dt.is_tensor(x):
+        _dense(x, f"tensor {i}")
         if x.device.type != "cpu":
             raise make_error(_core.DP_EUNSUPPORTED,
                              f"tensor {i} is on {x.device}: publish a CPU copy "

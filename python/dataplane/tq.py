@@ -43,24 +43,7 @@ _CLIENT_OPTS = {
 }
 
 
-_U64 = 1 << 64
 _UNSET = object()  # a cell a put was not given (a TQ value may be None)
-
-
-def _split(key):
-    """(gidx, field) of "<gidx>@<field>"; ValueError naming a malformed key."""
-    try:
-        if not isinstance(key, str):
-            raise ValueError
-        g, f = key.split("@", 1)
-        if g.isdigit() and g.isascii() and f and (g[0] != "0" or len(g) == 1):
-            i = int(g)
-            if i < _U64:
-                return i, f
-    except (AttributeError, ValueError):
-        pass
-    raise ValueError(f"key {key!r}: '<global_index>@<field>' is needed, the index "
-                     f"in decimal without sign or leading zeros")
 
 
 def _rows_of_one_tensor(col):
@@ -262,7 +245,7 @@ class DataplaneKVClient:
     def clear(self, keys, custom_backend_meta=None, custom_meta=None):
         """Drop the rows the keys name (every field of each). Keys never put
         are fine."""
-        rows = sorted({_split(k)[0] for k in keys})
+        rows = sorted(_core.group_keys(list(keys), True)[0])
         if rows:
             self._client.clear(rows)
 

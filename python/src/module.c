@@ -64,40 +64,55 @@ set_attr(PyObject *e, const char *name, PyObject *v)
     return PyObject_SetAttrString(e, name, v != NULL ? v : Py_None);
 }
 
+/* The exception for code with its attributes (a new reference), or NULL. */
+static PyObject *
+make_exc(int code, PyObject *detail, PyObject *keys, PyObject *rows, PyObject *landed)
+{
+    PyObject *e = PyObject_CallFunctionObjArgs(dp_py_error_class(code), detail, NULL);
+    if (e == NULL)
+        return NULL;
+    PyObject *pc = PyLong_FromLong(code);
+    PyObject *pn = PyUnicode_FromString(dp_errname(code));
+    int bad = pc == NULL || pn == NULL || set_attr(e, "code", pc) < 0 ||
+              set_attr(e, "name", pn) < 0 || set_attr(e, "detail", detail) < 0 ||
+              set_attr(e, "keys", keys) < 0 || set_attr(e, "rows", rows) < 0 ||
+              set_attr(e, "landed", landed) < 0;
+    Py_XDECREF(pc);
+    Py_XDECREF(pn);
+    if (bad)
+        Py_CLEAR(e);
+    return e;
+}
+
 PyObject *
 dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
                PyObject *landed)
 {
-    PyObject *cls = dp_py_error_class(code);
     if (msg == NULL || msg[0] == '\0')
         msg = dp_strerror(code);
     /* A detail cut at its size limit may end inside a UTF-8 sequence. */
     PyObject *pd = dp_py_text(msg);
-    if (pd == NULL)
-        return NULL;
-    PyObject *e = PyObject_CallFunctionObjArgs(cls, pd, NULL);
-    if (e == NULL) {
-        Py_DECREF(pd);
-        return NULL;
-    }
-    PyObject *pc = PyLong_FromLong(code);
-    PyObject *pn = PyUnicode_FromString(dp_errname(code));
-    if (pc == NULL || pn == NULL || pd == NULL || set_attr(e, "code", pc) < 0 ||
-        set_attr(e, "name", pn) < 0 || set_attr(e, "detail", pd) < 0 ||
-        set_attr(e, "keys", keys) < 0 || set_attr(e, "rows", rows) < 0 ||
-        set_attr(e, "landed", landed) < 0) {
-        Py_XDECREF(pc);
-        Py_XDECREF(pn);
-        Py_XDECREF(pd);
+    PyObject *e = pd != NULL ? make_exc(code, pd, keys, rows, landed) : NULL;
+    Py_XDECREF(pd);
+    if (e != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
         Py_DECREF(e);
-        return NULL;
     }
-    Py_DECREF(pc);
-    Py_DECREF(pn);
-    Py_DECREF(pd);
-    PyErr_SetObject(cls, e);
-    Py_DECREF(e);
     return NULL;
+}
+
+/* error(code, detail, keys=None, rows=None, landed=None) -> the exception to raise. */
+static PyObject *
+mod_error(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwl[] = {"code", "detail", "keys", "rows", "landed", NULL};
+    int code;
+    PyObject *detail, *keys = Py_None, *rows = Py_None, *landed = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iU|OOO", kwl, &code, &detail, &keys,
+                                     &rows, &landed))
+        return NULL;
+    return make_exc(code, detail, keys, rows, landed);
 }
 
 /*
@@ -305,15 +320,20 @@ parse_gidx(const char *k, Py_ssize_t n, uint64_t *g, Py_ssize_t *at)
 }
 
 /*
- * group_keys(keys) -> (rows, fields, slots): keys "<gidx>@<field>" as TQ
- * hands them; rows and fields in order of first appearance; slots[f][r] the
- * index in keys of row r's key of field f, or -1. ValueError names a
- * malformed or repeated key (fields are checked further by the library).
+ * group_keys(keys, repeats=False) -> (rows, fields, slots): keys
+ * "<gidx>@<field>" as TQ hands them; rows and fields in order of first
+ * appearance; slots[f][r] the index in keys of row r's key of field f, or -1.
+ * ValueError names a malformed key, or a repeated one unless repeats (then
+ * the first stands). Fields are checked further by the library.
  */
 static PyObject *
-mod_group_keys(PyObject *m, PyObject *arg)
+mod_group_keys(PyObject *m, PyObject *args)
 {
     (void)m;
+    PyObject *arg;
+    int repeats = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &arg, &repeats))
+        return NULL;
     PyObject *seq = PySequence_Tuple(arg);
     if (seq == NULL)
         return NULL;
@@ -388,6 +408,8 @@ mod_group_keys(PyObject *m, PyObject *arg)
         PyObject *col = PyList_GET_ITEM(slots, key_field[i]);
         PyObject *old = PyList_GET_ITEM(col, key_row[i]);
         if (PyLong_AsLong(old) != -1) {
+            if (repeats)
+                continue; /* the first one stands */
             PyErr_Format(PyExc_ValueError, "put: key %R appears twice",
                          PyTuple_GET_ITEM(seq, i));
             goto out;
@@ -432,8 +454,11 @@ mod_strerror(PyObject *m, PyObject *arg)
 static PyMethodDef mod_methods[] = {
     {"version", mod_version, METH_NOARGS, "The library's version, e.g. '0.1.0'."},
     {"strerror", mod_strerror, METH_O, "The message of an error code."},
-    {"group_keys", mod_group_keys, METH_O,
-     "group_keys(keys) -> (rows, fields, slots) of '<gidx>@<field>' keys."},
+    {"error", (PyCFunction)(void (*)(void))mod_error, METH_VARARGS | METH_KEYWORDS,
+     "error(code, detail, keys=None, rows=None, landed=None) -> the exception"},
+    {"group_keys", mod_group_keys, METH_VARARGS,
+     "group_keys(keys, repeats=False) -> (rows, fields, slots) of '<gidx>@<field>' "
+     "keys."},
     {NULL, NULL, 0, NULL},
 };
 
