@@ -7,7 +7,6 @@ package").
 """
 
 import os
-import threading
 
 from . import _core
 from . import _dtypes as dt
@@ -131,8 +130,6 @@ class Client:
         self._c = _core.Client(cluster, addrs, float(timeout_s), float(connect_timeout_s),
                                int(staging_cache_bytes), bool(crc), bool(no_spill),
                                bool(require_rdma), name)
-        self._regs = {}
-        self._lock = threading.Lock()
 
     # -- lifecycle --
 
@@ -369,15 +366,10 @@ class Client:
         for good."""
         addr, nbytes = _span(obj)
         self._c._register(addr, nbytes, obj)
-        with self._lock:
-            self._regs[id(obj)] = addr
 
     def deregister(self, obj):
-        with self._lock:
-            addr = self._regs.pop(id(obj), None)
-        if addr is None:
-            raise make_error(_core.DP_ENOTFOUND, "this object is not registered")
-        self._c._deregister(addr)
+        """Deregister the region registered at obj's address (NotFound if none)."""
+        self._c._deregister(_span(obj)[0])
 
     def touches_unfinished(self, obj):
         """True if a failed transfer may still write obj's memory (never reuse it)."""
