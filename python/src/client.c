@@ -14,10 +14,10 @@
 /* ---- calls in flight and close ---- */
 
 bool
-dp_py_client_enter(DpClient *self)
+dp__py_client_enter(DpClient *self)
 {
     if (self->pid != getpid()) {
-        dp_py_raise_forked("Client", self->pid);
+        dp__py_raise_forked("Client", self->pid);
         return false;
     }
     pthread_mutex_lock(&self->mu);
@@ -26,12 +26,12 @@ dp_py_client_enter(DpClient *self)
         self->busy++;
     pthread_mutex_unlock(&self->mu);
     if (!ok)
-        dp_py_raise_ex(DP_ECLOSED, "this Client is closed", NULL, NULL, NULL);
+        dp__py_raise_ex(DP_ECLOSED, "this Client is closed", NULL, NULL, NULL);
     return ok;
 }
 
 void
-dp_py_client_leave(DpClient *self)
+dp__py_client_leave(DpClient *self)
 {
     pthread_mutex_lock(&self->mu);
     if (--self->busy == 0)
@@ -51,7 +51,7 @@ keep_touched_regions(DpClient *self)
         void *addr = PyLong_AsVoidPtr(k);
         uint64_t n = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1));
         if (dp_client_touches_unfinished(self->c, addr, (size_t)n))
-            dp_py_keep_forever(v);
+            dp__py_keep_forever(v);
     }
 }
 
@@ -75,7 +75,7 @@ close_now(DpClient *self)
 }
 
 void
-dp_py_client_buffer_gone(DpClient *self)
+dp__py_client_buffer_gone(DpClient *self)
 {
     pthread_mutex_lock(&self->mu);
     /* With calls in flight, the close() waiting for them closes. */
@@ -217,7 +217,7 @@ client_init(DpClient *self, PyObject *args, PyObject *kw)
         Py_END_ALLOW_THREADS
     }
     if (rc != DP_OK) {
-        dp_py_raise(rc, &d);
+        dp__py_raise(rc, &d);
         return -1;
     }
     self->c = c;
@@ -498,7 +498,7 @@ strided_column(put_call *p, PyObject *col, size_t f)
 static int
 put_parse(put_call *p, PyObject *rows, PyObject *fields, PyObject *cols)
 {
-    if (dp_py_rows(rows, &p->rows, &p->n_rows) < 0)
+    if (dp__py_rows(rows, &p->rows, &p->n_rows) < 0)
         return -1;
     if (!PyList_Check(fields) || !PyList_Check(cols) ||
         PyList_GET_SIZE(fields) != PyList_GET_SIZE(cols)) {
@@ -575,7 +575,7 @@ put_failed(const put_call *p, const int *st, int rc, const dp_detail *d)
         char msg[DP_DETAIL_MAX + 96];
         snprintf(msg, sizeof msg, "%s (%zd of %zu rows landed)", dp_detail_msg(d),
                  PyList_GET_SIZE(landed), p->n_rows);
-        dp_py_raise_ex(rc, msg, NULL, failed, landed);
+        dp__py_raise_ex(rc, msg, NULL, failed, landed);
     }
     Py_XDECREF(landed);
     Py_XDECREF(failed);
@@ -588,7 +588,7 @@ client_put(DpClient *self, PyObject *args)
     PyObject *rows, *fields, *cols;
     if (!PyArg_ParseTuple(args, "OOO", &rows, &fields, &cols))
         return NULL;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     put_call p = {0};
     int *st = NULL;
@@ -608,13 +608,13 @@ client_put(DpClient *self, PyObject *args)
     if (rc == DP_OK) {
         ret = Py_NewRef(Py_None);
     } else if (rc == DP_EINVAL || rc == DP_ENOMEM)
-        dp_py_raise(rc, &d);
+        dp__py_raise(rc, &d);
     else
         put_failed(&p, st, rc, &d);
 out:
     PyMem_Free(st);
     put_call_fini(&p);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -626,7 +626,7 @@ row_keys(PyObject *rows, PyObject *fields, char **arena, const char ***keys, siz
 {
     uint64_t *g = NULL;
     size_t nr;
-    if (dp_py_rows(rows, &g, &nr) < 0)
+    if (dp__py_rows(rows, &g, &nr) < 0)
         return -1;
     PyObject *fs = PySequence_Fast(fields, "fields: a list of str is needed");
     if (fs == NULL) {
@@ -729,12 +729,12 @@ get_run(DpClient *self, const char **keys, size_t n)
     rc = dp_client_get_alloc(self->c, keys, n, &v, &d);
     Py_END_ALLOW_THREADS
     if (v == NULL)
-        return dp_py_raise(rc, &d);
-    PyObject *vals = dp_py_values_new(v, (PyObject *)self);
+        return dp__py_raise(rc, &d);
+    PyObject *vals = dp__py_values_new(v, (PyObject *)self);
     if (vals == NULL)
         return NULL;
     PyObject *prc = PyLong_FromLong(rc);
-    PyObject *pd = dp_py_text(dp_detail_msg(&d));
+    PyObject *pd = dp__py_text(dp_detail_msg(&d));
     PyObject *t = prc && pd ? PyTuple_Pack(3, vals, prc, pd) : NULL;
     Py_DECREF(vals);
     Py_XDECREF(prc);
@@ -749,7 +749,7 @@ client_get(DpClient *self, PyObject *args)
     PyObject *rows, *fields;
     if (!PyArg_ParseTuple(args, "OO", &rows, &fields))
         return NULL;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     char *arena = NULL;
     const char **keys = NULL;
@@ -759,7 +759,7 @@ client_get(DpClient *self, PyObject *args)
         ret = get_run(self, keys, n);
     PyMem_Free(arena);
     PyMem_Free(keys);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -767,7 +767,7 @@ client_get(DpClient *self, PyObject *args)
 static PyObject *
 client_get_keys(DpClient *self, PyObject *list)
 {
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     const char **keys = NULL;
     size_t n = 0;
@@ -775,7 +775,7 @@ client_get_keys(DpClient *self, PyObject *list)
     if (key_list(list, &keys, &n) == 0)
         ret = get_run(self, keys, n);
     PyMem_Free(keys);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -783,7 +783,7 @@ client_get_keys(DpClient *self, PyObject *list)
 static PyObject *
 item_tuple(const dp_get_item *it, const dp_value_desc *ds)
 {
-    PyObject *shape = dp_py_shape(ds);
+    PyObject *shape = dp__py_shape(ds);
     if (shape == NULL)
         return NULL;
     return Py_BuildValue("(iKisN)", it->status, (unsigned long long)it->nbytes,
@@ -800,7 +800,7 @@ get_into_run(DpClient *self, dp_get_item *items, size_t n)
     rc = dp_client_get(self->c, items, n, &d);
     Py_END_ALLOW_THREADS
     if (rc == DP_EINVAL)
-        return dp_py_raise(rc, &d);
+        return dp__py_raise(rc, &d);
     PyObject *res = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; res != NULL && i < n; i++) {
         PyObject *t = item_tuple(&items[i], items[i].desc);
@@ -812,7 +812,7 @@ get_into_run(DpClient *self, dp_get_item *items, size_t n)
     }
     if (res == NULL)
         return NULL;
-    return Py_BuildValue("(NiN)", res, rc, dp_py_text(dp_detail_msg(&d)));
+    return Py_BuildValue("(NiN)", res, rc, dp__py_text(dp_detail_msg(&d)));
 }
 
 /*
@@ -874,7 +874,7 @@ client_get_into_rows(DpClient *self, PyObject *args)
     PyObject *rows, *fields, *dsts;
     if (!PyArg_ParseTuple(args, "OOO!", &rows, &fields, &PyList_Type, &dsts))
         return NULL;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     char *arena = NULL;
     const char **keys = NULL;
@@ -908,7 +908,7 @@ out:
     PyMem_Free(keys);
     PyMem_Free(items);
     PyMem_Free(descs);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -917,21 +917,21 @@ out:
 static PyObject *
 client_clear(DpClient *self, PyObject *rows)
 {
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     uint64_t *g = NULL, dropped = 0;
     size_t n = 0;
     PyObject *ret = NULL;
-    if (dp_py_rows(rows, &g, &n) == 0) {
+    if (dp__py_rows(rows, &g, &n) == 0) {
         dp_detail d = {0};
         int rc;
         Py_BEGIN_ALLOW_THREADS
         rc = dp_client_clear(self->c, g, n, &dropped, &d);
         Py_END_ALLOW_THREADS
-        ret = rc == DP_OK ? PyLong_FromUnsignedLongLong(dropped) : dp_py_raise(rc, &d);
+        ret = rc == DP_OK ? PyLong_FromUnsignedLongLong(dropped) : dp__py_raise(rc, &d);
     }
     PyMem_Free(g);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -974,7 +974,7 @@ static PyObject *
 client_stats(DpClient *self, PyObject *noarg)
 {
     (void)noarg;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     dp_client_stats *s = NULL;
     dp_detail d = {0};
@@ -984,14 +984,14 @@ client_stats(DpClient *self, PyObject *noarg)
     Py_END_ALLOW_THREADS
     PyObject *ret = NULL;
     if (s == NULL) {
-        dp_py_raise(rc, &d);
+        dp__py_raise(rc, &d);
     } else {
         PyObject *list = stats_list(s);
         if (list != NULL)
-            ret = Py_BuildValue("(NiN)", list, rc, dp_py_text(dp_detail_msg(&d)));
+            ret = Py_BuildValue("(NiN)", list, rc, dp__py_text(dp_detail_msg(&d)));
     }
     dp_client_stats_destroy(s);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -999,16 +999,16 @@ static PyObject *
 client_counters(DpClient *self, PyObject *noarg)
 {
     (void)noarg;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     dp_client_counters k;
     int rc;
     Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex, held by a running put */
     rc = dp_client_counters_get(self->c, &k);
     Py_END_ALLOW_THREADS
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     if (rc != DP_OK)
-        return dp_py_raise(rc, NULL);
+        return dp__py_raise(rc, NULL);
     return Py_BuildValue("{sKsKsKsKsKsKsKsKsK}", "restarts_seen",
                          (unsigned long long)k.restarts_seen, "rebinds",
                          (unsigned long long)k.rebinds, "units_down",
@@ -1041,8 +1041,8 @@ client_alloc(DpClient *self, PyObject *arg)
     if (n == -1 && PyErr_Occurred())
         return NULL;
     if (n <= 0)
-        return dp_py_raise_ex(DP_EINVAL, "alloc: nbytes must be > 0", NULL, NULL, NULL);
-    if (!dp_py_client_enter(self))
+        return dp__py_raise_ex(DP_EINVAL, "alloc: nbytes must be > 0", NULL, NULL, NULL);
+    if (!dp__py_client_enter(self))
         return NULL;
     void *p = NULL;
     dp_detail d = {0};
@@ -1052,13 +1052,13 @@ client_alloc(DpClient *self, PyObject *arg)
     Py_END_ALLOW_THREADS
     PyObject *ret = NULL;
     if (rc != DP_OK) {
-        dp_py_raise(rc, &d);
+        dp__py_raise(rc, &d);
     } else {
-        ret = dp_py_buffer_new(self, p, (size_t)n);
+        ret = dp__py_buffer_new(self, p, (size_t)n);
         if (ret == NULL)
             dp_client_free(self->c, p);
     }
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -1073,7 +1073,7 @@ client_register(DpClient *self, PyObject *args)
     void *p = PyLong_AsVoidPtr(addr);
     if (p == NULL && PyErr_Occurred())
         return NULL;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     dp_detail d = {0};
     int rc;
@@ -1082,17 +1082,17 @@ client_register(DpClient *self, PyObject *args)
     Py_END_ALLOW_THREADS
     PyObject *ret = NULL;
     if (rc != DP_OK) {
-        dp_py_raise(rc, &d);
+        dp__py_raise(rc, &d);
     } else {
         PyObject *v = Py_BuildValue("(OK)", owner, n);
         if (v != NULL && PyDict_SetItem(self->regs, addr, v) == 0) {
             ret = Py_NewRef(Py_None);
         } else if (dp_client_deregister(self->c, p, NULL) != DP_OK && v != NULL) {
-            dp_py_keep_forever(v); /* registered for good: its owner too */
+            dp__py_keep_forever(v); /* registered for good: its owner too */
         }
         Py_XDECREF(v);
     }
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -1102,7 +1102,7 @@ client_deregister(DpClient *self, PyObject *addr)
     void *p = PyLong_AsVoidPtr(addr);
     if (p == NULL && PyErr_Occurred())
         return NULL;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     dp_detail d = {0};
     int rc;
@@ -1118,14 +1118,14 @@ client_deregister(DpClient *self, PyObject *addr)
         if (rc == DP_EBUSY) { /* a failed transfer may touch it: keep its owner */
             PyObject *v = PyDict_GetItem(self->regs, addr);
             if (v != NULL) {
-                dp_py_keep_forever(v);
+                dp__py_keep_forever(v);
                 if (PyDict_DelItem(self->regs, addr) < 0)
                     PyErr_Clear();
             }
         }
-        dp_py_raise(rc, &d);
+        dp__py_raise(rc, &d);
     }
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return ret;
 }
 
@@ -1139,10 +1139,10 @@ client_touches_unfinished(DpClient *self, PyObject *args)
     void *p = PyLong_AsVoidPtr(addr);
     if (p == NULL && PyErr_Occurred())
         return NULL;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     bool t = dp_client_touches_unfinished(self->c, p, (size_t)n);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return PyBool_FromLong(t);
 }
 
@@ -1152,13 +1152,13 @@ client_unit_address(DpClient *self, PyObject *arg)
     long i = PyLong_AsLong(arg);
     if (i == -1 && PyErr_Occurred())
         return NULL;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     const char *a = i >= 0 && i <= (long)UINT32_MAX
                         ? dp_client_unit_address(self->c, (uint32_t)i)
                         : NULL;
     PyObject *ret = a != NULL ? PyUnicode_FromString(a) : NULL;
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     if (a == NULL)
         PyErr_Format(PyExc_IndexError, "unit %ld: out of range", i);
     return ret;
@@ -1168,10 +1168,10 @@ static PyObject *
 client_n_units(DpClient *self, void *closure)
 {
     (void)closure;
-    if (!dp_py_client_enter(self))
+    if (!dp__py_client_enter(self))
         return NULL;
     uint32_t n = dp_client_n_units(self->c);
-    dp_py_client_leave(self);
+    dp__py_client_leave(self);
     return PyLong_FromUnsignedLong(n);
 }
 

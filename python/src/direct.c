@@ -38,11 +38,11 @@ static bool
 transport_usable(DpTransport *self)
 {
     if (self->pid != getpid()) {
-        dp_py_raise_forked("Transport", self->pid);
+        dp__py_raise_forked("Transport", self->pid);
         return false;
     }
     if (self->t == NULL) {
-        dp_py_raise_ex(DP_ECLOSED, "this Transport is closed", NULL, NULL, NULL);
+        dp__py_raise_ex(DP_ECLOSED, "this Transport is closed", NULL, NULL, NULL);
         return false;
     }
     return true;
@@ -73,8 +73,8 @@ transport_init(DpTransport *self, PyObject *args, PyObject *kw)
                                      &o.remote_cache_size))
         return -1;
     if (pool < 0 || chunk < 0) {
-        dp_py_raise_ex(DP_EINVAL, "pool_bytes and chunk_bytes must be >= 0", NULL, NULL,
-                       NULL);
+        dp__py_raise_ex(DP_EINVAL, "pool_bytes and chunk_bytes must be >= 0", NULL, NULL,
+                        NULL);
         return -1;
     }
     if (self->t != NULL) {
@@ -89,7 +89,7 @@ transport_init(DpTransport *self, PyObject *args, PyObject *kw)
     rc = dp_direct_create(&o, &self->t, &d);
     Py_END_ALLOW_THREADS
     if (rc != DP_OK) {
-        dp_py_raise(rc, &d);
+        dp__py_raise(rc, &d);
         return -1;
     }
     self->published = PyDict_New();
@@ -108,10 +108,10 @@ transport_close(DpTransport *self, PyObject *noarg)
     if (self->pid != getpid() || self->t == NULL)
         Py_RETURN_NONE;
     if (self->busy > 0)
-        return dp_py_raise_ex(DP_EBUSY,
-                              "Transport.close: other threads' calls on it are running; "
-                              "let them end first",
-                              NULL, NULL, NULL);
+        return dp__py_raise_ex(DP_EBUSY,
+                               "Transport.close: other threads' calls on it are running; "
+                               "let them end first",
+                               NULL, NULL, NULL);
     dp_direct *t = self->t;
     self->t = NULL;
     dp_detail d = {0};
@@ -121,7 +121,7 @@ transport_close(DpTransport *self, PyObject *noarg)
     Py_END_ALLOW_THREADS
     if (rc != DP_OK) {
         self->t = t; /* still fully usable */
-        return dp_py_raise(rc, &d);
+        return dp__py_raise(rc, &d);
     }
     Py_CLEAR(self->published); /* the library kept what a failed READ may touch */
     Py_RETURN_NONE;
@@ -132,7 +132,7 @@ transport_dealloc(DpTransport *self)
 {
     if (self->t != NULL && self->pid == getpid() && self->published != NULL &&
         dp_direct_destroy(self->t, NULL) != DP_OK)
-        dp_py_keep_forever(self->published); /* cannot happen: fetches hold self */
+        dp__py_keep_forever(self->published); /* cannot happen: fetches hold self */
     Py_XDECREF(self->published);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -192,7 +192,7 @@ transport_publish(DpTransport *self, PyObject *args)
     self->busy--;
     PyMem_Free(b);
     if (rc != DP_OK)
-        return dp_py_raise(rc, &d);
+        return dp__py_raise(rc, &d);
     PyObject *ret = PyBytes_FromStringAndSize((const char *)md, (Py_ssize_t)md_len);
     dp_free(md);
     if (ret == NULL || PyDict_SetItemString(self->published, id, owners) < 0) {
@@ -200,7 +200,7 @@ transport_publish(DpTransport *self, PyObject *args)
          * under a fetch. */
         Py_CLEAR(ret);
         if (dp_direct_free(t, id, NULL) != DP_OK)
-            dp_py_keep_forever(owners);
+            dp__py_keep_forever(owners);
     }
     return ret;
 }
@@ -220,7 +220,7 @@ transport_free(DpTransport *self, PyObject *args)
     Py_END_ALLOW_THREADS
     self->busy--;
     if (rc != DP_OK)
-        return dp_py_raise(rc, &d);
+        return dp__py_raise(rc, &d);
     if (PyDict_DelItemString(self->published, id) < 0)
         PyErr_Clear();
     Py_RETURN_NONE;
@@ -235,7 +235,7 @@ transport_abort(DpTransport *self, PyObject *args)
     dp_detail d = {0};
     int rc = dp_direct_abort(self->t, id, &d);
     if (rc != DP_OK)
-        return dp_py_raise(rc, &d);
+        return dp__py_raise(rc, &d);
     Py_RETURN_NONE;
 }
 
@@ -270,7 +270,7 @@ transport_fetch(DpTransport *self, PyObject *args)
     PyMem_Free(b);
     PyBuffer_Release(&md);
     if (rc != DP_OK)
-        return dp_py_raise(rc, &d);
+        return dp__py_raise(rc, &d);
     DpFetch *f = PyObject_New(DpFetch, &DpFetch_Type);
     if (f == NULL) {
         dp_direct_req_destroy(r);
@@ -370,7 +370,7 @@ fetch_destroy(DpFetch *self)
                dp_direct_touches_unfinished(self->tr->t, spans[i].addr, spans[i].len);
     PyMem_Free(spans);
     if (keep && self->owners != NULL)
-        dp_py_keep_forever(self->owners); /* a READ may still land in them */
+        dp__py_keep_forever(self->owners); /* a READ may still land in them */
 }
 
 static void
@@ -389,9 +389,9 @@ fetch_wait(DpFetch *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "|d", &timeout))
         return NULL;
     if (self->pid != getpid())
-        return dp_py_raise_forked("Fetch", self->pid);
+        return dp__py_raise_forked("Fetch", self->pid);
     if (self->r == NULL || self->closed)
-        return dp_py_raise_ex(DP_ECLOSED, "this fetch is closed", NULL, NULL, NULL);
+        return dp__py_raise_ex(DP_ECLOSED, "this fetch is closed", NULL, NULL, NULL);
     dp_detail d = {0};
     int rc;
     dp_direct_req *r = self->r;
@@ -402,7 +402,7 @@ fetch_wait(DpFetch *self, PyObject *args)
     if (--self->waiters == 0 && self->closed && !self->given)
         fetch_destroy(self); /* closed while this thread waited */
     if (rc != DP_OK)
-        return dp_py_raise(rc, &d);
+        return dp__py_raise(rc, &d);
     Py_RETURN_NONE;
 }
 
@@ -412,7 +412,7 @@ fetch_buffers(DpFetch *self, PyObject *noarg)
 {
     (void)noarg;
     if (self->r == NULL || self->closed || self->pid != getpid())
-        return dp_py_raise_ex(DP_ECLOSED, "this fetch is closed", NULL, NULL, NULL);
+        return dp__py_raise_ex(DP_ECLOSED, "this fetch is closed", NULL, NULL, NULL);
     self->given = true;
     size_t n = dp_direct_req_count(self->r);
     PyObject *list = PyList_New((Py_ssize_t)n);
@@ -470,7 +470,7 @@ fetch_ended(DpFetch *self, void *closure)
 {
     (void)closure;
     if (self->pid != getpid())
-        return dp_py_raise_forked("Fetch", self->pid);
+        return dp__py_raise_forked("Fetch", self->pid);
     return PyBool_FromLong(self->r == NULL || dp_direct_req_ended(self->r));
 }
 

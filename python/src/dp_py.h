@@ -63,33 +63,33 @@ extern PyTypeObject DpFetch_Type;
 /* module.c */
 extern PyObject *DpError; /* dataplane.Error */
 /* Raise the exception class of code with detail's text (or the code's message). */
-PyObject *dp_py_raise(int code, const dp_detail *d);
+PyObject *dp__py_raise(int code, const dp_detail *d);
 /* Same, with extra attributes (NULL: None): keys, rows, landed. */
-PyObject *dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
-                         PyObject *landed);
+PyObject *dp__py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
+                          PyObject *landed);
 /* Raise dataplane.Closed saying that obj was made in another process. */
-PyObject *dp_py_raise_forked(const char *what, pid_t pid);
+PyObject *dp__py_raise_forked(const char *what, pid_t pid);
 /* Keep owner referenced for good (memory a failed transfer may still touch). */
-void dp_py_keep_forever(PyObject *owner);
+void dp__py_keep_forever(PyObject *owner);
 /* A value description's shape as a tuple of ints (NULL, exception set, on failure). */
-PyObject *dp_py_shape(const dp_value_desc *ds);
+PyObject *dp__py_shape(const dp_value_desc *ds);
 /* Text from the library as str (invalid UTF-8 replaced, never an error). */
-PyObject *dp_py_text(const char *s);
+PyObject *dp__py_text(const char *s);
 /* The exception class for code (borrowed). */
-PyObject *dp_py_error_class(int code);
+PyObject *dp__py_error_class(int code);
 
 /* client.c */
 /* Begin a call on self: false (exception set) when closed or forked. */
-bool dp_py_client_enter(DpClient *self);
-void dp_py_client_leave(DpClient *self);
+bool dp__py_client_enter(DpClient *self);
+void dp__py_client_leave(DpClient *self);
 /* A Buffer of self ended: close the library's client if close is pending. */
-void dp_py_client_buffer_gone(DpClient *self);
+void dp__py_client_buffer_gone(DpClient *self);
 
 /* values.c */
-PyObject *dp_py_values_new(dp_values *v, PyObject *client);
-PyObject *dp_py_buffer_new(DpClient *client, void *p, size_t n);
+PyObject *dp__py_values_new(dp_values *v, PyObject *client);
+PyObject *dp__py_buffer_new(DpClient *client, void *p, size_t n);
 
 /* Rows from a sequence of ints or a 1-D integer buffer; *out is PyMem_Malloc'd. */
-int dp_py_rows(PyObject *obj, uint64_t **out, size_t *n);
+int dp__py_rows(PyObject *obj, uint64_t **out, size_t *n);
 
 #endif

@@ -50,7 +50,7 @@ static err_class err_classes[] = {
 #define N_ERR_CLASSES (sizeof err_classes / sizeof err_classes[0])
 
 PyObject *
-dp_py_error_class(int code)
+dp__py_error_class(int code)
 {
     for (size_t i = 0; i < N_ERR_CLASSES; i++)
         if (err_classes[i].code == code)
@@ -68,7 +68,7 @@ set_attr(PyObject *e, const char *name, PyObject *v)
 static PyObject *
 make_exc(int code, PyObject *detail, PyObject *keys, PyObject *rows, PyObject *landed)
 {
-    PyObject *e = PyObject_CallFunctionObjArgs(dp_py_error_class(code), detail, NULL);
+    PyObject *e = PyObject_CallFunctionObjArgs(dp__py_error_class(code), detail, NULL);
     if (e == NULL)
         return NULL;
     PyObject *pc = PyLong_FromLong(code);
@@ -85,13 +85,13 @@ make_exc(int code, PyObject *detail, PyObject *keys, PyObject *rows, PyObject *l
 }
 
 PyObject *
-dp_py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
-               PyObject *landed)
+dp__py_raise_ex(int code, const char *msg, PyObject *keys, PyObject *rows,
+                PyObject *landed)
 {
     if (msg == NULL || msg[0] == '\0')
         msg = dp_strerror(code);
     /* A detail cut at its size limit may end inside a UTF-8 sequence. */
-    PyObject *pd = dp_py_text(msg);
+    PyObject *pd = dp__py_text(msg);
     PyObject *e = pd != NULL ? make_exc(code, pd, keys, rows, landed) : NULL;
     Py_XDECREF(pd);
     if (e != NULL) {
@@ -122,7 +122,7 @@ mod_error(PyObject *m, PyObject *args, PyObject *kw)
 static PyObject *kept_forever;
 
 void
-dp_py_keep_forever(PyObject *owner)
+dp__py_keep_forever(PyObject *owner)
 {
     PyObject *et, *ev, *tb; /* callers may run in a dealloc while an exception flies */
     PyErr_Fetch(&et, &ev, &tb);
@@ -135,7 +135,7 @@ dp_py_keep_forever(PyObject *owner)
 }
 
 PyObject *
-dp_py_shape(const dp_value_desc *ds)
+dp__py_shape(const dp_value_desc *ds)
 {
     PyObject *shape = PyTuple_New(ds->ndim);
     for (uint32_t k = 0; shape != NULL && k < ds->ndim; k++) {
@@ -150,19 +150,19 @@ dp_py_shape(const dp_value_desc *ds)
 }
 
 PyObject *
-dp_py_text(const char *s)
+dp__py_text(const char *s)
 {
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
 }
 
 PyObject *
-dp_py_raise(int code, const dp_detail *d)
+dp__py_raise(int code, const dp_detail *d)
 {
-    return dp_py_raise_ex(code, d != NULL ? dp_detail_msg(d) : NULL, NULL, NULL, NULL);
+    return dp__py_raise_ex(code, d != NULL ? dp_detail_msg(d) : NULL, NULL, NULL, NULL);
 }
 
 PyObject *
-dp_py_raise_forked(const char *what, pid_t pid)
+dp__py_raise_forked(const char *what, pid_t pid)
 {
     char msg[256];
     snprintf(msg, sizeof msg,
@@ -170,7 +170,7 @@ dp_py_raise_forked(const char *what, pid_t pid)
              "its connections and registered memory belong to that process; make a "
              "new %s here",
              what, (long)pid, (long)getpid(), what);
-    return dp_py_raise_ex(DP_ECLOSED, msg, NULL, NULL, NULL);
+    return dp__py_raise_ex(DP_ECLOSED, msg, NULL, NULL, NULL);
 }
 
 /* Rows from a 1-D C-contiguous buffer of 8-, 4-, 2- or 1-byte integers. */
@@ -243,7 +243,7 @@ rows_from_buffer(PyObject *obj, uint64_t **out, size_t *n)
 }
 
 int
-dp_py_rows(PyObject *obj, uint64_t **out, size_t *n)
+dp__py_rows(PyObject *obj, uint64_t **out, size_t *n)
 {
     if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj) && !PyByteArray_Check(obj))
         return rows_from_buffer(obj, out, n);

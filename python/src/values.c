@@ -18,7 +18,7 @@ typedef struct DpValues {
 } DpValues;
 
 PyObject *
-dp_py_values_new(dp_values *v, PyObject *client)
+dp__py_values_new(dp_values *v, PyObject *client)
 {
     (void)client; /* v keeps the library's client alive by itself */
     DpValues *self = PyObject_New(DpValues, &DpValues_Type);
@@ -53,7 +53,7 @@ static bool
 values_usable(DpValues *self)
 {
     if (self->pid != getpid()) {
-        dp_py_raise_forked("Values", self->pid);
+        dp__py_raise_forked("Values", self->pid);
         return false;
     }
     return true;
@@ -92,7 +92,7 @@ values_entries(DpValues *self, PyObject *noarg)
         if (st != 0) {
             t = Py_BuildValue("(iOOOKO)", st, Py_None, Py_None, Py_None, 0ULL, Py_None);
         } else {
-            PyObject *shape = dp_py_shape(ds);
+            PyObject *shape = dp__py_shape(ds);
             PyObject *sl =
                 shape ? slice_new((PyObject *)self, (void *)data, (Py_ssize_t)nb) : NULL;
             t = sl ? Py_BuildValue("(iisNKN)", 0, (int)ds->kind, ds->dtype, shape,
@@ -201,7 +201,7 @@ slice_getbuffer(DpSlice *self, Py_buffer *view, int flags)
     if (Py_TYPE(self->owner) == &DpValues_Type &&
         ((DpValues *)self->owner)->pid != getpid()) {
         view->obj = NULL;
-        dp_py_raise_forked("Values", ((DpValues *)self->owner)->pid);
+        dp__py_raise_forked("Values", ((DpValues *)self->owner)->pid);
         return -1;
     }
     void *p = self->n > 0 ? self->p : &empty_byte;
@@ -239,7 +239,7 @@ typedef struct DpBuffer {
 } DpBuffer;
 
 PyObject *
-dp_py_buffer_new(DpClient *client, void *p, size_t n)
+dp__py_buffer_new(DpClient *client, void *p, size_t n)
 {
     DpBuffer *b = PyObject_New(DpBuffer, &DpBuffer_Type);
     if (b == NULL)
@@ -269,7 +269,7 @@ buffer_free(DpBuffer *self)
     Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex, held by a running put */
     dp_client_free(c, p);
     Py_END_ALLOW_THREADS
-    dp_py_client_buffer_gone(self->client); /* close_now keeps a flying exception */
+    dp__py_client_buffer_gone(self->client); /* close_now keeps a flying exception */
 }
 
 static void
@@ -290,7 +290,7 @@ buffer_getbuffer(DpBuffer *self, Py_buffer *view, int flags)
     }
     if (self->pid != getpid()) {
         view->obj = NULL;
-        dp_py_raise_forked("Buffer", self->pid);
+        dp__py_raise_forked("Buffer", self->pid);
         return -1;
     }
     if (PyBuffer_FillInfo(view, (PyObject *)self, self->p, (Py_ssize_t)self->n, 0,
