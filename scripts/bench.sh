@@ -6,7 +6,8 @@
 #
 #   scripts/bench.sh [BUILD_DIR] [NAME...]
 #
-# NAMES: alloc crc32c wire ctl xfer direct client ssd compare python (default: all).
+# NAMES: alloc crc32c wire ctl xfer direct client ssd compare python hosts (default: all;
+# hosts needs root: network namespaces).
 set -euo pipefail
 build=${1:-build}
 shift || true
@@ -32,8 +33,9 @@ for n in "${names[@]}"; do
     ssd) run "SSD tier spill/stage vs plain file I/O" "$build/bench/bench_ssd" "${TMPDIR:-/tmp}" ;;
     compare) run "put/get vs memcpy, ucx_perftest and Redis" "$root/bench/compare.sh" "$build" ;;
     python) run "Python package vs the C library, torch and redis-py" "$root/bench/python/run.sh" --build "$build" ;;
+    hosts) run "across namespaces over TCP vs iperf3 and ucx_perftest" "$root/bench/hosts.sh" "$build" ;;
     *)
-        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare python)" >&2
+        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare python hosts)" >&2
         exit 2
         ;;
     esac

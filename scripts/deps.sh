@@ -15,6 +15,7 @@ PKGS=(
     libcjson-dev                            # cluster files (cluster.json)
     redis-server redis-tools                # benchmark comparison
     iproute2 iptables                       # multi-host fault tests (network namespaces)
+    iperf3                                  # the link limit in bench/hosts.sh
     python3-dev python3-setuptools python3-pip  # the Python package (built for /usr/bin/python3)
     python3-numpy python3-torch python3-msgpack # its arrays, tensors, TQ values
     python3-pytest python3-redis                # its tests; the Redis comparison

@@ -431,8 +431,8 @@ DP_TEST(metadata_roundtrip_and_rejects)
     dp_buf b;
     dp__buf_init(&b);
     dp_detail d;
-    CHECK_OK_D(dp__md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, &d),
-               &d);
+    CHECK_OK_D(
+        dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, addr, sizeof addr, r, 2, &d), &d);
     dp_md md;
     CHECK_OK_D(dp__md_parse(b.data, b.len, &md, &d), &d);
     CHECK_STR(md.name, "unit-3");
@@ -456,27 +456,38 @@ DP_TEST(metadata_roundtrip_and_rejects)
     x[0] = 'X';
     CHECK_ERR(dp__md_parse(x, b.len, &md, NULL), DP_EPROTO);
     x[0] = 'D';
-    x[4] = 3;
+    x[4] = 4;
     CHECK_ERR_D(dp__md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "version");
-    x[4] = 1; /* an older dataplane's metadata: named as such */
+    for (uint8_t v = 1; v <= 2; v++) { /* an older dataplane's metadata: named as such */
+        x[4] = v;
+        CHECK_ERR_D(dp__md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
+        CHECK_CONTAINS(d.msg, "older");
+    }
+    x[4] = 3;
+    x[28] = 2; /* a flag this build does not know */
     CHECK_ERR_D(dp__md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
-    CHECK_CONTAINS(d.msg, "older");
+    CHECK_CONTAINS(d.msg, "flags");
+    x[28] = DP_MD_F_SERVES;
+    CHECK_OK_D(dp__md_parse(x, b.len, &md, &d), &d);
+    CHECK_EQ(md.flags, DP_MD_F_SERVES);
+    dp__md_fini(&md);
     free(x);
     /* Overlapping regions and bad names are refused by the encoder's peer too. */
     dp_md_region ov[2] = {{0x1000, 4096, k1, 8}, {0x1800, 1, k2, 2}};
     dp__buf_reset(&b);
-    CHECK_OK(dp__md_encode(&b, "u", 1, 0x010d0001, addr, sizeof addr, ov, 2, NULL));
+    CHECK_OK(dp__md_encode(&b, "u", 1, 0x010d0001, 0, addr, sizeof addr, ov, 2, NULL));
     CHECK_ERR_D(dp__md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "overlaps");
-    CHECK_ERR(
-        dp__md_encode(&b, "has space", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
-        DP_EINVAL);
-    CHECK_ERR(dp__md_encode(&b, "", 1, 0x010d0001, addr, sizeof addr, NULL, 0, NULL),
+    CHECK_ERR(dp__md_encode(&b, "has space", 1, 0x010d0001, 0, addr, sizeof addr, NULL, 0,
+                            NULL),
+              DP_EINVAL);
+    CHECK_ERR(dp__md_encode(&b, "", 1, 0x010d0001, 0, addr, sizeof addr, NULL, 0, NULL),
               DP_EINVAL);
     /* Random corruption never crashes and never yields out-of-bounds pointers. */
     dp__buf_reset(&b);
-    CHECK_OK(dp__md_encode(&b, "unit-3", 42, 0x010d0001, addr, sizeof addr, r, 2, NULL));
+    CHECK_OK(
+        dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, addr, sizeof addr, r, 2, NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *y = malloc(b.len);
     int parsed = 0; /* corrupted copies that parsed: their pointers were checked */

@@ -440,6 +440,17 @@ typedef struct dp_client_counters {
 /* Fill *out. Threads: any (locks c). DP_EINVAL for NULL arguments. */
 DP_API int dp_client_counters_get(dp_client *c, dp_client_counters *out);
 
+/*
+ * How this client's data path reaches unit `unit`, as one line into
+ * buf[0..cap): the lane class (shm, rdma, tcp), the path (one-sided: UCX
+ * put/get; two-sided: messages the unit receives and sends itself, where the
+ * lane has no native RMA) and the UCX transports, e.g. "tcp two-sided (tcp)"
+ * or "shm one-sided (posix,sysv)". A unit not bound yet reads "? one-sided ()".
+ * Threads: any (locks c). Errors: DP_EINVAL (NULL, cap 0, a unit out of range,
+ * a control-only client).
+ */
+DP_API int dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -843,6 +843,26 @@ dp_client_counters_get(dp_client *c, dp_client_counters *out)
     return DP_OK;
 }
 
+int
+dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
+{
+    if (c == NULL || buf == NULL || cap == 0)
+        return DP_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = DP_EINVAL;
+    if (c->ep != NULL && unit < c->n_units) {
+        const dp__unit_conn *uc = &c->units[unit];
+        dp_xfer_path path = DP_XFER_PATH_RMA;
+        if (uc->remote[0] != '\0')
+            dp__endpoint_remote_path(c->ep, uc->remote, &path, NULL);
+        snprintf(buf, cap, "%s %s (%s)", dp__xfer_lane_name(uc->lane),
+                 dp__xfer_path_name(path), uc->tls);
+        rc = DP_OK;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 static int
 open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
             const dp_client_opts *opts, dp_client **out, dp_detail *d)

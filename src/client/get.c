@@ -512,8 +512,14 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
         double pin_left = pin - margin - (now - x->ur[u].sent_at);
         if (pin_left < *xfer_left)
             *xfer_left = pin_left;
-        x->ops[nops] = (dp_xfer_desc){DP_XFER_READ,   x->local + r0, nr - r0,
-                                      x->remote + r0, nr - r0,       c->units[u].remote};
+        x->ops[nops] = (dp_xfer_desc){.op = DP_XFER_READ,
+                                      .local = x->local + r0,
+                                      .n_local = nr - r0,
+                                      .remote = x->remote + r0,
+                                      .n_remote = nr - r0,
+                                      .remote_name = c->units[u].remote,
+                                      .grant = x->ur[u].pin,
+                                      .grant_len = (uint32_t)strlen(x->ur[u].pin)};
         x->results[nops] = 0;
         x->slot_unit[nops] = u; /* reuse: op index -> unit (slots are done) */
         nops++;

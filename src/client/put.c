@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "blob/crc32c.h"
+#include "common/le.h"
 #include "blob/keys.h"
 #include "client/client_int.h"
 
@@ -64,7 +65,9 @@ typedef struct put_unit {
     char blob_id[40];
     uint64_t off;   /* slab offset from alloc */
     uint64_t token; /* the allocation's token, stamped into the blob header */
-    size_t r0, nr;  /* its ranges in the per-call range arrays */
+    uint8_t grant[8 + DP_ID_MAX]; /* token + blob id: a two-sided WRITE's grant */
+    uint32_t grant_len;
+    size_t r0, nr; /* its ranges in the per-call range arrays */
     dp_detail det;
 } put_unit;
 
@@ -352,9 +355,18 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         put_unit *pu = &pus[i];
         if (pu->state != ST_WRITE)
             continue;
-        ops[nops] =
-            (dp_xfer_desc){DP_XFER_WRITE,   local + pu->r0, pu->nr,
-                           remote + pu->r0, pu->nr,         c->units[pu->u].remote};
+        size_t idn = strlen(pu->blob_id);
+        dp__le64_store(pu->grant, pu->token);
+        memcpy(pu->grant + 8, pu->blob_id, idn);
+        pu->grant_len = (uint32_t)(8 + idn);
+        ops[nops] = (dp_xfer_desc){.op = DP_XFER_WRITE,
+                                   .local = local + pu->r0,
+                                   .n_local = pu->nr,
+                                   .remote = remote + pu->r0,
+                                   .n_remote = pu->nr,
+                                   .remote_name = c->units[pu->u].remote,
+                                   .grant = pu->grant,
+                                   .grant_len = pu->grant_len};
         sent[nops] = false;
         slot_pu[nops++] = (uint32_t)i;
     }
@@ -392,7 +404,7 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         dp_xfer_end e = ends != NULL ? ends[s] : DP_XFER_UNFINISHED;
         if (ends == NULL && (results[s] == DP_EINVAL || results[s] == DP_EFATAL))
             e = DP_XFER_NOT_POSTED;
-        bool in_flight = e == DP_XFER_UNFINISHED ||
+        bool in_flight = e == DP_XFER_UNFINISHED || /* GUARDED: the unit knows */
                          (e == DP_XFER_ENDED && results[s] != DP_ETIMEDOUT &&
                           c->units[pu->u].lane != DP_XFER_LANE_SHM);
         /*

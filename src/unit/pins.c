@@ -27,11 +27,11 @@
 #include "unit/unit_int.h"
 
 /* End pin p (unpinned or expired) and free it. */
-void
-dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
+/* Out of the pin table, its records unpinned (zombies it kept may go), freed. */
+static void
+pin_finish_locked(dp_unit *u, pin *p, bool expired, double now)
 {
     dp__map_del(&u->pins, p->id, strlen(p->id));
-    dp__list_remove(&u->pins_by_expiry, &p->link);
     for (uint32_t i = 0; i < p->n; i++) {
         blob_rec *b = p->blobs[i];
         DP_ASSERT(b->n_pins > 0);
@@ -47,6 +47,47 @@ dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
         u->stats.pins_expired++;
     free(p->blobs);
     free(p);
+}
+
+void
+dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
+{
+    if (p->ending) {
+        p->end_expired = p->end_expired || expired;
+        return;
+    }
+    dp__list_remove(&u->pins_by_expiry, &p->link);
+    if (p->n_sends > 0) {
+        /* Two-sided READs still send from its blobs: it ends with the last. */
+        p->ending = true;
+        p->end_expired = expired;
+        return;
+    }
+    pin_finish_locked(u, p, expired, now);
+}
+
+void
+dp__pin_sent_locked(dp_unit *u, pin *p, double now)
+{
+    DP_ASSERT(p->n_sends > 0);
+    if (--p->n_sends == 0 && p->ending)
+        pin_finish_locked(u, p, p->end_expired, now);
+}
+
+void
+dp__pins_fini_locked(dp_unit *u)
+{
+    while (!dp__list_empty(&u->pins_by_expiry))
+        dp__pin_end_locked(u, DP_LIST_FIRST(&u->pins_by_expiry, pin, link), false, 0);
+    /* Pins left ending: their sends will never be reported (serving stopped). */
+    size_t it = 0;
+    void *v;
+    while (dp__map_next(&u->pins, &it, NULL, NULL, NULL, &v)) {
+        pin *p = v;
+        p->n_sends = 0;
+        pin_finish_locked(u, p, false, 0);
+        it = 0;
+    }
 }
 
 /* Pin blobs[0..n) for read_pin_s; the id goes to out. */

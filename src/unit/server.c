@@ -140,6 +140,7 @@ dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
     dp_unit_opts o = *uo;
     o.ep = s->ep;
     if ((rc = dp__unit_create(&o, &s->u, d)) != 0 ||
+        (rc = dp__unit_serve_transfers(s->u, d)) != 0 ||
         (rc = dp__unit_start_ticker(s->u, so->tick_s > 0 ? so->tick_s : 1.0, d)) != 0)
         goto fail;
     dp_ctl_server_opts cso = {.bind_ip = so->bind_ip, .port = so->port};
@@ -189,6 +190,7 @@ dp__unit_server_close(dp_unit_server *s)
     if (s == NULL)
         return;
     dp__ctl_server_close(s->srv);
+    dp__unit_stop_serving(s->u);
     dp__unit_destroy(s->u);
     dp__endpoint_destroy(s->ep);
     free(s);

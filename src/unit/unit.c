@@ -144,9 +144,45 @@ dp__rec_retire_locked(dp_unit *u, blob_rec *b)
               !(b->flags & REC_JOB));
     dp__map_del(&u->blobs, b->id, b->id_len);
     dp__list_remove(&u->pend, &b->pend_link);
+    if (b->n_rx > 0) {
+        /* Two-sided WRITEs still land in it: retired when the last one ends. */
+        b->state = REC_DRAINING;
+        b->drain_retire = true;
+        dp__list_insert_tail(&u->draining, &b->pend_link);
+        return;
+    }
     dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
     DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64 " (writer %s)", b->id,
              b->size, b->off, dp__writer_name(b->writer));
+    dp__rec_free_locked(u, b);
+}
+
+void
+dp__rec_discard_open_locked(dp_unit *u, blob_rec *b, double now)
+{
+    dp__map_del(&u->blobs, b->id, b->id_len);
+    dp__list_remove(&u->pend, &b->pend_link);
+    if (b->n_rx > 0) {
+        b->state = REC_DRAINING;
+        b->drain_retire = false;
+        dp__list_insert_tail(&u->draining, &b->pend_link);
+        return;
+    }
+    dp__rec_release_region_locked(u, b, now);
+    dp__rec_free_locked(u, b);
+}
+
+void
+dp__rec_drained_locked(dp_unit *u, blob_rec *b, double now)
+{
+    DP_ASSERT(b->state == REC_DRAINING && b->n_rx == 0);
+    dp__list_remove(&u->draining, &b->pend_link);
+    if (b->drain_retire) {
+        dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
+        dp__rec_free_locked(u, b);
+        return;
+    }
+    dp__rec_release_region_locked(u, b, now);
     dp__rec_free_locked(u, b);
 }
 
@@ -410,8 +446,12 @@ dp__unit_destroy(dp_unit *u)
         pthread_join(u->ticker, NULL);
     dp__ssd_stop(u);
     /* Pins first: they own the zombies. */
-    while (!dp__list_empty(&u->pins_by_expiry))
-        dp__pin_end_locked(u, DP_LIST_FIRST(&u->pins_by_expiry, pin, link), false, 0);
+    dp__pins_fini_locked(u);
+    /* Draining records: serving stopped, no WRITE lands any more. */
+    for (blob_rec *b; (b = DP_LIST_FIRST(&u->draining, blob_rec, pend_link)) != NULL;) {
+        dp__list_remove(&u->draining, &b->pend_link);
+        dp__rec_free_locked(u, b);
+    }
     size_t it = 0;
     void *v;
     while (dp__map_next(&u->rows, &it, NULL, NULL, NULL, &v))
@@ -769,6 +809,14 @@ dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
         *state = DP_WIRE_COMMIT_PENDING;
         goto out;
     }
+    if (b->state == REC_ALLOCATED && b->n_rx > 0) {
+        u->stats.n_proto++;
+        rc = dp__fail(d, DP_EPROTO,
+                      "commit %s: a two-sided WRITE into it is still landing; commit "
+                      "after the WRITE has ended",
+                      b->id);
+        goto out;
+    }
     if (b->state == REC_ALLOCATED) {
         dp_blob_parse_opts po = {0};
         po.n_units = u->o.n_units;
@@ -853,10 +901,7 @@ dp__unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
         } else if (in_flight) {
             dp__rec_retire_locked(u, b);
         } else {
-            dp__map_del(&u->blobs, b->id, b->id_len);
-            dp__list_remove(&u->pend, &b->pend_link);
-            dp__rec_release_region_locked(u, b, dp__unit_now(u));
-            dp__rec_free_locked(u, b);
+            dp__rec_discard_open_locked(u, b, dp__unit_now(u));
         }
     }
     pthread_mutex_unlock(&u->mu);
@@ -944,10 +989,7 @@ reclaim_locked(dp_unit *u, double now)
                  u->o.unit_id, b->id, b->size, dp__writer_name(b->writer));
         u->stats.allocs_reclaimed++;
         u->stats.allocs_reclaimed_bytes += b->size;
-        dp__map_del(&u->blobs, b->id, b->id_len);
-        dp__list_remove(&u->pend, &b->pend_link);
-        dp__rec_release_region_locked(u, b, now);
-        dp__rec_free_locked(u, b);
+        dp__rec_discard_open_locked(u, b, now);
     }
 }
 

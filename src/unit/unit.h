@@ -124,6 +124,14 @@ int dp__unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d);
 void dp__unit_destroy(dp_unit *u);
 
 /*
+ * Serve two-sided transfers on the unit's endpoint (transfers.c; docs/design.md,
+ * "Two-sided transfers"); before peers take its metadata. dp__unit_stop_serving
+ * must run before dp__unit_destroy. Errors: DP_EINVAL.
+ */
+int dp__unit_serve_transfers(dp_unit *u, dp_detail *d);
+void dp__unit_stop_serving(dp_unit *u);
+
+/*
  * Admin work running off the ctl thread (a save or load whose reply is
  * deferred): begin before starting it, end when it no longer touches the
  * unit. dp__unit_admin_wait blocks until none runs; destroy first asks the
@@ -376,7 +384,12 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(saves, "saves")                                                                    \
     X(loads, "loads")                                                                    \
     X(loaded_blobs, "loaded_blobs")                                                      \
-    X(admin_running, "saves_loads_running") /* read: saves and loads running now */
+    X(admin_running, "saves_loads_running") /* read: saves and loads running now */      \
+    X(ts_writes, "two_sided_writes") /* two-sided WRITEs accepted into allocations */    \
+    X(ts_write_bytes, "two_sided_write_bytes")                                           \
+    X(ts_reads, "two_sided_reads") /* two-sided READs accepted from pins */              \
+    X(ts_read_bytes, "two_sided_read_bytes")                                             \
+    X(ts_refused, "two_sided_refused") /* refused: no such grant, out of bounds... */
 
 /* The counters as numbers (tests; copied under the lock). */
 typedef struct dp_unit_stats {

@@ -79,6 +79,12 @@ typedef enum rec_state {
     REC_ZOMBIE,
     /* Released, unpinned, while an io job owns its region: the job's end frees it. */
     REC_DOOMED,
+    /*
+     * Out of the table (aborted, retired, reclaimed) while two-sided WRITEs
+     * still land in its region (n_rx > 0): on u->draining; the last one's end
+     * frees or retires it as was asked (transfers.c).
+     */
+    REC_DRAINING,
 } rec_state;
 
 /* Which area the region that off/size name is in (one allocator each). */
@@ -113,8 +119,10 @@ struct blob_rec {
     dp__writer *writer; /* who WRITEs it, until its commit validates (a reference) */
     uint64_t refs;
     uint32_t n_pins;
-    uint32_t n_holds; /* saves copying it (checkpoint): keep it like a pin */
-    dp_blob *parsed;  /* once its commit validated */
+    uint32_t n_holds;  /* saves copying it (checkpoint): keep it like a pin */
+    uint32_t n_rx;     /* two-sided WRITEs landing in its region now (transfers.c) */
+    bool drain_retire; /* REC_DRAINING: retire the region at the end, not free it */
+    dp_blob *parsed;   /* once its commit validated */
     uint64_t pin_mark;
     double created_at;
     double last_resolve_at;
@@ -160,6 +168,9 @@ struct pin {
     double expiry;
     blob_rec **blobs;
     uint32_t n;
+    uint32_t n_sends; /* two-sided READs sending from its blobs now (transfers.c) */
+    bool ending;      /* unpinned or expired while sending: ends with the last send */
+    bool end_expired;
     dp_list_node link; /* u->pins_by_expiry: creation (= expiry) order */
 };
 
@@ -223,6 +234,7 @@ struct dp_unit {
     /* Blob records (unit.c) */
     dp_map blobs;         /* id -> blob_rec* */
     dp_list pend;         /* uncommitted records (blob_rec.pend_link) */
+    dp_list draining;     /* REC_DRAINING records (blob_rec.pend_link) */
     uint64_t token_seq;   /* last allocation token handed out */
     uint64_t commit_seq;  /* last commit_seq handed out */
     dp__writers *writers; /* retired regions and who may still write them */
@@ -302,6 +314,10 @@ void dp__rec_release_region_locked(dp_unit *u, blob_rec *b, double now);
 void dp__rec_drop_locked(dp_unit *u, blob_rec *b, double now);
 /* Out of the table for good, its region retired: a WRITE may still land in it. */
 void dp__rec_retire_locked(dp_unit *u, blob_rec *b);
+/* An open allocation out of the table, its region freed (or drained first). */
+void dp__rec_discard_open_locked(dp_unit *u, blob_rec *b, double now);
+/* A REC_DRAINING record whose last two-sided WRITE ended: finish its end. */
+void dp__rec_drained_locked(dp_unit *u, blob_rec *b, double now);
 /* Count b in (dir > 0) or out of the zombies and their bytes. */
 void dp__rec_zombie_count_locked(dp_unit *u, blob_rec *b, int dir);
 /* Drop a slot's ref; at zero the record leaves the table (freed, or a zombie). */
@@ -330,8 +346,16 @@ int dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double
 
 /* ---- pins (pins.c) ---- */
 
-/* End pin p (unpinned or expired) and free it; zombies it kept may go. */
+/*
+ * End pin p (unpinned or expired) and free it; zombies it kept may go. A pin
+ * that two-sided READs still send from leaves the expiry list and ends with
+ * the last of them (dp__pin_sent_locked).
+ */
 void dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now);
+/* One two-sided READ from p's blobs ended its send. */
+void dp__pin_sent_locked(dp_unit *u, pin *p, double now);
+/* End every pin (destroy). */
+void dp__pins_fini_locked(dp_unit *u);
 
 /* ---- SSD tier (ssd.c) ---- */
 

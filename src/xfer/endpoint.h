@@ -67,7 +67,19 @@ typedef struct dp_endpoint_opts {
      * negative: never.
      */
     int64_t memcpy_max;
+    /*
+     * When ops with a grant go two-sided (docs/design.md, "Two-sided
+     * transfers"): DP_XFER_TS_AUTO (default) towards a remote that serves them
+     * and whose lanes have no native RMA (TCP); ALWAYS towards every remote that
+     * serves them; NEVER. The environment variable DP_TWO_SIDED=auto|always|never
+     * overrides it.
+     */
+    int two_sided;
+    /* Messages from this many bytes up go by rendezvous (0: default, 16 KiB). */
+    uint64_t rndv_min;
 } dp_endpoint_opts;
+
+enum { DP_XFER_TS_AUTO = 0, DP_XFER_TS_ALWAYS = 1, DP_XFER_TS_NEVER = 2 };
 
 /* One transfer of a batch: parallel lists of local and remote ranges. */
 typedef struct dp_xfer_desc {
@@ -77,7 +89,17 @@ typedef struct dp_xfer_desc {
     const dp_range *remote;
     size_t n_remote;
     const char *remote_name;
+    /*
+     * What entitles this op to the target's memory when it goes two-sided
+     * (docs/design.md, "Two-sided transfers"): opaque bytes the target's serve
+     * hooks check (a unit: the allocation for a WRITE, the pin for a READ).
+     * NULL: the op is always one-sided. At most DP_XFER_GRANT_MAX bytes.
+     */
+    const void *grant;
+    uint32_t grant_len;
 } dp_xfer_desc;
+
+#define DP_XFER_GRANT_MAX 96
 
 /*
  * What became of one op of a batch, for a caller that must tell its peer the
@@ -88,7 +110,22 @@ typedef enum dp_xfer_end {
     DP_XFER_ENDED_LOCAL = 1, /* only the synchronous memcpy path ran: it is over */
     DP_XFER_ENDED = 2,       /* UCX completed every request of it (done or failed) */
     DP_XFER_UNFINISHED = 3,  /* retained: UCX may still run it */
+    /*
+     * Two-sided: the target itself received (or refused) the bytes, so it knows
+     * of every byte that can still land and needs no warning from the caller
+     * (the caller's own memory may still be retained, as for any op).
+     */
+    DP_XFER_GUARDED = 4,
 } dp_xfer_end;
+
+/* How an endpoint moves bytes to and from a remote (dp__endpoint_remote_path). */
+typedef enum dp_xfer_path {
+    DP_XFER_PATH_RMA = 0,       /* one-sided UCX put/get (native, or emulated by UCX) */
+    DP_XFER_PATH_TWO_SIDED = 1, /* ops with a grant go as messages the target serves */
+} dp_xfer_path;
+
+/* "one-sided", "two-sided". */
+const char *dp__xfer_path_name(dp_xfer_path path);
 
 /* How this endpoint's RMA reaches a remote, from the lanes UCX chose. */
 typedef enum dp_xfer_lane {
@@ -265,6 +302,43 @@ bool dp__endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr,
 int dp__endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out,
                                  dp_detail *d);
 
+/*
+ * The target's side of two-sided transfers (docs/design.md, "Two-sided
+ * transfers"). The endpoint calls these from its progress thread with its
+ * lock held (so a hook must not call the endpoint); each begin that returns
+ * 0 is matched by exactly one end, once the endpoint touches that memory no
+ * more. begin checks grant (untrusted bytes from the peer) and the ranges and
+ * returns 0 with *hold set, or a dp_err with d saying why (sent back to the
+ * peer, which fails its op with it).
+ */
+typedef struct dp_xfer_serve {
+    /* A peer sends len bytes to land at [addr, addr + len) of this endpoint. */
+    int (*write_begin)(void *ctx, const uint8_t *grant, size_t grant_len, uint64_t addr,
+                       uint64_t len, void **hold, dp_detail *d);
+    /* ok: every byte landed. */
+    void (*write_end)(void *ctx, void *hold, bool ok);
+    /* A peer asks for ranges[0..n) of this endpoint, gathered, in order. */
+    int (*read_begin)(void *ctx, const uint8_t *grant, size_t grant_len,
+                      const dp_range *ranges, size_t n, void **hold, dp_detail *d);
+    void (*read_end)(void *ctx, void *hold);
+    void *ctx;
+} dp_xfer_serve;
+
+/*
+ * Serve two-sided transfers with hooks (copied; NULL: stop serving: later
+ * messages are refused and no hook is called again, not even an end). Needs
+ * the progress thread. Call before taking the metadata peers get (it says
+ * whether this endpoint serves). Errors: DP_EINVAL.
+ */
+int dp__endpoint_serve(dp_endpoint *ep, const dp_xfer_serve *hooks, dp_detail *d);
+
+/*
+ * How ops with a grant travel to remote name, from its metadata and lanes
+ * and the two_sided option. Errors: DP_ENOTFOUND, DP_EINVAL.
+ */
+int dp__endpoint_remote_path(dp_endpoint *ep, const char *name, dp_xfer_path *path,
+                             dp_detail *d);
+
 /* Counters for tests and stats. Any thread. */
 typedef struct dp_endpoint_stats {
     uint64_t transfers_ok;
@@ -273,6 +347,11 @@ typedef struct dp_endpoint_stats {
     uint64_t transfers_released; /* of those, ended later: released from it */
     uint64_t memcpy_ranges;      /* ranges done by the direct memcpy path */
     uint64_t ucx_ranges;         /* ranges posted to UCX */
+    uint64_t ts_sent;            /* two-sided messages sent (WRITE, READ request) */
+    uint64_t ts_served;          /* two-sided requests this endpoint served */
+    uint64_t ts_refused;         /* two-sided requests it refused */
+    uint64_t ts_bytes_in;        /* bytes received by served WRITEs */
+    uint64_t ts_bytes_out;       /* bytes sent by served READs */
     size_t n_regions;
     size_t n_remotes;
 } dp_endpoint_stats;

@@ -93,6 +93,9 @@ typedef struct remote {
     int r_failed;      /* ucs_status_t; UCS_OK while healthy (atomic access) */
     uint64_t r_busy;   /* ops in flight towards it */
     uint64_t r_retained;
+    bool r_serves;       /* its metadata says it serves two-sided transfers */
+    dp_xfer_path r_path; /* how ops with a grant go to it */
+    struct dp_endpoint *r_owner;
     dp_list_node r_link; /* ep->remotes, or ep->zombies */
 } remote;
 
@@ -111,7 +114,33 @@ typedef struct batch {
     struct dp_endpoint *b_ep;
     struct remote *b_r;
     dp_list_node b_link; /* ep->released */
+    /* Two-sided (twosided.c): the target's refusal, if it refused. */
+    int b_peer_rc; /* dp_err; 0 while none */
+    char b_peer_msg[200];
 } batch;
+
+/*
+ * One two-sided message of an op (twosided.c): a WRITE of one contiguous run
+ * of the target's memory, or a READ request. It counts once in its batch's
+ * b_pending until its own parts (the send, the reply, a rendezvous receive)
+ * have all ended; it lives in ep->tsops until then.
+ */
+typedef struct tsop {
+    uint64_t t_seq;
+    batch *t_b;
+    remote *t_r;
+    uint8_t t_kind;      /* TS_WRITE or TS_READ */
+    bool t_awaiting;     /* the target's reply has not come */
+    int t_parts;         /* of the send, the reply and a receive: not ended yet */
+    uint64_t t_total;    /* bytes the message carries (WRITE) or asks for (READ) */
+    ucp_dt_iov_t *t_iov; /* local runs: gathered (WRITE) or scattered into (READ) */
+    size_t t_n_iov;
+    void *t_req; /* READ: the (addr, len) list sent */
+    size_t t_req_len;
+    uint8_t t_hdr[160]; /* the header, alive until the send completes */
+    size_t t_hdr_len;
+    dp_list_node t_link; /* ep->tsops */
+} tsop;
 
 struct dp_endpoint {
     char name[DP_MD_NAME_MAX + 1];
@@ -137,6 +166,16 @@ struct dp_endpoint {
     int thr_stop; /* atomic */
     dp_endpoint_stats st;
     dp_list_node ab_link; /* the abandoned endpoints (endpoint.c) */
+    /* Two-sided transfers (twosided.c) */
+    int two_sided;     /* DP_XFER_TS_* in force */
+    uint64_t rndv_min; /* messages from this size up go by rendezvous */
+    size_t max_am_header;
+    bool serving; /* serve hooks installed */
+    dp_xfer_serve serve;
+    uint64_t serve_gen;   /* bumps at every dp__endpoint_serve */
+    uint64_t ts_inflight; /* served replies and receives UCX still runs */
+    uint64_t ts_seq;      /* last message sequence number */
+    dp_list tsops;        /* this endpoint's messages in flight (tsop.t_link) */
 };
 
 static inline void
@@ -190,5 +229,21 @@ void dp__ep_remote_free_locked(dp_endpoint *ep, remote *r);
  * never from a UCX callback. transfer.c.
  */
 void dp__ep_reap_locked(dp_endpoint *ep);
+
+/* One of b's pending parts ended with status (UCX callbacks and twosided.c). */
+void dp__ep_batch_part_done_locked(batch *b, ucs_status_t status);
+
+/* ---- two-sided transfers (twosided.c) ---- */
+
+/* Register the active-message handlers on ep's worker. */
+int dp__ep_ts_init_locked(dp_endpoint *ep, dp_detail *d);
+/* Whether op o towards r goes two-sided. */
+bool dp__ep_ts_wanted(const dp_endpoint *ep, const remote *r, const dp_xfer_desc *o);
+/* Post op o (validated) to r as two-sided messages into batch b. */
+void dp__ep_ts_post_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b);
+/* r failed: the replies its messages wait for will never come. */
+void dp__ep_ts_remote_failed_locked(dp_endpoint *ep, remote *r, ucs_status_t st);
+/* Set r->r_path from its metadata, lanes and ep's option. */
+void dp__ep_ts_choose_path_locked(dp_endpoint *ep, remote *r, dp_xfer_lane lane);
 
 #endif

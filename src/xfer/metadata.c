@@ -32,7 +32,7 @@ dp__md_check_name(const char *name, size_t len, dp_detail *d)
 }
 
 int
-dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
+dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, uint32_t flags,
               const void *addr, size_t addr_len, const dp_md_region *regions,
               size_t n_regions, dp_detail *d)
 {
@@ -66,6 +66,7 @@ dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
     dp__le32_store(h + 12, (uint32_t)n_regions);
     dp__le64_store(h + 16, gen);
     dp__le32_store(h + 24, xver);
+    dp__le32_store(h + 28, flags);
     dp__buf_append(out, h, sizeof h);
     dp__buf_append(out, name, name_len);
     dp__buf_append(out, addr, addr_len);
@@ -105,11 +106,12 @@ dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
     if (memcmp(p, DP_MD_MAGIC, 4) != 0)
         return dp__fail(d, DP_EPROTO, "metadata: bad magic (not endpoint metadata)");
     uint16_t version = dp__le16_load(p + 4);
-    if (version == 1)
-        return dp__fail(d, DP_EPROTO,
-                        "metadata: version 1, from a dataplane older than this one (%d): "
-                        "run the same version on both sides",
-                        DP_MD_VERSION);
+    if (version == 1 || version == 2)
+        return dp__fail(
+            d, DP_EPROTO,
+            "metadata: version %u, from a dataplane older than this one (%d): "
+            "run the same version on both sides",
+            version, DP_MD_VERSION);
     if (version != DP_MD_VERSION)
         return dp__fail(d, DP_EPROTO, "metadata: version %u, this build reads %d",
                         version, DP_MD_VERSION);
@@ -118,6 +120,9 @@ dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
     uint32_t n_regions = dp__le32_load(p + 12);
     out->gen = dp__le64_load(p + 16);
     out->xver = dp__le32_load(p + 24);
+    out->flags = dp__le32_load(p + 28);
+    if (out->flags & ~DP_MD_F_KNOWN)
+        return dp__fail(d, DP_EPROTO, "metadata: unknown flags 0x%x", out->flags);
     if (name_len == 0 || name_len > DP_MD_NAME_MAX)
         return dp__fail(d, DP_EPROTO, "metadata: name length %u outside 1..%d", name_len,
                         DP_MD_NAME_MAX);

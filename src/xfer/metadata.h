@@ -4,7 +4,7 @@
  * generation counter, its UCX worker address and, per registered region, the
  * base address, the length and the packed remote key.
  *
- * Layout (version 2, all integers little-endian):
+ * Layout (version 3, all integers little-endian):
  *
  *   0   4  magic "DPMD"
  *   4   2  version (2)
@@ -17,7 +17,9 @@
  *                              release); a peer of another major.minor cannot
  *                              read them, so add_remote refuses it (never hands
  *                              UCX bytes of a format it does not know)
- *   28  .. name bytes, then worker address bytes
+ *   28  4  flags               DP_MD_F_SERVES: the endpoint serves two-sided
+ *                              transfers; other bits must be 0
+ *   32  .. name bytes, then worker address bytes
  *   ..  per region: base u64, len u64, rkey_len u32, rkey bytes
  *
  * The blob ends exactly after the last region. The parser takes untrusted
@@ -35,8 +37,10 @@
 #include "common/common.h"
 
 #define DP_MD_MAGIC "DPMD"
-#define DP_MD_VERSION 2
-#define DP_MD_HEADER_LEN 28
+#define DP_MD_VERSION 3
+#define DP_MD_HEADER_LEN 32
+#define DP_MD_F_SERVES 1u
+#define DP_MD_F_KNOWN DP_MD_F_SERVES
 #define DP_MD_NAME_MAX 255
 #define DP_MD_ADDR_MAX (64u * 1024)
 #define DP_MD_REGIONS_MAX 65536u
@@ -60,6 +64,7 @@ typedef struct dp_md {
     char name[DP_MD_NAME_MAX + 1];
     uint64_t gen;
     uint32_t xver;
+    uint32_t flags; /* DP_MD_F_* */
     const uint8_t *addr;
     uint32_t addr_len;
     uint32_t n_regions;
@@ -77,8 +82,8 @@ int dp__md_check_name(const char *name, size_t len, dp_detail *d);
  * limits above, DP_ENOMEM when out cannot grow.
  */
 int dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
-                  const void *addr, size_t addr_len, const dp_md_region *regions,
-                  size_t n_regions, dp_detail *d);
+                  uint32_t flags, const void *addr, size_t addr_len,
+                  const dp_md_region *regions, size_t n_regions, dp_detail *d);
 
 /*
  * Parse untrusted bytes. On success *out is filled (release with dp__md_fini).

@@ -34,6 +34,9 @@
 /* How long close() waits for a UCX endpoint close to complete. */
 #define EP_CLOSE_WAIT_NS 2000000000ull
 
+static int lane_locked(dp_endpoint *ep, remote *r, dp_xfer_lane *lane, char *tls,
+                       size_t tls_cap, dp_detail *d);
+
 /* UCX's peer error callback (ep_mu held, from whichever thread progresses). */
 static void
 ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
@@ -41,6 +44,8 @@ ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
     DP_UNUSED(uep);
     remote *r = arg;
     __atomic_store_n(&r->r_failed, (int)status, __ATOMIC_RELEASE);
+    /* No reply comes from a failed connection (docs/design.md, "Two-sided transfers"). */
+    dp__ep_ts_remote_failed_locked(r->r_owner, r, status);
 }
 
 remote *
@@ -161,6 +166,8 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
     snprintf(r->r_name, sizeof r->r_name, "%s", md.name);
     r->r_gen = md.gen;
     r->r_failed = UCS_OK;
+    r->r_owner = ep;
+    r->r_serves = (md.flags & DP_MD_F_SERVES) != 0;
     lock(ep);
     rc = check_open_locked(ep, d);
     if (rc != DP_OK)
@@ -198,6 +205,21 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
         if (ucp_rkey_ptr(rr->rr_rkey, rr->rr_base, &p) == UCS_OK)
             rr->rr_ptr = p;
     }
+    dp_xfer_lane lane;
+    char tls[128];
+    rc = lane_locked(ep, r, &lane, tls, sizeof tls, d);
+    if (rc != DP_OK)
+        goto fail_locked;
+    if (ep->opts.require_rdma && lane != DP_XFER_LANE_RDMA && lane != DP_XFER_LANE_SHM) {
+        /* What UCX really opened, not only what the environment allows. */
+        rc = dp__fail(d, DP_EPOLICY,
+                      "endpoint %s: require_rdma: UCX reaches %s over %s (%s), not RDMA; "
+                      "give both hosts an RDMA device UCX can use, or unset "
+                      "DP_REQUIRE_RDMA",
+                      ep->name, md.name, dp__xfer_lane_name(lane), tls[0] ? tls : "?");
+        goto fail_locked;
+    }
+    dp__ep_ts_choose_path_locked(ep, r, lane);
     unlock(ep);
     /* The remote is not published yet: nothing else can unmap these mappings. */
     for (uint32_t i = 0; i < r->r_n_regs; i++)
@@ -314,17 +336,23 @@ dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
     return rc;
 }
 
-int
-dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, char *tls,
-                         size_t tls_cap, dp_detail *d)
+/* Classify the lanes UCX chose towards r (from ucp_ep_print_info). */
+static int
+lane_locked(dp_endpoint *ep, remote *r, dp_xfer_lane *lane, char *tls, size_t tls_cap,
+            dp_detail *d)
 {
     char *info = NULL;
+    size_t info_n = 0;
     *lane = DP_XFER_LANE_UNKNOWN;
     if (tls_cap > 0)
         tls[0] = '\0';
-    int rc = dp__endpoint_describe_remote(ep, name, &info, d);
-    if (rc != DP_OK)
-        return rc;
+    FILE *f = open_memstream(&info, &info_n);
+    if (f == NULL)
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+    ucp_ep_print_info(r->r_ep, f);
+    fclose(f);
+    if (info == NULL)
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     /* Lines "lane[i]:  N:tl/dev.0 md[...] -> ...": collect each lane's tl. */
     static const char *const shm[] = {"posix", "sysv", "xpmem", "cma", "knem", "self"};
     static const char *const rdma[] = {"rc", "rc_verbs", "rc_mlx5", "dc", "dc_mlx5",
@@ -374,6 +402,25 @@ dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, 
     else
         *lane = DP_XFER_LANE_TCP;
     return DP_OK;
+}
+
+int
+dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, char *tls,
+                         size_t tls_cap, dp_detail *d)
+{
+    *lane = DP_XFER_LANE_UNKNOWN;
+    if (tls_cap > 0)
+        tls[0] = '\0';
+    lock(ep);
+    int rc = check_open_locked(ep, d);
+    remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
+    if (rc == DP_OK && r == NULL)
+        rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                      name ? name : "(null)");
+    if (rc == DP_OK)
+        rc = lane_locked(ep, r, lane, tls, tls_cap, d);
+    unlock(ep);
+    return rc;
 }
 
 const char *

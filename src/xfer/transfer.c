@@ -61,10 +61,9 @@ rregion_find(const remote *r, uint64_t addr, uint64_t n)
 
 /* ---- UCX callbacks (run with ep_mu held, from whichever thread progresses) ---- */
 
-static void
-op_done_cb(void *request, ucs_status_t status, void *user_data)
+void
+dp__ep_batch_part_done_locked(batch *b, ucs_status_t status)
 {
-    batch *b = user_data;
     if (status != UCS_OK && b->b_status == UCS_OK)
         b->b_status = status;
     if (--b->b_pending == 0) {
@@ -74,6 +73,12 @@ op_done_cb(void *request, ucs_status_t status, void *user_data)
             dp__list_insert_head(&b->b_ep->released, &b->b_link);
         }
     }
+}
+
+static void
+op_done_cb(void *request, ucs_status_t status, void *user_data)
+{
+    dp__ep_batch_part_done_locked(user_data, status);
     ucp_request_free(request);
 }
 
@@ -109,6 +114,7 @@ typedef struct opstate {
     int rc;
     bool posted, finished;
     bool via_ucx;    /* some range went to UCX (not only the memcpy path) */
+    bool two_sided;  /* it went as two-sided messages (twosided.c) */
     dp_xfer_end end; /* what became of it (for the caller's abort) */
 } opstate;
 
@@ -217,6 +223,14 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
     }
     s->b = b;
     s->posted = true;
+    if (dp__ep_ts_wanted(ep, r, o)) {
+        s->two_sided = true;
+        s->via_ucx = true;
+        dp__ep_ts_post_locked(ep, r, o, b);
+        if (b->b_pending == 0)
+            b->b_done_ns = dp__now_ns();
+        return;
+    }
     bool any_ucx = false;
     for (size_t k = 0; k < o->n_local && b->b_status == UCS_OK; k++) {
         const dp_range *l = &o->local[k], *m = &o->remote[k];
@@ -280,9 +294,16 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     s->finished = true;
     r->r_busy--;
     busy_locked(ep, o, -1);
-    s->end = s->via_ucx ? DP_XFER_ENDED : DP_XFER_ENDED_LOCAL;
+    s->end = s->two_sided ? DP_XFER_GUARDED
+             : s->via_ucx ? DP_XFER_ENDED
+                          : DP_XFER_ENDED_LOCAL;
     if (b->b_pending == 0) {
-        if (b->b_status == UCS_OK && b->b_done_ns > s->deadline) {
+        if (b->b_peer_rc != 0) {
+            s->rc =
+                dp__fail(det, b->b_peer_rc, "%s of %zu ranges to %s refused by it: %s",
+                         op_name(o->op), o->n_local, r->r_name, b->b_peer_msg);
+            ep->st.transfers_failed++;
+        } else if (b->b_status == UCS_OK && b->b_done_ns > s->deadline) {
             /*
              * Done, but only after the deadline (a long post, or seen late
              * between two looks): the caller's deadline may guard something (a
@@ -315,7 +336,7 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     b->b_r = r;
     dp__graveyard_retain(b, o->local, o->n_local, what);
     s->b = NULL;
-    s->end = DP_XFER_UNFINISHED;
+    s->end = s->two_sided ? DP_XFER_GUARDED : DP_XFER_UNFINISHED;
     r->r_retained++;
     ep->n_retained++;
     ep->st.transfers_retained++;

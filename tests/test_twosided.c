@@ -1,0 +1,314 @@
+/*
+ * Two-sided transfers (docs/design.md, "Two-sided transfers") against a real
+ * unit and its real endpoint: a client endpoint forced onto the two-sided path
+ * (two_sided = always, so the unit's active-message handlers run over this
+ * host's transports) WRITEs into allocations and READs from pins, and bad
+ * peers send where they must not: to no allocation, with a wrong token, past
+ * an allocation's end, after its abort and after its lease, from no pin,
+ * outside a pin's blobs, after an unpin. Each is refused with its reason and
+ * counted, no byte of the slab changes, and the unit keeps serving (a good
+ * WRITE, commit and READ afterwards check byte for byte). A client put/get of
+ * jagged and small rows through the same path checks content end to end.
+ * The same path across network namespaces runs in test_netns and test_outage
+ * (there the lanes are TCP, so it is the default).
+ */
+#include "dp_test.h"
+#include "dp_tsan_ucx.h"
+#include "dp_unit_blob.h"
+#include "dp_unit_fixture.h"
+
+#include <unistd.h>
+
+#include "blob/blob.h"
+#include "blob/crc32c.h"
+#include "common/le.h"
+#include "dataplane/client.h"
+#include "unit/server.h"
+#include "unit/unit.h"
+#include "xfer/endpoint.h"
+
+#define SLAB (8u << 20)
+
+typedef struct rig {
+    dp_endpoint *uep, *cep;
+    dp_unit *u;
+    uint8_t *lbuf; /* 1 MiB registered with cep */
+    char remote[256];
+} rig;
+
+static void
+rig_open(rig *r, double lease_s)
+{
+    memset(r, 0, sizeof *r);
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_endpoint_opts eo;
+    dp__endpoint_opts_init(&eo);
+    eo.progress_thread = true;
+    CHECK_OK_D(dp__endpoint_create("ts-unit", &eo, &r->uep, &d), &d);
+    dp_unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = SLAB;
+    o.n_units = 1;
+    o.read_pin_s = 10;
+    o.alloc_lease_s = lease_s;
+    o.quarantine_s = 5;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.now = fake_now;
+    o.ep = r->uep;
+    CHECK_OK_D(dp__unit_create(&o, &r->u, &d), &d);
+    CHECK_OK_D(dp__unit_serve_transfers(r->u, &d), &d);
+    dp__endpoint_opts_init(&eo);
+    eo.two_sided = DP_XFER_TS_ALWAYS;
+    CHECK_OK_D(dp__endpoint_create("ts-client", &eo, &r->cep, &d), &d);
+    void *p = NULL;
+    CHECK_OK_D(dp__endpoint_alloc(r->cep, 1u << 20, &p, &d), &d);
+    r->lbuf = p;
+    uint8_t *md = NULL;
+    size_t mdlen = 0;
+    CHECK_OK_D(dp__endpoint_metadata(r->uep, &md, &mdlen, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(r->cep, md, mdlen, r->remote, &d), &d);
+    free(md);
+    dp_xfer_path path = DP_XFER_PATH_RMA;
+    CHECK_OK_D(dp__endpoint_remote_path(r->cep, r->remote, &path, &d), &d);
+    CHECK_EQ(path, DP_XFER_PATH_TWO_SIDED);
+}
+
+static void
+rig_close(rig *r)
+{
+    dp__endpoint_destroy(r->cep);
+    dp__unit_stop_serving(r->u);
+    dp__unit_destroy(r->u);
+    dp__endpoint_destroy(r->uep);
+}
+
+/* One op: local lbuf[loff..+n) <-> unit slab[roff..+n), with a grant. */
+static int
+xfer(rig *r, dp_xfer_op op, uint64_t loff, uint64_t roff, uint64_t n, const void *grant,
+     uint32_t glen, dp_xfer_end *end, dp_detail *d)
+{
+    dp_range l = {(uint64_t)(uintptr_t)(r->lbuf + loff), n};
+    dp_range m = {(uint64_t)(uintptr_t)(dp__unit_slab(r->u) + roff), n};
+    dp_xfer_desc o = {.op = op,
+                      .local = &l,
+                      .n_local = 1,
+                      .remote = &m,
+                      .n_remote = 1,
+                      .remote_name = r->remote,
+                      .grant = grant,
+                      .grant_len = glen};
+    int res = 0;
+    dp_detail det;
+    dp_detail_clear(&det);
+    int rc = dp__endpoint_transfer_many_ends(r->cep, &o, 1, 5.0, &res, &det, end, NULL,
+                                             NULL, NULL);
+    if (d != NULL)
+        *d = det;
+    return rc;
+}
+
+static uint32_t
+wgrant(uint8_t *g, uint64_t token, const char *id)
+{
+    dp__le64_store(g, token);
+    memcpy(g + 8, id, strlen(id));
+    return (uint32_t)(8 + strlen(id));
+}
+
+static uint32_t
+slab_crc(rig *r)
+{
+    return dp__crc32c(dp__unit_slab(r->u), SLAB);
+}
+
+DP_TEST(bad_peers_are_refused_and_counted)
+{
+    rig r;
+    rig_open(&r, 60);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint8_t g[96];
+    const char *keys[] = {"0@a", "1@a", "2@a"};
+    tblob t = mk_blob(keys, 3, 20000, 5);
+    uint64_t off = 0;
+    CHECK_OK_D(dp__unit_alloc(r.u, "b1", 2, t.len, 3, &off, NULL, &d), &d);
+    uint64_t token = dp__unit_alloc_token(r.u, "b1", 2);
+    memcpy(r.lbuf, t.p, t.len);
+    dp__blob_header_set_alloc(r.lbuf, dp__unit_incarnation(r.u), token);
+    uint32_t before = slab_crc(&r);
+    dp_xfer_end end = DP_XFER_NOT_POSTED;
+
+    /* No such allocation; a wrong token; past its end. */
+    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "nope"), &end,
+                     &d),
+                DP_ENOTFOUND, &d);
+    CHECK_CONTAINS(d.msg, "no open allocation nope");
+    CHECK_EQ(end, DP_XFER_GUARDED);
+    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token + 1, "b1"), NULL,
+                     &d),
+                DP_ENOTFOUND, &d);
+    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off + 64, t.len, g, wgrant(g, token, "b1"),
+                     NULL, &d),
+                DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "past its end");
+    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, 3, NULL, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "malformed WRITE grant");
+    CHECK_EQ(slab_crc(&r), before);
+    CHECK_EQ_U64(dp_test_unit_stats(r.u).ts_refused, 4);
+    CHECK_EQ_U64(dp_test_unit_stats(r.u).ts_writes, 0);
+
+    /* The good WRITE lands; its commit publishes it. */
+    CHECK_OK_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), &end, &d),
+               &d);
+    CHECK_EQ(end, DP_XFER_GUARDED);
+    CHECK(memcmp(dp__unit_slab(r.u) + off, r.lbuf, t.len) == 0);
+    dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
+    CHECK_OK_D(dp__unit_commit(r.u, "b1", 2, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    /* Committed: no WRITE gets into it any more. */
+    before = slab_crc(&r);
+    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), NULL,
+                     &d),
+                DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "already committed");
+
+    /* READs: from a pin, outside its blob, with no pin, after the unpin. */
+    uint64_t koff = 0, klen = 0;
+    char pin[33];
+    CHECK(locate(r.u, "1@a", &koff, &klen, pin));
+    memset(r.lbuf, 0xee, 1u << 20);
+    CHECK_OK_D(xfer(&r, DP_XFER_READ, 4096, koff, klen, pin, (uint32_t)strlen(pin), NULL,
+                    &d),
+               &d);
+    CHECK(memcmp(r.lbuf + 4096, dp__unit_slab(r.u) + koff, klen) == 0);
+    CHECK_ERR_D(xfer(&r, DP_XFER_READ, 0, off + t.len + 4096, 4096, pin,
+                     (uint32_t)strlen(pin), NULL, &d),
+                DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "lies in no blob of its pin");
+    CHECK_ERR_D(xfer(&r, DP_XFER_READ, 0, koff, klen, "0123456789abcdef0123456789abcdef",
+                     32, NULL, &d),
+                DP_ETIMEDOUT, &d);
+    CHECK_CONTAINS(d.msg, "no live pin");
+    dp__unit_unpin(r.u, pin, strlen(pin));
+    CHECK_ERR_D(xfer(&r, DP_XFER_READ, 0, koff, klen, pin, (uint32_t)strlen(pin), NULL,
+                     &d),
+                DP_ETIMEDOUT, &d);
+
+    /* Aborted, and past its lease: refused, nothing written. */
+    CHECK_OK_D(dp__unit_alloc(r.u, "b2", 2, 65536, 0, &off, NULL, &d), &d);
+    token = dp__unit_alloc_token(r.u, "b2", 2);
+    dp__unit_abort(r.u, "b2", 2, false);
+    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b2"), NULL,
+                     &d),
+                DP_ENOTFOUND, &d);
+    CHECK_OK_D(dp__unit_alloc(r.u, "b3", 2, 65536, 0, &off, NULL, &d), &d);
+    token = dp__unit_alloc_token(r.u, "b3", 2);
+    fake_t += 61;
+    dp__unit_tick(r.u);
+    CHECK_EQ_U64(dp_test_unit_stats(r.u).leases_expired, 1);
+    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b3"), NULL,
+                     &d),
+                DP_ENOTFOUND, &d);
+    CHECK_EQ(slab_crc(&r), before);
+    dp_unit_stats s = dp_test_unit_stats(r.u);
+    CHECK_EQ_U64(s.ts_refused, 10);
+    CHECK_EQ_U64(s.ts_writes, 1);
+    CHECK_EQ_U64(s.ts_reads, 1);
+    dp_endpoint_stats es;
+    dp__endpoint_get_stats(r.uep, &es);
+    CHECK_EQ_U64(es.ts_refused, 10);
+    CHECK_EQ_U64(es.ts_served, 2);
+
+    /* Still serving: a fresh allocation written and read back byte for byte. */
+    tblob t2 = mk_blob(keys, 3, 3000, 9);
+    CHECK_OK_D(dp__unit_alloc(r.u, "b4", 2, t2.len, 3, &off, NULL, &d), &d);
+    token = dp__unit_alloc_token(r.u, "b4", 2);
+    memcpy(r.lbuf, t2.p, t2.len);
+    dp__blob_header_set_alloc(r.lbuf, dp__unit_incarnation(r.u), token);
+    CHECK_OK_D(xfer(&r, DP_XFER_WRITE, 0, off, t2.len, g, wgrant(g, token, "b4"), NULL,
+                    &d),
+               &d);
+    CHECK_OK_D(dp__unit_commit(r.u, "b4", 2, &st, &d), &d);
+    CHECK(locate(r.u, "2@a", &koff, &klen, pin));
+    CHECK_OK_D(xfer(&r, DP_XFER_READ, 8192, koff, klen, pin, (uint32_t)strlen(pin), NULL,
+                    &d),
+               &d);
+    CHECK(memcmp(r.lbuf + 8192, dp__unit_slab(r.u) + koff, klen) == 0);
+    dp__unit_unpin(r.u, pin, strlen(pin));
+    dp_test_unit_check(r.u);
+    free(t.p);
+    free(t2.p);
+    rig_close(&r);
+}
+
+/* A client's put/get/clear of jagged and small rows on the two-sided path. */
+DP_TEST(client_rows_over_two_sided)
+{
+    setenv("DP_TWO_SIDED", "always", 1);
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_unit_server *s[2];
+    const char *addrs[2];
+    for (uint32_t i = 0; i < 2; i++) {
+        dp_unit_opts o;
+        dp__unit_opts_init(&o);
+        o.slab_bytes = 32u << 20;
+        o.n_units = 2;
+        o.unit_id = i;
+        o.numa = DP_UNIT_NUMA_OFF;
+        char name[32];
+        snprintf(name, sizeof name, "ts-u%u-%d", i, (int)getpid());
+        CHECK_OK_D(dp__unit_server_open(&o, name, "127.0.0.1", 0, 0.2, &s[i], &d), &d);
+        addrs[i] = dp__unit_server_address(s[i]);
+    }
+    dp_client_opts co;
+    dp_client_opts_init(&co);
+    co.timeout_s = 10;
+    dp_client *c = NULL;
+    CHECK_OK_D(dp_client_open_units(addrs, 2, &co, &c, &d), &d);
+    char path[128];
+    CHECK_OK(dp_client_unit_path(c, 0, path, sizeof path));
+    CHECK_CONTAINS(path, "two-sided");
+    enum { N = 300, CAP = 9000 };
+    uint64_t rows[N];
+    static uint8_t src[N][CAP], dst[N][CAP];
+    dp_value vals[N];
+    uint64_t rs = dp_test_seed();
+    for (uint32_t i = 0; i < N; i++) {
+        rows[i] = 1000 + i;
+        size_t len = i % 7 == 0 ? 0 : 1 + dp_test_rand(&rs) % CAP; /* jagged, some empty */
+        for (size_t k = 0; k < len; k++)
+            src[i][k] = (uint8_t)dp_test_rand(&rs);
+        vals[i] = (dp_value){.data = src[i], .nbytes = len, .kind = DP_KIND_BYTES};
+    }
+    const char *fields[] = {"x"};
+    CHECK_OK_D(dp_client_put(c, rows, N, fields, 1, vals, NULL, &d), &d);
+    static char keys[N][32];
+    dp_get_item gi[N];
+    memset(gi, 0, sizeof gi);
+    memset(dst, 0xee, sizeof dst);
+    for (uint32_t i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@x", rows[i]);
+        gi[i] = (dp_get_item){.key = keys[i], .dst = dst[i], .cap = CAP};
+    }
+    CHECK_OK_D(dp_client_get(c, gi, N, &d), &d);
+    for (uint32_t i = 0; i < N; i++) {
+        CHECK_EQ(gi[i].status, 0);
+        CHECK_EQ_U64(gi[i].nbytes, vals[i].nbytes);
+        CHECK(memcmp(dst[i], src[i], gi[i].nbytes) == 0);
+    }
+    uint64_t dropped = 0;
+    CHECK_OK_D(dp_client_clear(c, rows, N, &dropped, &d), &d);
+    CHECK_EQ_U64(dropped, N);
+    dp_client_close(c);
+    for (uint32_t i = 0; i < 2; i++) {
+        dp_unit_stats st;
+        dp__unit_get_stats(dp__unit_server_unit(s[i]), &st);
+        CHECK(st.ts_writes > 0 && st.ts_reads > 0);
+        CHECK_EQ_U64(st.ts_refused, 0);
+        dp__unit_server_close(s[i]);
+    }
+    unsetenv("DP_TWO_SIDED");
+}
+
