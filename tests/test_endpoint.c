@@ -533,6 +533,21 @@ DP_TEST(create_rejects_bad_names_and_policy)
     setenv("DP_REQUIRE_RDMA", "1", 1);
     CHECK_ERR_D(dp__endpoint_create("rdma-only", &o, &ep, &d), DP_EPOLICY, &d);
     unsetenv("DP_REQUIRE_RDMA");
+    /*
+     * Strings the policy allows, on a host where UCX finds no RDMA device: the
+     * endpoint says so at once, not at the first connect.
+     */
+    set_tls("rc,sm,self");
+    o.require_rdma = true;
+    int rc = dp__endpoint_create("rdma-only", &o, &ep, &d);
+    if (rc == DP_OK) {
+        printf("  this host has an RDMA transport: rc,sm,self accepted\n");
+        dp__endpoint_destroy(ep);
+    } else {
+        CHECK_EQ(rc, DP_EPOLICY);
+        CHECK_CONTAINS(d.msg, "no RDMA transport");
+    }
+    o.require_rdma = false;
     set_tls(NULL);
     CHECK_OK_D(dp__endpoint_create("fine", &o, &ep, &d), &d);
     dp__endpoint_destroy(ep);

@@ -140,17 +140,17 @@ DP_TEST(bad_peers_are_refused_and_counted)
     dp_xfer_end end = DP_XFER_NOT_POSTED;
 
     /* No such allocation; a wrong token; past its end. */
-    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "nope"), &end,
-                     &d),
-                DP_ENOTFOUND, &d);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "nope"), &end, &d),
+        DP_ENOTFOUND, &d);
     CHECK_CONTAINS(d.msg, "no open allocation nope");
     CHECK_EQ(end, DP_XFER_GUARDED);
-    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token + 1, "b1"), NULL,
-                     &d),
-                DP_ENOTFOUND, &d);
-    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off + 64, t.len, g, wgrant(g, token, "b1"),
-                     NULL, &d),
-                DP_EPROTO, &d);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token + 1, "b1"), NULL, &d),
+        DP_ENOTFOUND, &d);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_WRITE, 0, off + 64, t.len, g, wgrant(g, token, "b1"), NULL, &d),
+        DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "past its end");
     CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, 3, NULL, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "malformed WRITE grant");
@@ -159,8 +159,8 @@ DP_TEST(bad_peers_are_refused_and_counted)
     CHECK_EQ_U64(dp_test_unit_stats(r.u).ts_writes, 0);
 
     /* The good WRITE lands; its commit publishes it. */
-    CHECK_OK_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), &end, &d),
-               &d);
+    CHECK_OK_D(
+        xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), &end, &d), &d);
     CHECK_EQ(end, DP_XFER_GUARDED);
     CHECK(memcmp(dp__unit_slab(r.u) + off, r.lbuf, t.len) == 0);
     dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
@@ -168,9 +168,9 @@ DP_TEST(bad_peers_are_refused_and_counted)
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     /* Committed: no WRITE gets into it any more. */
     before = slab_crc(&r);
-    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), NULL,
-                     &d),
-                DP_EPROTO, &d);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), NULL, &d),
+        DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "already committed");
 
     /* READs: from a pin, outside its blob, with no pin, after the unpin. */
@@ -178,9 +178,9 @@ DP_TEST(bad_peers_are_refused_and_counted)
     char pin[33];
     CHECK(locate(r.u, "1@a", &koff, &klen, pin));
     memset(r.lbuf, 0xee, 1u << 20);
-    CHECK_OK_D(xfer(&r, DP_XFER_READ, 4096, koff, klen, pin, (uint32_t)strlen(pin), NULL,
-                    &d),
-               &d);
+    CHECK_OK_D(
+        xfer(&r, DP_XFER_READ, 4096, koff, klen, pin, (uint32_t)strlen(pin), NULL, &d),
+        &d);
     CHECK(memcmp(r.lbuf + 4096, dp__unit_slab(r.u) + koff, klen) == 0);
     CHECK_ERR_D(xfer(&r, DP_XFER_READ, 0, off + t.len + 4096, 4096, pin,
                      (uint32_t)strlen(pin), NULL, &d),
@@ -191,25 +191,25 @@ DP_TEST(bad_peers_are_refused_and_counted)
                 DP_ETIMEDOUT, &d);
     CHECK_CONTAINS(d.msg, "no live pin");
     dp__unit_unpin(r.u, pin, strlen(pin));
-    CHECK_ERR_D(xfer(&r, DP_XFER_READ, 0, koff, klen, pin, (uint32_t)strlen(pin), NULL,
-                     &d),
-                DP_ETIMEDOUT, &d);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_READ, 0, koff, klen, pin, (uint32_t)strlen(pin), NULL, &d),
+        DP_ETIMEDOUT, &d);
 
     /* Aborted, and past its lease: refused, nothing written. */
     CHECK_OK_D(dp__unit_alloc(r.u, "b2", 2, 65536, 0, &off, NULL, &d), &d);
     token = dp__unit_alloc_token(r.u, "b2", 2);
     dp__unit_abort(r.u, "b2", 2, false);
-    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b2"), NULL,
-                     &d),
-                DP_ENOTFOUND, &d);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b2"), NULL, &d),
+        DP_ENOTFOUND, &d);
     CHECK_OK_D(dp__unit_alloc(r.u, "b3", 2, 65536, 0, &off, NULL, &d), &d);
     token = dp__unit_alloc_token(r.u, "b3", 2);
     fake_t += 61;
     dp__unit_tick(r.u);
     CHECK_EQ_U64(dp_test_unit_stats(r.u).leases_expired, 1);
-    CHECK_ERR_D(xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b3"), NULL,
-                     &d),
-                DP_ENOTFOUND, &d);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b3"), NULL, &d),
+        DP_ENOTFOUND, &d);
     CHECK_EQ(slab_crc(&r), before);
     dp_unit_stats s = dp_test_unit_stats(r.u);
     CHECK_EQ_U64(s.ts_refused, 10);
@@ -226,14 +226,13 @@ DP_TEST(bad_peers_are_refused_and_counted)
     token = dp__unit_alloc_token(r.u, "b4", 2);
     memcpy(r.lbuf, t2.p, t2.len);
     dp__blob_header_set_alloc(r.lbuf, dp__unit_incarnation(r.u), token);
-    CHECK_OK_D(xfer(&r, DP_XFER_WRITE, 0, off, t2.len, g, wgrant(g, token, "b4"), NULL,
-                    &d),
-               &d);
+    CHECK_OK_D(
+        xfer(&r, DP_XFER_WRITE, 0, off, t2.len, g, wgrant(g, token, "b4"), NULL, &d), &d);
     CHECK_OK_D(dp__unit_commit(r.u, "b4", 2, &st, &d), &d);
     CHECK(locate(r.u, "2@a", &koff, &klen, pin));
-    CHECK_OK_D(xfer(&r, DP_XFER_READ, 8192, koff, klen, pin, (uint32_t)strlen(pin), NULL,
-                    &d),
-               &d);
+    CHECK_OK_D(
+        xfer(&r, DP_XFER_READ, 8192, koff, klen, pin, (uint32_t)strlen(pin), NULL, &d),
+        &d);
     CHECK(memcmp(r.lbuf + 8192, dp__unit_slab(r.u) + koff, klen) == 0);
     dp__unit_unpin(r.u, pin, strlen(pin));
     dp_test_unit_check(r.u);
@@ -277,7 +276,8 @@ DP_TEST(client_rows_over_two_sided)
     uint64_t rs = dp_test_seed();
     for (uint32_t i = 0; i < N; i++) {
         rows[i] = 1000 + i;
-        size_t len = i % 7 == 0 ? 0 : 1 + dp_test_rand(&rs) % CAP; /* jagged, some empty */
+        size_t len =
+            i % 7 == 0 ? 0 : 1 + dp_test_rand(&rs) % CAP; /* jagged, some empty */
         for (size_t k = 0; k < len; k++)
             src[i][k] = (uint8_t)dp_test_rand(&rs);
         vals[i] = (dp_value){.data = src[i], .nbytes = len, .kind = DP_KIND_BYTES};
@@ -311,4 +311,3 @@ DP_TEST(client_rows_over_two_sided)
     }
     unsetenv("DP_TWO_SIDED");
 }
-

@@ -33,8 +33,7 @@
 #include "unit/unit_int.h"
 #include "xfer/endpoint.h"
 
-static int
-refuse_locked(dp_unit *u, dp_detail *d, int code, const char *fmt, ...)
+static int refuse_locked(dp_unit *u, dp_detail *d, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static int
@@ -59,7 +58,8 @@ write_begin(void *ctx, const uint8_t *grant, size_t grant_len, uint64_t addr,
     int rc;
     if (grant_len < 9 || grant_len > 8 + DP_UNIT_ID_MAX ||
         !dp__id_valid((const char *)grant + 8, grant_len - 8, DP_UNIT_ID_MAX)) {
-        rc = refuse_locked(u, d, DP_EPROTO, "malformed WRITE grant (%zu bytes)", grant_len);
+        rc = refuse_locked(u, d, DP_EPROTO, "malformed WRITE grant (%zu bytes)",
+                           grant_len);
         goto out;
     }
     uint64_t token = dp__le64_load(grant);
@@ -133,8 +133,8 @@ read_begin(void *ctx, const uint8_t *grant, size_t grant_len, const dp_range *ra
     dp_unit *u = ctx;
     pthread_mutex_lock(&u->mu);
     int rc;
-    pin *p = grant_len > 0 && grant_len <= 32 ? dp__map_get(&u->pins, grant, grant_len)
-                                              : NULL;
+    pin *p =
+        grant_len > 0 && grant_len <= 32 ? dp__map_get(&u->pins, grant, grant_len) : NULL;
     double now = dp__unit_now(u);
     if (p == NULL || p->ending || p->expiry <= now) {
         rc = refuse_locked(u, d, DP_ETIMEDOUT,

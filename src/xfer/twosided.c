@@ -240,8 +240,8 @@ post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
                       size_t k1, uint64_t raddr, batch *b)
 {
     tsop *t = tsop_new_locked(ep, r, b, TS_WRITE);
-    if (t == NULL || (t->t_iov = iov_of(o->local, k0, k1, &t->t_n_iov, &t->t_total)) ==
-                         NULL) {
+    if (t == NULL ||
+        (t->t_iov = iov_of(o->local, k0, k1, &t->t_n_iov, &t->t_total)) == NULL) {
         if (t != NULL)
             tsop_free(t);
         b->b_status = UCS_ERR_NO_MEMORY;
@@ -250,11 +250,11 @@ post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
     t->t_hdr_len = hdr_put(t->t_hdr, TS_WRITE, t->t_seq, raddr, t->t_total, o->grant,
                            (uint16_t)o->grant_len);
     bool one = t->t_n_iov == 1;
-    send_locked(ep, t, TS_AM_WRITE, one ? t->t_iov[0].buffer : (void *)t->t_iov,
-                one ? t->t_iov[0].length : t->t_n_iov, !one, t->t_total >= ep->rndv_min,
-                one ? memh_of_locked(ep, (uint64_t)(uintptr_t)t->t_iov[0].buffer,
-                                     t->t_total)
-                    : NULL);
+    send_locked(
+        ep, t, TS_AM_WRITE, one ? t->t_iov[0].buffer : (void *)t->t_iov,
+        one ? t->t_iov[0].length : t->t_n_iov, !one, t->t_total >= ep->rndv_min,
+        one ? memh_of_locked(ep, (uint64_t)(uintptr_t)t->t_iov[0].buffer, t->t_total)
+            : NULL);
 }
 
 static void
@@ -295,8 +295,8 @@ post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
     }
     t->t_req = req;
     t->t_req_len = 16 * n;
-    t->t_hdr_len =
-        hdr_put(t->t_hdr, TS_READ, t->t_seq, n, t->t_total, o->grant, (uint16_t)o->grant_len);
+    t->t_hdr_len = hdr_put(t->t_hdr, TS_READ, t->t_seq, n, t->t_total, o->grant,
+                           (uint16_t)o->grant_len);
     send_locked(ep, t, TS_AM_READ, req, t->t_req_len, false, false, NULL);
 }
 
@@ -324,8 +324,7 @@ dp__ep_ts_post_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *
         }
         uint64_t start = o->remote[k].addr, end = start + o->remote[k].nbytes;
         size_t j = k + 1;
-        while (j < o->n_local &&
-               (o->remote[j].nbytes == 0 || o->remote[j].addr == end)) {
+        while (j < o->n_local && (o->remote[j].nbytes == 0 || o->remote[j].addr == end)) {
             end += o->remote[j].nbytes;
             j++;
         }
@@ -503,8 +502,7 @@ reply_cb(void *request, ucs_status_t status, void *user_data)
  */
 static void
 reply_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
-             const char *msg, ucp_dt_iov_t *iov, size_t n_iov, uint64_t total,
-             void *hold)
+             const char *msg, ucp_dt_iov_t *iov, size_t n_iov, uint64_t total, void *hold)
 {
     ts_reply *y = calloc(1, sizeof *y);
     if (y == NULL) {
@@ -519,8 +517,7 @@ reply_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
     y->y_total = total;
     y->y_iov = iov;
     size_t mlen = msg != NULL ? DP_MIN(strlen(msg), (size_t)TS_MSG_MAX) : 0;
-    size_t hlen =
-        hdr_put(y->y_hdr, kind, seq, (uint32_t)rc, total, msg, (uint16_t)mlen);
+    size_t hlen = hdr_put(y->y_hdr, kind, seq, (uint32_t)rc, total, msg, (uint16_t)mlen);
     bool one = n_iov == 1;
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -716,7 +713,8 @@ read_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
     }
     if (total != h.b) {
         snprintf(msg, sizeof msg,
-                 "READ request: its ranges hold %" PRIu64 " bytes, its header says %" PRIu64,
+                 "READ request: its ranges hold %" PRIu64
+                 " bytes, its header says %" PRIu64,
                  total, h.b);
         free(rg);
         free(iov);
@@ -757,11 +755,12 @@ dp__ep_ts_init_locked(dp_endpoint *ep, dp_detail *d)
         else if (strcmp(e, "never") == 0 || strcmp(e, "0") == 0)
             ep->two_sided = DP_XFER_TS_NEVER;
         else
-            return dp__fail(d, DP_EINVAL,
-                            "DP_TWO_SIDED=%.40s: use auto, always or never", e);
+            return dp__fail(d, DP_EINVAL, "DP_TWO_SIDED=%.40s: use auto, always or never",
+                            e);
     }
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
-    ep->max_am_header = ucp_worker_query(ep->worker, &wa) == UCS_OK ? wa.max_am_header : 0;
+    ep->max_am_header =
+        ucp_worker_query(ep->worker, &wa) == UCS_OK ? wa.max_am_header : 0;
     static const struct {
         unsigned id;
         ucp_am_recv_callback_t cb;
@@ -810,9 +809,10 @@ dp__endpoint_serve(dp_endpoint *ep, const dp_xfer_serve *hooks, dp_detail *d)
     lock(ep);
     int rc = check_open_locked(ep, d);
     if (rc == DP_OK && hooks != NULL && !ep->opts.progress_thread)
-        rc = dp__fail(d, DP_EINVAL,
-                      "endpoint %s: serving two-sided transfers needs the progress thread",
-                      ep->name);
+        rc =
+            dp__fail(d, DP_EINVAL,
+                     "endpoint %s: serving two-sided transfers needs the progress thread",
+                     ep->name);
     if (rc == DP_OK) {
         /* A new generation: holds of the old hooks are never ended by the new. */
         ep->serve_gen++;
