@@ -43,6 +43,14 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/dp-hosts.XXXXXX")
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # What runs inside the hosts (iperf3, the units) goes with them.
+    for n in "$H1" "$H0"; do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill 2>/dev/null || true
+    done
+    sleep 0.5
+    for n in "$H1" "$H0"; do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     for n in "$H1" "$H0" "$SW"; do ip netns del "$n" 2>/dev/null || true; done
     rm -rf "$TMP"
