@@ -144,7 +144,7 @@ DP_TEST(bad_peers_are_refused_and_counted)
         xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "nope"), &end, &d),
         DP_ENOTFOUND, &d);
     CHECK_CONTAINS(d.msg, "no open allocation nope");
-    CHECK_EQ(end, DP_XFER_GUARDED);
+    CHECK_EQ(end, DP_XFER_ENDED); /* refused or acknowledged: nothing more lands */
     CHECK_ERR_D(
         xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token + 1, "b1"), NULL, &d),
         DP_ENOTFOUND, &d);
@@ -161,7 +161,7 @@ DP_TEST(bad_peers_are_refused_and_counted)
     /* The good WRITE lands; its commit publishes it. */
     CHECK_OK_D(
         xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), &end, &d), &d);
-    CHECK_EQ(end, DP_XFER_GUARDED);
+    CHECK_EQ(end, DP_XFER_ENDED); /* refused or acknowledged: nothing more lands */
     CHECK(memcmp(dp__unit_slab(r.u) + off, r.lbuf, t.len) == 0);
     dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
     CHECK_OK_D(dp__unit_commit(r.u, "b1", 2, &st, &d), &d);

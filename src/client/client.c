@@ -614,6 +614,8 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
     uc->lane = DP_XFER_LANE_UNKNOWN;
     uc->tls[0] = '\0';
     dp__endpoint_remote_lane(c->ep, uc->remote, &uc->lane, uc->tls, sizeof uc->tls, NULL);
+    uc->path = DP_XFER_PATH_RMA;
+    dp__endpoint_remote_path(c->ep, uc->remote, &uc->path, NULL);
     return DP_OK;
 }
 
@@ -852,11 +854,8 @@ dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
     int rc = DP_EINVAL;
     if (c->ep != NULL && unit < c->n_units) {
         const dp__unit_conn *uc = &c->units[unit];
-        dp_xfer_path path = DP_XFER_PATH_RMA;
-        if (uc->remote[0] != '\0')
-            dp__endpoint_remote_path(c->ep, uc->remote, &path, NULL);
         snprintf(buf, cap, "%s %s (%s)", dp__xfer_lane_name(uc->lane),
-                 dp__xfer_path_name(path), uc->tls);
+                 dp__xfer_path_name(uc->path), uc->tls);
         rc = DP_OK;
     }
     pthread_mutex_unlock(&c->mu);

@@ -37,6 +37,8 @@ typedef struct dp__unit_conn {
     uint64_t incarnation;  /* the process the data path is bound to */
     dp_xfer_lane lane;     /* how this client's RMA reaches it */
     char tls[64];          /* the transports of that lane, for diagnostics */
+    dp_xfer_path path;     /* how puts and gets move bytes to it (two-sided over
+                              TCP: docs/design.md, "Two-sided transfers") */
     /*
      * A reply came from another incarnation (seen_incarnation): re-bind before
      * the next transfer. restart_unreported: no put or get was told of that

@@ -404,9 +404,14 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         dp_xfer_end e = ends != NULL ? ends[s] : DP_XFER_UNFINISHED;
         if (ends == NULL && (results[s] == DP_EINVAL || results[s] == DP_EFATAL))
             e = DP_XFER_NOT_POSTED;
-        bool in_flight = e == DP_XFER_UNFINISHED || /* GUARDED: the unit knows */
-                         (e == DP_XFER_ENDED && results[s] != DP_ETIMEDOUT &&
-                          c->units[pu->u].lane != DP_XFER_LANE_SHM);
+        /*
+         * A two-sided WRITE is never in flight to the unit: it receives the bytes
+         * itself, and none after the abort (docs/design.md, "Two-sided transfers").
+         */
+        bool guarded = c->units[pu->u].path == DP_XFER_PATH_TWO_SIDED;
+        bool in_flight = !guarded && (e == DP_XFER_UNFINISHED ||
+                                      (e == DP_XFER_ENDED && results[s] != DP_ETIMEDOUT &&
+                                       c->units[pu->u].lane != DP_XFER_LANE_SHM));
         /*
          * Its alloc was just answered, so the unit lives: a WRITE that stalls
          * over a network lane means a stalled connection (TCP backing off after
@@ -419,7 +424,8 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
                      pu->blob_id, pu->lay.total_len,
                      e == DP_XFER_NOT_POSTED ? ", nothing posted"
                      : in_flight             ? ", may still land: the unit retires it"
-                                             : ", ended: the unit frees it");
+                     : guarded ? ", two-sided: the unit takes none of it after the abort"
+                               : ", ended: the unit frees it");
     }
     free(dets);
     free(ends);

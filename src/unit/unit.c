@@ -136,40 +136,55 @@ dp__rec_drop_locked(dp_unit *u, blob_rec *b, double now)
     dp__rec_free_locked(u, b);
 }
 
+/*
+ * The end of an open allocation out of the table: its region retired (a
+ * one-sided WRITE may still land in it) or freed, and the record freed.
+ */
+static void
+end_open_locked(dp_unit *u, blob_rec *b, bool retire, double now)
+{
+    if (retire) {
+        dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
+        DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64 " (writer %s)", b->id,
+                 b->size, b->off, dp__writer_name(b->writer));
+    } else {
+        dp__rec_release_region_locked(u, b, now);
+    }
+    dp__rec_free_locked(u, b);
+}
+
+/*
+ * Take an open allocation out of the table (no new two-sided WRITE gets in)
+ * and end it; while two-sided WRITEs still land in it, the last one's end
+ * does (REC_DRAINING, transfers.c).
+ */
+static void
+leave_open_locked(dp_unit *u, blob_rec *b, bool retire, double now)
+{
+    dp__map_del(&u->blobs, b->id, b->id_len);
+    dp__list_remove(&u->pend, &b->pend_link);
+    if (b->n_rx > 0) {
+        b->state = REC_DRAINING;
+        b->drain_retire = retire;
+        dp__list_insert_tail(&u->draining, &b->pend_link);
+        return;
+    }
+    end_open_locked(u, b, retire, now);
+}
+
 /* The region stays allocated for good: a WRITE may still land in it. */
 void
 dp__rec_retire_locked(dp_unit *u, blob_rec *b)
 {
     DP_ASSERT((b->state == REC_ALLOCATED || b->state == REC_VALIDATED) &&
               !(b->flags & REC_JOB));
-    dp__map_del(&u->blobs, b->id, b->id_len);
-    dp__list_remove(&u->pend, &b->pend_link);
-    if (b->n_rx > 0) {
-        /* Two-sided WRITEs still land in it: retired when the last one ends. */
-        b->state = REC_DRAINING;
-        b->drain_retire = true;
-        dp__list_insert_tail(&u->draining, &b->pend_link);
-        return;
-    }
-    dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
-    DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64 " (writer %s)", b->id,
-             b->size, b->off, dp__writer_name(b->writer));
-    dp__rec_free_locked(u, b);
+    leave_open_locked(u, b, true, 0);
 }
 
 void
 dp__rec_discard_open_locked(dp_unit *u, blob_rec *b, double now)
 {
-    dp__map_del(&u->blobs, b->id, b->id_len);
-    dp__list_remove(&u->pend, &b->pend_link);
-    if (b->n_rx > 0) {
-        b->state = REC_DRAINING;
-        b->drain_retire = false;
-        dp__list_insert_tail(&u->draining, &b->pend_link);
-        return;
-    }
-    dp__rec_release_region_locked(u, b, now);
-    dp__rec_free_locked(u, b);
+    leave_open_locked(u, b, false, now);
 }
 
 void
@@ -177,13 +192,7 @@ dp__rec_drained_locked(dp_unit *u, blob_rec *b, double now)
 {
     DP_ASSERT(b->state == REC_DRAINING && b->n_rx == 0);
     dp__list_remove(&u->draining, &b->pend_link);
-    if (b->drain_retire) {
-        dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
-        dp__rec_free_locked(u, b);
-        return;
-    }
-    dp__rec_release_region_locked(u, b, now);
-    dp__rec_free_locked(u, b);
+    end_open_locked(u, b, b->drain_retire, now);
 }
 
 void

@@ -13,8 +13,9 @@
  * load_shard (the file format is src/blob/shard.c's). stats.c: the counters
  * (one table: DP_UNIT_STATS in unit.h) and the blob scan. check.c:
  * dp__unit_check. numa.c: NUMA placement. writers.c: who may still WRITE into
- * a retired region. serve.c / server.c: the control-message handler and the
- * serving unit over the endpoint and the ctl server.
+ * a retired region. transfers.c: the serve hooks of two-sided transfers.
+ * serve.c / server.c: the control-message handler and the serving unit over
+ * the endpoint and the ctl server.
  *
  * Ownership. The unit owns the slab (from dp__endpoint_alloc, or mmap without
  * an endpoint), the allocators, every blob record, row, slot and pin. A blob
@@ -38,10 +39,12 @@
  * serve.c), save/load threads, the ticker, the io workers and test callers
  * take it; nothing blocking runs under it (no transfer, no file I/O, no ZMQ).
  * The ticker's and the io workers' condition variables wait on mu itself.
- * Lock order: mu, then the allocators (not thread-safe, used only under mu),
- * then the endpoint's internal lock (only dp__endpoint_name, which takes none,
- * is called under mu; metadata is fetched by serve.c outside mu). Functions
- * named *_locked are called with mu held.
+ * Lock order: the endpoint's internal lock, then mu, then the allocators (not
+ * thread-safe, used only under mu). The endpoint calls the two-sided serve
+ * hooks (transfers.c) with its lock held and they take mu; so nothing under
+ * mu calls an endpoint function that locks (only dp__endpoint_name, which
+ * takes none; metadata is fetched by serve.c outside mu). Functions named
+ * *_locked are called with mu held.
  */
 #ifndef DP_UNIT_UNIT_INT_H
 #define DP_UNIT_UNIT_INT_H

@@ -110,12 +110,6 @@ typedef enum dp_xfer_end {
     DP_XFER_ENDED_LOCAL = 1, /* only the synchronous memcpy path ran: it is over */
     DP_XFER_ENDED = 2,       /* UCX completed every request of it (done or failed) */
     DP_XFER_UNFINISHED = 3,  /* retained: UCX may still run it */
-    /*
-     * Two-sided: the target itself received (or refused) the bytes, so it knows
-     * of every byte that can still land and needs no warning from the caller
-     * (the caller's own memory may still be retained, as for any op).
-     */
-    DP_XFER_GUARDED = 4,
 } dp_xfer_end;
 
 /* How an endpoint moves bytes to and from a remote (dp__endpoint_remote_path). */
@@ -279,7 +273,8 @@ int dp__endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops,
 int dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d);
 
 /*
- * How RMA towards remote name travels (from its UCX lanes), and the
+ * How RMA towards remote name travels (from its UCX lanes, as classified when
+ * it was added), and the
  * transports' names, comma-separated, into tls[tls_cap] ("" when unknown).
  * Errors as dp__endpoint_describe_remote.
  */

@@ -11,6 +11,8 @@
  * thread, memory registration, metadata, stats. remote.c: remotes (add,
  * remove, check, describe, lane). transfer.c: posting and waiting, the
  * hand-off of unfinished transfers to the graveyard and the released list.
+ * twosided.c: two-sided transfers (messages instead of RMA where UCX has no
+ * native RMA), both the client's and the serving side.
  *
  * Invariants
  * - Local regions are a set of disjoint ranges (common/ranges.h: sorted by
@@ -27,9 +29,11 @@
  * - The worker runs in UCS_THREAD_MODE_SERIALIZED: UCX does no locking of its
  *   own on the data path and ep_mu (mu below) makes every worker call mutually
  *   exclusive (ucp_worker_progress, posting, rkey unpack, ep create/close, mem
- *   map). UCX callbacks (completion, peer error) therefore run with ep_mu
- *   held, from whichever thread progresses; they only update counters, flags
- *   and the released list.
+ *   map). UCX callbacks (completion, peer error, active messages) therefore
+ *   run with ep_mu held, from whichever thread progresses. Completion and
+ *   error callbacks only update counters, flags, batches and the released
+ *   list; the two-sided handlers (twosided.c) also post receives and replies
+ *   and call the serve hooks.
  * - Blocking calls post under ep_mu, then alternate progress (under ep_mu)
  *   and a brief release of ep_mu, so other callers and the progress thread get
  *   in between. Waiting threads all progress the worker; whichever completes a
@@ -39,6 +43,9 @@
  *   serves emulated RMA (TCP) without any caller.
  * - Lock order: ep_mu, then the graveyard's mutex (leaf), then the abandoned
  *   list's mutex (leaf). Nothing calls back into the endpoint with ep_mu held.
+ *   The serve hooks run under ep_mu and take their owner's lock (a unit's mu),
+ *   which is therefore never held while calling an endpoint function that
+ *   locks.
  *   Functions named *_locked are called with ep_mu held.
  * - r_failed is written by the UCX error callback and read by waiters, both
  *   under ep_mu; it is also accessed atomically in case UCX ever invokes the
@@ -94,6 +101,8 @@ typedef struct remote {
     uint64_t r_busy;   /* ops in flight towards it */
     uint64_t r_retained;
     bool r_serves;       /* its metadata says it serves two-sided transfers */
+    dp_xfer_lane r_lane; /* the lanes UCX chose for it, classified at add */
+    char r_tls[128];     /* their transports, comma-separated */
     dp_xfer_path r_path; /* how ops with a grant go to it */
     struct dp_endpoint *r_owner;
     dp_list_node r_link; /* ep->remotes, or ep->zombies */

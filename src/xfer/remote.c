@@ -205,11 +205,11 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
         if (ucp_rkey_ptr(rr->rr_rkey, rr->rr_base, &p) == UCS_OK)
             rr->rr_ptr = p;
     }
-    dp_xfer_lane lane;
-    char tls[128];
-    rc = lane_locked(ep, r, &lane, tls, sizeof tls, d);
+    rc = lane_locked(ep, r, &r->r_lane, r->r_tls, sizeof r->r_tls, d);
     if (rc != DP_OK)
         goto fail_locked;
+    dp_xfer_lane lane = r->r_lane;
+    const char *tls = r->r_tls;
     if (ep->opts.require_rdma && lane != DP_XFER_LANE_RDMA && lane != DP_XFER_LANE_SHM) {
         /* What UCX really opened, not only what the environment allows. */
         rc = dp__fail(d, DP_EPOLICY,
@@ -417,8 +417,11 @@ dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, 
     if (rc == DP_OK && r == NULL)
         rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
                       name ? name : "(null)");
-    if (rc == DP_OK)
-        rc = lane_locked(ep, r, lane, tls, tls_cap, d);
+    if (rc == DP_OK) {
+        *lane = r->r_lane;
+        if (tls_cap > 0)
+            snprintf(tls, tls_cap, "%s", r->r_tls);
+    }
     unlock(ep);
     return rc;
 }

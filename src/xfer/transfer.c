@@ -114,7 +114,6 @@ typedef struct opstate {
     int rc;
     bool posted, finished;
     bool via_ucx;    /* some range went to UCX (not only the memcpy path) */
-    bool two_sided;  /* it went as two-sided messages (twosided.c) */
     dp_xfer_end end; /* what became of it (for the caller's abort) */
 } opstate;
 
@@ -162,6 +161,9 @@ validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
                             ") is not inside a region of remote %s",
                             i, k, m->addr, m->nbytes, r->r_name);
     }
+    if (o->grant_len > DP_XFER_GRANT_MAX || (o->grant_len > 0 && o->grant == NULL))
+        return dp__fail(d, DP_EINVAL, "op %zu: a grant of %u bytes (1..%d, not NULL)", i,
+                        o->grant_len, DP_XFER_GRANT_MAX);
     *rout = r;
     return DP_OK;
 }
@@ -224,7 +226,6 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
     s->b = b;
     s->posted = true;
     if (dp__ep_ts_wanted(ep, r, o)) {
-        s->two_sided = true;
         s->via_ucx = true;
         dp__ep_ts_post_locked(ep, r, o, b);
         if (b->b_pending == 0)
@@ -294,9 +295,7 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     s->finished = true;
     r->r_busy--;
     busy_locked(ep, o, -1);
-    s->end = s->two_sided ? DP_XFER_GUARDED
-             : s->via_ucx ? DP_XFER_ENDED
-                          : DP_XFER_ENDED_LOCAL;
+    s->end = s->via_ucx ? DP_XFER_ENDED : DP_XFER_ENDED_LOCAL;
     if (b->b_pending == 0) {
         if (b->b_peer_rc != 0) {
             s->rc =
@@ -336,7 +335,7 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     b->b_r = r;
     dp__graveyard_retain(b, o->local, o->n_local, what);
     s->b = NULL;
-    s->end = s->two_sided ? DP_XFER_GUARDED : DP_XFER_UNFINISHED;
+    s->end = DP_XFER_UNFINISHED;
     r->r_retained++;
     ep->n_retained++;
     ep->st.transfers_retained++;

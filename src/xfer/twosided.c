@@ -304,8 +304,7 @@ bool
 dp__ep_ts_wanted(const dp_endpoint *ep, const remote *r, const dp_xfer_desc *o)
 {
     DP_UNUSED(ep);
-    return r->r_path == DP_XFER_PATH_TWO_SIDED && o->grant != NULL && o->grant_len > 0 &&
-           o->grant_len <= DP_XFER_GRANT_MAX;
+    return r->r_path == DP_XFER_PATH_TWO_SIDED && o->grant_len > 0; /* validated */
 }
 
 void
@@ -551,6 +550,36 @@ refuse_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
         reply_locked(ep, to, kind, seq, rc, msg, NULL, 0, 0, NULL);
 }
 
+/*
+ * The checks every request to serve passes first: its header parses as kind,
+ * it came with a reply path (*to) and this endpoint serves. False: refused.
+ */
+static bool
+request_ok_locked(dp_endpoint *ep, const void *header, size_t header_length, uint8_t kind,
+                  const ucp_am_recv_param_t *param, ts_hdr *h, ucp_ep_h *to)
+{
+    const char *what = kind == TS_WRITE ? "WRITE" : "READ";
+    char msg[DP_DETAIL_MAX];
+    *to = reply_ep_of(param);
+    if (!hdr_get(header, header_length, kind, h)) {
+        snprintf(msg, sizeof msg, "malformed %s header", what);
+        refuse_locked(ep, NULL, kind, 0, DP_EPROTO, msg);
+        return false;
+    }
+    if (*to == NULL) {
+        snprintf(msg, sizeof msg, "%s without a reply path", what);
+        refuse_locked(ep, NULL, kind, h->seq, DP_EPROTO, msg);
+        return false;
+    }
+    if (!ep->serving) {
+        snprintf(msg, sizeof msg, "endpoint %s does not serve two-sided transfers",
+                 ep->name);
+        refuse_locked(ep, *to, kind, h->seq, DP_EPROTO, msg);
+        return false;
+    }
+    return true;
+}
+
 static void
 rx_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 {
@@ -575,23 +604,11 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
          const ucp_am_recv_param_t *param)
 {
     dp_endpoint *ep = arg;
-    ucp_ep_h to = reply_ep_of(param);
+    ucp_ep_h to;
     ts_hdr h;
     char msg[DP_DETAIL_MAX];
-    if (!hdr_get(header, header_length, TS_WRITE, &h)) {
-        refuse_locked(ep, NULL, TS_WRITE, 0, DP_EPROTO, "malformed WRITE header");
+    if (!request_ok_locked(ep, header, header_length, TS_WRITE, param, &h, &to))
         return UCS_OK;
-    }
-    if (to == NULL) {
-        refuse_locked(ep, NULL, TS_WRITE, h.seq, DP_EPROTO, "WRITE without a reply path");
-        return UCS_OK;
-    }
-    if (!ep->serving) {
-        snprintf(msg, sizeof msg, "endpoint %s does not serve two-sided transfers",
-                 ep->name);
-        refuse_locked(ep, to, TS_WRITE, h.seq, DP_EPROTO, msg);
-        return UCS_OK;
-    }
     if (h.b != length || length == 0 || h.a + h.b < h.a ||
         memh_of_locked(ep, h.a, h.b) == NULL) {
         snprintf(msg, sizeof msg,
@@ -656,23 +673,11 @@ read_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
         const ucp_am_recv_param_t *param)
 {
     dp_endpoint *ep = arg;
-    ucp_ep_h to = reply_ep_of(param);
+    ucp_ep_h to;
     ts_hdr h;
     char msg[DP_DETAIL_MAX];
-    if (!hdr_get(header, header_length, TS_READ, &h)) {
-        refuse_locked(ep, NULL, TS_READ, 0, DP_EPROTO, "malformed READ header");
+    if (!request_ok_locked(ep, header, header_length, TS_READ, param, &h, &to))
         return UCS_OK;
-    }
-    if (to == NULL) {
-        refuse_locked(ep, NULL, TS_READ, h.seq, DP_EPROTO, "READ without a reply path");
-        return UCS_OK;
-    }
-    if (!ep->serving) {
-        snprintf(msg, sizeof msg, "endpoint %s does not serve two-sided transfers",
-                 ep->name);
-        refuse_locked(ep, to, TS_READ, h.seq, DP_EPROTO, msg);
-        return UCS_OK;
-    }
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || h.a == 0 ||
         h.a > TS_RANGES_MAX || length != h.a * 16) {
         snprintf(msg, sizeof msg,
@@ -743,8 +748,9 @@ dp__ep_ts_init_locked(dp_endpoint *ep, dp_detail *d)
 {
     ep->rndv_min = ep->opts.rndv_min > 0 ? ep->opts.rndv_min : TS_DEFAULT_RNDV_MIN;
     const char *rm = getenv("DP_RNDV_MIN");
-    if (rm != NULL && *rm != '\0')
-        ep->rndv_min = strtoull(rm, NULL, 0);
+    if (rm != NULL && *rm != '\0' &&
+        dp__parse_size(rm, &ep->rndv_min, "DP_RNDV_MIN", d) != DP_OK)
+        return DP_EINVAL;
     ep->two_sided = ep->opts.two_sided;
     const char *e = getenv("DP_TWO_SIDED");
     if (e != NULL && *e != '\0') {
