@@ -25,6 +25,9 @@
  *     DP_ERESTARTED and the next works; rows put before the restart are
  *     missing (the new process is empty); a fresh client works; the new
  *     unit's identity_refused stays 0 (no stale bytes were ever published).
+ *   clients_killed_mid_transfer: clients SIGKILLed inside 32 MiB puts and
+ *     gets over TCP (the two-sided path): the unit stays up, a checked
+ *     client's rows come back byte for byte after every kill.
  *
  * Every step prints its time and every answer, so a CI log shows the
  * behaviour. Needs root and network namespaces with iptables: otherwise
@@ -609,4 +612,60 @@ DP_TEST(late_clear_is_refused)
     CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
     CHECK_OK_D(dp_netns_destroy(n, &d), &d);
     dp_lc_step(t0, "client quit, unit stopped, topology removed");
+}
+
+/*
+ * Clients killed in the middle of a put or a get over TCP. UCX 1.13's
+ * emulated RMA could abort the unit then (its error path in
+ * ucp_get_req_handler / uct_tcp_ep_pending_purge); puts and gets over TCP are
+ * two-sided now (docs/design.md, "Two-sided transfers"), so the unit must
+ * stay up through every kill, serve a checked client's rows byte for byte
+ * after each, and count its two-sided transfers.
+ */
+DP_TEST(clients_killed_mid_transfer)
+{
+    dp_lc_t_start = dp_test_now();
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    dp_netns *n = topology(2);
+    dp_netns_proc unit;
+    char addr[256];
+    dp_lc_unit_start(n, 0, DP_CLI_PATH, "0", SLAB, &unit, addr, sizeof addr);
+    dp_lc checked;
+    dp_lc_start(&checked, n, 1, DP_LONGCLIENT_PATH, "checked", addr, 1, TIMEOUT_S);
+    dp_lc_answer a;
+    dp_lc_ask_ok(&checked, "put " BUSY_ROWS " 7", &a);
+    dp_lc_ask_ok(&checked, "put " BIG_ROWS " 5", &a);
+    dp_lc_step(t0, "unit in host 0, checked client in host 1");
+
+    uint64_t rs = dp_test_seed();
+    for (int k = 0; k < 8; k++) {
+        t0 = dp_test_now();
+        dp_lc victim;
+        dp_lc_start(&victim, n, 1, DP_LONGCLIENT_PATH, "victim", addr, 1, TIMEOUT_S);
+        /* 32 MiB each way: a kill 2..60 ms in lands inside the transfer. */
+        const char *cmd = k % 2 == 0 ? "put 500 32 1048576 3" : "get " BIG_ROWS " 5";
+        CHECK_OK_D(dp_netns_writeline(&victim.p, cmd, &d), &d);
+        usleep((useconds_t)(2000 + dp_test_rand(&rs) % 58000));
+        CHECK_EQ(dp_netns_proc_stop(&victim.p, SIGKILL, 5), -SIGKILL);
+        CHECKF(dp_netns_proc_alive(&unit),
+               "the unit died when a client was killed in: %s", cmd);
+        dp_lc_ask_ok(&checked, "get " BUSY_ROWS " 7", &a);
+        char what[96];
+        snprintf(what, sizeof what, "victim killed in '%s'", cmd);
+        dp_lc_step(t0, what);
+    }
+    t0 = dp_test_now();
+    dp_lc_ask_ok(&checked, "get " BIG_ROWS " 5", &a);
+    dp_lc_ask_ok(&checked, "stats all", &a);
+    CHECKF(dp_lc_value_of(&a, "u0:", "two_sided_writes") > 0 &&
+               dp_lc_value_of(&a, "u0:", "two_sided_reads") > 0,
+           "the transfers over TCP did not go two-sided: %.300s", a.line);
+    CHECKF(dp_lc_value_of(&a, "u0:", "identity_refused") == 0,
+           "a commit named another allocation: %.300s", a.line);
+    dp_lc_quit(&checked);
+    CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
+    CHECK_OK_D(dp_netns_destroy(n, &d), &d);
+    dp_lc_step(t0, "unit up through every kill, rows intact");
 }

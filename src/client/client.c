@@ -611,6 +611,10 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
     uc->incarnation = in->incarnation;
     uc->stale = false;
     uc->ep_suspect = false;
+    /* Connection setup over before any transfer (dp__endpoint_remote_connect). */
+    rc = dp__endpoint_remote_connect(c->ep, name, c->o.connect_timeout_s, d);
+    if (rc != 0)
+        return rc;
     uc->lane = DP_XFER_LANE_UNKNOWN;
     uc->tls[0] = '\0';
     dp__endpoint_remote_lane(c->ep, uc->remote, &uc->lane, uc->tls, sizeof uc->tls, NULL);

@@ -203,6 +203,20 @@ int dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail
 int dp__endpoint_add_remote(dp_endpoint *ep, const void *md, size_t len, char *name_out,
                             dp_detail *d);
 
+/*
+ * Finish connecting to remote name within timeout_s (finite, > 0): wait until
+ * UCX's connection setup (wireup) with it is over, then classify its lanes
+ * again and choose its path (dp__endpoint_remote_lane, _path) from the lanes
+ * UCX settled on. The remote must progress meanwhile (a progress thread). A
+ * peer killed while UCX 1.13 still sets up its side of a TCP connection can
+ * abort that peer inside UCX (docs/design.md, "Known limitations"), so a
+ * client finishes it before its first transfer rather than during one.
+ * Errors: DP_ENOTFOUND, DP_EINVAL, DP_ETIMEDOUT, DP_ETRANSFER (UCX failed:
+ * the peer is gone), DP_EPOLICY (require_rdma and the lanes are not RDMA).
+ */
+int dp__endpoint_remote_connect(dp_endpoint *ep, const char *name, double timeout_s,
+                                dp_detail *d);
+
 /* True if a remote of that name was added and not removed. */
 bool dp__endpoint_has_remote(dp_endpoint *ep, const char *name);
 

@@ -23,6 +23,8 @@
 #include "xfer/endpoint_int.h"
 
 #include <inttypes.h>
+#include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,7 @@
 
 static int lane_locked(dp_endpoint *ep, remote *r, dp_xfer_lane *lane, char *tls,
                        size_t tls_cap, dp_detail *d);
+static int check_lanes_locked(dp_endpoint *ep, const remote *r, dp_detail *d);
 
 /* UCX's peer error callback (ep_mu held, from whichever thread progresses). */
 static void
@@ -208,18 +211,9 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
     rc = lane_locked(ep, r, &r->r_lane, r->r_tls, sizeof r->r_tls, d);
     if (rc != DP_OK)
         goto fail_locked;
-    dp_xfer_lane lane = r->r_lane;
-    const char *tls = r->r_tls;
-    if (ep->opts.require_rdma && lane != DP_XFER_LANE_RDMA && lane != DP_XFER_LANE_SHM) {
-        /* What UCX really opened, not only what the environment allows. */
-        rc = dp__fail(d, DP_EPOLICY,
-                      "endpoint %s: require_rdma: UCX reaches %s over %s (%s), not RDMA; "
-                      "give both hosts an RDMA device UCX can use, or unset "
-                      "DP_REQUIRE_RDMA",
-                      ep->name, md.name, dp__xfer_lane_name(lane), tls[0] ? tls : "?");
+    if ((rc = check_lanes_locked(ep, r, d)) != DP_OK)
         goto fail_locked;
-    }
-    dp__ep_ts_choose_path_locked(ep, r, lane);
+    dp__ep_ts_choose_path_locked(ep, r, r->r_lane);
     unlock(ep);
     /* The remote is not published yet: nothing else can unmap these mappings. */
     for (uint32_t i = 0; i < r->r_n_regs; i++)
@@ -250,6 +244,96 @@ fail_locked:
     }
     unlock(ep);
     dp__md_fini(&md);
+    return rc;
+}
+
+/* A flush of a remote's UCX endpoint, waited for by remote_connect. */
+typedef struct flush_wait {
+    bool done, abandoned;
+    ucs_status_t st;
+} flush_wait;
+
+static void
+flush_cb(void *request, ucs_status_t status, void *user_data)
+{
+    flush_wait *w = user_data;
+    w->st = status;
+    w->done = true;
+    if (w->abandoned)
+        free(w); /* its waiter gave up */
+    ucp_request_free(request);
+}
+
+/* The lanes of r (set up) against require_rdma: DP_EPOLICY if they break it. */
+static int
+check_lanes_locked(dp_endpoint *ep, const remote *r, dp_detail *d)
+{
+    if (!ep->opts.require_rdma || r->r_lane == DP_XFER_LANE_RDMA ||
+        r->r_lane == DP_XFER_LANE_SHM)
+        return DP_OK;
+    /* What UCX really opened, not only what the environment allows. */
+    return dp__fail(d, DP_EPOLICY,
+                    "endpoint %s: require_rdma: UCX reaches %s over %s (%s), not RDMA; "
+                    "give both hosts an RDMA device UCX can use, or unset "
+                    "DP_REQUIRE_RDMA",
+                    ep->name, r->r_name, dp__xfer_lane_name(r->r_lane),
+                    r->r_tls[0] ? r->r_tls : "?");
+}
+
+int
+dp__endpoint_remote_connect(dp_endpoint *ep, const char *name, double timeout_s,
+                            dp_detail *d)
+{
+    if (!(timeout_s > 0) || !isfinite(timeout_s) || timeout_s > 1e9)
+        return dp__fail(d, DP_EINVAL, "remote_connect: timeout %g s", timeout_s);
+    lock(ep);
+    int rc = check_open_locked(ep, d);
+    remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
+    if (rc == DP_OK && r == NULL)
+        rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
+                      name ? name : "(null)");
+    flush_wait *w = rc == DP_OK ? calloc(1, sizeof *w) : NULL;
+    if (rc == DP_OK && w == NULL)
+        rc = dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+    if (rc != DP_OK) {
+        unlock(ep);
+        return rc;
+    }
+    r->r_busy++; /* kept (a zombie at worst) while the lock drops */
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = flush_cb,
+        .user_data = w,
+    };
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(r->r_ep, &prm);
+    if (UCS_PTR_IS_ERR(sp) || sp == NULL)
+        *w = (flush_wait){.done = true, .st = UCS_PTR_STATUS(sp)};
+    uint64_t deadline = dp__now_ns() + (uint64_t)(timeout_s * 1e9);
+    while (!w->done && dp__now_ns() < deadline) {
+        unsigned n = ucp_worker_progress(ep->worker);
+        unlock(ep);
+        if (n == 0)
+            sched_yield();
+        lock(ep);
+    }
+    if (!w->done) {
+        w->abandoned = true; /* flush_cb frees it */
+        rc = dp__fail(d, DP_ETIMEDOUT, "endpoint %s: connecting to %s took over %g s",
+                      ep->name, r->r_name, timeout_s);
+    } else {
+        if (w->st != UCS_OK)
+            rc = dp__ep_ucx_fail(d, DP_ETRANSFER, w->st, "endpoint %s: connect to %s",
+                                 ep->name, r->r_name);
+        free(w);
+    }
+    if (rc == DP_OK)
+        rc = lane_locked(ep, r, &r->r_lane, r->r_tls, sizeof r->r_tls, d);
+    if (rc == DP_OK)
+        rc = check_lanes_locked(ep, r, d);
+    if (rc == DP_OK)
+        dp__ep_ts_choose_path_locked(ep, r, r->r_lane);
+    r->r_busy--;
+    unlock(ep);
     return rc;
 }
 
