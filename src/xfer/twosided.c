@@ -10,14 +10,10 @@
  *
  * Design notes
  * ------------
- * Wire. Every message has a 32-byte header (little-endian): "DPTS", version
- * 1, kind (1 WRITE, 2 READ), a 16-bit length v, a 64-bit sequence number
- * the sender picked, then two 64-bit words: WRITE (addr, len) followed by v
- * grant bytes; READ request (n ranges, total bytes) followed by v grant bytes,
- * its data n (addr u64, len u64) pairs; a reply (rc as u32, total bytes)
- * followed by v bytes of the target's message (why it refused). Replies go
- * back on the connection the request came on (UCP_AM_SEND_FLAG_REPLY), and a
- * reply is matched to its message by sequence number, kind and connection.
+ * Wire. The header and the READ range list are ts_wire.h's (no UCX there:
+ * fuzzed). Replies go back on the connection the request came on
+ * (UCP_AM_SEND_FLAG_REPLY), and a reply is matched to its message by
+ * sequence number, kind and connection.
  *
  * Target. Handlers run in the progress thread with ep_mu held. A request is
  * refused (and counted) unless it parses, the endpoint serves, its ranges
@@ -44,56 +40,11 @@
 #include <string.h>
 
 #include "common/le.h"
+#include "xfer/ts_wire.h"
 
 enum { TS_AM_WRITE = 1, TS_AM_READ = 2, TS_AM_ACK = 3, TS_AM_DATA = 4 };
-enum { TS_WRITE = 1, TS_READ = 2 };
-
-#define TS_MAGIC "DPTS"
-#define TS_VERSION 1
-#define TS_HDR 32
 #define TS_MSG_MAX 120                   /* bytes of a refusal's reason sent back */
-#define TS_RANGES_MAX (1u << 20)         /* ranges one READ request may name */
 #define TS_DEFAULT_RNDV_MIN (16u * 1024) /* docs/design.md, "Two-sided transfers" */
-
-typedef struct ts_hdr {
-    uint8_t kind;
-    uint16_t vlen;
-    uint64_t seq, a, b;
-    const uint8_t *v;
-} ts_hdr;
-
-static size_t
-hdr_put(uint8_t *h, uint8_t kind, uint64_t seq, uint64_t a, uint64_t b, const void *v,
-        uint16_t vlen)
-{
-    memcpy(h, TS_MAGIC, 4);
-    h[4] = TS_VERSION;
-    h[5] = kind;
-    dp__le16_store(h + 6, vlen);
-    dp__le64_store(h + 8, seq);
-    dp__le64_store(h + 16, a);
-    dp__le64_store(h + 24, b);
-    if (vlen > 0)
-        memcpy(h + TS_HDR, v, vlen);
-    return TS_HDR + (size_t)vlen;
-}
-
-/* Parse an untrusted header; false if it is not one of kind. */
-static bool
-hdr_get(const void *header, size_t len, uint8_t kind, ts_hdr *h)
-{
-    const uint8_t *p = header;
-    if (p == NULL || len < TS_HDR || memcmp(p, TS_MAGIC, 4) != 0 || p[4] != TS_VERSION ||
-        p[5] != kind)
-        return false;
-    h->kind = p[5];
-    h->vlen = dp__le16_load(p + 6);
-    h->seq = dp__le64_load(p + 8);
-    h->a = dp__le64_load(p + 16);
-    h->b = dp__le64_load(p + 24);
-    h->v = p + TS_HDR;
-    return len == TS_HDR + (size_t)h->vlen;
-}
 
 static ucp_ep_h
 reply_ep_of(const ucp_am_recv_param_t *param)
@@ -239,7 +190,7 @@ static void
 post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
                       size_t k1, uint64_t raddr, batch *b)
 {
-    tsop *t = tsop_new_locked(ep, r, b, TS_WRITE);
+    tsop *t = tsop_new_locked(ep, r, b, DP_TS_WRITE);
     if (t == NULL ||
         (t->t_iov = iov_of(o->local, k0, k1, &t->t_n_iov, &t->t_total)) == NULL) {
         if (t != NULL)
@@ -247,8 +198,8 @@ post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
         b->b_status = UCS_ERR_NO_MEMORY;
         return;
     }
-    t->t_hdr_len = hdr_put(t->t_hdr, TS_WRITE, t->t_seq, raddr, t->t_total, o->grant,
-                           (uint16_t)o->grant_len);
+    t->t_hdr_len = dp__ts_hdr_put(t->t_hdr, DP_TS_WRITE, t->t_seq, raddr, t->t_total,
+                                  o->grant, (uint16_t)o->grant_len);
     bool one = t->t_n_iov == 1;
     send_locked(
         ep, t, TS_AM_WRITE, one ? t->t_iov[0].buffer : (void *)t->t_iov,
@@ -260,7 +211,7 @@ post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
 static void
 post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
 {
-    tsop *t = tsop_new_locked(ep, r, b, TS_READ);
+    tsop *t = tsop_new_locked(ep, r, b, DP_TS_READ);
     uint8_t *req = malloc((o->n_remote ? o->n_remote : 1) * 16);
     if (t == NULL || req == NULL ||
         (t->t_iov = iov_of(o->local, 0, o->n_local, &t->t_n_iov, &t->t_total)) == NULL) {
@@ -295,8 +246,8 @@ post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
     }
     t->t_req = req;
     t->t_req_len = 16 * n;
-    t->t_hdr_len = hdr_put(t->t_hdr, TS_READ, t->t_seq, n, t->t_total, o->grant,
-                           (uint16_t)o->grant_len);
+    t->t_hdr_len = dp__ts_hdr_put(t->t_hdr, DP_TS_READ, t->t_seq, n, t->t_total, o->grant,
+                                  (uint16_t)o->grant_len);
     send_locked(ep, t, TS_AM_READ, req, t->t_req_len, false, false, NULL);
 }
 
@@ -345,7 +296,7 @@ find_locked(dp_endpoint *ep, uint64_t seq, uint8_t kind, ucp_ep_h from)
 
 /* The target's verdict in a reply: 0, or its refusal recorded in the batch. */
 static int
-verdict_locked(tsop *t, const ts_hdr *h)
+verdict_locked(tsop *t, const dp_ts_hdr *h)
 {
     int rc = (int)(int32_t)(uint32_t)h->a;
     if (rc == 0)
@@ -370,10 +321,10 @@ ack_cb(void *arg, const void *header, size_t header_length, void *data, size_t l
     DP_UNUSED(data);
     DP_UNUSED(length);
     dp_endpoint *ep = arg;
-    ts_hdr h;
+    dp_ts_hdr h;
     tsop *t;
-    if (!hdr_get(header, header_length, TS_WRITE, &h) ||
-        (t = find_locked(ep, h.seq, TS_WRITE, reply_ep_of(param))) == NULL)
+    if (!dp__ts_hdr_get(header, header_length, DP_TS_WRITE, &h) ||
+        (t = find_locked(ep, h.seq, DP_TS_WRITE, reply_ep_of(param))) == NULL)
         return UCS_OK; /* late (its op ended) or not ours */
     verdict_locked(t, &h);
     reply_end_locked(ep, t, UCS_OK);
@@ -385,10 +336,10 @@ data_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
         const ucp_am_recv_param_t *param)
 {
     dp_endpoint *ep = arg;
-    ts_hdr h;
+    dp_ts_hdr h;
     tsop *t;
-    if (!hdr_get(header, header_length, TS_READ, &h) ||
-        (t = find_locked(ep, h.seq, TS_READ, reply_ep_of(param))) == NULL)
+    if (!dp__ts_hdr_get(header, header_length, DP_TS_READ, &h) ||
+        (t = find_locked(ep, h.seq, DP_TS_READ, reply_ep_of(param))) == NULL)
         return UCS_OK;
     if (verdict_locked(t, &h) != 0) {
         reply_end_locked(ep, t, UCS_OK);
@@ -460,7 +411,7 @@ typedef struct ts_reply {
     uint64_t y_gen;
     uint64_t y_total;
     ucp_dt_iov_t *y_iov;
-    uint8_t y_hdr[TS_HDR + TS_MSG_MAX];
+    uint8_t y_hdr[DP_TS_HDR + TS_MSG_MAX];
 } ts_reply;
 
 /* A rendezvous WRITE being received. */
@@ -516,7 +467,8 @@ reply_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
     y->y_total = total;
     y->y_iov = iov;
     size_t mlen = msg != NULL ? DP_MIN(strlen(msg), (size_t)TS_MSG_MAX) : 0;
-    size_t hlen = hdr_put(y->y_hdr, kind, seq, (uint32_t)rc, total, msg, (uint16_t)mlen);
+    size_t hlen =
+        dp__ts_hdr_put(y->y_hdr, kind, seq, (uint32_t)rc, total, msg, (uint16_t)mlen);
     bool one = n_iov == 1;
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -529,8 +481,9 @@ reply_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
     };
     const void *buf = n_iov == 0 ? NULL : one ? iov[0].buffer : (void *)iov;
     size_t count = n_iov == 0 ? 0 : one ? iov[0].length : n_iov;
-    ucs_status_ptr_t sp = ucp_am_send_nbx(to, kind == TS_WRITE ? TS_AM_ACK : TS_AM_DATA,
-                                          y->y_hdr, hlen, buf, count, &prm);
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(to, kind == DP_TS_WRITE ? TS_AM_ACK : TS_AM_DATA, y->y_hdr, hlen,
+                        buf, count, &prm);
     if (UCS_PTR_IS_ERR(sp))
         reply_done_locked(y, UCS_PTR_STATUS(sp));
     else if (sp == NULL)
@@ -545,7 +498,7 @@ refuse_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
 {
     ep->st.ts_refused++;
     DP_LOG_D("endpoint %s: two-sided %s refused: %s", ep->name,
-             kind == TS_WRITE ? "WRITE" : "READ", msg);
+             kind == DP_TS_WRITE ? "WRITE" : "READ", msg);
     if (to != NULL)
         reply_locked(ep, to, kind, seq, rc, msg, NULL, 0, 0, NULL);
 }
@@ -556,12 +509,12 @@ refuse_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
  */
 static bool
 request_ok_locked(dp_endpoint *ep, const void *header, size_t header_length, uint8_t kind,
-                  const ucp_am_recv_param_t *param, ts_hdr *h, ucp_ep_h *to)
+                  const ucp_am_recv_param_t *param, dp_ts_hdr *h, ucp_ep_h *to)
 {
-    const char *what = kind == TS_WRITE ? "WRITE" : "READ";
+    const char *what = kind == DP_TS_WRITE ? "WRITE" : "READ";
     char msg[DP_DETAIL_MAX];
     *to = reply_ep_of(param);
-    if (!hdr_get(header, header_length, kind, h)) {
+    if (!dp__ts_hdr_get(header, header_length, kind, h)) {
         snprintf(msg, sizeof msg, "malformed %s header", what);
         refuse_locked(ep, NULL, kind, 0, DP_EPROTO, msg);
         return false;
@@ -593,7 +546,7 @@ rx_cb(void *request, ucs_status_t status, size_t length, void *user_data)
     if (status == UCS_OK) {
         ep->st.ts_bytes_in += x->x_len;
         /* Completed: the connection is alive, its endpoint handle valid. */
-        reply_locked(ep, x->x_reply, TS_WRITE, x->x_seq, 0, NULL, NULL, 0, 0, NULL);
+        reply_locked(ep, x->x_reply, DP_TS_WRITE, x->x_seq, 0, NULL, NULL, 0, 0, NULL);
     }
     free(x);
     ucp_request_free(request);
@@ -605,9 +558,9 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
 {
     dp_endpoint *ep = arg;
     ucp_ep_h to;
-    ts_hdr h;
+    dp_ts_hdr h;
     char msg[DP_DETAIL_MAX];
-    if (!request_ok_locked(ep, header, header_length, TS_WRITE, param, &h, &to))
+    if (!request_ok_locked(ep, header, header_length, DP_TS_WRITE, param, &h, &to))
         return UCS_OK;
     if (h.b != length || length == 0 || h.a + h.b < h.a ||
         memh_of_locked(ep, h.a, h.b) == NULL) {
@@ -615,7 +568,7 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
                  "WRITE of %zu bytes (header: %" PRIu64 " at 0x%" PRIx64
                  ") does not fit this endpoint's memory",
                  length, h.b, h.a);
-        refuse_locked(ep, to, TS_WRITE, h.seq, DP_EPROTO, msg);
+        refuse_locked(ep, to, DP_TS_WRITE, h.seq, DP_EPROTO, msg);
         return UCS_OK;
     }
     void *hold = NULL;
@@ -623,7 +576,7 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
     dp_detail_clear(&d);
     int rc = ep->serve.write_begin(ep->serve.ctx, h.v, h.vlen, h.a, h.b, &hold, &d);
     if (rc != 0) {
-        refuse_locked(ep, to, TS_WRITE, h.seq, rc, d.msg);
+        refuse_locked(ep, to, DP_TS_WRITE, h.seq, rc, d.msg);
         return UCS_OK;
     }
     ep->st.ts_served++;
@@ -631,13 +584,13 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
         memcpy((void *)(uintptr_t)h.a, data, length);
         ep->serve.write_end(ep->serve.ctx, hold, true);
         ep->st.ts_bytes_in += length;
-        reply_locked(ep, to, TS_WRITE, h.seq, 0, NULL, NULL, 0, 0, NULL);
+        reply_locked(ep, to, DP_TS_WRITE, h.seq, 0, NULL, NULL, 0, 0, NULL);
         return UCS_OK;
     }
     ts_rx *x = calloc(1, sizeof *x);
     if (x == NULL) {
         ep->serve.write_end(ep->serve.ctx, hold, false);
-        refuse_locked(ep, to, TS_WRITE, h.seq, DP_ENOMEM, "out of memory");
+        refuse_locked(ep, to, DP_TS_WRITE, h.seq, DP_ENOMEM, "out of memory");
         return UCS_OK;
     }
     *x = (ts_rx){ep, hold, ep->serve_gen, h.seq, h.b, to};
@@ -655,12 +608,12 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
         ep->serve.write_end(ep->serve.ctx, hold, false);
         snprintf(msg, sizeof msg, "receive failed: %s",
                  ucs_status_string(UCS_PTR_STATUS(sp)));
-        refuse_locked(ep, to, TS_WRITE, h.seq, DP_ETRANSFER, msg);
+        refuse_locked(ep, to, DP_TS_WRITE, h.seq, DP_ETRANSFER, msg);
         free(x);
     } else if (sp == NULL) {
         ep->serve.write_end(ep->serve.ctx, hold, true);
         ep->st.ts_bytes_in += h.b;
-        reply_locked(ep, to, TS_WRITE, h.seq, 0, NULL, NULL, 0, 0, NULL);
+        reply_locked(ep, to, DP_TS_WRITE, h.seq, 0, NULL, NULL, 0, 0, NULL);
         free(x);
     } else {
         ep->ts_inflight++;
@@ -674,56 +627,40 @@ read_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
 {
     dp_endpoint *ep = arg;
     ucp_ep_h to;
-    ts_hdr h;
+    dp_ts_hdr h;
     char msg[DP_DETAIL_MAX];
-    if (!request_ok_locked(ep, header, header_length, TS_READ, param, &h, &to))
+    if (!request_ok_locked(ep, header, header_length, DP_TS_READ, param, &h, &to))
         return UCS_OK;
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || h.a == 0 ||
-        h.a > TS_RANGES_MAX || length != h.a * 16) {
-        snprintf(msg, sizeof msg,
-                 "malformed READ request: %" PRIu64 " ranges in %zu bytes%s", h.a, length,
-                 (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? " by rendezvous" : "");
-        refuse_locked(ep, to, TS_READ, h.seq, DP_EPROTO, msg);
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        refuse_locked(ep, to, DP_TS_READ, h.seq, DP_EPROTO,
+                      "malformed READ request: sent by rendezvous");
         return UCS_OK;
     }
-    size_t n = (size_t)h.a;
+    size_t n = h.a > 0 && h.a <= DP_TS_RANGES_MAX ? (size_t)h.a : 1;
     dp_range *rg = malloc(n * sizeof *rg);
     ucp_dt_iov_t *iov = malloc(n * sizeof *iov);
     if (rg == NULL || iov == NULL) {
         free(rg);
         free(iov);
-        refuse_locked(ep, to, TS_READ, h.seq, DP_ENOMEM, "out of memory");
+        refuse_locked(ep, to, DP_TS_READ, h.seq, DP_ENOMEM, "out of memory");
         return UCS_OK;
     }
-    const uint8_t *p = data;
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        rg[i].addr = dp__le64_load(p + 16 * i);
-        rg[i].nbytes = dp__le64_load(p + 16 * i + 8);
+    int prc = dp__ts_ranges_parse(&h, data, length, rg, msg, sizeof msg);
+    for (size_t i = 0; prc == DP_OK && i < n; i++) {
         iov[i].buffer = (void *)(uintptr_t)rg[i].addr;
         iov[i].length = rg[i].nbytes;
-        if (rg[i].nbytes == 0 || rg[i].addr + rg[i].nbytes < rg[i].addr ||
-            total + rg[i].nbytes < total ||
-            memh_of_locked(ep, rg[i].addr, rg[i].nbytes) == NULL) {
+        if (memh_of_locked(ep, rg[i].addr, rg[i].nbytes) == NULL) {
             snprintf(msg, sizeof msg,
                      "READ range %zu (%" PRIu64 " bytes at 0x%" PRIx64
-                     ") is empty or outside this endpoint's memory",
+                     ") is outside this endpoint's memory",
                      i, rg[i].nbytes, rg[i].addr);
-            free(rg);
-            free(iov);
-            refuse_locked(ep, to, TS_READ, h.seq, DP_EPROTO, msg);
-            return UCS_OK;
+            prc = DP_EPROTO;
         }
-        total += rg[i].nbytes;
     }
-    if (total != h.b) {
-        snprintf(msg, sizeof msg,
-                 "READ request: its ranges hold %" PRIu64
-                 " bytes, its header says %" PRIu64,
-                 total, h.b);
+    if (prc != DP_OK) {
         free(rg);
         free(iov);
-        refuse_locked(ep, to, TS_READ, h.seq, DP_EPROTO, msg);
+        refuse_locked(ep, to, DP_TS_READ, h.seq, DP_EPROTO, msg);
         return UCS_OK;
     }
     void *hold = NULL;
@@ -733,11 +670,11 @@ read_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
     free(rg);
     if (rc != 0) {
         free(iov);
-        refuse_locked(ep, to, TS_READ, h.seq, rc, d.msg);
+        refuse_locked(ep, to, DP_TS_READ, h.seq, rc, d.msg);
         return UCS_OK;
     }
     ep->st.ts_served++;
-    reply_locked(ep, to, TS_READ, h.seq, 0, NULL, iov, n, total, hold);
+    reply_locked(ep, to, DP_TS_READ, h.seq, 0, NULL, iov, n, h.b, hold);
     return UCS_OK;
 }
 
@@ -796,7 +733,7 @@ dp__ep_ts_init_locked(dp_endpoint *ep, dp_detail *d)
 void
 dp__ep_ts_choose_path_locked(dp_endpoint *ep, remote *r, dp_xfer_lane lane)
 {
-    bool able = r->r_serves && ep->max_am_header >= TS_HDR + DP_XFER_GRANT_MAX;
+    bool able = r->r_serves && ep->max_am_header >= DP_TS_HDR + DP_XFER_GRANT_MAX;
     if (!able || ep->two_sided == DP_XFER_TS_NEVER)
         r->r_path = DP_XFER_PATH_RMA;
     else if (ep->two_sided == DP_XFER_TS_ALWAYS)
