@@ -23,7 +23,7 @@
 #define FAIL_IF(cond)                                                                    \
     do {                                                                                 \
         if (cond) {                                                                      \
-            fprintf(stderr, "fuzz_ts_wire: %s (line %d)\n", #cond, __LINE__);           \
+            fprintf(stderr, "fuzz_ts_wire: %s (line %d)\n", #cond, __LINE__);            \
             abort();                                                                     \
         }                                                                                \
     } while (0)

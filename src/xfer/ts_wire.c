@@ -50,8 +50,8 @@ dp__ts_ranges_parse(const dp_ts_hdr *h, const void *data, size_t len, dp_range *
 {
     if (h->a == 0 || h->a > DP_TS_RANGES_MAX || len != h->a * 16 ||
         (len > 0 && data == NULL)) {
-        snprintf(msg, cap, "malformed READ request: %" PRIu64 " ranges in %zu bytes", h->a,
-                 len);
+        snprintf(msg, cap, "malformed READ request: %" PRIu64 " ranges in %zu bytes",
+                 h->a, len);
         return DP_EPROTO;
     }
     const uint8_t *p = data;
@@ -71,7 +71,8 @@ dp__ts_ranges_parse(const dp_ts_hdr *h, const void *data, size_t len, dp_range *
     }
     if (total != h->b) {
         snprintf(msg, cap,
-                 "READ request: its ranges hold %" PRIu64 " bytes, its header says %" PRIu64,
+                 "READ request: its ranges hold %" PRIu64
+                 " bytes, its header says %" PRIu64,
                  total, h->b);
         return DP_EPROTO;
     }
