@@ -56,6 +56,23 @@ slurp(const char *path, char *out, size_t cap)
     fclose(f);
 }
 
+/*
+ * slurp, again until it holds want or timeout_s passed: up prints a line
+ * after the file the test waited for appeared (the cluster file, then its
+ * "export" line).
+ */
+static void
+slurp_until(const char *path, const char *want, char *out, size_t cap, double timeout_s)
+{
+    double end = dp_test_now() + timeout_s;
+    for (;;) {
+        slurp(path, out, cap);
+        if (strstr(out, want) != NULL || dp_test_now() >= end)
+            return;
+        usleep(20000);
+    }
+}
+
 typedef struct up_proc {
     pid_t pid;
     char dir[128];
@@ -273,7 +290,7 @@ DP_TEST(up_admin_commands_and_sigint)
     CHECKF(ok, "no cluster file; up said: %s", log);
     int64_t pids[2];
     load_pids(u.file, pids, 2);
-    slurp(u.out, log, sizeof log);
+    slurp_until(u.out, "export DP_CLUSTER=", log, sizeof log, 30);
     CHECK_CONTAINS(log, "starting 2 units");
     CHECK_CONTAINS(log, "unit 0 at tcp://");
     CHECK_CONTAINS(log, "unit 1 at tcp://");
