@@ -12,7 +12,11 @@ PKGS=(
     libzmq3-dev                             # control plane
     libmsgpack-dev                          # msgpack-c: the reference the codec is tested against
     libnuma-dev                             # NUMA placement of slabs
-    libcjson-dev                            # cluster files (cluster.json)
+    libcjson-dev                            # cluster files (cluster.json), registry records
+    libcurl4-openssl-dev                    # the etcd registry (its v3 HTTP/JSON gateway)
+    etcd-server etcd-client                 # the registry tests start a real etcd
+    slurm-wlm munge                         # the Slurm launch test (a one-node cluster)
+    python3-yaml                            # checks the Kubernetes manifests parse
     redis-server redis-tools                # benchmark comparison
     iproute2 iptables                       # multi-host fault tests (network namespaces)
     iperf3                                  # the link limit in bench/hosts.sh

@@ -185,6 +185,14 @@ DP_API void dp_client_opts_init(dp_client_opts *o);
  * Connect to the cluster described by a cluster file: cluster is a file or a
  * directory holding cluster.json; NULL or "" means $DP_CLUSTER, else the
  * default directory ($XDG_RUNTIME_DIR/dataplane or /tmp/dataplane-<uid>).
+ * Or through a registry: cluster (or $DP_CLUSTER) is
+ * "etcd://HOST:PORT[,HOST:PORT...]/NAME"; the units' records are read,
+ * waiting up to opts.connect_timeout_s for all N to register (DP_ENOTFOUND
+ * names the missing ones), and the client then follows them: a unit that
+ * registers again with another address or incarnation is re-bound before
+ * the next operation (which reports DP_ERESTARTED for it, as for a unit
+ * restarted in place). etcd lost meanwhile: the client serves on with the
+ * units it knows.
  * Asks every unit for its info (all at once), checks that unit i says it is
  * unit i of n, and connects the transfer endpoint to each. opts NULL: the
  * defaults. On success *out is a connected client (dp_client_close it).
@@ -222,7 +230,11 @@ DP_API void dp_client_close(dp_client *c);
 /* Number of units (constant after open). Threads: any. */
 DP_API uint32_t dp_client_n_units(const dp_client *c);
 
-/* Unit i's control address (valid until close), NULL if i is out of range. */
+/*
+ * Unit i's control address (valid until close), NULL if i is out of range.
+ * A client following a registry may change it (a unit that moved) during
+ * any operation of another thread: copy it then.
+ */
 DP_API const char *dp_client_unit_address(const dp_client *c, uint32_t i);
 
 /* The unit that owns row gidx: gidx % n_units. */

@@ -30,6 +30,7 @@ int dp__cmd_clear(int argc, char **argv);
 int dp__cmd_put(int argc, char **argv);
 int dp__cmd_get(int argc, char **argv);
 int dp__cmd_bench(int argc, char **argv);
+int dp__cmd_cluster(int argc, char **argv);
 
 /*
  * "dataplane <cmd>: <message>" and "Run 'dataplane <cmd> --help' for usage."
@@ -74,7 +75,7 @@ typedef struct dp__cli_unit {
  * set); nothing here uses them.
  */
 typedef struct dp__cli_conn {
-    char path[PATH_MAX]; /* the cluster file */
+    char path[PATH_MAX]; /* the cluster file, or the registry's URL */
     dp_cluster cl;
     dp_ctl_client *ctl;
     dp_wire_rid_gen rids;
@@ -94,10 +95,11 @@ typedef struct dp__cli_conn {
 
 /*
  * Locate (arg, else $DP_CLUSTER, else the default directory) and load the
- * cluster file, open the control-only client of its units, and (unless
- * DP__CLI_NO_CHECK) ask every unit who it is (dp__cli_check_units, within
- * connect_timeout_s). Control calls then wait timeout_s. Errors of
- * dp__cluster_locate and dp__cluster_load (DP_ENOTFOUND says how to start a
+ * cluster file, or read the registry arg names (etcd://...: waiting up to
+ * connect_timeout_s for every unit to register; dp__cluster_resolve), open the
+ * control-only client of its units, and (unless DP__CLI_NO_CHECK) ask every unit who it
+ * is (dp__cli_check_units, within connect_timeout_s). Control calls then wait timeout_s.
+ * Errors of dp__cluster_locate and dp__cluster_load (DP_ENOTFOUND says how to start a
  * cluster), of dp__cli_check_units, DP_ENOMEM. On an error nothing is left
  * to disconnect.
  */
@@ -119,6 +121,14 @@ void dp__cli_disconnect(dp__cli_conn *c);
  * instead), an error reply of a unit.
  */
 int dp__cli_check_units(dp__cli_conn *c, int64_t only, unsigned flags, dp_detail *d);
+
+/*
+ * Ask the unit at addr for its info within timeout_s: DP_OK with the
+ * incarnation that answered, else why (cap bytes) says what happened (the
+ * error of the call: DP_ETRANSFER / DP_ETIMEDOUT for a unit that is down).
+ */
+int dp__cli_probe_unit(const char *addr, double timeout_s, uint64_t *incarnation,
+                       char *why, size_t cap);
 
 /* Parse a cluster-relative unit index ("3") against the loaded cluster. */
 int dp__cli_parse_unit(const dp__cli_conn *c, const char *s, uint32_t *out, dp_detail *d);

@@ -48,9 +48,8 @@ dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
     memset(c, 0, sizeof *c);
     c->timeout_s = timeout_s > 0 ? timeout_s : DP_CLI_TIMEOUT_S;
     c->connect_timeout_s = connect_timeout_s > 0 ? connect_timeout_s : c->timeout_s;
-    int rc = dp__cluster_locate(arg, c->path, sizeof c->path, d);
-    if (rc == DP_OK)
-        rc = dp__cluster_load(c->path, &c->cl, d);
+    int rc = dp__cluster_resolve(arg, c->connect_timeout_s, &c->cl, c->path,
+                                 sizeof c->path, d);
     if (rc == DP_OK && (c->units = calloc(c->cl.n_units, sizeof *c->units)) == NULL)
         rc = dp__fail(d, DP_ENOMEM, "out of memory");
     if (rc == DP_OK)
@@ -241,4 +240,47 @@ dp__cli_guard_stdout(void)
     }
     stdout = out;
 #endif
+}
+
+int
+dp__cli_probe_unit(const char *addr, double timeout_s, uint64_t *incarnation, char *why,
+                   size_t cap)
+{
+    *incarnation = 0;
+    dp_ctl_client *ctl = NULL;
+    dp_wire_rid_gen rids;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_buf req, rep;
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
+    char rid[DP_WIRE_RID_MAX];
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_INFO;
+    int rc = dp__ctl_client_create(&ctl, &d);
+    if (rc == DP_OK)
+        rc = dp__wire_rid_gen_init(&rids, &d);
+    if (rc == DP_OK) {
+        q.rid = dp__wire_rid_next(&rids, rid);
+        rc = dp__wire_request_encode(&q, NULL, &req, &d);
+    }
+    if (rc == DP_OK)
+        rc = dp__ctl_call(ctl, addr, req.data, req.len, rid, timeout_s, &rep, &d);
+    if (rc == DP_OK) {
+        dp_wire_reply r;
+        memset(&r, 0, sizeof r);
+        rc = dp__wire_reply_decode(rep.data, rep.len, DP_WIRE_OP_INFO, NULL, &r, &d);
+        if (rc == DP_OK && !r.ok)
+            rc = dp__fail(&d, DP_EPROTO, "it answered info with an error");
+        if (rc == DP_OK)
+            *incarnation = r.r.info.incarnation;
+        dp__wire_reply_fini(&r);
+    }
+    if (rc != DP_OK)
+        snprintf(why, cap, "it does not answer: %s", dp_detail_msg(&d));
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(ctl);
+    return rc;
 }

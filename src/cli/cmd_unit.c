@@ -14,10 +14,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "common/common.h"
+#include "ctl/ctl.h"
+#include "registry/registry.h"
 #include "unit/server.h"
+#include "unit/unit.h"
+#include "wire/wire.h"
+#include "xfer/endpoint.h"
 
 static const char usage_unit[] =
     "usage: dataplane unit [options]\n"
@@ -48,8 +54,19 @@ static const char usage_unit[] =
     "                       info reports it and clients whose cluster file names\n"
     "                       another id refuse the unit (`up` sets one per cluster)\n"
     "  --numa MODE          auto, bind or off (auto); a no-op on one-node machines\n"
-    "  --unit-id K          this unit's index in the cluster (0)\n"
+    "  --unit-id K|auto     this unit's index in the cluster (0); auto: from the\n"
+    "                       launcher: SLURM_PROCID (N from SLURM_NTASKS), else the\n"
+    "                       host name's -ORDINAL suffix (a Kubernetes StatefulSet pod)\n"
+    "  --unit-id-env NAME   take the id from environment variable NAME (implies auto)\n"
     "  --units N            units in the cluster; row g belongs to unit g % N (1)\n"
+    "  --registry URL       register in etcd: etcd://HOST:PORT[,HOST:PORT...]/NAME;\n"
+    "                       clients then find the cluster by that URL. NAME is the\n"
+    "                       cluster id. The record lives as long as a lease this\n"
+    "                       unit renews; a unit id another live unit holds, or an N\n"
+    "                       other than the cluster's, is refused\n"
+    "  --registry-ttl S     the registration's lease: a unit that dies leaves the\n"
+    "                       registry within S seconds (10)\n"
+    "  --registry-wait-s S  how long to keep trying to reach etcd at start (60)\n"
     "  --ssd-dir DIR        SSD tier: puts the slab cannot take spill to files in\n"
     "                       DIR (unlinked at once: nothing stays when the unit ends)\n"
     "  --staging SIZE       IO area for spills and staged reads, with --ssd-dir (64M)\n"
@@ -69,7 +86,11 @@ unit_usage_error(const char *fmt, const char *arg)
 typedef struct unit_cmd {
     const char *bind_ip, *advertise;
     uint64_t port, unit_id, units, staging;
-    bool staging_set;
+    bool staging_set, units_set, id_auto;
+    const char *id_env, *registry;
+    char id_source[320];
+    dp__reg_url reg;
+    double reg_ttl_s, reg_wait_s;
     dp_unit_opts uo;
     dp_detail d;
 } unit_cmd;
@@ -88,7 +109,11 @@ enum {
     O_UNITS,
     O_SSD,
     O_STAGING,
-    O_PICKUP
+    O_PICKUP,
+    O_ID_ENV,
+    O_REGISTRY,
+    O_REG_TTL,
+    O_REG_WAIT
 };
 
 /* unit_option and unit_parse: go on (anything else is the exit status). */
@@ -148,10 +173,31 @@ unit_option(unit_cmd *u, int c, char **argv)
             return unit_usage_error("--numa must be auto, bind or off, not '%s'", optarg);
         break;
     case O_ID:
-        rc = dp__parse_u64(optarg, 0, UINT32_MAX - 1, &u->unit_id, "--unit-id", d);
+        u->id_auto = strcmp(optarg, "auto") == 0;
+        if (!u->id_auto)
+            rc = dp__parse_u64(optarg, 0, UINT32_MAX - 1, &u->unit_id, "--unit-id", d);
+        break;
+    case O_ID_ENV:
+        if (optarg[0] == '\0')
+            return unit_usage_error("--unit-id-env must name a variable%s", "");
+        u->id_env = optarg;
+        u->id_auto = true;
         break;
     case O_UNITS:
         rc = dp__parse_u64(optarg, 1, UINT32_MAX, &u->units, "--units", d);
+        u->units_set = true;
+        break;
+    case O_REGISTRY:
+        rc = dp__reg_url_parse(optarg, &u->reg, d);
+        u->registry = optarg;
+        break;
+    case O_REG_TTL:
+        rc = dp__parse_seconds(optarg, &u->reg_ttl_s, "--registry-ttl", d);
+        if (rc == 0 && !(u->reg_ttl_s >= 1 && u->reg_ttl_s <= 3600))
+            rc = dp__fail(d, DP_EINVAL, "--registry-ttl must be 1..3600 seconds");
+        break;
+    case O_REG_WAIT:
+        rc = dp__parse_seconds(optarg, &u->reg_wait_s, "--registry-wait-s", d);
         break;
     case O_SSD:
         if (optarg[0] == '\0')
@@ -197,9 +243,14 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"ssd-dir", required_argument, NULL, O_SSD},
         {"staging", required_argument, NULL, O_STAGING},
         {"pickup-s", required_argument, NULL, O_PICKUP},
+        {"unit-id-env", required_argument, NULL, O_ID_ENV},
+        {"registry", required_argument, NULL, O_REGISTRY},
+        {"registry-ttl", required_argument, NULL, O_REG_TTL},
+        {"registry-wait-s", required_argument, NULL, O_REG_WAIT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    *u = (unit_cmd){.bind_ip = "127.0.0.1", .units = 1};
+    *u =
+        (unit_cmd){.bind_ip = "127.0.0.1", .units = 1, .reg_ttl_s = 10, .reg_wait_s = 60};
     dp__unit_opts_init(&u->uo);
     u->uo.slab_bytes = 256ull << 20;
     dp_detail_clear(&u->d);
@@ -213,6 +264,40 @@ unit_parse(int argc, char **argv, unit_cmd *u)
     }
     if (optind < argc)
         return unit_usage_error("unexpected argument '%s'", argv[optind]);
+    if (u->id_auto) {
+        uint32_t id = 0, n = 0;
+        if (dp__reg_auto_id(u->id_env, &id, &n, u->id_source, sizeof u->id_source,
+                            &u->d) != DP_OK)
+            return unit_usage_error("%s", dp_detail_msg(&u->d));
+        u->unit_id = id;
+        if (n != 0 && u->units_set && n != u->units) {
+            char msg[512];
+            snprintf(msg, sizeof msg,
+                     "--units %" PRIu64 " but the launcher (%s) says %" PRIu32 " tasks",
+                     u->units, u->id_source, n);
+            return unit_usage_error("%s", msg);
+        }
+        if (n != 0)
+            u->units = n;
+        else if (!u->units_set)
+            return unit_usage_error("--unit-id auto took the id from %s, which does not "
+                                    "say how many units there are: give --units N",
+                                    u->id_source);
+    }
+    if (u->registry != NULL) {
+        if (u->uo.cluster_id != NULL && strcmp(u->uo.cluster_id, u->reg.name) != 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "--cluster-id %s differs from the registry's cluster name %s (leave "
+                     "--cluster-id out: the name is the id)",
+                     u->uo.cluster_id, u->reg.name);
+            return unit_usage_error("%s", msg);
+        }
+        u->uo.cluster_id = u->reg.name;
+    } else if (u->reg_wait_s != 60 || u->reg_ttl_s != 10) {
+        return unit_usage_error("--registry-ttl and --registry-wait-s need --registry%s",
+                                "");
+    }
     if (u->unit_id >= u->units) {
         char msg[96];
         snprintf(msg, sizeof msg, "--unit-id %" PRIu64 " must be below --units %" PRIu64,
@@ -226,6 +311,59 @@ unit_parse(int argc, char **argv, unit_cmd *u)
     u->uo.unit_id = (uint32_t)u->unit_id;
     u->uo.n_units = (uint32_t)u->units;
     return UNIT_GO_ON;
+}
+
+/*
+ * The registry's probe: does holder's incarnation answer info at its address
+ * within a second? A unit restarted at the same address answers as itself,
+ * which is another incarnation: not alive.
+ */
+static int
+probe_holder(void *ctx, const dp__reg_record *holder, char *why, size_t cap)
+{
+    DP_UNUSED(ctx);
+    uint64_t inc = 0;
+    int rc = dp__cli_probe_unit(holder->zmq, 1.0, &inc, why, cap);
+    if (rc == DP_ENOMEM || rc == DP_ESYS)
+        return 1; /* cannot tell: do not take its id */
+    if (rc != DP_OK)
+        return 0;
+    if (inc == holder->incarnation)
+        return 1;
+    snprintf(why, cap, "incarnation %016" PRIx64 " answers at %s instead", inc,
+             holder->zmq);
+    return 0;
+}
+
+/* Register the served unit in u's registry: *out, or an error in u->d. */
+static int
+unit_register(unit_cmd *u, dp_unit_server *srv, const char *name, dp__reg_unit **out)
+{
+    const dp_unit_opts *uo = &u->uo;
+    dp_unit *un = dp__unit_server_unit(srv);
+    dp__reg_record r;
+    memset(&r, 0, sizeof r);
+    r.id = uo->unit_id;
+    r.n_units = uo->n_units;
+    snprintf(r.cluster, sizeof r.cluster, "%s", u->reg.name);
+    snprintf(r.zmq, sizeof r.zmq, "%s", dp__unit_server_address(srv));
+    snprintf(r.agent, sizeof r.agent, "%s", name);
+    r.incarnation = dp__unit_incarnation(un);
+    r.pid = (int64_t)getpid();
+    gethostname(r.host, sizeof r.host - 1);
+    r.slab_bytes = uo->slab_bytes;
+    r.ssd_bytes = dp__unit_io_bytes(un);
+    dp__endpoint_transports(dp__unit_server_endpoint(srv), r.transports,
+                            sizeof r.transports);
+    r.started = dp__wall_s();
+    dp__reg_unit_opts ro = {
+        .ttl_s = u->reg_ttl_s, .start_budget_s = u->reg_wait_s, .probe = probe_holder};
+    int rc = dp__reg_unit_start(&u->reg, &r, &ro, out, &u->d);
+    if (rc == DP_OK)
+        DP_LOG_I("registered as unit %u of %u in %s (lease %.0f s)%s%s", uo->unit_id,
+                 uo->n_units, u->reg.text, u->reg_ttl_s, u->id_auto ? "; id from " : "",
+                 u->id_auto ? u->id_source : "");
+    return rc;
 }
 
 /* Run the unit u describes until SIGINT or SIGTERM: the exit status. */
@@ -246,6 +384,7 @@ unit_serve(unit_cmd *u)
 
     int status = 1, rc;
     dp_unit_server *srv = NULL;
+    dp__reg_unit *reg = NULL;
     char name[64], rnd[33], numa[128];
     /* NUMA first, so the endpoint's threads start on the unit's node too. */
     dp__unit_numa_apply(uo->numa, uo->unit_id, numa, sizeof numa);
@@ -257,6 +396,9 @@ unit_serve(unit_cmd *u)
                               .advertise = u->advertise,
                               .tick_s = 1.0};
     if ((rc = dp__unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
+        goto fail;
+    /* Registered before the address line: a launcher that saw it can find it. */
+    if (u->registry != NULL && (rc = unit_register(u, srv, name, &reg)) != 0)
         goto fail;
     /* The contract with launchers: this is the first line of stdout. */
     printf("%s\n", dp__unit_server_address(srv));
@@ -283,6 +425,7 @@ unit_serve(unit_cmd *u)
 fail:
     fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&u->d), dp_strerror(rc));
 out:
+    dp__reg_unit_stop(reg); /* first: clients stop coming before the unit goes */
     dp__unit_server_close(srv);
     return status;
 }

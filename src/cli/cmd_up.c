@@ -34,6 +34,7 @@
 
 #include "cli/cli.h"
 #include "cli/supervise.h"
+#include "registry/registry.h"
 
 static const char usage_up[] =
     "usage: dataplane up [options]\n"
@@ -69,6 +70,10 @@ static const char usage_up[] =
     "  --restart            start a unit that dies again, on the same port\n"
     "  --max-restarts N     restarts per unit before up gives up and stops the\n"
     "                       cluster (10)\n"
+    "  --registry URL       also register every unit in etcd\n"
+    "                       (etcd://HOST:PORT[,...]/NAME; NAME is the cluster id):\n"
+    "                       clients on any machine then find it by that URL\n"
+    "  --registry-ttl S     the units' registration lease (10)\n"
     "  -h, --help           this text\n"
     "\n"
     "example:\n"
@@ -88,7 +93,9 @@ typedef struct up_opts {
     double grace_s, start_timeout_s;
     bool restart;
     uint64_t max_restarts;
-    char cluster_id[40]; /* drawn at start, given to every unit and the file */
+    const char *registry, *registry_ttl;
+    char cluster_id[65]; /* drawn at start (the registry's name with one), given to
+                            every unit and the file */
 } up_opts;
 
 static int
@@ -110,7 +117,9 @@ parse_opts(int argc, char **argv, up_opts *o)
         O_GRACE,
         O_START,
         O_RESTART,
-        O_MAX_RESTARTS
+        O_MAX_RESTARTS,
+        O_REGISTRY,
+        O_REG_TTL
     };
     static const struct option opts[] = {
         {"units", required_argument, NULL, O_UNITS},
@@ -129,6 +138,8 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"start-timeout-s", required_argument, NULL, O_START},
         {"restart", no_argument, NULL, O_RESTART},
         {"max-restarts", required_argument, NULL, O_MAX_RESTARTS},
+        {"registry", required_argument, NULL, O_REGISTRY},
+        {"registry-ttl", required_argument, NULL, O_REG_TTL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof *o);
@@ -213,6 +224,20 @@ parse_opts(int argc, char **argv, up_opts *o)
             rc =
                 dp__parse_u64(optarg, 0, 1000000, &o->max_restarts, "--max-restarts", &d);
             break;
+        case O_REGISTRY: {
+            dp__reg_url u;
+            rc = dp__reg_url_parse(optarg, &u, &d);
+            if (rc == DP_OK)
+                snprintf(o->cluster_id, sizeof o->cluster_id, "%s", u.name);
+            o->registry = optarg;
+            break;
+        }
+        case O_REG_TTL:
+            rc = dp__parse_seconds(optarg, &s, "--registry-ttl", &d);
+            if (rc == DP_OK && !(s >= 1 && s <= 3600))
+                rc = dp__fail(&d, DP_EINVAL, "--registry-ttl must be 1..3600 seconds");
+            o->registry_ttl = optarg;
+            break;
         case 'h':
             fputs(usage_up, stdout);
             return 0;
@@ -227,6 +252,8 @@ parse_opts(int argc, char **argv, up_opts *o)
         return dp__cli_usage("up", "unexpected argument '%s'", argv[optind]);
     if ((o->staging != NULL || o->pickup_s != NULL) && o->ssd_dir == NULL)
         return dp__cli_usage("up", "--staging and --pickup-s need --ssd-dir");
+    if (o->registry_ttl != NULL && o->registry == NULL)
+        return dp__cli_usage("up", "--registry-ttl needs --registry");
     return -1;
 }
 
@@ -388,6 +415,8 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);
     PASS("--pickup-s", o->pickup_s);
+    PASS("--registry", o->registry);
+    PASS("--registry-ttl", o->registry_ttl);
 #undef PASS
     args[k] = NULL;
     return dp__sup_spawn(s, i, args, d);
@@ -661,7 +690,7 @@ dp__cmd_up(int argc, char **argv)
     int st = parse_opts(argc, argv, &o);
     if (st >= 0)
         return st;
-    {
+    if (o.registry == NULL) {
         /* One id for this cluster: its units and its file name it. */
         char rnd[33];
         dp_detail rd;
@@ -691,11 +720,14 @@ dp__cmd_up(int argc, char **argv)
         bool wrote =
             start_units(&s, &o, path, &d) && write_cluster(&s, path, o.cluster_id, &d);
         if (wrote) {
-            printf("cluster of %u unit%s up: %s\n"
+            const char *where = o.registry != NULL ? o.registry : path;
+            printf("cluster of %u unit%s up: %s%s%s\n"
                    "clients find it with --cluster %s, or:\n"
                    "  export DP_CLUSTER=%s\n"
                    "Ctrl-C stops it.\n",
-                   s.n, s.n == 1 ? "" : "s", path, path, path);
+                   s.n, s.n == 1 ? "" : "s", path,
+                   o.registry != NULL ? ", registered in " : "",
+                   o.registry != NULL ? o.registry : "", where, where);
             fflush(stdout);
             watch_units(&s, &o, path, &d);
         }

@@ -26,6 +26,7 @@ static const char usage_main[] =
     "  unit       run one storage unit (slab + control server) in the foreground\n"
     "  up         start a cluster of units on this machine (foreground, Ctrl-C stops)\n"
     "  stats      every unit's counters of a running cluster, as a table\n"
+    "  cluster    a registry's view of a cluster: units, addresses, leases, up/down\n"
     "  scan       one unit's blob table\n"
     "  clear      drop rows from a running cluster\n"
     "  put        store one value (a file) as a row's field\n"
@@ -133,6 +134,8 @@ main(int argc, char **argv)
         return dp__cmd_up(argc - 1, argv + 1);
     if (strcmp(cmd, "stats") == 0)
         return dp__cmd_stats(argc - 1, argv + 1);
+    if (strcmp(cmd, "cluster") == 0)
+        return dp__cmd_cluster(argc - 1, argv + 1);
     if (strcmp(cmd, "scan") == 0)
         return dp__cmd_scan(argc - 1, argv + 1);
     if (strcmp(cmd, "clear") == 0)

@@ -790,9 +790,45 @@ rebind_locked(dp_client *c, uint32_t u, const dp__fanout_unit *r, dp_detail *det
 }
 
 void
+dp__client_follow_locked(dp_client *c)
+{
+    if (c->reg == NULL)
+        return;
+    uint64_t gen = dp__reg_watch_gen(c->reg);
+    if (gen == c->reg_gen)
+        return;
+    c->reg_gen = gen;
+    for (uint32_t u = 0; u < c->n_units; u++) {
+        dp__unit_conn *uc = &c->units[u];
+        dp__reg_record r;
+        if (!dp__reg_watch_get(c->reg, u, &r))
+            continue; /* down (or not back yet): keep what is known */
+        bool moved = strcmp(r.zmq, uc->addr) != 0;
+        bool other = c->ep != NULL && r.incarnation != uc->incarnation &&
+                     (!uc->stale || uc->seen_incarnation != r.incarnation);
+        if (!moved && !other)
+            continue;
+        DP_LOG_W("client: the registry says unit %u is incarnation %016" PRIx64 " at %s "
+                 "(was %016" PRIx64 " at %s); re-binding",
+                 u, r.incarnation, r.zmq, uc->incarnation, uc->addr);
+        if (moved)
+            snprintf(uc->addr, sizeof uc->addr, "%s", r.zmq);
+        if (c->ep == NULL)
+            continue;
+        if (other) {
+            c->cnt.restarts_seen++;
+            uc->restart_unreported = true;
+            uc->seen_incarnation = r.incarnation;
+        }
+        uc->stale = true;
+    }
+}
+
+void
 dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double deadline,
                         int *rcs, dp_detail *dets)
 {
+    dp__client_follow_locked(c);
     dp__fanout *f = &c->fo;
     dp__fanout_reset(f);
     dp_wire_request q;
@@ -906,13 +942,17 @@ dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
     if (out == NULL)
         return dp__fail(d, DP_EINVAL, "dp_client_open: NULL out");
     *out = NULL;
-    char path[PATH_MAX];
-    int rc = dp__cluster_locate(cluster, path, sizeof path, d);
-    if (rc != 0)
-        return rc;
+    dp_client_opts o;
+    if (opts != NULL)
+        o = *opts;
+    else
+        dp_client_opts_init(&o);
+    /* The registry's wait for every unit is part of connecting. */
+    double budget =
+        o.connect_timeout_s > 0 ? o.connect_timeout_s : DEFAULT_CONNECT_TIMEOUT_S;
+    char where[PATH_MAX > DP_CLUSTER_REGISTRY_MAX ? PATH_MAX : DP_CLUSTER_REGISTRY_MAX];
     dp_cluster cl;
-    memset(&cl, 0, sizeof cl);
-    rc = dp__cluster_load(path, &cl, d);
+    int rc = dp__cluster_resolve(cluster, budget, &cl, where, sizeof where, d);
     if (rc != 0)
         return rc;
     const char **addrs = calloc(cl.n_units, sizeof *addrs);
@@ -923,8 +963,18 @@ dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
     for (uint32_t u = 0; u < cl.n_units; u++)
         addrs[u] = cl.units[u].zmq;
     rc = open_common(addrs, cl.n_units, cl.cluster_id, opts, out, d);
+    if (rc == 0 && cl.registry[0] != '\0') {
+        dp__reg_url u;
+        rc = dp__reg_url_parse(cl.registry, &u, d);
+        if (rc == 0)
+            rc = dp__reg_watch_start(&u, cl.n_units, cl.revision, &(*out)->reg, d);
+        if (rc != 0) {
+            dp_client_close(*out);
+            *out = NULL;
+        }
+    }
     if (rc != 0)
-        dp__fail_ctx(d, rc, "cluster %s", path);
+        dp__fail_ctx(d, rc, "cluster %s", where);
     free(addrs);
     dp__cluster_fini(&cl);
     return rc;
@@ -1040,6 +1090,7 @@ call_all_locked(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *ctx,
                 dp_detail *d)
 {
     dp__fanout_reset(f);
+    dp__client_follow_locked(c);
     for (uint32_t u = 0; u < c->n_units; u++) {
         dp_wire_request q;
         memset(&q, 0, sizeof q);
@@ -1107,6 +1158,7 @@ dp_client_close(dp_client *c)
 void
 dp__client_free(dp_client *c)
 {
+    dp__reg_watch_stop(c->reg);
     if (c->ep != NULL) {
         for (size_t i = 0; i < c->n_bufs; i++) {
             if (c->bufs[i].state == DP__BUF_RETIRED ||

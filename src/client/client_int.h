@@ -18,11 +18,14 @@
 #include "common/ranges.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
+#include "registry/registry.h"
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
 
 /*
- * A unit as the client sees it. The address is constant after open; the rest
+ * A unit as the client sees it. The address is constant after open (but for
+ * a client following a registry, where a unit that moved gets its new one:
+ * dp__client_follow_locked); the rest
  * is the data path's binding to one incarnation of the unit (one process),
  * replaced when the client re-binds (docs/design.md, "Unit incarnations").
  */
@@ -137,6 +140,14 @@ struct dp_client {
     dp_client_counters cnt; /* the caller's view: dp_client_counters_get */
 
     /*
+     * A client opened through a registry follows its records (NULL: opened
+     * from a cluster file or addresses): reg_gen is the watch's generation
+     * last applied (dp__client_follow_locked).
+     */
+    dp__reg_watch *reg;
+    uint64_t reg_gen;
+
+    /*
      * Live dp_values of this client (each keeps it alive), and whether
      * dp_client_close was called: the last dp_values_destroy then frees it.
      */
@@ -152,6 +163,14 @@ struct dp_client {
 };
 
 /* ---- helpers of client.c used by put.c and get.c ---- */
+
+/*
+ * Apply what the registry's watch saw since last time: a unit whose record
+ * names another address or incarnation gets that address and is marked for
+ * re-binding (its restart reported to the next put or get). No-op without a
+ * registry.
+ */
+void dp__client_follow_locked(dp_client *c);
 
 /* Remaining seconds until deadline (monotonic seconds), never negative. */
 double dp__client_left(double deadline);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"
+#include "registry/registry.h"
 
 #define MAX_FILE_BYTES (4u << 20)
 
@@ -192,8 +193,9 @@ get_int(const cJSON *o, const char *key, double lo, double hi, bool required,
         *out = 0;
         return DP_OK;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble ||
-        v->valuedouble < lo || v->valuedouble > hi)
+    /* The range first: converting a double outside int64's is undefined. */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
         return dp__fail(
             d, DP_EPROTO,
             "cluster file %s: units[%d].%s must be an integer in [%.0f, %.0f]", path, i,
@@ -363,4 +365,30 @@ dp__cluster_fini(dp_cluster *c)
 {
     free(c->units);
     memset(c, 0, sizeof *c);
+}
+
+int
+dp__cluster_resolve(const char *arg, double budget_s, dp_cluster *out, char *where,
+                    size_t cap, dp_detail *d)
+{
+    memset(out, 0, sizeof *out);
+    const char *p = arg;
+    if (p == NULL || *p == '\0')
+        p = getenv("DP_CLUSTER");
+    if (dp__reg_is_url(p)) {
+        snprintf(where, cap, "%s", p);
+        dp__reg_url u;
+        int rc = dp__reg_url_parse(p, &u, d);
+        if (rc == DP_OK)
+            rc = dp__reg_load(&u, budget_s, out, &out->revision, d);
+        if (rc == DP_OK)
+            snprintf(out->registry, sizeof out->registry, "%s", u.text);
+        return rc;
+    }
+    char path[PATH_MAX];
+    int rc = dp__cluster_locate(p, path, sizeof path, d);
+    if (rc != DP_OK)
+        return rc;
+    snprintf(where, cap, "%s", path);
+    return dp__cluster_load(path, out, d);
 }

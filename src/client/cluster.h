@@ -16,6 +16,7 @@
  * Where it is: an explicit path (a file, or a directory holding cluster.json),
  * else $DP_CLUSTER (same forms), else the default directory
  * ($XDG_RUNTIME_DIR/dataplane, or /tmp/dataplane-<uid>) + "/cluster.json".
+ * A cluster may instead be found in a registry (etcd://...: dp__cluster_resolve).
  *
  * Threads: every function is reentrant.
  */
@@ -30,6 +31,7 @@
 #define DP_CLUSTER_FILE "cluster.json"
 #define DP_CLUSTER_MAX_UNITS 4096
 #define DP_CLUSTER_ADDR_MAX 128
+#define DP_CLUSTER_REGISTRY_MAX 600 /* an etcd:// URL */
 
 typedef struct dp_cluster_unit {
     uint32_t id;
@@ -48,6 +50,12 @@ typedef struct dp_cluster {
      * file mixing units of two clusters is refused.
      */
     char cluster_id[65];
+    /*
+     * Read from a registry (dp__cluster_resolve of an etcd:// URL): its URL,
+     * and the store's revision the records were read at; "" and 0 for a file.
+     */
+    char registry[DP_CLUSTER_REGISTRY_MAX];
+    int64_t revision;
 } dp_cluster;
 
 /* The default directory into buf; returns buf. */
@@ -74,5 +82,16 @@ int dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d);
 int dp__cluster_save(const char *path, const dp_cluster *c, dp_detail *d);
 
 void dp__cluster_fini(dp_cluster *c);
+
+/*
+ * Where a cluster is, and its units: arg (NULL or "": $DP_CLUSTER, else the
+ * default directory) is either a registry URL (etcd://HOST:PORT[,...]/NAME:
+ * its records are read, waiting up to budget_s for every unit to register;
+ * see registry/registry.h) or a cluster file or its directory
+ * (dp__cluster_locate, dp__cluster_load). where (cap bytes) gets the URL or
+ * the file's path, for messages. Errors of either.
+ */
+int dp__cluster_resolve(const char *arg, double budget_s, dp_cluster *out, char *where,
+                        size_t cap, dp_detail *d);
 
 #endif

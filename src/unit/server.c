@@ -184,6 +184,12 @@ dp__unit_server_unit(const dp_unit_server *s)
     return s->u;
 }
 
+struct dp_endpoint *
+dp__unit_server_endpoint(const dp_unit_server *s)
+{
+    return s->ep;
+}
+
 void
 dp__unit_server_close(dp_unit_server *s)
 {

@@ -62,6 +62,9 @@ const char *dp__unit_server_bound_address(const dp_unit_server *s);
 /* The unit (owned by the server). */
 dp_unit *dp__unit_server_unit(const dp_unit_server *s);
 
+/* Its transfer endpoint. */
+struct dp_endpoint *dp__unit_server_endpoint(const dp_unit_server *s);
+
 /* Stop serving and free everything, control server first. NULL allowed. */
 void dp__unit_server_close(dp_unit_server *s);
 

@@ -107,6 +107,47 @@ check_rdma_resources(dp_endpoint *ep, dp_detail *d)
     return DP_OK;
 }
 
+int
+dp__endpoint_transports(dp_endpoint *ep, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    char *info = NULL;
+    size_t n = 0, len = 0;
+    FILE *f = open_memstream(&info, &n);
+    if (f == NULL)
+        return DP_ENOMEM;
+    ucp_context_print_info(ep->ctx, f);
+    fclose(f);
+    if (info == NULL)
+        return DP_ENOMEM;
+    /* Resource lines end in "<tl>/<device>"; list each tl once, in order. */
+    for (char *line = info; line != NULL && *line != '\0';) {
+        char *nl = strchr(line, '\n');
+        if (nl != NULL)
+            *nl = '\0';
+        const char *sp = strrchr(line, ' ');
+        char *slash = sp != NULL ? strchr(sp + 1, '/') : NULL;
+        if (strstr(line, "resource") != NULL && slash != NULL) {
+            *slash = '\0';
+            const char *tl = sp + 1;
+            size_t tn = strlen(tl);
+            bool dup = false;
+            for (const char *p = buf; *p != '\0' && !dup;) {
+                const char *c = strchr(p, ',');
+                size_t pn = c != NULL ? (size_t)(c - p) : strlen(p);
+                dup = pn == tn && strncmp(p, tl, tn) == 0;
+                p = c != NULL ? c + 1 : p + pn;
+            }
+            if (!dup && tn > 0 && len + tn + 2 < cap) {
+                len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? "," : "", tl);
+            }
+        }
+        line = nl != NULL ? nl + 1 : NULL;
+    }
+    free(info);
+    return DP_OK;
+}
+
 /* ---- progress thread ---- */
 
 static void *

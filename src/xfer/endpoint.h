@@ -287,6 +287,12 @@ int dp__endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops,
 int dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d);
 
 /*
+ * The UCX transports this endpoint's context found ("tcp,sysv,posix,cma,self":
+ * each once, as UCX lists its resources) into buf[cap]. DP_ENOMEM.
+ */
+int dp__endpoint_transports(dp_endpoint *ep, char *buf, size_t cap);
+
+/*
  * How RMA towards remote name travels (from its UCX lanes, as classified when
  * it was added), and the
  * transports' names, comma-separated, into tls[tls_cap] ("" when unknown).
