@@ -106,9 +106,10 @@ def _array_ok(a):
 class Client:
     """A connection to a dataplane cluster.
 
-    cluster: a cluster file, a directory holding cluster.json, a list of unit
-    addresses ("tcp://host:port", in unit order), or None for $DP_CLUSTER or
-    the default directory. timeout_s bounds each operation; the other options
+    cluster: a cluster file, a directory holding cluster.json, a registry URL
+    ("etcd://host:port/NAME": the units' records, followed while the client
+    lives), a list of unit addresses ("tcp://host:port", in unit order), or
+    None for $DP_CLUSTER or the default directory. timeout_s bounds each operation; the other options
     are the C library's (see the README). A Client may be shared by threads
     (their calls take turns); it does not survive fork().
     """

@@ -1,0 +1,106 @@
+"""The Python package through the etcd registry: Client(cluster="etcd://...")
+against real units registered in a real etcd (skipped where etcd is not
+installed); tensors and arrays round-trip byte for byte, and a registry that
+cannot be reached or holds no units is a clear error."""
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+import dataplane
+
+ETCD = "/usr/bin/etcd"
+
+
+def _port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+@pytest.fixture
+def etcd():
+    if not os.access(ETCD, os.X_OK):
+        pytest.skip("etcd is not installed (scripts/deps.sh installs etcd-server)")
+    d = tempfile.mkdtemp(prefix="dp-etcd-py-")
+    cp, pp = _port(), _port()
+    proc = subprocess.Popen(
+        [ETCD, "--name=t", f"--data-dir={d}",
+         f"--listen-client-urls=http://127.0.0.1:{cp}",
+         f"--advertise-client-urls=http://127.0.0.1:{cp}",
+         f"--listen-peer-urls=http://127.0.0.1:{pp}",
+         f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
+         f"--initial-cluster=t=http://127.0.0.1:{pp}",
+         "--logger=zap", f"--log-outputs={d}/etcd.log"],
+        stdout=subprocess.DEVNULL)
+    # Ready when its gateway answers a range (a leader is elected), not when
+    # its port takes connections.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{cp}/v3/kv/range",
+                                         data=b'{"key":"eA=="}', method="POST")
+            opener.open(req, timeout=1).read()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "etcd did not start"
+            time.sleep(0.1)
+    yield f"127.0.0.1:{cp}"
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _units(cli, url, n):
+    procs = []
+    for k in range(n):
+        p = subprocess.Popen([cli, "unit", "--slab", "32M", "--registry", url,
+                              "--registry-ttl", "2", "--unit-id", str(k), "--units", str(n)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = p.stdout.readline()
+        assert line.startswith("tcp://"), f"unit {k} did not start: {line!r}"
+        procs.append(p)
+    return procs
+
+
+def test_client_through_the_registry(etcd):
+    cli = os.environ.get("DP_CLI") or os.path.join(os.environ.get("DP_BUILD", "build"), "dataplane")
+    url = f"etcd://{etcd}/py"
+    procs = _units(cli, url, 2)
+    try:
+        ids = [torch.randint(0, 50000, (int(n),), dtype=torch.int64) for n in (5, 300, 1, 77)]
+        lp = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+        with dataplane.Client(cluster=url, timeout_s=10) as c:
+            assert len(c.stats()) == 2
+            c.put(range(4), {"ids": ids, "lp": lp})
+            got = c.get(range(4), ["ids", "lp"])
+        for a, b in zip(ids, got["ids"]):
+            assert torch.equal(a, b)
+        for i in range(4):
+            assert np.array_equal(lp[i], got["lp"][i])
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+
+
+def test_registry_errors(etcd):
+    with pytest.raises(dataplane.NotFound) as e:
+        dataplane.Client(cluster=f"etcd://{etcd}/empty", connect_timeout_s=0.5)
+    assert "no unit is registered" in str(e.value)
+    with pytest.raises(dataplane.Timeout) as e:
+        dataplane.Client(cluster="etcd://127.0.0.1:1/x", connect_timeout_s=0.5)
+    assert "no etcd endpoint answered" in str(e.value)
+    with pytest.raises(dataplane.Error) as e:
+        dataplane.Client(cluster="etcd://127.0.0.1:2379/bad/name")
+    assert "cluster name" in str(e.value)
