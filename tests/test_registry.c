@@ -16,6 +16,7 @@
 #include "dp_lc.h"
 #include "dp_netns.h"
 #include "dp_proc.h"
+#include "dp_tsan_ucx.h"
 #include "dataplane/client.h"
 #include "registry/registry.h"
 
