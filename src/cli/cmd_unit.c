@@ -335,6 +335,16 @@ probe_holder(void *ctx, const dp__reg_record *holder, char *why, size_t cap)
     return 0;
 }
 
+/* SIGINT or SIGTERM pending (they are blocked: sigwait takes them later). */
+static bool
+stop_pending(void *ctx)
+{
+    DP_UNUSED(ctx);
+    sigset_t p;
+    return sigpending(&p) == 0 &&
+           (sigismember(&p, SIGINT) == 1 || sigismember(&p, SIGTERM) == 1);
+}
+
 /* Register the served unit in u's registry: *out, or an error in u->d. */
 static int
 unit_register(unit_cmd *u, dp_unit_server *srv, const char *name, dp__reg_unit **out)
@@ -356,8 +366,10 @@ unit_register(unit_cmd *u, dp_unit_server *srv, const char *name, dp__reg_unit *
     dp__endpoint_transports(dp__unit_server_endpoint(srv), r.transports,
                             sizeof r.transports);
     r.started = dp__wall_s();
-    dp__reg_unit_opts ro = {
-        .ttl_s = u->reg_ttl_s, .start_budget_s = u->reg_wait_s, .probe = probe_holder};
+    dp__reg_unit_opts ro = {.ttl_s = u->reg_ttl_s,
+                            .start_budget_s = u->reg_wait_s,
+                            .probe = probe_holder,
+                            .cancelled = stop_pending};
     int rc = dp__reg_unit_start(&u->reg, &r, &ro, out, &u->d);
     if (rc == DP_OK)
         DP_LOG_I("registered as unit %u of %u in %s (lease %.0f s)%s%s", uo->unit_id,
@@ -398,8 +410,14 @@ unit_serve(unit_cmd *u)
     if ((rc = dp__unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
         goto fail;
     /* Registered before the address line: a launcher that saw it can find it. */
-    if (u->registry != NULL && (rc = unit_register(u, srv, name, &reg)) != 0)
+    if (u->registry != NULL && (rc = unit_register(u, srv, name, &reg)) != 0) {
+        if (rc == DP_ECANCELED) {
+            DP_LOG_I("stopped by a signal while registering");
+            status = 0;
+            goto out;
+        }
         goto fail;
+    }
     /* The contract with launchers: this is the first line of stdout. */
     printf("%s\n", dp__unit_server_address(srv));
     fflush(stdout);

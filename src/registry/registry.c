@@ -569,8 +569,12 @@ claim(dp__reg_unit *r, double deadline, dp_detail *d)
                      deadline > 0 ? " within the start budget" : "");
             said = true;
         }
-        if (wait_stop(r, step))
-            return DP_ECANCELED;
+        /* Sleep in short slices: a stop request must not wait out a step. */
+        for (double slept = 0; slept < step; slept += 0.1) {
+            if (wait_stop(r, 0.1) ||
+                (r->o.cancelled != NULL && r->o.cancelled(r->o.probe_ctx)))
+                return dp__fail(d, DP_ECANCELED, "registry: stopped while registering");
+        }
         step = DP_MIN(step * 2, 2.0);
     }
 }

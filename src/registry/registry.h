@@ -107,6 +107,12 @@ typedef struct dp__reg_unit_opts {
     double start_budget_s; /* how long start keeps trying to reach etcd */
     dp__reg_probe_fn probe;
     void *probe_ctx;
+    /*
+     * Asked between tries at start (NULL: never): true ends the start at
+     * once with DP_ECANCELED (the unit was told to stop while etcd was out
+     * of reach).
+     */
+    bool (*cancelled)(void *ctx);
 } dp__reg_unit_opts;
 
 /*
