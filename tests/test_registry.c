@@ -586,6 +586,21 @@ DP_TEST_TIMEOUT(etcd_lost_and_back_under_a_running_cluster, 120)
     unit_start(&u[1], url, 1, 2);
     until_rows_ok(c, 7, 30, "etcd came back and unit 1 restarted elsewhere");
     CHECK_STR(dp_client_unit_address(c, 1), u[1].addr);
+
+    /* etcd back empty (its data lost): the units register again under new
+     * leases, and the client, whose revisions are now ahead of etcd's, reads
+     * afresh and follows. */
+    etcd_kill(&e);
+    char wipe[300], out[256];
+    snprintf(wipe, sizeof wipe, "rm -rf '%s'/*", e.dir);
+    dp_test_run_sh(wipe, out, sizeof out);
+    etcd_start(&e);
+    wait_record(url, 0, true, 20);
+    wait_record(url, 1, true, 20);
+    unit_kill(&u[1]);
+    unit_start(&u[1], url, 1, 2);
+    until_rows_ok(c, 13, 30, "etcd lost its data and unit 1 restarted elsewhere");
+    CHECK_STR(dp_client_unit_address(c, 1), u[1].addr);
     dp_client_close(c);
     dp_test_kill_wait(starter, SIGKILL);
     unit_kill(&u[0]);

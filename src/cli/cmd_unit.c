@@ -323,11 +323,14 @@ probe_holder(void *ctx, const dp__reg_record *holder, char *why, size_t cap)
 {
     DP_UNUSED(ctx);
     uint64_t inc = 0;
-    int rc = dp__cli_probe_unit(holder->zmq, 1.0, &inc, why, cap);
-    if (rc == DP_ENOMEM || rc == DP_ESYS)
-        return 1; /* cannot tell: do not take its id */
+    int rc = DP_ETIMEDOUT;
+    /* Twice: a busy unit may miss one second. */
+    for (int i = 0; i < 2 && rc == DP_ETIMEDOUT; i++)
+        rc = dp__cli_probe_unit(holder->zmq, 1.0, &inc, why, cap);
+    if (rc == DP_ETIMEDOUT || rc == DP_ETRANSFER)
+        return 0; /* silent or refused: gone */
     if (rc != DP_OK)
-        return 0;
+        return 1; /* it answered something (another version?), or cannot tell */
     if (inc == holder->incarnation)
         return 1;
     snprintf(why, cap, "incarnation %016" PRIx64 " answers at %s instead", inc,

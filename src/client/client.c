@@ -804,23 +804,21 @@ dp__client_follow_locked(dp_client *c)
         if (!dp__reg_watch_get(c->reg, u, &r))
             continue; /* down (or not back yet): keep what is known */
         bool moved = strcmp(r.zmq, uc->addr) != 0;
-        bool other = c->ep != NULL && r.incarnation != uc->incarnation &&
-                     (!uc->stale || uc->seen_incarnation != r.incarnation);
+        bool other = c->ep != NULL && r.incarnation != uc->incarnation && !uc->stale;
         if (!moved && !other)
             continue;
         DP_LOG_W("client: the registry says unit %u is incarnation %016" PRIx64 " at %s "
-                 "(was %016" PRIx64 " at %s); re-binding",
+                 "(bound to %016" PRIx64 " at %s); re-binding",
                  u, r.incarnation, r.zmq, uc->incarnation, uc->addr);
         if (moved)
             snprintf(uc->addr, sizeof uc->addr, "%s", r.zmq);
-        if (c->ep == NULL)
-            continue;
-        if (other) {
-            c->cnt.restarts_seen++;
-            uc->restart_unreported = true;
-            uc->seen_incarnation = r.incarnation;
-        }
-        uc->stale = true;
+        /*
+         * Only a re-bind: whether the unit restarted (and which incarnation
+         * it is) is what its info answers, not what a record, maybe stale,
+         * says (rebind_locked counts and reports it).
+         */
+        if (c->ep != NULL)
+            uc->stale = true;
     }
 }
 

@@ -332,11 +332,22 @@ call(dp__etcd *e, const char *path, const char *json, cJSON **out, dp_detail *d)
             dp__buf_fini(&b.b);
             continue;
         }
-        e->cur = i;
         long status = 0;
         curl_easy_getinfo(e->h, CURLINFO_RESPONSE_CODE, &status);
         cJSON *j = cJSON_ParseWithLength((const char *)b.b.data, b.b.len);
         dp__buf_fini(&b.b);
+        if (status >= 500) {
+            /* A member without a leader (or overloaded): another may answer. */
+            const char *m = j != NULL ? etcd_message(j) : NULL;
+            int k = snprintf(errs + el, sizeof errs - el, "%s%s: HTTP %ld%s%s",
+                             el ? "; " : "", e->eps[i], status, m ? " " : "", m ? m : "");
+            if (k > 0)
+                el = DP_MIN(sizeof errs - 1, el + (size_t)k);
+            cJSON_Delete(j);
+            rc = DP_ETIMEDOUT;
+            continue;
+        }
+        e->cur = i;
         curl_slist_free_all(hdr);
         if (status != 200) {
             const char *m = j != NULL ? etcd_message(j) : NULL;
@@ -425,6 +436,10 @@ parse_kv(const cJSON *o, dp__etcd_kv *kv, dp_detail *d)
         kv_fini(kv);
         return dp__fail(d, DP_EPROTO, "etcd sent a key-value pair that is not one");
     }
+    /* Keys reach logs and terminals: no control bytes (no dataplane key has one). */
+    for (char *p = kv->key; *p != '\0'; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
     return DP_OK;
 }
 
@@ -841,6 +856,9 @@ dp__etcd_watch(dp__etcd *e, const char *prefix, int64_t from_rev, double idle_s,
     cJSON_AddItemToObject(o, "create_request", cr);
     char *json = print_del(o);
     struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
+    /* etcd then ends the stream when its member loses the leader. */
+    if (hdr != NULL)
+        hdr = curl_slist_append(hdr, "Grpc-Metadata-hasleader: true");
     if (json == NULL || hdr == NULL) {
         cJSON_free(json);
         curl_slist_free_all(hdr);

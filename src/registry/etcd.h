@@ -56,8 +56,9 @@ void dp__etcd_destroy(dp__etcd *e); /* NULL allowed */
 const char *dp__etcd_endpoint(const dp__etcd *e);
 
 /*
- * Every call: DP_ETIMEDOUT or DP_ESYS when no endpoint answered (d names
- * them and what libcurl said), DP_EPROTO when etcd answered with an error or
+ * Every call: DP_ETIMEDOUT when no endpoint answered in time or could be
+ * reached, or each answered HTTP 5xx (d names them and what libcurl or etcd
+ * said), DP_EPROTO when etcd answered with an error or
  * with a body that is not what the API promises (d quotes etcd's message).
  */
 

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #define REG_VERSION 1
+#define WATCH_IDLE_S 60.0 /* a watch silent this long is read afresh */
 
 bool
 dp__reg_is_url(const char *s)
@@ -486,6 +487,14 @@ static int
 claim_once(dp__reg_unit *r, dp_detail *d)
 {
     int rc;
+    if (r->lease != 0) {
+        /* It may have run out while etcd was out of reach: then a new one. */
+        int64_t ttl = 0;
+        if ((rc = dp__etcd_lease_keepalive(r->e, r->lease, &ttl, d)) != DP_OK)
+            return rc;
+        if (ttl <= 0)
+            r->lease = 0;
+    }
     if (r->lease == 0 &&
         (rc = dp__etcd_lease_grant(r->e, (int64_t)r->o.ttl_s, &r->lease, d)) != DP_OK)
         return rc;
@@ -537,7 +546,7 @@ static bool
 wait_stop(dp__reg_unit *r, double s)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* the cond's clock (reg_unit_start) */
     double t = (double)ts.tv_sec + ts.tv_nsec / 1e9 + s;
     ts.tv_sec = (time_t)t;
     ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
@@ -560,11 +569,9 @@ claim(dp__reg_unit *r, double deadline, dp_detail *d)
         int rc = claim_once(r, d);
         if (rc == DP_OK || rc == DP_EEXIST || rc == DP_EINVAL || rc == DP_ENOMEM)
             return rc;
-        if (rc == DP_EBUSY)
-            continue;
         if (deadline > 0 && dp__now_s() >= deadline)
             return rc;
-        if (!said) {
+        if (rc != DP_EBUSY && !said) {
             DP_LOG_W("registry %s: %s; retrying%s", r->u.text, dp_detail_msg(d),
                      deadline > 0 ? " within the start budget" : "");
             said = true;
@@ -668,7 +675,12 @@ dp__reg_unit_start(const dp__reg_url *u, const dp__reg_record *self,
     r->self = *self;
     r->o = *o;
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca,
+                              CLOCK_MONOTONIC); /* a clock step cannot stall renewal */
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
     dp__reg_key(u, self->id, r->key, sizeof r->key);
     /* Each call is bounded by a third of the lease, so renewing never waits
      * past it on an etcd that does not answer. */
@@ -736,8 +748,11 @@ watch_apply(dp__reg_watch *w, bool deleted, const char *key, const char *value,
     dp__reg_prefix(&w->u, prefix, sizeof prefix);
     size_t pl = strlen(prefix);
     uint64_t id = 0;
-    if (strncmp(key, prefix, pl) != 0 ||
-        dp__parse_u64(key + pl, 0, UINT32_MAX, &id, "id", NULL) != DP_OK || id >= w->n) {
+    char canon[DP_REG_KEY_MAX] = "";
+    if (strncmp(key, prefix, pl) == 0 &&
+        dp__parse_u64(key + pl, 0, UINT32_MAX, &id, "id", NULL) == DP_OK && id < w->n)
+        dp__reg_key(&w->u, (uint32_t)id, canon, sizeof canon);
+    if (strcmp(canon, key) != 0) {
         DP_LOG_W("registry: ignoring key %s (not a unit of this %" PRIu32
                  "-unit cluster)",
                  key, w->n);
@@ -749,9 +764,8 @@ watch_apply(dp__reg_watch *w, bool deleted, const char *key, const char *value,
         dp_detail_clear(&why);
         if (dp__reg_record_decode(&w->u, key, value, len, &r, &why) != DP_OK) {
             DP_LOG_W("registry: ignoring %s", dp_detail_msg(&why));
-            return;
-        }
-        if (r.n_units != w->n) {
+            deleted = true; /* no valid record there now */
+        } else if (r.n_units != w->n) {
             DP_LOG_W("registry: ignoring %s: it says the cluster has %" PRIu32
                      " units, this client opened %" PRIu32,
                      key, r.n_units, w->n);
@@ -796,11 +810,12 @@ watch_reload(dp__reg_watch *w, dp_detail *d)
     }
     for (size_t i = 0; i < kvs.n; i++) {
         watch_apply(w, false, kvs.kv[i].key, kvs.kv[i].value, kvs.kv[i].value_len);
-        uint64_t id;
-        const char *p = strrchr(kvs.kv[i].key, '/');
-        if (p != NULL && dp__parse_u64(p + 1, 0, UINT32_MAX, &id, "id", NULL) == 0 &&
-            id < w->n)
-            seen[id] = true;
+        for (uint32_t id = 0; id < w->n; id++) {
+            char k[DP_REG_KEY_MAX];
+            dp__reg_key(&w->u, id, k, sizeof k);
+            if (strcmp(k, kvs.kv[i].key) == 0)
+                seen[id] = true;
+        }
     }
     pthread_mutex_lock(&w->mu);
     for (uint32_t i = 0; i < w->n; i++)
@@ -832,10 +847,17 @@ watch_main(void *arg)
             reload = false;
             char prefix[DP_REG_KEY_MAX];
             dp__reg_prefix(&w->u, prefix, sizeof prefix);
-            rc = dp__etcd_watch(w->e, prefix, w->from + 1, 0, watch_event, w, &d);
+            rc = dp__etcd_watch(w->e, prefix, w->from + 1, WATCH_IDLE_S, watch_event, w,
+                                &d);
         }
         if (rc == DP_ECANCELED || atomic_load(&w->stop))
             break;
+        if (rc == DP_ETIMEDOUT && !lost && !reload) {
+            /* Silent for a while: read afresh, which also finds a stream
+             * that stalled without breaking. */
+            reload = true;
+            continue;
+        }
         if (!lost)
             DP_LOG_W("registry %s: %s; serving on with the units known, watching again "
                      "when etcd answers",
@@ -866,7 +888,7 @@ dp__reg_watch_start(const dp__reg_url *u, uint32_t n_units, int64_t from_rev,
     w->have = calloc(n_units, sizeof *w->have);
     int rc = w->recs == NULL || w->have == NULL
                  ? dp__fail(d, DP_ENOMEM, "registry: out of memory")
-                 : dp__etcd_create(u->endpoints, 5.0, &w->e, d);
+                 : dp__etcd_create(u->endpoints, 2.0, &w->e, d);
     if (rc == DP_OK && pthread_create(&w->th, NULL, watch_main, w) != 0)
         rc = dp__fail(d, DP_ESYS, "registry: cannot start its watch thread");
     if (rc != DP_OK) {
