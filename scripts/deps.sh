@@ -17,6 +17,9 @@ PKGS=(
     etcd-server etcd-client                 # the registry tests start a real etcd
     slurm-wlm munge                         # the Slurm launch test (a one-node cluster)
     python3-yaml                            # checks the Kubernetes manifests parse
+    libmicrohttpd-dev                       # the units' /metrics and /healthz (HTTP)
+    python3-prometheus-client prometheus    # the metrics tests: the real parser and server
+    tmux curl                               # `dataplane top` in a terminal; bench/metrics.sh
     redis-server redis-tools                # benchmark comparison
     iproute2 iptables                       # multi-host fault tests (network namespaces)
     iperf3                                  # the link limit in bench/hosts.sh

@@ -446,7 +446,14 @@ typedef struct dp_client_counters {
                                     outside registered memory) */
     uint64_t staged_get_bytes;   /* value bytes gets copied out of staging
                                     (destinations outside registered memory) */
-    uint64_t reserved[8];
+    uint64_t puts;               /* dp_client_put calls that moved something */
+    uint64_t put_bytes;          /* value bytes of those calls' rows that landed */
+    uint64_t gets;               /* dp_client_get / _get_alloc calls */
+    uint64_t get_bytes;          /* value bytes they returned */
+    uint64_t clears;             /* dp_client_clear calls */
+    uint64_t retries;            /* backoff rounds: a unit busy, keys pending */
+    uint64_t busy_waits;         /* requests a unit answered Busy (then retried) */
+    uint64_t reserved[1];
 } dp_client_counters;
 
 /* Fill *out. Threads: any (locks c). DP_EINVAL for NULL arguments. */

@@ -1009,16 +1009,38 @@ client_counters(DpClient *self, PyObject *noarg)
     dp__py_client_leave(self);
     if (rc != DP_OK)
         return dp__py_raise(rc, NULL);
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsK}", "restarts_seen",
-                         (unsigned long long)k.restarts_seen, "rebinds",
-                         (unsigned long long)k.rebinds, "units_down",
-                         (unsigned long long)k.units_down, "transfers_retained",
-                         (unsigned long long)k.transfers_retained, "transfers_released",
-                         (unsigned long long)k.transfers_released, "retained_bytes",
-                         (unsigned long long)k.retained_bytes, "staged_put_bytes",
-                         (unsigned long long)k.staged_put_bytes, "staged_get_bytes",
-                         (unsigned long long)k.staged_get_bytes, "copied_bytes",
-                         (unsigned long long)self->copied);
+    PyObject *dict = PyDict_New();
+    if (dict == NULL)
+        return NULL;
+    const struct {
+        const char *name;
+        uint64_t v;
+    } kv[] = {{"restarts_seen", k.restarts_seen},
+              {"rebinds", k.rebinds},
+              {"units_down", k.units_down},
+              {"transfers_retained", k.transfers_retained},
+              {"transfers_released", k.transfers_released},
+              {"retained_bytes", k.retained_bytes},
+              {"staged_put_bytes", k.staged_put_bytes},
+              {"staged_get_bytes", k.staged_get_bytes},
+              {"puts", k.puts},
+              {"put_bytes", k.put_bytes},
+              {"gets", k.gets},
+              {"get_bytes", k.get_bytes},
+              {"clears", k.clears},
+              {"retries", k.retries},
+              {"busy_waits", k.busy_waits},
+              {"copied_bytes", self->copied}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)kv[i].v);
+        if (v == NULL || PyDict_SetItemString(dict, kv[i].name, v) != 0) {
+            Py_XDECREF(v);
+            Py_DECREF(dict);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return dict;
 }
 
 /* The Python layer counts the bytes it copies (non-contiguous values). */

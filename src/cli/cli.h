@@ -31,6 +31,7 @@ int dp__cmd_put(int argc, char **argv);
 int dp__cmd_get(int argc, char **argv);
 int dp__cmd_bench(int argc, char **argv);
 int dp__cmd_cluster(int argc, char **argv);
+int dp__cmd_top(int argc, char **argv);
 
 /*
  * "dataplane <cmd>: <message>" and "Run 'dataplane <cmd> --help' for usage."

@@ -22,6 +22,7 @@
 
 #include "blob/crc32c.h"
 #include "cli/cli.h"
+#include "http/http.h"
 #include "common/fileio.h"
 #include "dataplane/client.h"
 
@@ -89,6 +90,8 @@ static const char usage_bench[] =
     "  --cluster PATH    the cluster file, or a directory holding cluster.json\n"
     "                    (default: $DP_CLUSTER, else the default directory)\n"
     "  --timeout-s S     time budget of connecting, and of each batch operation (30)\n"
+    "  --metrics IP:PORT serve this client's counters at http://IP:PORT/metrics\n"
+    "                    (Prometheus text format) while the benchmark runs\n"
     "  -h, --help        this text\n"
     "\n"
     "example:\n"
@@ -113,6 +116,7 @@ enum {
     O_MEMORY,
     O_NOVERIFY,
     O_SEED,
+    O_METRICS,
 };
 
 static int
@@ -534,7 +538,7 @@ typedef struct bench_opts {
     uint64_t rows, fields, bytes, iters, warmup, first_row, seed;
     double jagged, timeout_s;
     bool registered, verify;
-    const char *cluster;
+    const char *cluster, *metrics;
 } bench_opts;
 
 static uint64_t
@@ -614,6 +618,7 @@ bench_parse(int argc, char **argv, bench_opts *o)
         {"seed", required_argument, NULL, O_SEED},
         {"cluster", required_argument, NULL, O_CLUSTER},
         {"timeout-s", required_argument, NULL, O_TIMEOUT},
+        {"metrics", required_argument, NULL, O_METRICS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     *o = (bench_opts){.rows = 64,
@@ -680,6 +685,13 @@ bench_parse(int argc, char **argv, bench_opts *o)
             if (rc == DP_OK && !(o->timeout_s > 0))
                 rc = dp__fail(&d, DP_EINVAL, "--timeout-s must be > 0");
             break;
+        case O_METRICS: {
+            char ip[64];
+            uint16_t port;
+            rc = dp__http_parse_addr(optarg, ip, sizeof ip, &port, &d);
+            o->metrics = optarg;
+            break;
+        }
         case 'h':
             fputs(usage_bench, stdout);
             return 0;
@@ -914,6 +926,58 @@ bench_free(dp_client *cl, const bench_opts *o, bench_state *b)
     dp_client_close(cl);
 }
 
+/* The client's counters in the Prometheus text format (bench --metrics). */
+static int
+client_metrics(void *ctx, const char *path, dp_buf *body, const char **type)
+{
+    dp_client *cl = ctx;
+    if (strcmp(path, "/healthz") == 0) {
+        dp__buf_printf(body, "ok: bench running\n");
+        return 200;
+    }
+    if (strcmp(path, "/metrics") != 0) {
+        dp__buf_printf(body, "not found: /metrics and /healthz\n");
+        return 404;
+    }
+    dp_client_counters k;
+    if (dp_client_counters_get(cl, &k) != DP_OK)
+        return 500;
+    const struct {
+        const char *name, *help;
+        bool counter;
+        uint64_t v;
+    } m[] = {
+        {"puts_total", "put calls", true, k.puts},
+        {"put_bytes_total", "Value bytes of rows that landed", true, k.put_bytes},
+        {"gets_total", "get calls", true, k.gets},
+        {"get_bytes_total", "Value bytes gets returned", true, k.get_bytes},
+        {"clears_total", "clear calls", true, k.clears},
+        {"retries_total", "Backoff rounds (a unit busy, keys pending)", true, k.retries},
+        {"busy_waits_total", "Requests a unit answered Busy", true, k.busy_waits},
+        {"rebinds_total", "Data paths re-bound", true, k.rebinds},
+        {"restarts_seen_total", "Unit restarts noticed", true, k.restarts_seen},
+        {"units_down_total", "Operation parts failed on a unit down", true, k.units_down},
+        {"staged_put_bytes_total", "Bytes puts copied into staging", true,
+         k.staged_put_bytes},
+        {"staged_get_bytes_total", "Bytes gets copied out of staging", true,
+         k.staged_get_bytes},
+        {"transfers_retained", "Transfers kept in the graveyard now", false,
+         k.transfers_retained},
+        {"transfers_released_total", "Retained transfers released", true,
+         k.transfers_released},
+        {"retained_bytes", "Memory retained transfers keep now", false, k.retained_bytes},
+    };
+    *type = "text/plain; version=0.0.4; charset=utf-8";
+    for (size_t i = 0; i < DP_ARRAY_LEN(m); i++)
+        dp__buf_printf(body,
+                       "# HELP dataplane_client_%s %s\n# TYPE dataplane_client_%s %s\n"
+                       "dataplane_client_%s{pid=\"%ld\"} %" PRIu64 "\n",
+                       m[i].name, m[i].help, m[i].name,
+                       m[i].counter ? "counter" : "gauge", m[i].name, (long)getpid(),
+                       m[i].v);
+    return 200;
+}
+
 int
 dp__cmd_bench(int argc, char **argv)
 {
@@ -927,6 +991,18 @@ dp__cmd_bench(int argc, char **argv)
         return status;
     bench_state b;
     memset(&b, 0, sizeof b);
+    dp__http_server *http = NULL;
+    if (o.metrics != NULL) {
+        dp_detail md;
+        dp_detail_clear(&md);
+        int mrc = dp__http_server_open(o.metrics, client_metrics, cl, &http, &md);
+        if (mrc != DP_OK) {
+            status = dp__cli_fail("bench", mrc, &md);
+            goto out;
+        }
+        fprintf(stderr, "bench: metrics at http://%s/metrics\n",
+                dp__http_server_address(http));
+    }
     status = bench_setup(cl, &o, &b);
     if (status >= 0)
         goto out;
@@ -956,6 +1032,7 @@ dp__cmd_bench(int argc, char **argv)
     bench_report(&o, &b);
     status = 0;
 out:
+    dp__http_server_close(http); /* before the client its handler reads */
     bench_free(cl, &o, &b);
     return status;
 }

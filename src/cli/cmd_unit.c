@@ -19,6 +19,7 @@
 #include "cli/cli.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
+#include "http/http.h"
 #include "registry/registry.h"
 #include "unit/server.h"
 #include "unit/unit.h"
@@ -67,6 +68,8 @@ static const char usage_unit[] =
     "  --registry-ttl S     the registration's lease: a unit that dies leaves the\n"
     "                       registry within S seconds (10)\n"
     "  --registry-wait-s S  how long to keep trying to reach etcd at start (60)\n"
+    "  --metrics IP:PORT    serve /metrics (Prometheus text format) and /healthz over\n"
+    "                       HTTP there (0.0.0.0:PORT: every interface; port 0: free)\n"
     "  --ssd-dir DIR        SSD tier: puts the slab cannot take spill to files in\n"
     "                       DIR (unlinked at once: nothing stays when the unit ends)\n"
     "  --staging SIZE       IO area for spills and staged reads, with --ssd-dir (64M)\n"
@@ -87,7 +90,7 @@ typedef struct unit_cmd {
     const char *bind_ip, *advertise;
     uint64_t port, unit_id, units, staging;
     bool staging_set, units_set, id_auto;
-    const char *id_env, *registry;
+    const char *id_env, *registry, *metrics;
     char id_source[320];
     dp__reg_url reg;
     double reg_ttl_s, reg_wait_s;
@@ -113,7 +116,8 @@ enum {
     O_ID_ENV,
     O_REGISTRY,
     O_REG_TTL,
-    O_REG_WAIT
+    O_REG_WAIT,
+    O_METRICS
 };
 
 /* unit_option and unit_parse: go on (anything else is the exit status). */
@@ -196,6 +200,13 @@ unit_option(unit_cmd *u, int c, char **argv)
         if (rc == 0 && !(u->reg_ttl_s >= 1 && u->reg_ttl_s <= 3600))
             rc = dp__fail(d, DP_EINVAL, "--registry-ttl must be 1..3600 seconds");
         break;
+    case O_METRICS: {
+        char ip[64];
+        uint16_t port;
+        rc = dp__http_parse_addr(optarg, ip, sizeof ip, &port, d);
+        u->metrics = optarg;
+        break;
+    }
     case O_REG_WAIT:
         rc = dp__parse_seconds(optarg, &u->reg_wait_s, "--registry-wait-s", d);
         break;
@@ -247,6 +258,7 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"registry", required_argument, NULL, O_REGISTRY},
         {"registry-ttl", required_argument, NULL, O_REG_TTL},
         {"registry-wait-s", required_argument, NULL, O_REG_WAIT},
+        {"metrics", required_argument, NULL, O_METRICS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     *u =
@@ -409,7 +421,8 @@ unit_serve(unit_cmd *u)
     dp_unit_server_opts so = {.bind_ip = u->bind_ip,
                               .port = (uint16_t)u->port,
                               .advertise = u->advertise,
-                              .tick_s = 1.0};
+                              .tick_s = 1.0,
+                              .metrics = u->metrics};
     if ((rc = dp__unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
         goto fail;
     /* Registered before the address line: a launcher that saw it can find it. */
@@ -434,6 +447,8 @@ unit_serve(unit_cmd *u)
         dp__unit_server_address(srv), bound, uo->unit_id, uo->n_units,
         dp__fmt_size(uo->slab_bytes, sz, sizeof sz), name,
         dp__unit_numa_desc(dp__unit_server_unit(srv)), uo->read_pin_s, uo->alloc_lease_s);
+    if (u->metrics != NULL)
+        DP_LOG_I("metrics: http://%s/metrics", dp__unit_server_metrics_address(srv));
     if (uo->ssd_dir != NULL)
         DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo->ssd_dir,
                  dp__fmt_size(uo->staging_bytes, sz, sizeof sz), uo->pickup_s);

@@ -34,6 +34,7 @@
 
 #include "cli/cli.h"
 #include "cli/supervise.h"
+#include "http/http.h"
 #include "registry/registry.h"
 
 static const char usage_up[] =
@@ -74,6 +75,8 @@ static const char usage_up[] =
     "                       (etcd://HOST:PORT[,...]/NAME; NAME is the cluster id):\n"
     "                       clients on any machine then find it by that URL\n"
     "  --registry-ttl S     the units' registration lease (10)\n"
+    "  --metrics IP:PORT    unit i serves /metrics and /healthz on IP:PORT+i\n"
+    "                       (port 0: each a free one, printed in its log)\n"
     "  -h, --help           this text\n"
     "\n"
     "example:\n"
@@ -94,6 +97,8 @@ typedef struct up_opts {
     bool restart;
     uint64_t max_restarts;
     const char *registry, *registry_ttl;
+    char metrics_ip[64]; /* "" without --metrics */
+    uint16_t metrics_port;
     char cluster_id[65]; /* drawn at start (the registry's name with one), given to
                             every unit and the file */
 } up_opts;
@@ -119,7 +124,8 @@ parse_opts(int argc, char **argv, up_opts *o)
         O_RESTART,
         O_MAX_RESTARTS,
         O_REGISTRY,
-        O_REG_TTL
+        O_REG_TTL,
+        O_METRICS
     };
     static const struct option opts[] = {
         {"units", required_argument, NULL, O_UNITS},
@@ -140,6 +146,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"max-restarts", required_argument, NULL, O_MAX_RESTARTS},
         {"registry", required_argument, NULL, O_REGISTRY},
         {"registry-ttl", required_argument, NULL, O_REG_TTL},
+        {"metrics", required_argument, NULL, O_METRICS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof *o);
@@ -232,6 +239,10 @@ parse_opts(int argc, char **argv, up_opts *o)
             o->registry = optarg;
             break;
         }
+        case O_METRICS:
+            rc = dp__http_parse_addr(optarg, o->metrics_ip, sizeof o->metrics_ip,
+                                     &o->metrics_port, &d);
+            break;
         case O_REG_TTL:
             rc = dp__parse_seconds(optarg, &s, "--registry-ttl", &d);
             if (rc == DP_OK && !(s >= 1 && s <= 3600))
@@ -254,6 +265,10 @@ parse_opts(int argc, char **argv, up_opts *o)
         return dp__cli_usage("up", "--staging and --pickup-s need --ssd-dir");
     if (o->registry_ttl != NULL && o->registry == NULL)
         return dp__cli_usage("up", "--registry-ttl needs --registry");
+    if (o->metrics_ip[0] != '\0' && o->metrics_port != 0 &&
+        o->metrics_port + o->units - 1 > 65535)
+        return dp__cli_usage("up", "--metrics: port %u + %" PRIu64 " units passes 65535",
+                             o->metrics_port, o->units);
     return -1;
 }
 
@@ -415,6 +430,13 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);
     PASS("--pickup-s", o->pickup_s);
+    char metrics[96];
+    if (o->metrics_ip[0] != '\0') {
+        snprintf(metrics, sizeof metrics, "%s:%u", o->metrics_ip,
+                 o->metrics_port == 0 ? 0u : o->metrics_port + i);
+        args[k++] = "--metrics";
+        args[k++] = metrics;
+    }
     PASS("--registry", o->registry);
     PASS("--registry-ttl", o->registry_ttl);
 #undef PASS

@@ -27,6 +27,7 @@ static const char usage_main[] =
     "  up         start a cluster of units on this machine (foreground, Ctrl-C stops)\n"
     "  stats      every unit's counters of a running cluster, as a table\n"
     "  cluster    a registry's view of a cluster: units, addresses, leases, up/down\n"
+    "  top        a live view of a running cluster: ops/s, GB/s, fill, pins, SSD tier\n"
     "  scan       one unit's blob table\n"
     "  clear      drop rows from a running cluster\n"
     "  put        store one value (a file) as a row's field\n"
@@ -134,6 +135,8 @@ main(int argc, char **argv)
         return dp__cmd_up(argc - 1, argv + 1);
     if (strcmp(cmd, "stats") == 0)
         return dp__cmd_stats(argc - 1, argv + 1);
+    if (strcmp(cmd, "top") == 0)
+        return dp__cmd_top(argc - 1, argv + 1);
     if (strcmp(cmd, "cluster") == 0)
         return dp__cmd_cluster(argc - 1, argv + 1);
     if (strcmp(cmd, "scan") == 0)

@@ -1291,6 +1291,7 @@ dp_client_clear(dp_client *c, const uint64_t *gidxs, size_t n, uint64_t *dropped
     dp__groups g;
     pthread_mutex_lock(&c->mu);
     rc = clear_locked(c, gidxs, n, &c->fo, &g, &dropped_here, d);
+    c->cnt.clears++;
     dp__fanout_reset(&c->fo);
     pthread_mutex_unlock(&c->mu);
     dp__groups_fini(&g);

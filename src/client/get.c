@@ -414,6 +414,7 @@ get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
             urc = dp__wire_error_to_detail(&rep.err, ud);
             if (urc == DP_EBUSY && dp__client_left(x->deadline) > 0) {
                 again = true;
+                c->cnt.busy_waits++;
                 dp__wire_reply_fini(&rep);
                 continue;
             }
@@ -680,8 +681,10 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         return rc;
     }
     double step = 0.002;
-    while (get_round(&x) && dp__client_left(x.deadline) > 0)
+    while (get_round(&x) && dp__client_left(x.deadline) > 0) {
+        c->cnt.retries++;
         dp__client_backoff(&step, x.deadline);
+    }
     /* Keys still unresolved: pending or busy for the whole budget. */
     for (size_t i = 0; i < n; i++)
         if (x.ks[i].st == K_ASK) {
@@ -698,6 +701,10 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         }
     rc = get_report(&x, d);
     get_op_fini(&x);
+    c->cnt.gets++;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].status == 0)
+            c->cnt.get_bytes += items[i].nbytes;
     return rc;
 }
 

@@ -272,6 +272,7 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 rc = dp__wire_error_to_detail(&rep.err, &pu->det);
                 if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
                     busy = true; /* stays in ST_ALLOC */
+                    c->cnt.busy_waits++;
                 } else {
                     pu->rc = rc;
                     pu->state = ST_FAILED;
@@ -291,6 +292,7 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         }
         if (!busy)
             return;
+        c->cnt.retries++;
         dp__client_backoff(&step, deadline);
     }
 }
@@ -522,6 +524,7 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                     rc = dp__wire_error_to_detail(&rep.err, &pu->det);
                 if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
                     again = true;
+                    c->cnt.busy_waits++;
                 } else {
                     pu->rc = rc;
                     pu->state = ST_FAILED;
@@ -534,6 +537,7 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         }
         if (!again)
             return;
+        c->cnt.retries++;
         dp__client_backoff(&step, deadline);
     }
 }
@@ -839,6 +843,11 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
     commit_phase_locked(c, a.pus, a.npu, a.slot_pu, a.sent, nw, deadline);
     rc = put_outcome_locked(c, &a, gidxs, n_rows, row_status, d);
     decided = true;
+    c->cnt.puts++;
+    for (size_t r = 0; r < n_rows; r++)
+        if (row_status == NULL ? rc == 0 : row_status[r] == 0)
+            for (size_t f = 0; f < n_fields; f++)
+                c->cnt.put_bytes += values[r * n_fields + f].nbytes;
 out:
     if (!decided && rc != 0 && row_status != NULL) /* refused before any transfer */
         for (size_t r = 0; r < n_rows; r++)

@@ -162,6 +162,7 @@ dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
             continue;
         }
         res->blobs[res->n_blobs++] = (dp_wire_blob_loc){ids[i], b->off, b->nbytes};
+        u->stats.resolved_bytes += b->nbytes;
         if (b->pin_mark != epoch) {
             b->pin_mark = epoch;
             pinned[np++] = b;
@@ -242,6 +243,7 @@ dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
         l->key = keys[i];
         l->off = b->off + e->off;
         l->len = e->len;
+        u->stats.resolved_bytes += e->len;
         l->kind = dp__zview(dp__blob_kind_name(e->kind));
         l->dtype = (dp_wire_str){e->dtype, e->dtype_len};
         l->shape = e->ndim > 0 ? e->shape : NULL;

@@ -178,6 +178,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
     dp__list_remove(&u->pend, &b->pend_link);
     u->stats.published++;
     u->stats.n_commit++;
+    u->stats.committed_bytes += b->nbytes;
     for (i = 0; i < n; i++) {
         if (at[i].r == NULL)
             continue;

@@ -86,8 +86,19 @@ do_info(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
 }
 
 /* save_shard and load_shard: file I/O outside the unit lock. */
+static void run_admin_timed(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep,
+                            dp_buf *reply);
+
 static void
 run_admin(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+{
+    uint64_t t0 = dp__now_ns();
+    run_admin_timed(u, req, rep, reply);
+    dp__unit_hist_record(u, req->op, dp__now_ns() - t0);
+}
+
+static void
+run_admin_timed(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
@@ -327,6 +338,7 @@ void
 dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 {
     dp_unit *u = ctx;
+    uint64_t t0 = dp__now_ns();
     dp_wire_request req;
     dp_detail d;
     dp_detail_clear(&d);
@@ -418,6 +430,9 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         reply_error(u, req.rid, DP_EPROTO, &d, NULL, reply);
         break;
     }
+    /* save/load are timed where they run (run_admin), often on their own thread. */
+    if (req.op != DP_WIRE_OP_SAVE_SHARD && req.op != DP_WIRE_OP_LOAD_SHARD)
+        dp__unit_hist_record(u, req.op, dp__now_ns() - t0);
     dp__wire_request_fini(&req);
 }
 

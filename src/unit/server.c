@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "ctl/ctl.h"
+#include "http/http.h"
 #include "xfer/endpoint.h"
 
 /* Longest advertised address: what a cluster file holds (DP_CLUSTER_ADDR_MAX). */
@@ -29,6 +30,7 @@
 
 struct dp_unit_server {
     dp_endpoint *ep;
+    dp__http_server *http; /* metrics, when asked for */
     dp_unit *u;
     dp_ctl_server *srv;
     char address[ADDR_MAX]; /* advertised: tcp://host:port */
@@ -121,6 +123,23 @@ advertised(const char *bound, const char *advertise, char *out, size_t cap, dp_d
     return DP_OK;
 }
 
+/* /metrics and /healthz (the metrics server's handler). */
+static int
+http_answer(void *ctx, const char *path, dp_buf *body, const char **type)
+{
+    dp_unit *u = ctx;
+    if (strcmp(path, "/metrics") == 0) {
+        *type = "text/plain; version=0.0.4; charset=utf-8";
+        return dp__unit_metrics_text(u, body) == DP_OK ? 200 : 500;
+    }
+    if (strcmp(path, "/healthz") == 0) {
+        dp__buf_printf(body, "ok: unit %u serving\n", dp__unit_id(u));
+        return 200;
+    }
+    dp__buf_printf(body, "not found: this unit serves /metrics and /healthz\n");
+    return 404;
+}
+
 int
 dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
                       const dp_unit_server_opts *so, dp_unit_server **out, dp_detail *d)
@@ -150,6 +169,9 @@ dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
                          sizeof s->address, d)) != 0)
         goto fail;
     dp__unit_set_address(s->u, s->address);
+    if (so->metrics != NULL &&
+        (rc = dp__http_server_open(so->metrics, http_answer, s->u, &s->http, d)) != 0)
+        goto fail;
     *out = s;
     return DP_OK;
 fail:
@@ -184,6 +206,12 @@ dp__unit_server_unit(const dp_unit_server *s)
     return s->u;
 }
 
+const char *
+dp__unit_server_metrics_address(const dp_unit_server *s)
+{
+    return s->http != NULL ? dp__http_server_address(s->http) : NULL;
+}
+
 struct dp_endpoint *
 dp__unit_server_endpoint(const dp_unit_server *s)
 {
@@ -195,6 +223,7 @@ dp__unit_server_close(dp_unit_server *s)
 {
     if (s == NULL)
         return;
+    dp__http_server_close(s->http); /* first: its handler reads the unit */
     dp__ctl_server_close(s->srv);
     dp__unit_stop_serving(s->u);
     dp__unit_destroy(s->u);

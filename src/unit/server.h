@@ -28,6 +28,11 @@ typedef struct dp_unit_server_opts {
      */
     const char *advertise;
     double tick_s; /* ticker period; 0: 1 s */
+    /*
+     * NULL: no metrics. "IP:PORT": serve /metrics (Prometheus text) and
+     * /healthz over HTTP there (src/http; port 0: a free one).
+     */
+    const char *metrics;
 } dp_unit_server_opts;
 
 /*
@@ -61,6 +66,9 @@ const char *dp__unit_server_bound_address(const dp_unit_server *s);
 
 /* The unit (owned by the server). */
 dp_unit *dp__unit_server_unit(const dp_unit_server *s);
+
+/* "IP:PORT" the metrics are served on, NULL without. */
+const char *dp__unit_server_metrics_address(const dp_unit_server *s);
 
 /* Its transfer endpoint. */
 struct dp_endpoint *dp__unit_server_endpoint(const dp_unit_server *s);

@@ -389,7 +389,9 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(ts_write_bytes, "two_sided_write_bytes")                                           \
     X(ts_reads, "two_sided_reads") /* two-sided READs accepted from pins */              \
     X(ts_read_bytes, "two_sided_read_bytes")                                             \
-    X(ts_refused, "two_sided_refused") /* refused: no such grant, out of bounds... */
+    X(ts_refused, "two_sided_refused")    /* refused: no such grant, out of bounds... */ \
+    X(committed_bytes, "committed_bytes") /* bytes published by commits (put in) */      \
+    X(resolved_bytes, "resolved_bytes")   /* bytes pinned for READs by resolves (out) */
 
 /* The counters as numbers (tests; copied under the lock). */
 typedef struct dp_unit_stats {
@@ -513,5 +515,20 @@ void dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
 
 /* The dp_ctl_oversize callback: a Protocol error naming the limit. */
 void dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+
+/* ---- metrics (metrics.c) ---- */
+
+/* Record that the unit handled op in ns nanoseconds. Threads: any. */
+void dp__unit_hist_record(dp_unit *u, int op, uint64_t ns);
+
+/*
+ * The unit's counters and op latencies in the Prometheus text format
+ * (version 0.0.4), appended to out: every DP_UNIT_STATS counter and gauge
+ * under a dataplane_ name with its unit in the name, a histogram per control
+ * op, and bytes in and out; each sample labelled with the unit's id and
+ * cluster. Copies the counters under the unit lock (briefly), reads the
+ * histograms without it. DP_ENOMEM. Threads: any.
+ */
+int dp__unit_metrics_text(dp_unit *u, dp_buf *out);
 
 #endif

@@ -59,6 +59,7 @@
 #include "common/list.h"
 #include "common/map.h"
 #include "unit/unit.h"
+#include "wire/wire.h"
 #include "unit/writers.h"
 
 /*
@@ -224,10 +225,22 @@ typedef struct io_job {
 /* How a resolve answers for a published blob (once per call). */
 enum { RES_READY = 1, RES_PENDING, RES_FAILED };
 
+/*
+ * Latency of one control op as the unit handled it (metrics.c): counts per
+ * bucket (upper bounds in DP_UNIT_HIST_BOUNDS_US, the last one +Inf), the
+ * count and the sum. Atomics, no lock: the handler records, a scrape reads.
+ */
+#define DP_UNIT_HIST_N 18
+typedef struct dp__op_hist {
+    _Atomic uint64_t b[DP_UNIT_HIST_N];
+    _Atomic uint64_t count, sum_ns;
+} dp__op_hist;
+
 struct dp_unit {
     pthread_mutex_t mu;
     dp_unit_opts o;
     dp_unit_stats stats; /* what the unit counts as it goes (see DP_UNIT_STATS) */
+    dp__op_hist hist[DP_WIRE_OP_COUNT_]; /* per op: metrics.c */
     /* The region and the put area (unit.c) */
     uint8_t *slab;
     size_t slab_map_len; /* mmap'd length when not from the endpoint */

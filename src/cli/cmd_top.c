@@ -1,0 +1,313 @@
+/*
+ * `dataplane top`: a live view of a running cluster, refreshed every
+ * interval: per unit and in total, ops/s by op, GB/s in (committed by puts)
+ * and out (pinned for gets), slab fill, pins, retired and quarantined bytes,
+ * the SSD tier and saves. Rates are differences of the units' counters
+ * between two rounds of stats requests (the control plane; no HTTP needed).
+ *
+ * On a terminal it redraws one screen (ANSI) and reads keys: q quits. When
+ * stdout is not a terminal it prints plain lines instead, one block per
+ * round, so it can be logged or piped. A unit that does not answer shows as
+ * down and is asked again every round.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/common.h"
+
+static const char usage_top[] =
+    "usage: dataplane top [--cluster PATH|URL] [--interval S] [--iterations N]\n"
+    "\n"
+    "A live view of a running cluster, like redis-cli --stat or htop: per unit and\n"
+    "in total, ops/s (alloc, commit, resolve, release), GB/s in (committed by puts)\n"
+    "and out (pinned for gets), slab fill, pins, retired and quarantined bytes, the\n"
+    "SSD tier (on disk, staged) and saves, refreshed every interval. On a terminal:\n"
+    "one screen, q (or Ctrl-C) quits. Otherwise: plain lines, one block per round.\n"
+    "\n"
+    "options:\n"
+    "  --cluster PATH   the cluster file, its directory, or etcd://HOST:PORT/NAME\n"
+    "                   (default: $DP_CLUSTER, else the default directory)\n"
+    "  --interval S     seconds between refreshes (1)\n"
+    "  --iterations N   stop after N refreshes (default: until q or a signal)\n"
+    "  --timeout-s S    bound of each round of stats requests (2)\n"
+    "  -h, --help       this text\n";
+
+/* The counters a row shows (a snapshot of one unit). */
+typedef struct snap {
+    bool up;
+    double t;
+    uint64_t allocs, commits, resolves, releases, in_b, out_b;
+    uint64_t slab, allocated, pins, retired, quarantined, disk, staged, saves, loads;
+    uint64_t rows, entries;
+} snap;
+
+static volatile sig_atomic_t g_stop;
+
+static void
+on_signal(int sig)
+{
+    DP_UNUSED(sig);
+    g_stop = 1;
+}
+
+static bool
+stats_req(uint32_t i, dp_wire_request *q, void *ctx)
+{
+    DP_UNUSED(i);
+    DP_UNUSED(ctx);
+    q->op = DP_WIRE_OP_STATS;
+    return true;
+}
+
+static uint64_t
+get(const dp_wire_fields *f, const char *name)
+{
+    const dp_wire_field *x = dp__wire_fields_get(f, name);
+    return x != NULL && x->type == DP_WIRE_U64 ? x->v.u : 0;
+}
+
+static void
+take(const dp_wire_fields *f, double t, snap *s)
+{
+    *s = (snap){.up = true, .t = t};
+    s->allocs = get(f, "allocs");
+    s->commits = get(f, "commits");
+    s->resolves = get(f, "resolves");
+    s->releases = get(f, "releases");
+    s->in_b = get(f, "committed_bytes");
+    s->out_b = get(f, "resolved_bytes");
+    s->slab = get(f, "slab_bytes");
+    s->allocated = get(f, "allocated_bytes");
+    s->pins = get(f, "pins");
+    s->retired = get(f, "retired_bytes");
+    s->quarantined = get(f, "quarantined_bytes");
+    s->disk = get(f, "disk_bytes");
+    s->staged = get(f, "staged_bytes");
+    s->saves = get(f, "saves");
+    s->loads = get(f, "loads");
+    s->rows = get(f, "rows");
+    s->entries = get(f, "entries");
+}
+
+/* Per-second rate of a counter between two snapshots (0 at the first). */
+static double
+rate(uint64_t now, uint64_t was, double dt)
+{
+    return dt > 0 && now >= was ? (double)(now - was) / dt : 0;
+}
+
+/* One row: a unit's (or the total's) line, into out. */
+static void
+row(char *out, size_t cap, const char *label, const snap *s, const snap *p)
+{
+    if (!s->up) {
+        snprintf(out, cap, "%-7s %s", label, "down");
+        return;
+    }
+    double dt = p->up ? s->t - p->t : 0;
+    char slab[16], ret[16], quar[16], disk[16], staged[16];
+    dp__fmt_size(s->slab, slab, sizeof slab);
+    dp__fmt_size(s->retired, ret, sizeof ret);
+    dp__fmt_size(s->quarantined, quar, sizeof quar);
+    dp__fmt_size(s->disk, disk, sizeof disk);
+    dp__fmt_size(s->staged, staged, sizeof staged);
+    double fill = s->slab > 0 ? 100.0 * (double)s->allocated / (double)s->slab : 0;
+    snprintf(out, cap,
+             "%-7s %8.0f %8.0f %8.0f %8.0f %8.3f %8.3f %5.1f%% of %-10s %6" PRIu64
+             " %10s %10s %10s %10s %5" PRIu64,
+             label, rate(s->allocs, p->allocs, dt), rate(s->commits, p->commits, dt),
+             rate(s->resolves, p->resolves, dt), rate(s->releases, p->releases, dt),
+             rate(s->in_b, p->in_b, dt) / 1e9, rate(s->out_b, p->out_b, dt) / 1e9, fill,
+             slab, s->pins, ret, quar, disk, staged, s->saves);
+}
+
+static const char header[] = "%-7s %8s %8s %8s %8s %8s %8s %-19s %6s %10s %10s %10s %10s %5s";
+
+static void
+sum_into(snap *t, const snap *s)
+{
+    if (!s->up)
+        return;
+    t->up = true;
+    t->t = s->t;
+    t->allocs += s->allocs;
+    t->commits += s->commits;
+    t->resolves += s->resolves;
+    t->releases += s->releases;
+    t->in_b += s->in_b;
+    t->out_b += s->out_b;
+    t->slab += s->slab;
+    t->allocated += s->allocated;
+    t->pins += s->pins;
+    t->retired += s->retired;
+    t->quarantined += s->quarantined;
+    t->disk += s->disk;
+    t->staged += s->staged;
+    t->saves += s->saves;
+    t->loads += s->loads;
+    t->rows += s->rows;
+    t->entries += s->entries;
+}
+
+int
+dp__cmd_top(int argc, char **argv)
+{
+    static const struct option opts[] = {{"cluster", required_argument, NULL, 'c'},
+                                         {"interval", required_argument, NULL, 'i'},
+                                         {"iterations", required_argument, NULL, 'n'},
+                                         {"timeout-s", required_argument, NULL, 't'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *cluster = NULL;
+    double interval = 1, timeout_s = 2;
+    uint64_t iterations = 0;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = DP_OK;
+        switch (c) {
+        case 'c':
+            cluster = optarg;
+            break;
+        case 'i':
+            rc = dp__parse_seconds(optarg, &interval, "--interval", &d);
+            if (rc == DP_OK && !(interval >= 0.1))
+                rc = dp__fail(&d, DP_EINVAL, "--interval must be at least 0.1 s");
+            break;
+        case 'n':
+            rc = dp__parse_u64(optarg, 1, UINT32_MAX, &iterations, "--iterations", &d);
+            break;
+        case 't':
+            rc = dp__parse_seconds(optarg, &timeout_s, "--timeout-s", &d);
+            if (rc == DP_OK && !(timeout_s > 0))
+                rc = dp__fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+            break;
+        case 'h':
+            fputs(usage_top, stdout);
+            return 0;
+        default:
+            return dp__cli_usage("top", "unknown option or missing value '%s'",
+                                 argv[optind - 1]);
+        }
+        if (rc != DP_OK)
+            return dp__cli_usage("top", "%s", dp_detail_msg(&d));
+    }
+    if (optind < argc)
+        return dp__cli_usage("top", "unexpected argument '%s'", argv[optind]);
+
+    dp__cli_conn conn;
+    int rc = dp__cli_connect(cluster, timeout_s, DP_MAX(timeout_s, 10.0), DP__CLI_ALLOW_DOWN,
+                             &conn, &d);
+    if (rc != DP_OK)
+        return dp__cli_fail("top", rc, &d);
+    uint32_t n = conn.cl.n_units;
+    snap *now = calloc(n + 1, sizeof *now), *prev = calloc(n + 1, sizeof *prev);
+    if (now == NULL || prev == NULL) {
+        free(now);
+        free(prev);
+        dp__cli_disconnect(&conn);
+        return dp__cli_fail("top", DP_ENOMEM, NULL);
+    }
+    bool tty = isatty(STDOUT_FILENO) == 1;
+    bool keys = tty && isatty(STDIN_FILENO) == 1;
+    struct termios saved;
+    if (keys && tcgetattr(STDIN_FILENO, &saved) == 0) {
+        struct termios raw = saved;
+        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+        raw.c_cc[VMIN] = 0;
+        raw.c_cc[VTIME] = 0;
+        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    } else {
+        keys = false;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (tty)
+        printf("\033[?25l"); /* hide the cursor while redrawing */
+    int status = 0;
+    char line[512];
+    for (uint64_t round = 0; !g_stop && (iterations == 0 || round < iterations); round++) {
+        /* Units down earlier are asked again: they may be back. */
+        for (uint32_t i = 0; i < n; i++)
+            if (conn.units[i].state != DP__CLI_CHECKED)
+                dp__cli_check_units(&conn, i, DP__CLI_ALLOW_DOWN, NULL);
+        dp__fanout f;
+        dp_detail_clear(&d);
+        dp__client_call_all(conn.client, &f, stats_req, NULL, &d);
+        double t = dp__now_s();
+        memset(&now[n], 0, sizeof now[n]);
+        for (uint32_t i = 0; i < n; i++) {
+            if (f.n > 0 && f.u[i].rc == DP_OK)
+                take(&f.u[i].rep.r.stats, t, &now[i]);
+            else
+                now[i] = (snap){.up = false};
+            sum_into(&now[n], &now[i]);
+        }
+        dp__fanout_fini(&f);
+        time_t wall = time(NULL);
+        char ts[32];
+        strftime(ts, sizeof ts, "%H:%M:%S", localtime(&wall));
+        if (tty)
+            printf("\033[H\033[2J");
+        printf("dataplane top  %s  cluster %s  %u unit%s  every %.1f s%s\n", ts, conn.path, n,
+               n == 1 ? "" : "s", interval, keys ? "  (q quits)" : "");
+        printf(header, "unit", "alloc/s", "commit/s", "resolv/s", "relea/s", "inGB/s",
+               "outGB/s", "slab fill", "pins", "retired", "quarant", "on disk", "staged",
+               "saves");
+        printf("\n");
+        for (uint32_t i = 0; i <= n; i++) {
+            if (i == n && n == 1)
+                break;
+            char label[16];
+            if (i < n)
+                snprintf(label, sizeof label, "%u", i);
+            else
+                snprintf(label, sizeof label, "total");
+            row(line, sizeof line, label, &now[i], &prev[i]);
+            printf("%s\n", line);
+        }
+        if (!tty)
+            printf("\n");
+        fflush(stdout);
+        memcpy(prev, now, (n + 1) * sizeof *now);
+        if (iterations != 0 && round + 1 >= iterations)
+            break;
+        /* Wait for the next round, or a key. */
+        double until = dp__now_s() + interval;
+        while (!g_stop && dp__now_s() < until) {
+            struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+            int ms = (int)((until - dp__now_s()) * 1000) + 1;
+            int k = poll(&p, keys ? 1 : 0, ms > 0 ? ms : 1);
+            if (k > 0 && keys) {
+                char ch;
+                if (read(STDIN_FILENO, &ch, 1) == 1 && (ch == 'q' || ch == 'Q'))
+                    g_stop = 1;
+            }
+            if (k < 0 && errno != EINTR)
+                break;
+        }
+    }
+    if (tty)
+        printf("\033[?25h");
+    if (keys)
+        tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    fflush(stdout);
+    free(now);
+    free(prev);
+    dp__cli_disconnect(&conn);
+    return status;
+}
