@@ -41,7 +41,8 @@ static CURLcode curl_init_rc = CURLE_OK;
 static void
 curl_init(void)
 {
-    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* Plain http only: no TLS library is initialised (nor torn down at exit). */
+    curl_init_rc = curl_global_init(CURL_GLOBAL_NOTHING);
 }
 
 /* ---- base64 ---- */

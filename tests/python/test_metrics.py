@@ -19,6 +19,10 @@ import pytest
 
 import dataplane
 
+# Units are separate programs: they do not get the sanitizer runtime this
+# interpreter may have preloaded (scripts/pytest-asan.sh).
+UNIT_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
 prom_parser = pytest.importorskip("prometheus_client.parser")
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -73,7 +77,7 @@ def unit(tmp_path):
     log = tmp_path / "unit.log"
     with open(log, "wb") as f:
         p = subprocess.Popen([_cli(), "unit", "--slab", "32M", "--metrics", "127.0.0.1:0"],
-                             stdout=subprocess.PIPE, stderr=f, text=True)
+                             stdout=subprocess.PIPE, stderr=f, text=True, env=UNIT_ENV)
     addr = p.stdout.readline().strip()
     assert addr.startswith("tcp://"), addr
     m = _wait_log(log, r"metrics: (http://[0-9.]+:\d+)/metrics", p)
@@ -141,7 +145,7 @@ def test_bench_serves_client_counters(unit):
     p = subprocess.Popen([_cli(), "bench", "--iters", "1000000", "--rows", "4", "--bytes", "4K",
                           "--metrics", f"127.0.0.1:{port}", "--cluster", "/nonexistent"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "DP_CLUSTER": ""})
+                         env={**UNIT_ENV, "DP_CLUSTER": ""})
     # A cluster that does not exist: a clear error, no server left behind.
     _, err = p.communicate(timeout=30)
     assert p.returncode == 1 and "cluster" in err
@@ -153,7 +157,7 @@ def test_bench_serves_client_counters(unit):
         p = subprocess.Popen([_cli(), "bench", "--iters", "1000000", "--rows", "4",
                               "--bytes", "4K", "--metrics", f"127.0.0.1:{port}",
                               "--cluster", cf],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=UNIT_ENV)
         try:
             deadline = time.monotonic() + 30
             puts = 0
@@ -187,7 +191,7 @@ def test_a_real_prometheus_scrapes_a_unit(unit, tmp_path):
     log = open(tmp_path / "prometheus.log", "wb")
     p = subprocess.Popen([prom, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path}/tsdb",
                           f"--web.listen-address=127.0.0.1:{port}"],
-                         stdout=log, stderr=subprocess.STDOUT)
+                         stdout=log, stderr=subprocess.STDOUT, env=UNIT_ENV)
 
     def query(q):
         url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})

@@ -16,6 +16,10 @@ import torch
 
 import dataplane
 
+# Units are separate programs: they do not get the sanitizer runtime this
+# interpreter may have preloaded (scripts/pytest-asan.sh).
+UNIT_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
 ETCD = "/usr/bin/etcd"
 
 
@@ -41,7 +45,7 @@ def etcd():
          f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
          f"--initial-cluster=t=http://127.0.0.1:{pp}",
          "--logger=zap", f"--log-outputs={d}/etcd.log"],
-        stdout=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, env=UNIT_ENV)
     # Ready when its gateway answers a range (a leader is elected), not when
     # its port takes connections.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -66,7 +70,8 @@ def _units(cli, url, n):
     for k in range(n):
         p = subprocess.Popen([cli, "unit", "--slab", "32M", "--registry", url,
                               "--registry-ttl", "2", "--unit-id", str(k), "--units", str(n)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=UNIT_ENV)
         line = p.stdout.readline()
         assert line.startswith("tcp://"), f"unit {k} did not start: {line!r}"
         procs.append(p)
