@@ -131,7 +131,8 @@ row(char *out, size_t cap, const char *label, const snap *s, const snap *p)
              slab, s->pins, ret, quar, disk, staged, s->saves);
 }
 
-static const char header[] = "%-7s %8s %8s %8s %8s %8s %8s %-19s %6s %10s %10s %10s %10s %5s";
+static const char header[] =
+    "%-7s %8s %8s %8s %8s %8s %8s %-19s %6s %10s %10s %10s %10s %5s";
 
 static void
 sum_into(snap *t, const snap *s)
@@ -209,8 +210,8 @@ dp__cmd_top(int argc, char **argv)
         return dp__cli_usage("top", "unexpected argument '%s'", argv[optind]);
 
     dp__cli_conn conn;
-    int rc = dp__cli_connect(cluster, timeout_s, DP_MAX(timeout_s, 10.0), DP__CLI_ALLOW_DOWN,
-                             &conn, &d);
+    int rc = dp__cli_connect(cluster, timeout_s, DP_MAX(timeout_s, 10.0),
+                             DP__CLI_ALLOW_DOWN, &conn, &d);
     if (rc != DP_OK)
         return dp__cli_fail("top", rc, &d);
     uint32_t n = conn.cl.n_units;
@@ -240,7 +241,8 @@ dp__cmd_top(int argc, char **argv)
         printf("\033[?25l"); /* hide the cursor while redrawing */
     int status = 0;
     char line[512];
-    for (uint64_t round = 0; !g_stop && (iterations == 0 || round < iterations); round++) {
+    for (uint64_t round = 0; !g_stop && (iterations == 0 || round < iterations);
+         round++) {
         /* Units down earlier are asked again: they may be back. */
         for (uint32_t i = 0; i < n; i++)
             if (conn.units[i].state != DP__CLI_CHECKED)
@@ -263,8 +265,8 @@ dp__cmd_top(int argc, char **argv)
         strftime(ts, sizeof ts, "%H:%M:%S", localtime(&wall));
         if (tty)
             printf("\033[H\033[2J");
-        printf("dataplane top  %s  cluster %s  %u unit%s  every %.1f s%s\n", ts, conn.path, n,
-               n == 1 ? "" : "s", interval, keys ? "  (q quits)" : "");
+        printf("dataplane top  %s  cluster %s  %u unit%s  every %.1f s%s\n", ts,
+               conn.path, n, n == 1 ? "" : "s", interval, keys ? "  (q quits)" : "");
         printf(header, "unit", "alloc/s", "commit/s", "resolv/s", "relea/s", "inGB/s",
                "outGB/s", "slab fill", "pins", "retired", "quarant", "on disk", "staged",
                "saves");

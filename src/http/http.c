@@ -28,8 +28,9 @@ dp__http_parse_addr(const char *s, char *ip, size_t cap, uint16_t *port, dp_deta
 {
     const char *colon = s != NULL ? strrchr(s, ':') : NULL;
     if (colon == NULL || colon == s || (size_t)(colon - s) >= cap)
-        return dp__fail(d, DP_EINVAL, "'%s' is not IP:PORT (e.g. 127.0.0.1:9464, or "
-                                      "0.0.0.0:9464 for every interface)",
+        return dp__fail(d, DP_EINVAL,
+                        "'%s' is not IP:PORT (e.g. 127.0.0.1:9464, or "
+                        "0.0.0.0:9464 for every interface)",
                         s != NULL ? s : "(null)");
     memcpy(ip, s, (size_t)(colon - s));
     ip[colon - s] = '\0';
@@ -117,10 +118,10 @@ dp__http_server_open(const char *addr, dp__http_handler fn, void *ctx,
     atomic_init(&s->requests, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, ip, &sa.sin_addr);
-    s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, port, NULL,
-                              NULL, answer, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+    s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, port,
+                              NULL, NULL, answer, s, MHD_OPTION_SOCK_ADDR,
+                              (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)16, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (s->mhd == NULL) {
         free(s);
@@ -129,7 +130,8 @@ dp__http_server_open(const char *addr, dp__http_handler fn, void *ctx,
                         "host's?)",
                         addr);
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    const union MHD_DaemonInfo *di =
+        MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     snprintf(s->address, sizeof s->address, "%s:%u", ip,
              di != NULL ? (unsigned)di->port : (unsigned)port);
     *out = s;

@@ -39,6 +39,7 @@ uint64_t dp__http_server_requests(const dp__http_server *s);
 void dp__http_server_close(dp__http_server *s); /* NULL allowed */
 
 /* Parse "IP:PORT" (IPv4 or "*"), as the server does. DP_EINVAL saying why. */
-int dp__http_parse_addr(const char *s, char *ip, size_t cap, uint16_t *port, dp_detail *d);
+int dp__http_parse_addr(const char *s, char *ip, size_t cap, uint16_t *port,
+                        dp_detail *d);
 
 #endif

@@ -20,8 +20,8 @@
 
 /* Bucket upper bounds, microseconds (the last bucket is +Inf). */
 static const uint64_t bounds_us[DP_UNIT_HIST_N - 1] = {
-    10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000,
-    1000000, 2500000, 10000000};
+    10,    25,    50,    100,    250,    500,     1000,    2500,    5000,
+    10000, 25000, 50000, 100000, 250000, 1000000, 2500000, 10000000};
 
 void
 dp__unit_hist_record(dp_unit *u, int op, uint64_t ns)
@@ -39,9 +39,9 @@ dp__unit_hist_record(dp_unit *u, int op, uint64_t ns)
 }
 
 typedef struct metric_def {
-    const char *wire;    /* the stats row */
-    const char *name;    /* after "dataplane_" */
-    bool counter;        /* else a gauge */
+    const char *wire; /* the stats row */
+    const char *name; /* after "dataplane_" */
+    bool counter;     /* else a gauge */
     const char *help;
 } metric_def;
 
@@ -70,8 +70,10 @@ static const metric_def defs[] = {
     {"writers_gone", "writers_gone", false, "Of those, proved unable to write again"},
     {"identity_refused", "identity_refused_total", true,
      "Commits naming another allocation, refused"},
-    {"stale_refused", "stale_refused_total", true, "Requests older than one their client sent later, refused"},
-    {"leases_expired", "leases_expired_total", true, "Allocations retired by their lease"},
+    {"stale_refused", "stale_refused_total", true,
+     "Requests older than one their client sent later, refused"},
+    {"leases_expired", "leases_expired_total", true,
+     "Allocations retired by their lease"},
     {"pins_expired", "pins_expired_total", true, "Pins that expired"},
     {"allocated_bytes", "allocated_bytes", false, "Bytes allocated in the put area"},
     {"free_bytes", "free_bytes", false, "Free bytes in the put area"},
@@ -91,7 +93,8 @@ static const metric_def defs[] = {
     {"io_bytes", "io_area_bytes", false, "Size of the IO area (SSD tier)"},
     {"io_allocated_bytes", "io_allocated_bytes", false, "Bytes allocated in the IO area"},
     {"io_free_bytes", "io_free_bytes", false, "Free bytes in the IO area"},
-    {"io_quarantined_bytes", "io_quarantined_bytes", false, "Quarantined bytes in the IO area"},
+    {"io_quarantined_bytes", "io_quarantined_bytes", false,
+     "Quarantined bytes in the IO area"},
     {"io_jobs", "io_jobs", false, "SSD jobs queued or running"},
     {"disk_blobs", "disk_blobs", false, "Published blobs on disk"},
     {"disk_bytes", "disk_bytes", false, "Bytes of blobs on disk"},
@@ -116,13 +119,15 @@ static const metric_def defs[] = {
      "Two-sided WRITEs accepted into allocations (TCP path)"},
     {"two_sided_write_bytes", "two_sided_write_bytes_total", true,
      "Bytes received by two-sided WRITEs"},
-    {"two_sided_reads", "two_sided_reads_total", true, "Two-sided READs served from pins"},
+    {"two_sided_reads", "two_sided_reads_total", true,
+     "Two-sided READs served from pins"},
     {"two_sided_read_bytes", "two_sided_read_bytes_total", true,
      "Bytes sent by two-sided READs"},
     {"two_sided_refused", "two_sided_refused_total", true,
      "Two-sided transfers refused (no such grant, out of bounds, ...)"},
     {"committed_bytes", "committed_bytes_total", true, "Bytes published by commits"},
-    {"resolved_bytes", "resolved_bytes_total", true, "Bytes pinned for READs by resolves"},
+    {"resolved_bytes", "resolved_bytes_total", true,
+     "Bytes pinned for READs by resolves"},
 };
 
 static const metric_def *
@@ -155,16 +160,18 @@ dp__unit_metrics_text(dp_unit *u, dp_buf *out)
     DP_UNIT_STATS(EMIT)
 #undef EMIT
     /* Bytes by direction, one family: in = committed by puts, out = pinned for gets. */
+    dp__buf_printf(
+        out,
+        "# HELP dataplane_data_bytes_total Bytes moved by clients: in = committed "
+        "by puts, out = pinned for gets\n"
+        "# TYPE dataplane_data_bytes_total counter\n"
+        "dataplane_data_bytes_total{%s,direction=\"in\"} %" PRIu64 "\n"
+        "dataplane_data_bytes_total{%s,direction=\"out\"} %" PRIu64 "\n",
+        labels, st.committed_bytes, labels, st.resolved_bytes);
     dp__buf_printf(out,
-                   "# HELP dataplane_data_bytes_total Bytes moved by clients: in = committed "
-                   "by puts, out = pinned for gets\n"
-                   "# TYPE dataplane_data_bytes_total counter\n"
-                   "dataplane_data_bytes_total{%s,direction=\"in\"} %" PRIu64 "\n"
-                   "dataplane_data_bytes_total{%s,direction=\"out\"} %" PRIu64 "\n",
-                   labels, st.committed_bytes, labels, st.resolved_bytes);
-    dp__buf_printf(out, "# HELP dataplane_op_duration_seconds Time the unit took to handle "
-                        "a control request, by op\n"
-                        "# TYPE dataplane_op_duration_seconds histogram\n");
+                   "# HELP dataplane_op_duration_seconds Time the unit took to handle "
+                   "a control request, by op\n"
+                   "# TYPE dataplane_op_duration_seconds histogram\n");
     for (int op = 0; op < DP_WIRE_OP_COUNT_; op++) {
         dp__op_hist *h = &u->hist[op];
         /* The buckets are the truth: +Inf and _count are their sum, so the
@@ -187,8 +194,8 @@ dp__unit_metrics_text(dp_unit *u, dp_buf *out)
                        "%" PRIu64 "\n"
                        "dataplane_op_duration_seconds_sum{%s,op=\"%s\"} %.9f\n"
                        "dataplane_op_duration_seconds_count{%s,op=\"%s\"} %" PRIu64 "\n",
-                       labels, name, count, labels, name, (double)sum_ns / 1e9, labels, name,
-                       count);
+                       labels, name, count, labels, name, (double)sum_ns / 1e9, labels,
+                       name, count);
     }
     return out->oom ? DP_ENOMEM : DP_OK;
 }
