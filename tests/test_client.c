@@ -914,11 +914,11 @@ DP_TEST(values_keep_their_client_alive)
     dp_client *c = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    o.reserved[7] = 1;
+    o.reserved[6] = 1;
     CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
-    CHECK_CONTAINS(d.msg, "reserved[7]");
+    CHECK_CONTAINS(d.msg, "reserved[6]");
     CHECK(c == NULL);
-    o.reserved[7] = 0;
+    o.reserved[6] = 0;
     o.timeout_s = -1;
     CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
     o.timeout_s = 0;

@@ -175,7 +175,14 @@ typedef struct dp_client_opts {
      * 1..200 printable ASCII bytes.
      */
     const char *name;
-    uint64_t reserved[8];
+    /*
+     * CURVE authentication of the control plane: a secret key file (PATH.key
+     * of `dataplane keygen`, mode 0600). NULL: $DP_CURVE_SECRET when set;
+     * "": none. Units that require CURVE are reached with it when the
+     * cluster file or registry gives their public keys ("pubkey").
+     */
+    const char *curve_secret;
+    uint64_t reserved[7];
 } dp_client_opts;
 
 /* Fill o with the defaults (the same as zeroing it). Threads: any. */

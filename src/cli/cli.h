@@ -32,6 +32,7 @@ int dp__cmd_get(int argc, char **argv);
 int dp__cmd_bench(int argc, char **argv);
 int dp__cmd_cluster(int argc, char **argv);
 int dp__cmd_top(int argc, char **argv);
+int dp__cmd_keygen(int argc, char **argv);
 
 /*
  * "dataplane <cmd>: <message>" and "Run 'dataplane <cmd> --help' for usage."
@@ -124,11 +125,14 @@ void dp__cli_disconnect(dp__cli_conn *c);
 int dp__cli_check_units(dp__cli_conn *c, int64_t only, unsigned flags, dp_detail *d);
 
 /*
- * Ask the unit at addr for its info within timeout_s: DP_OK with the
+ * Ask the unit at addr for its info within timeout_s (over CURVE when
+ * server_pub is a key: with client_secret, a Z85 secret key, or NULL for the
+ * file $DP_CURVE_SECRET names): DP_OK with the
  * incarnation that answered, else why (cap bytes) says what happened (the
  * error of the call: DP_ETRANSFER / DP_ETIMEDOUT for a unit that is down).
  */
-int dp__cli_probe_unit(const char *addr, double timeout_s, uint64_t *incarnation,
+int dp__cli_probe_unit(const char *addr, const char *server_pub,
+                       const char *client_secret, double timeout_s, uint64_t *incarnation,
                        char *why, size_t cap);
 
 /* Parse a cluster-relative unit index ("3") against the loaded cluster. */

@@ -243,8 +243,8 @@ dp__cli_guard_stdout(void)
 }
 
 int
-dp__cli_probe_unit(const char *addr, double timeout_s, uint64_t *incarnation, char *why,
-                   size_t cap)
+dp__cli_probe_unit(const char *addr, const char *server_pub, const char *client_secret,
+                   double timeout_s, uint64_t *incarnation, char *why, size_t cap)
 {
     *incarnation = 0;
     dp_ctl_client *ctl = NULL;
@@ -259,6 +259,18 @@ dp__cli_probe_unit(const char *addr, double timeout_s, uint64_t *incarnation, ch
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
     int rc = dp__ctl_client_create(&ctl, &d);
+    if (rc == DP_OK && server_pub != NULL && server_pub[0] != '\0') {
+        char sec[41] = "";
+        const char *env = getenv("DP_CURVE_SECRET");
+        if (client_secret != NULL)
+            snprintf(sec, sizeof sec, "%s", client_secret);
+        else if (env != NULL && env[0] != '\0')
+            rc = dp__ctl_key_read(env, true, sec, &d);
+        if (rc == DP_OK && sec[0] != '\0' &&
+            (rc = dp__ctl_client_set_curve(ctl, sec, &d)) == DP_OK)
+            rc = dp__ctl_client_server_key(ctl, addr, server_pub, &d);
+        explicit_bzero(sec, sizeof sec);
+    }
     if (rc == DP_OK)
         rc = dp__wire_rid_gen_init(&rids, &d);
     if (rc == DP_OK) {

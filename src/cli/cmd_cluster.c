@@ -111,7 +111,8 @@ dp__cmd_cluster(int argc, char **argv)
         }
         uint64_t inc = 0;
         char why[512];
-        int prc = dp__cli_probe_unit(x->r.zmq, timeout_s, &inc, why, sizeof why);
+        int prc = dp__cli_probe_unit(x->r.zmq, x->r.pubkey, NULL, timeout_s, &inc, why,
+                                     sizeof why);
         const char *state = prc != DP_OK              ? "silent"
                             : inc != x->r.incarnation ? "restarted"
                                                       : "up";

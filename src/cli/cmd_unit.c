@@ -68,6 +68,10 @@ static const char usage_unit[] =
     "  --registry-ttl S     the registration's lease: a unit that dies leaves the\n"
     "                       registry within S seconds (10)\n"
     "  --registry-wait-s S  how long to keep trying to reach etcd at start (60)\n"
+    "  --curve-secret FILE  authenticate the control plane with CURVE: this unit's\n"
+    "                       secret key (PATH.key of 'dataplane keygen', mode 0600)\n"
+    "  --curve-allow DIR    with --curve-secret: serve only clients whose public key\n"
+    "                       is a *.pub file in DIR (re-read on SIGHUP)\n"
     "  --metrics IP:PORT    serve /metrics (Prometheus text format) and /healthz over\n"
     "                       HTTP there (0.0.0.0:PORT: every interface; port 0: free)\n"
     "  --ssd-dir DIR        SSD tier: puts the slab cannot take spill to files in\n"
@@ -90,7 +94,8 @@ typedef struct unit_cmd {
     const char *bind_ip, *advertise;
     uint64_t port, unit_id, units, staging;
     bool staging_set, units_set, id_auto;
-    const char *id_env, *registry, *metrics;
+    const char *id_env, *registry, *metrics, *curve_allow;
+    char curve_secret[41], curve_public[41]; /* "" without CURVE */
     char id_source[320];
     dp__reg_url reg;
     double reg_ttl_s, reg_wait_s;
@@ -117,7 +122,9 @@ enum {
     O_REGISTRY,
     O_REG_TTL,
     O_REG_WAIT,
-    O_METRICS
+    O_METRICS,
+    O_CURVE_SECRET,
+    O_CURVE_ALLOW
 };
 
 /* unit_option and unit_parse: go on (anything else is the exit status). */
@@ -200,6 +207,14 @@ unit_option(unit_cmd *u, int c, char **argv)
         if (rc == 0 && !(u->reg_ttl_s >= 1 && u->reg_ttl_s <= 3600))
             rc = dp__fail(d, DP_EINVAL, "--registry-ttl must be 1..3600 seconds");
         break;
+    case O_CURVE_SECRET:
+        rc = dp__ctl_key_read(optarg, true, u->curve_secret, d);
+        if (rc == DP_OK)
+            rc = dp__ctl_key_public(u->curve_secret, u->curve_public, d);
+        break;
+    case O_CURVE_ALLOW:
+        u->curve_allow = optarg;
+        break;
     case O_METRICS: {
         char ip[64];
         uint16_t port;
@@ -259,6 +274,8 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"registry-ttl", required_argument, NULL, O_REG_TTL},
         {"registry-wait-s", required_argument, NULL, O_REG_WAIT},
         {"metrics", required_argument, NULL, O_METRICS},
+        {"curve-secret", required_argument, NULL, O_CURVE_SECRET},
+        {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     *u =
@@ -310,6 +327,8 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         return unit_usage_error("--registry-ttl and --registry-wait-s need --registry%s",
                                 "");
     }
+    if ((u->curve_secret[0] != '\0') != (u->curve_allow != NULL))
+        return unit_usage_error("--curve-secret and --curve-allow go together%s", "");
     if (u->unit_id >= u->units) {
         char msg[96];
         snprintf(msg, sizeof msg, "--unit-id %" PRIu64 " must be below --units %" PRIu64,
@@ -333,12 +352,14 @@ unit_parse(int argc, char **argv, unit_cmd *u)
 static int
 probe_holder(void *ctx, const dp__reg_record *holder, char *why, size_t cap)
 {
-    DP_UNUSED(ctx);
+    const unit_cmd *u = ctx;
     uint64_t inc = 0;
     int rc = DP_ETIMEDOUT;
-    /* Twice: a busy unit may miss one second. */
+    /* Twice: a busy unit may miss one second. Over CURVE with this unit's key. */
     for (int i = 0; i < 2 && rc == DP_ETIMEDOUT; i++)
-        rc = dp__cli_probe_unit(holder->zmq, 1.0, &inc, why, cap);
+        rc = dp__cli_probe_unit(holder->zmq, holder->pubkey,
+                                u->curve_secret[0] ? u->curve_secret : NULL, 1.0, &inc,
+                                why, cap);
     if (rc == DP_ETIMEDOUT || rc == DP_ETRANSFER)
         return 0; /* silent or refused: gone */
     if (rc != DP_OK)
@@ -381,9 +402,11 @@ unit_register(unit_cmd *u, dp_unit_server *srv, const char *name, dp__reg_unit *
     dp__endpoint_transports(dp__unit_server_endpoint(srv), r.transports,
                             sizeof r.transports);
     r.started = dp__wall_s();
+    snprintf(r.pubkey, sizeof r.pubkey, "%s", u->curve_public);
     dp__reg_unit_opts ro = {.ttl_s = u->reg_ttl_s,
                             .start_budget_s = u->reg_wait_s,
                             .probe = probe_holder,
+                            .probe_ctx = u,
                             .cancelled = stop_pending};
     int rc = dp__reg_unit_start(&u->reg, &r, &ro, out, &u->d);
     if (rc == DP_OK)
@@ -403,6 +426,7 @@ unit_serve(unit_cmd *u)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGHUP); /* re-read --curve-allow */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     char prefix[32];
@@ -422,7 +446,9 @@ unit_serve(unit_cmd *u)
                               .port = (uint16_t)u->port,
                               .advertise = u->advertise,
                               .tick_s = 1.0,
-                              .metrics = u->metrics};
+                              .metrics = u->metrics,
+                              .curve_secret = u->curve_secret[0] ? u->curve_secret : NULL,
+                              .curve_allow_dir = u->curve_allow};
     if ((rc = dp__unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
         goto fail;
     /* Registered before the address line: a launcher that saw it can find it. */
@@ -452,9 +478,33 @@ unit_serve(unit_cmd *u)
     if (uo->ssd_dir != NULL)
         DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo->ssd_dir,
                  dp__fmt_size(uo->staging_bytes, sz, sizeof sz), uo->pickup_s);
+    if (u->curve_secret[0] != '\0')
+        DP_LOG_I("CURVE: public key %s; clients allowed from %s", u->curve_public,
+                 u->curve_allow);
+    else if (strncmp(dp__unit_server_bound_address(srv), "tcp://127.", 10) != 0)
+        fprintf(
+            stderr,
+            "dataplane unit: warning: listening on %s without CURVE: any process that "
+            "can reach it can read and write this unit's data (see 'dataplane keygen' "
+            "and --curve-secret)\n",
+            dp__unit_server_bound_address(srv));
     int sig = 0;
-    while (sigwait(&sigs, &sig) != 0)
-        ;
+    for (;;) {
+        while (sigwait(&sigs, &sig) != 0)
+            ;
+        if (sig != SIGHUP)
+            break;
+        size_t n = 0;
+        dp_detail hd;
+        dp_detail_clear(&hd);
+        if (u->curve_secret[0] == '\0')
+            DP_LOG_I("SIGHUP: nothing to re-read (no --curve-allow)");
+        else if (dp__unit_server_reload_allow(srv, &n, &hd) == DP_OK)
+            DP_LOG_W("SIGHUP: %zu client key%s allowed from %s", n, n == 1 ? "" : "s",
+                     u->curve_allow);
+        else
+            DP_LOG_E("SIGHUP: %s (the keys allowed before stay)", dp_detail_msg(&hd));
+    }
     DP_LOG_I("signal %d: stopping", sig);
     status = 0;
     goto out;

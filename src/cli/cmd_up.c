@@ -75,6 +75,11 @@ static const char usage_up[] =
     "                       (etcd://HOST:PORT[,...]/NAME; NAME is the cluster id):\n"
     "                       clients on any machine then find it by that URL\n"
     "  --registry-ttl S     the units' registration lease (10)\n"
+    "  --curve-secret FILE  every unit authenticates its control plane with this\n"
+    "                       CURVE key (see 'dataplane unit --help'); its public key\n"
+    "                       goes into cluster.json\n"
+    "  --curve-allow DIR    the client keys the units allow (*.pub; SIGHUP to a unit\n"
+    "                       re-reads it)\n"
     "  --metrics IP:PORT    unit i serves /metrics and /healthz on IP:PORT+i\n"
     "                       (port 0: each a free one, printed in its log)\n"
     "  -h, --help           this text\n"
@@ -97,7 +102,9 @@ typedef struct up_opts {
     bool restart;
     uint64_t max_restarts;
     const char *registry, *registry_ttl;
-    char metrics_ip[64]; /* "" without --metrics */
+    const char *curve_secret, *curve_allow;
+    char curve_public[41]; /* "" without CURVE */
+    char metrics_ip[64];   /* "" without --metrics */
     uint16_t metrics_port;
     char cluster_id[65]; /* drawn at start (the registry's name with one), given to
                             every unit and the file */
@@ -125,7 +132,9 @@ parse_opts(int argc, char **argv, up_opts *o)
         O_MAX_RESTARTS,
         O_REGISTRY,
         O_REG_TTL,
-        O_METRICS
+        O_METRICS,
+        O_CURVE_SECRET,
+        O_CURVE_ALLOW
     };
     static const struct option opts[] = {
         {"units", required_argument, NULL, O_UNITS},
@@ -147,6 +156,8 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"registry", required_argument, NULL, O_REGISTRY},
         {"registry-ttl", required_argument, NULL, O_REG_TTL},
         {"metrics", required_argument, NULL, O_METRICS},
+        {"curve-secret", required_argument, NULL, O_CURVE_SECRET},
+        {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof *o);
@@ -239,6 +250,18 @@ parse_opts(int argc, char **argv, up_opts *o)
             o->registry = optarg;
             break;
         }
+        case O_CURVE_SECRET: {
+            char sec[41];
+            rc = dp__ctl_key_read(optarg, true, sec, &d);
+            if (rc == DP_OK)
+                rc = dp__ctl_key_public(sec, o->curve_public, &d);
+            explicit_bzero(sec, sizeof sec);
+            o->curve_secret = optarg;
+            break;
+        }
+        case O_CURVE_ALLOW:
+            o->curve_allow = optarg;
+            break;
         case O_METRICS:
             rc = dp__http_parse_addr(optarg, o->metrics_ip, sizeof o->metrics_ip,
                                      &o->metrics_port, &d);
@@ -263,6 +286,8 @@ parse_opts(int argc, char **argv, up_opts *o)
         return dp__cli_usage("up", "unexpected argument '%s'", argv[optind]);
     if ((o->staging != NULL || o->pickup_s != NULL) && o->ssd_dir == NULL)
         return dp__cli_usage("up", "--staging and --pickup-s need --ssd-dir");
+    if ((o->curve_secret != NULL) != (o->curve_allow != NULL))
+        return dp__cli_usage("up", "--curve-secret and --curve-allow go together");
     if (o->registry_ttl != NULL && o->registry == NULL)
         return dp__cli_usage("up", "--registry-ttl needs --registry");
     if (o->metrics_ip[0] != '\0' && o->metrics_port != 0 &&
@@ -438,6 +463,8 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
         args[k++] = metrics;
     }
     PASS("--registry", o->registry);
+    PASS("--curve-secret", o->curve_secret);
+    PASS("--curve-allow", o->curve_allow);
     PASS("--registry-ttl", o->registry_ttl);
 #undef PASS
     args[k] = NULL;
@@ -466,6 +493,7 @@ ask_info(dp__sup *s, const char *path, double timeout_s, dp_detail *d)
     for (uint32_t i = 0; i < s->n; i++) {
         c.cl.units[i].id = i;
         snprintf(c.cl.units[i].zmq, sizeof c.cl.units[i].zmq, "%s", s->u[i].addr);
+        snprintf(c.cl.units[i].pubkey, sizeof c.cl.units[i].pubkey, "%s", s->pubkey);
     }
     if ((rc = dp__wire_rid_gen_init(&c.rids, d)) != DP_OK ||
         (rc = dp__ctl_client_create(&c.ctl, d)) != DP_OK ||
@@ -579,7 +607,8 @@ start_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
 
 /* Write the cluster file of the started units; false (said) if it fails. */
 static bool
-write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id, dp_detail *d)
+write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id,
+              const char *o_pubkey, dp_detail *d)
 {
     dp_cluster cl = {.n_units = s->n, .units = calloc(s->n, sizeof(dp_cluster_unit))};
     snprintf(cl.cluster_id, sizeof cl.cluster_id, "%s", o_cluster_id);
@@ -593,6 +622,7 @@ write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id, dp_d
         snprintf(cl.units[i].zmq, sizeof cl.units[i].zmq, "%s", s->u[i].addr);
         snprintf(cl.units[i].agent, sizeof cl.units[i].agent, "%s", s->u[i].agent);
         cl.units[i].incarnation = s->u[i].incarnation;
+        snprintf(cl.units[i].pubkey, sizeof cl.units[i].pubkey, "%s", o_pubkey);
     }
     int rc = dp__cluster_save(path, &cl, d);
     dp__cluster_fini(&cl);
@@ -661,7 +691,7 @@ restart_unit(dp__sup *s, dp__sup_unit *u, const up_opts *o, const char *path,
         dp__cli_fail("up", rc, d);
         return false;
     }
-    if (!write_cluster(s, path, o->cluster_id, d))
+    if (!write_cluster(s, path, o->cluster_id, o->curve_public, d))
         return false;
     printf("unit %u restarted (pid %d, incarnation %016" PRIx64 "); %s updated\n", u->id,
            (int)u->pid, u->incarnation, path);
@@ -735,12 +765,16 @@ dp__cmd_up(int argc, char **argv)
         return status;
     dp__sup s;
     dp__sup_init(&s);
+    snprintf(s.pubkey, sizeof s.pubkey, "%s", o.curve_public);
+    /* up asks its units who they are with their own key (always allowed). */
+    if (o.curve_secret != NULL)
+        setenv("DP_CURVE_SECRET", o.curve_secret, 1);
     int rc = dp__sup_open(&s, (uint32_t)o.units, &sigs, &d);
     if (rc != DP_OK) {
         status = dp__cli_fail("up", rc, &d);
     } else {
-        bool wrote =
-            start_units(&s, &o, path, &d) && write_cluster(&s, path, o.cluster_id, &d);
+        bool wrote = start_units(&s, &o, path, &d) &&
+                     write_cluster(&s, path, o.cluster_id, o.curve_public, &d);
         if (wrote) {
             const char *where = o.registry != NULL ? o.registry : path;
             printf("cluster of %u unit%s up: %s%s%s\n"

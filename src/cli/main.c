@@ -27,6 +27,7 @@ static const char usage_main[] =
     "  up         start a cluster of units on this machine (foreground, Ctrl-C stops)\n"
     "  stats      every unit's counters of a running cluster, as a table\n"
     "  cluster    a registry's view of a cluster: units, addresses, leases, up/down\n"
+    "  keygen     a CURVE key pair for authenticating the control plane\n"
     "  top        a live view of a running cluster: ops/s, GB/s, fill, pins, SSD tier\n"
     "  scan       one unit's blob table\n"
     "  clear      drop rows from a running cluster\n"
@@ -135,6 +136,8 @@ main(int argc, char **argv)
         return dp__cmd_up(argc - 1, argv + 1);
     if (strcmp(cmd, "stats") == 0)
         return dp__cmd_stats(argc - 1, argv + 1);
+    if (strcmp(cmd, "keygen") == 0)
+        return dp__cmd_keygen(argc - 1, argv + 1);
     if (strcmp(cmd, "top") == 0)
         return dp__cmd_top(argc - 1, argv + 1);
     if (strcmp(cmd, "cluster") == 0)

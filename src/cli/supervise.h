@@ -53,6 +53,7 @@ typedef struct dp__sup {
     bool forward;    /* forward unit output (after the start) */
     bool stopping;   /* a stop was requested */
     int stop_signal; /* the signal that asked for it */
+    char pubkey[41]; /* the units' CURVE public key ("": none), for up's own calls */
 } dp__sup;
 
 /*

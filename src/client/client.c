@@ -546,6 +546,9 @@ client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_clien
                  c->blob_prefix);
     }
     c->o.name = NULL; /* not kept: the caller's string */
+    const char *curve =
+        c->o.curve_secret != NULL ? c->o.curve_secret : getenv("DP_CURVE_SECRET");
+    c->o.curve_secret = NULL; /* not kept either */
     if (!ctl_only) {
         dp_endpoint_opts eo;
         dp__endpoint_opts_init(&eo);
@@ -554,7 +557,29 @@ client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_clien
         if (rc != 0)
             return dp__fail_ctx(d, rc, "client: transfer endpoint");
     }
-    return dp__ctl_client_create(&c->ctl, d);
+    if ((rc = dp__ctl_client_create(&c->ctl, d)) != 0)
+        return rc;
+    if (curve != NULL && curve[0] != '\0') {
+        char sec[41];
+        rc = dp__ctl_key_read(curve, true, sec, d);
+        if (rc == 0)
+            rc = dp__ctl_client_set_curve(c->ctl, sec, d);
+        explicit_bzero(sec, sizeof sec);
+        if (rc != 0)
+            return dp__fail_ctx(d, rc, "client: CURVE secret key (DP_CURVE_SECRET)");
+    }
+    return DP_OK;
+}
+
+/* The units' CURVE public keys (cu: n entries, or NULL) for the control client. */
+static int
+set_server_keys(dp_client *c, const dp_cluster_unit *cu, uint32_t n, dp_detail *d)
+{
+    int rc = 0;
+    for (uint32_t u = 0; cu != NULL && rc == 0 && u < n; u++)
+        if (cu[u].pubkey[0] != '\0')
+            rc = dp__ctl_client_server_key(c->ctl, c->units[u].addr, cu[u].pubkey, d);
+    return rc;
 }
 
 /* Unit u's control address a, checked. */
@@ -804,6 +829,8 @@ dp__client_follow_locked(dp_client *c)
         if (!dp__reg_watch_get(c->reg, u, &r))
             continue; /* down (or not back yet): keep what is known */
         bool moved = strcmp(r.zmq, uc->addr) != 0;
+        /* A unit that came back (or moved) may have a new key. */
+        dp__ctl_client_server_key(c->ctl, r.zmq, r.pubkey, NULL);
         bool other = c->ep != NULL && r.incarnation != uc->incarnation && !uc->stale;
         if (!moved && !other)
             continue;
@@ -902,7 +929,8 @@ dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
 
 static int
 open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
-            const dp_client_opts *opts, dp_client **out, dp_detail *d)
+            const dp_cluster_unit *cu, const dp_client_opts *opts, dp_client **out,
+            dp_detail *d)
 {
     dp_client *c = NULL;
     int rc = client_new(opts, n, false, &c, d);
@@ -910,6 +938,8 @@ open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
         snprintf(c->cluster_id, sizeof c->cluster_id, "%s", cluster_id);
     for (uint32_t u = 0; rc == 0 && u < n; u++)
         rc = set_addr(c, u, addrs[u], d);
+    if (rc == 0)
+        rc = set_server_keys(c, cu, n, d);
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
         rc = check_units_locked(c, -1, 0, d);
@@ -930,7 +960,7 @@ dp_client_open_units(const char *const *addrs, uint32_t n_units,
     if (out == NULL || (addrs == NULL && n_units > 0))
         return dp__fail(d, DP_EINVAL, "dp_client_open_units: NULL argument");
     *out = NULL;
-    return open_common(addrs, n_units, NULL, opts, out, d);
+    return open_common(addrs, n_units, NULL, NULL, opts, out, d);
 }
 
 int
@@ -960,7 +990,7 @@ dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
     }
     for (uint32_t u = 0; u < cl.n_units; u++)
         addrs[u] = cl.units[u].zmq;
-    rc = open_common(addrs, cl.n_units, cl.cluster_id, opts, out, d);
+    rc = open_common(addrs, cl.n_units, cl.cluster_id, cl.units, opts, out, d);
     if (rc == 0 && cl.registry[0] != '\0') {
         dp__reg_url u;
         rc = dp__reg_url_parse(cl.registry, &u, d);
@@ -1004,6 +1034,8 @@ dp__client_open_ctl(const dp_cluster *cl, const dp_client_opts *opts,
     int rc = client_new(opts, cl->n_units, true, &c, d);
     for (uint32_t u = 0; rc == DP_OK && u < cl->n_units; u++)
         rc = set_addr(c, u, cl->units[u].zmq, d);
+    if (rc == DP_OK)
+        rc = set_server_keys(c, cl->units, cl->n_units, d);
     if (rc == DP_OK)
         snprintf(c->cluster_id, sizeof c->cluster_id, "%s", cl->cluster_id);
     if (rc == DP_OK && words != NULL) {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"
+#include "ctl/ctl.h"
 #include "registry/registry.h"
 
 #define MAX_FILE_BYTES (4u << 20)
@@ -265,6 +266,18 @@ dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d)
             (rc = get_str(u, "agent", cu->agent, sizeof cu->agent, path, i, d)) != 0 ||
             (rc = get_hex64(u, "incarnation", &cu->incarnation, path, i, d)) != 0)
             goto out;
+        const cJSON *pk = cJSON_GetObjectItemCaseSensitive(u, "pubkey");
+        if (pk != NULL && !(cJSON_IsString(pk) && (pk->valuestring[0] == '\0' ||
+                                                   dp__ctl_key_valid(pk->valuestring)))) {
+            rc = dp__fail(
+                d, DP_EPROTO,
+                "cluster file %s: units[%d].pubkey must be a CURVE public key (40 "
+                "Z85 characters, a unit's PATH.pub)",
+                path, i);
+            goto out;
+        }
+        if (pk != NULL)
+            snprintf(cu->pubkey, sizeof cu->pubkey, "%s", pk->valuestring);
         if (id != i) {
             rc = dp__fail(d, DP_EPROTO,
                           "cluster file %s: units[%d] has id %lld; units must be listed "
@@ -323,7 +336,9 @@ dp__cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
             cJSON_AddNumberToObject(o, "pid", (double)u->pid) == NULL ||
             (u->incarnation != 0 &&
              cJSON_AddStringToObject(o, "incarnation", hex16(u->incarnation, inc)) ==
-                 NULL)) {
+                 NULL) ||
+            (u->pubkey[0] != '\0' &&
+             cJSON_AddStringToObject(o, "pubkey", u->pubkey) == NULL)) {
             rc = dp__fail(d, DP_ENOMEM, "cluster file: out of memory");
             goto out;
         }

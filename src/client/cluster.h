@@ -39,6 +39,7 @@ typedef struct dp_cluster_unit {
     char agent[DP_CLUSTER_ADDR_MAX]; /* the unit's endpoint name */
     int64_t pid;                     /* 0 when unknown (another machine) */
     uint64_t incarnation;            /* 0 when unknown */
+    char pubkey[41];                 /* its CURVE public key (Z85), "" when none */
 } dp_cluster_unit;
 
 typedef struct dp_cluster {

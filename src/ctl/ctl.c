@@ -28,6 +28,7 @@
  */
 #include "ctl/ctl.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -35,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -158,7 +160,229 @@ struct dp_ctl_server {
     size_t max_msg;
     uint64_t served; /* atomic */
     char address[128];
+    /* CURVE (curve_on): the ZAP socket (server thread) and the allowed keys. */
+    bool curve_on;
+    void *zap;
+    char allow_dir[512];
+    pthread_mutex_t allow_mu; /* guards allow, n_allow */
+    uint8_t (*allow)[32];
+    size_t n_allow;
+    uint8_t own_pub[32];   /* the server's own public key: always allowed */
+    uint64_t auth_refused; /* atomic */
+    uint64_t auth_allowed; /* atomic */
 };
+
+/* ---- CURVE keys and the allow list ---- */
+
+int
+dp__ctl_key_read(const char *path, bool secret, char out[41], dp_detail *d)
+{
+    int fd = open(path, O_RDONLY | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return dp__fail_sys(d, errno, "key file %s", path);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return dp__fail(d, DP_EINVAL, "key file %s is not a regular file", path);
+    }
+    if (secret && (st.st_mode & 077) != 0) {
+        close(fd);
+        return dp__fail(
+            d, DP_EPOLICY,
+            "secret key file %s is readable by others (mode %04o): chmod 600 %s", path,
+            (unsigned)(st.st_mode & 07777), path);
+    }
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0)
+        return dp__fail_sys(d, errno, "read key file %s", path);
+    buf[n] = '\0';
+    /* One Z85 key of 40 characters; surrounding whitespace ignored. */
+    char *p = buf;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    size_t len = strcspn(p, " \t\r\n");
+    char *rest = p + len;
+    while (*rest == ' ' || *rest == '\t' || *rest == '\n' || *rest == '\r')
+        rest++;
+    uint8_t bin[32];
+    char z[41];
+    if (len == 40) {
+        memcpy(z, p, 40);
+        z[40] = '\0';
+    }
+    if (len != 40 || *rest != '\0' || zmq_z85_decode(bin, z) == NULL)
+        return dp__fail(d, DP_EINVAL,
+                        "key file %s does not hold one CURVE key (40 Z85 characters, as "
+                        "'dataplane keygen' writes)",
+                        path);
+    memcpy(out, z, 41);
+    return DP_OK;
+}
+
+int
+dp__ctl_key_public(const char secret[41], char out[41], dp_detail *d)
+{
+    if (zmq_curve_public(out, secret) != 0)
+        return dp__fail(d, DP_EUNSUPPORTED,
+                        "this libzmq has no CURVE (built without libsodium?)");
+    return DP_OK;
+}
+
+int
+dp__ctl_keypair(char pub[41], char secret[41], dp_detail *d)
+{
+    if (zmq_curve_keypair(pub, secret) != 0)
+        return dp__fail(d, DP_EUNSUPPORTED,
+                        "this libzmq has no CURVE (built without libsodium?)");
+    return DP_OK;
+}
+
+bool
+dp__ctl_key_valid(const char *z85)
+{
+    uint8_t bin[32];
+    return z85 != NULL && strlen(z85) == 40 && zmq_z85_decode(bin, z85) != NULL;
+}
+
+int
+dp__ctl_server_reload_allow(dp_ctl_server *s, size_t *n_keys, dp_detail *d)
+{
+    if (!s->curve_on)
+        return dp__fail(d, DP_EINVAL, "ctl server: no CURVE, so no allow list");
+    DIR *dir = opendir(s->allow_dir);
+    if (dir == NULL)
+        return dp__fail_sys(d, errno, "allow directory %s", s->allow_dir);
+    uint8_t(*keys)[32] = NULL;
+    size_t n = 0, cap = 0;
+    int rc = DP_OK;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".pub") != 0)
+            continue;
+        char path[1024], z[41];
+        snprintf(path, sizeof path, "%s/%s", s->allow_dir, e->d_name);
+        dp_detail why;
+        dp_detail_clear(&why);
+        if (dp__ctl_key_read(path, false, z, &why) != DP_OK) {
+            DP_LOG_W("ctl server: skipping %s", dp_detail_msg(&why));
+            continue;
+        }
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            void *nk = realloc(keys, nc * sizeof *keys);
+            if (nk == NULL) {
+                rc = dp__fail(d, DP_ENOMEM, "ctl server: out of memory");
+                break;
+            }
+            keys = nk;
+            cap = nc;
+        }
+        zmq_z85_decode(keys[n++], z);
+    }
+    closedir(dir);
+    if (rc != DP_OK) {
+        free(keys);
+        return rc;
+    }
+    pthread_mutex_lock(&s->allow_mu);
+    free(s->allow);
+    s->allow = keys;
+    s->n_allow = n;
+    pthread_mutex_unlock(&s->allow_mu);
+    if (n_keys != NULL)
+        *n_keys = n;
+    return DP_OK;
+}
+
+uint64_t
+dp__ctl_server_auth_refused(const dp_ctl_server *s)
+{
+    return __atomic_load_n(&s->auth_refused, __ATOMIC_RELAXED);
+}
+
+static bool
+key_allowed(dp_ctl_server *s, const uint8_t *key)
+{
+    /* Whoever holds the unit's own secret key (its launcher, its peers) is in. */
+    if (memcmp(key, s->own_pub, 32) == 0)
+        return true;
+    pthread_mutex_lock(&s->allow_mu);
+    bool ok = false;
+    for (size_t i = 0; i < s->n_allow && !ok; i++)
+        ok = memcmp(s->allow[i], key, 32) == 0;
+    pthread_mutex_unlock(&s->allow_mu);
+    return ok;
+}
+
+/*
+ * One ZAP request (RFC 27): version, request id, domain, address, identity,
+ * mechanism, credentials; answered 200 for a CURVE key in the allow list,
+ * else 400. Server thread.
+ */
+static void
+zap_answer(dp_ctl_server *s)
+{
+    zmq_msg_t f[8];
+    int nf = 0;
+    bool more = true;
+    while (more && nf < 8) {
+        zmq_msg_init(&f[nf]);
+        if (zmq_msg_recv(&f[nf], s->zap, 0) < 0) {
+            zmq_msg_close(&f[nf]);
+            break;
+        }
+        more = zmq_msg_more(&f[nf]);
+        nf++;
+    }
+    while (more) { /* more frames than ZAP has: drain */
+        zmq_msg_t x;
+        zmq_msg_init(&x);
+        if (zmq_msg_recv(&x, s->zap, 0) < 0) {
+            zmq_msg_close(&x);
+            break;
+        }
+        more = zmq_msg_more(&x);
+        zmq_msg_close(&x);
+    }
+    bool ok = false;
+    char peer[64] = "?", key[41] = "?";
+    if (nf >= 7) {
+        size_t an = DP_MIN(zmq_msg_size(&f[3]), sizeof peer - 1);
+        memcpy(peer, zmq_msg_data(&f[3]), an);
+        peer[an] = '\0';
+        bool curve =
+            zmq_msg_size(&f[5]) == 5 && memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0;
+        if (curve && zmq_msg_size(&f[6]) == 32) {
+            zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
+            ok = key_allowed(s, zmq_msg_data(&f[6]));
+        }
+    }
+    if (ok) {
+        __atomic_add_fetch(&s->auth_allowed, 1, __ATOMIC_RELAXED);
+    } else {
+        uint64_t k = __atomic_add_fetch(&s->auth_refused, 1, __ATOMIC_RELAXED);
+        /* Every refusal is counted; the first ones and then one in 1000 logged. */
+        if (k <= 10 || k % 1000 == 0)
+            DP_LOG_W("ctl server: refused a client from %s: key %s is not in %s (%" PRIu64
+                     " refused so far)",
+                     peer, key, s->allow_dir, k);
+    }
+    /* Reply: version, request id, status code, status text, user id, metadata. */
+    if (nf >= 2) {
+        zmq_send(s->zap, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), ZMQ_SNDMORE);
+        zmq_send(s->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
+        zmq_send(s->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+        const char *txt = ok ? "OK" : "key not allowed";
+        zmq_send(s->zap, txt, strlen(txt), ZMQ_SNDMORE);
+        zmq_send(s->zap, ok ? key : "", ok ? 40 : 0, ZMQ_SNDMORE);
+        zmq_send(s->zap, "", 0, 0);
+    }
+    for (int i = 0; i < nf; i++)
+        zmq_msg_close(&f[i]);
+}
 
 /* Send the replies deferred requests queued (server thread). */
 static void
@@ -192,9 +416,10 @@ server_main(void *arg)
     zmq_msg_init(&id);
     zmq_msg_init(&body);
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
-        zmq_pollitem_t pi[2] = {{.socket = s->sock, .events = ZMQ_POLLIN},
-                                {.fd = s->ob->pipe_r, .events = ZMQ_POLLIN}};
-        int n = zmq_poll(pi, 2, POLL_MS);
+        zmq_pollitem_t pi[3] = {{.socket = s->sock, .events = ZMQ_POLLIN},
+                                {.fd = s->ob->pipe_r, .events = ZMQ_POLLIN},
+                                {.socket = s->zap, .events = ZMQ_POLLIN}};
+        int n = zmq_poll(pi, s->zap != NULL ? 3 : 2, POLL_MS);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
@@ -203,6 +428,8 @@ server_main(void *arg)
         }
         if (pi[1].revents & ZMQ_POLLIN)
             send_outbox(s);
+        if (s->zap != NULL && (pi[2].revents & ZMQ_POLLIN))
+            zap_answer(s);
         if (!(pi[0].revents & ZMQ_POLLIN))
             continue;
         if (zmq_msg_recv(&id, s->sock, ZMQ_DONTWAIT) < 0)
@@ -298,6 +525,39 @@ dp__ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
     }
     int zero = 0;
     zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
+    pthread_mutex_init(&s->allow_mu, NULL);
+    if (opts != NULL && opts->curve_secret != NULL) {
+        /* CURVE: the ZAP handler is bound first, so no handshake goes unchecked. */
+        if (!dp__ctl_key_valid(opts->curve_secret) || opts->curve_allow_dir == NULL) {
+            rc = dp__fail(d, DP_EINVAL,
+                          "ctl server: CURVE needs a secret key and an "
+                          "allow directory");
+            goto fail;
+        }
+        s->curve_on = true;
+        snprintf(s->allow_dir, sizeof s->allow_dir, "%s", opts->curve_allow_dir);
+        char own[41];
+        if ((rc = dp__ctl_key_public(opts->curve_secret, own, d)) != DP_OK)
+            goto fail;
+        zmq_z85_decode(s->own_pub, own);
+        if ((rc = dp__ctl_server_reload_allow(s, NULL, d)) != DP_OK)
+            goto fail;
+        s->zap = zmq_socket(s->zctx, ZMQ_REP);
+        if (s->zap == NULL ||
+            zmq_setsockopt(s->zap, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+            zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0) {
+            rc = dp__fail_sys(d, zmq_errno(), "ctl server: ZAP handler socket");
+            goto fail;
+        }
+        int one = 1;
+        if (zmq_setsockopt(s->sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+            zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, opts->curve_secret, 41) != 0) {
+            rc = dp__fail_sys(d, zmq_errno(), "ctl server: CURVE (libzmq without it?)");
+            goto fail;
+        }
+        /* ZAP requests carry this domain; failures are answered, not dropped. */
+        zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, "dataplane", 9);
+    }
     /* Past twice the limit ZMQ drops the connection instead of buffering it. */
     int64_t hard = (int64_t)s->max_msg * 2;
     zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &hard, sizeof hard);
@@ -354,8 +614,12 @@ dp__ctl_server_close(dp_ctl_server *s)
     }
     if (s->sock != NULL)
         zmq_close(s->sock);
+    if (s->zap != NULL)
+        zmq_close(s->zap);
     if (s->zctx != NULL)
         zmq_ctx_term(s->zctx);
+    free(s->allow);
+    pthread_mutex_destroy(&s->allow_mu);
     if (s->ob != NULL) {
         pthread_mutex_lock(&s->ob->mu);
         s->ob->closed = true; /* replies of tokens still open are dropped */
@@ -381,9 +645,13 @@ typedef struct csock {
     uint64_t n_disconnects;
     uint64_t n_refused; /* connect attempts that failed (refused, timed out) */
     uint64_t n_handshakes;
+    uint64_t n_auth_failed;  /* the unit's ZAP handler refused this client's key */
+    uint64_t n_proto_failed; /* a handshake failed otherwise (last_proto says how) */
+    uint32_t last_proto;
+    bool curve; /* this socket speaks CURVE (the client has a key and the unit's) */
     /* Snapshot at the send of the request this socket waits for. */
     bool sent_up;
-    uint64_t sent_disconnects, sent_refused, sent_handshakes;
+    uint64_t sent_disconnects, sent_refused, sent_handshakes, sent_auth, sent_proto;
 } csock;
 
 struct pooled {
@@ -392,12 +660,79 @@ struct pooled {
     dp_list_node link; /* dp_ctl_client.idle, most recently given back first */
 };
 
+/* A unit's CURVE public key, by address (dp__ctl_client_server_key). */
+struct server_key {
+    char *address;
+    char key[41];
+};
+
 struct dp_ctl_client {
     void *zctx;
     pthread_mutex_t mu;
     dp_list idle;     /* struct pooled; under mu */
     uint64_t n_socks; /* monitor endpoint names; atomic */
+    /* CURVE: this client's keys (curve), and the units' keys; under mu. */
+    bool curve;
+    char pub[41], sec[41];
+    struct server_key *keys;
+    size_t n_keys;
 };
+
+int
+dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d)
+{
+    char pub[41];
+    if (!dp__ctl_key_valid(secret))
+        return dp__fail(d, DP_EINVAL, "ctl client: not a CURVE secret key");
+    int rc = dp__ctl_key_public(secret, pub, d);
+    if (rc != DP_OK)
+        return rc;
+    pthread_mutex_lock(&c->mu);
+    c->curve = true;
+    memcpy(c->sec, secret, 41);
+    memcpy(c->pub, pub, 41);
+    pthread_mutex_unlock(&c->mu);
+    return DP_OK;
+}
+
+int
+dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
+                          dp_detail *d)
+{
+    if (key != NULL && key[0] != '\0' && !dp__ctl_key_valid(key))
+        return dp__fail(d, DP_EINVAL,
+                        "unit %s: its public key '%.48s' is not a CURVE key", address,
+                        key);
+    pthread_mutex_lock(&c->mu);
+    size_t i = 0;
+    while (i < c->n_keys && strcmp(c->keys[i].address, address) != 0)
+        i++;
+    int rc = DP_OK;
+    if (key == NULL || key[0] == '\0') {
+        if (i < c->n_keys) {
+            free(c->keys[i].address);
+            c->keys[i] = c->keys[--c->n_keys];
+        }
+    } else if (i < c->n_keys) {
+        memcpy(c->keys[i].key, key, 41);
+    } else {
+        void *nk = realloc(c->keys, (c->n_keys + 1) * sizeof *c->keys);
+        char *a = strdup(address);
+        if (nk == NULL || a == NULL) {
+            if (nk != NULL)
+                c->keys = nk;
+            free(a);
+            rc = dp__fail(d, DP_ENOMEM, "ctl client: out of memory");
+        } else {
+            c->keys = nk;
+            c->keys[c->n_keys].address = a;
+            memcpy(c->keys[c->n_keys].key, key, 41);
+            c->n_keys++;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
 
 /* Heartbeats and connect bounds: a dead or cut-off peer shows within seconds. */
 #define HEARTBEAT_IVL_MS 1000
@@ -456,6 +791,10 @@ dp__ctl_client_destroy(dp_ctl_client *c)
     }
     zmq_ctx_term(c->zctx);
     pthread_mutex_destroy(&c->mu);
+    for (size_t i = 0; i < c->n_keys; i++)
+        free(c->keys[i].address);
+    free(c->keys);
+    explicit_bzero(c->sec, sizeof c->sec);
     free(c);
 }
 
@@ -471,8 +810,11 @@ drain_events(csock *cs)
             return;
         }
         uint16_t ev = 0;
+        uint32_t val = 0;
         if (zmq_msg_size(&m) >= 2)
             memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+        if (zmq_msg_size(&m) >= 6)
+            memcpy(&val, (const uint8_t *)zmq_msg_data(&m) + 2, sizeof val);
         bool more = zmq_msg_more(&m);
         zmq_msg_close(&m);
         while (more) { /* the endpoint frame */
@@ -495,6 +837,13 @@ drain_events(csock *cs)
             break;
         case ZMQ_EVENT_CONNECT_RETRIED:
             cs->n_refused++;
+            break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+            cs->n_auth_failed++;
+            break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            cs->n_proto_failed++;
+            cs->last_proto = val;
             break;
         default:
             break;
@@ -520,13 +869,36 @@ sock_new(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
     zmq_setsockopt(cs->s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
     zmq_setsockopt(cs->s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
     zmq_setsockopt(cs->s, ZMQ_CONNECT_TIMEOUT, &cto, sizeof cto);
+    /* CURVE towards a unit whose key this client knows. */
+    pthread_mutex_lock(&c->mu);
+    char skey[41] = "";
+    for (size_t i = 0; c->curve && i < c->n_keys; i++)
+        if (strcmp(c->keys[i].address, address) == 0)
+            memcpy(skey, c->keys[i].key, 41);
+    bool curve = skey[0] != '\0';
+    char pub[41], sec[41];
+    memcpy(pub, c->pub, sizeof pub);
+    memcpy(sec, c->sec, sizeof sec);
+    pthread_mutex_unlock(&c->mu);
+    cs->curve = curve;
+    if (curve && (zmq_setsockopt(cs->s, ZMQ_CURVE_SERVERKEY, skey, 41) != 0 ||
+                  zmq_setsockopt(cs->s, ZMQ_CURVE_PUBLICKEY, pub, 41) != 0 ||
+                  zmq_setsockopt(cs->s, ZMQ_CURVE_SECRETKEY, sec, 41) != 0)) {
+        explicit_bzero(sec, sizeof sec);
+        int e = zmq_errno();
+        sock_close(cs);
+        return dp__fail_sys(d, e, "ctl client: CURVE (libzmq without it?)");
+    }
+    explicit_bzero(sec, sizeof sec);
     char mon[96];
     snprintf(mon, sizeof mon, "inproc://dp-ctl-mon-%p-%" PRIu64, (void *)c,
              __atomic_add_fetch(&c->n_socks, 1, __ATOMIC_RELAXED));
     int rc = DP_OK;
     if (zmq_socket_monitor(cs->s, mon,
                            ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
-                               ZMQ_EVENT_CONNECT_RETRIED) != 0) {
+                               ZMQ_EVENT_CONNECT_RETRIED |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0) {
         rc = dp__fail_sys(d, zmq_errno(), "ctl client: zmq_socket_monitor");
         goto fail;
     }
@@ -611,6 +983,8 @@ send_req(csock *cs, const char *address, const void *req, size_t len, dp_detail 
     cs->sent_disconnects = cs->n_disconnects;
     cs->sent_refused = cs->n_refused;
     cs->sent_handshakes = cs->n_handshakes;
+    cs->sent_auth = cs->n_auth_failed;
+    cs->sent_proto = cs->n_proto_failed;
     if (zmq_send(cs->s, req, len, ZMQ_DONTWAIT) < 0)
         return dp__fail_sys(d, zmq_errno(), "send to unit %s", address);
     return DP_OK;
@@ -624,6 +998,46 @@ static int
 sock_verdict(csock *cs, const char *address, dp_detail *d)
 {
     drain_events(cs);
+    if (cs->n_auth_failed > cs->sent_auth)
+        return dp__fail(
+            d, DP_EPOLICY,
+            "unit %s refused this client's key (CURVE): its operator must put "
+            "this client's public key in the unit's --curve-allow directory "
+            "(then SIGHUP the unit); nothing was delivered",
+            address);
+    if (cs->n_proto_failed > cs->sent_proto) {
+        if (cs->last_proto == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            return dp__fail(d, DP_EPOLICY,
+                            cs->curve
+                                ? "unit %s does not use CURVE, but this client was "
+                                  "told it does (its public key is in the cluster "
+                                  "file or registry): nothing was delivered"
+                                : "unit %s requires CURVE authentication and this "
+                                  "client has no key for it: set DP_CURVE_SECRET (or "
+                                  "--curve-secret) to a key the unit allows, and "
+                                  "give the unit's public key in the cluster file "
+                                  "or registry; nothing was delivered",
+                            address);
+        return dp__fail(
+            d, DP_EPOLICY,
+            "the CURVE handshake with unit %s failed (ZMQ protocol error "
+            "0x%x%s); nothing was delivered",
+            address, cs->last_proto,
+            cs->curve ? ": is the unit's public key in the cluster file right?" : "");
+    }
+    /*
+     * Dropped before any handshake completed: what a unit requiring CURVE
+     * does to a client without it (the mismatch is only seen on its side).
+     */
+    if (cs->n_disconnects > cs->sent_disconnects && !cs->ever_up && !cs->curve)
+        return dp__fail(
+            d, DP_EPOLICY,
+            "unit %s closed the connection during the handshake: it requires "
+            "CURVE authentication (or speaks another protocol) and this "
+            "client has no key for it: set DP_CURVE_SECRET (or --curve-secret) "
+            "to a key the unit allows, with the unit's public key in the "
+            "cluster file or registry; nothing was delivered",
+            address);
     if (cs->n_disconnects > cs->sent_disconnects)
         return dp__fail(
             d, DP_ETRANSFER,

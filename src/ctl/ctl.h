@@ -39,7 +39,38 @@ typedef struct dp_ctl_server_opts {
     const char *bind_ip;  /* default "127.0.0.1" */
     uint16_t port;        /* 0 = a free port */
     size_t max_msg_bytes; /* default 64 MiB */
+    /*
+     * CURVE (NULL: none): the server's secret key (40 Z85 characters) and a
+     * directory of allowed clients' public keys (*.pub, as dataplane keygen
+     * writes): a client whose key is not there is refused at the handshake
+     * (a ZAP handler on the server thread), counted and logged. The server's
+     * own key pair is always allowed (its launcher and its peers hold it).
+     */
+    const char *curve_secret;
+    const char *curve_allow_dir;
 } dp_ctl_server_opts;
+
+/* ---- CURVE keys (Z85 text: 40 characters and a NUL) ---- */
+
+/*
+ * Read a key file (one Z85 key; whitespace around it ignored). secret: the
+ * file must not be readable by group or others (DP_EPOLICY saying how to
+ * fix it). DP_EINVAL for a file that holds no key, DP_ESYS.
+ */
+int dp__ctl_key_read(const char *path, bool secret, char out[41], dp_detail *d);
+/* The public key of a secret one; a new key pair. DP_EUNSUPPORTED without CURVE. */
+int dp__ctl_key_public(const char secret[41], char out[41], dp_detail *d);
+int dp__ctl_keypair(char pub[41], char secret[41], dp_detail *d);
+/* Whether z85 is a well-formed key. */
+bool dp__ctl_key_valid(const char *z85);
+
+/*
+ * Read the allow directory again (SIGHUP): *n_keys (NULL ok) the keys now
+ * allowed; files that hold no key are logged and skipped. Threads: any.
+ */
+int dp__ctl_server_reload_allow(dp_ctl_server *s, size_t *n_keys, dp_detail *d);
+/* Handshakes refused (keys not allowed, or no CURVE at all). Threads: any. */
+uint64_t dp__ctl_server_auth_refused(const dp_ctl_server *s);
 
 /*
  * Bind a ROUTER socket and start the server thread. The address actually bound
@@ -79,6 +110,17 @@ typedef struct dp_ctl_client dp_ctl_client;
 
 /* Threads: any thread may use one client; calls run concurrently. */
 int dp__ctl_client_create(dp_ctl_client **out, dp_detail *d);
+
+/*
+ * CURVE: this client's secret key (its public key is derived), and a unit's
+ * public key by address (key NULL or "": none). Sockets made afterwards
+ * towards an address with a key speak CURVE; a unit that refuses the key,
+ * or requires CURVE from a client without it, fails calls at once with
+ * DP_EPOLICY saying so (not a timeout). Threads: any.
+ */
+int dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d);
+int dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
+                              dp_detail *d);
 /* Close every pooled socket. NULL allowed; no call may be running. */
 void dp__ctl_client_destroy(dp_ctl_client *c);
 

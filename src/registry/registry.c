@@ -223,6 +223,20 @@ dp__reg_record_decode(const dp__reg_url *u, const char *key, const char *json, s
                  r->zmq);
         goto out;
     }
+    /* A CURVE public key: 40 characters of Z85's alphabet, or none. */
+    size_t pkn = strlen(r->pubkey);
+    bool pk_ok = pkn == 0 || pkn == 40;
+    for (size_t k = 0; pk_ok && k < pkn; k++)
+        pk_ok = strchr("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                       ".-:+=^!/*?&<>()[]{}@%$#",
+                       r->pubkey[k]) != NULL;
+    if (!pk_ok) {
+        dp__fail(d, rc,
+                 "registry record %s: \"pubkey\" is not a CURVE public key (40 Z85 "
+                 "characters)",
+                 key);
+        goto out;
+    }
     bool hex = strlen(inc) == 16;
     for (int k = 0; hex && k < 16; k++) {
         char c = inc[k];
@@ -346,6 +360,7 @@ load_once(const dp__reg_url *u, dp__etcd *e, dp_cluster *out, int64_t *revision,
         snprintf(cu->agent, sizeof cu->agent, "%s", r->agent);
         cu->incarnation = r->incarnation;
         cu->pid = 0; /* maybe another machine's */
+        snprintf(cu->pubkey, sizeof cu->pubkey, "%s", r->pubkey);
     }
     if (got < n) {
         char ids[160];

@@ -24,6 +24,15 @@ static const uint64_t bounds_us[DP_UNIT_HIST_N - 1] = {
     10000, 25000, 50000, 100000, 250000, 1000000, 2500000, 10000000};
 
 void
+dp__unit_set_auth_source(dp_unit *u, uint64_t (*fn)(const void *src), const void *src)
+{
+    pthread_mutex_lock(&u->mu);
+    u->auth_fn = fn;
+    u->auth_src = src;
+    pthread_mutex_unlock(&u->mu);
+}
+
+void
 dp__unit_hist_record(dp_unit *u, int op, uint64_t ns)
 {
     if (op < 0 || op >= DP_WIRE_OP_COUNT_)
@@ -128,6 +137,8 @@ static const metric_def defs[] = {
     {"committed_bytes", "committed_bytes_total", true, "Bytes published by commits"},
     {"resolved_bytes", "resolved_bytes_total", true,
      "Bytes pinned for READs by resolves"},
+    {"auth_refused", "auth_refused_total", true,
+     "Control-plane clients refused at the CURVE handshake (key not allowed)"},
 };
 
 static const metric_def *

@@ -123,6 +123,13 @@ advertised(const char *bound, const char *advertise, char *out, size_t cap, dp_d
     return DP_OK;
 }
 
+/* The unit's auth_refused counter: the control server's refusals. */
+static uint64_t
+auth_refused(const void *srv)
+{
+    return dp__ctl_server_auth_refused(srv);
+}
+
 /* /metrics and /healthz (the metrics server's handler). */
 static int
 http_answer(void *ctx, const char *path, dp_buf *body, const char **type)
@@ -162,13 +169,17 @@ dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
         (rc = dp__unit_serve_transfers(s->u, d)) != 0 ||
         (rc = dp__unit_start_ticker(s->u, so->tick_s > 0 ? so->tick_s : 1.0, d)) != 0)
         goto fail;
-    dp_ctl_server_opts cso = {.bind_ip = so->bind_ip, .port = so->port};
+    dp_ctl_server_opts cso = {.bind_ip = so->bind_ip,
+                              .port = so->port,
+                              .curve_secret = so->curve_secret,
+                              .curve_allow_dir = so->curve_allow_dir};
     if ((rc = dp__ctl_server_open(&cso, dp__unit_handle, dp__unit_handle_oversize, s->u,
                                   &s->srv, d)) != 0 ||
         (rc = advertised(dp__ctl_server_address(s->srv), so->advertise, s->address,
                          sizeof s->address, d)) != 0)
         goto fail;
     dp__unit_set_address(s->u, s->address);
+    dp__unit_set_auth_source(s->u, auth_refused, s->srv);
     if (so->metrics != NULL &&
         (rc = dp__http_server_open(so->metrics, http_answer, s->u, &s->http, d)) != 0)
         goto fail;
@@ -206,6 +217,12 @@ dp__unit_server_unit(const dp_unit_server *s)
     return s->u;
 }
 
+int
+dp__unit_server_reload_allow(dp_unit_server *s, size_t *n_keys, dp_detail *d)
+{
+    return dp__ctl_server_reload_allow(s->srv, n_keys, d);
+}
+
 const char *
 dp__unit_server_metrics_address(const dp_unit_server *s)
 {
@@ -224,6 +241,8 @@ dp__unit_server_close(dp_unit_server *s)
     if (s == NULL)
         return;
     dp__http_server_close(s->http); /* first: its handler reads the unit */
+    if (s->u != NULL)
+        dp__unit_set_auth_source(s->u, NULL, NULL); /* the ticker reads it */
     dp__ctl_server_close(s->srv);
     dp__unit_stop_serving(s->u);
     dp__unit_destroy(s->u);

@@ -33,6 +33,12 @@ typedef struct dp_unit_server_opts {
      * /healthz over HTTP there (src/http; port 0: a free one).
      */
     const char *metrics;
+    /*
+     * CURVE on the control plane (NULL: none): the unit's secret key (Z85)
+     * and the directory of allowed client keys (*.pub); see ctl.h.
+     */
+    const char *curve_secret;
+    const char *curve_allow_dir;
 } dp_unit_server_opts;
 
 /*
@@ -66,6 +72,9 @@ const char *dp__unit_server_bound_address(const dp_unit_server *s);
 
 /* The unit (owned by the server). */
 dp_unit *dp__unit_server_unit(const dp_unit_server *s);
+
+/* Read the allow directory again (SIGHUP): *n_keys. DP_EINVAL without CURVE. */
+int dp__unit_server_reload_allow(dp_unit_server *s, size_t *n_keys, dp_detail *d);
 
 /* "IP:PORT" the metrics are served on, NULL without. */
 const char *dp__unit_server_metrics_address(const dp_unit_server *s);

@@ -107,6 +107,7 @@ dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->blobs = dp__map_len(&u->blobs);
     st->rows = dp__map_len(&u->rows);
     st->pins = dp__map_len(&u->pins);
+    st->auth_refused = u->auth_fn != NULL ? u->auth_fn(u->auth_src) : 0;
     dp__writers_stats ws;
     dp__writers_get_stats(u->writers, &ws);
     st->retired_bytes = ws.retired_bytes;

@@ -391,7 +391,8 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(ts_read_bytes, "two_sided_read_bytes")                                             \
     X(ts_refused, "two_sided_refused")    /* refused: no such grant, out of bounds... */ \
     X(committed_bytes, "committed_bytes") /* bytes published by commits (put in) */      \
-    X(resolved_bytes, "resolved_bytes")   /* bytes pinned for READs by resolves (out) */
+    X(resolved_bytes, "resolved_bytes")   /* bytes pinned for READs by resolves (out) */ \
+    X(auth_refused, "auth_refused") /* control-plane clients refused: key not allowed */
 
 /* The counters as numbers (tests; copied under the lock). */
 typedef struct dp_unit_stats {
@@ -515,6 +516,13 @@ void dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
 
 /* The dp_ctl_oversize callback: a Protocol error naming the limit. */
 void dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+
+/*
+ * Where the unit's auth_refused counter comes from (the control server's
+ * refusals; fn(src) is called under the unit lock and must not block).
+ */
+void dp__unit_set_auth_source(dp_unit *u, uint64_t (*fn)(const void *src),
+                              const void *src);
 
 /* ---- metrics (metrics.c) ---- */
 

@@ -241,6 +241,8 @@ struct dp_unit {
     dp_unit_opts o;
     dp_unit_stats stats; /* what the unit counts as it goes (see DP_UNIT_STATS) */
     dp__op_hist hist[DP_WIRE_OP_COUNT_]; /* per op: metrics.c */
+    uint64_t (*auth_fn)(const void *);   /* auth_refused's source (server.c) */
+    const void *auth_src;
     /* The region and the put area (unit.c) */
     uint8_t *slab;
     size_t slab_map_len; /* mmap'd length when not from the endpoint */

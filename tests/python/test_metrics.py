@@ -4,7 +4,6 @@
 Prometheus server started here on loopback and queried through its HTTP API
 for a counter the test moved."""
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -50,17 +49,6 @@ def _fetch(url, method="GET"):
         return e.code, e.read().decode()
 
 
-def _wait_log(path, pattern, proc, limit=20):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        m = re.search(pattern, open(path, errors="replace").read())
-        if m:
-            return m
-        assert proc.poll() is None, f"exited {proc.returncode}: {open(path).read()[-2000:]}"
-        time.sleep(0.05)
-    raise AssertionError(f"no {pattern!r} in {path}: {open(path).read()[-2000:]}")
-
-
 def _families(text):
     return {f.name: f for f in prom_parser.text_string_to_metric_families(text)}
 
@@ -75,13 +63,16 @@ def _value(fams, family, sample, **labels):
 @pytest.fixture
 def unit(tmp_path):
     log = tmp_path / "unit.log"
+    port = _port()
     with open(log, "wb") as f:
-        p = subprocess.Popen([_cli(), "unit", "--slab", "32M", "--metrics", "127.0.0.1:0"],
+        p = subprocess.Popen([_cli(), "unit", "--slab", "32M", "--metrics", f"127.0.0.1:{port}"],
                              stdout=subprocess.PIPE, stderr=f, text=True, env=UNIT_ENV)
     addr = p.stdout.readline().strip()
-    assert addr.startswith("tcp://"), addr
-    m = _wait_log(log, r"metrics: (http://[0-9.]+:\d+)/metrics", p)
-    yield addr, m.group(1)
+    assert addr.startswith("tcp://"), f"{addr!r}: {open(log).read()[-2000:]}"
+    base = f"http://127.0.0.1:{port}"
+    # The metrics server is up before the address line is printed.
+    assert _fetch(base + "/healthz")[0] == 200
+    yield addr, base
     p.terminate()
     assert p.wait(15) == 0
 
