@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -624,4 +625,118 @@ DP_TEST(concurrent_callers_share_one_client)
     CHECK_EQ(dp__ctl_server_served(s), T * 50);
     dp__ctl_client_destroy(c);
     dp__ctl_server_close(s);
+}
+
+/* ---- CURVE ---- */
+
+/* A key file with one Z85 key (mode), for dp__ctl_key_read. */
+static void
+write_key_file(const char *path, const char *z85, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fprintf(f, "%s\n", z85);
+    fclose(f);
+    CHECK(chmod(path, mode) == 0);
+}
+
+/*
+ * A CURVE server allowing one client key: that client calls through (and
+ * garbage from it is dropped while the server keeps serving); a stranger's
+ * key is refused at once with DP_EPOLICY and counted; a client without
+ * CURVE is refused at once too; a key added to the directory is allowed
+ * after a reload. Key files: one key, whitespace around it ignored, a
+ * secret readable by others refused.
+ */
+DP_TEST(curve_allows_listed_keys_only)
+{
+    char spub[41], ssec[41], cpub[41], csec[41], xpub[41], xsec[41];
+    dp_detail d;
+    if (dp__ctl_keypair(spub, ssec, &d) == DP_EUNSUPPORTED)
+        DP_SKIP("libzmq without CURVE");
+    CHECK_OK(dp__ctl_keypair(cpub, csec, NULL));
+    CHECK_OK(dp__ctl_keypair(xpub, xsec, NULL));
+    char dir[] = "/tmp/dp-curve-XXXXXX", path[128];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/client.pub", dir);
+    write_key_file(path, cpub, 0644);
+    snprintf(path, sizeof path, "%s/junk.pub", dir);
+    write_key_file(path, "not a key", 0644);
+
+    /* Key files. */
+    char k[41];
+    snprintf(path, sizeof path, "%s/sec.key", dir);
+    write_key_file(path, csec, 0600);
+    CHECK_OK_D(dp__ctl_key_read(path, true, k, &d), &d);
+    CHECK_STR(k, csec);
+    CHECK(chmod(path, 0640) == 0);
+    CHECK_ERR_D(dp__ctl_key_read(path, true, k, &d), DP_EPOLICY, &d);
+    CHECK_CONTAINS(d.msg, "chmod 600");
+    snprintf(path, sizeof path, "%s/junk.pub", dir);
+    CHECK_ERR_D(dp__ctl_key_read(path, false, k, &d), DP_EINVAL, &d);
+
+    dp_ctl_server_opts o = {
+        .bind_ip = "127.0.0.1", .curve_secret = ssec, .curve_allow_dir = dir};
+    dp_ctl_server *s = NULL;
+    CHECK_OK_D(dp__ctl_server_open(&o, handler, oversize, NULL, &s, &d), &d);
+    const char *a = dp__ctl_server_address(s);
+    dp_buf req, rep;
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
+
+    /* The allowed client; garbage from it changes nothing. */
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
+    CHECK_OK_D(dp__ctl_client_set_curve(c, csec, &d), &d);
+    CHECK_OK_D(dp__ctl_client_server_key(c, a, spub, &d), &d);
+    make_req(&req, "ping", "c1", 0);
+    CHECK_OK_D(dp__ctl_call(c, a, req.data, req.len, "c1", 5.0, &rep, &d), &d);
+    check_reply_op(&rep, "ping");
+    CHECK_ERR(dp__ctl_call(c, a, "\xc1\xc1", 2, "c2", 0.3, &rep, NULL), DP_ETIMEDOUT);
+    dp__buf_reset(&rep);
+    make_req(&req, "ping", "c3", 0);
+    CHECK_OK_D(dp__ctl_call(c, a, req.data, req.len, "c3", 5.0, &rep, &d), &d);
+
+    /* A stranger and a client without CURVE: refused at once. */
+    dp_ctl_client *x = NULL, *plain = NULL;
+    CHECK_OK(dp__ctl_client_create(&x, NULL));
+    CHECK_OK(dp__ctl_client_set_curve(x, xsec, NULL));
+    CHECK_OK(dp__ctl_client_server_key(x, a, spub, NULL));
+    CHECK_OK(dp__ctl_client_create(&plain, NULL));
+    double t0 = dp_test_now();
+    make_req(&req, "ping", "x1", 0);
+    CHECK_ERR_D(dp__ctl_call(x, a, req.data, req.len, "x1", 10.0, &rep, &d), DP_EPOLICY,
+                &d);
+    CHECK_CONTAINS(d.msg, "refused this client's key");
+    CHECK_ERR_D(dp__ctl_call(plain, a, req.data, req.len, "x1", 10.0, &rep, &d),
+                DP_EPOLICY, &d);
+    CHECK_CONTAINS(d.msg, "requires CURVE");
+    CHECKF(dp_test_now() - t0 < 5, "refusals took %.1f s", dp_test_now() - t0);
+    CHECK(dp__ctl_server_auth_refused(s) >= 1);
+    CHECK_EQ(dp__ctl_server_served(s), 3); /* nothing of theirs reached the handler */
+
+    /* Allowed after a reload. */
+    snprintf(path, sizeof path, "%s/x.pub", dir);
+    write_key_file(path, xpub, 0644);
+    size_t n = 0;
+    CHECK_OK_D(dp__ctl_server_reload_allow(s, &n, &d), &d);
+    CHECK_EQ(n, 2u);
+    dp__ctl_client_destroy(x);
+    CHECK_OK(dp__ctl_client_create(&x, NULL));
+    CHECK_OK(dp__ctl_client_set_curve(x, xsec, NULL));
+    CHECK_OK(dp__ctl_client_server_key(x, a, spub, NULL));
+    make_req(&req, "ping", "x2", 0);
+    dp__buf_reset(&rep);
+    CHECK_OK_D(dp__ctl_call(x, a, req.data, req.len, "x2", 5.0, &rep, &d), &d);
+    check_reply_op(&rep, "ping");
+
+    dp__ctl_client_destroy(x);
+    dp__ctl_client_destroy(plain);
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
 }

@@ -39,7 +39,11 @@ static const char usage_main[] =
     "  version    print the version\n"
     "  help       this text\n"
     "\n"
-    "Run 'dataplane <command> --help' for a command's options.\n";
+    "Run 'dataplane <command> --help' for a command's options.\n"
+    "\n"
+    "Commands that talk to a cluster (all but unit, up, keygen, policy) also take\n"
+    "--curve-secret FILE: this client's CURVE secret key for units that require\n"
+    "one (as DP_CURVE_SECRET; see 'dataplane keygen --help').\n";
 
 static const char usage_policy[] =
     "usage: dataplane policy [--tls LIST] [--net-devices LIST]\n"
@@ -105,6 +109,34 @@ cmd_policy(int argc, char **argv)
     return 1;
 }
 
+/*
+ * A client command's --curve-secret FILE (or --curve-secret=FILE): taken out
+ * of argv into DP_CURVE_SECRET, which the library reads. Returns argc.
+ */
+static int
+take_curve_secret(int argc, char **argv)
+{
+    int k = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            while (i < argc)
+                argv[k++] = argv[i++];
+            break;
+        }
+        if (strcmp(argv[i], "--curve-secret") == 0 && i + 1 < argc) {
+            setenv("DP_CURVE_SECRET", argv[++i], 1);
+            continue;
+        }
+        if (strncmp(argv[i], "--curve-secret=", 15) == 0) {
+            setenv("DP_CURVE_SECRET", argv[i] + 15, 1);
+            continue;
+        }
+        argv[k++] = argv[i];
+    }
+    argv[k] = NULL;
+    return k;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -130,6 +162,9 @@ main(int argc, char **argv)
     }
     if (strcmp(cmd, "policy") == 0)
         return cmd_policy(argc - 1, argv + 1);
+    /* unit and up take --curve-secret as the unit's key; the rest as the client's. */
+    if (strcmp(cmd, "unit") != 0 && strcmp(cmd, "up") != 0 && strcmp(cmd, "keygen") != 0)
+        argc = 1 + take_curve_secret(argc - 1, argv + 1);
     if (strcmp(cmd, "unit") == 0)
         return dp__cmd_unit(argc - 1, argv + 1);
     if (strcmp(cmd, "up") == 0)
