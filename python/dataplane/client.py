@@ -109,14 +109,15 @@ class Client:
     cluster: a cluster file, a directory holding cluster.json, a registry URL
     ("etcd://host:port/NAME": the units' records, followed while the client
     lives), a list of unit addresses ("tcp://host:port", in unit order), or
-    None for $DP_CLUSTER or the default directory. timeout_s bounds each operation; the other options
+    None for $DP_CLUSTER or the default directory. curve_secret: a CURVE
+    secret key file for units that require one (None: $DP_CURVE_SECRET). timeout_s bounds each operation; the other options
     are the C library's (see the README). A Client may be shared by threads
     (their calls take turns); it does not survive fork().
     """
 
     def __init__(self, cluster=None, *, timeout_s=30.0, connect_timeout_s=30.0,
                  staging_cache_bytes=0, crc=False, no_spill=False,
-                 require_rdma=False, name=None):
+                 require_rdma=False, name=None, curve_secret=None):
         for k, v in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
             if not isinstance(v, (int, float)) or not 0 < v <= 1e6:
                 raise ValueError(f"{k}: seconds in (0, 1e6] are needed, got {v!r}")
@@ -128,9 +129,11 @@ class Client:
             addrs, cluster = list(cluster), None
         elif cluster is not None:
             cluster = os.fspath(cluster)
+        if curve_secret is not None:
+            curve_secret = os.fspath(curve_secret)
         self._c = _core.Client(cluster, addrs, float(timeout_s), float(connect_timeout_s),
                                int(staging_cache_bytes), bool(crc), bool(no_spill),
-                               bool(require_rdma), name)
+                               bool(require_rdma), name, curve_secret)
 
     # -- lifecycle --
 
@@ -349,6 +352,14 @@ class Client:
             e.stats = lst
             raise e
         return lst
+
+    def unit_path(self, unit):
+        """How this client's data path reaches unit `unit`: the lane class,
+        one-sided or two-sided, and the UCX transports, e.g. "shm one-sided
+        (posix,sysv)" or "tcp two-sided (tcp)"."""
+        if not isinstance(unit, int) or isinstance(unit, bool) or unit < 0:
+            raise ValueError(f"unit_path: a unit index >= 0 is needed, got {unit!r}")
+        return self._c.unit_path(unit)
 
     def counters(self):
         """This client's own counters (restarts seen, re-binds, retained

@@ -179,16 +179,17 @@ client_init(DpClient *self, PyObject *args, PyObject *kw)
                           "no_spill",
                           "require_rdma",
                           "name",
+                          "curve_secret",
                           NULL};
-    const char *cluster = NULL, *name = NULL;
+    const char *cluster = NULL, *name = NULL, *curve = NULL;
     PyObject *addrs = Py_None;
     dp_client_opts o;
     dp_client_opts_init(&o);
     int crc = 0, no_spill = 0, rdma = 0;
     unsigned long long cache = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zOddKpppz", kwl, &cluster, &addrs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zOddKpppzz", kwl, &cluster, &addrs,
                                      &o.timeout_s, &o.connect_timeout_s, &cache, &crc,
-                                     &no_spill, &rdma, &name))
+                                     &no_spill, &rdma, &name, &curve))
         return -1;
     if (self->c != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Client is already open");
@@ -199,6 +200,7 @@ client_init(DpClient *self, PyObject *args, PyObject *kw)
     o.no_spill = no_spill;
     o.require_rdma = rdma;
     o.name = name;
+    o.curve_secret = curve; /* NULL: $DP_CURVE_SECRET */
     dp_detail d = {0};
     int rc;
     dp_client *c = NULL;
@@ -995,6 +997,29 @@ client_stats(DpClient *self, PyObject *noarg)
     return ret;
 }
 
+/* How the data path reaches unit i ("tcp two-sided (tcp)"), dp_client_unit_path. */
+static PyObject *
+client_unit_path(DpClient *self, PyObject *arg)
+{
+    unsigned long u = PyLong_AsUnsignedLong(arg);
+    if (u == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    if (!dp__py_client_enter(self))
+        return NULL;
+    char buf[160];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex */
+    rc = u > UINT32_MAX ? DP_EINVAL
+                        : dp_client_unit_path(self->c, (uint32_t)u, buf, sizeof buf);
+    Py_END_ALLOW_THREADS
+    dp__py_client_leave(self);
+    if (rc != DP_OK) {
+        PyErr_Format(PyExc_ValueError, "unit_path: no unit %lu in this cluster", u);
+        return NULL;
+    }
+    return PyUnicode_FromString(buf);
+}
+
 static PyObject *
 client_counters(DpClient *self, PyObject *noarg)
 {
@@ -1215,6 +1240,7 @@ static PyMethodDef client_methods[] = {
     {"clear", (PyCFunction)client_clear, METH_O, "clear(rows) -> values dropped"},
     {"stats", (PyCFunction)client_stats, METH_NOARGS, "stats() -> (list, rc, detail)"},
     {"counters", (PyCFunction)client_counters, METH_NOARGS, "counters() -> dict"},
+    {"unit_path", (PyCFunction)client_unit_path, METH_O, "unit_path(i) -> str"},
     {"_count_copy", (PyCFunction)client_count_copy, METH_O, NULL},
     {"alloc", (PyCFunction)client_alloc, METH_O, "alloc(nbytes) -> Buffer"},
     {"_register", (PyCFunction)client_register, METH_VARARGS, NULL},

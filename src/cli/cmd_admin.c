@@ -23,6 +23,7 @@ static const char usage_stats[] =
     "\n"
     "options:\n"
     "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
+    "                   or a registry: etcd://HOST:PORT/NAME\n"
     "                   (default: $DP_CLUSTER, else the default directory)\n"
     "  --raw            exact numbers instead of human-readable byte sizes\n"
     "  --timeout-s S    how long to wait for the units (10)\n"
@@ -37,6 +38,7 @@ static const char usage_scan[] =
     "\n"
     "options:\n"
     "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
+    "                   or a registry: etcd://HOST:PORT/NAME\n"
     "                   (default: $DP_CLUSTER, else the default directory)\n"
     "  --timeout-s S    how long to wait for the unit (10)\n"
     "  -h, --help       this text\n";
@@ -54,6 +56,7 @@ static const char usage_clear[] =
     "\n"
     "options:\n"
     "  --cluster PATH   the cluster file, or a directory holding cluster.json\n"
+    "                   or a registry: etcd://HOST:PORT/NAME\n"
     "                   (default: $DP_CLUSTER, else the default directory)\n"
     "  --timeout-s S    how long to wait for the units (10)\n"
     "  -h, --help       this text\n";

@@ -163,6 +163,7 @@ struct dp_ctl_server {
     /* CURVE (curve_on): the ZAP socket (server thread) and the allowed keys. */
     bool curve_on;
     void *zap;
+    void *mon; /* PAIR: handshakes that failed before ZAP (no CURVE at all) */
     char allow_dir[512];
     pthread_mutex_t allow_mu; /* guards allow, n_allow */
     uint8_t (*allow)[32];
@@ -318,6 +319,49 @@ key_allowed(dp_ctl_server *s, const uint8_t *key)
 }
 
 /*
+ * A handshake that failed on the server socket without reaching ZAP: a
+ * client without CURVE (a mechanism mismatch) or a broken one. Counted and
+ * logged as a refusal. Server thread.
+ */
+static void
+mon_event(dp_ctl_server *s)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->mon, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+    }
+    uint16_t ev = 0;
+    uint32_t val = 0;
+    if (zmq_msg_size(&m) >= 6) {
+        memcpy(&ev, zmq_msg_data(&m), sizeof ev);
+        memcpy(&val, (const uint8_t *)zmq_msg_data(&m) + 2, sizeof val);
+    }
+    bool more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+    while (more) { /* the endpoint frame */
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+        ev != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        return;
+    uint64_t k = __atomic_add_fetch(&s->auth_refused, 1, __ATOMIC_RELAXED);
+    if (k <= 10 || k % 1000 == 0)
+        DP_LOG_W("ctl server: refused a client that does not speak CURVE (%s; %" PRIu64
+                 " refused so far)",
+                 val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? "no key"
+                                                                   : "a broken handshake",
+                 k);
+}
+
+/*
  * One ZAP request (RFC 27): version, request id, domain, address, identity,
  * mechanism, credentials; answered 200 for a CURVE key in the allow list,
  * else 400. Server thread.
@@ -416,10 +460,11 @@ server_main(void *arg)
     zmq_msg_init(&id);
     zmq_msg_init(&body);
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
-        zmq_pollitem_t pi[3] = {{.socket = s->sock, .events = ZMQ_POLLIN},
+        zmq_pollitem_t pi[4] = {{.socket = s->sock, .events = ZMQ_POLLIN},
                                 {.fd = s->ob->pipe_r, .events = ZMQ_POLLIN},
-                                {.socket = s->zap, .events = ZMQ_POLLIN}};
-        int n = zmq_poll(pi, s->zap != NULL ? 3 : 2, POLL_MS);
+                                {.socket = s->zap, .events = ZMQ_POLLIN},
+                                {.socket = s->mon, .events = ZMQ_POLLIN}};
+        int n = zmq_poll(pi, s->zap != NULL ? 4 : 2, POLL_MS);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
@@ -430,6 +475,8 @@ server_main(void *arg)
             send_outbox(s);
         if (s->zap != NULL && (pi[2].revents & ZMQ_POLLIN))
             zap_answer(s);
+        if (s->mon != NULL && (pi[3].revents & ZMQ_POLLIN))
+            mon_event(s);
         if (!(pi[0].revents & ZMQ_POLLIN))
             continue;
         if (zmq_msg_recv(&id, s->sock, ZMQ_DONTWAIT) < 0)
@@ -557,6 +604,17 @@ dp__ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
         }
         /* ZAP requests carry this domain; failures are answered, not dropped. */
         zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, "dataplane", 9);
+        char mon[96];
+        snprintf(mon, sizeof mon, "inproc://dp-ctl-srv-mon-%p", (void *)s);
+        if (zmq_socket_monitor(s->sock, mon,
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0 ||
+            (s->mon = zmq_socket(s->zctx, ZMQ_PAIR)) == NULL ||
+            zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+            zmq_connect(s->mon, mon) != 0) {
+            rc = dp__fail_sys(d, zmq_errno(), "ctl server: monitor socket");
+            goto fail;
+        }
     }
     /* Past twice the limit ZMQ drops the connection instead of buffering it. */
     int64_t hard = (int64_t)s->max_msg * 2;
@@ -611,6 +669,10 @@ dp__ctl_server_close(dp_ctl_server *s)
     if (s->thread_started) {
         __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
         pthread_join(s->thread, NULL);
+    }
+    if (s->mon != NULL) {
+        zmq_socket_monitor(s->sock, NULL, 0);
+        zmq_close(s->mon);
     }
     if (s->sock != NULL)
         zmq_close(s->sock);

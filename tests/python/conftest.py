@@ -56,9 +56,12 @@ def cluster(tmp_path_factory):
     d = base / "cluster"
     log_path = base / "up.log"
     log = open(log_path, "wb")
+    # The dataplane binary is not the sanitized extension: it must not get the
+    # sanitizer runtime this interpreter may have preloaded (pytest-asan.sh).
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.Popen([cli, "up", "--units", "2", "--slab", "256M", "--dir", str(d)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 60
         while not (d / "cluster.json").exists():

@@ -91,6 +91,10 @@ def test_up_with_curve(keys):
             c.put(range(6), {"x": vals})
             got = c.get(range(6), ["x"])
             assert all(np.array_equal(a, b) for a, b in zip(vals, got["x"]))
+        # The key as an argument instead of the environment.
+        with _open(d, None, curve_secret=keys / "client.key") as c:
+            got = c.get(range(6), ["x"])
+            assert all(np.array_equal(a, b) for a, b in zip(vals, got["x"]))
 
         # A stranger's key and no key: refused at once, saying so; nothing read.
         for secret, words in ((keys / "stranger.key", "refused this client's key"),

@@ -99,6 +99,10 @@ def test_unit_metrics_parse_and_move(unit):
         assert all(np.array_equal(a, b) for a, b in zip(vals, got["v"]))
         k = c.counters()
         assert k["puts"] == 1 and k["gets"] == 1
+        # Which transports the data path uses (same host here: shared memory).
+        assert "one-sided" in c.unit_path(0) or "two-sided" in c.unit_path(0)
+        with pytest.raises(ValueError):
+            c.unit_path(5)
         assert k["put_bytes"] == sum(v.nbytes for v in vals) == k["get_bytes"]
         c.clear(range(8))
         assert c.counters()["clears"] == 1

@@ -24,9 +24,11 @@ from conftest import _cli, _tail
 def _start(tmp_path, *extra):
     d = tmp_path / "c"
     log = tmp_path / "up.log"
+    # Not the sanitizer runtime this interpreter may have preloaded (pytest-asan.sh).
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.Popen([_cli(), "up", "--units", "2", "--slab", "64M", "--dir", str(d),
                              *extra], stdin=subprocess.DEVNULL, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
     end = time.monotonic() + 60
     while not (d / "cluster.json").exists():
         assert proc.poll() is None, _tail(log)
