@@ -106,6 +106,13 @@ typedef struct remote {
     dp_xfer_path r_path; /* how ops with a grant go to it */
     struct dp_endpoint *r_owner;
     dp_list_node r_link; /* ep->remotes, or ep->zombies */
+    /*
+     * Background pre-faulting of its shared-memory mappings (remote.c): the
+     * thread, and the flag that stops it; joined before the mappings go.
+     */
+    pthread_t r_pf_thread;
+    bool r_pf_started;
+    int r_pf_stop; /* atomic */
 } remote;
 
 /* One op of a call: its UCX requests and outcome. */
