@@ -1215,3 +1215,37 @@ DP_TEST(poisoning_with_small_max_bytes)
     CHECK_EQ(waitpid(pid, &st, 0), pid);
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "poison child status 0x%x", st);
 }
+
+/*
+ * DP_PREFAULT=background: a remote whose mapping is still being faulted in
+ * on its own thread is replaced, removed and destroyed with it, over and
+ * over, while transfers read it: the thread is stopped and joined before the
+ * mapping goes (no crash, no sanitizer report), and every READ is right.
+ */
+DP_TEST(background_prefault_with_remove_and_replace)
+{
+    set_tls(NULL);
+    setenv("DP_PREFAULT", "background", 1);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-bg", 64 * MiB, false, 9), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp__endpoint_create("client-bg", NULL, &ep, &d), &d);
+    void *a = NULL;
+    CHECK_OK_D(dp__endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
+    dp_range l = {(uint64_t)(uintptr_t)a, MiB}, r = {p.base + 63 * MiB, MiB};
+    for (int i = 0; i < 20; i++) {
+        CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+        if (i % 2 == 0)
+            CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+        memset(a, 0, MiB);
+        CHECK_OK_D(
+            dp__endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-bg", 10, &d), &d);
+        CHECK_EQ(((uint8_t *)a)[7], pat(p.seed, 63 * MiB + 7));
+        if (i % 3 != 2)
+            CHECK_OK_D(dp__endpoint_remove_remote(ep, "peer-bg", &d), &d);
+    }
+    dp__endpoint_destroy(ep); /* with a remote whose thread may still run */
+    peer_stop(&p);
+    unsetenv("DP_PREFAULT");
+}
