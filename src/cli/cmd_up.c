@@ -424,7 +424,7 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     char id[16], units[16];
     snprintf(id, sizeof id, "%u", i);
     snprintf(units, sizeof units, "%u", s->n);
-    const char *args[40];
+    const char *args[64]; /* every option given: 12 + 2 x 17, and the NULL */
     int k = 0;
     args[k++] = "dataplane";
     args[k++] = "unit";
