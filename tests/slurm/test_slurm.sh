@@ -113,6 +113,17 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+# A guardian outlives a SIGKILL of this script (a CTest timeout, a killed CI
+# run), which runs no trap: once this shell is gone it ends whatever still
+# carries the tag and removes the directory. Detached, and without the tag.
+me=$$
+setsid bash -c '
+    while kill -0 "$1" 2>/dev/null; do sleep 1; done
+    for p in $(grep -lzx -- "$2" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+        kill -KILL "$p" 2>/dev/null
+    done
+    [ "$3" = 1 ] || rm -rf "$4"
+' guardian "$me" "$tag" "$keep" "$tmp" </dev/null >/dev/null 2>&1 &
 trap 'echo "test_slurm: interrupted (SIGINT)" >&2; exit 130' INT
 trap 'echo "test_slurm: interrupted (SIGTERM)" >&2; exit 143' TERM
 trap 'echo "test_slurm: FAILED: line $LINENO: a command failed (status $?)" >&2; exit 1' ERR
