@@ -232,6 +232,15 @@ DP_API int dp_direct_req_buffer(const dp_direct_req *r, size_t i, void **addr,
 DP_API void dp_direct_req_destroy(dp_direct_req *r);
 
 /*
+ * Make r (only r) end with DP_ECANCELED if it has not ended: a queued r at
+ * once, a running one at its next chunk. An r that already ended is left as
+ * it is, and nothing is kept for later fetches (unlike dp_direct_abort, whose
+ * mark a fetch that ended meanwhile would leave for the next fetch of the
+ * id). NULL allowed. Threads: any, also while others wait on r.
+ */
+DP_API void dp_direct_req_cancel(dp_direct_req *r);
+
+/*
  * Make fetches of obj_id fail with DP_ECANCELED: every fetch of it
  * still queued or running (running ones stop at the next chunk); if there is
  * none, the next dp_direct_fetch of obj_id (the mark is used once). Threads: any.

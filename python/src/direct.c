@@ -446,8 +446,9 @@ fetch_close(DpFetch *self, PyObject *noarg)
     if (self->r == NULL || self->pid != getpid())
         Py_RETURN_NONE;
     if (self->waiters > 0) { /* stop it; the last waiter frees it */
-        if (!dp_direct_req_ended(self->r) && self->tr->t != NULL)
-            dp_direct_abort(self->tr->t, self->id, NULL);
+        /* This request only: an abort by id could outlive a request that just
+         * ended and fail the next fetch of the id. */
+        dp_direct_req_cancel(self->r);
         Py_RETURN_NONE;
     }
     if (!self->given)

@@ -687,6 +687,25 @@ dp_direct_req_buffer(const dp_direct_req *r, size_t i, void **addr, size_t *len)
 }
 
 void
+dp_direct_req_cancel(dp_direct_req *r)
+{
+    if (r == NULL)
+        return;
+    dp_direct *t = r->t;
+    pthread_mutex_lock(&t->mu);
+    if (r->state == REQ_QUEUED && dp__direct_dequeue_locked(t, r)) {
+        r->rc = dp__fail(&r->det, DP_ECANCELED, "direct: fetch of object %s canceled",
+                         r->obj_id);
+        set_state(r, REQ_END);
+        t->fetch_aborted++;
+        pthread_cond_broadcast(&t->cv); /* its waiters */
+    } else if (r->state != REQ_END) {
+        r->aborted = true; /* the worker running it stops at the next chunk */
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+void
 dp_direct_req_destroy(dp_direct_req *r)
 {
     if (r == NULL)
