@@ -173,12 +173,14 @@ DP_TEST(struct_layouts_are_stable)
     TAIL_CHECK(dp_value, 64);
     TAIL_CHECK(dp_value_desc, 344);
     TAIL_CHECK(dp_get_item, 64);
-    TAIL_CHECK(dp_client_counters, 128);
+    TAIL_CHECK(dp_loc, 128);
     TAIL_CHECK(dp_direct_opts, 112);
     TAIL_CHECK(dp_direct_stats, 256);
     TAIL_CHECK(dp_ckpt_opts, 96);
     TAIL_CHECK(dp_ckpt_summary, 176);
     /* Fixed for good (no reserved tail). */
+    CHECK_EQ(sizeof(dp_client_counters), 128);
+    CHECK_EQ(offsetof(dp_client_counters, loc_misses), 120);
     CHECK_EQ(sizeof(dp_detail), 8 + DP_DETAIL_MAX);
     CHECK_EQ(sizeof(dp_direct_buf), 16);
 #else

@@ -523,6 +523,162 @@ DP_TEST(put_get_overwrite_clear)
     cluster_stop(&cl);
 }
 
+/* Get every cell of b with its hint (locs) and compare; *misses gets the
+ * client's loc_misses of this get, *by_blob the units' resolves by blob. */
+static void
+batch_verify_locs(dp_client *c, const batch *b, const dp_loc *locs, const uint64_t *ver,
+                  const int *want, uint64_t *misses, double *by_blob)
+{
+    size_t nc = b->n_rows * b->n_fields;
+    dp_get_item *it = calloc(nc, sizeof *it);
+    char(*keys)[300] = calloc(nc, sizeof *keys);
+    dp_value_desc *desc = calloc(nc, sizeof *desc);
+    for (size_t i = 0; i < nc; i++) {
+        snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@%s", b->gidxs[i / b->n_fields],
+                 b->fields[i % b->n_fields]);
+        it[i].key = keys[i];
+        it[i].cap = 1 << 20;
+        it[i].dst = malloc(it[i].cap);
+        it[i].desc = &desc[i];
+        it[i].loc = &locs[i];
+    }
+    dp_client_counters k0, k1;
+    CHECK_OK(dp_client_counters_get(c, &k0));
+    double r0 = stat_of(c, 0, "resolves_by_blob") + stat_of(c, 1, "resolves_by_blob");
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp_client_get(c, it, nc, &d);
+    CHECK_OK(dp_client_counters_get(c, &k1));
+    *misses = k1.loc_misses - k0.loc_misses;
+    *by_blob = stat_of(c, 0, "resolves_by_blob") + stat_of(c, 1, "resolves_by_blob") - r0;
+    for (size_t i = 0; i < nc; i++) {
+        size_t r = i / b->n_fields;
+        int w = want != NULL ? want[r] : 0;
+        CHECKF(it[i].status == w, "key %s: %s, want %s", keys[i],
+               dp_errname(it[i].status), dp_errname(w));
+        if (w != 0) {
+            free(it[i].dst);
+            continue;
+        }
+        uint64_t v = ver[r];
+        CHECKF(check_value(it[i].dst, it[i].nbytes, b->gidxs[r],
+                           (uint32_t)(i % b->n_fields), &v) &&
+                   v == ver[r],
+               "key %s: content differs (version %" PRIu64 ", want %" PRIu64 ")", keys[i],
+               v, ver[r]);
+        CHECK_EQ(desc[i].kind, b->vals[i].kind);
+        CHECK_EQ(desc[i].ndim, b->vals[i].ndim);
+        if (b->vals[i].kind == DP_KIND_TENSOR) {
+            CHECK_STR(desc[i].dtype, "float32");
+            CHECK_EQ_U64(desc[i].shape[0], b->shape[i]);
+        }
+        free(it[i].dst);
+    }
+    free(it);
+    free(keys);
+    free(desc);
+}
+
+/*
+ * Location hints: a fresh hint skips the lookup (one resolve by blob per
+ * unit, no miss); after an overwrite of some rows, a clear of others, a hint
+ * of another key, or one without the description asked for, every value is
+ * still the current one (found by key); malformed hints are refused.
+ */
+DP_TEST(location_hints)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 64 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    enum { R = 24, F = 4, NC = R * F };
+    uint64_t g[R], ver[R];
+    for (int i = 0; i < R; i++) {
+        g[i] = (uint64_t)i * 3 + 2;
+        ver[i] = 1;
+    }
+    batch b;
+    batch_make(&b, NULL, g, R, F, size_jagged, 1);
+    dp_loc *locs = calloc(NC, sizeof *locs);
+    dp_detail d;
+    dp_detail_clear(&d);
+    int st[R];
+    CHECK_OK_D(dp_client_put_locs(c, b.gidxs, R, b.fields, F, b.vals, st, locs, &d), &d);
+    for (int i = 0; i < NC; i++) {
+        CHECK(locs[i].blob[0] != '\0');
+        CHECK_EQ(locs[i].unit, (uint32_t)(g[i / F] % 2));
+        CHECK_EQ_U64(locs[i].nbytes, b.vals[i].nbytes);
+        CHECK_EQ(locs[i].kind, (uint8_t)b.vals[i].kind);
+    }
+    uint64_t misses;
+    double by_blob;
+    batch_verify_locs(c, &b, locs, ver, NULL, &misses, &by_blob);
+    CHECK_EQ_U64(misses, 0);
+    CHECK_EQ(by_blob, 2); /* one resolve per unit, by blob id */
+
+    /* The alloc form takes hints too. */
+    const char *keys[2] = {"2@input_ids", "5@logprobs"};
+    dp_values *vals = NULL;
+    dp_loc two[2] = {locs[0], locs[F + 1]};
+    CHECK_OK_D(dp_client_get_alloc_locs(c, keys, two, 2, &vals, &d), &d);
+    const void *p;
+    uint64_t n;
+    const dp_value_desc *vd;
+    CHECK_OK(dp_values_get(vals, 1, &p, &n, &vd));
+    uint64_t v1 = 1;
+    CHECK(n == b.vals[F + 1].nbytes && check_value(p, n, 5, 1, &v1) && v1 == 1);
+    dp_values_destroy(vals);
+
+    /* A hint of another key, and one without a description, are not used. */
+    dp_loc *mixed = calloc(NC, sizeof *mixed);
+    memcpy(mixed, locs, NC * sizeof *mixed);
+    mixed[0] = locs[F]; /* row 1's value offered for row 0: must not come back */
+    mixed[1].ndim = DP_LOC_NO_DESC;
+    batch_verify_locs(c, &b, mixed, ver, NULL, &misses, &by_blob);
+    CHECK_EQ_U64(misses, 2);
+
+    /* Malformed hints: refused before anything is sent. */
+    dp_get_item it = {.key = "2@input_ids", .dst = mixed, .cap = 64};
+    dp_loc bad = locs[0];
+    bad.blob[3] = '/';
+    it.loc = &bad;
+    CHECK_ERR_D(dp_client_get(c, &it, 1, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "location hint is malformed");
+    bad = locs[0];
+    memset(bad.blob, 'a', sizeof bad.blob);
+    CHECK_ERR_D(dp_client_get(c, &it, 1, &d), DP_EINVAL, &d);
+    bad = locs[0];
+    bad.ndim = 9;
+    CHECK_ERR_D(dp_client_get(c, &it, 1, &d), DP_EINVAL, &d);
+
+    /* Overwrite rows 0..5 (new blobs), clear rows 6..9: the old hints are stale. */
+    batch b2;
+    batch_make(&b2, NULL, g, 6, F, size_jagged, 2);
+    CHECK_OK_D(batch_put(c, &b2, st, &d), &d);
+    uint64_t dropped = 0;
+    CHECK_OK_D(dp_client_clear(c, g + 6, 4, &dropped, &d), &d);
+    int want[R] = {0};
+    for (int i = 0; i < 6; i++)
+        ver[i] = 2;
+    for (int i = 6; i < 10; i++)
+        want[i] = DP_ENOTFOUND;
+    batch_verify_locs(c, &b, locs, ver, want, &misses, &by_blob);
+    CHECK_EQ_U64(misses, NC); /* both old blobs lost entries: every key by key */
+    CHECK_EQ(by_blob, 2);
+
+    /* Fresh hints of the new values work again. */
+    dp_loc *l2 = calloc(6 * F, sizeof *l2);
+    CHECK_OK_D(dp_client_put_locs(c, b2.gidxs, 6, b2.fields, F, b2.vals, st, l2, &d), &d);
+    batch_verify_locs(c, &b2, l2, ver, NULL, &misses, &by_blob);
+    CHECK_EQ_U64(misses, 0);
+    free(l2);
+    free(mixed);
+    free(locs);
+    batch_free(&b);
+    batch_free(&b2);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
 DP_TEST(registered_memory_and_get_forms)
 {
     cluster cl;

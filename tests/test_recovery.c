@@ -21,6 +21,7 @@
 #include "client/client_int.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
+#include "dataplane/checkpoint.h"
 #include "dataplane/client.h"
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
@@ -127,10 +128,11 @@ fill(uint8_t *p, size_t n, uint64_t row, uint64_t seed)
     }
 }
 
-/* Put rows r0..r0+n-1 (field "v", len bytes each, pattern seed). row_status too. */
+/* Put rows r0..r0+n-1 (field "v", len bytes each, pattern seed). row_status too;
+ * locs (NULL, or n) gets their location hints. */
 static int
-put_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *rs,
-         dp_detail *d)
+put_rows_l(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *rs,
+           dp_loc *locs, dp_detail *d)
 {
     uint8_t *buf = NULL;
     CHECK_OK(dp_client_alloc(c, (size_t)n * len, (void **)&buf, NULL));
@@ -144,9 +146,16 @@ put_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *
     }
     const char *f[] = {"v"};
     dp_detail_clear(d);
-    int rc = dp_client_put(c, g, n, f, 1, v, rs, d);
+    int rc = dp_client_put_locs(c, g, n, f, 1, v, rs, locs, d);
     dp_client_free(c, buf);
     return rc;
+}
+
+static int
+put_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *rs,
+         dp_detail *d)
+{
+    return put_rows_l(c, r0, n, len, seed, rs, NULL, d);
 }
 
 /*
@@ -155,8 +164,8 @@ put_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *
  * success). st[i] gets each key's status.
  */
 static int
-get_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *st,
-         dp_detail *d)
+get_rows_l(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *st,
+           const dp_loc *locs, dp_detail *d)
 {
     CHECK(n <= 64);
     uint8_t *buf = NULL, *want = malloc(len);
@@ -167,6 +176,7 @@ get_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *
     for (uint32_t i = 0; i < n; i++) {
         snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@v", r0 + i);
         it[i] = (dp_get_item){.key = keys[i], .dst = buf + i * len, .cap = len};
+        it[i].loc = locs != NULL ? &locs[i] : NULL;
     }
     dp_detail_clear(d);
     int rc = dp_client_get(c, it, n, d);
@@ -183,6 +193,13 @@ get_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *
     dp_client_free(c, buf);
     free(want);
     return rc;
+}
+
+static int
+get_rows(dp_client *c, uint64_t r0, uint32_t n, size_t len, uint64_t seed, int *st,
+         dp_detail *d)
+{
+    return get_rows_l(c, r0, n, len, seed, st, NULL, d);
 }
 
 static void
@@ -255,6 +272,70 @@ restart_scenario(size_t len, bool first_put)
     dp_client_close(f);
     dp_client_close(s);
     unit_kill(&u);
+}
+
+/*
+ * Location hints across a restart: S's hints name blobs of the old process.
+ * S's first get fails once with DP_ERESTARTED; the next finds F's values by
+ * key (the hinted blobs are gone), never the old bytes; F's own hints work.
+ * A checkpoint loaded into a unit of the same size keeps its blob ids and
+ * bytes: hints from before the save still find the values, READ where the
+ * load put them.
+ */
+DP_TEST(location_hints_across_a_restart)
+{
+    unit_proc u;
+    unit_start(&u, 0, "64M", 0, 1);
+    dp_client *s = open_units(&u, 1, 10);
+    dp_detail d;
+    int st[8], rs[8];
+    dp_loc ls[8], lf[8];
+    const size_t len = 4096;
+    CHECK_OK_D(put_rows_l(s, 100, 8, len, 1, rs, ls, &d), &d);
+    CHECK_OK_D(get_rows_l(s, 100, 8, len, 1, st, ls, &d), &d);
+    double by_blob = unit_stat(s, 0, "resolves_by_blob");
+    CHECK(by_blob >= 1);
+
+    unit_restart(&u);
+    dp_client *f = open_units(&u, 1, 10);
+    CHECK_OK_D(put_rows_l(f, 100, 8, len, 2, rs, lf, &d), &d);
+    CHECK_ERR_D(get_rows_l(s, 100, 8, len, 2, st, ls, &d), DP_ERESTARTED, &d);
+    expect_all(st, 8, DP_ERESTARTED, "hinted get after the restart");
+    dp_client_counters k0, k1;
+    CHECK_OK(dp_client_counters_get(s, &k0));
+    CHECK_OK_D(get_rows_l(s, 100, 8, len, 2, st, ls, &d), &d); /* F's values, by key */
+    CHECK_OK(dp_client_counters_get(s, &k1));
+    CHECK_EQ_U64(k1.loc_misses - k0.loc_misses, 8);
+    CHECK_OK(dp_client_counters_get(f, &k0));
+    by_blob = unit_stat(f, 0, "resolves_by_blob");
+    double resolves = unit_stat(f, 0, "resolves");
+    CHECK_OK_D(get_rows_l(f, 100, 8, len, 2, st, lf, &d), &d);
+    CHECK_OK(dp_client_counters_get(f, &k1));
+    CHECK_EQ_U64(k1.loc_misses - k0.loc_misses, 0);
+    /* One resolve, by blob: no key was looked up. */
+    CHECK_EQ(unit_stat(f, 0, "resolves_by_blob"), by_blob + 1);
+    CHECK_EQ(unit_stat(f, 0, "resolves"), resolves + 1);
+
+    /* Save, restart empty, load: the hints from before the save still hold. */
+    char dir[] = "/tmp/dp-hints-ckpt-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    dp_ckpt_summary sum;
+    CHECK_OK_D(dp_ckpt_save(f, dir, NULL, &sum, &d), &d);
+    unit_restart(&u);
+    dp_client *g = open_units(&u, 1, 10);
+    CHECK_ERR_D(get_rows_l(g, 100, 8, len, 2, st, lf, &d), DP_ENOTFOUND, &d);
+    CHECK_OK_D(dp_ckpt_load(g, dir, NULL, &sum, &d), &d);
+    CHECK_OK(dp_client_counters_get(g, &k0));
+    CHECK_OK_D(get_rows_l(g, 100, 8, len, 2, st, lf, &d), &d);
+    CHECK_OK(dp_client_counters_get(g, &k1));
+    CHECK_EQ_U64(k1.loc_misses - k0.loc_misses, 0);
+    dp_client_close(g);
+    dp_client_close(f);
+    dp_client_close(s);
+    unit_kill(&u);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
 }
 
 DP_TEST(restart_same_port_get_first_4k)

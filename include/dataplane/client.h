@@ -298,6 +298,36 @@ DP_API bool dp_client_touches_unfinished(const dp_client *c, const void *p,
 /* ------------------------------------------------------------------ */
 
 /*
+ * Where a value landed: a location hint (dp_client_put_locs fills them, a
+ * get takes them back). With hints, a get pins whole blobs by id and READs
+ * at once, instead of asking the unit to look up every key. A hint is only
+ * ever a shortcut: one whose blob no longer holds the key's current value
+ * (overwritten, cleared, the unit restarted or re-loaded another checkpoint),
+ * or that names another key or unit, is not used and the key is looked up
+ * as without it, so a stale hint never gives a wrong answer. Hints are plain
+ * bytes (128, no pointers): they may be stored, copied and handed to another
+ * process of the same cluster. blob[0] == '\0': no location (nothing landed,
+ * or a cell skipped). docs/design.md, "Location hints".
+ */
+#define DP_LOC_BLOB_MAX 39 /* bytes of a blob id */
+#define DP_LOC_DIMS 4      /* dims a hint keeps; more: no description kept */
+#define DP_LOC_DTYPE_MAX 15
+typedef struct dp_loc {
+    char blob[DP_LOC_BLOB_MAX + 1];   /* the blob's id, NUL-terminated; "" = none */
+    uint64_t off;                     /* the value's offset inside its blob */
+    uint64_t nbytes;                  /* its size */
+    uint32_t unit;                    /* the unit holding it (gidx % n_units) */
+    uint32_t key_crc;                 /* CRC32C of its key */
+    uint8_t kind;                     /* dp_kind */
+    uint8_t ndim;                     /* <= DP_LOC_DIMS; DP_LOC_NO_DESC: not kept */
+    char dtype[DP_LOC_DTYPE_MAX + 1]; /* NUL-terminated (a longer dtype: no desc) */
+    uint8_t pad[6];
+    uint64_t shape[DP_LOC_DIMS];
+    uint64_t reserved[1];
+} dp_loc;
+#define DP_LOC_NO_DESC 0xff
+
+/*
  * Put a batch: n_rows rows (gidxs, no duplicates) x n_fields fields (names,
  * no duplicates); values[r * n_fields + f] is row r's value of field f (kind
  * DP_KIND_SKIP leaves that cell out). Rows of one field may differ in shape
@@ -323,6 +353,16 @@ DP_API int dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                          const char *const *fields, size_t n_fields,
                          const dp_value *values, int *row_status, dp_detail *d);
 
+/*
+ * dp_client_put, and locs (n_rows x n_fields entries, in the order of values)
+ * gets each value's location hint: filled for every cell of a row that
+ * landed, blob "" for skipped cells and rows that did not land.
+ */
+DP_API int dp_client_put_locs(dp_client *c, const uint64_t *gidxs, size_t n_rows,
+                              const char *const *fields, size_t n_fields,
+                              const dp_value *values, int *row_status, dp_loc *locs,
+                              dp_detail *d);
+
 /* One value to get (dp_client_get). reserved: zero, as in dp_value. */
 typedef struct dp_get_item {
     const char *key;     /* in: "<gidx>@<field>", NUL-terminated */
@@ -331,7 +371,8 @@ typedef struct dp_get_item {
     dp_value_desc *desc; /* in: NULL, or where to store kind, dtype, shape */
     uint64_t nbytes;     /* out: the value's size (also when it did not fit) */
     int status;          /* out: 0, DP_ENOTFOUND, DP_ETOOBIG, DP_ELOST, ... */
-    uint64_t reserved[2];
+    const dp_loc *loc;   /* in: NULL, or this key's location hint from a put */
+    uint64_t reserved[1];
 } dp_get_item;
 
 /*
@@ -367,6 +408,12 @@ typedef struct dp_values dp_values;
  */
 DP_API int dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n,
                                dp_values **out, dp_detail *d);
+
+/* dp_client_get_alloc with location hints: locs NULL, or n entries (each
+ * one's blob "" where a key has none). */
+DP_API int dp_client_get_alloc_locs(dp_client *c, const char *const *keys,
+                                    const dp_loc *locs, size_t n, dp_values **out,
+                                    dp_detail *d);
 
 /* Number of values (the n given to get_alloc). */
 DP_API size_t dp_values_count(const dp_values *v);
@@ -460,7 +507,8 @@ typedef struct dp_client_counters {
     uint64_t clears;             /* dp_client_clear calls */
     uint64_t retries;            /* backoff rounds: a unit busy, keys pending */
     uint64_t busy_waits;         /* requests a unit answered Busy (then retried) */
-    uint64_t reserved[1];
+    uint64_t loc_misses;         /* values a get had a hint for but looked up by key
+                                    (stale: overwritten, cleared, unit restarted) */
 } dp_client_counters;
 
 /* Fill *out. Threads: any (locks c). DP_EINVAL for NULL arguments. */

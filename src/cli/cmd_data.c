@@ -88,6 +88,8 @@ static const char usage_bench[] =
     "  --memory M        registered (values in client-registered memory, no copy)\n"
     "                    or malloc (plain memory: through staging) (registered)\n"
     "  --no-verify       skip the CRC32C check of what get returns\n"
+    "  --hints           keep each put's location hints and hand them to the get\n"
+    "                    (it pins whole blobs instead of looking up every key)\n"
     "  --seed S          seed of the sizes and contents (time)\n"
     "  --cluster PATH    the cluster file, or a directory holding cluster.json\n"
     "                    or a registry: etcd://HOST:PORT/NAME\n"
@@ -120,6 +122,7 @@ enum {
     O_NOVERIFY,
     O_SEED,
     O_METRICS,
+    O_HINTS,
 };
 
 static int
@@ -540,7 +543,7 @@ out:
 typedef struct bench_opts {
     uint64_t rows, fields, bytes, iters, warmup, first_row, seed;
     double jagged, timeout_s;
-    bool registered, verify;
+    bool registered, verify, hints;
     const char *cluster, *metrics;
 } bench_opts;
 
@@ -599,6 +602,7 @@ typedef struct bench_state {
     char **fields;
     dp_value *vals;
     dp_get_item *items;
+    dp_loc *locs; /* --hints: the put's, handed to the get */
     char *keybuf;
     lat put, get, clr;
     uint8_t *src, *dst;
@@ -618,6 +622,7 @@ bench_parse(int argc, char **argv, bench_opts *o)
         {"first-row", required_argument, NULL, O_FIRST},
         {"memory", required_argument, NULL, O_MEMORY},
         {"no-verify", no_argument, NULL, O_NOVERIFY},
+        {"hints", no_argument, NULL, O_HINTS},
         {"seed", required_argument, NULL, O_SEED},
         {"cluster", required_argument, NULL, O_CLUSTER},
         {"timeout-s", required_argument, NULL, O_TIMEOUT},
@@ -677,6 +682,9 @@ bench_parse(int argc, char **argv, bench_opts *o)
         case O_NOVERIFY:
             o->verify = false;
             break;
+        case O_HINTS:
+            o->hints = true;
+            break;
         case O_SEED:
             rc = dp__parse_u64(optarg, 0, UINT64_MAX, &o->seed, "--seed", &d);
             break;
@@ -734,12 +742,14 @@ bench_setup(dp_client *cl, const bench_opts *o, bench_state *b)
     b->fields = calloc(o->fields, sizeof *b->fields);
     b->vals = calloc(cells, sizeof *b->vals);
     b->items = calloc(cells, sizeof *b->items);
+    b->locs = o->hints ? calloc(cells, sizeof *b->locs) : NULL;
     b->keybuf = calloc(cells, 48);
     b->put = (lat){calloc(o->iters, sizeof(double)), 0, 0, 0};
     b->get = (lat){calloc(o->iters, sizeof(double)), 0, 0, 0};
     b->clr = (lat){calloc(o->iters, sizeof(double)), 0, 0, 0};
     if (!b->size || !b->off || !b->crc || !b->gidx || !b->fields || !b->vals ||
-        !b->items || !b->keybuf || !b->put.v || !b->get.v || !b->clr.v)
+        !b->items || !b->keybuf || !b->put.v || !b->get.v || !b->clr.v ||
+        (o->hints && !b->locs))
         return dp__cli_fail("bench", dp__fail(&d, DP_ENOMEM, "out of memory"), &d);
     uint64_t rs = o->seed, total = 0;
     for (uint64_t i = 0; i < cells; i++) {
@@ -779,8 +789,10 @@ bench_setup(dp_client *cl, const bench_opts *o, bench_state *b)
                 .data = b->src + b->off[i], .nbytes = b->size[i], .kind = DP_KIND_BYTES};
             char *k = b->keybuf + i * 48;
             snprintf(k, 48, "%" PRIu64 "@%s", b->gidx[r], b->fields[f]);
-            b->items[i] =
-                (dp_get_item){.key = k, .dst = b->dst + b->off[i], .cap = b->size[i]};
+            b->items[i] = (dp_get_item){.key = k,
+                                        .dst = b->dst + b->off[i],
+                                        .cap = b->size[i],
+                                        .loc = b->locs != NULL ? &b->locs[i] : NULL};
         }
     }
     return -1;
@@ -803,8 +815,8 @@ bench_iter(dp_client *cl, const bench_opts *o, bench_state *b, uint64_t it)
             b->crc[i] = dp__crc32c(b->src + b->off[i], b->size[i]);
     }
     double t0 = dp__now_s();
-    int rc = dp_client_put(cl, b->gidx, o->rows, (const char *const *)b->fields,
-                           o->fields, b->vals, NULL, &d);
+    int rc = dp_client_put_locs(cl, b->gidx, o->rows, (const char *const *)b->fields,
+                                o->fields, b->vals, NULL, b->locs, &d);
     double t1 = dp__now_s();
     if (rc != DP_OK) {
         dp__fail_ctx(&d, rc, "iteration %" PRIu64 ": put", it);
@@ -881,8 +893,10 @@ bench_report(const bench_opts *o, bench_state *b)
            pctl(get, 0.99) * 1e3);
     printf("%-6s %8zu %12s %10s %10.3f %10.3f\n", "clear", clr->n, "-", "-",
            pctl(clr, 0.5) * 1e3, pctl(clr, 0.99) * 1e3);
-    printf("%s\n", o->verify ? "content: every value checked (CRC32C)"
-                             : "content: not checked (--no-verify)");
+    printf("%s%s\n",
+           o->verify ? "content: every value checked (CRC32C)"
+                     : "content: not checked (--no-verify)",
+           o->hints ? "; gets with the puts' location hints" : "");
     printf("RESULT rows=%" PRIu64 " fields=%" PRIu64 " bytes=%" PRIu64
            " put_GBps=%.3f get_GBps=%.3f put_p50_ms=%.3f put_p99_ms=%.3f "
            "get_p50_ms=%.3f get_p99_ms=%.3f clear_p50_ms=%.3f\n",
@@ -922,6 +936,7 @@ bench_free(dp_client *cl, const bench_opts *o, bench_state *b)
     free(b->gidx);
     free(b->vals);
     free(b->items);
+    free(b->locs);
     free(b->keybuf);
     free(b->put.v);
     free(b->get.v);

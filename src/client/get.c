@@ -26,14 +26,26 @@
  * Replies are matched to requests in order (the unit answers entries and
  * missing keys in request order); a reply out of order falls back to a
  * search, so a unit that reorders is still understood.
+ *
+ * Location hints (docs/design.md, "Location hints"). A key whose item
+ * carries a usable hint (its key's CRC, its unit, a description when one is
+ * asked for) skips the lookup: when every key a unit is asked for this round
+ * has one, the round sends that unit `resolve` with the hints' distinct blob
+ * ids instead of `resolve_keys`, and a key whose blob comes back pinned and
+ * whole (every entry still current) is READ at the blob's offset plus the
+ * hint's. Any other hinted key (blob gone, overwritten or cleared in part,
+ * being staged) drops its hint and is asked by key in the next round, at
+ * once (no backoff): a stale hint costs a round trip, never a wrong value.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "blob/crc32c.h"
 #include "blob/keys.h"
 #include "client/client_int.h"
+#include "common/map.h"
 
 enum { K_ASK = 0, K_READ, K_DONE };
 
@@ -41,7 +53,9 @@ typedef struct key_state {
     uint32_t unit;
     uint32_t klen;
     int st;
-    uint64_t off; /* slab offset (K_READ) */
+    bool hinted;   /* its item's hint is used (K_ASK: asked by blob) */
+    uint32_t bidx; /* hinted: its blob among its unit's distinct ids (bids) */
+    uint64_t off;  /* slab offset (K_READ) */
     uint64_t len;
     bool staged;   /* READ into staging, then copied */
     uint64_t soff; /* its place in the round's staging buffer */
@@ -62,7 +76,15 @@ typedef struct unit_round {
     char pin[DP_WIRE_RID_MAX + 32];
     double sent_at;
     bool asked;
+    bool by_blob; /* asked with resolve (every key hinted), not resolve_keys */
+    uint32_t nb;  /* its distinct blob ids (bids[start..start + nb)) */
 } unit_round;
+
+/* A hinted blob's answer in this round. */
+typedef struct blob_ans {
+    uint64_t off, len;
+    bool ok; /* pinned and whole: its hinted keys are READ from it */
+} blob_ans;
 
 static void
 unpin_locked(dp_client *c, uint32_t u, char *pin)
@@ -148,6 +170,9 @@ typedef struct get_op {
     dp_xfer_desc *ops;
     int *results;
     dp_detail *xdet;
+    dp_wire_str *bids; /* hinted keys' distinct blob ids, unit by unit (at g.start[u]) */
+    blob_ans *bans;    /* their answers, same places */
+    bool slow_again;   /* this round asks again because of pending keys or a busy unit */
 } get_op;
 
 static void
@@ -163,6 +188,8 @@ get_op_fini(get_op *x)
     free(x->ops);
     free(x->results);
     free(x->xdet);
+    free(x->bids);
+    free(x->bans);
 }
 
 static int
@@ -186,11 +213,71 @@ get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *va
     x->ops = malloc(N * sizeof *x->ops);
     x->results = malloc(N * sizeof *x->results);
     x->xdet = calloc(N, sizeof *x->xdet);
+    bool hints = false;
+    for (size_t i = 0; i < n && !hints; i++)
+        hints = items[i].loc != NULL && items[i].loc->blob[0] != '\0';
+    if (hints) {
+        x->bids = malloc(m * sizeof *x->bids);
+        x->bans = malloc(m * sizeof *x->bans);
+    }
     if (x->ks == NULL || x->keys == NULL || x->slot_unit == NULL || x->ur == NULL ||
         x->local == NULL || x->remote == NULL || x->ops == NULL || x->results == NULL ||
-        x->xdet == NULL)
+        x->xdet == NULL || (hints && (x->bids == NULL || x->bans == NULL)))
         return dp__fail(d, DP_ENOMEM, "get: out of memory");
     return DP_OK;
+}
+
+/* A hint's own consistency (it comes from the caller: maybe from elsewhere). */
+static int
+loc_check(const dp_loc *l, const char *key, dp_detail *d)
+{
+    const char *why = NULL;
+    size_t bl = strnlen(l->blob, sizeof l->blob);
+    size_t tl = strnlen(l->dtype, sizeof l->dtype);
+    if (bl == sizeof l->blob)
+        why = "its blob id is not NUL-terminated";
+    for (size_t k = 0; why == NULL && k < bl; k++) {
+        char ch = l->blob[k];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+              (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' ||
+              ch == '-'))
+            why = "its blob id has a character outside [A-Za-z0-9_.:-]";
+    }
+    if (why == NULL && l->kind > DP_KIND_OBJECT)
+        why = "its kind is not tensor, bytes or object";
+    else if (why == NULL && l->ndim > DP_LOC_DIMS && l->ndim != DP_LOC_NO_DESC)
+        why = "its ndim is over DP_LOC_DIMS";
+    else if (why == NULL && tl == sizeof l->dtype)
+        why = "its dtype is not NUL-terminated";
+    else if (why == NULL && (l->off >= (1ull << 62) || l->nbytes >= (1ull << 62)))
+        why = "its offset or size is over 2^62";
+    if (why == NULL)
+        return DP_OK;
+    return dp__fail(d, DP_EINVAL,
+                    "get: key '%s': its location hint is malformed (%s); pass the dp_loc "
+                    "a put filled, unchanged, or none",
+                    key, why);
+}
+
+/* Whether a well-formed hint is for this key, on its unit, with what is asked. */
+static bool
+loc_usable(const dp_loc *l, const dp_get_item *it, uint32_t unit, size_t klen)
+{
+    if (l->unit != unit || l->key_crc != dp__crc32c(it->key, klen))
+        return false; /* another key's or another cluster shape's hint */
+    return it->desc == NULL || l->ndim != DP_LOC_NO_DESC;
+}
+
+static void
+fill_desc_loc(dp_value_desc *o, const dp_loc *l)
+{
+    memset(o, 0, sizeof *o);
+    o->kind = (dp_kind)l->kind;
+    memcpy(o->dtype, l->dtype, strnlen(l->dtype, sizeof l->dtype));
+    o->ndim = l->ndim;
+    for (uint32_t i = 0; i < l->ndim; i++)
+        o->shape[i] = l->shape[i];
+    o->nbytes = l->nbytes;
 }
 
 /* Check and place every key; group them by unit. */
@@ -227,6 +314,15 @@ get_place(get_op *x, dp_detail *d)
         x->ks[i].unit = (uint32_t)(kp.gidx % N);
         x->ks[i].klen = (uint32_t)kl;
         x->ks[i].st = K_ASK;
+        x->ks[i].hinted = false;
+        if (it->loc != NULL && it->loc->blob[0] != '\0') {
+            rc = loc_check(it->loc, it->key, d);
+            if (rc != DP_OK)
+                break;
+            x->ks[i].hinted = loc_usable(it->loc, it, x->ks[i].unit, kl);
+            if (!x->ks[i].hinted)
+                x->c->cnt.loc_misses++;
+        }
     }
     if (rc == DP_OK)
         rc = dp__groups_make(&x->g, N, gx, x->n, d);
@@ -268,7 +364,61 @@ get_ready(get_op *x, dp_detail *d)
     return DP_OK;
 }
 
-/* 1. resolve_keys on every unit with keys still to ask; returns the slots sent. */
+/*
+ * The distinct blob ids of unit u's keys still to ask (every one hinted)
+ * into bids (at g.start[u]), each key's place in ks[].bidx. False (ask by
+ * key) when out of memory.
+ */
+static bool
+collect_blobs(get_op *x, uint32_t u)
+{
+    enum { LINEAR = 16 };
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    dp_wire_str *ids = x->bids + cnt[u];
+    uint32_t nb = 0;
+    dp_map m;
+    bool use_map = false, ok = true;
+    for (uint32_t k = cnt[u]; k < cnt[u + 1] && ok; k++) {
+        uint32_t i = order[k];
+        if (x->ks[i].st != K_ASK)
+            continue;
+        const char *id = x->items[i].loc->blob;
+        uint32_t idn = (uint32_t)strlen(id);
+        uint32_t j = UINT32_MAX;
+        if (nb > 0 && key_is(ids[nb - 1], id, idn)) {
+            j = nb - 1; /* the common case: the row before, from the same put */
+        } else if (use_map) {
+            void *v = dp__map_get(&m, id, idn);
+            if (v != NULL)
+                j = (uint32_t)((uintptr_t)v - 1);
+        } else {
+            for (uint32_t t = 0; t < nb && j == UINT32_MAX; t++)
+                if (key_is(ids[t], id, idn))
+                    j = t;
+        }
+        if (j == UINT32_MAX) {
+            j = nb;
+            ids[nb++] = (dp_wire_str){id, idn};
+            if (!use_map && nb > LINEAR) {
+                dp__map_init_str(&m);
+                use_map = true;
+                for (uint32_t t = 0; t < nb && ok; t++)
+                    ok = dp__map_put(&m, ids[t].p, ids[t].n, (void *)(uintptr_t)(t + 1),
+                                     NULL) == 0;
+            } else if (use_map) {
+                ok = dp__map_put(&m, id, idn, (void *)(uintptr_t)(j + 1), NULL) == 0;
+            }
+        }
+        x->ks[i].bidx = j;
+    }
+    if (use_map)
+        dp__map_fini(&m);
+    x->ur[u].nb = nb;
+    return ok;
+}
+
+/* 1. resolve_keys (or resolve, for hinted keys) on every unit with keys still
+ * to ask; returns the slots sent. */
 static size_t
 get_ask(get_op *x)
 {
@@ -281,17 +431,26 @@ get_ask(get_op *x)
         ur[u].asked = false;
         ur[u].pin[0] = '\0';
         uint32_t nk = 0;
+        bool all_hinted = x->bids != NULL;
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
             uint32_t i = order[k];
-            if (ks[i].st == K_ASK)
+            if (ks[i].st == K_ASK) {
                 x->keys[cnt[u] + nk++] = (dp_wire_str){x->items[i].key, ks[i].klen};
+                all_hinted = all_hinted && ks[i].hinted;
+            }
         }
         if (nk == 0)
             continue;
+        ur[u].by_blob = all_hinted && collect_blobs(x, u);
         dp_wire_request q;
         memset(&q, 0, sizeof q);
-        q.op = DP_WIRE_OP_RESOLVE_KEYS;
-        q.a.resolve_keys.keys = (dp_wire_strs){x->keys + cnt[u], nk};
+        if (ur[u].by_blob) {
+            q.op = DP_WIRE_OP_RESOLVE;
+            q.a.resolve.blob_ids = (dp_wire_strs){x->bids + cnt[u], ur[u].nb};
+        } else {
+            q.op = DP_WIRE_OP_RESOLVE_KEYS;
+            q.a.resolve_keys.keys = (dp_wire_strs){x->keys + cnt[u], nk};
+        }
         dp_detail_clear(&ur[u].det);
         ur[u].rc = dp__client_prepare_locked(c, u, ns, &q, &ur[u].det);
         if (ur[u].rc != 0) {
@@ -315,15 +474,15 @@ get_ask(get_op *x)
  * (the values' own buffer, staging, or the caller's registered memory).
  */
 static void
-get_locate(get_op *x, uint32_t u, uint32_t i, const dp_wire_key_loc *l,
+get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
            uint64_t *alloc_need, uint64_t *stage_need)
 {
     dp_get_item *it = &x->items[i];
     key_state *ks = &x->ks[i];
     const dp__unit_conn *uc = &x->c->units[u];
-    it->nbytes = l->len;
-    if (it->desc != NULL)
-        fill_desc(it->desc, l);
+    const struct {
+        uint64_t off, len;
+    } lv = {off, len}, *l = &lv;
     if (l->off > uc->region_bytes || l->len > uc->region_bytes - l->off) {
         item_fail(it, ks, DP_EPROTO);
         dp__fail(&x->ur[u].det, DP_EPROTO, "key '%s' located outside the unit's region",
@@ -366,17 +525,79 @@ get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
         uint32_t kl = x->ks[i].klen;
         ptrdiff_t m;
         if ((m = match_loc(&res->entries, &ce, it->key, kl)) >= 0) {
-            get_locate(x, u, i, &res->entries.v[m], alloc_need, stage_need);
+            const dp_wire_key_loc *l = &res->entries.v[m];
+            it->nbytes = l->len;
+            if (it->desc != NULL)
+                fill_desc(it->desc, l);
+            get_locate(x, u, i, l->off, l->len, alloc_need, stage_need);
         } else if (match_str(&res->missing, &cm, it->key, kl) >= 0) {
             item_fail(it, &x->ks[i], DP_ENOTFOUND);
         } else if (match_str(&res->pending, &cp, it->key, kl) >= 0) {
             again = true; /* being staged from SSD: ask again */
+            x->slow_again = true;
         } else if (match_str(&res->failed, &cf, it->key, kl) >= 0) {
             item_fail(it, &x->ks[i], DP_ELOST);
             dp__fail(ud, DP_ELOST, "staging key '%s' from SSD failed", it->key);
         } else {
             item_fail(it, &x->ks[i], DP_EPROTO);
             dp__fail(ud, DP_EPROTO, "resolve_keys did not answer for key '%s'", it->key);
+        }
+    }
+    return again;
+}
+
+static ptrdiff_t
+match_bloc(const dp_wire_blob_locs *l, uint32_t *cur, dp_wire_str id)
+{
+    if (*cur < l->n && key_is(l->v[*cur].id, id.p, id.n))
+        return (ptrdiff_t)(*cur)++;
+    for (uint32_t i = 0; i < l->n; i++)
+        if (key_is(l->v[i].id, id.p, id.n))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+/*
+ * Unit u's answer to resolve (its keys' hinted blobs): a key whose blob is
+ * pinned and whole is located from its hint; any other drops its hint and
+ * is asked by key next round. Returns whether a key must be asked again.
+ */
+static bool
+get_match_blobs(get_op *x, uint32_t u, const dp_wire_resolve_res *res,
+                uint64_t *alloc_need, uint64_t *stage_need)
+{
+    const uint32_t *cnt = x->g.start, *order = x->g.order;
+    uint32_t base = cnt[u];
+    dp__wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
+    uint32_t cb = 0, cw = 0;
+    for (uint32_t j = 0; j < x->ur[u].nb; j++) {
+        blob_ans *b = &x->bans[base + j];
+        dp_wire_str id = x->bids[base + j];
+        ptrdiff_t m = match_bloc(&res->blobs, &cb, id);
+        b->ok = m >= 0 && match_str(&res->whole, &cw, id.p, id.n) >= 0;
+        if (b->ok) {
+            b->off = res->blobs.v[m].off;
+            b->len = res->blobs.v[m].len;
+        }
+    }
+    bool again = false;
+    for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
+        uint32_t i = order[k];
+        if (x->ks[i].st != K_ASK)
+            continue;
+        dp_get_item *it = &x->items[i];
+        const dp_loc *l = it->loc;
+        const blob_ans *b = &x->bans[base + x->ks[i].bidx];
+        if (b->ok && l->off <= b->len && l->nbytes <= b->len - l->off) {
+            it->nbytes = l->nbytes;
+            if (it->desc != NULL)
+                fill_desc_loc(it->desc, l);
+            get_locate(x, u, i, b->off + l->off, l->nbytes, alloc_need, stage_need);
+        } else {
+            /* Gone, overwritten or cleared in part, or being staged: by key. */
+            x->ks[i].hinted = false;
+            x->c->cnt.loc_misses++;
+            again = true;
         }
     }
     return again;
@@ -398,22 +619,26 @@ get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
         dp_ctl_item *ci = &c->fo.items[s];
         dp_detail *ud = &x->ur[u].det;
         dp_wire_reply rep;
-        int urc = dp__fanout_reply(ci, DP_WIRE_OP_RESOLVE_KEYS, &rep, ud);
+        bool by_blob = x->ur[u].by_blob;
+        int urc = dp__fanout_reply(
+            ci, by_blob ? DP_WIRE_OP_RESOLVE : DP_WIRE_OP_RESOLVE_KEYS, &rep, ud);
         if (ci->rc == DP_ETRANSFER)
             c->cnt.units_down++;
         if (urc == 0 && dp__client_reply_check_locked(c, u, &rep, true, ud)) {
             /* Another process answered: its offsets are not in the slab
              * this data path maps. Let go of its pin, READ nothing. */
             urc = DP_ERESTARTED;
-            if (rep.ok && rep.r.resolve_keys.pin_id.n > 0) {
+            dp_wire_str pid = by_blob ? rep.r.resolve.pin_id : rep.r.resolve_keys.pin_id;
+            if (rep.ok && pid.n > 0) {
                 char pin[DP_WIRE_RID_MAX + 32];
-                dp__wire_str_copy(rep.r.resolve_keys.pin_id, pin, sizeof pin);
+                dp__wire_str_copy(pid, pin, sizeof pin);
                 unpin_locked(c, u, pin);
             }
         } else if (urc == 0 && !rep.ok) {
             urc = dp__wire_error_to_detail(&rep.err, ud);
             if (urc == DP_EBUSY && dp__client_left(x->deadline) > 0) {
                 again = true;
+                x->slow_again = true;
                 c->cnt.busy_waits++;
                 dp__wire_reply_fini(&rep);
                 continue;
@@ -424,7 +649,9 @@ get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
                 if (x->ks[order[k]].st == K_ASK)
                     item_fail(&x->items[order[k]], &x->ks[order[k]], urc);
-        } else if (get_match_unit(x, u, &rep.r.resolve_keys, alloc_need, stage_need)) {
+        } else if (by_blob ? get_match_blobs(x, u, &rep.r.resolve, alloc_need, stage_need)
+                           : get_match_unit(x, u, &rep.r.resolve_keys, alloc_need,
+                                            stage_need)) {
             again = true;
         }
         dp__wire_reply_fini(&rep);
@@ -681,9 +908,14 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         return rc;
     }
     double step = 0.002;
-    while (get_round(&x) && dp__client_left(x.deadline) > 0) {
-        c->cnt.retries++;
-        dp__client_backoff(&step, x.deadline);
+    for (;;) {
+        x.slow_again = false;
+        if (!get_round(&x) || dp__client_left(x.deadline) <= 0)
+            break;
+        if (x.slow_again) { /* pending keys or a busy unit; stale hints go at once */
+            c->cnt.retries++;
+            dp__client_backoff(&step, x.deadline);
+        }
     }
     /* Keys still unresolved: pending or busy for the whole budget. */
     for (size_t i = 0; i < n; i++)
@@ -728,6 +960,13 @@ int
 dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values **out,
                     dp_detail *d)
 {
+    return dp_client_get_alloc_locs(c, keys, NULL, n, out, d);
+}
+
+int
+dp_client_get_alloc_locs(dp_client *c, const char *const *keys, const dp_loc *locs,
+                         size_t n, dp_values **out, dp_detail *d)
+{
     if (c == NULL || out == NULL || (keys == NULL && n > 0))
         return dp__fail(d, DP_EINVAL, "dp_client_get_alloc: NULL argument");
     *out = NULL;
@@ -749,6 +988,7 @@ dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values *
     for (size_t i = 0; i < n; i++) {
         v->items[i].key = keys[i];
         v->items[i].desc = &v->descs[i];
+        v->items[i].loc = locs != NULL ? &locs[i] : NULL;
     }
     pthread_mutex_lock(&c->mu);
     v->c = c;
@@ -765,8 +1005,10 @@ dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values *
             return rc;
         }
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         v->items[i].key = NULL; /* the caller's strings are not kept */
+        v->items[i].loc = NULL;
+    }
     *out = v;
     return rc;
 }

@@ -798,10 +798,85 @@ put_outcome_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
     return d != NULL ? d->code : first;
 }
 
+/* One hint from a written value: entry e of unit pu's blob (docs/design.md,
+ * "Location hints"). */
+static void
+loc_fill(dp_loc *l, const put_unit *pu, const dp_blob_builder *b, uint32_t e,
+         const dp_value *v, const char *key, size_t klen)
+{
+    memset(l, 0, sizeof *l);
+    snprintf(l->blob, sizeof l->blob, "%s", pu->blob_id);
+    l->off = dp__blob_builder_offset(b, e);
+    l->nbytes = v->nbytes;
+    l->unit = pu->u;
+    l->key_crc = dp__crc32c(key, klen);
+    l->kind = (uint8_t)v->kind;
+    size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0;
+    if (v->ndim > DP_LOC_DIMS || dl > DP_LOC_DTYPE_MAX) {
+        l->ndim = DP_LOC_NO_DESC;
+        return;
+    }
+    l->ndim = (uint8_t)v->ndim;
+    if (dl > 0)
+        memcpy(l->dtype, v->dtype, dl);
+    for (uint32_t i = 0; i < v->ndim; i++)
+        l->shape[i] = v->shape[i];
+}
+
+/* Every landed value's hint into locs (cells in the order of values). */
+static void
+put_locs_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
+                const char *const *fields, size_t n_fields, const dp_value *values,
+                dp_loc *locs)
+{
+    for (size_t i = 0; i < a->npu; i++) {
+        const put_unit *pu = &a->pus[i];
+        if (pu->state != ST_DONE)
+            continue;
+        const dp_blob_builder *b = c->builders[pu->u];
+        const uint32_t *order = a->g.order + a->g.start[pu->u];
+        uint32_t e = 0;
+        char key[DP_KEY_MAX + 1];
+        for (uint32_t k = 0; k < pu->n_rows; k++) {
+            uint32_t r = order[k];
+            for (size_t f = 0; f < n_fields; f++) {
+                size_t cell = (size_t)r * n_fields + f;
+                const dp_value *v = &values[cell];
+                if (v->kind == DP_KIND_SKIP)
+                    continue;
+                size_t klen = dp__key_format(gidxs[r], fields[f], a->flen[f], key);
+                loc_fill(&locs[cell], pu, b, e++, v, key, klen);
+            }
+        }
+    }
+}
+
+static int put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows,
+                    const char *const *fields, size_t n_fields, const dp_value *values,
+                    int *row_status, dp_loc *locs, dp_detail *d);
+
 int
 dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
               const char *const *fields, size_t n_fields, const dp_value *values,
               int *row_status, dp_detail *d)
+{
+    return put_impl(c, gidxs, n_rows, fields, n_fields, values, row_status, NULL, d);
+}
+
+int
+dp_client_put_locs(dp_client *c, const uint64_t *gidxs, size_t n_rows,
+                   const char *const *fields, size_t n_fields, const dp_value *values,
+                   int *row_status, dp_loc *locs, dp_detail *d)
+{
+    if (locs != NULL && n_rows > 0 && n_fields > 0 && n_rows <= SIZE_MAX / n_fields)
+        memset(locs, 0, n_rows * n_fields * sizeof *locs);
+    return put_impl(c, gidxs, n_rows, fields, n_fields, values, row_status, locs, d);
+}
+
+static int
+put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *fields,
+         size_t n_fields, const dp_value *values, int *row_status, dp_loc *locs,
+         dp_detail *d)
 {
     int rc = check_args(c, gidxs, n_rows, fields, n_fields, values, d);
     if (rc == 0)
@@ -843,6 +918,8 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
     commit_phase_locked(c, a.pus, a.npu, a.slot_pu, a.sent, nw, deadline);
     rc = put_outcome_locked(c, &a, gidxs, n_rows, row_status, d);
     decided = true;
+    if (locs != NULL)
+        put_locs_locked(c, &a, gidxs, fields, n_fields, values, locs);
     c->cnt.puts++;
     for (size_t r = 0; r < n_rows; r++)
         if (row_status == NULL ? rc == 0 : row_status[r] == 0)

@@ -93,6 +93,8 @@ static const metric_def defs[] = {
     {"commits", "commits_total", true, "Commits (blobs published)"},
     {"aborts", "aborts_total", true, "Aborts"},
     {"resolves", "resolves_total", true, "Resolves (by blob or by key)"},
+    {"resolves_by_blob", "resolves_by_blob_total", true,
+     "Resolves by blob id (gets with location hints)"},
     {"unpins", "unpins_total", true, "Unpins"},
     {"releases", "releases_total", true, "release_rows requests"},
     {"busy", "busy_total", true, "Requests answered Busy"},

@@ -136,16 +136,18 @@ dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
     res->missing = calloc(cap, sizeof *res->missing);
     res->pending = calloc(cap, sizeof *res->pending);
     res->failed = calloc(cap, sizeof *res->failed);
+    res->whole = calloc(cap, sizeof *res->whole);
     blob_rec **pinned = calloc(cap, sizeof *pinned);
     uint32_t np = 0;
     if (res->blobs == NULL || res->missing == NULL || res->pending == NULL ||
-        res->failed == NULL || pinned == NULL) {
+        res->failed == NULL || res->whole == NULL || pinned == NULL) {
         free(pinned);
         dp__unit_resolve_res_fini(res);
         return dp__fail(d, DP_ENOMEM, "resolve: out of memory");
     }
     uint64_t epoch = ++u->pin_epoch;
     u->stats.n_resolve++;
+    u->stats.n_resolve_blobs++;
     for (uint32_t i = 0; i < n; i++) {
         blob_rec *b = dp__map_get(&u->blobs, ids[i].p, ids[i].n);
         if (b == NULL || b->state != REC_PUBLISHED) {
@@ -162,6 +164,11 @@ dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
             continue;
         }
         res->blobs[res->n_blobs++] = (dp_wire_blob_loc){ids[i], b->off, b->nbytes};
+        /* Refs count the row-index slots pointing at it: all its entries, or
+         * some key was overwritten or cleared since (docs/design.md,
+         * "Location hints"). */
+        if (b->parsed != NULL && b->refs == dp__blob_count(b->parsed))
+            res->whole[res->n_whole++] = ids[i];
         u->stats.resolved_bytes += b->nbytes;
         if (b->pin_mark != epoch) {
             b->pin_mark = epoch;
@@ -181,6 +188,7 @@ dp__unit_resolve_res_fini(dp_unit_resolve_res *res)
     free(res->missing);
     free(res->pending);
     free(res->failed);
+    free(res->whole);
     memset(res, 0, sizeof *res);
 }
 

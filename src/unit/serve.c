@@ -218,6 +218,7 @@ do_resolve(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *r
         r->missing = (dp_wire_strs){res.missing, res.n_missing};
         r->pending = (dp_wire_strs){res.pending, res.n_pending};
         r->failed = (dp_wire_strs){res.failed, res.n_failed};
+        r->whole = (dp_wire_strs){res.whole, res.n_whole};
         reply_ok(u, rep, reply);
         dp__unit_resolve_res_fini(&res);
     } else {

@@ -253,6 +253,8 @@ typedef struct dp_unit_resolve_res {
     uint32_t n_pending;
     dp_wire_str *failed; /* disk blobs whose stage failed */
     uint32_t n_failed;
+    dp_wire_str *whole; /* of blobs: every entry still current (location hints) */
+    uint32_t n_whole;
 } dp_unit_resolve_res;
 
 typedef struct dp_unit_resolve_keys_res {
@@ -356,6 +358,7 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(n_commit, "commits")                                                               \
     X(n_abort, "aborts")                                                                 \
     X(n_resolve, "resolves")                                                             \
+    X(n_resolve_blobs, "resolves_by_blob") /* of them, by blob id (location hints) */    \
     X(n_unpin, "unpins")                                                                 \
     X(n_release, "releases")                                                             \
     X(n_busy, "busy")                                                                    \

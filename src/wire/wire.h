@@ -362,6 +362,9 @@ typedef struct dp_wire_resolve_res {
     dp_wire_str pin_id; /* n == 0: nil (nothing pinned) */
     dp_wire_blob_locs blobs;
     dp_wire_strs missing, pending, failed; /* blob ids */
+    /* Ids in blobs every entry of which is still current (each key still maps
+     * to it); optional: absent (a unit before location hints) means none. */
+    dp_wire_strs whole;
 } dp_wire_resolve_res;
 
 /* resolve_keys: {key: [slab_off, len, kind, dtype, shape]} */

@@ -37,6 +37,7 @@ static const dp__wire_fdesc resolve_f[] = {
     F(dp_wire_resolve_res, missing, IDS, 1, 0),
     F(dp_wire_resolve_res, pending, IDS, 1, 0),
     F(dp_wire_resolve_res, failed, IDS, 1, 0),
+    F(dp_wire_resolve_res, whole, IDS, 0, 0),
 };
 static const dp__wire_fdesc resolve_keys_f[] = {
     F(dp_wire_resolve_keys_res, pin_id, ID_OR_NIL, 1, 0),
