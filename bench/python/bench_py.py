@@ -17,7 +17,8 @@ redis-server on a free loopback port, both stopped at the end:
                     (registered) memory: no staging copy
   TQ adapter        dataplane.tq.DataplaneKVClient driven as TQ's KV storage
                     manager drives it: field-major keys "gidx@field", values
-                    list(batch) (per-row views), get(keys, shapes, dtypes)
+                    list(batch) (per-row views), get(keys, shapes, dtypes,
+                    custom_backend_meta=what put returned: location hints)
   C lib malloc      `dataplane bench --memory malloc` (plain memory, staged)
   C lib registered  `dataplane bench --memory registered`
   torch copy        put column: dst.copy_(src) of each batch tensor into a
@@ -316,9 +317,9 @@ def make_tq_step(kv, src, fields, rows):
         for f in fs:
             values.extend(src[f])  # per-row views, as TQ's _generate_values
         t0 = pc()
-        kv.put(keys, values)
+        meta = kv.put(keys, values)  # TQ keeps the per-key metadata, hands it back
         t1 = pc()
-        got = kv.get(keys, shapes=shapes, dtypes=dtypes)
+        got = kv.get(keys, shapes=shapes, dtypes=dtypes, custom_backend_meta=meta)
         t2 = pc()
         if check:
             _check(len(got) == len(keys), "TQ get")

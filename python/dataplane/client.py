@@ -160,12 +160,14 @@ class Client:
 
     # -- put --
 
-    def put(self, rows, data):
+    def put(self, rows, data, *, hints=False):
         """Put rows x fields. data maps each field to a tensor or array whose
         first dimension is len(rows), or to a list of one value per row
         (tensor, array, bytes, or None to leave that cell out). Raises a
         dataplane.Error; one whose batch landed in part has .landed (rows
-        stored) and .rows (rows not stored)."""
+        stored) and .rows (rows not stored). hints=True returns {field: [one
+        location hint per row]} (bytes; None for a skipped cell): handed back
+        to get_keys(keys, hints=...), a get skips looking up the keys."""
         if not isinstance(data, dict):
             raise TypeError(f"data: a dict field -> values is needed, got "
                             f"{type(data).__name__}")
@@ -180,9 +182,12 @@ class Client:
             cols = [self._column(f, data[f], n, copies) for f in fields]
             copies.run()
             cols = [c[0] if isinstance(c, _Deferred) else c for c in cols]
-            self._c.put(r, fields, cols)
+            locs = self._c.put(r, fields, cols, bool(hints))
         finally:
             copies.close()
+        if not hints:
+            return None
+        return split_hints(locs, n, fields)
 
     def _column(self, field, v, n, copies):
         if dt.is_tensor(v) or dt.is_array(v):
@@ -290,10 +295,12 @@ class Client:
             res[f] = got
         return res
 
-    def get_keys(self, keys):
-        """Values of "<gidx>@<field>" keys, in their order."""
+    def get_keys(self, keys, *, hints=None):
+        """Values of "<gidx>@<field>" keys, in their order. hints: None, or one
+        per key (None or a location hint put returned); a stale hint is only
+        a missed shortcut, never a wrong value."""
         keys = list(keys)
-        vals, rc, detail = self._c.get_keys(keys)
+        vals, rc, detail = self._c.get_keys(keys, hints)
         entries = vals.entries()
         if rc:
             _raise_get(rc, detail, entries, keys)
@@ -530,6 +537,24 @@ def value_of(e, row, field):
 
 def _key(row, field):
     return f"{row}@{field}" if row is not None else field
+
+
+LOC_BYTES = 128  # one location hint (the C library's dp_loc)
+
+
+def split_hints(locs, n_rows, fields):
+    """{field: [hint per row]} from put's row-major hints; None where a cell
+    was skipped (its hint names no blob)."""
+    nf = len(fields)
+    out = {f: [None] * n_rows for f in fields}
+    mv = memoryview(locs)
+    for r in range(n_rows):
+        base = r * nf
+        for fi, f in enumerate(fields):
+            at = (base + fi) * LOC_BYTES
+            if mv[at] != 0:
+                out[f][r] = bytes(mv[at:at + LOC_BYTES])
+    return out
 
 
 _RUN_MIN = 8  # rows of a field worth making views of in one go

@@ -30,7 +30,7 @@ import pickle
 
 from . import _core
 from . import _dtypes as dt
-from .client import Client, Encoded, make_error, value_of, values_in_order
+from .client import LOC_BYTES, Client, Encoded, make_error, value_of, values_in_order
 
 try:
     import msgpack
@@ -169,7 +169,9 @@ class DataplaneKVClient:
     # -- the interface --
 
     def put(self, keys, values):
-        """Store values[i] under keys[i]. Returns None (no per-key metadata)."""
+        """Store values[i] under keys[i]. Returns the per-key backend metadata:
+        one location hint (bytes) per key, which TQ hands back to get as
+        custom_backend_meta so that the get skips looking the keys up."""
         keys, values = list(keys), list(values)
         if len(keys) != len(values):
             raise ValueError(f"put: {len(keys)} keys and {len(values)} values")
@@ -186,8 +188,14 @@ class DataplaneKVClient:
             for r, v in enumerate(col):
                 col[r] = None if v is _UNSET else self._cell(row_list[r], f, v)
             data[f] = col
-        self._client.put(row_list, data)
-        return None
+        hints = self._client.put(row_list, data, hints=True)
+        out = [None] * len(keys)
+        for f, slot in zip(fields, slots):
+            col = hints[f]
+            for r, i in enumerate(slot):
+                if i >= 0:
+                    out[i] = col[r]
+        return out
 
     def get(self, keys, shapes=None, dtypes=None, custom_backend_meta=None,
             custom_meta=None):
@@ -201,7 +209,8 @@ class DataplaneKVClient:
         for k in keys:
             if not isinstance(k, str):
                 raise ValueError(f"key {k!r}: a str '<global_index>@<field>' is needed")
-        vals, rc, detail = self._client._c.get_keys(keys)
+        vals, rc, detail = self._client._c.get_keys(keys, _hints(custom_backend_meta,
+                                                                len(keys)))
         entries = vals.entries()
         if rc:
             from .client import _raise_get
@@ -248,6 +257,20 @@ class DataplaneKVClient:
         rows = sorted(_core.group_keys(list(keys), True)[0])
         if rows:
             self._client.clear(rows)
+
+
+def _hints(meta, n):
+    """The location hints in TQ's custom_backend_meta (what put returned, one
+    per key), or None. Items that are not a hint of ours (None, or metadata of
+    another shape) are just not used."""
+    if meta is None:
+        return None
+    if not isinstance(meta, (list, tuple)):
+        return None
+    if len(meta) != n:
+        raise ValueError(f"get: {len(meta)} custom_backend_meta items for {n} keys")
+    out = [m if isinstance(m, bytes) and len(m) == LOC_BYTES else None for m in meta]
+    return out if any(m is not None for m in out) else None
 
 
 def _register_with_tq():

@@ -584,17 +584,23 @@ put_failed(const put_call *p, const int *st, int rc, const dp_detail *d)
     return NULL;
 }
 
+/*
+ * put(rows, fields, columns, want_locs=False) -> None, or with want_locs the
+ * location hints as one bytes object: n_rows x n_fields dp_loc records (128
+ * bytes each, row-major; blob "" for skipped cells).
+ */
 static PyObject *
 client_put(DpClient *self, PyObject *args)
 {
     PyObject *rows, *fields, *cols;
-    if (!PyArg_ParseTuple(args, "OOO", &rows, &fields, &cols))
+    int want_locs = 0;
+    if (!PyArg_ParseTuple(args, "OOO|p", &rows, &fields, &cols, &want_locs))
         return NULL;
     if (!dp__py_client_enter(self))
         return NULL;
     put_call p = {0};
     int *st = NULL;
-    PyObject *ret = NULL;
+    PyObject *ret = NULL, *locs = NULL;
     if (put_parse(&p, rows, fields, cols) < 0)
         goto out;
     st = PyMem_Calloc(p.n_rows ? p.n_rows : 1, sizeof *st);
@@ -602,18 +608,28 @@ client_put(DpClient *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    if (want_locs) {
+        locs = PyBytes_FromStringAndSize(
+            NULL, (Py_ssize_t)(p.n_rows * p.n_fields * sizeof(dp_loc)));
+        if (locs == NULL)
+            goto out;
+        memset(PyBytes_AS_STRING(locs), 0, (size_t)PyBytes_GET_SIZE(locs));
+    }
+    dp_loc *lp = locs != NULL ? (dp_loc *)(void *)PyBytes_AS_STRING(locs) : NULL;
     dp_detail d = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = dp_client_put(self->c, p.rows, p.n_rows, p.fields, p.n_fields, p.vals, st, &d);
+    rc = dp_client_put_locs(self->c, p.rows, p.n_rows, p.fields, p.n_fields, p.vals, st,
+                            lp, &d);
     Py_END_ALLOW_THREADS
     if (rc == DP_OK) {
-        ret = Py_NewRef(Py_None);
+        ret = locs != NULL ? Py_NewRef(locs) : Py_NewRef(Py_None);
     } else if (rc == DP_EINVAL || rc == DP_ENOMEM)
         dp__py_raise(rc, &d);
     else
         put_failed(&p, st, rc, &d);
 out:
+    Py_XDECREF(locs);
     PyMem_Free(st);
     put_call_fini(&p);
     dp__py_client_leave(self);
@@ -721,14 +737,73 @@ key_list(PyObject *list, const char ***keys, size_t *n)
     return 0;
 }
 
+/*
+ * Location hints for n keys from hints (None, or a sequence of n items, each
+ * None or a 128-byte bytes-like hint from put): *locs NULL when none at all.
+ */
+static int
+hint_list(PyObject *hints, size_t n, dp_loc **locs)
+{
+    *locs = NULL;
+    if (hints == NULL || hints == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(hints, "hints: a list (one per key) is needed");
+    if (seq == NULL)
+        return -1;
+    if ((size_t)PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "hints: %zd for %zu keys",
+                     PySequence_Fast_GET_SIZE(seq), n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    *locs = PyMem_Calloc(n ? n : 1, sizeof **locs);
+    if (*locs == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        PyObject *h = PySequence_Fast_ITEMS(seq)[i];
+        if (h == Py_None)
+            continue;
+        Py_buffer b;
+        if (PyObject_GetBuffer(h, &b, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "hints[%zu]: a location hint from put (bytes) or None is "
+                         "needed, got %s",
+                         i, Py_TYPE(h)->tp_name);
+            goto fail;
+        }
+        bool ok = (size_t)b.len == sizeof(dp_loc);
+        if (ok)
+            memcpy(&(*locs)[i], b.buf, sizeof(dp_loc));
+        PyBuffer_Release(&b);
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError,
+                         "hints[%zu]: a location hint is %zu bytes, got %zd: pass what "
+                         "put returned, unchanged",
+                         i, sizeof(dp_loc), b.len);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+fail:
+    Py_DECREF(seq);
+    PyMem_Free(*locs);
+    *locs = NULL;
+    return -1;
+}
+
 static PyObject *
-get_run(DpClient *self, const char **keys, size_t n)
+get_run(DpClient *self, const char **keys, const dp_loc *locs, size_t n)
 {
     dp_values *v = NULL;
     dp_detail d = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = dp_client_get_alloc(self->c, keys, n, &v, &d);
+    rc = dp_client_get_alloc_locs(self->c, keys, locs, n, &v, &d);
     Py_END_ALLOW_THREADS
     if (v == NULL)
         return dp__py_raise(rc, &d);
@@ -758,25 +833,30 @@ client_get(DpClient *self, PyObject *args)
     size_t n = 0;
     PyObject *ret = NULL;
     if (row_keys(rows, fields, &arena, &keys, &n) == 0)
-        ret = get_run(self, keys, n);
+        ret = get_run(self, keys, NULL, n);
     PyMem_Free(arena);
     PyMem_Free(keys);
     dp__py_client_leave(self);
     return ret;
 }
 
-/* get_keys(keys) -> (Values, rc, detail). */
+/* get_keys(keys, hints=None) -> (Values, rc, detail). */
 static PyObject *
-client_get_keys(DpClient *self, PyObject *list)
+client_get_keys(DpClient *self, PyObject *args)
 {
+    PyObject *list, *hints = NULL;
+    if (!PyArg_ParseTuple(args, "O|O", &list, &hints))
+        return NULL;
     if (!dp__py_client_enter(self))
         return NULL;
     const char **keys = NULL;
+    dp_loc *locs = NULL;
     size_t n = 0;
     PyObject *ret = NULL;
-    if (key_list(list, &keys, &n) == 0)
-        ret = get_run(self, keys, n);
+    if (key_list(list, &keys, &n) == 0 && hint_list(hints, n, &locs) == 0)
+        ret = get_run(self, keys, locs, n);
     PyMem_Free(keys);
+    PyMem_Free(locs);
     dp__py_client_leave(self);
     return ret;
 }
@@ -1055,6 +1135,7 @@ client_counters(DpClient *self, PyObject *noarg)
               {"clears", k.clears},
               {"retries", k.retries},
               {"busy_waits", k.busy_waits},
+              {"loc_misses", k.loc_misses},
               {"copied_bytes", self->copied}};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)kv[i].v);
@@ -1230,11 +1311,12 @@ client_closed(DpClient *self, void *closure)
 }
 
 static PyMethodDef client_methods[] = {
-    {"put", (PyCFunction)client_put, METH_VARARGS, "put(rows, fields, columns)"},
+    {"put", (PyCFunction)client_put, METH_VARARGS,
+     "put(rows, fields, columns, want_locs=False) -> None or location hints (bytes)"},
     {"get", (PyCFunction)client_get, METH_VARARGS,
      "get(rows, fields) -> (Values, rc, detail)"},
-    {"get_keys", (PyCFunction)client_get_keys, METH_O,
-     "get_keys(keys) -> (Values, rc, detail)"},
+    {"get_keys", (PyCFunction)client_get_keys, METH_VARARGS,
+     "get_keys(keys, hints=None) -> (Values, rc, detail)"},
     {"get_into_rows", (PyCFunction)client_get_into_rows, METH_VARARGS,
      "get_into_rows(rows, fields, destinations) -> (items, rc, detail)"},
     {"clear", (PyCFunction)client_clear, METH_O, "clear(rows) -> values dropped"},

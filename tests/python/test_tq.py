@@ -133,6 +133,83 @@ def test_driven_as_tq_kv_storage_manager(cluster):
     kv.close()
 
 
+def _by_blob(kv):
+    return sum(u["resolves_by_blob"] for u in kv.client.stats())
+
+
+def test_location_hints_fresh_stale_and_cleared(cluster):
+    """put's per-key metadata are location hints: handed back, a get pins
+    whole blobs instead of looking keys up. Stale ones (rows overwritten or
+    cleared since) only cost the shortcut: the values are the current ones."""
+    kv = DataplaneKVClient({"cluster": cluster, "timeout_s": 20})
+    g = list(range(5000, 5032))
+    b = _batch(7, len(g))
+    keys = _keys(g, b)
+    meta = kv.put(keys, _values(b, g))
+    assert len(meta) == len(keys) and all(isinstance(m, bytes) and len(m) == 128
+                                          for m in meta)
+    shapes, dtypes = _shapes_dtypes(b, len(g))
+    m0, r0 = kv.client.counters()["loc_misses"], _by_blob(kv)
+    got = kv.get(keys, shapes, dtypes, custom_backend_meta=meta)
+    assert all(_same(x, y) for x, y in zip(_values(b, g), got))
+    assert kv.client.counters()["loc_misses"] == m0  # every hint used
+    assert _by_blob(kv) == r0 + 2  # one resolve by blob per unit, no lookup
+
+    # a hint of another key is not used for this one
+    swapped = list(meta)
+    swapped[0], swapped[1] = meta[1], meta[0]
+    got = kv.get(keys, shapes, dtypes, custom_backend_meta=swapped)
+    assert all(_same(x, y) for x, y in zip(_values(b, g), got))
+    assert kv.client.counters()["loc_misses"] >= m0 + 2
+
+    # overwrite half the rows: old hints are stale, values are the new ones
+    b2 = _batch(8, 16)
+    kv.put(_keys(g[:16], b2), _values(b2, g[:16]))
+    got = kv.get(keys, custom_backend_meta=meta)
+    new = dict(zip(_keys(g[:16], b2), _values(b2, g[:16])))
+    old = dict(zip(keys, _values(b, g)))
+    for k, y in zip(keys, got):
+        assert _same(new.get(k, old[k]), y), k
+
+    # cleared: a KeyError naming the key, hints or not
+    kv.clear(_keys(g[16:], b))
+    with pytest.raises(KeyError) as e:
+        kv.get(keys[-1:], custom_backend_meta=meta[-1:])
+    assert keys[-1] in str(e.value)
+
+    # hints that are not ours are ignored; a malformed one of ours is refused
+    got = kv.get(_keys(g[:16], b2), custom_backend_meta=[{"x": 1}] * len(_keys(g[:16], b2)))
+    assert len(got) == len(_keys(g[:16], b2))
+    bad = bytearray(meta[0])
+    bad[2] = ord("/")
+    with pytest.raises(ValueError) as e:
+        kv.get(keys[:1], custom_backend_meta=[bytes(bad)])
+    assert "location hint is malformed" in str(e.value)
+    with pytest.raises(ValueError):
+        kv.get(keys[:2], custom_backend_meta=meta[:1])
+    kv.clear(_keys(g, b))
+    kv.close()
+
+
+def test_client_put_hints_round_trip(cluster):
+    c = dataplane.Client(cluster, timeout_s=20)
+    rows = list(range(6000, 6010))
+    t = torch.arange(40, dtype=torch.float32).reshape(10, 4)
+    h = c.put(rows, {"x": t, "y": [b"v%d" % i if i % 2 else None for i in range(10)]},
+              hints=True)
+    assert set(h) == {"x", "y"} and len(h["x"]) == 10
+    assert h["y"][0] is None and isinstance(h["y"][1], bytes)
+    keys = [f"{r}@x" for r in rows]
+    m0 = c.counters()["loc_misses"]
+    got = c.get_keys(keys, hints=h["x"])
+    assert all(torch.equal(g, t[i]) for i, g in enumerate(got))
+    assert c.counters()["loc_misses"] == m0
+    with pytest.raises(TypeError):
+        c.get_keys(keys[:1], hints=[3])
+    c.clear(rows)
+    c.close()
+
+
 class _Thing:
     def __init__(self, x):
         self.x = x
