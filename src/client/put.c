@@ -159,7 +159,7 @@ static int
 build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
                   const uint64_t *gidxs, const char *const *fields, const size_t *flen,
                   size_t n_fields, const dp_value *values, const dp_value **ent_val,
-                  dp_detail *d)
+                  uint32_t *ent_crc, dp_detail *d)
 {
     dp_blob_builder *b = c->builders[pu->u];
     if (b == NULL) {
@@ -197,6 +197,8 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
             if (rc != 0)
                 return dp__fail_ctx(d, rc, "put: row %" PRIu64 " field '%s'", gidxs[r],
                                     fields[f]);
+            if (ent_crc != NULL) /* location hints: the key's CRC32C */
+                ent_crc[pu->ent0 + pu->n_ent] = dp__crc32c(key, klen);
             ent_val[pu->ent0 + pu->n_ent++] = v;
         }
     }
@@ -578,6 +580,7 @@ typedef struct put_arrays {
     put_unit *pus; /* one per unit with something to put (npu) */
     size_t npu;
     const dp_value **ent_val; /* every entry's value, unit by unit */
+    uint32_t *ent_crc;        /* their keys' CRC32C (location hints), or NULL */
     dp_range *local, *remote; /* the WRITEs' ranges */
     uint32_t *slot_pu;
     dp_xfer_desc *ops;
@@ -592,6 +595,7 @@ put_arrays_fini(put_arrays *a)
     dp__groups_fini(&a->g);
     free(a->pus);
     free(a->ent_val);
+    free(a->ent_crc);
     free(a->local);
     free(a->remote);
     free(a->slot_pu);
@@ -604,12 +608,14 @@ put_arrays_fini(put_arrays *a)
 
 static int
 put_arrays_make(put_arrays *a, uint32_t N, const uint64_t *gidxs, size_t n_rows,
-                const char *const *fields, size_t n_fields, dp_detail *d)
+                const char *const *fields, size_t n_fields, bool locs, dp_detail *d)
 {
     memset(a, 0, sizeof *a);
     size_t n_cells = n_rows * n_fields;
     a->pus = calloc(N, sizeof *a->pus);
     a->ent_val = malloc(n_cells * sizeof *a->ent_val);
+    if (locs && (a->ent_crc = malloc(n_cells * sizeof *a->ent_crc)) == NULL)
+        return dp__fail(d, DP_ENOMEM, "put: out of memory");
     a->local = malloc((n_cells + N) * sizeof *a->local);
     a->remote = malloc((n_cells + N) * sizeof *a->remote);
     a->slot_pu = malloc(N * sizeof *a->slot_pu);
@@ -645,7 +651,7 @@ put_plan_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
         pu->n_rows = dp__groups_count(&a->g, u);
         pu->ent0 = (uint32_t)n_ent;
         int rc = build_unit_locked(c, pu, a->g.order + a->g.start[u], gidxs, fields,
-                                   a->flen, n_fields, values, a->ent_val, d);
+                                   a->flen, n_fields, values, a->ent_val, a->ent_crc, d);
         if (rc != 0)
             return rc;
         if (pu->n_ent == 0)
@@ -799,17 +805,17 @@ put_outcome_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
 }
 
 /* One hint from a written value: entry e of unit pu's blob (docs/design.md,
- * "Location hints"). */
+ * "Location hints"); idn: strlen(pu->blob_id). */
 static void
-loc_fill(dp_loc *l, const put_unit *pu, const dp_blob_builder *b, uint32_t e,
-         const dp_value *v, const char *key, size_t klen)
+loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp_blob_builder *b, uint32_t e,
+         const dp_value *v, uint32_t key_crc)
 {
     memset(l, 0, sizeof *l);
-    snprintf(l->blob, sizeof l->blob, "%s", pu->blob_id);
+    memcpy(l->blob, pu->blob_id, idn);
     l->off = dp__blob_builder_offset(b, e);
     l->nbytes = v->nbytes;
     l->unit = pu->u;
-    l->key_crc = dp__crc32c(key, klen);
+    l->key_crc = key_crc;
     l->kind = (uint8_t)v->kind;
     size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0;
     if (v->ndim > DP_LOC_DIMS || dl > DP_LOC_DTYPE_MAX) {
@@ -825,9 +831,8 @@ loc_fill(dp_loc *l, const put_unit *pu, const dp_blob_builder *b, uint32_t e,
 
 /* Every landed value's hint into locs (cells in the order of values). */
 static void
-put_locs_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
-                const char *const *fields, size_t n_fields, const dp_value *values,
-                dp_loc *locs)
+put_locs_locked(dp_client *c, const put_arrays *a, size_t n_fields,
+                const dp_value *values, dp_loc *locs)
 {
     for (size_t i = 0; i < a->npu; i++) {
         const put_unit *pu = &a->pus[i];
@@ -835,17 +840,16 @@ put_locs_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
             continue;
         const dp_blob_builder *b = c->builders[pu->u];
         const uint32_t *order = a->g.order + a->g.start[pu->u];
+        size_t idn = strnlen(pu->blob_id, DP_LOC_BLOB_MAX);
         uint32_t e = 0;
-        char key[DP_KEY_MAX + 1];
         for (uint32_t k = 0; k < pu->n_rows; k++) {
-            uint32_t r = order[k];
-            for (size_t f = 0; f < n_fields; f++) {
-                size_t cell = (size_t)r * n_fields + f;
+            size_t cell = (size_t)order[k] * n_fields;
+            for (size_t f = 0; f < n_fields; f++, cell++) {
                 const dp_value *v = &values[cell];
                 if (v->kind == DP_KIND_SKIP)
                     continue;
-                size_t klen = dp__key_format(gidxs[r], fields[f], a->flen[f], key);
-                loc_fill(&locs[cell], pu, b, e++, v, key, klen);
+                loc_fill(&locs[cell], pu, idn, b, e, v, a->ent_crc[pu->ent0 + e]);
+                e++;
             }
         }
     }
@@ -896,7 +900,8 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
     dp__buf *stage = NULL;
     size_t stage_total = 0;
     bool decided = false; /* put_outcome_locked set row_status */
-    rc = put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, d);
+    rc =
+        put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, locs != NULL, d);
     if (rc == 0)
         rc = put_plan_locked(c, &a, gidxs, fields, n_fields, values, &stage_total, d);
     if (rc != 0 || a.npu == 0)
@@ -919,7 +924,7 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
     rc = put_outcome_locked(c, &a, gidxs, n_rows, row_status, d);
     decided = true;
     if (locs != NULL)
-        put_locs_locked(c, &a, gidxs, fields, n_fields, values, locs);
+        put_locs_locked(c, &a, n_fields, values, locs);
     c->cnt.puts++;
     for (size_t r = 0; r < n_rows; r++)
         if (row_status == NULL ? rc == 0 : row_status[r] == 0)
