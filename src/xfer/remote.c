@@ -10,12 +10,13 @@
  *   sees its bytes: UCX asserts on a worker address format it does not know.
  * - Shared-memory mappings of a remote are pre-faulted so transfers do not
  *   take page faults (docs/design.md, "Endpoint and graveyard"). DP_PREFAULT
- *   picks when: "background" (the default) publishes the remote at once and
- *   faults the mappings in on a thread of the remote's own, 2 MiB at a time,
- *   while transfers may already run (they fault what they touch first);
- *   freeing the remote stops and joins that thread before the mappings go.
- *   "open": before publishing, with ep_mu dropped (nothing can unmap a
- *   mapping of an unlisted remote); "off": never (pages fault on first use).
+ *   picks when: "open" (the default) before publishing, with ep_mu dropped
+ *   (nothing can unmap a mapping of an unlisted remote); "background"
+ *   publishes the remote at once and faults the mappings in on a thread of
+ *   the remote's own, 2 MiB at a time, while transfers may already run (they
+ *   fault what they touch first);
+ *   freeing the remote stops and joins that thread before the mappings go;
+ *   "off": never (pages fault on first use).
  *   Measured (2 x 1 GiB units, one Python client, 64 x 1 MiB puts): open
  *   takes 0.3-1.4 s with "open", 50-55 ms with "background" (its populate
  *   holds the mm lock the open's own mappings need), 9-11 ms with "off"; the
