@@ -253,7 +253,7 @@ dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d)
     cJSON_ArrayForEach(u, units)
     {
         dp_cluster_unit *cu = &out->units[i];
-        int64_t id, pid;
+        int64_t id = 0, pid = 0;
         if (!cJSON_IsObject(u)) {
             rc = dp__fail(d, DP_EPROTO, "cluster file %s: units[%d] must be an object",
                           path, i);

@@ -210,92 +210,114 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
     return DP_OK;
 }
 
-/* alloc on every unit in ST_ALLOC, retrying busy ones until the deadline. */
+/*
+ * Send unit pu's alloc as c->fo.items[slot] without waiting (its reply is
+ * read by alloc_replies_locked). False when it could not be prepared (pu
+ * failed); a failed send leaves its code in the item, read like a lost reply.
+ */
+static bool
+alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
+{
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_ALLOC;
+    q.a.alloc.blob_id = dp__wire_s(pu->blob_id);
+    q.a.alloc.nbytes = pu->lay.total_len;
+    q.a.alloc.n_entries = pu->n_ent;
+    q.a.alloc.spill = !c->o.no_spill;
+    /* Who writes the region: lets the unit reclaim it if this process dies. */
+    q.a.alloc.writer = dp__wire_s(c->blob_prefix);
+    q.a.alloc.pid = (uint64_t)getpid();
+    q.a.alloc.host = dp__wire_s(dp__host_key());
+    q.a.alloc.lane = dp__wire_s(dp__xfer_lane_name(c->units[pu->u].lane));
+    dp_detail_clear(&pu->det);
+    int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
+    if (rc != 0) {
+        pu->rc = rc;
+        pu->state = ST_FAILED;
+        return false;
+    }
+    dp__ctl_send(c->ctl, &c->fo.items[slot]);
+    return true;
+}
+
+/*
+ * Wait for the allocs sent as slots [0, ns) (slot s: unit pus[slot_pu[s]])
+ * and take their answers: ST_WRITE with the region, ST_FAILED, or still
+ * ST_ALLOC when the unit was busy (returns true then).
+ */
+static bool
+alloc_replies_locked(dp_client *c, put_unit *pus, const uint32_t *slot_pu, size_t ns,
+                     double deadline)
+{
+    dp__ctl_wait_many(c->ctl, c->fo.items, ns, dp__client_round_timeout(deadline));
+    bool busy = false;
+    for (size_t s = 0; s < ns; s++) {
+        put_unit *pu = &pus[slot_pu[s]];
+        dp_ctl_item *it = &c->fo.items[s];
+        dp_wire_reply rep;
+        int rc = dp__fanout_reply(it, DP_WIRE_OP_ALLOC, &rep, &pu->det);
+        if (rc == 0 && dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
+            /* Another process answered: free what it allocated, WRITE nothing. */
+            pu->rc = DP_ERESTARTED;
+            pu->state = ST_FAILED;
+            if (rep.ok)
+                send_abort_locked(c, pu, false);
+        } else if (rc == 0 && rep.ok) {
+            pu->off = rep.r.alloc.off;
+            pu->token = rep.r.alloc.token;
+            if (pu->off > c->units[pu->u].region_bytes ||
+                pu->lay.total_len > c->units[pu->u].region_bytes - pu->off)
+                pu_fail(pu, DP_EPROTO,
+                        "alloc answered offset %" PRIu64 " for %" PRIu64
+                        " bytes, outside the unit's region of %" PRIu64 " bytes",
+                        pu->off, pu->lay.total_len, c->units[pu->u].region_bytes);
+            else
+                pu->state = ST_WRITE;
+        } else if (rc == 0) {
+            rc = dp__wire_error_to_detail(&rep.err, &pu->det);
+            if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
+                busy = true; /* stays in ST_ALLOC */
+                c->cnt.busy_waits++;
+            } else {
+                pu->rc = rc;
+                pu->state = ST_FAILED;
+                if (rc == DP_EBUSY)
+                    dp__fail_ctx(&pu->det, rc, "alloc stayed busy for the whole budget");
+            }
+        } else {
+            /* No reply, or none that decodes: the unit may have allocated. */
+            if (it->rc == DP_ETRANSFER)
+                c->cnt.units_down++;
+            pu->rc = rc;
+            pu->state = ST_FAILED;
+            send_abort_locked(c, pu, false);
+        }
+        dp__wire_reply_fini(&rep);
+    }
+    return busy;
+}
+
+/*
+ * The allocs: the first round's requests were sent already (slots [0,
+ * ns_sent), during the plan); take their answers, then send again to busy
+ * units with backoff until the deadline.
+ */
 static void
 alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
-                   double deadline)
+                   size_t ns_sent, double deadline)
 {
     double step = 0.002;
+    size_t ns = ns_sent;
     for (;;) {
-        size_t ns = 0;
-        for (size_t i = 0; i < npu; i++) {
-            put_unit *pu = &pus[i];
-            if (pu->state != ST_ALLOC)
-                continue;
-            dp_wire_request q;
-            memset(&q, 0, sizeof q);
-            q.op = DP_WIRE_OP_ALLOC;
-            q.a.alloc.blob_id = dp__wire_s(pu->blob_id);
-            q.a.alloc.nbytes = pu->lay.total_len;
-            q.a.alloc.n_entries = pu->n_ent;
-            q.a.alloc.spill = !c->o.no_spill;
-            /* Who writes the region: lets the unit reclaim it if this process dies. */
-            q.a.alloc.writer = dp__wire_s(c->blob_prefix);
-            q.a.alloc.pid = (uint64_t)getpid();
-            q.a.alloc.host = dp__wire_s(dp__host_key());
-            q.a.alloc.lane = dp__wire_s(dp__xfer_lane_name(c->units[pu->u].lane));
-            dp_detail_clear(&pu->det);
-            int rc = dp__client_prepare_locked(c, pu->u, ns, &q, &pu->det);
-            if (rc != 0) {
-                pu->rc = rc;
-                pu->state = ST_FAILED;
-                continue;
-            }
-            slot_pu[ns++] = (uint32_t)i;
-        }
-        if (ns == 0)
-            return;
-        dp__ctl_call_many(c->ctl, c->fo.items, ns, dp__client_round_timeout(deadline));
-        bool busy = false;
-        for (size_t s = 0; s < ns; s++) {
-            put_unit *pu = &pus[slot_pu[s]];
-            dp_ctl_item *it = &c->fo.items[s];
-            dp_wire_reply rep;
-            int rc = dp__fanout_reply(it, DP_WIRE_OP_ALLOC, &rep, &pu->det);
-            if (rc == 0 &&
-                dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
-                /* Another process answered: free what it allocated, WRITE nothing. */
-                pu->rc = DP_ERESTARTED;
-                pu->state = ST_FAILED;
-                if (rep.ok)
-                    send_abort_locked(c, pu, false);
-            } else if (rc == 0 && rep.ok) {
-                pu->off = rep.r.alloc.off;
-                pu->token = rep.r.alloc.token;
-                if (pu->off > c->units[pu->u].region_bytes ||
-                    pu->lay.total_len > c->units[pu->u].region_bytes - pu->off)
-                    pu_fail(pu, DP_EPROTO,
-                            "alloc answered offset %" PRIu64 " for %" PRIu64
-                            " bytes, outside the unit's region of %" PRIu64 " bytes",
-                            pu->off, pu->lay.total_len, c->units[pu->u].region_bytes);
-                else
-                    pu->state = ST_WRITE;
-            } else if (rc == 0) {
-                rc = dp__wire_error_to_detail(&rep.err, &pu->det);
-                if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
-                    busy = true; /* stays in ST_ALLOC */
-                    c->cnt.busy_waits++;
-                } else {
-                    pu->rc = rc;
-                    pu->state = ST_FAILED;
-                    if (rc == DP_EBUSY)
-                        dp__fail_ctx(&pu->det, rc,
-                                     "alloc stayed busy for the whole budget");
-                }
-            } else {
-                /* No reply, or none that decodes: the unit may have allocated. */
-                if (it->rc == DP_ETRANSFER)
-                    c->cnt.units_down++;
-                pu->rc = rc;
-                pu->state = ST_FAILED;
-                send_abort_locked(c, pu, false);
-            }
-            dp__wire_reply_fini(&rep);
-        }
-        if (!busy)
+        if (ns == 0 || !alloc_replies_locked(c, pus, slot_pu, ns, deadline))
             return;
         c->cnt.retries++;
         dp__client_backoff(&step, deadline);
+        ns = 0;
+        for (size_t i = 0; i < npu; i++)
+            if (pus[i].state == ST_ALLOC && alloc_send_locked(c, &pus[i], ns))
+                slot_pu[ns++] = (uint32_t)i;
     }
 }
 
@@ -904,17 +926,27 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
         put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, locs != NULL, d);
     if (rc == 0)
         rc = put_plan_locked(c, &a, gidxs, fields, n_fields, values, &stage_total, d);
-    if (rc != 0 || a.npu == 0)
+    if (rc != 0 || a.npu == 0 || (rc = put_ready_locked(c, &a, deadline, d)) != 0)
         goto out;
+    /* Every check passed: the allocs go out now, and staging runs meanwhile. */
+    size_t ns = 0;
+    for (size_t i = 0; i < a.npu; i++)
+        if (a.pus[i].state == ST_ALLOC && alloc_send_locked(c, &a.pus[i], ns))
+            a.slot_pu[ns++] = (uint32_t)i;
     rc = dp__client_buf_get_locked(c, stage_total, DP__BUF_STAGING, &stage, d);
-    if (rc != 0) {
+    if (rc != 0)
         stage = NULL;
+    else
+        rc = put_stage_locked(c, &a, stage->p, d);
+    if (rc != 0) {
+        /* Nothing was written: take the allocs' answers and free what they got. */
+        alloc_replies_locked(c, a.pus, a.slot_pu, ns, deadline);
+        for (size_t i = 0; i < a.npu; i++)
+            if (a.pus[i].state == ST_WRITE)
+                send_abort_locked(c, &a.pus[i], false);
         goto out;
     }
-    if ((rc = put_stage_locked(c, &a, stage->p, d)) != 0 ||
-        (rc = put_ready_locked(c, &a, deadline, d)) != 0)
-        goto out;
-    alloc_phase_locked(c, a.pus, a.npu, a.slot_pu, deadline);
+    alloc_phase_locked(c, a.pus, a.npu, a.slot_pu, ns, deadline);
     if (dp__client_test_hook != NULL)
         dp__client_test_hook("put:allocated");
     put_remote_ranges_locked(c, &a, stage->p);

@@ -173,7 +173,7 @@ dp__reg_record_decode(const dp__reg_url *u, const char *key, const char *json, s
         cJSON_Delete(o);
         return dp__fail(d, DP_EPROTO, "registry record %s is not a JSON object", key);
     }
-    double ver, id, n, pid, slab, ssd, started;
+    double ver = 0, id = 0, n = 0, pid = 0, slab = 0, ssd = 0, started = 0;
     char inc[17];
     int rc;
     if ((rc = rec_num(o, "version", REG_VERSION, REG_VERSION, &ver, key, d)) != 0 ||

@@ -375,7 +375,7 @@ dp__mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what
             return DP_OK;
         }
     }
-    const uint8_t *p;
+    const uint8_t *p = NULL; /* set when rc is DP_OK (some -O3 builds cannot tell) */
     int rc = read_bytes(r, DP_MP_STR, &p, len, what, d);
     if (rc == DP_OK)
         *s = (const char *)p;

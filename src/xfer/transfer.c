@@ -202,6 +202,18 @@ unreserve_locked(dp_endpoint *ep, opstate *s)
     busy_locked(ep, s->o, -1);
 }
 
+/* The memcpy path's copy of a run: local bytes l, the remote's mapping r. */
+static void
+copy_run(dp_xfer_op op, uint8_t *l, uint8_t *r, size_t n)
+{
+    if (n == 0)
+        return;
+    if (op == DP_XFER_WRITE)
+        memcpy(r, l, n);
+    else
+        memcpy(l, r, n);
+}
+
 /* Post every range of op s (validated and reserved). Sets s->rc for immediate
  * failures. */
 static void
@@ -233,6 +245,17 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
         return;
     }
     bool any_ucx = false;
+    /*
+     * Ranges for the memcpy path that continue one another on both sides
+     * (values laid out back to back in one buffer and in the blob) are
+     * copied as one run: one memcpy of the union, the same bytes in the same
+     * places, without a call per value. A run never spans two remote regions
+     * (their mappings are separate) and ends before any UCX op is posted, so
+     * the order of the ranges is kept.
+     */
+    uint8_t *run_l = NULL, *run_r = NULL;
+    size_t run_n = 0;
+    const rregion *run_rr = NULL;
     for (size_t k = 0; k < o->n_local && b->b_status == UCS_OK; k++) {
         const dp_range *l = &o->local[k], *m = &o->remote[k];
         if (l->nbytes == 0)
@@ -241,13 +264,21 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
         void *lp = (void *)(uintptr_t)l->addr;
         if (rr->rr_ptr != NULL && l->nbytes <= ep->memcpy_max) {
             uint8_t *rp = rr->rr_ptr + (m->addr - rr->rr_base);
-            if (o->op == DP_XFER_WRITE)
-                memcpy(rp, lp, l->nbytes);
-            else
-                memcpy(lp, rp, l->nbytes);
+            if (run_n > 0 && rr == run_rr && (uint8_t *)lp == run_l + run_n &&
+                rp == run_r + run_n) {
+                run_n += l->nbytes;
+            } else {
+                copy_run(o->op, run_l, run_r, run_n);
+                run_l = lp;
+                run_r = rp;
+                run_n = l->nbytes;
+                run_rr = rr;
+            }
             ep->st.memcpy_ranges++;
             continue;
         }
+        copy_run(o->op, run_l, run_r, run_n);
+        run_n = 0;
         region *g = region_find_locked(ep, l->addr, l->nbytes);
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -268,6 +299,7 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
         else if (sp != NULL)
             b->b_pending++;
     }
+    copy_run(o->op, run_l, run_r, run_n);
     /* A put is complete locally at its callback; the flush makes it remote-visible. */
     if (o->op == DP_XFER_WRITE && any_ucx && b->b_status == UCS_OK) {
         ucp_request_param_t prm = {
