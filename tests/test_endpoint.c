@@ -623,6 +623,56 @@ DP_TEST(adjacent_ranges_copy_as_runs)
     peer_stop(&p);
 }
 
+/*
+ * DP_PREFAULT=touch (the default): the peer's mapping is faulted in 2 MiB
+ * chunks as transfers first touch them. Ranges across a chunk boundary, in
+ * the last partial chunk and at the very end of the region, small (memcpy
+ * path) and large (UCX path), land and read back byte for byte; the
+ * endpoint opened without faulting anything in.
+ */
+DP_TEST(touch_prefault_faults_what_transfers_touch)
+{
+    set_tls(NULL);
+    setenv("DP_PREFAULT", "touch", 1);
+    peer p;
+    dp_detail d;
+    const uint64_t slab = 5 * MiB + 4096;
+    CHECK_EQ(peer_start(&p, "peer-touch", slab, false, 11), 0);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp__endpoint_create("client-touch", NULL, &ep, &d), &d);
+    uint8_t *a = NULL;
+    CHECK_OK_D(dp__endpoint_alloc(ep, 8 * MiB, (void **)&a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    for (size_t i = 0; i < 4 * MiB; i++)
+        a[i] = (uint8_t)(i * 37 + 1);
+    uint64_t la = (uint64_t)(uintptr_t)a;
+    dp_range l[4] = {
+        {la, 200}, {la + 4096, 70000}, {la + 131072, 64}, {la + MiB, 3 * MiB / 2}};
+    dp_range r[4] = {{p.base + 2 * MiB - 100, 200},
+                     {p.base + 4 * MiB + 10, 70000},
+                     {p.base + slab - 64, 64},
+                     {p.base + 2 * MiB + 200, 3 * MiB / 2}};
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l, 4, r, 4, "peer-touch", 10, &d),
+               &d);
+    uint8_t *b = a + 4 * MiB;
+    memset(b, 0, 4 * MiB);
+    dp_range lb[4];
+    uint64_t at = 0;
+    for (int i = 0; i < 4; i++) {
+        lb[i] = (dp_range){(uint64_t)(uintptr_t)b + at, r[i].nbytes};
+        at += DP_ALIGN_UP(r[i].nbytes, 64);
+    }
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, lb, 4, r, 4, "peer-touch", 10, &d),
+               &d);
+    for (int i = 0; i < 4; i++)
+        CHECKF(memcmp((void *)(uintptr_t)lb[i].addr, (void *)(uintptr_t)l[i].addr,
+                      l[i].nbytes) == 0,
+               "range %d came back different", i);
+    dp__endpoint_destroy(ep);
+    peer_stop(&p);
+    unsetenv("DP_PREFAULT");
+}
+
 DP_TEST(small_ranges_use_memcpy_on_one_host)
 {
     set_tls(NULL);

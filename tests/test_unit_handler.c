@@ -125,6 +125,9 @@ DP_TEST(handler_ops)
     CHECK_EQ(r.r.resolve.blobs.n, 1);
     CHECK_EQ(r.r.resolve.blobs.v[0].off, off);
     CHECK_EQ(r.r.resolve.missing.n, 1);
+    /* Its one entry still maps to it: whole (location hints may use it). */
+    CHECK_EQ(r.r.resolve.whole.n, 1);
+    CHECK(dp__wire_str_eq(r.r.resolve.whole.v[0], "blob-1"));
     dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_SCAN;

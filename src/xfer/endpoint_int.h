@@ -88,7 +88,14 @@ typedef struct rregion {
     uint64_t rr_base, rr_len;
     ucp_rkey_h rr_rkey;
     uint8_t *rr_ptr; /* local mapping of the remote region (shared memory) or NULL */
+    /* DP_PREFAULT=touch: one bit per 2 MiB chunk of the mapping already
+     * faulted in (under ep_mu), or NULL. */
+    uint8_t *rr_touched;
 } rregion;
+
+/* Fault in the chunks of rr's mapping that [p, p + n) touches, once each
+ * (DP_PREFAULT=touch; a no-op otherwise). ep_mu held. */
+void dp__ep_rregion_touch_locked(rregion *rr, const uint8_t *p, size_t n);
 
 typedef struct remote {
     char r_name[DP_MD_NAME_MAX + 1];

@@ -8,19 +8,18 @@
  * ------------
  * - add_remote refuses metadata packed by another UCX major.minor before UCX
  *   sees its bytes: UCX asserts on a worker address format it does not know.
- * - Shared-memory mappings of a remote are pre-faulted so transfers do not
- *   take page faults (docs/design.md, "Endpoint and graveyard"). DP_PREFAULT
- *   picks when: "open" (the default) before publishing, with ep_mu dropped
- *   (nothing can unmap a mapping of an unlisted remote); "background"
- *   publishes the remote at once and faults the mappings in on a thread of
- *   the remote's own, 2 MiB at a time, while transfers may already run (they
- *   fault what they touch first);
- *   freeing the remote stops and joins that thread before the mappings go;
- *   "off": never (pages fault on first use).
- *   Measured (2 x 1 GiB units, one Python client, 64 x 1 MiB puts): open
- *   takes 0.3-1.4 s with "open", 50-55 ms with "background" (its populate
- *   holds the mm lock the open's own mappings need), 9-11 ms with "off"; the
- *   first puts on fresh pages are then slower (see README, DP_PREFAULT).
+ * - Shared-memory mappings of a remote are faulted in ahead of the copies
+ *   that use them (docs/design.md, "Endpoint and graveyard"). DP_PREFAULT
+ *   picks when: "touch" (the default): nothing at open; before a transfer's
+ *   copy, each 2 MiB chunk of the mapping it touches that is not yet faulted
+ *   in is, in one madvise (a bit per chunk, under ep_mu), so a client pays
+ *   for the part of a slab it uses, when it first uses it; "open": all of
+ *   it before publishing, with ep_mu dropped (nothing can unmap a mapping of
+ *   an unlisted remote); "background": the remote is published at once and
+ *   a thread of its own faults the mappings in, 2 MiB at a time, while
+ *   transfers may already run (freeing the remote stops and joins it before
+ *   the mappings go); "off": never (pages fault one by one inside the
+ *   copies). Figures: README, DP_PREFAULT.
  * - A remote being replaced or removed while transfers towards it are in
  *   flight or retained becomes a zombie (ep->zombies): unlisted, its UCX
  *   endpoint and keys kept until close, since those transfers use them.
@@ -45,6 +44,7 @@
 /* How long close() waits for a UCX endpoint close to complete. */
 #define EP_CLOSE_WAIT_NS 2000000000ull
 
+static void regs_free(remote *r);
 static int lane_locked(dp_endpoint *ep, remote *r, dp_xfer_lane *lane, char *tls,
                        size_t tls_cap, dp_detail *d);
 static int check_lanes_locked(dp_endpoint *ep, const remote *r, dp_detail *d);
@@ -118,7 +118,7 @@ dp__ep_remote_free_locked(dp_endpoint *ep, remote *r)
                                    .flags = UCP_EP_CLOSE_FLAG_FORCE};
         closed = wait_close_locked(ep, ucp_ep_close_nbx(r->r_ep, &prm));
     }
-    free(r->r_regs);
+    regs_free(r);
     dp__ranges_fini(&r->r_index);
     if (closed)
         free(r);
@@ -153,20 +153,54 @@ prefault(uint8_t *p, uint64_t len, const int *stop)
 }
 
 /* When to pre-fault (DP_PREFAULT): see the Design notes. */
-enum { PF_BACKGROUND, PF_OPEN, PF_OFF };
+enum { PF_BACKGROUND, PF_OPEN, PF_OFF, PF_TOUCH };
 
 static int
 prefault_mode(void)
 {
     const char *v = getenv("DP_PREFAULT");
-    if (v == NULL || v[0] == '\0' || strcmp(v, "open") == 0)
+    if (v == NULL || v[0] == '\0' || strcmp(v, "touch") == 0)
+        return PF_TOUCH;
+    if (strcmp(v, "open") == 0)
         return PF_OPEN;
     if (strcmp(v, "background") == 0)
         return PF_BACKGROUND;
     if (strcmp(v, "off") == 0)
         return PF_OFF;
-    DP_LOG_W("DP_PREFAULT=%s is not open, background or off: using open", v);
-    return PF_OPEN;
+    DP_LOG_W("DP_PREFAULT=%s is not touch, open, background or off: using touch", v);
+    return PF_TOUCH;
+}
+
+#define TOUCH_CHUNK (2u << 20)
+
+void
+dp__ep_rregion_touch_locked(rregion *rr, const uint8_t *p, size_t n)
+{
+    if (rr->rr_touched == NULL || n == 0)
+        return;
+    uint64_t first = (uint64_t)(p - rr->rr_ptr) / TOUCH_CHUNK;
+    uint64_t last = (uint64_t)(p + n - 1 - rr->rr_ptr) / TOUCH_CHUNK;
+    for (uint64_t k = first; k <= last; k++) {
+        uint8_t bit = (uint8_t)(1u << (k & 7));
+        if (rr->rr_touched[k >> 3] & bit)
+            continue;
+        uint64_t lo = k * TOUCH_CHUNK;
+        uint64_t hi = DP_MIN(lo + TOUCH_CHUNK, rr->rr_len);
+        /* The mapping's own pages, faulted in one call instead of one fault
+         * per page inside the copy; the bytes are not changed. */
+        prefault(rr->rr_ptr + lo, hi - lo, NULL);
+        rr->rr_touched[k >> 3] |= bit;
+    }
+}
+
+/* Free r's regions (their touched maps too). */
+static void
+regs_free(remote *r)
+{
+    for (uint32_t i = 0; r->r_regs != NULL && i < r->r_n_regs; i++)
+        free(r->r_regs[i].rr_touched);
+    free(r->r_regs);
+    r->r_regs = NULL;
 }
 
 static void *
@@ -204,7 +238,7 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
                       ((r->r_regs = calloc(md.n_regions, sizeof *r->r_regs)) == NULL ||
                        dp__ranges_reserve(&r->r_index, md.n_regions) != DP_OK))) {
         if (r != NULL) {
-            free(r->r_regs);
+            regs_free(r);
             dp__ranges_fini(&r->r_index);
         }
         free(r);
@@ -259,6 +293,16 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
         if (ucp_rkey_ptr(rr->rr_rkey, rr->rr_base, &p) == UCS_OK)
             rr->rr_ptr = p;
     }
+    int pf = prefault_mode();
+    for (uint32_t i = 0; pf == PF_TOUCH && i < r->r_n_regs; i++) {
+        rregion *rr = &r->r_regs[i];
+        uint64_t chunks = (rr->rr_len + TOUCH_CHUNK - 1) / TOUCH_CHUNK;
+        if (rr->rr_ptr != NULL &&
+            (rr->rr_touched = calloc((chunks + 7) / 8, 1)) == NULL) {
+            rc = dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+            goto fail_locked;
+        }
+    }
     rc = lane_locked(ep, r, &r->r_lane, r->r_tls, sizeof r->r_tls, d);
     if (rc != DP_OK)
         goto fail_locked;
@@ -267,7 +311,6 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
     dp__ep_ts_choose_path_locked(ep, r, r->r_lane);
     unlock(ep);
     /* The remote is not published yet: nothing else can unmap these mappings. */
-    int pf = prefault_mode();
     for (uint32_t i = 0; pf == PF_OPEN && i < r->r_n_regs; i++)
         if (r->r_regs[i].rr_ptr != NULL)
             prefault(r->r_regs[i].rr_ptr, r->r_regs[i].rr_len, NULL);
@@ -295,7 +338,7 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
 fail_locked:
     if (ep->closed) {
         /* The worker is gone with everything made from it. */
-        free(r->r_regs);
+        regs_free(r);
         dp__ranges_fini(&r->r_index);
         free(r);
     } else {

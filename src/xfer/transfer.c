@@ -262,6 +262,9 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
             continue;
         rregion *rr = rregion_find(r, m->addr, m->nbytes);
         void *lp = (void *)(uintptr_t)l->addr;
+        if (rr->rr_ptr != NULL)
+            dp__ep_rregion_touch_locked(rr, rr->rr_ptr + (m->addr - rr->rr_base),
+                                        l->nbytes);
         if (rr->rr_ptr != NULL && l->nbytes <= ep->memcpy_max) {
             uint8_t *rp = rr->rr_ptr + (m->addr - rr->rr_base);
             if (run_n > 0 && rr == run_rr && (uint8_t *)lp == run_l + run_n &&

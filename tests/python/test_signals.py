@@ -3,13 +3,15 @@ KeyboardInterrupt is raised at the next safe point; nothing hangs, and the
 interpreter exits normally afterwards."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 PROG = r"""
-import sys, time, torch, dataplane
+import faulthandler, signal, sys, time, torch, dataplane
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang
 c = dataplane.Client(sys.argv[1], timeout_s=20)
 rows = list(range(900000, 900064))
 x = torch.randn(64, 262144)
@@ -38,7 +40,20 @@ def test_ctrl_c_during_transfers(cluster):
         assert p.stdout.readline().strip() == "ready", p.stderr.read()
         time.sleep(0.5)
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=30)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Where it hangs: every Python thread's stack, and the native ones.
+            p.send_signal(signal.SIGUSR1)
+            native = ""
+            if shutil.which("gdb"):
+                native = subprocess.run(
+                    ["gdb", "-p", str(p.pid), "-batch", "-ex", "thread apply all bt 15"],
+                    capture_output=True, text=True, timeout=60).stdout
+            p.kill()
+            out, err = p.communicate()
+            raise AssertionError(f"no exit 30 s after SIGINT; stdout: {out!r}\n"
+                                 f"stderr: {err}\nnative stacks:\n{native}")
     finally:
         if p.poll() is None:
             p.kill()
