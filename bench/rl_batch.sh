@@ -33,7 +33,7 @@ echo "### C, without hints"
 "$RL" --iters "${ITERS:-20}"
 echo "### C, with location hints"
 "$RL" --iters "${ITERS:-20}" --hints
-kill -TERM "$up_pid"
+kill -TERM "$up_pid" 2>/dev/null || true
 wait "$up_pid" 2>/dev/null || true
 up_pid=""
 echo "### Python (Client, TQ adapter with hints, torch copy_)"

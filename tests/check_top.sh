@@ -59,7 +59,8 @@ while [ $i -lt 100 ]; do
     if [ -n "$v" ] && [ "$v" != 0 ]; then moved=1; break; fi
     i=$((i + 1)); sleep 0.1
 done
-kill "$bench" 2>/dev/null; wait "$bench" 2>/dev/null || true
+kill "$bench" 2>/dev/null || true  # it may have ended already
+wait "$bench" 2>/dev/null || true
 [ $moved = 1 ] || fail "commit/s never moved while a bench ran"
 
 # q quits at once, leaving the terminal as it was (exit 0).
