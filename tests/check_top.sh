@@ -66,4 +66,17 @@ wait "$bench" 2>/dev/null || true
 # q quits at once, leaving the terminal as it was (exit 0).
 tmux -S "$sock" send-keys -t top q
 wait_for 'TOP-EXITED-0' "q did not end top with status 0"
-echo "check_top: ok (piped blocks, terminal view, rates moved, q quit)"
+# A terminal that goes away ends top: it must not run on, unseen.
+tmux -S "$sock" new-session -d -x 200 -y 30 -s top2 "exec $cli top --cluster $tmp/c --interval 0.35"
+i=0
+until pgrep -f "^$cli top --cluster $tmp/c --interval 0.35" >/dev/null; do
+    i=$((i + 1)); [ $i -lt 100 ] || fail "the second top did not start"
+    sleep 0.05
+done
+tmux -S "$sock" kill-session -t top2
+i=0
+while pgrep -f "^$cli top --cluster $tmp/c --interval 0.35" >/dev/null; do
+    i=$((i + 1)); [ $i -lt 100 ] || fail "top kept running after its terminal went away"
+    sleep 0.05
+done
+echo "check_top: ok (piped blocks, terminal view, rates moved, q quit, hang-up ends it)"

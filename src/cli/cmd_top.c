@@ -237,6 +237,7 @@ dp__cmd_top(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* its terminal went away */
     if (tty)
         printf("\033[?25l"); /* hide the cursor while redrawing */
     int status = 0;
@@ -284,7 +285,8 @@ dp__cmd_top(int argc, char **argv)
         }
         if (!tty)
             printf("\n");
-        fflush(stdout);
+        if (fflush(stdout) != 0 || ferror(stdout))
+            break; /* nobody reads it any more (a closed terminal or pipe) */
         memcpy(prev, now, (n + 1) * sizeof *now);
         if (iterations != 0 && round + 1 >= iterations)
             break;
@@ -296,7 +298,12 @@ dp__cmd_top(int argc, char **argv)
             int k = poll(&p, keys ? 1 : 0, ms > 0 ? ms : 1);
             if (k > 0 && keys) {
                 char ch;
-                if (read(STDIN_FILENO, &ch, 1) == 1 && (ch == 'q' || ch == 'Q'))
+                ssize_t r = read(STDIN_FILENO, &ch, 1);
+                if (r == 1 && (ch == 'q' || ch == 'Q'))
+                    g_stop = 1;
+                /* The terminal hung up: nobody sees this view any more. */
+                if ((r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) &&
+                    (p.revents & (POLLHUP | POLLERR)) != 0)
                     g_stop = 1;
             }
             if (k < 0 && errno != EINTR)
