@@ -389,7 +389,9 @@ typedef struct dp_get_item {
  * error otherwise (DP_ETRANSFER, DP_ETIMEDOUT, DP_ELOST...). Returns DP_OK
  * when every item succeeded, else the code of the first failed item, with d
  * listing the missing keys by name (cut when long) and naming failed units.
- * Keys may repeat. Errors: DP_EINVAL (a malformed key; nothing sent).
+ * Keys may repeat. Errors: DP_EINVAL (a malformed key or location hint;
+ * nothing sent). Items with a location hint (loc) skip the lookup when every
+ * key of their unit has one (see dp_loc); loc_misses counts hints not used.
  * Threads: any (locks c).
  */
 DP_API int dp_client_get(dp_client *c, dp_get_item *items, size_t n, dp_detail *d);
