@@ -18,6 +18,11 @@ config["allow_pickle"] = True: pickle from the network runs code, so it is off
 by default and the error names the key and the type. Values come back as the
 type they were put as.
 
+put returns one location hint per key, the per-key backend metadata TQ
+keeps and hands back to get as custom_backend_meta: a get of whole batches
+then pins their blobs by id instead of looking every key up (a stale hint
+costs a round trip, never a wrong value).
+
 clear drops every field of the rows its keys name (TQ clears whole samples).
 
 If TransferQueue is importable, importing this module registers the client
