@@ -319,6 +319,40 @@ key_allowed(dp_ctl_server *s, const uint8_t *key)
 }
 
 /*
+ * One event from a socket monitor, without blocking: its number and value
+ * (0 when the frame is short), the endpoint frame read and dropped. False
+ * when none is queued.
+ */
+static bool
+mon_recv(void *mon, uint16_t *ev, uint32_t *val)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return false;
+    }
+    *ev = 0;
+    *val = 0;
+    if (zmq_msg_size(&m) >= 2)
+        memcpy(ev, zmq_msg_data(&m), sizeof *ev);
+    if (zmq_msg_size(&m) >= 6)
+        memcpy(val, (const uint8_t *)zmq_msg_data(&m) + 2, sizeof *val);
+    bool more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+    while (more) { /* the endpoint frame */
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    return true;
+}
+
+/*
  * A handshake that failed on the server socket without reaching ZAP: a
  * client without CURVE (a mechanism mismatch) or a broken one. Counted and
  * logged as a refusal. Server thread.
@@ -326,29 +360,10 @@ key_allowed(dp_ctl_server *s, const uint8_t *key)
 static void
 mon_event(dp_ctl_server *s)
 {
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, s->mon, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&m);
+    uint16_t ev;
+    uint32_t val;
+    if (!mon_recv(s->mon, &ev, &val))
         return;
-    }
-    uint16_t ev = 0;
-    uint32_t val = 0;
-    if (zmq_msg_size(&m) >= 6) {
-        memcpy(&ev, zmq_msg_data(&m), sizeof ev);
-        memcpy(&val, (const uint8_t *)zmq_msg_data(&m) + 2, sizeof val);
-    }
-    bool more = zmq_msg_more(&m);
-    zmq_msg_close(&m);
-    while (more) { /* the endpoint frame */
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, s->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            break;
-        }
-        more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-    }
     if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
         ev != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         return;
@@ -864,30 +879,9 @@ dp__ctl_client_destroy(dp_ctl_client *c)
 static void
 drain_events(csock *cs)
 {
-    for (;;) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, cs->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            return;
-        }
-        uint16_t ev = 0;
-        uint32_t val = 0;
-        if (zmq_msg_size(&m) >= 2)
-            memcpy(&ev, zmq_msg_data(&m), sizeof ev);
-        if (zmq_msg_size(&m) >= 6)
-            memcpy(&val, (const uint8_t *)zmq_msg_data(&m) + 2, sizeof val);
-        bool more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-        while (more) { /* the endpoint frame */
-            zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, cs->mon, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&m);
-                break;
-            }
-            more = zmq_msg_more(&m);
-            zmq_msg_close(&m);
-        }
+    uint16_t ev;
+    uint32_t val;
+    while (mon_recv(cs->mon, &ev, &val)) {
         switch (ev) {
         case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
             cs->up = cs->ever_up = true;
