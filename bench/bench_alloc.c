@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "alloc/slab_alloc.h"
+#include "common/common.h"
 
 #define MAX_SIZE 16384 /* request sizes are uniform in [1, MAX_SIZE] bytes */
 
@@ -23,15 +24,6 @@ now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static uint64_t
-rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 
 static int
@@ -72,14 +64,15 @@ run(uint64_t seed, size_t live, size_t pairs, int quarantine, run_result *out)
         goto out;
     }
     for (size_t i = 0; i < live; i++) {
-        if (dp__slab_alloc_alloc(a, 1 + rnd(&s) % MAX_SIZE, &off[i], &d) != 0) {
+        if (dp__slab_alloc_alloc(a, 1 + dp__splitmix64(&s) % MAX_SIZE, &off[i], &d) !=
+            0) {
             fprintf(stderr, "fill: %s\n", d.msg);
             goto out;
         }
     }
     for (size_t i = 0; i < pairs; i++) {
-        victim[i] = (uint32_t)(rnd(&s) % live);
-        size[i] = (uint32_t)(1 + rnd(&s) % MAX_SIZE);
+        victim[i] = (uint32_t)(dp__splitmix64(&s) % live);
+        size[i] = (uint32_t)(1 + dp__splitmix64(&s) % MAX_SIZE);
     }
 
     uint64_t full = 0;

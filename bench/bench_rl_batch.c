@@ -39,15 +39,6 @@ typedef struct opts {
     bool hints, registered;
 } opts;
 
-static uint64_t
-mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int
 cmp_d(const void *a, const void *b)
 {
@@ -192,7 +183,7 @@ main(int argc, char **argv)
     static const uint64_t esz[NF] = {8, 4, 4, 1};
     for (size_t r = 0; r < R; r++) {
         gidx[r] = o.first + r;
-        uint64_t tok = o.min_tok + mix(&s) % (o.max_tok - o.min_tok + 1);
+        uint64_t tok = o.min_tok + dp__splitmix64(&s) % (o.max_tok - o.min_tok + 1);
         for (size_t f = 0; f < NF; f++) {
             size_t i = r * NF + f;
             len[i] = f < 2 ? tok * esz[f] : esz[f];
@@ -246,9 +237,9 @@ main(int argc, char **argv)
         for (size_t i = 0; i < cells; i++) {
             uint64_t w = o.seed ^ (it << 32) ^ i, *p = (uint64_t *)(void *)(src + off[i]);
             for (uint64_t k = 0; k < len[i] / 8; k++)
-                p[k] = mix(&w);
+                p[k] = dp__splitmix64(&w);
             for (uint64_t k = len[i] / 8 * 8; k < len[i]; k++)
-                src[off[i] + k] = (uint8_t)mix(&w);
+                src[off[i] + k] = (uint8_t)dp__splitmix64(&w);
             crc[i] = dp__crc32c(src + off[i], len[i]);
         }
         double t0 = dp__now_s();

@@ -547,20 +547,11 @@ typedef struct bench_opts {
     const char *cluster, *metrics;
 } bench_opts;
 
-static uint64_t
-mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Fill p[0..n) with a pattern unique to (seed, iteration, cell): cheap, not memset. */
 static void
 fill(uint8_t *p, uint64_t n, uint64_t seed)
 {
-    uint64_t s = seed, w = mix(&s), step = mix(&s) | 1;
+    uint64_t s = seed, w = dp__splitmix64(&s), step = dp__splitmix64(&s) | 1;
     uint64_t i = 0;
     for (; i + 8 <= n; i += 8, w += step)
         memcpy(p + i, &w, 8);
@@ -754,7 +745,8 @@ bench_setup(dp_client *cl, const bench_opts *o, bench_state *b)
     uint64_t rs = o->seed, total = 0;
     for (uint64_t i = 0; i < cells; i++) {
         uint64_t lo = (uint64_t)((double)o->bytes * (1 - o->jagged));
-        b->size[i] = o->jagged > 0 ? lo + mix(&rs) % (o->bytes - lo + 1) : o->bytes;
+        b->size[i] =
+            o->jagged > 0 ? lo + dp__splitmix64(&rs) % (o->bytes - lo + 1) : o->bytes;
         b->off[i] = total;
         total += DP_ALIGN_UP(b->size[i], 64);
     }

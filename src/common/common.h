@@ -60,6 +60,9 @@ double dp__now_s(void);           /* CLOCK_MONOTONIC, seconds */
 double dp__wall_s(void);          /* CLOCK_REALTIME, seconds */
 void dp__sleep_s(double seconds); /* restarts after signals until the time is spent */
 
+/* splitmix64: the next of a cheap, well-mixed sequence from *s (not for secrets). */
+uint64_t dp__splitmix64(uint64_t *s);
+
 /* Logging to stderr. Level from DP_LOG_LEVEL (error|warn|info|debug), default info. */
 enum dp_log_level { DP_LOG_ERROR = 0, DP_LOG_WARN, DP_LOG_INFO, DP_LOG_DEBUG };
 void dp__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
