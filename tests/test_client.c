@@ -307,9 +307,16 @@ batch_put(dp_client *c, batch *b, int *row_status, dp_detail *d)
                          row_status, d);
 }
 
-/* Get every cell of b into fresh malloc'd buffers and compare with version ver. */
+/*
+ * Get every cell of b into fresh malloc'd buffers and compare: row r must
+ * hold version ver[r], or fail with want[r] (want NULL: all succeed, and the
+ * get returns DP_OK). locs (NULL: none) are handed to the get as location
+ * hints; misses and by_blob (each NULL allowed) get the client's loc_misses
+ * of this get and the units' resolves by blob.
+ */
 static void
-batch_verify(dp_client *c, const batch *b, uint64_t ver)
+batch_check(dp_client *c, const batch *b, const dp_loc *locs, const uint64_t *ver,
+            const int *want, uint64_t *misses, double *by_blob)
 {
     size_t nc = b->n_rows * b->n_fields;
     dp_get_item *it = calloc(nc, sizeof *it);
@@ -322,19 +329,41 @@ batch_verify(dp_client *c, const batch *b, uint64_t ver)
         it[i].cap = b->vals[i].nbytes;
         it[i].dst = malloc(it[i].cap > 0 ? it[i].cap : 1);
         it[i].desc = &desc[i];
+        it[i].loc = locs != NULL ? &locs[i] : NULL;
     }
+    dp_client_counters k0, k1;
+    double r0 = 0, r1 = 0;
+    CHECK_OK(dp_client_counters_get(c, &k0));
+    for (uint32_t u = 0; by_blob != NULL && u < dp_client_n_units(c); u++)
+        r0 += stat_of(c, u, "resolves_by_blob");
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_client_get(c, it, nc, &d), &d);
+    int rc = dp_client_get(c, it, nc, &d);
+    if (want == NULL)
+        CHECK_OK_D(rc, &d);
+    CHECK_OK(dp_client_counters_get(c, &k1));
+    if (misses != NULL)
+        *misses = k1.loc_misses - k0.loc_misses;
+    for (uint32_t u = 0; by_blob != NULL && u < dp_client_n_units(c); u++)
+        r1 += stat_of(c, u, "resolves_by_blob");
+    if (by_blob != NULL)
+        *by_blob = r1 - r0;
     for (size_t i = 0; i < nc; i++) {
-        CHECK_EQ(it[i].status, 0);
+        size_t r = i / b->n_fields;
+        int w = want != NULL ? want[r] : 0;
+        CHECKF(it[i].status == w, "key %s: %s, want %s", keys[i],
+               dp_errname(it[i].status), dp_errname(w));
+        if (w != 0) {
+            free(it[i].dst);
+            continue;
+        }
         CHECK_EQ_U64(it[i].nbytes, b->vals[i].nbytes);
-        uint64_t v = ver;
-        CHECKF(check_value(it[i].dst, it[i].nbytes, b->gidxs[i / b->n_fields],
+        uint64_t v = ver[r];
+        CHECKF(check_value(it[i].dst, it[i].nbytes, b->gidxs[r],
                            (uint32_t)(i % b->n_fields), &v) &&
-                   v == ver,
+                   v == ver[r],
                "key %s: content differs (version %" PRIu64 ", want %" PRIu64 ")", keys[i],
-               v, ver);
+               v, ver[r]);
         CHECK_EQ(desc[i].kind, b->vals[i].kind);
         CHECK_EQ(desc[i].ndim, b->vals[i].ndim);
         if (b->vals[i].kind == DP_KIND_TENSOR) {
@@ -346,6 +375,17 @@ batch_verify(dp_client *c, const batch *b, uint64_t ver)
     free(it);
     free(keys);
     free(desc);
+}
+
+/* batch_check of every row at version ver, without hints. */
+static void
+batch_verify(dp_client *c, const batch *b, uint64_t ver)
+{
+    uint64_t *vers = malloc(b->n_rows * sizeof *vers);
+    for (size_t r = 0; r < b->n_rows; r++)
+        vers[r] = ver;
+    batch_check(c, b, NULL, vers, NULL, NULL, NULL);
+    free(vers);
 }
 
 static uint64_t
@@ -523,66 +563,6 @@ DP_TEST(put_get_overwrite_clear)
     cluster_stop(&cl);
 }
 
-/* Get every cell of b with its hint (locs) and compare; *misses gets the
- * client's loc_misses of this get, *by_blob the units' resolves by blob. */
-static void
-batch_verify_locs(dp_client *c, const batch *b, const dp_loc *locs, const uint64_t *ver,
-                  const int *want, uint64_t *misses, double *by_blob)
-{
-    size_t nc = b->n_rows * b->n_fields;
-    dp_get_item *it = calloc(nc, sizeof *it);
-    char(*keys)[300] = calloc(nc, sizeof *keys);
-    dp_value_desc *desc = calloc(nc, sizeof *desc);
-    for (size_t i = 0; i < nc; i++) {
-        snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@%s", b->gidxs[i / b->n_fields],
-                 b->fields[i % b->n_fields]);
-        it[i].key = keys[i];
-        it[i].cap = 1 << 20;
-        it[i].dst = malloc(it[i].cap);
-        it[i].desc = &desc[i];
-        it[i].loc = &locs[i];
-    }
-    dp_client_counters k0, k1;
-    CHECK_OK(dp_client_counters_get(c, &k0));
-    double r0 = 0, r1 = 0;
-    for (uint32_t u = 0; u < dp_client_n_units(c); u++)
-        r0 += stat_of(c, u, "resolves_by_blob");
-    dp_detail d;
-    dp_detail_clear(&d);
-    dp_client_get(c, it, nc, &d);
-    CHECK_OK(dp_client_counters_get(c, &k1));
-    *misses = k1.loc_misses - k0.loc_misses;
-    for (uint32_t u = 0; u < dp_client_n_units(c); u++)
-        r1 += stat_of(c, u, "resolves_by_blob");
-    *by_blob = r1 - r0;
-    for (size_t i = 0; i < nc; i++) {
-        size_t r = i / b->n_fields;
-        int w = want != NULL ? want[r] : 0;
-        CHECKF(it[i].status == w, "key %s: %s, want %s", keys[i],
-               dp_errname(it[i].status), dp_errname(w));
-        if (w != 0) {
-            free(it[i].dst);
-            continue;
-        }
-        uint64_t v = ver[r];
-        CHECKF(check_value(it[i].dst, it[i].nbytes, b->gidxs[r],
-                           (uint32_t)(i % b->n_fields), &v) &&
-                   v == ver[r],
-               "key %s: content differs (version %" PRIu64 ", want %" PRIu64 ")", keys[i],
-               v, ver[r]);
-        CHECK_EQ(desc[i].kind, b->vals[i].kind);
-        CHECK_EQ(desc[i].ndim, b->vals[i].ndim);
-        if (b->vals[i].kind == DP_KIND_TENSOR) {
-            CHECK_STR(desc[i].dtype, "float32");
-            CHECK_EQ_U64(desc[i].shape[0], b->shape[i]);
-        }
-        free(it[i].dst);
-    }
-    free(it);
-    free(keys);
-    free(desc);
-}
-
 /*
  * Location hints: a fresh hint skips the lookup (one resolve by blob per
  * unit, no miss); after an overwrite of some rows, a clear of others, a hint
@@ -615,7 +595,7 @@ DP_TEST(location_hints)
     }
     uint64_t misses;
     double by_blob;
-    batch_verify_locs(c, &b, locs, ver, NULL, &misses, &by_blob);
+    batch_check(c, &b, locs, ver, NULL, &misses, &by_blob);
     CHECK_EQ_U64(misses, 0);
     CHECK_EQ(by_blob, 2); /* one resolve per unit, by blob id */
 
@@ -637,7 +617,7 @@ DP_TEST(location_hints)
     memcpy(mixed, locs, NC * sizeof *mixed);
     mixed[0] = locs[F]; /* row 1's value offered for row 0: must not come back */
     mixed[1].ndim = DP_LOC_NO_DESC;
-    batch_verify_locs(c, &b, mixed, ver, NULL, &misses, &by_blob);
+    batch_check(c, &b, mixed, ver, NULL, &misses, &by_blob);
     CHECK_EQ_U64(misses, 2);
 
     /* Malformed hints: refused before anything is sent. */
@@ -665,14 +645,14 @@ DP_TEST(location_hints)
         ver[i] = 2;
     for (int i = 6; i < 10; i++)
         want[i] = DP_ENOTFOUND;
-    batch_verify_locs(c, &b, locs, ver, want, &misses, &by_blob);
+    batch_check(c, &b, locs, ver, want, &misses, &by_blob);
     CHECK_EQ_U64(misses, NC); /* both old blobs lost entries: every key by key */
     CHECK_EQ(by_blob, 2);
 
     /* Fresh hints of the new values work again. */
     dp_loc *l2 = calloc(6 * F, sizeof *l2);
     CHECK_OK_D(dp_client_put_locs(c, b2.gidxs, 6, b2.fields, F, b2.vals, st, l2, &d), &d);
-    batch_verify_locs(c, &b2, l2, ver, NULL, &misses, &by_blob);
+    batch_check(c, &b2, l2, ver, NULL, &misses, &by_blob);
     CHECK_EQ_U64(misses, 0);
     free(l2);
     free(mixed);
@@ -1570,7 +1550,7 @@ DP_TEST(ssd_tier_spill_and_stage)
         for (int i = 0; i < 12; i++)
             ver[i] = 6;
         double by_blob;
-        batch_verify_locs(c, &all, locs, ver, NULL, &misses, &by_blob);
+        batch_check(c, &all, locs, ver, NULL, &misses, &by_blob);
         CHECK(misses >= 1 && misses <= 12);
         CHECK_EQ(by_blob, 1);
         batch_free(&all);
