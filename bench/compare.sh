@@ -24,6 +24,7 @@ set -euo pipefail
 
 BUILD=${1:-build}
 CLI="$BUILD/dataplane"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 MEMCPY="$BUILD/bench/bench_memcpy"
 ITERS=${ITERS:-30}
 REPS=${REPS:-3}
@@ -34,38 +35,19 @@ SLAB=${SLAB:-1G}
     { echo "compare.sh: this dataplane has no bench command" >&2; exit 2; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dp-compare.XXXXXX")
-up_pid=""
 redis_pid=""
 cleanup() {
     [[ -n "$redis_pid" ]] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
-    if [[ -n "$up_pid" ]] && kill -0 "$up_pid" 2>/dev/null; then
-        kill -TERM "$up_pid" 2>/dev/null || true
-        wait "$up_pid" 2>/dev/null || true
-    fi
+    dp_down
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'echo "compare.sh: interrupted" >&2; exit 130' INT TERM HUP
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' \
-        2>/dev/null || echo $((20000 + RANDOM % 40000))
-}
-median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
-result() { # result FILE KEY -> value of KEY=... on the RESULT line
-    awk -v k="$2" '$1 == "RESULT" { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$1" | tail -1
-}
 
 # ---- the cluster ----
 echo "### dataplane up: 2 units, slab $SLAB each"
-"$CLI" up --units 2 --slab "$SLAB" --dir "$TMP/cluster" >"$TMP/up.out" 2>"$TMP/up.err" &
-up_pid=$!
-for ((i = 0; i < 1200; i++)); do
-    [[ -f "$TMP/cluster/cluster.json" ]] && break
-    kill -0 "$up_pid" 2>/dev/null || { cat "$TMP/up.err" >&2; echo "compare.sh: up failed" >&2; exit 1; }
-    sleep 0.1
-done
-export DP_CLUSTER="$TMP/cluster/cluster.json"
+dp_up "$TMP/cluster" --units 2 --slab "$SLAB"
 
 # ---- the shapes: name rows fields bytes ----
 # "hints": the small shape with the puts' location hints handed to the gets.

@@ -13,18 +13,16 @@
 set -euo pipefail
 BUILD=${1:-build}
 CLI="$BUILD/dataplane"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 REPS=${REPS:-5}
 ITERS=${ITERS:-20}
 [[ -x "$CLI" ]] || { echo "curve.sh: no $CLI: build first (make)" >&2; exit 2; }
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dp-curve.XXXXXX")
-up_pid=""
 cleanup() {
-    [[ -n "$up_pid" ]] && kill "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null
+    dp_down
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
-result() { awk -v k="$2" '$1 == "RESULT" { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$1" | tail -1; }
 
 mkdir -p "$TMP/allow"
 "$CLI" keygen --out "$TMP/unit" >/dev/null 2>&1
@@ -35,14 +33,9 @@ start() { # start plain|curve
     rm -rf "$TMP/c"
     local extra=()
     [[ $1 == curve ]] && extra=(--curve-secret "$TMP/unit.key" --curve-allow "$TMP/allow")
-    "$CLI" up --units 2 --slab 1G --dir "$TMP/c" "${extra[@]}" >"$TMP/up.out" 2>"$TMP/up.err" &
-    up_pid=$!
-    for _ in $(seq 400); do [[ -f "$TMP/c/cluster.json" ]] && return 0; sleep 0.05; done
-    cat "$TMP/up.err" >&2
-    echo "curve.sh: up failed" >&2
-    exit 1
+    dp_up "$TMP/c" --units 2 --slab 1G "${extra[@]}"
 }
-stop() { kill "$up_pid"; wait "$up_pid" 2>/dev/null || true; up_pid=""; }
+stop() { dp_down; }
 
 for mode in plain curve; do : >"$TMP/$mode.big.put"; : >"$TMP/$mode.big.get"; : >"$TMP/$mode.small.put"; : >"$TMP/$mode.small.get"; done
 for r in $(seq "$REPS"); do

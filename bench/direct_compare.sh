@@ -17,6 +17,7 @@
 set -euo pipefail
 
 BUILD=${1:-build}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 shift || true
 [[ "${1:-}" == "--" ]] && shift
 BENCH="$BUILD/bench/bench_direct"
@@ -30,12 +31,7 @@ BENCH_MIN_MIB=${BENCH_MIN_MIB:-512}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' \
-        2>/dev/null || echo $((20000 + RANDOM % 40000))
-}
 
-median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 # perftest_get SIZE FIELD -> FIELD of the final -f line of ucp_get -o:
 #   iters, latency typical, avg, overall (us), MB/s avg, overall, msg/s avg, overall

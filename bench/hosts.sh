@@ -25,6 +25,7 @@ set -euo pipefail
 
 BUILD=${1:-build}
 CLI="$(cd "$BUILD" && pwd)/dataplane"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ITERS=${ITERS:-20}
 REPS=${REPS:-3}
 SLAB=${SLAB:-1G}
@@ -79,7 +80,6 @@ in_host() {
     ip netns exec "$h" unshare --ipc --pid --uts --fork "$@"
 }
 
-median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "-"; else printf "%.2f", a / b }'; }
 
 echo "### the link: iperf3 host 1 -> host 0, ${SECS}s, $REPS rounds"
@@ -128,7 +128,6 @@ for _ in $(seq 300); do
     sleep 0.1
 done
 [[ -f "$TMP/c/cluster.json" ]] || { echo "hosts.sh: the units did not start:" >&2; cat "$TMP/up.log" >&2; exit 1; }
-result() { awk -v k="$2" '$1 == "RESULT" { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$1" | tail -1; }
 declare -A OURS
 for mode in auto never; do
     for shape in large small; do

@@ -16,6 +16,7 @@ set -euo pipefail
 BUILD=${1:-build}
 CLI="$BUILD/dataplane"
 MEMCPY="$BUILD/bench/bench_memcpy"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CLIENTS=${CLIENTS:-8}
 ROWS=${ROWS:-1024}
 FIELDS=${FIELDS:-4}
@@ -27,12 +28,8 @@ SLAB=${SLAB:-1G}
 [[ "$CLIENTS" =~ ^[1-9][0-9]*$ ]] || { echo "many_clients.sh: CLIENTS must be >= 1" >&2; exit 2; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dp-many.XXXXXX")
-up_pid=""
 cleanup() {
-    if [[ -n "$up_pid" ]] && kill -0 "$up_pid" 2>/dev/null; then
-        kill -TERM "$up_pid" 2>/dev/null || true
-        wait "$up_pid" 2>/dev/null || true
-    fi
+    dp_down
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -52,14 +49,7 @@ mc=$(awk '$1 == "RESULT" { split($3, kv, "="); s += kv[2] } END { printf "%.3f",
 echo "memcpy aggregate: $mc GB/s"
 
 echo "### dataplane up: 2 units, slab $SLAB each"
-"$CLI" up --units 2 --slab "$SLAB" --dir "$TMP/cluster" >"$TMP/up.out" 2>"$TMP/up.err" &
-up_pid=$!
-for ((i = 0; i < 1200; i++)); do
-    [[ -f "$TMP/cluster/cluster.json" ]] && break
-    kill -0 "$up_pid" 2>/dev/null || { cat "$TMP/up.err" >&2; echo "many_clients.sh: up failed" >&2; exit 1; }
-    sleep 0.1
-done
-export DP_CLUSTER="$TMP/cluster/cluster.json"
+dp_up "$TMP/cluster" --units 2 --slab "$SLAB"
 
 echo "### $CLIENTS clients at once: dataplane bench --rows $ROWS --fields $FIELDS --bytes $BYTES --iters $ITERS ${BENCH_ARGS:-}"
 pids=()

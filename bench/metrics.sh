@@ -13,6 +13,7 @@
 set -euo pipefail
 BUILD=${1:-build}
 CLI="$BUILD/dataplane"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ITERS=${ITERS:-30}
 REPS=${REPS:-5}
 SCRAPE_MS=${SCRAPE_MS:-100}
@@ -20,23 +21,16 @@ SLAB=${SLAB:-1G}
 [[ -x "$CLI" ]] || { echo "metrics.sh: no $CLI: build first (make)" >&2; exit 2; }
 command -v curl >/dev/null || { echo "metrics.sh: needs curl" >&2; exit 2; }
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dp-metrics.XXXXXX")
-up_pid="" scr_pid=""
+scr_pid=""
 cleanup() {
     [[ -n "$scr_pid" ]] && kill "$scr_pid" 2>/dev/null && wait "$scr_pid" 2>/dev/null
-    [[ -n "$up_pid" ]] && kill "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null
+    dp_down
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
-result() { awk -v k="$2" '$1 == "RESULT" { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$1" | tail -1; }
 
 port=$(( (RANDOM % 20000) + 30000 ))
-"$CLI" up --units 2 --slab "$SLAB" --dir "$TMP/cluster" --metrics "127.0.0.1:$port" \
-    >"$TMP/up.out" 2>"$TMP/up.err" &
-up_pid=$!
-for _ in $(seq 200); do [[ -f "$TMP/cluster/cluster.json" ]] && break; sleep 0.05; done
-kill -0 "$up_pid" 2>/dev/null || { cat "$TMP/up.err" >&2; echo "metrics.sh: up failed" >&2; exit 1; }
-export DP_CLUSTER="$TMP/cluster"
+dp_up "$TMP/cluster" --units 2 --slab "$SLAB" --metrics "127.0.0.1:$port"
 urls=("http://127.0.0.1:$port/metrics" "http://127.0.0.1:$((port + 1))/metrics")
 for u in "${urls[@]}"; do curl -sf --noproxy '*' "$u" >/dev/null || { echo "metrics.sh: $u does not answer" >&2; exit 1; }; done
 

@@ -16,6 +16,7 @@
 set -euo pipefail
 
 BUILD=${1:-build}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 shift || true
 [[ "${1:-}" == "--" ]] && shift
 BENCH="$BUILD/bench/bench_xfer"
@@ -28,12 +29,7 @@ BENCH_REPS=${BENCH_REPS:-5}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' \
-        2>/dev/null || echo $((20000 + RANDOM % 40000))
-}
 
-median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 # perftest TEST SIZE FIELD -> FIELD of the final -f line:
 #   iters, latency 50%ile, avg, overall (us), MB/s avg, overall, msg/s avg, overall
