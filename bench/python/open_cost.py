@@ -20,8 +20,8 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
+
+from local_cluster import local_cluster
 
 CHILD = r"""
 import json, os, sys, time
@@ -61,18 +61,7 @@ def main():
     cli = os.path.join(a.build, "dataplane")
     if not os.access(cli, os.X_OK):
         sys.exit(f"open_cost: no {cli}: build first (make)")
-    tmp = tempfile.mkdtemp(prefix="dp-open-")
-    up = subprocess.Popen([cli, "up", "--units", "2", "--slab", a.slab, "--dir",
-                           os.path.join(tmp, "c")], stdout=subprocess.DEVNULL,
-                          stderr=open(os.path.join(tmp, "up.err"), "wb"))
-    try:
-        cfile = os.path.join(tmp, "c", "cluster.json")
-        for _ in range(600):
-            if os.path.exists(cfile) or up.poll() is not None:
-                break
-            time.sleep(0.1)
-        if not os.path.exists(cfile):
-            sys.exit("open_cost: dataplane up did not start")
+    with local_cluster(cli, slab=a.slab, prog="open_cost") as cfile:
         res = {m: [] for m in modes}
         for r in range(a.rounds):
             for m in modes:
@@ -92,13 +81,6 @@ def main():
             p = [statistics.median(x["puts"][i] for x in res[m]) * ms for i in range(3)]
             later = statistics.median(statistics.median(x["puts"][3:]) for x in res[m]) * ms
             print(f"{m:<12} {o:8.1f} {p[0]:7.1f} {p[1]:7.1f} {p[2]:7.1f} {later:7.1f}")
-    finally:
-        up.terminate()
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            up.kill()
-        subprocess.run(["rm", "-rf", tmp])
 
 
 if __name__ == "__main__":

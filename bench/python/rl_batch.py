@@ -26,10 +26,10 @@ Timings are shown, never asserted.
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from local_cluster import local_cluster
 
 pc = time.perf_counter
 
@@ -65,19 +65,7 @@ def main():
     fields = sorted(batch)
     print(f"rl_batch: {a.rows} rows, {nbytes / 2**20:.2f} MiB per batch", flush=True)
 
-    tmp = tempfile.mkdtemp(prefix="dp-rl-")
-    up = subprocess.Popen([cli, "up", "--units", "2", "--slab", "1G", "--dir",
-                           os.path.join(tmp, "c")], stdout=subprocess.DEVNULL,
-                          stderr=open(os.path.join(tmp, "up.err"), "wb"))
-    try:
-        cfile = os.path.join(tmp, "c", "cluster.json")
-        for _ in range(600):
-            if os.path.exists(cfile) or up.poll() is not None:
-                break
-            time.sleep(0.1)
-        if not os.path.exists(cfile):
-            sys.exit("rl_batch: dataplane up did not start: "
-                     + open(os.path.join(tmp, "up.err")).read()[-2000:])
+    with local_cluster(cli, slab="1G", prog="rl_batch") as cfile:
         client = dataplane.Client(cfile, timeout_s=60)
         kv = DataplaneKVClient({"cluster": cfile, "timeout_s": 60})
         rows = list(range(a.rows))
@@ -137,13 +125,6 @@ def main():
         print(f"hint misses: {kv.client.counters()['loc_misses']}")
         kv.close()
         client.close()
-    finally:
-        up.terminate()
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            up.kill()
-        subprocess.run(["rm", "-rf", tmp])
 
 
 if __name__ == "__main__":
