@@ -686,6 +686,20 @@ dp_direct_req_buffer(const dp_direct_req *r, size_t i, void **addr, size_t *len)
     return DP_OK;
 }
 
+/* End r as canceled if no worker took it yet (its waiters wake); false if one did. */
+static bool
+cancel_queued_locked(dp_direct *t, dp_direct_req *r)
+{
+    if (r->state != REQ_QUEUED || !dp__direct_dequeue_locked(t, r))
+        return false;
+    r->rc =
+        dp__fail(&r->det, DP_ECANCELED, "direct: fetch of object %s canceled", r->obj_id);
+    set_state(r, REQ_END);
+    t->fetch_aborted++;
+    pthread_cond_broadcast(&t->cv);
+    return true;
+}
+
 void
 dp_direct_req_cancel(dp_direct_req *r)
 {
@@ -693,15 +707,8 @@ dp_direct_req_cancel(dp_direct_req *r)
         return;
     dp_direct *t = r->t;
     pthread_mutex_lock(&t->mu);
-    if (r->state == REQ_QUEUED && dp__direct_dequeue_locked(t, r)) {
-        r->rc = dp__fail(&r->det, DP_ECANCELED, "direct: fetch of object %s canceled",
-                         r->obj_id);
-        set_state(r, REQ_END);
-        t->fetch_aborted++;
-        pthread_cond_broadcast(&t->cv); /* its waiters */
-    } else if (r->state != REQ_END) {
+    if (!cancel_queued_locked(t, r) && r->state != REQ_END)
         r->aborted = true; /* the worker running it stops at the next chunk */
-    }
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -712,12 +719,7 @@ dp_direct_req_destroy(dp_direct_req *r)
         return;
     dp_direct *t = r->t;
     pthread_mutex_lock(&t->mu);
-    if (r->state == REQ_QUEUED) {
-        dp__direct_dequeue_locked(t, r);
-        r->rc = DP_ECANCELED;
-        set_state(r, REQ_END);
-        t->fetch_aborted++;
-    }
+    cancel_queued_locked(t, r);
     r->aborted = true;
     while (r->state != REQ_END)
         pthread_cond_wait(&t->cv, &t->mu);
