@@ -15,6 +15,7 @@
 
 #include "alloc/slab_alloc.h"
 #include "common/common.h"
+#include "bench_util.h"
 
 #define MAX_SIZE 16384 /* request sizes are uniform in [1, MAX_SIZE] bytes */
 
@@ -24,13 +25,6 @@ now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
 }
 
 typedef struct run_result {
@@ -125,7 +119,7 @@ scenario(const char *name, int runs, size_t live, size_t pairs, int quarantine)
         }
         rate[i] = r.pairs_per_s;
     }
-    qsort(rate, (size_t)runs, sizeof(*rate), cmp_double);
+    qsort(rate, (size_t)runs, sizeof(*rate), bench_cmp_double);
     double med = runs % 2 ? rate[runs / 2] : (rate[runs / 2 - 1] + rate[runs / 2]) / 2;
     printf("%-22s live %zu  pairs/run %zu  runs %d: median %.3f M pairs/s "
            "(min %.3f, max %.3f), %.0f ns/pair, %.0f ns/op; last run: %" PRIu64

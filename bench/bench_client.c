@@ -32,6 +32,7 @@
 #include "unit/server.h"
 #include "unit/unit.h"
 #include "xfer/endpoint.h"
+#include "bench_util.h"
 
 /* ---- unit mode ---- */
 
@@ -114,17 +115,10 @@ start_unit(uint32_t id, uint32_t n, uint64_t slab, char *addr, size_t cap)
 
 /* ---- measurement ---- */
 
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double
 pct(double *v, int n, double p)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     int i = (int)(p * (n - 1) + 0.5);
     return v[i];
 }

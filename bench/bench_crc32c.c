@@ -11,15 +11,9 @@
 
 #include "blob/crc32c.h"
 #include "common/common.h"
+#include "bench_util.h"
 
 typedef uint32_t (*crc_fn)(uint32_t, const void *, size_t);
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static volatile uint32_t sink;
 
@@ -45,7 +39,7 @@ median_gbs(crc_fn f, const uint8_t *buf, size_t n, int runs)
     run_once(f, buf, n, 1 << 20); /* warm-up: tables, caches, page faults */
     for (int i = 0; i < runs; i++)
         v[i] = run_once(f, buf, n, 256ull << 20);
-    qsort(v, (size_t)runs, sizeof v[0], cmp_double);
+    qsort(v, (size_t)runs, sizeof v[0], bench_cmp_double);
     return v[runs / 2];
 }
 

@@ -47,6 +47,7 @@
 #include "unit/unit.h"
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
+#include "bench_util.h"
 
 #define KEYS 1024
 
@@ -176,19 +177,12 @@ sample_add(samples *s, double us)
     s->v[s->n++] = us;
 }
 
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double
 pct(samples *s, double p)
 {
     if (s->n == 0)
         return 0;
-    qsort(s->v, s->n, sizeof *s->v, cmp_double);
+    qsort(s->v, s->n, sizeof *s->v, bench_cmp_double);
     size_t i = (size_t)(p * (double)(s->n - 1) + 0.5);
     return s->v[i];
 }

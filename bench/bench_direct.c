@@ -34,6 +34,7 @@
 
 #include "dataplane/direct.h"
 #include "direct/direct.h"
+#include "bench_util.h"
 
 #define MiB (1024ull * 1024)
 
@@ -43,20 +44,6 @@ now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double
-median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void
@@ -326,7 +313,7 @@ fetch_size(dp_direct *t, const direct_cfg *c, int pool, int si, uint8_t *target,
         }
         dp_direct_req_destroy(r);
     }
-    double med = median(v, n);
+    double med = bench_median(v, n);
     printf("RESULT %-5s %11llu %9.3f %12.2f %12.1f\n", pool ? "pool" : "reg",
            (unsigned long long)size, (double)size / med / 1e9, med * 1e6, pub_us);
     fflush(stdout);
@@ -383,8 +370,8 @@ regcost_size(dp_direct *lr, dp_direct *lp, const direct_cfg *c, uint8_t *src,
             free(md);
         }
     }
-    printf("REGCOST %11llu %14.1f %14.1f\n", (unsigned long long)size, median(vr, n),
-           median(vp, n));
+    printf("REGCOST %11llu %14.1f %14.1f\n", (unsigned long long)size, bench_median(vr, n),
+           bench_median(vp, n));
 }
 
 /* Publisher-side cost of publish + free, measured here on local buffers. */

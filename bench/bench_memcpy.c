@@ -16,13 +16,7 @@
 #include <sys/mman.h>
 
 #include "common/common.h"
-
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench_util.h"
 
 int
 main(int argc, char **argv)
@@ -76,7 +70,7 @@ main(int argc, char **argv)
         sink ^= dst[(r * 4099) % buf];
         gbps[r] = (double)(per_pass * size) / (double)ns;
     }
-    qsort(gbps, reps, sizeof *gbps, cmp_d);
+    qsort(gbps, reps, sizeof *gbps, bench_cmp_double);
     printf("memcpy %" PRIu64 " B pieces through 2 x %" PRIu64 " MiB: %.3f GB/s "
            "(median of %" PRIu64 ")\n",
            size, buf_mib, gbps[reps / 2], reps);

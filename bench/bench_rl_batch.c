@@ -29,6 +29,7 @@
 #include "blob/crc32c.h"
 #include "common/common.h"
 #include "dataplane/client.h"
+#include "bench_util.h"
 
 enum { NF = 4 };
 static const char *const fields[NF] = {"input_ids", "logprobs", "reward", "done"};
@@ -38,20 +39,6 @@ typedef struct opts {
     uint64_t rows, min_tok, max_tok, iters, warmup, first, seed;
     bool hints, registered;
 } opts;
-
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double
-median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
-}
 
 static void
 usage(FILE *f)
@@ -275,7 +262,7 @@ main(int argc, char **argv)
             n++;
         }
     }
-    double put = median(tp, n), get = median(tg, n), mc = median(tm, n);
+    double put = bench_median(tp, n), get = bench_median(tg, n), mc = bench_median(tm, n);
     dp_client_counters k;
     dp_client_counters_get(c, &k);
     printf("put %.3f GB/s (%.2fx memcpy), get %.3f GB/s (%.2fx), memcpy %.3f GB/s; "
