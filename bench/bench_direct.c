@@ -370,8 +370,8 @@ regcost_size(dp_direct *lr, dp_direct *lp, const direct_cfg *c, uint8_t *src,
             free(md);
         }
     }
-    printf("REGCOST %11llu %14.1f %14.1f\n", (unsigned long long)size, bench_median(vr, n),
-           bench_median(vp, n));
+    printf("REGCOST %11llu %14.1f %14.1f\n", (unsigned long long)size,
+           bench_median(vr, n), bench_median(vp, n));
 }
 
 /* Publisher-side cost of publish + free, measured here on local buffers. */

@@ -480,30 +480,27 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
     dp_get_item *it = &x->items[i];
     key_state *ks = &x->ks[i];
     const dp__unit_conn *uc = &x->c->units[u];
-    const struct {
-        uint64_t off, len;
-    } lv = {off, len}, *l = &lv;
-    if (l->off > uc->region_bytes || l->len > uc->region_bytes - l->off) {
+    if (off > uc->region_bytes || len > uc->region_bytes - off) {
         item_fail(it, ks, DP_EPROTO);
         dp__fail(&x->ur[u].det, DP_EPROTO, "key '%s' located outside the unit's region",
                  it->key);
         return;
     }
-    if (x->vals == NULL && it->cap < l->len) {
+    if (x->vals == NULL && it->cap < len) {
         item_fail(it, ks, DP_ETOOBIG);
         return;
     }
     ks->st = K_READ;
-    ks->off = l->off;
-    ks->len = l->len;
+    ks->off = off;
+    ks->len = len;
     ks->staged = false;
     if (x->vals != NULL) {
         ks->soff = *alloc_need;
-        *alloc_need += DP_ALIGN_UP(l->len, 64);
-    } else if (l->len > 0 && !dp__client_direct_locked(x->c, it->dst, l->len)) {
+        *alloc_need += DP_ALIGN_UP(len, 64);
+    } else if (len > 0 && !dp__client_direct_locked(x->c, it->dst, len)) {
         ks->staged = true;
         ks->soff = *stage_need;
-        *stage_need += DP_ALIGN_UP(l->len, 64);
+        *stage_need += DP_ALIGN_UP(len, 64);
     }
 }
 
