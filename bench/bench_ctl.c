@@ -429,6 +429,7 @@ resolve_keys_pass(client *c, dp_wire_str *keys, uint32_t nk, long n, samples *s)
         memset(&q, 0, sizeof q);
         q.op = DP_WIRE_OP_RESOLVE_KEYS;
         q.a.resolve_keys.keys = (dp_wire_strs){keys + (nk == 1 ? i & 1023 : 0), nk};
+        q.a.resolve_keys.inline_bytes = 0;
         double us = call(c, &q, &r);
         if (r.r.resolve_keys.entries.n != nk)
             die("resolve_keys: not every key was found", NULL);

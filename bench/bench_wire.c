@@ -148,6 +148,7 @@ main(int argc, char **argv)
     ms[4].request = true;
     ms[4].q = (dp_wire_request){.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = rid};
     ms[4].q.a.resolve_keys.keys = (dp_wire_strs){keys, NKEYS};
+    ms[4].q.a.resolve_keys.inline_bytes = 0;
     ms[5].name = "resolve_keys reply (1024 ent)";
     ms[5].r = (dp_wire_reply){.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = rid, .ok = true};
     ms[5].r.r.resolve_keys.pin_id = dp__wire_s("pin-9f3c2a7be0d14c55-42");

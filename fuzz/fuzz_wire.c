@@ -195,7 +195,14 @@ static dp_wire_shard_blob seed_shards[] = {{SEED_S("blob-1"), 0, 4096, 2},
 static const uint64_t seed_shape[] = {2, 1024};
 static dp_wire_key_loc seed_key_locs[] = {
     {SEED_S("0@input_ids"), 128, 8192, SEED_S("tensor"), SEED_S("int64"), seed_shape, 2},
-    {SEED_S("3@caf\xc3\xa9"), 1ull << 33, 5, SEED_S("bytes"), SEED_S(""), NULL, 0},
+    {SEED_S("3@caf\xc3\xa9"),
+     1ull << 33,
+     5,
+     SEED_S("bytes"),
+     SEED_S(""),
+     NULL,
+     0,
+     {(const uint8_t *)"hello", 5}}, /* inline: the value rides in the reply */
 };
 static dp_wire_blob_loc seed_blob_locs[] = {{SEED_S("blob-1"), 0, 4096},
                                             {SEED_S("b:3"), 300, 1}};
@@ -228,6 +235,13 @@ seed_request_args(dp_wire_request *q)
     case DP_WIRE_OP_COMMIT:
         q->a.commit.blob_id = dp__wire_s("blob-1");
         break;
+    case DP_WIRE_OP_PUT:
+        q->a.put = (dp_wire_put_args){dp__wire_s("blob-1"),
+                                      {seed_md, sizeof seed_md - 1},
+                                      2,
+                                      true,
+                                      0x9f3c0a5d11e2b7c4ull};
+        break;
     case DP_WIRE_OP_ABORT:
         q->a.abort = (dp_wire_abort_args){dp__wire_s("blob-1"), true};
         break;
@@ -236,6 +250,7 @@ seed_request_args(dp_wire_request *q)
         break;
     case DP_WIRE_OP_RESOLVE_KEYS:
         q->a.resolve_keys.keys = (dp_wire_strs){seed_keys, 3};
+        q->a.resolve_keys.inline_bytes = 65536;
         break;
     case DP_WIRE_OP_UNPIN:
         q->a.unpin.pin_id = dp__wire_s("pin-9");
@@ -287,6 +302,7 @@ seed_reply_result(dp_wire_reply *r)
         r->r.alloc.token = 7;
         break;
     case DP_WIRE_OP_COMMIT:
+    case DP_WIRE_OP_PUT:
         r->r.commit = DP_WIRE_COMMIT_PENDING;
         break;
     case DP_WIRE_OP_RESOLVE:

@@ -181,6 +181,7 @@ DP_TEST(struct_layouts_are_stable)
     /* Fixed for good (no reserved tail). */
     CHECK_EQ(sizeof(dp_client_counters), 128);
     CHECK_EQ(offsetof(dp_client_counters, loc_misses), 120);
+    CHECK_EQ(offsetof(dp_client_opts, inline_bytes), 48); /* took reserved[0] */
     CHECK_EQ(sizeof(dp_detail), 8 + DP_DETAIL_MAX);
     CHECK_EQ(sizeof(dp_direct_buf), 16);
 #else

@@ -663,6 +663,203 @@ DP_TEST(location_hints)
     cluster_stop(&cl);
 }
 
+static uint64_t
+size_small(uint64_t gidx, uint32_t f)
+{
+    static const uint64_t s[] = {0, 1, 7, 64, 100, 1000, 2000};
+    return s[mix(gidx, f, 5) % DP_ARRAY_LEN(s)]; /* 12 a unit: under 32 KiB */
+}
+
+/* Unit 0's rows (even) small, unit 1's (odd) 20000 bytes a cell. */
+static uint64_t
+size_split(uint64_t gidx, uint32_t f)
+{
+    return gidx % 2 == 0 ? 100 + f : 20000 + f;
+}
+
+static double
+sum_stat(dp_client *c, const char *name)
+{
+    double v = 0;
+    for (uint32_t u = 0; u < dp_client_n_units(c); u++)
+        v += stat_of(c, u, name);
+    return v;
+}
+
+/*
+ * Inline values (docs/design.md, "Inline values"): a unit's blob of at most
+ * inline_bytes goes inside its put request, and a get's values come inside
+ * the resolve_keys replies while they fit: contents byte for byte, from
+ * malloc'd and registered memory, mixed with units that go by WRITE and READ,
+ * with hints, in the alloc form; no staging counted, no pin left; off with
+ * DP_INLINE=off; bad settings refused at open.
+ */
+DP_TEST(inline_small_values)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 64 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t g[6];
+    for (int i = 0; i < 6; i++)
+        g[i] = 10 + (uint64_t)i;
+
+    /* Both units' blobs are small: one put request each, no alloc, no WRITE. */
+    batch b;
+    batch_make(&b, NULL, g, 6, 4, size_small, 1);
+    uint64_t vbytes = 0;
+    for (size_t i = 0; i < 24; i++)
+        vbytes += b.vals[i].nbytes;
+    dp_client_counters k0, k1;
+    CHECK_OK(dp_client_counters_get(c, &k0));
+    double pi0 = sum_stat(c, "puts_inline"), ib0 = sum_stat(c, "inline_bytes");
+    dp_loc locs[24];
+    CHECK_OK_D(dp_client_put_locs(c, b.gidxs, 6, b.fields, 4, b.vals, NULL, locs, &d),
+               &d);
+    CHECK_EQ((long long)(sum_stat(c, "puts_inline") - pi0), 2);
+    batch_verify(c, &b, 1);
+    CHECK_OK(dp_client_counters_get(c, &k1));
+    CHECK_EQ_U64(k1.staged_put_bytes, k0.staged_put_bytes); /* copied into requests */
+    CHECK_EQ_U64(k1.staged_get_bytes, k0.staged_get_bytes); /* copied from replies */
+    CHECK_EQ((long long)(sum_stat(c, "inline_bytes") - ib0), (long long)vbytes);
+    CHECK_EQ((long long)sum_stat(c, "pins"), 0);
+    /* With their hints: a batch this small is asked by key, inline, all the same. */
+    uint64_t vers[6] = {1, 1, 1, 1, 1, 1}, misses = 9;
+    double by_blob = -1;
+    batch_check(c, &b, locs, vers, NULL, &misses, &by_blob);
+    CHECK_EQ_U64(misses, 0);
+    CHECK(by_blob == 0);
+    /* The alloc form. */
+    const char *keys[] = {"10@input_ids", "13@reward", "15@obs/image"};
+    const size_t cells[] = {0, 3 * 4 + 2, 5 * 4 + 3};
+    dp_values *vals = NULL;
+    CHECK_OK_D(dp_client_get_alloc(c, keys, 3, &vals, &d), &d);
+    for (size_t i = 0; i < 3; i++) {
+        const void *p = NULL;
+        uint64_t n = 0;
+        const dp_value_desc *desc = NULL;
+        CHECK_EQ(dp_values_get(vals, i, &p, &n, &desc), 0);
+        CHECK_EQ_U64(n, b.vals[cells[i]].nbytes);
+        uint64_t v = 1;
+        CHECK(check_value(p, n, b.gidxs[cells[i] / 4], (uint32_t)(cells[i] % 4), &v) &&
+              v == 1);
+    }
+    dp_values_destroy(vals);
+    batch_free(&b);
+
+    /* From registered memory, overwriting: the new values, inline again. */
+    batch_make(&b, c, g, 6, 4, size_small, 2);
+    CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+    batch_verify(c, &b, 2);
+    batch_free(&b);
+
+    /* Unit 0 small (inline), unit 1 large (alloc, WRITE, commit) in one put; the
+     * get mixes values carried in unit 1's reply with values it READs. */
+    double al0 = sum_stat(c, "allocs");
+    pi0 = sum_stat(c, "puts_inline");
+    batch_make(&b, NULL, g, 6, 4, size_split, 3);
+    CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+    CHECK_EQ((long long)(sum_stat(c, "puts_inline") - pi0), 1);
+    CHECK_EQ((long long)(sum_stat(c, "allocs") - al0), 2);
+    ib0 = stat_of(c, 1, "inline_bytes");
+    batch_verify(c, &b, 3);
+    double ib1 = stat_of(c, 1, "inline_bytes") - ib0;
+    CHECK(ib1 >= 20000 && ib1 <= 32768); /* some of unit 1's, never over the budget */
+    CHECK_EQ((long long)sum_stat(c, "pins"), 0);
+    batch_free(&b);
+    dp_client_close(c);
+
+    /* Off: every put allocates and WRITEs. */
+    setenv("DP_INLINE", "off", 1);
+    c = connect_cl(&cl);
+    unsetenv("DP_INLINE");
+    pi0 = sum_stat(c, "puts_inline");
+    batch_make(&b, NULL, g, 6, 4, size_small, 4);
+    CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+    batch_verify(c, &b, 4);
+    CHECK(sum_stat(c, "puts_inline") == pi0);
+    batch_free(&b);
+    dp_client_close(c);
+
+    /* Bad settings: refused at open, naming what is wrong. */
+    dp_client_opts o;
+    dp_client_opts_init(&o);
+    o.inline_bytes = 2u << 20;
+    c = NULL;
+    CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "inline_bytes");
+    setenv("DP_INLINE", "lots", 1);
+    o.inline_bytes = 0;
+    CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "DP_INLINE");
+    unsetenv("DP_INLINE");
+    CHECK(c == NULL);
+    cluster_stop(&cl);
+}
+
+/*
+ * An inline put that meets a busy unit (a cleared blob still pinned holds
+ * the room) is sent again until the pin ends, then lands.
+ */
+DP_TEST(inline_put_busy_is_retried)
+{
+    cluster cl;
+    cluster_start(&cl, 1, 3 << 19, 60, 1); /* 1.5 MiB slab, pins of 1 s */
+    dp_client_opts o;
+    dp_client_opts_init(&o);
+    o.timeout_s = 15;
+    o.inline_bytes = 1 << 20;
+    dp_client *c = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), &d);
+    const size_t len = (1 << 20) - 4096; /* its blob just fits 1 MiB */
+    uint8_t *p = malloc(len);
+    fill(p, len, 1, 0, 1);
+    uint64_t g = 1;
+    const char *f[] = {"big"};
+    dp_value v = {p, len, DP_KIND_BYTES, NULL, NULL, 0};
+    double pi0 = stat_of(c, 0, "puts_inline");
+    CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
+    CHECK_EQ((long long)(stat_of(c, 0, "puts_inline") - pi0), 1);
+    /* Pin it (a raw resolve_keys never unpinned), then clear it. */
+    dp_ctl_client *ctl = NULL;
+    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
+    dp_wire_rid_gen rg;
+    CHECK_OK(dp__wire_rid_gen_init(&rg, NULL));
+    char rid[DP_WIRE_RID_MAX];
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    dp_wire_str k = dp__wire_s("1@big");
+    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.rid = dp__wire_rid_next(&rg, rid);
+    dp_buf req = {0}, rep = {0};
+    CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
+    CHECK_OK(dp__ctl_call(ctl, cl.addr[0], req.data, req.len, rid, 10, &rep, NULL));
+    CHECK_OK(dp_client_clear(c, &g, 1, NULL, &d));
+    /* Row 2's inline put meets Busy until the pin expires, then lands. */
+    g = 2;
+    fill(p, len, 2, 0, 1);
+    double busy0 = stat_of(c, 0, "busy");
+    CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
+    CHECK(stat_of(c, 0, "busy") > busy0);
+    CHECK_EQ((long long)(stat_of(c, 0, "puts_inline") - pi0), 2);
+    uint8_t *back = malloc(len);
+    dp_get_item it = {.key = "2@big", .dst = back, .cap = len};
+    CHECK_OK_D(dp_client_get(c, &it, 1, &d), &d);
+    CHECK_EQ_U64(it.nbytes, len);
+    CHECK(memcmp(back, p, len) == 0);
+    free(back);
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(ctl);
+    free(p);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
 DP_TEST(registered_memory_and_get_forms)
 {
     cluster cl;
@@ -921,6 +1118,7 @@ DP_TEST(busy_unit_is_retried)
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     dp_wire_str k = dp__wire_s("1@big");
     q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.a.resolve_keys.inline_bytes = 0;
     q.rid = dp__wire_rid_next(&rg, rid);
     dp_buf req = {0}, rep = {0};
     CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
@@ -1054,11 +1252,11 @@ DP_TEST(values_keep_their_client_alive)
     dp_client *c = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    o.reserved[6] = 1;
+    o.reserved[5] = 1;
     CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
-    CHECK_CONTAINS(d.msg, "reserved[6]");
+    CHECK_CONTAINS(d.msg, "reserved[5]");
     CHECK(c == NULL);
-    o.reserved[6] = 0;
+    o.reserved[5] = 0;
     o.timeout_s = -1;
     CHECK_ERR_D(dp_client_open_units(cl.addrs, cl.n, &o, &c, &d), DP_EINVAL, &d);
     o.timeout_s = 0;

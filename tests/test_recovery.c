@@ -290,7 +290,8 @@ DP_TEST(location_hints_across_a_restart)
     dp_detail d;
     int st[8], rs[8];
     dp_loc ls[8], lf[8];
-    const size_t len = 4096;
+    /* 8 x 16 KiB: more than one reply carries inline, so hints are used. */
+    const size_t len = 16384;
     CHECK_OK_D(put_rows_l(s, 100, 8, len, 1, rs, ls, &d), &d);
     CHECK_OK_D(get_rows_l(s, 100, 8, len, 1, st, ls, &d), &d);
     double by_blob = unit_stat(s, 0, "resolves_by_blob");

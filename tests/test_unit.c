@@ -845,6 +845,7 @@ hammer(void *p)
         q.op = DP_WIRE_OP_RESOLVE_KEYS;
         q.rid = dp__wire_s("h");
         q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+        q.a.resolve_keys.inline_bytes = 0;
         dp__buf_reset(&in);
         dp__wire_request_encode(&q, NULL, &in, NULL);
         dp__buf_reset(&out);

@@ -100,6 +100,7 @@ DP_TEST(handler_ops)
     dp_wire_str ks[] = {dp__wire_s("5@obs"), dp__wire_s("6@obs")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    q.a.resolve_keys.inline_bytes = 0;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.resolve_keys.entries.n, 1);
@@ -184,6 +185,133 @@ DP_TEST(handler_ops)
 }
 
 /* Send raw bytes; return the reply (decoded as op) or false if none. */
+/*
+ * Inline values (docs/design.md, "Inline values"). put: the blob inside the
+ * request is allocated, copied, stamped and committed in one step; refused
+ * (and nothing kept) for another incarnation, an id in use, a blob too short
+ * or one that fails its checks. resolve_keys with inline_bytes: values in
+ * key order while they fit ride in the reply, unpinned; the rest are pinned.
+ */
+/* An error reply's message as a C string (the view is not terminated). */
+static const char *
+err_msg(const dp_wire_reply *r)
+{
+    static char buf[1024];
+    dp__wire_str_copy(r->err.msg, buf, sizeof buf);
+    return buf;
+}
+
+DP_TEST(inline_put_and_get)
+{
+    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp_wire_request q;
+    dp_wire_reply r;
+    bool replied;
+    memset(&q, 0, sizeof q);
+    q.rid = dp__wire_s("r1");
+    const char *keys[] = {"5@obs", "6@obs", "7@obs"};
+    tblob t = mk_blob(keys, 3, 100, 3);
+    uint64_t inc = dp__unit_incarnation(u);
+
+    /* Another incarnation's put stores nothing. */
+    q.op = DP_WIRE_OP_PUT;
+    q.a.put =
+        (dp_wire_put_args){dp__wire_s("ib-1"), {t.p, (uint32_t)t.len}, 3, true, inc ^ 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_CONTAINS(err_msg(&r), "restarted");
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, 0);
+
+    /* A blob that fails its checks (wrong entry count) is freed at once. */
+    q.a.put.incarnation = inc;
+    q.a.put.n_entries = 2;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_EQ(r.err.code, DP_EPROTO);
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, 0);
+    dp_test_unit_check(u);
+
+    /* Too short to be a blob. */
+    q.a.put.n_entries = 3;
+    q.a.put.data.n = 63;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_CONTAINS(err_msg(&r), "inline blob");
+    dp__wire_reply_fini(&r);
+
+    /* The real thing: published, the header stamped by the unit. */
+    q.a.put.data.n = (uint32_t)t.len;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
+    dp__wire_reply_fini(&r);
+    dp_unit_stats st = dp_test_unit_stats(u);
+    CHECK_EQ(st.n_put_inline, 1);
+    CHECK_EQ(st.entries, 3);
+    CHECK_EQ(st.writers, 0); /* nobody but the unit wrote it */
+    dp_test_unit_check(u);
+
+    /* The same id again: in use, and the published blob is untouched. */
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok);
+    CHECK_CONTAINS(err_msg(&r), "already in use");
+    dp__wire_reply_fini(&r);
+
+    /* resolve_keys: 250 bytes of budget carry two of the three 100-byte values. */
+    dp_wire_str ks[] = {dp__wire_s("7@obs"), dp__wire_s("5@obs"), dp__wire_s("9@obs"),
+                        dp__wire_s("6@obs")};
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    q.a.resolve_keys.keys = (dp_wire_strs){ks, 4};
+    q.a.resolve_keys.inline_bytes = 250;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    const dp_wire_resolve_keys_res *x = &r.r.resolve_keys;
+    CHECK_EQ(x->entries.n, 3);
+    CHECK_EQ(x->missing.n, 1);
+    for (uint32_t i = 0; i < 3; i++) {
+        const dp_wire_key_loc *e = &x->entries.v[i];
+        /* key i of the blob: mk_blob's bytes (seed 3) */
+        uint32_t k = dp__wire_str_eq(e->key, "5@obs")   ? 0
+                     : dp__wire_str_eq(e->key, "6@obs") ? 1
+                                                        : 2;
+        CHECK_EQ(e->len, 100);
+        if (i < 2) {
+            CHECK_EQ(e->data.n, 100);
+            for (uint32_t b = 0; b < 100; b++)
+                CHECK_EQ(e->data.p[b], (uint8_t)(3 * 31 + k * 7 + b));
+        } else {
+            CHECK_EQ(e->data.n, 0); /* over the budget: READ it, pinned */
+        }
+    }
+    CHECK(x->pin_id.n > 0);
+    char pin[64];
+    dp__wire_str_copy(x->pin_id, pin, sizeof pin);
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 1);
+    CHECK_EQ(dp_test_unit_stats(u).inline_bytes, 200);
+    q.op = DP_WIRE_OP_UNPIN;
+    q.a.unpin.pin_id = dp__wire_s(pin);
+    call_handler(u, &q, &r, &replied);
+
+    /* Everything fits: nothing is pinned at all. */
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    q.a.resolve_keys.inline_bytes = 1 << 30; /* the unit caps it */
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.resolve_keys.entries.n, 2);
+    CHECK_EQ(r.r.resolve_keys.pin_id.n, 0);
+    CHECK(r.r.resolve_keys.entries.v[0].data.n == 100 &&
+          r.r.resolve_keys.entries.v[1].data.n == 100);
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 0);
+    dp_test_unit_check(u);
+    free(t.p);
+    dp__unit_destroy(u);
+}
+
 static bool
 raw_call(dp_unit *u, const void *msg, size_t len, dp_wire_reply *rep, dp_buf *out)
 {
@@ -407,6 +535,7 @@ DP_TEST(stale_requests_are_refused)
     snprintf(rid, sizeof rid, "%s-9", A);
     q.rid = dp__wire_s(rid);
     q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.a.resolve_keys.inline_bytes = 0;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok && r.r.resolve_keys.pin_id.n > 0);
     char pin[64];

@@ -174,6 +174,51 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
     rm_dir(dir);
 }
 
+/*
+ * An inline put when RAM is full: with spill its blob goes to the IO area and
+ * is written to a file ("pending", then "done" to commit's polls) and reads
+ * back byte for byte; without spill it is refused and nothing is kept.
+ */
+DP_TEST(inline_put_spills_when_ram_is_full)
+{
+    char *dir = mk_dir();
+    dp_unit *u = mk_ssd_unit(1 << 20, 512 << 10, dir, 0.2, 1);
+    dp_detail d;
+    dp_detail_clear(&d);
+    /* Take all of RAM: an open allocation of whatever is free. */
+    dp_unit_stats st = dp_test_unit_stats(u);
+    uint64_t off;
+    CHECK_OK_D(dp__unit_alloc(u, "fill", 4, st.largest_free, 0, &off, NULL, &d), &d);
+    CHECK_EQ(dp_test_unit_stats(u).free_bytes, 0);
+
+    uint64_t g = 7;
+    tblob t = rows_blob(&g, 1, 1);
+    dp_wire_put_args a = {
+        dp__wire_s("small-1"), {t.p, (uint32_t)t.len}, 2, false, dp__unit_incarnation(u)};
+    dp_wire_commit_state cs = DP_WIRE_COMMIT_LOST;
+    CHECK_ERR_D(dp__unit_put_inline(u, &a, &cs, NULL, &d), DP_EUNITFULL, &d);
+    CHECK_EQ(read_row(u, g, 1), RD_MISSING);
+
+    a.spill = true;
+    CHECK_OK_D(dp__unit_put_inline(u, &a, &cs, NULL, &d), &d);
+    CHECK_EQ(cs, DP_WIRE_COMMIT_PENDING);
+    double t0 = dp_test_now();
+    while (cs == DP_WIRE_COMMIT_PENDING && dp_test_now() - t0 < 30) {
+        dp__sleep_s(0.001);
+        CHECK_OK_D(dp__unit_commit(u, "small-1", 7, &cs, &d), &d);
+    }
+    CHECK_EQ(cs, DP_WIRE_COMMIT_DONE);
+    st = dp_test_unit_stats(u);
+    CHECK_EQ(st.n_put_inline, 1);
+    CHECK(st.spills >= 1);
+    CHECK_EQ(read_row(u, g, 1), RD_OK);
+    dp__unit_abort(u, "fill", 4, false);
+    dp_test_unit_check(u);
+    free(t.p);
+    dp__unit_destroy(u);
+    rm_dir(dir);
+}
+
 DP_TEST(pickup_and_eviction_order)
 {
     char *dir = mk_dir();

@@ -248,6 +248,7 @@ zread(zc *z, uint64_t g, uint32_t v)
     for (;;) {
         q.op = DP_WIRE_OP_RESOLVE_KEYS;
         q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+        q.a.resolve_keys.inline_bytes = 0;
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         CHECK(r.ok);
         dp_wire_resolve_keys_res *x = &r.r.resolve_keys;

@@ -327,6 +327,7 @@ DP_TEST(zmq_ucx_put_get)
                         dp__wire_s("9@nothing"), dp__wire_s("1@input_ids")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){ks, 4};
+    q.a.resolve_keys.inline_bytes = 0;
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.resolve_keys.entries.n, 3);
@@ -493,6 +494,7 @@ DP_TEST(cli_unit_command)
     dp_wire_str ks[] = {dp__wire_s("4@a"), dp__wire_s("2@a")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    q.a.resolve_keys.inline_bytes = 0;
     CHECK_OK_D(zcall(c, line, &q, &r, &rb, &d), &d);
     CHECK(!r.ok);
     CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
@@ -553,6 +555,7 @@ DP_TEST(zmq_pinned_read_survives_release)
     dp_wire_str k = dp__wire_s("3@obs");
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.a.resolve_keys.inline_bytes = 0;
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.resolve_keys.entries.n == 1);
     uint64_t eoff = r.r.resolve_keys.entries.v[0].off,

@@ -143,6 +143,15 @@ gargs(gen *g, dp_wire_request *q)
     case DP_WIRE_OP_COMMIT:
         q->a.commit.blob_id = gid(g);
         break;
+    case DP_WIRE_OP_PUT: {
+        uint32_t n = (uint32_t)rnd(g, 300);
+        uint8_t *p = galloc(g, n);
+        for (uint32_t i = 0; i < n; i++)
+            p[i] = (uint8_t)rnd(g, 256);
+        q->a.put = (dp_wire_put_args){
+            gid(g), {p, n}, gnum(g, (1u << 20) + 1), rnd(g, 2), gnum(g, UINT64_MAX)};
+        break;
+    }
     case DP_WIRE_OP_ABORT:
         q->a.abort = (dp_wire_abort_args){gid(g), rnd(g, 2)};
         break;
@@ -151,6 +160,7 @@ gargs(gen *g, dp_wire_request *q)
         break;
     case DP_WIRE_OP_RESOLVE_KEYS:
         q->a.resolve_keys.keys = glist(g, true);
+        q->a.resolve_keys.inline_bytes = gnum(g, 1ull << 62);
         break;
     case DP_WIRE_OP_UNPIN:
         q->a.unpin.pin_id = gid(g);
@@ -245,6 +255,7 @@ gresult(gen *g, dp_wire_reply *r)
         r->r.alloc.token = gnum(g, UINT64_MAX);
         break;
     case DP_WIRE_OP_COMMIT:
+    case DP_WIRE_OP_PUT:
         r->r.commit = (dp_wire_commit_state)rnd(g, 3);
         break;
     case DP_WIRE_OP_RESOLVE: {
@@ -277,6 +288,15 @@ gresult(gen *g, dp_wire_reply *r)
             for (uint32_t j = 0; j < e->ndim; j++)
                 s[j] = gnum(g, 1ull << 62);
             e->shape = e->ndim ? s : NULL;
+            e->data = (dp_wire_bytes){NULL, 0};
+            if (rnd(g, 2)) { /* inline: exactly len bytes */
+                uint32_t n = 1 + (uint32_t)rnd(g, 200);
+                uint8_t *p = galloc(g, n);
+                for (uint32_t j = 0; j < n; j++)
+                    p[j] = (uint8_t)rnd(g, 256);
+                e->len = n;
+                e->data = (dp_wire_bytes){p, n};
+            }
         }
         x->missing = glist(g, true);
         x->pending = glist(g, true);
@@ -399,6 +419,15 @@ check_req_eq(const dp_wire_request *a, const dp_wire_request *b)
     case DP_WIRE_OP_COMMIT:
         CHECK_SV(a->a.commit.blob_id, b->a.commit.blob_id);
         break;
+    case DP_WIRE_OP_PUT:
+        CHECK_SV(a->a.put.blob_id, b->a.put.blob_id);
+        CHECK_EQ(a->a.put.data.n, b->a.put.data.n);
+        CHECK(a->a.put.data.n == 0 ||
+              memcmp(a->a.put.data.p, b->a.put.data.p, a->a.put.data.n) == 0);
+        CHECK_EQ_U64(a->a.put.n_entries, b->a.put.n_entries);
+        CHECK_EQ(a->a.put.spill, b->a.put.spill);
+        CHECK_EQ_U64(a->a.put.incarnation, b->a.put.incarnation);
+        break;
     case DP_WIRE_OP_ABORT:
         CHECK_SV(a->a.abort.blob_id, b->a.abort.blob_id);
         CHECK_EQ(a->a.abort.in_flight, b->a.abort.in_flight);
@@ -408,6 +437,7 @@ check_req_eq(const dp_wire_request *a, const dp_wire_request *b)
         break;
     case DP_WIRE_OP_RESOLVE_KEYS:
         check_strs(a->a.resolve_keys.keys, b->a.resolve_keys.keys);
+        CHECK_EQ_U64(a->a.resolve_keys.inline_bytes, b->a.resolve_keys.inline_bytes);
         break;
     case DP_WIRE_OP_UNPIN:
         CHECK_SV(a->a.unpin.pin_id, b->a.unpin.pin_id);
@@ -474,6 +504,7 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
         CHECK_EQ_U64(a->r.alloc.token, b->r.alloc.token);
         break;
     case DP_WIRE_OP_COMMIT:
+    case DP_WIRE_OP_PUT:
         CHECK_EQ(a->r.commit, b->r.commit);
         break;
     case DP_WIRE_OP_RESOLVE: {
@@ -504,6 +535,8 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
             CHECK_EQ(e->ndim, f->ndim);
             for (uint32_t j = 0; j < e->ndim; j++)
                 CHECK_EQ_U64(e->shape[j], f->shape[j]);
+            CHECK_EQ(e->data.n, f->data.n);
+            CHECK(e->data.n == 0 || memcmp(e->data.p, f->data.p, e->data.n) == 0);
         }
         check_strs(x->missing, y->missing);
         check_strs(x->pending, y->pending);
@@ -626,7 +659,7 @@ DP_TEST(op_names_and_notify)
     static const char *const names[] = {
         "ping",    "info",         "alloc",      "commit",       "abort",
         "resolve", "resolve_keys", "unpin",      "release_rows", "scan",
-        "stats",   "read_bytes",   "save_shard", "load_shard"};
+        "stats",   "read_bytes",   "save_shard", "load_shard",   "put"};
     CHECK_EQ(DP_ARRAY_LEN(names), DP_WIRE_OP_COUNT_);
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++) {
         EXPECT_STR(dp__wire_op_name((dp_wire_op)i), names[i]);
@@ -922,6 +955,7 @@ DP_TEST(big_lists_near_the_limits)
     }
     dp_wire_request q = {.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = dp__wire_s("r")};
     q.a.resolve_keys.keys = (dp_wire_strs){keys, N};
+    q.a.resolve_keys.inline_bytes = 0;
     dp_buf b;
     dp__buf_init(&b);
     dp_detail d;

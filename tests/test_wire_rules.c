@@ -72,6 +72,11 @@ put_good(dp_mp_writer *w, const char *name, const char *op)
         dp__mp_put_u64(w, 4096);
     } else if (!strcmp(name, "n_entries") || !strcmp(name, "off")) {
         dp__mp_put_u64(w, 3);
+    } else if (!strcmp(name, "data")) {
+        uint8_t blob[64] = {0};
+        dp__mp_put_bin(w, blob, sizeof blob);
+    } else if (!strcmp(name, "inline_bytes")) {
+        dp__mp_put_u64(w, 65536);
     } else if (!strcmp(name, "spill") || !strcmp(name, "in_flight")) {
         dp__mp_put_bool(w, false);
     } else if (!strcmp(name, "blob_ids")) {
@@ -111,9 +116,10 @@ static const struct {
     {"stats", {NULL}, {0}},
     {"alloc", {"blob_id", "nbytes", "n_entries", "spill"}, {1, 1, 1, 0}},
     {"commit", {"blob_id"}, {1}},
+    {"put", {"blob_id", "data", "n_entries", "spill"}, {1, 1, 1, 0}},
     {"abort", {"blob_id", "in_flight"}, {1, 0}},
     {"resolve", {"blob_ids"}, {1}},
-    {"resolve_keys", {"keys"}, {1}},
+    {"resolve_keys", {"keys", "inline_bytes"}, {1, 0}},
     {"unpin", {"pin_id"}, {1}},
     {"release_rows", {"gidxs"}, {1}},
     {"read_bytes", {"off", "nbytes"}, {1, 1}},
@@ -1015,7 +1021,40 @@ DP_TEST(resolve_results_rules)
     dp__buf_fini(&m.b);
     RK_ENTRY(&m, put_entry(w, 2, 128, "tensor", 0));
     expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
-               "entries: '5@obs': array of 2 elements, expected 5", NULL);
+               "entries: '5@obs': array of 2 elements, expected 5 or 6", NULL);
+    /* Inline: a sixth element, the value itself, exactly len (64) bytes. */
+    static const uint8_t val[64] = {1, 2, 3};
+    RK_ENTRY(&m, {
+        put_entry(w, 6, 128, "tensor", 1);
+        dp__mp_put_bin(w, val, 64);
+    });
+    CHECK_OK_D(
+        dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_KEYS, NULL, &r, &d),
+        &d);
+    e = &r.r.resolve_keys.entries.v[0];
+    CHECK(e->data.n == 64 && memcmp(e->data.p, val, 64) == 0);
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
+    RK_ENTRY(&m, {
+        put_entry(w, 6, 128, "tensor", 1);
+        dp__mp_put_bin(w, val, 10);
+    });
+    expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
+               "'5@obs': data: 10 bytes for a value of 64 bytes", NULL);
+    RK_ENTRY(&m, {
+        put_entry(w, 6, 128, "tensor", 1);
+        dp__mp_put_bin(w, val, 0);
+    });
+    expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
+               "'5@obs': data: 0 bytes for a value of 64 bytes", NULL);
+    RK_ENTRY(&m, {
+        put_entry(w, 6, 128, "tensor", 1);
+        dp__mp_put_str(w, "not bin");
+    });
+    expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO, "'5@obs': data:", NULL);
+    RK_ENTRY(&m, put_entry(w, 7, 128, "tensor", 0));
+    expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
+               "entries: '5@obs': array of 7 elements, expected 5 or 6", NULL);
     RK_ENTRY(&m, put_entry(w, 5, 1ull << 62, "tensor", 0));
     expect_rep(&m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO, "entries: '5@obs': off:", NULL);
     RK_ENTRY(&m, put_entry(w, 5, 0, "ten\xffsor", 0));

@@ -182,8 +182,20 @@ typedef struct dp_client_opts {
      * cluster file or registry gives their public keys ("pubkey").
      */
     const char *curve_secret;
-    uint64_t reserved[7];
+    /*
+     * Small values travel inside the control messages (docs/design.md,
+     * "Inline values"): a put whose blob for a unit is at most this many
+     * bytes goes in its request (one round trip, no WRITE), and a get lets
+     * each unit answer up to this many bytes of values in its reply (no pin,
+     * no READ). 0: the default, $DP_INLINE (a size such as 64K, or 0 / off)
+     * or else 32 KiB; DP_INLINE_OFF: never. At most 1 MiB.
+     */
+    uint64_t inline_bytes;
+    uint64_t reserved[6];
 } dp_client_opts;
+
+/* dp_client_opts.inline_bytes: no value travels inside a control message. */
+#define DP_INLINE_OFF UINT64_MAX
 
 /* Fill o with the defaults (the same as zeroing it). Threads: any. */
 DP_API void dp_client_opts_init(dp_client_opts *o);
@@ -499,9 +511,11 @@ typedef struct dp_client_counters {
     uint64_t transfers_released; /* retained transfers that ended later, released */
     uint64_t retained_bytes;     /* memory those retained transfers keep, now */
     uint64_t staged_put_bytes;   /* value bytes puts copied into staging (values
-                                    outside registered memory) */
+                                    outside registered memory; not inline puts,
+                                    whose values are copied into the request) */
     uint64_t staged_get_bytes;   /* value bytes gets copied out of staging
-                                    (destinations outside registered memory) */
+                                    (destinations outside registered memory; not
+                                    values that came inline in a reply) */
     uint64_t puts;               /* dp_client_put calls that moved something */
     uint64_t put_bytes;          /* value bytes of those calls' rows that landed */
     uint64_t gets;               /* dp_client_get / _get_alloc calls */

@@ -110,20 +110,31 @@ class Client:
     ("etcd://host:port/NAME": the units' records, followed while the client
     lives), a list of unit addresses ("tcp://host:port", in unit order), or
     None for $DP_CLUSTER or the default directory. curve_secret: a CURVE
-    secret key file for units that require one (None: $DP_CURVE_SECRET). timeout_s bounds each operation; the other options
-    are the C library's (see the README). A Client may be shared by threads
-    (their calls take turns); it does not survive fork().
+    secret key file for units that require one (None: $DP_CURVE_SECRET).
+    timeout_s bounds each operation. inline_bytes: puts of at most that many
+    bytes per unit, and that many bytes of each unit's get answer, travel
+    inside the control messages (None: $DP_INLINE or 32 KiB; 0: never). The
+    other options are the C library's (see the README). A Client may be
+    shared by threads (their calls take turns); it does not survive fork().
     """
 
     def __init__(self, cluster=None, *, timeout_s=30.0, connect_timeout_s=30.0,
                  staging_cache_bytes=0, crc=False, no_spill=False,
-                 require_rdma=False, name=None, curve_secret=None):
+                 require_rdma=False, name=None, curve_secret=None, inline_bytes=None):
         for k, v in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
             if not isinstance(v, (int, float)) or not 0 < v <= 1e6:
                 raise ValueError(f"{k}: seconds in (0, 1e6] are needed, got {v!r}")
         if not isinstance(staging_cache_bytes, int) or not 0 <= staging_cache_bytes < 2**63:
             raise ValueError(f"staging_cache_bytes: bytes >= 0 are needed, got "
                              f"{staging_cache_bytes!r}")
+        if inline_bytes is None:
+            inl = 0  # the library's default
+        elif (isinstance(inline_bytes, bool) or not isinstance(inline_bytes, int)
+              or not 0 <= inline_bytes <= 1 << 20):
+            raise ValueError(f"inline_bytes: bytes in [0, 1 MiB] (0: never) or None are "
+                             f"needed, got {inline_bytes!r}")
+        else:
+            inl = inline_bytes if inline_bytes > 0 else 2**64 - 1  # DP_INLINE_OFF
         addrs = None
         if isinstance(cluster, (list, tuple)):
             addrs, cluster = list(cluster), None
@@ -133,7 +144,7 @@ class Client:
             curve_secret = os.fspath(curve_secret)
         self._c = _core.Client(cluster, addrs, float(timeout_s), float(connect_timeout_s),
                                int(staging_cache_bytes), bool(crc), bool(no_spill),
-                               bool(require_rdma), name, curve_secret)
+                               bool(require_rdma), name, curve_secret, inl)
 
     # -- lifecycle --
 

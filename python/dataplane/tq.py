@@ -45,6 +45,7 @@ except ImportError:  # plain objects then need allow_pickle
 _CLIENT_OPTS = {
     "timeout_s": float, "connect_timeout_s": float, "staging_cache_bytes": int,
     "crc": bool, "no_spill": bool, "require_rdma": bool, "name": str,
+    "inline_bytes": int,
 }
 
 
@@ -89,7 +90,7 @@ class DataplaneKVClient:
     or list of unit addresses; default: $DP_CLUSTER or the default
     directory), "allow_pickle" (False), and the Client options timeout_s,
     connect_timeout_s, staging_cache_bytes, crc, no_spill, require_rdma,
-    name. Other keys (TQ's own, e.g. client_name) are ignored.
+    name, inline_bytes. Other keys (TQ's own, e.g. client_name) are ignored.
     """
 
     def __init__(self, config=None):

@@ -180,22 +180,24 @@ client_init(DpClient *self, PyObject *args, PyObject *kw)
                           "require_rdma",
                           "name",
                           "curve_secret",
+                          "inline_bytes",
                           NULL};
     const char *cluster = NULL, *name = NULL, *curve = NULL;
     PyObject *addrs = Py_None;
     dp_client_opts o;
     dp_client_opts_init(&o);
     int crc = 0, no_spill = 0, rdma = 0;
-    unsigned long long cache = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zOddKpppzz", kwl, &cluster, &addrs,
+    unsigned long long cache = 0, inl = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zOddKpppzzK", kwl, &cluster, &addrs,
                                      &o.timeout_s, &o.connect_timeout_s, &cache, &crc,
-                                     &no_spill, &rdma, &name, &curve))
+                                     &no_spill, &rdma, &name, &curve, &inl))
         return -1;
     if (self->c != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Client is already open");
         return -1;
     }
     o.staging_cache_bytes = cache;
+    o.inline_bytes = inl; /* 0: the default; DP_INLINE_OFF: never */
     o.crc = crc;
     o.no_spill = no_spill;
     o.require_rdma = rdma;

@@ -124,6 +124,7 @@ dp_kind_name(dp_kind k)
 #define DEFAULT_CONNECT_TIMEOUT_S 30.0
 #define DEFAULT_STAGING_CACHE (256ull << 20)
 #define MAX_TIMEOUT_S 1e6
+#define DEFAULT_INLINE (32ull << 10)
 
 void
 dp_client_opts_init(dp_client_opts *o)
@@ -159,6 +160,24 @@ opts_resolve(const dp_client_opts *in, dp_client_opts *o, dp_detail *d)
         o->connect_timeout_s = DEFAULT_CONNECT_TIMEOUT_S;
     if (o->staging_cache_bytes == 0)
         o->staging_cache_bytes = DEFAULT_STAGING_CACHE;
+    if (o->inline_bytes == 0) {
+        const char *e = getenv("DP_INLINE");
+        o->inline_bytes = DEFAULT_INLINE;
+        if (e != NULL && e[0] != '\0') {
+            if (strcmp(e, "off") == 0)
+                o->inline_bytes = 0;
+            else if (dp__parse_size(e, &o->inline_bytes, "DP_INLINE", d) != DP_OK)
+                return dp__fail_ctx(d, DP_EINVAL,
+                                    "client: DP_INLINE must be a size (64K, 0 or off)");
+        }
+    } else if (o->inline_bytes == DP_INLINE_OFF) {
+        o->inline_bytes = 0;
+    }
+    if (o->inline_bytes > DP_WIRE_INLINE_MAX)
+        return dp__fail(d, DP_EINVAL,
+                        "client: inline_bytes (or DP_INLINE) %" PRIu64
+                        " is over the most a unit takes inline, %u bytes",
+                        o->inline_bytes, DP_WIRE_INLINE_MAX);
     if (!(o->timeout_s > 0) || !(o->connect_timeout_s > 0) ||
         o->timeout_s > MAX_TIMEOUT_S || o->connect_timeout_s > MAX_TIMEOUT_S)
         return dp__fail(d, DP_EINVAL,

@@ -59,6 +59,9 @@ typedef struct key_state {
     uint64_t len;
     bool staged;   /* READ into staging, then copied */
     uint64_t soff; /* its place in the round's staging buffer */
+    /* K_READ: its bytes came in the reply (in c->fo.items until the next
+     * round's ask): copied, not READ */
+    const uint8_t *inl;
 } key_state;
 
 struct dp_values {
@@ -432,15 +435,22 @@ get_ask(get_op *x)
         ur[u].pin[0] = '\0';
         uint32_t nk = 0;
         bool all_hinted = x->bids != NULL;
+        uint64_t hinted_bytes = 0;
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
             uint32_t i = order[k];
             if (ks[i].st == K_ASK) {
                 x->keys[cnt[u] + nk++] = (dp_wire_str){x->items[i].key, ks[i].klen};
                 all_hinted = all_hinted && ks[i].hinted;
+                if (all_hinted)
+                    hinted_bytes += x->items[i].loc->nbytes;
             }
         }
         if (nk == 0)
             continue;
+        /* Values that fit in one reply come inline, by key: no pin, no READ,
+         * cheaper than the hint's resolve + READ + unpin. */
+        if (all_hinted && c->o.inline_bytes > 0 && hinted_bytes <= c->o.inline_bytes)
+            all_hinted = false;
         ur[u].by_blob = all_hinted && collect_blobs(x, u);
         dp_wire_request q;
         memset(&q, 0, sizeof q);
@@ -450,6 +460,7 @@ get_ask(get_op *x)
         } else {
             q.op = DP_WIRE_OP_RESOLVE_KEYS;
             q.a.resolve_keys.keys = (dp_wire_strs){x->keys + cnt[u], nk};
+            q.a.resolve_keys.inline_bytes = c->o.inline_bytes;
         }
         dp_detail_clear(&ur[u].det);
         ur[u].rc = dp__client_prepare_locked(c, u, ns, &q, &ur[u].det);
@@ -497,7 +508,8 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
     if (x->vals != NULL) {
         ks->soff = *alloc_need;
         *alloc_need += DP_ALIGN_UP(len, 64);
-    } else if (len > 0 && !dp__client_direct_locked(x->c, it->dst, len)) {
+    } else if (len > 0 && ks->inl == NULL &&
+               !dp__client_direct_locked(x->c, it->dst, len)) {
         ks->staged = true;
         ks->soff = *stage_need;
         *stage_need += DP_ALIGN_UP(len, 64);
@@ -521,11 +533,13 @@ get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
         dp_get_item *it = &x->items[i];
         uint32_t kl = x->ks[i].klen;
         ptrdiff_t m;
+        x->ks[i].inl = NULL;
         if ((m = match_loc(&res->entries, &ce, it->key, kl)) >= 0) {
             const dp_wire_key_loc *l = &res->entries.v[m];
             it->nbytes = l->len;
             if (it->desc != NULL)
                 fill_desc(it->desc, l);
+            x->ks[i].inl = l->data.n > 0 ? l->data.p : NULL; /* the decoder checked n */
             get_locate(x, u, i, l->off, l->len, alloc_need, stage_need);
         } else if (match_str(&res->missing, &cm, it->key, kl) >= 0) {
             item_fail(it, &x->ks[i], DP_ENOTFOUND);
@@ -585,6 +599,7 @@ get_match_blobs(get_op *x, uint32_t u, const dp_wire_resolve_res *res,
         dp_get_item *it = &x->items[i];
         const dp_loc *l = it->loc;
         const blob_ans *b = &x->bans[base + x->ks[i].bidx];
+        x->ks[i].inl = NULL;
         if (b->ok && l->off <= b->len && l->nbytes <= b->len - l->off) {
             it->nbytes = l->nbytes;
             if (it->desc != NULL)
@@ -723,8 +738,8 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
                 it->dst = abuf != NULL ? abuf + ks->soff : NULL;
                 it->cap = ks->len;
             }
-            if (ks->len == 0)
-                continue;
+            if (ks->len == 0 || ks->inl != NULL)
+                continue; /* nothing to READ: empty, or came in the reply */
             uint8_t *dst = ks->staged ? sbuf + ks->soff : it->dst;
             x->local[nr] = (dp_range){(uint64_t)(uintptr_t)dst, ks->len};
             x->remote[nr] = (dp_range){c->units[u].slab_addr + ks->off, ks->len};
@@ -774,8 +789,8 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
         uint32_t u = x->slot_unit[o];
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
             uint32_t i = order[k];
-            if (x->ks[i].st != K_READ)
-                continue;
+            if (x->ks[i].st != K_READ || x->ks[i].inl != NULL)
+                continue; /* inline values are copied by get_round */
             if (x->results[o] != 0) {
                 item_fail(&x->items[i], &x->ks[i], x->results[o]);
             } else {
@@ -821,12 +836,17 @@ get_round(get_op *x)
     double xfer_left;
     size_t nops = get_read_ops(x, ns, brc, &bdet, abuf, sbuf, &xfer_left);
     get_read(x, nops, xfer_left, sbuf);
-    /* Zero-byte values and any other located key with nothing to read. */
-    for (size_t i = 0; i < x->n; i++)
-        if (x->ks[i].st == K_READ && brc == 0 && x->ks[i].len == 0) {
-            x->items[i].status = 0;
-            x->ks[i].st = K_DONE;
-        }
+    /* Values that came in the replies, zero-byte values: nothing was READ. */
+    for (size_t i = 0; i < x->n; i++) {
+        key_state *ks = &x->ks[i];
+        if (ks->st != K_READ || brc != 0 || (ks->len > 0 && ks->inl == NULL))
+            continue;
+        if (ks->len > 0)
+            memcpy(x->items[i].dst, ks->inl, ks->len);
+        ks->inl = NULL;
+        x->items[i].status = 0;
+        ks->st = K_DONE;
+    }
     /* 5. Unpin: this round's READs are done. */
     for (uint32_t u = 0; u < c->n_units; u++)
         if (x->ur[u].asked)

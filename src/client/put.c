@@ -50,7 +50,7 @@
 #include "blob/keys.h"
 #include "client/client_int.h"
 
-enum { ST_NONE = 0, ST_ALLOC, ST_WRITE, ST_COMMIT, ST_DONE, ST_FAILED };
+enum { ST_NONE = 0, ST_ALLOC, ST_INLINE, ST_WRITE, ST_COMMIT, ST_DONE, ST_FAILED };
 
 typedef struct put_unit {
     uint32_t u;
@@ -60,6 +60,8 @@ typedef struct put_unit {
     uint32_t ent0; /* first entry of this unit in the per-call entry arrays */
     uint32_t n_ent;
     bool any_direct;
+    bool inl;  /* small: the blob goes inside a put request (ST_INLINE) */
+    bool poll; /* its inline put answered "pending": commit polls it */
     dp_blob_layout lay;
     size_t stage_off, stage_len;
     char blob_id[40];
@@ -321,6 +323,116 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
     }
 }
 
+/*
+ * Send unit pu's inline put (its staged blob inside the request) as
+ * c->fo.items[slot] without waiting. False when it could not be prepared.
+ */
+static bool
+inline_send_locked(dp_client *c, put_unit *pu, const uint8_t *stage, size_t slot)
+{
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_PUT;
+    q.a.put.blob_id = dp__wire_s(pu->blob_id);
+    q.a.put.data = (dp_wire_bytes){stage + pu->stage_off, (uint32_t)pu->lay.total_len};
+    q.a.put.n_entries = pu->n_ent;
+    q.a.put.spill = !c->o.no_spill;
+    /* Only the process this client is bound to may store it. */
+    q.a.put.incarnation = c->units[pu->u].incarnation;
+    dp_detail_clear(&pu->det);
+    int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
+    if (rc != 0) {
+        pu->rc = rc;
+        pu->state = ST_FAILED;
+        return false;
+    }
+    dp__ctl_send(c->ctl, &c->fo.items[slot]);
+    return true;
+}
+
+/* Send every ST_INLINE unit's put into slots base.. (slot_pu); returns how many. */
+static size_t
+inline_send_all_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
+                       size_t base, const uint8_t *stage)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < npu; i++)
+        if (pus[i].state == ST_INLINE && inline_send_locked(c, &pus[i], stage, base + n))
+            slot_pu[base + n++] = (uint32_t)i;
+    return n;
+}
+
+/*
+ * The inline puts sent as slots [base, base + n): "done" lands the unit's
+ * rows; "pending" (a spill) leaves it to the commit phase's polls (poll);
+ * a busy unit is sent the same put again, with backoff, until the deadline.
+ * A put with no answer may still have landed: it is aborted (a no-op once
+ * published) and its rows reported as not landed.
+ */
+static void
+inline_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
+                    size_t base, size_t n, const uint8_t *stage, double deadline)
+{
+    double step = 0.002;
+    while (n > 0) {
+        dp__ctl_wait_many(c->ctl, c->fo.items + base, n,
+                          dp__client_round_timeout(deadline));
+        bool busy = false;
+        for (size_t s = base; s < base + n; s++) {
+            put_unit *pu = &pus[slot_pu[s]];
+            dp_ctl_item *it = &c->fo.items[s];
+            dp_wire_reply rep;
+            int rc = dp__fanout_reply(it, DP_WIRE_OP_PUT, &rep, &pu->det);
+            if (rc == 0 &&
+                dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
+                /* Another process answered: the restart is reported; a blob it
+                 * did not publish yet (a spill) is dropped. */
+                pu->rc = DP_ERESTARTED;
+                pu->state = ST_FAILED;
+                if (rep.ok)
+                    send_abort_locked(c, pu, false);
+            } else if (rc == 0 && rep.ok) {
+                if (rep.r.commit == DP_WIRE_COMMIT_DONE) {
+                    pu->state = ST_DONE;
+                } else if (rep.r.commit == DP_WIRE_COMMIT_PENDING) {
+                    pu->state = ST_COMMIT;
+                    pu->poll = true;
+                } else {
+                    pu_fail(pu, DP_ELOST, "put of blob %s: the unit lost it",
+                            pu->blob_id);
+                }
+            } else if (rc == 0) {
+                rc = dp__wire_error_to_detail(&rep.err, &pu->det);
+                if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
+                    busy = true; /* stays ST_INLINE: nothing was allocated */
+                    c->cnt.busy_waits++;
+                } else {
+                    pu->rc = rc;
+                    pu->state = ST_FAILED;
+                    dp__fail_ctx(&pu->det, rc,
+                                 rc == DP_EBUSY ? "put stayed busy for the whole budget"
+                                                : "put of blob %s",
+                                 pu->blob_id);
+                }
+            } else {
+                if (it->rc == DP_ETRANSFER)
+                    c->cnt.units_down++;
+                pu_fail(pu, rc,
+                        "put of blob %s got no answer (%s): its rows may or may not have "
+                        "landed; aborted",
+                        pu->blob_id, dp_detail_msg(&pu->det));
+                send_abort_locked(c, pu, false);
+            }
+            dp__wire_reply_fini(&rep);
+        }
+        if (!busy)
+            return;
+        c->cnt.retries++;
+        dp__client_backoff(&step, deadline);
+        n = inline_send_all_locked(c, pus, npu, slot_pu, base, stage);
+    }
+}
+
 /* Sends the commit of unit pu as c->fo.items[slot]; sent[slot] says it went. */
 static void
 send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
@@ -468,6 +580,10 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                     bool *sent, size_t ns, double deadline)
 {
     double step = 0.002;
+    /* Inline puts that answered "pending": their first commit is a poll. */
+    bool extra = false;
+    for (size_t i = 0; i < npu; i++)
+        extra = extra || (pus[i].state == ST_COMMIT && pus[i].poll);
     for (bool first = true;; first = false) {
         if (!first) {
             ns = 0;
@@ -483,7 +599,7 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         size_t nsent = 0;
         for (size_t s = 0; s < ns; s++)
             nsent += sent[s];
-        if (nsent == 0)
+        if (nsent == 0 && !(first && extra))
             return;
         /* Give a commit a moment (50 ms) even when the budget is spent: its WRITE is
          * done. */
@@ -559,7 +675,7 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             }
             dp__wire_reply_fini(&rep);
         }
-        if (!again)
+        if (!again && !(first && extra))
             return;
         c->cnt.retries++;
         dp__client_backoff(&step, deadline);
@@ -697,12 +813,18 @@ put_plan_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
             else
                 any_staged = true;
         }
+        /* Small: the whole blob is staged and travels in the request. */
+        pu->inl = c->o.inline_bytes > 0 && pu->lay.total_len <= c->o.inline_bytes;
+        if (pu->inl) {
+            pu->any_direct = false;
+            any_staged = true;
+        }
         pu->stage_off = *stage_total;
         pu->stage_len = any_staged ? pu->lay.total_len : pu->lay.payload_off;
         *stage_total += DP_ALIGN_UP(pu->stage_len, 64);
         snprintf(pu->blob_id, sizeof pu->blob_id, "%s-%" PRIx64, c->blob_prefix,
                  ++c->blob_seq);
-        pu->state = ST_ALLOC;
+        pu->state = pu->inl ? ST_INLINE : ST_ALLOC;
         a->npu++;
     }
     return DP_OK;
@@ -737,12 +859,13 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
             if (v->nbytes == 0)
                 continue;
             uint64_t off = dp__blob_builder_offset(b, e);
-            if (dp__client_direct_locked(c, v->data, v->nbytes)) {
+            if (!pu->inl && dp__client_direct_locked(c, v->data, v->nbytes)) {
                 local[nr++] = (dp_range){(uint64_t)(uintptr_t)v->data, v->nbytes};
                 remote[nr - 1].nbytes = off; /* remote filled after alloc */
             } else {
                 memcpy(base + off, v->data, v->nbytes);
-                c->cnt.staged_put_bytes += v->nbytes;
+                if (!pu->inl) /* an inline put's copy is its request's */
+                    c->cnt.staged_put_bytes += v->nbytes;
                 if (pu->any_direct) {
                     local[nr++] =
                         (dp_range){(uint64_t)(uintptr_t)(base + off), v->nbytes};
@@ -946,12 +1069,19 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
                 send_abort_locked(c, &a.pus[i], false);
         goto out;
     }
+    /*
+     * Small blobs go inside their put requests, in the slots after the allocs'
+     * (alloc retries, WRITEs and commits use at most as many slots as allocs
+     * were sent, so these stay untouched until inline_phase_locked reads them).
+     */
+    size_t ni = inline_send_all_locked(c, a.pus, a.npu, a.slot_pu, ns, stage->p);
     alloc_phase_locked(c, a.pus, a.npu, a.slot_pu, ns, deadline);
     if (dp__client_test_hook != NULL)
         dp__client_test_hook("put:allocated");
     put_remote_ranges_locked(c, &a, stage->p);
     size_t nw = write_phase_locked(c, a.pus, a.npu, a.ops, a.results, a.slot_pu, a.sent,
                                    a.local, a.remote, deadline);
+    inline_phase_locked(c, a.pus, a.npu, a.slot_pu, ns, ni, stage->p, deadline);
     commit_phase_locked(c, a.pus, a.npu, a.slot_pu, a.sent, nw, deadline);
     rc = put_outcome_locked(c, &a, gidxs, n_rows, row_status, d);
     decided = true;

@@ -196,7 +196,16 @@ int
 dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
                              dp_unit_resolve_keys_res *res, dp_detail *d)
 {
+    return dp__unit_resolve_keys_inline_locked(u, keys, n, 0, res, d);
+}
+
+int
+dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
+                                    uint64_t inline_bytes, dp_unit_resolve_keys_res *res,
+                                    dp_detail *d)
+{
     memset(res, 0, sizeof *res);
+    uint64_t inline_left = DP_MIN(inline_bytes, (uint64_t)DP_UNIT_INLINE_MAX);
     double now = dp__unit_now(u);
     size_t cap = n > 0 ? n : 1;
     res->entries = calloc(cap, sizeof *res->entries);
@@ -256,6 +265,15 @@ dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
         l->dtype = (dp_wire_str){e->dtype, e->dtype_len};
         l->shape = e->ndim > 0 ? e->shape : NULL;
         l->ndim = e->ndim;
+        l->data = (dp_wire_bytes){NULL, 0};
+        if (e->len > 0 && e->len <= inline_left) {
+            /* Carried in the reply, encoded under this lock: no pin, no READ.
+             * (The stage protection of this call, res_epoch, still holds it.) */
+            l->data = (dp_wire_bytes){u->slab + l->off, (uint32_t)e->len};
+            inline_left -= e->len;
+            u->stats.inline_bytes += e->len;
+            continue;
+        }
         if (b->pin_mark != epoch) {
             b->pin_mark = epoch;
             pinned[np++] = b;

@@ -234,8 +234,9 @@ do_resolve_keys(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
     dp_detail_clear(&d);
     dp_unit_resolve_keys_res res;
     dp__unit_lock(u);
-    int rc = dp__unit_resolve_keys_locked(u, req->a.resolve_keys.keys.v,
-                                          req->a.resolve_keys.keys.n, &res, &d);
+    int rc = dp__unit_resolve_keys_inline_locked(
+        u, req->a.resolve_keys.keys.v, req->a.resolve_keys.keys.n,
+        req->a.resolve_keys.inline_bytes, &res, &d);
     if (rc == 0) {
         dp_wire_resolve_keys_res *r = &rep->r.resolve_keys;
         r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
@@ -396,6 +397,15 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         else
             reply_error(u, req.rid, rc, &d, NULL, reply);
         break;
+    case DP_WIRE_OP_PUT: {
+        const char *reason = NULL;
+        rc = dp__unit_put_inline(u, &req.a.put, &rep.r.commit, &reason, &d);
+        if (rc == 0)
+            reply_ok(u, &rep, reply);
+        else
+            reply_error(u, req.rid, rc, &d, reason, reply);
+        break;
+    }
     case DP_WIRE_OP_ABORT:
         dp__unit_abort(u, req.a.abort.blob_id.p, req.a.abort.blob_id.n,
                        req.a.abort.in_flight);

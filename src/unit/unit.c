@@ -660,9 +660,14 @@ dp__unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nb
     return rc;
 }
 
-int
-dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
-                   const char **reason, dp_detail *d)
+/*
+ * alloc under u->mu. fresh (an inline put): an id already in the table is
+ * refused, never answered as a retried alloc (the unit is about to copy into
+ * the region itself). *out: the new or retried record.
+ */
+static int
+alloc_locked(dp_unit *u, const dp_wire_alloc_args *args, bool fresh,
+             dp_wire_alloc_res *res, blob_rec **out, const char **reason, dp_detail *d)
 {
     const char *blob_id = args->blob_id.p;
     size_t id_len = args->blob_id.n;
@@ -680,13 +685,14 @@ dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res
         return dp__fail(d, DP_EPROTO, "alloc %.*s: nbytes must be > 0", (int)id_len,
                         blob_id);
     int rc = 0;
-    pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
     bool to_io = spill && u->ssd && nbytes <= u->o.staging_bytes;
     bool to_put = nbytes <= u->o.slab_bytes;
     blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
+    *out = NULL;
     if (b != NULL) {
-        if (b->state == REC_ALLOCATED && b->nbytes == nbytes) {
+        if (!fresh && b->state == REC_ALLOCATED && b->nbytes == nbytes) {
+            *out = b;
             *off = b->off; /* a retried alloc */
             res->off = b->off;
             res->token = b->token;
@@ -782,24 +788,30 @@ dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res
     *off = o;
     res->off = o;
     res->token = b->token;
+    *out = b;
 out:
+    return rc;
+}
+
+int
+dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
+                   const char **reason, dp_detail *d)
+{
+    blob_rec *b;
+    pthread_mutex_lock(&u->mu);
+    int rc = alloc_locked(u, args, false, res, &b, reason, d);
     pthread_mutex_unlock(&u->mu);
     return rc;
 }
 
 /* ---- commit ---- */
 
-int
-dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
-                dp_wire_commit_state *state, dp_detail *d)
+static int
+commit_locked(dp_unit *u, const char *blob_id, size_t id_len, dp_wire_commit_state *state,
+              dp_detail *d)
 {
-    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
-        return dp__fail(d, DP_EPROTO,
-                        "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
-                        DP_UNIT_ID_MAX);
     int rc = 0;
     dp_blob *pb = NULL;
-    pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
     blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
     if (b == NULL && dp__map_get(&u->superseded, blob_id, id_len) != NULL) {
@@ -888,8 +900,87 @@ dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
     }
     *state = DP_WIRE_COMMIT_DONE;
 out:
-    pthread_mutex_unlock(&u->mu);
     dp__blob_destroy(pb);
+    return rc;
+}
+
+int
+dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
+                dp_wire_commit_state *state, dp_detail *d)
+{
+    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
+        return dp__fail(d, DP_EPROTO,
+                        "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                        DP_UNIT_ID_MAX);
+    pthread_mutex_lock(&u->mu);
+    int rc = commit_locked(u, blob_id, id_len, state, d);
+    pthread_mutex_unlock(&u->mu);
+    return rc;
+}
+
+/* ---- inline put ---- */
+
+int
+dp__unit_put_inline(dp_unit *u, const dp_wire_put_args *args, dp_wire_commit_state *state,
+                    const char **reason, dp_detail *d)
+{
+    const char *blob_id = args->blob_id.p;
+    size_t id_len = args->blob_id.n;
+    uint64_t nbytes = args->data.n;
+    if (reason != NULL)
+        *reason = NULL;
+    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
+        return dp__fail(d, DP_EPROTO,
+                        "put: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                        DP_UNIT_ID_MAX);
+    pthread_mutex_lock(&u->mu);
+    int rc = 0;
+    if (args->incarnation != 0 && args->incarnation != u->incarnation) {
+        /* Meant for the process before a restart: as an alloc answered by
+         * this one, it stores nothing (the client reports the restart). */
+        rc = dp__fail(d, DP_EPROTO,
+                      "put %.*s was meant for unit process %016" PRIx64
+                      ", this is %016" PRIx64 " (restarted): nothing stored",
+                      (int)id_len, blob_id, args->incarnation, u->incarnation);
+        goto out;
+    }
+    if (nbytes < DP_BLOB_HEADER_LEN || nbytes > DP_UNIT_INLINE_MAX) {
+        u->stats.n_proto++;
+        rc = dp__fail(d, DP_EPROTO,
+                      "put %.*s: an inline blob is %u..%u bytes, not %" PRIu64
+                      " (alloc and WRITE a larger one)",
+                      (int)id_len, blob_id, DP_BLOB_HEADER_LEN, DP_UNIT_INLINE_MAX,
+                      nbytes);
+        goto out;
+    }
+    /* No writer: nobody but this thread ever writes the region. */
+    dp_wire_alloc_args a = {.blob_id = args->blob_id,
+                            .nbytes = nbytes,
+                            .n_entries = args->n_entries,
+                            .spill = args->spill};
+    dp_wire_alloc_res r;
+    blob_rec *b = NULL;
+    rc = alloc_locked(u, &a, true, &r, &b, reason, d);
+    if (rc != 0) {
+        dp__fail_ctx(d, rc, "put");
+        goto out;
+    }
+    uint8_t *dst = u->slab + b->off;
+    memcpy(dst, args->data.p, nbytes);
+    /* The unit names the allocation itself: the client never learnt it. */
+    dp__blob_header_set_alloc(dst, u->incarnation, b->token);
+    rc = commit_locked(u, blob_id, id_len, state, d);
+    if (rc != 0) {
+        /* Nothing published and nobody else writes it: free it now, not at the
+         * client's abort or the lease's end. */
+        if (b->state == REC_ALLOCATED)
+            dp__rec_discard_open_locked(u, b, dp__unit_now(u));
+        dp__fail_ctx(d, rc, "put");
+        goto out;
+    }
+    u->stats.n_put_inline++;
+out:
+    pthread_mutex_unlock(&u->mu);
     return rc;
 }
 

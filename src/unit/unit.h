@@ -233,6 +233,22 @@ int dp__unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_
 int dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
                     dp_wire_commit_state *state, dp_detail *d);
 
+/* The largest blob an inline put may carry, and the most value bytes one
+ * resolve_keys reply carries. */
+#define DP_UNIT_INLINE_MAX DP_WIRE_INLINE_MAX
+
+/*
+ * An inline put (docs/design.md, "Inline values"): alloc as
+ * dp__unit_alloc_req (no writer: the unit copies the bytes itself), copy
+ * args->data into the region, stamp this allocation into its header, and
+ * commit as dp__unit_commit. A blob that fails to commit is freed at once.
+ * Errors: those of alloc (DP_EBUSY with *reason, DP_EUNITFULL) and commit;
+ * DP_EPROTO for an id already in use or a blob outside 64..DP_UNIT_INLINE_MAX
+ * bytes.
+ */
+int dp__unit_put_inline(dp_unit *u, const dp_wire_put_args *args,
+                        dp_wire_commit_state *state, const char **reason, dp_detail *d);
+
 /*
  * Forget an uncommitted blob. in_flight: its WRITE may still run, so the region
  * is retired for good (counted in retired_bytes); otherwise freed. Unknown and
@@ -288,6 +304,16 @@ void dp__unit_resolve_res_fini(dp_unit_resolve_res *res);
  */
 int dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
                                  dp_unit_resolve_keys_res *res, dp_detail *d);
+/*
+ * The same, carrying values in the answer (docs/design.md, "Inline values"):
+ * entries in key order, while their bytes fit in inline_bytes (at most
+ * DP_UNIT_INLINE_MAX), get data pointing at their bytes in the slab and pin
+ * nothing. Those views are valid only while u->mu stays held: encode the
+ * reply before unlocking.
+ */
+int dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
+                                        uint64_t inline_bytes,
+                                        dp_unit_resolve_keys_res *res, dp_detail *d);
 void dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
 
 /*
@@ -359,6 +385,8 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(n_abort, "aborts")                                                                 \
     X(n_resolve, "resolves")                                                             \
     X(n_resolve_blobs, "resolves_by_blob") /* of them, by blob id (location hints) */    \
+    X(n_put_inline, "puts_inline")         /* blobs carried in their put request */      \
+    X(inline_bytes, "inline_bytes") /* value bytes carried in resolve_keys replies */    \
     X(n_unpin, "unpins")                                                                 \
     X(n_release, "releases")                                                             \
     X(n_busy, "busy")                                                                    \

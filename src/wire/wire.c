@@ -18,6 +18,7 @@
  */
 #include "wire/wire_int.h"
 
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -596,8 +597,12 @@ rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
 {
     uint64_t max = c->lim->max_size - 1;
     int rc;
-    if ((rc = rd_tuple(c, 5)) != DP_OK ||
-        (rc = rd_bounded(c, &e->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
+    uint32_t n;
+    if ((rc = dp__mp_read_array(&c->r, &n, NULL, c->d)) != DP_OK)
+        return rc;
+    if (n != 5 && n != 6)
+        return dp__fail(c->d, DP_EPROTO, "array of %u elements, expected 5 or 6", n);
+    if ((rc = rd_bounded(c, &e->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
         (rc = rd_bounded(c, &e->len, 0, max, DP_ETOOBIG, "len")) != DP_OK ||
         (rc = rd_str_checked(c, DP__V_TEXT, &e->kind, "kind")) != DP_OK ||
         (rc = rd_str_checked(c, DP__V_TEXT, &e->dtype, "dtype")) != DP_OK)
@@ -619,6 +624,16 @@ rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
             return dp__fail_ctx(c->d, rc, "shape[%u]", j);
     }
     e->ndim = nd;
+    e->data = (dp_wire_bytes){NULL, 0};
+    if (n == 6) {
+        /* The value itself: exactly len bytes, never empty (nothing to carry). */
+        if ((rc = dp__mp_read_bin(&c->r, &e->data.p, &e->data.n, "data", c->d)) != DP_OK)
+            return rc;
+        if (e->data.n == 0 || e->data.n != e->len)
+            return dp__fail(c->d, DP_EPROTO,
+                            "data: %u bytes for a value of %" PRIu64 " bytes", e->data.n,
+                            e->len);
+    }
     return DP_OK;
 }
 
@@ -919,7 +934,7 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         for (uint32_t i = 0; i < l->n; i++) {
             const dp_wire_key_loc *e = &l->v[i];
             put_view(w, e->key);
-            dp__mp_put_array(w, 5);
+            dp__mp_put_array(w, e->data.n > 0 ? 6 : 5);
             dp__mp_put_u64(w, e->off);
             dp__mp_put_u64(w, e->len);
             dp__wire_put_text(w, e->kind, lim->max_text);
@@ -927,6 +942,8 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
             dp__mp_put_array(w, e->ndim);
             for (uint32_t j = 0; j < e->ndim; j++)
                 dp__mp_put_u64(w, e->shape[j]);
+            if (e->data.n > 0)
+                dp__mp_put_bin(w, e->data.p, e->data.n);
         }
         return;
     }
@@ -985,6 +1002,11 @@ static const dp__wire_fdesc alloc_f[] = {
 static const dp__wire_fdesc commit_f[] = {
     F(dp_wire_commit_args, blob_id, ID, 1, 0),
 };
+static const dp__wire_fdesc put_f[] = {
+    F(dp_wire_put_args, blob_id, ID, 1, 0),        F(dp_wire_put_args, data, BIN, 1, 0),
+    F(dp_wire_put_args, n_entries, ENTRIES, 1, 0), F(dp_wire_put_args, spill, BOOL, 0, 1),
+    F(dp_wire_put_args, incarnation, U64, 0, 0),
+};
 static const dp__wire_fdesc abort_f[] = {
     F(dp_wire_abort_args, blob_id, ID, 1, 0),
     F(dp_wire_abort_args, in_flight, BOOL, 0, 1),
@@ -994,6 +1016,7 @@ static const dp__wire_fdesc resolve_f[] = {
 };
 static const dp__wire_fdesc resolve_keys_f[] = {
     F(dp_wire_resolve_keys_args, keys, KEYS, 1, 0),
+    F(dp_wire_resolve_keys_args, inline_bytes, SIZE0, 0, 0),
 };
 static const dp__wire_fdesc unpin_f[] = {
     F(dp_wire_unpin_args, pin_id, ID, 1, 0),
@@ -1021,6 +1044,7 @@ static const struct {
 #define T(op, tab) [DP_WIRE_OP_##op] = {tab, DP_ARRAY_LEN(tab)}
     T(ALLOC, alloc_f),
     T(COMMIT, commit_f),
+    T(PUT, put_f),
     T(ABORT, abort_f),
     T(RESOLVE, resolve_f),
     T(RESOLVE_KEYS, resolve_keys_f),

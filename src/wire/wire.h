@@ -144,7 +144,8 @@ int dp__wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *wh
     X(STATS, "stats", false)                                                             \
     X(READ_BYTES, "read_bytes", false)                                                   \
     X(SAVE_SHARD, "save_shard", false)                                                   \
-    X(LOAD_SHARD, "load_shard", false)
+    X(LOAD_SHARD, "load_shard", false)                                                   \
+    X(PUT, "put", false)
 
 typedef enum dp_wire_op {
     DP_WIRE_OP_NONE = -1, /* not (yet) known */
@@ -206,6 +207,26 @@ typedef struct dp_wire_commit_args {
     dp_wire_str blob_id;
 } dp_wire_commit_args;
 
+/*
+ * put: a small blob carried inside the request (docs/design.md, "Inline
+ * values"): the unit allocates, copies, stamps the allocation into the
+ * header and commits, as alloc + WRITE + commit would. The answer is
+ * commit's; "pending" (a spill) is polled with commit.
+ */
+/* The most an inline put's blob, or the values of one resolve_keys reply, may
+ * carry: such a request holds a unit's control thread for its copy. */
+#define DP_WIRE_INLINE_MAX (1u << 20)
+
+typedef struct dp_wire_put_args {
+    dp_wire_str blob_id;
+    dp_wire_bytes data; /* the whole blob (its size is the allocation's) */
+    uint64_t n_entries; /* 0 .. max_entries (ETOOBIG); 0: not announced */
+    bool spill;         /* optional, default true */
+    /* optional, 0: any. The unit process the client's view is bound to: another
+     * one refuses the put (a restarted unit stores nothing of it). */
+    uint64_t incarnation;
+} dp_wire_put_args;
+
 typedef struct dp_wire_abort_args {
     dp_wire_str blob_id;
     bool in_flight; /* optional, default true */
@@ -217,6 +238,9 @@ typedef struct dp_wire_resolve_args {
 
 typedef struct dp_wire_resolve_keys_args {
     dp_wire_strs keys;
+    /* optional, default 0: payload bytes the reply may carry itself (values
+     * answered so are not pinned; docs/design.md, "Inline values") */
+    uint64_t inline_bytes;
 } dp_wire_resolve_keys_args;
 
 typedef struct dp_wire_unpin_args {
@@ -264,6 +288,7 @@ typedef struct dp_wire_request {
     union {
         dp_wire_alloc_args alloc;
         dp_wire_commit_args commit;
+        dp_wire_put_args put;
         dp_wire_abort_args abort;
         dp_wire_resolve_args resolve;
         dp_wire_resolve_keys_args resolve_keys;
@@ -311,7 +336,7 @@ int dp__wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim
  * unit's incarnation, alloc answers {off, token}, blobs carry their
  * allocation's identity (blob layout version 2).
  */
-#define DP_WIRE_PROTO 2
+#define DP_WIRE_PROTO 3
 
 typedef struct dp_wire_info {
     uint64_t unit_id;
@@ -367,7 +392,8 @@ typedef struct dp_wire_resolve_res {
     dp_wire_strs whole;
 } dp_wire_resolve_res;
 
-/* resolve_keys: {key: [slab_off, len, kind, dtype, shape]} */
+/* resolve_keys: {key: [slab_off, len, kind, dtype, shape]}, and a sixth element,
+ * the value's bytes, when the reply carries them (inline) */
 typedef struct dp_wire_key_loc {
     dp_wire_str key;
     uint64_t off; /* slab offset of the entry itself */
@@ -376,6 +402,7 @@ typedef struct dp_wire_key_loc {
     dp_wire_str dtype;
     const uint64_t *shape; /* ndim dims (NULL when ndim == 0) */
     uint32_t ndim;
+    dp_wire_bytes data; /* n > 0: the value itself (n == len), not pinned */
 } dp_wire_key_loc;
 
 typedef struct dp_wire_key_locs {

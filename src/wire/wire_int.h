@@ -58,7 +58,7 @@ enum dp__wire_vk {
     DP__V_U64S,        /* dp_wire_u64s */
     DP__V_SHARD_BLOBS, /* dp_wire_shard_blobs: {id: [off, nbytes, refs]} */
     DP__V_BLOB_LOCS,   /* dp_wire_blob_locs: {id: [off, len]} */
-    DP__V_KEY_LOCS,    /* dp_wire_key_locs: {key: [off, len, kind, dtype, shape]} */
+    DP__V_KEY_LOCS, /* dp_wire_key_locs: {key: [off, len, kind, dtype, shape(, data)]} */
 };
 
 typedef struct dp__wire_fdesc {

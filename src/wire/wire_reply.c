@@ -345,7 +345,8 @@ rd_result(dp__wire_dec *c, dp_wire_reply *rep)
         return dp__wire_map_decode(c, TAB(info_f), false, &rep->r.info, NULL);
     case DP_WIRE_OP_ALLOC:
         return dp__wire_map_decode(c, TAB(alloc_res_f), false, &rep->r.alloc, NULL);
-    case DP_WIRE_OP_COMMIT: {
+    case DP_WIRE_OP_COMMIT:
+    case DP_WIRE_OP_PUT: {
         dp_wire_str s;
         int rc = dp__mp_read_str(&c->r, &s.p, &s.n, "state", c->d);
         if (rc != DP_OK)
@@ -399,6 +400,7 @@ put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
         dp__wire_map_encode(w, TAB(alloc_res_f), &rep->r.alloc, lim);
         return;
     case DP_WIRE_OP_COMMIT:
+    case DP_WIRE_OP_PUT: /* answered as the commit it ends with */
         dp__mp_put_str(w, dp__wire_commit_state_name(rep->r.commit));
         return;
     case DP_WIRE_OP_RESOLVE:

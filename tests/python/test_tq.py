@@ -140,8 +140,9 @@ def _by_blob(kv):
 def test_location_hints_fresh_stale_and_cleared(cluster):
     """put's per-key metadata are location hints: handed back, a get pins
     whole blobs instead of looking keys up. Stale ones (rows overwritten or
-    cleared since) only cost the shortcut: the values are the current ones."""
-    kv = DataplaneKVClient({"cluster": cluster, "timeout_s": 20})
+    cleared since) only cost the shortcut: the values are the current ones.
+    (A batch this small would otherwise come inline, by key: inline is off.)"""
+    kv = DataplaneKVClient({"cluster": cluster, "timeout_s": 20, "inline_bytes": 0})
     g = list(range(5000, 5032))
     b = _batch(7, len(g))
     keys = _keys(g, b)

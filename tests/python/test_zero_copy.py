@@ -10,6 +10,16 @@ import torch
 import dataplane
 
 
+@pytest.fixture
+def client(cluster):
+    """These tests count the data path's staging copies. Small values would
+    travel inside the control messages instead (inline: test_inline.py), so
+    that is off here."""
+    c = dataplane.Client(cluster, timeout_s=20, inline_bytes=0)
+    yield c
+    c.close()
+
+
 def _staged(c):
     k = c.counters()
     return k["staged_put_bytes"], k["staged_get_bytes"]
