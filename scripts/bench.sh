@@ -6,14 +6,14 @@
 #
 #   scripts/bench.sh [BUILD_DIR] [NAME...]
 #
-# NAMES: alloc crc32c wire ctl xfer direct client ssd compare rl_batch many python hosts (default: all;
+# NAMES: alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts (default: all;
 # hosts needs root: network namespaces).
 set -euo pipefail
 build=${1:-build}
 shift || true
 root=$(cd "$(dirname "$0")/.." && pwd)
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(alloc crc32c wire ctl xfer direct ssd compare rl_batch many python)
+[ ${#names[@]} -gt 0 ] || names=(alloc crc32c wire ctl xfer direct ssd compare latency rl_batch many python)
 
 run() {
     printf '\n==== %s ====\n' "$1"
@@ -32,12 +32,13 @@ for n in "${names[@]}"; do
     client) run "client put/get vs memcpy" "$build/bench/bench_client" ;;
     ssd) run "SSD tier spill/stage vs plain file I/O" "$build/bench/bench_ssd" "${TMPDIR:-/tmp}" ;;
     compare) run "put/get vs memcpy, ucx_perftest and Redis" "$root/bench/compare.sh" "$build" ;;
+    latency) run "one small value's put + get vs a bare ZMQ round trip" "$root/bench/latency.sh" "$build" ;;
     rl_batch) run "an RL-shaped batch vs memcpy (C, with and without hints) and torch (Python)" "$root/bench/rl_batch.sh" "$build" ;;
     many) run "8 client processes at once vs memcpy on every core" "$root/bench/many_clients.sh" "$build" ;;
     python) run "Python package vs the C library, torch and redis-py" "$root/bench/python/run.sh" --build "$build" ;;
     hosts) run "across namespaces over TCP vs iperf3 and ucx_perftest" "$root/bench/hosts.sh" "$build" ;;
     *)
-        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare rl_batch many python hosts)" >&2
+        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts)" >&2
         exit 2
         ;;
     esac
