@@ -319,6 +319,48 @@ DP_TEST(client_rows_over_two_sided)
     uint64_t dropped = 0;
     CHECK_OK_D(dp_client_clear(c, rows, N, &dropped, &d), &d);
     CHECK_EQ_U64(dropped, N);
+
+    /*
+     * Large values from registered memory among small ones: each range of 128
+     * KiB or more is a message of its own (several in flight), the small ones
+     * between them gathered; gets into registered and into plain memory.
+     */
+    enum { M = 12 };
+    static const uint64_t sizes[M] = {0,         100,       200 << 10, (1 << 20) + 3,
+                                      130 << 10, 7,         64 << 10,  (128 << 10) - 1,
+                                      128 << 10, 300 << 10, 1,         (2 << 20) + 5};
+    uint64_t total = 0, mrows[M];
+    for (uint32_t i = 0; i < M; i++)
+        total += sizes[i];
+    uint8_t *reg = NULL, *back = NULL;
+    CHECK_OK_D(dp_client_alloc(c, total, (void **)&reg, &d), &d);
+    CHECK_OK_D(dp_client_alloc(c, total, (void **)&back, &d), &d);
+    uint8_t *plain = malloc(total);
+    dp_value mv[M];
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < M; i++) {
+        mrows[i] = 5000 + 2 * i; /* all on unit 0: one blob, one run */
+        for (uint64_t k = 0; k < sizes[i]; k++)
+            reg[at + k] = (uint8_t)dp_test_rand(&rs);
+        mv[i] = (dp_value){.data = reg + at, .nbytes = sizes[i], .kind = DP_KIND_BYTES};
+        at += sizes[i];
+    }
+    CHECK_OK_D(dp_client_put(c, mrows, M, fields, 1, mv, NULL, &d), &d);
+    for (int form = 0; form < 2; form++) {
+        uint8_t *dstbase = form == 0 ? back : plain;
+        memset(dstbase, 0xee, total);
+        at = 0;
+        for (uint32_t i = 0; i < M; i++) {
+            snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@x", mrows[i]);
+            gi[i] = (dp_get_item){.key = keys[i], .dst = dstbase + at, .cap = sizes[i]};
+            at += sizes[i];
+        }
+        CHECK_OK_D(dp_client_get(c, gi, M, &d), &d);
+        CHECK(memcmp(dstbase, reg, total) == 0);
+    }
+    free(plain);
+    dp_client_free(c, reg);
+    dp_client_free(c, back);
     dp_client_close(c);
     for (uint32_t i = 0; i < 2; i++) {
         dp_unit_stats st;

@@ -45,6 +45,9 @@
 enum { TS_AM_WRITE = 1, TS_AM_READ = 2, TS_AM_ACK = 3, TS_AM_DATA = 4 };
 #define TS_MSG_MAX 120                   /* bytes of a refusal's reason sent back */
 #define TS_DEFAULT_RNDV_MIN (16u * 1024) /* docs/design.md, "Two-sided transfers" */
+/* A range this large goes as a message of its own (contiguous on both sides:
+ * zero-copy), several in flight; smaller ones are gathered into one message. */
+#define TS_PIECE_MIN (128u * 1024)
 
 static ucp_ep_h
 reply_ep_of(const ucp_am_recv_param_t *param)
@@ -188,8 +191,13 @@ memh_of_locked(dp_endpoint *ep, uint64_t addr, uint64_t n)
 
 static void
 post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
-                      size_t k1, uint64_t raddr, batch *b)
+                      size_t k1, batch *b)
 {
+    while (k0 < k1 && o->local[k0].nbytes == 0)
+        k0++;
+    if (k0 == k1)
+        return;                          /* nothing to send */
+    uint64_t raddr = o->remote[k0].addr; /* the run is contiguous on the target */
     tsop *t = tsop_new_locked(ep, r, b, DP_TS_WRITE);
     if (t == NULL ||
         (t->t_iov = iov_of(o->local, k0, k1, &t->t_n_iov, &t->t_total)) == NULL) {
@@ -208,13 +216,15 @@ post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
             : NULL);
 }
 
+/* One READ request for ranges [k0, k1) of o (local and remote pair up). */
 static void
-post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
+post_read_part_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
+                      size_t k1, batch *b)
 {
     tsop *t = tsop_new_locked(ep, r, b, DP_TS_READ);
-    uint8_t *req = malloc((o->n_remote ? o->n_remote : 1) * 16);
+    uint8_t *req = malloc((k1 > k0 ? k1 - k0 : 1) * 16);
     if (t == NULL || req == NULL ||
-        (t->t_iov = iov_of(o->local, 0, o->n_local, &t->t_n_iov, &t->t_total)) == NULL) {
+        (t->t_iov = iov_of(o->local, k0, k1, &t->t_n_iov, &t->t_total)) == NULL) {
         free(req);
         if (t != NULL)
             tsop_free(t);
@@ -225,7 +235,7 @@ post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
      * the reply is one stream of bytes). */
     size_t n = 0;
     uint64_t end = 0;
-    for (size_t k = 0; k < o->n_remote; k++) {
+    for (size_t k = k0; k < k1; k++) {
         const dp_range *m = &o->remote[k];
         if (m->nbytes == 0)
             continue;
@@ -249,6 +259,34 @@ post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
     t->t_hdr_len = dp__ts_hdr_put(t->t_hdr, DP_TS_READ, t->t_seq, n, t->t_total, o->grant,
                                   (uint16_t)o->grant_len);
     send_locked(ep, t, TS_AM_READ, req, t->t_req_len, false, false, NULL);
+}
+
+/*
+ * The pieces of ranges [k0, k1): a range of at least TS_PIECE_MIN bytes is a
+ * piece of its own, runs of smaller ones one piece each. fn posts a piece.
+ */
+static void
+post_pieces_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
+                   size_t k1, batch *b,
+                   void (*fn)(dp_endpoint *, remote *, const dp_xfer_desc *, size_t,
+                              size_t, batch *))
+{
+    size_t k = k0;
+    while (k < k1 && b->b_status == UCS_OK) {
+        size_t j = k + 1;
+        if (o->local[k].nbytes < TS_PIECE_MIN)
+            while (j < k1 && o->local[j].nbytes < TS_PIECE_MIN)
+                j++;
+        fn(ep, r, o, k, j, b);
+        k = j;
+    }
+}
+
+/* Reads go as pieces: several replies in flight, large ones zero-copy. */
+static void
+post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
+{
+    post_pieces_locked(ep, r, o, 0, o->n_local, b, post_read_part_locked);
 }
 
 bool
@@ -278,7 +316,7 @@ dp__ep_ts_post_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *
             end += o->remote[j].nbytes;
             j++;
         }
-        post_write_run_locked(ep, r, o, k, j, start, b);
+        post_pieces_locked(ep, r, o, k, j, b, post_write_run_locked);
         k = j;
     }
 }
@@ -481,6 +519,13 @@ reply_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
     };
     const void *buf = n_iov == 0 ? NULL : one ? iov[0].buffer : (void *)iov;
     size_t count = n_iov == 0 ? 0 : one ? iov[0].length : n_iov;
+    ucp_mem_h memh =
+        one ? memh_of_locked(ep, (uint64_t)(uintptr_t)iov[0].buffer, iov[0].length)
+            : NULL;
+    if (memh != NULL) { /* contiguous in registered memory: zero-copy */
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        prm.memh = memh;
+    }
     ucs_status_ptr_t sp =
         ucp_am_send_nbx(to, kind == DP_TS_WRITE ? TS_AM_ACK : TS_AM_DATA, y->y_hdr, hlen,
                         buf, count, &prm);
