@@ -307,6 +307,16 @@ DP_TEST(up_admin_commands_and_sigint)
     snprintf(args, sizeof args, "stats --raw --cluster %s", u.file);
     CHECK_EQ(run(args, out, sizeof out), 0);
     CHECK_CONTAINS(out, "16777216");
+    /* --lanes: this machine's data path to each unit (shared memory here). */
+    snprintf(args, sizeof args, "stats --lanes --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 0);
+    CHECK_CONTAINS(out, "lanes: unit 0: shm one-sided (");
+    CHECK_CONTAINS(out, "units' transports: unit 0: ");
+    CHECK_CONTAINS(out, "posix"); /* shared memory, as every unit here has */
+    CHECK_CONTAINS(out, "; unit 1: shm one-sided (");
+    snprintf(args, sizeof args, "scan 1 --lanes --cluster %s", dir);
+    CHECK_EQ(run(args, out, sizeof out), 2);
+    CHECK_CONTAINS(out, "unknown option '--lanes'");
     snprintf(args, sizeof args, "scan 1 --cluster %s", dir);
     CHECK_EQ(run(args, out, sizeof out), 0);
     CHECK_CONTAINS(out, "unit 1 (tcp://127.0.0.1:");

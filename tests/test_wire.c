@@ -248,6 +248,7 @@ gresult(gen *g, dp_wire_reply *r)
         i->numa = gtext(g);
         i->slab_addr = gnum(g, 0);
         i->read_pin_ms = gnum(g, 0);
+        i->transports = gtext(g);
         break;
     }
     case DP_WIRE_OP_ALLOC:
@@ -497,6 +498,7 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
         CHECK_SV(x->numa, y->numa);
         CHECK_EQ_U64(x->slab_addr, y->slab_addr);
         CHECK_EQ_U64(x->read_pin_ms, y->read_pin_ms);
+        CHECK_SV(x->transports, y->transports);
         break;
     }
     case DP_WIRE_OP_ALLOC:

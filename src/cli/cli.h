@@ -44,6 +44,10 @@ int dp__cli_usage(const char *cmd, const char *fmt, ...)
 /* "dataplane <cmd>: <detail> (<strerror(rc)>)" on stderr; returns 1. */
 int dp__cli_fail(const char *cmd, int rc, const dp_detail *d);
 
+/* One line on stdout: how cl's data path reaches each unit
+ * ("lanes: unit 0: shm one-sided (posix,sysv); unit 1: ..."). */
+void dp__cli_print_lanes(dp_client *cl);
+
 /* Default control-call timeout of the admin commands, seconds. */
 #define DP_CLI_TIMEOUT_S 10.0
 

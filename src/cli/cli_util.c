@@ -296,3 +296,16 @@ dp__cli_probe_unit(const char *addr, const char *server_pub, const char *client_
     dp__ctl_client_destroy(ctl);
     return rc;
 }
+
+void
+dp__cli_print_lanes(dp_client *cl)
+{
+    printf("lanes:");
+    for (uint32_t u = 0; u < dp_client_n_units(cl); u++) {
+        char p[128];
+        if (dp_client_unit_path(cl, u, p, sizeof p) != DP_OK)
+            snprintf(p, sizeof p, "?");
+        printf("%s unit %u: %s", u > 0 ? ";" : "", u, p);
+    }
+    printf("\n");
+}

@@ -15,7 +15,7 @@
 #include "cli/cli.h"
 
 static const char usage_stats[] =
-    "usage: dataplane stats [--cluster PATH] [--raw] [--timeout-s S]\n"
+    "usage: dataplane stats [--cluster PATH] [--raw] [--lanes] [--timeout-s S]\n"
     "\n"
     "Print every unit's counters as a table: one row per counter, one column per\n"
     "unit and a total. A unit that does not answer is reported and the others are\n"
@@ -26,6 +26,9 @@ static const char usage_stats[] =
     "                   or a registry: etcd://HOST:PORT/NAME\n"
     "                   (default: $DP_CLUSTER, else the default directory)\n"
     "  --raw            exact numbers instead of human-readable byte sizes\n"
+    "  --lanes          also open a data path from this machine to every unit\n"
+    "                   and say which UCX transports it uses and whether RMA is\n"
+    "                   one-sided or two-sided (TCP), as clients here would get\n"
     "  --timeout-s S    how long to wait for the units (10)\n"
     "  -h, --help       this text\n";
 
@@ -64,12 +67,13 @@ static const char usage_clear[] =
 /* Rows one clear may name (ranges included): bounded so a typo cannot eat memory. */
 #define CLEAR_MAX_ROWS (1u << 20)
 
-enum { O_CLUSTER = 1, O_TIMEOUT, O_RAW };
+enum { O_CLUSTER = 1, O_TIMEOUT, O_RAW, O_LANES };
 
 typedef struct common_opts {
     const char *cluster;
     double timeout_s;
     bool raw;
+    bool lanes;
 } common_opts;
 
 /*
@@ -84,11 +88,13 @@ parse_common(const char *cmd, const char *usage, bool allow_raw, int argc, char 
         {"cluster", required_argument, NULL, O_CLUSTER},
         {"timeout-s", required_argument, NULL, O_TIMEOUT},
         {"raw", no_argument, NULL, O_RAW},
+        {"lanes", no_argument, NULL, O_LANES},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     o->cluster = NULL;
     o->timeout_s = DP_CLI_TIMEOUT_S;
     o->raw = false;
+    o->lanes = false;
     dp_detail d;
     dp_detail_clear(&d);
     int c;
@@ -111,6 +117,11 @@ parse_common(const char *cmd, const char *usage, bool allow_raw, int argc, char 
                 return dp__cli_usage(cmd, "unknown option '--raw'");
             o->raw = true;
             break;
+        case O_LANES: /* stats' options, as --raw */
+            if (!allow_raw)
+                return dp__cli_usage(cmd, "unknown option '--lanes'");
+            o->lanes = true;
+            break;
         case 'h':
             fputs(usage, stdout);
             return 0;
@@ -130,6 +141,15 @@ stats_req(uint32_t i, dp_wire_request *q, void *ctx)
     DP_UNUSED(i);
     DP_UNUSED(ctx);
     q->op = DP_WIRE_OP_STATS;
+    return true;
+}
+
+static bool
+info_req(uint32_t i, dp_wire_request *q, void *ctx)
+{
+    DP_UNUSED(i);
+    DP_UNUSED(ctx);
+    q->op = DP_WIRE_OP_INFO;
     return true;
 }
 
@@ -262,7 +282,36 @@ dp__cmd_stats(int argc, char **argv)
         }
     }
     dp__fanout_fini(&f);
+    if (o.lanes) {
+        /* What each unit's own UCX found, then what a client here gets. */
+        dp__client_call_all(c.client, &f, info_req, NULL, &d);
+        printf("\nunits' transports:");
+        for (uint32_t i = 0; i < f.n; i++) {
+            char t[160] = "?";
+            if (f.u[i].rc == DP_OK && f.u[i].rep.r.info.transports.n > 0)
+                dp__wire_str_copy(f.u[i].rep.r.info.transports, t, sizeof t);
+            printf("%s unit %u: %s", i > 0 ? ";" : "", i, t);
+        }
+        printf("\n");
+        dp__fanout_fini(&f);
+    }
     dp__cli_disconnect(&c);
+    if (o.lanes) {
+        /* The lanes are this machine's to each unit: a data client finds them. */
+        dp_client_opts co;
+        dp_client_opts_init(&co);
+        co.timeout_s = o.timeout_s;
+        co.connect_timeout_s = o.timeout_s;
+        dp_client *dc = NULL;
+        dp_detail_clear(&d);
+        rc = dp_client_open(o.cluster, &co, &dc, &d);
+        if (rc != DP_OK) {
+            dp__fail_ctx(&d, rc, "no data path to show the lanes of");
+            return dp__cli_fail("stats", rc, &d);
+        }
+        dp__cli_print_lanes(dc);
+        dp_client_close(dc);
+    }
     return status;
 }
 

@@ -853,20 +853,6 @@ bench_iter(dp_client *cl, const bench_opts *o, bench_state *b, uint64_t it)
     return -1;
 }
 
-/* The data path to each unit, as the client found it ("lanes: unit 0: ..."). */
-static void
-bench_lanes(dp_client *cl)
-{
-    printf("lanes:");
-    for (uint32_t u = 0; u < dp_client_n_units(cl); u++) {
-        char p[128];
-        if (dp_client_unit_path(cl, u, p, sizeof p) != DP_OK)
-            snprintf(p, sizeof p, "?");
-        printf("%s unit %u: %s", u > 0 ? ";" : "", u, p);
-    }
-    printf("\n");
-}
-
 /* The table, the content line and the RESULT line. */
 static void
 bench_report(const bench_opts *o, bench_state *b)
@@ -1026,7 +1012,7 @@ dp__cmd_bench(int argc, char **argv)
            dp__fmt_size(b.batch_bytes, sz2, sizeof sz2),
            o.registered ? "registered" : "malloc", o.iters, o.warmup, o.seed);
     fflush(stdout);
-    bench_lanes(cl);
+    dp__cli_print_lanes(cl);
     double t_report = dp__now_s() + 2;
     uint64_t n_all = o.warmup + o.iters;
     for (uint64_t it = 0; it < n_all; it++) {

@@ -280,6 +280,8 @@ dp__unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
     u->o = *opts;
     memcpy(u->cluster_id, opts->cluster_id != NULL ? opts->cluster_id : "", cid_len + 1);
     u->o.cluster_id = u->cluster_id;
+    if (u->o.ep != NULL)
+        dp__endpoint_transports(u->o.ep, u->transports, sizeof u->transports);
     if (u->o.now == NULL)
         u->o.now = default_now;
     u->last_report = dp__unit_now(u);
@@ -573,6 +575,7 @@ dp__unit_info_locked(dp_unit *u, dp_wire_info *info)
     info->pid = (uint64_t)getpid();
     info->host = dp__zview(dp__host_key());
     info->cluster = dp__zview(u->cluster_id);
+    info->transports = dp__zview(u->transports);
 }
 
 uint64_t

@@ -266,6 +266,7 @@ struct dp_unit {
     char address[256];
     char numa_desc[128];
     char cluster_id[DP_UNIT_ID_MAX + 1]; /* "" when none */
+    char transports[128]; /* its endpoint's UCX transports (info), "" without one */
     /* The ticker (unit.c) and its log line (stats.c) */
     pthread_cond_t cv;
     pthread_t ticker;

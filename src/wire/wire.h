@@ -345,16 +345,17 @@ typedef struct dp_wire_info {
     dp_wire_str agent;      /* its endpoint name */
     dp_wire_bytes metadata; /* its endpoint metadata (bin) */
     uint64_t slab_bytes;
-    uint64_t io_bytes;    /* optional, default 0 */
-    dp_wire_str numa;     /* optional, default "" */
-    uint64_t slab_addr;   /* optional: the slab's base address in the unit's
-                             registered region (remote address = slab_addr + off) */
-    uint64_t read_pin_ms; /* optional: how long a resolve pins (READ deadline) */
-    uint64_t incarnation; /* optional (0: unknown): the unit process's random id */
-    uint64_t proto;       /* optional (0: before versions): DP_WIRE_PROTO it speaks */
-    uint64_t pid;         /* optional: the unit's process id (diagnostics) */
-    dp_wire_str host;     /* optional: the unit's host key (dp__host_key) */
-    dp_wire_str cluster;  /* optional: the id of the cluster it was started for ("") */
+    uint64_t io_bytes;      /* optional, default 0 */
+    dp_wire_str numa;       /* optional, default "" */
+    uint64_t slab_addr;     /* optional: the slab's base address in the unit's
+                               registered region (remote address = slab_addr + off) */
+    uint64_t read_pin_ms;   /* optional: how long a resolve pins (READ deadline) */
+    uint64_t incarnation;   /* optional (0: unknown): the unit process's random id */
+    uint64_t proto;         /* optional (0: before versions): DP_WIRE_PROTO it speaks */
+    uint64_t pid;           /* optional: the unit's process id (diagnostics) */
+    dp_wire_str host;       /* optional: the unit's host key (dp__host_key) */
+    dp_wire_str cluster;    /* optional: the id of the cluster it was started for ("") */
+    dp_wire_str transports; /* optional: UCX transports its endpoint found ("tcp,...") */
 } dp_wire_info;
 
 /* alloc: the region's offset and the allocation's token (the blob header names it). */

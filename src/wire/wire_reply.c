@@ -25,7 +25,7 @@ static const dp__wire_fdesc info_f[] = {
     F(dp_wire_info, slab_addr, U64, 0, 0),   F(dp_wire_info, read_pin_ms, U64, 0, 0),
     F(dp_wire_info, incarnation, U64, 0, 0), F(dp_wire_info, proto, U64, 0, 0),
     F(dp_wire_info, pid, U64, 0, 0),         F(dp_wire_info, host, TEXT, 0, 0),
-    F(dp_wire_info, cluster, TEXT, 0, 0),
+    F(dp_wire_info, cluster, TEXT, 0, 0),    F(dp_wire_info, transports, TEXT, 0, 0),
 };
 static const dp__wire_fdesc alloc_res_f[] = {
     F(dp_wire_alloc_res, off, OFF, 1, 0),
