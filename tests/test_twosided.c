@@ -229,13 +229,32 @@ DP_TEST(bad_peers_are_refused_and_counted)
         xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b3"), NULL, &d),
         DP_ENOTFOUND, &d);
     CHECK_EQ(slab_crc(&r), before);
+    /* Retired for good: a one-sided WRITE might still land. A two-sided
+     * writer's region is freed instead: only what the unit receives lands. */
+    uint64_t retired = dp_test_unit_stats(r.u).retired_bytes;
+    CHECK(retired >= 65536);
+    uint64_t used = dp_test_unit_stats(r.u).allocated_bytes;
+    dp_wire_alloc_args a4 = {
+        .blob_id = dp__wire_s("b4"), .nbytes = 65536, .two_sided = true};
+    dp_wire_alloc_res r4;
+    CHECK_OK_D(dp__unit_alloc_req(r.u, &a4, &r4, NULL, &d), &d);
+    CHECK(dp_test_unit_stats(r.u).allocated_bytes > used);
+    fake_t += 61;
+    dp__unit_tick(r.u);
+    CHECK_EQ_U64(dp_test_unit_stats(r.u).leases_expired, 2);
+    CHECK_EQ_U64(dp_test_unit_stats(r.u).retired_bytes, retired);
+    CHECK_EQ_U64(dp_test_unit_stats(r.u).allocated_bytes, used);
+    CHECK_ERR_D(
+        xfer(&r, DP_XFER_WRITE, 0, r4.off, 65536, g, wgrant(g, r4.token, "b4"), NULL, &d),
+        DP_ENOTFOUND, &d);
+    CHECK_EQ(slab_crc(&r), before);
     dp_unit_stats s = dp_test_unit_stats(r.u);
-    CHECK_EQ_U64(s.ts_refused, 10);
+    CHECK_EQ_U64(s.ts_refused, 11);
     CHECK_EQ_U64(s.ts_writes, 1);
     CHECK_EQ_U64(s.ts_reads, 1);
     dp_endpoint_stats es;
     dp__endpoint_get_stats(r.uep, &es);
-    CHECK_EQ_U64(es.ts_refused, 10);
+    CHECK_EQ_U64(es.ts_refused, 11);
     CHECK_EQ_U64(es.ts_served, 2);
 
     /* Still serving: a fresh allocation written and read back byte for byte. */

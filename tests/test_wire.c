@@ -139,6 +139,7 @@ gargs(gen *g, dp_wire_request *q)
     case DP_WIRE_OP_ALLOC:
         q->a.alloc = (dp_wire_alloc_args){gid(g), 1 + gnum(g, (1ull << 62) - 1),
                                           gnum(g, (1u << 20) + 1), rnd(g, 2)};
+        q->a.alloc.two_sided = rnd(g, 2);
         break;
     case DP_WIRE_OP_COMMIT:
         q->a.commit.blob_id = gid(g);
@@ -416,6 +417,7 @@ check_req_eq(const dp_wire_request *a, const dp_wire_request *b)
         CHECK_EQ_U64(a->a.alloc.nbytes, b->a.alloc.nbytes);
         CHECK_EQ_U64(a->a.alloc.n_entries, b->a.alloc.n_entries);
         CHECK_EQ(a->a.alloc.spill, b->a.alloc.spill);
+        CHECK_EQ(a->a.alloc.two_sided, b->a.alloc.two_sided);
         break;
     case DP_WIRE_OP_COMMIT:
         CHECK_SV(a->a.commit.blob_id, b->a.commit.blob_id);

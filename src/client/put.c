@@ -232,6 +232,7 @@ alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
     q.a.alloc.pid = (uint64_t)getpid();
     q.a.alloc.host = dp__wire_s(dp__host_key());
     q.a.alloc.lane = dp__wire_s(dp__xfer_lane_name(c->units[pu->u].lane));
+    q.a.alloc.two_sided = c->units[pu->u].path == DP_XFER_PATH_TWO_SIDED;
     dp_detail_clear(&pu->det);
     int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
     if (rc != 0) {

@@ -784,6 +784,8 @@ alloc_locked(dp_unit *u, const dp_wire_alloc_args *args, bool fresh,
         goto out;
     }
     b->writer = dp__writers_ref(u->writers, args);
+    if (args->two_sided)
+        b->flags |= REC_TWO_SIDED;
     dp__list_insert_tail(&u->pend, &b->pend_link);
     u->stats.n_alloc++;
     /* The id names a new blob now, not a superseded spill. */
@@ -1125,11 +1127,19 @@ dp__unit_tick(dp_unit *u)
             next = DP_LIST_NEXT(b, blob_rec, pend_link);
             if (b->state == REC_VALIDATED)
                 continue; /* a validated spill waiting for the io queue */
+            /* A two-sided writer's bytes land only through this unit: once the
+             * record is gone none can, so the region is freed (after the
+             * receives that run, if any), not retired for good. */
+            bool two_sided = (b->flags & REC_TWO_SIDED) != 0;
             DP_LOG_W("unit %u: blob %s not committed within %.1f s: region of %" PRIu64
-                     " bytes retired",
-                     u->o.unit_id, b->id, u->o.alloc_lease_s, b->size);
+                     " bytes %s",
+                     u->o.unit_id, b->id, u->o.alloc_lease_s, b->size,
+                     two_sided ? "freed (a two-sided writer's)" : "retired");
             u->stats.leases_expired++;
-            dp__rec_retire_locked(u, b);
+            if (two_sided)
+                dp__rec_discard_open_locked(u, b, now);
+            else
+                dp__rec_retire_locked(u, b);
         }
     }
     reclaim_locked(u, now);

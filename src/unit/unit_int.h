@@ -106,6 +106,7 @@ enum {
     REC_STAGE_FAILED = 1u << 3, /* its last stage failed: the next resolve says so once */
     REC_PICKED_UP = 1u << 4,    /* a reader pinned its staged copy: evictable at once */
     REC_PIN_EXPIRED = 1u << 5,  /* sticky: a pin on its region expired: quarantine it */
+    REC_TWO_SIDED = 1u << 6, /* its writer WRITEs two-sided: only received bytes land */
 };
 
 typedef struct blob_rec blob_rec;

@@ -998,6 +998,7 @@ static const dp__wire_fdesc alloc_f[] = {
     F(dp_wire_alloc_args, pid, U64, 0, 0),
     F(dp_wire_alloc_args, host, TEXT_OR_NIL, 0, 0),
     F(dp_wire_alloc_args, lane, TEXT_OR_NIL, 0, 0),
+    F(dp_wire_alloc_args, two_sided, BOOL, 0, 0),
 };
 static const dp__wire_fdesc commit_f[] = {
     F(dp_wire_commit_args, blob_id, ID, 1, 0),

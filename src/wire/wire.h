@@ -201,6 +201,10 @@ typedef struct dp_wire_alloc_args {
     uint64_t pid;       /* optional, 0 when unknown */
     dp_wire_str host;   /* optional text */
     dp_wire_str lane;   /* optional text */
+    /* optional, default false: the writer moves its bytes two-sided (docs/design.md,
+     * "Two-sided transfers"), so nothing lands in the region but what this unit
+     * receives itself, and an expired lease may free it instead of retiring it */
+    bool two_sided;
 } dp_wire_alloc_args;
 
 typedef struct dp_wire_commit_args {
