@@ -514,6 +514,66 @@ DP_TEST(trusted_builder_is_still_checked_by_the_parser)
     dp__blob_builder_destroy(bb);
 }
 
+/*
+ * dp_blob_sizer predicts the builder's index and blob sizes exactly: random
+ * entries across every msgpack size class (keys of 3..276 bytes, dtypes of
+ * 0..32, 0..32 dims of every width, lengths from 0 to past 2^32), with and
+ * without CRCs, 1..300 entries (array headers of 1 and 3 bytes).
+ */
+DP_TEST(sizer_predicts_the_layout)
+{
+    uint64_t rs = dp_test_seed();
+    static const uint64_t widths[] = {
+        0,         1, 127, 128, 255, 256, 65535, 65536, 0xffffffffull, 0x100000000ull,
+        1ull << 40};
+    for (int round = 0; round < 200; round++) {
+        uint32_t flags = round % 2 ? DP_BLOB_FLAG_CRC : 0;
+        dp_blob_builder *b = NULL;
+        CHECK_OK(dp__blob_builder_create(flags, &b, NULL));
+        dp__blob_builder_trust_keys(b, true);
+        dp_blob_sizer z;
+        dp__blob_sizer_init(&z, flags);
+        uint32_t n = 1 + (uint32_t)(dp_test_rand(&rs) % (round < 100 ? 20 : 300));
+        for (uint32_t i = 0; i < n; i++) {
+            char key[300], dtype[40];
+            uint64_t shape[32];
+            int kl = snprintf(key, sizeof key, "%" PRIu64 "@",
+                              dp_test_rand(&rs) >> (dp_test_rand(&rs) % 64));
+            size_t fl = 1 + dp_test_rand(&rs) % (i % 7 == 0 ? 255 : 20);
+            for (size_t k = 0; k < fl && kl < 276; k++)
+                key[kl++] = (char)('a' + (i + k) % 26);
+            key[kl] = '\0';
+            dp_blob_kind kind = (dp_blob_kind)(dp_test_rand(&rs) % 3);
+            size_t dl = kind == DP_BLOB_TENSOR ? 1 + dp_test_rand(&rs) % 32
+                                               : dp_test_rand(&rs) % 33;
+            for (size_t k = 0; k < dl; k++)
+                dtype[k] = (char)('a' + k % 26);
+            dtype[dl] = '\0';
+            uint32_t nd = (uint32_t)(dp_test_rand(&rs) % 33);
+            for (uint32_t k = 0; k < nd; k++)
+                shape[k] = widths[dp_test_rand(&rs) % DP_ARRAY_LEN(widths)] +
+                           (dp_test_rand(&rs) % 2);
+            uint64_t len = widths[dp_test_rand(&rs) % 8] + dp_test_rand(&rs) % 3;
+            dp_blob_entry_spec sp = {0};
+            sp.key = key;
+            sp.key_len = (size_t)kl;
+            sp.kind = kind;
+            sp.dtype = dtype;
+            sp.shape = shape;
+            sp.ndim = nd;
+            sp.len = len;
+            sp.has_crc = flags != 0;
+            CHECK_OK(dp__blob_builder_add(b, &sp, NULL, NULL));
+            dp__blob_sizer_add(&z, (size_t)kl, kind, dl, shape, nd, len);
+        }
+        dp_blob_layout lay;
+        CHECK_OK(dp__blob_builder_layout(b, &lay, NULL));
+        CHECK_EQ_U64(dp__blob_sizer_index_len(&z), lay.index_len);
+        CHECK_EQ_U64(dp__blob_sizer_total(&z), lay.total_len);
+        dp__blob_builder_destroy(b);
+    }
+}
+
 DP_TEST(kind_names)
 {
     dp_blob_kind k;

@@ -954,6 +954,32 @@ DP_TEST(bad_puts_and_skipped_cells)
     CHECK_ERR(dp_client_put(c, g1, 1, fdup, 2, v2, NULL, NULL), DP_EINVAL);
     dp_value tensor_no_dtype = {x, 16, DP_KIND_TENSOR, NULL, NULL, 0};
     CHECK_ERR(dp_client_put(c, g1, 1, f1, 1, &tensor_no_dtype, NULL, NULL), DP_EINVAL);
+    /*
+     * A bad cell of unit 1's row refuses the whole put before anything is sent
+     * (the allocs leave before the indexes are built): no unit allocated.
+     */
+    double al0 = stat_of(c, 0, "allocs") + stat_of(c, 1, "allocs");
+    uint64_t shape33[33] = {0};
+    uint64_t g4[] = {20, 21, 22, 23};
+    uint8_t *wide = calloc(1, 1 << 20); /* not inline: allocs would be sent */
+    dp_value v4[4];
+    for (int i = 0; i < 4; i++)
+        v4[i] = (dp_value){wide, 1 << 20, DP_KIND_BYTES, NULL, NULL, 0};
+    v4[3] = (dp_value){wide, 1 << 20, DP_KIND_TENSOR, "Float32", shape33, 1};
+    CHECK_ERR_D(dp_client_put(c, g4, 4, f1, 1, v4, NULL, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "row 23 field 'a': dtype has a character");
+    v4[3] = (dp_value){wide, 1 << 20, DP_KIND_TENSOR, "float32", shape33, 33};
+    CHECK_ERR_D(dp_client_put(c, g4, 4, f1, 1, v4, NULL, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "more than 32 dims");
+    v4[3] = (dp_value){wide, 1 << 20, DP_KIND_TENSOR, "float32", NULL, 2};
+    CHECK_ERR_D(dp_client_put(c, g4, 4, f1, 1, v4, NULL, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "shape is NULL");
+    CHECK(stat_of(c, 0, "allocs") + stat_of(c, 1, "allocs") == al0);
+    v4[3] = (dp_value){wide, 1 << 20, DP_KIND_TENSOR, "float32", shape33, 33 - 32};
+    shape33[0] = (1 << 20) / 4;
+    CHECK_OK_D(dp_client_put(c, g4, 4, f1, 1, v4, NULL, &d), &d);
+    CHECK(stat_of(c, 0, "allocs") + stat_of(c, 1, "allocs") == al0 + 2);
+    free(wide);
     /* Bigger than a unit's slab: refused up front. */
     uint8_t *big = calloc(1, 17 << 20);
     dp_value vb = {big, 17 << 20, DP_KIND_BYTES, NULL, NULL, 0};

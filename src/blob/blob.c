@@ -75,6 +75,71 @@ dtype_problem(const char *dtype, size_t len, dp_blob_kind kind)
     return NULL;
 }
 
+const char *
+dp__blob_dtype_problem(const char *dtype, size_t len, dp_blob_kind kind)
+{
+    return dtype_problem(dtype, len, kind);
+}
+
+/* ---- sizes before building (dp_blob_sizer): the encodings of dp__mp_put_* ---- */
+
+static uint64_t
+mp_str_hdr(uint64_t n)
+{
+    return n < 32 ? 1 : n <= 0xff ? 2 : n <= 0xffff ? 3 : 5;
+}
+
+static uint64_t
+mp_arr_hdr(uint64_t n)
+{
+    return n < 16 ? 1 : n <= 0xffff ? 3 : 5;
+}
+
+static uint64_t
+mp_uint(uint64_t v)
+{
+    return v < 0x80 ? 1 : v <= 0xff ? 2 : v <= 0xffff ? 3 : v <= 0xffffffffu ? 5 : 9;
+}
+
+void
+dp__blob_sizer_init(dp_blob_sizer *z, uint32_t flags)
+{
+    memset(z, 0, sizeof *z);
+    z->crc = (flags & DP_BLOB_FLAG_CRC) != 0;
+}
+
+void
+dp__blob_sizer_add(dp_blob_sizer *z, size_t key_len, dp_blob_kind kind, size_t dtype_len,
+                   const uint64_t *shape, uint32_t ndim, uint64_t len)
+{
+    size_t kl = strlen(kind_names[kind]);
+    /* [key, kind, dtype, shape, off (full width), len, crc (full width) | nil] */
+    uint64_t e = 1 + mp_str_hdr(key_len) + key_len + mp_str_hdr(kl) + kl +
+                 mp_str_hdr(dtype_len) + dtype_len + mp_arr_hdr(ndim);
+    for (uint32_t k = 0; k < ndim; k++)
+        e += mp_uint(shape[k]);
+    e += 9 + mp_uint(len) + (z->crc ? 5 : 1);
+    z->index_body += e;
+    z->payloads += DP_ALIGN_UP(len, DP_BLOB_ALIGN);
+    if (z->payloads < len) /* overflow: never a valid blob */
+        z->payloads = UINT64_MAX;
+    z->n++;
+}
+
+uint64_t
+dp__blob_sizer_index_len(const dp_blob_sizer *z)
+{
+    return mp_arr_hdr(z->n) + z->index_body;
+}
+
+uint64_t
+dp__blob_sizer_total(const dp_blob_sizer *z)
+{
+    uint64_t off =
+        DP_ALIGN_UP(DP_BLOB_HEADER_LEN + dp__blob_sizer_index_len(z), DP_BLOB_ALIGN);
+    return z->payloads > UINT64_MAX - 2 * DP_BLOB_ALIGN - off ? 0 : off + z->payloads;
+}
+
 /* ---- header ---- */
 
 void

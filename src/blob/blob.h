@@ -172,6 +172,31 @@ int dp__blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_de
  */
 int dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d);
 
+/*
+ * The size of a blob before building it: the sum, entry by entry, of what the
+ * builder will write (the index's exact msgpack length and the aligned
+ * payloads), so that a put can ask for its allocation while the index is
+ * still to be built. dp__blob_sizer_total equals dp__blob_builder_layout's
+ * total_len for the same entries (tested); kind must be valid.
+ */
+typedef struct dp_blob_sizer {
+    uint32_t n;
+    bool crc;
+    uint64_t index_body; /* the entries' encodings */
+    uint64_t payloads;   /* the payloads, each rounded up to 64 */
+} dp_blob_sizer;
+
+void dp__blob_sizer_init(dp_blob_sizer *z, uint32_t flags);
+void dp__blob_sizer_add(dp_blob_sizer *z, size_t key_len, dp_blob_kind kind,
+                        size_t dtype_len, const uint64_t *shape, uint32_t ndim,
+                        uint64_t len);
+/* The index's length and the whole blob's (0 when it overflows). */
+uint64_t dp__blob_sizer_index_len(const dp_blob_sizer *z);
+uint64_t dp__blob_sizer_total(const dp_blob_sizer *z);
+
+/* Why an entry's dtype is refused for kind (static text), or NULL. */
+const char *dp__blob_dtype_problem(const char *dtype, size_t len, dp_blob_kind kind);
+
 /* Entry i's payload offset in the blob (after a layout) and length. */
 uint64_t dp__blob_builder_offset(const dp_blob_builder *b, uint32_t i);
 uint64_t dp__blob_builder_len(const dp_blob_builder *b, uint32_t i);

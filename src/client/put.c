@@ -60,8 +60,10 @@ typedef struct put_unit {
     uint32_t ent0; /* first entry of this unit in the per-call entry arrays */
     uint32_t n_ent;
     bool any_direct;
-    bool inl;  /* small: the blob goes inside a put request (ST_INLINE) */
-    bool poll; /* its inline put answered "pending": commit polls it */
+    bool inl;      /* small: the blob goes inside a put request (ST_INLINE) */
+    bool size_bug; /* built to another size than sized: fails after its alloc */
+    uint64_t size; /* the blob's size, known before its index is built */
+    bool poll;     /* its inline put answered "pending": commit polls it */
     dp_blob_layout lay;
     size_t stage_off, stage_len;
     char blob_id[40];
@@ -128,11 +130,24 @@ check_args(const dp_client *c, const uint64_t *gidxs, size_t n_rows,
         if ((unsigned)v->kind > DP_KIND_SKIP)
             return dp__fail(d, DP_EINVAL, "put: row %" PRIu64 " field '%s': bad kind %d",
                             gidxs[i / n_fields], fields[i % n_fields], (int)v->kind);
-        if (v->kind != DP_KIND_SKIP && v->data == NULL && v->nbytes > 0)
+        if (v->kind == DP_KIND_SKIP)
+            continue;
+        if (v->data == NULL && v->nbytes > 0)
             return dp__fail(d, DP_EINVAL,
                             "put: row %" PRIu64 " field '%s': NULL data of %" PRIu64
                             " bytes",
                             gidxs[i / n_fields], fields[i % n_fields], v->nbytes);
+        /* What the blob builder would refuse, refused before anything is sent. */
+        const char *dt = v->dtype != NULL ? v->dtype : "";
+        const char *why = dp__blob_dtype_problem(dt, strnlen(dt, DP_BLOB_DTYPE_MAX + 1),
+                                                 (dp_blob_kind)v->kind);
+        if (why == NULL && v->ndim > DP_BLOB_MAX_DIMS)
+            why = "shape has more than 32 dims";
+        if (why == NULL && v->ndim > 0 && v->shape == NULL)
+            why = "shape is NULL";
+        if (why != NULL)
+            return dp__fail(d, DP_EINVAL, "put: row %" PRIu64 " field '%s': %s",
+                            gidxs[i / n_fields], fields[i % n_fields], why);
     }
     return DP_OK;
 }
@@ -224,7 +239,7 @@ alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
     q.a.alloc.blob_id = dp__wire_s(pu->blob_id);
-    q.a.alloc.nbytes = pu->lay.total_len;
+    q.a.alloc.nbytes = pu->size;
     q.a.alloc.n_entries = pu->n_ent;
     q.a.alloc.spill = !c->o.no_spill;
     /* Who writes the region: lets the unit reclaim it if this process dies. */
@@ -270,11 +285,11 @@ alloc_replies_locked(dp_client *c, put_unit *pus, const uint32_t *slot_pu, size_
             pu->off = rep.r.alloc.off;
             pu->token = rep.r.alloc.token;
             if (pu->off > c->units[pu->u].region_bytes ||
-                pu->lay.total_len > c->units[pu->u].region_bytes - pu->off)
+                pu->size > c->units[pu->u].region_bytes - pu->off)
                 pu_fail(pu, DP_EPROTO,
                         "alloc answered offset %" PRIu64 " for %" PRIu64
                         " bytes, outside the unit's region of %" PRIu64 " bytes",
-                        pu->off, pu->lay.total_len, c->units[pu->u].region_bytes);
+                        pu->off, pu->size, c->units[pu->u].region_bytes);
             else
                 pu->state = ST_WRITE;
         } else if (rc == 0) {
@@ -771,17 +786,30 @@ put_arrays_make(put_arrays *a, uint32_t N, const uint64_t *gidxs, size_t n_rows,
     return dp__groups_make(&a->g, N, gidxs, n_rows, d);
 }
 
+/* Decimal digits of v (the gidx part of a key). */
+static size_t
+digits_u64(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
+    }
+    return n;
+}
+
 /*
- * One blob per unit with rows: index, layout, staging needs, blob id. The
- * parts go into a->pus (a->npu); *stage_total is the staging they need.
+ * One part per unit with something to put, sized before any index is built
+ * (dp_blob_sizer), so that the allocs can leave first and the indexes be
+ * built while they travel: entries, blob size, the checks against the unit's
+ * areas, the blob id, and whether it goes inline. The parts go into a->pus
+ * (a->npu).
  */
 static int
-put_plan_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
-                const char *const *fields, size_t n_fields, const dp_value *values,
-                size_t *stage_total, dp_detail *d)
+put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fields,
+                const dp_value *values, dp_detail *d)
 {
     size_t n_ent = 0;
-    *stage_total = 0;
     for (uint32_t u = 0; u < c->n_units; u++) {
         if (dp__groups_count(&a->g, u) == 0)
             continue;
@@ -789,24 +817,80 @@ put_plan_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
         pu->u = u;
         pu->n_rows = dp__groups_count(&a->g, u);
         pu->ent0 = (uint32_t)n_ent;
-        int rc = build_unit_locked(c, pu, a->g.order + a->g.start[u], gidxs, fields,
-                                   a->flen, n_fields, values, a->ent_val, a->ent_crc, d);
-        if (rc != 0)
-            return rc;
-        if (pu->n_ent == 0)
+        dp_blob_sizer z;
+        dp__blob_sizer_init(&z, c->o.crc ? DP_BLOB_FLAG_CRC : 0);
+        const uint32_t *order = a->g.order + a->g.start[u];
+        for (uint32_t k = 0; k < pu->n_rows; k++) {
+            uint32_t r = order[k];
+            size_t gd = digits_u64(gidxs[r]);
+            for (size_t f = 0; f < n_fields; f++) {
+                const dp_value *v = &values[(size_t)r * n_fields + f];
+                if (v->kind == DP_KIND_SKIP)
+                    continue;
+                size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0; /* checked: <= 32 */
+                dp__blob_sizer_add(&z, gd + 1 + a->flen[f], (dp_blob_kind)v->kind, dl,
+                                   v->shape, v->ndim, v->nbytes);
+            }
+        }
+        if (z.n == 0)
             continue; /* every cell skipped: nothing to send */
-        n_ent += pu->n_ent;
+        pu->n_ent = z.n;
+        n_ent += z.n;
+        uint64_t total = dp__blob_sizer_total(&z);
+        if (z.n > DP_BLOB_MAX_ENTRIES || total == 0 ||
+            dp__blob_sizer_index_len(&z) > DP_BLOB_MAX_INDEX_LEN)
+            return dp__fail(d, DP_ETOOBIG,
+                            "put: the blob for unit %u would have %u entries and %" PRIu64
+                            " bytes of index: over the limits (%u entries, %llu bytes)",
+                            u, z.n, dp__blob_sizer_index_len(&z), DP_BLOB_MAX_ENTRIES,
+                            (unsigned long long)DP_BLOB_MAX_INDEX_LEN);
         /* Too big for the put area and (spilling) for the IO area: refused up front. */
-        if (pu->lay.total_len > c->units[u].slab_bytes &&
-            (c->o.no_spill || pu->lay.total_len > c->units[u].io_bytes))
+        if (total > c->units[u].slab_bytes &&
+            (c->o.no_spill || total > c->units[u].io_bytes))
             return dp__fail(d, DP_ETOOBIG,
                             "put: the blob for unit %u (%s) needs %" PRIu64
                             " bytes, more than its slab of %" PRIu64 " bytes",
-                            u, c->units[u].addr, pu->lay.total_len,
-                            c->units[u].slab_bytes);
-        bool any_staged = false;
-        for (uint32_t i = 0; i < pu->n_ent; i++) {
-            const dp_value *v = a->ent_val[pu->ent0 + i];
+                            u, c->units[u].addr, total, c->units[u].slab_bytes);
+        pu->size = total;
+        /* Small: the whole blob is staged and travels in the request. */
+        pu->inl = c->o.inline_bytes > 0 && total <= c->o.inline_bytes;
+        snprintf(pu->blob_id, sizeof pu->blob_id, "%s-%" PRIx64, c->blob_prefix,
+                 ++c->blob_seq);
+        pu->state = pu->inl ? ST_INLINE : ST_ALLOC;
+        a->npu++;
+    }
+    return DP_OK;
+}
+
+/*
+ * Build every part's index (while its alloc travels) and its staging needs;
+ * *stage_total is the staging they all need. A part whose built size is not
+ * the one its alloc asked for (a bug) fails and is aborted with the others'
+ * answers.
+ */
+static int
+put_build_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
+                 const char *const *fields, size_t n_fields, const dp_value *values,
+                 size_t *stage_total, dp_detail *d)
+{
+    *stage_total = 0;
+    for (size_t i = 0; i < a->npu; i++) {
+        put_unit *pu = &a->pus[i];
+        uint32_t n_ent = pu->n_ent;
+        int rc = build_unit_locked(c, pu, a->g.order + a->g.start[pu->u], gidxs, fields,
+                                   a->flen, n_fields, values, a->ent_val, a->ent_crc, d);
+        if (rc != 0)
+            return rc;
+        if (pu->n_ent != n_ent || pu->lay.total_len != pu->size) {
+            pu->size_bug = true;
+            DP_LOG_E("put: blob %s built with %u entries and %" PRIu64
+                     " bytes, sized %u and %" PRIu64 " (a bug: the part fails)",
+                     pu->blob_id, pu->n_ent, pu->lay.total_len, n_ent, pu->size);
+            continue;
+        }
+        bool any_staged = pu->inl;
+        for (uint32_t e = 0; e < pu->n_ent && !pu->inl; e++) {
+            const dp_value *v = a->ent_val[pu->ent0 + e];
             if (v->nbytes == 0)
                 continue;
             if (dp__client_direct_locked(c, v->data, v->nbytes))
@@ -814,19 +898,9 @@ put_plan_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
             else
                 any_staged = true;
         }
-        /* Small: the whole blob is staged and travels in the request. */
-        pu->inl = c->o.inline_bytes > 0 && pu->lay.total_len <= c->o.inline_bytes;
-        if (pu->inl) {
-            pu->any_direct = false;
-            any_staged = true;
-        }
         pu->stage_off = *stage_total;
         pu->stage_len = any_staged ? pu->lay.total_len : pu->lay.payload_off;
         *stage_total += DP_ALIGN_UP(pu->stage_len, 64);
-        snprintf(pu->blob_id, sizeof pu->blob_id, "%s-%" PRIx64, c->blob_prefix,
-                 ++c->blob_seq);
-        pu->state = pu->inl ? ST_INLINE : ST_ALLOC;
-        a->npu++;
     }
     return DP_OK;
 }
@@ -844,6 +918,8 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
     dp_range *local = a->local, *remote = a->remote;
     for (size_t i = 0; i < a->npu; i++) {
         put_unit *pu = &a->pus[i];
+        if (pu->size_bug)
+            continue; /* fails after its alloc's answer (put_impl) */
         uint8_t *base = stage + pu->stage_off;
         dp_blob_builder *b = c->builders[pu->u];
         int rc = dp__blob_builder_write(b, base, pu->stage_len, d);
@@ -1049,15 +1125,20 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
     rc =
         put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, locs != NULL, d);
     if (rc == 0)
-        rc = put_plan_locked(c, &a, gidxs, fields, n_fields, values, &stage_total, d);
+        rc = put_size_locked(c, &a, gidxs, n_fields, values, d);
     if (rc != 0 || a.npu == 0 || (rc = put_ready_locked(c, &a, deadline, d)) != 0)
         goto out;
-    /* Every check passed: the allocs go out now, and staging runs meanwhile. */
+    /*
+     * Every check passed and every blob is sized: the allocs go out now, and
+     * the indexes are built and staged while they travel.
+     */
     size_t ns = 0;
     for (size_t i = 0; i < a.npu; i++)
         if (a.pus[i].state == ST_ALLOC && alloc_send_locked(c, &a.pus[i], ns))
             a.slot_pu[ns++] = (uint32_t)i;
-    rc = dp__client_buf_get_locked(c, stage_total, DP__BUF_STAGING, &stage, d);
+    rc = put_build_locked(c, &a, gidxs, fields, n_fields, values, &stage_total, d);
+    if (rc == 0)
+        rc = dp__client_buf_get_locked(c, stage_total, DP__BUF_STAGING, &stage, d);
     if (rc != 0)
         stage = NULL;
     else
@@ -1075,8 +1156,22 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
      * (alloc retries, WRITEs and commits use at most as many slots as allocs
      * were sent, so these stay untouched until inline_phase_locked reads them).
      */
+    for (size_t i = 0; i < a.npu; i++)
+        if (a.pus[i].size_bug && a.pus[i].state == ST_INLINE)
+            pu_fail(&a.pus[i], DP_EPROTO,
+                    "internal error: blob %s built to another size "
+                    "than sized; nothing sent",
+                    a.pus[i].blob_id);
     size_t ni = inline_send_all_locked(c, a.pus, a.npu, a.slot_pu, ns, stage->p);
     alloc_phase_locked(c, a.pus, a.npu, a.slot_pu, ns, deadline);
+    for (size_t i = 0; i < a.npu; i++)
+        if (a.pus[i].size_bug && a.pus[i].state == ST_WRITE) {
+            send_abort_locked(c, &a.pus[i], false);
+            pu_fail(&a.pus[i], DP_EPROTO,
+                    "internal error: blob %s built to another size than its alloc asked "
+                    "for; aborted",
+                    a.pus[i].blob_id);
+        }
     if (dp__client_test_hook != NULL)
         dp__client_test_hook("put:allocated");
     put_remote_ranges_locked(c, &a, stage->p);

@@ -1054,14 +1054,21 @@ static int
 sock_verdict(csock *cs, const char *address, dp_detail *d)
 {
     drain_events(cs);
-    if (cs->n_auth_failed > cs->sent_auth)
+    /*
+     * A failure since the send, or one before it on a socket that never came
+     * up: the handshake of a fresh socket can fail before the request is
+     * even sent (the send's snapshot then already counts it, and ZMQ need not
+     * try again).
+     */
+    bool fresh = !cs->ever_up;
+    if (cs->n_auth_failed > cs->sent_auth || (fresh && cs->n_auth_failed > 0))
         return dp__fail(
             d, DP_EPOLICY,
             "unit %s refused this client's key (CURVE): its operator must put "
             "this client's public key in the unit's --curve-allow directory "
             "(then SIGHUP the unit); nothing was delivered",
             address);
-    if (cs->n_proto_failed > cs->sent_proto) {
+    if (cs->n_proto_failed > cs->sent_proto || (fresh && cs->n_proto_failed > 0)) {
         if (cs->last_proto == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
             return dp__fail(d, DP_EPOLICY,
                             cs->curve
