@@ -1733,6 +1733,67 @@ DP_TEST(client_killed_at_random_times)
     cluster_stop(&cl);
 }
 
+static uint64_t
+size_960k(uint64_t gidx, uint32_t f)
+{
+    (void)gidx;
+    (void)f;
+    return 960 << 10;
+}
+
+static uint64_t
+size_30k(uint64_t gidx, uint32_t f)
+{
+    (void)f;
+    return 30000 + gidx % 7;
+}
+
+/*
+ * Inline puts into a unit whose RAM is full: they spill, their put request
+ * answers "pending" and the client polls the commit until the file is
+ * written; every value then comes back byte for byte (staged from SSD).
+ */
+DP_TEST(inline_put_that_spills_is_polled)
+{
+    snprintf(tc_ssd_dir, sizeof tc_ssd_dir, "/tmp/dp_tc_ssd_XXXXXX");
+    CHECK(mkdtemp(tc_ssd_dir) != NULL);
+    char dir[64];
+    snprintf(dir, sizeof dir, "%s", tc_ssd_dir);
+    tc_staging = 4 << 20;
+    cluster cl;
+    cluster_start(&cl, 1, 1 << 20, 60, 10);
+    tc_ssd_dir[0] = '\0';
+    tc_staging = 0;
+    dp_client *c = connect_cl(&cl);
+    dp_detail d;
+    dp_detail_clear(&d);
+    uint64_t g0 = 700;
+    batch fill;
+    batch_make(&fill, NULL, &g0, 1, 1, size_960k, 1);
+    CHECK_OK_D(batch_put(c, &fill, NULL, &d), &d);
+    double pi0 = stat_of(c, 0, "puts_inline"), sp0 = stat_of(c, 0, "spills");
+    uint64_t g[6];
+    for (int i = 0; i < 6; i++)
+        g[i] = 701 + (uint64_t)i;
+    for (int i = 0; i < 6; i++) {
+        batch one;
+        batch_make(&one, NULL, &g[i], 1, 1, size_30k, 2);
+        CHECK_OK_D(batch_put(c, &one, NULL, &d), &d);
+        batch_free(&one);
+    }
+    CHECK_EQ((long long)(stat_of(c, 0, "puts_inline") - pi0), 6);
+    CHECK(stat_of(c, 0, "spills") - sp0 >= 1);
+    batch all;
+    batch_make(&all, NULL, g, 6, 1, size_30k, 2);
+    batch_verify(c, &all, 2);
+    batch_verify(c, &fill, 1);
+    batch_free(&all);
+    batch_free(&fill);
+    dp_client_close(c);
+    cluster_stop(&cl);
+    rmdir(dir);
+}
+
 DP_TEST(ssd_tier_spill_and_stage)
 {
     /* Put area 4 MiB, IO area 8 MiB: most 1 MiB rows spill to SSD (commit

@@ -341,12 +341,27 @@ DP_TEST(location_hints_across_a_restart)
 
 DP_TEST(restart_same_port_get_first_4k)
 {
-    restart_scenario(4096, false); /* the memcpy path */
+    restart_scenario(4096, false); /* inline values: 4 x 4 KiB fit one message */
 }
 
 DP_TEST(restart_same_port_put_first_4k)
 {
     restart_scenario(4096, true);
+}
+
+/* The same small rows through alloc, WRITE and commit (the memcpy path). */
+DP_TEST(restart_same_port_get_first_4k_no_inline)
+{
+    setenv("DP_INLINE", "off", 1);
+    restart_scenario(4096, false);
+    unsetenv("DP_INLINE");
+}
+
+DP_TEST(restart_same_port_put_first_4k_no_inline)
+{
+    setenv("DP_INLINE", "off", 1);
+    restart_scenario(4096, true);
+    unsetenv("DP_INLINE");
 }
 
 DP_TEST(restart_same_port_get_first_256k)

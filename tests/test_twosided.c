@@ -345,9 +345,12 @@ DP_TEST(client_rows_over_two_sided)
      * between them gathered; gets into registered and into plain memory.
      */
     enum { M = 12 };
-    static const uint64_t sizes[M] = {0,         100,       200 << 10, (1 << 20) + 3,
-                                      130 << 10, 7,         64 << 10,  (128 << 10) - 1,
-                                      128 << 10, 300 << 10, 1,         (2 << 20) + 5};
+    /* Multiples of 64: the blob is one run of the unit's memory, so the message
+     * count is the pieces': {header, 128}, 200K, 1M, 130K, {64, 64K, 128K-64},
+     * 128K, 300K, {64}, 2M. */
+    static const uint64_t sizes[M] = {0,         128,       200 << 10, 1 << 20,
+                                      130 << 10, 64,        64 << 10,  (128 << 10) - 64,
+                                      128 << 10, 300 << 10, 64,        2 << 20};
     uint64_t total = 0, mrows[M];
     for (uint32_t i = 0; i < M; i++)
         total += sizes[i];
@@ -364,7 +367,12 @@ DP_TEST(client_rows_over_two_sided)
         mv[i] = (dp_value){.data = reg + at, .nbytes = sizes[i], .kind = DP_KIND_BYTES};
         at += sizes[i];
     }
+    dp_unit_stats s0;
+    dp__unit_get_stats(dp__unit_server_unit(s[0]), &s0);
     CHECK_OK_D(dp_client_put(c, mrows, M, fields, 1, mv, NULL, &d), &d);
+    dp_unit_stats s1;
+    dp__unit_get_stats(dp__unit_server_unit(s[0]), &s1);
+    CHECK_EQ_U64(s1.ts_writes - s0.ts_writes, 9);
     for (int form = 0; form < 2; form++) {
         uint8_t *dstbase = form == 0 ? back : plain;
         memset(dstbase, 0xee, total);
@@ -377,6 +385,25 @@ DP_TEST(client_rows_over_two_sided)
         CHECK_OK_D(dp_client_get(c, gi, M, &d), &d);
         CHECK(memcmp(dstbase, reg, total) == 0);
     }
+    /* Jagged large ones: runs split by the blob's alignment gaps, then pieces. */
+    static const uint64_t jag[3] = {(1 << 20) + 3, 7, (200 << 10) + 1};
+    uint64_t jrows[3] = {7000, 7002, 7004};
+    dp_value jv[3];
+    at = 0;
+    for (uint32_t i = 0; i < 3; i++) {
+        jv[i] = (dp_value){.data = reg + at, .nbytes = jag[i], .kind = DP_KIND_BYTES};
+        at += jag[i];
+    }
+    CHECK_OK_D(dp_client_put(c, jrows, 3, fields, 1, jv, NULL, &d), &d);
+    memset(back, 0xee, at);
+    at = 0;
+    for (uint32_t i = 0; i < 3; i++) {
+        snprintf(keys[i], sizeof keys[i], "%" PRIu64 "@x", jrows[i]);
+        gi[i] = (dp_get_item){.key = keys[i], .dst = back + at, .cap = jag[i]};
+        at += jag[i];
+    }
+    CHECK_OK_D(dp_client_get(c, gi, 3, &d), &d);
+    CHECK(memcmp(back, reg, at) == 0);
     free(plain);
     dp_client_free(c, reg);
     dp_client_free(c, back);

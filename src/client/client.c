@@ -52,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "blob/keys.h"
@@ -164,7 +165,7 @@ opts_resolve(const dp_client_opts *in, dp_client_opts *o, dp_detail *d)
         const char *e = getenv("DP_INLINE");
         o->inline_bytes = DEFAULT_INLINE;
         if (e != NULL && e[0] != '\0') {
-            if (strcmp(e, "off") == 0)
+            if (strcasecmp(e, "off") == 0)
                 o->inline_bytes = 0;
             else if (dp__parse_size(e, &o->inline_bytes, "DP_INLINE", d) != DP_OK)
                 return dp__fail_ctx(d, DP_EINVAL,

@@ -49,6 +49,9 @@
 
 enum { K_ASK = 0, K_READ, K_DONE };
 
+/* Hinted keys of a unit asked by key (inline) rather than by blob: at most this many. */
+#define INLINE_BY_KEY_MAX 64
+
 typedef struct key_state {
     uint32_t unit;
     uint32_t klen;
@@ -447,9 +450,11 @@ get_ask(get_op *x)
         }
         if (nk == 0)
             continue;
-        /* Values that fit in one reply come inline, by key: no pin, no READ,
-         * cheaper than the hint's resolve + READ + unpin. */
-        if (all_hinted && c->o.inline_bytes > 0 && hinted_bytes <= c->o.inline_bytes)
+        /* A few values that fit in one reply come inline, by key: no pin, no
+         * READ, cheaper than the hint's resolve + READ + unpin (but a lookup
+         * per key: many tiny values still go by blob). */
+        if (all_hinted && c->o.inline_bytes > 0 && hinted_bytes <= c->o.inline_bytes &&
+            nk <= INLINE_BY_KEY_MAX)
             all_hinted = false;
         ur[u].by_blob = all_hinted && collect_blobs(x, u);
         dp_wire_request q;
@@ -728,7 +733,9 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
             if (ks->st != K_READ)
                 continue;
             dp_get_item *it = &x->items[i];
-            if (brc != 0) {
+            /* Without a destination buffer only values in the caller's memory that
+             * came inline can still be had. */
+            if (brc != 0 && !(x->vals == NULL && ks->inl != NULL)) {
                 item_fail(it, ks, brc);
                 x->ur[u].rc = brc;
                 x->ur[u].det = *bdet;
@@ -839,7 +846,7 @@ get_round(get_op *x)
     /* Values that came in the replies, zero-byte values: nothing was READ. */
     for (size_t i = 0; i < x->n; i++) {
         key_state *ks = &x->ks[i];
-        if (ks->st != K_READ || brc != 0 || (ks->len > 0 && ks->inl == NULL))
+        if (ks->st != K_READ || (ks->len > 0 && ks->inl == NULL))
             continue;
         if (ks->len > 0)
             memcpy(x->items[i].dst, ks->inl, ks->len);

@@ -391,8 +391,12 @@ inline_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
 {
     double step = 0.002;
     while (n > 0) {
+        /*
+         * As a commit: what is left of the budget, and a moment (50 ms) even
+         * when the WRITEs of other units spent it (the answer may be here).
+         */
         dp__ctl_wait_many(c->ctl, c->fo.items + base, n,
-                          dp__client_round_timeout(deadline));
+                          DP_MAX(dp__client_left(deadline), 0.05));
         bool busy = false;
         for (size_t s = base; s < base + n; s++) {
             put_unit *pu = &pus[slot_pu[s]];
@@ -433,10 +437,11 @@ inline_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             } else {
                 if (it->rc == DP_ETRANSFER)
                     c->cnt.units_down++;
+                dp_detail why = pu->det; /* pu_fail writes pu->det */
                 pu_fail(pu, rc,
                         "put of blob %s got no answer (%s): its rows may or may not have "
                         "landed; aborted",
-                        pu->blob_id, dp_detail_msg(&pu->det));
+                        pu->blob_id, dp_detail_msg(&why));
                 send_abort_locked(c, pu, false);
             }
             dp__wire_reply_fini(&rep);
