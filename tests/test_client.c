@@ -860,6 +860,55 @@ DP_TEST(inline_put_busy_is_retried)
     cluster_stop(&cl);
 }
 
+static pid_t stop_pid;
+
+static void
+stop_hook(const char *stage)
+{
+    if (strcmp(stage, "put:allocated") == 0)
+        kill(stop_pid, SIGSTOP);
+}
+
+/*
+ * One put: unit 0's large row by alloc and WRITE, unit 1's small one inline.
+ * Unit 0 stops once allocated (two-sided: its WRITE waits out the budget);
+ * unit 1's answer came long before and must count: its row is reported
+ * landed, and it is there.
+ */
+DP_TEST(inline_put_lands_while_another_units_write_stalls)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 16 << 20, 60, 10);
+    setenv("DP_TWO_SIDED", "always", 1);
+    dp_client *c = connect_opts(&cl, 2);
+    unsetenv("DP_TWO_SIDED");
+    uint64_t g[2] = {0, 1};
+    const char *f[] = {"v"};
+    uint8_t *big = malloc(1 << 20), small[100];
+    memset(big, 1, 1 << 20);
+    memset(small, 7, sizeof small);
+    dp_value v[2] = {{big, 1 << 20, DP_KIND_BYTES, NULL, NULL, 0},
+                     {small, sizeof small, DP_KIND_BYTES, NULL, NULL, 0}};
+    int rs[2] = {-1, -1};
+    dp_detail d;
+    dp_detail_clear(&d);
+    stop_pid = cl.pid[0];
+    dp__client_test_hook = stop_hook;
+    int rc = dp_client_put(c, g, 2, f, 1, v, rs, &d);
+    dp__client_test_hook = NULL;
+    kill(cl.pid[0], SIGCONT);
+    CHECK(rc != 0);
+    CHECK(rs[0] != 0);
+    CHECKF(rs[1] == 0, "the inline row: %s (%s)", dp_errname(rs[1]), dp_detail_msg(&d));
+    uint8_t out[100];
+    dp_get_item it = {.key = "1@v", .dst = out, .cap = sizeof out};
+    CHECK_OK_D(dp_client_get(c, &it, 1, &d), &d);
+    CHECK(it.nbytes == sizeof small && memcmp(out, small, sizeof small) == 0);
+    free(big);
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
 DP_TEST(registered_memory_and_get_forms)
 {
     cluster cl;
