@@ -4,7 +4,9 @@
  * the moment its own WRITE is done (so a unit publishes while the other
  * WRITEs still run), then every commit reply awaited under one deadline.
  *
- * Each unit's part moves through ALLOC -> WRITE -> COMMIT -> DONE, or ends in
+ * Each unit's part moves through ALLOC -> WRITE -> COMMIT -> DONE, or, when
+ * its blob is small, INLINE -> DONE (the blob inside one put request; COMMIT
+ * polls it if the unit spills it: docs/design.md, "Inline values"), or ends in
  * FAILED with its own code and detail; one unit failing does not stop the
  * others (a batch spanning units is not atomic), and the caller learns per
  * row what landed.
@@ -318,7 +320,7 @@ alloc_replies_locked(dp_client *c, put_unit *pus, const uint32_t *slot_pu, size_
 
 /*
  * The allocs: the first round's requests were sent already (slots [0,
- * ns_sent), during the plan); take their answers, then send again to busy
+ * ns_sent), before the build); take their answers, then send again to busy
  * units with backoff until the deadline.
  */
 static void
