@@ -206,6 +206,7 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
 {
     memset(res, 0, sizeof *res);
     uint64_t inline_left = DP_MIN(inline_bytes, (uint64_t)DP_UNIT_INLINE_MAX);
+    uint64_t resolved = 0, inlined = 0; /* counted once the call succeeds */
     double now = dp__unit_now(u);
     size_t cap = n > 0 ? n : 1;
     res->entries = calloc(cap, sizeof *res->entries);
@@ -260,7 +261,7 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
         l->key = keys[i];
         l->off = b->off + e->off;
         l->len = e->len;
-        u->stats.resolved_bytes += e->len;
+        resolved += e->len;
         l->kind = dp__zview(dp__blob_kind_name(e->kind));
         l->dtype = (dp_wire_str){e->dtype, e->dtype_len};
         l->shape = e->ndim > 0 ? e->shape : NULL;
@@ -271,7 +272,8 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
              * (The stage protection of this call, res_epoch, still holds it.) */
             l->data = (dp_wire_bytes){u->slab + l->off, (uint32_t)e->len};
             inline_left -= e->len;
-            u->stats.inline_bytes += e->len;
+            inlined += e->len;
+            b->last_resolve_at = now; /* as a pin would mark it */
             continue;
         }
         if (b->pin_mark != epoch) {
@@ -281,8 +283,12 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
     }
     u->stats.n_resolve++;
     rc = pin_create_locked(u, pinned, np, now, res->pin_id, d);
-    if (rc != 0)
+    if (rc != 0) {
         dp__unit_resolve_keys_res_fini(res);
+        return rc;
+    }
+    u->stats.resolved_bytes += resolved;
+    u->stats.inline_bytes += inlined;
     return rc;
 fail:
     free(pinned);
