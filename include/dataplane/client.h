@@ -185,10 +185,10 @@ typedef struct dp_client_opts {
     /*
      * Small values travel inside the control messages (docs/design.md,
      * "Inline values"): a put whose blob for a unit is at most this many
-     * bytes goes in its request (one round trip, no WRITE), and a get lets
-     * each unit answer up to this many bytes of values in its reply (no pin,
-     * no READ). 0: the default, $DP_INLINE (a size such as 64K, or 0 / off)
-     * or else 32 KiB; DP_INLINE_OFF: never. At most 1 MiB.
+     * bytes goes in its request (one round trip, no WRITE), and a unit whose
+     * answer to a get holds at most this many bytes of values sends them in
+     * its reply (no pin, no READ). 0: the default, $DP_INLINE (a size such as 64K, or 0 /
+     * off) or else 32 KiB; DP_INLINE_OFF: never. At most 1 MiB.
      */
     uint64_t inline_bytes;
     uint64_t reserved[6];

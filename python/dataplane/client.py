@@ -112,7 +112,7 @@ class Client:
     None for $DP_CLUSTER or the default directory. curve_secret: a CURVE
     secret key file for units that require one (None: $DP_CURVE_SECRET).
     timeout_s bounds each operation. inline_bytes: puts of at most that many
-    bytes per unit, and that many bytes of each unit's get answer, travel
+    bytes per unit, and a unit's get answer of at most that many bytes, travel
     inside the control messages (None: $DP_INLINE or 32 KiB; 0: never). The
     other options are the C library's (see the README). A Client may be
     shared by threads (their calls take turns); it does not survive fork().

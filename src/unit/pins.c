@@ -205,7 +205,7 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
                                     dp_detail *d)
 {
     memset(res, 0, sizeof *res);
-    uint64_t inline_left = DP_MIN(inline_bytes, (uint64_t)DP_UNIT_INLINE_MAX);
+    uint64_t budget = DP_MIN(inline_bytes, (uint64_t)DP_UNIT_INLINE_MAX);
     uint64_t resolved = 0, inlined = 0; /* counted once the call succeeds */
     double now = dp__unit_now(u);
     size_t cap = n > 0 ? n : 1;
@@ -214,10 +214,12 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
     res->pending = calloc(cap, sizeof *res->pending);
     res->failed = calloc(cap, sizeof *res->failed);
     blob_rec **pinned = calloc(cap, sizeof *pinned);
+    /* With a budget, each entry's blob until the end decides inline or pinned. */
+    blob_rec **eb = budget > 0 ? calloc(cap, sizeof *eb) : NULL;
     uint32_t np = 0;
     int rc;
     if (res->entries == NULL || res->missing == NULL || res->pending == NULL ||
-        res->failed == NULL || pinned == NULL) {
+        res->failed == NULL || pinned == NULL || (budget > 0 && eb == NULL)) {
         rc = dp__fail(d, DP_ENOMEM, "resolve_keys: out of memory");
         goto fail;
     }
@@ -267,19 +269,38 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
         l->shape = e->ndim > 0 ? e->shape : NULL;
         l->ndim = e->ndim;
         l->data = (dp_wire_bytes){NULL, 0};
-        if (e->len > 0 && e->len <= inline_left) {
-            /* Carried in the reply, encoded under this lock: no pin, no READ.
-             * (The stage protection of this call, res_epoch, still holds it.) */
-            l->data = (dp_wire_bytes){u->slab + l->off, (uint32_t)e->len};
-            inline_left -= e->len;
-            inlined += e->len;
-            b->last_resolve_at = now; /* as a pin would mark it */
+        if (eb != NULL) {
+            eb[res->n_entries - 1] = b; /* inline or pinned: decided below */
             continue;
         }
         if (b->pin_mark != epoch) {
             b->pin_mark = epoch;
             pinned[np++] = b;
         }
+    }
+    if (eb != NULL) {
+        /*
+         * All or nothing: when every value answered fits the budget they ride
+         * in the reply, encoded under this lock (no pin, no READ; a staged copy
+         * is still kept by this call's res_epoch); otherwise none does and all
+         * are pinned: a large answer gains nothing from a few values inline.
+         */
+        bool all = resolved <= budget;
+        for (uint32_t j = 0; j < res->n_entries; j++) {
+            dp_wire_key_loc *l = &res->entries[j];
+            blob_rec *b = eb[j];
+            if (all) {
+                if (l->len > 0)
+                    l->data = (dp_wire_bytes){u->slab + l->off, (uint32_t)l->len};
+                inlined += l->len;
+                b->last_resolve_at = now; /* as a pin would mark it */
+            } else if (b->pin_mark != epoch) {
+                b->pin_mark = epoch;
+                pinned[np++] = b;
+            }
+        }
+        free(eb);
+        eb = NULL;
     }
     u->stats.n_resolve++;
     rc = pin_create_locked(u, pinned, np, now, res->pin_id, d);
@@ -292,6 +313,7 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
     return rc;
 fail:
     free(pinned);
+    free(eb);
     dp__unit_resolve_keys_res_fini(res);
     return rc;
 }

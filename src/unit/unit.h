@@ -306,10 +306,10 @@ int dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n
                                  dp_unit_resolve_keys_res *res, dp_detail *d);
 /*
  * The same, carrying values in the answer (docs/design.md, "Inline values"):
- * entries in key order, while their bytes fit in inline_bytes (at most
- * DP_UNIT_INLINE_MAX), get data pointing at their bytes in the slab and pin
- * nothing. Those views are valid only while u->mu stays held: encode the
- * reply before unlocking.
+ * when the bytes of every entry answered fit in inline_bytes (at most
+ * DP_UNIT_INLINE_MAX), each entry gets data pointing at its bytes in the slab
+ * and nothing is pinned; otherwise no entry does. Those views are valid only
+ * while u->mu stays held: encode the reply before unlocking.
  */
 int dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
                                         uint64_t inline_bytes,

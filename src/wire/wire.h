@@ -242,8 +242,8 @@ typedef struct dp_wire_resolve_args {
 
 typedef struct dp_wire_resolve_keys_args {
     dp_wire_strs keys;
-    /* optional, default 0: payload bytes the reply may carry itself (values
-     * answered so are not pinned; docs/design.md, "Inline values") */
+    /* optional, default 0: when all the values answered fit in this many bytes,
+     * the reply carries them itself, unpinned (docs/design.md, "Inline values") */
     uint64_t inline_bytes;
 } dp_wire_resolve_keys_args;
 
