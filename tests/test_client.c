@@ -182,6 +182,20 @@ cluster_start(cluster *cl, uint32_t n, uint64_t slab, double lease, double pin)
     }
 }
 
+/* One unit with the SSD tier (files in a fresh directory, its name in dir[64]:
+ * rmdir it after cluster_stop), RAM slab and IO area of the sizes given. */
+static void
+ssd_cluster_start(cluster *cl, uint64_t slab, uint64_t staging, char dir[64])
+{
+    snprintf(tc_ssd_dir, sizeof tc_ssd_dir, "/tmp/dp_tc_ssd_XXXXXX");
+    CHECK(mkdtemp(tc_ssd_dir) != NULL);
+    snprintf(dir, 64, "%s", tc_ssd_dir);
+    tc_staging = staging;
+    cluster_start(cl, 1, slab, 60, 10);
+    tc_ssd_dir[0] = '\0';
+    tc_staging = 0;
+}
+
 static void
 cluster_stop(cluster *cl)
 {
@@ -801,6 +815,36 @@ DP_TEST(inline_small_values)
 }
 
 /*
+ * Pin key (on unit 0 of cl) with a raw resolve_keys that is never unpinned,
+ * then clear its row gidx: the blob stays a zombie held by the pin for the
+ * unit's read_pin_s, and its room is busy until then.
+ */
+static void
+pin_then_clear(dp_client *c, const cluster *cl, uint64_t gidx, const char *key)
+{
+    dp_ctl_client *ctl = NULL;
+    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
+    dp_wire_rid_gen rg;
+    CHECK_OK(dp__wire_rid_gen_init(&rg, NULL));
+    char rid[DP_WIRE_RID_MAX];
+    dp_wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    dp_wire_str k = dp__wire_s(key);
+    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.rid = dp__wire_rid_next(&rg, rid);
+    dp_buf req = {0}, rep = {0};
+    CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
+    CHECK_OK(dp__ctl_call(ctl, cl->addr[0], req.data, req.len, rid, 10, &rep, NULL));
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+    dp__ctl_client_destroy(ctl);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_clear(c, &gidx, 1, NULL, &d), &d);
+}
+
+/*
  * An inline put that meets a busy unit (a cleared blob still pinned holds
  * the room) is sent again until the pin ends, then lands.
  */
@@ -825,22 +869,7 @@ DP_TEST(inline_put_busy_is_retried)
     double pi0 = stat_of(c, 0, "puts_inline");
     CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
     CHECK_EQ((long long)(stat_of(c, 0, "puts_inline") - pi0), 1);
-    /* Pin it (a raw resolve_keys never unpinned), then clear it. */
-    dp_ctl_client *ctl = NULL;
-    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
-    dp_wire_rid_gen rg;
-    CHECK_OK(dp__wire_rid_gen_init(&rg, NULL));
-    char rid[DP_WIRE_RID_MAX];
-    dp_wire_request q;
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    dp_wire_str k = dp__wire_s("1@big");
-    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
-    q.rid = dp__wire_rid_next(&rg, rid);
-    dp_buf req = {0}, rep = {0};
-    CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
-    CHECK_OK(dp__ctl_call(ctl, cl.addr[0], req.data, req.len, rid, 10, &rep, NULL));
-    CHECK_OK(dp_client_clear(c, &g, 1, NULL, &d));
+    pin_then_clear(c, &cl, g, "1@big");
     /* Row 2's inline put meets Busy until the pin expires, then lands. */
     g = 2;
     fill(p, len, 2, 0, 1);
@@ -854,9 +883,6 @@ DP_TEST(inline_put_busy_is_retried)
     CHECK_EQ_U64(it.nbytes, len);
     CHECK(memcmp(back, p, len) == 0);
     free(back);
-    dp__buf_fini(&req);
-    dp__buf_fini(&rep);
-    dp__ctl_client_destroy(ctl);
     free(p);
     dp_client_close(c);
     cluster_stop(&cl);
@@ -1184,33 +1210,13 @@ DP_TEST(busy_unit_is_retried)
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
-    /* Pin it with a raw resolve_keys that is never unpinned, then clear it. */
-    dp_ctl_client *ctl = NULL;
-    CHECK_OK(dp__ctl_client_create(&ctl, NULL));
-    dp_wire_rid_gen rg;
-    CHECK_OK(dp__wire_rid_gen_init(&rg, NULL));
-    char rid[DP_WIRE_RID_MAX];
-    dp_wire_request q;
-    memset(&q, 0, sizeof q);
-    q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    dp_wire_str k = dp__wire_s("1@big");
-    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
-    q.a.resolve_keys.inline_bytes = 0;
-    q.rid = dp__wire_rid_next(&rg, rid);
-    dp_buf req = {0}, rep = {0};
-    CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
-    CHECK_OK(dp__ctl_call(ctl, cl.addr[0], req.data, req.len, rid, 10, &rep, NULL));
-    CHECK_OK(dp_client_clear(c, &g, 1, NULL, &d));
+    pin_then_clear(c, &cl, g, "1@big");
     /* The next 3 MiB put meets Busy until the pin expires, then lands. */
     g = 2;
     double t0 = dp_test_now();
     CHECK_OK_D(dp_client_put(c, &g, 1, f, 1, &v, NULL, &d), &d);
     CHECK(dp_test_now() - t0 > 0.3);
     CHECK(stat_of(c, 0, "busy") >= 1);
-    /* With a budget too short to wait it out, Busy comes back. */
-    dp__buf_fini(&req);
-    dp__buf_fini(&rep);
-    dp__ctl_client_destroy(ctl);
     free(p);
     dp_client_close(c);
     cluster_stop(&cl);
@@ -1806,15 +1812,9 @@ size_30k(uint64_t gidx, uint32_t f)
  */
 DP_TEST(inline_put_that_spills_is_polled)
 {
-    snprintf(tc_ssd_dir, sizeof tc_ssd_dir, "/tmp/dp_tc_ssd_XXXXXX");
-    CHECK(mkdtemp(tc_ssd_dir) != NULL);
     char dir[64];
-    snprintf(dir, sizeof dir, "%s", tc_ssd_dir);
-    tc_staging = 4 << 20;
     cluster cl;
-    cluster_start(&cl, 1, 1 << 20, 60, 10);
-    tc_ssd_dir[0] = '\0';
-    tc_staging = 0;
+    ssd_cluster_start(&cl, 1 << 20, 4 << 20, dir);
     dp_client *c = connect_cl(&cl);
     dp_detail d;
     dp_detail_clear(&d);
@@ -1850,15 +1850,9 @@ DP_TEST(ssd_tier_spill_and_stage)
     /* Put area 4 MiB, IO area 8 MiB: most 1 MiB rows spill to SSD (commit
      * answers "pending" until the file is written) and come back through a
      * stage (resolve answers "pending" until the copy is in the IO area). */
-    snprintf(tc_ssd_dir, sizeof tc_ssd_dir, "/tmp/dp_tc_ssd_XXXXXX");
-    CHECK(mkdtemp(tc_ssd_dir) != NULL);
     char dir[64];
-    snprintf(dir, sizeof dir, "%s", tc_ssd_dir);
-    tc_staging = 8 << 20;
     cluster cl;
-    cluster_start(&cl, 1, 4 << 20, 60, 10);
-    tc_ssd_dir[0] = '\0';
-    tc_staging = 0;
+    ssd_cluster_start(&cl, 4 << 20, 8 << 20, dir);
     dp_client *c = connect_cl(&cl);
     dp_detail d;
     dp_detail_clear(&d);
