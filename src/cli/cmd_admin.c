@@ -136,24 +136,6 @@ parse_common(const char *cmd, const char *usage, bool allow_raw, int argc, char 
 /* ---- stats ---- */
 
 static bool
-stats_req(uint32_t i, dp_wire_request *q, void *ctx)
-{
-    DP_UNUSED(i);
-    DP_UNUSED(ctx);
-    q->op = DP_WIRE_OP_STATS;
-    return true;
-}
-
-static bool
-info_req(uint32_t i, dp_wire_request *q, void *ctx)
-{
-    DP_UNUSED(i);
-    DP_UNUSED(ctx);
-    q->op = DP_WIRE_OP_INFO;
-    return true;
-}
-
-static bool
 is_size_counter(const char *name)
 {
     size_t n = strlen(name);
@@ -216,7 +198,8 @@ dp__cmd_stats(int argc, char **argv)
         return dp__cli_fail("stats", rc, &d);
     uint32_t n = c.cl.n_units;
     dp__fanout f;
-    dp__client_call_all(c.client, &f, stats_req, NULL, &d);
+    dp_wire_op op = DP_WIRE_OP_STATS;
+    dp__client_call_all(c.client, &f, dp__fanout_req_op, &op, &d);
     if (f.n == 0) { /* not even asked: out of memory */
         dp__cli_disconnect(&c);
         return dp__cli_fail("stats", d.code, &d);
@@ -284,7 +267,8 @@ dp__cmd_stats(int argc, char **argv)
     dp__fanout_fini(&f);
     if (o.lanes) {
         /* What each unit's own UCX found, then what a client here gets. */
-        dp__client_call_all(c.client, &f, info_req, NULL, &d);
+        op = DP_WIRE_OP_INFO;
+        dp__client_call_all(c.client, &f, dp__fanout_req_op, &op, &d);
         printf("\nunits' transports:");
         for (uint32_t i = 0; i < f.n; i++) {
             char t[160] = "?";

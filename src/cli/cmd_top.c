@@ -60,15 +60,6 @@ on_signal(int sig)
     g_stop = 1;
 }
 
-static bool
-stats_req(uint32_t i, dp_wire_request *q, void *ctx)
-{
-    DP_UNUSED(i);
-    DP_UNUSED(ctx);
-    q->op = DP_WIRE_OP_STATS;
-    return true;
-}
-
 static uint64_t
 get(const dp_wire_fields *f, const char *name)
 {
@@ -250,7 +241,8 @@ dp__cmd_top(int argc, char **argv)
                 dp__cli_check_units(&conn, i, DP__CLI_ALLOW_DOWN, NULL);
         dp__fanout f;
         dp_detail_clear(&d);
-        dp__client_call_all(conn.client, &f, stats_req, NULL, &d);
+        dp_wire_op op = DP_WIRE_OP_STATS;
+        dp__client_call_all(conn.client, &f, dp__fanout_req_op, &op, &d);
         double t = dp__now_s();
         memset(&now[n], 0, sizeof now[n]);
         for (uint32_t i = 0; i < n; i++) {

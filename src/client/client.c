@@ -1438,15 +1438,6 @@ stats_fill(unit_stats *us, const dp_wire_fields *f, dp_detail *d)
     return DP_OK;
 }
 
-static bool
-stats_req(uint32_t u, dp_wire_request *q, void *ctx)
-{
-    DP_UNUSED(u);
-    DP_UNUSED(ctx);
-    q->op = DP_WIRE_OP_STATS;
-    return true;
-}
-
 int
 dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
 {
@@ -1463,7 +1454,8 @@ dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
         return dp__fail(d, DP_ENOMEM, "stats: out of memory");
     }
     pthread_mutex_lock(&c->mu);
-    call_all_locked(c, &c->fo, stats_req, NULL, NULL);
+    dp_wire_op op = DP_WIRE_OP_STATS;
+    call_all_locked(c, &c->fo, dp__fanout_req_op, &op, NULL);
     int rc = DP_OK;
     for (uint32_t u = 0; u < c->n_units; u++) {
         const dp__fanout_unit *r = &c->fo.u[u];

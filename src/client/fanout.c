@@ -199,6 +199,14 @@ dp__fanout_add(dp__fanout *f, dp_wire_rid_gen *rids, uint32_t u, const char *add
 
 /* ---- replies ---- */
 
+bool
+dp__fanout_req_op(uint32_t u, dp_wire_request *q, void *ctx)
+{
+    DP_UNUSED(u);
+    q->op = *(const dp_wire_op *)ctx;
+    return true;
+}
+
 int
 dp__fanout_reply(const dp_ctl_item *it, dp_wire_op op, dp_wire_reply *rep, dp_detail *d)
 {

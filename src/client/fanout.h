@@ -164,6 +164,10 @@ dp__fanout_other_process(uint64_t bound, uint64_t answered)
 /* Fill unit u's request q (op and args); false leaves u out of the batch. */
 typedef bool (*dp__fanout_req_fn)(uint32_t u, dp_wire_request *q, void *ctx);
 
+/* A dp__fanout_req_fn asking every unit the op without arguments that ctx
+ * points at (a dp_wire_op: stats, info). */
+bool dp__fanout_req_op(uint32_t u, dp_wire_request *q, void *ctx);
+
 /* ---- rows grouped by unit ---- */
 
 /*

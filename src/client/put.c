@@ -230,6 +230,25 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
 }
 
 /*
+ * Send q (unit pu's alloc or inline put) as c->fo.items[slot] without
+ * waiting. False when it could not be prepared (pu failed); a failed send
+ * leaves its code in the item, read like a lost reply.
+ */
+static bool
+send_part_locked(dp_client *c, put_unit *pu, size_t slot, dp_wire_request *q)
+{
+    dp_detail_clear(&pu->det);
+    int rc = dp__client_prepare_locked(c, pu->u, slot, q, &pu->det);
+    if (rc != 0) {
+        pu->rc = rc;
+        pu->state = ST_FAILED;
+        return false;
+    }
+    dp__ctl_send(c->ctl, &c->fo.items[slot]);
+    return true;
+}
+
+/*
  * Send unit pu's alloc as c->fo.items[slot] without waiting (its reply is
  * read by alloc_replies_locked). False when it could not be prepared (pu
  * failed); a failed send leaves its code in the item, read like a lost reply.
@@ -250,15 +269,7 @@ alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
     q.a.alloc.host = dp__wire_s(dp__host_key());
     q.a.alloc.lane = dp__wire_s(dp__xfer_lane_name(c->units[pu->u].lane));
     q.a.alloc.two_sided = c->units[pu->u].path == DP_XFER_PATH_TWO_SIDED;
-    dp_detail_clear(&pu->det);
-    int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
-    if (rc != 0) {
-        pu->rc = rc;
-        pu->state = ST_FAILED;
-        return false;
-    }
-    dp__ctl_send(c->ctl, &c->fo.items[slot]);
-    return true;
+    return send_part_locked(c, pu, slot, &q);
 }
 
 /*
@@ -357,15 +368,7 @@ inline_send_locked(dp_client *c, put_unit *pu, const uint8_t *stage, size_t slot
     q.a.put.spill = !c->o.no_spill;
     /* Only the process this client is bound to may store it. */
     q.a.put.incarnation = c->units[pu->u].incarnation;
-    dp_detail_clear(&pu->det);
-    int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
-    if (rc != 0) {
-        pu->rc = rc;
-        pu->state = ST_FAILED;
-        return false;
-    }
-    dp__ctl_send(c->ctl, &c->fo.items[slot]);
-    return true;
+    return send_part_locked(c, pu, slot, &q);
 }
 
 /* Send every ST_INLINE unit's put into slots base.. (slot_pu); returns how many. */
