@@ -5,9 +5,10 @@
 #   small rows: 1024 rows x 4 fields x 4 KiB per batch
 #
 # For each shape: `dataplane bench` against a local 2-unit cluster started
-# here (or bench_client, if built and --bench-client is given), single-thread
-# memcpy of the same piece size over buffers larger than the caches
-# (bench_memcpy), ucx_perftest one-sided put (ucp_put_bw) and get (ucp_get)
+# here (or bench_client, if built and --bench-client is given), memcpy of the
+# same piece size over buffers larger than the caches (bench_memcpy) on one
+# thread and on two (the client shares large copies between two threads by
+# default, DP_COPY_THREADS: so both limits are shown), ucx_perftest one-sided put (ucp_put_bw) and get (ucp_get)
 # at the same message size on 127.0.0.1, and Redis SET/GET of the same value
 # size (redis-server on a free port, started and stopped here;
 # redis-benchmark pipelined). One table of GB/s (1e9 B/s) and ratios.
@@ -64,6 +65,7 @@ for shape in "${SHAPES[@]}"; do
             --warmup 3 $extra | tee "$TMP/ours.$name.$k"
         echo "### $name rows, round $k of $REPS: memcpy of $bytes-byte pieces"
         "$MEMCPY" --size "$bytes" --reps 3 | tee "$TMP/memcpy.$name.$k"
+        "$MEMCPY" --size "$bytes" --reps 3 --threads 2 | tee "$TMP/memcpy2.$name.$k"
     done
 done
 
@@ -132,14 +134,15 @@ fi
 # ---- the table ----
 echo
 echo "### GB/s (1e9 B/s); ratios ours / other"
-printf '%-6s %-22s | %7s %7s | %7s | %7s %7s | %7s %7s | %8s %8s | %8s %8s | %8s %8s\n' \
-    shape batch "put" "get" memcpy "pf put" "pf get" "rd set" "rd get" \
-    "put/mcp" "get/mcp" "put/pf" "get/pf" "put/rd" "get/rd"
+printf '%-6s %-22s | %7s %7s | %7s %7s | %7s %7s | %7s %7s | %8s %8s | %9s %9s | %8s %8s | %8s %8s\n' \
+    shape batch "put" "get" memcpy "mcp x2" "pf put" "pf get" "rd set" "rd get" \
+    "put/mcp" "get/mcp" "put/mcp2" "get/mcp2" "put/pf" "get/pf" "put/rd" "get/rd"
 for shape in "${SHAPES[@]}"; do
     read -r name rows fields bytes extra <<<"$shape"
     put=$(for f in "$TMP/ours.$name".*; do result "$f" put_GBps; done | median)
     get=$(for f in "$TMP/ours.$name".*; do result "$f" get_GBps; done | median)
     mcp=$(for f in "$TMP/memcpy.$name".*; do result "$f" GBps; done | median)
+    mcp2=$(for f in "$TMP/memcpy2.$name".*; do result "$f" GBps; done | median)
     pfp=nan pfg=nan rds=nan rdg=nan
     if [[ -f "$TMP/pf.$name" ]]; then
         read -r a b <"$TMP/pf.$name"
@@ -152,13 +155,14 @@ for shape in "${SHAPES[@]}"; do
         rdg=$(awk -F'"' -v s="$bytes" '$2 == "GET" { printf "%.3f", $4 * s / 1e9 }' "$TMP/redis.$name")
     fi
     awk -v n="$name" -v b="${rows}x${fields}x${bytes}B" -v put="$put" -v get="$get" \
-        -v mcp="$mcp" -v pfp="$pfp" -v pfg="$pfg" -v rds="$rds" -v rdg="$rdg" '
+        -v mcp="$mcp" -v mcp2="$mcp2" -v pfp="$pfp" -v pfg="$pfg" -v rds="$rds" -v rdg="$rdg" '
     function r(a, c) { return (a + 0 > 0 && c + 0 > 0) ? sprintf("%.2f", a / c) : "n/a" }
     function v(a) { return (a == "" || a == "nan") ? "n/a" : sprintf("%.3f", a) }
     BEGIN {
-        printf "%-6s %-22s | %7s %7s | %7s | %7s %7s | %7s %7s | %8s %8s | %8s %8s | %8s %8s\n",
-            n, b, v(put), v(get), v(mcp), v(pfp), v(pfg), v(rds), v(rdg),
-            r(put, mcp), r(get, mcp), r(put, pfp), r(get, pfg), r(put, rds), r(get, rdg)
+        printf "%-6s %-22s | %7s %7s | %7s %7s | %7s %7s | %7s %7s | %8s %8s | %9s %9s | %8s %8s | %8s %8s\n",
+            n, b, v(put), v(get), v(mcp), v(mcp2), v(pfp), v(pfg), v(rds), v(rdg),
+            r(put, mcp), r(get, mcp), r(put, mcp2), r(get, mcp2), r(put, pfp), r(get, pfg),
+            r(put, rds), r(get, rdg)
     }'
 done
 echo
@@ -168,6 +172,8 @@ echo "         >= 2 x Redis at 1 MiB (put/rd, get/rd of the large shape)."
 echo "ours: a put or get of one whole batch (rows x fields values), median of $REPS rounds"
 echo "taking turns with memcpy; memcpy:"
 echo "single thread, pieces of the value size through 2 x 512 MiB (DRAM to DRAM);"
+echo "mcp x2: the same on two threads, each through its own half (the client shares"
+echo "an op's copies of 512 KiB or more between two threads: DP_COPY_THREADS);"
 echo "pf: ucx_perftest, one message of that size at a time (-o), MiB/s converted; it"
 echo "reuses one message-sized buffer, so its data stays in the caches: an upper bound"
 echo "of the transport, not the DRAM limit; rd: redis-benchmark pipelined SET/GET of"

@@ -639,7 +639,10 @@ DP_TEST(touch_prefault_faults_what_transfers_touch)
     const uint64_t slab = 5 * MiB + 4096;
     CHECK_EQ(peer_start(&p, "peer-touch", slab, false, 11), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp__endpoint_create("client-touch", NULL, &ep, &d), &d);
+    dp_endpoint_opts eo;
+    dp__endpoint_opts_init(&eo);
+    eo.memcpy_max = 64 * 1024; /* the large ranges through UCX */
+    CHECK_OK_D(dp__endpoint_create("client-touch", &eo, &ep, &d), &d);
     uint8_t *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 8 * MiB, (void **)&a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
@@ -673,6 +676,88 @@ DP_TEST(touch_prefault_faults_what_transfers_touch)
     unsetenv("DP_PREFAULT");
 }
 
+/*
+ * An op's memcpy-path copies of 512 KiB or more are shared by copy_threads
+ * threads (docs/design.md, "Parallel copies"): a 3 MiB range, a 700 KiB one
+ * and a thousand 4 KiB ones at scattered places land and read back byte for
+ * byte with 1, 2 and 4 threads, and the endpoint counts the batches it split
+ * (none with one thread, none for an op under 512 KiB). DP_COPY_THREADS must
+ * be a count of 1..16.
+ */
+DP_TEST(large_copies_share_threads)
+{
+    set_tls(NULL);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-par", 16 * MiB, false, 21), 0);
+    enum { N = 1002 };
+    static dp_range l[N], r[N], lb[N];
+    for (unsigned threads = 1; threads <= 4; threads *= 2) {
+        dp_endpoint_opts eo;
+        dp__endpoint_opts_init(&eo);
+        eo.copy_threads = threads;
+        dp_endpoint *ep = NULL;
+        CHECK_OK_D(dp__endpoint_create("client-par", &eo, &ep, &d), &d);
+        uint8_t *a = NULL;
+        CHECK_OK_D(dp__endpoint_alloc(ep, 16 * MiB, (void **)&a, &d), &d);
+        CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+        for (size_t i = 0; i < 8 * MiB; i++)
+            a[i] = (uint8_t)(i * 29 + threads);
+        uint64_t la = (uint64_t)(uintptr_t)a, at = 0, total = 0;
+        for (int i = 0; i < N; i++) {
+            uint64_t n = i == 0 ? 3 * MiB : i == 1 ? 700 * 1024 : 4096;
+            l[i] = (dp_range){la + at, n};
+            /* remote places reversed in pairs: runs break, every range still lands */
+            uint64_t roff = 8 * MiB - at - n;
+            r[i] = (dp_range){p.base + (roff & ~(uint64_t)63), n};
+            at += n + 64;
+            total += n;
+        }
+        CHECK_OK_D(
+            dp__endpoint_transfer(ep, DP_XFER_WRITE, l, N, r, N, "peer-par", 10, &d), &d);
+        uint8_t *b = a + 8 * MiB;
+        memset(b, 0, 8 * MiB);
+        for (int i = 0; i < N; i++)
+            lb[i] = (dp_range){l[i].addr + 8 * MiB, l[i].nbytes};
+        CHECK_OK_D(
+            dp__endpoint_transfer(ep, DP_XFER_READ, lb, N, r, N, "peer-par", 10, &d), &d);
+        for (int i = 0; i < N; i++)
+            CHECKF(memcmp((void *)(uintptr_t)lb[i].addr, (void *)(uintptr_t)l[i].addr,
+                          l[i].nbytes) == 0,
+                   "%u threads: range %d came back different", threads, i);
+        /* one small op: copied by the caller alone */
+        dp_range ls = {la, 4096}, rs = {p.base, 4096};
+        CHECK_OK_D(
+            dp__endpoint_transfer(ep, DP_XFER_WRITE, &ls, 1, &rs, 1, "peer-par", 10, &d),
+            &d);
+        dp_endpoint_stats st;
+        dp__endpoint_get_stats(ep, &st);
+        CHECK_EQ_U64(st.memcpy_ranges, 2 * N + 1);
+        CHECK_EQ_U64(st.ucx_ranges, 0);
+        CHECK_EQ_U64(st.copies_parallel, threads > 1 ? 2 : 0);
+        CHECK_EQ_U64(st.copies_parallel_bytes, threads > 1 ? 2 * total : 0);
+        dp__endpoint_destroy(ep);
+    }
+    peer_stop(&p);
+    static const char *bad[] = {"0", "17", "two", "-1", "2x"};
+    for (size_t i = 0; i < DP_ARRAY_LEN(bad); i++) {
+        setenv("DP_COPY_THREADS", bad[i], 1);
+        dp_endpoint *ep = NULL;
+        CHECK_ERR(dp__endpoint_create("client-bad", NULL, &ep, &d), DP_EINVAL);
+        CHECK(ep == NULL);
+        CHECK(strstr(d.msg, "DP_COPY_THREADS") != NULL);
+    }
+    setenv("DP_COPY_THREADS", "3", 1);
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp__endpoint_create("client-env", NULL, &ep, &d), &d);
+    dp__endpoint_destroy(ep);
+    unsetenv("DP_COPY_THREADS");
+    dp_endpoint_opts eo;
+    dp__endpoint_opts_init(&eo);
+    eo.copy_threads = 17;
+    CHECK_ERR(dp__endpoint_create("client-bad", &eo, &ep, &d), DP_EINVAL);
+}
+
 DP_TEST(small_ranges_use_memcpy_on_one_host)
 {
     set_tls(NULL);
@@ -680,7 +765,10 @@ DP_TEST(small_ranges_use_memcpy_on_one_host)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-m", 4 * MiB, false, 7), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp__endpoint_create("client-m", NULL, &ep, &d), &d);
+    dp_endpoint_opts eo;
+    dp__endpoint_opts_init(&eo);
+    eo.memcpy_max = 64 * 1024; /* larger ranges through UCX (by default: memcpy too) */
+    CHECK_OK_D(dp__endpoint_create("client-m", &eo, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
@@ -740,7 +828,10 @@ DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-c", 4 * MiB, false, 13), 0);
     dp_endpoint *ep = NULL;
-    CHECK_OK_D(dp__endpoint_create("client-c", NULL, &ep, &d), &d);
+    dp_endpoint_opts eo;
+    dp__endpoint_opts_init(&eo);
+    eo.memcpy_max = 64 * 1024; /* op 2 goes through UCX */
+    CHECK_OK_D(dp__endpoint_create("client-c", &eo, &ep, &d), &d);
     uint8_t *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, (void **)&a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);

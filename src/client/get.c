@@ -792,6 +792,10 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
         dp__endpoint_transfer_many(c->ep, x->ops, nops, xfer_left, x->results, x->xdet,
                                    NULL);
     }
+    /* The copies out of the staging area run as one batch, on the endpoint's
+     * copy threads when large enough; out of memory, one by one. */
+    size_t nc = 0;
+    dp_copy *cp = nops > 0 && sbuf != NULL ? malloc(x->n * sizeof *cp) : NULL;
     for (size_t o = 0; o < nops; o++) {
         uint32_t u = x->slot_unit[o];
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
@@ -802,7 +806,11 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
                 item_fail(&x->items[i], &x->ks[i], x->results[o]);
             } else {
                 if (x->ks[i].staged) {
-                    memcpy(x->items[i].dst, sbuf + x->ks[i].soff, x->ks[i].len);
+                    const uint8_t *from = sbuf + x->ks[i].soff;
+                    if (cp != NULL)
+                        cp[nc++] = (dp_copy){x->items[i].dst, from, x->ks[i].len};
+                    else
+                        memcpy(x->items[i].dst, from, x->ks[i].len);
                     c->cnt.staged_get_bytes += x->ks[i].len;
                 }
                 x->items[i].status = 0;
@@ -824,6 +832,9 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
                                                        : "values");
         }
     }
+    if (nc > 0)
+        dp__endpoint_copy(c->ep, cp, nc);
+    free(cp);
 }
 
 /* One round: ask, match, READ, unpin. Returns whether to ask again. */

@@ -924,8 +924,13 @@ put_build_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
 static int
 put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
 {
-    size_t nr = 0;
+    size_t nr = 0, nc = 0, max_c = 0;
     dp_range *local = a->local, *remote = a->remote;
+    for (size_t i = 0; i < a->npu; i++)
+        max_c += a->pus[i].n_ent;
+    /* The copies into the staging area run as one batch at the end, on the
+     * endpoint's copy threads when large enough; out of memory, one by one. */
+    dp_copy *cp = max_c > 0 ? malloc(max_c * sizeof *cp) : NULL;
     for (size_t i = 0; i < a->npu; i++) {
         put_unit *pu = &a->pus[i];
         if (pu->size_bug)
@@ -933,8 +938,10 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
         uint8_t *base = stage + pu->stage_off;
         dp_blob_builder *b = c->builders[pu->u];
         int rc = dp__blob_builder_write(b, base, pu->stage_len, d);
-        if (rc != 0)
+        if (rc != 0) {
+            free(cp);
             return rc;
+        }
         pu->r0 = nr;
         if (!pu->any_direct) {
             local[nr++] = (dp_range){(uint64_t)(uintptr_t)base, pu->lay.total_len};
@@ -950,7 +957,10 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
                 local[nr++] = (dp_range){(uint64_t)(uintptr_t)v->data, v->nbytes};
                 remote[nr - 1].nbytes = off; /* remote filled after alloc */
             } else {
-                memcpy(base + off, v->data, v->nbytes);
+                if (cp != NULL)
+                    cp[nc++] = (dp_copy){base + off, v->data, v->nbytes};
+                else
+                    memcpy(base + off, v->data, v->nbytes);
                 if (!pu->inl) /* an inline put's copy is its request's */
                     c->cnt.staged_put_bytes += v->nbytes;
                 if (pu->any_direct) {
@@ -962,6 +972,9 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
         }
         pu->nr = nr - pu->r0;
     }
+    if (nc > 0)
+        dp__endpoint_copy(c->ep, cp, nc);
+    free(cp);
     return DP_OK;
 }
 

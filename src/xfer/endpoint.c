@@ -38,8 +38,6 @@
 #include "xfer/metadata.h"
 #include "xfer/policy.h"
 
-#define DEFAULT_MEMCPY_MAX (64 * 1024)
-
 /* Endpoints closed with retained transfers: reachable forever, never freed. */
 static pthread_mutex_t ab_mu = PTHREAD_MUTEX_INITIALIZER;
 static dp_list ab_list; /* dp_endpoint.ab_link */
@@ -258,9 +256,28 @@ dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint 
     ep->opts = o;
     ep->efd = -1;
     ep->memcpy_max = o.memcpy_max < 0    ? 0
-                     : o.memcpy_max == 0 ? DEFAULT_MEMCPY_MAX
+                     : o.memcpy_max == 0 ? SIZE_MAX
                                          : (size_t)o.memcpy_max;
+    const char *bad = NULL;
+    unsigned threads = o.copy_threads > 0
+                           ? o.copy_threads
+                           : dp__copier_threads_from_env("DP_COPY_THREADS", 0, &bad);
+    if (bad != NULL || threads > DP_COPIER_THREADS_MAX) {
+        free(ep);
+        if (bad != NULL)
+            return dp__fail(d, DP_EINVAL,
+                            "endpoint %s: DP_COPY_THREADS=%.40s: use a count of threads "
+                            "from 1 (no helper) to %d",
+                            name, bad, DP_COPIER_THREADS_MAX);
+        return dp__fail(d, DP_EINVAL, "endpoint %s: copy_threads %u: at most %d", name,
+                        threads, DP_COPIER_THREADS_MAX);
+    }
+    if (threads > 1 && (ep->copier = dp__copier_new(threads, 0)) == NULL) {
+        free(ep);
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", name);
+    }
     if (pthread_mutex_init(&ep->mu, NULL) != 0) {
+        dp__copier_destroy(ep->copier);
         free(ep);
         return dp__fail(d, DP_ENOMEM, "endpoint %s: cannot create mutex", name);
     }
@@ -371,6 +388,12 @@ dp__endpoint_close(dp_endpoint *ep)
         return;
     }
     ep->closed = true;
+    /* No op copies any more (they hold the lock while they do). */
+    dp__copier_destroy(ep->copier);
+    ep->copier = NULL;
+    free(ep->runs);
+    ep->runs = NULL;
+    ep->n_runs = ep->runs_cap = 0;
     if (ep->n_retained > 0 || ep->ts_inflight > 0) {
         /*
          * A retained transfer may still run: keep the context, worker, endpoints,
@@ -428,6 +451,12 @@ dp__endpoint_destroy(dp_endpoint *ep)
     if (ep->mu_init)
         pthread_mutex_destroy(&ep->mu);
     free(ep);
+}
+
+void
+dp__endpoint_copy(dp_endpoint *ep, const dp_copy *jobs, size_t n)
+{
+    dp__copier_run(ep != NULL ? ep->copier : NULL, jobs, n);
 }
 
 const char *
@@ -653,6 +682,8 @@ dp__endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st)
 {
     lock(ep);
     *st = ep->st;
+    if (ep->copier != NULL)
+        dp__copier_counts(ep->copier, &st->copies_parallel, &st->copies_parallel_bytes);
     st->n_regions = ep->regs.n;
     size_t n = 0;
     for (dp_list_node *x = dp__list_first(&ep->remotes); x != NULL; x = dp__list_next(x))

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "common/copier.h"
 #include "xfer/graveyard.h"
 
 typedef struct dp_endpoint dp_endpoint;
@@ -63,10 +64,16 @@ typedef struct dp_endpoint_opts {
     /*
      * Ranges up to this many bytes whose remote region is mapped into this
      * process (shared memory on one host) are copied with memcpy instead of a
-     * UCX operation; such a copy completes synchronously. 0: default (64 KiB);
-     * negative: never.
+     * UCX operation; such a copy completes synchronously. 0: default (no
+     * limit); negative: never.
      */
     int64_t memcpy_max;
+    /*
+     * Threads that share an op's memcpy-path copies of 512 KiB or more, the
+     * caller included (docs/design.md, "Parallel copies"): 1..16; 0: the
+     * environment's DP_COPY_THREADS, else 2 on a machine of 2 or more cores.
+     */
+    unsigned copy_threads;
     /*
      * When ops with a grant go two-sided (docs/design.md, "Two-sided
      * transfers"): DP_XFER_TS_AUTO (default) towards a remote that serves them
@@ -239,6 +246,14 @@ int dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
  * DP_ETRANSFER (the peer failed or UCX reported an error; retained if it may
  * still run).
  */
+/*
+ * Copy jobs within this process (a client's staging copies) on the endpoint's
+ * copy threads when they come to 512 KiB or more (docs/design.md, "Parallel
+ * copies"). Takes no endpoint lock; a batch that comes while another runs is
+ * copied by its caller alone. Not after dp__endpoint_close.
+ */
+void dp__endpoint_copy(dp_endpoint *ep, const dp_copy *jobs, size_t n);
+
 int dp__endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
                           size_t n_local, const dp_range *remote, size_t n_remote,
                           const char *remote_name, double timeout_s, dp_detail *d);
@@ -362,11 +377,13 @@ typedef struct dp_endpoint_stats {
     uint64_t transfers_released; /* of those, ended later: released from it */
     uint64_t memcpy_ranges;      /* ranges done by the direct memcpy path */
     uint64_t ucx_ranges;         /* ranges posted to UCX */
-    uint64_t ts_sent;            /* two-sided messages sent (WRITE, READ request) */
-    uint64_t ts_served;          /* two-sided requests this endpoint served */
-    uint64_t ts_refused;         /* two-sided requests it refused */
-    uint64_t ts_bytes_in;        /* bytes received by served WRITEs */
-    uint64_t ts_bytes_out;       /* bytes sent by served READs */
+    uint64_t copies_parallel;    /* batches of memcpy runs shared by several threads */
+    uint64_t copies_parallel_bytes;
+    uint64_t ts_sent;      /* two-sided messages sent (WRITE, READ request) */
+    uint64_t ts_served;    /* two-sided requests this endpoint served */
+    uint64_t ts_refused;   /* two-sided requests it refused */
+    uint64_t ts_bytes_in;  /* bytes received by served WRITEs */
+    uint64_t ts_bytes_out; /* bytes sent by served READs */
     size_t n_regions;
     size_t n_remotes;
 } dp_endpoint_stats;

@@ -69,6 +69,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include "common/copier.h"
 #include "common/list.h"
 #include "common/ranges.h"
 #include "xfer/endpoint.h"
@@ -169,6 +170,9 @@ struct dp_endpoint {
     char name[DP_MD_NAME_MAX + 1];
     dp_endpoint_opts opts;
     size_t memcpy_max; /* 0: fast path off */
+    dp_copier *copier; /* the memcpy path's runs of one op, on several cores */
+    dp_copy *runs;     /* an op's memcpy runs, waiting for the copier (transfer.c) */
+    size_t n_runs, runs_cap;
     pthread_mutex_t mu;
     bool mu_init;
     bool closed;

@@ -207,16 +207,41 @@ unreserve_locked(dp_endpoint *ep, opstate *s)
     busy_locked(ep, s->o, -1);
 }
 
-/* The memcpy path's copy of a run: local bytes l, the remote's mapping r. */
+/* Copy the runs waiting (before any UCX op of the op is posted: order holds). */
 static void
-copy_run(dp_xfer_op op, uint8_t *l, uint8_t *r, size_t n)
+flush_runs_locked(dp_endpoint *ep)
+{
+    if (ep->n_runs == 0)
+        return;
+    dp__copier_run(ep->copier, ep->runs, ep->n_runs);
+    ep->n_runs = 0;
+}
+
+/*
+ * The memcpy path's run: local bytes l, the remote's mapping r. Runs wait in
+ * ep->runs until flush_runs_locked copies them, on several cores when they
+ * are large enough. Out of memory, the waiting runs and then this one are
+ * copied at once, in order.
+ */
+static void
+add_run_locked(dp_endpoint *ep, dp_xfer_op op, uint8_t *l, uint8_t *r, size_t n)
 {
     if (n == 0)
         return;
-    if (op == DP_XFER_WRITE)
-        memcpy(r, l, n);
-    else
-        memcpy(l, r, n);
+    uint8_t *dst = op == DP_XFER_WRITE ? r : l;
+    const uint8_t *src = op == DP_XFER_WRITE ? l : r;
+    if (ep->n_runs == ep->runs_cap) {
+        size_t cap = ep->runs_cap ? 2 * ep->runs_cap : 64;
+        dp_copy *g = realloc(ep->runs, cap * sizeof *g);
+        if (g == NULL) {
+            flush_runs_locked(ep);
+            memcpy(dst, src, n);
+            return;
+        }
+        ep->runs = g;
+        ep->runs_cap = cap;
+    }
+    ep->runs[ep->n_runs++] = (dp_copy){dst, src, n};
 }
 
 /* Post every range of op s (validated and reserved). Sets s->rc for immediate
@@ -277,7 +302,7 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
                 rp == run_r + run_n) {
                 run_n += l->nbytes;
             } else {
-                copy_run(o->op, run_l, run_r, run_n);
+                add_run_locked(ep, o->op, run_l, run_r, run_n);
                 run_l = lp;
                 run_r = rp;
                 run_n = l->nbytes;
@@ -286,7 +311,8 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
             ep->st.memcpy_ranges++;
             continue;
         }
-        copy_run(o->op, run_l, run_r, run_n);
+        add_run_locked(ep, o->op, run_l, run_r, run_n);
+        flush_runs_locked(ep);
         run_n = 0;
         region *g = find_near(&ep->regs, l->addr, l->nbytes, &near_l);
         ucp_request_param_t prm = {
@@ -308,7 +334,8 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
         else if (sp != NULL)
             b->b_pending++;
     }
-    copy_run(o->op, run_l, run_r, run_n);
+    add_run_locked(ep, o->op, run_l, run_r, run_n);
+    flush_runs_locked(ep);
     /* A put is complete locally at its callback; the flush makes it remote-visible. */
     if (o->op == DP_XFER_WRITE && any_ucx && b->b_status == UCS_OK) {
         ucp_request_param_t prm = {
