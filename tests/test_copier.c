@@ -75,10 +75,13 @@ DP_TEST(copies_match_memcpy_with_any_thread_count)
                 bytes_want += total;
             }
         }
-        uint64_t batches, bytes;
-        dp__copier_counts(c, &batches, &bytes);
+        uint64_t batches, bytes, helped;
+        dp__copier_counts(c, &batches, &bytes, &helped);
         CHECK_EQ_U64(batches, batches_want);
         CHECK_EQ_U64(bytes, bytes_want);
+        CHECK(helped <= bytes);
+        if (threads == 1)
+            CHECK_EQ_U64(helped, 0);
         dp__copier_destroy(c);
     }
     dp__copier_destroy(NULL);
@@ -88,8 +91,38 @@ DP_TEST(copies_match_memcpy_with_any_thread_count)
     free(want);
 }
 
+/*
+ * The helpers really copy: over batches of 16 MiB they take part of the
+ * bytes (a helper that is woken takes a chunk within microseconds, a batch
+ * lasts milliseconds, so twenty batches without one would mean it never
+ * ran).
+ */
+DP_TEST(helpers_take_part)
+{
+    const size_t n = 16 * MiB;
+    uint8_t *a = malloc(n), *b = malloc(n);
+    CHECK(a != NULL && b != NULL);
+    for (size_t i = 0; i < n; i++)
+        a[i] = (uint8_t)(i * 7 + 1);
+    dp_copier *c = dp__copier_new(2, 0);
+    CHECK(c != NULL);
+    dp_copy job = {b, a, n};
+    uint64_t helped = 0;
+    for (int round = 0; round < 20 && helped == 0; round++) {
+        memset(b, 0, n);
+        dp__copier_run(c, &job, 1);
+        CHECK(memcmp(a, b, n) == 0);
+        dp__copier_counts(c, NULL, NULL, &helped);
+    }
+    CHECKF(helped > 0, "no helper copied a byte of 20 batches of 16 MiB");
+    dp__copier_destroy(c);
+    free(a);
+    free(b);
+}
+
 /* A copier made and never used, or used once, stops cleanly; a forked child
- * copies alone (its parent's helpers do not exist there). */
+ * copies alone (its parent's helpers do not exist there) and can destroy it
+ * (without waiting for them). */
 DP_TEST(unused_copier_and_forked_child)
 {
     dp__copier_destroy(dp__copier_new(4, 0));
@@ -105,9 +138,14 @@ DP_TEST(unused_copier_and_forked_child)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        alarm(20); /* a hang is a failure, not a stuck test */
         memset(a, 0x71, n);
         dp__copier_run(c, &job, 1);
-        _exit(memcmp(a, b, n) == 0 ? 0 : 1);
+        uint64_t batches = 0;
+        dp__copier_counts(c, &batches, NULL, NULL);
+        bool ok = memcmp(a, b, n) == 0 && batches == 1; /* the child's copy: alone */
+        dp__copier_destroy(c);
+        _exit(ok ? 0 : 1);
     }
     int status = 0;
     CHECK_EQ(waitpid(pid, &status, 0), pid);

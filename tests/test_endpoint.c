@@ -758,6 +758,49 @@ DP_TEST(large_copies_share_threads)
     CHECK_ERR(dp__endpoint_create("client-bad", &eo, &ep, &d), DP_EINVAL);
 }
 
+/*
+ * The memcpy runs an op queues are copied before its first UCX op is posted:
+ * a 4 KiB range (memcpy path) and a 128 KiB one over the same remote bytes
+ * (UCX path, memcpy_max 64 KiB) leave the UCX range's bytes there, as when
+ * each run was copied where it was found.
+ */
+DP_TEST(memcpy_runs_land_before_ucx_ops)
+{
+    set_tls(NULL);
+    peer p;
+    dp_detail d;
+    CHECK_EQ(peer_start(&p, "peer-ord", 4 * MiB, false, 23), 0);
+    dp_endpoint_opts eo;
+    dp__endpoint_opts_init(&eo);
+    eo.memcpy_max = 64 * 1024;
+    dp_endpoint *ep = NULL;
+    CHECK_OK_D(dp__endpoint_create("client-ord", &eo, &ep, &d), &d);
+    uint8_t *a = NULL;
+    CHECK_OK_D(dp__endpoint_alloc(ep, 2 * MiB, (void **)&a, &d), &d);
+    CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+    memset(a, 0x11, 4096);
+    memset(a + 8192, 0x22, 128 * 1024);
+    uint64_t la = (uint64_t)(uintptr_t)a;
+    dp_range l[2] = {{la, 4096}, {la + 8192, 128 * 1024}};
+    dp_range r[2] = {{p.base + 4096, 4096}, {p.base, 128 * 1024}};
+    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l, 2, r, 2, "peer-ord", 10, &d),
+               &d);
+    dp_endpoint_stats st;
+    dp__endpoint_get_stats(ep, &st);
+    CHECK_EQ_U64(st.memcpy_ranges, 1);
+    CHECK_EQ_U64(st.ucx_ranges, 1);
+    uint8_t *b = a + MiB;
+    memset(b, 0, 128 * 1024);
+    dp_range lb = {la + MiB, 128 * 1024}, rb = {p.base, 128 * 1024};
+    CHECK_OK_D(
+        dp__endpoint_transfer(ep, DP_XFER_READ, &lb, 1, &rb, 1, "peer-ord", 10, &d), &d);
+    for (size_t i = 0; i < 128 * 1024; i++)
+        CHECKF(b[i] == 0x22, "byte %zu is 0x%02x: the memcpy run landed after the UCX op",
+               i, b[i]);
+    dp__endpoint_destroy(ep);
+    peer_stop(&p);
+}
+
 DP_TEST(small_ranges_use_memcpy_on_one_host)
 {
     set_tls(NULL);

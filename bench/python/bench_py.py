@@ -15,6 +15,10 @@ redis-server on a free loopback port, both stopped at the end:
   Client get out=   get(rows, fields, out={field: preallocated batch})
   Client alloc()    put from and get (out=) into tensors over client.alloc()
                     (registered) memory: no staging copy
+  Client get stack  get(rows, fields, stack=True) -> one batch tensor per field
+                    (gathered from the fetched memory: the rows alternate units)
+  Client alloc() stack  get(out=registered batch, stack=True): the data lands in
+                    place and the destination itself comes back
   TQ adapter        dataplane.tq.DataplaneKVClient driven as TQ's KV storage
                     manager drives it: field-major keys "gidx@field", values
                     list(batch) (per-row views), get(keys, shapes, dtypes,
@@ -57,7 +61,8 @@ SHAPES = {  # name: (rows, fields, bytes per value)
 
 # Row ranges kept apart per method (each clears its rows after every iteration).
 ROW_BASE = {"client": 1_000_000, "client_out": 2_000_000, "client_alloc": 3_000_000,
-            "tq": 4_000_000, "c": 50_000_000}
+            "tq": 4_000_000, "client_stack": 5_000_000, "client_alloc_stack": 6_000_000,
+            "c": 50_000_000}
 
 # (id, label, (put, get): the `dataplane bench --memory` mode whose put and get
 # move the data as this method's do, for the put/C and get/C ratios). Plain
@@ -68,6 +73,8 @@ METHODS = [
     ("client", "Client", ("malloc", "registered")),
     ("client_out", "Client get out=", (None, "malloc")),
     ("client_alloc", "Client alloc()", ("registered", "registered")),
+    ("client_stack", "Client get stack", (None, "registered")),
+    ("client_alloc_stack", "Client alloc() stack", (None, "registered")),
     ("tq", "TQ adapter", ("malloc", "registered")),
     ("c_malloc", "C lib malloc", None),
     ("c_registered", "C lib registered", None),
@@ -265,8 +272,26 @@ def make_client_out_step(c, src, fields, rows):
     return step
 
 
-def make_client_alloc_step(c, src, fields, rows):
-    g = list(range(ROW_BASE["client_alloc"], ROW_BASE["client_alloc"] + rows))
+def make_client_stack_step(c, src, fields, rows):
+    g = list(range(ROW_BASE["client_stack"], ROW_BASE["client_stack"] + rows))
+
+    def step(check=False):
+        c.put(g, src)
+        t1 = pc()
+        got = c.get(g, fields, stack=True)
+        t2 = pc()
+        if check:
+            for f in fields:
+                _check(torch.equal(got[f], src[f]), f"Client get stack ({f})")
+        del got
+        c.clear(g)
+        return None, t2 - t1
+    return step
+
+
+def make_client_alloc_step(c, src, fields, rows, stack=False):
+    base = ROW_BASE["client_alloc_stack" if stack else "client_alloc"]
+    g = list(range(base, base + rows))
     bufs = []
 
     def reg_like(t):
@@ -288,14 +313,16 @@ def make_client_alloc_step(c, src, fields, rows):
         t0 = pc()
         c.put(g, rsrc)
         t1 = pc()
-        got = c.get(g, fields, out=rdst)
+        got = c.get(g, fields, out=rdst, stack=stack)
         t2 = pc()
         if check:
             for f in fields:
                 _check(torch.equal(rdst[f], src[f]), f"Client alloc() get out= ({f})")
+                if stack:
+                    _check(got[f] is rdst[f], f"Client alloc() stack ({f})")
         del got
         c.clear(g)
-        return t1 - t0, t2 - t1
+        return (None if stack else t1 - t0), t2 - t1
     step.keep = (bufs, rsrc, rdst)  # the registered memory lives as long as step
     return step
 
@@ -613,6 +640,8 @@ def main(argv=None):
                 "client": make_client_step(c, src, fnames, rows),
                 "client_out": make_client_out_step(c, src, fnames, rows),
                 "client_alloc": make_client_alloc_step(c, src, fnames, rows),
+                "client_stack": make_client_stack_step(c, src, fnames, rows),
+                "client_alloc_stack": make_client_alloc_step(c, src, fnames, rows, True),
                 "tq": make_tq_step(kv, src, fnames, rows),
                 "torch": make_torch_step(src, fnames),
             }

@@ -56,8 +56,8 @@ class AsyncClient:
     async def put(self, rows, data):
         return await self._call("put", rows, data)
 
-    async def get(self, rows, fields, *, out=None):
-        return await self._call("get", rows, fields, out=out)
+    async def get(self, rows, fields, *, out=None, stack=False):
+        return await self._call("get", rows, fields, out=out, stack=stack)
 
     async def get_keys(self, keys):
         return await self._call("get_keys", keys)

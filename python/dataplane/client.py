@@ -278,11 +278,15 @@ class Client:
 
     # -- get --
 
-    def get(self, rows, fields, *, out=None):
+    def get(self, rows, fields, *, out=None, stack=False):
         """{field: [value per row]} for rows x fields. Values come back as they
         were put (torch tensor, numpy array or bytes). out: {field: tensor or
         array of len(rows) rows, or a list of one per row} to receive into;
-        the values returned are then views of it. Raises NotFound (a KeyError)
+        the values returned are then views of it. stack=True: {field: one
+        tensor or array of len(rows) rows} instead of lists (every value of a
+        field must have the same dtype and shape; with out, the destination
+        itself; without, a view of the fetched memory when one unit holds the
+        rows in order, else one new tensor). Raises NotFound (a KeyError)
         naming missing keys."""
         if isinstance(fields, str):
             raise TypeError("fields: a list of field names is needed, got one str")
@@ -290,20 +294,21 @@ class Client:
         r = _rows(rows)
         n = len(r)
         if out is not None:
-            return self._get_out(r, fields, out)
+            return self._get_out(r, fields, out, bool(stack))
         vals, rc, detail = self._c.get(r, fields)
-        entries = vals.entries()
         if rc:
+            entries = vals.entries()
             keys = [f"{r[i % n]}@{fields[i // n]}" for i in range(len(entries))]
             _raise_get(rc, detail, entries, keys)
-        addrs = vals.addresses() if n >= _RUN_MIN else None
         res = {}
         for fi, f in enumerate(fields):
             base = fi * n
-            got = _field_runs(vals, entries, addrs, base, n) if addrs else None
-            if got is None:
-                got = [value_of(entries[base + i], r[i], f) for i in range(n)]
-            res[f] = got
+
+            def one(i, f=f, base=base):
+                return value_of(vals.entry(i), r[i - base], f)
+
+            res[f] = (_stacked(self._c, vals, base, n, one, f, r) if stack
+                      else values_in_order(vals, base, n, one))
         return res
 
     def get_keys(self, keys, *, hints=None):
@@ -312,12 +317,12 @@ class Client:
         a missed shortcut, never a wrong value."""
         keys = list(keys)
         vals, rc, detail = self._c.get_keys(keys, hints)
-        entries = vals.entries()
         if rc:
-            _raise_get(rc, detail, entries, keys)
-        return values_in_order(vals, entries, lambda i: value_of(entries[i], None, keys[i]))
+            _raise_get(rc, detail, vals.entries(), keys)
+        return values_in_order(vals, 0, len(keys),
+                               lambda i: value_of(vals.entry(i), None, keys[i]))
 
-    def _get_out(self, r, fields, out):
+    def _get_out(self, r, fields, out, stack):
         n = len(r)
         if not fields:
             return {}
@@ -327,6 +332,9 @@ class Client:
                 raise KeyError(f"out has no destination for field '{f}'")
             o = out[f]
             if isinstance(o, (list, tuple)):
+                if stack:
+                    raise ValueError(f"out['{f}']: stack=True needs one tensor or array "
+                                     f"of {n} rows, not a list")
                 if len(o) != n:
                     raise ValueError(f"out['{f}']: {len(o)} destinations for {n} rows")
                 specs.append([_dst(d, f"{r[i]}@{f}") for i, d in enumerate(o)])
@@ -339,19 +347,34 @@ class Client:
             row = nbytes // n if n else 0
             specs.append((addr, row, row))
             views.append(o)
-        items, rc, detail = self._c.get_into_rows(r, fields, specs)
+        per_field, rc, detail = self._c.get_into_rows(r, fields, specs, True)
         if rc:
+            items = []
+            for fi, its in enumerate(per_field):
+                items += its if isinstance(its, list) else [(0,)] * n
             keys = [f"{r[i % n]}@{fields[i // n]}" for i in range(len(items))]
             _raise_get(rc, detail, [(it[0],) for it in items], keys)
         res = {}
         for fi, f in enumerate(fields):
-            its = items[fi * n:(fi + 1) * n]
+            its = per_field[fi]
             o = views[fi]
-            if not isinstance(o, list):
-                whole = _whole_rows(o, its, f)
+            if isinstance(its, tuple):  # every value landed alike: (kind, dtype, shape, nbytes)
+                whole = None if isinstance(o, list) else _whole_rows(o, its, f, stack)
                 if whole is not None:
                     res[f] = whole
                     continue
+                its = [(0, its[3], its[0], its[1], its[2])] * n
+            if stack:
+                rows_are = f"{o.dtype}{tuple(o.shape[1:])}"
+                odd = next((i for i, it in enumerate(its) if it[1:] != its[0][1:]), None)
+                if odd is None:
+                    raise ValueError(f"out['{f}']: stack=True: the values are "
+                                     f"{_described(its[0])}, the rows of out {rows_are}")
+                raise ValueError(
+                    f"out['{f}']: stack=True needs every value a tensor of the rows' dtype "
+                    f"and shape ({rows_are}); '{r[odd]}@{f}' is {_described(its[odd])}, "
+                    f"'{r[0]}@{f}' {_described(its[0])}")
+            if not isinstance(o, list):
                 o = [o[i] for i in range(n)]
             res[f] = [_fit(o[i], its[i], f"{r[i]}@{f}") for i in range(n)]
         return res
@@ -448,21 +471,69 @@ def _dst(d, key):
     raise TypeError(f"out for '{key}': a tensor or array is needed")
 
 
-def _whole_rows(o, items, field):
-    """The rows of a batch destination as views, in one call, when every value
-    that landed in it is a tensor of its dtype and row shape; else None."""
-    if not items:
-        return []
-    first = items[0]
-    _, nbytes, kind, dtype, shape = first
-    row_shape = tuple(o.shape[1:])
-    if kind != _core.KIND_TENSOR or shape != row_shape:
+def _whole_rows(o, summary, field, stack):
+    """The rows of a batch destination, as views in one call (or the
+    destination itself when stack), when every value that landed in it is a
+    tensor of its dtype and row shape (summary: their (kind, dtype, shape,
+    nbytes)); else None."""
+    kind, dtype, shape, nbytes = summary
+    if kind != _core.KIND_TENSOR or shape != tuple(o.shape[1:]):
         return None
-    for it in items:
-        if it[2] != kind or it[3] != dtype or it[4] != shape:
-            return None
     _check_out_dtype(o, dtype, f"out['{field}']")
+    if stack:
+        return o
     return list(o.unbind(0)) if dt.is_tensor(o) else list(o)
+
+
+def _described(item):
+    _, nbytes, kind, dtype, shape = item[:5]
+    if kind != _core.KIND_TENSOR:
+        return f"{nbytes} bytes of kind {kind}"
+    return f"{dtype}{tuple(shape)}"
+
+
+def _stacked(cl, vals, i0, n, one, field, r):
+    """Values i0 .. i0+n-1 (one field) as one tensor or array of n rows: a
+    view of the fetched memory when they lie there in order, else one new
+    tensor they are copied into (in C, without the GIL). The new tensor lives
+    in registered memory of the client (alloc): its buffers are cached, so a
+    get does not pay for fresh pages each time, and a put of it moves without
+    staging."""
+    if n == 0:
+        raise ValueError(f"field '{field}': stack=True needs at least one row")
+    chains, rest = vals.runs(i0, n)
+    if len(chains) == 1 and not rest and chains[0][1] == 1:
+        c = chains[0]
+        block = _chain_block(c[3], c[4], c[5], c[6], c[2], c[7])
+        if block is not None:
+            return block  # one unit's values in row order: no copy
+    first = one(i0)
+    if not (dt.is_tensor(first) or dt.is_array(first)):
+        raise ValueError(f"field '{field}': stack=True needs tensors or arrays; "
+                         f"'{r[0]}@{field}' is a {type(first).__name__}")
+    shape = tuple(first.shape)
+    is_t = dt.is_tensor(first)
+    row = first.numel() * first.element_size() if is_t else first.nbytes
+    count = n * (first.numel() if is_t else first.size)
+    if row == 0:
+        return (torch.empty((n,) + shape, dtype=first.dtype) if is_t
+                else np.empty((n,) + shape, dtype=first.dtype))
+    buf = cl.alloc(n * row)
+    if is_t:
+        out = torch.frombuffer(buf, dtype=first.dtype, count=count).view((n,) + shape)
+        addr = out.data_ptr()
+    else:
+        out = np.frombuffer(buf, dtype=first.dtype, count=count).reshape((n,) + shape)
+        addr = out.__array_interface__["data"][0]
+    odd = vals.gather(i0, n, addr, row)
+    if odd >= 0:
+        v = one(i0 + odd)
+        what = (f"{v.dtype}{tuple(v.shape)}" if dt.is_tensor(v) or dt.is_array(v)
+                else f"a {type(v).__name__}")
+        raise ValueError(f"field '{field}': stack=True needs every value of one dtype "
+                         f"and shape; '{r[odd]}@{field}' is {what}, '{r[0]}@{field}' "
+                         f"{first.dtype}{shape}")
+    return out
 
 
 def _check_out_dtype(view, dtype, what):
@@ -568,87 +639,58 @@ def split_hints(locs, n_rows, fields):
     return out
 
 
-_RUN_MIN = 8  # rows of a field worth making views of in one go
-
-
-def values_in_order(vals, entries, one):
-    """Every fetched entry as a value, in order: stretches of consecutive
-    tensors of one dtype and shape through _field_runs, the rest through
-    one(i)."""
-    n = len(entries)
+def values_in_order(vals, i0, n, one):
+    """Values i0 .. i0+n-1 of a get, in order: each chain of tensors of one
+    dtype and shape that lie one after another in the fetched memory (one
+    unit's values of a field) becomes one strided tensor split into rows with
+    one call (a tensor per value costs far more in torch); every other value
+    through one(i), i absolute."""
     out = [None] * n
-    addrs = vals.addresses() if n >= _RUN_MIN else None
-    i = 0
-    while i < n:
-        e = entries[i]
-        j = i + 1
-        if addrs is not None and e[0] == 0 and e[1] == _core.KIND_TENSOR:
-            while (j < n and entries[j][0] == 0 and entries[j][1] == e[1]
-                   and entries[j][2] == e[2] and entries[j][3] == e[3]):
-                j += 1
-            got = _field_runs(vals, entries, addrs, i, j - i) if j - i >= _RUN_MIN else None
-            if got is not None:
-                out[i:j] = got
-                i = j
-                continue
-        for k in range(i, j):
-            out[k] = one(k)
-        i = j
+    chains, rest = vals.runs(i0, n)
+    for start, step, count, dtype, shape, nbytes, stride, sl in chains:
+        views = _chain_views(dtype, shape, nbytes, stride, count, sl)
+        if views is None:
+            rest.extend(range(start, start + step * count, step))
+        else:
+            out[start:start + step * (count - 1) + 1:step] = views
+    for k in rest:
+        out[k] = one(i0 + k)
     return out
 
 
-def _field_runs(vals, entries, addrs, base, n):
-    """The values of one field as views made run by run: when every value
-    is a tensor of one dtype and shape, values that lie at a constant stride
-    in the fetched memory become one strided tensor, split into rows with one
-    call (a tensor per value costs several microseconds in torch). None when
-    the field does not qualify (the caller makes values one by one)."""
-    first = entries[base]
-    if first[0] != 0 or first[1] != _core.KIND_TENSOR or first[4] == 0:
-        return None
-    kind, dtype, shape, nbytes = first[1], first[2], first[3], first[4]
-    for i in range(base + 1, base + n):
-        e = entries[i]
-        if e[2] != dtype or e[3] != shape or e[1] != kind or e[4] != nbytes:
-            return None  # every value's size must match its shape to be viewed
+def _chain_block(dtype, shape, nbytes, stride, count, sl):
+    """count values of dtype and shape at a stride in sl as one tensor or
+    array of count rows (a view); None when the dtype is not one this package
+    makes or its size does not match."""
     size = dt.itemsize(dtype)
     m = _maker(dtype)
-    if size is None or m is None or _count(shape) * size != nbytes:
+    if size is None or m is None or _count(shape) * size != nbytes or stride % size:
         return None
-    stride = (nbytes + 63) // 64 * 64
-    runs, expect = [], {}
-    for k in range(n):
-        a = addrs[base + k]
-        run = expect.pop(a, None)
-        if run is None:
-            run = []
-            runs.append(run)
-        run.append(k)
-        expect[a + stride] = run
     inner = []
     acc = 1
     for s in reversed(shape):
         inner.append(acc)
         acc *= s
     inner.reverse()
-    out = [None] * n
-    for run in runs:
-        if len(run) == 1:
-            out[run[0]] = value_of(entries[base + run[0]], None, "")
-            continue
-        sl = vals.span(base + run[0], base + run[-1])
-        k = len(run)
-        if m[0] == "torch":
-            t = torch.frombuffer(sl, dtype=m[1])
-            views = t.as_strided((k,) + shape, (stride // size,) + tuple(inner)).unbind(0)
-        else:
-            a = np.frombuffer(sl, dtype=m[1])
-            views = list(np.lib.stride_tricks.as_strided(
-                a, shape=(k,) + shape, strides=(stride,) + tuple(x * size for x in inner),
-                writeable=True))
-        for i, v in zip(run, views):
-            out[i] = v
-    return out
+    if m[0] == "torch":
+        t = torch.frombuffer(sl, dtype=m[1])
+        return t.as_strided((count,) + shape, (stride // size,) + tuple(inner))
+    a = np.frombuffer(sl, dtype=m[1])
+    return np.lib.stride_tricks.as_strided(
+        a, shape=(count,) + shape, strides=(stride,) + tuple(x * size for x in inner),
+        writeable=True)
+
+
+def _chain_views(dtype, shape, nbytes, stride, count, sl):
+    """The values of a chain as one view each (see _chain_block), or None."""
+    block = _chain_block(dtype, shape, nbytes, stride, count, sl)
+    if block is None:
+        return None
+    if dt.is_tensor(block):
+        return block.unbind(0)
+    if not shape:  # rows of a 1-D array are scalars: 0-d arrays instead
+        return [block[i:i + 1].reshape(()) for i in range(count)]
+    return list(block)
 
 
 def stack(values):

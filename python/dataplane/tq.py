@@ -217,11 +217,11 @@ class DataplaneKVClient:
                 raise ValueError(f"key {k!r}: a str '<global_index>@<field>' is needed")
         vals, rc, detail = self._client._c.get_keys(keys, _hints(custom_backend_meta,
                                                                 len(keys)))
-        entries = vals.entries()
         if rc:
             from .client import _raise_get
-            _raise_get(rc, detail, entries, keys)
-        out = values_in_order(vals, entries, lambda i: self._decode(keys[i], entries[i]))
+            _raise_get(rc, detail, vals.entries(), keys)
+        out = values_in_order(vals, 0, len(keys),
+                              lambda i: self._decode(keys[i], vals.entry(i)))
         for name, lst in (("shapes", shapes), ("dtypes", dtypes)):
             if lst is not None and len(lst) != len(keys):
                 raise ValueError(f"get: {len(lst)} {name} for {len(keys)} keys")

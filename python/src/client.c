@@ -675,14 +675,43 @@ row_keys(PyObject *rows, PyObject *fields, char **arena, const char ***keys, siz
         PyErr_NoMemory();
         goto fail;
     }
+    /* Each row's digits once, then per key: digits, '@', the field. */
+    uint8_t *dlen = PyMem_Malloc(nr ? nr : 1);
+    char(*digits)[20] = PyMem_Malloc((nr ? nr : 1) * sizeof *digits);
+    if (dlen == NULL || digits == NULL) {
+        PyMem_Free(dlen);
+        PyMem_Free(digits);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (size_t r = 0; r < nr; r++) {
+        char tmp[20];
+        uint64_t v = g[r];
+        int k = 0;
+        do {
+            tmp[k++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        for (int i = 0; i < k; i++)
+            digits[r][i] = tmp[k - 1 - i];
+        dlen[r] = (uint8_t)k;
+    }
     char *w = *arena;
     for (size_t f = 0; f < nf; f++) {
-        const char *name = PyUnicode_AsUTF8(PySequence_Fast_ITEMS(fs)[f]);
+        Py_ssize_t len;
+        const char *name = PyUnicode_AsUTF8AndSize(PySequence_Fast_ITEMS(fs)[f], &len);
         for (size_t r = 0; r < nr; r++) {
             (*keys)[f * nr + r] = w;
-            w += sprintf(w, "%llu@%s", (unsigned long long)g[r], name) + 1;
+            memcpy(w, digits[r], dlen[r]);
+            w += dlen[r];
+            *w++ = '@';
+            memcpy(w, name, (size_t)len);
+            w += len;
+            *w++ = '\0';
         }
     }
+    PyMem_Free(dlen);
+    PyMem_Free(digits);
     *n = nr * nf;
     Py_DECREF(fs);
     PyMem_Free(g);
@@ -874,9 +903,39 @@ item_tuple(const dp_get_item *it, const dp_value_desc *ds)
                          (int)ds->kind, ds->dtype, shape);
 }
 
-/* Run a get into the items' destinations; (items as tuples, rc, detail). */
+/*
+ * The items of one field as one (kind, dtype, shape, nbytes) when every one
+ * landed with that same description, else NULL (no error set).
+ */
 static PyObject *
-get_into_run(DpClient *self, dp_get_item *items, size_t n)
+field_summary(const dp_get_item *items, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    const dp_value_desc *d0 = items[0].desc;
+    for (size_t r = 0; r < n; r++) {
+        const dp_value_desc *d = items[r].desc;
+        if (items[r].status != 0 || items[r].nbytes != items[0].nbytes ||
+            d->kind != d0->kind || d->ndim != d0->ndim ||
+            strcmp(d->dtype, d0->dtype) != 0 ||
+            memcmp(d->shape, d0->shape, d0->ndim * sizeof d0->shape[0]) != 0)
+            return NULL;
+    }
+    PyObject *shape = dp__py_shape(d0);
+    if (shape == NULL)
+        return NULL;
+    return Py_BuildValue("(isNK)", (int)d0->kind, d0->dtype, shape,
+                         (unsigned long long)items[0].nbytes);
+}
+
+/*
+ * Run a get into the items' destinations; (items as tuples, rc, detail). With
+ * nf > 0 (compact), items is one element per field instead: the field's
+ * summary (kind, dtype, shape, nbytes) when all its values landed alike, else
+ * the list of its items' tuples.
+ */
+static PyObject *
+get_into_run(DpClient *self, dp_get_item *items, size_t n, size_t nf)
 {
     dp_detail d = {0};
     int rc;
@@ -885,17 +944,39 @@ get_into_run(DpClient *self, dp_get_item *items, size_t n)
     Py_END_ALLOW_THREADS
     if (rc == DP_EINVAL)
         return dp__py_raise(rc, &d);
-    PyObject *res = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; res != NULL && i < n; i++) {
-        PyObject *t = item_tuple(&items[i], items[i].desc);
-        if (t == NULL) {
-            Py_CLEAR(res);
-            break;
-        }
-        PyList_SET_ITEM(res, (Py_ssize_t)i, t);
-    }
-    if (res == NULL)
+    size_t groups = nf > 0 ? nf : 1, per = nf > 0 ? n / nf : n;
+    PyObject *res = nf > 0 ? PyList_New((Py_ssize_t)nf) : NULL;
+    if (nf > 0 && res == NULL)
         return NULL;
+    for (size_t f = 0; f < groups; f++) {
+        const dp_get_item *its = items + f * per;
+        PyObject *sum = nf > 0 ? field_summary(its, per) : NULL;
+        if (sum == NULL && PyErr_Occurred()) {
+            Py_XDECREF(res);
+            return NULL;
+        }
+        if (sum != NULL) {
+            PyList_SET_ITEM(res, (Py_ssize_t)f, sum);
+            continue;
+        }
+        PyObject *lst = PyList_New((Py_ssize_t)per);
+        for (size_t i = 0; lst != NULL && i < per; i++) {
+            PyObject *t = item_tuple(&its[i], its[i].desc);
+            if (t == NULL) {
+                Py_CLEAR(lst);
+                break;
+            }
+            PyList_SET_ITEM(lst, (Py_ssize_t)i, t);
+        }
+        if (lst == NULL) {
+            Py_XDECREF(res);
+            return NULL;
+        }
+        if (nf == 0)
+            res = lst;
+        else
+            PyList_SET_ITEM(res, (Py_ssize_t)f, lst);
+    }
     return Py_BuildValue("(NiN)", res, rc, dp__py_text(dp_detail_msg(&d)));
 }
 
@@ -956,7 +1037,8 @@ static PyObject *
 client_get_into_rows(DpClient *self, PyObject *args)
 {
     PyObject *rows, *fields, *dsts;
-    if (!PyArg_ParseTuple(args, "OOO!", &rows, &fields, &PyList_Type, &dsts))
+    int compact = 0;
+    if (!PyArg_ParseTuple(args, "OOO!|p", &rows, &fields, &PyList_Type, &dsts, &compact))
         return NULL;
     if (!dp__py_client_enter(self))
         return NULL;
@@ -986,7 +1068,7 @@ client_get_into_rows(DpClient *self, PyObject *args)
     for (size_t f = 0; f < nf; f++)
         if (row_dsts(PyList_GET_ITEM(dsts, f), f, n / nf, items) < 0)
             goto out;
-    ret = get_into_run(self, items, n);
+    ret = get_into_run(self, items, n, compact ? nf : 0);
 out:
     PyMem_Free(arena);
     PyMem_Free(keys);
@@ -1320,7 +1402,7 @@ static PyMethodDef client_methods[] = {
     {"get_keys", (PyCFunction)client_get_keys, METH_VARARGS,
      "get_keys(keys, hints=None) -> (Values, rc, detail)"},
     {"get_into_rows", (PyCFunction)client_get_into_rows, METH_VARARGS,
-     "get_into_rows(rows, fields, destinations) -> (items, rc, detail)"},
+     "get_into_rows(rows, fields, destinations[, compact]) -> (items, rc, detail)"},
     {"clear", (PyCFunction)client_clear, METH_O, "clear(rows) -> values dropped"},
     {"stats", (PyCFunction)client_stats, METH_NOARGS, "stats() -> (list, rc, detail)"},
     {"counters", (PyCFunction)client_counters, METH_NOARGS, "counters() -> dict"},

@@ -7,6 +7,7 @@
  */
 #include "dp_py.h"
 
+#include <string.h>
 #include <unistd.h>
 
 /* ---- Values ---- */
@@ -59,6 +60,8 @@ values_usable(DpValues *self)
     return true;
 }
 
+static PyObject *entry_tuple(struct DpValues *self, size_t i);
+
 static PyObject *
 slice_new(PyObject *owner, void *p, Py_ssize_t n)
 {
@@ -84,23 +87,7 @@ values_entries(DpValues *self, PyObject *noarg)
     size_t n = dp_values_count(self->v);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list != NULL && i < n; i++) {
-        const void *data = NULL;
-        uint64_t nb = 0;
-        const dp_value_desc *ds = NULL;
-        int st = dp_values_get(self->v, i, &data, &nb, &ds);
-        PyObject *t;
-        if (st != 0) {
-            t = Py_BuildValue("(iOOOKO)", st, Py_None, Py_None, Py_None, 0ULL, Py_None);
-        } else {
-            PyObject *shape = dp__py_shape(ds);
-            PyObject *sl =
-                shape ? slice_new((PyObject *)self, (void *)data, (Py_ssize_t)nb) : NULL;
-            t = sl ? Py_BuildValue("(iisNKN)", 0, (int)ds->kind, ds->dtype, shape,
-                                   (unsigned long long)nb, sl)
-                   : NULL;
-            if (sl == NULL)
-                Py_XDECREF(shape);
-        }
+        PyObject *t = entry_tuple(self, i);
         if (t == NULL) {
             Py_CLEAR(list);
             break;
@@ -163,7 +150,212 @@ values_span(DpValues *self, PyObject *args)
     return slice_new((PyObject *)self, (void *)pi, len);
 }
 
+/* One entry as entries() gives it. */
+static PyObject *
+entry_tuple(DpValues *self, size_t i)
+{
+    const void *data = NULL;
+    uint64_t nb = 0;
+    const dp_value_desc *ds = NULL;
+    int st = dp_values_get(self->v, i, &data, &nb, &ds);
+    if (st != 0)
+        return Py_BuildValue("(iOOOKO)", st, Py_None, Py_None, Py_None, 0ULL, Py_None);
+    PyObject *shape = dp__py_shape(ds);
+    PyObject *sl =
+        shape ? slice_new((PyObject *)self, (void *)data, (Py_ssize_t)nb) : NULL;
+    if (sl == NULL) {
+        Py_XDECREF(shape);
+        return NULL;
+    }
+    return Py_BuildValue("(iisNKN)", 0, (int)ds->kind, ds->dtype, shape,
+                         (unsigned long long)nb, sl);
+}
+
+/* entry(i) -> one entry of entries(), without building the others. */
+static PyObject *
+values_entry(DpValues *self, PyObject *arg)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if ((i == -1 && PyErr_Occurred()) || !values_usable(self))
+        return NULL;
+    if (i < 0 || (size_t)i >= dp_values_count(self->v)) {
+        PyErr_Format(PyExc_IndexError, "entry(%zd): %zu values", i,
+                     dp_values_count(self->v));
+        return NULL;
+    }
+    return entry_tuple(self, (size_t)i);
+}
+
+#define RUNS_OPEN_MAX 64
+
+typedef struct chain {
+    size_t start, step, count, last; /* entries start, start + step, ... (relative) */
+    const uint8_t *first, *next;     /* first byte; where the next member must lie */
+    uint64_t nbytes;
+    const dp_value_desc *ds;
+} chain;
+
+static bool
+same_desc(const dp_value_desc *a, const dp_value_desc *b)
+{
+    return a->ndim == b->ndim && strcmp(a->dtype, b->dtype) == 0 &&
+           memcmp(a->shape, b->shape, a->ndim * sizeof a->shape[0]) == 0;
+}
+
+/* A chain of two or more as runs() gives it; a single one joins rest. */
+static int
+chain_out(DpValues *self, const chain *c, PyObject *chains, PyObject *rest)
+{
+    if (c->count < 2) {
+        PyObject *k = PyLong_FromSize_t(c->start);
+        int rc = k != NULL ? PyList_Append(rest, k) : -1;
+        Py_XDECREF(k);
+        return rc;
+    }
+    uint64_t stride = (c->nbytes + 63) / 64 * 64;
+    Py_ssize_t len = (Py_ssize_t)((c->count - 1) * stride + c->nbytes);
+    PyObject *shape = dp__py_shape(c->ds);
+    PyObject *sl = shape ? slice_new((PyObject *)self, (void *)c->first, len) : NULL;
+    PyObject *t =
+        sl ? Py_BuildValue("(nnnsNKKN)", (Py_ssize_t)c->start, (Py_ssize_t)c->step,
+                           (Py_ssize_t)c->count, c->ds->dtype, shape,
+                           (unsigned long long)c->nbytes, (unsigned long long)stride, sl)
+           : NULL;
+    if (t == NULL) {
+        if (sl == NULL)
+            Py_XDECREF(shape);
+        return -1;
+    }
+    int rc = PyList_Append(chains, t);
+    Py_DECREF(t);
+    return rc;
+}
+
+/*
+ * runs(i0, n) -> (chains, rest) over values i0 .. i0+n-1: the fetched tensors
+ * of one dtype, shape and size that lie one after another in memory (each at
+ * the previous one's address plus its size rounded up to 64, as a blob lays
+ * them out) at a constant step of index, as (start, step, count, dtype,
+ * shape, nbytes, stride, Slice over them all), start relative to i0; rest:
+ * the relative indices of every other value (not fetched, not a tensor, 0
+ * bytes, or alone), for entry(). The Python layer then makes one strided
+ * tensor per chain and unbinds it, instead of a call per value.
+ */
+static PyObject *
+values_runs(DpValues *self, PyObject *args)
+{
+    Py_ssize_t i0, n;
+    if (!PyArg_ParseTuple(args, "nn", &i0, &n) || !values_usable(self))
+        return NULL;
+    size_t cnt = dp_values_count(self->v);
+    if (i0 < 0 || n < 0 || (size_t)i0 > cnt || (size_t)n > cnt - (size_t)i0) {
+        PyErr_Format(PyExc_IndexError, "runs(%zd, %zd): %zu values", i0, n, cnt);
+        return NULL;
+    }
+    PyObject *chains = PyList_New(0), *rest = PyList_New(0);
+    chain open[RUNS_OPEN_MAX];
+    size_t n_open = 0;
+    bool ok = chains != NULL && rest != NULL;
+    for (size_t k = 0; ok && k < (size_t)n; k++) {
+        const void *data = NULL;
+        uint64_t nb = 0;
+        const dp_value_desc *ds = NULL;
+        int st = dp_values_get(self->v, (size_t)i0 + k, &data, &nb, &ds);
+        if (st != 0 || ds == NULL || ds->kind != DP_KIND_TENSOR || nb == 0) {
+            PyObject *x = PyLong_FromSize_t(k);
+            ok = x != NULL && PyList_Append(rest, x) == 0;
+            Py_XDECREF(x);
+            continue;
+        }
+        const uint8_t *p = data;
+        size_t c = 0;
+        while (c < n_open &&
+               !(open[c].next == p && open[c].nbytes == nb && same_desc(open[c].ds, ds)))
+            c++;
+        if (c < n_open && open[c].count >= 2 && k - open[c].last != open[c].step) {
+            /* the next in memory, but not at the chain's step: the chain ends */
+            ok = chain_out(self, &open[c], chains, rest) == 0;
+            open[c] = open[--n_open];
+            c = n_open;
+        }
+        if (c < n_open) {
+            chain *h = &open[c];
+            if (h->count == 1)
+                h->step = k - h->last;
+            h->count++;
+            h->last = k;
+            h->next = p + (nb + 63) / 64 * 64;
+            continue;
+        }
+        if (n_open == RUNS_OPEN_MAX) { /* the oldest ends */
+            ok = ok && chain_out(self, &open[0], chains, rest) == 0;
+            memmove(open, open + 1, (RUNS_OPEN_MAX - 1) * sizeof open[0]);
+            n_open--;
+        }
+        open[n_open++] = (chain){k, 0, 1, k, p, p + (nb + 63) / 64 * 64, nb, ds};
+    }
+    for (size_t c = 0; ok && c < n_open; c++)
+        ok = chain_out(self, &open[c], chains, rest) == 0;
+    if (!ok) {
+        Py_XDECREF(chains);
+        Py_XDECREF(rest);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", chains, rest);
+}
+
+/*
+ * gather(i0, n, address, row_bytes) -> -1, or the relative index of the
+ * first value that is not a fetched tensor of value i0's dtype and shape and
+ * of row_bytes bytes (nothing copied then): copies values i0 .. i0+n-1 to
+ * address + k * row_bytes, without the GIL. The caller owns the destination
+ * (n * row_bytes bytes), a tensor it made for a stacked get.
+ */
+static PyObject *
+values_gather(DpValues *self, PyObject *args)
+{
+    Py_ssize_t i0, n;
+    PyObject *addr_obj;
+    unsigned long long row;
+    if (!PyArg_ParseTuple(args, "nnOK", &i0, &n, &addr_obj, &row) || !values_usable(self))
+        return NULL;
+    uint8_t *dst = PyLong_AsVoidPtr(addr_obj);
+    if (dst == NULL && PyErr_Occurred())
+        return NULL;
+    size_t cnt = dp_values_count(self->v);
+    if (i0 < 0 || n < 1 || (size_t)i0 > cnt || (size_t)n > cnt - (size_t)i0) {
+        PyErr_Format(PyExc_IndexError, "gather(%zd, %zd): %zu values", i0, n, cnt);
+        return NULL;
+    }
+    const dp_value_desc *d0 = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const void *data = NULL;
+        uint64_t nb = 0;
+        const dp_value_desc *ds = NULL;
+        int st = dp_values_get(self->v, (size_t)(i0 + k), &data, &nb, &ds);
+        if (k == 0)
+            d0 = ds;
+        if (st != 0 || ds == NULL || ds->kind != DP_KIND_TENSOR || nb != row ||
+            !same_desc(ds, d0))
+            return PyLong_FromSsize_t(k);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const void *data = NULL;
+        dp_values_get(self->v, (size_t)(i0 + k), &data, NULL, NULL);
+        if (row > 0)
+            memcpy(dst + (size_t)k * row, data, row);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(-1);
+}
+
 static PyMethodDef values_methods[] = {
+    {"gather", (PyCFunction)values_gather, METH_VARARGS,
+     "gather(i0, n, address, row_bytes) -> -1 or the first value that differs"},
+    {"entry", (PyCFunction)values_entry, METH_O, "entry(i) -> one item of entries()"},
+    {"runs", (PyCFunction)values_runs, METH_VARARGS,
+     "runs(i0, n) -> (chains, rest): equal tensors laid out one after another"},
     {"entries", (PyCFunction)values_entries, METH_NOARGS,
      "entries() -> [(status, kind, dtype, shape, nbytes, Slice or None)]"},
     {"addresses", (PyCFunction)values_addresses, METH_NOARGS,

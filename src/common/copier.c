@@ -36,7 +36,7 @@ struct dp_copier {
     size_t n_jobs;
     size_t cur_j, cur_off;
     unsigned inflight; /* helpers copying a chunk; atomic loads outside mu */
-    uint64_t n_batches, n_bytes;
+    uint64_t n_batches, n_bytes, n_helper_bytes;
 };
 
 typedef struct chunk {
@@ -68,16 +68,21 @@ grab_locked(dp_copier *c, chunk *k)
     return true;
 }
 
-static void
+/* Copy chunk k; returns its bytes. */
+static size_t
 copy_chunk(const dp_copy *jobs, size_t n_jobs, const chunk *k)
 {
+    size_t bytes = 0;
     for (size_t j = k->j0; j <= k->j1 && j < n_jobs; j++) {
         size_t from = j == k->j0 ? k->off0 : 0;
         size_t to = j == k->j1 ? k->off1 : jobs[j].n;
-        if (to > from)
+        if (to > from) {
             memcpy((uint8_t *)jobs[j].dst + from, (const uint8_t *)jobs[j].src + from,
                    to - from);
+            bytes += to - from;
+        }
     }
+    return bytes;
 }
 
 static void *
@@ -97,8 +102,9 @@ helper_main(void *arg)
         size_t n_jobs = c->n_jobs;
         __atomic_add_fetch(&c->inflight, 1, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&c->mu);
-        copy_chunk(jobs, n_jobs, &k);
+        size_t bytes = copy_chunk(jobs, n_jobs, &k);
         pthread_mutex_lock(&c->mu);
+        c->n_helper_bytes += bytes;
         __atomic_sub_fetch(&c->inflight, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&c->mu);
@@ -133,14 +139,24 @@ dp__copier_destroy(dp_copier *c)
 {
     if (c == NULL)
         return;
-    if (c->pid == getpid()) {
-        pthread_mutex_lock(&c->mu);
-        c->stop = true;
-        pthread_cond_broadcast(&c->work_cv);
-        pthread_mutex_unlock(&c->mu);
-        for (unsigned i = 0; i < c->n_started; i++)
-            pthread_join(c->thr[i], NULL);
+    if (c->pid != getpid()) {
+        /* A forked child: the parent's helpers do not exist here, but the
+         * condition variable still counts them as waiters (glibc's destroy
+         * would wait for them for good) and a helper may have held the mutex
+         * at the fork. Leave both as they are. */
+        if (c->n_started == 0) {
+            pthread_cond_destroy(&c->work_cv);
+            pthread_mutex_destroy(&c->mu);
+        }
+        free(c);
+        return;
     }
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_broadcast(&c->work_cv);
+    pthread_mutex_unlock(&c->mu);
+    for (unsigned i = 0; i < c->n_started; i++)
+        pthread_join(c->thr[i], NULL);
     pthread_cond_destroy(&c->work_cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -216,15 +232,21 @@ dp__copier_run(dp_copier *c, const dp_copy *jobs, size_t n_jobs)
 }
 
 void
-dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes)
+dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes,
+                  uint64_t *helper_bytes)
 {
     dp_copier *m = (dp_copier *)c;
-    pthread_mutex_lock(&m->mu);
+    bool child = c->pid != getpid(); /* the mutex may be held for good there */
+    if (!child)
+        pthread_mutex_lock(&m->mu);
     if (batches != NULL)
         *batches = c->n_batches;
     if (bytes != NULL)
         *bytes = c->n_bytes;
-    pthread_mutex_unlock(&m->mu);
+    if (helper_bytes != NULL)
+        *helper_bytes = c->n_helper_bytes;
+    if (!child)
+        pthread_mutex_unlock(&m->mu);
 }
 
 unsigned

@@ -36,11 +36,14 @@ typedef struct dp_copy {
 dp_copier *dp__copier_new(unsigned threads, size_t min_bytes);
 void dp__copier_destroy(dp_copier *c);
 
-/* Copy every job (any order); returns when all are done. */
+/* Copy every job; returns when all are done. Jobs run in no defined order
+ * and at once: destinations that overlap get one of their sources' bytes. */
 void dp__copier_run(dp_copier *c, const dp_copy *jobs, size_t n_jobs);
 
-/* Batches run in parallel, and their bytes (for counters and tests). */
-void dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes);
+/* Batches run in parallel, their bytes, and the bytes of those the helpers
+ * copied (for counters and tests); any pointer may be NULL. */
+void dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes,
+                       uint64_t *helper_bytes);
 
 /*
  * The thread count to use: env (e.g. DP_COPY_THREADS) if set to 1..16, else

@@ -683,7 +683,8 @@ dp__endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st)
     lock(ep);
     *st = ep->st;
     if (ep->copier != NULL)
-        dp__copier_counts(ep->copier, &st->copies_parallel, &st->copies_parallel_bytes);
+        dp__copier_counts(ep->copier, &st->copies_parallel, &st->copies_parallel_bytes,
+                          NULL);
     st->n_regions = ep->regs.n;
     size_t n = 0;
     for (dp_list_node *x = dp__list_first(&ep->remotes); x != NULL; x = dp__list_next(x))

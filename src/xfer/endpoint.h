@@ -234,10 +234,20 @@ bool dp__endpoint_has_remote(dp_endpoint *ep, const char *name);
 int dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
 
 /*
+ * Copy jobs within this process (a client's staging copies) on the endpoint's
+ * copy threads when they come to 512 KiB or more (docs/design.md, "Parallel
+ * copies"). Takes no endpoint lock; a batch that comes while another runs is
+ * copied by its caller alone. Not after dp__endpoint_close.
+ */
+void dp__endpoint_copy(dp_endpoint *ep, const dp_copy *jobs, size_t n);
+
+/*
  * Blocking one-sided transfer: WRITE copies local[i] to remote[i], READ remote[i]
  * to local[i], for every i; local ranges must lie in this endpoint's registered
  * regions and remote ranges in the remote's. Returns once every byte is done
  * (for WRITE: visible in the remote memory) or timeout_s (finite, > 0) passed.
+ * Destination ranges of one op that overlap land in no defined order (UCX
+ * ops never had one, and the memcpy path copies on several threads).
  *
  * Errors: DP_EINVAL before anything is posted (closed endpoint, unknown
  * remote, list lengths or per-range sizes that differ, a range outside the
@@ -246,14 +256,6 @@ int dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
  * DP_ETRANSFER (the peer failed or UCX reported an error; retained if it may
  * still run).
  */
-/*
- * Copy jobs within this process (a client's staging copies) on the endpoint's
- * copy threads when they come to 512 KiB or more (docs/design.md, "Parallel
- * copies"). Takes no endpoint lock; a batch that comes while another runs is
- * copied by its caller alone. Not after dp__endpoint_close.
- */
-void dp__endpoint_copy(dp_endpoint *ep, const dp_copy *jobs, size_t n);
-
 int dp__endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
                           size_t n_local, const dp_range *remote, size_t n_remote,
                           const char *remote_name, double timeout_s, dp_detail *d);
