@@ -97,59 +97,6 @@ values_entries(DpValues *self, PyObject *noarg)
     return list;
 }
 
-static PyObject *
-values_addresses(DpValues *self, PyObject *noarg)
-{
-    (void)noarg;
-    if (!values_usable(self))
-        return NULL;
-    size_t n = dp_values_count(self->v);
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list != NULL && i < n; i++) {
-        const void *p = NULL;
-        dp_values_get(self->v, i, &p, NULL, NULL);
-        PyObject *a = PyLong_FromVoidPtr((void *)p);
-        if (a == NULL) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, a);
-    }
-    return list;
-}
-
-/*
- * span(i, j) -> Slice from value i's first byte to value j's last (i <= j,
- * both fetched, j's bytes not before i's): the Python layer makes one tensor
- * of a run of equally shaped values that lie at a constant stride, instead
- * of one per value. The bytes between values are the library's padding in
- * the same buffers (values are 64-byte aligned), never read.
- */
-static PyObject *
-values_span(DpValues *self, PyObject *args)
-{
-    Py_ssize_t i, j;
-    if (!PyArg_ParseTuple(args, "nn", &i, &j) || !values_usable(self))
-        return NULL;
-    size_t n = dp_values_count(self->v);
-    const void *pi, *pj;
-    uint64_t ni, nj;
-    if (i < 0 || j < i || (size_t)j >= n ||
-        dp_values_get(self->v, (size_t)i, &pi, &ni, NULL) != 0 ||
-        dp_values_get(self->v, (size_t)j, &pj, &nj, NULL) != 0 ||
-        (const uint8_t *)pj < (const uint8_t *)pi) {
-        PyErr_Format(PyExc_ValueError, "span(%zd, %zd): not two fetched values in order",
-                     i, j);
-        return NULL;
-    }
-    Py_ssize_t len = (Py_ssize_t)((const uint8_t *)pj + nj - (const uint8_t *)pi);
-    if ((size_t)len / (size_t)(j - i + 1) > (ni > 64 ? 2 * ni : 128)) {
-        PyErr_Format(PyExc_ValueError, "span(%zd, %zd): the values are not close", i, j);
-        return NULL;
-    }
-    return slice_new((PyObject *)self, (void *)pi, len);
-}
-
 /* One entry as entries() gives it. */
 static PyObject *
 entry_tuple(DpValues *self, size_t i)
@@ -358,9 +305,6 @@ static PyMethodDef values_methods[] = {
      "runs(i0, n) -> (chains, rest): equal tensors laid out one after another"},
     {"entries", (PyCFunction)values_entries, METH_NOARGS,
      "entries() -> [(status, kind, dtype, shape, nbytes, Slice or None)]"},
-    {"addresses", (PyCFunction)values_addresses, METH_NOARGS,
-     "addresses() -> [address or 0 per value]"},
-    {"span", (PyCFunction)values_span, METH_VARARGS, "span(i, j) -> Slice"},
     {NULL, NULL, 0, NULL},
 };
 
