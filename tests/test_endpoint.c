@@ -572,6 +572,32 @@ DP_TEST(write_read_scattered_tcp_with_progress_thread)
 }
 
 /*
+ * The peer's progress thread serves emulated RMA whether it polls on after
+ * each event (the default, 200 us) or sleeps at once (DP_PROGRESS_SPIN_US=0)
+ * or polls long (50 ms); a malformed setting fails the endpoint's creation,
+ * naming it.
+ */
+DP_TEST(progress_spin_settings)
+{
+    static const char *ok[] = {"0", "50000"};
+    for (size_t i = 0; i < DP_ARRAY_LEN(ok); i++) {
+        setenv("DP_PROGRESS_SPIN_US", ok[i], 1); /* the peers inherit it */
+        scattered_roundtrip("tcp", true, 4 * MiB, 2 * MiB, 2, true);
+    }
+    set_tls(NULL);
+    static const char *bad[] = {"-1", "1000001", "fast", "10us"};
+    for (size_t i = 0; i < DP_ARRAY_LEN(bad); i++) {
+        setenv("DP_PROGRESS_SPIN_US", bad[i], 1);
+        dp_endpoint *ep = NULL;
+        dp_detail d;
+        CHECK_ERR(dp__endpoint_create("spin-bad", NULL, &ep, &d), DP_EINVAL);
+        CHECK(ep == NULL);
+        CHECK_CONTAINS(d.msg, "DP_PROGRESS_SPIN_US");
+    }
+    unsetenv("DP_PROGRESS_SPIN_US");
+}
+
+/*
  * The memcpy path copies ranges that continue one another on both sides as
  * one run, and splits where either side jumps: every byte lands where its
  * own range says (checked by READing back in another order).

@@ -28,6 +28,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,20 +149,36 @@ dp__endpoint_transports(dp_endpoint *ep, char *buf, size_t cap)
 
 /* ---- progress thread ---- */
 
+#define DEFAULT_SPIN_US 200 /* docs/design.md, "Two-sided transfers" */
+
 static void *
 progress_main(void *arg)
 {
     dp_endpoint *ep = arg;
     unsigned idle_us = 1;
+    uint64_t last_event = 0;
     while (!__atomic_load_n(&ep->thr_stop, __ATOMIC_ACQUIRE)) {
         lock(ep);
         unsigned n = 0, k;
         for (int i = 0; i < 64 && (k = ucp_worker_progress(ep->worker)) != 0; i++)
             n += k;
+        /*
+         * Shortly after an event more usually follow (the next message of a
+         * stream, the data after a rendezvous): keep polling, yielding the
+         * core, instead of sleeping and paying a wake-up for each.
+         */
+        uint64_t now = ep->spin_ns > 0 ? dp__now_ns() : 0;
+        if (n != 0)
+            last_event = now;
+        bool spin = n == 0 && ep->spin_ns > 0 && now - last_event < ep->spin_ns;
         ucs_status_t st = UCS_ERR_UNSUPPORTED;
-        if (n == 0 && ep->efd >= 0)
+        if (n == 0 && !spin && ep->efd >= 0)
             st = ucp_worker_arm(ep->worker);
         unlock(ep);
+        if (spin) {
+            sched_yield();
+            continue;
+        }
         if (n != 0 || st == UCS_ERR_BUSY) {
             idle_us = 1;
             continue;
@@ -272,6 +289,24 @@ dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint 
         return dp__fail(d, DP_EINVAL, "endpoint %s: copy_threads %u: at most %d", name,
                         threads, DP_COPIER_THREADS_MAX);
     }
+    int64_t spin_us = o.progress_spin_us < 0    ? 0
+                      : o.progress_spin_us == 0 ? DEFAULT_SPIN_US
+                                                : o.progress_spin_us;
+    const char *se = getenv("DP_PROGRESS_SPIN_US");
+    if (se != NULL && *se != '\0') {
+        uint64_t v = 0;
+        dp_detail pd;
+        if (dp__parse_u64(se, 0, 1000000, &v, "DP_PROGRESS_SPIN_US", &pd) != DP_OK) {
+            dp__copier_destroy(ep->copier);
+            free(ep);
+            return dp__fail(d, DP_EINVAL,
+                            "endpoint %s: DP_PROGRESS_SPIN_US=%.40s: use microseconds "
+                            "from 0 (never poll, sleep at once) to 1000000",
+                            name, se);
+        }
+        spin_us = (int64_t)v;
+    }
+    ep->spin_ns = (uint64_t)spin_us * 1000;
     if (threads > 1 && (ep->copier = dp__copier_new(threads, 0)) == NULL) {
         free(ep);
         return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", name);

@@ -190,7 +190,8 @@ struct dp_endpoint {
     dp_list released; /* retained batches whose last request completed (b_link) */
     pthread_t thr;
     bool thr_started;
-    int thr_stop; /* atomic */
+    int thr_stop;     /* atomic */
+    uint64_t spin_ns; /* the progress thread polls this long after an event */
     dp_endpoint_stats st;
     dp_list_node ab_link; /* the abandoned endpoints (endpoint.c) */
     /* Two-sided transfers (twosided.c) */
