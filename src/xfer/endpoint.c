@@ -156,19 +156,26 @@ progress_main(void *arg)
 {
     dp_endpoint *ep = arg;
     unsigned idle_us = 1;
-    uint64_t last_event = 0;
+    uint64_t last_event = 0, last_served = 0, last_inflight = 0;
     while (!__atomic_load_n(&ep->thr_stop, __ATOMIC_ACQUIRE)) {
         lock(ep);
         unsigned n = 0, k;
         for (int i = 0; i < 64 && (k = ucp_worker_progress(ep->worker)) != 0; i++)
             n += k;
         /*
-         * Shortly after an event more usually follow (the next message of a
-         * stream, the data after a rendezvous): keep polling, yielding the
-         * core, instead of sleeping and paying a wake-up for each.
+         * Shortly after a two-sided message more usually follow (the next one
+         * of a stream, the data after a rendezvous): keep polling, yielding
+         * the core, instead of sleeping and paying a wake-up for each. Only
+         * two-sided serving counts: one-sided traffic needs nothing of this
+         * thread, and on a small machine a polling thread takes cores from
+         * the copies of same-host clients.
          */
         uint64_t now = ep->spin_ns > 0 ? dp__now_ns() : 0;
-        if (n != 0)
+        bool served = ep->st.ts_served != last_served || ep->ts_inflight > 0 ||
+                      ep->ts_inflight != last_inflight;
+        last_served = ep->st.ts_served;
+        last_inflight = ep->ts_inflight;
+        if (n != 0 && served)
             last_event = now;
         bool spin = n == 0 && ep->spin_ns > 0 && now - last_event < ep->spin_ns;
         ucs_status_t st = UCS_ERR_UNSUPPORTED;

@@ -56,11 +56,11 @@ typedef struct dp_endpoint_opts {
     bool progress_thread;
     /*
      * How long the progress thread keeps polling (yielding the core to any
-     * other runnable thread between polls) after the last event before it
-     * sleeps on the worker's event fd, in microseconds: a stream of messages
-     * is then served without a wake-up per message (docs/design.md,
-     * "Two-sided transfers"). 0: default (200); negative: never (sleep at
-     * once). The environment's DP_PROGRESS_SPIN_US (0 for never) overrides it.
+     * other runnable thread between polls) after it last served a two-sided
+     * message before it sleeps on the worker's event fd, in microseconds: a
+     * stream of messages is then served without a wake-up per message
+     * (docs/design.md, "Two-sided transfers"). 0: default (200); negative: never (sleep
+     * at once). The environment's DP_PROGRESS_SPIN_US (0 for never) overrides it.
      */
     int32_t progress_spin_us;
     /*
