@@ -25,6 +25,10 @@
  *     DP_ERESTARTED and the next works; rows put before the restart are
  *     missing (the new process is empty); a fresh client works; the new
  *     unit's identity_refused stays 0 (no stale bytes were ever published).
+ *   unit_killed_mid_transfer: the unit SIGKILLed 1-10 ms into a client's
+ *     32 MiB get, 3-22 ms into its put, over TCP: each answers in budget, ok or
+ *     err, never wrong bytes; after each restart the client fails once
+ *     (DP_ERESTARTED), the old rows are missing, new ones round-trip.
  *   clients_killed_mid_transfer: clients SIGKILLed inside 32 MiB puts and
  *     gets over TCP (the two-sided path): the unit stays up, a checked
  *     client's rows come back byte for byte after every kill.
@@ -547,6 +551,91 @@ DP_TEST(unit_restart)
     CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
     CHECK_OK_D(dp_netns_destroy(n, &d), &d);
     dp_lc_step(t0, "clients quit, unit stopped, topology removed");
+}
+
+/*
+ * Send cmd to c and, delay_ms later, SIGKILL the unit: the call answers
+ * within its budget, "ok" (it ended before the kill, every byte of a get
+ * checked by the client) or "err", never "corrupt".
+ */
+static void
+kill_unit_during(dp_lc *c, const char *cmd, int delay_ms, dp_netns_proc *unit,
+                 dp_lc_answer *a)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    CHECK_OK_D(dp_netns_writeline(&c->p, cmd, &d), &d);
+    usleep((useconds_t)delay_ms * 1000);
+    CHECK_EQ(dp_netns_proc_stop(unit, SIGKILL, 5), -SIGKILL);
+    int rc = dp_netns_readline(&c->p, a->line, sizeof a->line, c->timeout_s + 20, &d);
+    CHECKF(rc == 0, "%s `%s`: no answer after the unit was killed: %s", c->name, cmd,
+           dp_detail_msg(&d));
+    a->wall = dp_test_now() - t0;
+    int used = 0;
+    CHECKF(sscanf(a->line, "%15s %lf %n", a->verdict, &a->elapsed, &used) >= 2,
+           "malformed answer \"%s\"", a->line);
+    a->rest = a->line + used;
+    printf("    %-5s %-24s (unit killed after %d ms) -> %.200s\n", c->name, cmd, delay_ms,
+           a->line);
+    CHECKF(strcmp(a->verdict, "ok") == 0 || strcmp(a->verdict, "err") == 0,
+           "`%s` with the unit killed under it answered \"%s\"", cmd, a->line);
+    CHECKF(a->elapsed <= c->timeout_s + MARGIN_S, "it took %.3f s", a->elapsed);
+}
+
+/*
+ * The unit SIGKILLed in the middle of a client's 32 MiB get, then of its
+ * 32 MiB put, over TCP from another host (the two-sided path): each call
+ * answers within its budget and never with wrong bytes; after each restart
+ * the client fails once (DP_ERESTARTED), finds the old rows missing (never
+ * corrupt) and puts and gets byte for byte again.
+ */
+DP_TEST(unit_killed_mid_transfer)
+{
+    dp_lc_t_start = dp_test_now();
+    double t0 = dp_test_now();
+    dp_netns *n = topology(2);
+    dp_netns_proc unit;
+    char addr[256], port[16], addr2[256];
+    dp_lc_unit_start(n, 0, DP_CLI_PATH, "0", SLAB, &unit, addr, sizeof addr);
+    dp_lc_port_of(addr, port, sizeof port);
+    dp_lc c;
+    dp_lc_start(&c, n, 1, DP_LONGCLIENT_PATH, "A", addr, 1, TIMEOUT_S);
+    dp_lc_answer a;
+    uint64_t rnd = dp_test_seed() | 1;
+    dp_lc_ask_ok(&c, "put " BIG_ROWS " 3", &a);
+    dp_lc_ask_ok(&c, "get " BIG_ROWS " 3", &a);
+    dp_lc_step(t0, "unit in host 0, client in host 1, 32 MiB put and got");
+
+    t0 = dp_test_now();
+    kill_unit_during(&c, "get " BIG_ROWS " 3", 1 + (int)(dp_test_rand(&rnd) % 10), &unit,
+                     &a);
+    dp_lc_unit_start(n, 0, DP_CLI_PATH, port, SLAB, &unit, addr2, sizeof addr2);
+    CHECK_STR(addr2, addr);
+    first_after_restart(&c, "get " BUSY_ROWS " 7");
+    dp_lc_ask(&c, "get " BIG_ROWS " 3", &a);
+    CHECKF(strcmp(a.verdict, "missing") == 0, "rows of the killed unit: \"%s\"", a.line);
+    dp_lc_ask_ok(&c, "put " BUSY_ROWS " 5", &a);
+    dp_lc_ask_ok(&c, "get " BUSY_ROWS " 5", &a);
+    dp_lc_step(t0, "killed during a get: answered in budget, restarted, works");
+
+    t0 = dp_test_now();
+    kill_unit_during(&c, "put " BIG_ROWS " 4", 3 + (int)(dp_test_rand(&rnd) % 20), &unit,
+                     &a);
+    dp_lc_unit_start(n, 0, DP_CLI_PATH, port, SLAB, &unit, addr2, sizeof addr2);
+    CHECK_STR(addr2, addr);
+    first_after_restart(&c, "get " BUSY_ROWS " 5");
+    dp_lc_ask(&c, "get " BIG_ROWS " 4", &a);
+    CHECKF(strcmp(a.verdict, "missing") == 0, "rows of the killed unit: \"%s\"", a.line);
+    dp_lc_ask_ok(&c, "put " BIG_ROWS " 6", &a);
+    dp_lc_ask_ok(&c, "get " BIG_ROWS " 6", &a);
+    dp_lc_step(t0, "killed during a put: answered in budget, restarted, works");
+
+    dp_lc_quit(&c);
+    CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_netns_destroy(n, &d), &d);
 }
 
 /*
