@@ -50,7 +50,7 @@ DP_TEST(copies_match_memcpy_with_any_thread_count)
     static dp_copy jobs[4096];
     uint64_t seed = dp_test_seed() | 1;
     for (unsigned threads = 1; threads <= 4; threads++) {
-        dp_copier *c = dp__copier_new(threads, 0);
+        dp_copier *c = dp__copier_new(threads);
         CHECK(c != NULL);
         uint64_t batches_want = 0, bytes_want = 0;
         for (int round = 0; round < 6; round++) {
@@ -104,7 +104,7 @@ DP_TEST(helpers_take_part)
     CHECK(a != NULL && b != NULL);
     for (size_t i = 0; i < n; i++)
         a[i] = (uint8_t)(i * 7 + 1);
-    dp_copier *c = dp__copier_new(2, 0);
+    dp_copier *c = dp__copier_new(2);
     CHECK(c != NULL);
     dp_copy job = {b, a, n};
     uint64_t helped = 0;
@@ -125,8 +125,8 @@ DP_TEST(helpers_take_part)
  * (without waiting for them). */
 DP_TEST(unused_copier_and_forked_child)
 {
-    dp__copier_destroy(dp__copier_new(4, 0));
-    dp_copier *c = dp__copier_new(2, 0);
+    dp__copier_destroy(dp__copier_new(4));
+    dp_copier *c = dp__copier_new(2);
     CHECK(c != NULL);
     const size_t n = 4 * MiB;
     uint8_t *a = malloc(n), *b = malloc(n);
@@ -156,22 +156,8 @@ DP_TEST(unused_copier_and_forked_child)
     free(b);
 }
 
-DP_TEST(threads_from_env)
+DP_TEST(default_threads)
 {
-    const char *bad = NULL;
-    unsetenv("DP_TEST_COPY_THREADS");
-    unsigned dflt = dp__copier_threads_from_env("DP_TEST_COPY_THREADS", 0, &bad);
-    CHECK(bad == NULL);
-    CHECK(dflt == 1 || dflt == 2);
-    CHECK_EQ(dp__copier_threads_from_env("DP_TEST_COPY_THREADS", 5, &bad), 5);
-    setenv("DP_TEST_COPY_THREADS", "16", 1);
-    CHECK_EQ(dp__copier_threads_from_env("DP_TEST_COPY_THREADS", 0, &bad), 16);
-    CHECK(bad == NULL);
-    static const char *nope[] = {"0", "17", "x", "-2", "3 ", " 3"};
-    for (size_t i = 0; i < DP_ARRAY_LEN(nope); i++) {
-        setenv("DP_TEST_COPY_THREADS", nope[i], 1);
-        dp__copier_threads_from_env("DP_TEST_COPY_THREADS", 0, &bad);
-        CHECKF(bad != NULL && strcmp(bad, nope[i]) == 0, "'%s' was taken", nope[i]);
-    }
-    unsetenv("DP_TEST_COPY_THREADS");
+    unsigned t = dp__copier_default_threads();
+    CHECK(t == (sysconf(_SC_NPROCESSORS_ONLN) >= 2 ? 2u : 1u));
 }

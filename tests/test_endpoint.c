@@ -765,7 +765,7 @@ DP_TEST(large_copies_share_threads)
         dp__endpoint_destroy(ep);
     }
     peer_stop(&p);
-    static const char *bad[] = {"0", "17", "two", "-1", "2x"};
+    static const char *bad[] = {"0", "17", "two", "-1", "2x", "3 ", " 3"};
     for (size_t i = 0; i < DP_ARRAY_LEN(bad); i++) {
         setenv("DP_COPY_THREADS", bad[i], 1);
         dp_endpoint *ep = NULL;

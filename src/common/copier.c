@@ -20,10 +20,10 @@
 #include <unistd.h>
 
 #define CHUNK (256u * 1024)
+#define MIN_BYTES (2 * CHUNK) /* smaller batches are not worth a wake-up */
 
 struct dp_copier {
     unsigned threads;
-    size_t min_bytes;
     pid_t pid; /* a forked child copies alone (its helpers are gone) */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
@@ -112,7 +112,7 @@ helper_main(void *arg)
 }
 
 dp_copier *
-dp__copier_new(unsigned threads, size_t min_bytes)
+dp__copier_new(unsigned threads)
 {
     dp_copier *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -120,7 +120,6 @@ dp__copier_new(unsigned threads, size_t min_bytes)
     c->threads = threads < 1                       ? 1
                  : threads > DP_COPIER_THREADS_MAX ? DP_COPIER_THREADS_MAX
                                                    : threads;
-    c->min_bytes = min_bytes < 2 * CHUNK ? 2 * CHUNK : min_bytes;
     c->pid = getpid();
     if (pthread_mutex_init(&c->mu, NULL) != 0) {
         free(c);
@@ -181,24 +180,28 @@ start_helpers_locked(dp_copier *c)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+static void
+copy_alone(const dp_copy *jobs, size_t n_jobs)
+{
+    for (size_t j = 0; j < n_jobs; j++)
+        if (jobs[j].n > 0)
+            memcpy(jobs[j].dst, jobs[j].src, jobs[j].n);
+}
+
 void
 dp__copier_run(dp_copier *c, const dp_copy *jobs, size_t n_jobs)
 {
     size_t total = 0;
     for (size_t j = 0; j < n_jobs; j++)
         total += jobs[j].n;
-    if (c == NULL || c->threads < 2 || total < c->min_bytes || c->pid != getpid()) {
-        for (size_t j = 0; j < n_jobs; j++)
-            if (jobs[j].n > 0)
-                memcpy(jobs[j].dst, jobs[j].src, jobs[j].n);
+    if (c == NULL || c->threads < 2 || total < MIN_BYTES || c->pid != getpid()) {
+        copy_alone(jobs, n_jobs);
         return;
     }
     pthread_mutex_lock(&c->mu);
     if (c->jobs != NULL) { /* another thread's batch runs: copy alone */
         pthread_mutex_unlock(&c->mu);
-        for (size_t j = 0; j < n_jobs; j++)
-            if (jobs[j].n > 0)
-                memcpy(jobs[j].dst, jobs[j].src, jobs[j].n);
+        copy_alone(jobs, n_jobs);
         return;
     }
     start_helpers_locked(c);
@@ -250,20 +253,8 @@ dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes,
 }
 
 unsigned
-dp__copier_threads_from_env(const char *env, unsigned dflt, const char **bad)
+dp__copier_default_threads(void)
 {
-    *bad = NULL;
-    const char *e = env != NULL ? getenv(env) : NULL;
-    if (e != NULL && *e != '\0') {
-        char *end = NULL;
-        unsigned long v = strtoul(e, &end, 10);
-        if (*end == '\0' && e[0] >= '0' && e[0] <= '9' && v >= 1 &&
-            v <= DP_COPIER_THREADS_MAX)
-            return (unsigned)v;
-        *bad = e;
-    }
-    if (dflt != 0)
-        return dflt;
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= 2 ? 2 : 1;
 }

@@ -29,11 +29,11 @@ typedef struct dp_copy {
 #define DP_COPIER_THREADS_MAX 16
 
 /*
- * threads: how many threads copy a large batch, the caller included (1: the
- * caller alone; at most DP_COPIER_THREADS_MAX). min_bytes: batches smaller
- * than this are copied by the caller alone. NULL when out of memory.
+ * threads: how many threads copy a batch of 512 KiB or more, the caller
+ * included (1: the caller alone; at most DP_COPIER_THREADS_MAX); smaller
+ * batches are copied by the caller alone. NULL when out of memory.
  */
-dp_copier *dp__copier_new(unsigned threads, size_t min_bytes);
+dp_copier *dp__copier_new(unsigned threads);
 void dp__copier_destroy(dp_copier *c);
 
 /* Copy every job; returns when all are done. Jobs run in no defined order
@@ -45,11 +45,7 @@ void dp__copier_run(dp_copier *c, const dp_copy *jobs, size_t n_jobs);
 void dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes,
                        uint64_t *helper_bytes);
 
-/*
- * The thread count to use: env (e.g. DP_COPY_THREADS) if set to 1..16, else
- * dflt; dflt 0 means the online CPUs, at most 2. Sets *bad to the text of an
- * unusable value (the caller reports it), else NULL.
- */
-unsigned dp__copier_threads_from_env(const char *env, unsigned dflt, const char **bad);
+/* The default thread count: 2 on a machine of 2 or more online CPUs, else 1. */
+unsigned dp__copier_default_threads(void);
 
 #endif

@@ -247,6 +247,23 @@ tls_may_use_mm(void)
     return false;
 }
 
+/*
+ * *v = the environment's `var` when it is set, a number in [lo, hi]; a
+ * malformed one is DP_EINVAL naming it and what to use ("use WHAT to HI").
+ */
+static int
+env_u64(const char *ep_name, const char *var, uint64_t lo, uint64_t hi, const char *what,
+        uint64_t *v, dp_detail *d)
+{
+    const char *e = getenv(var);
+    if (e == NULL || *e == '\0')
+        return DP_OK;
+    if (dp__parse_u64(e, lo, hi, v, var, NULL) != DP_OK)
+        return dp__fail(d, DP_EINVAL, "endpoint %s: %s=%.40s: use %s to %llu", ep_name,
+                        var, e, what, (unsigned long long)hi);
+    return DP_OK;
+}
+
 int
 dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
                     dp_detail *d)
@@ -273,6 +290,22 @@ dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint 
         DP_LOG_I("endpoint %s: transport policy: %s", name, desc);
     }
 
+    uint64_t threads = o.copy_threads > 0 ? o.copy_threads : dp__copier_default_threads();
+    uint64_t spin_us = o.progress_spin_us < 0    ? 0
+                       : o.progress_spin_us == 0 ? DEFAULT_SPIN_US
+                                                 : (uint64_t)o.progress_spin_us;
+    if (threads > DP_COPIER_THREADS_MAX)
+        return dp__fail(d, DP_EINVAL, "endpoint %s: copy_threads %llu: at most %d", name,
+                        (unsigned long long)threads, DP_COPIER_THREADS_MAX);
+    if (o.copy_threads == 0 &&
+        (rc = env_u64(name, "DP_COPY_THREADS", 1, DP_COPIER_THREADS_MAX,
+                      "a count of threads from 1 (no helper)", &threads, d)) != DP_OK)
+        return rc;
+    if ((rc = env_u64(name, "DP_PROGRESS_SPIN_US", 0, 1000000,
+                      "microseconds from 0 (never poll, sleep at once)", &spin_us, d)) !=
+        DP_OK)
+        return rc;
+
     dp_endpoint *ep = calloc(1, sizeof *ep);
     if (ep == NULL)
         return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", name);
@@ -282,39 +315,8 @@ dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint 
     ep->memcpy_max = o.memcpy_max < 0    ? 0
                      : o.memcpy_max == 0 ? SIZE_MAX
                                          : (size_t)o.memcpy_max;
-    const char *bad = NULL;
-    unsigned threads = o.copy_threads > 0
-                           ? o.copy_threads
-                           : dp__copier_threads_from_env("DP_COPY_THREADS", 0, &bad);
-    if (bad != NULL || threads > DP_COPIER_THREADS_MAX) {
-        free(ep);
-        if (bad != NULL)
-            return dp__fail(d, DP_EINVAL,
-                            "endpoint %s: DP_COPY_THREADS=%.40s: use a count of threads "
-                            "from 1 (no helper) to %d",
-                            name, bad, DP_COPIER_THREADS_MAX);
-        return dp__fail(d, DP_EINVAL, "endpoint %s: copy_threads %u: at most %d", name,
-                        threads, DP_COPIER_THREADS_MAX);
-    }
-    int64_t spin_us = o.progress_spin_us < 0    ? 0
-                      : o.progress_spin_us == 0 ? DEFAULT_SPIN_US
-                                                : o.progress_spin_us;
-    const char *se = getenv("DP_PROGRESS_SPIN_US");
-    if (se != NULL && *se != '\0') {
-        uint64_t v = 0;
-        dp_detail pd;
-        if (dp__parse_u64(se, 0, 1000000, &v, "DP_PROGRESS_SPIN_US", &pd) != DP_OK) {
-            dp__copier_destroy(ep->copier);
-            free(ep);
-            return dp__fail(d, DP_EINVAL,
-                            "endpoint %s: DP_PROGRESS_SPIN_US=%.40s: use microseconds "
-                            "from 0 (never poll, sleep at once) to 1000000",
-                            name, se);
-        }
-        spin_us = (int64_t)v;
-    }
-    ep->spin_ns = (uint64_t)spin_us * 1000;
-    if (threads > 1 && (ep->copier = dp__copier_new(threads, 0)) == NULL) {
+    ep->spin_ns = spin_us * 1000;
+    if (threads > 1 && (ep->copier = dp__copier_new((unsigned)threads)) == NULL) {
         free(ep);
         return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", name);
     }
