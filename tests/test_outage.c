@@ -44,6 +44,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "common/common.h"
 #include "dp_netns.h"
 #include "dp_lc.h"
 
@@ -607,29 +608,33 @@ DP_TEST(unit_killed_mid_transfer)
     dp_lc_ask_ok(&c, "get " BIG_ROWS " 3", &a);
     dp_lc_step(t0, "unit in host 0, client in host 1, 32 MiB put and got");
 
-    t0 = dp_test_now();
-    kill_unit_during(&c, "get " BIG_ROWS " 3", 1 + (int)(dp_test_rand(&rnd) % 10), &unit,
-                     &a);
-    dp_lc_unit_start(n, 0, DP_CLI_PATH, port, SLAB, &unit, addr2, sizeof addr2);
-    CHECK_STR(addr2, addr);
-    first_after_restart(&c, "get " BUSY_ROWS " 7");
-    dp_lc_ask(&c, "get " BIG_ROWS " 3", &a);
-    CHECKF(strcmp(a.verdict, "missing") == 0, "rows of the killed unit: \"%s\"", a.line);
-    dp_lc_ask_ok(&c, "put " BUSY_ROWS " 5", &a);
-    dp_lc_ask_ok(&c, "get " BUSY_ROWS " 5", &a);
-    dp_lc_step(t0, "killed during a get: answered in budget, restarted, works");
-
-    t0 = dp_test_now();
-    kill_unit_during(&c, "put " BIG_ROWS " 4", 3 + (int)(dp_test_rand(&rnd) % 20), &unit,
-                     &a);
-    dp_lc_unit_start(n, 0, DP_CLI_PATH, port, SLAB, &unit, addr2, sizeof addr2);
-    CHECK_STR(addr2, addr);
-    first_after_restart(&c, "get " BUSY_ROWS " 5");
-    dp_lc_ask(&c, "get " BIG_ROWS " 4", &a);
-    CHECKF(strcmp(a.verdict, "missing") == 0, "rows of the killed unit: \"%s\"", a.line);
-    dp_lc_ask_ok(&c, "put " BIG_ROWS " 6", &a);
-    dp_lc_ask_ok(&c, "get " BIG_ROWS " 6", &a);
-    dp_lc_step(t0, "killed during a put: answered in budget, restarted, works");
+    /* A get lasts ~15 ms here, a put ~45: the kill lands inside each. */
+    static const struct {
+        const char *cmd, *left, *step;
+        int delay_min, delay_span;
+    } kills[] = {
+        {"get " BIG_ROWS " 3", "get " BIG_ROWS " 3",
+         "killed during a get: answered in budget, restarted, works", 1, 10},
+        {"put " BIG_ROWS " 4", "get " BIG_ROWS " 4",
+         "killed during a put: answered in budget, restarted, works", 3, 20},
+    };
+    for (size_t i = 0; i < DP_ARRAY_LEN(kills); i++) {
+        t0 = dp_test_now();
+        int delay = kills[i].delay_min + (int)(dp_test_rand(&rnd) % kills[i].delay_span);
+        kill_unit_during(&c, kills[i].cmd, delay, &unit, &a);
+        dp_lc_unit_start(n, 0, DP_CLI_PATH, port, SLAB, &unit, addr2, sizeof addr2);
+        CHECK_STR(addr2, addr);
+        first_after_restart(&c, "get " BUSY_ROWS " 7");
+        dp_lc_ask(&c, kills[i].left, &a);
+        CHECKF(strcmp(a.verdict, "missing") == 0, "rows of the killed unit: \"%s\"",
+               a.line);
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "put " BIG_ROWS " %zu", 10 + i);
+        dp_lc_ask_ok(&c, cmd, &a);
+        snprintf(cmd, sizeof cmd, "get " BIG_ROWS " %zu", 10 + i);
+        dp_lc_ask_ok(&c, cmd, &a);
+        dp_lc_step(t0, kills[i].step);
+    }
 
     dp_lc_quit(&c);
     CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);

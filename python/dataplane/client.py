@@ -347,7 +347,7 @@ class Client:
             row = nbytes // n if n else 0
             specs.append((addr, row, row))
             views.append(o)
-        per_field, rc, detail = self._c.get_into_rows(r, fields, specs, True)
+        per_field, rc, detail = self._c.get_into_rows(r, fields, specs)
         if rc:
             items = []
             for fi, its in enumerate(per_field):

@@ -916,9 +916,7 @@ field_summary(const dp_get_item *items, size_t n)
     for (size_t r = 0; r < n; r++) {
         const dp_value_desc *d = items[r].desc;
         if (items[r].status != 0 || items[r].nbytes != items[0].nbytes ||
-            d->kind != d0->kind || d->ndim != d0->ndim ||
-            strcmp(d->dtype, d0->dtype) != 0 ||
-            memcmp(d->shape, d0->shape, d0->ndim * sizeof d0->shape[0]) != 0)
+            !dp__py_same_desc(d, d0))
             return NULL;
     }
     PyObject *shape = dp__py_shape(d0);
@@ -929,10 +927,9 @@ field_summary(const dp_get_item *items, size_t n)
 }
 
 /*
- * Run a get into the items' destinations; (items as tuples, rc, detail). With
- * nf > 0 (compact), items is one element per field instead: the field's
- * summary (kind, dtype, shape, nbytes) when all its values landed alike, else
- * the list of its items' tuples.
+ * Run a get into the items' destinations (nf fields of n / nf rows each);
+ * (per field, rc, detail): a field's summary (kind, dtype, shape, nbytes)
+ * when all its values landed alike, else the list of its items' tuples.
  */
 static PyObject *
 get_into_run(DpClient *self, dp_get_item *items, size_t n, size_t nf)
@@ -944,39 +941,28 @@ get_into_run(DpClient *self, dp_get_item *items, size_t n, size_t nf)
     Py_END_ALLOW_THREADS
     if (rc == DP_EINVAL)
         return dp__py_raise(rc, &d);
-    size_t groups = nf > 0 ? nf : 1, per = nf > 0 ? n / nf : n;
-    PyObject *res = nf > 0 ? PyList_New((Py_ssize_t)nf) : NULL;
-    if (nf > 0 && res == NULL)
-        return NULL;
-    for (size_t f = 0; f < groups; f++) {
+    size_t per = n / nf;
+    PyObject *res = PyList_New((Py_ssize_t)nf);
+    for (size_t f = 0; res != NULL && f < nf; f++) {
         const dp_get_item *its = items + f * per;
-        PyObject *sum = nf > 0 ? field_summary(its, per) : NULL;
-        if (sum == NULL && PyErr_Occurred()) {
-            Py_XDECREF(res);
-            return NULL;
-        }
-        if (sum != NULL) {
-            PyList_SET_ITEM(res, (Py_ssize_t)f, sum);
-            continue;
-        }
-        PyObject *lst = PyList_New((Py_ssize_t)per);
-        for (size_t i = 0; lst != NULL && i < per; i++) {
-            PyObject *t = item_tuple(&its[i], its[i].desc);
-            if (t == NULL) {
-                Py_CLEAR(lst);
-                break;
+        PyObject *got = field_summary(its, per);
+        if (got == NULL && !PyErr_Occurred()) {
+            got = PyList_New((Py_ssize_t)per);
+            for (size_t i = 0; got != NULL && i < per; i++) {
+                PyObject *t = item_tuple(&its[i], its[i].desc);
+                if (t == NULL)
+                    Py_CLEAR(got);
+                else
+                    PyList_SET_ITEM(got, (Py_ssize_t)i, t);
             }
-            PyList_SET_ITEM(lst, (Py_ssize_t)i, t);
         }
-        if (lst == NULL) {
-            Py_XDECREF(res);
-            return NULL;
-        }
-        if (nf == 0)
-            res = lst;
+        if (got == NULL)
+            Py_CLEAR(res);
         else
-            PyList_SET_ITEM(res, (Py_ssize_t)f, lst);
+            PyList_SET_ITEM(res, (Py_ssize_t)f, got);
     }
+    if (res == NULL)
+        return NULL;
     return Py_BuildValue("(NiN)", res, rc, dp__py_text(dp_detail_msg(&d)));
 }
 
@@ -1030,15 +1016,15 @@ row_dsts(PyObject *spec, size_t f, size_t n, dp_get_item *items)
 }
 
 /*
- * get_into_rows(rows, fields, [destinations per field]) -> (items, rc,
- * detail): keys field-major, built here; destinations as row_dsts takes them.
+ * get_into_rows(rows, fields, [destinations per field]) -> (per field, rc,
+ * detail), as get_into_run answers: keys field-major, built here;
+ * destinations as row_dsts takes them.
  */
 static PyObject *
 client_get_into_rows(DpClient *self, PyObject *args)
 {
     PyObject *rows, *fields, *dsts;
-    int compact = 0;
-    if (!PyArg_ParseTuple(args, "OOO!|p", &rows, &fields, &PyList_Type, &dsts, &compact))
+    if (!PyArg_ParseTuple(args, "OOO!", &rows, &fields, &PyList_Type, &dsts))
         return NULL;
     if (!dp__py_client_enter(self))
         return NULL;
@@ -1068,7 +1054,7 @@ client_get_into_rows(DpClient *self, PyObject *args)
     for (size_t f = 0; f < nf; f++)
         if (row_dsts(PyList_GET_ITEM(dsts, f), f, n / nf, items) < 0)
             goto out;
-    ret = get_into_run(self, items, n, compact ? nf : 0);
+    ret = get_into_run(self, items, n, nf);
 out:
     PyMem_Free(arena);
     PyMem_Free(keys);
@@ -1402,7 +1388,7 @@ static PyMethodDef client_methods[] = {
     {"get_keys", (PyCFunction)client_get_keys, METH_VARARGS,
      "get_keys(keys, hints=None) -> (Values, rc, detail)"},
     {"get_into_rows", (PyCFunction)client_get_into_rows, METH_VARARGS,
-     "get_into_rows(rows, fields, destinations[, compact]) -> (items, rc, detail)"},
+     "get_into_rows(rows, fields, destinations) -> (per field, rc, detail)"},
     {"clear", (PyCFunction)client_clear, METH_O, "clear(rows) -> values dropped"},
     {"stats", (PyCFunction)client_stats, METH_NOARGS, "stats() -> (list, rc, detail)"},
     {"counters", (PyCFunction)client_counters, METH_NOARGS, "counters() -> dict"},

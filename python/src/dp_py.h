@@ -73,6 +73,8 @@ PyObject *dp__py_raise_forked(const char *what, pid_t pid);
 void dp__py_keep_forever(PyObject *owner);
 /* A value description's shape as a tuple of ints (NULL, exception set, on failure). */
 PyObject *dp__py_shape(const dp_value_desc *ds);
+/* Same kind, dtype and shape. */
+bool dp__py_same_desc(const dp_value_desc *a, const dp_value_desc *b);
 /* Text from the library as str (invalid UTF-8 replaced, never an error). */
 PyObject *dp__py_text(const char *s);
 /* The exception class for code (borrowed). */

@@ -149,6 +149,13 @@ dp__py_shape(const dp_value_desc *ds)
     return shape;
 }
 
+bool
+dp__py_same_desc(const dp_value_desc *a, const dp_value_desc *b)
+{
+    return a->kind == b->kind && a->ndim == b->ndim && strcmp(a->dtype, b->dtype) == 0 &&
+           memcmp(a->shape, b->shape, a->ndim * sizeof a->shape[0]) == 0;
+}
+
 PyObject *
 dp__py_text(const char *s)
 {

@@ -142,13 +142,6 @@ typedef struct chain {
     const dp_value_desc *ds;
 } chain;
 
-static bool
-same_desc(const dp_value_desc *a, const dp_value_desc *b)
-{
-    return a->ndim == b->ndim && strcmp(a->dtype, b->dtype) == 0 &&
-           memcmp(a->shape, b->shape, a->ndim * sizeof a->shape[0]) == 0;
-}
-
 /* A chain of two or more as runs() gives it; a single one joins rest. */
 static int
 chain_out(DpValues *self, const chain *c, PyObject *chains, PyObject *rest)
@@ -216,8 +209,8 @@ values_runs(DpValues *self, PyObject *args)
         }
         const uint8_t *p = data;
         size_t c = 0;
-        while (c < n_open &&
-               !(open[c].next == p && open[c].nbytes == nb && same_desc(open[c].ds, ds)))
+        while (c < n_open && !(open[c].next == p && open[c].nbytes == nb &&
+                               dp__py_same_desc(open[c].ds, ds)))
             c++;
         if (c < n_open && open[c].count >= 2 && k - open[c].last != open[c].step) {
             /* the next in memory, but not at the chain's step: the chain ends */
@@ -283,7 +276,7 @@ values_gather(DpValues *self, PyObject *args)
         if (k == 0)
             d0 = ds;
         if (st != 0 || ds == NULL || ds->kind != DP_KIND_TENSOR || nb != row ||
-            !same_desc(ds, d0))
+            !dp__py_same_desc(ds, d0))
             return PyLong_FromSsize_t(k);
     }
     Py_BEGIN_ALLOW_THREADS
