@@ -42,6 +42,7 @@ Timings are shown, never asserted.
 """
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -95,6 +96,10 @@ notes:
     tensor made): Redis's best case. TQ: keys and per-row views built untimed.
   Every dataplane iteration puts, gets, then clears its rows (untimed), as
     `dataplane bench` does; what a get returned is dropped untimed.
+  Python's cyclic GC is off while a method's iterations run and collects after
+    them (untimed), as timeit does: a full collection of this process takes
+    tens of ms and would land in whichever method's timing happened to start
+    it (the ones making a tensor per value most often).
   {reps} rounds x {iters} iterations (+{warmup} warm-up each), methods taking
     turns within a round; the table shows the median round of each."""
 
@@ -410,14 +415,21 @@ def make_redis_step(r, src, fields, rows):
 
 
 def run_py(step, iters, warmup, batch_bytes):
-    """warm-up (the first checks the values), then iters timed: (put, get) GB/s."""
+    """warm-up (the first checks the values), then iters timed: (put, get)
+    GB/s. The cyclic GC is off meanwhile (see NOTES)."""
     for w in range(max(warmup, 1)):
         step(check=(w == 0))
     tp = tg = 0.0
-    for _ in range(iters):
-        a, b = step()
-        tp += a or 0.0
-        tg += b or 0.0
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(iters):
+            a, b = step()
+            tp += a or 0.0
+            tg += b or 0.0
+    finally:
+        gc.enable()
+        gc.collect()
     gb = batch_bytes * iters / 1e9
     return (gb / tp if tp > 0 else None), (gb / tg if tg > 0 else None)
 

@@ -179,6 +179,14 @@ class Client:
         stored) and .rows (rows not stored). hints=True returns {field: [one
         location hint per row]} (bytes; None for a skipped cell): handed back
         to get_keys(keys, hints=...), a get skips looking up the keys."""
+        r, fields, locs = self._put(rows, data, bool(hints))
+        if not hints:
+            return None
+        return dict(zip(fields, _core.split_hints(locs, len(r), len(fields))))
+
+    def _put(self, rows, data, want_locs):
+        """put's work: (rows, fields, the library's row-major location hints
+        as bytes, or None without want_locs)."""
         if not isinstance(data, dict):
             raise TypeError(f"data: a dict field -> values is needed, got "
                             f"{type(data).__name__}")
@@ -193,12 +201,10 @@ class Client:
             cols = [self._column(f, data[f], n, copies) for f in fields]
             copies.run()
             cols = [c[0] if isinstance(c, _Deferred) else c for c in cols]
-            locs = self._c.put(r, fields, cols, bool(hints))
+            locs = self._c.put(r, fields, cols, want_locs)
         finally:
             copies.close()
-        if not hints:
-            return None
-        return split_hints(locs, n, fields)
+        return r, fields, locs
 
     def _column(self, field, v, n, copies):
         if dt.is_tensor(v) or dt.is_array(v):
@@ -622,21 +628,6 @@ def _key(row, field):
 
 
 LOC_BYTES = 128  # one location hint (the C library's dp_loc)
-
-
-def split_hints(locs, n_rows, fields):
-    """{field: [hint per row]} from put's row-major hints; None where a cell
-    was skipped (its hint names no blob)."""
-    nf = len(fields)
-    out = {f: [None] * n_rows for f in fields}
-    mv = memoryview(locs)
-    for r in range(n_rows):
-        base = r * nf
-        for fi, f in enumerate(fields):
-            at = (base + fi) * LOC_BYTES
-            if mv[at] != 0:
-                out[f][r] = bytes(mv[at:at + LOC_BYTES])
-    return out
 
 
 def values_in_order(vals, i0, n, one):

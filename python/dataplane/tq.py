@@ -30,8 +30,10 @@ with TQ's StorageClientFactory as "Dataplane", and a storage manager
 "Dataplane" (a KVStorageManager that uses it).
 """
 
+import concurrent.futures
 import os
 import pickle
+import threading
 
 from . import _core
 from . import _dtypes as dt
@@ -52,35 +54,71 @@ _CLIENT_OPTS = {
 _UNSET = object()  # a cell a put was not given (a TQ value may be None)
 
 
+_STACK_ROW_MAX = 64 << 10  # rows under this are stacked; larger ones checked in place
+_PAR_MIN = 512 << 10  # stacks of this many bytes or more are shared among copy threads
+_PAR_PIECE = 256 << 10  # at least this many bytes a thread
+
+
+def _copy_threads():
+    """Threads a put's stacking copies use: the library's DP_COPY_THREADS
+    (which the client's open has checked), else 2 on 2 or more cores."""
+    try:
+        return max(1, min(16, int(os.environ["DP_COPY_THREADS"])))
+    except (KeyError, ValueError):
+        return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
 def _rows_of_one_tensor(col):
-    """The tensor whose consecutive rows col's values are (TQ hands a batch
-    field as list(tensor): views of one contiguous tensor), or None."""
+    """One tensor whose rows are col's values, when they lie one after
+    another in memory (TQ hands a batch field as list(tensor): views of one
+    contiguous tensor), or None. col holds CPU tensors of one type and dtype
+    (same_kind)."""
     first = col[0]
-    if not dt.is_tensor(first):
+    if not first.is_contiguous() or first.is_neg() or first.is_conj():
         return None
-    b = first._base
-    if b is None or b.is_nested or b.dim() == 0 or b.shape[0] != len(col) or not b.is_contiguous():
+    # each value must be exactly "row i": its place, dtype, shape and layout,
+    # and no lazy negation or (complex) conjugation
+    if not _core.rows_of(col, type(first), first.data_ptr(),
+                         first.numel() * first.element_size(), first.shape, first.dtype,
+                         first.is_complex()):
         return None
-    if b.device.type != "cpu" or tuple(b.shape[1:]) != tuple(first.shape):
+    try:  # the rows as one tensor over first's storage
+        return first.detach().as_strided((len(col),) + tuple(first.shape),
+                                         (first.numel(),) + tuple(first.stride()),
+                                         first.storage_offset())
+    except RuntimeError:  # the rows lie beyond it (other storages side by side)
         return None
-    if b.is_conj() or b.is_neg() or b.dtype != first.dtype:
-        return None
-    step = b.stride(0)
-    off = b.storage_offset()
-    dtype = b.dtype
-    complex_ = b.is_complex()
-    tensor = type(first)
-    for i, v in enumerate(col):
-        if type(v) is not tensor:
-            return None
-        # each value must be exactly row i of b: same place, same layout (b is
-        # contiguous, so its rows are; a transposed row is not), no lazy
-        # negation, and for complex dtypes no lazy conjugate
-        if (v._base is not b or v.storage_offset() != off + i * step
-                or not v.is_contiguous() or v.is_neg() or v.dtype is not dtype
-                or (complex_ and v.is_conj())):
-            return None
-    return b
+
+
+def _split(jobs, parts):
+    """jobs [(j, col, out, row_bytes)] cut, in order, into at most `parts`
+    lists of (j, col slice, out slice) of about equal bytes."""
+    total = sum(len(col) * rb for _, col, _, rb in jobs)
+    res = [[] for _ in range(parts)]
+    done = 0  # bytes of the jobs before this one
+    for j, col, out, rb in jobs:
+        n, i = len(col), 0
+        while i < n:
+            p = min(parts - 1, (done + i * rb) * parts // total)
+            end = (p + 1) * total // parts  # where part p ends, in bytes
+            e = n if p == parts - 1 else min(n, max(i + 1, -(-(end - done) // rb)))
+            res[p].append((j, col[i:e], out[i:e]))
+            i = e
+        done += n * rb
+    return [r for r in res if r]
+
+
+def _stack_part(part):
+    """torch.stack each piece of part into its out; the job numbers torch
+    refused (shapes that differ, a sparse or nested tensor, ...)."""
+    bad = []
+    with dt.torch.no_grad():  # out= refuses tensors that require grad otherwise
+        for j, col, out in part:
+            try:
+                dt.torch.stack(col, out=out)
+            except Exception:
+                bad.append(j)
+    return bad
 
 
 class DataplaneKVClient:
@@ -113,12 +151,19 @@ class DataplaneKVClient:
         if cluster is not None and not isinstance(cluster, (str, os.PathLike)):
             cluster = list(cluster)  # unit addresses (e.g. a ListConfig)
         self._client = Client(cluster, **opts)
+        self._threads = _copy_threads()
+        self._executor = None
+        self._pool_lock = threading.Lock()
+        self._pid = os.getpid()
 
     @property
     def client(self):
         return self._client
 
     def close(self):
+        if self._executor is not None and self._pid == os.getpid():
+            self._executor.shutdown()
+        self._executor = None
         self._client.close()
 
     # -- values --
@@ -184,24 +229,86 @@ class DataplaneKVClient:
         # rows and fields in order of first appearance; slots[f][r]: the key index
         row_list, fields, slots = _core.group_keys(keys)
         n = len(row_list)
-        data = {}
-        for f, slot in zip(fields, slots):
-            col = [values[i] if i >= 0 else _UNSET for i in slot]
-            whole = _rows_of_one_tensor(col) if n > 1 else None
-            if whole is not None:
-                data[f] = whole
-                continue
-            for r, v in enumerate(col):
-                col[r] = None if v is _UNSET else self._cell(row_list[r], f, v)
+        cols = _core.columns(values, slots, _UNSET)
+        data, stack = {}, []
+        for f, col in zip(fields, cols):
             data[f] = col
-        hints = self._client.put(row_list, data, hints=True)
-        out = [None] * len(keys)
-        for f, slot in zip(fields, slots):
-            col = hints[f]
-            for r, i in enumerate(slot):
-                if i >= 0:
-                    out[i] = col[r]
-        return out
+            first = col[0]
+            if n > 1 and dt.is_tensor(first) and _core.same_kind(col, type(first), first.dtype):
+                nb = first.numel() * first.element_size()
+                if 0 < nb < _STACK_ROW_MAX:
+                    stack.append(f)
+                    continue
+                whole = _rows_of_one_tensor(col) if nb else None
+                if whole is not None:
+                    data[f] = whole
+                    continue
+            self._cells(row_list, f, col)
+        staged = self._stage(stack, data, row_list) if stack else None
+        try:
+            locs = self._client._put(row_list, data, True)[2]
+        finally:
+            del staged  # the registered memory (the library keeps what a failed WRITE touched)
+        return _core.key_hints(locs, slots, len(keys))
+
+    def _cells(self, row_list, f, col):
+        """col's values, one by one, in the forms Client.put takes."""
+        for r, v in enumerate(col):
+            col[r] = None if v is _UNSET else self._cell(row_list[r], f, v)
+
+    def _stage(self, fields, data, row_list):
+        """Stack each column of fields (CPU tensors of one type and dtype, rows
+        under 64 KiB) into one tensor over registered memory of the client:
+        torch copies the values as they are (any strides, lazy conjugation or
+        negation) and checks their shapes, in C++ for the whole column, far
+        cheaper than looking at each value here; the rows are shared among
+        the copy threads (torch releases the GIL while it copies). A column
+        torch refuses goes value by value. Returns the buffer, to keep until
+        the put returns."""
+        jobs, total = [], 0
+        for f in fields:
+            first = data[f][0]
+            nb = len(data[f]) * first.numel() * first.element_size()
+            jobs.append((f, total, nb))
+            total += (nb + 63) // 64 * 64
+        buf = self._client._c.alloc(total)
+        work = []
+        for j, (f, off, nb) in enumerate(jobs):
+            col, first = data[f], data[f][0]
+            out = dt.torch.frombuffer(buf, dtype=dt.torch.uint8, count=nb, offset=off)
+            out = out.view(first.dtype).view((len(col),) + tuple(first.shape))
+            work.append((j, col, out, nb // len(col)))
+        parts = _split(work, max(1, min(self._threads, total // _PAR_PIECE))
+                       if total >= _PAR_MIN else 1)
+        pool = self._pool() if len(parts) > 1 else None
+        futs = [pool.submit(_stack_part, p) for p in parts[1:]] if pool else []
+        bad = set()
+        try:
+            for p in (parts if pool is None else parts[:1]):
+                bad.update(_stack_part(p))
+        finally:
+            for fu in futs:  # every copy into buf ends before buf can go
+                bad.update(fu.result())
+        for j, col, out, _ in work:
+            f = jobs[j][0]
+            if j in bad:
+                self._cells(row_list, f, col)
+            else:
+                data[f] = out
+        self._client._c._count_copy(sum(jobs[j][2] for j, *_ in work if j not in bad))
+        return buf
+
+    def _pool(self):
+        """The copy threads' pool (threads - 1 workers), or None in a forked
+        child (its threads are the parent's: the put then fails as the
+        client's calls do there)."""
+        if self._pid != os.getpid():
+            return None
+        with self._pool_lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    self._threads - 1, thread_name_prefix="dataplane-tq")
+            return self._executor
 
     def get(self, keys, shapes=None, dtypes=None, custom_backend_meta=None,
             custom_meta=None):

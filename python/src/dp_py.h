@@ -94,4 +94,12 @@ PyObject *dp__py_buffer_new(DpClient *client, void *p, size_t n);
 /* Rows from a sequence of ints or a 1-D integer buffer; *out is PyMem_Malloc'd. */
 int dp__py_rows(PyObject *obj, uint64_t **out, size_t *n);
 
+/* tq.c: the module functions of the TQ adapter's per-key work */
+PyObject *dp__py_group_keys(PyObject *m, PyObject *args);
+PyObject *dp__py_columns(PyObject *m, PyObject *args);
+PyObject *dp__py_same_kind(PyObject *m, PyObject *args);
+PyObject *dp__py_rows_of(PyObject *m, PyObject *args);
+PyObject *dp__py_split_hints(PyObject *m, PyObject *args);
+PyObject *dp__py_key_hints(PyObject *m, PyObject *args);
+
 #endif

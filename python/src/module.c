@@ -306,140 +306,6 @@ fail:
     return -1;
 }
 
-/* gidx of "<gidx>@..." (decimal, no sign, no leading zero, < 2^64); -1 if bad. */
-static int
-parse_gidx(const char *k, Py_ssize_t n, uint64_t *g, Py_ssize_t *at)
-{
-    Py_ssize_t i = 0;
-    uint64_t v = 0;
-    while (i < n && k[i] >= '0' && k[i] <= '9') {
-        unsigned d = (unsigned)(k[i] - '0');
-        if (v > (UINT64_MAX - d) / 10)
-            return -1;
-        v = v * 10 + d;
-        i++;
-    }
-    if (i == 0 || i >= n - 1 || k[i] != '@' || (k[0] == '0' && i > 1))
-        return -1;
-    *g = v;
-    *at = i;
-    return 0;
-}
-
-/*
- * group_keys(keys, repeats=False) -> (rows, fields, slots): keys
- * "<gidx>@<field>" as TQ hands them; rows and fields in order of first
- * appearance; slots[f][r] the index in keys of row r's key of field f, or -1.
- * ValueError names a malformed key, or a repeated one unless repeats (then
- * the first stands). Fields are checked further by the library.
- */
-static PyObject *
-mod_group_keys(PyObject *m, PyObject *args)
-{
-    (void)m;
-    PyObject *arg;
-    int repeats = 0;
-    if (!PyArg_ParseTuple(args, "O|p", &arg, &repeats))
-        return NULL;
-    PyObject *seq = PySequence_Tuple(arg);
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(seq);
-    PyObject *rows = PyList_New(0), *fields = PyList_New(0);
-    PyObject *row_ix = PyDict_New(), *field_ix = PyDict_New();
-    Py_ssize_t *key_row = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof *key_row);
-    Py_ssize_t *key_field = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof *key_field);
-    PyObject *slots = NULL, *ret = NULL;
-    if (rows == NULL || fields == NULL || row_ix == NULL || field_ix == NULL ||
-        key_row == NULL || key_field == NULL)
-        goto out;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyTuple_GET_ITEM(seq, i);
-        Py_ssize_t len, at;
-        uint64_t g;
-        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, &len) : NULL;
-        if (k == NULL || parse_gidx(k, len, &g, &at) < 0) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError,
-                         "key %R: '<global_index>@<field>' is needed, the index in "
-                         "decimal without sign or leading zeros",
-                         key);
-            goto out;
-        }
-        PyObject *pg = PyLong_FromUnsignedLongLong(g);
-        PyObject *pf = pg ? PyUnicode_FromStringAndSize(k + at + 1, len - at - 1) : NULL;
-        if (pf == NULL) {
-            Py_XDECREF(pg);
-            goto out;
-        }
-        PyObject *r = PyDict_GetItemWithError(row_ix, pg);
-        PyObject *f =
-            r || !PyErr_Occurred() ? PyDict_GetItemWithError(field_ix, pf) : NULL;
-        int bad = PyErr_Occurred() != NULL;
-        if (!bad && r == NULL) {
-            PyObject *ix = PyLong_FromSsize_t(PyList_GET_SIZE(rows));
-            bad = ix == NULL || PyDict_SetItem(row_ix, pg, ix) < 0 ||
-                  PyList_Append(rows, pg) < 0;
-            r = ix;
-            Py_XDECREF(ix); /* the dict holds it */
-        }
-        if (!bad && f == NULL) {
-            PyObject *ix = PyLong_FromSsize_t(PyList_GET_SIZE(fields));
-            bad = ix == NULL || PyDict_SetItem(field_ix, pf, ix) < 0 ||
-                  PyList_Append(fields, pf) < 0;
-            f = ix;
-            Py_XDECREF(ix);
-        }
-        Py_DECREF(pg);
-        Py_DECREF(pf);
-        if (bad)
-            goto out;
-        key_row[i] = PyLong_AsSsize_t(r);
-        key_field[i] = PyLong_AsSsize_t(f);
-    }
-    Py_ssize_t nr = PyList_GET_SIZE(rows), nf = PyList_GET_SIZE(fields);
-    slots = PyList_New(nf);
-    for (Py_ssize_t f = 0; slots != NULL && f < nf; f++) {
-        PyObject *col = PyList_New(nr);
-        if (col == NULL) {
-            Py_CLEAR(slots);
-            break;
-        }
-        for (Py_ssize_t r = 0; r < nr; r++)
-            PyList_SET_ITEM(col, r, PyLong_FromLong(-1));
-        PyList_SET_ITEM(slots, f, col);
-    }
-    if (slots == NULL)
-        goto out;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *col = PyList_GET_ITEM(slots, key_field[i]);
-        PyObject *old = PyList_GET_ITEM(col, key_row[i]);
-        if (PyLong_AsLong(old) != -1) {
-            if (repeats)
-                continue; /* the first one stands */
-            PyErr_Format(PyExc_ValueError, "put: key %R appears twice",
-                         PyTuple_GET_ITEM(seq, i));
-            goto out;
-        }
-        PyObject *ix = PyLong_FromSsize_t(i);
-        if (ix == NULL)
-            goto out;
-        PyList_SET_ITEM(col, key_row[i], ix);
-        Py_DECREF(old);
-    }
-    ret = PyTuple_Pack(3, rows, fields, slots);
-out:
-    Py_XDECREF(slots);
-    Py_XDECREF(rows);
-    Py_XDECREF(fields);
-    Py_XDECREF(row_ix);
-    Py_XDECREF(field_ix);
-    PyMem_Free(key_row);
-    PyMem_Free(key_field);
-    Py_DECREF(seq);
-    return ret;
-}
-
 static PyObject *
 mod_version(PyObject *m, PyObject *noarg)
 {
@@ -463,9 +329,20 @@ static PyMethodDef mod_methods[] = {
     {"strerror", mod_strerror, METH_O, "The message of an error code."},
     {"error", (PyCFunction)(void (*)(void))mod_error, METH_VARARGS | METH_KEYWORDS,
      "error(code, detail, keys=None, rows=None, landed=None) -> the exception"},
-    {"group_keys", mod_group_keys, METH_VARARGS,
+    {"group_keys", dp__py_group_keys, METH_VARARGS,
      "group_keys(keys, repeats=False) -> (rows, fields, slots) of '<gidx>@<field>' "
      "keys."},
+    {"columns", dp__py_columns, METH_VARARGS,
+     "columns(values, slots, fill) -> [[values[i] or fill for i in slot] for slot in "
+     "slots]"},
+    {"same_kind", dp__py_same_kind, METH_VARARGS,
+     "same_kind(col, type, dtype) -> bool: CPU tensors of that type and dtype"},
+    {"rows_of", dp__py_rows_of, METH_VARARGS,
+     "rows_of(col, type, ptr, row_bytes, shape, dtype, is_complex) -> bool"},
+    {"split_hints", dp__py_split_hints, METH_VARARGS,
+     "split_hints(locs, n_rows, n_fields) -> [[hint or None per row] per field]"},
+    {"key_hints", dp__py_key_hints, METH_VARARGS,
+     "key_hints(locs, slots, n_keys) -> [hint or None per key]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -311,6 +311,81 @@ def test_rows_of_one_tensor_keep_their_layout(cluster):
     kv.close()
 
 
+def _round_trip(kv, base, cols):
+    """put {field: values} as TQ keys of rows base.., get them back; each
+    value must come back with the dtype, shape and elements it was put with."""
+    keys, values = [], []
+    for f, col in cols.items():
+        for i, v in enumerate(col):
+            if v is not None:
+                keys.append(f"{base + i}@{f}")
+                values.append(v)
+    kv.put(keys, values)
+    for k, want, got in zip(keys, values, kv.get(keys)):
+        want = want.detach().resolve_conj().resolve_neg()
+        assert got.dtype == want.dtype and got.shape == want.shape, k
+        assert torch.equal(got, want), k
+    return keys
+
+
+def test_stacked_columns_store_each_value_as_put(cluster):
+    """Columns of rows under 64 KiB are stacked by torch into registered
+    memory (one copy, counted); whatever the values are, each comes back as it
+    was put: views of one tensor or separate tensors, any layout, lazily
+    conjugated or negated, requiring grad, 0-d, of mixed dtypes or shapes (value
+    by value then), with cells missing, and big enough that the copy threads
+    share the stacking."""
+    kv = DataplaneKVClient({"cluster": cluster})
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 3, 5, generator=g)
+    z = torch.complex(torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g))
+    cols = {
+        "views": list(x), "sep": [torch.randn(3, 5, generator=g) for _ in range(6)],
+        "tr": list(x.transpose(1, 2)), "conj": list(z.conj()),
+        "neg": list(torch._neg_view(x)), "grad": list(x.clone().requires_grad_()),
+        "d0": list(torch.arange(6.)), "bool": list(x > 0), "bf16": list(x.to(torch.bfloat16)),
+        "mixdt": [x[0], x[1].double(), x[2].half(), x[3], x[4].to(torch.int32), x[5]],
+        "jag": [torch.randn(i + 1, generator=g) for i in range(6)],
+        "holes": [x[0], None, x[2], None, x[4], x[5]],
+    }
+    before = kv.client.counters()["copied_bytes"]
+    _round_trip(kv, 3700, {"views": cols["views"], "sep": cols["sep"]})
+    assert kv.client.counters()["copied_bytes"] - before == 2 * x.numel() * 4
+    keys = _round_trip(kv, 3700, cols)
+    # 2 fields x 160 rows x 2 KiB: the stacking is shared among threads
+    big = {f: list(torch.randn(160, 512, generator=g)) for f in ("b0", "b1")}
+    keys += _round_trip(kv, 3710, big)
+    with pytest.raises(TypeError, match="3721@sp"):  # torch refuses: value by value
+        kv.put(["3720@sp", "3721@sp"], [torch.zeros(3), torch.eye(3)[0].to_sparse()])
+    kv.clear(keys)
+    kv.close()
+
+
+def test_big_rows_checked_in_place(cluster):
+    """Rows of 64 KiB or more that are views of one tensor are stored from
+    that tensor (nothing copied when it is registered memory); a value that
+    only looks like row i (another row, another shape or dtype over the same
+    bytes) is stored as itself."""
+    kv = DataplaneKVClient({"cluster": cluster})
+    c = kv.client
+    buf = c.alloc(4 * 16384 * 4)
+    b = torch.frombuffer(buf, dtype=torch.float32).view(4, 16384)
+    b.copy_(torch.randn(4, 16384, generator=torch.Generator().manual_seed(8)))
+    before = c.counters()["copied_bytes"]
+    keys = _round_trip(kv, 3730, {"reg": list(b)})
+    assert c.counters()["copied_bytes"] == before
+    odd = [(1, b[3]), (2, b[2].view(128, 128)), (1, b[1][:100]), (2, b[2].view(torch.int32)),
+           (1, b.as_strided((16384,), (2,), 16384)),  # row 1's place, every other element
+           (2, torch._neg_view(b[2]))]
+    for k, (i, bad) in enumerate(odd):
+        col = list(b)
+        col[i] = bad
+        keys += _round_trip(kv, 3740 + 10 * k, {"odd": col})
+    kv.clear(keys)
+    del b
+    kv.close()
+
+
 def test_refused_put_reports_no_row_landed(cluster):
     kv = DataplaneKVClient({"cluster": cluster})
     with pytest.raises(dataplane.Error) as e:  # bigger than a unit can ever hold
