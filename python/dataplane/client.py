@@ -7,12 +7,15 @@ package").
 """
 
 import os
+import threading
 
 from . import _core
+from . import _device
 from . import _dtypes as dt
 from ._dtypes import np, torch
 
 _ALIGN = 64
+_STAGE_LOCK = threading.Lock()
 
 
 def make_error(rc, msg, keys=None, rows=None, landed=None):
@@ -184,9 +187,10 @@ class Client:
             return None
         return dict(zip(fields, _core.split_hints(locs, len(r), len(fields))))
 
-    def _put(self, rows, data, want_locs):
+    def _put(self, rows, data, want_locs, device=True):
         """put's work: (rows, fields, the library's row-major location hints
-        as bytes, or None without want_locs)."""
+        as bytes, or None without want_locs). device: device tensors are
+        staged (dataplane._device); its chunks' puts pass False."""
         if not isinstance(data, dict):
             raise TypeError(f"data: a dict field -> values is needed, got "
                             f"{type(data).__name__}")
@@ -196,6 +200,8 @@ class Client:
         for f in fields:
             if not isinstance(f, str):
                 raise TypeError(f"field names are str, got {f!r}")
+        if device and any(_device.staged(v) for v in data.values()):
+            return _device.put(self, [int(g) for g in r], data, want_locs)
         copies = _Copies(self)
         try:
             cols = [self._column(f, data[f], n, copies) for f in fields]
@@ -328,10 +334,12 @@ class Client:
         return values_in_order(vals, 0, len(keys),
                                lambda i: value_of(vals.entry(i), None, keys[i]))
 
-    def _get_out(self, r, fields, out, stack):
+    def _get_out(self, r, fields, out, stack, device=True):
         n = len(r)
         if not fields:
             return {}
+        if device and any(f in out and _device.staged(out[f]) for f in fields):
+            return _device.get_out(self, [int(g) for g in r], fields, out, stack)
         specs, views = [], []
         for f in fields:
             if f not in out:
@@ -430,6 +438,17 @@ class Client:
         """Deregister the region registered at obj's address (NotFound if none)."""
         self._c._deregister(_span(obj)[0])
 
+    def _device_stage(self):
+        """The host staging memory of device tensors (made on first use);
+        raises Closed when the client is closed or was made in another
+        process (before any lock of the parent's is taken)."""
+        self._c.counters()
+        with _STAGE_LOCK:
+            st = getattr(self, "_stage", None)
+            if st is None:
+                st = self._stage = _device.Stage(self)
+        return st
+
     def touches_unfinished(self, obj):
         """True if a failed transfer may still write obj's memory (never reuse it)."""
         addr, nbytes = _span(obj)
@@ -467,7 +486,9 @@ def _span(obj):
 def _dst(d, key):
     if dt.is_tensor(d):
         if not _tensor_ok(d):
-            raise ValueError(f"out for '{key}': a contiguous CPU tensor is needed")
+            raise ValueError(f"out for '{key}': a contiguous CPU tensor is needed (a "
+                             f"destination on a GPU must be one tensor of the field's "
+                             f"rows)")
         return (d.data_ptr(), d.numel() * d.element_size())
     if dt.is_array(d):
         if not _array_ok(d) or not d.flags.writeable:

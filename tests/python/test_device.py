@@ -1,0 +1,103 @@
+"""The staging of device tensors (CUDA) in put and get(out=): chunk by chunk
+through pinned, registered host memory. Debian's torch has no CUDA, so these
+tests let the same pipeline stage CPU tensors (dataplane._device.STAGED gets
+"cpu"; the copies are then synchronous): every chunk, the error that names
+the rows earlier chunks landed, views of the destinations, copies counted.
+The CUDA streams and events themselves run only where a GPU is."""
+
+import numpy as np
+import pytest
+import torch
+
+import dataplane
+from dataplane import _device
+
+
+@pytest.fixture
+def staged_cpu(monkeypatch):
+    monkeypatch.setattr(_device, "STAGED", ["cuda", "cpu"])
+    monkeypatch.setattr(_device, "CHUNK_MIN", 64 << 10)  # small batches in chunks too
+
+
+def test_chunks_cover_every_row():
+    for n in range(0, 40):
+        for nbytes in (0, 1, 5 << 20, 1 << 30):
+            parts = _device.chunks(n, nbytes)
+            assert [i for a, b in parts for i in range(a, b)] == list(range(n))
+            assert 1 <= len(parts) <= _device.CHUNKS_MAX
+
+
+def test_put_and_get_out_through_staging(client, fresh_rows, staged_cpu):
+    rows = list(fresh_rows(40))
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(40, 1024, generator=g)                       # 160 KiB: 2 chunks
+    b = torch.randint(0, 1 << 30, (7, 40, 3), generator=g).permute(1, 2, 0)  # strided
+    c = [bytes([i]) * (i + 1) for i in range(40)]                # a list field, sliced
+    before = client.counters()["copied_bytes"]
+    chunk_rows, put = [], client._put
+    client._put = lambda r, *rest: (chunk_rows.append(len(r)), put(r, *rest))[1]
+    hints = client.put(rows, {"a": a, "b": b, "c": c}, hints=True)
+    del client._put
+    assert len(chunk_rows) == 1 + 2 and sum(chunk_rows[1:]) == 40  # the call, 2 chunks
+    assert client.counters()["copied_bytes"] - before == a.numel() * 4 + b.numel() * 8
+    assert [len(hints[f]) for f in "abc"] == [40, 40, 40]
+    keys = [f"{r}@{f}" for f in "abc" for r in rows]
+    got = client.get_keys(keys, hints=[hints[f][i] for f in "abc" for i in range(40)])
+    assert all(torch.equal(got[i], a[i]) for i in range(40))
+    assert all(torch.equal(got[40 + i], b[i]) for i in range(40))
+    assert got[80:] == c
+
+    oa, ob = torch.zeros_like(a), torch.zeros(40, 3, 7, dtype=torch.int64)
+    oc = [np.zeros(64, np.uint8) for _ in range(40)]
+    res = client.get(rows, ["a", "b", "c"], out={"a": oa, "b": ob, "c": oc})
+    assert torch.equal(oa, a) and torch.equal(ob, b)
+    for i in range(40):  # views of the destinations, not of the staging memory
+        assert res["a"][i].data_ptr() == oa[i].data_ptr() and torch.equal(res["a"][i], a[i])
+        assert res["b"][i].data_ptr() == ob[i].data_ptr() and torch.equal(res["b"][i], b[i])
+        assert bytes(res["c"][i]) == c[i]
+    oa.zero_()
+    st = client.get(rows, ["a"], out={"a": oa}, stack=True)
+    assert st["a"] is oa and torch.equal(oa, a)
+
+
+def test_staged_get_of_jagged_values_into_one_destination(client, fresh_rows, staged_cpu):
+    """Values shorter than the destination's rows land as views of their own
+    shape at the start of each row."""
+    rows = list(fresh_rows(30))
+    vals = [torch.arange(i + 1, dtype=torch.float32) for i in range(30)]
+    client.put(rows, {"j": vals})
+    out = torch.full((30, 4096), -1.0)
+    res = client.get(rows, ["j"], out={"j": out})["j"]
+    for i, v in enumerate(res):
+        assert v.shape == (i + 1,) and torch.equal(v, vals[i])
+        assert v.data_ptr() == out[i].data_ptr()
+
+
+def test_staged_put_failing_part_way_names_the_rows_that_landed(client, fresh_rows,
+                                                               staged_cpu):
+    rows = list(fresh_rows(40))
+    a = torch.randn(40, 1024)
+    bad = [b"x"] * 40
+    bad[35] = object()  # found only when the last chunk is put
+    with pytest.raises(dataplane.InvalidArgument) as e:
+        client.put(rows, {"a": a, "bad": bad})
+    landed = e.value.landed
+    assert landed and landed == rows[:len(landed)] and sorted(e.value.rows) == rows[len(landed):]
+    assert "earlier chunks" in str(e.value)
+    got = client.get(landed, ["a"])["a"]
+    assert all(torch.equal(x, a[i]) for i, x in enumerate(got))
+    with pytest.raises(KeyError):
+        client.get(rows[len(landed):], ["a"])
+    with pytest.raises(dataplane.InvalidArgument, match="appears twice"):
+        client.put([rows[0], rows[1], rows[0]], {"a": a[:3]})
+    with pytest.raises(ValueError, match="first dimension"):
+        client.put(rows, {"a": a[:5]})
+
+
+def test_staged_get_refusals(client, fresh_rows, staged_cpu):
+    rows = list(fresh_rows(4))
+    client.put(rows, {"a": torch.ones(4, 8)})
+    with pytest.raises(ValueError, match="contiguous"):
+        client.get(rows, ["a"], out={"a": torch.zeros(8, 4).t()})
+    with pytest.raises(KeyError):
+        client.get(rows + [rows[-1] + 1], ["a"], out={"a": torch.zeros(5, 8)})
