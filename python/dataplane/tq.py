@@ -109,14 +109,25 @@ def _split(jobs, parts):
 
 
 def _stack_part(part):
-    """torch.stack each piece of part into its out; the job numbers torch
-    refused (shapes that differ, a sparse or nested tensor, ...)."""
+    """torch.stack each piece of part into its out; the job numbers of the
+    pieces that do not fit their out (shapes that differ, a sparse or nested
+    tensor, ...)."""
     bad = []
     with dt.torch.no_grad():  # out= refuses tensors that require grad otherwise
         for j, col, out in part:
+            # torch.stack checks that a piece's values agree among themselves,
+            # but resizes out (only warning) to fit values of another shape:
+            # the values of a later piece may all be shorter than row 0
+            shape, at = out.shape, out.data_ptr()
+            if col[0].shape != shape[1:]:
+                bad.append(j)
+                continue
             try:
                 dt.torch.stack(col, out=out)
             except Exception:
+                bad.append(j)
+                continue
+            if out.shape != shape or out.data_ptr() != at:
                 bad.append(j)
     return bad
 

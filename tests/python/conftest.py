@@ -6,6 +6,7 @@ Client (closed after it) and its own rows (fresh_rows), cleared after it, so
 tests do not see each other's values.
 """
 
+import ctypes
 import itertools
 import os
 import signal
@@ -17,6 +18,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(os.environ.get("DP_SOURCE") or Path(__file__).resolve().parents[2])
+
+
+def _die_with_parent():
+    """In a child before exec: SIGTERM it when pytest dies (killed by a
+    timeout, say), so that no cluster outlives the run (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 def _cli():
@@ -61,7 +68,7 @@ def cluster(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.Popen([cli, "up", "--units", "2", "--slab", "256M", "--dir", str(d)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=env)
+                            start_new_session=True, env=env, preexec_fn=_die_with_parent)
     try:
         deadline = time.monotonic() + 60
         while not (d / "cluster.json").exists():

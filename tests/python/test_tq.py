@@ -355,6 +355,11 @@ def test_stacked_columns_store_each_value_as_put(cluster):
     # 2 fields x 160 rows x 2 KiB: the stacking is shared among threads
     big = {f: list(torch.randn(160, 512, generator=g)) for f in ("b0", "b1")}
     keys += _round_trip(kv, 3710, big)
+    # jagged rows in runs of one length, the later ones shorter (a GRPO batch:
+    # each prompt's samples alike), each run in its own thread's piece
+    runs = [torch.randn(4000, generator=g) for _ in range(32)] + [
+        torch.randn(1000, generator=g) for _ in range(32)]
+    keys += _round_trip(kv, 4000, {"runs": runs})
     with pytest.raises(TypeError, match="3721@sp"):  # torch refuses: value by value
         kv.put(["3720@sp", "3721@sp"], [torch.zeros(3), torch.eye(3)[0].to_sparse()])
     kv.clear(keys)
