@@ -54,7 +54,7 @@ _CLIENT_OPTS = {
 _UNSET = object()  # a cell a put was not given (a TQ value may be None)
 
 
-_STACK_ROW_MAX = 64 << 10  # rows under this are stacked; larger ones checked in place
+_STACK_ROW_MAX = 64 << 10  # rows under this that are not rows of one tensor are stacked
 _PAR_MIN = 512 << 10  # stacks of this many bytes or more are shared among copy threads
 _PAR_PIECE = 256 << 10  # at least this many bytes a thread
 
@@ -69,18 +69,23 @@ def _copy_threads():
 
 
 def _rows_of_one_tensor(col):
-    """One tensor whose rows are col's values, when they lie one after
-    another in memory (TQ hands a batch field as list(tensor): views of one
-    contiguous tensor), or None. col holds CPU tensors of one type and dtype
-    (same_kind)."""
+    """One tensor whose rows are col's values, when they are tensors of one
+    type, dtype and shape lying one after another in memory (TQ hands a batch
+    field as list(tensor): views of one contiguous tensor), or None. The put
+    then moves that tensor as it is: from the caller's memory straight into a
+    same-host unit, or staged once by the library."""
     first = col[0]
-    if not first.is_contiguous() or first.is_neg() or first.is_conj():
+    if (first.is_nested or first.layout != dt.torch.strided or first.device.type == "meta"
+            or not first.is_contiguous() or first.is_neg() or first.is_conj()):
         return None
     # each value must be exactly "row i": its place, dtype, shape and layout,
     # and no lazy negation or (complex) conjugation
-    if not _core.rows_of(col, type(first), first.data_ptr(),
-                         first.numel() * first.element_size(), first.shape, first.dtype,
-                         first.is_complex()):
+    try:
+        if not _core.rows_of(col, type(first), first.data_ptr(),
+                             first.numel() * first.element_size(), first.shape, first.dtype,
+                             first.is_complex()):
+            return None
+    except (RuntimeError, TypeError, ValueError):  # torch refused a read (sparse, ...)
         return None
     try:  # the rows as one tensor over first's storage
         return first.detach().as_strided((len(col),) + tuple(first.shape),
@@ -245,14 +250,14 @@ class DataplaneKVClient:
         for f, col in zip(fields, cols):
             data[f] = col
             first = col[0]
-            if n > 1 and dt.is_tensor(first) and _core.same_kind(col, type(first), first.dtype):
+            if n > 1 and dt.is_tensor(first):
                 nb = first.numel() * first.element_size()
-                if 0 < nb < _STACK_ROW_MAX:
-                    stack.append(f)
-                    continue
                 whole = _rows_of_one_tensor(col) if nb else None
                 if whole is not None:
                     data[f] = whole
+                    continue
+                if 0 < nb < _STACK_ROW_MAX and _core.same_kind(col, type(first), first.dtype):
+                    stack.append(f)
                     continue
             self._cells(row_list, f, col)
         staged = self._stage(stack, data, row_list) if stack else None

@@ -329,9 +329,9 @@ def _round_trip(kv, base, cols):
 
 
 def test_stacked_columns_store_each_value_as_put(cluster):
-    """Columns of rows under 64 KiB are stacked by torch into registered
-    memory (one copy, counted); whatever the values are, each comes back as it
-    was put: views of one tensor or separate tensors, any layout, lazily
+    """Columns of rows under 64 KiB that are not the rows of one tensor are
+    stacked by torch into registered memory (one copy, counted); whatever the
+    values are, each comes back as it was put: views of one tensor or separate tensors, any layout, lazily
     conjugated or negated, requiring grad, 0-d, of mixed dtypes or shapes (value
     by value then), with cells missing, and big enough that the copy threads
     share the stacking."""
@@ -348,9 +348,11 @@ def test_stacked_columns_store_each_value_as_put(cluster):
         "jag": [torch.randn(i + 1, generator=g) for i in range(6)],
         "holes": [x[0], None, x[2], None, x[4], x[5]],
     }
-    before = kv.client.counters()["copied_bytes"]
-    _round_trip(kv, 3700, {"views": cols["views"], "sep": cols["sep"]})
-    assert kv.client.counters()["copied_bytes"] - before == 2 * x.numel() * 4
+    copied = kv.client.counters()["copied_bytes"]
+    _round_trip(kv, 3700, {"views": cols["views"]})  # rows of one tensor: put as it
+    assert kv.client.counters()["copied_bytes"] == copied
+    _round_trip(kv, 3700, {"sep": cols["sep"]})  # separate tensors: stacked, one copy
+    assert kv.client.counters()["copied_bytes"] - copied == x.numel() * 4
     keys = _round_trip(kv, 3700, cols)
     # 2 fields x 160 rows x 2 KiB: the stacking is shared among threads
     big = {f: list(torch.randn(160, 512, generator=g)) for f in ("b0", "b1")}
@@ -367,10 +369,10 @@ def test_stacked_columns_store_each_value_as_put(cluster):
 
 
 def test_big_rows_checked_in_place(cluster):
-    """Rows of 64 KiB or more that are views of one tensor are stored from
-    that tensor (nothing copied when it is registered memory); a value that
-    only looks like row i (another row, another shape or dtype over the same
-    bytes) is stored as itself."""
+    """Rows that are views of one tensor are stored from that tensor (here
+    64 KiB rows in registered memory: nothing copied); a value that only looks
+    like row i (another row, another shape, dtype or layout over the same
+    bytes, a lazy negation) is stored as itself."""
     kv = DataplaneKVClient({"cluster": cluster})
     c = kv.client
     buf = c.alloc(4 * 16384 * 4)
