@@ -124,7 +124,7 @@ def _stack_part(part):
             # but resizes out (only warning) to fit values of another shape:
             # the values of a later piece may all be shorter than row 0
             shape, at = out.shape, out.data_ptr()
-            if col[0].shape != shape[1:]:
+            if col[0].shape != shape[1:] or col[-1].shape != shape[1:]:
                 bad.append(j)
                 continue
             try:
@@ -256,7 +256,12 @@ class DataplaneKVClient:
                 if whole is not None:
                     data[f] = whole
                     continue
-                if 0 < nb < _STACK_ROW_MAX and _core.same_kind(col, type(first), first.dtype):
+                # a jagged column (the last value's shape differs) is not
+                # tried: torch's refusal costs milliseconds (it records a
+                # backtrace)
+                if (0 < nb < _STACK_ROW_MAX and dt.is_tensor(col[-1])
+                        and col[-1].shape == first.shape
+                        and _core.same_kind(col, type(first), first.dtype)):
                     stack.append(f)
                     continue
             self._cells(row_list, f, col)
