@@ -52,14 +52,20 @@ class _Copier:
         """Queue dst.copy_(src) (one of them on device); returns what to wait
         on (or None)."""
         if device.type != "cuda":
-            dst.copy_(src)
+            with dt.torch.no_grad():
+                dst.copy_(src)
             return None
         s = self.streams.get(device)
         if s is None:
             s = self.streams[device] = dt.torch.cuda.Stream(device)
             # the side stream starts after what the caller queued on its own
             s.wait_stream(dt.torch.cuda.current_stream(device))
-        with dt.torch.cuda.stream(s):
+        with dt.torch.cuda.stream(s), dt.torch.no_grad():
+            if src.is_cuda:
+                # copy_ to host would apply a lazy conjugation or negation to
+                # the host bytes before the asynchronous copy lands (torch
+                # issue 146286): resolve them on the device first
+                src = src.resolve_conj().resolve_neg()
             dst.copy_(src, non_blocking=True)
             ev = dt.torch.cuda.Event()
             ev.record(s)
@@ -77,34 +83,44 @@ class Stage:
     when CUDA is there, registered with the client, grown when a call needs
     more. Calls that use it take turns (lock)."""
 
-    def __init__(self, client):
-        self.client = client
+    def __init__(self):
         self.lock = threading.Lock()
         self.buf = None
 
-    def host(self, nbytes):
+    def drop(self, client):
+        """Let the buffer go (the library keeps it for good if a transfer may
+        still touch it); the next call makes a new one."""
+        old, self.buf = self.buf, None
+        if old is not None:
+            try:
+                client.deregister(old)
+            except Exception:
+                pass
+
+    def after_error(self, client):
+        """After a failed call: a transfer that failed may still write the
+        buffer (a late READ), so it must never be used again."""
+        if self.buf is not None and client.touches_unfinished(self.buf):
+            self.drop(client)
+
+    def host(self, client, nbytes):
         """A uint8 tensor of at least nbytes in the buffer (call with lock held)."""
         if self.buf is None or self.buf.numel() < nbytes:
-            old, self.buf = self.buf, None
-            if old is not None:
-                try:  # the library keeps it if a transfer may still touch it
-                    self.client.deregister(old)
-                except Exception:
-                    pass
+            self.drop(client)
             pin = dt.torch.cuda.is_available()
             buf = dt.torch.empty(max(nbytes, 1 << 20), dtype=dt.torch.uint8, pin_memory=pin)
-            self.client.register(buf)
+            client.register(buf)
             self.buf = buf
         return self.buf
 
-    def views(self, like):
+    def views(self, client, like):
         """Host tensors shaped and typed as each tensor of like (a list), laid
         out one after another in the buffer (call with lock held)."""
         offs, total = [], 0
         for t in like:
             offs.append(total)
             total += (t.numel() * t.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
-        host = self.host(total)
+        host = self.host(client, total)
         out = []
         for t, off in zip(like, offs):
             nb = t.numel() * t.element_size()
@@ -126,12 +142,10 @@ def put(client, r, data, want_locs):
         raise make_error(_core.DP_EINVAL, f"put: row {twice} appears twice")
     for f in dev:
         _dense(data[f], f"field '{f}'")
-        if data[f].dim() == 0 or data[f].shape[0] != n:
-            raise ValueError(f"field '{f}': a tensor whose first dimension is len(rows) "
-                             f"({n}) is needed, got shape {tuple(data[f].shape)}")
+    _check_rows(data, fields, n, "field '{}'")
     st = client._device_stage()
-    with st.lock:
-        hosts = dict(zip(dev, st.views([data[f] for f in dev])))
+    with st.lock, _Guard(st, client):
+        hosts = dict(zip(dev, st.views(client, [data[f] for f in dev])))
         nbytes = sum(h.numel() * h.element_size() for h in hosts.values())
         parts = chunks(n, nbytes)
         cp = _Copier()
@@ -151,13 +165,46 @@ def put(client, r, data, want_locs):
                 try:
                     locs.append(client._put(r[a:b], part, want_locs, False)[2])
                 except Exception as e:
-                    if not landed:
-                        raise
+                    if not landed and (b == n or not hasattr(e, "landed")):
+                        raise  # the only chunk, or a bad value found before any landed
                     raise _partly(e, r[a:], landed, n) from e
                 landed.extend(r[a:b])
         finally:
             cp.drain()
     return r, fields, (b"".join(locs) if want_locs else None)
+
+
+def _check_rows(data, fields, n, what):
+    """ValueError unless each field's tensor, array or list has n rows (the
+    chunks slice them: a longer one would lose rows, a shorter one fail part
+    way)."""
+    for f in fields:
+        v = data[f]
+        if dt.is_tensor(v) or dt.is_array(v):
+            k = v.shape[0] if len(v.shape) else None
+        elif isinstance(v, (list, tuple)):
+            k = len(v)
+        else:
+            continue  # the chunk's own checks name what it is
+        if k != n:
+            raise ValueError(f"{what.format(f)}: {n} rows are needed (the first dimension "
+                             f"or the list's length), got {k if k is not None else 'a 0-d value'}")
+
+
+class _Guard:
+    """On an error inside a staged call: the staging buffer is dropped when a
+    failed transfer may still touch it."""
+
+    def __init__(self, st, client):
+        self.st, self.client = st, client
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, *rest):
+        if typ is not None:
+            self.st.after_error(self.client)
+        return False
 
 
 def _partly(e, rest, landed, n):
@@ -171,8 +218,9 @@ def _partly(e, rest, landed, n):
     seen = set(got)
     code = getattr(e, "code", _core.DP_EINVAL)
     detail = getattr(e, "detail", None) or str(e)
-    return make_error(code, f"{detail} ({len(landed) + len(got)} of {n} rows landed, in "
-                            f"earlier chunks of the staged put)",
+    return make_error(code, f"{detail} (in the chunk from row {rest[0]}; "
+                            f"{len(landed) + len(got)} of {n} rows landed: the staged put "
+                            f"goes in chunks, later ones were not sent)",
                       rows=[g for g in rest if g not in seen], landed=landed + got)
 
 
@@ -183,13 +231,16 @@ def get_out(client, r, fields, out, stack):
     dev = [f for f in fields if f in out and staged(out[f])]
     for f in dev:
         o = out[f]
-        if o.dim() == 0 or o.shape[0] != n or not o.is_contiguous():
-            raise ValueError(f"out['{f}']: a contiguous tensor of {n} rows is needed on "
-                             f"{o.device}, got shape {tuple(o.shape)}")
+        if (o.dim() == 0 or o.shape[0] != n or not o.is_contiguous() or o.is_conj()
+                or o.is_neg()):
+            raise ValueError(f"out['{f}']: a contiguous tensor of {n} rows (not a lazily "
+                             f"conjugated or negated view) is needed on {o.device}, got "
+                             f"shape {tuple(o.shape)}")
+    _check_rows(out, [f for f in fields if f in out], n, "out['{}']")
     st = client._device_stage()
     res = {f: [] for f in fields}
-    with st.lock:
-        hosts = dict(zip(dev, st.views([out[f] for f in dev])))
+    with st.lock, _Guard(st, client):
+        hosts = dict(zip(dev, st.views(client, [out[f] for f in dev])))
         nbytes = sum(h.numel() * h.element_size() for h in hosts.values())
         cp = _Copier()
         try:

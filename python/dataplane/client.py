@@ -446,7 +446,7 @@ class Client:
         with _STAGE_LOCK:
             st = getattr(self, "_stage", None)
             if st is None:
-                st = self._stage = _device.Stage(self)
+                st = self._stage = _device.Stage()
         return st
 
     def touches_unfinished(self, obj):

@@ -85,7 +85,7 @@ def _rows_of_one_tensor(col):
                              first.numel() * first.element_size(), first.shape, first.dtype,
                              first.is_complex()):
             return None
-    except (RuntimeError, TypeError, ValueError):  # torch refused a read (sparse, ...)
+    except (RuntimeError, TypeError, ValueError, OverflowError):  # a read torch refused
         return None
     try:  # the rows as one tensor over first's storage
         return first.detach().as_strided((len(col),) + tuple(first.shape),
@@ -170,6 +170,7 @@ class DataplaneKVClient:
         self._threads = _copy_threads()
         self._executor = None
         self._pool_lock = threading.Lock()
+        self._closed = False
         self._pid = os.getpid()
 
     @property
@@ -177,9 +178,10 @@ class DataplaneKVClient:
         return self._client
 
     def close(self):
-        if self._executor is not None and self._pid == os.getpid():
-            self._executor.shutdown()
-        self._executor = None
+        with self._pool_lock:
+            ex, self._executor, self._closed = self._executor, None, True
+        if ex is not None and self._pid == os.getpid():
+            ex.shutdown()
         self._client.close()
 
     # -- values --
@@ -250,7 +252,8 @@ class DataplaneKVClient:
         for f, col in zip(fields, cols):
             data[f] = col
             first = col[0]
-            if n > 1 and dt.is_tensor(first):
+            if (n > 1 and dt.is_tensor(first) and not first.is_nested
+                    and first.layout == dt.torch.strided):
                 nb = first.numel() * first.element_size()
                 whole = _rows_of_one_tensor(col) if nb else None
                 if whole is not None:
@@ -302,10 +305,15 @@ class DataplaneKVClient:
         parts = _split(work, max(1, min(self._threads, total // _PAR_PIECE))
                        if total >= _PAR_MIN else 1)
         pool = self._pool() if len(parts) > 1 else None
-        futs = [pool.submit(_stack_part, p) for p in parts[1:]] if pool else []
+        here, futs = (list(parts[:1]) if pool else list(parts)), []
+        for p in (parts[1:] if pool else []):
+            try:
+                futs.append(pool.submit(_stack_part, p))
+            except RuntimeError:  # shut down by a close meanwhile: here then
+                here.append(p)
         bad = set()
         try:
-            for p in (parts if pool is None else parts[:1]):
+            for p in here:
                 bad.update(_stack_part(p))
         finally:
             for fu in futs:  # every copy into buf ends before buf can go
@@ -326,6 +334,8 @@ class DataplaneKVClient:
         if self._pid != os.getpid():
             return None
         with self._pool_lock:
+            if self._closed:
+                return None  # the put then fails as a closed client's calls do
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     self._threads - 1, thread_name_prefix="dataplane-tq")

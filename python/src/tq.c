@@ -371,8 +371,10 @@ loc_view(PyObject *locs, Py_ssize_t n_rows, Py_ssize_t n_fields, Py_buffer *b)
 {
     if (PyObject_GetBuffer(locs, b, PyBUF_SIMPLE) < 0)
         return -1;
+    size_t cells = (size_t)(n_rows > 0 ? n_rows : 0);
     if (n_rows < 0 || n_fields < 0 ||
-        (size_t)b->len != (size_t)n_rows * (size_t)n_fields * sizeof(dp_loc)) {
+        (n_fields > 0 && cells > SIZE_MAX / sizeof(dp_loc) / (size_t)n_fields) ||
+        (size_t)b->len != cells * (size_t)n_fields * sizeof(dp_loc)) {
         PyErr_Format(PyExc_ValueError, "locs: %zd bytes for %zd x %zd hints of %zu bytes",
                      b->len, n_rows, n_fields, sizeof(dp_loc));
         PyBuffer_Release(b);

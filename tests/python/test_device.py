@@ -83,7 +83,7 @@ def test_staged_put_failing_part_way_names_the_rows_that_landed(client, fresh_ro
         client.put(rows, {"a": a, "bad": bad})
     landed = e.value.landed
     assert landed and landed == rows[:len(landed)] and sorted(e.value.rows) == rows[len(landed):]
-    assert "earlier chunks" in str(e.value)
+    assert f"chunk from row {rows[len(landed)]}" in str(e.value)
     got = client.get(landed, ["a"])["a"]
     assert all(torch.equal(x, a[i]) for i, x in enumerate(got))
     with pytest.raises(KeyError):
@@ -101,3 +101,42 @@ def test_staged_get_refusals(client, fresh_rows, staged_cpu):
         client.get(rows, ["a"], out={"a": torch.zeros(8, 4).t()})
     with pytest.raises(KeyError):
         client.get(rows + [rows[-1] + 1], ["a"], out={"a": torch.zeros(5, 8)})
+
+
+def test_staged_calls_check_every_field_first(client, fresh_rows, staged_cpu):
+    """Fields the chunks slice must have the batch's rows: nothing lands
+    otherwise; a destination that is a lazy conjugate is refused before the
+    get."""
+    rows = list(fresh_rows(40))
+    a = torch.randn(40, 1024)
+    for bad in (np.zeros((41, 2)), [b"x"] * 45, [b"x"] * 39, torch.zeros(())):
+        with pytest.raises(ValueError, match="40 rows are needed"):
+            client.put(rows, {"a": a, "bad": bad})
+    with pytest.raises(KeyError):
+        client.get(rows[:1], ["a"])
+    client.put(rows, {"a": a})
+    with pytest.raises(ValueError, match="40 rows are needed"):
+        client.get(rows, ["a", "b"], out={"a": torch.zeros_like(a), "b": np.zeros((9, 2))})
+    z = torch.zeros(40, 512, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="conjugated"):
+        client.get(rows, ["a"], out={"a": z.conj()})
+
+
+def test_staging_memory_goes_with_its_client(cluster, staged_cpu):
+    """No reference cycle: a client and its staging buffer go when the last
+    reference does, even with the cyclic GC off."""
+    import gc
+    import weakref
+    c = dataplane.Client(cluster, timeout_s=20)
+    rows = [9_990_000 + i for i in range(4)]
+    c.put(rows, {"a": torch.ones(4, 8)})
+    c.clear(rows)
+    buf = weakref.ref(c._stage.buf)
+    gone = weakref.ref(c)
+    gc.disable()
+    try:
+        c.close()
+        del c
+        assert gone() is None and buf() is None
+    finally:
+        gc.enable()

@@ -365,6 +365,9 @@ def test_stacked_columns_store_each_value_as_put(cluster):
     keys += _round_trip(kv, 4000, {"runs": runs})
     with pytest.raises(TypeError, match="3721@sp"):  # torch refuses: value by value
         kv.put(["3720@sp", "3721@sp"], [torch.zeros(3), torch.eye(3)[0].to_sparse()])
+    nt = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(TypeError, match="3722@nest.*nested"):
+        kv.put(["3722@nest", "3723@nest"], [nt, nt])
     kv.clear(keys)
     kv.close()
 
