@@ -100,7 +100,11 @@ class Stage:
     def after_error(self, client):
         """After a failed call: a transfer that failed may still write the
         buffer (a late READ), so it must never be used again."""
-        if self.buf is not None and client.touches_unfinished(self.buf):
+        try:
+            touched = self.buf is not None and client.touches_unfinished(self.buf)
+        except Exception:  # the client closed meanwhile: never reuse it either
+            touched = True
+        if touched:
             self.drop(client)
 
     def host(self, client, nbytes):
