@@ -12,9 +12,9 @@ copy is done. Rows land per chunk: a put that fails part way raises an error
 whose .landed names every row that landed, earlier chunks' included.
 
 The host memory is as big as the call's device tensors (kept for the next
-call, grown when one needs more). STAGED names the device types staged this way. Only "cuda" in use; the tests
-add "cpu" to drive the same pipeline (with copies that are synchronous) on
-machines without a GPU.
+call, grown when one needs more). STAGED names the device types staged this
+way: "cuda" in use; the tests add "cpu" to drive the same pipeline (with
+copies that are synchronous) on machines without a GPU.
 """
 
 import threading
@@ -233,14 +233,12 @@ def get_out(client, r, fields, out, stack):
     chunk; the values returned are views of out's tensors."""
     n = len(r)
     dev = [f for f in fields if f in out and staged(out[f])]
+    _check_rows(out, [f for f in fields if f in out], n, "out['{}']")
     for f in dev:
         o = out[f]
-        if (o.dim() == 0 or o.shape[0] != n or not o.is_contiguous() or o.is_conj()
-                or o.is_neg()):
-            raise ValueError(f"out['{f}']: a contiguous tensor of {n} rows (not a lazily "
-                             f"conjugated or negated view) is needed on {o.device}, got "
-                             f"shape {tuple(o.shape)}")
-    _check_rows(out, [f for f in fields if f in out], n, "out['{}']")
+        if not o.is_contiguous() or o.is_conj() or o.is_neg():
+            raise ValueError(f"out['{f}']: a contiguous tensor (not a lazily conjugated or "
+                             f"negated view) is needed on {o.device}")
     st = client._device_stage()
     res = {f: [] for f in fields}
     with st.lock, _Guard(st, client):

@@ -442,7 +442,7 @@ class Client:
         """The host staging memory of device tensors (made on first use);
         raises Closed when the client is closed or was made in another
         process (before any lock of the parent's is taken)."""
-        self._c.counters()
+        self._c._check()
         with _STAGE_LOCK:
             st = getattr(self, "_stage", None)
             if st is None:

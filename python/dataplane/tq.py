@@ -73,10 +73,11 @@ def _rows_of_one_tensor(col):
     type, dtype and shape lying one after another in memory (TQ hands a batch
     field as list(tensor): views of one contiguous tensor), or None. The put
     then moves that tensor as it is: from the caller's memory straight into a
-    same-host unit, or staged once by the library."""
+    same-host unit, or staged once by the library. col[0] is a dense
+    (strided, not nested) tensor."""
     first = col[0]
-    if (first.is_nested or first.layout != dt.torch.strided or first.device.type == "meta"
-            or not first.is_contiguous() or first.is_neg() or first.is_conj()):
+    if (first.device.type == "meta" or not first.is_contiguous() or first.is_neg()
+            or first.is_conj()):
         return None
     # each value must be exactly "row i": its place, dtype, shape and layout,
     # and no lazy negation or (complex) conjugation
@@ -268,11 +269,9 @@ class DataplaneKVClient:
                     stack.append(f)
                     continue
             self._cells(row_list, f, col)
-        staged = self._stage(stack, data, row_list) if stack else None
-        try:
-            locs = self._client._put(row_list, data, True)[2]
-        finally:
-            del staged  # the registered memory (the library keeps what a failed WRITE touched)
+        if stack:  # data's stacked columns keep the registered memory under them
+            self._stage(stack, data, row_list)
+        locs = self._client._put(row_list, data, True)[2]
         return _core.key_hints(locs, slots, len(keys))
 
     def _cells(self, row_list, f, col):
@@ -287,8 +286,9 @@ class DataplaneKVClient:
         negation) and checks their shapes, in C++ for the whole column, far
         cheaper than looking at each value here; the rows are shared among
         the copy threads (torch releases the GIL while it copies). A column
-        torch refuses goes value by value. Returns the buffer, to keep until
-        the put returns."""
+        torch refuses goes value by value. The stacked columns are views that
+        keep the buffer alive (torch.frombuffer holds it); the library keeps
+        what a failed WRITE touched."""
         jobs, total = [], 0
         for f in fields:
             first = data[f][0]
@@ -325,7 +325,6 @@ class DataplaneKVClient:
             else:
                 data[f] = out
         self._client._c._count_copy(sum(jobs[j][2] for j, *_ in work if j not in bad))
-        return buf
 
     def _pool(self):
         """The copy threads' pool (threads - 1 workers), or None in a forked

@@ -1373,6 +1373,19 @@ client_n_units(DpClient *self, void *closure)
     return PyLong_FromUnsignedLong(n);
 }
 
+/* _check(): raises Closed when the client is closed or was made in another
+ * process; nothing else (the library's mutex, held by a running put, is not
+ * taken). */
+static PyObject *
+client_check(DpClient *self, PyObject *noarg)
+{
+    (void)noarg;
+    if (!dp__py_client_enter(self))
+        return NULL;
+    dp__py_client_leave(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 client_closed(DpClient *self, void *closure)
 {
@@ -1394,6 +1407,7 @@ static PyMethodDef client_methods[] = {
     {"counters", (PyCFunction)client_counters, METH_NOARGS, "counters() -> dict"},
     {"unit_path", (PyCFunction)client_unit_path, METH_O, "unit_path(i) -> str"},
     {"_count_copy", (PyCFunction)client_count_copy, METH_O, NULL},
+    {"_check", (PyCFunction)client_check, METH_NOARGS, NULL},
     {"alloc", (PyCFunction)client_alloc, METH_O, "alloc(nbytes) -> Buffer"},
     {"_register", (PyCFunction)client_register, METH_VARARGS, NULL},
     {"_deregister", (PyCFunction)client_deregister, METH_O, NULL},
