@@ -4,26 +4,33 @@ the client (so the transfers need no further copy), chunk by chunk, so that
 the device copy of one chunk runs while another chunk's transfer does
 (docs/design.md, "Python package").
 
-put: every chunk's device-to-host copy is queued at once on a side stream;
-each chunk is put as soon as its copy is done, while the next ones copy.
-get(out=): each chunk is got into host memory and its host-to-device copy
-queued at once, while the next chunk's get runs; the call returns when every
-copy is done. Rows land per chunk: a put that fails part way raises an error
-whose .landed names every row that landed, earlier chunks' included.
+The host memory is a ring of SLOTS chunks (kept for the next call, grown
+when one needs more), whatever the batch's size. put: the first SLOTS
+chunks' device-to-host copies are queued at once on a side stream; each
+chunk is put as soon as its copy is done, and the copy of the chunk SLOTS
+later is queued into the slot it freed. get(out=): each chunk is got into
+its slot (once the device copy reading it before is done) and its
+host-to-device copy queued, while the next chunk's get runs; values shorter
+than their rows are written without the rest of the row. The call returns
+when every copy is done. Rows land per chunk: a put that fails part way
+raises an error whose .landed names every row that landed, earlier chunks'
+included.
 
-The host memory is as big as the call's device tensors (kept for the next
-call, grown when one needs more). STAGED names the device types staged this
+STAGED names the device types staged this
 way: "cuda" in use; the tests add "cpu" to drive the same pipeline (with
 copies that are synchronous) on machines without a GPU.
 """
 
 import threading
 
+from . import _core
 from . import _dtypes as dt
 
 STAGED = ["cuda"]
 CHUNK_MIN = 4 << 20  # bytes a chunk moves at least
-CHUNKS_MAX = 8
+CHUNK_MAX = 32 << 20  # and at most, when its rows are not bigger
+CHUNKS_MAX = 8  # chunks of a batch under CHUNKS_MAX * CHUNK_MAX bytes
+SLOTS = 4  # chunks in host memory at once
 _ALIGN = 64
 
 
@@ -33,10 +40,14 @@ def staged(v):
 
 
 def chunks(n, nbytes):
-    """Row ranges [a, b) of n rows of nbytes in all: at most CHUNKS_MAX, each
-    of CHUNK_MIN bytes or more (one when the batch is smaller)."""
-    k = max(1, min(CHUNKS_MAX, n, nbytes // CHUNK_MIN))
+    """Row ranges [a, b) of n rows of nbytes in all, of equal row counts: at
+    most CHUNKS_MAX of CHUNK_MIN bytes or more (one when the batch is
+    smaller), more when that many would exceed CHUNK_MAX bytes each (one row
+    a chunk at most)."""
+    k = max(1, min(n, max(min(CHUNKS_MAX, nbytes // CHUNK_MIN), -(-nbytes // CHUNK_MAX))))
     step = -(-n // k) if n else 1
+    if step > 1 and step * nbytes > CHUNK_MAX * n:  # the rounding up made them bigger
+        step = max(1, CHUNK_MAX * n // nbytes)
     return [(a, min(n, a + step)) for a in range(0, n, step)] or [(0, 0)]
 
 
@@ -70,6 +81,34 @@ class _Copier:
             ev = dt.torch.cuda.Event()
             ev.record(s)
         return ev
+
+    def copy_prefixes(self, dst, src, lens, device):
+        """Queue, for every row i of dst (on device) and src (host, alike):
+        its first lens[i] bytes copied, the rest of dst's row left as it is
+        (values shorter than the destination's rows: the unstaged get leaves
+        the rest of each row alone too). One copy of the rows and one masked
+        write on the device, not a copy per row. Returns what to wait on."""
+        rows = dst.shape[0]
+        db = dst.view(-1).view(dt.torch.uint8).view(rows, -1)
+        sb = src.view(-1).view(dt.torch.uint8).view(rows, -1)
+        if device.type != "cuda":
+            return self._prefixes(db, sb, lens, device)
+        s = self.streams.get(device)
+        if s is None:
+            s = self.streams[device] = dt.torch.cuda.Stream(device)
+            s.wait_stream(dt.torch.cuda.current_stream(device))
+        with dt.torch.cuda.stream(s):
+            self._prefixes(db, sb.to(device, non_blocking=True), lens, device)
+            ev = dt.torch.cuda.Event()
+            ev.record(s)
+        return ev
+
+    @staticmethod
+    def _prefixes(db, sb, lens, device):
+        with dt.torch.no_grad():
+            n = dt.torch.tensor(lens, dtype=dt.torch.int64).to(device)
+            mask = dt.torch.arange(db.shape[1], device=device)[None, :] < n[:, None]
+            db.copy_(dt.torch.where(mask, sb, db))
 
     def drain(self):
         """Wait for every copy queued (also after an error: host memory a copy
@@ -117,25 +156,37 @@ class Stage:
             self.buf = buf
         return self.buf
 
-    def views(self, client, like):
-        """Host tensors shaped and typed as each tensor of like (a list), laid
-        out one after another in the buffer (call with lock held)."""
+    def ring(self, client, like, rows, slots):
+        """slots lists of host tensors, one per tensor of like (a list), each
+        shaped and typed as `rows` rows of it, laid out one after another in
+        the buffer (call with lock held)."""
         offs, total = [], 0
-        for t in like:
-            offs.append(total)
-            total += (t.numel() * t.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+        for _ in range(slots):
+            for t in like:
+                offs.append(total)
+                nb = rows * (t[0].numel() if len(t) else 0) * t.element_size()
+                total += (nb + _ALIGN - 1) // _ALIGN * _ALIGN
         host = self.host(client, total)
-        out = []
-        for t, off in zip(like, offs):
-            nb = t.numel() * t.element_size()
-            out.append(host[off:off + nb].view(t.dtype).view(t.shape))
+        out, i = [], 0
+        for _ in range(slots):
+            slot = []
+            for t in like:
+                nb = rows * (t[0].numel() if len(t) else 0) * t.element_size()
+                slot.append(host[offs[i]:offs[i] + nb].view(t.dtype)
+                            .view((rows,) + tuple(t.shape[1:])))
+                i += 1
+            out.append(slot)
         return out
+
+
+def _row_bytes(ts):
+    """Bytes of one row of every tensor of ts."""
+    return sum((t[0].numel() if len(t) else 0) * t.element_size() for t in ts)
 
 
 def put(client, r, data, want_locs):
     """Client._put of rows r (a sequence) with device batch tensors among
     data's values, chunk by chunk; returns (r, fields, locs) as _put does."""
-    from . import _core
     from .client import _dense, make_error
 
     fields = list(data)
@@ -149,22 +200,28 @@ def put(client, r, data, want_locs):
     _check_rows(data, fields, n, "field '{}'")
     st = client._device_stage()
     with st.lock, _Guard(st, client):
-        hosts = dict(zip(dev, st.views(client, [data[f] for f in dev])))
-        nbytes = sum(h.numel() * h.element_size() for h in hosts.values())
-        parts = chunks(n, nbytes)
+        src = [data[f] for f in dev]
+        row_bytes = _row_bytes(src)
+        parts = chunks(n, n * row_bytes)
+        step, ns = parts[0][1] - parts[0][0], min(SLOTS, len(parts))
+        ring = st.ring(client, src, step, ns)
         cp = _Copier()
+
+        def queue(k):  # chunk k's device copies into its slot
+            a, b = parts[k]
+            evs = [cp.copy(h[:b - a], t[a:b], t.device) for h, t in zip(ring[k % ns], src)]
+            client._c._count_copy((b - a) * row_bytes)
+            return evs
+
         try:
-            waits = []
-            for a, b in parts:  # every device copy queued up front
-                waits.append([cp.copy(hosts[f][a:b], data[f][a:b], data[f].device)
-                              for f in dev])
-            client._c._count_copy(nbytes)
+            waits = {k: queue(k) for k in range(ns)}  # the first slots' copies at once
             locs, landed = [], []
-            for (a, b), evs in zip(parts, waits):
-                for ev in evs:
+            for k, (a, b) in enumerate(parts):
+                for ev in waits.pop(k):
                     if ev is not None:
                         ev.synchronize()
-                part = {f: hosts[f][a:b] if f in hosts else data[f][a:b]
+                hosts = dict(zip(dev, ring[k % ns]))
+                part = {f: hosts[f][:b - a] if f in hosts else data[f][a:b]
                         for f in fields}
                 try:
                     locs.append(client._put(r[a:b], part, want_locs, False)[2])
@@ -173,6 +230,8 @@ def put(client, r, data, want_locs):
                         raise  # the only chunk, or a bad value found before any landed
                     raise _partly(e, r[a:], landed, n) from e
                 landed.extend(r[a:b])
+                if k + ns < len(parts):  # its slot is free: the put has read it
+                    waits[k + ns] = queue(k + ns)
         finally:
             cp.drain()
     return r, fields, (b"".join(locs) if want_locs else None)
@@ -215,7 +274,6 @@ def _partly(e, rest, landed, n):
     """The error of a chunk's put after earlier chunks landed: its class (a
     dataplane.Error; InvalidArgument for a bad value found there), with
     .landed every row that landed and .rows the others."""
-    from . import _core
     from .client import make_error
 
     got = list(getattr(e, "landed", None) or [])
@@ -242,29 +300,54 @@ def get_out(client, r, fields, out, stack):
     st = client._device_stage()
     res = {f: [] for f in fields}
     with st.lock, _Guard(st, client):
-        hosts = dict(zip(dev, st.views(client, [out[f] for f in dev])))
-        nbytes = sum(h.numel() * h.element_size() for h in hosts.values())
+        dst = [out[f] for f in dev]
+        row_bytes = _row_bytes(dst)
+        parts = chunks(n, n * row_bytes)
+        step, ns = parts[0][1] - parts[0][0], min(SLOTS, len(parts))
+        ring = st.ring(client, dst, step, ns)
         cp = _Copier()
+        reading = {}  # slot: the events of the device copies still reading it
+        missing = []  # keys not found, of every chunk
         try:
-            for a, b in chunks(n, nbytes):
-                part = {f: hosts[f][a:b] if f in hosts else out[f][a:b]
+            for k, (a, b) in enumerate(parts):
+                for ev in reading.pop(k % ns, ()):
+                    if ev is not None:
+                        ev.synchronize()
+                hosts = dict(zip(dev, ring[k % ns]))
+                part = {f: hosts[f][:b - a] if f in hosts else out[f][a:b]
                         for f in fields if f in out}
-                got = client._get_out(r[a:b], fields, part, stack, False)
+                try:
+                    got = client._get_out(r[a:b], fields, part, stack, False)
+                except _core.NotFound as e:  # the other chunks still say what they miss
+                    missing += list(e.keys or [])
+                    continue
+                evs = reading[k % ns] = []
                 for f in dev:
-                    cp.copy(out[f][a:b], hosts[f][a:b], out[f].device)
+                    o, h = out[f][a:b], hosts[f][:b - a]
+                    whole = (o.numel() // max(1, b - a)) * o.element_size()
+                    lens = None if stack else [v.numel() * v.element_size() for v in got[f]]
+                    if lens is None or all(x == whole for x in lens):
+                        evs.append(cp.copy(o, h, o.device))
+                    else:  # shorter values: the rest of their rows stays as it was
+                        evs.append(cp.copy_prefixes(o, h, lens, o.device))
+                client._c._count_copy((b - a) * row_bytes)
                 for f in fields:
-                    res[f].append(got[f])
-            client._c._count_copy(nbytes)
+                    if stack:
+                        continue
+                    if f in hosts:  # views of out's rows, not of the slot
+                        res[f] += [_on_device(v, hosts[f], out[f][a:b]) for v in got[f]]
+                    else:
+                        res[f] += got[f]
         finally:
             cp.drain()
-    for f in fields:
-        if stack:
-            res[f] = out[f]
-        elif f in hosts:
-            res[f] = [_on_device(v, hosts[f], out[f]) for part in res[f] for v in part]
-        else:
-            res[f] = [v for part in res[f] for v in part]
-    return res
+    if missing:
+        from .client import make_error
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more"
+                                          if len(missing) > 8 else "")
+        raise make_error(_core.DP_ENOTFOUND, f"{len(missing)} key(s) not found: {shown} "
+                         f"(rows of chunks without a missing key were written to out)",
+                         keys=missing)
+    return {f: out[f] for f in fields} if stack else res
 
 
 def _on_device(v, host, o):

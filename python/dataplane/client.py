@@ -237,8 +237,10 @@ class Client:
             name, kind = dt.torch_name(v.dtype), _core.KIND_TENSOR
             row_shape = tuple(v.shape[1:])
             row_nbytes = v[0].numel() * v.element_size() if n else 0
-            if _tensor_ok(v) or n == 0:
-                return (0, v.data_ptr(), row_nbytes, row_nbytes, kind, name, row_shape)
+            if n == 0 or _tensor_ok(v):
+                at = v.data_ptr()
+                if at or not row_nbytes:  # 0: no memory (torch's lazy zeros): copied
+                    return (0, at, row_nbytes, row_nbytes, kind, name, row_shape)
         else:
             name, kind = dt.numpy_name(v.dtype), _core.KIND_TENSOR
             row_shape = tuple(v.shape[1:])
@@ -264,7 +266,9 @@ class Client:
             name = dt.torch_name(x.dtype)
             nb = x.numel() * x.element_size()
             if _tensor_ok(x):
-                return (x.data_ptr(), nb, _core.KIND_TENSOR, name, tuple(x.shape))
+                at = x.data_ptr()
+                if at or not nb:  # 0: no memory (torch's lazy zeros): copied
+                    return (at, nb, _core.KIND_TENSOR, name, tuple(x.shape))
             shape = tuple(x.shape)
 
             def place(addr):
@@ -361,6 +365,8 @@ class Client:
             row = nbytes // n if n else 0
             specs.append((addr, row, row))
             views.append(o)
+        if n == 0:  # nothing to get: the (empty) destinations, or no values
+            return {f: (o if stack else []) for f, o in zip(fields, views)}
         per_field, rc, detail = self._c.get_into_rows(r, fields, specs)
         if rc:
             items = []
@@ -489,7 +495,12 @@ def _dst(d, key):
             raise ValueError(f"out for '{key}': a contiguous CPU tensor is needed (a "
                              f"destination on a GPU must be one tensor of the field's "
                              f"rows)")
-        return (d.data_ptr(), d.numel() * d.element_size())
+        at, nb = d.data_ptr(), d.numel() * d.element_size()
+        if not at and nb:
+            raise ValueError(f"out for '{key}': the tensor has no memory to write (torch's "
+                             f"lazy zeros, e.g. torch._efficientzerotensor); pass one made "
+                             f"with torch.empty")
+        return (at, nb)
     if dt.is_array(d):
         if not _array_ok(d) or not d.flags.writeable:
             raise ValueError(f"out for '{key}': a writable C-contiguous array of native "

@@ -20,11 +20,17 @@ def staged_cpu(monkeypatch):
 
 
 def test_chunks_cover_every_row():
-    for n in range(0, 40):
-        for nbytes in (0, 1, 5 << 20, 1 << 30):
+    for n in list(range(0, 40)) + [1000, 4096]:
+        for nbytes in (0, 1, 5 << 20, 100 << 20, 1 << 30, 10 << 30):
             parts = _device.chunks(n, nbytes)
             assert [i for a, b in parts for i in range(a, b)] == list(range(n))
-            assert 1 <= len(parts) <= _device.CHUNKS_MAX
+            steps = {b - a for a, b in parts[:-1]}
+            assert len(steps) <= 1 and (not steps or parts[-1][1] - parts[-1][0] <= min(steps))
+            row = nbytes / n if n else 0
+            if nbytes <= _device.CHUNKS_MAX * _device.CHUNK_MAX:
+                assert 1 <= len(parts) <= _device.CHUNKS_MAX
+            if n:  # a chunk moves at most CHUNK_MAX bytes, or one row
+                assert max(b - a for a, b in parts) * row <= max(_device.CHUNK_MAX, row)
 
 
 def test_put_and_get_out_through_staging(client, fresh_rows, staged_cpu):
@@ -58,6 +64,43 @@ def test_put_and_get_out_through_staging(client, fresh_rows, staged_cpu):
     oa.zero_()
     st = client.get(rows, ["a"], out={"a": oa}, stack=True)
     assert st["a"] is oa and torch.equal(oa, a)
+
+
+def test_staged_batches_bigger_than_the_ring(client, fresh_rows, staged_cpu, monkeypatch):
+    """A batch of more chunks than the ring has slots: each slot is used
+    again once its chunk has moved, the host memory stays SLOTS chunks big,
+    and every row lands right both ways (jagged values included)."""
+    monkeypatch.setattr(_device, "CHUNK_MAX", 64 << 10)
+    rows = list(fresh_rows(200))
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(200, 1024, generator=g)  # 800 KiB: 13 chunks of 16 rows
+    b = torch.randint(-100, 100, (200, 3), generator=g, dtype=torch.int16)
+    parts = _device.chunks(200, 200 * (4096 + 6))
+    assert len(parts) > _device.SLOTS
+    client.put(rows, {"a": a, "b": b, "c": [bytes([i % 256]) for i in range(200)]})
+    st = client._device_stage()
+    step = parts[0][1] - parts[0][0]
+    assert st.buf.numel() <= max(1 << 20, _device.SLOTS * (step * (4096 + 6) + 128))
+    got = client.get_keys([f"{r}@a" for r in rows] + [f"{r}@b" for r in rows])
+    assert all(torch.equal(got[i], a[i]) for i in range(200))
+    assert all(torch.equal(got[200 + i], b[i]) for i in range(200))
+    oa, ob = torch.zeros_like(a), torch.zeros_like(b)
+    res = client.get(rows, ["a", "b", "c"], out={"a": oa, "b": ob,
+                                                  "c": [np.zeros(4, np.uint8) for _ in rows]})
+    assert torch.equal(oa, a) and torch.equal(ob, b)
+    for i in (0, 15, 16, 63, 64, 199):
+        assert res["a"][i].data_ptr() == oa[i].data_ptr() and torch.equal(res["a"][i], a[i])
+        assert res["b"][i].data_ptr() == ob[i].data_ptr()
+    oa.zero_()
+    assert client.get(rows, ["a"], out={"a": oa}, stack=True)["a"] is oa
+    assert torch.equal(oa, a)
+    jag = [torch.arange(i % 7 + 1, dtype=torch.float64) for i in range(200)]
+    client.put(rows, {"j": jag})
+    oj = torch.full((200, 512), -1.0, dtype=torch.float64)  # 800 KiB: over the ring too
+    res = client.get(rows, ["j"], out={"j": oj})["j"]
+    for i, v in enumerate(res):
+        assert torch.equal(v, jag[i]) and v.data_ptr() == oj[i].data_ptr()
+        assert (oj[i, i % 7 + 1:] == -1).all()
 
 
 def test_staged_get_of_jagged_values_into_one_destination(client, fresh_rows, staged_cpu):
@@ -101,6 +144,29 @@ def test_staged_get_refusals(client, fresh_rows, staged_cpu):
         client.get(rows, ["a"], out={"a": torch.zeros(8, 4).t()})
     with pytest.raises(KeyError):
         client.get(rows + [rows[-1] + 1], ["a"], out={"a": torch.zeros(5, 8)})
+
+
+def test_staged_get_names_the_missing_keys_of_every_chunk(client, fresh_rows, staged_cpu):
+    """Keys missing from two chunks are all named; the chunks without a
+    missing key are still written to out."""
+    rows = list(fresh_rows(40))
+    a = torch.randn(40, 1024)  # 160 KiB: 2 chunks of 20 rows
+    client.put(rows, {"a": a})
+    client.clear([rows[3], rows[37]])
+    out = torch.zeros(40, 1024)
+    with pytest.raises(dataplane.NotFound) as e:
+        client.get(rows, ["a"], out={"a": out})
+    assert sorted(e.value.keys) == sorted([f"{rows[3]}@a", f"{rows[37]}@a"])
+    assert "2 key(s) not found" in str(e.value)
+    with pytest.raises(dataplane.NotFound) as e:
+        client.get(rows, ["a"], out={"a": out}, stack=True)
+    assert len(e.value.keys) == 2
+    client.put([rows[3]], {"a": a[3:4]})
+    out.zero_()
+    with pytest.raises(dataplane.NotFound) as e:  # only the second chunk misses one
+        client.get(rows, ["a"], out={"a": out})
+    assert e.value.keys == [f"{rows[37]}@a"]
+    assert torch.equal(out[:20], a[:20])
 
 
 def test_staged_calls_check_every_field_first(client, fresh_rows, staged_cpu):

@@ -385,3 +385,20 @@ def test_conjugate_and_negative_views(client, fresh_rows):
     assert neg.is_neg()
     client.put(rows[:1], {"neg": neg})
     assert_same_tensor(client.get(rows[:1], ["neg"])["neg"][0], torch.tensor([-1.0, 2.0]))
+
+
+def test_lazy_zero_tensors(client, fresh_rows):
+    """torch's lazy zeros (_efficientzerotensor, made by autograd) have no
+    memory (data pointer 0): a put copies their zeros; as a get's destination
+    they are refused with what to pass instead."""
+    rows = fresh_rows(2)
+    z = torch._efficientzerotensor(2, 3)
+    assert z.data_ptr() == 0
+    client.put(rows, {"batch": z, "cells": [torch._efficientzerotensor(4), torch.ones(2)]})
+    got = client.get(rows, ["batch", "cells"])
+    for i in range(2):
+        assert_same_tensor(got["batch"][i], torch.zeros(3))
+    assert_same_tensor(got["cells"][0], torch.zeros(4))
+    assert_same_tensor(got["cells"][1], torch.ones(2))
+    with pytest.raises(ValueError, match="no memory to write"):
+        client.get(rows, ["batch"], out={"batch": torch._efficientzerotensor(2, 3)})

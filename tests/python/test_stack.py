@@ -80,6 +80,9 @@ def test_stack_into_out_returns_the_destination(client, fresh_rows):
     with pytest.raises(TypeError, match="float64"):
         client.get(rows, ["s"], out={"s": torch.empty(128, 33, dtype=torch.float64)},
                    stack=True)
+    # no rows: the (empty) destination itself
+    empty = torch.empty(0, 33)
+    assert client.get([], ["s"], out={"s": empty}, stack=True)["s"] is empty
     # values shorter than the rows of out: landed, but they do not make a batch
     client.put(rows[:2], {"s": torch.randn(2, 30)})
     with pytest.raises(ValueError, match=r"float32\(30,\)"):

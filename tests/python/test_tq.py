@@ -348,6 +348,7 @@ def test_stacked_columns_store_each_value_as_put(cluster):
         "jag": [torch.randn(i + 1, generator=g) for i in range(6)],
         "jagmid": [torch.randn(3 + (i == 2), generator=g) for i in range(6)],  # torch refuses
         "holes": [x[0], None, x[2], None, x[4], x[5]],
+        "zeros": list(torch._efficientzerotensor(6, 3)),  # no memory: data pointer 0
     }
     copied = kv.client.counters()["copied_bytes"]
     _round_trip(kv, 3700, {"views": cols["views"]})  # rows of one tensor: put as it
