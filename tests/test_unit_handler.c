@@ -222,6 +222,8 @@ DP_TEST(inline_put_and_get)
     CHECK_CONTAINS(err_msg(&r), "restarted");
     dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).allocated_bytes, 0);
+    CHECK_EQ(dp_test_unit_stats(u).restart_refused, 1);
+    CHECK_EQ(dp_test_unit_stats(u).n_proto, 0);
 
     /* A blob that fails its checks (wrong entry count) is freed at once. */
     q.a.put.incarnation = inc;

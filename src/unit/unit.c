@@ -943,6 +943,7 @@ dp__unit_put_inline(dp_unit *u, const dp_wire_put_args *args, dp_wire_commit_sta
     if (args->incarnation != 0 && args->incarnation != u->incarnation) {
         /* Meant for the process before a restart: as an alloc answered by
          * this one, it stores nothing (the client reports the restart). */
+        u->stats.restart_refused++;
         rc = dp__fail(d, DP_EPROTO,
                       "put %.*s was meant for unit process %016" PRIx64
                       ", this is %016" PRIx64 " (restarted): nothing stored",

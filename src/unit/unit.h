@@ -374,7 +374,8 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(identity_refused, "identity_refused") /* commits naming another allocation */      \
     X(stale_refused,                                                                     \
       "stale_refused") /* requests older than one the client sent later */               \
-    X(leases_expired, "leases_expired") /* allocations retired by the ticker */          \
+    X(restart_refused, "restart_refused") /* inline puts meant for an earlier process */ \
+    X(leases_expired, "leases_expired")   /* allocations retired by the ticker */        \
     X(pins_expired, "pins_expired")                                                      \
     X(allocated_bytes, "allocated_bytes")     /* read: the put area's allocator */       \
     X(free_bytes, "free_bytes")               /* read */                                 \
