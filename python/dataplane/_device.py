@@ -51,13 +51,31 @@ def chunks(n, nbytes):
     return [(a, min(n, a + step)) for a in range(0, n, step)] or [(0, 0)]
 
 
-class _Copier:
-    """Copies between devices and host memory: on a CUDA side stream of each
-    device, asynchronous, with an event a chunk waits on; elsewhere
-    synchronous."""
+NO_MEMORY = 1 << 16  # a data pointer below: no memory (torch's lazy zeros, their slices)
+PER_ROW_MAX = 16  # chunks of up to this many rows write short values row by row
 
-    def __init__(self):
-        self.streams = {}
+
+class _Copier:
+    """Copies of one call between devices and host memory: on the CUDA side
+    stream of each device (the client's, kept in its Stage, so that the
+    caching allocator's blocks stay on one stream), asynchronous, with an
+    event a chunk waits on; elsewhere synchronous."""
+
+    def __init__(self, streams):
+        self.streams = streams  # device: side stream (the Stage's)
+        self.used = set()  # devices this call has queued on
+
+    def _stream(self, device):
+        """device's side stream, made to wait, on this call's first use, for
+        what the calling thread queued on its current stream (and, for a
+        call run on behalf of another thread, what that one had: marks)."""
+        s = self.streams.get(device)
+        if s is None:
+            s = self.streams[device] = dt.torch.cuda.Stream(device)
+        if device not in self.used:
+            self.used.add(device)
+            s.wait_stream(dt.torch.cuda.current_stream(device))
+        return s
 
     def copy(self, dst, src, device):
         """Queue dst.copy_(src) (one of them on device); returns what to wait
@@ -66,11 +84,7 @@ class _Copier:
             with dt.torch.no_grad():
                 dst.copy_(src)
             return None
-        s = self.streams.get(device)
-        if s is None:
-            s = self.streams[device] = dt.torch.cuda.Stream(device)
-            # the side stream starts after what the caller queued on its own
-            s.wait_stream(dt.torch.cuda.current_stream(device))
+        s = self._stream(device)
         with dt.torch.cuda.stream(s), dt.torch.no_grad():
             if src.is_cuda:
                 # copy_ to host would apply a lazy conjugation or negation to
@@ -86,35 +100,76 @@ class _Copier:
         """Queue, for every row i of dst (on device) and src (host, alike):
         its first lens[i] bytes copied, the rest of dst's row left as it is
         (values shorter than the destination's rows: the unstaged get leaves
-        the rest of each row alone too). One copy of the rows and one masked
-        write on the device, not a copy per row. Returns what to wait on."""
+        the rest of each row alone too). A chunk of few rows (its rows may be
+        huge) is copied row by row from the host memory, with no device
+        memory used; more rows (each then under CHUNK_MAX / PER_ROW_MAX) go
+        in one copy and one masked write in place, instead of a copy per row.
+        Returns what to wait on."""
         rows = dst.shape[0]
         db = dst.view(-1).view(dt.torch.uint8).view(rows, -1)
         sb = src.view(-1).view(dt.torch.uint8).view(rows, -1)
         if device.type != "cuda":
-            return self._prefixes(db, sb, lens, device)
-        s = self.streams.get(device)
-        if s is None:
-            s = self.streams[device] = dt.torch.cuda.Stream(device)
-            s.wait_stream(dt.torch.cuda.current_stream(device))
+            self._prefixes(db, sb, lens, device, False)
+            return None
+        s = self._stream(device)
         with dt.torch.cuda.stream(s):
-            self._prefixes(db, sb.to(device, non_blocking=True), lens, device)
+            self._prefixes(db, sb, lens, device, True)
             ev = dt.torch.cuda.Event()
             ev.record(s)
         return ev
 
     @staticmethod
-    def _prefixes(db, sb, lens, device):
-        with dt.torch.no_grad():
-            n = dt.torch.tensor(lens, dtype=dt.torch.int64).to(device)
-            mask = dt.torch.arange(db.shape[1], device=device)[None, :] < n[:, None]
-            db.copy_(dt.torch.where(mask, sb, db))
+    def _prefixes(db, sb, lens, device, nb):
+        torch = dt.torch
+        with torch.no_grad():
+            if db.shape[0] <= PER_ROW_MAX:
+                for i, k in enumerate(lens):
+                    if k:
+                        db[i, :k].copy_(sb[i, :k], non_blocking=nb)
+                return
+            n = torch.tensor(lens, dtype=torch.int32)
+            if nb:  # from pinned memory: no wait for the stream's earlier copies
+                n = n.pin_memory()
+            n = n.to(device, non_blocking=nb)
+            d = sb.to(device, non_blocking=nb) if nb else sb
+            mask = torch.arange(db.shape[1], dtype=torch.int32, device=device)[None, :]
+            torch.where(mask < n[:, None], d, db, out=db)
 
     def drain(self):
-        """Wait for every copy queued (also after an error: host memory a copy
-        still writes or reads must not be reused before)."""
-        for s in self.streams.values():
-            s.synchronize()
+        """Wait for every copy this call queued (also after an error: host
+        memory a copy still writes or reads must not be reused before)."""
+        for dev in self.used:
+            self.streams[dev].synchronize()
+
+
+def caller_marks(values):
+    """For a call another thread runs on this one's behalf (AsyncClient): an
+    event on this thread's current stream of each CUDA device among values
+    (tensors, or lists of them), so the copies wait for what this thread
+    queued (the other thread's current stream is another). None without
+    CUDA."""
+    torch = dt.torch
+    if torch is None or not torch.cuda.is_available():
+        return None
+    devs = set()
+    for v in values:
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if dt.is_tensor(x) and x.is_cuda:
+                devs.add(x.device)
+    marks = {}
+    for d in devs:
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(d))
+        marks[d] = ev
+    return marks
+
+
+def after_marks(marks, fn, *args, **kw):
+    """fn(*args, **kw) on this thread once its current streams wait for marks
+    (caller_marks of the thread the call is for)."""
+    for d, ev in (marks or {}).items():
+        dt.torch.cuda.current_stream(d).wait_event(ev)
+    return fn(*args, **kw)
 
 
 class Stage:
@@ -125,6 +180,7 @@ class Stage:
     def __init__(self):
         self.lock = threading.Lock()
         self.buf = None
+        self.streams = {}  # device: the side stream of this client's copies
 
     def drop(self, client):
         """Let the buffer go (the library keeps it for good if a transfer may
@@ -205,7 +261,7 @@ def put(client, r, data, want_locs):
         parts = chunks(n, n * row_bytes)
         step, ns = parts[0][1] - parts[0][0], min(SLOTS, len(parts))
         ring = st.ring(client, src, step, ns)
-        cp = _Copier()
+        cp = _Copier(st.streams)
 
         def queue(k):  # chunk k's device copies into its slot
             a, b = parts[k]
@@ -297,6 +353,10 @@ def get_out(client, r, fields, out, stack):
         if not o.is_contiguous() or o.is_conj() or o.is_neg():
             raise ValueError(f"out['{f}']: a contiguous tensor (not a lazily conjugated or "
                              f"negated view) is needed on {o.device}")
+        if o.numel() and o.data_ptr() < NO_MEMORY:
+            raise ValueError(f"out['{f}']: the tensor has no memory to write (torch's lazy "
+                             f"zeros, e.g. torch._efficientzerotensor); pass one made with "
+                             f"torch.empty")
     st = client._device_stage()
     res = {f: [] for f in fields}
     with st.lock, _Guard(st, client):
@@ -305,7 +365,7 @@ def get_out(client, r, fields, out, stack):
         parts = chunks(n, n * row_bytes)
         step, ns = parts[0][1] - parts[0][0], min(SLOTS, len(parts))
         ring = st.ring(client, dst, step, ns)
-        cp = _Copier()
+        cp = _Copier(st.streams)
         reading = {}  # slot: the events of the device copies still reading it
         missing = []  # keys not found, of every chunk
         try:
@@ -353,7 +413,7 @@ def get_out(client, r, fields, out, stack):
 def _on_device(v, host, o):
     """The view of device tensor o that v (a view of host, o's staging copy)
     is of host: same byte offset, dtype and shape."""
-    off = v.data_ptr() - host.data_ptr()
     nb = v.numel() * v.element_size()
+    off = v.data_ptr() - host.data_ptr() if nb else 0  # an empty view's pointer may be 0
     flat = o.view(-1).view(dt.torch.uint8)
     return flat[off:off + nb].view(v.dtype).view(v.shape)

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import functools
 
-from . import _core
+from . import _core, _device
 from .client import Client, make_error
 
 
@@ -53,11 +53,26 @@ class AsyncClient:
         await self.open()
         return await self._run(getattr(self._client, name), *args, **kw)
 
+    async def _call_after(self, values, name, *args, **kw):
+        """_call for an operation on values that may be CUDA tensors: its
+        copies wait for what this thread queued on its current streams (the
+        worker thread's current stream is another)."""
+        if self._closed:
+            raise make_error(_core.DP_ECLOSED, "this AsyncClient is closed")
+        await self.open()
+        marks = _device.caller_marks(values)
+        if not marks:
+            return await self._run(getattr(self._client, name), *args, **kw)
+        return await self._run(_device.after_marks, marks, getattr(self._client, name),
+                               *args, **kw)
+
     async def put(self, rows, data):
-        return await self._call("put", rows, data)
+        vals = data.values() if hasattr(data, "values") else ()
+        return await self._call_after(vals, "put", rows, data)
 
     async def get(self, rows, fields, *, out=None, stack=False):
-        return await self._call("get", rows, fields, out=out, stack=stack)
+        vals = out.values() if hasattr(out, "values") else ()
+        return await self._call_after(vals, "get", rows, fields, out=out, stack=stack)
 
     async def get_keys(self, keys):
         return await self._call("get_keys", keys)

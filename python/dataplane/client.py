@@ -239,7 +239,7 @@ class Client:
             row_nbytes = v[0].numel() * v.element_size() if n else 0
             if n == 0 or _tensor_ok(v):
                 at = v.data_ptr()
-                if at or not row_nbytes:  # 0: no memory (torch's lazy zeros): copied
+                if at >= _device.NO_MEMORY or not row_nbytes:  # else lazy zeros: copied
                     return (0, at, row_nbytes, row_nbytes, kind, name, row_shape)
         else:
             name, kind = dt.numpy_name(v.dtype), _core.KIND_TENSOR
@@ -267,7 +267,7 @@ class Client:
             nb = x.numel() * x.element_size()
             if _tensor_ok(x):
                 at = x.data_ptr()
-                if at or not nb:  # 0: no memory (torch's lazy zeros): copied
+                if at >= _device.NO_MEMORY or not nb:  # else lazy zeros: copied
                     return (at, nb, _core.KIND_TENSOR, name, tuple(x.shape))
             shape = tuple(x.shape)
 
@@ -481,6 +481,8 @@ def _span(obj):
     if dt.is_tensor(obj):
         if not _tensor_ok(obj):
             raise ValueError("register: a contiguous CPU tensor is needed")
+        if obj.numel() and obj.data_ptr() < _device.NO_MEMORY:
+            raise ValueError("register: the tensor has no memory (torch's lazy zeros)")
         return obj.data_ptr(), obj.numel() * obj.element_size()
     if dt.is_array(obj):
         if not obj.flags.c_contiguous:
@@ -496,7 +498,7 @@ def _dst(d, key):
                              f"destination on a GPU must be one tensor of the field's "
                              f"rows)")
         at, nb = d.data_ptr(), d.numel() * d.element_size()
-        if not at and nb:
+        if at < _device.NO_MEMORY and nb:
             raise ValueError(f"out for '{key}': the tensor has no memory to write (torch's "
                              f"lazy zeros, e.g. torch._efficientzerotensor); pass one made "
                              f"with torch.empty")

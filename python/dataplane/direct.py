@@ -18,7 +18,7 @@ own transport metadata (docs/design.md, "Python package").
 import json
 import struct
 
-from . import _core
+from . import _core, _device
 from . import _dtypes as dt
 from ._dtypes import np, torch
 from .client import _dense, make_error
@@ -47,6 +47,9 @@ def _describe(x, i):
         if not x.is_contiguous():
             raise ValueError(f"tensor {i}: a contiguous tensor is needed (the "
                              f"fetcher reads its memory as it is)")
+        if x.numel() and x.data_ptr() < _device.NO_MEMORY:
+            raise ValueError(f"tensor {i} has no memory (torch's lazy zeros, e.g. "
+                             f"torch._efficientzerotensor); publish torch.zeros of it")
         return ["torch", dt.torch_name(x.dtype), list(x.shape)], (
             x.data_ptr(), x.numel() * x.element_size())
     if dt.is_array(x):

@@ -94,13 +94,44 @@ def test_staged_batches_bigger_than_the_ring(client, fresh_rows, staged_cpu, mon
     oa.zero_()
     assert client.get(rows, ["a"], out={"a": oa}, stack=True)["a"] is oa
     assert torch.equal(oa, a)
-    jag = [torch.arange(i % 7 + 1, dtype=torch.float64) for i in range(200)]
+    jag = [torch.arange(i % 7, dtype=torch.float64) for i in range(200)]  # some empty
     client.put(rows, {"j": jag})
-    oj = torch.full((200, 512), -1.0, dtype=torch.float64)  # 800 KiB: over the ring too
-    res = client.get(rows, ["j"], out={"j": oj})["j"]
-    for i, v in enumerate(res):
-        assert torch.equal(v, jag[i]) and v.data_ptr() == oj[i].data_ptr()
-        assert (oj[i, i % 7 + 1:] == -1).all()
+    for per_row in (0, 1000):  # the masked write, the copies row by row
+        monkeypatch.setattr(_device, "PER_ROW_MAX", per_row)
+        oj = torch.full((200, 512), -1.0, dtype=torch.float64)  # 800 KiB: over the ring too
+        res = client.get(rows, ["j"], out={"j": oj})["j"]
+        for i, v in enumerate(res):
+            assert torch.equal(v, jag[i]) and v.shape == (i % 7,)
+            assert v.numel() == 0 or v.data_ptr() == oj[i].data_ptr()
+            assert (oj[i, i % 7:] == -1).all()  # the rest of each row as it was
+    ob = torch.zeros(200, 9, dtype=torch.bool)  # bool rows, shorter values
+    bs = [torch.ones(i % 9, dtype=torch.bool) for i in range(200)]
+    client.put(rows, {"bs": bs})
+    monkeypatch.setattr(_device, "PER_ROW_MAX", 0)
+    res = client.get(rows, ["bs"], out={"bs": ob})["bs"]
+    assert all(torch.equal(v, bs[i]) for i, v in enumerate(res))
+    assert int(ob.sum()) == sum(i % 9 for i in range(200))
+
+
+def test_staged_lazy_zero_tensors(client, fresh_rows, staged_cpu):
+    """torch's lazy zeros (no memory; a slice's data pointer is its offset)
+    beside a staged batch, in every chunk: stored as zeros; as a staged
+    destination: refused before anything moves."""
+    rows = list(fresh_rows(40))
+    a = torch.randn(40, 1024)  # 2 chunks
+    z = torch._efficientzerotensor(41, 8)
+    client.put(rows, {"a": a, "z": z[1:]})
+    got = client.get(rows, ["a", "z"])
+    assert all(torch.equal(got["a"][i], a[i]) for i in range(40))
+    assert all(torch.equal(got["z"][i], torch.zeros(8)) for i in range(40))
+    with pytest.raises(ValueError, match="no memory to write"):
+        client.get(rows, ["a"], out={"a": torch._efficientzerotensor(41, 1024)[1:]})
+
+
+def test_async_client_marks_without_cuda():
+    """Without CUDA no marks are made and the call runs as it is."""
+    assert _device.caller_marks([torch.zeros(2), [torch.zeros(1)]]) in (None, {})
+    assert _device.after_marks(None, lambda x: x + 1, 1) == 2
 
 
 def test_staged_get_of_jagged_values_into_one_destination(client, fresh_rows, staged_cpu):

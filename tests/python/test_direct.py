@@ -305,6 +305,8 @@ def test_publish_checks(transport):
         transport.publish("nc2", [np.zeros((4, 4))[:, ::2]])
     with pytest.raises(TypeError):
         transport.publish("obj", [b"bytes"])
+    with pytest.raises(ValueError, match="lazy zeros"):
+        transport.publish("zt", [torch._efficientzerotensor(4, 4)[1:]])
     x = torch.arange(10)
     transport.publish("dup", [x])
     with pytest.raises(dataplane.Exists):

@@ -392,13 +392,16 @@ def test_lazy_zero_tensors(client, fresh_rows):
     memory (data pointer 0): a put copies their zeros; as a get's destination
     they are refused with what to pass instead."""
     rows = fresh_rows(2)
-    z = torch._efficientzerotensor(2, 3)
-    assert z.data_ptr() == 0
-    client.put(rows, {"batch": z, "cells": [torch._efficientzerotensor(4), torch.ones(2)]})
+    z = torch._efficientzerotensor(3, 3)
+    assert z.data_ptr() == 0 and z[1:].data_ptr() == 12  # slices: their offset
+    client.put(rows, {"batch": z[1:], "cells": [z[2], torch.ones(2)]})
     got = client.get(rows, ["batch", "cells"])
     for i in range(2):
         assert_same_tensor(got["batch"][i], torch.zeros(3))
-    assert_same_tensor(got["cells"][0], torch.zeros(4))
+    assert_same_tensor(got["cells"][0], torch.zeros(3))
     assert_same_tensor(got["cells"][1], torch.ones(2))
-    with pytest.raises(ValueError, match="no memory to write"):
-        client.get(rows, ["batch"], out={"batch": torch._efficientzerotensor(2, 3)})
+    for o in (z[1:], z[:2]):
+        with pytest.raises(ValueError, match="no memory to write"):
+            client.get(rows, ["batch"], out={"batch": o})
+    with pytest.raises(ValueError, match="no memory"):
+        client.register(z[1:])
