@@ -151,6 +151,16 @@ DP_TEST(zeroed_options_are_the_defaults)
     CHECK_ERR_D(dp_ckpt_save(NULL, "/tmp/x", NULL, &s, &d), DP_EINVAL, &d);
     CHECK_ERR_D(dp_ckpt_peek("/nonexistent/dataplane-ckpt", &s, &d), DP_ENOTFOUND, &d);
     dp_free(NULL);
+
+    uint64_t g = 0;
+    CHECK_OK_D(dp_key_check("17@input_ids", 12, &g, &d), &d);
+    CHECK_EQ_U64(g, 17);
+    CHECK_OK_D(dp_key_check("5@ab@junk", 4, NULL, &d), &d); /* only len bytes */
+    CHECK_ERR_D(dp_key_check("1@a@b", 5, &g, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "cannot contain '@'");
+    CHECK_ERR_D(dp_key_check("1@a\nb", 5, NULL, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp_key_check("01@a", 4, NULL, &d), DP_EINVAL, &d);
+    CHECK_ERR_D(dp_key_check(NULL, 0, NULL, &d), DP_EINVAL, &d);
 }
 
 /* sizeof, and offset + size of the reserved tail, which must be the struct's end. */
@@ -173,7 +183,8 @@ DP_TEST(struct_layouts_are_stable)
     TAIL_CHECK(dp_value, 64);
     TAIL_CHECK(dp_value_desc, 344);
     TAIL_CHECK(dp_get_item, 64);
-    TAIL_CHECK(dp_loc, 128);
+    CHECK_EQ(sizeof(dp_loc), 128); /* its reserved word became the seal */
+    CHECK_EQ(offsetof(dp_loc, seal) + sizeof(uint64_t), sizeof(dp_loc));
     TAIL_CHECK(dp_direct_opts, 112);
     TAIL_CHECK(dp_direct_stats, 256);
     TAIL_CHECK(dp_ckpt_opts, 96);

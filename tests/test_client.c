@@ -631,8 +631,17 @@ DP_TEST(location_hints)
     memcpy(mixed, locs, NC * sizeof *mixed);
     mixed[0] = locs[F]; /* row 1's value offered for row 0: must not come back */
     mixed[1].ndim = DP_LOC_NO_DESC;
+    /* Changed hints: the offset of another value of the same blob, another
+     * dtype, another shape; and another key's hint whose key_crc was made to
+     * match (as two keys with one CRC32C would): the seal refuses them all. */
+    mixed[2].off = locs[3].off;
+    memcpy(mixed[3].dtype, "int32", 6);
+    mixed[F].shape[0] ^= 1;
+    mixed[F + 1] = locs[F + 2];
+    mixed[F + 1].key_crc = locs[F + 1].key_crc;
+    mixed[F + 2].seal = 0;
     batch_check(c, &b, mixed, ver, NULL, &misses, &by_blob);
-    CHECK_EQ_U64(misses, 2);
+    CHECK_EQ_U64(misses, 7);
 
     /* Malformed hints: refused before anything is sent. */
     dp_get_item it = {.key = "2@input_ids", .dst = mixed, .cap = 64};

@@ -316,10 +316,13 @@ DP_API bool dp_client_touches_unfinished(const dp_client *c, const void *p,
  * ever a shortcut: one whose blob no longer holds the key's current value
  * (overwritten, cleared, the unit restarted or re-loaded another checkpoint),
  * or that names another key or unit, is not used and the key is looked up
- * as without it, so a stale hint never gives a wrong answer. Hints are plain
- * bytes (128, no pointers): they may be stored, copied and handed to another
- * process of the same cluster. blob[0] == '\0': no location (nothing landed,
- * or a cell skipped). docs/design.md, "Location hints".
+ * as without it, so a stale hint never gives a wrong answer. A hint is
+ * sealed: seal is a 64-bit hash of its key and every byte before it, so a
+ * hint given with another key or changed in any byte is not used either
+ * (counted in loc_misses). Hints are plain bytes (128, no pointers): they may
+ * be stored, copied and handed to another process of the same cluster.
+ * blob[0] == '\0': no location (nothing landed, or a cell skipped).
+ * docs/design.md, "Location hints".
  */
 #define DP_LOC_BLOB_MAX 39 /* bytes of a blob id */
 #define DP_LOC_DIMS 4      /* dims a hint keeps; more: no description kept */
@@ -335,7 +338,7 @@ typedef struct dp_loc {
     char dtype[DP_LOC_DTYPE_MAX + 1]; /* NUL-terminated (a longer dtype: no desc) */
     uint8_t pad[6];
     uint64_t shape[DP_LOC_DIMS];
-    uint64_t reserved[1];
+    uint64_t seal; /* hash of the key and the bytes above (a put makes it) */
 } dp_loc;
 #define DP_LOC_NO_DESC 0xff
 
@@ -456,6 +459,15 @@ DP_API void dp_values_destroy(dp_values *v);
  */
 DP_API int dp_client_clear(dp_client *c, const uint64_t *gidxs, size_t n,
                            uint64_t *dropped, dp_detail *d);
+
+/*
+ * Check a key as a get checks it: key[0..len) (not NUL-terminated) must be
+ * "<gidx>@<field>" (the rules of docs/design.md, "Keys and blobs"); *gidx
+ * (NULL allowed) gets its row. Returns DP_OK, or DP_EINVAL with a detail
+ * that quotes the key and says what is wrong. For bindings whose keys reach
+ * no put or get (a clear of the rows that keys name). Threads: any.
+ */
+DP_API int dp_key_check(const char *key, size_t len, uint64_t *gidx, dp_detail *d);
 
 /* ------------------------------------------------------------------ */
 /* Stats                                                               */

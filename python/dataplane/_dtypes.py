@@ -16,9 +16,10 @@ try:
 except ImportError:
     torch = None
 
-_TORCH_NAMES = [
+_TORCH_NAMES = [  # those this torch has (the unsigned and float8 ones since torch 2.x)
     "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
-    "float32", "float64", "complex64", "complex128",
+    "float32", "float64", "complex64", "complex128", "uint16", "uint32", "uint64",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
 ]
 _NUMPY_NAMES = [
     "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
@@ -50,6 +51,8 @@ ITEMSIZE = {
     "bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "float16": 2,
     "bfloat16": 2, "uint32": 4, "int32": 4, "float32": 4, "complex32": 4,
     "uint64": 8, "int64": 8, "float64": 8, "complex64": 8, "complex128": 16,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
 }
 
 

@@ -269,9 +269,14 @@ class DataplaneKVClient:
                     stack.append(f)
                     continue
             self._cells(row_list, f, col)
-        if stack:  # data's stacked columns keep the registered memory under them
-            self._stage(stack, data, row_list)
-        locs = self._client._put(row_list, data, True)[2]
+        try:
+            if stack:  # data's stacked columns keep the registered memory under them
+                self._stage(stack, data, row_list)
+            locs = self._client._put(row_list, data, True)[2]
+        except (TypeError, ValueError) as e:
+            if isinstance(e, _core.Error):  # the library's: it names rows or keys itself
+                raise
+            raise _naming_the_key(e, row_list, data) from e
         return _core.key_hints(locs, slots, len(keys))
 
     def _cells(self, row_list, f, col):
@@ -400,6 +405,27 @@ class DataplaneKVClient:
         rows = sorted(_core.group_keys(list(keys), True)[0])
         if rows:
             self._client.clear(rows)
+
+
+def _naming_the_key(e, row_list, data):
+    """e (a value refused by the put: a dtype without a stored name, too many
+    dims) again, naming the first key whose value is refused so; e itself if
+    none is found. Only on the error path: a put checks no value twice."""
+    for f, col in data.items():
+        whole = dt.is_tensor(col) or dt.is_array(col)
+        for r, v in enumerate([col] if whole else col):
+            if not (dt.is_tensor(v) or dt.is_array(v)):
+                continue
+            try:
+                dt.torch_name(v.dtype) if dt.is_tensor(v) else dt.numpy_name(v.dtype)
+                why = None if v.ndim - whole <= _core.SHAPE_MAX else (
+                    f"{v.ndim - whole} dims (at most {_core.SHAPE_MAX})")
+            except TypeError as x:
+                why = str(x)
+            if why is not None:
+                also = f" (as every value of field '{f}')" if whole else ""
+                return type(e)(f"key '{row_list[r]}@{f}'{also}: {why}")
+    return e
 
 
 def _hints(meta, n):

@@ -57,8 +57,8 @@ index_of(PyObject *ix, PyObject *list, PyObject *key)
  * group_keys(keys, repeats=False) -> (rows, fields, slots): keys
  * "<gidx>@<field>" as TQ hands them; rows and fields in order of first
  * appearance; slots[f][r] the index in keys of row r's key of field f, or -1.
- * ValueError names a malformed key, or a repeated one unless repeats (then
- * the first stands). Fields are checked further by the library.
+ * ValueError names a malformed key (InvalidArgument, with the library's
+ * reason), or a repeated one unless repeats (then the first stands).
  *
  * TQ's keys come field by field (or row by row), so each key's row and field
  * are first guessed from the previous key's (the same, the next, or the
@@ -127,6 +127,13 @@ dp__py_group_keys(PyObject *m, PyObject *args)
             row_g[r] = g;
         }
         if (f < 0) {
+            /* A field first seen: the library's rules (clear sends no keys) */
+            dp_detail kd;
+            dp_detail_clear(&kd);
+            if (dp_key_check(k, (size_t)len, NULL, &kd) != DP_OK) {
+                dp__py_raise(DP_EINVAL, &kd);
+                goto out;
+            }
             PyObject *pf = PyUnicode_FromStringAndSize(fk, fl);
             f = pf != NULL ? index_of(field_ix, fields, pf) : -1;
             Py_XDECREF(pf);

@@ -1525,3 +1525,15 @@ dp_client_stats_find(const dp_client_stats *s, uint32_t unit, const char *name,
     }
     return false;
 }
+
+int
+dp_key_check(const char *key, size_t len, uint64_t *gidx, dp_detail *d)
+{
+    if (key == NULL)
+        return dp__fail(d, DP_EINVAL, "key: NULL");
+    dp_key_parts kp;
+    int rc = dp__key_split(key, len, &kp, d);
+    if (rc == DP_OK && gidx != NULL)
+        *gidx = kp.gidx;
+    return rc;
+}

@@ -15,6 +15,7 @@
 #include "client/cluster.h"
 #include "client/fanout.h"
 #include "common/common.h"
+#include "common/hash64.h"
 #include "common/ranges.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
@@ -257,5 +258,17 @@ void dp__detail_append(dp_detail *d, const char *fmt, ...)
  * Tests only.
  */
 extern void (*dp__client_test_hook)(const char *stage);
+
+/*
+ * A location hint's seal: the hash of every byte before its seal field
+ * (seal zero), chained from its key's hash (dp__hash64 of the key). A put
+ * fills it; a get uses a hint only when it matches (docs/design.md,
+ * "Location hints").
+ */
+static inline uint64_t
+dp__loc_seal(const dp_loc *l, uint64_t key_hash)
+{
+    return dp__hash64(l, offsetof(dp_loc, seal), key_hash);
+}
 
 #endif

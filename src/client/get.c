@@ -28,7 +28,7 @@
  * search, so a unit that reorders is still understood.
  *
  * Location hints (docs/design.md, "Location hints"). A key whose item
- * carries a usable hint (its key's CRC, its unit, a description when one is
+ * carries a usable hint (its seal, its unit, a description when one is
  * asked for) skips the lookup: when every key a unit is asked for this round
  * has one, the round sends that unit `resolve` with the hints' distinct blob
  * ids instead of `resolve_keys`, and a key whose blob comes back pinned and
@@ -265,12 +265,14 @@ loc_check(const dp_loc *l, const char *key, dp_detail *d)
                     key, why);
 }
 
-/* Whether a well-formed hint is for this key, on its unit, with what is asked. */
+/* Whether a well-formed hint is for this key, on its unit, with what is
+ * asked: its seal matches the key and the hint's bytes (a hint of another
+ * key, or changed after the put, is not used). */
 static bool
 loc_usable(const dp_loc *l, const dp_get_item *it, uint32_t unit, size_t klen)
 {
-    if (l->unit != unit || l->key_crc != dp__crc32c(it->key, klen))
-        return false; /* another key's or another cluster shape's hint */
+    if (l->unit != unit || l->seal != dp__loc_seal(l, dp__hash64(it->key, klen, 0)))
+        return false; /* another key's, another cluster shape's, or a changed hint */
     return it->desc == NULL || l->ndim != DP_LOC_NO_DESC;
 }
 

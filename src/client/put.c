@@ -48,11 +48,18 @@
 #include <unistd.h>
 
 #include "blob/crc32c.h"
+#include "common/hash64.h"
 #include "common/le.h"
 #include "blob/keys.h"
 #include "client/client_int.h"
 
 enum { ST_NONE = 0, ST_ALLOC, ST_INLINE, ST_WRITE, ST_COMMIT, ST_DONE, ST_FAILED };
+
+/* An entry's key, for its location hint: its CRC32C and hash (dp__hash64). */
+typedef struct put_key {
+    uint64_t hash;
+    uint32_t crc;
+} put_key;
 
 typedef struct put_unit {
     uint32_t u;
@@ -178,7 +185,7 @@ static int
 build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
                   const uint64_t *gidxs, const char *const *fields, const size_t *flen,
                   size_t n_fields, const dp_value *values, const dp_value **ent_val,
-                  uint32_t *ent_crc, dp_detail *d)
+                  put_key *ent_key, dp_detail *d)
 {
     dp_blob_builder *b = c->builders[pu->u];
     if (b == NULL) {
@@ -216,8 +223,10 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
             if (rc != 0)
                 return dp__fail_ctx(d, rc, "put: row %" PRIu64 " field '%s'", gidxs[r],
                                     fields[f]);
-            if (ent_crc != NULL) /* location hints: the key's CRC32C */
-                ent_crc[pu->ent0 + pu->n_ent] = dp__crc32c(key, klen);
+            if (ent_key != NULL) { /* location hints: the key's CRC32C and hash */
+                ent_key[pu->ent0 + pu->n_ent].crc = dp__crc32c(key, klen);
+                ent_key[pu->ent0 + pu->n_ent].hash = dp__hash64(key, klen, 0);
+            }
             ent_val[pu->ent0 + pu->n_ent++] = v;
         }
     }
@@ -744,7 +753,7 @@ typedef struct put_arrays {
     put_unit *pus; /* one per unit with something to put (npu) */
     size_t npu;
     const dp_value **ent_val; /* every entry's value, unit by unit */
-    uint32_t *ent_crc;        /* their keys' CRC32C (location hints), or NULL */
+    put_key *ent_key;         /* their keys' CRC32C and hash (location hints), or NULL */
     dp_range *local, *remote; /* the WRITEs' ranges */
     uint32_t *slot_pu;
     dp_xfer_desc *ops;
@@ -759,7 +768,7 @@ put_arrays_fini(put_arrays *a)
     dp__groups_fini(&a->g);
     free(a->pus);
     free(a->ent_val);
-    free(a->ent_crc);
+    free(a->ent_key);
     free(a->local);
     free(a->remote);
     free(a->slot_pu);
@@ -778,7 +787,7 @@ put_arrays_make(put_arrays *a, uint32_t N, const uint64_t *gidxs, size_t n_rows,
     size_t n_cells = n_rows * n_fields;
     a->pus = calloc(N, sizeof *a->pus);
     a->ent_val = malloc(n_cells * sizeof *a->ent_val);
-    if (locs && (a->ent_crc = malloc(n_cells * sizeof *a->ent_crc)) == NULL)
+    if (locs && (a->ent_key = malloc(n_cells * sizeof *a->ent_key)) == NULL)
         return dp__fail(d, DP_ENOMEM, "put: out of memory");
     a->local = malloc((n_cells + N) * sizeof *a->local);
     a->remote = malloc((n_cells + N) * sizeof *a->remote);
@@ -888,7 +897,7 @@ put_build_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
         put_unit *pu = &a->pus[i];
         uint32_t n_ent = pu->n_ent;
         int rc = build_unit_locked(c, pu, a->g.order + a->g.start[pu->u], gidxs, fields,
-                                   a->flen, n_fields, values, a->ent_val, a->ent_crc, d);
+                                   a->flen, n_fields, values, a->ent_val, a->ent_key, d);
         if (rc != 0)
             return rc;
         if (pu->n_ent != n_ent || pu->lay.total_len != pu->size) {
@@ -1053,14 +1062,14 @@ put_outcome_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
  * "Location hints"); idn: strlen(pu->blob_id). */
 static void
 loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp_blob_builder *b, uint32_t e,
-         const dp_value *v, uint32_t key_crc)
+         const dp_value *v, const put_key *key)
 {
     memset(l, 0, sizeof *l);
     memcpy(l->blob, pu->blob_id, idn);
     l->off = dp__blob_builder_offset(b, e);
     l->nbytes = v->nbytes;
     l->unit = pu->u;
-    l->key_crc = key_crc;
+    l->key_crc = key->crc;
     l->kind = (uint8_t)v->kind;
     size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0;
     if (v->ndim > DP_LOC_DIMS || dl > DP_LOC_DTYPE_MAX) {
@@ -1072,6 +1081,7 @@ loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp_blob_builder *b, ui
         memcpy(l->dtype, v->dtype, dl);
     for (uint32_t i = 0; i < v->ndim; i++)
         l->shape[i] = v->shape[i];
+    l->seal = dp__loc_seal(l, key->hash);
 }
 
 /* Every landed value's hint into locs (cells in the order of values). */
@@ -1093,7 +1103,7 @@ put_locs_locked(dp_client *c, const put_arrays *a, size_t n_fields,
                 const dp_value *v = &values[cell];
                 if (v->kind == DP_KIND_SKIP)
                     continue;
-                loc_fill(&locs[cell], pu, idn, b, e, v, a->ent_crc[pu->ent0 + e]);
+                loc_fill(&locs[cell], pu, idn, b, e, v, &a->ent_key[pu->ent0 + e]);
                 e++;
             }
         }

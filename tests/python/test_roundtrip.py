@@ -80,6 +80,30 @@ def test_torch_dtypes_every_shape(client, fresh_rows, dtype):
         assert_same_tensor(g, w)
 
 
+NEWER_TORCH = ["uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+               "float8_e5m2fnuz", "float8_e8m0fnu"]
+
+
+@pytest.mark.parametrize("name", NEWER_TORCH)
+def test_newer_torch_dtypes(client, fresh_rows, name):
+    """torch 2.x's unsigned and float8 dtypes (where this torch has them),
+    both put forms; compared byte for byte (torch.equal has no float8)."""
+    dtype = getattr(torch, name, None)
+    if dtype is None:
+        pytest.skip(f"this torch ({torch.__version__}) has no {name}")
+    rows = fresh_rows(len(SHAPES) + 3)
+    src = torch.randint(0, 100, (3, 4, 5)) if "uint" in name else torch.randn(3, 4, 5) * 8
+    batch = src.to(dtype)
+    vals = [torch.randint(0, 100, s).to(dtype) if "uint" in name else
+            (torch.randn(s) * 8).to(dtype) for s in SHAPES]
+    client.put(rows[:len(SHAPES)], {"v": vals})
+    client.put(rows[len(SHAPES):], {"v": batch})
+    got = client.get(rows, ["v"])["v"]
+    for g, w in zip(got, vals + list(batch)):
+        assert g.dtype == dtype and g.shape == w.shape
+        assert torch.equal(g.view(torch.uint8), w.contiguous().view(torch.uint8))
+
+
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_numpy_dtypes_every_shape(client, fresh_rows, dtype):
     rows = fresh_rows(len(SHAPES))

@@ -13,6 +13,7 @@ checks every value.
 
 import asyncio
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
@@ -211,6 +212,35 @@ def test_client_put_hints_round_trip(cluster):
     c.close()
 
 
+def test_hints_of_colliding_keys_and_changed_hints_are_not_used(cluster):
+    """A hint is sealed with a 64-bit hash of its key and its bytes: the hint
+    of a key whose CRC32C is the same as this key's (these two collide), or a
+    hint changed after the put (another value's offset in the same blob,
+    another dtype or shape), is not used: the value is looked up by key."""
+    kv = DataplaneKVClient({"cluster": cluster, "timeout_s": 20, "inline_bytes": 0})
+    keys = ["10301000@82c490b18386b539", "10301000@846da43b98d32499", "10301000@third"]
+    vals = [torch.arange(8, dtype=torch.float32), torch.full((4,), -1, dtype=torch.int64),
+            torch.ones(2, 2, dtype=torch.float16)]
+    meta = kv.put(keys, vals)
+    assert meta[0][60:64] == meta[1][60:64]  # their key_crc: the CRC32C collides
+    assert meta[0][:40] == meta[1][:40] and meta[0][40:48] != meta[1][40:48]  # one blob
+    m0 = kv.client.counters()["loc_misses"]
+    changed = [meta[1], meta[0]]  # each other's hints (the same key CRC)
+    for m, k in ((meta[0], 40), (meta[0], 66), (meta[2], 88)):  # offset, dtype, shape
+        b = bytearray(m)
+        b[k:k + 8] = meta[1][k:k + 8] if k != 66 else b"int32\0\0\0"
+        changed.append(bytes(b))
+    tries = [(keys[0], changed[0]), (keys[1], changed[1]), (keys[0], changed[2]),
+             (keys[0], changed[3]), (keys[2], changed[4])]
+    for key, hint in tries:
+        got = kv.get([key], custom_backend_meta=[hint])[0]
+        want = vals[keys.index(key)]
+        assert got.dtype == want.dtype and torch.equal(got, want), key
+    assert kv.client.counters()["loc_misses"] == m0 + len(tries)
+    kv.clear(keys)
+    kv.close()
+
+
 class _Thing:
     def __init__(self, x):
         self.x = x
@@ -277,6 +307,23 @@ def test_bad_keys_and_arguments(cluster):
     with pytest.raises(ValueError):
         DataplaneKVClient({"cluster": cluster, "timeout_s": "soon"})
     kv.clear(["3300@t"])
+    # clear checks its keys as put and get do: a bad one drops nothing
+    kv.put(["3301@a"], [torch.ones(2)])
+    for bad in ["3301@a@b", "3301@a\nb", "3301@a\x00b", "3301@" + "x" * 300, "x@a", "3301"]:
+        with pytest.raises(ValueError) as e:
+            kv.clear([bad, "3301@a"])
+        assert "3301" in str(e.value) or "x@a" in str(e.value)
+    assert torch.equal(kv.get(["3301@a"])[0], torch.ones(2))
+    # a value whose dtype has no stored name, or with too many dims: the key is named
+    for v in [np.array([object()]), np.zeros(2, dtype=[("a", "i4")]),
+              np.array(["2020-01-01"], dtype="datetime64[D]"), np.array(["ab"])]:
+        with pytest.raises(TypeError, match="key '3302@n'"):
+            kv.put(["3301@b", "3302@n"], [torch.ones(1), v])
+    with pytest.raises(ValueError, match=r"key '3302@d': 33 dims \(at most 32\)"):
+        kv.put(["3302@d"], [torch.zeros([1] * 33)])
+    with pytest.raises(ValueError, match=r"key '3302@d' \(as every value of field 'd'\)"):
+        kv.put(["3302@d", "3303@d"], [torch.zeros([1] * 33)] * 2)
+    kv.clear(["3301@a", "3301@b"])
     kv.close()
 
 
