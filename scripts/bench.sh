@@ -6,8 +6,9 @@
 #
 #   scripts/bench.sh [BUILD_DIR] [NAME...]
 #
-# NAMES: alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts (default: all;
-# hosts needs root: network namespaces).
+# NAMES: alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts cuda
+# (default: all but hosts and cuda; hosts needs root: network namespaces; cuda a GPU and a
+# python3, or $PYTHON, whose torch has CUDA).
 set -euo pipefail
 build=${1:-build}
 shift || true
@@ -37,8 +38,9 @@ for n in "${names[@]}"; do
     many) run "8 client processes at once vs memcpy on every core" "$root/bench/many_clients.sh" "$build" ;;
     python) run "Python package vs the C library, torch and redis-py" "$root/bench/python/run.sh" --build "$build" ;;
     hosts) run "across namespaces over TCP vs iperf3 and ucx_perftest" "$root/bench/hosts.sh" "$build" ;;
+    cuda) run "CUDA tensors through the staging vs the device copies and host tensors" "${PYTHON:-python3}" "$root/bench/python/bench_cuda.py" --build "$build" ;;
     *)
-        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts)" >&2
+        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts cuda)" >&2
         exit 2
         ;;
     esac

@@ -27,10 +27,13 @@ from . import _core
 from . import _dtypes as dt
 
 STAGED = ["cuda"]
-CHUNK_MIN = 4 << 20  # bytes a chunk moves at least
-CHUNK_MAX = 32 << 20  # and at most, when its rows are not bigger
-CHUNKS_MAX = 8  # chunks of a batch under CHUNKS_MAX * CHUNK_MAX bytes
-SLOTS = 4  # chunks in host memory at once
+# Measured on an H200 (docs/design.md, "Device tensors"): a chunk costs its
+# put's fixed work (about 0.3-0.4 ms), so chunks under 16 MiB lost more than
+# the overlap won; a batch under 2 x CHUNK_MIN goes in one, unpipelined.
+CHUNK_MIN = 32 << 20  # bytes a chunk moves at least (unless the batch is smaller)
+CHUNK_MAX = 128 << 20  # and at most, when its rows are not bigger
+CHUNKS = 8  # chunks of a batch between CHUNKS x CHUNK_MIN and CHUNKS x CHUNK_MAX
+SLOTS = 2  # chunks in host memory at once: one copied while one moves
 _ALIGN = 64
 
 
@@ -40,11 +43,11 @@ def staged(v):
 
 
 def chunks(n, nbytes):
-    """Row ranges [a, b) of n rows of nbytes in all, of equal row counts: at
-    most CHUNKS_MAX of CHUNK_MIN bytes or more (one when the batch is
-    smaller), more when that many would exceed CHUNK_MAX bytes each (one row
-    a chunk at most)."""
-    k = max(1, min(n, max(min(CHUNKS_MAX, nbytes // CHUNK_MIN), -(-nbytes // CHUNK_MAX))))
+    """Row ranges [a, b) of n rows of nbytes in all, of equal row counts: up
+    to CHUNKS of CHUNK_MIN bytes or more (one when the batch is smaller),
+    more when that many would exceed CHUNK_MAX bytes each (one row a chunk at
+    most)."""
+    k = max(1, min(n, max(min(CHUNKS, nbytes // CHUNK_MIN), -(-nbytes // CHUNK_MAX))))
     step = -(-n // k) if n else 1
     if step > 1 and step * nbytes > CHUNK_MAX * n:  # the rounding up made them bigger
         step = max(1, CHUNK_MAX * n // nbytes)

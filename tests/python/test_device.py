@@ -27,8 +27,10 @@ def test_chunks_cover_every_row():
             steps = {b - a for a, b in parts[:-1]}
             assert len(steps) <= 1 and (not steps or parts[-1][1] - parts[-1][0] <= min(steps))
             row = nbytes / n if n else 0
-            if nbytes <= _device.CHUNKS_MAX * _device.CHUNK_MAX:
-                assert 1 <= len(parts) <= _device.CHUNKS_MAX
+            if nbytes <= _device.CHUNKS * _device.CHUNK_MIN:
+                assert 1 <= len(parts) <= _device.CHUNKS
+            # few: rounding the rows to equal counts at most doubles them
+            assert len(parts) <= 2 * max(_device.CHUNKS, -(-nbytes // _device.CHUNK_MAX))
             if n:  # a chunk moves at most CHUNK_MAX bytes, or one row
                 assert max(b - a for a, b in parts) * row <= max(_device.CHUNK_MAX, row)
 
