@@ -677,6 +677,39 @@ DP_TEST(location_hints)
     CHECK_OK_D(dp_client_put_locs(c, b2.gidxs, 6, b2.fields, F, b2.vals, st, l2, &d), &d);
     batch_check(c, &b2, l2, ver, NULL, &misses, &by_blob);
     CHECK_EQ_U64(misses, 0);
+
+    /* A value of 5 dims: its hint keeps no description but is sealed and
+     * used by a get that asks for none (and not by one that asks). */
+    float five[32];
+    for (int i = 0; i < 32; i++)
+        five[i] = (float)i * 0.5f;
+    const uint64_t shp[5] = {2, 2, 2, 2, 2};
+    dp_value fv = {.data = five,
+                   .nbytes = sizeof five,
+                   .kind = DP_KIND_TENSOR,
+                   .dtype = "float32",
+                   .shape = shp,
+                   .ndim = 5};
+    const char *ff[1] = {"five"};
+    uint64_t g5 = 1001;
+    dp_loc l5;
+    CHECK_OK_D(dp_client_put_locs(c, &g5, 1, ff, 1, &fv, st, &l5, &d), &d);
+    CHECK_EQ(l5.ndim, DP_LOC_NO_DESC);
+    float back[32] = {0};
+    dp_value_desc vd5;
+    dp_get_item gi = {.key = "1001@five", .dst = back, .cap = sizeof back, .loc = &l5};
+    dp_client_counters q0, q1;
+    CHECK_OK(dp_client_counters_get(c, &q0));
+    CHECK_OK_D(dp_client_get(c, &gi, 1, &d), &d);
+    CHECK_OK(dp_client_counters_get(c, &q1));
+    CHECK(memcmp(back, five, sizeof five) == 0);
+    CHECK_EQ_U64(q1.loc_misses - q0.loc_misses, 0);
+    gi.desc = &vd5;
+    memset(back, 0, sizeof back);
+    CHECK_OK_D(dp_client_get(c, &gi, 1, &d), &d);
+    CHECK_OK(dp_client_counters_get(c, &q0));
+    CHECK(memcmp(back, five, sizeof five) == 0 && vd5.ndim == 5);
+    CHECK_EQ_U64(q0.loc_misses - q1.loc_misses, 1);
     free(l2);
     free(mixed);
     free(locs);

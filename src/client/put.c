@@ -1073,7 +1073,8 @@ loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp_blob_builder *b, ui
     l->kind = (uint8_t)v->kind;
     size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0;
     if (v->ndim > DP_LOC_DIMS || dl > DP_LOC_DTYPE_MAX) {
-        l->ndim = DP_LOC_NO_DESC;
+        l->ndim = DP_LOC_NO_DESC; /* a get that asks for a description looks it up */
+        l->seal = dp__loc_seal(l, key->hash);
         return;
     }
     l->ndim = (uint8_t)v->ndim;
