@@ -23,6 +23,9 @@ redis-server on a free loopback port, both stopped at the end:
                     manager drives it: field-major keys "gidx@field", values
                     list(batch) (per-row views), get(keys, shapes, dtypes,
                     custom_backend_meta=what put returned: location hints)
+  TQ flatten()      the same, with the values as the "Dataplane" storage
+                    manager hands them: dataplane.tq.flatten(batch), whose
+                    tensor fields the put moves whole
   C lib malloc      `dataplane bench --memory malloc` (plain memory, staged)
   C lib registered  `dataplane bench --memory registered`
   torch copy        put column: dst.copy_(src) of each batch tensor into a
@@ -31,9 +34,13 @@ redis-server on a free loopback port, both stopped at the end:
                     tensor under the same keys, one pipeline per batch
 
 Each iteration puts one batch, gets it back and clears it (untimed), as
-`dataplane bench` does. Each round runs every method in turn (warm-up, then
-ITERS timed iterations: GB/s = bytes / summed op time); the table shows the
-median of REPS rounds, so all methods see the same load. GB/s = 1e9 B/s.
+`dataplane bench` does. Each round warms every method up, then runs ITERS
+timed iterations in which dataplane's Python methods take turns iteration by
+iteration (GB/s = bytes / summed op time), then torch's, Redis's and the C
+library's ITERS each, alone (a torch clone's fresh pages slowed the methods
+taking turns with it); the table
+shows the median of REPS rounds, and ratios are medians of per-round
+ratios, so the methods compared see the same load. GB/s = 1e9 B/s.
 
   /usr/bin/python3 bench/python/bench_py.py [--build build] [--reps 5]
       [--iters 20] [--warmup 2] [--shapes large,small] [--no-redis]
@@ -63,7 +70,7 @@ SHAPES = {  # name: (rows, fields, bytes per value)
 # Row ranges kept apart per method (each clears its rows after every iteration).
 ROW_BASE = {"client": 1_000_000, "client_out": 2_000_000, "client_alloc": 3_000_000,
             "tq": 4_000_000, "client_stack": 5_000_000, "client_alloc_stack": 6_000_000,
-            "c": 50_000_000}
+            "tq_flat": 7_000_000, "c": 50_000_000}
 
 # (id, label, (put, get): the `dataplane bench --memory` mode whose put and get
 # move the data as this method's do, for the put/C and get/C ratios). Plain
@@ -77,11 +84,14 @@ METHODS = [
     ("client_stack", "Client get stack", (None, "registered")),
     ("client_alloc_stack", "Client alloc() stack", (None, "registered")),
     ("tq", "TQ adapter", ("malloc", "registered")),
+    ("tq_flat", "TQ flatten()", ("malloc", "registered")),
     ("c_malloc", "C lib malloc", None),
     ("c_registered", "C lib registered", None),
     ("torch", "torch copy_/clone", None),
     ("redis", "Redis (redis-py)", None),
 ]
+
+ALONE = ("torch", "redis")  # references that run alone in each round, not in turns
 
 NOTES = """\
 notes:
@@ -91,17 +101,22 @@ notes:
     memory of the library) and everything alloc() over --memory registered.
   tch: torch, put column dst.copy_(src) into a preallocated batch, get column
     src.clone(); Cl: over the Client row; rd: over Redis.
+  Ratios are medians over the rounds of the two methods' GB/s in the same
+    round (the machine's speed drifts between rounds).
   spread %: (max - min) / median of the rounds, put/get.
   Redis: values are the rows' bytes, built once (untimed); GET returns bytes (no
-    tensor made): Redis's best case. TQ: keys and per-row views built untimed.
+    tensor made): Redis's best case. TQ: keys and per-row views (or flatten())
+    built untimed.
   Every dataplane iteration puts, gets, then clears its rows (untimed), as
     `dataplane bench` does; what a get returned is dropped untimed.
   Python's cyclic GC is off while a method's iterations run and collects after
     them (untimed), as timeit does: a full collection of this process takes
     tens of ms and would land in whichever method's timing happened to start
     it (the ones making a tensor per value most often).
-  {reps} rounds x {iters} iterations (+{warmup} warm-up each), methods taking
-    turns within a round; the table shows the median round of each."""
+  {reps} rounds x {iters} iterations (+{warmup} warm-up each): in a round
+    dataplane's Python methods take turns iteration by iteration (in rotating
+    order), then torch, Redis and each `dataplane bench` run alone; the table
+    shows the median round of each."""
 
 pc = time.perf_counter
 
@@ -332,11 +347,14 @@ def make_client_alloc_step(c, src, fields, rows, stack=False):
     return step
 
 
-def make_tq_step(kv, src, fields, rows):
+def make_tq_step(kv, src, fields, rows, flat=False):
     """As TQ's KVStorageManager: keys field-major over sorted fields, values
-    the per-row views of each batch tensor, get with one shape and dtype per
-    key. Building keys and values is TQ's work, done untimed here."""
-    g = list(range(ROW_BASE["tq"], ROW_BASE["tq"] + rows))
+    the per-row views of each batch tensor (flat: dataplane.tq.flatten(src),
+    as the "Dataplane" storage manager hands them), get with one shape and
+    dtype per key. Building keys and values is TQ's work, done untimed here."""
+    from dataplane.tq import flatten
+    base = ROW_BASE["tq_flat" if flat else "tq"]
+    g = list(range(base, base + rows))
     fs = sorted(fields)
     keys = [f"{i}@{f}" for f in fs for i in g]
     shapes, dtypes = [], []
@@ -345,9 +363,12 @@ def make_tq_step(kv, src, fields, rows):
         dtypes += [src[f].dtype] * rows
 
     def step(check=False):
-        values = []
-        for f in fs:
-            values.extend(src[f])  # per-row views, as TQ's _generate_values
+        if flat:
+            values = flatten({f: src[f] for f in fs})
+        else:
+            values = []
+            for f in fs:
+                values.extend(src[f])  # per-row views, as TQ's _generate_values
         t0 = pc()
         meta = kv.put(keys, values)  # TQ keeps the per-key metadata, hands it back
         t1 = pc()
@@ -414,24 +435,34 @@ def make_redis_step(r, src, fields, rows):
     return step
 
 
-def run_py(step, iters, warmup, batch_bytes):
-    """warm-up (the first checks the values), then iters timed: (put, get)
-    GB/s. The cyclic GC is off meanwhile (see NOTES)."""
-    for w in range(max(warmup, 1)):
-        step(check=(w == 0))
-    tp = tg = 0.0
+def run_py(steps, iters, warmup, batch_bytes):
+    """Each of steps' warm-up (the first checks the values), then iters
+    timed iterations in which the methods take turns, one iteration each,
+    in rotating order, so that they see the same machine: {method: (put,
+    get) GB/s}. The cyclic
+    GC is off meanwhile (see NOTES)."""
+    for step in steps.values():
+        for w in range(max(warmup, 1)):
+            step(check=(w == 0))
+    tp = dict.fromkeys(steps, 0.0)
+    tg = dict.fromkeys(steps, 0.0)
     gc.collect()
     gc.disable()
+    order = list(steps)
     try:
-        for _ in range(iters):
-            a, b = step()
-            tp += a or 0.0
-            tg += b or 0.0
+        for i in range(iters):
+            # each iteration starts at the next method, so that none always
+            # follows the same one (a torch clone's fresh pages, say)
+            for mid in order[i % len(order):] + order[:i % len(order)]:
+                a, b = steps[mid]()
+                tp[mid] += a or 0.0
+                tg[mid] += b or 0.0
     finally:
         gc.enable()
         gc.collect()
     gb = batch_bytes * iters / 1e9
-    return (gb / tp if tp > 0 else None), (gb / tg if tg > 0 else None)
+    return {mid: ((gb / tp[mid] if tp[mid] > 0 else None),
+                  (gb / tg[mid] if tg[mid] > 0 else None)) for mid in steps}
 
 
 def run_c(cli, cluster, mode, rows, fields, nbytes, iters, warmup, tmp):
@@ -470,10 +501,6 @@ def _f(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def _ratio(a, b):
-    return None if a is None or b is None or b <= 0 else a / b
-
-
 def _cref(med, mem, k):
     """The C library's GB/s of operation k (0 put, 1 get) in the mode mem[k]."""
     if mem is None or mem[k] is None:
@@ -481,7 +508,18 @@ def _cref(med, mem, k):
     return med.get(f"c_{mem[k]}", (None, None))[k]
 
 
-def report(name, shape, med, spread):
+def _rratio(rounds, mid, ref, k):
+    """The median over rounds of method mid's GB/s over method ref's in the
+    same round (operation k): steadier than a ratio of medians when the
+    machine's speed drifts between rounds."""
+    if ref is None or mid not in rounds or ref not in rounds:
+        return None
+    rs = [a[k] / b[k] for a, b in zip(rounds[mid], rounds[ref])
+          if a[k] is not None and b[k] is not None and b[k] > 0]
+    return statistics.median(rs) if rs else None
+
+
+def report(name, shape, med, spread, rounds):
     rows, fields, nbytes = shape
     batch = rows * fields * nbytes
     say("")
@@ -492,19 +530,17 @@ def report(name, shape, med, spread):
            f"{'put/Cl':>6} {'get/Cl':>6} | {'put/rd':>6} {'get/rd':>6}")
     say(hdr)
     say("-" * len(hdr))
-    cl = med.get("client", (None, None))
-    tch = med.get("torch", (None, None))
-    rd = med.get("redis", (None, None))
     for mid, label, mem in METHODS:
         if mid not in med:
             continue
         p, g = med[mid]
+        cref = [None if mem is None or mem[k] is None else f"c_{mem[k]}" for k in (0, 1)]
+        r = [_f(_rratio(rounds, mid, ref, k), 2)
+             for ref, k in ((cref[0], 0), (cref[1], 1), ("torch", 0), ("torch", 1),
+                            ("client", 0), ("client", 1), ("redis", 0), ("redis", 1))]
         say(f"{label:<18} | {_f(p):>7} {_f(g):>7} | {spread.get(mid, '-'):>9} | "
-            f"{_f(_ratio(p, _cref(med, mem, 0)), 2):>6} "
-            f"{_f(_ratio(g, _cref(med, mem, 1)), 2):>6} | "
-            f"{_f(_ratio(p, tch[0]), 2):>7} {_f(_ratio(g, tch[1]), 2):>7} | "
-            f"{_f(_ratio(p, cl[0]), 2):>6} {_f(_ratio(g, cl[1]), 2):>6} | "
-            f"{_f(_ratio(p, rd[0]), 2):>6} {_f(_ratio(g, rd[1]), 2):>6}")
+            f"{r[0]:>6} {r[1]:>6} | {r[2]:>7} {r[3]:>7} | {r[4]:>6} {r[5]:>6} | "
+            f"{r[6]:>6} {r[7]:>6}")
 
     # Per-call overhead of the Python layers over the C library moving the
     # data the same way: t = batch bytes / median GB/s, overhead = t_py - t_c.
@@ -558,6 +594,9 @@ def parse_args(argv):
     ap.add_argument("--shapes", default="large,small",
                     help=f"comma-separated, of: {', '.join(SHAPES)}")
     ap.add_argument("--no-redis", action="store_true", help="skip Redis")
+    ap.add_argument("--methods", default=",".join(m for m, _, _ in METHODS),
+                    help="comma-separated method ids to run (the ratio columns need "
+                         "client, torch, the c_ ones and redis)")
     ap.add_argument("--slab", default="1G", help="slab of each of the 2 units")
     ap.add_argument("--json", metavar="PATH", help="also write every round's GB/s here")
     a = ap.parse_args(argv)
@@ -567,6 +606,13 @@ def parse_args(argv):
     bad = [s for s in a.shape_list if s not in SHAPES]
     if bad or not a.shape_list:
         ap.error(f"--shapes: unknown {', '.join(bad) or '(none)'}; known: {', '.join(SHAPES)}")
+    known = [m for m, _, _ in METHODS]
+    a.method_list = [m.strip() for m in a.methods.split(",") if m.strip()]
+    bad = [m for m in a.method_list if m not in known]
+    if bad or not a.method_list:
+        ap.error(f"--methods: unknown {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
+    if "redis" not in a.method_list:
+        a.no_redis = True
     return a
 
 
@@ -655,19 +701,30 @@ def main(argv=None):
                 "client_stack": make_client_stack_step(c, src, fnames, rows),
                 "client_alloc_stack": make_client_alloc_step(c, src, fnames, rows, True),
                 "tq": make_tq_step(kv, src, fnames, rows),
+                "tq_flat": make_tq_step(kv, src, fnames, rows, flat=True),
                 "torch": make_torch_step(src, fnames),
             }
             if r is not None:
                 steps["redis"] = make_redis_step(r, src, fnames, rows)
+            steps = {m: st for m, st in steps.items() if m in a.method_list}
             per_round = {}
             for k in range(1, a.reps + 1):
                 line = []
+                # dataplane's Python methods take turns; the references (torch,
+                # Redis) run alone, as the C library does: a torch clone's
+                # fresh 16 MiB per iteration slowed the Client rows beside it
+                dp = {m: st for m, st in steps.items() if m not in ALONE}
+                got = run_py(dp, a.iters, a.warmup, batch) if dp else {}
                 for mid, label, _ in METHODS:
+                    if mid not in a.method_list:
+                        continue
+                    if mid in ALONE and mid in steps:
+                        got.update(run_py({mid: steps[mid]}, a.iters, a.warmup, batch))
                     if mid.startswith("c_"):
                         res = run_c(cli, cluster, mid[2:], rows, fields, nbytes, a.iters,
                                     max(a.warmup, 1), tmp)
-                    elif mid in steps:
-                        res = run_py(steps[mid], a.iters, a.warmup, batch)
+                    elif mid in got:
+                        res = got[mid]
                     else:
                         continue
                     per_round.setdefault(mid, []).append(res)
@@ -676,7 +733,7 @@ def main(argv=None):
             med = {m: (_med([x[0] for x in rs]), _med([x[1] for x in rs]))
                    for m, rs in per_round.items()}
             spread = {m: _spread(rs) for m, rs in per_round.items()}
-            report(name, shape, med, spread)
+            report(name, shape, med, spread, per_round)
             results[name] = {"shape": {"rows": rows, "fields": fields, "bytes": nbytes},
                              "rounds": {m: rs for m, rs in per_round.items()},
                              "median": med}

@@ -18,6 +18,10 @@ config["allow_pickle"] = True: pickle from the network runs code, so it is off
 by default and the error names the key and the type. Values come back as the
 type they were put as.
 
+put also takes the values as flatten(batch) makes them (the storage
+manager registered as "Dataplane" hands them so): each tensor field then
+moves as the one tensor it is, with no work per row.
+
 put returns one location hint per key, the per-key backend metadata TQ
 keeps and hands back to get as custom_backend_meta: a get of whole batches
 then pins their blobs by id instead of looking every key up (a stale hint
@@ -27,10 +31,14 @@ clear drops every field of the rows its keys name (TQ clears whole samples).
 
 If TransferQueue is importable, importing this module registers the client
 with TQ's StorageClientFactory as "Dataplane", and a storage manager
-"Dataplane" (a KVStorageManager that uses it).
+"Dataplane" (a KVStorageManager that uses it and hands its puts
+flatten(batch) instead of a list of row views).
 """
 
+import bisect
+import collections.abc
 import concurrent.futures
+import operator
 import os
 import pickle
 import threading
@@ -138,6 +146,70 @@ def _stack_part(part):
     return bad
 
 
+class Flattened(collections.abc.Sequence):
+    """A batch's values in the order TQ's KV storage manager hands them to
+    its storage client (its _generate_values): field by field, fields
+    sorted, each field's rows in order; a nested tensor's rows are its
+    unbind(), any other field's rows what iterating it gives.
+
+    Unlike that list, a tensor field stays the one tensor it is, and its
+    rows are made only when asked for (each the view TQ would make), so that
+    DataplaneKVClient.put moves the tensor as it is instead of proving that
+    thousands of row views are its rows. Anything else may index or iterate
+    it as the list it stands for. Use flatten(batch) to make one.
+    """
+
+    def __init__(self, batch):
+        self.fields = sorted(batch.keys())
+        self._cols, self._starts = [], [0]
+        for f in self.fields:
+            v = batch[f]
+            if (dt.torch is not None and type(v) is dt.torch.Tensor and not v.is_nested
+                    and v.layout == dt.torch.strided and v.dim() > 0):
+                col = v  # rows made on demand: v[r] is the view iterating v gives
+            elif dt.is_tensor(v) and v.is_nested:
+                col = list(v.unbind())
+            else:
+                col = list(v)
+            self._cols.append(col)
+            self._starts.append(self._starts[-1] + len(col))
+
+    def __len__(self):
+        return self._starts[-1]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = operator.index(i)  # TypeError for anything but an int
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"value {i} of {n}")
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self._cols[k][i - self._starts[k]]
+
+    def __iter__(self):
+        for col in self._cols:
+            yield from col
+
+    def columns(self, fields, n_rows):
+        """Each field's column (its tensor, or a copy of its list of rows) when
+        fields are this batch's fields in this order and each has n_rows
+        rows, else None."""
+        if list(fields) != self.fields or any(len(c) != n_rows for c in self._cols):
+            return None
+        return [c if dt.is_tensor(c) else list(c) for c in self._cols]
+
+
+def flatten(batch):
+    """batch (a TensorDict, or any mapping field -> tensor or sequence of
+    rows) as the values TQ's KV storage manager would hand a put: a
+    Flattened sequence, which DataplaneKVClient.put moves field by field
+    (docs/design.md, "Python package": TransferQueue)."""
+    return Flattened(batch)
+
+
 class DataplaneKVClient:
     """TQ's KV storage client over a dataplane cluster.
 
@@ -173,6 +245,7 @@ class DataplaneKVClient:
         self._pool_lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
+        self._counts = collections.Counter()  # how puts moved their columns
 
     @property
     def client(self):
@@ -239,19 +312,34 @@ class DataplaneKVClient:
     # -- the interface --
 
     def put(self, keys, values):
-        """Store values[i] under keys[i]. Returns the per-key backend metadata:
-        one location hint (bytes) per key, which TQ hands back to get as
-        custom_backend_meta so that the get skips looking the keys up."""
-        keys, values = list(keys), list(values)
+        """Store values[i] under keys[i]. values is a sequence, or what
+        flatten(batch) made of a batch (its tensor fields then move whole).
+        Returns the per-key backend metadata: one location hint (bytes) per
+        key, which TQ hands back to get as custom_backend_meta so that the
+        get skips looking the keys up."""
+        keys = list(keys)
+        flat = values if isinstance(values, Flattened) else None
+        if flat is None:
+            values = list(values)
         if len(keys) != len(values):
             raise ValueError(f"put: {len(keys)} keys and {len(values)} values")
         # rows and fields in order of first appearance; slots[f][r]: the key index
         row_list, fields, slots = _core.group_keys(keys)
         n = len(row_list)
-        cols = _core.columns(values, slots, _UNSET)
-        data, stack = {}, []
+        cols = None
+        if flat is not None:
+            if _core.field_major(slots, n):  # key i names value i: TQ's order
+                cols = flat.columns(fields, n)
+            if cols is None:
+                values = list(flat)  # keyed otherwise: the list it stands for
+        if cols is None:
+            cols = _core.columns(values, slots, _UNSET)
+        data, stack, counts = {}, [], collections.Counter()
         for f, col in zip(fields, cols):
             data[f] = col
+            if dt.is_tensor(col):  # a batch tensor of flatten(): Client.put takes it
+                counts["batch"] += 1
+                continue
             first = col[0]
             if (n > 1 and dt.is_tensor(first) and not first.is_nested
                     and first.layout == dt.torch.strided):
@@ -259,6 +347,7 @@ class DataplaneKVClient:
                 whole = _rows_of_one_tensor(col) if nb else None
                 if whole is not None:
                     data[f] = whole
+                    counts["rows"] += 1
                     continue
                 # a jagged column (the last value's shape differs) is not
                 # tried: torch's refusal costs milliseconds (it records a
@@ -268,16 +357,32 @@ class DataplaneKVClient:
                         and _core.same_kind(col, type(first), first.dtype)):
                     stack.append(f)
                     continue
+            counts["values"] += 1
             self._cells(row_list, f, col)
         try:
             if stack:  # data's stacked columns keep the registered memory under them
-                self._stage(stack, data, row_list)
+                counts.update(self._stage(stack, data, row_list))
             locs = self._client._put(row_list, data, True)[2]
         except (TypeError, ValueError) as e:
             if isinstance(e, _core.Error):  # the library's: it names rows or keys itself
                 raise
             raise _naming_the_key(e, row_list, data) from e
+        with self._pool_lock:
+            self._counts.update(counts)
         return _core.key_hints(locs, slots, len(keys))
+
+    def counters(self):
+        """The client's counters (Client.counters()) and how this adapter's
+        puts that succeeded moved their columns: columns_batch (a tensor field of
+        flatten(batch), moved whole), columns_rows (row views proven to be
+        the rows of one tensor, moved as that tensor), columns_stacked (small
+        rows stacked into registered memory), columns_values (value by
+        value)."""
+        out = self._client.counters()
+        with self._pool_lock:
+            for k in ("batch", "rows", "stacked", "values"):
+                out["columns_" + k] = self._counts[k]
+        return out
 
     def _cells(self, row_list, f, col):
         """col's values, one by one, in the forms Client.put takes."""
@@ -330,6 +435,7 @@ class DataplaneKVClient:
             else:
                 data[f] = out
         self._client._c._count_copy(sum(jobs[j][2] for j, *_ in work if j not in bad))
+        return {"stacked": len(work) - len(bad), "values": len(bad)}
 
     def _pool(self):
         """The copy threads' pool (threads - 1 workers), or None in a forked
@@ -457,10 +563,16 @@ def _register_with_tq():
 
     @StorageManagerFactory.register("Dataplane")
     class DataplaneStorageManager(KVStorageManager):
-        def __init__(self, controller_info, config):
+        """TQ's KV storage manager over DataplaneKVClient, whose puts get
+        flatten(batch) rather than a list of row views: each tensor field
+        moves as one tensor."""
+
+        _generate_values = staticmethod(flatten)
+
+        def __init__(self, controller_info, config, **kwargs):
             config = dict(config)
             config["client_name"] = "Dataplane"
-            super().__init__(controller_info, config)
+            super().__init__(controller_info, config, **kwargs)
 
     globals()["DataplaneStorageManager"] = DataplaneStorageManager
     return True

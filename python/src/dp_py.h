@@ -99,6 +99,7 @@ PyObject *dp__py_group_keys(PyObject *m, PyObject *args);
 PyObject *dp__py_columns(PyObject *m, PyObject *args);
 PyObject *dp__py_same_kind(PyObject *m, PyObject *args);
 PyObject *dp__py_rows_of(PyObject *m, PyObject *args);
+PyObject *dp__py_field_major(PyObject *m, PyObject *args);
 PyObject *dp__py_split_hints(PyObject *m, PyObject *args);
 PyObject *dp__py_key_hints(PyObject *m, PyObject *args);
 

@@ -339,6 +339,8 @@ static PyMethodDef mod_methods[] = {
      "same_kind(col, type, dtype) -> bool: CPU tensors of that type and dtype"},
     {"rows_of", dp__py_rows_of, METH_VARARGS,
      "rows_of(col, type, ptr, row_bytes, shape, dtype, is_complex) -> bool"},
+    {"field_major", dp__py_field_major, METH_VARARGS,
+     "field_major(slots, n_rows) -> bool: slots[f][r] == f * n_rows + r throughout"},
     {"split_hints", dp__py_split_hints, METH_VARARGS,
      "split_hints(locs, n_rows, n_fields) -> [[hint or None per row] per field]"},
     {"key_hints", dp__py_key_hints, METH_VARARGS,

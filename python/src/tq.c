@@ -8,6 +8,7 @@
  *   columns      the values of each field's slots, row by row
  *   same_kind    whether a column's values are CPU tensors of one type and dtype
  *   rows_of      whether a column's tensors are exactly the rows of one tensor
+ *   field_major  whether keys named every cell once, field by field (TQ's order)
  *   split_hints  put's row-major location hints as one list per field
  *   key_hints    the same hints in the order of the keys that named them
  */
@@ -390,6 +391,36 @@ dp__py_rows_of(PyObject *m, PyObject *args)
                           &rs.row_bytes, &rs.shape, &rs.dtype, &rs.is_complex))
         return NULL;
     return every_value(col, type, row_check, &rs);
+}
+
+/*
+ * field_major(slots, n_rows) -> bool: whether slots[f][r] is f * n_rows + r
+ * for every field f and row r, i.e. the keys named every cell exactly once,
+ * field by field and rows in order: the order in which TQ's KV storage
+ * manager makes its keys and values (so value i is row i % n_rows of field
+ * i // n_rows). A few ns a key.
+ */
+PyObject *
+dp__py_field_major(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *slots;
+    Py_ssize_t nr;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &slots, &nr))
+        return NULL;
+    for (Py_ssize_t f = 0; f < PyList_GET_SIZE(slots); f++) {
+        PyObject *s = slot_list(slots, f, nr);
+        if (s == NULL)
+            return NULL;
+        for (Py_ssize_t r = 0; r < nr; r++) {
+            Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(s, r));
+            if (i == -1 && PyErr_Occurred())
+                return NULL;
+            if (i != f * nr + r)
+                Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
 }
 
 /* locs as a buffer of n_rows * n_fields dp_loc records; -1 (exception set) if not. */

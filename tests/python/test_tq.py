@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 import torch
 
-from dataplane.tq import DataplaneKVClient
+from dataplane.tq import DataplaneKVClient, Flattened, flatten
 import dataplane
 
 
@@ -82,16 +82,20 @@ def _same(a, b):
     return type(a) is type(b) and a == b
 
 
-def test_driven_as_tq_kv_storage_manager(cluster):
+@pytest.mark.parametrize("values_of", ["tq", "flatten"])
+def test_driven_as_tq_kv_storage_manager(cluster, values_of):
+    """TQ's KV storage manager (values: a list of row views), and the
+    "Dataplane" manager (values: flatten(batch))."""
     kv = DataplaneKVClient({"cluster": cluster, "client_name": "Dataplane",
                             "timeout_s": 20})
     n = 24
     parts = [list(range(1000 + 100 * p, 1000 + 100 * p + n)) for p in range(4)]
     batches = [_batch(p, n) for p in range(4)]
+    make = _values if values_of == "tq" else (lambda b, g: flatten(b))
 
     async def put_all():
         loop = asyncio.get_running_loop()
-        futs = [loop.run_in_executor(None, kv.put, _keys(g, b), _values(b, g))
+        futs = [loop.run_in_executor(None, kv.put, _keys(g, b), make(b, g))
                 for g, b in zip(parts, batches)]
         return await asyncio.gather(*futs)
 
@@ -131,6 +135,96 @@ def test_driven_as_tq_kv_storage_manager(cluster):
     assert all(_same(x, y) for x, y in zip(_values(batches[1], parts[1]), got))
     for g in parts[1:]:
         kv.clear(_keys(g, batches[0]))
+    cnt = kv.counters()
+    dense = 4 * 4  # four batches: attention_mask, logprobs, reward, hidden
+    if values_of == "flatten":  # moved whole; input_ids, prompt, meta value by value
+        assert (cnt["columns_batch"], cnt["columns_values"]) == (dense, 4 * 3)
+    else:
+        assert cnt["columns_batch"] == 0
+        assert cnt["columns_rows"] + cnt["columns_stacked"] == dense
+    kv.close()
+
+
+def _same_view(a, b):
+    """a and b are the same value: for tensors, the same view of the same
+    memory (as TQ's iteration makes it), else equal objects of one type."""
+    if isinstance(a, torch.Tensor):
+        return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+                and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
+                and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj())
+    return type(a) is type(b) and a == b
+
+
+def test_flatten_stands_for_tqs_value_list():
+    """flatten(batch) is, value for value, the list TQ's KV storage manager
+    makes (_generate_values), only made on demand: the same views of the same
+    memory, nested rows, non-tensor items; indexing, slicing, iterating."""
+    b = _batch(5, 7)
+    b["neg"] = torch._neg_view(torch.randn(7, 2))
+    b["arr"] = list(np.arange(14).reshape(7, 2))  # a field of arrays (TQ: NonTensorStack)
+    want = _values(b, None)
+    flat = flatten(b)
+    assert isinstance(flat, Flattened) and len(flat) == len(want) == 9 * 7
+    assert flat.fields == sorted(b)
+    for i, w in enumerate(want):
+        got = flat[i]
+        if isinstance(w, np.ndarray):
+            assert type(got) is np.ndarray and np.array_equal(got, w), i
+        else:
+            assert _same_view(w, got), i
+        assert _same_view(flat[i - len(want)], got) if not isinstance(w, np.ndarray) else True
+    assert all(_same_view(x, y) for x, y in zip(want, flat) if not isinstance(x, np.ndarray))
+    assert [type(x) for x in flat[3:40:5]] == [type(x) for x in want[3:40:5]]
+    for bad in (len(want), -len(want) - 1):
+        with pytest.raises(IndexError):
+            flat[bad]
+    with pytest.raises(TypeError):
+        flat["0"]
+    # a field of another row count: no columns (the put then goes by the list)
+    assert flatten({"a": torch.zeros(3, 2), "b": torch.zeros(4, 2)}).columns(["a", "b"], 3) is None
+    assert flat.columns(list(reversed(flat.fields)), 7) is None
+
+
+def test_flatten_put_moves_tensor_fields_whole(cluster):
+    """A put of flatten(batch) under TQ's keys moves each dense tensor field
+    as the tensor it is: from alloc() memory with no copy at all, without
+    looking at its rows; other fields go value by value; keys in another
+    order than the values' make the put go by the list flatten stands for."""
+    kv = DataplaneKVClient({"cluster": cluster})
+    c = kv.client
+    n = 64
+    buf = c.alloc(n * 256 * 4)
+    reg = torch.frombuffer(buf, dtype=torch.float32).view(n, 256)
+    reg.copy_(torch.randn(n, 256, generator=torch.Generator().manual_seed(11)))
+    batch = {"reg": reg, "t": torch.randn(n, 3, 5).transpose(1, 2),  # non-contiguous
+             "nest": torch.nested.nested_tensor([torch.ones(i % 5 + 1) for i in range(n)]),
+             "txt": [f"row {i}" for i in range(n)]}
+    g = list(range(3800, 3800 + n))
+    # reg moves from registered memory, t is copied once (not contiguous)
+    two = {"reg": reg, "t": batch["t"]}
+    before = c.counters()
+    kv.put(_keys(g, two), flatten(two))
+    after = kv.counters()
+    assert after["columns_batch"] == 2 and after["columns_values"] == 0
+    assert after["staged_put_bytes"] - before["staged_put_bytes"] == 0
+    assert after["copied_bytes"] - before["copied_bytes"] == batch["t"].numel() * 4
+    keys = _keys(g, batch)
+    kv.put(keys, flatten(batch))
+    after = kv.counters()
+    assert after["columns_batch"] == 4 and after["columns_values"] == 2
+    want = _values(batch, g)
+    for k, w, got in zip(keys, want, kv.get(keys)):
+        assert _same(w, got), k
+    # row-major keys: key i still names value i, as with any sequence
+    rm = [f"{r}@{f}" for r in range(3900, 3900 + n) for f in sorted(batch)]
+    kv.put(rm, flatten(batch))
+    assert kv.counters()["columns_batch"] == 4  # not moved whole this time
+    for k, w, got in zip(rm, want, kv.get(rm)):
+        assert _same(w, got), k
+    with pytest.raises(ValueError, match="keys and"):
+        kv.put(keys[:-1], flatten(batch))
+    kv.clear(keys + rm)
+    del reg
     kv.close()
 
 
