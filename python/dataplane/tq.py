@@ -323,7 +323,7 @@ class DataplaneKVClient:
             values = list(values)
         if len(keys) != len(values):
             raise ValueError(f"put: {len(keys)} keys and {len(values)} values")
-        # rows and fields in order of first appearance; slots[f][r]: the key index
+        # rows and fields in order of first appearance; slots: cell (f, r)'s key index
         row_list, fields, slots = _core.group_keys(keys)
         n = len(row_list)
         cols = None
@@ -333,7 +333,7 @@ class DataplaneKVClient:
             if cols is None:
                 values = list(flat)  # keyed otherwise: the list it stands for
         if cols is None:
-            cols = _core.columns(values, slots, _UNSET)
+            cols = _core.columns(values, slots, n, _UNSET)
         data, stack, counts = {}, [], collections.Counter()
         for f, col in zip(fields, cols):
             data[f] = col
@@ -369,7 +369,7 @@ class DataplaneKVClient:
             raise _naming_the_key(e, row_list, data) from e
         with self._pool_lock:
             self._counts.update(counts)
-        return _core.key_hints(locs, slots, len(keys))
+        return _core.key_hints(locs, slots, n, len(keys))
 
     def counters(self):
         """The client's counters (Client.counters()) and how this adapter's

@@ -614,8 +614,7 @@ client_put(DpClient *self, PyObject *args)
         locs = PyBytes_FromStringAndSize(
             NULL, (Py_ssize_t)(p.n_rows * p.n_fields * sizeof(dp_loc)));
         if (locs == NULL)
-            goto out;
-        memset(PyBytes_AS_STRING(locs), 0, (size_t)PyBytes_GET_SIZE(locs));
+            goto out; /* the library fills every cell (blob "" where none) */
     }
     dp_loc *lp = locs != NULL ? (dp_loc *)(void *)PyBytes_AS_STRING(locs) : NULL;
     dp_detail d = {0};

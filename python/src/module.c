@@ -331,20 +331,21 @@ static PyMethodDef mod_methods[] = {
      "error(code, detail, keys=None, rows=None, landed=None) -> the exception"},
     {"group_keys", dp__py_group_keys, METH_VARARGS,
      "group_keys(keys, repeats=False) -> (rows, fields, slots) of '<gidx>@<field>' "
-     "keys."},
+     "keys; slots: bytes of len(fields) x len(rows) key indexes (-1: none)."},
     {"columns", dp__py_columns, METH_VARARGS,
-     "columns(values, slots, fill) -> [[values[i] or fill for i in slot] for slot in "
-     "slots]"},
+     "columns(values, slots, n_rows, fill) -> per field of slots, [values[i] or fill "
+     "for each row's key index i]"},
     {"same_kind", dp__py_same_kind, METH_VARARGS,
      "same_kind(col, type, dtype) -> bool: CPU tensors of that type and dtype"},
     {"rows_of", dp__py_rows_of, METH_VARARGS,
      "rows_of(col, type, ptr, row_bytes, shape, dtype, is_complex) -> bool"},
     {"field_major", dp__py_field_major, METH_VARARGS,
-     "field_major(slots, n_rows) -> bool: slots[f][r] == f * n_rows + r throughout"},
+     "field_major(slots, n_rows) -> bool: cell (f, r) holds key f * n_rows + r "
+     "throughout"},
     {"split_hints", dp__py_split_hints, METH_VARARGS,
      "split_hints(locs, n_rows, n_fields) -> [[hint or None per row] per field]"},
     {"key_hints", dp__py_key_hints, METH_VARARGS,
-     "key_hints(locs, slots, n_keys) -> [hint or None per key]"},
+     "key_hints(locs, slots, n_rows, n_keys) -> [hint or None per key]"},
     {NULL, NULL, 0, NULL},
 };
 

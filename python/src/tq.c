@@ -57,14 +57,17 @@ index_of(PyObject *ix, PyObject *list, PyObject *key)
 /*
  * group_keys(keys, repeats=False) -> (rows, fields, slots): keys
  * "<gidx>@<field>" as TQ hands them; rows and fields in order of first
- * appearance; slots[f][r] the index in keys of row r's key of field f, or -1.
- * ValueError names a malformed key (InvalidArgument, with the library's
- * reason), or a repeated one unless repeats (then the first stands).
+ * appearance; slots the bytes of len(fields) x len(rows) native Py_ssize_t,
+ * slots[f * len(rows) + r] the index in keys of row r's key of field f, or
+ * -1 (see slot_array). ValueError names a malformed key (InvalidArgument,
+ * with the library's reason), or a repeated one unless repeats (then the
+ * first stands).
  *
  * TQ's keys come field by field (or row by row), so each key's row and field
  * are first guessed from the previous key's (the same, the next, or the
- * first) and compared in C; only a wrong guess builds Python objects for a
- * dict lookup.
+ * first) and compared in C. A row not guessed is new without a lookup while
+ * the rows seen so far ascend and it is above them all (TQ's first field);
+ * only otherwise is a dict of the rows built (once) and asked.
  */
 PyObject *
 dp__py_group_keys(PyObject *m, PyObject *args)
@@ -80,13 +83,13 @@ dp__py_group_keys(PyObject *m, PyObject *args)
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
     size_t cap = (size_t)(n > 0 ? n : 1);
     PyObject *rows = PyList_New(0), *fields = PyList_New(0);
-    PyObject *row_ix = PyDict_New(), *field_ix = PyDict_New();
+    PyObject *row_ix = NULL, *field_ix = PyDict_New();
     Py_ssize_t *key_row = PyMem_Malloc(cap * sizeof *key_row);
     Py_ssize_t *key_field = PyMem_Malloc(cap * sizeof *key_field);
     uint64_t *row_g = PyMem_Malloc(cap * sizeof *row_g); /* gidx of each row */
     PyObject *slots = NULL, *ret = NULL;
-    if (rows == NULL || fields == NULL || row_ix == NULL || field_ix == NULL ||
-        key_row == NULL || key_field == NULL || row_g == NULL)
+    if (rows == NULL || fields == NULL || field_ix == NULL || key_row == NULL ||
+        key_field == NULL || row_g == NULL)
         goto out;
     Py_ssize_t last_r = -1, last_f = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -119,14 +122,35 @@ dp__py_group_keys(PyObject *m, PyObject *args)
             if (gk != NULL && gl == fl && memcmp(gk, fk, (size_t)fl) == 0)
                 f = guess_f[t];
         }
-        if (r < 0) {
+        if (r < 0 && row_ix == NULL && (nr == 0 || g > row_g[nr - 1])) {
+            /* Above every row so far, which ascend: a new one. */
+            PyObject *pg = PyLong_FromUnsignedLongLong(g);
+            if (pg == NULL || PyList_Append(rows, pg) < 0) {
+                Py_XDECREF(pg);
+                goto out;
+            }
+            Py_DECREF(pg);
+            r = nr;
+        } else if (r < 0) {
+            if (row_ix == NULL) { /* the rows stopped ascending: a dict of them */
+                if ((row_ix = PyDict_New()) == NULL)
+                    goto out;
+                for (Py_ssize_t j = 0; j < nr; j++) {
+                    PyObject *pj = PyLong_FromSsize_t(j);
+                    int bad = pj == NULL ||
+                              PyDict_SetItem(row_ix, PyList_GET_ITEM(rows, j), pj) < 0;
+                    Py_XDECREF(pj);
+                    if (bad)
+                        goto out;
+                }
+            }
             PyObject *pg = PyLong_FromUnsignedLongLong(g);
             r = pg != NULL ? index_of(row_ix, rows, pg) : -1;
             Py_XDECREF(pg);
             if (r < 0)
                 goto out;
-            row_g[r] = g;
         }
+        row_g[r] = g;
         if (f < 0) {
             /* A field first seen: the library's rules (clear sends no keys) */
             dp_detail kd;
@@ -145,34 +169,22 @@ dp__py_group_keys(PyObject *m, PyObject *args)
         key_field[i] = last_f = f;
     }
     Py_ssize_t nr = PyList_GET_SIZE(rows), nf = PyList_GET_SIZE(fields);
-    slots = PyList_New(nf);
-    for (Py_ssize_t f = 0; slots != NULL && f < nf; f++) {
-        PyObject *col = PyList_New(nr);
-        if (col == NULL) {
-            Py_CLEAR(slots);
-            break;
-        }
-        for (Py_ssize_t r = 0; r < nr; r++)
-            PyList_SET_ITEM(col, r, PyLong_FromLong(-1));
-        PyList_SET_ITEM(slots, f, col);
-    }
+    slots = PyBytes_FromStringAndSize(NULL, nr * nf * (Py_ssize_t)sizeof(Py_ssize_t));
     if (slots == NULL)
         goto out;
+    Py_ssize_t *sl = (Py_ssize_t *)(void *)PyBytes_AS_STRING(slots);
+    for (Py_ssize_t j = 0; j < nr * nf; j++)
+        sl[j] = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *col = PyList_GET_ITEM(slots, key_field[i]);
-        PyObject *old = PyList_GET_ITEM(col, key_row[i]);
-        if (PyLong_AsLong(old) != -1) {
+        Py_ssize_t *cell = &sl[key_field[i] * nr + key_row[i]];
+        if (*cell != -1) {
             if (repeats)
                 continue; /* the first one stands */
             PyErr_Format(PyExc_ValueError, "put: key %R appears twice",
                          PyTuple_GET_ITEM(seq, i));
             goto out;
         }
-        PyObject *ix = PyLong_FromSsize_t(i);
-        if (ix == NULL)
-            goto out;
-        PyList_SET_ITEM(col, key_row[i], ix);
-        Py_DECREF(old);
+        *cell = i;
     }
     ret = PyTuple_Pack(3, rows, fields, slots);
 out:
@@ -188,50 +200,64 @@ out:
     return ret;
 }
 
-/* slots[f] as a list of ints of length n_rows, or NULL (exception set). */
-static PyObject *
-slot_list(PyObject *slots, Py_ssize_t f, Py_ssize_t n_rows)
+/*
+ * slots (group_keys' bytes) for n_rows rows as *nf fields of key indexes
+ * (*a, borrowed from slots), or -1 (exception set) when it is not that.
+ */
+static int
+slot_array(PyObject *slots, Py_ssize_t n_rows, Py_ssize_t *nf, const Py_ssize_t **a)
 {
-    PyObject *s = PyList_GET_ITEM(slots, f);
-    if (!PyList_Check(s) || (n_rows >= 0 && PyList_GET_SIZE(s) != n_rows)) {
-        PyErr_Format(PyExc_ValueError, "slots[%zd]: a list of %zd key indexes is needed",
-                     f, n_rows);
-        return NULL;
+    Py_ssize_t row = n_rows * (Py_ssize_t)sizeof(Py_ssize_t);
+    if (!PyBytes_Check(slots) || n_rows < 0 ||
+        (n_rows > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Py_ssize_t)) ||
+        (row > 0 ? PyBytes_GET_SIZE(slots) % row != 0 : PyBytes_GET_SIZE(slots) != 0)) {
+        PyErr_Format(PyExc_ValueError,
+                     "slots: group_keys' bytes of key indexes for %zd rows are needed",
+                     n_rows);
+        return -1;
     }
-    return s;
+    *nf = row > 0 ? PyBytes_GET_SIZE(slots) / row : 0;
+    *a = (const Py_ssize_t *)(const void *)PyBytes_AS_STRING(slots);
+    return 0;
+}
+
+/* ValueError for a key index i of cell (f, r) outside [-1, n); returns NULL. */
+static PyObject *
+bad_slot(Py_ssize_t f, Py_ssize_t r, Py_ssize_t n)
+{
+    return PyErr_Format(PyExc_ValueError,
+                        "slots[%zd][%zd]: a key index in [-1, %zd) is needed", f, r, n);
 }
 
 /*
- * columns(values, slots, fill) -> one list per slot list: [values[i] for i in
- * slot], fill where i is -1 (a cell no key named).
+ * columns(values, slots, n_rows, fill) -> one list per field of slots:
+ * [values[i] for each row's key index i], fill where i is -1 (a cell no key
+ * named).
  */
 PyObject *
 dp__py_columns(PyObject *m, PyObject *args)
 {
     (void)m;
     PyObject *values, *slots, *fill;
-    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &values, &PyList_Type, &slots,
-                          &fill))
+    Py_ssize_t nr, nf;
+    const Py_ssize_t *sl;
+    if (!PyArg_ParseTuple(args, "O!OnO", &PyList_Type, &values, &slots, &nr, &fill) ||
+        slot_array(slots, nr, &nf, &sl) < 0)
         return NULL;
-    Py_ssize_t nf = PyList_GET_SIZE(slots), nv = PyList_GET_SIZE(values);
+    Py_ssize_t nv = PyList_GET_SIZE(values);
     PyObject *out = PyList_New(nf);
     for (Py_ssize_t f = 0; out != NULL && f < nf; f++) {
-        PyObject *s = slot_list(slots, f, -1);
-        PyObject *col = s ? PyList_New(PyList_GET_SIZE(s)) : NULL;
+        PyObject *col = PyList_New(nr);
         if (col == NULL) {
             Py_CLEAR(out);
             break;
         }
         PyList_SET_ITEM(out, f, col);
-        for (Py_ssize_t r = 0; r < PyList_GET_SIZE(s); r++) {
-            Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(s, r));
-            if (i < -1 || i >= nv || (i == -1 && PyErr_Occurred())) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_ValueError,
-                             "slots[%zd][%zd]: a key index in [-1, %zd) is needed", f, r,
-                             nv);
+        for (Py_ssize_t r = 0; r < nr; r++) {
+            Py_ssize_t i = sl[f * nr + r];
+            if (i < -1 || i >= nv) {
                 Py_CLEAR(out);
-                break;
+                return bad_slot(f, r, nv);
             }
             PyObject *v = i >= 0 ? PyList_GET_ITEM(values, i) : fill;
             Py_INCREF(v);
@@ -394,32 +420,23 @@ dp__py_rows_of(PyObject *m, PyObject *args)
 }
 
 /*
- * field_major(slots, n_rows) -> bool: whether slots[f][r] is f * n_rows + r
- * for every field f and row r, i.e. the keys named every cell exactly once,
- * field by field and rows in order: the order in which TQ's KV storage
- * manager makes its keys and values (so value i is row i % n_rows of field
- * i // n_rows). A few ns a key.
+ * field_major(slots, n_rows) -> bool: whether every cell's key index is
+ * f * n_rows + r, i.e. the keys named every cell exactly once, field by
+ * field and rows in order: the order in which TQ's KV storage manager makes
+ * its keys and values (so value i is row i % n_rows of field i // n_rows).
  */
 PyObject *
 dp__py_field_major(PyObject *m, PyObject *args)
 {
     (void)m;
     PyObject *slots;
-    Py_ssize_t nr;
-    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &slots, &nr))
+    Py_ssize_t nr, nf;
+    const Py_ssize_t *sl;
+    if (!PyArg_ParseTuple(args, "On", &slots, &nr) || slot_array(slots, nr, &nf, &sl) < 0)
         return NULL;
-    for (Py_ssize_t f = 0; f < PyList_GET_SIZE(slots); f++) {
-        PyObject *s = slot_list(slots, f, nr);
-        if (s == NULL)
-            return NULL;
-        for (Py_ssize_t r = 0; r < nr; r++) {
-            Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(s, r));
-            if (i == -1 && PyErr_Occurred())
-                return NULL;
-            if (i != f * nr + r)
-                Py_RETURN_FALSE;
-        }
-    }
+    for (Py_ssize_t j = 0; j < nf * nr; j++)
+        if (sl[j] != j)
+            Py_RETURN_FALSE;
     Py_RETURN_TRUE;
 }
 
@@ -487,26 +504,20 @@ dp__py_split_hints(PyObject *m, PyObject *args)
 }
 
 /*
- * key_hints(locs, slots, n_keys) -> out: out[slots[f][r]] the hint of cell
- * (r, f) of put's row-major hints, for the keys group_keys grouped (slots);
- * None for a key no cell names.
+ * key_hints(locs, slots, n_rows, n_keys) -> out: out[i] the hint of cell
+ * (r, f) of put's row-major hints for the key i that group_keys put in that
+ * cell (slots); None for a key no cell names.
  */
 PyObject *
 dp__py_key_hints(PyObject *m, PyObject *args)
 {
     (void)m;
     PyObject *locs, *slots;
-    Py_ssize_t n_keys;
-    if (!PyArg_ParseTuple(args, "OO!n", &locs, &PyList_Type, &slots, &n_keys))
+    Py_ssize_t nr, nf, n_keys;
+    const Py_ssize_t *sl;
+    if (!PyArg_ParseTuple(args, "OOnn", &locs, &slots, &nr, &n_keys) ||
+        slot_array(slots, nr, &nf, &sl) < 0)
         return NULL;
-    Py_ssize_t nf = PyList_GET_SIZE(slots);
-    Py_ssize_t nr = 0;
-    if (nf > 0) {
-        PyObject *s0 = slot_list(slots, 0, -1);
-        if (s0 == NULL)
-            return NULL;
-        nr = PyList_GET_SIZE(s0);
-    }
     Py_buffer b;
     if (n_keys < 0 || loc_view(locs, nr, nf, &b) < 0) {
         if (n_keys < 0)
@@ -517,28 +528,17 @@ dp__py_key_hints(PyObject *m, PyObject *args)
     for (Py_ssize_t i = 0; out != NULL && i < n_keys; i++)
         PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
     for (Py_ssize_t f = 0; out != NULL && f < nf; f++) {
-        PyObject *s = slot_list(slots, f, nr);
-        for (Py_ssize_t r = 0; s != NULL && r < nr; r++) {
-            Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(s, r));
-            if (i == -1 && !PyErr_Occurred())
+        for (Py_ssize_t r = 0; r < nr; r++) {
+            Py_ssize_t i = sl[f * nr + r];
+            if (i == -1)
                 continue; /* no key names this cell */
-            if (i < 0 || i >= n_keys) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_ValueError,
-                             "slots[%zd][%zd]: a key index in [-1, %zd) is needed", f, r,
-                             n_keys);
-                s = NULL;
-                break;
-            }
-            PyObject *h = hint_at(&b, nf, r, f);
+            PyObject *h = i >= 0 && i < n_keys ? hint_at(&b, nf, r, f) : bad_slot(f, r, n_keys);
             if (h == NULL) {
-                s = NULL;
+                Py_CLEAR(out);
                 break;
             }
             Py_SETREF(PyList_GET_ITEM(out, i), h);
         }
-        if (s == NULL)
-            Py_CLEAR(out);
     }
     PyBuffer_Release(&b);
     return out;

@@ -574,3 +574,86 @@ def test_config_and_argument_checks(cluster):
         assert "3602@odd" in str(e.value)
     kv.clear(["3600@t", "3601@s"])
     kv.close()
+
+
+def _group_ref(keys, repeats=False):
+    """group_keys in Python: rows and fields in order of first appearance,
+    {(field, row): key index} (the first when repeats)."""
+    rows, fields, cell = [], [], {}
+    for i, k in enumerate(keys):
+        g, f = k.split("@", 1)
+        g = int(g)
+        if g not in rows:
+            rows.append(g)
+        if f not in fields:
+            fields.append(f)
+        at = (fields.index(f), rows.index(g))
+        if at in cell and not repeats:
+            raise ValueError(k)
+        cell.setdefault(at, i)
+    return rows, fields, cell
+
+
+def test_key_grouping_matches_a_reference():
+    """The adapter's per-key work in C (group_keys, columns, field_major,
+    key_hints) against plain Python, over keys in TQ's orders and shuffled
+    ones, rows ascending or not, cells missing and keys repeated."""
+    import os
+    import random
+    import sys
+    from dataplane import _core
+    seed = int(os.environ.get("DP_TEST_SEED", random.randrange(1 << 30)))
+    print(f"DP_TEST_SEED={seed}")
+    rnd = random.Random(seed)
+    from dataplane.client import LOC_BYTES as loc
+    for trial in range(60):
+        nr, nf = rnd.randint(1, 40), rnd.randint(1, 5)
+        gidx = rnd.sample(range(10 ** 6), nr)
+        if trial % 3 == 0:
+            gidx.sort()  # TQ's batches: ascending
+        fields = [f"f{j}" for j in range(nf)]
+        keys = [f"{g}@{f}" for f in fields for g in gidx]  # field-major
+        if trial % 4 == 1:
+            keys = [f"{g}@{f}" for g in gidx for f in fields]  # row-major
+        elif trial % 4 == 2:
+            rnd.shuffle(keys)
+        elif trial % 4 == 3:
+            keys = [k for k in keys if rnd.random() < 0.7] or keys[:1]  # holes
+        rows, flds, cell = _group_ref(keys)
+        r, f, slots = _core.group_keys(keys)
+        assert (r, f) == (rows, flds), seed
+        n = len(r)
+        assert len(slots) == len(f) * n * 8
+        vals = [object() for _ in keys]
+        fill = object()
+        cols = _core.columns(vals, slots, n, fill)
+        for fi in range(len(f)):
+            for ri in range(n):
+                i = cell.get((fi, ri))
+                assert cols[fi][ri] is (fill if i is None else vals[i]), seed
+        major = all(cell.get((fi, ri)) == fi * n + ri for fi in range(len(f)) for ri in range(n))
+        assert _core.field_major(slots, n) is major, seed
+        # hints: cell (r, f) of put's row-major hints goes to its key
+        locs = bytearray(n * len(f) * loc)
+        for ri in range(n):
+            for fi in range(len(f)):
+                o = (ri * len(f) + fi) * loc
+                locs[o:o + 8] = b"b%03d%03d\0" % (ri, fi) if (fi, ri) in cell else b"\0" * 8
+        hints = _core.key_hints(bytes(locs), slots, n, len(keys))
+        for (fi, ri), i in cell.items():
+            assert hints[i][:8] == b"b%03d%03d\0" % (ri, fi), seed
+        if trial % 5 == 0 and len(keys) > 1:  # a repeated key
+            k2 = keys + [keys[0]]
+            with pytest.raises(ValueError, match="appears twice"):
+                _core.group_keys(k2)
+            assert _core.group_keys(k2, True)[:2] == (r, f)
+    # slots that are not group_keys' for those rows
+    r, f, slots = _core.group_keys(["1@a", "2@a"])
+    for bad in (slots[:-1], list(slots), (5).to_bytes(8, sys.byteorder) + slots[8:],
+                (-2).to_bytes(8, sys.byteorder, signed=True) + slots[8:]):
+        with pytest.raises(ValueError):
+            _core.columns([1, 2], bad, 2, None)
+    with pytest.raises(ValueError):
+        _core.field_major(slots, 3)
+    with pytest.raises(ValueError):
+        _core.key_hints(bytes(2 * loc), slots, 2, 1)  # key index 1 of 1 key
