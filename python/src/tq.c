@@ -532,7 +532,8 @@ dp__py_key_hints(PyObject *m, PyObject *args)
             Py_ssize_t i = sl[f * nr + r];
             if (i == -1)
                 continue; /* no key names this cell */
-            PyObject *h = i >= 0 && i < n_keys ? hint_at(&b, nf, r, f) : bad_slot(f, r, n_keys);
+            PyObject *h =
+                i >= 0 && i < n_keys ? hint_at(&b, nf, r, f) : bad_slot(f, r, n_keys);
             if (h == NULL) {
                 Py_CLEAR(out);
                 break;
