@@ -90,8 +90,9 @@ def _dense(t, where):
     """TypeError unless t is a dense tensor with memory (not nested, sparse or
     on the meta device)."""
     if t.is_nested or t.layout != torch.strided or t.device.type == "meta":
-        kind = "nested" if t.is_nested else f"{t.layout} on {t.device}"
-        raise TypeError(f"{where}: cannot store a {kind} tensor (dense tensors only; "
+        kind = ("nested tensor" if t.is_nested else f"{t.layout} tensor"
+                if t.layout != torch.strided else "tensor on the meta device (no data)")
+        raise TypeError(f"{where}: cannot store a {kind} (dense tensors only; "
                         f"unbind a nested one, .to_dense() a sparse one)")
 
 

@@ -156,7 +156,8 @@ class Flattened(collections.abc.Sequence):
     rows are made only when asked for (each the view TQ would make), so that
     DataplaneKVClient.put moves the tensor as it is instead of proving that
     thousands of row views are its rows. Anything else may index or iterate
-    it as the list it stands for. Use flatten(batch) to make one.
+    it as the list it stands for (each access makes a new view, so rows are
+    equal but not identical objects). Use flatten(batch) to make one.
     """
 
     def __init__(self, batch):
@@ -166,11 +167,19 @@ class Flattened(collections.abc.Sequence):
             v = batch[f]
             if (dt.torch is not None and type(v) is dt.torch.Tensor and not v.is_nested
                     and v.layout == dt.torch.strided and v.dim() > 0):
-                col = v  # rows made on demand: v[r] is the view iterating v gives
+                # an alias (v[...]): its size and memory are those of now, as
+                # row views' are, even if v is resized or set_ later; rows are
+                # made on demand (col[r] is the view iterating v gives)
+                col = v[...]
             elif dt.is_tensor(v) and v.is_nested:
                 col = list(v.unbind())
             else:
-                col = list(v)
+                try:
+                    col = list(v)
+                except TypeError as e:  # a 0-d tensor, a number, ...
+                    raise TypeError(f"field '{f}': a tensor with a first dimension or "
+                                    f"an iterable of rows is needed, got "
+                                    f"{type(v).__name__} ({e})") from None
             self._cols.append(col)
             self._starts.append(self._starts[-1] + len(col))
 
@@ -182,12 +191,11 @@ class Flattened(collections.abc.Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = operator.index(i)  # TypeError for anything but an int
         n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"value {i} of {n}")
-        k = bisect.bisect_right(self._starts, i) - 1
-        return self._cols[k][i - self._starts[k]]
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} out of range for {n} values")
+        k = bisect.bisect_right(self._starts, j) - 1
+        return self._cols[k][j - self._starts[k]]
 
     def __iter__(self):
         for col in self._cols:

@@ -176,10 +176,12 @@ def test_flatten_stands_for_tqs_value_list():
     assert all(_same_view(x, y) for x, y in zip(want, flat) if not isinstance(x, np.ndarray))
     assert [type(x) for x in flat[3:40:5]] == [type(x) for x in want[3:40:5]]
     for bad in (len(want), -len(want) - 1):
-        with pytest.raises(IndexError):
+        with pytest.raises(IndexError, match=f"index {bad} out of range for {len(want)}"):
             flat[bad]
     with pytest.raises(TypeError):
         flat["0"]
+    with pytest.raises(TypeError, match="field 'z': a tensor with a first dimension"):
+        flatten({"a": torch.zeros(2), "z": torch.tensor(3.)})
     # a field of another row count: no columns (the put then goes by the list)
     assert flatten({"a": torch.zeros(3, 2), "b": torch.zeros(4, 2)}).columns(["a", "b"], 3) is None
     assert flat.columns(list(reversed(flat.fields)), 7) is None
@@ -223,6 +225,27 @@ def test_flatten_put_moves_tensor_fields_whole(cluster):
         assert _same(w, got), k
     with pytest.raises(ValueError, match="keys and"):
         kv.put(keys[:-1], flatten(batch))
+    # the batch resized or set_ to other memory after flatten(): what is put
+    # is what the rows were at flatten(), as with TQ's row views (an
+    # independent probe found the resized tensor's rows put, shifted)
+    for change in ("grow", "shrink", "set"):
+        t = torch.arange(6.).reshape(3, 2)
+        b = {"a": t, "b": torch.tensor([100., 101., 102.])}
+        want = _values(b, None)
+        fl = flatten(b)
+        if change == "grow":
+            t.resize_(4, 2)
+            t[3] = -1
+        elif change == "shrink":
+            t.resize_(2, 2)
+        else:
+            t.set_(torch.full((3, 2), 7.))
+        ks = [f"{3950 + i}@{f}" for f in "ab" for i in range(3)]
+        assert len(fl) == len(list(fl)) == 6
+        kv.put(ks, fl)
+        for k, w, got in zip(ks, want, kv.get(ks)):
+            assert _same(w, got), (change, k)
+        kv.clear(ks)
     kv.clear(keys + rm)
     del reg
     kv.close()
