@@ -528,7 +528,7 @@ DP_TEST(unit_answers_others_while_it_saves)
     rm_shard(path);
     tcluster a;
     tc_start(&a, 1, 512 << 20, NULL, "busy.json");
-    tc_fill(&a, 192, 1 << 20, 4); /* about 190 MiB to write and fsync */
+    tc_fill(&a, 192 / DP_TEST_BULK_DIV, 1 << 20, 4); /* ~190 MiB to write and fsync */
     uint64_t live = dp_test_unit_stats(a.u[0]).entries;
     dp_ctl_client *pc = NULL;
     dp_detail d;
@@ -560,7 +560,7 @@ DP_TEST(unit_answers_others_while_it_saves)
                                      NULL, &r, &d),
                &d);
     CHECK(r.ok);
-    CHECK(r.r.save_shard.nbytes > (100u << 20));
+    CHECK(r.r.save_shard.nbytes > (100u << 20) / DP_TEST_BULK_DIV);
     dp__wire_reply_fini(&r);
     printf("  %d of %d pings answered while save_shard ran\n", during, total);
     CHECKF(during >= 3, "only %d of %d pings answered during the save", during, total);
@@ -585,8 +585,9 @@ DP_TEST(two_saves_of_one_unit_at_once)
     rm_shard(p1);
     rm_shard(p2);
     tcluster a;
+    const uint64_t rows = 96 / DP_TEST_BULK_DIV;
     tc_start(&a, 1, 256 << 20, NULL, "twin.json");
-    tc_fill(&a, 96, 1 << 20, 4);
+    tc_fill(&a, rows, 1 << 20, 4);
     busy_save b1 = {a.cl.units[0].zmq, p1, {0}, -1, 0, 0};
     busy_save b2 = {a.cl.units[0].zmq, p2, {0}, -1, 0, 0};
     pthread_t t1, t2;
@@ -614,7 +615,7 @@ DP_TEST(two_saves_of_one_unit_at_once)
                    &d);
         CHECK_EQ(lr.n_failed, 0);
         dp__unit_load_res_fini(&lr);
-        tc_same(&a, &c, 96, 1 << 20, 2);
+        tc_same(&a, &c, rows, 1 << 20, 2);
         tc_stop(&c);
         dp__wire_reply_fini(&r);
         dp__buf_fini(&bs[k]->reply);
@@ -686,8 +687,9 @@ DP_TEST(save_and_load_of_one_unit_at_once)
     CHECK_OK_D(dp__unit_save_shard(b.u[0], pb, strlen(pb), &sr, &d), &d);
     tc_stop(&b);
     tcluster a;
+    const uint64_t rows = 96 / DP_TEST_BULK_DIV;
     tc_start(&a, 1, 512 << 20, NULL, "sl-a.json");
-    tc_fill(&a, 96, 1 << 20, 4);
+    tc_fill(&a, rows, 1 << 20, 4);
     busy_save bs = {a.cl.units[0].zmq, pa, {0}, -1, 0, 0};
     busy_load bl = {a.cl.units[0].zmq, pb, sr.blobs, sr.n_blobs, {0}, -1};
     pthread_t t1, t2;
@@ -718,7 +720,7 @@ DP_TEST(save_and_load_of_one_unit_at_once)
                &d);
     CHECK_EQ(lr.n_failed, 0);
     dp__unit_load_res_fini(&lr);
-    for (uint64_t g = 0; g < 96; g++)
+    for (uint64_t g = 0; g < rows; g++)
         CHECK_EQ(row_version(c.u[0], g, 1 << 20, 2), row_version(a.u[0], g, 1 << 20, 2));
     uint32_t with = 0;
     for (uint64_t g = 1000; g < 1064; g++) {
@@ -752,7 +754,7 @@ DP_TEST(destroy_stops_a_running_save)
     snprintf(rtmp, sizeof rtmp, "%s.rows.tmp", path);
     tcluster a;
     tc_start(&a, 1, 768 << 20, NULL, "stopped.json");
-    tc_fill(&a, 384, 1 << 20, 4); /* about 380 MiB to write */
+    tc_fill(&a, 384 / DP_TEST_BULK_DIV, 1 << 20, 4); /* ~380 MiB to write */
     busy_save b = {a.cl.units[0].zmq, path, {0}, -1, 0, 2.0};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, busy_saver, &b), 0);
