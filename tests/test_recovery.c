@@ -83,8 +83,9 @@ unit_restart(unit_proc *u)
     unit_start(u, u->port, u->slab, u->id, u->n);
 }
 
+/* A client of n units; connect_s bounds the open, timeout_s each operation. */
 static dp_client *
-open_units(unit_proc *u, uint32_t n, double timeout_s)
+open_units_t(unit_proc *u, uint32_t n, double timeout_s, double connect_s)
 {
     const char *addrs[8];
     for (uint32_t i = 0; i < n; i++)
@@ -92,12 +93,18 @@ open_units(unit_proc *u, uint32_t n, double timeout_s)
     dp_client_opts o;
     dp_client_opts_init(&o);
     o.timeout_s = timeout_s;
-    o.connect_timeout_s = timeout_s;
+    o.connect_timeout_s = connect_s;
     dp_client *c = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp_client_open_units(addrs, n, &o, &c, &d), &d);
     return c;
+}
+
+static dp_client *
+open_units(unit_proc *u, uint32_t n, double timeout_s)
+{
+    return open_units_t(u, n, timeout_s, timeout_s);
 }
 
 /* One unit's counter through a client. */
@@ -433,6 +440,87 @@ DP_TEST(dead_unit_is_down_at_once_and_comes_back)
     dp_client_close(c);
     unit_kill(&u[0]);
     unit_kill(&u[1]);
+}
+
+/*
+ * A client opens while a unit is down (killed: refused at once; stopped: no
+ * answer within the connect budget): the open succeeds, names the unit in a
+ * warning and counts it; the other unit's rows work; the down unit's rows
+ * fail as "down" and never come back wrong; once the unit answers, the next
+ * put binds it with no restart reported (this client held nothing there).
+ * With no unit answering at all, the open still fails.
+ */
+DP_TEST(client_opens_with_a_unit_down)
+{
+    unit_proc u[2];
+    unit_start(&u[0], 0, "64M", 0, 2);
+    unit_start(&u[1], 0, "64M", 1, 2);
+    dp_detail d;
+    int st[8], rs[8];
+    enum { LEN = 64 << 10 };
+    dp_client *c0 = open_units(u, 2, 10);
+    CHECK_OK_D(put_rows(c0, 0, 8, LEN, 1, rs, &d), &d);
+    dp_client_close(c0);
+
+    unit_kill(&u[1]);
+    dp_client *c = open_units(u, 2, 10);
+    dp_client_counters cn;
+    CHECK_OK(dp_client_counters_get(c, &cn));
+    CHECK_EQ_U64(cn.units_down, 1);
+    char path[128];
+    CHECK_OK(dp_client_unit_path(c, 1, path, sizeof path));
+    CHECK_CONTAINS(path, "not connected");
+    CHECK_OK(dp_client_unit_path(c, 0, path, sizeof path));
+    CHECK(strstr(path, "not connected") == NULL);
+    CHECK_ERR_D(get_rows(c, 0, 8, LEN, 1, st, &d), DP_ETRANSFER, &d);
+    CHECK_CONTAINS(d.msg, "unit 1");
+    for (uint32_t i = 0; i < 8; i++) /* even rows: unit 0, checked (seed 1) */
+        CHECK_EQ(st[i], i % 2 == 0 ? 0 : DP_ETRANSFER);
+    CHECK_ERR_D(put_rows(c, 0, 8, LEN, 2, rs, &d), DP_ETRANSFER, &d);
+    for (uint32_t i = 0; i < 8; i++)
+        CHECK_EQ(rs[i], i % 2 == 0 ? 0 : DP_ETRANSFER);
+
+    /* Back on its port (empty): bound by the next put, no restart reported. */
+    unit_start(&u[1], u[1].port, "64M", 1, 2);
+    CHECK_OK_D(put_rows(c, 0, 8, LEN, 3, rs, &d), &d);
+    CHECK_OK_D(get_rows(c, 0, 8, LEN, 3, st, &d), &d);
+    CHECK_OK(dp_client_unit_path(c, 1, path, sizeof path));
+    CHECK(strstr(path, "not connected") == NULL);
+    CHECK_OK(dp_client_counters_get(c, &cn));
+    CHECK_EQ_U64(cn.restarts_seen, 0);
+    CHECK_EQ_U64(cn.rebinds, 0);
+    dp_client_close(c);
+
+    /*
+     * Stopped: no answer within the 1 s connect budget; an operation asks it
+     * for a third of its 6 s, so unit 0's part still has time; bound once it
+     * answers.
+     */
+    kill(u[1].pid, SIGSTOP);
+    c = open_units_t(u, 2, 6, 1);
+    CHECK_ERR_D(get_rows(c, 0, 8, LEN, 3, st, &d), DP_ETIMEDOUT, &d);
+    for (uint32_t i = 0; i < 8; i++)
+        CHECK_EQ(st[i], i % 2 == 0 ? 0 : DP_ETIMEDOUT);
+    kill(u[1].pid, SIGCONT);
+    CHECK_OK_D(get_rows(c, 0, 8, LEN, 3, st, &d), &d);
+    CHECK_OK_D(put_rows(c, 8, 8, LEN, 4, rs, &d), &d);
+    CHECK_OK_D(get_rows(c, 8, 8, LEN, 4, st, &d), &d);
+    CHECK_OK(dp_client_counters_get(c, &cn));
+    CHECK_EQ_U64(cn.restarts_seen, 0);
+    dp_client_close(c);
+
+    /* No unit answers: not an outage to ride out but a wrong file or no cluster. */
+    unit_kill(&u[0]);
+    unit_kill(&u[1]);
+    const char *addrs[2] = {u[0].addr, u[1].addr};
+    dp_client_opts o;
+    dp_client_opts_init(&o);
+    o.connect_timeout_s = 2;
+    c = NULL;
+    dp_detail_clear(&d);
+    CHECK_ERR_D(dp_client_open_units(addrs, 2, &o, &c, &d), DP_ETRANSFER, &d);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(d.msg, "no unit answers");
 }
 
 /* ---- clients killed mid-put ---- */

@@ -703,10 +703,13 @@ info_opts(const dp_client *c)
  * info from unit only (every unit: only < 0) at once, each checked by the
  * fanout to be unit u of n, then bound: a full client's data path (binding
  * stops at the first failure: the open fails), a control-only client's
- * record. With DP__CTL_ALLOW_DOWN (control-only) a unit that does not answer
- * is marked down instead of an error. The first failure (unit order) goes
- * into d: the unit's report, "connecting to unit U (ADDR): why" for a full
- * client.
+ * record. With DP__CTL_ALLOW_DOWN a unit that does not answer is marked down
+ * instead of an error: a control-only client's requests to it then fail with
+ * why; a full client leaves it unbound (stale, incarnation 0), so the first
+ * put or get that needs it binds it (dp__client_ready_locked) or finds it
+ * still down; unless no unit answers at all. The first failure (unit order)
+ * goes into d: the unit's report, "connecting to unit U (ADDR): why" for a
+ * full client.
  */
 static int
 check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
@@ -722,16 +725,25 @@ check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
     dp__fanout_opts o = info_opts(c);
     dp__fanout_run(f, c->ctl, c->o.connect_timeout_s, &o);
     int first = DP_OK;
+    uint32_t asked = 0, n_down = 0, first_down = 0;
     for (uint32_t u = 0; u < c->n_units; u++) {
         dp__fanout_unit *r = &f->u[u];
         if (r->op == DP_WIRE_OP_NONE)
             continue;
-        bool down = false;
-        if (c->checks != NULL) {
+        asked++;
+        bool down = r->rc != DP_OK && !r->answered && (flags & DP__CTL_ALLOW_DOWN);
+        if (down && n_down++ == 0)
+            first_down = u;
+        if (c->checks == NULL && down) {
+            /* Left unbound: the first operation that needs it binds it. */
+            dp__unit_conn *uc = &c->units[u];
+            uc->stale = true;
+            uc->incarnation = 0;
+            c->cnt.units_down++;
+        } else if (c->checks != NULL) {
             if (r->rc == DP_OK)
                 bind_ctl_locked(c, u, r);
             dp__unit_probe *k = &c->checks[u];
-            down = r->rc != DP_OK && !r->answered && (flags & DP__CTL_ALLOW_DOWN);
             if (down) {
                 k->state = DP__UNIT_DOWN;
                 k->rc = r->rc;
@@ -758,6 +770,19 @@ check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_detail *d)
                      dp__fanout_why(r));
         }
     }
+    if (first == DP_OK && c->checks == NULL && asked > 0 && n_down == asked) {
+        /* No unit answers: a wrong file or no cluster, not an outage. */
+        dp__fanout_unit *r = &f->u[first_down];
+        first = r->rc;
+        dp__fail(d, r->rc, "no unit answers; unit %u (%s): %s", first_down,
+                 c->units[first_down].addr, dp__fanout_why(r));
+    }
+    for (uint32_t u = first_down;
+         first == DP_OK && c->checks == NULL && n_down > 0 && u < c->n_units; u++)
+        if (f->u[u].op != DP_WIRE_OP_NONE && f->u[u].rc != DP_OK)
+            DP_LOG_W("client: unit %u (%s) is down: %s; its rows fail until it answers, "
+                     "and the first put or get after that connects to it",
+                     u, c->units[u].addr, dp__fanout_why(&f->u[u]));
     dp__fanout_reset(f);
     return first;
 }
@@ -807,9 +832,9 @@ rebind_locked(dp_client *c, uint32_t u, const dp__fanout_unit *r, dp_detail *det
     }
     if (rc != DP_OK)
         return dp__fail(det, rc, "%s", dp__fanout_why(r));
-    uint64_t was = uc->incarnation;
+    uint64_t was = uc->incarnation; /* 0: down when the client opened */
     uint64_t now_inc = r->rep.r.info.incarnation;
-    bool restarted = now_inc != was, stalled = uc->ep_suspect;
+    bool restarted = was != 0 && now_inc != was, stalled = uc->ep_suspect;
     if (restarted && (!uc->stale || uc->seen_incarnation != now_inc)) {
         c->cnt.restarts_seen++;
         uc->restart_unreported = true;
@@ -817,12 +842,14 @@ rebind_locked(dp_client *c, uint32_t u, const dp__fanout_unit *r, dp_detail *det
     rc = bind_unit_locked(c, u, &r->rep.r.info, det);
     if (rc != DP_OK)
         return rc;
-    c->cnt.rebinds++;
-    DP_LOG_I("client: unit %u (%s) re-bound to incarnation %016" PRIx64 " (%s)", u,
-             uc->addr, now_inc,
-             restarted ? "it restarted"
-             : stalled ? "its transfers stalled"
-                       : "its transfer endpoint failed");
+    if (was != 0)
+        c->cnt.rebinds++;
+    DP_LOG_I("client: unit %u (%s) %s incarnation %016" PRIx64 " (%s)", u, uc->addr,
+             was != 0 ? "re-bound to" : "bound to", now_inc,
+             was == 0    ? "it was down when the client opened"
+             : restarted ? "it restarted"
+             : stalled   ? "its transfers stalled"
+                         : "its transfer endpoint failed");
     if (!uc->restart_unreported)
         return DP_OK;
     uc->restart_unreported = false;
@@ -939,8 +966,11 @@ dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
     int rc = DP_EINVAL;
     if (c->ep != NULL && unit < c->n_units) {
         const dp__unit_conn *uc = &c->units[unit];
-        snprintf(buf, cap, "%s %s (%s)", dp__xfer_lane_name(uc->lane),
-                 dp__xfer_path_name(uc->path), uc->tls);
+        if (uc->remote[0] == '\0')
+            snprintf(buf, cap, "not connected (down)");
+        else
+            snprintf(buf, cap, "%s %s (%s)", dp__xfer_lane_name(uc->lane),
+                     dp__xfer_path_name(uc->path), uc->tls);
         rc = DP_OK;
     }
     pthread_mutex_unlock(&c->mu);
@@ -962,7 +992,7 @@ open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
         rc = set_server_keys(c, cu, n, d);
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
-        rc = check_units_locked(c, -1, 0, d);
+        rc = check_units_locked(c, -1, DP__CTL_ALLOW_DOWN, d);
         pthread_mutex_unlock(&c->mu);
     }
     if (rc != 0) {

@@ -820,9 +820,9 @@ digits_u64(uint64_t v)
 /*
  * One part per unit with something to put, sized before any index is built
  * (dp_blob_sizer), so that the allocs can leave first and the indexes be
- * built while they travel: entries, blob size, the checks against the unit's
- * areas, the blob id, and whether it goes inline. The parts go into a->pus
- * (a->npu).
+ * built while they travel: entries, blob size, the blob id, and whether it
+ * goes inline (put_fits_locked checks the sizes against the unit's areas). The parts go
+ * into a->pus (a->npu).
  */
 static int
 put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fields,
@@ -863,13 +863,6 @@ put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fie
                             " bytes of index: over the limits (%u entries, %llu bytes)",
                             u, z.n, dp__blob_sizer_index_len(&z), DP_BLOB_MAX_ENTRIES,
                             (unsigned long long)DP_BLOB_MAX_INDEX_LEN);
-        /* Too big for the put area and (spilling) for the IO area: refused up front. */
-        if (total > c->units[u].slab_bytes &&
-            (c->o.no_spill || total > c->units[u].io_bytes))
-            return dp__fail(d, DP_ETOOBIG,
-                            "put: the blob for unit %u (%s) needs %" PRIu64
-                            " bytes, more than its slab of %" PRIu64 " bytes",
-                            u, c->units[u].addr, total, c->units[u].slab_bytes);
         pu->size = total;
         /* Small: the whole blob is staged and travels in the request. */
         pu->inl = c->o.inline_bytes > 0 && total <= c->o.inline_bytes;
@@ -1016,6 +1009,28 @@ out:
     return rc;
 }
 
+/*
+ * A blob too big for its unit's put area and (spilling) for its IO area is
+ * refused before anything is sent. After put_ready_locked: a unit that was
+ * down when the client opened has its sizes only once bound.
+ */
+static int
+put_fits_locked(dp_client *c, const put_arrays *a, dp_detail *d)
+{
+    for (size_t i = 0; i < a->npu; i++) {
+        const put_unit *pu = &a->pus[i];
+        const dp__unit_conn *uc = &c->units[pu->u];
+        if (pu->state == ST_FAILED || pu->size <= uc->slab_bytes ||
+            (!c->o.no_spill && pu->size <= uc->io_bytes))
+            continue;
+        return dp__fail(d, DP_ETOOBIG,
+                        "put: the blob for unit %u (%s) needs %" PRIu64
+                        " bytes, more than its slab of %" PRIu64 " bytes",
+                        pu->u, uc->addr, pu->size, uc->slab_bytes);
+    }
+    return DP_OK;
+}
+
 /* Remote ranges now that the offsets are known; each header names its allocation. */
 static void
 put_remote_ranges_locked(dp_client *c, put_arrays *a, uint8_t *stage)
@@ -1160,7 +1175,8 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
         put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, locs != NULL, d);
     if (rc == 0)
         rc = put_size_locked(c, &a, gidxs, n_fields, values, d);
-    if (rc != 0 || a.npu == 0 || (rc = put_ready_locked(c, &a, deadline, d)) != 0)
+    if (rc != 0 || a.npu == 0 || (rc = put_ready_locked(c, &a, deadline, d)) != 0 ||
+        (rc = put_fits_locked(c, &a, d)) != 0)
         goto out;
     /*
      * Every check passed and every blob is sized: the allocs go out now, and
