@@ -523,6 +523,78 @@ DP_TEST(client_opens_with_a_unit_down)
     CHECK_CONTAINS(d.msg, "no unit answers");
 }
 
+/*
+ * A unit that was down when the client opened has not said who it is: clear
+ * and a checkpoint save ask it first. Here another cluster's unit 1 of 3
+ * took its port: c's clear of row 1 fails as not this cluster's unit and
+ * drops nothing there, the save refuses, a put is refused as well; that
+ * cluster's rows are intact.
+ */
+DP_TEST(unit_down_at_open_is_checked_before_clear_and_save)
+{
+    unit_proc a[2];
+    unit_start(&a[0], 0, "64M", 0, 2);
+    unit_start(&a[1], 0, "64M", 1, 2);
+    unit_kill(&a[1]);
+    dp_client *c = open_units(a, 2, 10);
+    unit_proc b[3];
+    unit_start(&b[0], 0, "64M", 0, 3);
+    unit_start(&b[1], a[1].port, "64M", 1, 3);
+    unit_start(&b[2], 0, "64M", 2, 3);
+    dp_client *c2 = open_units(b, 3, 10);
+    dp_detail d;
+    int rs[8], st[8];
+    CHECK_OK_D(put_rows(c2, 0, 6, 4096, 1, rs, &d), &d);
+
+    uint64_t g[1] = {1}, dropped = 7;
+    dp_detail_clear(&d);
+    CHECK_ERR_D(dp_client_clear(c, g, 1, &dropped, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "unit 1");
+    CHECK_EQ_U64(dropped, 0);
+    char dir[] = "/tmp/dp-unbound-ckpt-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    dp_ckpt_summary sum;
+    CHECK_ERR_D(dp_ckpt_save(c, dir, NULL, &sum, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "down when the client opened");
+    CHECK_ERR_D(put_rows(c, 0, 2, 4096, 2, rs, &d), DP_EPROTO, &d);
+    CHECK_EQ(rs[0], 0); /* row 0: unit 0, c's own cluster */
+    CHECK_EQ(rs[1], DP_EPROTO);
+    CHECK_OK_D(get_rows(c2, 0, 6, 4096, 1, st, &d), &d); /* all there, content checked */
+    dp_client_close(c);
+    dp_client_close(c2);
+    unit_kill(&a[0]);
+    for (int i = 0; i < 3; i++)
+        unit_kill(&b[i]);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK_EQ(system(cmd), 0);
+}
+
+/*
+ * A restart that stats saw is reported by the next put or get, even when the
+ * next put is refused as too big for another unit (the refusal comes before
+ * any unit is asked anything).
+ */
+DP_TEST(too_big_put_leaves_a_restart_to_report)
+{
+    unit_proc u[2];
+    unit_start(&u[0], 0, "8M", 0, 2);
+    unit_start(&u[1], 0, "64M", 1, 2);
+    dp_client *c = open_units(u, 2, 10);
+    dp_detail d;
+    int rs[8], st[8];
+    CHECK_OK_D(put_rows(c, 0, 2, 4096, 1, rs, &d), &d);
+    unit_restart(&u[1]);
+    CHECK(unit_stat(c, 1, "blobs") >= 0); /* stats meets the new process */
+    CHECK_ERR_D(put_rows(c, 0, 2, 16 << 20, 2, rs, &d), DP_ETOOBIG, &d);
+    CHECK_ERR_D(get_rows(c, 1, 1, 4096, 1, st, &d), DP_ERESTARTED, &d);
+    CHECK_ERR_D(get_rows(c, 1, 1, 4096, 1, st, &d), DP_ENOTFOUND, &d);
+    CHECK_OK_D(get_rows(c, 0, 1, 4096, 1, st, &d), &d);
+    dp_client_close(c);
+    unit_kill(&u[0]);
+    unit_kill(&u[1]);
+}
+
 /* ---- clients killed mid-put ---- */
 
 static int hook_fd = -1;

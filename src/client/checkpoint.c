@@ -850,9 +850,10 @@ out:
 
 /*
  * The units c is connected to as a cluster (unit i at its address: the
- * client checked at open that unit i says it is unit i of n) and a control
- * client of this call's own, so a save or load never waits for c's lock and
- * its requests never mix with c's.
+ * client checked, at open or when binding a unit that was down then, that
+ * unit i says it is unit i of n) and a control client of this call's own,
+ * so a save or load never waits for c's lock and its requests never mix
+ * with c's.
  */
 static int
 client_units(dp_client *c, dp_cluster *cl, dp_ctl_client **ctl, dp_detail *d)
@@ -861,6 +862,9 @@ client_units(dp_client *c, dp_cluster *cl, dp_ctl_client **ctl, dp_detail *d)
     *ctl = NULL;
     if (c == NULL)
         return dp__fail(d, DP_EINVAL, "checkpoint: NULL client");
+    int rc = dp__client_bind_all(c, d);
+    if (rc != DP_OK)
+        return dp__fail_ctx(d, rc, "checkpoint: a unit was down when the client opened");
     uint32_t n = dp_client_n_units(c);
     cl->units = calloc(n > 0 ? n : 1, sizeof *cl->units);
     if (cl->units == NULL)
@@ -871,7 +875,7 @@ client_units(dp_client *c, dp_cluster *cl, dp_ctl_client **ctl, dp_detail *d)
         snprintf(cl->units[i].zmq, sizeof cl->units[i].zmq, "%s",
                  dp_client_unit_address(c, i));
     }
-    int rc = dp__ctl_client_create(ctl, d);
+    rc = dp__ctl_client_create(ctl, d);
     if (rc != 0)
         dp__cluster_fini(cl);
     return rc;

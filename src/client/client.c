@@ -653,13 +653,19 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp_wire_info *in, dp_detail *d)
     uc->region_bytes = uc->slab_bytes + uc->io_bytes;
     uc->read_pin_s = in->read_pin_ms > 0 ? (double)in->read_pin_ms / 1e3 : 10.0;
     aborts_again_locked(c, u, uc->incarnation == in->incarnation);
+    uint64_t was = uc->incarnation;
     uc->incarnation = in->incarnation;
     uc->stale = false;
     uc->ep_suspect = false;
     /* Connection setup over before any transfer (dp__endpoint_remote_connect). */
     rc = dp__endpoint_remote_connect(c->ep, name, c->o.connect_timeout_s, d);
-    if (rc != 0)
+    if (rc != 0) {
+        /* Not bound: the next operation asks it again (a restart counted once). */
+        uc->incarnation = was;
+        uc->stale = true;
+        uc->seen_incarnation = in->incarnation;
         return rc;
+    }
     uc->lane = DP_XFER_LANE_UNKNOWN;
     uc->tls[0] = '\0';
     dp__endpoint_remote_lane(c->ep, uc->remote, &uc->lane, uc->tls, sizeof uc->tls, NULL);
@@ -940,6 +946,46 @@ dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double de
 }
 
 int
+dp__client_bind_all(dp_client *c, dp_detail *d)
+{
+    if (c == NULL)
+        return dp__fail(d, DP_EINVAL, "dp__client_bind_all: NULL client");
+    pthread_mutex_lock(&c->mu);
+    uint32_t *us = NULL, n = 0;
+    int rc = DP_OK, *rcs = NULL;
+    dp_detail *dets = NULL;
+    for (uint32_t u = 0; c->checks == NULL && u < c->n_units; u++) {
+        if (c->units[u].incarnation != 0)
+            continue;
+        if (us == NULL) {
+            us = malloc(c->n_units * sizeof *us);
+            rcs = malloc(c->n_units * sizeof *rcs);
+            dets = malloc(c->n_units * sizeof *dets);
+            if (us == NULL || rcs == NULL || dets == NULL) {
+                rc = dp__fail(d, DP_ENOMEM, "client: out of memory");
+                break;
+            }
+        }
+        us[n++] = u;
+    }
+    if (rc == DP_OK && n > 0) {
+        dp__client_ready_locked(c, us, n, dp__now_s() + c->o.connect_timeout_s, rcs,
+                                dets);
+        for (uint32_t k = 0; k < n && rc == DP_OK; k++)
+            if (rcs[k] != 0) {
+                rc = rcs[k];
+                if (d != NULL)
+                    *d = dets[k];
+            }
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(us);
+    free(rcs);
+    free(dets);
+    return rc;
+}
+
+int
 dp_client_counters_get(dp_client *c, dp_client_counters *out)
 {
     if (c == NULL || out == NULL)
@@ -966,7 +1012,7 @@ dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
     int rc = DP_EINVAL;
     if (c->ep != NULL && unit < c->n_units) {
         const dp__unit_conn *uc = &c->units[unit];
-        if (uc->remote[0] == '\0')
+        if (uc->incarnation == 0)
             snprintf(buf, cap, "not connected (down)");
         else
             snprintf(buf, cap, "%s %s (%s)", dp__xfer_lane_name(uc->lane),
@@ -1169,15 +1215,64 @@ static int
 call_all_locked(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *ctx,
                 dp_detail *d)
 {
-    dp__fanout_reset(f);
     dp__client_follow_locked(c);
+    /*
+     * A full client's units that were down when it opened have not said who
+     * they are: they are bound first (info, checked to be unit u of n), and
+     * one that is still down, or is another cluster's, is not sent q_of's
+     * request but fails with why.
+     */
+    uint32_t *unbound = NULL, n_unbound = 0;
+    int *rcs = NULL;
+    dp_detail *dets = NULL;
+    for (uint32_t u = 0; c->checks == NULL && u < c->n_units; u++) {
+        dp_wire_request q;
+        memset(&q, 0, sizeof q);
+        if (c->units[u].incarnation != 0 || !q_of(u, &q, ctx))
+            continue;
+        if (unbound == NULL) {
+            unbound = malloc(c->n_units * sizeof *unbound);
+            rcs = malloc(c->n_units * sizeof *rcs);
+            dets = malloc(c->n_units * sizeof *dets);
+            if (unbound == NULL || rcs == NULL || dets == NULL) {
+                free(unbound);
+                free(rcs);
+                free(dets);
+                return dp__fail(d, DP_ENOMEM, "client: out of memory");
+            }
+        }
+        unbound[n_unbound++] = u;
+    }
+    if (n_unbound > 0)
+        dp__client_ready_locked(c, unbound, n_unbound, dp__now_s() + c->o.timeout_s, rcs,
+                                dets);
+    dp__fanout_reset(f);
     for (uint32_t u = 0; u < c->n_units; u++) {
         dp_wire_request q;
         memset(&q, 0, sizeof q);
         if (!q_of(u, &q, ctx) || refused_locked(c, f, u, q.op))
             continue;
+        uint32_t k = 0;
+        while (k < n_unbound && unbound[k] != u)
+            k++;
+        if (k < n_unbound && rcs[k] != 0) {
+            dp__fanout_unit *r = &f->u[u];
+            r->addr = c->units[u].addr;
+            r->op = q.op;
+            /* Its report names the unit already: "unit U (ADDR) is down: ...". */
+            char pre[DP_CLUSTER_ADDR_MAX + 32];
+            int pl = snprintf(pre, sizeof pre, "unit %u (%s) ", u, r->addr);
+            const char *m = dp_detail_msg(&dets[k]);
+            if (pl > 0 && strncmp(m, pre, (size_t)pl) == 0)
+                m += pl;
+            dp__fanout_fail(f, u, rcs[k], " ", "%s", m);
+            continue;
+        }
         dp__fanout_add(f, &c->rids, u, c->units[u].addr, c->units[u].incarnation, &q);
     }
+    free(unbound);
+    free(rcs);
+    free(dets);
     dp__fanout_run(f, c->ctl, c->o.timeout_s, &c->words);
     for (uint32_t u = 0; c->checks == NULL && u < c->n_units; u++)
         if (f->u[u].decoded && f->u[u].answered)

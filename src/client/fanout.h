@@ -226,6 +226,15 @@ int dp__client_open_ctl(const dp_cluster *cl, const dp_client_opts *opts,
                         dp_detail *d);
 
 /*
+ * A full client's units that were down when it opened are bound now (info,
+ * checked to be unit u of n), for callers that reach the units by address
+ * (the checkpoint's save and load). DP_OK when every unit is bound (always
+ * for a control-only client: its own checks guard it), else the first
+ * unit's error, naming it.
+ */
+int dp__client_bind_all(dp_client *c, dp_detail *d);
+
+/*
  * Ask unit only (every unit: only < 0) of a control-only client who it is,
  * all at once, and check that unit u says it is unit u of n: nothing but
  * info goes to a unit before this succeeded for it. Errors, the first in

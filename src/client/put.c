@@ -820,8 +820,9 @@ digits_u64(uint64_t v)
 /*
  * One part per unit with something to put, sized before any index is built
  * (dp_blob_sizer), so that the allocs can leave first and the indexes be
- * built while they travel: entries, blob size, the blob id, and whether it
- * goes inline (put_fits_locked checks the sizes against the unit's areas). The parts go
+ * built while they travel: entries, blob size, the checks against a bound
+ * unit's areas (put_fits_locked checks again once the units are ready), the
+ * blob id, and whether it goes inline. The parts go
  * into a->pus (a->npu).
  */
 static int
@@ -863,6 +864,14 @@ put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fie
                             " bytes of index: over the limits (%u entries, %llu bytes)",
                             u, z.n, dp__blob_sizer_index_len(&z), DP_BLOB_MAX_ENTRIES,
                             (unsigned long long)DP_BLOB_MAX_INDEX_LEN);
+        /* Too big for a bound unit's areas: refused before anything is sent. */
+        const dp__unit_conn *uc = &c->units[u];
+        if (uc->incarnation != 0 && total > uc->slab_bytes &&
+            (c->o.no_spill || total > uc->io_bytes))
+            return dp__fail(d, DP_ETOOBIG,
+                            "put: the blob for unit %u (%s) needs %" PRIu64
+                            " bytes, more than its slab of %" PRIu64 " bytes",
+                            u, uc->addr, total, uc->slab_bytes);
         pu->size = total;
         /* Small: the whole blob is staged and travels in the request. */
         pu->inl = c->o.inline_bytes > 0 && total <= c->o.inline_bytes;
@@ -1010,9 +1019,10 @@ out:
 }
 
 /*
- * A blob too big for its unit's put area and (spilling) for its IO area is
- * refused before anything is sent. After put_ready_locked: a unit that was
- * down when the client opened has its sizes only once bound.
+ * The size check again once the units are ready (put_size_locked checked
+ * the bound ones): a unit that was down when the client opened has its
+ * sizes only once bound, a re-bound one may have new ones. A refusal sends
+ * nothing; a restart put_ready_locked found stays to be reported.
  */
 static int
 put_fits_locked(dp_client *c, const put_arrays *a, dp_detail *d)
@@ -1023,6 +1033,9 @@ put_fits_locked(dp_client *c, const put_arrays *a, dp_detail *d)
         if (pu->state == ST_FAILED || pu->size <= uc->slab_bytes ||
             (!c->o.no_spill && pu->size <= uc->io_bytes))
             continue;
+        for (size_t j = 0; j < a->npu; j++)
+            if (a->pus[j].state == ST_FAILED && a->pus[j].rc == DP_ERESTARTED)
+                c->units[a->pus[j].u].restart_unreported = true;
         return dp__fail(d, DP_ETOOBIG,
                         "put: the blob for unit %u (%s) needs %" PRIu64
                         " bytes, more than its slab of %" PRIu64 " bytes",
