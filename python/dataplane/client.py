@@ -534,8 +534,10 @@ def _described(item):
 
 
 def _stacked(cl, vals, i0, n, one, field, r):
-    """Values i0 .. i0+n-1 (one field) as one tensor or array of n rows: a
-    view of the fetched memory when they lie there in order, else one new
+    """Values i0 .. i0+n-1 (one field) as one contiguous tensor or array of n
+    rows: a view of the fetched memory when they lie there in order and back
+    to back (the library lays a get's values out in the keys' order, each at
+    a multiple of 64 bytes: rows of a multiple of 64 bytes), else one new
     tensor they are copied into (in C, without the GIL). The new tensor lives
     in registered memory of the client (alloc): its buffers are cached, so a
     get does not pay for fresh pages each time, and a put of it moves without
@@ -543,7 +545,7 @@ def _stacked(cl, vals, i0, n, one, field, r):
     if n == 0:
         raise ValueError(f"field '{field}': stack=True needs at least one row")
     chains, rest = vals.runs(i0, n)
-    if len(chains) == 1 and not rest and chains[0][1] == 1:
+    if len(chains) == 1 and not rest and chains[0][1] == 1 and chains[0][5] == chains[0][6]:
         c = chains[0]
         block = _chain_block(c[3], c[4], c[5], c[6], c[2], c[7])
         if block is not None:
@@ -574,6 +576,7 @@ def _stacked(cl, vals, i0, n, one, field, r):
         raise ValueError(f"field '{field}': stack=True needs every value of one dtype "
                          f"and shape; '{r[odd]}@{field}' is {what}, '{r[0]}@{field}' "
                          f"{first.dtype}{shape}")
+    cl._count_copy(n * row)
     return out
 
 

@@ -61,7 +61,7 @@ typedef struct key_state {
     uint64_t off;  /* slab offset (K_READ) */
     uint64_t len;
     bool staged;   /* READ into staging, then copied */
-    uint64_t soff; /* its place in the round's staging buffer */
+    uint64_t soff; /* its place in the round's staging buffer (alloc form: values) */
     /* K_READ: its bytes came in the reply (in c->fo.items until the next
      * round's ask): copied, not READ */
     const uint8_t *inl;
@@ -513,8 +513,7 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
     ks->len = len;
     ks->staged = false;
     if (x->vals != NULL) {
-        ks->soff = *alloc_need;
-        *alloc_need += DP_ALIGN_UP(len, 64);
+        *alloc_need += DP_ALIGN_UP(len, 64); /* its place: get_place_values */
     } else if (len > 0 && ks->inl == NULL &&
                !dp__client_direct_locked(x->c, it->dst, len)) {
         ks->staged = true;
@@ -839,6 +838,25 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
     free(cp);
 }
 
+/*
+ * The alloc form's places in the round's buffer, in the keys' order (not unit
+ * by unit): a field's values of rows asked in order lie one after another
+ * whichever units hold them, so a caller can take them as one tensor without
+ * a copy (the Python package's get(stack=True)).
+ */
+static void
+get_place_values(get_op *x)
+{
+    uint64_t at = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        key_state *ks = &x->ks[i];
+        if (ks->st != K_READ)
+            continue;
+        ks->soff = at;
+        at += DP_ALIGN_UP(ks->len, 64);
+    }
+}
+
 /* One round: ask, match, READ, unpin. Returns whether to ask again. */
 static bool
 get_round(get_op *x)
@@ -849,6 +867,8 @@ get_round(get_op *x)
         return false;
     uint64_t alloc_need = 0, stage_need = 0;
     bool again = get_match(x, ns, &alloc_need, &stage_need);
+    if (x->vals != NULL)
+        get_place_values(x);
     uint8_t *abuf, *sbuf;
     dp_detail bdet;
     dp_detail_clear(&bdet);

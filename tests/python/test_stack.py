@@ -1,5 +1,5 @@
 """get(..., stack=True): one tensor or array per field instead of a list of
-rows; from the fetched memory (a view when one unit holds the rows in order,
+rows; from the fetched memory (a view when the rows lie back to back there,
 else gathered) or into the caller's batch destination."""
 
 import numpy as np
@@ -40,6 +40,33 @@ def test_stack_is_a_view_when_one_unit_holds_the_rows_in_order(client, fresh_row
     assert torch.equal(got, x)
     assert got._base is not None  # a view of the fetched values, not a copy
     del got  # the fetched memory lives while a view does; gone now
+
+
+def test_stack_of_both_units_rows_is_a_view_when_rows_are_64_byte_multiples(client,
+                                                                            fresh_rows):
+    """The library lays a get's values out in the keys' order, each at a
+    multiple of 64 bytes: rows that alternate between units still lie back to
+    back, so a field of 64-byte-multiple rows is one view, nothing copied;
+    other row sizes are gathered into one contiguous tensor (counted)."""
+    rows = list(fresh_rows(256))  # consecutive: they alternate between the units
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(256, 32, generator=g)  # 128-byte rows
+    y = torch.randn(256, 3, generator=g)  # 12-byte rows: padded to 64 when fetched
+    a = np.arange(256 * 8, dtype=np.int64).reshape(256, 8)  # 64-byte rows
+    client.put(rows, {"x": x, "y": y, "a": a})
+    c0 = client.counters()["copied_bytes"]
+    got = client.get(rows, ["x", "a"], stack=True)
+    assert torch.equal(got["x"], x) and got["x"].is_contiguous()
+    assert np.array_equal(got["a"], a) and got["a"].flags.c_contiguous
+    assert client.counters()["copied_bytes"] == c0  # views of the fetched memory
+    yy = client.get(rows, ["y"], stack=True)["y"]
+    assert torch.equal(yy, y) and yy.is_contiguous()
+    assert client.counters()["copied_bytes"] == c0 + y.numel() * 4
+    # in another order than the rows were put, still one view of the keys' order
+    rev = rows[::-1]
+    got = client.get(rev, ["x"], stack=True)["x"]
+    assert torch.equal(got, x.flip(0))
+    assert client.counters()["copied_bytes"] == c0 + y.numel() * 4
 
 
 def test_stack_refuses_values_that_do_not_stack(client, fresh_rows):
