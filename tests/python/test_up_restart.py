@@ -113,3 +113,34 @@ def test_max_restarts_stops_the_cluster(tmp_path):
         assert "--max-restarts 0" in _tail(log)
     finally:
         _stop(proc)
+
+
+def test_client_opens_while_a_unit_does_not_answer(tmp_path):
+    """A unit that does not answer when the client opens (stopped here) does
+    not fail the open: that unit's rows fail, naming them, the other unit's
+    land; once it answers, the same client reaches it (no Restarted)."""
+    proc, d, log = _start(tmp_path)
+    try:
+        units = _units(d)
+        os.kill(units[1]["pid"], signal.SIGSTOP)
+        try:
+            c = dataplane.Client(d, timeout_s=3, connect_timeout_s=1)
+            assert c.unit_path(1) == "not connected (down)"
+            rows = list(range(8))  # even rows on unit 0, odd on unit 1
+            x = torch.randn(8, 1024)
+            with pytest.raises(dataplane.Timeout) as e:
+                c.put(rows, {"x": x})
+            assert sorted(e.value.landed) == rows[0::2]
+            assert sorted(e.value.rows) == rows[1::2]
+            got = c.get(rows[0::2], ["x"])["x"]
+            assert all(torch.equal(g, x[r]) for g, r in zip(got, rows[0::2]))
+        finally:
+            os.kill(units[1]["pid"], signal.SIGCONT)
+        c.put(rows, {"x": x})
+        got = c.get(rows, ["x"])["x"]
+        assert all(torch.equal(g, x[r]) for g, r in zip(got, rows))
+        assert c.counters()["restarts_seen"] == 0
+        assert c.unit_path(1) != "not connected (down)"
+        c.close()
+    finally:
+        _stop(proc)
