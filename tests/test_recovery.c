@@ -560,6 +560,17 @@ DP_TEST(unit_down_at_open_is_checked_before_clear_and_save)
     CHECK_EQ(rs[0], 0); /* row 0: unit 0, c's own cluster */
     CHECK_EQ(rs[1], DP_EPROTO);
     CHECK_OK_D(get_rows(c2, 0, 6, 4096, 1, st, &d), &d); /* all there, content checked */
+    /* Re-homing c2's checkpoint (3 units) through c refuses before putting anything. */
+    CHECK_OK_D(dp_ckpt_save(c2, dir, NULL, &sum, &d), &d);
+    CHECK_ERR_D(dp_ckpt_rehome(c, dir, NULL, &sum, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "re-home");
+    char k0[2][16] = {"2@v",
+                      "4@v"}; /* unit 0's rows of the checkpoint (row 0: c's put) */
+    dp_get_item it[2];
+    for (int i = 0; i < 2; i++)
+        it[i] = (dp_get_item){.key = k0[i], .cap = 0};
+    CHECK_ERR_D(dp_client_get(c, it, 2, &d), DP_ENOTFOUND, &d); /* nothing put */
+    CHECK_CONTAINS(d.msg, "2 missing");
     dp_client_close(c);
     dp_client_close(c2);
     unit_kill(&a[0]);

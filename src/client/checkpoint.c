@@ -1143,6 +1143,11 @@ dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_sum
     plan pl;
     if ((rc = plan_read(adir, &pl, sum, d)) != 0)
         return rc;
+    /* Every unit first: a unit down since the open fails it before anything is put. */
+    if ((rc = dp__client_bind_all(c, d)) != 0) {
+        plan_fini(&pl);
+        return dp__fail_ctx(d, rc, "re-home: a unit was down when the client opened");
+    }
     say(o, "re-homing %s: %u units into %u, every value through this client",
         sum->checkpoint, pl.n, dp_client_n_units(c));
     uint64_t keys = 0;
