@@ -193,6 +193,57 @@ DP_TEST(call_round_trip_and_reuse)
     dp__ctl_server_close(s);
 }
 
+/* One ping through c to s (a pooled socket to s afterwards). */
+static void
+ping(dp_ctl_client *c, dp_ctl_server *s)
+{
+    dp_buf req, rep;
+    dp__buf_init(&req);
+    dp__buf_init(&rep);
+    make_req(&req, "ping", "p", 0);
+    dp_detail d;
+    CHECK_OK_D(
+        dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "p", 5.0, &rep, &d),
+        &d);
+    check_reply_op(&rep, "ping");
+    dp__buf_fini(&req);
+    dp__buf_fini(&rep);
+}
+
+/*
+ * A unit that moved away: forget closes the idle sockets to its address
+ * (only those); a changed key closes them too (they would fail their
+ * handshake). Calls after either make a new socket and work.
+ */
+DP_TEST(forget_and_key_change_close_idle_sockets)
+{
+    dp_ctl_server *s1 = start_server(0), *s2 = start_server(0);
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
+    ping(c, s1);
+    ping(c, s1);
+    ping(c, s2);
+    CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 1);
+    CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 0);
+    ping(c, s1);
+    CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s2)), 1);
+    char pub[41], sec[41];
+    dp_detail d;
+    if (dp__ctl_keypair(pub, sec, &d) == DP_OK) {
+        /* s1's socket was made without a key: setting one closes it. */
+        CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), pub, NULL));
+        CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 0);
+        /* The same key again keeps what is pooled; no key again closes. */
+        CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), NULL, NULL));
+        ping(c, s1);
+        CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), NULL, NULL));
+        CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 1);
+    }
+    dp__ctl_client_destroy(c);
+    dp__ctl_server_close(s1);
+    dp__ctl_server_close(s2);
+}
+
 DP_TEST(notify_gets_no_reply_and_socket_stays_clean)
 {
     dp_ctl_server *s = start_server(0);

@@ -890,8 +890,17 @@ dp__client_follow_locked(dp_client *c)
         DP_LOG_W("client: the registry says unit %u is incarnation %016" PRIx64 " at %s "
                  "(bound to %016" PRIx64 " at %s); re-binding",
                  u, r.incarnation, r.zmq, uc->incarnation, uc->addr);
-        if (moved)
+        if (moved) {
+            char old[sizeof uc->addr];
+            snprintf(old, sizeof old, "%s", uc->addr);
             snprintf(uc->addr, sizeof uc->addr, "%s", r.zmq);
+            /* No unit there any more: its idle sockets would reconnect for ever. */
+            bool used = false;
+            for (uint32_t v = 0; v < c->n_units && !used; v++)
+                used = strcmp(c->units[v].addr, old) == 0;
+            if (!used)
+                dp__ctl_client_forget(c->ctl, old);
+        }
         /*
          * Only a re-bind: whether the unit restarted (and which incarnation
          * it is) is what its info answers, not what a record, maybe stale,

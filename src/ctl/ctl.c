@@ -772,6 +772,9 @@ dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d)
     return DP_OK;
 }
 
+static void idle_take_locked(dp_ctl_client *c, const char *address, dp_list *gone);
+static size_t idle_close(dp_list *gone);
+
 int
 dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
                           dp_detail *d)
@@ -780,11 +783,17 @@ dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key
         return dp__fail(d, DP_EINVAL,
                         "unit %s: its public key '%.48s' is not a CURVE key", address,
                         key);
+    dp_list gone;
+    dp__list_init(&gone);
     pthread_mutex_lock(&c->mu);
     size_t i = 0;
     while (i < c->n_keys && strcmp(c->keys[i].address, address) != 0)
         i++;
     int rc = DP_OK;
+    /* Idle sockets made with another key (or none) would fail their handshake. */
+    bool had = i < c->n_keys, has = key != NULL && key[0] != '\0';
+    if (had != has || (had && memcmp(c->keys[i].key, key, 41) != 0))
+        idle_take_locked(c, address, &gone);
     if (key == NULL || key[0] == '\0') {
         if (i < c->n_keys) {
             free(c->keys[i].address);
@@ -808,6 +817,7 @@ dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key
         }
     }
     pthread_mutex_unlock(&c->mu);
+    idle_close(&gone);
     return rc;
 }
 
@@ -853,6 +863,47 @@ sock_close(csock *cs)
     if (cs->mon != NULL)
         zsock_close(cs->mon);
     free(cs);
+}
+
+/* Move the idle sockets to address from c's pool to gone (under c->mu). */
+static void
+idle_take_locked(dp_ctl_client *c, const char *address, dp_list *gone)
+{
+    for (struct pooled *p = DP_LIST_FIRST(&c->idle, struct pooled, link), *next;
+         p != NULL; p = next) {
+        next = DP_LIST_NEXT(p, struct pooled, link);
+        if (strcmp(p->address, address) == 0) {
+            dp__list_remove(&c->idle, &p->link);
+            dp__list_insert_head(gone, &p->link);
+        }
+    }
+}
+
+/* Close the sockets idle_take_locked took (outside c->mu); how many. */
+static size_t
+idle_close(dp_list *gone)
+{
+    size_t n = 0;
+    for (struct pooled *p; (p = DP_LIST_FIRST(gone, struct pooled, link)) != NULL; n++) {
+        dp__list_remove(gone, &p->link);
+        sock_close(p->cs);
+        free(p->address);
+        free(p);
+    }
+    return n;
+}
+
+size_t
+dp__ctl_client_forget(dp_ctl_client *c, const char *address)
+{
+    if (c == NULL || address == NULL)
+        return 0;
+    dp_list gone;
+    dp__list_init(&gone);
+    pthread_mutex_lock(&c->mu);
+    idle_take_locked(c, address, &gone);
+    pthread_mutex_unlock(&c->mu);
+    return idle_close(&gone);
 }
 
 void

@@ -114,13 +114,23 @@ int dp__ctl_client_create(dp_ctl_client **out, dp_detail *d);
 /*
  * CURVE: this client's secret key (its public key is derived), and a unit's
  * public key by address (key NULL or "": none). Sockets made afterwards
- * towards an address with a key speak CURVE; a unit that refuses the key,
+ * towards an address with a key speak CURVE (idle ones made with another
+ * key are closed: a unit that moved or came back with a new key answers at
+ * once); a unit that refuses the key,
  * or requires CURVE from a client without it, fails calls at once with
  * DP_EPOLICY saying so (not a timeout). Threads: any.
  */
 int dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d);
 int dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
                               dp_detail *d);
+/*
+ * Close the idle pooled sockets to address (a unit that moved away: ZMQ
+ * would go on reconnecting to the old address for the life of the client);
+ * returns how many were closed. A socket in use by a running call is not
+ * touched (it is pooled again when the call ends). Threads: any.
+ */
+size_t dp__ctl_client_forget(dp_ctl_client *c, const char *address);
+
 /* Close every pooled socket. NULL allowed; no call may be running. */
 void dp__ctl_client_destroy(dp_ctl_client *c);
 
