@@ -47,10 +47,11 @@
  * can be replayed.
  *
  * DP_TEST_TSAN, DP_TEST_ASAN and DP_TEST_SANITIZED are defined under
- * ThreadSanitizer, AddressSanitizer, and either. DP_TEST_BULK_DIV divides the
- * data a test moves only to keep a slow operation running while it watches
- * (a save to overlap, a copy to interrupt): ThreadSanitizer makes every byte
- * ~10x slower, so a quarter of the data still runs longer there.
+ * ThreadSanitizer, AddressSanitizer, and either. DP_TEST_BULK_DIV divides
+ * data a test moves in bulk where the volume is not what it tests: to keep a
+ * slow operation running while it watches (a save to overlap, a copy to
+ * interrupt; ThreadSanitizer makes every byte ~10x slower, so a quarter of
+ * the data still runs longer there), or the largest of many random ranges.
  */
 #ifndef DP_TEST_H
 #define DP_TEST_H

@@ -557,12 +557,14 @@ DP_TEST(create_rejects_bad_names_and_policy)
 DP_TEST(write_read_scattered_shm_no_target_progress)
 {
     /* Peer without a progress thread: shared-memory RMA must not need it. */
-    scattered_roundtrip(NULL, false, 160 * MiB, 64 * MiB, 12, true);
+    scattered_roundtrip(NULL, false, 160 * MiB / DP_TEST_BULK_DIV,
+                        64 * MiB / DP_TEST_BULK_DIV, 12, true);
 }
 
 DP_TEST(write_read_scattered_registered_malloc)
 {
-    scattered_roundtrip(NULL, true, 96 * MiB, 64 * MiB, 6, false);
+    scattered_roundtrip(NULL, true, 96 * MiB / DP_TEST_BULK_DIV,
+                        64 * MiB / DP_TEST_BULK_DIV, 6, false);
 }
 
 DP_TEST(write_read_scattered_tcp_with_progress_thread)
