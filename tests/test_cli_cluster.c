@@ -314,6 +314,15 @@ DP_TEST(up_admin_commands_and_sigint)
     CHECK_CONTAINS(out, "units' transports: unit 0: ");
     CHECK_CONTAINS(out, "posix"); /* shared memory, as every unit here has */
     CHECK_CONTAINS(out, "; unit 1: shm one-sided (");
+    /* A unit that does not answer: reported, the others' counters and lanes shown. */
+    CHECK(kill((pid_t)pids[1], SIGSTOP) == 0);
+    snprintf(args, sizeof args, "stats --lanes --timeout-s 1 --cluster %s", dir);
+    int down_rc = run(args, out, sizeof out);
+    CHECK(kill((pid_t)pids[1], SIGCONT) == 0);
+    CHECK_EQ(down_rc, 1);
+    CHECK_CONTAINS(out, "(down)");
+    CHECK_CONTAINS(out, "lanes: unit 0: shm one-sided (");
+    CHECK_CONTAINS(out, "; unit 1: not connected (down)");
     snprintf(args, sizeof args, "scan 1 --lanes --cluster %s", dir);
     CHECK_EQ(run(args, out, sizeof out), 2);
     CHECK_CONTAINS(out, "unknown option '--lanes'");

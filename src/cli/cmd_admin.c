@@ -29,6 +29,7 @@ static const char usage_stats[] =
     "  --lanes          also open a data path from this machine to every unit\n"
     "                   and say which UCX transports it uses and whether RMA is\n"
     "                   one-sided or two-sided (TCP), as clients here would get\n"
+    "                   (a unit that is down: \"not connected (down)\")\n"
     "  --timeout-s S    how long to wait for the units (10)\n"
     "  -h, --help       this text\n";
 
