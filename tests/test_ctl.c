@@ -227,17 +227,27 @@ DP_TEST(forget_and_key_change_close_idle_sockets)
     CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 0);
     ping(c, s1);
     CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s2)), 1);
-    char pub[41], sec[41];
+    char pub[41], sec[41], cpub[41], csec[41];
     dp_detail d;
     if (dp__ctl_keypair(pub, sec, &d) == DP_OK) {
-        /* s1's socket was made without a key: setting one closes it. */
-        CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), pub, NULL));
-        CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 0);
-        /* The same key again keeps what is pooled; no key again closes. */
-        CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), NULL, NULL));
+        CHECK_OK(dp__ctl_keypair(cpub, csec, NULL));
+        /* A client without a key of its own never uses the units' keys: kept. */
         ping(c, s1);
-        CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), NULL, NULL));
+        CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), pub, NULL));
         CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 1);
+        /* With one: s1's socket was made without a key, and setting one closes it. */
+        dp_ctl_client *k = NULL;
+        CHECK_OK(dp__ctl_client_create(&k, NULL));
+        CHECK_OK(dp__ctl_client_set_curve(k, csec, NULL));
+        ping(k, s1);
+        CHECK_OK(dp__ctl_client_server_key(k, dp__ctl_server_address(s1), pub, NULL));
+        CHECK_EQ(dp__ctl_client_forget(k, dp__ctl_server_address(s1)), 0);
+        /* No key again: a plain socket works; the same (no) key keeps it pooled. */
+        CHECK_OK(dp__ctl_client_server_key(k, dp__ctl_server_address(s1), NULL, NULL));
+        ping(k, s1);
+        CHECK_OK(dp__ctl_client_server_key(k, dp__ctl_server_address(s1), NULL, NULL));
+        CHECK_EQ(dp__ctl_client_forget(k, dp__ctl_server_address(s1)), 1);
+        dp__ctl_client_destroy(k);
     }
     dp__ctl_client_destroy(c);
     dp__ctl_server_close(s1);

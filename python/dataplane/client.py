@@ -302,9 +302,9 @@ class Client:
         the values returned are then views of it. stack=True: {field: one
         tensor or array of len(rows) rows} instead of lists (every value of a
         field must have the same dtype and shape; with out, the destination
-        itself; without, a view of the fetched memory when one unit holds the
-        rows in order, else one new tensor). Raises NotFound (a KeyError)
-        naming missing keys."""
+        itself; without, a view of the fetched memory when each value is a
+        multiple of 64 bytes, else one new contiguous tensor). Raises
+        NotFound (a KeyError) naming missing keys."""
         if isinstance(fields, str):
             raise TypeError("fields: a list of field names is needed, got one str")
         fields = list(fields)
@@ -549,7 +549,7 @@ def _stacked(cl, vals, i0, n, one, field, r):
         c = chains[0]
         block = _chain_block(c[3], c[4], c[5], c[6], c[2], c[7])
         if block is not None:
-            return block  # one unit's values in row order: no copy
+            return block  # the rows back to back in the fetched memory: no copy
     first = one(i0)
     if not (dt.is_tensor(first) or dt.is_array(first)):
         raise ValueError(f"field '{field}': stack=True needs tensors or arrays; "

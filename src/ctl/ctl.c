@@ -726,6 +726,7 @@ typedef struct csock {
     uint64_t n_proto_failed; /* a handshake failed otherwise (last_proto says how) */
     uint32_t last_proto;
     bool curve; /* this socket speaks CURVE (the client has a key and the unit's) */
+    uint64_t epoch; /* the client's epoch when it was made or taken from the pool */
     /* Snapshot at the send of the request this socket waits for. */
     bool sent_up;
     uint64_t sent_disconnects, sent_refused, sent_handshakes, sent_auth, sent_proto;
@@ -747,6 +748,13 @@ struct dp_ctl_client {
     void *zctx;
     pthread_mutex_t mu;
     dp_list idle;     /* struct pooled; under mu */
+    /*
+     * Bumped (under mu) when idle sockets to an address are closed (forget,
+     * a changed key): a socket a running call held then (taken in an earlier
+     * epoch) is closed when given back instead of pooled, whatever its
+     * address (rare: a unit moved or was re-keyed meanwhile).
+     */
+    uint64_t epoch;
     uint64_t n_socks; /* monitor endpoint names; atomic */
     /* CURVE: this client's keys (curve), and the units' keys; under mu. */
     bool curve;
@@ -790,9 +798,10 @@ dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key
     while (i < c->n_keys && strcmp(c->keys[i].address, address) != 0)
         i++;
     int rc = DP_OK;
-    /* Idle sockets made with another key (or none) would fail their handshake. */
+    /* Idle sockets made with another key (or none) would fail their handshake
+     * (only a client with a key of its own uses the units' keys). */
     bool had = i < c->n_keys, has = key != NULL && key[0] != '\0';
-    if (had != has || (had && memcmp(c->keys[i].key, key, 41) != 0))
+    if (c->curve && (had != has || (had && memcmp(c->keys[i].key, key, 41) != 0)))
         idle_take_locked(c, address, &gone);
     if (key == NULL || key[0] == '\0') {
         if (i < c->n_keys) {
@@ -865,10 +874,17 @@ sock_close(csock *cs)
     free(cs);
 }
 
-/* Move the idle sockets to address from c's pool to gone (under c->mu). */
+/*
+ * Move the idle sockets to address from c's pool to gone (under c->mu); a
+ * new epoch, so a socket to it that a running call holds is not pooled
+ * again. A notify (an unpin) still queued on a closed socket is dropped:
+ * this happens when the unit moved or its key changed, and the process that
+ * held the pin is then gone or unreachable by this socket anyway.
+ */
 static void
 idle_take_locked(dp_ctl_client *c, const char *address, dp_list *gone)
 {
+    c->epoch++;
     for (struct pooled *p = DP_LIST_FIRST(&c->idle, struct pooled, link), *next;
          p != NULL; p = next) {
         next = DP_LIST_NEXT(p, struct pooled, link);
@@ -978,6 +994,7 @@ sock_new(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
     zmq_setsockopt(cs->s, ZMQ_CONNECT_TIMEOUT, &cto, sizeof cto);
     /* CURVE towards a unit whose key this client knows. */
     pthread_mutex_lock(&c->mu);
+    cs->epoch = c->epoch;
     char skey[41] = "";
     for (size_t i = 0; c->curve && i < c->n_keys; i++)
         if (strcmp(c->keys[i].address, address) == 0)
@@ -1034,6 +1051,7 @@ sock_take(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
          p = DP_LIST_NEXT(p, struct pooled, link)) {
         if (strcmp(p->address, address) == 0) {
             dp__list_remove(&c->idle, &p->link);
+            p->cs->epoch = c->epoch; /* idle through any forget: not its address */
             pthread_mutex_unlock(&c->mu);
             *out = p->cs;
             free(p->address);
@@ -1062,8 +1080,15 @@ sock_give_back(dp_ctl_client *c, const char *address, csock *cs)
     p->address = a;
     p->cs = cs;
     pthread_mutex_lock(&c->mu);
-    dp__list_insert_head(&c->idle, &p->link);
+    bool stale = cs->epoch != c->epoch; /* its address was forgotten or re-keyed since */
+    if (!stale)
+        dp__list_insert_head(&c->idle, &p->link);
     pthread_mutex_unlock(&c->mu);
+    if (stale) {
+        sock_close(cs);
+        free(a);
+        free(p);
+    }
 }
 
 /* True if msg is a msgpack array whose first element is the string rid. */
