@@ -725,7 +725,7 @@ typedef struct csock {
     uint64_t n_auth_failed;  /* the unit's ZAP handler refused this client's key */
     uint64_t n_proto_failed; /* a handshake failed otherwise (last_proto says how) */
     uint32_t last_proto;
-    bool curve; /* this socket speaks CURVE (the client has a key and the unit's) */
+    bool curve;     /* this socket speaks CURVE (the client has a key and the unit's) */
     uint64_t epoch; /* the client's epoch when it was made or taken from the pool */
     /* Snapshot at the send of the request this socket waits for. */
     bool sent_up;
@@ -747,7 +747,7 @@ struct server_key {
 struct dp_ctl_client {
     void *zctx;
     pthread_mutex_t mu;
-    dp_list idle;     /* struct pooled; under mu */
+    dp_list idle; /* struct pooled; under mu */
     /*
      * Bumped (under mu) when idle sockets to an address are closed (forget,
      * a changed key): a socket a running call held then (taken in an earlier
