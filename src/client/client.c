@@ -954,41 +954,69 @@ dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n, double de
     dp__fanout_reset(f);
 }
 
+/*
+ * A full client's units not bound since the open (incarnation 0) that q_of
+ * picks (NULL: all), bound now (dp__client_ready_locked: info, checked to be
+ * unit u of n). *rcs (NULL when there was none) gets n_units codes, 0 for
+ * every other unit, and *dets their details; free both. DP_ENOMEM else.
+ */
+static int
+bind_unbound_locked(dp_client *c, dp__fanout_req_fn q_of, void *ctx, double deadline,
+                    int **rcs, dp_detail **dets, dp_detail *d)
+{
+    *rcs = NULL;
+    *dets = NULL;
+    uint32_t *us = NULL, n = 0;
+    for (uint32_t u = 0; c->checks == NULL && u < c->n_units; u++) {
+        dp_wire_request q;
+        memset(&q, 0, sizeof q);
+        if (c->units[u].incarnation != 0 || (q_of != NULL && !q_of(u, &q, ctx)))
+            continue;
+        if (us == NULL && (us = malloc(c->n_units * sizeof *us)) == NULL)
+            return dp__fail(d, DP_ENOMEM, "client: out of memory");
+        us[n++] = u;
+    }
+    if (n == 0)
+        return DP_OK;
+    int *r = calloc(c->n_units, sizeof *r), *rk = malloc(n * sizeof *rk);
+    dp_detail *e = calloc(c->n_units, sizeof *e), *ek = malloc(n * sizeof *ek);
+    int rc = DP_OK;
+    if (r == NULL || rk == NULL || e == NULL || ek == NULL) {
+        rc = dp__fail(d, DP_ENOMEM, "client: out of memory");
+        free(r);
+        free(e);
+    } else {
+        dp__client_ready_locked(c, us, n, deadline, rk, ek);
+        for (uint32_t k = 0; k < n; k++) {
+            r[us[k]] = rk[k];
+            e[us[k]] = ek[k];
+        }
+        *rcs = r;
+        *dets = e;
+    }
+    free(us);
+    free(rk);
+    free(ek);
+    return rc;
+}
+
 int
 dp__client_bind_all(dp_client *c, dp_detail *d)
 {
     if (c == NULL)
         return dp__fail(d, DP_EINVAL, "dp__client_bind_all: NULL client");
     pthread_mutex_lock(&c->mu);
-    uint32_t *us = NULL, n = 0;
-    int rc = DP_OK, *rcs = NULL;
-    dp_detail *dets = NULL;
-    for (uint32_t u = 0; c->checks == NULL && u < c->n_units; u++) {
-        if (c->units[u].incarnation != 0)
-            continue;
-        if (us == NULL) {
-            us = malloc(c->n_units * sizeof *us);
-            rcs = malloc(c->n_units * sizeof *rcs);
-            dets = malloc(c->n_units * sizeof *dets);
-            if (us == NULL || rcs == NULL || dets == NULL) {
-                rc = dp__fail(d, DP_ENOMEM, "client: out of memory");
-                break;
-            }
+    int *rcs;
+    dp_detail *dets;
+    int rc = bind_unbound_locked(c, NULL, NULL, dp__now_s() + c->o.connect_timeout_s,
+                                 &rcs, &dets, d);
+    for (uint32_t u = 0; rc == DP_OK && rcs != NULL && u < c->n_units; u++)
+        if (rcs[u] != 0) {
+            rc = rcs[u];
+            if (d != NULL)
+                *d = dets[u];
         }
-        us[n++] = u;
-    }
-    if (rc == DP_OK && n > 0) {
-        dp__client_ready_locked(c, us, n, dp__now_s() + c->o.connect_timeout_s, rcs,
-                                dets);
-        for (uint32_t k = 0; k < n && rc == DP_OK; k++)
-            if (rcs[k] != 0) {
-                rc = rcs[k];
-                if (d != NULL)
-                    *d = dets[k];
-            }
-    }
     pthread_mutex_unlock(&c->mu);
-    free(us);
     free(rcs);
     free(dets);
     return rc;
@@ -1227,59 +1255,36 @@ call_all_locked(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *ctx,
     dp__client_follow_locked(c);
     /*
      * A full client's units that were down when it opened have not said who
-     * they are: they are bound first (info, checked to be unit u of n), and
-     * one that is still down, or is another cluster's, is not sent q_of's
-     * request but fails with why.
+     * they are: they are bound first, and one that is still down, or is
+     * another cluster's, is not sent q_of's request but fails with why.
      */
-    uint32_t *unbound = NULL, n_unbound = 0;
-    int *rcs = NULL;
-    dp_detail *dets = NULL;
-    for (uint32_t u = 0; c->checks == NULL && u < c->n_units; u++) {
-        dp_wire_request q;
-        memset(&q, 0, sizeof q);
-        if (c->units[u].incarnation != 0 || !q_of(u, &q, ctx))
-            continue;
-        if (unbound == NULL) {
-            unbound = malloc(c->n_units * sizeof *unbound);
-            rcs = malloc(c->n_units * sizeof *rcs);
-            dets = malloc(c->n_units * sizeof *dets);
-            if (unbound == NULL || rcs == NULL || dets == NULL) {
-                free(unbound);
-                free(rcs);
-                free(dets);
-                return dp__fail(d, DP_ENOMEM, "client: out of memory");
-            }
-        }
-        unbound[n_unbound++] = u;
-    }
-    if (n_unbound > 0)
-        dp__client_ready_locked(c, unbound, n_unbound, dp__now_s() + c->o.timeout_s, rcs,
-                                dets);
-    dp__fanout_reset(f);
+    int *rcs;
+    dp_detail *dets;
+    int rc =
+        bind_unbound_locked(c, q_of, ctx, dp__now_s() + c->o.timeout_s, &rcs, &dets, d);
+    dp__fanout_reset(f); /* after: binding uses the client's own fanout, maybe f */
+    if (rc != DP_OK)
+        return rc;
     for (uint32_t u = 0; u < c->n_units; u++) {
         dp_wire_request q;
         memset(&q, 0, sizeof q);
         if (!q_of(u, &q, ctx) || refused_locked(c, f, u, q.op))
             continue;
-        uint32_t k = 0;
-        while (k < n_unbound && unbound[k] != u)
-            k++;
-        if (k < n_unbound && rcs[k] != 0) {
+        if (rcs != NULL && rcs[u] != 0) {
             dp__fanout_unit *r = &f->u[u];
             r->addr = c->units[u].addr;
             r->op = q.op;
             /* Its report names the unit already: "unit U (ADDR) is down: ...". */
             char pre[DP_CLUSTER_ADDR_MAX + 32];
             int pl = snprintf(pre, sizeof pre, "unit %u (%s) ", u, r->addr);
-            const char *m = dp_detail_msg(&dets[k]);
+            const char *m = dp_detail_msg(&dets[u]);
             if (pl > 0 && strncmp(m, pre, (size_t)pl) == 0)
                 m += pl;
-            dp__fanout_fail(f, u, rcs[k], " ", "%s", m);
+            dp__fanout_fail(f, u, rcs[u], " ", "%s", m);
             continue;
         }
         dp__fanout_add(f, &c->rids, u, c->units[u].addr, c->units[u].incarnation, &q);
     }
-    free(unbound);
     free(rcs);
     free(dets);
     dp__fanout_run(f, c->ctl, c->o.timeout_s, &c->words);

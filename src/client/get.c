@@ -493,7 +493,7 @@ get_ask(get_op *x)
  */
 static void
 get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
-           uint64_t *alloc_need, uint64_t *stage_need)
+           uint64_t *stage_need)
 {
     dp_get_item *it = &x->items[i];
     key_state *ks = &x->ks[i];
@@ -512,10 +512,9 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
     ks->off = off;
     ks->len = len;
     ks->staged = false;
-    if (x->vals != NULL) {
-        *alloc_need += DP_ALIGN_UP(len, 64); /* its place: get_place_values */
-    } else if (len > 0 && ks->inl == NULL &&
-               !dp__client_direct_locked(x->c, it->dst, len)) {
+    /* The alloc form's places: get_place_values, once every unit answered. */
+    if (x->vals == NULL && len > 0 && ks->inl == NULL &&
+        !dp__client_direct_locked(x->c, it->dst, len)) {
         ks->staged = true;
         ks->soff = *stage_need;
         *stage_need += DP_ALIGN_UP(len, 64);
@@ -525,7 +524,7 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
 /* Unit u's answer (res) matched to its keys still asked. */
 static bool
 get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
-               uint64_t *alloc_need, uint64_t *stage_need)
+               uint64_t *stage_need)
 {
     const uint32_t *cnt = x->g.start, *order = x->g.order;
     dp_detail *ud = &x->ur[u].det;
@@ -546,7 +545,7 @@ get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
             if (it->desc != NULL)
                 fill_desc(it->desc, l);
             x->ks[i].inl = l->data.n > 0 ? l->data.p : NULL; /* the decoder checked n */
-            get_locate(x, u, i, l->off, l->len, alloc_need, stage_need);
+            get_locate(x, u, i, l->off, l->len, stage_need);
         } else if (match_str(&res->missing, &cm, it->key, kl) >= 0) {
             item_fail(it, &x->ks[i], DP_ENOTFOUND);
         } else if (match_str(&res->pending, &cp, it->key, kl) >= 0) {
@@ -581,7 +580,7 @@ match_bloc(const dp_wire_blob_locs *l, uint32_t *cur, dp_wire_str id)
  */
 static bool
 get_match_blobs(get_op *x, uint32_t u, const dp_wire_resolve_res *res,
-                uint64_t *alloc_need, uint64_t *stage_need)
+                uint64_t *stage_need)
 {
     const uint32_t *cnt = x->g.start, *order = x->g.order;
     uint32_t base = cnt[u];
@@ -610,7 +609,7 @@ get_match_blobs(get_op *x, uint32_t u, const dp_wire_resolve_res *res,
             it->nbytes = l->nbytes;
             if (it->desc != NULL)
                 fill_desc_loc(it->desc, l);
-            get_locate(x, u, i, b->off + l->off, l->nbytes, alloc_need, stage_need);
+            get_locate(x, u, i, b->off + l->off, l->nbytes, stage_need);
         } else {
             /* Gone, overwritten or cleared in part, or being staged: by key. */
             x->ks[i].hinted = false;
@@ -622,12 +621,12 @@ get_match_blobs(get_op *x, uint32_t u, const dp_wire_resolve_res *res,
 }
 
 /*
- * 2. Match the answers of slots [0, ns) to keys; *alloc_need and
- * *stage_need get the bytes the round's destinations need. Returns whether
- * a key must be asked again (pending, or a busy unit).
+ * 2. Match the answers of slots [0, ns) to keys; *stage_need gets the
+ * staging the round's READs need. Returns whether a key must be asked
+ * again (pending, or a busy unit).
  */
 static bool
-get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
+get_match(get_op *x, size_t ns, uint64_t *stage_need)
 {
     dp_client *c = x->c;
     const uint32_t *cnt = x->g.start, *order = x->g.order;
@@ -667,9 +666,8 @@ get_match(get_op *x, size_t ns, uint64_t *alloc_need, uint64_t *stage_need)
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
                 if (x->ks[order[k]].st == K_ASK)
                     item_fail(&x->items[order[k]], &x->ks[order[k]], urc);
-        } else if (by_blob ? get_match_blobs(x, u, &rep.r.resolve, alloc_need, stage_need)
-                           : get_match_unit(x, u, &rep.r.resolve_keys, alloc_need,
-                                            stage_need)) {
+        } else if (by_blob ? get_match_blobs(x, u, &rep.r.resolve, stage_need)
+                           : get_match_unit(x, u, &rep.r.resolve_keys, stage_need)) {
             again = true;
         }
         dp__wire_reply_fini(&rep);
@@ -842,9 +840,9 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
  * The alloc form's places in the round's buffer, in the keys' order (not unit
  * by unit): a field's values of rows asked in order lie one after another
  * whichever units hold them, so a caller can take them as one tensor without
- * a copy (the Python package's get(stack=True)).
+ * a copy (the Python package's get(stack=True)). Returns the buffer's size.
  */
-static void
+static uint64_t
 get_place_values(get_op *x)
 {
     uint64_t at = 0;
@@ -855,6 +853,7 @@ get_place_values(get_op *x)
         ks->soff = at;
         at += DP_ALIGN_UP(ks->len, 64);
     }
+    return at;
 }
 
 /* One round: ask, match, READ, unpin. Returns whether to ask again. */
@@ -865,10 +864,9 @@ get_round(get_op *x)
     size_t ns = get_ask(x);
     if (ns == 0)
         return false;
-    uint64_t alloc_need = 0, stage_need = 0;
-    bool again = get_match(x, ns, &alloc_need, &stage_need);
-    if (x->vals != NULL)
-        get_place_values(x);
+    uint64_t stage_need = 0;
+    bool again = get_match(x, ns, &stage_need);
+    uint64_t alloc_need = x->vals != NULL ? get_place_values(x) : 0;
     uint8_t *abuf, *sbuf;
     dp_detail bdet;
     dp_detail_clear(&bdet);

@@ -72,6 +72,7 @@ typedef struct put_unit {
     bool inl;      /* small: the blob goes inside a put request (ST_INLINE) */
     bool size_bug; /* built to another size than sized: fails after its alloc */
     uint64_t size; /* the blob's size, known before its index is built */
+    bool unsized;  /* its unit was not bound yet: size checked once it is */
     bool poll;     /* its inline put answered "pending": commit polls it */
     dp_blob_layout lay;
     size_t stage_off, stage_len;
@@ -817,12 +818,25 @@ digits_u64(uint64_t v)
     return n;
 }
 
+/* A blob of size bytes fits unit u's put area or (spilling) its IO area. */
+static int
+blob_fits(const dp_client *c, uint32_t u, uint64_t size, dp_detail *d)
+{
+    const dp__unit_conn *uc = &c->units[u];
+    if (size <= uc->slab_bytes || (!c->o.no_spill && size <= uc->io_bytes))
+        return DP_OK;
+    return dp__fail(d, DP_ETOOBIG,
+                    "put: the blob for unit %u (%s) needs %" PRIu64
+                    " bytes, more than its slab of %" PRIu64 " bytes",
+                    u, uc->addr, size, uc->slab_bytes);
+}
+
 /*
  * One part per unit with something to put, sized before any index is built
  * (dp_blob_sizer), so that the allocs can leave first and the indexes be
  * built while they travel: entries, blob size, the checks against a bound
- * unit's areas (put_fits_locked checks again once the units are ready), the
- * blob id, and whether it goes inline. The parts go
+ * unit's areas (put_fits_locked checks an unbound one's once it is bound),
+ * the blob id, and whether it goes inline. The parts go
  * into a->pus (a->npu).
  */
 static int
@@ -865,13 +879,10 @@ put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fie
                             u, z.n, dp__blob_sizer_index_len(&z), DP_BLOB_MAX_ENTRIES,
                             (unsigned long long)DP_BLOB_MAX_INDEX_LEN);
         /* Too big for a bound unit's areas: refused before anything is sent. */
-        const dp__unit_conn *uc = &c->units[u];
-        if (uc->incarnation != 0 && total > uc->slab_bytes &&
-            (c->o.no_spill || total > uc->io_bytes))
-            return dp__fail(d, DP_ETOOBIG,
-                            "put: the blob for unit %u (%s) needs %" PRIu64
-                            " bytes, more than its slab of %" PRIu64 " bytes",
-                            u, uc->addr, total, uc->slab_bytes);
+        pu->unsized = c->units[u].incarnation == 0;
+        int rc = pu->unsized ? DP_OK : blob_fits(c, u, total, d);
+        if (rc != DP_OK)
+            return rc;
         pu->size = total;
         /* Small: the whole blob is staged and travels in the request. */
         pu->inl = c->o.inline_bytes > 0 && total <= c->o.inline_bytes;
@@ -1019,9 +1030,8 @@ out:
 }
 
 /*
- * The size check again once the units are ready (put_size_locked checked
- * the bound ones): a unit that was down when the client opened has its
- * sizes only once bound, a re-bound one may have new ones. A refusal sends
+ * The size check of the parts whose unit put_size_locked found unbound (down
+ * when the client opened), once put_ready_locked bound it. A refusal sends
  * nothing; a restart put_ready_locked found stays to be reported.
  */
 static int
@@ -1029,17 +1039,14 @@ put_fits_locked(dp_client *c, const put_arrays *a, dp_detail *d)
 {
     for (size_t i = 0; i < a->npu; i++) {
         const put_unit *pu = &a->pus[i];
-        const dp__unit_conn *uc = &c->units[pu->u];
-        if (pu->state == ST_FAILED || pu->size <= uc->slab_bytes ||
-            (!c->o.no_spill && pu->size <= uc->io_bytes))
+        int rc;
+        if (!pu->unsized || pu->state == ST_FAILED ||
+            (rc = blob_fits(c, pu->u, pu->size, d)) == DP_OK)
             continue;
         for (size_t j = 0; j < a->npu; j++)
             if (a->pus[j].state == ST_FAILED && a->pus[j].rc == DP_ERESTARTED)
                 c->units[a->pus[j].u].restart_unreported = true;
-        return dp__fail(d, DP_ETOOBIG,
-                        "put: the blob for unit %u (%s) needs %" PRIu64
-                        " bytes, more than its slab of %" PRIu64 " bytes",
-                        pu->u, uc->addr, pu->size, uc->slab_bytes);
+        return rc;
     }
     return DP_OK;
 }
