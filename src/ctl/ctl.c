@@ -780,56 +780,6 @@ dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d)
     return DP_OK;
 }
 
-static void idle_take_locked(dp_ctl_client *c, const char *address, dp_list *gone);
-static size_t idle_close(dp_list *gone);
-
-int
-dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
-                          dp_detail *d)
-{
-    if (key != NULL && key[0] != '\0' && !dp__ctl_key_valid(key))
-        return dp__fail(d, DP_EINVAL,
-                        "unit %s: its public key '%.48s' is not a CURVE key", address,
-                        key);
-    dp_list gone;
-    dp__list_init(&gone);
-    pthread_mutex_lock(&c->mu);
-    size_t i = 0;
-    while (i < c->n_keys && strcmp(c->keys[i].address, address) != 0)
-        i++;
-    int rc = DP_OK;
-    /* Idle sockets made with another key (or none) would fail their handshake
-     * (only a client with a key of its own uses the units' keys). */
-    bool had = i < c->n_keys, has = key != NULL && key[0] != '\0';
-    if (c->curve && (had != has || (had && memcmp(c->keys[i].key, key, 41) != 0)))
-        idle_take_locked(c, address, &gone);
-    if (key == NULL || key[0] == '\0') {
-        if (i < c->n_keys) {
-            free(c->keys[i].address);
-            c->keys[i] = c->keys[--c->n_keys];
-        }
-    } else if (i < c->n_keys) {
-        memcpy(c->keys[i].key, key, 41);
-    } else {
-        void *nk = realloc(c->keys, (c->n_keys + 1) * sizeof *c->keys);
-        char *a = strdup(address);
-        if (nk == NULL || a == NULL) {
-            if (nk != NULL)
-                c->keys = nk;
-            free(a);
-            rc = dp__fail(d, DP_ENOMEM, "ctl client: out of memory");
-        } else {
-            c->keys = nk;
-            c->keys[c->n_keys].address = a;
-            memcpy(c->keys[c->n_keys].key, key, 41);
-            c->n_keys++;
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
-    idle_close(&gone);
-    return rc;
-}
-
 /* Heartbeats and connect bounds: a dead or cut-off peer shows within seconds. */
 #define HEARTBEAT_IVL_MS 1000
 #define HEARTBEAT_TIMEOUT_MS 4000
@@ -895,7 +845,7 @@ idle_take_locked(dp_ctl_client *c, const char *address, dp_list *gone)
     }
 }
 
-/* Close the sockets idle_take_locked took (outside c->mu); how many. */
+/* Close the sockets idle_take_locked took (outside c->mu), or a whole pool; how many. */
 static size_t
 idle_close(dp_list *gone)
 {
@@ -922,17 +872,59 @@ dp__ctl_client_forget(dp_ctl_client *c, const char *address)
     return idle_close(&gone);
 }
 
+int
+dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
+                          dp_detail *d)
+{
+    if (key != NULL && key[0] != '\0' && !dp__ctl_key_valid(key))
+        return dp__fail(d, DP_EINVAL,
+                        "unit %s: its public key '%.48s' is not a CURVE key", address,
+                        key);
+    dp_list gone;
+    dp__list_init(&gone);
+    pthread_mutex_lock(&c->mu);
+    size_t i = 0;
+    while (i < c->n_keys && strcmp(c->keys[i].address, address) != 0)
+        i++;
+    int rc = DP_OK;
+    /* Idle sockets made with another key (or none) would fail their handshake
+     * (only a client with a key of its own uses the units' keys). */
+    bool had = i < c->n_keys, has = key != NULL && key[0] != '\0';
+    if (c->curve && (had != has || (had && memcmp(c->keys[i].key, key, 41) != 0)))
+        idle_take_locked(c, address, &gone);
+    if (key == NULL || key[0] == '\0') {
+        if (i < c->n_keys) {
+            free(c->keys[i].address);
+            c->keys[i] = c->keys[--c->n_keys];
+        }
+    } else if (i < c->n_keys) {
+        memcpy(c->keys[i].key, key, 41);
+    } else {
+        void *nk = realloc(c->keys, (c->n_keys + 1) * sizeof *c->keys);
+        char *a = strdup(address);
+        if (nk == NULL || a == NULL) {
+            if (nk != NULL)
+                c->keys = nk;
+            free(a);
+            rc = dp__fail(d, DP_ENOMEM, "ctl client: out of memory");
+        } else {
+            c->keys = nk;
+            c->keys[c->n_keys].address = a;
+            memcpy(c->keys[c->n_keys].key, key, 41);
+            c->n_keys++;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    idle_close(&gone);
+    return rc;
+}
+
 void
 dp__ctl_client_destroy(dp_ctl_client *c)
 {
     if (c == NULL)
         return;
-    for (struct pooled *p; (p = DP_LIST_FIRST(&c->idle, struct pooled, link)) != NULL;) {
-        dp__list_remove(&c->idle, &p->link);
-        sock_close(p->cs);
-        free(p->address);
-        free(p);
-    }
+    idle_close(&c->idle);
     zmq_ctx_term(c->zctx);
     pthread_mutex_destroy(&c->mu);
     for (size_t i = 0; i < c->n_keys; i++)
