@@ -10,7 +10,10 @@
 #   make format        reformat the sources; make format-check only checks
 #
 # Variables: BUILD (build directory), SANITIZE (e.g. address,undefined),
-# WERROR (ON/OFF), JOBS, FUZZ_SECONDS, CTEST_ARGS, BENCH (e.g. BENCH="ctl xfer").
+# WERROR (ON/OFF), JOBS, FUZZ_SECONDS, CTEST_ARGS, BENCH (e.g. BENCH="ctl xfer"),
+# VENV (the project's virtual environment, .venv: scripts/venv.sh makes it from
+# python/requirements.txt), PYTHON (the interpreter the Python package is built
+# for and tested with: VENV's; another one skips the virtual environment).
 
 BUILD        ?= build
 SANITIZE     ?=
@@ -19,22 +22,28 @@ JOBS         ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 20
 CTEST_ARGS   ?=
 BUILD_TYPE   ?= RelWithDebInfo
+VENV         ?= $(CURDIR)/.venv
+PYTHON       ?= $(VENV)/bin/python
 
 # Keep the build's output to what it does, not which directories it enters.
 MAKEFLAGS += --no-print-directory
 
 SOURCES = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench fuzz -name '*.[ch]')
 
-.PHONY: all deps configure build test run install asan tsan fuzz bench format format-check clean
+.PHONY: all deps venv configure build test run install asan tsan fuzz bench format format-check clean
 
 all: build
 
 deps:
 	@DP_DEPS_QUIET=1 scripts/deps.sh
 
-configure: deps
+# The virtual environment is made (or checked current) only when PYTHON is its.
+venv: deps
+	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ]; then DP_DEPS_QUIET=1 scripts/venv.sh $(VENV) >/dev/null; fi
+
+configure: deps venv
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDP_WERROR=$(WERROR) \
-	    -DDP_SANITIZER=$(SANITIZE) >/dev/null
+	    -DDP_SANITIZER=$(SANITIZE) -DPython3_EXECUTABLE=$(PYTHON) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
@@ -53,7 +62,7 @@ install: build
 
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan SANITIZE=address,undefined
-	@scripts/pytest-asan.sh build-asan $(BUILD)
+	@PYTHON=$(PYTHON) scripts/pytest-asan.sh build-asan $(BUILD)
 
 tsan:
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" \

@@ -14,6 +14,7 @@ import os
 import subprocess
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
@@ -51,6 +52,17 @@ def _link():
     return [os.path.join(source, "include"), os.path.join(build, "include")], [build]
 
 
+class BuildPyWithPth(build_py):
+    """Also puts dataplane-tq.pth at the top of the package directory
+    (site-packages once installed): it registers the TransferQueue backend
+    in every process (dataplane_tq_hook.py says how)."""
+
+    def run(self):
+        super().run()
+        self.copy_file(os.path.join(here, "dataplane-tq.pth"),
+                       os.path.join(self.build_lib, "dataplane-tq.pth"))
+
+
 inc, libdirs = _link()
 version = "0.0.0"
 for d in inc:
@@ -65,6 +77,8 @@ setup(
     version=version,
     description="Put and get batches of tensors on a cluster of storage units",
     packages=["dataplane"],
+    py_modules=["dataplane_tq_hook"],
+    cmdclass={"build_py": BuildPyWithPth},
     ext_modules=[
         Extension(
             "dataplane._core",

@@ -9,11 +9,14 @@
 #
 # ASAN_BUILD_DIR: a build with SANITIZE=address,undefined (its libdataplane.so);
 # UNIT_BUILD_DIR (default build): whose dataplane binary runs the units.
+# PYTHON (default: the project's .venv, else /usr/bin/python3): the interpreter.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 asan=$(cd "${1:?usage: pytest-asan.sh ASAN_BUILD_DIR [UNIT_BUILD_DIR]}" && pwd)
 units=$(cd "${2:-build}" && pwd)
-py=/usr/bin/python3
+py=${PYTHON:-$root/.venv/bin/python}
+[ -x "$py" ] || py=/usr/bin/python3
+py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # the tests run from tests/python
 [ -x "$py" ] || { echo "pytest-asan: no $py" >&2; exit 2; }
 [ -e "$asan/libdataplane.so" ] || { echo "pytest-asan: no $asan/libdataplane.so" >&2; exit 2; }
 [ -x "$units/dataplane" ] || { echo "pytest-asan: no $units/dataplane" >&2; exit 2; }

@@ -18,6 +18,13 @@ _ALIGN = 64
 _STAGE_LOCK = threading.Lock()
 
 
+def _ckpt_dir(directory):
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"a checkpoint directory (str or path) is needed, got "
+                        f"{type(directory).__name__}")
+    return os.path.abspath(os.fspath(directory))
+
+
 def make_error(rc, msg, keys=None, rows=None, landed=None):
     """The exception for code rc (its class and attributes are the extension's)."""
     return _core.error(rc, msg, keys, rows, landed)
@@ -405,6 +412,26 @@ class Client:
     def clear(self, rows):
         """Drop every field of the rows; returns the number of values dropped."""
         return self._c.clear(_rows(rows))
+
+    # -- checkpoints (docs/design.md, "Checkpoints") --
+
+    def save(self, directory, *, keep=0, timeout_s=0.0):
+        """Save every unit's data into a new checkpoint in directory (made if
+        missing); it becomes the directory's current checkpoint only when
+        this returns. keep > 0 removes all but the keep newest. The path must
+        be the same on this host and the units' (one host or a shared
+        filesystem). Returns a dict: checkpoint, n_units, blobs, bytes."""
+        return self._c.checkpoint(0, _ckpt_dir(directory), float(timeout_s), int(keep))
+
+    def load(self, directory, *, timeout_s=0.0):
+        """Load directory's current checkpoint into the cluster: every file is
+        checked first; each unit then loads its shard when the cluster has
+        the checkpoint's number of units, else every value is put again
+        through this client (re-homed: rows land on gidx % units). Returns a
+        dict: checkpoint, n_units, blobs, bytes, loaded, spilled."""
+        d = _ckpt_dir(directory)
+        n = self._c.checkpoint(3, d, float(timeout_s), 0)["n_units"]
+        return self._c.checkpoint(1 if n == self.n_units else 2, d, float(timeout_s), 0)
 
     def stats(self):
         """One dict of counters per unit."""

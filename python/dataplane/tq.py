@@ -11,12 +11,18 @@ KV storage manager can keep its samples on a dataplane cluster:
     kv.clear(["0@obs", "1@obs"])
 
 Values: torch tensors and numpy arrays of any dtype, shape and contiguity
-(CUDA tensors are copied to host), bytes, and plain objects (str, int, float,
-bool, None, and lists and dicts of those), which are stored with msgpack.
-Anything else (tuples, numpy scalars, your classes) needs
-config["allow_pickle"] = True: pickle from the network runs code, so it is off
-by default and the error names the key and the type. Values come back as the
-type they were put as.
+(CUDA tensors are copied to host) and bytes move as they are; any other value
+is stored as TransferQueue's own KV backends store it: msgpack (tuples come
+back as lists), with pickle (cloudpickle for callables) for what msgpack
+cannot hold (numpy scalars, object arrays, your classes).
+config["allow_pickle"] = False refuses those, naming the key, and refuses to
+unpickle what is stored: unpickling runs code, so a cluster others can write
+to should run with it off.
+
+Field names: any str TransferQueue accepts. Names the library refuses as they
+are ('@', control characters, over 255 bytes, empty) and names starting with
+'~' are stored under '~' + their base64url UTF-8 bytes, or, when that is too
+long, '~~' + the hex SHA-256 of them.
 
 put also takes the values as flatten(batch) makes them (the storage
 manager registered as "Dataplane" hands them so): each tensor field then
@@ -29,19 +35,34 @@ costs a round trip, never a wrong value).
 
 clear drops every field of the rows its keys name (TQ clears whole samples).
 
-If TransferQueue is importable, importing this module registers the client
-with TQ's StorageClientFactory as "Dataplane", and a storage manager
-"Dataplane" (a KVStorageManager that uses it and hands its puts
-flatten(batch) instead of a list of row views).
+If TransferQueue is importable, importing this module (or register())
+registers with TransferQueue, under the name "Dataplane": the storage client,
+a storage manager (a KVStorageManager that uses it, hands its puts
+flatten(batch) instead of a list of row views, gets off the event loop, and
+saves and loads TransferQueue checkpoints) and a storage bootstrap provider
+(tq.init attaches to the cluster the config names, or starts a local one).
+An installed dataplane registers in every process by itself
+(dataplane_tq_hook). README, "TransferQueue backend", has the configuration.
 """
 
+import asyncio
+import base64
 import bisect
 import collections.abc
 import concurrent.futures
+import enum
+import hashlib
 import operator
 import os
 import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
+import time
+import weakref
 
 from . import _core
 from . import _dtypes as dt
@@ -51,6 +72,12 @@ try:
     import msgpack
 except ImportError:  # plain objects then need allow_pickle
     msgpack = None
+try:
+    import cloudpickle
+except ImportError:  # callables then go through pickle (by reference)
+    cloudpickle = None
+
+_EXT_PICKLE, _EXT_CLOUDPICKLE = 1, 2  # msgpack extension types of a stored value
 
 _CLIENT_OPTS = {
     "timeout_s": float, "connect_timeout_s": float, "staging_cache_bytes": int,
@@ -239,11 +266,15 @@ class DataplaneKVClient:
                     raise ValueError(f"config['{k}']: a {typ.__name__} is needed, got "
                                      f"{v!r}")
                 opts[k] = typ(v)
-        ap = config.get("allow_pickle", False)
+        ap = config.get("allow_pickle", True)
         if not isinstance(ap, bool):
             raise ValueError(f"config['allow_pickle']: True or False is needed, got {ap!r} "
                              f"(a string such as 'false' would turn pickle on)")
         self.allow_pickle = ap
+        lh = config.get("location_hints", True)
+        if not isinstance(lh, bool):
+            raise ValueError(f"config['location_hints']: True or False is needed, got {lh!r}")
+        self.location_hints = lh
         cluster = config.get("cluster")
         if cluster is not None and not isinstance(cluster, (str, os.PathLike)):
             cluster = list(cluster)  # unit addresses (e.g. a ListConfig)
@@ -269,23 +300,54 @@ class DataplaneKVClient:
     # -- values --
 
     def _encode(self, key, v):
-        if v is None or isinstance(v, (str, int, float, bool, list, dict)):
-            if msgpack is not None:
-                try:
-                    return Encoded(msgpack.packb(v, use_bin_type=True,
-                                                 strict_types=True), "msgpack")
-                except (TypeError, ValueError, OverflowError):
-                    pass  # a tuple, a big int, an object inside: pickle or refuse
-        if self.allow_pickle:
-            try:
-                return Encoded(pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL), "pickle")
-            except Exception as x:
-                raise TypeError(f"key '{key}': a {type(v).__name__} does not pickle: {x}")
-        raise TypeError(
-            f"key '{key}': cannot store a {type(v).__name__} without pickle (tensors, "
-            f"arrays, bytes, str, int, float, bool, None, lists and dicts of those); "
-            f"set config['allow_pickle'] = True to store it with pickle (unpickling "
-            f"runs code: only for trusted clusters)")
+        """v as TransferQueue's KV backends store a non-tensor value: msgpack,
+        tuples as lists, enums as their values, and pickle (cloudpickle for
+        callables) inside it for what msgpack cannot hold, when allowed."""
+        if msgpack is None:
+            if self.allow_pickle:
+                return Encoded(self._pickle(key, v), "pickle")
+            raise TypeError(f"key '{key}': storing a {type(v).__name__} needs the msgpack "
+                            f"package (or config['allow_pickle'] = True)")
+
+        def other(o):
+            if isinstance(o, tuple):
+                return list(o)
+            if isinstance(o, enum.Enum):
+                return o.value
+            if not self.allow_pickle:
+                raise TypeError(
+                    f"key '{key}': cannot store a {type(o).__name__} without pickle "
+                    f"(msgpack holds str, int, float, bool, None, bytes, and lists, tuples "
+                    f"and dicts of those); config['allow_pickle'] is False")
+            if callable(o) and cloudpickle is not None:
+                return msgpack.ExtType(_EXT_CLOUDPICKLE, self._pickle(key, o, cloudpickle))
+            return msgpack.ExtType(_EXT_PICKLE, self._pickle(key, o))
+
+        try:
+            return Encoded(msgpack.packb(v, use_bin_type=True, strict_types=True,
+                                         default=other), "msgpack")
+        except (OverflowError, ValueError, RecursionError) as e:  # a huge int, a cycle
+            if not self.allow_pickle:
+                raise TypeError(f"key '{key}': a {type(v).__name__} msgpack cannot hold "
+                                f"({e}) and config['allow_pickle'] is False") from None
+            return Encoded(msgpack.packb(msgpack.ExtType(_EXT_PICKLE, self._pickle(key, v))),
+                           "msgpack")
+
+    @staticmethod
+    def _pickle(key, v, mod=pickle):
+        try:
+            return mod.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as x:
+            raise TypeError(f"key '{key}': a {type(v).__name__} does not pickle: {x}") from None
+
+    def _unpickle(self, key, code, data):
+        if code not in (_EXT_PICKLE, _EXT_CLOUDPICKLE):
+            return msgpack.ExtType(code, data)
+        if not self.allow_pickle:
+            raise make_error(_core.DP_EPOLICY,
+                             f"key '{key}' holds a pickled value and config['allow_pickle'] "
+                             f"is False (unpickling runs code)")
+        return pickle.loads(data)  # cloudpickle's output loads with pickle
 
     def _cell(self, gidx, field, v):
         if dt.is_tensor(v):
@@ -294,7 +356,13 @@ class DataplaneKVClient:
                                 f"{'nested' if v.is_nested else str(v.layout)} tensor on "
                                 f"{v.device} (dense tensors only; unbind a nested one)")
             return v if v.device.type == "cpu" else v.detach().cpu()
-        if dt.is_array(v) or isinstance(v, (bytes, bytearray, memoryview)):
+        if dt.is_array(v):
+            try:  # a dtype with a stored name moves as it is
+                dt.numpy_name(v.dtype)
+                return v
+            except TypeError:  # object, str, datetime, structured: as TQ, an object
+                return self._encode(f"{gidx}@{field}", v)
+        if isinstance(v, (bytes, bytearray, memoryview)):
             return v
         return self._encode(f"{gidx}@{field}", v)
 
@@ -304,7 +372,10 @@ class DataplaneKVClient:
             return value_of(e, None, key)
         if dtype == "msgpack" and msgpack is not None:
             try:
-                return msgpack.unpackb(memoryview(sl), raw=False, strict_map_key=False)
+                return msgpack.unpackb(memoryview(sl), raw=False, strict_map_key=False,
+                                       ext_hook=lambda c, d: self._unpickle(key, c, d))
+            except _core.Error:
+                raise
             except Exception as x:  # malformed bytes from the cluster
                 raise make_error(_core.DP_EPROTO,
                                  f"key '{key}': stored msgpack does not decode: {x}")
@@ -332,7 +403,16 @@ class DataplaneKVClient:
         if len(keys) != len(values):
             raise ValueError(f"put: {len(keys)} keys and {len(values)} values")
         # rows and fields in order of first appearance; slots: cell (f, r)'s key index
-        row_list, fields, slots = _core.group_keys(keys)
+        try:
+            row_list, fields, slots = _core.group_keys(keys)
+        except ValueError:  # a field the library refuses as it is: its stored name
+            stored = _stored_keys(keys)
+            if stored is None:
+                raise
+            row_list, fields, slots = _core.group_keys(stored)
+        else:
+            if any(f.startswith("~") for f in fields):  # '~' names are escaped too
+                row_list, fields, slots = _core.group_keys(_stored_keys(keys))
         n = len(row_list)
         cols = None
         if flat is not None:
@@ -377,6 +457,8 @@ class DataplaneKVClient:
             raise _naming_the_key(e, row_list, data) from e
         with self._pool_lock:
             self._counts.update(counts)
+        if not self.location_hints:
+            return None
         return _core.key_hints(locs, slots, n, len(keys))
 
     def counters(self):
@@ -471,8 +553,14 @@ class DataplaneKVClient:
         for k in keys:
             if not isinstance(k, str):
                 raise ValueError(f"key {k!r}: a str '<global_index>@<field>' is needed")
-        vals, rc, detail = self._client._c.get_keys(keys, _hints(custom_backend_meta,
-                                                                len(keys)))
+        hints = _hints(custom_backend_meta, len(keys))
+        if "@~" in "\n".join(keys):  # '~' names are stored escaped (one pass in C)
+            keys = _stored_keys(keys) or keys
+        vals, rc, detail = self._client._c.get_keys(keys, hints)
+        if rc == _core.DP_EINVAL:  # a field the library refuses as it is: its stored name
+            stored = _stored_keys(keys)
+            if stored is not None:
+                vals, rc, detail = self._client._c.get_keys(stored, hints)
         if rc:
             from .client import _raise_get
             _raise_get(rc, detail, vals.entries(), keys)
@@ -516,9 +604,50 @@ class DataplaneKVClient:
     def clear(self, keys, custom_backend_meta=None, custom_meta=None):
         """Drop the rows the keys name (every field of each). Keys never put
         are fine."""
-        rows = sorted(_core.group_keys(list(keys), True)[0])
+        keys = list(keys)
+        try:
+            rows = _core.group_keys(keys, True)[0]
+        except ValueError:  # a field the library refuses as it is
+            stored = _stored_keys(keys)
+            if stored is None:
+                raise
+            rows = _core.group_keys(stored, True)[0]
+        rows = sorted(rows)
         if rows:
             self._client.clear(rows)
+
+
+_FIELD_MAX = 255  # bytes of a field name the library takes (docs/design.md, "Keys")
+
+
+def _stored_field(f):
+    """The name field f is stored under: f itself when the library takes it
+    and it does not start with '~'; else '~' + base64url of its UTF-8 bytes
+    (no padding), or '~~' + their hex SHA-256 when that is longer than 255
+    bytes. Injective: '~' never starts a name stored as it is, base64url has
+    no '~', and a SHA-256 collision is not a practical concern."""
+    b = f.encode("utf-8", "surrogatepass")
+    if b and len(b) <= _FIELD_MAX and not f.startswith("~") and "@" not in f and all(
+            0x20 <= ord(c) != 0x7F and not 0x80 <= ord(c) <= 0x9F for c in f):
+        return f
+    e = "~" + base64.urlsafe_b64encode(b).decode("ascii").rstrip("=")
+    return e if len(e) <= _FIELD_MAX else "~~" + hashlib.sha256(b).hexdigest()
+
+
+def _stored_keys(keys):
+    """keys with each field part (after the first '@') as _stored_field
+    names it, or None when that changes no key (the error was another)."""
+    out, changed = [], False
+    for k in keys:
+        if not isinstance(k, str):
+            return None
+        g, at, f = k.partition("@")
+        if not at:
+            return None
+        sf = _stored_field(f)
+        changed |= sf is not f
+        out.append(k if sf is f else f"{g}@{sf}")
+    return out if changed else None
 
 
 def _naming_the_key(e, row_list, data):
@@ -556,24 +685,143 @@ def _hints(meta, n):
     return out if any(m is not None for m in out) else None
 
 
-def _register_with_tq():
-    """Register with TransferQueue's factories when TQ is installed."""
+# -- TransferQueue: storage manager, bootstrap provider, registration --
+
+def _cli_path(section):
+    """The dataplane tool that starts a local cluster: the config's "cli",
+    $DP_CLI, `dataplane` on PATH, else the one beside this package (a build
+    tree's build/dataplane, an install's PREFIX/bin/dataplane)."""
+    for p in (section.get("cli"), os.environ.get("DP_CLI"), shutil.which("dataplane")):
+        if p:
+            return str(p)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for p in (os.path.join(os.path.dirname(here), "dataplane"),
+              os.path.join(here, "..", "..", "..", "bin", "dataplane")):
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return os.path.normpath(p)
+    raise RuntimeError("Dataplane backend: no dataplane tool to start a local cluster; "
+                       "set backend.Dataplane.cli (or $DP_CLI) to its path, or give "
+                       "backend.Dataplane.cluster to attach to a running cluster")
+
+
+def _stop_cluster(proc, directory, grace_s):
+    """Stop a cluster `dataplane up` runs (SIGTERM, then SIGKILL after
+    grace_s; its units stop with it) and remove its directory."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+class LocalCluster:
+    """A cluster this process started for TransferQueue (tq.init with no
+    backend.Dataplane.cluster): `dataplane up` in a temporary directory. It
+    stops when tq.close() drops it, at this process's exit, or by stop();
+    its units never outlive this process (up stops them when it dies)."""
+
+    def __init__(self, cli, units, slab, bind, start_timeout_s):
+        self.directory = tempfile.mkdtemp(prefix="dataplane-tq-")
+        self.cluster = os.path.join(self.directory, "cluster", "cluster.json")
+        log_path = os.path.join(self.directory, "up.log")
+        args = [cli, "up", "--units", str(units), "--slab", str(slab),
+                "--dir", os.path.dirname(self.cluster)]
+        if bind:
+            args += ["--bind", str(bind)]
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        with open(log_path, "wb") as log:
+            self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          env=env, preexec_fn=_die_with_parent)
+        self._finalizer = weakref.finalize(self, _stop_cluster, self._proc, self.directory, 15)
+        deadline = time.monotonic() + start_timeout_s
+        while not os.path.exists(self.cluster):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                with open(log_path, "rb") as f:
+                    tail = f.read()[-2000:].decode(errors="replace")
+                self.stop()
+                raise RuntimeError(f"Dataplane backend: `{' '.join(args)}` did not start a "
+                                   f"cluster within {start_timeout_s} s:\n{tail}")
+            time.sleep(0.05)
+
+    @property
+    def pid(self):
+        return self._proc.pid
+
+    def stop(self):
+        self._finalizer()
+
+
+def _die_with_parent():
+    """In the child before exec: SIGTERM when this process dies."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def bootstrap(conf):
+    """TransferQueue's storage bootstrap for "Dataplane" (tq.init calls it
+    once, in the process that starts TransferQueue). With
+    backend.Dataplane.cluster set (a cluster file, directory, etcd:// URL
+    or list of unit addresses), checks that the cluster answers and uses it;
+    else starts a local cluster (units, slab, bind: 2, "1G", 127.0.0.1) and
+    writes its cluster file into the config, which TransferQueue hands every
+    process that attaches. Returns the LocalCluster, or None."""
+    name = conf.backend.storage_backend
+    if conf.backend.get(name) is None:
+        conf.backend[name] = {}
+    section = conf.backend[name]
+    if section.get("cluster"):
+        c = section.get("cluster")
+        Client(c if isinstance(c, (str, os.PathLike)) else list(c),
+               connect_timeout_s=float(section.get("connect_timeout_s") or 10)).close()
+        return {"cluster": c, "started": False}
+    local = LocalCluster(_cli_path(section), section.get("units") or 2,
+                         section.get("slab") or "1G", section.get("bind") or "127.0.0.1",
+                         float(section.get("start_timeout_s") or 60))
+    section.cluster = local.cluster
+    return local
+
+
+def register():
+    """Register the "Dataplane" storage client, storage manager and bootstrap
+    provider with TransferQueue, if it is importable. Idempotent; True when
+    registered. Importing this module calls it; an installed dataplane calls
+    it in every process that imports transfer_queue (dataplane_tq_hook)."""
+    global registered_with_tq
+    if registered_with_tq:
+        return True
     try:
         from transfer_queue.storage.clients import StorageClientFactory
+        from transfer_queue.storage.managers.base import (KVStorageManager,
+                                                          StorageManagerFactory)
     except Exception:
         return False
     StorageClientFactory.register("Dataplane")(DataplaneKVClient)
     try:
-        from transfer_queue.storage.managers.base import (KVStorageManager,
-                                                          StorageManagerFactory)
-    except Exception:
-        return True
+        from transfer_queue.storage.bootstrap import StorageBootstrapProvider
+        StorageBootstrapProvider.register_provider("Dataplane")(bootstrap)
+    except Exception:  # an older TransferQueue without bootstrap providers
+        pass
 
     @StorageManagerFactory.register("Dataplane")
     class DataplaneStorageManager(KVStorageManager):
-        """TQ's KV storage manager over DataplaneKVClient, whose puts get
-        flatten(batch) rather than a list of row views: each tensor field
-        moves as one tensor."""
+        """TQ's KV storage manager over DataplaneKVClient: its puts get
+        flatten(batch) rather than a list of row views (each tensor field
+        moves as one tensor), its gets run off the event loop (TQ calls the
+        client's get on it), and TransferQueue's checkpoints save and load
+        the cluster's data (into <checkpoint_dir>/dataplane)."""
 
         _generate_values = staticmethod(flatten)
 
@@ -582,8 +830,34 @@ def _register_with_tq():
             config["client_name"] = "Dataplane"
             super().__init__(controller_info, config, **kwargs)
 
+        async def get_data(self, metadata):
+            if not metadata.field_names:
+                return await super().get_data(metadata)
+            keys = self._generate_keys(metadata.field_names, metadata.global_indexes)
+            shapes, dtypes, meta = self._get_shape_type_custom_backend_meta_list(metadata)
+            values = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.storage_client.get(keys=keys, shapes=shapes,
+                                                      dtypes=dtypes,
+                                                      custom_backend_meta=meta))
+            return self._merge_tensors_to_tensordict(metadata, values)
+
+        async def save_checkpoint(self, checkpoint_dir):
+            d = os.path.join(os.fspath(checkpoint_dir), "dataplane")
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.storage_client.client.save, d)
+
+        async def load_checkpoint(self, checkpoint_dir):
+            d = os.path.join(os.fspath(checkpoint_dir), "dataplane")
+            if not os.path.isdir(d):
+                raise FileNotFoundError(f"{checkpoint_dir} holds no dataplane checkpoint "
+                                        f"(no {d}): it was saved with another backend")
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.storage_client.client.load, d)
+
     globals()["DataplaneStorageManager"] = DataplaneStorageManager
+    registered_with_tq = True
     return True
 
 
-registered_with_tq = _register_with_tq()
+registered_with_tq = False
+register()

@@ -1086,6 +1086,60 @@ client_clear(DpClient *self, PyObject *rows)
     return ret;
 }
 
+/* ---- checkpoints ---- */
+
+static PyObject *
+ckpt_summary_dict(const dp_ckpt_summary *sum)
+{
+    return Py_BuildValue("{s:s,s:I,s:K,s:K,s:K,s:K}", "checkpoint", sum->checkpoint,
+                         "n_units", (unsigned)sum->n_units, "blobs",
+                         (unsigned long long)sum->blobs, "bytes",
+                         (unsigned long long)sum->bytes, "loaded",
+                         (unsigned long long)sum->loaded, "spilled",
+                         (unsigned long long)sum->spilled);
+}
+
+/*
+ * checkpoint(op, dir, timeout_s, keep) -> summary dict. op: 0 save, 1 load
+ * (the checkpoint's number of units), 2 re-home (any number), 3 peek (no
+ * unit is asked). The GIL is released for the call.
+ */
+static PyObject *
+client_checkpoint(DpClient *self, PyObject *args)
+{
+    int op;
+    const char *dir;
+    double timeout_s;
+    unsigned int keep;
+    if (!PyArg_ParseTuple(args, "isdI", &op, &dir, &timeout_s, &keep))
+        return NULL;
+    if (op < 0 || op > 3)
+        return PyErr_Format(PyExc_ValueError, "checkpoint: op %d", op);
+    if (!dp__py_client_enter(self))
+        return NULL;
+    dp_ckpt_opts o;
+    dp_ckpt_opts_init(&o);
+    o.timeout_s = timeout_s;
+    o.keep = keep;
+    dp_ckpt_summary sum;
+    memset(&sum, 0, sizeof sum);
+    dp_detail d = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (op == 0)
+        rc = dp_ckpt_save(self->c, dir, &o, &sum, &d);
+    else if (op == 1)
+        rc = dp_ckpt_load(self->c, dir, &o, &sum, &d);
+    else if (op == 2)
+        rc = dp_ckpt_rehome(self->c, dir, &o, &sum, &d);
+    else
+        rc = dp_ckpt_peek(dir, &sum, &d);
+    Py_END_ALLOW_THREADS
+    PyObject *ret = rc == DP_OK ? ckpt_summary_dict(&sum) : dp__py_raise(rc, &d);
+    dp__py_client_leave(self);
+    return ret;
+}
+
 static PyObject *
 stats_list(dp_client_stats *s)
 {
@@ -1402,6 +1456,8 @@ static PyMethodDef client_methods[] = {
     {"get_into_rows", (PyCFunction)client_get_into_rows, METH_VARARGS,
      "get_into_rows(rows, fields, destinations) -> (per field, rc, detail)"},
     {"clear", (PyCFunction)client_clear, METH_O, "clear(rows) -> values dropped"},
+    {"checkpoint", (PyCFunction)client_checkpoint, METH_VARARGS,
+     "checkpoint(op, dir, timeout_s, keep) -> dict (0 save, 1 load, 2 rehome, 3 peek)"},
     {"stats", (PyCFunction)client_stats, METH_NOARGS, "stats() -> (list, rc, detail)"},
     {"counters", (PyCFunction)client_counters, METH_NOARGS, "counters() -> dict"},
     {"unit_path", (PyCFunction)client_unit_path, METH_O, "unit_path(i) -> str"},
