@@ -8,6 +8,8 @@
 #    version, loading the installed library (not the build tree's).
 # 2. `pip install --no-build-isolation --no-index --target T SOURCE/python`
 #    builds the package offline against BUILD and it imports from T.
+# Both install dataplane-tq.pth, which registers the TransferQueue backend in
+# every process of that site directory (checked where TransferQueue is installed).
 set -eu
 build=$1
 src=$2
@@ -49,6 +51,29 @@ echo "$out" | head -n1 | grep -q "^$lib_v $site/__init__.py" ||
     fail "installed package: $out"
 [ "$(echo "$out" | sed -n 2p)" -gt 0 ] || fail "the package did not load the installed library"
 
+# dataplane-tq.pth: a site directory holding the install registers the
+# TransferQueue backend in a process that imports only transfer_queue
+check_pth() { # SITE_DIR WHAT
+    [ -f "$1/dataplane-tq.pth" ] && [ -f "$1/dataplane_tq_hook.py" ] ||
+        fail "$2: no dataplane-tq.pth and dataplane_tq_hook.py in $1"
+    r=$(cd "$tmp" && env -u PYTHONPATH "$py" -c '
+import site, sys
+site.addsitedir(sys.argv[1])
+print("dataplane_tq_hook" in sys.modules, end=" ")
+try:
+    import transfer_queue.storage.managers.base as b
+except ImportError:
+    print("no-tq")
+else:
+    print("Dataplane" in b.StorageManagerFactory._registry)
+' "$1" 2>/dev/null) || fail "$2: the site directory does not load"
+    case "$r" in
+    "True True" | "True no-tq") ;;
+    *) fail "$2: dataplane-tq.pth did not register the backend ($r)" ;;
+    esac
+}
+check_pth "$(dirname "$site")" "make install"
+
 if "$py" -m pip --version >/dev/null 2>&1; then
     cp -r "$src/python" "$tmp/pysrc"
     rm -rf "$tmp/pysrc/build" "$tmp/pysrc"/*.egg-info
@@ -57,6 +82,7 @@ if "$py" -m pip --version >/dev/null 2>&1; then
         { cat "$tmp/pip.log" >&2; fail "pip install failed"; }
     (cd "$tmp" && PYTHONPATH="$tmp/t" "$py" -c 'import dataplane; print(dataplane.version())') |
         grep -qx "$lib_v" || fail "the pip-installed package does not import"
+    check_pth "$tmp/t" "pip install"
     echo "check_install: make install and pip install: ok ($lib_v)"
 else
     echo "check_install: make install ok ($lib_v); no pip for $py: pip install not checked"

@@ -828,6 +828,11 @@ def register():
         def __init__(self, controller_info, config, **kwargs):
             config = dict(config)
             config["client_name"] = "Dataplane"
+            # TQ's controller keeps a hint per key and sends it with every
+            # notify and batch: measured, that costs a put more than it spares
+            # a get (README, "TransferQueue backend"), so off unless asked for
+            if config.get("location_hints") is None:
+                config["location_hints"] = False
             super().__init__(controller_info, config, **kwargs)
 
         async def get_data(self, metadata):

@@ -7,7 +7,9 @@ they are). With TQ_TEST_BACKEND=Dataplane it:
 - starts one cluster for the session (`dataplane up --units 2 --slab 512M`)
   and stops it at the end. The suites then exercise the bootstrap provider's
   attach path (backend.Dataplane.cluster set), which is how a real job runs;
-  the path that starts a local cluster is covered by tests/python/test_tq.py.
+  the path that starts a local cluster is covered by
+  tests/python/test_tq_stack.py. At the end it checks that the cluster
+  stored values (else the suites did not use the backend).
 - adds a "Dataplane" entry to the BACKEND_CONFIGS dict of every collected
   module that has one; the modules pick their config by TQ_TEST_BACKEND.
 - gives a module without BACKEND_CONFIGS but with a module-level _TQ_CONFIG
@@ -38,8 +40,18 @@ _DIR = tempfile.mkdtemp(prefix="dp-tq-upstream-") if ACTIVE else None
 _CLUSTER_FILE = os.path.join(_DIR, "cluster", "cluster.json") if ACTIVE else None
 
 # Tests that check what only SimpleStorage does, by "<file>::<test id>": they
-# do not apply to a KV backend, whatever it is.
+# do not apply to a KV backend, whatever it is. (The other checkpoint tests
+# run: save and load go through the Dataplane storage manager.)
 _NOT_FOR_KV = {
+    "test_checkpoint_e2e.py::TestCheckpointRoundtrip::test_tensor_fields":
+        "asserts SimpleStorage's checkpoint layout (<dir>/simple_storage/"
+        "storage_unit_info.json); a KV backend saves its own (<dir>/dataplane)",
+    "test_checkpoint_e2e.py::TestIncludeStorageFalse::test_storage_saved_is_true":
+        "asserts that SimpleStorage forces include_storage=True; TransferQueue "
+        "honours include_storage=False for a KV backend (storage_saved is False)",
+    "test_checkpoint_e2e.py::TestCheckpointErrors::"
+    "test_load_raises_on_storage_unit_count_mismatch":
+        "tampers with SimpleStorage's <dir>/simple_storage/storage_unit_info.json",
 }
 
 
@@ -56,11 +68,13 @@ def dataplane_config():
 
 
 def _cli():
-    p = os.environ.get("DP_CLI")
-    if not p:
-        build = os.environ.get("DP_BUILD", "/work/main/build")
-        p = os.path.join(build, "dataplane")
-    return p
+    """The dataplane tool: $DP_CLI (run.sh sets it), $DP_BUILD/dataplane, or
+    `dataplane` on PATH."""
+    if os.environ.get("DP_CLI"):
+        return os.environ["DP_CLI"]
+    if os.environ.get("DP_BUILD"):
+        return os.path.join(os.environ["DP_BUILD"], "dataplane")
+    return shutil.which("dataplane") or "dataplane"
 
 
 def _die_with_parent():
@@ -75,6 +89,32 @@ def _tail(path, n=4000):
             return f.read()[-n:].decode(errors="replace")
     except OSError:
         return "(no log)"
+
+
+_stats = {}  # what the session's cluster reported at its end
+
+
+def _stored_count(cli):
+    """How many values the session's cluster stored (its units' commits and
+    inline puts, `dataplane stats`), or None when it cannot say."""
+    try:
+        out = subprocess.run([cli, "stats", "--raw", "--cluster", _CLUSTER_FILE],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    total = 0
+    for line in out.splitlines():
+        cols = line.split()
+        if cols and cols[0] in ("commits", "puts_inline"):
+            total += int(cols[-1])  # the row's last column is the total
+    _stats["stored"] = total
+    return total
+
+
+def pytest_terminal_summary(terminalreporter):
+    if "stored" in _stats:
+        terminalreporter.write_line(
+            f"dataplane: the session cluster stored {_stats['stored']} values")
 
 
 def pytest_report_header(config):
@@ -95,7 +135,9 @@ def pytest_collection_modifyitems(session, config, items):
             seen.add(id(mod))
             configs = getattr(mod, "BACKEND_CONFIGS", None)
             if isinstance(configs, dict):
-                configs.setdefault(BACKEND, copy.deepcopy(dataplane_config()))
+                # ours even if a later version has one: it attaches to the
+                # session's cluster, which the check at its end counts on
+                configs[BACKEND] = copy.deepcopy(dataplane_config())
             elif hasattr(mod, "_TQ_CONFIG"):  # one fixed config (test_checkpoint_e2e)
                 mod._TQ_CONFIG = OmegaConf.create(dataplane_config())
         # the id relative to the e2e directory: "<file>::<class>::<test>[param]"
@@ -103,11 +145,12 @@ def pytest_collection_modifyitems(session, config, items):
         base = name.split("[", 1)[0]
         reason = _NOT_FOR_KV.get(name) or _NOT_FOR_KV.get(base)
         if reason:
-            item.add_marker(pytest.mark.skip(reason=f"not for a KV backend: {reason}"))
+            test = base.split("::", 1)[1]
+            item.add_marker(pytest.mark.skip(reason=f"{test}: not for a KV backend: {reason}"))
 
 
 @pytest.fixture(scope="session", autouse=True)
-def dataplane_cluster():
+def dataplane_cluster(request):
     """The session's cluster (path of its cluster.json); started before the
     first test, stopped after the last."""
     if not ACTIVE:
@@ -135,6 +178,15 @@ def dataplane_cluster():
                             pytrace=False)
             time.sleep(0.05)
         yield _CLUSTER_FILE
+        # The suites pass as well on a backend they silently did not use:
+        # check that this cluster stored what they put.
+        # (A run narrowed with -k or -m may hold no test that puts: then the
+        # summary only says so.)
+        stored = _stored_count(cli)
+        if stored == 0 and not (request.config.option.keyword
+                                or request.config.option.markexpr):
+            pytest.fail("the session's dataplane cluster stored nothing: the suites did "
+                        "not use the Dataplane backend", pytrace=False)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # up stops its units and exits

@@ -26,7 +26,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-build=$(cd "${DP_BUILD:-$repo/build}" && pwd)
+build=${DP_BUILD:-$repo/build}
 python=${PYTHON:-$repo/.venv/bin/python}
 
 suites=(tests/e2e/test_kv_interface_e2e.py tests/e2e/test_e2e_lifecycle_consistency.py)
@@ -38,6 +38,7 @@ if [[ ! -x $build/dataplane || ! -d $build/python/dataplane ]]; then
     echo "tq_upstream: no built dataplane in $build (run make build, or set DP_BUILD)" >&2
     exit 2
 fi
+build=$(cd "$build" && pwd)  # absolute: the tests run in a scratch directory
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tq-upstream.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -172,8 +173,12 @@ set +e
 rc=${PIPESTATUS[0]}
 set -e
 
-# pytest's summary line, again, last (processes pytest leaves behind may
-# still write after it)
+# pytest's summary line must be the last line: print it again if anything
+# (a process pytest left behind) wrote after it
 summary=$(grep -E '^=+ .* in [0-9.]+s.* =+$' "$work/pytest.log" | tail -n 1 || true)
-echo "${summary:-tq_upstream: pytest printed no summary (exit status $rc)}"
+if [[ -z $summary ]]; then
+    echo "tq_upstream: pytest printed no summary (exit status $rc)"
+elif [[ $(tail -n 1 "$work/pytest.log") != "$summary" ]]; then
+    echo "$summary"
+fi
 exit "$rc"
