@@ -25,7 +25,7 @@ echo "### C, with location hints"
 "$RL" --iters "${ITERS:-20}" --hints
 dp_down
 echo "### Python (Client, TQ adapter with hints, torch copy_)"
-PY=${PYTHON:-/usr/bin/python3}
+PY=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin/python}
 if [[ -x "$PY" ]]; then
     "$PY" "$(dirname "${BASH_SOURCE[0]}")/python/rl_batch.py" --build "$BUILD"
 else

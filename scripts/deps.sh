@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages dataplane needs to build, test, fuzz and benchmark.
+# (The Python packages come from the package index, pinned in
+# python/requirements.txt, into .venv: scripts/venv.sh.)
 #
 # Idempotent: only packages that are missing are installed, so a second run is a
 # no-op that says so. Needs root (or sudo) only when something is missing.
@@ -18,14 +20,13 @@ PKGS=(
     slurm-wlm munge                         # the Slurm launch test (a one-node cluster)
     python3-yaml                            # checks the Kubernetes manifests parse
     libmicrohttpd-dev                       # the units' /metrics and /healthz (HTTP)
-    python3-prometheus-client prometheus    # the metrics tests: the real parser and server
+    prometheus                              # the metrics tests: the real server
     tmux curl                               # `dataplane top` in a terminal; bench/metrics.sh
     redis-server redis-tools                # benchmark comparison
     iproute2 iptables                       # multi-host fault tests (network namespaces)
     iperf3                                  # the link limit in bench/hosts.sh
-    python3-dev python3-setuptools python3-pip  # the Python package (built for /usr/bin/python3)
-    python3-numpy python3-torch python3-msgpack # its arrays, tensors, TQ values
-    python3-pytest python3-redis                # its tests; the Redis comparison
+    python3-dev python3-venv                    # Debian's interpreter for .venv where no
+                                                # other python3 with headers is on PATH
 )
 
 missing=()

@@ -1091,12 +1091,11 @@ client_clear(DpClient *self, PyObject *rows)
 static PyObject *
 ckpt_summary_dict(const dp_ckpt_summary *sum)
 {
-    return Py_BuildValue("{s:s,s:I,s:K,s:K,s:K,s:K}", "checkpoint", sum->checkpoint,
-                         "n_units", (unsigned)sum->n_units, "blobs",
-                         (unsigned long long)sum->blobs, "bytes",
-                         (unsigned long long)sum->bytes, "loaded",
-                         (unsigned long long)sum->loaded, "spilled",
-                         (unsigned long long)sum->spilled);
+    return Py_BuildValue(
+        "{s:s,s:I,s:K,s:K,s:K,s:K}", "checkpoint", sum->checkpoint, "n_units",
+        (unsigned)sum->n_units, "blobs", (unsigned long long)sum->blobs, "bytes",
+        (unsigned long long)sum->bytes, "loaded", (unsigned long long)sum->loaded,
+        "spilled", (unsigned long long)sum->spilled);
 }
 
 /*
