@@ -215,6 +215,36 @@ def test_ray_actors_attach_without_importing_dataplane(stack):
         ray.kill(a)
 
 
+_ATTACH = r"""
+import sys, torch, ray
+import transfer_queue as tq
+ray.init(address="auto", namespace="dataplane-tq-stack", log_to_driver=False)
+tq.init()  # attaches: the controller hands this process the Dataplane config
+got = torch.stack(list(tq.kv_batch_get(keys=["d0", "d1", "d2"], partition_id="p6")["x"]))
+tq.kv_batch_put(keys=["q0", "q1"], partition_id="p6",
+                fields=__import__("tensordict").TensorDict({"x": got[:2] * 2}, batch_size=2))
+print(float(got.sum()), "dataplane" in sys.modules)
+"""
+
+
+def test_another_driver_process_attaches(stack):
+    """A second driver process on the same Ray cluster (not a Ray worker)
+    attaches to the running TransferQueue, reads what this one put and puts
+    rows this one reads."""
+    x = torch.randn(3, 8)
+    tq.kv_batch_put(keys=["d0", "d1", "d2"], partition_id="p6",
+                    fields=TensorDict({"x": x}, batch_size=3))
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    r = subprocess.run([sys.executable, "-c", _ATTACH], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    total, imported = r.stdout.split()[-2:]
+    assert abs(float(total) - float(x.sum())) < 1e-4 and imported == "True"
+    got = torch.stack(list(tq.kv_batch_get(keys=["q0", "q1"], partition_id="p6")["x"]))
+    assert torch.equal(got, x[:2] * 2)
+    tq.kv_clear(keys=["d0", "d1", "d2", "q0", "q1"], partition_id="p6")
+
+
 def test_checkpoint_through_tq(stack, tmp_path):
     n = 10
     keys = [f"c{i}" for i in range(n)]

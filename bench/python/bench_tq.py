@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""TransferQueue's throughput-test shapes through SimpleStorage, Dataplane
+and dataplane's Client, in one run.
+
+The batch is TransferQueue's performance test's default: 1024 samples x 10
+fields of 8192 float32 each (320 MiB), a dense (samples, elems) tensor per
+field. As in that test, a writer actor puts it and a reader actor gets it
+back (both Ray actors on this machine, each timing its own call). Methods:
+
+  SimpleStorage  tq.kv_batch_put / tq.kv_batch_get with TransferQueue's own
+                 storage (2 storage-unit actors)
+  Dataplane      the same calls with backend "Dataplane" attached to a local
+                 dataplane cluster started here (or --cluster)
+  Client         dataplane.Client(cluster).put(rows, {field: tensor}) and
+                 .get(rows, fields, stack=True) on the same cluster
+
+Every round runs each method once, in an order that rotates from round to
+round. A TransferQueue method starts TransferQueue afresh (tq.init in the
+writer, which starts the controller and, for SimpleStorage, its units; the
+reader attaches), does a small untimed warm-up put/get, then the timed put
+and get, clears, and closes it (untimed). Every get is compared with the
+batch the writer put (untimed). GB/s = value bytes / seconds / 1e9; medians
+over the rounds.
+
+Build tree (from the repository root, after make build):
+    .venv/bin/python bench/python/bench_tq.py [--reps 5] [--samples 1024]
+        [--fields 10] [--elems 8192] [--backends SimpleStorage,Dataplane,Client]
+        [--cluster PATH] [--units 2] [--slab 1G] [--build build]
+
+Timings are shown, never asserted.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+METHODS = ("SimpleStorage", "Dataplane", "Client")
+PARTITION = "train_0"
+WARM = 8  # samples of the warm-up put/get after each start
+CLIENT_ROW0 = 1 << 40  # the Client's rows lie far from TransferQueue's global indexes
+
+warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
+
+
+def make_batch(samples, fields, elems, seed):
+    """{field_i: (samples, elems) float32}, the same for the same arguments
+    (the reader makes it too, to compare what it gets)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {f"field_{i}": torch.randn(samples, elems, generator=g, dtype=torch.float32)
+            for i in range(fields)}
+
+
+def dense(value):
+    """A field TransferQueue returned as one dense tensor: KV backends return
+    a tensor field as a nested tensor of its rows."""
+    import torch
+
+    if not value.is_nested:
+        return value
+    if value.layout == torch.jagged:
+        return value.values().view(value.size(0), -1)
+    return torch.stack(value.unbind())
+
+
+class Peer:
+    """A writer or reader: holds the batch, a dataplane Client, and its
+    process's TransferQueue client while one is started."""
+
+    def __init__(self, a):
+        import torch
+
+        torch.set_num_threads(2)
+        try:
+            import dataplane.tq  # noqa: F401  (registers "Dataplane"; an install does it by itself)
+        except ImportError:
+            pass
+        import transfer_queue as tq
+
+        self.tq, self.a = tq, a
+        self.batch = make_batch(a.samples, a.fields, a.elems, a.seed)
+        self.keys = [f"test_key_{i}" for i in range(a.samples)]
+        self.client = None
+
+    # -- TransferQueue --
+
+    def tq_init(self, conf):
+        """conf: start TransferQueue with it (the writer); None: attach."""
+        from omegaconf import OmegaConf
+
+        self.tq.init(OmegaConf.create(conf) if conf is not None else None)
+        from tensordict import TensorDict
+
+        self.td = TensorDict(self.batch, batch_size=[self.a.samples])
+
+    def tq_put(self, warm=False):
+        keys = [f"warm_{i}" for i in range(WARM)] if warm else self.keys
+        td = self.td[:WARM] if warm else self.td
+        t = time.perf_counter()
+        self.tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=td)
+        return time.perf_counter() - t
+
+    def tq_get(self, warm=False):
+        keys = [f"warm_{i}" for i in range(WARM)] if warm else self.keys
+        t = time.perf_counter()
+        got = self.tq.kv_batch_get(keys=keys, partition_id=PARTITION)
+        t = time.perf_counter() - t
+        n = len(keys)
+        bad = [f for f, v in self.batch.items() if not _equal(dense(got[f]), v[:n])]
+        return t, bad
+
+    def tq_clear(self, warm=False):
+        keys = [f"warm_{i}" for i in range(WARM)] if warm else self.keys
+        self.tq.kv_clear(keys=keys, partition_id=PARTITION)
+
+    def tq_close(self):
+        self.tq.close()
+        self.td = None
+
+    # -- dataplane's Client --
+
+    def dp_open(self, cluster):
+        import dataplane
+
+        self.client = dataplane.Client(cluster, timeout_s=300)
+
+    def _rows(self, warm):
+        n = WARM if warm else self.a.samples
+        return range(CLIENT_ROW0, CLIENT_ROW0 + n), n
+
+    def dp_put(self, warm=False):
+        rows, n = self._rows(warm)
+        data = {f: v[:n] for f, v in self.batch.items()}
+        t = time.perf_counter()
+        self.client.put(rows, data)
+        return time.perf_counter() - t
+
+    def dp_get(self, warm=False):
+        rows, n = self._rows(warm)
+        t = time.perf_counter()
+        got = self.client.get(rows, list(self.batch), stack=True)
+        t = time.perf_counter() - t
+        bad = [f for f, v in self.batch.items() if not _equal(got[f], v[:n])]
+        return t, bad
+
+    def dp_clear(self, warm=False):
+        self.client.clear(self._rows(warm)[0])
+
+    def dp_close(self):
+        if self.client is not None:
+            self.client.close()
+
+
+def _equal(got, want):
+    return got.dtype == want.dtype and got.shape == want.shape and bool(
+        __import__("torch").equal(got, want))
+
+
+def tq_conf(method, cluster):
+    backend = {"storage_backend": method}
+    if method == "Dataplane":
+        backend["Dataplane"] = {"cluster": cluster, "timeout_s": 300}
+    else:
+        backend["SimpleStorage"] = {"num_data_storage_units": 2}
+    return {"controller": {"polling_mode": True}, "backend": backend}
+
+
+def wait_controller_gone(ray, timeout_s=60):
+    """TransferQueue's controller is a named actor; a new tq.init needs the
+    old one gone."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            ray.get_actor("TransferQueueController", namespace="transfer_queue")
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("TransferQueue's controller did not go away after tq.close()")
+
+
+def run_method(ray, method, writer, reader, cluster):
+    """One timed put and get; returns (put s, get s, [fields that differ])."""
+    if method == "Client":
+        ray.get(writer.dp_put.remote(warm=True))
+        ray.get(reader.dp_get.remote(warm=True))
+        ray.get(writer.dp_clear.remote(warm=True))
+        tp = ray.get(writer.dp_put.remote())
+        tg, bad = ray.get(reader.dp_get.remote())
+        ray.get(writer.dp_clear.remote())
+        return tp, tg, bad
+    ray.get(writer.tq_init.remote(tq_conf(method, cluster)))
+    try:
+        ray.get(reader.tq_init.remote(None))
+        ray.get(writer.tq_put.remote(warm=True))
+        ray.get(reader.tq_get.remote(warm=True))
+        ray.get(writer.tq_clear.remote(warm=True))
+        tp = ray.get(writer.tq_put.remote())
+        tg, bad = ray.get(reader.tq_get.remote())
+        ray.get(writer.tq_clear.remote())
+    finally:
+        ray.get(reader.tq_close.remote())
+        ray.get(writer.tq_close.remote())
+        wait_controller_gone(ray)
+    return tp, tg, bad
+
+
+def versions():
+    from importlib import metadata
+
+    out = [f"python {platform.python_version()}"]
+    for name, dist in (("torch", "torch"), ("TransferQueue", "transferqueue"), ("ray", "ray"),
+                       ("tensordict", "tensordict")):
+        try:
+            out.append(f"{name} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{name} (not installed)")
+    return ", ".join(out)
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=5, help="rounds (default 5)")
+    ap.add_argument("--samples", type=int, default=1024, help="samples per batch (1024)")
+    ap.add_argument("--fields", type=int, default=10, help="fields per sample (10)")
+    ap.add_argument("--elems", type=int, default=8192, help="float32 per field (8192)")
+    ap.add_argument("--backends", default=",".join(METHODS),
+                    help=f"methods to run, comma-separated (default {','.join(METHODS)})")
+    ap.add_argument("--cluster", help="a running dataplane cluster (default: start one)")
+    ap.add_argument("--units", type=int, default=2, help="units of the cluster started here (2)")
+    ap.add_argument("--slab", default="1G", help="slab per unit of the cluster started here "
+                    "(1G; the batch must fit)")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"),
+                    help="build tree with python/ and dataplane (default: this repository's)")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    methods = [m.strip() for m in a.backends.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        ap.error(f"--backends: choose among {', '.join(METHODS)} (got {a.backends!r})")
+    if min(a.reps, a.samples, a.fields, a.elems) < 1:
+        ap.error("--reps, --samples, --fields and --elems must be >= 1")
+
+    # a build tree's package, for this process and the Ray workers it starts
+    pkg = os.path.join(a.build, "python")
+    if os.path.isdir(os.path.join(pkg, "dataplane")):
+        sys.path.insert(0, pkg)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [pkg] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ.setdefault("TQ_LOGGING_LEVEL", "ERROR")  # TQ warns on every get on < 8 cores
+    sys.path.insert(0, HERE)
+    import ray
+
+    nbytes = a.samples * a.fields * a.elems * 4
+    print(f"bench_tq: {' '.join(shlex.quote(x) for x in [sys.executable] + sys.argv)}")
+    print(f"bench_tq: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC, "
+          f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
+          f"{versions()}")
+    print(f"bench_tq: {a.samples} samples x {a.fields} fields x {a.elems} float32 = "
+          f"{nbytes / 2**20:.1f} MiB per batch; methods {', '.join(methods)}; "
+          f"{a.reps} rounds", flush=True)
+
+    cm = None
+    cluster = a.cluster
+    if cluster is None and ({"Dataplane", "Client"} & set(methods)):
+        from local_cluster import local_cluster
+
+        cli = os.path.join(a.build, "dataplane")
+        if not os.access(cli, os.X_OK):
+            cli = shutil.which("dataplane")
+        if not cli:
+            sys.exit("bench_tq: no dataplane tool (build first, or put it on PATH, or --cluster)")
+        cm = local_cluster(cli, slab=a.slab, units=a.units, prog="bench_tq")
+        cluster = cm.__enter__()
+    # logical CPUs: TQ's controller and each SimpleStorage unit ask for one
+    ray.init(num_cpus=8, include_dashboard=False, logging_level="ERROR")
+    res = {m: ([], []) for m in methods}
+    failures = []
+    try:
+        peer = ray.remote(num_cpus=0)(Peer)
+        writer, reader = peer.remote(a), peer.remote(a)
+        if "Client" in methods:
+            ray.get([writer.dp_open.remote(cluster), reader.dp_open.remote(cluster)])
+        for r in range(a.reps):
+            order = methods[r % len(methods):] + methods[:r % len(methods)]
+            line = []
+            for m in order:
+                tp, tg, bad = run_method(ray, m, writer, reader, cluster)
+                if bad:
+                    failures.append(f"round {r + 1} {m}: fields {', '.join(bad)} differ")
+                res[m][0].append(nbytes / tp / 1e9)
+                res[m][1].append(nbytes / tg / 1e9)
+                line.append(f"{m} put {res[m][0][-1]:.2f} get {res[m][1][-1]:.2f}")
+            print(f"bench_tq: round {r + 1}: " + " | ".join(line) + " GB/s", flush=True)
+        ray.get([writer.dp_close.remote(), reader.dp_close.remote()])
+    finally:
+        ray.shutdown()
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+    print(f"bench_tq: load {os.getloadavg()[0]:.2f} at the end (a shared machine: other work "
+          f"may have run)")
+    print(f"{'method':<14} {'put GB/s':>9} {'(min-max)':>13} {'get GB/s':>9} {'(min-max)':>13}")
+    for m in methods:
+        p, g = res[m]
+        print(f"{m:<14} {med(p):9.2f} {f'({min(p):.2f}-{max(p):.2f})':>13} {med(g):9.2f} "
+              f"{f'({min(g):.2f}-{max(g):.2f})':>13}")
+
+    def ratio(x, y, goal, label):
+        if x in res and y in res:
+            pr = med(res[x][0]) / med(res[y][0])
+            gr = med(res[x][1]) / med(res[y][1])
+            print(f"{label:<30} put {pr:5.2f}x  get {gr:5.2f}x  (goal >= {goal}x)")
+
+    ratio("Dataplane", "SimpleStorage", 3, "Dataplane / SimpleStorage")
+    ratio("Dataplane", "Client", 0.8, "TQ-through-Dataplane / Client")
+    for f in failures:
+        print(f"bench_tq: MISMATCH {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
