@@ -70,7 +70,7 @@ from .client import LOC_BYTES, Client, Encoded, make_error, value_of, values_in_
 
 try:
     import msgpack
-except ImportError:  # plain objects then need allow_pickle
+except ImportError:  # non-tensor values then go through pickle alone
     msgpack = None
 try:
     import cloudpickle
@@ -249,10 +249,13 @@ class DataplaneKVClient:
     """TQ's KV storage client over a dataplane cluster.
 
     config (a dict, or TQ's DictConfig): "cluster" (cluster file, directory,
-    or list of unit addresses; default: $DP_CLUSTER or the default
-    directory), "allow_pickle" (False), and the Client options timeout_s,
-    connect_timeout_s, staging_cache_bytes, crc, no_spill, require_rdma,
-    name, inline_bytes. Other keys (TQ's own, e.g. client_name) are ignored.
+    etcd:// URL or list of unit addresses; default: $DP_CLUSTER or the
+    default directory), "allow_pickle" (True: values msgpack cannot hold are
+    pickled, as TQ does), "location_hints" (True: put returns a hint per
+    key), and the Client options timeout_s, connect_timeout_s,
+    staging_cache_bytes, crc, no_spill, require_rdma, name, inline_bytes.
+    Other keys (TQ's own, e.g. client_name, and the bootstrap's units, slab,
+    bind, cli) are ignored here.
     """
 
     def __init__(self, config=None):
@@ -379,7 +382,7 @@ class DataplaneKVClient:
             except Exception as x:  # malformed bytes from the cluster
                 raise make_error(_core.DP_EPROTO,
                                  f"key '{key}': stored msgpack does not decode: {x}")
-        if dtype == "pickle":
+        if dtype == "pickle":  # a whole value pickled (without msgpack, or older puts)
             if not self.allow_pickle:
                 raise make_error(_core.DP_EPOLICY,
                                  f"key '{key}' was stored with pickle; set "
