@@ -1,0 +1,308 @@
+"""dataplane.ray: storage units as Ray actors.
+
+    import ray, dataplane, dataplane.ray as dpray
+    ray.init()
+    h = dpray.start_cluster(units=4, slab="2G", name="rollouts")
+    c = dataplane.Client(h.cluster)          # from any process of the job
+    h2 = dpray.get_cluster("rollouts")       # the same handle, elsewhere
+    h.shutdown()
+
+Each unit is a `dataplane unit` process run by a Ray actor (no GPU, no CPU
+reserved) on the node Ray places it on: "spread" puts them on different
+nodes where it can (Ray's SPREAD), "pack" lets several share one (DEFAULT),
+a list of node ids pins unit i to node i. Ray only starts the processes and
+tells their addresses; it is never on the data path.
+
+A unit process that dies is started again by its actor on the same node and
+port, with the same unit id and cluster id (a new incarnation: clients
+re-bind by themselves; what it held is gone), up to max_restarts times; then
+the handle reports it down. An actor that dies takes its unit with it (the
+process gets SIGTERM from the kernel when its parent dies), and the handle
+says so. A cluster that is not detached ends with the driver; a detached one
+lives until shutdown(). README, "Ray", says how this combines with the etcd
+registry.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import ray
+
+_CONTROL = "dataplane-clusters"  # the namespace of the named control actors
+
+
+def _cli():
+    """The dataplane tool on this node: $DP_CLI, PATH, else beside the package."""
+    for p in (os.environ.get("DP_CLI"), shutil.which("dataplane")):
+        if p:
+            return p
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for p in (os.path.join(os.path.dirname(here), "dataplane"),
+              os.path.join(here, "..", "..", "..", "bin", "dataplane")):
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return os.path.normpath(p)
+    raise RuntimeError("dataplane.ray: no dataplane tool on this node (set DP_CLI, or "
+                       "install dataplane here)")
+
+
+def _die_with_parent():
+    """In the unit process before exec: SIGTERM when the actor dies."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+class _Unit:
+    """Runs one unit process and starts it again when it dies."""
+
+    def __init__(self, index, n_units, cluster_id, slab, bind, advertise, options,
+                 max_restarts, start_timeout_s):
+        self.index, self.n_units, self.cluster_id = index, n_units, cluster_id
+        self.slab, self.bind, self.advertise = slab, bind, advertise
+        self.options, self.max_restarts = list(options), max_restarts
+        self.start_timeout_s = start_timeout_s
+        self.cli = _cli()
+        self.port = 0  # the first start picks one; restarts keep it
+        self.restarts, self.down, self.address, self.proc = 0, None, None, None
+        self.log = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                f"dataplane-ray-{cluster_id}-unit{index}.log")
+        self.lock = threading.Lock()
+        self.stopping = False
+        self._start()
+        self.watcher = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"dataplane-unit{index}-watch")
+        self.watcher.start()
+
+    def _start(self):
+        args = [self.cli, "unit", "--bind", self.bind, "--port", str(self.port),
+                "--slab", str(self.slab), "--unit-id", str(self.index),
+                "--units", str(self.n_units), "--cluster-id", self.cluster_id]
+        if self.advertise:
+            args += ["--advertise", self.advertise]
+        args += self.options
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        with open(self.log, "ab") as log:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=log, env=env, preexec_fn=_die_with_parent)
+        # the first stdout line is the address; nothing else comes there
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("line", proc.stdout.readline()),
+                             daemon=True)
+        t.start()
+        t.join(self.start_timeout_s)
+        line = box.get("line", b"").decode(errors="replace").strip()
+        if not line.startswith("tcp://"):
+            proc.kill()
+            proc.wait()
+            with open(self.log, "rb") as f:
+                tail = f.read()[-2000:].decode(errors="replace")
+            raise RuntimeError(f"dataplane.ray: unit {self.index} did not start "
+                               f"({' '.join(args)}):\n{tail}")
+        self.address = line
+        self.port = int(line.rsplit(":", 1)[1])
+        self.proc = proc
+
+    def _watch(self):
+        while True:
+            proc = self.proc
+            rc = proc.wait()
+            with self.lock:
+                if self.stopping:
+                    return
+                why = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+                if self.restarts >= self.max_restarts:
+                    self.down = (f"unit {self.index} died ({why}) after {self.restarts} "
+                                 f"restarts (max_restarts {self.max_restarts})")
+                    return
+                self.restarts += 1
+                deadline = time.monotonic() + self.start_timeout_s
+                while True:  # its port may take a moment to be free again
+                    try:
+                        self._start()
+                        break
+                    except RuntimeError as e:
+                        if time.monotonic() > deadline:
+                            self.down = f"unit {self.index} did not restart: {e}"
+                            return
+                        time.sleep(0.2)
+
+    def info(self):
+        with self.lock:
+            alive = self.down is None and self.proc is not None and self.proc.poll() is None
+            return {"index": self.index, "address": self.address,
+                    "node": ray.get_runtime_context().get_node_id(),
+                    "pid": self.proc.pid if self.proc else None, "restarts": self.restarts,
+                    "alive": alive, "down": self.down, "log": self.log}
+
+    def stop(self, grace_s=10.0):
+        with self.lock:
+            self.stopping = True
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return True
+
+
+_UnitActor = ray.remote(num_cpus=0, max_restarts=0)(_Unit)
+
+
+class _Control:
+    """The named actor that holds a cluster's unit actors, so that any
+    process of the job finds them by name (get_cluster)."""
+
+    def __init__(self, name, units, cluster_id):
+        self.name, self.units, self.cluster_id = name, units, cluster_id
+
+    def handles(self):
+        return self.units, self.cluster_id
+
+
+_ControlActor = ray.remote(num_cpus=0)(_Control)
+
+
+class ClusterHandle:
+    """A cluster of units run by Ray actors (start_cluster, get_cluster).
+
+    cluster: what Client, the TransferQueue backend and every command
+    accept (the units' addresses, in unit order). units: one dict per unit
+    (index, address, node, pid, restarts, alive, down, log)."""
+
+    def __init__(self, name, actors, cluster_id, control=None):
+        self.name, self._actors, self.cluster_id = name, list(actors), cluster_id
+        self._control = control
+        self._infos = None
+
+    @property
+    def units(self):
+        self._infos = [self._info(i, a) for i, a in enumerate(self._actors)]
+        return self._infos
+
+    def _info(self, i, actor):
+        try:
+            return ray.get(actor.info.remote(), timeout=30)
+        except Exception as e:  # the actor died: its unit with it
+            addr = self._infos[i]["address"] if self._infos else None
+            return {"index": i, "address": addr, "node": None, "pid": None, "restarts": None,
+                    "alive": False, "down": f"unit {i}'s actor is gone ({type(e).__name__})",
+                    "log": None}
+
+    @property
+    def cluster(self):
+        infos = self._infos or self.units
+        return [u["address"] for u in infos]
+
+    def down(self):
+        """The units that are down, as {index: why}."""
+        return {u["index"]: u["down"] for u in self.units if not u["alive"]}
+
+    def stats(self):
+        """Each unit's counters (dataplane.Client.stats())."""
+        from .client import Client
+        c = Client(self.cluster, connect_timeout_s=10)
+        try:
+            return c.stats()
+        finally:
+            c.close()
+
+    def shutdown(self):
+        """Stop every unit and its actor, and forget the name."""
+        refs = [a.stop.remote() for a in self._actors]
+        try:
+            ray.get(refs, timeout=60)
+        except Exception:
+            pass  # an actor already gone took its unit with it
+        for a in self._actors + ([self._control] if self._control else []):
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+        self._actors = []
+
+
+def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=False,
+                  bind=None, advertise=None, max_restarts=10, ssd_dir=None, staging=None,
+                  options=(), start_timeout_s=60.0):
+    """Start `units` storage units of `slab` bytes each, each run by a Ray
+    actor, and return a ClusterHandle.
+
+    placement: "spread" (different nodes where possible), "pack" (several
+    per node allowed), or a list of Ray node ids (unit i on node i). bind:
+    the address units listen on (127.0.0.1 on a one-node Ray cluster,
+    0.0.0.0 otherwise); advertise: the host they tell clients (default: the
+    node's Ray address when binding every interface). max_restarts: how many
+    times a unit process that dies is started again. ssd_dir / staging: the
+    SSD tier (see the README). options: more `dataplane unit` options. name:
+    a name other processes of the job find it by (get_cluster); detached:
+    outlive this driver (needs name; stop with shutdown())."""
+    if not isinstance(units, int) or isinstance(units, bool) or units < 1:
+        raise ValueError(f"start_cluster: units must be an int >= 1, got {units!r}")
+    if detached and not name:
+        raise ValueError("start_cluster: a detached cluster needs a name (to find it later)")
+    if not ray.is_initialized():
+        ray.init()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if isinstance(placement, (list, tuple)):
+        if len(placement) != units:
+            raise ValueError(f"start_cluster: {len(placement)} node ids for {units} units")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        strategies = [NodeAffinitySchedulingStrategy(n, soft=False) for n in placement]
+    elif placement in ("spread", "pack"):  # Ray's default packs actors onto nodes
+        strategies = ["SPREAD" if placement == "spread" else "DEFAULT"] * units
+    else:
+        raise ValueError(f"start_cluster: placement 'spread', 'pack' or a list of node ids, "
+                         f"got {placement!r}")
+    if bind is None:
+        bind = "127.0.0.1" if len(nodes) <= 1 else "0.0.0.0"
+    opts = list(options)
+    if ssd_dir:
+        opts += ["--ssd-dir", str(ssd_dir)]
+        if staging:
+            opts += ["--staging", str(staging)]
+    cluster_id = f"ray-{name or 'cluster'}-{uuid.uuid4().hex[:8]}"
+    lifetime = {"lifetime": "detached"} if detached else {}
+    ns = {"namespace": _CONTROL} if name else {}
+    actors = []
+    try:
+        for i in range(units):
+            actors.append(_UnitActor.options(scheduling_strategy=strategies[i], **lifetime,
+                                             **ns).remote(
+                i, units, cluster_id, slab, bind, advertise, opts, max_restarts,
+                start_timeout_s))
+        ray.get([a.info.remote() for a in actors])  # each started (or raises why not)
+        control = None
+        if name:
+            control = _ControlActor.options(name=name, namespace=_CONTROL,
+                                            **lifetime).remote(name, actors, cluster_id)
+            ray.get(control.handles.remote())
+    except BaseException:
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+        raise
+    h = ClusterHandle(name, actors, cluster_id, control)
+    h.units  # noqa: B018  (addresses known from now on)
+    return h
+
+
+def get_cluster(name):
+    """The handle of the cluster start_cluster(..., name=name) started, from
+    any process of the job (or of any job, for a detached one)."""
+    try:
+        control = ray.get_actor(name, namespace=_CONTROL)
+    except ValueError:
+        raise LookupError(f"no dataplane cluster named {name!r} on this Ray cluster") from None
+    actors, cluster_id = ray.get(control.handles.remote())
+    h = ClusterHandle(name, actors, cluster_id, control)
+    h.units  # noqa: B018
+    return h

@@ -1,0 +1,170 @@
+"""dataplane.ray: storage units run by Ray actors, on a real local Ray
+cluster started here. Content is checked byte for byte; unit processes are
+looked for after every shutdown."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import dataplane  # noqa: E402
+import dataplane.ray as dpray  # noqa: E402
+
+from conftest import _cli  # noqa: E402
+
+
+def _gone(pid, within=30.0):
+    """pid has exited (or is a zombie) within `within` seconds."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    if os.environ.get("LD_PRELOAD"):
+        pytest.skip("Ray's processes do not run under the preloaded sanitizer runtime")
+    os.environ["DP_CLI"] = _cli()  # the actors' processes find the tool through it
+    ray.init(namespace="dataplane-ray-test", num_cpus=4, include_dashboard=False,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@ray.remote
+def _task_put_get(cluster, rows, seed):
+    import torch as t
+    import dataplane as dp
+    c = dp.Client(cluster)
+    x = t.randn(len(rows), 1000, generator=t.Generator().manual_seed(seed))
+    c.put(rows, {"x": x})
+    back = t.stack(c.get(rows, ["x"])["x"])
+    c.close()
+    return bool(t.equal(back, x))
+
+
+@ray.remote
+class _Reader:
+    def read(self, name, rows):
+        import torch as t
+        import dataplane as dp
+        import dataplane.ray as r
+        c = dp.Client(r.get_cluster(name).cluster)
+        try:
+            return t.stack(c.get(rows, ["x"])["x"])
+        finally:
+            c.close()
+
+
+def test_start_use_find_and_shut_down(ray_cluster):
+    h = dpray.start_cluster(3, "64M", placement="pack", name="t1")
+    try:
+        units = h.units
+        assert [u["index"] for u in units] == [0, 1, 2]
+        assert all(u["alive"] and u["address"].startswith("tcp://") for u in units)
+        assert len(set(h.cluster)) == 3
+        rows = list(range(30))
+        assert ray.get(_task_put_get.remote(h.cluster, rows, 3))
+        want = torch.randn(30, 1000, generator=torch.Generator().manual_seed(3))
+        got = ray.get(_Reader.remote().read.remote("t1", rows))
+        assert torch.equal(got, want)
+        c = dataplane.Client(dpray.get_cluster("t1").cluster)
+        assert torch.equal(torch.stack(c.get(rows, ["x"])["x"]), want)
+        c.close()
+        assert sum(s["entries"] for s in h.stats()) == 30
+        with pytest.raises(LookupError, match="no dataplane cluster named 'nope'"):
+            dpray.get_cluster("nope")
+    finally:
+        pids = [u["pid"] for u in h.units]
+        h.shutdown()
+    assert all(_gone(p) for p in pids), pids
+    with pytest.raises(LookupError):
+        dpray.get_cluster("t1")
+
+
+def test_unit_killed_is_restarted_then_reported_down(ray_cluster):
+    h = dpray.start_cluster(2, "64M", placement="pack", max_restarts=1)
+    try:
+        c = dataplane.Client(h.cluster, timeout_s=10)
+        rows = list(range(8))
+        x = torch.randn(8, 512)
+        c.put(rows, {"x": x})
+        before = h.units
+        os.kill(before[0]["pid"], signal.SIGKILL)
+        end = time.monotonic() + 60
+        while (u := h.units[0])["restarts"] != 1 or not u["alive"]:
+            assert time.monotonic() < end, u
+            time.sleep(0.1)
+        assert u["address"] == before[0]["address"] and u["pid"] != before[0]["pid"]
+        assert h.units[1]["pid"] == before[1]["pid"]
+        # the open client: unit 0's rows are gone, said once; unit 1's read back
+        with pytest.raises((dataplane.Restarted, KeyError)):
+            c.get(rows, ["x"])
+        odd = rows[1::2]
+        assert torch.equal(torch.stack(c.get(odd, ["x"])["x"]), x[1::2])
+        c.put(rows, {"x": x})  # and it works on
+        assert torch.equal(torch.stack(c.get(rows, ["x"])["x"]), x)
+        c.close()
+        # the limit reached: the next death leaves the unit down, and says so
+        os.kill(u["pid"], signal.SIGKILL)
+        end = time.monotonic() + 30
+        while not h.down():
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        assert "after 1 restarts" in h.down()[0] and 1 not in h.down()
+    finally:
+        pids = [u["pid"] for u in h.units if u["pid"]]
+        h.shutdown()
+    assert all(_gone(p) for p in pids), pids
+
+
+_DRIVER = r"""
+import json, sys, time, ray, dataplane.ray as dpray
+ray.init(address="auto", namespace="dataplane-ray-test", log_to_driver=False)
+h = dpray.start_cluster(2, "32M", placement="pack")
+print(json.dumps([u["pid"] for u in h.units]), flush=True)
+time.sleep(600)
+"""
+
+
+def test_driver_killed_takes_its_units_along(ray_cluster):
+    """A cluster that is not detached ends with its driver, even one killed
+    with SIGKILL: Ray ends the driver's actors, and each unit process gets
+    SIGTERM when its actor dies."""
+    env = dict(os.environ)
+    p = subprocess.Popen([sys.executable, "-c", _DRIVER], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    try:
+        pids = json.loads(p.stdout.readline())
+        assert len(pids) == 2 and all(os.path.exists(f"/proc/{q}") for q in pids)
+    finally:
+        p.kill()
+        p.wait()
+    assert all(_gone(q, 60) for q in pids), pids
+
+
+def test_bad_arguments(ray_cluster):
+    with pytest.raises(ValueError, match="units must be an int"):
+        dpray.start_cluster(0)
+    with pytest.raises(ValueError, match="detached cluster needs a name"):
+        dpray.start_cluster(1, detached=True)
+    with pytest.raises(ValueError, match="placement"):
+        dpray.start_cluster(1, placement="diagonal")
+    with pytest.raises(ValueError, match="1 node ids for 2 units"):
+        dpray.start_cluster(2, placement=["x"])
+    with pytest.raises(Exception, match="did not start"):  # the unit refuses the size
+        dpray.start_cluster(1, slab="lots")
