@@ -2,7 +2,7 @@
 # Every benchmark, one after another (`make bench`). Each prints its own table
 # with ratios against limits measured in the same run; nothing here asserts a
 # timing. The whole suite takes several minutes; run a single one instead with
-# its own command (see README.md, "Benchmarks").
+# its own command (see docs/benchmarks.md).
 #
 #   scripts/bench.sh [BUILD_DIR] [NAME...]
 #

@@ -5,7 +5,7 @@
         c.put([0, 1], {"obs": torch.zeros(2, 84, 84)})
         obs = c.get([0, 1], ["obs"])["obs"]      # [tensor(84, 84), tensor(84, 84)]
 
-See the README for the whole API, the TransferQueue backend (dataplane.tq),
+See docs/python.md for the whole API, the TransferQueue backend (dataplane.tq),
 threads, asyncio (AsyncClient) and fork rules.
 """
 

@@ -125,7 +125,7 @@ class Client:
     timeout_s bounds each operation. inline_bytes: puts of at most that many
     bytes per unit, and a unit's get answer of at most that many bytes, travel
     inside the control messages (None: $DP_INLINE or 32 KiB; 0: never). The
-    other options are the C library's (see the README). A Client may be
+    other options are the C library's (docs/client.md). A Client may be
     shared by threads (their calls take turns); it does not survive fork().
     """
 

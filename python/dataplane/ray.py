@@ -19,7 +19,7 @@ re-bind by themselves; what it held is gone), up to max_restarts times; then
 the handle reports it down. An actor that dies takes its unit with it (the
 process gets SIGTERM from the kernel when its parent dies), and the handle
 says so. A cluster that is not detached ends with the driver; a detached one
-lives until shutdown(). README, "Ray", says how this combines with the etcd
+lives until shutdown(). docs/ray.md says how this combines with the etcd
 registry.
 """
 
@@ -240,7 +240,7 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
     0.0.0.0 otherwise); advertise: the host they tell clients (default: the
     node's Ray address when binding every interface). max_restarts: how many
     times a unit process that dies is started again. ssd_dir / staging: the
-    SSD tier (see the README). options: more `dataplane unit` options. name:
+    SSD tier (docs/operations.md, "SSD tier"). options: more `dataplane unit` options. name:
     a name other processes of the job find it by (get_cluster); detached:
     outlive this driver (needs name; stop with shutdown())."""
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
@@ -306,3 +306,156 @@ def get_cluster(name):
     h = ClusterHandle(name, actors, cluster_id, control)
     h.units  # noqa: B018
     return h
+
+
+# -- the direct transport as a Ray tensor transport --------------------------
+
+from ray.experimental.rdt.tensor_transport_manager import (  # noqa: E402
+    CommunicatorMetadata, FetchRequest, TensorTransportManager, TensorTransportMetadata)
+
+_TRANSPORT = None  # this process's dataplane.Transport, made on first use
+_TRANSPORT_LOCK = threading.Lock()
+_FETCH_TIMEOUT_S = float(os.environ.get("DP_RAY_FETCH_TIMEOUT_S", "300"))
+
+
+def _transport():
+    global _TRANSPORT
+    with _TRANSPORT_LOCK:
+        if _TRANSPORT is None:
+            from .direct import Transport
+            _TRANSPORT = Transport()
+        return _TRANSPORT
+
+
+class DataplaneTransportMetadata(TensorTransportMetadata):
+    """Ray's tensor description plus the direct transport's metadata (the
+    publisher's address, registration keys and spans)."""
+
+    def __init__(self, tensor_meta, tensor_device, dp_metadata):
+        super().__init__(tensor_meta=tensor_meta, tensor_device=tensor_device)
+        self.dp_metadata = dp_metadata
+
+
+class _Fetch(FetchRequest):
+    def __init__(self, obj_id, req):
+        super().__init__(obj_id=obj_id, tensors=[])
+        self.req = req
+
+    def __del__(self):
+        req, self.req = getattr(self, "req", None), None
+        if req is not None:
+            try:
+                req.close()
+            except Exception:
+                pass
+
+
+class DataplaneTensorTransport(TensorTransportManager):
+    """Ray's tensor transport over dataplane's direct transport: the source
+    actor publishes the tensors (registered once, kept until Ray collects the
+    object), the destination READs them one-sided. CPU tensors (and numpy
+    arrays); a tensor the direct transport cannot describe (sparse, nested,
+    on a device) is refused on the source with an error naming it, before
+    anything moves."""
+
+    def tensor_transport_backend(self):
+        return "DATAPLANE"
+
+    @staticmethod
+    def is_one_sided():
+        return True
+
+    @staticmethod
+    def can_abort_transport():
+        return True
+
+    def actor_has_tensor_transport(self, actor):
+        def has(self):
+            try:
+                import dataplane.direct  # noqa: F401
+                return True
+            except Exception:
+                return False
+
+        return ray.get(actor.__ray_call__.options(concurrency_group="_ray_system").remote(has))
+
+    def extract_tensor_transport_metadata(self, obj_id, rdt_object):
+        import torch
+        meta, device = [], None
+        for i, t in enumerate(rdt_object):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"DATAPLANE transport: value {i} of object {obj_id} is a "
+                                f"{type(t).__name__}, not a torch.Tensor")
+            if t.is_nested or t.layout != torch.strided:
+                raise TypeError(f"DATAPLANE transport: tensor {i} of object {obj_id} is "
+                                f"{'nested' if t.is_nested else str(t.layout)}; only dense "
+                                f"(strided) tensors can be sent (to_dense() it first)")
+            if t.device.type != "cpu":
+                raise TypeError(f"DATAPLANE transport: tensor {i} of object {obj_id} is on "
+                                f"{t.device}; this transport sends CPU tensors (copy it to "
+                                f"the CPU, or use a device transport)")
+            device = device or t.device.type
+            meta.append((t.shape, t.dtype))
+        # contiguous copies where needed: the transport sends memory as laid out
+        tensors = [t if t.is_contiguous() else t.contiguous() for t in rdt_object]
+        md = _transport().publish(obj_id, tensors)
+        return DataplaneTransportMetadata(meta, device or "cpu", md)
+
+    def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
+        return CommunicatorMetadata()
+
+    def recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata,
+                              target_buffers=None):
+        req = self.fetch_multiple_tensors(obj_id, tensor_transport_metadata,
+                                          communicator_metadata, target_buffers)
+        return self.wait_fetch_complete(req)
+
+    def fetch_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata,
+                               target_buffers=None):
+        out = list(target_buffers) if target_buffers else None
+        req = _transport().fetch(obj_id, tensor_transport_metadata.dp_metadata, out=out)
+        return _Fetch(obj_id, req)
+
+    def wait_fetch_complete(self, fetch_request, timeout=-1):
+        from . import Timeout
+        req = fetch_request.req
+        try:
+            tensors = req.wait(_FETCH_TIMEOUT_S if timeout is None or timeout < 0 else timeout)
+        except Timeout as e:
+            raise TimeoutError(f"DATAPLANE transport: object {fetch_request.obj_id} not "
+                               f"fetched in time: {e}") from None
+        fetch_request.tensors = list(tensors)
+        return fetch_request.tensors
+
+    def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
+        raise NotImplementedError("DATAPLANE is one-sided: the receiver reads the tensors")
+
+    def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
+        # Ray may call this more than once for one object: freeing an id that
+        # is gone already is harmless
+        try:
+            _transport().free(obj_id)
+        except KeyError:
+            pass
+
+    def abort_transport(self, obj_id, communicator_metadata):
+        # both sides: the source fails fetches of obj_id from now on; nothing
+        # is freed here, so no READ still running can meet reused memory
+        try:
+            _transport().abort(obj_id)
+        except KeyError:
+            pass
+
+
+def register_transport(name="DATAPLANE"):
+    """Register dataplane's direct transport with Ray as tensor transport
+    `name`, for @ray.method(tensor_transport=name) between actors created
+    afterwards by this process (Ray registers it on them). Idempotent."""
+    import torch
+    from ray.experimental import register_tensor_transport
+    from ray.experimental.rdt import util
+    util._ensure_default_transports_registered()
+    if name.upper() in util.transport_manager_info:
+        return name.upper()
+    register_tensor_transport(name, ["cpu"], DataplaneTensorTransport, torch.Tensor)
+    return name.upper()

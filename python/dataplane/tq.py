@@ -42,7 +42,7 @@ flatten(batch) instead of a list of row views, gets off the event loop, and
 saves and loads TransferQueue checkpoints) and a storage bootstrap provider
 (tq.init attaches to the cluster the config names, or starts a local one).
 An installed dataplane registers in every process by itself
-(dataplane_tq_hook). README, "TransferQueue backend", has the configuration.
+(dataplane_tq_hook). docs/transferqueue.md has the configuration.
 """
 
 import asyncio
@@ -833,7 +833,7 @@ def register():
             config["client_name"] = "Dataplane"
             # TQ's controller keeps a hint per key and sends it with every
             # notify and batch: measured, that costs a put more than it spares
-            # a get (README, "TransferQueue backend"), so off unless asked for
+            # a get (docs/transferqueue.md, "Location hints"), so off unless asked for
             if config.get("location_hints") is None:
                 config["location_hints"] = False
             super().__init__(controller_info, config, **kwargs)

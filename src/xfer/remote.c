@@ -19,7 +19,8 @@
  *   a thread of its own faults the mappings in, 2 MiB at a time, while
  *   transfers may already run (freeing the remote stops and joins it before
  *   the mappings go); "off": never (pages fault one by one inside the
- *   copies). Figures: README, DP_PREFAULT.
+ *   copies). Figures: docs/benchmarks.md, "Opening a client, and what its
+ *   first puts pay".
  * - A remote being replaced or removed while transfers towards it are in
  *   flight or retained becomes a zombie (ep->zombies): unlisted, its UCX
  *   endpoint and keys kept until close, since those transfers use them.

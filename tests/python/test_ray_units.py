@@ -39,6 +39,9 @@ def ray_cluster():
     if os.environ.get("LD_PRELOAD"):
         pytest.skip("Ray's processes do not run under the preloaded sanitizer runtime")
     os.environ["DP_CLI"] = _cli()  # the actors' processes find the tool through it
+    # how long a destination waits for an object whose source died (Ray's
+    # default, 60 s, only makes test_source_killed_during_a_fetch slow)
+    os.environ["RAY_rdt_fetch_fail_timeout_milliseconds"] = "15000"
     ray.init(namespace="dataplane-ray-test", num_cpus=4, include_dashboard=False,
              log_to_driver=False)
     yield
@@ -168,3 +171,111 @@ def test_bad_arguments(ray_cluster):
         dpray.start_cluster(2, placement=["x"])
     with pytest.raises(Exception, match="did not start"):  # the unit refuses the size
         dpray.start_cluster(1, slab="lots")
+
+
+# -- the DATAPLANE tensor transport between actors ---------------------------
+
+# before the classes below: @ray.method checks the transport's name
+assert dpray.register_transport() == "DATAPLANE"
+
+@ray.remote(num_cpus=0, enable_tensor_transport=True)
+class _Source:
+    def __init__(self):
+        self.kept = []
+
+    @ray.method(tensor_transport="DATAPLANE")
+    def make(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        base = torch.randn(64, 33, generator=g)
+        return [torch.randn(1000, 257, generator=g), torch.tensor(3.5),  # 0-d
+                torch.empty(0, 5), base[:, ::2], base.t(),  # empty, non-contiguous views
+                torch.randint(0, 100, (7, 9), generator=g, dtype=torch.int64),
+                torch.randn(10, generator=g).to(torch.bfloat16),
+                torch.tensor([True, False, True])]
+
+    @ray.method(tensor_transport="DATAPLANE")
+    def big(self, mb):
+        return [torch.arange(mb * 262144, dtype=torch.float32)]
+
+    @ray.method(tensor_transport="DATAPLANE")
+    def sparse(self):
+        return torch.eye(3).to_sparse()
+
+    def published(self):
+        from dataplane.ray import _transport
+        return _transport().stats()
+
+
+@ray.remote(num_cpus=0, enable_tensor_transport=True)
+class _Sink:
+    def sums(self, tensors):
+        return [float(t.double().sum()) if t.numel() else 0.0 for t in tensors]
+
+    def echo(self, tensors):
+        return [t.clone() for t in tensors]
+
+
+def _expected(seed):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(64, 33, generator=g)
+    return [torch.randn(1000, 257, generator=g), torch.tensor(3.5), torch.empty(0, 5),
+            base[:, ::2], base.t(), torch.randint(0, 100, (7, 9), generator=g, dtype=torch.int64),
+            torch.randn(10, generator=g).to(torch.bfloat16), torch.tensor([True, False, True])]
+
+
+@pytest.fixture(scope="module")
+def transport(ray_cluster):
+    assert dpray.register_transport() == "DATAPLANE"  # idempotent
+    return _Source.remote(), _Sink.remote()
+
+
+def test_transport_between_actors(transport):
+    src, dst = transport
+    refs = [src.make.remote(s) for s in range(6)]  # many objects at once
+    outs = ray.get([dst.echo.remote(r) for r in refs])
+    for s, got in enumerate(outs):
+        want = _expected(s)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    # the same object fetched twice, by two tasks
+    twice = ray.get([dst.sums.remote(refs[0]), dst.sums.remote(refs[0])])
+    assert twice[0] == twice[1]
+    big = src.big.remote(64)  # 64 MiB
+    assert ray.get(dst.sums.remote(big))[0] == float(torch.arange(64 * 262144,
+                                                                   dtype=torch.float64).sum())
+    del refs, big
+    end = time.monotonic() + 60  # dropped refs: nothing stays published
+    while (st := ray.get(src.published.remote()))["objects"] != 0:
+        assert time.monotonic() < end, st
+        time.sleep(0.2)
+
+
+def test_transport_refuses_what_it_cannot_send(transport):
+    src, dst = transport
+    with pytest.raises(Exception, match="sparse|strided|Sparse"):
+        ray.get(dst.sums.remote(src.sparse.remote()))
+
+
+def test_source_killed_during_a_fetch(transport):
+    """The source actor killed while the destination fetches: the fetch ends
+    with an error (or, when it finished first, the right values), never
+    other bytes, and the destination goes on working."""
+    src, dst = _Source.remote(), transport[1]
+    want = float(torch.arange(128 * 262144, dtype=torch.float64).sum())
+    ref = src.big.remote(128)  # 128 MiB
+    ray.wait([ref], fetch_local=False)  # made and published on the source
+    pending = dst.sums.remote(ref)
+    time.sleep(0.01)
+    ray.kill(src)
+    try:
+        got = ray.get(pending, timeout=200)
+        assert got == [want]  # finished before the kill: exact
+    except ray.exceptions.GetTimeoutError:
+        raise
+    except (ray.exceptions.RayError, TimeoutError) as e:
+        print("the fetch failed:", type(e).__name__, str(e)[:300])
+    del ref
+    src = _Source.remote()
+    ok = ray.get(dst.sums.remote(src.make.remote(1)), timeout=200)
+    assert ok == [float(t.double().sum()) if t.numel() else 0.0 for t in _expected(1)]
