@@ -157,8 +157,8 @@ class RolloutWorker:
         self.partition = f"rollout-w{worker}"
 
     def rollout(self, step):
-        """Put one step's samples; returns (partition, keys, {key: [crc per
-        field]}) for what was put."""
+        """Put one step's samples; returns (worker, partition, keys, {key:
+        [CRC-32 per field]}) for what was put."""
         a, w = self.a, self.worker
         cols = {f: [] for f in FIELDS}
         keys = []
@@ -174,14 +174,15 @@ class RolloutWorker:
         sums = {k: [crc(cols[f][i]) for f in FIELDS] for i, k in enumerate(keys)}
         self.tq.kv_batch_put(keys=keys, partition_id=self.partition, fields=as_td(cols),
                              tags=[{"step": step, "worker": w} for _ in keys])
-        return self.partition, keys, sums
+        return w, self.partition, keys, sums
 
     def close(self):
         self.tq.close()
 
 
 class Checker:
-    """Counts the values checked and collects mismatches (a few are shown)."""
+    """Counts the tensors compared and collects mismatches (the first few
+    are shown)."""
 
     def __init__(self):
         self.checked = 0
@@ -202,7 +203,7 @@ class Checker:
         return True
 
 
-def train_step(tq, a, step, partition, keys, sums, chk):
+def train_step(tq, a, step, worker, partition, keys, sums, chk):
     """The trainer's work on one worker's samples of one step; returns
     (samples, response tokens, loss)."""
     import torch
@@ -221,7 +222,7 @@ def train_step(tq, a, step, partition, keys, sums, chk):
     # what the worker should have put, from the seed
     want = {f: [] for f in FIELDS}
     for p in range(a.prompts):
-        grp = make_group(a.seed, step, int(partition.rsplit("w", 1)[1]), p, a.group, a.sizes)
+        grp = make_group(a.seed, step, worker, p, a.group, a.sizes)
         for f in FIELDS:
             want[f].extend(grp[f])
     for i, k in enumerate(keys):
@@ -321,7 +322,6 @@ def main(argv=None):
         ray.init(num_cpus=a.workers + 4, include_dashboard=False)
     chk = Checker()
     samples = tokens = 0
-    loss = 0.0
     workers = []
     try:
         conf = tq.init(tq_conf(a))
@@ -338,13 +338,12 @@ def main(argv=None):
             pending = ([wk.rollout.remote(step + 1) for wk in workers]
                        if step + 1 < a.steps else [])
             step_loss = 0.0
-            for partition, keys, sums in done:
-                n, t, l = train_step(tq, a, step, partition, keys, sums, chk)
+            for worker, partition, keys, sums in done:
+                n, t, l = train_step(tq, a, step, worker, partition, keys, sums, chk)
                 samples += n
                 tokens += t
                 step_loss += l
-            loss += step_loss
-            print(f"grpo_tq: step {step}: {sum(len(d[1]) for d in done)} samples, "
+            print(f"grpo_tq: step {step}: {sum(len(d[2]) for d in done)} samples, "
                   f"loss {step_loss / len(done):+.4f}, "
                   f"{'ok' if not chk.bad else f'{len(chk.bad)} mismatches'}", flush=True)
         ray.get([wk.close.remote() for wk in workers])
@@ -364,7 +363,7 @@ def main(argv=None):
         print(f"grpo_tq: ... and {len(chk.bad) - 10} more", file=sys.stderr)
     status = "ok" if not chk.bad else f"FAILED ({len(chk.bad)} problems)"
     print(f"grpo_tq: {a.steps} steps, {samples} samples, {tokens} response tokens, "
-          f"{chk.checked} values checked, backend {a.backend}, "
+          f"{chk.checked} tensors checked, backend {a.backend}, "
           f"{time.monotonic() - t0:.1f} s: {status}", flush=True)
     return 0 if not chk.bad else 1
 

@@ -12,12 +12,13 @@ back (both Ray actors on this machine, each timing its own call). Methods:
   Dataplane      the same calls with backend "Dataplane" attached to a local
                  dataplane cluster started here (or --cluster)
   Client         dataplane.Client(cluster).put(rows, {field: tensor}) and
-                 .get(rows, fields, stack=True) on the same cluster
+                 .get(rows, fields, stack=True) (one tensor per field) on
+                 the same cluster
 
 Every round runs each method once, in an order that rotates from round to
 round. A TransferQueue method starts TransferQueue afresh (tq.init in the
 writer, which starts the controller and, for SimpleStorage, its units; the
-reader attaches), does a small untimed warm-up put/get, then the timed put
+reader attaches), does an untimed warm-up put/get (--warm samples), then the timed put
 and get, clears, and closes it (untimed). Every get is compared with the
 batch the writer put (untimed). GB/s = value bytes / seconds / 1e9; medians
 over the rounds.
@@ -26,6 +27,13 @@ Build tree (from the repository root, after make build):
     .venv/bin/python bench/python/bench_tq.py [--reps 5] [--samples 1024]
         [--fields 10] [--elems 8192] [--backends SimpleStorage,Dataplane,Client]
         [--cluster PATH] [--units 2] [--slab 1G] [--build build]
+
+TransferQueue's own throughput test (scripts/performance_test/perftest.py
+in its sources) runs unchanged with this backend too: give it
+--backend Dataplane and a --backend_config YAML whose backend section is
+"storage_backend: Dataplane" (with "Dataplane: {slab: 1G}", or a cluster),
+with the backend registered in its Ray workers (an installed dataplane, or
+PYTHONPATH=build/python:tests/tq_site from a build tree).
 
 Timings are shown, never asserted.
 """
@@ -45,7 +53,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 METHODS = ("SimpleStorage", "Dataplane", "Client")
 PARTITION = "train_0"
-WARM = 8  # samples of the warm-up put/get after each start
 CLIENT_ROW0 = 1 << 40  # the Client's rows lie far from TransferQueue's global indexes
 
 warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
@@ -92,6 +99,9 @@ class Peer:
         self.keys = [f"test_key_{i}" for i in range(a.samples)]
         self.client = None
 
+    def ready(self):
+        return True
+
     # -- TransferQueue --
 
     def tq_init(self, conf):
@@ -104,14 +114,14 @@ class Peer:
         self.td = TensorDict(self.batch, batch_size=[self.a.samples])
 
     def tq_put(self, warm=False):
-        keys = [f"warm_{i}" for i in range(WARM)] if warm else self.keys
-        td = self.td[:WARM] if warm else self.td
+        keys = [f"warm_{i}" for i in range(self.a.warm)] if warm else self.keys
+        td = self.td[:self.a.warm] if warm else self.td
         t = time.perf_counter()
         self.tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=td)
         return time.perf_counter() - t
 
     def tq_get(self, warm=False):
-        keys = [f"warm_{i}" for i in range(WARM)] if warm else self.keys
+        keys = [f"warm_{i}" for i in range(self.a.warm)] if warm else self.keys
         t = time.perf_counter()
         got = self.tq.kv_batch_get(keys=keys, partition_id=PARTITION)
         t = time.perf_counter() - t
@@ -120,7 +130,7 @@ class Peer:
         return t, bad
 
     def tq_clear(self, warm=False):
-        keys = [f"warm_{i}" for i in range(WARM)] if warm else self.keys
+        keys = [f"warm_{i}" for i in range(self.a.warm)] if warm else self.keys
         self.tq.kv_clear(keys=keys, partition_id=PARTITION)
 
     def tq_close(self):
@@ -132,10 +142,11 @@ class Peer:
     def dp_open(self, cluster):
         import dataplane
 
-        self.client = dataplane.Client(cluster, timeout_s=300)
+        self.client = dataplane.Client(cluster, timeout_s=300,
+                                       staging_cache_bytes=self.a.staging_cache)
 
     def _rows(self, warm):
-        n = WARM if warm else self.a.samples
+        n = self.a.warm if warm else self.a.samples
         return range(CLIENT_ROW0, CLIENT_ROW0 + n), n
 
     def dp_put(self, warm=False):
@@ -162,14 +173,19 @@ class Peer:
 
 
 def _equal(got, want):
-    return got.dtype == want.dtype and got.shape == want.shape and bool(
-        __import__("torch").equal(got, want))
+    import torch
+
+    return got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
 
 
-def tq_conf(method, cluster):
+STAGING_CACHE = [0]  # --staging-cache, for tq_conf
+
+
+def tq_conf(method, cluster, staging_cache=0):
     backend = {"storage_backend": method}
     if method == "Dataplane":
-        backend["Dataplane"] = {"cluster": cluster, "timeout_s": 300}
+        backend["Dataplane"] = {"cluster": cluster, "timeout_s": 300,
+                                "staging_cache_bytes": staging_cache}
     else:
         backend["SimpleStorage"] = {"num_data_storage_units": 2}
     return {"controller": {"polling_mode": True}, "backend": backend}
@@ -198,7 +214,7 @@ def run_method(ray, method, writer, reader, cluster):
         tg, bad = ray.get(reader.dp_get.remote())
         ray.get(writer.dp_clear.remote())
         return tp, tg, bad
-    ray.get(writer.tq_init.remote(tq_conf(method, cluster)))
+    ray.get(writer.tq_init.remote(tq_conf(method, cluster, STAGING_CACHE[0])))
     try:
         ray.get(reader.tq_init.remote(None))
         ray.get(writer.tq_put.remote(warm=True))
@@ -232,7 +248,10 @@ def med(xs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description="TransferQueue's throughput-test batch through TransferQueue with "
+                    "SimpleStorage and with Dataplane, and through dataplane's Client; put "
+                    "and get GB/s medians and their ratios.")
     ap.add_argument("--reps", type=int, default=5, help="rounds (default 5)")
     ap.add_argument("--samples", type=int, default=1024, help="samples per batch (1024)")
     ap.add_argument("--fields", type=int, default=10, help="fields per sample (10)")
@@ -246,7 +265,16 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "build"),
                     help="build tree with python/ and dataplane (default: this repository's)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warm", type=int, default=8, metavar="SAMPLES",
+                    help="samples of the untimed warm-up put/get after each start (8: the "
+                         "timed put is a process's first big one; the batch's samples: "
+                         "steady state, staging memory already mapped)")
+    ap.add_argument("--staging-cache", type=int, default=0, metavar="BYTES",
+                    help="the clients' staging_cache_bytes (0: the library's default, "
+                         "256 MiB; a batch larger than it maps fresh staging memory "
+                         "every put)")
     a = ap.parse_args()
+    STAGING_CACHE[0] = a.staging_cache
     methods = [m.strip() for m in a.backends.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
@@ -264,6 +292,7 @@ def main():
     sys.path.insert(0, HERE)
     import ray
 
+    t_start = time.monotonic()
     nbytes = a.samples * a.fields * a.elems * 4
     print(f"bench_tq: {' '.join(shlex.quote(x) for x in [sys.executable] + sys.argv)}")
     print(f"bench_tq: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC, "
@@ -291,28 +320,38 @@ def main():
     failures = []
     try:
         peer = ray.remote(num_cpus=0)(Peer)
-        writer, reader = peer.remote(a), peer.remote(a)
-        if "Client" in methods:
-            ray.get([writer.dp_open.remote(cluster), reader.dp_open.remote(cluster)])
         for r in range(a.reps):
             order = methods[r % len(methods):] + methods[:r % len(methods)]
             line = []
             for m in order:
-                tp, tg, bad = run_method(ray, m, writer, reader, cluster)
+                # a fresh writer and reader for every measurement, as
+                # TransferQueue's own test runs in fresh actors: a process
+                # that has started and closed TransferQueue before carries
+                # state that slowed later SimpleStorage gets here
+                writer, reader = peer.remote(a), peer.remote(a)
+                try:
+                    if m == "Client":
+                        ray.get([writer.dp_open.remote(cluster), reader.dp_open.remote(cluster)])
+                    else:
+                        ray.get([writer.ready.remote(), reader.ready.remote()])
+                    tp, tg, bad = run_method(ray, m, writer, reader, cluster)
+                    ray.get([writer.dp_close.remote(), reader.dp_close.remote()])
+                finally:
+                    ray.kill(writer)
+                    ray.kill(reader)
                 if bad:
                     failures.append(f"round {r + 1} {m}: fields {', '.join(bad)} differ")
                 res[m][0].append(nbytes / tp / 1e9)
                 res[m][1].append(nbytes / tg / 1e9)
                 line.append(f"{m} put {res[m][0][-1]:.2f} get {res[m][1][-1]:.2f}")
             print(f"bench_tq: round {r + 1}: " + " | ".join(line) + " GB/s", flush=True)
-        ray.get([writer.dp_close.remote(), reader.dp_close.remote()])
     finally:
         ray.shutdown()
         if cm is not None:
             cm.__exit__(None, None, None)
 
-    print(f"bench_tq: load {os.getloadavg()[0]:.2f} at the end (a shared machine: other work "
-          f"may have run)")
+    print(f"bench_tq: {time.monotonic() - t_start:.0f} s; load {os.getloadavg()[0]:.2f} at the "
+          f"end (on a shared machine other work may have run)")
     print(f"{'method':<14} {'put GB/s':>9} {'(min-max)':>13} {'get GB/s':>9} {'(min-max)':>13}")
     for m in methods:
         p, g = res[m]

@@ -797,6 +797,63 @@ def bootstrap(conf):
     return local
 
 
+def _rows_as_nested(rows):
+    """rows (tensors of one dtype, >= 1 dims and one shape past the first,
+    contiguous, lying one after another in memory that the first one's
+    storage holds, none empty) as a jagged nested tensor over that memory,
+    without a copy; else None."""
+    torch = dt.torch
+    first = rows[0]
+    if type(first) is not torch.Tensor or first.dim() == 0 or first.layout != torch.strided:
+        return None
+    dtype, trail, es = first.dtype, first.shape[1:], first.element_size()
+    last = rows[-1]
+    if (type(last) is torch.Tensor and last.shape == first.shape and first.numel()
+            and not first.is_complex()):
+        # rows of one shape (a dense field): the check runs in C (about 1 us
+        # a row, torch's attribute reads)
+        if not _core.rows_of(rows, torch.Tensor, first.data_ptr(), first.numel() * es,
+                             first.shape, dtype, False):
+            return None
+        lens = [first.shape[0]] * len(rows)
+    else:  # jagged: row by row (only the addresses matter: as_strided below
+        # checks that first's storage holds the whole range)
+        ptr, lens = first.data_ptr(), []
+        for t in rows:
+            if (type(t) is not torch.Tensor or t.dtype != dtype or t.shape[1:] != trail
+                    or t.data_ptr() != ptr or not t.is_contiguous() or t.numel() == 0):
+                return None
+            lens.append(t.shape[0])
+            ptr += t.numel() * es
+    strides, acc = [], 1  # contiguous strides of (rows, *trail)
+    for d in reversed((0,) + tuple(trail)):
+        strides.insert(0, acc)
+        acc *= d
+    try:
+        flat = first.as_strided((sum(lens),) + tuple(trail), strides, first.storage_offset())
+        offsets = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0)
+        return torch.nested.nested_tensor_from_jagged(flat, offsets)
+    except (RuntimeError, ValueError):  # past the storage's end, or torch refused
+        return None
+
+
+def _merge_field(rows, non_tensor_stack):
+    """One field's rows as TransferQueue's KV manager merges them: objects in
+    a NonTensorStack, 0-d tensors stacked, else a jagged nested tensor, else a
+    strided one, else a NonTensorStack."""
+    torch = dt.torch
+    if not (isinstance(rows[0], torch.Tensor) and isinstance(rows[-1], torch.Tensor)):
+        return non_tensor_stack(*rows)
+    if all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in rows):
+        return torch.stack(rows)
+    for layout in (torch.jagged, torch.strided):
+        try:
+            return torch.nested.as_nested_tensor(rows, layout=layout)
+        except (RuntimeError, TypeError):
+            pass
+    return non_tensor_stack(*rows)
+
+
 def register():
     """Register the "Dataplane" storage client, storage manager and bootstrap
     provider with TransferQueue, if it is importable. Idempotent; True when
@@ -848,6 +905,26 @@ def register():
                                                       dtypes=dtypes,
                                                       custom_backend_meta=meta))
             return self._merge_tensors_to_tensordict(metadata, values)
+
+        def _merge_tensors_to_tensordict(self, metadata, values):
+            """The batch TQ's KV manager makes of a get's values (field by
+            field, its rules), except that a field whose rows lie back to
+            back in the fetched memory (one run per field: how a get places
+            them) becomes a nested tensor over that memory instead of a copy
+            of it. Measured: a 320 MiB get through TQ 258 -> 153 ms."""
+            from tensordict import NonTensorStack, TensorDict
+            n = len(metadata.global_indexes)
+            fields = sorted(metadata.field_names)
+            if len(values) != n * len(fields):
+                return super()._merge_tensors_to_tensordict(metadata, values)
+            out = {}
+            for j, f in enumerate(fields):
+                rows = values[j * n:(j + 1) * n]
+                if rows:
+                    out[f] = _rows_as_nested(rows)
+                    if out[f] is None:
+                        out[f] = _merge_field(rows, NonTensorStack)
+            return TensorDict(out, batch_size=n)
 
         async def save_checkpoint(self, checkpoint_dir):
             d = os.path.join(os.fspath(checkpoint_dir), "dataplane")

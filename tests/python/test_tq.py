@@ -732,3 +732,31 @@ def test_key_grouping_matches_a_reference():
         _core.field_major(slots, 3)
     with pytest.raises(ValueError):
         _core.key_hints(bytes(2 * loc), slots, 2, 1)  # key index 1 of 1 key
+
+
+def test_rows_merged_as_nested_without_a_copy():
+    """The "Dataplane" manager's merge: rows lying back to back in one
+    storage become a nested tensor over that memory; anything else merges as
+    TransferQueue's KV manager does (copies, stacks, NonTensorStack)."""
+    from dataplane.tq import _merge_field, _rows_as_nested
+    tensordict = pytest.importorskip("tensordict")
+    base = torch.arange(60, dtype=torch.float32)
+    rows = [base[0:10], base[10:25], base[25:60]]  # jagged, back to back
+    nt = _rows_as_nested(rows)
+    assert nt is not None and nt.is_nested and nt.values().data_ptr() == base.data_ptr()
+    assert [list(r) for r in nt.unbind()] == [list(r) for r in rows]
+    block = torch.randn(4, 3, 5)  # rows of 2-D values, one tensor under them
+    nt = _rows_as_nested(list(block))
+    assert nt is not None and torch.equal(torch.stack(list(nt.unbind())), block)
+    # not back to back, another storage, a gap, another dtype, 0-d, empty: no
+    other = torch.arange(10, dtype=torch.float32)
+    for bad in ([base[0:10], base[11:20]], [base[0:10], other], [base[0:10], base[10:20].int()],
+                [torch.tensor(1.0), torch.tensor(2.0)], [base[0:0], base[0:5]],
+                [base[0:10], "x"]):
+        assert _rows_as_nested(bad) is None
+    nts = tensordict.NonTensorStack
+    assert isinstance(_merge_field(["a", "b"], nts), nts)
+    assert torch.equal(_merge_field([torch.tensor(1.0), torch.tensor(2.0)], nts),
+                       torch.tensor([1.0, 2.0]))
+    m = _merge_field([base[0:3], other[0:5]], nts)  # a copy, as TQ makes
+    assert m.is_nested and [len(r) for r in m.unbind()] == [3, 5]
