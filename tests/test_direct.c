@@ -478,6 +478,25 @@ DP_TEST(metadata_roundtrip_and_rejects)
     dp_direct_get_stats(t, &st);
     CHECK_EQ_U64(st.registrations, 1); /* a is pinned for good (register_permanent) */
     CHECK_EQ_U64(st.version, 1);
+    /* Dropped again: deregistered at once when nothing holds it, else when the
+     * last object lets go; a range no permanent registration holds is refused. */
+    CHECK_ERR_D(dp_direct_deregister_permanent(t, b, sizeof b, &d), DP_ENOTFOUND, &d);
+    CHECK_ERR_D(dp_direct_deregister_permanent(t, NULL, 1, &d), DP_EINVAL, &d);
+    CHECK_OK_D(dp_direct_publish(t, "obj-5", &inner, 1, &md2, &len2, &d), &d);
+    free(md2);
+    CHECK_OK_D(dp_direct_deregister_permanent(t, a + 100, 100, &d), &d);
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 1); /* obj-5 still holds it */
+    CHECK_ERR_D(dp_direct_deregister_permanent(t, a + 100, 100, &d), DP_ENOTFOUND, &d);
+    CHECK_OK(dp_direct_free(t, "obj-5", &d));
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 0);
+    CHECK_EQ_U64(st.version, 2);
+    CHECK_OK_D(dp_direct_register_permanent(t, a, sizeof a, &d), &d);
+    CHECK_OK_D(dp_direct_deregister_permanent(t, a, sizeof a, &d), &d);
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 0); /* nothing held it: gone at once */
+    CHECK_EQ_U64(st.version, 3);
     /* An empty object is fine and fetches nothing. */
     CHECK_OK_D(dp_direct_publish(t, "empty", NULL, 0, &md2, &len2, &d), &d);
     CHECK_OK_D(dp_direct_fetch(t, "empty", md2, len2, NULL, 0, &r, &d), &d);
@@ -554,6 +573,12 @@ DP_TEST(efa_detection_reports_missing_libfabric)
         "mkdir -p %s %s/bus/drivers/mlx5_core %s/bus/drivers/efa %s/class/net/eth0 && "
         "ln -s %s/bus/drivers/mlx5_core %s/driver",
         path, root, root, root, root, path);
+    CHECK_EQ(system(cmd), 0);
+    CHECK(!dp__direct_find_efa(root, what, sizeof what));
+    /* A verbs device named like EFA but bound to another driver is not EFA. */
+    snprintf(path, sizeof path, "%s/class/infiniband/efa_0/device", root);
+    snprintf(target, sizeof target, "%s/bus/drivers/mlx5_core", root);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && ln -s %s %s/driver", path, target, path);
     CHECK_EQ(system(cmd), 0);
     CHECK(!dp__direct_find_efa(root, what, sizeof what));
     /* A verbs device bound to the efa driver (as inside a container). */

@@ -150,6 +150,16 @@ DP_API int dp_direct_register_permanent(dp_direct *t, void *addr, size_t len,
                                         dp_detail *d);
 
 /*
+ * Drop what dp_direct_register_permanent kept for good: the registration
+ * holding [addr, addr + len) is no longer permanent, and it is deregistered
+ * now if no published object or running fetch holds it, else when the last
+ * one lets go (as any registration). Errors: DP_EINVAL, DP_ENOTFOUND (no
+ * permanent registration holds that range: nothing changed). Threads: any.
+ */
+DP_API int dp_direct_deregister_permanent(dp_direct *t, void *addr, size_t len,
+                                          dp_detail *d);
+
+/*
  * Publish bufs[0..n) (n may be 0) under obj_id and return the transport
  * metadata in *md and *md_len: the caller's, freed with dp_free. The buffers must stay
  * alive and unchanged until dp_direct_free(obj_id). With a pool, and when no

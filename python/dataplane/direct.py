@@ -149,6 +149,7 @@ class Transport:
         self._t = _core.Transport(name, int(pool_bytes), float(xfer_timeout_s),
                                   int(chunk_bytes), int(n_workers),
                                   int(remote_cache_size))
+        self._pinned = {}  # address -> what register() keeps alive
 
     @property
     def name(self):
@@ -189,6 +190,26 @@ class Transport:
                 if n > 0:
                     targets.append((addr, n))
         return FetchRequest(self._t.fetch(obj_id, md, targets, out), desc, out)
+
+    def register(self, x):
+        """Register x's memory (a CPU tensor or array) for good: objects
+        published later with buffers inside it use this registration instead
+        of registering (and deregistering) their own. x is kept alive until
+        deregister(x)."""
+        x = _native(x)
+        _, (addr, n) = _describe(x, 0)
+        if n == 0:
+            raise ValueError("register: an empty tensor has no memory to register")
+        self._t._register(addr, n, True)
+        self._pinned[addr] = x
+
+    def deregister(self, x):
+        """Drop what register(x) kept: deregistered now if no published
+        object holds the memory, else when the last one is freed. KeyError
+        (dataplane.NotFound) if x's memory is not registered for good."""
+        _, (addr, n) = _describe(_native(x), 0)
+        self._t._register(addr, n, False)
+        self._pinned.pop(addr, None)
 
     def abort(self, obj_id):
         """Make fetches of obj_id (running, or the next one) fail with Canceled."""

@@ -447,6 +447,19 @@ class DataplaneTensorTransport(TensorTransportManager):
             pass
 
 
+def register_memory(tensor):
+    """Keep tensor's memory registered with this process's DATAPLANE
+    transport for good (objects holding tensors inside it then skip their
+    own registration), until deregister_memory(tensor)."""
+    _transport().register(tensor)
+
+
+def deregister_memory(tensor):
+    """Drop what register_memory(tensor) kept (deregistered once no object
+    published from it is still held)."""
+    _transport().deregister(tensor)
+
+
 def register_transport(name="DATAPLANE"):
     """Register dataplane's direct transport with Ray as tensor transport
     `name`, for @ray.method(tensor_transport=name) between actors created

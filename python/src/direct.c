@@ -226,6 +226,29 @@ transport_free(DpTransport *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* _register(addr, len, on): register_permanent (on) or deregister_permanent
+ * [addr, addr + len); the Python layer keeps the memory's owner alive. */
+static PyObject *
+transport_register(DpTransport *self, PyObject *args)
+{
+    unsigned long long addr, len;
+    int on;
+    if (!PyArg_ParseTuple(args, "KKp", &addr, &len, &on) || !transport_usable(self))
+        return NULL;
+    dp_detail d = {0};
+    int rc;
+    dp_direct *t = self->t;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = on ? dp_direct_register_permanent(t, (void *)(uintptr_t)addr, (size_t)len, &d)
+            : dp_direct_deregister_permanent(t, (void *)(uintptr_t)addr, (size_t)len, &d);
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    if (rc != DP_OK)
+        return dp__py_raise(rc, &d);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 transport_abort(DpTransport *self, PyObject *args)
 {
@@ -316,6 +339,7 @@ transport_name(DpTransport *self, void *closure)
 static PyMethodDef transport_methods[] = {
     {"publish", (PyCFunction)transport_publish, METH_VARARGS, NULL},
     {"free", (PyCFunction)transport_free, METH_VARARGS, NULL},
+    {"_register", (PyCFunction)transport_register, METH_VARARGS, NULL},
     {"abort", (PyCFunction)transport_abort, METH_VARARGS, NULL},
     {"fetch", (PyCFunction)transport_fetch, METH_VARARGS, NULL},
     {"stats", (PyCFunction)transport_stats, METH_NOARGS, NULL},

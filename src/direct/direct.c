@@ -87,12 +87,9 @@ dp__direct_find_efa(const char *root, char *what, size_t cap)
     while (!found && (e = readdir(dir)) != NULL) {
         if (e->d_name[0] == '.')
             continue;
-        if (strncmp(e->d_name, "efa", 3) == 0) {
-            snprintf(what, cap, "verbs device %s", e->d_name);
-            found = true;
-            break;
-        }
-        /* A broken entry is skipped: it must not stop the scan. */
+        /* A verbs device is EFA only when bound to the efa driver, whatever
+         * its name (an InfiniBand or RoCE NIC shows up here too). A broken
+         * entry is skipped: it must not stop the scan. */
         char link[PATH_MAX + 320], real[PATH_MAX];
         snprintf(link, sizeof link, "%s/%s/device/driver", path, e->d_name);
         if (strlen(link) >= PATH_MAX || realpath(link, real) == NULL)
@@ -326,6 +323,31 @@ dp_direct_register_permanent(dp_direct *t, void *addr, size_t len, dp_detail *d)
     }
     pthread_mutex_unlock(&t->cache_mu);
     return rc;
+}
+
+int
+dp_direct_deregister_permanent(dp_direct *t, void *addr, size_t len, dp_detail *d)
+{
+    if (addr == NULL || len == 0)
+        return dp__fail(d, DP_EINVAL,
+                        "direct: deregister_permanent needs memory (%p, %zu)", addr, len);
+    pthread_mutex_lock(&t->cache_mu);
+    reg_entry *e = NULL;
+    dp_detail fd;
+    dp_detail_clear(&fd);
+    int rc = dp__direct_find_reg_locked(t, (uint64_t)(uintptr_t)addr, len, &e, &fd);
+    if (rc != DP_OK || e == NULL || !e->permanent) {
+        pthread_mutex_unlock(&t->cache_mu);
+        return dp__fail(d, DP_ENOTFOUND,
+                        "direct: no permanent registration holds %p (%zu bytes): "
+                        "register_permanent it first",
+                        addr, len);
+    }
+    e->permanent = false;
+    e->refs++; /* released at once: deregistered unless an object or fetch holds it */
+    dp__direct_reg_release_locked(t, e->base);
+    pthread_mutex_unlock(&t->cache_mu);
+    return DP_OK;
 }
 
 int

@@ -383,3 +383,26 @@ def test_transport_close_while_publishing_in_a_thread():
     assert not errors, errors
     with pytest.raises(dataplane.Closed):
         t.publish("after", [x])
+
+
+def test_register_for_good_and_drop_it_again():
+    """register(x) keeps x's memory registered across objects; deregister(x)
+    drops it at once when no object holds it, else when the last is freed."""
+    t = dataplane.Transport()
+    w = torch.randn(1000)
+    t.register(w)
+    assert t.stats()["registrations"] == 1
+    md = t.publish("o1", [w[10:20]])  # inside: shares the registration
+    assert t.stats()["registrations"] == 1 and isinstance(md, bytes)
+    t.deregister(w)
+    assert t.stats()["registrations"] == 1  # o1 still holds it
+    t.free("o1")
+    assert t.stats()["registrations"] == 0
+    with pytest.raises(KeyError, match="no permanent registration"):
+        t.deregister(w)
+    with pytest.raises(ValueError):
+        t.register(torch.empty(0))
+    t.register(w)
+    t.deregister(w)
+    assert t.stats()["registrations"] == 0
+    t.close()
