@@ -135,6 +135,24 @@ def test_unit_killed_is_restarted_then_reported_down(ray_cluster):
     assert all(_gone(p) for p in pids), pids
 
 
+def test_actor_killed_takes_its_unit_along(ray_cluster):
+    h = dpray.start_cluster(2, "32M", placement="pack", name="t3")
+    try:
+        before = h.units
+        ray.kill(h._actors[1])
+        assert _gone(before[1]["pid"], 60), before[1]
+        end = time.monotonic() + 30
+        while 1 not in h.down():
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        assert "actor is gone" in h.down()[1] and h.units[0]["alive"]
+        assert h.units[1]["address"] == before[1]["address"]  # still named
+    finally:
+        pid0 = h.units[0]["pid"]
+        h.shutdown()
+    assert _gone(pid0)
+
+
 _DRIVER = r"""
 import json, sys, time, ray, dataplane.ray as dpray
 ray.init(address="auto", namespace="dataplane-ray-test", log_to_driver=False)
