@@ -58,7 +58,6 @@ import pickle
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
