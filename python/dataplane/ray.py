@@ -369,7 +369,18 @@ class DataplaneTensorTransport(TensorTransportManager):
     def can_abort_transport():
         return True
 
+    def __init__(self):
+        self._actors_ok = set()  # ids of actors known to have the transport
+
     def actor_has_tensor_transport(self, actor):
+        # Ray asks on every .remote() of a DATAPLANE method: a round trip to
+        # the actor each time (milliseconds). Whether the package imports in
+        # an actor does not change, so a yes is remembered (a no is asked
+        # again: the actor may be another incarnation next time).
+        key = actor._actor_id.hex()
+        if key in self._actors_ok:
+            return True
+
         def has(self):
             try:
                 import dataplane.direct  # noqa: F401
@@ -377,7 +388,10 @@ class DataplaneTensorTransport(TensorTransportManager):
             except Exception:
                 return False
 
-        return ray.get(actor.__ray_call__.options(concurrency_group="_ray_system").remote(has))
+        ok = ray.get(actor.__ray_call__.options(concurrency_group="_ray_system").remote(has))
+        if ok:
+            self._actors_ok.add(key)
+        return ok
 
     def extract_tensor_transport_metadata(self, obj_id, rdt_object):
         import torch
