@@ -24,8 +24,6 @@ registry.
 """
 
 import os
-import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -33,27 +31,18 @@ import uuid
 
 import ray
 
+from ._proc import die_with_parent, find_cli
+
 _CONTROL = "dataplane-clusters"  # the namespace of the named control actors
 
 
 def _cli():
-    """The dataplane tool on this node: $DP_CLI, PATH, else beside the package."""
-    for p in (os.environ.get("DP_CLI"), shutil.which("dataplane")):
-        if p:
-            return p
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for p in (os.path.join(os.path.dirname(here), "dataplane"),
-              os.path.join(here, "..", "..", "..", "bin", "dataplane")):
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return os.path.normpath(p)
-    raise RuntimeError("dataplane.ray: no dataplane tool on this node (set DP_CLI, or "
-                       "install dataplane here)")
-
-
-def _die_with_parent():
-    """In the unit process before exec: SIGTERM when the actor dies."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    """The dataplane tool on this node (find_cli: $DP_CLI, PATH, beside the package)."""
+    p = find_cli()
+    if p is None:
+        raise RuntimeError("dataplane.ray: no dataplane tool on this node (set DP_CLI, or "
+                           "install dataplane here)")
+    return p
 
 
 class _Unit:
@@ -87,7 +76,7 @@ class _Unit:
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         with open(self.log, "ab") as log:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=log, env=env, preexec_fn=_die_with_parent)
+                                    stderr=log, env=env, preexec_fn=die_with_parent)
         # the first stdout line is the address; nothing else comes there
         box = {}
         t = threading.Thread(target=lambda: box.setdefault("line", proc.stdout.readline()),

@@ -65,6 +65,7 @@ import weakref
 
 from . import _core
 from . import _dtypes as dt
+from ._proc import die_with_parent, find_cli
 from .client import LOC_BYTES, Client, Encoded, make_error, value_of, values_in_order
 
 try:
@@ -691,19 +692,13 @@ def _hints(meta, n):
 
 def _cli_path(section):
     """The dataplane tool that starts a local cluster: the config's "cli",
-    $DP_CLI, `dataplane` on PATH, else the one beside this package (a build
-    tree's build/dataplane, an install's PREFIX/bin/dataplane)."""
-    for p in (section.get("cli"), os.environ.get("DP_CLI"), shutil.which("dataplane")):
-        if p:
-            return str(p)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for p in (os.path.join(os.path.dirname(here), "dataplane"),
-              os.path.join(here, "..", "..", "..", "bin", "dataplane")):
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return os.path.normpath(p)
-    raise RuntimeError("Dataplane backend: no dataplane tool to start a local cluster; "
-                       "set backend.Dataplane.cli (or $DP_CLI) to its path, or give "
-                       "backend.Dataplane.cluster to attach to a running cluster")
+    else as find_cli looks for it."""
+    p = find_cli(section.get("cli"))
+    if p is None:
+        raise RuntimeError("Dataplane backend: no dataplane tool to start a local cluster; "
+                           "set backend.Dataplane.cli (or $DP_CLI) to its path, or give "
+                           "backend.Dataplane.cluster to attach to a running cluster")
+    return p
 
 
 def _stop_cluster(proc, directory, grace_s):
@@ -743,7 +738,7 @@ class LocalCluster:
         with open(log_path, "wb") as log:
             self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True,
-                                          env=env, preexec_fn=_die_with_parent)
+                                          env=env, preexec_fn=die_with_parent)
         self._finalizer = weakref.finalize(self, _stop_cluster, self._proc, self.directory, 15)
         deadline = time.monotonic() + start_timeout_s
         while not os.path.exists(self.cluster):
@@ -761,15 +756,6 @@ class LocalCluster:
 
     def stop(self):
         self._finalizer()
-
-
-def _die_with_parent():
-    """In the child before exec: SIGTERM when this process dies."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
-    except Exception:
-        pass
 
 
 def bootstrap(conf):

@@ -79,6 +79,7 @@ def stack(tmp_path_factory):
         pytest.skip("Ray's processes do not run under the preloaded sanitizer runtime")
     tmp = tmp_path_factory.mktemp("tqstack")
     proc, d, log = _start_up(tmp, "--restart")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_DEDUP_LOGS")}
     os.environ["PYTHONPATH"] = _env_for_workers()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
@@ -96,6 +97,11 @@ def stack(tmp_path_factory):
         finally:
             ray.shutdown()
             _stop(proc)
+            for k, v in saved.items():  # as the fixture found them
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _batch(n, seed):
