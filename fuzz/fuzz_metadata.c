@@ -31,7 +31,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         dp_buf out;
         dp__buf_init(&out);
-        int rc = dp__md_encode(&out, md.name, md.gen, md.xver, md.flags, md.addr,
+        int rc = dp__md_encode(&out, md.name, md.gen, md.xver, md.flags,
+                               (md.flags & DP_MD_F_PROC) ? &md.proc : NULL, md.addr,
                                md.addr_len, md.regions, md.n_regions, NULL);
         DP_ASSERT(rc == DP_OK);
         DP_ASSERT(out.len == size && memcmp(out.data, buf, size) == 0);

@@ -1199,6 +1199,57 @@ DP_TEST(waiting_for_ever_runs_the_fetch_in_the_caller)
     pub_stop(&p);
 }
 
+/*
+ * A publisher on this host killed and not yet reaped (a zombie, as a killed
+ * Ray actor is until its parent waits), its remote still cached from a first
+ * fetch: UCX's keepalive takes the zombie for alive, so only the endpoint's
+ * own check of the peer's process fails the READ; without it the fetch waits
+ * out its whole deadline (120 s here). ETRANSFER, not ETIMEDOUT, is the
+ * proof that the check saw it.
+ */
+DP_TEST(fetch_from_killed_unreaped_publisher_fails)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-zombie", 0), 0);
+    pub_alloc(&p, 0, 32 * MiB, 710);
+    md_bytes m;
+    int s[] = {0, -1};
+    CHECK_EQ(pub_publish(&p, &m, "z", s), 0);
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    o.name = "fetch-zombie";
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    o.remote_cache_size = 4;
+    o.xfer_timeout_s = 120;
+    dp_direct *t = NULL;
+    dp_detail d;
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    uint8_t *tg = aligned_alloc(4096, 32 * MiB);
+    dp_direct_buf b = {tg, 32 * MiB};
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "z", m.p, m.len, &b, 1, &r, &d), &d);
+    CHECK_OK_D(dp_direct_wait(r, -1, &d), &d);
+    dp_direct_req_destroy(r);
+    kill(p.pid, SIGKILL);
+    usleep(100000); /* dead for sure; not reaped */
+    double t0 = dp_test_now();
+    CHECK_OK_D(dp_direct_fetch(t, "z", m.p, m.len, &b, 1, &r, &d), &d);
+    int rc = dp_direct_wait(r, -1, &d);
+    printf("  zombie publisher: wait -> %s after %.2f s: %s\n", dp_errname(rc),
+           dp_test_now() - t0, d.msg);
+    CHECK_ERR_D(rc, DP_ETRANSFER, &d);
+    CHECK_CONTAINS(d.msg, "pub-zombie");
+    CHECK_CONTAINS(d.msg, "ended");
+    dp_direct_req_destroy(r);
+    waitpid(p.pid, NULL, 0);
+    p.pid = 0;
+    if (!dp_direct_touches_unfinished(t, tg, 32 * MiB))
+        free(tg);
+    free(m.p);
+    CHECK_OK(dp_direct_destroy(t, NULL));
+    pub_stop(&p);
+}
+
 DP_TEST(publisher_dies_mid_fetch)
 {
     pub p;

@@ -432,7 +432,8 @@ DP_TEST(metadata_roundtrip_and_rejects)
     dp__buf_init(&b);
     dp_detail d;
     CHECK_OK_D(
-        dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, addr, sizeof addr, r, 2, &d), &d);
+        dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, NULL, addr, sizeof addr, r, 2, &d),
+        &d);
     dp_md md;
     CHECK_OK_D(dp__md_parse(b.data, b.len, &md, &d), &d);
     CHECK_STR(md.name, "unit-3");
@@ -465,7 +466,7 @@ DP_TEST(metadata_roundtrip_and_rejects)
         CHECK_CONTAINS(d.msg, "older");
     }
     x[4] = 3;
-    x[28] = 2; /* a flag this build does not know */
+    x[28] = 4; /* a flag this build does not know */
     CHECK_ERR_D(dp__md_parse(x, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "flags");
     x[28] = DP_MD_F_SERVES;
@@ -476,18 +477,37 @@ DP_TEST(metadata_roundtrip_and_rejects)
     /* Overlapping regions and bad names are refused by the encoder's peer too. */
     dp_md_region ov[2] = {{0x1000, 4096, k1, 8}, {0x1800, 1, k2, 2}};
     dp__buf_reset(&b);
-    CHECK_OK(dp__md_encode(&b, "u", 1, 0x010d0001, 0, addr, sizeof addr, ov, 2, NULL));
+    CHECK_OK(
+        dp__md_encode(&b, "u", 1, 0x010d0001, 0, NULL, addr, sizeof addr, ov, 2, NULL));
     CHECK_ERR_D(dp__md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "overlaps");
-    CHECK_ERR(dp__md_encode(&b, "has space", 1, 0x010d0001, 0, addr, sizeof addr, NULL, 0,
-                            NULL),
+    CHECK_ERR(dp__md_encode(&b, "has space", 1, 0x010d0001, 0, NULL, addr, sizeof addr,
+                            NULL, 0, NULL),
               DP_EINVAL);
-    CHECK_ERR(dp__md_encode(&b, "", 1, 0x010d0001, 0, addr, sizeof addr, NULL, 0, NULL),
-              DP_EINVAL);
+    CHECK_ERR(
+        dp__md_encode(&b, "", 1, 0x010d0001, 0, NULL, addr, sizeof addr, NULL, 0, NULL),
+        DP_EINVAL);
+    /* The process block: round trip, cut short, reserved bytes. */
+    dp_md_proc me;
+    CHECK(dp__proc_self(&me));
+    dp__buf_reset(&b);
+    CHECK_OK(dp__md_encode(&b, "u", 1, 0x010d0001, DP_MD_F_SERVES, &me, addr, sizeof addr,
+                           r, 2, NULL));
+    CHECK_OK_D(dp__md_parse(b.data, b.len, &md, &d), &d);
+    CHECK_EQ(md.flags, DP_MD_F_SERVES | DP_MD_F_PROC);
+    CHECK(memcmp(&md.proc, &me, sizeof me) == 0);
+    CHECK(dp__proc_same_host(&me, &md.proc));
+    CHECK(!dp__proc_exited(&md.proc));
+    dp__md_fini(&md);
+    CHECK_ERR_D(dp__md_parse(b.data, b.len - 1, &md, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "process");
+    ((uint8_t *)b.data)[b.len - 1] = 1;
+    CHECK_ERR_D(dp__md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
+    CHECK_CONTAINS(d.msg, "process");
     /* Random corruption never crashes and never yields out-of-bounds pointers. */
     dp__buf_reset(&b);
-    CHECK_OK(
-        dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, addr, sizeof addr, r, 2, NULL));
+    CHECK_OK(dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, &me, addr, sizeof addr, r, 2,
+                           NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *y = malloc(b.len);
     int parsed = 0; /* corrupted copies that parsed: their pointers were checked */

@@ -312,6 +312,7 @@ dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint 
     snprintf(ep->name, sizeof ep->name, "%s", name);
     ep->opts = o;
     ep->efd = -1;
+    ep->has_self_proc = dp__proc_self(&ep->self_proc);
     ep->memcpy_max = o.memcpy_max < 0    ? 0
                      : o.memcpy_max == 0 ? SIZE_MAX
                                          : (size_t)o.memcpy_max;
@@ -709,8 +710,9 @@ dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
     dp_buf b;
     dp__buf_init(&b);
     rc = dp__md_encode(&b, ep->name, ep->gen, dp__ep_ucx_version(),
-                       ep->serving ? DP_MD_F_SERVES : 0, ep->waddr, ep->waddr_len, mr,
-                       ep->regs.n, d);
+                       ep->serving ? DP_MD_F_SERVES : 0,
+                       ep->has_self_proc ? &ep->self_proc : NULL, ep->waddr,
+                       ep->waddr_len, mr, ep->regs.n, d);
     unlock(ep);
     free(mr);
     if (rc != DP_OK) {

@@ -106,7 +106,12 @@ typedef struct remote {
     uint32_t r_n_regs;
     dp_ranges r_index; /* r_regs as ranges (v: the rregion) */
     int r_failed;      /* ucs_status_t; UCS_OK while healthy (atomic access) */
-    uint64_t r_busy;   /* ops in flight towards it */
+    /* Its process, when its metadata names one on this host (peerproc.h),
+     * and whether a check found it ended (then r_failed is set too). */
+    dp_md_proc r_proc;
+    bool r_local_proc;
+    bool r_exited;
+    uint64_t r_busy; /* ops in flight towards it */
     uint64_t r_retained;
     bool r_serves;       /* its metadata says it serves two-sided transfers */
     dp_xfer_lane r_lane; /* the lanes UCX chose for it, classified at add */
@@ -186,6 +191,9 @@ struct dp_endpoint {
     dp_list remotes; /* listed (remote.r_link) */
     dp_list zombies; /* removed but kept: busy or retained */
     uint64_t gen;
+    dp_md_proc self_proc; /* this process, in the metadata when has_self_proc */
+    bool has_self_proc;
+    uint64_t proc_check_ns; /* when same-host peers were last checked (remote.c) */
     uint64_t n_retained;
     dp_list released; /* retained batches whose last request completed (b_link) */
     pthread_t thr;
@@ -225,6 +233,23 @@ check_open_locked(const dp_endpoint *ep, dp_detail *d)
         return dp__fail(d, DP_EINVAL, "endpoint %s is closed", ep->name);
     return DP_OK;
 }
+
+/*
+ * Why r failed, for messages: UCX's status, or that its process ended (ep_mu
+ * held).
+ */
+static inline const char *
+remote_fail_str(const remote *r, ucs_status_t st)
+{
+    return r->r_exited ? "its process on this host has ended" : ucs_status_string(st);
+}
+
+/*
+ * Check the processes of same-host peers with transfers in flight (at most
+ * every 100 ms per endpoint): one that ended fails as if UCX had reported it
+ * (remote.c). ep_mu held.
+ */
+void dp__ep_check_peers_locked(dp_endpoint *ep, uint64_t now);
 
 static inline ucs_status_t
 remote_failed(const remote *r)

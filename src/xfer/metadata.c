@@ -33,9 +33,10 @@ dp__md_check_name(const char *name, size_t len, dp_detail *d)
 
 int
 dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, uint32_t flags,
-              const void *addr, size_t addr_len, const dp_md_region *regions,
-              size_t n_regions, dp_detail *d)
+              const dp_md_proc *proc, const void *addr, size_t addr_len,
+              const dp_md_region *regions, size_t n_regions, dp_detail *d)
 {
+    flags = proc != NULL ? flags | DP_MD_F_PROC : flags & ~DP_MD_F_PROC;
     size_t name_len = name ? strlen(name) : 0;
     int rc = dp__md_check_name(name, name_len, d);
     if (rc != DP_OK)
@@ -53,6 +54,8 @@ dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, uint32
                             regions[i].rkey_len, DP_MD_RKEY_MAX);
         total += 20 + regions[i].rkey_len;
     }
+    if (proc != NULL)
+        total += DP_MD_PROC_LEN;
     if (total > DP_MD_TOTAL_MAX)
         return dp__fail(d, DP_EINVAL, "metadata would take %zu bytes, limit %u", total,
                         DP_MD_TOTAL_MAX);
@@ -77,6 +80,14 @@ dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, uint32
         dp__le32_store(r + 16, regions[i].rkey_len);
         dp__buf_append(out, r, sizeof r);
         dp__buf_append(out, regions[i].rkey, regions[i].rkey_len);
+    }
+    if (proc != NULL) {
+        uint8_t q[DP_MD_PROC_LEN] = {0};
+        memcpy(q, proc->boot_id, 16);
+        dp__le64_store(q + 16, proc->pidns);
+        dp__le64_store(q + 24, proc->start);
+        dp__le32_store(q + 32, proc->pid);
+        dp__buf_append(out, q, sizeof q);
     }
     return out->oom ? dp__fail(d, DP_ENOMEM, "metadata: out of memory") : DP_OK;
 }
@@ -188,6 +199,23 @@ dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
         off += r->rkey_len;
     }
     out->n_regions = n_regions;
+    if (out->flags & DP_MD_F_PROC) {
+        if (len - off < DP_MD_PROC_LEN) {
+            dp__fail(d, DP_EPROTO, "metadata: the process block is cut short");
+            goto fail;
+        }
+        const uint8_t *q = p + off;
+        memcpy(out->proc.boot_id, q, 16);
+        out->proc.pidns = dp__le64_load(q + 16);
+        out->proc.start = dp__le64_load(q + 24);
+        out->proc.pid = dp__le32_load(q + 32);
+        if (dp__le32_load(q + 36) != 0) {
+            dp__fail(d, DP_EPROTO,
+                     "metadata: the process block's last 4 bytes are not 0");
+            goto fail;
+        }
+        off += DP_MD_PROC_LEN;
+    }
     if (off != len) {
         dp__fail(d, DP_EPROTO, "metadata: %zu trailing bytes", len - off);
         goto fail;

@@ -18,12 +18,15 @@
  *                              read them, so add_remote refuses it (never hands
  *                              UCX bytes of a format it does not know)
  *   28  4  flags               DP_MD_F_SERVES: the endpoint serves two-sided
- *                              transfers; other bits must be 0
+ *                              transfers; DP_MD_F_PROC: the process block
+ *                              follows the regions; other bits must be 0
  *   32  .. name bytes, then worker address bytes
  *   ..  per region: base u64, len u64, rkey_len u32, rkey bytes
+ *   ..  with DP_MD_F_PROC, the process (peerproc.h), 40 bytes: boot id (16),
+ *       PID namespace u64, start time u64, pid u32, 4 zero bytes
  *
- * The blob ends exactly after the last region. The parser takes untrusted
- * bytes: it never reads outside [buf, buf+len) and rejects, with a reason,
+ * The blob ends exactly after the last region (or the process block). The parser takes
+ * untrusted bytes: it never reads outside [buf, buf+len) and rejects, with a reason,
  * anything the layout does not allow. No UCX type appears here.
  *
  * Threads: every function is reentrant; objects belong to their caller.
@@ -35,12 +38,15 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "xfer/peerproc.h"
 
 #define DP_MD_MAGIC "DPMD"
 #define DP_MD_VERSION 3
 #define DP_MD_HEADER_LEN 32
 #define DP_MD_F_SERVES 1u
-#define DP_MD_F_KNOWN DP_MD_F_SERVES
+#define DP_MD_F_PROC 2u
+#define DP_MD_F_KNOWN (DP_MD_F_SERVES | DP_MD_F_PROC)
+#define DP_MD_PROC_LEN 40
 #define DP_MD_NAME_MAX 255
 #define DP_MD_ADDR_MAX (64u * 1024)
 #define DP_MD_REGIONS_MAX 65536u
@@ -64,7 +70,8 @@ typedef struct dp_md {
     char name[DP_MD_NAME_MAX + 1];
     uint64_t gen;
     uint32_t xver;
-    uint32_t flags; /* DP_MD_F_* */
+    uint32_t flags;  /* DP_MD_F_* */
+    dp_md_proc proc; /* the process, when flags has DP_MD_F_PROC (else zero) */
     const uint8_t *addr;
     uint32_t addr_len;
     uint32_t n_regions;
@@ -78,12 +85,15 @@ typedef struct dp_md {
 int dp__md_check_name(const char *name, size_t len, dp_detail *d);
 
 /*
- * Encode into out (appended). Fails with DP_EINVAL when a field is out of the
- * limits above, DP_ENOMEM when out cannot grow.
+ * Encode into out (appended). proc (may be NULL) adds the process block and
+ * DP_MD_F_PROC (a DP_MD_F_PROC in flags without proc is dropped). Fails with
+ * DP_EINVAL when a field is out of the limits above, DP_ENOMEM when out
+ * cannot grow.
  */
 int dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
-                  uint32_t flags, const void *addr, size_t addr_len,
-                  const dp_md_region *regions, size_t n_regions, dp_detail *d);
+                  uint32_t flags, const dp_md_proc *proc, const void *addr,
+                  size_t addr_len, const dp_md_region *regions, size_t n_regions,
+                  dp_detail *d);
 
 /*
  * Parse untrusted bytes. On success *out is filled (release with dp__md_fini).

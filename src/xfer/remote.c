@@ -61,6 +61,45 @@ ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
     dp__ep_ts_remote_failed_locked(r->r_owner, r, status);
 }
 
+/* Poll same-host peers' processes this often while transfers wait on them. */
+#define PEER_CHECK_NS 100000000ull
+
+/*
+ * r's process has ended: fail r as UCX's error callback would. Its requests
+ * still pending end when UCX purges them (the remote's removal closes its UCX
+ * endpoint); until then the graveyard keeps what they touch.
+ */
+static void
+mark_exited_locked(dp_endpoint *ep, remote *r)
+{
+    r->r_exited = true;
+    DP_LOG_I("endpoint %s: peer %s (pid %u on this host) has ended; failing its "
+             "transfers",
+             ep->name, r->r_name, r->r_proc.pid);
+    __atomic_store_n(&r->r_failed, (int)UCS_ERR_CONNECTION_RESET, __ATOMIC_RELEASE);
+    dp__ep_ts_remote_failed_locked(ep, r, UCS_ERR_CONNECTION_RESET);
+}
+
+static bool
+proc_to_check(const remote *r)
+{
+    return r->r_local_proc && !r->r_exited && remote_failed(r) == UCS_OK;
+}
+
+void
+dp__ep_check_peers_locked(dp_endpoint *ep, uint64_t now)
+{
+    if (now - ep->proc_check_ns < PEER_CHECK_NS)
+        return;
+    ep->proc_check_ns = now;
+    dp_list *lists[2] = {&ep->remotes, &ep->zombies};
+    for (int k = 0; k < 2; k++)
+        for (remote *r = DP_LIST_FIRST(lists[k], remote, r_link); r != NULL;
+             r = DP_LIST_NEXT(r, remote, r_link))
+            if (r->r_busy > 0 && proc_to_check(r) && dp__proc_exited(&r->r_proc))
+                mark_exited_locked(ep, r);
+}
+
 remote *
 dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name)
 {
@@ -257,7 +296,10 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
     r->r_failed = UCS_OK;
     r->r_owner = ep;
     r->r_serves = (md.flags & DP_MD_F_SERVES) != 0;
+    r->r_proc = md.proc;
     lock(ep);
+    r->r_local_proc = ep->has_self_proc && (md.flags & DP_MD_F_PROC) &&
+                      dp__proc_same_host(&ep->self_proc, &md.proc);
     rc = check_open_locked(ep, d);
     if (rc != DP_OK)
         goto fail_locked;
@@ -514,10 +556,12 @@ dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
         }
         ucp_worker_progress(ep->worker);
         dp__ep_reap_locked(ep);
+        if (proc_to_check(r) && dp__proc_exited(&r->r_proc))
+            mark_exited_locked(ep, r);
         ucs_status_t st = remote_failed(r);
         if (st != UCS_OK)
             rc = dp__fail(d, DP_ETRANSFER, "endpoint %s: the connection to %s failed: %s",
-                          ep->name, name, ucs_status_string(st));
+                          ep->name, name, remote_fail_str(r, st));
     }
     unlock(ep);
     return rc;

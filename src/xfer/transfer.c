@@ -40,6 +40,8 @@
 
 /* How long a failed peer's pending requests get to be purged by UCX. */
 #define FAILED_GRACE_NS 50000000ull
+/* A wait this long starts checking same-host peers' processes (remote.c). */
+#define PEER_CHECK_AFTER_NS 20000000ull
 
 /* ---- lookups (ep_mu held) ---- */
 
@@ -254,7 +256,7 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
     ucs_status_t fst = remote_failed(r);
     if (fst != UCS_OK) {
         s->rc = dp__fail(det, DP_ETRANSFER, "%s to %s: peer failed: %s (nothing posted)",
-                         op_name(o->op), r->r_name, ucs_status_string(fst));
+                         op_name(o->op), r->r_name, remote_fail_str(r, fst));
         unreserve_locked(ep, s);
         return;
     }
@@ -412,7 +414,9 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
         s->rc = dp__fail(det, DP_ETRANSFER,
                          "%s failed (%s) with %d operations unfinished: retained, its "
                          "local memory must not be reused",
-                         what, ucs_status_string(fst != UCS_OK ? fst : b->b_status),
+                         what,
+                         fst != UCS_OK ? remote_fail_str(r, fst)
+                                       : ucs_status_string(b->b_status),
                          b->b_pending);
     else
         s->rc =
@@ -506,6 +510,8 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
         open += ss[i].posted && !ss[i].finished;
     while (open > 0) {
         uint64_t now = dp__now_ns();
+        if (now - t0 >= PEER_CHECK_AFTER_NS)
+            dp__ep_check_peers_locked(ep, now);
         for (size_t i = 0; i < n_ops; i++) {
             opstate *s = &ss[i];
             if (!s->posted || s->finished)
