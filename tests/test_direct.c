@@ -1200,6 +1200,55 @@ DP_TEST(waiting_for_ever_runs_the_fetch_in_the_caller)
 }
 
 /*
+ * Fetch buffers the transport allocated are reused once freed (about the
+ * same size only), with every byte the new object's; the cache's bound holds;
+ * off, nothing is kept.
+ */
+DP_TEST(fetch_buffers_are_reused)
+{
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-fbuf", 0), 0);
+    pub_alloc(&p, 0, 3 * MiB, 801);
+    pub_alloc(&p, 1, 3 * MiB - 4096, 802); /* the same pages, other bytes */
+    pub_alloc(&p, 2, 64 * 1024, 803);      /* far smaller: not given a 3 MiB buffer */
+    pub_alloc(&p, 3, 5 * MiB, 804);        /* larger than the cache below */
+    md_bytes m[4];
+    for (int i = 0; i < 4; i++) {
+        int s[] = {i, -1};
+        char id[8];
+        snprintf(id, sizeof id, "f%d", i);
+        CHECK_EQ(pub_publish(&p, &m[i], id, s), 0);
+    }
+    for (int off = 0; off < 2; off++) {
+        dp_direct_opts o;
+        dp_direct_opts_init(&o);
+        o.name = off ? "fetch-fbuf-off" : "fetch-fbuf";
+        o.backend = DP_DIRECT_BACKEND_UCX;
+        o.fetch_cache_bytes = off ? DP_DIRECT_FETCH_CACHE_OFF : 4 * MiB;
+        dp_direct *t = NULL;
+        dp_detail d;
+        CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+        static const int s0[] = {0, -1}, s1[] = {1, -1}, s2[] = {2, -1}, s3[] = {3, -1};
+        fetch_check(t, &p, "f0", &m[0], s0);
+        fetch_check(t, &p, "f1", &m[1], s1); /* into f0's buffer */
+        fetch_check(t, &p, "f2", &m[2], s2); /* a fresh one */
+        fetch_check(t, &p, "f0", &m[0], s0); /* f1's (f0's) buffer again */
+        fetch_check(t, &p, "f3", &m[3], s3); /* too large to keep */
+        dp_direct_stats st;
+        dp_direct_get_stats(t, &st);
+        printf("  cache %s: reused %" PRIu64 ", cached %" PRIu64 " bytes\n",
+               off ? "off" : "4 MiB", st.fetch_buf_reused, st.fetch_buf_cached);
+        CHECK_EQ_U64(st.fetch_ok, 5);
+        CHECK_EQ_U64(st.fetch_buf_reused, off ? 0 : 2);
+        CHECK_EQ_U64(st.fetch_buf_cached, off ? 0 : 3 * MiB + 64 * 1024);
+        CHECK_OK(dp_direct_destroy(t, NULL));
+    }
+    for (int i = 0; i < 4; i++)
+        free(m[i].p);
+    pub_stop(&p);
+}
+
+/*
  * A publisher on this host killed and not yet reaped (a zombie, as a killed
  * Ray actor is until its parent waits), its remote still cached from a first
  * fetch: UCX's keepalive takes the zombie for alive, so only the endpoint's

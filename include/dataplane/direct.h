@@ -62,6 +62,7 @@ typedef enum dp_direct_backend {
 
 /* remote_cache_size: keep no remote connected (connect around every fetch). */
 #define DP_DIRECT_REMOTE_CACHE_OFF (-1)
+#define DP_DIRECT_FETCH_CACHE_OFF ((size_t)-1)
 
 /*
  * Creation options. A zeroed struct (`dp_direct_opts o = {0};`, or
@@ -102,7 +103,15 @@ typedef struct dp_direct_opts {
      * leave this off there.
      */
     bool no_progress_thread;
-    uint64_t reserved[8];
+    /*
+     * Fetch buffers the transport allocated (a fetch without targets) are
+     * kept registered and faulted in once freed, up to this many bytes, for
+     * the next fetches to reuse (a 64 MiB fetch into fresh memory spends most
+     * of its time faulting pages in). 0: the default, 256 MiB (at most an
+     * eighth of the host's memory); DP_DIRECT_FETCH_CACHE_OFF: none.
+     */
+    size_t fetch_cache_bytes;
+    uint64_t reserved[7];
 } dp_direct_opts;
 
 /* Fill o with the defaults (the same as zeroing it). Threads: any. */
@@ -294,7 +303,9 @@ typedef struct dp_direct_stats {
     uint64_t remote_evictions; /* removed: LRU, size 0, or after a failure */
     uint64_t remotes_cached;   /* connected now */
     uint64_t fetch_by_waiter;  /* run by a dp_direct_wait(-1) caller, not a worker */
-    uint64_t reserved[12];
+    uint64_t fetch_buf_reused; /* fetches into a cached buffer (fetch_cache_bytes) */
+    uint64_t fetch_buf_cached; /* bytes of freed fetch buffers kept for reuse now */
+    uint64_t reserved[10];
 } dp_direct_stats;
 DP_API void dp_direct_get_stats(dp_direct *t, dp_direct_stats *st);
 

@@ -142,13 +142,14 @@ class FetchRequest:
 class Transport:
     """The direct transport of this process (see the module's text).
     Options are the library's: name, pool_bytes, xfer_timeout_s, chunk_bytes,
-    n_workers, remote_cache_size."""
+    n_workers, remote_cache_size, fetch_cache_bytes (bytes of freed fetch
+    buffers kept for reuse: 0 the default, 256 MiB; -1 none)."""
 
     def __init__(self, *, name=None, pool_bytes=0, xfer_timeout_s=0.0, chunk_bytes=0,
-                 n_workers=0, remote_cache_size=0):
+                 n_workers=0, remote_cache_size=0, fetch_cache_bytes=0):
         self._t = _core.Transport(name, int(pool_bytes), float(xfer_timeout_s),
                                   int(chunk_bytes), int(n_workers),
-                                  int(remote_cache_size))
+                                  int(remote_cache_size), int(fetch_cache_bytes))
         self._pinned = {}  # address -> what register() keeps alive
 
     @property

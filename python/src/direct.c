@@ -62,21 +62,23 @@ transport_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static int
 transport_init(DpTransport *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"name",        "pool_bytes", "xfer_timeout_s",
-                          "chunk_bytes", "n_workers",  "remote_cache_size",
-                          NULL};
+    static char *kwl[] = {
+        "name",      "pool_bytes",        "xfer_timeout_s",    "chunk_bytes",
+        "n_workers", "remote_cache_size", "fetch_cache_bytes", NULL};
     dp_direct_opts o;
     dp_direct_opts_init(&o);
-    Py_ssize_t pool = 0, chunk = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zndnii", kwl, &o.name, &pool,
+    Py_ssize_t pool = 0, chunk = 0, fcache = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zndniin", kwl, &o.name, &pool,
                                      &o.xfer_timeout_s, &chunk, &o.n_workers,
-                                     &o.remote_cache_size))
+                                     &o.remote_cache_size, &fcache))
         return -1;
-    if (pool < 0 || chunk < 0) {
-        dp__py_raise_ex(DP_EINVAL, "pool_bytes and chunk_bytes must be >= 0", NULL, NULL,
-                        NULL);
+    if (pool < 0 || chunk < 0 || fcache < -1) {
+        dp__py_raise_ex(
+            DP_EINVAL, "pool_bytes and chunk_bytes must be >= 0, fetch_cache_bytes >= -1",
+            NULL, NULL, NULL);
         return -1;
     }
+    o.fetch_cache_bytes = fcache < 0 ? DP_DIRECT_FETCH_CACHE_OFF : (size_t)fcache;
     if (self->t != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Transport is already open");
         return -1;
@@ -317,14 +319,16 @@ transport_stats(DpTransport *self, PyObject *noarg)
         return NULL;
     dp_direct_stats s;
     dp_direct_get_stats(self->t, &s);
-    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "objects", (unsigned long long)s.objects,
-                         "registrations", (unsigned long long)s.registrations,
-                         "registered_bytes", (unsigned long long)s.registered_bytes,
-                         "fetches", (unsigned long long)s.fetches, "fetch_ok",
-                         (unsigned long long)s.fetch_ok, "fetch_failed",
-                         (unsigned long long)s.fetch_failed, "fetch_aborted",
-                         (unsigned long long)s.fetch_aborted, "bytes_fetched",
-                         (unsigned long long)s.bytes_fetched);
+    return Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsKsK}", "objects", (unsigned long long)s.objects,
+        "registrations", (unsigned long long)s.registrations, "registered_bytes",
+        (unsigned long long)s.registered_bytes, "fetches", (unsigned long long)s.fetches,
+        "fetch_ok", (unsigned long long)s.fetch_ok, "fetch_failed",
+        (unsigned long long)s.fetch_failed, "fetch_aborted",
+        (unsigned long long)s.fetch_aborted, "bytes_fetched",
+        (unsigned long long)s.bytes_fetched, "fetch_buf_reused",
+        (unsigned long long)s.fetch_buf_reused, "fetch_buf_cached",
+        (unsigned long long)s.fetch_buf_cached);
 }
 
 static PyObject *

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +42,10 @@
 
 #define DEFAULT_LRU 16
 #define DEFAULT_TIMEOUT_S 60.0
+#define DEFAULT_FETCH_CACHE (256u << 20)
+
+struct fetch_buf;
+static void fbuf_drop(dp_direct *t, const struct fetch_buf *b, size_t n);
 #define DEFAULT_CHUNK (64u << 20)
 #define DEFAULT_WORKERS 2
 
@@ -186,6 +191,10 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
                  : o.remote_cache_size < 0 ? 0 /* DP_DIRECT_REMOTE_CACHE_OFF */
                                            : o.remote_cache_size;
     t->timeout_s = o.xfer_timeout_s > 0 ? o.xfer_timeout_s : DEFAULT_TIMEOUT_S;
+    t->fbuf_max = o.fetch_cache_bytes == DP_DIRECT_FETCH_CACHE_OFF ? 0
+                  : o.fetch_cache_bytes > 0
+                      ? o.fetch_cache_bytes
+                      : DP_MIN(DEFAULT_FETCH_CACHE, phys_bytes() / 8);
     t->chunk = o.chunk_bytes > 0 ? o.chunk_bytes : DEFAULT_CHUNK;
     t->n_workers = o.n_workers > 0 ? o.n_workers : DEFAULT_WORKERS;
     dp__map_init_u64(&t->regs);
@@ -291,6 +300,8 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
     dp__map_fini(&t->regs);
     dp__ranges_fini(&t->reg_ranges);
     dp__map_fini(&t->aborted);
+    fbuf_drop(t, t->fbufs, t->n_fbufs);
+    free(t->fbufs);
     /* The endpoint deregisters everything, keeping what retained transfers touch. */
     dp__endpoint_destroy(t->ep);
     dp__slab_alloc_destroy(t->pool);
@@ -459,6 +470,90 @@ dp_direct_free(dp_direct *t, const char *obj_id, dp_detail *d)
     return DP_OK;
 }
 
+/* ---- fetch buffers kept for reuse (fetch_cache_bytes) ---- */
+
+struct fetch_buf {
+    void *p;
+    size_t len;
+};
+
+/* At most this many buffers are kept (the oldest go first). */
+#define FBUF_MAX 64
+
+/* Deregister and unmap n buffers (no lock held). */
+static void
+fbuf_drop(dp_direct *t, const struct fetch_buf *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        dp_detail d;
+        if (dp__endpoint_deregister(t->ep, b[i].p, &d) == DP_OK)
+            munmap(b[i].p, b[i].len);
+        else /* never touched by a transfer once cached; kept if ever */
+            DP_LOG_W("direct %s: cached fetch buffer kept for good: %s", t->name, d.msg);
+    }
+}
+
+/*
+ * A freed fetch buffer: kept registered for the next fetches (true), the
+ * oldest ones let go to make room. Not kept when larger than the cache or
+ * touched by an unfinished transfer (the caller deregisters or keeps it).
+ */
+static bool
+fbuf_keep(dp_direct *t, void *p, size_t len)
+{
+    if (len > t->fbuf_max || dp__graveyard_touches((uint64_t)(uintptr_t)p, len))
+        return false;
+    pthread_mutex_lock(&t->mu);
+    if (t->fbufs == NULL && (t->fbufs = calloc(FBUF_MAX, sizeof *t->fbufs)) == NULL) {
+        pthread_mutex_unlock(&t->mu);
+        return false;
+    }
+    if (t->stopping) {
+        pthread_mutex_unlock(&t->mu);
+        return false;
+    }
+    size_t k = 0, freed = 0;
+    while (k < t->n_fbufs &&
+           (t->fbuf_bytes - freed + len > t->fbuf_max || t->n_fbufs - k >= FBUF_MAX))
+        freed += t->fbufs[k++].len;
+    struct fetch_buf out[FBUF_MAX];
+    memcpy(out, t->fbufs, k * sizeof *out);
+    memmove(t->fbufs, t->fbufs + k, (t->n_fbufs - k) * sizeof *t->fbufs);
+    t->n_fbufs -= k;
+    t->fbufs[t->n_fbufs++] = (struct fetch_buf){p, len};
+    t->fbuf_bytes = t->fbuf_bytes - freed + len;
+    pthread_mutex_unlock(&t->mu);
+    fbuf_drop(t, out, k);
+    return true;
+}
+
+/*
+ * The smallest cached buffer of len to 2 len bytes, taken out of the cache;
+ * NULL if none.
+ */
+static void *
+fbuf_take(dp_direct *t, size_t len, size_t *got)
+{
+    pthread_mutex_lock(&t->mu);
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < t->n_fbufs; i++)
+        if (t->fbufs[i].len >= len && t->fbufs[i].len / 2 <= len &&
+            (best == SIZE_MAX || t->fbufs[i].len < t->fbufs[best].len))
+            best = i;
+    void *p = NULL;
+    if (best != SIZE_MAX) {
+        p = t->fbufs[best].p;
+        *got = t->fbufs[best].len;
+        t->fbuf_bytes -= *got;
+        memmove(t->fbufs + best, t->fbufs + best + 1,
+                (t->n_fbufs - best - 1) * sizeof *t->fbufs);
+        t->n_fbufs--;
+        t->fbuf_reused++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return p;
+}
+
 static void
 req_free(dp_direct_req *r)
 {
@@ -466,15 +561,14 @@ req_free(dp_direct_req *r)
         return;
     dp_direct *t = r->t;
     dp__direct_release_targets(r);
-    if (r->own_buf != NULL) {
+    if (r->own_buf != NULL && !fbuf_keep(t, r->own_buf, r->own_len)) {
         dp_detail d;
         dp_detail_clear(&d);
-        if (dp__endpoint_deregister(t->ep, r->own_buf, &d) != DP_OK) {
+        if (dp__endpoint_deregister(t->ep, r->own_buf, &d) == DP_OK) {
+            munmap(r->own_buf, r->own_len);
+        } else {
             /* A retained transfer may still write into it: never freed. */
-            uint64_t total = 0;
-            for (size_t i = 0; i < r->n; i++)
-                total += DP_ALIGN_UP(r->local[i].nbytes, 64);
-            dp__graveyard_retain_buffer(total);
+            dp__graveyard_retain_buffer(r->own_len);
             DP_LOG_W("direct %s: fetch buffer of object %s kept for good: %s", t->name,
                      r->obj_id, d.msg);
         }
@@ -571,12 +665,33 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
                           obj_id, total, dp__fmt_size(phys_bytes(), a, sizeof a));
             goto fail;
         }
-        rc = dp__endpoint_alloc(t->ep, (size_t)total, &r->own_buf, d);
-        if (rc != DP_OK) {
-            dp__direct_reg_fail(d, rc, "the fetch buffer", NULL, (size_t)total);
-            r->own_buf = NULL;
-            goto fail;
+        /*
+         * A freed fetch buffer of about the size, kept registered and faulted
+         * in (fetch_cache_bytes), else plain anonymous memory, registered: the
+         * local side of a READ need not be shared memory (UCX's shared-memory
+         * allocation creates and fills a file). A 64 MiB fetch: 44 ms into
+         * UCX-allocated memory, 36 ms into fresh anonymous memory, 11-14 ms
+         * into memory already faulted in (docs/design.md, "Direct transport").
+         */
+        size_t len = DP_ALIGN_UP((size_t)total, (size_t)sysconf(_SC_PAGESIZE));
+        void *buf = fbuf_take(t, len, &len);
+        if (buf == NULL) {
+            buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                       0);
+            if (buf == MAP_FAILED) {
+                rc = dp__fail(d, DP_ENOMEM, "direct: fetch buffer of %zu bytes: %s", len,
+                              strerror(errno));
+                goto fail;
+            }
+            rc = dp__endpoint_register(t->ep, buf, len, d);
+            if (rc != DP_OK) {
+                munmap(buf, len);
+                dp__direct_reg_fail(d, rc, "the fetch buffer", NULL, len);
+                goto fail;
+            }
         }
+        r->own_buf = buf;
+        r->own_len = len;
         uint64_t off = 0;
         for (size_t i = 0; i < r->n; i++) {
             r->local[i] =
@@ -822,6 +937,8 @@ dp_direct_get_stats(dp_direct *t, dp_direct_stats *st)
     st->fetch_failed = t->fetch_failed;
     st->fetch_aborted = t->fetch_aborted;
     st->fetch_by_waiter = t->fetch_stolen;
+    st->fetch_buf_reused = t->fbuf_reused;
+    st->fetch_buf_cached = t->fbuf_bytes;
     st->bytes_fetched = t->bytes_fetched;
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_lock(&t->lru_mu);

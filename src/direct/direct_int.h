@@ -82,7 +82,8 @@ struct dp_direct_req {
     dp_range *local;
     uint64_t *target_keys; /* caller targets: regs keys to release */
     bool targets_held;
-    void *own_buf;
+    void *own_buf; /* the fetch's own memory (anonymous, registered), or NULL */
+    size_t own_len;
     /* Under t->mu. */
     int state;
     bool aborted;
@@ -138,6 +139,12 @@ struct dp_direct {
     size_t lru_n, lru_cap;
     uint64_t lru_tick;
     uint64_t remote_adds, remote_readds, remote_hits, remote_evictions;
+
+    /* Freed fetch buffers kept registered for reuse (direct.c), under mu. */
+    struct fetch_buf *fbufs;
+    size_t n_fbufs;
+    size_t fbuf_bytes, fbuf_max;
+    uint64_t fbuf_reused;
 
     bool locks_init;
 };
