@@ -475,3 +475,23 @@ def register_transport(name="DATAPLANE"):
         return name.upper()
     register_tensor_transport(name, ["cpu"], DataplaneTensorTransport, torch.Tensor)
     return name.upper()
+
+
+def put(value, transport="DATAPLANE"):
+    """ray.put(value, _tensor_transport=transport) from the driver or an
+    actor: value's tensors stay in this process, published, and the process
+    that gets the ref fetches them one-sided. Ray registers custom
+    transports on a new actor with a task of its own, which the actor's
+    first tasks may overtake (a plain ray.put there fails with "Invalid
+    tensor transport: DATAPLANE"): in an actor this waits for that
+    registration (up to 30 s, then registers the transport itself);
+    elsewhere it registers the transport if needed."""
+    from ray.experimental.rdt import util
+    name = transport.upper()
+    if ray.get_runtime_context().get_actor_id() is not None:
+        end = time.monotonic() + 30
+        while name not in util.transport_manager_info and time.monotonic() < end:
+            time.sleep(0.002)
+    if name not in util.transport_manager_info:
+        register_transport(name)
+    return ray.put(value, _tensor_transport=name)

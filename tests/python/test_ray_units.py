@@ -203,6 +203,9 @@ class _Source:
 
     @ray.method(tensor_transport="DATAPLANE")
     def make(self, seed):
+        return self._tensors(seed)
+
+    def _tensors(self, seed):  # _expected(seed), made in the actor
         g = torch.Generator().manual_seed(seed)
         base = torch.randn(64, 33, generator=g)
         return [torch.randn(1000, 257, generator=g), torch.tensor(3.5),  # 0-d
@@ -223,6 +226,11 @@ class _Source:
         from dataplane.ray import _transport
         return _transport().stats()
 
+    def put(self, seed):
+        # the first task of a new actor: dataplane.ray.put registers the transport
+        import dataplane.ray as r
+        return [r.put(self._tensors(seed))]
+
 
 @ray.remote(num_cpus=0, enable_tensor_transport=True)
 class _Sink:
@@ -231,6 +239,9 @@ class _Sink:
 
     def echo(self, tensors):
         return [t.clone() for t in tensors]
+
+    def get_sums(self, refs):
+        return self.sums(ray.get(refs[0]))
 
 
 def _expected(seed):
@@ -267,6 +278,30 @@ def test_transport_between_actors(transport):
     while (st := ray.get(src.published.remote()))["objects"] != 0:
         assert time.monotonic() < end, st
         time.sleep(0.2)
+
+
+def _sums(tensors):
+    return [float(t.double().sum()) if t.numel() else 0.0 for t in tensors]
+
+
+def test_put_with_the_transport(transport):
+    """ray.put(..., _tensor_transport=) through dataplane.ray.put: in an
+    actor right after it starts, to another actor and to the driver; in the
+    driver, to an actor; and the driver getting an actor's DATAPLANE result."""
+    dst = transport[1]
+    for seed in (21, 22):
+        src = _Source.remote()  # new: its first task puts
+        refs = ray.get(src.put.remote(seed))
+        assert ray.get(dst.get_sums.remote(refs)) == _sums(_expected(seed))
+        got = ray.get(refs[0])
+        assert all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+                   for a, b in zip(got, _expected(seed)))
+        ray.kill(src)
+    ref = dpray.put(_expected(23))
+    assert ray.get(dst.sums.remote(ref)) == _sums(_expected(23))
+    del ref
+    got = ray.get(transport[0].make.remote(24))
+    assert all(torch.equal(a, b) for a, b in zip(got, _expected(24)))
 
 
 def test_transport_refuses_what_it_cannot_send(transport):
