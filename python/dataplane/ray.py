@@ -69,7 +69,9 @@ class _Unit:
     def _start(self):
         args = [self.cli, "unit", "--bind", self.bind, "--port", str(self.port),
                 "--slab", str(self.slab), "--unit-id", str(self.index),
-                "--units", str(self.n_units), "--cluster-id", self.cluster_id]
+                "--units", str(self.n_units)]
+        if not any(o == "--registry" or o.startswith("--registry=") for o in self.options):
+            args += ["--cluster-id", self.cluster_id]  # (a registry's name is the id)
         if self.advertise:
             args += ["--advertise", self.advertise]
         args += self.options
@@ -219,7 +221,7 @@ class ClusterHandle:
 
 def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=False,
                   bind=None, advertise=None, max_restarts=10, ssd_dir=None, staging=None,
-                  options=(), start_timeout_s=60.0):
+                  registry=None, options=(), start_timeout_s=60.0):
     """Start `units` storage units of `slab` bytes each, each run by a Ray
     actor, and return a ClusterHandle.
 
@@ -229,7 +231,10 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
     0.0.0.0 otherwise); advertise: the host they tell clients (default: the
     node's Ray address when binding every interface). max_restarts: how many
     times a unit process that dies is started again. ssd_dir / staging: the
-    SSD tier (docs/operations.md, "SSD tier"). options: more `dataplane unit` options. name:
+    SSD tier (docs/operations.md, "SSD tier"). registry: an etcd URL
+    (etcd://HOST:PORT/NAME) the units also register in, so that clients
+    outside Ray find them there (a unit restarted by its actor registers
+    again). options: more `dataplane unit` options. name:
     a name other processes of the job find it by (get_cluster); detached:
     outlive this driver (needs name; stop with shutdown())."""
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
@@ -256,6 +261,17 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
         opts += ["--ssd-dir", str(ssd_dir)]
         if staging:
             opts += ["--staging", str(staging)]
+    for i, o in enumerate(opts):
+        if o == "--registry" or o.startswith("--registry="):
+            if registry:
+                raise ValueError("start_cluster: give the registry once (registry= or "
+                                 "options, not both)")
+            registry = o.split("=", 1)[1] if "=" in o else (
+                opts[i + 1] if i + 1 < len(opts) else "")
+            break
+    else:
+        if registry:
+            opts += ["--registry", str(registry)]
     cluster_id = f"ray-{name or 'cluster'}-{uuid.uuid4().hex[:8]}"
     lifetime = {"lifetime": "detached"} if detached else {}
     ns = {"namespace": _CONTROL} if name else {}

@@ -18,6 +18,7 @@ import dataplane  # noqa: E402
 import dataplane.ray as dpray  # noqa: E402
 
 from conftest import _cli  # noqa: E402
+from test_registry import etcd  # noqa: E402,F401  (the fixture: a real etcd)
 
 
 def _gone(pid, within=30.0):
@@ -129,6 +130,39 @@ def test_unit_killed_is_restarted_then_reported_down(ray_cluster):
             assert time.monotonic() < end
             time.sleep(0.1)
         assert "after 1 restarts" in h.down()[0] and 1 not in h.down()
+    finally:
+        pids = [u["pid"] for u in h.units if u["pid"]]
+        h.shutdown()
+    assert all(_gone(p) for p in pids), pids
+
+
+def test_with_the_registry(ray_cluster, etcd):  # noqa: F811
+    """Units under Ray actors that also register in etcd: a client through
+    the registry and one through the handle see the same rows; a unit
+    restarted by its actor registers again and both clients work on."""
+    url = f"etcd://{etcd}/ray"
+    with pytest.raises(ValueError, match="once"):
+        dpray.start_cluster(2, "32M", registry=url, options=["--registry", url])
+    h = dpray.start_cluster(2, "32M", placement="pack", registry=url,
+                            options=["--registry-ttl", "2"])
+    try:
+        x = torch.randn(6, 100)
+        with dataplane.Client(cluster=url, timeout_s=10) as c:
+            assert len(c.stats()) == 2
+            c.put(range(6), {"x": x})
+        with dataplane.Client(h.cluster, timeout_s=10) as c:
+            assert torch.equal(torch.stack(c.get(range(6), ["x"])["x"]), x)
+        before = h.units[0]
+        os.kill(before["pid"], signal.SIGKILL)
+        end = time.monotonic() + 60
+        while (u := h.units[0])["restarts"] != 1 or not u["alive"]:
+            assert time.monotonic() < end, u
+            time.sleep(0.1)
+        y = torch.randn(6, 100)
+        with dataplane.Client(cluster=url, timeout_s=10) as c:  # the new incarnation
+            c.put(range(6), {"x": y})
+        with dataplane.Client(h.cluster, timeout_s=10) as c:
+            assert torch.equal(torch.stack(c.get(range(6), ["x"])["x"]), y)
     finally:
         pids = [u["pid"] for u in h.units if u["pid"]]
         h.shutdown()
