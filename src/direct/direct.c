@@ -218,6 +218,8 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
     dp_endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.progress_thread = !o.no_progress_thread;
+    /* Fetches of plain memory are emulated RMA this thread serves (above). */
+    eo.spin_after_any_event = true;
     rc = dp__endpoint_create(t->name, &eo, &t->ep, d);
     if (rc != DP_OK) {
         dp__fail_ctx(d, rc,

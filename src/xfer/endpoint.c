@@ -175,7 +175,7 @@ progress_main(void *arg)
                       ep->ts_inflight != last_inflight;
         last_served = ep->st.ts_served;
         last_inflight = ep->ts_inflight;
-        if (n != 0 && served)
+        if (n != 0 && (served || ep->opts.spin_after_any_event))
             last_event = now;
         bool spin = n == 0 && ep->spin_ns > 0 && now - last_event < ep->spin_ns;
         ucs_status_t st = UCS_ERR_UNSUPPORTED;

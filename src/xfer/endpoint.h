@@ -64,6 +64,13 @@ typedef struct dp_endpoint_opts {
      */
     int32_t progress_spin_us;
     /*
+     * Poll on after any event the progress thread handled, not only two-sided
+     * serving: for an endpoint whose peers read plain (malloc) memory of it,
+     * which UCX serves with emulated RMA, a stream of active messages this
+     * thread must answer one by one (the direct transport's publishers).
+     */
+    bool spin_after_any_event;
+    /*
      * Refuse to create the endpoint (DP_EPOLICY and the reason) unless UCX_TLS
      * and UCX_NET_DEVICES restrict UCX to RDMA transports. Also switched on by the
      * environment variable DP_REQUIRE_RDMA=1.
