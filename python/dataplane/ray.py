@@ -127,6 +127,7 @@ class _Unit:
             return {"index": self.index, "address": self.address,
                     "node": ray.get_runtime_context().get_node_id(),
                     "pid": self.proc.pid if self.proc else None, "restarts": self.restarts,
+                    "incarnation": self.restarts + 1,
                     "alive": alive, "down": self.down, "log": self.log}
 
     def stop(self, grace_s=10.0):
@@ -165,7 +166,8 @@ class ClusterHandle:
 
     cluster: what Client, the TransferQueue backend and every command
     accept (the units' addresses, in unit order). units: one dict per unit
-    (index, address, node, pid, restarts, alive, down, log)."""
+    (index, address, node, pid, incarnation: 1 for the first unit process
+    and one more per restart, restarts, alive, down, log)."""
 
     def __init__(self, name, actors, cluster_id, control=None):
         self.name, self._actors, self.cluster_id = name, list(actors), cluster_id
@@ -182,9 +184,9 @@ class ClusterHandle:
             return ray.get(actor.info.remote(), timeout=30)
         except Exception as e:  # the actor died: its unit with it
             addr = self._infos[i]["address"] if self._infos else None
-            return {"index": i, "address": addr, "node": None, "pid": None, "restarts": None,
-                    "alive": False, "down": f"unit {i}'s actor is gone ({type(e).__name__})",
-                    "log": None}
+            return {"index": i, "address": addr, "node": None, "pid": None,
+                    "incarnation": None, "restarts": None, "alive": False,
+                    "down": f"unit {i}'s actor is gone ({type(e).__name__})", "log": None}
 
     @property
     def cluster(self):

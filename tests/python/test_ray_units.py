@@ -114,6 +114,7 @@ def test_unit_killed_is_restarted_then_reported_down(ray_cluster):
             assert time.monotonic() < end, u
             time.sleep(0.1)
         assert u["address"] == before[0]["address"] and u["pid"] != before[0]["pid"]
+        assert (before[0]["incarnation"], u["incarnation"]) == (1, 2)
         assert h.units[1]["pid"] == before[1]["pid"]
         # the open client: unit 0's rows are gone, said once; unit 1's read back
         with pytest.raises((dataplane.Restarted, KeyError)):
