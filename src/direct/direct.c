@@ -43,11 +43,11 @@
 #define DEFAULT_LRU 16
 #define DEFAULT_TIMEOUT_S 60.0
 #define DEFAULT_FETCH_CACHE (256u << 20)
+#define DEFAULT_CHUNK (64u << 20)
+#define DEFAULT_WORKERS 2
 
 struct fetch_buf;
 static void fbuf_drop(dp_direct *t, const struct fetch_buf *b, size_t n);
-#define DEFAULT_CHUNK (64u << 20)
-#define DEFAULT_WORKERS 2
 
 static const char *sysfs_root = "/sys";
 
