@@ -1299,6 +1299,63 @@ DP_TEST(fetch_from_killed_unreaped_publisher_fails)
     pub_stop(&p);
 }
 
+/*
+ * A fetch into the transport's own buffer fails because its publisher was
+ * killed: the buffer, which the failed READ may still touch, is retired
+ * (charged to the graveyard), not kept for good; once UCX ends that READ
+ * (the killed process reaped, its endpoint's keepalive fails it) a later
+ * fetch takes the buffer back. Every fetch's bytes are checked.
+ */
+DP_TEST(retired_fetch_buffer_is_taken_back)
+{
+    pub a, b;
+    CHECK_EQ(pub_start(&a, "pub-retire-a", 0), 0);
+    CHECK_EQ(pub_start(&b, "pub-retire-b", 0), 0);
+    pub_alloc(&a, 0, 8 * MiB, 901);
+    pub_alloc(&b, 0, 8 * MiB, 902);
+    md_bytes ma, mb;
+    int s[] = {0, -1};
+    CHECK_EQ(pub_publish(&a, &ma, "ra", s), 0);
+    CHECK_EQ(pub_publish(&b, &mb, "rb", s), 0);
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    o.name = "fetch-retire";
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    o.remote_cache_size = 4;
+    dp_direct *t = NULL;
+    dp_detail d;
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    fetch_check(t, &a, "ra", &ma, s); /* connected; its buffer cached */
+    uint64_t bytes0 = dp__graveyard_bytes();
+    kill(a.pid, SIGKILL);
+    usleep(100000); /* a zombie: UCX takes it for alive */
+    dp_direct_req *r = NULL;
+    CHECK_OK_D(dp_direct_fetch(t, "ra", ma.p, ma.len, NULL, 0, &r, &d), &d);
+    CHECK_ERR_D(dp_direct_wait(r, -1, &d), DP_ETRANSFER, &d);
+    dp_direct_req_destroy(r);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.fetch_buf_retired, 1);
+    CHECK(dp__graveyard_bytes() > bytes0);
+    waitpid(a.pid, NULL, 0); /* reaped: now UCX can see it gone */
+    a.pid = 0;
+    double t0 = dp_test_now();
+    do {
+        fetch_check(t, &b, "rb", &mb, s); /* progresses the worker, sweeps */
+        dp_direct_get_stats(t, &st);
+        if (st.fetch_buf_reclaimed == 0)
+            usleep(200000);
+    } while (st.fetch_buf_reclaimed == 0 && dp_test_now() - t0 < 60);
+    printf("  retired buffer taken back after %.2f s\n", dp_test_now() - t0);
+    CHECK_EQ_U64(st.fetch_buf_reclaimed, 1);
+    CHECK_EQ_U64(st.fetch_buf_retired, 0);
+    CHECK_OK(dp_direct_destroy(t, NULL));
+    free(ma.p);
+    free(mb.p);
+    pub_stop(&a);
+    pub_stop(&b);
+}
+
 DP_TEST(publisher_dies_mid_fetch)
 {
     pub p;

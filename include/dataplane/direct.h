@@ -297,15 +297,17 @@ typedef struct dp_direct_stats {
     uint64_t fetches;          /* requests created */
     uint64_t fetch_ok, fetch_failed, fetch_aborted;
     uint64_t bytes_fetched;
-    uint64_t remote_adds;      /* remotes connected (first time or after eviction) */
-    uint64_t remote_readds;    /* reconnected because the metadata changed */
-    uint64_t remote_hits;      /* fetches that found their remote connected */
-    uint64_t remote_evictions; /* removed: LRU, size 0, or after a failure */
-    uint64_t remotes_cached;   /* connected now */
-    uint64_t fetch_by_waiter;  /* run by a dp_direct_wait(-1) caller, not a worker */
-    uint64_t fetch_buf_reused; /* fetches into a cached buffer (fetch_cache_bytes) */
-    uint64_t fetch_buf_cached; /* bytes of freed fetch buffers kept for reuse now */
-    uint64_t reserved[10];
+    uint64_t remote_adds;         /* remotes connected (first time or after eviction) */
+    uint64_t remote_readds;       /* reconnected because the metadata changed */
+    uint64_t remote_hits;         /* fetches that found their remote connected */
+    uint64_t remote_evictions;    /* removed: LRU, size 0, or after a failure */
+    uint64_t remotes_cached;      /* connected now */
+    uint64_t fetch_by_waiter;     /* run by a dp_direct_wait(-1) caller, not a worker */
+    uint64_t fetch_buf_reused;    /* fetches into a cached buffer (fetch_cache_bytes) */
+    uint64_t fetch_buf_cached;    /* bytes of freed fetch buffers kept for reuse now */
+    uint64_t fetch_buf_retired;   /* freed ones a failed READ still touches */
+    uint64_t fetch_buf_reclaimed; /* retired ones taken back after their READ ended */
+    uint64_t reserved[8];
 } dp_direct_stats;
 DP_API void dp_direct_get_stats(dp_direct *t, dp_direct_stats *st);
 

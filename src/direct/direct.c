@@ -46,7 +46,12 @@
 #define DEFAULT_CHUNK (64u << 20)
 #define DEFAULT_WORKERS 2
 
-struct fetch_buf;
+/* A fetch buffer the transport allocated (kept for reuse, or retired). */
+struct fetch_buf {
+    void *p;
+    size_t len;
+};
+
 static void fbuf_drop(dp_direct *t, const struct fetch_buf *b, size_t n);
 
 static const char *sysfs_root = "/sys";
@@ -304,6 +309,15 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
     dp__map_fini(&t->aborted);
     fbuf_drop(t, t->fbufs, t->n_fbufs);
     free(t->fbufs);
+    /* Retired buffers stay registered (the endpoint keeps what retained
+     * transfers touch) and charged; those no longer touched are freed. */
+    for (size_t i = 0; i < t->n_retired; i++)
+        if (!dp__graveyard_touches((uint64_t)(uintptr_t)t->retired[i].p,
+                                   t->retired[i].len)) {
+            dp__graveyard_release_buffer(t->retired[i].len);
+            fbuf_drop(t, &t->retired[i], 1);
+        }
+    free(t->retired);
     /* The endpoint deregisters everything, keeping what retained transfers touch. */
     dp__endpoint_destroy(t->ep);
     dp__slab_alloc_destroy(t->pool);
@@ -474,11 +488,6 @@ dp_direct_free(dp_direct *t, const char *obj_id, dp_detail *d)
 
 /* ---- fetch buffers kept for reuse (fetch_cache_bytes) ---- */
 
-struct fetch_buf {
-    void *p;
-    size_t len;
-};
-
 /* At most this many buffers are kept (the oldest go first). */
 #define FBUF_MAX 64
 
@@ -530,12 +539,70 @@ fbuf_keep(dp_direct *t, void *p, size_t len)
 }
 
 /*
+ * Retire a fetch buffer a failed READ still touches (charged to the
+ * graveyard): fbuf_take takes it back once that READ ended. False when the
+ * list cannot grow (the caller keeps the buffer for good).
+ */
+static bool
+fbuf_retire(dp_direct *t, void *p, size_t len)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->n_retired == t->retired_cap) {
+        size_t cap = t->retired_cap ? 2 * t->retired_cap : 8;
+        struct fetch_buf *g = realloc(t->retired, cap * sizeof *g);
+        if (g == NULL) {
+            pthread_mutex_unlock(&t->mu);
+            return false;
+        }
+        t->retired = g;
+        t->retired_cap = cap;
+    }
+    t->retired[t->n_retired++] = (struct fetch_buf){p, len};
+    pthread_mutex_unlock(&t->mu);
+    dp__graveyard_retain_buffer(len);
+    return true;
+}
+
+/*
+ * Retired buffers whose READs ended (UCX completed or purged them) stop
+ * counting and go to the cache, or are freed.
+ */
+static void
+fbuf_reclaim(dp_direct *t)
+{
+    struct fetch_buf back[8];
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->n_retired && n < 8;) {
+        struct fetch_buf b = t->retired[i];
+        if (dp__graveyard_touches((uint64_t)(uintptr_t)b.p, b.len)) {
+            i++;
+            continue;
+        }
+        back[n++] = b;
+        t->retired[i] = t->retired[--t->n_retired];
+        t->fbuf_reclaimed++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    for (size_t i = 0; i < n; i++) {
+        dp__graveyard_release_buffer(back[i].len);
+        DP_LOG_I("direct %s: a retired fetch buffer (%zu bytes) is touched no more: "
+                 "taken back",
+                 t->name, back[i].len);
+        if (!fbuf_keep(t, back[i].p, back[i].len))
+            fbuf_drop(t, &back[i], 1);
+    }
+}
+
+/*
  * The smallest cached buffer of len to 2 len bytes, taken out of the cache;
  * NULL if none.
  */
 static void *
 fbuf_take(dp_direct *t, size_t len, size_t *got)
 {
+    if (__atomic_load_n(&t->n_retired, __ATOMIC_RELAXED) > 0)
+        fbuf_reclaim(t);
     pthread_mutex_lock(&t->mu);
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < t->n_fbufs; i++)
@@ -568,11 +635,15 @@ req_free(dp_direct_req *r)
         dp_detail_clear(&d);
         if (dp__endpoint_deregister(t->ep, r->own_buf, &d) == DP_OK) {
             munmap(r->own_buf, r->own_len);
-        } else {
+        } else if (!fbuf_retire(t, r->own_buf, r->own_len)) {
             /* A retained transfer may still write into it: never freed. */
             dp__graveyard_retain_buffer(r->own_len);
             DP_LOG_W("direct %s: fetch buffer of object %s kept for good: %s", t->name,
                      r->obj_id, d.msg);
+        } else {
+            DP_LOG_I("direct %s: fetch buffer of object %s retired until the failed "
+                     "READ that touches it ends: %s",
+                     t->name, r->obj_id, d.msg);
         }
     }
     dp__direct_md_fini(&r->md);
@@ -941,6 +1012,8 @@ dp_direct_get_stats(dp_direct *t, dp_direct_stats *st)
     st->fetch_by_waiter = t->fetch_stolen;
     st->fetch_buf_reused = t->fbuf_reused;
     st->fetch_buf_cached = t->fbuf_bytes;
+    st->fetch_buf_retired = t->n_retired;
+    st->fetch_buf_reclaimed = t->fbuf_reclaimed;
     st->bytes_fetched = t->bytes_fetched;
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_lock(&t->lru_mu);

@@ -140,9 +140,13 @@ struct dp_direct {
     uint64_t lru_tick;
     uint64_t remote_adds, remote_readds, remote_hits, remote_evictions;
 
-    /* Freed fetch buffers kept registered for reuse (direct.c), under mu. */
+    /* Freed fetch buffers kept registered for reuse (direct.c), under mu;
+     * and retired ones a failed READ touched, taken back once it ended. */
     struct fetch_buf *fbufs;
     size_t n_fbufs;
+    struct fetch_buf *retired;
+    size_t n_retired, retired_cap;
+    uint64_t fbuf_reclaimed;
     size_t fbuf_bytes, fbuf_max;
     uint64_t fbuf_reused;
 
