@@ -320,7 +320,7 @@ transport_stats(DpTransport *self, PyObject *noarg)
     dp_direct_stats s;
     dp_direct_get_stats(self->t, &s);
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsK}", "objects", (unsigned long long)s.objects,
+        "{sKsKsKsKsKsKsKsKsKsKsKsK}", "objects", (unsigned long long)s.objects,
         "registrations", (unsigned long long)s.registrations, "registered_bytes",
         (unsigned long long)s.registered_bytes, "fetches", (unsigned long long)s.fetches,
         "fetch_ok", (unsigned long long)s.fetch_ok, "fetch_failed",
@@ -328,7 +328,9 @@ transport_stats(DpTransport *self, PyObject *noarg)
         (unsigned long long)s.fetch_aborted, "bytes_fetched",
         (unsigned long long)s.bytes_fetched, "fetch_buf_reused",
         (unsigned long long)s.fetch_buf_reused, "fetch_buf_cached",
-        (unsigned long long)s.fetch_buf_cached);
+        (unsigned long long)s.fetch_buf_cached, "fetch_buf_retired",
+        (unsigned long long)s.fetch_buf_retired, "fetch_buf_reclaimed",
+        (unsigned long long)s.fetch_buf_reclaimed);
 }
 
 static PyObject *
