@@ -2,7 +2,10 @@
 # The project's virtual environment: the Python packages of
 # python/requirements.txt (pinned) in VENV (default .venv at the root).
 #
-#   scripts/venv.sh [VENV]     prints VENV's python on its last line
+#   scripts/venv.sh [VENV [REQUIREMENTS]]   prints VENV's python on its last line
+#
+# REQUIREMENTS (default python/requirements.txt) makes another environment
+# from another pinned file (bench/peers/ makes the peers' one so).
 #
 # Idempotent: the environment is reused while it holds what the requirements
 # file names (a stamp of the file's hash), and made again when the file
@@ -13,7 +16,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$root/.venv}
-req=$root/python/requirements.txt
+req=${2:-$root/python/requirements.txt}
+reqname=${req#"$root"/}
 stamp=$venv/.dataplane-requirements
 want=$(sha256sum "$req" | cut -d' ' -f1)
 say() { [ -n "${DP_DEPS_QUIET:-}" ] || echo "venv: $*" >&2; }
@@ -35,7 +39,7 @@ for c in python3.11 python3 /usr/bin/python3; do
 done
 [ -n "$py" ] || { echo "venv: no python3 with its C headers (install python3-dev: scripts/deps.sh)" >&2; exit 1; }
 
-say "making $venv with $py ($("$py" -V 2>&1)) from python/requirements.txt"
+say "making $venv with $py ($("$py" -V 2>&1)) from $reqname"
 rm -rf "$venv"
 "$py" -m venv "$venv" || { echo "venv: '$py -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
 # pip's messages go to stderr, less its notes on package sources it skips; a
@@ -46,7 +50,7 @@ set +o pipefail
 rc=${PIPESTATUS[0]}
 set -o pipefail
 if [ "$rc" -ne 0 ]; then
-    echo "venv: installing python/requirements.txt failed (see above); run scripts/venv.sh again once the package index answers" >&2
+    echo "venv: installing $reqname failed (see above); run scripts/venv.sh again once the package index answers" >&2
     exit 1
 fi
 echo "$want" >"$stamp"
