@@ -38,7 +38,7 @@ for n in "${names[@]}"; do
     many) run "8 client processes at once vs memcpy on every core" "$root/bench/many_clients.sh" "$build" ;;
     python) run "Python package vs the C library, torch and redis-py" "$root/bench/python/run.sh" --build "$build" ;;
     hosts) run "across namespaces over TCP vs iperf3 and ucx_perftest" "$root/bench/hosts.sh" "$build" ;;
-    peers) run "side by side with Mooncake Store" "$root/bench/peers/run.sh" "$build" ;;
+    peers) run "side by side with Mooncake Store and NIXL" "$root/bench/peers/run.sh" "$build" ;;
     cuda) run "CUDA tensors through the staging vs the device copies and host tensors" "${PYTHON:-python3}" "$root/bench/python/bench_cuda.py" --build "$build" ;;
     *)
         echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts cuda)" >&2

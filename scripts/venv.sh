@@ -6,6 +6,9 @@
 #
 # REQUIREMENTS (default python/requirements.txt) makes another environment
 # from another pinned file (bench/peers/ makes the peers' one so).
+# DP_VENV_NO_DEPS=1 installs with --no-deps: for a file that pins every
+# package it needs itself, where pip would otherwise pull an optional
+# requirement (bench/peers/: NIXL's torch, a CUDA build of several GB).
 #
 # Idempotent: the environment is reused while it holds what the requirements
 # file names (a stamp of the file's hash), and made again when the file
@@ -45,7 +48,9 @@ rm -rf "$venv"
 # pip's messages go to stderr, less its notes on package sources it skips; a
 # failure names the package and says why
 set +o pipefail
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req" 2>&1 |
+nodeps=()
+[ "${DP_VENV_NO_DEPS:-0}" = 1 ] && nodeps=(--no-deps)
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${nodeps[@]}" -r "$req" 2>&1 |
     { grep -v '^WARNING: Location .* is ignored' >&2 || true; }
 rc=${PIPESTATUS[0]}
 set -o pipefail
