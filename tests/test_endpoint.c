@@ -498,6 +498,9 @@ DP_TEST(metadata_roundtrip_and_rejects)
     CHECK(memcmp(&md.proc, &me, sizeof me) == 0);
     CHECK(dp__proc_same_host(&me, &md.proc));
     CHECK(!dp__proc_exited(&md.proc));
+    CHECK(me.start > 0); /* field 22 of /proc/self/stat, not a constant field */
+    md.proc.start++;     /* the pid taken over by a later process */
+    CHECK(dp__proc_exited(&md.proc));
     dp__md_fini(&md);
     CHECK_ERR_D(dp__md_parse(b.data, b.len - 1, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "process");

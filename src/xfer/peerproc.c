@@ -79,9 +79,9 @@ stat_of(uint32_t pid, char *state, uint64_t *start)
     char *p = strrchr(b, ')');
     if (p == NULL || p[1] != ' ' || p[2] == '\0')
         return false;
-    *state = p[2];
-    p += 3;
-    for (int field = 4; field < 22; field++) {
+    p += 2; /* field 3 */
+    *state = *p;
+    for (int field = 3; field < 22; field++) { /* on to field 22 */
         p = strchr(p, ' ');
         if (p == NULL)
             return false;
