@@ -53,6 +53,7 @@ struct fetch_buf {
 };
 
 static void fbuf_drop(dp_direct *t, const struct fetch_buf *b, size_t n);
+static void fbuf_reclaim(dp_direct *t);
 
 static const char *sysfs_root = "/sys";
 
@@ -307,16 +308,12 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
     dp__map_fini(&t->regs);
     dp__ranges_fini(&t->reg_ranges);
     dp__map_fini(&t->aborted);
+    /* Retired buffers no longer touched are freed; the others stay registered
+     * (the endpoint keeps what retained transfers touch) and charged. */
+    if (t->locks_init)
+        fbuf_reclaim(t);
     fbuf_drop(t, t->fbufs, t->n_fbufs);
     free(t->fbufs);
-    /* Retired buffers stay registered (the endpoint keeps what retained
-     * transfers touch) and charged; those no longer touched are freed. */
-    for (size_t i = 0; i < t->n_retired; i++)
-        if (!dp__graveyard_touches((uint64_t)(uintptr_t)t->retired[i].p,
-                                   t->retired[i].len)) {
-            dp__graveyard_release_buffer(t->retired[i].len);
-            fbuf_drop(t, &t->retired[i], 1);
-        }
     free(t->retired);
     /* The endpoint deregisters everything, keeping what retained transfers touch. */
     dp__endpoint_destroy(t->ep);
@@ -515,11 +512,8 @@ fbuf_keep(dp_direct *t, void *p, size_t len)
     if (len > t->fbuf_max || dp__graveyard_touches((uint64_t)(uintptr_t)p, len))
         return false;
     pthread_mutex_lock(&t->mu);
-    if (t->fbufs == NULL && (t->fbufs = calloc(FBUF_MAX, sizeof *t->fbufs)) == NULL) {
-        pthread_mutex_unlock(&t->mu);
-        return false;
-    }
-    if (t->stopping) {
+    if (t->stopping ||
+        (t->fbufs == NULL && (t->fbufs = calloc(FBUF_MAX, sizeof *t->fbufs)) == NULL)) {
         pthread_mutex_unlock(&t->mu);
         return false;
     }
@@ -565,32 +559,36 @@ fbuf_retire(dp_direct *t, void *p, size_t len)
 
 /*
  * Retired buffers whose READs ended (UCX completed or purged them) stop
- * counting and go to the cache, or are freed.
+ * counting and go to the cache, or are freed (all of them once stopping).
  */
 static void
 fbuf_reclaim(dp_direct *t)
 {
-    struct fetch_buf back[8];
-    size_t n = 0;
-    pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->n_retired && n < 8;) {
-        struct fetch_buf b = t->retired[i];
-        if (dp__graveyard_touches((uint64_t)(uintptr_t)b.p, b.len)) {
-            i++;
-            continue;
+    for (;;) {
+        struct fetch_buf back[8];
+        size_t n = 0;
+        pthread_mutex_lock(&t->mu);
+        for (size_t i = 0; i < t->n_retired && n < 8;) {
+            struct fetch_buf b = t->retired[i];
+            if (dp__graveyard_touches((uint64_t)(uintptr_t)b.p, b.len)) {
+                i++;
+                continue;
+            }
+            back[n++] = b;
+            t->retired[i] = t->retired[--t->n_retired];
+            t->fbuf_reclaimed++;
         }
-        back[n++] = b;
-        t->retired[i] = t->retired[--t->n_retired];
-        t->fbuf_reclaimed++;
-    }
-    pthread_mutex_unlock(&t->mu);
-    for (size_t i = 0; i < n; i++) {
-        dp__graveyard_release_buffer(back[i].len);
-        DP_LOG_I("direct %s: a retired fetch buffer (%zu bytes) is touched no more: "
-                 "taken back",
-                 t->name, back[i].len);
-        if (!fbuf_keep(t, back[i].p, back[i].len))
-            fbuf_drop(t, &back[i], 1);
+        pthread_mutex_unlock(&t->mu);
+        if (n == 0)
+            return;
+        for (size_t i = 0; i < n; i++) {
+            dp__graveyard_release_buffer(back[i].len);
+            DP_LOG_I("direct %s: a retired fetch buffer (%zu bytes) is touched no more: "
+                     "taken back",
+                     t->name, back[i].len);
+            if (!fbuf_keep(t, back[i].p, back[i].len))
+                fbuf_drop(t, &back[i], 1);
+        }
     }
 }
 
@@ -601,9 +599,12 @@ fbuf_reclaim(dp_direct *t)
 static void *
 fbuf_take(dp_direct *t, size_t len, size_t *got)
 {
-    if (__atomic_load_n(&t->n_retired, __ATOMIC_RELAXED) > 0)
-        fbuf_reclaim(t);
     pthread_mutex_lock(&t->mu);
+    if (t->n_retired > 0) {
+        pthread_mutex_unlock(&t->mu);
+        fbuf_reclaim(t);
+        pthread_mutex_lock(&t->mu);
+    }
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < t->n_fbufs; i++)
         if (t->fbufs[i].len >= len && t->fbufs[i].len / 2 <= len &&
