@@ -334,7 +334,7 @@ pub_stop(pub *p)
 /* ---- parent side: fetching ---- */
 
 static dp_direct *
-fetcher(const char *name, int lru, size_t chunk, int workers)
+fetcher_with(const char *name, int lru, size_t chunk, int workers, size_t fetch_cache)
 {
     dp_direct_opts o;
     dp_direct_opts_init(&o);
@@ -344,11 +344,18 @@ fetcher(const char *name, int lru, size_t chunk, int workers)
     o.chunk_bytes = chunk;
     o.n_workers = workers;
     o.xfer_timeout_s = 10;
+    o.fetch_cache_bytes = fetch_cache;
     dp_detail d;
     dp_detail_clear(&d);
     dp_direct *t = NULL;
     CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
     return t;
+}
+
+static dp_direct *
+fetcher(const char *name, int lru, size_t chunk, int workers)
+{
+    return fetcher_with(name, lru, chunk, workers, 0);
 }
 
 /* Fetch md (slots ends with -1) into new buffers and check every byte. */
@@ -1220,14 +1227,8 @@ DP_TEST(fetch_buffers_are_reused)
         CHECK_EQ(pub_publish(&p, &m[i], id, s), 0);
     }
     for (int off = 0; off < 2; off++) {
-        dp_direct_opts o;
-        dp_direct_opts_init(&o);
-        o.name = off ? "fetch-fbuf-off" : "fetch-fbuf";
-        o.backend = DP_DIRECT_BACKEND_UCX;
-        o.fetch_cache_bytes = off ? DP_DIRECT_FETCH_CACHE_OFF : 4 * MiB;
-        dp_direct *t = NULL;
-        dp_detail d;
-        CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+        dp_direct *t = fetcher_with(off ? "fetch-fbuf-off" : "fetch-fbuf", 0, 0, 0,
+                                    off ? DP_DIRECT_FETCH_CACHE_OFF : 4 * MiB);
         static const int s0[] = {0, -1}, s1[] = {1, -1}, s2[] = {2, -1}, s3[] = {3, -1};
         fetch_check(t, &p, "f0", &m[0], s0);
         fetch_check(t, &p, "f1", &m[1], s1); /* into f0's buffer */
@@ -1253,7 +1254,7 @@ DP_TEST(fetch_buffers_are_reused)
  * Ray actor is until its parent waits), its remote still cached from a first
  * fetch: UCX's keepalive takes the zombie for alive, so only the endpoint's
  * own check of the peer's process fails the READ; without it the fetch waits
- * out its whole deadline (120 s here). ETRANSFER, not ETIMEDOUT, is the
+ * out its whole deadline (10 s here). ETRANSFER, not ETIMEDOUT, is the
  * proof that the check saw it.
  */
 DP_TEST(fetch_from_killed_unreaped_publisher_fails)
@@ -1264,15 +1265,8 @@ DP_TEST(fetch_from_killed_unreaped_publisher_fails)
     md_bytes m;
     int s[] = {0, -1};
     CHECK_EQ(pub_publish(&p, &m, "z", s), 0);
-    dp_direct_opts o;
-    dp_direct_opts_init(&o);
-    o.name = "fetch-zombie";
-    o.backend = DP_DIRECT_BACKEND_UCX;
-    o.remote_cache_size = 4;
-    o.xfer_timeout_s = 120;
-    dp_direct *t = NULL;
+    dp_direct *t = fetcher("fetch-zombie", 4, 0, 0);
     dp_detail d;
-    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
     uint8_t *tg = aligned_alloc(4096, 32 * MiB);
     dp_direct_buf b = {tg, 32 * MiB};
     dp_direct_req *r = NULL;
@@ -1317,14 +1311,8 @@ DP_TEST(retired_fetch_buffer_is_taken_back)
     int s[] = {0, -1};
     CHECK_EQ(pub_publish(&a, &ma, "ra", s), 0);
     CHECK_EQ(pub_publish(&b, &mb, "rb", s), 0);
-    dp_direct_opts o;
-    dp_direct_opts_init(&o);
-    o.name = "fetch-retire";
-    o.backend = DP_DIRECT_BACKEND_UCX;
-    o.remote_cache_size = 4;
-    dp_direct *t = NULL;
+    dp_direct *t = fetcher("fetch-retire", 4, 0, 0);
     dp_detail d;
-    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
     fetch_check(t, &a, "ra", &ma, s); /* connected; its buffer cached */
     uint64_t bytes0 = dp__graveyard_bytes();
     kill(a.pid, SIGKILL);
