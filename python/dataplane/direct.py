@@ -143,7 +143,8 @@ class Transport:
     """The direct transport of this process (see the module's text).
     Options are the library's: name, pool_bytes, xfer_timeout_s, chunk_bytes,
     n_workers, remote_cache_size, fetch_cache_bytes (bytes of freed fetch
-    buffers kept for reuse: 0 the default, 256 MiB; -1 none)."""
+    buffers kept for reuse: 0 the default, 256 MiB or an eighth of the
+    host's memory if less; -1 none)."""
 
     def __init__(self, *, name=None, pool_bytes=0, xfer_timeout_s=0.0, chunk_bytes=0,
                  n_workers=0, remote_cache_size=0, fetch_cache_bytes=0):
