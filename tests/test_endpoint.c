@@ -882,6 +882,89 @@ DP_TEST(small_ranges_use_memcpy_on_one_host)
     peer_stop(&p);
 }
 
+/*
+ * local_plain_ok: local ranges in plain (unregistered) memory go by the
+ * memcpy path where the remote is mapped here (dp__endpoint_remote_copy_max
+ * says up to what size), byte for byte both ways; a plain range the memcpy
+ * path would not take, or one without the flag, is refused before anything
+ * is posted; over TCP nothing is mapped, so nothing plain is taken.
+ */
+DP_TEST(plain_local_memory_goes_by_the_memcpy_path)
+{
+    dp_detail d;
+    for (int tcp = 0; tcp < 2; tcp++) {
+        set_tls(tcp ? "tcp" : NULL);
+        peer p;
+        CHECK_EQ(peer_start(&p, "peer-pl", 4 * MiB, tcp == 1, 11), 0);
+        dp_endpoint *ep = NULL;
+        dp_endpoint_opts eo;
+        dp__endpoint_opts_init(&eo);
+        eo.memcpy_max = 64 * 1024;
+        CHECK_OK_D(dp__endpoint_create("client-pl", &eo, &ep, &d), &d);
+        CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
+        CHECK_EQ_U64(dp__endpoint_remote_copy_max(ep, "peer-pl"), tcp ? 0 : 64 * 1024);
+        CHECK_EQ_U64(dp__endpoint_remote_copy_max(ep, "nobody"), 0);
+        CHECK_EQ_U64(dp__endpoint_remote_copy_max(ep, NULL), 0);
+        uint8_t *src = malloc(2 * MiB), *dst = malloc(2 * MiB);
+        CHECK(src != NULL && dst != NULL);
+        for (size_t i = 0; i < 2 * MiB; i++)
+            src[i] = (uint8_t)(i * 7 + 3);
+        memset(dst, 0, 2 * MiB);
+        dp_range l[2] = {{(uint64_t)(uintptr_t)src, 100},
+                         {(uint64_t)(uintptr_t)src + 1000, 64 * 1024}};
+        dp_range r[2] = {{p.base + 10, 100}, {p.base + MiB, 64 * 1024}};
+        dp_range lb[2] = {{(uint64_t)(uintptr_t)dst, 100},
+                          {(uint64_t)(uintptr_t)dst + 5000, 64 * 1024}};
+        dp_xfer_desc w = {.op = DP_XFER_WRITE,
+                          .local = l,
+                          .n_local = 2,
+                          .remote = r,
+                          .n_remote = 2,
+                          .remote_name = "peer-pl",
+                          .local_plain_ok = true};
+        dp_xfer_desc rd = w;
+        rd.op = DP_XFER_READ;
+        rd.local = lb;
+        int res = -1;
+        dp_detail det;
+        uint64_t gy = dp__graveyard_entries();
+        if (!tcp) {
+            uint64_t before = peer_checksum(&p);
+            CHECK_OK_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d), &d);
+            CHECK_EQ(res, DP_OK);
+            CHECK(peer_checksum(&p) != before); /* in the peer's own memory */
+            CHECK_OK_D(dp__endpoint_transfer_many(ep, &rd, 1, 10, &res, &det, &d), &d);
+            CHECK(memcmp(dst, src, 100) == 0);
+            CHECK(memcmp(dst + 5000, src + 1000, 64 * 1024) == 0);
+            dp_endpoint_stats st;
+            dp__endpoint_get_stats(ep, &st);
+            CHECK_EQ_U64(st.ucx_ranges, 0);
+            CHECK(!dp__endpoint_touches_unfinished(ep, dst, 2 * MiB));
+        } else {
+            CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d),
+                        DP_EINVAL, &d);
+            CHECK_CONTAINS(d.msg, "plain memory goes only by the memcpy path");
+        }
+        /* Larger than memcpy_max: UCX's, which needs registered memory. */
+        l[1].nbytes = r[1].nbytes = 64 * 1024 + 1;
+        CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d), DP_EINVAL,
+                    &d);
+        CHECK_CONTAINS(d.msg, "plain memory goes only by the memcpy path");
+        /* Without the flag, plain memory is refused as it always was. */
+        l[1].nbytes = r[1].nbytes = 64;
+        w.local_plain_ok = false;
+        CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d), DP_EINVAL,
+                    &d);
+        CHECK_CONTAINS(d.msg, "is not inside a region registered");
+        CHECK_EQ_U64(dp__graveyard_entries(), gy); /* nothing was left unfinished */
+        free(src);
+        free(dst);
+        dp__endpoint_destroy(ep);
+        peer_stop(&p);
+    }
+    set_tls(NULL);
+}
+
 struct done_log {
     dp_endpoint *ep;
     int n, order[8], rc[8];

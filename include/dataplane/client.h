@@ -19,9 +19,12 @@
  *
  * Memory and copies. Values in memory this client registered
  * (dp_client_alloc, dp_client_register) are written to / read into directly:
- * a put or get then moves each byte once. Values elsewhere go through the
- * client's registered staging pool: a put copies them once into staging, a
- * get READs into staging and copies out once more. Staging memory that a
+ * a put or get then moves each byte once. So do values anywhere else when
+ * their unit is on this host (its slab is mapped here: the transfer is a
+ * memcpy from or into the caller's memory that ends before the call returns).
+ * Towards another host, values elsewhere go through the client's registered
+ * staging pool: a put copies them once into staging, a get READs into
+ * staging and copies out once more. Staging memory that a
  * failed (possibly still running) transfer touches is retired for good, never
  * reused or freed.
  *
@@ -395,8 +398,9 @@ typedef struct dp_get_item {
  * once (keys being staged from SSD are asked again within the budget), one
  * READ of every value at once with a deadline inside the pins' lifetime,
  * then unpin. A destination inside memory registered with c (dp_client_alloc,
- * dp_client_register) is READ into directly; any other destination goes
- * through staging (one more copy).
+ * dp_client_register), or any destination when the value's unit is on this
+ * host, is READ into directly; any other destination goes through staging
+ * (one more copy).
  *
  * Per item: status 0 and nbytes on success; DP_ENOTFOUND if the key is not
  * held; DP_ETOOBIG if cap < nbytes (nothing copied; nbytes says what is
@@ -523,11 +527,13 @@ typedef struct dp_client_counters {
     uint64_t transfers_released; /* retained transfers that ended later, released */
     uint64_t retained_bytes;     /* memory those retained transfers keep, now */
     uint64_t staged_put_bytes;   /* value bytes puts copied into staging (values
-                                    outside registered memory; not inline puts,
-                                    whose values are copied into the request) */
+                                    outside registered memory, to units on
+                                    another host; not inline puts, whose values
+                                    are copied into the request) */
     uint64_t staged_get_bytes;   /* value bytes gets copied out of staging
-                                    (destinations outside registered memory; not
-                                    values that came inline in a reply) */
+                                    (destinations outside registered memory,
+                                    from units on another host; not values that
+                                    came inline in a reply) */
     uint64_t puts;               /* dp_client_put calls that moved something */
     uint64_t put_bytes;          /* value bytes of those calls' rows that landed */
     uint64_t gets;               /* dp_client_get / _get_alloc calls */

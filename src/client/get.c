@@ -82,8 +82,10 @@ typedef struct unit_round {
     char pin[DP_WIRE_RID_MAX + 32];
     double sent_at;
     bool asked;
-    bool by_blob; /* asked with resolve (every key hinted), not resolve_keys */
-    uint32_t nb;  /* its distinct blob ids (bids[start..start + nb)) */
+    bool by_blob;      /* asked with resolve (every key hinted), not resolve_keys */
+    uint64_t copy_max; /* values up to this size are READ by the memcpy path
+                        * into any memory (dp__endpoint_remote_copy_max) */
+    uint32_t nb;       /* its distinct blob ids (bids[start..start + nb)) */
 } unit_round;
 
 /* A hinted blob's answer in this round. */
@@ -479,6 +481,7 @@ get_ask(get_op *x)
         }
         ur[u].asked = true;
         ur[u].sent_at = dp__now_s();
+        ur[u].copy_max = dp__endpoint_remote_copy_max(c->ep, c->units[u].remote);
         x->slot_unit[ns++] = u;
     }
     if (ns > 0)
@@ -489,7 +492,8 @@ get_ask(get_op *x)
 
 /*
  * Unit u's located key: where it is, whether it fits, and where it goes
- * (the values' own buffer, staging, or the caller's registered memory).
+ * (the values' own buffer, staging, or the caller's memory: registered, or
+ * any when the unit's slab is mapped here and the READ copies it).
  */
 static void
 get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
@@ -513,7 +517,7 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
     ks->len = len;
     ks->staged = false;
     /* The alloc form's places: get_place_values, once every unit answered. */
-    if (x->vals == NULL && len > 0 && ks->inl == NULL &&
+    if (x->vals == NULL && len > 0 && ks->inl == NULL && len > x->ur[u].copy_max &&
         !dp__client_direct_locked(x->c, it->dst, len)) {
         ks->staged = true;
         ks->soff = *stage_need;
@@ -765,7 +769,8 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
                                       .n_remote = nr - r0,
                                       .remote_name = c->units[u].remote,
                                       .grant = x->ur[u].pin,
-                                      .grant_len = (uint32_t)strlen(x->ur[u].pin)};
+                                      .grant_len = (uint32_t)strlen(x->ur[u].pin),
+                                      .local_plain_ok = x->ur[u].copy_max > 0};
         x->results[nops] = 0;
         x->slot_unit[nops] = u; /* reuse: op index -> unit (slots are done) */
         nops++;

@@ -16,9 +16,11 @@
  * dp__fanout_reply (client/fanout.h); the phases below send on their own.
  *
  * The blob's header and index always go through the staging buffer. A
- * payload in memory registered with the client is written straight from
- * there as one more range of the same WRITE; any other payload is copied
- * into staging once, at its place in the blob. Gaps between payloads are
+ * payload in memory registered with the client, or any payload when the
+ * unit's slab is mapped in this process (a unit on this host: the WRITE's
+ * memcpy path copies it from where it lies), is written straight from there
+ * as one more range of the same WRITE; any other payload is copied into
+ * staging once, at its place in the blob. Gaps between payloads are
  * never written (the unit does not read them). All units' staging shares one
  * buffer per call, given back (or retired, if a failed WRITE may still read
  * it) at the end.
@@ -69,11 +71,13 @@ typedef struct put_unit {
     uint32_t ent0; /* first entry of this unit in the per-call entry arrays */
     uint32_t n_ent;
     bool any_direct;
-    bool inl;      /* small: the blob goes inside a put request (ST_INLINE) */
-    bool size_bug; /* built to another size than sized: fails after its alloc */
-    uint64_t size; /* the blob's size, known before its index is built */
-    bool unsized;  /* its unit was not bound yet: size checked once it is */
-    bool poll;     /* its inline put answered "pending": commit polls it */
+    uint64_t copy_max; /* payloads up to this size are copied into the unit's
+                        * mapped slab from wherever they lie (payload_direct) */
+    bool inl;          /* small: the blob goes inside a put request (ST_INLINE) */
+    bool size_bug;     /* built to another size than sized: fails after its alloc */
+    uint64_t size;     /* the blob's size, known before its index is built */
+    bool unsized;      /* its unit was not bound yet: size checked once it is */
+    bool poll;         /* its inline put answered "pending": commit polls it */
     dp_blob_layout lay;
     size_t stage_off, stage_len;
     char blob_id[40];
@@ -90,6 +94,18 @@ cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
+}
+
+/*
+ * A payload written from where it lies, without a staging copy: memory
+ * registered with the client (UCX reads it), or any memory when the unit's
+ * slab is mapped here (the memcpy path copies it during the WRITE:
+ * dp__endpoint_remote_copy_max, local_plain_ok).
+ */
+static bool
+payload_direct(const dp_client *c, const put_unit *pu, const dp_value *v)
+{
+    return v->nbytes <= pu->copy_max || dp__client_direct_locked(c, v->data, v->nbytes);
 }
 
 /* Fail part pu with code and a message; returns code. */
@@ -540,7 +556,8 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
                                    .n_remote = pu->nr,
                                    .remote_name = c->units[pu->u].remote,
                                    .grant = pu->grant,
-                                   .grant_len = pu->grant_len};
+                                   .grant_len = pu->grant_len,
+                                   .local_plain_ok = pu->copy_max > 0};
         sent[nops] = false;
         slot_pu[nops++] = (uint32_t)i;
     }
@@ -921,11 +938,13 @@ put_build_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
             continue;
         }
         bool any_staged = pu->inl;
+        pu->copy_max =
+            pu->inl ? 0 : dp__endpoint_remote_copy_max(c->ep, c->units[pu->u].remote);
         for (uint32_t e = 0; e < pu->n_ent && !pu->inl; e++) {
             const dp_value *v = a->ent_val[pu->ent0 + e];
             if (v->nbytes == 0)
                 continue;
-            if (dp__client_direct_locked(c, v->data, v->nbytes))
+            if (payload_direct(c, pu, v))
                 pu->any_direct = true;
             else
                 any_staged = true;
@@ -975,7 +994,7 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
             if (v->nbytes == 0)
                 continue;
             uint64_t off = dp__blob_builder_offset(b, e);
-            if (!pu->inl && dp__client_direct_locked(c, v->data, v->nbytes)) {
+            if (!pu->inl && payload_direct(c, pu, v)) {
                 local[nr++] = (dp_range){(uint64_t)(uintptr_t)v->data, v->nbytes};
                 remote[nr - 1].nbytes = off; /* remote filled after alloc */
             } else {

@@ -120,6 +120,15 @@ typedef struct dp_xfer_desc {
      */
     const void *grant;
     uint32_t grant_len;
+    /*
+     * Local ranges that go by the memcpy path (their remote region is mapped
+     * in this process, the op is one-sided, and the range is within
+     * memcpy_max: dp__endpoint_remote_copy_max) may lie in plain memory,
+     * registered or not: the CPU copies them before the call returns and
+     * nothing touches them after it. Every other local range must lie in a
+     * registered region, as without this flag.
+     */
+    bool local_plain_ok;
 } dp_xfer_desc;
 
 #define DP_XFER_GRANT_MAX 96
@@ -242,6 +251,15 @@ int dp__endpoint_remote_connect(dp_endpoint *ep, const char *name, double timeou
 
 /* True if a remote of that name was added and not removed. */
 bool dp__endpoint_has_remote(dp_endpoint *ep, const char *name);
+
+/*
+ * The largest range an op to remote `name` copies with the CPU (the memcpy
+ * path: every region of the remote is mapped in this process and its path is
+ * one-sided), so that its local side may be plain memory (local_plain_ok);
+ * 0 when none is (another host, the two-sided path, the path turned off, or
+ * no such remote). Fixed from the remote's connection to its removal.
+ */
+uint64_t dp__endpoint_remote_copy_max(dp_endpoint *ep, const char *name);
 
 /*
  * Disconnect and forget a remote. Errors: DP_ENOTFOUND. A remote with retained

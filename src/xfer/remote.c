@@ -493,6 +493,23 @@ dp__endpoint_has_remote(dp_endpoint *ep, const char *name)
     return has;
 }
 
+uint64_t
+dp__endpoint_remote_copy_max(dp_endpoint *ep, const char *name)
+{
+    if (name == NULL)
+        return 0;
+    lock(ep);
+    remote *r = ep->closed ? NULL : dp__ep_remote_find_locked(ep, name);
+    uint64_t max = r != NULL && r->r_path != DP_XFER_PATH_TWO_SIDED && r->r_n_regs > 0
+                       ? (uint64_t)ep->memcpy_max
+                       : 0;
+    for (uint32_t i = 0; r != NULL && i < r->r_n_regs; i++)
+        if (r->r_regs[i].rr_ptr == NULL)
+            max = 0;
+    unlock(ep);
+    return max;
+}
+
 int
 dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d)
 {

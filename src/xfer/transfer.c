@@ -128,6 +128,20 @@ op_name(dp_xfer_op op)
     return op == DP_XFER_WRITE ? "WRITE" : "READ";
 }
 
+/*
+ * True if range k of op o (remote r, its remote range in rr) goes by the
+ * memcpy path with its local side in plain memory allowed: post_locked then
+ * copies it with the CPU, and neither validation nor the busy hold needs its
+ * local region. Fixed for the op's life (r is held, its path and mappings set).
+ */
+static bool
+plain_copy(const dp_endpoint *ep, const remote *r, const dp_xfer_desc *o,
+           const rregion *rr, uint64_t n)
+{
+    return o->local_plain_ok && rr->rr_ptr != NULL && n <= ep->memcpy_max &&
+           !dp__ep_ts_wanted(ep, r, o);
+}
+
 /* Check op i completely; DP_EINVAL with a detail if anything is wrong. */
 static int
 validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
@@ -156,16 +170,25 @@ validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
                             i, k, l->nbytes, m->nbytes);
         if (l->nbytes == 0)
             continue;
-        if (find_near(&ep->regs, l->addr, l->nbytes, &near_l) == NULL)
+        bool registered = find_near(&ep->regs, l->addr, l->nbytes, &near_l) != NULL;
+        if (!registered && !o->local_plain_ok)
             return dp__fail(d, DP_EINVAL,
                             "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
                             ") is not inside a region registered with endpoint %s",
                             i, k, l->addr, l->nbytes, ep->name);
-        if (find_near(&r->r_index, m->addr, m->nbytes, &near_r) == NULL)
+        const rregion *rr = find_near(&r->r_index, m->addr, m->nbytes, &near_r);
+        if (rr == NULL)
             return dp__fail(d, DP_EINVAL,
                             "op %zu range %zu: remote [0x%" PRIx64 ", +%" PRIu64
                             ") is not inside a region of remote %s",
                             i, k, m->addr, m->nbytes, r->r_name);
+        if (!registered && !plain_copy(ep, r, o, rr, l->nbytes))
+            return dp__fail(d, DP_EINVAL,
+                            "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
+                            ") is not inside a region registered with endpoint %s, and "
+                            "remote %s's memory is not copied from here (plain memory "
+                            "goes only by the memcpy path)",
+                            i, k, l->addr, l->nbytes, ep->name, r->r_name);
     }
     if (o->grant_len > DP_XFER_GRANT_MAX || (o->grant_len > 0 && o->grant == NULL))
         return dp__fail(d, DP_EINVAL, "op %zu: a grant of %u bytes (1..%d, not NULL)", i,
@@ -174,14 +197,22 @@ validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
     return DP_OK;
 }
 
-/* Mark/unmark the local regions of an op's ranges as in use. */
+/* Mark/unmark the local regions of an op's ranges as in use (not those of
+ * ranges copied from plain memory: nothing of them outlives the post). */
 static void
-busy_locked(dp_endpoint *ep, const dp_xfer_desc *o, int delta)
+busy_locked(dp_endpoint *ep, const remote *r, const dp_xfer_desc *o, int delta)
 {
-    dp_ranges_ent *near = NULL;
+    dp_ranges_ent *near = NULL, *near_r = NULL;
     for (size_t k = 0; k < o->n_local; k++) {
         if (o->local[k].nbytes == 0)
             continue;
+        if (o->local_plain_ok) {
+            const rregion *rr =
+                find_near(&r->r_index, o->remote[k].addr, o->remote[k].nbytes, &near_r);
+            DP_ASSERT(rr != NULL);
+            if (plain_copy(ep, r, o, rr, o->local[k].nbytes))
+                continue;
+        }
         region *g = find_near(&ep->regs, o->local[k].addr, o->local[k].nbytes, &near);
         DP_ASSERT(g != NULL);
         g->r_busy += (uint64_t)(int64_t)delta;
@@ -198,7 +229,7 @@ static void
 reserve_locked(dp_endpoint *ep, opstate *s)
 {
     s->r->r_busy++;
-    busy_locked(ep, s->o, +1);
+    busy_locked(ep, s->r, s->o, +1);
 }
 
 static void
@@ -206,7 +237,7 @@ unreserve_locked(dp_endpoint *ep, opstate *s)
 {
     s->finished = true;
     s->r->r_busy--;
-    busy_locked(ep, s->o, -1);
+    busy_locked(ep, s->r, s->o, -1);
 }
 
 /* Copy the runs waiting (before any UCX op of the op is posted: order holds). */
@@ -364,7 +395,7 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     batch *b = s->b;
     s->finished = true;
     r->r_busy--;
-    busy_locked(ep, o, -1);
+    busy_locked(ep, r, o, -1);
     s->end = s->via_ucx ? DP_XFER_ENDED : DP_XFER_ENDED_LOCAL;
     if (b->b_pending == 0) {
         if (b->b_peer_rc != 0) {

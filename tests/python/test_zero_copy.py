@@ -1,5 +1,7 @@
 """Registered memory (alloc, register): values in it move without staging
-copies; plain memory is staged. Buffer lifetime rules."""
+copies; plain memory is staged where a unit is reached over the network, and
+copied straight between it and the unit's mapped slab where the unit is on
+this host. Buffer lifetime rules."""
 
 import gc
 
@@ -11,13 +13,53 @@ import dataplane
 
 
 @pytest.fixture
-def client(cluster):
+def client(cluster, monkeypatch):
     """These tests count the data path's staging copies. Small values would
     travel inside the control messages instead (inline: test_inline.py), so
-    that is off here."""
+    that is off here. The units are on this host, where plain memory needs no
+    staging (test_plain_memory_on_this_host_is_not_staged): this client takes
+    the two-sided path (DP_TWO_SIDED=always, as over TCP to another host),
+    where the staging rules apply."""
+    monkeypatch.setenv("DP_TWO_SIDED", "always")
     c = dataplane.Client(cluster, timeout_s=20, inline_bytes=0)
     yield c
     c.close()
+
+
+@pytest.fixture
+def local_client(cluster):
+    """A client on the default path to this host's units (their slabs mapped
+    here: the memcpy path)."""
+    c = dataplane.Client(cluster, timeout_s=20, inline_bytes=0)
+    yield c
+    c.close()
+
+
+def test_plain_memory_on_this_host_is_not_staged(local_client, fresh_rows):
+    """A unit on this host: plain (unregistered) memory is copied straight
+    into its slab and out of it, with no staging copy, byte for byte; nothing
+    is left touching it."""
+    c = local_client
+    rows = fresh_rows(6)
+    t = torch.randn(6, 3000)
+    lists = [np.arange(k * 100, dtype=np.int64) for k in range(1, 7)]
+    put0, get0 = _staged(c)
+    c.put(rows, {"pt": t, "pl": lists})
+    assert _staged(c)[0] == put0
+    out = torch.zeros(6, 3000)
+    outl = [np.zeros_like(a) for a in lists]
+    got = c.get(rows, ["pt", "pl"], out={"pt": out, "pl": outl})
+    assert _staged(c)[1] == get0
+    assert torch.equal(out, t)
+    for a, b, g in zip(lists, outl, got["pl"]):
+        assert np.array_equal(a, b) and np.array_equal(g, a)
+    assert c.touches_unfinished(t) is False and c.touches_unfinished(out) is False
+    # a view into the middle of a plain tensor, and a strided one (copied
+    # first by the package, so never staged either)
+    c.put(rows[:2], {"pv": [t[3, 7:1007], t[4, ::3]]})
+    assert _staged(c)[0] == put0
+    g = c.get(rows[:2], ["pv"])["pv"]
+    assert torch.equal(g[0], t[3, 7:1007]) and torch.equal(g[1], t[4, ::3])
 
 
 def _staged(c):
