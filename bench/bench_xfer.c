@@ -14,13 +14,19 @@
  * the median over --reps repetitions.
  *
  * Output: the lanes, one table, and "RESULT size wr_GBps rd_GBps wr_us rd_us"
- * lines for bench/xfer_compare.sh. UCX_TLS etc. come from the environment.
+ * lines for bench/xfer_compare.sh and bench/peers/nixl_xfer.py. After each
+ * size's figures its bytes are WRITTEN and READ back and compared (a
+ * difference exits 1). UCX_TLS etc. come from the environment.
  *
  * Usage: bench_xfer [--buf MiB] [--reps N] [--min-mib N] [--sizes a,b,...]
- *                   [--memcpy-max BYTES] [--hot]
+ *                   [--memcpy-max BYTES] [--hot] [--two-sided]
  *
  * --hot puts every message at offset 0 (as ucx_perftest does, so small and
  * medium sizes are cache-resident): the like-for-like comparison.
+ * --two-sided: the server serves two-sided transfers and every op carries a
+ * grant, as a unit and its clients do, so that over TCP the ops go as messages
+ * (DP_TWO_SIDED=auto: docs/design.md, "Two-sided transfers") instead of UCX's
+ * emulated RMA; on one host nothing changes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -61,8 +67,57 @@ die(const char *what, const dp_detail *d)
     exit(1);
 }
 
+/* --two-sided: the server's hooks take any grant for ranges inside its slab. */
+typedef struct slab_span {
+    uint64_t base, len;
+} slab_span;
+
+static bool
+in_slab(const slab_span *s, uint64_t addr, uint64_t len)
+{
+    return addr >= s->base && len <= s->len && addr - s->base <= s->len - len;
+}
+
 static int
-server_main(int fd, uint64_t buf)
+bench_write_begin(void *ctx, const uint8_t *grant, size_t grant_len, uint64_t addr,
+                  uint64_t len, void **hold, dp_detail *d)
+{
+    DP_UNUSED(grant);
+    DP_UNUSED(grant_len);
+    *hold = NULL;
+    return in_slab(ctx, addr, len) ? 0 : dp__fail(d, DP_EINVAL, "outside the slab");
+}
+
+static void
+bench_write_end(void *ctx, void *hold, bool ok)
+{
+    DP_UNUSED(ctx);
+    DP_UNUSED(hold);
+    DP_UNUSED(ok);
+}
+
+static int
+bench_read_begin(void *ctx, const uint8_t *grant, size_t grant_len,
+                 const dp_range *ranges, size_t n, void **hold, dp_detail *d)
+{
+    DP_UNUSED(grant);
+    DP_UNUSED(grant_len);
+    *hold = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!in_slab(ctx, ranges[i].addr, ranges[i].nbytes))
+            return dp__fail(d, DP_EINVAL, "outside the slab");
+    return 0;
+}
+
+static void
+bench_read_end(void *ctx, void *hold)
+{
+    DP_UNUSED(ctx);
+    DP_UNUSED(hold);
+}
+
+static int
+server_main(int fd, uint64_t buf, bool serve)
 {
     dp_endpoint_opts o;
     dp__endpoint_opts_init(&o);
@@ -77,6 +132,11 @@ server_main(int fd, uint64_t buf)
     if (dp__endpoint_alloc(ep, buf, &base, &d) != DP_OK)
         die("server alloc", &d);
     memset(base, 1, buf); /* fault the slab in, as a unit does */
+    slab_span span = {(uint64_t)(uintptr_t)base, buf};
+    dp_xfer_serve hooks = {bench_write_begin, bench_write_end, bench_read_begin,
+                           bench_read_end, &span};
+    if (serve && dp__endpoint_serve(ep, &hooks, &d) != DP_OK)
+        die("server serve", &d);
     if (dp__endpoint_metadata(ep, &md, &md_len, &d) != DP_OK)
         die("server metadata", &d);
     uint64_t hdr[2] = {md_len, (uint64_t)(uintptr_t)base};
@@ -108,7 +168,29 @@ typedef struct ctx {
     uint64_t lbase, rbase, buf;
     uint64_t loff, roff; /* rolling offsets: walk the buffers */
     bool hot;            /* --hot: always offset 0, like ucx_perftest */
+    bool grant;          /* --two-sided: every op carries a grant */
 } ctx;
+
+/* One transfer of n ranges; with --two-sided it carries a grant, so that it
+ * goes two-sided where the path is (TCP), as a client's ops to a unit do. */
+static void
+xfer(ctx *c, dp_xfer_op op, const dp_range *l, const dp_range *r, size_t n)
+{
+    dp_xfer_desc o = {.op = op,
+                      .local = l,
+                      .n_local = n,
+                      .remote = r,
+                      .n_remote = n,
+                      .remote_name = "bench-server"};
+    if (c->grant) {
+        o.grant = "bench";
+        o.grant_len = 5;
+    }
+    int res = 0;
+    dp_detail d, det;
+    if (dp__endpoint_transfer_many(c->ep, &o, 1, 60, &res, &det, &d) != DP_OK)
+        die("transfer", &d);
+}
 
 /* Bandwidth of one repetition in bytes/s. */
 static double
@@ -121,7 +203,6 @@ bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_o
         ops = 200000;
     uint64_t per_call = DP_MIN((uint64_t)BATCH, DP_MAX(1, (64 * MiB) / size));
     uint64_t step = c->hot ? 0 : DP_ALIGN_UP(size, 64);
-    dp_detail d;
     double t0 = dp__now_s();
     for (uint64_t done = 0; done < ops;) {
         uint64_t k = DP_MIN(per_call, ops - done);
@@ -135,8 +216,7 @@ bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_o
             c->loff += step;
             c->roff += step;
         }
-        if (dp__endpoint_transfer(c->ep, op, l, k, r, k, "bench-server", 60, &d) != DP_OK)
-            die("transfer", &d);
+        xfer(c, op, l, r, k);
         done += k;
     }
     return (double)(ops * size) / (dp__now_s() - t0);
@@ -146,7 +226,6 @@ bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_o
 static double
 lat_once(ctx *c, dp_xfer_op op, uint64_t size, int iters)
 {
-    dp_detail d;
     uint64_t step = c->hot ? 0 : DP_ALIGN_UP(size, 64);
     double t0 = dp__now_s();
     for (int i = 0; i < iters; i++) {
@@ -157,11 +236,33 @@ lat_once(ctx *c, dp_xfer_op op, uint64_t size, int iters)
         dp_range l = {c->lbase + c->loff, size}, r = {c->rbase + c->roff, size};
         c->loff += step;
         c->roff += step;
-        if (dp__endpoint_transfer(c->ep, op, &l, 1, &r, 1, "bench-server", 60, &d) !=
-            DP_OK)
-            die("transfer", &d);
+        xfer(c, op, &l, &r, 1);
     }
     return (dp__now_s() - t0) / iters;
+}
+
+/*
+ * Content: a pattern WRITTEN to the server and READ back into another part of
+ * the client's buffer comes back byte for byte (no figure of a transfer that
+ * moves the wrong bytes). Exits on a difference.
+ */
+static void
+check_roundtrip(ctx *c, uint64_t size)
+{
+    if (2 * size > c->buf)
+        return;
+    uint8_t *l = (uint8_t *)(uintptr_t)c->lbase;
+    for (uint64_t i = 0; i < size; i++)
+        l[i] = (uint8_t)(i * 131 + size + (i >> 12));
+    memset(l + size, 0, size);
+    dp_range a = {c->lbase, size}, b = {c->lbase + size, size}, r = {c->rbase, size};
+    xfer(c, DP_XFER_WRITE, &a, &r, 1);
+    xfer(c, DP_XFER_READ, &b, &r, 1);
+    if (memcmp(l, l + size, size) != 0) {
+        fprintf(stderr, "bench_xfer: %" PRIu64 " bytes WRITTEN and READ back differ\n",
+                size);
+        exit(1);
+    }
 }
 
 int
@@ -170,12 +271,13 @@ main(int argc, char **argv)
     uint64_t buf_mib = 512, min_mib = 512;
     int reps = 5;
     int64_t memcpy_max = 0;
-    bool hot = false;
+    bool hot = false, two_sided = false;
     const char *sizes_arg =
         "8,64,512,4096,32768,262144,1048576,4194304,16777216,67108864";
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--server") == 0 && i + 2 < argc)
-            return server_main(atoi(argv[i + 1]), strtoull(argv[i + 2], NULL, 0));
+        if (strcmp(argv[i], "--server") == 0 && i + 3 < argc)
+            return server_main(atoi(argv[i + 1]), strtoull(argv[i + 2], NULL, 0),
+                               strcmp(argv[i + 3], "1") == 0);
         else if (strcmp(argv[i], "--buf") == 0 && i + 1 < argc)
             buf_mib = strtoull(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
@@ -186,12 +288,14 @@ main(int argc, char **argv)
             sizes_arg = argv[++i];
         else if (strcmp(argv[i], "--hot") == 0)
             hot = true;
+        else if (strcmp(argv[i], "--two-sided") == 0)
+            two_sided = true;
         else if (strcmp(argv[i], "--memcpy-max") == 0 && i + 1 < argc)
             memcpy_max = strtoll(argv[++i], NULL, 0);
         else {
             fprintf(stderr,
                     "usage: %s [--buf MiB] [--reps N] [--min-mib N] [--sizes a,b,..] "
-                    "[--memcpy-max BYTES (-1: off)] [--hot]\n",
+                    "[--memcpy-max BYTES (-1: off)] [--hot] [--two-sided]\n",
                     argv[0]);
             return 2;
         }
@@ -209,7 +313,8 @@ main(int argc, char **argv)
         char fdb[16], bb[32];
         snprintf(fdb, sizeof fdb, "%d", sv[1]);
         snprintf(bb, sizeof bb, "%" PRIu64, buf);
-        execl("/proc/self/exe", "bench_xfer", "--server", fdb, bb, (char *)NULL);
+        execl("/proc/self/exe", "bench_xfer", "--server", fdb, bb, two_sided ? "1" : "0",
+              (char *)NULL);
         _exit(127);
     }
     close(sv[1]);
@@ -226,7 +331,7 @@ main(int argc, char **argv)
     dp__endpoint_opts_init(&o);
     o.memcpy_max = memcpy_max;
     dp_detail d;
-    ctx c = {.buf = buf, .rbase = hdr[1], .hot = hot};
+    ctx c = {.buf = buf, .rbase = hdr[1], .hot = hot, .grant = two_sided};
     void *lb;
     if (dp__endpoint_create("bench-client", &o, &c.ep, &d) != DP_OK)
         die("create", &d);
@@ -276,6 +381,7 @@ main(int argc, char **argv)
                lr = median(rl, reps);
         printf("%10" PRIu64 " %12.3f %12.3f %12.2f %12.2f\n", size, mw / 1e9, mr / 1e9,
                lw * 1e6, lr * 1e6);
+        check_roundtrip(&c, size);
         printf("RESULT %" PRIu64 " %.4f %.4f %.3f %.3f\n", size, mw / 1e9, mr / 1e9,
                lw * 1e6, lr * 1e6);
         fflush(stdout);

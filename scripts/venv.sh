@@ -5,7 +5,8 @@
 #   scripts/venv.sh [VENV [REQUIREMENTS]]   prints VENV's python on its last line
 #
 # REQUIREMENTS (default python/requirements.txt) makes another environment
-# from another pinned file (bench/peers/ makes the peers' one so).
+# from another pinned file (bench/peers/ makes the peers' one so; it includes
+# the project's file with "-r", and a change to either makes it again).
 # DP_VENV_NO_DEPS=1 installs with --no-deps: for a file that pins every
 # package it needs itself, where pip would otherwise pull an optional
 # requirement (bench/peers/: NIXL's torch, a CUDA build of several GB).
@@ -22,7 +23,12 @@ venv=${1:-$root/.venv}
 req=${2:-$root/python/requirements.txt}
 reqname=${req#"$root"/}
 stamp=$venv/.dataplane-requirements
-want=$(sha256sum "$req" | cut -d' ' -f1)
+# the stamp covers the file and the files it includes ("-r FILE", one level)
+included() {
+    sed -n 's/^-r[[:space:]]*\([^[:space:]#]*\).*/\1/p' "$1" |
+        while read -r f; do case "$f" in /*) echo "$f" ;; *) echo "$(dirname "$1")/$f" ;; esac; done
+}
+want=$(cat "$req" $(included "$req") | sha256sum | cut -d' ' -f1)
 say() { [ -n "${DP_DEPS_QUIET:-}" ] || echo "venv: $*" >&2; }
 
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then

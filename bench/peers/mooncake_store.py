@@ -92,27 +92,29 @@ def mooncake_bin(name):
     return p
 
 
-def start_mooncake(procs, segment_bytes):
+def start_mooncake(procs, segment_bytes, addr="127.0.0.1", wrap=()):
+    """mooncake_master (its HTTP metadata server on) and one DRAM holder, on
+    addr; wrap: the command that runs them on the other host."""
     rpc, http, metrics, holder = free_port(), free_port(), free_port(), free_port()
     procs.start("mooncake_master", [
-        mooncake_bin("mooncake_master"), "--rpc_address=127.0.0.1", f"--rpc_port={rpc}",
-        "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+        *wrap, mooncake_bin("mooncake_master"), f"--rpc_address={addr}", f"--rpc_port={rpc}",
+        "--enable_http_metadata_server=true", f"--http_metadata_server_host={addr}",
         f"--http_metadata_server_port={http}", f"--metrics_port={metrics}",
-        "-default_kv_lease_ttl=999999", "-client_ttl=30", "--rpc_thread_num=4"])
-    meta = f"http://127.0.0.1:{http}/metadata"
-    master = f"127.0.0.1:{rpc}"
+        "-default_kv_lease_ttl=999999", "-client_ttl=30", "--rpc_thread_num=4",
+        "--eviction_high_watermark_ratio=1.0", "--eviction_ratio=0.0"])
+    meta = f"http://{addr}:{http}/metadata"
+    master = f"{addr}:{rpc}"
     end = time.monotonic() + 30
     while True:  # the master answers on its RPC port
         procs.check()
-        try:
-            socket.create_connection(("127.0.0.1", rpc), timeout=1).close()
+        if subprocess.run([*wrap, sys.executable, "-c", CONNECT, addr, str(rpc)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
             break
-        except OSError:
-            if time.monotonic() > end:
-                die("mooncake_master did not open its port in 30 s")
-            time.sleep(0.1)
+        if time.monotonic() > end:
+            die("mooncake_master did not open its port in 30 s")
+        time.sleep(0.2)
     procs.start("mooncake_holder", [
-        mooncake_bin("mooncake_client"), "-host=127.0.0.1",
+        *wrap, mooncake_bin("mooncake_client"), f"-host={addr}",
         f"-global_segment_size={segment_bytes}", f"-master_server_address={master}",
         f"-metadata_server={meta}", "-protocol=tcp", f"-port={holder}"])
     time.sleep(3)  # it mounts its segment with the master
@@ -120,9 +122,16 @@ def start_mooncake(procs, segment_bytes):
     return meta, master
 
 
-def start_dataplane(procs, cli, slab, tmp):
+# exits 0 when a TCP connection to argv[1]:argv[2] opens (run where the server is)
+CONNECT = ("import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+           "timeout=1).close()")
+
+
+def start_dataplane(procs, cli, slab, tmp, addr=None, wrap=()):
     d = os.path.join(tmp, "cluster")
-    procs.start("dataplane_up", [cli, "up", "--units", "2", "--slab", slab, "--dir", d])
+    bind = ["--bind", addr] if addr else []
+    procs.start("dataplane_up", [*wrap, cli, "up", "--units", "2", "--slab", slab, *bind,
+                                 "--dir", d])
     cj = os.path.join(d, "cluster.json")
     end = time.monotonic() + 120
     while True:
@@ -139,29 +148,55 @@ def start_dataplane(procs, cli, slab, tmp):
 
 # ------------------------------------------------------------------ batches --
 
-def batches():
-    """(name, rows, fields, bytes per value)."""
-    return [("64 rows x 1 MiB", 64, 1, MiB),
-            ("1024 rows x 4 fields x 4 KiB", 1024, 4, 4096)]
+def batches(rollout):
+    """(name, [per field: the byte size of each row's value]). The RL batch
+    is bench/rl_batch.sh's: 512 rows of input_ids (int64) and logprobs
+    (float32) of 128..8192 tokens, a float32 reward and a bool done each."""
+    rng = np.random.default_rng(7)
+    lens = rng.integers(128, 8193, size=512)
+    out = [("64 rows x 1 MiB", [[MiB] * 64]),
+           ("1024 rows x 4 fields x 4 KiB", [[4096] * 1024] * 4),
+           ("RL batch, 512 rows (jagged)", [list(lens * 8), list(lens * 4), [4] * 512,
+                                            [1] * 512])]
+    if rollout:
+        out.append(("one 1 GiB rollout", [[1 << 30]]))
+    return out
 
 
-def make_values(rows, fields, size, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, size=(rows, size), dtype=np.uint8) for _ in range(fields)]
+class Field:
+    """One field's values: one arena (registered on each side) and a view of
+    it per row; uniform rows also as one (rows, size) array."""
 
+    def __init__(self, sizes, rng=None):
+        self.sizes = [int(x) for x in sizes]
+        self.offs = np.concatenate(([0], np.cumsum(self.sizes)[:-1])).astype(np.int64)
+        total = int(sum(self.sizes))
+        if rng is None:
+            self.arena = np.zeros(total, dtype=np.uint8)
+        else:  # random bytes, made in 64 MiB pieces (a 1 GiB field at once needs 8 GiB)
+            self.arena = np.empty(total, dtype=np.uint8)
+            for i in range(0, total, 64 * MiB):
+                j = min(total, i + 64 * MiB)
+                self.arena[i:j] = rng.integers(0, 256, size=j - i, dtype=np.uint8)
+        self.uniform = len(set(self.sizes)) == 1
+        if self.uniform:
+            self.rows = self.arena.reshape(len(self.sizes), self.sizes[0])
+        else:
+            self.rows = [self.arena[o:o + n] for o, n in zip(self.offs, self.sizes)]
 
-def crcs(arrs):
-    return [[zlib.crc32(a[r]) for r in range(a.shape[0])] for a in arrs]
+    def crcs(self):
+        a = self.arena
+        return [zlib.crc32(a[o:o + n]) for o, n in zip(self.offs, self.sizes)]
 
 
 class MooncakeSide:
     name = "Mooncake Store"
 
-    def __init__(self, meta, master):
+    def __init__(self, meta, master, host):
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
         self.s = MooncakeDistributedStore()
         # no segment of its own: every value goes to the holder, over TCP
-        rc = self.s.setup("127.0.0.1", meta, 0, 256 * MiB, "tcp", "", master)
+        rc = self.s.setup(host, meta, 0, 256 * MiB, "tcp", "", master)
         if rc != 0:
             die(f"MooncakeDistributedStore.setup returned {rc}")
         self.cfg = ReplicateConfig()
@@ -169,7 +204,8 @@ class MooncakeSide:
         self.registered = []
 
     def prepare(self, src, dst):
-        for a in src + dst:
+        for f in src + dst:
+            a = f.arena
             if self.s.register_buffer(a.ctypes.data, a.nbytes) != 0:
                 die("Mooncake register_buffer failed")
             self.registered.append(a)
@@ -179,14 +215,14 @@ class MooncakeSide:
             self.s.unregister_buffer(a.ctypes.data)
         self.registered = []
 
-    def _layout(self, rep, arrs):
-        rows, size = arrs[0].shape
+    def _layout(self, rep, fields):
         keys, ptrs, sizes = [], [], []
-        for f, a in enumerate(arrs):
-            for r in range(rows):
-                keys.append(f"{rep}-{r}@f{f}")
-                ptrs.append(a.ctypes.data + r * size)
-                sizes.append(size)
+        for fi, f in enumerate(fields):
+            base = f.arena.ctypes.data
+            for r, (o, n) in enumerate(zip(f.offs, f.sizes)):
+                keys.append(f"{rep}-{r}@f{fi}")
+                ptrs.append(base + int(o))
+                sizes.append(n)
         return keys, ptrs, sizes
 
     # Batches of at most this many keys, as TransferQueue's Mooncake client
@@ -224,52 +260,55 @@ class DataplaneSide:
 
     def __init__(self, cluster):
         import dataplane
-        self.c = dataplane.Client(cluster, timeout_s=60)
+        self.c = dataplane.Client(cluster, timeout_s=120)
         self.registered = []
 
     def prepare(self, src, dst):
-        for a in src + dst:
-            self.c.register(a)
-            self.registered.append(a)
+        for f in src + dst:
+            self.c.register(f.arena)
+            self.registered.append(f.arena)
 
     def release(self):
         for a in self.registered:
             self.c.deregister(a)
         self.registered = []
 
+    @staticmethod
+    def _rows(rep, fields):
+        return range(rep * 100000, rep * 100000 + len(fields[0].sizes))
+
     def put(self, rep, src):
-        rows = range(rep * 100000, rep * 100000 + src[0].shape[0])
-        self.c.put(rows, {f"f{f}": a for f, a in enumerate(src)})
+        self.c.put(self._rows(rep, src), {f"f{i}": f.rows for i, f in enumerate(src)})
 
     def get(self, rep, dst):
-        rows = range(rep * 100000, rep * 100000 + dst[0].shape[0])
-        self.c.get(rows, [f"f{f}" for f in range(len(dst))],
-                   out={f"f{f}": a for f, a in enumerate(dst)})
+        self.c.get(self._rows(rep, dst), [f"f{i}" for i in range(len(dst))],
+                   out={f"f{i}": f.rows for i, f in enumerate(dst)})
 
     def clear(self, rep, src):
-        self.c.clear(range(rep * 100000, rep * 100000 + src[0].shape[0]))
+        self.c.clear(self._rows(rep, src))
 
     def close(self):
         self.release()
         self.c.close()
 
 
-def measure(side, rows, fields, size, reps):
-    src = make_values(rows, fields, size, seed=rows * 7 + fields)
-    want = crcs(src)
-    dst = [np.zeros_like(a) for a in src]
+def measure(side, fields, reps):
+    rng = np.random.default_rng(len(fields) * 7 + len(fields[0]))
+    src = [Field(sizes, rng) for sizes in fields]
+    want = [f.crcs() for f in src]
+    dst = [Field(sizes) for sizes in fields]
     side.prepare(src, dst)
     tp, tg = [], []
     try:
         for rep in range(reps + 1):  # the first is a warm-up
-            for a in dst:
-                a[:] = 0
+            for f in dst:
+                f.arena[:] = 0
             t0 = time.perf_counter()
             side.put(rep, src)
             t1 = time.perf_counter()
             side.get(rep, dst)
             t2 = time.perf_counter()
-            got = crcs(dst)
+            got = [f.crcs() for f in dst]
             if got != want:
                 bad = sum(x != y for gf, wf in zip(got, want) for x, y in zip(gf, wf))
                 die(f"{side.name}: {bad} values read back differ from what was put "
@@ -280,7 +319,7 @@ def measure(side, rows, fields, size, reps):
                 tg.append(t2 - t1)
     finally:
         side.release()
-    nbytes = rows * fields * size
+    nbytes = sum(sum(f) for f in fields)
 
     def q(xs, p):
         xs = sorted(xs)
@@ -292,74 +331,209 @@ def measure(side, rows, fields, size, reps):
             "get_p50_ms": statistics.median(tg) * 1e3, "get_p99_ms": q(tg, 0.99) * 1e3}
 
 
-def memcpy_gbs(rows, fields, size, reps):
-    """The limit: the same bytes copied once by one thread (numpy), median."""
-    src = make_values(rows, fields, size, seed=1)
-    dst = [np.empty_like(a) for a in src]
+def memcpy_gbs(fields, reps):
+    """The limit on one host: the same bytes copied once by one thread
+    (numpy, value by value), median."""
+    rng = np.random.default_rng(1)
+    src = [Field(sizes, rng) for sizes in fields]
+    dst = [Field(sizes) for sizes in fields]
     ts = []
     for _ in range(reps + 1):
         t0 = time.perf_counter()
         for d, a in zip(dst, src):
-            np.copyto(d, a)
+            if a.uniform:
+                np.copyto(d.rows, a.rows)
+            else:
+                for x, y in zip(d.rows, a.rows):
+                    np.copyto(x, y)
         ts.append(time.perf_counter() - t0)
-    return rows * fields * size / statistics.median(ts[1:]) / 1e9
+    return sum(sum(f) for f in fields) / statistics.median(ts[1:]) / 1e9
+
+
+# ------------------------------------------------------------ across hosts --
+
+class Hosts:
+    """Two "hosts" on this machine, as bench/hosts.sh makes them: network
+    namespaces on a bridge (10.215.0.1 and .2, nothing added to this
+    machine's own namespace); what runs in one gets its own IPC, PID and UTS
+    namespaces too, so UCX takes the other for another machine (TCP)."""
+
+    A0, A1 = "10.215.0.1", "10.215.0.2"
+
+    def __init__(self):
+        p = f"dpmc-{os.getpid()}"
+        self.sw, self.h0, self.h1 = f"{p}-sw", f"{p}-h0", f"{p}-h1"
+
+    def ip(self, *args):
+        subprocess.run(["ip", *args], check=True)
+
+    def up(self):
+        if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
+            die("--hosts needs root, ip and unshare (network namespaces)", 2)
+        for n in (self.sw, self.h0, self.h1):
+            self.ip("netns", "add", n)
+        self.ip("-n", self.sw, "link", "set", "lo", "up")
+        self.ip("-n", self.sw, "link", "add", "br0", "type", "bridge")
+        self.ip("-n", self.sw, "link", "set", "br0", "up")
+        for i, (h, a) in enumerate(((self.h0, self.A0), (self.h1, self.A1))):
+            self.ip("-n", self.sw, "link", "add", f"p{i}", "type", "veth", "peer", "name",
+                    "eth0", "netns", h)
+            self.ip("-n", self.sw, "link", "set", f"p{i}", "master", "br0", "up")
+            self.ip("-n", h, "link", "set", "lo", "up")
+            self.ip("-n", h, "addr", "add", f"{a}/24", "dev", "eth0")
+            self.ip("-n", h, "link", "set", "eth0", "up")
+
+    def wrap(self, h):
+        return ["ip", "netns", "exec", h, "unshare", "--ipc", "--pid", "--uts", "--fork",
+                "--kill-child"]
+
+    def down(self):
+        for h in (self.h1, self.h0):
+            pids = subprocess.run(["ip", "netns", "pids", h], capture_output=True,
+                                  text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), 9)
+                except (OSError, ValueError):
+                    pass
+        for n in (self.h1, self.h0, self.sw):
+            subprocess.run(["ip", "netns", "del", n], stderr=subprocess.DEVNULL)
+
+
+def iperf_gbs(hosts, secs=3):
+    """The link: iperf3, one stream, host 1 -> host 0 (None without iperf3)."""
+    if shutil.which("iperf3") is None:
+        return None
+    srv = subprocess.Popen([*hosts.wrap(hosts.h0), "iperf3", "-s", "-1", "-p", "5201"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run([*hosts.wrap(hosts.h1), "iperf3", "-c", hosts.A0, "-p", "5201",
+                              "-t", str(secs), "-J"], capture_output=True, text=True).stdout
+        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8e9
+    except (ValueError, KeyError):
+        return None
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+# ---------------------------------------------------------------------- main --
+
+def run_sides(meta, master, cluster, host, reps, rollout):
+    """Every batch on both sides, in this process: {(batch, side): figures}."""
+    results = {}
+    sides = [DataplaneSide(cluster), MooncakeSide(meta, master, host)]
+    try:
+        for name, fields in batches(rollout):
+            for side in sides:  # one after another, same process, same arrays' sizes
+                r = 2 if fields == [[1 << 30]] else reps  # two of 1 GiB (after a warm-up)
+                results[(name, side.name)] = measure(side, fields, r)
+    finally:
+        for side in sides:
+            side.close()
+    return results
+
+
+def print_results(results, title, limit_name, limits, goal):
+    print(title)
+    print("| batch | side | put GB/s | get GB/s | put p50 / p99 ms | get p50 / p99 ms |")
+    print("|---|---|---:|---:|---:|---:|")
+    names = []
+    for (bname, sname), r in results.items():
+        if bname not in names:
+            names.append(bname)
+        print(f"| {bname} | {sname} | {r['put_gbs']:.2f} | {r['get_gbs']:.2f} | "
+              f"{r['put_p50_ms']:.2f} / {r['put_p99_ms']:.2f} | "
+              f"{r['get_p50_ms']:.2f} / {r['get_p99_ms']:.2f} |")
+    print(f"\nratios dataplane / Mooncake Store (goal: >= {goal}x), and each side "
+          f"against {limit_name} in the same run:")
+    for name in names:
+        d, m = results[(name, "dataplane")], results[(name, "Mooncake Store")]
+        line = (f"  {name}: put {d['put_gbs'] / m['put_gbs']:.2f}x, "
+                f"get {d['get_gbs'] / m['get_gbs']:.2f}x")
+        lim = limits.get(name) if isinstance(limits, dict) else limits
+        if lim:
+            line += (f"; {limit_name} {lim:.2f} GB/s: dataplane put {d['put_gbs'] / lim:.2f}x "
+                     f"get {d['get_gbs'] / lim:.2f}x, Mooncake put {m['put_gbs'] / lim:.2f}x "
+                     f"get {m['get_gbs'] / lim:.2f}x")
+        print(line)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cli", default=os.environ.get("DP_CLI", "build/dataplane"),
                     help="the dataplane tool (default $DP_CLI or build/dataplane)")
-    ap.add_argument("--reps", type=int, default=10, help="timed batches per side (10)")
+    ap.add_argument("--reps", type=int, default=10, help="timed batches per side (10; the "
+                    "1 GiB rollout: 2)")
+    ap.add_argument("--hosts", action="store_true",
+                    help="across two network-namespace hosts over TCP (needs root): the "
+                         "servers in one, the clients in the other")
+    ap.add_argument("--no-rollout", action="store_true", help="leave out the 1 GiB rollout")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--client", nargs=4, metavar=("META", "MASTER", "CLUSTER", "HOST"),
+                    help=argparse.SUPPRESS)  # --hosts runs this part in host 1
     a = ap.parse_args()
     if a.reps < 1:
         die("--reps must be >= 1", 2)
-    if not os.access(a.cli, os.X_OK):
-        die(f"no dataplane tool at {a.cli} (build first, or --cli)", 2)
     try:
         import dataplane  # noqa: F401
         import mooncake.store  # noqa: F401
     except ImportError as e:
         die(f"{e}: run through bench/peers/run.sh (PYTHONPATH=BUILD/python, the peers' "
             f"virtual environment)", 2)
+    if a.client:
+        res = run_sides(*a.client, a.reps, not a.no_rollout)
+        json.dump([[k[0], k[1], v] for k, v in res.items()], sys.stdout)
+        return
+    if not os.access(a.cli, os.X_OK):
+        die(f"no dataplane tool at {a.cli} (build first, or --cli)", 2)
     tmp = tempfile.mkdtemp(prefix="dp-peers-")
     procs = Procs(tmp)
-    results = {}
+    hosts = Hosts() if a.hosts else None
+    link = None
     try:
-        meta, master = start_mooncake(procs, 2 << 30)
-        cluster = start_dataplane(procs, a.cli, "1G", tmp)
-        sides = [DataplaneSide(cluster), MooncakeSide(meta, master)]
-        try:
-            for name, rows, fields, size in batches():
-                results[(name, "memcpy")] = memcpy_gbs(rows, fields, size, a.reps)
-                for side in sides:  # one after another, same process, same arrays' sizes
-                    procs.check()
-                    results[(name, side.name)] = measure(side, rows, fields, size, a.reps)
-        finally:
-            for side in sides:
-                side.close()
+        if hosts is None:
+            meta, master = start_mooncake(procs, 3 << 30)
+            cluster = start_dataplane(procs, a.cli, "2G", tmp)
+            results = run_sides(meta, master, cluster, "127.0.0.1", a.reps, not a.no_rollout)
+        else:
+            hosts.up()
+            link = iperf_gbs(hosts)
+            w0 = hosts.wrap(hosts.h0)
+            meta, master = start_mooncake(procs, 3 << 30, hosts.A0, w0)
+            cluster = start_dataplane(procs, a.cli, "2G", tmp, hosts.A0, w0)
+            out = os.path.join(tmp, "client.json")
+            with open(out, "wb") as f:
+                rc = subprocess.run([*hosts.wrap(hosts.h1), "env", "UCX_TLS=tcp",
+                                     sys.executable, os.path.abspath(__file__), "--reps",
+                                     str(a.reps), *(["--no-rollout"] if a.no_rollout else []),
+                                     "--client", meta, master, cluster, hosts.A1],
+                                    stdout=f).returncode
+            procs.check()
+            if rc != 0:
+                die(f"the client in host 1 failed (status {rc}; its messages are above)")
+            with open(out) as f:
+                results = {(b, s): v for b, s, v in json.load(f)}
+        limits = {}
+        if hosts is None:
+            limits = {name: memcpy_gbs(fields, 2 if fields == [[1 << 30]] else a.reps)
+                      for name, fields in batches(not a.no_rollout)}
     finally:
         procs.stop()
+        if hosts is not None:
+            hosts.down()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"## one host: dataplane (2 units, shared memory) vs Mooncake Store (master + "
-          f"one DRAM holder, TCP), {a.reps} batches each, medians; every value CRC-checked")
-    print("| batch | side | put GB/s | get GB/s | put p50 / p99 ms | get p50 / p99 ms |")
-    print("|---|---|---:|---:|---:|---:|")
-    for (bname, sname), r in results.items():
-        if sname == "memcpy":
-            continue
-        print(f"| {bname} | {sname} | {r['put_gbs']:.2f} | {r['get_gbs']:.2f} | "
-              f"{r['put_p50_ms']:.2f} / {r['put_p99_ms']:.2f} | "
-              f"{r['get_p50_ms']:.2f} / {r['get_p99_ms']:.2f} |")
-    print("\nratios dataplane / Mooncake Store (goal on one host: >= 2x), and each side "
-          "against one thread's memcpy of the batch in the same run:")
-    for name, _, _, _ in batches():
-        d, m = results[(name, "dataplane")], results[(name, "Mooncake Store")]
-        mc = results[(name, "memcpy")]
-        print(f"  {name}: put {d['put_gbs'] / m['put_gbs']:.2f}x, "
-              f"get {d['get_gbs'] / m['get_gbs']:.2f}x; memcpy {mc:.2f} GB/s: dataplane "
-              f"put {d['put_gbs'] / mc:.2f}x get {d['get_gbs'] / mc:.2f}x, Mooncake put "
-              f"{m['put_gbs'] / mc:.2f}x get {m['get_gbs'] / mc:.2f}x")
+    if hosts is None:
+        print_results(results, f"## one host: dataplane (2 units, shared memory) vs Mooncake "
+                      f"Store (master + one DRAM holder, TCP), {a.reps} batches each, "
+                      f"medians; every value CRC-checked", "one thread's memcpy", limits, 2)
+    else:
+        print_results(results, f"## across two hosts (network namespaces, TCP): servers in "
+                      f"host 0, clients in host 1; dataplane (2 units, UCX_TLS=tcp) vs "
+                      f"Mooncake Store (master + one DRAM holder, TCP), {a.reps} batches "
+                      f"each, medians; every value CRC-checked", "iperf3's one stream",
+                      link, 1.5)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({f"{k[0]} | {k[1]}": v for k, v in results.items()}, f, indent=1)

@@ -1,20 +1,29 @@
 """One-sided transfers between two processes: NIXL against dataplane's
-direct transport, at 4 KiB, 64 KiB, 1 MiB and 64 MiB, in one run.
+endpoint and its direct transport, at 4 KiB, 64 KiB, 1 MiB and 64 MiB, in
+one run.
 
 Each side runs as its own pair of processes (an initiator and a target
 holding numpy arrays in plain DRAM): NIXL bundles its own UCX (1.23), which
 cannot share a process with the system's UCX (1.13) that dataplane uses.
 NIXL: two agents with the UCX backend, memory registered once, one transfer
 handle per size re-posted (`transfer`, polled with `check_xfer_state`), READ
-and WRITE. dataplane: the target publishes each array once
-(`Transport.publish`), the initiator fetches it into a registered array
-(`fetch(out=)` + `wait`: a READ; the direct transport has no WRITE, its
-endpoint's WRITE into a unit's slab is in docs/benchmarks.md, "Endpoint
-WRITE/READ"). Every size's bytes are checked (CRC32) after its timed
-transfers. Twice: with each UCX choosing its transports, then with
-UCX_TLS=tcp for both. Run by bench/peers/run.sh; asserts no timing.
+and WRITE. dataplane's endpoint (what units and clients move bytes with):
+bench/bench_xfer, two processes with registered memory, one blocking
+single-range WRITE or READ per sample (the WRITE includes the flush that
+makes it visible), every one at offset 0 (--hot: as NIXL re-posts one
+handle on one buffer), the target serving two-sided transfers as a unit
+does (--two-sided: over TCP the ops go as messages, on one host by the
+memcpy path), medians; each size's bytes written, read back and
+compared. dataplane's direct transport: the target publishes each array
+once (`Transport.publish`), the initiator fetches it into a registered array
+(`fetch(out=)` + `wait`: a control round trip to the publisher, then a READ;
+it has no WRITE). NIXL's and the direct transport's bytes are checked
+(CRC32) after each size's timed transfers. Twice: with each UCX choosing its
+transports, then with UCX_TLS=tcp for both. Run by bench/peers/run.sh;
+asserts no timing.
 
-    PYTHONPATH=build/python bench/peers/.venv/bin/python bench/peers/nixl_xfer.py
+    PYTHONPATH=build/python bench/peers/.venv/bin/python bench/peers/nixl_xfer.py \
+        [--build build]
 """
 
 import argparse
@@ -146,6 +155,28 @@ def dp_initiator(conn):
     return out
 
 
+def endpoint(build, env):
+    """bench_xfer's single-transfer latencies: {"SIZE WRITE": s, "SIZE READ": s}."""
+    exe = os.path.join(build, "bench", "bench_xfer")
+    if not os.access(exe, os.X_OK):
+        raise SystemExit(f"nixl_xfer: no {exe}: build first (make build)")
+    r = subprocess.run([exe, "--sizes", ",".join(str(s) for s in SIZES), "--reps", "5",
+                        "--min-mib", "256", "--buf", "512", "--hot", "--two-sided"], env=env, stdout=subprocess.PIPE,
+                       text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"nixl_xfer: bench_xfer failed (status {r.returncode})")
+    out = {}
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if f and f[0] == "RESULT":
+            out[f"{f[1]} WRITE"] = float(f[4]) / 1e6
+            out[f"{f[1]} READ"] = float(f[5]) / 1e6
+    if len(out) != 2 * len(SIZES):
+        raise SystemExit(f"nixl_xfer: bench_xfer printed {len(out) // 2} sizes of "
+                         f"{len(SIZES)}:\n{r.stdout}")
+    return out
+
+
 def pair(impl):
     """Run impl's target in a child process and its initiator here."""
     target, initiator = {"nixl": (nixl_target, nixl_initiator),
@@ -167,6 +198,8 @@ def pair(impl):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", choices=["nixl", "dataplane"], help=argparse.SUPPRESS)
+    ap.add_argument("--build", default=os.environ.get("DP_BUILD", "build"),
+                    help="the build tree with bench/bench_xfer (default $DP_BUILD or build)")
     a = ap.parse_args()
     if a.pair:  # one side's pair, in a process of its own: JSON on stdout
         print(json.dumps(pair(a.pair)))
@@ -184,18 +217,24 @@ def main():
                       f"messages above)", file=sys.stderr)
                 sys.exit(1)
             results[(tls or "default", impl)] = json.loads(r.stdout.strip().splitlines()[-1])
-    print("## one-sided transfers between two processes, plain DRAM (numpy), medians; "
-          "bytes CRC-checked")
-    print("| UCX_TLS | size | NIXL READ us | NIXL WRITE us | dataplane READ us | "
-          "NIXL READ GB/s | dataplane READ GB/s | dataplane / NIXL READ |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+        results[(tls or "default", "endpoint")] = endpoint(a.build, env)
+    print("## one-sided transfers between two processes, medians of one blocking transfer; "
+          "bytes checked")
+    print("| UCX_TLS | size | NIXL WRITE us | endpoint WRITE us | NIXL READ us | "
+          "endpoint READ us | direct fetch us | endpoint / NIXL WRITE | endpoint / NIXL "
+          "READ | direct / NIXL READ |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for tls in ("default", "tcp"):
         n, d = results[(tls, "nixl")], results[(tls, "dataplane")]
+        e = results[(tls, "endpoint")]
         for s in SIZES:
             nr, nw, dr = n[f"{s} READ"], n[f"{s} WRITE"], d[f"{s} READ"]
-            print(f"| {tls} | {fmt_size(s)} | {nr * 1e6:.1f} | {nw * 1e6:.1f} | "
-                  f"{dr * 1e6:.1f} | {s / nr / 1e9:.2f} | {s / dr / 1e9:.2f} | "
-                  f"{nr / dr:.2f}x |")
+            er, ew = e[f"{s} READ"], e[f"{s} WRITE"]
+            print(f"| {tls} | {fmt_size(s)} | {nw * 1e6:.1f} | {ew * 1e6:.1f} | "
+                  f"{nr * 1e6:.1f} | {er * 1e6:.1f} | {dr * 1e6:.1f} | {nw / ew:.2f}x | "
+                  f"{nr / er:.2f}x | {nr / dr:.2f}x |")
+    print("(x: the peer's time over dataplane's, above 1 = dataplane faster; the endpoint "
+          "runs on the system's UCX 1.13, NIXL on its bundled 1.23)")
 
 
 if __name__ == "__main__":
