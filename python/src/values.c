@@ -244,6 +244,104 @@ values_runs(DpValues *self, PyObject *args)
     return Py_BuildValue("(NN)", chains, rest);
 }
 
+/* An open run of jagged(): members start .. start + count - 1. */
+typedef struct jrun {
+    size_t start, count;
+    const uint8_t *first, *next; /* first byte; where the next member must lie */
+    const uint8_t *end;          /* the last member's end */
+    uint64_t isz;                /* bytes per element */
+    const dp_value_desc *ds;
+    PyObject *sizes;             /* element counts: member, gap, member, ... */
+} jrun;
+
+/* Emit run r (two members or more) into out; frees its sizes either way. */
+static int
+jrun_out(DpValues *self, jrun *r, PyObject *out)
+{
+    int rc = 0;
+    if (r->count >= 2) {
+        PyObject *sl = slice_new((PyObject *)self, (void *)r->first,
+                                 (Py_ssize_t)(r->end - r->first));
+        PyObject *t = sl ? Py_BuildValue("(nnsON)", (Py_ssize_t)r->start,
+                                         (Py_ssize_t)r->count, r->ds->dtype, r->sizes, sl)
+                         : NULL;
+        rc = t != NULL ? PyList_Append(out, t) : -1;
+        Py_XDECREF(t);
+    }
+    Py_CLEAR(r->sizes);
+    r->count = 0;
+    return rc;
+}
+
+/*
+ * jagged(i0, n) -> [(start, count, dtype, sizes, Slice)] over values i0 ..
+ * i0+n-1: runs of consecutive values that are fetched 1-D tensors of one
+ * dtype, each at the previous one's address plus its size rounded up to 64
+ * (a blob's layout), of any lengths: sizes gives, in elements, the first
+ * member, the gap after it, the second member, ... (the Slice spans them all,
+ * from the first member's first byte to the last one's last), so
+ * that one tensor over the Slice split by sizes gives every member (the even
+ * pieces) with one call. start is relative to i0. Values of other kinds, and
+ * lone ones, are not in any run.
+ */
+static PyObject *
+values_jagged(DpValues *self, PyObject *args)
+{
+    Py_ssize_t i0, n;
+    if (!PyArg_ParseTuple(args, "nn", &i0, &n) || !values_usable(self))
+        return NULL;
+    size_t cnt = dp_values_count(self->v);
+    if (i0 < 0 || n < 0 || (size_t)i0 > cnt || (size_t)n > cnt - (size_t)i0) {
+        PyErr_Format(PyExc_IndexError, "jagged(%zd, %zd): %zu values", i0, n, cnt);
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    jrun r = {0};
+    bool ok = out != NULL;
+    for (size_t k = 0; ok && k < (size_t)n; k++) {
+        const void *data = NULL;
+        uint64_t nb = 0;
+        const dp_value_desc *ds = NULL;
+        int st = dp_values_get(self->v, (size_t)i0 + k, &data, &nb, &ds);
+        bool one_d = st == 0 && ds != NULL && ds->kind == DP_KIND_TENSOR && nb > 0 &&
+                     ds->ndim == 1 && ds->shape[0] > 0 && nb % ds->shape[0] == 0;
+        uint64_t isz = one_d ? nb / ds->shape[0] : 0;
+        const uint8_t *p = data;
+        if (one_d && r.count > 0 && p == r.next && isz == r.isz &&
+            strcmp(ds->dtype, r.ds->dtype) == 0) {
+            /* the gap before p, in elements (a multiple: isz divides 64 and
+             * the last member's size), then p's own length */
+            PyObject *gap = PyLong_FromUnsignedLongLong((uint64_t)(p - r.end) / isz);
+            PyObject *len = PyLong_FromUnsignedLongLong(ds->shape[0]);
+            ok = gap != NULL && len != NULL && PyList_Append(r.sizes, gap) == 0 &&
+                 PyList_Append(r.sizes, len) == 0;
+            Py_XDECREF(gap);
+            Py_XDECREF(len);
+            r.count++;
+            r.end = p + nb;
+            r.next = p + (nb + 63) / 64 * 64;
+            continue;
+        }
+        if (r.count > 0)
+            ok = jrun_out(self, &r, out) == 0;
+        if (!ok || !one_d || (64 % isz) != 0)
+            continue;
+        r = (jrun){.start = k, .count = 1, .first = p, .next = p + (nb + 63) / 64 * 64,
+                   .end = p + nb, .isz = isz, .ds = ds, .sizes = PyList_New(0)};
+        PyObject *len = PyLong_FromUnsignedLongLong(ds->shape[0]);
+        ok = r.sizes != NULL && len != NULL && PyList_Append(r.sizes, len) == 0;
+        Py_XDECREF(len);
+    }
+    if (ok && r.count > 0)
+        ok = jrun_out(self, &r, out) == 0;
+    Py_CLEAR(r.sizes);
+    if (!ok) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 /*
  * gather(i0, n, address, row_bytes) -> -1, or the relative index of the
  * first value that is not a fetched tensor of value i0's dtype and shape and
@@ -296,6 +394,9 @@ static PyMethodDef values_methods[] = {
     {"entry", (PyCFunction)values_entry, METH_O, "entry(i) -> one item of entries()"},
     {"runs", (PyCFunction)values_runs, METH_VARARGS,
      "runs(i0, n) -> (chains, rest): equal tensors laid out one after another"},
+    {"jagged", (PyCFunction)values_jagged, METH_VARARGS,
+     "jagged(i0, n) -> [(start, count, dtype, sizes, Slice)]: 1-D tensors of one "
+     "dtype laid out one after another"},
     {"entries", (PyCFunction)values_entries, METH_NOARGS,
      "entries() -> [(status, kind, dtype, shape, nbytes, Slice or None)]"},
     {NULL, NULL, 0, NULL},

@@ -217,6 +217,41 @@ def test_jagged_list(client, fresh_rows):
     assert_same_array(got[4], vals[4])
 
 
+def test_jagged_runs_come_back_as_views_of_one_tensor(client, fresh_rows):
+    """1-D values of one dtype and any lengths (token ids, log probabilities)
+    are made with one split per run of the fetched memory: every value equal,
+    of its own dtype and length, the run's values sharing one storage; a value
+    of another kind or shape in between ends a run, and lengths whose 64-byte
+    rounding leaves gaps of odd element counts come back right."""
+    n = 40
+    rows = fresh_rows(n)
+    g = torch.Generator().manual_seed(5)
+    lens = [int(x) for x in torch.randint(1, 300, (n,), generator=g)]
+    ids = [torch.randint(0, 1 << 40, (k,), generator=g) for k in lens]
+    lp = [torch.randn(k, generator=g) for k in lens]
+    u8 = [torch.randint(0, 255, (k + 1,), generator=g, dtype=torch.uint8) for k in lens]
+    mixed = [torch.arange(k, dtype=torch.int16) for k in lens]
+    mixed[7] = torch.arange(6, dtype=torch.int16).view(2, 3)  # 2-D: ends a run
+    mixed[20] = b"bytes"                                        # not a tensor
+    mixed[30] = torch.arange(5, dtype=torch.int32)             # another dtype
+    client.put(rows, {"ids": ids, "lp": lp, "u8": u8, "mixed": mixed})
+    got = client.get(rows, ["ids", "lp", "u8", "mixed"])
+    for f, want in (("ids", ids), ("lp", lp), ("u8", u8)):
+        for a, b in zip(got[f], want):
+            assert_same_tensor(a, b)
+        stores = {t.untyped_storage().data_ptr() for t in got[f]}
+        assert len(stores) < n, f  # runs: far fewer storages than values
+    for i, (a, b) in enumerate(zip(got["mixed"], mixed)):
+        if isinstance(b, bytes):
+            assert a == b
+        else:
+            assert_same_tensor(a, b)
+    # each value is its own: writing one leaves its neighbours alone
+    got["ids"][0].fill_(-1)
+    assert_same_tensor(got["ids"][1], ids[1])
+    assert_same_tensor(client.get(rows[:1], ["ids"])["ids"][0], ids[0])
+
+
 def test_numpy_scalar_cell(client, fresh_rows):
     rows = fresh_rows(2)
     client.put(rows, {"s": [np.float32(2.5), np.int64(-3)]})
