@@ -30,6 +30,8 @@ import zlib
 
 import numpy as np
 
+from netns import Hosts
+
 MiB = 1 << 20
 
 
@@ -351,54 +353,6 @@ def memcpy_gbs(fields, reps):
 
 
 # ------------------------------------------------------------ across hosts --
-
-class Hosts:
-    """Two "hosts" on this machine, as bench/hosts.sh makes them: network
-    namespaces on a bridge (10.215.0.1 and .2, nothing added to this
-    machine's own namespace); what runs in one gets its own IPC, PID and UTS
-    namespaces too, so UCX takes the other for another machine (TCP)."""
-
-    A0, A1 = "10.215.0.1", "10.215.0.2"
-
-    def __init__(self):
-        p = f"dpmc-{os.getpid()}"
-        self.sw, self.h0, self.h1 = f"{p}-sw", f"{p}-h0", f"{p}-h1"
-
-    def ip(self, *args):
-        subprocess.run(["ip", *args], check=True)
-
-    def up(self):
-        if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
-            die("--hosts needs root, ip and unshare (network namespaces)", 2)
-        for n in (self.sw, self.h0, self.h1):
-            self.ip("netns", "add", n)
-        self.ip("-n", self.sw, "link", "set", "lo", "up")
-        self.ip("-n", self.sw, "link", "add", "br0", "type", "bridge")
-        self.ip("-n", self.sw, "link", "set", "br0", "up")
-        for i, (h, a) in enumerate(((self.h0, self.A0), (self.h1, self.A1))):
-            self.ip("-n", self.sw, "link", "add", f"p{i}", "type", "veth", "peer", "name",
-                    "eth0", "netns", h)
-            self.ip("-n", self.sw, "link", "set", f"p{i}", "master", "br0", "up")
-            self.ip("-n", h, "link", "set", "lo", "up")
-            self.ip("-n", h, "addr", "add", f"{a}/24", "dev", "eth0")
-            self.ip("-n", h, "link", "set", "eth0", "up")
-
-    def wrap(self, h):
-        return ["ip", "netns", "exec", h, "unshare", "--ipc", "--pid", "--uts", "--fork",
-                "--kill-child"]
-
-    def down(self):
-        for h in (self.h1, self.h0):
-            pids = subprocess.run(["ip", "netns", "pids", h], capture_output=True,
-                                  text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), 9)
-                except (OSError, ValueError):
-                    pass
-        for n in (self.h1, self.h0, self.sw):
-            subprocess.run(["ip", "netns", "del", n], stderr=subprocess.DEVNULL)
-
 
 def iperf_gbs(hosts, secs=3):
     """The link: iperf3, one stream, host 1 -> host 0 (None without iperf3)."""

@@ -15,6 +15,9 @@
 #      batch through TransferQueue with SimpleStorage, MooncakeStore and
 #      Dataplane, through dataplane's Client, and through Ray's object store
 #      (default and zero-copy serialization) (bench/python/bench_tq.py);
+#   3b. the same across the two hosts, a Ray node in each: the writer and
+#      the storage on host 0, the reader on host 1 (bench/peers/tq_hosts.py;
+#      root, else skipped);
 #   4. NIXL's one-sided WRITE and READ against dataplane's endpoint
 #      (bench/bench_xfer) and its direct transport (bench/peers/nixl_xfer.py).
 #
@@ -30,9 +33,12 @@ py=$(DP_VENV_NO_DEPS=1 "$root/scripts/venv.sh" "$root/bench/peers/.venv" "$root/
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 # Mooncake's library logs every step to stderr (glog lines: I/W and a date);
 # they are left out, its errors (E lines) and its calls' failures are not.
-# Ray prefixes its workers' lines with "(Peer pid=N)".
+# TransferQueue logs an ERROR at every tq.init with a Mooncake master it did
+# not start (auto_init off: "Not found available MooncakeStore storage
+# resources"), which is how this bench runs it: left out too.
+# Ray prefixes its workers' lines with "(Peer pid=N)" or "(Peer pid=N, ip=A)".
 quiet() {
-    grep -v -E '^([^ ]*\([A-Za-z]+ pid=[0-9]+\)[^ ]* )?([IW][0-9]{4} |WARNING: Logging before InitGoogleLogging|\s*cp\.dump\(obj\)|.*ZeroCopyTensorsWarning)' || true
+    grep -v -E '^([^ ]*\([A-Za-z]+ pid=[0-9]+[^)]*\)[^ ]* )?([IW][0-9]{4} |WARNING: Logging before InitGoogleLogging|\s*cp\.dump\(obj\)|.*ZeroCopyTensorsWarning|.*Not found available MooncakeStore storage resources)' || true
 }
 export PYTHONPATH="$build/python" DP_CLI="$build/dataplane"
 echo "## 1. Mooncake Store, one host"
@@ -50,6 +56,16 @@ for batch in perftest rl; do
     "$py" "$root/bench/python/bench_tq.py" --build "$build" --batch "$batch" --fields 9 --reps 3 \
         --backends SimpleStorage,MooncakeStore,Dataplane,Client,Ray,Ray0copy 2>&1 | quiet
 done
+echo
+if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null; then
+    for batch in perftest rl; do
+        echo
+        echo "## 3b. the same across two hosts (put on host 0, got on host 1): $batch batch"
+        "$py" "$root/bench/peers/tq_hosts.py" --build "$build" --batch "$batch" --reps 3 2>&1 | quiet
+    done
+else
+    echo "## 3b. across two hosts: skipped (network namespaces need root, ip and unshare)"
+fi
 echo
 echo "## 4. NIXL"
 "$py" "$root/bench/peers/nixl_xfer.py" --build "$build" 2>&1 | quiet

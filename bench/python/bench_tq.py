@@ -160,6 +160,11 @@ class Peer:
     def ready(self):
         return True
 
+    def node(self):
+        import ray
+
+        return ray.util.get_node_ip_address()
+
     # -- TransferQueue --
 
     def tq_init(self, conf):
@@ -262,7 +267,7 @@ def _equal(got, want):
 
 
 STAGING_CACHE = [0]  # --staging-cache, for tq_conf
-MOONCAKE = {}  # the master started for MooncakeStore: its addresses, for tq_conf
+MOONCAKE = {}  # the master for MooncakeStore (its addresses) and placement, for tq_conf
 
 
 def tq_conf(method, cluster, staging_cache=0):
@@ -274,15 +279,19 @@ def tq_conf(method, cluster, staging_cache=0):
         # TransferQueue's defaults for Mooncake (TCP, hard-pinned values,
         # no SSD offload), less memory: each client mounts a segment of
         # global_segment_size (default 4 GiB) that holds values, and the
-        # master is started here once (auto_init would kill any other
-        # mooncake_master on the machine at every tq.init).
+        # master is started here for every round (auto_init would kill any
+        # other mooncake_master on the machine at every tq.init), or given
+        # (--mooncake) with holders of its own.
         backend["MooncakeStore"] = {
             "auto_init": False, "metadata_server": MOONCAKE["metadata"],
-            "master_server_address": MOONCAKE["master"], "local_hostname": "127.0.0.1",
+            "master_server_address": MOONCAKE["master"],
+            "local_hostname": MOONCAKE.get("hostname", "127.0.0.1"),
             "protocol": "tcp", "device_name": "", "global_segment_size": MOONCAKE["segment"],
             "local_buffer_size": 1 << 30}
     else:
         backend["SimpleStorage"] = {"num_data_storage_units": 2}
+        if MOONCAKE.get("storage_resource"):  # its units on the nodes that have it
+            backend["SimpleStorage"]["required_node_resource"] = MOONCAKE["storage_resource"]
     return {"controller": {"polling_mode": True}, "backend": backend}
 
 
@@ -428,8 +437,31 @@ def main():
                     help="the clients' staging_cache_bytes (0: the library's default, "
                          "256 MiB; a batch larger than it maps fresh staging memory "
                          "every put)")
+    ap.add_argument("--ray-address", metavar="HOST:PORT",
+                    help="join this running Ray cluster instead of starting one here "
+                         "(bench/peers/tq_hosts.py: a node per host)")
+    ap.add_argument("--writer-resource", metavar="NAME",
+                    help="place the writer on the Ray node with this custom resource")
+    ap.add_argument("--reader-resource", metavar="NAME",
+                    help="place the reader on the Ray node with this custom resource")
+    ap.add_argument("--storage-resource", metavar="NAME",
+                    help="SimpleStorage: its units on the Ray nodes with this custom "
+                         "resource (TransferQueue's required_node_resource; by default "
+                         "they spread over every node)")
+    ap.add_argument("--mooncake", metavar="METADATA,MASTER",
+                    help="MooncakeStore: use this running master (its HTTP metadata "
+                         "server and RPC addresses) and the memory of the holders mounted "
+                         "with it (with --mooncake-segment 0 the clients mount none)")
     a = ap.parse_args()
     STAGING_CACHE[0] = a.staging_cache
+    MOONCAKE["storage_resource"] = a.storage_resource
+    if a.mooncake:
+        meta, _, master = a.mooncake.partition(",")
+        if not meta or not master:
+            ap.error("--mooncake: METADATA,MASTER (host:port each)")
+        # each client's own address: its Ray node's (TransferQueue's default)
+        MOONCAKE.update(metadata=meta, master=master, segment=a.mooncake_segment,
+                        hostname="")
     if a.samples is None:
         a.samples = 1024 if a.batch == "perftest" else 512
     methods = [m.strip() for m in a.backends.split(",") if m.strip()]
@@ -473,14 +505,19 @@ def main():
             sys.exit("bench_tq: no dataplane tool (build first, or put it on PATH, or --cluster)")
         cm = local_cluster(cli, slab=a.slab, units=a.units, prog="bench_tq")
         cluster = cm.__enter__()
-    # logical CPUs: TQ's controller and each SimpleStorage unit ask for one
-    ray.init(num_cpus=8, include_dashboard=False, logging_level="ERROR")
+    if a.ray_address:
+        ray.init(address=a.ray_address, logging_level="ERROR")
+    else:  # logical CPUs: TQ's controller and each SimpleStorage unit ask for one
+        # address="local": a Ray of its own, never one a file in /tmp/ray
+        # points at (a cluster started elsewhere, or one that died)
+        ray.init(address="local", num_cpus=8, include_dashboard=False,
+                 logging_level="ERROR")
     res = {m: ([], []) for m in methods}
     failures = []
     try:
         peer = ray.remote(num_cpus=0)(Peer)
-        zero_copy = peer.options(runtime_env={"env_vars": {
-            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1", "PYTHONWARNINGS": "ignore"}})
+        zero_copy = {"runtime_env": {"env_vars": {
+            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1", "PYTHONWARNINGS": "ignore"}}}
         for r in range(a.reps):
             order = methods[r % len(methods):] + methods[:r % len(methods)]
             line = []
@@ -489,14 +526,21 @@ def main():
                 # TransferQueue's own test runs in fresh actors: a process
                 # that has started and closed TransferQueue before carries
                 # state that slowed later SimpleStorage gets here
-                kind = zero_copy if m == "Ray0copy" else peer
-                writer, reader = kind.remote(a), kind.remote(a)
+                opts = [dict(zero_copy if m == "Ray0copy" else {}) for _ in range(2)]
+                for o, res_name in zip(opts, (a.writer_resource, a.reader_resource)):
+                    if res_name:
+                        o["resources"] = {res_name: 1}
+                writer, reader = (peer.options(**o).remote(a) for o in opts)
+                if r == 0 and m == order[0] and a.ray_address:
+                    w_ip, r_ip = ray.get([writer.node.remote(), reader.node.remote()])
+                    print(f"bench_tq: the writer runs on {w_ip}, the reader on {r_ip}",
+                          flush=True)
                 # a fresh master for every MooncakeStore round, as TransferQueue's
                 # auto_init starts one at every tq.init: the last round's clients
                 # are gone, but the old master would place values in their
                 # segments for client_ttl (30 s) and fail them (-800)
                 master = (start_mooncake_master(a.mooncake_segment)
-                          if m == "MooncakeStore" else None)
+                          if m == "MooncakeStore" and not a.mooncake else None)
                 try:
                     if m == "Client":
                         ray.get([writer.dp_open.remote(cluster), reader.dp_open.remote(cluster)])
