@@ -251,7 +251,7 @@ typedef struct jrun {
     const uint8_t *end;          /* the last member's end */
     uint64_t isz;                /* bytes per element */
     const dp_value_desc *ds;
-    PyObject *sizes;             /* element counts: member, gap, member, ... */
+    PyObject *sizes; /* element counts: member, gap, member, ... */
 } jrun;
 
 /* Emit run r (two members or more) into out; frees its sizes either way. */
@@ -326,8 +326,14 @@ values_jagged(DpValues *self, PyObject *args)
             ok = jrun_out(self, &r, out) == 0;
         if (!ok || !one_d || (64 % isz) != 0)
             continue;
-        r = (jrun){.start = k, .count = 1, .first = p, .next = p + (nb + 63) / 64 * 64,
-                   .end = p + nb, .isz = isz, .ds = ds, .sizes = PyList_New(0)};
+        r = (jrun){.start = k,
+                   .count = 1,
+                   .first = p,
+                   .next = p + (nb + 63) / 64 * 64,
+                   .end = p + nb,
+                   .isz = isz,
+                   .ds = ds,
+                   .sizes = PyList_New(0)};
         PyObject *len = PyLong_FromUnsignedLongLong(ds->shape[0]);
         ok = r.sizes != NULL && len != NULL && PyList_Append(r.sizes, len) == 0;
         Py_XDECREF(len);
