@@ -25,6 +25,7 @@ PKGS=(
     redis-server redis-tools                # benchmark comparison
     iproute2 iptables                       # multi-host fault tests (network namespaces)
     iperf3                                  # the link limit in bench/hosts.sh
+    valgrind                                # instruction counts in bench/pervalue.sh
     python3-dev python3-venv                    # Debian's interpreter for .venv where no
                                                 # other python3 with headers is on PATH
 )
