@@ -161,20 +161,20 @@ gidx_problem(const char *s, size_t len, uint64_t *out)
 {
     if (len == 0)
         return "gidx is empty";
-    for (size_t i = 0; i < len; i++)
-        if (s[i] < '0' || s[i] > '9')
-            return "gidx is not a decimal number";
-    if (s[0] == '0' && len > 1)
-        return "gidx has a leading zero";
-    if (len > DP_GIDX_MAX_DIGITS)
-        return "gidx does not fit in 64 bits";
+    /* One pass, no division: up to 19 digits cannot overflow; 20 fit when
+     * they are at most UINT64_MAX's, compared as text (same length). */
     uint64_t v = 0;
     for (size_t i = 0; i < len; i++) {
-        unsigned digit = (unsigned)(s[i] - '0');
-        if (v > (UINT64_MAX - digit) / 10)
-            return "gidx does not fit in 64 bits";
-        v = v * 10 + digit;
+        unsigned digit = (unsigned)(unsigned char)s[i] - '0';
+        if (digit > 9)
+            return "gidx is not a decimal number";
+        v = v * 10 + digit; /* wraps past 20 digits: refused below */
     }
+    if (s[0] == '0' && len > 1)
+        return "gidx has a leading zero";
+    if (len > DP_GIDX_MAX_DIGITS ||
+        (len == DP_GIDX_MAX_DIGITS && memcmp(s, "18446744073709551615", len) > 0))
+        return "gidx does not fit in 64 bits";
     *out = v;
     return NULL;
 }
