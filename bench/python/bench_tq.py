@@ -5,9 +5,10 @@ dataplane's Client and Ray's object store, in one run.
 The batch (--batch perftest) is TransferQueue's performance test's default:
 1024 samples x 10 fields of 8192 float32 each (320 MiB), a dense (samples,
 elems) tensor per field; --batch rl is the RL batch of bench/python/rl_batch.py
-(512 samples, jagged token fields, 12 MiB). As in that test, a writer actor
-puts it and a reader actor gets it back (both Ray actors on this machine,
-each timing its own call). Methods:
+(512 samples, jagged token fields, 24.8 MiB). As in that test, a writer actor
+puts it and a reader actor gets it back (both Ray actors on this machine, or,
+with --ray-address and the resource options, on the nodes of a Ray cluster:
+bench/peers/tq_hosts.py), each timing its own call. Methods:
 
   SimpleStorage  tq.kv_batch_put / tq.kv_batch_get with TransferQueue's own
                  storage (2 storage-unit actors)
