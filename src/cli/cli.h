@@ -44,6 +44,12 @@ int dp__cli_usage(const char *cmd, const char *fmt, ...)
 /* "dataplane <cmd>: <detail> (<strerror(rc)>)" on stderr; returns 1. */
 int dp__cli_fail(const char *cmd, int rc, const dp_detail *d);
 
+/* A data client of cluster (NULL: $DP_CLUSTER, else the default directory)
+ * whose connecting and calls each get timeout_s; 0, or 1 after saying why
+ * (dp__cli_fail) with *out NULL. */
+int dp__cli_open_client(const char *cmd, const char *cluster, double timeout_s,
+                        dp_client **out);
+
 /* One line on stdout: how cl's data path reaches each unit
  * ("lanes: unit 0: shm one-sided (posix,sysv); unit 1: ..."). */
 void dp__cli_print_lanes(dp_client *cl);

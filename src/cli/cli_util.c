@@ -42,6 +42,23 @@ dp__cli_fail(const char *cmd, int rc, const dp_detail *d)
 }
 
 int
+dp__cli_open_client(const char *cmd, const char *cluster, double timeout_s,
+                    dp_client **out)
+{
+    dp_client_opts co;
+    dp_client_opts_init(&co);
+    co.timeout_s = timeout_s;
+    /* One budget: asking the units who they are must not outlast it either. */
+    co.connect_timeout_s = timeout_s;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int rc = dp_client_open(cluster, &co, out, &d);
+    if (rc != DP_OK)
+        return dp__cli_fail(cmd, rc, &d);
+    return 0;
+}
+
+int
 dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
                 unsigned flags, dp__cli_conn *c, dp_detail *d)
 {
