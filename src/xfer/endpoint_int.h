@@ -128,6 +128,16 @@ typedef struct remote {
     int r_pf_stop; /* atomic */
 } remote;
 
+/* Every region of r is mapped in this process (the memcpy path reaches all of it). */
+static inline bool
+dp__ep_remote_mapped(const remote *r)
+{
+    for (uint32_t i = 0; i < r->r_n_regs; i++)
+        if (r->r_regs[i].rr_ptr == NULL)
+            return false;
+    return r->r_n_regs > 0;
+}
+
 /* One op of a call: its UCX requests and outcome. */
 typedef struct batch {
     int b_pending;         /* UCX requests not yet completed */

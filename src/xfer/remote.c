@@ -500,12 +500,10 @@ dp__endpoint_remote_copy_max(dp_endpoint *ep, const char *name)
         return 0;
     lock(ep);
     remote *r = ep->closed ? NULL : dp__ep_remote_find_locked(ep, name);
-    uint64_t max = r != NULL && r->r_path != DP_XFER_PATH_TWO_SIDED && r->r_n_regs > 0
-                       ? (uint64_t)ep->memcpy_max
-                       : 0;
-    for (uint32_t i = 0; r != NULL && i < r->r_n_regs; i++)
-        if (r->r_regs[i].rr_ptr == NULL)
-            max = 0;
+    uint64_t max =
+        r != NULL && r->r_path != DP_XFER_PATH_TWO_SIDED && dp__ep_remote_mapped(r)
+            ? (uint64_t)ep->memcpy_max
+            : 0;
     unlock(ep);
     return max;
 }

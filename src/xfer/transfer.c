@@ -204,13 +204,9 @@ busy_locked(dp_endpoint *ep, const remote *r, const dp_xfer_desc *o, int delta)
 {
     /* Every range copied from plain memory (a remote mapped here whole, no
      * size cap): nothing to hold, and no lookup per range to find that out. */
-    if (o->local_plain_ok && ep->memcpy_max == SIZE_MAX && !dp__ep_ts_wanted(ep, r, o)) {
-        bool mapped = r->r_n_regs > 0;
-        for (uint32_t i = 0; mapped && i < r->r_n_regs; i++)
-            mapped = r->r_regs[i].rr_ptr != NULL;
-        if (mapped)
-            return;
-    }
+    if (o->local_plain_ok && ep->memcpy_max == SIZE_MAX && !dp__ep_ts_wanted(ep, r, o) &&
+        dp__ep_remote_mapped(r))
+        return;
     dp_ranges_ent *near = NULL, *near_r = NULL;
     for (size_t k = 0; k < o->n_local; k++) {
         if (o->local[k].nbytes == 0)
