@@ -3,6 +3,8 @@
 #   make test          install what is missing, build, run every test
 #   make run           the main job on this machine
 #   make install       library, headers, pkg-config, the tool and the Python package
+#   make wheel         the source distribution and the self-contained wheel (dist/)
+#   make wheel-check   ... and test the wheel in a clean Debian root (root needed)
 #   make asan          the tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make tsan          the threaded tests under ThreadSanitizer
 #   make fuzz          build the libFuzzer targets and run each for FUZZ_SECONDS
@@ -30,7 +32,8 @@ MAKEFLAGS += --no-print-directory
 
 SOURCES = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench fuzz -name '*.[ch]')
 
-.PHONY: all deps venv configure build test run install asan tsan fuzz bench format format-check clean
+.PHONY: all deps venv configure build test run install asan tsan fuzz bench format format-check clean \
+        wheel wheel-check
 
 all: build
 
@@ -59,6 +62,16 @@ run: build
 PREFIX ?= /usr/local
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)
+
+# The source distribution and the self-contained wheel, in DIST (dist/):
+# scripts/wheel.sh; wheel-check also installs the wheel in a clean Debian root
+# and runs a cluster from it (tests/wheel/check_wheel.sh, needs root).
+DIST ?= $(CURDIR)/dist
+wheel: deps
+	@scripts/wheel.sh $(DIST)
+
+wheel-check: deps
+	@tests/wheel/check_wheel.sh "$$(scripts/wheel.sh $(DIST) | tail -n1)"
 
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan SANITIZE=address,undefined

@@ -26,6 +26,7 @@ PKGS=(
     iproute2 iptables                       # multi-host fault tests (network namespaces)
     iperf3                                  # the link limit in bench/hosts.sh
     valgrind                                # instruction counts in bench/pervalue.sh
+    debootstrap                             # the clean Debian root the wheel is tested in
     python3-dev python3-venv                    # Debian's interpreter for .venv where no
                                                 # other python3 with headers is on PATH
 )

@@ -21,6 +21,7 @@ from .direct import Transport, FetchRequest  # noqa: F401
 
 __all__ = [
     "Client", "AsyncClient", "Transport", "FetchRequest", "Buffer", "stack", "version",
+    "get_include", "get_lib",
     "Error", "InvalidArgument", "OutOfMemory", "Timeout", "UnitFull", "Busy", "Lost",
     "ProtocolError", "TransferError", "Fatal", "PolicyError", "Closed", "SysError",
     "TooBig", "NotFound", "Exists", "Corrupt", "Unsupported", "Canceled", "Restarted",
@@ -32,3 +33,24 @@ __version__ = _core.version()
 def version():
     """The C library's version (the package has the same)."""
     return _core.version()
+
+
+def get_include():
+    """The directory holding dataplane/dataplane.h (cc -I...), for C code
+    built against the library this package carries; None where the package
+    was installed without it (a build tree, `make install`: use pkg-config)."""
+    return _carried("include")
+
+
+def get_lib():
+    """The directory holding libdataplane.so (cc -L... -ldataplane, and
+    -Wl,-rpath,... to find it at run time; lib/pkgconfig/dataplane.pc is
+    there too); None where the package was installed without it."""
+    return _carried("lib")
+
+
+def _carried(name):
+    import os
+
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    return d if os.path.isdir(d) else None

@@ -58,3 +58,33 @@ def test_stack_mismatch():
         dataplane.stack([np.zeros(3), np.zeros(4)])
     with pytest.raises(ValueError):
         dataplane.stack([])
+
+
+def test_python_m_dataplane_runs_the_tool():
+    """`python -m dataplane` (what a wheel's console script also does) runs the
+    tool in its place: same output and exit status. In a build tree it finds
+    the tool as the package's units do ($DP_CLI, else beside the package)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dataplane", "--version"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"dataplane {dataplane.__version__}"
+    r = subprocess.run([sys.executable, "-m", "dataplane", "no-such-command"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "no-such-command" in r.stderr
+
+
+def test_get_include_and_get_lib_only_where_carried():
+    """A wheel carries the headers and libdataplane inside the package; a build
+    tree or `make install` does not (pkg-config finds those)."""
+    import os
+
+    pkg = os.path.dirname(dataplane.__file__)
+    for f, sub in ((dataplane.get_include, "include"), (dataplane.get_lib, "lib")):
+        d = f()
+        if os.path.isdir(os.path.join(pkg, sub)):
+            assert d == os.path.join(pkg, sub) and os.listdir(d)
+        else:
+            assert d is None
