@@ -6,7 +6,11 @@
 #
 # 1. On this machine, in a fresh virtual environment: a C program compiled
 #    against the wheel's headers and library (dataplane.get_include(),
-#    get_lib(), and its pkg-config file) runs and prints the same version.
+#    get_lib(), and its pkg-config file) runs and prints the same version;
+#    `uv pip install` of the wheel gives a working tool and package.
+# 1b. `pip install` of the source distribution beside WHEEL (built here with
+#    this machine's -dev packages) installs the same files, and its tool and
+#    package run a cluster.
 # 2. In a clean root: Debian 12 minbase with python3 and python3-venv only
 #    (debootstrap, kept as a tarball in DP_ROOTFS_CACHE, default
 #    /var/cache/dataplane, and made again when missing), which has none of
@@ -58,6 +62,47 @@ cc -o "$tmp/v2" "$tmp/v.c" $(PKG_CONFIG_PATH="$lib/pkgconfig" pkg-config --cflag
 grep -q "$lib" <(LD_DEBUG=libs "$tmp/v2" 2>&1 | grep 'calling init: .*libdataplane') ||
     fail "the C program did not load the wheel's libdataplane"
 echo "check_wheel: C program against the wheel: version $cv (get_include/get_lib and pkg-config)"
+
+# uv installs it the same way
+uv=$(dirname "$py")/uv
+if [ -x "$uv" ]; then
+    "$uv" venv -q -p "$py" "$tmp/uv" && VIRTUAL_ENV=$tmp/uv "$uv" pip install -q --offline "$whl" ||
+        fail "uv pip install $whl failed"
+    [ "$("$tmp/uv/bin/dataplane" --version)" = "dataplane $pyv" ] &&
+        "$tmp/uv/bin/python" -c 'import dataplane, sys; sys.exit(dataplane.get_lib() is None)' ||
+        fail "the wheel installed by uv does not run"
+    echo "check_wheel: uv pip install: dataplane $pyv runs"
+fi
+
+# --- 1b. pip install of the source distribution beside it (built here, --------
+# against this machine's -dev packages): the same files, a working cluster
+sdist=$(ls "$(dirname "$whl")"/dataplane-"$pyv".tar.gz 2>/dev/null || true)
+if [ -n "$sdist" ]; then
+    "$py" -m venv "$tmp/sv" || fail "$py -m venv failed"
+    "$tmp/sv/bin/pip" install -q --no-deps --disable-pip-version-check "$sdist" >"$tmp/sdist.log" 2>&1 ||
+        { tail -30 "$tmp/sdist.log" >&2; fail "pip install $(basename "$sdist") failed"; }
+    list() { (cd "$1" && find dataplane dataplane_cli.py dataplane_tq_hook.py dataplane-tq.pth \
+        -name __pycache__ -prune -o -type f -print | sort); }
+    a=$(list "$("$tmp/hv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')")
+    b=$(list "$("$tmp/sv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')")
+    [ "$a" = "$b" ] || fail "the source distribution installs other files than the wheel: $(diff <(echo "$a") <(echo "$b"))"
+    "$tmp/sv/bin/dataplane" up --units 2 --slab 64M --dir "$tmp/sc" >"$tmp/sup.log" 2>&1 &
+    sup=$!
+    "$tmp/sv/bin/python" - "$tmp/sc" <<'PY' || { kill $sup; cat "$tmp/sup.log" >&2; fail "the source install's cluster failed"; }
+import os, sys, time, dataplane
+d = sys.argv[1]
+for _ in range(300):
+    if os.path.exists(os.path.join(d, "cluster.json")):
+        break
+    time.sleep(0.1)
+vals = [os.urandom(5000 + r) for r in range(16)]
+with dataplane.Client(d) as c:
+    c.put(list(range(16)), {"v": vals})
+    assert [bytes(x) for x in c.get(list(range(16)), ["v"])["v"]] == vals
+PY
+    kill $sup && wait $sup 2>/dev/null || true
+    echo "check_wheel: pip install $(basename "$sdist"): the wheel's files; its cluster puts and gets 16 values intact"
+fi
 
 # --- 2. the clean root ------------------------------------------------------
 cache=${DP_ROOTFS_CACHE:-/var/cache/dataplane}
