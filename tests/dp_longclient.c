@@ -27,7 +27,7 @@
  *                          counters, or all of them) | err T NAME DETAIL ...
  *   counters               ok T restarts_seen=N,rebinds=N,units_down=N,
  *                          transfers_retained=N,transfers_released=N,
- *                          retained_bytes=N (this client's own counters,
+ *                          retained_bytes=N,resent=N (this client's own counters,
  *                          dp_client_counters_get; one word)
  *   sleep S                ok T
  *   quit                   ok 0.000, then close and exit 0 (also at end of input)
@@ -493,9 +493,9 @@ cmd_counters(char **tok, int ntok)
     answer("ok", el,
            "restarts_seen=%" PRIu64 ",rebinds=%" PRIu64 ",units_down=%" PRIu64
            ",transfers_retained=%" PRIu64 ",transfers_released=%" PRIu64
-           ",retained_bytes=%" PRIu64,
+           ",retained_bytes=%" PRIu64 ",resent=%" PRIu64,
            k.restarts_seen, k.rebinds, k.units_down, k.transfers_retained,
-           k.transfers_released, k.retained_bytes);
+           k.transfers_released, k.retained_bytes, dp_client_requests_resent(cl));
 }
 
 static void

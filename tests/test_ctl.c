@@ -138,9 +138,10 @@ start_server(size_t max_msg)
     return s;
 }
 
-/* A server in a child process; its address comes back over a pipe. */
+/* A server in a child process on port (0: a free one); its address comes back over a
+ * pipe. */
 static pid_t
-fork_server(char *addr, size_t alen)
+fork_server_at(uint16_t port, char *addr, size_t alen)
 {
     int fds[2];
     CHECK(pipe(fds) == 0);
@@ -149,7 +150,7 @@ fork_server(char *addr, size_t alen)
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test, even stopped */
         close(fds[0]);
-        dp_ctl_server_opts o = {0};
+        dp_ctl_server_opts o = {.port = port};
         dp_ctl_server *s = NULL;
         if (dp__ctl_server_open(&o, handler, NULL, NULL, &s, NULL) != DP_OK)
             _exit(1);
@@ -165,6 +166,12 @@ fork_server(char *addr, size_t alen)
     close(fds[0]);
     CHECK(n > 0);
     return pid;
+}
+
+static pid_t
+fork_server(char *addr, size_t alen)
+{
+    return fork_server_at(0, addr, alen);
 }
 
 DP_TEST(call_round_trip_and_reuse)
@@ -815,4 +822,121 @@ DP_TEST(curve_allows_listed_keys_only)
     char cmd[160];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
+}
+
+/* One call_many of one item, in a thread of its own (the test kills meanwhile). */
+typedef struct bg_call {
+    dp_ctl_client *c;
+    dp_ctl_item *it;
+    double timeout_s, took;
+    pthread_t th;
+} bg_call;
+
+static void *
+bg_call_main(void *arg)
+{
+    bg_call *b = arg;
+    double t0 = dp__now_s();
+    dp__ctl_call_many(b->c, b->it, 1, b->timeout_s);
+    b->took = dp__now_s() - t0;
+    return NULL;
+}
+
+/*
+ * A call answered first (the client's pooled connection is up), then the
+ * server stopped with the next request queued on that connection, then
+ * killed: the connection drops under the request.
+ */
+static void
+stop_then_kill_under(bg_call *b, pid_t pid)
+{
+    CHECK_OK(dp__ctl_call_many(b->c, b->it, 1, 10.0));
+    dp__buf_reset(&b->it->reply);
+    kill(pid, SIGSTOP);
+    int wst;
+    CHECK_EQ(waitpid(pid, &wst, WUNTRACED), pid);
+    CHECK(pthread_create(&b->th, NULL, bg_call_main, b) == 0);
+    dp__sleep_s(0.3); /* the request went out and waits */
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/*
+ * A connection that drops under a request: a repeatable one is sent again on
+ * a new connection until the budget ends, so a server back on its port within
+ * the budget answers it (the call costs time, not an error); one that is not
+ * repeatable fails at once, saying the request may or may not have been
+ * carried out; a repeatable one whose server never comes back fails with
+ * DP_ETRANSFER at the budget, saying it was sent again; a server that refuses
+ * from the start still fails a repeatable call at once.
+ */
+DP_TEST(repeatable_requests_ride_a_dropped_connection)
+{
+    char a[128], b2[128];
+    dp_ctl_client *c = NULL;
+    CHECK_OK(dp__ctl_client_create(&c, NULL));
+    dp_buf req;
+    dp__buf_init(&req);
+    make_req(&req, "ping", "d1", 0);
+
+    /* repeatable: the server comes back on its port 1 s after the drop */
+    pid_t pid = fork_server(a, sizeof a);
+    const char *colon = strrchr(a, ':');
+    CHECK(colon != NULL);
+    uint16_t port = (uint16_t)atoi(colon + 1);
+    dp_ctl_item it = {
+        .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
+    dp__buf_init(&it.reply);
+    bg_call bc = {.c = c, .it = &it, .timeout_s = 20.0};
+    stop_then_kill_under(&bc, pid);
+    dp__sleep_s(1.0);
+    pid = fork_server_at(port, b2, sizeof b2);
+    CHECK(strcmp(a, b2) == 0);
+    CHECK(pthread_join(bc.th, NULL) == 0);
+    CHECKF(it.rc == DP_OK, "rc %d: %s", it.rc, it.det.msg);
+    check_reply_op(&it.reply, "ping");
+    CHECKF(it.resent >= 1, "resent %u", it.resent);
+    CHECKF(bc.took > 1.0 && bc.took < 15.0, "took %.2f s", bc.took);
+    printf("    answered by the restarted server after %.2f s, sent again %u time(s)\n",
+           bc.took, it.resent);
+    dp__buf_fini(&it.reply);
+
+    /* not repeatable: fails at once */
+    it = (dp_ctl_item){.address = a, .req = req.data, .len = req.len, .rid = "d1"};
+    dp__buf_init(&it.reply);
+    bc = (bg_call){.c = c, .it = &it, .timeout_s = 20.0};
+    stop_then_kill_under(&bc, pid);
+    CHECK(pthread_join(bc.th, NULL) == 0);
+    CHECK_EQ(it.rc, DP_ETRANSFER);
+    CHECK_CONTAINS(it.det.msg, "may or may not have been carried out");
+    CHECK_EQ(it.resent, 0u);
+    CHECKF(bc.took < 10.0, "a drop took %.2f s to show with a 20 s budget", bc.took);
+    dp__buf_fini(&it.reply);
+
+    /* repeatable, and the server never comes back: DP_ETRANSFER at the budget */
+    pid = fork_server_at(port, b2, sizeof b2);
+    it = (dp_ctl_item){
+        .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
+    dp__buf_init(&it.reply);
+    bc = (bg_call){.c = c, .it = &it, .timeout_s = 2.0};
+    stop_then_kill_under(&bc, pid);
+    CHECK(pthread_join(bc.th, NULL) == 0);
+    CHECKF(it.rc == DP_ETRANSFER, "rc %d: %s", it.rc, it.det.msg);
+    CHECK_CONTAINS(it.det.msg, "sent again");
+    CHECK_CONTAINS(it.det.msg, a);
+    CHECKF(bc.took >= 1.9 && bc.took < 6.0, "took %.2f s with a 2 s budget", bc.took);
+    dp__buf_fini(&it.reply);
+
+    /* refused from the start: at once, repeatable or not */
+    it = (dp_ctl_item){
+        .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
+    dp__buf_init(&it.reply);
+    double t0 = dp__now_s();
+    CHECK_ERR(dp__ctl_call_many(c, &it, 1, 20.0), DP_ETRANSFER);
+    CHECKF(dp__now_s() - t0 < 10.0, "a refusing port took %.2f s", dp__now_s() - t0);
+    CHECK_CONTAINS(it.det.msg, "refused");
+    dp__buf_fini(&it.reply);
+
+    dp__buf_fini(&req);
+    dp__ctl_client_destroy(c);
 }

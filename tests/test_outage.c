@@ -19,6 +19,11 @@
  *     gets fail within their budget (printed as NOTE and the tries seen).
  *   link_down_5s: host 0's link down for 5 s with a busy client: the same
  *     checks, shorter.
+ *   link_flap_inside_the_budget: host 0's link down for 5 s (past the
+ *     control connection's 4 s heartbeat, so the connection drops) under a
+ *     clear from a client whose budget is 20 s: the clear is sent again
+ *     once the connection dropped and answers ok after the link is back (the
+ *     client counts the resend); the rows are gone, new puts and gets work.
  *   unit_restart: the unit SIGKILLed and started again on its port. While it
  *     is down, calls fail with DP_ETRANSFER within the budget; once it is
  *     back each long-lived client's first call fails once with
@@ -431,6 +436,57 @@ DP_TEST(link_down_5s)
     CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
     CHECK_OK_D(dp_netns_destroy(n, &d), &d);
     dp_lc_step(t0, "client quit, unit stopped, topology removed");
+}
+
+#define PATIENT_S 20.0 /* the budget of the client that rides a flap */
+#define FLAP_ROWS "500 8 65536"
+
+DP_TEST(link_flap_inside_the_budget)
+{
+    dp_lc_t_start = dp_test_now();
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    dp_netns *n = topology(2);
+    dp_netns_proc unit;
+    char addr[256];
+    dp_lc_unit_start(n, 0, DP_CLI_PATH, "0", SLAB, &unit, addr, sizeof addr);
+    dp_lc patient;
+    dp_lc_start(&patient, n, 1, DP_LONGCLIENT_PATH, "patient", addr, 1, PATIENT_S);
+    dp_lc_answer a;
+    dp_lc_ask_ok(&patient, "put " FLAP_ROWS " 3", &a);
+    dp_lc_ask_ok(&patient, "get " FLAP_ROWS " 3", &a);
+    dp_lc_step(t0, "unit in host 0, a client with a 20 s budget in host 1, rows put");
+
+    t0 = dp_test_now();
+    CHECK_OK_D(dp_netns_link(n, 0, false, &d), &d);
+    CHECK_OK_D(dp_netns_writeline(&patient.p, "clear 500 8", &d), &d);
+    printf("    patient clear 500 8 sent as host 0's link went down\n");
+    dp__sleep_s(LINK_DOWN_S);
+    CHECK_OK_D(dp_netns_link(n, 0, true, &d), &d);
+    double t_up = dp_test_now() - t0;
+    CHECK_OK_D(dp_netns_readline(&patient.p, a.line, sizeof a.line, PATIENT_S + 20, &d),
+               &d);
+    double took = dp_test_now() - t0;
+    printf("    patient clear 500 8 -> %s (link up after %.1f s, answer after %.1f s)\n",
+           a.line, t_up, took);
+    CHECKF(strncmp(a.line, "ok ", 3) == 0, "the clear across the flap answered \"%s\"",
+           a.line);
+    dp_lc_ask_ok(&patient, "counters", &a);
+    double resent = dp_lc_value_of(&a, NULL, "resent");
+    CHECKF(resent >= 1, "the clear was never sent again (resent=%.0f): %s", resent,
+           a.line);
+    dp_lc_step(t0, "link down 5 s under a clear: sent again, answered ok in budget");
+
+    t0 = dp_test_now();
+    dp_lc_ask(&patient, "get " FLAP_ROWS " 3", &a);
+    CHECKF(strcmp(a.verdict, "missing") == 0, "the cleared rows answered \"%s\"", a.line);
+    dp_lc_ask_ok(&patient, "put " FLAP_ROWS " 4", &a);
+    dp_lc_ask_ok(&patient, "get " FLAP_ROWS " 4", &a);
+    dp_lc_quit(&patient);
+    CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
+    CHECK_OK_D(dp_netns_destroy(n, &d), &d);
+    dp_lc_step(t0, "rows cleared, new ones round-trip; unit stopped, topology removed");
 }
 
 /*

@@ -476,7 +476,16 @@ DP_TEST(stale_requests_are_refused)
     q.a.alloc = (dp_wire_alloc_args){dp__wire_s("x"), 4096, 0, false};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
+    uint64_t off = r.r.alloc.off, token = r.r.alloc.token;
     dp__wire_reply_fini(&r);
+    /* The same alloc sent again (its connection dropped): the same allocation. */
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    CHECK_EQ(r.r.alloc.off, off);
+    CHECK_EQ(r.r.alloc.token, token);
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).repeats_taken, 1);
+    CHECK_EQ(dp_test_unit_stats(u).blobs, 1);
     /* A's older clear (counter 3) arrives late: refused, nothing released. */
     const char *keys[] = {"7@a"};
     tblob t = mk_blob(keys, 1, 64, 1);
@@ -495,7 +504,7 @@ DP_TEST(stale_requests_are_refused)
     CHECK_CONTAINS(msg, "stale request");
     dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).entries, 1);
-    /* The same counter again is stale too; an older abort is dropped. */
+    /* The same counter again with another op is stale too; an older abort is dropped. */
     snprintf(rid, sizeof rid, "%s-5", A);
     q.rid = dp__wire_s(rid);
     call_handler(u, &q, &r, &replied);

@@ -549,6 +549,13 @@ typedef struct dp_client_counters {
 DP_API int dp_client_counters_get(dp_client *c, dp_client_counters *out);
 
 /*
+ * Control requests this client sent again because the connection that carried
+ * them dropped before the reply (only requests safe to repeat; see
+ * docs/design.md, "Requests sent again"), so far. 0 for NULL. Threads: any.
+ */
+DP_API uint64_t dp_client_requests_resent(dp_client *c);
+
+/*
  * How this client's data path reaches unit `unit`, as one line into
  * buf[0..cap): the lane class (shm, rdma, tcp), the path (one-sided: UCX
  * put/get; two-sided: messages the unit receives and sends itself, where the

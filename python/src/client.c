@@ -1233,6 +1233,7 @@ client_counters(DpClient *self, PyObject *noarg)
     Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex, held by a running put */
     rc = dp_client_counters_get(self->c, &k);
     Py_END_ALLOW_THREADS
+    uint64_t resent = dp_client_requests_resent(self->c);
     dp__py_client_leave(self);
     if (rc != DP_OK)
         return dp__py_raise(rc, NULL);
@@ -1258,6 +1259,7 @@ client_counters(DpClient *self, PyObject *noarg)
               {"retries", k.retries},
               {"busy_waits", k.busy_waits},
               {"loc_misses", k.loc_misses},
+              {"resent", resent},
               {"copied_bytes", self->copied}};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)kv[i].v);

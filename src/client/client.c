@@ -1040,6 +1040,12 @@ dp_client_counters_get(dp_client *c, dp_client_counters *out)
     return DP_OK;
 }
 
+uint64_t
+dp_client_requests_resent(dp_client *c)
+{
+    return c == NULL ? 0 : dp__ctl_client_resent(c->ctl);
+}
+
 int
 dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
 {

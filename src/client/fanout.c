@@ -171,6 +171,7 @@ dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t u,
     it->req = r->req.data;
     it->len = r->req.len;
     it->rid = r->rid;
+    it->repeat = dp__wire_op_repeatable(q->op);
     it->rc = 0;
     dp_detail_clear(&it->det);
     f->slot_unit[slot] = u;

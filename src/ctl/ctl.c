@@ -755,7 +755,8 @@ struct dp_ctl_client {
      * address (rare: a unit moved or was re-keyed meanwhile).
      */
     uint64_t epoch;
-    uint64_t n_socks; /* monitor endpoint names; atomic */
+    uint64_t n_socks;  /* monitor endpoint names; atomic */
+    uint64_t n_resent; /* requests sent again after a drop; atomic */
     /* CURVE: this client's keys (curve), and the units' keys; under mu. */
     bool curve;
     char pub[41], sec[41];
@@ -1232,26 +1233,85 @@ dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
     return rc;
 }
 
+/* Send it->req on a socket of the pool (or a new one); det says why not. */
+static int
+item_send(dp_ctl_client *c, dp_ctl_item *it, dp_detail *det)
+{
+    csock *cs = NULL;
+    it->sock = NULL;
+    int rc = sock_take(c, it->address, &cs, det);
+    if (rc == DP_OK)
+        rc = send_req(cs, it->address, it->req, it->len, det);
+    if (rc != DP_OK) {
+        sock_close(cs);
+        return rc;
+    }
+    it->sock = cs;
+    return DP_OK;
+}
+
+uint64_t
+dp__ctl_client_resent(const dp_ctl_client *c)
+{
+    return c == NULL ? 0 : __atomic_load_n(&c->n_resent, __ATOMIC_RELAXED);
+}
+
 int
 dp__ctl_send(dp_ctl_client *c, dp_ctl_item *it)
 {
     dp_detail_clear(&it->det);
-    csock *cs = NULL;
-    it->sock = NULL;
-    it->rc = sock_take(c, it->address, &cs, &it->det);
-    if (it->rc == DP_OK)
-        it->rc = send_req(cs, it->address, it->req, it->len, &it->det);
-    if (it->rc != DP_OK) {
-        sock_close(cs);
+    it->resent = 0;
+    it->dropped = false;
+    it->resend_at = 0;
+    it->rc = item_send(c, it, &it->det);
+    if (it->rc != DP_OK)
         return it->rc;
-    }
-    it->sock = cs;
     it->rc = DP_CTL_PENDING;
     return DP_OK;
 }
 
 /* Slices of a wait: how often the monitor verdicts are looked at (at most). */
 #define WAIT_SLICE_MS 100
+/* Sending a repeatable request again after a drop: 50 ms, doubling, at most 1 s. */
+#define RESEND_FIRST_S 0.05
+#define RESEND_MAX_S 1.0
+
+/*
+ * A repeatable item whose connection dropped goes out again on a new socket
+ * at its resend_at; one that cannot be sent is tried again later. Returns
+ * whether it waits on a socket now.
+ */
+static bool
+item_resend(dp_ctl_client *c, dp_ctl_item *it, double now)
+{
+    if (it->sock != NULL || now < it->resend_at)
+        return it->sock != NULL;
+    dp_detail e;
+    dp_detail_clear(&e);
+    if (item_send(c, it, &e) == DP_OK) {
+        it->resent++;
+        __atomic_add_fetch(&c->n_resent, 1, __ATOMIC_RELAXED);
+        return true;
+    }
+    it->resend_at = now + RESEND_MAX_S;
+    it->det = e;
+    return false;
+}
+
+/* After a failed verdict: whether the item is sent again (later) instead. */
+static bool
+item_may_resend(dp_ctl_item *it, const csock *cs, int vrc, double now, double deadline)
+{
+    if (cs->n_disconnects > cs->sent_disconnects)
+        it->dropped = true;
+    if (!it->repeat || !it->dropped || vrc != DP_ETRANSFER || deadline - now < 0.01)
+        return false;
+    double wait = RESEND_FIRST_S;
+    for (unsigned k = 0; k < it->resent && wait < RESEND_MAX_S; k++)
+        wait *= 2;
+    it->resend_at = now + (wait < RESEND_MAX_S ? wait : RESEND_MAX_S);
+    return true;
+}
 
 int
 dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
@@ -1275,16 +1335,30 @@ dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout
     double deadline = dp__now_s() + (timeout_s > 0 ? timeout_s : 0);
     while (waiting > 0) {
         size_t np = 0;
+        double now = dp__now_s(), wake = deadline;
         for (size_t i = 0; i < n; i++) {
-            if (items[i].rc != DP_CTL_PENDING)
+            dp_ctl_item *it = &items[i];
+            if (it->rc != DP_CTL_PENDING)
                 continue;
-            csock *cs = items[i].sock;
-            int vrc = sock_verdict(cs, items[i].address, &items[i].det);
+            if (!item_resend(c, it, now)) {
+                wake = it->resend_at < wake ? it->resend_at : wake;
+                continue;
+            }
+            csock *cs = it->sock;
+            dp_detail e;
+            dp_detail_clear(&e);
+            int vrc = sock_verdict(cs, it->address, &e);
             if (vrc != DP_OK) {
-                /* The unit cannot answer this request: fail it now. */
+                bool again = item_may_resend(it, cs, vrc, now, deadline);
                 sock_close(cs);
-                items[i].sock = NULL;
-                items[i].rc = vrc;
+                it->sock = NULL;
+                it->det = e;
+                if (again) { /* the unit may answer on a new connection */
+                    wake = it->resend_at < wake ? it->resend_at : wake;
+                    continue;
+                }
+                /* The unit cannot answer this request: fail it now. */
+                it->rc = vrc;
                 waiting--;
                 continue;
             }
@@ -1298,6 +1372,8 @@ dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout
         double left = deadline - dp__now_s();
         if (left <= 0)
             break;
+        if (wake - dp__now_s() < left)
+            left = wake - dp__now_s() > 0 ? wake - dp__now_s() : 0;
         long ms = (long)(left * 1000) + 1;
         int k = zmq_poll(pis, (int)np, ms < WAIT_SLICE_MS ? ms : WAIT_SLICE_MS);
         if (k < 0) {
@@ -1322,22 +1398,37 @@ dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout
     int first = DP_OK;
     for (size_t i = 0; i < n; i++) {
         dp_ctl_item *it = &items[i];
-        if (it->rc == DP_CTL_PENDING) {
+        if (it->rc == DP_CTL_PENDING && it->sock == NULL) {
+            /* Dropped, sent again, and no answer before the deadline. */
+            char last[DP_DETAIL_MAX];
+            snprintf(last, sizeof last, "%s", it->det.msg);
+            it->rc = dp__fail(&it->det, DP_ETRANSFER,
+                              "unit %s is down or unreachable: the connection that "
+                              "carried the request dropped, and it was sent again %u "
+                              "time(s) within %.3g s without an answer (the request may "
+                              "or may not have been carried out; last: %s)",
+                              it->address, it->resent, timeout_s, last);
+        } else if (it->rc == DP_CTL_PENDING) {
             /* No reply in time: the socket may still get one; never reuse it. */
             csock *cs = it->sock;
             drain_events(cs); /* a handshake may have come after the last look */
             bool never_up = !cs->sent_up && cs->n_handshakes == cs->sent_handshakes;
             sock_close(cs);
             it->sock = NULL;
+            char again[96] = "";
+            if (it->resent > 0)
+                snprintf(again, sizeof again,
+                         " (sent %u times: the connections of the earlier ones dropped)",
+                         it->resent + 1);
             if (never_up)
                 it->rc = dp__fail(&it->det, DP_ETIMEDOUT,
                                   "unit %s did not answer within %.3g s: no connection "
-                                  "could be made (unit unreachable?)",
-                                  it->address, timeout_s);
+                                  "could be made (unit unreachable?)%s",
+                                  it->address, timeout_s, again);
             else
                 it->rc = dp__fail(&it->det, DP_ETIMEDOUT,
-                                  "unit %s did not reply within %.3g s", it->address,
-                                  timeout_s);
+                                  "unit %s did not reply within %.3g s%s", it->address,
+                                  timeout_s, again);
         }
         if (it->rc != DP_OK && first == DP_OK)
             first = it->rc;

@@ -131,6 +131,9 @@ int dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char 
  */
 size_t dp__ctl_client_forget(dp_ctl_client *c, const char *address);
 
+/* Requests sent again after a dropped connection (dp_ctl_item.repeat), so far. */
+uint64_t dp__ctl_client_resent(const dp_ctl_client *c);
+
 /* Close every pooled socket. NULL allowed; no call may be running. */
 void dp__ctl_client_destroy(dp_ctl_client *c);
 
@@ -143,7 +146,15 @@ void dp__ctl_client_destroy(dp_ctl_client *c);
 int dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
                  const char *rid, double timeout_s, dp_buf *reply, dp_detail *d);
 
-/* One request of a dp__ctl_call_many batch; rc/reply/det are its outcome. */
+/*
+ * One request of a dp__ctl_call_many batch; rc/reply/det are its outcome.
+ * repeat: the request is safe to carry out twice (dp__wire_op_repeatable):
+ * when the connection that carried it drops before the reply (a link down
+ * longer than the heartbeat's 4 s, the unit's process gone), it is sent again
+ * on a new connection, after 50 ms doubling to 1 s, until a reply or the
+ * deadline, instead of failing at once; resent counts those sends. A unit
+ * that refuses connections from the start still fails the call at once.
+ */
 typedef struct dp_ctl_item {
     const char *address;
     const void *req;
@@ -152,7 +163,11 @@ typedef struct dp_ctl_item {
     dp_buf reply; /* caller inits and finis */
     int rc;       /* DP_CTL_PENDING between dp__ctl_send and its reply */
     dp_detail det;
-    void *sock; /* private: the socket a sent request waits on */
+    bool repeat;
+    unsigned resent;
+    void *sock;       /* private: the socket a sent request waits on */
+    bool dropped;     /* private: a connection carrying it dropped */
+    double resend_at; /* private: when to send it again (sock is NULL until then) */
 } dp_ctl_item;
 
 #define DP_CTL_PENDING (-1)

@@ -81,6 +81,8 @@ static const metric_def defs[] = {
      "Commits naming another allocation, refused"},
     {"stale_refused", "stale_refused_total", true,
      "Requests older than one their client sent later, refused"},
+    {"repeats_taken", "repeats_taken_total", true,
+     "Requests their client sent again after a dropped connection, carried out again"},
     {"restart_refused", "restart_refused_total", true,
      "Inline puts meant for an earlier process of this unit, refused"},
     {"leases_expired", "leases_expired_total", true,

@@ -21,6 +21,7 @@
 
 typedef struct order_rec {
     uint64_t last;
+    dp_wire_op last_op;
     double seen;
 } order_rec;
 
@@ -46,7 +47,7 @@ parse_rid(const char *p, size_t n, uint64_t *counter)
 }
 
 int
-dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d)
+dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_wire_op op, dp_detail *d)
 {
     uint64_t k;
     if (!parse_rid(rid, len, &k))
@@ -64,6 +65,9 @@ dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d)
         if (r == NULL) /* out of memory: no order to check against */
             goto out;
         r->last = k;
+        r->last_op = op;
+    } else if (k == r->last && op == r->last_op && dp__wire_op_repeatable(op)) {
+        u->stats.repeats_taken++; /* sent again after a drop: as safe as once */
     } else if (k <= r->last) {
         u->stats.stale_refused++;
         rc = dp__fail(d, DP_EPROTO,
@@ -72,6 +76,7 @@ dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d)
                       (int)len, rid, (unsigned long long)r->last);
     } else {
         r->last = k;
+        r->last_op = op;
     }
     r->seen = now;
 out:

@@ -358,7 +358,7 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
      * only ends a pin (docs/design.md, "Request order").
      */
     if (req.op != DP_WIRE_OP_UNPIN &&
-        dp__unit_order_check(u, req.rid.p, req.rid.n, &d) != DP_OK) {
+        dp__unit_order_check(u, req.rid.p, req.rid.n, req.op, &d) != DP_OK) {
         DP_LOG_W("unit %u: %s %s", dp__unit_id(u), dp__wire_op_name(req.op),
                  dp_detail_msg(&d));
         if (!dp__wire_op_is_notify(req.op))

@@ -325,9 +325,14 @@ void dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
  * after the client moved on; acting on it could undo what a later request did
  * (a clear carried out after a confirmed put of the same rows). Returns
  * DP_EPROTO (naming both counters) for a stale id, else DP_OK, and records
- * the id as the client's newest. Ids of another form are never stale.
+ * the id as the client's newest. Ids of another form are never stale. The
+ * newest id again, with the same op, is a request the client sent again
+ * after its connection dropped (docs/design.md, "Requests sent again"): taken
+ * again when the op is safe to repeat (dp__wire_op_repeatable), counted in
+ * repeats_taken.
  */
-int dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_detail *d);
+int dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_wire_op op,
+                         dp_detail *d);
 
 /* End a pin (the reader is done). Unknown pins: no-op. */
 void dp__unit_unpin(dp_unit *u, const char *pin_id, size_t len);
@@ -374,6 +379,7 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(identity_refused, "identity_refused") /* commits naming another allocation */      \
     X(stale_refused,                                                                     \
       "stale_refused") /* requests older than one the client sent later */               \
+    X(repeats_taken, "repeats_taken")     /* requests sent again after a drop, taken */  \
     X(restart_refused, "restart_refused") /* inline puts meant for an earlier process */ \
     X(leases_expired, "leases_expired")   /* allocations retired by the ticker */        \
     X(pins_expired, "pins_expired")                                                      \

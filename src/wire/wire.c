@@ -283,6 +283,26 @@ dp__wire_op_is_notify(dp_wire_op op)
     return (int)op >= 0 && op < DP_WIRE_OP_COUNT_ && op_notify[op];
 }
 
+bool
+dp__wire_op_repeatable(dp_wire_op op)
+{
+    switch (op) {
+    case DP_WIRE_OP_PING:
+    case DP_WIRE_OP_INFO:
+    case DP_WIRE_OP_STATS:
+    case DP_WIRE_OP_SCAN:
+    case DP_WIRE_OP_READ_BYTES: /* read only */
+    case DP_WIRE_OP_RESOLVE:
+    case DP_WIRE_OP_RESOLVE_KEYS: /* a pin never answered ends with its lease */
+    case DP_WIRE_OP_RELEASE_ROWS: /* idempotent */
+    case DP_WIRE_OP_ALLOC:        /* same blob id and size: the same allocation */
+    case DP_WIRE_OP_COMMIT:       /* done once: done (or lost), never twice */
+        return true;
+    default: /* put (inline: the blob id is then in use), save/load_shard, notifies */
+        return false;
+    }
+}
+
 /* ---- request ids ---- */
 
 static const char hexdig[] = "0123456789abcdef";

@@ -161,6 +161,13 @@ const char *dp__wire_op_name(dp_wire_op op);
 dp_wire_op dp__wire_op_parse(dp_wire_str s);
 /* unpin and abort: the unit sends no reply. False for invalid ops. */
 bool dp__wire_op_is_notify(dp_wire_op op);
+/*
+ * A request of this op may be sent again when the connection that carried it
+ * dropped before the reply (the unit may or may not have carried it out):
+ * carrying it out twice answers as once would have, or leaves only what a
+ * lease reclaims. docs/design.md, "Requests sent again", says why for each.
+ */
+bool dp__wire_op_repeatable(dp_wire_op op);
 
 /* ---- request ids ---- */
 

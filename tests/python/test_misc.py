@@ -88,3 +88,10 @@ def test_get_include_and_get_lib_only_where_carried():
             assert d == os.path.join(pkg, sub) and os.listdir(d)
         else:
             assert d is None
+
+
+def test_counters_count_resent_requests(client):
+    """counters()["resent"]: control requests sent again after a dropped
+    connection (none on a quiet loopback cluster)."""
+    k = client.counters()
+    assert isinstance(k["resent"], int) and k["resent"] == 0
