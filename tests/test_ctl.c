@@ -174,6 +174,55 @@ fork_server(char *addr, size_t alen)
     return fork_server_at(0, addr, alen);
 }
 
+/*
+ * A server process forked now (while this process has one thread: a fork
+ * after threads exist is not allowed under ThreadSanitizer) that starts
+ * serving only when standby_start tells it a port.
+ */
+typedef struct standby {
+    pid_t pid;
+    int cmd, addr;
+} standby;
+
+static standby
+fork_standby(void)
+{
+    int cmd[2], ad[2];
+    CHECK(pipe(cmd) == 0 && pipe(ad) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(cmd[1]);
+        close(ad[0]);
+        uint16_t port;
+        if (read(cmd[0], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(0);
+        dp_ctl_server_opts o = {.port = port};
+        dp_ctl_server *s = NULL;
+        if (dp__ctl_server_open(&o, handler, NULL, NULL, &s, NULL) != DP_OK)
+            _exit(1);
+        const char *a = dp__ctl_server_address(s);
+        if (write(ad[1], a, strlen(a) + 1) < 0)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(cmd[0]);
+    close(ad[1]);
+    return (standby){.pid = pid, .cmd = cmd[1], .addr = ad[0]};
+}
+
+static void
+standby_start(standby *sb, uint16_t port, char *addr, size_t alen)
+{
+    CHECK(write(sb->cmd, &port, sizeof port) == (ssize_t)sizeof port);
+    ssize_t n = read(sb->addr, addr, alen);
+    CHECK(n > 0);
+    close(sb->cmd);
+    close(sb->addr);
+}
+
 DP_TEST(call_round_trip_and_reuse)
 {
     dp_ctl_server *s = start_server(0);
@@ -873,6 +922,8 @@ stop_then_kill_under(bg_call *b, pid_t pid)
 DP_TEST(repeatable_requests_ride_a_dropped_connection)
 {
     char a[128], b2[128];
+    pid_t pid = fork_server(a, sizeof a);
+    standby back[2] = {fork_standby(), fork_standby()};
     dp_ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp_buf req;
@@ -880,7 +931,6 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     make_req(&req, "ping", "d1", 0);
 
     /* repeatable: the server comes back on its port 1 s after the drop */
-    pid_t pid = fork_server(a, sizeof a);
     const char *colon = strrchr(a, ':');
     CHECK(colon != NULL);
     uint16_t port = (uint16_t)atoi(colon + 1);
@@ -890,7 +940,8 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     bg_call bc = {.c = c, .it = &it, .timeout_s = 20.0};
     stop_then_kill_under(&bc, pid);
     dp__sleep_s(1.0);
-    pid = fork_server_at(port, b2, sizeof b2);
+    standby_start(&back[0], port, b2, sizeof b2);
+    pid = back[0].pid;
     CHECK(strcmp(a, b2) == 0);
     CHECK(pthread_join(bc.th, NULL) == 0);
     CHECKF(it.rc == DP_OK, "rc %d: %s", it.rc, it.det.msg);
@@ -914,7 +965,8 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     dp__buf_fini(&it.reply);
 
     /* repeatable, and the server never comes back: DP_ETRANSFER at the budget */
-    pid = fork_server_at(port, b2, sizeof b2);
+    standby_start(&back[1], port, b2, sizeof b2);
+    pid = back[1].pid;
     it = (dp_ctl_item){
         .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
     dp__buf_init(&it.reply);
