@@ -1398,8 +1398,16 @@ dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout
     int first = DP_OK;
     for (size_t i = 0; i < n; i++) {
         dp_ctl_item *it = &items[i];
-        if (it->rc == DP_CTL_PENDING && it->sock == NULL) {
-            /* Dropped, sent again, and no answer before the deadline. */
+        bool never_up = false;
+        if (it->rc == DP_CTL_PENDING && it->sock != NULL) {
+            csock *cs = it->sock;
+            drain_events(cs); /* a handshake may have come after the last look */
+            never_up = !cs->sent_up && cs->n_handshakes == cs->sent_handshakes;
+        }
+        if (it->rc == DP_CTL_PENDING && it->dropped && (it->sock == NULL || never_up)) {
+            /* Dropped, sent again, and the unit never reached before the deadline. */
+            sock_close(it->sock);
+            it->sock = NULL;
             char last[DP_DETAIL_MAX];
             snprintf(last, sizeof last, "%s", it->det.msg);
             it->rc = dp__fail(&it->det, DP_ETRANSFER,
@@ -1411,8 +1419,6 @@ dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout
         } else if (it->rc == DP_CTL_PENDING) {
             /* No reply in time: the socket may still get one; never reuse it. */
             csock *cs = it->sock;
-            drain_events(cs); /* a handshake may have come after the last look */
-            bool never_up = !cs->sent_up && cs->n_handshakes == cs->sent_handshakes;
             sock_close(cs);
             it->sock = NULL;
             char again[96] = "";
