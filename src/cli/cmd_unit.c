@@ -18,6 +18,7 @@
 
 #include "cli/cli.h"
 #include "common/common.h"
+#include "common/fileio.h"
 #include "ctl/ctl.h"
 #include "http/http.h"
 #include "registry/registry.h"
@@ -437,6 +438,18 @@ unit_serve(unit_cmd *u)
     dp_unit_server *srv = NULL;
     dp__reg_unit *reg = NULL;
     char name[64], rnd[33], numa[128];
+    /*
+     * A unit holds a descriptor per connected client (bench/scale.sh): the
+     * soft open-file limit goes up to the hard one (docs/design.md, "Capacity").
+     */
+    uint64_t nofile = 0, nofile_hard = 0;
+    dp__nofile_raise(0, &nofile, &nofile_hard);
+    if (nofile < 4096)
+        DP_LOG_W("unit %u: the open-file limit is %" PRIu64 " (hard %" PRIu64
+                 "): a unit holds one per connected client, so about %" PRIu64
+                 " clients at once; raise the hard limit (ulimit -Hn, systemd "
+                 "LimitNOFILE=, a container's nofile) for more",
+                 uo->unit_id, nofile, nofile_hard, nofile > 64 ? nofile - 64 : 0);
     /* NUMA first, so the endpoint's threads start on the unit's node too. */
     dp__unit_numa_apply(uo->numa, uo->unit_id, numa, sizeof numa);
     if ((rc = dp__random_hex_id(rnd, &u->d)) != 0)

@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "blob/keys.h"
+#include "common/fileio.h"
 #include "dataplane/version.h"
 
 void (*dp__client_test_hook)(const char *stage);
@@ -1071,6 +1072,17 @@ open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
             const dp_cluster_unit *cu, const dp_client_opts *opts, dp_client **out,
             dp_detail *d)
 {
+    /*
+     * About four descriptors per unit (its control socket, UCX's); the soft
+     * open-file limit goes up when it is below that, never past the hard one
+     * (docs/design.md, "Capacity").
+     */
+    uint64_t want = 8 * (uint64_t)n + 256, soft = 0, hard = 0;
+    if (dp__nofile_raise(want, &soft, &hard) == DP_EINVAL)
+        DP_LOG_W("client: %u units need about %" PRIu64 " open files and the hard limit "
+                 "is %" PRIu64 ": connections may fail with 'Too many open files'; "
+                 "raise it (ulimit -Hn, systemd LimitNOFILE=, a container's nofile)",
+                 n, want, hard);
     dp_client *c = NULL;
     int rc = client_new(opts, n, false, &c, d);
     if (rc == 0 && cluster_id != NULL)

@@ -3,7 +3,8 @@
  * short transfers, in system calls of at most 1 GiB, and names the file and
  * the offset when it fails. Every module that moves a file's bytes (the SSD
  * tier, checkpoints and shards, cluster files, the CLI's inputs and outputs)
- * uses these instead of a loop of its own.
+ * uses these instead of a loop of its own. And the open-file limit, which
+ * units and clients raise for their per-peer descriptors.
  *
  * label names the file in messages ("shard /x/unit-0.shard", "stdin"). Errors:
  * DP_ESYS with errno kept, "reading LABEL at offset N" / "writing LABEL at
@@ -24,6 +25,18 @@
  * first is DP_ECORRUPT "LABEL: truncated: ends at offset N"; with got, the
  * call stops there and returns 0 with *got < n (the caller words that case).
  */
+/*
+ * The open-file limit for a process that holds descriptors per peer (a unit:
+ * one per connected client; a client: about four per unit). Raises the soft
+ * limit to at least want (0: to the hard limit), never above the hard limit,
+ * and never lowers it. *soft and *hard (may be NULL) get the limits after.
+ * Returns DP_OK when the soft limit is now at least want, DP_EINVAL when
+ * the hard limit is below want (the caller says what to do:
+ * `ulimit -Hn`, LimitNOFILE=, a container's limits), DP_ESYS when the limits
+ * cannot be read or set.
+ */
+int dp__nofile_raise(uint64_t want, uint64_t *soft, uint64_t *hard);
+
 int dp__pread_full(int fd, void *p, size_t n, uint64_t off, size_t *got,
                    const char *label, dp_detail *d);
 

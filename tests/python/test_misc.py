@@ -101,3 +101,66 @@ def test_counters_count_resent_requests(client):
     connection (none on a quiet loopback cluster)."""
     k = client.counters()
     assert isinstance(k["resent"], int) and k["resent"] == 0
+
+
+def _prlimit(soft, hard):
+    import shutil
+
+    p = shutil.which("prlimit")
+    if p is None:
+        pytest.skip("no prlimit (util-linux)")
+    return [p, f"--nofile={soft}:{hard}"]
+
+
+def test_a_unit_raises_its_open_file_limit(tmp_path):
+    """A unit holds a descriptor per connected client: it raises its soft
+    open-file limit to the hard one, and warns when that is low."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from conftest import _cli
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    for soft, hard, warn in ((512, 8192, False), (256, 1024, True)):
+        d = tmp_path / f"c{hard}"
+        log = tmp_path / f"up{hard}.log"
+        p = subprocess.Popen(_prlimit(soft, hard) + [_cli(), "up", "--units", "1", "--slab",
+                                                     "16M", "--dir", str(d)],
+                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+        try:
+            for _ in range(300):
+                if (d / "cluster.json").exists():
+                    break
+                assert p.poll() is None, log.read_text()
+                time.sleep(0.1)
+            pid = json.load(open(d / "cluster.json"))["units"][0]["pid"]
+            line = [x for x in open(f"/proc/{pid}/limits") if x.startswith("Max open files")][0]
+            assert line.split()[3:5] == [str(hard), str(hard)], line
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+        assert ("open-file limit is 1024" in log.read_text()) == warn, log.read_text()
+
+
+def test_a_client_raises_its_open_file_limit(cluster):
+    """A client needs about four descriptors per unit: opening raises a soft
+    open-file limit below what the cluster needs (never past the hard one), and
+    says so when the hard limit is too low."""
+    import resource
+    import subprocess
+    import sys
+
+    code = ("import resource, dataplane, sys\n"
+            "c = dataplane.Client(sys.argv[1]); c.close()\n"
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    for soft, hard, want in ((64, 4096, 272), (64, 100, 100)):
+        def limit(soft=soft, hard=hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+        r = subprocess.run([sys.executable, "-c", code, str(cluster)], preexec_fn=limit,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert int(r.stdout.split()[-1]) == want, (r.stdout, r.stderr)
+        assert ("the hard limit is 100" in r.stderr) == (hard == 100), r.stderr
