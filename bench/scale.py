@@ -137,14 +137,15 @@ class Clients:
             sent.append(time.time())
         return [(line, t - s) for (t, line), s in zip(self._lines(self.timeout_s + 60), sent)]
 
-    def quit(self):
-        for p in self.ps:
+    def quit(self, keep=0):
+        """Every client but the first keep ones quits."""
+        for p in self.ps[keep:]:
             try:
                 p.stdin.write("quit\n")
                 p.stdin.flush()
             except OSError:
                 pass
-        for p in self.ps:
+        for p in self.ps[keep:]:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -242,8 +243,12 @@ def main():
         during = [proc(p) for p in c.pids]
         cps = [proc(p.pid) for p in cl.ps]
         conns = established(c.ports)
+        # the same client alone again once the others have gone: does a
+        # unit's request path grow with the clients it holds?
+        cl.quit(keep=1)
+        _, alone_after = batches(solo, 1, n, nbytes, max(a.rounds, 3), 9000)
         cl.quit()
-        time.sleep(2)
+        time.sleep(12)  # units give freed heap back every 10 s
         after = [proc(p) for p in c.pids]
     finally:
         for x in clients:
@@ -263,14 +268,15 @@ def main():
           f" (the {m} spawns took {ms(cl.spread)} ms); all open after {t_open:.2f} s")
     print(f"first batch (put + get, all clients at once): p50 {ms(pct(first, 50))} ms,"
           f" max {ms(max(first))} ms")
-    s50, r50, a50 = (statistics.median(x) for x in (steady, ref_steady, alone))
-    print(f"steady batch (put + get) of one client alone: {ms(a50)} ms on {n} units,"
-          f" {ms(r50)} ms on 2 units ({a50 / r50:.2f}x); all {m} clients at once: p50 {ms(s50)} ms"
-          f" ({m} clients on 2 cores)")
+    s50, r50, a50, b50 = (statistics.median(x) for x in (steady, ref_steady, alone, alone_after))
+    print(f"steady batch (put + get) of one client alone: {ms(a50)} ms on {n} units with the"
+          f" other {m - 1} clients connected and idle, {ms(b50)} ms once they quit"
+          f" ({a50 / b50:.2f}x), {ms(r50)} ms on 2 units ({a50 / r50:.2f}x / {b50 / r50:.2f}x);"
+          f" all {m} clients at once: p50 {ms(s50)} ms ({m} clients on 2 cores)")
     print(f"per unit, per connected client (median over units): private memory "
           f"{per(0, m):.0f} kB, descriptors {per(1, m):.2f}, threads {per(2, m):.2f}")
     names = ("private_kB", "fds", "threads", "rss_kB")
-    print("per unit before / with clients / after they quit (median): "
+    print("per unit before / with clients / 12 s after they quit (median): "
           + ", ".join(f"{k} {statistics.median(x[i] for x in before):.0f} / "
                       f"{statistics.median(x[i] for x in during):.0f} / "
                       f"{statistics.median(x[i] for x in after if x):.0f}"

@@ -297,6 +297,7 @@ struct dp_unit {
     dp_map superseded;        /* id -> superseded*, also listed oldest first */
     dp_map order;             /* client prefix -> order_rec* (order.c) */
     double order_swept;       /* when order.c last dropped idle clients */
+    double trimmed;           /* the ticker's last malloc_trim */
     dp_list sup_order;        /* the superseded, oldest first (superseded.link) */
     /* Checkpoints (ckpt.c) */
     dp_list holds;     /* running saves, each holding its snapshot (hold_set.link) */
