@@ -25,18 +25,6 @@
  * first is DP_ECORRUPT "LABEL: truncated: ends at offset N"; with got, the
  * call stops there and returns 0 with *got < n (the caller words that case).
  */
-/*
- * The open-file limit for a process that holds descriptors per peer (a unit:
- * one per connected client; a client: about four per unit). Raises the soft
- * limit to at least want (0: to the hard limit), never above the hard limit,
- * and never lowers it. *soft and *hard (may be NULL) get the limits after.
- * Returns DP_OK when the soft limit is now at least want, DP_EINVAL when
- * the hard limit is below want (the caller says what to do:
- * `ulimit -Hn`, LimitNOFILE=, a container's limits), DP_ESYS when the limits
- * cannot be read or set.
- */
-int dp__nofile_raise(uint64_t want, uint64_t *soft, uint64_t *hard);
-
 int dp__pread_full(int fd, void *p, size_t n, uint64_t off, size_t *got,
                    const char *label, dp_detail *d);
 
@@ -53,5 +41,17 @@ int dp__read_full(int fd, void *p, size_t n, uint64_t pos, size_t *got, const ch
                   dp_detail *d);
 int dp__write_full(int fd, const void *p, size_t n, uint64_t pos, const char *label,
                    dp_detail *d);
+
+/*
+ * The open-file limit for a process that holds descriptors per peer (a unit:
+ * one per connected client; a client: about four per unit). Raises the soft
+ * limit to at least want (0: to the hard limit), never above the hard limit,
+ * and never lowers it. *soft and *hard (may be NULL) get the limits after.
+ * Returns DP_OK when the soft limit is now at least want, DP_EINVAL when
+ * the hard limit is below want (the caller says what to do:
+ * `ulimit -Hn`, LimitNOFILE=, a container's limits), DP_ESYS when the limits
+ * cannot be read or set.
+ */
+int dp__nofile_raise(uint64_t want, uint64_t *soft, uint64_t *hard);
 
 #endif
