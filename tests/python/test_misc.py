@@ -167,9 +167,10 @@ def test_a_client_raises_its_open_file_limit(cluster):
 
 
 def test_a_unit_gives_back_what_its_clients_took(tmp_path):
-    """64 clients connect to a unit, put and quit: within a minute the unit's
-    private memory is back within half of what they made it take (its ticker
-    gives freed heap back every 10 s)."""
+    """64 clients connect to a unit and put; half of them are killed
+    (SIGKILL), the other half get their rows back byte for byte and quit:
+    within a minute the unit's private memory is back within half of what
+    they made it take (its ticker gives freed heap back every 10 s)."""
     import json
     import os
     import subprocess
@@ -209,7 +210,17 @@ def test_a_unit_gives_back_what_its_clients_took(tmp_path):
         assert all(p.stdout.readline().startswith("ok ") for p in ps)
         took = anon() - before
         assert took > 0
-        for p in ps:
+        for p in ps[::2]:
+            p.kill()
+        for i, p in enumerate(ps):
+            if i % 2:
+                p.stdin.write(f"get {2 * i} 2 65536 1\n")
+                p.stdin.flush()
+        for i, p in enumerate(ps):
+            if i % 2:
+                line = p.stdout.readline()
+                assert line.startswith("ok "), line
+        for p in ps[1::2]:
             p.stdin.write("quit\n")
             p.stdin.flush()
         for p in ps:
@@ -222,5 +233,71 @@ def test_a_unit_gives_back_what_its_clients_took(tmp_path):
         for p in ps:
             if p.poll() is None:
                 p.kill()
+        up.terminate()
+        up.wait(timeout=30)
+
+
+def test_a_unit_serves_through_a_storm_of_silent_sockets(tmp_path):
+    """2,000 TCP connections to a unit's control port, half silent, half
+    sending garbage: the unit keeps serving a real client (values come back
+    byte for byte), and once they close, its memory returns within half of
+    what they made it take."""
+    import json
+    import os
+    import resource
+    import socket
+    import subprocess
+    import time
+
+    from conftest import _cli
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2000 + 512
+    if hard < want:
+        pytest.skip(f"the hard open-file limit {hard} is below {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    d = tmp_path / "c"
+    up = subprocess.Popen([_cli(), "up", "--units", "1", "--slab", "64M", "--dir", str(d)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    socks = []
+    try:
+        for _ in range(300):
+            if (d / "cluster.json").exists():
+                break
+            time.sleep(0.1)
+        unit = json.load(open(d / "cluster.json"))["units"][0]
+        pid, port = unit["pid"], int(unit["zmq"].rsplit(":", 1)[1])
+
+        def anon():
+            return [int(x.split()[1]) for x in open(f"/proc/{pid}/status")
+                    if x.startswith("RssAnon:")][0]
+
+        time.sleep(1)
+        before = anon()
+        for i in range(2000):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i % 2:
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(64))
+            socks.append(s)
+        vals = [os.urandom(3000 + r) for r in range(8)]
+        with dataplane.Client(str(d), timeout_s=30) as c:
+            c.put(list(range(8)), {"v": vals})
+            assert [bytes(x) for x in c.get(list(range(8)), ["v"])["v"]] == vals
+        assert up.poll() is None
+        took = max(anon() - before, 1)
+        for s in socks:
+            s.close()
+        socks = []
+        deadline = time.time() + 60
+        while anon() - before > took / 2 and time.time() < deadline:
+            time.sleep(1)
+        assert anon() - before <= took / 2, (before, took, anon())
+        with dataplane.Client(str(d), timeout_s=30) as c:  # still serving
+            assert [bytes(x) for x in c.get(list(range(8)), ["v"])["v"]] == vals
+    finally:
+        for s in socks:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         up.terminate()
         up.wait(timeout=30)
