@@ -3,6 +3,7 @@
 
     scale.py BUILD_DIR [--units N (16)] [--clients M (32)] [--slab SIZE (32M)]
                        [--bytes B (64K)] [--rounds R (3)] [--timeout S (60)]
+                       [--hosts]
 
 Starts `dataplane up --units N` and M client processes (dp_longclient, one
 long-lived client each, driven through its stdin) spawned back to back, so
@@ -14,8 +15,11 @@ process and each client process (/proc: resident memory, descriptors,
 threads) and counts the TCP connections to the units' control ports (`ss`).
 Then the clients quit, and the units are sampled again. The same batch from
 one client on a 2-unit cluster is the reference for the steady batch time.
-Prints one report; needs only the standard library. Timings are shown,
-never asserted.
+--hosts: three network-namespace hosts (bench/peers/netns.py; root): the
+units in host 0, the clients alternately in hosts 1 and 2, each with its own
+IPC, PID and UTS namespaces, so UCX takes the units for other machines
+(TCP). Prints one report; needs only the standard library. Timings are
+shown, never asserted.
 """
 
 import argparse
@@ -65,11 +69,38 @@ def pct(v, p):
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
 
 
+# --hosts: the command prefixes of the units' host and of client k's host,
+# and the netns of the units (for ss); none on one host
+HOSTS = None
+
+
+def unit_wrap():
+    return ["ip", "netns", "exec", HOSTS.hosts[0]] if HOSTS else []
+
+
+def client_wrap(k):
+    return HOSTS.wrap(HOSTS.hosts[1 + k % 2]) if HOSTS else []
+
+
+def real_pid(p):
+    """The client process itself: under --hosts, the child of the unshare
+    that Popen started (ip netns exec execs it in place)."""
+    if not HOSTS:
+        return p.pid
+    try:
+        kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+        return int(kids[0]) if kids else p.pid
+    except OSError:
+        return p.pid
+
+
 class Cluster:
     def __init__(self, cli, n, slab, tmp):
         self.dir = os.path.join(tmp, f"c{n}")
         self.log = open(os.path.join(tmp, f"up{n}.log"), "w")
-        self.p = subprocess.Popen([cli, "up", "--units", str(n), "--slab", slab, "--dir", self.dir],
+        bind = ["--bind", HOSTS.addrs[0]] if HOSTS else []
+        self.p = subprocess.Popen(unit_wrap() + [cli, "up", "--units", str(n), "--slab", slab,
+                                                 "--dir", self.dir] + bind,
                                   stdout=self.log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         f = os.path.join(self.dir, "cluster.json")
@@ -100,9 +131,9 @@ class Clients:
     def __init__(self, lc, cluster_dir, m, timeout_s):
         self.ps, self.spawned = [], []
         t0 = time.time()
-        for _ in range(m):
+        for k in range(m):
             self.ps.append(subprocess.Popen(
-                [lc, "--cluster", cluster_dir, "--timeout", str(timeout_s)],
+                client_wrap(k) + [lc, "--cluster", cluster_dir, "--timeout", str(timeout_s)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 text=True, bufsize=1))
             self.spawned.append(time.time())
@@ -178,8 +209,8 @@ def established(ports):
     """TCP connections to the units' control ports, as the units' side sees them."""
     if shutil.which("ss") is None:
         return None
-    out = subprocess.run(["ss", "-Htn", "state", "established"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(unit_wrap() + ["ss", "-Htn", "state", "established"],
+                         capture_output=True, text=True).stdout
     ps = {str(p) for p in ports}
     n = 0
     for line in out.splitlines():
@@ -198,7 +229,23 @@ def main():
     ap.add_argument("--bytes", default="64K")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--hosts", action="store_true")
     a = ap.parse_args()
+    global HOSTS
+    if a.hosts:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+        from netns import Hosts
+
+        HOSTS = Hosts(3)
+        HOSTS.up()
+    try:
+        run(a)
+    finally:
+        if HOSTS:
+            HOSTS.down()
+
+
+def run(a):
     cli = os.path.join(a.build, "dataplane")
     lc = os.path.join(a.build, "tests", "dp_longclient")
     for f in (cli, lc):
@@ -209,7 +256,9 @@ def main():
         die(f"each unit holds a row of {a.bytes} per client, and an overwrite lands before the "
             f"old value goes: {m} clients need --slab of at least {3 * m * nbytes >> 20} MiB")
     tmp = tempfile.mkdtemp(prefix="dp-scale-")
-    print(f"### {n} units (slab {a.slab}) x {m} clients; a batch: {n} rows x {a.bytes} "
+    where = ("units in host 0, clients in hosts 1 and 2 (network namespaces: TCP)"
+             if HOSTS else "one host")
+    print(f"### {n} units (slab {a.slab}) x {m} clients, {where}; a batch: {n} rows x {a.bytes} "
           f"per client (one row per unit), {a.rounds} rounds after the first")
     clusters, clients = [], []
     try:
@@ -219,7 +268,7 @@ def main():
         ref = Clients(lc, ref_c.dir, 1, a.timeout)
         clients.append(ref)
         _, ref_steady = batches(ref, 1, n, nbytes, max(a.rounds, 3), 1)
-        ref_proc = proc(ref.ps[0].pid)
+        ref_proc = proc(real_pid(ref.ps[0]))
         ref.quit()
         ref_c.stop()
 
@@ -241,7 +290,7 @@ def main():
         solo.ps, solo.timeout_s = cl.ps[:1], a.timeout
         _, alone = batches(solo, 1, n, nbytes, max(a.rounds, 3), 5000)
         during = [proc(p) for p in c.pids]
-        cps = [proc(p.pid) for p in cl.ps]
+        cps = [proc(real_pid(p)) for p in cl.ps]
         conns = established(c.ports)
         # the same client alone again once the others have gone: does a
         # unit's request path grow with the clients it holds?
@@ -291,7 +340,8 @@ def main():
              if n > 2 and ref_proc else ""))
     if conns is not None:
         print(f"TCP connections to the units' control ports: {conns} ({conns / (n * m):.2f} per"
-              f" client-unit pair); data: UCX over shared memory on one host")
+              f" client-unit pair); data: "
+              + ("UCX over TCP (its own connections)" if HOSTS else "UCX over shared memory"))
     print("content: every value each client got back was checked by it (dp_longclient get)")
 
 
