@@ -9,15 +9,25 @@
 #
 #   bench/scale.sh [BUILD_DIR]
 #
-# Environment: SHAPES ("16x32 64x128": UNITSxCLIENTS), SLAB (32M), BYTES (64K),
-# ROUNDS (3). Raise the open-file limit first for many clients: each client
-# holds descriptors per unit (the report says how many).
+# Then, as root, HOST_SHAPES across three network-namespace hosts (units in
+# host 0, clients in hosts 1 and 2: UCX over TCP).
+#
+# Environment: SHAPES ("16x32 64x128": UNITSxCLIENTS), HOST_SHAPES ("16x32
+# 64x128"; empty: none), SLAB (32M), BYTES (64K), ROUNDS (3). The open-file
+# limit is raised to the hard one here (each client holds descriptors per unit;
+# the report says how many).
 set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-for s in ${SHAPES:-16x32 64x128}; do
-    python3 "$root/bench/scale.py" "$build" --units "${s%x*}" --clients "${s#*x}" \
-        --slab "${SLAB:-32M}" --bytes "${BYTES:-64K}" --rounds "${ROUNDS:-3}"
+run() { # SHAPE [--hosts]
+    python3 "$root/bench/scale.py" "$build" --units "${1%x*}" --clients "${1#*x}" \
+        --slab "${SLAB:-32M}" --bytes "${BYTES:-64K}" --rounds "${ROUNDS:-3}" "${@:2}"
     echo
-done
+}
+for s in ${SHAPES-16x32 64x128}; do run "$s"; done
+if [ "$(id -u)" -eq 0 ]; then
+    for s in ${HOST_SHAPES-16x32 64x128}; do run "$s" --hosts; done
+else
+    echo "scale: across hosts needs root (network namespaces): skipped"
+fi
