@@ -105,14 +105,17 @@ class Cluster:
                                   start_new_session=True)
         f = os.path.join(self.dir, "cluster.json")
         t_end = time.time() + 60 + n
-        while not os.path.exists(f):
-            if self.p.poll() is not None or time.time() > t_end:
-                self.stop()
-                die(f"dataplane up --units {n} did not start (see {self.log.name})")
-            time.sleep(0.05)
-        units = json.load(open(f))["units"]
-        self.pids = [u["pid"] for u in units]
-        self.ports = [int(u["zmq"].rsplit(":", 1)[1]) for u in units]
+        try:
+            while not os.path.exists(f):
+                if self.p.poll() is not None or time.time() > t_end:
+                    die(f"dataplane up --units {n} did not start (see {self.log.name})")
+                time.sleep(0.05)
+            units = json.load(open(f))["units"]
+            self.pids = [u["pid"] for u in units]
+            self.ports = [int(u["zmq"].rsplit(":", 1)[1]) for u in units]
+        except BaseException:
+            self.stop()  # never leave the cluster running behind an error
+            raise
 
     def stop(self):
         if self.p.poll() is None:
