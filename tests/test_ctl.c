@@ -138,42 +138,6 @@ start_server(size_t max_msg)
     return s;
 }
 
-/* A server in a child process on port (0: a free one); its address comes back over a
- * pipe. */
-static pid_t
-fork_server_at(uint16_t port, char *addr, size_t alen)
-{
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test, even stopped */
-        close(fds[0]);
-        dp_ctl_server_opts o = {.port = port};
-        dp_ctl_server *s = NULL;
-        if (dp__ctl_server_open(&o, handler, NULL, NULL, &s, NULL) != DP_OK)
-            _exit(1);
-        const char *a = dp__ctl_server_address(s);
-        if (write(fds[1], a, strlen(a) + 1) < 0)
-            _exit(1);
-        close(fds[1]);
-        for (;;)
-            pause();
-    }
-    close(fds[1]);
-    ssize_t n = read(fds[0], addr, alen);
-    close(fds[0]);
-    CHECK(n > 0);
-    return pid;
-}
-
-static pid_t
-fork_server(char *addr, size_t alen)
-{
-    return fork_server_at(0, addr, alen);
-}
-
 /*
  * A server process forked now (while this process has one thread: a fork
  * after threads exist is not allowed under ThreadSanitizer) that starts
@@ -192,7 +156,7 @@ fork_standby(void)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test, even stopped */
         close(cmd[1]);
         close(ad[0]);
         uint16_t port;
@@ -221,6 +185,15 @@ standby_start(standby *sb, uint16_t port, char *addr, size_t alen)
     CHECK(n > 0);
     close(sb->cmd);
     close(sb->addr);
+}
+
+/* A server in a child process on a free port; its address comes back over a pipe. */
+static pid_t
+fork_server(char *addr, size_t alen)
+{
+    standby sb = fork_standby();
+    standby_start(&sb, 0, addr, alen);
+    return sb.pid;
 }
 
 DP_TEST(call_round_trip_and_reuse)
