@@ -18,7 +18,6 @@
 
 #include "cli/cli.h"
 #include "common/common.h"
-#include "common/fileio.h"
 #include "ctl/ctl.h"
 #include "http/http.h"
 #include "registry/registry.h"

@@ -56,7 +56,6 @@
 #include <unistd.h>
 
 #include "blob/keys.h"
-#include "common/fileio.h"
 #include "dataplane/version.h"
 
 void (*dp__client_test_hook)(const char *stage);

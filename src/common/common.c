@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +59,29 @@ dp__wall_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int
+dp__nofile_raise(uint64_t want, uint64_t *soft, uint64_t *hard)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return DP_ESYS;
+    rlim_t to = want == 0 ? rl.rlim_max : (rlim_t)want;
+    if (to > rl.rlim_max)
+        to = rl.rlim_max;
+    if (to > rl.rlim_cur) {
+        struct rlimit nl = {.rlim_cur = to, .rlim_max = rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &nl) == 0)
+            rl.rlim_cur = to;
+    }
+    if (soft != NULL)
+        *soft = (uint64_t)rl.rlim_cur;
+    if (hard != NULL)
+        *hard = (uint64_t)rl.rlim_max;
+    if (want != 0 && (uint64_t)rl.rlim_cur < want)
+        return rl.rlim_max < (rlim_t)want ? DP_EINVAL : DP_ESYS;
+    return DP_OK;
 }
 
 void

@@ -60,6 +60,18 @@ double dp__now_s(void);           /* CLOCK_MONOTONIC, seconds */
 double dp__wall_s(void);          /* CLOCK_REALTIME, seconds */
 void dp__sleep_s(double seconds); /* restarts after signals until the time is spent */
 
+/*
+ * The open-file limit for a process that holds descriptors per peer (a unit:
+ * one per connected client; a client: about four per unit). Raises the soft
+ * limit to at least want (0: to the hard limit), never above the hard limit,
+ * and never lowers it. *soft and *hard (may be NULL) get the limits after.
+ * Returns DP_OK when the soft limit is now at least want, DP_EINVAL when
+ * the hard limit is below want (the caller says what to do:
+ * `ulimit -Hn`, LimitNOFILE=, a container's limits), DP_ESYS when the limits
+ * cannot be read or set.
+ */
+int dp__nofile_raise(uint64_t want, uint64_t *soft, uint64_t *hard);
+
 /* splitmix64: the next of a cheap, well-mixed sequence from *s (not for secrets). */
 uint64_t dp__splitmix64(uint64_t *s);
 

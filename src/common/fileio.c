@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 /* Largest single system call: Linux moves at most about 2 GiB per call. */
@@ -80,27 +79,4 @@ dp__write_full(int fd, const void *p, size_t n, uint64_t pos, const char *label,
                dp_detail *d)
 {
     return full_io(fd, (void *)p, n, pos, false, true, NULL, label, d);
-}
-
-int
-dp__nofile_raise(uint64_t want, uint64_t *soft, uint64_t *hard)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
-        return DP_ESYS;
-    rlim_t to = want == 0 ? rl.rlim_max : (rlim_t)want;
-    if (to > rl.rlim_max)
-        to = rl.rlim_max;
-    if (to > rl.rlim_cur) {
-        struct rlimit nl = {.rlim_cur = to, .rlim_max = rl.rlim_max};
-        if (setrlimit(RLIMIT_NOFILE, &nl) == 0)
-            rl.rlim_cur = to;
-    }
-    if (soft != NULL)
-        *soft = (uint64_t)rl.rlim_cur;
-    if (hard != NULL)
-        *hard = (uint64_t)rl.rlim_max;
-    if (want != 0 && (uint64_t)rl.rlim_cur < want)
-        return rl.rlim_max < (rlim_t)want ? DP_EINVAL : DP_ESYS;
-    return DP_OK;
 }

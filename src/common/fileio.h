@@ -3,8 +3,7 @@
  * short transfers, in system calls of at most 1 GiB, and names the file and
  * the offset when it fails. Every module that moves a file's bytes (the SSD
  * tier, checkpoints and shards, cluster files, the CLI's inputs and outputs)
- * uses these instead of a loop of its own. And the open-file limit, which
- * units and clients raise for their per-peer descriptors.
+ * uses these instead of a loop of its own.
  *
  * label names the file in messages ("shard /x/unit-0.shard", "stdin"). Errors:
  * DP_ESYS with errno kept, "reading LABEL at offset N" / "writing LABEL at
@@ -41,17 +40,5 @@ int dp__read_full(int fd, void *p, size_t n, uint64_t pos, size_t *got, const ch
                   dp_detail *d);
 int dp__write_full(int fd, const void *p, size_t n, uint64_t pos, const char *label,
                    dp_detail *d);
-
-/*
- * The open-file limit for a process that holds descriptors per peer (a unit:
- * one per connected client; a client: about four per unit). Raises the soft
- * limit to at least want (0: to the hard limit), never above the hard limit,
- * and never lowers it. *soft and *hard (may be NULL) get the limits after.
- * Returns DP_OK when the soft limit is now at least want, DP_EINVAL when
- * the hard limit is below want (the caller says what to do:
- * `ulimit -Hn`, LimitNOFILE=, a container's limits), DP_ESYS when the limits
- * cannot be read or set.
- */
-int dp__nofile_raise(uint64_t want, uint64_t *soft, uint64_t *hard);
 
 #endif
