@@ -145,16 +145,17 @@ class Clients:
         self.ready = self._lines(timeout_s + 60)  # "ready T units=N" or "err ..."
         self.open_wall = [t - s for (t, _), s in zip(self.ready, self.spawned)]
 
-    def _lines(self, wait_s):
+    def _lines(self, wait_s, ps=None):
+        ps = self.ps if ps is None else ps
         sel = selectors.DefaultSelector()
-        for i, p in enumerate(self.ps):
+        for i, p in enumerate(ps):
             sel.register(p.stdout, selectors.EVENT_READ, i)
-        out = [None] * len(self.ps)
-        left, t_end = len(self.ps), time.time() + wait_s
+        out = [None] * len(ps)
+        left, t_end = len(ps), time.time() + wait_s
         while left:
             ev = sel.select(timeout=max(0.0, t_end - time.time()))
             if not ev:
-                die(f"{left} of {len(self.ps)} clients did not answer within {wait_s:.0f} s")
+                die(f"{left} of {len(ps)} clients did not answer within {wait_s:.0f} s")
             for key, _ in ev:
                 line = key.fileobj.readline()
                 out[key.data] = (time.time(), line.strip() or "err 0 (exited)")
@@ -163,13 +164,14 @@ class Clients:
         return out
 
     def ask(self, cmds):
-        """Each client's (answer, seconds from the send of its command to its answer)."""
-        sent = []
-        for p, c in zip(self.ps, cmds):
+        """cmds[k] to client k (the first len(cmds) clients): each one's (answer,
+        seconds from the send of its command to its answer)."""
+        ps, sent = self.ps[:len(cmds)], []
+        for p, c in zip(ps, cmds):
             p.stdin.write(c + "\n")
             p.stdin.flush()
             sent.append(time.time())
-        return [(line, t - s) for (t, line), s in zip(self._lines(self.timeout_s + 60), sent)]
+        return [(line, t - s) for (t, line), s in zip(self._lines(self.timeout_s + 60, ps), sent)]
 
     def quit(self, keep=0):
         """Every client but the first keep ones quits."""
@@ -288,17 +290,15 @@ def run(a):
             die(f"{len(bad)} of {m} clients failed to open; first: {bad[0][:400]}")
         opens = [float(line.split()[1]) for _, line in cl.ready]
         first, steady = batches(cl, m, n, nbytes, a.rounds, 7)
-        # one client alone on the N units: the same batch as the reference's
-        solo = Clients.__new__(Clients)
-        solo.ps, solo.timeout_s = cl.ps[:1], a.timeout
-        _, alone = batches(solo, 1, n, nbytes, max(a.rounds, 3), 5000)
+        # the first client alone on the N units: the same batch as the reference's
+        _, alone = batches(cl, 1, n, nbytes, max(a.rounds, 3), 5000)
         during = [proc(p) for p in c.pids]
         cps = [proc(real_pid(p)) for p in cl.ps]
         conns = established(c.ports)
         # the same client alone again once the others have gone: does a
         # unit's request path grow with the clients it holds?
         cl.quit(keep=1)
-        _, alone_after = batches(solo, 1, n, nbytes, max(a.rounds, 3), 9000)
+        _, alone_after = batches(cl, 1, n, nbytes, max(a.rounds, 3), 9000)
         cl.quit()
         time.sleep(12)  # units give freed heap back every 10 s
         after = [proc(p) for p in c.pids]

@@ -1,28 +1,18 @@
-"""`python -m dataplane ARGS` and the `dataplane` console script of a wheel:
-run the dataplane tool that the wheel carries (dataplane/bin/dataplane) with
-ARGS, in this process's place, so that signals, exit status and terminal
-behave as the tool's own."""
+"""`python -m dataplane ARGS`: run the dataplane tool with ARGS in this
+process's place (the one a wheel carries, else the one a build tree or
+`make install` has: dataplane._proc.find_cli), so that signals, exit status
+and terminal behave as the tool's own. A wheel's `dataplane` console script
+does the same without importing the package (dataplane_cli.py)."""
 
 import os
 import sys
 
-
-def _tool():
-    here = os.path.dirname(os.path.abspath(__file__))
-    bundled = os.path.join(here, "bin", "dataplane")
-    if os.access(bundled, os.X_OK):
-        return bundled
-    from ._proc import find_cli  # a build tree or `make install`
-
-    found = find_cli()
-    if found and os.path.realpath(found) != os.path.realpath(sys.argv[0]):
-        return found
-    return None
+from ._proc import find_cli
 
 
 def main():
-    tool = _tool()
-    if tool is None:
+    tool = find_cli()
+    if tool is None or os.path.realpath(tool) == os.path.realpath(sys.argv[0]):
         sys.stderr.write("dataplane: this installation of the Python package carries no "
                          "dataplane tool (install the wheel, or `make install`, or set DP_CLI)\n")
         return 127
