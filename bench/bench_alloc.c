@@ -45,7 +45,7 @@ run(uint64_t seed, size_t live, size_t pairs, int quarantine, run_result *out)
     uint64_t s = seed;
     const uint64_t area = (uint64_t)live * MAX_SIZE * 5 / 4; /* about 40% full */
     const double lag = 1000.0;
-    dp_slab_alloc *a = NULL;
+    dp__slab_alloc *a = NULL;
     dp_detail d;
     uint64_t *off = malloc(live * sizeof(*off));
     uint32_t *victim = malloc(pairs * sizeof(*victim));
@@ -90,7 +90,7 @@ run(uint64_t seed, size_t live, size_t pairs, int quarantine, run_result *out)
     }
     double dt = now_s() - t0;
 
-    dp_slab_alloc_stats st;
+    dp__slab_alloc_stats st;
     dp__slab_alloc_get_stats(a, &st);
     out->pairs_per_s = (double)pairs / dt;
     out->fragmentation = st.fragmentation;

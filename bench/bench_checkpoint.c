@@ -34,15 +34,15 @@ die(const char *what, const dp_detail *d)
     exit(1);
 }
 
-static dp_unit *
+static dp__unit *
 mk_unit(uint64_t slab)
 {
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = 1;
     o.numa = DP_UNIT_NUMA_OFF;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     if (dp__unit_create(&o, &u, &d) != 0)
@@ -71,7 +71,7 @@ main(int argc, char **argv)
         die("usage: bench_checkpoint [dir] [total_MiB] [blob_MiB]", NULL);
     uint32_t n = (uint32_t)(total / blob);
     dp__log_set_level(DP_LOG_WARN);
-    dp_unit *u = mk_unit(total + total / 8 + (1 << 20));
+    dp__unit *u = mk_unit(total + total / 8 + (1 << 20));
     dp_detail d;
     dp_detail_clear(&d);
     uint8_t *pay = malloc(blob);
@@ -79,28 +79,31 @@ main(int argc, char **argv)
         pay[k] = (uint8_t)(k * 7 + 3);
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < n; i++) {
-        dp_blob_builder *b = NULL;
+        dp__blob_builder *b = NULL;
         dp__blob_builder_create(0, &b, NULL);
         char key[32], id[32];
         snprintf(key, sizeof key, "%u@x", i);
         snprintf(id, sizeof id, "b%u", i);
-        dp_blob_entry_spec s = {0};
+        dp__blob_entry_spec s = {0};
         s.key = key;
         s.kind = DP_BLOB_BYTES;
         s.len = blob - 4096;
         s.payload = pay;
         dp__blob_builder_add(b, &s, NULL, NULL);
-        dp_blob_layout lay;
+        dp__blob_layout lay;
         dp__blob_builder_layout(b, &lay, NULL);
-        uint64_t off = 0;
-        if (dp__unit_alloc(u, id, strlen(id), lay.total_len, 1, &off, NULL, &d) != 0)
+        dp__wire_alloc_args aa = {
+            .blob_id = dp__wire_s(id), .nbytes = lay.total_len, .n_entries = 1};
+        dp__wire_alloc_res ar;
+        if (dp__unit_alloc_req(u, &aa, &ar, NULL, &d) != 0)
             die("alloc", &d);
+        uint64_t off = ar.off;
         dp__blob_builder_write(b, dp__unit_slab(u) + off, lay.total_len, NULL);
         dp__blob_builder_copy_payloads(b, dp__unit_slab(u) + off, lay.total_len, NULL);
         dp__blob_header_set_alloc(dp__unit_slab(u) + off, dp__unit_incarnation(u),
                                   dp__unit_alloc_token(u, id, strlen(id)));
         dp__blob_builder_destroy(b);
-        dp_wire_commit_state st;
+        dp__wire_commit_state st;
         if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
             die("commit", &d);
         bytes += lay.total_len;
@@ -126,7 +129,7 @@ main(int argc, char **argv)
     close(fd);
     double t_pw = dp__now_s() - t0;
 
-    dp_unit_save_res sr;
+    dp__unit_save_res sr;
     t0 = dp__now_s();
     if (dp__unit_save_shard(u, shard, strlen(shard), &sr, &d) != 0)
         die("save", &d);
@@ -147,11 +150,12 @@ main(int argc, char **argv)
     close(fd);
     double t_pr = dp__now_s() - t0;
 
-    dp_unit *v = mk_unit(total + total / 8 + (1 << 20));
-    dp_unit_load_res lr;
+    dp__unit *v = mk_unit(total + total / 8 + (1 << 20));
+    dp__unit_load_res lr;
     t0 = dp__now_s();
-    if (dp__unit_load_shard(v, shard, strlen(shard), sr.blobs, sr.n_blobs, false, &lr,
-                            &d) != 0)
+    dp__wire_load_shard_args la = {.path = dp__wire_s(shard),
+                                   .blobs = {sr.blobs, sr.n_blobs}};
+    if (dp__unit_load_shard(v, &la, &lr, &d) != 0)
         die("load", &d);
     double t_load = dp__now_s() - t0;
     if (lr.n_loaded != n)

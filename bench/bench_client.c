@@ -49,13 +49,13 @@ unit_main(void)
     uint32_t id = (uint32_t)atoi(getenv("DP_BC_UNIT_ID"));
     char name[64];
     snprintf(name, sizeof name, "bench-unit-%u-%ld", id, (long)getpid());
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.unit_id = id;
     o.n_units = (uint32_t)atoi(getenv("DP_BC_UNITS"));
     o.slab_bytes = strtoull(getenv("DP_BC_SLAB"), NULL, 10);
     o.numa = DP_UNIT_NUMA_AUTO;
-    dp_unit_server *srv = NULL;
+    dp__unit_server *srv = NULL;
     if (dp__unit_server_open(&o, name, "127.0.0.1", 0, 1.0, &srv, &d) != 0)
         goto fail;
     dprintf(fd, "%s\n", dp__unit_server_address(srv));

@@ -84,12 +84,12 @@ unit_main(int fd)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 64ull << 20;
     o.unit_id = 0;
     o.n_units = 1;
-    dp_unit_server *srv = NULL;
+    dp__unit_server *srv = NULL;
     if (dp__unit_server_open(&o, "bench-unit", "127.0.0.1", 0, 1.0, &srv, &d) != DP_OK)
         die("unit endpoint", &d);
     char line[256];
@@ -188,15 +188,15 @@ pct(samples *s, double p)
 }
 
 typedef struct client {
-    dp_ctl_client *ctl;
-    dp_wire_rid_gen rids;
+    dp__ctl_client *ctl;
+    dp__wire_rid_gen rids;
     const char *addr;
-    dp_buf req, rep;
+    dp__buf req, rep;
 } client;
 
 /* One request with the full client path; the reply stays decoded in *r. */
 static double
-call(client *c, dp_wire_request *q, dp_wire_reply *r)
+call(client *c, dp__wire_request *q, dp__wire_reply *r)
 {
     dp_detail d;
     dp_detail_clear(&d);
@@ -206,8 +206,7 @@ call(client *c, dp_wire_request *q, dp_wire_reply *r)
     dp__buf_reset(&c->req);
     dp__buf_reset(&c->rep);
     if (dp__wire_request_encode(q, NULL, &c->req, &d) != DP_OK ||
-        dp__ctl_call(c->ctl, c->addr, c->req.data, c->req.len, rid, 10.0, &c->rep, &d) !=
-            DP_OK ||
+        dp__ctl_call(c->ctl, c->addr, &c->req, rid, 10.0, &c->rep, &d) != DP_OK ||
         dp__wire_reply_decode(c->rep.data, c->rep.len, q->op, NULL, r, &d) != DP_OK)
         die(dp__wire_op_name(q->op), &d);
     double us = (double)(dp__now_ns() - t0) / 1e3;
@@ -219,11 +218,11 @@ call(client *c, dp_wire_request *q, dp_wire_reply *r)
 }
 
 static void
-unpin(client *c, dp_wire_str pin)
+unpin(client *c, dp__wire_str pin)
 {
     if (pin.n == 0)
         return;
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_UNPIN;
     q.a.unpin.pin_id = pin;
@@ -243,11 +242,11 @@ typedef struct blob_img {
 } blob_img;
 
 static void
-build_blob(dp_endpoint *ep, uint32_t n, blob_img *img)
+build_blob(dp__endpoint *ep, uint32_t n, blob_img *img)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_blob_builder *b = NULL;
+    dp__blob_builder *b = NULL;
     if (dp__blob_builder_create(0, &b, &d) != DP_OK)
         die("builder", &d);
     static uint8_t payload[64];
@@ -255,12 +254,12 @@ build_blob(dp_endpoint *ep, uint32_t n, blob_img *img)
     char key[32];
     for (uint32_t i = 0; i < n; i++) {
         snprintf(key, sizeof key, "%u@x", i);
-        dp_blob_entry_spec e = {
+        dp__blob_entry_spec e = {
             .key = key, .kind = DP_BLOB_BYTES, .len = sizeof payload, .payload = payload};
         if (dp__blob_builder_add(b, &e, NULL, &d) != DP_OK)
             die("builder add", &d);
     }
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     if (dp__blob_builder_layout(b, &lay, &d) != DP_OK)
         die("layout", &d);
     img->len = lay.total_len;
@@ -274,25 +273,26 @@ build_blob(dp_endpoint *ep, uint32_t n, blob_img *img)
 
 /* alloc (timed), WRITE (not timed), commit (timed). */
 static void
-put_blob(client *c, dp_endpoint *ep, const char *remote, uint64_t slab_addr,
+put_blob(client *c, dp__endpoint *ep, const char *remote, uint64_t slab_addr,
          const blob_img *img, uint32_t n_entries, const char *id, samples *s_alloc,
          samples *s_commit, samples *s_both)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), img->len, n_entries, false};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s(id), img->len, n_entries, false};
     double ta = call(c, &q, &r);
     uint64_t off = r.r.alloc.off;
     /* The header names this allocation, or the commit refuses the blob (stale bytes). */
     dp__blob_header_set_alloc(img->buf, r.incarnation, r.r.alloc.token);
     dp__wire_reply_fini(&r);
-    dp_range l = {(uint64_t)(uintptr_t)img->buf, img->len};
-    dp_range rr = {slab_addr + off, img->len};
-    if (dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, remote, 10, &d) != DP_OK)
+    dp__range l = {(uint64_t)(uintptr_t)img->buf, img->len};
+    dp__range rr = {slab_addr + off, img->len};
+    if (dp__endpoint_transfer(ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &rr, 1, remote},
+                              10, &d) != DP_OK)
         die("WRITE", &d);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_COMMIT;
@@ -339,11 +339,11 @@ parse_args(int argc, char **argv, long *iters)
 
 /* A ping request as the client encodes it: what the bare ping-pong carries. */
 static void
-encode_ping(client *c, dp_buf *msg)
+encode_ping(client *c, dp__buf *msg)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_PING;
     char rid[DP_WIRE_RID_MAX];
@@ -355,10 +355,10 @@ encode_ping(client *c, dp_buf *msg)
 
 /* Bare ping-pongs and pings, interleaved, so both see the same machine. */
 static void
-ping_phase(client *c, void *dealer, const dp_buf *ping_msg, long iters, ctl_samples *s)
+ping_phase(client *c, void *dealer, const dp__buf *ping_msg, long iters, ctl_samples *s)
 {
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     char back[256];
     long warm = iters / 10;
     for (long i = -warm; i < iters; i++) {
@@ -379,16 +379,16 @@ ping_phase(client *c, void *dealer, const dp_buf *ping_msg, long iters, ctl_samp
 }
 
 /* The data path, to WRITE the blobs that alloc+commit publish. */
-static dp_endpoint *
+static dp__endpoint *
 data_path_open(client *c, char *remote, uint64_t *slab_addr)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     if (dp__endpoint_create("bench-ctl-client", NULL, &ep, &d) != DP_OK)
         die("client endpoint", &d);
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
     call(c, &q, &r);
@@ -402,7 +402,7 @@ data_path_open(client *c, char *remote, uint64_t *slab_addr)
 
 /* alloc+commit of 1-entry blobs, then the 1024-entry blob resolve_keys reads. */
 static void
-put_phase(client *c, dp_endpoint *ep, const char *remote, uint64_t slab_addr, long iters,
+put_phase(client *c, dp__endpoint *ep, const char *remote, uint64_t slab_addr, long iters,
           ctl_samples *s)
 {
     blob_img one, many;
@@ -421,14 +421,14 @@ put_phase(client *c, dp_endpoint *ep, const char *remote, uint64_t slab_addr, lo
 
 /* n resolve_keys of nk keys from keys (one key: a different one each time). */
 static void
-resolve_keys_pass(client *c, dp_wire_str *keys, uint32_t nk, long n, samples *s)
+resolve_keys_pass(client *c, dp__wire_str *keys, uint32_t nk, long n, samples *s)
 {
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     for (long i = -n / 10; i < n; i++) {
         memset(&q, 0, sizeof q);
         q.op = DP_WIRE_OP_RESOLVE_KEYS;
-        q.a.resolve_keys.keys = (dp_wire_strs){keys + (nk == 1 ? i & 1023 : 0), nk};
+        q.a.resolve_keys.keys = (dp__wire_strs){keys + (nk == 1 ? i & 1023 : 0), nk};
         q.a.resolve_keys.inline_bytes = 0;
         double us = call(c, &q, &r);
         if (r.r.resolve_keys.entries.n != nk)
@@ -443,7 +443,7 @@ resolve_keys_pass(client *c, dp_wire_str *keys, uint32_t nk, long n, samples *s)
 static void
 resolve_keys_phase(client *c, long iters, ctl_samples *s)
 {
-    dp_wire_str keys[KEYS];
+    dp__wire_str keys[KEYS];
     char keybuf[KEYS][16];
     for (uint32_t i = 0; i < KEYS; i++) {
         snprintf(keybuf[i], sizeof keybuf[i], "%u@x", i);
@@ -510,7 +510,7 @@ main(int argc, char **argv)
     client c = {.addr = unit_addr};
     if (dp__ctl_client_create(&c.ctl, &d) != DP_OK || dp__wire_rid_gen_init(&c.rids, &d))
         die("client", &d);
-    dp_buf ping_msg;
+    dp__buf ping_msg;
     encode_ping(&c, &ping_msg);
 
     void *zctx = zmq_ctx_new();
@@ -523,7 +523,7 @@ main(int argc, char **argv)
 
     char remote[256];
     uint64_t slab_addr;
-    dp_endpoint *ep = data_path_open(&c, remote, &slab_addr);
+    dp__endpoint *ep = data_path_open(&c, remote, &slab_addr);
     put_phase(&c, ep, remote, slab_addr, iters, &s);
     resolve_keys_phase(&c, iters, &s);
     print_results(iters, &s);

@@ -44,14 +44,14 @@ die(const char *what, const dp_detail *d)
 static uint64_t
 blob_len(uint64_t plen)
 {
-    dp_blob_builder *b = NULL;
+    dp__blob_builder *b = NULL;
     dp__blob_builder_create(0, &b, NULL);
-    dp_blob_entry_spec s = {0};
+    dp__blob_entry_spec s = {0};
     s.key = "18446744073709551615@x";
     s.kind = DP_BLOB_BYTES;
     s.len = plen;
     dp__blob_builder_add(b, &s, NULL, NULL);
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     dp__blob_builder_layout(b, &lay, NULL);
     dp__blob_builder_destroy(b);
     return lay.total_len;
@@ -62,19 +62,19 @@ blob_write(uint8_t *dst, uint64_t cap, uint64_t g, const uint8_t *payload, uint6
 {
     char key[48];
     snprintf(key, sizeof key, "%" PRIu64 "@x", g);
-    dp_blob_builder *b = NULL;
+    dp__blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     if (dp__blob_builder_create(0, &b, &d) != 0)
         die("builder", &d);
-    dp_blob_entry_spec s = {0};
+    dp__blob_entry_spec s = {0};
     s.key = key;
     s.kind = DP_BLOB_BYTES;
     s.len = plen;
     s.payload = payload;
     if (dp__blob_builder_add(b, &s, NULL, &d) != 0)
         die("builder add", &d);
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     if (dp__blob_builder_layout(b, &lay, &d) != 0 || lay.total_len > cap ||
         dp__blob_builder_write(b, dst, cap, &d) != 0 ||
         dp__blob_builder_copy_payloads(b, dst, cap, &d) != 0)
@@ -144,10 +144,10 @@ parse_args(int argc, char **argv, ssd_cfg *c)
 }
 
 /* The in-process unit: a 4 KiB put area, so every blob spills into dir. */
-static dp_unit *
+static dp__unit *
 unit_open(const ssd_cfg *c, const char *dir)
 {
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 4096;
     o.numa = DP_UNIT_NUMA_OFF;
@@ -156,7 +156,7 @@ unit_open(const ssd_cfg *c, const char *dir)
     o.pickup_s = 0;
     o.io_threads = c->threads;
     o.read_pin_s = 600;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     if (dp__unit_create(&o, &u, &d) != 0)
@@ -175,23 +175,26 @@ blob_id(char *id, size_t cap, uint64_t g)
  * full (try again later); a commit still pending is marked in pend.
  */
 static bool
-spill_put(dp_unit *u, const ssd_cfg *c, const uint8_t *payload, uint64_t g, uint8_t *pend,
-          uint64_t *done)
+spill_put(dp__unit *u, const ssd_cfg *c, const uint8_t *payload, uint64_t g,
+          uint8_t *pend, uint64_t *done)
 {
     char id[32];
     blob_id(id, sizeof id, g);
     dp_detail d;
     dp_detail_clear(&d);
-    uint64_t off;
-    int rc = dp__unit_alloc_spill(u, id, strlen(id), c->blen, 1, true, &off, NULL, &d);
+    dp__wire_alloc_args aa = {
+        .blob_id = dp__wire_s(id), .nbytes = c->blen, .n_entries = 1, .spill = true};
+    dp__wire_alloc_res ar;
+    int rc = dp__unit_alloc_req(u, &aa, &ar, NULL, &d);
     if (rc == DP_EBUSY)
         return false;
     if (rc != 0)
         die("alloc", &d);
+    uint64_t off = ar.off;
     blob_write(dp__unit_slab(u) + off, c->blen, g, payload, c->plen);
     dp__blob_header_set_alloc(dp__unit_slab(u) + off, dp__unit_incarnation(u),
                               dp__unit_alloc_token(u, id, strlen(id)));
-    dp_wire_commit_state st;
+    dp__wire_commit_state st;
     if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
         die("commit", &d);
     if (st == DP_WIRE_COMMIT_DONE)
@@ -205,7 +208,7 @@ spill_put(dp_unit *u, const ssd_cfg *c, const uint8_t *payload, uint64_t g, uint
 
 /* Commit again every pending put below next; the ones done are counted. */
 static void
-spill_poll(dp_unit *u, uint8_t *pend, uint64_t next, uint64_t *done)
+spill_poll(dp__unit *u, uint8_t *pend, uint64_t next, uint64_t *done)
 {
     char id[32];
     dp_detail d;
@@ -213,7 +216,7 @@ spill_poll(dp_unit *u, uint8_t *pend, uint64_t next, uint64_t *done)
     for (uint64_t i = 0; i < next; i++) {
         if (!pend[i])
             continue;
-        dp_wire_commit_state st;
+        dp__wire_commit_state st;
         blob_id(id, sizeof id, i);
         if (dp__unit_commit(u, id, strlen(id), &st, &d) != 0)
             die("commit", &d);
@@ -228,7 +231,7 @@ spill_poll(dp_unit *u, uint8_t *pend, uint64_t next, uint64_t *done)
 
 /* Spill: puts with as many in flight as the IO area takes, then syncfs. Seconds. */
 static double
-spill_phase(dp_unit *u, const ssd_cfg *c, const char *dir, const uint8_t *payload,
+spill_phase(dp__unit *u, const ssd_cfg *c, const char *dir, const uint8_t *payload,
             uint8_t *pend)
 {
     double t0 = dp__now_s();
@@ -250,12 +253,12 @@ spill_phase(dp_unit *u, const ssd_cfg *c, const char *dir, const uint8_t *payloa
 
 /* One resolve of blob g; true when it was staged and READ into dst (then unpinned). */
 static bool
-stage_get(dp_unit *u, const ssd_cfg *c, uint64_t g, uint8_t *dst)
+stage_get(dp__unit *u, const ssd_cfg *c, uint64_t g, uint8_t *dst)
 {
     char id[32];
     blob_id(id, sizeof id, g);
-    dp_wire_str s = {id, (uint32_t)strlen(id)};
-    dp_unit_resolve_res r;
+    dp__wire_str s = {id, (uint32_t)strlen(id)};
+    dp__unit_resolve_res r;
     dp_detail d;
     dp_detail_clear(&d);
     dp__unit_lock(u);
@@ -276,7 +279,7 @@ stage_get(dp_unit *u, const ssd_cfg *c, uint64_t g, uint8_t *dst)
 
 /* Stage: gets, as many in flight as the IO area takes. Seconds. */
 static double
-stage_phase(dp_unit *u, const ssd_cfg *c, uint8_t *dst, uint8_t *pend)
+stage_phase(dp__unit *u, const ssd_cfg *c, uint8_t *dst, uint8_t *pend)
 {
     double t0 = dp__now_s();
     uint64_t got = 0, next = 0;
@@ -347,7 +350,7 @@ plain_phase(const ssd_cfg *c, const char *dir, const uint8_t *payload, uint8_t *
 
 static void
 print_results(const ssd_cfg *c, double t_spill, double t_stage, double t_write,
-              double t_read, const dp_unit_stats *st)
+              double t_read, const dp__unit_stats *st)
 {
     double gb = (double)(c->n * c->blen) / 1e9;
     printf("spill (put: alloc+WRITE+commit..done, +syncfs): %6.2f GB/s  (%.3f s)\n",
@@ -383,7 +386,7 @@ main(int argc, char **argv)
     for (uint64_t i = 0; i < c.plen; i++)
         payload[i] = (uint8_t)(i * 131 + 7);
 
-    dp_unit *u = unit_open(&c, dir);
+    dp__unit *u = unit_open(&c, dir);
     printf("bench_ssd: %s, %" PRIu64 " blobs of %.1f MiB (%.0f MiB), %u io threads, "
            "IO area %.0f MiB\n",
            dir, c.n, (double)c.blen / (1 << 20), (double)(c.n * c.blen) / (1 << 20),
@@ -395,7 +398,7 @@ main(int argc, char **argv)
     double t_stage = stage_phase(u, &c, dst, pend);
     if (memcmp(dst + c.blen - c.plen, payload, c.plen) != 0)
         die("staged bytes differ", NULL);
-    dp_unit_stats st;
+    dp__unit_stats st;
     dp__unit_get_stats(u, &st);
     dp__unit_destroy(u);
 

@@ -18,12 +18,12 @@ enum { NKEYS = 1024, RUNS_DEFAULT = 7 };
 typedef struct msg {
     const char *name;
     bool request;
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
 } msg;
 
 static void
-encode(const msg *m, dp_buf *b)
+encode(const msg *m, dp__buf *b)
 {
     dp__buf_reset(b);
     int rc = m->request ? dp__wire_request_encode(&m->q, NULL, b, NULL)
@@ -35,16 +35,16 @@ encode(const msg *m, dp_buf *b)
 }
 
 static void
-decode(const msg *m, const dp_buf *b)
+decode(const msg *m, const dp__buf *b)
 {
     dp_detail d;
     int rc;
     if (m->request) {
-        dp_wire_request q;
+        dp__wire_request q;
         rc = dp__wire_request_decode(b->data, b->len, NULL, &q, &d);
         dp__wire_request_fini(&q);
     } else {
-        dp_wire_reply r;
+        dp__wire_reply r;
         rc = dp__wire_reply_decode(b->data, b->len, m->r.op, NULL, &r, &d);
         dp__wire_reply_fini(&r);
     }
@@ -65,7 +65,7 @@ cmp_double(const void *a, const void *b)
 static double
 measure(const msg *m, int what, int runs)
 {
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     encode(m, &b);
     /* calibrate: iterations for about 40 ms */
@@ -110,56 +110,56 @@ main(int argc, char **argv)
         runs = RUNS_DEFAULT;
 
     static char keybuf[NKEYS][32];
-    static dp_wire_str keys[NKEYS];
-    static dp_wire_key_loc locs[NKEYS];
+    static dp__wire_str keys[NKEYS];
+    static dp__wire_key_loc locs[NKEYS];
     static const uint64_t shape[] = {1, 2048};
     for (int i = 0; i < NKEYS; i++) {
         snprintf(keybuf[i], sizeof keybuf[i], "%d@input_ids", 1000000 + i * 8);
         keys[i] = dp__wire_s(keybuf[i]);
-        locs[i] = (dp_wire_key_loc){keys[i],
-                                    (1ull << 30) + (uint64_t)i * 16448,
-                                    16384,
-                                    dp__wire_s("tensor"),
-                                    dp__wire_s("int64"),
-                                    shape,
-                                    2};
+        locs[i] = (dp__wire_key_loc){keys[i],
+                                     (1ull << 30) + (uint64_t)i * 16448,
+                                     16384,
+                                     dp__wire_s("tensor"),
+                                     dp__wire_s("int64"),
+                                     shape,
+                                     2};
     }
-    dp_wire_str rid = dp__wire_s("9f3c2a7be0d14c55-1a2b");
+    dp__wire_str rid = dp__wire_s("9f3c2a7be0d14c55-1a2b");
 
     msg ms[6];
     memset(ms, 0, sizeof ms);
     ms[0].name = "alloc request";
     ms[0].request = true;
-    ms[0].q = (dp_wire_request){.op = DP_WIRE_OP_ALLOC, .rid = rid};
+    ms[0].q = (dp__wire_request){.op = DP_WIRE_OP_ALLOC, .rid = rid};
     ms[0].q.a.alloc =
-        (dp_wire_alloc_args){dp__wire_s("9f3c2a7be0d14c55-b-17"), 33 << 20, 1024, true};
+        (dp__wire_alloc_args){dp__wire_s("9f3c2a7be0d14c55-b-17"), 33 << 20, 1024, true};
     ms[1].name = "alloc reply";
-    ms[1].r = (dp_wire_reply){.op = DP_WIRE_OP_ALLOC, .rid = rid, .ok = true};
+    ms[1].r = (dp__wire_reply){.op = DP_WIRE_OP_ALLOC, .rid = rid, .ok = true};
     ms[1].r.r.alloc.off = 5ull << 30;
     ms[1].r.r.alloc.token = 12345;
     ms[2].name = "commit request";
     ms[2].request = true;
-    ms[2].q = (dp_wire_request){.op = DP_WIRE_OP_COMMIT, .rid = rid};
+    ms[2].q = (dp__wire_request){.op = DP_WIRE_OP_COMMIT, .rid = rid};
     ms[2].q.a.commit.blob_id = dp__wire_s("9f3c2a7be0d14c55-b-17");
     ms[3].name = "commit reply";
-    ms[3].r = (dp_wire_reply){.op = DP_WIRE_OP_COMMIT, .rid = rid, .ok = true};
+    ms[3].r = (dp__wire_reply){.op = DP_WIRE_OP_COMMIT, .rid = rid, .ok = true};
     ms[3].r.r.commit = DP_WIRE_COMMIT_DONE;
     ms[4].name = "resolve_keys req (1024 keys)";
     ms[4].request = true;
-    ms[4].q = (dp_wire_request){.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = rid};
-    ms[4].q.a.resolve_keys.keys = (dp_wire_strs){keys, NKEYS};
+    ms[4].q = (dp__wire_request){.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = rid};
+    ms[4].q.a.resolve_keys.keys = (dp__wire_strs){keys, NKEYS};
     ms[4].q.a.resolve_keys.inline_bytes = 0;
     ms[5].name = "resolve_keys reply (1024 ent)";
-    ms[5].r = (dp_wire_reply){.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = rid, .ok = true};
+    ms[5].r = (dp__wire_reply){.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = rid, .ok = true};
     ms[5].r.r.resolve_keys.pin_id = dp__wire_s("pin-9f3c2a7be0d14c55-42");
-    ms[5].r.r.resolve_keys.entries = (dp_wire_key_locs){locs, NKEYS};
+    ms[5].r.r.resolve_keys.entries = (dp__wire_key_locs){locs, NKEYS};
 
     printf("bench_wire: median of %d runs\n", runs);
     printf("%-30s %8s %12s %12s %12s %10s\n", "message", "bytes", "encode ns",
            "decode ns", "round ns", "round MB/s");
     uint64_t t0 = dp__now_ns();
     for (size_t i = 0; i < DP_ARRAY_LEN(ms); i++) {
-        dp_buf b;
+        dp__buf b;
         dp__buf_init(&b);
         encode(&ms[i], &b);
         size_t bytes = b.len;

@@ -1,5 +1,5 @@
 /*
- * bench_xfer: WRITE and READ bandwidth and latency of dp_endpoint between two
+ * bench_xfer: WRITE and READ bandwidth and latency of dp__endpoint between two
  * processes on this host, message sizes 8 B to 64 MiB, buffers larger than the
  * caches. The server is this program re-executed with --server: it allocates a
  * slab with dp__endpoint_alloc (progress thread on), sends its metadata over a
@@ -98,7 +98,7 @@ bench_write_end(void *ctx, void *hold, bool ok)
 
 static int
 bench_read_begin(void *ctx, const uint8_t *grant, size_t grant_len,
-                 const dp_range *ranges, size_t n, void **hold, dp_detail *d)
+                 const dp__range *ranges, size_t n, void **hold, dp_detail *d)
 {
     DP_UNUSED(grant);
     DP_UNUSED(grant_len);
@@ -119,11 +119,11 @@ bench_read_end(void *ctx, void *hold)
 static int
 server_main(int fd, uint64_t buf, bool serve)
 {
-    dp_endpoint_opts o;
+    dp__endpoint_opts o;
     dp__endpoint_opts_init(&o);
     o.progress_thread = true;
     dp_detail d;
-    dp_endpoint *ep;
+    dp__endpoint *ep;
     void *base;
     uint8_t *md;
     size_t md_len;
@@ -133,8 +133,8 @@ server_main(int fd, uint64_t buf, bool serve)
         die("server alloc", &d);
     memset(base, 1, buf); /* fault the slab in, as a unit does */
     slab_span span = {(uint64_t)(uintptr_t)base, buf};
-    dp_xfer_serve hooks = {bench_write_begin, bench_write_end, bench_read_begin,
-                           bench_read_end, &span};
+    dp__xfer_serve hooks = {bench_write_begin, bench_write_end, bench_read_begin,
+                            bench_read_end, &span};
     if (serve && dp__endpoint_serve(ep, &hooks, &d) != DP_OK)
         die("server serve", &d);
     if (dp__endpoint_metadata(ep, &md, &md_len, &d) != DP_OK)
@@ -164,7 +164,7 @@ median(double *v, int n)
 }
 
 typedef struct ctx {
-    dp_endpoint *ep;
+    dp__endpoint *ep;
     uint64_t lbase, rbase, buf;
     uint64_t loff, roff; /* rolling offsets: walk the buffers */
     bool hot;            /* --hot: always offset 0, like ucx_perftest */
@@ -174,30 +174,30 @@ typedef struct ctx {
 /* One transfer of n ranges; with --two-sided it carries a grant, so that it
  * goes two-sided where the path is (TCP), as a client's ops to a unit do. */
 static void
-xfer(ctx *c, dp_xfer_op op, const dp_range *l, const dp_range *r, size_t n)
+xfer(ctx *c, dp__xfer_op op, const dp__range *l, const dp__range *r, size_t n)
 {
-    dp_xfer_desc o = {.op = op,
-                      .local = l,
-                      .n_local = n,
-                      .remote = r,
-                      .n_remote = n,
-                      .remote_name = "bench-server"};
+    dp__xfer_desc o = {.op = op,
+                       .local = l,
+                       .n_local = n,
+                       .remote = r,
+                       .n_remote = n,
+                       .remote_name = "bench-server"};
     if (c->grant) {
         o.grant = "bench";
         o.grant_len = 5;
     }
-    int res = 0;
-    dp_detail d, det;
-    if (dp__endpoint_transfer_many(c->ep, &o, 1, 60, &res, &det, &d) != DP_OK)
+    dp__xfer_result res;
+    dp_detail d;
+    if (dp__endpoint_transfer_many(c->ep, &o, 1, 60, &res, NULL, &d) != DP_OK)
         die("transfer", &d);
 }
 
 /* Bandwidth of one repetition in bytes/s. */
 static double
-bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_ops)
+bw_once(ctx *c, dp__xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_ops)
 {
     enum { BATCH = 64 };
-    dp_range l[BATCH], r[BATCH];
+    dp__range l[BATCH], r[BATCH];
     uint64_t ops = DP_MAX(min_ops, (min_bytes + size - 1) / size);
     if (ops > 200000)
         ops = 200000;
@@ -211,8 +211,8 @@ bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_o
                 c->loff = 0;
             if (c->roff + step > c->buf)
                 c->roff = 0;
-            l[i] = (dp_range){c->lbase + c->loff, size};
-            r[i] = (dp_range){c->rbase + c->roff, size};
+            l[i] = (dp__range){c->lbase + c->loff, size};
+            r[i] = (dp__range){c->rbase + c->roff, size};
             c->loff += step;
             c->roff += step;
         }
@@ -224,7 +224,7 @@ bw_once(ctx *c, dp_xfer_op op, uint64_t size, uint64_t min_bytes, uint64_t min_o
 
 /* Mean latency of single-range blocking transfers, in seconds. */
 static double
-lat_once(ctx *c, dp_xfer_op op, uint64_t size, int iters)
+lat_once(ctx *c, dp__xfer_op op, uint64_t size, int iters)
 {
     uint64_t step = c->hot ? 0 : DP_ALIGN_UP(size, 64);
     double t0 = dp__now_s();
@@ -233,7 +233,7 @@ lat_once(ctx *c, dp_xfer_op op, uint64_t size, int iters)
             c->loff = 0;
         if (c->roff + step > c->buf)
             c->roff = 0;
-        dp_range l = {c->lbase + c->loff, size}, r = {c->rbase + c->roff, size};
+        dp__range l = {c->lbase + c->loff, size}, r = {c->rbase + c->roff, size};
         c->loff += step;
         c->roff += step;
         xfer(c, op, &l, &r, 1);
@@ -255,7 +255,7 @@ check_roundtrip(ctx *c, uint64_t size)
     for (uint64_t i = 0; i < size; i++)
         l[i] = (uint8_t)(i * 131 + size + (i >> 12));
     memset(l + size, 0, size);
-    dp_range a = {c->lbase, size}, b = {c->lbase + size, size}, r = {c->rbase, size};
+    dp__range a = {c->lbase, size}, b = {c->lbase + size, size}, r = {c->rbase, size};
     xfer(c, DP_XFER_WRITE, &a, &r, 1);
     xfer(c, DP_XFER_READ, &b, &r, 1);
     if (memcmp(l, l + size, size) != 0) {
@@ -327,7 +327,7 @@ main(int argc, char **argv)
     if (md == NULL || io_all(sv[0], md, hdr[0], false) != 0)
         return 1;
 
-    dp_endpoint_opts o;
+    dp__endpoint_opts o;
     dp__endpoint_opts_init(&o);
     o.memcpy_max = memcpy_max;
     dp_detail d;
@@ -387,7 +387,7 @@ main(int argc, char **argv)
         fflush(stdout);
     }
     free(sizes);
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(c.ep, &st);
     printf("# ranges by memcpy fast path: %" PRIu64 ", by UCX put/get: %" PRIu64 "\n",
            st.memcpy_ranges, st.ucx_ranges);

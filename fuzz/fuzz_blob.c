@@ -20,20 +20,20 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void
-check_entries(const dp_blob *b, size_t size)
+check_entries(const dp__blob *b, size_t size)
 {
-    const dp_blob_header *h = dp__blob_get_header(b);
+    const dp__blob_header *h = dp__blob_get_header(b);
     if (h->total_len != size || h->n_entries == 0 || dp__blob_count(b) != h->n_entries)
         abort();
     for (uint32_t i = 0; i < dp__blob_count(b); i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(b, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b, i);
         if (e->off < h->payload_off || e->off % 64 != 0 || e->off > size ||
             e->len > size - e->off)
             abort();
         if (strlen(e->key) != e->key_len || strlen(e->dtype) != e->dtype_len ||
             e->ndim > DP_BLOB_MAX_DIMS)
             abort();
-        dp_key_parts kp;
+        dp__key_parts kp;
         if (dp__key_split(e->key, e->key_len, &kp, NULL) != DP_OK || kp.gidx != e->gidx ||
             kp.field != e->field || kp.field_len != e->field_len)
             abort();
@@ -44,29 +44,29 @@ check_entries(const dp_blob *b, size_t size)
 
 /* Build a blob from b's entries, parse it, compare. */
 static void
-round_trip(const dp_blob *b)
+round_trip(const dp__blob *b)
 {
-    const dp_blob_header *h = dp__blob_get_header(b);
-    dp_blob_builder *bb = NULL;
+    const dp__blob_header *h = dp__blob_get_header(b);
+    dp__blob_builder *bb = NULL;
     if (dp__blob_builder_create(h->flags, &bb, NULL) != DP_OK)
         abort();
     for (uint32_t i = 0; i < dp__blob_count(b); i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(b, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b, i);
         /* keep the rebuilt blob small: lengths are capped, the check below
          * knows it */
-        dp_blob_entry_spec s = {.key = e->key,
-                                .key_len = e->key_len,
-                                .kind = e->kind,
-                                .dtype = e->dtype,
-                                .shape = e->shape,
-                                .ndim = e->ndim,
-                                .len = e->len % 4096,
-                                .has_crc = e->has_crc,
-                                .crc = e->crc};
+        dp__blob_entry_spec s = {.key = e->key,
+                                 .key_len = e->key_len,
+                                 .kind = e->kind,
+                                 .dtype = e->dtype,
+                                 .shape = e->shape,
+                                 .ndim = e->ndim,
+                                 .len = e->len % 4096,
+                                 .has_crc = e->has_crc,
+                                 .crc = e->crc};
         if (dp__blob_builder_add(bb, &s, NULL, NULL) != DP_OK)
             abort();
     }
-    dp_blob_layout l;
+    dp__blob_layout l;
     if (dp__blob_builder_layout(bb, &l, NULL) != DP_OK)
         abort();
     uint8_t *p = calloc(1, (size_t)l.total_len);
@@ -74,11 +74,11 @@ round_trip(const dp_blob *b)
         abort();
     if (dp__blob_builder_write(bb, p, (size_t)l.total_len, NULL) != DP_OK)
         abort();
-    dp_blob *c = NULL;
+    dp__blob *c = NULL;
     if (dp__blob_parse(p, (size_t)l.total_len, NULL, &c, NULL) != DP_OK)
         abort();
     for (uint32_t i = 0; i < dp__blob_count(b); i++) {
-        const dp_blob_entry *x = dp__blob_entry_at(b, i), *y = dp__blob_entry_at(c, i);
+        const dp__blob_entry *x = dp__blob_entry_at(b, i), *y = dp__blob_entry_at(c, i);
         if (strcmp(x->key, y->key) != 0 || strcmp(x->dtype, y->dtype) != 0 ||
             x->kind != y->kind || x->ndim != y->ndim || y->len != x->len % 4096 ||
             x->has_crc != y->has_crc || x->crc != y->crc ||
@@ -91,9 +91,9 @@ round_trip(const dp_blob *b)
 }
 
 static void
-one(const uint8_t *p, size_t size, const dp_blob_parse_opts *o)
+one(const uint8_t *p, size_t size, const dp__blob_parse_opts *o)
 {
-    dp_blob *b = NULL;
+    dp__blob *b = NULL;
     dp_detail d;
     int rc = dp__blob_parse(p, size, o, &b, &d);
     if (rc != DP_OK) {
@@ -128,9 +128,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t crc = dp__crc32c(q + 64, (size_t)index_len);
     dp__le32_store(q + 40, crc);
     one(q, size, NULL);
-    dp_blob_parse_opts o = {.allow_overlap = true,
-                            .n_units = 1 + data[size - 1] % 4,
-                            .unit_index = data[size - 1] % 2};
+    dp__blob_parse_opts o = {.allow_overlap = true,
+                             .n_units = 1 + data[size - 1] % 4,
+                             .unit_index = data[size - 1] % 2};
     one(q, size, &o);
     free(q);
     return 0;

@@ -17,7 +17,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void
-check_same(const dp_direct_md *a, const dp_direct_md *b)
+check_same(const dp__direct_md *a, const dp__direct_md *b)
 {
     DP_ASSERT(strcmp(a->obj_id, b->obj_id) == 0);
     DP_ASSERT(strcmp(a->backend, b->backend) == 0);
@@ -39,7 +39,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (buf == NULL)
         return 0;
     memcpy(buf, data, size);
-    dp_direct_md m;
+    dp__direct_md m;
     if (dp__direct_md_parse(buf, size, &m, NULL) == DP_OK) {
         DP_ASSERT(m.ep_md >= buf && m.ep_md + m.ep_md_len <= buf + size);
         DP_ASSERT(dp__direct_check_id(m.obj_id, strlen(m.obj_id), NULL) == DP_OK);
@@ -51,12 +51,19 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             total += m.descs[i].len;
         }
         DP_ASSERT(total == m.total_bytes);
-        dp_buf out;
+        dp__buf out;
         dp__buf_init(&out);
-        int rc = dp__direct_md_encode(&out, m.obj_id, m.backend, m.name, m.version,
-                                      m.ep_md, m.ep_md_len, m.descs, m.n_descs, NULL);
+        dp_direct_md_fields f = {.obj_id = m.obj_id,
+                                 .backend = m.backend,
+                                 .name = m.name,
+                                 .version = m.version,
+                                 .ep_md = m.ep_md,
+                                 .ep_md_len = m.ep_md_len,
+                                 .descs = m.descs,
+                                 .n_descs = m.n_descs};
+        int rc = dp__direct_md_encode(&out, &f, NULL);
         DP_ASSERT(rc == DP_OK);
-        dp_direct_md m2;
+        dp__direct_md m2;
         DP_ASSERT(dp__direct_md_parse(out.data, out.len, &m2, NULL) == DP_OK);
         check_same(&m, &m2);
         size_t n = 0;

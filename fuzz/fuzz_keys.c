@@ -15,7 +15,7 @@ int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *k = (const char *)data;
-    dp_key_parts kp;
+    dp__key_parts kp;
     dp_detail d;
     int rc = dp__key_split(k, size, &kp, &d);
     if (rc != DP_OK && rc != DP_EINVAL)

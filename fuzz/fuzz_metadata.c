@@ -21,19 +21,26 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (buf == NULL)
         return 0;
     memcpy(buf, data, size);
-    dp_md md;
+    dp__md md;
     if (dp__md_parse(buf, size, &md, NULL) == DP_OK) {
         DP_ASSERT(md.addr >= buf && md.addr + md.addr_len <= buf + size);
         for (uint32_t i = 0; i < md.n_regions; i++) {
-            const dp_md_region *r = &md.regions[i];
+            const dp__md_region *r = &md.regions[i];
             DP_ASSERT(r->rkey >= buf && r->rkey + r->rkey_len <= buf + size);
             DP_ASSERT(r->len > 0 && r->base + r->len > r->base);
         }
-        dp_buf out;
+        dp__buf out;
         dp__buf_init(&out);
-        int rc = dp__md_encode(&out, md.name, md.gen, md.xver, md.flags,
-                               (md.flags & DP_MD_F_PROC) ? &md.proc : NULL, md.addr,
-                               md.addr_len, md.regions, md.n_regions, NULL);
+        dp__md_fields f = {.name = md.name,
+                           .gen = md.gen,
+                           .xver = md.xver,
+                           .flags = md.flags,
+                           .proc = (md.flags & DP_MD_F_PROC) ? &md.proc : NULL,
+                           .addr = md.addr,
+                           .addr_len = md.addr_len,
+                           .regions = md.regions,
+                           .n_regions = md.n_regions};
+        int rc = dp__md_encode(&out, &f, NULL);
         DP_ASSERT(rc == DP_OK);
         DP_ASSERT(out.len == size && memcmp(out.data, buf, size) == 0);
         dp__buf_fini(&out);

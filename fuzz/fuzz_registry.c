@@ -46,7 +46,7 @@ record(const uint8_t *p, size_t n)
     }
     FAIL_IF(r.id >= r.n_units || strcmp(r.cluster, "fz") != 0);
     FAIL_IF(strncmp(r.zmq, "tcp://", 6) != 0 || r.incarnation == 0);
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     FAIL_IF(dp__reg_record_encode(&r, &b, NULL) != DP_OK);
     dp__reg_record r2;

@@ -53,7 +53,7 @@ one(const uint8_t *data, size_t size, bool fix)
         put_le(tr + 8, data_bytes, 8);
         put_le(tr + 20, dp__crc32c(hdr, DP_SHARD_HEADER_LEN), 4);
     }
-    dp_shard_header h;
+    dp__shard_header h;
     dp_detail d;
     int rc = dp__shard_header_decode(hdr, "fuzz.shard", &h, &d);
     if (rc == DP_OK) {

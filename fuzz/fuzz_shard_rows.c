@@ -15,7 +15,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int one(const uint8_t *data, size_t size, bool fix_crc);
-static void reencode(const uint8_t *p, size_t size, const dp_shard_rows *r);
+static void reencode(const uint8_t *p, size_t size, const dp__shard_rows *r);
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -40,7 +40,7 @@ one(const uint8_t *data, size_t size, bool fix_crc)
         for (int k = 0; k < 4; k++)
             p[size - 12 + k] = (uint8_t)(c >> (8 * k));
     }
-    dp_shard_rows r;
+    dp__shard_rows r;
     dp_detail d;
     int rc = dp__shard_rows_parse(p, size, "fuzz.rows", &r, &d);
     if (rc != DP_OK) {
@@ -51,7 +51,7 @@ one(const uint8_t *data, size_t size, bool fix_crc)
     }
     uint64_t live_total = 0;
     for (uint32_t i = 0; i < r.n; i++) {
-        const dp_shard_row *x = &r.v[i];
+        const dp__shard_row *x = &r.v[i];
         const uint8_t *id = (const uint8_t *)x->id;
         if (id < p || id + x->id_len > p + size || x->id_len == 0 ||
             x->id_len > DP_SHARD_ID_MAX)
@@ -61,7 +61,7 @@ one(const uint8_t *data, size_t size, bool fix_crc)
         for (uint32_t k = 0; k < x->n_live; k++)
             live_total += dp__shard_row_live(x, k) & 1;
     }
-    dp_shard_rows again;
+    dp__shard_rows again;
     if (dp__shard_rows_parse(p, size, "fuzz.rows", &again, &d) != DP_OK || again.n != r.n)
         abort();
     for (uint32_t i = 0; i < r.n; i++)
@@ -77,7 +77,7 @@ one(const uint8_t *data, size_t size, bool fix_crc)
 
 /* The encoders give back exactly the bytes that parsed to r. */
 static void
-reencode(const uint8_t *p, size_t size, const dp_shard_rows *r)
+reencode(const uint8_t *p, size_t size, const dp__shard_rows *r)
 {
     uint8_t *q = malloc(size);
     if (q == NULL)

@@ -45,7 +45,7 @@ LLVMFuzzerTestOneInput(const uint8_t *buf, size_t size)
     FAIL_IF(hdr == NULL || data == NULL);
     memcpy(hdr, rest, hlen);
     memcpy(data, rest + hlen, nrest - hlen);
-    dp_ts_hdr h;
+    dp__ts_hdr h;
     if (dp__ts_hdr_get(hdr, hlen, kind, &h)) {
         FAIL_IF(h.kind != kind || (size_t)DP_TS_HDR + h.vlen != hlen);
         FAIL_IF(h.v != hdr + DP_TS_HDR);
@@ -56,7 +56,7 @@ LLVMFuzzerTestOneInput(const uint8_t *buf, size_t size)
         free(again);
         if (kind == DP_TS_READ) {
             size_t n = h.a > 0 && h.a <= DP_TS_RANGES_MAX ? (size_t)h.a : 1;
-            dp_range *r = malloc(n * sizeof *r);
+            dp__range *r = malloc(n * sizeof *r);
             FAIL_IF(r == NULL);
             char msg[256];
             msg[0] = '\0';

@@ -53,7 +53,7 @@ rm_ssd_dir(void)
 }
 
 static void
-feed(dp_unit *u, const uint8_t *msg, size_t len, dp_buf *out)
+feed(dp__unit *u, const uint8_t *msg, size_t len, dp__buf *out)
 {
     dp__buf_reset(out);
     /*
@@ -61,10 +61,10 @@ feed(dp_unit *u, const uint8_t *msg, size_t len, dp_buf *out)
      * plane is trusted with paths): never let fuzz input create files. Their
      * file formats are exercised by test_checkpoint.
      */
-    dp_wire_op op = DP_WIRE_OP_NONE;
-    dp_wire_limits lim = dp__wire_limits_default;
+    dp__wire_op op = DP_WIRE_OP_NONE;
+    dp__wire_limits lim = dp__wire_limits_default;
     lim.max_msg = UINT64_MAX;
-    dp_wire_str prid = {"", 0};
+    dp__wire_str prid = {"", 0};
     dp__wire_request_peek(msg, len, &lim, &op, &prid, NULL);
     if (op == DP_WIRE_OP_SAVE_SHARD || op == DP_WIRE_OP_LOAD_SHARD)
         return;
@@ -72,10 +72,10 @@ feed(dp_unit *u, const uint8_t *msg, size_t len, dp_buf *out)
     if (out->len == 0)
         return;
     /* Every reply carries a valid request id; remember alloc offsets. */
-    dp_wire_str rid;
+    dp__wire_str rid;
     if (dp__wire_reply_peek(out->data, out->len, NULL, &rid, NULL) != 0)
         abort();
-    dp_wire_reply rep;
+    dp__wire_reply rep;
     if (dp__wire_reply_decode(out->data, out->len, DP_WIRE_OP_ALLOC, NULL, &rep, NULL) ==
             0 &&
         rep.ok)
@@ -99,7 +99,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         atexit(rm_ssd_dir);
         quiet = true;
     }
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 64 * 1024;
     o.n_units = 2;
@@ -113,12 +113,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o.staging_bytes = 64 * 1024;
     o.pickup_s = 1;
     o.io_threads = 1;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     if (dp__unit_create(&o, &u, NULL) != 0)
         abort();
     last_off = 0;
     last_token = 0;
-    dp_buf out;
+    dp__buf out;
     dp__buf_init(&out);
     size_t i = 0;
     while (i < size) {

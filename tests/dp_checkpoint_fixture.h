@@ -17,8 +17,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dp_unit_blob.h"
+
 #include "blob/blob.h"
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "unit/unit.h"
@@ -26,16 +28,16 @@
 
 /* ---- units, rows and shards ---- */
 
-static inline dp_unit *
+static inline dp__unit *
 mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
 {
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = n_units;
     o.unit_id = unit_id;
     o.numa = DP_UNIT_NUMA_OFF;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
@@ -50,11 +52,11 @@ pat(uint64_t gidx, uint32_t ver, uint64_t k)
 }
 
 /* Put one blob holding rows gidxs[0..n) (field "f"), version ver, plen bytes each. */
-static inline int put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs,
+static inline int put_rows_spill(dp__unit *u, const char *id, const uint64_t *gidxs,
                                  uint32_t n, uint32_t ver, uint64_t plen, bool spill);
 
 static inline int
-put_rows(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n, uint32_t ver,
+put_rows(dp__unit *u, const char *id, const uint64_t *gidxs, uint32_t n, uint32_t ver,
          uint64_t plen)
 {
     return put_rows_spill(u, id, gidxs, n, ver, plen, false);
@@ -62,10 +64,10 @@ put_rows(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n, uint32_t
 
 /* As put_rows; with spill, a blob the put area cannot take goes to the SSD tier. */
 static inline int
-put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
+put_rows_spill(dp__unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
                uint32_t ver, uint64_t plen, bool spill)
 {
-    dp_blob_builder *b = NULL;
+    dp__blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
@@ -75,25 +77,25 @@ put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
         for (uint64_t k = 0; k < plen; k++)
             pay[i * plen + k] = pat(gidxs[i], ver, k);
         snprintf(key, sizeof key, "%llu@f", (unsigned long long)gidxs[i]);
-        dp_blob_entry_spec s = {0};
+        dp__blob_entry_spec s = {0};
         s.key = key;
         s.kind = DP_BLOB_BYTES;
         s.len = plen;
         s.payload = pay + i * plen;
         CHECK_OK_D(dp__blob_builder_add(b, &s, NULL, &d), &d);
     }
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     CHECK_OK_D(dp__blob_builder_layout(b, &lay, &d), &d);
     uint64_t off = 0;
     int rc =
-        dp__unit_alloc_spill(u, id, strlen(id), lay.total_len, n, spill, &off, NULL, &d);
+        dp_test_unit_alloc(u, id, strlen(id), lay.total_len, n, spill, &off, NULL, &d);
     if (rc == 0) {
         uint8_t *dst = dp__unit_slab(u) + off;
         CHECK_OK_D(dp__blob_builder_write(b, dst, lay.total_len, &d), &d);
         CHECK_OK_D(dp__blob_builder_copy_payloads(b, dst, lay.total_len, &d), &d);
         dp__blob_header_set_alloc(dst, dp__unit_incarnation(u),
                                   dp__unit_alloc_token(u, id, strlen(id)));
-        dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
+        dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
         for (int tries = 0; tries < 10000; tries++) {
             CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
             if (st != DP_WIRE_COMMIT_PENDING)
@@ -109,12 +111,12 @@ put_rows_spill(dp_unit *u, const char *id, const uint64_t *gidxs, uint32_t n,
 
 /* The version of row gidx's "f" held by u (0: missing), its bytes checked. */
 static inline uint32_t
-row_version(dp_unit *u, uint64_t gidx, uint64_t plen, uint32_t max_ver)
+row_version(dp__unit *u, uint64_t gidx, uint64_t plen, uint32_t max_ver)
 {
     char key[64];
     snprintf(key, sizeof key, "%llu@f", (unsigned long long)gidx);
-    dp_wire_str k = {key, (uint32_t)strlen(key)};
-    dp_unit_resolve_keys_res r;
+    dp__wire_str k = {key, (uint32_t)strlen(key)};
+    dp__unit_resolve_keys_res r;
     dp_detail d;
     dp_detail_clear(&d);
     /* A disk blob answers pending while it is staged: ask again. */
@@ -185,16 +187,16 @@ rm_shard(const char *p)
 }
 
 static inline int
-save(dp_unit *u, const char *p, dp_unit_save_res *res, dp_detail *d)
+save(dp__unit *u, const char *p, dp__unit_save_res *res, dp_detail *d)
 {
     return dp__unit_save_shard(u, p, strlen(p), res, d);
 }
 
 static inline int
-load(dp_unit *u, const char *p, const dp_unit_save_res *sr, bool spill,
-     dp_unit_load_res *lr, dp_detail *d)
+load(dp__unit *u, const char *p, const dp__unit_save_res *sr, bool spill,
+     dp__unit_load_res *lr, dp_detail *d)
 {
-    return dp__unit_load_shard(u, p, strlen(p), sr->blobs, sr->n_blobs, spill, lr, d);
+    return dp_test_load_shard(u, p, sr->blobs, sr->n_blobs, spill, lr, d);
 }
 
 static inline void
@@ -213,9 +215,9 @@ corrupt_at(const char *p, uint64_t off)
 
 typedef struct tcluster {
     uint32_t n;
-    dp_unit *u[4];
-    dp_ctl_server *srv[4];
-    dp_cluster cl;
+    dp__unit *u[4];
+    dp__ctl_server *srv[4];
+    dp__cluster cl;
     char file[512];
 } tcluster;
 
@@ -230,7 +232,7 @@ tc_start(tcluster *t, uint32_t n, uint64_t slab, const char *ssd_dir, const char
     dp_detail d;
     dp_detail_clear(&d);
     for (uint32_t i = 0; i < n; i++) {
-        dp_unit_opts o;
+        dp__unit_opts o;
         dp__unit_opts_init(&o);
         o.slab_bytes = slab;
         o.n_units = n;
@@ -242,7 +244,7 @@ tc_start(tcluster *t, uint32_t n, uint64_t slab, const char *ssd_dir, const char
             o.io_threads = 2;
         }
         CHECK_OK_D(dp__unit_create(&o, &t->u[i], &d), &d);
-        dp_ctl_server_opts so = {0};
+        dp__ctl_server_opts so = {0};
         CHECK_OK_D(dp__ctl_server_open(&so, dp__unit_handle, dp__unit_handle_oversize,
                                        t->u[i], &t->srv[i], &d),
                    &d);

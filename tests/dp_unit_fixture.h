@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_unit_blob.h"
+
 #include "blob/blob.h"
 #include "common/common.h"
 #include "unit/unit.h"
@@ -27,10 +29,10 @@ fake_now(void *ctx)
     return fake_t;
 }
 
-static inline dp_unit *
+static inline dp__unit *
 mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
 {
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = n_units;
@@ -40,7 +42,7 @@ mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
     o.quarantine_s = 5;
     o.numa = DP_UNIT_NUMA_OFF;
     o.now = fake_now;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
@@ -62,7 +64,7 @@ typedef struct tblob {
 static inline tblob
 mk_blob(const char *const *keys, uint32_t n, uint64_t plen, uint32_t seed)
 {
-    dp_blob_builder *b = NULL;
+    dp__blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
@@ -71,7 +73,7 @@ mk_blob(const char *const *keys, uint32_t n, uint64_t plen, uint32_t seed)
         for (uint64_t k = 0; k < plen; k++)
             pay[i * plen + k] = (uint8_t)(seed * 31 + i * 7 + k);
         uint64_t shape[1] = {plen / 4};
-        dp_blob_entry_spec s = {0};
+        dp__blob_entry_spec s = {0};
         s.key = keys[i];
         s.kind = plen % 4 == 0 ? DP_BLOB_TENSOR : DP_BLOB_BYTES;
         s.dtype = plen % 4 == 0 ? "float32" : "";
@@ -81,7 +83,7 @@ mk_blob(const char *const *keys, uint32_t n, uint64_t plen, uint32_t seed)
         s.payload = pay + i * plen;
         CHECK_OK_D(dp__blob_builder_add(b, &s, NULL, &d), &d);
     }
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     CHECK_OK_D(dp__blob_builder_layout(b, &lay, &d), &d);
     tblob t = {calloc(1, lay.total_len), lay.total_len, n};
     CHECK_OK_D(dp__blob_builder_write(b, t.p, lay.total_len, &d), &d);
@@ -93,21 +95,22 @@ mk_blob(const char *const *keys, uint32_t n, uint64_t plen, uint32_t seed)
 
 /* alloc + "WRITE" (memcpy into the slab) + commit; returns the offset. */
 static inline uint64_t
-put_blob(dp_unit *u, const char *id, const tblob *t)
+put_blob(dp__unit *u, const char *id, const tblob *t)
 {
     uint64_t off = 0;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_alloc(u, id, strlen(id), t->len, t->n, &off, NULL, &d), &d);
+    CHECK_OK_D(dp_test_unit_alloc(u, id, strlen(id), t->len, t->n, false, &off, NULL, &d),
+               &d);
     dp_test_write_blob(u, id, off, t->p, t->len);
-    dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
+    dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
     CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     return off;
 }
 
 static inline uint64_t
-put_keys(dp_unit *u, const char *id, const char *const *keys, uint32_t n, uint64_t plen,
+put_keys(dp__unit *u, const char *id, const char *const *keys, uint32_t n, uint64_t plen,
          uint32_t seed)
 {
     tblob t = mk_blob(keys, n, plen, seed);
@@ -118,10 +121,10 @@ put_keys(dp_unit *u, const char *id, const char *const *keys, uint32_t n, uint64
 
 /* resolve_keys of one key: its slab offset and length; false if missing. */
 static inline bool
-locate(dp_unit *u, const char *key, uint64_t *off, uint64_t *len, char pin[33])
+locate(dp__unit *u, const char *key, uint64_t *off, uint64_t *len, char pin[33])
 {
-    dp_unit_resolve_keys_res r;
-    dp_wire_str k = dp__wire_s(key);
+    dp__unit_resolve_keys_res r;
+    dp__wire_str k = dp__wire_s(key);
     dp_detail d;
     dp_detail_clear(&d);
     dp__unit_lock(u);

@@ -57,11 +57,11 @@ rm_dir(char *dir)
     free(dir);
 }
 
-static inline dp_unit *
+static inline dp__unit *
 mk_ssd_unit(uint64_t slab, uint64_t staging, const char *dir, double pickup_s,
             uint32_t n_units)
 {
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = slab;
     o.n_units = n_units;
@@ -73,7 +73,7 @@ mk_ssd_unit(uint64_t slab, uint64_t staging, const char *dir, double pickup_s,
     o.staging_bytes = staging;
     o.pickup_s = pickup_s;
     o.io_threads = 3;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
@@ -82,7 +82,7 @@ mk_ssd_unit(uint64_t slab, uint64_t staging, const char *dir, double pickup_s,
 
 /* Wait until no io job is queued or running (bounded). */
 static inline void
-wait_idle(dp_unit *u)
+wait_idle(dp__unit *u)
 {
     double t0 = dp_test_now();
     while (dp_test_unit_stats(u).io_jobs > 0 && dp_test_now() - t0 < 30)
@@ -113,7 +113,7 @@ row_fill(uint64_t g, uint32_t v, uint8_t *p, uint64_t len)
 static inline tblob
 rows_blob(const uint64_t *g, uint32_t n, uint32_t v)
 {
-    dp_blob_builder *b = NULL;
+    dp__blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &b, &d), &d);
@@ -129,7 +129,7 @@ rows_blob(const uint64_t *g, uint32_t n, uint32_t v)
         snprintf(keys[2 * i], 48, "%" PRIu64 "@a", g[i]);
         snprintf(keys[2 * i + 1], 48, "%" PRIu64 "@b", g[i]);
         for (int f = 0; f < 2; f++) {
-            dp_blob_entry_spec s = {0};
+            dp__blob_entry_spec s = {0};
             s.key = keys[2 * i + f];
             s.kind = DP_BLOB_BYTES;
             s.len = f == 0 ? la : 8;
@@ -139,7 +139,7 @@ rows_blob(const uint64_t *g, uint32_t n, uint32_t v)
             CHECK_OK_D(dp__blob_builder_add(b, &s, NULL, &d), &d);
         }
     }
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     CHECK_OK_D(dp__blob_builder_layout(b, &lay, &d), &d);
     tblob t = {calloc(1, lay.total_len), lay.total_len, 2 * n};
     CHECK_OK_D(dp__blob_builder_write(b, t.p, lay.total_len, &d), &d);
@@ -153,8 +153,8 @@ rows_blob(const uint64_t *g, uint32_t n, uint32_t v)
 }
 
 /* alloc(spill) with Busy retried, WRITE, commit polled; returns the final state. */
-static inline dp_wire_commit_state
-put_spill(dp_unit *u, const char *id, const tblob *t, bool *spilled)
+static inline dp__wire_commit_state
+put_spill(dp__unit *u, const char *id, const tblob *t, bool *spilled)
 {
     uint64_t off = 0;
     dp_detail d;
@@ -162,7 +162,7 @@ put_spill(dp_unit *u, const char *id, const tblob *t, bool *spilled)
     double t0 = dp_test_now();
     int rc;
     for (;;) {
-        rc = dp__unit_alloc_spill(u, id, strlen(id), t->len, t->n, true, &off, NULL, &d);
+        rc = dp_test_unit_alloc(u, id, strlen(id), t->len, t->n, true, &off, NULL, &d);
         if (rc != DP_EBUSY || dp_test_now() - t0 > 30)
             break;
         dp__sleep_s(0.001);
@@ -171,7 +171,7 @@ put_spill(dp_unit *u, const char *id, const tblob *t, bool *spilled)
     if (spilled != NULL)
         *spilled = off >= dp__unit_io_base(u) && dp__unit_io_bytes(u) > 0;
     dp_test_write_blob(u, id, off, t->p, t->len);
-    dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
+    dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
     t0 = dp_test_now();
     for (;;) {
         CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
@@ -190,17 +190,17 @@ enum { RD_OK = 0, RD_MISSING, RD_FAILED };
  * Checks the bytes against version v. Returns RD_OK, RD_MISSING or RD_FAILED.
  */
 static inline int
-read_row(dp_unit *u, uint64_t g, uint32_t v)
+read_row(dp__unit *u, uint64_t g, uint32_t v)
 {
     char ka[48], kb[48];
     snprintf(ka, sizeof ka, "%" PRIu64 "@a", g);
     snprintf(kb, sizeof kb, "%" PRIu64 "@b", g);
-    dp_wire_str keys[2] = {dp__wire_s(ka), dp__wire_s(kb)};
+    dp__wire_str keys[2] = {dp__wire_s(ka), dp__wire_s(kb)};
     dp_detail d;
     dp_detail_clear(&d);
     double t0 = dp_test_now();
     for (;;) {
-        dp_unit_resolve_keys_res r;
+        dp__unit_resolve_keys_res r;
         dp__unit_lock(u);
         int rc = dp__unit_resolve_keys_locked(u, keys, 2, &r, &d);
         dp__unit_unlock(u);

@@ -14,10 +14,10 @@
 
 /* ---- helpers ---- */
 
-static dp_slab_alloc *
+static dp__slab_alloc *
 mk(uint64_t area, uint64_t align)
 {
-    dp_slab_alloc *a = NULL;
+    dp__slab_alloc *a = NULL;
     dp_detail d;
     CHECK_OK_D(dp__slab_alloc_create(area, align, &a, &d), &d);
     CHECK(a != NULL);
@@ -25,7 +25,7 @@ mk(uint64_t area, uint64_t align)
 }
 
 static uint64_t
-al(dp_slab_alloc *a, uint64_t n)
+al(dp__slab_alloc *a, uint64_t n)
 {
     uint64_t off = UINT64_MAX;
     dp_detail d;
@@ -34,23 +34,23 @@ al(dp_slab_alloc *a, uint64_t n)
 }
 
 static void
-fr(dp_slab_alloc *a, uint64_t off)
+fr(dp__slab_alloc *a, uint64_t off)
 {
     dp_detail d;
     CHECK_OK_D(dp__slab_alloc_free(a, off, &d), &d);
 }
 
 static void
-ok_check(dp_slab_alloc *a)
+ok_check(dp__slab_alloc *a)
 {
     dp_detail d;
     CHECK_OK_D(dp__slab_alloc_check(a, &d), &d);
 }
 
-static dp_slab_alloc_stats
-stats(dp_slab_alloc *a)
+static dp__slab_alloc_stats
+stats(dp__slab_alloc *a)
 {
-    dp_slab_alloc_stats st;
+    dp__slab_alloc_stats st;
     dp__slab_alloc_get_stats(a, &st);
     CHECK_EQ_U64(st.allocated_bytes + st.free_bytes + st.quarantined_bytes,
                  st.usable_bytes);
@@ -61,7 +61,7 @@ stats(dp_slab_alloc *a)
 
 DP_TEST(create_rejects_bad_arguments)
 {
-    dp_slab_alloc *a = (dp_slab_alloc *)1;
+    dp__slab_alloc *a = (dp__slab_alloc *)1;
     dp_detail d;
     CHECK_ERR_D(dp__slab_alloc_create(1 << 20, 48, &a, &d), DP_EINVAL, &d);
     CHECK(a == NULL);
@@ -83,8 +83,8 @@ DP_TEST(create_rejects_bad_arguments)
 
 DP_TEST(alignment_rounds_sizes_and_offsets)
 {
-    dp_slab_alloc *a = mk(1 << 20, 0); /* 0 = 64 */
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc *a = mk(1 << 20, 0); /* 0 = 64 */
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.align, 64);
     uint64_t o1 = al(a, 1), o2 = al(a, 65), o3 = al(a, 64), n = 0;
     CHECK_EQ_U64(o1, 0);
@@ -109,11 +109,11 @@ DP_TEST(alignment_rounds_sizes_and_offsets)
 
 DP_TEST(exact_fit_and_full_area)
 {
-    dp_slab_alloc *a = mk(4 * 64, 64);
+    dp__slab_alloc *a = mk(4 * 64, 64);
     uint64_t off[4];
     for (int i = 0; i < 4; i++)
         off[i] = al(a, 64);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.free_bytes, 0);
     CHECK_EQ_U64(st.n_free, 0);
     CHECK_EQ_U64(st.largest_free, 0);
@@ -148,7 +148,7 @@ DP_TEST(exact_fit_and_full_area)
 
 DP_TEST(zero_and_oversized_requests)
 {
-    dp_slab_alloc *a = mk(1 << 16, 64);
+    dp__slab_alloc *a = mk(1 << 16, 64);
     uint64_t o = 5;
     dp_detail d;
     CHECK_ERR_D(dp__slab_alloc_alloc(a, 0, &o, &d), DP_EINVAL, &d);
@@ -167,8 +167,8 @@ DP_TEST(zero_and_oversized_requests)
 
 DP_TEST(area_not_a_multiple_of_align)
 {
-    dp_slab_alloc *a = mk(1000, 64);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc *a = mk(1000, 64);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.area_bytes, 1000);
     CHECK_EQ_U64(st.usable_bytes, 960);
     CHECK_EQ_U64(st.free_bytes, 960);
@@ -184,7 +184,7 @@ DP_TEST(area_not_a_multiple_of_align)
 
 /* Lay out blocks of the given sizes (in 64-byte units) back to back. */
 static void
-layout(dp_slab_alloc *a, const uint64_t *units, int n, uint64_t *offs)
+layout(dp__slab_alloc *a, const uint64_t *units, int n, uint64_t *offs)
 {
     uint64_t expect = 0;
     for (int i = 0; i < n; i++) {
@@ -198,7 +198,7 @@ DP_TEST(best_fit_picks_smallest_then_lowest)
 {
     /* Holes (free) of 3, 1, 2, 5, 2 units separated by one-unit blocks, then
      * the rest of the area. */
-    dp_slab_alloc *a = mk(64 * 64, 64);
+    dp__slab_alloc *a = mk(64 * 64, 64);
     uint64_t units[] = {3, 1, 1, 1, 2, 1, 5, 1, 2, 1};
     uint64_t offs[10];
     layout(a, units, 10, offs);
@@ -207,7 +207,7 @@ DP_TEST(best_fit_picks_smallest_then_lowest)
     fr(a, offs[4]);
     fr(a, offs[6]);
     fr(a, offs[8]);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.n_free, 6);
     CHECK_EQ_U64(st.largest_free, (64 - 18) * 64);
     /* 2 units: two 2-unit holes; the lower one wins. */
@@ -231,7 +231,7 @@ DP_TEST(best_fit_picks_smallest_then_lowest)
 
 DP_TEST(coalescing_left_right_both_none)
 {
-    dp_slab_alloc *a = mk(16 * 64, 64);
+    dp__slab_alloc *a = mk(16 * 64, 64);
     uint64_t units[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     uint64_t o[16];
     layout(a, units, 16, o);
@@ -239,7 +239,7 @@ DP_TEST(coalescing_left_right_both_none)
     fr(a, o[1]);
     fr(a, o[5]);
     fr(a, o[9]);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.n_free, 3);
     CHECK_EQ_U64(st.largest_free, 64);
     /* left: o[2] joins o[1]. */
@@ -281,11 +281,11 @@ DP_TEST(coalescing_left_right_both_none)
 
 DP_TEST(double_free_and_unknown_offsets_are_refused)
 {
-    dp_slab_alloc *a = mk(1 << 16, 64);
+    dp__slab_alloc *a = mk(1 << 16, 64);
     uint64_t x = al(a, 256), y = al(a, 64);
     dp_detail d;
     fr(a, x);
-    dp_slab_alloc_stats before = stats(a);
+    dp__slab_alloc_stats before = stats(a);
     CHECK_ERR_D(dp__slab_alloc_free(a, x, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "double free");
     CHECK_ERR_D(dp__slab_alloc_free(a, y + 64, &d), DP_EINVAL, &d); /* never handed out */
@@ -303,7 +303,7 @@ DP_TEST(double_free_and_unknown_offsets_are_refused)
     CHECK_ERR(dp__slab_alloc_size_of(a, z + 64, &n), DP_ENOTFOUND);
     CHECK_ERR(dp__slab_alloc_size_of(a, 4096, &n), DP_ENOTFOUND);
     fr(a, z);
-    dp_slab_alloc_stats after = stats(a);
+    dp__slab_alloc_stats after = stats(a);
     CHECK_EQ_U64(after.free_bytes, before.free_bytes);
     CHECK_EQ_U64(after.n_free, before.n_free);
     CHECK_EQ_U64(after.n_allocated, 1);
@@ -315,7 +315,7 @@ DP_TEST(double_free_and_unknown_offsets_are_refused)
 
 DP_TEST(quarantine_releases_in_time_order)
 {
-    dp_slab_alloc *a = mk(8 * 64, 64);
+    dp__slab_alloc *a = mk(8 * 64, 64);
     uint64_t units[] = {1, 1, 1, 1, 1, 1, 1, 1};
     uint64_t o[8];
     layout(a, units, 8, o);
@@ -323,7 +323,7 @@ DP_TEST(quarantine_releases_in_time_order)
     CHECK_OK_D(dp__slab_alloc_free_at(a, o[2], 2.0, &d), &d);
     CHECK_OK_D(dp__slab_alloc_free_at(a, o[5], 1.0, &d), &d);
     CHECK_OK_D(dp__slab_alloc_free_at(a, o[3], 3.0, &d), &d);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.quarantined_bytes, 192);
     CHECK_EQ_U64(st.n_quarantined, 3);
     CHECK_EQ_U64(st.n_allocated, 5);
@@ -379,7 +379,7 @@ DP_TEST(quarantine_equal_times_and_past_times)
 {
     /* Equal times release together; a time already past still waits for sweep;
      * INFINITY never comes. */
-    dp_slab_alloc *a = mk(8 * 64, 64);
+    dp__slab_alloc *a = mk(8 * 64, 64);
     uint64_t units[] = {1, 1, 1, 1, 1, 1, 1, 1};
     uint64_t o[8];
     layout(a, units, 8, o);
@@ -405,8 +405,8 @@ DP_TEST(quarantine_equal_times_and_past_times)
 
 DP_TEST(stats_and_fragmentation)
 {
-    dp_slab_alloc *a = mk(10 * 64, 64);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc *a = mk(10 * 64, 64);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.n_free, 1);
     CHECK(st.fragmentation == 0.0);
     uint64_t units[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -605,7 +605,7 @@ walk_cmp(void *arg, uint64_t off, uint64_t size, int state)
 
 /* Compare the allocator with the model in full. */
 static void
-verify(dp_slab_alloc *a, const model *m)
+verify(dp__slab_alloc *a, const model *m)
 {
     walk_ctx c = {.m = m, .prev_state = -1};
     int rc = dp__slab_alloc_walk(a, walk_cmp, &c);
@@ -614,7 +614,7 @@ verify(dp_slab_alloc *a, const model *m)
     CHECK_EQ_U64(c.n_used, m->n_live);
     /* The model's free granules are exactly what the free blocks cover. */
     CHECK_EQ_U64(c.free_units + m->alloc_units + m->quar_units, m->units);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.allocated_bytes, m->alloc_units * m->align);
     CHECK_EQ_U64(st.quarantined_bytes, m->quar_units * m->align);
     CHECK_EQ_U64(st.free_bytes, c.free_units * m->align);
@@ -648,7 +648,7 @@ rand_size(uint64_t *s, const model *m)
 enum { ST_OK, ST_FULL, ST_REFUSED }; /* how a step_alloc ended */
 
 static int
-step_alloc(dp_slab_alloc *a, model *m, uint64_t nbytes)
+step_alloc(dp__slab_alloc *a, model *m, uint64_t nbytes)
 {
     uint64_t off = UINT64_MAX, start = 0, largest = 0;
     dp_detail d;
@@ -711,8 +711,8 @@ static void
 random_run(uint64_t area, uint64_t align, int steps, uint64_t salt)
 {
     uint64_t s = dp_test_seed() ^ salt;
-    dp_slab_alloc *a = mk(area, align);
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc *a = mk(area, align);
+    dp__slab_alloc_stats st = stats(a);
     model m;
     model_init(&m, st.usable_bytes, st.align);
     double now = 0.0;
@@ -883,7 +883,7 @@ DP_TEST(hundred_thousand_live_blocks)
     enum { LIVE = 100000, CHURN = 200000 };
     uint64_t s = dp_test_seed() ^ 0x5;
     const uint64_t area = 128ull << 20;
-    dp_slab_alloc *a = mk(area, 64);
+    dp__slab_alloc *a = mk(area, 64);
     uint64_t *off = malloc(LIVE * sizeof(*off));
     uint64_t *size = malloc(LIVE * sizeof(*size));
     CHECK(off && size);
@@ -894,7 +894,7 @@ DP_TEST(hundred_thousand_live_blocks)
         size[i] = DP_ALIGN_UP(size[i], 64);
         total += size[i];
     }
-    dp_slab_alloc_stats st = stats(a);
+    dp__slab_alloc_stats st = stats(a);
     CHECK_EQ_U64(st.n_allocated, LIVE);
     CHECK_EQ_U64(st.allocated_bytes, total);
     ok_check(a);

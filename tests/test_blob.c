@@ -53,9 +53,9 @@ fix_index_crc_n(uint8_t *blob, size_t len)
 
 /* Build a blob from specs into a fresh heap buffer of exactly total_len bytes. */
 static uint8_t *
-build(const dp_blob_entry_spec *specs, uint32_t n, uint32_t flags, size_t *len)
+build(const dp__blob_entry_spec *specs, uint32_t n, uint32_t flags, size_t *len)
 {
-    dp_blob_builder *b = NULL;
+    dp__blob_builder *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__blob_builder_create(flags, &b, &d), &d);
@@ -64,7 +64,7 @@ build(const dp_blob_entry_spec *specs, uint32_t n, uint32_t flags, size_t *len)
         CHECK_OK_D(dp__blob_builder_add(b, &specs[i], &idx, &d), &d);
         CHECK_EQ(idx, i);
     }
-    dp_blob_layout l;
+    dp__blob_layout l;
     CHECK_OK_D(dp__blob_builder_layout(b, &l, &d), &d);
     CHECK_EQ(l.n_entries, n);
     CHECK_EQ(l.payload_off % 64, 0);
@@ -81,9 +81,9 @@ build(const dp_blob_entry_spec *specs, uint32_t n, uint32_t flags, size_t *len)
 }
 
 static int
-parse_rc(const uint8_t *p, size_t len, const dp_blob_parse_opts *o, dp_detail *d)
+parse_rc(const uint8_t *p, size_t len, const dp__blob_parse_opts *o, dp_detail *d)
 {
-    dp_blob *b = NULL;
+    dp__blob *b = NULL;
     dp_detail_clear(d);
     int rc = dp__blob_parse(p, len, o, &b, d);
     if (rc == DP_OK)
@@ -137,12 +137,12 @@ craft(const struct rent *e, uint32_t n, uint32_t flags, uint64_t payload_room,
       const void *extra, size_t extra_len, size_t *len)
 {
     /* First pass to learn index_len with placeholder offsets (full width). */
-    dp_buf idx;
+    dp__buf idx;
     dp__buf_init(&idx);
     uint64_t index_len = 0, payload_off = 0;
     for (int pass = 0; pass < 2; pass++) {
         dp__buf_reset(&idx);
-        dp_mp_writer w;
+        dp__mp_writer w;
         dp__mp_writer_init(&w, &idx);
         dp__mp_put_array(&w, n);
         for (uint32_t i = 0; i < n; i++) {
@@ -176,12 +176,12 @@ craft(const struct rent *e, uint32_t n, uint32_t flags, uint64_t payload_room,
     size_t total = (size_t)(payload_off + payload_room);
     uint8_t *p = calloc(1, total);
     CHECK(p != NULL);
-    dp_blob_header h = {.version = 2,
-                        .n_entries = n,
-                        .index_len = index_len,
-                        .payload_off = payload_off,
-                        .total_len = total,
-                        .flags = flags};
+    dp__blob_header h = {.version = 2,
+                         .n_entries = n,
+                         .index_len = index_len,
+                         .payload_off = payload_off,
+                         .total_len = total,
+                         .flags = flags};
     dp__blob_header_encode(&h, p);
     memcpy(p + 64, idx.data, idx.len);
     fix_index_crc_n(p, total);
@@ -209,26 +209,26 @@ DP_TEST(one_entry_round_trip)
 {
     float data[6] = {1, 2, 3, 4, 5, 6};
     uint64_t shape[2] = {2, 3};
-    dp_blob_entry_spec s = {.key = "17@input_ids",
-                            .kind = DP_BLOB_TENSOR,
-                            .dtype = "float32",
-                            .shape = shape,
-                            .ndim = 2,
-                            .len = sizeof data,
-                            .payload = data};
+    dp__blob_entry_spec s = {.key = "17@input_ids",
+                             .kind = DP_BLOB_TENSOR,
+                             .dtype = "float32",
+                             .shape = shape,
+                             .ndim = 2,
+                             .len = sizeof data,
+                             .payload = data};
     size_t len;
     uint8_t *p = build(&s, 1, 0, &len);
-    dp_blob *b = NULL;
+    dp__blob *b = NULL;
     dp_detail d;
     CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
     CHECK_EQ(dp__blob_count(b), 1);
-    const dp_blob_header *h = dp__blob_get_header(b);
+    const dp__blob_header *h = dp__blob_get_header(b);
     EXPECT_EQ(h->version, 2);
     EXPECT_EQ_U64(h->alloc_incarnation, 0); /* not named yet */
     EXPECT_EQ_U64(h->alloc_token, 0);
     EXPECT_EQ(h->total_len, len);
     EXPECT_EQ(h->flags, 0);
-    const dp_blob_entry *e = dp__blob_entry_at(b, 0);
+    const dp__blob_entry *e = dp__blob_entry_at(b, 0);
     EXPECT_STR(e->key, "17@input_ids");
     EXPECT_EQ(e->key_len, 12);
     EXPECT_EQ_U64(e->gidx, 17);
@@ -256,7 +256,7 @@ DP_TEST(many_entries_round_trip_with_crc)
 {
     uint64_t s = dp_test_seed();
     enum { N = 1000 };
-    dp_blob_entry_spec *specs = calloc(N, sizeof *specs);
+    dp__blob_entry_spec *specs = calloc(N, sizeof *specs);
     char(*keys)[32] = calloc(N, 32);
     uint8_t **payloads = calloc(N, sizeof *payloads);
     uint64_t(*shapes)[3] = calloc(N, sizeof *shapes);
@@ -272,8 +272,8 @@ DP_TEST(many_entries_round_trip_with_crc)
         shapes[i][0] = len;
         shapes[i][1] = 1;
         shapes[i][2] = i;
-        dp_blob_kind kind = (dp_blob_kind)(i % 3);
-        specs[i] = (dp_blob_entry_spec){
+        dp__blob_kind kind = (dp__blob_kind)(i % 3);
+        specs[i] = (dp__blob_entry_spec){
             .key = keys[i],
             .kind = kind,
             .dtype = kind == DP_BLOB_TENSOR ? dtypes[i % 5] : (i % 2 ? "" : NULL),
@@ -284,13 +284,13 @@ DP_TEST(many_entries_round_trip_with_crc)
     }
     size_t len;
     uint8_t *p = build(specs, N, DP_BLOB_FLAG_CRC, &len);
-    dp_blob *b = NULL;
+    dp__blob *b = NULL;
     dp_detail d;
     CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
     CHECK_EQ(dp__blob_count(b), N);
     CHECK_EQ(dp__blob_get_header(b)->flags, DP_BLOB_FLAG_CRC);
     for (uint32_t i = 0; i < N; i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(b, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b, i);
         CHECK_STR(e->key, keys[i]);
         CHECK_EQ_U64(e->gidx, (uint64_t)i * 7);
         CHECK_EQ(e->kind, (int)(i % 3));
@@ -306,7 +306,7 @@ DP_TEST(many_entries_round_trip_with_crc)
     }
     CHECK_OK_D(dp__blob_check_payload(b, p, len, &d), &d);
     /* a unit that owns gidx % 7 == 0 accepts all of them */
-    dp_blob_parse_opts o = {.n_units = 7, .unit_index = 0};
+    dp__blob_parse_opts o = {.n_units = 7, .unit_index = 0};
     CHECK_ACCEPT(p, len, &o);
     o.unit_index = 1;
     CHECK_REJECT(p, len, &o, "belongs to unit 0 of 7, not to unit 1");
@@ -322,18 +322,18 @@ DP_TEST(many_entries_round_trip_with_crc)
 
 DP_TEST(zero_byte_payloads)
 {
-    dp_blob_entry_spec s[3] = {
+    dp__blob_entry_spec s[3] = {
         {.key = "1@a", .kind = DP_BLOB_BYTES, .len = 0},
         {.key = "1@b", .kind = DP_BLOB_BYTES, .len = 0},
         {.key = "1@c", .kind = DP_BLOB_OBJECT, .len = 0},
     };
     size_t len;
     uint8_t *p = build(s, 3, DP_BLOB_FLAG_CRC, &len);
-    dp_blob *b = NULL;
+    dp__blob *b = NULL;
     dp_detail d;
     CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
     for (uint32_t i = 0; i < 3; i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(b, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b, i);
         CHECK_EQ(e->len, 0);
         CHECK(e->off <= len);
         CHECK_EQ(e->ndim, 0);
@@ -350,19 +350,19 @@ DP_TEST(big_shapes)
     uint64_t shape[DP_BLOB_MAX_DIMS];
     for (unsigned i = 0; i < DP_BLOB_MAX_DIMS; i++)
         shape[i] = i % 2 ? UINT64_MAX - i : (uint64_t)1 << (i * 2);
-    dp_blob_entry_spec s = {.key = "18446744073709551615@w",
-                            .kind = DP_BLOB_TENSOR,
-                            .dtype = "float8_e4m3fn",
-                            .shape = shape,
-                            .ndim = DP_BLOB_MAX_DIMS,
-                            .len = 5,
-                            .payload = "hello"};
+    dp__blob_entry_spec s = {.key = "18446744073709551615@w",
+                             .kind = DP_BLOB_TENSOR,
+                             .dtype = "float8_e4m3fn",
+                             .shape = shape,
+                             .ndim = DP_BLOB_MAX_DIMS,
+                             .len = 5,
+                             .payload = "hello"};
     size_t len;
     uint8_t *p = build(&s, 1, 0, &len);
-    dp_blob *b = NULL;
+    dp__blob *b = NULL;
     dp_detail d;
     CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
-    const dp_blob_entry *e = dp__blob_entry_at(b, 0);
+    const dp__blob_entry *e = dp__blob_entry_at(b, 0);
     CHECK_EQ(e->ndim, DP_BLOB_MAX_DIMS);
     for (unsigned i = 0; i < DP_BLOB_MAX_DIMS; i++)
         CHECK_EQ_U64(e->shape[i], shape[i]);
@@ -376,17 +376,17 @@ DP_TEST(layout_before_payload_and_set_crc)
     /* The client's path: lay out first, write the header and index into a
      * staging buffer, put the payload at the offsets afterwards, with the
      * crcs set after the layout. */
-    dp_blob_builder *bb;
+    dp__blob_builder *bb;
     dp_detail d;
     CHECK_OK(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &bb, &d));
     const char *vals[2] = {"first payload", "second, longer payload................"};
-    dp_blob_entry_spec s = {.key = "4@x", .kind = DP_BLOB_BYTES, .len = strlen(vals[0])};
+    dp__blob_entry_spec s = {.key = "4@x", .kind = DP_BLOB_BYTES, .len = strlen(vals[0])};
     CHECK_OK_D(dp__blob_builder_add(bb, &s, NULL, &d), &d);
     s.key = "8@x";
     s.len = strlen(vals[1]);
     CHECK_OK_D(dp__blob_builder_add(bb, &s, NULL, &d), &d);
     CHECK_EQ(dp__blob_builder_count(bb), 2);
-    dp_blob_layout l;
+    dp__blob_layout l;
     CHECK_OK_D(dp__blob_builder_layout(bb, &l, &d), &d);
     uint8_t *p = calloc(1, (size_t)l.total_len);
     /* crcs still missing: write refuses */
@@ -405,7 +405,7 @@ DP_TEST(layout_before_payload_and_set_crc)
     CHECK_OK_D(dp__blob_builder_write(bb, p, (size_t)l.payload_off, &d), &d);
     for (uint32_t i = 0; i < 2; i++)
         memcpy(p + dp__blob_builder_offset(bb, i), vals[i], strlen(vals[i]));
-    dp_blob *b;
+    dp__blob *b;
     CHECK_OK_D(dp__blob_parse(p, (size_t)l.total_len, NULL, &b, &d), &d);
     CHECK_OK_D(dp__blob_check_payload(b, p, (size_t)l.total_len, &d), &d);
     dp__blob_destroy(b);
@@ -421,18 +421,18 @@ DP_TEST(layout_before_payload_and_set_crc)
 
 DP_TEST(builder_rejects_bad_entries)
 {
-    dp_blob_builder *bb;
+    dp__blob_builder *bb;
     dp_detail d;
     CHECK_ERR(dp__blob_builder_create(2, &bb, &d), DP_EINVAL);
     CHECK_OK(dp__blob_builder_create(0, &bb, &d));
-    dp_blob_entry_spec s = {.key = "1@a", .kind = DP_BLOB_TENSOR, .dtype = "float32"};
-    dp_blob_layout l;
+    dp__blob_entry_spec s = {.key = "1@a", .kind = DP_BLOB_TENSOR, .dtype = "float32"};
+    dp__blob_layout l;
     CHECK_ERR(dp__blob_builder_layout(bb, &l, &d), DP_EINVAL); /* no entries */
     CHECK_CONTAINS(d.msg, "at least one entry");
     uint8_t tmp[4096];
     CHECK_ERR(dp__blob_builder_write(bb, tmp, sizeof tmp, &d), DP_EINVAL);
 
-    dp_blob_entry_spec bad = s;
+    dp__blob_entry_spec bad = s;
     bad.key = "01@a";
     CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "leading zero");
@@ -445,7 +445,7 @@ DP_TEST(builder_rejects_bad_entries)
     bad.dtype = "float32float32float32float32float32";
     CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     bad = s;
-    bad.kind = (dp_blob_kind)7;
+    bad.kind = (dp__blob_kind)7;
     CHECK_ERR(dp__blob_builder_add(bb, &bad, NULL, &d), DP_EINVAL);
     bad = s;
     bad.ndim = 33;
@@ -478,21 +478,21 @@ DP_TEST(builder_rejects_bad_entries)
  */
 DP_TEST(trusted_builder_is_still_checked_by_the_parser)
 {
-    dp_blob_builder *bb;
+    dp__blob_builder *bb;
     dp_detail d;
     CHECK_OK(dp__blob_builder_create(0, &bb, &d));
     dp__blob_builder_trust_keys(bb, true);
     char key[DP_KEY_MAX + 1];
     size_t kl = dp__key_format(7, "obs", 3, key);
-    dp_blob_entry_spec s = {.key = key, .key_len = kl, .kind = DP_BLOB_BYTES, .len = 10};
+    dp__blob_entry_spec s = {.key = key, .key_len = kl, .kind = DP_BLOB_BYTES, .len = 10};
     CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d));
     CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d)); /* the same key: not looked for */
-    dp_blob_layout l;
+    dp__blob_layout l;
     CHECK_OK(dp__blob_builder_layout(bb, &l, &d));
     uint8_t *img = calloc(1, l.total_len);
     CHECK(img != NULL);
     CHECK_OK(dp__blob_builder_write(bb, img, l.total_len, &d));
-    dp_blob *pb = NULL;
+    dp__blob *pb = NULL;
     CHECK_ERR(dp__blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "key '7@obs' appears twice");
     free(img);
@@ -515,7 +515,7 @@ DP_TEST(trusted_builder_is_still_checked_by_the_parser)
 }
 
 /*
- * dp_blob_sizer predicts the builder's index and blob sizes exactly: random
+ * dp__blob_sizer predicts the builder's index and blob sizes exactly: random
  * entries across every msgpack size class (keys of 3..276 bytes, dtypes of
  * 0..32, 0..32 dims of every width, lengths from 0 to past 2^32), with and
  * without CRCs, 1..300 entries (array headers of 1 and 3 bytes).
@@ -528,10 +528,10 @@ DP_TEST(sizer_predicts_the_layout)
         1ull << 40};
     for (int round = 0; round < 200; round++) {
         uint32_t flags = round % 2 ? DP_BLOB_FLAG_CRC : 0;
-        dp_blob_builder *b = NULL;
+        dp__blob_builder *b = NULL;
         CHECK_OK(dp__blob_builder_create(flags, &b, NULL));
         dp__blob_builder_trust_keys(b, true);
-        dp_blob_sizer z;
+        dp__blob_sizer z;
         dp__blob_sizer_init(&z, flags);
         uint32_t n = 1 + (uint32_t)(dp_test_rand(&rs) % (round < 100 ? 20 : 300));
         for (uint32_t i = 0; i < n; i++) {
@@ -543,7 +543,7 @@ DP_TEST(sizer_predicts_the_layout)
             for (size_t k = 0; k < fl && kl < 276; k++)
                 key[kl++] = (char)('a' + (i + k) % 26);
             key[kl] = '\0';
-            dp_blob_kind kind = (dp_blob_kind)(dp_test_rand(&rs) % 3);
+            dp__blob_kind kind = (dp__blob_kind)(dp_test_rand(&rs) % 3);
             size_t dl = kind == DP_BLOB_TENSOR ? 1 + dp_test_rand(&rs) % 32
                                                : dp_test_rand(&rs) % 33;
             for (size_t k = 0; k < dl; k++)
@@ -554,7 +554,7 @@ DP_TEST(sizer_predicts_the_layout)
                 shape[k] = widths[dp_test_rand(&rs) % DP_ARRAY_LEN(widths)] +
                            (dp_test_rand(&rs) % 2);
             uint64_t len = widths[dp_test_rand(&rs) % 8] + dp_test_rand(&rs) % 3;
-            dp_blob_entry_spec sp = {0};
+            dp__blob_entry_spec sp = {0};
             sp.key = key;
             sp.key_len = (size_t)kl;
             sp.kind = kind;
@@ -566,7 +566,7 @@ DP_TEST(sizer_predicts_the_layout)
             CHECK_OK(dp__blob_builder_add(b, &sp, NULL, NULL));
             dp__blob_sizer_add(&z, (size_t)kl, kind, dl, shape, nd, len);
         }
-        dp_blob_layout lay;
+        dp__blob_layout lay;
         CHECK_OK(dp__blob_builder_layout(b, &lay, NULL));
         CHECK_EQ_U64(dp__blob_sizer_index_len(&z), lay.index_len);
         CHECK_EQ_U64(dp__blob_sizer_total(&z), lay.total_len);
@@ -576,11 +576,11 @@ DP_TEST(sizer_predicts_the_layout)
 
 DP_TEST(kind_names)
 {
-    dp_blob_kind k;
+    dp__blob_kind k;
     CHECK_STR(dp__blob_kind_name(DP_BLOB_TENSOR), "tensor");
     CHECK_STR(dp__blob_kind_name(DP_BLOB_BYTES), "bytes");
     CHECK_STR(dp__blob_kind_name(DP_BLOB_OBJECT), "object");
-    CHECK_STR(dp__blob_kind_name((dp_blob_kind)9), "?");
+    CHECK_STR(dp__blob_kind_name((dp__blob_kind)9), "?");
     CHECK_OK(dp__blob_kind_parse("object", 6, &k));
     CHECK_EQ(k, DP_BLOB_OBJECT);
     CHECK_ERR(dp__blob_kind_parse("objec", 5, &k), DP_EINVAL);
@@ -594,7 +594,7 @@ valid_blob(size_t *len)
 {
     static uint64_t shape[1] = {16};
     static uint8_t data[64];
-    dp_blob_entry_spec s[2] = {
+    dp__blob_entry_spec s[2] = {
         {.key = "3@x",
          .kind = DP_BLOB_TENSOR,
          .dtype = "uint8",
@@ -660,7 +660,7 @@ DP_TEST(allocation_identity_round_trips)
     size_t len;
     uint8_t *p = valid_blob(&len);
     dp__blob_header_set_alloc(p, 0x0123456789abcdefull, 42);
-    dp_blob *b = NULL;
+    dp__blob *b = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
@@ -668,9 +668,10 @@ DP_TEST(allocation_identity_round_trips)
     CHECK_EQ_U64(dp__blob_get_header(b)->alloc_token, 42);
     dp__blob_destroy(b);
     uint8_t h[64];
-    dp_blob_header hd = {.version = 2, .alloc_incarnation = 7, .alloc_token = UINT64_MAX};
+    dp__blob_header hd = {
+        .version = 2, .alloc_incarnation = 7, .alloc_token = UINT64_MAX};
     dp__blob_header_encode(&hd, h);
-    dp_blob_header out;
+    dp__blob_header out;
     CHECK_ERR(dp__blob_header_decode(h, 0, NULL, &out, NULL), DP_EPROTO); /* too short */
     CHECK_EQ_U64(get_le64(h + 48), 7);
     CHECK_EQ_U64(get_le64(h + 56), UINT64_MAX);
@@ -700,11 +701,11 @@ DP_TEST(rejects_zero_entries)
     CHECK_REJECT(p, len, NULL, "no entries");
     /* also a well-formed empty index: [] */
     uint8_t q[128] = {0};
-    dp_blob_header h = {.version = 2,
-                        .n_entries = 0,
-                        .index_len = 1,
-                        .payload_off = 128,
-                        .total_len = 128};
+    dp__blob_header h = {.version = 2,
+                         .n_entries = 0,
+                         .index_len = 1,
+                         .payload_off = 128,
+                         .total_len = 128};
     q[64] = 0x90;
     h.index_crc = dp__crc32c(q + 64, 1);
     dp__blob_header_encode(&h, q);
@@ -717,7 +718,7 @@ DP_TEST(rejects_too_many_entries)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    dp_blob_parse_opts o = {.max_entries = 1};
+    dp__blob_parse_opts o = {.max_entries = 1};
     CHECK_REJECT(p, len, &o, "2 entries, more than the limit of 1");
     put_le32(p + 12, DP_BLOB_MAX_ENTRIES + 1);
     CHECK_REJECT(p, len, NULL, "more than the limit");
@@ -728,7 +729,7 @@ DP_TEST(rejects_index_len_over_limit)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    dp_blob_parse_opts o = {.max_index_len = 16};
+    dp__blob_parse_opts o = {.max_index_len = 16};
     CHECK_REJECT(p, len, &o, "over the limit of 16");
     free(p);
 }
@@ -740,7 +741,7 @@ DP_TEST(rejects_index_past_end)
     put_le64(p + 16, len - 63);
     CHECK_REJECT(p, len, NULL, "runs past the blob end");
     put_le64(p + 16, UINT64_MAX);
-    dp_blob_parse_opts o = {.max_index_len = UINT64_MAX};
+    dp__blob_parse_opts o = {.max_index_len = UINT64_MAX};
     CHECK_REJECT(p, len, &o, "runs past the blob end");
     free(p);
 }
@@ -1029,7 +1030,7 @@ DP_TEST(rejects_overlap_unless_allowed)
     size_t len;
     uint8_t *p = craft(e, 3, 0, 256, NULL, 0, &len);
     CHECK_REJECT(p, len, NULL, "overlap");
-    dp_blob_parse_opts o = {.allow_overlap = true};
+    dp__blob_parse_opts o = {.allow_overlap = true};
     CHECK_ACCEPT(p, len, &o);
     free(p);
     /* adjacent entries and zero-length entries inside others do not overlap */
@@ -1072,7 +1073,7 @@ DP_TEST(rejects_foreign_rows)
     struct rent e[2] = {rent_ok("4@a", 0, 16), rent_ok("6@a", 64, 16)};
     size_t len;
     uint8_t *p = craft(e, 2, 0, 128, NULL, 0, &len);
-    dp_blob_parse_opts o = {.n_units = 2, .unit_index = 0};
+    dp__blob_parse_opts o = {.n_units = 2, .unit_index = 0};
     CHECK_ACCEPT(p, len, &o);
     o.n_units = 4;
     CHECK_REJECT(p, len, &o, "blob entry 1 ('6@a'): row 6 belongs to unit 2 of 4");
@@ -1089,7 +1090,7 @@ static uint8_t *
 random_blob(uint64_t *s, uint32_t flags, size_t *len, uint32_t *n_out)
 {
     uint32_t n = 1 + (uint32_t)(dp_test_rand(s) % 12);
-    dp_blob_entry_spec specs[12];
+    dp__blob_entry_spec specs[12];
     char keys[12][40];
     static uint8_t data[2048];
     for (size_t i = 0; i < sizeof data; i++)
@@ -1098,13 +1099,13 @@ random_blob(uint64_t *s, uint32_t flags, size_t *len, uint32_t *n_out)
     for (uint32_t i = 0; i < n; i++) {
         snprintf(keys[i], sizeof keys[i], "%llu@field%u",
                  (unsigned long long)(dp_test_rand(s) % 100000), i);
-        specs[i] = (dp_blob_entry_spec){.key = keys[i],
-                                        .kind = (dp_blob_kind)(i % 3),
-                                        .dtype = "int64",
-                                        .shape = shape,
-                                        .ndim = (uint32_t)(dp_test_rand(s) % 5),
-                                        .len = dp_test_rand(s) % 300,
-                                        .payload = data + dp_test_rand(s) % 1000};
+        specs[i] = (dp__blob_entry_spec){.key = keys[i],
+                                         .kind = (dp__blob_kind)(i % 3),
+                                         .dtype = "int64",
+                                         .shape = shape,
+                                         .ndim = (uint32_t)(dp_test_rand(s) % 5),
+                                         .len = dp_test_rand(s) % 300,
+                                         .payload = data + dp_test_rand(s) % 1000};
     }
     *n_out = n;
     return build(specs, n, flags, len);
@@ -1117,13 +1118,13 @@ DP_TEST(truncation_at_every_length)
         size_t len;
         uint32_t n;
         uint8_t *p = random_blob(&s, round % 2 ? DP_BLOB_FLAG_CRC : 0, &len, &n);
-        dp_blob *b;
+        dp__blob *b;
         dp_detail bd;
         CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &bd), &bd);
         /* the least a valid blob with these entries can be */
         uint64_t need = dp__blob_get_header(b)->payload_off;
         for (uint32_t i = 0; i < n; i++) {
-            const dp_blob_entry *e = dp__blob_entry_at(b, i);
+            const dp__blob_entry *e = dp__blob_entry_at(b, i);
             if (e->off + e->len > need)
                 need = e->off + e->len;
         }
@@ -1176,7 +1177,7 @@ DP_TEST(random_flips_fail_cleanly_or_hit_payload)
         bool fix = it % 3 == 0;
         if (fix) /* let the flips get past the CRC into the index parser */
             fix_index_crc(p);
-        dp_blob *b = NULL;
+        dp__blob *b = NULL;
         dp_detail d;
         int rc = dp__blob_parse(p, len, NULL, &b, &d);
         CHECKF(rc == DP_OK || rc == DP_EPROTO, "rc %s", dp_errname(rc));
@@ -1205,12 +1206,12 @@ DP_TEST(payload_crc_catches_corruption)
         size_t len;
         uint32_t n;
         uint8_t *p = random_blob(&s, DP_BLOB_FLAG_CRC, &len, &n);
-        dp_blob *b;
+        dp__blob *b;
         dp_detail d;
         CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
         CHECK_OK_D(dp__blob_check_payload(b, p, len, &d), &d);
         uint32_t i = (uint32_t)(dp_test_rand(&s) % n);
-        const dp_blob_entry *e = dp__blob_entry_at(b, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b, i);
         if (e->len > 0) {
             size_t at = (size_t)(e->off + dp_test_rand(&s) % e->len);
             p[at] ^= (uint8_t)(1u << (dp_test_rand(&s) % 8));
@@ -1236,13 +1237,13 @@ DP_TEST(parsed_blob_owns_its_copy)
     size_t len;
     uint32_t n;
     uint8_t *p = random_blob(&s, 0, &len, &n);
-    dp_blob *b;
+    dp__blob *b;
     dp_detail d;
     CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
     char saved[12][64];
     uint64_t offs[12];
     for (uint32_t i = 0; i < n; i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(b, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b, i);
         snprintf(saved[i], sizeof saved[i], "%s|%s|%s", e->key, e->field, e->dtype);
         offs[i] = e->off;
         const uint8_t *ptrs[4] = {(const uint8_t *)e->key, (const uint8_t *)e->field,
@@ -1252,7 +1253,7 @@ DP_TEST(parsed_blob_owns_its_copy)
     }
     memset(p, 0xa5, len);
     for (uint32_t i = 0; i < n; i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(b, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b, i);
         char now[64];
         snprintf(now, sizeof now, "%s|%s|%s", e->key, e->field, e->dtype);
         CHECK_STR(now, saved[i]);
@@ -1267,7 +1268,7 @@ DP_TEST(header_decode_alone)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    dp_blob_header h;
+    dp__blob_header h;
     dp_detail d;
     CHECK_OK_D(dp__blob_header_decode(p, len, NULL, &h, &d), &d);
     CHECK_EQ(h.n_entries, 2);

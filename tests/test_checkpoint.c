@@ -30,7 +30,7 @@ DP_TEST(round_trip_live_keys_only)
     char p[512];
     tpath("rt", p, sizeof p);
     rm_shard(p);
-    dp_unit *u = mk_unit(1 << 20, 2, 1);
+    dp__unit *u = mk_unit(1 << 20, 2, 1);
     uint64_t g1[] = {1, 3, 5}, g2[] = {7}, g3[] = {3}, g4[] = {9, 11};
     CHECK_OK(put_rows(u, "b1", g1, 3, 1, 300));
     CHECK_OK(put_rows(u, "b2", g2, 1, 1, 300));
@@ -38,7 +38,7 @@ DP_TEST(round_trip_live_keys_only)
     CHECK_OK(put_rows(u, "b4", g4, 2, 1, 300));
     uint64_t clr[] = {7, 9};
     CHECK_EQ(dp__unit_release_rows(u, clr, 2), 2); /* b2 gone, b4 half */
-    dp_unit_save_res sr;
+    dp__unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(save(u, p, &sr, &d), &d);
@@ -49,8 +49,8 @@ DP_TEST(round_trip_live_keys_only)
     CHECK_EQ((uint64_t)st.st_size, sr.nbytes);
     dp_test_unit_check(u);
 
-    dp_unit *v = mk_unit(1 << 20, 2, 1);
-    dp_unit_load_res lr;
+    dp__unit *v = mk_unit(1 << 20, 2, 1);
+    dp__unit_load_res lr;
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
     CHECK_EQ(lr.n_loaded, 3);
     CHECK_EQ(lr.n_failed, 0);
@@ -71,7 +71,7 @@ DP_TEST(round_trip_live_keys_only)
     dp_test_unit_check(v);
 
     /* The final name exists: a save never replaces it, nor a stale .tmp. */
-    dp_unit_save_res sr2;
+    dp__unit_save_res sr2;
     CHECK_ERR_D(save(u, p, &sr2, &d), DP_EEXIST, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "not replaced");
     dp__unit_destroy(v);
@@ -85,19 +85,19 @@ DP_TEST(not_enough_room_then_failed)
     char p[512];
     tpath("room", p, sizeof p);
     rm_shard(p);
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     for (uint32_t i = 0; i < 8; i++) {
         char id[16];
         snprintf(id, sizeof id, "b%u", i);
         uint64_t g = i;
         CHECK_OK(put_rows(u, id, &g, 1, 1, 20000));
     }
-    dp_unit_save_res sr;
+    dp__unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(save(u, p, &sr, &d), &d);
-    dp_unit *v = mk_unit(64 << 10, 1, 0); /* room for 3 */
-    dp_unit_load_res lr;
+    dp__unit *v = mk_unit(64 << 10, 1, 0); /* room for 3 */
+    dp__unit_load_res lr;
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
     CHECK(lr.n_loaded >= 2 && lr.n_loaded < 8);
     CHECK_EQ(lr.n_loaded + lr.n_failed, 8);
@@ -125,16 +125,16 @@ copy_file(const char *from, const char *to)
 
 /* Loading p into a fresh unit fails with code, naming needle; nothing published. */
 static void
-refused(const char *p, const dp_unit_save_res *sr, uint32_t n_units, int code,
+refused(const char *p, const dp__unit_save_res *sr, uint32_t n_units, int code,
         const char *needle)
 {
-    dp_unit *v = mk_unit(1 << 20, n_units, 0);
-    dp_unit_load_res lr;
+    dp__unit *v = mk_unit(1 << 20, n_units, 0);
+    dp__unit_load_res lr;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_ERR_D(load(v, p, sr, true, &lr, &d), code, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), needle);
-    dp_unit_stats s = dp_test_unit_stats(v);
+    dp__unit_stats s = dp_test_unit_stats(v);
     CHECK_EQ(s.blobs, 0);
     CHECK_EQ(s.entries, 0);
     CHECK_EQ(s.allocated_bytes, 0);
@@ -148,11 +148,11 @@ DP_TEST(corrupted_and_truncated_refused)
     tpath("good", p, sizeof p);
     tpath("bad", q, sizeof q);
     rm_shard(p);
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t g1[] = {1, 2}, g2[] = {3};
     CHECK_OK(put_rows(u, "b1", g1, 2, 1, 5000));
     CHECK_OK(put_rows(u, "b2", g2, 1, 1, 5000));
-    dp_unit_save_res sr;
+    dp__unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(save(u, p, &sr, &d), &d);
@@ -204,8 +204,8 @@ DP_TEST(corrupted_and_truncated_refused)
 
 DP_TEST(path_rules)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
-    dp_unit_save_res sr;
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_ERR_D(dp__unit_save_shard(u, "rel/x", 5, &sr, &d), DP_EINVAL, &d);
@@ -217,8 +217,8 @@ DP_TEST(path_rules)
     CHECK_ERR_D(dp__unit_save_shard(u, longp, DP_UNIT_PATH_MAX + 1, &sr, &d), DP_EINVAL,
                 &d);
     free(longp);
-    dp_unit_load_res lr;
-    CHECK_ERR_D(dp__unit_load_shard(u, "x", 1, NULL, 0, false, &lr, &d), DP_EINVAL, &d);
+    dp__unit_load_res lr;
+    CHECK_ERR_D(dp_test_load_shard(u, "x", NULL, 0, false, &lr, &d), DP_EINVAL, &d);
     /* A stale temporary name makes the save fail, nothing replaced. */
     char p[512], t[600];
     tpath("stale", p, sizeof p);
@@ -235,9 +235,9 @@ DP_TEST(path_rules)
 
 /* Run one request through the unit's handler; the reply keeps out alive. */
 static void
-handle(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *out)
+handle(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, dp__buf *out)
 {
-    dp_buf in = {0};
+    dp__buf in = {0};
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__wire_request_encode(req, NULL, &in, &d), &d);
@@ -253,17 +253,17 @@ DP_TEST(handler_save_load)
     char p[512];
     tpath("handler", p, sizeof p);
     rm_shard(p);
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t g1[] = {1, 2}, g2[] = {2};
     CHECK_OK(put_rows(u, "b1", g1, 2, 1, 100));
     CHECK_OK(put_rows(u, "b2", g2, 1, 2, 100));
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
-    q.rid = (dp_wire_str){"r1", 2};
+    q.rid = (dp__wire_str){"r1", 2};
     q.op = DP_WIRE_OP_SAVE_SHARD;
-    q.a.save_shard.path = (dp_wire_str){p, (uint32_t)strlen(p)};
-    dp_wire_reply r;
-    dp_buf out = {0}, out2 = {0};
+    q.a.save_shard.path = (dp__wire_str){p, (uint32_t)strlen(p)};
+    dp__wire_reply r;
+    dp__buf out = {0}, out2 = {0};
     handle(u, &q, &r, &out);
     CHECK(r.ok);
     CHECK_EQ(r.r.save_shard.blobs.n, 2);
@@ -271,14 +271,14 @@ DP_TEST(handler_save_load)
     CHECK(stat(p, &st) == 0);
     CHECK_EQ((uint64_t)st.st_size, r.r.save_shard.nbytes);
 
-    dp_unit *v = mk_unit(1 << 20, 1, 0);
-    dp_wire_request lq;
+    dp__unit *v = mk_unit(1 << 20, 1, 0);
+    dp__wire_request lq;
     memset(&lq, 0, sizeof lq);
-    lq.rid = (dp_wire_str){"r2", 2};
+    lq.rid = (dp__wire_str){"r2", 2};
     lq.op = DP_WIRE_OP_LOAD_SHARD;
     lq.a.load_shard.path = q.a.save_shard.path;
     lq.a.load_shard.blobs = r.r.save_shard.blobs;
-    dp_wire_reply lr;
+    dp__wire_reply lr;
     handle(v, &lq, &lr, &out2);
     CHECK(lr.ok);
     CHECK_EQ(lr.r.load_shard.loaded.n, 2);
@@ -307,7 +307,7 @@ DP_TEST(handler_save_load)
 #define CC_PLEN 2048
 
 typedef struct cc_state {
-    dp_unit *u;
+    dp__unit *u;
     volatile int stop;
     uint64_t seed;
     uint32_t puts;
@@ -341,7 +341,7 @@ DP_TEST(save_during_puts_overwrites_clears)
 {
     char p[512];
     tpath("cc", p, sizeof p);
-    dp_unit *u = mk_unit(4 << 20, 1, 0);
+    dp__unit *u = mk_unit(4 << 20, 1, 0);
     cc_state s = {.u = u, .seed = dp_test_seed()};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, cc_writer, &s), 0);
@@ -351,14 +351,14 @@ DP_TEST(save_during_puts_overwrites_clears)
     int overlapped = 0, restored = 0; /* saves that puts overlapped; rows restored */
     for (int round = 0; round < 12; round++) {
         rm_shard(p);
-        dp_unit_save_res sr;
+        dp__unit_save_res sr;
         uint32_t puts0 = __atomic_load_n(&s.puts, __ATOMIC_ACQUIRE);
         CHECK_OK_D(save(u, p, &sr, &d), &d);
         overlapped += __atomic_load_n(&s.puts, __ATOMIC_ACQUIRE) > puts0;
         clears += sr.clears_during_save;
         dp_test_unit_check(u);
-        dp_unit *v = mk_unit(4 << 20, 1, 0);
-        dp_unit_load_res lr;
+        dp__unit *v = mk_unit(4 << 20, 1, 0);
+        dp__unit_load_res lr;
         CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
         CHECK_EQ(lr.n_failed, 0);
         CHECK_EQ(lr.n_loaded, sr.n_blobs);
@@ -381,10 +381,10 @@ DP_TEST(save_during_puts_overwrites_clears)
     CHECK_GE(restored, 1);   /* and restored rows whose bytes were checked */
     /* Quiet now: a save then a load reproduces every row exactly. */
     rm_shard(p);
-    dp_unit_save_res sr;
+    dp__unit_save_res sr;
     CHECK_OK_D(save(u, p, &sr, &d), &d);
-    dp_unit *v = mk_unit(4 << 20, 1, 0);
-    dp_unit_load_res lr;
+    dp__unit *v = mk_unit(4 << 20, 1, 0);
+    dp__unit_load_res lr;
     CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
     dp__unit_load_res_fini(&lr);
     for (uint64_t g = 0; g < CC_ROWS * 3; g++)
@@ -400,9 +400,9 @@ DP_TEST(save_during_puts_overwrites_clears)
 /* ---- holds: rows cleared while the save copies ---- */
 
 typedef struct hold_ctx {
-    dp_unit *u;
+    dp__unit *u;
     const char *path;
-    dp_unit_save_res sr;
+    dp__unit_save_res sr;
     int rc;
 } hold_ctx;
 
@@ -424,7 +424,7 @@ DP_TEST(clear_during_save_frees_after_copy)
     int tries = 0, seen = 0;
     for (; tries < 5 && !seen; tries++) {
         rm_shard(p);
-        dp_unit *u = mk_unit(80 << 20, 1, 0);
+        dp__unit *u = mk_unit(80 << 20, 1, 0);
         uint64_t g[16];
         for (uint32_t i = 0; i < 16; i++) {
             char id[16];
@@ -440,7 +440,7 @@ DP_TEST(clear_during_save_frees_after_copy)
         while (access(tmp, F_OK) != 0 && dp_test_now() < end)
             ;
         CHECK_EQ(dp__unit_release_rows(u, g, 16), 16);
-        dp_unit_stats s = dp_test_unit_stats(u);
+        dp__unit_stats s = dp_test_unit_stats(u);
         bool during = access(tmp, F_OK) == 0; /* still copying after the clear */
         if (during) {
             /* Held: out of the table, regions kept until the copy ends. */
@@ -459,8 +459,8 @@ DP_TEST(clear_during_save_frees_after_copy)
             seen = 1;
             CHECK_EQ(h.sr.clears_during_save, 1);
             /* The copy is whole: all 16 rows come back. */
-            dp_unit *v = mk_unit(80 << 20, 1, 0);
-            dp_unit_load_res lr;
+            dp__unit *v = mk_unit(80 << 20, 1, 0);
+            dp__unit_load_res lr;
             dp_detail d;
             dp_detail_clear(&d);
             CHECK_OK_D(load(v, p, &h.sr, false, &lr, &d), &d);
@@ -483,7 +483,7 @@ DP_TEST(clear_during_save_frees_after_copy)
 typedef struct busy_save {
     const char *addr;
     const char *path;
-    dp_buf reply;
+    dp__buf reply;
     int rc;
     int done;         /* atomic */
     double timeout_s; /* 0: 60 */
@@ -494,20 +494,20 @@ static void *
 busy_saver(void *arg)
 {
     busy_save *b = arg;
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_SAVE_SHARD;
-    q.rid = (dp_wire_str){"s1", 2};
+    q.rid = (dp__wire_str){"s1", 2};
     q.a.save_shard.path = dp__wire_s(b->path);
-    dp_buf req = {0};
+    dp__buf req = {0};
     b->rc = dp__ctl_client_create(&cc, &d);
     if (b->rc == 0)
         b->rc = dp__wire_request_encode(&q, NULL, &req, &d);
     if (b->rc == 0)
-        b->rc = dp__ctl_call(cc, b->addr, req.data, req.len, "s1",
+        b->rc = dp__ctl_call(cc, b->addr, &req, "s1",
                              b->timeout_s > 0 ? b->timeout_s : 60, &b->reply, &d);
     __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
     dp__buf_fini(&req);
@@ -530,32 +530,30 @@ DP_TEST(unit_answers_others_while_it_saves)
     tc_start(&a, 1, 512 << 20, NULL, "busy.json");
     tc_fill(&a, 192 / DP_TEST_BULK_DIV, 1 << 20, 4); /* ~190 MiB to write and fsync */
     uint64_t live = dp_test_unit_stats(a.u[0]).entries;
-    dp_ctl_client *pc = NULL;
+    dp__ctl_client *pc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__ctl_client_create(&pc, &d), &d);
     busy_save b = {a.cl.units[0].zmq, path, {0}, -1, 0, 0};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, busy_saver, &b), 0);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_PING;
-    q.rid = (dp_wire_str){"p1", 2};
-    dp_buf req = {0}, rep = {0};
+    q.rid = (dp__wire_str){"p1", 2};
+    dp__buf req = {0}, rep = {0};
     CHECK_OK_D(dp__wire_request_encode(&q, NULL, &req, &d), &d);
     int during = 0, total = 0;
     while (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE)) {
         dp__buf_reset(&rep);
-        CHECK_OK_D(
-            dp__ctl_call(pc, a.cl.units[0].zmq, req.data, req.len, "p1", 60, &rep, &d),
-            &d);
+        CHECK_OK_D(dp__ctl_call(pc, a.cl.units[0].zmq, &req, "p1", 60, &rep, &d), &d);
         total++;
         if (!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE))
             during++;
     }
     pthread_join(th, NULL);
     CHECK_OK(b.rc);
-    dp_wire_reply r;
+    dp__wire_reply r;
     CHECK_OK_D(dp__wire_reply_decode(b.reply.data, b.reply.len, DP_WIRE_OP_SAVE_SHARD,
                                      NULL, &r, &d),
                &d);
@@ -601,17 +599,16 @@ DP_TEST(two_saves_of_one_unit_at_once)
     dp_detail d;
     dp_detail_clear(&d);
     for (int k = 0; k < 2; k++) {
-        dp_wire_reply r;
+        dp__wire_reply r;
         CHECK_OK_D(dp__wire_reply_decode(bs[k]->reply.data, bs[k]->reply.len,
                                          DP_WIRE_OP_SAVE_SHARD, NULL, &r, &d),
                    &d);
         CHECK(r.ok);
         tcluster c;
         tc_start(&c, 1, 256 << 20, NULL, "twin-c.json");
-        dp_unit_load_res lr;
-        CHECK_OK_D(dp__unit_load_shard(c.u[0], bs[k]->path, strlen(bs[k]->path),
-                                       r.r.save_shard.blobs.v, r.r.save_shard.blobs.n,
-                                       false, &lr, &d),
+        dp__unit_load_res lr;
+        CHECK_OK_D(dp_test_load_shard(c.u[0], bs[k]->path, r.r.save_shard.blobs.v,
+                                      r.r.save_shard.blobs.n, false, &lr, &d),
                    &d);
         CHECK_EQ(lr.n_failed, 0);
         dp__unit_load_res_fini(&lr);
@@ -627,9 +624,9 @@ DP_TEST(two_saves_of_one_unit_at_once)
 
 typedef struct busy_load {
     const char *addr, *path;
-    const dp_wire_shard_blob *blobs;
+    const dp__wire_shard_blob *blobs;
     uint32_t n;
-    dp_buf reply;
+    dp__buf reply;
     int rc;
 } busy_load;
 
@@ -638,21 +635,21 @@ static void *
 busy_loader(void *arg)
 {
     busy_load *b = arg;
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_LOAD_SHARD;
-    q.rid = (dp_wire_str){"l1", 2};
+    q.rid = (dp__wire_str){"l1", 2};
     q.a.load_shard.path = dp__wire_s(b->path);
-    q.a.load_shard.blobs = (dp_wire_shard_blobs){(dp_wire_shard_blob *)b->blobs, b->n};
-    dp_buf req = {0};
+    q.a.load_shard.blobs = (dp__wire_shard_blobs){(dp__wire_shard_blob *)b->blobs, b->n};
+    dp__buf req = {0};
     b->rc = dp__ctl_client_create(&cc, &d);
     if (b->rc == 0)
         b->rc = dp__wire_request_encode(&q, NULL, &req, &d);
     if (b->rc == 0)
-        b->rc = dp__ctl_call(cc, b->addr, req.data, req.len, "l1", 60, &b->reply, &d);
+        b->rc = dp__ctl_call(cc, b->addr, &req, "l1", 60, &b->reply, &d);
     dp__buf_fini(&req);
     dp__ctl_client_destroy(cc);
     return NULL;
@@ -681,7 +678,7 @@ DP_TEST(save_and_load_of_one_unit_at_once)
         snprintf(id, sizeof id, "b%u", k);
         CHECK_OK(put_rows(b.u[0], id, g, 4, 1, 1 << 20));
     }
-    dp_unit_save_res sr;
+    dp__unit_save_res sr;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__unit_save_shard(b.u[0], pb, strlen(pb), &sr, &d), &d);
@@ -699,7 +696,7 @@ DP_TEST(save_and_load_of_one_unit_at_once)
     pthread_join(t2, NULL);
     CHECK_OK(bs.rc);
     CHECK_OK(bl.rc);
-    dp_wire_reply rl, rs;
+    dp__wire_reply rl, rs;
     CHECK_OK_D(dp__wire_reply_decode(bl.reply.data, bl.reply.len, DP_WIRE_OP_LOAD_SHARD,
                                      NULL, &rl, &d),
                &d);
@@ -714,9 +711,9 @@ DP_TEST(save_and_load_of_one_unit_at_once)
     CHECK(rs.ok);
     tcluster c;
     tc_start(&c, 1, 512 << 20, NULL, "sl-c.json");
-    dp_unit_load_res lr;
-    CHECK_OK_D(dp__unit_load_shard(c.u[0], pa, strlen(pa), rs.r.save_shard.blobs.v,
-                                   rs.r.save_shard.blobs.n, false, &lr, &d),
+    dp__unit_load_res lr;
+    CHECK_OK_D(dp_test_load_shard(c.u[0], pa, rs.r.save_shard.blobs.v,
+                                  rs.r.save_shard.blobs.n, false, &lr, &d),
                &d);
     CHECK_EQ(lr.n_failed, 0);
     dp__unit_load_res_fini(&lr);

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "client/checkpoint.h"
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "unit/unit.h"
@@ -45,7 +45,7 @@ DP_TEST(cluster_save_load_and_refusals)
     tcluster a, b, c3;
     tc_start(&a, 2, 8 << 20, NULL, "cl-a.json");
     tc_fill(&a, 100, 3000, 5);
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
@@ -165,7 +165,7 @@ DP_TEST(save_keeps_the_newest_checkpoints)
     tcluster a;
     tc_start(&a, 2, 8 << 20, NULL, "keep-a.json");
     tc_fill(&a, 40, 2000, 4);
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
@@ -225,7 +225,7 @@ DP_TEST(cluster_ssd_rows_two_passes)
     uint64_t gc = 5;
     dp__unit_release_rows(a.u[1], &gc, 1);
     CHECK(dp_test_unit_stats(a.u[0]).disk_blobs > 0);
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
@@ -261,10 +261,10 @@ saver_main(void)
     if (bar == NULL)
         _exit(3);
     *bar = '\0';
-    dp_cluster cl;
+    dp__cluster cl;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_ckpt_summary s;
     if (dp__cluster_load(buf, &cl, &d) != 0 || dp__ctl_client_create(&cc, &d) != 0)
         _exit(4);
@@ -316,7 +316,7 @@ DP_TEST(save_killed_midway_keeps_previous)
     tcluster a, b;
     tc_start(&a, 2, 64 << 20, NULL, "kill-a.json");
     tc_fill(&a, 64, 400000, 4); /* ~16 MiB per unit: a save takes a while */
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);
@@ -383,7 +383,7 @@ DP_TEST(unit_gone_during_save_keeps_previous)
     tcluster a, b;
     tc_start(&a, 2, 8 << 20, NULL, "gone-a.json");
     tc_fill(&a, 40, 2000, 4);
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__ctl_client_create(&cc, &d), &d);

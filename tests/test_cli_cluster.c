@@ -21,7 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 
 #ifndef DP_CLI_PATH
 #error "DP_CLI_PATH must name the dataplane binary"
@@ -154,7 +154,7 @@ pid_gone(int64_t pid)
 static void
 load_pids(const char *file, int64_t *pids, uint32_t n)
 {
-    dp_cluster cl;
+    dp__cluster cl;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__cluster_load(file, &cl, &d), &d);
@@ -433,9 +433,9 @@ DP_TEST(up_replaces_a_stale_cluster_file)
     if (dead == 0)
         _exit(0);
     waitpid(dead, NULL, 0);
-    dp_cluster_unit cu = {
+    dp__cluster_unit cu = {
         .id = 0, .zmq = "tcp://127.0.0.1:9", .agent = "gone", .pid = dead};
-    dp_cluster cl = {.n_units = 1, .units = &cu};
+    dp__cluster cl = {.n_units = 1, .units = &cu};
     char file[192];
     snprintf(file, sizeof file, "%s/cluster.json", dir);
     CHECK_OK(dp__cluster_save(file, &cl, NULL));
@@ -446,7 +446,7 @@ DP_TEST(up_replaces_a_stale_cluster_file)
     int64_t pid = dead;
     for (double end = dp_test_now() + 60; ok && pid == dead && dp_test_now() < end;) {
         usleep(20000);
-        dp_cluster c2;
+        dp__cluster c2;
         if (dp__cluster_load(file, &c2, NULL) == DP_OK) {
             pid = c2.units[0].pid;
             dp__cluster_fini(&c2);
@@ -631,9 +631,9 @@ DP_TEST(up_refuses_a_live_cluster_file)
     line[n] = '\0';
     close(fds[0]);
     CHECKF(strncmp(line, "tcp://", 6) == 0, "unit said '%s'", line);
-    dp_cluster_unit cu = {.id = 0, .agent = "by-hand", .pid = unit};
+    dp__cluster_unit cu = {.id = 0, .agent = "by-hand", .pid = unit};
     memcpy(cu.zmq, line, sizeof line);
-    dp_cluster cl = {.n_units = 1, .units = &cu};
+    dp__cluster cl = {.n_units = 1, .units = &cu};
     snprintf(file, sizeof file, "%s/cluster.json", dir);
     CHECK_OK(dp__cluster_save(file, &cl, NULL));
     snprintf(args, sizeof args, "up --units 1 --slab 8M --dir %s", dir);
@@ -684,14 +684,14 @@ run_sh(const char *sh, char *out, size_t cap)
 static void
 write_cluster(const char *file, const char *const *addrs, uint32_t n)
 {
-    dp_cluster_unit us[4];
+    dp__cluster_unit us[4];
     memset(us, 0, sizeof us);
     for (uint32_t i = 0; i < n; i++) {
         us[i].id = i;
         snprintf(us[i].zmq, sizeof us[i].zmq, "%s", addrs[i]);
         snprintf(us[i].agent, sizeof us[i].agent, "unit-%u", i);
     }
-    dp_cluster cl = {.n_units = n, .units = us};
+    dp__cluster cl = {.n_units = n, .units = us};
     CHECK_OK(dp__cluster_save(file, &cl, NULL));
 }
 
@@ -744,7 +744,7 @@ DP_TEST(wrong_order_is_refused_and_nothing_is_done)
     slurp(u.err, log, sizeof log);
     CHECKF(ok, "no cluster file; up said: %s", log);
     snprintf(good, sizeof good, "%s", u.file);
-    dp_cluster cl;
+    dp__cluster cl;
     CHECK_OK(dp__cluster_load(good, &cl, NULL));
     char a0[DP_CLUSTER_ADDR_MAX], a1[DP_CLUSTER_ADDR_MAX];
     snprintf(a0, sizeof a0, "%s", cl.units[0].zmq);
@@ -892,7 +892,7 @@ DP_TEST(up_with_a_wildcard_bind_writes_routable_addresses)
         bool ok = up_wait_file(&u, 60);
         slurp(u.err, log, sizeof log);
         CHECKF(ok, "no cluster file; up said: %s", log);
-        dp_cluster cl;
+        dp__cluster cl;
         CHECK_OK(dp__cluster_load(u.file, &cl, NULL));
         CHECK_EQ(cl.n_units, 2);
         slurp(u.out, log, sizeof log);
@@ -924,7 +924,7 @@ DP_TEST(a_unit_of_another_cluster_is_refused)
 {
     char dir[2][64], out[16384], args[2048], log[16384], mixed[128];
     up_proc u[2];
-    dp_cluster cl[2];
+    dp__cluster cl[2];
     for (int k = 0; k < 2; k++) {
         tmp_dir(dir[k], sizeof dir[k]);
         up_start(&u[k], dir[k], "--units 2 --slab 8M");
@@ -936,8 +936,8 @@ DP_TEST(a_unit_of_another_cluster_is_refused)
     }
     CHECK(strcmp(cl[0].cluster_id, cl[1].cluster_id) != 0);
     /* The mixed file claims cluster 0's id. */
-    dp_cluster_unit us[2] = {cl[0].units[0], cl[1].units[1]};
-    dp_cluster m = {.n_units = 2, .units = us};
+    dp__cluster_unit us[2] = {cl[0].units[0], cl[1].units[1]};
+    dp__cluster m = {.n_units = 2, .units = us};
     snprintf(m.cluster_id, sizeof m.cluster_id, "%s", cl[0].cluster_id);
     snprintf(mixed, sizeof mixed, "%s/mixed.json", dir[0]);
     CHECK_OK(dp__cluster_save(mixed, &m, NULL));

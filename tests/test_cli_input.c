@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "ctl/ctl.h"
 #include "dp_proc.h"
 #include "wire/wire.h"
@@ -164,9 +164,9 @@ DP_TEST(every_command_gives_up_within_its_timeout)
     uint16_t port;
     int fd = silent_port(&port);
     snprintf(addr, sizeof addr, "tcp://127.0.0.1:%u", port);
-    dp_cluster_unit cu = {.id = 0, .agent = "nobody", .pid = 0};
+    dp__cluster_unit cu = {.id = 0, .agent = "nobody", .pid = 0};
     snprintf(cu.zmq, sizeof cu.zmq, "%s", addr);
-    dp_cluster cl = {.n_units = 1, .units = &cu};
+    dp__cluster cl = {.n_units = 1, .units = &cu};
     snprintf(file, sizeof file, "%s/cluster.json", dir);
     CHECK_OK(dp__cluster_save(file, &cl, NULL));
     int runs = 0;
@@ -238,23 +238,23 @@ DP_TEST(advertise_usage_errors)
 static void
 ask_info(const char *address, char *zmq, size_t cap, uint64_t *unit_id)
 {
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__ctl_client_create(&c, &d), &d);
-    dp_wire_rid_gen g;
+    dp__wire_rid_gen g;
     CHECK_OK_D(dp__wire_rid_gen_init(&g, &d), &d);
     char rid[DP_WIRE_RID_MAX];
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
     q.rid = dp__wire_rid_next(&g, rid);
-    dp_buf req, rb;
+    dp__buf req, rb;
     dp__buf_init(&req);
     dp__buf_init(&rb);
     CHECK_OK_D(dp__wire_request_encode(&q, NULL, &req, &d), &d);
-    CHECK_OK_D(dp__ctl_call(c, address, req.data, req.len, rid, 10, &rb, &d), &d);
-    dp_wire_reply rep;
+    CHECK_OK_D(dp__ctl_call(c, address, &req, rid, 10, &rb, &d), &d);
+    dp__wire_reply rep;
     CHECK_OK_D(dp__wire_reply_decode(rb.data, rb.len, DP_WIRE_OP_INFO, NULL, &rep, &d),
                &d);
     CHECK(rep.ok);

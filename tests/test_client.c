@@ -1,7 +1,7 @@
 /*
  * End-to-end tests of the client library (dataplane/client.h) against storage
  * units running as separate processes: this program re-executed in "unit"
- * mode (a dp_unit with its endpoint, ticker and ZMQ control server), with no
+ * mode (a dp__unit with its endpoint, ticker and ZMQ control server), with no
  * mocks. Clients are this process, its threads, or more re-executed copies of
  * it. Covered: put/get/overwrite/clear with content checks, jagged fields and
  * skipped cells, values from 0 bytes to 64 MiB, registered (zero-copy) and
@@ -25,7 +25,7 @@
 #include "blob/crc32c.h"
 #include "client/checkpoint.h"
 #include "client/client_int.h"
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
@@ -91,7 +91,7 @@ unit_main(int fd)
     uint32_t id = (uint32_t)atoi(getenv("DP_TC_UNIT_ID"));
     char name[64];
     snprintf(name, sizeof name, "tc-unit-%u-%ld", id, (long)getpid());
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.unit_id = id;
     o.n_units = (uint32_t)atoi(getenv("DP_TC_UNITS"));
@@ -106,7 +106,7 @@ unit_main(int fd)
         o.staging_bytes = strtoull(getenv("DP_TC_STAGING"), NULL, 10);
         o.pickup_s = 5;
     }
-    dp_unit_server *srv = NULL;
+    dp__unit_server *srv = NULL;
     if (dp__unit_server_open(&o, name, "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
     char line[300];
@@ -864,20 +864,20 @@ DP_TEST(inline_small_values)
 static void
 pin_then_clear(dp_client *c, const cluster *cl, uint64_t gidx, const char *key)
 {
-    dp_ctl_client *ctl = NULL;
+    dp__ctl_client *ctl = NULL;
     CHECK_OK(dp__ctl_client_create(&ctl, NULL));
-    dp_wire_rid_gen rg;
+    dp__wire_rid_gen rg;
     CHECK_OK(dp__wire_rid_gen_init(&rg, NULL));
     char rid[DP_WIRE_RID_MAX];
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    dp_wire_str k = dp__wire_s(key);
-    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    dp__wire_str k = dp__wire_s(key);
+    q.a.resolve_keys.keys = (dp__wire_strs){&k, 1};
     q.rid = dp__wire_rid_next(&rg, rid);
-    dp_buf req = {0}, rep = {0};
+    dp__buf req = {0}, rep = {0};
     CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
-    CHECK_OK(dp__ctl_call(ctl, cl->addr[0], req.data, req.len, rid, 10, &rep, NULL));
+    CHECK_OK(dp__ctl_call(ctl, cl->addr[0], &req, rid, 10, &rep, NULL));
     dp__buf_fini(&req);
     dp__buf_fini(&rep);
     dp__ctl_client_destroy(ctl);
@@ -1183,10 +1183,10 @@ DP_TEST(cluster_file_and_stats)
     cluster_start(&cl, 2, 16 << 20, 60, 10);
     char dir[] = "/tmp/dp_tc_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    dp_cluster cf;
+    dp__cluster cf;
     memset(&cf, 0, sizeof cf);
     cf.n_units = 2;
-    dp_cluster_unit us[2];
+    dp__cluster_unit us[2];
     memset(us, 0, sizeof us);
     for (uint32_t u = 0; u < 2; u++) {
         us[u].id = u;

@@ -12,7 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 
 static char dir[256];
 
@@ -35,7 +35,7 @@ write_text(const char *path, const char *text)
 DP_TEST(save_then_load)
 {
     mkdir_tmp();
-    dp_cluster_unit us[3];
+    dp__cluster_unit us[3];
     memset(us, 0, sizeof us);
     for (int i = 0; i < 3; i++) {
         us[i].id = (uint32_t)i;
@@ -44,7 +44,7 @@ DP_TEST(save_then_load)
         us[i].pid = 100 + i;
         us[i].incarnation = i == 1 ? 0 : 0xfedcba9876543210ull + (uint64_t)i;
     }
-    dp_cluster c = {3, us, "up-0123abcd"}, r;
+    dp__cluster c = {3, us, "up-0123abcd"}, r;
     char path[512];
     dp_detail d;
     CHECK_OK_D(dp__cluster_locate(dir, path, sizeof path, &d), &d);
@@ -73,7 +73,7 @@ DP_TEST(save_then_load)
 
 DP_TEST(missing_file_says_how_to_start_one)
 {
-    dp_cluster r;
+    dp__cluster r;
     dp_detail d;
     CHECK_ERR_D(dp__cluster_load("/nonexistent/dp/cluster.json", &r, &d), DP_ENOTFOUND,
                 &d);
@@ -122,7 +122,7 @@ DP_TEST(bad_files_are_refused_with_the_field)
     };
     for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
         write_text(path, cases[i].text);
-        dp_cluster r;
+        dp__cluster r;
         dp_detail d;
         CHECK_ERR_D(dp__cluster_load(path, &r, &d), DP_EPROTO, &d);
         CHECK_CONTAINS(d.msg, cases[i].want);
@@ -175,7 +175,7 @@ DP_TEST(special_files_are_refused_without_blocking)
     signal(SIGALRM, on_alarm);
     int loaded = 0;
     for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
-        dp_cluster r;
+        dp__cluster r;
         dp_detail d;
         alarm(10);
         int rc = dp__cluster_load(cases[i].path, &r, &d);
@@ -193,7 +193,7 @@ DP_TEST(special_files_are_refused_without_blocking)
     char path[512];
     dp_detail d;
     CHECK_OK_D(dp__cluster_locate(sub, path, sizeof path, &d), &d);
-    dp_cluster r;
+    dp__cluster r;
     CHECK_ERR_D(dp__cluster_load(path, &r, &d), DP_ENOTFOUND, &d);
     CHECK_CONTAINS(d.msg, "no cluster file");
     CHECK_CONTAINS(d.msg, sub);
@@ -215,7 +215,7 @@ DP_TEST(oversized_file_is_refused)
     CHECK(fd >= 0);
     CHECK(ftruncate(fd, (5 << 20)) == 0);
     close(fd);
-    dp_cluster r;
+    dp__cluster r;
     dp_detail d;
     CHECK_ERR_D(dp__cluster_load(path, &r, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, path);

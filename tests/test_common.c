@@ -45,7 +45,7 @@ DP_TEST(detail_fail_and_context)
 
 DP_TEST(buf_grows_and_steals)
 {
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     for (int i = 0; i < 1000; i++)
         CHECK_OK(dp__buf_append(&b, "abcd", 4));

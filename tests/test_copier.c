@@ -23,7 +23,7 @@ rnd(uint64_t *s)
 
 /* Jobs of random sizes (0 to 1.5 MiB, mostly small) from src into dst. */
 static size_t
-make_jobs(dp_copy *jobs, size_t max, uint8_t *dst, const uint8_t *src, size_t room,
+make_jobs(dp__copy *jobs, size_t max, uint8_t *dst, const uint8_t *src, size_t room,
           uint64_t *seed)
 {
     size_t n = 0, at = 0;
@@ -34,7 +34,7 @@ make_jobs(dp_copy *jobs, size_t max, uint8_t *dst, const uint8_t *src, size_t ro
                                   : (size_t)(r >> 8) % 9000;
         if (at + len + 64 > room)
             break;
-        jobs[n++] = (dp_copy){dst + at, src + at + 7, len};
+        jobs[n++] = (dp__copy){dst + at, src + at + 7, len};
         at += len + (size_t)(r >> 40) % 64;
     }
     return n;
@@ -47,10 +47,10 @@ DP_TEST(copies_match_memcpy_with_any_thread_count)
     CHECK(src != NULL && dst != NULL && want != NULL);
     for (size_t i = 0; i < room + 64; i++)
         src[i] = (uint8_t)(i * 151 + (i >> 13));
-    static dp_copy jobs[4096];
+    static dp__copy jobs[4096];
     uint64_t seed = dp_test_seed() | 1;
     for (unsigned threads = 1; threads <= 4; threads++) {
-        dp_copier *c = dp__copier_new(threads);
+        dp__copier *c = dp__copier_new(threads);
         CHECK(c != NULL);
         uint64_t batches_want = 0, bytes_want = 0;
         for (int round = 0; round < 6; round++) {
@@ -104,9 +104,9 @@ DP_TEST(helpers_take_part)
     CHECK(a != NULL && b != NULL);
     for (size_t i = 0; i < n; i++)
         a[i] = (uint8_t)(i * 7 + 1);
-    dp_copier *c = dp__copier_new(2);
+    dp__copier *c = dp__copier_new(2);
     CHECK(c != NULL);
-    dp_copy job = {b, a, n};
+    dp__copy job = {b, a, n};
     uint64_t helped = 0;
     for (int round = 0; round < 20 && helped == 0; round++) {
         memset(b, 0, n);
@@ -126,13 +126,13 @@ DP_TEST(helpers_take_part)
 DP_TEST(unused_copier_and_forked_child)
 {
     dp__copier_destroy(dp__copier_new(4));
-    dp_copier *c = dp__copier_new(2);
+    dp__copier *c = dp__copier_new(2);
     CHECK(c != NULL);
     const size_t n = 4 * MiB;
     uint8_t *a = malloc(n), *b = malloc(n);
     CHECK(a != NULL && b != NULL);
     memset(a, 0x3c, n);
-    dp_copy job = {b, a, n};
+    dp__copy job = {b, a, n};
     dp__copier_run(c, &job, 1);
     CHECK(memcmp(a, b, n) == 0);
     pid_t pid = fork();

@@ -18,8 +18,8 @@
 
 /* A deferred reply, sent from a thread of its own after 200 ms. */
 typedef struct later {
-    dp_ctl_deferred *t;
-    dp_buf reply;
+    dp__ctl_deferred *t;
+    dp__buf reply;
 } later;
 
 static void *
@@ -34,7 +34,7 @@ later_main(void *arg)
 }
 
 /* "keep": deferred and never answered here; atomic (set on the server thread) */
-static dp_ctl_deferred *kept_token;
+static dp__ctl_deferred *kept_token;
 
 /*
  * Test handler: request [op, rid, ...] -> reply [rid, true, op].
@@ -43,10 +43,10 @@ static dp_ctl_deferred *kept_token;
  * "keep": deferred into kept_token. Anything unreadable: no reply.
  */
 static void
-handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+handler(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
 {
     (void)ctx;
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp__mp_reader_init(&r, msg, len);
     uint32_t n, oplen, ridlen;
     const char *op, *rid;
@@ -58,7 +58,7 @@ handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         return;
     if (oplen == 4 && memcmp(op, "slow", 4) == 0)
         dp__sleep_s(0.3);
-    dp_mp_writer w;
+    dp__mp_writer w;
     dp__mp_writer_init(&w, reply);
     dp__mp_put_array(&w, 3);
     if (oplen == 7 && memcmp(op, "wrongid", 7) == 0)
@@ -88,7 +88,7 @@ handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 }
 
 static void
-oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+oversize(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
 {
     (void)ctx;
     (void)msg;
@@ -96,9 +96,9 @@ oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 }
 
 static void
-make_req(dp_buf *b, const char *op, const char *rid, size_t pad)
+make_req(dp__buf *b, const char *op, const char *rid, size_t pad)
 {
-    dp_mp_writer w;
+    dp__mp_writer w;
     dp__buf_reset(b);
     dp__mp_writer_init(&w, b);
     dp__mp_put_array(&w, 3);
@@ -111,9 +111,9 @@ make_req(dp_buf *b, const char *op, const char *rid, size_t pad)
 
 /* The op echoed in a reply [rid, true, op]. */
 static void
-check_reply_op(const dp_buf *b, const char *op)
+check_reply_op(const dp__buf *b, const char *op)
 {
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp__mp_reader_init(&r, b->data, b->len);
     uint32_t n, sl;
     const char *s;
@@ -127,11 +127,11 @@ check_reply_op(const dp_buf *b, const char *op)
     CHECK(sl == strlen(op) && memcmp(s, op, sl) == 0);
 }
 
-static dp_ctl_server *
+static dp__ctl_server *
 start_server(size_t max_msg)
 {
-    dp_ctl_server_opts o = {.bind_ip = "127.0.0.1", .port = 0, .max_msg_bytes = max_msg};
-    dp_ctl_server *s = NULL;
+    dp__ctl_server_opts o = {.bind_ip = "127.0.0.1", .port = 0, .max_msg_bytes = max_msg};
+    dp__ctl_server *s = NULL;
     dp_detail d;
     CHECK_OK_D(dp__ctl_server_open(&o, handler, oversize, NULL, &s, &d), &d);
     CHECK(strncmp(dp__ctl_server_address(s), "tcp://127.0.0.1:", 16) == 0);
@@ -162,8 +162,8 @@ fork_standby(void)
         uint16_t port;
         if (read(cmd[0], &port, sizeof port) != (ssize_t)sizeof port)
             _exit(0);
-        dp_ctl_server_opts o = {.port = port};
-        dp_ctl_server *s = NULL;
+        dp__ctl_server_opts o = {.port = port};
+        dp__ctl_server *s = NULL;
         if (dp__ctl_server_open(&o, handler, NULL, NULL, &s, NULL) != DP_OK)
             _exit(1);
         const char *a = dp__ctl_server_address(s);
@@ -198,10 +198,10 @@ fork_server(char *addr, size_t alen)
 
 DP_TEST(call_round_trip_and_reuse)
 {
-    dp_ctl_server *s = start_server(0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_server *s = start_server(0);
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     dp_detail d;
@@ -210,8 +210,7 @@ DP_TEST(call_round_trip_and_reuse)
         snprintf(rid, sizeof rid, "r%d", i);
         make_req(&req, "ping", rid, (size_t)i * 100);
         dp__buf_reset(&rep);
-        CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, rid, 5.0,
-                                &rep, &d),
+        CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, rid, 5.0, &rep, &d),
                    &d);
         check_reply_op(&rep, "ping");
     }
@@ -224,16 +223,14 @@ DP_TEST(call_round_trip_and_reuse)
 
 /* One ping through c to s (a pooled socket to s afterwards). */
 static void
-ping(dp_ctl_client *c, dp_ctl_server *s)
+ping(dp__ctl_client *c, dp__ctl_server *s)
 {
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     make_req(&req, "ping", "p", 0);
     dp_detail d;
-    CHECK_OK_D(
-        dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "p", 5.0, &rep, &d),
-        &d);
+    CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "p", 5.0, &rep, &d), &d);
     check_reply_op(&rep, "ping");
     dp__buf_fini(&req);
     dp__buf_fini(&rep);
@@ -246,8 +243,8 @@ ping(dp_ctl_client *c, dp_ctl_server *s)
  */
 DP_TEST(forget_and_key_change_close_idle_sockets)
 {
-    dp_ctl_server *s1 = start_server(0), *s2 = start_server(0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_server *s1 = start_server(0), *s2 = start_server(0);
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
     ping(c, s1);
     ping(c, s1);
@@ -265,7 +262,7 @@ DP_TEST(forget_and_key_change_close_idle_sockets)
         CHECK_OK(dp__ctl_client_server_key(c, dp__ctl_server_address(s1), pub, NULL));
         CHECK_EQ(dp__ctl_client_forget(c, dp__ctl_server_address(s1)), 1);
         /* With one: s1's socket was made without a key, and setting one closes it. */
-        dp_ctl_client *k = NULL;
+        dp__ctl_client *k = NULL;
         CHECK_OK(dp__ctl_client_create(&k, NULL));
         CHECK_OK(dp__ctl_client_set_curve(k, csec, NULL));
         ping(k, s1);
@@ -285,10 +282,10 @@ DP_TEST(forget_and_key_change_close_idle_sockets)
 
 DP_TEST(notify_gets_no_reply_and_socket_stays_clean)
 {
-    dp_ctl_server *s = start_server(0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_server *s = start_server(0);
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     dp_detail d;
@@ -298,8 +295,7 @@ DP_TEST(notify_gets_no_reply_and_socket_stays_clean)
                    &d);
         make_req(&req, "after", "a1", 0);
         dp__buf_reset(&rep);
-        CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "a1",
-                                5.0, &rep, &d),
+        CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "a1", 5.0, &rep, &d),
                    &d);
         check_reply_op(&rep, "after");
     }
@@ -311,26 +307,23 @@ DP_TEST(notify_gets_no_reply_and_socket_stays_clean)
 
 DP_TEST(late_reply_is_never_read_as_the_next_answer)
 {
-    dp_ctl_server *s = start_server(0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_server *s = start_server(0);
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     dp_detail d;
     make_req(&req, "slow", "s1", 0);
     double t0 = dp__now_s();
-    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "s1", 0.1,
-                             &rep, &d),
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "s1", 0.1, &rep, &d),
                 DP_ETIMEDOUT, &d);
     CHECK(dp__now_s() - t0 < 0.25);
     CHECK_CONTAINS(d.msg, "did not reply");
     /* The server answers s1 later; the next call must get its own reply. */
     make_req(&req, "fast", "f1", 0);
     dp__buf_reset(&rep);
-    CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "f1", 5.0,
-                            &rep, &d),
-               &d);
+    CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "f1", 5.0, &rep, &d), &d);
     check_reply_op(&rep, "fast");
     dp__buf_fini(&req);
     dp__buf_fini(&rep);
@@ -340,16 +333,15 @@ DP_TEST(late_reply_is_never_read_as_the_next_answer)
 
 DP_TEST(reply_with_wrong_id_is_a_protocol_error)
 {
-    dp_ctl_server *s = start_server(0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_server *s = start_server(0);
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     dp_detail d;
     make_req(&req, "wrongid", "w1", 0);
-    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "w1", 5.0,
-                             &rep, &d),
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "w1", 5.0, &rep, &d),
                 DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "w1");
     dp__buf_fini(&req);
@@ -364,16 +356,16 @@ DP_TEST(call_many_with_stopped_and_killed_servers)
     pid_t pids[3];
     for (int i = 0; i < 3; i++)
         pids[i] = fork_server(a[i], sizeof a[i]);
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req;
+    dp__buf req;
     dp__buf_init(&req);
     make_req(&req, "ping", "m1", 0);
-    dp_ctl_item it[3];
+    dp__ctl_item it[3];
     memset(it, 0, sizeof it);
     for (int i = 0; i < 3; i++)
         it[i] =
-            (dp_ctl_item){.address = a[i], .req = req.data, .len = req.len, .rid = "m1"};
+            (dp__ctl_item){.address = a[i], .req = req.data, .len = req.len, .rid = "m1"};
     /* All alive first. */
     CHECK_OK(dp__ctl_call_many(c, it, 3, 5.0));
     for (int i = 0; i < 3; i++) {
@@ -432,16 +424,16 @@ DP_TEST(send_then_wait_many)
     pid_t pids[2];
     for (int i = 0; i < 2; i++)
         pids[i] = fork_server(a[i], sizeof a[i]);
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req;
+    dp__buf req;
     dp__buf_init(&req);
     make_req(&req, "ping", "s1", 0);
-    dp_ctl_item it[4];
+    dp__ctl_item it[4];
     memset(it, 0, sizeof it);
     const char *addr[4] = {a[0], "127.0.0.1:5", a[1], a[0]};
     for (int i = 0; i < 4; i++)
-        it[i] = (dp_ctl_item){
+        it[i] = (dp__ctl_item){
             .address = addr[i], .req = req.data, .len = req.len, .rid = "s1"};
     it[3].rc = 1234; /* never sent: must stay as it is */
     CHECK_OK(dp__ctl_send(c, &it[0]));
@@ -501,20 +493,20 @@ struct deferred_caller {
     const char *addr;
     int rc;
     int done; /* atomic */
-    dp_buf rep;
+    dp__buf rep;
 };
 
 static void *
 deferred_caller_main(void *p)
 {
     struct deferred_caller *a = p;
-    dp_ctl_client *c = NULL;
-    dp_buf req;
+    dp__ctl_client *c = NULL;
+    dp__buf req;
     dp__buf_init(&req);
     make_req(&req, "defer", "d1", 0);
     a->rc = dp__ctl_client_create(&c, NULL);
     if (a->rc == 0)
-        a->rc = dp__ctl_call(c, a->addr, req.data, req.len, "d1", 5.0, &a->rep, NULL);
+        a->rc = dp__ctl_call(c, a->addr, &req, "d1", 5.0, &a->rep, NULL);
     __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
     dp__buf_fini(&req);
     dp__ctl_client_destroy(c);
@@ -524,13 +516,13 @@ deferred_caller_main(void *p)
 DP_TEST(deferred_replies)
 {
     CHECK(dp__ctl_defer() == NULL); /* not in a handler */
-    dp_ctl_server *s = start_server(0);
+    dp__ctl_server *s = start_server(0);
     struct deferred_caller a = {dp__ctl_server_address(s), -1, 0, {0}};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, deferred_caller_main, &a), 0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     dp_detail d;
@@ -541,7 +533,7 @@ DP_TEST(deferred_replies)
         snprintf(rid, sizeof rid, "f%d", i);
         make_req(&req, "fast", rid, 0);
         dp__buf_reset(&rep);
-        CHECK_OK_D(dp__ctl_call(c, a.addr, req.data, req.len, rid, 5.0, &rep, &d), &d);
+        CHECK_OK_D(dp__ctl_call(c, a.addr, &req, rid, 5.0, &rep, &d), &d);
         check_reply_op(&rep, "fast");
         before += !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE);
     }
@@ -551,9 +543,8 @@ DP_TEST(deferred_replies)
     CHECKF(before >= 3, "only %d fast replies came before the deferred one", before);
     /* A token still open when its server closes: its reply is dropped. */
     make_req(&req, "keep", "k1", 0);
-    CHECK_ERR(dp__ctl_call(c, a.addr, req.data, req.len, "k1", 0.2, &rep, &d),
-              DP_ETIMEDOUT);
-    dp_ctl_deferred *kt = __atomic_load_n(&kept_token, __ATOMIC_ACQUIRE);
+    CHECK_ERR(dp__ctl_call(c, a.addr, &req, "k1", 0.2, &rep, &d), DP_ETIMEDOUT);
+    dp__ctl_deferred *kt = __atomic_load_n(&kept_token, __ATOMIC_ACQUIRE);
     CHECK(kt != NULL);
     dp__ctl_server_close(s);
     dp__ctl_deferred_send(kt, "x", 1);
@@ -565,33 +556,29 @@ DP_TEST(deferred_replies)
 
 DP_TEST(oversized_messages)
 {
-    dp_ctl_server *s = start_server(1024);
-    dp_ctl_client *c = NULL;
+    dp__ctl_server *s = start_server(1024);
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     dp_detail d;
     /* Between the limit and twice it: the oversize hook answers (here: junk). */
     make_req(&req, "big", "b1", 1500);
-    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "b1", 2.0,
-                             &rep, &d),
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "b1", 2.0, &rep, &d),
                 DP_EPROTO, &d);
     /* Past twice the limit ZMQ drops the connection: no reply, and the call
      * learns it from the dropped connection, not from its timeout. */
     make_req(&req, "huge", "h1", 4096);
     double t0 = dp__now_s();
-    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "h1", 10.0,
-                             &rep, &d),
+    CHECK_ERR_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "h1", 10.0, &rep, &d),
                 DP_ETRANSFER, &d);
     CHECKF(dp__now_s() - t0 < 5.0, "took %.2f s", dp__now_s() - t0);
     CHECK_CONTAINS(d.msg, "dropped");
     /* And the server goes on serving. */
     make_req(&req, "ping", "p1", 0);
     dp__buf_reset(&rep);
-    CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "p1", 5.0,
-                            &rep, &d),
-               &d);
+    CHECK_OK_D(dp__ctl_call(c, dp__ctl_server_address(s), &req, "p1", 5.0, &rep, &d), &d);
     check_reply_op(&rep, "ping");
     dp__buf_fini(&req);
     dp__buf_fini(&rep);
@@ -601,7 +588,7 @@ DP_TEST(oversized_messages)
 
 DP_TEST(garbage_and_multiframe_messages_are_dropped)
 {
-    dp_ctl_server *s = start_server(0);
+    dp__ctl_server *s = start_server(0);
     void *zctx = zmq_ctx_new();
     void *raw = zmq_socket(zctx, ZMQ_DEALER);
     int zero = 0;
@@ -613,14 +600,13 @@ DP_TEST(garbage_and_multiframe_messages_are_dropped)
     CHECK(zmq_send(raw, "b", 1, 0) == 1);
     zmq_close(raw);
     zmq_ctx_term(zctx);
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     make_req(&req, "ping", "g1", 0);
-    CHECK_OK(dp__ctl_call(c, dp__ctl_server_address(s), req.data, req.len, "g1", 5.0,
-                          &rep, NULL));
+    CHECK_OK(dp__ctl_call(c, dp__ctl_server_address(s), &req, "g1", 5.0, &rep, NULL));
     check_reply_op(&rep, "ping");
     dp__buf_fini(&req);
     dp__buf_fini(&rep);
@@ -630,31 +616,33 @@ DP_TEST(garbage_and_multiframe_messages_are_dropped)
 
 DP_TEST(bad_addresses)
 {
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf rep;
+    dp__buf req, rep;
+    dp__buf_init(&req);
     dp__buf_init(&rep);
+    dp__buf_append(&req, "x", 1);
     dp_detail d;
-    CHECK_ERR_D(dp__ctl_call(c, "127.0.0.1:5", "x", 1, "r", 0.1, &rep, &d), DP_EINVAL,
-                &d);
+    CHECK_ERR_D(dp__ctl_call(c, "127.0.0.1:5", &req, "r", 0.1, &rep, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "127.0.0.1:5");
     /* ZMQ resolves names in the background: an unknown host shows as a
      * connection that cannot be made, before the budget ends. */
     double t0 = dp__now_s();
-    CHECK_ERR_D(dp__ctl_call(c, "tcp://no-such-host-zz:1", "x", 1, "r", 10.0, &rep, &d),
+    CHECK_ERR_D(dp__ctl_call(c, "tcp://no-such-host-zz:1", &req, "r", 10.0, &rep, &d),
                 DP_ETRANSFER, &d);
     CHECKF(dp__now_s() - t0 < 5.0, "took %.2f s", dp__now_s() - t0);
     CHECK_CONTAINS(d.msg, "no-such-host-zz");
-    dp_ctl_server_opts o = {.bind_ip = "203.0.113.9"};
-    dp_ctl_server *s = NULL;
+    dp__ctl_server_opts o = {.bind_ip = "203.0.113.9"};
+    dp__ctl_server *s = NULL;
     CHECK_ERR_D(dp__ctl_server_open(&o, handler, NULL, NULL, &s, &d), DP_ESYS, &d);
     CHECK_CONTAINS(d.msg, "203.0.113.9");
+    dp__buf_fini(&req);
     dp__buf_fini(&rep);
     dp__ctl_client_destroy(c);
 }
 
 struct caller_arg {
-    dp_ctl_client *c;
+    dp__ctl_client *c;
     const char *addr;
     int t;
     int bad;
@@ -664,7 +652,7 @@ static void *
 caller_main(void *p)
 {
     struct caller_arg *a = p;
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     for (int i = 0; i < 50; i++) {
@@ -673,13 +661,12 @@ caller_main(void *p)
         snprintf(op, sizeof op, "op%d-%d", a->t, i);
         make_req(&req, op, rid, 0);
         dp__buf_reset(&rep);
-        if (dp__ctl_call(a->c, a->addr, req.data, req.len, rid, 5.0, &rep, NULL) !=
-            DP_OK) {
+        if (dp__ctl_call(a->c, a->addr, &req, rid, 5.0, &rep, NULL) != DP_OK) {
             a->bad++;
             continue;
         }
         /* The reply must echo this thread's op. */
-        dp_mp_reader r;
+        dp__mp_reader r;
         dp__mp_reader_init(&r, rep.data, rep.len);
         uint32_t n, sl;
         const char *str;
@@ -698,8 +685,8 @@ caller_main(void *p)
 
 DP_TEST(concurrent_callers_share_one_client)
 {
-    dp_ctl_server *s = start_server(0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_server *s = start_server(0);
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
     enum { T = 4 };
     struct caller_arg args[T];
@@ -765,38 +752,39 @@ DP_TEST(curve_allows_listed_keys_only)
     snprintf(path, sizeof path, "%s/junk.pub", dir);
     CHECK_ERR_D(dp__ctl_key_read(path, false, k, &d), DP_EINVAL, &d);
 
-    dp_ctl_server_opts o = {
+    dp__ctl_server_opts o = {
         .bind_ip = "127.0.0.1", .curve_secret = ssec, .curve_allow_dir = dir};
-    dp_ctl_server *s = NULL;
+    dp__ctl_server *s = NULL;
     CHECK_OK_D(dp__ctl_server_open(&o, handler, oversize, NULL, &s, &d), &d);
     const char *a = dp__ctl_server_address(s);
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
 
     /* The allowed client; garbage from it changes nothing. */
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
     CHECK_OK_D(dp__ctl_client_set_curve(c, csec, &d), &d);
     CHECK_OK_D(dp__ctl_client_server_key(c, a, spub, &d), &d);
     make_req(&req, "ping", "c1", 0);
-    CHECK_OK_D(dp__ctl_call(c, a, req.data, req.len, "c1", 5.0, &rep, &d), &d);
+    CHECK_OK_D(dp__ctl_call(c, a, &req, "c1", 5.0, &rep, &d), &d);
     check_reply_op(&rep, "ping");
-    CHECK_ERR(dp__ctl_call(c, a, "\xc1\xc1", 2, "c2", 0.3, &rep, NULL), DP_ETIMEDOUT);
+    dp__buf_reset(&req);
+    dp__buf_append(&req, "\xc1\xc1", 2);
+    CHECK_ERR(dp__ctl_call(c, a, &req, "c2", 0.3, &rep, NULL), DP_ETIMEDOUT);
     dp__buf_reset(&rep);
     make_req(&req, "ping", "c3", 0);
-    CHECK_OK_D(dp__ctl_call(c, a, req.data, req.len, "c3", 5.0, &rep, &d), &d);
+    CHECK_OK_D(dp__ctl_call(c, a, &req, "c3", 5.0, &rep, &d), &d);
 
     /* A stranger and a client without CURVE: refused at once. */
-    dp_ctl_client *x = NULL, *plain = NULL;
+    dp__ctl_client *x = NULL, *plain = NULL;
     CHECK_OK(dp__ctl_client_create(&x, NULL));
     CHECK_OK(dp__ctl_client_set_curve(x, xsec, NULL));
     CHECK_OK(dp__ctl_client_server_key(x, a, spub, NULL));
     CHECK_OK(dp__ctl_client_create(&plain, NULL));
     double t0 = dp_test_now();
     make_req(&req, "ping", "x1", 0);
-    CHECK_ERR_D(dp__ctl_call(x, a, req.data, req.len, "x1", 10.0, &rep, &d), DP_EPOLICY,
-                &d);
+    CHECK_ERR_D(dp__ctl_call(x, a, &req, "x1", 10.0, &rep, &d), DP_EPOLICY, &d);
     CHECK_CONTAINS(d.msg, "refused this client's key");
     /*
      * Each counted: the stranger by the ZAP handler, the plain one by the
@@ -812,8 +800,7 @@ DP_TEST(curve_allows_listed_keys_only)
     dp__sleep_s(0.2); /* an attempt of the stranger's still on the way lands now */
     uint64_t after_x = dp__ctl_server_auth_refused(s);
     CHECK(after_x >= 1);
-    CHECK_ERR_D(dp__ctl_call(plain, a, req.data, req.len, "x1", 10.0, &rep, &d),
-                DP_EPOLICY, &d);
+    CHECK_ERR_D(dp__ctl_call(plain, a, &req, "x1", 10.0, &rep, &d), DP_EPOLICY, &d);
     CHECK_CONTAINS(d.msg, "requires CURVE");
     CHECKF(dp_test_now() - t0 < 5, "refusals took %.1f s", dp_test_now() - t0);
     for (int i = 0; i < 100 && dp__ctl_server_auth_refused(s) <= after_x; i++)
@@ -832,7 +819,7 @@ DP_TEST(curve_allows_listed_keys_only)
     CHECK_OK(dp__ctl_client_server_key(x, a, spub, NULL));
     make_req(&req, "ping", "x2", 0);
     dp__buf_reset(&rep);
-    CHECK_OK_D(dp__ctl_call(x, a, req.data, req.len, "x2", 5.0, &rep, &d), &d);
+    CHECK_OK_D(dp__ctl_call(x, a, &req, "x2", 5.0, &rep, &d), &d);
     check_reply_op(&rep, "ping");
 
     dp__ctl_client_destroy(x);
@@ -848,8 +835,8 @@ DP_TEST(curve_allows_listed_keys_only)
 
 /* One call_many of one item, in a thread of its own (the test kills meanwhile). */
 typedef struct bg_call {
-    dp_ctl_client *c;
-    dp_ctl_item *it;
+    dp__ctl_client *c;
+    dp__ctl_item *it;
     double timeout_s, took;
     pthread_t th;
 } bg_call;
@@ -897,9 +884,9 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     char a[128], b2[128];
     pid_t pid = fork_server(a, sizeof a);
     standby back[2] = {fork_standby(), fork_standby()};
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_buf req;
+    dp__buf req;
     dp__buf_init(&req);
     make_req(&req, "ping", "d1", 0);
 
@@ -907,7 +894,7 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     const char *colon = strrchr(a, ':');
     CHECK(colon != NULL);
     uint16_t port = (uint16_t)atoi(colon + 1);
-    dp_ctl_item it = {
+    dp__ctl_item it = {
         .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
     dp__buf_init(&it.reply);
     bg_call bc = {.c = c, .it = &it, .timeout_s = 20.0};
@@ -926,7 +913,7 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     dp__buf_fini(&it.reply);
 
     /* not repeatable: fails at once */
-    it = (dp_ctl_item){.address = a, .req = req.data, .len = req.len, .rid = "d1"};
+    it = (dp__ctl_item){.address = a, .req = req.data, .len = req.len, .rid = "d1"};
     dp__buf_init(&it.reply);
     bc = (bg_call){.c = c, .it = &it, .timeout_s = 20.0};
     stop_then_kill_under(&bc, pid);
@@ -940,7 +927,7 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     /* repeatable, and the server never comes back: DP_ETRANSFER at the budget */
     standby_start(&back[1], port, b2, sizeof b2);
     pid = back[1].pid;
-    it = (dp_ctl_item){
+    it = (dp__ctl_item){
         .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
     dp__buf_init(&it.reply);
     bc = (bg_call){.c = c, .it = &it, .timeout_s = 2.0};
@@ -953,7 +940,7 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     dp__buf_fini(&it.reply);
 
     /* refused from the start: at once, repeatable or not */
-    it = (dp_ctl_item){
+    it = (dp__ctl_item){
         .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
     dp__buf_init(&it.reply);
     double t0 = dp__now_s();

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -412,6 +413,49 @@ fetch_check_targets(dp_direct *t, pub *p, const char *id, const md_bytes *md,
     CHECK_EQ_U64(st.registrations, 0);
 }
 
+/* ---- registration failures: the limits they name ---- */
+
+/* Lower this process's RLIMIT_MEMLOCK soft limit (any process may) to 64 KiB,
+ * so that a failure message must show "64.00 KiB"; *old gets the limit to
+ * restore. */
+static void
+memlock_to_64k(struct rlimit *old)
+{
+    CHECK(getrlimit(RLIMIT_MEMLOCK, old) == 0);
+    struct rlimit low = *old;
+    low.rlim_cur = 64 * KiB;
+    if (low.rlim_max != RLIM_INFINITY && low.rlim_max < low.rlim_cur)
+        low.rlim_cur = low.rlim_max;
+    CHECKF(low.rlim_cur == 64 * KiB, "RLIMIT_MEMLOCK hard limit is %llu bytes",
+           (unsigned long long)low.rlim_max);
+    CHECK(setrlimit(RLIMIT_MEMLOCK, &low) == 0);
+}
+
+/* "UCX_TLS = <value or unset>", as the registration failure message says it. */
+static const char *
+ucx_tls_text(char *buf, size_t cap)
+{
+    const char *v = getenv("UCX_TLS");
+    snprintf(buf, cap, "UCX_TLS = %s", v != NULL && *v != '\0' ? v : "unset");
+    return buf;
+}
+
+/* This process's address space in use (VmSize), bytes. */
+static uint64_t
+vm_size_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    CHECK(f != NULL);
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, "VmSize:", 7) == 0)
+            kb = strtoull(line + 7, NULL, 10);
+    fclose(f);
+    CHECK(kb > 0);
+    return kb * KiB;
+}
+
 /* ---- tests ---- */
 
 DP_TEST(metadata_roundtrip_and_rejects)
@@ -423,7 +467,7 @@ DP_TEST(metadata_roundtrip_and_rejects)
     uint8_t *md = NULL;
     size_t len = 0;
     CHECK_OK_D(dp_direct_publish(t, "obj-1", bufs, 2, &md, &len, &d), &d);
-    dp_direct_md m;
+    dp__direct_md m;
     CHECK_OK_D(dp__direct_md_parse(md, len, &m, &d), &d);
     EXPECT_STR(m.obj_id, "obj-1");
     EXPECT_STR(m.name, "md-test");
@@ -540,14 +584,20 @@ DP_TEST(sizes_beyond_the_host_and_bad_options_are_refused)
     uint8_t *md = NULL;
     size_t len = 0;
     CHECK_OK_D(dp_direct_publish(t, "big", &b, 1, &md, &len, &d), &d);
-    dp_direct_md m;
+    dp__direct_md m;
     CHECK_OK_D(dp__direct_md_parse(md, len, &m, &d), &d);
     m.descs[0].len = 1ull << 46;
-    dp_buf forged;
+    dp__buf forged;
     dp__buf_init(&forged);
-    CHECK_OK_D(dp__direct_md_encode(&forged, m.obj_id, m.backend, m.name, m.version,
-                                    m.ep_md, m.ep_md_len, m.descs, m.n_descs, &d),
-               &d);
+    dp_direct_md_fields f = {.obj_id = m.obj_id,
+                             .backend = m.backend,
+                             .name = m.name,
+                             .version = m.version,
+                             .ep_md = m.ep_md,
+                             .ep_md_len = m.ep_md_len,
+                             .descs = m.descs,
+                             .n_descs = m.n_descs};
+    CHECK_OK_D(dp__direct_md_encode(&forged, &f, &d), &d);
     dp_direct_req *r = NULL;
     CHECK_ERR_D(dp_direct_fetch(t, "big", forged.data, forged.len, NULL, 0, &r, &d),
                 DP_ETOOBIG, &d);
@@ -618,6 +668,199 @@ DP_TEST(efa_detection_reports_missing_libfabric)
     CHECK_CONTAINS(what, "efa0");
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);
     CHECK_EQ(system(cmd), 0);
+}
+
+/*
+ * A buffer whose range cannot be registered makes publish fail, and the
+ * message says which object and buffer, the range, what the endpoint refused,
+ * and what to check: the memlock limit as this process has it (lowered to 64
+ * KiB here so the text is known), UCX_TLS, and UCX_LOG_LEVEL=debug. On a host
+ * without RDMA, UCX registers any range it is given (no pinning: a lowered
+ * RLIMIT_MEMLOCK, PROT_NONE or unmapped memory all register), so the real
+ * refusal used here is a range that wraps past the end of the address space,
+ * which the endpoint refuses before UCX sees it (DP_EINVAL). The failed
+ * publish takes nothing: the registration its first buffer shared is held
+ * only by the earlier object, and the id can be published afterwards.
+ * register_permanent of the same range fails the same way.
+ */
+DP_TEST(unregistrable_buffer_names_range_and_memlock_limit)
+{
+    struct rlimit old;
+    memlock_to_64k(&old);
+    char tls[300];
+    ucx_tls_text(tls, sizeof tls);
+    dp_direct *t = fetcher("reg-fail", 4, 0, 1);
+    static uint8_t a[4096];
+    dp_direct_buf ok = {a, sizeof a};
+    uint8_t *md = NULL;
+    size_t md_len = 0;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_direct_publish(t, "first", &ok, 1, &md, &md_len, &d), &d);
+    dp_free(md);
+    /* The last 4 KiB of the address space and 4 KiB past it. */
+    void *top = (void *)(uintptr_t)(UINT64_MAX - 4095);
+    dp_direct_buf bufs[2] = {{a, sizeof a}, {top, 8192}};
+    md = NULL;
+    md_len = 0;
+    CHECK_ERR_D(dp_direct_publish(t, "second", bufs, 2, &md, &md_len, &d), DP_EINVAL, &d);
+    CHECK(md == NULL);
+    CHECK_EQ(md_len, 0);
+    /* What failed: the object, the buffer, its range, the endpoint's refusal. */
+    CHECK_CONTAINS(d.msg, "direct: publish second, buffer 1 of 2: ");
+    CHECK_CONTAINS(d.msg, "direct (backend UCX): registering buffer of 8192 bytes at "
+                          "0xfffffffffffff000 failed");
+    CHECK_CONTAINS(d.msg, "endpoint reg-fail: cannot register 8192 bytes at "
+                          "0xfffffffffffff000");
+    /* What to do: the limit this process has, the transports, the UCX log. */
+    CHECK_CONTAINS(d.msg, "check the memlock limit, ulimit -l = 64.00 KiB");
+    CHECK_CONTAINS(d.msg, tls);
+    CHECK_CONTAINS(d.msg, "rerun with UCX_LOG_LEVEL=debug");
+    /* Nothing taken: a's registration is held by "first" alone. */
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.objects, 1);
+    CHECK_EQ_U64(st.registrations, 1);
+    CHECK_EQ_U64(st.registers, 1);
+    CHECK_OK(dp_direct_free(t, "first", &d));
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.registrations, 0);
+    CHECK_OK_D(dp_direct_publish(t, "second", &ok, 1, &md, &md_len, &d), &d);
+    dp_free(md);
+    /* The same refusal through register_permanent names that call's buffer. */
+    CHECK_ERR_D(dp_direct_register_permanent(t, top, 8192, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(d.msg, "registering permanent buffer of 8192 bytes at "
+                          "0xfffffffffffff000 failed (check the memlock limit, "
+                          "ulimit -l = 64.00 KiB");
+    CHECK_OK(dp_direct_destroy(t, NULL));
+    CHECK(setrlimit(RLIMIT_MEMLOCK, &old) == 0);
+}
+
+/*
+ * A registration refused because the range overlaps memory the transport
+ * registered itself (its pool here, whose address a pooled object's metadata
+ * gives) is DP_EEXIST with its own message: what overlaps and why, and no
+ * memlock advice, which would mislead there. Reached through
+ * register_permanent and through a publish that does not use the pool (one
+ * of its buffers has a registration of its own).
+ */
+DP_TEST(registering_the_transports_own_memory_says_so)
+{
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    o.name = "reg-own";
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    o.pool_bytes = 1 * MiB;
+    o.n_workers = 1;
+    dp_direct *t = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    static uint8_t a[4096], b[4096];
+    dp_direct_buf ba = {a, sizeof a};
+    uint8_t *md = NULL;
+    size_t md_len = 0;
+    CHECK_OK_D(dp_direct_publish(t, "pooled", &ba, 1, &md, &md_len, &d), &d);
+    dp__direct_md m;
+    CHECK_OK_D(dp__direct_md_parse(md, md_len, &m, &d), &d);
+    CHECK_EQ(m.n_descs, 1);
+    void *in_pool = (void *)(uintptr_t)m.descs[0].addr;
+    CHECK(in_pool != (void *)a); /* copied into the pool */
+    char where[64];
+    snprintf(where, sizeof where, "of 4096 bytes at %p: it overlaps", in_pool);
+    CHECK_ERR_D(dp_direct_register_permanent(t, in_pool, 4096, &d), DP_EEXIST, &d);
+    CHECK_CONTAINS(d.msg, "direct: registering permanent buffer ");
+    CHECK_CONTAINS(d.msg, where);
+    CHECK_CONTAINS(d.msg, "memory this transport registered itself (its pool, or the "
+                          "buffers of a fetch request still alive)");
+    CHECK_CONTAINS(d.msg, "endpoint reg-own: ");
+    CHECK_CONTAINS(d.msg, "overlaps a registered region");
+    CHECK(strstr(d.msg, "memlock") == NULL);
+    /* With b registered for good, a publish of b and the pool block bypasses
+     * the pool and registers each buffer: the second is refused. */
+    CHECK_OK_D(dp_direct_register_permanent(t, b, sizeof b, &d), &d);
+    dp_direct_buf two[2] = {{b, sizeof b}, {in_pool, 4096}};
+    uint8_t *md2 = NULL;
+    size_t md2_len = 0;
+    CHECK_ERR_D(dp_direct_publish(t, "relay", two, 2, &md2, &md2_len, &d), DP_EEXIST, &d);
+    CHECK_CONTAINS(d.msg, "direct: publish relay, buffer 1 of 2: direct: registering "
+                          "buffer ");
+    CHECK_CONTAINS(d.msg, where);
+    CHECK(strstr(d.msg, "memlock") == NULL);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.objects, 1);
+    CHECK_EQ_U64(st.registrations, 1); /* b, for good */
+    CHECK_EQ_U64(st.pool_blocks, 1);
+    dp__direct_md_fini(&m);
+    dp_free(md);
+    CHECK_OK(dp_direct_destroy(t, NULL));
+}
+
+/*
+ * The one refusal of UCX's own that a host without RDMA gives the transport:
+ * its pool, which UCX allocates, registers and maps (shared memory, else plain
+ * memory), cannot be mapped when the address space is full. RLIMIT_AS is lowered in this
+ * test's own process to what it uses plus 64 MiB, after a first transport was created and
+ * destroyed (UCX loaded, thread stacks cached), and a 256 MiB pool is asked for. Creation
+ * fails with DP_ENOMEM, and the message says the pool, its size, what UCX said, and the
+ * memlock limit (lowered to 64 KiB) with what RDMA needs (`ulimit -l unlimited`). UCX
+ * logs its own errors on stderr meanwhile. With the limit back, the same pool is created:
+ * the limit alone made it fail. Sanitizers reserve terabytes of address space and
+ * allocate shadow memory on their own, so an address-space limit means
+ * nothing there.
+ */
+DP_TEST(pool_ucx_cannot_map_names_size_and_memlock_limit)
+{
+#ifdef DP_TEST_SANITIZED
+    DP_SKIP("RLIMIT_AS cannot bound a sanitized process (shadow memory)");
+#endif
+    struct rlimit old_ml, old_as;
+    memlock_to_64k(&old_ml);
+    char tls[300];
+    ucx_tls_text(tls, sizeof tls);
+    dp_direct_opts o;
+    dp_direct_opts_init(&o);
+    o.name = "pool-fail";
+    o.backend = DP_DIRECT_BACKEND_UCX;
+    o.n_workers = 1;
+    dp_direct *t = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    CHECK_OK(dp_direct_destroy(t, NULL));
+    t = NULL;
+    CHECK(getrlimit(RLIMIT_AS, &old_as) == 0);
+    struct rlimit as = old_as;
+    as.rlim_cur = vm_size_bytes() + 64 * MiB;
+    if (old_as.rlim_cur != RLIM_INFINITY && old_as.rlim_cur <= as.rlim_cur + 256 * MiB)
+        DP_SKIP("RLIMIT_AS is already %llu bytes: a 256 MiB pool fails without this "
+                "test",
+                (unsigned long long)old_as.rlim_cur);
+    CHECK(setrlimit(RLIMIT_AS, &as) == 0);
+    o.pool_bytes = 256 * MiB;
+    int rc = dp_direct_create(&o, &t, &d);
+    CHECK(setrlimit(RLIMIT_AS, &old_as) == 0);
+    CHECK_ERR_D(rc, DP_ENOMEM, &d);
+    CHECK(t == NULL);
+    /* What failed: the pool and its size, as the transport and the endpoint say. */
+    CHECK_CONTAINS(d.msg, "direct (backend UCX): registering the memory pool of "
+                          "268435456 bytes");
+    CHECK_CONTAINS(d.msg, "endpoint pool-fail: allocation of 256.00 MiB failed: ");
+    CHECK_CONTAINS(d.msg, "Out of memory");
+    /* What to do: the limit this process has, what RDMA needs, where to look. */
+    CHECK_CONTAINS(d.msg, "check the memlock limit, ulimit -l = 64.00 KiB");
+    CHECK_CONTAINS(d.msg, "RLIMIT_MEMLOCK 64.00 KiB; RDMA registration of large "
+                          "regions needs `ulimit -l unlimited`");
+    CHECK_CONTAINS(d.msg, tls);
+    CHECK_CONTAINS(d.msg, "rerun with UCX_LOG_LEVEL=debug");
+    /* The limit alone made it fail. */
+    CHECK_OK_D(dp_direct_create(&o, &t, &d), &d);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.pool_bytes, 256 * MiB);
+    CHECK_OK(dp_direct_destroy(t, NULL));
+    CHECK(setrlimit(RLIMIT_MEMLOCK, &old_ml) == 0);
 }
 
 DP_TEST(many_objects_shared_buffers)

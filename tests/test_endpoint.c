@@ -78,12 +78,12 @@ peer_main(void)
     const char *name = getenv("DP_TEST_PEER_NAME");
     uint64_t slab = strtoull(getenv("DP_TEST_PEER_SLAB"), NULL, 0);
     uint64_t seed = strtoull(getenv("DP_TEST_PEER_SEED"), NULL, 0);
-    dp_endpoint_opts o;
+    dp__endpoint_opts o;
     dp__endpoint_opts_init(&o);
     o.progress_thread = atoi(getenv("DP_TEST_PEER_PT")) != 0;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     void *base = NULL;
     uint8_t *md = NULL;
     size_t md_len = 0;
@@ -246,7 +246,7 @@ set_tls(const char *tls)
 /* Random non-overlapping ranges: sizes log-uniform in [1, max_size], total <= cap. */
 typedef struct plan {
     size_t n;
-    dp_range local[80], remote[80];
+    dp__range local[80], remote[80];
 } plan;
 
 static uint64_t
@@ -263,7 +263,7 @@ rand_size(uint64_t *rs, uint64_t max_size)
  */
 static void
 place(uint64_t *rs, const uint64_t *sizes, size_t n, uint64_t base, uint64_t cap,
-      dp_range *out)
+      dp__range *out)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
@@ -318,11 +318,11 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
     uint64_t rs = dp_test_seed();
     set_tls(tls);
     peer p;
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_EQ(peer_start(&p, "peer-a", slab, peer_pt, rs ^ 0x55), 0);
-    dp_endpoint_opts o;
+    dp__endpoint_opts o;
     dp__endpoint_opts_init(&o);
     CHECK_OK_D(dp__endpoint_create("client", &o, &ep, &d), &d);
     uint64_t lcap = slab;
@@ -362,16 +362,19 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
         if (round == 0) {
             /* The extremes always: one byte and the largest size. */
             pl.n = 2;
-            pl.local[0] = (dp_range){(uint64_t)(uintptr_t)lbuf + 7, 1};
-            pl.remote[0] = (dp_range){p.base + slab - 1, 1};
-            pl.local[1] = (dp_range){(uint64_t)(uintptr_t)lbuf + 4096, max_size};
-            pl.remote[1] = (dp_range){p.base + 1, max_size};
+            pl.local[0] = (dp__range){(uint64_t)(uintptr_t)lbuf + 7, 1};
+            pl.remote[0] = (dp__range){p.base + slab - 1, 1};
+            pl.local[1] = (dp__range){(uint64_t)(uintptr_t)lbuf + 4096, max_size};
+            pl.remote[1] = (dp__range){p.base + 1, max_size};
         }
         /* READ first: the peer's pattern must come back where nothing was written. */
         if (round == 0) {
-            CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, pl.local, pl.n, pl.remote,
-                                             pl.n, "peer-a", 60, &d),
-                       &d);
+            CHECK_OK_D(
+                dp__endpoint_transfer(ep,
+                                      &(dp__xfer_desc){DP_XFER_READ, pl.local, pl.n,
+                                                       pl.remote, pl.n, "peer-a"},
+                                      60, &d),
+                &d);
             for (size_t i = 0; i < pl.n; i++)
                 for (uint64_t k = 0; k < pl.local[i].nbytes; k += 1 + k / 7) {
                     uint8_t got = ((uint8_t *)(uintptr_t)pl.local[i].addr)[k];
@@ -383,17 +386,21 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
         for (size_t i = 0; i < pl.n; i++)
             fill_words((uint8_t *)(uintptr_t)pl.local[i].addr, pl.local[i].nbytes,
                        dp_test_rand(&rs));
-        CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, pl.local, pl.n, pl.remote,
-                                         pl.n, "peer-a", 60, &d),
+        CHECK_OK_D(dp__endpoint_transfer(ep,
+                                         &(dp__xfer_desc){DP_XFER_WRITE, pl.local, pl.n,
+                                                          pl.remote, pl.n, "peer-a"},
+                                         60, &d),
                    &d);
         /* Read back into the other half of the buffer at the same relative offsets. */
-        static dp_range back[80];
+        static dp__range back[80];
         for (size_t i = 0; i < pl.n; i++) {
-            back[i] = (dp_range){pl.local[i].addr + lcap, pl.local[i].nbytes};
+            back[i] = (dp__range){pl.local[i].addr + lcap, pl.local[i].nbytes};
             memset((void *)(uintptr_t)back[i].addr, 0xEE, back[i].nbytes);
         }
-        CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, back, pl.n, pl.remote, pl.n,
-                                         "peer-a", 60, &d),
+        CHECK_OK_D(dp__endpoint_transfer(ep,
+                                         &(dp__xfer_desc){DP_XFER_READ, back, pl.n,
+                                                          pl.remote, pl.n, "peer-a"},
+                                         60, &d),
                    &d);
         for (size_t i = 0; i < pl.n; i++) {
             CHECKF(memcmp((void *)(uintptr_t)back[i].addr,
@@ -410,7 +417,7 @@ scattered_roundtrip(const char *tls, bool peer_pt, uint64_t slab, uint64_t max_s
            (double)moved / t_total / 1e9);
     CHECK_GE(ranges, (uint64_t)rounds + 1); /* every round moved a range, round 0 two */
     (void)rb;
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK(st.transfers_retained == 0);
     dp__endpoint_destroy(ep);
@@ -427,14 +434,21 @@ DP_TEST(metadata_roundtrip_and_rejects)
     uint8_t addr[37], k1[9] = "rkey-one", k2[3] = "k2";
     for (size_t i = 0; i < sizeof addr; i++)
         addr[i] = (uint8_t)i;
-    dp_md_region r[2] = {{0x1000, 4096, k1, 8}, {0x10000, 1, k2, 2}};
-    dp_buf b;
+    dp__md_region r[2] = {{0x1000, 4096, k1, 8}, {0x10000, 1, k2, 2}};
+    dp__buf b;
     dp__buf_init(&b);
     dp_detail d;
-    CHECK_OK_D(
-        dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, NULL, addr, sizeof addr, r, 2, &d),
-        &d);
-    dp_md md;
+    /* The fields each encode below starts from. */
+    const dp__md_fields base = {.name = "unit-3",
+                                .gen = 42,
+                                .xver = 0x010d0001,
+                                .addr = addr,
+                                .addr_len = sizeof addr,
+                                .regions = r,
+                                .n_regions = 2};
+    dp__md_fields mf = base;
+    CHECK_OK_D(dp__md_encode(&b, &mf, &d), &d);
+    dp__md md;
     CHECK_OK_D(dp__md_parse(b.data, b.len, &md, &d), &d);
     CHECK_STR(md.name, "unit-3");
     CHECK_EQ_U64(md.gen, 42);
@@ -475,24 +489,31 @@ DP_TEST(metadata_roundtrip_and_rejects)
     dp__md_fini(&md);
     free(x);
     /* Overlapping regions and bad names are refused by the encoder's peer too. */
-    dp_md_region ov[2] = {{0x1000, 4096, k1, 8}, {0x1800, 1, k2, 2}};
+    dp__md_region ov[2] = {{0x1000, 4096, k1, 8}, {0x1800, 1, k2, 2}};
     dp__buf_reset(&b);
-    CHECK_OK(
-        dp__md_encode(&b, "u", 1, 0x010d0001, 0, NULL, addr, sizeof addr, ov, 2, NULL));
+    mf = base;
+    mf.name = "u";
+    mf.gen = 1;
+    mf.regions = ov;
+    CHECK_OK(dp__md_encode(&b, &mf, NULL));
     CHECK_ERR_D(dp__md_parse(b.data, b.len, &md, &d), DP_EPROTO, &d);
     CHECK_CONTAINS(d.msg, "overlaps");
-    CHECK_ERR(dp__md_encode(&b, "has space", 1, 0x010d0001, 0, NULL, addr, sizeof addr,
-                            NULL, 0, NULL),
-              DP_EINVAL);
-    CHECK_ERR(
-        dp__md_encode(&b, "", 1, 0x010d0001, 0, NULL, addr, sizeof addr, NULL, 0, NULL),
-        DP_EINVAL);
+    mf.regions = NULL;
+    mf.n_regions = 0;
+    mf.name = "has space";
+    CHECK_ERR(dp__md_encode(&b, &mf, NULL), DP_EINVAL);
+    mf.name = "";
+    CHECK_ERR(dp__md_encode(&b, &mf, NULL), DP_EINVAL);
     /* The process block: round trip, cut short, reserved bytes. */
-    dp_md_proc me;
+    dp__md_proc me;
     CHECK(dp__proc_self(&me));
     dp__buf_reset(&b);
-    CHECK_OK(dp__md_encode(&b, "u", 1, 0x010d0001, DP_MD_F_SERVES, &me, addr, sizeof addr,
-                           r, 2, NULL));
+    mf = base;
+    mf.name = "u";
+    mf.gen = 1;
+    mf.flags = DP_MD_F_SERVES;
+    mf.proc = &me;
+    CHECK_OK(dp__md_encode(&b, &mf, NULL));
     CHECK_OK_D(dp__md_parse(b.data, b.len, &md, &d), &d);
     CHECK_EQ(md.flags, DP_MD_F_SERVES | DP_MD_F_PROC);
     CHECK(memcmp(&md.proc, &me, sizeof me) == 0);
@@ -509,8 +530,9 @@ DP_TEST(metadata_roundtrip_and_rejects)
     CHECK_CONTAINS(d.msg, "process");
     /* Random corruption never crashes and never yields out-of-bounds pointers. */
     dp__buf_reset(&b);
-    CHECK_OK(dp__md_encode(&b, "unit-3", 42, 0x010d0001, 0, &me, addr, sizeof addr, r, 2,
-                           NULL));
+    mf = base;
+    mf.proc = &me;
+    CHECK_OK(dp__md_encode(&b, &mf, NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *y = malloc(b.len);
     int parsed = 0; /* corrupted copies that parsed: their pointers were checked */
@@ -537,12 +559,12 @@ DP_TEST(metadata_roundtrip_and_rejects)
 
 DP_TEST(create_rejects_bad_names_and_policy)
 {
-    dp_endpoint *ep = (dp_endpoint *)1;
+    dp__endpoint *ep = (dp__endpoint *)1;
     dp_detail d;
     CHECK_ERR(dp__endpoint_create("", NULL, &ep, &d), DP_EINVAL);
     CHECK(ep == NULL);
     CHECK_ERR(dp__endpoint_create("a b", NULL, &ep, &d), DP_EINVAL);
-    dp_endpoint_opts o;
+    dp__endpoint_opts o;
     dp__endpoint_opts_init(&o);
     o.require_rdma = true;
     set_tls(NULL);
@@ -613,7 +635,7 @@ DP_TEST(progress_spin_settings)
     static const char *bad[] = {"-1", "1000001", "fast", "10us"};
     for (size_t i = 0; i < DP_ARRAY_LEN(bad); i++) {
         setenv("DP_PROGRESS_SPIN_US", bad[i], 1);
-        dp_endpoint *ep = NULL;
+        dp__endpoint *ep = NULL;
         dp_detail d;
         CHECK_ERR(dp__endpoint_create("spin-bad", NULL, &ep, &d), DP_EINVAL);
         CHECK(ep == NULL);
@@ -633,7 +655,7 @@ DP_TEST(adjacent_ranges_copy_as_runs)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-run", 4 * MiB, false, 9), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-run", NULL, &ep, &d), &d);
     uint8_t *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, (void **)&a, &d), &d);
@@ -643,23 +665,25 @@ DP_TEST(adjacent_ranges_copy_as_runs)
     uint64_t la = (uint64_t)(uintptr_t)a;
     /* 0-2 continue one another on both sides; 3 continues locally only; 4
      * continues remotely only; 5 jumps on both. */
-    dp_range l[6] = {{la, 1000},       {la + 1000, 24},  {la + 1024, 3000},
-                     {la + 4024, 500}, {la + 8192, 100}, {la + 9000, 64}};
-    dp_range r[6] = {{p.base + 64, 1000},  {p.base + 1064, 24},  {p.base + 1088, 3000},
-                     {p.base + 9000, 500}, {p.base + 9500, 100}, {p.base + 20000, 64}};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l, 6, r, 6, "peer-run", 10, &d),
+    dp__range l[6] = {{la, 1000},       {la + 1000, 24},  {la + 1024, 3000},
+                      {la + 4024, 500}, {la + 8192, 100}, {la + 9000, 64}};
+    dp__range r[6] = {{p.base + 64, 1000},  {p.base + 1064, 24},  {p.base + 1088, 3000},
+                      {p.base + 9000, 500}, {p.base + 9500, 100}, {p.base + 20000, 64}};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, l, 6, r, 6, "peer-run"}, 10, &d),
                &d);
     /* Read each range back into its own spot of a second area, in reverse. */
     uint8_t *b = a + 2 * MiB;
     memset(b, 0, MiB);
-    dp_range lb[6], rb[6];
+    dp__range lb[6], rb[6];
     uint64_t at = 0;
     for (int i = 0; i < 6; i++) {
-        lb[i] = (dp_range){(uint64_t)(uintptr_t)b + at, r[5 - i].nbytes};
+        lb[i] = (dp__range){(uint64_t)(uintptr_t)b + at, r[5 - i].nbytes};
         rb[i] = r[5 - i];
         at += r[5 - i].nbytes;
     }
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, lb, 6, rb, 6, "peer-run", 10, &d),
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_READ, lb, 6, rb, 6, "peer-run"}, 10, &d),
                &d);
     for (int i = 0; i < 6; i++) {
         const uint8_t *got = (const uint8_t *)(uintptr_t)lb[i].addr;
@@ -667,7 +691,7 @@ DP_TEST(adjacent_ranges_copy_as_runs)
         CHECKF(memcmp(got, want, lb[i].nbytes) == 0, "range %d came back different",
                5 - i);
     }
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.memcpy_ranges, 12); /* counted per range, copied per run */
     dp__endpoint_destroy(ep);
@@ -689,8 +713,8 @@ DP_TEST(touch_prefault_faults_what_transfers_touch)
     dp_detail d;
     const uint64_t slab = 5 * MiB + 4096;
     CHECK_EQ(peer_start(&p, "peer-touch", slab, false, 11), 0);
-    dp_endpoint *ep = NULL;
-    dp_endpoint_opts eo;
+    dp__endpoint *ep = NULL;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.memcpy_max = 64 * 1024; /* the large ranges through UCX */
     CHECK_OK_D(dp__endpoint_create("client-touch", &eo, &ep, &d), &d);
@@ -700,23 +724,25 @@ DP_TEST(touch_prefault_faults_what_transfers_touch)
     for (size_t i = 0; i < 4 * MiB; i++)
         a[i] = (uint8_t)(i * 37 + 1);
     uint64_t la = (uint64_t)(uintptr_t)a;
-    dp_range l[4] = {
+    dp__range l[4] = {
         {la, 200}, {la + 4096, 70000}, {la + 131072, 64}, {la + MiB, 3 * MiB / 2}};
-    dp_range r[4] = {{p.base + 2 * MiB - 100, 200},
-                     {p.base + 4 * MiB + 10, 70000},
-                     {p.base + slab - 64, 64},
-                     {p.base + 2 * MiB + 200, 3 * MiB / 2}};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l, 4, r, 4, "peer-touch", 10, &d),
+    dp__range r[4] = {{p.base + 2 * MiB - 100, 200},
+                      {p.base + 4 * MiB + 10, 70000},
+                      {p.base + slab - 64, 64},
+                      {p.base + 2 * MiB + 200, 3 * MiB / 2}};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, l, 4, r, 4, "peer-touch"}, 10, &d),
                &d);
     uint8_t *b = a + 4 * MiB;
     memset(b, 0, 4 * MiB);
-    dp_range lb[4];
+    dp__range lb[4];
     uint64_t at = 0;
     for (int i = 0; i < 4; i++) {
-        lb[i] = (dp_range){(uint64_t)(uintptr_t)b + at, r[i].nbytes};
+        lb[i] = (dp__range){(uint64_t)(uintptr_t)b + at, r[i].nbytes};
         at += DP_ALIGN_UP(r[i].nbytes, 64);
     }
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, lb, 4, r, 4, "peer-touch", 10, &d),
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_READ, lb, 4, r, 4, "peer-touch"}, 10, &d),
                &d);
     for (int i = 0; i < 4; i++)
         CHECKF(memcmp((void *)(uintptr_t)lb[i].addr, (void *)(uintptr_t)l[i].addr,
@@ -742,12 +768,12 @@ DP_TEST(large_copies_share_threads)
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-par", 16 * MiB, false, 21), 0);
     enum { N = 1002 };
-    static dp_range l[N], r[N], lb[N];
+    static dp__range l[N], r[N], lb[N];
     for (unsigned threads = 1; threads <= 4; threads *= 2) {
-        dp_endpoint_opts eo;
+        dp__endpoint_opts eo;
         dp__endpoint_opts_init(&eo);
         eo.copy_threads = threads;
-        dp_endpoint *ep = NULL;
+        dp__endpoint *ep = NULL;
         CHECK_OK_D(dp__endpoint_create("client-par", &eo, &ep, &d), &d);
         uint8_t *a = NULL;
         CHECK_OK_D(dp__endpoint_alloc(ep, 16 * MiB, (void **)&a, &d), &d);
@@ -757,31 +783,36 @@ DP_TEST(large_copies_share_threads)
         uint64_t la = (uint64_t)(uintptr_t)a, at = 0, total = 0;
         for (int i = 0; i < N; i++) {
             uint64_t n = i == 0 ? 3 * MiB : i == 1 ? 700 * 1024 : 4096;
-            l[i] = (dp_range){la + at, n};
+            l[i] = (dp__range){la + at, n};
             /* remote places reversed in pairs: runs break, every range still lands */
             uint64_t roff = 8 * MiB - at - n;
-            r[i] = (dp_range){p.base + (roff & ~(uint64_t)63), n};
+            r[i] = (dp__range){p.base + (roff & ~(uint64_t)63), n};
             at += n + 64;
             total += n;
         }
         CHECK_OK_D(
-            dp__endpoint_transfer(ep, DP_XFER_WRITE, l, N, r, N, "peer-par", 10, &d), &d);
+            dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_WRITE, l, N, r, N, "peer-par"}, 10, &d),
+            &d);
         uint8_t *b = a + 8 * MiB;
         memset(b, 0, 8 * MiB);
         for (int i = 0; i < N; i++)
-            lb[i] = (dp_range){l[i].addr + 8 * MiB, l[i].nbytes};
+            lb[i] = (dp__range){l[i].addr + 8 * MiB, l[i].nbytes};
         CHECK_OK_D(
-            dp__endpoint_transfer(ep, DP_XFER_READ, lb, N, r, N, "peer-par", 10, &d), &d);
+            dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_READ, lb, N, r, N, "peer-par"}, 10, &d),
+            &d);
         for (int i = 0; i < N; i++)
             CHECKF(memcmp((void *)(uintptr_t)lb[i].addr, (void *)(uintptr_t)l[i].addr,
                           l[i].nbytes) == 0,
                    "%u threads: range %d came back different", threads, i);
         /* one small op: copied by the caller alone */
-        dp_range ls = {la, 4096}, rs = {p.base, 4096};
+        dp__range ls = {la, 4096}, rs = {p.base, 4096};
         CHECK_OK_D(
-            dp__endpoint_transfer(ep, DP_XFER_WRITE, &ls, 1, &rs, 1, "peer-par", 10, &d),
+            dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_WRITE, &ls, 1, &rs, 1, "peer-par"}, 10, &d),
             &d);
-        dp_endpoint_stats st;
+        dp__endpoint_stats st;
         dp__endpoint_get_stats(ep, &st);
         CHECK_EQ_U64(st.memcpy_ranges, 2 * N + 1);
         CHECK_EQ_U64(st.ucx_ranges, 0);
@@ -793,17 +824,17 @@ DP_TEST(large_copies_share_threads)
     static const char *bad[] = {"0", "17", "two", "-1", "2x", "3 ", " 3"};
     for (size_t i = 0; i < DP_ARRAY_LEN(bad); i++) {
         setenv("DP_COPY_THREADS", bad[i], 1);
-        dp_endpoint *ep = NULL;
+        dp__endpoint *ep = NULL;
         CHECK_ERR(dp__endpoint_create("client-bad", NULL, &ep, &d), DP_EINVAL);
         CHECK(ep == NULL);
         CHECK(strstr(d.msg, "DP_COPY_THREADS") != NULL);
     }
     setenv("DP_COPY_THREADS", "3", 1);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-env", NULL, &ep, &d), &d);
     dp__endpoint_destroy(ep);
     unsetenv("DP_COPY_THREADS");
-    dp_endpoint_opts eo;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.copy_threads = 17;
     CHECK_ERR(dp__endpoint_create("client-bad", &eo, &ep, &d), DP_EINVAL);
@@ -821,10 +852,10 @@ DP_TEST(memcpy_runs_land_before_ucx_ops)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-ord", 4 * MiB, false, 23), 0);
-    dp_endpoint_opts eo;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.memcpy_max = 64 * 1024;
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-ord", &eo, &ep, &d), &d);
     uint8_t *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 2 * MiB, (void **)&a, &d), &d);
@@ -832,19 +863,22 @@ DP_TEST(memcpy_runs_land_before_ucx_ops)
     memset(a, 0x11, 4096);
     memset(a + 8192, 0x22, 128 * 1024);
     uint64_t la = (uint64_t)(uintptr_t)a;
-    dp_range l[2] = {{la, 4096}, {la + 8192, 128 * 1024}};
-    dp_range r[2] = {{p.base + 4096, 4096}, {p.base, 128 * 1024}};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l, 2, r, 2, "peer-ord", 10, &d),
+    dp__range l[2] = {{la, 4096}, {la + 8192, 128 * 1024}};
+    dp__range r[2] = {{p.base + 4096, 4096}, {p.base, 128 * 1024}};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, l, 2, r, 2, "peer-ord"}, 10, &d),
                &d);
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.memcpy_ranges, 1);
     CHECK_EQ_U64(st.ucx_ranges, 1);
     uint8_t *b = a + MiB;
     memset(b, 0, 128 * 1024);
-    dp_range lb = {la + MiB, 128 * 1024}, rb = {p.base, 128 * 1024};
+    dp__range lb = {la + MiB, 128 * 1024}, rb = {p.base, 128 * 1024};
     CHECK_OK_D(
-        dp__endpoint_transfer(ep, DP_XFER_READ, &lb, 1, &rb, 1, "peer-ord", 10, &d), &d);
+        dp__endpoint_transfer(
+            ep, &(dp__xfer_desc){DP_XFER_READ, &lb, 1, &rb, 1, "peer-ord"}, 10, &d),
+        &d);
     for (size_t i = 0; i < 128 * 1024; i++)
         CHECKF(b[i] == 0x22, "byte %zu is 0x%02x: the memcpy run landed after the UCX op",
                i, b[i]);
@@ -858,23 +892,24 @@ DP_TEST(small_ranges_use_memcpy_on_one_host)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-m", 4 * MiB, false, 7), 0);
-    dp_endpoint *ep = NULL;
-    dp_endpoint_opts eo;
+    dp__endpoint *ep = NULL;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.memcpy_max = 64 * 1024; /* larger ranges through UCX (by default: memcpy too) */
     CHECK_OK_D(dp__endpoint_create("client-m", &eo, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
-    dp_range l[2] = {{(uint64_t)(uintptr_t)a, 100},
-                     {(uint64_t)(uintptr_t)a + 4096, 2 * MiB}};
-    dp_range r[2] = {{p.base + 10, 100}, {p.base + MiB, 2 * MiB}};
+    dp__range l[2] = {{(uint64_t)(uintptr_t)a, 100},
+                      {(uint64_t)(uintptr_t)a + 4096, 2 * MiB}};
+    dp__range r[2] = {{p.base + 10, 100}, {p.base + MiB, 2 * MiB}};
     memset(a, 0x5a, 4 * MiB);
     uint64_t before = peer_checksum(&p);
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l, 2, r, 2, "peer-m", 10, &d),
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, l, 2, r, 2, "peer-m"}, 10, &d),
                &d);
     CHECK(peer_checksum(&p) != before); /* the peer sees the bytes in its own memory */
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.memcpy_ranges, 1);
     CHECK_EQ_U64(st.ucx_ranges, 1);
@@ -896,8 +931,8 @@ DP_TEST(plain_local_memory_goes_by_the_memcpy_path)
         set_tls(tcp ? "tcp" : NULL);
         peer p;
         CHECK_EQ(peer_start(&p, "peer-pl", 4 * MiB, tcp == 1, 11), 0);
-        dp_endpoint *ep = NULL;
-        dp_endpoint_opts eo;
+        dp__endpoint *ep = NULL;
+        dp__endpoint_opts eo;
         dp__endpoint_opts_init(&eo);
         eo.memcpy_max = 64 * 1024;
         CHECK_OK_D(dp__endpoint_create("client-pl", &eo, &ep, &d), &d);
@@ -910,50 +945,49 @@ DP_TEST(plain_local_memory_goes_by_the_memcpy_path)
         for (size_t i = 0; i < 2 * MiB; i++)
             src[i] = (uint8_t)(i * 7 + 3);
         memset(dst, 0, 2 * MiB);
-        dp_range l[2] = {{(uint64_t)(uintptr_t)src, 100},
-                         {(uint64_t)(uintptr_t)src + 1000, 64 * 1024}};
-        dp_range r[2] = {{p.base + 10, 100}, {p.base + MiB, 64 * 1024}};
-        dp_range lb[2] = {{(uint64_t)(uintptr_t)dst, 100},
-                          {(uint64_t)(uintptr_t)dst + 5000, 64 * 1024}};
-        dp_xfer_desc w = {.op = DP_XFER_WRITE,
-                          .local = l,
-                          .n_local = 2,
-                          .remote = r,
-                          .n_remote = 2,
-                          .remote_name = "peer-pl",
-                          .local_plain_ok = true};
-        dp_xfer_desc rd = w;
+        dp__range l[2] = {{(uint64_t)(uintptr_t)src, 100},
+                          {(uint64_t)(uintptr_t)src + 1000, 64 * 1024}};
+        dp__range r[2] = {{p.base + 10, 100}, {p.base + MiB, 64 * 1024}};
+        dp__range lb[2] = {{(uint64_t)(uintptr_t)dst, 100},
+                           {(uint64_t)(uintptr_t)dst + 5000, 64 * 1024}};
+        dp__xfer_desc w = {.op = DP_XFER_WRITE,
+                           .local = l,
+                           .n_local = 2,
+                           .remote = r,
+                           .n_remote = 2,
+                           .remote_name = "peer-pl",
+                           .local_plain_ok = true};
+        dp__xfer_desc rd = w;
         rd.op = DP_XFER_READ;
         rd.local = lb;
-        int res = -1;
-        dp_detail det;
+        dp__xfer_result res;
         uint64_t gy = dp__graveyard_entries();
         if (!tcp) {
             uint64_t before = peer_checksum(&p);
-            CHECK_OK_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d), &d);
-            CHECK_EQ(res, DP_OK);
+            CHECK_OK_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, NULL, &d), &d);
+            CHECK_EQ(res.rc, DP_OK);
             CHECK(peer_checksum(&p) != before); /* in the peer's own memory */
-            CHECK_OK_D(dp__endpoint_transfer_many(ep, &rd, 1, 10, &res, &det, &d), &d);
+            CHECK_OK_D(dp__endpoint_transfer_many(ep, &rd, 1, 10, &res, NULL, &d), &d);
             CHECK(memcmp(dst, src, 100) == 0);
             CHECK(memcmp(dst + 5000, src + 1000, 64 * 1024) == 0);
-            dp_endpoint_stats st;
+            dp__endpoint_stats st;
             dp__endpoint_get_stats(ep, &st);
             CHECK_EQ_U64(st.ucx_ranges, 0);
             CHECK(!dp__endpoint_touches_unfinished(ep, dst, 2 * MiB));
         } else {
-            CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d),
+            CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, NULL, &d),
                         DP_EINVAL, &d);
             CHECK_CONTAINS(d.msg, "plain memory goes only by the memcpy path");
         }
         /* Larger than memcpy_max: UCX's, which needs registered memory. */
         l[1].nbytes = r[1].nbytes = 64 * 1024 + 1;
-        CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d), DP_EINVAL,
+        CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, NULL, &d), DP_EINVAL,
                     &d);
         CHECK_CONTAINS(d.msg, "plain memory goes only by the memcpy path");
         /* Without the flag, plain memory is refused as it always was. */
         l[1].nbytes = r[1].nbytes = 64;
         w.local_plain_ok = false;
-        CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, &det, &d), DP_EINVAL,
+        CHECK_ERR_D(dp__endpoint_transfer_many(ep, &w, 1, 10, &res, NULL, &d), DP_EINVAL,
                     &d);
         CHECK_CONTAINS(d.msg, "is not inside a region registered");
         CHECK_EQ_U64(dp__graveyard_entries(), gy); /* nothing was left unfinished */
@@ -966,7 +1000,7 @@ DP_TEST(plain_local_memory_goes_by_the_memcpy_path)
 }
 
 struct done_log {
-    dp_endpoint *ep;
+    dp__endpoint *ep;
     int n, order[8], rc[8];
     const uint8_t *next_dst; /* op 1's destination: untouched when op 0 ends */
     bool next_untouched;
@@ -993,19 +1027,19 @@ log_done(void *ctx, size_t i, int rc)
 }
 
 /*
- * transfer_many_cb reports each op once, as it ends; an op done at its post
+ * transfer_many's on_done reports each op once, as it ends; an op done at its post
  * (the memcpy path) is reported before the next op is posted; the callback
  * runs without the endpoint's lock (it may even remove the remote the rest of
  * the batch uses: those ops still end, with the right bytes).
  */
-DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
+DP_TEST(transfer_many_reports_each_op_as_it_ends)
 {
     set_tls(NULL);
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-c", 4 * MiB, false, 13), 0);
-    dp_endpoint *ep = NULL;
-    dp_endpoint_opts eo;
+    dp__endpoint *ep = NULL;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.memcpy_max = 64 * 1024; /* op 2 goes through UCX */
     CHECK_OK_D(dp__endpoint_create("client-c", &eo, &ep, &d), &d);
@@ -1014,21 +1048,20 @@ DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     uint64_t la = (uint64_t)(uintptr_t)a;
     /* op 0 and 1: 4 KiB (memcpy path); op 2: 2 MiB (UCX). */
-    dp_range l[3] = {{la, 4096}, {la + 8192, 4096}, {la + MiB, 2 * MiB}};
-    dp_range r[3] = {
+    dp__range l[3] = {{la, 4096}, {la + 8192, 4096}, {la + MiB, 2 * MiB}};
+    dp__range r[3] = {
         {p.base + 64, 4096}, {p.base + 20000, 4096}, {p.base + MiB, 2 * MiB}};
-    dp_xfer_desc ops[3];
+    dp__xfer_desc ops[3];
     for (int i = 0; i < 3; i++)
-        ops[i] = (dp_xfer_desc){DP_XFER_READ, &l[i], 1, &r[i], 1, "peer-c"};
+        ops[i] = (dp__xfer_desc){DP_XFER_READ, &l[i], 1, &r[i], 1, "peer-c"};
     for (int round = 0; round < 2; round++) {
         memset(a, 0, 4 * MiB);
         struct done_log g = {.ep = ep, .next_dst = a + 8192};
         if (round == 1)
             g.remove = "peer-c";
-        int res[3] = {-1, -1, -1};
-        CHECK_OK_D(
-            dp__endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
-            &d);
+        dp__xfer_result res[3];
+        dp__xfer_notify on = {log_done, &g};
+        CHECK_OK_D(dp__endpoint_transfer_many(ep, ops, 3, 10, res, &on, &d), &d);
         CHECK_EQ(g.n, 3);
         CHECK_EQ(g.order[0], 0);
         CHECK(g.next_untouched);
@@ -1039,7 +1072,7 @@ DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
         }
         CHECK(seen[0] && seen[1] && seen[2]);
         for (int i = 0; i < 3; i++) {
-            CHECK_EQ(res[i], DP_OK);
+            CHECK_EQ(res[i].rc, DP_OK);
             for (uint64_t k = 0; k < l[i].nbytes; k += 509)
                 CHECK_EQ(a[l[i].addr - la + k], pat(p.seed, r[i].addr - p.base + k));
         }
@@ -1050,11 +1083,11 @@ DP_TEST(transfer_many_cb_reports_each_op_as_it_ends)
     }
     /* A refused batch calls nothing. */
     struct done_log g = {.ep = ep};
-    int res[3];
-    CHECK_ERR(dp__endpoint_transfer_many_cb(ep, ops, 3, 10, res, NULL, log_done, &g, &d),
-              DP_EINVAL);
+    dp__xfer_result res[3];
+    dp__xfer_notify on = {log_done, &g};
+    CHECK_ERR(dp__endpoint_transfer_many(ep, ops, 3, 10, res, &on, &d), DP_EINVAL);
     CHECK_EQ(g.n, 0);
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.memcpy_ranges, 4);
     CHECK_EQ_U64(st.ucx_ranges, 2);
@@ -1084,46 +1117,49 @@ DP_TEST(an_op_ending_after_its_deadline_is_a_timeout)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-l", 128 * MiB, false, 17), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-l", NULL, &ep, &d), &d);
     uint8_t *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 128 * MiB, (void **)&a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     enum { NR = 2048 }; /* 64 KiB each: the memcpy path */
-    dp_range *l = calloc(NR, sizeof *l), *r = calloc(NR, sizeof *r);
+    dp__range *l = calloc(NR, sizeof *l), *r = calloc(NR, sizeof *r);
     CHECK(l != NULL && r != NULL);
     for (size_t k = 0; k < NR; k++) {
-        l[k] = (dp_range){(uint64_t)(uintptr_t)a + k * 64 * 1024, 64 * 1024};
-        r[k] = (dp_range){p.base + k * 64 * 1024, 64 * 1024};
+        l[k] = (dp__range){(uint64_t)(uintptr_t)a + k * 64 * 1024, 64 * 1024};
+        r[k] = (dp__range){p.base + k * 64 * 1024, 64 * 1024};
     }
     memset(a, 0x3c, 128 * MiB);
     uint64_t gy = dp__graveyard_entries();
     CHECK_ERR_D(
-        dp__endpoint_transfer(ep, DP_XFER_WRITE, l, NR, r, NR, "peer-l", 0.005, &d),
+        dp__endpoint_transfer(ep, &(dp__xfer_desc){DP_XFER_WRITE, l, NR, r, NR, "peer-l"},
+                              0.005, &d),
         DP_ETIMEDOUT, &d);
     CHECK_CONTAINS(d.msg, "after its deadline");
     CHECK_EQ_U64(dp__graveyard_entries(), gy);
     CHECK(!dp__endpoint_touches_unfinished(ep, a, 128 * MiB));
     /* It did run to the end: a READ back in time finds every byte. */
     memset(a, 0, 128 * MiB);
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, l, NR, r, NR, "peer-l", 30, &d),
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_READ, l, NR, r, NR, "peer-l"}, 30, &d),
                &d);
     for (size_t k = 0; k < 128 * MiB; k += 4099)
         CHECK_EQ(a[k], 0x3c);
 
     /* The first op's callback takes the whole time: the second is not posted. */
-    dp_xfer_desc ops[2] = {{DP_XFER_READ, &l[0], 1, &r[0], 1, "peer-l"},
-                           {DP_XFER_READ, &l[1], 1, &r[1], 1, "peer-l"}};
-    dp_endpoint_stats st0, st1;
+    dp__xfer_desc ops[2] = {{DP_XFER_READ, &l[0], 1, &r[0], 1, "peer-l"},
+                            {DP_XFER_READ, &l[1], 1, &r[1], 1, "peer-l"}};
+    dp__endpoint_stats st0, st1;
     dp__endpoint_get_stats(ep, &st0);
-    int res[2], calls = 0;
-    dp_detail dets[2];
-    CHECK_ERR(dp__endpoint_transfer_many_cb(ep, ops, 2, 0.02, res, dets, sleep_on_first,
-                                            &calls, &d),
-              DP_ETIMEDOUT);
-    CHECK_EQ(res[0], DP_OK);
-    CHECK_EQ(res[1], DP_ETIMEDOUT);
-    CHECK_CONTAINS(dets[1].msg, "nothing posted");
+    int calls = 0;
+    dp__xfer_result res[2];
+    dp__xfer_notify on = {sleep_on_first, &calls};
+    CHECK_ERR(dp__endpoint_transfer_many(ep, ops, 2, 0.02, res, &on, &d), DP_ETIMEDOUT);
+    CHECK_EQ(res[0].rc, DP_OK);
+    CHECK_EQ(res[1].rc, DP_ETIMEDOUT);
+    CHECK_CONTAINS(res[1].det.msg, "nothing posted");
+    CHECK(!res[1].may_land && !res[1].suspect);
+    CHECK_STR(res[1].fate, "nothing posted");
     CHECK_EQ(calls, 2);
     dp__endpoint_get_stats(ep, &st1);
     CHECK_EQ_U64(st1.memcpy_ranges - st0.memcpy_ranges, 1);
@@ -1139,7 +1175,7 @@ DP_TEST(invalid_arguments_fail_before_posting)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-i", 1 * MiB, false, 3), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-i", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
@@ -1150,49 +1186,58 @@ DP_TEST(invalid_arguments_fail_before_posting)
     CHECK(huge == NULL);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     uint64_t la = (uint64_t)(uintptr_t)a;
-    dp_range l1 = {la, 4096}, r1 = {p.base, 4096};
-    dp_range l2[2] = {{la, 4096}, {la + 8192, 10}};
-    dp_range r_small = {p.base, 4095};
-    dp_range l_out = {la + MiB - 10, 4096}, r_out = {p.base + MiB - 10, 4096};
-    dp_range l_unreg = {(uint64_t)(uintptr_t)&d, 8};
+    dp__range l1 = {la, 4096}, r1 = {p.base, 4096};
+    dp__range l2[2] = {{la, 4096}, {la + 8192, 10}};
+    dp__range r_small = {p.base, 4095};
+    dp__range l_out = {la + MiB - 10, 4096}, r_out = {p.base + MiB - 10, 4096};
+    dp__range l_unreg = {(uint64_t)(uintptr_t)&d, 8};
     uint64_t gy_before = dp__graveyard_entries();
-    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "nobody", 5, &d),
+    CHECK_ERR_D(dp__endpoint_transfer(
+                    ep, &(dp__xfer_desc){DP_XFER_WRITE, &l1, 1, &r1, 1, "nobody"}, 5, &d),
                 DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "unknown remote");
-    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, l2, 2, &r1, 1, "peer-i", 5, &d),
+    CHECK_ERR_D(dp__endpoint_transfer(
+                    ep, &(dp__xfer_desc){DP_XFER_WRITE, l2, 2, &r1, 1, "peer-i"}, 5, &d),
                 DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "2 local ranges but 1 remote");
     CHECK_ERR_D(
-        dp__endpoint_transfer(ep, DP_XFER_READ, &l1, 1, &r_small, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(
+            ep, &(dp__xfer_desc){DP_XFER_READ, &l1, 1, &r_small, 1, "peer-i"}, 5, &d),
         DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "4096 bytes, remote 4095");
     CHECK_ERR_D(
-        dp__endpoint_transfer(ep, DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(
+            ep, &(dp__xfer_desc){DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i"}, 5, &d),
         DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "local");
     CHECK_ERR_D(
-        dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r_out, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(
+            ep, &(dp__xfer_desc){DP_XFER_WRITE, &l1, 1, &r_out, 1, "peer-i"}, 5, &d),
         DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "remote");
     CHECK_ERR(
-        dp__endpoint_transfer(ep, DP_XFER_WRITE, &l_unreg, 1, &r1, 1, "peer-i", 5, &d),
+        dp__endpoint_transfer(
+            ep, &(dp__xfer_desc){DP_XFER_WRITE, &l_unreg, 1, &r1, 1, "peer-i"}, 5, &d),
         DP_EINVAL);
-    CHECK_ERR(dp__endpoint_transfer(ep, (dp_xfer_op)7, &l1, 1, &r1, 1, "peer-i", 5, &d),
+    CHECK_ERR(dp__endpoint_transfer(
+                  ep, &(dp__xfer_desc){(dp__xfer_op)7, &l1, 1, &r1, 1, "peer-i"}, 5, &d),
               DP_EINVAL);
-    CHECK_ERR(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 0, &d),
+    CHECK_ERR(dp__endpoint_transfer(
+                  ep, &(dp__xfer_desc){DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i"}, 0, &d),
               DP_EINVAL);
-    CHECK_ERR(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", -1, &d),
+    CHECK_ERR(dp__endpoint_transfer(
+                  ep, &(dp__xfer_desc){DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i"}, -1, &d),
               DP_EINVAL);
     /* One bad op refuses the whole batch: the good one is not posted either. */
-    dp_xfer_desc ops[2] = {{DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i"},
-                           {DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i"}};
-    int res[2] = {-1, -1};
-    dp_detail dets[2];
-    CHECK_ERR_D(dp__endpoint_transfer_many(ep, ops, 2, 5, res, dets, &d), DP_EINVAL, &d);
-    CHECK_EQ(res[0], DP_EINVAL);
-    CHECK_EQ(res[1], DP_EINVAL);
+    dp__xfer_desc ops[2] = {{DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i"},
+                            {DP_XFER_WRITE, &l_out, 1, &r1, 1, "peer-i"}};
+    dp__xfer_result res[2];
+    CHECK_ERR_D(dp__endpoint_transfer_many(ep, ops, 2, 5, res, NULL, &d), DP_EINVAL, &d);
+    CHECK_EQ(res[0].rc, DP_EINVAL);
+    CHECK_EQ(res[1].rc, DP_EINVAL);
+    CHECK(!res[0].may_land && !res[1].may_land);
     CHECK_CONTAINS(d.msg, "op 1");
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.ucx_ranges + st.memcpy_ranges, 0);
     CHECK_EQ_U64(st.transfers_ok + st.transfers_failed, 0);
@@ -1204,7 +1249,8 @@ DP_TEST(invalid_arguments_fail_before_posting)
     CHECK_ERR(dp__endpoint_add_remote(ep, "junk", 4, NULL, &d), DP_EPROTO);
     /* A closed endpoint refuses everything with DP_EINVAL. */
     dp__endpoint_close(ep);
-    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i", 5, &d),
+    CHECK_ERR_D(dp__endpoint_transfer(
+                    ep, &(dp__xfer_desc){DP_XFER_WRITE, &l1, 1, &r1, 1, "peer-i"}, 5, &d),
                 DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "closed");
     CHECK(!dp__endpoint_has_remote(ep, "peer-i"));
@@ -1223,17 +1269,19 @@ DP_TEST(remove_and_readd_remote)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-r", 1 * MiB, false, 5), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-r", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
-    dp_range l = {(uint64_t)(uintptr_t)a, MiB}, r = {p.base, MiB};
+    dp__range l = {(uint64_t)(uintptr_t)a, MiB}, r = {p.base, MiB};
     for (int i = 0; i < 3; i++) {
         CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
         CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d),
                    &d); /* replace */
         CHECK_OK_D(
-            dp__endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-r", 10, &d), &d);
+            dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_READ, &l, 1, &r, 1, "peer-r"}, 10, &d),
+            &d);
         CHECK_EQ(((uint8_t *)a)[5], pat(p.seed, 5));
         CHECK_OK_D(dp__endpoint_remove_remote(ep, "peer-r", &d), &d);
         CHECK(!dp__endpoint_has_remote(ep, "peer-r"));
@@ -1245,7 +1293,7 @@ DP_TEST(remove_and_readd_remote)
     void *b = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 8192, &b, &d), &d);
     CHECK_OK(dp__endpoint_metadata(ep, &m2, &n2, &d));
-    dp_md x, y;
+    dp__md x, y;
     CHECK_OK(dp__md_parse(m1, n1, &x, &d));
     CHECK_OK(dp__md_parse(m2, n2, &y, &d));
     CHECK(y.gen > x.gen);
@@ -1269,24 +1317,23 @@ many_peers_one_killed(const char *tls)
     const char *names[NP] = {"peer-k0", "peer-k1", "peer-k2"};
     for (int i = 0; i < NP; i++)
         CHECK_EQ(peer_start(&ps[i], names[i], 8 * MiB, tls != NULL, 11 + i), 0);
-    dp_endpoint *ep = NULL;
-    dp_endpoint_opts o;
+    dp__endpoint *ep = NULL;
+    dp__endpoint_opts o;
     dp__endpoint_opts_init(&o);
     o.progress_thread = true;
     CHECK_OK_D(dp__endpoint_create("client-k", &o, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, NP * 8 * MiB, &a, &d), &d);
-    dp_range l[NP], r[NP];
-    dp_xfer_desc ops[NP];
+    dp__range l[NP], r[NP];
+    dp__xfer_desc ops[NP];
     for (int i = 0; i < NP; i++) {
         CHECK_OK_D(dp__endpoint_add_remote(ep, ps[i].md, ps[i].md_len, NULL, &d), &d);
-        l[i] = (dp_range){(uint64_t)(uintptr_t)a + (uint64_t)i * 8 * MiB, 8 * MiB};
-        r[i] = (dp_range){ps[i].base, 8 * MiB};
-        ops[i] = (dp_xfer_desc){DP_XFER_WRITE, &l[i], 1, &r[i], 1, names[i]};
+        l[i] = (dp__range){(uint64_t)(uintptr_t)a + (uint64_t)i * 8 * MiB, 8 * MiB};
+        r[i] = (dp__range){ps[i].base, 8 * MiB};
+        ops[i] = (dp__xfer_desc){DP_XFER_WRITE, &l[i], 1, &r[i], 1, names[i]};
     }
-    int res[NP];
-    dp_detail dets[NP];
-    CHECK_OK_D(dp__endpoint_transfer_many(ep, ops, NP, 20, res, dets, &d), &d);
+    dp__xfer_result res[NP];
+    CHECK_OK_D(dp__endpoint_transfer_many(ep, ops, NP, 20, res, NULL, &d), &d);
     peer_kill(&ps[1]);
     /*
      * Over shared memory a WRITE into a dead peer's mapping may still "succeed"
@@ -1296,21 +1343,24 @@ many_peers_one_killed(const char *tls)
     double t0 = dp_test_now();
     int rc;
     for (;;) {
-        rc = dp__endpoint_transfer_many(ep, ops, NP, 5, res, dets, &d);
-        CHECK_EQ(res[0], DP_OK);
-        CHECK_EQ(res[2], DP_OK);
-        if (res[1] != DP_OK)
+        rc = dp__endpoint_transfer_many(ep, ops, NP, 5, res, NULL, &d);
+        CHECK_EQ(res[0].rc, DP_OK);
+        CHECK_EQ(res[2].rc, DP_OK);
+        if (res[1].rc != DP_OK)
             break;
         CHECKF(dp_test_now() - t0 < 20, "dead peer not reported after %.1f s",
                dp_test_now() - t0);
         usleep(100000);
     }
-    CHECK_EQ(rc, res[1]);
-    CHECK(res[1] == DP_ETRANSFER || res[1] == DP_ETIMEDOUT);
-    CHECK_CONTAINS(dets[1].msg, "peer-k1");
+    CHECK_EQ(rc, res[1].rc);
+    CHECK(res[1].rc == DP_ETRANSFER || res[1].rc == DP_ETIMEDOUT);
+    CHECK_CONTAINS(res[1].det.msg, "peer-k1");
     CHECK_CONTAINS(d.msg, "op 1");
-    printf("  %s: dead peer reported after %.2f s: %s\n", tls ? tls : "default tls",
-           dp_test_now() - t0, dets[1].msg);
+    /* Over tcp a posted op that failed makes the connection suspect; over shm never. */
+    CHECK(tls == NULL ? !res[1].suspect
+                      : res[1].suspect || strcmp(res[1].fate, "nothing posted") == 0);
+    printf("  %s: dead peer reported after %.2f s: %s (%s)\n", tls ? tls : "default tls",
+           dp_test_now() - t0, res[1].det.msg, res[1].fate);
     /* The endpoint may have retained the dead peer's transfer; that is allowed. */
     dp__endpoint_destroy(ep);
     for (int i = 0; i < NP; i++)
@@ -1335,13 +1385,14 @@ DP_TEST(stopped_peer_times_out_and_is_retained)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-s", 4 * MiB, true, 9), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-s", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
-    dp_range l = {(uint64_t)(uintptr_t)a + MiB, 2 * MiB}, r = {p.base, 2 * MiB};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 20, &d),
+    dp__range l = {(uint64_t)(uintptr_t)a + MiB, 2 * MiB}, r = {p.base, 2 * MiB};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &r, 1, "peer-s"}, 20, &d),
                &d);
     CHECK(!dp__endpoint_touches_unfinished(ep, (uint8_t *)a + MiB, 10));
     uint64_t bytes0 = dp__graveyard_bytes();
@@ -1350,7 +1401,8 @@ DP_TEST(stopped_peer_times_out_and_is_retained)
     int wst;
     CHECK_EQ(waitpid(p.pid, &wst, WUNTRACED), p.pid); /* stopped for sure */
     double t0 = dp_test_now();
-    CHECK_ERR_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-s", 1.0, &d),
+    CHECK_ERR_D(dp__endpoint_transfer(
+                    ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &r, 1, "peer-s"}, 1.0, &d),
                 DP_ETIMEDOUT, &d);
     double took = dp_test_now() - t0;
     CHECKF(took < 1.5, "timed out after %.2f s, deadline 1 s", took);
@@ -1364,7 +1416,7 @@ DP_TEST(stopped_peer_times_out_and_is_retained)
     CHECK(!dp__endpoint_touches_unfinished(ep, (uint8_t *)a + 3 * MiB, MiB));
     /* The memory is never reused: deregistering it is refused. */
     CHECK_ERR_D(dp__endpoint_deregister(ep, a, &d), DP_EBUSY, &d);
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.transfers_retained, 1);
     /* Still true once the peer runs again and even after close: forever. */
@@ -1389,24 +1441,23 @@ DP_TEST(retained_transfer_is_released_once_it_ends)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-r", 4 * MiB, true, 9), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-r", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
-    dp_range l = {(uint64_t)(uintptr_t)a, 2 * MiB}, r = {p.base, 2 * MiB};
+    dp__range l = {(uint64_t)(uintptr_t)a, 2 * MiB}, r = {p.base, 2 * MiB};
     uint64_t bytes0 = dp__graveyard_bytes();
     size_t entries0 = dp__graveyard_entries(), released0 = dp__graveyard_released();
     kill(p.pid, SIGSTOP);
     int wst;
     CHECK_EQ(waitpid(p.pid, &wst, WUNTRACED), p.pid);
-    dp_xfer_desc op = {DP_XFER_WRITE, &l, 1, &r, 1, "peer-r"};
-    int res = 0;
-    dp_xfer_end end = DP_XFER_NOT_POSTED;
-    CHECK_ERR_D(dp__endpoint_transfer_many_ends(ep, &op, 1, 0.5, &res, NULL, &end, NULL,
-                                                NULL, &d),
-                DP_ETIMEDOUT, &d);
-    CHECK_EQ(end, DP_XFER_UNFINISHED);
+    dp__xfer_desc op = {DP_XFER_WRITE, &l, 1, &r, 1, "peer-r"};
+    dp__xfer_result res;
+    CHECK_ERR_D(dp__endpoint_transfer_many(ep, &op, 1, 0.5, &res, NULL, &d), DP_ETIMEDOUT,
+                &d);
+    CHECK(res.may_land); /* UCX may still run it */
+    CHECK_STR(res.fate, "may still land");
     CHECK(dp__endpoint_touches_unfinished(ep, a, 1));
     CHECK_EQ_U64(dp__graveyard_entries(), entries0 + 1);
     kill(p.pid, SIGCONT);
@@ -1420,12 +1471,13 @@ DP_TEST(retained_transfer_is_released_once_it_ends)
     CHECK_EQ_U64(dp__graveyard_entries(), entries0);
     CHECK_EQ_U64(dp__graveyard_bytes(), bytes0);
     CHECK_EQ_U64(dp__graveyard_released(), released0 + 1);
-    dp_endpoint_stats st;
+    dp__endpoint_stats st;
     dp__endpoint_get_stats(ep, &st);
     CHECK_EQ_U64(st.transfers_retained, 1);
     CHECK_EQ_U64(st.transfers_released, 1);
     /* The memory is usable again, and a new WRITE works. */
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-r", 20, &d),
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &r, 1, "peer-r"}, 20, &d),
                &d);
     CHECK_OK_D(dp__endpoint_deregister(ep, a, &d), &d);
     dp__endpoint_destroy(ep); /* not abandoned: nothing is retained */
@@ -1443,17 +1495,17 @@ DP_TEST(dead_peer_is_reported_and_not_posted)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-x", 4 * MiB, true, 9), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-x", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 4 * MiB, &a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     CHECK_OK_D(dp__endpoint_remote_check(ep, "peer-x", &d), &d);
-    dp_xfer_lane lane = DP_XFER_LANE_UNKNOWN;
-    char tls[64];
-    CHECK_OK_D(dp__endpoint_remote_lane(ep, "peer-x", &lane, tls, sizeof tls, &d), &d);
-    printf("  lane %s (%s)\n", dp__xfer_lane_name(lane), tls);
-    CHECK(lane == DP_XFER_LANE_SHM || getenv("UCX_TLS") != NULL);
+    dp__xfer_route rt;
+    CHECK_OK_D(dp__endpoint_remote_route(ep, "peer-x", &rt, &d), &d);
+    printf("  lane %s (%s), %s\n", rt.lane, rt.tls, rt.path);
+    CHECK(strcmp(rt.lane, "shm") == 0 || getenv("UCX_TLS") != NULL);
+    CHECK(!rt.two_sided);
     kill(p.pid, SIGKILL);
     waitpid(p.pid, NULL, 0);
     p.pid = -1;
@@ -1464,16 +1516,13 @@ DP_TEST(dead_peer_is_reported_and_not_posted)
         usleep(20000);
     CHECK_ERR_D(rc, DP_ETRANSFER, &d);
     printf("  failure seen after %.2f s: %s\n", dp_test_now() - t0, d.msg);
-    dp_range l = {(uint64_t)(uintptr_t)a, 2 * MiB}, r = {p.base, 2 * MiB};
-    dp_xfer_desc op = {DP_XFER_WRITE, &l, 1, &r, 1, "peer-x"};
-    int res = 0;
-    dp_xfer_end end = DP_XFER_UNFINISHED;
-    dp_detail det;
-    CHECK_ERR_D(
-        dp__endpoint_transfer_many_ends(ep, &op, 1, 5, &res, &det, &end, NULL, NULL, &d),
-        DP_ETRANSFER, &d);
-    CHECK_EQ(end, DP_XFER_NOT_POSTED);
-    CHECK_CONTAINS(det.msg, "nothing posted");
+    dp__range l = {(uint64_t)(uintptr_t)a, 2 * MiB}, r = {p.base, 2 * MiB};
+    dp__xfer_desc op = {DP_XFER_WRITE, &l, 1, &r, 1, "peer-x"};
+    dp__xfer_result res;
+    CHECK_ERR_D(dp__endpoint_transfer_many(ep, &op, 1, 5, &res, NULL, &d), DP_ETRANSFER,
+                &d);
+    CHECK(!res.may_land && !res.suspect); /* never posted */
+    CHECK_CONTAINS(res.det.msg, "nothing posted");
     CHECK(!dp__endpoint_touches_unfinished(ep, a, 4 * MiB));
     dp__endpoint_destroy(ep);
     peer_stop(&p);
@@ -1486,17 +1535,19 @@ DP_TEST(stopped_peer_does_not_block_shared_memory)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-o", 8 * MiB, false, 13), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-o", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 8 * MiB, &a, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
     kill(p.pid, SIGSTOP);
-    dp_range l = {(uint64_t)(uintptr_t)a, 8 * MiB}, r = {p.base, 8 * MiB};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-o", 10, &d),
+    dp__range l = {(uint64_t)(uintptr_t)a, 8 * MiB}, r = {p.base, 8 * MiB};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_READ, &l, 1, &r, 1, "peer-o"}, 10, &d),
                &d);
     CHECK_EQ(((uint8_t *)a)[12345], pat(p.seed, 12345));
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r, 1, "peer-o", 10, &d),
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &r, 1, "peer-o"}, 10, &d),
                &d);
     kill(p.pid, SIGCONT);
     dp__endpoint_destroy(ep);
@@ -1528,15 +1579,16 @@ poison_main(void)
     peer stopped, healthy;
     P_CHECK(peer_start(&stopped, "peer-p0", 4 * MiB, true, 1) == 0);
     P_CHECK(peer_start(&healthy, "peer-p1", 4 * MiB, true, 2) == 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     P_CHECK(dp__endpoint_create("client-p", NULL, &ep, &d) == DP_OK);
     void *a = NULL;
     P_CHECK(dp__endpoint_alloc(ep, 4 * MiB, &a, &d) == DP_OK);
     P_CHECK(dp__endpoint_add_remote(ep, stopped.md, stopped.md_len, NULL, &d) == DP_OK);
     P_CHECK(dp__endpoint_add_remote(ep, healthy.md, healthy.md_len, NULL, &d) == DP_OK);
-    dp_range l = {(uint64_t)(uintptr_t)a, 512 * 1024}, r0 = {stopped.base, 512 * 1024},
-             r1 = {healthy.base, 512 * 1024};
-    P_CHECK(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r0, 1, "peer-p0", 20, &d) ==
+    dp__range l = {(uint64_t)(uintptr_t)a, 512 * 1024}, r0 = {stopped.base, 512 * 1024},
+              r1 = {healthy.base, 512 * 1024};
+    P_CHECK(dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &r0, 1, "peer-p0"}, 20, &d) ==
             DP_OK);
     kill(stopped.pid, SIGSTOP);
     /*
@@ -1545,28 +1597,30 @@ poison_main(void)
      * already had the bytes acknowledged, so try a few times for one that is
      * retained (a WRITE that completes is correct, just not what this needs).
      */
-    dp_range l2 = {(uint64_t)(uintptr_t)a, 2 * MiB}, r2 = {stopped.base, 2 * MiB};
+    dp__range l2 = {(uint64_t)(uintptr_t)a, 2 * MiB}, r2 = {stopped.base, 2 * MiB};
     int trc = DP_OK;
     for (int attempt = 0; attempt < 5 && trc == DP_OK; attempt++)
-        trc =
-            dp__endpoint_transfer(ep, DP_XFER_WRITE, &l2, 1, &r2, 1, "peer-p0", 0.5, &d);
+        trc = dp__endpoint_transfer(
+            ep, &(dp__xfer_desc){DP_XFER_WRITE, &l2, 1, &r2, 1, "peer-p0"}, 0.5, &d);
     P_CHECK(trc == DP_ETIMEDOUT);
     P_CHECK(dp__graveyard_bytes() == 2 * MiB);
     P_CHECK(!dp__graveyard_poisoned());
-    P_CHECK(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
+    P_CHECK(dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1"}, 20, &d) ==
             DP_OK);
     /* A buffer retired whole pushes it over. */
     dp__graveyard_retain_buffer(3 * MiB);
     P_CHECK(dp__graveyard_poisoned());
-    dp_endpoint_stats st0, st1;
+    dp__endpoint_stats st0, st1;
     dp__endpoint_get_stats(ep, &st0);
-    P_CHECK(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1", 20, &d) ==
+    P_CHECK(dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &r1, 1, "peer-p1"}, 20, &d) ==
             DP_EFATAL);
     P_CHECK(strstr(d.msg, "poisoned") != NULL);
-    int res[1];
-    dp_xfer_desc op = {DP_XFER_READ, &l, 1, &r1, 1, "peer-p1"};
+    dp__xfer_result res[1];
+    dp__xfer_desc op = {DP_XFER_READ, &l, 1, &r1, 1, "peer-p1"};
     P_CHECK(dp__endpoint_transfer_many(ep, &op, 1, 5, res, NULL, &d) == DP_EFATAL);
-    P_CHECK(res[0] == DP_EFATAL);
+    P_CHECK(res[0].rc == DP_EFATAL);
     dp__endpoint_get_stats(ep, &st1);
     P_CHECK(st1.ucx_ranges == st0.ucx_ranges && st1.memcpy_ranges == st0.memcpy_ranges);
     kill(stopped.pid, SIGCONT);
@@ -1599,18 +1653,20 @@ DP_TEST(background_prefault_with_remove_and_replace)
     peer p;
     dp_detail d;
     CHECK_EQ(peer_start(&p, "peer-bg", 64 * MiB, false, 9), 0);
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     CHECK_OK_D(dp__endpoint_create("client-bg", NULL, &ep, &d), &d);
     void *a = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 1 * MiB, &a, &d), &d);
-    dp_range l = {(uint64_t)(uintptr_t)a, MiB}, r = {p.base + 63 * MiB, MiB};
+    dp__range l = {(uint64_t)(uintptr_t)a, MiB}, r = {p.base + 63 * MiB, MiB};
     for (int i = 0; i < 20; i++) {
         CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
         if (i % 2 == 0)
             CHECK_OK_D(dp__endpoint_add_remote(ep, p.md, p.md_len, NULL, &d), &d);
         memset(a, 0, MiB);
         CHECK_OK_D(
-            dp__endpoint_transfer(ep, DP_XFER_READ, &l, 1, &r, 1, "peer-bg", 10, &d), &d);
+            dp__endpoint_transfer(
+                ep, &(dp__xfer_desc){DP_XFER_READ, &l, 1, &r, 1, "peer-bg"}, 10, &d),
+            &d);
         CHECK_EQ(((uint8_t *)a)[7], pat(p.seed, 63 * MiB + 7));
         if (i % 3 != 2)
             CHECK_OK_D(dp__endpoint_remove_remote(ep, "peer-bg", &d), &d);

@@ -24,7 +24,7 @@ enum { FAKE_OK = 0, FAKE_SILENT, FAKE_BUSY };
 
 /* Set by the test, read by the server thread: atomics. */
 typedef struct fake {
-    dp_ctl_server *srv;
+    dp__ctl_server *srv;
     _Atomic uint64_t says_id, says_n; /* what its info says */
     _Atomic uint64_t incarnation;     /* what its replies carry */
     atomic_int mode;
@@ -34,10 +34,10 @@ typedef struct fake {
 } fake;
 
 static void
-fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *out)
+fake_handler(void *ctx, const uint8_t *msg, size_t len, dp__buf *out)
 {
     fake *f = ctx;
-    dp_wire_request q;
+    dp__wire_request q;
     if (dp__wire_request_decode(msg, len, NULL, &q, NULL) != DP_OK) {
         dp__wire_request_fini(&q);
         return;
@@ -48,18 +48,18 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *out)
         return;
     }
     if (f->mode == FAKE_BUSY) {
-        dp__wire_reply_encode_error(q.rid, f->incarnation, DP_EBUSY, "try later", NULL,
-                                    NULL, 0, NULL, out, NULL);
+        dp__wire_error e = {.code = DP_EBUSY, .msg = dp__wire_s("try later")};
+        dp__wire_reply_encode_error(q.rid, f->incarnation, &e, NULL, out, NULL);
         dp__wire_request_fini(&q);
         return;
     }
-    dp_wire_reply r;
+    dp__wire_reply r;
     memset(&r, 0, sizeof r);
     r.op = q.op;
     r.rid = q.rid;
     r.ok = true;
     r.incarnation = f->incarnation;
-    dp_wire_field counters[2] = {
+    dp__wire_field counters[2] = {
         {.name = {"entries", 7}, .type = DP_WIRE_U64, .v.u = 7},
         {.name = {"unit_id", 7}, .type = DP_WIRE_U64, .v.u = f->says_id},
     };
@@ -69,23 +69,24 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *out)
         r.r.info.n_units = f->says_n;
         r.r.info.zmq = dp__wire_s("tcp://127.0.0.1:1"); /* not read by a client */
         r.r.info.agent = dp__wire_s("fake-unit");
-        r.r.info.metadata = (dp_wire_bytes){(const uint8_t *)"x", 1};
+        r.r.info.metadata = (dp__wire_bytes){(const uint8_t *)"x", 1};
         r.r.info.slab_bytes = 1 << 20;
         r.r.info.incarnation = f->incarnation;
         r.r.info.proto = DP_WIRE_PROTO;
         break;
     case DP_WIRE_OP_STATS:
-        r.r.stats = (dp_wire_fields){counters, 2};
+        r.r.stats = (dp__wire_fields){counters, 2};
         break;
     case DP_WIRE_OP_RELEASE_ROWS:
         atomic_fetch_add(&f->rows, q.a.release_rows.gidxs.n);
         r.r.dropped = f->dropped;
         break;
-    default:
-        dp__wire_reply_encode_error(q.rid, f->incarnation, DP_EPROTO, "not faked", NULL,
-                                    NULL, 0, NULL, out, NULL);
+    default: {
+        dp__wire_error e = {.code = DP_EPROTO, .msg = dp__wire_s("not faked")};
+        dp__wire_reply_encode_error(q.rid, f->incarnation, &e, NULL, out, NULL);
         dp__wire_request_fini(&q);
         return;
+    }
     }
     dp__wire_reply_encode(&r, NULL, out, NULL);
     dp__wire_request_fini(&q);
@@ -100,7 +101,7 @@ fakes_start(fake *fs, uint32_t n)
         fs[i].says_id = i;
         fs[i].says_n = n;
         fs[i].incarnation = 100 + i;
-        dp_ctl_server_opts o = {.bind_ip = "127.0.0.1"};
+        dp__ctl_server_opts o = {.bind_ip = "127.0.0.1"};
         dp_detail d;
         dp_detail_clear(&d);
         CHECK_OK_D(dp__ctl_server_open(&o, fake_handler, NULL, &fs[i], &fs[i].srv, &d),
@@ -116,7 +117,7 @@ fakes_stop(fake *fs, uint32_t n)
 }
 
 static void
-cluster_of(const fake *fs, uint32_t n, dp_cluster *cl, dp_cluster_unit *us)
+cluster_of(const fake *fs, uint32_t n, dp__cluster *cl, dp__cluster_unit *us)
 {
     memset(us, 0, n * sizeof *us);
     for (uint32_t i = 0; i < n; i++) {
@@ -130,11 +131,11 @@ cluster_of(const fake *fs, uint32_t n, dp_cluster *cl, dp_cluster_unit *us)
 
 /* info to every unit through a fanout f, with o's checks. */
 static int
-ask_info(dp__fanout *f, dp_ctl_client *ctl, dp_wire_rid_gen *g, const dp_cluster *cl,
+ask_info(dp__fanout *f, dp__ctl_client *ctl, dp__wire_rid_gen *g, const dp__cluster *cl,
          double timeout_s, const dp__fanout_opts *o)
 {
     dp__fanout_reset(f);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
     for (uint32_t i = 0; i < cl->n_units; i++)
@@ -153,13 +154,13 @@ ask_info(dp__fanout *f, dp_ctl_client *ctl, dp_wire_rid_gen *g, const dp_cluster
 DP_TEST(fanout_reports_each_unit)
 {
     fake fs[4];
-    dp_cluster_unit us[4];
-    dp_cluster cl;
+    dp__cluster_unit us[4];
+    dp__cluster cl;
     fakes_start(fs, 4);
     cluster_of(fs, 4, &cl, us);
-    dp_ctl_client *ctl = NULL;
+    dp__ctl_client *ctl = NULL;
     CHECK_OK(dp__ctl_client_create(&ctl, NULL));
-    dp_wire_rid_gen g;
+    dp__wire_rid_gen g;
     CHECK_OK(dp__wire_rid_gen_init(&g, NULL));
     dp__fanout f;
     dp_detail d;
@@ -219,14 +220,14 @@ DP_TEST(fanout_reports_each_unit)
 DP_TEST(fanout_silent_unit_and_units_left_out)
 {
     fake fs[3];
-    dp_cluster_unit us[3];
-    dp_cluster cl;
+    dp__cluster_unit us[3];
+    dp__cluster cl;
     fakes_start(fs, 3);
     cluster_of(fs, 3, &cl, us);
     fs[2].mode = FAKE_SILENT;
-    dp_ctl_client *ctl = NULL;
+    dp__ctl_client *ctl = NULL;
     CHECK_OK(dp__ctl_client_create(&ctl, NULL));
-    dp_wire_rid_gen g;
+    dp__wire_rid_gen g;
     CHECK_OK(dp__wire_rid_gen_init(&g, NULL));
     dp__fanout f;
     CHECK_OK(dp__fanout_init(&f, 3, NULL));
@@ -246,7 +247,7 @@ DP_TEST(fanout_silent_unit_and_units_left_out)
     /* Only unit 1: the others are not asked. */
     unsigned before0 = atomic_load(&fs[0].asked);
     dp__fanout_reset(&f);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_STATS;
     CHECK_OK(dp__fanout_add(&f, &g, 1, us[1].zmq, 0, &q));
@@ -269,17 +270,17 @@ DP_TEST(fanout_silent_unit_and_units_left_out)
 DP_TEST(fanout_place_and_reply)
 {
     fake fs[2];
-    dp_cluster_unit us[2];
-    dp_cluster cl;
+    dp__cluster_unit us[2];
+    dp__cluster cl;
     fakes_start(fs, 2);
     cluster_of(fs, 2, &cl, us);
-    dp_ctl_client *ctl = NULL;
+    dp__ctl_client *ctl = NULL;
     CHECK_OK(dp__ctl_client_create(&ctl, NULL));
-    dp_wire_rid_gen g;
+    dp__wire_rid_gen g;
     CHECK_OK(dp__wire_rid_gen_init(&g, NULL));
     dp__fanout f;
     CHECK_OK(dp__fanout_init(&f, 2, NULL));
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
     /* Unit 1 in slot 0, unit 0 in slot 1. */
@@ -290,7 +291,7 @@ DP_TEST(fanout_place_and_reply)
     CHECK_OK(dp__ctl_send(ctl, &f.items[0]));
     dp__ctl_wait_many(ctl, f.items, 2, 5);
     for (uint32_t s = 0; s < 2; s++) {
-        dp_wire_reply rep;
+        dp__wire_reply rep;
         dp_detail d;
         dp_detail_clear(&d);
         CHECK_OK_D(dp__fanout_reply(&f.items[s], DP_WIRE_OP_INFO, &rep, &d), &d);
@@ -299,9 +300,9 @@ DP_TEST(fanout_place_and_reply)
         dp__wire_reply_fini(&rep);
     }
     /* A transport failure is the item's own. */
-    dp_ctl_item bad = {.rc = DP_ETRANSFER};
+    dp__ctl_item bad = {.rc = DP_ETRANSFER};
     dp__fail(&bad.det, DP_ETRANSFER, "gone");
-    dp_wire_reply rep;
+    dp__wire_reply rep;
     dp_detail d;
     CHECK_ERR(dp__fanout_reply(&bad, DP_WIRE_OP_INFO, &rep, &d), DP_ETRANSFER);
     CHECK_STR(d.msg, "gone");
@@ -357,8 +358,8 @@ DP_TEST(groups_are_stable_and_complete)
 DP_TEST(control_only_client_with_a_unit_down)
 {
     fake fs[3];
-    dp_cluster_unit us[3];
-    dp_cluster cl;
+    dp__cluster_unit us[3];
+    dp__cluster cl;
     fakes_start(fs, 3);
     cluster_of(fs, 3, &cl, us);
     fs[1].mode = FAKE_SILENT;
@@ -450,8 +451,8 @@ DP_TEST(control_only_client_with_a_unit_down)
 DP_TEST(control_only_client_checks_before_use)
 {
     fake fs[2];
-    dp_cluster_unit us[2];
-    dp_cluster cl;
+    dp__cluster_unit us[2];
+    dp__cluster cl;
     fakes_start(fs, 2);
     cluster_of(fs, 2, &cl, us);
     dp_client *c = NULL;

@@ -43,7 +43,7 @@ ranges_body(void)
     C(!dp__graveyard_touches(0, 1 << 20));
     C(dp__graveyard_entries() == 0 && dp__graveyard_bytes() == 0);
     static int owner;
-    dp_range r[3] = {{1000, 100}, {5000, 1}, {2000, 0}};
+    dp__range r[3] = {{1000, 100}, {5000, 1}, {2000, 0}};
     dp__graveyard_retain(&owner, r, 3, "test");
     C(dp__graveyard_entries() == 1);
     C(dp__graveyard_bytes() == 101);
@@ -59,13 +59,13 @@ ranges_body(void)
     C(!dp__graveyard_touches(2000, 10)); /* empty ranges are not retained */
     C(!dp__graveyard_touches(1000, 0));
     /* Adjacent and overlapping ranges merge; the charge is the sum as given. */
-    dp_range s[2] = {{1100, 50}, {1050, 200}};
+    dp__range s[2] = {{1100, 50}, {1050, 200}};
     dp__graveyard_retain(NULL, s, 2, "test2");
     C(dp__graveyard_bytes() == 351);
     C(dp__graveyard_touches(1249, 1));
     C(!dp__graveyard_touches(1250, 1));
     /* Wrap-around at the top of the address space is clamped. */
-    dp_range w = {UINT64_MAX - 10, 100};
+    dp__range w = {UINT64_MAX - 10, 100};
     dp__graveyard_retain(NULL, &w, 1, "wrap");
     C(dp__graveyard_touches(UINT64_MAX - 1, 1));
     C(!dp__graveyard_poisoned());
@@ -88,7 +88,7 @@ random_body(uint64_t seed)
         uint64_t a = dp_test_rand(&rs) % SPACE, n = 1 + dp_test_rand(&rs) % 64;
         if (a + n > SPACE)
             n = SPACE - a;
-        dp_range r = {a, n};
+        dp__range r = {a, n};
         dp__graveyard_retain(NULL, &r, 1, "rand");
         memset(map + a, 1, n);
         for (int q = 0; q < 50; q++) {
@@ -114,7 +114,7 @@ poison_body(void)
 {
     C(dp__graveyard_max_bytes() == DP_GRAVEYARD_DEFAULT_MAX_BYTES);
     dp__graveyard_set_max_bytes(1000);
-    dp_range r = {4096, 600};
+    dp__range r = {4096, 600};
     dp__graveyard_retain(NULL, &r, 1, "a");
     C(!dp__graveyard_poisoned());
     dp__graveyard_retain_buffer(400); /* exactly at the limit: still fine */
@@ -136,7 +136,7 @@ static void
 release_body(void)
 {
     static int a, b, c;
-    dp_range ra[2] = {{1000, 100}, {3000, 10}}, rb = {1050, 100};
+    dp__range ra[2] = {{1000, 100}, {3000, 10}}, rb = {1050, 100};
     dp__graveyard_retain(&a, ra, 2, "a");
     dp__graveyard_retain(&b, &rb, 1, "b");
     C(dp__graveyard_entries() == 2 && dp__graveyard_bytes() == 210);
@@ -211,7 +211,7 @@ hammer(void *arg)
 {
     uint64_t base = (uint64_t)(uintptr_t)arg;
     for (int i = 0; i < 2000; i++) {
-        dp_range r = {base + (uint64_t)i * 16, 8};
+        dp__range r = {base + (uint64_t)i * 16, 8};
         dp__graveyard_retain(NULL, &r, 1, "thread");
         if (!dp__graveyard_touches(base + (uint64_t)i * 16 + 7, 1))
             abort();

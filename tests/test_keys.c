@@ -81,7 +81,7 @@ DP_TEST(good_keys_split)
 {
     for (size_t i = 0; i < DP_ARRAY_LEN(good_keys); i++) {
         const struct good_key *g = &good_keys[i];
-        dp_key_parts kp;
+        dp__key_parts kp;
         dp_detail d;
         dp_detail_clear(&d);
         CHECK_OK_D(dp__key_split(g->key, strlen(g->key), &kp, &d), &d);
@@ -109,7 +109,7 @@ DP_TEST(bad_keys_rejected_with_reason)
 {
     for (size_t i = 0; i < DP_ARRAY_LEN(bad_keys); i++) {
         const struct bad_key *b = &bad_keys[i];
-        dp_key_parts kp;
+        dp__key_parts kp;
         dp_detail d;
         dp_detail_clear(&d);
         int rc = dp__key_split(b->key, strlen(b->key), &kp, &d);
@@ -125,7 +125,7 @@ DP_TEST(bad_keys_rejected_with_reason)
 DP_TEST(detail_names_the_key)
 {
     dp_detail d;
-    dp_key_parts kp;
+    dp__key_parts kp;
     CHECK_ERR(dp__key_split("12x@a", 5, &kp, &d), DP_EINVAL);
     CHECK_STR(d.msg, "key '12x@a': gidx is not a decimal number");
     /* unprintable bytes are escaped in the message */
@@ -137,7 +137,7 @@ DP_TEST(detail_names_the_key)
 
 DP_TEST(embedded_nul_rejected)
 {
-    dp_key_parts kp;
+    dp__key_parts kp;
     dp_detail d;
     CHECK_ERR_D(dp__key_split("1@a\0b", 5, &kp, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(d.msg, "control character 0x00");
@@ -149,7 +149,7 @@ DP_TEST(embedded_nul_rejected)
 DP_TEST(field_length_limits)
 {
     char key[600];
-    dp_key_parts kp;
+    dp__key_parts kp;
     dp_detail d;
     /* "7@" + 255 bytes: ok; 256: rejected. */
     strcpy(key, "7@");
@@ -187,7 +187,7 @@ DP_TEST(split_does_not_read_past_len)
     size_t n = strlen(src);
     char *k = malloc(n);
     memcpy(k, src, n);
-    dp_key_parts kp;
+    dp__key_parts kp;
     CHECK_OK(dp__key_split(k, n, &kp, NULL));
     CHECK_EQ_U64(kp.gidx, 42);
     CHECK_EQ(kp.field_len, 6);
@@ -205,7 +205,7 @@ DP_TEST(split_does_not_read_past_len)
 
 DP_TEST(first_at_splits)
 {
-    dp_key_parts kp;
+    dp__key_parts kp;
     dp_detail d;
     /* the gidx part ends at the first '@'; a second one lands in the field */
     CHECK_ERR(dp__key_split("5@x@y", 5, &kp, &d), DP_EINVAL);
@@ -280,7 +280,7 @@ DP_TEST(random_keys_round_trip)
         size_t klen;
         dp_detail d;
         CHECK_OK_D(dp__key_make(gidx, f, n, buf, sizeof buf, &klen, &d), &d);
-        dp_key_parts kp;
+        dp__key_parts kp;
         CHECK_OK_D(dp__key_split(buf, klen, &kp, &d), &d);
         CHECK_EQ_U64(kp.gidx, gidx);
         CHECK_EQ(kp.field_len, n);
@@ -299,7 +299,7 @@ DP_TEST(random_bytes_never_crash)
         char *k = malloc(n ? n : 1);
         for (size_t i = 0; i < n; i++)
             k[i] = alphabet[dp_test_rand(&s) % (sizeof alphabet - 1)];
-        dp_key_parts kp;
+        dp__key_parts kp;
         int rc = dp__key_split(k, n, &kp, NULL);
         CHECK(rc == DP_OK || rc == DP_EINVAL);
         if (rc == DP_OK) {

@@ -9,7 +9,7 @@
 
 DP_TEST(str_map_basics)
 {
-    dp_map m;
+    dp__map m;
     dp__map_init_str(&m);
     int a = 1, b = 2;
     void *old = (void *)1;
@@ -39,7 +39,7 @@ DP_TEST(u64_map_matches_model)
     enum { K = 2048 };
     static void *model[K];
     memset(model, 0, sizeof model);
-    dp_map m;
+    dp__map m;
     dp__map_init_u64(&m);
     size_t live = 0;
     for (int step = 0; step < 200000; step++) {
@@ -84,7 +84,7 @@ DP_TEST(str_map_matches_model)
     enum { K = 1000 };
     static void *model[K];
     memset(model, 0, sizeof model);
-    dp_map m;
+    dp__map m;
     dp__map_init_str(&m);
     char key[32];
     for (int step = 0; step < 100000; step++) {

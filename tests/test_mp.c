@@ -1,5 +1,5 @@
 /*
- * Tests for src/wire/mp: the bounds-checked msgpack reader and the dp_buf
+ * Tests for src/wire/mp: the bounds-checked msgpack reader and the dp__buf
  * writer. Well-formed data is checked against msgpack-c's own unpacker (the
  * oracle); hostile data (truncations, lengths past the end, huge counts, 0xc1,
  * deep nesting, wrong types) must fail with DP_EPROTO, leave the cursor where
@@ -34,10 +34,10 @@ pk_fini(pk *k)
 
 /* Compare what our reader sees at r with the oracle's object o, consuming it. */
 static void
-walk(dp_mp_reader *r, const msgpack_object *o)
+walk(dp__mp_reader *r, const msgpack_object *o)
 {
     dp_detail d;
-    dp_mp_reader save = *r;
+    dp__mp_reader save = *r;
     switch (o->type) {
     case MSGPACK_OBJECT_NIL:
         CHECK_EQ(dp__mp_peek(r), DP_MP_NIL);
@@ -52,11 +52,11 @@ walk(dp_mp_reader *r, const msgpack_object *o)
     }
     case MSGPACK_OBJECT_POSITIVE_INTEGER: {
         uint64_t u;
-        dp_mp_type t = dp__mp_peek(r);
+        dp__mp_type t = dp__mp_peek(r);
         CHECK(t == DP_MP_UINT || t == DP_MP_INT); /* int 8..64 may hold >= 0 */
         CHECK_OK_D(dp__mp_read_u64(r, &u, NULL, &d), &d);
         CHECK_EQ_U64(u, o->via.u64);
-        dp_mp_reader again = save;
+        dp__mp_reader again = save;
         int64_t i;
         if (o->via.u64 <= (uint64_t)INT64_MAX) {
             CHECK_OK(dp__mp_read_i64(&again, &i, NULL, &d));
@@ -79,7 +79,7 @@ walk(dp_mp_reader *r, const msgpack_object *o)
         CHECK_ERR(dp__mp_read_u64(r, &u, "n", &d), DP_EPROTO);
         CHECK_CONTAINS(d.msg, "n: negative integer");
         CHECK(r->p == save.p);
-        dp_mp_reader again = save;
+        dp__mp_reader again = save;
         double f;
         CHECK_OK(dp__mp_read_double(&again, &f, NULL, &d));
         CHECK(f == (double)o->via.i64);
@@ -141,7 +141,7 @@ walk(dp_mp_reader *r, const msgpack_object *o)
         CHECK(!"unexpected oracle type");
     }
     /* Whatever was read, skip from the same place lands at the same byte. */
-    dp_mp_reader s2 = save;
+    dp__mp_reader s2 = save;
     CHECK_OK_D(dp__mp_skip(&s2, &d), &d);
     CHECK(s2.p == r->p);
 }
@@ -150,7 +150,7 @@ walk(dp_mp_reader *r, const msgpack_object *o)
 static void
 check_against_oracle(const void *data, size_t len)
 {
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp__mp_reader_init(&r, data, len);
     size_t off = 0;
     msgpack_unpacked u;
@@ -406,7 +406,7 @@ DP_TEST(random_values_match_oracle)
         check_against_oracle(k.sb.data, k.sb.size);
         /* Every strict prefix fails to skip the whole stream. */
         for (size_t cut = 0; cut < k.sb.size; cut += 1 + cut / 8) {
-            dp_mp_reader r;
+            dp__mp_reader r;
             dp__mp_reader_init(&r, k.sb.data, cut);
             dp_detail d;
             int rc = DP_OK;
@@ -422,9 +422,9 @@ DP_TEST(random_values_match_oracle)
 
 DP_TEST(writer_round_trips_through_oracle)
 {
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
-    dp_mp_writer w;
+    dp__mp_writer w;
     dp__mp_writer_init(&w, &b);
     dp__mp_put_array(&w, 11);
     dp__mp_put_nil(&w);
@@ -443,7 +443,7 @@ DP_TEST(writer_round_trips_through_oracle)
     CHECK_OK(dp__mp_writer_status(&w));
     check_against_oracle(b.data, b.len);
 
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp_detail d;
     dp__mp_reader_init(&r, b.data, b.len);
     uint32_t n;
@@ -488,7 +488,7 @@ DP_TEST(writer_round_trips_through_oracle)
 static void
 all_readers_fail(const uint8_t *data, size_t len)
 {
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp_detail d;
     dp__mp_reader_init(&r, data, len);
     bool b;
@@ -547,7 +547,7 @@ DP_TEST(truncated_headers_of_every_width_fail)
             memset(buf + 1, 0x01, sizeof buf - 1);
             all_readers_fail_heap(buf, cut);
             if (cut > 0) {
-                dp_mp_reader r;
+                dp__mp_reader r;
                 dp_detail d;
                 dp__mp_reader_init(&r, buf, cut);
                 CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
@@ -556,7 +556,7 @@ DP_TEST(truncated_headers_of_every_width_fail)
         }
     }
     all_readers_fail_heap(NULL, 0);
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp__mp_reader_init(&r, NULL, 0);
     CHECK_EQ(dp__mp_peek(&r), DP_MP_END);
     CHECK_EQ(dp__mp_remaining(&r), 0);
@@ -575,7 +575,7 @@ DP_TEST(lengths_past_the_end_fail)
     for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++) {
         all_readers_fail_heap(cases[i], 8);
     }
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp_detail d;
     const char *s;
     uint32_t n;
@@ -596,7 +596,7 @@ DP_TEST(huge_counts_in_a_few_bytes_fail)
     };
     for (size_t i = 0; i < DP_ARRAY_LEN(cases); i++)
         all_readers_fail_heap(cases[i], 6);
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp_detail d;
     uint32_t n;
     dp__mp_reader_init(&r, cases[0], 6);
@@ -613,7 +613,7 @@ DP_TEST(invalid_byte_c1_fails)
 {
     static const uint8_t c1[] = {0xc1};
     all_readers_fail_heap(c1, 1);
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp_detail d;
     dp__mp_reader_init(&r, c1, 1);
     CHECK_EQ(dp__mp_peek(&r), DP_MP_INVALID);
@@ -624,7 +624,7 @@ DP_TEST(invalid_byte_c1_fails)
     CHECK_ERR(dp__mp_skip(&r, &d), DP_EPROTO);
     CHECK_EQ(dp__mp_offset(&r), 0);
     CHECK_STR(dp__mp_type_name(DP_MP_INVALID), "invalid byte");
-    CHECK_STR(dp__mp_type_name((dp_mp_type)99), "?");
+    CHECK_STR(dp__mp_type_name((dp__mp_type)99), "?");
 }
 
 static size_t
@@ -640,7 +640,7 @@ DP_TEST(nesting_is_bounded)
 {
     uint8_t *buf = malloc(1000001);
     CHECK(buf != NULL);
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp_detail d;
     size_t n = nested_arrays(buf, DP_MP_MAX_DEPTH);
     dp__mp_reader_init(&r, buf, n);
@@ -677,7 +677,7 @@ DP_TEST(wrong_types_name_the_value_and_keep_the_cursor)
     static const uint8_t neg64[] = {0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0};
     static const uint8_t big[] = {0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
     static const uint8_t str[] = {0xa1, 'x'};
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp_detail d;
     uint64_t u;
     int64_t i;
@@ -727,7 +727,7 @@ DP_TEST(all_short_inputs_agree_with_oracle)
             size_t off = 0;
             msgpack_unpack_return ret =
                 msgpack_unpack_next(&u, (const char *)h, len, &off);
-            dp_mp_reader r;
+            dp__mp_reader r;
             dp__mp_reader_init(&r, h, len);
             int rc = dp__mp_skip(&r, NULL);
             if (ret == MSGPACK_UNPACK_SUCCESS) {
@@ -758,7 +758,7 @@ DP_TEST(random_bytes_never_crash)
         }
         uint8_t *h = malloc(len ? len : 1);
         memcpy(h, tmp, len);
-        dp_mp_reader r;
+        dp__mp_reader r;
         dp__mp_reader_init(&r, h, len);
         while (dp__mp_remaining(&r) > 0 && dp__mp_skip(&r, NULL) == DP_OK) {
         }
@@ -796,7 +796,7 @@ DP_TEST(random_bytes_never_crash)
     }
 }
 
-/* msgpack-c's packer into a dp_buf, the reference for byte-exact encodings. */
+/* msgpack-c's packer into a dp__buf, the reference for byte-exact encodings. */
 static int
 ref_write(void *data, const char *buf, size_t len)
 {
@@ -805,10 +805,10 @@ ref_write(void *data, const char *buf, size_t len)
 
 DP_TEST(writer_matches_msgpack_c_byte_for_byte)
 {
-    dp_buf ours, ref;
+    dp__buf ours, ref;
     dp__buf_init(&ours);
     dp__buf_init(&ref);
-    dp_mp_writer w;
+    dp__mp_writer w;
     dp__mp_writer_init(&w, &ours);
     msgpack_packer refpk;
     msgpack_packer_init(&refpk, &ref, ref_write);

@@ -279,12 +279,12 @@ DP_TEST(fileio_pipe_short_transfers_and_eintr)
 
 typedef struct item {
     int v;
-    dp_list_node link;
+    dp__list_node link;
 } item;
 
 /* l's values in order, checking the links both ways; returns the count. */
 static size_t
-list_values(const dp_list *l, int *out, size_t cap)
+list_values(const dp__list *l, int *out, size_t cap)
 {
     size_t n = 0;
     const item *prev = NULL;
@@ -303,7 +303,7 @@ list_values(const dp_list *l, int *out, size_t cap)
 
 DP_TEST(list_basic_operations)
 {
-    dp_list l = {0}; /* a zeroed list is empty */
+    dp__list l = {0}; /* a zeroed list is empty */
     CHECK(dp__list_empty(&l));
     CHECK(DP_LIST_FIRST(&l, item, link) == NULL && DP_LIST_LAST(&l, item, link) == NULL);
     item a = {.v = 1}, b = {.v = 2}, c = {.v = 3}, e = {.v = 5};
@@ -330,7 +330,7 @@ DP_TEST(list_basic_operations)
     CHECK_EQ(list_values(&l, v, 8), 2);
     CHECK(v[0] == 2 && v[1] == 4);
     /* A node first on another list is not on this one. */
-    dp_list other = {0};
+    dp__list other = {0};
     dp__list_insert_tail(&other, &a.link);
     CHECK(!dp__list_contains(&l, &a.link));
     dp__list_remove(&l, &a.link); /* no-op */
@@ -364,7 +364,7 @@ DP_TEST(list_model_random_operations)
     item items[N];
     for (int i = 0; i < N; i++)
         items[i] = (item){.v = i};
-    dp_list l;
+    dp__list l;
     dp__list_init(&l);
     int model[N], n = 0;
     int counts[4] = {0};
@@ -417,7 +417,7 @@ DP_TEST(list_model_random_operations)
 
 DP_TEST(ranges_add_find_overlap_remove)
 {
-    dp_ranges rs = {0};
+    dp__ranges rs = {0};
     int tag[4];
     CHECK_OK(dp__ranges_add(&rs, 100, 50, &tag[0])); /* [100, 150) */
     CHECK_OK(dp__ranges_add(&rs, 200, 10, &tag[1])); /* [200, 210) */
@@ -477,7 +477,7 @@ DP_TEST(ranges_add_find_overlap_remove)
 
 DP_TEST(ranges_merge_is_a_union)
 {
-    dp_ranges rs = {0};
+    dp__ranges rs = {0};
     CHECK_OK(dp__ranges_merge(&rs, 10, 10)); /* [10, 20) */
     CHECK_OK(dp__ranges_merge(&rs, 30, 10)); /* [30, 40) */
     CHECK_OK(dp__ranges_merge(&rs, 50, 0));  /* nothing */
@@ -512,7 +512,7 @@ DP_TEST(ranges_model_random_operations)
     enum { SPACE = 512, OPS = 4000 };
     uint64_t st = dp_test_seed();
     for (int merged = 0; merged < 2; merged++) {
-        dp_ranges rs = {0};
+        dp__ranges rs = {0};
         static int owner[SPACE]; /* 0: none, else the base + 1 of its range */
         memset(owner, 0, sizeof owner);
         int adds = 0, refused = 0, removes = 0, queries = 0;
@@ -536,7 +536,7 @@ DP_TEST(ranges_model_random_operations)
                     owner[a] = (int)lo + 1;
                 adds++;
             } else if (dp_test_rand(&st) % 3 == 0 && rs.n > 0) {
-                dp_ranges_ent *e = &rs.e[dp_test_rand(&st) % rs.n];
+                dp__ranges_ent *e = &rs.e[dp_test_rand(&st) % rs.n];
                 for (uint64_t a = e->base; a < e->base + e->len; a++)
                     owner[a] = 0;
                 dp__ranges_remove(&rs, e);
@@ -560,7 +560,7 @@ DP_TEST(ranges_model_random_operations)
                 uint64_t a = dp_test_rand(&st) % SPACE, n = dp_test_rand(&st) % 16;
                 if (a + n > SPACE)
                     n = SPACE - a;
-                const dp_ranges_ent *f = dp__ranges_find(&rs, a, n);
+                const dp__ranges_ent *f = dp__ranges_find(&rs, a, n);
                 bool holds = n > 0 && owner[a] != 0;
                 for (uint64_t x = a; holds && x < a + n; x++)
                     holds = owner[x] == owner[a];
@@ -568,7 +568,7 @@ DP_TEST(ranges_model_random_operations)
                     CHECK_EQ(f != NULL, holds);
                 if (f != NULL)
                     CHECK(f->base <= a && a + n <= f->base + f->len);
-                const dp_ranges_ent *o = dp__ranges_overlap(&rs, a, n);
+                const dp__ranges_ent *o = dp__ranges_overlap(&rs, a, n);
                 uint64_t first = SPACE;
                 for (uint64_t x = a; x < a + n && first == SPACE; x++)
                     if (owner[x] != 0)

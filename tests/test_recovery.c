@@ -740,26 +740,26 @@ retire_main(void)
     const char *addr = getenv("DP_TEST_ADDR");
     const char *lane = getenv("DP_TEST_LANE");
     const char *host = getenv("DP_TEST_HOST");
-    dp_ctl_client *cc = NULL;
+    dp__ctl_client *cc = NULL;
     if (dp__ctl_client_create(&cc, NULL) != 0)
         return 2;
     char wid[40];
     snprintf(wid, sizeof wid, "w-%ld", (long)getpid());
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
     q.rid = dp__wire_s("a1");
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s(wid),
-                                     4 << 20,
-                                     0,
-                                     false,
-                                     dp__wire_s(wid),
-                                     (uint64_t)getpid(),
-                                     dp__wire_s(host[0] ? host : dp__host_key()),
-                                     dp__wire_s(lane)};
-    dp_buf b = {0}, rep = {0};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s(wid),
+                                      4 << 20,
+                                      0,
+                                      false,
+                                      dp__wire_s(wid),
+                                      (uint64_t)getpid(),
+                                      dp__wire_s(host[0] ? host : dp__host_key()),
+                                      dp__wire_s(lane)};
+    dp__buf b = {0}, rep = {0};
     if (dp__wire_request_encode(&q, NULL, &b, NULL) != 0 ||
-        dp__ctl_call(cc, addr, b.data, b.len, "a1", 10, &rep, NULL) != 0)
+        dp__ctl_call(cc, addr, &b, "a1", 10, &rep, NULL) != 0)
         return 2;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ABORT;
@@ -777,7 +777,7 @@ retire_main(void)
     dp__buf_reset(&b);
     dp__buf_reset(&rep);
     if (dp__wire_request_encode(&q, NULL, &b, NULL) != 0 ||
-        dp__ctl_call(cc, addr, b.data, b.len, "a3", 10, &rep, NULL) != 0)
+        dp__ctl_call(cc, addr, &b, "a3", 10, &rep, NULL) != 0)
         return 2;
     dp__buf_fini(&b);
     dp__buf_fini(&rep);
@@ -827,30 +827,30 @@ typedef struct fake_unit {
 } fake_unit;
 
 static void
-fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+fake_handler(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
 {
     fake_unit *f = ctx;
-    dp_wire_request q;
+    dp__wire_request q;
     if (dp__wire_request_decode(msg, len, NULL, &q, NULL) != 0 ||
         q.op != DP_WIRE_OP_INFO) {
         dp__wire_request_fini(&q);
         return;
     }
-    dp_wire_reply r;
+    dp__wire_reply r;
     memset(&r, 0, sizeof r);
     r.op = DP_WIRE_OP_INFO;
     r.rid = q.rid;
     r.ok = true;
     r.incarnation = 77;
-    r.r.info = (dp_wire_info){.unit_id = 0,
-                              .n_units = 1,
-                              .zmq = dp__wire_s("tcp://fake:1"),
-                              .agent = dp__wire_s("fake"),
-                              .metadata = {f->md, (uint32_t)f->md_len},
-                              .slab_bytes = 1 << 20,
-                              .slab_addr = 4096,
-                              .incarnation = 77,
-                              .proto = DP_WIRE_PROTO};
+    r.r.info = (dp__wire_info){.unit_id = 0,
+                               .n_units = 1,
+                               .zmq = dp__wire_s("tcp://fake:1"),
+                               .agent = dp__wire_s("fake"),
+                               .metadata = {f->md, (uint32_t)f->md_len},
+                               .slab_bytes = 1 << 20,
+                               .slab_addr = 4096,
+                               .incarnation = 77,
+                               .proto = DP_WIRE_PROTO};
     dp__wire_reply_encode(&r, NULL, reply, NULL);
     dp__wire_request_fini(&q);
 }
@@ -862,7 +862,7 @@ fake_handler(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
  */
 DP_TEST(peer_of_another_ucx_version_is_refused)
 {
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__endpoint_create("fake", NULL, &ep, &d), &d);
@@ -874,7 +874,7 @@ DP_TEST(peer_of_another_ucx_version_is_refused)
             f.md[26] ^= 0x7f; /* UCX minor version */
         else
             f.md[4] = 1; /* metadata of an older dataplane */
-        dp_ctl_server *s = NULL;
+        dp__ctl_server *s = NULL;
         CHECK_OK_D(dp__ctl_server_open(NULL, fake_handler, NULL, &f, &s, &d), &d);
         char addr[128];
         snprintf(addr, sizeof addr, "%s", dp__ctl_server_address(s));

@@ -30,8 +30,8 @@
 #define SLAB (8u << 20)
 
 typedef struct rig {
-    dp_endpoint *uep, *cep;
-    dp_unit *u;
+    dp__endpoint *uep, *cep;
+    dp__unit *u;
     uint8_t *lbuf; /* 1 MiB registered with cep */
     char remote[256];
 } rig;
@@ -42,11 +42,11 @@ rig_open(rig *r, double lease_s)
     memset(r, 0, sizeof *r);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_endpoint_opts eo;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.progress_thread = true;
     CHECK_OK_D(dp__endpoint_create("ts-unit", &eo, &r->uep, &d), &d);
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = SLAB;
     o.n_units = 1;
@@ -69,9 +69,10 @@ rig_open(rig *r, double lease_s)
     CHECK_OK_D(dp__endpoint_metadata(r->uep, &md, &mdlen, &d), &d);
     CHECK_OK_D(dp__endpoint_add_remote(r->cep, md, mdlen, r->remote, &d), &d);
     free(md);
-    dp_xfer_path path = DP_XFER_PATH_RMA;
-    CHECK_OK_D(dp__endpoint_remote_path(r->cep, r->remote, &path, &d), &d);
-    CHECK_EQ(path, DP_XFER_PATH_TWO_SIDED);
+    dp__xfer_route rt;
+    CHECK_OK_D(dp__endpoint_remote_route(r->cep, r->remote, &rt, &d), &d);
+    CHECK(rt.two_sided);
+    CHECK_STR(rt.path, "two-sided");
 }
 
 static void
@@ -85,26 +86,25 @@ rig_close(rig *r)
 
 /* One op: local lbuf[loff..+n) <-> unit slab[roff..+n), with a grant. */
 static int
-xfer(rig *r, dp_xfer_op op, uint64_t loff, uint64_t roff, uint64_t n, const void *grant,
-     uint32_t glen, dp_xfer_end *end, dp_detail *d)
+xfer(rig *r, dp__xfer_op op, uint64_t loff, uint64_t roff, uint64_t n, const void *grant,
+     uint32_t glen, dp__xfer_result *out, dp_detail *d)
 {
-    dp_range l = {(uint64_t)(uintptr_t)(r->lbuf + loff), n};
-    dp_range m = {(uint64_t)(uintptr_t)(dp__unit_slab(r->u) + roff), n};
-    dp_xfer_desc o = {.op = op,
-                      .local = &l,
-                      .n_local = 1,
-                      .remote = &m,
-                      .n_remote = 1,
-                      .remote_name = r->remote,
-                      .grant = grant,
-                      .grant_len = glen};
-    int res = 0;
-    dp_detail det;
-    dp_detail_clear(&det);
-    int rc = dp__endpoint_transfer_many_ends(r->cep, &o, 1, 5.0, &res, &det, end, NULL,
-                                             NULL, NULL);
+    dp__range l = {(uint64_t)(uintptr_t)(r->lbuf + loff), n};
+    dp__range m = {(uint64_t)(uintptr_t)(dp__unit_slab(r->u) + roff), n};
+    dp__xfer_desc o = {.op = op,
+                       .local = &l,
+                       .n_local = 1,
+                       .remote = &m,
+                       .n_remote = 1,
+                       .remote_name = r->remote,
+                       .grant = grant,
+                       .grant_len = glen};
+    dp__xfer_result res;
+    int rc = dp__endpoint_transfer_many(r->cep, &o, 1, 5.0, &res, NULL, NULL);
     if (d != NULL)
-        *d = det;
+        *d = res.det;
+    if (out != NULL)
+        *out = res;
     return rc;
 }
 
@@ -150,19 +150,20 @@ DP_TEST(bad_peers_are_refused_and_counted)
     const char *keys[] = {"0@a", "1@a", "2@a"};
     tblob t = mk_blob(keys, 3, 20000, 5);
     uint64_t off = 0;
-    CHECK_OK_D(dp__unit_alloc(r.u, "b1", 2, t.len, 3, &off, NULL, &d), &d);
+    CHECK_OK_D(dp_test_unit_alloc(r.u, "b1", 2, t.len, 3, false, &off, NULL, &d), &d);
     uint64_t token = dp__unit_alloc_token(r.u, "b1", 2);
     memcpy(r.lbuf, t.p, t.len);
     dp__blob_header_set_alloc(r.lbuf, dp__unit_incarnation(r.u), token);
     uint32_t before = slab_crc(&r);
-    dp_xfer_end end = DP_XFER_NOT_POSTED;
+    dp__xfer_result end;
 
     /* No such allocation; a wrong token; past its end. */
     CHECK_ERR_D(
         xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "nope"), &end, &d),
         DP_ENOTFOUND, &d);
     CHECK_CONTAINS(d.msg, "no open allocation nope");
-    CHECK_EQ(end, DP_XFER_ENDED); /* refused or acknowledged: nothing more lands */
+    /* Refused or acknowledged: nothing more lands, and the connection is sound. */
+    CHECK(!end.may_land && !end.suspect);
     CHECK_ERR_D(
         xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token + 1, "b1"), NULL, &d),
         DP_ENOTFOUND, &d);
@@ -179,9 +180,10 @@ DP_TEST(bad_peers_are_refused_and_counted)
     /* The good WRITE lands; its commit publishes it. */
     CHECK_OK_D(
         xfer(&r, DP_XFER_WRITE, 0, off, t.len, g, wgrant(g, token, "b1"), &end, &d), &d);
-    CHECK_EQ(end, DP_XFER_ENDED); /* refused or acknowledged: nothing more lands */
+    /* Refused or acknowledged: nothing more lands, and the connection is sound. */
+    CHECK(!end.may_land && !end.suspect);
     CHECK(slab_equal(&r, off, r.lbuf, t.len));
-    dp_wire_commit_state st = DP_WIRE_COMMIT_LOST;
+    dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
     CHECK_OK_D(dp__unit_commit(r.u, "b1", 2, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     /* Committed: no WRITE gets into it any more. */
@@ -214,13 +216,13 @@ DP_TEST(bad_peers_are_refused_and_counted)
         DP_ETIMEDOUT, &d);
 
     /* Aborted, and past its lease: refused, nothing written. */
-    CHECK_OK_D(dp__unit_alloc(r.u, "b2", 2, 65536, 0, &off, NULL, &d), &d);
+    CHECK_OK_D(dp_test_unit_alloc(r.u, "b2", 2, 65536, 0, false, &off, NULL, &d), &d);
     token = dp__unit_alloc_token(r.u, "b2", 2);
     dp__unit_abort(r.u, "b2", 2, false);
     CHECK_ERR_D(
         xfer(&r, DP_XFER_WRITE, 0, off, 65536, g, wgrant(g, token, "b2"), NULL, &d),
         DP_ENOTFOUND, &d);
-    CHECK_OK_D(dp__unit_alloc(r.u, "b3", 2, 65536, 0, &off, NULL, &d), &d);
+    CHECK_OK_D(dp_test_unit_alloc(r.u, "b3", 2, 65536, 0, false, &off, NULL, &d), &d);
     token = dp__unit_alloc_token(r.u, "b3", 2);
     fake_t += 61;
     dp__unit_tick(r.u);
@@ -234,9 +236,9 @@ DP_TEST(bad_peers_are_refused_and_counted)
     uint64_t retired = dp_test_unit_stats(r.u).retired_bytes;
     CHECK(retired >= 65536);
     uint64_t used = dp_test_unit_stats(r.u).allocated_bytes;
-    dp_wire_alloc_args a4 = {
+    dp__wire_alloc_args a4 = {
         .blob_id = dp__wire_s("b4"), .nbytes = 65536, .two_sided = true};
-    dp_wire_alloc_res r4;
+    dp__wire_alloc_res r4;
     CHECK_OK_D(dp__unit_alloc_req(r.u, &a4, &r4, NULL, &d), &d);
     CHECK(dp_test_unit_stats(r.u).allocated_bytes > used);
     fake_t += 61;
@@ -248,18 +250,18 @@ DP_TEST(bad_peers_are_refused_and_counted)
         xfer(&r, DP_XFER_WRITE, 0, r4.off, 65536, g, wgrant(g, r4.token, "b4"), NULL, &d),
         DP_ENOTFOUND, &d);
     CHECK_EQ(slab_crc(&r), before);
-    dp_unit_stats s = dp_test_unit_stats(r.u);
+    dp__unit_stats s = dp_test_unit_stats(r.u);
     CHECK_EQ_U64(s.ts_refused, 11);
     CHECK_EQ_U64(s.ts_writes, 1);
     CHECK_EQ_U64(s.ts_reads, 1);
-    dp_endpoint_stats es;
+    dp__endpoint_stats es;
     dp__endpoint_get_stats(r.uep, &es);
     CHECK_EQ_U64(es.ts_refused, 11);
     CHECK_EQ_U64(es.ts_served, 2);
 
     /* Still serving: a fresh allocation written and read back byte for byte. */
     tblob t2 = mk_blob(keys, 3, 3000, 9);
-    CHECK_OK_D(dp__unit_alloc(r.u, "b4", 2, t2.len, 3, &off, NULL, &d), &d);
+    CHECK_OK_D(dp_test_unit_alloc(r.u, "b4", 2, t2.len, 3, false, &off, NULL, &d), &d);
     token = dp__unit_alloc_token(r.u, "b4", 2);
     memcpy(r.lbuf, t2.p, t2.len);
     dp__blob_header_set_alloc(r.lbuf, dp__unit_incarnation(r.u), token);
@@ -284,10 +286,10 @@ DP_TEST(client_rows_over_two_sided)
     setenv("DP_TWO_SIDED", "always", 1);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_server *s[2];
+    dp__unit_server *s[2];
     const char *addrs[2];
     for (uint32_t i = 0; i < 2; i++) {
-        dp_unit_opts o;
+        dp__unit_opts o;
         dp__unit_opts_init(&o);
         o.slab_bytes = 32u << 20;
         o.n_units = 2;
@@ -367,10 +369,10 @@ DP_TEST(client_rows_over_two_sided)
         mv[i] = (dp_value){.data = reg + at, .nbytes = sizes[i], .kind = DP_KIND_BYTES};
         at += sizes[i];
     }
-    dp_unit_stats s0;
+    dp__unit_stats s0;
     dp__unit_get_stats(dp__unit_server_unit(s[0]), &s0);
     CHECK_OK_D(dp_client_put(c, mrows, M, fields, 1, mv, NULL, &d), &d);
-    dp_unit_stats s1;
+    dp__unit_stats s1;
     dp__unit_get_stats(dp__unit_server_unit(s[0]), &s1);
     CHECK_EQ_U64(s1.ts_writes - s0.ts_writes, 9);
     for (int form = 0; form < 2; form++) {
@@ -409,7 +411,7 @@ DP_TEST(client_rows_over_two_sided)
     dp_client_free(c, back);
     dp_client_close(c);
     for (uint32_t i = 0; i < 2; i++) {
-        dp_unit_stats st;
+        dp__unit_stats st;
         dp__unit_get_stats(dp__unit_server_unit(s[i]), &st);
         CHECK(st.ts_writes > 0 && st.ts_reads > 0);
         CHECK_EQ_U64(st.ts_refused, 0);

@@ -3,8 +3,8 @@
  * overwrite, pins, quarantine, leases, abort) against a fake clock; a
  * randomised model test of invariant 1 (no region is handed out again while a
  * transfer into or out of it may still run); rows wider than the inline
- * slots; the ticker thread; threads hammering one unit; and the regions of
- * writers that are gone. The control-message handler is in
+ * slots; the ticker thread; NUMA bind mode; threads hammering one unit; and
+ * the regions of writers that are gone. The control-message handler is in
  * test_unit_handler.c, a unit served over real ZMQ and UCX in test_unit_zmq.c.
  */
 #include "dp_test.h"
@@ -13,7 +13,10 @@
 #include "dp_unit_fixture.h"
 
 #include <math.h>
+#include <numa.h>
+#include <numaif.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -28,15 +31,15 @@
 
 DP_TEST(put_resolve_read)
 {
-    dp_unit *u = mk_unit(1 << 20, 2, 0);
+    dp__unit *u = mk_unit(1 << 20, 2, 0);
     const char *keys[] = {"0@input_ids", "2@input_ids", "4@reward"};
     tblob t = mk_blob(keys, 3, 256, 5);
     uint64_t off = put_blob(u, "b1", &t);
 
-    dp_wire_str q[] = {dp__wire_s("2@input_ids"), dp__wire_s("0@input_ids"),
-                       dp__wire_s("6@input_ids"), dp__wire_s("4@reward"),
-                       dp__wire_s("0@nope")};
-    dp_unit_resolve_keys_res r;
+    dp__wire_str q[] = {dp__wire_s("2@input_ids"), dp__wire_s("0@input_ids"),
+                        dp__wire_s("6@input_ids"), dp__wire_s("4@reward"),
+                        dp__wire_s("0@nope")};
+    dp__unit_resolve_keys_res r;
     dp_detail d;
     dp_detail_clear(&d);
     dp__unit_lock(u);
@@ -48,7 +51,7 @@ DP_TEST(put_resolve_read)
     CHECK(dp__wire_str_eq(r.missing[0], "6@input_ids"));
     CHECK(dp__wire_str_eq(r.missing[1], "0@nope"));
     for (uint32_t i = 0; i < r.n_entries; i++) {
-        dp_wire_key_loc *l = &r.entries[i];
+        dp__wire_key_loc *l = &r.entries[i];
         CHECK_EQ(l->len, 256);
         CHECK(dp__wire_str_eq(l->kind, "tensor"));
         CHECK(dp__wire_str_eq(l->dtype, "float32"));
@@ -63,7 +66,7 @@ DP_TEST(put_resolve_read)
         for (uint64_t k = 0; k < 256; k++)
             CHECK_EQ(p[k], (uint8_t)(5 * 31 + idx * 7 + k));
     }
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.pins, 1);
     CHECK_EQ(s.entries, 3);
     CHECK_EQ(s.rows, 3);
@@ -74,8 +77,8 @@ DP_TEST(put_resolve_read)
     dp__unit_resolve_keys_res_fini(&r);
 
     /* resolve by blob id */
-    dp_wire_str ids[] = {dp__wire_s("b1"), dp__wire_s("zz"), dp__wire_s("b1")};
-    dp_unit_resolve_res rr;
+    dp__wire_str ids[] = {dp__wire_s("b1"), dp__wire_s("zz"), dp__wire_s("b1")};
+    dp__unit_resolve_res rr;
     dp__unit_lock(u);
     CHECK_OK_D(dp__unit_resolve_locked(u, ids, 3, &rr, &d), &d);
     dp__unit_unlock(u);
@@ -89,7 +92,7 @@ DP_TEST(put_resolve_read)
     dp__unit_resolve_res_fini(&rr);
 
     /* A key of another unit or a malformed key is a Protocol error. */
-    dp_wire_str bad[] = {dp__wire_s("0@input_ids"), dp__wire_s("1@input_ids")};
+    dp__wire_str bad[] = {dp__wire_s("0@input_ids"), dp__wire_s("1@input_ids")};
     dp__unit_lock(u);
     CHECK_ERR(dp__unit_resolve_keys_locked(u, bad, 2, &r, &d), DP_EPROTO);
     bad[1] = dp__wire_s("01@x");
@@ -103,10 +106,10 @@ DP_TEST(put_resolve_read)
 
 DP_TEST(commit_idempotent_and_lost)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     const char *keys[] = {"1@a"};
     put_keys(u, "b", keys, 1, 64, 1);
-    dp_wire_commit_state st;
+    dp__wire_commit_state st;
     CHECK_OK(dp__unit_commit(u, "b", 1, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     CHECK_OK(dp__unit_commit(u, "nope", 4, &st, NULL));
@@ -114,15 +117,16 @@ DP_TEST(commit_idempotent_and_lost)
     CHECK_EQ(dp_test_unit_stats(u).n_commit, 1);
     /* an alloc for a committed id is refused; abort of a published blob is a no-op */
     uint64_t off;
-    CHECK_ERR(dp__unit_alloc(u, "b", 1, 64, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_test_unit_alloc(u, "b", 1, 64, 0, false, &off, NULL, NULL), DP_EPROTO);
     dp__unit_abort(u, "b", 1, true);
     CHECK_EQ(dp_test_unit_stats(u).published, 1);
     CHECK_EQ(dp_test_unit_stats(u).retired_bytes, 0);
     /* bad ids */
-    CHECK_ERR(dp__unit_alloc(u, "a/b", 3, 64, 0, &off, NULL, NULL), DP_EPROTO);
-    CHECK_ERR(dp__unit_alloc(u, "", 0, 64, 0, &off, NULL, NULL), DP_EPROTO);
-    CHECK_ERR(dp__unit_alloc(u, "x", 1, 0, 0, &off, NULL, NULL), DP_EPROTO);
-    CHECK_ERR(dp__unit_alloc(u, "x", 1, 2 << 20, 0, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_test_unit_alloc(u, "a/b", 3, 64, 0, false, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_test_unit_alloc(u, "", 0, 64, 0, false, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_test_unit_alloc(u, "x", 1, 0, 0, false, &off, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_test_unit_alloc(u, "x", 1, 2 << 20, 0, false, &off, NULL, NULL),
+              DP_EPROTO);
     /* release of the row: the commit is lost from then on */
     uint64_t g = 1;
     CHECK_EQ(dp__unit_release_rows(u, &g, 1), 1);
@@ -134,12 +138,12 @@ DP_TEST(commit_idempotent_and_lost)
 
 DP_TEST(alloc_retry_same_id)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t a, b;
-    CHECK_OK(dp__unit_alloc(u, "x", 1, 1000, 0, &a, NULL, NULL));
-    CHECK_OK(dp__unit_alloc(u, "x", 1, 1000, 0, &b, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "x", 1, 1000, 0, false, &a, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "x", 1, 1000, 0, false, &b, NULL, NULL));
     CHECK_EQ(a, b);
-    CHECK_ERR(dp__unit_alloc(u, "x", 1, 2000, 0, &b, NULL, NULL), DP_EPROTO);
+    CHECK_ERR(dp_test_unit_alloc(u, "x", 1, 2000, 0, false, &b, NULL, NULL), DP_EPROTO);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 1);
     dp_test_unit_check(u);
     dp__unit_destroy(u);
@@ -147,7 +151,7 @@ DP_TEST(alloc_retry_same_id)
 
 DP_TEST(overwrite_and_release)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     const char *k1[] = {"0@x", "1@x", "1@y"};
     const char *k2[] = {"0@x"};
     uint64_t off1 = put_keys(u, "b1", k1, 3, 100, 1);
@@ -187,7 +191,7 @@ DP_TEST(overwrite_and_release)
 /* Corrupt copies of a valid blob: each is refused and publishes nothing. */
 DP_TEST(commit_rejects_bad_blobs)
 {
-    dp_unit *u = mk_unit(1 << 20, 2, 1);
+    dp__unit *u = mk_unit(1 << 20, 2, 1);
     const char *keys[] = {"1@a", "3@a"};
     tblob t = mk_blob(keys, 2, 128, 9);
     const char *other[] = {"1@a", "2@a"}; /* 2 belongs to unit 0 */
@@ -213,12 +217,12 @@ DP_TEST(commit_rejects_bad_blobs)
         snprintf(id, sizeof id, "bad%zu", c);
         uint64_t off;
         tblob *s = cases[c].src;
-        CHECK_OK(
-            dp__unit_alloc(u, id, strlen(id), s->len, cases[c].decl, &off, NULL, NULL));
+        CHECK_OK(dp_test_unit_alloc(u, id, strlen(id), s->len, cases[c].decl, false, &off,
+                                    NULL, NULL));
         dp_test_write_blob(u, id, off, s->p, s->len);
         if (cases[c].at != SIZE_MAX)
             dp__unit_slab(u)[off + cases[c].at] ^= 0x5a;
-        dp_wire_commit_state st;
+        dp__wire_commit_state st;
         dp_detail d;
         dp_detail_clear(&d);
         int rc = dp__unit_commit(u, id, strlen(id), &st, &d);
@@ -247,19 +251,19 @@ DP_TEST(commit_rejects_bad_blobs)
 
 DP_TEST(abort_semantics)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t a, b;
-    CHECK_OK(dp__unit_alloc(u, "a", 1, 1000, 0, &a, NULL, NULL));
-    CHECK_OK(dp__unit_alloc(u, "b", 1, 1000, 0, &b, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "a", 1, 1000, 0, false, &a, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "b", 1, 1000, 0, false, &b, NULL, NULL));
     dp__unit_abort(u, "a", 1, false); /* freed */
     dp__unit_abort(u, "b", 1, true);  /* retired */
     dp__unit_abort(u, "zz", 2, true); /* unknown: no-op */
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.blobs, 0);
     CHECK_EQ(s.retired_bytes, 1024);
     CHECK_EQ(s.n_retired, 1);
     CHECK_EQ(s.allocated_bytes, 1024); /* the retired region is never freed */
-    dp_wire_commit_state st;
+    dp__wire_commit_state st;
     CHECK_OK(dp__unit_commit(u, "b", 1, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     /* The retired region is never handed out again: fill the slab. */
@@ -267,7 +271,7 @@ DP_TEST(abort_semantics)
         char id[16];
         snprintf(id, sizeof id, "f%d", i);
         uint64_t off;
-        int rc = dp__unit_alloc(u, id, strlen(id), 1000, 0, &off, NULL, NULL);
+        int rc = dp_test_unit_alloc(u, id, strlen(id), 1000, 0, false, &off, NULL, NULL);
         if (rc != 0) {
             CHECK_EQ(rc, DP_EUNITFULL);
             break;
@@ -280,15 +284,15 @@ DP_TEST(abort_semantics)
 
 DP_TEST(lease_expiry_retires)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     uint64_t a;
-    CHECK_OK(dp__unit_alloc(u, "late", 4, 5000, 0, &a, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "late", 4, 5000, 0, false, &a, NULL, NULL));
     fake_t += 59;
     dp__unit_tick(u);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 1);
     fake_t += 2;
     dp__unit_tick(u);
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.blobs, 0);
     CHECK_EQ(s.leases_expired, 1);
     CHECK_EQ(s.retired_bytes, 5056);
@@ -297,7 +301,7 @@ DP_TEST(lease_expiry_retires)
     const char *keys[] = {"0@a"};
     tblob t = mk_blob(keys, 1, 64, 1);
     memcpy(dp__unit_slab(u) + a, t.p, t.len);
-    dp_wire_commit_state st;
+    dp__wire_commit_state st;
     CHECK_OK(dp__unit_commit(u, "late", 4, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     /* Committed blobs are not subject to the lease. */
@@ -313,7 +317,7 @@ DP_TEST(lease_expiry_retires)
 /* Invariant 1: a released blob's region is not reused while it is pinned. */
 DP_TEST(no_reuse_while_pinned)
 {
-    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    dp__unit *u = mk_unit(64 * 1024, 1, 0);
     const char *keys[] = {"0@a"};
     tblob t = mk_blob(keys, 1, 60 * 1024, 1);
     uint64_t off = put_blob(u, "big", &t);
@@ -322,7 +326,7 @@ DP_TEST(no_reuse_while_pinned)
     CHECK(locate(u, "0@a", &o, &l, pin));
     uint64_t g = 0;
     CHECK_EQ(dp__unit_release_rows(u, &g, 1), 1);
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.zombies, 1);
     CHECK_EQ(s.zombie_bytes, t.len);
     CHECK_EQ(s.published, 0);
@@ -332,7 +336,8 @@ DP_TEST(no_reuse_while_pinned)
     const char *reason = NULL;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_ERR_D(dp__unit_alloc(u, "n", 1, 32 * 1024, 0, &a, &reason, &d), DP_EBUSY, &d);
+    CHECK_ERR_D(dp_test_unit_alloc(u, "n", 1, 32 * 1024, 0, false, &a, &reason, &d),
+                DP_EBUSY, &d);
     CHECK_STR(reason, "pins");
     /* The reader still sees its bytes (nobody wrote there). */
     CHECK_EQ(memcmp(dp__unit_slab(u) + off, t.p, 48), 0); /* 48..63: the alloc's name */
@@ -341,10 +346,11 @@ DP_TEST(no_reuse_while_pinned)
     dp__unit_unpin(u, pin, strlen(pin));
     CHECK_EQ(dp_test_unit_stats(u).zombies, 0);
     CHECK_EQ(dp_test_unit_stats(u).quarantined_bytes, 0);
-    CHECK_OK(dp__unit_alloc(u, "n", 1, 32 * 1024, 0, &a, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "n", 1, 32 * 1024, 0, false, &a, NULL, NULL));
     CHECK_EQ(a, off);
     /* Now really full and nothing pending: UnitFull. */
-    CHECK_ERR(dp__unit_alloc(u, "m", 1, 40 * 1024, 0, &a, NULL, NULL), DP_EUNITFULL);
+    CHECK_ERR(dp_test_unit_alloc(u, "m", 1, 40 * 1024, 0, false, &a, NULL, NULL),
+              DP_EUNITFULL);
     CHECK_EQ(dp_test_unit_stats(u).n_full, 1);
     dp_test_unit_check(u);
     free(t.p);
@@ -354,7 +360,7 @@ DP_TEST(no_reuse_while_pinned)
 /* A pin that expires sends its region through quarantine before reuse. */
 DP_TEST(pin_expiry_quarantine)
 {
-    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    dp__unit *u = mk_unit(64 * 1024, 1, 0);
     const char *keys[] = {"0@a"};
     tblob t = mk_blob(keys, 1, 60 * 1024, 1);
     uint64_t off = put_blob(u, "big", &t);
@@ -368,23 +374,23 @@ DP_TEST(pin_expiry_quarantine)
     CHECK_EQ(dp_test_unit_stats(u).pins, 1);
     fake_t += 1;
     dp__unit_tick(u); /* the pin expired (10 s): quarantine for 5 s */
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.pins, 0);
     CHECK_EQ(s.pins_expired, 1);
     CHECK_EQ(s.zombies, 0);
     CHECK_EQ(s.quarantined_bytes, t.len);
     uint64_t a;
     const char *reason = NULL;
-    CHECK_ERR(dp__unit_alloc(u, "n", 1, 8192, 0, &a, &reason, NULL), DP_EBUSY);
+    CHECK_ERR(dp_test_unit_alloc(u, "n", 1, 8192, 0, false, &a, &reason, NULL), DP_EBUSY);
     CHECK_STR(reason, "quarantine");
     /* Unpinning the expired pin later is a no-op. */
     dp__unit_unpin(u, pin, strlen(pin));
     fake_t += 4;
     dp__unit_tick(u);
-    CHECK_ERR(dp__unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL), DP_EBUSY);
+    CHECK_ERR(dp_test_unit_alloc(u, "n", 1, 8192, 0, false, &a, NULL, NULL), DP_EBUSY);
     fake_t += 1.5;
     /* alloc sweeps due quarantine itself, without waiting for the ticker. */
-    CHECK_OK(dp__unit_alloc(u, "n", 1, 8192, 0, &a, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "n", 1, 8192, 0, false, &a, NULL, NULL));
     CHECK_EQ(a, off);
     dp_test_unit_check(u);
     free(t.p);
@@ -394,7 +400,7 @@ DP_TEST(pin_expiry_quarantine)
 /* A live blob whose pin expired is quarantined when released later, unpinned. */
 DP_TEST(expired_pin_then_release)
 {
-    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    dp__unit *u = mk_unit(64 * 1024, 1, 0);
     const char *keys[] = {"0@a"};
     tblob t = mk_blob(keys, 1, 1000, 1);
     put_blob(u, "b", &t);
@@ -420,7 +426,7 @@ DP_TEST(expired_pin_then_release)
 /* Two pins on one released blob: freed only when both end. */
 DP_TEST(two_pins_one_blob)
 {
-    dp_unit *u = mk_unit(64 * 1024, 1, 0);
+    dp__unit *u = mk_unit(64 * 1024, 1, 0);
     const char *keys[] = {"0@a", "0@b"};
     tblob t = mk_blob(keys, 2, 1000, 1);
     put_blob(u, "b", &t);
@@ -468,7 +474,7 @@ typedef struct mregion {
 enum { MODEL_MAXR = 4096, MODEL_MAXB = 64, MODEL_MAXP = 64 };
 
 typedef struct model {
-    dp_unit *u;
+    dp__unit *u;
     uint64_t rs;
     mregion reg[MODEL_MAXR];
     int nreg;
@@ -516,8 +522,8 @@ model_alloc(model *m, int step)
     tblob t = mk_blob(keys, nk, 64 + dp_test_rand(&m->rs) % 8000, (uint32_t)step);
     snprintf(m->blobs[bi].id, sizeof m->blobs[bi].id, "m%d", m->next_id++);
     uint64_t off;
-    int rc = dp__unit_alloc(m->u, m->blobs[bi].id, strlen(m->blobs[bi].id), t.len, nk,
-                            &off, NULL, NULL);
+    int rc = dp_test_unit_alloc(m->u, m->blobs[bi].id, strlen(m->blobs[bi].id), t.len, nk,
+                                false, &off, NULL, NULL);
     if (rc != 0) {
         CHECKF(rc == DP_EBUSY || rc == DP_EUNITFULL, "alloc: %s", dp_errname(rc));
         free(t.p);
@@ -564,7 +570,7 @@ model_end_write(model *m)
     /* after: 0 = no longer protected, 1 = retired for ever */
     int after;
     if (how <= 1) {
-        dp_wire_commit_state st;
+        dp__wire_commit_state st;
         dp_detail d;
         dp_detail_clear(&d);
         CHECK_OK_D(dp__unit_commit(m->u, id, strlen(id), &st, &d), &d);
@@ -601,13 +607,13 @@ model_resolve(model *m)
     if (m->pins[pi].used)
         return false;
     char kb[4][32];
-    dp_wire_str q[4];
+    dp__wire_str q[4];
     for (int k = 0; k < 4; k++) {
         snprintf(kb[k], sizeof kb[k], "%u@f%u", (unsigned)(dp_test_rand(&m->rs) % 16),
                  (unsigned)(dp_test_rand(&m->rs) % 3));
         q[k] = dp__wire_s(kb[k]);
     }
-    dp_unit_resolve_keys_res r;
+    dp__unit_resolve_keys_res r;
     dp__unit_lock(m->u);
     CHECK_OK(dp__unit_resolve_keys_locked(m->u, q, 4, &r, NULL));
     dp__unit_unlock(m->u);
@@ -706,7 +712,7 @@ DP_TEST(model_no_reuse_under_transfer)
     dp__log_set_level(DP_LOG_ERROR); /* lease expiries are expected here */
     for (int step = 0; step < 4000; step++)
         model_step(&m, step);
-    dp_unit_stats s = dp_test_unit_stats(m.u);
+    dp__unit_stats s = dp_test_unit_stats(m.u);
     printf(
         "  model: %d allocs (%d, %d, %d checked against live uncommitted, retired and "
         "pinned regions), %d commits, %d + %d aborts, %d pins, %d unpinned, %d expired; "
@@ -739,7 +745,7 @@ DP_TEST(model_no_reuse_under_transfer)
  */
 DP_TEST(wide_rows)
 {
-    dp_unit *u = mk_unit(8 << 20, 1, 0);
+    dp__unit *u = mk_unit(8 << 20, 1, 0);
     enum { A = 300, B = 200 };
     char(*ka)[32] = calloc(A, sizeof *ka), (*kb)[32] = calloc(B, sizeof *kb);
     const char **pa = calloc(A, sizeof *pa), **pb = calloc(B, sizeof *pb);
@@ -783,22 +789,173 @@ DP_TEST(wide_rows)
 /* The ticker thread runs maintenance on the real clock. */
 DP_TEST(ticker_thread)
 {
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.alloc_lease_s = 0.2;
     o.numa = DP_UNIT_NUMA_AUTO;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     CHECK_OK(dp__unit_create(&o, &u, NULL));
     CHECK(dp__unit_numa_desc(u)[0] != '\0');
     CHECK_OK(dp__unit_start_ticker(u, 0.05, NULL));
     uint64_t off;
-    CHECK_OK(dp__unit_alloc(u, "x", 1, 100, 0, &off, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "x", 1, 100, 0, false, &off, NULL, NULL));
     double t0 = dp_test_now();
     while (dp_test_unit_stats(u).leases_expired == 0 && dp_test_now() - t0 < 5)
         dp__sleep_s(0.02);
     CHECK_EQ(dp_test_unit_stats(u).leases_expired, 1);
     CHECK_EQ(dp_test_unit_stats(u).retired_bytes, 128);
+    dp__unit_destroy(u);
+}
+
+/* ---- NUMA bind mode ---- */
+
+/* The calling thread's memory policy; false when the kernel refuses to say. */
+static bool
+thread_mempolicy(int *mode, unsigned long *mask, unsigned long maxnode)
+{
+    memset(mask, 0, (maxnode + 63) / 64 * sizeof *mask);
+    return get_mempolicy(mode, mask, maxnode, NULL, 0) == 0;
+}
+
+/* The NUMA node of each page of [p, p + len) in node[] (at most 64 pages). */
+static size_t
+pages_nodes(const uint8_t *p, uint64_t len, int *node)
+{
+    uint64_t psz = (uint64_t)sysconf(_SC_PAGESIZE);
+    uintptr_t first = (uintptr_t)p / psz * psz;
+    void *pages[64];
+    size_t n = 0;
+    for (uintptr_t a = first; a < (uintptr_t)p + len && n < 64; a += psz)
+        pages[n++] = (void *)a;
+    for (size_t i = 0; i < n; i++)
+        node[i] = -1000;
+    if (move_pages(0, (unsigned long)n, pages, NULL, node, 0) != 0)
+        DP_SKIP("move_pages (query): %s: the kernel refuses page placement queries",
+                strerror(errno));
+    return n;
+}
+
+/*
+ * NUMA bind mode (numa.c, unit.h): the unit places the thread that creates it
+ * on node unit_id % nodes, CPUs and memory, and says what it did (the info
+ * reply's numa). On a multi-node host (unit 1 of 2: node 1): the thread's
+ * memory policy is MPOL_BIND to exactly that node, its CPUs are that node's,
+ * the slab pages a put wrote are on that node, and the description is "node 1
+ * of N (bind)". On a one-node host (the development machine) bind is a no-op
+ * by design, and says so ("one node: no-op"): the thread keeps its memory
+ * policy and its CPU affinity, which this test first narrows to one CPU so
+ * that a bind to node 0's CPUs would show; the slab's pages are on node 0.
+ * Either way, applying bind again (a process may place itself before its
+ * unit) gives the same description and placement, and a put into the slab
+ * reads back. Skipped only when the kernel refuses the placement queries, or
+ * (several nodes) when this process's cpuset excludes node 1.
+ */
+DP_TEST(numa_bind_places_thread_and_slab)
+{
+    enum { MAXNODE = 1024 };
+    unsigned long mask0[MAXNODE / 64], mask[MAXNODE / 64];
+    int mode0 = -1, mode = -1;
+    if (!thread_mempolicy(&mode0, mask0, MAXNODE))
+        DP_SKIP("get_mempolicy: %s: the kernel refuses memory policy queries",
+                strerror(errno));
+    CHECK(numa_available() >= 0);
+    int nodes = numa_num_configured_nodes();
+    CHECK_GE(nodes, 1);
+    cpu_set_t cpus0, cpus;
+    CHECK(sched_getaffinity(0, sizeof cpus0, &cpus0) == 0);
+    if (nodes == 1) {
+        /* One CPU only: binding to node 0 would widen it to all of node 0's. */
+        int first = 0;
+        while (!CPU_ISSET(first, &cpus0))
+            first++;
+        CPU_ZERO(&cpus0);
+        CPU_SET(first, &cpus0);
+        CHECK(sched_setaffinity(0, sizeof cpus0, &cpus0) == 0);
+    } else {
+        /* A cpuset without node 1's memory or CPUs: the kernel refuses the bind. */
+        struct bitmask *mems = numa_get_mems_allowed(), *nc = numa_allocate_cpumask();
+        CHECK(mems != NULL && nc != NULL);
+        CHECK(numa_node_to_cpus(1 % nodes, nc) == 0);
+        bool has_mem = numa_bitmask_isbitset(mems, (unsigned)(1 % nodes)) != 0;
+        bool has_cpu = false;
+        for (unsigned c = 0; c < nc->size; c++)
+            if (numa_bitmask_isbitset(nc, c) &&
+                numa_bitmask_isbitset(numa_all_cpus_ptr, c))
+                has_cpu = true;
+        numa_bitmask_free(mems);
+        numa_free_cpumask(nc);
+        if (!has_mem || !has_cpu)
+            DP_SKIP("this process's cpuset allows no %s of node %d: the kernel refuses "
+                    "a bind there",
+                    has_mem ? "CPU" : "memory", 1 % nodes);
+    }
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = 1 << 20;
+    o.n_units = 2;
+    o.unit_id = 1;
+    o.read_pin_s = 10;
+    o.alloc_lease_s = 60;
+    o.quarantine_s = 5;
+    o.numa = DP_UNIT_NUMA_BIND;
+    o.now = fake_now;
+    dp__unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    /* A put the bound thread writes: its pages are where bind put them. */
+    const char *keys[] = {"1@numa", "3@numa"};
+    tblob t = mk_blob(keys, 2, 64 * 1024, 9);
+    uint64_t off = put_blob(u, "numa-blob", &t);
+    /* Every byte past the header (where the unit stamps the writer's token). */
+    CHECK(memcmp(dp__unit_slab(u) + off + DP_BLOB_HEADER_LEN, t.p + DP_BLOB_HEADER_LEN,
+                 t.len - DP_BLOB_HEADER_LEN) == 0);
+    int where[64];
+    size_t npages = pages_nodes(dp__unit_slab(u) + off, t.len, where);
+    CHECK_GE(npages, 1);
+    free(t.p);
+    CHECK(thread_mempolicy(&mode, mask, MAXNODE));
+    CHECK(sched_getaffinity(0, sizeof cpus, &cpus) == 0);
+    if (nodes == 1) {
+        CHECK_STR(dp__unit_numa_desc(u), "one node: no-op");
+        CHECK_EQ(mode, mode0);
+        CHECK(memcmp(mask, mask0, sizeof mask) == 0);
+        CHECK(CPU_EQUAL(&cpus, &cpus0));
+        for (size_t i = 0; i < npages; i++)
+            CHECK_EQ(where[i], 0);
+    } else {
+        int node = 1 % nodes;
+        char want[128];
+        snprintf(want, sizeof want, "node %d of %d (bind)", node, nodes);
+        CHECK_STR(dp__unit_numa_desc(u), want);
+        CHECK_EQ(mode, MPOL_BIND);
+        for (int k = 0; k < MAXNODE; k++)
+            CHECK_EQ((mask[k / 64] >> (k % 64)) & 1, k == node);
+        struct bitmask *nc = numa_allocate_cpumask();
+        CHECK(nc != NULL);
+        CHECK(numa_node_to_cpus(node, nc) == 0);
+        CHECK_GE(CPU_COUNT(&cpus), 1);
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &cpus))
+                CHECKF(numa_bitmask_isbitset(nc, (unsigned)c), "CPU %d is not on node %d",
+                       c, node);
+        numa_free_cpumask(nc);
+        for (size_t i = 0; i < npages; i++)
+            CHECK_EQ(where[i], node);
+    }
+    /* Idempotent: the same description, policy and CPUs again. */
+    char again[128];
+    dp__unit_numa_apply(DP_UNIT_NUMA_BIND, 1, again, sizeof again);
+    CHECK_STR(again, dp__unit_numa_desc(u));
+    int mode2 = -1;
+    unsigned long mask2[MAXNODE / 64];
+    cpu_set_t cpus2;
+    CHECK(thread_mempolicy(&mode2, mask2, MAXNODE));
+    CHECK(sched_getaffinity(0, sizeof cpus2, &cpus2) == 0);
+    CHECK_EQ(mode2, mode);
+    CHECK(memcmp(mask2, mask, sizeof mask) == 0);
+    CHECK(CPU_EQUAL(&cpus2, &cpus));
     dp__unit_destroy(u);
 }
 
@@ -808,7 +965,7 @@ DP_TEST(ticker_thread)
  * (and ThreadSanitizer watches the locking).
  */
 typedef struct hammer_arg {
-    dp_unit *u;
+    dp__unit *u;
     int tid;
     uint64_t seed;
 } hammer_arg;
@@ -818,7 +975,7 @@ hammer(void *p)
 {
     hammer_arg *a = p;
     uint64_t rs = a->seed;
-    dp_buf out = {0}, in = {0};
+    dp__buf out = {0}, in = {0};
     for (int i = 0; i < 300; i++) {
         char id[32], k1[32], k2[32];
         snprintf(id, sizeof id, "t%d-%d", a->tid, i);
@@ -827,11 +984,12 @@ hammer(void *p)
         const char *keys[] = {k1, k2};
         tblob t = mk_blob(keys, 2, 64 + dp_test_rand(&rs) % 2000, (uint32_t)i);
         uint64_t off;
-        if (dp__unit_alloc(a->u, id, strlen(id), t.len, 2, &off, NULL, NULL) == 0) {
+        if (dp_test_unit_alloc(a->u, id, strlen(id), t.len, 2, false, &off, NULL, NULL) ==
+            0) {
             int how = (int)(dp_test_rand(&rs) % 8);
             if (how < 6) {
                 dp_test_write_blob(a->u, id, off, t.p, t.len);
-                dp_wire_commit_state st;
+                dp__wire_commit_state st;
                 dp__unit_commit(a->u, id, strlen(id), &st, NULL);
             } else if (how == 6) {
                 dp__unit_abort(a->u, id, strlen(id), dp_test_rand(&rs) % 2 == 0);
@@ -839,18 +997,18 @@ hammer(void *p)
         }
         free(t.p);
         /* resolve through the handler, unpin some of the pins */
-        dp_wire_str ks[] = {dp__wire_s(k1), dp__wire_s(k2)};
-        dp_wire_request q;
+        dp__wire_str ks[] = {dp__wire_s(k1), dp__wire_s(k2)};
+        dp__wire_request q;
         memset(&q, 0, sizeof q);
         q.op = DP_WIRE_OP_RESOLVE_KEYS;
         q.rid = dp__wire_s("h");
-        q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+        q.a.resolve_keys.keys = (dp__wire_strs){ks, 2};
         q.a.resolve_keys.inline_bytes = 0;
         dp__buf_reset(&in);
         dp__wire_request_encode(&q, NULL, &in, NULL);
         dp__buf_reset(&out);
         dp__unit_handle(a->u, in.data, in.len, &out);
-        dp_wire_reply r;
+        dp__wire_reply r;
         if (dp__wire_reply_decode(out.data, out.len, q.op, NULL, &r, NULL) == 0 && r.ok &&
             r.r.resolve_keys.pin_id.n > 0 && dp_test_rand(&rs) % 2 == 0)
             dp__unit_unpin(a->u, r.r.resolve_keys.pin_id.p, r.r.resolve_keys.pin_id.n);
@@ -874,14 +1032,14 @@ hammer(void *p)
 
 DP_TEST(threads_hammer)
 {
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.read_pin_s = 0.05;
     o.alloc_lease_s = 0.05;
     o.quarantine_s = 0.02;
     o.numa = DP_UNIT_NUMA_OFF;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     CHECK_OK(dp__unit_create(&o, &u, NULL));
     CHECK_OK(dp__unit_start_ticker(u, 0.01, NULL));
     dp__log_set_level(DP_LOG_ERROR);
@@ -898,7 +1056,7 @@ DP_TEST(threads_hammer)
     dp__log_set_level(DP_LOG_INFO);
     dp_test_unit_check(u);
     /* Everything left ends: pins expire, leases retire, quarantine drains. */
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     double t0 = dp_test_now();
     while ((s.pins != 0 || s.zombies != 0 || s.quarantined_bytes != 0 ||
             s.blobs != s.published) &&
@@ -923,11 +1081,11 @@ DP_TEST(threads_hammer)
 
 /* ---- writers: retired regions come back when their writer is gone ---- */
 
-static dp_wire_alloc_args
+static dp__wire_alloc_args
 writer_alloc(const char *id, uint64_t nbytes, const char *writer, pid_t pid,
              const char *host, const char *lane)
 {
-    return (dp_wire_alloc_args){
+    return (dp__wire_alloc_args){
         dp__wire_s(id),   nbytes,          0, false, dp__wire_s(writer), (uint64_t)pid,
         dp__wire_s(host), dp__wire_s(lane)};
 }
@@ -941,7 +1099,7 @@ writer_alloc(const char *id, uint64_t nbytes, const char *writer, pid_t pid,
  */
 DP_TEST(gone_writers_regions_come_back)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     fflush(NULL);
     pid_t child = fork();
     CHECK(child >= 0);
@@ -952,10 +1110,10 @@ DP_TEST(gone_writers_regions_come_back)
     }
     const char *host = dp__host_key();
     CHECK(host[0] != '\0');
-    dp_wire_alloc_res r1, r1b, r2, r3, r4, r5;
+    dp__wire_alloc_res r1, r1b, r2, r3, r4, r5;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_alloc_args a = writer_alloc("open", 4096, "w1", child, host, "shm");
+    dp__wire_alloc_args a = writer_alloc("open", 4096, "w1", child, host, "shm");
     CHECK_OK_D(dp__unit_alloc_req(u, &a, &r1, NULL, &d), &d);
     CHECK_OK_D(dp__unit_alloc_req(u, &a, &r1b, NULL, &d), &d); /* retried */
     CHECK_EQ_U64(r1b.off, r1.off);
@@ -973,7 +1131,7 @@ DP_TEST(gone_writers_regions_come_back)
     a = writer_alloc("anon", 4096, "", 0, "", "");
     CHECK_OK_D(dp__unit_alloc_req(u, &a, &r5, NULL, &d), &d);
     dp__unit_abort(u, "anon", 4, true);
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.retired_bytes, 8192 + 3 * 4096);
     CHECK_EQ(s.retired_kept_bytes, 3 * 4096);
     CHECK_EQ(s.writers, 1); /* only w1's can ever be proved gone: tracked */
@@ -1005,12 +1163,12 @@ DP_TEST(gone_writers_regions_come_back)
     EXPECT_EQ(s.allocs_reclaimed_bytes, 4096);
     EXPECT_EQ(s.blobs, 0);
     EXPECT_EQ(s.allocated_bytes, 3 * 4096);
-    dp_wire_commit_state st;
+    dp__wire_commit_state st;
     CHECK_OK(dp__unit_commit(u, "open", 4, &st, NULL));
     CHECK_EQ(st, DP_WIRE_COMMIT_LOST);
     dp_test_unit_check(u);
     /* The space is reusable: the freed regions are allocated again. */
     uint64_t off;
-    CHECK_OK(dp__unit_alloc(u, "again", 5, 8192 + 4096, 0, &off, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "again", 5, 8192 + 4096, 0, false, &off, NULL, NULL));
     dp__unit_destroy(u);
 }

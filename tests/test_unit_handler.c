@@ -18,9 +18,9 @@
 /* ---- the handler, fed encoded and malformed messages ---- */
 
 static int
-call_handler(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, bool *replied)
+call_handler(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, bool *replied)
 {
-    dp_buf in = {0}, out = {0};
+    dp__buf in = {0}, out = {0};
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__wire_request_encode(req, NULL, &in, &d), &d);
@@ -32,11 +32,11 @@ call_handler(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, bool *r
         CHECK_OK_D(rc, &d);
         CHECK(dp__wire_str_same(rep->rid, req->rid));
         /* the reply's views point into out: keep it alive with the reply */
-        static dp_buf keep[64];
+        static dp__buf keep[64];
         static int nkeep;
         dp__buf_fini(&keep[nkeep % 64]);
         keep[nkeep++ % 64] = out;
-        out = (dp_buf){0};
+        out = (dp__buf){0};
     }
     dp__buf_fini(&in);
     dp__buf_fini(&out);
@@ -45,10 +45,10 @@ call_handler(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, bool *r
 
 DP_TEST(handler_ops)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     dp__unit_set_address(u, "tcp://127.0.0.1:1");
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     bool replied;
     memset(&q, 0, sizeof q);
     q.rid = dp__wire_s("r1");
@@ -70,7 +70,7 @@ DP_TEST(handler_ops)
     const char *keys[] = {"5@obs"};
     tblob t = mk_blob(keys, 1, 100, 3);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("blob-1"), t.len, 1, true};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s("blob-1"), t.len, 1, true};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     uint64_t off = r.r.alloc.off;
@@ -78,13 +78,13 @@ DP_TEST(handler_ops)
     dp_test_write_blob(u, "blob-1", off, t.p, t.len);
 
     q.op = DP_WIRE_OP_READ_BYTES;
-    q.a.read_bytes = (dp_wire_read_bytes_args){off, 8};
+    q.a.read_bytes = (dp__wire_read_bytes_args){off, 8};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.bytes.n, 8);
     CHECK_EQ(memcmp(r.r.bytes.p, DP_BLOB_MAGIC, 8), 0);
     dp__wire_reply_fini(&r);
-    q.a.read_bytes = (dp_wire_read_bytes_args){(1 << 20) - 4, 8};
+    q.a.read_bytes = (dp__wire_read_bytes_args){(1 << 20) - 4, 8};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK_EQ(r.err.code, DP_EPROTO);
@@ -97,9 +97,9 @@ DP_TEST(handler_ops)
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
     dp__wire_reply_fini(&r);
 
-    dp_wire_str ks[] = {dp__wire_s("5@obs"), dp__wire_s("6@obs")};
+    dp__wire_str ks[] = {dp__wire_s("5@obs"), dp__wire_s("6@obs")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    q.a.resolve_keys.keys = (dp__wire_strs){ks, 2};
     q.a.resolve_keys.inline_bytes = 0;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
@@ -118,9 +118,9 @@ DP_TEST(handler_ops)
     CHECK(!replied);
     CHECK_EQ(dp_test_unit_stats(u).pins, 0);
 
-    dp_wire_str ids[] = {dp__wire_s("blob-1"), dp__wire_s("gone")};
+    dp__wire_str ids[] = {dp__wire_s("blob-1"), dp__wire_s("gone")};
     q.op = DP_WIRE_OP_RESOLVE;
-    q.a.resolve.blob_ids = (dp_wire_strs){ids, 2};
+    q.a.resolve.blob_ids = (dp__wire_strs){ids, 2};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.resolve.blobs.n, 1);
@@ -152,7 +152,7 @@ DP_TEST(handler_ops)
 
     uint64_t g[] = {5, 6};
     q.op = DP_WIRE_OP_RELEASE_ROWS;
-    q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
+    q.a.release_rows.gidxs = (dp__wire_u64s){g, 2};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.dropped, 1);
@@ -160,7 +160,7 @@ DP_TEST(handler_ops)
 
     /* Busy/UnitFull map to their error kinds with a reason. */
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("huge"), (1 << 20) - 64, 0, false};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s("huge"), (1 << 20) - 64, 0, false};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK_EQ(r.err.code, DP_EBUSY); /* the resolve pin above holds blob-1 */
@@ -168,7 +168,7 @@ DP_TEST(handler_ops)
     dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_ABORT;
-    q.a.abort = (dp_wire_abort_args){dp__wire_s("nothing"), true};
+    q.a.abort = (dp__wire_abort_args){dp__wire_s("nothing"), true};
     call_handler(u, &q, &r, &replied);
     CHECK(!replied);
 
@@ -194,7 +194,7 @@ DP_TEST(handler_ops)
  */
 /* An error reply's message as a C string (the view is not terminated). */
 static const char *
-err_msg(const dp_wire_reply *r)
+err_msg(const dp__wire_reply *r)
 {
     static char buf[1024];
     dp__wire_str_copy(r->err.msg, buf, sizeof buf);
@@ -203,9 +203,9 @@ err_msg(const dp_wire_reply *r)
 
 DP_TEST(inline_put_and_get)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
+    dp__wire_request q;
+    dp__wire_reply r;
     bool replied;
     memset(&q, 0, sizeof q);
     q.rid = dp__wire_s("r1");
@@ -216,7 +216,7 @@ DP_TEST(inline_put_and_get)
     /* Another incarnation's put stores nothing. */
     q.op = DP_WIRE_OP_PUT;
     q.a.put =
-        (dp_wire_put_args){dp__wire_s("ib-1"), {t.p, (uint32_t)t.len}, 3, true, inc ^ 1};
+        (dp__wire_put_args){dp__wire_s("ib-1"), {t.p, (uint32_t)t.len}, 3, true, inc ^ 1};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK_CONTAINS(err_msg(&r), "restarted");
@@ -249,7 +249,7 @@ DP_TEST(inline_put_and_get)
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
     dp__wire_reply_fini(&r);
-    dp_unit_stats st = dp_test_unit_stats(u);
+    dp__unit_stats st = dp_test_unit_stats(u);
     CHECK_EQ(st.n_put_inline, 1);
     CHECK_EQ(st.entries, 3);
     CHECK_EQ(st.writers, 0); /* nobody but the unit wrote it */
@@ -263,14 +263,14 @@ DP_TEST(inline_put_and_get)
 
     /* resolve_keys: 250 bytes of budget do not carry the three 100-byte values:
      * none is inline (all or nothing), all are pinned. */
-    dp_wire_str ks[] = {dp__wire_s("7@obs"), dp__wire_s("5@obs"), dp__wire_s("9@obs"),
-                        dp__wire_s("6@obs")};
+    dp__wire_str ks[] = {dp__wire_s("7@obs"), dp__wire_s("5@obs"), dp__wire_s("9@obs"),
+                         dp__wire_s("6@obs")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    q.a.resolve_keys.keys = (dp_wire_strs){ks, 4};
+    q.a.resolve_keys.keys = (dp__wire_strs){ks, 4};
     q.a.resolve_keys.inline_bytes = 250;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
-    const dp_wire_resolve_keys_res *x = &r.r.resolve_keys;
+    const dp__wire_resolve_keys_res *x = &r.r.resolve_keys;
     CHECK_EQ(x->entries.n, 3);
     CHECK_EQ(x->missing.n, 1);
     for (uint32_t i = 0; i < 3; i++) {
@@ -289,7 +289,7 @@ DP_TEST(inline_put_and_get)
 
     /* Everything fits (300 bytes, the missing key aside): nothing is pinned. */
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    q.a.resolve_keys.keys = (dp_wire_strs){ks, 4};
+    q.a.resolve_keys.keys = (dp__wire_strs){ks, 4};
     q.a.resolve_keys.inline_bytes = 300;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
@@ -297,7 +297,7 @@ DP_TEST(inline_put_and_get)
     CHECK_EQ(x->entries.n, 3);
     CHECK_EQ(x->pin_id.n, 0);
     for (uint32_t i = 0; i < 3; i++) {
-        const dp_wire_key_loc *e = &x->entries.v[i];
+        const dp__wire_key_loc *e = &x->entries.v[i];
         /* key k of the blob: mk_blob's bytes (seed 3) */
         uint32_t k = dp__wire_str_eq(e->key, "5@obs")   ? 0
                      : dp__wire_str_eq(e->key, "6@obs") ? 1
@@ -309,7 +309,7 @@ DP_TEST(inline_put_and_get)
     dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).pins, 0);
     CHECK_EQ(dp_test_unit_stats(u).inline_bytes, 300);
-    q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    q.a.resolve_keys.keys = (dp__wire_strs){ks, 2};
     q.a.resolve_keys.inline_bytes = 1 << 30; /* the unit caps it */
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok && r.r.resolve_keys.pin_id.n == 0);
@@ -320,7 +320,7 @@ DP_TEST(inline_put_and_get)
 }
 
 static bool
-raw_call(dp_unit *u, const void *msg, size_t len, dp_wire_reply *rep, dp_buf *out)
+raw_call(dp__unit *u, const void *msg, size_t len, dp__wire_reply *rep, dp__buf *out)
 {
     dp__buf_reset(out);
     dp__unit_handle(u, msg, len, out);
@@ -335,10 +335,10 @@ raw_call(dp_unit *u, const void *msg, size_t len, dp_wire_reply *rep, dp_buf *ou
 
 DP_TEST(handler_malformed)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
-    dp_buf out = {0}, m = {0};
-    dp_wire_reply r;
-    dp_mp_writer w;
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
+    dp__buf out = {0}, m = {0};
+    dp__wire_reply r;
+    dp__mp_writer w;
 
     /* Garbage and messages without a readable request id: no reply. */
     CHECK(!raw_call(u, "\xc1\xff\x00", 3, &r, &out));
@@ -392,11 +392,11 @@ DP_TEST(handler_malformed)
     CHECK(!raw_call(u, m.data, m.len, &r, &out));
 
     /* Truncations of a valid request never crash and never reply wrongly. */
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
     q.rid = dp__wire_s("rid-12");
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("b"), 100, 1, true};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s("b"), 100, 1, true};
     dp__buf_reset(&m);
     CHECK_OK(dp__wire_request_encode(&q, NULL, &m, NULL));
     for (size_t cut = 0; cut < m.len; cut++) {
@@ -430,17 +430,17 @@ DP_TEST(handler_malformed)
 /* release_rows of a row another unit owns: Protocol error, nothing released. */
 DP_TEST(release_rows_of_another_unit_is_refused)
 {
-    dp_unit *u = mk_unit(1 << 20, 2, 1);
+    dp__unit *u = mk_unit(1 << 20, 2, 1);
     const char *keys[] = {"1@a"};
     tblob t = mk_blob(keys, 1, 64, 1);
     put_blob(u, "b", &t);
     uint64_t g[2] = {1, 2}; /* 2 belongs to unit 0 */
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     q.rid = dp__wire_s("r1");
-    q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
-    dp_wire_reply r;
+    q.a.release_rows.gidxs = (dp__wire_u64s){g, 2};
+    dp__wire_reply r;
     bool replied = false;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
@@ -462,18 +462,18 @@ DP_TEST(release_rows_of_another_unit_is_refused)
  */
 DP_TEST(stale_requests_are_refused)
 {
-    dp_unit *u = mk_unit(1 << 20, 1, 0);
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
     const char *A = "0123456789abcdef", *B = "fedcba9876543210";
     char rid[64];
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     bool replied = false;
     /* A's alloc with counter 5. */
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
     snprintf(rid, sizeof rid, "%s-5", A);
     q.rid = dp__wire_s(rid);
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("x"), 4096, 0, false};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s("x"), 4096, 0, false};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     uint64_t off = r.r.alloc.off, token = r.r.alloc.token;
@@ -495,7 +495,7 @@ DP_TEST(stale_requests_are_refused)
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     snprintf(rid, sizeof rid, "%s-3", A);
     q.rid = dp__wire_s(rid);
-    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    q.a.release_rows.gidxs = (dp__wire_u64s){&g, 1};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
@@ -514,7 +514,7 @@ DP_TEST(stale_requests_are_refused)
     q.op = DP_WIRE_OP_ABORT;
     snprintf(rid, sizeof rid, "%s-4", A);
     q.rid = dp__wire_s(rid);
-    q.a.abort = (dp_wire_abort_args){dp__wire_s("x"), false};
+    q.a.abort = (dp__wire_abort_args){dp__wire_s("x"), false};
     call_handler(u, &q, &r, &replied);
     CHECK(!replied);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 2); /* "x" is still allocated */
@@ -523,7 +523,7 @@ DP_TEST(stale_requests_are_refused)
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     snprintf(rid, sizeof rid, "%s-1", B);
     q.rid = dp__wire_s(rid);
-    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    q.a.release_rows.gidxs = (dp__wire_u64s){&g, 1};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok && r.r.dropped == 1);
     dp__wire_reply_fini(&r);
@@ -531,7 +531,7 @@ DP_TEST(stale_requests_are_refused)
     q.op = DP_WIRE_OP_ABORT;
     snprintf(rid, sizeof rid, "%s-6", A);
     q.rid = dp__wire_s(rid);
-    q.a.abort = (dp_wire_abort_args){dp__wire_s("x"), false};
+    q.a.abort = (dp__wire_abort_args){dp__wire_s("x"), false};
     call_handler(u, &q, &r, &replied);
     CHECK_EQ(dp_test_unit_stats(u).blobs, 0);
     /* Ids of another form are never stale. */
@@ -545,12 +545,12 @@ DP_TEST(stale_requests_are_refused)
     }
     /* A stale unpin is still carried out (it only ends a pin). */
     put_blob(u, "c", &t);
-    dp_wire_str k = dp__wire_s("7@a");
+    dp__wire_str k = dp__wire_s("7@a");
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
     snprintf(rid, sizeof rid, "%s-9", A);
     q.rid = dp__wire_s(rid);
-    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.a.resolve_keys.keys = (dp__wire_strs){&k, 1};
     q.a.resolve_keys.inline_bytes = 0;
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok && r.r.resolve_keys.pin_id.n > 0);

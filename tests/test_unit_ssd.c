@@ -27,11 +27,11 @@
 DP_TEST(options_and_info)
 {
     char *dir = mk_dir();
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.numa = DP_UNIT_NUMA_OFF;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     o.staging_bytes = 1 << 20; /* without ssd_dir */
     CHECK_ERR(dp__unit_create(&o, &u, NULL), DP_EINVAL);
     o.ssd_dir = dir;
@@ -48,7 +48,7 @@ DP_TEST(options_and_info)
     CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     CHECK_EQ(dp__unit_io_bytes(u), 1 << 20);
     CHECK_EQ(dp__unit_io_base(u), (1 << 20) + 4096);
-    dp_wire_info info;
+    dp__wire_info info;
     dp__unit_lock(u);
     dp__unit_info_locked(u, &info);
     const uint8_t *p = NULL;
@@ -57,7 +57,7 @@ DP_TEST(options_and_info)
     CHECK_ERR(dp__unit_read_bytes_locked(u, (1 << 20) + 200, 16, &p, NULL), DP_EPROTO);
     CHECK_ERR(dp__unit_read_bytes_locked(u, dp__unit_io_base(u) + 1, 1 << 20, &p, NULL),
               DP_EPROTO);
-    dp_wire_fields f = {0};
+    dp__wire_fields f = {0};
     CHECK_OK(dp__unit_stats_locked(u, &f, NULL));
     dp__unit_unlock(u);
     CHECK_EQ(info.io_bytes, 1 << 20);
@@ -70,16 +70,14 @@ DP_TEST(options_and_info)
     /* Too big for either area is a Protocol error; for the put area only without
      * spill. */
     uint64_t off;
-    CHECK_ERR(dp__unit_alloc_spill(u, "x", 1, 3 << 20, 0, true, &off, NULL, NULL),
+    CHECK_ERR(dp_test_unit_alloc(u, "x", 1, 3 << 20, 0, true, &off, NULL, NULL),
               DP_EPROTO);
-    CHECK_ERR(
-        dp__unit_alloc_spill(u, "x", 1, (1 << 20) + 8192, 0, false, &off, NULL, NULL),
-        DP_EPROTO);
-    CHECK_OK(
-        dp__unit_alloc_spill(u, "x", 1, (1 << 20) - 4096, 0, true, &off, NULL, NULL));
+    CHECK_ERR(dp_test_unit_alloc(u, "x", 1, (1 << 20) + 8192, 0, false, &off, NULL, NULL),
+              DP_EPROTO);
+    CHECK_OK(dp_test_unit_alloc(u, "x", 1, (1 << 20) - 4096, 0, true, &off, NULL, NULL));
     CHECK(off < (1 << 20));
     /* The put area is full now: a spill lands in the IO area. */
-    CHECK_OK(dp__unit_alloc_spill(u, "y", 1, 64 << 10, 0, true, &off, NULL, NULL));
+    CHECK_OK(dp_test_unit_alloc(u, "y", 1, 64 << 10, 0, true, &off, NULL, NULL));
     CHECK(off >= dp__unit_io_base(u));
     dp_test_unit_check(u);
     dp__unit_destroy(u);
@@ -89,7 +87,7 @@ DP_TEST(options_and_info)
 DP_TEST(fill_past_ram_read_overwrite_clear)
 {
     char *dir = mk_dir();
-    dp_unit *u = mk_ssd_unit(1 << 20, 512 << 10, dir, 0.2, 1);
+    dp__unit *u = mk_ssd_unit(1 << 20, 512 << 10, dir, 0.2, 1);
     enum { ROWS = 240, PER = 4 };
     uint32_t ver[ROWS];
     uint64_t total = 0;
@@ -109,7 +107,7 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
         spilled_n += sp;
         free(t.p);
     }
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     printf("  %" PRIu64 " bytes in %u blobs on a 1 MiB slab: %d spilled, %" PRIu64
            " disk blobs\n",
            total, ROWS / PER, spilled_n, s.disk_blobs);
@@ -182,20 +180,21 @@ DP_TEST(fill_past_ram_read_overwrite_clear)
 DP_TEST(inline_put_spills_when_ram_is_full)
 {
     char *dir = mk_dir();
-    dp_unit *u = mk_ssd_unit(1 << 20, 512 << 10, dir, 0.2, 1);
+    dp__unit *u = mk_ssd_unit(1 << 20, 512 << 10, dir, 0.2, 1);
     dp_detail d;
     dp_detail_clear(&d);
     /* Take all of RAM: an open allocation of whatever is free. */
-    dp_unit_stats st = dp_test_unit_stats(u);
+    dp__unit_stats st = dp_test_unit_stats(u);
     uint64_t off;
-    CHECK_OK_D(dp__unit_alloc(u, "fill", 4, st.largest_free, 0, &off, NULL, &d), &d);
+    CHECK_OK_D(
+        dp_test_unit_alloc(u, "fill", 4, st.largest_free, 0, false, &off, NULL, &d), &d);
     CHECK_EQ(dp_test_unit_stats(u).free_bytes, 0);
 
     uint64_t g = 7;
     tblob t = rows_blob(&g, 1, 1);
-    dp_wire_put_args a = {
+    dp__wire_put_args a = {
         dp__wire_s("small-1"), {t.p, (uint32_t)t.len}, 2, false, dp__unit_incarnation(u)};
-    dp_wire_commit_state cs = DP_WIRE_COMMIT_LOST;
+    dp__wire_commit_state cs = DP_WIRE_COMMIT_LOST;
     CHECK_ERR_D(dp__unit_put_inline(u, &a, &cs, NULL, &d), DP_EUNITFULL, &d);
     CHECK_EQ(read_row(u, g, 1), RD_MISSING);
 
@@ -231,7 +230,7 @@ DP_TEST(pickup_and_eviction_order)
     uint64_t io =
         DP_ALIGN_UP(DP_ALIGN_UP(t[0].len, 64) + DP_ALIGN_UP(t[2].len, 64), 4096);
     CHECK(io < t[0].len + t[1].len + t[2].len);
-    dp_unit *u = mk_ssd_unit(4096, io, dir, 0.5, 1);
+    dp__unit *u = mk_ssd_unit(4096, io, dir, 0.5, 1);
     for (int i = 0; i < 3; i++) {
         char id[8];
         snprintf(id, sizeof id, "b%d", i);
@@ -239,8 +238,8 @@ DP_TEST(pickup_and_eviction_order)
     }
     CHECK_EQ(dp_test_unit_stats(u).disk_blobs, 3);
     /* Stage 1 and 2 but do not pick them up (a resolve that stays pending). */
-    dp_wire_str k1 = dp__wire_s("1@a"), k2 = dp__wire_s("2@a"), k3 = dp__wire_s("3@a");
-    dp_unit_resolve_keys_res r;
+    dp__wire_str k1 = dp__wire_s("1@a"), k2 = dp__wire_s("2@a"), k3 = dp__wire_s("3@a");
+    dp__unit_resolve_keys_res r;
     dp__unit_lock(u);
     CHECK_OK(dp__unit_resolve_keys_locked(u, &k1, 1, &r, NULL));
     CHECK_EQ(r.n_pending, 1);
@@ -274,7 +273,7 @@ DP_TEST(pickup_and_eviction_order)
     /* After pickup_s, row 3's stage evicts row 2 (the unpinned one), not row 1. */
     dp__sleep_s(0.55);
     CHECK_EQ(read_row(u, 3, 1), RD_OK);
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     CHECK_EQ(s.evictions, 1);
     uint8_t *want = malloc(row_len(1, 1));
     row_fill(1, 1, want, row_len(1, 1));
@@ -303,7 +302,7 @@ DP_TEST(named_files_fallback_and_stale_names)
     fd = open(keep, O_CREAT | O_WRONLY, 0600);
     CHECK(fd >= 0);
     close(fd);
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 4096;
     o.numa = DP_UNIT_NUMA_OFF;
@@ -311,7 +310,7 @@ DP_TEST(named_files_fallback_and_stale_names)
     o.staging_bytes = 1 << 20;
     o.pickup_s = 0;
     o.ssd_no_tmpfile = true;
-    dp_unit *u = NULL;
+    dp__unit *u = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
@@ -347,13 +346,13 @@ DP_TEST(one_resolve_never_evicts_what_it_answers)
     tblob t2 = rows_blob(&g2, 1, 1), t3 = rows_blob(&g3, 1, 1);
     uint64_t io = DP_ALIGN_UP(DP_MAX(t2.len, t3.len) + 64, 4096);
     CHECK(io < t2.len + t3.len);
-    dp_unit *u = mk_ssd_unit(4096, io, dir, 0.0, 1);
+    dp__unit *u = mk_ssd_unit(4096, io, dir, 0.0, 1);
     CHECK_EQ(put_spill(u, "two", &t2, NULL), DP_WIRE_COMMIT_DONE);
     CHECK_EQ(put_spill(u, "three", &t3, NULL), DP_WIRE_COMMIT_DONE);
     CHECK_EQ(read_row(u, 2, 1), RD_OK); /* staged, picked up, unpinned */
     CHECK_EQ(dp_test_unit_stats(u).staged_blobs, 1);
-    dp_wire_str keys[2] = {dp__wire_s("2@a"), dp__wire_s("3@a")};
-    dp_unit_resolve_keys_res r;
+    dp__wire_str keys[2] = {dp__wire_s("2@a"), dp__wire_s("3@a")};
+    dp__unit_resolve_keys_res r;
     dp__unit_lock(u);
     CHECK_OK(dp__unit_resolve_keys_locked(u, keys, 2, &r, NULL));
     dp__unit_unlock(u);
@@ -381,7 +380,7 @@ DP_TEST(one_resolve_never_evicts_what_it_answers)
 /* ---- concurrent readers of one staged blob while writers force evictions ---- */
 
 typedef struct reader_arg {
-    dp_unit *u;
+    dp__unit *u;
     int tid;
     int reads, errors;
     volatile int *stop;
@@ -391,12 +390,12 @@ static void *
 reader_main(void *p)
 {
     reader_arg *a = p;
-    dp_wire_str k = dp__wire_s("7@a");
+    dp__wire_str k = dp__wire_s("7@a");
     uint64_t la = row_len(7, 1);
     uint8_t *want = malloc(la), *got = malloc(la);
     row_fill(7, 1, want, la);
     while (!__atomic_load_n(a->stop, __ATOMIC_ACQUIRE)) {
-        dp_unit_resolve_keys_res r;
+        dp__unit_resolve_keys_res r;
         dp__unit_lock(a->u);
         int rc = dp__unit_resolve_keys_locked(a->u, &k, 1, &r, NULL);
         dp__unit_unlock(a->u);
@@ -423,7 +422,7 @@ reader_main(void *p)
 DP_TEST(concurrent_readers_of_a_staged_blob)
 {
     char *dir = mk_dir();
-    dp_unit *u = mk_ssd_unit(4096, 256 << 10, dir, 0.0, 1);
+    dp__unit *u = mk_ssd_unit(4096, 256 << 10, dir, 0.0, 1);
     uint64_t g7[1] = {7};
     tblob t = rows_blob(g7, 1, 1);
     CHECK_EQ(put_spill(u, "seven", &t, NULL), DP_WIRE_COMMIT_DONE);
@@ -452,7 +451,7 @@ DP_TEST(concurrent_readers_of_a_staged_blob)
         CHECK_EQ(ra[i].errors, 0);
         reads += ra[i].reads;
     }
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     printf("  %d concurrent reads of one staged blob, %" PRIu64 " stages, %" PRIu64
            " evictions\n",
            reads, s.stages, s.evictions);
@@ -497,7 +496,7 @@ enum { MODEL_MAXL = 256 };
  * reads (pins) of rows in each area, transfers ended, commits, retirements.
  */
 typedef struct model {
-    dp_unit *u;
+    dp__unit *u;
     uint64_t rs;
     live lv[MODEL_MAXL];
     int nl;
@@ -511,13 +510,13 @@ typedef struct model {
 static void
 model_alloc(model *m, int step, uint64_t g)
 {
-    dp_unit *u = m->u;
+    dp__unit *u = m->u;
     uint32_t v = m->ver[g] + 1;
     tblob t = rows_blob(&g, 1, v);
     char id[33];
     snprintf(id, sizeof id, "m%d", step);
     uint64_t off;
-    int rc = dp__unit_alloc_spill(u, id, strlen(id), t.len, t.n, true, &off, NULL, NULL);
+    int rc = dp_test_unit_alloc(u, id, strlen(id), t.len, t.n, true, &off, NULL, NULL);
     if (rc == 0) {
         m->ran.allocs[off >= dp__unit_io_base(u)]++;
         bool vs[4] = {false, false, false, false};
@@ -543,7 +542,7 @@ model_alloc(model *m, int step, uint64_t g)
             snprintf(m->lv[m->nl - 1].id, 33, "retired-%s", id);
             m->ran.retired++;
         } else {
-            dp_wire_commit_state st;
+            dp__wire_commit_state st;
             do {
                 CHECK_OK(dp__unit_commit(u, id, strlen(id), &st, NULL));
                 if (st == DP_WIRE_COMMIT_PENDING)
@@ -563,11 +562,11 @@ model_alloc(model *m, int step, uint64_t g)
 static void
 model_resolve(model *m, uint64_t g)
 {
-    dp_unit *u = m->u;
+    dp__unit *u = m->u;
     char k[48];
     snprintf(k, sizeof k, "%" PRIu64 "@a", g);
-    dp_wire_str kk = dp__wire_s(k);
-    dp_unit_resolve_keys_res r;
+    dp__wire_str kk = dp__wire_s(k);
+    dp__unit_resolve_keys_res r;
     /*
      * A row on disk answers pending while it is staged: ask again, as a
      * client does, so that READs of the IO area are modelled too; not
@@ -631,7 +630,7 @@ DP_TEST(model_no_reuse_across_areas)
     uint64_t seed = dp_test_seed();
     char *dir = mk_dir();
     model m = {.u = mk_ssd_unit(128 << 10, 192 << 10, dir, 0.0, 1), .rs = seed};
-    dp_unit *u = m.u;
+    dp__unit *u = m.u;
     int steps = 2000;
     for (int step = 0; step < steps; step++) {
         uint64_t op = dp_test_rand(&m.rs) % 10;
@@ -655,7 +654,7 @@ DP_TEST(model_no_reuse_across_areas)
             dp__unit_unpin(u, m.lv[i].id, strlen(m.lv[i].id));
     wait_idle(u);
     dp_test_unit_check(u);
-    dp_unit_stats s = dp_test_unit_stats(u);
+    dp__unit_stats s = dp_test_unit_stats(u);
     printf("  seed %" PRIu64 ": %" PRIu64 " spills, %" PRIu64 " stages, %" PRIu64
            " evictions, %" PRIu64
            " busy; allocs %d + %d (put area + IO area), %d, %d and "

@@ -45,7 +45,7 @@ peer_unit(int fd)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 1 << 20;
     o.read_pin_s = 10;
@@ -54,7 +54,7 @@ peer_unit(int fd)
     o.ssd_dir = getenv("DP_TEST_SSD_DIR");
     o.staging_bytes = 1 << 20;
     o.pickup_s = 0.2;
-    dp_unit_server *srv = NULL;
+    dp__unit_server *srv = NULL;
     if (dp__unit_server_open(&o, "ssd-unit", "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
     /*
@@ -125,24 +125,24 @@ peer_stop(peer *p, int sig)
 }
 
 typedef struct zc {
-    dp_ctl_client *c;
+    dp__ctl_client *c;
     const char *addr;
-    dp_wire_rid_gen rid;
-    dp_endpoint *ep;
+    dp__wire_rid_gen rid;
+    dp__endpoint *ep;
     char name[256];
     uint64_t base;
-    dp_buf rb;
+    dp__buf rb;
 } zc;
 
 static int
-zcall(zc *z, dp_wire_request *q, dp_wire_reply *rep, dp_detail *d)
+zcall(zc *z, dp__wire_request *q, dp__wire_reply *rep, dp_detail *d)
 {
     char rid[DP_WIRE_RID_MAX];
     q->rid = dp__wire_rid_next(&z->rid, rid);
-    dp_buf req = {0};
+    dp__buf req = {0};
     CHECK_OK_D(dp__wire_request_encode(q, NULL, &req, d), d);
     dp__buf_reset(&z->rb);
-    int rc = dp__ctl_call(z->c, z->addr, req.data, req.len, rid, 10.0, &z->rb, d);
+    int rc = dp__ctl_call(z->c, z->addr, &req, rid, 10.0, &z->rb, d);
     dp__buf_fini(&req);
     if (rc != 0)
         return rc;
@@ -159,10 +159,10 @@ zc_open(zc *z, const char *addr)
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__endpoint_create("ssd-client", NULL, &z->ep, &d), &d);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
-    dp_wire_reply r;
+    dp__wire_reply r;
     CHECK_OK_D(zcall(z, &q, &r, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.info.slab_bytes, 1 << 20);
@@ -183,7 +183,7 @@ zc_close(zc *z)
 }
 
 /* alloc(spill) (Busy retried), WRITE over UCX, commit polled. */
-static dp_wire_commit_state
+static dp__wire_commit_state
 zput(zc *z, const char *id, const tblob *t)
 {
     dp_detail d;
@@ -191,14 +191,14 @@ zput(zc *z, const char *id, const tblob *t)
     void *buf = NULL;
     CHECK_OK_D(dp__endpoint_alloc(z->ep, t->len, &buf, &d), &d);
     memcpy(buf, t->p, t->len);
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     memset(&q, 0, sizeof q);
     uint64_t off = 0;
     double t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), t->len, t->n, true};
+        q.a.alloc = (dp__wire_alloc_args){dp__wire_s(id), t->len, t->n, true};
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         if (r.ok) {
             off = r.r.alloc.off;
@@ -211,11 +211,13 @@ zput(zc *z, const char *id, const tblob *t)
         dp__wire_reply_fini(&r);
         dp__sleep_s(0.002);
     }
-    dp_range l = {(uint64_t)(uintptr_t)buf, t->len};
-    dp_range rr = {z->base + off, t->len};
+    dp__range l = {(uint64_t)(uintptr_t)buf, t->len};
+    dp__range rr = {z->base + off, t->len};
     CHECK_OK_D(
-        dp__endpoint_transfer(z->ep, DP_XFER_WRITE, &l, 1, &rr, 1, z->name, 10, &d), &d);
-    dp_wire_commit_state st;
+        dp__endpoint_transfer(
+            z->ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &rr, 1, z->name}, 10, &d),
+        &d);
+    dp__wire_commit_state st;
     t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_COMMIT;
@@ -238,20 +240,20 @@ zread(zc *z, uint64_t g, uint32_t v)
 {
     char ka[48];
     snprintf(ka, sizeof ka, "%" PRIu64 "@a", g);
-    dp_wire_str k = dp__wire_s(ka);
+    dp__wire_str k = dp__wire_s(ka);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_request q;
-    dp_wire_reply r;
+    dp__wire_request q;
+    dp__wire_reply r;
     memset(&q, 0, sizeof q);
     double t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_RESOLVE_KEYS;
-        q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+        q.a.resolve_keys.keys = (dp__wire_strs){&k, 1};
         q.a.resolve_keys.inline_bytes = 0;
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         CHECK(r.ok);
-        dp_wire_resolve_keys_res *x = &r.r.resolve_keys;
+        dp__wire_resolve_keys_res *x = &r.r.resolve_keys;
         if (x->pending.n > 0) {
             dp__wire_reply_fini(&r);
             CHECKF(dp_test_now() - t0 < 30, "row %" PRIu64 " pending for 30 s", g);
@@ -268,10 +270,11 @@ zread(zc *z, uint64_t g, uint32_t v)
         CHECK_EQ_U64(x->entries.v[0].len, la);
         void *dst = NULL;
         CHECK_OK_D(dp__endpoint_alloc(z->ep, la, &dst, &d), &d);
-        dp_range l = {(uint64_t)(uintptr_t)dst, la};
-        dp_range rr = {z->base + x->entries.v[0].off, la};
+        dp__range l = {(uint64_t)(uintptr_t)dst, la};
+        dp__range rr = {z->base + x->entries.v[0].off, la};
         CHECK_OK_D(
-            dp__endpoint_transfer(z->ep, DP_XFER_READ, &l, 1, &rr, 1, z->name, 10, &d),
+            dp__endpoint_transfer(
+                z->ep, &(dp__xfer_desc){DP_XFER_READ, &l, 1, &rr, 1, z->name}, 10, &d),
             &d);
         uint8_t *want = malloc(la);
         row_fill(g, v, want, la);
@@ -285,7 +288,7 @@ zread(zc *z, uint64_t g, uint32_t v)
         q.a.unpin.pin_id = dp__wire_s(pin);
         char rid[DP_WIRE_RID_MAX];
         q.rid = dp__wire_rid_next(&z->rid, rid);
-        dp_buf req = {0};
+        dp__buf req = {0};
         CHECK_OK(dp__wire_request_encode(&q, NULL, &req, NULL));
         CHECK_OK(dp__ctl_notify(z->c, z->addr, req.data, req.len, NULL));
         dp__buf_fini(&req);
@@ -296,10 +299,10 @@ zread(zc *z, uint64_t g, uint32_t v)
 static uint64_t
 zstat(zc *z, const char *name)
 {
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_STATS;
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(zcall(z, &q, &r, &d), &d);
@@ -355,7 +358,7 @@ DP_TEST(zmq_ucx_full_disk_is_lost)
         tblob t = rows_blob(g, 2, 1);
         char id[32];
         snprintf(id, sizeof id, "f%u", b);
-        dp_wire_commit_state st = zput(&z, id, &t);
+        dp__wire_commit_state st = zput(&z, id, &t);
         CHECK(st == DP_WIRE_COMMIT_DONE || st == DP_WIRE_COMMIT_LOST);
         if (st == DP_WIRE_COMMIT_LOST) {
             lost++;
@@ -403,10 +406,10 @@ DP_TEST(cli_ssd_flags)
     z.addr = line;
     CHECK_OK(dp__wire_rid_gen_init(&z.rid, NULL));
     CHECK_OK(dp__ctl_client_create(&z.c, NULL));
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(zcall(&z, &q, &r, &d), &d);

@@ -36,13 +36,13 @@
  *   "client": allocs blob "doomed" on DP_TEST_UNIT_ADDR, WRITEs half of it,
  *             reports "ok" on the fd and waits to be killed.
  */
-static dp_wire_rid_gen rid_gen;
+static dp__wire_rid_gen rid_gen;
 static bool rid_init;
 
 /* Request q to addr; the reply decodes into rep with views into rbuf. */
 static int
-zcall(dp_ctl_client *c, const char *addr, dp_wire_request *q, dp_wire_reply *rep,
-      dp_buf *rbuf, dp_detail *d)
+zcall(dp__ctl_client *c, const char *addr, dp__wire_request *q, dp__wire_reply *rep,
+      dp__buf *rbuf, dp_detail *d)
 {
     if (!rid_init) {
         CHECK_OK(dp__wire_rid_gen_init(&rid_gen, NULL));
@@ -50,10 +50,10 @@ zcall(dp_ctl_client *c, const char *addr, dp_wire_request *q, dp_wire_reply *rep
     }
     char rid[DP_WIRE_RID_MAX];
     q->rid = dp__wire_rid_next(&rid_gen, rid);
-    dp_buf req = {0};
+    dp__buf req = {0};
     CHECK_OK_D(dp__wire_request_encode(q, NULL, &req, d), d);
     dp__buf_reset(rbuf);
-    int rc = dp__ctl_call(c, addr, req.data, req.len, rid, 10.0, rbuf, d);
+    int rc = dp__ctl_call(c, addr, &req, rid, 10.0, rbuf, d);
     dp__buf_fini(&req);
     if (rc != 0)
         return rc;
@@ -61,11 +61,11 @@ zcall(dp_ctl_client *c, const char *addr, dp_wire_request *q, dp_wire_reply *rep
 }
 
 static void
-znotify(dp_ctl_client *c, const char *addr, dp_wire_request *q)
+znotify(dp__ctl_client *c, const char *addr, dp__wire_request *q)
 {
     char rid[DP_WIRE_RID_MAX];
     q->rid = dp__wire_rid_next(&rid_gen, rid);
-    dp_buf req = {0};
+    dp__buf req = {0};
     CHECK_OK(dp__wire_request_encode(q, NULL, &req, NULL));
     CHECK_OK(dp__ctl_notify(c, addr, req.data, req.len, NULL));
     dp__buf_fini(&req);
@@ -80,14 +80,14 @@ peer_unit(int fd)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_opts o;
+    dp__unit_opts o;
     dp__unit_opts_init(&o);
     o.slab_bytes = 16 << 20;
     o.read_pin_s = 10;
     o.alloc_lease_s = atof(getenv("DP_TEST_UNIT_LEASE"));
     o.quarantine_s = 1;
     o.numa = DP_UNIT_NUMA_AUTO;
-    dp_unit_server *srv = NULL;
+    dp__unit_server *srv = NULL;
     if (dp__unit_server_open(&o, "test-unit", "127.0.0.1", 0, 0.1, &srv, &d) != 0)
         goto fail;
     char line[300];
@@ -104,9 +104,9 @@ fail:
 
 /* The slab's base address in the unit process: its only registered region. */
 static uint64_t
-slab_base(const dp_wire_bytes *md)
+slab_base(const dp__wire_bytes *md)
 {
-    dp_md m;
+    dp__md m;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__md_parse(md->p, md->n, &m, &d), &d);
@@ -118,13 +118,13 @@ slab_base(const dp_wire_bytes *md)
 
 /* Connect ep to the unit at addr; returns the remote name and slab base. */
 static uint64_t
-connect_unit(dp_ctl_client *c, const char *addr, dp_endpoint *ep, char name[256])
+connect_unit(dp__ctl_client *c, const char *addr, dp__endpoint *ep, char name[256])
 {
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
-    dp_wire_reply r;
-    dp_buf rb = {0};
+    dp__wire_reply r;
+    dp__buf rb = {0};
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
@@ -148,20 +148,20 @@ static int
 peer_client(int fd)
 {
     const char *addr = getenv("DP_TEST_UNIT_ADDR");
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     if (dp__ctl_client_create(&c, NULL) != 0)
         return 1;
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     if (dp__endpoint_create("doomed-client", NULL, &ep, NULL) != 0)
         return 1;
     char name[256];
     uint64_t base = connect_unit(c, addr, ep, name);
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("doomed"), 1 << 20, 0, false};
-    dp_wire_reply r;
-    dp_buf rb = {0};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s("doomed"), 1 << 20, 0, false};
+    dp__wire_reply r;
+    dp__buf rb = {0};
     if (zcall(c, addr, &q, &r, &rb, NULL) != 0 || !r.ok)
         return 1;
     uint64_t off = r.r.alloc.off;
@@ -170,9 +170,10 @@ peer_client(int fd)
     if (dp__endpoint_alloc(ep, 512 << 10, &buf, NULL) != 0)
         return 1;
     memset(buf, 0xab, 512 << 10);
-    dp_range l = {(uint64_t)(uintptr_t)buf, 512 << 10};
-    dp_range rr = {base + off, 512 << 10};
-    if (dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, NULL) != 0)
+    dp__range l = {(uint64_t)(uintptr_t)buf, 512 << 10};
+    dp__range rr = {base + off, 512 << 10};
+    if (dp__endpoint_transfer(ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &rr, 1, name},
+                              10, NULL) != 0)
         return 1;
     char line[64];
     snprintf(line, sizeof line, "%" PRIu64 "\n", off);
@@ -229,13 +230,13 @@ peer_stop(peer *p, int sig)
 }
 
 static uint64_t
-zstat(dp_ctl_client *c, const char *addr, const char *name)
+zstat(dp__ctl_client *c, const char *addr, const char *name)
 {
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_STATS;
-    dp_wire_reply r;
-    dp_buf rb = {0};
+    dp__wire_reply r;
+    dp__buf rb = {0};
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
@@ -253,9 +254,9 @@ DP_TEST(zmq_ucx_put_get)
     peer_start(&up, "unit", "60", NULL);
     const char *addr = up.line;
     CHECK(strncmp(addr, "tcp://127.0.0.1:", 16) == 0);
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__endpoint_create("test-client", NULL, &ep, &d), &d);
@@ -265,7 +266,7 @@ DP_TEST(zmq_ucx_put_get)
     /* A blob of three entries with payload CRCs, built in registered memory. */
     const char *keys[] = {"0@input_ids", "1@input_ids", "1@logprobs"};
     const uint64_t lens[] = {1000, 300 * 1024 + 7, 8};
-    dp_blob_builder *bb = NULL;
+    dp__blob_builder *bb = NULL;
     CHECK_OK(dp__blob_builder_create(DP_BLOB_FLAG_CRC, &bb, NULL));
     uint64_t rs = dp_test_seed();
     uint8_t *pay[3];
@@ -275,26 +276,26 @@ DP_TEST(zmq_ucx_put_get)
         for (uint64_t k = 0; k < lens[i]; k++)
             pay[i][k] = (uint8_t)dp_test_rand(&rs);
         crc[i] = dp__crc32c(pay[i], lens[i]);
-        dp_blob_entry_spec s = {0};
+        dp__blob_entry_spec s = {0};
         s.key = keys[i];
         s.kind = DP_BLOB_BYTES;
         s.len = lens[i];
         s.payload = pay[i];
         CHECK_OK_D(dp__blob_builder_add(bb, &s, NULL, &d), &d);
     }
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     CHECK_OK_D(dp__blob_builder_layout(bb, &lay, &d), &d);
     void *stage = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, lay.total_len, &stage, &d), &d);
     CHECK_OK(dp__blob_builder_write(bb, stage, lay.total_len, NULL));
     CHECK_OK(dp__blob_builder_copy_payloads(bb, stage, lay.total_len, NULL));
 
-    dp_wire_request q;
-    dp_wire_reply r;
-    dp_buf rb = {0};
+    dp__wire_request q;
+    dp__wire_reply r;
+    dp__buf rb = {0};
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("put-1"), lay.total_len, 3, true};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s("put-1"), lay.total_len, 3, true};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     uint64_t off = r.r.alloc.off;
@@ -310,9 +311,11 @@ DP_TEST(zmq_ucx_put_get)
     CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
     dp__wire_reply_fini(&r);
 
-    dp_range l = {(uint64_t)(uintptr_t)stage, lay.total_len};
-    dp_range rr = {base + off, lay.total_len};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, &d), &d);
+    dp__range l = {(uint64_t)(uintptr_t)stage, lay.total_len};
+    dp__range rr = {base + off, lay.total_len};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &rr, 1, name}, 10, &d),
+               &d);
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);
@@ -323,10 +326,10 @@ DP_TEST(zmq_ucx_put_get)
     dp__wire_reply_fini(&r);
 
     /* resolve_keys, READ each entry into registered memory, check CRCs. */
-    dp_wire_str ks[] = {dp__wire_s("1@logprobs"), dp__wire_s("0@input_ids"),
-                        dp__wire_s("9@nothing"), dp__wire_s("1@input_ids")};
+    dp__wire_str ks[] = {dp__wire_s("1@logprobs"), dp__wire_s("0@input_ids"),
+                         dp__wire_s("9@nothing"), dp__wire_s("1@input_ids")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    q.a.resolve_keys.keys = (dp_wire_strs){ks, 4};
+    q.a.resolve_keys.keys = (dp__wire_strs){ks, 4};
     q.a.resolve_keys.inline_bytes = 0;
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
@@ -336,16 +339,17 @@ DP_TEST(zmq_ucx_put_get)
     void *dst = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, 512 << 10, &dst, &d), &d);
     for (uint32_t i = 0; i < r.r.resolve_keys.entries.n; i++) {
-        const dp_wire_key_loc *e = &r.r.resolve_keys.entries.v[i];
+        const dp__wire_key_loc *e = &r.r.resolve_keys.entries.v[i];
         int k = dp__wire_str_eq(e->key, "0@input_ids")   ? 0
                 : dp__wire_str_eq(e->key, "1@input_ids") ? 1
                                                          : 2;
         CHECK_EQ(e->len, lens[k]);
         CHECK(dp__wire_str_eq(e->kind, "bytes"));
         memset(dst, 0, e->len);
-        dp_range ll = {(uint64_t)(uintptr_t)dst, e->len};
-        dp_range rl = {base + e->off, e->len};
-        CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, &ll, 1, &rl, 1, name, 10, &d),
+        dp__range ll = {(uint64_t)(uintptr_t)dst, e->len};
+        dp__range rl = {base + e->off, e->len};
+        CHECK_OK_D(dp__endpoint_transfer(
+                       ep, &(dp__xfer_desc){DP_XFER_READ, &ll, 1, &rl, 1, name}, 10, &d),
                    &d);
         CHECK_EQ(dp__crc32c(dst, e->len), crc[k]);
         CHECK_EQ(memcmp(dst, pay[k], e->len), 0);
@@ -364,7 +368,7 @@ DP_TEST(zmq_ucx_put_get)
 
     /* read_bytes sees the header the WRITE put there. */
     q.op = DP_WIRE_OP_READ_BYTES;
-    q.a.read_bytes = (dp_wire_read_bytes_args){off, 8};
+    q.a.read_bytes = (dp__wire_read_bytes_args){off, 8};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.bytes.n == 8 && memcmp(r.r.bytes.p, DP_BLOB_MAGIC, 8) == 0);
     dp__wire_reply_fini(&r);
@@ -373,7 +377,7 @@ DP_TEST(zmq_ucx_put_get)
     CHECK_OK(dp__ctl_notify(c, addr, "\x93\xc1\xc1", 3, NULL));
     uint64_t g[] = {0, 1};
     q.op = DP_WIRE_OP_RELEASE_ROWS;
-    q.a.release_rows.gidxs = (dp_wire_u64s){g, 2};
+    q.a.release_rows.gidxs = (dp__wire_u64s){g, 2};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.dropped, 3);
@@ -403,7 +407,7 @@ DP_TEST(zmq_client_killed_before_commit)
     uint64_t off = strtoull(cl.line, NULL, 10);
     CHECK_EQ(peer_stop(&cl, SIGKILL), -SIGKILL);
 
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
     double t0 = dp_test_now();
     while (zstat(c, addr, "leases_expired") == 0 && dp_test_now() - t0 < 10)
@@ -412,9 +416,9 @@ DP_TEST(zmq_client_killed_before_commit)
     CHECK_EQ(zstat(c, addr, "retired_bytes"), 1 << 20);
     CHECK_EQ(zstat(c, addr, "blobs"), 0);
 
-    dp_wire_request q;
-    dp_wire_reply r;
-    dp_buf rb = {0};
+    dp__wire_request q;
+    dp__wire_reply r;
+    dp__buf rb = {0};
     dp_detail d;
     dp_detail_clear(&d);
     memset(&q, 0, sizeof q);
@@ -429,7 +433,7 @@ DP_TEST(zmq_client_killed_before_commit)
         char id[16];
         snprintf(id, sizeof id, "fill%d", i);
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), 1 << 20, 0, false};
+        q.a.alloc = (dp__wire_alloc_args){dp__wire_s(id), 1 << 20, 0, false};
         CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
         if (!r.ok) {
             CHECK(dp__wire_str_eq(r.err.kind, "UnitFull"));
@@ -472,11 +476,11 @@ DP_TEST(cli_unit_command)
         NULL};
     pid_t pid = dp_test_cli_start(args, line, sizeof line);
     CHECKF(strncmp(line, "tcp://127.0.0.1:", 16) == 0, "first line '%s'", line);
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_wire_request q;
-    dp_wire_reply r;
-    dp_buf rb = {0};
+    dp__wire_request q;
+    dp__wire_reply r;
+    dp__buf rb = {0};
     dp_detail d;
     dp_detail_clear(&d);
     memset(&q, 0, sizeof q);
@@ -491,9 +495,9 @@ DP_TEST(cli_unit_command)
     CHECK(r.r.info.metadata.n > 0);
     dp__wire_reply_fini(&r);
     /* A key of another unit is refused; this unit owns gidx 1, 4, 7... */
-    dp_wire_str ks[] = {dp__wire_s("4@a"), dp__wire_s("2@a")};
+    dp__wire_str ks[] = {dp__wire_s("4@a"), dp__wire_s("2@a")};
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    q.a.resolve_keys.keys = (dp_wire_strs){ks, 2};
+    q.a.resolve_keys.keys = (dp__wire_strs){ks, 2};
     q.a.resolve_keys.inline_bytes = 0;
     CHECK_OK_D(zcall(c, line, &q, &r, &rb, &d), &d);
     CHECK(!r.ok);
@@ -516,9 +520,9 @@ DP_TEST(zmq_pinned_read_survives_release)
     peer_start(&up, "unit", "60", NULL);
     char addr[300];
     snprintf(addr, sizeof addr, "%s", up.line);
-    dp_ctl_client *c = NULL;
+    dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
-    dp_endpoint *ep = NULL;
+    dp__endpoint *ep = NULL;
     dp_detail d;
     dp_detail_clear(&d);
     CHECK_OK_D(dp__endpoint_create("test-client2", NULL, &ep, &d), &d);
@@ -532,29 +536,31 @@ DP_TEST(zmq_pinned_read_survives_release)
     void *stage = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, t.len, &stage, &d), &d);
     memcpy(stage, t.p, t.len);
-    dp_wire_request q;
-    dp_wire_reply r;
-    dp_buf rb = {0};
+    dp__wire_request q;
+    dp__wire_reply r;
+    dp__buf rb = {0};
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
-    q.a.alloc = (dp_wire_alloc_args){dp__wire_s("A"), t.len, 1, false};
+    q.a.alloc = (dp__wire_alloc_args){dp__wire_s("A"), t.len, 1, false};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     uint64_t aoff = r.r.alloc.off;
     dp__blob_header_set_alloc(stage, r.incarnation, r.r.alloc.token);
     dp__wire_reply_fini(&r);
-    dp_range l = {(uint64_t)(uintptr_t)stage, t.len};
-    dp_range rr = {base + aoff, t.len};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &rr, 1, name, 10, &d), &d);
+    dp__range l = {(uint64_t)(uintptr_t)stage, t.len};
+    dp__range rr = {base + aoff, t.len};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &rr, 1, name}, 10, &d),
+               &d);
     q.op = DP_WIRE_OP_COMMIT;
     q.a.commit.blob_id = dp__wire_s("A");
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.commit == DP_WIRE_COMMIT_DONE);
     dp__wire_reply_fini(&r);
 
-    dp_wire_str k = dp__wire_s("3@obs");
+    dp__wire_str k = dp__wire_s("3@obs");
     q.op = DP_WIRE_OP_RESOLVE_KEYS;
-    q.a.resolve_keys.keys = (dp_wire_strs){&k, 1};
+    q.a.resolve_keys.keys = (dp__wire_strs){&k, 1};
     q.a.resolve_keys.inline_bytes = 0;
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.resolve_keys.entries.n == 1);
@@ -568,7 +574,7 @@ DP_TEST(zmq_pinned_read_survives_release)
 
     uint64_t g = 3;
     q.op = DP_WIRE_OP_RELEASE_ROWS;
-    q.a.release_rows.gidxs = (dp_wire_u64s){&g, 1};
+    q.a.release_rows.gidxs = (dp__wire_u64s){&g, 1};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.dropped == 1);
     dp__wire_reply_fini(&r);
@@ -580,7 +586,7 @@ DP_TEST(zmq_pinned_read_survives_release)
         char id[16];
         snprintf(id, sizeof id, "W%d", i);
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp__wire_s(id), t.len, 0, false};
+        q.a.alloc = (dp__wire_alloc_args){dp__wire_s(id), t.len, 0, false};
         CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
         if (!r.ok) {
             CHECKF(dp__wire_str_eq(r.err.kind, "Busy"), "%.*s",
@@ -589,9 +595,10 @@ DP_TEST(zmq_pinned_read_survives_release)
             busy = true;
         } else {
             CHECK(r.r.alloc.off + t.len <= aoff || r.r.alloc.off >= aoff + t.len);
-            dp_range wr = {base + r.r.alloc.off, t.len};
+            dp__range wr = {base + r.r.alloc.off, t.len};
             CHECK_OK_D(
-                dp__endpoint_transfer(ep, DP_XFER_WRITE, &l, 1, &wr, 1, name, 10, &d),
+                dp__endpoint_transfer(
+                    ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &wr, 1, name}, 10, &d),
                 &d);
         }
         dp__wire_reply_fini(&r);
@@ -601,9 +608,11 @@ DP_TEST(zmq_pinned_read_survives_release)
     /* The reader's READ still gets A's bytes. */
     void *dst = NULL;
     CHECK_OK_D(dp__endpoint_alloc(ep, plen, &dst, &d), &d);
-    dp_range ll = {(uint64_t)(uintptr_t)dst, plen};
-    dp_range rl = {base + eoff, plen};
-    CHECK_OK_D(dp__endpoint_transfer(ep, DP_XFER_READ, &ll, 1, &rl, 1, name, 10, &d), &d);
+    dp__range ll = {(uint64_t)(uintptr_t)dst, plen};
+    dp__range rl = {base + eoff, plen};
+    CHECK_OK_D(dp__endpoint_transfer(
+                   ep, &(dp__xfer_desc){DP_XFER_READ, &ll, 1, &rl, 1, name}, 10, &d),
+               &d);
     CHECK_EQ(dp__crc32c(dst, plen), want);
 
     /* Unpinned: A's region is handed out again. */
@@ -614,7 +623,7 @@ DP_TEST(zmq_pinned_read_survives_release)
     double t0 = dp_test_now();
     while (!got && dp_test_now() - t0 < 5) {
         q.op = DP_WIRE_OP_ALLOC;
-        q.a.alloc = (dp_wire_alloc_args){dp__wire_s("after"), t.len, 0, false};
+        q.a.alloc = (dp__wire_alloc_args){dp__wire_s("after"), t.len, 0, false};
         CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
         if (r.ok) {
             got = true;

@@ -50,7 +50,7 @@ gnum(gen *g, uint64_t limit)
     return limit ? v % limit : v;
 }
 
-static dp_wire_str
+static dp__wire_str
 gid(gen *g)
 {
     static const char cs[] =
@@ -59,11 +59,11 @@ gid(gen *g)
     char *p = galloc(g, n);
     for (uint32_t i = 0; i < n; i++)
         p[i] = cs[rnd(g, sizeof cs - 1)];
-    return (dp_wire_str){p, n};
+    return (dp__wire_str){p, n};
 }
 
 /* UTF-8 text of up to max bytes (min bytes at least). */
-static dp_wire_str
+static dp__wire_str
 gtext_n(gen *g, uint32_t min, uint32_t max)
 {
     static const char *const pieces[] = {"a",  "Z", "0", " ", "_", "@",
@@ -78,21 +78,21 @@ gtext_n(gen *g, uint32_t min, uint32_t max)
         memcpy(p + n, pc, k);
         n += (uint32_t)k;
     }
-    return (dp_wire_str){p, n};
+    return (dp__wire_str){p, n};
 }
 
-static dp_wire_str
+static dp__wire_str
 gtext(gen *g)
 {
     return gtext_n(g, 0, rnd(g, 8) == 0 ? 300 : 24);
 }
 
-static dp_wire_str
+static dp__wire_str
 gkey(gen *g)
 {
     char *p = galloc(g, 300);
     int n = snprintf(p, 300, "%llu@", (unsigned long long)gnum(g, 0));
-    dp_wire_str f = gtext_n(g, 1, 255 - 0);
+    dp__wire_str f = gtext_n(g, 1, 255 - 0);
     if ((uint32_t)n + f.n > 276)
         f.n = 276 - (uint32_t)n;
     memcpy(p + n, f.p, f.n);
@@ -104,13 +104,13 @@ gkey(gen *g)
         p[n] = 'f';
         len = (uint32_t)n + 1;
     }
-    return (dp_wire_str){p, len};
+    return (dp__wire_str){p, len};
 }
 
-static dp_wire_strs
+static dp__wire_strs
 glist(gen *g, bool keys)
 {
-    dp_wire_strs l = {NULL, (uint32_t)rnd(g, 12)};
+    dp__wire_strs l = {NULL, (uint32_t)rnd(g, 12)};
     if (l.n > 0) {
         l.v = galloc(g, l.n * sizeof *l.v);
         for (uint32_t i = 0; i < l.n; i++)
@@ -119,26 +119,26 @@ glist(gen *g, bool keys)
     return l;
 }
 
-static dp_wire_shard_blobs
+static dp__wire_shard_blobs
 gshard(gen *g)
 {
-    dp_wire_shard_blobs l = {NULL, (uint32_t)rnd(g, 8)};
+    dp__wire_shard_blobs l = {NULL, (uint32_t)rnd(g, 8)};
     if (l.n > 0) {
         l.v = galloc(g, l.n * sizeof *l.v);
         for (uint32_t i = 0; i < l.n; i++)
-            l.v[i] = (dp_wire_shard_blob){gid(g), gnum(g, 1ull << 62),
-                                          gnum(g, 1ull << 62), gnum(g, 1ull << 62)};
+            l.v[i] = (dp__wire_shard_blob){gid(g), gnum(g, 1ull << 62),
+                                           gnum(g, 1ull << 62), gnum(g, 1ull << 62)};
     }
     return l;
 }
 
 static void
-gargs(gen *g, dp_wire_request *q)
+gargs(gen *g, dp__wire_request *q)
 {
     switch (q->op) {
     case DP_WIRE_OP_ALLOC:
-        q->a.alloc = (dp_wire_alloc_args){gid(g), 1 + gnum(g, (1ull << 62) - 1),
-                                          gnum(g, (1u << 20) + 1), rnd(g, 2)};
+        q->a.alloc = (dp__wire_alloc_args){gid(g), 1 + gnum(g, (1ull << 62) - 1),
+                                           gnum(g, (1u << 20) + 1), rnd(g, 2)};
         q->a.alloc.two_sided = rnd(g, 2);
         break;
     case DP_WIRE_OP_COMMIT:
@@ -149,12 +149,12 @@ gargs(gen *g, dp_wire_request *q)
         uint8_t *p = galloc(g, n);
         for (uint32_t i = 0; i < n; i++)
             p[i] = (uint8_t)rnd(g, 256);
-        q->a.put = (dp_wire_put_args){
+        q->a.put = (dp__wire_put_args){
             gid(g), {p, n}, gnum(g, (1u << 20) + 1), rnd(g, 2), gnum(g, UINT64_MAX)};
         break;
     }
     case DP_WIRE_OP_ABORT:
-        q->a.abort = (dp_wire_abort_args){gid(g), rnd(g, 2)};
+        q->a.abort = (dp__wire_abort_args){gid(g), rnd(g, 2)};
         break;
     case DP_WIRE_OP_RESOLVE:
         q->a.resolve.blob_ids = glist(g, false);
@@ -167,7 +167,7 @@ gargs(gen *g, dp_wire_request *q)
         q->a.unpin.pin_id = gid(g);
         break;
     case DP_WIRE_OP_RELEASE_ROWS: {
-        dp_wire_u64s *l = &q->a.release_rows.gidxs;
+        dp__wire_u64s *l = &q->a.release_rows.gidxs;
         l->n = (uint32_t)rnd(g, 20);
         l->v = galloc(g, l->n * sizeof *l->v);
         for (uint32_t i = 0; i < l->n; i++)
@@ -176,7 +176,7 @@ gargs(gen *g, dp_wire_request *q)
     }
     case DP_WIRE_OP_READ_BYTES:
         q->a.read_bytes =
-            (dp_wire_read_bytes_args){gnum(g, 1ull << 62), gnum(g, (16u << 20) + 1)};
+            (dp__wire_read_bytes_args){gnum(g, 1ull << 62), gnum(g, (16u << 20) + 1)};
         break;
     case DP_WIRE_OP_SAVE_SHARD:
         q->a.save_shard.path = gtext_n(g, 1, rnd(g, 4) ? 40 : PATH_MAX - 1);
@@ -191,15 +191,15 @@ gargs(gen *g, dp_wire_request *q)
     }
 }
 
-static dp_wire_fields
+static dp__wire_fields
 gfields(gen *g)
 {
-    dp_wire_fields f = {NULL, (uint32_t)rnd(g, 10)};
+    dp__wire_fields f = {NULL, (uint32_t)rnd(g, 10)};
     f.v = galloc(g, f.n * sizeof *f.v);
     for (uint32_t i = 0; i < f.n; i++) {
-        dp_wire_field *x = &f.v[i];
+        dp__wire_field *x = &f.v[i];
         x->name = gtext(g);
-        x->type = (dp_wire_scalar_type)rnd(g, 6);
+        x->type = (dp__wire_scalar_type)rnd(g, 6);
         switch (x->type) {
         case DP_WIRE_BOOL:
             x->v.b = rnd(g, 2);
@@ -223,27 +223,27 @@ gfields(gen *g)
     return f;
 }
 
-static dp_wire_str
+static dp__wire_str
 gpin(gen *g)
 {
-    return rnd(g, 4) == 0 ? (dp_wire_str){"", 0} : gid(g);
+    return rnd(g, 4) == 0 ? (dp__wire_str){"", 0} : gid(g);
 }
 
 static void
-gresult(gen *g, dp_wire_reply *r)
+gresult(gen *g, dp__wire_reply *r)
 {
     switch (r->op) {
     case DP_WIRE_OP_PING:
         r->r.unit_id = gnum(g, 0);
         break;
     case DP_WIRE_OP_INFO: {
-        dp_wire_info *i = &r->r.info;
+        dp__wire_info *i = &r->r.info;
         i->unit_id = gnum(g, 0);
         i->n_units = gnum(g, 0);
         i->zmq = gtext(g);
         i->agent = gtext(g);
-        dp_wire_str md = gtext_n(g, 0, 200);
-        i->metadata = (dp_wire_bytes){(const uint8_t *)md.p, md.n};
+        dp__wire_str md = gtext_n(g, 0, 200);
+        i->metadata = (dp__wire_bytes){(const uint8_t *)md.p, md.n};
         i->slab_bytes = gnum(g, 1ull << 62);
         i->io_bytes = gnum(g, 1ull << 62);
         i->numa = gtext(g);
@@ -258,28 +258,28 @@ gresult(gen *g, dp_wire_reply *r)
         break;
     case DP_WIRE_OP_COMMIT:
     case DP_WIRE_OP_PUT:
-        r->r.commit = (dp_wire_commit_state)rnd(g, 3);
+        r->r.commit = (dp__wire_commit_state)rnd(g, 3);
         break;
     case DP_WIRE_OP_RESOLVE: {
-        dp_wire_resolve_res *x = &r->r.resolve;
+        dp__wire_resolve_res *x = &r->r.resolve;
         x->pin_id = gpin(g);
         x->blobs.n = (uint32_t)rnd(g, 10);
         x->blobs.v = galloc(g, x->blobs.n * sizeof *x->blobs.v);
         for (uint32_t i = 0; i < x->blobs.n; i++)
             x->blobs.v[i] =
-                (dp_wire_blob_loc){gid(g), gnum(g, 1ull << 62), gnum(g, 1ull << 62)};
+                (dp__wire_blob_loc){gid(g), gnum(g, 1ull << 62), gnum(g, 1ull << 62)};
         x->missing = glist(g, false);
         x->pending = glist(g, false);
         x->failed = glist(g, false);
         break;
     }
     case DP_WIRE_OP_RESOLVE_KEYS: {
-        dp_wire_resolve_keys_res *x = &r->r.resolve_keys;
+        dp__wire_resolve_keys_res *x = &r->r.resolve_keys;
         x->pin_id = gpin(g);
         x->entries.n = (uint32_t)rnd(g, 10);
         x->entries.v = galloc(g, x->entries.n * sizeof *x->entries.v);
         for (uint32_t i = 0; i < x->entries.n; i++) {
-            dp_wire_key_loc *e = &x->entries.v[i];
+            dp__wire_key_loc *e = &x->entries.v[i];
             e->key = gkey(g);
             e->off = gnum(g, 1ull << 62);
             e->len = gnum(g, 1ull << 62);
@@ -290,14 +290,14 @@ gresult(gen *g, dp_wire_reply *r)
             for (uint32_t j = 0; j < e->ndim; j++)
                 s[j] = gnum(g, 1ull << 62);
             e->shape = e->ndim ? s : NULL;
-            e->data = (dp_wire_bytes){NULL, 0};
+            e->data = (dp__wire_bytes){NULL, 0};
             if (rnd(g, 2)) { /* inline: exactly len bytes */
                 uint32_t n = 1 + (uint32_t)rnd(g, 200);
                 uint8_t *p = galloc(g, n);
                 for (uint32_t j = 0; j < n; j++)
                     p[j] = (uint8_t)rnd(g, 256);
                 e->len = n;
-                e->data = (dp_wire_bytes){p, n};
+                e->data = (dp__wire_bytes){p, n};
             }
         }
         x->missing = glist(g, true);
@@ -322,7 +322,7 @@ gresult(gen *g, dp_wire_reply *r)
         uint8_t *p = galloc(g, n);
         for (uint32_t i = 0; i < n; i++)
             p[i] = (uint8_t)rnd(g, 256);
-        r->r.bytes = (dp_wire_bytes){p, n};
+        r->r.bytes = (dp__wire_bytes){p, n};
         break;
     }
     case DP_WIRE_OP_SAVE_SHARD:
@@ -340,13 +340,13 @@ gresult(gen *g, dp_wire_reply *r)
 }
 
 static void
-gerror(gen *g, dp_wire_reply *r)
+gerror(gen *g, dp__wire_reply *r)
 {
     static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO};
     r->ok = false;
     r->err.code = codes[rnd(g, 4)];
     r->err.msg = gtext(g);
-    r->err.reason = rnd(g, 2) ? gtext_n(g, 1, 30) : (dp_wire_str){"", 0};
+    r->err.reason = rnd(g, 2) ? gtext_n(g, 1, 30) : (dp__wire_str){"", 0};
     r->err.blobs = glist(g, true);
 }
 
@@ -357,7 +357,7 @@ gerror(gen *g, dp_wire_reply *r)
            DP_WIRE_STR_ARG(b))
 
 static void
-check_strs(dp_wire_strs a, dp_wire_strs b)
+check_strs(dp__wire_strs a, dp__wire_strs b)
 {
     CHECK_EQ(a.n, b.n);
     for (uint32_t i = 0; i < a.n; i++)
@@ -365,7 +365,7 @@ check_strs(dp_wire_strs a, dp_wire_strs b)
 }
 
 static void
-check_shard(dp_wire_shard_blobs a, dp_wire_shard_blobs b)
+check_shard(dp__wire_shard_blobs a, dp__wire_shard_blobs b)
 {
     CHECK_EQ(a.n, b.n);
     for (uint32_t i = 0; i < a.n; i++) {
@@ -377,11 +377,11 @@ check_shard(dp_wire_shard_blobs a, dp_wire_shard_blobs b)
 }
 
 static void
-check_fields(const dp_wire_fields *a, const dp_wire_fields *b)
+check_fields(const dp__wire_fields *a, const dp__wire_fields *b)
 {
     CHECK_EQ(a->n, b->n);
     for (uint32_t i = 0; i < a->n; i++) {
-        const dp_wire_field *x = &a->v[i], *y = &b->v[i];
+        const dp__wire_field *x = &a->v[i], *y = &b->v[i];
         CHECK_SV(x->name, y->name);
         CHECK_EQ(x->type, y->type);
         switch (x->type) {
@@ -407,7 +407,7 @@ check_fields(const dp_wire_fields *a, const dp_wire_fields *b)
 }
 
 static void
-check_req_eq(const dp_wire_request *a, const dp_wire_request *b)
+check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
 {
     CHECK_EQ(a->op, b->op);
     CHECK_SV(a->rid, b->rid);
@@ -468,7 +468,7 @@ check_req_eq(const dp_wire_request *a, const dp_wire_request *b)
 }
 
 static void
-check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
+check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
 {
     CHECK_EQ(a->op, b->op);
     CHECK_SV(a->rid, b->rid);
@@ -487,7 +487,7 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
         CHECK_EQ_U64(a->r.unit_id, b->r.unit_id);
         break;
     case DP_WIRE_OP_INFO: {
-        const dp_wire_info *x = &a->r.info, *y = &b->r.info;
+        const dp__wire_info *x = &a->r.info, *y = &b->r.info;
         CHECK_EQ_U64(x->unit_id, y->unit_id);
         CHECK_EQ_U64(x->n_units, y->n_units);
         CHECK_SV(x->zmq, y->zmq);
@@ -512,7 +512,7 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
         CHECK_EQ(a->r.commit, b->r.commit);
         break;
     case DP_WIRE_OP_RESOLVE: {
-        const dp_wire_resolve_res *x = &a->r.resolve, *y = &b->r.resolve;
+        const dp__wire_resolve_res *x = &a->r.resolve, *y = &b->r.resolve;
         CHECK_SV(x->pin_id, y->pin_id);
         CHECK_EQ(x->blobs.n, y->blobs.n);
         for (uint32_t i = 0; i < x->blobs.n; i++) {
@@ -526,11 +526,11 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
         break;
     }
     case DP_WIRE_OP_RESOLVE_KEYS: {
-        const dp_wire_resolve_keys_res *x = &a->r.resolve_keys, *y = &b->r.resolve_keys;
+        const dp__wire_resolve_keys_res *x = &a->r.resolve_keys, *y = &b->r.resolve_keys;
         CHECK_SV(x->pin_id, y->pin_id);
         CHECK_EQ(x->entries.n, y->entries.n);
         for (uint32_t i = 0; i < x->entries.n; i++) {
-            const dp_wire_key_loc *e = &x->entries.v[i], *f = &y->entries.v[i];
+            const dp__wire_key_loc *e = &x->entries.v[i], *f = &y->entries.v[i];
             CHECK_SV(e->key, f->key);
             CHECK_EQ_U64(e->off, f->off);
             CHECK_EQ_U64(e->len, f->len);
@@ -580,18 +580,18 @@ check_rep_eq(const dp_wire_reply *a, const dp_wire_reply *b)
 /* ---- round trips ---- */
 
 static void
-round_trip_request(gen *g, dp_wire_op op, dp_buf *out)
+round_trip_request(gen *g, dp__wire_op op, dp__buf *out)
 {
-    dp_wire_request q = {.op = op, .rid = gid(g)};
+    dp__wire_request q = {.op = op, .rid = gid(g)};
     gargs(g, &q);
     dp_detail d;
     dp__buf_reset(out);
     CHECK_OK_D(dp__wire_request_encode(&q, NULL, out, &d), &d);
-    dp_wire_request r;
+    dp__wire_request r;
     CHECK_OK_D(dp__wire_request_decode(out->data, out->len, NULL, &r, &d), &d);
     check_req_eq(&q, &r);
-    dp_wire_op pop;
-    dp_wire_str prid;
+    dp__wire_op pop;
+    dp__wire_str prid;
     CHECK_OK(dp__wire_request_peek(out->data, out->len, NULL, &pop, &prid, &d));
     CHECK_EQ(pop, op);
     CHECK_SV(prid, q.rid);
@@ -600,9 +600,9 @@ round_trip_request(gen *g, dp_wire_op op, dp_buf *out)
 }
 
 static void
-round_trip_reply(gen *g, dp_wire_op op, bool error, dp_buf *out)
+round_trip_reply(gen *g, dp__wire_op op, bool error, dp__buf *out)
 {
-    dp_wire_reply a = {.op = op, .rid = gid(g), .ok = true};
+    dp__wire_reply a = {.op = op, .rid = gid(g), .ok = true};
     if (error)
         gerror(g, &a);
     else
@@ -610,10 +610,10 @@ round_trip_reply(gen *g, dp_wire_op op, bool error, dp_buf *out)
     dp_detail d;
     dp__buf_reset(out);
     CHECK_OK_D(dp__wire_reply_encode(&a, NULL, out, &d), &d);
-    dp_wire_reply b;
+    dp__wire_reply b;
     CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, op, NULL, &b, &d), &d);
     check_rep_eq(&a, &b);
-    dp_wire_str prid;
+    dp__wire_str prid;
     CHECK_OK(dp__wire_reply_peek(out->data, out->len, NULL, &prid, &d));
     CHECK_SV(prid, a.rid);
     dp__wire_reply_fini(&b);
@@ -623,14 +623,14 @@ DP_TEST(every_op_round_trips)
 {
     gen *g = calloc(1, sizeof *g);
     g->st = 12345;
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     for (int op = 0; op < DP_WIRE_OP_COUNT_; op++) {
         for (int i = 0; i < 50; i++) {
-            round_trip_request(g, (dp_wire_op)op, &b);
-            if (!dp__wire_op_is_notify((dp_wire_op)op)) {
-                round_trip_reply(g, (dp_wire_op)op, false, &b);
-                round_trip_reply(g, (dp_wire_op)op, true, &b);
+            round_trip_request(g, (dp__wire_op)op, &b);
+            if (!dp__wire_op_is_notify((dp__wire_op)op)) {
+                round_trip_reply(g, (dp__wire_op)op, false, &b);
+                round_trip_reply(g, (dp__wire_op)op, true, &b);
             }
             gfree(g);
         }
@@ -643,10 +643,10 @@ DP_TEST(random_structs_round_trip)
 {
     gen *g = calloc(1, sizeof *g);
     g->st = dp_test_seed();
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     for (int i = 0; i < 3000; i++) {
-        dp_wire_op op = (dp_wire_op)rnd(g, DP_WIRE_OP_COUNT_);
+        dp__wire_op op = (dp__wire_op)rnd(g, DP_WIRE_OP_COUNT_);
         round_trip_request(g, op, &b);
         if (!dp__wire_op_is_notify(op))
             round_trip_reply(g, op, rnd(g, 4) == 0, &b);
@@ -666,14 +666,14 @@ DP_TEST(op_names_and_notify)
         "stats",   "read_bytes",   "save_shard", "load_shard",   "put"};
     CHECK_EQ(DP_ARRAY_LEN(names), DP_WIRE_OP_COUNT_);
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++) {
-        EXPECT_STR(dp__wire_op_name((dp_wire_op)i), names[i]);
+        EXPECT_STR(dp__wire_op_name((dp__wire_op)i), names[i]);
         EXPECT_EQ(dp__wire_op_parse(dp__wire_s(names[i])), i);
         bool notify = strcmp(names[i], "unpin") == 0 || strcmp(names[i], "abort") == 0;
-        EXPECT_EQ(dp__wire_op_is_notify((dp_wire_op)i), notify);
+        EXPECT_EQ(dp__wire_op_is_notify((dp__wire_op)i), notify);
     }
     EXPECT_EQ(dp__wire_op_parse(dp__wire_s("Ping")), DP_WIRE_OP_NONE);
     EXPECT_EQ(dp__wire_op_parse(dp__wire_s("")), DP_WIRE_OP_NONE);
-    EXPECT_EQ(dp__wire_op_parse((dp_wire_str){"pingx", 4}), DP_WIRE_OP_PING);
+    EXPECT_EQ(dp__wire_op_parse((dp__wire_str){"pingx", 4}), DP_WIRE_OP_PING);
     EXPECT_STR(dp__wire_op_name(DP_WIRE_OP_NONE), "?");
     EXPECT_STR(dp__wire_op_name(DP_WIRE_OP_COUNT_), "?");
     EXPECT(!dp__wire_op_is_notify(DP_WIRE_OP_NONE));
@@ -682,19 +682,19 @@ DP_TEST(op_names_and_notify)
 
 DP_TEST(string_views_and_utf8)
 {
-    dp_wire_str s = dp__wire_s("abc");
+    dp__wire_str s = dp__wire_s("abc");
     CHECK_EQ(s.n, 3);
     CHECK(dp__wire_str_eq(s, "abc"));
     CHECK(!dp__wire_str_eq(s, "ab"));
     CHECK(!dp__wire_str_eq(s, "abcd"));
     CHECK(dp__wire_s(NULL).n == 0 && dp__wire_s(NULL).p != NULL);
-    CHECK(dp__wire_str_same((dp_wire_str){"abX", 2}, (dp_wire_str){"abY", 2}));
+    CHECK(dp__wire_str_same((dp__wire_str){"abX", 2}, (dp__wire_str){"abY", 2}));
     char out[4];
-    CHECK_EQ(dp__wire_str_copy((dp_wire_str){"hello", 5}, out, sizeof out), 5);
+    CHECK_EQ(dp__wire_str_copy((dp__wire_str){"hello", 5}, out, sizeof out), 5);
     CHECK_STR(out, "hel");
-    CHECK_EQ(dp__wire_str_copy((dp_wire_str){"hi!", 2}, out, sizeof out), 2);
+    CHECK_EQ(dp__wire_str_copy((dp__wire_str){"hi!", 2}, out, sizeof out), 2);
     CHECK_STR(out, "hi");
-    char *z = dp__wire_str_dup((dp_wire_str){"key@x!", 5});
+    char *z = dp__wire_str_dup((dp__wire_str){"key@x!", 5});
     CHECK_STR(z, "key@x");
     free(z);
 
@@ -718,7 +718,8 @@ DP_TEST(validators_name_the_value)
     CHECK_CONTAINS(d.msg, "blob_id: empty id");
     CHECK_ERR(dp__wire_check_id(dp__wire_s("../etc"), NULL, "blob_id", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "blob_id: byte 0x2f at 2");
-    CHECK_ERR(dp__wire_check_id((dp_wire_str){"a\0b", 3}, NULL, "pin_id", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_id((dp__wire_str){"a\0b", 3}, NULL, "pin_id", &d),
+              DP_EPROTO);
     CHECK_CONTAINS(d.msg, "pin_id: byte 0x00 at 1");
     CHECK_ERR(dp__wire_check_id(dp__wire_s("a b"), NULL, "x", &d), DP_EPROTO);
     CHECK_ERR(dp__wire_check_id(dp__wire_s("a\n"), NULL, "x", &d), DP_EPROTO);
@@ -737,18 +738,18 @@ DP_TEST(validators_name_the_value)
         bool want = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                     (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' ||
                     c == '-';
-        int rc = dp__wire_check_id((dp_wire_str){&one, 1}, NULL, "x", &d);
+        int rc = dp__wire_check_id((dp__wire_str){&one, 1}, NULL, "x", &d);
         CHECKF((rc == DP_OK) == want, "byte 0x%02x", c);
     }
 
     char key[300];
     memset(key, 'f', sizeof key);
     memcpy(key, "12@", 3);
-    CHECK_OK(dp__wire_check_key((dp_wire_str){key, 276}, NULL, "keys[0]", &d));
-    CHECK_ERR(dp__wire_check_key((dp_wire_str){key, 277}, NULL, "keys[0]", &d),
+    CHECK_OK(dp__wire_check_key((dp__wire_str){key, 276}, NULL, "keys[0]", &d));
+    CHECK_ERR(dp__wire_check_key((dp__wire_str){key, 277}, NULL, "keys[0]", &d),
               DP_EPROTO);
     CHECK_CONTAINS(d.msg, "keys[0]: key of 277 bytes is longer than the limit 276");
-    CHECK_ERR(dp__wire_check_key((dp_wire_str){"1@a\0", 4}, NULL, "k", &d), DP_EPROTO);
+    CHECK_ERR(dp__wire_check_key((dp__wire_str){"1@a\0", 4}, NULL, "k", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "k: key has a NUL at byte 3");
     CHECK_ERR(dp__wire_check_key(dp__wire_s("1@\xff"), NULL, "k", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "k: key has invalid UTF-8 at byte 2");
@@ -758,19 +759,19 @@ DP_TEST(validators_name_the_value)
     CHECK_OK(dp__wire_check_path(dp__wire_s("/tmp/shard 1"), NULL, "path", &d));
     CHECK_ERR(dp__wire_check_path(dp__wire_s(""), NULL, "path", &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "path: empty path");
-    CHECK_ERR(dp__wire_check_path((dp_wire_str){"/a\0b", 4}, NULL, "path", &d),
+    CHECK_ERR(dp__wire_check_path((dp__wire_str){"/a\0b", 4}, NULL, "path", &d),
               DP_EPROTO);
     char *longp = malloc(PATH_MAX + 1);
     memset(longp, 'p', PATH_MAX);
-    CHECK_OK(dp__wire_check_path((dp_wire_str){longp, PATH_MAX - 1}, NULL, "path", &d));
-    CHECK_ERR(dp__wire_check_path((dp_wire_str){longp, PATH_MAX}, NULL, "path", &d),
+    CHECK_OK(dp__wire_check_path((dp__wire_str){longp, PATH_MAX - 1}, NULL, "path", &d));
+    CHECK_ERR(dp__wire_check_path((dp__wire_str){longp, PATH_MAX}, NULL, "path", &d),
               DP_EPROTO);
     CHECK_CONTAINS(d.msg, "path: path of");
     free(longp);
 
     CHECK_OK(dp__wire_check_text(dp__wire_s(""), NULL, "msg", &d));
     CHECK_OK(dp__wire_check_text(dp__wire_s("line\nline\t"), NULL, "msg", &d));
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_text = 3;
     CHECK_ERR(dp__wire_check_text(dp__wire_s("abcd"), &lim, "dtype", &d), DP_EPROTO);
@@ -779,18 +780,18 @@ DP_TEST(validators_name_the_value)
 
 DP_TEST(request_ids_are_unique_and_valid)
 {
-    dp_wire_rid_gen g1, g2;
+    dp__wire_rid_gen g1, g2;
     dp_detail d;
     CHECK_OK(dp__wire_rid_gen_init(&g1, &d));
     CHECK_OK(dp__wire_rid_gen_init(&g2, &d));
     CHECK(strcmp(g1.prefix, g2.prefix) != 0);
     char a[DP_WIRE_RID_MAX], b[DP_WIRE_RID_MAX];
-    dp_wire_str s = dp__wire_rid_next(&g1, a);
+    dp__wire_str s = dp__wire_rid_next(&g1, a);
     CHECK_EQ(s.n, strlen(a));
     CHECK_EQ(a[16], '-');
     CHECK_STR(a + 17, "0");
     for (int i = 1; i < 2000; i++) {
-        dp_wire_str t = dp__wire_rid_next(&g1, b);
+        dp__wire_str t = dp__wire_rid_next(&g1, b);
         CHECK_OK(dp__wire_check_id(t, NULL, "rid", &d));
         CHECK(!dp__wire_str_same(s, t));
         if (i == 255)
@@ -810,19 +811,19 @@ static void
 decode_any(const uint8_t *p, size_t n)
 {
     dp_detail d;
-    dp_wire_request q;
+    dp__wire_request q;
     int rc = dp__wire_request_decode(p, n, NULL, &q, &d);
     CHECKF(rc == DP_OK || rc == DP_EPROTO || rc == DP_ETOOBIG, "%s", dp_errname(rc));
     dp__wire_request_fini(&q);
-    dp_wire_op op;
-    dp_wire_str rid;
+    dp__wire_op op;
+    dp__wire_str rid;
     rc = dp__wire_request_peek(p, n, NULL, &op, &rid, &d);
     CHECK(rc == DP_OK || rc == DP_EPROTO);
     for (int o = 0; o < DP_WIRE_OP_COUNT_; o++) {
-        if (dp__wire_op_is_notify((dp_wire_op)o))
+        if (dp__wire_op_is_notify((dp__wire_op)o))
             continue;
-        dp_wire_reply r;
-        rc = dp__wire_reply_decode(p, n, (dp_wire_op)o, NULL, &r, &d);
+        dp__wire_reply r;
+        rc = dp__wire_reply_decode(p, n, (dp__wire_op)o, NULL, &r, &d);
         CHECKF(rc == DP_OK || rc == DP_EPROTO || rc == DP_ETOOBIG, "%s", dp_errname(rc));
         dp__wire_reply_fini(&r);
     }
@@ -832,7 +833,7 @@ decode_any(const uint8_t *p, size_t n)
 
 /* Every strict prefix of a valid message fails; the copy is exact-size for ASan. */
 static void
-check_prefixes(const dp_buf *b, bool request, dp_wire_op op)
+check_prefixes(const dp__buf *b, bool request, dp__wire_op op)
 {
     for (size_t cut = 0; cut < b->len; cut++) {
         uint8_t *h = malloc(cut ? cut : 1);
@@ -840,11 +841,11 @@ check_prefixes(const dp_buf *b, bool request, dp_wire_op op)
         dp_detail d;
         int rc;
         if (request) {
-            dp_wire_request q;
+            dp__wire_request q;
             rc = dp__wire_request_decode(h, cut, NULL, &q, &d);
             dp__wire_request_fini(&q);
         } else {
-            dp_wire_reply r;
+            dp__wire_reply r;
             rc = dp__wire_reply_decode(h, cut, op, NULL, &r, &d);
             dp__wire_reply_fini(&r);
         }
@@ -857,26 +858,26 @@ DP_TEST(truncation_at_every_byte_fails)
 {
     gen *g = calloc(1, sizeof *g);
     g->st = 777;
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     for (int op = 0; op < DP_WIRE_OP_COUNT_; op++) {
         for (int i = 0; i < 3; i++) {
-            dp_wire_request q = {.op = (dp_wire_op)op, .rid = gid(g)};
+            dp__wire_request q = {.op = (dp__wire_op)op, .rid = gid(g)};
             gargs(g, &q);
             if (op == DP_WIRE_OP_SAVE_SHARD)
                 q.a.save_shard.path = dp__wire_s("/tmp/x");
             dp__buf_reset(&b);
             CHECK_OK(dp__wire_request_encode(&q, NULL, &b, NULL));
-            check_prefixes(&b, true, (dp_wire_op)op);
-            if (!dp__wire_op_is_notify((dp_wire_op)op)) {
-                dp_wire_reply r = {.op = (dp_wire_op)op, .rid = gid(g), .ok = true};
+            check_prefixes(&b, true, (dp__wire_op)op);
+            if (!dp__wire_op_is_notify((dp__wire_op)op)) {
+                dp__wire_reply r = {.op = (dp__wire_op)op, .rid = gid(g), .ok = true};
                 if (i == 2)
                     gerror(g, &r);
                 else
                     gresult(g, &r);
                 dp__buf_reset(&b);
                 CHECK_OK(dp__wire_reply_encode(&r, NULL, &b, NULL));
-                check_prefixes(&b, false, (dp_wire_op)op);
+                check_prefixes(&b, false, (dp__wire_op)op);
             }
             gfree(g);
         }
@@ -889,19 +890,19 @@ DP_TEST(random_mutations_never_crash)
 {
     gen *g = calloc(1, sizeof *g);
     g->st = dp_test_seed() ^ 0x6d7574;
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     for (int iter = 0; iter < 4000; iter++) {
-        dp_wire_op op = (dp_wire_op)rnd(g, DP_WIRE_OP_COUNT_);
+        dp__wire_op op = (dp__wire_op)rnd(g, DP_WIRE_OP_COUNT_);
         dp__buf_reset(&b);
         if (rnd(g, 2) || dp__wire_op_is_notify(op)) {
-            dp_wire_request q = {.op = op, .rid = gid(g)};
+            dp__wire_request q = {.op = op, .rid = gid(g)};
             gargs(g, &q);
             if (op == DP_WIRE_OP_SAVE_SHARD)
                 q.a.save_shard.path = gtext_n(g, 1, 40);
             CHECK_OK(dp__wire_request_encode(&q, NULL, &b, NULL));
         } else {
-            dp_wire_reply r = {.op = op, .rid = gid(g), .ok = true};
+            dp__wire_reply r = {.op = op, .rid = gid(g), .ok = true};
             if (rnd(g, 4) == 0)
                 gerror(g, &r);
             else
@@ -951,25 +952,25 @@ DP_TEST(big_lists_near_the_limits)
 {
     /* resolve_keys of 100k keys and its reply: decoded in full */
     enum { N = 100000 };
-    dp_wire_str *keys = malloc(N * sizeof *keys);
+    dp__wire_str *keys = malloc(N * sizeof *keys);
     char *store = malloc((size_t)N * 24);
     for (int i = 0; i < N; i++) {
         int n = snprintf(store + (size_t)i * 24, 24, "%d@input_ids", i);
-        keys[i] = (dp_wire_str){store + (size_t)i * 24, (uint32_t)n};
+        keys[i] = (dp__wire_str){store + (size_t)i * 24, (uint32_t)n};
     }
-    dp_wire_request q = {.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = dp__wire_s("r")};
-    q.a.resolve_keys.keys = (dp_wire_strs){keys, N};
+    dp__wire_request q = {.op = DP_WIRE_OP_RESOLVE_KEYS, .rid = dp__wire_s("r")};
+    q.a.resolve_keys.keys = (dp__wire_strs){keys, N};
     q.a.resolve_keys.inline_bytes = 0;
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     dp_detail d;
     CHECK_OK(dp__wire_request_encode(&q, NULL, &b, &d));
-    dp_wire_request x;
+    dp__wire_request x;
     CHECK_OK_D(dp__wire_request_decode(b.data, b.len, NULL, &x, &d), &d);
     CHECK_EQ(x.a.resolve_keys.keys.n, N);
     CHECK(dp__wire_str_eq(x.a.resolve_keys.keys.v[N - 1], "99999@input_ids"));
     dp__wire_request_fini(&x);
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_list = N - 1;
     CHECK_ERR(dp__wire_request_decode(b.data, b.len, &lim, &x, &d), DP_ETOOBIG);

@@ -14,8 +14,8 @@
 /* ---- hand-built messages for the rejection cases ---- */
 
 typedef struct mb {
-    dp_buf b;
-    dp_mp_writer w;
+    dp__buf b;
+    dp__mp_writer w;
 } mb;
 
 static void
@@ -37,7 +37,7 @@ mb_req(mb *m, const char *op, const char *rid, uint32_t nargs)
 }
 
 static int
-mb_decode(mb *m, dp_wire_request *q, const dp_wire_limits *lim, dp_detail *d)
+mb_decode(mb *m, dp__wire_request *q, const dp__wire_limits *lim, dp_detail *d)
 {
     dp_detail_clear(d);
     int rc = dp__wire_request_decode(m->b.data, m->b.len, lim, q, d);
@@ -46,10 +46,10 @@ mb_decode(mb *m, dp_wire_request *q, const dp_wire_limits *lim, dp_detail *d)
 
 /* Decode must fail with code and a detail containing each of the needles. */
 static void
-expect_req_fail(mb *m, const dp_wire_limits *lim, int code, const char *n1,
+expect_req_fail(mb *m, const dp__wire_limits *lim, int code, const char *n1,
                 const char *n2)
 {
-    dp_wire_request q;
+    dp__wire_request q;
     dp_detail d;
     int rc = mb_decode(m, &q, lim, &d);
     CHECKF(rc == code, "got %s want %s (%s): %s", dp_errname(rc), dp_errname(code),
@@ -64,7 +64,7 @@ expect_req_fail(mb *m, const dp_wire_limits *lim, int code, const char *n1,
 
 /* A valid value for each arg, by name. */
 static void
-put_good(dp_mp_writer *w, const char *name, const char *op)
+put_good(dp__mp_writer *w, const char *name, const char *op)
 {
     if (!strcmp(name, "blob_id") || !strcmp(name, "pin_id")) {
         dp__mp_put_str(w, "b1");
@@ -179,7 +179,7 @@ DP_TEST(args_rules_for_every_field)
         mb m;
         /* all good */
         build_args(&m, s, -1, -1, false, false, -1);
-        dp_wire_request q;
+        dp__wire_request q;
         dp_detail d;
         CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
         CHECK_STR(dp__wire_op_name(q.op), op);
@@ -219,7 +219,7 @@ DP_TEST(args_rules_for_every_field)
 DP_TEST(optional_args_get_their_defaults)
 {
     mb m;
-    dp_wire_request q;
+    dp__wire_request q;
     dp_detail d;
     mb_req(&m, "alloc", "r", 3);
     dp__mp_put_str(&m.w, "blob_id");
@@ -259,7 +259,7 @@ DP_TEST(optional_args_get_their_defaults)
     do {                                                                                 \
         mb_req((m), (op), "r1", 1);                                                      \
         dp__mp_put_str(&(m)->w, (key));                                                  \
-        dp_mp_writer *w = &(m)->w;                                                       \
+        dp__mp_writer *w = &(m)->w;                                                      \
         body;                                                                            \
     } while (0)
 
@@ -285,7 +285,7 @@ DP_TEST(args_ranges_and_limits)
     expect_req_fail(&m, NULL, DP_ETOOBIG, "alloc args: nbytes: 4611686018427387904",
                     "limit 4611686018427387903");
     alloc_msg(&m, "b", (1ull << 62) - 1, 1u << 20);
-    dp_wire_request q;
+    dp__wire_request q;
     dp_detail d;
     CHECK_OK_D(mb_decode(&m, &q, NULL, &d), &d);
     dp__wire_request_fini(&q);
@@ -364,7 +364,7 @@ DP_TEST(args_ranges_and_limits)
     expect_req_fail(&m, NULL, DP_EPROTO, "gidxs: expected array", NULL);
 
     /* list lengths and the per-message item budget */
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_list = 4;
     ONE_ARG(&m, "release_rows", "gidxs", {
@@ -431,7 +431,7 @@ DP_TEST(args_ranges_and_limits)
 DP_TEST(request_framing_rules)
 {
     mb m;
-    dp_wire_request q;
+    dp__wire_request q;
     dp_detail d;
 
     /* not an array: nothing readable, no rid */
@@ -489,8 +489,8 @@ DP_TEST(request_framing_rules)
     CHECK_CONTAINS(d.msg, "unknown op 'explode?'");
     CHECK(dp__wire_str_eq(q.rid, "r9"));
     CHECK_EQ(q.op, DP_WIRE_OP_NONE);
-    dp_wire_op pop;
-    dp_wire_str prid;
+    dp__wire_op pop;
+    dp__wire_str prid;
     CHECK_ERR(dp__wire_request_peek(m.b.data, m.b.len, NULL, &pop, &prid, &d), DP_EPROTO);
     CHECK(dp__wire_str_eq(prid, "r9"));
     CHECK_EQ(pop, DP_WIRE_OP_NONE);
@@ -538,7 +538,7 @@ DP_TEST(request_framing_rules)
     expect_req_fail(&m, NULL, DP_EPROTO, "ping: 1 trailing bytes", NULL);
 
     /* over the size limit: the rid is still known */
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_msg = 16;
     ONE_ARG(&m, "save_shard", "path", { dp__mp_put_str(w, "/a/long/enough/path"); });
@@ -556,23 +556,23 @@ DP_TEST(request_framing_rules)
 
 DP_TEST(encoders_check_op_and_size)
 {
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     dp__buf_append(&b, "xyz", 3);
     dp_detail d;
-    dp_wire_request q = {.op = DP_WIRE_OP_COUNT_, .rid = dp__wire_s("r")};
+    dp__wire_request q = {.op = DP_WIRE_OP_COUNT_, .rid = dp__wire_s("r")};
     CHECK_ERR(dp__wire_request_encode(&q, NULL, &b, &d), DP_EINVAL);
     q.op = DP_WIRE_OP_NONE;
     CHECK_ERR(dp__wire_request_encode(&q, NULL, &b, &d), DP_EINVAL);
-    dp_wire_reply r = {.op = DP_WIRE_OP_UNPIN, .rid = dp__wire_s("r"), .ok = true};
+    dp__wire_reply r = {.op = DP_WIRE_OP_UNPIN, .rid = dp__wire_s("r"), .ok = true};
     CHECK_ERR(dp__wire_reply_encode(&r, NULL, &b, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "unpin has no reply");
-    dp_wire_reply rr;
+    dp__wire_reply rr;
     CHECK_ERR(dp__wire_reply_decode("x", 1, DP_WIRE_OP_ABORT, NULL, &rr, &d), DP_EINVAL);
     dp__wire_reply_fini(&rr);
 
     /* too big: nothing appended; the earlier bytes stay */
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_msg = 20;
     q.op = DP_WIRE_OP_SAVE_SHARD;
@@ -581,13 +581,13 @@ DP_TEST(encoders_check_op_and_size)
     CHECK_CONTAINS(d.msg, "save_shard: message of");
     CHECK_EQ(b.len, 3);
     r.op = DP_WIRE_OP_READ_BYTES;
-    r.r.bytes = (dp_wire_bytes){(const uint8_t *)"0123456789012345678901234", 25};
+    r.r.bytes = (dp__wire_bytes){(const uint8_t *)"0123456789012345678901234", 25};
     CHECK_ERR(dp__wire_reply_encode(&r, &lim, &b, &d), DP_ETOOBIG);
     CHECK_EQ(b.len, 3);
     /* appends after existing bytes */
     q.a.save_shard.path = dp__wire_s("/p");
     CHECK_OK(dp__wire_request_encode(&q, NULL, &b, &d));
-    dp_wire_request x;
+    dp__wire_request x;
     CHECK_OK(dp__wire_request_decode(b.data + 3, b.len - 3, NULL, &x, &d));
     CHECK(dp__wire_str_eq(x.a.save_shard.path, "/p"));
     dp__wire_request_fini(&x);
@@ -609,9 +609,9 @@ reply_head(mb *m, const char *rid, bool ok)
 }
 
 static void
-expect_rep(mb *m, dp_wire_op op, int code, const char *n1, const char *n2)
+expect_rep(mb *m, dp__wire_op op, int code, const char *n1, const char *n2)
 {
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     dp_detail_clear(&d);
     int rc = dp__wire_reply_decode(m->b.data, m->b.len, op, NULL, &r, &d);
@@ -636,18 +636,20 @@ DP_TEST(error_kinds_round_trip)
         {DP_ETOOBIG, "Protocol", DP_EPROTO},      {DP_EINVAL, "Protocol", DP_EPROTO},
         {DP_ESYS, "Protocol", DP_EPROTO},
     };
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     for (size_t i = 0; i < DP_ARRAY_LEN(ks); i++) {
         CHECK_STR(dp__wire_err_kind(ks[i].code), ks[i].kind);
         CHECK_EQ(dp__wire_err_code(dp__wire_s(ks[i].kind)), ks[i].back);
-        dp_wire_str blobs[] = {dp__wire_s("b1"), dp__wire_s("7@x")};
+        dp__wire_str blobs[] = {dp__wire_s("b1"), dp__wire_s("7@x")};
         dp_detail d;
         dp__buf_reset(&b);
-        CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r1"), 0, ks[i].code, "it failed",
-                                             i % 2 ? "pins" : NULL, blobs,
-                                             (uint32_t)(i % 3), NULL, &b, &d));
-        dp_wire_reply r;
+        dp__wire_error err = {.code = ks[i].code,
+                              .msg = dp__wire_s("it failed"),
+                              .reason = dp__wire_s(i % 2 ? "pins" : NULL),
+                              .blobs = {blobs, (uint32_t)(i % 3)}};
+        CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r1"), 0, &err, NULL, &b, &d));
+        dp__wire_reply r;
         CHECK_OK_D(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_ALLOC, NULL, &r, &d),
                    &d);
         CHECK(!r.ok);
@@ -670,9 +672,9 @@ DP_TEST(error_kinds_round_trip)
     }
     /* default message from the code */
     dp__buf_reset(&b);
-    CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r1"), 0, DP_EBUSY, NULL, NULL, NULL,
-                                         5, NULL, &b, NULL));
-    dp_wire_reply r;
+    dp__wire_error busy = {.code = DP_EBUSY};
+    CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r1"), 0, &busy, NULL, &b, NULL));
+    dp__wire_reply r;
     CHECK_OK(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_COMMIT, NULL, &r, NULL));
     CHECK(dp__wire_str_eq(r.err.msg, dp_strerror(DP_EBUSY)));
     CHECK_EQ(r.err.blobs.n, 0);
@@ -682,19 +684,19 @@ DP_TEST(error_kinds_round_trip)
 
 DP_TEST(error_text_is_sanitised_and_bounded)
 {
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_text = 10;
     /* NUL and invalid bytes become '?'; a multi-byte char is never cut */
     static const char msg[] = "a\0b\xff\xc3\xa9\xe2\x82\xac\xe2\x82\xac!";
-    dp_wire_reply e = {.op = DP_WIRE_OP_INFO, .rid = dp__wire_s("r"), .ok = false};
+    dp__wire_reply e = {.op = DP_WIRE_OP_INFO, .rid = dp__wire_s("r"), .ok = false};
     e.err.code = DP_EPROTO;
-    e.err.msg = (dp_wire_str){msg, sizeof msg - 1};
+    e.err.msg = (dp__wire_str){msg, sizeof msg - 1};
     e.err.reason = dp__wire_s("\x01ok");
     CHECK_OK(dp__wire_reply_encode(&e, &lim, &b, NULL));
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     CHECK_OK_D(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, &lim, &r, &d), &d);
     CHECKF(dp__wire_str_eq(r.err.msg, "a?b?\xc3\xa9\xe2\x82\xac"), "%.*s",
@@ -706,8 +708,9 @@ DP_TEST(error_text_is_sanitised_and_bounded)
     memset(big, 'm', sizeof big - 1);
     big[sizeof big - 1] = 0;
     dp__buf_reset(&b);
-    CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r"), 0, DP_EBUSY, big, big, NULL, 0,
-                                         NULL, &b, NULL));
+    dp__wire_error cut = {
+        .code = DP_EBUSY, .msg = dp__wire_s(big), .reason = dp__wire_s(big)};
+    CHECK_OK(dp__wire_reply_encode_error(dp__wire_s("r"), 0, &cut, NULL, &b, NULL));
     CHECK_OK(dp__wire_reply_decode(b.data, b.len, DP_WIRE_OP_INFO, NULL, &r, &d));
     CHECK_EQ(r.err.msg.n, 4096);
     CHECK_EQ(r.err.reason.n, 4096);
@@ -715,8 +718,8 @@ DP_TEST(error_text_is_sanitised_and_bounded)
     CHECK(strlen(d.msg) < DP_DETAIL_MAX);
     dp__wire_reply_fini(&r);
     /* info's text fields are sanitised the same way */
-    dp_wire_reply inf = {.op = DP_WIRE_OP_INFO, .rid = dp__wire_s("r"), .ok = true};
-    inf.r.info.zmq = (dp_wire_str){"tcp\0x", 5};
+    dp__wire_reply inf = {.op = DP_WIRE_OP_INFO, .rid = dp__wire_s("r"), .ok = true};
+    inf.r.info.zmq = (dp__wire_str){"tcp\0x", 5};
     inf.r.info.agent = dp__wire_s("a");
     inf.r.info.numa = dp__wire_s("");
     dp__buf_reset(&b);
@@ -730,23 +733,23 @@ DP_TEST(error_text_is_sanitised_and_bounded)
 
 DP_TEST(error_detail_lists_many_blobs_within_bounds)
 {
-    dp_wire_str v[200];
+    dp__wire_str v[200];
     char names[200][8];
     for (int i = 0; i < 200; i++) {
         snprintf(names[i], sizeof names[i], "b%d", i);
         v[i] = dp__wire_s(names[i]);
     }
-    dp_wire_error e = {.code = DP_ELOST,
-                       .kind = dp__wire_s("Missing"),
-                       .msg = dp__wire_s("gone"),
-                       .blobs = {v, 200}};
+    dp__wire_error e = {.code = DP_ELOST,
+                        .kind = dp__wire_s("Missing"),
+                        .msg = dp__wire_s("gone"),
+                        .blobs = {v, 200}};
     dp_detail d;
     CHECK_EQ(dp__wire_error_to_detail(&e, &d), DP_ELOST);
     CHECK_CONTAINS(d.msg, "Missing: gone [blobs: b0, b1, b2");
     CHECK_CONTAINS(d.msg, "more");
     CHECK(strlen(d.msg) < DP_DETAIL_MAX);
     /* a zeroed error built by hand still reads well */
-    dp_wire_error z = {.code = DP_EBUSY};
+    dp__wire_error z = {.code = DP_EBUSY};
     CHECK_EQ(dp__wire_error_to_detail(&z, &d), DP_EBUSY);
     CHECK_STR(d.msg, "Busy: ");
 }
@@ -763,7 +766,7 @@ DP_TEST(unknown_error_kind_is_protocol)
     dp__mp_put_str(&m.w, "extra"); /* unknown keys in an error are skipped */
     dp__mp_put_array(&m.w, 1);
     dp__mp_put_map(&m.w, 0);
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     CHECK_OK_D(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_COMMIT, NULL, &r, &d),
                &d);
@@ -828,7 +831,7 @@ DP_TEST(reply_rules)
         dp__mp_put_bool(&m.w, true);
         dp__mp_put_u64(&m.w, 1);
         dp__mp_put_u64(&m.w, 0xfeedfacecafebeefull);
-        dp_wire_reply r4;
+        dp__wire_reply r4;
         CHECK_OK(
             dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_PING, NULL, &r4, NULL));
         CHECK_EQ_U64(r4.incarnation, 0xfeedfacecafebeefull);
@@ -858,7 +861,7 @@ DP_TEST(reply_rules)
     dp__mp_put_array(&m.w, 2);
     dp__mp_put_str(&m.w, "r1");
     dp__mp_put_bool(&m.w, true);
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     CHECK_ERR(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_PING, NULL, &r, &d),
               DP_EPROTO);
@@ -949,7 +952,7 @@ DP_TEST(reply_rules)
 #define RK_ENTRY(m, body)                                                                \
     do {                                                                                 \
         reply_head((m), "r1", true);                                                     \
-        dp_mp_writer *w = &(m)->w;                                                       \
+        dp__mp_writer *w = &(m)->w;                                                      \
         dp__mp_put_map(w, 5);                                                            \
         dp__mp_put_str(w, "pin_id");                                                     \
         dp__mp_put_nil(w);                                                               \
@@ -966,7 +969,7 @@ DP_TEST(reply_rules)
     } while (0)
 
 static void
-put_entry(dp_mp_writer *w, uint32_t n, uint64_t off, const char *kind, uint32_t ndim)
+put_entry(dp__mp_writer *w, uint32_t n, uint64_t off, const char *kind, uint32_t ndim)
 {
     dp__mp_put_array(w, n);
     dp__mp_put_u64(w, off);
@@ -983,7 +986,7 @@ put_entry(dp_mp_writer *w, uint32_t n, uint64_t off, const char *kind, uint32_t 
 DP_TEST(resolve_results_rules)
 {
     mb m;
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 32));
     CHECK_OK_D(
@@ -991,7 +994,7 @@ DP_TEST(resolve_results_rules)
         &d);
     CHECK_EQ(r.r.resolve_keys.pin_id.n, 0);
     CHECK_EQ(r.r.resolve_keys.entries.n, 1);
-    const dp_wire_key_loc *e = &r.r.resolve_keys.entries.v[0];
+    const dp__wire_key_loc *e = &r.r.resolve_keys.entries.v[0];
     CHECK(dp__wire_str_eq(e->key, "5@obs"));
     CHECK_EQ(e->off, 128);
     CHECK_EQ(e->ndim, 32);
@@ -1003,7 +1006,7 @@ DP_TEST(resolve_results_rules)
         &m, DP_WIRE_OP_RESOLVE_KEYS, DP_EPROTO,
         "resolve_keys reply: result: entries: '5@obs': shape: 33 dims, the limit is 32",
         NULL);
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_items = 1 + 10; /* the entry + 10 dims */
     RK_ENTRY(&m, put_entry(w, 5, 128, "tensor", 11));
@@ -1130,12 +1133,12 @@ DP_TEST(scan_and_stats_generic_records)
     dp__mp_put_str(&m.w, "refs");
     dp__buf_append(&m.b, "\xd1\x00\x03", 3); /* 3 as an int16: a signed format */
     dp__mp_put_map(&m.w, 0);
-    dp_wire_reply r;
+    dp__wire_reply r;
     dp_detail d;
     CHECK_OK_D(dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_SCAN, NULL, &r, &d),
                &d);
     CHECK_EQ(r.r.scan.n, 2);
-    const dp_wire_fields *f = &r.r.scan.recs[0];
+    const dp__wire_fields *f = &r.r.scan.recs[0];
     CHECK_EQ(f->n, 7);
     CHECK(dp__wire_fields_get(f, "pins") == NULL);
     uint64_t u;
@@ -1168,7 +1171,7 @@ DP_TEST(scan_and_stats_generic_records)
     dp__buf_fini(&m.b);
 
     /* limits on fields */
-    dp_wire_limits lim;
+    dp__wire_limits lim;
     dp__wire_limits_init(&lim);
     lim.max_fields = 1;
     reply_head(&m, "r1", true);

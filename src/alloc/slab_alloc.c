@@ -76,7 +76,7 @@ struct blk {
     blk *l, *r;    /* treap children (by_size or by_off); r links the spare list */
     uint32_t prio; /* treap priority: a parent's is >= its children's */
     uint8_t state;
-    dp_list_node link; /* a->blocks: address order, every live block */
+    dp__list_node link; /* a->blocks: address order, every live block */
 } __attribute__((aligned(64)));
 
 typedef struct blk_chunk blk_chunk;
@@ -91,12 +91,12 @@ typedef struct qent {
     blk *b;
 } qent;
 
-struct dp_slab_alloc {
+struct dp__slab_alloc {
     uint64_t area, usable, align;
-    dp_list blocks; /* every live block in address order (blk.link) */
-    blk *by_size;   /* treap root: free blocks by (size, off) */
-    blk *by_off;    /* treap root: allocated and quarantined blocks by off */
-    blk *spare;     /* recycled nodes, linked through r */
+    dp__list blocks; /* every live block in address order (blk.link) */
+    blk *by_size;    /* treap root: free blocks by (size, off) */
+    blk *by_off;     /* treap root: allocated and quarantined blocks by off */
+    blk *spare;      /* recycled nodes, linked through r */
     blk_chunk *chunks;
     size_t chunk_nodes; /* nodes in the next chunk (grows to a cap) */
     qent *q;            /* quarantine min-heap on (t, seq) */
@@ -113,7 +113,7 @@ struct dp_slab_alloc {
 /* ---- nodes ---- */
 
 static uint32_t
-next_prio(dp_slab_alloc *a)
+next_prio(dp__slab_alloc *a)
 {
     /* xorshift64*: plenty for treap priorities. */
     uint64_t x = a->rng;
@@ -125,7 +125,7 @@ next_prio(dp_slab_alloc *a)
 }
 
 static blk *
-node_get(dp_slab_alloc *a)
+node_get(dp__slab_alloc *a)
 {
     if (a->spare == NULL) {
         size_t n = a->chunk_nodes;
@@ -150,11 +150,11 @@ node_get(dp_slab_alloc *a)
 }
 
 static void
-node_put(dp_slab_alloc *a, blk *b)
+node_put(dp__slab_alloc *a, blk *b)
 {
     b->state = ST_SPARE;
     b->l = NULL;
-    b->link = (dp_list_node){NULL, NULL};
+    b->link = (dp__list_node){NULL, NULL};
     b->r = a->spare;
     a->spare = b;
 }
@@ -231,7 +231,7 @@ treap_remove(blk **root, blk *n, bool by_size)
  * it stays valid until the size tree changes.
  */
 static blk **
-best_fit(dp_slab_alloc *a, uint64_t n)
+best_fit(dp__slab_alloc *a, uint64_t n)
 {
     blk **p = &a->by_size, **best = NULL;
     while (*p != NULL) {
@@ -246,7 +246,7 @@ best_fit(dp_slab_alloc *a, uint64_t n)
 }
 
 static uint64_t
-largest_free(const dp_slab_alloc *a)
+largest_free(const dp__slab_alloc *a)
 {
     const blk *t = a->by_size;
     if (t == NULL)
@@ -258,7 +258,7 @@ largest_free(const dp_slab_alloc *a)
 
 /* The link to the used block at off (*link is NULL when there is none). */
 static blk **
-find_used_link(dp_slab_alloc *a, uint64_t off)
+find_used_link(dp__slab_alloc *a, uint64_t off)
 {
     blk **p = &a->by_off;
     while (*p != NULL && (*p)->off != off)
@@ -267,7 +267,7 @@ find_used_link(dp_slab_alloc *a, uint64_t off)
 }
 
 static const blk *
-find_used(const dp_slab_alloc *a, uint64_t off)
+find_used(const dp__slab_alloc *a, uint64_t off)
 {
     const blk *t = a->by_off;
     while (t != NULL && t->off != off)
@@ -277,7 +277,7 @@ find_used(const dp_slab_alloc *a, uint64_t off)
 
 /* The used block with the greatest offset <= off, or NULL. */
 static const blk *
-floor_used(const dp_slab_alloc *a, uint64_t off)
+floor_used(const dp__slab_alloc *a, uint64_t off)
 {
     const blk *t = a->by_off, *best = NULL;
     while (t != NULL) {
@@ -300,7 +300,7 @@ q_lt(const qent *x, const qent *y)
 }
 
 static int
-q_reserve(dp_slab_alloc *a, dp_detail *d)
+q_reserve(dp__slab_alloc *a, dp_detail *d)
 {
     if (a->q_len < a->q_cap)
         return 0;
@@ -315,7 +315,7 @@ q_reserve(dp_slab_alloc *a, dp_detail *d)
 }
 
 static void
-q_push(dp_slab_alloc *a, qent e)
+q_push(dp__slab_alloc *a, qent e)
 {
     DP_ASSERT(a->q_len < a->q_cap);
     size_t i = a->q_len++;
@@ -330,7 +330,7 @@ q_push(dp_slab_alloc *a, qent e)
 }
 
 static qent
-q_pop(dp_slab_alloc *a)
+q_pop(dp__slab_alloc *a)
 {
     DP_ASSERT(a->q_len > 0);
     qent top = a->q[0], last = a->q[--a->q_len];
@@ -354,7 +354,7 @@ q_pop(dp_slab_alloc *a)
 /* ---- lifecycle ---- */
 
 int
-dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
+dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp__slab_alloc **out,
                       dp_detail *d)
 {
     if (out == NULL)
@@ -372,7 +372,7 @@ dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
                         " bytes holds no block of the alignment %" PRIu64,
                         area_bytes, align);
 
-    dp_slab_alloc *a = calloc(1, sizeof(*a));
+    dp__slab_alloc *a = calloc(1, sizeof(*a));
     if (a == NULL)
         return dp__fail(d, DP_ENOMEM, "slab allocator: no memory");
     a->area = area_bytes;
@@ -399,7 +399,7 @@ fail:
 }
 
 void
-dp__slab_alloc_destroy(dp_slab_alloc *a)
+dp__slab_alloc_destroy(dp__slab_alloc *a)
 {
     if (a == NULL)
         return;
@@ -415,7 +415,7 @@ dp__slab_alloc_destroy(dp_slab_alloc *a)
 /* ---- alloc / free ---- */
 
 int
-dp__slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d)
+dp__slab_alloc_alloc(dp__slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d)
 {
     if (a == NULL || off == NULL)
         return dp__fail(d, DP_EINVAL, "slab allocator: NULL argument");
@@ -470,7 +470,7 @@ dp__slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail
  * d. op names the caller's operation.
  */
 static blk **
-lookup_allocated(dp_slab_alloc *a, uint64_t off, const char *op, dp_detail *d)
+lookup_allocated(dp__slab_alloc *a, uint64_t off, const char *op, dp_detail *d)
 {
     blk **link = find_used_link(a, off), *b = *link;
     if (b != NULL && b->state == ST_ALLOC)
@@ -508,7 +508,7 @@ lookup_allocated(dp_slab_alloc *a, uint64_t off, const char *op, dp_detail *d)
  * link in the offset tree when the caller has it, else NULL.
  */
 static void
-release(dp_slab_alloc *a, blk *b, blk **link)
+release(dp__slab_alloc *a, blk *b, blk **link)
 {
     if (link != NULL)
         treap_unlink(link);
@@ -547,7 +547,7 @@ release(dp_slab_alloc *a, blk *b, blk **link)
 }
 
 int
-dp__slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d)
+dp__slab_alloc_free(dp__slab_alloc *a, uint64_t off, dp_detail *d)
 {
     if (a == NULL)
         return dp__fail(d, DP_EINVAL, "slab allocator: NULL argument");
@@ -559,7 +559,7 @@ dp__slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d)
 }
 
 int
-dp__slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d)
+dp__slab_alloc_free_at(dp__slab_alloc *a, uint64_t off, double t, dp_detail *d)
 {
     if (a == NULL)
         return dp__fail(d, DP_EINVAL, "slab allocator: NULL argument");
@@ -583,7 +583,7 @@ dp__slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d)
 }
 
 uint64_t
-dp__slab_alloc_sweep(dp_slab_alloc *a, double now)
+dp__slab_alloc_sweep(dp__slab_alloc *a, double now)
 {
     uint64_t released = 0;
     if (a == NULL)
@@ -599,7 +599,7 @@ dp__slab_alloc_sweep(dp_slab_alloc *a, double now)
 /* ---- queries ---- */
 
 int
-dp__slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n)
+dp__slab_alloc_size_of(const dp__slab_alloc *a, uint64_t off, uint64_t *n)
 {
     if (a == NULL || n == NULL)
         return DP_EINVAL;
@@ -611,7 +611,7 @@ dp__slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n)
 }
 
 void
-dp__slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st)
+dp__slab_alloc_get_stats(const dp__slab_alloc *a, dp__slab_alloc_stats *st)
 {
     memset(st, 0, sizeof(*st));
     st->next_release = INFINITY;
@@ -634,7 +634,7 @@ dp__slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st)
 }
 
 int
-dp__slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg)
+dp__slab_alloc_walk(const dp__slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg)
 {
     if (a == NULL || fn == NULL)
         return 0;
@@ -691,7 +691,7 @@ cmp_blk_ptr(const void *x, const void *y)
 }
 
 int
-dp__slab_alloc_check(const dp_slab_alloc *a, dp_detail *d)
+dp__slab_alloc_check(const dp__slab_alloc *a, dp_detail *d)
 {
     uint64_t end = 0, nf = 0, na = 0, nq = 0, bf = 0, ba = 0, bq = 0;
     const blk *prev = NULL;

@@ -14,7 +14,7 @@
  * sweep() runs with now >= that time. Times are seconds on any clock the caller
  * picks, as long as it is one clock (the unit uses dp__now_s()).
  *
- * Threads: a dp_slab_alloc is not thread-safe, by design. Every call on one
+ * Threads: a dp__slab_alloc is not thread-safe, by design. Every call on one
  * allocator must be serialised by the caller (the unit holds its unit lock);
  * distinct allocators are independent.
  *
@@ -27,7 +27,7 @@
 
 #include "dataplane/err.h"
 
-typedef struct dp_slab_alloc dp_slab_alloc;
+typedef struct dp__slab_alloc dp__slab_alloc;
 
 /* The state of one block, as reported by dp__slab_alloc_walk(). */
 enum dp_slab_block_state {
@@ -40,7 +40,7 @@ enum dp_slab_block_state {
  * A snapshot of the allocator. Bytes are always multiples of align, except
  * area_bytes (as given to create). allocated + free + quarantined == usable.
  */
-typedef struct dp_slab_alloc_stats {
+typedef struct dp__slab_alloc_stats {
     uint64_t area_bytes;   /* the area size given to create */
     uint64_t usable_bytes; /* area_bytes rounded down to align: what can be handed out */
     uint64_t align;        /* the effective alignment (64 when 0 was given) */
@@ -53,7 +53,7 @@ typedef struct dp_slab_alloc_stats {
     uint64_t n_quarantined;     /* quarantined blocks */
     double fragmentation; /* 1 - largest_free / free_bytes; 0 when nothing is free */
     double next_release;  /* earliest free_at time pending, INFINITY when none */
-} dp_slab_alloc_stats;
+} dp__slab_alloc_stats;
 
 /*
  * Create an allocator for an area of area_bytes.
@@ -66,7 +66,7 @@ typedef struct dp_slab_alloc_stats {
  * a power of two, area smaller than one granule, out NULL) or DP_ENOMEM.
  * Threads: any.
  */
-int dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **out,
+int dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp__slab_alloc **out,
                           dp_detail *d);
 
 /*
@@ -74,7 +74,7 @@ int dp__slab_alloc_create(uint64_t area_bytes, uint64_t align, dp_slab_alloc **o
  * quarantined blocks are simply forgotten: the caller owns the memory behind
  * them and decides whether anything can still touch it.
  */
-void dp__slab_alloc_destroy(dp_slab_alloc *a);
+void dp__slab_alloc_destroy(dp__slab_alloc *a);
 
 /*
  * Allocate nbytes (rounded up to align); the block's offset goes to *off.
@@ -89,7 +89,7 @@ void dp__slab_alloc_destroy(dp_slab_alloc *a);
  *   DP_ENOMEM     host memory for bookkeeping ran out.
  * On any error nothing changed. Threads: caller-serialised (see the top).
  */
-int dp__slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d);
+int dp__slab_alloc_alloc(dp__slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_detail *d);
 
 /*
  * Free the allocated block that starts at off, now; it merges with free
@@ -100,7 +100,7 @@ int dp__slab_alloc_alloc(dp_slab_alloc *a, uint64_t nbytes, uint64_t *off, dp_de
  * quarantined block (those are released only by sweep). The detail says which.
  * On error nothing changed. Threads: caller-serialised.
  */
-int dp__slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d);
+int dp__slab_alloc_free(dp__slab_alloc *a, uint64_t off, dp_detail *d);
 
 /*
  * Quarantine the allocated block at off until time t: it stops counting as
@@ -114,7 +114,7 @@ int dp__slab_alloc_free(dp_slab_alloc *a, uint64_t off, dp_detail *d);
  * Returns 0, DP_EINVAL (as for free, or t is NaN) or DP_ENOMEM; on error
  * nothing changed. Threads: caller-serialised.
  */
-int dp__slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *d);
+int dp__slab_alloc_free_at(dp__slab_alloc *a, uint64_t off, double t, dp_detail *d);
 
 /*
  * Release every quarantined block whose time is <= now, earliest time first
@@ -122,7 +122,7 @@ int dp__slab_alloc_free_at(dp_slab_alloc *a, uint64_t off, double t, dp_detail *
  * Returns the bytes released (0 when nothing was due; that case costs O(1)).
  * Threads: caller-serialised.
  */
-uint64_t dp__slab_alloc_sweep(dp_slab_alloc *a, double now);
+uint64_t dp__slab_alloc_sweep(dp__slab_alloc *a, double now);
 
 /*
  * The size (after rounding) of the allocated block that starts at off.
@@ -130,10 +130,10 @@ uint64_t dp__slab_alloc_sweep(dp_slab_alloc *a, double now);
  * (free, quarantined and inner offsets included). O(log n).
  * Threads: caller-serialised.
  */
-int dp__slab_alloc_size_of(const dp_slab_alloc *a, uint64_t off, uint64_t *n);
+int dp__slab_alloc_size_of(const dp__slab_alloc *a, uint64_t off, uint64_t *n);
 
 /* Fill *st with the current counters. O(log n). Threads: caller-serialised. */
-void dp__slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st);
+void dp__slab_alloc_get_stats(const dp__slab_alloc *a, dp__slab_alloc_stats *st);
 
 /*
  * Call fn(arg, off, size, state) for every block in address order: together
@@ -142,7 +142,7 @@ void dp__slab_alloc_get_stats(const dp_slab_alloc *a, dp_slab_alloc_stats *st);
  * admin, debugging and tests. Threads: caller-serialised.
  */
 typedef int (*dp_slab_alloc_walk_fn)(void *arg, uint64_t off, uint64_t size, int state);
-int dp__slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg);
+int dp__slab_alloc_walk(const dp__slab_alloc *a, dp_slab_alloc_walk_fn fn, void *arg);
 
 /*
  * Verify every internal invariant (tiling, coalescing, both trees' order and
@@ -150,6 +150,6 @@ int dp__slab_alloc_walk(const dp_slab_alloc *a, dp_slab_alloc_walk_fn fn, void *
  * DP_ECORRUPT with the first violation in d. O(n): for tests and debugging.
  * Threads: caller-serialised.
  */
-int dp__slab_alloc_check(const dp_slab_alloc *a, dp_detail *d);
+int dp__slab_alloc_check(const dp__slab_alloc *a, dp_detail *d);
 
 #endif

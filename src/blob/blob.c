@@ -5,7 +5,7 @@
  * Design notes
  * - The parser trusts nothing in the blob. The blob lives in slab memory a
  *   hostile client may still be writing, so the header and the index are
- *   read from it exactly once, by memcpy into memory the dp_blob owns; every
+ *   read from it exactly once, by memcpy into memory the dp__blob owns; every
  *   check and every returned pointer refers to that copy. The payload is
  *   never read by dp__blob_parse (dp__blob_check_payload reads it, inside the
  *   bounds the parse established).
@@ -31,6 +31,7 @@
 #include "blob/keys.h"
 #include "common/common.h"
 #include "common/le.h"
+#include "dataplane/client.h"
 #include "wire/mp.h"
 
 #define ENTRY_FIELDS 7
@@ -42,17 +43,17 @@ static const char *const kind_names[] = {
 };
 
 const char *
-dp__blob_kind_name(dp_blob_kind k)
+dp__blob_kind_name(dp__blob_kind k)
 {
     return (unsigned)k < DP_ARRAY_LEN(kind_names) ? kind_names[k] : "?";
 }
 
 int
-dp__blob_kind_parse(const char *s, size_t len, dp_blob_kind *out)
+dp__blob_kind_parse(const char *s, size_t len, dp__blob_kind *out)
 {
     for (unsigned k = 0; k < DP_ARRAY_LEN(kind_names); k++) {
         if (strlen(kind_names[k]) == len && memcmp(kind_names[k], s, len) == 0) {
-            *out = (dp_blob_kind)k;
+            *out = (dp__blob_kind)k;
             return DP_OK;
         }
     }
@@ -61,7 +62,7 @@ dp__blob_kind_parse(const char *s, size_t len, dp_blob_kind *out)
 
 /* Why dtype[0..len) is not a valid dtype for kind, or NULL. */
 static const char *
-dtype_problem(const char *dtype, size_t len, dp_blob_kind kind)
+dtype_problem(const char *dtype, size_t len, dp__blob_kind kind)
 {
     if (len > DP_BLOB_DTYPE_MAX)
         return "dtype is longer than 32 bytes";
@@ -76,12 +77,12 @@ dtype_problem(const char *dtype, size_t len, dp_blob_kind kind)
 }
 
 const char *
-dp__blob_dtype_problem(const char *dtype, size_t len, dp_blob_kind kind)
+dp__blob_dtype_problem(const char *dtype, size_t len, dp__blob_kind kind)
 {
     return dtype_problem(dtype, len, kind);
 }
 
-/* ---- sizes before building (dp_blob_sizer): the encodings of dp__mp_put_* ---- */
+/* ---- sizes before building (dp__blob_sizer): the encodings of dp__mp_put_* ---- */
 
 static uint64_t
 mp_str_hdr(uint64_t n)
@@ -102,15 +103,15 @@ mp_uint(uint64_t v)
 }
 
 void
-dp__blob_sizer_init(dp_blob_sizer *z, uint32_t flags)
+dp__blob_sizer_init(dp__blob_sizer *z, uint32_t flags)
 {
     memset(z, 0, sizeof *z);
     z->crc = (flags & DP_BLOB_FLAG_CRC) != 0;
 }
 
 void
-dp__blob_sizer_add(dp_blob_sizer *z, size_t key_len, dp_blob_kind kind, size_t dtype_len,
-                   const uint64_t *shape, uint32_t ndim, uint64_t len)
+dp__blob_sizer_add(dp__blob_sizer *z, size_t key_len, dp__blob_kind kind,
+                   size_t dtype_len, const uint64_t *shape, uint32_t ndim, uint64_t len)
 {
     size_t kl = strlen(kind_names[kind]);
     /* [key, kind, dtype, shape, off (full width), len, crc (full width) | nil] */
@@ -127,13 +128,13 @@ dp__blob_sizer_add(dp_blob_sizer *z, size_t key_len, dp_blob_kind kind, size_t d
 }
 
 uint64_t
-dp__blob_sizer_index_len(const dp_blob_sizer *z)
+dp__blob_sizer_index_len(const dp__blob_sizer *z)
 {
     return mp_arr_hdr(z->n) + z->index_body;
 }
 
 uint64_t
-dp__blob_sizer_total(const dp_blob_sizer *z)
+dp__blob_sizer_total(const dp__blob_sizer *z)
 {
     uint64_t off =
         DP_ALIGN_UP(DP_BLOB_HEADER_LEN + dp__blob_sizer_index_len(z), DP_BLOB_ALIGN);
@@ -143,7 +144,7 @@ dp__blob_sizer_total(const dp_blob_sizer *z)
 /* ---- header ---- */
 
 void
-dp__blob_header_encode(const dp_blob_header *h, uint8_t out[64])
+dp__blob_header_encode(const dp__blob_header *h, uint8_t out[64])
 {
     memset(out, 0, DP_BLOB_HEADER_LEN);
     memcpy(out, DP_BLOB_MAGIC, 8);
@@ -166,22 +167,23 @@ dp__blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t toke
 }
 
 static uint32_t
-opt_max_entries(const dp_blob_parse_opts *o)
+opt_max_entries(const dp__blob_parse_opts *o)
 {
     return o != NULL && o->max_entries != 0 ? o->max_entries : DP_BLOB_MAX_ENTRIES;
 }
 
 static uint64_t
-opt_max_index_len(const dp_blob_parse_opts *o)
+opt_max_index_len(const dp__blob_parse_opts *o)
 {
     return o != NULL && o->max_index_len != 0 ? o->max_index_len : DP_BLOB_MAX_INDEX_LEN;
 }
 
 int
 dp__blob_header_decode(const uint8_t hdr64[64], uint64_t len,
-                       const dp_blob_parse_opts *opts, dp_blob_header *out, dp_detail *d)
+                       const dp__blob_parse_opts *opts, dp__blob_header *out,
+                       dp_detail *d)
 {
-    dp_blob_header h;
+    dp__blob_header h;
     if (len < DP_BLOB_HEADER_LEN)
         return dp__fail(d, DP_EPROTO, "blob: %llu bytes, shorter than the %u-byte header",
                         (unsigned long long)len, DP_BLOB_HEADER_LEN);
@@ -251,10 +253,10 @@ dp__blob_header_decode(const uint8_t hdr64[64], uint64_t len,
 
 /* ---- parser ---- */
 
-struct dp_blob {
-    dp_blob_header h;
+struct dp__blob {
+    dp__blob_header h;
     uint8_t *copy; /* private copy of header + index */
-    dp_blob_entry *entries;
+    dp__blob_entry *entries;
     char *strs;
     uint64_t *dims;
     uint32_t *kslots; /* key hash index: entry number + 1, 0 = empty */
@@ -281,8 +283,8 @@ reject_ctx(dp_detail *d, const char *fmt, ...)
 struct raw_entry {
     const char *key;
     uint32_t key_len;
-    dp_key_parts kp;
-    dp_blob_kind kind;
+    dp__key_parts kp;
+    dp__blob_kind kind;
     const char *dtype;
     uint32_t dtype_len;
     uint32_t ndim;
@@ -293,7 +295,7 @@ struct raw_entry {
 };
 
 static int
-parse_entry(dp_mp_reader *r, uint32_t i, const dp_blob_header *h, struct raw_entry *e,
+parse_entry(dp__mp_reader *r, uint32_t i, const dp__blob_header *h, struct raw_entry *e,
             dp_detail *d)
 {
     char q[80];
@@ -399,32 +401,38 @@ key_slots_for(uint32_t n)
     return cap;
 }
 
+/* A table of entry numbers being filled, and how to read the entries' keys. */
+typedef struct key_table {
+    uint32_t *slots; /* mask + 1 of them: entry number + 1, 0 = empty */
+    uint32_t mask;
+    /* key_of(ctx, j) gives entry j's key. */
+    const char *(*key_of)(const void *ctx, uint32_t j, uint32_t *len);
+    const void *ctx;
+} key_table;
+
 /*
- * Insert entry idx (key k, n bytes) into slots (mask + 1 of them). Returns the
- * entry number already holding that key, or UINT32_MAX after inserting.
- * key_of(ctx, j) gives entry j's key.
+ * Insert entry idx (key k, n bytes) into t. Returns the entry number already
+ * holding that key, or UINT32_MAX after inserting.
  */
 static uint32_t
-key_slots_insert(uint32_t *slots, uint32_t mask, const char *k, uint32_t n, uint32_t idx,
-                 const char *(*key_of)(const void *ctx, uint32_t j, uint32_t *len),
-                 const void *ctx)
+key_slots_insert(const key_table *t, const char *k, uint32_t n, uint32_t idx)
 {
-    for (uint32_t i = (uint32_t)key_hash(k, n) & mask;; i = (i + 1) & mask) {
-        if (slots[i] == 0) {
-            slots[i] = idx + 1;
+    for (uint32_t i = (uint32_t)key_hash(k, n) & t->mask;; i = (i + 1) & t->mask) {
+        if (t->slots[i] == 0) {
+            t->slots[i] = idx + 1;
             return UINT32_MAX;
         }
         uint32_t jl;
-        const char *jk = key_of(ctx, slots[i] - 1, &jl);
+        const char *jk = t->key_of(t->ctx, t->slots[i] - 1, &jl);
         if (jl == n && memcmp(jk, k, n) == 0)
-            return slots[i] - 1;
+            return t->slots[i] - 1;
     }
 }
 
 static const char *
 parsed_key_of(const void *ctx, uint32_t j, uint32_t *len)
 {
-    const dp_blob *b = ctx;
+    const dp__blob *b = ctx;
     *len = b->entries[j].key_len;
     return b->entries[j].key;
 }
@@ -432,8 +440,8 @@ parsed_key_of(const void *ctx, uint32_t j, uint32_t *len)
 static int
 entry_off_cmp(const void *pa, const void *pb)
 {
-    const dp_blob_entry *a = *(const dp_blob_entry *const *)pa;
-    const dp_blob_entry *b = *(const dp_blob_entry *const *)pb;
+    const dp__blob_entry *a = *(const dp__blob_entry *const *)pa;
+    const dp__blob_entry *b = *(const dp__blob_entry *const *)pb;
     if (a->off != b->off)
         return a->off < b->off ? -1 : 1;
     if (a->len != b->len)
@@ -442,10 +450,10 @@ entry_off_cmp(const void *pa, const void *pb)
 }
 
 static int
-check_overlap(dp_blob *b, dp_detail *d)
+check_overlap(dp__blob *b, dp_detail *d)
 {
     uint32_t n = b->h.n_entries;
-    const dp_blob_entry **by_off = malloc(n * sizeof *by_off);
+    const dp__blob_entry **by_off = malloc(n * sizeof *by_off);
     if (by_off == NULL)
         return dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
     uint32_t m = 0;
@@ -460,7 +468,7 @@ check_overlap(dp_blob *b, dp_detail *d)
         qsort(by_off, m, sizeof *by_off, entry_off_cmp);
     int rc = DP_OK;
     for (uint32_t i = 1; i < m; i++) {
-        const dp_blob_entry *p = by_off[i - 1], *c = by_off[i];
+        const dp__blob_entry *p = by_off[i - 1], *c = by_off[i];
         if (p->off + p->len >
             c->off) { /* sorted by off: p->off + p->len cannot overflow */
             char q1[80], q2[80];
@@ -479,7 +487,7 @@ check_overlap(dp_blob *b, dp_detail *d)
 }
 
 void
-dp__blob_destroy(dp_blob *b)
+dp__blob_destroy(dp__blob *b)
 {
     if (b == NULL)
         return;
@@ -498,7 +506,7 @@ struct entry_at {
 
 /* With opts naming a unit, an entry whose row another unit owns is refused. */
 static int
-entry_on_unit(const dp_blob_parse_opts *opts, const struct raw_entry *e, uint32_t i,
+entry_on_unit(const dp__blob_parse_opts *opts, const struct raw_entry *e, uint32_t i,
               dp_detail *d)
 {
     if (opts == NULL || opts->n_units == 0 ||
@@ -517,8 +525,8 @@ entry_on_unit(const dp_blob_parse_opts *opts, const struct raw_entry *e, uint32_
 /* Copies a checked entry into o, its key and dtype into strs (reserved large
  * enough by the caller) and its dims into dims; at records the arena offsets. */
 static void
-keep_entry(dp_blob_entry *o, struct entry_at *at, const struct raw_entry *e, dp_buf *strs,
-           dp_buf *dims)
+keep_entry(dp__blob_entry *o, struct entry_at *at, const struct raw_entry *e,
+           dp__buf *strs, dp__buf *dims)
 {
     DP_ASSERT(strs->cap - strs->len >= (size_t)e->key_len + e->dtype_len + 2);
     at->key = strs->len;
@@ -544,8 +552,140 @@ keep_entry(dp_blob_entry *o, struct entry_at *at, const struct raw_entry *e, dp_
     o->crc = e->crc;
 }
 
+/*
+ * Copy the header and the index out of p (len bytes of shared memory) into
+ * b->copy, the header decoded into b->h, and check the index's CRC32C.
+ */
+static int
+copy_index(dp__blob *b, const void *p, size_t len, const dp__blob_parse_opts *opts,
+           dp_detail *d)
+{
+    /* One read of the header from the shared memory, then only the copy. */
+    uint8_t hdr[DP_BLOB_HEADER_LEN];
+    memcpy(hdr, p, sizeof hdr);
+    int rc = dp__blob_header_decode(hdr, len, opts, &b->h, d);
+    if (rc != DP_OK)
+        return rc;
+    const dp__blob_header *h = &b->h;
+    /* index_len <= len - 64 and len is a size_t: the sum fits. */
+    size_t copy_len = (size_t)(DP_BLOB_HEADER_LEN + h->index_len);
+    b->copy = malloc(copy_len);
+    if (b->copy == NULL)
+        return dp__fail(d, DP_ENOMEM, "blob: no memory for an index of %llu bytes",
+                        (unsigned long long)h->index_len);
+    memcpy(b->copy, hdr, DP_BLOB_HEADER_LEN);
+    memcpy(b->copy + DP_BLOB_HEADER_LEN, (const uint8_t *)p + DP_BLOB_HEADER_LEN,
+           (size_t)h->index_len);
+    const uint8_t *index = b->copy + DP_BLOB_HEADER_LEN;
+
+    uint32_t crc = dp__crc32c(index, (size_t)h->index_len);
+    if (crc != h->index_crc)
+        return dp__fail(d, DP_EPROTO, "blob: index CRC32C 0x%08x, header says 0x%08x",
+                        crc, h->index_crc);
+    return DP_OK;
+}
+
+/*
+ * Read the entries of the copied index (each checked, and on opts' unit)
+ * into b->entries, their keys and dtypes into b->strs and their dims into
+ * b->dims, and allocate b->kslots for their keys.
+ */
+static int
+read_entries(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
+{
+    const dp__blob_header *h = &b->h;
+    dp__buf strs, dims;
+    dp__buf_init(&strs);
+    dp__buf_init(&dims);
+    struct entry_at *at = NULL;
+    int rc;
+    dp__mp_reader r;
+    dp__mp_reader_init(&r, b->copy + DP_BLOB_HEADER_LEN, (size_t)h->index_len);
+    uint32_t n;
+    if (dp__mp_read_array(&r, &n, "blob index", d) != DP_OK) {
+        rc = reject_ctx(d, "blob");
+        goto out;
+    }
+    if (n != h->n_entries) {
+        rc = dp__fail(d, DP_EPROTO, "blob: index has %u entries, header says %u", n,
+                      h->n_entries);
+        goto out;
+    }
+    b->entries = calloc(n, sizeof *b->entries);
+    b->kmask = key_slots_for(n) - 1;
+    b->kslots = calloc((size_t)b->kmask + 1, sizeof *b->kslots);
+    if (b->entries == NULL || b->kslots == NULL) {
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
+        goto out;
+    }
+    /* Strings and dims go to growing arenas; their offsets are kept aside
+     * (the arenas move while they grow) and turned into pointers at the end. */
+    at = malloc(n * sizeof *at);
+    if (at == NULL) {
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
+        goto out;
+    }
+    /* Every key and dtype is a string of the index: the index's length bounds
+     * them all, so the string arena is sized once and never grows. */
+    if (dp__buf_reserve(&strs, (size_t)h->index_len + 2 * (size_t)n) != DP_OK) {
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
+        goto out;
+    }
+    struct raw_entry e;
+    for (uint32_t i = 0; i < n; i++) {
+        rc = parse_entry(&r, i, h, &e, d);
+        if (rc != DP_OK)
+            goto out;
+        rc = entry_on_unit(opts, &e, i, d);
+        if (rc != DP_OK)
+            goto out;
+        keep_entry(&b->entries[i], &at[i], &e, &strs, &dims);
+    }
+    if (dp__mp_remaining(&r) != 0) {
+        rc = dp__fail(d, DP_EPROTO, "blob: %zu stray bytes after the index's %u entries",
+                      dp__mp_remaining(&r), n);
+        goto out;
+    }
+    dp__buf_append(&dims, &(uint64_t){0}, sizeof(uint64_t)); /* shape never NULL */
+    if (strs.oom || dims.oom) {
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
+        goto out;
+    }
+    b->strs = (char *)dp__buf_steal(&strs, NULL);
+    b->dims = (uint64_t *)(void *)dp__buf_steal(&dims, NULL);
+    for (uint32_t i = 0; i < n; i++) {
+        dp__blob_entry *o = &b->entries[i];
+        o->key = b->strs + at[i].key;
+        o->field = o->key + (o->key_len - o->field_len);
+        o->dtype = b->strs + at[i].dtype;
+        o->shape = b->dims + at[i].dims;
+    }
+    rc = DP_OK;
+out:
+    free(at);
+    dp__buf_fini(&strs); /* stolen (empty) on success */
+    dp__buf_fini(&dims);
+    return rc;
+}
+
+/* Index the entries' keys in b->kslots: a key that appears twice is refused. */
+static int
+index_keys(dp__blob *b, dp_detail *d)
+{
+    key_table t = {b->kslots, b->kmask, parsed_key_of, b};
+    for (uint32_t i = 0; i < b->h.n_entries; i++) {
+        const dp__blob_entry *o = &b->entries[i];
+        if (key_slots_insert(&t, o->key, o->key_len, i) != UINT32_MAX) {
+            char q[80];
+            return dp__fail(d, DP_EPROTO, "blob: key '%s' appears twice",
+                            dp__quote_bytes(o->key, o->key_len, 60, q, sizeof q));
+        }
+    }
+    return DP_OK;
+}
+
 int
-dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blob **out,
+dp__blob_parse(const void *p, size_t len, const dp__blob_parse_opts *opts, dp__blob **out,
                dp_detail *d)
 {
     *out = NULL;
@@ -555,153 +695,45 @@ dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts, dp_blo
     if (p == NULL || len < DP_BLOB_HEADER_LEN)
         return dp__fail(d, DP_EPROTO, "blob: %zu bytes, shorter than the %u-byte header",
                         p == NULL ? (size_t)0 : len, DP_BLOB_HEADER_LEN);
-    dp_blob *b = calloc(1, sizeof *b);
-    dp_buf strs, dims;
-    dp__buf_init(&strs);
-    dp__buf_init(&dims);
-    struct entry_at *at = NULL;
-    int rc;
+    dp__blob *b = calloc(1, sizeof *b);
     if (b == NULL)
         return dp__fail(d, DP_ENOMEM, "blob: no memory");
-
-    /* One read of the header from the shared memory, then only the copy. */
-    uint8_t hdr[DP_BLOB_HEADER_LEN];
-    memcpy(hdr, p, sizeof hdr);
-    rc = dp__blob_header_decode(hdr, len, opts, &b->h, d);
-    if (rc != DP_OK)
-        goto fail;
-    const dp_blob_header *h = &b->h;
-    /* index_len <= len - 64 and len is a size_t: the sum fits. */
-    size_t copy_len = (size_t)(DP_BLOB_HEADER_LEN + h->index_len);
-    b->copy = malloc(copy_len);
-    if (b->copy == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for an index of %llu bytes",
-                      (unsigned long long)h->index_len);
-        goto fail;
-    }
-    memcpy(b->copy, hdr, DP_BLOB_HEADER_LEN);
-    memcpy(b->copy + DP_BLOB_HEADER_LEN, (const uint8_t *)p + DP_BLOB_HEADER_LEN,
-           (size_t)h->index_len);
-    const uint8_t *index = b->copy + DP_BLOB_HEADER_LEN;
-
-    uint32_t crc = dp__crc32c(index, (size_t)h->index_len);
-    if (crc != h->index_crc) {
-        rc = dp__fail(d, DP_EPROTO, "blob: index CRC32C 0x%08x, header says 0x%08x", crc,
-                      h->index_crc);
-        goto fail;
-    }
-
-    dp_mp_reader r;
-    dp__mp_reader_init(&r, index, (size_t)h->index_len);
-    uint32_t n;
-    if (dp__mp_read_array(&r, &n, "blob index", d) != DP_OK) {
-        rc = reject_ctx(d, "blob");
-        goto fail;
-    }
-    if (n != h->n_entries) {
-        rc = dp__fail(d, DP_EPROTO, "blob: index has %u entries, header says %u", n,
-                      h->n_entries);
-        goto fail;
-    }
-    b->entries = calloc(n, sizeof *b->entries);
-    b->kmask = key_slots_for(n) - 1;
-    b->kslots = calloc((size_t)b->kmask + 1, sizeof *b->kslots);
-    if (b->entries == NULL || b->kslots == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
-        goto fail;
-    }
-    /* Strings and dims go to growing arenas; their offsets are kept aside
-     * (the arenas move while they grow) and turned into pointers at the end. */
-    at = malloc(n * sizeof *at);
-    if (at == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
-        goto fail;
-    }
-    /* Every key and dtype is a string of the index: the index's length bounds
-     * them all, so the string arena is sized once and never grows. */
-    if (dp__buf_reserve(&strs, (size_t)h->index_len + 2 * (size_t)n) != DP_OK) {
-        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
-        goto fail;
-    }
-    struct raw_entry e;
-    for (uint32_t i = 0; i < n; i++) {
-        rc = parse_entry(&r, i, h, &e, d);
-        if (rc != DP_OK)
-            goto fail;
-        rc = entry_on_unit(opts, &e, i, d);
-        if (rc != DP_OK)
-            goto fail;
-        keep_entry(&b->entries[i], &at[i], &e, &strs, &dims);
-    }
-    if (dp__mp_remaining(&r) != 0) {
-        rc = dp__fail(d, DP_EPROTO, "blob: %zu stray bytes after the index's %u entries",
-                      dp__mp_remaining(&r), n);
-        goto fail;
-    }
-    dp__buf_append(&dims, &(uint64_t){0}, sizeof(uint64_t)); /* shape never NULL */
-    if (strs.oom || dims.oom) {
-        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
-        goto fail;
-    }
-    b->strs = (char *)dp__buf_steal(&strs, NULL);
-    b->dims = (uint64_t *)(void *)dp__buf_steal(&dims, NULL);
-    for (uint32_t i = 0; i < n; i++) {
-        dp_blob_entry *o = &b->entries[i];
-        o->key = b->strs + at[i].key;
-        o->field = o->key + (o->key_len - o->field_len);
-        o->dtype = b->strs + at[i].dtype;
-        o->shape = b->dims + at[i].dims;
-    }
-    free(at);
-    at = NULL;
-
-    for (uint32_t i = 0; i < n; i++) {
-        const dp_blob_entry *o = &b->entries[i];
-        if (key_slots_insert(b->kslots, b->kmask, o->key, o->key_len, i, parsed_key_of,
-                             b) != UINT32_MAX) {
-            char q[80];
-            rc = dp__fail(d, DP_EPROTO, "blob: key '%s' appears twice",
-                          dp__quote_bytes(o->key, o->key_len, 60, q, sizeof q));
-            goto fail;
-        }
-    }
-    if (opts == NULL || !opts->allow_overlap) {
+    int rc = copy_index(b, p, len, opts, d);
+    if (rc == DP_OK)
+        rc = read_entries(b, opts, d);
+    if (rc == DP_OK)
+        rc = index_keys(b, d);
+    if (rc == DP_OK && (opts == NULL || !opts->allow_overlap))
         rc = check_overlap(b, d);
-        if (rc != DP_OK)
-            goto fail;
+    if (rc != DP_OK) {
+        dp__blob_destroy(b);
+        return rc;
     }
     *out = b;
     return DP_OK;
-
-fail:
-    free(at);
-    dp__buf_fini(&strs);
-    dp__buf_fini(&dims);
-    dp__blob_destroy(b);
-    return rc;
 }
 
-const dp_blob_header *
-dp__blob_get_header(const dp_blob *b)
+const dp__blob_header *
+dp__blob_get_header(const dp__blob *b)
 {
     return &b->h;
 }
 
 uint32_t
-dp__blob_count(const dp_blob *b)
+dp__blob_count(const dp__blob *b)
 {
     return b->h.n_entries;
 }
 
-const dp_blob_entry *
-dp__blob_entry_at(const dp_blob *b, uint32_t i)
+const dp__blob_entry *
+dp__blob_entry_at(const dp__blob *b, uint32_t i)
 {
     DP_ASSERT(i < b->h.n_entries);
     return &b->entries[i];
 }
 
-const dp_blob_entry *
-dp__blob_find(const dp_blob *b, const char *key, size_t key_len)
+const dp__blob_entry *
+dp__blob_find(const dp__blob *b, const char *key, size_t key_len)
 {
     if (key_len > DP_KEY_MAX)
         return NULL;
@@ -709,14 +741,14 @@ dp__blob_find(const dp_blob *b, const char *key, size_t key_len)
          i = (i + 1) & b->kmask) {
         if (b->kslots[i] == 0)
             return NULL;
-        const dp_blob_entry *e = &b->entries[b->kslots[i] - 1];
+        const dp__blob_entry *e = &b->entries[b->kslots[i] - 1];
         if (e->key_len == key_len && memcmp(e->key, key, key_len) == 0)
             return e;
     }
 }
 
 int
-dp__blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d)
+dp__blob_entry_check(const dp__blob_entry *e, const void *payload, dp_detail *d)
 {
     char q[80];
     if (!e->has_crc)
@@ -731,7 +763,7 @@ dp__blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d)
 }
 
 int
-dp__blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d)
+dp__blob_check_payload(const dp__blob *b, const void *p, size_t len, dp_detail *d)
 {
     if ((b->h.flags & DP_BLOB_FLAG_CRC) == 0)
         return dp__fail(d, DP_EINVAL, "blob carries no payload CRCs");
@@ -739,7 +771,7 @@ dp__blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d
         return dp__fail(d, DP_EINVAL, "blob check: %zu bytes given, the blob has %llu",
                         len, (unsigned long long)b->h.total_len);
     for (uint32_t i = 0; i < b->h.n_entries; i++) {
-        const dp_blob_entry *e = &b->entries[i];
+        const dp__blob_entry *e = &b->entries[i];
         int rc = dp__blob_entry_check(e, (const uint8_t *)p + e->off, d);
         if (rc != DP_OK)
             return rc;
@@ -756,7 +788,7 @@ struct bentry {
     uint32_t dtype_len;
     size_t dims_at; /* index into the dims arena (uint64_t units) */
     uint32_t ndim;
-    dp_blob_kind kind;
+    dp__blob_kind kind;
     uint64_t len;
     const void *payload;
     bool has_crc;
@@ -766,25 +798,25 @@ struct bentry {
     size_t crc_pos; /* where crc's 4 bytes sit */
 };
 
-struct dp_blob_builder {
+struct dp__blob_builder {
     uint32_t flags;
     bool keys_trusted;
     struct bentry *e;
     uint32_t n, cap;
-    dp_buf strs;
-    dp_buf dims;
-    dp_buf index;
+    dp__buf strs;
+    dp__buf dims;
+    dp__buf index;
     bool laid_out;
-    dp_blob_layout layout;
+    dp__blob_layout layout;
 };
 
 int
-dp__blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d)
+dp__blob_builder_create(uint32_t flags, dp__blob_builder **out, dp_detail *d)
 {
     *out = NULL;
     if ((flags & ~DP_BLOB_FLAG_CRC) != 0)
         return dp__fail(d, DP_EINVAL, "blob builder: unknown flags 0x%x", flags);
-    dp_blob_builder *b = calloc(1, sizeof *b);
+    dp__blob_builder *b = calloc(1, sizeof *b);
     if (b == NULL)
         return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
     b->flags = flags;
@@ -796,7 +828,7 @@ dp__blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d)
 }
 
 void
-dp__blob_builder_destroy(dp_blob_builder *b)
+dp__blob_builder_destroy(dp__blob_builder *b)
 {
     if (b == NULL)
         return;
@@ -808,13 +840,13 @@ dp__blob_builder_destroy(dp_blob_builder *b)
 }
 
 void
-dp__blob_builder_trust_keys(dp_blob_builder *b, bool trusted)
+dp__blob_builder_trust_keys(dp__blob_builder *b, bool trusted)
 {
     b->keys_trusted = trusted;
 }
 
 void
-dp__blob_builder_reset(dp_blob_builder *b)
+dp__blob_builder_reset(dp__blob_builder *b)
 {
     b->n = 0;
     dp__buf_reset(&b->strs);
@@ -824,13 +856,13 @@ dp__blob_builder_reset(dp_blob_builder *b)
 }
 
 uint32_t
-dp__blob_builder_count(const dp_blob_builder *b)
+dp__blob_builder_count(const dp__blob_builder *b)
 {
     return b->n;
 }
 
 int
-dp__blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *s, uint32_t *idx,
+dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t *idx,
                      dp_detail *d)
 {
     char q[80];
@@ -838,7 +870,7 @@ dp__blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *s, uint32_t *
         return dp__fail(d, DP_EINVAL, "blob builder: key is NULL");
     size_t key_len = s->key_len != 0 ? s->key_len : strlen(s->key);
     if (!b->keys_trusted) {
-        dp_key_parts kp;
+        dp__key_parts kp;
         int rc = dp__key_split(s->key, key_len, &kp, d);
         if (rc != DP_OK)
             return rc;
@@ -918,7 +950,7 @@ patch_be(uint8_t *p, uint64_t v, int nbytes)
 }
 
 int
-dp__blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d)
+dp__blob_builder_set_crc(dp__blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d)
 {
     if ((b->flags & DP_BLOB_FLAG_CRC) == 0)
         return dp__fail(d, DP_EINVAL, "blob builder: built without crcs");
@@ -934,24 +966,24 @@ dp__blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail
 static const char *
 builder_key_of(const void *ctx, uint32_t j, uint32_t *len)
 {
-    const dp_blob_builder *b = ctx;
+    const dp__blob_builder *b = ctx;
     *len = b->e[j].key_len;
     return (const char *)b->strs.data + b->e[j].key_at;
 }
 
 static int
-check_duplicates(const dp_blob_builder *b, dp_detail *d)
+check_duplicates(const dp__blob_builder *b, dp_detail *d)
 {
     uint32_t cap = key_slots_for(b->n);
     uint32_t *slots = calloc(cap, sizeof *slots);
     if (slots == NULL)
         return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
+    key_table t = {slots, cap - 1, builder_key_of, b};
     int rc = DP_OK;
     for (uint32_t i = 0; i < b->n; i++) {
         uint32_t len;
         const char *k = builder_key_of(b, i, &len);
-        if (key_slots_insert(slots, cap - 1, k, len, i, builder_key_of, b) !=
-            UINT32_MAX) {
+        if (key_slots_insert(&t, k, len, i) != UINT32_MAX) {
             char q[80];
             rc = dp__fail(d, DP_EINVAL, "blob builder: key '%s' added twice",
                           dp__quote_bytes(k, len, 60, q, sizeof q));
@@ -963,7 +995,7 @@ check_duplicates(const dp_blob_builder *b, dp_detail *d)
 }
 
 int
-dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
+dp__blob_builder_layout(dp__blob_builder *b, dp__blob_layout *out, dp_detail *d)
 {
     b->laid_out = false;
     if (b->n == 0)
@@ -978,7 +1010,7 @@ dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
     static const uint8_t crc_placeholder[5] = {0xce};
     bool with_crc = (b->flags & DP_BLOB_FLAG_CRC) != 0;
     dp__buf_reset(&b->index);
-    dp_mp_writer w;
+    dp__mp_writer w;
     dp__mp_writer_init(&w, &b->index);
     dp__mp_put_array(&w, b->n);
     const uint64_t *dims = (const uint64_t *)(const void *)b->dims.data;
@@ -1029,10 +1061,10 @@ dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
     if (total > SIZE_MAX)
         return dp__fail(d, DP_ETOOBIG, "blob: %llu bytes do not fit in memory",
                         (unsigned long long)total);
-    b->layout = (dp_blob_layout){.n_entries = b->n,
-                                 .index_len = index_len,
-                                 .payload_off = payload_off,
-                                 .total_len = total};
+    b->layout = (dp__blob_layout){.n_entries = b->n,
+                                  .index_len = index_len,
+                                  .payload_off = payload_off,
+                                  .total_len = total};
     b->laid_out = true;
     if (out != NULL)
         *out = b->layout;
@@ -1040,21 +1072,21 @@ dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d)
 }
 
 uint64_t
-dp__blob_builder_offset(const dp_blob_builder *b, uint32_t i)
+dp__blob_builder_offset(const dp__blob_builder *b, uint32_t i)
 {
     DP_ASSERT(b->laid_out && i < b->n);
     return b->e[i].off;
 }
 
 uint64_t
-dp__blob_builder_len(const dp_blob_builder *b, uint32_t i)
+dp__blob_builder_len(const dp__blob_builder *b, uint32_t i)
 {
     DP_ASSERT(i < b->n);
     return b->e[i].len;
 }
 
 int
-dp__blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail *d)
+dp__blob_builder_write(const dp__blob_builder *b, void *dst, size_t cap, dp_detail *d)
 {
     if (!b->laid_out)
         return dp__fail(d, DP_EINVAL, "blob builder: write before layout");
@@ -1063,18 +1095,18 @@ dp__blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detai
             if (!b->e[i].has_crc)
                 return dp__fail(d, DP_EINVAL, "blob builder: entry %u has no crc yet", i);
     }
-    const dp_blob_layout *l = &b->layout;
+    const dp__blob_layout *l = &b->layout;
     if (dst == NULL || cap < l->payload_off)
         return dp__fail(d, DP_EINVAL,
                         "blob builder: %zu bytes given, header and index need %llu", cap,
                         (unsigned long long)l->payload_off);
-    dp_blob_header h = {.version = DP_BLOB_VERSION,
-                        .n_entries = b->n,
-                        .index_len = l->index_len,
-                        .payload_off = l->payload_off,
-                        .total_len = l->total_len,
-                        .index_crc = dp__crc32c(b->index.data, b->index.len),
-                        .flags = b->flags};
+    dp__blob_header h = {.version = DP_BLOB_VERSION,
+                         .n_entries = b->n,
+                         .index_len = l->index_len,
+                         .payload_off = l->payload_off,
+                         .total_len = l->total_len,
+                         .index_crc = dp__crc32c(b->index.data, b->index.len),
+                         .flags = b->flags};
     uint8_t *o = dst;
     dp__blob_header_encode(&h, o);
     memcpy(o + DP_BLOB_HEADER_LEN, b->index.data, b->index.len);
@@ -1084,12 +1116,12 @@ dp__blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detai
 }
 
 int
-dp__blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
+dp__blob_builder_copy_payloads(const dp__blob_builder *b, void *dst, size_t cap,
                                dp_detail *d)
 {
     if (!b->laid_out)
         return dp__fail(d, DP_EINVAL, "blob builder: copy before layout");
-    const dp_blob_layout *l = &b->layout;
+    const dp__blob_layout *l = &b->layout;
     if (dst == NULL || cap < l->total_len)
         return dp__fail(d, DP_EINVAL,
                         "blob builder: %zu bytes given, the blob needs %llu", cap,
@@ -1105,4 +1137,20 @@ dp__blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
     }
     memset(o + pos, 0, (size_t)(l->total_len - pos));
     return DP_OK;
+}
+
+const char *
+dp_kind_name(dp_kind k)
+{
+    switch (k) {
+    case DP_KIND_TENSOR:
+        return "tensor";
+    case DP_KIND_BYTES:
+        return "bytes";
+    case DP_KIND_OBJECT:
+        return "object";
+    case DP_KIND_SKIP:
+        return "skip";
+    }
+    return "?";
 }

@@ -72,19 +72,19 @@
 /* The smallest possible encoded index entry, used to bound n_entries by index_len. */
 #define DP_BLOB_MIN_ENTRY_LEN 16u
 
-typedef enum dp_blob_kind {
+typedef enum dp__blob_kind {
     DP_BLOB_TENSOR = 0,
     DP_BLOB_BYTES = 1,
     DP_BLOB_OBJECT = 2,
-} dp_blob_kind;
+} dp__blob_kind;
 
 /* "tensor", "bytes", "object"; "?" for anything else. */
-const char *dp__blob_kind_name(dp_blob_kind k);
+const char *dp__blob_kind_name(dp__blob_kind k);
 /* The kind spelled s[0..len); DP_EINVAL if it is none of the three. */
-int dp__blob_kind_parse(const char *s, size_t len, dp_blob_kind *out);
+int dp__blob_kind_parse(const char *s, size_t len, dp__blob_kind *out);
 
 /* The decoded header fields. */
-typedef struct dp_blob_header {
+typedef struct dp__blob_header {
     uint32_t version;
     uint32_t n_entries;
     uint64_t index_len;
@@ -94,17 +94,17 @@ typedef struct dp_blob_header {
     uint32_t flags;
     uint64_t alloc_incarnation; /* bytes 48..55 */
     uint64_t alloc_token;       /* bytes 56..63 */
-} dp_blob_header;
+} dp__blob_header;
 
 /* ------------------------------------------------------------------ */
 /* Builder (client side).                                              */
 /* ------------------------------------------------------------------ */
 
 /* One entry as the builder's caller describes it. Everything is copied by add. */
-typedef struct dp_blob_entry_spec {
+typedef struct dp__blob_entry_spec {
     const char *key; /* "<gidx>@<field>", need not be NUL-terminated */
     size_t key_len;  /* 0 means strlen(key) */
-    dp_blob_kind kind;
+    dp__blob_kind kind;
     const char *dtype; /* NUL-terminated; NULL or "" allowed for bytes/object */
     const uint64_t *shape;
     uint32_t ndim;       /* <= DP_BLOB_MAX_DIMS; shape may be NULL when 0 */
@@ -112,28 +112,28 @@ typedef struct dp_blob_entry_spec {
     const void *payload; /* optional, len bytes; borrowed, see below */
     bool has_crc;        /* crc below is the payload's CRC32C */
     uint32_t crc;
-} dp_blob_entry_spec;
+} dp__blob_entry_spec;
 
-typedef struct dp_blob_builder dp_blob_builder;
+typedef struct dp__blob_builder dp__blob_builder;
 
 /* Sizes and offsets of a laid-out blob. */
-typedef struct dp_blob_layout {
+typedef struct dp__blob_layout {
     uint32_t n_entries;
     uint64_t index_len;
     uint64_t
         payload_off;    /* header + index + padding: what dp__blob_builder_write fills */
     uint64_t total_len; /* the allocation to ask for: payload end, rounded up to 64 */
-} dp_blob_layout;
+} dp__blob_layout;
 
 /*
  * New empty builder. flags: 0 or DP_BLOB_FLAG_CRC (every entry then needs a
  * payload CRC32C). DP_EINVAL for unknown flags, DP_ENOMEM.
  */
-int dp__blob_builder_create(uint32_t flags, dp_blob_builder **out, dp_detail *d);
+int dp__blob_builder_create(uint32_t flags, dp__blob_builder **out, dp_detail *d);
 /* NULL allowed. */
-void dp__blob_builder_destroy(dp_blob_builder *b);
+void dp__blob_builder_destroy(dp__blob_builder *b);
 /* Forget every entry (keeps the flags and the memory), to build the next blob. */
-void dp__blob_builder_reset(dp_blob_builder *b);
+void dp__blob_builder_reset(dp__blob_builder *b);
 
 /*
  * The caller promises that every key it adds from now on was made by
@@ -143,7 +143,7 @@ void dp__blob_builder_reset(dp_blob_builder *b);
  * there). A broken promise makes a blob the unit refuses at commit (it checks
  * both), never a corrupt one. Kept across resets.
  */
-void dp__blob_builder_trust_keys(dp_blob_builder *b, bool trusted);
+void dp__blob_builder_trust_keys(dp__blob_builder *b, bool trusted);
 
 /*
  * Add an entry; its index (0, 1, ...) into *idx (NULL allowed). Checks the key,
@@ -155,14 +155,14 @@ void dp__blob_builder_trust_keys(dp_blob_builder *b, bool trusted);
  * until then. Invalidates an earlier layout.
  * Returns DP_EINVAL (with the reason), DP_ETOOBIG (entry count), DP_ENOMEM.
  */
-int dp__blob_builder_add(dp_blob_builder *b, const dp_blob_entry_spec *spec,
+int dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *spec,
                          uint32_t *idx, dp_detail *d);
 
 /*
  * Set entry i's payload CRC32C (blob built with DP_BLOB_FLAG_CRC), e.g. once
  * the payload has been produced after the layout. Does not change the layout.
  */
-int dp__blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d);
+int dp__blob_builder_set_crc(dp__blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d);
 
 /*
  * Lay the blob out: encode the index, place each entry's payload, size the
@@ -170,7 +170,7 @@ int dp__blob_builder_set_crc(dp_blob_builder *b, uint32_t i, uint32_t crc, dp_de
  * DP_ETOOBIG if the index or the blob would pass the limits or overflow,
  * DP_ENOMEM. After it, dp__blob_builder_offset() gives each payload's place.
  */
-int dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *d);
+int dp__blob_builder_layout(dp__blob_builder *b, dp__blob_layout *out, dp_detail *d);
 
 /*
  * The size of a blob before building it: the sum, entry by entry, of what the
@@ -179,28 +179,28 @@ int dp__blob_builder_layout(dp_blob_builder *b, dp_blob_layout *out, dp_detail *
  * still to be built. dp__blob_sizer_total equals dp__blob_builder_layout's
  * total_len for the same entries (tested); kind must be valid.
  */
-typedef struct dp_blob_sizer {
+typedef struct dp__blob_sizer {
     uint32_t n;
     bool crc;
     uint64_t index_body; /* the entries' encodings */
     uint64_t payloads;   /* the payloads, each rounded up to 64 */
-} dp_blob_sizer;
+} dp__blob_sizer;
 
-void dp__blob_sizer_init(dp_blob_sizer *z, uint32_t flags);
-void dp__blob_sizer_add(dp_blob_sizer *z, size_t key_len, dp_blob_kind kind,
+void dp__blob_sizer_init(dp__blob_sizer *z, uint32_t flags);
+void dp__blob_sizer_add(dp__blob_sizer *z, size_t key_len, dp__blob_kind kind,
                         size_t dtype_len, const uint64_t *shape, uint32_t ndim,
                         uint64_t len);
 /* The index's length and the whole blob's (0 when it overflows). */
-uint64_t dp__blob_sizer_index_len(const dp_blob_sizer *z);
-uint64_t dp__blob_sizer_total(const dp_blob_sizer *z);
+uint64_t dp__blob_sizer_index_len(const dp__blob_sizer *z);
+uint64_t dp__blob_sizer_total(const dp__blob_sizer *z);
 
 /* Why an entry's dtype is refused for kind (static text), or NULL. */
-const char *dp__blob_dtype_problem(const char *dtype, size_t len, dp_blob_kind kind);
+const char *dp__blob_dtype_problem(const char *dtype, size_t len, dp__blob_kind kind);
 
 /* Entry i's payload offset in the blob (after a layout) and length. */
-uint64_t dp__blob_builder_offset(const dp_blob_builder *b, uint32_t i);
-uint64_t dp__blob_builder_len(const dp_blob_builder *b, uint32_t i);
-uint32_t dp__blob_builder_count(const dp_blob_builder *b);
+uint64_t dp__blob_builder_offset(const dp__blob_builder *b, uint32_t i);
+uint64_t dp__blob_builder_len(const dp__blob_builder *b, uint32_t i);
+uint32_t dp__blob_builder_count(const dp__blob_builder *b);
 
 /*
  * Write bytes [0, payload_off) of the laid-out blob (header, index, zero
@@ -210,28 +210,29 @@ uint32_t dp__blob_builder_count(const dp_blob_builder *b);
  * WRITE) or by dp__blob_builder_copy_payloads(). DP_EINVAL before a layout
  * or when a CRC is still missing.
  */
-int dp__blob_builder_write(const dp_blob_builder *b, void *dst, size_t cap, dp_detail *d);
+int dp__blob_builder_write(const dp__blob_builder *b, void *dst, size_t cap,
+                           dp_detail *d);
 
 /*
  * Copy every payload given to add into dst (cap >= total_len) at its offset
  * and zero the gaps between payloads. Entries added without a payload are
  * left alone. DP_EINVAL before a layout or when cap is too small.
  */
-int dp__blob_builder_copy_payloads(const dp_blob_builder *b, void *dst, size_t cap,
+int dp__blob_builder_copy_payloads(const dp__blob_builder *b, void *dst, size_t cap,
                                    dp_detail *d);
 
 /* ------------------------------------------------------------------ */
 /* Parser / validator (unit side).                                     */
 /* ------------------------------------------------------------------ */
 
-/* One entry of a parsed blob. Strings and shape live in the dp_blob. */
-typedef struct dp_blob_entry {
+/* One entry of a parsed blob. Strings and shape live in the dp__blob. */
+typedef struct dp__blob_entry {
     const char *key; /* NUL-terminated */
     uint32_t key_len;
     uint64_t gidx;
     const char *field; /* NUL-terminated, points into key */
     uint32_t field_len;
-    dp_blob_kind kind;
+    dp__blob_kind kind;
     const char *dtype; /* NUL-terminated, may be "" */
     uint32_t dtype_len;
     const uint64_t *shape; /* ndim dims (not NULL even when ndim == 0) */
@@ -240,40 +241,40 @@ typedef struct dp_blob_entry {
     uint64_t len;
     bool has_crc;
     uint32_t crc;
-} dp_blob_entry;
+} dp__blob_entry;
 
-typedef struct dp_blob_parse_opts {
+typedef struct dp__blob_parse_opts {
     uint32_t max_entries;   /* 0: DP_BLOB_MAX_ENTRIES */
     uint64_t max_index_len; /* 0: DP_BLOB_MAX_INDEX_LEN */
     bool allow_overlap;     /* accept entries whose payloads overlap */
     /* When n_units > 0, every key's gidx % n_units must equal unit_index. */
     uint32_t n_units;
     uint32_t unit_index;
-} dp_blob_parse_opts;
+} dp__blob_parse_opts;
 
-typedef struct dp_blob dp_blob;
+typedef struct dp__blob dp__blob;
 
 /*
  * Validate the untrusted blob p[0..len) (len: the allocation the unit handed
  * out) and return its entries in *out. The header and index are first copied
- * into memory the dp_blob owns; everything is validated on that copy and the
+ * into memory the dp__blob owns; everything is validated on that copy and the
  * entries point into it, so a writer still scribbling on p cannot change
  * what was validated. Nothing outside p[0..len) is read; the payload is not
  * read at all (see dp__blob_check_payload). opts NULL: defaults.
  * Returns DP_EPROTO with the reason in d, DP_ENOMEM, or DP_EINVAL for bad
  * opts (unit_index >= n_units). *out is NULL on error.
  */
-int dp__blob_parse(const void *p, size_t len, const dp_blob_parse_opts *opts,
-                   dp_blob **out, dp_detail *d);
+int dp__blob_parse(const void *p, size_t len, const dp__blob_parse_opts *opts,
+                   dp__blob **out, dp_detail *d);
 /* NULL allowed. */
-void dp__blob_destroy(dp_blob *b);
+void dp__blob_destroy(dp__blob *b);
 
-const dp_blob_header *dp__blob_get_header(const dp_blob *b);
-uint32_t dp__blob_count(const dp_blob *b);
+const dp__blob_header *dp__blob_get_header(const dp__blob *b);
+uint32_t dp__blob_count(const dp__blob *b);
 /* Entry i < dp__blob_count(b), in index order. */
-const dp_blob_entry *dp__blob_entry_at(const dp_blob *b, uint32_t i);
+const dp__blob_entry *dp__blob_entry_at(const dp__blob *b, uint32_t i);
 /* The entry with this key, or NULL (binary search). */
-const dp_blob_entry *dp__blob_find(const dp_blob *b, const char *key, size_t key_len);
+const dp__blob_entry *dp__blob_find(const dp__blob *b, const char *key, size_t key_len);
 
 /*
  * Check every entry's payload CRC32C against the blob bytes p[0..len) (the
@@ -281,10 +282,10 @@ const dp_blob_entry *dp__blob_find(const dp_blob *b, const char *key, size_t key
  * the payload. DP_ECORRUPT naming the first bad entry, DP_EINVAL if the blob
  * carries no CRCs or len differs.
  */
-int dp__blob_check_payload(const dp_blob *b, const void *p, size_t len, dp_detail *d);
+int dp__blob_check_payload(const dp__blob *b, const void *p, size_t len, dp_detail *d);
 
 /* Check one entry's payload (payload = the entry's len bytes). DP_ECORRUPT/DP_EINVAL. */
-int dp__blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail *d);
+int dp__blob_entry_check(const dp__blob_entry *e, const void *payload, dp_detail *d);
 
 /*
  * Decode and check the 64-byte header alone (magic, version, flags, reserved,
@@ -292,11 +293,11 @@ int dp__blob_entry_check(const dp_blob_entry *e, const void *payload, dp_detail 
  * Used by dp__blob_parse; exposed for tools. DP_EPROTO with the reason.
  */
 int dp__blob_header_decode(const uint8_t hdr64[64], uint64_t len,
-                           const dp_blob_parse_opts *opts, dp_blob_header *out,
+                           const dp__blob_parse_opts *opts, dp__blob_header *out,
                            dp_detail *d);
 
 /* Write the 64-byte header for h into out (little-endian). */
-void dp__blob_header_encode(const dp_blob_header *h, uint8_t out[64]);
+void dp__blob_header_encode(const dp__blob_header *h, uint8_t out[64]);
 
 /*
  * Name the allocation in an encoded header (bytes 48..63 of hdr64): the

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "dataplane/client.h"
 
 const char *
 dp__quote_bytes(const char *s, size_t len, size_t max_shown, char *out, size_t cap)
@@ -234,7 +235,7 @@ dp__key_make(uint64_t gidx, const char *field, size_t field_len, char *out, size
 }
 
 int
-dp__key_split(const char *key, size_t len, dp_key_parts *parts, dp_detail *d)
+dp__key_split(const char *key, size_t len, dp__key_parts *parts, dp_detail *d)
 {
     char q[80], why[128];
     if (key == NULL && len > 0)
@@ -261,4 +262,16 @@ dp__key_split(const char *key, size_t len, dp_key_parts *parts, dp_detail *d)
     parts->field = field;
     parts->field_len = flen;
     return DP_OK;
+}
+
+int
+dp_key_check(const char *key, size_t len, uint64_t *gidx, dp_detail *d)
+{
+    if (key == NULL)
+        return dp__fail(d, DP_EINVAL, "key: NULL");
+    dp__key_parts kp;
+    int rc = dp__key_split(key, len, &kp, d);
+    if (rc == DP_OK && gidx != NULL)
+        *gidx = kp.gidx;
+    return rc;
 }

@@ -39,11 +39,11 @@
 #define DP_KEY_MAX (DP_GIDX_MAX_DIGITS + 1 + DP_FIELD_MAX)
 
 /* A split key. field points into the key that was split (not NUL-terminated). */
-typedef struct dp_key_parts {
+typedef struct dp__key_parts {
     uint64_t gidx;
     const char *field;
     size_t field_len;
-} dp_key_parts;
+} dp__key_parts;
 
 /*
  * Check that field[0..len) is a valid field name (rules above). Returns DP_OK
@@ -82,7 +82,7 @@ size_t dp__key_format(uint64_t gidx, const char *field, size_t field_len, char *
  * success parts->field points into key. Returns DP_EINVAL with a detail such
  * as "key '12x@a': gidx is not a decimal number".
  */
-int dp__key_split(const char *key, size_t len, dp_key_parts *parts, dp_detail *d);
+int dp__key_split(const char *key, size_t len, dp__key_parts *parts, dp_detail *d);
 
 /*
  * Internal: write s[0..len) into out[0..cap) (NUL-terminated) for an error

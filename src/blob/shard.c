@@ -27,7 +27,7 @@
 /* ---- shard file: header and trailer ---- */
 
 void
-dp__shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN])
+dp__shard_header_encode(const dp__shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN])
 {
     memcpy(out, DP_SHARD_MAGIC, 8);
     dp__le32_store(out + 8, DP_SHARD_VERSION);
@@ -39,7 +39,7 @@ dp__shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LE
 
 int
 dp__shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
-                        dp_shard_header *h, dp_detail *d)
+                        dp__shard_header *h, dp_detail *d)
 {
     memset(h, 0, sizeof *h);
     if (memcmp(p, DP_SHARD_MAGIC, 8) != 0)
@@ -56,13 +56,13 @@ dp__shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
 }
 
 uint64_t
-dp__shard_data_end(const dp_shard_header *h)
+dp__shard_data_end(const dp__shard_header *h)
 {
     return DP_SHARD_HEADER_LEN + h->data_bytes;
 }
 
 int
-dp__shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *name,
+dp__shard_check_len(const dp__shard_header *h, uint64_t file_len, const char *name,
                     dp_detail *d)
 {
     if (h->data_bytes > file_len ||
@@ -75,7 +75,7 @@ dp__shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *nam
 }
 
 void
-dp__shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
+dp__shard_trailer_encode(const dp__shard_header *h, uint32_t data_crc,
                          uint8_t out[DP_SHARD_TRAILER_LEN])
 {
     uint8_t hdr[DP_SHARD_HEADER_LEN];
@@ -87,7 +87,7 @@ dp__shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
 }
 
 int
-dp__shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp_shard_header *h,
+dp__shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp__shard_header *h,
                          const char *name, uint32_t *data_crc, dp_detail *d)
 {
     if (memcmp(p, DP_SHARD_END_MAGIC, 8) != 0 || dp__le64_load(p + 8) != h->data_bytes ||
@@ -101,13 +101,13 @@ dp__shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN], const dp_shard_h
 /* ---- rows file ---- */
 
 uint32_t
-dp__shard_row_live(const dp_shard_row *r, uint32_t k)
+dp__shard_row_live(const dp__shard_row *r, uint32_t k)
 {
     return dp__le32_load(r->live + 4 * (size_t)k);
 }
 
 void
-dp__shard_rows_fini(dp_shard_rows *r)
+dp__shard_rows_fini(dp__shard_rows *r)
 {
     if (r == NULL)
         return;
@@ -116,8 +116,8 @@ dp__shard_rows_fini(dp_shard_rows *r)
 }
 
 int
-dp__shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_rows *out,
-                     dp_detail *d)
+dp__shard_rows_parse(const uint8_t *p, uint64_t len, const char *name,
+                     dp__shard_rows *out, dp_detail *d)
 {
     memset(out, 0, sizeof *out);
     if (len < DP_SHARD_ROWS_HEADER_LEN + DP_SHARD_ROWS_TRAILER_LEN)
@@ -138,7 +138,7 @@ dp__shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_
     uint32_t n = dp__le32_load(p + 20);
     if (n > (len - 36) / 25)
         return dp__fail(d, DP_ECORRUPT, "%s: %u blobs cannot fit (offset 20)", name, n);
-    dp_shard_row *r = calloc(n ? n : 1, sizeof *r);
+    dp__shard_row *r = calloc(n ? n : 1, sizeof *r);
     if (r == NULL)
         return dp__fail(d, DP_ENOMEM, "%s: out of memory for %u blobs", name, n);
     uint64_t pos = DP_SHARD_ROWS_HEADER_LEN, end = len - DP_SHARD_ROWS_TRAILER_LEN;
@@ -177,7 +177,7 @@ dp__shard_rows_parse(const uint8_t *p, uint64_t len, const char *name, dp_shard_
 }
 
 int
-dp__shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out, dp_detail *d)
+dp__shard_rows_load(const char *name, uint8_t **buf, dp__shard_rows *out, dp_detail *d)
 {
     *buf = NULL;
     memset(out, 0, sizeof *out);
@@ -211,7 +211,7 @@ out:
 }
 
 int
-dp__shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
+dp__shard_rows_check(const dp__shard_rows *rows, const dp__shard_header *h,
                      const char *rows_name, const char *shard_name, dp_detail *d)
 {
     if (h->n_blobs != rows->n)
@@ -219,7 +219,7 @@ dp__shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
                         shard_name, h->n_blobs, rows_name, rows->n);
     uint64_t end = dp__shard_data_end(h);
     for (uint32_t i = 0; i < rows->n; i++) {
-        const dp_shard_row *r = &rows->v[i];
+        const dp__shard_row *r = &rows->v[i];
         if (r->off < DP_SHARD_HEADER_LEN || r->nbytes == 0 || r->off > end ||
             r->nbytes > end - r->off)
             return dp__fail(
@@ -242,7 +242,7 @@ dp__shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n_blob
 }
 
 size_t
-dp__shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX])
+dp__shard_row_encode(const dp__shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX])
 {
     DP_ASSERT(r->id_len > 0 && r->id_len <= DP_SHARD_ID_MAX);
     out[0] = (uint8_t)r->id_len;
@@ -299,8 +299,8 @@ dp__shard_file_open(const char *name, int *out, uint64_t *len, dp_detail *d)
  * NULL, through scratch (SCRATCH_BYTES); *crc gets their CRC32C.
  */
 static int
-read_blob(int fd, const char *name, const dp_shard_row *r, uint8_t *dst, uint8_t *scratch,
-          uint32_t *crc, dp_detail *d)
+read_blob(int fd, const char *name, const dp__shard_row *r, uint8_t *dst,
+          uint8_t *scratch, uint32_t *crc, dp_detail *d)
 {
     uint32_t c = 0;
     uint64_t pos = r->off;
@@ -319,7 +319,7 @@ read_blob(int fd, const char *name, const dp_shard_row *r, uint8_t *dst, uint8_t
 }
 
 static int
-crc_mismatch(const char *name, const dp_shard_row *r, dp_detail *d)
+crc_mismatch(const char *name, const dp__shard_row *r, dp_detail *d)
 {
     return dp__fail(d, DP_ECORRUPT,
                     "%s: blob %.*s at offset %" PRIu64 " (%" PRIu64
@@ -329,7 +329,7 @@ crc_mismatch(const char *name, const dp_shard_row *r, dp_detail *d)
 
 /* Pass over [rd->pos, off), keeping only the CRC. */
 static int
-reader_skip(dp_shard_reader *rd, uint64_t off, dp_detail *d)
+reader_skip(dp__shard_reader *rd, uint64_t off, dp_detail *d)
 {
     while (rd->pos < off) {
         size_t n = (size_t)DP_MIN(off - rd->pos, (uint64_t)SCRATCH_BYTES);
@@ -343,8 +343,8 @@ reader_skip(dp_shard_reader *rd, uint64_t off, dp_detail *d)
 }
 
 int
-dp__shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
-                      const dp_shard_header *h, dp_detail *d)
+dp__shard_reader_init(dp__shard_reader *rd, int fd, const char *name,
+                      const dp__shard_header *h, dp_detail *d)
 {
     memset(rd, 0, sizeof *rd);
     rd->fd = fd;
@@ -358,7 +358,7 @@ dp__shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
 }
 
 void
-dp__shard_reader_fini(dp_shard_reader *rd)
+dp__shard_reader_fini(dp__shard_reader *rd)
 {
     if (rd == NULL)
         return;
@@ -367,7 +367,7 @@ dp__shard_reader_fini(dp_shard_reader *rd)
 }
 
 int
-dp__shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
+dp__shard_reader_blob(dp__shard_reader *rd, const dp__shard_row *r, uint8_t *dst,
                       dp_detail *d)
 {
     if (r->off < rd->pos || r->off > rd->end || r->nbytes > rd->end - r->off)
@@ -387,7 +387,7 @@ dp__shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
 }
 
 int
-dp__shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d)
+dp__shard_reader_end(dp__shard_reader *rd, uint32_t data_crc, dp_detail *d)
 {
     int rc = reader_skip(rd, rd->end, d);
     if (rc != 0)
@@ -399,7 +399,7 @@ dp__shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d)
 }
 
 int
-dp__shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst,
+dp__shard_blob_read(int fd, const char *name, const dp__shard_row *r, uint8_t *dst,
                     dp_detail *d)
 {
     uint32_t c = 0;
@@ -412,7 +412,7 @@ dp__shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *ds
 /* ---- checking a blob ---- */
 
 void
-dp__shard_blob_fini(dp_shard_blob *b)
+dp__shard_blob_fini(dp__shard_blob *b)
 {
     if (b == NULL)
         return;
@@ -423,9 +423,9 @@ dp__shard_blob_fini(dp_shard_blob *b)
 }
 
 int
-dp__shard_blob_check(const dp_shard_row *r, const uint8_t *p,
-                     const dp_blob_parse_opts *po, const char *shard_name,
-                     const char *rows_name, dp_shard_blob *out, dp_detail *d)
+dp__shard_blob_check(const dp__shard_row *r, const uint8_t *p,
+                     const dp__blob_parse_opts *po, const char *shard_name,
+                     const char *rows_name, dp__shard_blob *out, dp_detail *d)
 {
     memset(out, 0, sizeof *out);
     int rc = dp__blob_parse(p, (size_t)r->nbytes, po, &out->parsed, d);

@@ -57,15 +57,15 @@
 
 /* ---- shard file: header and trailer ---- */
 
-typedef struct dp_shard_header {
+typedef struct dp__shard_header {
     uint32_t unit_id, n_units; /* the unit that wrote it, of how many */
     uint32_t n_blobs;
     uint64_t data_bytes; /* the data section: the blobs back to back */
     uint32_t crc;        /* CRC32C of the encoded header (set by decode) */
-} dp_shard_header;
+} dp__shard_header;
 
 /* The 32 header bytes of h (version DP_SHARD_VERSION; h->crc is ignored). */
-void dp__shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN]);
+void dp__shard_header_encode(const dp__shard_header *h, uint8_t out[DP_SHARD_HEADER_LEN]);
 
 /*
  * Decode a shard header (name is for messages): magic and version are
@@ -73,20 +73,20 @@ void dp__shard_header_encode(const dp_shard_header *h, uint8_t out[DP_SHARD_HEAD
  * dp__shard_check_len). DP_ECORRUPT.
  */
 int dp__shard_header_decode(const uint8_t p[DP_SHARD_HEADER_LEN], const char *name,
-                            dp_shard_header *h, dp_detail *d);
+                            dp__shard_header *h, dp_detail *d);
 
 /* Where the data section ends and the trailer starts. */
-uint64_t dp__shard_data_end(const dp_shard_header *h);
+uint64_t dp__shard_data_end(const dp__shard_header *h);
 
 /*
  * A shard file of file_len bytes holds exactly h's header, data and trailer.
  * DP_ECORRUPT (truncated or corrupted).
  */
-int dp__shard_check_len(const dp_shard_header *h, uint64_t file_len, const char *name,
+int dp__shard_check_len(const dp__shard_header *h, uint64_t file_len, const char *name,
                         dp_detail *d);
 
 /* The 24 trailer bytes after h's data, whose CRC32C is data_crc. */
-void dp__shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
+void dp__shard_trailer_encode(const dp__shard_header *h, uint32_t data_crc,
                               uint8_t out[DP_SHARD_TRAILER_LEN]);
 
 /*
@@ -95,24 +95,24 @@ void dp__shard_trailer_encode(const dp_shard_header *h, uint32_t data_crc,
  * dp__shard_reader_end). DP_ECORRUPT naming the trailer's offset.
  */
 int dp__shard_trailer_decode(const uint8_t p[DP_SHARD_TRAILER_LEN],
-                             const dp_shard_header *h, const char *name,
+                             const dp__shard_header *h, const char *name,
                              uint32_t *data_crc, dp_detail *d);
 
 /* ---- rows file ---- */
 
 /* One blob of a rows file (views into the parsed bytes). */
-typedef struct dp_shard_row {
+typedef struct dp__shard_row {
     const char *id; /* not NUL-terminated */
     uint32_t id_len;
     uint64_t off, nbytes; /* its place in the shard file */
     uint32_t crc, n_live;
     const uint8_t *live; /* n_live little-endian u32 entry indexes */
-} dp_shard_row;
+} dp__shard_row;
 
-typedef struct dp_shard_rows {
+typedef struct dp__shard_rows {
     uint32_t unit_id, n_units, n;
-    dp_shard_row *v; /* n entries, malloc'd */
-} dp_shard_rows;
+    dp__shard_row *v; /* n entries, malloc'd */
+} dp__shard_rows;
 
 /*
  * Parse and check a whole rows file p[0..len) (name is for messages): magic,
@@ -121,11 +121,11 @@ typedef struct dp_shard_rows {
  * into p, which must outlive out. dp__shard_rows_fini frees out->v.
  */
 int dp__shard_rows_parse(const uint8_t *p, uint64_t len, const char *name,
-                         dp_shard_rows *out, dp_detail *d);
-void dp__shard_rows_fini(dp_shard_rows *r);
+                         dp__shard_rows *out, dp_detail *d);
+void dp__shard_rows_fini(dp__shard_rows *r);
 
 /* Entry index k (< n_live) of r. */
-uint32_t dp__shard_row_live(const dp_shard_row *r, uint32_t k);
+uint32_t dp__shard_row_live(const dp__shard_row *r, uint32_t k);
 
 /*
  * Read the rows file name (a regular file of at most DP_SHARD_ROWS_MAX
@@ -133,14 +133,14 @@ uint32_t dp__shard_row_live(const dp_shard_row *r, uint32_t k);
  * NULL then) holds the bytes out's records point into. Errors: DP_ESYS (open,
  * read), DP_EINVAL (not a regular file), DP_ECORRUPT, DP_ENOMEM.
  */
-int dp__shard_rows_load(const char *name, uint8_t **buf, dp_shard_rows *out,
+int dp__shard_rows_load(const char *name, uint8_t **buf, dp__shard_rows *out,
                         dp_detail *d);
 
 /*
  * The rows file rows_name agrees with the shard shard_name whose header is h:
  * as many blobs, each inside the data section and not empty. DP_ECORRUPT.
  */
-int dp__shard_rows_check(const dp_shard_rows *rows, const dp_shard_header *h,
+int dp__shard_rows_check(const dp__shard_rows *rows, const dp__shard_header *h,
                          const char *rows_name, const char *shard_name, dp_detail *d);
 
 /* The 24 header bytes of a rows file. */
@@ -150,7 +150,7 @@ void dp__shard_rows_header_encode(uint32_t unit_id, uint32_t n_units, uint32_t n
  * The record of r up to its live list (r->live is not read: r->n_live entry
  * indexes follow, each dp__shard_live_encode'd). Returns its length.
  */
-size_t dp__shard_row_encode(const dp_shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX]);
+size_t dp__shard_row_encode(const dp__shard_row *r, uint8_t out[DP_SHARD_ROW_HEAD_MAX]);
 void dp__shard_live_encode(uint32_t entry, uint8_t out[4]);
 /* The 12 trailer bytes; crc is the CRC32C of every byte before them. */
 void dp__shard_rows_trailer_encode(uint32_t crc, uint8_t out[DP_SHARD_ROWS_TRAILER_LEN]);
@@ -170,19 +170,19 @@ int dp__shard_file_open(const char *name, int *fd, uint64_t *len, dp_detail *d);
  * of the whole data checked at the end against the trailer's
  * (dp__shard_reader_end). Caller-owned storage; fd is borrowed.
  */
-typedef struct dp_shard_reader {
+typedef struct dp__shard_reader {
     int fd;
     const char *name; /* the shard file, for messages (borrowed) */
     uint64_t pos;     /* next file offset */
     uint64_t end;     /* end of the data section */
     uint32_t crc;     /* CRC32C of the data section up to pos */
     uint8_t *buf;     /* scratch for bytes read only for their CRC */
-} dp_shard_reader;
+} dp__shard_reader;
 
 /* DP_ENOMEM. */
-int dp__shard_reader_init(dp_shard_reader *rd, int fd, const char *name,
-                          const dp_shard_header *h, dp_detail *d);
-void dp__shard_reader_fini(dp_shard_reader *rd);
+int dp__shard_reader_init(dp__shard_reader *rd, int fd, const char *name,
+                          const dp__shard_header *h, dp_detail *d);
+void dp__shard_reader_fini(dp__shard_reader *rd);
 
 /*
  * Read blob r (at or after the reader's position, inside the data section)
@@ -190,27 +190,27 @@ void dp__shard_reader_fini(dp_shard_reader *rd);
  * CRC32C against r->crc. DP_ECORRUPT (CRC mismatch, truncated), DP_ESYS,
  * DP_EINVAL (r is behind the reader or outside the data).
  */
-int dp__shard_reader_blob(dp_shard_reader *rd, const dp_shard_row *r, uint8_t *dst,
+int dp__shard_reader_blob(dp__shard_reader *rd, const dp__shard_row *r, uint8_t *dst,
                           dp_detail *d);
 
 /* Pass over the rest of the data; its CRC32C must be data_crc. DP_ECORRUPT. */
-int dp__shard_reader_end(dp_shard_reader *rd, uint32_t data_crc, dp_detail *d);
+int dp__shard_reader_end(dp__shard_reader *rd, uint32_t data_crc, dp_detail *d);
 
 /*
  * Read one blob r of the shard fd (name) into dst (r->nbytes bytes) and
  * check its CRC32C against r->crc, without a sequential pass. Errors as
  * dp__shard_reader_blob.
  */
-int dp__shard_blob_read(int fd, const char *name, const dp_shard_row *r, uint8_t *dst,
+int dp__shard_blob_read(int fd, const char *name, const dp__shard_row *r, uint8_t *dst,
                         dp_detail *d);
 
 /* A blob read from a shard, checked by dp__shard_blob_check. */
-typedef struct dp_shard_blob {
-    dp_blob *parsed; /* its index, parsed as a commit does (owned) */
-    uint8_t *keep;   /* one byte per entry of parsed: 1 for a live one (owned) */
-    uint32_t *live;  /* the live entry indexes, in the rows file's order (owned) */
+typedef struct dp__shard_blob {
+    dp__blob *parsed; /* its index, parsed as a commit does (owned) */
+    uint8_t *keep;    /* one byte per entry of parsed: 1 for a live one (owned) */
+    uint32_t *live;   /* the live entry indexes, in the rows file's order (owned) */
     uint32_t n_live;
-} dp_shard_blob;
+} dp__shard_blob;
 
 /*
  * Check blob r whose bytes (r->nbytes, CRC already checked) are p: parse its
@@ -220,9 +220,9 @@ typedef struct dp_shard_blob {
  * index: DP_EPROTO), DP_ECORRUPT (the live list), DP_ENOMEM; out is then
  * empty. dp__shard_blob_fini frees out.
  */
-int dp__shard_blob_check(const dp_shard_row *r, const uint8_t *p,
-                         const dp_blob_parse_opts *po, const char *shard_name,
-                         const char *rows_name, dp_shard_blob *out, dp_detail *d);
-void dp__shard_blob_fini(dp_shard_blob *b);
+int dp__shard_blob_check(const dp__shard_row *r, const uint8_t *p,
+                         const dp__blob_parse_opts *po, const char *shard_name,
+                         const char *rows_name, dp__shard_blob *out, dp_detail *d);
+void dp__shard_blob_fini(dp__shard_blob *b);
 
 #endif

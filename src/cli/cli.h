@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "client/fanout.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
@@ -40,6 +40,22 @@ int dp__cmd_keygen(int argc, char **argv);
  */
 int dp__cli_usage(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/*
+ * The usage errors of every command's getopt_long loop (opterr 0):
+ * dp__cli_bad_option for the word it refused ("unknown option or missing
+ * value '<word>'", word = argv[optind - 1]), dp__cli_unexpected for an
+ * argument left over ("unexpected argument '<arg>'"). Both return 2.
+ */
+int dp__cli_bad_option(const char *cmd, const char *word);
+int dp__cli_unexpected(const char *cmd, const char *arg);
+
+/*
+ * A timeout option's value (opt names it, e.g. "--timeout-s"): seconds
+ * (dp__parse_seconds), and more than 0 ("<opt> must be > 0"). DP_EINVAL with
+ * what is wrong.
+ */
+int dp__cli_parse_timeout(const char *arg, const char *opt, double *out, dp_detail *d);
 
 /* "dataplane <cmd>: <detail> (<strerror(rc)>)" on stderr; returns 1. */
 int dp__cli_fail(const char *cmd, int rc, const dp_detail *d);
@@ -88,9 +104,9 @@ typedef struct dp__cli_unit {
  */
 typedef struct dp__cli_conn {
     char path[PATH_MAX]; /* the cluster file, or the registry's URL */
-    dp_cluster cl;
-    dp_ctl_client *ctl;
-    dp_wire_rid_gen rids;
+    dp__cluster cl;
+    dp__ctl_client *ctl;
+    dp__wire_rid_gen rids;
     double timeout_s;         /* each control call */
     double connect_timeout_s; /* asking the units who they are */
     dp__cli_unit *units;      /* n_units: what the last check found */
@@ -108,7 +124,7 @@ typedef struct dp__cli_conn {
 /*
  * Locate (arg, else $DP_CLUSTER, else the default directory) and load the
  * cluster file, or read the registry arg names (etcd://...: waiting up to
- * connect_timeout_s for every unit to register; dp__cluster_resolve), open the
+ * connect_timeout_s for every unit to register; dp__reg_resolve), open the
  * control-only client of its units, and (unless DP__CLI_NO_CHECK) ask every unit who it
  * is (dp__cli_check_units, within connect_timeout_s). Control calls then wait timeout_s.
  * Errors of dp__cluster_locate and dp__cluster_load (DP_ENOTFOUND says how to start a

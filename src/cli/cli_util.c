@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "registry/registry.h"
+
 int
 dp__cli_usage(const char *cmd, const char *fmt, ...)
 {
@@ -28,6 +30,27 @@ dp__cli_usage(const char *cmd, const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "\nRun 'dataplane %s --help' for usage.\n", cmd);
     return 2;
+}
+
+int
+dp__cli_bad_option(const char *cmd, const char *word)
+{
+    return dp__cli_usage(cmd, "unknown option or missing value '%s'", word);
+}
+
+int
+dp__cli_unexpected(const char *cmd, const char *arg)
+{
+    return dp__cli_usage(cmd, "unexpected argument '%s'", arg);
+}
+
+int
+dp__cli_parse_timeout(const char *arg, const char *opt, double *out, dp_detail *d)
+{
+    int rc = dp__parse_seconds(arg, out, opt, d);
+    if (rc == DP_OK && !(*out > 0))
+        rc = dp__fail(d, DP_EINVAL, "%s must be > 0", opt);
+    return rc;
 }
 
 int
@@ -65,8 +88,8 @@ dp__cli_connect(const char *arg, double timeout_s, double connect_timeout_s,
     memset(c, 0, sizeof *c);
     c->timeout_s = timeout_s > 0 ? timeout_s : DP_CLI_TIMEOUT_S;
     c->connect_timeout_s = connect_timeout_s > 0 ? connect_timeout_s : c->timeout_s;
-    int rc = dp__cluster_resolve(arg, c->connect_timeout_s, &c->cl, c->path,
-                                 sizeof c->path, d);
+    int rc =
+        dp__reg_resolve(arg, c->connect_timeout_s, &c->cl, c->path, sizeof c->path, d);
     if (rc == DP_OK && (c->units = calloc(c->cl.n_units, sizeof *c->units)) == NULL)
         rc = dp__fail(d, DP_ENOMEM, "out of memory");
     if (rc == DP_OK)
@@ -264,15 +287,15 @@ dp__cli_probe_unit(const char *addr, const char *server_pub, const char *client_
                    double timeout_s, uint64_t *incarnation, char *why, size_t cap)
 {
     *incarnation = 0;
-    dp_ctl_client *ctl = NULL;
-    dp_wire_rid_gen rids;
+    dp__ctl_client *ctl = NULL;
+    dp__wire_rid_gen rids;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_buf req, rep;
+    dp__buf req, rep;
     dp__buf_init(&req);
     dp__buf_init(&rep);
     char rid[DP_WIRE_RID_MAX];
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_INFO;
     int rc = dp__ctl_client_create(&ctl, &d);
@@ -295,9 +318,9 @@ dp__cli_probe_unit(const char *addr, const char *server_pub, const char *client_
         rc = dp__wire_request_encode(&q, NULL, &req, &d);
     }
     if (rc == DP_OK)
-        rc = dp__ctl_call(ctl, addr, req.data, req.len, rid, timeout_s, &rep, &d);
+        rc = dp__ctl_call(ctl, addr, &req, rid, timeout_s, &rep, &d);
     if (rc == DP_OK) {
-        dp_wire_reply r;
+        dp__wire_reply r;
         memset(&r, 0, sizeof r);
         rc = dp__wire_reply_decode(rep.data, rep.len, DP_WIRE_OP_INFO, NULL, &r, &d);
         if (rc == DP_OK && !r.ok)

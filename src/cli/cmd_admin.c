@@ -108,10 +108,8 @@ parse_common(const char *cmd, const char *usage, bool allow_raw, int argc, char 
             o->cluster = optarg;
             break;
         case O_TIMEOUT:
-            if (dp__parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d) != DP_OK)
+            if (dp__cli_parse_timeout(optarg, "--timeout-s", &o->timeout_s, &d) != DP_OK)
                 return dp__cli_usage(cmd, "%s", d.msg);
-            if (!(o->timeout_s > 0))
-                return dp__cli_usage(cmd, "--timeout-s must be > 0");
             break;
         case O_RAW:
             if (!allow_raw)
@@ -127,8 +125,7 @@ parse_common(const char *cmd, const char *usage, bool allow_raw, int argc, char 
             fputs(usage, stdout);
             return 0;
         default:
-            return dp__cli_usage(cmd, "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
+            return dp__cli_bad_option(cmd, argv[optind - 1]);
         }
     }
     return -1;
@@ -146,7 +143,7 @@ is_size_counter(const char *name)
 
 /* A counter's value as text into buf. */
 static const char *
-fmt_field(const dp_wire_field *f, bool size, bool raw, char *buf, size_t cap)
+fmt_field(const dp__wire_field *f, bool size, bool raw, char *buf, size_t cap)
 {
     switch (f->type) {
     case DP_WIRE_U64:
@@ -188,7 +185,7 @@ dp__cmd_stats(int argc, char **argv)
     if (st >= 0)
         return st;
     if (optind < argc)
-        return dp__cli_usage("stats", "unexpected argument '%s'", argv[optind]);
+        return dp__cli_unexpected("stats", argv[optind]);
     dp_detail d;
     dp_detail_clear(&d);
     dp__cli_conn c;
@@ -199,7 +196,7 @@ dp__cmd_stats(int argc, char **argv)
         return dp__cli_fail("stats", rc, &d);
     uint32_t n = c.cl.n_units;
     dp__fanout f;
-    dp_wire_op op = DP_WIRE_OP_STATS;
+    dp__wire_op op = DP_WIRE_OP_STATS;
     dp__client_call_all(c.client, &f, dp__fanout_req_op, &op, &d);
     if (f.n == 0) { /* not even asked: out of memory */
         dp__cli_disconnect(&c);
@@ -213,7 +210,7 @@ dp__cmd_stats(int argc, char **argv)
             status = 1;
         }
     /* Rows: the counter names of the first unit that answered, in its order. */
-    const dp_wire_fields *names = NULL;
+    const dp__wire_fields *names = NULL;
     for (uint32_t i = 0; i < n && names == NULL; i++)
         if (f.u[i].rc == DP_OK)
             names = &f.u[i].rep.r.stats;
@@ -242,7 +239,7 @@ dp__cmd_stats(int argc, char **argv)
             uint64_t total = 0;
             bool summable = !no_total(name);
             for (uint32_t i = 0; i < n; i++) {
-                const dp_wire_field *x =
+                const dp__wire_field *x =
                     f.u[i].rc == DP_OK ? dp__wire_fields_get(&f.u[i].rep.r.stats, name)
                                        : NULL;
                 if (x != NULL && x->type == DP_WIRE_U64)
@@ -256,7 +253,7 @@ dp__cmd_stats(int argc, char **argv)
             }
             if (last && n > 1) {
                 if (summable) {
-                    dp_wire_field t = {.type = DP_WIRE_U64, .v.u = total};
+                    dp__wire_field t = {.type = DP_WIRE_U64, .v.u = total};
                     printf(" %12s", fmt_field(&t, size, o.raw, buf, sizeof buf));
                 } else {
                     printf(" %12s", "");
@@ -303,7 +300,7 @@ dp__cmd_stats(int argc, char **argv)
 /* ---- scan ---- */
 
 static bool
-scan_req(uint32_t i, dp_wire_request *q, void *ctx)
+scan_req(uint32_t i, dp__wire_request *q, void *ctx)
 {
     if (i != *(const uint32_t *)ctx)
         return false;
@@ -322,7 +319,7 @@ dp__cmd_scan(int argc, char **argv)
         return dp__cli_usage("scan",
                              "which unit? Give its index, e.g. 'dataplane scan 0'");
     if (optind + 1 < argc)
-        return dp__cli_usage("scan", "unexpected argument '%s'", argv[optind + 1]);
+        return dp__cli_unexpected("scan", argv[optind + 1]);
     const char *unit_arg = argv[optind];
     dp_detail d;
     dp_detail_clear(&d);
@@ -350,12 +347,12 @@ dp__cmd_scan(int argc, char **argv)
     if (rc != DP_OK) {
         status = dp__cli_fail("scan", rc, &d);
     } else {
-        const dp_wire_scan_res *s = &fo.u[u].rep.r.scan;
+        const dp__wire_scan_res *s = &fo.u[u].rep.r.scan;
         printf("unit %u (%s): %u blob%s\n", u, c.cl.units[u].zmq, s->n,
                s->n == 1 ? "" : "s");
         if (s->n > 0) {
             /* Columns: the first record's fields; ids get a wide column. */
-            const dp_wire_fields *h = &s->recs[0];
+            const dp__wire_fields *h = &s->recs[0];
             for (uint32_t k = 0; k < h->n; k++) {
                 int w = dp__wire_str_eq(h->v[k].name, "id") ? -34 : 12;
                 printf("%s%*.*s", k ? " " : "", w, DP_WIRE_STR_ARG(h->v[k].name));
@@ -365,7 +362,7 @@ dp__cmd_scan(int argc, char **argv)
                 for (uint32_t k = 0; k < h->n; k++) {
                     char name[64], buf[96];
                     dp__wire_str_copy(h->v[k].name, name, sizeof name);
-                    const dp_wire_field *f = dp__wire_fields_get(&s->recs[j], name);
+                    const dp__wire_field *f = dp__wire_fields_get(&s->recs[j], name);
                     int w = strcmp(name, "id") == 0 ? -34 : 12;
                     printf("%s%*s", k ? " " : "", w,
                            f ? fmt_field(f, false, true, buf, sizeof buf) : "-");

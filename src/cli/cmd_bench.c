@@ -218,9 +218,7 @@ bench_parse(int argc, char **argv, bench_opts *o)
             o->cluster = optarg;
             break;
         case O_TIMEOUT:
-            rc = dp__parse_seconds(optarg, &o->timeout_s, "--timeout-s", &d);
-            if (rc == DP_OK && !(o->timeout_s > 0))
-                rc = dp__fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+            rc = dp__cli_parse_timeout(optarg, "--timeout-s", &o->timeout_s, &d);
             break;
         case O_METRICS: {
             char ip[64];
@@ -233,14 +231,13 @@ bench_parse(int argc, char **argv, bench_opts *o)
             fputs(usage_bench, stdout);
             return 0;
         default:
-            return dp__cli_usage("bench", "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
+            return dp__cli_bad_option("bench", argv[optind - 1]);
         }
         if (rc != DP_OK)
             return dp__cli_usage("bench", "%s", d.msg);
     }
     if (optind < argc)
-        return dp__cli_usage("bench", "unexpected argument '%s'", argv[optind]);
+        return dp__cli_unexpected("bench", argv[optind]);
     uint64_t cells = o->rows * o->fields;
     if (cells > (1u << 22))
         return dp__cli_usage("bench", "--rows x --fields must be at most %u", 1u << 22);
@@ -459,7 +456,7 @@ bench_free(dp_client *cl, const bench_opts *o, bench_state *b)
 
 /* The client's counters in the Prometheus text format (bench --metrics). */
 static int
-client_metrics(void *ctx, const char *path, dp_buf *body, const char **type)
+client_metrics(void *ctx, const char *path, dp__buf *body, const char **type)
 {
     dp_client *cl = ctx;
     if (strcmp(path, "/healthz") == 0) {

@@ -75,14 +75,15 @@ progress(void *ctx, const char *line)
 }
 
 /*
- * The checkpoint has another number of units than the cluster: its values
- * are read here and put again through a client (rows land on gidx % the
- * cluster's units).
+ * The checkpoint has another number of units than the cluster c loaded: its
+ * values are read here and put again through a client of c's cluster file
+ * or registry (rows land on gidx % the cluster's units).
  */
 static int
-rehome(const char *cmd, const char *cluster, const dp_ckpt_opts *o, const char *dir,
-       const dp_ckpt_summary *peek, uint32_t n_units, dp_ckpt_summary *s, dp_detail *d)
+rehome(const char *cmd, const dp__cli_conn *c, const dp_ckpt_opts *o, const char *dir,
+       const dp_ckpt_summary *peek, dp_ckpt_summary *s, dp_detail *d)
 {
+    uint32_t n_units = c->cl.n_units;
     if (o->progress != NULL)
         fprintf(stderr,
                 "%s: %s was saved from %u units, the cluster has %u: re-homing every "
@@ -92,12 +93,12 @@ rehome(const char *cmd, const char *cluster, const dp_ckpt_opts *o, const char *
     dp_client_opts_init(&co);
     /* The library asks every unit who it is, within the command's budget. */
     co.connect_timeout_s = connect_budget(o->timeout_s);
-    dp_client *c = NULL;
-    int rc = dp_client_open(cluster, &co, &c, d);
+    dp_client *cl = NULL;
+    int rc = dp_client_open(c->path, &co, &cl, d);
     if (rc != DP_OK)
         return rc;
-    rc = dp_ckpt_rehome(c, dir, o, s, d);
-    dp_client_close(c);
+    rc = dp_ckpt_rehome(cl, dir, o, s, d);
+    dp_client_close(cl);
     if (rc == DP_OK)
         printf("loaded %s: re-homed from %u units into %u, %llu blobs, %llu bytes of "
                "shards\n",
@@ -184,7 +185,7 @@ run(const char *cmd, const char *usage, int argc, char **argv)
         dp_ckpt_summary peek;
         rc = dp_ckpt_peek(argv[optind], &peek, &d);
         if (rc == DP_OK && peek.n_units != c.cl.n_units) {
-            rc = rehome(cmd, c.path, &o, argv[optind], &peek, c.cl.n_units, &s, &d);
+            rc = rehome(cmd, &c, &o, argv[optind], &peek, &s, &d);
         } else if (rc == DP_OK) {
             rc = dp__cli_check_units(&c, -1, 0, &d);
             if (rc == DP_OK)

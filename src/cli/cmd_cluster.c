@@ -59,12 +59,11 @@ dp__cmd_cluster(int argc, char **argv)
             fputs(usage_cluster, stdout);
             return 0;
         default:
-            return dp__cli_usage("cluster", "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
+            return dp__cli_bad_option("cluster", argv[optind - 1]);
         }
     }
     if (optind < argc)
-        return dp__cli_usage("cluster", "unexpected argument '%s'", argv[optind]);
+        return dp__cli_unexpected("cluster", argv[optind]);
     if (url == NULL || url[0] == '\0')
         url = getenv("DP_CLUSTER");
     if (url == NULL || !dp__reg_is_url(url))

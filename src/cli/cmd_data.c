@@ -134,7 +134,7 @@ read_all(dp_client *c, int fd, const char *name, void **out, uint64_t *len, bool
         return DP_OK;
     }
     /* A pipe or terminal: grow a plain buffer (the put stages it). */
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
     char tmp[65536];
     size_t got = sizeof tmp; /* a read short of that met the end */
@@ -189,8 +189,21 @@ tensor_shape(const char *dtype, const char *shape_s, uint64_t len,
     return -1;
 }
 
-int
-dp__cmd_put(int argc, char **argv)
+/* What put was asked for. */
+typedef struct put_opts {
+    const char *cluster, *field, *file, *kind_s, *dtype, *shape_s;
+    uint64_t row;
+    bool have_row;
+    double timeout_s;
+    dp_kind kind;                /* from kind_s, else from dtype */
+    uint64_t dims[DP_SHAPE_MAX]; /* from shape_s */
+    uint32_t ndim;
+} put_opts;
+
+/* The options of put into o (d: the detail of the last check): -1 to go on,
+ * else the exit status. */
+static int
+put_opts_parse(int argc, char **argv, put_opts *o, dp_detail *d)
 {
     static const struct option opts[] = {
         {"row", required_argument, NULL, O_ROW},
@@ -203,13 +216,7 @@ dp__cmd_put(int argc, char **argv)
         {"timeout-s", required_argument, NULL, O_TIMEOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const char *cluster = NULL, *field = NULL, *file = NULL, *kind_s = NULL,
-               *dtype = NULL, *shape_s = NULL;
-    uint64_t row = 0;
-    bool have_row = false;
-    double timeout_s = 30;
-    dp_detail d;
-    dp_detail_clear(&d);
+    *o = (put_opts){.timeout_s = 30};
     int c;
     optind = 1;
     opterr = 0;
@@ -217,75 +224,93 @@ dp__cmd_put(int argc, char **argv)
         int rc = DP_OK;
         switch (c) {
         case O_ROW:
-            rc = dp__parse_u64(optarg, 0, UINT64_MAX, &row, "--row", &d);
-            have_row = true;
+            rc = dp__parse_u64(optarg, 0, UINT64_MAX, &o->row, "--row", d);
+            o->have_row = true;
             break;
         case O_FIELD:
-            field = optarg;
+            o->field = optarg;
             break;
         case O_FILE:
-            file = optarg;
+            o->file = optarg;
             break;
         case O_KIND:
-            kind_s = optarg;
+            o->kind_s = optarg;
             break;
         case O_DTYPE:
-            dtype = optarg;
+            o->dtype = optarg;
             break;
         case O_SHAPE:
-            shape_s = optarg;
+            o->shape_s = optarg;
             break;
         case O_CLUSTER:
-            cluster = optarg;
+            o->cluster = optarg;
             break;
         case O_TIMEOUT:
-            rc = dp__parse_seconds(optarg, &timeout_s, "--timeout-s", &d);
-            if (rc == DP_OK && !(timeout_s > 0))
-                rc = dp__fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+            rc = dp__cli_parse_timeout(optarg, "--timeout-s", &o->timeout_s, d);
             break;
         case 'h':
             fputs(usage_put, stdout);
             return 0;
         default:
-            return dp__cli_usage("put", "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
+            return dp__cli_bad_option("put", argv[optind - 1]);
         }
         if (rc != DP_OK)
-            return dp__cli_usage("put", "%s", d.msg);
+            return dp__cli_usage("put", "%s", d->msg);
     }
     if (optind < argc)
-        return dp__cli_usage("put", "unexpected argument '%s'", argv[optind]);
-    if (!have_row || field == NULL || file == NULL)
+        return dp__cli_unexpected("put", argv[optind]);
+    return -1;
+}
+
+/* The options of put against each other: the key, the kind, a tensor's dtype
+ * and shape (o->kind, o->dims). -1 to go on, else the exit status. */
+static int
+put_opts_check(put_opts *o, dp_detail *d)
+{
+    if (!o->have_row || o->field == NULL || o->file == NULL)
         return dp__cli_usage("put", "--row, --field and --file are required");
-    if (*field == '\0' || strchr(field, '@') != NULL || strlen(field) > 255)
+    if (*o->field == '\0' || strchr(o->field, '@') != NULL || strlen(o->field) > 255)
         return dp__cli_usage("put", "--field must be 1..255 bytes without '@', not '%s'",
-                             field);
-    dp_kind kind = dtype != NULL ? DP_KIND_TENSOR : DP_KIND_BYTES;
-    if (kind_s != NULL) {
-        if (strcmp(kind_s, "tensor") == 0)
-            kind = DP_KIND_TENSOR;
-        else if (strcmp(kind_s, "bytes") == 0)
-            kind = DP_KIND_BYTES;
-        else if (strcmp(kind_s, "object") == 0)
-            kind = DP_KIND_OBJECT;
+                             o->field);
+    o->kind = o->dtype != NULL ? DP_KIND_TENSOR : DP_KIND_BYTES;
+    if (o->kind_s != NULL) {
+        if (strcmp(o->kind_s, "tensor") == 0)
+            o->kind = DP_KIND_TENSOR;
+        else if (strcmp(o->kind_s, "bytes") == 0)
+            o->kind = DP_KIND_BYTES;
+        else if (strcmp(o->kind_s, "object") == 0)
+            o->kind = DP_KIND_OBJECT;
         else
             return dp__cli_usage(
-                "put", "--kind must be tensor, bytes or object, not '%s'", kind_s);
+                "put", "--kind must be tensor, bytes or object, not '%s'", o->kind_s);
     }
-    if (kind == DP_KIND_TENSOR && dtype == NULL)
+    if (o->kind == DP_KIND_TENSOR && o->dtype == NULL)
         return dp__cli_usage("put", "a tensor needs --dtype (float32, int64, uint8...)");
-    uint64_t dims[DP_SHAPE_MAX];
-    uint32_t ndim = 0;
-    if (shape_s != NULL && parse_shape(shape_s, dims, &ndim, &d) != DP_OK)
-        return dp__cli_usage("put", "%s", d.msg);
+    o->ndim = 0;
+    if (o->shape_s != NULL && parse_shape(o->shape_s, o->dims, &o->ndim, d) != DP_OK)
+        return dp__cli_usage("put", "%s", d->msg);
+    return -1;
+}
 
-    int fd = strcmp(file, "-") == 0 ? 0 : open(file, O_RDONLY | O_CLOEXEC);
+int
+dp__cmd_put(int argc, char **argv)
+{
+    put_opts o;
+    dp_detail d;
+    dp_detail_clear(&d);
+    int st = put_opts_parse(argc, argv, &o, &d);
+    if (st < 0)
+        st = put_opts_check(&o, &d);
+    if (st >= 0)
+        return st;
+
+    int fd = strcmp(o.file, "-") == 0 ? 0 : open(o.file, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        fprintf(stderr, "dataplane put: cannot open %s: %s\n", file, strerror(errno));
+        fprintf(stderr, "dataplane put: cannot open %s: %s\n", o.file, strerror(errno));
         return 1;
     }
     dp_client *cl = NULL;
-    int status = dp__cli_open_client("put", cluster, timeout_s, &cl);
+    int status = dp__cli_open_client("put", o.cluster, o.timeout_s, &cl);
     if (status != 0) {
         if (fd > 0)
             close(fd);
@@ -294,15 +319,15 @@ dp__cmd_put(int argc, char **argv)
     void *data = NULL;
     uint64_t len = 0;
     bool reg = false;
-    int rc = read_all(cl, fd, file, &data, &len, &reg, &d);
+    int rc = read_all(cl, fd, o.file, &data, &len, &reg, &d);
     if (fd > 0)
         close(fd);
     if (rc != DP_OK) {
         status = dp__cli_fail("put", rc, &d);
         goto out;
     }
-    if (kind == DP_KIND_TENSOR) {
-        int ts = tensor_shape(dtype, shape_s, len, dims, &ndim);
+    if (o.kind == DP_KIND_TENSOR) {
+        int ts = tensor_shape(o.dtype, o.shape_s, len, o.dims, &o.ndim);
         if (ts >= 0) {
             status = ts;
             goto out;
@@ -310,20 +335,20 @@ dp__cmd_put(int argc, char **argv)
     }
     dp_value v = {.data = data,
                   .nbytes = len,
-                  .kind = kind,
-                  .dtype = dtype,
-                  .shape = ndim ? dims : NULL,
-                  .ndim = ndim};
-    const char *fields[1] = {field};
-    rc = dp_client_put(cl, &row, 1, fields, 1, &v, NULL, &d);
+                  .kind = o.kind,
+                  .dtype = o.dtype,
+                  .shape = o.ndim ? o.dims : NULL,
+                  .ndim = o.ndim};
+    const char *fields[1] = {o.field};
+    rc = dp_client_put(cl, &o.row, 1, fields, 1, &v, NULL, &d);
     if (rc != DP_OK) {
         status = dp__cli_fail("put", rc, &d);
         goto out;
     }
     char sz[32];
-    printf("put %" PRIu64 "@%s: %" PRIu64 " bytes (%s), %s, on unit %u\n", row, field,
-           len, dp__fmt_size(len, sz, sizeof sz), dp_kind_name(kind),
-           dp_client_unit_of(cl, row));
+    printf("put %" PRIu64 "@%s: %" PRIu64 " bytes (%s), %s, on unit %u\n", o.row, o.field,
+           len, dp__fmt_size(len, sz, sizeof sz), dp_kind_name(o.kind),
+           dp_client_unit_of(cl, o.row));
 out:
     if (reg)
         dp_client_free(cl, data);
@@ -390,23 +415,20 @@ dp__cmd_get(int argc, char **argv)
             cluster = optarg;
             break;
         case O_TIMEOUT:
-            if (dp__parse_seconds(optarg, &timeout_s, "--timeout-s", &d) != DP_OK)
+            if (dp__cli_parse_timeout(optarg, "--timeout-s", &timeout_s, &d) != DP_OK)
                 return dp__cli_usage("get", "%s", d.msg);
-            if (!(timeout_s > 0))
-                return dp__cli_usage("get", "--timeout-s must be > 0");
             break;
         case 'h':
             fputs(usage_get, stdout);
             return 0;
         default:
-            return dp__cli_usage("get", "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
+            return dp__cli_bad_option("get", argv[optind - 1]);
         }
     }
     if (optind >= argc)
         return dp__cli_usage("get", "which key? e.g. 'dataplane get 17@input_ids'");
     if (optind + 1 < argc)
-        return dp__cli_usage("get", "unexpected argument '%s'", argv[optind + 1]);
+        return dp__cli_unexpected("get", argv[optind + 1]);
     const char *key = argv[optind];
     const char *at = strchr(key, '@');
     uint64_t row;

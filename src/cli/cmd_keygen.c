@@ -78,12 +78,11 @@ dp__cmd_keygen(int argc, char **argv)
             fputs(usage_keygen, stdout);
             return 0;
         default:
-            return dp__cli_usage("keygen", "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
+            return dp__cli_bad_option("keygen", argv[optind - 1]);
         }
     }
     if (optind < argc)
-        return dp__cli_usage("keygen", "unexpected argument '%s'", argv[optind]);
+        return dp__cli_unexpected("keygen", argv[optind]);
     if (out == NULL || out[0] == '\0')
         return dp__cli_usage("keygen", "--out PATH is required");
     char pub[41], sec[41], kpath[4096], ppath[4096], text[64];

@@ -61,14 +61,14 @@ on_signal(int sig)
 }
 
 static uint64_t
-get(const dp_wire_fields *f, const char *name)
+get(const dp__wire_fields *f, const char *name)
 {
-    const dp_wire_field *x = dp__wire_fields_get(f, name);
+    const dp__wire_field *x = dp__wire_fields_get(f, name);
     return x != NULL && x->type == DP_WIRE_U64 ? x->v.u : 0;
 }
 
 static void
-take(const dp_wire_fields *f, double t, snap *s)
+take(const dp__wire_fields *f, double t, snap *s)
 {
     *s = (snap){.up = true, .t = t};
     s->allocs = get(f, "allocs");
@@ -151,8 +151,16 @@ sum_into(snap *t, const snap *s)
     t->entries += s->entries;
 }
 
-int
-dp__cmd_top(int argc, char **argv)
+/* What top was asked for. */
+typedef struct top_opts {
+    const char *cluster;
+    double interval, timeout_s;
+    uint64_t iterations; /* 0: until q or a signal */
+} top_opts;
+
+/* The command line into o: -1 to go on, else the exit status. */
+static int
+parse_opts(int argc, char **argv, top_opts *o)
 {
     static const struct option opts[] = {{"cluster", required_argument, NULL, 'c'},
                                          {"interval", required_argument, NULL, 'i'},
@@ -160,9 +168,7 @@ dp__cmd_top(int argc, char **argv)
                                          {"timeout-s", required_argument, NULL, 't'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *cluster = NULL;
-    double interval = 1, timeout_s = 2;
-    uint64_t iterations = 0;
+    *o = (top_opts){.interval = 1, .timeout_s = 2};
     dp_detail d;
     dp_detail_clear(&d);
     int c;
@@ -172,36 +178,172 @@ dp__cmd_top(int argc, char **argv)
         int rc = DP_OK;
         switch (c) {
         case 'c':
-            cluster = optarg;
+            o->cluster = optarg;
             break;
         case 'i':
-            rc = dp__parse_seconds(optarg, &interval, "--interval", &d);
-            if (rc == DP_OK && !(interval >= 0.1))
+            rc = dp__parse_seconds(optarg, &o->interval, "--interval", &d);
+            if (rc == DP_OK && !(o->interval >= 0.1))
                 rc = dp__fail(&d, DP_EINVAL, "--interval must be at least 0.1 s");
             break;
         case 'n':
-            rc = dp__parse_u64(optarg, 1, UINT32_MAX, &iterations, "--iterations", &d);
+            rc = dp__parse_u64(optarg, 1, UINT32_MAX, &o->iterations, "--iterations", &d);
             break;
         case 't':
-            rc = dp__parse_seconds(optarg, &timeout_s, "--timeout-s", &d);
-            if (rc == DP_OK && !(timeout_s > 0))
-                rc = dp__fail(&d, DP_EINVAL, "--timeout-s must be > 0");
+            rc = dp__cli_parse_timeout(optarg, "--timeout-s", &o->timeout_s, &d);
             break;
         case 'h':
             fputs(usage_top, stdout);
             return 0;
         default:
-            return dp__cli_usage("top", "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
+            return dp__cli_bad_option("top", argv[optind - 1]);
         }
         if (rc != DP_OK)
             return dp__cli_usage("top", "%s", dp_detail_msg(&d));
     }
     if (optind < argc)
-        return dp__cli_usage("top", "unexpected argument '%s'", argv[optind]);
+        return dp__cli_unexpected("top", argv[optind]);
+    return -1;
+}
 
+/* The terminal top draws on: tty (stdout is one), keys (q is read from stdin). */
+typedef struct screen {
+    bool tty, keys;
+    struct termios saved; /* stdin's settings before, when keys */
+} screen;
+
+/*
+ * Take the screen: keys read one at a time without echo when both stdout and
+ * stdin are a terminal, the signals that stop the view caught, the cursor
+ * hidden on a terminal.
+ */
+static void
+screen_open(screen *sc)
+{
+    sc->tty = isatty(STDOUT_FILENO) == 1;
+    sc->keys = sc->tty && isatty(STDIN_FILENO) == 1;
+    if (sc->keys && tcgetattr(STDIN_FILENO, &sc->saved) == 0) {
+        struct termios raw = sc->saved;
+        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+        raw.c_cc[VMIN] = 0;
+        raw.c_cc[VTIME] = 0;
+        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    } else {
+        sc->keys = false;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* its terminal went away */
+    if (sc->tty)
+        printf("\033[?25l"); /* hide the cursor while redrawing */
+}
+
+/* Give the screen back as it was: the cursor shown, stdin's settings restored. */
+static void
+screen_close(const screen *sc)
+{
+    if (sc->tty)
+        printf("\033[?25h");
+    if (sc->keys)
+        tcsetattr(STDIN_FILENO, TCSANOW, &sc->saved);
+    fflush(stdout);
+}
+
+/* One round of stats requests: now[i] for unit i of n (down when it did not
+ * answer), their total in now[n]. */
+static void
+take_round(dp__cli_conn *conn, snap *now)
+{
+    uint32_t n = conn->cl.n_units;
+    /* Units down earlier are asked again: they may be back. */
+    for (uint32_t i = 0; i < n; i++)
+        if (conn->units[i].state != DP__CLI_CHECKED)
+            dp__cli_check_units(conn, i, DP__CLI_ALLOW_DOWN, NULL);
+    dp__fanout f;
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp__wire_op op = DP_WIRE_OP_STATS;
+    dp__client_call_all(conn->client, &f, dp__fanout_req_op, &op, &d);
+    double t = dp__now_s();
+    memset(&now[n], 0, sizeof now[n]);
+    for (uint32_t i = 0; i < n; i++) {
+        if (f.n > 0 && f.u[i].rc == DP_OK)
+            take(&f.u[i].rep.r.stats, t, &now[i]);
+        else
+            now[i] = (snap){.up = false};
+        sum_into(&now[n], &now[i]);
+    }
+    dp__fanout_fini(&f);
+}
+
+/* Draw a round: the title, the header and a row per unit (and the total). */
+static void
+draw(const dp__cli_conn *conn, const top_opts *o, const screen *sc, const snap *now,
+     const snap *prev)
+{
+    uint32_t n = conn->cl.n_units;
+    char line[512];
+    time_t wall = time(NULL);
+    char ts[32];
+    strftime(ts, sizeof ts, "%H:%M:%S", localtime(&wall));
+    if (sc->tty)
+        printf("\033[H\033[2J");
+    printf("dataplane top  %s  cluster %s  %u unit%s  every %.1f s%s\n", ts, conn->path,
+           n, n == 1 ? "" : "s", o->interval, sc->keys ? "  (q quits)" : "");
+    printf(header, "unit", "alloc/s", "commit/s", "resolv/s", "relea/s", "inGB/s",
+           "outGB/s", "slab fill", "pins", "retired", "quarant", "on disk", "staged",
+           "saves");
+    printf("\n");
+    for (uint32_t i = 0; i <= n; i++) {
+        if (i == n && n == 1)
+            break;
+        char label[16];
+        if (i < n)
+            snprintf(label, sizeof label, "%u", i);
+        else
+            snprintf(label, sizeof label, "total");
+        row(line, sizeof line, label, &now[i], &prev[i]);
+        printf("%s\n", line);
+    }
+    if (!sc->tty)
+        printf("\n");
+}
+
+/* Wait for the next round, or a key. */
+static void
+wait_round(double interval, bool keys)
+{
+    double until = dp__now_s() + interval;
+    while (!g_stop && dp__now_s() < until) {
+        struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+        int ms = (int)((until - dp__now_s()) * 1000) + 1;
+        int k = poll(&p, keys ? 1 : 0, ms > 0 ? ms : 1);
+        if (k > 0 && keys) {
+            char ch;
+            ssize_t r = read(STDIN_FILENO, &ch, 1);
+            if (r == 1 && (ch == 'q' || ch == 'Q'))
+                g_stop = 1;
+            /* The terminal hung up: nobody sees this view any more. */
+            if ((r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) &&
+                (p.revents & (POLLHUP | POLLERR)) != 0)
+                g_stop = 1;
+        }
+        if (k < 0 && errno != EINTR)
+            break;
+    }
+}
+
+int
+dp__cmd_top(int argc, char **argv)
+{
+    top_opts o;
+    int st = parse_opts(argc, argv, &o);
+    if (st >= 0)
+        return st;
+    dp_detail d;
+    dp_detail_clear(&d);
     dp__cli_conn conn;
-    int rc = dp__cli_connect(cluster, timeout_s, DP_MAX(timeout_s, 10.0),
+    int rc = dp__cli_connect(o.cluster, o.timeout_s, DP_MAX(o.timeout_s, 10.0),
                              DP__CLI_ALLOW_DOWN, &conn, &d);
     if (rc != DP_OK)
         return dp__cli_fail("top", rc, &d);
@@ -213,100 +355,21 @@ dp__cmd_top(int argc, char **argv)
         dp__cli_disconnect(&conn);
         return dp__cli_fail("top", DP_ENOMEM, NULL);
     }
-    bool tty = isatty(STDOUT_FILENO) == 1;
-    bool keys = tty && isatty(STDIN_FILENO) == 1;
-    struct termios saved;
-    if (keys && tcgetattr(STDIN_FILENO, &saved) == 0) {
-        struct termios raw = saved;
-        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
-        raw.c_cc[VMIN] = 0;
-        raw.c_cc[VTIME] = 0;
-        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
-    } else {
-        keys = false;
-    }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL); /* its terminal went away */
-    if (tty)
-        printf("\033[?25l"); /* hide the cursor while redrawing */
+    screen sc;
+    screen_open(&sc);
     int status = 0;
-    char line[512];
-    for (uint64_t round = 0; !g_stop && (iterations == 0 || round < iterations);
+    for (uint64_t round = 0; !g_stop && (o.iterations == 0 || round < o.iterations);
          round++) {
-        /* Units down earlier are asked again: they may be back. */
-        for (uint32_t i = 0; i < n; i++)
-            if (conn.units[i].state != DP__CLI_CHECKED)
-                dp__cli_check_units(&conn, i, DP__CLI_ALLOW_DOWN, NULL);
-        dp__fanout f;
-        dp_detail_clear(&d);
-        dp_wire_op op = DP_WIRE_OP_STATS;
-        dp__client_call_all(conn.client, &f, dp__fanout_req_op, &op, &d);
-        double t = dp__now_s();
-        memset(&now[n], 0, sizeof now[n]);
-        for (uint32_t i = 0; i < n; i++) {
-            if (f.n > 0 && f.u[i].rc == DP_OK)
-                take(&f.u[i].rep.r.stats, t, &now[i]);
-            else
-                now[i] = (snap){.up = false};
-            sum_into(&now[n], &now[i]);
-        }
-        dp__fanout_fini(&f);
-        time_t wall = time(NULL);
-        char ts[32];
-        strftime(ts, sizeof ts, "%H:%M:%S", localtime(&wall));
-        if (tty)
-            printf("\033[H\033[2J");
-        printf("dataplane top  %s  cluster %s  %u unit%s  every %.1f s%s\n", ts,
-               conn.path, n, n == 1 ? "" : "s", interval, keys ? "  (q quits)" : "");
-        printf(header, "unit", "alloc/s", "commit/s", "resolv/s", "relea/s", "inGB/s",
-               "outGB/s", "slab fill", "pins", "retired", "quarant", "on disk", "staged",
-               "saves");
-        printf("\n");
-        for (uint32_t i = 0; i <= n; i++) {
-            if (i == n && n == 1)
-                break;
-            char label[16];
-            if (i < n)
-                snprintf(label, sizeof label, "%u", i);
-            else
-                snprintf(label, sizeof label, "total");
-            row(line, sizeof line, label, &now[i], &prev[i]);
-            printf("%s\n", line);
-        }
-        if (!tty)
-            printf("\n");
+        take_round(&conn, now);
+        draw(&conn, &o, &sc, now, prev);
         if (fflush(stdout) != 0 || ferror(stdout))
             break; /* nobody reads it any more (a closed terminal or pipe) */
         memcpy(prev, now, (n + 1) * sizeof *now);
-        if (iterations != 0 && round + 1 >= iterations)
+        if (o.iterations != 0 && round + 1 >= o.iterations)
             break;
-        /* Wait for the next round, or a key. */
-        double until = dp__now_s() + interval;
-        while (!g_stop && dp__now_s() < until) {
-            struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
-            int ms = (int)((until - dp__now_s()) * 1000) + 1;
-            int k = poll(&p, keys ? 1 : 0, ms > 0 ? ms : 1);
-            if (k > 0 && keys) {
-                char ch;
-                ssize_t r = read(STDIN_FILENO, &ch, 1);
-                if (r == 1 && (ch == 'q' || ch == 'Q'))
-                    g_stop = 1;
-                /* The terminal hung up: nobody sees this view any more. */
-                if ((r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) &&
-                    (p.revents & (POLLHUP | POLLERR)) != 0)
-                    g_stop = 1;
-            }
-            if (k < 0 && errno != EINTR)
-                break;
-        }
+        wait_round(o.interval, sc.keys);
     }
-    if (tty)
-        printf("\033[?25h");
-    if (keys)
-        tcsetattr(STDIN_FILENO, TCSANOW, &saved);
-    fflush(stdout);
+    screen_close(&sc);
     free(now);
     free(prev);
     dp__cli_disconnect(&conn);

@@ -99,7 +99,7 @@ typedef struct unit_cmd {
     char id_source[320];
     dp__reg_url reg;
     double reg_ttl_s, reg_wait_s;
-    dp_unit_opts uo;
+    dp__unit_opts uo;
     dp_detail d;
 } unit_cmd;
 
@@ -137,7 +137,7 @@ enum {
 static int
 unit_option(unit_cmd *u, int c, char **argv)
 {
-    dp_unit_opts *uo = &u->uo;
+    dp__unit_opts *uo = &u->uo;
     dp_detail *d = &u->d;
     int rc = 0;
     switch (c) {
@@ -383,10 +383,10 @@ stop_pending(void *ctx)
 
 /* Register the served unit in u's registry: *out, or an error in u->d. */
 static int
-unit_register(unit_cmd *u, dp_unit_server *srv, const char *name, dp__reg_unit **out)
+unit_register(unit_cmd *u, dp__unit_server *srv, const char *name, dp__reg_unit **out)
 {
-    const dp_unit_opts *uo = &u->uo;
-    dp_unit *un = dp__unit_server_unit(srv);
+    const dp__unit_opts *uo = &u->uo;
+    dp__unit *un = dp__unit_server_unit(srv);
     dp__reg_record r;
     memset(&r, 0, sizeof r);
     r.id = uo->unit_id;
@@ -420,7 +420,7 @@ unit_register(unit_cmd *u, dp_unit_server *srv, const char *name, dp__reg_unit *
 static int
 unit_serve(unit_cmd *u)
 {
-    dp_unit_opts *uo = &u->uo;
+    dp__unit_opts *uo = &u->uo;
     /* Every thread started from here on inherits this mask; sigwait takes them. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -434,7 +434,7 @@ unit_serve(unit_cmd *u)
     dp__log_set_prefix(prefix);
 
     int status = 1, rc;
-    dp_unit_server *srv = NULL;
+    dp__unit_server *srv = NULL;
     dp__reg_unit *reg = NULL;
     char name[64], rnd[33], numa[128];
     /*
@@ -454,13 +454,14 @@ unit_serve(unit_cmd *u)
     if ((rc = dp__random_hex_id(rnd, &u->d)) != 0)
         goto fail;
     snprintf(name, sizeof name, "unit%u-%.8s", uo->unit_id, rnd);
-    dp_unit_server_opts so = {.bind_ip = u->bind_ip,
-                              .port = (uint16_t)u->port,
-                              .advertise = u->advertise,
-                              .tick_s = 1.0,
-                              .metrics = u->metrics,
-                              .curve_secret = u->curve_secret[0] ? u->curve_secret : NULL,
-                              .curve_allow_dir = u->curve_allow};
+    dp__unit_server_opts so = {.bind_ip = u->bind_ip,
+                               .port = (uint16_t)u->port,
+                               .advertise = u->advertise,
+                               .tick_s = 1.0,
+                               .metrics = u->metrics,
+                               .curve_secret =
+                                   u->curve_secret[0] ? u->curve_secret : NULL,
+                               .curve_allow_dir = u->curve_allow};
     if ((rc = dp__unit_server_start(uo, name, &so, &srv, &u->d)) != 0)
         goto fail;
     /* Registered before the address line: a launcher that saw it can find it. */

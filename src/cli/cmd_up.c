@@ -110,32 +110,180 @@ typedef struct up_opts {
                             every unit and the file */
 } up_opts;
 
+/* getopt_long's values of up's options ('h': --help). */
+enum {
+    O_UNITS = 1,
+    O_SLAB,
+    O_DIR,
+    O_BIND,
+    O_ADVERTISE,
+    O_PIN,
+    O_LEASE,
+    O_RECLAIM,
+    O_NUMA,
+    O_SSD,
+    O_STAGING,
+    O_PICKUP,
+    O_GRACE,
+    O_START,
+    O_RESTART,
+    O_MAX_RESTARTS,
+    O_REGISTRY,
+    O_REG_TTL,
+    O_METRICS,
+    O_CURVE_SECRET,
+    O_CURVE_ALLOW
+};
+
+/* The defaults of up's options. */
+static void
+opts_init(up_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->units = 2;
+    o->slab = "256M";
+    o->bind = "127.0.0.1";
+    o->grace_s = 10;
+    o->start_timeout_s = 120;
+    o->max_restarts = 10;
+}
+
+/*
+ * One option of the command line (c from getopt_long, its value in optarg)
+ * into o: checked here, so that a bad value fails before any unit starts,
+ * even the values only passed on to the units. -1 to go on, else the exit
+ * status (--help, or a usage error said, d the detail of the last check).
+ */
+static int
+take_opt(up_opts *o, int c, char **argv, dp_detail *d)
+{
+    uint64_t v;
+    double s;
+    int rc = DP_OK;
+    switch (c) {
+    case O_UNITS:
+        rc = dp__parse_u64(optarg, 1, DP_CLUSTER_MAX_UNITS, &o->units, "--units", d);
+        break;
+    case O_SLAB:
+        rc = dp__parse_size(optarg, &v, "--slab", d);
+        if (rc == DP_OK && v == 0)
+            rc = dp__fail(d, DP_EINVAL, "--slab must be > 0");
+        o->slab = optarg;
+        break;
+    case O_DIR:
+        o->dir = optarg;
+        break;
+    case O_BIND:
+        o->bind = optarg;
+        break;
+    case O_ADVERTISE:
+        rc = dp__cli_check_advertise(optarg, d);
+        o->advertise = optarg;
+        break;
+    case O_PIN:
+        rc = dp__parse_seconds(optarg, &s, "--read-pin-s", d);
+        o->read_pin_s = optarg;
+        break;
+    case O_LEASE:
+        rc = dp__parse_seconds(optarg, &s, "--alloc-lease-s", d);
+        o->alloc_lease_s = optarg;
+        break;
+    case O_RECLAIM:
+        if (strcmp(optarg, "never") != 0)
+            rc = dp__parse_seconds(optarg, &s, "--reclaim-grace-s", d);
+        o->reclaim_grace_s = optarg;
+        break;
+    case O_NUMA:
+        if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "bind") != 0 &&
+            strcmp(optarg, "off") != 0)
+            return dp__cli_usage("up", "--numa must be auto, bind or off, not '%s'",
+                                 optarg);
+        o->numa = optarg;
+        break;
+    case O_SSD:
+        o->ssd_dir = optarg;
+        break;
+    case O_STAGING:
+        rc = dp__parse_size(optarg, &v, "--staging", d);
+        o->staging = optarg;
+        break;
+    case O_PICKUP:
+        rc = dp__parse_seconds(optarg, &s, "--pickup-s", d);
+        o->pickup_s = optarg;
+        break;
+    case O_GRACE:
+        rc = dp__parse_seconds(optarg, &o->grace_s, "--grace-s", d);
+        break;
+    case O_START:
+        rc = dp__cli_parse_timeout(optarg, "--start-timeout-s", &o->start_timeout_s, d);
+        break;
+    case O_RESTART:
+        o->restart = true;
+        break;
+    case O_MAX_RESTARTS:
+        rc = dp__parse_u64(optarg, 0, 1000000, &o->max_restarts, "--max-restarts", d);
+        break;
+    case O_REGISTRY: {
+        dp__reg_url u;
+        rc = dp__reg_url_parse(optarg, &u, d);
+        if (rc == DP_OK)
+            snprintf(o->cluster_id, sizeof o->cluster_id, "%s", u.name);
+        o->registry = optarg;
+        break;
+    }
+    case O_CURVE_SECRET: {
+        char sec[41];
+        rc = dp__ctl_key_read(optarg, true, sec, d);
+        if (rc == DP_OK)
+            rc = dp__ctl_key_public(sec, o->curve_public, d);
+        explicit_bzero(sec, sizeof sec);
+        o->curve_secret = optarg;
+        break;
+    }
+    case O_CURVE_ALLOW:
+        o->curve_allow = optarg;
+        break;
+    case O_METRICS:
+        rc = dp__http_parse_addr(optarg, o->metrics_ip, sizeof o->metrics_ip,
+                                 &o->metrics_port, d);
+        break;
+    case O_REG_TTL:
+        rc = dp__parse_seconds(optarg, &s, "--registry-ttl", d);
+        if (rc == DP_OK && !(s >= 1 && s <= 3600))
+            rc = dp__fail(d, DP_EINVAL, "--registry-ttl must be 1..3600 seconds");
+        o->registry_ttl = optarg;
+        break;
+    case 'h':
+        fputs(usage_up, stdout);
+        return 0;
+    default:
+        return dp__cli_bad_option("up", argv[optind - 1]);
+    }
+    if (rc != DP_OK)
+        return dp__cli_usage("up", "%s", d->msg);
+    return -1;
+}
+
+/* The options that go together or bound each other, once all are in. */
+static int
+check_opts(const up_opts *o)
+{
+    if ((o->staging != NULL || o->pickup_s != NULL) && o->ssd_dir == NULL)
+        return dp__cli_usage("up", "--staging and --pickup-s need --ssd-dir");
+    if ((o->curve_secret != NULL) != (o->curve_allow != NULL))
+        return dp__cli_usage("up", "--curve-secret and --curve-allow go together");
+    if (o->registry_ttl != NULL && o->registry == NULL)
+        return dp__cli_usage("up", "--registry-ttl needs --registry");
+    if (o->metrics_ip[0] != '\0' && o->metrics_port != 0 &&
+        o->metrics_port + o->units - 1 > 65535)
+        return dp__cli_usage("up", "--metrics: port %u + %" PRIu64 " units passes 65535",
+                             o->metrics_port, o->units);
+    return -1;
+}
+
 static int
 parse_opts(int argc, char **argv, up_opts *o)
 {
-    enum {
-        O_UNITS = 1,
-        O_SLAB,
-        O_DIR,
-        O_BIND,
-        O_ADVERTISE,
-        O_PIN,
-        O_LEASE,
-        O_RECLAIM,
-        O_NUMA,
-        O_SSD,
-        O_STAGING,
-        O_PICKUP,
-        O_GRACE,
-        O_START,
-        O_RESTART,
-        O_MAX_RESTARTS,
-        O_REGISTRY,
-        O_REG_TTL,
-        O_METRICS,
-        O_CURVE_SECRET,
-        O_CURVE_ALLOW
-    };
     static const struct option opts[] = {
         {"units", required_argument, NULL, O_UNITS},
         {"slab", required_argument, NULL, O_SLAB},
@@ -160,141 +308,20 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    memset(o, 0, sizeof *o);
-    o->units = 2;
-    o->slab = "256M";
-    o->bind = "127.0.0.1";
-    o->grace_s = 10;
-    o->start_timeout_s = 120;
-    o->max_restarts = 10;
+    opts_init(o);
     dp_detail d;
     dp_detail_clear(&d);
-    uint64_t v;
-    double s;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        int rc = DP_OK;
-        switch (c) {
-        case O_UNITS:
-            rc = dp__parse_u64(optarg, 1, DP_CLUSTER_MAX_UNITS, &o->units, "--units", &d);
-            break;
-        case O_SLAB:
-            rc = dp__parse_size(optarg, &v, "--slab", &d);
-            if (rc == DP_OK && v == 0)
-                rc = dp__fail(&d, DP_EINVAL, "--slab must be > 0");
-            o->slab = optarg;
-            break;
-        case O_DIR:
-            o->dir = optarg;
-            break;
-        case O_BIND:
-            o->bind = optarg;
-            break;
-        case O_ADVERTISE:
-            rc = dp__cli_check_advertise(optarg, &d);
-            o->advertise = optarg;
-            break;
-        case O_PIN:
-            rc = dp__parse_seconds(optarg, &s, "--read-pin-s", &d);
-            o->read_pin_s = optarg;
-            break;
-        case O_LEASE:
-            rc = dp__parse_seconds(optarg, &s, "--alloc-lease-s", &d);
-            o->alloc_lease_s = optarg;
-            break;
-        case O_RECLAIM:
-            if (strcmp(optarg, "never") != 0)
-                rc = dp__parse_seconds(optarg, &s, "--reclaim-grace-s", &d);
-            o->reclaim_grace_s = optarg;
-            break;
-        case O_NUMA:
-            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "bind") != 0 &&
-                strcmp(optarg, "off") != 0)
-                return dp__cli_usage("up", "--numa must be auto, bind or off, not '%s'",
-                                     optarg);
-            o->numa = optarg;
-            break;
-        case O_SSD:
-            o->ssd_dir = optarg;
-            break;
-        case O_STAGING:
-            rc = dp__parse_size(optarg, &v, "--staging", &d);
-            o->staging = optarg;
-            break;
-        case O_PICKUP:
-            rc = dp__parse_seconds(optarg, &s, "--pickup-s", &d);
-            o->pickup_s = optarg;
-            break;
-        case O_GRACE:
-            rc = dp__parse_seconds(optarg, &o->grace_s, "--grace-s", &d);
-            break;
-        case O_START:
-            rc = dp__parse_seconds(optarg, &o->start_timeout_s, "--start-timeout-s", &d);
-            if (rc == DP_OK && !(o->start_timeout_s > 0))
-                rc = dp__fail(&d, DP_EINVAL, "--start-timeout-s must be > 0");
-            break;
-        case O_RESTART:
-            o->restart = true;
-            break;
-        case O_MAX_RESTARTS:
-            rc =
-                dp__parse_u64(optarg, 0, 1000000, &o->max_restarts, "--max-restarts", &d);
-            break;
-        case O_REGISTRY: {
-            dp__reg_url u;
-            rc = dp__reg_url_parse(optarg, &u, &d);
-            if (rc == DP_OK)
-                snprintf(o->cluster_id, sizeof o->cluster_id, "%s", u.name);
-            o->registry = optarg;
-            break;
-        }
-        case O_CURVE_SECRET: {
-            char sec[41];
-            rc = dp__ctl_key_read(optarg, true, sec, &d);
-            if (rc == DP_OK)
-                rc = dp__ctl_key_public(sec, o->curve_public, &d);
-            explicit_bzero(sec, sizeof sec);
-            o->curve_secret = optarg;
-            break;
-        }
-        case O_CURVE_ALLOW:
-            o->curve_allow = optarg;
-            break;
-        case O_METRICS:
-            rc = dp__http_parse_addr(optarg, o->metrics_ip, sizeof o->metrics_ip,
-                                     &o->metrics_port, &d);
-            break;
-        case O_REG_TTL:
-            rc = dp__parse_seconds(optarg, &s, "--registry-ttl", &d);
-            if (rc == DP_OK && !(s >= 1 && s <= 3600))
-                rc = dp__fail(&d, DP_EINVAL, "--registry-ttl must be 1..3600 seconds");
-            o->registry_ttl = optarg;
-            break;
-        case 'h':
-            fputs(usage_up, stdout);
-            return 0;
-        default:
-            return dp__cli_usage("up", "unknown option or missing value '%s'",
-                                 argv[optind - 1]);
-        }
-        if (rc != DP_OK)
-            return dp__cli_usage("up", "%s", d.msg);
+        int st = take_opt(o, c, argv, &d);
+        if (st >= 0)
+            return st;
     }
     if (optind < argc)
-        return dp__cli_usage("up", "unexpected argument '%s'", argv[optind]);
-    if ((o->staging != NULL || o->pickup_s != NULL) && o->ssd_dir == NULL)
-        return dp__cli_usage("up", "--staging and --pickup-s need --ssd-dir");
-    if ((o->curve_secret != NULL) != (o->curve_allow != NULL))
-        return dp__cli_usage("up", "--curve-secret and --curve-allow go together");
-    if (o->registry_ttl != NULL && o->registry == NULL)
-        return dp__cli_usage("up", "--registry-ttl needs --registry");
-    if (o->metrics_ip[0] != '\0' && o->metrics_port != 0 &&
-        o->metrics_port + o->units - 1 > 65535)
-        return dp__cli_usage("up", "--metrics: port %u + %" PRIu64 " units passes 65535",
-                             o->metrics_port, o->units);
-    return -1;
+        return dp__cli_unexpected("up", argv[optind]);
+    return check_opts(o);
 }
 
 /* ---- the directory, its lock, an existing cluster file ---- */
@@ -356,7 +383,7 @@ unit_alive(int64_t pid)
 static int
 check_existing(const char *path, dp_detail *d)
 {
-    dp_cluster cl;
+    dp__cluster cl;
     dp_detail e;
     dp_detail_clear(&e);
     int rc = dp__cluster_load(path, &cl, &e);
@@ -610,7 +637,7 @@ static bool
 write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id,
               const char *o_pubkey, dp_detail *d)
 {
-    dp_cluster cl = {.n_units = s->n, .units = calloc(s->n, sizeof(dp_cluster_unit))};
+    dp__cluster cl = {.n_units = s->n, .units = calloc(s->n, sizeof(dp__cluster_unit))};
     snprintf(cl.cluster_id, sizeof cl.cluster_id, "%s", o_cluster_id);
     if (cl.units == NULL) {
         dp__cli_fail("up", dp__fail(d, DP_ENOMEM, "out of memory"), d);

@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 
 /* Stderr lines kept per unit (shown when it fails to start), and line length. */

@@ -288,12 +288,12 @@ ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
  * first): q_of fills unit i's; an encoding failure goes into d (with what).
  */
 static int
-ask_units(dp__fanout *f, dp_wire_rid_gen *g, const dp_cluster *cl, dp__fanout_req_fn q_of,
-          void *ctx, dp_detail *d)
+ask_units(dp__fanout *f, dp__wire_rid_gen *g, const dp__cluster *cl,
+          dp__fanout_req_fn q_of, void *ctx, dp_detail *d)
 {
     dp__fanout_reset(f);
     for (uint32_t i = 0; i < cl->n_units; i++) {
-        dp_wire_request q;
+        dp__wire_request q;
         memset(&q, 0, sizeof q);
         if (!q_of(i, &q, ctx))
             continue;
@@ -313,7 +313,7 @@ units_failed(const dp__fanout *f, const char *what, dp_detail *d)
 }
 
 static bool
-save_req(uint32_t i, dp_wire_request *q, void *ctx)
+save_req(uint32_t i, dp__wire_request *q, void *ctx)
 {
     char(*paths)[PATH_MAX] = ctx;
     q->op = DP_WIRE_OP_SAVE_SHARD;
@@ -332,7 +332,7 @@ manifest_units(cJSON *units, const dp__fanout *f, char (*paths)[PATH_MAX], uint3
 {
     int rc = DP_OK;
     for (uint32_t i = 0; i < n; i++) {
-        const dp_wire_save_shard_res *r = &f->u[i].rep.r.save_shard;
+        const dp__wire_save_shard_res *r = &f->u[i].rep.r.save_shard;
         char rows[PATH_MAX + 8];
         snprintf(rows, sizeof rows, "%s.rows", paths[i]);
         uint32_t scrc = 0, rcrc = 0;
@@ -359,7 +359,7 @@ manifest_units(cJSON *units, const dp__fanout *f, char (*paths)[PATH_MAX], uint3
         if (bl == NULL)
             return dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         for (uint32_t k = 0; k < r->blobs.n; k++) {
-            const dp_wire_shard_blob *x = &r->blobs.v[k];
+            const dp__wire_shard_blob *x = &r->blobs.v[k];
             char id[128];
             snprintf(id, sizeof id, "%.*s", (int)x->id.n, x->id.p);
             double v[3] = {(double)x->off, (double)x->nbytes, (double)x->refs};
@@ -441,7 +441,7 @@ save_undo(const char *sub, char (*paths)[PATH_MAX], uint32_t n)
 }
 
 int
-dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
                     const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
 {
     dp_ckpt_opts defo;
@@ -465,7 +465,7 @@ dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         rmdir(sub);
         return rc;
     }
-    dp_wire_rid_gen g;
+    dp__wire_rid_gen g;
     if (paths == NULL || man == NULL) {
         rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         goto out;
@@ -554,9 +554,9 @@ get_u64(const cJSON *o, const char *k, uint64_t *v)
 typedef struct lunit {
     char shard[PATH_MAX];
     char rows[PATH_MAX];
-    dp_wire_shard_blob *blobs;
+    dp__wire_shard_blob *blobs;
     uint32_t n_blobs;
-    dp_wire_shard_blob *retry; /* failed in the RAM pass */
+    dp__wire_shard_blob *retry; /* failed in the RAM pass */
     uint32_t n_retry;
 } lunit;
 
@@ -582,18 +582,11 @@ plan_fini(plan *pl)
     memset(pl, 0, sizeof *pl);
 }
 
-/*
- * Read adir's current checkpoint: the manifest, and every file's size and
- * CRC32C against it, before anything is loaded anywhere. sum gets the
- * checkpoint's name, units, blobs and bytes.
- */
+/* The manifest's bytes (at most MANIFEST_MAX, a regular file) parsed into pl->man. */
 static int
-plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
+manifest_read(plan *pl, dp_detail *d)
 {
-    memset(pl, 0, sizeof *pl);
-    char *mpath = pl->mpath;
-    snprintf(mpath, sizeof pl->mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
-    int rc = DP_OK;
+    const char *mpath = pl->mpath;
     FILE *f = fopen(mpath, "rb");
     if (f == NULL) {
         if (errno == ENOENT)
@@ -617,28 +610,111 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
     size_t len = pl->text ? fread(pl->text, 1, want, f) : 0;
     int read_err = pl->text != NULL && ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
-    if (pl->text == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "checkpoint: reading %s: out of memory", mpath);
-        goto fail;
-    }
-    if (read_err != 0) {
-        rc = dp__fail_sys(d, read_err, "checkpoint: reading %s", mpath);
-        goto fail;
-    }
-    if (len != want) {
-        rc = dp__fail(d, DP_ECORRUPT,
-                      "%s: read %zu of its %zu bytes (changed while read?)", mpath, len,
-                      want);
-        goto fail;
-    }
+    if (pl->text == NULL)
+        return dp__fail(d, DP_ENOMEM, "checkpoint: reading %s: out of memory", mpath);
+    if (read_err != 0)
+        return dp__fail_sys(d, read_err, "checkpoint: reading %s", mpath);
+    if (len != want)
+        return dp__fail(d, DP_ECORRUPT,
+                        "%s: read %zu of its %zu bytes (changed while read?)", mpath, len,
+                        want);
     pl->text[len] = '\0';
     pl->man = cJSON_ParseWithLength(pl->text, len);
-    if (pl->man == NULL) {
-        rc =
-            dp__fail(d, DP_ECORRUPT, "%s: not valid JSON (near offset %td)", mpath,
-                     cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - pl->text : (ptrdiff_t)0);
-        goto fail;
+    if (pl->man == NULL)
+        return dp__fail(d, DP_ECORRUPT, "%s: not valid JSON (near offset %td)", mpath,
+                        cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - pl->text
+                                            : (ptrdiff_t)0);
+    return DP_OK;
+}
+
+/* A file's CRC32C (and for a shard its size) against the manifest's. */
+static int
+file_check(const char *path, uint64_t want_crc, const uint64_t *want_size, dp_detail *d)
+{
+    uint32_t crc = 0;
+    uint64_t size = 0;
+    int rc = file_crc(path, &crc, &size, d);
+    if (rc != 0)
+        return rc;
+    if (want_size != NULL && size != *want_size)
+        return dp__fail(d, DP_ECORRUPT,
+                        "%s: %" PRIu64 " bytes, the manifest says %" PRIu64
+                        " (truncated at offset %" PRIu64 "?)",
+                        path, size, *want_size, size < *want_size ? size : *want_size);
+    if (crc != want_crc)
+        return dp__fail(d, DP_ECORRUPT,
+                        "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
+                        path, crc, size, (uint32_t)want_crc);
+    return DP_OK;
+}
+
+/* Unit i's blob list ({"id": [shard offset, length, entries]...}) into lu. */
+static int
+unit_blobs_read(const plan *pl, uint32_t i, const cJSON *bl, lunit *lu, dp_detail *d)
+{
+    uint32_t k = 0, m = (uint32_t)cJSON_GetArraySize(bl);
+    lu->blobs = calloc(m ? m : 1, sizeof *lu->blobs);
+    lu->retry = calloc(m ? m : 1, sizeof *lu->retry);
+    if (lu->blobs == NULL || lu->retry == NULL)
+        return dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, bl)
+    {
+        uint64_t v0, v1, v2;
+        if (x->string == NULL || !cJSON_IsArray(x) || cJSON_GetArraySize(x) != 3 ||
+            !num_u64(cJSON_GetArrayItem(x, 0), &v0) ||
+            !num_u64(cJSON_GetArrayItem(x, 1), &v1) ||
+            !num_u64(cJSON_GetArrayItem(x, 2), &v2))
+            return dp__fail(d, DP_ECORRUPT,
+                            "%s: unit %u: bad blob entry '%.64s' (want \"id\": [three "
+                            "whole numbers >= 0])",
+                            pl->mpath, i, x->string ? x->string : "");
+        lu->blobs[k++] = (dp__wire_shard_blob){dp__wire_s(x->string), v0, v1, v2};
     }
+    lu->n_blobs = k;
+    return DP_OK;
+}
+
+/* Unit i's manifest entry u: its files checked against it, its blobs read. */
+static int
+unit_read(plan *pl, const char *adir, const char *ck, uint32_t i, const cJSON *u,
+          dp_ckpt_summary *sum, dp_detail *d)
+{
+    lunit *lu = &pl->lu[i];
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(u, "shard");
+    const cJSON *rw = cJSON_GetObjectItemCaseSensitive(u, "rows");
+    const cJSON *bl = cJSON_GetObjectItemCaseSensitive(u, "blobs");
+    uint64_t uid = 0, nb = 0, scrc = 0, rcrc = 0;
+    if (!get_u64(u, "unit", &uid) || uid != i || !plain_name(sh) || !plain_name(rw) ||
+        !get_u64(u, "nbytes", &nb) || !get_u64(u, "shard_crc32c", &scrc) ||
+        !get_u64(u, "rows_crc32c", &rcrc) || !cJSON_IsObject(bl))
+        return dp__fail(d, DP_ECORRUPT, "%s: unit %u: bad entry", pl->mpath, i);
+    int rc;
+    if ((rc = pathf(lu->shard, PATH_MAX, d, "%s/%s/%s", adir, ck, sh->valuestring)) !=
+            0 ||
+        (rc = pathf(lu->rows, PATH_MAX, d, "%s/%s/%s", adir, ck, rw->valuestring)) != 0 ||
+        (rc = file_check(lu->shard, scrc, &nb, d)) != 0 ||
+        (rc = file_check(lu->rows, rcrc, NULL, d)) != 0 ||
+        (rc = unit_blobs_read(pl, i, bl, lu, d)) != 0)
+        return rc;
+    sum->blobs += lu->n_blobs;
+    sum->bytes += nb;
+    return DP_OK;
+}
+
+/*
+ * Read adir's current checkpoint: the manifest, and every file's size and
+ * CRC32C against it, before anything is loaded anywhere. sum gets the
+ * checkpoint's name, units, blobs and bytes.
+ */
+static int
+plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
+{
+    memset(pl, 0, sizeof *pl);
+    snprintf(pl->mpath, sizeof pl->mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
+    int rc = manifest_read(pl, d);
+    if (rc != DP_OK)
+        goto fail;
     uint64_t ver = 0, nu = 0;
     const cJSON *ck = cJSON_GetObjectItemCaseSensitive(pl->man, "checkpoint");
     const cJSON *units = cJSON_GetObjectItemCaseSensitive(pl->man, "units");
@@ -646,9 +722,10 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
         !get_u64(pl->man, "n_units", &nu) || nu == 0 || nu > UINT32_MAX ||
         !plain_name(ck) || !cJSON_IsArray(units) ||
         (uint64_t)cJSON_GetArraySize(units) != nu) {
-        rc = dp__fail(
-            d, DP_ECORRUPT,
-            "%s: not a version 1 manifest (version, checkpoint, n_units, units)", mpath);
+        rc =
+            dp__fail(d, DP_ECORRUPT,
+                     "%s: not a version 1 manifest (version, checkpoint, n_units, units)",
+                     pl->mpath);
         goto fail;
     }
     snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ck->valuestring);
@@ -659,77 +736,11 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
         rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
         goto fail;
     }
-    lunit *lu = pl->lu;
     /* Check every file before any unit is asked: nothing is loaded otherwise. */
-    for (uint32_t i = 0; i < pl->n; i++) {
-        const cJSON *u = cJSON_GetArrayItem(units, (int)i);
-        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(u, "shard");
-        const cJSON *rw = cJSON_GetObjectItemCaseSensitive(u, "rows");
-        const cJSON *bl = cJSON_GetObjectItemCaseSensitive(u, "blobs");
-        uint64_t uid = 0, nb = 0, scrc = 0, rcrc = 0;
-        if (!get_u64(u, "unit", &uid) || uid != i || !plain_name(sh) || !plain_name(rw) ||
-            !get_u64(u, "nbytes", &nb) || !get_u64(u, "shard_crc32c", &scrc) ||
-            !get_u64(u, "rows_crc32c", &rcrc) || !cJSON_IsObject(bl)) {
-            rc = dp__fail(d, DP_ECORRUPT, "%s: unit %u: bad entry", mpath, i);
+    for (uint32_t i = 0; i < pl->n; i++)
+        if ((rc = unit_read(pl, adir, ck->valuestring, i,
+                            cJSON_GetArrayItem(units, (int)i), sum, d)) != 0)
             goto fail;
-        }
-        if ((rc = pathf(lu[i].shard, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
-                        sh->valuestring)) != 0 ||
-            (rc = pathf(lu[i].rows, PATH_MAX, d, "%s/%s/%s", adir, ck->valuestring,
-                        rw->valuestring)) != 0)
-            goto fail;
-        uint32_t crc = 0;
-        uint64_t size = 0;
-        if ((rc = file_crc(lu[i].shard, &crc, &size, d)) != 0)
-            goto fail;
-        if (size != nb) {
-            rc = dp__fail(d, DP_ECORRUPT,
-                          "%s: %" PRIu64 " bytes, the manifest says %" PRIu64
-                          " (truncated at offset %" PRIu64 "?)",
-                          lu[i].shard, size, nb, size < nb ? size : nb);
-            goto fail;
-        }
-        if (crc != scrc) {
-            rc = dp__fail(d, DP_ECORRUPT,
-                          "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
-                          lu[i].shard, crc, size, (uint32_t)scrc);
-            goto fail;
-        }
-        if ((rc = file_crc(lu[i].rows, &crc, &size, d)) != 0)
-            goto fail;
-        if (crc != rcrc) {
-            rc = dp__fail(d, DP_ECORRUPT,
-                          "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
-                          lu[i].rows, crc, size, (uint32_t)rcrc);
-            goto fail;
-        }
-        uint32_t k = 0, m = (uint32_t)cJSON_GetArraySize(bl);
-        lu[i].blobs = calloc(m ? m : 1, sizeof *lu[i].blobs);
-        lu[i].retry = calloc(m ? m : 1, sizeof *lu[i].retry);
-        if (lu[i].blobs == NULL || lu[i].retry == NULL) {
-            rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
-            goto fail;
-        }
-        const cJSON *x;
-        cJSON_ArrayForEach(x, bl)
-        {
-            uint64_t v0, v1, v2;
-            if (x->string == NULL || !cJSON_IsArray(x) || cJSON_GetArraySize(x) != 3 ||
-                !num_u64(cJSON_GetArrayItem(x, 0), &v0) ||
-                !num_u64(cJSON_GetArrayItem(x, 1), &v1) ||
-                !num_u64(cJSON_GetArrayItem(x, 2), &v2)) {
-                rc = dp__fail(d, DP_ECORRUPT,
-                              "%s: unit %u: bad blob entry '%.64s' (want \"id\": [three "
-                              "whole numbers >= 0])",
-                              mpath, i, x->string ? x->string : "");
-                goto fail;
-            }
-            lu[i].blobs[k++] = (dp_wire_shard_blob){dp__wire_s(x->string), v0, v1, v2};
-        }
-        lu[i].n_blobs = k;
-        sum->blobs += k;
-        sum->bytes += nb;
-    }
     return DP_OK;
 fail:
     plan_fini(pl);
@@ -743,7 +754,7 @@ typedef struct load_pass {
 } load_pass;
 
 static bool
-load_req(uint32_t i, dp_wire_request *q, void *ctx)
+load_req(uint32_t i, dp__wire_request *q, void *ctx)
 {
     const load_pass *p = ctx;
     const lunit *lu = &p->lu[i];
@@ -752,14 +763,14 @@ load_req(uint32_t i, dp_wire_request *q, void *ctx)
     q->op = DP_WIRE_OP_LOAD_SHARD;
     q->a.load_shard.path = dp__wire_s(lu->shard);
     q->a.load_shard.spill = p->pass == 1;
-    q->a.load_shard.blobs = p->pass == 0 ? (dp_wire_shard_blobs){lu->blobs, lu->n_blobs}
-                                         : (dp_wire_shard_blobs){lu->retry, lu->n_retry};
+    q->a.load_shard.blobs = p->pass == 0 ? (dp__wire_shard_blobs){lu->blobs, lu->n_blobs}
+                                         : (dp__wire_shard_blobs){lu->retry, lu->n_retry};
     return true;
 }
 
 /* The RAM pass's failed ids of unit i, as the manifest has them (views stay valid). */
 static void
-load_retry(lunit *lu, const dp_wire_load_shard_res *r)
+load_retry(lunit *lu, const dp__wire_load_shard_res *r)
 {
     for (uint32_t k = 0; k < r->failed.n; k++)
         for (uint32_t j = 0; j < lu->n_blobs; j++)
@@ -775,7 +786,7 @@ load_retry(lunit *lu, const dp_wire_load_shard_res *r)
 }
 
 int
-dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
                     const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
 {
     dp_ckpt_opts defo;
@@ -799,7 +810,7 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         goto out;
     }
     /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
-    dp_wire_rid_gen g;
+    dp__wire_rid_gen g;
     if ((rc = dp__wire_rid_gen_init(&g, d)) != 0 || (rc = dp__fanout_init(&f, n, d)) != 0)
         goto out;
     for (int pass = 0; pass < 2; pass++) {
@@ -819,7 +830,7 @@ dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
         for (uint32_t i = 0; i < n; i++) {
             if (f.u[i].op == DP_WIRE_OP_NONE)
                 continue;
-            const dp_wire_load_shard_res *r = &f.u[i].rep.r.load_shard;
+            const dp__wire_load_shard_res *r = &f.u[i].rep.r.load_shard;
             sum->loaded += r->loaded.n;
             if (pass == 1)
                 sum->spilled += r->loaded.n;
@@ -856,7 +867,7 @@ out:
  * with c's.
  */
 static int
-client_units(dp_client *c, dp_cluster *cl, dp_ctl_client **ctl, dp_detail *d)
+client_units(dp_client *c, dp__cluster *cl, dp__ctl_client **ctl, dp_detail *d)
 {
     memset(cl, 0, sizeof *cl);
     *ctl = NULL;
@@ -885,8 +896,8 @@ int
 dp_ckpt_save(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
              dp_detail *d)
 {
-    dp_cluster cl;
-    dp_ctl_client *ctl;
+    dp__cluster cl;
+    dp__ctl_client *ctl;
     int rc = client_units(c, &cl, &ctl, d);
     if (rc != 0)
         return rc;
@@ -900,8 +911,8 @@ int
 dp_ckpt_load(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
              dp_detail *d)
 {
-    dp_cluster cl;
-    dp_ctl_client *ctl;
+    dp__cluster cl;
+    dp__ctl_client *ctl;
     int rc = client_units(c, &cl, &ctl, d);
     if (rc != 0)
         return rc;
@@ -934,11 +945,11 @@ dp_ckpt_peek(const char *dir, dp_ckpt_summary *sum, dp_detail *d)
  * (a sparse blob would make a huge grid of skipped cells).
  */
 static int
-put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t *live,
+put_entries(dp_client *c, const uint8_t *base, const dp__blob *pb, const uint32_t *live,
             uint32_t n, dp_detail *d)
 {
     int rc = DP_OK;
-    dp_map rows, fields;
+    dp__map rows, fields;
     dp__map_init_u64(&rows);
     dp__map_init_str(&fields);
     uint64_t *gidxs = malloc((size_t)n * sizeof *gidxs);
@@ -951,7 +962,7 @@ put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t
         goto out;
     }
     for (uint32_t k = 0; k < n; k++) {
-        const dp_blob_entry *e = dp__blob_entry_at(pb, live[k]);
+        const dp__blob_entry *e = dp__blob_entry_at(pb, live[k]);
         void *v = dp__map_get_u64(&rows, e->gidx);
         if (v == NULL) {
             gidxs[nr] = e->gidx;
@@ -991,7 +1002,7 @@ put_entries(dp_client *c, const uint8_t *base, const dp_blob *pb, const uint32_t
         for (uint32_t k = 0; k < n; k++) {
             if (!dense && fi[k] != g)
                 continue;
-            const dp_blob_entry *e = dp__blob_entry_at(pb, live[k]);
+            const dp__blob_entry *e = dp__blob_entry_at(pb, live[k]);
             dp_value v = {base + e->off, e->len,   (dp_kind)e->kind,
                           e->dtype,      e->shape, e->ndim};
             if (dense) {
@@ -1025,7 +1036,7 @@ out:
  */
 static int
 shard_frame(int fd, uint64_t len, const char *shard, uint32_t unit, uint32_t n_units,
-            dp_shard_header *h, dp_detail *d)
+            dp__shard_header *h, dp_detail *d)
 {
     uint8_t hb[DP_SHARD_HEADER_LEN], tb[DP_SHARD_TRAILER_LEN];
     uint32_t data_crc;
@@ -1063,19 +1074,21 @@ as_corrupt(int rc, dp_detail *d)
 }
 
 /*
- * Re-home the shard of unit i of an n-unit checkpoint (lu) through c: its
+ * Re-home the shard of unit i of checkpoint pl (of pl->n units) through c: its
  * rows file and frame checked, then blob by blob: read and CRC-checked, its
  * index and live list checked (blob/shard.h), its live entries put. *keys
  * counts the keys put so far (all units).
  */
 static int
-rehome_unit(dp_client *c, const lunit *lu, uint32_t i, uint32_t n, const dp_ckpt_opts *o,
+rehome_unit(dp_client *c, const plan *pl, uint32_t i, const dp_ckpt_opts *o,
             dp_ckpt_summary *sum, uint64_t *keys, dp_detail *d)
 {
+    const lunit *lu = &pl->lu[i];
+    uint32_t n = pl->n;
     const char *shard = lu->shard, *rows = lu->rows;
     uint8_t *rbuf = NULL, *buf = NULL;
-    dp_shard_rows sr = {0};
-    dp_shard_header h;
+    dp__shard_rows sr = {0};
+    dp__shard_header h;
     int fd = -1;
     uint64_t fsize = 0, unit_keys = 0;
     int rc = as_corrupt(dp__shard_rows_load(rows, &rbuf, &sr, d), d);
@@ -1090,7 +1103,7 @@ rehome_unit(dp_client *c, const lunit *lu, uint32_t i, uint32_t n, const dp_ckpt
     if (rc == DP_OK)
         rc = dp__shard_rows_check(&sr, &h, rows, shard, d);
     for (uint32_t k = 0; k < sr.n && rc == DP_OK; k++) {
-        const dp_shard_row *r = &sr.v[k];
+        const dp__shard_row *r = &sr.v[k];
         if (r->n_live == 0)
             continue;
         free(buf);
@@ -1100,7 +1113,7 @@ rehome_unit(dp_client *c, const lunit *lu, uint32_t i, uint32_t n, const dp_ckpt
                           r->nbytes);
             break;
         }
-        dp_shard_blob sb;
+        dp__shard_blob sb;
         if ((rc = dp__shard_blob_read(fd, shard, r, buf, d)) != DP_OK ||
             (rc = as_corrupt(dp__shard_blob_check(r, buf, NULL, shard, rows, &sb, d),
                              d)) != DP_OK)
@@ -1152,7 +1165,7 @@ dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_sum
         sum->checkpoint, pl.n, dp_client_n_units(c));
     uint64_t keys = 0;
     for (uint32_t i = 0; i < pl.n && rc == DP_OK; i++)
-        rc = rehome_unit(c, &pl.lu[i], i, pl.n, o, sum, &keys, d);
+        rc = rehome_unit(c, &pl, i, o, sum, &keys, d);
     if (rc == DP_OK)
         say(o, "re-homed %s: %" PRIu64 " keys from %" PRIu64 " blobs", sum->checkpoint,
             keys, sum->loaded);

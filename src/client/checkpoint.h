@@ -31,14 +31,14 @@
  * manifest, checked before a load), so DIR must be the same path on the
  * client's and the units' hosts (one host, or a shared filesystem).
  *
- * Threads: reentrant; one call at a time per dp_ctl_client is not required.
+ * Threads: reentrant; one call at a time per dp__ctl_client is not required.
  */
 #ifndef DP_CLIENT_CHECKPOINT_H
 #define DP_CLIENT_CHECKPOINT_H
 
 #include <stdint.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "dataplane/checkpoint.h"
@@ -50,11 +50,11 @@
  * through c (one fanout over cl: client/fanout.h): what dp_ckpt_save runs
  * over a client's units. Contract and errors as dp_ckpt_save.
  */
-int dp__ckpt_save_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+int dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
                         const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d);
 
 /* dp_ckpt_load over the units of cl, asked through c. As dp_ckpt_load. */
-int dp__ckpt_load_units(dp_ctl_client *c, const dp_cluster *cl, const char *dir,
+int dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
                         const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d);
 
 #endif

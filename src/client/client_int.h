@@ -1,7 +1,7 @@
 /*
- * Internals of the client library shared by client.c (connect, memory, clear,
- * stats), put.c and get.c. Not installed. Requests to units go through the
- * client's fanout (client/fanout.h).
+ * Internals of the client library shared by its files (client.c says which
+ * holds what). Not installed. Requests to units go through the client's
+ * fanout (client/fanout.h).
  */
 #ifndef DP_CLIENT_CLIENT_INT_H
 #define DP_CLIENT_CLIENT_INT_H
@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "blob/blob.h"
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "client/fanout.h"
 #include "common/common.h"
 #include "common/hash64.h"
@@ -39,10 +39,12 @@ typedef struct dp__unit_conn {
     uint64_t region_bytes; /* slab_bytes + io_bytes: every offset lies below it */
     double read_pin_s;     /* how long a resolve pins */
     uint64_t incarnation;  /* the process the data path is bound to */
-    dp_xfer_lane lane;     /* how this client's RMA reaches it */
-    char tls[64];          /* the transports of that lane, for diagnostics */
-    dp_xfer_path path;     /* how puts and gets move bytes to it (two-sided over
-                              TCP: docs/design.md, "Two-sided transfers") */
+    /*
+     * How this client's transfers reach it (its lane, its transports, and
+     * whether puts and gets go two-sided: docs/design.md, "Two-sided
+     * transfers"), as names for reports and for the unit's bookkeeping.
+     */
+    dp__xfer_route route;
     /*
      * A reply came from another incarnation (seen_incarnation): re-bind before
      * the next transfer. restart_unreported: no put or get was told of that
@@ -90,12 +92,12 @@ enum {
     DP__BUF_RETIRED,  /* touched by an unfinished transfer: never reused or freed */
 };
 
-typedef struct dp__buf {
+typedef struct dp__client_buf {
     uint8_t *p;
     size_t len;
     int state;
     uint64_t last_use; /* c->use_clock when last given back (LRU trimming) */
-} dp__buf;
+} dp__client_buf;
 
 /* A caller-registered region. */
 typedef struct dp__region {
@@ -108,9 +110,9 @@ struct dp_client {
     dp_client_opts o;
     char name[256];
     char cluster_id[65]; /* the cluster file's id ("" for none): units must report it */
-    dp_endpoint *ep;     /* NULL: a control-only client (dp__client_open_ctl) */
-    dp_ctl_client *ctl;
-    dp_wire_rid_gen rids;
+    dp__endpoint *ep;    /* NULL: a control-only client (dp__client_open_ctl) */
+    dp__ctl_client *ctl;
+    dp__wire_rid_gen rids;
     char blob_prefix[17]; /* random per client: blob ids "<prefix>-<seq>" */
     uint64_t blob_seq;
     uint32_t n_units;
@@ -124,7 +126,7 @@ struct dp_client {
     dp__fanout_opts words;
 
     /* Registered memory the client mapped (staging, user, values). */
-    dp__buf *bufs;
+    dp__client_buf *bufs;
     size_t n_bufs, cap_bufs;
     uint64_t cached_bytes; /* sum of FREE buffers */
     uint64_t use_clock;
@@ -136,7 +138,7 @@ struct dp_client {
      * VALUES buffers and the caller's regions, as ranges (v unused). Kept as
      * buffers change state and regions come and go.
      */
-    dp_ranges direct;
+    dp__ranges direct;
 
     dp_client_counters cnt; /* the caller's view: dp_client_counters_get */
 
@@ -159,11 +161,11 @@ struct dp_client {
      * Per-unit scratch reused by every operation (no per-op allocation):
      * blob builders, and the fanout's requests, ctl items and replies.
      */
-    dp_blob_builder **builders; /* n_units, created on first use */
-    dp__fanout fo;              /* n_units */
+    dp__blob_builder **builders; /* n_units, created on first use */
+    dp__fanout fo;               /* n_units */
 };
 
-/* ---- helpers of client.c used by put.c and get.c ---- */
+/* ---- shared between the client's files ---- */
 
 /*
  * Apply what the registry's watch saw since last time: a unit whose record
@@ -173,24 +175,17 @@ struct dp_client {
  */
 void dp__client_follow_locked(dp_client *c);
 
-/* Remaining seconds until deadline (monotonic seconds), never negative. */
-double dp__client_left(double deadline);
-
-/*
- * Wait for one round of control replies that is not the operation's last
- * phase: a third of what is left (at least a second, when left), so one dead
- * unit cannot use the whole budget before the live units' next phase.
- */
 double dp__client_round_timeout(double deadline);
 
-/* Sleep for the backoff step *step (then doubled, capped) without passing deadline. */
-void dp__client_backoff(double *step, double deadline);
+/* A busy unit is asked again after a backoff doubling from 2 ms up to 100 ms. */
+#define DP__CLIENT_BACKOFF_FIRST_S 0.002
+#define DP__CLIENT_BACKOFF_MAX_S 0.1
 
 /*
  * Encode request q for unit u with a fresh rid and point c->fo.items[slot]
  * at it (dp__fanout_place). Returns DP_ENOMEM/DP_ETOOBIG/DP_EINVAL.
  */
-int dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_request *q,
+int dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp__wire_request *q,
                               dp_detail *d);
 
 /*
@@ -200,7 +195,7 @@ int dp__client_prepare_locked(dp_client *c, uint32_t u, size_t slot, dp_wire_req
 int dp__client_data_check(const dp_client *c, const char *what, dp_detail *d);
 
 /* Send a notify (abort, unpin) to unit u; failures are only logged. */
-void dp__client_notify_locked(dp_client *c, uint32_t u, dp_wire_request *q);
+void dp__client_notify_locked(dp_client *c, uint32_t u, dp__wire_request *q);
 
 /*
  * abort(blob_id, in_flight) to unit u, kept to be sent once more when u next
@@ -216,8 +211,40 @@ void dp__client_abort_locked(dp_client *c, uint32_t u, const char *blob_id,
  * naming the unit; without report (clear, stats) DP_OK, the restart then being
  * reported to the next put or get.
  */
-int dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp_wire_reply *rep,
+int dp__client_reply_check_locked(dp_client *c, uint32_t u, const dp__wire_reply *rep,
                                   bool report, dp_detail *d);
+
+/*
+ * A full client's units not bound since the open (incarnation 0) that q_of
+ * picks (NULL: all), bound now (dp__client_ready_locked: info, checked to be
+ * unit u of n). *rcs (NULL when there was none) gets n_units codes, 0 for
+ * every other unit, and *dets their details; free both. DP_ENOMEM else.
+ */
+int dp__client_bind_unbound_locked(dp_client *c, dp__fanout_req_fn q_of, void *ctx,
+                                   double deadline, int **rcs, dp_detail **dets,
+                                   dp_detail *d);
+
+/* The units' CURVE public keys (cu: n entries, or NULL) for the control client. */
+int dp__client_set_server_keys(dp_client *c, const dp__cluster_unit *cu, uint32_t n,
+                               dp_detail *d);
+
+/* Unit u's control address a, checked. */
+int dp__client_set_addr(dp_client *c, uint32_t u, const char *a, dp_detail *d);
+
+/*
+ * info from unit only (every unit: only < 0) at once, each checked by the
+ * fanout to be unit u of n, then bound: a full client's data path (binding
+ * stops at the first failure: the open fails), a control-only client's
+ * record. With DP__CTL_ALLOW_DOWN a unit that does not answer is marked down
+ * instead of an error: a control-only client's requests to it then fail with
+ * why; a full client leaves it unbound (stale, incarnation 0), so the first
+ * put or get that needs it binds it (dp__client_ready_locked) or finds it
+ * still down; unless no unit answers at all. The first failure (unit order)
+ * goes into d: the unit's report, "connecting to unit U (ADDR): why" for a
+ * full client.
+ */
+int dp__client_check_units_locked(dp_client *c, int64_t only, unsigned flags,
+                                  dp_detail *d);
 
 /*
  * Before a put or get transfers to units[0..n): re-bind each one whose
@@ -233,8 +260,8 @@ void dp__client_ready_locked(dp_client *c, const uint32_t *units, size_t n,
  * A registered buffer of at least nbytes from the pool (reused when cached
  * and not touched by an unfinished transfer, else mapped), marked state.
  */
-int dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state, dp__buf **out,
-                              dp_detail *d);
+int dp__client_buf_get_locked(dp_client *c, size_t nbytes, int state,
+                              dp__client_buf **out, dp_detail *d);
 /* Give a buffer back: cached, or retired when an unfinished transfer touches it. */
 void dp__client_buf_put_locked(dp_client *c, uint8_t *p);
 
@@ -244,12 +271,11 @@ void dp__client_buf_put_locked(dp_client *c, uint8_t *p);
  */
 void dp__client_free(dp_client *c);
 
+/* Deregister and forget every caller-registered region (the client closes). */
+void dp__client_regions_drop_locked(dp_client *c);
+
 /* True if [p, p + n) lies in memory the caller may transfer to/from directly. */
 bool dp__client_direct_locked(const dp_client *c, const void *p, uint64_t n);
-
-/* Append to d's message (keeps its code); cut at DP_DETAIL_MAX. */
-void dp__detail_append(dp_detail *d, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 
 /*
  * The process-wide test hook: called with a stage name while the client lock

@@ -10,7 +10,7 @@
  *   (tcp://...)") and then the cause; why is the offset of the cause, so a
  *   caller that words the unit itself ("rows of unit 3 (...) not cleared:
  *   ...") takes only the cause and no message says the unit twice.
- * - Reply bytes stay in the slot's dp_ctl_item and the decoded reply points
+ * - Reply bytes stay in the slot's dp__ctl_item and the decoded reply points
  *   into them: both live until dp__fanout_reset or _fini. A unit is asked at
  *   most once per batch, so a slot's request buffer is never rewritten while
  *   the slot is in flight.
@@ -111,6 +111,24 @@ vfail(dp__fanout_unit *r, uint32_t u, int rc, const char *sep, const char *fmt,
 }
 
 int
+dp__step_vfail(dp__step *s, int rc, const char *fmt, va_list ap)
+{
+    dp__vfail(&s->det, rc, fmt, ap);
+    s->rc = rc;
+    return rc;
+}
+
+int
+dp__step_fail(dp__step *s, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    dp__step_vfail(s, rc, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int
 dp__fanout_fail(dp__fanout *f, uint32_t u, int rc, const char *sep, const char *fmt, ...)
 {
     va_list ap;
@@ -152,8 +170,8 @@ dp__fanout_failed(const dp__fanout *f)
 /* ---- requests ---- */
 
 int
-dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t u,
-                 const char *addr, dp_wire_request *q, dp_detail *d)
+dp__fanout_place(dp__fanout *f, dp__wire_rid_gen *rids, size_t slot, uint32_t u,
+                 const char *addr, dp__wire_request *q, dp_detail *d)
 {
     DP_ASSERT(u < f->n && slot < f->n);
     dp__fanout_unit *r = &f->u[u];
@@ -165,7 +183,7 @@ dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t u,
     if (rc != 0)
         return dp__fail_ctx(d, rc, "unit %u (%s): %s request", u, addr,
                             dp__wire_op_name(q->op));
-    dp_ctl_item *it = &f->items[slot];
+    dp__ctl_item *it = &f->items[slot];
     dp__buf_reset(&it->reply);
     it->address = addr;
     it->req = r->req.data;
@@ -179,8 +197,8 @@ dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t u,
 }
 
 int
-dp__fanout_add(dp__fanout *f, dp_wire_rid_gen *rids, uint32_t u, const char *addr,
-               uint64_t incarnation, dp_wire_request *q)
+dp__fanout_add(dp__fanout *f, dp__wire_rid_gen *rids, uint32_t u, const char *addr,
+               uint64_t incarnation, dp__wire_request *q)
 {
     DP_ASSERT(u < f->n);
     dp__fanout_unit *r = &f->u[u];
@@ -201,15 +219,16 @@ dp__fanout_add(dp__fanout *f, dp_wire_rid_gen *rids, uint32_t u, const char *add
 /* ---- replies ---- */
 
 bool
-dp__fanout_req_op(uint32_t u, dp_wire_request *q, void *ctx)
+dp__fanout_req_op(uint32_t u, dp__wire_request *q, void *ctx)
 {
     DP_UNUSED(u);
-    q->op = *(const dp_wire_op *)ctx;
+    q->op = *(const dp__wire_op *)ctx;
     return true;
 }
 
 int
-dp__fanout_reply(const dp_ctl_item *it, dp_wire_op op, dp_wire_reply *rep, dp_detail *d)
+dp__fanout_reply(const dp__ctl_item *it, dp__wire_op op, dp__wire_reply *rep,
+                 dp_detail *d)
 {
     memset(rep, 0, sizeof *rep);
     rep->op = DP_WIRE_OP_NONE;
@@ -226,7 +245,7 @@ static void
 check_identity(dp__fanout *f, uint32_t u, const dp__fanout_opts *o)
 {
     dp__fanout_unit *r = &f->u[u];
-    const dp_wire_info *in = &r->rep.r.info;
+    const dp__wire_info *in = &r->rep.r.info;
     uint32_t n = o->n_units > 0 ? o->n_units : f->n;
     if (in->unit_id == u && in->n_units == n &&
         (o->cluster_id == NULL || o->cluster_id[0] == '\0' ||
@@ -255,7 +274,7 @@ check_identity(dp__fanout *f, uint32_t u, const dp__fanout_opts *o)
 
 /* Unit u's outcome from its slot's item. */
 static void
-judge(dp__fanout *f, uint32_t u, const dp_ctl_item *it, double timeout_s,
+judge(dp__fanout *f, uint32_t u, const dp__ctl_item *it, double timeout_s,
       const dp__fanout_opts *o)
 {
     dp__fanout_unit *r = &f->u[u];
@@ -296,7 +315,7 @@ judge(dp__fanout *f, uint32_t u, const dp_ctl_item *it, double timeout_s,
 }
 
 int
-dp__fanout_run(dp__fanout *f, dp_ctl_client *ctl, double timeout_s,
+dp__fanout_run(dp__fanout *f, dp__ctl_client *ctl, double timeout_s,
                const dp__fanout_opts *o)
 {
     static const dp__fanout_opts none;

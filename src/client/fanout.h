@@ -25,15 +25,45 @@
 #ifndef DP_CLIENT_FANOUT_H
 #define DP_CLIENT_FANOUT_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "dataplane/client.h"
 #include "wire/wire.h"
+
+/* ---- one unit's step ---- */
+
+/*
+ * One unit's part of an operation: the record every per-unit path of the
+ * client is built on (put's parts, get's rounds, and through the fanout
+ * info, clear, stats and checkpoints): which unit, how far its part got,
+ * and, once it failed, why. Each path embeds one (as `st`) beside what only
+ * it needs, so a part fails (dp__step_fail) and is read back the same way
+ * everywhere; with replicas a row's step on each of its units is one more
+ * record of the same kind.
+ */
+typedef struct dp__step {
+    uint32_t u;    /* the unit's index in the cluster */
+    int state;     /* how far the part got: the operation's own phases */
+    int rc;        /* DP_OK, or why the part failed (det) */
+    dp_detail det; /* rc != 0: the failure (the fanout's names the unit first) */
+} dp__step;
+
+/* Fail step s with code rc and a message (state unchanged). Returns rc. */
+int dp__step_fail(dp__step *s, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int dp__step_vfail(dp__step *s, int rc, const char *fmt, va_list ap);
+/* True once s failed. */
+static inline bool
+dp__step_failed(const dp__step *s)
+{
+    return s->rc != DP_OK;
+}
 
 /* ---- the fanout ---- */
 
@@ -41,9 +71,9 @@
 typedef struct dp__fanout_unit {
     /* The request (dp__fanout_add / _place): */
     const char *addr;     /* its control address (borrowed) */
-    dp_wire_op op;        /* DP_WIRE_OP_NONE: nothing was asked of it */
+    dp__wire_op op;       /* DP_WIRE_OP_NONE: nothing was asked of it */
     uint64_t incarnation; /* the process it is meant for; 0: any */
-    dp_buf req;
+    dp__buf req;
     char rid[DP_WIRE_RID_MAX];
     /* The outcome (dp__fanout_run): */
     int rc;         /* DP_OK: rep holds the unit's result */
@@ -53,19 +83,19 @@ typedef struct dp__fanout_unit {
     bool restarted; /* it came from another process than incarnation */
     bool misplaced; /* an info reply naming another unit or cluster size */
     bool decoded;   /* rep holds a decoded reply (finished by reset) */
-    dp_wire_reply rep;
+    dp__wire_reply rep;
 } dp__fanout_unit;
 
 /*
  * Per-unit scratch for requests to n units, reused batch after batch
  * (dp__fanout_reset): one request buffer per unit and n slots of
- * dp_ctl_item, the requests of one batch side by side as dp__ctl_call_many
+ * dp__ctl_item, the requests of one batch side by side as dp__ctl_call_many
  * wants them.
  */
 typedef struct dp__fanout {
     uint32_t n;          /* units */
     dp__fanout_unit *u;  /* n: by unit index */
-    dp_ctl_item *items;  /* n: slot k's request, reply bytes and transport outcome */
+    dp__ctl_item *items; /* n: slot k's request, reply bytes and transport outcome */
     uint32_t *slot_unit; /* n: the unit of slot k */
     uint32_t n_slots;    /* slots filled by dp__fanout_add since the last reset */
 } dp__fanout;
@@ -101,8 +131,8 @@ void dp__fanout_reset(dp__fanout *f);
  * once per batch (DP_EINVAL otherwise). On an encoding error the unit's
  * outcome says so and no slot is used. Returns the unit's rc.
  */
-int dp__fanout_add(dp__fanout *f, dp_wire_rid_gen *rids, uint32_t u, const char *addr,
-                   uint64_t incarnation, dp_wire_request *q);
+int dp__fanout_add(dp__fanout *f, dp__wire_rid_gen *rids, uint32_t u, const char *addr,
+                   uint64_t incarnation, dp__wire_request *q);
 
 /*
  * For callers that send each request themselves (put, get): encode q for
@@ -110,8 +140,8 @@ int dp__fanout_add(dp__fanout *f, dp_wire_rid_gen *rids, uint32_t u, const char 
  * rc 0), outside the slots dp__fanout_add counts. Errors of
  * dp__wire_request_encode, into d naming the unit and the op.
  */
-int dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t u,
-                     const char *addr, dp_wire_request *q, dp_detail *d);
+int dp__fanout_place(dp__fanout *f, dp__wire_rid_gen *rids, size_t slot, uint32_t u,
+                     const char *addr, dp__wire_request *q, dp_detail *d);
 
 /*
  * Send every slot's request at once and wait for the replies under one
@@ -122,7 +152,7 @@ int dp__fanout_place(dp__fanout *f, dp_wire_rid_gen *rids, size_t slot, uint32_t
  * order (dp__fanout_first has its detail), DP_OK when every unit asked
  * answered with a result.
  */
-int dp__fanout_run(dp__fanout *f, dp_ctl_client *ctl, double timeout_s,
+int dp__fanout_run(dp__fanout *f, dp__ctl_client *ctl, double timeout_s,
                    const dp__fanout_opts *o);
 
 /* The first failed unit's code and detail (unit order); DP_OK when none failed. */
@@ -148,7 +178,7 @@ const char *dp__fanout_why(const dp__fanout_unit *r);
  * is zeroed first and needs dp__wire_reply_fini whatever the result. An
  * error reply decodes with DP_OK (rep->ok false), for the caller to judge.
  */
-int dp__fanout_reply(const dp_ctl_item *it, dp_wire_op op, dp_wire_reply *rep,
+int dp__fanout_reply(const dp__ctl_item *it, dp__wire_op op, dp__wire_reply *rep,
                      dp_detail *d);
 
 /*
@@ -162,11 +192,11 @@ dp__fanout_other_process(uint64_t bound, uint64_t answered)
 }
 
 /* Fill unit u's request q (op and args); false leaves u out of the batch. */
-typedef bool (*dp__fanout_req_fn)(uint32_t u, dp_wire_request *q, void *ctx);
+typedef bool (*dp__fanout_req_fn)(uint32_t u, dp__wire_request *q, void *ctx);
 
 /* A dp__fanout_req_fn asking every unit the op without arguments that ctx
- * points at (a dp_wire_op: stats, info). */
-bool dp__fanout_req_op(uint32_t u, dp_wire_request *q, void *ctx);
+ * points at (a dp__wire_op: stats, info). */
+bool dp__fanout_req_op(uint32_t u, dp__wire_request *q, void *ctx);
 
 /* ---- rows grouped by unit ---- */
 
@@ -221,7 +251,7 @@ enum {
  * (dp__client_check_units). Errors of dp__client_check_units, DP_EINVAL,
  * DP_ENOMEM; *out is then NULL. Close with dp_client_close.
  */
-int dp__client_open_ctl(const dp_cluster *cl, const dp_client_opts *opts,
+int dp__client_open_ctl(const dp__cluster *cl, const dp_client_opts *opts,
                         const dp__fanout_opts *words, unsigned flags, dp_client **out,
                         dp_detail *d);
 

@@ -77,8 +77,7 @@ struct dp_values {
 };
 
 typedef struct unit_round {
-    int rc;
-    dp_detail det;
+    dp__step st; /* its unit and why it failed this get (state unused) */
     char pin[DP_WIRE_RID_MAX + 32];
     double sent_at;
     bool asked;
@@ -99,7 +98,7 @@ unpin_locked(dp_client *c, uint32_t u, char *pin)
 {
     if (pin[0] == '\0')
         return;
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_UNPIN;
     q.a.unpin.pin_id = dp__wire_s(pin);
@@ -108,9 +107,9 @@ unpin_locked(dp_client *c, uint32_t u, char *pin)
 }
 
 static void
-fill_desc(dp_value_desc *o, const dp_wire_key_loc *l)
+fill_desc(dp_value_desc *o, const dp__wire_key_loc *l)
 {
-    dp_blob_kind k = DP_BLOB_BYTES;
+    dp__blob_kind k = DP_BLOB_BYTES;
     if (dp__blob_kind_parse(l->kind.p, l->kind.n, &k) != 0)
         k = DP_BLOB_BYTES;
     o->kind = (dp_kind)k;
@@ -122,14 +121,14 @@ fill_desc(dp_value_desc *o, const dp_wire_key_loc *l)
 }
 
 static bool
-key_is(dp_wire_str s, const char *key, uint32_t klen)
+key_is(dp__wire_str s, const char *key, uint32_t klen)
 {
     return s.n == klen && memcmp(s.p, key, klen) == 0;
 }
 
 /* Index of key in list starting from *cur (in order, else searched), or -1. */
 static ptrdiff_t
-match_str(const dp_wire_strs *l, uint32_t *cur, const char *key, uint32_t klen)
+match_str(const dp__wire_strs *l, uint32_t *cur, const char *key, uint32_t klen)
 {
     if (*cur < l->n && key_is(l->v[*cur], key, klen))
         return (ptrdiff_t)(*cur)++;
@@ -140,7 +139,7 @@ match_str(const dp_wire_strs *l, uint32_t *cur, const char *key, uint32_t klen)
 }
 
 static ptrdiff_t
-match_loc(const dp_wire_key_locs *l, uint32_t *cur, const char *key, uint32_t klen)
+match_loc(const dp__wire_key_locs *l, uint32_t *cur, const char *key, uint32_t klen)
 {
     if (*cur < l->n && key_is(l->v[*cur].key, key, klen))
         return (ptrdiff_t)(*cur)++;
@@ -171,16 +170,15 @@ typedef struct get_op {
     double deadline;
     key_state *ks;
     dp__groups g;
-    dp_wire_str *keys;
+    dp__wire_str *keys;
     uint32_t *slot_unit;
     unit_round *ur;
-    dp_range *local, *remote;
-    dp_xfer_desc *ops;
-    int *results;
-    dp_detail *xdet;
-    dp_wire_str *bids; /* hinted keys' distinct blob ids, unit by unit (at g.start[u]) */
-    blob_ans *bans;    /* their answers, same places */
-    bool slow_again;   /* this round asks again because of pending keys or a busy unit */
+    dp__range *local, *remote;
+    dp__xfer_desc *ops;
+    dp__xfer_result *res; /* the READs' results, op by op */
+    dp__wire_str *bids; /* hinted keys' distinct blob ids, unit by unit (at g.start[u]) */
+    blob_ans *bans;     /* their answers, same places */
+    bool slow_again;    /* this round asks again because of pending keys or a busy unit */
 } get_op;
 
 static void
@@ -194,8 +192,7 @@ get_op_fini(get_op *x)
     free(x->local);
     free(x->remote);
     free(x->ops);
-    free(x->results);
-    free(x->xdet);
+    free(x->res);
     free(x->bids);
     free(x->bans);
 }
@@ -219,8 +216,7 @@ get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *va
     x->local = malloc(m * sizeof *x->local);
     x->remote = malloc(m * sizeof *x->remote);
     x->ops = malloc(N * sizeof *x->ops);
-    x->results = malloc(N * sizeof *x->results);
-    x->xdet = calloc(N, sizeof *x->xdet);
+    x->res = malloc(N * sizeof *x->res);
     bool hints = false;
     for (size_t i = 0; i < n && !hints; i++)
         hints = items[i].loc != NULL && items[i].loc->blob[0] != '\0';
@@ -229,9 +225,11 @@ get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *va
         x->bans = malloc(m * sizeof *x->bans);
     }
     if (x->ks == NULL || x->keys == NULL || x->slot_unit == NULL || x->ur == NULL ||
-        x->local == NULL || x->remote == NULL || x->ops == NULL || x->results == NULL ||
-        x->xdet == NULL || (hints && (x->bids == NULL || x->bans == NULL)))
+        x->local == NULL || x->remote == NULL || x->ops == NULL || x->res == NULL ||
+        (hints && (x->bids == NULL || x->bans == NULL)))
         return dp__fail(d, DP_ENOMEM, "get: out of memory");
+    for (uint32_t u = 0; u < N; u++)
+        x->ur[u].st.u = u;
     return DP_OK;
 }
 
@@ -308,7 +306,7 @@ get_place(get_op *x, dp_detail *d)
             break;
         }
         size_t kl = strlen(it->key);
-        dp_key_parts kp;
+        dp__key_parts kp;
         rc = dp__key_split(it->key, kl, &kp, d);
         if (rc != 0) {
             dp__fail_ctx(d, rc, "get: key %zu", i);
@@ -364,8 +362,8 @@ get_ready(get_op *x, dp_detail *d)
         uint32_t u = x->slot_unit[k];
         if (rcs[k] == 0)
             continue;
-        x->ur[u].rc = rcs[k];
-        x->ur[u].det = dets[k];
+        x->ur[u].st.rc = rcs[k];
+        x->ur[u].st.det = dets[k];
         for (uint32_t j = cnt[u]; j < cnt[u + 1]; j++)
             item_fail(&x->items[order[j]], &x->ks[order[j]], rcs[k]);
     }
@@ -384,9 +382,9 @@ collect_blobs(get_op *x, uint32_t u)
 {
     enum { LINEAR = 16 };
     const uint32_t *cnt = x->g.start, *order = x->g.order;
-    dp_wire_str *ids = x->bids + cnt[u];
+    dp__wire_str *ids = x->bids + cnt[u];
     uint32_t nb = 0;
-    dp_map m;
+    dp__map m;
     bool use_map = false, ok = true;
     for (uint32_t k = cnt[u]; k < cnt[u + 1] && ok; k++) {
         uint32_t i = order[k];
@@ -408,7 +406,7 @@ collect_blobs(get_op *x, uint32_t u)
         }
         if (j == UINT32_MAX) {
             j = nb;
-            ids[nb++] = (dp_wire_str){id, idn};
+            ids[nb++] = (dp__wire_str){id, idn};
             if (!use_map && nb > LINEAR) {
                 dp__map_init_str(&m);
                 use_map = true;
@@ -446,7 +444,7 @@ get_ask(get_op *x)
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
             uint32_t i = order[k];
             if (ks[i].st == K_ASK) {
-                x->keys[cnt[u] + nk++] = (dp_wire_str){x->items[i].key, ks[i].klen};
+                x->keys[cnt[u] + nk++] = (dp__wire_str){x->items[i].key, ks[i].klen};
                 all_hinted = all_hinted && ks[i].hinted;
                 if (all_hinted)
                     hinted_bytes += x->items[i].loc->nbytes;
@@ -461,22 +459,22 @@ get_ask(get_op *x)
             nk <= INLINE_BY_KEY_MAX)
             all_hinted = false;
         ur[u].by_blob = all_hinted && collect_blobs(x, u);
-        dp_wire_request q;
+        dp__wire_request q;
         memset(&q, 0, sizeof q);
         if (ur[u].by_blob) {
             q.op = DP_WIRE_OP_RESOLVE;
-            q.a.resolve.blob_ids = (dp_wire_strs){x->bids + cnt[u], ur[u].nb};
+            q.a.resolve.blob_ids = (dp__wire_strs){x->bids + cnt[u], ur[u].nb};
         } else {
             q.op = DP_WIRE_OP_RESOLVE_KEYS;
-            q.a.resolve_keys.keys = (dp_wire_strs){x->keys + cnt[u], nk};
+            q.a.resolve_keys.keys = (dp__wire_strs){x->keys + cnt[u], nk};
             q.a.resolve_keys.inline_bytes = c->o.inline_bytes;
         }
-        dp_detail_clear(&ur[u].det);
-        ur[u].rc = dp__client_prepare_locked(c, u, ns, &q, &ur[u].det);
-        if (ur[u].rc != 0) {
+        dp_detail_clear(&ur[u].st.det);
+        ur[u].st.rc = dp__client_prepare_locked(c, u, ns, &q, &ur[u].st.det);
+        if (ur[u].st.rc != 0) {
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
                 if (ks[order[k]].st == K_ASK)
-                    item_fail(&x->items[order[k]], &ks[order[k]], ur[u].rc);
+                    item_fail(&x->items[order[k]], &ks[order[k]], ur[u].st.rc);
             continue;
         }
         ur[u].asked = true;
@@ -504,8 +502,8 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
     const dp__unit_conn *uc = &x->c->units[u];
     if (off > uc->region_bytes || len > uc->region_bytes - off) {
         item_fail(it, ks, DP_EPROTO);
-        dp__fail(&x->ur[u].det, DP_EPROTO, "key '%s' located outside the unit's region",
-                 it->key);
+        dp__fail(&x->ur[u].st.det, DP_EPROTO,
+                 "key '%s' located outside the unit's region", it->key);
         return;
     }
     if (x->vals == NULL && it->cap < len) {
@@ -527,11 +525,11 @@ get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
 
 /* Unit u's answer (res) matched to its keys still asked. */
 static bool
-get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
+get_match_unit(get_op *x, uint32_t u, const dp__wire_resolve_keys_res *res,
                uint64_t *stage_need)
 {
     const uint32_t *cnt = x->g.start, *order = x->g.order;
-    dp_detail *ud = &x->ur[u].det;
+    dp_detail *ud = &x->ur[u].st.det;
     bool again = false;
     dp__wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
     uint32_t ce = 0, cm = 0, cp = 0, cf = 0;
@@ -544,7 +542,7 @@ get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
         ptrdiff_t m;
         x->ks[i].inl = NULL;
         if ((m = match_loc(&res->entries, &ce, it->key, kl)) >= 0) {
-            const dp_wire_key_loc *l = &res->entries.v[m];
+            const dp__wire_key_loc *l = &res->entries.v[m];
             it->nbytes = l->len;
             if (it->desc != NULL)
                 fill_desc(it->desc, l);
@@ -567,7 +565,7 @@ get_match_unit(get_op *x, uint32_t u, const dp_wire_resolve_keys_res *res,
 }
 
 static ptrdiff_t
-match_bloc(const dp_wire_blob_locs *l, uint32_t *cur, dp_wire_str id)
+match_bloc(const dp__wire_blob_locs *l, uint32_t *cur, dp__wire_str id)
 {
     if (*cur < l->n && key_is(l->v[*cur].id, id.p, id.n))
         return (ptrdiff_t)(*cur)++;
@@ -583,7 +581,7 @@ match_bloc(const dp_wire_blob_locs *l, uint32_t *cur, dp_wire_str id)
  * is asked by key next round. Returns whether a key must be asked again.
  */
 static bool
-get_match_blobs(get_op *x, uint32_t u, const dp_wire_resolve_res *res,
+get_match_blobs(get_op *x, uint32_t u, const dp__wire_resolve_res *res,
                 uint64_t *stage_need)
 {
     const uint32_t *cnt = x->g.start, *order = x->g.order;
@@ -592,7 +590,7 @@ get_match_blobs(get_op *x, uint32_t u, const dp_wire_resolve_res *res,
     uint32_t cb = 0, cw = 0;
     for (uint32_t j = 0; j < x->ur[u].nb; j++) {
         blob_ans *b = &x->bans[base + j];
-        dp_wire_str id = x->bids[base + j];
+        dp__wire_str id = x->bids[base + j];
         ptrdiff_t m = match_bloc(&res->blobs, &cb, id);
         b->ok = m >= 0 && match_str(&res->whole, &cw, id.p, id.n) >= 0;
         if (b->ok) {
@@ -637,9 +635,9 @@ get_match(get_op *x, size_t ns, uint64_t *stage_need)
     bool again = false;
     for (size_t s = 0; s < ns; s++) {
         uint32_t u = x->slot_unit[s];
-        dp_ctl_item *ci = &c->fo.items[s];
-        dp_detail *ud = &x->ur[u].det;
-        dp_wire_reply rep;
+        dp__ctl_item *ci = &c->fo.items[s];
+        dp_detail *ud = &x->ur[u].st.det;
+        dp__wire_reply rep;
         bool by_blob = x->ur[u].by_blob;
         int urc = dp__fanout_reply(
             ci, by_blob ? DP_WIRE_OP_RESOLVE : DP_WIRE_OP_RESOLVE_KEYS, &rep, ud);
@@ -649,7 +647,7 @@ get_match(get_op *x, size_t ns, uint64_t *stage_need)
             /* Another process answered: its offsets are not in the slab
              * this data path maps. Let go of its pin, READ nothing. */
             urc = DP_ERESTARTED;
-            dp_wire_str pid = by_blob ? rep.r.resolve.pin_id : rep.r.resolve_keys.pin_id;
+            dp__wire_str pid = by_blob ? rep.r.resolve.pin_id : rep.r.resolve_keys.pin_id;
             if (rep.ok && pid.n > 0) {
                 char pin[DP_WIRE_RID_MAX + 32];
                 dp__wire_str_copy(pid, pin, sizeof pin);
@@ -657,7 +655,7 @@ get_match(get_op *x, size_t ns, uint64_t *stage_need)
             }
         } else if (urc == 0 && !rep.ok) {
             urc = dp__wire_error_to_detail(&rep.err, ud);
-            if (urc == DP_EBUSY && dp__client_left(x->deadline) > 0) {
+            if (urc == DP_EBUSY && dp__left_s(x->deadline) > 0) {
                 again = true;
                 x->slow_again = true;
                 c->cnt.busy_waits++;
@@ -665,7 +663,7 @@ get_match(get_op *x, size_t ns, uint64_t *stage_need)
                 continue;
             }
         }
-        x->ur[u].rc = urc;
+        x->ur[u].st.rc = urc;
         if (urc != 0) {
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
                 if (x->ks[order[k]].st == K_ASK)
@@ -692,7 +690,7 @@ get_dest(get_op *x, uint64_t alloc_need, uint64_t stage_need, uint8_t **abuf,
     if (alloc_need > 0) {
         dp_values *vals = x->vals;
         uint8_t **nb = realloc(vals->bufs, (vals->n_bufs + 1) * sizeof *nb);
-        dp__buf *b = NULL;
+        dp__client_buf *b = NULL;
         if (nb == NULL)
             brc = dp__fail(bdet, DP_ENOMEM, "get: out of memory");
         else
@@ -705,7 +703,7 @@ get_dest(get_op *x, uint64_t alloc_need, uint64_t stage_need, uint8_t **abuf,
         }
     }
     if (brc == 0 && stage_need > 0) {
-        dp__buf *b = NULL;
+        dp__client_buf *b = NULL;
         brc = dp__client_buf_get_locked(x->c, stage_need, DP__BUF_STAGING, &b, bdet);
         if (brc == 0)
             *sbuf = b->p;
@@ -726,7 +724,7 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
     const uint32_t *cnt = x->g.start, *order = x->g.order;
     size_t nops = 0, nr = 0;
     double now = dp__now_s();
-    *xfer_left = dp__client_left(x->deadline);
+    *xfer_left = dp__left_s(x->deadline);
     for (size_t s = 0; s < ns; s++) {
         uint32_t u = x->slot_unit[s];
         size_t r0 = nr;
@@ -740,8 +738,8 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
              * came inline can still be had. */
             if (brc != 0 && !(x->vals == NULL && ks->inl != NULL)) {
                 item_fail(it, ks, brc);
-                x->ur[u].rc = brc;
-                x->ur[u].det = *bdet;
+                x->ur[u].st.rc = brc;
+                x->ur[u].st.det = *bdet;
                 continue;
             }
             if (x->vals != NULL) {
@@ -751,8 +749,8 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
             if (ks->len == 0 || ks->inl != NULL)
                 continue; /* nothing to READ: empty, or came in the reply */
             uint8_t *dst = ks->staged ? sbuf + ks->soff : it->dst;
-            x->local[nr] = (dp_range){(uint64_t)(uintptr_t)dst, ks->len};
-            x->remote[nr] = (dp_range){c->units[u].slab_addr + ks->off, ks->len};
+            x->local[nr] = (dp__range){(uint64_t)(uintptr_t)dst, ks->len};
+            x->remote[nr] = (dp__range){c->units[u].slab_addr + ks->off, ks->len};
             nr++;
         }
         if (nr == r0)
@@ -762,16 +760,15 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
         double pin_left = pin - margin - (now - x->ur[u].sent_at);
         if (pin_left < *xfer_left)
             *xfer_left = pin_left;
-        x->ops[nops] = (dp_xfer_desc){.op = DP_XFER_READ,
-                                      .local = x->local + r0,
-                                      .n_local = nr - r0,
-                                      .remote = x->remote + r0,
-                                      .n_remote = nr - r0,
-                                      .remote_name = c->units[u].remote,
-                                      .grant = x->ur[u].pin,
-                                      .grant_len = (uint32_t)strlen(x->ur[u].pin),
-                                      .local_plain_ok = x->ur[u].copy_max > 0};
-        x->results[nops] = 0;
+        x->ops[nops] = (dp__xfer_desc){.op = DP_XFER_READ,
+                                       .local = x->local + r0,
+                                       .n_local = nr - r0,
+                                       .remote = x->remote + r0,
+                                       .n_remote = nr - r0,
+                                       .remote_name = c->units[u].remote,
+                                       .grant = x->ur[u].pin,
+                                       .grant_len = (uint32_t)strlen(x->ur[u].pin),
+                                       .local_plain_ok = x->ur[u].copy_max > 0};
         x->slot_unit[nops] = u; /* reuse: op index -> unit (slots are done) */
         nops++;
     }
@@ -785,34 +782,32 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
     dp_client *c = x->c;
     const uint32_t *cnt = x->g.start, *order = x->g.order;
     if (nops > 0 && !(xfer_left > 0)) {
-        for (size_t o = 0; o < nops; o++)
-            x->results[o] = dp__fail(&x->xdet[o], DP_ETIMEDOUT,
-                                     "no time left to READ within the budget and the "
-                                     "pin's life (%.3g s)",
-                                     c->units[x->slot_unit[o]].read_pin_s);
+        for (size_t o = 0; o < nops; o++) {
+            x->res[o] = (dp__xfer_result){.rc = DP_ETIMEDOUT, .fate = "nothing posted"};
+            dp__fail(&x->res[o].det, DP_ETIMEDOUT,
+                     "no time left to READ within the budget and the pin's life (%.3g s)",
+                     c->units[x->slot_unit[o]].read_pin_s);
+        }
     } else if (nops > 0) {
-        for (size_t o = 0; o < nops; o++)
-            dp_detail_clear(&x->xdet[o]);
-        dp__endpoint_transfer_many(c->ep, x->ops, nops, xfer_left, x->results, x->xdet,
-                                   NULL);
+        dp__endpoint_transfer_many(c->ep, x->ops, nops, xfer_left, x->res, NULL, NULL);
     }
     /* The copies out of the staging area run as one batch, on the endpoint's
      * copy threads when large enough; out of memory, one by one. */
     size_t nc = 0;
-    dp_copy *cp = nops > 0 && sbuf != NULL ? malloc(x->n * sizeof *cp) : NULL;
+    dp__copy *cp = nops > 0 && sbuf != NULL ? malloc(x->n * sizeof *cp) : NULL;
     for (size_t o = 0; o < nops; o++) {
         uint32_t u = x->slot_unit[o];
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
             uint32_t i = order[k];
             if (x->ks[i].st != K_READ || x->ks[i].inl != NULL)
                 continue; /* inline values are copied by get_round */
-            if (x->results[o] != 0) {
-                item_fail(&x->items[i], &x->ks[i], x->results[o]);
+            if (x->res[o].rc != 0) {
+                item_fail(&x->items[i], &x->ks[i], x->res[o].rc);
             } else {
                 if (x->ks[i].staged) {
                     const uint8_t *from = sbuf + x->ks[i].soff;
                     if (cp != NULL)
-                        cp[nc++] = (dp_copy){x->items[i].dst, from, x->ks[i].len};
+                        cp[nc++] = (dp__copy){x->items[i].dst, from, x->ks[i].len};
                     else
                         memcpy(x->items[i].dst, from, x->ks[i].len);
                     c->cnt.staged_get_bytes += x->ks[i].len;
@@ -821,19 +816,19 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
                 x->ks[i].st = K_DONE;
             }
         }
-        if (x->results[o] != 0) {
+        if (x->res[o].rc != 0) {
             /*
-             * The unit answered this round's resolve: a READ that timed out
-             * or failed over a network lane means a stalled connection, which
-             * is made anew before the next transfer.
+             * The unit answered this round's resolve: a READ that failed over
+             * a network lane means a stalled connection, which is made anew
+             * before the next transfer.
              */
-            if (c->units[u].lane != DP_XFER_LANE_SHM)
+            if (x->res[o].suspect)
                 c->units[u].ep_suspect = true;
-            x->ur[u].rc = x->results[o];
-            x->ur[u].det = x->xdet[o];
-            dp__fail_ctx(&x->ur[u].det, x->results[o], "READ of %s",
-                         x->results[o] == DP_ETIMEDOUT ? "values (data discarded)"
-                                                       : "values");
+            x->ur[u].st.rc = x->res[o].rc;
+            x->ur[u].st.det = x->res[o].det;
+            dp__fail_ctx(&x->ur[u].st.det, x->res[o].rc, "READ of %s",
+                         x->res[o].rc == DP_ETIMEDOUT ? "values (data discarded)"
+                                                      : "values");
         }
     }
     if (nc > 0)
@@ -922,9 +917,9 @@ get_report(get_op *x, dp_detail *d)
         return DP_OK;
     dp__fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
     for (uint32_t u = 0; u < c->n_units; u++)
-        if (x->ur[u].rc != 0)
+        if (x->ur[u].st.rc != 0)
             dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
-                              dp_detail_msg(&x->ur[u].det));
+                              dp_detail_msg(&x->ur[u].st.det));
     if (n_missing > 0) {
         dp__detail_append(d, "; %zu missing:", n_missing);
         for (size_t i = 0; i < n; i++)
@@ -967,14 +962,14 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
         get_op_fini(&x);
         return rc;
     }
-    double step = 0.002;
+    double step = DP__CLIENT_BACKOFF_FIRST_S;
     for (;;) {
         x.slow_again = false;
-        if (!get_round(&x) || dp__client_left(x.deadline) <= 0)
+        if (!get_round(&x) || dp__left_s(x.deadline) <= 0)
             break;
         if (x.slow_again) { /* pending keys or a busy unit; stale hints go at once */
             c->cnt.retries++;
-            dp__client_backoff(&step, x.deadline);
+            dp__backoff_sleep(&step, DP__CLIENT_BACKOFF_MAX_S, x.deadline);
         }
     }
     /* Keys still unresolved: pending or busy for the whole budget. */
@@ -983,13 +978,13 @@ get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detai
             x.ks[i].st = K_DONE;
             items[i].status = DP_ETIMEDOUT;
             uint32_t u = x.ks[i].unit;
-            if (x.ur[u].rc == 0)
+            if (x.ur[u].st.rc == 0)
                 dp__fail(
-                    &x.ur[u].det, DP_ETIMEDOUT,
+                    &x.ur[u].st.det, DP_ETIMEDOUT,
                     "keys still pending (staged from SSD) or the unit still busy when "
                     "the budget of %.3g s ran out",
                     c->o.timeout_s);
-            x.ur[u].rc = DP_ETIMEDOUT;
+            x.ur[u].st.rc = DP_ETIMEDOUT;
         }
     rc = get_report(&x, d);
     get_op_fini(&x);

@@ -64,9 +64,7 @@ typedef struct put_key {
 } put_key;
 
 typedef struct put_unit {
-    uint32_t u;
-    int state;
-    int rc;
+    dp__step st; /* its unit, its phase (ST_*), and why it failed */
     uint32_t n_rows;
     uint32_t ent0; /* first entry of this unit in the per-call entry arrays */
     uint32_t n_ent;
@@ -78,7 +76,7 @@ typedef struct put_unit {
     uint64_t size;     /* the blob's size, known before its index is built */
     bool unsized;      /* its unit was not bound yet: size checked once it is */
     bool poll;         /* its inline put answered "pending": commit polls it */
-    dp_blob_layout lay;
+    dp__blob_layout lay;
     size_t stage_off, stage_len;
     char blob_id[40];
     uint64_t off;   /* slab offset from alloc */
@@ -86,8 +84,34 @@ typedef struct put_unit {
     uint8_t grant[8 + DP_ID_MAX]; /* token + blob id: a two-sided WRITE's grant */
     uint32_t grant_len;
     size_t r0, nr; /* its ranges in the per-call range arrays */
-    dp_detail det;
 } put_unit;
+
+/*
+ * One put: the call's arguments, its deadline and staging area, and the
+ * per-call arrays every phase works on (one put_unit per unit with something
+ * to put; the phases drive them from state to state).
+ */
+typedef struct put_op {
+    dp_client *c;
+    const uint64_t *gidxs;
+    size_t n_rows;
+    const char *const *fields;
+    size_t n_fields;
+    const dp_value *values;
+    double deadline;
+    uint8_t *stage; /* the staging buffer's bytes, once taken */
+    dp__groups g;   /* the rows grouped by unit */
+    put_unit *pus;  /* one per unit with something to put (npu) */
+    size_t npu;
+    const dp_value **ent_val;  /* every entry's value, unit by unit */
+    put_key *ent_key;          /* their keys' CRC32C and hash (location hints), or NULL */
+    dp__range *local, *remote; /* the WRITEs' ranges */
+    uint32_t *slot_pu;         /* slot -> index in pus, for the phase that runs */
+    dp__xfer_desc *ops;
+    dp__xfer_result *results; /* the WRITEs' */
+    bool *sent;               /* slot's commit was sent (write_done) */
+    size_t *flen;             /* field name lengths */
+} put_op;
 
 static int
 cmp_u64(const void *a, const void *b)
@@ -116,17 +140,16 @@ pu_fail(put_unit *pu, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    dp__vfail(&pu->det, code, fmt, ap);
+    dp__step_vfail(&pu->st, code, fmt, ap);
     va_end(ap);
-    pu->rc = code;
-    pu->state = ST_FAILED;
+    pu->st.state = ST_FAILED;
     return code;
 }
 
 static void
 send_abort_locked(dp_client *c, put_unit *pu, bool in_flight)
 {
-    dp__client_abort_locked(c, pu->u, pu->blob_id, in_flight);
+    dp__client_abort_locked(c, pu->st.u, pu->blob_id, in_flight);
 }
 
 static int
@@ -166,7 +189,7 @@ check_args(const dp_client *c, const uint64_t *gidxs, size_t n_rows,
         /* What the blob builder would refuse, refused before anything is sent. */
         const char *dt = v->dtype != NULL ? v->dtype : "";
         const char *why = dp__blob_dtype_problem(dt, strnlen(dt, DP_BLOB_DTYPE_MAX + 1),
-                                                 (dp_blob_kind)v->kind);
+                                                 (dp__blob_kind)v->kind);
         if (why == NULL && v->ndim > DP_BLOB_MAX_DIMS)
             why = "shape has more than 32 dims";
         if (why == NULL && v->ndim > 0 && v->shape == NULL)
@@ -199,19 +222,25 @@ check_unique_rows(const uint64_t *gidxs, size_t n, dp_detail *d)
 
 /* Build unit pu's blob index from its rows (order[0..n_rows)). */
 static int
-build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
-                  const uint64_t *gidxs, const char *const *fields, const size_t *flen,
-                  size_t n_fields, const dp_value *values, const dp_value **ent_val,
-                  put_key *ent_key, dp_detail *d)
+build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
 {
-    dp_blob_builder *b = c->builders[pu->u];
+    dp_client *c = p->c;
+    const uint32_t *order = p->g.order + p->g.start[pu->st.u]; /* the unit's rows */
+    const uint64_t *gidxs = p->gidxs;
+    const char *const *fields = p->fields;
+    const size_t *flen = p->flen;
+    size_t n_fields = p->n_fields;
+    const dp_value *values = p->values;
+    const dp_value **ent_val = p->ent_val;
+    put_key *ent_key = p->ent_key;
+    dp__blob_builder *b = c->builders[pu->st.u];
     if (b == NULL) {
         int rc = dp__blob_builder_create(c->o.crc ? DP_BLOB_FLAG_CRC : 0, &b, d);
         if (rc != 0)
             return rc;
         /* Keys come from dp__key_format over checked fields and unique rows. */
         dp__blob_builder_trust_keys(b, true);
-        c->builders[pu->u] = b;
+        c->builders[pu->st.u] = b;
     }
     dp__blob_builder_reset(b);
     char key[DP_KEY_MAX + 1];
@@ -223,11 +252,11 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
             if (v->kind == DP_KIND_SKIP)
                 continue;
             size_t klen = dp__key_format(gidxs[r], fields[f], flen[f], key);
-            dp_blob_entry_spec s;
+            dp__blob_entry_spec s;
             memset(&s, 0, sizeof s);
             s.key = key;
             s.key_len = klen;
-            s.kind = (dp_blob_kind)v->kind;
+            s.kind = (dp__blob_kind)v->kind;
             s.dtype = v->dtype;
             s.shape = v->shape;
             s.ndim = v->ndim;
@@ -251,7 +280,7 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
         return DP_OK;
     int rc = dp__blob_builder_layout(b, &pu->lay, d);
     if (rc != 0)
-        return dp__fail_ctx(d, rc, "put: blob for unit %u", pu->u);
+        return dp__fail_ctx(d, rc, "put: blob for unit %u", pu->st.u);
     return DP_OK;
 }
 
@@ -261,13 +290,13 @@ build_unit_locked(dp_client *c, put_unit *pu, const uint32_t *order,
  * leaves its code in the item, read like a lost reply.
  */
 static bool
-send_part_locked(dp_client *c, put_unit *pu, size_t slot, dp_wire_request *q)
+send_part_locked(dp_client *c, put_unit *pu, size_t slot, dp__wire_request *q)
 {
-    dp_detail_clear(&pu->det);
-    int rc = dp__client_prepare_locked(c, pu->u, slot, q, &pu->det);
+    dp_detail_clear(&pu->st.det);
+    int rc = dp__client_prepare_locked(c, pu->st.u, slot, q, &pu->st.det);
     if (rc != 0) {
-        pu->rc = rc;
-        pu->state = ST_FAILED;
+        pu->st.rc = rc;
+        pu->st.state = ST_FAILED;
         return false;
     }
     dp__ctl_send(c->ctl, &c->fo.items[slot]);
@@ -282,7 +311,7 @@ send_part_locked(dp_client *c, put_unit *pu, size_t slot, dp_wire_request *q)
 static bool
 alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
 {
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_ALLOC;
     q.a.alloc.blob_id = dp__wire_s(pu->blob_id);
@@ -293,8 +322,8 @@ alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
     q.a.alloc.writer = dp__wire_s(c->blob_prefix);
     q.a.alloc.pid = (uint64_t)getpid();
     q.a.alloc.host = dp__wire_s(dp__host_key());
-    q.a.alloc.lane = dp__wire_s(dp__xfer_lane_name(c->units[pu->u].lane));
-    q.a.alloc.two_sided = c->units[pu->u].path == DP_XFER_PATH_TWO_SIDED;
+    q.a.alloc.lane = dp__wire_s(c->units[pu->st.u].route.lane);
+    q.a.alloc.two_sided = c->units[pu->st.u].route.two_sided;
     return send_part_locked(c, pu, slot, &q);
 }
 
@@ -304,50 +333,55 @@ alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
  * ST_ALLOC when the unit was busy (returns true then).
  */
 static bool
-alloc_replies_locked(dp_client *c, put_unit *pus, const uint32_t *slot_pu, size_t ns,
-                     double deadline)
+alloc_replies_locked(put_op *p, size_t ns)
 {
+    dp_client *c = p->c;
+    put_unit *pus = p->pus;
+    const uint32_t *slot_pu = p->slot_pu;
+    double deadline = p->deadline;
     dp__ctl_wait_many(c->ctl, c->fo.items, ns, dp__client_round_timeout(deadline));
     bool busy = false;
     for (size_t s = 0; s < ns; s++) {
         put_unit *pu = &pus[slot_pu[s]];
-        dp_ctl_item *it = &c->fo.items[s];
-        dp_wire_reply rep;
-        int rc = dp__fanout_reply(it, DP_WIRE_OP_ALLOC, &rep, &pu->det);
-        if (rc == 0 && dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
+        dp__ctl_item *it = &c->fo.items[s];
+        dp__wire_reply rep;
+        int rc = dp__fanout_reply(it, DP_WIRE_OP_ALLOC, &rep, &pu->st.det);
+        if (rc == 0 &&
+            dp__client_reply_check_locked(c, pu->st.u, &rep, true, &pu->st.det)) {
             /* Another process answered: free what it allocated, WRITE nothing. */
-            pu->rc = DP_ERESTARTED;
-            pu->state = ST_FAILED;
+            pu->st.rc = DP_ERESTARTED;
+            pu->st.state = ST_FAILED;
             if (rep.ok)
                 send_abort_locked(c, pu, false);
         } else if (rc == 0 && rep.ok) {
             pu->off = rep.r.alloc.off;
             pu->token = rep.r.alloc.token;
-            if (pu->off > c->units[pu->u].region_bytes ||
-                pu->size > c->units[pu->u].region_bytes - pu->off)
+            if (pu->off > c->units[pu->st.u].region_bytes ||
+                pu->size > c->units[pu->st.u].region_bytes - pu->off)
                 pu_fail(pu, DP_EPROTO,
                         "alloc answered offset %" PRIu64 " for %" PRIu64
                         " bytes, outside the unit's region of %" PRIu64 " bytes",
-                        pu->off, pu->size, c->units[pu->u].region_bytes);
+                        pu->off, pu->size, c->units[pu->st.u].region_bytes);
             else
-                pu->state = ST_WRITE;
+                pu->st.state = ST_WRITE;
         } else if (rc == 0) {
-            rc = dp__wire_error_to_detail(&rep.err, &pu->det);
-            if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
+            rc = dp__wire_error_to_detail(&rep.err, &pu->st.det);
+            if (rc == DP_EBUSY && dp__left_s(deadline) > 0) {
                 busy = true; /* stays in ST_ALLOC */
                 c->cnt.busy_waits++;
             } else {
-                pu->rc = rc;
-                pu->state = ST_FAILED;
+                pu->st.rc = rc;
+                pu->st.state = ST_FAILED;
                 if (rc == DP_EBUSY)
-                    dp__fail_ctx(&pu->det, rc, "alloc stayed busy for the whole budget");
+                    dp__fail_ctx(&pu->st.det, rc,
+                                 "alloc stayed busy for the whole budget");
             }
         } else {
             /* No reply, or none that decodes: the unit may have allocated. */
             if (it->rc == DP_ETRANSFER)
                 c->cnt.units_down++;
-            pu->rc = rc;
-            pu->state = ST_FAILED;
+            pu->st.rc = rc;
+            pu->st.state = ST_FAILED;
             send_abort_locked(c, pu, false);
         }
         dp__wire_reply_fini(&rep);
@@ -361,19 +395,23 @@ alloc_replies_locked(dp_client *c, put_unit *pus, const uint32_t *slot_pu, size_
  * units with backoff until the deadline.
  */
 static void
-alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
-                   size_t ns_sent, double deadline)
+alloc_phase_locked(put_op *p, size_t ns_sent)
 {
-    double step = 0.002;
+    dp_client *c = p->c;
+    put_unit *pus = p->pus;
+    size_t npu = p->npu;
+    uint32_t *slot_pu = p->slot_pu;
+    double deadline = p->deadline;
+    double step = DP__CLIENT_BACKOFF_FIRST_S;
     size_t ns = ns_sent;
     for (;;) {
-        if (ns == 0 || !alloc_replies_locked(c, pus, slot_pu, ns, deadline))
+        if (ns == 0 || !alloc_replies_locked(p, ns))
             return;
         c->cnt.retries++;
-        dp__client_backoff(&step, deadline);
+        dp__backoff_sleep(&step, DP__CLIENT_BACKOFF_MAX_S, deadline);
         ns = 0;
         for (size_t i = 0; i < npu; i++)
-            if (pus[i].state == ST_ALLOC && alloc_send_locked(c, &pus[i], ns))
+            if (pus[i].st.state == ST_ALLOC && alloc_send_locked(c, &pus[i], ns))
                 slot_pu[ns++] = (uint32_t)i;
     }
 }
@@ -385,26 +423,31 @@ alloc_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
 static bool
 inline_send_locked(dp_client *c, put_unit *pu, const uint8_t *stage, size_t slot)
 {
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_PUT;
     q.a.put.blob_id = dp__wire_s(pu->blob_id);
-    q.a.put.data = (dp_wire_bytes){stage + pu->stage_off, (uint32_t)pu->lay.total_len};
+    q.a.put.data = (dp__wire_bytes){stage + pu->stage_off, (uint32_t)pu->lay.total_len};
     q.a.put.n_entries = pu->n_ent;
     q.a.put.spill = !c->o.no_spill;
     /* Only the process this client is bound to may store it. */
-    q.a.put.incarnation = c->units[pu->u].incarnation;
+    q.a.put.incarnation = c->units[pu->st.u].incarnation;
     return send_part_locked(c, pu, slot, &q);
 }
 
 /* Send every ST_INLINE unit's put into slots base.. (slot_pu); returns how many. */
 static size_t
-inline_send_all_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
-                       size_t base, const uint8_t *stage)
+inline_send_all_locked(put_op *p, size_t base)
 {
+    dp_client *c = p->c;
+    put_unit *pus = p->pus;
+    size_t npu = p->npu;
+    uint32_t *slot_pu = p->slot_pu;
+    const uint8_t *stage = p->stage;
     size_t n = 0;
     for (size_t i = 0; i < npu; i++)
-        if (pus[i].state == ST_INLINE && inline_send_locked(c, &pus[i], stage, base + n))
+        if (pus[i].st.state == ST_INLINE &&
+            inline_send_locked(c, &pus[i], stage, base + n))
             slot_pu[base + n++] = (uint32_t)i;
     return n;
 }
@@ -417,50 +460,53 @@ inline_send_all_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_p
  * published) and its rows reported as not landed.
  */
 static void
-inline_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
-                    size_t base, size_t n, const uint8_t *stage, double deadline)
+inline_phase_locked(put_op *p, size_t base, size_t n)
 {
-    double step = 0.002;
+    dp_client *c = p->c;
+    put_unit *pus = p->pus;
+    uint32_t *slot_pu = p->slot_pu;
+    double deadline = p->deadline;
+    double step = DP__CLIENT_BACKOFF_FIRST_S;
     while (n > 0) {
         /*
          * As a commit: what is left of the budget, and a moment (50 ms) even
          * when the WRITEs of other units spent it (the answer may be here).
          */
         dp__ctl_wait_many(c->ctl, c->fo.items + base, n,
-                          DP_MAX(dp__client_left(deadline), 0.05));
+                          DP_MAX(dp__left_s(deadline), 0.05));
         bool busy = false;
         for (size_t s = base; s < base + n; s++) {
             put_unit *pu = &pus[slot_pu[s]];
-            dp_ctl_item *it = &c->fo.items[s];
-            dp_wire_reply rep;
-            int rc = dp__fanout_reply(it, DP_WIRE_OP_PUT, &rep, &pu->det);
+            dp__ctl_item *it = &c->fo.items[s];
+            dp__wire_reply rep;
+            int rc = dp__fanout_reply(it, DP_WIRE_OP_PUT, &rep, &pu->st.det);
             if (rc == 0 &&
-                dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
+                dp__client_reply_check_locked(c, pu->st.u, &rep, true, &pu->st.det)) {
                 /* Another process answered: the restart is reported; a blob it
                  * did not publish yet (a spill) is dropped. */
-                pu->rc = DP_ERESTARTED;
-                pu->state = ST_FAILED;
+                pu->st.rc = DP_ERESTARTED;
+                pu->st.state = ST_FAILED;
                 if (rep.ok)
                     send_abort_locked(c, pu, false);
             } else if (rc == 0 && rep.ok) {
                 if (rep.r.commit == DP_WIRE_COMMIT_DONE) {
-                    pu->state = ST_DONE;
+                    pu->st.state = ST_DONE;
                 } else if (rep.r.commit == DP_WIRE_COMMIT_PENDING) {
-                    pu->state = ST_COMMIT;
+                    pu->st.state = ST_COMMIT;
                     pu->poll = true;
                 } else {
                     pu_fail(pu, DP_ELOST, "put of blob %s: the unit lost it",
                             pu->blob_id);
                 }
             } else if (rc == 0) {
-                rc = dp__wire_error_to_detail(&rep.err, &pu->det);
-                if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
+                rc = dp__wire_error_to_detail(&rep.err, &pu->st.det);
+                if (rc == DP_EBUSY && dp__left_s(deadline) > 0) {
                     busy = true; /* stays ST_INLINE: nothing was allocated */
                     c->cnt.busy_waits++;
                 } else {
-                    pu->rc = rc;
-                    pu->state = ST_FAILED;
-                    dp__fail_ctx(&pu->det, rc,
+                    pu->st.rc = rc;
+                    pu->st.state = ST_FAILED;
+                    dp__fail_ctx(&pu->st.det, rc,
                                  rc == DP_EBUSY ? "put stayed busy for the whole budget"
                                                 : "put of blob %s",
                                  pu->blob_id);
@@ -468,7 +514,7 @@ inline_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             } else {
                 if (it->rc == DP_ETRANSFER)
                     c->cnt.units_down++;
-                dp_detail why = pu->det; /* pu_fail writes pu->det */
+                dp_detail why = pu->st.det; /* pu_fail writes pu->st.det */
                 pu_fail(pu, rc,
                         "put of blob %s got no answer (%s): its rows may or may not have "
                         "landed; aborted",
@@ -480,8 +526,8 @@ inline_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         if (!busy)
             return;
         c->cnt.retries++;
-        dp__client_backoff(&step, deadline);
-        n = inline_send_all_locked(c, pus, npu, slot_pu, base, stage);
+        dp__backoff_sleep(&step, DP__CLIENT_BACKOFF_MAX_S, deadline);
+        n = inline_send_all_locked(p, base);
     }
 }
 
@@ -489,14 +535,14 @@ inline_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
 static void
 send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
 {
-    dp_wire_request q;
+    dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_COMMIT;
     q.a.commit.blob_id = dp__wire_s(pu->blob_id);
-    int rc = dp__client_prepare_locked(c, pu->u, slot, &q, &pu->det);
+    int rc = dp__client_prepare_locked(c, pu->st.u, slot, &q, &pu->st.det);
     if (rc != 0) {
-        pu->rc = rc;
-        pu->state = ST_FAILED;
+        pu->st.rc = rc;
+        pu->st.state = ST_FAILED;
         send_abort_locked(c, pu, false);
         return;
     }
@@ -526,7 +572,7 @@ write_done(void *ctx, size_t slot, int rc)
     put_unit *pu = &w->pus[w->slot_pu[slot]];
     if (dp__client_test_hook != NULL)
         dp__client_test_hook("put:written");
-    pu->state = ST_COMMIT;
+    pu->st.state = ST_COMMIT;
     send_commit_locked(w->c, pu, slot, w->sent);
 }
 
@@ -536,34 +582,41 @@ write_done(void *ctx, size_t slot, int rc)
  * wait for. Returns the number of slots.
  */
 static size_t
-write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
-                   int *results, uint32_t *slot_pu, bool *sent, const dp_range *local,
-                   const dp_range *remote, double deadline)
+write_phase_locked(put_op *p)
 {
+    dp_client *c = p->c;
+    put_unit *pus = p->pus;
+    size_t npu = p->npu;
+    dp__xfer_desc *ops = p->ops;
+    dp__xfer_result *res = p->results;
+    uint32_t *slot_pu = p->slot_pu;
+    bool *sent = p->sent;
+    const dp__range *local = p->local, *remote = p->remote;
+    double deadline = p->deadline;
     size_t nops = 0;
     for (size_t i = 0; i < npu; i++) {
         put_unit *pu = &pus[i];
-        if (pu->state != ST_WRITE)
+        if (pu->st.state != ST_WRITE)
             continue;
         size_t idn = strlen(pu->blob_id);
         dp__le64_store(pu->grant, pu->token);
         memcpy(pu->grant + 8, pu->blob_id, idn);
         pu->grant_len = (uint32_t)(8 + idn);
-        ops[nops] = (dp_xfer_desc){.op = DP_XFER_WRITE,
-                                   .local = local + pu->r0,
-                                   .n_local = pu->nr,
-                                   .remote = remote + pu->r0,
-                                   .n_remote = pu->nr,
-                                   .remote_name = c->units[pu->u].remote,
-                                   .grant = pu->grant,
-                                   .grant_len = pu->grant_len,
-                                   .local_plain_ok = pu->copy_max > 0};
+        ops[nops] = (dp__xfer_desc){.op = DP_XFER_WRITE,
+                                    .local = local + pu->r0,
+                                    .n_local = pu->nr,
+                                    .remote = remote + pu->r0,
+                                    .n_remote = pu->nr,
+                                    .remote_name = c->units[pu->st.u].remote,
+                                    .grant = pu->grant,
+                                    .grant_len = pu->grant_len,
+                                    .local_plain_ok = pu->copy_max > 0};
         sent[nops] = false;
         slot_pu[nops++] = (uint32_t)i;
     }
     if (nops == 0)
         return 0;
-    double left = dp__client_left(deadline);
+    double left = dp__left_s(deadline);
     if (!(left > 0)) {
         for (size_t s = 0; s < nops; s++) {
             put_unit *pu = &pus[slot_pu[s]];
@@ -573,53 +626,29 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
         }
         return nops;
     }
-    dp_detail *dets = calloc(nops, sizeof *dets);
-    dp_xfer_end *ends = calloc(nops, sizeof *ends);
     write_ctx w = {c, pus, slot_pu, sent};
-    dp__endpoint_transfer_many_ends(c->ep, ops, nops, left, results, dets, ends,
-                                    write_done, &w, NULL);
+    dp__endpoint_transfer_many(c->ep, ops, nops, left, res,
+                               &(dp__xfer_notify){write_done, &w}, NULL);
     for (size_t s = 0; s < nops; s++) {
         put_unit *pu = &pus[slot_pu[s]];
-        if (results[s] == 0)
+        if (res[s].rc == 0)
             continue; /* committing (or failed to send it) since write_done */
-        if (dets != NULL)
-            pu->det = dets[s];
-        else
-            dp__fail(&pu->det, results[s], "WRITE failed");
-        pu->rc = results[s];
-        pu->state = ST_FAILED;
+        pu->st.det = res[s].det;
+        pu->st.rc = res[s].rc;
+        pu->st.state = ST_FAILED;
         /*
-         * Tell the unit the truth: in flight only if bytes may still land. Without
-         * the ends (out of memory) every posted WRITE counts as in flight.
+         * Its alloc was just answered, so the unit lives: a WRITE that failed
+         * over a network lane means a stalled connection (TCP backing off
+         * after an outage): a new one is made before the next transfer.
          */
-        dp_xfer_end e = ends != NULL ? ends[s] : DP_XFER_UNFINISHED;
-        if (ends == NULL && (results[s] == DP_EINVAL || results[s] == DP_EFATAL))
-            e = DP_XFER_NOT_POSTED;
-        /*
-         * A two-sided WRITE is never in flight to the unit: it receives the bytes
-         * itself, and none after the abort (docs/design.md, "Two-sided transfers").
-         */
-        bool guarded = c->units[pu->u].path == DP_XFER_PATH_TWO_SIDED;
-        bool in_flight = !guarded && (e == DP_XFER_UNFINISHED ||
-                                      (e == DP_XFER_ENDED && results[s] != DP_ETIMEDOUT &&
-                                       c->units[pu->u].lane != DP_XFER_LANE_SHM));
-        /*
-         * Its alloc was just answered, so the unit lives: a WRITE that stalls
-         * over a network lane means a stalled connection (TCP backing off after
-         * an outage): a new one is made before the next transfer.
-         */
-        if (e == DP_XFER_UNFINISHED && c->units[pu->u].lane != DP_XFER_LANE_SHM)
-            c->units[pu->u].ep_suspect = true;
-        send_abort_locked(c, pu, in_flight);
-        dp__fail_ctx(&pu->det, results[s], "WRITE of blob %s (%" PRIu64 " bytes%s)",
-                     pu->blob_id, pu->lay.total_len,
-                     e == DP_XFER_NOT_POSTED ? ", nothing posted"
-                     : in_flight             ? ", may still land: the unit retires it"
-                     : guarded ? ", two-sided: the unit takes none of it after the abort"
-                               : ", ended: the unit frees it");
+        if (res[s].suspect)
+            c->units[pu->st.u].ep_suspect = true;
+        /* Tell the unit the truth: in flight only if bytes may still land. */
+        send_abort_locked(c, pu, res[s].may_land);
+        dp__fail_ctx(&pu->st.det, res[s].rc, "WRITE of blob %s (%" PRIu64 " bytes, %s%s)",
+                     pu->blob_id, pu->lay.total_len, res[s].fate,
+                     res[s].may_land ? ": the unit retires it" : ": the unit frees it");
     }
-    free(dets);
-    free(ends);
     return nops;
 }
 
@@ -629,19 +658,24 @@ write_phase_locked(dp_client *c, put_unit *pus, size_t npu, dp_xfer_desc *ops,
  * write_done: slots [0, ns) as slot_pu, those with sent[slot].
  */
 static void
-commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
-                    bool *sent, size_t ns, double deadline)
+commit_phase_locked(put_op *p, size_t ns)
 {
-    double step = 0.002;
+    dp_client *c = p->c;
+    put_unit *pus = p->pus;
+    size_t npu = p->npu;
+    uint32_t *slot_pu = p->slot_pu;
+    bool *sent = p->sent;
+    double deadline = p->deadline;
+    double step = DP__CLIENT_BACKOFF_FIRST_S;
     /* Inline puts that answered "pending": their first commit is a poll. */
     bool extra = false;
     for (size_t i = 0; i < npu; i++)
-        extra = extra || (pus[i].state == ST_COMMIT && pus[i].poll);
+        extra = extra || (pus[i].st.state == ST_COMMIT && pus[i].poll);
     for (bool first = true;; first = false) {
         if (!first) {
             ns = 0;
             for (size_t i = 0; i < npu; i++) {
-                if (pus[i].state != ST_COMMIT)
+                if (pus[i].st.state != ST_COMMIT)
                     continue;
                 slot_pu[ns] = (uint32_t)i;
                 sent[ns] = false;
@@ -656,16 +690,16 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
             return;
         /* Give a commit a moment (50 ms) even when the budget is spent: its WRITE is
          * done. */
-        double left = DP_MAX(dp__client_left(deadline), 0.05);
+        double left = DP_MAX(dp__left_s(deadline), 0.05);
         dp__ctl_wait_many(c->ctl, c->fo.items, ns, left);
         bool again = false;
         for (size_t s = 0; s < ns; s++) {
             if (!sent[s])
                 continue;
             put_unit *pu = &pus[slot_pu[s]];
-            dp_ctl_item *it = &c->fo.items[s];
+            dp__ctl_item *it = &c->fo.items[s];
             if (it->rc != 0) {
-                pu->det = it->det;
+                pu->st.det = it->det;
                 if (it->rc == DP_ETRANSFER)
                     c->cnt.units_down++;
                 pu_fail(pu, it->rc,
@@ -675,20 +709,20 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 send_abort_locked(c, pu, false);
                 continue;
             }
-            dp_wire_reply rep;
-            int rc = dp__fanout_reply(it, DP_WIRE_OP_COMMIT, &rep, &pu->det);
+            dp__wire_reply rep;
+            int rc = dp__fanout_reply(it, DP_WIRE_OP_COMMIT, &rep, &pu->st.det);
             if (rc == 0 &&
-                dp__client_reply_check_locked(c, pu->u, &rep, true, &pu->det)) {
+                dp__client_reply_check_locked(c, pu->st.u, &rep, true, &pu->st.det)) {
                 /* The process that took the WRITE is gone: its rows did not land. */
-                pu->rc = DP_ERESTARTED;
-                pu->state = ST_FAILED;
+                pu->st.rc = DP_ERESTARTED;
+                pu->st.state = ST_FAILED;
             } else if (rc == 0 && rep.ok) {
                 switch (rep.r.commit) {
                 case DP_WIRE_COMMIT_DONE:
-                    pu->state = ST_DONE;
+                    pu->st.state = ST_DONE;
                     break;
                 case DP_WIRE_COMMIT_PENDING:
-                    if (dp__client_left(deadline) > 0)
+                    if (dp__left_s(deadline) > 0)
                         again = true;
                     else {
                         /*
@@ -714,14 +748,14 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
                 }
             } else {
                 if (rc == 0)
-                    rc = dp__wire_error_to_detail(&rep.err, &pu->det);
-                if (rc == DP_EBUSY && dp__client_left(deadline) > 0) {
+                    rc = dp__wire_error_to_detail(&rep.err, &pu->st.det);
+                if (rc == DP_EBUSY && dp__left_s(deadline) > 0) {
                     again = true;
                     c->cnt.busy_waits++;
                 } else {
-                    pu->rc = rc;
-                    pu->state = ST_FAILED;
-                    dp__fail_ctx(&pu->det, rc, "commit of blob %s", pu->blob_id);
+                    pu->st.rc = rc;
+                    pu->st.state = ST_FAILED;
+                    dp__fail_ctx(&pu->st.det, rc, "commit of blob %s", pu->blob_id);
                     /* Nothing was published: free the region (the WRITE is done). */
                     send_abort_locked(c, pu, false);
                 }
@@ -731,57 +765,50 @@ commit_phase_locked(dp_client *c, put_unit *pus, size_t npu, uint32_t *slot_pu,
         if (!again && !(first && extra))
             return;
         c->cnt.retries++;
-        dp__client_backoff(&step, deadline);
+        dp__backoff_sleep(&step, DP__CLIENT_BACKOFF_MAX_S, deadline);
     }
 }
 
 /* The detail of a put with failed units: which units, why, which rows. */
 static void
-put_report(dp_client *c, const put_unit *pus, size_t npu, const dp__groups *g,
-           const uint64_t *gidxs, size_t n_rows, dp_detail *d)
+put_report(const put_op *p, dp_detail *d)
 {
+    dp_client *c = p->c;
+    const put_unit *pus = p->pus;
+    size_t npu = p->npu;
+    const dp__groups *g = &p->g;
+    const uint64_t *gidxs = p->gidxs;
+    size_t n_rows = p->n_rows;
     size_t bad = 0;
     const put_unit *first = NULL;
     for (size_t i = 0; i < npu; i++) {
-        if (pus[i].state != ST_FAILED)
+        if (pus[i].st.state != ST_FAILED)
             continue;
         bad += pus[i].n_rows;
         if (first == NULL)
             first = &pus[i];
     }
-    dp__fail(d, first->rc, "put: %zu of %zu rows did not land: unit %u (%s): %s", bad,
-             n_rows, first->u, c->units[first->u].addr, dp_detail_msg(&first->det));
+    dp__fail(d, first->st.rc, "put: %zu of %zu rows did not land: unit %u (%s): %s", bad,
+             n_rows, first->st.u, c->units[first->st.u].addr,
+             dp_detail_msg(&first->st.det));
     for (size_t i = 0; i < npu; i++)
-        if (pus[i].state == ST_FAILED && &pus[i] != first)
-            dp__detail_append(d, "; unit %u (%s): %s", pus[i].u, c->units[pus[i].u].addr,
-                              dp_errname(pus[i].rc));
+        if (pus[i].st.state == ST_FAILED && &pus[i] != first)
+            dp__detail_append(d, "; unit %u (%s): %s", pus[i].st.u,
+                              c->units[pus[i].st.u].addr, dp_errname(pus[i].st.rc));
     dp__detail_append(d, "; rows not landed:");
     for (size_t i = 0; i < npu; i++) {
-        if (pus[i].state != ST_FAILED)
+        if (pus[i].st.state != ST_FAILED)
             continue;
-        uint32_t u = pus[i].u;
+        uint32_t u = pus[i].st.u;
         for (uint32_t k = g->start[u]; k < g->start[u + 1]; k++)
             dp__detail_append(d, " %" PRIu64, gidxs[g->order[k]]);
     }
 }
 
-/* One put's per-call arrays (put_arrays_make / _fini). */
-typedef struct put_arrays {
-    dp__groups g;  /* the rows grouped by unit */
-    put_unit *pus; /* one per unit with something to put (npu) */
-    size_t npu;
-    const dp_value **ent_val; /* every entry's value, unit by unit */
-    put_key *ent_key;         /* their keys' CRC32C and hash (location hints), or NULL */
-    dp_range *local, *remote; /* the WRITEs' ranges */
-    uint32_t *slot_pu;
-    dp_xfer_desc *ops;
-    int *results;
-    bool *sent;
-    size_t *flen; /* field name lengths */
-} put_arrays;
+/* A put's per-call arrays, sized for its client and batch (put_op_make / _fini). */
 
 static void
-put_arrays_fini(put_arrays *a)
+put_op_fini(put_op *a)
 {
     dp__groups_fini(&a->g);
     free(a->pus);
@@ -798,11 +825,10 @@ put_arrays_fini(put_arrays *a)
 }
 
 static int
-put_arrays_make(put_arrays *a, uint32_t N, const uint64_t *gidxs, size_t n_rows,
-                const char *const *fields, size_t n_fields, bool locs, dp_detail *d)
+put_op_make(put_op *a, bool locs, dp_detail *d)
 {
-    memset(a, 0, sizeof *a);
-    size_t n_cells = n_rows * n_fields;
+    uint32_t N = a->c->n_units;
+    size_t n_cells = a->n_rows * a->n_fields;
     a->pus = calloc(N, sizeof *a->pus);
     a->ent_val = malloc(n_cells * sizeof *a->ent_val);
     if (locs && (a->ent_key = malloc(n_cells * sizeof *a->ent_key)) == NULL)
@@ -813,14 +839,14 @@ put_arrays_make(put_arrays *a, uint32_t N, const uint64_t *gidxs, size_t n_rows,
     a->ops = malloc(N * sizeof *a->ops);
     a->results = malloc(N * sizeof *a->results);
     a->sent = calloc(N, sizeof *a->sent);
-    a->flen = malloc(n_fields * sizeof *a->flen);
+    a->flen = malloc(a->n_fields * sizeof *a->flen);
     if (a->pus == NULL || a->ent_val == NULL || a->local == NULL || a->remote == NULL ||
         a->slot_pu == NULL || a->ops == NULL || a->results == NULL || a->sent == NULL ||
         a->flen == NULL)
         return dp__fail(d, DP_ENOMEM, "put: out of memory");
-    for (size_t f = 0; f < n_fields; f++)
-        a->flen[f] = strlen(fields[f]); /* checked by check_args */
-    return dp__groups_make(&a->g, N, gidxs, n_rows, d);
+    for (size_t f = 0; f < a->n_fields; f++)
+        a->flen[f] = strlen(a->fields[f]); /* checked by check_args */
+    return dp__groups_make(&a->g, N, a->gidxs, a->n_rows, d);
 }
 
 /* Decimal digits of v (the gidx part of a key). */
@@ -850,27 +876,30 @@ blob_fits(const dp_client *c, uint32_t u, uint64_t size, dp_detail *d)
 
 /*
  * One part per unit with something to put, sized before any index is built
- * (dp_blob_sizer), so that the allocs can leave first and the indexes be
+ * (dp__blob_sizer), so that the allocs can leave first and the indexes be
  * built while they travel: entries, blob size, the checks against a bound
  * unit's areas (put_fits_locked checks an unbound one's once it is bound),
  * the blob id, and whether it goes inline. The parts go
  * into a->pus (a->npu).
  */
 static int
-put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fields,
-                const dp_value *values, dp_detail *d)
+put_size_locked(put_op *p, dp_detail *d)
 {
+    dp_client *c = p->c;
+    const uint64_t *gidxs = p->gidxs;
+    size_t n_fields = p->n_fields;
+    const dp_value *values = p->values;
     size_t n_ent = 0;
     for (uint32_t u = 0; u < c->n_units; u++) {
-        if (dp__groups_count(&a->g, u) == 0)
+        if (dp__groups_count(&p->g, u) == 0)
             continue;
-        put_unit *pu = &a->pus[a->npu];
-        pu->u = u;
-        pu->n_rows = dp__groups_count(&a->g, u);
+        put_unit *pu = &p->pus[p->npu];
+        pu->st.u = u;
+        pu->n_rows = dp__groups_count(&p->g, u);
         pu->ent0 = (uint32_t)n_ent;
-        dp_blob_sizer z;
+        dp__blob_sizer z;
         dp__blob_sizer_init(&z, c->o.crc ? DP_BLOB_FLAG_CRC : 0);
-        const uint32_t *order = a->g.order + a->g.start[u];
+        const uint32_t *order = p->g.order + p->g.start[u];
         for (uint32_t k = 0; k < pu->n_rows; k++) {
             uint32_t r = order[k];
             size_t gd = digits_u64(gidxs[r]);
@@ -879,7 +908,7 @@ put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fie
                 if (v->kind == DP_KIND_SKIP)
                     continue;
                 size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0; /* checked: <= 32 */
-                dp__blob_sizer_add(&z, gd + 1 + a->flen[f], (dp_blob_kind)v->kind, dl,
+                dp__blob_sizer_add(&z, gd + 1 + p->flen[f], (dp__blob_kind)v->kind, dl,
                                    v->shape, v->ndim, v->nbytes);
             }
         }
@@ -905,8 +934,8 @@ put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fie
         pu->inl = c->o.inline_bytes > 0 && total <= c->o.inline_bytes;
         snprintf(pu->blob_id, sizeof pu->blob_id, "%s-%" PRIx64, c->blob_prefix,
                  ++c->blob_seq);
-        pu->state = pu->inl ? ST_INLINE : ST_ALLOC;
-        a->npu++;
+        pu->st.state = pu->inl ? ST_INLINE : ST_ALLOC;
+        p->npu++;
     }
     return DP_OK;
 }
@@ -918,16 +947,14 @@ put_size_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs, size_t n_fie
  * answers.
  */
 static int
-put_build_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
-                 const char *const *fields, size_t n_fields, const dp_value *values,
-                 size_t *stage_total, dp_detail *d)
+put_build_locked(put_op *p, size_t *stage_total, dp_detail *d)
 {
+    dp_client *c = p->c;
     *stage_total = 0;
-    for (size_t i = 0; i < a->npu; i++) {
-        put_unit *pu = &a->pus[i];
+    for (size_t i = 0; i < p->npu; i++) {
+        put_unit *pu = &p->pus[i];
         uint32_t n_ent = pu->n_ent;
-        int rc = build_unit_locked(c, pu, a->g.order + a->g.start[pu->u], gidxs, fields,
-                                   a->flen, n_fields, values, a->ent_val, a->ent_key, d);
+        int rc = build_unit_locked(p, pu, d);
         if (rc != 0)
             return rc;
         if (pu->n_ent != n_ent || pu->lay.total_len != pu->size) {
@@ -939,9 +966,9 @@ put_build_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
         }
         bool any_staged = pu->inl;
         pu->copy_max =
-            pu->inl ? 0 : dp__endpoint_remote_copy_max(c->ep, c->units[pu->u].remote);
+            pu->inl ? 0 : dp__endpoint_remote_copy_max(c->ep, c->units[pu->st.u].remote);
         for (uint32_t e = 0; e < pu->n_ent && !pu->inl; e++) {
-            const dp_value *v = a->ent_val[pu->ent0 + e];
+            const dp_value *v = p->ent_val[pu->ent0 + e];
             if (v->nbytes == 0)
                 continue;
             if (payload_direct(c, pu, v))
@@ -963,21 +990,23 @@ put_build_locked(dp_client *c, put_arrays *a, const uint64_t *gidxs,
  * until the alloc answers).
  */
 static int
-put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
+put_stage_locked(put_op *p, dp_detail *d)
 {
+    dp_client *c = p->c;
+    uint8_t *stage = p->stage;
     size_t nr = 0, nc = 0, max_c = 0;
-    dp_range *local = a->local, *remote = a->remote;
-    for (size_t i = 0; i < a->npu; i++)
-        max_c += a->pus[i].n_ent;
+    dp__range *local = p->local, *remote = p->remote;
+    for (size_t i = 0; i < p->npu; i++)
+        max_c += p->pus[i].n_ent;
     /* The copies into the staging area run as one batch at the end, on the
      * endpoint's copy threads when large enough; out of memory, one by one. */
-    dp_copy *cp = max_c > 0 ? malloc(max_c * sizeof *cp) : NULL;
-    for (size_t i = 0; i < a->npu; i++) {
-        put_unit *pu = &a->pus[i];
+    dp__copy *cp = max_c > 0 ? malloc(max_c * sizeof *cp) : NULL;
+    for (size_t i = 0; i < p->npu; i++) {
+        put_unit *pu = &p->pus[i];
         if (pu->size_bug)
             continue; /* fails after its alloc's answer (put_impl) */
         uint8_t *base = stage + pu->stage_off;
-        dp_blob_builder *b = c->builders[pu->u];
+        dp__blob_builder *b = c->builders[pu->st.u];
         int rc = dp__blob_builder_write(b, base, pu->stage_len, d);
         if (rc != 0) {
             free(cp);
@@ -985,28 +1014,28 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
         }
         pu->r0 = nr;
         if (!pu->any_direct) {
-            local[nr++] = (dp_range){(uint64_t)(uintptr_t)base, pu->lay.total_len};
+            local[nr++] = (dp__range){(uint64_t)(uintptr_t)base, pu->lay.total_len};
         } else {
-            local[nr++] = (dp_range){(uint64_t)(uintptr_t)base, pu->lay.payload_off};
+            local[nr++] = (dp__range){(uint64_t)(uintptr_t)base, pu->lay.payload_off};
         }
         for (uint32_t e = 0; e < pu->n_ent; e++) {
-            const dp_value *v = a->ent_val[pu->ent0 + e];
+            const dp_value *v = p->ent_val[pu->ent0 + e];
             if (v->nbytes == 0)
                 continue;
             uint64_t off = dp__blob_builder_offset(b, e);
             if (!pu->inl && payload_direct(c, pu, v)) {
-                local[nr++] = (dp_range){(uint64_t)(uintptr_t)v->data, v->nbytes};
+                local[nr++] = (dp__range){(uint64_t)(uintptr_t)v->data, v->nbytes};
                 remote[nr - 1].nbytes = off; /* remote filled after alloc */
             } else {
                 if (cp != NULL)
-                    cp[nc++] = (dp_copy){base + off, v->data, v->nbytes};
+                    cp[nc++] = (dp__copy){base + off, v->data, v->nbytes};
                 else
                     memcpy(base + off, v->data, v->nbytes);
                 if (!pu->inl) /* an inline put's copy is its request's */
                     c->cnt.staged_put_bytes += v->nbytes;
                 if (pu->any_direct) {
                     local[nr++] =
-                        (dp_range){(uint64_t)(uintptr_t)(base + off), v->nbytes};
+                        (dp__range){(uint64_t)(uintptr_t)(base + off), v->nbytes};
                     remote[nr - 1].nbytes = off;
                 }
             }
@@ -1021,9 +1050,11 @@ put_stage_locked(dp_client *c, put_arrays *a, uint8_t *stage, dp_detail *d)
 
 /* Re-bind units that restarted or whose endpoint failed; others wait. */
 static int
-put_ready_locked(dp_client *c, put_arrays *a, double deadline, dp_detail *d)
+put_ready_locked(put_op *p, dp_detail *d)
 {
-    size_t npu = a->npu;
+    dp_client *c = p->c;
+    double deadline = p->deadline;
+    size_t npu = p->npu;
     uint32_t *us = malloc(npu * sizeof *us);
     int *rcs = malloc(npu * sizeof *rcs);
     dp_detail *dets = malloc(npu * sizeof *dets);
@@ -1033,13 +1064,13 @@ put_ready_locked(dp_client *c, put_arrays *a, double deadline, dp_detail *d)
         goto out;
     }
     for (size_t i = 0; i < npu; i++)
-        us[i] = a->pus[i].u;
+        us[i] = p->pus[i].st.u;
     dp__client_ready_locked(c, us, npu, deadline, rcs, dets);
     for (size_t i = 0; i < npu; i++)
         if (rcs[i] != 0) {
-            a->pus[i].rc = rcs[i];
-            a->pus[i].det = dets[i];
-            a->pus[i].state = ST_FAILED;
+            p->pus[i].st.rc = rcs[i];
+            p->pus[i].st.det = dets[i];
+            p->pus[i].st.state = ST_FAILED;
         }
 out:
     free(us);
@@ -1054,17 +1085,18 @@ out:
  * nothing; a restart put_ready_locked found stays to be reported.
  */
 static int
-put_fits_locked(dp_client *c, const put_arrays *a, dp_detail *d)
+put_fits_locked(const put_op *p, dp_detail *d)
 {
-    for (size_t i = 0; i < a->npu; i++) {
-        const put_unit *pu = &a->pus[i];
+    dp_client *c = p->c;
+    for (size_t i = 0; i < p->npu; i++) {
+        const put_unit *pu = &p->pus[i];
         int rc;
-        if (!pu->unsized || pu->state == ST_FAILED ||
-            (rc = blob_fits(c, pu->u, pu->size, d)) == DP_OK)
+        if (!pu->unsized || pu->st.state == ST_FAILED ||
+            (rc = blob_fits(c, pu->st.u, pu->size, d)) == DP_OK)
             continue;
-        for (size_t j = 0; j < a->npu; j++)
-            if (a->pus[j].state == ST_FAILED && a->pus[j].rc == DP_ERESTARTED)
-                c->units[a->pus[j].u].restart_unreported = true;
+        for (size_t j = 0; j < p->npu; j++)
+            if (p->pus[j].st.state == ST_FAILED && p->pus[j].st.rc == DP_ERESTARTED)
+                c->units[p->pus[j].st.u].restart_unreported = true;
         return rc;
     }
     return DP_OK;
@@ -1072,57 +1104,58 @@ put_fits_locked(dp_client *c, const put_arrays *a, dp_detail *d)
 
 /* Remote ranges now that the offsets are known; each header names its allocation. */
 static void
-put_remote_ranges_locked(dp_client *c, put_arrays *a, uint8_t *stage)
+put_remote_ranges_locked(put_op *p)
 {
-    for (size_t i = 0; i < a->npu; i++) {
-        put_unit *pu = &a->pus[i];
-        if (pu->state != ST_WRITE)
+    dp_client *c = p->c;
+    uint8_t *stage = p->stage;
+    for (size_t i = 0; i < p->npu; i++) {
+        put_unit *pu = &p->pus[i];
+        if (pu->st.state != ST_WRITE)
             continue;
-        uint64_t rbase = c->units[pu->u].slab_addr + pu->off;
+        uint64_t rbase = c->units[pu->st.u].slab_addr + pu->off;
         /* The header names the allocation: only it can publish these bytes. */
-        dp__blob_header_set_alloc(stage + pu->stage_off, c->units[pu->u].incarnation,
+        dp__blob_header_set_alloc(stage + pu->stage_off, c->units[pu->st.u].incarnation,
                                   pu->token);
-        a->remote[pu->r0] = (dp_range){rbase, a->local[pu->r0].nbytes};
+        p->remote[pu->r0] = (dp__range){rbase, p->local[pu->r0].nbytes};
         for (size_t k = pu->r0 + 1; k < pu->r0 + pu->nr; k++)
-            a->remote[k] = (dp_range){rbase + a->remote[k].nbytes, a->local[k].nbytes};
+            p->remote[k] = (dp__range){rbase + p->remote[k].nbytes, p->local[k].nbytes};
     }
 }
 
 /* Which rows landed (row_status) and the report of the failed units. */
 static int
-put_outcome_locked(dp_client *c, const put_arrays *a, const uint64_t *gidxs,
-                   size_t n_rows, int *row_status, dp_detail *d)
+put_outcome_locked(const put_op *p, int *row_status, dp_detail *d)
 {
     bool failed = false;
     int first = DP_OK;
-    for (size_t i = 0; i < a->npu; i++) {
-        const put_unit *pu = &a->pus[i];
-        if (pu->state != ST_FAILED)
+    for (size_t i = 0; i < p->npu; i++) {
+        const put_unit *pu = &p->pus[i];
+        if (pu->st.state != ST_FAILED)
             continue;
         failed = true;
         if (first == DP_OK)
-            first = pu->rc;
+            first = pu->st.rc;
         if (row_status != NULL)
-            for (uint32_t k = a->g.start[pu->u]; k < a->g.start[pu->u + 1]; k++)
-                row_status[a->g.order[k]] = pu->rc;
+            for (uint32_t k = p->g.start[pu->st.u]; k < p->g.start[pu->st.u + 1]; k++)
+                row_status[p->g.order[k]] = pu->st.rc;
     }
     if (!failed)
         return DP_OK;
-    put_report(c, a->pus, a->npu, &a->g, gidxs, n_rows, d);
+    put_report(p, d);
     return d != NULL ? d->code : first;
 }
 
 /* One hint from a written value: entry e of unit pu's blob (docs/design.md,
  * "Location hints"); idn: strlen(pu->blob_id). */
 static void
-loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp_blob_builder *b, uint32_t e,
+loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp__blob_builder *b, uint32_t e,
          const dp_value *v, const put_key *key)
 {
     memset(l, 0, sizeof *l);
     memcpy(l->blob, pu->blob_id, idn);
     l->off = dp__blob_builder_offset(b, e);
     l->nbytes = v->nbytes;
-    l->unit = pu->u;
+    l->unit = pu->st.u;
     l->key_crc = key->crc;
     l->kind = (uint8_t)v->kind;
     size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0;
@@ -1141,15 +1174,17 @@ loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp_blob_builder *b, ui
 
 /* Every landed value's hint into locs (cells in the order of values). */
 static void
-put_locs_locked(dp_client *c, const put_arrays *a, size_t n_fields,
-                const dp_value *values, dp_loc *locs)
+put_locs_locked(const put_op *p, dp_loc *locs)
 {
-    for (size_t i = 0; i < a->npu; i++) {
-        const put_unit *pu = &a->pus[i];
-        if (pu->state != ST_DONE)
+    dp_client *c = p->c;
+    size_t n_fields = p->n_fields;
+    const dp_value *values = p->values;
+    for (size_t i = 0; i < p->npu; i++) {
+        const put_unit *pu = &p->pus[i];
+        if (pu->st.state != ST_DONE)
             continue;
-        const dp_blob_builder *b = c->builders[pu->u];
-        const uint32_t *order = a->g.order + a->g.start[pu->u];
+        const dp__blob_builder *b = c->builders[pu->st.u];
+        const uint32_t *order = p->g.order + p->g.start[pu->st.u];
         size_t idn = strnlen(pu->blob_id, DP_LOC_BLOB_MAX);
         uint32_t e = 0;
         for (uint32_t k = 0; k < pu->n_rows; k++) {
@@ -1158,23 +1193,27 @@ put_locs_locked(dp_client *c, const put_arrays *a, size_t n_fields,
                 const dp_value *v = &values[cell];
                 if (v->kind == DP_KIND_SKIP)
                     continue;
-                loc_fill(&locs[cell], pu, idn, b, e, v, &a->ent_key[pu->ent0 + e]);
+                loc_fill(&locs[cell], pu, idn, b, e, v, &p->ent_key[pu->ent0 + e]);
                 e++;
             }
         }
     }
 }
 
-static int put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows,
-                    const char *const *fields, size_t n_fields, const dp_value *values,
-                    int *row_status, dp_loc *locs, dp_detail *d);
+static int put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d);
 
 int
 dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
               const char *const *fields, size_t n_fields, const dp_value *values,
               int *row_status, dp_detail *d)
 {
-    return put_impl(c, gidxs, n_rows, fields, n_fields, values, row_status, NULL, d);
+    put_op a = {.c = c,
+                .gidxs = gidxs,
+                .n_rows = n_rows,
+                .fields = fields,
+                .n_fields = n_fields,
+                .values = values};
+    return put_impl(&a, row_status, NULL, d);
 }
 
 int
@@ -1184,15 +1223,25 @@ dp_client_put_locs(dp_client *c, const uint64_t *gidxs, size_t n_rows,
 {
     if (locs != NULL && n_rows > 0 && n_fields > 0 && n_rows <= SIZE_MAX / n_fields)
         memset(locs, 0, n_rows * n_fields * sizeof *locs);
-    return put_impl(c, gidxs, n_rows, fields, n_fields, values, row_status, locs, d);
+    put_op a = {.c = c,
+                .gidxs = gidxs,
+                .n_rows = n_rows,
+                .fields = fields,
+                .n_fields = n_fields,
+                .values = values};
+    return put_impl(&a, row_status, locs, d);
 }
 
+/* The put of a's call arguments (a's other fields zero): every phase, in order. */
 static int
-put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *fields,
-         size_t n_fields, const dp_value *values, int *row_status, dp_loc *locs,
-         dp_detail *d)
+put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
 {
-    int rc = check_args(c, gidxs, n_rows, fields, n_fields, values, d);
+    put_op a = *ap; /* the call's arguments; the rest is filled below */
+    dp_client *c = a.c;
+    const uint64_t *gidxs = a.gidxs;
+    size_t n_rows = a.n_rows, n_fields = a.n_fields;
+    const dp_value *values = a.values;
+    int rc = check_args(c, gidxs, n_rows, a.fields, n_fields, values, d);
     if (rc == 0)
         rc = dp__client_data_check(c, "put", d);
     if (rc == 0 && n_rows > 0 && n_fields > 0)
@@ -1205,17 +1254,15 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
         return rc;
 
     pthread_mutex_lock(&c->mu);
-    double deadline = dp__now_s() + c->o.timeout_s;
-    put_arrays a;
-    dp__buf *stage = NULL;
+    a.deadline = dp__now_s() + c->o.timeout_s;
+    dp__client_buf *stage = NULL;
     size_t stage_total = 0;
     bool decided = false; /* put_outcome_locked set row_status */
-    rc =
-        put_arrays_make(&a, c->n_units, gidxs, n_rows, fields, n_fields, locs != NULL, d);
+    rc = put_op_make(&a, locs != NULL, d);
     if (rc == 0)
-        rc = put_size_locked(c, &a, gidxs, n_fields, values, d);
-    if (rc != 0 || a.npu == 0 || (rc = put_ready_locked(c, &a, deadline, d)) != 0 ||
-        (rc = put_fits_locked(c, &a, d)) != 0)
+        rc = put_size_locked(&a, d);
+    if (rc != 0 || a.npu == 0 || (rc = put_ready_locked(&a, d)) != 0 ||
+        (rc = put_fits_locked(&a, d)) != 0)
         goto out;
     /*
      * Every check passed and every blob is sized: the allocs go out now, and
@@ -1223,20 +1270,22 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
      */
     size_t ns = 0;
     for (size_t i = 0; i < a.npu; i++)
-        if (a.pus[i].state == ST_ALLOC && alloc_send_locked(c, &a.pus[i], ns))
+        if (a.pus[i].st.state == ST_ALLOC && alloc_send_locked(c, &a.pus[i], ns))
             a.slot_pu[ns++] = (uint32_t)i;
-    rc = put_build_locked(c, &a, gidxs, fields, n_fields, values, &stage_total, d);
+    rc = put_build_locked(&a, &stage_total, d);
     if (rc == 0)
         rc = dp__client_buf_get_locked(c, stage_total, DP__BUF_STAGING, &stage, d);
-    if (rc != 0)
+    if (rc != 0) {
         stage = NULL;
-    else
-        rc = put_stage_locked(c, &a, stage->p, d);
+    } else {
+        a.stage = stage->p;
+        rc = put_stage_locked(&a, d);
+    }
     if (rc != 0) {
         /* Nothing was written: take the allocs' answers and free what they got. */
-        alloc_replies_locked(c, a.pus, a.slot_pu, ns, deadline);
+        alloc_replies_locked(&a, ns);
         for (size_t i = 0; i < a.npu; i++)
-            if (a.pus[i].state == ST_WRITE)
+            if (a.pus[i].st.state == ST_WRITE)
                 send_abort_locked(c, &a.pus[i], false);
         goto out;
     }
@@ -1246,15 +1295,15 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
      * were sent, so these stay untouched until inline_phase_locked reads them).
      */
     for (size_t i = 0; i < a.npu; i++)
-        if (a.pus[i].size_bug && a.pus[i].state == ST_INLINE)
+        if (a.pus[i].size_bug && a.pus[i].st.state == ST_INLINE)
             pu_fail(&a.pus[i], DP_EPROTO,
                     "internal error: blob %s built to another size "
                     "than sized; nothing sent",
                     a.pus[i].blob_id);
-    size_t ni = inline_send_all_locked(c, a.pus, a.npu, a.slot_pu, ns, stage->p);
-    alloc_phase_locked(c, a.pus, a.npu, a.slot_pu, ns, deadline);
+    size_t ni = inline_send_all_locked(&a, ns);
+    alloc_phase_locked(&a, ns);
     for (size_t i = 0; i < a.npu; i++)
-        if (a.pus[i].size_bug && a.pus[i].state == ST_WRITE) {
+        if (a.pus[i].size_bug && a.pus[i].st.state == ST_WRITE) {
             send_abort_locked(c, &a.pus[i], false);
             pu_fail(&a.pus[i], DP_EPROTO,
                     "internal error: blob %s built to another size than its alloc asked "
@@ -1263,15 +1312,14 @@ put_impl(dp_client *c, const uint64_t *gidxs, size_t n_rows, const char *const *
         }
     if (dp__client_test_hook != NULL)
         dp__client_test_hook("put:allocated");
-    put_remote_ranges_locked(c, &a, stage->p);
-    size_t nw = write_phase_locked(c, a.pus, a.npu, a.ops, a.results, a.slot_pu, a.sent,
-                                   a.local, a.remote, deadline);
-    inline_phase_locked(c, a.pus, a.npu, a.slot_pu, ns, ni, stage->p, deadline);
-    commit_phase_locked(c, a.pus, a.npu, a.slot_pu, a.sent, nw, deadline);
-    rc = put_outcome_locked(c, &a, gidxs, n_rows, row_status, d);
+    put_remote_ranges_locked(&a);
+    size_t nw = write_phase_locked(&a);
+    inline_phase_locked(&a, ns, ni);
+    commit_phase_locked(&a, nw);
+    rc = put_outcome_locked(&a, row_status, d);
     decided = true;
     if (locs != NULL)
-        put_locs_locked(c, &a, n_fields, values, locs);
+        put_locs_locked(&a, locs);
     c->cnt.puts++;
     for (size_t r = 0; r < n_rows; r++)
         if (row_status == NULL ? rc == 0 : row_status[r] == 0)
@@ -1284,6 +1332,6 @@ out:
     if (stage != NULL)
         dp__client_buf_put_locked(c, stage->p);
     pthread_mutex_unlock(&c->mu);
-    put_arrays_fini(&a);
+    put_op_fini(&a);
     return rc;
 }

@@ -96,6 +96,29 @@ dp__sleep_s(double seconds)
     }
 }
 
+double
+dp__left_s(double deadline)
+{
+    double l = deadline - dp__now_s();
+    return l > 0 ? l : 0;
+}
+
+double
+dp__backoff_step(double first, double max, unsigned k)
+{
+    double w = first;
+    for (unsigned i = 0; i < k && w < max; i++)
+        w *= 2;
+    return w < max ? w : max;
+}
+
+void
+dp__backoff_sleep(double *step, double max, double deadline)
+{
+    dp__sleep_s(DP_MIN(*step, dp__left_s(deadline)));
+    *step = DP_MIN(*step * 2, max);
+}
+
 /* ---- logging ---- */
 
 static int log_level = -1;
@@ -164,27 +187,27 @@ dp__log(int level, const char *fmt, ...)
 /* ---- growable buffer ---- */
 
 void
-dp__buf_init(dp_buf *b)
+dp__buf_init(dp__buf *b)
 {
     memset(b, 0, sizeof *b);
 }
 
 void
-dp__buf_fini(dp_buf *b)
+dp__buf_fini(dp__buf *b)
 {
     free(b->data);
     memset(b, 0, sizeof *b);
 }
 
 void
-dp__buf_reset(dp_buf *b)
+dp__buf_reset(dp__buf *b)
 {
     b->len = 0;
     b->oom = false;
 }
 
 int
-dp__buf_reserve(dp_buf *b, size_t extra)
+dp__buf_reserve(dp__buf *b, size_t extra)
 {
     if (b->oom)
         return DP_ENOMEM;
@@ -209,7 +232,7 @@ dp__buf_reserve(dp_buf *b, size_t extra)
 }
 
 int
-dp__buf_append(dp_buf *b, const void *p, size_t n)
+dp__buf_append(dp__buf *b, const void *p, size_t n)
 {
     if (n == 0)
         return b->oom ? DP_ENOMEM : DP_OK;
@@ -222,7 +245,7 @@ dp__buf_append(dp_buf *b, const void *p, size_t n)
 }
 
 int
-dp__buf_printf(dp_buf *b, const char *fmt, ...)
+dp__buf_printf(dp__buf *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -241,7 +264,7 @@ dp__buf_printf(dp_buf *b, const char *fmt, ...)
 }
 
 uint8_t *
-dp__buf_steal(dp_buf *b, size_t *len)
+dp__buf_steal(dp__buf *b, size_t *len)
 {
     uint8_t *p = b->data;
     if (len != NULL)

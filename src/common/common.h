@@ -36,6 +36,10 @@ int dp__fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
 int dp__fail_ctx(dp_detail *d, int fallback, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Append to d's message (keeps its code); cut at DP_DETAIL_MAX with "...". */
+void dp__detail_append(dp_detail *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 #define DP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define DP_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DP_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -59,6 +63,17 @@ uint64_t dp__now_ns(void);        /* CLOCK_MONOTONIC, nanoseconds */
 double dp__now_s(void);           /* CLOCK_MONOTONIC, seconds */
 double dp__wall_s(void);          /* CLOCK_REALTIME, seconds */
 void dp__sleep_s(double seconds); /* restarts after signals until the time is spent */
+
+/*
+ * Deadlines and backoff, one way for every loop that asks again (docs/design.md,
+ * "Deadlines and backoff"): a deadline is a dp__now_s() time; a wait doubles
+ * from a first step up to a cap and never passes the deadline.
+ */
+double dp__left_s(double deadline); /* seconds until deadline, never negative */
+/* The k-th wait (k = 0, 1, ...) of a backoff from first doubling up to max. */
+double dp__backoff_step(double first, double max, unsigned k);
+/* Sleep *step (at most until deadline), then double *step up to max. */
+void dp__backoff_sleep(double *step, double max, double deadline);
 
 /*
  * The open-file limit for a process that holds descriptors per peer (a unit:
@@ -95,21 +110,22 @@ void dp__log_set_prefix(const char *prefix); /* e.g. "unit 3"; copied */
  * allocation failure the buffer goes into a sticky failed state (oom) and
  * later appends are no-ops, so a caller checks once at the end.
  */
-typedef struct dp_buf {
+typedef struct dp__buf {
     uint8_t *data;
     size_t len;
     size_t cap;
     bool oom;
-} dp_buf;
+} dp__buf;
 
-void dp__buf_init(dp_buf *b);
-void dp__buf_fini(dp_buf *b);
-void dp__buf_reset(dp_buf *b); /* len = 0, keeps the storage, clears oom */
-int dp__buf_reserve(dp_buf *b, size_t extra);
-int dp__buf_append(dp_buf *b, const void *p, size_t n);
-int dp__buf_printf(dp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void dp__buf_init(dp__buf *b);
+void dp__buf_fini(dp__buf *b);
+void dp__buf_reset(dp__buf *b); /* len = 0, keeps the storage, clears oom */
+int dp__buf_reserve(dp__buf *b, size_t extra);
+int dp__buf_append(dp__buf *b, const void *p, size_t n);
+int dp__buf_printf(dp__buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Hand the bytes to the caller (free() them); the buffer becomes empty. */
-uint8_t *dp__buf_steal(dp_buf *b, size_t *len);
+uint8_t *dp__buf_steal(dp__buf *b, size_t *len);
 
 /*
  * Parse "123", "64K", "1.5G", "2GiB", "512MB" (binary units: K = 1024) into bytes.

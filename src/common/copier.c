@@ -22,7 +22,7 @@
 #define CHUNK (256u * 1024)
 #define MIN_BYTES (2 * CHUNK) /* smaller batches are not worth a wake-up */
 
-struct dp_copier {
+struct dp__copier {
     unsigned threads;
     pid_t pid; /* a forked child copies alone (its helpers are gone) */
     pthread_mutex_t mu;
@@ -32,7 +32,7 @@ struct dp_copier {
     bool start_failed;
     bool stop;
     /* the batch, under mu */
-    const dp_copy *jobs;
+    const dp__copy *jobs;
     size_t n_jobs;
     size_t cur_j, cur_off;
     unsigned inflight; /* helpers copying a chunk; atomic loads outside mu */
@@ -45,7 +45,7 @@ typedef struct chunk {
 
 /* The next chunk of the batch (mu held); false at its end. */
 static bool
-grab_locked(dp_copier *c, chunk *k)
+grab_locked(dp__copier *c, chunk *k)
 {
     if (c->cur_j >= c->n_jobs)
         return false;
@@ -70,7 +70,7 @@ grab_locked(dp_copier *c, chunk *k)
 
 /* Copy chunk k; returns its bytes. */
 static size_t
-copy_chunk(const dp_copy *jobs, size_t n_jobs, const chunk *k)
+copy_chunk(const dp__copy *jobs, size_t n_jobs, const chunk *k)
 {
     size_t bytes = 0;
     for (size_t j = k->j0; j <= k->j1 && j < n_jobs; j++) {
@@ -88,7 +88,7 @@ copy_chunk(const dp_copy *jobs, size_t n_jobs, const chunk *k)
 static void *
 helper_main(void *arg)
 {
-    dp_copier *c = arg;
+    dp__copier *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->stop && c->cur_j >= c->n_jobs)
@@ -98,7 +98,7 @@ helper_main(void *arg)
         chunk k;
         if (!grab_locked(c, &k))
             continue;
-        const dp_copy *jobs = c->jobs;
+        const dp__copy *jobs = c->jobs;
         size_t n_jobs = c->n_jobs;
         __atomic_add_fetch(&c->inflight, 1, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&c->mu);
@@ -111,10 +111,10 @@ helper_main(void *arg)
     return NULL;
 }
 
-dp_copier *
+dp__copier *
 dp__copier_new(unsigned threads)
 {
-    dp_copier *c = calloc(1, sizeof *c);
+    dp__copier *c = calloc(1, sizeof *c);
     if (c == NULL)
         return NULL;
     c->threads = threads < 1                       ? 1
@@ -134,7 +134,7 @@ dp__copier_new(unsigned threads)
 }
 
 void
-dp__copier_destroy(dp_copier *c)
+dp__copier_destroy(dp__copier *c)
 {
     if (c == NULL)
         return;
@@ -163,7 +163,7 @@ dp__copier_destroy(dp_copier *c)
 
 /* Start the helpers not yet running (mu held); they never take signals. */
 static void
-start_helpers_locked(dp_copier *c)
+start_helpers_locked(dp__copier *c)
 {
     if (c->start_failed || c->n_started + 1 >= c->threads)
         return;
@@ -181,7 +181,7 @@ start_helpers_locked(dp_copier *c)
 }
 
 static void
-copy_alone(const dp_copy *jobs, size_t n_jobs)
+copy_alone(const dp__copy *jobs, size_t n_jobs)
 {
     for (size_t j = 0; j < n_jobs; j++)
         if (jobs[j].n > 0)
@@ -189,7 +189,7 @@ copy_alone(const dp_copy *jobs, size_t n_jobs)
 }
 
 void
-dp__copier_run(dp_copier *c, const dp_copy *jobs, size_t n_jobs)
+dp__copier_run(dp__copier *c, const dp__copy *jobs, size_t n_jobs)
 {
     size_t total = 0;
     for (size_t j = 0; j < n_jobs; j++)
@@ -235,10 +235,10 @@ dp__copier_run(dp_copier *c, const dp_copy *jobs, size_t n_jobs)
 }
 
 void
-dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes,
+dp__copier_counts(const dp__copier *c, uint64_t *batches, uint64_t *bytes,
                   uint64_t *helper_bytes)
 {
-    dp_copier *m = (dp_copier *)c;
+    dp__copier *m = (dp__copier *)c;
     bool child = c->pid != getpid(); /* the mutex may be held for good there */
     if (!child)
         pthread_mutex_lock(&m->mu);

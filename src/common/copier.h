@@ -17,14 +17,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct dp_copier dp_copier;
+typedef struct dp__copier dp__copier;
 
 /* One copy of a batch: n bytes from src to dst (they do not overlap). */
-typedef struct dp_copy {
+typedef struct dp__copy {
     void *dst;
     const void *src;
     size_t n;
-} dp_copy;
+} dp__copy;
 
 #define DP_COPIER_THREADS_MAX 16
 
@@ -33,16 +33,16 @@ typedef struct dp_copy {
  * included (1: the caller alone; at most DP_COPIER_THREADS_MAX); smaller
  * batches are copied by the caller alone. NULL when out of memory.
  */
-dp_copier *dp__copier_new(unsigned threads);
-void dp__copier_destroy(dp_copier *c);
+dp__copier *dp__copier_new(unsigned threads);
+void dp__copier_destroy(dp__copier *c);
 
 /* Copy every job; returns when all are done. Jobs run in no defined order
  * and at once: destinations that overlap get one of their sources' bytes. */
-void dp__copier_run(dp_copier *c, const dp_copy *jobs, size_t n_jobs);
+void dp__copier_run(dp__copier *c, const dp__copy *jobs, size_t n_jobs);
 
 /* Batches run in parallel, their bytes, and the bytes of those the helpers
  * copied (for counters and tests); any pointer may be NULL. */
-void dp__copier_counts(const dp_copier *c, uint64_t *batches, uint64_t *bytes,
+void dp__copier_counts(const dp__copier *c, uint64_t *batches, uint64_t *bytes,
                        uint64_t *helper_bytes);
 
 /* The default thread count: 2 on a machine of 2 or more online CPUs, else 1. */

@@ -3,6 +3,7 @@
  * codes and detail strings, the library's version, and dp_free. The dp__fail
  * helpers that fill details are internal (common/common.h).
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,22 @@ dp__fail_sys(dp_detail *d, int err_no, const char *fmt, ...)
         snprintf(d->msg + n, sizeof d->msg - n, ": %s", strerror(err_no));
     d->sys_errno = err_no;
     return DP_ESYS;
+}
+
+void
+dp__detail_append(dp_detail *d, const char *fmt, ...)
+{
+    if (d == NULL)
+        return;
+    size_t n = strnlen(d->msg, sizeof d->msg);
+    if (n + 1 >= sizeof d->msg)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(d->msg + n, sizeof d->msg - n, fmt, ap);
+    va_end(ap);
+    if (w > 0 && (size_t)w >= sizeof d->msg - n && sizeof d->msg > 4)
+        memcpy(d->msg + sizeof d->msg - 4, "...", 4);
 }
 
 int

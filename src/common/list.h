@@ -1,10 +1,10 @@
 /*
  * Intrusive doubly-linked lists: an object that goes on a list embeds a
- * dp_list_node and the list links those nodes, so putting an object on a list
+ * dp__list_node and the list links those nodes, so putting an object on a list
  * allocates nothing and every operation is O(1): insert at either end or after
  * a member, remove, first, last, next, prev, empty, moving a whole list.
  *
- * A zeroed dp_list is an empty list and a zeroed node is on no list, so a
+ * A zeroed dp__list is an empty list and a zeroed node is on no list, so a
  * calloc'd or `= {0}` structure needs no init call (dp__list_init is there for
  * reuse). The list holds its first and last nodes; nodes never point back at
  * the list, so a struct holding a list may be moved while the list is empty or
@@ -25,35 +25,35 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef struct dp_list_node {
-    struct dp_list_node *next, *prev; /* NULL at the ends */
-} dp_list_node;
+typedef struct dp__list_node {
+    struct dp__list_node *next, *prev; /* NULL at the ends */
+} dp__list_node;
 
-typedef struct dp_list {
-    dp_list_node *first, *last; /* NULL when empty */
-} dp_list;
+typedef struct dp__list {
+    dp__list_node *first, *last; /* NULL when empty */
+} dp__list;
 
 static inline void
-dp__list_init(dp_list *l)
+dp__list_init(dp__list *l)
 {
     l->first = l->last = NULL;
 }
 
 static inline bool
-dp__list_empty(const dp_list *l)
+dp__list_empty(const dp__list *l)
 {
     return l->first == NULL;
 }
 
 /* Whether n is on l (n must be on l or on no list). */
 static inline bool
-dp__list_contains(const dp_list *l, const dp_list_node *n)
+dp__list_contains(const dp__list *l, const dp__list_node *n)
 {
     return n->prev != NULL || l->first == n;
 }
 
 static inline void
-dp__list_insert_head(dp_list *l, dp_list_node *n)
+dp__list_insert_head(dp__list *l, dp__list_node *n)
 {
     n->prev = NULL;
     n->next = l->first;
@@ -65,7 +65,7 @@ dp__list_insert_head(dp_list *l, dp_list_node *n)
 }
 
 static inline void
-dp__list_insert_tail(dp_list *l, dp_list_node *n)
+dp__list_insert_tail(dp__list *l, dp__list_node *n)
 {
     n->next = NULL;
     n->prev = l->last;
@@ -78,7 +78,7 @@ dp__list_insert_tail(dp_list *l, dp_list_node *n)
 
 /* Insert n right after at, a member of l. */
 static inline void
-dp__list_insert_after(dp_list *l, dp_list_node *at, dp_list_node *n)
+dp__list_insert_after(dp__list *l, dp__list_node *at, dp__list_node *n)
 {
     n->prev = at;
     n->next = at->next;
@@ -94,7 +94,7 @@ dp__list_insert_after(dp_list *l, dp_list_node *at, dp_list_node *n)
  * removed already) is left as it is, so removing twice is harmless.
  */
 static inline void
-dp__list_remove(dp_list *l, dp_list_node *n)
+dp__list_remove(dp__list *l, dp__list_node *n)
 {
     if (!dp__list_contains(l, n))
         return;
@@ -111,7 +111,7 @@ dp__list_remove(dp_list *l, dp_list_node *n)
 
 /* Append every node of from to to, in order, in O(1); from ends empty. */
 static inline void
-dp__list_move_tail(dp_list *to, dp_list *from)
+dp__list_move_tail(dp__list *to, dp__list *from)
 {
     if (from->first == NULL)
         return;
@@ -125,33 +125,33 @@ dp__list_move_tail(dp_list *to, dp_list *from)
     from->first = from->last = NULL;
 }
 
-static inline dp_list_node *
-dp__list_first(const dp_list *l)
+static inline dp__list_node *
+dp__list_first(const dp__list *l)
 {
     return l->first;
 }
 
-static inline dp_list_node *
-dp__list_last(const dp_list *l)
+static inline dp__list_node *
+dp__list_last(const dp__list *l)
 {
     return l->last;
 }
 
-static inline dp_list_node *
-dp__list_next(const dp_list_node *n)
+static inline dp__list_node *
+dp__list_next(const dp__list_node *n)
 {
     return n->next;
 }
 
-static inline dp_list_node *
-dp__list_prev(const dp_list_node *n)
+static inline dp__list_node *
+dp__list_prev(const dp__list_node *n)
 {
     return n->prev;
 }
 
 /* The object embedding node n at byte offset off, or NULL for NULL. */
 static inline void *
-dp__list_item(const dp_list_node *n, size_t off)
+dp__list_item(const dp__list_node *n, size_t off)
 {
     return n != NULL ? (void *)((char *)n - off) : NULL;
 }

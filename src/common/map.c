@@ -8,7 +8,7 @@
 
 #include "common/common.h"
 
-struct dp_map_slot {
+struct dp__map_slot {
     uint64_t hash; /* 0 = empty; real hashes are forced non-zero */
     uint64_t ukey;
     char *key;
@@ -44,20 +44,20 @@ hash_u64(uint64_t k)
 }
 
 void
-dp__map_init_str(dp_map *m)
+dp__map_init_str(dp__map *m)
 {
     memset(m, 0, sizeof *m);
 }
 
 void
-dp__map_init_u64(dp_map *m)
+dp__map_init_u64(dp__map *m)
 {
     memset(m, 0, sizeof *m);
     m->u64_keys = true;
 }
 
 void
-dp__map_fini(dp_map *m)
+dp__map_fini(dp__map *m)
 {
     if (!m->u64_keys)
         for (size_t i = 0; i < m->cap; i++)
@@ -69,13 +69,13 @@ dp__map_fini(dp_map *m)
 }
 
 size_t
-dp__map_len(const dp_map *m)
+dp__map_len(const dp__map *m)
 {
     return m->len;
 }
 
 static bool
-slot_eq(const dp_map *m, const dp_map_slot *s, uint64_t h, const void *key, size_t klen,
+slot_eq(const dp__map *m, const dp__map_slot *s, uint64_t h, const void *key, size_t klen,
         uint64_t ukey)
 {
     if (s->hash != h)
@@ -86,13 +86,13 @@ slot_eq(const dp_map *m, const dp_map_slot *s, uint64_t h, const void *key, size
 }
 
 static size_t
-find(const dp_map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey)
+find(const dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey)
 {
     if (m->cap == 0)
         return SIZE_MAX;
     size_t mask = m->cap - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
-        const dp_map_slot *s = &m->slots[i];
+        const dp__map_slot *s = &m->slots[i];
         if (s->hash == 0)
             return SIZE_MAX;
         if (slot_eq(m, s, h, key, klen, ukey))
@@ -101,14 +101,14 @@ find(const dp_map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey)
 }
 
 static int
-grow(dp_map *m)
+grow(dp__map *m)
 {
     size_t ncap = m->cap ? m->cap * 2 : 16;
-    dp_map_slot *ns = calloc(ncap, sizeof *ns);
+    dp__map_slot *ns = calloc(ncap, sizeof *ns);
     if (ns == NULL)
         return DP_ENOMEM;
     for (size_t i = 0; i < m->cap; i++) {
-        dp_map_slot *s = &m->slots[i];
+        dp__map_slot *s = &m->slots[i];
         if (s->hash == 0)
             continue;
         size_t j = s->hash & (ncap - 1);
@@ -123,7 +123,7 @@ grow(dp_map *m)
 }
 
 static int
-put(dp_map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey, void *val,
+put(dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey, void *val,
     void **old)
 {
     size_t at = find(m, h, key, klen, ukey);
@@ -149,13 +149,13 @@ put(dp_map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey, void *va
     while (m->slots[i].hash != 0)
         i = (i + 1) & mask;
     m->slots[i] =
-        (dp_map_slot){.hash = h, .ukey = ukey, .key = kcopy, .klen = klen, .val = val};
+        (dp__map_slot){.hash = h, .ukey = ukey, .key = kcopy, .klen = klen, .val = val};
     m->len++;
     return DP_OK;
 }
 
 static void *
-del_at(dp_map *m, size_t i)
+del_at(dp__map *m, size_t i)
 {
     size_t mask = m->cap - 1;
     void *val = m->slots[i].val;
@@ -180,51 +180,51 @@ del_at(dp_map *m, size_t i)
 }
 
 void *
-dp__map_get(const dp_map *m, const void *key, size_t klen)
+dp__map_get(const dp__map *m, const void *key, size_t klen)
 {
     size_t at = find(m, hash_bytes(key, klen), key, klen, 0);
     return at == SIZE_MAX ? NULL : m->slots[at].val;
 }
 
 int
-dp__map_put(dp_map *m, const void *key, size_t klen, void *val, void **old)
+dp__map_put(dp__map *m, const void *key, size_t klen, void *val, void **old)
 {
     return put(m, hash_bytes(key, klen), key, klen, 0, val, old);
 }
 
 void *
-dp__map_del(dp_map *m, const void *key, size_t klen)
+dp__map_del(dp__map *m, const void *key, size_t klen)
 {
     size_t at = find(m, hash_bytes(key, klen), key, klen, 0);
     return at == SIZE_MAX ? NULL : del_at(m, at);
 }
 
 void *
-dp__map_get_u64(const dp_map *m, uint64_t key)
+dp__map_get_u64(const dp__map *m, uint64_t key)
 {
     size_t at = find(m, hash_u64(key), NULL, 0, key);
     return at == SIZE_MAX ? NULL : m->slots[at].val;
 }
 
 int
-dp__map_put_u64(dp_map *m, uint64_t key, void *val, void **old)
+dp__map_put_u64(dp__map *m, uint64_t key, void *val, void **old)
 {
     return put(m, hash_u64(key), NULL, 0, key, val, old);
 }
 
 void *
-dp__map_del_u64(dp_map *m, uint64_t key)
+dp__map_del_u64(dp__map *m, uint64_t key)
 {
     size_t at = find(m, hash_u64(key), NULL, 0, key);
     return at == SIZE_MAX ? NULL : del_at(m, at);
 }
 
 bool
-dp__map_next(const dp_map *m, size_t *it, const void **key, size_t *klen, uint64_t *ukey,
+dp__map_next(const dp__map *m, size_t *it, const void **key, size_t *klen, uint64_t *ukey,
              void **val)
 {
     for (size_t i = *it; i < m->cap; i++) {
-        const dp_map_slot *s = &m->slots[i];
+        const dp__map_slot *s = &m->slots[i];
         if (s->hash == 0)
             continue;
         if (key != NULL)

@@ -19,7 +19,7 @@ end_of(uint64_t addr, uint64_t n)
 
 /* Index of the first range whose base is above addr (n if none). */
 static size_t
-upper_base(const dp_ranges *rs, uint64_t addr)
+upper_base(const dp__ranges *rs, uint64_t addr)
 {
     size_t a = 0, b = rs->n;
     while (a < b) {
@@ -34,7 +34,7 @@ upper_base(const dp_ranges *rs, uint64_t addr)
 
 /* Index of the first range whose end is at or above addr (n if none). */
 static size_t
-lower_end(const dp_ranges *rs, uint64_t addr)
+lower_end(const dp__ranges *rs, uint64_t addr)
 {
     size_t a = 0, b = rs->n;
     while (a < b) {
@@ -48,14 +48,14 @@ lower_end(const dp_ranges *rs, uint64_t addr)
 }
 
 void
-dp__ranges_fini(dp_ranges *rs)
+dp__ranges_fini(dp__ranges *rs)
 {
     free(rs->e);
     memset(rs, 0, sizeof *rs);
 }
 
 int
-dp__ranges_reserve(dp_ranges *rs, size_t extra)
+dp__ranges_reserve(dp__ranges *rs, size_t extra)
 {
     if (rs->cap - rs->n >= extra)
         return DP_OK;
@@ -65,7 +65,7 @@ dp__ranges_reserve(dp_ranges *rs, size_t extra)
             return DP_ENOMEM;
         cap *= 2;
     }
-    dp_ranges_ent *e = realloc(rs->e, cap * sizeof *e);
+    dp__ranges_ent *e = realloc(rs->e, cap * sizeof *e);
     if (e == NULL)
         return DP_ENOMEM;
     rs->e = e;
@@ -74,7 +74,7 @@ dp__ranges_reserve(dp_ranges *rs, size_t extra)
 }
 
 int
-dp__ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v)
+dp__ranges_add(dp__ranges *rs, uint64_t base, uint64_t len, void *v)
 {
     if (len == 0 || base + len < base)
         return DP_EINVAL;
@@ -86,13 +86,13 @@ dp__ranges_add(dp_ranges *rs, uint64_t base, uint64_t len, void *v)
     if (dp__ranges_reserve(rs, 1) != DP_OK)
         return DP_ENOMEM;
     memmove(rs->e + i + 1, rs->e + i, (rs->n - i) * sizeof *rs->e);
-    rs->e[i] = (dp_ranges_ent){base, len, v};
+    rs->e[i] = (dp__ranges_ent){base, len, v};
     rs->n++;
     return DP_OK;
 }
 
 int
-dp__ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len)
+dp__ranges_merge(dp__ranges *rs, uint64_t base, uint64_t len)
 {
     if (len == 0)
         return DP_OK;
@@ -113,19 +113,19 @@ dp__ranges_merge(dp_ranges *rs, uint64_t base, uint64_t len)
         memmove(rs->e + first + 1, rs->e + last, (rs->n - last) * sizeof *rs->e);
         rs->n -= last - first - 1;
     }
-    rs->e[first] = (dp_ranges_ent){lo, hi - lo, NULL};
+    rs->e[first] = (dp__ranges_ent){lo, hi - lo, NULL};
     return DP_OK;
 }
 
-dp_ranges_ent *
-dp__ranges_at(const dp_ranges *rs, uint64_t base)
+dp__ranges_ent *
+dp__ranges_at(const dp__ranges *rs, uint64_t base)
 {
     size_t i = upper_base(rs, base);
     return i > 0 && rs->e[i - 1].base == base ? &rs->e[i - 1] : NULL;
 }
 
 void
-dp__ranges_remove(dp_ranges *rs, dp_ranges_ent *e)
+dp__ranges_remove(dp__ranges *rs, dp__ranges_ent *e)
 {
     size_t i = (size_t)(e - rs->e);
     DP_ASSERT(i < rs->n);
@@ -133,20 +133,20 @@ dp__ranges_remove(dp_ranges *rs, dp_ranges_ent *e)
     rs->n--;
 }
 
-dp_ranges_ent *
-dp__ranges_find(const dp_ranges *rs, uint64_t addr, uint64_t n)
+dp__ranges_ent *
+dp__ranges_find(const dp__ranges *rs, uint64_t addr, uint64_t n)
 {
     size_t i = upper_base(rs, addr);
     if (i == 0)
         return NULL;
-    dp_ranges_ent *e = &rs->e[i - 1];
+    dp__ranges_ent *e = &rs->e[i - 1];
     if (addr - e->base <= e->len && n <= e->len - (addr - e->base))
         return e;
     return NULL;
 }
 
-dp_ranges_ent *
-dp__ranges_overlap(const dp_ranges *rs, uint64_t addr, uint64_t n)
+dp__ranges_ent *
+dp__ranges_overlap(const dp__ranges *rs, uint64_t addr, uint64_t n)
 {
     if (n == 0)
         return NULL;

@@ -49,7 +49,7 @@
 
 /* A reply waiting for the server thread. */
 struct out_item {
-    dp_list_node link; /* outbox.items */
+    dp__list_node link; /* outbox.items */
     size_t id_len, len;
     uint8_t *data; /* routing id, then the reply */
 };
@@ -60,10 +60,10 @@ typedef struct outbox {
     int refs;    /* the server and each open token; under mu */
     bool closed; /* the server is gone: replies are dropped */
     int pipe_r, pipe_w;
-    dp_list items; /* struct out_item, oldest first; under mu */
+    dp__list items; /* struct out_item, oldest first; under mu */
 } outbox;
 
-struct dp_ctl_deferred {
+struct dp__ctl_deferred {
     outbox *ob;
     size_t id_len;
     uint8_t id[256]; /* ROUTER routing ids are at most 255 bytes */
@@ -95,13 +95,13 @@ static _Thread_local struct {
     const zmq_msg_t *id;
 } cur_req;
 
-dp_ctl_deferred *
+dp__ctl_deferred *
 dp__ctl_defer(void)
 {
     if (cur_req.ob == NULL ||
-        zmq_msg_size((zmq_msg_t *)cur_req.id) > sizeof((dp_ctl_deferred *)NULL)->id)
+        zmq_msg_size((zmq_msg_t *)cur_req.id) > sizeof((dp__ctl_deferred *)NULL)->id)
         return NULL;
-    dp_ctl_deferred *t = malloc(sizeof *t);
+    dp__ctl_deferred *t = malloc(sizeof *t);
     if (t == NULL)
         return NULL;
     t->ob = cur_req.ob;
@@ -114,7 +114,7 @@ dp__ctl_defer(void)
 }
 
 void
-dp__ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len)
+dp__ctl_deferred_send(dp__ctl_deferred *t, const void *msg, size_t len)
 {
     if (t == NULL)
         return;
@@ -147,7 +147,7 @@ dp__ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len)
     outbox_unref(ob);
 }
 
-struct dp_ctl_server {
+struct dp__ctl_server {
     void *zctx;
     void *sock;
     outbox *ob;
@@ -248,7 +248,7 @@ dp__ctl_key_valid(const char *z85)
 }
 
 int
-dp__ctl_server_reload_allow(dp_ctl_server *s, size_t *n_keys, dp_detail *d)
+dp__ctl_server_reload_allow(dp__ctl_server *s, size_t *n_keys, dp_detail *d)
 {
     if (!s->curve_on)
         return dp__fail(d, DP_EINVAL, "ctl server: no CURVE, so no allow list");
@@ -299,13 +299,13 @@ dp__ctl_server_reload_allow(dp_ctl_server *s, size_t *n_keys, dp_detail *d)
 }
 
 uint64_t
-dp__ctl_server_auth_refused(const dp_ctl_server *s)
+dp__ctl_server_auth_refused(const dp__ctl_server *s)
 {
     return __atomic_load_n(&s->auth_refused, __ATOMIC_RELAXED);
 }
 
 static bool
-key_allowed(dp_ctl_server *s, const uint8_t *key)
+key_allowed(dp__ctl_server *s, const uint8_t *key)
 {
     /* Whoever holds the unit's own secret key (its launcher, its peers) is in. */
     if (memcmp(key, s->own_pub, 32) == 0)
@@ -358,7 +358,7 @@ mon_recv(void *mon, uint16_t *ev, uint32_t *val)
  * logged as a refusal. Server thread.
  */
 static void
-mon_event(dp_ctl_server *s)
+mon_event(dp__ctl_server *s)
 {
     uint16_t ev;
     uint32_t val;
@@ -382,7 +382,7 @@ mon_event(dp_ctl_server *s)
  * else 400. Server thread.
  */
 static void
-zap_answer(dp_ctl_server *s)
+zap_answer(dp__ctl_server *s)
 {
     zmq_msg_t f[8];
     int nf = 0;
@@ -445,12 +445,12 @@ zap_answer(dp_ctl_server *s)
 
 /* Send the replies deferred requests queued (server thread). */
 static void
-send_outbox(dp_ctl_server *s)
+send_outbox(dp__ctl_server *s)
 {
     char junk[64];
     while (read(s->ob->pipe_r, junk, sizeof junk) > 0) {
     }
-    dp_list items = {0};
+    dp__list items = {0};
     pthread_mutex_lock(&s->ob->mu);
     dp__list_move_tail(&items, &s->ob->items);
     pthread_mutex_unlock(&s->ob->mu);
@@ -468,8 +468,8 @@ send_outbox(dp_ctl_server *s)
 static void *
 server_main(void *arg)
 {
-    dp_ctl_server *s = arg;
-    dp_buf reply;
+    dp__ctl_server *s = arg;
+    dp__buf reply;
     dp__buf_init(&reply);
     zmq_msg_t id, body;
     zmq_msg_init(&id);
@@ -541,14 +541,14 @@ server_main(void *arg)
 }
 
 int
-dp__ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
-                    dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out,
+dp__ctl_server_open(const dp__ctl_server_opts *opts, dp_ctl_handler handler,
+                    dp_ctl_oversize oversize, void *ctx, dp__ctl_server **out,
                     dp_detail *d)
 {
     int rc;
     if (handler == NULL || out == NULL)
         return dp__fail(d, DP_EINVAL, "ctl server: handler and out are required");
-    dp_ctl_server *s = calloc(1, sizeof *s);
+    dp__ctl_server *s = calloc(1, sizeof *s);
     if (s == NULL)
         return dp__fail(d, DP_ENOMEM, "ctl server: out of memory");
     s->handler = handler;
@@ -665,19 +665,19 @@ fail:
 }
 
 const char *
-dp__ctl_server_address(const dp_ctl_server *s)
+dp__ctl_server_address(const dp__ctl_server *s)
 {
     return s->address;
 }
 
 uint64_t
-dp__ctl_server_served(const dp_ctl_server *s)
+dp__ctl_server_served(const dp__ctl_server *s)
 {
     return __atomic_load_n(&s->served, __ATOMIC_RELAXED);
 }
 
 void
-dp__ctl_server_close(dp_ctl_server *s)
+dp__ctl_server_close(dp__ctl_server *s)
 {
     if (s == NULL)
         return;
@@ -735,7 +735,7 @@ typedef struct csock {
 struct pooled {
     char *address;
     csock *cs;
-    dp_list_node link; /* dp_ctl_client.idle, most recently given back first */
+    dp__list_node link; /* dp__ctl_client.idle, most recently given back first */
 };
 
 /* A unit's CURVE public key, by address (dp__ctl_client_server_key). */
@@ -744,10 +744,10 @@ struct server_key {
     char key[41];
 };
 
-struct dp_ctl_client {
+struct dp__ctl_client {
     void *zctx;
     pthread_mutex_t mu;
-    dp_list idle; /* struct pooled; under mu */
+    dp__list idle; /* struct pooled; under mu */
     /*
      * Bumped (under mu) when idle sockets to an address are closed (forget,
      * a changed key): a socket a running call held then (taken in an earlier
@@ -765,7 +765,7 @@ struct dp_ctl_client {
 };
 
 int
-dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d)
+dp__ctl_client_set_curve(dp__ctl_client *c, const char secret[41], dp_detail *d)
 {
     char pub[41];
     if (!dp__ctl_key_valid(secret))
@@ -787,9 +787,9 @@ dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d)
 #define CONNECT_TIMEOUT_MS 2000
 
 int
-dp__ctl_client_create(dp_ctl_client **out, dp_detail *d)
+dp__ctl_client_create(dp__ctl_client **out, dp_detail *d)
 {
-    dp_ctl_client *c = calloc(1, sizeof *c);
+    dp__ctl_client *c = calloc(1, sizeof *c);
     if (c == NULL)
         return dp__fail(d, DP_ENOMEM, "ctl client: out of memory");
     c->zctx = zmq_ctx_new();
@@ -833,7 +833,7 @@ sock_close(csock *cs)
  * held the pin is then gone or unreachable by this socket anyway.
  */
 static void
-idle_take_locked(dp_ctl_client *c, const char *address, dp_list *gone)
+idle_take_locked(dp__ctl_client *c, const char *address, dp__list *gone)
 {
     c->epoch++;
     for (struct pooled *p = DP_LIST_FIRST(&c->idle, struct pooled, link), *next;
@@ -848,7 +848,7 @@ idle_take_locked(dp_ctl_client *c, const char *address, dp_list *gone)
 
 /* Close the sockets idle_take_locked took (outside c->mu), or a whole pool; how many. */
 static size_t
-idle_close(dp_list *gone)
+idle_close(dp__list *gone)
 {
     size_t n = 0;
     for (struct pooled *p; (p = DP_LIST_FIRST(gone, struct pooled, link)) != NULL; n++) {
@@ -861,11 +861,11 @@ idle_close(dp_list *gone)
 }
 
 size_t
-dp__ctl_client_forget(dp_ctl_client *c, const char *address)
+dp__ctl_client_forget(dp__ctl_client *c, const char *address)
 {
     if (c == NULL || address == NULL)
         return 0;
-    dp_list gone;
+    dp__list gone;
     dp__list_init(&gone);
     pthread_mutex_lock(&c->mu);
     idle_take_locked(c, address, &gone);
@@ -874,14 +874,14 @@ dp__ctl_client_forget(dp_ctl_client *c, const char *address)
 }
 
 int
-dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
+dp__ctl_client_server_key(dp__ctl_client *c, const char *address, const char *key,
                           dp_detail *d)
 {
     if (key != NULL && key[0] != '\0' && !dp__ctl_key_valid(key))
         return dp__fail(d, DP_EINVAL,
                         "unit %s: its public key '%.48s' is not a CURVE key", address,
                         key);
-    dp_list gone;
+    dp__list gone;
     dp__list_init(&gone);
     pthread_mutex_lock(&c->mu);
     size_t i = 0;
@@ -921,7 +921,7 @@ dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key
 }
 
 void
-dp__ctl_client_destroy(dp_ctl_client *c)
+dp__ctl_client_destroy(dp__ctl_client *c)
 {
     if (c == NULL)
         return;
@@ -968,7 +968,7 @@ drain_events(csock *cs)
 }
 
 static int
-sock_new(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
+sock_new(dp__ctl_client *c, const char *address, csock **out, dp_detail *d)
 {
     csock *cs = calloc(1, sizeof *cs);
     if (cs == NULL)
@@ -1037,7 +1037,7 @@ fail:
 
 /* A socket connected to address: an idle pooled one, or a new one. */
 static int
-sock_take(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
+sock_take(dp__ctl_client *c, const char *address, csock **out, dp_detail *d)
 {
     pthread_mutex_lock(&c->mu);
     for (struct pooled *p = DP_LIST_FIRST(&c->idle, struct pooled, link); p != NULL;
@@ -1060,7 +1060,7 @@ sock_take(dp_ctl_client *c, const char *address, csock **out, dp_detail *d)
 }
 
 static void
-sock_give_back(dp_ctl_client *c, const char *address, csock *cs)
+sock_give_back(dp__ctl_client *c, const char *address, csock *cs)
 {
     struct pooled *p = malloc(sizeof *p);
     char *a = strdup(address);
@@ -1088,7 +1088,7 @@ sock_give_back(dp_ctl_client *c, const char *address, csock *cs)
 static bool
 reply_has_rid(const uint8_t *msg, size_t len, const char *rid)
 {
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp__mp_reader_init(&r, msg, len);
     uint32_t n;
     const char *s;
@@ -1192,7 +1192,7 @@ sock_verdict(csock *cs, const char *address, dp_detail *d)
 
 /* Read one message from cs into reply and check its id. */
 static int
-recv_reply(csock *cs, const char *address, const char *rid, dp_buf *reply, dp_detail *d)
+recv_reply(csock *cs, const char *address, const char *rid, dp__buf *reply, dp_detail *d)
 {
     zmq_msg_t m;
     zmq_msg_init(&m);
@@ -1217,10 +1217,10 @@ recv_reply(csock *cs, const char *address, const char *rid, dp_buf *reply, dp_de
 }
 
 int
-dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
-             const char *rid, double timeout_s, dp_buf *reply, dp_detail *d)
+dp__ctl_call(dp__ctl_client *c, const char *address, const dp__buf *req, const char *rid,
+             double timeout_s, dp__buf *reply, dp_detail *d)
 {
-    dp_ctl_item it = {.address = address, .req = req, .len = len, .rid = rid};
+    dp__ctl_item it = {.address = address, .req = req->data, .len = req->len, .rid = rid};
     dp__buf_init(&it.reply);
     int rc = dp__ctl_call_many(c, &it, 1, timeout_s);
     if (rc == DP_OK) {
@@ -1235,7 +1235,7 @@ dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
 
 /* Send it->req on a socket of the pool (or a new one); det says why not. */
 static int
-item_send(dp_ctl_client *c, dp_ctl_item *it, dp_detail *det)
+item_send(dp__ctl_client *c, dp__ctl_item *it, dp_detail *det)
 {
     csock *cs = NULL;
     it->sock = NULL;
@@ -1251,13 +1251,13 @@ item_send(dp_ctl_client *c, dp_ctl_item *it, dp_detail *det)
 }
 
 uint64_t
-dp__ctl_client_resent(const dp_ctl_client *c)
+dp__ctl_client_resent(const dp__ctl_client *c)
 {
     return c == NULL ? 0 : __atomic_load_n(&c->n_resent, __ATOMIC_RELAXED);
 }
 
 int
-dp__ctl_send(dp_ctl_client *c, dp_ctl_item *it)
+dp__ctl_send(dp__ctl_client *c, dp__ctl_item *it)
 {
     dp_detail_clear(&it->det);
     it->resent = 0;
@@ -1282,7 +1282,7 @@ dp__ctl_send(dp_ctl_client *c, dp_ctl_item *it)
  * whether it waits on a socket now.
  */
 static bool
-item_resend(dp_ctl_client *c, dp_ctl_item *it, double now)
+item_resend(dp__ctl_client *c, dp__ctl_item *it, double now)
 {
     if (it->sock != NULL || now < it->resend_at)
         return it->sock != NULL;
@@ -1300,152 +1300,197 @@ item_resend(dp_ctl_client *c, dp_ctl_item *it, double now)
 
 /* After a failed verdict: whether the item is sent again (later) instead. */
 static bool
-item_may_resend(dp_ctl_item *it, const csock *cs, int vrc, double now, double deadline)
+item_may_resend(dp__ctl_item *it, const csock *cs, int vrc, double now, double deadline)
 {
     if (cs->n_disconnects > cs->sent_disconnects)
         it->dropped = true;
     if (!it->repeat || !it->dropped || vrc != DP_ETRANSFER || deadline - now < 0.01)
         return false;
-    double wait = RESEND_FIRST_S;
-    for (unsigned k = 0; k < it->resent && wait < RESEND_MAX_S; k++)
-        wait *= 2;
-    it->resend_at = now + (wait < RESEND_MAX_S ? wait : RESEND_MAX_S);
+    it->resend_at = now + dp__backoff_step(RESEND_FIRST_S, RESEND_MAX_S, it->resent);
     return true;
 }
 
-int
-dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+/*
+ * The pending items of one dp__ctl_wait_many and their poll set, which is
+ * made again every slice (an item may be resent on a new socket, or fail).
+ */
+typedef struct waitset {
+    dp__ctl_item *items;
+    size_t n;
+    size_t waiting;      /* items still pending */
+    zmq_pollitem_t *pis; /* two per pending item: its socket and its monitor */
+    size_t *which;       /* the item of each of pis; SIZE_MAX: a monitor */
+    size_t np;           /* pis in use */
+    double deadline;
+    double wake; /* the earliest resend before the deadline, this slice */
+} waitset;
+
+/* Count the pending items and allocate their poll set; out of memory, they fail. */
+static void
+waitset_init(waitset *w)
 {
-    size_t waiting = 0;
-    for (size_t i = 0; i < n; i++)
-        waiting += items[i].rc == DP_CTL_PENDING;
-    zmq_pollitem_t *pis = waiting > 0 ? calloc(2 * waiting, sizeof *pis) : NULL;
-    size_t *which = waiting > 0 ? calloc(2 * waiting, sizeof *which) : NULL;
-    if (waiting > 0 && (pis == NULL || which == NULL)) {
+    w->waiting = 0;
+    for (size_t i = 0; i < w->n; i++)
+        w->waiting += w->items[i].rc == DP_CTL_PENDING;
+    w->pis = w->waiting > 0 ? calloc(2 * w->waiting, sizeof *w->pis) : NULL;
+    w->which = w->waiting > 0 ? calloc(2 * w->waiting, sizeof *w->which) : NULL;
+    if (w->waiting > 0 && (w->pis == NULL || w->which == NULL)) {
         /* Each pending socket may still get its reply: close, never reuse. */
-        for (size_t i = 0; i < n; i++) {
-            if (items[i].rc != DP_CTL_PENDING)
-                continue;
-            sock_close(items[i].sock);
-            items[i].sock = NULL;
-            items[i].rc = dp__fail(&items[i].det, DP_ENOMEM, "call: out of memory");
-        }
-        waiting = 0;
-    }
-    double deadline = dp__now_s() + (timeout_s > 0 ? timeout_s : 0);
-    while (waiting > 0) {
-        size_t np = 0;
-        double now = dp__now_s(), wake = deadline;
-        for (size_t i = 0; i < n; i++) {
-            dp_ctl_item *it = &items[i];
+        for (size_t i = 0; i < w->n; i++) {
+            dp__ctl_item *it = &w->items[i];
             if (it->rc != DP_CTL_PENDING)
                 continue;
-            if (!item_resend(c, it, now)) {
-                wake = it->resend_at < wake ? it->resend_at : wake;
-                continue;
-            }
-            csock *cs = it->sock;
-            dp_detail e;
-            dp_detail_clear(&e);
-            int vrc = sock_verdict(cs, it->address, &e);
-            if (vrc != DP_OK) {
-                bool again = item_may_resend(it, cs, vrc, now, deadline);
-                sock_close(cs);
-                it->sock = NULL;
-                it->det = e;
-                if (again) { /* the unit may answer on a new connection */
-                    wake = it->resend_at < wake ? it->resend_at : wake;
-                    continue;
-                }
-                /* The unit cannot answer this request: fail it now. */
-                it->rc = vrc;
-                waiting--;
-                continue;
-            }
-            pis[np] = (zmq_pollitem_t){.socket = cs->s, .events = ZMQ_POLLIN};
-            which[np++] = i;
-            pis[np] = (zmq_pollitem_t){.socket = cs->mon, .events = ZMQ_POLLIN};
-            which[np++] = SIZE_MAX;
+            sock_close(it->sock);
+            it->sock = NULL;
+            it->rc = dp__fail(&it->det, DP_ENOMEM, "call: out of memory");
         }
-        if (waiting == 0)
+        w->waiting = 0;
+    }
+}
+
+/*
+ * The poll set of this slice: each pending item's socket and monitor, once
+ * it is (re)sent. An item the monitor says cannot be answered fails now, or
+ * waits for its resend (w->wake).
+ */
+static void
+waitset_fill(dp__ctl_client *c, waitset *w, double now)
+{
+    w->np = 0;
+    w->wake = w->deadline;
+    for (size_t i = 0; i < w->n; i++) {
+        dp__ctl_item *it = &w->items[i];
+        if (it->rc != DP_CTL_PENDING)
+            continue;
+        if (!item_resend(c, it, now)) {
+            w->wake = it->resend_at < w->wake ? it->resend_at : w->wake;
+            continue;
+        }
+        csock *cs = it->sock;
+        dp_detail e;
+        dp_detail_clear(&e);
+        int vrc = sock_verdict(cs, it->address, &e);
+        if (vrc != DP_OK) {
+            bool again = item_may_resend(it, cs, vrc, now, w->deadline);
+            sock_close(cs);
+            it->sock = NULL;
+            it->det = e;
+            if (again) { /* the unit may answer on a new connection */
+                w->wake = it->resend_at < w->wake ? it->resend_at : w->wake;
+                continue;
+            }
+            /* The unit cannot answer this request: fail it now. */
+            it->rc = vrc;
+            w->waiting--;
+            continue;
+        }
+        w->pis[w->np] = (zmq_pollitem_t){.socket = cs->s, .events = ZMQ_POLLIN};
+        w->which[w->np++] = i;
+        w->pis[w->np] = (zmq_pollitem_t){.socket = cs->mon, .events = ZMQ_POLLIN};
+        w->which[w->np++] = SIZE_MAX;
+    }
+}
+
+/* Receive the replies zmq_poll found ready; a socket is pooled again after a good one. */
+static void
+waitset_take(dp__ctl_client *c, waitset *w)
+{
+    for (size_t j = 0; j < w->np; j++) {
+        if (w->which[j] == SIZE_MAX || !(w->pis[j].revents & ZMQ_POLLIN))
+            continue;
+        dp__ctl_item *it = &w->items[w->which[j]];
+        csock *cs = it->sock;
+        it->rc = recv_reply(cs, it->address, it->rid, &it->reply, &it->det);
+        if (it->rc == DP_OK)
+            sock_give_back(c, it->address, cs);
+        else
+            sock_close(cs);
+        it->sock = NULL;
+        w->waiting--;
+    }
+}
+
+/* An item still pending at the deadline gets its error: why no reply came. */
+static void
+item_expire(dp__ctl_item *it, double timeout_s)
+{
+    bool never_up = false;
+    if (it->rc == DP_CTL_PENDING && it->sock != NULL) {
+        csock *cs = it->sock;
+        drain_events(cs); /* a handshake may have come after the last look */
+        never_up = !cs->sent_up && cs->n_handshakes == cs->sent_handshakes;
+    }
+    if (it->rc == DP_CTL_PENDING && it->dropped && (it->sock == NULL || never_up)) {
+        /* Dropped, sent again, and the unit never reached before the deadline. */
+        sock_close(it->sock);
+        it->sock = NULL;
+        char last[DP_DETAIL_MAX];
+        snprintf(last, sizeof last, "%s", it->det.msg);
+        it->rc = dp__fail(&it->det, DP_ETRANSFER,
+                          "unit %s is down or unreachable: the connection that "
+                          "carried the request dropped, and it was sent again %u "
+                          "time(s) within %.3g s without an answer (the request may "
+                          "or may not have been carried out; last: %s)",
+                          it->address, it->resent, timeout_s, last);
+    } else if (it->rc == DP_CTL_PENDING) {
+        /* No reply in time: the socket may still get one; never reuse it. */
+        csock *cs = it->sock;
+        sock_close(cs);
+        it->sock = NULL;
+        char again[96] = "";
+        if (it->resent > 0)
+            snprintf(again, sizeof again,
+                     " (sent %u times: the connections of the earlier ones dropped)",
+                     it->resent + 1);
+        if (never_up)
+            it->rc = dp__fail(&it->det, DP_ETIMEDOUT,
+                              "unit %s did not answer within %.3g s: no connection "
+                              "could be made (unit unreachable?)%s",
+                              it->address, timeout_s, again);
+        else
+            it->rc =
+                dp__fail(&it->det, DP_ETIMEDOUT, "unit %s did not reply within %.3g s%s",
+                         it->address, timeout_s, again);
+    }
+}
+
+int
+dp__ctl_wait_many(dp__ctl_client *c, dp__ctl_item *items, size_t n, double timeout_s)
+{
+    waitset w = {.items = items, .n = n};
+    waitset_init(&w);
+    w.deadline = dp__now_s() + (timeout_s > 0 ? timeout_s : 0);
+    while (w.waiting > 0) {
+        waitset_fill(c, &w, dp__now_s());
+        if (w.waiting == 0)
             break;
-        double left = deadline - dp__now_s();
+        double left = w.deadline - dp__now_s();
         if (left <= 0)
             break;
-        if (wake - dp__now_s() < left)
-            left = wake - dp__now_s() > 0 ? wake - dp__now_s() : 0;
+        if (w.wake - dp__now_s() < left)
+            left = w.wake - dp__now_s() > 0 ? w.wake - dp__now_s() : 0;
         long ms = (long)(left * 1000) + 1;
-        int k = zmq_poll(pis, (int)np, ms < WAIT_SLICE_MS ? ms : WAIT_SLICE_MS);
+        int k = zmq_poll(w.pis, (int)w.np, ms < WAIT_SLICE_MS ? ms : WAIT_SLICE_MS);
         if (k < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             break;
         }
-        for (size_t j = 0; j < np; j++) {
-            if (which[j] == SIZE_MAX || !(pis[j].revents & ZMQ_POLLIN))
-                continue;
-            dp_ctl_item *it = &items[which[j]];
-            csock *cs = it->sock;
-            it->rc = recv_reply(cs, it->address, it->rid, &it->reply, &it->det);
-            if (it->rc == DP_OK)
-                sock_give_back(c, it->address, cs);
-            else
-                sock_close(cs);
-            it->sock = NULL;
-            waiting--;
-        }
+        waitset_take(c, &w);
     }
     int first = DP_OK;
     for (size_t i = 0; i < n; i++) {
-        dp_ctl_item *it = &items[i];
-        bool never_up = false;
-        if (it->rc == DP_CTL_PENDING && it->sock != NULL) {
-            csock *cs = it->sock;
-            drain_events(cs); /* a handshake may have come after the last look */
-            never_up = !cs->sent_up && cs->n_handshakes == cs->sent_handshakes;
-        }
-        if (it->rc == DP_CTL_PENDING && it->dropped && (it->sock == NULL || never_up)) {
-            /* Dropped, sent again, and the unit never reached before the deadline. */
-            sock_close(it->sock);
-            it->sock = NULL;
-            char last[DP_DETAIL_MAX];
-            snprintf(last, sizeof last, "%s", it->det.msg);
-            it->rc = dp__fail(&it->det, DP_ETRANSFER,
-                              "unit %s is down or unreachable: the connection that "
-                              "carried the request dropped, and it was sent again %u "
-                              "time(s) within %.3g s without an answer (the request may "
-                              "or may not have been carried out; last: %s)",
-                              it->address, it->resent, timeout_s, last);
-        } else if (it->rc == DP_CTL_PENDING) {
-            /* No reply in time: the socket may still get one; never reuse it. */
-            csock *cs = it->sock;
-            sock_close(cs);
-            it->sock = NULL;
-            char again[96] = "";
-            if (it->resent > 0)
-                snprintf(again, sizeof again,
-                         " (sent %u times: the connections of the earlier ones dropped)",
-                         it->resent + 1);
-            if (never_up)
-                it->rc = dp__fail(&it->det, DP_ETIMEDOUT,
-                                  "unit %s did not answer within %.3g s: no connection "
-                                  "could be made (unit unreachable?)%s",
-                                  it->address, timeout_s, again);
-            else
-                it->rc = dp__fail(&it->det, DP_ETIMEDOUT,
-                                  "unit %s did not reply within %.3g s%s", it->address,
-                                  timeout_s, again);
-        }
-        if (it->rc != DP_OK && first == DP_OK)
-            first = it->rc;
+        item_expire(&items[i], timeout_s);
+        if (items[i].rc != DP_OK && first == DP_OK)
+            first = items[i].rc;
     }
-    free(pis);
-    free(which);
+    free(w.pis);
+    free(w.which);
     return first;
 }
 
 int
-dp__ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s)
+dp__ctl_call_many(dp__ctl_client *c, dp__ctl_item *items, size_t n, double timeout_s)
 {
     /* Every request goes out before any reply is read. */
     for (size_t i = 0; i < n; i++)
@@ -1454,7 +1499,7 @@ dp__ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout
 }
 
 int
-dp__ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
+dp__ctl_notify(dp__ctl_client *c, const char *address, const void *msg, size_t len,
                dp_detail *d)
 {
     csock *cs = NULL;

@@ -19,7 +19,7 @@
 
 /* ---- server ---- */
 
-typedef struct dp_ctl_server dp_ctl_server;
+typedef struct dp__ctl_server dp__ctl_server;
 
 /*
  * Called on the server thread for every request of at most max_msg_bytes.
@@ -27,15 +27,16 @@ typedef struct dp_ctl_server dp_ctl_server;
  * nothing (notify ops, messages without a readable request id). The handler
  * takes whatever locks it needs; it must not block for long.
  */
-typedef void (*dp_ctl_handler)(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+typedef void (*dp_ctl_handler)(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply);
 
 /*
  * Called instead of the handler for a message over max_msg_bytes (up to twice
  * that; larger ones make ZMQ drop the connection). may fill reply.
  */
-typedef void (*dp_ctl_oversize)(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+typedef void (*dp_ctl_oversize)(void *ctx, const uint8_t *msg, size_t len,
+                                dp__buf *reply);
 
-typedef struct dp_ctl_server_opts {
+typedef struct dp__ctl_server_opts {
     const char *bind_ip;  /* default "127.0.0.1" */
     uint16_t port;        /* 0 = a free port */
     size_t max_msg_bytes; /* default 64 MiB */
@@ -48,7 +49,7 @@ typedef struct dp_ctl_server_opts {
      */
     const char *curve_secret;
     const char *curve_allow_dir;
-} dp_ctl_server_opts;
+} dp__ctl_server_opts;
 
 /* ---- CURVE keys (Z85 text: 40 characters and a NUL) ---- */
 
@@ -68,27 +69,27 @@ bool dp__ctl_key_valid(const char *z85);
  * Read the allow directory again (SIGHUP): *n_keys (NULL ok) the keys now
  * allowed; files that hold no key are logged and skipped. Threads: any.
  */
-int dp__ctl_server_reload_allow(dp_ctl_server *s, size_t *n_keys, dp_detail *d);
+int dp__ctl_server_reload_allow(dp__ctl_server *s, size_t *n_keys, dp_detail *d);
 /* Handshakes refused (keys not allowed, or no CURVE at all). Threads: any. */
-uint64_t dp__ctl_server_auth_refused(const dp_ctl_server *s);
+uint64_t dp__ctl_server_auth_refused(const dp__ctl_server *s);
 
 /*
  * Bind a ROUTER socket and start the server thread. The address actually bound
  * (with the real port) is available from dp__ctl_server_address().
  * Threads: any. Errors: DP_ESYS (bind failed: address in use, bad ip), DP_ENOMEM.
  */
-int dp__ctl_server_open(const dp_ctl_server_opts *opts, dp_ctl_handler handler,
-                        dp_ctl_oversize oversize, void *ctx, dp_ctl_server **out,
+int dp__ctl_server_open(const dp__ctl_server_opts *opts, dp_ctl_handler handler,
+                        dp_ctl_oversize oversize, void *ctx, dp__ctl_server **out,
                         dp_detail *d);
 
 /* "tcp://ip:port"; valid until close. Threads: any. */
-const char *dp__ctl_server_address(const dp_ctl_server *s);
+const char *dp__ctl_server_address(const dp__ctl_server *s);
 
 /* Requests served so far (handler calls). Threads: any. */
-uint64_t dp__ctl_server_served(const dp_ctl_server *s);
+uint64_t dp__ctl_server_served(const dp__ctl_server *s);
 
 /* Stop the thread and close the socket. NULL allowed. Not from the handler. */
-void dp__ctl_server_close(dp_ctl_server *s);
+void dp__ctl_server_close(dp__ctl_server *s);
 
 /*
  * Deferred replies, for a request too slow to answer on the server thread (it
@@ -100,16 +101,16 @@ void dp__ctl_server_close(dp_ctl_server *s);
  * That call never blocks, frees the token, and drops the reply if the server
  * has closed meanwhile. Threads: any.
  */
-typedef struct dp_ctl_deferred dp_ctl_deferred;
-dp_ctl_deferred *dp__ctl_defer(void);
-void dp__ctl_deferred_send(dp_ctl_deferred *t, const void *msg, size_t len);
+typedef struct dp__ctl_deferred dp__ctl_deferred;
+dp__ctl_deferred *dp__ctl_defer(void);
+void dp__ctl_deferred_send(dp__ctl_deferred *t, const void *msg, size_t len);
 
 /* ---- client ---- */
 
-typedef struct dp_ctl_client dp_ctl_client;
+typedef struct dp__ctl_client dp__ctl_client;
 
 /* Threads: any thread may use one client; calls run concurrently. */
-int dp__ctl_client_create(dp_ctl_client **out, dp_detail *d);
+int dp__ctl_client_create(dp__ctl_client **out, dp_detail *d);
 
 /*
  * CURVE: this client's secret key (its public key is derived), and a unit's
@@ -120,8 +121,8 @@ int dp__ctl_client_create(dp_ctl_client **out, dp_detail *d);
  * or requires CURVE from a client without it, fails calls at once with
  * DP_EPOLICY saying so (not a timeout). Threads: any.
  */
-int dp__ctl_client_set_curve(dp_ctl_client *c, const char secret[41], dp_detail *d);
-int dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char *key,
+int dp__ctl_client_set_curve(dp__ctl_client *c, const char secret[41], dp_detail *d);
+int dp__ctl_client_server_key(dp__ctl_client *c, const char *address, const char *key,
                               dp_detail *d);
 /*
  * Close the idle pooled sockets to address (a unit that moved away: ZMQ
@@ -129,22 +130,23 @@ int dp__ctl_client_server_key(dp_ctl_client *c, const char *address, const char 
  * returns how many were closed. A socket in use by a running call is not
  * touched (it is pooled again when the call ends). Threads: any.
  */
-size_t dp__ctl_client_forget(dp_ctl_client *c, const char *address);
+size_t dp__ctl_client_forget(dp__ctl_client *c, const char *address);
 
-/* Requests sent again after a dropped connection (dp_ctl_item.repeat), so far. */
-uint64_t dp__ctl_client_resent(const dp_ctl_client *c);
+/* Requests sent again after a dropped connection (dp__ctl_item.repeat), so far. */
+uint64_t dp__ctl_client_resent(const dp__ctl_client *c);
 
 /* Close every pooled socket. NULL allowed; no call may be running. */
-void dp__ctl_client_destroy(dp_ctl_client *c);
+void dp__ctl_client_destroy(dp__ctl_client *c);
 
 /*
- * Send req (a request whose id is rid) to address and wait at most timeout_s for
- * the reply carrying rid, which is appended to reply. Errors: DP_ETIMEDOUT (no
- * reply in time: the socket is closed, never reused), DP_EPROTO (a reply that
- * does not carry rid), DP_ESYS, DP_EINVAL (bad address).
+ * Send req->data[0, req->len) (a request whose id is rid) to address and wait
+ * at most timeout_s for the reply carrying rid, which is appended to reply.
+ * Errors: DP_ETIMEDOUT (no reply in time: the socket is closed, never
+ * reused), DP_EPROTO (a reply that does not carry rid), DP_ESYS, DP_EINVAL
+ * (bad address).
  */
-int dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t len,
-                 const char *rid, double timeout_s, dp_buf *reply, dp_detail *d);
+int dp__ctl_call(dp__ctl_client *c, const char *address, const dp__buf *req,
+                 const char *rid, double timeout_s, dp__buf *reply, dp_detail *d);
 
 /*
  * One request of a dp__ctl_call_many batch; rc/reply/det are its outcome.
@@ -155,20 +157,20 @@ int dp__ctl_call(dp_ctl_client *c, const char *address, const void *req, size_t 
  * deadline, instead of failing at once; resent counts those sends. A unit
  * that refuses connections from the start still fails the call at once.
  */
-typedef struct dp_ctl_item {
+typedef struct dp__ctl_item {
     const char *address;
     const void *req;
     size_t len;
     const char *rid;
-    dp_buf reply; /* caller inits and finis */
-    int rc;       /* DP_CTL_PENDING between dp__ctl_send and its reply */
+    dp__buf reply; /* caller inits and finis */
+    int rc;        /* DP_CTL_PENDING between dp__ctl_send and its reply */
     dp_detail det;
     bool repeat;
     unsigned resent;
     void *sock;       /* private: the socket a sent request waits on */
     bool dropped;     /* private: a connection carrying it dropped */
     double resend_at; /* private: when to send it again (sock is NULL until then) */
-} dp_ctl_item;
+} dp__ctl_item;
 
 #define DP_CTL_PENDING (-1)
 
@@ -177,7 +179,7 @@ typedef struct dp_ctl_item {
  * batch. Each item gets its own rc (and det): one failure does not stop the
  * others. Returns DP_OK if every item succeeded, else the first failure's code.
  */
-int dp__ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
+int dp__ctl_call_many(dp__ctl_client *c, dp__ctl_item *items, size_t n, double timeout_s);
 
 /*
  * The two halves of dp__ctl_call_many, for a caller that sends each request as
@@ -188,11 +190,11 @@ int dp__ctl_call_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double tim
  * as they are; every pending item ends with a code. An item sent must be
  * waited for (its socket is held until then).
  */
-int dp__ctl_send(dp_ctl_client *c, dp_ctl_item *it);
-int dp__ctl_wait_many(dp_ctl_client *c, dp_ctl_item *items, size_t n, double timeout_s);
+int dp__ctl_send(dp__ctl_client *c, dp__ctl_item *it);
+int dp__ctl_wait_many(dp__ctl_client *c, dp__ctl_item *items, size_t n, double timeout_s);
 
 /* Fire-and-forget (notify ops get no reply). Never blocks. */
-int dp__ctl_notify(dp_ctl_client *c, const char *address, const void *msg, size_t len,
+int dp__ctl_notify(dp__ctl_client *c, const char *address, const void *msg, size_t len,
                    dp_detail *d);
 
 #endif

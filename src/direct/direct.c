@@ -221,7 +221,7 @@ dp_direct_create(const dp_direct_opts *opts, dp_direct **out, dp_detail *d)
             goto fail;
         snprintf(t->name, sizeof t->name, "direct-%.16s", hex);
     }
-    dp_endpoint_opts eo;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.progress_thread = !o.no_progress_thread;
     /* Fetches of plain memory are emulated RMA this thread serves (above). */
@@ -277,7 +277,7 @@ dp_direct_destroy(dp_direct *t, dp_detail *d)
         pthread_mutex_lock(&t->mu);
         if (!dp__list_empty(&t->live)) {
             size_t n = 0;
-            for (dp_list_node *x = dp__list_first(&t->live); x != NULL;
+            for (dp__list_node *x = dp__list_first(&t->live); x != NULL;
                  x = dp__list_next(x))
                 n++;
             int rc =
@@ -393,11 +393,11 @@ dp_direct_publish(dp_direct *t, const char *obj_id, const dp_direct_buf *bufs, s
                             "direct: object %s buffer %zu is empty (%p, %zu)", obj_id, i,
                             bufs[i].addr, bufs[i].len);
     pub_obj *o = calloc(1, sizeof *o);
-    dp_direct_desc *descs = calloc(n ? n : 1, sizeof *descs);
+    dp__direct_desc *descs = calloc(n ? n : 1, sizeof *descs);
     uint64_t *keys = calloc(n ? n : 1, sizeof *keys);
     uint8_t *emd = NULL;
     size_t emd_len = 0, taken = 0;
-    dp_buf out;
+    dp__buf out;
     dp__buf_init(&out);
     if (o == NULL || descs == NULL || keys == NULL) {
         free(o);
@@ -436,9 +436,19 @@ dp_direct_publish(dp_direct *t, const char *obj_id, const dp_direct_buf *bufs, s
         }
         descs[taken].len = b->len;
     }
-    if ((rc = dp__endpoint_metadata(t->ep, &emd, &emd_len, d)) != DP_OK ||
-        (rc = dp__direct_md_encode(&out, obj_id, BACKEND, t->name, t->version, emd,
-                                   emd_len, descs, n, d)) != DP_OK)
+    if ((rc = dp__endpoint_metadata(t->ep, &emd, &emd_len, d)) != DP_OK)
+        goto fail;
+    dp_direct_md_fields f = {
+        .obj_id = obj_id,
+        .backend = BACKEND,
+        .name = t->name,
+        .version = t->version,
+        .ep_md = emd,
+        .ep_md_len = emd_len,
+        .descs = descs,
+        .n_descs = n,
+    };
+    if ((rc = dp__direct_md_encode(&out, &f, d)) != DP_OK)
         goto fail;
     o->n = n;
     o->keys = keys;
@@ -654,6 +664,159 @@ req_free(dp_direct_req *r)
     free(r);
 }
 
+/* Give r its own copy of the metadata md, parsed and checked to be of r's object. */
+static int
+req_load_md(dp_direct_req *r, const void *md, size_t md_len, dp_detail *d)
+{
+    int rc;
+    r->md_bytes = malloc(md_len);
+    if (r->md_bytes == NULL)
+        return dp__fail(d, DP_ENOMEM, "direct: %zu bytes of metadata", md_len);
+    memcpy(r->md_bytes, md, md_len);
+    if ((rc = dp__direct_md_parse(r->md_bytes, md_len, &r->md, d)) != DP_OK)
+        return rc;
+    if (strcmp(r->md.obj_id, r->obj_id) != 0)
+        return dp__fail(d, DP_EINVAL,
+                        "direct: fetch of %s with the metadata of object %s", r->obj_id,
+                        r->md.obj_id);
+    r->n = r->md.n_descs;
+    return DP_OK;
+}
+
+/*
+ * Allocate r's per-buffer arrays; with targets, first check there is one per
+ * buffer of the object, then that each has its buffer's length.
+ */
+static int
+req_check_targets(dp_direct_req *r, const dp_direct_buf *targets, size_t n_targets,
+                  dp_detail *d)
+{
+    if (targets != NULL && n_targets != r->n)
+        return dp__fail(d, DP_EINVAL,
+                        "direct: object %s has %zu buffers, %zu targets given", r->obj_id,
+                        r->n, n_targets);
+    r->local = calloc(r->n ? r->n : 1, sizeof *r->local);
+    r->target_keys = calloc(r->n ? r->n : 1, sizeof *r->target_keys);
+    if (r->local == NULL || r->target_keys == NULL)
+        return dp__fail(d, DP_ENOMEM, "direct: fetch of %zu buffers", r->n);
+    for (size_t i = 0; targets != NULL && i < r->n; i++)
+        if (targets[i].addr == NULL || targets[i].len != r->md.descs[i].len)
+            return dp__fail(d, DP_EINVAL,
+                            "direct: object %s buffer %zu has %" PRIu64
+                            " bytes, target has %zu at %p",
+                            r->obj_id, i, r->md.descs[i].len, targets[i].len,
+                            targets[i].addr);
+    return DP_OK;
+}
+
+/* Register the caller's targets as r's local side (all of them, or none). */
+static int
+req_hold_targets(dp_direct_req *r, const dp_direct_buf *targets, dp_detail *d)
+{
+    dp_direct *t = r->t;
+    int rc = DP_OK;
+    size_t k;
+    pthread_mutex_lock(&t->cache_mu);
+    for (k = 0; k < r->n; k++) {
+        rc = dp__direct_reg_acquire_locked(t, targets[k].addr, targets[k].len,
+                                           "fetch target", &r->target_keys[k], d);
+        if (rc != DP_OK)
+            break;
+        r->local[k] = (dp__range){(uint64_t)(uintptr_t)targets[k].addr, targets[k].len};
+    }
+    if (rc != DP_OK)
+        while (k-- > 0)
+            dp__direct_reg_release_locked(t, r->target_keys[k]);
+    pthread_mutex_unlock(&t->cache_mu);
+    if (rc != DP_OK)
+        return rc;
+    r->targets_held = true;
+    return DP_OK;
+}
+
+/*
+ * Give r a buffer of its own (own_buf) as its local side: a 64-byte aligned
+ * slot per buffer of the object.
+ */
+static int
+req_own_buffer(dp_direct_req *r, dp_detail *d)
+{
+    dp_direct *t = r->t;
+    int rc;
+    /* Each length is bounded first, so the sum cannot wrap (metadata is
+     * from outside). */
+    uint64_t total = 0, limit = phys_bytes() / 2;
+    for (size_t i = 0; i < r->n && total <= limit; i++)
+        total +=
+            r->md.descs[i].len > limit ? limit + 1 : DP_ALIGN_UP(r->md.descs[i].len, 64);
+    if (total > SIZE_MAX || total > limit) {
+        char a[32];
+        return dp__fail(d, DP_ETOOBIG,
+                        "direct: object %s needs %" PRIu64 " bytes, more than half of "
+                        "this host's %s of memory: fetch it into targets of your own",
+                        r->obj_id, total, dp__fmt_size(phys_bytes(), a, sizeof a));
+    }
+    /*
+     * A freed fetch buffer of about the size, kept registered and faulted
+     * in (fetch_cache_bytes), else plain anonymous memory, registered: the
+     * local side of a READ need not be shared memory (UCX's shared-memory
+     * allocation creates and fills a file). A 64 MiB fetch: 44 ms into
+     * UCX-allocated memory, 36 ms into fresh anonymous memory, 11-14 ms
+     * into memory already faulted in (docs/design.md, "Direct transport").
+     */
+    size_t len = DP_ALIGN_UP((size_t)total, (size_t)sysconf(_SC_PAGESIZE));
+    void *buf = fbuf_take(t, len, &len);
+    if (buf == NULL) {
+        buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (buf == MAP_FAILED)
+            return dp__fail(d, DP_ENOMEM, "direct: fetch buffer of %zu bytes: %s", len,
+                            strerror(errno));
+        rc = dp__endpoint_register(t->ep, buf, len, d);
+        if (rc != DP_OK) {
+            munmap(buf, len);
+            dp__direct_reg_fail(d, rc, "the fetch buffer", NULL, len);
+            return rc;
+        }
+    }
+    r->own_buf = buf;
+    r->own_len = len;
+    uint64_t off = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        r->local[i] =
+            (dp__range){(uint64_t)(uintptr_t)r->own_buf + off, r->md.descs[i].len};
+        off += DP_ALIGN_UP(r->md.descs[i].len, 64);
+    }
+    return DP_OK;
+}
+
+/*
+ * Make r live and queue it for the worker. A pending abort of this id fails
+ * this fetch (and is used up). Checked in the same critical section that
+ * makes the request live, so an abort in between either finds the request or
+ * leaves its mark for this check.
+ */
+static int
+req_go_live(dp_direct_req *r, size_t idlen, dp_detail *d)
+{
+    dp_direct *t = r->t;
+    pthread_mutex_lock(&t->mu);
+    if (t->stopping) {
+        pthread_mutex_unlock(&t->mu);
+        return dp__fail(d, DP_ECLOSED, "direct: transport is being destroyed");
+    }
+    if (dp__map_del(&t->aborted, r->obj_id, idlen) != NULL) {
+        pthread_mutex_unlock(&t->mu);
+        return dp__fail(d, DP_ECANCELED, "direct: fetch of object %s aborted", r->obj_id);
+    }
+    set_state(r, REQ_QUEUED);
+    dp__list_insert_head(&t->live, &r->llink);
+    dp__list_insert_tail(&t->queue, &r->qlink);
+    t->fetches++;
+    pthread_cond_signal(&t->work_cv); /* one worker; waiters wait for END only */
+    pthread_mutex_unlock(&t->mu);
+    return DP_OK;
+}
+
 int
 dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
                 const dp_direct_buf *targets, size_t n_targets, dp_direct_req **out,
@@ -671,131 +834,15 @@ dp_direct_fetch(dp_direct *t, const char *obj_id, const void *md, size_t md_len,
         return dp__fail(d, DP_ENOMEM, "direct: fetch request");
     r->t = t;
     snprintf(r->obj_id, sizeof r->obj_id, "%s", obj_id);
-    r->md_bytes = malloc(md_len);
-    if (r->md_bytes == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "direct: %zu bytes of metadata", md_len);
+    if ((rc = req_load_md(r, md, md_len, d)) != DP_OK ||
+        (rc = req_check_targets(r, targets, n_targets, d)) != DP_OK)
         goto fail;
-    }
-    memcpy(r->md_bytes, md, md_len);
-    if ((rc = dp__direct_md_parse(r->md_bytes, md_len, &r->md, d)) != DP_OK)
+    if (targets != NULL)
+        rc = req_hold_targets(r, targets, d);
+    else if (r->n > 0)
+        rc = req_own_buffer(r, d);
+    if (rc != DP_OK || (rc = req_go_live(r, idlen, d)) != DP_OK)
         goto fail;
-    if (strcmp(r->md.obj_id, obj_id) != 0) {
-        rc = dp__fail(d, DP_EINVAL, "direct: fetch of %s with the metadata of object %s",
-                      obj_id, r->md.obj_id);
-        goto fail;
-    }
-    r->n = r->md.n_descs;
-    if (targets != NULL && n_targets != r->n) {
-        rc =
-            dp__fail(d, DP_EINVAL, "direct: object %s has %zu buffers, %zu targets given",
-                     obj_id, r->n, n_targets);
-        goto fail;
-    }
-    r->local = calloc(r->n ? r->n : 1, sizeof *r->local);
-    r->target_keys = calloc(r->n ? r->n : 1, sizeof *r->target_keys);
-    if (r->local == NULL || r->target_keys == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "direct: fetch of %zu buffers", r->n);
-        goto fail;
-    }
-    for (size_t i = 0; targets != NULL && i < r->n; i++)
-        if (targets[i].addr == NULL || targets[i].len != r->md.descs[i].len) {
-            rc = dp__fail(d, DP_EINVAL,
-                          "direct: object %s buffer %zu has %" PRIu64
-                          " bytes, target has %zu at %p",
-                          obj_id, i, r->md.descs[i].len, targets[i].len, targets[i].addr);
-            goto fail;
-        }
-
-    if (targets != NULL) {
-        size_t k;
-        pthread_mutex_lock(&t->cache_mu);
-        for (k = 0; k < r->n; k++) {
-            rc = dp__direct_reg_acquire_locked(t, targets[k].addr, targets[k].len,
-                                               "fetch target", &r->target_keys[k], d);
-            if (rc != DP_OK)
-                break;
-            r->local[k] =
-                (dp_range){(uint64_t)(uintptr_t)targets[k].addr, targets[k].len};
-        }
-        if (rc != DP_OK)
-            while (k-- > 0)
-                dp__direct_reg_release_locked(t, r->target_keys[k]);
-        pthread_mutex_unlock(&t->cache_mu);
-        if (rc != DP_OK)
-            goto fail;
-        r->targets_held = true;
-    } else if (r->n > 0) {
-        /* Each length is bounded first, so the sum cannot wrap (metadata is
-         * from outside). */
-        uint64_t total = 0, limit = phys_bytes() / 2;
-        for (size_t i = 0; i < r->n && total <= limit; i++)
-            total += r->md.descs[i].len > limit ? limit + 1
-                                                : DP_ALIGN_UP(r->md.descs[i].len, 64);
-        if (total > SIZE_MAX || total > limit) {
-            char a[32];
-            rc = dp__fail(d, DP_ETOOBIG,
-                          "direct: object %s needs %" PRIu64 " bytes, more than half of "
-                          "this host's %s of memory: fetch it into targets of your own",
-                          obj_id, total, dp__fmt_size(phys_bytes(), a, sizeof a));
-            goto fail;
-        }
-        /*
-         * A freed fetch buffer of about the size, kept registered and faulted
-         * in (fetch_cache_bytes), else plain anonymous memory, registered: the
-         * local side of a READ need not be shared memory (UCX's shared-memory
-         * allocation creates and fills a file). A 64 MiB fetch: 44 ms into
-         * UCX-allocated memory, 36 ms into fresh anonymous memory, 11-14 ms
-         * into memory already faulted in (docs/design.md, "Direct transport").
-         */
-        size_t len = DP_ALIGN_UP((size_t)total, (size_t)sysconf(_SC_PAGESIZE));
-        void *buf = fbuf_take(t, len, &len);
-        if (buf == NULL) {
-            buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                       0);
-            if (buf == MAP_FAILED) {
-                rc = dp__fail(d, DP_ENOMEM, "direct: fetch buffer of %zu bytes: %s", len,
-                              strerror(errno));
-                goto fail;
-            }
-            rc = dp__endpoint_register(t->ep, buf, len, d);
-            if (rc != DP_OK) {
-                munmap(buf, len);
-                dp__direct_reg_fail(d, rc, "the fetch buffer", NULL, len);
-                goto fail;
-            }
-        }
-        r->own_buf = buf;
-        r->own_len = len;
-        uint64_t off = 0;
-        for (size_t i = 0; i < r->n; i++) {
-            r->local[i] =
-                (dp_range){(uint64_t)(uintptr_t)r->own_buf + off, r->md.descs[i].len};
-            off += DP_ALIGN_UP(r->md.descs[i].len, 64);
-        }
-    }
-
-    /*
-     * A pending abort of this id fails this fetch (and is used up). Checked in
-     * the same critical section that makes the request live, so an abort in
-     * between either finds the request or leaves its mark for this check.
-     */
-    pthread_mutex_lock(&t->mu);
-    if (t->stopping) {
-        pthread_mutex_unlock(&t->mu);
-        rc = dp__fail(d, DP_ECLOSED, "direct: transport is being destroyed");
-        goto fail;
-    }
-    if (dp__map_del(&t->aborted, obj_id, idlen) != NULL) {
-        pthread_mutex_unlock(&t->mu);
-        rc = dp__fail(d, DP_ECANCELED, "direct: fetch of object %s aborted", obj_id);
-        goto fail;
-    }
-    set_state(r, REQ_QUEUED);
-    dp__list_insert_head(&t->live, &r->llink);
-    dp__list_insert_tail(&t->queue, &r->qlink);
-    t->fetches++;
-    pthread_cond_signal(&t->work_cv); /* one worker; waiters wait for END only */
-    pthread_mutex_unlock(&t->mu);
     *out = r;
     return DP_OK;
 fail:
@@ -973,7 +1020,7 @@ int
 dp_direct_md_describe(const void *md, size_t md_len, size_t *n, uint64_t *sizes,
                       size_t cap, dp_detail *d)
 {
-    dp_direct_md m;
+    dp__direct_md m;
     int rc = dp__direct_md_parse(md, md_len, &m, d);
     if (rc != DP_OK)
         return rc;

@@ -77,9 +77,9 @@ struct dp_direct_req {
     dp_direct *t;
     char obj_id[DP_DIRECT_ID_MAX + 1];
     uint8_t *md_bytes;
-    dp_direct_md md;
+    dp__direct_md md;
     size_t n;
-    dp_range *local;
+    dp__range *local;
     uint64_t *target_keys; /* caller targets: regs keys to release */
     bool targets_held;
     void *own_buf; /* the fetch's own memory (anonymous, registered), or NULL */
@@ -90,8 +90,8 @@ struct dp_direct_req {
     int rc;
     dp_detail det;
     uint64_t done_bytes;
-    dp_list_node qlink; /* t->queue while QUEUED */
-    dp_list_node llink; /* t->live, newest first */
+    dp__list_node qlink; /* t->queue while QUEUED */
+    dp__list_node llink; /* t->live, newest first */
 };
 
 /* A remote LRU entry: a connected publisher and what it was added with. */
@@ -103,7 +103,7 @@ typedef struct remote_entry {
 } remote_entry;
 
 struct dp_direct {
-    dp_endpoint *ep;
+    dp__endpoint *ep;
     char name[DP_MD_NAME_MAX + 1];
     int lru_max;
     double timeout_s;
@@ -111,21 +111,21 @@ struct dp_direct {
     int n_workers;
 
     pthread_mutex_t cache_mu;
-    dp_map regs; /* u64 base -> reg_entry */
-    dp_ranges
+    dp__map regs; /* u64 base -> reg_entry */
+    dp__ranges
         reg_ranges; /* the registrations (not pool entries) in regs (v: reg_entry) */
-    dp_map objs;    /* obj id -> pub_obj */
+    dp__map objs;   /* obj id -> pub_obj */
     void *pool_base;
     size_t pool_bytes;
-    dp_slab_alloc *pool;
+    dp__slab_alloc *pool;
     uint64_t version, registers, deregisters, pool_used, pool_blocks;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* a request ended (waiters) */
     pthread_cond_t work_cv; /* a request was queued, or stopping (workers) */
-    dp_list queue;          /* queued requests, oldest first (dp_direct_req.qlink) */
-    dp_list live;           /* every request alive (dp_direct_req.llink) */
-    dp_map aborted;         /* obj id -> (void *)1 */
+    dp__list queue;         /* queued requests, oldest first (dp_direct_req.qlink) */
+    dp__list live;          /* every request alive (dp_direct_req.llink) */
+    dp__map aborted;        /* obj id -> (void *)1 */
     bool stopping;
     double chunk_pause;
     uint64_t fetches, fetch_ok, fetch_failed, fetch_aborted, bytes_fetched;
@@ -192,7 +192,7 @@ int dp__direct_pool_acquire_locked(dp_direct *t, const dp_direct_buf *b, uint64_
 /* ---- remote LRU (lru.c; each takes lru_mu) ---- */
 
 /* Make md's remote usable for one fetch (busy + 1). */
-int dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d);
+int dp__direct_lru_acquire(dp_direct *t, const dp__direct_md *md, dp_detail *d);
 
 /* End one fetch's use of remote name; failed: drop it once idle. */
 void dp__direct_lru_release(dp_direct *t, const char *name, bool failed);

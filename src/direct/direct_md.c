@@ -27,49 +27,48 @@ dp__direct_check_id(const char *id, size_t len, dp_detail *d)
 }
 
 int
-dp__direct_md_encode(dp_buf *out, const char *obj_id, const char *backend,
-                     const char *name, uint64_t version, const uint8_t *ep_md,
-                     size_t ep_md_len, const dp_direct_desc *descs, size_t n,
-                     dp_detail *d)
+dp__direct_md_encode(dp__buf *out, const dp_direct_md_fields *f, dp_detail *d)
 {
-    int rc = dp__direct_check_id(obj_id, obj_id ? strlen(obj_id) : 0, d);
+    int rc = dp__direct_check_id(f->obj_id, f->obj_id ? strlen(f->obj_id) : 0, d);
     if (rc != DP_OK)
         return rc;
-    if (backend == NULL || strlen(backend) == 0 ||
-        strlen(backend) > DP_DIRECT_BACKEND_MAX)
+    if (f->backend == NULL || strlen(f->backend) == 0 ||
+        strlen(f->backend) > DP_DIRECT_BACKEND_MAX)
         return dp__fail(d, DP_EINVAL, "direct metadata: bad backend name");
-    if (name == NULL || (rc = dp__md_check_name(name, strlen(name), d)) != DP_OK)
+    if (f->name == NULL || (rc = dp__md_check_name(f->name, strlen(f->name), d)) != DP_OK)
         return rc != DP_OK ? rc : dp__fail(d, DP_EINVAL, "direct metadata: no name");
-    if (ep_md_len == 0 || ep_md_len > DP_MD_TOTAL_MAX || n > DP_DIRECT_BUFS_MAX)
+    if (f->ep_md_len == 0 || f->ep_md_len > DP_MD_TOTAL_MAX ||
+        f->n_descs > DP_DIRECT_BUFS_MAX)
         return dp__fail(d, DP_EINVAL,
                         "direct metadata: endpoint metadata of %zu bytes or %zu "
                         "buffers out of limits",
-                        ep_md_len, n);
-    dp_mp_writer w;
+                        f->ep_md_len, f->n_descs);
+    dp__mp_writer w;
     dp__mp_writer_init(&w, out);
     dp__mp_put_array(&w, 8);
     dp__mp_put_str(&w, DP_DIRECT_MD_MAGIC);
     dp__mp_put_u64(&w, DP_DIRECT_MD_VERSION);
-    dp__mp_put_str(&w, obj_id);
-    dp__mp_put_str(&w, backend);
-    dp__mp_put_str(&w, name);
-    dp__mp_put_u64(&w, version);
-    dp__mp_put_bin(&w, ep_md, ep_md_len);
-    dp__mp_put_array(&w, (uint32_t)n);
-    for (size_t i = 0; i < n; i++) {
+    dp__mp_put_str(&w, f->obj_id);
+    dp__mp_put_str(&w, f->backend);
+    dp__mp_put_str(&w, f->name);
+    dp__mp_put_u64(&w, f->version);
+    dp__mp_put_bin(&w, f->ep_md, f->ep_md_len);
+    dp__mp_put_array(&w, (uint32_t)f->n_descs);
+    for (size_t i = 0; i < f->n_descs; i++) {
         dp__mp_put_array(&w, 2);
-        dp__mp_put_u64(&w, descs[i].addr);
-        dp__mp_put_u64(&w, descs[i].len);
+        dp__mp_put_u64(&w, f->descs[i].addr);
+        dp__mp_put_u64(&w, f->descs[i].len);
     }
     if (dp__mp_writer_status(&w) != DP_OK)
         return dp__fail(d, DP_ENOMEM,
-                        "direct metadata: out of memory encoding %zu buffers", n);
+                        "direct metadata: out of memory encoding %zu buffers",
+                        f->n_descs);
     return DP_OK;
 }
 
 /* Read a string into dst[0..cap] (NUL-terminated), 1..cap bytes. */
 static int
-read_str_copy(dp_mp_reader *r, char *dst, size_t cap, const char *what, dp_detail *d)
+read_str_copy(dp__mp_reader *r, char *dst, size_t cap, const char *what, dp_detail *d)
 {
     const char *s;
     uint32_t n;
@@ -88,10 +87,10 @@ read_str_copy(dp_mp_reader *r, char *dst, size_t cap, const char *what, dp_detai
 }
 
 int
-dp__direct_md_parse(const void *buf, size_t len, dp_direct_md *out, dp_detail *d)
+dp__direct_md_parse(const void *buf, size_t len, dp__direct_md *out, dp_detail *d)
 {
     memset(out, 0, sizeof *out);
-    dp_mp_reader r;
+    dp__mp_reader r;
     dp__mp_reader_init(&r, buf, len);
     uint32_t n, k;
     uint64_t ver;
@@ -131,7 +130,7 @@ dp__direct_md_parse(const void *buf, size_t len, dp_direct_md *out, dp_detail *d
     const uint8_t *em;
     if ((rc = dp__mp_read_bin(&r, &em, &k, "endpoint metadata", d)) != DP_OK)
         return rc;
-    dp_md md;
+    dp__md md;
     if ((rc = dp__md_parse(em, k, &md, d)) != DP_OK) {
         dp__fail_ctx(d, rc, "direct metadata: endpoint metadata");
         return rc;
@@ -158,7 +157,7 @@ dp__direct_md_parse(const void *buf, size_t len, dp_direct_md *out, dp_detail *d
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t two;
-        dp_direct_desc *x = &out->descs[i];
+        dp__direct_desc *x = &out->descs[i];
         if ((rc = dp__mp_read_array(&r, &two, "desc", d)) != DP_OK)
             goto fail;
         if (two != 2) {
@@ -198,7 +197,7 @@ fail:
 }
 
 void
-dp__direct_md_fini(dp_direct_md *m)
+dp__direct_md_fini(dp__direct_md *m)
 {
     if (m == NULL)
         return;

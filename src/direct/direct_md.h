@@ -27,17 +27,17 @@
 #define DP_DIRECT_MD_VERSION 1
 #define DP_DIRECT_BACKEND_MAX 15
 
-typedef struct dp_direct_desc {
+typedef struct dp__direct_desc {
     uint64_t addr;
     uint64_t len;
-} dp_direct_desc;
+} dp__direct_desc;
 
 /*
  * Parsed metadata. Strings are copied and NUL-terminated; ep_md points into
  * the parsed input, which must outlive this object. descs is malloc'd:
  * release with dp__direct_md_fini.
  */
-typedef struct dp_direct_md {
+typedef struct dp__direct_md {
     char obj_id[DP_DIRECT_ID_MAX + 1];
     char backend[DP_DIRECT_BACKEND_MAX + 1];
     char name[DP_MD_NAME_MAX + 1];
@@ -46,25 +46,37 @@ typedef struct dp_direct_md {
     const uint8_t *ep_md;
     uint32_t ep_md_len;
     uint32_t n_descs;
-    dp_direct_desc *descs;
+    dp__direct_desc *descs;
     uint64_t total_bytes;
-} dp_direct_md;
+} dp__direct_md;
 
 /* DP_EINVAL unless id is 1..DP_DIRECT_ID_MAX bytes of printable ASCII. */
 int dp__direct_check_id(const char *id, size_t len, dp_detail *d);
 
-/* Append the encoding to out. DP_EINVAL for out-of-limit fields, DP_ENOMEM. */
-int dp__direct_md_encode(dp_buf *out, const char *obj_id, const char *backend,
-                         const char *name, uint64_t version, const uint8_t *ep_md,
-                         size_t ep_md_len, const dp_direct_desc *descs, size_t n,
-                         dp_detail *d);
+/*
+ * What dp__direct_md_encode writes: the values of the layout above, pointing
+ * at the caller's memory (nothing is copied into this object).
+ */
+typedef struct dp_direct_md_fields {
+    const char *obj_id;
+    const char *backend;
+    const char *name; /* the publisher's endpoint name */
+    uint64_t version;
+    const uint8_t *ep_md; /* the publisher's endpoint metadata */
+    size_t ep_md_len;
+    const dp__direct_desc *descs;
+    size_t n_descs;
+} dp_direct_md_fields;
+
+/* Append the encoding of f to out. DP_EINVAL for out-of-limit fields, DP_ENOMEM. */
+int dp__direct_md_encode(dp__buf *out, const dp_direct_md_fields *f, dp_detail *d);
 
 /*
  * Parse untrusted bytes into *out (release with dp__direct_md_fini). DP_EPROTO
  * with a reason for malformed input, DP_ENOMEM. On failure *out needs no fini.
  */
-int dp__direct_md_parse(const void *buf, size_t len, dp_direct_md *out, dp_detail *d);
+int dp__direct_md_parse(const void *buf, size_t len, dp__direct_md *out, dp_detail *d);
 
-void dp__direct_md_fini(dp_direct_md *m);
+void dp__direct_md_fini(dp__direct_md *m);
 
 #endif

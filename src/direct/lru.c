@@ -75,7 +75,7 @@ lru_trim_locked(dp_direct *t, size_t keep)
  * the same keys, in every later metadata of that publisher.
  */
 static bool
-newer(const dp_direct_md *md, uint64_t peer, const remote_entry *e)
+newer(const dp__direct_md *md, uint64_t peer, const remote_entry *e)
 {
     if (peer != e->peer)
         return true; /* another process under the same name: a restarted publisher */
@@ -85,7 +85,7 @@ newer(const dp_direct_md *md, uint64_t peer, const remote_entry *e)
 }
 
 int
-dp__direct_lru_acquire(dp_direct *t, const dp_direct_md *md, dp_detail *d)
+dp__direct_lru_acquire(dp_direct *t, const dp__direct_md *md, dp_detail *d)
 {
     int rc = DP_OK;
     uint64_t peer = dp__md_peer_id(md->ep_md, md->ep_md_len);

@@ -66,7 +66,7 @@ dp__direct_find_reg_locked(dp_direct *t, uint64_t addr, uint64_t len, reg_entry 
                         "registration of only %" PRIu64 " bytes",
                         addr, len, e->len);
     }
-    dp_ranges_ent *x = dp__ranges_find(&t->reg_ranges, addr, len);
+    dp__ranges_ent *x = dp__ranges_find(&t->reg_ranges, addr, len);
     if (x != NULL) {
         *out = x->v;
         return DP_OK;

@@ -63,7 +63,7 @@ static int
 run_fetch(dp_direct_req *r, dp_detail *d)
 {
     dp_direct *t = r->t;
-    const dp_direct_md *md = &r->md;
+    const dp__direct_md *md = &r->md;
     double pause = 0;
     if (req_aborted(r, NULL))
         return dp__fail(d, DP_ECANCELED,
@@ -79,7 +79,7 @@ run_fetch(dp_direct_req *r, dp_detail *d)
                      md->name, r->obj_id, env_or("UCX_TLS", "unset"));
         return rc;
     }
-    dp_range l[CHUNK_RANGES], rr[CHUNK_RANGES];
+    dp__range l[CHUNK_RANGES], rr[CHUNK_RANGES];
     size_t i = 0;
     uint64_t off = 0, done = 0;
     bool xfer_failed = false;
@@ -88,8 +88,8 @@ run_fetch(dp_direct_req *r, dp_detail *d)
         uint64_t bytes = 0;
         while (i < r->n && k < CHUNK_RANGES && bytes < t->chunk) {
             uint64_t take = DP_MIN(md->descs[i].len - off, t->chunk - bytes);
-            l[k] = (dp_range){r->local[i].addr + off, take};
-            rr[k] = (dp_range){md->descs[i].addr + off, take};
+            l[k] = (dp__range){r->local[i].addr + off, take};
+            rr[k] = (dp__range){md->descs[i].addr + off, take};
             k++;
             bytes += take;
             off += take;
@@ -107,7 +107,8 @@ run_fetch(dp_direct_req *r, dp_detail *d)
         }
         if (pause > 0)
             dp__sleep_s(pause);
-        rc = dp__endpoint_transfer(t->ep, DP_XFER_READ, l, k, rr, k, md->name,
+        rc = dp__endpoint_transfer(t->ep,
+                                   &(dp__xfer_desc){DP_XFER_READ, l, k, rr, k, md->name},
                                    t->timeout_s, d);
         if (rc != DP_OK) {
             xfer_failed = true;

@@ -63,7 +63,7 @@ answer(void *cls, struct MHD_Connection *conn, const char *url, const char *meth
         return MHD_YES;
     }
     atomic_fetch_add(&s->requests, 1);
-    dp_buf body;
+    dp__buf body;
     dp__buf_init(&body);
     const char *type = "text/plain; charset=utf-8";
     int status;

@@ -19,7 +19,7 @@ typedef struct dp__http_server dp__http_server;
  * Answer path: append the body to body, set *content_type (a static
  * string), return the HTTP status (404 for a path it does not serve).
  */
-typedef int (*dp__http_handler)(void *ctx, const char *path, dp_buf *body,
+typedef int (*dp__http_handler)(void *ctx, const char *path, dp__buf *body,
                                 const char **content_type);
 
 /*

@@ -241,7 +241,7 @@ dp__etcd_endpoint(const dp__etcd *e)
 /* ---- one call ---- */
 
 typedef struct body {
-    dp_buf b;
+    dp__buf b;
     bool too_big;
 } body;
 
@@ -750,7 +750,7 @@ dp__etcd_lease_revoke(dp__etcd *e, int64_t id, dp_detail *d)
 /* ---- watch ---- */
 
 typedef struct watch_ctx {
-    dp_buf line; /* bytes of the current, unfinished line */
+    dp__buf line; /* bytes of the current, unfinished line */
     dp__etcd_watch_fn fn;
     void *ctx;
     int rc; /* set when the stream must end (fn's value, or an error) */

@@ -100,7 +100,7 @@ add_hex64(cJSON *o, const char *name, uint64_t v)
 }
 
 int
-dp__reg_record_encode(const dp__reg_record *r, dp_buf *out, dp_detail *d)
+dp__reg_record_encode(const dp__reg_record *r, dp__buf *out, dp_detail *d)
 {
     cJSON *o = cJSON_CreateObject();
     bool ok = o != NULL && cJSON_AddNumberToObject(o, "version", REG_VERSION) &&
@@ -287,7 +287,7 @@ missing_ids(const bool *have, uint32_t n, char *buf, size_t cap)
  * DP_ENOTFOUND / DP_EPROTO with d saying what is missing or wrong.
  */
 static int
-load_once(const dp__reg_url *u, dp__etcd *e, dp_cluster *out, int64_t *revision,
+load_once(const dp__reg_url *u, dp__etcd *e, dp__cluster *out, int64_t *revision,
           dp_detail *d)
 {
     char prefix[DP_REG_KEY_MAX];
@@ -354,7 +354,7 @@ load_once(const dp__reg_url *u, dp__etcd *e, dp_cluster *out, int64_t *revision,
             continue;
         have[r->id] = true;
         got++;
-        dp_cluster_unit *cu = &out->units[r->id];
+        dp__cluster_unit *cu = &out->units[r->id];
         cu->id = r->id;
         snprintf(cu->zmq, sizeof cu->zmq, "%s", r->zmq);
         snprintf(cu->agent, sizeof cu->agent, "%s", r->agent);
@@ -391,7 +391,7 @@ out:
 }
 
 int
-dp__reg_load(const dp__reg_url *u, double budget_s, dp_cluster *out, int64_t *revision,
+dp__reg_load(const dp__reg_url *u, double budget_s, dp__cluster *out, int64_t *revision,
              dp_detail *d)
 {
     memset(out, 0, sizeof *out);
@@ -412,7 +412,7 @@ dp__reg_load(const dp__reg_url *u, double budget_s, dp_cluster *out, int64_t *re
                      dp_detail_msg(d));
             said = true;
         }
-        dp__sleep_s(DP_MIN(0.2, DP_MAX(0.0, deadline - dp__now_s())));
+        dp__sleep_s(DP_MIN(0.2, dp__left_s(deadline)));
     }
     dp__etcd_destroy(e);
     if (rc != DP_OK && budget_s > 0)
@@ -427,7 +427,7 @@ struct dp__reg_unit {
     dp__reg_record self;
     dp__reg_unit_opts o;
     char key[DP_REG_KEY_MAX];
-    dp_buf value;
+    dp__buf value;
     dp__etcd *e;
     int64_t lease;
     pthread_t th;
@@ -579,8 +579,7 @@ static int
 claim(dp__reg_unit *r, double deadline, dp_detail *d)
 {
     bool said = false;
-    double step = 0.2;
-    for (;;) {
+    for (unsigned k = 0;; k++) {
         int rc = claim_once(r, d);
         if (rc == DP_OK || rc == DP_EEXIST || rc == DP_EINVAL || rc == DP_ENOMEM)
             return rc;
@@ -592,12 +591,12 @@ claim(dp__reg_unit *r, double deadline, dp_detail *d)
             said = true;
         }
         /* Sleep in short slices: a stop request must not wait out a step. */
+        double step = dp__backoff_step(0.2, 2.0, k);
         for (double slept = 0; slept < step; slept += 0.1) {
             if (wait_stop(r, 0.1) ||
                 (r->o.cancelled != NULL && r->o.cancelled(r->o.probe_ctx)))
                 return dp__fail(d, DP_ECANCELED, "registry: stopped while registering");
         }
-        step = DP_MIN(step * 2, 2.0);
     }
 }
 
@@ -1067,4 +1066,30 @@ dp__reg_auto_id(const char *env_name, uint32_t *id, uint32_t *n_units, char *sou
         "name '%s' has no -ORDINAL suffix (a StatefulSet pod's); give --unit-id K "
         "or --unit-id-env NAME",
         host);
+}
+
+int
+dp__reg_resolve(const char *arg, double budget_s, dp__cluster *out, char *where,
+                size_t cap, dp_detail *d)
+{
+    memset(out, 0, sizeof *out);
+    const char *p = arg;
+    if (p == NULL || *p == '\0')
+        p = getenv("DP_CLUSTER");
+    if (dp__reg_is_url(p)) {
+        snprintf(where, cap, "%s", p);
+        dp__reg_url u;
+        int rc = dp__reg_url_parse(p, &u, d);
+        if (rc == DP_OK)
+            rc = dp__reg_load(&u, budget_s, out, &out->revision, d);
+        if (rc == DP_OK)
+            snprintf(out->registry, sizeof out->registry, "%s", u.text);
+        return rc;
+    }
+    char path[PATH_MAX];
+    int rc = dp__cluster_locate(p, path, sizeof path, d);
+    if (rc != DP_OK)
+        return rc;
+    snprintf(where, cap, "%s", path);
+    return dp__cluster_load(path, out, d);
 }

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 #include "registry/etcd.h"
 
@@ -67,7 +67,7 @@ typedef struct dp__reg_record {
 } dp__reg_record;
 
 /* The record's JSON into out (appended). DP_ENOMEM. */
-int dp__reg_record_encode(const dp__reg_record *r, dp_buf *out, dp_detail *d);
+int dp__reg_record_encode(const dp__reg_record *r, dp__buf *out, dp_detail *d);
 
 /*
  * Decode and check the record stored at key (len bytes of json) for cluster
@@ -78,7 +78,7 @@ int dp__reg_record_decode(const dp__reg_url *u, const char *key, const char *jso
                           size_t len, dp__reg_record *r, dp_detail *d);
 
 /*
- * Read the cluster's records into out (a dp_cluster, as a cluster file
+ * Read the cluster's records into out (a dp__cluster, as a cluster file
  * gives; cluster_id = the name), waiting up to budget_s for all N units (N
  * from the records, which must agree) while some are missing. *revision (if
  * not NULL): the store's revision the records were read at (a watch starts
@@ -88,7 +88,7 @@ int dp__reg_record_decode(const dp__reg_url *u, const char *key, const char *jso
  * there at the deadline: d names the key), the etcd call's error when etcd
  * cannot be reached within the budget, DP_ENOMEM.
  */
-int dp__reg_load(const dp__reg_url *u, double budget_s, dp_cluster *out,
+int dp__reg_load(const dp__reg_url *u, double budget_s, dp__cluster *out,
                  int64_t *revision, dp_detail *d);
 
 /* ---- a unit's registration ---- */
@@ -180,6 +180,17 @@ int dp__reg_list(const dp__reg_url *u, double timeout_s, dp__reg_entry **entries
  * dataplane-3). DP_EINVAL saying what was looked at and what to pass instead.
  */
 int dp__reg_auto_id(const char *env_name, uint32_t *id, uint32_t *n_units, char *source,
+                    size_t cap, dp_detail *d);
+
+/*
+ * Where a cluster is, and its units: arg (NULL or "": $DP_CLUSTER, else the
+ * default directory) is either a registry URL (etcd://HOST:PORT[,...]/NAME:
+ * its records are read, waiting up to budget_s for every unit to register;
+ * see above) or a cluster file or its directory
+ * (dp__cluster_locate, dp__cluster_load). where (cap bytes) gets the URL or
+ * the file's path, for messages. Errors of either.
+ */
+int dp__reg_resolve(const char *arg, double budget_s, dp__cluster *out, char *where,
                     size_t cap, dp_detail *d);
 
 #endif

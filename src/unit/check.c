@@ -14,7 +14,7 @@
 
 /* SSD-tier consistency: disk blobs, staged copies and their counters. */
 static int
-check_ssd_locked(dp_unit *u, dp_detail *d)
+check_ssd_locked(dp__unit *u, dp_detail *d)
 {
     uint64_t ns = 0, sb = 0, ndisk = 0, dbytes = 0;
     for (blob_rec *b = DP_LIST_FIRST(&u->staged, blob_rec, staged_link); b != NULL;
@@ -68,7 +68,7 @@ check_ssd_locked(dp_unit *u, dp_detail *d)
 
 /* Bump the count of p in a pointer -> count map; the count before. */
 static uintptr_t
-count_bump(dp_map *m, const void *p)
+count_bump(dp__map *m, const void *p)
 {
     uintptr_t key = (uintptr_t)p;
     uintptr_t c = (uintptr_t)dp__map_get_u64(m, key);
@@ -78,7 +78,7 @@ count_bump(dp_map *m, const void *p)
 
 /* Every row and slot; slots counts the slots pointing at each record. */
 static int
-check_rows_locked(dp_unit *u, dp_map *slots, dp_detail *d)
+check_rows_locked(dp__unit *u, dp__map *slots, dp_detail *d)
 {
     uint64_t entries = 0;
     size_t it = 0;
@@ -95,7 +95,7 @@ check_rows_locked(dp_unit *u, dp_map *slots, dp_detail *d)
             if (s->b == NULL || s->b->state != REC_PUBLISHED)
                 return dp__fail(d, DP_ECORRUPT, "row %" PRIu64 " points at a dead blob",
                                 g);
-            const dp_blob_entry *e = dp__blob_entry_at(s->b->parsed, s->i);
+            const dp__blob_entry *e = dp__blob_entry_at(s->b->parsed, s->i);
             if (e->gidx != g || s->field != e->field || s->flen != e->field_len ||
                 s->hash != dp__row_hash(s->field, s->flen) ||
                 dp__row_find(r, s->field, s->flen, s->hash) != (int32_t)k)
@@ -114,7 +114,7 @@ check_rows_locked(dp_unit *u, dp_map *slots, dp_detail *d)
 
 /* The blob table against the slot counts, the counters and the pend list. */
 static int
-check_blobs_locked(dp_unit *u, dp_map *slots, dp_detail *d)
+check_blobs_locked(dp__unit *u, dp__map *slots, dp_detail *d)
 {
     uint64_t pub = 0, pend = 0;
     size_t it = 0;
@@ -149,7 +149,7 @@ check_blobs_locked(dp_unit *u, dp_map *slots, dp_detail *d)
 
 /* Every record's count in m (a pointer -> count map) matches its n_pins or n_holds. */
 static int
-check_counts(dp_map *m, bool holds, dp_detail *d)
+check_counts(dp__map *m, bool holds, dp_detail *d)
 {
     size_t it = 0;
     uint64_t key;
@@ -172,9 +172,9 @@ check_counts(dp_map *m, bool holds, dp_detail *d)
  * n_holds; the zombies they keep against the zombie counters.
  */
 static int
-check_pins_locked(dp_unit *u, dp_detail *d)
+check_pins_locked(dp__unit *u, dp_detail *d)
 {
-    dp_map pins, holds;
+    dp__map pins, holds;
     dp__map_init_u64(&pins);
     dp__map_init_u64(&holds);
     int rc = 0;
@@ -226,9 +226,9 @@ out:
 }
 
 int
-dp__unit_check(dp_unit *u, dp_detail *d)
+dp__unit_check(dp__unit *u, dp_detail *d)
 {
-    dp_map slots;
+    dp__map slots;
     dp__map_init_u64(&slots);
     pthread_mutex_lock(&u->mu);
     int rc = check_rows_locked(u, &slots, d);

@@ -158,7 +158,7 @@ typedef struct ck_save {
 
 /* Drop the holds of a save (its blobs may be freed now). */
 static void
-holds_release_locked(dp_unit *u, hold_set *h)
+holds_release_locked(dp__unit *u, hold_set *h)
 {
     dp__list_remove(&u->holds, &h->link);
     double now = dp__unit_now(u);
@@ -176,7 +176,7 @@ holds_release_locked(dp_unit *u, hold_set *h)
 
 /* Snapshot the live blobs and hold them. Nothing held on error. */
 static int
-snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_detail *d)
+snapshot_locked(dp__unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_detail *d)
 {
     int rc = DP_ENOMEM;
     uint64_t cap = u->stats.published;
@@ -200,7 +200,7 @@ snapshot_locked(dp_unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_deta
         if (s->live == NULL)
             goto nomem;
         for (uint32_t i = 0; i < ne; i++) {
-            const dp_blob_entry *e = dp__blob_entry_at(b->parsed, i);
+            const dp__blob_entry *e = dp__blob_entry_at(b->parsed, i);
             row *r = dp__map_get_u64(&u->rows, e->gidx);
             slot *sl = dp__row_slot(r, e->field, (uint32_t)e->field_len);
             if (sl != NULL && sl->b == b && sl->i == i)
@@ -251,7 +251,7 @@ undo:
 }
 
 void
-dp__unit_save_res_fini(dp_unit_save_res *res)
+dp__unit_save_res_fini(dp__unit_save_res *res)
 {
     if (res == NULL)
         return;
@@ -262,7 +262,7 @@ dp__unit_save_res_fini(dp_unit_save_res *res)
 
 /* Copy snapshot blob i into the shard and its record into the rows file. */
 static int
-save_blob(dp_unit *u, ck_save *sv, uint32_t i, dp_unit_save_res *res, dp_detail *d)
+save_blob(dp__unit *u, ck_save *sv, uint32_t i, dp__unit_save_res *res, dp_detail *d)
 {
     ck_snap *s = &sv->sn[i];
     uint64_t off = sv->so.pos;
@@ -289,13 +289,13 @@ save_blob(dp_unit *u, ck_save *sv, uint32_t i, dp_unit_save_res *res, dp_detail 
     sv->data_crc = dp__crc32c_combine(sv->data_crc, bcrc, s->nbytes);
     memcpy(res->ids[i], s->b->id, s->b->id_len + 1);
     res->blobs[i] =
-        (dp_wire_shard_blob){{res->ids[i], s->b->id_len}, off, s->nbytes, s->refs};
-    dp_shard_row rec = {.id = s->b->id,
-                        .id_len = s->b->id_len,
-                        .off = off,
-                        .nbytes = s->nbytes,
-                        .crc = bcrc,
-                        .n_live = s->n_live};
+        (dp__wire_shard_blob){{res->ids[i], s->b->id_len}, off, s->nbytes, s->refs};
+    dp__shard_row rec = {.id = s->b->id,
+                         .id_len = s->b->id_len,
+                         .off = off,
+                         .nbytes = s->nbytes,
+                         .crc = bcrc,
+                         .n_live = s->n_live};
     uint8_t rb[DP_SHARD_ROW_HEAD_MAX];
     if ((rc = ck_write(&sv->ro, rb, dp__shard_row_encode(&rec, rb), d)) != 0)
         return rc;
@@ -313,7 +313,7 @@ save_blob(dp_unit *u, ck_save *sv, uint32_t i, dp_unit_save_res *res, dp_detail 
 
 /* Write both temporaries, then rename them: rows first, then the shard. */
 static int
-save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
+save_files(dp__unit *u, ck_save *sv, dp__unit_save_res *res, dp_detail *d)
 {
     uint32_t n = sv->n;
     res->blobs = calloc(n ? n : 1, sizeof *res->blobs);
@@ -328,7 +328,7 @@ save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
     if ((rc = ck_create_tmp(sv->rtmp, &sv->rfd, d)) != 0)
         return rc;
     sv->rtmp_made = true;
-    dp_shard_header h = {.unit_id = sv->unit_id, .n_units = sv->n_units, .n_blobs = n};
+    dp__shard_header h = {.unit_id = sv->unit_id, .n_units = sv->n_units, .n_blobs = n};
     for (uint32_t i = 0; i < n; i++)
         h.data_bytes += sv->sn[i].nbytes;
     uint8_t hdr[DP_SHARD_HEADER_LEN], rh[DP_SHARD_ROWS_HEADER_LEN];
@@ -370,8 +370,8 @@ save_files(dp_unit *u, ck_save *sv, dp_unit_save_res *res, dp_detail *d)
 }
 
 int
-dp__unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_res *res,
-                    dp_detail *d)
+dp__unit_save_shard(dp__unit *u, const char *path, size_t path_len,
+                    dp__unit_save_res *res, dp_detail *d)
 {
     memset(res, 0, sizeof *res);
     ck_save sv = {.fd = -1, .rfd = -1};
@@ -425,24 +425,24 @@ dp__unit_save_shard(dp_unit *u, const char *path, size_t path_len, dp_unit_save_
 enum { LB_FAILED = 0, LB_PRESENT, LB_REGION, LB_DISK };
 
 typedef struct load_blob {
-    const dp_wire_shard_blob *w;
-    const dp_shard_row *r;
+    const dp__wire_shard_blob *w;
+    const dp__shard_row *r;
     int state;
     uint64_t off, size; /* LB_REGION */
     uint8_t *buf;       /* LB_DISK: the bytes, until written to the spill file */
     int fd;             /* LB_DISK */
-    dp_shard_blob sb;   /* its checked index and live entries */
+    dp__shard_blob sb;  /* its checked index and live entries */
 } load_blob;
 
 /* A running load: its files, the rows file's records and the request. */
 typedef struct ck_load {
     char fin[DP_UNIT_PATH_MAX + 16], rfin[DP_UNIT_PATH_MAX + 16];
     int fd;
-    dp_shard_header h;
+    dp__shard_header h;
     uint32_t data_crc; /* the trailer's */
     uint8_t *rbuf;     /* the rows file; rows point into it */
-    dp_shard_rows rows;
-    dp_map byid;     /* blob id -> its row */
+    dp__shard_rows rows;
+    dp__map byid;    /* blob id -> its row */
     load_blob *lb;   /* the request, in its order */
     load_blob **ord; /* the same, in file order */
     uint32_t n;
@@ -456,7 +456,7 @@ lb_cmp(const void *a, const void *b)
 }
 
 void
-dp__unit_load_res_fini(dp_unit_load_res *res)
+dp__unit_load_res_fini(dp__unit_load_res *res)
 {
     if (res == NULL)
         return;
@@ -467,7 +467,7 @@ dp__unit_load_res_fini(dp_unit_load_res *res)
 
 /* Open the shard and check its frame; a shard of another unit is refused. */
 static int
-load_open(dp_unit *u, ck_load *ld, dp_detail *d)
+load_open(dp__unit *u, ck_load *ld, dp_detail *d)
 {
     uint64_t flen = 0;
     int rc = dp__shard_file_open(ld->fin, &ld->fd, &flen, d);
@@ -493,7 +493,7 @@ load_open(dp_unit *u, ck_load *ld, dp_detail *d)
 
 /* Read path.rows: of this unit, agreeing with the shard; index it by id. */
 static int
-load_rows(dp_unit *u, ck_load *ld, dp_detail *d)
+load_rows(dp__unit *u, ck_load *ld, dp_detail *d)
 {
     int rc = dp__shard_rows_load(ld->rfin, &ld->rbuf, &ld->rows, d);
     if (rc != 0)
@@ -506,7 +506,7 @@ load_rows(dp_unit *u, ck_load *ld, dp_detail *d)
     if ((rc = dp__shard_rows_check(&ld->rows, &ld->h, ld->rfin, ld->fin, d)) != 0)
         return rc;
     for (uint32_t i = 0; i < ld->rows.n; i++) {
-        const dp_shard_row *r = &ld->rows.v[i];
+        const dp__shard_row *r = &ld->rows.v[i];
         if (dp__map_put(&ld->byid, r->id, r->id_len, (void *)r, NULL) != 0)
             return dp__fail(d, DP_ENOMEM, "load: out of memory");
     }
@@ -515,8 +515,8 @@ load_rows(dp_unit *u, ck_load *ld, dp_detail *d)
 
 /* The request: every blob must be in the rows file, as save reported it. */
 static int
-load_plan(ck_load *ld, const dp_wire_shard_blob *blobs, uint32_t n, dp_unit_load_res *res,
-          dp_detail *d)
+load_plan(ck_load *ld, const dp__wire_shard_blob *blobs, uint32_t n,
+          dp__unit_load_res *res, dp_detail *d)
 {
     ld->lb = calloc(n ? n : 1, sizeof *ld->lb);
     ld->ord = calloc(n ? n : 1, sizeof *ld->ord);
@@ -541,7 +541,7 @@ load_plan(ck_load *ld, const dp_wire_shard_blob *blobs, uint32_t n, dp_unit_load
     }
     qsort(ld->ord, n, sizeof *ld->ord, lb_cmp);
     for (uint32_t i = 1; i < n; i++) {
-        const dp_shard_row *r = ld->ord[i]->r, *q = ld->ord[i - 1]->r;
+        const dp__shard_row *r = ld->ord[i]->r, *q = ld->ord[i - 1]->r;
         if (r == q || r->off < q->off + q->nbytes)
             return dp__fail(d, DP_EINVAL,
                             "load_shard: blob %.*s asked twice or overlapping",
@@ -552,12 +552,12 @@ load_plan(ck_load *ld, const dp_wire_shard_blob *blobs, uint32_t n, dp_unit_load
 
 /* A put-area region for each blob not in the table, else a spill file to come. */
 static void
-load_alloc_locked(dp_unit *u, ck_load *ld, bool spill)
+load_alloc_locked(dp__unit *u, ck_load *ld, bool spill)
 {
     double now = dp__unit_now(u);
     for (uint32_t i = 0; i < ld->n; i++) {
         load_blob *x = &ld->lb[i];
-        const dp_shard_row *r = x->r;
+        const dp__shard_row *r = x->r;
         blob_rec *b = dp__map_get(&u->blobs, r->id, r->id_len);
         if (b != NULL) {
             x->state = b->state == REC_PUBLISHED ? LB_PRESENT : LB_FAILED;
@@ -586,11 +586,11 @@ load_alloc_locked(dp_unit *u, ck_load *ld, bool spill)
  * commit would (its index, its live list).
  */
 static int
-load_fill(dp_unit *u, ck_load *ld, dp_detail *d)
+load_fill(dp__unit *u, ck_load *ld, dp_detail *d)
 {
-    dp_shard_reader rd;
+    dp__shard_reader rd;
     int rc = dp__shard_reader_init(&rd, ld->fd, ld->fin, &ld->h, d);
-    dp_blob_parse_opts po = {0};
+    dp__blob_parse_opts po = {0};
     po.n_units = u->o.n_units;
     po.unit_index = u->o.unit_id;
     for (uint32_t k = 0; k < ld->n && rc == 0; k++) {
@@ -622,7 +622,7 @@ load_fill(dp_unit *u, ck_load *ld, dp_detail *d)
 
 /* Spill files (outside the lock, as an io job would); a failure fails the blob. */
 static void
-load_spill_files(dp_unit *u, ck_load *ld)
+load_spill_files(dp__unit *u, ck_load *ld)
 {
     for (uint32_t i = 0; i < ld->n; i++) {
         load_blob *x = &ld->lb[i];
@@ -634,8 +634,8 @@ load_spill_files(dp_unit *u, ck_load *ld)
         if (dp__ssd_new_file(u, u->use_tmpfile, &x->fd, label, sizeof label, &fd_d) !=
                 0 ||
             dp__pwrite_full(x->fd, x->buf, (size_t)x->r->nbytes, 0, label, &fd_d) != 0) {
-            DP_LOG_W("unit %u: load: spill of blob %s failed: %s", u->o.unit_id, x->r->id,
-                     dp_detail_msg(&fd_d));
+            DP_LOG_W("unit %u: load: spill of blob %.*s failed: %s", u->o.unit_id,
+                     (int)x->r->id_len, x->r->id, dp_detail_msg(&fd_d));
             if (x->fd >= 0)
                 close(x->fd);
             x->fd = -1;
@@ -648,7 +648,7 @@ load_spill_files(dp_unit *u, ck_load *ld)
 
 /* Publish x as a new record; false (nothing changed) if that failed. */
 static bool
-load_publish_one_locked(dp_unit *u, load_blob *x, double now)
+load_publish_one_locked(dp__unit *u, load_blob *x, double now)
 {
     blob_rec *b = calloc(1, sizeof *b);
     if (b == NULL)
@@ -665,7 +665,7 @@ load_publish_one_locked(dp_unit *u, load_blob *x, double now)
         b->area = REC_AREA_PUT;
     } else {
         b->size = x->r->nbytes;
-        b->flags |= REC_DISK;
+        dp__rec_flag_locked(b, REC_DISK, true);
         b->fd = x->fd;
         u->stats.files_open++;
         u->stats.disk_blobs++;
@@ -692,7 +692,7 @@ load_publish_one_locked(dp_unit *u, load_blob *x, double now)
  * is published), and report each blob as loaded or failed.
  */
 static void
-load_publish_locked(dp_unit *u, ck_load *ld, int rc, dp_unit_load_res *res)
+load_publish_locked(dp__unit *u, ck_load *ld, int rc, dp__unit_load_res *res)
 {
     double now = dp__unit_now(u);
     for (uint32_t i = 0; i < ld->n; i++) {
@@ -745,10 +745,14 @@ load_fini(ck_load *ld)
 }
 
 int
-dp__unit_load_shard(dp_unit *u, const char *path, size_t path_len,
-                    const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
-                    dp_unit_load_res *res, dp_detail *d)
+dp__unit_load_shard(dp__unit *u, const dp__wire_load_shard_args *a,
+                    dp__unit_load_res *res, dp_detail *d)
 {
+    const char *path = a->path.p;
+    size_t path_len = a->path.n;
+    const dp__wire_shard_blob *blobs = a->blobs.v;
+    uint32_t n = a->blobs.n;
+    bool spill = a->spill;
     memset(res, 0, sizeof *res);
     ck_load ld = {.fd = -1};
     dp__map_init_str(&ld.byid);

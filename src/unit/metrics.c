@@ -24,7 +24,7 @@ static const uint64_t bounds_us[DP_UNIT_HIST_N - 1] = {
     10000, 25000, 50000, 100000, 250000, 1000000, 2500000, 10000000};
 
 void
-dp__unit_set_auth_source(dp_unit *u, uint64_t (*fn)(const void *src), const void *src)
+dp__unit_set_auth_source(dp__unit *u, uint64_t (*fn)(const void *src), const void *src)
 {
     pthread_mutex_lock(&u->mu);
     u->auth_fn = fn;
@@ -33,7 +33,7 @@ dp__unit_set_auth_source(dp_unit *u, uint64_t (*fn)(const void *src), const void
 }
 
 void
-dp__unit_hist_record(dp_unit *u, int op, uint64_t ns)
+dp__unit_hist_record(dp__unit *u, int op, uint64_t ns)
 {
     if (op < 0 || op >= DP_WIRE_OP_COUNT_)
         return;
@@ -161,9 +161,9 @@ def_of(const char *wire)
 }
 
 int
-dp__unit_metrics_text(dp_unit *u, dp_buf *out)
+dp__unit_metrics_text(dp__unit *u, dp__buf *out)
 {
-    dp_unit_stats st;
+    dp__unit_stats st;
     dp__unit_get_stats(u, &st);
     char labels[160];
     /* The cluster id is [A-Za-z0-9_.:-]: nothing to escape in a label value. */
@@ -201,7 +201,7 @@ dp__unit_metrics_text(dp_unit *u, dp_buf *out)
         for (int i = 0; i < DP_UNIT_HIST_N; i++)
             count += b[i] = atomic_load_explicit(&h->b[i], memory_order_relaxed);
         uint64_t sum_ns = atomic_load_explicit(&h->sum_ns, memory_order_relaxed);
-        const char *name = dp__wire_op_name((dp_wire_op)op);
+        const char *name = dp__wire_op_name((dp__wire_op)op);
         uint64_t cum = 0;
         for (int i = 0; i < DP_UNIT_HIST_N - 1; i++) {
             cum += b[i];

@@ -10,7 +10,7 @@
 #include "unit/unit.h"
 
 void
-dp__unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t cap)
+dp__unit_numa_apply(dp__unit_numa mode, uint32_t unit_id, char *desc, size_t cap)
 {
     if (mode == DP_UNIT_NUMA_OFF) {
         snprintf(desc, cap, "off");

@@ -21,7 +21,7 @@
 
 typedef struct order_rec {
     uint64_t last;
-    dp_wire_op last_op;
+    dp__wire_op last_op;
     double seen;
 } order_rec;
 
@@ -47,7 +47,8 @@ parse_rid(const char *p, size_t n, uint64_t *counter)
 }
 
 int
-dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_wire_op op, dp_detail *d)
+dp__unit_order_check(dp__unit *u, const char *rid, size_t len, dp__wire_op op,
+                     dp_detail *d)
 {
     uint64_t k;
     if (!parse_rid(rid, len, &k))
@@ -85,7 +86,7 @@ out:
 }
 
 void
-dp__order_sweep_locked(dp_unit *u, double now)
+dp__order_sweep_locked(dp__unit *u, double now)
 {
     if (now - u->order_swept < ORDER_SWEEP_S)
         return;
@@ -115,7 +116,7 @@ dp__order_sweep_locked(dp_unit *u, double now)
 }
 
 void
-dp__order_fini(dp_unit *u)
+dp__order_fini(dp__unit *u)
 {
     void *v;
     for (size_t it = 0; dp__map_next(&u->order, &it, NULL, NULL, NULL, &v);)

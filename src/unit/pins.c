@@ -29,7 +29,7 @@
 /* End pin p (unpinned or expired) and free it. */
 /* Out of the pin table, its records unpinned (zombies it kept may go), freed. */
 static void
-pin_finish_locked(dp_unit *u, pin *p, bool expired, double now)
+pin_finish_locked(dp__unit *u, pin *p, bool expired, double now)
 {
     dp__map_del(&u->pins, p->id, strlen(p->id));
     for (uint32_t i = 0; i < p->n; i++) {
@@ -37,7 +37,7 @@ pin_finish_locked(dp_unit *u, pin *p, bool expired, double now)
         DP_ASSERT(b->n_pins > 0);
         b->n_pins--;
         if (expired)
-            b->flags |= REC_PIN_EXPIRED;
+            dp__rec_flag_locked(b, REC_PIN_EXPIRED, true);
         if (b->state == REC_ZOMBIE && b->n_pins == 0 && b->n_holds == 0) {
             dp__rec_zombie_count_locked(u, b, -1);
             dp__rec_drop_locked(u, b, now);
@@ -50,7 +50,7 @@ pin_finish_locked(dp_unit *u, pin *p, bool expired, double now)
 }
 
 void
-dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
+dp__pin_end_locked(dp__unit *u, pin *p, bool expired, double now)
 {
     if (p->ending) {
         p->end_expired = p->end_expired || expired;
@@ -67,7 +67,7 @@ dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now)
 }
 
 void
-dp__pin_sent_locked(dp_unit *u, pin *p, double now)
+dp__pin_sent_locked(dp__unit *u, pin *p, double now)
 {
     DP_ASSERT(p->n_sends > 0);
     if (--p->n_sends == 0 && p->ending)
@@ -75,7 +75,7 @@ dp__pin_sent_locked(dp_unit *u, pin *p, double now)
 }
 
 void
-dp__pins_fini_locked(dp_unit *u)
+dp__pins_fini_locked(dp__unit *u)
 {
     while (!dp__list_empty(&u->pins_by_expiry))
         dp__pin_end_locked(u, DP_LIST_FIRST(&u->pins_by_expiry, pin, link), false, 0);
@@ -92,7 +92,7 @@ dp__pins_fini_locked(dp_unit *u)
 
 /* Pin blobs[0..n) for read_pin_s; the id goes to out. */
 static int
-pin_create_locked(dp_unit *u, blob_rec **blobs, uint32_t n, double now, char out[33],
+pin_create_locked(dp__unit *u, blob_rec **blobs, uint32_t n, double now, char out[33],
                   dp_detail *d)
 {
     out[0] = '\0';
@@ -126,8 +126,8 @@ pin_create_locked(dp_unit *u, blob_rec **blobs, uint32_t n, double now, char out
 }
 
 int
-dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
-                        dp_unit_resolve_res *res, dp_detail *d)
+dp__unit_resolve_locked(dp__unit *u, const dp__wire_str *ids, uint32_t n,
+                        dp__unit_resolve_res *res, dp_detail *d)
 {
     memset(res, 0, sizeof *res);
     double now = dp__unit_now(u);
@@ -164,7 +164,7 @@ dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
             res->failed[res->n_failed++] = ids[i];
             continue;
         }
-        res->blobs[res->n_blobs++] = (dp_wire_blob_loc){ids[i], b->off, b->nbytes};
+        res->blobs[res->n_blobs++] = (dp__wire_blob_loc){ids[i], b->off, b->nbytes};
         /* Refs count the row-index slots pointing at it: all its entries, or
          * some key was overwritten or cleared since (docs/design.md,
          * "Location hints"). */
@@ -183,7 +183,7 @@ dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
 }
 
 void
-dp__unit_resolve_res_fini(dp_unit_resolve_res *res)
+dp__unit_resolve_res_fini(dp__unit_resolve_res *res)
 {
     free(res->blobs);
     free(res->missing);
@@ -194,15 +194,15 @@ dp__unit_resolve_res_fini(dp_unit_resolve_res *res)
 }
 
 int
-dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
-                             dp_unit_resolve_keys_res *res, dp_detail *d)
+dp__unit_resolve_keys_locked(dp__unit *u, const dp__wire_str *keys, uint32_t n,
+                             dp__unit_resolve_keys_res *res, dp_detail *d)
 {
     return dp__unit_resolve_keys_inline_locked(u, keys, n, 0, res, d);
 }
 
 int
-dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
-                                    uint64_t inline_bytes, dp_unit_resolve_keys_res *res,
+dp__unit_resolve_keys_inline_locked(dp__unit *u, const dp__wire_str *keys, uint32_t n,
+                                    uint64_t inline_bytes, dp__unit_resolve_keys_res *res,
                                     dp_detail *d)
 {
     memset(res, 0, sizeof *res);
@@ -231,7 +231,7 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
     }
     uint64_t epoch = ++u->pin_epoch;
     for (uint32_t i = 0; i < n; i++) {
-        dp_key_parts kp;
+        dp__key_parts kp;
         rc = dp__key_split(keys[i].p, keys[i].n, &kp, d);
         if (rc != 0) {
             u->stats.n_proto++;
@@ -264,17 +264,17 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
             res->failed[res->n_failed++] = keys[i];
             continue;
         }
-        const dp_blob_entry *e = dp__blob_entry_at(b->parsed, s->i);
-        dp_wire_key_loc *l = &res->entries[res->n_entries++];
+        const dp__blob_entry *e = dp__blob_entry_at(b->parsed, s->i);
+        dp__wire_key_loc *l = &res->entries[res->n_entries++];
         l->key = keys[i];
         l->off = b->off + e->off;
         l->len = e->len;
         resolved += e->len;
         l->kind = dp__zview(dp__blob_kind_name(e->kind));
-        l->dtype = (dp_wire_str){e->dtype, e->dtype_len};
+        l->dtype = (dp__wire_str){e->dtype, e->dtype_len};
         l->shape = e->ndim > 0 ? e->shape : NULL;
         l->ndim = e->ndim;
-        l->data = (dp_wire_bytes){NULL, 0};
+        l->data = (dp__wire_bytes){NULL, 0};
         if (eb != NULL) {
             eb[res->n_entries - 1] = b; /* inline or pinned: decided below */
             continue;
@@ -293,11 +293,11 @@ dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_
          */
         bool all = resolved <= budget;
         for (uint32_t j = 0; j < res->n_entries; j++) {
-            dp_wire_key_loc *l = &res->entries[j];
+            dp__wire_key_loc *l = &res->entries[j];
             blob_rec *b = eb[j];
             if (all) {
                 if (l->len > 0)
-                    l->data = (dp_wire_bytes){u->slab + l->off, (uint32_t)l->len};
+                    l->data = (dp__wire_bytes){u->slab + l->off, (uint32_t)l->len};
                 inlined += l->len;
                 b->last_resolve_at = now; /* as a pin would mark it */
             } else if (b->pin_mark != epoch) {
@@ -325,7 +325,7 @@ fail:
 }
 
 void
-dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res)
+dp__unit_resolve_keys_res_fini(dp__unit_resolve_keys_res *res)
 {
     free(res->entries);
     free(res->missing);
@@ -335,7 +335,7 @@ dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res)
 }
 
 void
-dp__unit_unpin(dp_unit *u, const char *pin_id, size_t len)
+dp__unit_unpin(dp__unit *u, const char *pin_id, size_t len)
 {
     pthread_mutex_lock(&u->mu);
     pin *p = len <= 32 ? dp__map_get(&u->pins, pin_id, len) : NULL;

@@ -99,10 +99,10 @@ row_del(row *r, uint32_t k)
 
 /* Remove the placeholders of a failed publish (slots still pointing nowhere). */
 static void
-publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
+publish_rollback_locked(dp__unit *u, const dp__blob *pb, uint32_t upto)
 {
     for (uint32_t i = 0; i < upto; i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(pb, i);
+        const dp__blob_entry *e = dp__blob_entry_at(pb, i);
         row *r = dp__map_get_u64(&u->rows, e->gidx);
         if (r == NULL)
             continue;
@@ -124,10 +124,10 @@ publish_rollback_locked(dp_unit *u, const dp_blob *pb, uint32_t upto)
  * caller makes sure at least one is kept. DP_ENOMEM: nothing changed.
  */
 int
-dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now,
+dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double now,
                         dp_detail *d)
 {
-    const dp_blob *pb = b->parsed;
+    const dp__blob *pb = b->parsed;
     uint32_t n = dp__blob_count(pb), i = 0, kept = 0;
     /*
      * Each entry's (row, slot index), found once (a row's fields are usually
@@ -147,7 +147,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
         if (keep != NULL && !keep[i])
             continue;
         kept++;
-        const dp_blob_entry *e = dp__blob_entry_at(pb, i);
+        const dp__blob_entry *e = dp__blob_entry_at(pb, i);
         if (r == NULL || r->gidx != e->gidx)
             r = dp__map_get_u64(&u->rows, e->gidx);
         if (r == NULL) {
@@ -173,7 +173,7 @@ dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now
         at[i] = (struct at){r, (uint32_t)k};
     }
     /* Pass 2: publish, cannot fail. */
-    b->state = REC_PUBLISHED;
+    dp__rec_set_state(b, REC_PUBLISHED);
     b->refs = kept;
     dp__list_remove(&u->pend, &b->pend_link);
     u->stats.published++;

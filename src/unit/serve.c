@@ -1,6 +1,6 @@
 /*
  * The unit's control-message handler (docs/design.md, "Control-message codec"
- * and "Storage unit"): the dp_ctl_handler that dp_ctl_server calls on its
+ * and "Storage unit"): the dp_ctl_handler that dp__ctl_server calls on its
  * thread for every request. It decodes the
  * message with src/wire, runs the op on the unit core under the unit lock and
  * encodes the reply while still holding it (results of resolve, scan and
@@ -34,24 +34,27 @@
  * incarnations").
  */
 static void
-reply_error(dp_unit *u, dp_wire_str rid, int code, const dp_detail *d, const char *reason,
-            dp_buf *out)
+reply_error(dp__unit *u, dp__wire_str rid, int code, const dp_detail *d,
+            const char *reason, dp__buf *out)
 {
     dp__buf_reset(out);
     if (rid.n == 0)
         return;
     if (code != DP_EUNITFULL && code != DP_EBUSY && code != DP_ELOST)
         code = DP_EPROTO;
-    const char *msg = dp_detail_msg(d);
-    if (dp__wire_reply_encode_error(rid, dp__unit_incarnation(u), code,
-                                    msg[0] ? msg : NULL, reason, NULL, 0, NULL, out,
-                                    NULL) != 0)
+    dp__wire_error e = {
+        .code = code,
+        .msg = dp__wire_s(dp_detail_msg(d)),
+        .reason = dp__wire_s(reason),
+    };
+    if (dp__wire_reply_encode_error(rid, dp__unit_incarnation(u), &e, NULL, out, NULL) !=
+        0)
         dp__buf_reset(out);
 }
 
 /* Encode rep; if that fails (too big, out of memory) answer the failure instead. */
 static void
-reply_ok(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
+reply_ok(dp__unit *u, dp__wire_reply *rep, dp__buf *out)
 {
     dp_detail d;
     dp_detail_clear(&d);
@@ -65,13 +68,13 @@ reply_ok(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
 }
 
 static void
-do_info(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
+do_info(dp__unit *u, dp__wire_reply *rep, dp__buf *out)
 {
     uint8_t *md = NULL;
     size_t mdlen = 0;
     dp_detail d;
     dp_detail_clear(&d);
-    dp_endpoint *ep = dp__unit_endpoint(u);
+    dp__endpoint *ep = dp__unit_endpoint(u);
     if (ep != NULL && dp__endpoint_metadata(ep, &md, &mdlen, &d) != 0) {
         reply_error(u, rep->rid, DP_EPROTO, &d, NULL, out);
         return;
@@ -79,18 +82,18 @@ do_info(dp_unit *u, dp_wire_reply *rep, dp_buf *out)
     dp__unit_lock(u);
     dp__unit_info_locked(u, &rep->r.info);
     if (md != NULL)
-        rep->r.info.metadata = (dp_wire_bytes){md, (uint32_t)mdlen};
+        rep->r.info.metadata = (dp__wire_bytes){md, (uint32_t)mdlen};
     reply_ok(u, rep, out);
     dp__unit_unlock(u);
     free(md);
 }
 
 /* save_shard and load_shard: file I/O outside the unit lock. */
-static void run_admin_timed(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep,
-                            dp_buf *reply);
+static void run_admin_timed(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
+                            dp__buf *reply);
 
 static void
-run_admin(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+run_admin(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, dp__buf *reply)
 {
     uint64_t t0 = dp__now_ns();
     run_admin_timed(u, req, rep, reply);
@@ -98,17 +101,18 @@ run_admin(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *re
 }
 
 static void
-run_admin_timed(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+run_admin_timed(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
+                dp__buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
     int rc;
     if (req->op == DP_WIRE_OP_SAVE_SHARD) {
-        dp_unit_save_res sr;
+        dp__unit_save_res sr;
         rc = dp__unit_save_shard(u, req->a.save_shard.path.p, req->a.save_shard.path.n,
                                  &sr, &d);
         if (rc == 0) {
-            rep->r.save_shard.blobs = (dp_wire_shard_blobs){sr.blobs, sr.n_blobs};
+            rep->r.save_shard.blobs = (dp__wire_shard_blobs){sr.blobs, sr.n_blobs};
             rep->r.save_shard.nbytes = sr.nbytes;
             rep->r.save_shard.clears_during_save = sr.clears_during_save;
             reply_ok(u, rep, reply);
@@ -116,13 +120,12 @@ run_admin_timed(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
             return;
         }
     } else {
-        const dp_wire_load_shard_args *a = &req->a.load_shard;
-        dp_unit_load_res lr;
-        rc = dp__unit_load_shard(u, a->path.p, a->path.n, a->blobs.v, a->blobs.n,
-                                 a->spill, &lr, &d);
+        const dp__wire_load_shard_args *a = &req->a.load_shard;
+        dp__unit_load_res lr;
+        rc = dp__unit_load_shard(u, a, &lr, &d);
         if (rc == 0) {
-            rep->r.load_shard.loaded = (dp_wire_strs){lr.loaded, lr.n_loaded};
-            rep->r.load_shard.failed = (dp_wire_strs){lr.failed, lr.n_failed};
+            rep->r.load_shard.loaded = (dp__wire_strs){lr.loaded, lr.n_loaded};
+            rep->r.load_shard.failed = (dp__wire_strs){lr.failed, lr.n_failed};
             reply_ok(u, rep, reply);
             dp__unit_load_res_fini(&lr);
             return;
@@ -134,8 +137,8 @@ run_admin_timed(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
 
 /* A save or load running on a thread of its own, its reply deferred. */
 typedef struct admin_job {
-    dp_unit *u;
-    dp_ctl_deferred *t;
+    dp__unit *u;
+    dp__ctl_deferred *t;
     uint8_t *msg;
     size_t len;
 } admin_job;
@@ -144,15 +147,15 @@ static void *
 admin_main(void *arg)
 {
     admin_job *j = arg;
-    dp_unit *u = j->u;
-    dp_buf out;
+    dp__unit *u = j->u;
+    dp__buf out;
     dp__buf_init(&out);
-    dp_wire_request req;
+    dp__wire_request req;
     dp_detail d;
     dp_detail_clear(&d);
     /* The bytes the ctl thread decoded: they decode the same again. */
     if (dp__wire_request_decode(j->msg, j->len, NULL, &req, &d) == 0) {
-        dp_wire_reply rep;
+        dp__wire_reply rep;
         memset(&rep, 0, sizeof rep);
         rep.op = req.op;
         rep.rid = req.rid;
@@ -175,11 +178,11 @@ admin_main(void *arg)
  * runs it in place.
  */
 static bool
-defer_admin(dp_unit *u, const uint8_t *msg, size_t len)
+defer_admin(dp__unit *u, const uint8_t *msg, size_t len)
 {
     admin_job *j = calloc(1, sizeof *j);
     uint8_t *copy = malloc(len ? len : 1);
-    dp_ctl_deferred *t = j != NULL && copy != NULL ? dp__ctl_defer() : NULL;
+    dp__ctl_deferred *t = j != NULL && copy != NULL ? dp__ctl_defer() : NULL;
     if (t == NULL) {
         free(j);
         free(copy);
@@ -203,22 +206,22 @@ defer_admin(dp_unit *u, const uint8_t *msg, size_t len)
 }
 
 static void
-do_resolve(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+do_resolve(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, dp__buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_resolve_res res;
+    dp__unit_resolve_res res;
     dp__unit_lock(u);
     int rc = dp__unit_resolve_locked(u, req->a.resolve.blob_ids.v,
                                      req->a.resolve.blob_ids.n, &res, &d);
     if (rc == 0) {
-        dp_wire_resolve_res *r = &rep->r.resolve;
-        r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
-        r->blobs = (dp_wire_blob_locs){res.blobs, res.n_blobs};
-        r->missing = (dp_wire_strs){res.missing, res.n_missing};
-        r->pending = (dp_wire_strs){res.pending, res.n_pending};
-        r->failed = (dp_wire_strs){res.failed, res.n_failed};
-        r->whole = (dp_wire_strs){res.whole, res.n_whole};
+        dp__wire_resolve_res *r = &rep->r.resolve;
+        r->pin_id = (dp__wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
+        r->blobs = (dp__wire_blob_locs){res.blobs, res.n_blobs};
+        r->missing = (dp__wire_strs){res.missing, res.n_missing};
+        r->pending = (dp__wire_strs){res.pending, res.n_pending};
+        r->failed = (dp__wire_strs){res.failed, res.n_failed};
+        r->whole = (dp__wire_strs){res.whole, res.n_whole};
         reply_ok(u, rep, reply);
         dp__unit_resolve_res_fini(&res);
     } else {
@@ -228,22 +231,23 @@ do_resolve(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *r
 }
 
 static void
-do_resolve_keys(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+do_resolve_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
+                dp__buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_unit_resolve_keys_res res;
+    dp__unit_resolve_keys_res res;
     dp__unit_lock(u);
     int rc = dp__unit_resolve_keys_inline_locked(
         u, req->a.resolve_keys.keys.v, req->a.resolve_keys.keys.n,
         req->a.resolve_keys.inline_bytes, &res, &d);
     if (rc == 0) {
-        dp_wire_resolve_keys_res *r = &rep->r.resolve_keys;
-        r->pin_id = (dp_wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
-        r->entries = (dp_wire_key_locs){res.entries, res.n_entries};
-        r->missing = (dp_wire_strs){res.missing, res.n_missing};
-        r->pending = (dp_wire_strs){res.pending, res.n_pending};
-        r->failed = (dp_wire_strs){res.failed, res.n_failed};
+        dp__wire_resolve_keys_res *r = &rep->r.resolve_keys;
+        r->pin_id = (dp__wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
+        r->entries = (dp__wire_key_locs){res.entries, res.n_entries};
+        r->missing = (dp__wire_strs){res.missing, res.n_missing};
+        r->pending = (dp__wire_strs){res.pending, res.n_pending};
+        r->failed = (dp__wire_strs){res.failed, res.n_failed};
         reply_ok(u, rep, reply);
         dp__unit_resolve_keys_res_fini(&res);
     } else {
@@ -253,13 +257,14 @@ do_resolve_keys(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
 }
 
 static void
-do_release_rows(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+do_release_rows(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
+                dp__buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
     /* A row of another unit: the client's cluster is not this unit's. */
-    const dp_wire_u64s *g = &req->a.release_rows.gidxs;
-    dp_wire_info me;
+    const dp__wire_u64s *g = &req->a.release_rows.gidxs;
+    dp__wire_info me;
     dp__unit_lock(u);
     dp__unit_info_locked(u, &me);
     dp__unit_unlock(u);
@@ -282,16 +287,16 @@ do_release_rows(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_b
 }
 
 static void
-do_scan(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+do_scan(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, dp__buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_fields *recs = NULL;
+    dp__wire_fields *recs = NULL;
     uint32_t n = 0;
     dp__unit_lock(u);
     int rc = dp__unit_scan_locked(u, &recs, &n, &d);
     if (rc == 0) {
-        rep->r.scan = (dp_wire_scan_res){recs, n};
+        rep->r.scan = (dp__wire_scan_res){recs, n};
         reply_ok(u, rep, reply);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
@@ -301,11 +306,11 @@ do_scan(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *repl
 }
 
 static void
-do_stats(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+do_stats(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, dp__buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
-    dp_wire_fields f = {0};
+    dp__wire_fields f = {0};
     dp__unit_lock(u);
     int rc = dp__unit_stats_locked(u, &f, &d);
     if (rc == 0) {
@@ -319,7 +324,8 @@ do_stats(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *rep
 }
 
 static void
-do_read_bytes(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf *reply)
+do_read_bytes(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
+              dp__buf *reply)
 {
     dp_detail d;
     dp_detail_clear(&d);
@@ -328,7 +334,7 @@ do_read_bytes(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf
     int rc = dp__unit_read_bytes_locked(u, req->a.read_bytes.off,
                                         req->a.read_bytes.nbytes, &p, &d);
     if (rc == 0) {
-        rep->r.bytes = (dp_wire_bytes){p, (uint32_t)req->a.read_bytes.nbytes};
+        rep->r.bytes = (dp__wire_bytes){p, (uint32_t)req->a.read_bytes.nbytes};
         reply_ok(u, rep, reply);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
@@ -337,11 +343,11 @@ do_read_bytes(dp_unit *u, const dp_wire_request *req, dp_wire_reply *rep, dp_buf
 }
 
 void
-dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
 {
-    dp_unit *u = ctx;
+    dp__unit *u = ctx;
     uint64_t t0 = dp__now_ns();
-    dp_wire_request req;
+    dp__wire_request req;
     dp_detail d;
     dp_detail_clear(&d);
     int rc = dp__wire_request_decode(msg, len, NULL, &req, &d);
@@ -366,7 +372,7 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         dp__wire_request_fini(&req);
         return;
     }
-    dp_wire_reply rep;
+    dp__wire_reply rep;
     memset(&rep, 0, sizeof rep);
     rep.op = req.op;
     rep.rid = req.rid;
@@ -379,7 +385,7 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
         do_info(u, &rep, reply);
         break;
     case DP_WIRE_OP_ALLOC: {
-        const dp_wire_alloc_args *a = &req.a.alloc;
+        const dp__wire_alloc_args *a = &req.a.alloc;
         const char *reason = NULL;
         /* spill is honoured only with the SSD tier on. */
         rc = dp__unit_alloc_req(u, a, &rep.r.alloc, &reason, &d);
@@ -448,12 +454,12 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
 }
 
 void
-dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply)
+dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
 {
-    dp_unit *u = ctx;
-    dp_wire_op op = DP_WIRE_OP_NONE;
-    dp_wire_str rid = {"", 0};
-    dp_wire_limits lim = dp__wire_limits_default;
+    dp__unit *u = ctx;
+    dp__wire_op op = DP_WIRE_OP_NONE;
+    dp__wire_str rid = {"", 0};
+    dp__wire_limits lim = dp__wire_limits_default;
     lim.max_msg = UINT64_MAX; /* only the head is read */
     dp__wire_request_peek(msg, len, &lim, &op, &rid, NULL);
     if (op != DP_WIRE_OP_NONE && dp__wire_op_is_notify(op))

@@ -28,11 +28,11 @@
 /* Longest advertised address: what a cluster file holds (DP_CLUSTER_ADDR_MAX). */
 #define ADDR_MAX 128
 
-struct dp_unit_server {
-    dp_endpoint *ep;
+struct dp__unit_server {
+    dp__endpoint *ep;
     dp__http_server *http; /* metrics, when asked for */
-    dp_unit *u;
-    dp_ctl_server *srv;
+    dp__unit *u;
+    dp__ctl_server *srv;
     char address[ADDR_MAX]; /* advertised: tcp://host:port */
 };
 
@@ -132,9 +132,9 @@ auth_refused(const void *srv)
 
 /* /metrics and /healthz (the metrics server's handler). */
 static int
-http_answer(void *ctx, const char *path, dp_buf *body, const char **type)
+http_answer(void *ctx, const char *path, dp__buf *body, const char **type)
 {
-    dp_unit *u = ctx;
+    dp__unit *u = ctx;
     if (strcmp(path, "/metrics") == 0) {
         *type = "text/plain; version=0.0.4; charset=utf-8";
         return dp__unit_metrics_text(u, body) == DP_OK ? 200 : 500;
@@ -148,31 +148,31 @@ http_answer(void *ctx, const char *path, dp_buf *body, const char **type)
 }
 
 int
-dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
-                      const dp_unit_server_opts *so, dp_unit_server **out, dp_detail *d)
+dp__unit_server_start(const dp__unit_opts *uo, const char *endpoint_name,
+                      const dp__unit_server_opts *so, dp__unit_server **out, dp_detail *d)
 {
-    dp_unit_server_opts def = {0};
+    dp__unit_server_opts def = {0};
     if (so == NULL)
         so = &def;
-    dp_unit_server *s = calloc(1, sizeof *s);
+    dp__unit_server *s = calloc(1, sizeof *s);
     if (s == NULL)
         return dp__fail(d, DP_ENOMEM, "unit server: out of memory");
-    dp_endpoint_opts eo;
+    dp__endpoint_opts eo;
     dp__endpoint_opts_init(&eo);
     eo.progress_thread = true; /* emulated RMA (tcp) needs the unit to progress */
     int rc = dp__endpoint_create(endpoint_name, &eo, &s->ep, d);
     if (rc != 0)
         goto fail;
-    dp_unit_opts o = *uo;
+    dp__unit_opts o = *uo;
     o.ep = s->ep;
     if ((rc = dp__unit_create(&o, &s->u, d)) != 0 ||
         (rc = dp__unit_serve_transfers(s->u, d)) != 0 ||
         (rc = dp__unit_start_ticker(s->u, so->tick_s > 0 ? so->tick_s : 1.0, d)) != 0)
         goto fail;
-    dp_ctl_server_opts cso = {.bind_ip = so->bind_ip,
-                              .port = so->port,
-                              .curve_secret = so->curve_secret,
-                              .curve_allow_dir = so->curve_allow_dir};
+    dp__ctl_server_opts cso = {.bind_ip = so->bind_ip,
+                               .port = so->port,
+                               .curve_secret = so->curve_secret,
+                               .curve_allow_dir = so->curve_allow_dir};
     if ((rc = dp__ctl_server_open(&cso, dp__unit_handle, dp__unit_handle_oversize, s->u,
                                   &s->srv, d)) != 0 ||
         (rc = advertised(dp__ctl_server_address(s->srv), so->advertise, s->address,
@@ -191,52 +191,52 @@ fail:
 }
 
 int
-dp__unit_server_open(const dp_unit_opts *uo, const char *endpoint_name,
+dp__unit_server_open(const dp__unit_opts *uo, const char *endpoint_name,
                      const char *bind_ip, uint16_t port, double tick_s,
-                     dp_unit_server **out, dp_detail *d)
+                     dp__unit_server **out, dp_detail *d)
 {
-    dp_unit_server_opts so = {.bind_ip = bind_ip, .port = port, .tick_s = tick_s};
+    dp__unit_server_opts so = {.bind_ip = bind_ip, .port = port, .tick_s = tick_s};
     return dp__unit_server_start(uo, endpoint_name, &so, out, d);
 }
 
 const char *
-dp__unit_server_address(const dp_unit_server *s)
+dp__unit_server_address(const dp__unit_server *s)
 {
     return s->address;
 }
 
 const char *
-dp__unit_server_bound_address(const dp_unit_server *s)
+dp__unit_server_bound_address(const dp__unit_server *s)
 {
     return dp__ctl_server_address(s->srv);
 }
 
-dp_unit *
-dp__unit_server_unit(const dp_unit_server *s)
+dp__unit *
+dp__unit_server_unit(const dp__unit_server *s)
 {
     return s->u;
 }
 
 int
-dp__unit_server_reload_allow(dp_unit_server *s, size_t *n_keys, dp_detail *d)
+dp__unit_server_reload_allow(dp__unit_server *s, size_t *n_keys, dp_detail *d)
 {
     return dp__ctl_server_reload_allow(s->srv, n_keys, d);
 }
 
 const char *
-dp__unit_server_metrics_address(const dp_unit_server *s)
+dp__unit_server_metrics_address(const dp__unit_server *s)
 {
     return s->http != NULL ? dp__http_server_address(s->http) : NULL;
 }
 
-struct dp_endpoint *
-dp__unit_server_endpoint(const dp_unit_server *s)
+struct dp__endpoint *
+dp__unit_server_endpoint(const dp__unit_server *s)
 {
     return s->ep;
 }
 
 void
-dp__unit_server_close(dp_unit_server *s)
+dp__unit_server_close(dp__unit_server *s)
 {
     if (s == NULL)
         return;

@@ -11,10 +11,10 @@
 
 #include "unit/unit.h"
 
-typedef struct dp_unit_server dp_unit_server;
+typedef struct dp__unit_server dp__unit_server;
 
 /* Where the control server listens and what it tells clients. Zeroed: defaults. */
-typedef struct dp_unit_server_opts {
+typedef struct dp__unit_server_opts {
     const char *bind_ip; /* NULL or "": 127.0.0.1; 0.0.0.0 (or "*") binds every IPv4 */
     uint16_t port;       /* 0: a free port */
     /*
@@ -39,7 +39,7 @@ typedef struct dp_unit_server_opts {
      */
     const char *curve_secret;
     const char *curve_allow_dir;
-} dp_unit_server_opts;
+} dp__unit_server_opts;
 
 /*
  * Start a unit from uo (uo->ep is ignored: the server creates the endpoint,
@@ -49,40 +49,40 @@ typedef struct dp_unit_server_opts {
  * bytes). Threads: any;
  * the server's threads inherit the caller's signal mask.
  */
-int dp__unit_server_start(const dp_unit_opts *uo, const char *endpoint_name,
-                          const dp_unit_server_opts *so, dp_unit_server **out,
+int dp__unit_server_start(const dp__unit_opts *uo, const char *endpoint_name,
+                          const dp__unit_server_opts *so, dp__unit_server **out,
                           dp_detail *d);
 
 /*
  * dp__unit_server_start binding bind_ip:port (NULL: 127.0.0.1; port 0: a free
  * port), ticking every tick_s seconds, advertising the default.
  */
-int dp__unit_server_open(const dp_unit_opts *uo, const char *endpoint_name,
+int dp__unit_server_open(const dp__unit_opts *uo, const char *endpoint_name,
                          const char *bind_ip, uint16_t port, double tick_s,
-                         dp_unit_server **out, dp_detail *d);
+                         dp__unit_server **out, dp_detail *d);
 
 /*
  * "tcp://host:port" clients use (what info reports): the advertised host and
  * the bound port. Valid until close.
  */
-const char *dp__unit_server_address(const dp_unit_server *s);
+const char *dp__unit_server_address(const dp__unit_server *s);
 
 /* "tcp://ip:port" the control server bound (0.0.0.0 for a wildcard). */
-const char *dp__unit_server_bound_address(const dp_unit_server *s);
+const char *dp__unit_server_bound_address(const dp__unit_server *s);
 
 /* The unit (owned by the server). */
-dp_unit *dp__unit_server_unit(const dp_unit_server *s);
+dp__unit *dp__unit_server_unit(const dp__unit_server *s);
 
 /* Read the allow directory again (SIGHUP): *n_keys. DP_EINVAL without CURVE. */
-int dp__unit_server_reload_allow(dp_unit_server *s, size_t *n_keys, dp_detail *d);
+int dp__unit_server_reload_allow(dp__unit_server *s, size_t *n_keys, dp_detail *d);
 
 /* "IP:PORT" the metrics are served on, NULL without. */
-const char *dp__unit_server_metrics_address(const dp_unit_server *s);
+const char *dp__unit_server_metrics_address(const dp__unit_server *s);
 
 /* Its transfer endpoint. */
-struct dp_endpoint *dp__unit_server_endpoint(const dp_unit_server *s);
+struct dp__endpoint *dp__unit_server_endpoint(const dp__unit_server *s);
 
 /* Stop serving and free everything, control server first. NULL allowed. */
-void dp__unit_server_close(dp_unit_server *s);
+void dp__unit_server_close(dp__unit_server *s);
 
 #endif

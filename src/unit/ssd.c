@@ -10,7 +10,7 @@
  * [0, slab_bytes) and the IO area at [io_base, io_base + staging_bytes),
  * io_base = slab_bytes rounded up to 4 KiB. Every offset handed to a client
  * (alloc, resolve) is relative to that one base, whichever area it is in; each
- * area has its own dp_slab_alloc. A record's off/size name its current region
+ * area has its own dp__slab_alloc. A record's off/size name its current region
  * and its area (REC_AREA_PUT, REC_AREA_IO) says which allocator owns it.
  *
  * Spill. alloc(spill) that the put area cannot take gets an IO-area region
@@ -81,57 +81,13 @@
 #include "common/fileio.h"
 #include "unit/unit_int.h"
 
-/* The fd is closed by an io worker, outside the lock. */
-void
-dp__ssd_close_later_locked(dp_unit *u, blob_rec *b)
-{
-    if (b->fd < 0)
-        return;
-    if (u->n_closes == u->cap_closes) {
-        size_t cap = u->cap_closes ? u->cap_closes * 2 : 64;
-        int *p = realloc(u->closes, cap * sizeof *p);
-        if (p == NULL) {
-            /* Out of memory: close here rather than leak the file. */
-            close(b->fd);
-            b->fd = -1;
-            u->stats.files_open--;
-            return;
-        }
-        u->closes = p;
-        u->cap_closes = cap;
-    }
-    u->closes[u->n_closes++] = b->fd;
-    b->fd = -1;
-    u->stats.files_open--;
-    pthread_cond_signal(&u->io_cv);
-}
-
-void
-dp__ssd_staged_unlink_locked(dp_unit *u, blob_rec *b)
-{
-    DP_ASSERT(b->flags & REC_STAGED);
-    dp__list_remove(&u->staged, &b->staged_link);
-    b->flags &= ~REC_STAGED;
-    u->stats.staged_blobs--;
-    u->stats.staged_bytes -= b->size;
-}
-
-static void
-staged_append_locked(dp_unit *u, blob_rec *b)
-{
-    b->flags |= REC_STAGED;
-    dp__list_insert_tail(&u->staged, &b->staged_link);
-    u->stats.staged_blobs++;
-    u->stats.staged_bytes += b->size;
-}
-
 /*
  * A fresh file in ssd_dir with no name left behind: O_TMPFILE when the
  * filesystem has it, else a random name opened O_EXCL and unlinked at once.
  * label gets a description for messages. Worker threads and create only.
  */
 int
-dp__ssd_new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap,
+dp__ssd_new_file(dp__unit *u, bool try_tmpfile, int *out, char *label, size_t cap,
                  dp_detail *d)
 {
 #ifdef O_TMPFILE
@@ -165,18 +121,18 @@ dp__ssd_new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap
 }
 
 bool
-dp__ssd_jobs_full_locked(const dp_unit *u)
+dp__ssd_jobs_full_locked(const dp__unit *u)
 {
     return u->q_n + u->n_running >= DP_UNIT_MAX_IO_JOBS;
 }
 
 /* Queue a job owning b's region (the caller checked jobs_full_locked). */
 void
-dp__ssd_submit_locked(dp_unit *u, int kind, blob_rec *b)
+dp__ssd_submit_locked(dp__unit *u, int kind, blob_rec *b)
 {
     DP_ASSERT(!dp__ssd_jobs_full_locked(u) && !(b->flags & REC_JOB) &&
               b->area != REC_AREA_NONE);
-    b->flags |= REC_JOB;
+    dp__rec_flag_locked(b, REC_JOB, true);
     u->io_job_bytes += b->size;
     u->jobs[(u->q_head + u->q_n) % DP_UNIT_MAX_IO_JOBS] = (io_job){kind, b};
     u->q_n++;
@@ -189,7 +145,7 @@ dp__ssd_submit_locked(dp_unit *u, int kind, blob_rec *b)
  * later. *keep (malloc'd, one byte per entry) is NULL when none remain.
  */
 static int
-spill_keep_locked(dp_unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_detail *d)
+spill_keep_locked(dp__unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_detail *d)
 {
     uint32_t n = dp__blob_count(b->parsed);
     uint8_t *k = malloc(n ? n : 1);
@@ -197,7 +153,7 @@ spill_keep_locked(dp_unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_de
         return dp__fail(d, DP_ENOMEM, "spill of %s: out of memory", b->id);
     uint32_t c = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const dp_blob_entry *e = dp__blob_entry_at(b->parsed, i);
+        const dp__blob_entry *e = dp__blob_entry_at(b->parsed, i);
         bool live = b->spill_keep == NULL || b->spill_keep[i];
         if (live) {
             row *r = dp__map_get_u64(&u->rows, e->gidx);
@@ -219,7 +175,7 @@ spill_keep_locked(dp_unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_de
 
 /* Remember b's id as superseded (its commit answers "done"); best effort. */
 static void
-superseded_add_locked(dp_unit *u, const blob_rec *b, double now)
+superseded_add_locked(dp__unit *u, const blob_rec *b, double now)
 {
     superseded *x = calloc(1, sizeof *x);
     if (x == NULL)
@@ -235,7 +191,7 @@ superseded_add_locked(dp_unit *u, const blob_rec *b, double now)
 }
 
 void
-dp__ssd_superseded_forget_locked(dp_unit *u, const char *id, size_t id_len)
+dp__ssd_superseded_forget_locked(dp__unit *u, const char *id, size_t id_len)
 {
     superseded *x = dp__map_del(&u->superseded, id, id_len);
     if (x != NULL)
@@ -244,7 +200,7 @@ dp__ssd_superseded_forget_locked(dp_unit *u, const char *id, size_t id_len)
 
 /* Forget superseded ids past their time. */
 void
-dp__ssd_superseded_expire_locked(dp_unit *u, double now)
+dp__ssd_superseded_expire_locked(dp__unit *u, double now)
 {
     for (superseded *x; (x = DP_LIST_FIRST(&u->sup_order, superseded, link)) != NULL &&
                         (x->gone || x->until <= now);) {
@@ -257,10 +213,10 @@ dp__ssd_superseded_expire_locked(dp_unit *u, double now)
 
 /* A spill job ended (rc, fd): publish the disk blob or drop it. */
 static void
-spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
+spill_done_locked(dp__unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
 {
     double now = dp__unit_now(u);
-    b->flags &= ~REC_JOB;
+    dp__rec_flag_locked(b, REC_JOB, false);
     u->io_job_bytes -= b->size;
     if (fd >= 0) {
         b->fd = fd;
@@ -280,7 +236,9 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
         }
     }
     if (rc == 0 && b->state == REC_VALIDATED && keep != NULL) {
-        b->flags |= REC_DISK; /* before publish: dp__rec_drop_locked counts disk blobs */
+        dp__rec_flag_locked(
+            b, REC_DISK,
+            true); /* before publish: dp__rec_drop_locked counts disk blobs */
         u->stats.disk_blobs++;
         u->stats.disk_bytes += b->nbytes;
         rc = dp__rows_publish_locked(u, b, keep, now, &pd);
@@ -304,7 +262,7 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
     dp__list_remove(&u->pend, &b->pend_link);
     if (b->state == REC_ABORTING_RETIRE) {
         /* abort(in_flight): the client says a WRITE may still run. */
-        dp__ssd_close_later_locked(u, b);
+        dp__rec_close_later_locked(u, b);
         if (b->flags & REC_DISK) {
             u->stats.disk_blobs--;
             u->stats.disk_bytes -= b->nbytes;
@@ -318,10 +276,10 @@ spill_done_locked(dp_unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
 
 /* A stage job ended: the copy is staged, or the stage failed. */
 static void
-stage_done_locked(dp_unit *u, blob_rec *b, int rc, const dp_detail *jd)
+stage_done_locked(dp__unit *u, blob_rec *b, int rc, const dp_detail *jd)
 {
     double now = dp__unit_now(u);
-    b->flags &= ~REC_JOB;
+    dp__rec_flag_locked(b, REC_JOB, false);
     u->io_job_bytes -= b->size;
     if (b->state == REC_DOOMED) { /* released while staging */
         dp__rec_drop_locked(u, b, now);
@@ -329,8 +287,8 @@ stage_done_locked(dp_unit *u, blob_rec *b, int rc, const dp_detail *jd)
     }
     if (rc == 0) {
         b->staged_at = now;
-        b->flags &= ~REC_PICKED_UP;
-        staged_append_locked(u, b);
+        dp__rec_flag_locked(b, REC_PICKED_UP, false);
+        dp__rec_staged_append_locked(u, b);
         u->stats.stages++;
         u->stats.stage_bytes += b->nbytes;
         return;
@@ -339,14 +297,14 @@ stage_done_locked(dp_unit *u, blob_rec *b, int rc, const dp_detail *jd)
     DP_LOG_W("unit %u: stage of blob %s (%" PRIu64 " bytes) failed: %s", u->o.unit_id,
              b->id, b->nbytes, dp_detail_msg(jd));
     dp__rec_release_region_locked(u, b, now);
-    b->flags |= REC_STAGE_FAILED;
+    dp__rec_flag_locked(b, REC_STAGE_FAILED, true);
 }
 
 /* io worker: closes first (cheap, unbounded list), then one job at a time. */
 static void *
 io_main(void *arg)
 {
-    dp_unit *u = arg;
+    dp__unit *u = arg;
     pthread_mutex_lock(&u->mu);
     for (;;) {
         while (!u->io_stopping && u->q_n == 0 && u->n_closes == 0)
@@ -416,7 +374,7 @@ io_main(void *arg)
  * free enough, DP_EUNITFULL if nothing will, DP_ENOMEM.
  */
 int
-dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
+dp__ssd_io_alloc_locked(dp__unit *u, uint64_t nbytes, double now, uint64_t *off,
                         const char **reason, dp_detail *d)
 {
     uint64_t o = 0;
@@ -432,9 +390,10 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
         bool answered = u->resolving_epoch != 0 && b->res_epoch == u->resolving_epoch;
         if (b->n_pins == 0 && b->state != REC_ZOMBIE && !answered &&
             ((b->flags & REC_PICKED_UP) || now - b->staged_at >= u->o.pickup_s)) {
-            dp__ssd_staged_unlink_locked(u, b);
+            dp__rec_staged_unlink_locked(u, b);
             dp__rec_release_region_locked(u, b, now);
-            b->flags &= ~REC_PIN_EXPIRED; /* the next copy is a new region */
+            dp__rec_flag_locked(b, REC_PIN_EXPIRED,
+                                false); /* the next copy is a new region */
             u->stats.evictions++;
             rc = dp__slab_alloc_alloc(u->io_alloc, nbytes, &o, &ad);
         }
@@ -446,7 +405,7 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
     }
     if (rc != DP_EUNITFULL)
         return dp__fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
-    dp_slab_alloc_stats st;
+    dp__slab_alloc_stats st;
     dp__slab_alloc_get_stats(u->io_alloc, &st);
     uint64_t pending = st.quarantined_bytes + u->stats.staged_bytes + u->io_job_bytes;
     if (pending > 0 && st.free_bytes + pending >= nbytes) {
@@ -476,7 +435,7 @@ dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
  * or room will free), DP_EUNITFULL (it can never be staged now).
  */
 static int
-start_stage_locked(dp_unit *u, blob_rec *b, double now)
+start_stage_locked(dp__unit *u, blob_rec *b, double now)
 {
     DP_ASSERT((b->flags & REC_DISK) && !(b->flags & (REC_STAGED | REC_JOB)) &&
               b->area == REC_AREA_NONE);
@@ -490,14 +449,14 @@ start_stage_locked(dp_unit *u, blob_rec *b, double now)
     b->size = b->nbytes;
     dp__slab_alloc_size_of(u->io_alloc, o - u->io_base, &b->size);
     b->area = REC_AREA_IO;
-    b->flags &= ~REC_STAGE_FAILED;
+    dp__rec_flag_locked(b, REC_STAGE_FAILED, false);
     dp__ssd_submit_locked(u, JOB_STAGE, b);
     return 0;
 }
 
 /* How a resolve answers for published blob b (once per call: epoch). */
 int
-dp__ssd_resolve_state_locked(dp_unit *u, blob_rec *b, uint64_t epoch, double now)
+dp__ssd_resolve_state_locked(dp__unit *u, blob_rec *b, uint64_t epoch, double now)
 {
     if (!(b->flags & REC_DISK))
         return RES_READY;
@@ -505,12 +464,13 @@ dp__ssd_resolve_state_locked(dp_unit *u, blob_rec *b, uint64_t epoch, double now
         return b->res_state;
     int st;
     if (b->flags & REC_STAGED) {
-        b->flags |= REC_PICKED_UP;
+        dp__rec_flag_locked(b, REC_PICKED_UP, true);
         st = RES_READY;
     } else if (b->flags & REC_JOB) {
         st = RES_PENDING;
     } else if (b->flags & REC_STAGE_FAILED) {
-        b->flags &= ~REC_STAGE_FAILED; /* reported once; the next resolve tries again */
+        dp__rec_flag_locked(b, REC_STAGE_FAILED,
+                            false); /* reported once; the next resolve tries again */
         st = RES_FAILED;
     } else {
         u->resolving_epoch = epoch;
@@ -530,7 +490,7 @@ dp__ssd_resolve_state_locked(dp_unit *u, blob_rec *b, uint64_t epoch, double now
  * new_file accepts ENOENT from its own unlink).
  */
 static void
-sweep_stale_names(dp_unit *u)
+sweep_stale_names(dp__unit *u)
 {
     DIR *dh = opendir(u->ssd_dir);
     if (dh == NULL)
@@ -554,7 +514,7 @@ sweep_stale_names(dp_unit *u)
 
 /* Check ssd_dir, pick the file method and start the io threads. */
 int
-dp__ssd_open(dp_unit *u, dp_detail *d)
+dp__ssd_open(dp__unit *u, dp_detail *d)
 {
     struct stat sb;
     if (stat(u->ssd_dir, &sb) != 0)
@@ -590,9 +550,9 @@ dp__ssd_open(dp_unit *u, dp_detail *d)
  * set of the released rows.
  */
 void
-dp__ssd_release_spills_locked(dp_unit *u, const uint64_t *gidxs, uint32_t n)
+dp__ssd_release_spills_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n)
 {
-    dp_map set;
+    dp__map set;
     dp__map_init_u64(&set);
     bool built = false;
     size_t it = 0;
@@ -615,7 +575,7 @@ dp__ssd_release_spills_locked(dp_unit *u, const uint64_t *gidxs, uint32_t n)
         }
         uint32_t ne = dp__blob_count(b->parsed);
         for (uint32_t i = 0; i < ne; i++) {
-            const dp_blob_entry *e = dp__blob_entry_at(b->parsed, i);
+            const dp__blob_entry *e = dp__blob_entry_at(b->parsed, i);
             if (dp__map_get_u64(&set, e->gidx) == NULL)
                 continue;
             if (b->spill_keep == NULL) {
@@ -631,7 +591,7 @@ dp__ssd_release_spills_locked(dp_unit *u, const uint64_t *gidxs, uint32_t n)
 }
 
 void
-dp__ssd_stop(dp_unit *u)
+dp__ssd_stop(dp__unit *u)
 {
     /* io threads: a running job ends (and completes) first. */
     pthread_mutex_lock(&u->mu);
@@ -646,7 +606,7 @@ dp__ssd_stop(dp_unit *u)
     /* Queued jobs never run: their records give up the job. */
     for (uint32_t i = 0; i < u->q_n; i++) {
         blob_rec *b = u->jobs[(u->q_head + i) % DP_UNIT_MAX_IO_JOBS].b;
-        b->flags &= ~REC_JOB;
+        dp__rec_flag_locked(b, REC_JOB, false);
         if (b->state == REC_DOOMED)
             dp__rec_drop_locked(u, b, 0);
     }
@@ -654,7 +614,7 @@ dp__ssd_stop(dp_unit *u)
 }
 
 void
-dp__ssd_fini(dp_unit *u)
+dp__ssd_fini(dp__unit *u)
 {
     for (size_t i = 0; i < u->n_closes; i++)
         close(u->closes[i]);

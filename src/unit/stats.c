@@ -2,7 +2,7 @@
  * What a unit tells about itself: its counters and its blob table (scan).
  *
  * The counters have one table, DP_UNIT_STATS in unit.h (field, wire name).
- * The unit counts most of them as it goes, in u->stats (a dp_unit_stats);
+ * The unit counts most of them as it goes, in u->stats (a dp__unit_stats);
  * dp__unit_get_stats_locked copies that and fills in the rest from the
  * options, tables, allocators and writers. dp__unit_get_stats (tests), the
  * stats reply (dp__unit_stats_locked: every row, in table order, under its
@@ -20,28 +20,28 @@
 
 #define SCAN_FIELDS 12
 
-static dp_wire_field
+static dp__wire_field
 field_u64(const char *name, uint64_t v)
 {
-    dp_wire_field f = {dp__zview(name), DP_WIRE_U64, {.u = v}};
+    dp__wire_field f = {dp__zview(name), DP_WIRE_U64, {.u = v}};
     return f;
 }
 
-static dp_wire_field
+static dp__wire_field
 ff64(const char *name, double v)
 {
-    dp_wire_field f = {dp__zview(name), DP_WIRE_F64, {.f = v}};
+    dp__wire_field f = {dp__zview(name), DP_WIRE_F64, {.f = v}};
     return f;
 }
 
 int
-dp__unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d)
+dp__unit_scan_locked(dp__unit *u, dp__wire_fields **recs, uint32_t *n, dp_detail *d)
 {
     size_t nb = dp__map_len(&u->blobs);
     *recs = NULL;
     *n = 0;
-    dp_wire_fields *r = calloc(nb > 0 ? nb : 1, sizeof *r);
-    dp_wire_field *f = calloc((nb > 0 ? nb : 1) * SCAN_FIELDS, sizeof *f);
+    dp__wire_fields *r = calloc(nb > 0 ? nb : 1, sizeof *r);
+    dp__wire_field *f = calloc((nb > 0 ? nb : 1) * SCAN_FIELDS, sizeof *f);
     if (r == NULL || f == NULL) {
         free(r);
         free(f);
@@ -52,24 +52,24 @@ dp__unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *
     void *v;
     while (dp__map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
         blob_rec *b = v;
-        dp_wire_field *x = f + k * SCAN_FIELDS;
-        x[0] = (dp_wire_field){dp__zview("id"), DP_WIRE_STR, {.s = {b->id, b->id_len}}};
+        dp__wire_field *x = f + k * SCAN_FIELDS;
+        x[0] = (dp__wire_field){dp__zview("id"), DP_WIRE_STR, {.s = {b->id, b->id_len}}};
         x[1] = field_u64("off", b->off);
         x[2] = field_u64("nbytes", b->nbytes);
         x[3] = field_u64("refs", b->refs);
-        x[4] = (dp_wire_field){
+        x[4] = (dp__wire_field){
             dp__zview("published"), DP_WIRE_BOOL, {.b = b->state == REC_PUBLISHED}};
         x[5] = field_u64("pins", b->n_pins);
         x[6] = field_u64("n_entries",
                          b->parsed ? dp__blob_count(b->parsed) : b->n_entries_decl);
         x[7] = ff64("created_at", b->created_at);
         x[8] = ff64("last_resolve_at", b->last_resolve_at);
-        x[9] = (dp_wire_field){dp__zview("in_slab"),
-                               DP_WIRE_BOOL,
-                               {.b = b->area == REC_AREA_PUT && !(b->flags & REC_DISK)}};
-        x[10] = (dp_wire_field){
+        x[9] = (dp__wire_field){dp__zview("in_slab"),
+                                DP_WIRE_BOOL,
+                                {.b = b->area == REC_AREA_PUT && !(b->flags & REC_DISK)}};
+        x[10] = (dp__wire_field){
             dp__zview("disk"), DP_WIRE_BOOL, {.b = (b->flags & REC_DISK) != 0}};
-        x[11] = (dp_wire_field){
+        x[11] = (dp__wire_field){
             dp__zview("staged"), DP_WIRE_BOOL, {.b = (b->flags & REC_STAGED) != 0}};
         r[k].v = x;
         r[k].n = SCAN_FIELDS;
@@ -86,7 +86,7 @@ dp__unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *
 }
 
 void
-dp__unit_fields_free(dp_wire_fields *recs, uint32_t n)
+dp__unit_fields_free(dp__wire_fields *recs, uint32_t n)
 {
     if (recs == NULL)
         return;
@@ -96,7 +96,7 @@ dp__unit_fields_free(dp_wire_fields *recs, uint32_t n)
 }
 
 void
-dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st)
+dp__unit_get_stats_locked(dp__unit *u, dp__unit_stats *st)
 {
     /* What the unit counts as it goes ... */
     *st = u->stats;
@@ -117,13 +117,13 @@ dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st)
     st->n_reclaimed = ws.reclaimed;
     st->writers = ws.writers;
     st->writers_gone = ws.writers_gone;
-    dp_slab_alloc_stats as;
+    dp__slab_alloc_stats as;
     dp__slab_alloc_get_stats(u->alloc, &as);
     st->allocated_bytes = as.allocated_bytes;
     st->free_bytes = as.free_bytes;
     st->quarantined_bytes = as.quarantined_bytes;
     st->largest_free = as.largest_free;
-    st->io_bytes = dp__unit_io_bytes(u);
+    st->io_bytes = u->ssd ? u->o.staging_bytes : 0; /* as dp__unit_io_bytes */
     if (u->io_alloc != NULL) {
         dp__slab_alloc_get_stats(u->io_alloc, &as);
         st->io_allocated_bytes = as.allocated_bytes;
@@ -135,7 +135,7 @@ dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st)
 }
 
 void
-dp__unit_get_stats(dp_unit *u, dp_unit_stats *st)
+dp__unit_get_stats(dp__unit *u, dp__unit_stats *st)
 {
     pthread_mutex_lock(&u->mu);
     dp__unit_get_stats_locked(u, st);
@@ -147,11 +147,11 @@ enum { N_STATS = 0 DP_UNIT_STATS(STATS_COUNT) };
 #undef STATS_COUNT
 
 int
-dp__unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
+dp__unit_stats_locked(dp__unit *u, dp__wire_fields *fields, dp_detail *d)
 {
-    dp_unit_stats s;
+    dp__unit_stats s;
     dp__unit_get_stats_locked(u, &s);
-    dp_wire_field *f = calloc(N_STATS, sizeof *f);
+    dp__wire_field *f = calloc(N_STATS, sizeof *f);
     if (f == NULL)
         return dp__fail(d, DP_ENOMEM, "stats: out of memory");
     uint32_t k = 0;
@@ -165,14 +165,14 @@ dp__unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d)
 }
 
 void
-dp__unit_report_locked(dp_unit *u, double now, char *line, size_t cap, char *ssd_line,
+dp__unit_report_locked(dp__unit *u, double now, char *line, size_t cap, char *ssd_line,
                        size_t ssd_cap)
 {
     line[0] = '\0';
     ssd_line[0] = '\0';
     if (now - u->last_report < 30.0)
         return;
-    dp_unit_stats st;
+    dp__unit_stats st;
     dp__unit_get_stats_locked(u, &st);
     uint64_t sig = st.n_alloc * 1000003u ^ st.n_commit * 10007u ^ st.n_release * 101u ^
                    st.n_resolve * 7u ^ st.n_retired ^ st.pins_expired * 31u;

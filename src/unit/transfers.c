@@ -33,11 +33,11 @@
 #include "unit/unit_int.h"
 #include "xfer/endpoint.h"
 
-static int refuse_locked(dp_unit *u, dp_detail *d, int code, const char *fmt, ...)
+static int refuse_locked(dp__unit *u, dp_detail *d, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static int
-refuse_locked(dp_unit *u, dp_detail *d, int code, const char *fmt, ...)
+refuse_locked(dp__unit *u, dp_detail *d, int code, const char *fmt, ...)
 {
     u->stats.ts_refused++;
     char msg[DP_DETAIL_MAX];
@@ -53,7 +53,7 @@ static int
 write_begin(void *ctx, const uint8_t *grant, size_t grant_len, uint64_t addr,
             uint64_t len, void **hold, dp_detail *d)
 {
-    dp_unit *u = ctx;
+    dp__unit *u = ctx;
     pthread_mutex_lock(&u->mu);
     int rc;
     if (grant_len < 9 || grant_len > 8 + DP_UNIT_ID_MAX ||
@@ -100,7 +100,7 @@ static void
 write_end(void *ctx, void *hold, bool ok)
 {
     DP_UNUSED(ok);
-    dp_unit *u = ctx;
+    dp__unit *u = ctx;
     blob_rec *b = hold;
     pthread_mutex_lock(&u->mu);
     DP_ASSERT(b->n_rx > 0);
@@ -111,7 +111,7 @@ write_end(void *ctx, void *hold, bool ok)
 
 /* The pinned blob holding slab offsets [off, off + n), or NULL. */
 static blob_rec *
-pinned_blob(const dp_unit *u, const pin *p, uint64_t off, uint64_t n, uint32_t *hint)
+pinned_blob(const dp__unit *u, const pin *p, uint64_t off, uint64_t n, uint32_t *hint)
 {
     for (uint32_t k = 0; k < p->n; k++) {
         uint32_t i = (*hint + k) % p->n;
@@ -127,10 +127,10 @@ pinned_blob(const dp_unit *u, const pin *p, uint64_t off, uint64_t n, uint32_t *
 }
 
 static int
-read_begin(void *ctx, const uint8_t *grant, size_t grant_len, const dp_range *ranges,
+read_begin(void *ctx, const uint8_t *grant, size_t grant_len, const dp__range *ranges,
            size_t n, void **hold, dp_detail *d)
 {
-    dp_unit *u = ctx;
+    dp__unit *u = ctx;
     pthread_mutex_lock(&u->mu);
     int rc;
     pin *p =
@@ -169,24 +169,24 @@ out:
 static void
 read_end(void *ctx, void *hold)
 {
-    dp_unit *u = ctx;
+    dp__unit *u = ctx;
     pthread_mutex_lock(&u->mu);
     dp__pin_sent_locked(u, hold, dp__unit_now(u));
     pthread_mutex_unlock(&u->mu);
 }
 
 int
-dp__unit_serve_transfers(dp_unit *u, dp_detail *d)
+dp__unit_serve_transfers(dp__unit *u, dp_detail *d)
 {
     if (u->o.ep == NULL)
         return dp__fail(d, DP_EINVAL, "unit %u has no endpoint to serve transfers on",
                         u->o.unit_id);
-    dp_xfer_serve s = {write_begin, write_end, read_begin, read_end, u};
+    dp__xfer_serve s = {write_begin, write_end, read_begin, read_end, u};
     return dp__endpoint_serve(u->o.ep, &s, d);
 }
 
 void
-dp__unit_stop_serving(dp_unit *u)
+dp__unit_stop_serving(dp__unit *u)
 {
     if (u != NULL && u->o.ep != NULL)
         dp__endpoint_serve(u->o.ep, NULL, NULL);

@@ -3,7 +3,8 @@
  * destroy, the operations that move a blob record through its life (alloc,
  * commit, abort, release_rows), and the ticker that expires leases and pins
  * and hands back what gone writers left. The shared struct, the record
- * states and the lock order are in unit_int.h.
+ * states and the lock order are in unit_int.h; every state change and a
+ * record's end are in rec.c.
  *
  * Design notes
  * ------------
@@ -63,7 +64,7 @@ default_now(void *ctx)
 }
 
 void
-dp__unit_opts_init(dp_unit_opts *o)
+dp__unit_opts_init(dp__unit_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->n_units = 1;
@@ -76,174 +77,10 @@ dp__unit_opts_init(dp_unit_opts *o)
     o->reclaim_grace_s = 5.0;
 }
 
-/* ---- records ---- */
-
-void
-dp__rec_free_locked(dp_unit *u, blob_rec *b)
-{
-    if (b == NULL)
-        return;
-    dp__writers_unref(u->writers, b->writer);
-    dp__blob_destroy(b->parsed);
-    free(b->spill_keep);
-    free(b);
-}
-
-/* Give the region back: now, or through quarantine if a pin on it expired. */
-void
-dp__rec_release_region_locked(dp_unit *u, blob_rec *b, double now)
-{
-    DP_ASSERT(b->area != REC_AREA_NONE && !(b->flags & REC_JOB));
-    bool io = b->area == REC_AREA_IO;
-    dp_slab_alloc *a = io ? u->io_alloc : u->alloc;
-    uint64_t o = io ? b->off - u->io_base : b->off;
-    int rc;
-    if (b->flags & REC_PIN_EXPIRED)
-        rc = dp__slab_alloc_free_at(a, o, now + u->o.quarantine_s, NULL);
-    else
-        rc = dp__slab_alloc_free(a, o, NULL);
-    if (rc != 0) {
-        /* Only quarantine can fail (no memory for its heap): then keep the
-         * region for good rather than free it early. */
-        dp__writers_retire(u->writers, NULL, rec_writers_area(b), b->off, b->size);
-    }
-    b->area = REC_AREA_NONE;
-}
-
-/*
- * Free a record that is out of the table and unpinned, with its region and
- * file; if an io job owns them, it is REC_DOOMED and the job's end does it.
- */
-void
-dp__rec_drop_locked(dp_unit *u, blob_rec *b, double now)
-{
-    DP_ASSERT(b->n_pins == 0 && b->n_holds == 0);
-    if (b->flags & REC_JOB) {
-        if (b->state != REC_DOOMED) {
-            b->state = REC_DOOMED;
-            u->n_doomed++;
-        }
-        return;
-    }
-    if (b->state == REC_DOOMED)
-        u->n_doomed--;
-    if (b->flags & REC_STAGED)
-        dp__ssd_staged_unlink_locked(u, b);
-    if (b->area != REC_AREA_NONE)
-        dp__rec_release_region_locked(u, b, now);
-    if (b->flags & REC_DISK) {
-        u->stats.disk_blobs--;
-        u->stats.disk_bytes -= b->nbytes;
-    }
-    dp__ssd_close_later_locked(u, b);
-    dp__rec_free_locked(u, b);
-}
-
-/*
- * The end of an open allocation out of the table: its region retired (a
- * one-sided WRITE may still land in it) or freed, and the record freed.
- */
-static void
-end_open_locked(dp_unit *u, blob_rec *b, bool retire, double now)
-{
-    if (retire) {
-        dp__writers_retire(u->writers, b->writer, rec_writers_area(b), b->off, b->size);
-        DP_LOG_D("retired blob %s: %" PRIu64 " bytes at %" PRIu64 " (writer %s)", b->id,
-                 b->size, b->off, dp__writer_name(b->writer));
-    } else {
-        dp__rec_release_region_locked(u, b, now);
-    }
-    dp__rec_free_locked(u, b);
-}
-
-/*
- * Take an open allocation out of the table (no new two-sided WRITE gets in)
- * and end it; while two-sided WRITEs still land in it, the last one's end
- * does (REC_DRAINING, transfers.c).
- */
-static void
-leave_open_locked(dp_unit *u, blob_rec *b, bool retire, double now)
-{
-    dp__map_del(&u->blobs, b->id, b->id_len);
-    dp__list_remove(&u->pend, &b->pend_link);
-    if (b->n_rx > 0) {
-        b->state = REC_DRAINING;
-        b->drain_retire = retire;
-        dp__list_insert_tail(&u->draining, &b->pend_link);
-        return;
-    }
-    end_open_locked(u, b, retire, now);
-}
-
-/* The region stays allocated for good: a WRITE may still land in it. */
-void
-dp__rec_retire_locked(dp_unit *u, blob_rec *b)
-{
-    DP_ASSERT((b->state == REC_ALLOCATED || b->state == REC_VALIDATED) &&
-              !(b->flags & REC_JOB));
-    leave_open_locked(u, b, true, 0);
-}
-
-void
-dp__rec_discard_open_locked(dp_unit *u, blob_rec *b, double now)
-{
-    leave_open_locked(u, b, false, now);
-}
-
-void
-dp__rec_drained_locked(dp_unit *u, blob_rec *b, double now)
-{
-    DP_ASSERT(b->state == REC_DRAINING && b->n_rx == 0);
-    dp__list_remove(&u->draining, &b->pend_link);
-    end_open_locked(u, b, b->drain_retire, now);
-}
-
-void
-dp__rec_zombie_count_locked(dp_unit *u, blob_rec *b, int dir)
-{
-    uint64_t sz = b->area != REC_AREA_NONE ? b->size : 0;
-    if (dir > 0) {
-        u->stats.zombies++;
-        if (b->area == REC_AREA_IO)
-            u->stats.io_zombie_bytes += sz;
-        else
-            u->stats.zombie_bytes += sz;
-    } else {
-        u->stats.zombies--;
-        if (b->area == REC_AREA_IO)
-            u->stats.io_zombie_bytes -= sz;
-        else
-            u->stats.zombie_bytes -= sz;
-    }
-}
-
-/* A published blob lost its last ref: free it, or keep it for its pins. */
-static void
-dispose_locked(dp_unit *u, blob_rec *b, double now)
-{
-    DP_ASSERT(b->state == REC_PUBLISHED && b->refs == 0);
-    dp__map_del(&u->blobs, b->id, b->id_len);
-    u->stats.published--;
-    if (b->n_pins > 0 || b->n_holds > 0) {
-        b->state = REC_ZOMBIE;
-        dp__rec_zombie_count_locked(u, b, +1);
-        return;
-    }
-    dp__rec_drop_locked(u, b, now);
-}
-
-void
-dp__rec_unref_locked(dp_unit *u, blob_rec *b, double now)
-{
-    DP_ASSERT(b->refs > 0);
-    if (--b->refs == 0)
-        dispose_locked(u, b, now);
-}
-
 /* ---- lifecycle ---- */
 
 int
-dp__unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
+dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
 {
     if (opts == NULL || out == NULL)
         return dp__fail(d, DP_EINVAL, "unit: opts and out are required");
@@ -277,7 +114,7 @@ dp__unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d)
         return dp__fail(d, DP_EINVAL,
                         "unit: cluster id '%s' must be 1..%d bytes of [A-Za-z0-9_.:-]",
                         opts->cluster_id, DP_UNIT_ID_MAX);
-    dp_unit *u = calloc(1, sizeof *u);
+    dp__unit *u = calloc(1, sizeof *u);
     if (u == NULL)
         return dp__fail(d, DP_ENOMEM, "unit: out of memory");
     u->o = *opts;
@@ -365,7 +202,7 @@ fail:
 static void *
 ticker_main(void *arg)
 {
-    dp_unit *u = arg;
+    dp__unit *u = arg;
     pthread_mutex_lock(&u->mu);
     while (!u->stopping) {
         struct timespec ts;
@@ -387,7 +224,7 @@ ticker_main(void *arg)
 }
 
 int
-dp__unit_start_ticker(dp_unit *u, double period_s, dp_detail *d)
+dp__unit_start_ticker(dp__unit *u, double period_s, dp_detail *d)
 {
     if (!(period_s > 0) || !isfinite(period_s))
         return dp__fail(d, DP_EINVAL, "unit: ticker period must be > 0");
@@ -407,7 +244,7 @@ dp__unit_start_ticker(dp_unit *u, double period_s, dp_detail *d)
 }
 
 void
-dp__unit_admin_begin(dp_unit *u)
+dp__unit_admin_begin(dp__unit *u)
 {
     pthread_mutex_lock(&u->mu);
     u->n_admin++;
@@ -415,7 +252,7 @@ dp__unit_admin_begin(dp_unit *u)
 }
 
 void
-dp__unit_admin_end(dp_unit *u)
+dp__unit_admin_end(dp__unit *u)
 {
     pthread_mutex_lock(&u->mu);
     if (--u->n_admin == 0)
@@ -425,7 +262,7 @@ dp__unit_admin_end(dp_unit *u)
 
 /* A save or load asked to stop (the unit is being destroyed): fail it now. */
 int
-dp__unit_admin_cancelled(dp_unit *u, const char *what, dp_detail *d)
+dp__unit_admin_cancelled(dp__unit *u, const char *what, dp_detail *d)
 {
     if (!__atomic_load_n(&u->admin_cancel, __ATOMIC_ACQUIRE))
         return DP_OK;
@@ -433,7 +270,7 @@ dp__unit_admin_cancelled(dp_unit *u, const char *what, dp_detail *d)
 }
 
 void
-dp__unit_admin_wait(dp_unit *u)
+dp__unit_admin_wait(dp__unit *u)
 {
     pthread_mutex_lock(&u->mu);
     if (u->n_admin > 0)
@@ -445,7 +282,7 @@ dp__unit_admin_wait(dp_unit *u)
 }
 
 void
-dp__unit_destroy(dp_unit *u)
+dp__unit_destroy(dp__unit *u)
 {
     if (u == NULL)
         return;
@@ -498,7 +335,7 @@ dp__unit_destroy(dp_unit *u)
 }
 
 void
-dp__unit_set_address(dp_unit *u, const char *zmq_address)
+dp__unit_set_address(dp__unit *u, const char *zmq_address)
 {
     pthread_mutex_lock(&u->mu);
     snprintf(u->address, sizeof u->address, "%s", zmq_address ? zmq_address : "");
@@ -506,68 +343,68 @@ dp__unit_set_address(dp_unit *u, const char *zmq_address)
 }
 
 void
-dp__unit_lock(dp_unit *u)
+dp__unit_lock(dp__unit *u)
 {
     pthread_mutex_lock(&u->mu);
 }
 
 void
-dp__unit_unlock(dp_unit *u)
+dp__unit_unlock(dp__unit *u)
 {
     pthread_mutex_unlock(&u->mu);
 }
 
 uint32_t
-dp__unit_id(const dp_unit *u)
+dp__unit_id(const dp__unit *u)
 {
     return u->o.unit_id;
 }
 
 uint64_t
-dp__unit_slab_bytes(const dp_unit *u)
+dp__unit_slab_bytes(const dp__unit *u)
 {
     return u->o.slab_bytes;
 }
 
 uint64_t
-dp__unit_io_bytes(const dp_unit *u)
+dp__unit_io_bytes(const dp__unit *u)
 {
     return u->ssd ? u->o.staging_bytes : 0;
 }
 
 uint64_t
-dp__unit_io_base(const dp_unit *u)
+dp__unit_io_base(const dp__unit *u)
 {
     return u->io_base;
 }
 
 uint8_t *
-dp__unit_slab(const dp_unit *u)
+dp__unit_slab(const dp__unit *u)
 {
     return u->slab;
 }
 
-dp_endpoint *
-dp__unit_endpoint(const dp_unit *u)
+dp__endpoint *
+dp__unit_endpoint(const dp__unit *u)
 {
     return u->o.ep;
 }
 
 const char *
-dp__unit_numa_desc(const dp_unit *u)
+dp__unit_numa_desc(const dp__unit *u)
 {
     return u->numa_desc;
 }
 
 void
-dp__unit_info_locked(dp_unit *u, dp_wire_info *info)
+dp__unit_info_locked(dp__unit *u, dp__wire_info *info)
 {
     memset(info, 0, sizeof *info);
     info->unit_id = u->o.unit_id;
     info->n_units = u->o.n_units;
     info->zmq = dp__zview(u->address);
     info->agent = dp__zview(u->o.ep != NULL ? dp__endpoint_name(u->o.ep) : "");
-    info->metadata = (dp_wire_bytes){(const uint8_t *)"", 0};
+    info->metadata = (dp__wire_bytes){(const uint8_t *)"", 0};
     info->slab_bytes = u->o.slab_bytes;
     info->io_bytes = dp__unit_io_bytes(u);
     info->numa = dp__zview(u->numa_desc);
@@ -582,13 +419,13 @@ dp__unit_info_locked(dp_unit *u, dp_wire_info *info)
 }
 
 uint64_t
-dp__unit_incarnation(const dp_unit *u)
+dp__unit_incarnation(const dp__unit *u)
 {
     return u->incarnation;
 }
 
 uint64_t
-dp__unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len)
+dp__unit_alloc_token(dp__unit *u, const char *blob_id, size_t id_len)
 {
     pthread_mutex_lock(&u->mu);
     blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
@@ -600,7 +437,7 @@ dp__unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len)
 /* ---- alloc ---- */
 
 static uint64_t
-retired_now_locked(const dp_unit *u)
+retired_now_locked(const dp__unit *u)
 {
     dp__writers_stats ws;
     dp__writers_get_stats(u->writers, &ws);
@@ -609,7 +446,7 @@ retired_now_locked(const dp_unit *u)
 
 /* Put-area region: 0, DP_EBUSY/DP_EUNITFULL (counted by the caller), others. */
 int
-dp__unit_put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
+dp__unit_put_alloc_locked(dp__unit *u, uint64_t nbytes, double now, uint64_t *off,
                           const char **reason, dp_detail *d)
 {
     dp_detail ad;
@@ -621,7 +458,7 @@ dp__unit_put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off
         return 0;
     if (rc != DP_EUNITFULL)
         return dp__fail(d, rc == DP_ETOOBIG ? DP_EPROTO : rc, "%s", dp_detail_msg(&ad));
-    dp_slab_alloc_stats st;
+    dp__slab_alloc_stats st;
     dp__slab_alloc_get_stats(u->alloc, &st);
     uint64_t pending = st.quarantined_bytes + u->stats.zombie_bytes;
     if (pending > 0 && st.free_bytes + pending >= nbytes) {
@@ -642,99 +479,30 @@ dp__unit_put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off
         u->o.unit_id, nbytes, st.largest_free, st.free_bytes, retired_now_locked(u));
 }
 
-int
-dp__unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-               uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d)
-{
-    return dp__unit_alloc_spill(u, blob_id, id_len, nbytes, n_entries, false, off, reason,
-                                d);
-}
-
-int
-dp__unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-                     uint64_t n_entries, bool spill, uint64_t *off, const char **reason,
-                     dp_detail *d)
-{
-    dp_wire_alloc_args a = {.blob_id = {blob_id, (uint32_t)id_len},
-                            .nbytes = nbytes,
-                            .n_entries = n_entries,
-                            .spill = spill};
-    dp_wire_alloc_res r;
-    int rc = dp__unit_alloc_req(u, &a, &r, reason, d);
-    if (rc == 0)
-        *off = r.off;
-    return rc;
-}
-
 /*
- * alloc under u->mu. fresh (an inline put): an id already in the table is
- * refused, never answered as a retried alloc (the unit is about to copy into
- * the region itself). *out: the new or retried record.
+ * A region of nbytes for an alloc: in the put area, else (spill with the SSD
+ * tier on) in the IO area. Busy and UnitFull are counted here; Busy's static
+ * reason goes to *reason.
  */
 static int
-alloc_locked(dp_unit *u, const dp_wire_alloc_args *args, bool fresh,
-             dp_wire_alloc_res *res, blob_rec **out, const char **reason, dp_detail *d)
+region_locked(dp__unit *u, const dp__wire_alloc_args *args, double now, uint64_t *o,
+              bool *in_io, const char **reason, dp_detail *d)
 {
-    const char *blob_id = args->blob_id.p;
-    size_t id_len = args->blob_id.n;
-    uint64_t nbytes = args->nbytes, n_entries = args->n_entries;
-    bool spill = args->spill;
-    uint64_t dummy_off;
-    uint64_t *off = &dummy_off;
-    if (reason != NULL)
-        *reason = NULL;
-    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
-        return dp__fail(d, DP_EPROTO,
-                        "alloc: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
-                        DP_UNIT_ID_MAX);
-    if (nbytes == 0)
-        return dp__fail(d, DP_EPROTO, "alloc %.*s: nbytes must be > 0", (int)id_len,
-                        blob_id);
-    int rc = 0;
-    double now = dp__unit_now(u);
-    bool to_io = spill && u->ssd && nbytes <= u->o.staging_bytes;
+    uint64_t nbytes = args->nbytes;
+    bool to_io = args->spill && u->ssd && nbytes <= u->o.staging_bytes;
     bool to_put = nbytes <= u->o.slab_bytes;
-    blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
-    *out = NULL;
-    if (b != NULL) {
-        if (!fresh && b->state == REC_ALLOCATED && b->nbytes == nbytes) {
-            *out = b;
-            *off = b->off; /* a retried alloc */
-            res->off = b->off;
-            res->token = b->token;
-            goto out;
-        }
-        u->stats.n_proto++;
-        rc = dp__fail(d, DP_EPROTO,
-                      "alloc %.*s: blob id already in use (%s, %" PRIu64 " bytes)",
-                      (int)id_len, blob_id,
-                      b->state == REC_PUBLISHED   ? "committed"
-                      : b->state != REC_ALLOCATED ? "committing"
-                                                  : "allocated",
-                      b->nbytes);
-        goto out;
-    }
-    if (!to_put && !to_io) {
-        u->stats.n_proto++;
-        rc = dp__fail(d, DP_EPROTO,
-                      "alloc %.*s: %" PRIu64 " bytes can never fit a %" PRIu64
-                      "-byte slab%s (IO area %" PRIu64 " bytes)",
-                      (int)id_len, blob_id, nbytes, u->o.slab_bytes,
-                      spill ? "" : " without spill", dp__unit_io_bytes(u));
-        goto out;
-    }
-    uint64_t o = 0;
-    bool in_io = false;
     const char *why = NULL;
     dp_detail pd;
     dp_detail_clear(&pd);
-    rc = to_put ? dp__unit_put_alloc_locked(u, nbytes, now, &o, &why, &pd) : DP_EUNITFULL;
+    *in_io = false;
+    int rc =
+        to_put ? dp__unit_put_alloc_locked(u, nbytes, now, o, &why, &pd) : DP_EUNITFULL;
     if ((rc == DP_EUNITFULL || rc == DP_EBUSY) && to_io) {
         int prc = rc;
         const char *iwhy = NULL;
-        rc = dp__ssd_io_alloc_locked(u, nbytes, now, &o, &iwhy, d);
+        rc = dp__ssd_io_alloc_locked(u, nbytes, now, o, &iwhy, d);
         if (rc == 0) {
-            in_io = true;
+            *in_io = true;
         } else if (prc == DP_EBUSY && rc == DP_EUNITFULL) {
             rc = DP_EBUSY; /* the put area will free room */
             dp__fail(d, rc, "%s", dp_detail_msg(&pd));
@@ -748,61 +516,119 @@ alloc_locked(dp_unit *u, const dp_wire_alloc_args *args, bool fresh,
         u->stats.n_busy++;
         if (reason != NULL)
             *reason = why;
-        goto out;
-    }
-    if (rc == DP_EUNITFULL) {
+    } else if (rc == DP_EUNITFULL) {
         u->stats.n_full++;
-        goto out;
-    }
-    if (rc != 0) {
+    } else if (rc != 0) {
         if (rc == DP_EPROTO)
             u->stats.n_proto++;
-        dp__fail_ctx(d, rc, "alloc %.*s", (int)id_len, blob_id);
-        goto out;
+        dp__fail_ctx(d, rc, "alloc %.*s", (int)args->blob_id.n, args->blob_id.p);
     }
-    dp_slab_alloc *a = in_io ? u->io_alloc : u->alloc;
+    return rc;
+}
+
+/* The record of a new allocation at region o (in_io: the IO area), in the table. */
+static int
+rec_new_locked(dp__unit *u, const dp__wire_alloc_args *args, uint64_t o, bool in_io,
+               double now, blob_rec **out, dp_detail *d)
+{
+    dp__slab_alloc *a = in_io ? u->io_alloc : u->alloc;
     uint64_t ao = in_io ? o - u->io_base : o;
-    b = calloc(1, sizeof *b);
+    blob_rec *b = calloc(1, sizeof *b);
     if (b == NULL) {
         dp__slab_alloc_free(a, ao, NULL);
-        rc = dp__fail(d, DP_ENOMEM, "alloc: out of memory");
-        goto out;
+        return dp__fail(d, DP_ENOMEM, "alloc: out of memory");
     }
-    memcpy(b->id, blob_id, id_len);
-    b->id_len = (uint32_t)id_len;
+    memcpy(b->id, args->blob_id.p, args->blob_id.n);
+    b->id_len = args->blob_id.n;
     b->off = o;
-    b->nbytes = nbytes;
-    b->size = nbytes;
+    b->nbytes = args->nbytes;
+    b->size = args->nbytes;
     dp__slab_alloc_size_of(a, ao, &b->size);
-    b->state = REC_ALLOCATED;
+    dp__rec_set_state(b, REC_ALLOCATED);
     b->area = in_io ? REC_AREA_IO : REC_AREA_PUT;
     b->fd = -1;
-    b->n_entries_decl = n_entries;
+    b->n_entries_decl = args->n_entries;
     b->created_at = now;
     b->token = ++u->token_seq;
     if (dp__map_put(&u->blobs, b->id, b->id_len, b, NULL) != 0) {
         dp__slab_alloc_free(a, ao, NULL);
         free(b);
-        rc = dp__fail(d, DP_ENOMEM, "alloc: out of memory");
-        goto out;
+        return dp__fail(d, DP_ENOMEM, "alloc: out of memory");
     }
     b->writer = dp__writers_ref(u->writers, args);
     if (args->two_sided)
-        b->flags |= REC_TWO_SIDED;
+        dp__rec_flag_locked(b, REC_TWO_SIDED, true);
     dp__list_insert_tail(&u->pend, &b->pend_link);
     u->stats.n_alloc++;
     /* The id names a new blob now, not a superseded spill. */
     dp__ssd_superseded_forget_locked(u, b->id, b->id_len);
-    *off = o;
-    res->off = o;
-    res->token = b->token;
     *out = b;
-out:
+    return DP_OK;
+}
+
+/*
+ * alloc under u->mu. fresh (an inline put): an id already in the table is
+ * refused, never answered as a retried alloc (the unit is about to copy into
+ * the region itself). *out: the new or retried record.
+ */
+static int
+alloc_locked(dp__unit *u, const dp__wire_alloc_args *args, bool fresh,
+             dp__wire_alloc_res *res, blob_rec **out, const char **reason, dp_detail *d)
+{
+    const char *blob_id = args->blob_id.p;
+    size_t id_len = args->blob_id.n;
+    uint64_t nbytes = args->nbytes;
+    *out = NULL;
+    if (reason != NULL)
+        *reason = NULL;
+    if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
+        return dp__fail(d, DP_EPROTO,
+                        "alloc: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
+                        DP_UNIT_ID_MAX);
+    if (nbytes == 0)
+        return dp__fail(d, DP_EPROTO, "alloc %.*s: nbytes must be > 0", (int)id_len,
+                        blob_id);
+    blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
+    if (b != NULL) {
+        if (!fresh && b->state == REC_ALLOCATED && b->nbytes == nbytes) {
+            *out = b; /* a retried alloc */
+            res->off = b->off;
+            res->token = b->token;
+            return DP_OK;
+        }
+        u->stats.n_proto++;
+        return dp__fail(d, DP_EPROTO,
+                        "alloc %.*s: blob id already in use (%s, %" PRIu64 " bytes)",
+                        (int)id_len, blob_id,
+                        b->state == REC_PUBLISHED   ? "committed"
+                        : b->state != REC_ALLOCATED ? "committing"
+                                                    : "allocated",
+                        b->nbytes);
+    }
+    if (nbytes > u->o.slab_bytes &&
+        !(args->spill && u->ssd && nbytes <= u->o.staging_bytes)) {
+        u->stats.n_proto++;
+        return dp__fail(d, DP_EPROTO,
+                        "alloc %.*s: %" PRIu64 " bytes can never fit a %" PRIu64
+                        "-byte slab%s (IO area %" PRIu64 " bytes)",
+                        (int)id_len, blob_id, nbytes, u->o.slab_bytes,
+                        args->spill ? "" : " without spill", dp__unit_io_bytes(u));
+    }
+    double now = dp__unit_now(u);
+    uint64_t o = 0;
+    bool in_io = false;
+    int rc = region_locked(u, args, now, &o, &in_io, reason, d);
+    if (rc == DP_OK)
+        rc = rec_new_locked(u, args, o, in_io, now, out, d);
+    if (rc == DP_OK) {
+        res->off = o;
+        res->token = (*out)->token;
+    }
     return rc;
 }
 
 int
-dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
+dp__unit_alloc_req(dp__unit *u, const dp__wire_alloc_args *args, dp__wire_alloc_res *res,
                    const char **reason, dp_detail *d)
 {
     blob_rec *b;
@@ -815,11 +641,11 @@ dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res
 /* ---- commit ---- */
 
 static int
-commit_locked(dp_unit *u, const char *blob_id, size_t id_len, dp_wire_commit_state *state,
-              dp_detail *d)
+commit_locked(dp__unit *u, const char *blob_id, size_t id_len,
+              dp__wire_commit_state *state, dp_detail *d)
 {
     int rc = 0;
-    dp_blob *pb = NULL;
+    dp__blob *pb = NULL;
     double now = dp__unit_now(u);
     blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
     if (b == NULL && dp__map_get(&u->superseded, blob_id, id_len) != NULL) {
@@ -847,7 +673,7 @@ commit_locked(dp_unit *u, const char *blob_id, size_t id_len, dp_wire_commit_sta
         goto out;
     }
     if (b->state == REC_ALLOCATED) {
-        dp_blob_parse_opts po = {0};
+        dp__blob_parse_opts po = {0};
         po.n_units = u->o.n_units;
         po.unit_index = u->o.unit_id;
         rc = dp__blob_parse(u->slab + b->off, (size_t)b->nbytes, &po, &pb, d);
@@ -857,7 +683,7 @@ commit_locked(dp_unit *u, const char *blob_id, size_t id_len, dp_wire_commit_sta
             dp__fail_ctx(d, rc, "commit %s", b->id);
             goto out;
         }
-        const dp_blob_header *h = dp__blob_get_header(pb);
+        const dp__blob_header *h = dp__blob_get_header(pb);
         if (h->alloc_incarnation != u->incarnation || h->alloc_token != b->token) {
             u->stats.n_proto++;
             u->stats.identity_refused++;
@@ -891,7 +717,7 @@ commit_locked(dp_unit *u, const char *blob_id, size_t id_len, dp_wire_commit_sta
         b->commit_seq = ++u->commit_seq;
     if (b->area == REC_AREA_IO) {
         /* A spill: an io job writes it to a file, then publishes it. */
-        b->state = REC_VALIDATED;
+        dp__rec_set_state(b, REC_VALIDATED);
         if (!dp__ssd_jobs_full_locked(u)) {
             /* Off the pend list: no lease, the client's WRITE is done. */
             dp__list_remove(&u->pend, &b->pend_link);
@@ -913,8 +739,8 @@ out:
 }
 
 int
-dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
-                dp_wire_commit_state *state, dp_detail *d)
+dp__unit_commit(dp__unit *u, const char *blob_id, size_t id_len,
+                dp__wire_commit_state *state, dp_detail *d)
 {
     if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
         return dp__fail(d, DP_EPROTO,
@@ -929,8 +755,8 @@ dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
 /* ---- inline put ---- */
 
 int
-dp__unit_put_inline(dp_unit *u, const dp_wire_put_args *args, dp_wire_commit_state *state,
-                    const char **reason, dp_detail *d)
+dp__unit_put_inline(dp__unit *u, const dp__wire_put_args *args,
+                    dp__wire_commit_state *state, const char **reason, dp_detail *d)
 {
     const char *blob_id = args->blob_id.p;
     size_t id_len = args->blob_id.n;
@@ -963,11 +789,11 @@ dp__unit_put_inline(dp_unit *u, const dp_wire_put_args *args, dp_wire_commit_sta
         goto out;
     }
     /* No writer: nobody but this thread ever writes the region. */
-    dp_wire_alloc_args a = {.blob_id = args->blob_id,
-                            .nbytes = nbytes,
-                            .n_entries = args->n_entries,
-                            .spill = args->spill};
-    dp_wire_alloc_res r;
+    dp__wire_alloc_args a = {.blob_id = args->blob_id,
+                             .nbytes = nbytes,
+                             .n_entries = args->n_entries,
+                             .spill = args->spill};
+    dp__wire_alloc_res r;
     blob_rec *b = NULL;
     rc = alloc_locked(u, &a, true, &r, &b, reason, d);
     if (rc != 0) {
@@ -996,7 +822,7 @@ out:
 /* ---- abort ---- */
 
 void
-dp__unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
+dp__unit_abort(dp__unit *u, const char *blob_id, size_t id_len, bool in_flight)
 {
     if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
         return;
@@ -1006,7 +832,7 @@ dp__unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
         u->stats.n_abort++;
         if (b->flags & REC_JOB) {
             /* Its spill runs: the job's end drops it instead of publishing. */
-            b->state = in_flight ? REC_ABORTING_RETIRE : REC_ABORTING;
+            dp__rec_set_state(b, in_flight ? REC_ABORTING_RETIRE : REC_ABORTING);
         } else if (in_flight) {
             dp__rec_retire_locked(u, b);
         } else {
@@ -1019,7 +845,7 @@ dp__unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight)
 /* ---- release ---- */
 
 uint64_t
-dp__unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
+dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n)
 {
     uint64_t dropped = 0;
     pthread_mutex_lock(&u->mu);
@@ -1045,7 +871,7 @@ dp__unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n)
 }
 
 int
-dp__unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes, const uint8_t **p,
+dp__unit_read_bytes_locked(dp__unit *u, uint64_t off, uint64_t nbytes, const uint8_t **p,
                            dp_detail *d)
 {
     bool in_put = off <= u->o.slab_bytes && nbytes <= u->o.slab_bytes - off;
@@ -1066,8 +892,8 @@ dp__unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes, const uint
 static void
 give_back_region(void *ctx, int area, uint64_t off, uint64_t size)
 {
-    dp_unit *u = ctx;
-    dp_slab_alloc *a = area == DP__AREA_IO ? u->io_alloc : u->alloc;
+    dp__unit *u = ctx;
+    dp__slab_alloc *a = area == DP__AREA_IO ? u->io_alloc : u->alloc;
     uint64_t ao = area == DP__AREA_IO ? off - u->io_base : off;
     dp_detail d;
     dp_detail_clear(&d);
@@ -1082,7 +908,7 @@ give_back_region(void *ctx, int area, uint64_t off, uint64_t size)
  * and so do their open allocations (nothing will WRITE or commit them).
  */
 static void
-reclaim_locked(dp_unit *u, double now)
+reclaim_locked(dp__unit *u, double now)
 {
     dp__writers_reclaim(u->writers, now, give_back_region, u);
     if (u->o.reclaim_grace_s < 0)
@@ -1103,7 +929,7 @@ reclaim_locked(dp_unit *u, double now)
 }
 
 void
-dp__unit_tick(dp_unit *u)
+dp__unit_tick(dp__unit *u)
 {
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);

@@ -27,26 +27,26 @@
 #include "wire/wire.h"
 #include "xfer/endpoint.h"
 
-typedef struct dp_unit dp_unit;
+typedef struct dp__unit dp__unit;
 
 /* Longest blob or pin id, bytes (the wire's default max_id). */
 #define DP_UNIT_ID_MAX DP_ID_MAX
 
-typedef enum dp_unit_numa {
+typedef enum dp__unit_numa {
     DP_UNIT_NUMA_AUTO = 0, /* prefer the node unit_id % nodes on multi-node machines */
     DP_UNIT_NUMA_BIND = 1, /* bind CPU and memory to that node */
     DP_UNIT_NUMA_OFF = 2,
-} dp_unit_numa;
+} dp__unit_numa;
 
 /* Creation options. dp__unit_opts_init gives the defaults. */
-typedef struct dp_unit_opts {
+typedef struct dp__unit_opts {
     uint32_t unit_id; /* this unit's index, < n_units */
     uint32_t n_units; /* units of the cluster (gidx % n_units picks the unit) */
     uint64_t slab_bytes;
     double read_pin_s;    /* pin lifetime of a resolve (default 30) */
     double alloc_lease_s; /* an alloc not committed by then is retired; 0: never (300) */
     double quarantine_s;  /* a region whose pin expired waits this long (default 5) */
-    dp_unit_numa numa;
+    dp__unit_numa numa;
     /*
      * SSD tier (docs/design.md, "SSD tier"), on when ssd_dir is set: a put the put area
      * cannot take (alloc with spill) goes to a file in ssd_dir through the IO
@@ -86,13 +86,13 @@ typedef struct dp_unit_opts {
      * unit) so same-host peers get shared memory. NULL: plain host memory, for
      * tests and fuzzing without UCX.
      */
-    dp_endpoint *ep;
+    dp__endpoint *ep;
     /* Clock in seconds (default dp__now_s); tests pass a fake one. */
     double (*now)(void *ctx);
     void *now_ctx;
-} dp_unit_opts;
+} dp__unit_opts;
 
-void dp__unit_opts_init(dp_unit_opts *o);
+void dp__unit_opts_init(dp__unit_opts *o);
 
 /* At most this many io jobs (spills and stages) are queued or running. */
 #define DP_UNIT_MAX_IO_JOBS 256
@@ -105,7 +105,7 @@ void dp__unit_opts_init(dp_unit_opts *o);
  * dp__unit_create calls it, and a process can call it earlier so threads it
  * starts before the unit (the endpoint's) are placed too.
  */
-void dp__unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t cap);
+void dp__unit_numa_apply(dp__unit_numa mode, uint32_t unit_id, char *desc, size_t cap);
 
 /*
  * Create a unit: place the process (NUMA), take the slab (put area + IO
@@ -114,22 +114,22 @@ void dp__unit_numa_apply(dp_unit_numa mode, uint32_t unit_id, char *desc, size_t
  * Errors: DP_EINVAL (bad options), DP_ENOMEM, DP_ESYS (ssd_dir unusable,
  * threads), errors of dp__endpoint_alloc.
  */
-int dp__unit_create(const dp_unit_opts *opts, dp_unit **out, dp_detail *d);
+int dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d);
 
 /*
  * Stop the ticker and the io threads (a running io job finishes first; queued
  * ones are dropped), close every file, free every table and the slab. NULL
  * allowed. Not concurrent with other calls.
  */
-void dp__unit_destroy(dp_unit *u);
+void dp__unit_destroy(dp__unit *u);
 
 /*
  * Serve two-sided transfers on the unit's endpoint (transfers.c; docs/design.md,
  * "Two-sided transfers"); before peers take its metadata. dp__unit_stop_serving
  * must run before dp__unit_destroy. Errors: DP_EINVAL.
  */
-int dp__unit_serve_transfers(dp_unit *u, dp_detail *d);
-void dp__unit_stop_serving(dp_unit *u);
+int dp__unit_serve_transfers(dp__unit *u, dp_detail *d);
+void dp__unit_stop_serving(dp__unit *u);
 
 /*
  * Admin work running off the ctl thread (a save or load whose reply is
@@ -138,82 +138,68 @@ void dp__unit_stop_serving(dp_unit *u);
  * running ones to stop (they fail with DP_ECLOSED at their next blob) and then
  * calls it.
  */
-void dp__unit_admin_begin(dp_unit *u);
-void dp__unit_admin_end(dp_unit *u);
-void dp__unit_admin_wait(dp_unit *u);
+void dp__unit_admin_begin(dp__unit *u);
+void dp__unit_admin_end(dp__unit *u);
+void dp__unit_admin_wait(dp__unit *u);
 
 /* Start the 1 s maintenance thread (dp__unit_tick); stopped by destroy. */
-int dp__unit_start_ticker(dp_unit *u, double period_s, dp_detail *d);
+int dp__unit_start_ticker(dp__unit *u, double period_s, dp_detail *d);
 
 /* The address the control server bound, reported by info (copied). */
-void dp__unit_set_address(dp_unit *u, const char *zmq_address);
+void dp__unit_set_address(dp__unit *u, const char *zmq_address);
 
-void dp__unit_lock(dp_unit *u);
-void dp__unit_unlock(dp_unit *u);
+void dp__unit_lock(dp__unit *u);
+void dp__unit_unlock(dp__unit *u);
 
 /* Constant after create. */
-uint32_t dp__unit_id(const dp_unit *u);
-uint64_t dp__unit_slab_bytes(const dp_unit *u); /* the put area */
-uint64_t dp__unit_io_bytes(const dp_unit *u);   /* the IO area, 0 without SSD tier */
-uint64_t dp__unit_io_base(const dp_unit *u);    /* offset of the IO area */
+uint32_t dp__unit_id(const dp__unit *u);
+uint64_t dp__unit_slab_bytes(const dp__unit *u); /* the put area */
+uint64_t dp__unit_io_bytes(const dp__unit *u);   /* the IO area, 0 without SSD tier */
+uint64_t dp__unit_io_base(const dp__unit *u);    /* offset of the IO area */
 /* The region's base: put area at [0, slab_bytes), IO area at io_base. */
-uint8_t *dp__unit_slab(const dp_unit *u);
-dp_endpoint *dp__unit_endpoint(const dp_unit *u);
-const char *dp__unit_numa_desc(const dp_unit *u); /* what NUMA placement did */
+uint8_t *dp__unit_slab(const dp__unit *u);
+dp__endpoint *dp__unit_endpoint(const dp__unit *u);
+const char *dp__unit_numa_desc(const dp__unit *u); /* what NUMA placement did */
 
 /*
  * info without the metadata: the zmq address (as set), the endpoint name ("" if
  * none). Views into the unit, valid until destroy / the next set_address.
  */
-void dp__unit_info_locked(dp_unit *u, dp_wire_info *info);
+void dp__unit_info_locked(dp__unit *u, dp__wire_info *info);
 
 /*
- * Reserve nbytes for blob_id (1..DP_UNIT_ID_MAX bytes of [A-Za-z0-9_.:-]) and
- * return its slab offset. n_entries (0: unchecked) must then match the blob's
- * index at commit. Asking again for an uncommitted id with the same nbytes
- * returns the same offset (a retried request). Errors:
- *   DP_EBUSY      no room now, but pins or quarantine will free enough: retry;
- *                 *reason (static text) says which;
- *   DP_EUNITFULL  no room and nothing pending will make any;
- *   DP_EPROTO     bad id, id in use, nbytes over the slab.
- */
-int dp__unit_alloc(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-                   uint64_t n_entries, uint64_t *off, const char **reason, dp_detail *d);
-
-/*
- * alloc as the wire asks it (blob id, nbytes, n_entries, spill and the
- * writer: see dp_wire_alloc_args): res gets the region's offset and the
+ * alloc as the wire asks it (dp__wire_alloc_args): reserve nbytes for blob_id
+ * (1..DP_UNIT_ID_MAX bytes of [A-Za-z0-9_.:-]); n_entries (0: unchecked) must
+ * then match the blob's index at commit; the writer is who WRITEs it (its
+ * region is reclaimed if it dies). res gets the region's offset and the
  * allocation's token, which the blob's header must name (with this unit's
- * incarnation) for its commit to publish it. A retried alloc answers the same
- * offset and token. Errors as dp__unit_alloc_spill.
+ * incarnation) for its commit to publish it. Asking again for an uncommitted
+ * id with the same nbytes answers the same offset and token (a retried
+ * request). With spill and the SSD tier on, a blob the put area cannot take
+ * now gets an IO-area region instead (evicting unpinned staged copies, oldest
+ * first, if that makes room); its commit then spills it to a file. Errors:
+ *   DP_EBUSY      no room now, but something will free enough in an area
+ *                 that could take it: retry; *reason (static text: "pins",
+ *                 "quarantine", "io jobs", "staged copies") says what;
+ *   DP_EUNITFULL  no room and nothing pending will make any;
+ *   DP_EPROTO     bad id, id in use, nbytes over the slab (and over the IO
+ *                 area, or no spill).
  */
-int dp__unit_alloc_req(dp_unit *u, const dp_wire_alloc_args *args, dp_wire_alloc_res *res,
-                       const char **reason, dp_detail *d);
+int dp__unit_alloc_req(dp__unit *u, const dp__wire_alloc_args *args,
+                       dp__wire_alloc_res *res, const char **reason, dp_detail *d);
 
 /*
  * This unit process's incarnation: random and non-zero, drawn at create, in
  * info and in every reply (a client tells a restarted unit by it).
  */
-uint64_t dp__unit_incarnation(const dp_unit *u);
+uint64_t dp__unit_incarnation(const dp__unit *u);
 
 /*
  * The token of blob_id's open (uncommitted) allocation, 0 if there is none:
  * for tests and tools that write blobs into the slab themselves (they stamp it
  * with dp__blob_header_set_alloc).
  */
-uint64_t dp__unit_alloc_token(dp_unit *u, const char *blob_id, size_t id_len);
-
-/*
- * dp__unit_alloc with the wire's spill flag. With spill and the SSD tier on, a
- * blob the put area cannot take now gets an IO-area region instead (evicting
- * unpinned staged copies, oldest first, if that makes room); its commit then
- * spills it to a file. Busy (reasons "io jobs", "staged copies", "pins",
- * "quarantine") when something will free room in an area that could take it,
- * UnitFull when nothing will. DP_EPROTO when nbytes fits neither area.
- */
-int dp__unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_t nbytes,
-                         uint64_t n_entries, bool spill, uint64_t *off,
-                         const char **reason, dp_detail *d);
+uint64_t dp__unit_alloc_token(dp__unit *u, const char *blob_id, size_t id_len);
 
 /*
  * Publish blob_id whose WRITE is done: validate its embedded index over the
@@ -230,8 +216,8 @@ int dp__unit_alloc_spill(dp_unit *u, const char *blob_id, size_t id_len, uint64_
  * validation: nothing is published, the allocation stays until abort or its
  * lease), DP_ENOMEM (nothing published).
  */
-int dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
-                    dp_wire_commit_state *state, dp_detail *d);
+int dp__unit_commit(dp__unit *u, const char *blob_id, size_t id_len,
+                    dp__wire_commit_state *state, dp_detail *d);
 
 /* The largest blob an inline put may carry, and the most value bytes one
  * resolve_keys reply carries. */
@@ -246,8 +232,8 @@ int dp__unit_commit(dp_unit *u, const char *blob_id, size_t id_len,
  * DP_EPROTO for an id already in use or a blob outside 64..DP_UNIT_INLINE_MAX
  * bytes.
  */
-int dp__unit_put_inline(dp_unit *u, const dp_wire_put_args *args,
-                        dp_wire_commit_state *state, const char **reason, dp_detail *d);
+int dp__unit_put_inline(dp__unit *u, const dp__wire_put_args *args,
+                        dp__wire_commit_state *state, const char **reason, dp_detail *d);
 
 /*
  * Forget an uncommitted blob. in_flight: its WRITE may still run, so the region
@@ -256,34 +242,34 @@ int dp__unit_put_inline(dp_unit *u, const dp_wire_put_args *args,
  * published) when the job ends, and its region freed or retired then.
  * Never fails.
  */
-void dp__unit_abort(dp_unit *u, const char *blob_id, size_t id_len, bool in_flight);
+void dp__unit_abort(dp__unit *u, const char *blob_id, size_t id_len, bool in_flight);
 
 /* Result of resolve: arrays malloc'd, views valid while the unit lock is held. */
-typedef struct dp_unit_resolve_res {
+typedef struct dp__unit_resolve_res {
     char pin_id[33]; /* "" when nothing was pinned */
-    dp_wire_blob_loc *blobs;
+    dp__wire_blob_loc *blobs;
     uint32_t n_blobs;
-    dp_wire_str *missing;
+    dp__wire_str *missing;
     uint32_t n_missing;
-    dp_wire_str *pending; /* disk blobs being staged: ask again */
+    dp__wire_str *pending; /* disk blobs being staged: ask again */
     uint32_t n_pending;
-    dp_wire_str *failed; /* disk blobs whose stage failed */
+    dp__wire_str *failed; /* disk blobs whose stage failed */
     uint32_t n_failed;
-    dp_wire_str *whole; /* of blobs: every entry still current (location hints) */
+    dp__wire_str *whole; /* of blobs: every entry still current (location hints) */
     uint32_t n_whole;
-} dp_unit_resolve_res;
+} dp__unit_resolve_res;
 
-typedef struct dp_unit_resolve_keys_res {
+typedef struct dp__unit_resolve_keys_res {
     char pin_id[33];
-    dp_wire_key_loc *entries;
+    dp__wire_key_loc *entries;
     uint32_t n_entries;
-    dp_wire_str *missing;
+    dp__wire_str *missing;
     uint32_t n_missing;
-    dp_wire_str *pending;
+    dp__wire_str *pending;
     uint32_t n_pending;
-    dp_wire_str *failed;
+    dp__wire_str *failed;
     uint32_t n_failed;
-} dp_unit_resolve_keys_res;
+} dp__unit_resolve_keys_res;
 
 /*
  * Locate published blobs and pin them for read_pin_s (one pin for the call).
@@ -293,17 +279,17 @@ typedef struct dp_unit_resolve_keys_res {
  * failed (the next resolve tries again). The ids must outlive the result.
  * Errors: DP_ENOMEM, DP_ESYS (no random pin id). Free with _fini.
  */
-int dp__unit_resolve_locked(dp_unit *u, const dp_wire_str *ids, uint32_t n,
-                            dp_unit_resolve_res *res, dp_detail *d);
-void dp__unit_resolve_res_fini(dp_unit_resolve_res *res);
+int dp__unit_resolve_locked(dp__unit *u, const dp__wire_str *ids, uint32_t n,
+                            dp__unit_resolve_res *res, dp_detail *d);
+void dp__unit_resolve_res_fini(dp__unit_resolve_res *res);
 
 /*
  * Locate "<gidx>@<field>" keys: [slab_off of the entry, len, kind, dtype,
  * shape] each, and pin their blobs. A malformed key or one owned by another
  * unit is DP_EPROTO (nothing pinned); a key not held is missing.
  */
-int dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
-                                 dp_unit_resolve_keys_res *res, dp_detail *d);
+int dp__unit_resolve_keys_locked(dp__unit *u, const dp__wire_str *keys, uint32_t n,
+                                 dp__unit_resolve_keys_res *res, dp_detail *d);
 /*
  * The same, carrying values in the answer (docs/design.md, "Inline values"):
  * when the bytes of every entry answered fit in inline_bytes (at most
@@ -311,10 +297,10 @@ int dp__unit_resolve_keys_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n
  * and nothing is pinned; otherwise no entry does. Those views are valid only
  * while u->mu stays held: encode the reply before unlocking.
  */
-int dp__unit_resolve_keys_inline_locked(dp_unit *u, const dp_wire_str *keys, uint32_t n,
+int dp__unit_resolve_keys_inline_locked(dp__unit *u, const dp__wire_str *keys, uint32_t n,
                                         uint64_t inline_bytes,
-                                        dp_unit_resolve_keys_res *res, dp_detail *d);
-void dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
+                                        dp__unit_resolve_keys_res *res, dp_detail *d);
+void dp__unit_resolve_keys_res_fini(dp__unit_resolve_keys_res *res);
 
 /*
  * Request order (docs/design.md, "Request order"). A request id of the form
@@ -331,14 +317,14 @@ void dp__unit_resolve_keys_res_fini(dp_unit_resolve_keys_res *res);
  * again when the op is safe to repeat (dp__wire_op_repeatable), counted in
  * repeats_taken.
  */
-int dp__unit_order_check(dp_unit *u, const char *rid, size_t len, dp_wire_op op,
+int dp__unit_order_check(dp__unit *u, const char *rid, size_t len, dp__wire_op op,
                          dp_detail *d);
 
 /* End a pin (the reader is done). Unknown pins: no-op. */
-void dp__unit_unpin(dp_unit *u, const char *pin_id, size_t len);
+void dp__unit_unpin(dp__unit *u, const char *pin_id, size_t len);
 
 /* Drop every field of these rows; returns the entries dropped. Idempotent. */
-uint64_t dp__unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n);
+uint64_t dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n);
 
 /*
  * One flat record per blob of the table (id, off, nbytes, refs, published,
@@ -346,12 +332,12 @@ uint64_t dp__unit_release_rows(dp_unit *u, const uint64_t *gidxs, uint32_t n);
  * fields are malloc'd (free with dp__unit_fields_free); views valid under the
  * lock.
  */
-int dp__unit_scan_locked(dp_unit *u, dp_wire_fields **recs, uint32_t *n, dp_detail *d);
-void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
+int dp__unit_scan_locked(dp__unit *u, dp__wire_fields **recs, uint32_t *n, dp_detail *d);
+void dp__unit_fields_free(dp__wire_fields *recs, uint32_t n);
 
 /*
  * The unit's counters, one table: X(field, wire name). It gives the fields of
- * dp_unit_stats, the stats reply's fields in this order (under these names:
+ * dp__unit_stats, the stats reply's fields in this order (under these names:
  * tests and the CLI read them) and what the 30 s log line reports. Most are
  * counted by the unit as it goes; the rest (marked "read") are read off its
  * options, tables, allocators and writers when asked (src/unit/stats.c).
@@ -433,26 +419,26 @@ void dp__unit_fields_free(dp_wire_fields *recs, uint32_t n);
     X(auth_refused, "auth_refused") /* control-plane clients refused: key not allowed */
 
 /* The counters as numbers (tests; copied under the lock). */
-typedef struct dp_unit_stats {
+typedef struct dp__unit_stats {
 #define DP_UNIT_STATS_FIELD(field, wire) uint64_t field;
     DP_UNIT_STATS(DP_UNIT_STATS_FIELD)
 #undef DP_UNIT_STATS_FIELD
-} dp_unit_stats;
+} dp__unit_stats;
 
 /*
  * The counters as the stats reply carries them (names are static strings).
  * fields->v malloc'd: free(fields->v).
  */
-int dp__unit_stats_locked(dp_unit *u, dp_wire_fields *fields, dp_detail *d);
+int dp__unit_stats_locked(dp__unit *u, dp__wire_fields *fields, dp_detail *d);
 
-void dp__unit_get_stats(dp_unit *u, dp_unit_stats *st);
+void dp__unit_get_stats(dp__unit *u, dp__unit_stats *st);
 
 /*
  * slab[off, off + nbytes) for the read_bytes test helper (a view; the bytes may
  * change under a concurrent WRITE). DP_EPROTO if out of the put area and the
  * IO area.
  */
-int dp__unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
+int dp__unit_read_bytes_locked(dp__unit *u, uint64_t off, uint64_t nbytes,
                                const uint8_t **p, dp_detail *d);
 
 /*
@@ -461,13 +447,13 @@ int dp__unit_read_bytes_locked(dp_unit *u, uint64_t off, uint64_t nbytes,
  * sweep the quarantine, log the counters (and the SSD counters) every 30 s when they
  * changed. Called by the ticker; tests with a fake clock call it.
  */
-void dp__unit_tick(dp_unit *u);
+void dp__unit_tick(dp__unit *u);
 
 /*
  * Check the unit's own invariants (refs match the row index, zombie and pin
  * accounting, allocator). DP_ECORRUPT with the first violation. O(n): tests.
  */
-int dp__unit_check(dp_unit *u, dp_detail *d);
+int dp__unit_check(dp__unit *u, dp_detail *d);
 
 /* ---- checkpoints (docs/design.md, "Checkpoints") ---- */
 
@@ -486,14 +472,14 @@ int dp__unit_check(dp_unit *u, dp_detail *d);
 /* Magic, version and layout of the two files of a shard: blob/shard.h. */
 
 /* Result of a save; every pointer is owned by it (free with _fini). */
-typedef struct dp_unit_save_res {
-    dp_wire_shard_blob *blobs; /* off: in the shard file; ids point into ids */
+typedef struct dp__unit_save_res {
+    dp__wire_shard_blob *blobs; /* off: in the shard file; ids point into ids */
     uint32_t n_blobs;
     uint64_t nbytes; /* the shard file's size */
     uint64_t clears_during_save;
     uint32_t shard_crc, rows_crc; /* CRC32C of each whole file as written */
     char (*ids)[DP_UNIT_ID_MAX + 1];
-} dp_unit_save_res;
+} dp__unit_save_res;
 
 /*
  * save_shard: copy every live (published) blob back to back into path and the
@@ -509,20 +495,21 @@ typedef struct dp_unit_save_res {
  * Errors: DP_EINVAL (path), DP_EEXIST (a temporary name exists), DP_ESYS,
  * DP_ENOMEM. On error no final name is created or replaced.
  */
-int dp__unit_save_shard(dp_unit *u, const char *path, size_t path_len,
-                        dp_unit_save_res *res, dp_detail *d);
-void dp__unit_save_res_fini(dp_unit_save_res *res);
+int dp__unit_save_shard(dp__unit *u, const char *path, size_t path_len,
+                        dp__unit_save_res *res, dp_detail *d);
+void dp__unit_save_res_fini(dp__unit_save_res *res);
 
 /* Result of a load: id views into the caller's blobs array (must outlive it). */
-typedef struct dp_unit_load_res {
-    dp_wire_str *loaded; /* published now, or already in the table */
+typedef struct dp__unit_load_res {
+    dp__wire_str *loaded; /* published now, or already in the table */
     uint32_t n_loaded;
-    dp_wire_str *failed; /* no room: ask again (with spill) or elsewhere */
+    dp__wire_str *failed; /* no room: ask again (with spill) or elsewhere */
     uint32_t n_failed;
-} dp_unit_load_res;
+} dp__unit_load_res;
 
 /*
- * load_shard: read blobs[0, n) (ids, offsets and sizes as save reported them)
+ * load_shard as the wire asks it (a->path, a->blobs, a->spill): read the
+ * blobs (ids, offsets and sizes as save reported them)
  * from the shard at path into fresh put-area regions and publish each with
  * only the entries path.rows lists as live. With spill and the SSD tier on, a
  * blob the put area cannot take goes to a fresh spill file (it must fit the IO
@@ -536,36 +523,35 @@ typedef struct dp_unit_load_res {
  * loaded. Errors: DP_EINVAL (path, request), DP_ECORRUPT (a file failed
  * validation), DP_EPROTO (a blob's index), DP_ESYS, DP_ENOMEM.
  */
-int dp__unit_load_shard(dp_unit *u, const char *path, size_t path_len,
-                        const dp_wire_shard_blob *blobs, uint32_t n, bool spill,
-                        dp_unit_load_res *res, dp_detail *d);
-void dp__unit_load_res_fini(dp_unit_load_res *res);
+int dp__unit_load_shard(dp__unit *u, const dp__wire_load_shard_args *a,
+                        dp__unit_load_res *res, dp_detail *d);
+void dp__unit_load_res_fini(dp__unit_load_res *res);
 
 /* ---- control-message handler (serve.c) ---- */
 
 /*
- * The dp_ctl_handler of a unit: ctx is the dp_unit. Decodes the request
+ * The dp_ctl_handler of a unit: ctx is the dp__unit. Decodes the request
  * (src/wire), runs the op under the unit lock and encodes the reply into
  * reply; malformed messages get a Protocol error reply when their request id
  * is readable and are dropped otherwise (and always for notify ops).
  * Threads: the control server thread (any one thread at a time per reply).
  */
-void dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+void dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply);
 
 /* The dp_ctl_oversize callback: a Protocol error naming the limit. */
-void dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp_buf *reply);
+void dp__unit_handle_oversize(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply);
 
 /*
  * Where the unit's auth_refused counter comes from (the control server's
  * refusals; fn(src) is called under the unit lock and must not block).
  */
-void dp__unit_set_auth_source(dp_unit *u, uint64_t (*fn)(const void *src),
+void dp__unit_set_auth_source(dp__unit *u, uint64_t (*fn)(const void *src),
                               const void *src);
 
 /* ---- metrics (metrics.c) ---- */
 
 /* Record that the unit handled op in ns nanoseconds. Threads: any. */
-void dp__unit_hist_record(dp_unit *u, int op, uint64_t ns);
+void dp__unit_hist_record(dp__unit *u, int op, uint64_t ns);
 
 /*
  * The unit's counters and op latencies in the Prometheus text format
@@ -575,6 +561,6 @@ void dp__unit_hist_record(dp_unit *u, int op, uint64_t ns);
  * cluster. Copies the counters under the unit lock (briefly), reads the
  * histograms without it. DP_ENOMEM. Threads: any.
  */
-int dp__unit_metrics_text(dp_unit *u, dp_buf *out);
+int dp__unit_metrics_text(dp__unit *u, dp__buf *out);
 
 #endif

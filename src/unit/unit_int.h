@@ -23,7 +23,7 @@
  * aborted or released; a released record that is still pinned or held leaves
  * the table (its id may be reused at once) and lives on as a zombie, owned by
  * its pins and holds, until the last one ends. A record owns its parsed index
- * (dp_blob): row-index slots and resolve results point into it. Its state
+ * (dp__blob): row-index slots and resolve results point into it. Its state
  * (rec_state below) says where it is in that life; facts orthogonal to it are
  * flag bits.
  *
@@ -127,11 +127,11 @@ struct blob_rec {
     uint32_t n_holds;  /* saves copying it (checkpoint): keep it like a pin */
     uint32_t n_rx;     /* two-sided WRITEs landing in its region now (transfers.c) */
     bool drain_retire; /* REC_DRAINING: retire the region at the end, not free it */
-    dp_blob *parsed;   /* once its commit validated */
+    dp__blob *parsed;  /* once its commit validated */
     uint64_t pin_mark;
     double created_at;
     double last_resolve_at;
-    dp_list_node pend_link; /* u->pend: uncommitted, creation order */
+    dp__list_node pend_link; /* u->pend: uncommitted, creation order */
     /* SSD tier (see ssd.c) */
     uint64_t commit_seq; /* order of its validated commit (0: not yet) */
     uint8_t *spill_keep; /* validated spill: entries a later release cleared (0),
@@ -140,7 +140,7 @@ struct blob_rec {
     int fd;              /* -1: none */
     uint64_t res_epoch;
     double staged_at;
-    dp_list_node staged_link; /* u->staged: staged copies, oldest first */
+    dp__list_node staged_link; /* u->staged: staged copies, oldest first */
 };
 
 /* The writers.h area of b's region. */
@@ -163,7 +163,7 @@ typedef struct hold_set hold_set;
 struct hold_set {
     blob_rec **b;
     uint32_t n;
-    dp_list_node link; /* u->holds */
+    dp__list_node link; /* u->holds */
 };
 
 /* One resolve's pin on the records it answered (pins.c). */
@@ -176,7 +176,7 @@ struct pin {
     uint32_t n_sends; /* two-sided READs sending from its blobs now (transfers.c) */
     bool ending;      /* unpinned or expired while sending: ends with the last send */
     bool end_expired;
-    dp_list_node link; /* u->pins_by_expiry: creation (= expiry) order */
+    dp__list_node link; /* u->pins_by_expiry: creation (= expiry) order */
 };
 
 /*
@@ -209,7 +209,7 @@ enum { JOB_SPILL = 1, JOB_STAGE = 2 };
 
 /* A spill whose keys were all replaced before its io job ended (ssd.c, Order). */
 typedef struct superseded {
-    dp_list_node link; /* u->sup_order: oldest first */
+    dp__list_node link; /* u->sup_order: oldest first */
     double until;
     bool gone; /* its id was allocated again: forgotten */
     uint8_t id_len;
@@ -237,10 +237,10 @@ typedef struct dp__op_hist {
     _Atomic uint64_t count, sum_ns;
 } dp__op_hist;
 
-struct dp_unit {
+struct dp__unit {
     pthread_mutex_t mu;
-    dp_unit_opts o;
-    dp_unit_stats stats; /* what the unit counts as it goes (see DP_UNIT_STATS) */
+    dp__unit_opts o;
+    dp__unit_stats stats; /* what the unit counts as it goes (see DP_UNIT_STATS) */
     dp__op_hist hist[DP_WIRE_OP_COUNT_]; /* per op: metrics.c */
     uint64_t (*auth_fn)(const void *);   /* auth_refused's source (server.c) */
     const void *auth_src;
@@ -248,20 +248,20 @@ struct dp_unit {
     uint8_t *slab;
     size_t slab_map_len; /* mmap'd length when not from the endpoint */
     uint64_t region_len; /* put area + gap + IO area */
-    dp_slab_alloc *alloc;
+    dp__slab_alloc *alloc;
     uint64_t incarnation; /* random, drawn at create */
     /* Blob records (unit.c) */
-    dp_map blobs;         /* id -> blob_rec* */
-    dp_list pend;         /* uncommitted records (blob_rec.pend_link) */
-    dp_list draining;     /* REC_DRAINING records (blob_rec.pend_link) */
+    dp__map blobs;        /* id -> blob_rec* */
+    dp__list pend;        /* uncommitted records (blob_rec.pend_link) */
+    dp__list draining;    /* REC_DRAINING records (blob_rec.pend_link) */
     uint64_t token_seq;   /* last allocation token handed out */
     uint64_t commit_seq;  /* last commit_seq handed out */
     dp__writers *writers; /* retired regions and who may still write them */
     /* The row index (rows.c) */
-    dp_map rows; /* gidx -> row* */
+    dp__map rows; /* gidx -> row* */
     /* Pins (pins.c) */
-    dp_map pins;            /* pin id -> pin* */
-    dp_list pins_by_expiry; /* pin.link */
+    dp__map pins;            /* pin id -> pin* */
+    dp__list pins_by_expiry; /* pin.link */
     uint64_t pin_epoch;
     /* Info (unit.c) */
     char address[256];
@@ -281,7 +281,7 @@ struct dp_unit {
     char *ssd_dir;
     bool use_tmpfile; /* O_TMPFILE works in ssd_dir */
     uint64_t io_base; /* offset of the IO area in the region */
-    dp_slab_alloc *io_alloc;
+    dp__slab_alloc *io_alloc;
     pthread_cond_t io_cv;
     pthread_t *io_th;
     uint32_t n_io_th;
@@ -290,17 +290,17 @@ struct dp_unit {
     uint32_t q_head, q_n, n_running;
     int *closes; /* fds for the workers to close */
     size_t n_closes, cap_closes;
-    dp_list staged;        /* staged copies, oldest first */
+    dp__list staged;       /* staged copies, oldest first */
     uint64_t io_job_bytes; /* regions io jobs own */
     uint64_t n_doomed;
     uint64_t resolving_epoch; /* set while a resolve starts a stage */
-    dp_map superseded;        /* id -> superseded*, also listed oldest first */
-    dp_map order;             /* client prefix -> order_rec* (order.c) */
+    dp__map superseded;       /* id -> superseded*, also listed oldest first */
+    dp__map order;            /* client prefix -> order_rec* (order.c) */
     double order_swept;       /* when order.c last dropped idle clients */
     double trimmed;           /* the ticker's last malloc_trim */
-    dp_list sup_order;        /* the superseded, oldest first (superseded.link) */
+    dp__list sup_order;       /* the superseded, oldest first (superseded.link) */
     /* Checkpoints (ckpt.c) */
-    dp_list holds;     /* running saves, each holding its snapshot (hold_set.link) */
+    dp__list holds;    /* running saves, each holding its snapshot (hold_set.link) */
     uint64_t n_clears; /* release_rows calls that dropped something */
     /* Admin work (a save or load) running off the ctl thread (unit.c) */
     uint32_t n_admin;
@@ -310,44 +310,54 @@ struct dp_unit {
 
 /* The unit's clock (opts.now). */
 static inline double
-dp__unit_now(dp_unit *u)
+dp__unit_now(dp__unit *u)
 {
     return u->o.now(u->o.now_ctx);
 }
 
 /* A wire string viewing a NUL-terminated one. */
-static inline dp_wire_str
+static inline dp__wire_str
 dp__zview(const char *z)
 {
-    return (dp_wire_str){z, (uint32_t)strlen(z)};
+    return (dp__wire_str){z, (uint32_t)strlen(z)};
 }
 
-/* ---- records (unit.c) ---- */
+/* ---- records (rec.c) ---- */
+
+/* The one way a record's state changes; a transition its life forbids is a bug. */
+void dp__rec_set_state(blob_rec *b, rec_state to);
+/* Set (on) or clear one of b's flags (REC_*); JOB and STAGED must change. */
+void dp__rec_flag_locked(blob_rec *b, unsigned flag, bool on);
+/* Hand b's fd to the io workers to close (never closed under the lock). */
+void dp__rec_close_later_locked(dp__unit *u, blob_rec *b);
+/* b's staged copy joins (the newest) or leaves u->staged, counted in the stats. */
+void dp__rec_staged_append_locked(dp__unit *u, blob_rec *b);
+void dp__rec_staged_unlink_locked(dp__unit *u, blob_rec *b);
 
 /* Free the record itself (its writer reference, index, spill_keep). NULL allowed. */
-void dp__rec_free_locked(dp_unit *u, blob_rec *b);
+void dp__rec_free_locked(dp__unit *u, blob_rec *b);
 /* Give b's region back: now, or through quarantine if a pin on it expired. */
-void dp__rec_release_region_locked(dp_unit *u, blob_rec *b, double now);
+void dp__rec_release_region_locked(dp__unit *u, blob_rec *b, double now);
 /*
  * Free a record out of the table and unpinned, with its region and file; if
  * an io job owns them, it becomes DOOMED and the job's end does it.
  */
-void dp__rec_drop_locked(dp_unit *u, blob_rec *b, double now);
+void dp__rec_drop_locked(dp__unit *u, blob_rec *b, double now);
 /* Out of the table for good, its region retired: a WRITE may still land in it. */
-void dp__rec_retire_locked(dp_unit *u, blob_rec *b);
+void dp__rec_retire_locked(dp__unit *u, blob_rec *b);
 /* An open allocation out of the table, its region freed (or drained first). */
-void dp__rec_discard_open_locked(dp_unit *u, blob_rec *b, double now);
+void dp__rec_discard_open_locked(dp__unit *u, blob_rec *b, double now);
 /* A REC_DRAINING record whose last two-sided WRITE ended: finish its end. */
-void dp__rec_drained_locked(dp_unit *u, blob_rec *b, double now);
+void dp__rec_drained_locked(dp__unit *u, blob_rec *b, double now);
 /* Count b in (dir > 0) or out of the zombies and their bytes. */
-void dp__rec_zombie_count_locked(dp_unit *u, blob_rec *b, int dir);
+void dp__rec_zombie_count_locked(dp__unit *u, blob_rec *b, int dir);
 /* Drop a slot's ref; at zero the record leaves the table (freed, or a zombie). */
-void dp__rec_unref_locked(dp_unit *u, blob_rec *b, double now);
+void dp__rec_unref_locked(dp__unit *u, blob_rec *b, double now);
 /* A put-area region: 0, DP_EBUSY (+reason) or DP_EUNITFULL (not counted), others. */
-int dp__unit_put_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
+int dp__unit_put_alloc_locked(dp__unit *u, uint64_t nbytes, double now, uint64_t *off,
                               const char **reason, dp_detail *d);
 /* DP_ECLOSED once destroy asked running saves and loads to stop. Any thread. */
-int dp__unit_admin_cancelled(dp_unit *u, const char *what, dp_detail *d);
+int dp__unit_admin_cancelled(dp__unit *u, const char *what, dp_detail *d);
 
 /* ---- the row index (rows.c) ---- */
 
@@ -362,7 +372,7 @@ slot *dp__row_slot(row *r, const char *f, uint32_t flen);
  * index; keep (NULL: all) names the entries to install, one byte each, at
  * least one kept. DP_ENOMEM: nothing changed.
  */
-int dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double now,
+int dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double now,
                             dp_detail *d);
 
 /* ---- pins (pins.c) ---- */
@@ -372,53 +382,50 @@ int dp__rows_publish_locked(dp_unit *u, blob_rec *b, const uint8_t *keep, double
  * that two-sided READs still send from leaves the expiry list and ends with
  * the last of them (dp__pin_sent_locked).
  */
-void dp__pin_end_locked(dp_unit *u, pin *p, bool expired, double now);
+void dp__pin_end_locked(dp__unit *u, pin *p, bool expired, double now);
 /* One two-sided READ from p's blobs ended its send. */
-void dp__pin_sent_locked(dp_unit *u, pin *p, double now);
+void dp__pin_sent_locked(dp__unit *u, pin *p, double now);
 /* End every pin (destroy). */
-void dp__pins_fini_locked(dp_unit *u);
+void dp__pins_fini_locked(dp__unit *u);
 
 /* ---- SSD tier (ssd.c) ---- */
 
 /* Check ssd_dir, pick the file method, start the io threads (create). */
-int dp__ssd_open(dp_unit *u, dp_detail *d);
+int dp__ssd_open(dp__unit *u, dp_detail *d);
 /* Stop the io threads (a running job ends first) and drop the queued jobs. */
-void dp__ssd_stop(dp_unit *u);
+void dp__ssd_stop(dp__unit *u);
 /* Close the fds left to close and free the tier's tables (destroy, last). */
-void dp__ssd_fini(dp_unit *u);
-/* Hand b's fd to the io workers to close (never closed under the lock). */
-void dp__ssd_close_later_locked(dp_unit *u, blob_rec *b);
-void dp__ssd_staged_unlink_locked(dp_unit *u, blob_rec *b);
+void dp__ssd_fini(dp__unit *u);
 /* A fresh file in ssd_dir with no name left behind. Worker threads and create. */
-int dp__ssd_new_file(dp_unit *u, bool try_tmpfile, int *out, char *label, size_t cap,
+int dp__ssd_new_file(dp__unit *u, bool try_tmpfile, int *out, char *label, size_t cap,
                      dp_detail *d);
-bool dp__ssd_jobs_full_locked(const dp_unit *u);
+bool dp__ssd_jobs_full_locked(const dp__unit *u);
 /* Queue a job owning b's region (the caller checked dp__ssd_jobs_full_locked). */
-void dp__ssd_submit_locked(dp_unit *u, int kind, blob_rec *b);
+void dp__ssd_submit_locked(dp__unit *u, int kind, blob_rec *b);
 /* An id allocated again is no longer a superseded spill's. */
-void dp__ssd_superseded_forget_locked(dp_unit *u, const char *id, size_t id_len);
-void dp__ssd_superseded_expire_locked(dp_unit *u, double now);
+void dp__ssd_superseded_forget_locked(dp__unit *u, const char *id, size_t id_len);
+void dp__ssd_superseded_expire_locked(dp__unit *u, double now);
 /* An IO-area region (evicting staged copies): 0, DP_EBUSY, DP_EUNITFULL, others. */
-int dp__ssd_io_alloc_locked(dp_unit *u, uint64_t nbytes, double now, uint64_t *off,
+int dp__ssd_io_alloc_locked(dp__unit *u, uint64_t nbytes, double now, uint64_t *off,
                             const char **reason, dp_detail *d);
 /* RES_* for published b in the resolve call of epoch (starts a stage if needed). */
-int dp__ssd_resolve_state_locked(dp_unit *u, blob_rec *b, uint64_t epoch, double now);
+int dp__ssd_resolve_state_locked(dp__unit *u, blob_rec *b, uint64_t epoch, double now);
 /* Mark released rows' entries in validated, unpublished spills. */
-void dp__ssd_release_spills_locked(dp_unit *u, const uint64_t *gidxs, uint32_t n);
+void dp__ssd_release_spills_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n);
 
 /* ---- counters (stats.c) ---- */
 
-void dp__unit_get_stats_locked(dp_unit *u, dp_unit_stats *st);
+void dp__unit_get_stats_locked(dp__unit *u, dp__unit_stats *st);
 /*
  * The 30 s log lines (the counters, and the SSD tier's): set when 30 s have
  * passed since the last and something changed, else "". The caller logs them
  * after unlocking.
  */
-void dp__unit_report_locked(dp_unit *u, double now, char *line, size_t cap,
+void dp__unit_report_locked(dp__unit *u, double now, char *line, size_t cap,
                             char *ssd_line, size_t ssd_cap);
 
 /* Request order (order.c). */
-void dp__order_fini(dp_unit *u);
-void dp__order_sweep_locked(dp_unit *u, double now);
+void dp__order_fini(dp__unit *u);
+void dp__order_sweep_locked(dp__unit *u, double now);
 
 #endif

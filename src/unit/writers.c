@@ -30,7 +30,7 @@
 #include "common/map.h"
 
 typedef struct retired_region {
-    dp_list_node link; /* dp__writer.retired, newest first */
+    dp__list_node link; /* dp__writer.retired, newest first */
     int area;
     uint64_t off, size;
 } retired_region;
@@ -39,17 +39,17 @@ struct dp__writer {
     char id[DP_WIRE_RID_MAX + 32];
     size_t id_len;
     uint64_t refs;
-    int pidfd;       /* -1: no proof can come */
-    bool provable;   /* same host, shared-memory lane, pidfd open */
-    bool dead;       /* the pidfd turned readable */
-    double dead_at;  /* when that was seen */
-    dp_list retired; /* retired_region.link */
+    int pidfd;        /* -1: no proof can come */
+    bool provable;    /* same host, shared-memory lane, pidfd open */
+    bool dead;        /* the pidfd turned readable */
+    double dead_at;   /* when that was seen */
+    dp__list retired; /* retired_region.link */
 };
 
 struct dp__writers {
     double grace_s;
     char host[128];
-    dp_map by_id; /* id -> dp__writer* */
+    dp__map by_id; /* id -> dp__writer* */
     uint64_t retired_bytes, retired, kept_bytes;
     uint64_t reclaimed_bytes, reclaimed;
 };
@@ -107,7 +107,7 @@ pidfd_open_(uint64_t pid)
 }
 
 dp__writer *
-dp__writers_ref(dp__writers *w, const dp_wire_alloc_args *a)
+dp__writers_ref(dp__writers *w, const dp__wire_alloc_args *a)
 {
     if (a->writer.n == 0 || a->writer.n >= sizeof(((dp__writer *)0)->id))
         return NULL;
@@ -227,7 +227,7 @@ dp__writers_reclaim(dp__writers *w, double now, dp__writers_give_fn give, void *
     for (size_t i = 0; i < n; i++) {
         dp__writer *wr = due[i];
         /* Off wr first: the last region's unref may free wr. */
-        dp_list regions = {0};
+        dp__list regions = {0};
         dp__list_move_tail(&regions, &wr->retired);
         DP_LOG_I("unit: writer %s is gone (its process exited %.1f s ago): its retired "
                  "regions are handed back",

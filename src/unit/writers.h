@@ -61,7 +61,7 @@ void dp__writers_destroy(dp__writers *w);
  * NULL when the request names no writer, or out of memory: the allocation
  * then has no writer and, if retired, is kept for good.
  */
-dp__writer *dp__writers_ref(dp__writers *w, const dp_wire_alloc_args *a);
+dp__writer *dp__writers_ref(dp__writers *w, const dp__wire_alloc_args *a);
 /* Drop a reference (the allocation was committed, freed or retired). NULL allowed. */
 void dp__writers_unref(dp__writers *w, dp__writer *wr);
 

@@ -1,5 +1,5 @@
 /*
- * Bounds-checked msgpack cursor and a msgpack writer into a dp_buf (see mp.h).
+ * Bounds-checked msgpack cursor and a msgpack writer into a dp__buf (see mp.h).
  * The reader decodes the msgpack format directly instead of going through
  * msgpack_unpack(): msgpack-c sizes its object arrays from the headers it
  * reads, so a few hostile bytes could make it allocate gigabytes. The writer
@@ -12,7 +12,7 @@
 #include <string.h>
 
 void
-dp__mp_reader_init(dp_mp_reader *r, const void *data, size_t len)
+dp__mp_reader_init(dp__mp_reader *r, const void *data, size_t len)
 {
     r->base = data;
     r->p = data;
@@ -20,18 +20,18 @@ dp__mp_reader_init(dp_mp_reader *r, const void *data, size_t len)
 }
 
 size_t
-dp__mp_remaining(const dp_mp_reader *r)
+dp__mp_remaining(const dp__mp_reader *r)
 {
     return (size_t)(r->end - r->p);
 }
 
 size_t
-dp__mp_offset(const dp_mp_reader *r)
+dp__mp_offset(const dp__mp_reader *r)
 {
     return (size_t)(r->p - r->base);
 }
 
-static dp_mp_type
+static dp__mp_type
 type_of(uint8_t b)
 {
     if (b <= 0x7f || b == 0xcc || b == 0xcd || b == 0xce || b == 0xcf)
@@ -71,14 +71,14 @@ type_of(uint8_t b)
     }
 }
 
-dp_mp_type
-dp__mp_peek(const dp_mp_reader *r)
+dp__mp_type
+dp__mp_peek(const dp__mp_reader *r)
 {
     return r->p < r->end ? type_of(*r->p) : DP_MP_END;
 }
 
 const char *
-dp__mp_type_name(dp_mp_type t)
+dp__mp_type_name(dp__mp_type t)
 {
     static const char *const names[] = {
         [DP_MP_END] = "end of message",
@@ -98,7 +98,7 @@ dp__mp_type_name(dp_mp_type t)
 }
 
 static int
-mismatch(const dp_mp_reader *r, const char *want, const char *what, dp_detail *d)
+mismatch(const dp__mp_reader *r, const char *want, const char *what, dp_detail *d)
 {
     return dp__fail(d, DP_EPROTO, "%s%sexpected %s, got %s at byte %zu", what ? what : "",
                     what ? ": " : "", want, dp__mp_type_name(dp__mp_peek(r)),
@@ -106,7 +106,7 @@ mismatch(const dp_mp_reader *r, const char *want, const char *what, dp_detail *d
 }
 
 static int
-truncated(const dp_mp_reader *r, const char *what, dp_detail *d)
+truncated(const dp__mp_reader *r, const char *what, dp_detail *d)
 {
     return dp__fail(d, DP_EPROTO, "%s%struncated value at byte %zu", what ? what : "",
                     what ? ": " : "", dp__mp_offset(r));
@@ -127,14 +127,14 @@ be(const uint8_t *p, unsigned n)
  * containers). Returns false when the header itself is cut short.
  */
 struct hdr {
-    dp_mp_type type;
+    dp__mp_type type;
     size_t hlen;  /* header bytes */
     uint64_t arg; /* int value bits, payload length, or element count */
     size_t extra; /* ext: the type byte */
 };
 
 static bool
-header(const dp_mp_reader *r, struct hdr *h)
+header(const dp__mp_reader *r, struct hdr *h)
 {
     size_t left = dp__mp_remaining(r);
     if (left == 0)
@@ -235,7 +235,7 @@ header(const dp_mp_reader *r, struct hdr *h)
 }
 
 int
-dp__mp_read_nil(dp_mp_reader *r, const char *what, dp_detail *d)
+dp__mp_read_nil(dp__mp_reader *r, const char *what, dp_detail *d)
 {
     if (dp__mp_peek(r) != DP_MP_NIL)
         return mismatch(r, "nil", what, d);
@@ -244,7 +244,7 @@ dp__mp_read_nil(dp_mp_reader *r, const char *what, dp_detail *d)
 }
 
 bool
-dp__mp_take_nil(dp_mp_reader *r)
+dp__mp_take_nil(dp__mp_reader *r)
 {
     if (dp__mp_peek(r) != DP_MP_NIL)
         return false;
@@ -253,7 +253,7 @@ dp__mp_take_nil(dp_mp_reader *r)
 }
 
 int
-dp__mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d)
+dp__mp_read_bool(dp__mp_reader *r, bool *v, const char *what, dp_detail *d)
 {
     if (dp__mp_peek(r) != DP_MP_BOOL)
         return mismatch(r, "bool", what, d);
@@ -263,7 +263,7 @@ dp__mp_read_bool(dp_mp_reader *r, bool *v, const char *what, dp_detail *d)
 }
 
 int
-dp__mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
+dp__mp_read_u64(dp__mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
 {
     /* Fast paths for what blob indexes and requests carry most: positive
      * fixint and uint 8..64 (builders patch offsets in as uint 64). */
@@ -279,7 +279,7 @@ dp__mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
             return DP_OK;
         }
     }
-    dp_mp_type t = dp__mp_peek(r);
+    dp__mp_type t = dp__mp_peek(r);
     if (t != DP_MP_UINT && t != DP_MP_INT)
         return mismatch(r, "unsigned integer", what, d);
     struct hdr h;
@@ -295,9 +295,9 @@ dp__mp_read_u64(dp_mp_reader *r, uint64_t *v, const char *what, dp_detail *d)
 }
 
 int
-dp__mp_read_i64(dp_mp_reader *r, int64_t *v, const char *what, dp_detail *d)
+dp__mp_read_i64(dp__mp_reader *r, int64_t *v, const char *what, dp_detail *d)
 {
-    dp_mp_type t = dp__mp_peek(r);
+    dp__mp_type t = dp__mp_peek(r);
     if (t != DP_MP_UINT && t != DP_MP_INT)
         return mismatch(r, "integer", what, d);
     struct hdr h;
@@ -312,9 +312,9 @@ dp__mp_read_i64(dp_mp_reader *r, int64_t *v, const char *what, dp_detail *d)
 }
 
 int
-dp__mp_read_double(dp_mp_reader *r, double *v, const char *what, dp_detail *d)
+dp__mp_read_double(dp__mp_reader *r, double *v, const char *what, dp_detail *d)
 {
-    dp_mp_type t = dp__mp_peek(r);
+    dp__mp_type t = dp__mp_peek(r);
     if (t == DP_MP_UINT || t == DP_MP_INT) {
         struct hdr h;
         if (!header(r, &h))
@@ -342,7 +342,7 @@ dp__mp_read_double(dp_mp_reader *r, double *v, const char *what, dp_detail *d)
 }
 
 static int
-read_bytes(dp_mp_reader *r, dp_mp_type want, const uint8_t **p, uint32_t *len,
+read_bytes(dp__mp_reader *r, dp__mp_type want, const uint8_t **p, uint32_t *len,
            const char *what, dp_detail *d)
 {
     if (dp__mp_peek(r) != want)
@@ -362,7 +362,7 @@ read_bytes(dp_mp_reader *r, dp_mp_type want, const uint8_t **p, uint32_t *len,
 }
 
 int
-dp__mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what,
+dp__mp_read_str(dp__mp_reader *r, const char **s, uint32_t *len, const char *what,
                 dp_detail *d)
 {
     /* Fast path: fixstr (keys, kinds, dtypes, ids). */
@@ -383,14 +383,14 @@ dp__mp_read_str(dp_mp_reader *r, const char **s, uint32_t *len, const char *what
 }
 
 int
-dp__mp_read_bin(dp_mp_reader *r, const uint8_t **p, uint32_t *len, const char *what,
+dp__mp_read_bin(dp__mp_reader *r, const uint8_t **p, uint32_t *len, const char *what,
                 dp_detail *d)
 {
     return read_bytes(r, DP_MP_BIN, p, len, what, d);
 }
 
 static int
-read_container(dp_mp_reader *r, dp_mp_type want, uint32_t *n, const char *what,
+read_container(dp__mp_reader *r, dp__mp_type want, uint32_t *n, const char *what,
                dp_detail *d)
 {
     if (dp__mp_peek(r) != want)
@@ -411,7 +411,7 @@ read_container(dp_mp_reader *r, dp_mp_type want, uint32_t *n, const char *what,
 }
 
 int
-dp__mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
+dp__mp_read_array(dp__mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
 {
     /* Fast path: fixarray whose elements (a byte each at least) fit. */
     if (r->p < r->end && (*r->p & 0xf0) == 0x90) {
@@ -426,13 +426,13 @@ dp__mp_read_array(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
 }
 
 int
-dp__mp_read_map(dp_mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
+dp__mp_read_map(dp__mp_reader *r, uint32_t *n, const char *what, dp_detail *d)
 {
     return read_container(r, DP_MP_MAP, n, what, d);
 }
 
 int
-dp__mp_skip(dp_mp_reader *r, dp_detail *d)
+dp__mp_skip(dp__mp_reader *r, dp_detail *d)
 {
     /* Iterative: pending[k] counts the values still to skip at depth k. */
     uint64_t pending[DP_MP_MAX_DEPTH + 1];
@@ -501,9 +501,9 @@ dp__mp_skip(dp_mp_reader *r, dp_detail *d)
  * every message and blob index, so the common case is one comparison.
  */
 static inline uint8_t *
-room(dp_mp_writer *w, size_t n)
+room(dp__mp_writer *w, size_t n)
 {
-    dp_buf *b = w->out;
+    dp__buf *b = w->out;
     if (b->oom || (b->cap - b->len < n && dp__buf_reserve(b, n) != DP_OK))
         return NULL;
     return b->data + b->len;
@@ -511,7 +511,7 @@ room(dp_mp_writer *w, size_t n)
 
 /* Tag byte then v in w bytes, big-endian. */
 static inline void
-put_tagged(dp_mp_writer *w, uint8_t tag, uint64_t v, unsigned nbytes)
+put_tagged(dp__mp_writer *w, uint8_t tag, uint64_t v, unsigned nbytes)
 {
     uint8_t *p = room(w, 1 + nbytes);
     if (p == NULL)
@@ -523,7 +523,7 @@ put_tagged(dp_mp_writer *w, uint8_t tag, uint64_t v, unsigned nbytes)
 }
 
 static inline void
-put_raw(dp_mp_writer *w, const void *src, size_t n)
+put_raw(dp__mp_writer *w, const void *src, size_t n)
 {
     if (n == 0)
         return;
@@ -536,7 +536,7 @@ put_raw(dp_mp_writer *w, const void *src, size_t n)
 
 /* A length header: fix form under fix_max, then 8/16/32-bit forms. */
 static inline void
-put_len(dp_mp_writer *w, size_t n, uint8_t fix, size_t fix_max, uint8_t t8, uint8_t t16,
+put_len(dp__mp_writer *w, size_t n, uint8_t fix, size_t fix_max, uint8_t t8, uint8_t t16,
         uint8_t t32)
 {
     if (n < fix_max)
@@ -550,25 +550,25 @@ put_len(dp_mp_writer *w, size_t n, uint8_t fix, size_t fix_max, uint8_t t8, uint
 }
 
 void
-dp__mp_writer_init(dp_mp_writer *w, dp_buf *out)
+dp__mp_writer_init(dp__mp_writer *w, dp__buf *out)
 {
     w->out = out;
 }
 
 void
-dp__mp_put_nil(dp_mp_writer *w)
+dp__mp_put_nil(dp__mp_writer *w)
 {
     put_tagged(w, 0xc0, 0, 0);
 }
 
 void
-dp__mp_put_bool(dp_mp_writer *w, bool v)
+dp__mp_put_bool(dp__mp_writer *w, bool v)
 {
     put_tagged(w, v ? 0xc3 : 0xc2, 0, 0);
 }
 
 void
-dp__mp_put_u64(dp_mp_writer *w, uint64_t v)
+dp__mp_put_u64(dp__mp_writer *w, uint64_t v)
 {
     if (v < 0x80)
         put_tagged(w, (uint8_t)v, 0, 0);
@@ -583,7 +583,7 @@ dp__mp_put_u64(dp_mp_writer *w, uint64_t v)
 }
 
 void
-dp__mp_put_i64(dp_mp_writer *w, int64_t v)
+dp__mp_put_i64(dp__mp_writer *w, int64_t v)
 {
     if (v >= 0)
         dp__mp_put_u64(w, (uint64_t)v);
@@ -600,7 +600,7 @@ dp__mp_put_i64(dp_mp_writer *w, int64_t v)
 }
 
 void
-dp__mp_put_double(dp_mp_writer *w, double v)
+dp__mp_put_double(dp__mp_writer *w, double v)
 {
     uint64_t bits;
     memcpy(&bits, &v, sizeof bits);
@@ -608,39 +608,39 @@ dp__mp_put_double(dp_mp_writer *w, double v)
 }
 
 void
-dp__mp_put_str(dp_mp_writer *w, const char *s)
+dp__mp_put_str(dp__mp_writer *w, const char *s)
 {
     dp__mp_put_strn(w, s, strlen(s));
 }
 
 void
-dp__mp_put_strn(dp_mp_writer *w, const char *s, size_t n)
+dp__mp_put_strn(dp__mp_writer *w, const char *s, size_t n)
 {
     put_len(w, n, 0xa0, 32, 0xd9, 0xda, 0xdb);
     put_raw(w, s, n);
 }
 
 void
-dp__mp_put_bin(dp_mp_writer *w, const void *p, size_t n)
+dp__mp_put_bin(dp__mp_writer *w, const void *p, size_t n)
 {
     put_len(w, n, 0, 0, 0xc4, 0xc5, 0xc6);
     put_raw(w, p, n);
 }
 
 void
-dp__mp_put_array(dp_mp_writer *w, uint32_t n)
+dp__mp_put_array(dp__mp_writer *w, uint32_t n)
 {
     put_len(w, n, 0x90, 16, 0, 0xdc, 0xdd);
 }
 
 void
-dp__mp_put_map(dp_mp_writer *w, uint32_t n)
+dp__mp_put_map(dp__mp_writer *w, uint32_t n)
 {
     put_len(w, n, 0x80, 16, 0, 0xde, 0xdf);
 }
 
 int
-dp__mp_writer_status(const dp_mp_writer *w)
+dp__mp_writer_status(const dp__mp_writer *w)
 {
     return w->out->oom ? DP_ENOMEM : DP_OK;
 }

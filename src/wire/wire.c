@@ -26,10 +26,10 @@
 
 /* ---- strings ---- */
 
-dp_wire_str
+dp__wire_str
 dp__wire_s(const char *z)
 {
-    dp_wire_str s = {"", 0};
+    dp__wire_str s = {"", 0};
     if (z != NULL) {
         s.p = z;
         s.n = (uint32_t)strlen(z);
@@ -38,20 +38,20 @@ dp__wire_s(const char *z)
 }
 
 bool
-dp__wire_str_eq(dp_wire_str s, const char *z)
+dp__wire_str_eq(dp__wire_str s, const char *z)
 {
     size_t n = strlen(z);
     return n == s.n && (n == 0 || memcmp(s.p, z, n) == 0);
 }
 
 bool
-dp__wire_str_same(dp_wire_str a, dp_wire_str b)
+dp__wire_str_same(dp__wire_str a, dp__wire_str b)
 {
     return a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
 }
 
 size_t
-dp__wire_str_copy(dp_wire_str s, char *out, size_t cap)
+dp__wire_str_copy(dp__wire_str s, char *out, size_t cap)
 {
     if (cap > 0) {
         size_t n = s.n < cap - 1 ? s.n : cap - 1;
@@ -63,7 +63,7 @@ dp__wire_str_copy(dp_wire_str s, char *out, size_t cap)
 }
 
 char *
-dp__wire_str_dup(dp_wire_str s)
+dp__wire_str_dup(dp__wire_str s)
 {
     char *z = malloc((size_t)s.n + 1);
     if (z != NULL)
@@ -147,7 +147,7 @@ text_bad(const char *p, uint32_t n)
 }
 
 const char *
-dp__wire_quote(dp_wire_str s, char *buf, size_t cap)
+dp__wire_quote(dp__wire_str s, char *buf, size_t cap)
 {
     size_t max = cap > 4 ? cap - 4 : 0, i;
     for (i = 0; i < s.n && i < max; i++) {
@@ -166,7 +166,7 @@ dp__wire_quote(dp_wire_str s, char *buf, size_t cap)
 #define WHAT(w) (w) ? (w) : "", (w) ? ": " : ""
 
 int
-dp__wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+dp__wire_check_id(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                   dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
@@ -185,7 +185,7 @@ dp__wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what,
 }
 
 static int
-check_text_like(dp_wire_str s, uint32_t min, uint32_t max, const char *kind,
+check_text_like(dp__wire_str s, uint32_t min, uint32_t max, const char *kind,
                 const char *what, dp_detail *d)
 {
     if (s.n < min)
@@ -203,21 +203,21 @@ check_text_like(dp_wire_str s, uint32_t min, uint32_t max, const char *kind,
 }
 
 int
-dp__wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+dp__wire_check_key(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                    dp_detail *d)
 {
     return check_text_like(s, 1, DP__WIRE_LIM(lim)->max_key, "key", what, d);
 }
 
 int
-dp__wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+dp__wire_check_path(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                     dp_detail *d)
 {
     return check_text_like(s, 1, DP__WIRE_LIM(lim)->max_path, "path", what, d);
 }
 
 int
-dp__wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+dp__wire_check_text(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                     dp_detail *d)
 {
     return check_text_like(s, 0, DP__WIRE_LIM(lim)->max_text, "string", what, d);
@@ -225,7 +225,7 @@ dp__wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
 
 /* ---- limits ---- */
 
-const dp_wire_limits dp__wire_limits_default = {
+const dp__wire_limits dp__wire_limits_default = {
     .max_msg = 64ull << 20,
     .max_list = 1u << 20,
     .max_items = 1u << 23,
@@ -241,7 +241,7 @@ const dp_wire_limits dp__wire_limits_default = {
 };
 
 void
-dp__wire_limits_init(dp_wire_limits *lim)
+dp__wire_limits_init(dp__wire_limits *lim)
 {
     *lim = dp__wire_limits_default;
 }
@@ -261,30 +261,30 @@ static const bool op_notify[] = {
 };
 
 const char *
-dp__wire_op_name(dp_wire_op op)
+dp__wire_op_name(dp__wire_op op)
 {
     if ((int)op < 0 || op >= DP_WIRE_OP_COUNT_)
         return "?";
     return op_names[op];
 }
 
-dp_wire_op
-dp__wire_op_parse(dp_wire_str s)
+dp__wire_op
+dp__wire_op_parse(dp__wire_str s)
 {
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++)
         if (dp__wire_str_eq(s, op_names[i]))
-            return (dp_wire_op)i;
+            return (dp__wire_op)i;
     return DP_WIRE_OP_NONE;
 }
 
 bool
-dp__wire_op_is_notify(dp_wire_op op)
+dp__wire_op_is_notify(dp__wire_op op)
 {
     return (int)op >= 0 && op < DP_WIRE_OP_COUNT_ && op_notify[op];
 }
 
 bool
-dp__wire_op_repeatable(dp_wire_op op)
+dp__wire_op_repeatable(dp__wire_op op)
 {
     switch (op) {
     case DP_WIRE_OP_PING:
@@ -308,7 +308,7 @@ dp__wire_op_repeatable(dp_wire_op op)
 static const char hexdig[] = "0123456789abcdef";
 
 int
-dp__wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d)
+dp__wire_rid_gen_init(dp__wire_rid_gen *g, dp_detail *d)
 {
     uint8_t rnd[8];
     int rc = dp__random_bytes(rnd, sizeof rnd, d);
@@ -323,8 +323,8 @@ dp__wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d)
     return DP_OK;
 }
 
-dp_wire_str
-dp__wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX])
+dp__wire_str
+dp__wire_rid_next(dp__wire_rid_gen *g, char out[DP_WIRE_RID_MAX])
 {
     uint64_t k = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED);
     memcpy(out, g->prefix, 16);
@@ -338,7 +338,7 @@ dp__wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX])
     for (int i = 0; i < n; i++)
         out[17 + i] = tmp[n - 1 - i];
     out[17 + n] = '\0';
-    return (dp_wire_str){out, (uint32_t)(17 + n)};
+    return (dp__wire_str){out, (uint32_t)(17 + n)};
 }
 
 /* ---- allocations ---- */
@@ -431,7 +431,7 @@ nomem(dp__wire_dec *c, const char *what)
 }
 
 static int
-rd_str_checked(dp__wire_dec *c, int k, dp_wire_str *s, const char *what)
+rd_str_checked(dp__wire_dec *c, int k, dp__wire_str *s, const char *what)
 {
     int rc = dp__mp_read_str(&c->r, &s->p, &s->n, what, c->d);
     if (rc != DP_OK)
@@ -477,7 +477,7 @@ rd_list_head(dp__wire_dec *c, uint32_t *n, const char *what)
 }
 
 static int
-rd_strs(dp__wire_dec *c, int k, dp_wire_strs *out, const char *what)
+rd_strs(dp__wire_dec *c, int k, dp__wire_strs *out, const char *what)
 {
     uint32_t n;
     int rc = rd_list_head(c, &n, what);
@@ -487,7 +487,7 @@ rd_strs(dp__wire_dec *c, int k, dp_wire_strs *out, const char *what)
     out->v = NULL;
     if (n == 0)
         return DP_OK;
-    dp_wire_str *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    dp__wire_str *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
     if (v == NULL)
         return nomem(c, what);
     for (uint32_t i = 0; i < n; i++) {
@@ -501,7 +501,7 @@ rd_strs(dp__wire_dec *c, int k, dp_wire_strs *out, const char *what)
 }
 
 static int
-rd_u64s(dp__wire_dec *c, dp_wire_u64s *out, const char *what)
+rd_u64s(dp__wire_dec *c, dp__wire_u64s *out, const char *what)
 {
     uint32_t n;
     int rc = rd_list_head(c, &n, what);
@@ -548,7 +548,7 @@ rd_tuple(dp__wire_dec *c, uint32_t want)
 }
 
 static int
-rd_shard_blobs(dp__wire_dec *c, dp_wire_shard_blobs *out, const char *what)
+rd_shard_blobs(dp__wire_dec *c, dp__wire_shard_blobs *out, const char *what)
 {
     uint32_t n;
     int rc = rd_dmap_head(c, &n, what);
@@ -558,12 +558,12 @@ rd_shard_blobs(dp__wire_dec *c, dp_wire_shard_blobs *out, const char *what)
     out->v = NULL;
     if (n == 0)
         return DP_OK;
-    dp_wire_shard_blob *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    dp__wire_shard_blob *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
     if (v == NULL)
         return nomem(c, what);
     char q[80];
     for (uint32_t i = 0; i < n; i++) {
-        dp_wire_shard_blob *b = &v[i];
+        dp__wire_shard_blob *b = &v[i];
         rc = rd_str_checked(c, DP__V_ID, &b->id, NULL);
         if (rc != DP_OK)
             return dp__fail_ctx(c->d, rc, "%s: key %u", what, i);
@@ -581,7 +581,7 @@ rd_shard_blobs(dp__wire_dec *c, dp_wire_shard_blobs *out, const char *what)
 }
 
 static int
-rd_blob_locs(dp__wire_dec *c, dp_wire_blob_locs *out, const char *what)
+rd_blob_locs(dp__wire_dec *c, dp__wire_blob_locs *out, const char *what)
 {
     uint32_t n;
     int rc = rd_dmap_head(c, &n, what);
@@ -591,12 +591,12 @@ rd_blob_locs(dp__wire_dec *c, dp_wire_blob_locs *out, const char *what)
     out->v = NULL;
     if (n == 0)
         return DP_OK;
-    dp_wire_blob_loc *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    dp__wire_blob_loc *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
     if (v == NULL)
         return nomem(c, what);
     char q[80];
     for (uint32_t i = 0; i < n; i++) {
-        dp_wire_blob_loc *b = &v[i];
+        dp__wire_blob_loc *b = &v[i];
         rc = rd_str_checked(c, DP__V_ID, &b->id, NULL);
         if (rc != DP_OK)
             return dp__fail_ctx(c->d, rc, "%s: key %u", what, i);
@@ -613,7 +613,7 @@ rd_blob_locs(dp__wire_dec *c, dp_wire_blob_locs *out, const char *what)
 }
 
 static int
-rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
+rd_key_loc(dp__wire_dec *c, dp__wire_key_loc *e, dp__wire_pool *dims)
 {
     uint64_t max = c->lim->max_size - 1;
     int rc;
@@ -644,7 +644,7 @@ rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
             return dp__fail_ctx(c->d, rc, "shape[%u]", j);
     }
     e->ndim = nd;
-    e->data = (dp_wire_bytes){NULL, 0};
+    e->data = (dp__wire_bytes){NULL, 0};
     if (n == 6) {
         /* The value itself: exactly len bytes, never empty (nothing to carry). */
         if ((rc = dp__mp_read_bin(&c->r, &e->data.p, &e->data.n, "data", c->d)) != DP_OK)
@@ -658,7 +658,7 @@ rd_key_loc(dp__wire_dec *c, dp_wire_key_loc *e, dp__wire_pool *dims)
 }
 
 static int
-rd_key_locs(dp__wire_dec *c, dp_wire_key_locs *out, const char *what)
+rd_key_locs(dp__wire_dec *c, dp__wire_key_locs *out, const char *what)
 {
     uint32_t n;
     int rc = rd_dmap_head(c, &n, what);
@@ -668,7 +668,7 @@ rd_key_locs(dp__wire_dec *c, dp_wire_key_locs *out, const char *what)
     out->v = NULL;
     if (n == 0)
         return DP_OK;
-    dp_wire_key_loc *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    dp__wire_key_loc *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
     if (v == NULL)
         return nomem(c, what);
     dp__wire_pool dims = {.esz = sizeof(uint64_t)};
@@ -704,12 +704,12 @@ fail:
 int
 dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
 {
-    const dp_wire_limits *lim = c->lim;
+    const dp__wire_limits *lim = c->lim;
     switch (k) {
     case DP__V_ID_OR_NIL:
     case DP__V_TEXT_OR_NIL:
         if (dp__mp_take_nil(&c->r)) {
-            *(dp_wire_str *)p = (dp_wire_str){"", 0};
+            *(dp__wire_str *)p = (dp__wire_str){"", 0};
             return DP_OK;
         }
         /* fall through */
@@ -732,12 +732,12 @@ dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
     case DP__V_READN:
         return rd_bounded(c, p, 0, lim->max_read, DP_ETOOBIG, what);
     case DP__V_BIN: {
-        dp_wire_bytes *b = p;
+        dp__wire_bytes *b = p;
         return dp__mp_read_bin(&c->r, &b->p, &b->n, what, c->d);
     }
     case DP__V_KEYS_OR_NIL:
         if (dp__mp_take_nil(&c->r)) {
-            *(dp_wire_strs *)p = (dp_wire_strs){NULL, 0};
+            *(dp__wire_strs *)p = (dp__wire_strs){NULL, 0};
             return DP_OK;
         }
         /* fall through */
@@ -769,7 +769,7 @@ dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool st
     uint64_t seen = 0;
     char q[80];
     for (uint32_t i = 0; i < n; i++) {
-        dp_wire_str key;
+        dp__wire_str key;
         rc = dp__mp_read_str(&c->r, &key.p, &key.n, "map key", c->d);
         if (rc != DP_OK)
             return rc;
@@ -807,10 +807,10 @@ dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool st
         case DP__V_PATH:
         case DP__V_TEXT:
         case DP__V_TEXT_OR_NIL:
-            *(dp_wire_str *)p = (dp_wire_str){"", 0};
+            *(dp__wire_str *)p = (dp__wire_str){"", 0};
             break;
         case DP__V_BIN:
-            *(dp_wire_bytes *)p = (dp_wire_bytes){(const uint8_t *)"", 0};
+            *(dp__wire_bytes *)p = (dp__wire_bytes){(const uint8_t *)"", 0};
             break;
         default: /* numbers 0, lists empty: the struct was zeroed */
             break;
@@ -822,13 +822,13 @@ dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool st
 /* ---- encoding ---- */
 
 static void
-put_view(dp_mp_writer *w, dp_wire_str s)
+put_view(dp__mp_writer *w, dp__wire_str s)
 {
     dp__mp_put_strn(w, s.n ? s.p : "", s.n);
 }
 
 void
-dp__wire_put_text(dp_mp_writer *w, dp_wire_str s, uint32_t max)
+dp__wire_put_text(dp__mp_writer *w, dp__wire_str s, uint32_t max)
 {
     if (s.n <= max && text_bad(s.p, s.n) == 0) {
         put_view(w, s);
@@ -862,7 +862,7 @@ dp__wire_put_text(dp_mp_writer *w, dp_wire_str s, uint32_t max)
 }
 
 static void
-put_strs(dp_mp_writer *w, const dp_wire_strs *l)
+put_strs(dp__mp_writer *w, const dp__wire_strs *l)
 {
     dp__mp_put_array(w, l->n);
     for (uint32_t i = 0; i < l->n; i++)
@@ -870,27 +870,27 @@ put_strs(dp_mp_writer *w, const dp_wire_strs *l)
 }
 
 void
-dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limits *lim)
+dp__wire_value_encode(dp__mp_writer *w, int k, const void *p, const dp__wire_limits *lim)
 {
     switch (k) {
     case DP__V_ID_OR_NIL:
-        if (((const dp_wire_str *)p)->n == 0) {
+        if (((const dp__wire_str *)p)->n == 0) {
             dp__mp_put_nil(w);
             return;
         }
         /* fall through */
     case DP__V_ID:
     case DP__V_PATH:
-        put_view(w, *(const dp_wire_str *)p);
+        put_view(w, *(const dp__wire_str *)p);
         return;
     case DP__V_TEXT_OR_NIL:
-        if (((const dp_wire_str *)p)->n == 0) {
+        if (((const dp__wire_str *)p)->n == 0) {
             dp__mp_put_nil(w);
             return;
         }
         /* fall through */
     case DP__V_TEXT:
-        dp__wire_put_text(w, *(const dp_wire_str *)p, lim->max_text);
+        dp__wire_put_text(w, *(const dp__wire_str *)p, lim->max_text);
         return;
     case DP__V_BOOL:
         dp__mp_put_bool(w, *(const bool *)p);
@@ -904,12 +904,12 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         dp__mp_put_u64(w, *(const uint64_t *)p);
         return;
     case DP__V_BIN: {
-        const dp_wire_bytes *b = p;
+        const dp__wire_bytes *b = p;
         dp__mp_put_bin(w, b->n ? b->p : (const uint8_t *)"", b->n);
         return;
     }
     case DP__V_KEYS_OR_NIL:
-        if (((const dp_wire_strs *)p)->n == 0) {
+        if (((const dp__wire_strs *)p)->n == 0) {
             dp__mp_put_nil(w);
             return;
         }
@@ -919,14 +919,14 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         put_strs(w, p);
         return;
     case DP__V_U64S: {
-        const dp_wire_u64s *l = p;
+        const dp__wire_u64s *l = p;
         dp__mp_put_array(w, l->n);
         for (uint32_t i = 0; i < l->n; i++)
             dp__mp_put_u64(w, l->v[i]);
         return;
     }
     case DP__V_SHARD_BLOBS: {
-        const dp_wire_shard_blobs *l = p;
+        const dp__wire_shard_blobs *l = p;
         dp__mp_put_map(w, l->n);
         for (uint32_t i = 0; i < l->n; i++) {
             put_view(w, l->v[i].id);
@@ -938,7 +938,7 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         return;
     }
     case DP__V_BLOB_LOCS: {
-        const dp_wire_blob_locs *l = p;
+        const dp__wire_blob_locs *l = p;
         dp__mp_put_map(w, l->n);
         for (uint32_t i = 0; i < l->n; i++) {
             put_view(w, l->v[i].id);
@@ -949,10 +949,10 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
         return;
     }
     case DP__V_KEY_LOCS: {
-        const dp_wire_key_locs *l = p;
+        const dp__wire_key_locs *l = p;
         dp__mp_put_map(w, l->n);
         for (uint32_t i = 0; i < l->n; i++) {
-            const dp_wire_key_loc *e = &l->v[i];
+            const dp__wire_key_loc *e = &l->v[i];
             put_view(w, e->key);
             dp__mp_put_array(w, e->data.n > 0 ? 6 : 5);
             dp__mp_put_u64(w, e->off);
@@ -972,8 +972,8 @@ dp__wire_value_encode(dp_mp_writer *w, int k, const void *p, const dp_wire_limit
 }
 
 void
-dp__wire_map_encode(dp_mp_writer *w, const dp__wire_fdesc *f, size_t nf, const void *base,
-                    const dp_wire_limits *lim)
+dp__wire_map_encode(dp__mp_writer *w, const dp__wire_fdesc *f, size_t nf,
+                    const void *base, const dp__wire_limits *lim)
 {
     dp__mp_put_map(w, (uint32_t)nf);
     for (size_t j = 0; j < nf; j++) {
@@ -983,8 +983,8 @@ dp__wire_map_encode(dp_mp_writer *w, const dp__wire_fdesc *f, size_t nf, const v
 }
 
 int
-dp__wire_encode_end(dp_buf *out, size_t start, bool oom_before, const dp_wire_limits *lim,
-                    const char *what, dp_detail *d)
+dp__wire_encode_end(dp__buf *out, size_t start, bool oom_before,
+                    const dp__wire_limits *lim, const char *what, dp_detail *d)
 {
     if (out->oom && !oom_before) {
         out->len = start;
@@ -1010,52 +1010,54 @@ dp__wire_encode_end(dp_buf *out, size_t start, bool oom_before, const dp_wire_li
 // clang-format on
 
 static const dp__wire_fdesc alloc_f[] = {
-    F(dp_wire_alloc_args, blob_id, ID, 1, 0),
-    F(dp_wire_alloc_args, nbytes, SIZE, 1, 0),
-    F(dp_wire_alloc_args, n_entries, ENTRIES, 1, 0),
-    F(dp_wire_alloc_args, spill, BOOL, 0, 1),
-    F(dp_wire_alloc_args, writer, ID_OR_NIL, 0, 0),
-    F(dp_wire_alloc_args, pid, U64, 0, 0),
-    F(dp_wire_alloc_args, host, TEXT_OR_NIL, 0, 0),
-    F(dp_wire_alloc_args, lane, TEXT_OR_NIL, 0, 0),
-    F(dp_wire_alloc_args, two_sided, BOOL, 0, 0),
+    F(dp__wire_alloc_args, blob_id, ID, 1, 0),
+    F(dp__wire_alloc_args, nbytes, SIZE, 1, 0),
+    F(dp__wire_alloc_args, n_entries, ENTRIES, 1, 0),
+    F(dp__wire_alloc_args, spill, BOOL, 0, 1),
+    F(dp__wire_alloc_args, writer, ID_OR_NIL, 0, 0),
+    F(dp__wire_alloc_args, pid, U64, 0, 0),
+    F(dp__wire_alloc_args, host, TEXT_OR_NIL, 0, 0),
+    F(dp__wire_alloc_args, lane, TEXT_OR_NIL, 0, 0),
+    F(dp__wire_alloc_args, two_sided, BOOL, 0, 0),
 };
 static const dp__wire_fdesc commit_f[] = {
-    F(dp_wire_commit_args, blob_id, ID, 1, 0),
+    F(dp__wire_commit_args, blob_id, ID, 1, 0),
 };
 static const dp__wire_fdesc put_f[] = {
-    F(dp_wire_put_args, blob_id, ID, 1, 0),        F(dp_wire_put_args, data, BIN, 1, 0),
-    F(dp_wire_put_args, n_entries, ENTRIES, 1, 0), F(dp_wire_put_args, spill, BOOL, 0, 1),
-    F(dp_wire_put_args, incarnation, U64, 0, 0),
+    F(dp__wire_put_args, blob_id, ID, 1, 0),
+    F(dp__wire_put_args, data, BIN, 1, 0),
+    F(dp__wire_put_args, n_entries, ENTRIES, 1, 0),
+    F(dp__wire_put_args, spill, BOOL, 0, 1),
+    F(dp__wire_put_args, incarnation, U64, 0, 0),
 };
 static const dp__wire_fdesc abort_f[] = {
-    F(dp_wire_abort_args, blob_id, ID, 1, 0),
-    F(dp_wire_abort_args, in_flight, BOOL, 0, 1),
+    F(dp__wire_abort_args, blob_id, ID, 1, 0),
+    F(dp__wire_abort_args, in_flight, BOOL, 0, 1),
 };
 static const dp__wire_fdesc resolve_f[] = {
-    F(dp_wire_resolve_args, blob_ids, IDS, 1, 0),
+    F(dp__wire_resolve_args, blob_ids, IDS, 1, 0),
 };
 static const dp__wire_fdesc resolve_keys_f[] = {
-    F(dp_wire_resolve_keys_args, keys, KEYS, 1, 0),
-    F(dp_wire_resolve_keys_args, inline_bytes, SIZE0, 0, 0),
+    F(dp__wire_resolve_keys_args, keys, KEYS, 1, 0),
+    F(dp__wire_resolve_keys_args, inline_bytes, SIZE0, 0, 0),
 };
 static const dp__wire_fdesc unpin_f[] = {
-    F(dp_wire_unpin_args, pin_id, ID, 1, 0),
+    F(dp__wire_unpin_args, pin_id, ID, 1, 0),
 };
 static const dp__wire_fdesc release_rows_f[] = {
-    F(dp_wire_release_rows_args, gidxs, U64S, 1, 0),
+    F(dp__wire_release_rows_args, gidxs, U64S, 1, 0),
 };
 static const dp__wire_fdesc read_bytes_f[] = {
-    F(dp_wire_read_bytes_args, off, OFF, 1, 0),
-    F(dp_wire_read_bytes_args, nbytes, READN, 1, 0),
+    F(dp__wire_read_bytes_args, off, OFF, 1, 0),
+    F(dp__wire_read_bytes_args, nbytes, READN, 1, 0),
 };
 static const dp__wire_fdesc save_shard_f[] = {
-    F(dp_wire_save_shard_args, path, PATH, 1, 0),
+    F(dp__wire_save_shard_args, path, PATH, 1, 0),
 };
 static const dp__wire_fdesc load_shard_f[] = {
-    F(dp_wire_load_shard_args, path, PATH, 1, 0),
-    F(dp_wire_load_shard_args, blobs, SHARD_BLOBS, 1, 0),
-    F(dp_wire_load_shard_args, spill, BOOL, 0, 0),
+    F(dp__wire_load_shard_args, path, PATH, 1, 0),
+    F(dp__wire_load_shard_args, blobs, SHARD_BLOBS, 1, 0),
+    F(dp__wire_load_shard_args, spill, BOOL, 0, 0),
 };
 
 static const struct {
@@ -1078,15 +1080,15 @@ static const struct {
 };
 
 int
-dp__wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim,
-                        dp_buf *out, dp_detail *d)
+dp__wire_request_encode(const dp__wire_request *req, const dp__wire_limits *lim,
+                        dp__buf *out, dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     if ((int)req->op < 0 || req->op >= DP_WIRE_OP_COUNT_)
         return dp__fail(d, DP_EINVAL, "request: invalid op %d", (int)req->op);
     size_t start = out->len;
     bool oom = out->oom;
-    dp_mp_writer w;
+    dp__mp_writer w;
     dp__mp_writer_init(&w, out);
     dp__mp_put_array(&w, 3);
     dp__mp_put_str(&w, op_names[req->op]);
@@ -1097,11 +1099,11 @@ dp__wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim,
 
 /* The [op, rid, ...] head shared by peek and decode; *n gets the element count. */
 static int
-request_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_op *op, dp_wire_str *rid,
-             uint32_t *n, dp_detail *d)
+request_head(dp__mp_reader *r, const dp__wire_limits *lim, dp__wire_op *op,
+             dp__wire_str *rid, uint32_t *n, dp_detail *d)
 {
     *op = DP_WIRE_OP_NONE;
-    *rid = (dp_wire_str){"", 0};
+    *rid = (dp__wire_str){"", 0};
     int rc = dp__mp_read_array(r, n, "request", d);
     if (rc != DP_OK)
         return rc;
@@ -1109,7 +1111,7 @@ request_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_op *op, dp_wire
         return dp__fail(d, DP_EPROTO,
                         "request: array of %u elements, expected [op, request_id, args]",
                         *n);
-    dp_wire_str name, id;
+    dp__wire_str name, id;
     if ((rc = dp__mp_read_str(r, &name.p, &name.n, "op", d)) != DP_OK)
         return rc;
     if ((rc = dp__mp_read_str(r, &id.p, &id.n, "request_id", d)) != DP_OK)
@@ -1127,18 +1129,18 @@ request_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_op *op, dp_wire
 }
 
 int
-dp__wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                      dp_wire_op *op, dp_wire_str *rid, dp_detail *d)
+dp__wire_request_peek(const void *msg, size_t len, const dp__wire_limits *lim,
+                      dp__wire_op *op, dp__wire_str *rid, dp_detail *d)
 {
-    dp_mp_reader r;
+    dp__mp_reader r;
     uint32_t n;
     dp__mp_reader_init(&r, msg, len);
     return request_head(&r, DP__WIRE_LIM(lim), op, rid, &n, d);
 }
 
 int
-dp__wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
-                        dp_wire_request *req, dp_detail *d)
+dp__wire_request_decode(const void *msg, size_t len, const dp__wire_limits *lim,
+                        dp__wire_request *req, dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     memset(req, 0, sizeof *req);
@@ -1175,7 +1177,7 @@ fail:
 }
 
 void
-dp__wire_request_fini(dp_wire_request *req)
+dp__wire_request_fini(dp__wire_request *req)
 {
     if (req == NULL)
         return;

@@ -6,7 +6,7 @@
  *   reply   = [request_id: str, ok: bool, result | error, incarnation: uint]
  *   error   = {"kind": str, "msg": str, "reason": str|nil, "blobs": [str]|nil}
  *
- * Encoders append one message to a dp_buf. Decoders read untrusted bytes through
+ * Encoders append one message to a dp__buf. Decoders read untrusted bytes through
  * the bounds-checked reader of mp.h and hand back validated C values: a handler
  * never sees a raw msgpack object.
  *
@@ -49,48 +49,48 @@
 /* ---- strings ---- */
 
 /* A string view: p is never NULL in decoded values and not NUL-terminated. */
-typedef struct dp_wire_str {
+typedef struct dp__wire_str {
     const char *p;
     uint32_t n;
-} dp_wire_str;
+} dp__wire_str;
 
-typedef struct dp_wire_bytes {
+typedef struct dp__wire_bytes {
     const uint8_t *p;
     uint32_t n;
-} dp_wire_bytes;
+} dp__wire_bytes;
 
-typedef struct dp_wire_strs {
-    dp_wire_str *v;
+typedef struct dp__wire_strs {
+    dp__wire_str *v;
     uint32_t n;
-} dp_wire_strs;
+} dp__wire_strs;
 
-typedef struct dp_wire_u64s {
+typedef struct dp__wire_u64s {
     uint64_t *v;
     uint32_t n;
-} dp_wire_u64s;
+} dp__wire_u64s;
 
 /* printf("%.*s", DP_WIRE_STR_ARG(s)) */
 #define DP_WIRE_STR_ARG(s) (int)(s).n, (s).p
 
 /* A view of NUL-terminated z (NULL gives ""). */
-dp_wire_str dp__wire_s(const char *z);
+dp__wire_str dp__wire_s(const char *z);
 /* True if s holds exactly the bytes of NUL-terminated z. */
-bool dp__wire_str_eq(dp_wire_str s, const char *z);
-bool dp__wire_str_same(dp_wire_str a, dp_wire_str b);
+bool dp__wire_str_eq(dp__wire_str s, const char *z);
+bool dp__wire_str_same(dp__wire_str a, dp__wire_str b);
 /*
  * Copy s into out[cap] NUL-terminated, truncated to cap - 1 bytes. Returns s.n:
  * the copy is complete when the result is < cap (strlcpy semantics).
  */
-size_t dp__wire_str_copy(dp_wire_str s, char *out, size_t cap);
+size_t dp__wire_str_copy(dp__wire_str s, char *out, size_t cap);
 /* A malloc'd NUL-terminated copy (free() it), NULL on out of memory. */
-char *dp__wire_str_dup(dp_wire_str s);
+char *dp__wire_str_dup(dp__wire_str s);
 
 /* True if p[0..n) is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF). */
 bool dp__wire_utf8_valid(const void *p, size_t n);
 
 /* ---- limits ---- */
 
-typedef struct dp_wire_limits {
+typedef struct dp__wire_limits {
     uint64_t max_msg;     /* bytes of one message (64 MiB); DP_ETOOBIG */
     uint32_t max_list;    /* elements of one list or data-keyed map (1 << 20); ETOOBIG */
     uint32_t max_items;   /* list elements (and dims) in one message (1 << 23); ETOOBIG */
@@ -103,11 +103,11 @@ typedef struct dp_wire_limits {
     uint64_t max_entries; /* alloc n_entries (1 << 20); ETOOBIG */
     uint64_t max_size;    /* sizes, offsets, counts must be < this (2^62) */
     uint64_t max_read;    /* read_bytes nbytes (16 MiB); ETOOBIG */
-} dp_wire_limits;
+} dp__wire_limits;
 
 /* The defaults above. Every function taking limits accepts NULL for them. */
-extern const dp_wire_limits dp__wire_limits_default;
-void dp__wire_limits_init(dp_wire_limits *lim);
+extern const dp__wire_limits dp__wire_limits_default;
+void dp__wire_limits_init(dp__wire_limits *lim);
 
 /*
  * Validators shared with callers. what names the value in the detail.
@@ -118,13 +118,13 @@ void dp__wire_limits_init(dp_wire_limits *lim);
  * A path is 1..max_path bytes of UTF-8 without NUL. Text is 0..max_text bytes of
  * UTF-8 without NUL. All fail with DP_EPROTO.
  */
-int dp__wire_check_id(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+int dp__wire_check_id(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                       dp_detail *d);
-int dp__wire_check_key(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+int dp__wire_check_key(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                        dp_detail *d);
-int dp__wire_check_path(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+int dp__wire_check_path(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                         dp_detail *d);
-int dp__wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *what,
+int dp__wire_check_text(dp__wire_str s, const dp__wire_limits *lim, const char *what,
                         dp_detail *d);
 
 /* ---- ops ---- */
@@ -147,27 +147,27 @@ int dp__wire_check_text(dp_wire_str s, const dp_wire_limits *lim, const char *wh
     X(LOAD_SHARD, "load_shard", false)                                                   \
     X(PUT, "put", false)
 
-typedef enum dp_wire_op {
+typedef enum dp__wire_op {
     DP_WIRE_OP_NONE = -1, /* not (yet) known */
 #define DP_WIRE_OP_ENUM_(name, str, notify) DP_WIRE_OP_##name,
     DP_WIRE_OPS(DP_WIRE_OP_ENUM_)
 #undef DP_WIRE_OP_ENUM_
         DP_WIRE_OP_COUNT_
-} dp_wire_op;
+} dp__wire_op;
 
 /* "alloc", ...; "?" for anything else. */
-const char *dp__wire_op_name(dp_wire_op op);
+const char *dp__wire_op_name(dp__wire_op op);
 /* The op named s, or DP_WIRE_OP_NONE. */
-dp_wire_op dp__wire_op_parse(dp_wire_str s);
+dp__wire_op dp__wire_op_parse(dp__wire_str s);
 /* unpin and abort: the unit sends no reply. False for invalid ops. */
-bool dp__wire_op_is_notify(dp_wire_op op);
+bool dp__wire_op_is_notify(dp__wire_op op);
 /*
  * A request of this op may be sent again when the connection that carried it
  * dropped before the reply (the unit may or may not have carried it out):
  * carrying it out twice answers as once would have, or leaves only what a
  * lease reclaims. docs/design.md, "Requests sent again", says why for each.
  */
-bool dp__wire_op_repeatable(dp_wire_op op);
+bool dp__wire_op_repeatable(dp__wire_op op);
 
 /* ---- request ids ---- */
 
@@ -179,15 +179,15 @@ bool dp__wire_op_repeatable(dp_wire_op op);
  * counter, "<16 hex>-<counter hex>". Unique per generator without a syscall
  * per request; the random prefix tells clients (and restarts) apart.
  */
-typedef struct dp_wire_rid_gen {
+typedef struct dp__wire_rid_gen {
     char prefix[17];
     uint64_t next; /* atomically incremented */
-} dp_wire_rid_gen;
+} dp__wire_rid_gen;
 
 /* Fails only if the OS gives no random bytes (DP_ESYS). */
-int dp__wire_rid_gen_init(dp_wire_rid_gen *g, dp_detail *d);
+int dp__wire_rid_gen_init(dp__wire_rid_gen *g, dp_detail *d);
 /* Write the next id into out and return its view (valid as long as out). Thread-safe. */
-dp_wire_str dp__wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
+dp__wire_str dp__wire_rid_next(dp__wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
 
 /* ---- arguments, one struct per op (ping, info, scan, stats take none) ---- */
 
@@ -199,24 +199,24 @@ dp_wire_str dp__wire_rid_next(dp_wire_rid_gen *g, char out[DP_WIRE_RID_MAX]);
  * this unit ("shm", "rdma", "tcp"). See docs/design.md, "Reclaiming retired
  * memory".
  */
-typedef struct dp_wire_alloc_args {
-    dp_wire_str blob_id;
-    uint64_t nbytes;    /* 1 .. max_size - 1 (ETOOBIG) */
-    uint64_t n_entries; /* 0 .. max_entries (ETOOBIG) */
-    bool spill;         /* optional, default true */
-    dp_wire_str writer; /* optional id, "" when unknown */
-    uint64_t pid;       /* optional, 0 when unknown */
-    dp_wire_str host;   /* optional text */
-    dp_wire_str lane;   /* optional text */
+typedef struct dp__wire_alloc_args {
+    dp__wire_str blob_id;
+    uint64_t nbytes;     /* 1 .. max_size - 1 (ETOOBIG) */
+    uint64_t n_entries;  /* 0 .. max_entries (ETOOBIG) */
+    bool spill;          /* optional, default true */
+    dp__wire_str writer; /* optional id, "" when unknown */
+    uint64_t pid;        /* optional, 0 when unknown */
+    dp__wire_str host;   /* optional text */
+    dp__wire_str lane;   /* optional text */
     /* optional, default false: the writer moves its bytes two-sided (docs/design.md,
      * "Two-sided transfers"), so nothing lands in the region but what this unit
      * receives itself, and an expired lease may free it instead of retiring it */
     bool two_sided;
-} dp_wire_alloc_args;
+} dp__wire_alloc_args;
 
-typedef struct dp_wire_commit_args {
-    dp_wire_str blob_id;
-} dp_wire_commit_args;
+typedef struct dp__wire_commit_args {
+    dp__wire_str blob_id;
+} dp__wire_commit_args;
 
 /*
  * put: a small blob carried inside the request (docs/design.md, "Inline
@@ -228,96 +228,96 @@ typedef struct dp_wire_commit_args {
  * carry: such a request holds a unit's control thread for its copy. */
 #define DP_WIRE_INLINE_MAX (1u << 20)
 
-typedef struct dp_wire_put_args {
-    dp_wire_str blob_id;
-    dp_wire_bytes data; /* the whole blob (its size is the allocation's) */
-    uint64_t n_entries; /* 0 .. max_entries (ETOOBIG); 0: not announced */
-    bool spill;         /* optional, default true */
+typedef struct dp__wire_put_args {
+    dp__wire_str blob_id;
+    dp__wire_bytes data; /* the whole blob (its size is the allocation's) */
+    uint64_t n_entries;  /* 0 .. max_entries (ETOOBIG); 0: not announced */
+    bool spill;          /* optional, default true */
     /* optional, 0: any. The unit process the client's view is bound to: another
      * one refuses the put (a restarted unit stores nothing of it). */
     uint64_t incarnation;
-} dp_wire_put_args;
+} dp__wire_put_args;
 
-typedef struct dp_wire_abort_args {
-    dp_wire_str blob_id;
+typedef struct dp__wire_abort_args {
+    dp__wire_str blob_id;
     bool in_flight; /* optional, default true */
-} dp_wire_abort_args;
+} dp__wire_abort_args;
 
-typedef struct dp_wire_resolve_args {
-    dp_wire_strs blob_ids;
-} dp_wire_resolve_args;
+typedef struct dp__wire_resolve_args {
+    dp__wire_strs blob_ids;
+} dp__wire_resolve_args;
 
-typedef struct dp_wire_resolve_keys_args {
-    dp_wire_strs keys;
+typedef struct dp__wire_resolve_keys_args {
+    dp__wire_strs keys;
     /* optional, default 0: when all the values answered fit in this many bytes,
      * the reply carries them itself, unpinned (docs/design.md, "Inline values") */
     uint64_t inline_bytes;
-} dp_wire_resolve_keys_args;
+} dp__wire_resolve_keys_args;
 
-typedef struct dp_wire_unpin_args {
-    dp_wire_str pin_id;
-} dp_wire_unpin_args;
+typedef struct dp__wire_unpin_args {
+    dp__wire_str pin_id;
+} dp__wire_unpin_args;
 
-typedef struct dp_wire_release_rows_args {
-    dp_wire_u64s gidxs; /* any u64 */
-} dp_wire_release_rows_args;
+typedef struct dp__wire_release_rows_args {
+    dp__wire_u64s gidxs; /* any u64 */
+} dp__wire_release_rows_args;
 
-typedef struct dp_wire_read_bytes_args {
+typedef struct dp__wire_read_bytes_args {
     uint64_t off;    /* < max_size */
     uint64_t nbytes; /* 0 .. max_read (ETOOBIG) */
-} dp_wire_read_bytes_args;
+} dp__wire_read_bytes_args;
 
-typedef struct dp_wire_save_shard_args {
-    dp_wire_str path;
-} dp_wire_save_shard_args;
+typedef struct dp__wire_save_shard_args {
+    dp__wire_str path;
+} dp__wire_save_shard_args;
 
 /* One blob of a shard file: wire form {id: [off, nbytes, refs]}. */
-typedef struct dp_wire_shard_blob {
-    dp_wire_str id;
+typedef struct dp__wire_shard_blob {
+    dp__wire_str id;
     uint64_t off;    /* offset in the file, < max_size */
     uint64_t nbytes; /* < max_size */
     uint64_t refs;   /* < max_size */
-} dp_wire_shard_blob;
+} dp__wire_shard_blob;
 
-typedef struct dp_wire_shard_blobs {
-    dp_wire_shard_blob *v;
+typedef struct dp__wire_shard_blobs {
+    dp__wire_shard_blob *v;
     uint32_t n;
-} dp_wire_shard_blobs;
+} dp__wire_shard_blobs;
 
-typedef struct dp_wire_load_shard_args {
-    dp_wire_str path;
-    dp_wire_shard_blobs blobs;
+typedef struct dp__wire_load_shard_args {
+    dp__wire_str path;
+    dp__wire_shard_blobs blobs;
     bool spill; /* optional, default false; true also writes each blob to a fresh SSD file
                  */
-} dp_wire_load_shard_args;
+} dp__wire_load_shard_args;
 
 struct dp_wire_blk; /* decoder allocations, freed by the _fini functions */
 
-typedef struct dp_wire_request {
-    dp_wire_op op;
-    dp_wire_str rid;
+typedef struct dp__wire_request {
+    dp__wire_op op;
+    dp__wire_str rid;
     union {
-        dp_wire_alloc_args alloc;
-        dp_wire_commit_args commit;
-        dp_wire_put_args put;
-        dp_wire_abort_args abort;
-        dp_wire_resolve_args resolve;
-        dp_wire_resolve_keys_args resolve_keys;
-        dp_wire_unpin_args unpin;
-        dp_wire_release_rows_args release_rows;
-        dp_wire_read_bytes_args read_bytes;
-        dp_wire_save_shard_args save_shard;
-        dp_wire_load_shard_args load_shard;
+        dp__wire_alloc_args alloc;
+        dp__wire_commit_args commit;
+        dp__wire_put_args put;
+        dp__wire_abort_args abort;
+        dp__wire_resolve_args resolve;
+        dp__wire_resolve_keys_args resolve_keys;
+        dp__wire_unpin_args unpin;
+        dp__wire_release_rows_args release_rows;
+        dp__wire_read_bytes_args read_bytes;
+        dp__wire_save_shard_args save_shard;
+        dp__wire_load_shard_args load_shard;
     } a;
     struct dp_wire_blk *mem_;
-} dp_wire_request;
+} dp__wire_request;
 
 /*
  * Append the request [op, rid, args] to out. The fields of req->a for req->op
  * are encoded, optional ones included. On failure out is left as it was.
  */
-int dp__wire_request_encode(const dp_wire_request *req, const dp_wire_limits *lim,
-                            dp_buf *out, dp_detail *d);
+int dp__wire_request_encode(const dp__wire_request *req, const dp__wire_limits *lim,
+                            dp__buf *out, dp_detail *d);
 
 /*
  * Decode a request from msg[0..len) (the whole message: trailing bytes are an
@@ -327,9 +327,9 @@ int dp__wire_request_encode(const dp_wire_request *req, const dp_wire_limits *li
  * error carrying the id; a request whose rid could not be read is dropped, as
  * is any failed notify. req needs dp__wire_request_fini() either way.
  */
-int dp__wire_request_decode(const void *msg, size_t len, const dp_wire_limits *lim,
-                            dp_wire_request *req, dp_detail *d);
-void dp__wire_request_fini(dp_wire_request *req);
+int dp__wire_request_decode(const void *msg, size_t len, const dp__wire_limits *lim,
+                            dp__wire_request *req, dp_detail *d);
+void dp__wire_request_fini(dp__wire_request *req);
 
 /*
  * Read only the op and the request id, without the args. *rid is set (n > 0)
@@ -337,8 +337,8 @@ void dp__wire_request_fini(dp_wire_request *req);
  * is otherwise bad; *op is DP_WIRE_OP_NONE unless the op is known. Returns 0
  * when both were read.
  */
-int dp__wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                          dp_wire_op *op, dp_wire_str *rid, dp_detail *d);
+int dp__wire_request_peek(const void *msg, size_t len, const dp__wire_limits *lim,
+                          dp__wire_op *op, dp__wire_str *rid, dp_detail *d);
 
 /* ---- results ---- */
 
@@ -349,142 +349,142 @@ int dp__wire_request_peek(const void *msg, size_t len, const dp_wire_limits *lim
  */
 #define DP_WIRE_PROTO 3
 
-typedef struct dp_wire_info {
+typedef struct dp__wire_info {
     uint64_t unit_id;
     uint64_t n_units;
-    dp_wire_str zmq;        /* the unit's ROUTER address */
-    dp_wire_str agent;      /* its endpoint name */
-    dp_wire_bytes metadata; /* its endpoint metadata (bin) */
+    dp__wire_str zmq;        /* the unit's ROUTER address */
+    dp__wire_str agent;      /* its endpoint name */
+    dp__wire_bytes metadata; /* its endpoint metadata (bin) */
     uint64_t slab_bytes;
-    uint64_t io_bytes;      /* optional, default 0 */
-    dp_wire_str numa;       /* optional, default "" */
-    uint64_t slab_addr;     /* optional: the slab's base address in the unit's
-                               registered region (remote address = slab_addr + off) */
-    uint64_t read_pin_ms;   /* optional: how long a resolve pins (READ deadline) */
-    uint64_t incarnation;   /* optional (0: unknown): the unit process's random id */
-    uint64_t proto;         /* optional (0: before versions): DP_WIRE_PROTO it speaks */
-    uint64_t pid;           /* optional: the unit's process id (diagnostics) */
-    dp_wire_str host;       /* optional: the unit's host key (dp__host_key) */
-    dp_wire_str cluster;    /* optional: the id of the cluster it was started for ("") */
-    dp_wire_str transports; /* optional: UCX transports its endpoint found ("tcp,...") */
-} dp_wire_info;
+    uint64_t io_bytes;       /* optional, default 0 */
+    dp__wire_str numa;       /* optional, default "" */
+    uint64_t slab_addr;      /* optional: the slab's base address in the unit's
+                                registered region (remote address = slab_addr + off) */
+    uint64_t read_pin_ms;    /* optional: how long a resolve pins (READ deadline) */
+    uint64_t incarnation;    /* optional (0: unknown): the unit process's random id */
+    uint64_t proto;          /* optional (0: before versions): DP_WIRE_PROTO it speaks */
+    uint64_t pid;            /* optional: the unit's process id (diagnostics) */
+    dp__wire_str host;       /* optional: the unit's host key (dp__host_key) */
+    dp__wire_str cluster;    /* optional: the id of the cluster it was started for ("") */
+    dp__wire_str transports; /* optional: UCX transports its endpoint found ("tcp,...") */
+} dp__wire_info;
 
 /* alloc: the region's offset and the allocation's token (the blob header names it). */
-typedef struct dp_wire_alloc_res {
+typedef struct dp__wire_alloc_res {
     uint64_t off;
     uint64_t token;
-} dp_wire_alloc_res;
+} dp__wire_alloc_res;
 
-typedef enum dp_wire_commit_state {
+typedef enum dp__wire_commit_state {
     DP_WIRE_COMMIT_DONE = 0,
     DP_WIRE_COMMIT_PENDING,
     DP_WIRE_COMMIT_LOST,
-} dp_wire_commit_state;
+} dp__wire_commit_state;
 
-const char *dp__wire_commit_state_name(dp_wire_commit_state s);
+const char *dp__wire_commit_state_name(dp__wire_commit_state s);
 
 /* resolve: {id: [off, len]} */
-typedef struct dp_wire_blob_loc {
-    dp_wire_str id;
+typedef struct dp__wire_blob_loc {
+    dp__wire_str id;
     uint64_t off;
     uint64_t len;
-} dp_wire_blob_loc;
+} dp__wire_blob_loc;
 
-typedef struct dp_wire_blob_locs {
-    dp_wire_blob_loc *v;
+typedef struct dp__wire_blob_locs {
+    dp__wire_blob_loc *v;
     uint32_t n;
-} dp_wire_blob_locs;
+} dp__wire_blob_locs;
 
-typedef struct dp_wire_resolve_res {
-    dp_wire_str pin_id; /* n == 0: nil (nothing pinned) */
-    dp_wire_blob_locs blobs;
-    dp_wire_strs missing, pending, failed; /* blob ids */
+typedef struct dp__wire_resolve_res {
+    dp__wire_str pin_id; /* n == 0: nil (nothing pinned) */
+    dp__wire_blob_locs blobs;
+    dp__wire_strs missing, pending, failed; /* blob ids */
     /* Ids in blobs every entry of which is still current (each key still maps
      * to it); optional: absent (a unit before location hints) means none. */
-    dp_wire_strs whole;
-} dp_wire_resolve_res;
+    dp__wire_strs whole;
+} dp__wire_resolve_res;
 
 /* resolve_keys: {key: [slab_off, len, kind, dtype, shape]}, and a sixth element,
  * the value's bytes, when the reply carries them (inline) */
-typedef struct dp_wire_key_loc {
-    dp_wire_str key;
+typedef struct dp__wire_key_loc {
+    dp__wire_str key;
     uint64_t off; /* slab offset of the entry itself */
     uint64_t len;
-    dp_wire_str kind;
-    dp_wire_str dtype;
+    dp__wire_str kind;
+    dp__wire_str dtype;
     const uint64_t *shape; /* ndim dims (NULL when ndim == 0) */
     uint32_t ndim;
-    dp_wire_bytes data; /* n > 0: the value itself (n == len), not pinned */
-} dp_wire_key_loc;
+    dp__wire_bytes data; /* n > 0: the value itself (n == len), not pinned */
+} dp__wire_key_loc;
 
-typedef struct dp_wire_key_locs {
-    dp_wire_key_loc *v;
+typedef struct dp__wire_key_locs {
+    dp__wire_key_loc *v;
     uint32_t n;
-} dp_wire_key_locs;
+} dp__wire_key_locs;
 
-typedef struct dp_wire_resolve_keys_res {
-    dp_wire_str pin_id; /* n == 0: nil */
-    dp_wire_key_locs entries;
-    dp_wire_strs missing, pending, failed; /* keys */
-} dp_wire_resolve_keys_res;
+typedef struct dp__wire_resolve_keys_res {
+    dp__wire_str pin_id; /* n == 0: nil */
+    dp__wire_key_locs entries;
+    dp__wire_strs missing, pending, failed; /* keys */
+} dp__wire_resolve_keys_res;
 
 /* A scalar of a generic record (scan) or counter map (stats). */
-typedef enum dp_wire_scalar_type {
+typedef enum dp__wire_scalar_type {
     DP_WIRE_NIL = 0,
     DP_WIRE_BOOL,
     DP_WIRE_U64,
     DP_WIRE_I64, /* negative integers only, as decoded */
     DP_WIRE_F64,
     DP_WIRE_STR,
-} dp_wire_scalar_type;
+} dp__wire_scalar_type;
 
-typedef struct dp_wire_field {
-    dp_wire_str name;
-    dp_wire_scalar_type type;
+typedef struct dp__wire_field {
+    dp__wire_str name;
+    dp__wire_scalar_type type;
     union {
         bool b;
         uint64_t u;
         int64_t i;
         double f;
-        dp_wire_str s;
+        dp__wire_str s;
     } v;
-} dp_wire_field;
+} dp__wire_field;
 
 /* A flat map name -> scalar, in wire order. */
-typedef struct dp_wire_fields {
-    dp_wire_field *v;
+typedef struct dp__wire_fields {
+    dp__wire_field *v;
     uint32_t n;
-} dp_wire_fields;
+} dp__wire_fields;
 
 /* The field called name, or NULL. */
-const dp_wire_field *dp__wire_fields_get(const dp_wire_fields *f, const char *name);
+const dp__wire_field *dp__wire_fields_get(const dp__wire_fields *f, const char *name);
 /* Its value as a number (bool, u64, i64 >= 0 or an integral f64 >= 0), else false. */
-bool dp__wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out);
+bool dp__wire_fields_u64(const dp__wire_fields *f, const char *name, uint64_t *out);
 
-typedef struct dp_wire_scan_res {
-    dp_wire_fields *recs; /* one flat map per blob: id, off, nbytes, refs, ... */
+typedef struct dp__wire_scan_res {
+    dp__wire_fields *recs; /* one flat map per blob: id, off, nbytes, refs, ... */
     uint32_t n;
-} dp_wire_scan_res;
+} dp__wire_scan_res;
 
-typedef struct dp_wire_save_shard_res {
-    dp_wire_shard_blobs blobs;
+typedef struct dp__wire_save_shard_res {
+    dp__wire_shard_blobs blobs;
     uint64_t nbytes;
     uint64_t clears_during_save;
-} dp_wire_save_shard_res;
+} dp__wire_save_shard_res;
 
-typedef struct dp_wire_load_shard_res {
-    dp_wire_strs loaded, failed;
-} dp_wire_load_shard_res;
+typedef struct dp__wire_load_shard_res {
+    dp__wire_strs loaded, failed;
+} dp__wire_load_shard_res;
 
 /* ---- errors ---- */
 
-typedef struct dp_wire_error {
-    int code;           /* DP_EUNITFULL, DP_EBUSY, DP_ELOST or DP_EPROTO */
-    dp_wire_str kind;   /* decode: as received; encode: ignored (derived from code) */
-    dp_wire_str msg;    /* text */
-    dp_wire_str reason; /* n == 0: nil */
-    dp_wire_strs blobs; /* blob ids or keys; n == 0: nil */
-} dp_wire_error;
+typedef struct dp__wire_error {
+    int code;            /* DP_EUNITFULL, DP_EBUSY, DP_ELOST or DP_EPROTO */
+    dp__wire_str kind;   /* decode: as received; encode: ignored (derived from code) */
+    dp__wire_str msg;    /* text */
+    dp__wire_str reason; /* n == 0: nil */
+    dp__wire_strs blobs; /* blob ids or keys; n == 0: nil */
+} dp__wire_error;
 
 /*
  * Kind names: DP_EUNITFULL "UnitFull", DP_EBUSY "Busy", DP_ELOST "Missing",
@@ -492,19 +492,19 @@ typedef struct dp_wire_error {
  * unit's kind is still an error the client can report).
  */
 const char *dp__wire_err_kind(int code);
-int dp__wire_err_code(dp_wire_str kind);
+int dp__wire_err_code(dp__wire_str kind);
 
 /*
  * Fill d with what the unit said ("Busy: <msg> (reason: ...) [blobs: a, b, ...]")
  * and return e->code, for a client turning an error reply into its return value.
  */
-int dp__wire_error_to_detail(const dp_wire_error *e, dp_detail *d);
+int dp__wire_error_to_detail(const dp__wire_error *e, dp_detail *d);
 
 /* ---- replies ---- */
 
-typedef struct dp_wire_reply {
-    dp_wire_op op; /* the op of the request: selects the member of r */
-    dp_wire_str rid;
+typedef struct dp__wire_reply {
+    dp__wire_op op; /* the op of the request: selects the member of r */
+    dp__wire_str rid;
     /*
      * The incarnation of the unit process that answered (0: unknown, not sent).
      * Every reply of a unit carries it, so a client can tell a restarted unit
@@ -512,41 +512,42 @@ typedef struct dp_wire_reply {
      */
     uint64_t incarnation;
     bool ok;
-    dp_wire_error err; /* when !ok */
+    dp__wire_error err; /* when !ok */
     union {
         uint64_t unit_id; /* ping */
-        dp_wire_info info;
-        dp_wire_alloc_res alloc;
-        dp_wire_commit_state commit;
-        dp_wire_resolve_res resolve;
-        dp_wire_resolve_keys_res resolve_keys;
+        dp__wire_info info;
+        dp__wire_alloc_res alloc;
+        dp__wire_commit_state commit;
+        dp__wire_resolve_res resolve;
+        dp__wire_resolve_keys_res resolve_keys;
         uint64_t dropped; /* release_rows */
-        dp_wire_scan_res scan;
-        dp_wire_fields stats;
-        dp_wire_bytes bytes; /* read_bytes */
-        dp_wire_save_shard_res save_shard;
-        dp_wire_load_shard_res load_shard;
+        dp__wire_scan_res scan;
+        dp__wire_fields stats;
+        dp__wire_bytes bytes; /* read_bytes */
+        dp__wire_save_shard_res save_shard;
+        dp__wire_load_shard_res load_shard;
     } r;
     struct dp_wire_blk *mem_;
-} dp_wire_reply;
+} dp__wire_reply;
 
 /*
  * Append the reply [rid, ok, result | error, incarnation] to out: the result
  * of rep->op when rep->ok, else rep->err; the incarnation element only when
  * rep->incarnation is not 0. Notify ops have no reply (DP_EINVAL).
  */
-int dp__wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim,
-                          dp_buf *out, dp_detail *d);
+int dp__wire_reply_encode(const dp__wire_reply *rep, const dp__wire_limits *lim,
+                          dp__buf *out, dp_detail *d);
 
 /*
- * Append an error reply for a failure the unit met: kind from code (section 7),
- * msg from d_in's message (or dp_strerror(code)), reason and blobs optional
- * (NULL / 0). Text is sanitised to UTF-8 and cut to max_text.
+ * Append an error reply [rid, false, e, incarnation] for a failure the unit
+ * met (the incarnation element only when it is not 0): kind from e->code
+ * (section 7, e->kind is ignored), e->msg (empty: dp_strerror(e->code)),
+ * e->reason and e->blobs optional (n == 0). Text is sanitised to UTF-8 and
+ * cut to max_text.
  */
-int dp__wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
-                                const char *msg, const char *reason,
-                                const dp_wire_str *blobs, uint32_t n_blobs,
-                                const dp_wire_limits *lim, dp_buf *out, dp_detail *d);
+int dp__wire_reply_encode_error(dp__wire_str rid, uint64_t incarnation,
+                                const dp__wire_error *e, const dp__wire_limits *lim,
+                                dp__buf *out, dp_detail *d);
 
 /*
  * Decode the reply to a request of op op (the caller knows what it sent).
@@ -555,12 +556,12 @@ int dp__wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
  * unit's code is in rep->err.code). On failure rep->rid is set when it could be
  * read. Call dp__wire_reply_fini() either way.
  */
-int dp__wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
-                          const dp_wire_limits *lim, dp_wire_reply *rep, dp_detail *d);
-void dp__wire_reply_fini(dp_wire_reply *rep);
+int dp__wire_reply_decode(const void *msg, size_t len, dp__wire_op op,
+                          const dp__wire_limits *lim, dp__wire_reply *rep, dp_detail *d);
+void dp__wire_reply_fini(dp__wire_reply *rep);
 
 /* Read only the request id of a reply (the client matches it before decoding). */
-int dp__wire_reply_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                        dp_wire_str *rid, dp_detail *d);
+int dp__wire_reply_peek(const void *msg, size_t len, const dp__wire_limits *lim,
+                        dp__wire_str *rid, dp_detail *d);
 
 #endif

@@ -18,48 +18,48 @@
 // clang-format on
 
 static const dp__wire_fdesc info_f[] = {
-    F(dp_wire_info, unit_id, U64, 1, 0),     F(dp_wire_info, n_units, U64, 1, 0),
-    F(dp_wire_info, zmq, TEXT, 1, 0),        F(dp_wire_info, agent, TEXT, 1, 0),
-    F(dp_wire_info, metadata, BIN, 1, 0),    F(dp_wire_info, slab_bytes, SIZE0, 1, 0),
-    F(dp_wire_info, io_bytes, SIZE0, 0, 0),  F(dp_wire_info, numa, TEXT, 0, 0),
-    F(dp_wire_info, slab_addr, U64, 0, 0),   F(dp_wire_info, read_pin_ms, U64, 0, 0),
-    F(dp_wire_info, incarnation, U64, 0, 0), F(dp_wire_info, proto, U64, 0, 0),
-    F(dp_wire_info, pid, U64, 0, 0),         F(dp_wire_info, host, TEXT, 0, 0),
-    F(dp_wire_info, cluster, TEXT, 0, 0),    F(dp_wire_info, transports, TEXT, 0, 0),
+    F(dp__wire_info, unit_id, U64, 1, 0),     F(dp__wire_info, n_units, U64, 1, 0),
+    F(dp__wire_info, zmq, TEXT, 1, 0),        F(dp__wire_info, agent, TEXT, 1, 0),
+    F(dp__wire_info, metadata, BIN, 1, 0),    F(dp__wire_info, slab_bytes, SIZE0, 1, 0),
+    F(dp__wire_info, io_bytes, SIZE0, 0, 0),  F(dp__wire_info, numa, TEXT, 0, 0),
+    F(dp__wire_info, slab_addr, U64, 0, 0),   F(dp__wire_info, read_pin_ms, U64, 0, 0),
+    F(dp__wire_info, incarnation, U64, 0, 0), F(dp__wire_info, proto, U64, 0, 0),
+    F(dp__wire_info, pid, U64, 0, 0),         F(dp__wire_info, host, TEXT, 0, 0),
+    F(dp__wire_info, cluster, TEXT, 0, 0),    F(dp__wire_info, transports, TEXT, 0, 0),
 };
 static const dp__wire_fdesc alloc_res_f[] = {
-    F(dp_wire_alloc_res, off, OFF, 1, 0),
-    F(dp_wire_alloc_res, token, U64, 1, 0),
+    F(dp__wire_alloc_res, off, OFF, 1, 0),
+    F(dp__wire_alloc_res, token, U64, 1, 0),
 };
 static const dp__wire_fdesc resolve_f[] = {
-    F(dp_wire_resolve_res, pin_id, ID_OR_NIL, 1, 0),
-    F(dp_wire_resolve_res, blobs, BLOB_LOCS, 1, 0),
-    F(dp_wire_resolve_res, missing, IDS, 1, 0),
-    F(dp_wire_resolve_res, pending, IDS, 1, 0),
-    F(dp_wire_resolve_res, failed, IDS, 1, 0),
-    F(dp_wire_resolve_res, whole, IDS, 0, 0),
+    F(dp__wire_resolve_res, pin_id, ID_OR_NIL, 1, 0),
+    F(dp__wire_resolve_res, blobs, BLOB_LOCS, 1, 0),
+    F(dp__wire_resolve_res, missing, IDS, 1, 0),
+    F(dp__wire_resolve_res, pending, IDS, 1, 0),
+    F(dp__wire_resolve_res, failed, IDS, 1, 0),
+    F(dp__wire_resolve_res, whole, IDS, 0, 0),
 };
 static const dp__wire_fdesc resolve_keys_f[] = {
-    F(dp_wire_resolve_keys_res, pin_id, ID_OR_NIL, 1, 0),
-    F(dp_wire_resolve_keys_res, entries, KEY_LOCS, 1, 0),
-    F(dp_wire_resolve_keys_res, missing, KEYS, 1, 0),
-    F(dp_wire_resolve_keys_res, pending, KEYS, 1, 0),
-    F(dp_wire_resolve_keys_res, failed, KEYS, 1, 0),
+    F(dp__wire_resolve_keys_res, pin_id, ID_OR_NIL, 1, 0),
+    F(dp__wire_resolve_keys_res, entries, KEY_LOCS, 1, 0),
+    F(dp__wire_resolve_keys_res, missing, KEYS, 1, 0),
+    F(dp__wire_resolve_keys_res, pending, KEYS, 1, 0),
+    F(dp__wire_resolve_keys_res, failed, KEYS, 1, 0),
 };
 static const dp__wire_fdesc save_shard_f[] = {
-    F(dp_wire_save_shard_res, blobs, SHARD_BLOBS, 1, 0),
-    F(dp_wire_save_shard_res, nbytes, SIZE0, 1, 0),
-    F(dp_wire_save_shard_res, clears_during_save, U64, 1, 0),
+    F(dp__wire_save_shard_res, blobs, SHARD_BLOBS, 1, 0),
+    F(dp__wire_save_shard_res, nbytes, SIZE0, 1, 0),
+    F(dp__wire_save_shard_res, clears_during_save, U64, 1, 0),
 };
 static const dp__wire_fdesc load_shard_f[] = {
-    F(dp_wire_load_shard_res, loaded, IDS, 1, 0),
-    F(dp_wire_load_shard_res, failed, IDS, 1, 0),
+    F(dp__wire_load_shard_res, loaded, IDS, 1, 0),
+    F(dp__wire_load_shard_res, failed, IDS, 1, 0),
 };
 static const dp__wire_fdesc error_f[] = {
-    F(dp_wire_error, kind, TEXT, 1, 0),
-    F(dp_wire_error, msg, TEXT, 1, 0),
-    F(dp_wire_error, reason, TEXT_OR_NIL, 0, 0),
-    F(dp_wire_error, blobs, KEYS_OR_NIL, 0, 0),
+    F(dp__wire_error, kind, TEXT, 1, 0),
+    F(dp__wire_error, msg, TEXT, 1, 0),
+    F(dp__wire_error, reason, TEXT_OR_NIL, 0, 0),
+    F(dp__wire_error, blobs, KEYS_OR_NIL, 0, 0),
 };
 
 #define TAB(t) t, DP_ARRAY_LEN(t)
@@ -69,7 +69,7 @@ static const dp__wire_fdesc error_f[] = {
 static const char *const commit_names[] = {"done", "pending", "lost"};
 
 const char *
-dp__wire_commit_state_name(dp_wire_commit_state s)
+dp__wire_commit_state_name(dp__wire_commit_state s)
 {
     return (unsigned)s < DP_ARRAY_LEN(commit_names) ? commit_names[s] : "?";
 }
@@ -90,7 +90,7 @@ dp__wire_err_kind(int code)
 }
 
 int
-dp__wire_err_code(dp_wire_str kind)
+dp__wire_err_code(dp__wire_str kind)
 {
     if (dp__wire_str_eq(kind, "UnitFull"))
         return DP_EUNITFULL;
@@ -102,12 +102,12 @@ dp__wire_err_code(dp_wire_str kind)
 }
 
 int
-dp__wire_error_to_detail(const dp_wire_error *e, dp_detail *d)
+dp__wire_error_to_detail(const dp__wire_error *e, dp_detail *d)
 {
     if (d == NULL)
         return e->code;
     char buf[DP_DETAIL_MAX];
-    dp_wire_str kind = e->kind.n > 0 ? e->kind : dp__wire_s(dp__wire_err_kind(e->code));
+    dp__wire_str kind = e->kind.n > 0 ? e->kind : dp__wire_s(dp__wire_err_kind(e->code));
     int n = snprintf(buf, sizeof buf, "%.*s: %.*s", DP_WIRE_STR_ARG(kind),
                      e->msg.n > 0 ? (int)e->msg.n : 0, e->msg.n > 0 ? e->msg.p : "");
     if (e->reason.n > 0 && n >= 0 && (size_t)n < sizeof buf)
@@ -128,8 +128,8 @@ dp__wire_error_to_detail(const dp_wire_error *e, dp_detail *d)
 
 /* ---- generic scalar records (scan, stats) ---- */
 
-const dp_wire_field *
-dp__wire_fields_get(const dp_wire_fields *f, const char *name)
+const dp__wire_field *
+dp__wire_fields_get(const dp__wire_fields *f, const char *name)
 {
     for (uint32_t i = 0; i < f->n; i++)
         if (dp__wire_str_eq(f->v[i].name, name))
@@ -138,9 +138,9 @@ dp__wire_fields_get(const dp_wire_fields *f, const char *name)
 }
 
 bool
-dp__wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out)
+dp__wire_fields_u64(const dp__wire_fields *f, const char *name, uint64_t *out)
 {
-    const dp_wire_field *x = dp__wire_fields_get(f, name);
+    const dp__wire_field *x = dp__wire_fields_get(f, name);
     if (x == NULL)
         return false;
     switch (x->type) {
@@ -173,14 +173,14 @@ dp__wire_fields_u64(const dp_wire_fields *f, const char *name, uint64_t *out)
 static int
 rd_field(dp__wire_dec *c, dp__wire_pool *pool, bool *kept)
 {
-    dp_wire_str name;
+    dp__wire_str name;
     int rc = dp__mp_read_str(&c->r, &name.p, &name.n, "field name", c->d);
     if (rc == DP_OK)
         rc = dp__wire_check_text(name, c->lim, "field name", c->d);
     if (rc != DP_OK)
         return rc;
     char q[80];
-    dp_wire_field x = {.name = name};
+    dp__wire_field x = {.name = name};
     switch (dp__mp_peek(&c->r)) {
     case DP_MP_NIL:
         c->r.p++;
@@ -221,7 +221,7 @@ rd_field(dp__wire_dec *c, dp__wire_pool *pool, bool *kept)
     }
     if (rc != DP_OK)
         return dp__fail_ctx(c->d, rc, "'%s'", dp__wire_quote(name, q, sizeof q));
-    dp_wire_field *slot = dp__wire_pool_push(pool);
+    dp__wire_field *slot = dp__wire_pool_push(pool);
     if (slot == NULL)
         return dp__fail(c->d, DP_ENOMEM, "out of memory");
     *slot = x;
@@ -253,9 +253,9 @@ rd_fields(dp__wire_dec *c, dp__wire_pool *pool, uint32_t *kept_n)
 }
 
 static int
-rd_stats(dp__wire_dec *c, dp_wire_fields *out)
+rd_stats(dp__wire_dec *c, dp__wire_fields *out)
 {
-    dp__wire_pool pool = {.esz = sizeof(dp_wire_field)};
+    dp__wire_pool pool = {.esz = sizeof(dp__wire_field)};
     uint32_t n = 0;
     int rc = rd_fields(c, &pool, &n);
     if (rc != DP_OK) {
@@ -268,7 +268,7 @@ rd_stats(dp__wire_dec *c, dp_wire_fields *out)
 }
 
 static int
-rd_scan(dp__wire_dec *c, dp_wire_scan_res *out)
+rd_scan(dp__wire_dec *c, dp__wire_scan_res *out)
 {
     uint32_t n;
     int rc = dp__mp_read_array(&c->r, &n, NULL, c->d);
@@ -280,10 +280,10 @@ rd_scan(dp__wire_dec *c, dp_wire_scan_res *out)
     out->n = 0;
     if (n == 0)
         return DP_OK;
-    dp_wire_fields *recs = dp__wire_alloc(c->mem, (size_t)n * sizeof *recs);
+    dp__wire_fields *recs = dp__wire_alloc(c->mem, (size_t)n * sizeof *recs);
     if (recs == NULL)
         return dp__fail(c->d, DP_ENOMEM, "out of memory");
-    dp__wire_pool pool = {.esz = sizeof(dp_wire_field)};
+    dp__wire_pool pool = {.esz = sizeof(dp__wire_field)};
     for (uint32_t i = 0; i < n; i++) {
         rc = rd_fields(c, &pool, &recs[i].n);
         if (rc != DP_OK) {
@@ -292,7 +292,7 @@ rd_scan(dp__wire_dec *c, dp_wire_scan_res *out)
         }
     }
     /* Fields were pushed record by record: hand out consecutive slices. */
-    dp_wire_field *all = dp__wire_pool_finish(&pool, c->mem);
+    dp__wire_field *all = dp__wire_pool_finish(&pool, c->mem);
     size_t pos = 0;
     for (uint32_t i = 0; i < n; i++) {
         recs[i].v = recs[i].n > 0 ? all + pos : NULL;
@@ -304,11 +304,11 @@ rd_scan(dp__wire_dec *c, dp_wire_scan_res *out)
 }
 
 static void
-put_fields(dp_mp_writer *w, const dp_wire_fields *f, const dp_wire_limits *lim)
+put_fields(dp__mp_writer *w, const dp__wire_fields *f, const dp__wire_limits *lim)
 {
     dp__mp_put_map(w, f->n);
     for (uint32_t i = 0; i < f->n; i++) {
-        const dp_wire_field *x = &f->v[i];
+        const dp__wire_field *x = &f->v[i];
         dp__wire_put_text(w, x->name, lim->max_text);
         switch (x->type) {
         case DP_WIRE_BOOL:
@@ -336,7 +336,7 @@ put_fields(dp_mp_writer *w, const dp_wire_fields *f, const dp_wire_limits *lim)
 /* ---- results ---- */
 
 static int
-rd_result(dp__wire_dec *c, dp_wire_reply *rep)
+rd_result(dp__wire_dec *c, dp__wire_reply *rep)
 {
     switch (rep->op) {
     case DP_WIRE_OP_PING:
@@ -347,13 +347,13 @@ rd_result(dp__wire_dec *c, dp_wire_reply *rep)
         return dp__wire_map_decode(c, TAB(alloc_res_f), false, &rep->r.alloc, NULL);
     case DP_WIRE_OP_COMMIT:
     case DP_WIRE_OP_PUT: {
-        dp_wire_str s;
+        dp__wire_str s;
         int rc = dp__mp_read_str(&c->r, &s.p, &s.n, "state", c->d);
         if (rc != DP_OK)
             return rc;
         for (size_t i = 0; i < DP_ARRAY_LEN(commit_names); i++) {
             if (dp__wire_str_eq(s, commit_names[i])) {
-                rep->r.commit = (dp_wire_commit_state)i;
+                rep->r.commit = (dp__wire_commit_state)i;
                 return DP_OK;
             }
         }
@@ -387,7 +387,7 @@ rd_result(dp__wire_dec *c, dp_wire_reply *rep)
 }
 
 static void
-put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
+put_result(dp__mp_writer *w, const dp__wire_reply *rep, const dp__wire_limits *lim)
 {
     switch (rep->op) {
     case DP_WIRE_OP_PING:
@@ -435,7 +435,7 @@ put_result(dp_mp_writer *w, const dp_wire_reply *rep, const dp_wire_limits *lim)
 }
 
 static void
-put_error(dp_mp_writer *w, const dp_wire_error *e, const dp_wire_limits *lim)
+put_error(dp__mp_writer *w, const dp__wire_error *e, const dp__wire_limits *lim)
 {
     dp__mp_put_map(w, 4);
     dp__mp_put_str(w, "kind");
@@ -451,13 +451,13 @@ put_error(dp_mp_writer *w, const dp_wire_error *e, const dp_wire_limits *lim)
 /* ---- replies ---- */
 
 static bool
-has_reply(dp_wire_op op)
+has_reply(dp__wire_op op)
 {
     return (int)op >= 0 && op < DP_WIRE_OP_COUNT_ && !dp__wire_op_is_notify(op);
 }
 
 int
-dp__wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_buf *out,
+dp__wire_reply_encode(const dp__wire_reply *rep, const dp__wire_limits *lim, dp__buf *out,
                       dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
@@ -466,7 +466,7 @@ dp__wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_bu
                         dp__wire_op_name(rep->op));
     size_t start = out->len;
     bool oom = out->oom;
-    dp_mp_writer w;
+    dp__mp_writer w;
     dp__mp_writer_init(&w, out);
     dp__mp_put_array(&w, rep->incarnation != 0 ? 4 : 3);
     dp__mp_put_strn(&w, rep->rid.n ? rep->rid.p : "", rep->rid.n);
@@ -481,21 +481,17 @@ dp__wire_reply_encode(const dp_wire_reply *rep, const dp_wire_limits *lim, dp_bu
 }
 
 int
-dp__wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
-                            const char *msg, const char *reason, const dp_wire_str *blobs,
-                            uint32_t n_blobs, const dp_wire_limits *lim, dp_buf *out,
-                            dp_detail *d)
+dp__wire_reply_encode_error(dp__wire_str rid, uint64_t incarnation,
+                            const dp__wire_error *err, const dp__wire_limits *lim,
+                            dp__buf *out, dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     size_t start = out->len;
     bool oom = out->oom;
-    dp_wire_error e = {
-        .code = code,
-        .msg = dp__wire_s(msg != NULL ? msg : dp_strerror(code)),
-        .reason = dp__wire_s(reason),
-        .blobs = {(dp_wire_str *)blobs, blobs != NULL ? n_blobs : 0},
-    };
-    dp_mp_writer w;
+    dp__wire_error e = *err;
+    if (e.msg.n == 0)
+        e.msg = dp__wire_s(dp_strerror(e.code));
+    dp__mp_writer w;
     dp__mp_writer_init(&w, out);
     dp__mp_put_array(&w, incarnation != 0 ? 4 : 3);
     dp__mp_put_strn(&w, rid.n ? rid.p : "", rid.n);
@@ -507,16 +503,16 @@ dp__wire_reply_encode_error(dp_wire_str rid, uint64_t incarnation, int code,
 }
 
 static int
-reply_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_str *rid, uint32_t *n,
+reply_head(dp__mp_reader *r, const dp__wire_limits *lim, dp__wire_str *rid, uint32_t *n,
            dp_detail *d)
 {
-    *rid = (dp_wire_str){"", 0};
+    *rid = (dp__wire_str){"", 0};
     int rc = dp__mp_read_array(r, n, "reply", d);
     if (rc != DP_OK)
         return rc;
     if (*n < 1)
         return dp__fail(d, DP_EPROTO, "reply: empty array");
-    dp_wire_str id;
+    dp__wire_str id;
     if ((rc = dp__mp_read_str(r, &id.p, &id.n, "request_id", d)) != DP_OK)
         return rc;
     if ((rc = dp__wire_check_id(id, lim, "request_id", d)) != DP_OK)
@@ -526,18 +522,18 @@ reply_head(dp_mp_reader *r, const dp_wire_limits *lim, dp_wire_str *rid, uint32_
 }
 
 int
-dp__wire_reply_peek(const void *msg, size_t len, const dp_wire_limits *lim,
-                    dp_wire_str *rid, dp_detail *d)
+dp__wire_reply_peek(const void *msg, size_t len, const dp__wire_limits *lim,
+                    dp__wire_str *rid, dp_detail *d)
 {
-    dp_mp_reader r;
+    dp__mp_reader r;
     uint32_t n;
     dp__mp_reader_init(&r, msg, len);
     return reply_head(&r, DP__WIRE_LIM(lim), rid, &n, d);
 }
 
 int
-dp__wire_reply_decode(const void *msg, size_t len, dp_wire_op op,
-                      const dp_wire_limits *lim, dp_wire_reply *rep, dp_detail *d)
+dp__wire_reply_decode(const void *msg, size_t len, dp__wire_op op,
+                      const dp__wire_limits *lim, dp__wire_reply *rep, dp_detail *d)
 {
     lim = DP__WIRE_LIM(lim);
     memset(rep, 0, sizeof *rep);
@@ -594,7 +590,7 @@ fail:
 }
 
 void
-dp__wire_reply_fini(dp_wire_reply *rep)
+dp__wire_reply_fini(dp__wire_reply *rep)
 {
     if (rep == NULL)
         return;

@@ -41,7 +41,7 @@
 
 /* Endpoints closed with retained transfers: reachable forever, never freed. */
 static pthread_mutex_t ab_mu = PTHREAD_MUTEX_INITIALIZER;
-static dp_list ab_list; /* dp_endpoint.ab_link */
+static dp__list ab_list; /* dp__endpoint.ab_link */
 
 /* ---- small helpers ---- */
 
@@ -70,7 +70,7 @@ env_true(const char *name)
  * the first connect.
  */
 static int
-check_rdma_resources(dp_endpoint *ep, dp_detail *d)
+check_rdma_resources(dp__endpoint *ep, dp_detail *d)
 {
     char *info = NULL;
     size_t n = 0;
@@ -107,7 +107,7 @@ check_rdma_resources(dp_endpoint *ep, dp_detail *d)
 }
 
 int
-dp__endpoint_transports(dp_endpoint *ep, char *buf, size_t cap)
+dp__endpoint_transports(dp__endpoint *ep, char *buf, size_t cap)
 {
     buf[0] = '\0';
     char *info = NULL;
@@ -154,7 +154,7 @@ dp__endpoint_transports(dp_endpoint *ep, char *buf, size_t cap)
 static void *
 progress_main(void *arg)
 {
-    dp_endpoint *ep = arg;
+    dp__endpoint *ep = arg;
     unsigned idle_us = 1;
     uint64_t last_event = 0, last_served = 0, last_inflight = 0;
     while (!__atomic_load_n(&ep->thr_stop, __ATOMIC_ACQUIRE)) {
@@ -206,7 +206,7 @@ progress_main(void *arg)
 /* ---- create / close ---- */
 
 void
-dp__endpoint_opts_init(dp_endpoint_opts *o)
+dp__endpoint_opts_init(dp__endpoint_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->err_mode = DP_EP_ERR_PEER;
@@ -264,49 +264,138 @@ env_u64(const char *ep_name, const char *var, uint64_t lo, uint64_t hi, const ch
     return DP_OK;
 }
 
+/*
+ * The options an endpoint runs with: *o is opts (or the defaults), checked,
+ * with require_rdma set when the environment asks for it; *threads and
+ * *spin_us are the copier's threads and the progress thread's polling time,
+ * from the options or the environment.
+ */
+static int
+resolve_opts(const char *name, const dp__endpoint_opts *opts, dp__endpoint_opts *o,
+             uint64_t *threads, uint64_t *spin_us, dp_detail *d)
+{
+    int rc;
+    if (opts != NULL)
+        *o = *opts;
+    else
+        dp__endpoint_opts_init(o);
+    if (o->err_mode != DP_EP_ERR_PEER && o->err_mode != DP_EP_ERR_NONE)
+        return dp__fail(d, DP_EINVAL, "endpoint %s: unknown error mode %d", name,
+                        (int)o->err_mode);
+    if (o->require_rdma || env_true("DP_REQUIRE_RDMA")) {
+        char desc[256];
+        dp_detail pd;
+        dp_detail_clear(&pd);
+        if (dp__policy_check_rdma_only(NULL, desc, sizeof desc, &pd) != DP_OK)
+            return dp__fail(d, DP_EPOLICY, "endpoint %s: require_rdma: %s", name, pd.msg);
+        o->require_rdma = true;
+        DP_LOG_I("endpoint %s: transport policy: %s", name, desc);
+    }
+
+    *threads = o->copy_threads > 0 ? o->copy_threads : dp__copier_default_threads();
+    *spin_us = o->progress_spin_us < 0    ? 0
+               : o->progress_spin_us == 0 ? DEFAULT_SPIN_US
+                                          : (uint64_t)o->progress_spin_us;
+    if (*threads > DP_COPIER_THREADS_MAX)
+        return dp__fail(d, DP_EINVAL, "endpoint %s: copy_threads %llu: at most %d", name,
+                        (unsigned long long)*threads, DP_COPIER_THREADS_MAX);
+    if (o->copy_threads == 0 &&
+        (rc = env_u64(name, "DP_COPY_THREADS", 1, DP_COPIER_THREADS_MAX,
+                      "a count of threads from 1 (no helper)", threads, d)) != DP_OK)
+        return rc;
+    if ((rc = env_u64(name, "DP_PROGRESS_SPIN_US", 0, 1000000,
+                      "microseconds from 0 (never poll, sleep at once)", spin_us, d)) !=
+        DP_OK)
+        return rc;
+    return DP_OK;
+}
+
+/* The UCX options the endpoint's own config gets (see the Design notes). */
+static void
+config_defaults(ucp_config_t *cfg, dp__ep_err_mode err_mode)
+{
+    if (err_mode == DP_EP_ERR_PEER) {
+        /*
+         * Without this, peer error handling excludes the shared-memory transports
+         * and a same-host endpoint gets only an emulated-RMA tcp lane
+         * (docs/design.md, "Endpoint and graveyard").
+         */
+        if (getenv("UCX_POSIX_ERROR_HANDLING") == NULL &&
+            getenv("UCX_SYSV_ERROR_HANDLING") == NULL && tls_may_use_mm())
+            config_default(cfg, "UCX_MM_ERROR_HANDLING", "MM_ERROR_HANDLING", "y");
+        /* Detect a dead same-host peer within seconds, not the default 20 s. */
+        config_default(cfg, "UCX_KEEPALIVE_INTERVAL", "KEEPALIVE_INTERVAL", "1s");
+    }
+    /*
+     * TCP segments of 64 KiB instead of 8 KiB: two-sided transfers over TCP went
+     * from 0.73 to 2.1 GB/s (64 x 1 MiB put across namespaces; docs/design.md,
+     * "Two-sided transfers").
+     */
+    config_default(cfg, "UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "64k");
+    config_default(cfg, "UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "64k");
+}
+
+/*
+ * Open ep's UCX context and worker and get the worker's address. On failure
+ * what was made stays in ep for dp__endpoint_destroy.
+ */
+static int
+ucx_open(dp__endpoint *ep, dp_detail *d)
+{
+    ucp_config_t *cfg = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st != UCS_OK)
+        return dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_config_read",
+                               ep->name);
+    config_defaults(cfg, ep->opts.err_mode);
+    ucp_params_t cp = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .name = ep->name,
+    };
+    st = ucp_init(&cp, cfg, &ep->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        ep->ctx = NULL;
+        return dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_init", ep->name);
+    }
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
+    };
+    st = ucp_worker_create(ep->ctx, &wp, &ep->worker);
+    if (st != UCS_OK) {
+        ep->worker = NULL;
+        return dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_worker_create",
+                               ep->name);
+    }
+    st = ucp_worker_get_address(ep->worker, &ep->waddr, &ep->waddr_len);
+    if (st != UCS_OK) {
+        ep->waddr = NULL;
+        return dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_worker_get_address",
+                               ep->name);
+    }
+    if (ep->waddr_len > DP_MD_ADDR_MAX)
+        return dp__fail(d, DP_ETRANSFER,
+                        "endpoint %s: worker address has %zu bytes, limit %u", ep->name,
+                        ep->waddr_len, DP_MD_ADDR_MAX);
+    return DP_OK;
+}
+
 int
-dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
+dp__endpoint_create(const char *name, const dp__endpoint_opts *opts, dp__endpoint **out,
                     dp_detail *d)
 {
     *out = NULL;
     int rc = dp__md_check_name(name, name ? strlen(name) : 0, d);
     if (rc != DP_OK)
         return rc;
-    dp_endpoint_opts o;
-    if (opts != NULL)
-        o = *opts;
-    else
-        dp__endpoint_opts_init(&o);
-    if (o.err_mode != DP_EP_ERR_PEER && o.err_mode != DP_EP_ERR_NONE)
-        return dp__fail(d, DP_EINVAL, "endpoint %s: unknown error mode %d", name,
-                        (int)o.err_mode);
-    if (o.require_rdma || env_true("DP_REQUIRE_RDMA")) {
-        char desc[256];
-        dp_detail pd;
-        dp_detail_clear(&pd);
-        if (dp__policy_check_rdma_only(NULL, desc, sizeof desc, &pd) != DP_OK)
-            return dp__fail(d, DP_EPOLICY, "endpoint %s: require_rdma: %s", name, pd.msg);
-        o.require_rdma = true;
-        DP_LOG_I("endpoint %s: transport policy: %s", name, desc);
-    }
-
-    uint64_t threads = o.copy_threads > 0 ? o.copy_threads : dp__copier_default_threads();
-    uint64_t spin_us = o.progress_spin_us < 0    ? 0
-                       : o.progress_spin_us == 0 ? DEFAULT_SPIN_US
-                                                 : (uint64_t)o.progress_spin_us;
-    if (threads > DP_COPIER_THREADS_MAX)
-        return dp__fail(d, DP_EINVAL, "endpoint %s: copy_threads %llu: at most %d", name,
-                        (unsigned long long)threads, DP_COPIER_THREADS_MAX);
-    if (o.copy_threads == 0 &&
-        (rc = env_u64(name, "DP_COPY_THREADS", 1, DP_COPIER_THREADS_MAX,
-                      "a count of threads from 1 (no helper)", &threads, d)) != DP_OK)
-        return rc;
-    if ((rc = env_u64(name, "DP_PROGRESS_SPIN_US", 0, 1000000,
-                      "microseconds from 0 (never poll, sleep at once)", &spin_us, d)) !=
-        DP_OK)
+    dp__endpoint_opts o;
+    uint64_t threads, spin_us;
+    if ((rc = resolve_opts(name, opts, &o, &threads, &spin_us, d)) != DP_OK)
         return rc;
 
-    dp_endpoint *ep = calloc(1, sizeof *ep);
+    dp__endpoint *ep = calloc(1, sizeof *ep);
     if (ep == NULL)
         return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", name);
     snprintf(ep->name, sizeof ep->name, "%s", name);
@@ -328,66 +417,8 @@ dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint 
     }
     ep->mu_init = true;
 
-    ucp_config_t *cfg = NULL;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
-    if (st != UCS_OK) {
-        rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_config_read", name);
+    if ((rc = ucx_open(ep, d)) != DP_OK)
         goto fail;
-    }
-    if (o.err_mode == DP_EP_ERR_PEER) {
-        /*
-         * Without this, peer error handling excludes the shared-memory transports
-         * and a same-host endpoint gets only an emulated-RMA tcp lane
-         * (docs/design.md, "Endpoint and graveyard").
-         */
-        if (getenv("UCX_POSIX_ERROR_HANDLING") == NULL &&
-            getenv("UCX_SYSV_ERROR_HANDLING") == NULL && tls_may_use_mm())
-            config_default(cfg, "UCX_MM_ERROR_HANDLING", "MM_ERROR_HANDLING", "y");
-        /* Detect a dead same-host peer within seconds, not the default 20 s. */
-        config_default(cfg, "UCX_KEEPALIVE_INTERVAL", "KEEPALIVE_INTERVAL", "1s");
-    }
-    /*
-     * TCP segments of 64 KiB instead of 8 KiB: two-sided transfers over TCP went
-     * from 0.73 to 2.1 GB/s (64 x 1 MiB put across namespaces; docs/design.md,
-     * "Two-sided transfers").
-     */
-    config_default(cfg, "UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "64k");
-    config_default(cfg, "UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "64k");
-    ucp_params_t cp = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-        .name = ep->name,
-    };
-    st = ucp_init(&cp, cfg, &ep->ctx);
-    ucp_config_release(cfg);
-    if (st != UCS_OK) {
-        ep->ctx = NULL;
-        rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_init", name);
-        goto fail;
-    }
-    ucp_worker_params_t wp = {
-        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
-    };
-    st = ucp_worker_create(ep->ctx, &wp, &ep->worker);
-    if (st != UCS_OK) {
-        ep->worker = NULL;
-        rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_worker_create", name);
-        goto fail;
-    }
-    st = ucp_worker_get_address(ep->worker, &ep->waddr, &ep->waddr_len);
-    if (st != UCS_OK) {
-        ep->waddr = NULL;
-        rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: ucp_worker_get_address",
-                             name);
-        goto fail;
-    }
-    if (ep->waddr_len > DP_MD_ADDR_MAX) {
-        rc = dp__fail(d, DP_ETRANSFER,
-                      "endpoint %s: worker address has %zu bytes, limit %u", name,
-                      ep->waddr_len, DP_MD_ADDR_MAX);
-        goto fail;
-    }
     if (o.require_rdma && (rc = check_rdma_resources(ep, d)) != DP_OK)
         goto fail;
     dp__list_init(&ep->tsops);
@@ -412,7 +443,7 @@ fail:
 }
 
 void
-dp__endpoint_close(dp_endpoint *ep)
+dp__endpoint_close(dp__endpoint *ep)
 {
     if (ep == NULL)
         return;
@@ -456,7 +487,7 @@ dp__endpoint_close(dp_endpoint *ep)
         pthread_mutex_unlock(&ab_mu);
         return;
     }
-    dp_list all = {0};
+    dp__list all = {0};
     dp__list_move_tail(&all, &ep->remotes);
     dp__list_move_tail(&all, &ep->zombies);
     for (remote *r; (r = DP_LIST_FIRST(&all, remote, r_link)) != NULL;) {
@@ -486,7 +517,7 @@ dp__endpoint_close(dp_endpoint *ep)
 }
 
 void
-dp__endpoint_destroy(dp_endpoint *ep)
+dp__endpoint_destroy(dp__endpoint *ep)
 {
     if (ep == NULL)
         return;
@@ -499,13 +530,13 @@ dp__endpoint_destroy(dp_endpoint *ep)
 }
 
 void
-dp__endpoint_copy(dp_endpoint *ep, const dp_copy *jobs, size_t n)
+dp__endpoint_copy(dp__endpoint *ep, const dp__copy *jobs, size_t n)
 {
     dp__copier_run(ep != NULL ? ep->copier : NULL, jobs, n);
 }
 
 const char *
-dp__endpoint_name(const dp_endpoint *ep)
+dp__endpoint_name(const dp__endpoint *ep)
 {
     return ep->name;
 }
@@ -513,7 +544,7 @@ dp__endpoint_name(const dp_endpoint *ep)
 /* ---- memory ---- */
 
 static int
-region_add_locked(dp_endpoint *ep, uint64_t base, uint64_t len, bool allocate,
+region_add_locked(dp__endpoint *ep, uint64_t base, uint64_t len, bool allocate,
                   void **addr_out, dp_detail *d)
 {
     char lim[32], sz[32];
@@ -598,7 +629,7 @@ overlap_or_bad:
 }
 
 int
-dp__endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d)
+dp__endpoint_register(dp__endpoint *ep, void *addr, size_t len, dp_detail *d)
 {
     if (addr == NULL || len == 0)
         return dp__fail(d, DP_EINVAL,
@@ -614,7 +645,7 @@ dp__endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d)
 }
 
 int
-dp__endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d)
+dp__endpoint_alloc(dp__endpoint *ep, size_t len, void **addr, dp_detail *d)
 {
     *addr = NULL;
     if (len == 0)
@@ -638,14 +669,14 @@ dp__endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d)
 }
 
 int
-dp__endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d)
+dp__endpoint_deregister(dp__endpoint *ep, void *addr, dp_detail *d)
 {
     uint64_t base = (uint64_t)(uintptr_t)addr;
     lock(ep);
     int rc = check_open_locked(ep, d);
     if (rc != DP_OK)
         goto out;
-    dp_ranges_ent *e = dp__ranges_at(&ep->regs, base);
+    dp__ranges_ent *e = dp__ranges_at(&ep->regs, base);
     if (e == NULL) {
         rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no region starts at %p", ep->name,
                       addr);
@@ -685,7 +716,7 @@ dp__ep_ucx_version(void)
 }
 
 int
-dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
+dp__endpoint_metadata(dp__endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
 {
     *out = NULL;
     *len = 0;
@@ -695,24 +726,32 @@ dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
         unlock(ep);
         return rc;
     }
-    dp_md_region *mr = calloc(ep->regs.n ? ep->regs.n : 1, sizeof *mr);
+    dp__md_region *mr = calloc(ep->regs.n ? ep->regs.n : 1, sizeof *mr);
     if (mr == NULL) {
         unlock(ep);
         return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     }
     for (size_t i = 0; i < ep->regs.n; i++) {
         const region *g = ep->regs.e[i].v;
-        mr[i] = (dp_md_region){.base = g->r_base,
-                               .len = g->r_len,
-                               .rkey = g->r_rkey,
-                               .rkey_len = (uint32_t)g->r_rkey_len};
+        mr[i] = (dp__md_region){.base = g->r_base,
+                                .len = g->r_len,
+                                .rkey = g->r_rkey,
+                                .rkey_len = (uint32_t)g->r_rkey_len};
     }
-    dp_buf b;
+    dp__buf b;
     dp__buf_init(&b);
-    rc = dp__md_encode(&b, ep->name, ep->gen, dp__ep_ucx_version(),
-                       ep->serving ? DP_MD_F_SERVES : 0,
-                       ep->has_self_proc ? &ep->self_proc : NULL, ep->waddr,
-                       ep->waddr_len, mr, ep->regs.n, d);
+    dp__md_fields f = {
+        .name = ep->name,
+        .gen = ep->gen,
+        .xver = dp__ep_ucx_version(),
+        .flags = ep->serving ? DP_MD_F_SERVES : 0,
+        .proc = ep->has_self_proc ? &ep->self_proc : NULL,
+        .addr = ep->waddr,
+        .addr_len = ep->waddr_len,
+        .regions = mr,
+        .n_regions = ep->regs.n,
+    };
+    rc = dp__md_encode(&b, &f, d);
     unlock(ep);
     free(mr);
     if (rc != DP_OK) {
@@ -724,7 +763,7 @@ dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d)
 }
 
 void
-dp__endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st)
+dp__endpoint_get_stats(dp__endpoint *ep, dp__endpoint_stats *st)
 {
     lock(ep);
     *st = ep->st;
@@ -733,7 +772,7 @@ dp__endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st)
                           NULL);
     st->n_regions = ep->regs.n;
     size_t n = 0;
-    for (dp_list_node *x = dp__list_first(&ep->remotes); x != NULL; x = dp__list_next(x))
+    for (dp__list_node *x = dp__list_first(&ep->remotes); x != NULL; x = dp__list_next(x))
         n++;
     st->n_remotes = n;
     unlock(ep);

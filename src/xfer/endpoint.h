@@ -3,7 +3,7 @@
  * remote endpoints it can reach, and blocking one-sided WRITE (put) and READ
  * (get) between registered local memory and a remote's registered regions.
  *
- * No UCX type appears here: dp_endpoint is opaque, remotes are named by the
+ * No UCX type appears here: dp__endpoint is opaque, remotes are named by the
  * string their metadata carries, memory by plain addresses.
  *
  * Every posted transfer ends DONE or is retained in the process graveyard
@@ -28,14 +28,14 @@
 #include "common/copier.h"
 #include "xfer/graveyard.h"
 
-typedef struct dp_endpoint dp_endpoint;
+typedef struct dp__endpoint dp__endpoint;
 
-typedef enum dp_xfer_op {
+typedef enum dp__xfer_op {
     DP_XFER_WRITE = 1, /* local -> remote (UCX put) */
     DP_XFER_READ = 2,  /* remote -> local (UCX get) */
-} dp_xfer_op;
+} dp__xfer_op;
 
-typedef enum dp_ep_err_mode {
+typedef enum dp__ep_err_mode {
     /*
      * Detect failed peers (UCP_ERR_HANDLING_MODE_PEER): a dead peer's transfers
      * fail instead of hanging. Shared-memory error handling is switched on in the
@@ -44,10 +44,10 @@ typedef enum dp_ep_err_mode {
     DP_EP_ERR_PEER = 0,
     /* No peer-failure detection (UCP_ERR_HANDLING_MODE_NONE); deadlines still hold. */
     DP_EP_ERR_NONE = 1,
-} dp_ep_err_mode;
+} dp__ep_err_mode;
 
 /* Creation options. A zeroed struct (or dp__endpoint_opts_init) gives the defaults. */
-typedef struct dp_endpoint_opts {
+typedef struct dp__endpoint_opts {
     /*
      * Run a thread that progresses the worker whenever no caller does. Needed by
      * a target whose peers may use emulated RMA (TCP): it serves them without any
@@ -76,7 +76,7 @@ typedef struct dp_endpoint_opts {
      * environment variable DP_REQUIRE_RDMA=1.
      */
     bool require_rdma;
-    dp_ep_err_mode err_mode;
+    dp__ep_err_mode err_mode;
     /*
      * Ranges up to this many bytes whose remote region is mapped into this
      * process (shared memory on one host) are copied with memcpy instead of a
@@ -100,16 +100,16 @@ typedef struct dp_endpoint_opts {
     int two_sided;
     /* Messages from this many bytes up go by rendezvous (0: default, 16 KiB). */
     uint64_t rndv_min;
-} dp_endpoint_opts;
+} dp__endpoint_opts;
 
 enum { DP_XFER_TS_AUTO = 0, DP_XFER_TS_ALWAYS = 1, DP_XFER_TS_NEVER = 2 };
 
 /* One transfer of a batch: parallel lists of local and remote ranges. */
-typedef struct dp_xfer_desc {
-    dp_xfer_op op;
-    const dp_range *local;
+typedef struct dp__xfer_desc {
+    dp__xfer_op op;
+    const dp__range *local;
     size_t n_local;
-    const dp_range *remote;
+    const dp__range *remote;
     size_t n_remote;
     const char *remote_name;
     /*
@@ -129,43 +129,54 @@ typedef struct dp_xfer_desc {
      * registered region, as without this flag.
      */
     bool local_plain_ok;
-} dp_xfer_desc;
+} dp__xfer_desc;
 
 #define DP_XFER_GRANT_MAX 96
 
 /*
- * What became of one op of a batch, for a caller that must tell its peer the
- * truth about it (a put's abort: may bytes still land in the unit's region?).
+ * What became of one op of a batch (dp__endpoint_transfer_many), said as what
+ * its caller must do about it: nothing outside src/xfer needs to know which
+ * lane or path the op took or how UCX ended it.
  */
-typedef enum dp_xfer_end {
-    DP_XFER_NOT_POSTED = 0,  /* nothing was handed to UCX or copied: no byte moved */
-    DP_XFER_ENDED_LOCAL = 1, /* only the synchronous memcpy path ran: it is over */
-    DP_XFER_ENDED = 2,       /* UCX completed every request of it (done or failed) */
-    DP_XFER_UNFINISHED = 3,  /* retained: UCX may still run it */
-} dp_xfer_end;
+typedef struct dp__xfer_result {
+    int rc;        /* DP_OK, or the error (det says why) */
+    dp_detail det; /* cleared when the op is done */
+    /*
+     * Bytes of the failed op may still reach the remote's memory: what it
+     * aimed at must not be reused there (a put's abort says "in flight").
+     * False for an op that was never posted, one that ended on shared memory
+     * or completed after its deadline, and every two-sided op (the target
+     * receives its bytes itself and takes none after an abort: docs/design.md,
+     * "Two-sided transfers").
+     */
+    bool may_land;
+    /*
+     * A posted op failed over a network lane: the connection may be stalled
+     * (TCP backing off after an outage). The caller re-adds the remote from
+     * fresh metadata (dp__endpoint_add_remote) before its next transfer there.
+     */
+    bool suspect;
+    /*
+     * The same for a message: "nothing posted", "may still land", "two-sided:
+     * the target takes none of it after an abort", "ended"; "" when done.
+     */
+    const char *fate;
+} dp__xfer_result;
 
-/* How an endpoint moves bytes to and from a remote (dp__endpoint_remote_path). */
-typedef enum dp_xfer_path {
-    DP_XFER_PATH_RMA = 0,       /* one-sided UCX put/get (native, or emulated by UCX) */
-    DP_XFER_PATH_TWO_SIDED = 1, /* ops with a grant go as messages the target serves */
-} dp_xfer_path;
-
-/* "one-sided", "two-sided". */
-const char *dp__xfer_path_name(dp_xfer_path path);
-
-/* How this endpoint's RMA reaches a remote, from the lanes UCX chose. */
-typedef enum dp_xfer_lane {
-    DP_XFER_LANE_UNKNOWN = 0,
-    DP_XFER_LANE_SHM = 1,  /* every lane is shared memory on this host */
-    DP_XFER_LANE_RDMA = 2, /* RDMA transports (and same-host helpers) only */
-    DP_XFER_LANE_TCP = 3,  /* some lane is TCP (RMA emulated) or unknown */
-} dp_xfer_lane;
-
-/* "shm", "rdma", "tcp", "?". */
-const char *dp__xfer_lane_name(dp_xfer_lane lane);
+/*
+ * How an endpoint reaches a remote, for reports and for the remote's own
+ * bookkeeping (a unit counts its writers by lane): names only, so nobody
+ * outside src/xfer branches on them (dp__endpoint_remote_route).
+ */
+typedef struct dp__xfer_route {
+    const char *lane; /* "shm", "rdma", "tcp", "?": what RMA rides on */
+    const char *path; /* "one-sided", "two-sided": how ops with a grant go */
+    bool two_sided;   /* path is "two-sided" */
+    char tls[128];    /* the lane's UCX transports, comma-separated ("" unknown) */
+} dp__xfer_route;
 
 /* Fill o with the defaults. */
-void dp__endpoint_opts_init(dp_endpoint_opts *o);
+void dp__endpoint_opts_init(dp__endpoint_opts *o);
 
 /*
  * Create an endpoint named name (1..255 printable ASCII bytes; it is how peers
@@ -174,8 +185,8 @@ void dp__endpoint_opts_init(dp_endpoint_opts *o);
  * (require_rdma and the UCX configuration allows non-RDMA transports; d says
  * why), DP_ETRANSFER (UCX failed to initialise; d has the UCX status), DP_ENOMEM.
  */
-int dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpoint **out,
-                        dp_detail *d);
+int dp__endpoint_create(const char *name, const dp__endpoint_opts *opts,
+                        dp__endpoint **out, dp_detail *d);
 
 /*
  * Release the UCX resources: stop the progress thread, disconnect remotes,
@@ -185,13 +196,13 @@ int dp__endpoint_create(const char *name, const dp_endpoint_opts *opts, dp_endpo
  * transfer may still run. Later calls on ep fail with DP_EINVAL. Idempotent.
  * Must not race with other calls on ep.
  */
-void dp__endpoint_close(dp_endpoint *ep);
+void dp__endpoint_close(dp__endpoint *ep);
 
 /* Close (if needed) and free. NULL and half-built endpoints allowed. */
-void dp__endpoint_destroy(dp_endpoint *ep);
+void dp__endpoint_destroy(dp__endpoint *ep);
 
 /* The endpoint's name (valid until destroy). */
-const char *dp__endpoint_name(const dp_endpoint *ep);
+const char *dp__endpoint_name(const dp__endpoint *ep);
 
 /*
  * Register [addr, addr + len) that the caller owns and keeps alive until
@@ -199,7 +210,7 @@ const char *dp__endpoint_name(const dp_endpoint *ep);
  * (overlaps a registered region), DP_ETRANSFER (UCX refused; d gives the size
  * and RLIMIT_MEMLOCK).
  */
-int dp__endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d);
+int dp__endpoint_register(dp__endpoint *ep, void *addr, size_t len, dp_detail *d);
 
 /*
  * Allocate len bytes of registered memory through UCX (shared memory where
@@ -207,7 +218,7 @@ int dp__endpoint_register(dp_endpoint *ep, void *addr, size_t len, dp_detail *d)
  * slabs) and return its address in *addr. Freed by dp__endpoint_deregister or
  * close. Errors as for register, plus DP_ENOMEM.
  */
-int dp__endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d);
+int dp__endpoint_alloc(dp__endpoint *ep, size_t len, void **addr, dp_detail *d);
 
 /*
  * Deregister the region starting at addr (and free it if it came from
@@ -215,14 +226,14 @@ int dp__endpoint_alloc(dp_endpoint *ep, size_t len, void **addr, dp_detail *d);
  * (an unfinished transfer touches it: it stays registered for good and the
  * memory must not be reused).
  */
-int dp__endpoint_deregister(dp_endpoint *ep, void *addr, dp_detail *d);
+int dp__endpoint_deregister(dp__endpoint *ep, void *addr, dp_detail *d);
 
 /*
  * This endpoint's metadata: the bytes a peer passes to dp__endpoint_add_remote.
  * *out is malloc'd (caller frees), *len its size. The generation inside bumps
  * on every register/deregister, so take it again after those.
  */
-int dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail *d);
+int dp__endpoint_metadata(dp__endpoint *ep, uint8_t **out, size_t *len, dp_detail *d);
 
 /*
  * Parse untrusted metadata md[0..len) and connect to that endpoint. The remote's
@@ -232,7 +243,7 @@ int dp__endpoint_metadata(dp_endpoint *ep, uint8_t **out, size_t *len, dp_detail
  * (malformed metadata), DP_ETRANSFER (UCX could not reach it or unpack a key),
  * DP_EINVAL, DP_ENOMEM.
  */
-int dp__endpoint_add_remote(dp_endpoint *ep, const void *md, size_t len, char *name_out,
+int dp__endpoint_add_remote(dp__endpoint *ep, const void *md, size_t len, char *name_out,
                             dp_detail *d);
 
 /*
@@ -246,11 +257,11 @@ int dp__endpoint_add_remote(dp_endpoint *ep, const void *md, size_t len, char *n
  * Errors: DP_ENOTFOUND, DP_EINVAL, DP_ETIMEDOUT, DP_ETRANSFER (UCX failed:
  * the peer is gone), DP_EPOLICY (require_rdma and the lanes are not RDMA).
  */
-int dp__endpoint_remote_connect(dp_endpoint *ep, const char *name, double timeout_s,
+int dp__endpoint_remote_connect(dp__endpoint *ep, const char *name, double timeout_s,
                                 dp_detail *d);
 
 /* True if a remote of that name was added and not removed. */
-bool dp__endpoint_has_remote(dp_endpoint *ep, const char *name);
+bool dp__endpoint_has_remote(dp__endpoint *ep, const char *name);
 
 /*
  * The largest range an op to remote `name` copies with the CPU (the memcpy
@@ -259,13 +270,13 @@ bool dp__endpoint_has_remote(dp_endpoint *ep, const char *name);
  * 0 when none is (another host, the two-sided path, the path turned off, or
  * no such remote). Fixed from the remote's connection to its removal.
  */
-uint64_t dp__endpoint_remote_copy_max(dp_endpoint *ep, const char *name);
+uint64_t dp__endpoint_remote_copy_max(dp__endpoint *ep, const char *name);
 
 /*
  * Disconnect and forget a remote. Errors: DP_ENOTFOUND. A remote with retained
  * transfers is forgotten, but its UCX endpoint and keys are kept.
  */
-int dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
+int dp__endpoint_remove_remote(dp__endpoint *ep, const char *name, dp_detail *d);
 
 /*
  * Copy jobs within this process (a client's staging copies) on the endpoint's
@@ -273,11 +284,11 @@ int dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d);
  * copies"). Takes no endpoint lock; a batch that comes while another runs is
  * copied by its caller alone. Not after dp__endpoint_close.
  */
-void dp__endpoint_copy(dp_endpoint *ep, const dp_copy *jobs, size_t n);
+void dp__endpoint_copy(dp__endpoint *ep, const dp__copy *jobs, size_t n);
 
 /*
- * Blocking one-sided transfer: WRITE copies local[i] to remote[i], READ remote[i]
- * to local[i], for every i; local ranges must lie in this endpoint's registered
+ * Blocking transfer of one op: WRITE copies op->local[i] to op->remote[i], READ
+ * the other way, for every i; local ranges must lie in this endpoint's registered
  * regions and remote ranges in the remote's. Returns once every byte is done
  * (for WRITE: visible in the remote memory) or timeout_s (finite, > 0) passed.
  * Destination ranges of one op that overlap land in no defined order (UCX
@@ -290,44 +301,34 @@ void dp__endpoint_copy(dp_endpoint *ep, const dp_copy *jobs, size_t n);
  * DP_ETRANSFER (the peer failed or UCX reported an error; retained if it may
  * still run).
  */
-int dp__endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
-                          size_t n_local, const dp_range *remote, size_t n_remote,
-                          const char *remote_name, double timeout_s, dp_detail *d);
+int dp__endpoint_transfer(dp__endpoint *ep, const dp__xfer_desc *op, double timeout_s,
+                          dp_detail *d);
 
 /*
  * Post every transfer of ops[0..n_ops) (as dp__endpoint_transfer), then wait for
  * all of them under one deadline, so N peers cost about the slowest one.
- * results[i] (required) gets op i's code; details (NULL or n_ops entries) its
- * detail. Ops are independent: one failing does not stop the others.
+ * res[i] (n_ops entries, required) says what became of op i. Ops are
+ * independent: one failing does not stop the others.
  *
- * Returns DP_OK when every op is done. DP_EINVAL (any op invalid) and DP_EFATAL
- * refuse the whole batch before anything is posted (results all set to it);
- * otherwise the code of the first failed op, with d naming it.
+ * on_done (NULL: none) is called as fn(ctx, i, rc) once for each op i that was
+ * posted or tried, as soon as it ends (rc as res[i].rc), in the calling
+ * thread, without the endpoint's lock, before this returns. An op that ends at
+ * its post (same-host memcpy path, a dead peer) is reported before the next op
+ * is posted, so the caller can overlap its next step (a commit) with the rest
+ * of the batch. Not called when the whole batch is refused.
+ *
+ * Returns DP_OK when every op is done. DP_EINVAL (any op invalid), DP_EFATAL
+ * and DP_ENOMEM refuse the whole batch before anything is posted (every
+ * res[i].rc set to it); otherwise the code of the first failed op, with d
+ * naming it.
  */
-int dp__endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                               double timeout_s, int *results, dp_detail *details,
-                               dp_detail *d);
-
-/*
- * As dp__endpoint_transfer_many, and on_done(ctx, i, rc) is called once for
- * each op i that was posted or tried, as soon as it ends (rc as results[i]),
- * in the calling thread, without the endpoint's lock, before this returns.
- * An op that ends at its post (same-host memcpy path, a dead peer) is
- * reported before the next op is posted, so the caller can overlap its next
- * step (a commit) with the rest of the batch. Not called when the whole
- * batch is refused (DP_EINVAL, DP_EFATAL, DP_ENOMEM before posting).
- */
-typedef void (*dp_xfer_done_fn)(void *ctx, size_t i, int rc);
-int dp__endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                                  double timeout_s, int *results, dp_detail *details,
-                                  dp_xfer_done_fn on_done, void *ctx, dp_detail *d);
-
-/* As dp__endpoint_transfer_many_cb; ends (NULL or n_ops entries) says what became of each
- * op. */
-int dp__endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops,
-                                    size_t n_ops, double timeout_s, int *results,
-                                    dp_detail *details, dp_xfer_end *ends,
-                                    dp_xfer_done_fn on_done, void *ctx, dp_detail *d);
+typedef struct dp__xfer_notify {
+    void (*fn)(void *ctx, size_t i, int rc);
+    void *ctx;
+} dp__xfer_notify;
+int dp__endpoint_transfer_many(dp__endpoint *ep, const dp__xfer_desc *ops, size_t n_ops,
+                               double timeout_s, dp__xfer_result *res,
+                               const dp__xfer_notify *on_done, dp_detail *d);
 
 /*
  * Progress the worker briefly (keepalive and error callbacks that are due run
@@ -335,29 +336,28 @@ int dp__endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops,
  * is healthy: DP_OK, DP_ETRANSFER when UCX reported it failed (re-add it from
  * fresh metadata: dp__endpoint_add_remote replaces it), DP_ENOTFOUND.
  */
-int dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d);
+int dp__endpoint_remote_check(dp__endpoint *ep, const char *name, dp_detail *d);
 
 /*
  * The UCX transports this endpoint's context found ("tcp,sysv,posix,cma,self":
  * each once, as UCX lists its resources) into buf[cap]. DP_ENOMEM.
  */
-int dp__endpoint_transports(dp_endpoint *ep, char *buf, size_t cap);
+int dp__endpoint_transports(dp__endpoint *ep, char *buf, size_t cap);
 
 /*
- * How RMA towards remote name travels (from its UCX lanes, as classified when
- * it was added), and the
- * transports' names, comma-separated, into tls[tls_cap] ("" when unknown).
- * Errors as dp__endpoint_describe_remote.
+ * How this endpoint reaches remote name (dp__xfer_route: its lanes as
+ * classified when it was added or connected, and the path ops with a grant
+ * take). Errors: DP_ENOTFOUND, DP_EINVAL.
  */
-int dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane,
-                             char *tls, size_t tls_cap, dp_detail *d);
+int dp__endpoint_remote_route(dp__endpoint *ep, const char *name, dp__xfer_route *out,
+                              dp_detail *d);
 
 /*
  * True if [addr, addr + nbytes) overlaps the local ranges of a retained
  * (possibly still running) transfer, in this endpoint or any other of the
  * process. Such memory must never be reused or freed.
  */
-bool dp__endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr,
+bool dp__endpoint_touches_unfinished(const dp__endpoint *ep, const void *addr,
                                      size_t nbytes);
 
 /*
@@ -365,7 +365,7 @@ bool dp__endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr,
  * ucp_ep_print_info prints, into a malloc'd string (*out, caller frees).
  * For benchmarks and diagnostics. Errors: DP_ENOTFOUND, DP_EINVAL, DP_ENOMEM.
  */
-int dp__endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out,
+int dp__endpoint_describe_remote(dp__endpoint *ep, const char *name, char **out,
                                  dp_detail *d);
 
 /*
@@ -377,7 +377,7 @@ int dp__endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out,
  * returns 0 with *hold set, or a dp_err with d saying why (sent back to the
  * peer, which fails its op with it).
  */
-typedef struct dp_xfer_serve {
+typedef struct dp__xfer_serve {
     /* A peer sends len bytes to land at [addr, addr + len) of this endpoint. */
     int (*write_begin)(void *ctx, const uint8_t *grant, size_t grant_len, uint64_t addr,
                        uint64_t len, void **hold, dp_detail *d);
@@ -385,10 +385,10 @@ typedef struct dp_xfer_serve {
     void (*write_end)(void *ctx, void *hold, bool ok);
     /* A peer asks for ranges[0..n) of this endpoint, gathered, in order. */
     int (*read_begin)(void *ctx, const uint8_t *grant, size_t grant_len,
-                      const dp_range *ranges, size_t n, void **hold, dp_detail *d);
+                      const dp__range *ranges, size_t n, void **hold, dp_detail *d);
     void (*read_end)(void *ctx, void *hold);
     void *ctx;
-} dp_xfer_serve;
+} dp__xfer_serve;
 
 /*
  * Serve two-sided transfers with hooks (copied; NULL: stop serving: later
@@ -396,17 +396,10 @@ typedef struct dp_xfer_serve {
  * the progress thread. Call before taking the metadata peers get (it says
  * whether this endpoint serves). Errors: DP_EINVAL.
  */
-int dp__endpoint_serve(dp_endpoint *ep, const dp_xfer_serve *hooks, dp_detail *d);
-
-/*
- * How ops with a grant travel to remote name, from its metadata and lanes
- * and the two_sided option. Errors: DP_ENOTFOUND, DP_EINVAL.
- */
-int dp__endpoint_remote_path(dp_endpoint *ep, const char *name, dp_xfer_path *path,
-                             dp_detail *d);
+int dp__endpoint_serve(dp__endpoint *ep, const dp__xfer_serve *hooks, dp_detail *d);
 
 /* Counters for tests and stats. Any thread. */
-typedef struct dp_endpoint_stats {
+typedef struct dp__endpoint_stats {
     uint64_t transfers_ok;
     uint64_t transfers_failed;
     uint64_t transfers_retained; /* handed to the graveyard */
@@ -422,7 +415,7 @@ typedef struct dp_endpoint_stats {
     uint64_t ts_bytes_out; /* bytes sent by served READs */
     size_t n_regions;
     size_t n_remotes;
-} dp_endpoint_stats;
-void dp__endpoint_get_stats(dp_endpoint *ep, dp_endpoint_stats *st);
+} dp__endpoint_stats;
+void dp__endpoint_get_stats(dp__endpoint *ep, dp__endpoint_stats *st);
 
 #endif

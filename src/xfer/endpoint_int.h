@@ -1,5 +1,5 @@
 /*
- * Shared by the transfer endpoint's own files only: struct dp_endpoint, its
+ * Shared by the transfer endpoint's own files only: struct dp__endpoint, its
  * local regions, remotes and batches, the lock helpers and the calls between
  * the files. endpoint.h is the module's interface for the rest of the
  * project and shows no UCX type; this header includes <ucp/api/ucp.h> (the
@@ -98,27 +98,44 @@ typedef struct rregion {
  * (DP_PREFAULT=touch; a no-op otherwise). ep_mu held. */
 void dp__ep_rregion_touch_locked(rregion *rr, const uint8_t *p, size_t n);
 
+/* How an endpoint moves bytes with grants to a remote (its route's path). */
+typedef enum dp__xfer_path {
+    DP_XFER_PATH_RMA = 0,       /* one-sided UCX put/get (native, or emulated by UCX) */
+    DP_XFER_PATH_TWO_SIDED = 1, /* ops with a grant go as messages the target serves */
+} dp__xfer_path;
+
+/* How this endpoint's RMA reaches a remote, from the lanes UCX chose. */
+typedef enum dp__xfer_lane {
+    DP_XFER_LANE_UNKNOWN = 0,
+    DP_XFER_LANE_SHM = 1,  /* every lane is shared memory on this host */
+    DP_XFER_LANE_RDMA = 2, /* RDMA transports (and same-host helpers) only */
+    DP_XFER_LANE_TCP = 3,  /* some lane is TCP (RMA emulated) or unknown */
+} dp__xfer_lane;
+
+/* "shm", "rdma", "tcp", "?". */
+const char *dp__xfer_lane_name(dp__xfer_lane lane);
+
 typedef struct remote {
     char r_name[DP_MD_NAME_MAX + 1];
     uint64_t r_gen;
     ucp_ep_h r_ep;
     rregion *r_regs;
     uint32_t r_n_regs;
-    dp_ranges r_index; /* r_regs as ranges (v: the rregion) */
-    int r_failed;      /* ucs_status_t; UCS_OK while healthy (atomic access) */
+    dp__ranges r_index; /* r_regs as ranges (v: the rregion) */
+    int r_failed;       /* ucs_status_t; UCS_OK while healthy (atomic access) */
     /* Its process, when its metadata names one on this host (peerproc.h),
      * and whether a check found it ended (then r_failed is set too). */
-    dp_md_proc r_proc;
+    dp__md_proc r_proc;
     bool r_local_proc;
     bool r_exited;
     uint64_t r_busy; /* ops in flight towards it */
     uint64_t r_retained;
-    bool r_serves;       /* its metadata says it serves two-sided transfers */
-    dp_xfer_lane r_lane; /* the lanes UCX chose for it, classified at add */
-    char r_tls[128];     /* their transports, comma-separated */
-    dp_xfer_path r_path; /* how ops with a grant go to it */
-    struct dp_endpoint *r_owner;
-    dp_list_node r_link; /* ep->remotes, or ep->zombies */
+    bool r_serves;        /* its metadata says it serves two-sided transfers */
+    dp__xfer_lane r_lane; /* the lanes UCX chose for it, classified at add */
+    char r_tls[128];      /* their transports, comma-separated */
+    dp__xfer_path r_path; /* how ops with a grant go to it */
+    struct dp__endpoint *r_owner;
+    dp__list_node r_link; /* ep->remotes, or ep->zombies */
     /*
      * Background pre-faulting of its shared-memory mappings (remote.c): the
      * thread, and the flag that stops it; joined before the mappings go.
@@ -150,9 +167,9 @@ typedef struct batch {
      * local ranges once every request of it completed.
      */
     bool b_retained;
-    struct dp_endpoint *b_ep;
+    struct dp__endpoint *b_ep;
     struct remote *b_r;
-    dp_list_node b_link; /* ep->released */
+    dp__list_node b_link; /* ep->released */
     /* Two-sided (twosided.c): the target's refusal, if it refused. */
     int b_peer_rc; /* dp_err; 0 while none */
     char b_peer_msg[200];
@@ -178,15 +195,15 @@ typedef struct tsop {
     size_t t_req_len;
     uint8_t t_hdr[160]; /* the header, alive until the send completes */
     size_t t_hdr_len;
-    dp_list_node t_link; /* ep->tsops */
+    dp__list_node t_link; /* ep->tsops */
 } tsop;
 
-struct dp_endpoint {
+struct dp__endpoint {
     char name[DP_MD_NAME_MAX + 1];
-    dp_endpoint_opts opts;
-    size_t memcpy_max; /* 0: fast path off */
-    dp_copier *copier; /* the memcpy path's runs of one op, on several cores */
-    dp_copy *runs;     /* an op's memcpy runs, waiting for the copier (transfer.c) */
+    dp__endpoint_opts opts;
+    size_t memcpy_max;  /* 0: fast path off */
+    dp__copier *copier; /* the memcpy path's runs of one op, on several cores */
+    dp__copy *runs;     /* an op's memcpy runs, waiting for the copier (transfer.c) */
     size_t n_runs, runs_cap;
     pthread_mutex_t mu;
     bool mu_init;
@@ -196,48 +213,48 @@ struct dp_endpoint {
     ucp_worker_h worker;
     ucp_address_t *waddr;
     size_t waddr_len;
-    int efd;         /* worker event fd, -1 if none */
-    dp_ranges regs;  /* the local regions (v: a malloc'd region) */
-    dp_list remotes; /* listed (remote.r_link) */
-    dp_list zombies; /* removed but kept: busy or retained */
+    int efd;          /* worker event fd, -1 if none */
+    dp__ranges regs;  /* the local regions (v: a malloc'd region) */
+    dp__list remotes; /* listed (remote.r_link) */
+    dp__list zombies; /* removed but kept: busy or retained */
     uint64_t gen;
-    dp_md_proc self_proc; /* this process, in the metadata when has_self_proc */
+    dp__md_proc self_proc; /* this process, in the metadata when has_self_proc */
     bool has_self_proc;
     uint64_t proc_check_ns; /* when same-host peers were last checked (remote.c) */
     uint64_t n_retained;
-    dp_list released; /* retained batches whose last request completed (b_link) */
+    dp__list released; /* retained batches whose last request completed (b_link) */
     pthread_t thr;
     bool thr_started;
     int thr_stop;     /* atomic */
     uint64_t spin_ns; /* the progress thread polls this long after an event */
-    dp_endpoint_stats st;
-    dp_list_node ab_link; /* the abandoned endpoints (endpoint.c) */
+    dp__endpoint_stats st;
+    dp__list_node ab_link; /* the abandoned endpoints (endpoint.c) */
     /* Two-sided transfers (twosided.c) */
     int two_sided;     /* DP_XFER_TS_* in force */
     uint64_t rndv_min; /* messages from this size up go by rendezvous */
     size_t max_am_header;
     bool serving; /* serve hooks installed */
-    dp_xfer_serve serve;
+    dp__xfer_serve serve;
     uint64_t serve_gen;   /* bumps at every dp__endpoint_serve */
     uint64_t ts_inflight; /* served replies and receives UCX still runs */
     uint64_t ts_seq;      /* last message sequence number */
-    dp_list tsops;        /* this endpoint's messages in flight (tsop.t_link) */
+    dp__list tsops;       /* this endpoint's messages in flight (tsop.t_link) */
 };
 
 static inline void
-lock(dp_endpoint *ep)
+lock(dp__endpoint *ep)
 {
     pthread_mutex_lock(&ep->mu);
 }
 
 static inline void
-unlock(dp_endpoint *ep)
+unlock(dp__endpoint *ep)
 {
     pthread_mutex_unlock(&ep->mu);
 }
 
 static inline int
-check_open_locked(const dp_endpoint *ep, dp_detail *d)
+check_open_locked(const dp__endpoint *ep, dp_detail *d)
 {
     if (ep->closed)
         return dp__fail(d, DP_EINVAL, "endpoint %s is closed", ep->name);
@@ -259,7 +276,7 @@ remote_fail_str(const remote *r, ucs_status_t st)
  * every 100 ms per endpoint): one that ended fails as if UCX had reported it
  * (remote.c). ep_mu held.
  */
-void dp__ep_check_peers_locked(dp_endpoint *ep, uint64_t now);
+void dp__ep_check_peers_locked(dp__endpoint *ep, uint64_t now);
 
 static inline ucs_status_t
 remote_failed(const remote *r)
@@ -278,20 +295,20 @@ int dp__ep_ucx_fail(dp_detail *d, int code, ucs_status_t st, const char *fmt, ..
 uint32_t dp__ep_ucx_version(void);
 
 /* The listed (not zombie) remote of that name, or NULL. remote.c. */
-remote *dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name);
+remote *dp__ep_remote_find_locked(const dp__endpoint *ep, const char *name);
 
 /*
  * Close a remote's UCX endpoint and free it (no transfers in flight or
  * retained); kept, with a warning, if the close does not complete. remote.c.
  */
-void dp__ep_remote_free_locked(dp_endpoint *ep, remote *r);
+void dp__ep_remote_free_locked(dp__endpoint *ep, remote *r);
 
 /*
  * Release from the graveyard the retained batches whose last UCX request
  * completed since (the released list). Called after progressing the worker,
  * never from a UCX callback. transfer.c.
  */
-void dp__ep_reap_locked(dp_endpoint *ep);
+void dp__ep_reap_locked(dp__endpoint *ep);
 
 /* One of b's pending parts ended with status (UCX callbacks and twosided.c). */
 void dp__ep_batch_part_done_locked(batch *b, ucs_status_t status);
@@ -299,14 +316,14 @@ void dp__ep_batch_part_done_locked(batch *b, ucs_status_t status);
 /* ---- two-sided transfers (twosided.c) ---- */
 
 /* Register the active-message handlers on ep's worker. */
-int dp__ep_ts_init_locked(dp_endpoint *ep, dp_detail *d);
+int dp__ep_ts_init_locked(dp__endpoint *ep, dp_detail *d);
 /* Whether op o towards r goes two-sided. */
-bool dp__ep_ts_wanted(const dp_endpoint *ep, const remote *r, const dp_xfer_desc *o);
+bool dp__ep_ts_wanted(const dp__endpoint *ep, const remote *r, const dp__xfer_desc *o);
 /* Post op o (validated) to r as two-sided messages into batch b. */
-void dp__ep_ts_post_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b);
+void dp__ep_ts_post_locked(dp__endpoint *ep, remote *r, const dp__xfer_desc *o, batch *b);
 /* r failed: the replies its messages wait for will never come. */
-void dp__ep_ts_remote_failed_locked(dp_endpoint *ep, remote *r, ucs_status_t st);
+void dp__ep_ts_remote_failed_locked(dp__endpoint *ep, remote *r, ucs_status_t st);
 /* Set r->r_path from its metadata, lanes and ep's option. */
-void dp__ep_ts_choose_path_locked(dp_endpoint *ep, remote *r, dp_xfer_lane lane);
+void dp__ep_ts_choose_path_locked(dp__endpoint *ep, remote *r, dp__xfer_lane lane);
 
 #endif

@@ -32,7 +32,7 @@ static uint64_t gy_bytes;
 static bool gy_poisoned;
 typedef struct entry {
     void *owner;
-    dp_range *ranges; /* a copy of its local ranges (NULL if none was kept) */
+    dp__range *ranges; /* a copy of its local ranges (NULL if none was kept) */
     size_t n;
     uint64_t bytes;
 } entry;
@@ -40,7 +40,7 @@ typedef struct entry {
 static entry *gy_ents;
 static size_t gy_n_ents, gy_cap_ents;
 static size_t gy_entries, gy_released;
-static dp_ranges gy_iv; /* the union of the entries' ranges */
+static dp__ranges gy_iv; /* the union of the entries' ranges */
 
 static void
 limit_init_locked(void)
@@ -72,7 +72,7 @@ poison_check_locked(void)
 }
 
 void
-dp__graveyard_retain(void *owner, const dp_range *local, size_t n, const char *what)
+dp__graveyard_retain(void *owner, const dp__range *local, size_t n, const char *what)
 {
     pthread_mutex_lock(&gy_mu);
     limit_init_locked();
@@ -145,7 +145,7 @@ dp__graveyard_release(void *owner)
     bool ok = true;
     for (size_t k = 0; k < gy_n_ents; k++)
         for (size_t j = 0; j < gy_ents[k].n; j++) {
-            const dp_range *r = &gy_ents[k].ranges[j];
+            const dp__range *r = &gy_ents[k].ranges[j];
             ok = dp__ranges_merge(&gy_iv, r->addr, r->nbytes) == DP_OK && ok;
         }
     if (!ok && !gy_poisoned) {

@@ -32,10 +32,10 @@
 #include "common/common.h"
 
 /* A byte range [addr, addr + nbytes) in this process or in a remote one. */
-typedef struct dp_range {
+typedef struct dp__range {
     uint64_t addr;
     uint64_t nbytes;
-} dp_range;
+} dp__range;
 
 #define DP_GRAVEYARD_DEFAULT_MAX_BYTES (4ull << 30)
 
@@ -46,7 +46,8 @@ typedef struct dp_range {
  * transfer in logs. Never fails: when the graveyard cannot grow its tables it
  * poisons the process instead (it can no longer vouch for memory).
  */
-void dp__graveyard_retain(void *owner, const dp_range *local, size_t n, const char *what);
+void dp__graveyard_retain(void *owner, const dp__range *local, size_t n,
+                          const char *what);
 
 /*
  * The transfer retained under owner ended: UCX completed every request of it,

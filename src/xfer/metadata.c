@@ -32,29 +32,27 @@ dp__md_check_name(const char *name, size_t len, dp_detail *d)
 }
 
 int
-dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, uint32_t flags,
-              const dp_md_proc *proc, const void *addr, size_t addr_len,
-              const dp_md_region *regions, size_t n_regions, dp_detail *d)
+dp__md_encode(dp__buf *out, const dp__md_fields *f, dp_detail *d)
 {
-    flags = proc != NULL ? flags | DP_MD_F_PROC : flags & ~DP_MD_F_PROC;
-    size_t name_len = name ? strlen(name) : 0;
-    int rc = dp__md_check_name(name, name_len, d);
+    uint32_t flags = f->proc != NULL ? f->flags | DP_MD_F_PROC : f->flags & ~DP_MD_F_PROC;
+    size_t name_len = f->name ? strlen(f->name) : 0;
+    int rc = dp__md_check_name(f->name, name_len, d);
     if (rc != DP_OK)
         return rc;
-    if (addr_len == 0 || addr_len > DP_MD_ADDR_MAX)
-        return dp__fail(d, DP_EINVAL, "worker address has %zu bytes, limit %u", addr_len,
-                        DP_MD_ADDR_MAX);
-    if (n_regions > DP_MD_REGIONS_MAX)
-        return dp__fail(d, DP_EINVAL, "%zu regions, limit %u", n_regions,
+    if (f->addr_len == 0 || f->addr_len > DP_MD_ADDR_MAX)
+        return dp__fail(d, DP_EINVAL, "worker address has %zu bytes, limit %u",
+                        f->addr_len, DP_MD_ADDR_MAX);
+    if (f->n_regions > DP_MD_REGIONS_MAX)
+        return dp__fail(d, DP_EINVAL, "%zu regions, limit %u", f->n_regions,
                         DP_MD_REGIONS_MAX);
-    size_t total = DP_MD_HEADER_LEN + name_len + addr_len;
-    for (size_t i = 0; i < n_regions; i++) {
-        if (regions[i].rkey_len == 0 || regions[i].rkey_len > DP_MD_RKEY_MAX)
+    size_t total = DP_MD_HEADER_LEN + name_len + f->addr_len;
+    for (size_t i = 0; i < f->n_regions; i++) {
+        if (f->regions[i].rkey_len == 0 || f->regions[i].rkey_len > DP_MD_RKEY_MAX)
             return dp__fail(d, DP_EINVAL, "region %zu: rkey has %u bytes, limit %u", i,
-                            regions[i].rkey_len, DP_MD_RKEY_MAX);
-        total += 20 + regions[i].rkey_len;
+                            f->regions[i].rkey_len, DP_MD_RKEY_MAX);
+        total += 20 + f->regions[i].rkey_len;
     }
-    if (proc != NULL)
+    if (f->proc != NULL)
         total += DP_MD_PROC_LEN;
     if (total > DP_MD_TOTAL_MAX)
         return dp__fail(d, DP_EINVAL, "metadata would take %zu bytes, limit %u", total,
@@ -65,35 +63,36 @@ dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver, uint32
     memcpy(h, DP_MD_MAGIC, 4);
     dp__le16_store(h + 4, DP_MD_VERSION);
     dp__le16_store(h + 6, (uint16_t)name_len);
-    dp__le32_store(h + 8, (uint32_t)addr_len);
-    dp__le32_store(h + 12, (uint32_t)n_regions);
-    dp__le64_store(h + 16, gen);
-    dp__le32_store(h + 24, xver);
+    dp__le32_store(h + 8, (uint32_t)f->addr_len);
+    dp__le32_store(h + 12, (uint32_t)f->n_regions);
+    dp__le64_store(h + 16, f->gen);
+    dp__le32_store(h + 24, f->xver);
     dp__le32_store(h + 28, flags);
     dp__buf_append(out, h, sizeof h);
-    dp__buf_append(out, name, name_len);
-    dp__buf_append(out, addr, addr_len);
-    for (size_t i = 0; i < n_regions; i++) {
+    dp__buf_append(out, f->name, name_len);
+    dp__buf_append(out, f->addr, f->addr_len);
+    for (size_t i = 0; i < f->n_regions; i++) {
+        const dp__md_region *g = &f->regions[i];
         uint8_t r[20];
-        dp__le64_store(r, regions[i].base);
-        dp__le64_store(r + 8, regions[i].len);
-        dp__le32_store(r + 16, regions[i].rkey_len);
+        dp__le64_store(r, g->base);
+        dp__le64_store(r + 8, g->len);
+        dp__le32_store(r + 16, g->rkey_len);
         dp__buf_append(out, r, sizeof r);
-        dp__buf_append(out, regions[i].rkey, regions[i].rkey_len);
+        dp__buf_append(out, g->rkey, g->rkey_len);
     }
-    if (proc != NULL) {
+    if (f->proc != NULL) {
         uint8_t q[DP_MD_PROC_LEN] = {0};
-        memcpy(q, proc->boot_id, 16);
-        dp__le64_store(q + 16, proc->pidns);
-        dp__le64_store(q + 24, proc->start);
-        dp__le32_store(q + 32, proc->pid);
+        memcpy(q, f->proc->boot_id, 16);
+        dp__le64_store(q + 16, f->proc->pidns);
+        dp__le64_store(q + 24, f->proc->start);
+        dp__le32_store(q + 32, f->proc->pid);
         dp__buf_append(out, q, sizeof q);
     }
     return out->oom ? dp__fail(d, DP_ENOMEM, "metadata: out of memory") : DP_OK;
 }
 
 void
-dp__md_fini(dp_md *md)
+dp__md_fini(dp__md *md)
 {
     if (md == NULL)
         return;
@@ -102,8 +101,64 @@ dp__md_fini(dp_md *md)
     md->n_regions = 0;
 }
 
+/*
+ * Read n region entries at p + *off (the table is sorted and disjoint: the
+ * endpoint looks regions up by binary search) into regs; *off moves past them.
+ * DP_EPROTO with a reason when one is cut short, empty, wraps, overlaps or
+ * precedes the one before, or has an rkey length out of limits.
+ */
+static int
+parse_regions(const uint8_t *p, size_t len, size_t *off, uint32_t n, dp__md_region *regs,
+              dp_detail *d)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (len - *off < 20)
+            return dp__fail(d, DP_EPROTO, "metadata: region %u cut short", i);
+        dp__md_region *r = &regs[i];
+        r->base = dp__le64_load(p + *off);
+        r->len = dp__le64_load(p + *off + 8);
+        r->rkey_len = dp__le32_load(p + *off + 16);
+        *off += 20;
+        if (r->len == 0 || r->base + r->len < r->base)
+            return dp__fail(d, DP_EPROTO,
+                            "metadata: region %u: base 0x%llx len %llu is empty or "
+                            "wraps",
+                            i, (unsigned long long)r->base, (unsigned long long)r->len);
+        if (i > 0 && r->base < regs[i - 1].base + regs[i - 1].len)
+            return dp__fail(d, DP_EPROTO,
+                            "metadata: region %u overlaps or precedes region %u", i,
+                            i - 1);
+        if (r->rkey_len == 0 || r->rkey_len > DP_MD_RKEY_MAX || r->rkey_len > len - *off)
+            return dp__fail(d, DP_EPROTO,
+                            "metadata: region %u: rkey length %u outside 1..%u or "
+                            "past the end",
+                            i, r->rkey_len, DP_MD_RKEY_MAX);
+        r->rkey = p + *off;
+        *off += r->rkey_len;
+    }
+    return DP_OK;
+}
+
+/* Read the process block at p + *off into *proc; *off moves past it. */
+static int
+parse_proc(const uint8_t *p, size_t len, size_t *off, dp__md_proc *proc, dp_detail *d)
+{
+    if (len - *off < DP_MD_PROC_LEN)
+        return dp__fail(d, DP_EPROTO, "metadata: the process block is cut short");
+    const uint8_t *q = p + *off;
+    memcpy(proc->boot_id, q, 16);
+    proc->pidns = dp__le64_load(q + 16);
+    proc->start = dp__le64_load(q + 24);
+    proc->pid = dp__le32_load(q + 32);
+    if (dp__le32_load(q + 36) != 0)
+        return dp__fail(d, DP_EPROTO,
+                        "metadata: the process block's last 4 bytes are not 0");
+    *off += DP_MD_PROC_LEN;
+    return DP_OK;
+}
+
 int
-dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
+dp__md_parse(const void *buf, size_t len, dp__md *out, dp_detail *d)
 {
     const uint8_t *p = buf;
     memset(out, 0, sizeof *out);
@@ -166,56 +221,11 @@ dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d)
             return dp__fail(d, DP_ENOMEM, "metadata: cannot allocate %u regions",
                             n_regions);
     }
-    for (uint32_t i = 0; i < n_regions; i++) {
-        if (len - off < 20) {
-            dp__fail(d, DP_EPROTO, "metadata: region %u cut short", i);
-            goto fail;
-        }
-        dp_md_region *r = &out->regions[i];
-        r->base = dp__le64_load(p + off);
-        r->len = dp__le64_load(p + off + 8);
-        r->rkey_len = dp__le32_load(p + off + 16);
-        off += 20;
-        if (r->len == 0 || r->base + r->len < r->base) {
-            dp__fail(d, DP_EPROTO,
-                     "metadata: region %u: base 0x%llx len %llu is empty or "
-                     "wraps",
-                     i, (unsigned long long)r->base, (unsigned long long)r->len);
-            goto fail;
-        }
-        if (i > 0 && r->base < out->regions[i - 1].base + out->regions[i - 1].len) {
-            dp__fail(d, DP_EPROTO, "metadata: region %u overlaps or precedes region %u",
-                     i, i - 1);
-            goto fail;
-        }
-        if (r->rkey_len == 0 || r->rkey_len > DP_MD_RKEY_MAX || r->rkey_len > len - off) {
-            dp__fail(d, DP_EPROTO,
-                     "metadata: region %u: rkey length %u outside 1..%u or "
-                     "past the end",
-                     i, r->rkey_len, DP_MD_RKEY_MAX);
-            goto fail;
-        }
-        r->rkey = p + off;
-        off += r->rkey_len;
-    }
+    if (parse_regions(p, len, &off, n_regions, out->regions, d) != DP_OK)
+        goto fail;
     out->n_regions = n_regions;
-    if (out->flags & DP_MD_F_PROC) {
-        if (len - off < DP_MD_PROC_LEN) {
-            dp__fail(d, DP_EPROTO, "metadata: the process block is cut short");
-            goto fail;
-        }
-        const uint8_t *q = p + off;
-        memcpy(out->proc.boot_id, q, 16);
-        out->proc.pidns = dp__le64_load(q + 16);
-        out->proc.start = dp__le64_load(q + 24);
-        out->proc.pid = dp__le32_load(q + 32);
-        if (dp__le32_load(q + 36) != 0) {
-            dp__fail(d, DP_EPROTO,
-                     "metadata: the process block's last 4 bytes are not 0");
-            goto fail;
-        }
-        off += DP_MD_PROC_LEN;
-    }
+    if ((out->flags & DP_MD_F_PROC) && parse_proc(p, len, &off, &out->proc, d) != DP_OK)
+        goto fail;
     if (off != len) {
         dp__fail(d, DP_EPROTO, "metadata: %zu trailing bytes", len - off);
         goto fail;

@@ -54,29 +54,29 @@
 #define DP_MD_TOTAL_MAX (64u * 1024 * 1024)
 
 /* One registered region as described by metadata. rkey points into the parsed blob. */
-typedef struct dp_md_region {
+typedef struct dp__md_region {
     uint64_t base;
     uint64_t len;
     const uint8_t *rkey;
     uint32_t rkey_len;
-} dp_md_region;
+} dp__md_region;
 
 /*
  * Parsed metadata. name is NUL-terminated (copied); addr and each region's rkey
  * point into the buffer given to dp__md_parse, which must outlive this object.
  * regions is heap-allocated: release with dp__md_fini.
  */
-typedef struct dp_md {
+typedef struct dp__md {
     char name[DP_MD_NAME_MAX + 1];
     uint64_t gen;
     uint32_t xver;
-    uint32_t flags;  /* DP_MD_F_* */
-    dp_md_proc proc; /* the process, when flags has DP_MD_F_PROC (else zero) */
+    uint32_t flags;   /* DP_MD_F_* */
+    dp__md_proc proc; /* the process, when flags has DP_MD_F_PROC (else zero) */
     const uint8_t *addr;
     uint32_t addr_len;
     uint32_t n_regions;
-    dp_md_region *regions;
-} dp_md;
+    dp__md_region *regions;
+} dp__md;
 
 /*
  * Check that name is a valid endpoint name: 1..DP_MD_NAME_MAX bytes, printable
@@ -85,15 +85,28 @@ typedef struct dp_md {
 int dp__md_check_name(const char *name, size_t len, dp_detail *d);
 
 /*
- * Encode into out (appended). proc (may be NULL) adds the process block and
- * DP_MD_F_PROC (a DP_MD_F_PROC in flags without proc is dropped). Fails with
- * DP_EINVAL when a field is out of the limits above, DP_ENOMEM when out
- * cannot grow.
+ * What dp__md_encode writes: the fields of the layout above, pointing at the
+ * caller's memory (nothing is copied into this object).
  */
-int dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
-                  uint32_t flags, const dp_md_proc *proc, const void *addr,
-                  size_t addr_len, const dp_md_region *regions, size_t n_regions,
-                  dp_detail *d);
+typedef struct dp__md_fields {
+    const char *name; /* NUL-terminated */
+    uint64_t gen;
+    uint32_t xver;
+    uint32_t flags;          /* DP_MD_F_*; DP_MD_F_PROC follows proc */
+    const dp__md_proc *proc; /* the process block, or NULL for none */
+    const void *addr;        /* the worker address */
+    size_t addr_len;
+    const dp__md_region *regions;
+    size_t n_regions;
+} dp__md_fields;
+
+/*
+ * Encode f into out (appended). f->proc (may be NULL) adds the process block
+ * and DP_MD_F_PROC (a DP_MD_F_PROC in f->flags without f->proc is dropped).
+ * Fails with DP_EINVAL when a field is out of the limits above, DP_ENOMEM when
+ * out cannot grow.
+ */
+int dp__md_encode(dp__buf *out, const dp__md_fields *f, dp_detail *d);
 
 /*
  * Parse untrusted bytes. On success *out is filled (release with dp__md_fini).
@@ -102,7 +115,7 @@ int dp__md_encode(dp_buf *out, const char *name, uint64_t gen, uint32_t xver,
  * base+len overflows, regions that overlap), DP_ENOMEM on allocation failure.
  * On failure *out needs no fini.
  */
-int dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d);
+int dp__md_parse(const void *buf, size_t len, dp__md *out, dp_detail *d);
 
 /*
  * A 64-bit hash of the worker address in metadata buf (0 if the header does
@@ -113,6 +126,6 @@ int dp__md_parse(const void *buf, size_t len, dp_md *out, dp_detail *d);
 uint64_t dp__md_peer_id(const void *buf, size_t len);
 
 /* Release what dp__md_parse allocated (NULL and zeroed objects allowed). */
-void dp__md_fini(dp_md *md);
+void dp__md_fini(dp__md *md);
 
 #endif

@@ -97,7 +97,7 @@ stat_of(uint32_t pid, char *state, uint64_t *start)
 }
 
 bool
-dp__proc_self(dp_md_proc *out)
+dp__proc_self(dp__md_proc *out)
 {
     memset(out, 0, sizeof *out);
     struct stat ns;
@@ -110,14 +110,14 @@ dp__proc_self(dp_md_proc *out)
 }
 
 bool
-dp__proc_same_host(const dp_md_proc *self, const dp_md_proc *peer)
+dp__proc_same_host(const dp__md_proc *self, const dp__md_proc *peer)
 {
     return memcmp(self->boot_id, peer->boot_id, sizeof self->boot_id) == 0 &&
            self->pidns == peer->pidns && peer->pid != 0;
 }
 
 bool
-dp__proc_exited(const dp_md_proc *peer)
+dp__proc_exited(const dp__md_proc *peer)
 {
     if (peer->pid == 0 || peer->pid > (uint32_t)INT32_MAX)
         return false;

@@ -21,19 +21,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct dp_md_proc {
+typedef struct dp__md_proc {
     uint8_t boot_id[16]; /* /proc/sys/kernel/random/boot_id */
     uint64_t pidns;      /* inode of /proc/self/ns/pid */
     uint64_t start;      /* start time, clock ticks after boot (/proc/PID/stat) */
     uint32_t pid;
-} dp_md_proc;
+} dp__md_proc;
 
 /* This process's identity; false where /proc does not tell it. */
-bool dp__proc_self(dp_md_proc *out);
+bool dp__proc_self(dp__md_proc *out);
 
 /* Whether peer's pid names a process on the host of self (same boot, same
  * PID namespace). */
-bool dp__proc_same_host(const dp_md_proc *self, const dp_md_proc *peer);
+bool dp__proc_same_host(const dp__md_proc *self, const dp__md_proc *peer);
 
 /*
  * Whether the same-host process peer describes has ended: no such pid, a
@@ -41,6 +41,6 @@ bool dp__proc_same_host(const dp_md_proc *self, const dp_md_proc *peer);
  * process this one may not signal (another user) counts as running. Costs a
  * kill(2) and a read of /proc/PID/stat.
  */
-bool dp__proc_exited(const dp_md_proc *peer);
+bool dp__proc_exited(const dp__md_proc *peer);
 
 #endif

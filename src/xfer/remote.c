@@ -46,9 +46,9 @@
 #define EP_CLOSE_WAIT_NS 2000000000ull
 
 static void regs_free(remote *r);
-static int lane_locked(dp_endpoint *ep, remote *r, dp_xfer_lane *lane, char *tls,
+static int lane_locked(dp__endpoint *ep, remote *r, dp__xfer_lane *lane, char *tls,
                        size_t tls_cap, dp_detail *d);
-static int check_lanes_locked(dp_endpoint *ep, const remote *r, dp_detail *d);
+static int check_lanes_locked(dp__endpoint *ep, const remote *r, dp_detail *d);
 
 /* UCX's peer error callback (ep_mu held, from whichever thread progresses). */
 static void
@@ -70,7 +70,7 @@ ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
  * endpoint); until then the graveyard keeps what they touch.
  */
 static void
-mark_exited_locked(dp_endpoint *ep, remote *r)
+mark_exited_locked(dp__endpoint *ep, remote *r)
 {
     r->r_exited = true;
     DP_LOG_I("endpoint %s: peer %s (pid %u on this host) has ended; failing its "
@@ -87,12 +87,12 @@ proc_to_check(const remote *r)
 }
 
 void
-dp__ep_check_peers_locked(dp_endpoint *ep, uint64_t now)
+dp__ep_check_peers_locked(dp__endpoint *ep, uint64_t now)
 {
     if (now - ep->proc_check_ns < PEER_CHECK_NS)
         return;
     ep->proc_check_ns = now;
-    dp_list *lists[2] = {&ep->remotes, &ep->zombies};
+    dp__list *lists[2] = {&ep->remotes, &ep->zombies};
     for (int k = 0; k < 2; k++)
         for (remote *r = DP_LIST_FIRST(lists[k], remote, r_link); r != NULL;
              r = DP_LIST_NEXT(r, remote, r_link))
@@ -101,7 +101,7 @@ dp__ep_check_peers_locked(dp_endpoint *ep, uint64_t now)
 }
 
 remote *
-dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name)
+dp__ep_remote_find_locked(const dp__endpoint *ep, const char *name)
 {
     for (remote *r = DP_LIST_FIRST(&ep->remotes, remote, r_link); r != NULL;
          r = DP_LIST_NEXT(r, remote, r_link))
@@ -112,7 +112,7 @@ dp__ep_remote_find_locked(const dp_endpoint *ep, const char *name)
 
 /* Take listed r off the list: a zombie while transfers use it, else freed. */
 static void
-unlist_locked(dp_endpoint *ep, remote *r)
+unlist_locked(dp__endpoint *ep, remote *r)
 {
     dp__list_remove(&ep->remotes, &r->r_link);
     if (r->r_busy > 0 || r->r_retained > 0)
@@ -123,7 +123,7 @@ unlist_locked(dp_endpoint *ep, remote *r)
 
 /* Wait (progressing) for a close request; true when it completed. */
 static bool
-wait_close_locked(dp_endpoint *ep, ucs_status_ptr_t req)
+wait_close_locked(dp__endpoint *ep, ucs_status_ptr_t req)
 {
     if (req == NULL)
         return true;
@@ -140,7 +140,7 @@ wait_close_locked(dp_endpoint *ep, ucs_status_ptr_t req)
 }
 
 void
-dp__ep_remote_free_locked(dp_endpoint *ep, remote *r)
+dp__ep_remote_free_locked(dp__endpoint *ep, remote *r)
 {
     /* The pre-fault thread touches the mappings the rkeys hold: stop it first
      * (it takes no lock, and stops within one 2 MiB step). */
@@ -253,61 +253,66 @@ prefault_main(void *arg)
     return NULL;
 }
 
-int
-dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char *name_out,
-                        dp_detail *d)
+/*
+ * Refuse metadata packed by another UCX major.minor before UCX sees its bytes
+ * (see the Design notes).
+ */
+static int
+check_xver(const dp__endpoint *ep, const dp__md *md, dp_detail *d)
 {
-    dp_md md;
-    int rc = dp__md_parse(md_bytes, len, &md, d);
-    if (rc != DP_OK)
-        return rc;
     uint32_t mine = dp__ep_ucx_version();
-    if ((md.xver >> 16) != (mine >> 16)) {
-        rc =
-            dp__fail(d, DP_EPROTO,
-                     "endpoint %s: remote %s runs UCX %u.%u.%u and this process UCX "
-                     "%u.%u.%u: their worker addresses and keys do not mix; use the same "
-                     "UCX version on both",
-                     ep->name, md.name, md.xver >> 24, (md.xver >> 16) & 0xff,
-                     md.xver & 0xffff, mine >> 24, (mine >> 16) & 0xff, mine & 0xffff);
-        dp__md_fini(&md);
-        return rc;
-    }
+    if ((md->xver >> 16) == (mine >> 16))
+        return DP_OK;
+    return dp__fail(d, DP_EPROTO,
+                    "endpoint %s: remote %s runs UCX %u.%u.%u and this process UCX "
+                    "%u.%u.%u: their worker addresses and keys do not mix; use the same "
+                    "UCX version on both",
+                    ep->name, md->name, md->xver >> 24, (md->xver >> 16) & 0xff,
+                    md->xver & 0xffff, mine >> 24, (mine >> 16) & 0xff, mine & 0xffff);
+}
+
+/* A new, unconnected remote for md, its regions indexed; NULL when out of memory. */
+static remote *
+remote_new(dp__endpoint *ep, const dp__md *md)
+{
     remote *r = calloc(1, sizeof *r);
-    if (r == NULL || (md.n_regions > 0 &&
-                      ((r->r_regs = calloc(md.n_regions, sizeof *r->r_regs)) == NULL ||
-                       dp__ranges_reserve(&r->r_index, md.n_regions) != DP_OK))) {
+    if (r == NULL || (md->n_regions > 0 &&
+                      ((r->r_regs = calloc(md->n_regions, sizeof *r->r_regs)) == NULL ||
+                       dp__ranges_reserve(&r->r_index, md->n_regions) != DP_OK))) {
         if (r != NULL) {
             regs_free(r);
             dp__ranges_fini(&r->r_index);
         }
         free(r);
-        dp__md_fini(&md);
-        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+        return NULL;
     }
     /* Sorted and disjoint (dp__md_parse checked): the adds cannot fail. */
-    for (uint32_t i = 0; i < md.n_regions; i++) {
-        rc = dp__ranges_add(&r->r_index, md.regions[i].base, md.regions[i].len,
-                            &r->r_regs[i]);
+    for (uint32_t i = 0; i < md->n_regions; i++) {
+        int rc = dp__ranges_add(&r->r_index, md->regions[i].base, md->regions[i].len,
+                                &r->r_regs[i]);
         DP_ASSERT(rc == DP_OK);
     }
-    snprintf(r->r_name, sizeof r->r_name, "%s", md.name);
-    r->r_gen = md.gen;
+    snprintf(r->r_name, sizeof r->r_name, "%s", md->name);
+    r->r_gen = md->gen;
     r->r_failed = UCS_OK;
     r->r_owner = ep;
-    r->r_serves = (md.flags & DP_MD_F_SERVES) != 0;
-    r->r_proc = md.proc;
-    lock(ep);
-    r->r_local_proc = ep->has_self_proc && (md.flags & DP_MD_F_PROC) &&
-                      dp__proc_same_host(&ep->self_proc, &md.proc);
-    rc = check_open_locked(ep, d);
-    if (rc != DP_OK)
-        goto fail_locked;
+    r->r_serves = (md->flags & DP_MD_F_SERVES) != 0;
+    r->r_proc = md->proc;
+    return r;
+}
+
+/*
+ * Connect r to md's worker and unpack its regions' keys (r_n_regs counts those
+ * unpacked), noting which regions UCX maps into this process. ep_mu held.
+ */
+static int
+connect_locked(dp__endpoint *ep, remote *r, const dp__md *md, dp_detail *d)
+{
     ucp_ep_params_t epp = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)md.addr,
+        .address = (const ucp_address_t *)md->addr,
         .err_mode = ep->opts.err_mode == DP_EP_ERR_PEER ? UCP_ERR_HANDLING_MODE_PEER
                                                         : UCP_ERR_HANDLING_MODE_NONE,
         .err_handler = {.cb = ep_err_cb, .arg = r},
@@ -315,37 +320,69 @@ dp__endpoint_add_remote(dp_endpoint *ep, const void *md_bytes, size_t len, char 
     ucs_status_t st = ucp_ep_create(ep->worker, &epp, &r->r_ep);
     if (st != UCS_OK) {
         r->r_ep = NULL;
-        rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: connect to %s", ep->name,
-                             md.name);
-        goto fail_locked;
+        return dp__ep_ucx_fail(d, DP_ETRANSFER, st, "endpoint %s: connect to %s",
+                               ep->name, md->name);
     }
-    for (uint32_t i = 0; i < md.n_regions; i++) {
+    for (uint32_t i = 0; i < md->n_regions; i++) {
         rregion *rr = &r->r_regs[i];
-        rr->rr_base = md.regions[i].base;
-        rr->rr_len = md.regions[i].len;
-        st = ucp_ep_rkey_unpack(r->r_ep, md.regions[i].rkey, &rr->rr_rkey);
+        rr->rr_base = md->regions[i].base;
+        rr->rr_len = md->regions[i].len;
+        st = ucp_ep_rkey_unpack(r->r_ep, md->regions[i].rkey, &rr->rr_rkey);
         if (st != UCS_OK) {
             rr->rr_rkey = NULL;
-            rc = dp__ep_ucx_fail(d, DP_ETRANSFER, st,
-                                 "endpoint %s: remote %s region %u: rkey", ep->name,
-                                 md.name, i);
-            goto fail_locked;
+            return dp__ep_ucx_fail(d, DP_ETRANSFER, st,
+                                   "endpoint %s: remote %s region %u: rkey", ep->name,
+                                   md->name, i);
         }
         r->r_n_regs = i + 1;
         void *p = NULL;
         if (ucp_rkey_ptr(rr->rr_rkey, rr->rr_base, &p) == UCS_OK)
             rr->rr_ptr = p;
     }
-    int pf = prefault_mode();
-    for (uint32_t i = 0; pf == PF_TOUCH && i < r->r_n_regs; i++) {
+    return DP_OK;
+}
+
+/* With DP_PREFAULT=touch: a touched map (a bit per chunk) per mapped region. */
+static int
+touch_maps_alloc(dp__endpoint *ep, remote *r, dp_detail *d)
+{
+    for (uint32_t i = 0; i < r->r_n_regs; i++) {
         rregion *rr = &r->r_regs[i];
         uint64_t chunks = (rr->rr_len + TOUCH_CHUNK - 1) / TOUCH_CHUNK;
-        if (rr->rr_ptr != NULL &&
-            (rr->rr_touched = calloc((chunks + 7) / 8, 1)) == NULL) {
-            rc = dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
-            goto fail_locked;
-        }
+        if (rr->rr_ptr != NULL && (rr->rr_touched = calloc((chunks + 7) / 8, 1)) == NULL)
+            return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
     }
+    return DP_OK;
+}
+
+int
+dp__endpoint_add_remote(dp__endpoint *ep, const void *md_bytes, size_t len,
+                        char *name_out, dp_detail *d)
+{
+    dp__md md;
+    int rc = dp__md_parse(md_bytes, len, &md, d);
+    if (rc != DP_OK)
+        return rc;
+    if ((rc = check_xver(ep, &md, d)) != DP_OK) {
+        dp__md_fini(&md);
+        return rc;
+    }
+    remote *r = remote_new(ep, &md);
+    if (r == NULL) {
+        dp__md_fini(&md);
+        return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+    }
+    lock(ep);
+    r->r_local_proc = ep->has_self_proc && (md.flags & DP_MD_F_PROC) &&
+                      dp__proc_same_host(&ep->self_proc, &md.proc);
+    rc = check_open_locked(ep, d);
+    if (rc != DP_OK)
+        goto fail_locked;
+    if ((rc = connect_locked(ep, r, &md, d)) != DP_OK)
+        goto fail_locked;
+    int pf = prefault_mode();
+    if (pf == PF_TOUCH && (rc = touch_maps_alloc(ep, r, d)) != DP_OK)
+        goto fail_locked;
     rc = lane_locked(ep, r, &r->r_lane, r->r_tls, sizeof r->r_tls, d);
     if (rc != DP_OK)
         goto fail_locked;
@@ -411,7 +448,7 @@ flush_cb(void *request, ucs_status_t status, void *user_data)
 
 /* The lanes of r (set up) against require_rdma: DP_EPOLICY if they break it. */
 static int
-check_lanes_locked(dp_endpoint *ep, const remote *r, dp_detail *d)
+check_lanes_locked(dp__endpoint *ep, const remote *r, dp_detail *d)
 {
     if (!ep->opts.require_rdma || r->r_lane == DP_XFER_LANE_RDMA ||
         r->r_lane == DP_XFER_LANE_SHM)
@@ -426,7 +463,7 @@ check_lanes_locked(dp_endpoint *ep, const remote *r, dp_detail *d)
 }
 
 int
-dp__endpoint_remote_connect(dp_endpoint *ep, const char *name, double timeout_s,
+dp__endpoint_remote_connect(dp__endpoint *ep, const char *name, double timeout_s,
                             dp_detail *d)
 {
     if (!(timeout_s > 0) || !isfinite(timeout_s) || timeout_s > 1e9)
@@ -483,7 +520,7 @@ dp__endpoint_remote_connect(dp_endpoint *ep, const char *name, double timeout_s,
 }
 
 bool
-dp__endpoint_has_remote(dp_endpoint *ep, const char *name)
+dp__endpoint_has_remote(dp__endpoint *ep, const char *name)
 {
     if (name == NULL)
         return false;
@@ -494,7 +531,7 @@ dp__endpoint_has_remote(dp_endpoint *ep, const char *name)
 }
 
 uint64_t
-dp__endpoint_remote_copy_max(dp_endpoint *ep, const char *name)
+dp__endpoint_remote_copy_max(dp__endpoint *ep, const char *name)
 {
     if (name == NULL)
         return 0;
@@ -509,7 +546,7 @@ dp__endpoint_remote_copy_max(dp_endpoint *ep, const char *name)
 }
 
 int
-dp__endpoint_remove_remote(dp_endpoint *ep, const char *name, dp_detail *d)
+dp__endpoint_remove_remote(dp__endpoint *ep, const char *name, dp_detail *d)
 {
     lock(ep);
     int rc = check_open_locked(ep, d);
@@ -528,7 +565,7 @@ out:
 }
 
 int
-dp__endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out, dp_detail *d)
+dp__endpoint_describe_remote(dp__endpoint *ep, const char *name, char **out, dp_detail *d)
 {
     *out = NULL;
     lock(ep);
@@ -556,7 +593,7 @@ dp__endpoint_describe_remote(dp_endpoint *ep, const char *name, char **out, dp_d
 }
 
 int
-dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
+dp__endpoint_remote_check(dp__endpoint *ep, const char *name, dp_detail *d)
 {
     lock(ep);
     int rc = check_open_locked(ep, d);
@@ -584,7 +621,7 @@ dp__endpoint_remote_check(dp_endpoint *ep, const char *name, dp_detail *d)
 
 /* Classify the lanes UCX chose towards r (from ucp_ep_print_info). */
 static int
-lane_locked(dp_endpoint *ep, remote *r, dp_xfer_lane *lane, char *tls, size_t tls_cap,
+lane_locked(dp__endpoint *ep, remote *r, dp__xfer_lane *lane, char *tls, size_t tls_cap,
             dp_detail *d)
 {
     char *info = NULL;
@@ -651,12 +688,10 @@ lane_locked(dp_endpoint *ep, remote *r, dp_xfer_lane *lane, char *tls, size_t tl
 }
 
 int
-dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, char *tls,
-                         size_t tls_cap, dp_detail *d)
+dp__endpoint_remote_route(dp__endpoint *ep, const char *name, dp__xfer_route *out,
+                          dp_detail *d)
 {
-    *lane = DP_XFER_LANE_UNKNOWN;
-    if (tls_cap > 0)
-        tls[0] = '\0';
+    *out = (dp__xfer_route){.lane = "?", .path = "one-sided"};
     lock(ep);
     int rc = check_open_locked(ep, d);
     remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
@@ -664,16 +699,17 @@ dp__endpoint_remote_lane(dp_endpoint *ep, const char *name, dp_xfer_lane *lane, 
         rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
                       name ? name : "(null)");
     if (rc == DP_OK) {
-        *lane = r->r_lane;
-        if (tls_cap > 0)
-            snprintf(tls, tls_cap, "%s", r->r_tls);
+        out->lane = dp__xfer_lane_name(r->r_lane);
+        out->two_sided = r->r_path == DP_XFER_PATH_TWO_SIDED;
+        out->path = out->two_sided ? "two-sided" : "one-sided";
+        snprintf(out->tls, sizeof out->tls, "%s", r->r_tls);
     }
     unlock(ep);
     return rc;
 }
 
 const char *
-dp__xfer_lane_name(dp_xfer_lane lane)
+dp__xfer_lane_name(dp__xfer_lane lane)
 {
     switch (lane) {
     case DP_XFER_LANE_SHM:

@@ -52,9 +52,9 @@
  * *last is set to what is found.
  */
 static void *
-find_near(const dp_ranges *rs, uint64_t addr, uint64_t n, dp_ranges_ent **last)
+find_near(const dp__ranges *rs, uint64_t addr, uint64_t n, dp__ranges_ent **last)
 {
-    dp_ranges_ent *e = *last;
+    dp__ranges_ent *e = *last;
     if (e == NULL || addr - e->base > e->len || n > e->len - (addr - e->base)) {
         e = dp__ranges_find(rs, addr, n);
         if (e == NULL)
@@ -92,7 +92,7 @@ op_done_cb(void *request, ucs_status_t status, void *user_data)
  * theirs (done or failed), so nothing touches their local ranges any more.
  */
 void
-dp__ep_reap_locked(dp_endpoint *ep)
+dp__ep_reap_locked(dp__endpoint *ep)
 {
     for (batch *b; (b = DP_LIST_FIRST(&ep->released, batch, b_link)) != NULL;) {
         dp__list_remove(&ep->released, &b->b_link);
@@ -109,21 +109,31 @@ dp__ep_reap_locked(dp_endpoint *ep)
 
 /* ---- transfers ---- */
 
+/* What became of one op (op_result turns it into what its caller must do). */
+typedef enum op_end {
+    END_NOT_POSTED = 0, /* nothing was handed to UCX or copied: no byte moved */
+    END_LOCAL = 1,      /* only the synchronous memcpy path ran: it is over */
+    END_UCX = 2,        /* UCX completed every request of it (done or failed) */
+    END_UNFINISHED = 3, /* retained: UCX may still run it */
+} op_end;
+
 /* Per-op state of one call. */
 typedef struct opstate {
-    const dp_xfer_desc *o;
+    const dp__xfer_desc *o;
     remote *r;
     batch *b;          /* NULL until posted */
     uint64_t deadline; /* dp__now_ns() clock */
     uint64_t fail_deadline;
     int rc;
     bool posted, finished;
-    bool via_ucx;    /* some range went to UCX (not only the memcpy path) */
-    dp_xfer_end end; /* what became of it (for the caller's abort) */
+    bool via_ucx;   /* some range went to UCX (not only the memcpy path) */
+    bool two_sided; /* it went as messages the target serves */
+    bool refused;   /* the target answered no (two-sided): not a connection fault */
+    op_end end;     /* what became of it (op_result) */
 } opstate;
 
 static const char *
-op_name(dp_xfer_op op)
+op_name(dp__xfer_op op)
 {
     return op == DP_XFER_WRITE ? "WRITE" : "READ";
 }
@@ -135,7 +145,7 @@ op_name(dp_xfer_op op)
  * local region. Fixed for the op's life (r is held, its path and mappings set).
  */
 static bool
-plain_copy(const dp_endpoint *ep, const remote *r, const dp_xfer_desc *o,
+plain_copy(const dp__endpoint *ep, const remote *r, const dp__xfer_desc *o,
            const rregion *rr, uint64_t n)
 {
     return o->local_plain_ok && rr->rr_ptr != NULL && n <= ep->memcpy_max &&
@@ -144,7 +154,7 @@ plain_copy(const dp_endpoint *ep, const remote *r, const dp_xfer_desc *o,
 
 /* Check op i completely; DP_EINVAL with a detail if anything is wrong. */
 static int
-validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
+validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, remote **rout,
                 dp_detail *d)
 {
     if (o->op != DP_XFER_WRITE && o->op != DP_XFER_READ)
@@ -160,9 +170,9 @@ validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
                         o->n_local, o->n_remote);
     if (o->n_local > 0 && (o->local == NULL || o->remote == NULL))
         return dp__fail(d, DP_EINVAL, "op %zu: range list is NULL", i);
-    dp_ranges_ent *near_l = NULL, *near_r = NULL;
+    dp__ranges_ent *near_l = NULL, *near_r = NULL;
     for (size_t k = 0; k < o->n_local; k++) {
-        const dp_range *l = &o->local[k], *m = &o->remote[k];
+        const dp__range *l = &o->local[k], *m = &o->remote[k];
         if (l->nbytes != m->nbytes)
             return dp__fail(d, DP_EINVAL,
                             "op %zu range %zu: local has %" PRIu64
@@ -200,14 +210,14 @@ validate_locked(dp_endpoint *ep, const dp_xfer_desc *o, size_t i, remote **rout,
 /* Mark/unmark the local regions of an op's ranges as in use (not those of
  * ranges copied from plain memory: nothing of them outlives the post). */
 static void
-busy_locked(dp_endpoint *ep, const remote *r, const dp_xfer_desc *o, int delta)
+busy_locked(dp__endpoint *ep, const remote *r, const dp__xfer_desc *o, int delta)
 {
     /* Every range copied from plain memory (a remote mapped here whole, no
      * size cap): nothing to hold, and no lookup per range to find that out. */
     if (o->local_plain_ok && ep->memcpy_max == SIZE_MAX && !dp__ep_ts_wanted(ep, r, o) &&
         dp__ep_remote_mapped(r))
         return;
-    dp_ranges_ent *near = NULL, *near_r = NULL;
+    dp__ranges_ent *near = NULL, *near_r = NULL;
     for (size_t k = 0; k < o->n_local; k++) {
         if (o->local[k].nbytes == 0)
             continue;
@@ -231,14 +241,14 @@ busy_locked(dp_endpoint *ep, const remote *r, const dp_xfer_desc *o, int delta)
  * hold of a posted op; this ends that of an op never posted.
  */
 static void
-reserve_locked(dp_endpoint *ep, opstate *s)
+reserve_locked(dp__endpoint *ep, opstate *s)
 {
     s->r->r_busy++;
     busy_locked(ep, s->r, s->o, +1);
 }
 
 static void
-unreserve_locked(dp_endpoint *ep, opstate *s)
+unreserve_locked(dp__endpoint *ep, opstate *s)
 {
     s->finished = true;
     s->r->r_busy--;
@@ -247,7 +257,7 @@ unreserve_locked(dp_endpoint *ep, opstate *s)
 
 /* Copy the runs waiting (before any UCX op of the op is posted: order holds). */
 static void
-flush_runs_locked(dp_endpoint *ep)
+flush_runs_locked(dp__endpoint *ep)
 {
     if (ep->n_runs == 0)
         return;
@@ -262,7 +272,7 @@ flush_runs_locked(dp_endpoint *ep)
  * copied at once, in order.
  */
 static void
-add_run_locked(dp_endpoint *ep, dp_xfer_op op, uint8_t *l, uint8_t *r, size_t n)
+add_run_locked(dp__endpoint *ep, dp__xfer_op op, uint8_t *l, uint8_t *r, size_t n)
 {
     if (n == 0)
         return;
@@ -270,7 +280,7 @@ add_run_locked(dp_endpoint *ep, dp_xfer_op op, uint8_t *l, uint8_t *r, size_t n)
     const uint8_t *src = op == DP_XFER_WRITE ? l : r;
     if (ep->n_runs == ep->runs_cap) {
         size_t cap = ep->runs_cap ? 2 * ep->runs_cap : 64;
-        dp_copy *g = realloc(ep->runs, cap * sizeof *g);
+        dp__copy *g = realloc(ep->runs, cap * sizeof *g);
         if (g == NULL) {
             flush_runs_locked(ep);
             memcpy(dst, src, n);
@@ -279,15 +289,15 @@ add_run_locked(dp_endpoint *ep, dp_xfer_op op, uint8_t *l, uint8_t *r, size_t n)
         ep->runs = g;
         ep->runs_cap = cap;
     }
-    ep->runs[ep->n_runs++] = (dp_copy){dst, src, n};
+    ep->runs[ep->n_runs++] = (dp__copy){dst, src, n};
 }
 
 /* Post every range of op s (validated and reserved). Sets s->rc for immediate
  * failures. */
 static void
-post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
+post_locked(dp__endpoint *ep, opstate *s, dp_detail *det)
 {
-    const dp_xfer_desc *o = s->o;
+    const dp__xfer_desc *o = s->o;
     remote *r = s->r;
     ucs_status_t fst = remote_failed(r);
     if (fst != UCS_OK) {
@@ -307,6 +317,7 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
     s->posted = true;
     if (dp__ep_ts_wanted(ep, r, o)) {
         s->via_ucx = true;
+        s->two_sided = true;
         dp__ep_ts_post_locked(ep, r, o, b);
         if (b->b_pending == 0)
             b->b_done_ns = dp__now_ns();
@@ -324,9 +335,9 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
     uint8_t *run_l = NULL, *run_r = NULL;
     size_t run_n = 0;
     const rregion *run_rr = NULL;
-    dp_ranges_ent *near_r = NULL, *near_l = NULL;
+    dp__ranges_ent *near_r = NULL, *near_l = NULL;
     for (size_t k = 0; k < o->n_local && b->b_status == UCS_OK; k++) {
-        const dp_range *l = &o->local[k], *m = &o->remote[k];
+        const dp__range *l = &o->local[k], *m = &o->remote[k];
         if (l->nbytes == 0)
             continue;
         rregion *rr = find_near(&r->r_index, m->addr, m->nbytes, &near_r);
@@ -393,17 +404,18 @@ post_locked(dp_endpoint *ep, opstate *s, dp_detail *det)
 
 /* End op s: DONE (batch freed) or retained (batch handed to the graveyard). */
 static void
-finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
+finish_locked(dp__endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
 {
-    const dp_xfer_desc *o = s->o;
+    const dp__xfer_desc *o = s->o;
     remote *r = s->r;
     batch *b = s->b;
     s->finished = true;
     r->r_busy--;
     busy_locked(ep, r, o, -1);
-    s->end = s->via_ucx ? DP_XFER_ENDED : DP_XFER_ENDED_LOCAL;
+    s->end = s->via_ucx ? END_UCX : END_LOCAL;
     if (b->b_pending == 0) {
         if (b->b_peer_rc != 0) {
+            s->refused = true;
             s->rc =
                 dp__fail(det, b->b_peer_rc, "%s of %zu ranges to %s refused by it: %s",
                          op_name(o->op), o->n_local, r->r_name, b->b_peer_msg);
@@ -441,7 +453,7 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
     b->b_r = r;
     dp__graveyard_retain(b, o->local, o->n_local, what);
     s->b = NULL;
-    s->end = DP_XFER_UNFINISHED;
+    s->end = END_UNFINISHED;
     r->r_retained++;
     ep->n_retained++;
     ep->st.transfers_retained++;
@@ -462,37 +474,66 @@ finish_locked(dp_endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
                      what, b->b_pending);
 }
 
-/* The engine behind transfer and transfer_many; details may be NULL. */
-static int
-run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s,
-        int *results, dp_detail *details, dp_xfer_end *ends, dp_xfer_done_fn on_done,
-        void *ctx, dp_detail *d)
+/*
+ * What op s's caller must do about how it ended (dp__xfer_result): bytes of a
+ * failed op may still land while UCX may still run it, or after a failure
+ * over a network lane (a completion with an error does not say no byte
+ * moved), but never after one that completed late, ran on shared memory
+ * (the copy is over when its request is), or went two-sided (the target
+ * takes no byte after an abort).
+ */
+static void
+op_result(const opstate *s, dp__xfer_result *res)
 {
-    if (ends != NULL)
-        for (size_t i = 0; i < n_ops; i++)
-            ends[i] = DP_XFER_NOT_POSTED;
+    res->rc = s->rc;
+    res->may_land = false;
+    res->suspect = false;
+    if (s->rc == DP_OK) {
+        res->fate = "";
+        return;
+    }
+    bool net = s->r != NULL && s->r->r_lane != DP_XFER_LANE_SHM;
+    res->suspect = net && !s->refused && (s->end == END_UCX || s->end == END_UNFINISHED);
+    if (s->end == END_NOT_POSTED) {
+        res->fate = "nothing posted";
+    } else if (s->two_sided) {
+        res->fate = "two-sided: the target takes none of it after an abort";
+    } else if (s->end == END_UNFINISHED ||
+               (s->end == END_UCX && s->rc != DP_ETIMEDOUT && net)) {
+        res->may_land = true;
+        res->fate = "may still land";
+    } else {
+        res->fate = "ended";
+    }
+}
+
+/* Every op refused before anything was posted: each says so. */
+static int
+refuse_all(dp__xfer_result *res, size_t n_ops, int rc, const char *msg, dp_detail *d)
+{
+    for (size_t i = 0; i < n_ops; i++) {
+        res[i] = (dp__xfer_result){.rc = rc, .fate = "nothing posted"};
+        dp__fail(&res[i].det, rc, "%s", msg);
+    }
+    return dp__fail(d, rc, "%s", msg);
+}
+
+/* The engine behind transfer and transfer_many. */
+static int
+run_ops(dp__endpoint *ep, const dp__xfer_desc *ops, size_t n_ops, double timeout_s,
+        dp__xfer_result *res, const dp__xfer_notify *on_done, dp_detail *d)
+{
     uint64_t t0 = dp__now_ns();
     if (!(timeout_s > 0) || !isfinite(timeout_s) || timeout_s > 1e9) {
-        for (size_t i = 0; i < n_ops; i++) {
-            results[i] = DP_EINVAL;
-            if (details != NULL)
-                dp__fail(&details[i], DP_EINVAL, "timeout %g s: must be finite and > 0",
-                         timeout_s);
-        }
-        return dp__fail(d, DP_EINVAL, "timeout %g s: must be finite and > 0", timeout_s);
+        char msg[96];
+        snprintf(msg, sizeof msg, "timeout %g s: must be finite and > 0", timeout_s);
+        return refuse_all(res, n_ops, DP_EINVAL, msg, d);
     }
     uint64_t deadline = t0 + (uint64_t)(timeout_s * 1e9);
     opstate *ss = calloc(n_ops ? n_ops : 1, sizeof *ss);
-    if (ss == NULL) {
-        /* Nothing was posted: every op says so, as for invalid arguments. */
-        for (size_t i = 0; i < n_ops; i++) {
-            results[i] = DP_ENOMEM;
-            if (details != NULL)
-                dp__fail(&details[i], DP_ENOMEM,
-                         "transfer: out of memory (nothing posted)");
-        }
-        return dp__fail(d, DP_ENOMEM, "transfer: out of memory");
-    }
+    if (ss == NULL)
+        return refuse_all(res, n_ops, DP_ENOMEM,
+                          "transfer: out of memory (nothing posted)", d);
     dp_detail vd;
     dp_detail_clear(&vd);
     lock(ep);
@@ -506,20 +547,14 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
     }
     if (rc != DP_OK) {
         unlock(ep);
-        for (size_t i = 0; i < n_ops; i++) {
-            results[i] = rc;
-            if (details != NULL)
-                dp__fail(&details[i], rc, "%s", vd.msg);
-        }
-        dp__fail(d, rc, "%s", vd.msg);
         free(ss);
-        return rc;
+        return refuse_all(res, n_ops, rc, vd.msg, d);
     }
     for (size_t i = 0; i < n_ops; i++)
         reserve_locked(ep, &ss[i]);
     for (size_t i = 0; i < n_ops; i++) {
         opstate *s = &ss[i];
-        dp_detail *det = details ? &details[i] : NULL;
+        dp_detail *det = &res[i].det;
         if (i > 0 && dp__now_ns() >= deadline) {
             /* Earlier posts or callbacks used the whole time: not posted. */
             s->rc = dp__fail(det, DP_ETIMEDOUT,
@@ -536,7 +571,7 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
             finish_locked(ep, s, false, det);
         if (s->finished && on_done != NULL) {
             unlock(ep);
-            on_done(ctx, i, s->rc);
+            on_done->fn(on_done->ctx, i, s->rc);
             lock(ep);
         }
     }
@@ -558,11 +593,11 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
             bool out =
                 now >= deadline || (s->fail_deadline != 0 && now >= s->fail_deadline);
             if (s->b->b_pending == 0 || out) {
-                finish_locked(ep, s, now >= deadline, details ? &details[i] : NULL);
+                finish_locked(ep, s, now >= deadline, &res[i].det);
                 open--;
                 if (on_done != NULL) {
                     unlock(ep);
-                    on_done(ctx, i, s->rc);
+                    on_done->fn(on_done->ctx, i, s->rc);
                     lock(ep);
                 }
             }
@@ -581,81 +616,46 @@ run_ops(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops, double timeout_s
 
     size_t nfail = 0, first = 0;
     for (size_t i = 0; i < n_ops; i++) {
-        results[i] = ss[i].rc;
-        if (ends != NULL)
-            ends[i] = ss[i].end;
+        op_result(&ss[i], &res[i]);
         if (ss[i].rc != DP_OK && nfail++ == 0)
             first = i;
     }
     if (nfail > 0) {
         rc = ss[first].rc;
-        if (d != NULL) {
-            if (details != NULL)
-                dp__fail(d, rc, "%zu of %zu transfers failed; first, op %zu: %s", nfail,
-                         n_ops, first, details[first].msg);
-            else
-                dp__fail(d, rc, "%zu of %zu transfers failed; first: op %zu", nfail,
-                         n_ops, first);
-        }
+        dp__fail(d, rc, "%zu of %zu transfers failed; first, op %zu: %s", nfail, n_ops,
+                 first, res[first].det.msg);
     }
     free(ss);
     return rc;
 }
 
 int
-dp__endpoint_transfer(dp_endpoint *ep, dp_xfer_op op, const dp_range *local,
-                      size_t n_local, const dp_range *remote_ranges, size_t n_remote,
-                      const char *remote_name, double timeout_s, dp_detail *d)
+dp__endpoint_transfer(dp__endpoint *ep, const dp__xfer_desc *op, double timeout_s,
+                      dp_detail *d)
 {
-    dp_xfer_desc o = {.op = op,
-                      .local = local,
-                      .n_local = n_local,
-                      .remote = remote_ranges,
-                      .n_remote = n_remote,
-                      .remote_name = remote_name};
-    int result;
-    dp_detail det;
-    dp_detail_clear(&det);
-    int rc = run_ops(ep, &o, 1, timeout_s, &result, &det, NULL, NULL, NULL, NULL);
-    if (rc != DP_OK && d != NULL)
-        dp__fail(d, rc, "%s", det.msg);
+    if (op == NULL)
+        return dp__fail(d, DP_EINVAL, "transfer: op is NULL");
+    dp__xfer_result res;
+    int rc = run_ops(ep, op, 1, timeout_s, &res, NULL, NULL);
+    if (rc != DP_OK)
+        dp__fail(d, rc, "%s", res.det.msg);
     return rc;
 }
 
 int
-dp__endpoint_transfer_many(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                           double timeout_s, int *results, dp_detail *details,
-                           dp_detail *d)
+dp__endpoint_transfer_many(dp__endpoint *ep, const dp__xfer_desc *ops, size_t n_ops,
+                           double timeout_s, dp__xfer_result *res,
+                           const dp__xfer_notify *on_done, dp_detail *d)
 {
-    return dp__endpoint_transfer_many_cb(ep, ops, n_ops, timeout_s, results, details,
-                                         NULL, NULL, d);
-}
-
-int
-dp__endpoint_transfer_many_cb(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                              double timeout_s, int *results, dp_detail *details,
-                              dp_xfer_done_fn on_done, void *ctx, dp_detail *d)
-{
-    return dp__endpoint_transfer_many_ends(ep, ops, n_ops, timeout_s, results, details,
-                                           NULL, on_done, ctx, d);
-}
-
-int
-dp__endpoint_transfer_many_ends(dp_endpoint *ep, const dp_xfer_desc *ops, size_t n_ops,
-                                double timeout_s, int *results, dp_detail *details,
-                                dp_xfer_end *ends, dp_xfer_done_fn on_done, void *ctx,
-                                dp_detail *d)
-{
-    if (n_ops > 0 && (ops == NULL || results == NULL))
-        return dp__fail(d, DP_EINVAL, "transfer_many: ops or results is NULL");
-    if (details != NULL)
-        for (size_t i = 0; i < n_ops; i++)
-            dp_detail_clear(&details[i]);
-    return run_ops(ep, ops, n_ops, timeout_s, results, details, ends, on_done, ctx, d);
+    if (n_ops > 0 && (ops == NULL || res == NULL))
+        return dp__fail(d, DP_EINVAL, "transfer_many: ops or res is NULL");
+    for (size_t i = 0; i < n_ops; i++)
+        dp_detail_clear(&res[i].det);
+    return run_ops(ep, ops, n_ops, timeout_s, res, on_done, d);
 }
 
 bool
-dp__endpoint_touches_unfinished(const dp_endpoint *ep, const void *addr, size_t nbytes)
+dp__endpoint_touches_unfinished(const dp__endpoint *ep, const void *addr, size_t nbytes)
 {
     DP_UNUSED(ep);
     return dp__graveyard_touches((uint64_t)(uintptr_t)addr, nbytes);

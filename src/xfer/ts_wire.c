@@ -29,7 +29,7 @@ dp__ts_hdr_put(uint8_t *h, uint8_t kind, uint64_t seq, uint64_t a, uint64_t b,
 }
 
 bool
-dp__ts_hdr_get(const void *header, size_t len, uint8_t kind, dp_ts_hdr *h)
+dp__ts_hdr_get(const void *header, size_t len, uint8_t kind, dp__ts_hdr *h)
 {
     const uint8_t *p = header;
     if (p == NULL || len < DP_TS_HDR || memcmp(p, TS_MAGIC, 4) != 0 ||
@@ -45,7 +45,7 @@ dp__ts_hdr_get(const void *header, size_t len, uint8_t kind, dp_ts_hdr *h)
 }
 
 int
-dp__ts_ranges_parse(const dp_ts_hdr *h, const void *data, size_t len, dp_range *out,
+dp__ts_ranges_parse(const dp__ts_hdr *h, const void *data, size_t len, dp__range *out,
                     char *msg, size_t cap)
 {
     if (h->a == 0 || h->a > DP_TS_RANGES_MAX || len != h->a * 16 ||

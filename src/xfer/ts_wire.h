@@ -21,26 +21,26 @@
 #include <stdint.h>
 
 #include "common/common.h"
-#include "xfer/graveyard.h" /* dp_range */
+#include "xfer/graveyard.h" /* dp__range */
 
 enum { DP_TS_WRITE = 1, DP_TS_READ = 2 };
 
 #define DP_TS_HDR 32
 #define DP_TS_RANGES_MAX (1u << 20) /* ranges one READ request may name */
 
-typedef struct dp_ts_hdr {
+typedef struct dp__ts_hdr {
     uint8_t kind;
     uint16_t vlen;
     uint64_t seq, a, b;
     const uint8_t *v; /* vlen bytes, inside the parsed header */
-} dp_ts_hdr;
+} dp__ts_hdr;
 
 /* Write a header and v into h (DP_TS_HDR + vlen bytes); returns that length. */
 size_t dp__ts_hdr_put(uint8_t *h, uint8_t kind, uint64_t seq, uint64_t a, uint64_t b,
                       const void *v, uint16_t vlen);
 
 /* Parse header[0..len): true if it is a whole header of kind (and its v). */
-bool dp__ts_hdr_get(const void *header, size_t len, uint8_t kind, dp_ts_hdr *h);
+bool dp__ts_hdr_get(const void *header, size_t len, uint8_t kind, dp__ts_hdr *h);
 
 /*
  * A READ request's data[0..len) as h (a parsed READ header) announces it:
@@ -48,7 +48,7 @@ bool dp__ts_hdr_get(const void *header, size_t len, uint8_t kind, dp_ts_hdr *h);
  * h->b bytes in all. out gets h->a ranges. DP_EPROTO with the reason in
  * msg[0..cap) otherwise.
  */
-int dp__ts_ranges_parse(const dp_ts_hdr *h, const void *data, size_t len, dp_range *out,
+int dp__ts_ranges_parse(const dp__ts_hdr *h, const void *data, size_t len, dp__range *out,
                         char *msg, size_t cap);
 
 #endif

@@ -67,7 +67,7 @@ tsop_free(tsop *t)
 
 /* One part of t ended; at the last, t ends and its batch has one part less. */
 static void
-part_end_locked(dp_endpoint *ep, tsop *t, ucs_status_t st)
+part_end_locked(dp__endpoint *ep, tsop *t, ucs_status_t st)
 {
     batch *b = t->t_b;
     if (st != UCS_OK && b->b_status == UCS_OK)
@@ -81,7 +81,7 @@ part_end_locked(dp_endpoint *ep, tsop *t, ucs_status_t st)
 
 /* The reply t waits for will not come (or came): that part ends. */
 static void
-reply_end_locked(dp_endpoint *ep, tsop *t, ucs_status_t st)
+reply_end_locked(dp__endpoint *ep, tsop *t, ucs_status_t st)
 {
     if (!t->t_awaiting)
         return;
@@ -93,7 +93,7 @@ static void
 ts_send_cb(void *request, ucs_status_t status, void *user_data)
 {
     tsop *t = user_data;
-    dp_endpoint *ep = t->t_r->r_owner;
+    dp__endpoint *ep = t->t_r->r_owner;
     if (status != UCS_OK)
         reply_end_locked(ep, t, status); /* the message may not have gone */
     part_end_locked(ep, t, status);
@@ -111,7 +111,7 @@ ts_recv_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 
 /* Local runs of ranges[k0..k1) (adjacent ones merged) as an iov. */
 static ucp_dt_iov_t *
-iov_of(const dp_range *r, size_t k0, size_t k1, size_t *n_out, uint64_t *total)
+iov_of(const dp__range *r, size_t k0, size_t k1, size_t *n_out, uint64_t *total)
 {
     ucp_dt_iov_t *iov = malloc((k1 - k0 ? k1 - k0 : 1) * sizeof *iov);
     size_t n = 0;
@@ -136,7 +136,7 @@ iov_of(const dp_range *r, size_t k0, size_t k1, size_t *n_out, uint64_t *total)
 }
 
 static tsop *
-tsop_new_locked(dp_endpoint *ep, remote *r, batch *b, uint8_t kind)
+tsop_new_locked(dp__endpoint *ep, remote *r, batch *b, uint8_t kind)
 {
     tsop *t = calloc(1, sizeof *t);
     if (t == NULL)
@@ -150,10 +150,17 @@ tsop_new_locked(dp_endpoint *ep, remote *r, batch *b, uint8_t kind)
     return t;
 }
 
+/* What a message carries after its header, as ucp_am_send_nbx takes it. */
+typedef struct ts_body {
+    const void *buf;
+    size_t count;   /* bytes, or iov entries */
+    bool iov;       /* buf is an iov of count entries */
+    ucp_mem_h memh; /* contiguous bytes' registration (zero-copy), or NULL */
+} ts_body;
+
 /* Send t's message (its header, iov or request built); t joins its batch. */
 static void
-send_locked(dp_endpoint *ep, tsop *t, unsigned am_id, const void *buf, size_t count,
-            bool iov, bool rndv, ucp_mem_h memh)
+send_locked(dp__endpoint *ep, tsop *t, unsigned am_id, const ts_body *body, bool rndv)
 {
     batch *b = t->t_b;
     b->b_pending++;
@@ -163,15 +170,15 @@ send_locked(dp_endpoint *ep, tsop *t, unsigned am_id, const void *buf, size_t co
                         UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send = ts_send_cb,
         .user_data = t,
-        .datatype = iov ? ucp_dt_make_iov() : ucp_dt_make_contig(1),
+        .datatype = body->iov ? ucp_dt_make_iov() : ucp_dt_make_contig(1),
         .flags = UCP_AM_SEND_FLAG_REPLY | (rndv ? UCP_AM_SEND_FLAG_RNDV : 0),
     };
-    if (memh != NULL) {
+    if (body->memh != NULL) {
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        prm.memh = memh;
+        prm.memh = body->memh;
     }
-    ucs_status_ptr_t sp =
-        ucp_am_send_nbx(t->t_r->r_ep, am_id, t->t_hdr, t->t_hdr_len, buf, count, &prm);
+    ucs_status_ptr_t sp = ucp_am_send_nbx(t->t_r->r_ep, am_id, t->t_hdr, t->t_hdr_len,
+                                          body->buf, body->count, &prm);
     ep->st.ts_sent++;
     if (UCS_PTR_IS_ERR(sp)) {
         reply_end_locked(ep, t, UCS_PTR_STATUS(sp));
@@ -183,14 +190,14 @@ send_locked(dp_endpoint *ep, tsop *t, unsigned am_id, const void *buf, size_t co
 
 /* The registration of [addr, addr + n) (validated), for a contiguous message. */
 static ucp_mem_h
-memh_of_locked(dp_endpoint *ep, uint64_t addr, uint64_t n)
+memh_of_locked(dp__endpoint *ep, uint64_t addr, uint64_t n)
 {
-    dp_ranges_ent *e = dp__ranges_find(&ep->regs, addr, n);
+    dp__ranges_ent *e = dp__ranges_find(&ep->regs, addr, n);
     return e != NULL ? ((region *)e->v)->r_memh : NULL;
 }
 
 static void
-post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
+post_write_run_locked(dp__endpoint *ep, remote *r, const dp__xfer_desc *o, size_t k0,
                       size_t k1, batch *b)
 {
     while (k0 < k1 && o->local[k0].nbytes == 0)
@@ -209,16 +216,20 @@ post_write_run_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
     t->t_hdr_len = dp__ts_hdr_put(t->t_hdr, DP_TS_WRITE, t->t_seq, raddr, t->t_total,
                                   o->grant, (uint16_t)o->grant_len);
     bool one = t->t_n_iov == 1;
-    send_locked(
-        ep, t, TS_AM_WRITE, one ? t->t_iov[0].buffer : (void *)t->t_iov,
-        one ? t->t_iov[0].length : t->t_n_iov, !one, t->t_total >= ep->rndv_min,
-        one ? memh_of_locked(ep, (uint64_t)(uintptr_t)t->t_iov[0].buffer, t->t_total)
-            : NULL);
+    ts_body body = {
+        .buf = one ? t->t_iov[0].buffer : (void *)t->t_iov,
+        .count = one ? t->t_iov[0].length : t->t_n_iov,
+        .iov = !one,
+        .memh =
+            one ? memh_of_locked(ep, (uint64_t)(uintptr_t)t->t_iov[0].buffer, t->t_total)
+                : NULL,
+    };
+    send_locked(ep, t, TS_AM_WRITE, &body, t->t_total >= ep->rndv_min);
 }
 
 /* One READ request for ranges [k0, k1) of o (local and remote pair up). */
 static void
-post_read_part_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
+post_read_part_locked(dp__endpoint *ep, remote *r, const dp__xfer_desc *o, size_t k0,
                       size_t k1, batch *b)
 {
     tsop *t = tsop_new_locked(ep, r, b, DP_TS_READ);
@@ -236,7 +247,7 @@ post_read_part_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
     size_t n = 0;
     uint64_t end = 0;
     for (size_t k = k0; k < k1; k++) {
-        const dp_range *m = &o->remote[k];
+        const dp__range *m = &o->remote[k];
         if (m->nbytes == 0)
             continue;
         if (n > 0 && m->addr == end) {
@@ -258,18 +269,20 @@ post_read_part_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t 
     t->t_req_len = 16 * n;
     t->t_hdr_len = dp__ts_hdr_put(t->t_hdr, DP_TS_READ, t->t_seq, n, t->t_total, o->grant,
                                   (uint16_t)o->grant_len);
-    send_locked(ep, t, TS_AM_READ, req, t->t_req_len, false, false, NULL);
+    send_locked(ep, t, TS_AM_READ, &(ts_body){.buf = req, .count = t->t_req_len}, false);
 }
+
+/* Posts the piece [k0, k1) of o (post_write_run_locked, post_read_part_locked). */
+typedef void post_piece_fn(dp__endpoint *ep, remote *r, const dp__xfer_desc *o, size_t k0,
+                           size_t k1, batch *b);
 
 /*
  * The pieces of ranges [k0, k1): a range of at least TS_PIECE_MIN bytes is a
  * piece of its own, runs of smaller ones one piece each. fn posts a piece.
  */
 static void
-post_pieces_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
-                   size_t k1, batch *b,
-                   void (*fn)(dp_endpoint *, remote *, const dp_xfer_desc *, size_t,
-                              size_t, batch *))
+post_pieces_locked(dp__endpoint *ep, remote *r, const dp__xfer_desc *o, size_t k0,
+                   size_t k1, batch *b, post_piece_fn *fn)
 {
     size_t k = k0;
     while (k < k1 && b->b_status == UCS_OK) {
@@ -284,20 +297,20 @@ post_pieces_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, size_t k0,
 
 /* Reads go as pieces: several replies in flight, large ones zero-copy. */
 static void
-post_read_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
+post_read_locked(dp__endpoint *ep, remote *r, const dp__xfer_desc *o, batch *b)
 {
     post_pieces_locked(ep, r, o, 0, o->n_local, b, post_read_part_locked);
 }
 
 bool
-dp__ep_ts_wanted(const dp_endpoint *ep, const remote *r, const dp_xfer_desc *o)
+dp__ep_ts_wanted(const dp__endpoint *ep, const remote *r, const dp__xfer_desc *o)
 {
     DP_UNUSED(ep);
     return r->r_path == DP_XFER_PATH_TWO_SIDED && o->grant_len > 0; /* validated */
 }
 
 void
-dp__ep_ts_post_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *b)
+dp__ep_ts_post_locked(dp__endpoint *ep, remote *r, const dp__xfer_desc *o, batch *b)
 {
     if (o->op == DP_XFER_READ) {
         post_read_locked(ep, r, o, b);
@@ -323,7 +336,7 @@ dp__ep_ts_post_locked(dp_endpoint *ep, remote *r, const dp_xfer_desc *o, batch *
 
 /* A reply for one of our messages: t, if it is one we wait for from that connection. */
 static tsop *
-find_locked(dp_endpoint *ep, uint64_t seq, uint8_t kind, ucp_ep_h from)
+find_locked(dp__endpoint *ep, uint64_t seq, uint8_t kind, ucp_ep_h from)
 {
     for (tsop *t = DP_LIST_FIRST(&ep->tsops, tsop, t_link); t != NULL;
          t = DP_LIST_NEXT(t, tsop, t_link))
@@ -334,7 +347,7 @@ find_locked(dp_endpoint *ep, uint64_t seq, uint8_t kind, ucp_ep_h from)
 
 /* The target's verdict in a reply: 0, or its refusal recorded in the batch. */
 static int
-verdict_locked(tsop *t, const dp_ts_hdr *h)
+verdict_locked(tsop *t, const dp__ts_hdr *h)
 {
     int rc = (int)(int32_t)(uint32_t)h->a;
     if (rc == 0)
@@ -358,8 +371,8 @@ ack_cb(void *arg, const void *header, size_t header_length, void *data, size_t l
 {
     DP_UNUSED(data);
     DP_UNUSED(length);
-    dp_endpoint *ep = arg;
-    dp_ts_hdr h;
+    dp__endpoint *ep = arg;
+    dp__ts_hdr h;
     tsop *t;
     if (!dp__ts_hdr_get(header, header_length, DP_TS_WRITE, &h) ||
         (t = find_locked(ep, h.seq, DP_TS_WRITE, reply_ep_of(param))) == NULL)
@@ -373,8 +386,8 @@ static ucs_status_t
 data_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
         const ucp_am_recv_param_t *param)
 {
-    dp_endpoint *ep = arg;
-    dp_ts_hdr h;
+    dp__endpoint *ep = arg;
+    dp__ts_hdr h;
     tsop *t;
     if (!dp__ts_hdr_get(header, header_length, DP_TS_READ, &h) ||
         (t = find_locked(ep, h.seq, DP_TS_READ, reply_ep_of(param))) == NULL)
@@ -431,7 +444,7 @@ data_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
 }
 
 void
-dp__ep_ts_remote_failed_locked(dp_endpoint *ep, remote *r, ucs_status_t st)
+dp__ep_ts_remote_failed_locked(dp__endpoint *ep, remote *r, ucs_status_t st)
 {
     for (tsop *t = DP_LIST_FIRST(&ep->tsops, tsop, t_link), *next; t != NULL; t = next) {
         next = DP_LIST_NEXT(t, tsop, t_link);
@@ -444,7 +457,7 @@ dp__ep_ts_remote_failed_locked(dp_endpoint *ep, remote *r, ucs_status_t st)
 
 /* A reply in flight: its header and gathered ranges live until its send ends. */
 typedef struct ts_reply {
-    dp_endpoint *y_ep;
+    dp__endpoint *y_ep;
     void *y_hold; /* a READ's hold, NULL for an ACK */
     uint64_t y_gen;
     uint64_t y_total;
@@ -454,7 +467,7 @@ typedef struct ts_reply {
 
 /* A rendezvous WRITE being received. */
 typedef struct ts_rx {
-    dp_endpoint *x_ep;
+    dp__endpoint *x_ep;
     void *x_hold;
     uint64_t x_gen;
     uint64_t x_seq;
@@ -465,7 +478,7 @@ typedef struct ts_rx {
 static void
 reply_done_locked(ts_reply *y, ucs_status_t st)
 {
-    dp_endpoint *ep = y->y_ep;
+    dp__endpoint *ep = y->y_ep;
     if (y->y_hold != NULL && ep->serving && y->y_gen == ep->serve_gen) {
         if (st == UCS_OK)
             ep->st.ts_bytes_out += y->y_total;
@@ -484,14 +497,26 @@ reply_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
+/* An accepted READ's data: what its reply sends and the hold it ends. */
+typedef struct ts_read_data {
+    ucp_dt_iov_t *iov; /* the gathered ranges, n_iov of them */
+    size_t n_iov;
+    uint64_t total; /* their bytes */
+    void *hold;
+} ts_read_data;
+
 /*
  * Answer message seq of kind on connection to: rc and msg, and for an accepted
- * READ the gathered iov[0..n_iov) (owned by the reply from here on) with hold.
+ * READ its data rd (NULL: none), whose iov the reply owns from here on.
  */
 static void
-reply_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
-             const char *msg, ucp_dt_iov_t *iov, size_t n_iov, uint64_t total, void *hold)
+reply_locked(dp__endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
+             const char *msg, const ts_read_data *rd)
 {
+    ucp_dt_iov_t *iov = rd != NULL ? rd->iov : NULL;
+    size_t n_iov = rd != NULL ? rd->n_iov : 0;
+    uint64_t total = rd != NULL ? rd->total : 0;
+    void *hold = rd != NULL ? rd->hold : NULL;
     ts_reply *y = calloc(1, sizeof *y);
     if (y == NULL) {
         free(iov);
@@ -538,14 +563,14 @@ reply_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
 }
 
 static void
-refuse_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
+refuse_locked(dp__endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
               const char *msg)
 {
     ep->st.ts_refused++;
     DP_LOG_D("endpoint %s: two-sided %s refused: %s", ep->name,
              kind == DP_TS_WRITE ? "WRITE" : "READ", msg);
     if (to != NULL)
-        reply_locked(ep, to, kind, seq, rc, msg, NULL, 0, 0, NULL);
+        reply_locked(ep, to, kind, seq, rc, msg, NULL);
 }
 
 /*
@@ -553,8 +578,9 @@ refuse_locked(dp_endpoint *ep, ucp_ep_h to, uint8_t kind, uint64_t seq, int rc,
  * it came with a reply path (*to) and this endpoint serves. False: refused.
  */
 static bool
-request_ok_locked(dp_endpoint *ep, const void *header, size_t header_length, uint8_t kind,
-                  const ucp_am_recv_param_t *param, dp_ts_hdr *h, ucp_ep_h *to)
+request_ok_locked(dp__endpoint *ep, const void *header, size_t header_length,
+                  uint8_t kind, const ucp_am_recv_param_t *param, dp__ts_hdr *h,
+                  ucp_ep_h *to)
 {
     const char *what = kind == DP_TS_WRITE ? "WRITE" : "READ";
     char msg[DP_DETAIL_MAX];
@@ -583,7 +609,7 @@ rx_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     DP_UNUSED(length);
     ts_rx *x = user_data;
-    dp_endpoint *ep = x->x_ep;
+    dp__endpoint *ep = x->x_ep;
     ep->ts_inflight--;
     bool live = ep->serving && x->x_gen == ep->serve_gen;
     if (live)
@@ -591,7 +617,7 @@ rx_cb(void *request, ucs_status_t status, size_t length, void *user_data)
     if (status == UCS_OK) {
         ep->st.ts_bytes_in += x->x_len;
         /* Completed: the connection is alive, its endpoint handle valid. */
-        reply_locked(ep, x->x_reply, DP_TS_WRITE, x->x_seq, 0, NULL, NULL, 0, 0, NULL);
+        reply_locked(ep, x->x_reply, DP_TS_WRITE, x->x_seq, 0, NULL, NULL);
     }
     free(x);
     ucp_request_free(request);
@@ -601,9 +627,9 @@ static ucs_status_t
 write_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
          const ucp_am_recv_param_t *param)
 {
-    dp_endpoint *ep = arg;
+    dp__endpoint *ep = arg;
     ucp_ep_h to;
-    dp_ts_hdr h;
+    dp__ts_hdr h;
     char msg[DP_DETAIL_MAX];
     if (!request_ok_locked(ep, header, header_length, DP_TS_WRITE, param, &h, &to))
         return UCS_OK;
@@ -629,7 +655,7 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
         memcpy((void *)(uintptr_t)h.a, data, length);
         ep->serve.write_end(ep->serve.ctx, hold, true);
         ep->st.ts_bytes_in += length;
-        reply_locked(ep, to, DP_TS_WRITE, h.seq, 0, NULL, NULL, 0, 0, NULL);
+        reply_locked(ep, to, DP_TS_WRITE, h.seq, 0, NULL, NULL);
         return UCS_OK;
     }
     ts_rx *x = calloc(1, sizeof *x);
@@ -658,7 +684,7 @@ write_cb(void *arg, const void *header, size_t header_length, void *data, size_t
     } else if (sp == NULL) {
         ep->serve.write_end(ep->serve.ctx, hold, true);
         ep->st.ts_bytes_in += h.b;
-        reply_locked(ep, to, DP_TS_WRITE, h.seq, 0, NULL, NULL, 0, 0, NULL);
+        reply_locked(ep, to, DP_TS_WRITE, h.seq, 0, NULL, NULL);
         free(x);
     } else {
         ep->ts_inflight++;
@@ -670,9 +696,9 @@ static ucs_status_t
 read_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
         const ucp_am_recv_param_t *param)
 {
-    dp_endpoint *ep = arg;
+    dp__endpoint *ep = arg;
     ucp_ep_h to;
-    dp_ts_hdr h;
+    dp__ts_hdr h;
     char msg[DP_DETAIL_MAX];
     if (!request_ok_locked(ep, header, header_length, DP_TS_READ, param, &h, &to))
         return UCS_OK;
@@ -682,7 +708,7 @@ read_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
         return UCS_OK;
     }
     size_t n = h.a > 0 && h.a <= DP_TS_RANGES_MAX ? (size_t)h.a : 1;
-    dp_range *rg = malloc(n * sizeof *rg);
+    dp__range *rg = malloc(n * sizeof *rg);
     ucp_dt_iov_t *iov = malloc(n * sizeof *iov);
     if (rg == NULL || iov == NULL) {
         free(rg);
@@ -719,14 +745,15 @@ read_cb(void *arg, const void *header, size_t header_length, void *data, size_t 
         return UCS_OK;
     }
     ep->st.ts_served++;
-    reply_locked(ep, to, DP_TS_READ, h.seq, 0, NULL, iov, n, h.b, hold);
+    ts_read_data rd = {.iov = iov, .n_iov = n, .total = h.b, .hold = hold};
+    reply_locked(ep, to, DP_TS_READ, h.seq, 0, NULL, &rd);
     return UCS_OK;
 }
 
 /* ---- setup ---- */
 
 int
-dp__ep_ts_init_locked(dp_endpoint *ep, dp_detail *d)
+dp__ep_ts_init_locked(dp__endpoint *ep, dp_detail *d)
 {
     ep->rndv_min = ep->opts.rndv_min > 0 ? ep->opts.rndv_min : TS_DEFAULT_RNDV_MIN;
     const char *rm = getenv("DP_RNDV_MIN");
@@ -776,7 +803,7 @@ dp__ep_ts_init_locked(dp_endpoint *ep, dp_detail *d)
 }
 
 void
-dp__ep_ts_choose_path_locked(dp_endpoint *ep, remote *r, dp_xfer_lane lane)
+dp__ep_ts_choose_path_locked(dp__endpoint *ep, remote *r, dp__xfer_lane lane)
 {
     bool able = r->r_serves && ep->max_am_header >= DP_TS_HDR + DP_XFER_GRANT_MAX;
     if (!able || ep->two_sided == DP_XFER_TS_NEVER)
@@ -788,7 +815,7 @@ dp__ep_ts_choose_path_locked(dp_endpoint *ep, remote *r, dp_xfer_lane lane)
 }
 
 int
-dp__endpoint_serve(dp_endpoint *ep, const dp_xfer_serve *hooks, dp_detail *d)
+dp__endpoint_serve(dp__endpoint *ep, const dp__xfer_serve *hooks, dp_detail *d)
 {
     if (hooks != NULL && (hooks->write_begin == NULL || hooks->write_end == NULL ||
                           hooks->read_begin == NULL || hooks->read_end == NULL))
@@ -811,26 +838,4 @@ dp__endpoint_serve(dp_endpoint *ep, const dp_xfer_serve *hooks, dp_detail *d)
     }
     unlock(ep);
     return rc;
-}
-
-int
-dp__endpoint_remote_path(dp_endpoint *ep, const char *name, dp_xfer_path *path,
-                         dp_detail *d)
-{
-    lock(ep);
-    int rc = check_open_locked(ep, d);
-    remote *r = rc == DP_OK && name != NULL ? dp__ep_remote_find_locked(ep, name) : NULL;
-    if (rc == DP_OK && r == NULL)
-        rc = dp__fail(d, DP_ENOTFOUND, "endpoint %s: no remote named %s", ep->name,
-                      name ? name : "(null)");
-    if (rc == DP_OK)
-        *path = r->r_path;
-    unlock(ep);
-    return rc;
-}
-
-const char *
-dp__xfer_path_name(dp_xfer_path path)
-{
-    return path == DP_XFER_PATH_TWO_SIDED ? "two-sided" : "one-sided";
 }

@@ -3,7 +3,7 @@
  * outside (a launcher, a person editing it): every field is checked, and an
  * error names the file and the field.
  */
-#include "client/cluster.h"
+#include "cluster/cluster.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -16,7 +16,6 @@
 
 #include "common/fileio.h"
 #include "ctl/ctl.h"
-#include "registry/registry.h"
 
 #define MAX_FILE_BYTES (4u << 20)
 
@@ -185,28 +184,38 @@ get_hex64(const cJSON *o, const char *key, uint64_t *out, const char *path, int 
     return DP_OK;
 }
 
+/* An integer member of a unit: its name, its bounds, whether it must be there. */
+typedef struct int_member {
+    const char *key;
+    double lo, hi;
+    bool required; /* else absent reads as 0 */
+} int_member;
+
+static const int_member member_id = {"id", 0, DP_CLUSTER_MAX_UNITS, true};
+static const int_member member_pid = {"pid", 0, 4194304, false};
+
 static int
-get_int(const cJSON *o, const char *key, double lo, double hi, bool required,
-        int64_t *out, const char *path, int i, dp_detail *d)
+get_int(const cJSON *o, const int_member *m, int64_t *out, const char *path, int i,
+        dp_detail *d)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (v == NULL && !required) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, m->key);
+    if (v == NULL && !m->required) {
         *out = 0;
         return DP_OK;
     }
     /* The range first: converting a double outside int64's is undefined. */
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= m->lo && v->valuedouble <= m->hi) ||
         v->valuedouble != (double)(int64_t)v->valuedouble)
         return dp__fail(
             d, DP_EPROTO,
             "cluster file %s: units[%d].%s must be an integer in [%.0f, %.0f]", path, i,
-            key, lo, hi);
+            m->key, m->lo, m->hi);
     *out = (int64_t)v->valuedouble;
     return DP_OK;
 }
 
 int
-dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d)
+dp__cluster_load(const char *path, dp__cluster *out, dp_detail *d)
 {
     memset(out, 0, sizeof *out);
     char *text = NULL;
@@ -252,16 +261,15 @@ dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d)
     const cJSON *u;
     cJSON_ArrayForEach(u, units)
     {
-        dp_cluster_unit *cu = &out->units[i];
+        dp__cluster_unit *cu = &out->units[i];
         int64_t id = 0, pid = 0;
         if (!cJSON_IsObject(u)) {
             rc = dp__fail(d, DP_EPROTO, "cluster file %s: units[%d] must be an object",
                           path, i);
             goto out;
         }
-        if ((rc = get_int(u, "id", 0, DP_CLUSTER_MAX_UNITS, true, &id, path, i, d)) !=
-                0 ||
-            (rc = get_int(u, "pid", 0, 4194304, false, &pid, path, i, d)) != 0 ||
+        if ((rc = get_int(u, &member_id, &id, path, i, d)) != 0 ||
+            (rc = get_int(u, &member_pid, &pid, path, i, d)) != 0 ||
             (rc = get_str(u, "zmq", cu->zmq, sizeof cu->zmq, path, i, d)) != 0 ||
             (rc = get_str(u, "agent", cu->agent, sizeof cu->agent, path, i, d)) != 0 ||
             (rc = get_hex64(u, "incarnation", &cu->incarnation, path, i, d)) != 0)
@@ -312,7 +320,7 @@ hex16(uint64_t v, char out[17])
 }
 
 int
-dp__cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
+dp__cluster_save(const char *path, const dp__cluster *c, dp_detail *d)
 {
     int rc = DP_OK;
     char *text = NULL;
@@ -326,7 +334,7 @@ dp__cluster_save(const char *path, const dp_cluster *c, dp_detail *d)
         goto out;
     }
     for (uint32_t i = 0; i < c->n_units; i++) {
-        const dp_cluster_unit *u = &c->units[i];
+        const dp__cluster_unit *u = &c->units[i];
         char inc[17];
         cJSON *o = cJSON_CreateObject();
         if (o == NULL || !cJSON_AddItemToArray(units, o) ||
@@ -376,34 +384,8 @@ out:
 }
 
 void
-dp__cluster_fini(dp_cluster *c)
+dp__cluster_fini(dp__cluster *c)
 {
     free(c->units);
     memset(c, 0, sizeof *c);
-}
-
-int
-dp__cluster_resolve(const char *arg, double budget_s, dp_cluster *out, char *where,
-                    size_t cap, dp_detail *d)
-{
-    memset(out, 0, sizeof *out);
-    const char *p = arg;
-    if (p == NULL || *p == '\0')
-        p = getenv("DP_CLUSTER");
-    if (dp__reg_is_url(p)) {
-        snprintf(where, cap, "%s", p);
-        dp__reg_url u;
-        int rc = dp__reg_url_parse(p, &u, d);
-        if (rc == DP_OK)
-            rc = dp__reg_load(&u, budget_s, out, &out->revision, d);
-        if (rc == DP_OK)
-            snprintf(out->registry, sizeof out->registry, "%s", u.text);
-        return rc;
-    }
-    char path[PATH_MAX];
-    int rc = dp__cluster_locate(p, path, sizeof path, d);
-    if (rc != DP_OK)
-        return rc;
-    snprintf(where, cap, "%s", path);
-    return dp__cluster_load(path, out, d);
 }

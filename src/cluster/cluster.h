@@ -16,12 +16,13 @@
  * Where it is: an explicit path (a file, or a directory holding cluster.json),
  * else $DP_CLUSTER (same forms), else the default directory
  * ($XDG_RUNTIME_DIR/dataplane, or /tmp/dataplane-<uid>) + "/cluster.json".
- * A cluster may instead be found in a registry (etcd://...: dp__cluster_resolve).
+ * A cluster may instead be found in a registry (etcd://...: dp__reg_resolve in
+ * registry/registry.h).
  *
  * Threads: every function is reentrant.
  */
-#ifndef DP_CLIENT_CLUSTER_H
-#define DP_CLIENT_CLUSTER_H
+#ifndef DP_CLUSTER_CLUSTER_H
+#define DP_CLUSTER_CLUSTER_H
 
 #include <limits.h>
 #include <stdint.h>
@@ -33,18 +34,18 @@
 #define DP_CLUSTER_ADDR_MAX 128
 #define DP_CLUSTER_REGISTRY_MAX 600 /* an etcd:// URL */
 
-typedef struct dp_cluster_unit {
+typedef struct dp__cluster_unit {
     uint32_t id;
     char zmq[DP_CLUSTER_ADDR_MAX];   /* "tcp://ip:port" */
     char agent[DP_CLUSTER_ADDR_MAX]; /* the unit's endpoint name */
     int64_t pid;                     /* 0 when unknown (another machine) */
     uint64_t incarnation;            /* 0 when unknown */
     char pubkey[41];                 /* its CURVE public key (Z85), "" when none */
-} dp_cluster_unit;
+} dp__cluster_unit;
 
-typedef struct dp_cluster {
+typedef struct dp__cluster {
     uint32_t n_units;
-    dp_cluster_unit *units; /* units[i].id == i */
+    dp__cluster_unit *units; /* units[i].id == i */
     /*
      * The cluster's id ("cluster": optional, 1..64 bytes of [A-Za-z0-9_.:-];
      * "" when the file has none): every unit must report the same id, so a
@@ -52,12 +53,12 @@ typedef struct dp_cluster {
      */
     char cluster_id[65];
     /*
-     * Read from a registry (dp__cluster_resolve of an etcd:// URL): its URL,
+     * Read from a registry (dp__reg_resolve of an etcd:// URL): its URL,
      * and the store's revision the records were read at; "" and 0 for a file.
      */
     char registry[DP_CLUSTER_REGISTRY_MAX];
     int64_t revision;
-} dp_cluster;
+} dp__cluster;
 
 /* The default directory into buf; returns buf. */
 const char *dp__cluster_default_dir(char *buf, size_t len);
@@ -77,22 +78,11 @@ int dp__cluster_locate(const char *arg, char *path, size_t len, dp_detail *d);
  * path names something other than a regular file: says what), DP_EPROTO (the
  * file is not a valid cluster file: says which field), DP_ESYS, DP_ENOMEM.
  */
-int dp__cluster_load(const char *path, dp_cluster *out, dp_detail *d);
+int dp__cluster_load(const char *path, dp__cluster *out, dp_detail *d);
 
 /* Write atomically: a temporary file in the same directory, fsync, rename. */
-int dp__cluster_save(const char *path, const dp_cluster *c, dp_detail *d);
+int dp__cluster_save(const char *path, const dp__cluster *c, dp_detail *d);
 
-void dp__cluster_fini(dp_cluster *c);
-
-/*
- * Where a cluster is, and its units: arg (NULL or "": $DP_CLUSTER, else the
- * default directory) is either a registry URL (etcd://HOST:PORT[,...]/NAME:
- * its records are read, waiting up to budget_s for every unit to register;
- * see registry/registry.h) or a cluster file or its directory
- * (dp__cluster_locate, dp__cluster_load). where (cap bytes) gets the URL or
- * the file's path, for messages. Errors of either.
- */
-int dp__cluster_resolve(const char *arg, double budget_s, dp_cluster *out, char *where,
-                        size_t cap, dp_detail *d);
+void dp__cluster_fini(dp__cluster *c);
 
 #endif
