@@ -13,7 +13,7 @@
  * take a hold on each (n_holds; the running saves' hold sets are listed in
  * u->holds for dp__unit_check). A hold keeps a record like a pin does: a
  * release meanwhile makes it a zombie (its region and fd stay), freed when the
- * last pin and hold end. Outside mu, on the caller's thread (for serve.c a
+ * last pin and hold end. Outside mu, on the caller's thread (for handler.c a
  * thread of its own, whose reply is deferred: the ctl thread goes on serving;
  * destroy stops it at its next blob and waits, see dp__unit_admin_wait), the
  * blobs are copied from the put area (published bytes never change) or from

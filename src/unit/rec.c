@@ -24,7 +24,8 @@
 #define FROM(s) (1u << (s))
 static const unsigned allowed_from[] = {
     [REC_ALLOCATED] = FROM(REC_ALLOCATED),
-    [REC_VALIDATED] = FROM(REC_ALLOCATED) | FROM(REC_VALIDATED), /* a commit asked again */
+    /* VALIDATED again: a spill's commit asked again while its job waits. */
+    [REC_VALIDATED] = FROM(REC_ALLOCATED) | FROM(REC_VALIDATED),
     [REC_ABORTING] = FROM(REC_ALLOCATED) | FROM(REC_VALIDATED),
     [REC_ABORTING_RETIRE] = FROM(REC_ALLOCATED) | FROM(REC_VALIDATED),
     [REC_PUBLISHED] = FROM(REC_ALLOCATED) | FROM(REC_VALIDATED),

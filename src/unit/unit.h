@@ -2,7 +2,7 @@
  * The storage unit core (docs/design.md, "Storage unit"): one registered
  * DRAM slab, its put-area allocator, the blob table, the row index, pins,
  * quarantine and retired regions, the SSD tier and checkpoints. It knows
- * nothing of ZMQ: serve.c decodes control messages and calls the operations
+ * nothing of ZMQ: handler.c decodes control messages and calls the operations
  * here; tests call them directly. This is the module's interface; its files
  * share src/unit/unit_int.h among themselves only.
  *
@@ -485,7 +485,7 @@ typedef struct dp__unit_save_res {
  * save_shard: copy every live (published) blob back to back into path and the
  * keys the row index points at each of them with into path.rows. The snapshot
  * (which blobs, which of their entries are live) is taken under the unit lock;
- * the file I/O runs outside it, on the calling thread (serve.c runs it on a
+ * the file I/O runs outside it, on the calling thread (handler.c runs it on a
  * thread of its own and answers through a deferred reply, so the unit goes on
  * answering other requests meanwhile).
  * Each snapshotted blob is held: a release meanwhile frees it only when the
@@ -527,7 +527,7 @@ int dp__unit_load_shard(dp__unit *u, const dp__wire_load_shard_args *a,
                         dp__unit_load_res *res, dp_detail *d);
 void dp__unit_load_res_fini(dp__unit_load_res *res);
 
-/* ---- control-message handler (serve.c) ---- */
+/* ---- control-message handler (handler.c) ---- */
 
 /*
  * The dp_ctl_handler of a unit: ctx is the dp__unit. Decodes the request

@@ -14,7 +14,7 @@
  * (one table: DP_UNIT_STATS in unit.h) and the blob scan. check.c:
  * dp__unit_check. numa.c: NUMA placement. writers.c: who may still WRITE into
  * a retired region. transfers.c: the serve hooks of two-sided transfers.
- * serve.c / server.c: the control-message handler and the serving unit over
+ * handler.c / server.c: the control-message handler and the serving unit over
  * the endpoint and the ctl server.
  *
  * Ownership. The unit owns the slab (from dp__endpoint_alloc, or mmap without
@@ -36,14 +36,14 @@
  * default; dp__unit_now).
  *
  * Locks. One unit lock (mu) guards everything here. The ctl thread (through
- * serve.c), save/load threads, the ticker, the io workers and test callers
+ * handler.c), save/load threads, the ticker, the io workers and test callers
  * take it; nothing blocking runs under it (no transfer, no file I/O, no ZMQ).
  * The ticker's and the io workers' condition variables wait on mu itself.
  * Lock order: the endpoint's internal lock, then mu, then the allocators (not
  * thread-safe, used only under mu). The endpoint calls the two-sided serve
  * hooks (transfers.c) with its lock held and they take mu; so nothing under
  * mu calls an endpoint function that locks (only dp__endpoint_name, which
- * takes none; metadata is fetched by serve.c outside mu). Functions named
+ * takes none; metadata is fetched by handler.c outside mu). Functions named
  * *_locked are called with mu held.
  */
 #ifndef DP_UNIT_UNIT_INT_H
