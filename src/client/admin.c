@@ -52,8 +52,8 @@ call_all_locked(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *ctx,
      */
     int *rcs;
     dp_detail *dets;
-    int rc =
-        dp__client_bind_unbound_locked(c, q_of, ctx, dp__now_s() + c->o.timeout_s, &rcs, &dets, d);
+    int rc = dp__client_bind_unbound_locked(c, q_of, ctx, dp__now_s() + c->o.timeout_s,
+                                            &rcs, &dets, d);
     dp__fanout_reset(f); /* after: binding uses the client's own fanout, maybe f */
     if (rc != DP_OK)
         return rc;

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* ---- aborts and notifications ---- */
 
 void
@@ -74,7 +73,8 @@ aborts_again_locked(dp_client *c, uint32_t u, bool same_process)
 /* ---- binding ---- */
 
 int
-dp__client_set_server_keys(dp_client *c, const dp__cluster_unit *cu, uint32_t n, dp_detail *d)
+dp__client_set_server_keys(dp_client *c, const dp__cluster_unit *cu, uint32_t n,
+                           dp_detail *d)
 {
     int rc = 0;
     for (uint32_t u = 0; cu != NULL && rc == 0 && u < n; u++)
@@ -466,8 +466,8 @@ dp__client_bind_all(dp_client *c, dp_detail *d)
     pthread_mutex_lock(&c->mu);
     int *rcs;
     dp_detail *dets;
-    int rc = dp__client_bind_unbound_locked(c, NULL, NULL, dp__now_s() + c->o.connect_timeout_s,
-                                 &rcs, &dets, d);
+    int rc = dp__client_bind_unbound_locked(
+        c, NULL, NULL, dp__now_s() + c->o.connect_timeout_s, &rcs, &dets, d);
     for (uint32_t u = 0; rc == DP_OK && rcs != NULL && u < c->n_units; u++)
         if (rcs[u] != 0) {
             rc = rcs[u];
