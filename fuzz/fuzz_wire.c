@@ -1,5 +1,6 @@
 /*
- * libFuzzer target for the control-message codec (src/wire/wire.c).
+ * libFuzzer target for the control-message codec (src/wire/: wire.c,
+ * wire_fields.c, wire_reply.c).
  *
  * Input: one selector byte, then the message. The low 7 bits of the selector
  * pick what decodes it: 0 the request decoder (and peek), k in 1..14 the reply

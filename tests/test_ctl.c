@@ -876,14 +876,16 @@ stop_then_kill_under(bg_call *b, pid_t pid)
  * the budget answers it (the call costs time, not an error); one that is not
  * repeatable fails at once, saying the request may or may not have been
  * carried out; a repeatable one whose server never comes back fails with
- * DP_ETRANSFER at the budget, saying it was sent again; a server that refuses
- * from the start still fails a repeatable call at once.
+ * DP_ETRANSFER at the budget, saying it was sent again, or, with a budget
+ * longer than the restart grace (2 s of refused connections), at the end of
+ * the grace, saying its process is gone; a server that refuses from the
+ * start still fails a repeatable call at once.
  */
 DP_TEST(repeatable_requests_ride_a_dropped_connection)
 {
     char a[128], b2[128];
     pid_t pid = fork_server(a, sizeof a);
-    standby back[2] = {fork_standby(), fork_standby()};
+    standby back[3] = {fork_standby(), fork_standby(), fork_standby()};
     dp__ctl_client *c = NULL;
     CHECK_OK(dp__ctl_client_create(&c, NULL));
     dp__buf req;
@@ -930,13 +932,34 @@ DP_TEST(repeatable_requests_ride_a_dropped_connection)
     it = (dp__ctl_item){
         .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
     dp__buf_init(&it.reply);
-    bc = (bg_call){.c = c, .it = &it, .timeout_s = 2.0};
+    bc = (bg_call){.c = c, .it = &it, .timeout_s = 1.5};
     stop_then_kill_under(&bc, pid);
     CHECK(pthread_join(bc.th, NULL) == 0);
     CHECKF(it.rc == DP_ETRANSFER, "rc %d: %s", it.rc, it.det.msg);
     CHECK_CONTAINS(it.det.msg, "sent again");
     CHECK_CONTAINS(it.det.msg, a);
-    CHECKF(bc.took >= 1.9 && bc.took < 6.0, "took %.2f s with a 2 s budget", bc.took);
+    CHECKF(bc.took >= 1.4 && bc.took < 6.0, "took %.2f s with a 1.5 s budget", bc.took);
+    dp__buf_fini(&it.reply);
+
+    /*
+     * repeatable, the server gone for good, a long budget: its port refuses
+     * fresh connections, so after the restart grace the call fails saying the
+     * process is gone, instead of waiting out the budget
+     */
+    standby_start(&back[2], port, b2, sizeof b2);
+    pid = back[2].pid;
+    it = (dp__ctl_item){
+        .address = a, .req = req.data, .len = req.len, .rid = "d1", .repeat = true};
+    dp__buf_init(&it.reply);
+    bc = (bg_call){.c = c, .it = &it, .timeout_s = 60.0};
+    stop_then_kill_under(&bc, pid);
+    CHECK(pthread_join(bc.th, NULL) == 0);
+    CHECKF(it.rc == DP_ETRANSFER, "rc %d: %s", it.rc, it.det.msg);
+    CHECK_CONTAINS(it.det.msg, "its process is gone");
+    CHECKF(it.resent >= 1, "resent %u", it.resent);
+    CHECKF(bc.took < 30.0, "took %.2f s with a 60 s budget", bc.took);
+    printf("    a gone server failed the call after %.2f s of a 60 s budget: %s\n",
+           bc.took, it.det.msg);
     dp__buf_fini(&it.reply);
 
     /* refused from the start: at once, repeatable or not */

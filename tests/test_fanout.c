@@ -191,20 +191,20 @@ DP_TEST(fanout_reports_each_unit)
              "unit 1 (%s) says it is unit 2 of 4, but the list lists it as unit 1 of 4 "
              "(wrong order or a unit from another cluster)",
              us[1].zmq);
-    CHECK_STR(f.u[1].det.msg, want);
+    CHECK_STR(f.u[1].st.det.msg, want);
     CHECK(f.u[1].misplaced);
-    CHECK_EQ(f.u[1].rc, DP_EPROTO);
-    CHECK_CONTAINS(f.u[2].det.msg, "says it is unit 2 of 5");
+    CHECK_EQ(f.u[1].st.rc, DP_EPROTO);
+    CHECK_CONTAINS(f.u[2].st.det.msg, "says it is unit 2 of 5");
     CHECK_CONTAINS(dp__fanout_why(&f.u[2]), "says it is");
     /* Another process answered: noted, a failure only where asked. */
-    CHECK_EQ(f.u[3].rc, DP_OK);
+    CHECK_EQ(f.u[3].st.rc, DP_OK);
     CHECK(f.u[3].restarted);
     fs[0].mode = FAKE_OK;
     o.flags |= DP__FANOUT_SAME_PROCESS;
     CHECK_ERR(ask_info(&f, ctl, &g, &cl, 5, &o), DP_EPROTO);
-    CHECK_EQ(f.u[3].rc, DP_ERESTARTED);
-    CHECK_CONTAINS(f.u[3].det.msg, "restarted (incarnation 0000000000000067 -> "
-                                   "00000000000003e7)");
+    CHECK_EQ(f.u[3].st.rc, DP_ERESTARTED);
+    CHECK_CONTAINS(f.u[3].st.det.msg, "restarted (incarnation 0000000000000067 -> "
+                                      "00000000000003e7)");
 
     dp__fanout_fini(&f);
     dp__fanout_fini(&f); /* twice: harmless */
@@ -236,13 +236,13 @@ DP_TEST(fanout_silent_unit_and_units_left_out)
     CHECK_ERR(ask_info(&f, ctl, &g, &cl, 0.5, &o), DP_ETIMEDOUT);
     double took = dp__now_s() - t0;
     CHECKF(took >= 0.4 && took < 3, "took %.2f s", took);
-    CHECK_EQ(f.u[0].rc, DP_OK);
-    CHECK_EQ(f.u[1].rc, DP_OK);
+    CHECK_EQ(f.u[0].st.rc, DP_OK);
+    CHECK_EQ(f.u[1].st.rc, DP_OK);
     CHECK(!f.u[2].answered);
     char want[256];
     snprintf(want, sizeof want,
              "unit 2 (%s) did not answer info within 0.5 s: is it running?", us[2].zmq);
-    CHECK_STR(f.u[2].det.msg, want);
+    CHECK_STR(f.u[2].st.det.msg, want);
 
     /* Only unit 1: the others are not asked. */
     unsigned before0 = atomic_load(&fs[0].asked);
@@ -414,7 +414,7 @@ DP_TEST(control_only_client_with_a_unit_down)
     CHECK_EQ(dp__groups_count(&g, 1), 2);
     CHECK_EQ(f.u[0].rep.r.dropped, 4);
     CHECK_EQ(f.u[2].rep.r.dropped, 1);
-    CHECK_EQ(f.u[1].rc, DP_ETIMEDOUT);
+    CHECK_EQ(f.u[1].st.rc, DP_ETIMEDOUT);
     CHECK_CONTAINS(d.msg, "clear: rows of unit 1 (");
     CHECK_CONTAINS(d.msg, "not cleared: did not answer info within 0.5 s: hint");
     CHECK_CONTAINS(d.msg, "(2 of 7 rows not cleared)");

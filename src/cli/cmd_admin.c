@@ -204,15 +204,15 @@ dp__cmd_stats(int argc, char **argv)
     }
     int status = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (f.u[i].rc != DP_OK) {
-            fprintf(stderr, "dataplane stats: %s (%s)\n", f.u[i].det.msg,
-                    dp_strerror(f.u[i].rc));
+        if (f.u[i].st.rc != DP_OK) {
+            fprintf(stderr, "dataplane stats: %s (%s)\n", f.u[i].st.det.msg,
+                    dp_strerror(f.u[i].st.rc));
             status = 1;
         }
     /* Rows: the counter names of the first unit that answered, in its order. */
     const dp__wire_fields *names = NULL;
     for (uint32_t i = 0; i < n && names == NULL; i++)
-        if (f.u[i].rc == DP_OK)
+        if (f.u[i].st.rc == DP_OK)
             names = &f.u[i].rep.r.stats;
     printf("cluster %s: %u unit%s\n", c.path, n, n == 1 ? "" : "s");
     int w = 18; /* the name column fits the longest counter name */
@@ -240,8 +240,8 @@ dp__cmd_stats(int argc, char **argv)
             bool summable = !no_total(name);
             for (uint32_t i = 0; i < n; i++) {
                 const dp__wire_field *x =
-                    f.u[i].rc == DP_OK ? dp__wire_fields_get(&f.u[i].rep.r.stats, name)
-                                       : NULL;
+                    f.u[i].st.rc == DP_OK ? dp__wire_fields_get(&f.u[i].rep.r.stats, name)
+                                          : NULL;
                 if (x != NULL && x->type == DP_WIRE_U64)
                     total += x->v.u;
                 else
@@ -249,7 +249,7 @@ dp__cmd_stats(int argc, char **argv)
                 if (i < g0 || i >= g1)
                     continue;
                 printf(" %12s", x != NULL ? fmt_field(x, size, o.raw, buf, sizeof buf)
-                                          : (f.u[i].rc != DP_OK ? "(down)" : "-"));
+                                          : (f.u[i].st.rc != DP_OK ? "(down)" : "-"));
             }
             if (last && n > 1) {
                 if (summable) {
@@ -270,7 +270,7 @@ dp__cmd_stats(int argc, char **argv)
         printf("\nunits' transports:");
         for (uint32_t i = 0; i < f.n; i++) {
             char t[160] = "?";
-            if (f.u[i].rc == DP_OK && f.u[i].rep.r.info.transports.n > 0)
+            if (f.u[i].st.rc == DP_OK && f.u[i].rep.r.info.transports.n > 0)
                 dp__wire_str_copy(f.u[i].rep.r.info.transports, t, sizeof t);
             printf("%s unit %u: %s", i > 0 ? ";" : "", i, t);
         }
@@ -472,11 +472,12 @@ dp__cmd_clear(int argc, char **argv)
         uint32_t rows = dp__groups_count(&g, u);
         if (rows == 0)
             continue;
-        if (f.u[u].rc != DP_OK) {
+        if (f.u[u].st.rc != DP_OK) {
             fprintf(stderr,
                     "dataplane clear: %s (%s); its %u row%s may still hold data: run the "
                     "same clear again once the unit is back\n",
-                    f.u[u].det.msg, dp_strerror(f.u[u].rc), rows, rows == 1 ? "" : "s");
+                    f.u[u].st.det.msg, dp_strerror(f.u[u].st.rc), rows,
+                    rows == 1 ? "" : "s");
             status = 1;
             continue;
         }

@@ -267,7 +267,7 @@ take_round(dp__cli_conn *conn, snap *now)
     double t = dp__now_s();
     memset(&now[n], 0, sizeof now[n]);
     for (uint32_t i = 0; i < n; i++) {
-        if (f.n > 0 && f.u[i].rc == DP_OK)
+        if (f.n > 0 && f.u[i].st.rc == DP_OK)
             take(&f.u[i].rep.r.stats, t, &now[i]);
         else
             now[i] = (snap){.up = false};

@@ -25,8 +25,8 @@ refused_locked(dp_client *c, dp__fanout *f, uint32_t u, dp__wire_op op)
     r->addr = c->units[u].addr;
     r->op = op;
     if (k->state == DP__UNIT_DOWN) {
-        r->rc = k->rc;
-        r->det = k->det;
+        r->st.rc = k->rc;
+        r->st.det = k->det;
         r->why = k->why;
     } else {
         dp__fanout_fail(f, u, DP_EINVAL, " ", "was not asked who it is before use");
@@ -147,16 +147,16 @@ clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__g
         const dp__fanout_unit *r = &f->u[u];
         if (r->op == DP_WIRE_OP_NONE)
             continue;
-        if (r->rc == DP_OK) {
+        if (r->st.rc == DP_OK) {
             *dropped += r->rep.r.dropped;
             continue;
         }
         if (rc == DP_OK)
-            rc = dp__fail(d, r->rc, "clear: rows of unit %u (%s) not cleared: %s", u,
+            rc = dp__fail(d, r->st.rc, "clear: rows of unit %u (%s) not cleared: %s", u,
                           c->units[u].addr, dp__fanout_why(r));
         else
             dp__detail_append(d, "; unit %u (%s) also failed: %s", u, c->units[u].addr,
-                              dp_errname(r->rc));
+                              dp_errname(r->st.rc));
         n_failed_rows += dp__groups_count(g, u);
     }
     if (rc != DP_OK)
@@ -309,13 +309,13 @@ dp_client_stats_get(dp_client *c, dp_client_stats **out, dp_detail *d)
         const dp__fanout_unit *r = &c->fo.u[u];
         dp_detail ud;
         dp_detail_clear(&ud);
-        int urc = r->rc;
+        int urc = r->st.rc;
         if (urc == DP_OK)
             urc = stats_fill(&s->u[u], &r->rep.r.stats, &ud);
         s->u[u].status = urc;
         if (urc != DP_OK && rc == DP_OK)
             rc = dp__fail(d, urc, "stats: unit %u (%s): %s", u, c->units[u].addr,
-                          r->rc != DP_OK ? dp__fanout_why(r) : ud.msg);
+                          r->st.rc != DP_OK ? dp__fanout_why(r) : ud.msg);
     }
     dp__fanout_reset(&c->fo);
     pthread_mutex_unlock(&c->mu);

@@ -5,32 +5,25 @@
  * shards with the format's owner (blob/shard.h). See checkpoint.h for the
  * layout and the crash guarantees, include/dataplane/checkpoint.h for the
  * API.
+ *
+ * This file holds what save and load share (options, paths, the units'
+ * requests) and the public save and load over a client's units;
+ * checkpoint_save.c the save, checkpoint_load.c reading a checkpoint back
+ * (load, peek, re-home); checkpoint_int.h what they share.
  */
-#include "client/checkpoint.h"
+#include "client/checkpoint_int.h"
 
-#include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "blob/blob.h"
 #include "blob/crc32c.h"
-#include "blob/shard.h"
-#include "client/fanout.h"
 #include "common/fileio.h"
-#include "common/map.h"
-#include "wire/wire.h"
-
-#define MANIFEST_MAX ((size_t)1 << 30)
 
 #define DEFAULT_TIMEOUT_S 600.0
 
@@ -41,91 +34,8 @@ dp_ckpt_opts_init(dp_ckpt_opts *o)
     o->timeout_s = DEFAULT_TIMEOUT_S;
 }
 
-static void say(const dp_ckpt_opts *o, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static int
-cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/*
- * Remove checkpoint directory adir/name: its regular files, then itself.
- * Anything else inside (a subdirectory, a link) makes it stay. Best effort.
- */
-static bool
-remove_ckpt_dir(const char *adir, const char *name)
-{
-    char sub[PATH_MAX];
-    if (snprintf(sub, sizeof sub, "%s/%s", adir, name) >= (int)sizeof sub)
-        return false;
-    int dfd = open(sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0)
-        return false;
-    DIR *dir = fdopendir(dfd);
-    if (dir == NULL) {
-        close(dfd);
-        return false;
-    }
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        struct stat st;
-        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
-            unlinkat(dfd, e->d_name, 0);
-    }
-    closedir(dir);
-    return rmdir(sub) == 0;
-}
-
-/*
- * After a save of `current` into adir: remove the ckpt-* directories older
- * than it beyond the keep - 1 newest (names sort by time). Newer ones are
- * another save's, possibly running: never touched.
- */
-static void
-prune(const char *adir, const char *current, uint32_t keep, const dp_ckpt_opts *o)
-{
-    DIR *dir = opendir(adir);
-    if (dir == NULL)
-        return;
-    char **older = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL) {
-        if (strncmp(e->d_name, "ckpt-", 5) != 0 || strcmp(e->d_name, current) >= 0)
-            continue;
-        if (n == cap) {
-            size_t nc = cap ? 2 * cap : 16;
-            char **no = realloc(older, nc * sizeof *no);
-            if (no == NULL)
-                break;
-            older = no;
-            cap = nc;
-        }
-        if ((older[n] = strdup(e->d_name)) == NULL)
-            break;
-        n++;
-    }
-    closedir(dir);
-    if (n > 0)
-        qsort(older, n, sizeof *older, cmp_str);
-    size_t keep_older = keep - 1;
-    for (size_t i = 0; i + keep_older < n; i++) {
-        if (remove_ckpt_dir(adir, older[i]))
-            say(o, "removed old checkpoint %s", older[i]);
-        else
-            say(o, "could not remove old checkpoint %s/%s", adir, older[i]);
-    }
-    for (size_t i = 0; i < n; i++)
-        free(older[i]);
-    free(older);
-}
-
-static void
-say(const dp_ckpt_opts *o, const char *fmt, ...)
+void
+dp__ckpt_say(const dp_ckpt_opts *o, const char *fmt, ...)
 {
     if (o->progress == NULL)
         return;
@@ -137,9 +47,8 @@ say(const dp_ckpt_opts *o, const char *fmt, ...)
     o->progress(o->progress_ctx, line);
 }
 
-/* Format a path into out[cap]; DP_EINVAL if it does not fit. */
-static int
-pathf(char *out, size_t cap, dp_detail *d, const char *fmt, ...)
+int
+dp__ckpt_pathf(char *out, size_t cap, dp_detail *d, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -150,9 +59,8 @@ pathf(char *out, size_t cap, dp_detail *d, const char *fmt, ...)
     return 0;
 }
 
-/* dir made absolute (not resolved further) into out. */
-static int
-abs_dir(const char *dir, char *out, size_t cap, dp_detail *d)
+int
+dp__ckpt_abs_dir(const char *dir, char *out, size_t cap, dp_detail *d)
 {
     if (dir == NULL || dir[0] == '\0')
         return dp__fail(d, DP_EINVAL, "checkpoint: no directory given");
@@ -175,22 +83,8 @@ abs_dir(const char *dir, char *out, size_t cap, dp_detail *d)
     return 0;
 }
 
-static int
-fsync_dir(const char *dir, dp_detail *d)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return dp__fail_sys(d, errno, "opening directory %s", dir);
-    int rc = 0;
-    if (fsync(fd) != 0)
-        rc = dp__fail_sys(d, errno, "fsync of directory %s", dir);
-    close(fd);
-    return rc;
-}
-
-/* CRC32C and size of a whole file. */
-static int
-file_crc(const char *path, uint32_t *crc, uint64_t *size, dp_detail *d)
+int
+dp__ckpt_file_crc(const char *path, uint32_t *crc, uint64_t *size, dp_detail *d)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -220,45 +114,9 @@ out:
     return rc;
 }
 
-/* Write data to path: path.tmp, fsync, rename, fsync of dir. */
-static int
-write_atomic(const char *dir, const char *path, const char *data, size_t len,
-             dp_detail *d)
-{
-    /* A name of its own: two saves into one DIR must never share a temporary. */
-    char tmp[PATH_MAX], rnd[33];
-    int rc = dp__random_hex_id(rnd, d);
-    if (rc != 0)
-        return rc;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%.16s", path, rnd);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0)
-        return dp__fail_sys(d, errno, "creating %s", tmp);
-    rc = dp__write_full(fd, data, len, 0, tmp, d);
-    if (rc == 0 && fsync(fd) != 0)
-        rc = dp__fail_sys(d, errno, "fsync of %s", tmp);
-    if (close(fd) != 0 && rc == 0)
-        rc = dp__fail_sys(d, errno, "closing %s", tmp);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = dp__fail_sys(d, errno, "renaming %s to %s", tmp, path);
-    if (rc != 0) {
-        unlink(tmp);
-        return rc;
-    }
-    rc = fsync_dir(dir, d);
-    if (rc != 0)
-        dp__fail_ctx(d, rc, "%s is in place but may not be durable yet", path);
-    return rc;
-}
-
-/*
- * What every checkpoint call does first: the caller's options (NULL: the
- * defaults) with each 0 replaced by its default, checked, into *defo (*o then
- * points there); a zeroed summary; dir made absolute into adir.
- */
-static int
-ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
-           const char *dir, char adir[PATH_MAX], dp_detail *d)
+int
+dp__ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
+               const char *dir, char adir[PATH_MAX], dp_detail *d)
 {
     if (sum == NULL)
         return dp__fail(d, DP_EINVAL, "checkpoint: NULL summary");
@@ -280,16 +138,12 @@ ckpt_begin(const dp_ckpt_opts **o, dp_ckpt_opts *defo, dp_ckpt_summary *sum,
         return dp__fail(d, DP_EINVAL,
                         "checkpoint: timeout_s %g (seconds > 0, or 0 for the default)",
                         defo->timeout_s);
-    return abs_dir(dir, adir, PATH_MAX, d);
+    return dp__ckpt_abs_dir(dir, adir, PATH_MAX, d);
 }
 
-/*
- * The request of every unit of cl, sent at once through the fanout f (reset
- * first): q_of fills unit i's; an encoding failure goes into d (with what).
- */
-static int
-ask_units(dp__fanout *f, dp__wire_rid_gen *g, const dp__cluster *cl,
-          dp__fanout_req_fn q_of, void *ctx, dp_detail *d)
+int
+dp__ckpt_ask_units(dp__fanout *f, dp__wire_rid_gen *g, const dp__cluster *cl,
+                   dp__fanout_req_fn q_of, void *ctx, dp_detail *d)
 {
     dp__fanout_reset(f);
     for (uint32_t i = 0; i < cl->n_units; i++) {
@@ -299,565 +153,17 @@ ask_units(dp__fanout *f, dp__wire_rid_gen *g, const dp__cluster *cl,
             continue;
         int rc = dp__fanout_add(f, g, i, cl->units[i].zmq, 0, &q);
         if (rc != DP_OK)
-            return dp__fail(d, rc, "checkpoint: %s", f->u[i].det.msg);
+            return dp__fail(d, rc, "checkpoint: %s", f->u[i].st.det.msg);
     }
     return DP_OK;
 }
 
-/* The fanout's first failure into d, under what ("checkpoint save"). */
-static int
-units_failed(const dp__fanout *f, const char *what, dp_detail *d)
+int
+dp__ckpt_units_failed(const dp__fanout *f, const char *what, dp_detail *d)
 {
     int rc = dp__fanout_first(f, d);
     return dp__fail_ctx(d, rc, "%s", what);
 }
-
-static bool
-save_req(uint32_t i, dp__wire_request *q, void *ctx)
-{
-    char(*paths)[PATH_MAX] = ctx;
-    q->op = DP_WIRE_OP_SAVE_SHARD;
-    q->a.save_shard.path = dp__wire_s(paths[i]);
-    return true;
-}
-
-/*
- * The manifest's entry of every unit of a save (f holds their answers):
- * each shard's and rows file's size and CRC32C, checked against what the
- * unit wrote; sum and progress lines.
- */
-static int
-manifest_units(cJSON *units, const dp__fanout *f, char (*paths)[PATH_MAX], uint32_t n,
-               const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
-{
-    int rc = DP_OK;
-    for (uint32_t i = 0; i < n; i++) {
-        const dp__wire_save_shard_res *r = &f->u[i].rep.r.save_shard;
-        char rows[PATH_MAX + 8];
-        snprintf(rows, sizeof rows, "%s.rows", paths[i]);
-        uint32_t scrc = 0, rcrc = 0;
-        uint64_t ssize = 0, rsize = 0;
-        if ((rc = file_crc(paths[i], &scrc, &ssize, d)) != 0 ||
-            (rc = file_crc(rows, &rcrc, &rsize, d)) != 0)
-            return rc;
-        if (ssize != r->nbytes)
-            return dp__fail(d, DP_ECORRUPT,
-                            "%s: %" PRIu64 " bytes, unit %u wrote %" PRIu64, paths[i],
-                            ssize, i, r->nbytes);
-        cJSON *u = cJSON_CreateObject();
-        cJSON_AddItemToArray(units, u);
-        char name[64];
-        cJSON_AddNumberToObject(u, "unit", i);
-        snprintf(name, sizeof name, "unit-%u.shard", i);
-        cJSON_AddStringToObject(u, "shard", name);
-        snprintf(name, sizeof name, "unit-%u.shard.rows", i);
-        cJSON_AddStringToObject(u, "rows", name);
-        cJSON_AddNumberToObject(u, "nbytes", (double)r->nbytes);
-        cJSON_AddNumberToObject(u, "shard_crc32c", scrc);
-        cJSON_AddNumberToObject(u, "rows_crc32c", rcrc);
-        cJSON *bl = cJSON_AddObjectToObject(u, "blobs");
-        if (bl == NULL)
-            return dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
-        for (uint32_t k = 0; k < r->blobs.n; k++) {
-            const dp__wire_shard_blob *x = &r->blobs.v[k];
-            char id[128];
-            snprintf(id, sizeof id, "%.*s", (int)x->id.n, x->id.p);
-            double v[3] = {(double)x->off, (double)x->nbytes, (double)x->refs};
-            cJSON_AddItemToObject(bl, id, cJSON_CreateDoubleArray(v, 3));
-        }
-        sum->blobs += r->blobs.n;
-        sum->bytes += r->nbytes;
-        sum->clears_during_save += r->clears_during_save;
-        say(o,
-            "unit %u: %u blobs, %" PRIu64 " bytes (%" PRIu64 " clears during the save)",
-            i, r->blobs.n, r->nbytes, r->clears_during_save);
-    }
-    return rc;
-}
-
-/*
- * Make DIR (adir) if it is new, durably; name the new checkpoint (UTC to the
- * microsecond: names sort in save order, prune relies on it) into
- * sum->checkpoint and create its directory sub.
- */
-static int
-save_dirs(const char *adir, char sub[PATH_MAX], dp_ckpt_summary *sum, dp_detail *d)
-{
-    int rc;
-    if (mkdir(adir, 0755) == 0) {
-        /* A new DIR: its own entry must be durable too. */
-        char parent[PATH_MAX];
-        snprintf(parent, sizeof parent, "%s", adir);
-        char *slash = strrchr(parent, '/');
-        if (slash != NULL) {
-            if (slash == parent)
-                slash[1] = '\0';
-            else
-                *slash = '\0';
-            if ((rc = fsync_dir(parent, d)) != 0)
-                return dp__fail_ctx(d, rc, "checkpoint: creating %s", adir);
-        }
-    } else if (errno != EEXIST) {
-        return dp__fail_sys(d, errno, "checkpoint: creating %s", adir);
-    }
-    char rnd[33], ts[32];
-    if ((rc = dp__random_hex_id(rnd, d)) != 0)
-        return rc;
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    struct tm tmv;
-    gmtime_r(&now.tv_sec, &tmv);
-    strftime(ts, sizeof ts, "%Y%m%dT%H%M%S", &tmv);
-    snprintf(sum->checkpoint, sizeof sum->checkpoint, "ckpt-%s.%06dZ-%.8s", ts,
-             (int)(now.tv_nsec / 1000), rnd);
-    if ((rc = pathf(sub, PATH_MAX, d, "%s/%s", adir, sum->checkpoint)) != 0)
-        return rc;
-    if (mkdir(sub, 0755) != 0)
-        return dp__fail_sys(d, errno, "checkpoint: creating %s", sub);
-    return DP_OK;
-}
-
-/*
- * Best effort after a failed save: remove what it wrote. A unit that did
- * not answer in time may still create its files later; the directory then
- * stays, never referenced by a manifest.
- */
-static void
-save_undo(const char *sub, char (*paths)[PATH_MAX], uint32_t n)
-{
-    char p[PATH_MAX + 32];
-    for (uint32_t i = 0; paths != NULL && i < n; i++) {
-        if (paths[i][0] == '\0')
-            continue;
-        unlink(paths[i]);
-        snprintf(p, sizeof p, "%s.rows", paths[i]);
-        unlink(p);
-    }
-    snprintf(p, sizeof p, "%s/manifest.json", sub);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/manifest.json.tmp", sub);
-    unlink(p);
-    rmdir(sub);
-}
-
-int
-dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
-                    const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
-{
-    dp_ckpt_opts defo;
-    char adir[PATH_MAX], sub[PATH_MAX];
-    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
-    if (rc == 0)
-        rc = save_dirs(adir, sub, sum, d);
-    if (rc != 0)
-        return rc;
-    sum->n_units = cl->n_units;
-
-    uint32_t n = cl->n_units;
-    dp__fanout f;
-    char(*paths)[PATH_MAX] = calloc(n, sizeof *paths);
-    cJSON *man = cJSON_CreateObject(), *units = NULL;
-    char *text = NULL;
-    bool flipping = false; /* DIR's manifest may name this checkpoint: keep it */
-    if ((rc = dp__fanout_init(&f, n, d)) != 0) {
-        free(paths);
-        cJSON_Delete(man);
-        rmdir(sub);
-        return rc;
-    }
-    dp__wire_rid_gen g;
-    if (paths == NULL || man == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
-        goto out;
-    }
-    if ((rc = dp__wire_rid_gen_init(&g, d)) != 0)
-        goto out;
-    for (uint32_t i = 0; i < n; i++)
-        if ((rc = pathf(paths[i], PATH_MAX, d, "%s/unit-%u.shard", sub, i)) != 0)
-            goto out;
-    if ((rc = ask_units(&f, &g, cl, save_req, paths, d)) != 0)
-        goto out;
-    say(o, "saving %u units into %s", n, sub);
-    if ((rc = dp__fanout_run(&f, c, o->timeout_s, NULL)) != 0) {
-        rc = units_failed(&f, "checkpoint save", d);
-        goto out;
-    }
-    cJSON_AddNumberToObject(man, "version", 1);
-    cJSON_AddStringToObject(man, "checkpoint", sum->checkpoint);
-    cJSON_AddNumberToObject(man, "n_units", n);
-    units = cJSON_AddArrayToObject(man, "units");
-    if ((rc = manifest_units(units, &f, paths, n, o, sum, d)) != 0 ||
-        (rc = fsync_dir(sub, d)) != 0)
-        goto out;
-    text = cJSON_Print(man);
-    if (text == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
-        goto out;
-    }
-    char mpath[PATH_MAX + 32];
-    snprintf(mpath, sizeof mpath, "%s/manifest.json", sub);
-    if ((rc = write_atomic(sub, mpath, text, strlen(text), d)) != 0)
-        goto out;
-    /* The commit point: the current checkpoint becomes this one. */
-    snprintf(mpath, sizeof mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
-    flipping = true;
-    if ((rc = write_atomic(adir, mpath, text, strlen(text), d)) != 0)
-        goto out;
-    say(o, "saved %s: %" PRIu64 " blobs, %" PRIu64 " bytes", sum->checkpoint, sum->blobs,
-        sum->bytes);
-    if (o->keep > 0)
-        prune(adir, sum->checkpoint, o->keep, o);
-out:
-    if (rc != 0 && paths != NULL && !flipping)
-        save_undo(sub, paths, n);
-    free(text);
-    cJSON_Delete(man);
-    dp__fanout_fini(&f);
-    free(paths);
-    return rc;
-}
-
-/* A file name of the manifest: a plain name in the checkpoint directory. */
-static bool
-plain_name(const cJSON *s)
-{
-    if (!cJSON_IsString(s) || s->valuestring[0] == '\0' || s->valuestring[0] == '.')
-        return false;
-    size_t n = strlen(s->valuestring);
-    if (n > 200)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s->valuestring[i];
-        if (ch == '/' || ch < 0x20 || ch == 0x7f)
-            return false;
-    }
-    return true;
-}
-
-/* x is a whole number in [0, 2^53] (exact in a JSON double). */
-static bool
-num_u64(const cJSON *x, uint64_t *v)
-{
-    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) ||
-        x->valuedouble > 9007199254740992.0)
-        return false;
-    *v = (uint64_t)x->valuedouble;
-    return (double)*v == x->valuedouble;
-}
-
-static bool
-get_u64(const cJSON *o, const char *k, uint64_t *v)
-{
-    return num_u64(cJSON_GetObjectItemCaseSensitive(o, k), v);
-}
-
-typedef struct lunit {
-    char shard[PATH_MAX];
-    char rows[PATH_MAX];
-    dp__wire_shard_blob *blobs;
-    uint32_t n_blobs;
-    dp__wire_shard_blob *retry; /* failed in the RAM pass */
-    uint32_t n_retry;
-} lunit;
-
-/* A checkpoint to load: its manifest (kept: blob ids point into it), checked. */
-typedef struct plan {
-    char mpath[PATH_MAX + 32];
-    char *text;
-    cJSON *man;
-    uint32_t n;
-    lunit *lu;
-} plan;
-
-static void
-plan_fini(plan *pl)
-{
-    for (uint32_t i = 0; pl->lu != NULL && i < pl->n; i++) {
-        free(pl->lu[i].blobs);
-        free(pl->lu[i].retry);
-    }
-    free(pl->lu);
-    cJSON_Delete(pl->man);
-    free(pl->text);
-    memset(pl, 0, sizeof *pl);
-}
-
-/* The manifest's bytes (at most MANIFEST_MAX, a regular file) parsed into pl->man. */
-static int
-manifest_read(plan *pl, dp_detail *d)
-{
-    const char *mpath = pl->mpath;
-    FILE *f = fopen(mpath, "rb");
-    if (f == NULL) {
-        if (errno == ENOENT)
-            return dp__fail(d, DP_ENOTFOUND, "checkpoint: no %s (no complete checkpoint)",
-                            mpath);
-        return dp__fail_sys(d, errno, "checkpoint: opening %s", mpath);
-    }
-    struct stat stt;
-    if (fstat(fileno(f), &stt) != 0 || !S_ISREG(stt.st_mode)) {
-        fclose(f);
-        return dp__fail(d, DP_ECORRUPT, "%s: not a regular file", mpath);
-    }
-    if ((uint64_t)stt.st_size > MANIFEST_MAX) {
-        fclose(f);
-        return dp__fail(d, DP_ECORRUPT,
-                        "%s: %lld bytes, larger than a manifest can be (%zu)", mpath,
-                        (long long)stt.st_size, MANIFEST_MAX);
-    }
-    size_t want = (size_t)stt.st_size;
-    pl->text = malloc(want + 1);
-    size_t len = pl->text ? fread(pl->text, 1, want, f) : 0;
-    int read_err = pl->text != NULL && ferror(f) ? (errno ? errno : EIO) : 0;
-    fclose(f);
-    if (pl->text == NULL)
-        return dp__fail(d, DP_ENOMEM, "checkpoint: reading %s: out of memory", mpath);
-    if (read_err != 0)
-        return dp__fail_sys(d, read_err, "checkpoint: reading %s", mpath);
-    if (len != want)
-        return dp__fail(d, DP_ECORRUPT,
-                        "%s: read %zu of its %zu bytes (changed while read?)", mpath, len,
-                        want);
-    pl->text[len] = '\0';
-    pl->man = cJSON_ParseWithLength(pl->text, len);
-    if (pl->man == NULL)
-        return dp__fail(d, DP_ECORRUPT, "%s: not valid JSON (near offset %td)", mpath,
-                        cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - pl->text
-                                            : (ptrdiff_t)0);
-    return DP_OK;
-}
-
-/* A file's CRC32C (and for a shard its size) against the manifest's. */
-static int
-file_check(const char *path, uint64_t want_crc, const uint64_t *want_size, dp_detail *d)
-{
-    uint32_t crc = 0;
-    uint64_t size = 0;
-    int rc = file_crc(path, &crc, &size, d);
-    if (rc != 0)
-        return rc;
-    if (want_size != NULL && size != *want_size)
-        return dp__fail(d, DP_ECORRUPT,
-                        "%s: %" PRIu64 " bytes, the manifest says %" PRIu64
-                        " (truncated at offset %" PRIu64 "?)",
-                        path, size, *want_size, size < *want_size ? size : *want_size);
-    if (crc != want_crc)
-        return dp__fail(d, DP_ECORRUPT,
-                        "%s: CRC32C %08x over [0, %" PRIu64 "), the manifest says %08x",
-                        path, crc, size, (uint32_t)want_crc);
-    return DP_OK;
-}
-
-/* Unit i's blob list ({"id": [shard offset, length, entries]...}) into lu. */
-static int
-unit_blobs_read(const plan *pl, uint32_t i, const cJSON *bl, lunit *lu, dp_detail *d)
-{
-    uint32_t k = 0, m = (uint32_t)cJSON_GetArraySize(bl);
-    lu->blobs = calloc(m ? m : 1, sizeof *lu->blobs);
-    lu->retry = calloc(m ? m : 1, sizeof *lu->retry);
-    if (lu->blobs == NULL || lu->retry == NULL)
-        return dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
-    const cJSON *x;
-    cJSON_ArrayForEach(x, bl)
-    {
-        uint64_t v0, v1, v2;
-        if (x->string == NULL || !cJSON_IsArray(x) || cJSON_GetArraySize(x) != 3 ||
-            !num_u64(cJSON_GetArrayItem(x, 0), &v0) ||
-            !num_u64(cJSON_GetArrayItem(x, 1), &v1) ||
-            !num_u64(cJSON_GetArrayItem(x, 2), &v2))
-            return dp__fail(d, DP_ECORRUPT,
-                            "%s: unit %u: bad blob entry '%.64s' (want \"id\": [three "
-                            "whole numbers >= 0])",
-                            pl->mpath, i, x->string ? x->string : "");
-        lu->blobs[k++] = (dp__wire_shard_blob){dp__wire_s(x->string), v0, v1, v2};
-    }
-    lu->n_blobs = k;
-    return DP_OK;
-}
-
-/* Unit i's manifest entry u: its files checked against it, its blobs read. */
-static int
-unit_read(plan *pl, const char *adir, const char *ck, uint32_t i, const cJSON *u,
-          dp_ckpt_summary *sum, dp_detail *d)
-{
-    lunit *lu = &pl->lu[i];
-    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(u, "shard");
-    const cJSON *rw = cJSON_GetObjectItemCaseSensitive(u, "rows");
-    const cJSON *bl = cJSON_GetObjectItemCaseSensitive(u, "blobs");
-    uint64_t uid = 0, nb = 0, scrc = 0, rcrc = 0;
-    if (!get_u64(u, "unit", &uid) || uid != i || !plain_name(sh) || !plain_name(rw) ||
-        !get_u64(u, "nbytes", &nb) || !get_u64(u, "shard_crc32c", &scrc) ||
-        !get_u64(u, "rows_crc32c", &rcrc) || !cJSON_IsObject(bl))
-        return dp__fail(d, DP_ECORRUPT, "%s: unit %u: bad entry", pl->mpath, i);
-    int rc;
-    if ((rc = pathf(lu->shard, PATH_MAX, d, "%s/%s/%s", adir, ck, sh->valuestring)) !=
-            0 ||
-        (rc = pathf(lu->rows, PATH_MAX, d, "%s/%s/%s", adir, ck, rw->valuestring)) != 0 ||
-        (rc = file_check(lu->shard, scrc, &nb, d)) != 0 ||
-        (rc = file_check(lu->rows, rcrc, NULL, d)) != 0 ||
-        (rc = unit_blobs_read(pl, i, bl, lu, d)) != 0)
-        return rc;
-    sum->blobs += lu->n_blobs;
-    sum->bytes += nb;
-    return DP_OK;
-}
-
-/*
- * Read adir's current checkpoint: the manifest, and every file's size and
- * CRC32C against it, before anything is loaded anywhere. sum gets the
- * checkpoint's name, units, blobs and bytes.
- */
-static int
-plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
-{
-    memset(pl, 0, sizeof *pl);
-    snprintf(pl->mpath, sizeof pl->mpath, "%s/%s", adir, DP_CKPT_MANIFEST);
-    int rc = manifest_read(pl, d);
-    if (rc != DP_OK)
-        goto fail;
-    uint64_t ver = 0, nu = 0;
-    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(pl->man, "checkpoint");
-    const cJSON *units = cJSON_GetObjectItemCaseSensitive(pl->man, "units");
-    if (!get_u64(pl->man, "version", &ver) || ver != 1 ||
-        !get_u64(pl->man, "n_units", &nu) || nu == 0 || nu > UINT32_MAX ||
-        !plain_name(ck) || !cJSON_IsArray(units) ||
-        (uint64_t)cJSON_GetArraySize(units) != nu) {
-        rc =
-            dp__fail(d, DP_ECORRUPT,
-                     "%s: not a version 1 manifest (version, checkpoint, n_units, units)",
-                     pl->mpath);
-        goto fail;
-    }
-    snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ck->valuestring);
-    pl->n = (uint32_t)nu;
-    sum->n_units = pl->n;
-    pl->lu = calloc(pl->n, sizeof *pl->lu);
-    if (pl->lu == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
-        goto fail;
-    }
-    /* Check every file before any unit is asked: nothing is loaded otherwise. */
-    for (uint32_t i = 0; i < pl->n; i++)
-        if ((rc = unit_read(pl, adir, ck->valuestring, i,
-                            cJSON_GetArrayItem(units, (int)i), sum, d)) != 0)
-            goto fail;
-    return DP_OK;
-fail:
-    plan_fini(pl);
-    return rc;
-}
-
-/* A load pass's requests: every unit's shard (RAM pass), or what did not fit. */
-typedef struct load_pass {
-    const lunit *lu;
-    int pass; /* 0: RAM only; 1: spill */
-} load_pass;
-
-static bool
-load_req(uint32_t i, dp__wire_request *q, void *ctx)
-{
-    const load_pass *p = ctx;
-    const lunit *lu = &p->lu[i];
-    if (p->pass == 1 && lu->n_retry == 0)
-        return false;
-    q->op = DP_WIRE_OP_LOAD_SHARD;
-    q->a.load_shard.path = dp__wire_s(lu->shard);
-    q->a.load_shard.spill = p->pass == 1;
-    q->a.load_shard.blobs = p->pass == 0 ? (dp__wire_shard_blobs){lu->blobs, lu->n_blobs}
-                                         : (dp__wire_shard_blobs){lu->retry, lu->n_retry};
-    return true;
-}
-
-/* The RAM pass's failed ids of unit i, as the manifest has them (views stay valid). */
-static void
-load_retry(lunit *lu, const dp__wire_load_shard_res *r)
-{
-    for (uint32_t k = 0; k < r->failed.n; k++)
-        for (uint32_t j = 0; j < lu->n_blobs; j++)
-            if (dp__wire_str_same(lu->blobs[j].id, r->failed.v[k])) {
-                /* Each blob once, however the unit lists it. */
-                bool seen = false;
-                for (uint32_t q = 0; q < lu->n_retry && !seen; q++)
-                    seen = dp__wire_str_same(lu->retry[q].id, r->failed.v[k]);
-                if (!seen && lu->n_retry < lu->n_blobs)
-                    lu->retry[lu->n_retry++] = lu->blobs[j];
-                break;
-            }
-}
-
-int
-dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
-                    const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
-{
-    dp_ckpt_opts defo;
-    char adir[PATH_MAX];
-    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
-    if (rc != 0)
-        return rc;
-    plan pl;
-    dp__fanout f = {0};
-    if ((rc = plan_read(adir, &pl, sum, d)) != 0)
-        return rc;
-    uint32_t n = pl.n;
-    lunit *lu = pl.lu;
-    if (n != cl->n_units) {
-        rc = dp__fail(
-            d, DP_EINVAL,
-            "checkpoint %s has %u units, the cluster has %u: rows are placed by "
-            "gidx %% n_units, so its shards cannot be loaded as they are (re-home "
-            "it through a client: dp_ckpt_rehome, as `dataplane load` does)",
-            sum->checkpoint, n, cl->n_units);
-        goto out;
-    }
-    /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
-    dp__wire_rid_gen g;
-    if ((rc = dp__wire_rid_gen_init(&g, d)) != 0 || (rc = dp__fanout_init(&f, n, d)) != 0)
-        goto out;
-    for (int pass = 0; pass < 2; pass++) {
-        load_pass lp = {lu, pass};
-        if ((rc = ask_units(&f, &g, cl, load_req, &lp, d)) != 0)
-            goto out;
-        uint32_t asked = f.n_slots;
-        if (asked == 0)
-            break;
-        say(o, "%s pass: loading %s into %u units", pass == 0 ? "RAM" : "spill",
-            sum->checkpoint, asked);
-        if ((rc = dp__fanout_run(&f, c, o->timeout_s, NULL)) != 0) {
-            rc = units_failed(&f, "checkpoint load", d);
-            goto out;
-        }
-        uint64_t left = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            if (f.u[i].op == DP_WIRE_OP_NONE)
-                continue;
-            const dp__wire_load_shard_res *r = &f.u[i].rep.r.load_shard;
-            sum->loaded += r->loaded.n;
-            if (pass == 1)
-                sum->spilled += r->loaded.n;
-            say(o, "unit %u: %u blobs loaded, %u did not fit", i, r->loaded.n,
-                r->failed.n);
-            left += r->failed.n;
-            if (pass == 0)
-                load_retry(&lu[i], r);
-        }
-        if (pass == 1 && left > 0) {
-            rc = dp__fail(d, DP_EUNITFULL,
-                          "checkpoint load: %" PRIu64
-                          " blobs fit neither RAM nor SSD (%" PRIu64 " of %" PRIu64
-                          " loaded)",
-                          left, sum->loaded, sum->blobs);
-            goto out;
-        }
-    }
-    say(o, "loaded %s: %" PRIu64 " blobs (%" PRIu64 " spilled to SSD)", sum->checkpoint,
-        sum->loaded, sum->spilled);
-out:
-    dp__fanout_fini(&f);
-    plan_fini(&pl);
-    return rc;
-}
-
-/* ---- re-homing: a checkpoint of N units into a cluster of M ---- */
 
 /*
  * The units c is connected to as a cluster (unit i at its address: the
@@ -919,256 +225,5 @@ dp_ckpt_load(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summa
     rc = dp__ckpt_load_units(ctl, &cl, dir, o, sum, d);
     dp__ctl_client_destroy(ctl);
     dp__cluster_fini(&cl);
-    return rc;
-}
-
-int
-dp_ckpt_peek(const char *dir, dp_ckpt_summary *sum, dp_detail *d)
-{
-    if (sum == NULL)
-        return dp__fail(d, DP_EINVAL, "checkpoint: NULL summary");
-    memset(sum, 0, sizeof *sum);
-    char adir[PATH_MAX];
-    int rc = abs_dir(dir, adir, sizeof adir, d);
-    if (rc != 0)
-        return rc;
-    plan pl;
-    if ((rc = plan_read(adir, &pl, sum, d)) != 0)
-        return rc;
-    plan_fini(&pl);
-    return DP_OK;
-}
-
-/*
- * Put the live entries of one parsed blob (entry indexes live[0..n)) through
- * c. One put of rows x fields when that grid is dense, else one put per field
- * (a sparse blob would make a huge grid of skipped cells).
- */
-static int
-put_entries(dp_client *c, const uint8_t *base, const dp__blob *pb, const uint32_t *live,
-            uint32_t n, dp_detail *d)
-{
-    int rc = DP_OK;
-    dp__map rows, fields;
-    dp__map_init_u64(&rows);
-    dp__map_init_str(&fields);
-    uint64_t *gidxs = malloc((size_t)n * sizeof *gidxs);
-    const char **fnames = malloc((size_t)n * sizeof *fnames);
-    uint32_t *ri = malloc((size_t)n * sizeof *ri), *fi = malloc((size_t)n * sizeof *fi);
-    dp_value *vals = NULL;
-    uint32_t nr = 0, nf = 0;
-    if (gidxs == NULL || fnames == NULL || ri == NULL || fi == NULL) {
-        rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
-        goto out;
-    }
-    for (uint32_t k = 0; k < n; k++) {
-        const dp__blob_entry *e = dp__blob_entry_at(pb, live[k]);
-        void *v = dp__map_get_u64(&rows, e->gidx);
-        if (v == NULL) {
-            gidxs[nr] = e->gidx;
-            v = (void *)(uintptr_t)(++nr);
-            if (dp__map_put_u64(&rows, e->gidx, v, NULL) != 0) {
-                rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
-                goto out;
-            }
-        }
-        ri[k] = (uint32_t)(uintptr_t)v - 1;
-        v = dp__map_get(&fields, e->field, e->field_len);
-        if (v == NULL) {
-            fnames[nf] = e->field; /* NUL-terminated in the parsed blob */
-            v = (void *)(uintptr_t)(++nf);
-            if (dp__map_put(&fields, e->field, e->field_len, v, NULL) != 0) {
-                rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
-                goto out;
-            }
-        }
-        fi[k] = (uint32_t)(uintptr_t)v - 1;
-    }
-    bool dense = (uint64_t)nr * nf <= 2 * (uint64_t)n + 64;
-    uint32_t groups = dense ? 1 : nf;
-    vals = malloc((size_t)(dense ? (uint64_t)nr * nf : nr) * sizeof *vals);
-    uint64_t *g1 = dense ? NULL : malloc((size_t)nr * sizeof *g1);
-    if (vals == NULL || (!dense && g1 == NULL)) {
-        free(g1);
-        rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
-        goto out;
-    }
-    for (uint32_t g = 0; g < groups && rc == DP_OK; g++) {
-        uint32_t rows_here = 0;
-        if (dense) {
-            for (size_t q = 0; q < (size_t)nr * nf; q++)
-                vals[q] = (dp_value){.kind = DP_KIND_SKIP};
-        }
-        for (uint32_t k = 0; k < n; k++) {
-            if (!dense && fi[k] != g)
-                continue;
-            const dp__blob_entry *e = dp__blob_entry_at(pb, live[k]);
-            dp_value v = {base + e->off, e->len,   (dp_kind)e->kind,
-                          e->dtype,      e->shape, e->ndim};
-            if (dense) {
-                vals[(size_t)ri[k] * nf + fi[k]] = v;
-            } else {
-                g1[rows_here] = e->gidx;
-                vals[rows_here++] = v;
-            }
-        }
-        if (dense)
-            rc = dp_client_put(c, gidxs, nr, fnames, nf, vals, NULL, d);
-        else
-            rc = dp_client_put(c, g1, rows_here, &fnames[g], 1, vals, NULL, d);
-    }
-    free(g1);
-out:
-    dp__map_fini(&rows);
-    dp__map_fini(&fields);
-    free(gidxs);
-    free(fnames);
-    free(ri);
-    free(fi);
-    free(vals);
-    return rc;
-}
-
-/*
- * A shard's frame checked before its blobs are read: header (its unit and
- * cluster size as the manifest says), length and trailer, through the
- * format's owner (blob/shard.h). *h gets the header.
- */
-static int
-shard_frame(int fd, uint64_t len, const char *shard, uint32_t unit, uint32_t n_units,
-            dp__shard_header *h, dp_detail *d)
-{
-    uint8_t hb[DP_SHARD_HEADER_LEN], tb[DP_SHARD_TRAILER_LEN];
-    uint32_t data_crc;
-    int rc = dp__pread_full(fd, hb, sizeof hb, 0, NULL, shard, d);
-    if (rc == DP_OK)
-        rc = dp__shard_header_decode(hb, shard, h, d);
-    if (rc == DP_OK)
-        rc = dp__shard_check_len(h, len, shard, d);
-    if (rc == DP_OK)
-        rc = dp__pread_full(fd, tb, sizeof tb, dp__shard_data_end(h), NULL, shard, d);
-    if (rc == DP_OK)
-        rc = dp__shard_trailer_decode(tb, h, shard, &data_crc, d);
-    if (rc == DP_OK && (h->unit_id != unit || h->n_units != n_units))
-        rc = dp__fail(
-            d, DP_ECORRUPT,
-            "%s: written by unit %u of %u (offset 12), the manifest says %u of %u", shard,
-            h->unit_id, h->n_units, unit, n_units);
-    return rc;
-}
-
-/*
- * A damaged checkpoint is DP_ECORRUPT whatever check of its files found it:
- * the format's owner words a bad blob index as a commit would (DP_EPROTO)
- * and a file that is not a regular one as DP_EINVAL. Out of memory and
- * system errors stay what they are.
- */
-static int
-as_corrupt(int rc, dp_detail *d)
-{
-    if (rc == DP_OK || rc == DP_ENOMEM || rc == DP_ESYS || rc == DP_ECORRUPT)
-        return rc;
-    if (d != NULL)
-        d->code = DP_ECORRUPT;
-    return DP_ECORRUPT;
-}
-
-/*
- * Re-home the shard of unit i of checkpoint pl (of pl->n units) through c: its
- * rows file and frame checked, then blob by blob: read and CRC-checked, its
- * index and live list checked (blob/shard.h), its live entries put. *keys
- * counts the keys put so far (all units).
- */
-static int
-rehome_unit(dp_client *c, const plan *pl, uint32_t i, const dp_ckpt_opts *o,
-            dp_ckpt_summary *sum, uint64_t *keys, dp_detail *d)
-{
-    const lunit *lu = &pl->lu[i];
-    uint32_t n = pl->n;
-    const char *shard = lu->shard, *rows = lu->rows;
-    uint8_t *rbuf = NULL, *buf = NULL;
-    dp__shard_rows sr = {0};
-    dp__shard_header h;
-    int fd = -1;
-    uint64_t fsize = 0, unit_keys = 0;
-    int rc = as_corrupt(dp__shard_rows_load(rows, &rbuf, &sr, d), d);
-    if (rc == DP_OK && (sr.unit_id != i || sr.n_units != n))
-        rc = dp__fail(d, DP_ECORRUPT,
-                      "%s: written by unit %u of %u, the manifest says %u of %u", rows,
-                      sr.unit_id, sr.n_units, i, n);
-    if (rc == DP_OK)
-        rc = as_corrupt(dp__shard_file_open(shard, &fd, &fsize, d), d);
-    if (rc == DP_OK)
-        rc = shard_frame(fd, fsize, shard, i, n, &h, d);
-    if (rc == DP_OK)
-        rc = dp__shard_rows_check(&sr, &h, rows, shard, d);
-    for (uint32_t k = 0; k < sr.n && rc == DP_OK; k++) {
-        const dp__shard_row *r = &sr.v[k];
-        if (r->n_live == 0)
-            continue;
-        free(buf);
-        if ((buf = malloc((size_t)r->nbytes)) == NULL) {
-            rc = dp__fail(d, DP_ENOMEM,
-                          "re-home: out of memory for a blob of %" PRIu64 " bytes",
-                          r->nbytes);
-            break;
-        }
-        dp__shard_blob sb;
-        if ((rc = dp__shard_blob_read(fd, shard, r, buf, d)) != DP_OK ||
-            (rc = as_corrupt(dp__shard_blob_check(r, buf, NULL, shard, rows, &sb, d),
-                             d)) != DP_OK)
-            break;
-        rc = put_entries(c, buf, sb.parsed, sb.live, sb.n_live, d);
-        if (rc != DP_OK)
-            dp__fail_ctx(d, rc,
-                         "re-home: putting blob %.*s of unit %u (%" PRIu64
-                         " keys put before it)",
-                         (int)r->id_len, r->id, i, *keys + unit_keys);
-        if (rc == DP_OK) {
-            unit_keys += sb.n_live;
-            sum->loaded++;
-        }
-        dp__shard_blob_fini(&sb);
-    }
-    if (rc == DP_OK) {
-        *keys += unit_keys;
-        say(o, "shard of unit %u: %u blobs, %" PRIu64 " keys put", i, sr.n, unit_keys);
-    }
-    if (fd >= 0)
-        close(fd);
-    free(buf);
-    free(rbuf);
-    dp__shard_rows_fini(&sr);
-    return rc;
-}
-
-int
-dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_summary *sum,
-               dp_detail *d)
-{
-    if (c == NULL)
-        return dp__fail(d, DP_EINVAL, "checkpoint: NULL client");
-    dp_ckpt_opts defo;
-    char adir[PATH_MAX];
-    int rc = ckpt_begin(&o, &defo, sum, dir, adir, d);
-    if (rc != 0)
-        return rc;
-    plan pl;
-    if ((rc = plan_read(adir, &pl, sum, d)) != 0)
-        return rc;
-    /* Every unit first: a unit down since the open fails it before anything is put. */
-    if ((rc = dp__client_bind_all(c, d)) != 0) {
-        plan_fini(&pl);
-        return dp__fail_ctx(d, rc, "re-home: a unit was down when the client opened");
-    }
-    say(o, "re-homing %s: %u units into %u, every value through this client",
-        sum->checkpoint, pl.n, dp_client_n_units(c));
-    uint64_t keys = 0;
-    for (uint32_t i = 0; i < pl.n && rc == DP_OK; i++)
-        rc = rehome_unit(c, &pl, i, o, sum, &keys, d);
-    if (rc == DP_OK)
-        say(o, "re-homed %s: %" PRIu64 " keys from %" PRIu64 " blobs", sum->checkpoint,
-            keys, sum->loaded);
-    plan_fini(&pl);
     return rc;
 }

@@ -4,11 +4,13 @@
  * client, one file per concern:
  *   connect.c    binding to each unit's incarnation, re-binding, the registry
  *   memory.c     registered memory (staging, user and values buffers, regions)
- *   put.c, get.c the data operations
+ *   put.c        a put's driver and network phases (put_build.c: its blobs)
+ *   get.c        a get's rounds (values.c: what it hands back)
  *   admin.c      asking every unit at once: clear, stats, the CLI's calls
  *   fanout.c     every request to the units (whole batches, or put's and get's
  *                phases over its per-unit scratch)
- *   checkpoint.c save and load
+ *   checkpoint.c what save (checkpoint_save.c) and load (checkpoint_load.c)
+ *                share
  *
  * Design notes
  * - One mutex per client (c->mu) guards every mutable field; every public

@@ -201,7 +201,7 @@ dp__client_check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_det
         if (r->op == DP_WIRE_OP_NONE)
             continue;
         asked++;
-        bool down = r->rc != DP_OK && !r->answered && (flags & DP__CTL_ALLOW_DOWN);
+        bool down = r->st.rc != DP_OK && !r->answered && (flags & DP__CTL_ALLOW_DOWN);
         if (down && n_down++ == 0)
             first_down = u;
         if (c->checks == NULL && down) {
@@ -211,45 +211,45 @@ dp__client_check_units_locked(dp_client *c, int64_t only, unsigned flags, dp_det
             uc->incarnation = 0;
             c->cnt.units_down++;
         } else if (c->checks != NULL) {
-            if (r->rc == DP_OK)
+            if (r->st.rc == DP_OK)
                 bind_ctl_locked(c, u, r);
             dp__unit_probe *k = &c->checks[u];
             if (down) {
                 k->state = DP__UNIT_DOWN;
-                k->rc = r->rc;
-                k->det = r->det;
+                k->rc = r->st.rc;
+                k->det = r->st.det;
                 k->why = r->why;
-            } else if (r->rc != DP_OK) {
+            } else if (r->st.rc != DP_OK) {
                 k->state = DP__UNIT_UNCHECKED;
             }
-        } else if (r->rc == DP_OK && first == DP_OK) {
+        } else if (r->st.rc == DP_OK && first == DP_OK) {
             dp_detail e;
             dp_detail_clear(&e);
             int rc = bind_unit_locked(c, u, &r->rep.r.info, &e);
             if (rc != DP_OK)
                 dp__fanout_fail(f, u, rc, ": ", "%s", e.msg);
         }
-        if (r->rc == DP_OK || down || first != DP_OK)
+        if (r->st.rc == DP_OK || down || first != DP_OK)
             continue;
-        first = r->rc;
+        first = r->st.rc;
         if (c->checks != NULL) {
             if (d != NULL)
-                *d = r->det;
+                *d = r->st.det;
         } else {
-            dp__fail(d, r->rc, "connecting to unit %u (%s): %s", u, c->units[u].addr,
+            dp__fail(d, r->st.rc, "connecting to unit %u (%s): %s", u, c->units[u].addr,
                      dp__fanout_why(r));
         }
     }
     if (first == DP_OK && c->checks == NULL && asked > 0 && n_down == asked) {
         /* No unit answers: a wrong file or no cluster, not an outage. */
         dp__fanout_unit *r = &f->u[first_down];
-        first = r->rc;
-        dp__fail(d, r->rc, "no unit answers; unit %u (%s): %s", first_down,
+        first = r->st.rc;
+        dp__fail(d, r->st.rc, "no unit answers; unit %u (%s): %s", first_down,
                  c->units[first_down].addr, dp__fanout_why(r));
     }
     for (uint32_t u = first_down;
          first == DP_OK && c->checks == NULL && n_down > 0 && u < c->n_units; u++)
-        if (f->u[u].op != DP_WIRE_OP_NONE && f->u[u].rc != DP_OK)
+        if (f->u[u].op != DP_WIRE_OP_NONE && f->u[u].st.rc != DP_OK)
             DP_LOG_W("client: unit %u (%s) is down: %s; its rows fail until it answers, "
                      "and the first put or get after that connects to it",
                      u, c->units[u].addr, dp__fanout_why(&f->u[u]));
@@ -294,7 +294,7 @@ static int
 rebind_locked(dp_client *c, uint32_t u, const dp__fanout_unit *r, dp_detail *det)
 {
     dp__unit_conn *uc = &c->units[u];
-    int rc = r->rc;
+    int rc = r->st.rc;
     if (rc == DP_ETRANSFER || rc == DP_ETIMEDOUT) {
         c->cnt.units_down++;
         return dp__fail(det, rc, "unit %u (%s) is down: %s", u, uc->addr,

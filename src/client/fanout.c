@@ -39,8 +39,10 @@ dp__fanout_init(dp__fanout *f, uint32_t n, dp_detail *d)
         return dp__fail(d, DP_ENOMEM, "fanout: out of memory for %u units", n);
     }
     f->n = n;
-    for (uint32_t u = 0; u < n; u++)
+    for (uint32_t u = 0; u < n; u++) {
         f->u[u].op = DP_WIRE_OP_NONE;
+        f->u[u].st.u = u;
+    }
     return DP_OK;
 }
 
@@ -71,8 +73,8 @@ outcome_clear(dp__fanout_unit *r)
         dp__wire_reply_fini(&r->rep);
     memset(&r->rep, 0, sizeof r->rep);
     r->rep.op = DP_WIRE_OP_NONE;
-    r->rc = DP_OK;
-    dp_detail_clear(&r->det);
+    r->st.rc = DP_OK;
+    dp_detail_clear(&r->st.det);
     r->why = 0;
     r->answered = r->restarted = r->misplaced = r->decoded = false;
 }
@@ -98,15 +100,16 @@ vfail(dp__fanout_unit *r, uint32_t u, int rc, const char *sep, const char *fmt,
 {
     char why[DP_DETAIL_MAX];
     vsnprintf(why, sizeof why, fmt, ap);
-    int n = snprintf(r->det.msg, sizeof r->det.msg, "unit %u (%s)%s", u,
+    int n = snprintf(r->st.det.msg, sizeof r->st.det.msg, "unit %u (%s)%s", u,
                      r->addr != NULL ? r->addr : "?", sep);
-    r->why = n > 0 && (size_t)n < sizeof r->det.msg ? (size_t)n : sizeof r->det.msg - 1;
-    size_t room = sizeof r->det.msg - 1 - r->why, len = strnlen(why, room);
-    memcpy(r->det.msg + r->why, why, len);
-    r->det.msg[r->why + len] = '\0';
-    r->det.code = rc;
-    r->det.sys_errno = 0;
-    r->rc = rc;
+    r->why =
+        n > 0 && (size_t)n < sizeof r->st.det.msg ? (size_t)n : sizeof r->st.det.msg - 1;
+    size_t room = sizeof r->st.det.msg - 1 - r->why, len = strnlen(why, room);
+    memcpy(r->st.det.msg + r->why, why, len);
+    r->st.det.msg[r->why + len] = '\0';
+    r->st.det.code = rc;
+    r->st.det.sys_errno = 0;
+    r->st.rc = rc;
     return rc;
 }
 
@@ -141,7 +144,7 @@ dp__fanout_fail(dp__fanout *f, uint32_t u, int rc, const char *sep, const char *
 const char *
 dp__fanout_why(const dp__fanout_unit *r)
 {
-    return r->det.msg + r->why;
+    return r->st.det.msg + r->why;
 }
 
 int
@@ -149,11 +152,11 @@ dp__fanout_first(const dp__fanout *f, dp_detail *d)
 {
     for (uint32_t u = 0; u < f->n; u++) {
         const dp__fanout_unit *r = &f->u[u];
-        if (r->op == DP_WIRE_OP_NONE || r->rc == DP_OK)
+        if (r->op == DP_WIRE_OP_NONE || r->st.rc == DP_OK)
             continue;
         if (d != NULL)
-            *d = r->det;
-        return r->rc;
+            *d = r->st.det;
+        return r->st.rc;
     }
     return DP_OK;
 }
@@ -163,7 +166,7 @@ dp__fanout_failed(const dp__fanout *f)
 {
     uint32_t n = 0;
     for (uint32_t u = 0; u < f->n; u++)
-        n += f->u[u].op != DP_WIRE_OP_NONE && f->u[u].rc != DP_OK;
+        n += f->u[u].op != DP_WIRE_OP_NONE && f->u[u].st.rc != DP_OK;
     return n;
 }
 

@@ -75,10 +75,13 @@ typedef struct dp__fanout_unit {
     uint64_t incarnation; /* the process it is meant for; 0: any */
     dp__buf req;
     char rid[DP_WIRE_RID_MAX];
-    /* The outcome (dp__fanout_run): */
-    int rc;         /* DP_OK: rep holds the unit's result */
-    dp_detail det;  /* rc != 0: "unit U (ADDR)...: why" */
-    size_t why;     /* where the cause starts in det.msg (after the unit) */
+    /*
+     * The outcome (dp__fanout_run): st.u the unit, st.rc DP_OK when rep holds
+     * its result, else st.det "unit U (ADDR)...: why" (the fanout's reports
+     * name the unit first; st.state unused).
+     */
+    dp__step st;
+    size_t why;     /* where the cause starts in st.det.msg (after the unit) */
     bool answered;  /* a reply came, whatever it said */
     bool restarted; /* it came from another process than incarnation */
     bool misplaced; /* an info reply naming another unit or cluster size */

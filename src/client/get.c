@@ -4,6 +4,10 @@
  * value at once, unpin. Keys are grouped by unit with dp__groups and each
  * round's replies decoded with dp__fanout_reply (client/fanout.h).
  *
+ * What a get hands back is in values.c: the values' descriptions, the alloc
+ * form's calls (dp_client_get_alloc, _locs) and dp_values_*; get_int.h holds
+ * what the two files share.
+ *
  * Restarts. Before the first round every unit of the batch is made ready
  * (re-bound after a restart or a failed endpoint, see put.c). A resolve
  * answered by another incarnation than the one the data path is bound to
@@ -44,7 +48,7 @@
 
 #include "blob/crc32c.h"
 #include "blob/keys.h"
-#include "client/client_int.h"
+#include "client/get_int.h"
 #include "common/map.h"
 
 enum { K_ASK = 0, K_READ, K_DONE };
@@ -66,15 +70,6 @@ typedef struct key_state {
      * round's ask): copied, not READ */
     const uint8_t *inl;
 } key_state;
-
-struct dp_values {
-    dp_client *c; /* counted in c->n_values once set; NULL before */
-    size_t n;
-    dp_get_item *items;
-    dp_value_desc *descs;
-    uint8_t **bufs; /* registered buffers holding the values */
-    size_t n_bufs;
-};
 
 typedef struct unit_round {
     dp__step st; /* its unit and why it failed this get (state unused) */
@@ -104,20 +99,6 @@ unpin_locked(dp_client *c, uint32_t u, char *pin)
     q.a.unpin.pin_id = dp__wire_s(pin);
     dp__client_notify_locked(c, u, &q);
     pin[0] = '\0';
-}
-
-static void
-fill_desc(dp_value_desc *o, const dp__wire_key_loc *l)
-{
-    dp__blob_kind k = DP_BLOB_BYTES;
-    if (dp__blob_kind_parse(l->kind.p, l->kind.n, &k) != 0)
-        k = DP_BLOB_BYTES;
-    o->kind = (dp_kind)k;
-    dp__wire_str_copy(l->dtype, o->dtype, sizeof o->dtype);
-    o->ndim = DP_MIN(l->ndim, (uint32_t)DP_SHAPE_MAX);
-    for (uint32_t i = 0; i < o->ndim; i++)
-        o->shape[i] = l->shape[i];
-    o->nbytes = l->len;
 }
 
 static bool
@@ -274,18 +255,6 @@ loc_usable(const dp_loc *l, const dp_get_item *it, uint32_t unit, size_t klen)
     if (l->unit != unit || l->seal != dp__loc_seal(l, dp__hash64(it->key, klen, 0)))
         return false; /* another key's, another cluster shape's, or a changed hint */
     return it->desc == NULL || l->ndim != DP_LOC_NO_DESC;
-}
-
-static void
-fill_desc_loc(dp_value_desc *o, const dp_loc *l)
-{
-    memset(o, 0, sizeof *o);
-    o->kind = (dp_kind)l->kind;
-    memcpy(o->dtype, l->dtype, strnlen(l->dtype, sizeof l->dtype));
-    o->ndim = l->ndim;
-    for (uint32_t i = 0; i < l->ndim; i++)
-        o->shape[i] = l->shape[i];
-    o->nbytes = l->nbytes;
 }
 
 /* Check and place every key; group them by unit. */
@@ -545,7 +514,7 @@ get_match_unit(get_op *x, uint32_t u, const dp__wire_resolve_keys_res *res,
             const dp__wire_key_loc *l = &res->entries.v[m];
             it->nbytes = l->len;
             if (it->desc != NULL)
-                fill_desc(it->desc, l);
+                dp__fill_desc(it->desc, l);
             x->ks[i].inl = l->data.n > 0 ? l->data.p : NULL; /* the decoder checked n */
             get_locate(x, u, i, l->off, l->len, stage_need);
         } else if (match_str(&res->missing, &cm, it->key, kl) >= 0) {
@@ -610,7 +579,7 @@ get_match_blobs(get_op *x, uint32_t u, const dp__wire_resolve_res *res,
         if (b->ok && l->off <= b->len && l->nbytes <= b->len - l->off) {
             it->nbytes = l->nbytes;
             if (it->desc != NULL)
-                fill_desc_loc(it->desc, l);
+                dp__fill_desc_loc(it->desc, l);
             get_locate(x, u, i, b->off + l->off, l->nbytes, stage_need);
         } else {
             /* Gone, overwritten or cleared in part, or being staged: by key. */
@@ -945,12 +914,8 @@ get_report(get_op *x, dp_detail *d)
     return first;
 }
 
-/*
- * The engine: vals != NULL is the alloc form (destinations come from
- * registered buffers owned by vals).
- */
-static int
-get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detail *d)
+int
+dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detail *d)
 {
     get_op x;
     int rc = get_op_init(&x, c, items, n, vals, d);
@@ -1006,111 +971,7 @@ dp_client_get(dp_client *c, dp_get_item *items, size_t n, dp_detail *d)
     if (n > (1u << 24))
         return dp__fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
     pthread_mutex_lock(&c->mu);
-    rc = get_locked(c, items, n, NULL, d);
+    rc = dp__get_locked(c, items, n, NULL, d);
     pthread_mutex_unlock(&c->mu);
     return rc;
-}
-
-int
-dp_client_get_alloc(dp_client *c, const char *const *keys, size_t n, dp_values **out,
-                    dp_detail *d)
-{
-    return dp_client_get_alloc_locs(c, keys, NULL, n, out, d);
-}
-
-int
-dp_client_get_alloc_locs(dp_client *c, const char *const *keys, const dp_loc *locs,
-                         size_t n, dp_values **out, dp_detail *d)
-{
-    if (c == NULL || out == NULL || (keys == NULL && n > 0))
-        return dp__fail(d, DP_EINVAL, "dp_client_get_alloc: NULL argument");
-    *out = NULL;
-    int rc = dp__client_data_check(c, "get", d);
-    if (rc != DP_OK)
-        return rc;
-    if (n > (1u << 24))
-        return dp__fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
-    dp_values *v = calloc(1, sizeof *v);
-    if (v == NULL)
-        return dp__fail(d, DP_ENOMEM, "get: out of memory");
-    v->n = n;
-    v->items = calloc(n > 0 ? n : 1, sizeof *v->items);
-    v->descs = calloc(n > 0 ? n : 1, sizeof *v->descs);
-    if (v->items == NULL || v->descs == NULL) {
-        dp_values_destroy(v);
-        return dp__fail(d, DP_ENOMEM, "get: out of memory");
-    }
-    for (size_t i = 0; i < n; i++) {
-        v->items[i].key = keys[i];
-        v->items[i].desc = &v->descs[i];
-        v->items[i].loc = locs != NULL ? &locs[i] : NULL;
-    }
-    pthread_mutex_lock(&c->mu);
-    v->c = c;
-    c->n_values++; /* v keeps c alive until dp_values_destroy */
-    if (n > 0)
-        rc = get_locked(c, v->items, n, v, d);
-    pthread_mutex_unlock(&c->mu);
-    if (rc == DP_EINVAL || rc == DP_ENOMEM) {
-        bool any = false;
-        for (size_t i = 0; i < n && !any; i++)
-            any = v->items[i].status == 0;
-        if (!any) {
-            dp_values_destroy(v);
-            return rc;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        v->items[i].key = NULL; /* the caller's strings are not kept */
-        v->items[i].loc = NULL;
-    }
-    *out = v;
-    return rc;
-}
-
-size_t
-dp_values_count(const dp_values *v)
-{
-    return v != NULL ? v->n : 0;
-}
-
-int
-dp_values_get(const dp_values *v, size_t i, const void **data, uint64_t *nbytes,
-              const dp_value_desc **desc)
-{
-    if (v == NULL || i >= v->n)
-        return DP_EINVAL;
-    const dp_get_item *it = &v->items[i];
-    if (it->status != 0)
-        return it->status;
-    if (data != NULL)
-        *data = it->dst;
-    if (nbytes != NULL)
-        *nbytes = it->nbytes;
-    if (desc != NULL)
-        *desc = &v->descs[i];
-    return DP_OK;
-}
-
-void
-dp_values_destroy(dp_values *v)
-{
-    if (v == NULL)
-        return;
-    dp_client *c = v->c;
-    bool last = false;
-    if (c != NULL) {
-        pthread_mutex_lock(&c->mu);
-        for (size_t i = 0; i < v->n_bufs; i++)
-            dp__client_buf_put_locked(c, v->bufs[i]);
-        c->n_values--;
-        last = c->closed && c->n_values == 0;
-        pthread_mutex_unlock(&c->mu);
-    }
-    free(v->bufs);
-    free(v->items);
-    free(v->descs);
-    free(v);
-    if (last)
-        dp__client_free(c); /* closed, and these were its last values */
 }

@@ -15,6 +15,10 @@
  * fanout scratch (dp__client_prepare_locked) and replies are decoded with
  * dp__fanout_reply (client/fanout.h); the phases below send on their own.
  *
+ * The blobs themselves are sized, built and staged, and the location hints
+ * of what landed filled, in put_build.c; put_int.h holds the types both
+ * files share (put_op, put_unit).
+ *
  * The blob's header and index always go through the staging buffer. A
  * payload in memory registered with the client, or any payload when the
  * unit's slab is mapped in this process (a unit on this host: the WRITE's
@@ -44,92 +48,19 @@
  */
 #include <inttypes.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "blob/crc32c.h"
-#include "common/hash64.h"
 #include "common/le.h"
 #include "blob/keys.h"
-#include "client/client_int.h"
-
-enum { ST_NONE = 0, ST_ALLOC, ST_INLINE, ST_WRITE, ST_COMMIT, ST_DONE, ST_FAILED };
-
-/* An entry's key, for its location hint: its CRC32C and hash (dp__hash64). */
-typedef struct put_key {
-    uint64_t hash;
-    uint32_t crc;
-} put_key;
-
-typedef struct put_unit {
-    dp__step st; /* its unit, its phase (ST_*), and why it failed */
-    uint32_t n_rows;
-    uint32_t ent0; /* first entry of this unit in the per-call entry arrays */
-    uint32_t n_ent;
-    bool any_direct;
-    uint64_t copy_max; /* payloads up to this size are copied into the unit's
-                        * mapped slab from wherever they lie (payload_direct) */
-    bool inl;          /* small: the blob goes inside a put request (ST_INLINE) */
-    bool size_bug;     /* built to another size than sized: fails after its alloc */
-    uint64_t size;     /* the blob's size, known before its index is built */
-    bool unsized;      /* its unit was not bound yet: size checked once it is */
-    bool poll;         /* its inline put answered "pending": commit polls it */
-    dp__blob_layout lay;
-    size_t stage_off, stage_len;
-    char blob_id[40];
-    uint64_t off;   /* slab offset from alloc */
-    uint64_t token; /* the allocation's token, stamped into the blob header */
-    uint8_t grant[8 + DP_ID_MAX]; /* token + blob id: a two-sided WRITE's grant */
-    uint32_t grant_len;
-    size_t r0, nr; /* its ranges in the per-call range arrays */
-} put_unit;
-
-/*
- * One put: the call's arguments, its deadline and staging area, and the
- * per-call arrays every phase works on (one put_unit per unit with something
- * to put; the phases drive them from state to state).
- */
-typedef struct put_op {
-    dp_client *c;
-    const uint64_t *gidxs;
-    size_t n_rows;
-    const char *const *fields;
-    size_t n_fields;
-    const dp_value *values;
-    double deadline;
-    uint8_t *stage; /* the staging buffer's bytes, once taken */
-    dp__groups g;   /* the rows grouped by unit */
-    put_unit *pus;  /* one per unit with something to put (npu) */
-    size_t npu;
-    const dp_value **ent_val;  /* every entry's value, unit by unit */
-    put_key *ent_key;          /* their keys' CRC32C and hash (location hints), or NULL */
-    dp__range *local, *remote; /* the WRITEs' ranges */
-    uint32_t *slot_pu;         /* slot -> index in pus, for the phase that runs */
-    dp__xfer_desc *ops;
-    dp__xfer_result *results; /* the WRITEs' */
-    bool *sent;               /* slot's commit was sent (write_done) */
-    size_t *flen;             /* field name lengths */
-} put_op;
+#include "client/put_int.h"
 
 static int
 cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
-}
-
-/*
- * A payload written from where it lies, without a staging copy: memory
- * registered with the client (UCX reads it), or any memory when the unit's
- * slab is mapped here (the memcpy path copies it during the WRITE:
- * dp__endpoint_remote_copy_max, local_plain_ok).
- */
-static bool
-payload_direct(const dp_client *c, const put_unit *pu, const dp_value *v)
-{
-    return v->nbytes <= pu->copy_max || dp__client_direct_locked(c, v->data, v->nbytes);
 }
 
 /* Fail part pu with code and a message; returns code. */
@@ -218,70 +149,6 @@ check_unique_rows(const uint64_t *gidxs, size_t n, dp_detail *d)
         }
     free(s);
     return rc;
-}
-
-/* Build unit pu's blob index from its rows (order[0..n_rows)). */
-static int
-build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
-{
-    dp_client *c = p->c;
-    const uint32_t *order = p->g.order + p->g.start[pu->st.u]; /* the unit's rows */
-    const uint64_t *gidxs = p->gidxs;
-    const char *const *fields = p->fields;
-    const size_t *flen = p->flen;
-    size_t n_fields = p->n_fields;
-    const dp_value *values = p->values;
-    const dp_value **ent_val = p->ent_val;
-    put_key *ent_key = p->ent_key;
-    dp__blob_builder *b = c->builders[pu->st.u];
-    if (b == NULL) {
-        int rc = dp__blob_builder_create(c->o.crc ? DP_BLOB_FLAG_CRC : 0, &b, d);
-        if (rc != 0)
-            return rc;
-        /* Keys come from dp__key_format over checked fields and unique rows. */
-        dp__blob_builder_trust_keys(b, true);
-        c->builders[pu->st.u] = b;
-    }
-    dp__blob_builder_reset(b);
-    char key[DP_KEY_MAX + 1];
-    pu->n_ent = 0;
-    for (uint32_t k = 0; k < pu->n_rows; k++) {
-        uint32_t r = order[k];
-        for (size_t f = 0; f < n_fields; f++) {
-            const dp_value *v = &values[(size_t)r * n_fields + f];
-            if (v->kind == DP_KIND_SKIP)
-                continue;
-            size_t klen = dp__key_format(gidxs[r], fields[f], flen[f], key);
-            dp__blob_entry_spec s;
-            memset(&s, 0, sizeof s);
-            s.key = key;
-            s.key_len = klen;
-            s.kind = (dp__blob_kind)v->kind;
-            s.dtype = v->dtype;
-            s.shape = v->shape;
-            s.ndim = v->ndim;
-            s.len = v->nbytes;
-            if (c->o.crc) {
-                s.has_crc = true;
-                s.crc = v->nbytes > 0 ? dp__crc32c(v->data, v->nbytes) : 0;
-            }
-            int rc = dp__blob_builder_add(b, &s, NULL, d);
-            if (rc != 0)
-                return dp__fail_ctx(d, rc, "put: row %" PRIu64 " field '%s'", gidxs[r],
-                                    fields[f]);
-            if (ent_key != NULL) { /* location hints: the key's CRC32C and hash */
-                ent_key[pu->ent0 + pu->n_ent].crc = dp__crc32c(key, klen);
-                ent_key[pu->ent0 + pu->n_ent].hash = dp__hash64(key, klen, 0);
-            }
-            ent_val[pu->ent0 + pu->n_ent++] = v;
-        }
-    }
-    if (pu->n_ent == 0)
-        return DP_OK;
-    int rc = dp__blob_builder_layout(b, &pu->lay, d);
-    if (rc != 0)
-        return dp__fail_ctx(d, rc, "put: blob for unit %u", pu->st.u);
-    return DP_OK;
 }
 
 /*
@@ -849,205 +716,6 @@ put_op_make(put_op *a, bool locs, dp_detail *d)
     return dp__groups_make(&a->g, N, a->gidxs, a->n_rows, d);
 }
 
-/* Decimal digits of v (the gidx part of a key). */
-static size_t
-digits_u64(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 10) {
-        v /= 10;
-        n++;
-    }
-    return n;
-}
-
-/* A blob of size bytes fits unit u's put area or (spilling) its IO area. */
-static int
-blob_fits(const dp_client *c, uint32_t u, uint64_t size, dp_detail *d)
-{
-    const dp__unit_conn *uc = &c->units[u];
-    if (size <= uc->slab_bytes || (!c->o.no_spill && size <= uc->io_bytes))
-        return DP_OK;
-    return dp__fail(d, DP_ETOOBIG,
-                    "put: the blob for unit %u (%s) needs %" PRIu64
-                    " bytes, more than its slab of %" PRIu64 " bytes",
-                    u, uc->addr, size, uc->slab_bytes);
-}
-
-/*
- * One part per unit with something to put, sized before any index is built
- * (dp__blob_sizer), so that the allocs can leave first and the indexes be
- * built while they travel: entries, blob size, the checks against a bound
- * unit's areas (put_fits_locked checks an unbound one's once it is bound),
- * the blob id, and whether it goes inline. The parts go
- * into a->pus (a->npu).
- */
-static int
-put_size_locked(put_op *p, dp_detail *d)
-{
-    dp_client *c = p->c;
-    const uint64_t *gidxs = p->gidxs;
-    size_t n_fields = p->n_fields;
-    const dp_value *values = p->values;
-    size_t n_ent = 0;
-    for (uint32_t u = 0; u < c->n_units; u++) {
-        if (dp__groups_count(&p->g, u) == 0)
-            continue;
-        put_unit *pu = &p->pus[p->npu];
-        pu->st.u = u;
-        pu->n_rows = dp__groups_count(&p->g, u);
-        pu->ent0 = (uint32_t)n_ent;
-        dp__blob_sizer z;
-        dp__blob_sizer_init(&z, c->o.crc ? DP_BLOB_FLAG_CRC : 0);
-        const uint32_t *order = p->g.order + p->g.start[u];
-        for (uint32_t k = 0; k < pu->n_rows; k++) {
-            uint32_t r = order[k];
-            size_t gd = digits_u64(gidxs[r]);
-            for (size_t f = 0; f < n_fields; f++) {
-                const dp_value *v = &values[(size_t)r * n_fields + f];
-                if (v->kind == DP_KIND_SKIP)
-                    continue;
-                size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0; /* checked: <= 32 */
-                dp__blob_sizer_add(&z, gd + 1 + p->flen[f], (dp__blob_kind)v->kind, dl,
-                                   v->shape, v->ndim, v->nbytes);
-            }
-        }
-        if (z.n == 0)
-            continue; /* every cell skipped: nothing to send */
-        pu->n_ent = z.n;
-        n_ent += z.n;
-        uint64_t total = dp__blob_sizer_total(&z);
-        if (z.n > DP_BLOB_MAX_ENTRIES || total == 0 ||
-            dp__blob_sizer_index_len(&z) > DP_BLOB_MAX_INDEX_LEN)
-            return dp__fail(d, DP_ETOOBIG,
-                            "put: the blob for unit %u would have %u entries and %" PRIu64
-                            " bytes of index: over the limits (%u entries, %llu bytes)",
-                            u, z.n, dp__blob_sizer_index_len(&z), DP_BLOB_MAX_ENTRIES,
-                            (unsigned long long)DP_BLOB_MAX_INDEX_LEN);
-        /* Too big for a bound unit's areas: refused before anything is sent. */
-        pu->unsized = c->units[u].incarnation == 0;
-        int rc = pu->unsized ? DP_OK : blob_fits(c, u, total, d);
-        if (rc != DP_OK)
-            return rc;
-        pu->size = total;
-        /* Small: the whole blob is staged and travels in the request. */
-        pu->inl = c->o.inline_bytes > 0 && total <= c->o.inline_bytes;
-        snprintf(pu->blob_id, sizeof pu->blob_id, "%s-%" PRIx64, c->blob_prefix,
-                 ++c->blob_seq);
-        pu->st.state = pu->inl ? ST_INLINE : ST_ALLOC;
-        p->npu++;
-    }
-    return DP_OK;
-}
-
-/*
- * Build every part's index (while its alloc travels) and its staging needs;
- * *stage_total is the staging they all need. A part whose built size is not
- * the one its alloc asked for (a bug) fails and is aborted with the others'
- * answers.
- */
-static int
-put_build_locked(put_op *p, size_t *stage_total, dp_detail *d)
-{
-    dp_client *c = p->c;
-    *stage_total = 0;
-    for (size_t i = 0; i < p->npu; i++) {
-        put_unit *pu = &p->pus[i];
-        uint32_t n_ent = pu->n_ent;
-        int rc = build_unit_locked(p, pu, d);
-        if (rc != 0)
-            return rc;
-        if (pu->n_ent != n_ent || pu->lay.total_len != pu->size) {
-            pu->size_bug = true;
-            DP_LOG_E("put: blob %s built with %u entries and %" PRIu64
-                     " bytes, sized %u and %" PRIu64 " (a bug: the part fails)",
-                     pu->blob_id, pu->n_ent, pu->lay.total_len, n_ent, pu->size);
-            continue;
-        }
-        bool any_staged = pu->inl;
-        pu->copy_max =
-            pu->inl ? 0 : dp__endpoint_remote_copy_max(c->ep, c->units[pu->st.u].remote);
-        for (uint32_t e = 0; e < pu->n_ent && !pu->inl; e++) {
-            const dp_value *v = p->ent_val[pu->ent0 + e];
-            if (v->nbytes == 0)
-                continue;
-            if (payload_direct(c, pu, v))
-                pu->any_direct = true;
-            else
-                any_staged = true;
-        }
-        pu->stage_off = *stage_total;
-        pu->stage_len = any_staged ? pu->lay.total_len : pu->lay.payload_off;
-        *stage_total += DP_ALIGN_UP(pu->stage_len, 64);
-    }
-    return DP_OK;
-}
-
-/*
- * Staging: the header and index of every blob, and the payloads to copy;
- * the local ranges of each WRITE (a payload written from registered memory
- * is a range of its own, its offset in the blob kept in remote[].nbytes
- * until the alloc answers).
- */
-static int
-put_stage_locked(put_op *p, dp_detail *d)
-{
-    dp_client *c = p->c;
-    uint8_t *stage = p->stage;
-    size_t nr = 0, nc = 0, max_c = 0;
-    dp__range *local = p->local, *remote = p->remote;
-    for (size_t i = 0; i < p->npu; i++)
-        max_c += p->pus[i].n_ent;
-    /* The copies into the staging area run as one batch at the end, on the
-     * endpoint's copy threads when large enough; out of memory, one by one. */
-    dp__copy *cp = max_c > 0 ? malloc(max_c * sizeof *cp) : NULL;
-    for (size_t i = 0; i < p->npu; i++) {
-        put_unit *pu = &p->pus[i];
-        if (pu->size_bug)
-            continue; /* fails after its alloc's answer (put_impl) */
-        uint8_t *base = stage + pu->stage_off;
-        dp__blob_builder *b = c->builders[pu->st.u];
-        int rc = dp__blob_builder_write(b, base, pu->stage_len, d);
-        if (rc != 0) {
-            free(cp);
-            return rc;
-        }
-        pu->r0 = nr;
-        if (!pu->any_direct) {
-            local[nr++] = (dp__range){(uint64_t)(uintptr_t)base, pu->lay.total_len};
-        } else {
-            local[nr++] = (dp__range){(uint64_t)(uintptr_t)base, pu->lay.payload_off};
-        }
-        for (uint32_t e = 0; e < pu->n_ent; e++) {
-            const dp_value *v = p->ent_val[pu->ent0 + e];
-            if (v->nbytes == 0)
-                continue;
-            uint64_t off = dp__blob_builder_offset(b, e);
-            if (!pu->inl && payload_direct(c, pu, v)) {
-                local[nr++] = (dp__range){(uint64_t)(uintptr_t)v->data, v->nbytes};
-                remote[nr - 1].nbytes = off; /* remote filled after alloc */
-            } else {
-                if (cp != NULL)
-                    cp[nc++] = (dp__copy){base + off, v->data, v->nbytes};
-                else
-                    memcpy(base + off, v->data, v->nbytes);
-                if (!pu->inl) /* an inline put's copy is its request's */
-                    c->cnt.staged_put_bytes += v->nbytes;
-                if (pu->any_direct) {
-                    local[nr++] =
-                        (dp__range){(uint64_t)(uintptr_t)(base + off), v->nbytes};
-                    remote[nr - 1].nbytes = off;
-                }
-            }
-        }
-        pu->nr = nr - pu->r0;
-    }
-    if (nc > 0)
-        dp__endpoint_copy(c->ep, cp, nc);
-    free(cp);
-    return DP_OK;
-}
-
 /* Re-bind units that restarted or whose endpoint failed; others wait. */
 static int
 put_ready_locked(put_op *p, dp_detail *d)
@@ -1079,49 +747,6 @@ out:
     return rc;
 }
 
-/*
- * The size check of the parts whose unit put_size_locked found unbound (down
- * when the client opened), once put_ready_locked bound it. A refusal sends
- * nothing; a restart put_ready_locked found stays to be reported.
- */
-static int
-put_fits_locked(const put_op *p, dp_detail *d)
-{
-    dp_client *c = p->c;
-    for (size_t i = 0; i < p->npu; i++) {
-        const put_unit *pu = &p->pus[i];
-        int rc;
-        if (!pu->unsized || pu->st.state == ST_FAILED ||
-            (rc = blob_fits(c, pu->st.u, pu->size, d)) == DP_OK)
-            continue;
-        for (size_t j = 0; j < p->npu; j++)
-            if (p->pus[j].st.state == ST_FAILED && p->pus[j].st.rc == DP_ERESTARTED)
-                c->units[p->pus[j].st.u].restart_unreported = true;
-        return rc;
-    }
-    return DP_OK;
-}
-
-/* Remote ranges now that the offsets are known; each header names its allocation. */
-static void
-put_remote_ranges_locked(put_op *p)
-{
-    dp_client *c = p->c;
-    uint8_t *stage = p->stage;
-    for (size_t i = 0; i < p->npu; i++) {
-        put_unit *pu = &p->pus[i];
-        if (pu->st.state != ST_WRITE)
-            continue;
-        uint64_t rbase = c->units[pu->st.u].slab_addr + pu->off;
-        /* The header names the allocation: only it can publish these bytes. */
-        dp__blob_header_set_alloc(stage + pu->stage_off, c->units[pu->st.u].incarnation,
-                                  pu->token);
-        p->remote[pu->r0] = (dp__range){rbase, p->local[pu->r0].nbytes};
-        for (size_t k = pu->r0 + 1; k < pu->r0 + pu->nr; k++)
-            p->remote[k] = (dp__range){rbase + p->remote[k].nbytes, p->local[k].nbytes};
-    }
-}
-
 /* Which rows landed (row_status) and the report of the failed units. */
 static int
 put_outcome_locked(const put_op *p, int *row_status, dp_detail *d)
@@ -1143,61 +768,6 @@ put_outcome_locked(const put_op *p, int *row_status, dp_detail *d)
         return DP_OK;
     put_report(p, d);
     return d != NULL ? d->code : first;
-}
-
-/* One hint from a written value: entry e of unit pu's blob (docs/design.md,
- * "Location hints"); idn: strlen(pu->blob_id). */
-static void
-loc_fill(dp_loc *l, const put_unit *pu, size_t idn, const dp__blob_builder *b, uint32_t e,
-         const dp_value *v, const put_key *key)
-{
-    memset(l, 0, sizeof *l);
-    memcpy(l->blob, pu->blob_id, idn);
-    l->off = dp__blob_builder_offset(b, e);
-    l->nbytes = v->nbytes;
-    l->unit = pu->st.u;
-    l->key_crc = key->crc;
-    l->kind = (uint8_t)v->kind;
-    size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0;
-    if (v->ndim > DP_LOC_DIMS || dl > DP_LOC_DTYPE_MAX) {
-        l->ndim = DP_LOC_NO_DESC; /* a get that asks for a description looks it up */
-        l->seal = dp__loc_seal(l, key->hash);
-        return;
-    }
-    l->ndim = (uint8_t)v->ndim;
-    if (dl > 0)
-        memcpy(l->dtype, v->dtype, dl);
-    for (uint32_t i = 0; i < v->ndim; i++)
-        l->shape[i] = v->shape[i];
-    l->seal = dp__loc_seal(l, key->hash);
-}
-
-/* Every landed value's hint into locs (cells in the order of values). */
-static void
-put_locs_locked(const put_op *p, dp_loc *locs)
-{
-    dp_client *c = p->c;
-    size_t n_fields = p->n_fields;
-    const dp_value *values = p->values;
-    for (size_t i = 0; i < p->npu; i++) {
-        const put_unit *pu = &p->pus[i];
-        if (pu->st.state != ST_DONE)
-            continue;
-        const dp__blob_builder *b = c->builders[pu->st.u];
-        const uint32_t *order = p->g.order + p->g.start[pu->st.u];
-        size_t idn = strnlen(pu->blob_id, DP_LOC_BLOB_MAX);
-        uint32_t e = 0;
-        for (uint32_t k = 0; k < pu->n_rows; k++) {
-            size_t cell = (size_t)order[k] * n_fields;
-            for (size_t f = 0; f < n_fields; f++, cell++) {
-                const dp_value *v = &values[cell];
-                if (v->kind == DP_KIND_SKIP)
-                    continue;
-                loc_fill(&locs[cell], pu, idn, b, e, v, &p->ent_key[pu->ent0 + e]);
-                e++;
-            }
-        }
-    }
 }
 
 static int put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d);
@@ -1260,9 +830,9 @@ put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
     bool decided = false; /* put_outcome_locked set row_status */
     rc = put_op_make(&a, locs != NULL, d);
     if (rc == 0)
-        rc = put_size_locked(&a, d);
+        rc = dp__put_size_locked(&a, d);
     if (rc != 0 || a.npu == 0 || (rc = put_ready_locked(&a, d)) != 0 ||
-        (rc = put_fits_locked(&a, d)) != 0)
+        (rc = dp__put_fits_locked(&a, d)) != 0)
         goto out;
     /*
      * Every check passed and every blob is sized: the allocs go out now, and
@@ -1272,14 +842,14 @@ put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
     for (size_t i = 0; i < a.npu; i++)
         if (a.pus[i].st.state == ST_ALLOC && alloc_send_locked(c, &a.pus[i], ns))
             a.slot_pu[ns++] = (uint32_t)i;
-    rc = put_build_locked(&a, &stage_total, d);
+    rc = dp__put_build_locked(&a, &stage_total, d);
     if (rc == 0)
         rc = dp__client_buf_get_locked(c, stage_total, DP__BUF_STAGING, &stage, d);
     if (rc != 0) {
         stage = NULL;
     } else {
         a.stage = stage->p;
-        rc = put_stage_locked(&a, d);
+        rc = dp__put_stage_locked(&a, d);
     }
     if (rc != 0) {
         /* Nothing was written: take the allocs' answers and free what they got. */
@@ -1312,14 +882,14 @@ put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
         }
     if (dp__client_test_hook != NULL)
         dp__client_test_hook("put:allocated");
-    put_remote_ranges_locked(&a);
+    dp__put_remote_ranges_locked(&a);
     size_t nw = write_phase_locked(&a);
     inline_phase_locked(&a, ns, ni);
     commit_phase_locked(&a, nw);
     rc = put_outcome_locked(&a, row_status, d);
     decided = true;
     if (locs != NULL)
-        put_locs_locked(&a, locs);
+        dp__put_locs_locked(&a, locs);
     c->cnt.puts++;
     for (size_t r = 0; r < n_rows; r++)
         if (row_status == NULL ? rc == 0 : row_status[r] == 0)

@@ -167,9 +167,10 @@ typedef struct dp__ctl_item {
     dp_detail det;
     bool repeat;
     unsigned resent;
-    void *sock;       /* private: the socket a sent request waits on */
-    bool dropped;     /* private: a connection carrying it dropped */
-    double resend_at; /* private: when to send it again (sock is NULL until then) */
+    void *sock;           /* private: the socket a sent request waits on */
+    bool dropped;         /* private: a connection carrying it dropped */
+    double resend_at;     /* private: when to send it again (sock is NULL until then) */
+    double refused_since; /* private: since when its address refuses (0: it does not) */
 } dp__ctl_item;
 
 #define DP_CTL_PENDING (-1)

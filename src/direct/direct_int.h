@@ -7,10 +7,13 @@
  *
  * Design notes
  * ------------
- * Files. direct.c: the API (create/destroy, publish, free, fetch, wait,
- * abort, the request accessors, stats) and the EFA probe. regcache.c: the
- * registration cache and the pool. lru.c: the remote LRU. worker.c: the
- * fetch workers (running a request, chunk by chunk).
+ * Files. direct.c: the transport itself (options, create/destroy, names,
+ * stats) and the EFA probe. publish.c: permanent registrations, publish and
+ * free. fetch.c: fetch requests (fetch, wait, cancel, destroy, abort, the
+ * request accessors), the fetch buffers kept for reuse, and describing
+ * metadata. regcache.c: the registration cache and the pool. lru.c: the
+ * remote LRU. worker.c: the fetch workers (running a request, chunk by
+ * chunk).
  *
  * Ownership. The transport owns its endpoint, the pool and every cache
  * entry, object and LRU entry. A request is the caller's from
@@ -140,7 +143,7 @@ struct dp_direct {
     uint64_t lru_tick;
     uint64_t remote_adds, remote_readds, remote_hits, remote_evictions;
 
-    /* Freed fetch buffers kept registered for reuse (direct.c), under mu;
+    /* Freed fetch buffers kept registered for reuse (fetch.c), under mu;
      * and retired ones a failed READ touched, taken back once it ended. */
     struct fetch_buf *fbufs;
     size_t n_fbufs;
@@ -167,6 +170,30 @@ set_state(dp_direct_req *r, int state)
 {
     r->state = state;
 }
+
+/* ---- the transport (direct.c) ---- */
+
+/*
+ * Physical memory of this host. UCX backs memory it allocates with shared
+ * memory and populates it: a request larger than the host fills /dev/shm and
+ * starves every process, so sizes that come from options or from untrusted
+ * metadata are checked against this first.
+ */
+uint64_t dp__direct_phys_bytes(void);
+
+/* ---- fetch buffers kept for reuse (fetch.c) ---- */
+
+struct fetch_buf;
+
+/* Deregister and unmap n buffers (no lock held). */
+void dp__direct_fbuf_drop(dp_direct *t, const struct fetch_buf *b, size_t n);
+
+/*
+ * Retired buffers whose READs ended (UCX completed or purged them) stop
+ * counting and go to the cache, or are freed (all of them once stopping).
+ * Takes mu.
+ */
+void dp__direct_fbuf_reclaim(dp_direct *t);
 
 /* ---- registration cache (regcache.c; cache_mu held unless said) ---- */
 

@@ -16,7 +16,7 @@
  *   version bumps, unless it is permanent (register_permanent) or the endpoint
  *   refuses because a retained transfer touches it: then it stays registered
  *   for good (stuck) and its memory must never be reused.
- * - Publish (direct.c) takes one reference per buffer and undoes, in reverse,
+ * - Publish (publish.c) takes one reference per buffer and undoes, in reverse,
  *   exactly the references it took when anything fails, so blocks and
  *   registrations of other objects are never touched by a failed publish
  *   (pool rollback).

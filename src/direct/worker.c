@@ -13,7 +13,7 @@
  *   abandoned, so when a request ends nothing of ours writes into its memory
  *   any more, except transfers the endpoint retained in the graveyard (their
  *   memory is never freed: regions stay registered, own buffers are leaked
- *   and charged with dp__graveyard_retain_buffer by direct.c).
+ *   and charged with dp__graveyard_retain_buffer by fetch.c).
  * - A request's targets are released as soon as it ends, by whoever ran it.
  */
 #include <inttypes.h>

@@ -1,6 +1,7 @@
 /*
- * Internals shared by wire.c (strings, limits, ops, the field-table engine,
- * requests) and wire_reply.c (results, errors, replies). Not for other modules.
+ * Internals shared by wire.c (strings, limits, ops, requests), wire_fields.c
+ * (the field-table engine) and wire_reply.c (results, errors, replies). Not
+ * for other modules.
  */
 #ifndef DP_WIRE_WIRE_INT_H
 #define DP_WIRE_WIRE_INT_H
@@ -83,6 +84,8 @@ int dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p);
 void dp__wire_value_encode(dp__mp_writer *w, int k, const void *p,
                            const dp__wire_limits *lim);
 
+/* s as a msgpack string, unchecked (an empty s may have p NULL). */
+void dp__wire_put_view(dp__mp_writer *w, dp__wire_str s);
 /* Text cut to max bytes at a character boundary, invalid bytes and NUL as '?'. */
 void dp__wire_put_text(dp__mp_writer *w, dp__wire_str s, uint32_t max);
 /* A printable, bounded rendering of untrusted s for details. */
@@ -94,5 +97,7 @@ int dp__wire_encode_end(dp__buf *out, size_t start, bool oom_before,
                         const dp__wire_limits *lim, const char *what, dp_detail *d);
 
 #define DP__WIRE_LIM(lim) ((lim) != NULL ? (lim) : &dp__wire_limits_default)
+/* The "what: " prefix of a detail, as the two arguments of "%s%s" (none without what). */
+#define DP__WIRE_WHAT(w) (w) ? (w) : "", (w) ? ": " : ""
 
 #endif

@@ -2,9 +2,10 @@
  * Control-message codec, part 2: each op's result, the error map and the reply
  * framing [request_id, ok, result | error] (see wire.h for the contract).
  *
- * Result maps use the field tables of wire.c in tolerant mode (unknown keys
- * skipped), so a newer unit can add fields. Non-map results (a number, a
- * commit state, a bin, the generic scan/stats records) are read here directly.
+ * Result maps use the field-table engine of wire_fields.c in tolerant mode
+ * (unknown keys skipped), so a newer unit can add fields. Non-map results (a
+ * number, a commit state, a bin, the generic scan/stats records) are read here
+ * directly.
  */
 #include "wire/wire_int.h"
 

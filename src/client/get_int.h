@@ -1,0 +1,42 @@
+/*
+ * Internals of the client's get shared by its two files (not installed):
+ * get.c, the get's rounds (resolve, READ, unpin), and values.c, what a get
+ * hands back (the values' descriptions, the alloc form and its dp_values).
+ * get.c's opening comment holds the get's design.
+ */
+#ifndef DP_CLIENT_GET_INT_H
+#define DP_CLIENT_GET_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/client_int.h"
+
+/* Values a get handed back (the alloc form: values.c). */
+struct dp_values {
+    dp_client *c; /* counted in c->n_values once set; NULL before */
+    size_t n;
+    dp_get_item *items;
+    dp_value_desc *descs;
+    uint8_t **bufs; /* registered buffers holding the values */
+    size_t n_bufs;
+};
+
+/* ---- get.c: the get's rounds ---- */
+
+/*
+ * The engine: vals != NULL is the alloc form (destinations come from
+ * registered buffers owned by vals).
+ */
+int dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals,
+                   dp_detail *d);
+
+/* ---- values.c: what a get hands back ---- */
+
+/* The description of a value from its entry l in a resolve_keys answer. */
+void dp__fill_desc(dp_value_desc *o, const dp__wire_key_loc *l);
+
+/* The description of a value from its location hint l (one that has it). */
+void dp__fill_desc_loc(dp_value_desc *o, const dp_loc *l);
+
+#endif
