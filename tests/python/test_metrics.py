@@ -4,6 +4,7 @@
 Prometheus server started here on loopback and queried through its HTTP API
 for a counter the test moved."""
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -60,16 +61,28 @@ def _value(fams, family, sample, **labels):
     raise KeyError(f"{sample} {labels}")
 
 
+def _said_url(path, pattern, proc, limit=15):
+    """The URL a process wrote into its log file at path (pattern's group 1):
+    port 0 lets it take a free port itself, where a port picked here first
+    may be taken by another process before it binds (seen in CI)."""
+    deadline = time.monotonic() + limit
+    while True:
+        m = re.search(pattern, open(path).read())
+        if m:
+            return m.group(1)
+        assert proc.poll() is None and time.monotonic() < deadline, open(path).read()[-2000:]
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def unit(tmp_path):
     log = tmp_path / "unit.log"
-    port = _port()
     with open(log, "wb") as f:
-        p = subprocess.Popen([_cli(), "unit", "--slab", "32M", "--metrics", f"127.0.0.1:{port}"],
+        p = subprocess.Popen([_cli(), "unit", "--slab", "32M", "--metrics", "127.0.0.1:0"],
                              stdout=subprocess.PIPE, stderr=f, text=True, env=UNIT_ENV)
     addr = p.stdout.readline().strip()
     assert addr.startswith("tcp://"), f"{addr!r}: {open(log).read()[-2000:]}"
-    base = f"http://127.0.0.1:{port}"
+    base = _said_url(log, r"metrics: (http://[0-9.]+:[0-9]+)/metrics", p)
     # The metrics server is up before the address line is printed.
     assert _fetch(base + "/healthz")[0] == 200
     yield addr, base
@@ -138,11 +151,10 @@ def test_unit_metrics_parse_and_move(unit):
     assert _fetch(base + "/metrics", method="POST")[0] == 405
 
 
-def test_bench_serves_client_counters(unit):
+def test_bench_serves_client_counters(unit, tmp_path):
     addr, _ = unit
-    port = _port()
     p = subprocess.Popen([_cli(), "bench", "--iters", "1000000", "--rows", "4", "--bytes", "4K",
-                          "--metrics", f"127.0.0.1:{port}", "--cluster", "/nonexistent"],
+                          "--metrics", "127.0.0.1:0", "--cluster", "/nonexistent"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          env={**UNIT_ENV, "DP_CLUSTER": ""})
     # A cluster that does not exist: a clear error, no server left behind.
@@ -153,17 +165,20 @@ def test_bench_serves_client_counters(unit):
         cf = os.path.join(d, "cluster.json")
         with open(cf, "w") as f:
             f.write('{"version": 1, "units": [{"id": 0, "zmq": "%s", "agent": "x"}]}' % addr)
-        p = subprocess.Popen([_cli(), "bench", "--iters", "1000000", "--rows", "4",
-                              "--bytes", "4K", "--metrics", f"127.0.0.1:{port}",
-                              "--cluster", cf],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=UNIT_ENV)
+        blog = tmp_path / "bench.log"
+        with open(blog, "wb") as f:
+            p = subprocess.Popen([_cli(), "bench", "--iters", "1000000", "--rows", "4",
+                                  "--bytes", "4K", "--metrics", "127.0.0.1:0",
+                                  "--cluster", cf],
+                                 stdout=subprocess.DEVNULL, stderr=f, env=UNIT_ENV)
         try:
+            url = _said_url(blog, r"metrics at (http://[0-9.]+:[0-9]+)/metrics", p)
             deadline = time.monotonic() + 30
             puts = 0
             while puts < 3:
                 assert time.monotonic() < deadline, "bench's client counters did not move"
                 try:
-                    st, text = _fetch(f"http://127.0.0.1:{port}/metrics")
+                    st, text = _fetch(url + "/metrics")
                     fams = _families(text)
                     puts = _value(fams, "dataplane_client_puts", "dataplane_client_puts_total")
                 except (OSError, KeyError):

@@ -36,29 +36,36 @@ def etcd():
     if not os.access(ETCD, os.X_OK):
         pytest.skip("etcd is not installed (scripts/deps.sh installs etcd-server)")
     d = tempfile.mkdtemp(prefix="dp-etcd-py-")
-    cp, pp = _port(), _port()
-    proc = subprocess.Popen(
-        [ETCD, "--name=t", f"--data-dir={d}",
-         f"--listen-client-urls=http://127.0.0.1:{cp}",
-         f"--advertise-client-urls=http://127.0.0.1:{cp}",
-         f"--listen-peer-urls=http://127.0.0.1:{pp}",
-         f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
-         f"--initial-cluster=t=http://127.0.0.1:{pp}",
-         "--logger=zap", f"--log-outputs={d}/etcd.log"],
-        stdout=subprocess.DEVNULL, env=UNIT_ENV)
-    # Ready when its gateway answers a range (a leader is elected), not when
-    # its port takes connections.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            req = urllib.request.Request(f"http://127.0.0.1:{cp}/v3/kv/range",
-                                         data=b'{"key":"eA=="}', method="POST")
-            opener.open(req, timeout=1).read()
+    # Ports picked here may be taken by another process before etcd binds
+    # them: etcd then exits, and is started again on two other ports.
+    for attempt in range(3):
+        cp, pp = _port(), _port()
+        proc = subprocess.Popen(
+            [ETCD, "--name=t", f"--data-dir={d}/data{attempt}",
+             f"--listen-client-urls=http://127.0.0.1:{cp}",
+             f"--advertise-client-urls=http://127.0.0.1:{cp}",
+             f"--listen-peer-urls=http://127.0.0.1:{pp}",
+             f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
+             f"--initial-cluster=t=http://127.0.0.1:{pp}",
+             "--logger=zap", f"--log-outputs={d}/etcd{attempt}.log"],
+            stdout=subprocess.DEVNULL, env=UNIT_ENV)
+        # Ready when its gateway answers a range (a leader is elected), not
+        # when its port takes connections.
+        deadline = time.monotonic() + 20
+        while proc.poll() is None:
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{cp}/v3/kv/range",
+                                             data=b'{"key":"eA=="}', method="POST")
+                opener.open(req, timeout=1).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "etcd did not start"
+                time.sleep(0.1)
+        if proc.poll() is None:
             break
-        except OSError:
-            assert time.monotonic() < deadline, "etcd did not start"
-            time.sleep(0.1)
+        assert attempt < 2, "etcd exited at start three times: " + open(
+            f"{d}/etcd{attempt}.log").read()[-2000:]
     yield f"127.0.0.1:{cp}"
     proc.kill()
     proc.wait()
