@@ -1,5 +1,5 @@
 /*
- * Tests for src/client/cluster: locating, writing and reading cluster files,
+ * Tests for src/cluster: locating, writing and reading cluster files,
  * and the errors for every kind of bad file (a FIFO, a device, a socket or a
  * directory where the file should be is refused without blocking).
  */

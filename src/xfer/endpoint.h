@@ -249,7 +249,7 @@ int dp__endpoint_add_remote(dp__endpoint *ep, const void *md, size_t len, char *
 /*
  * Finish connecting to remote name within timeout_s (finite, > 0): wait until
  * UCX's connection setup (wireup) with it is over, then classify its lanes
- * again and choose its path (dp__endpoint_remote_lane, _path) from the lanes
+ * again and choose its path (dp__endpoint_remote_route tells both) from the lanes
  * UCX settled on. The remote must progress meanwhile (a progress thread). A
  * peer killed while UCX 1.13 still sets up its side of a TCP connection can
  * abort that peer inside UCX (docs/design.md, "Known limitations"), so a

@@ -78,8 +78,10 @@ def _said_url(path, pattern, proc, limit=15):
 def unit(tmp_path):
     log = tmp_path / "unit.log"
     with open(log, "wb") as f:
+        # info: the log line that names the metrics address (CI runs at warn)
         p = subprocess.Popen([_cli(), "unit", "--slab", "32M", "--metrics", "127.0.0.1:0"],
-                             stdout=subprocess.PIPE, stderr=f, text=True, env=UNIT_ENV)
+                             stdout=subprocess.PIPE, stderr=f, text=True,
+                             env={**UNIT_ENV, "DP_LOG_LEVEL": "info"})
     addr = p.stdout.readline().strip()
     assert addr.startswith("tcp://"), f"{addr!r}: {open(log).read()[-2000:]}"
     base = _said_url(log, r"metrics: (http://[0-9.]+:[0-9]+)/metrics", p)
