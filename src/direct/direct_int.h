@@ -197,7 +197,12 @@ void dp__direct_fbuf_reclaim(dp_direct *t);
 
 /* ---- registration cache (regcache.c; cache_mu held unless said) ---- */
 
-/* Turn an endpoint registration failure into one a user can act on (any lock). */
+/*
+ * Turn an endpoint registration failure of what (len bytes at addr; NULL: an
+ * allocation the endpoint registers, such as the pool) into one a user can act
+ * on: the memlock advice for UCX's refusals, none for a range refused before
+ * UCX saw it or for memory the transport registered itself (any lock).
+ */
 int dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr,
                         size_t len);
 

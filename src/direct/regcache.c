@@ -39,13 +39,27 @@ dp__direct_reg_fail(dp_detail *d, int rc, const char *what, const void *addr, si
             "this transport registered itself (its pool, or the buffers of "
             "a fetch request still alive)",
             what, len, addr);
-    char ml[32];
+    /*
+     * DP_EINVAL: the endpoint refused the range before UCX saw it (it wraps
+     * past the address space, or is not this process's to register): the
+     * memlock advice below would send the reader the wrong way.
+     */
+    if (rc == DP_EINVAL)
+        return dp__fail_ctx(d, rc,
+                            "direct: registering %s of %zu bytes at %p: refused before "
+                            "UCX saw it: the range is not one this process can register",
+                            what, len, addr);
+    char ml[32], at[40] = "";
     dp__fmt_memlock(ml, sizeof ml);
+    if (addr != NULL)
+        snprintf(at, sizeof at, " at %p", addr);
     return dp__fail_ctx(d, rc,
-                        "direct (backend " BACKEND "): registering %s of %zu bytes at %p "
-                        "failed (check the memlock limit, ulimit -l = %s; UCX_TLS = %s; "
-                        "rerun with UCX_LOG_LEVEL=debug)",
-                        what, len, addr, ml, env_or("UCX_TLS", "unset"));
+                        "direct (backend " BACKEND
+                        "): %s %s of %zu bytes%s failed (check "
+                        "the memlock limit, ulimit -l = %s; UCX_TLS = %s; rerun with "
+                        "UCX_LOG_LEVEL=debug)",
+                        addr != NULL ? "registering" : "allocating and registering", what,
+                        len, at, ml, env_or("UCX_TLS", "unset"));
 }
 
 /* ---- registration cache (cache_mu held) ---- */
