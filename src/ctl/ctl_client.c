@@ -636,7 +636,12 @@ item_resend(dp__ctl_client *c, dp__ctl_item *it, double now)
  * again; a host that does not answer within PROBE_MS, a name that is not
  * numeric, or any other error counts as not refused.
  */
-#define PROBE_MS 100
+/*
+ * A refusal comes back within a round trip; the wait loop probes each failed
+ * item in turn, so a flap that leaves many units unanswering costs PROBE_MS
+ * each: kept short (a probe that times out only means "send it again").
+ */
+#define PROBE_MS 20
 static bool
 peer_refuses(const char *address)
 {
