@@ -76,7 +76,10 @@ typedef struct dp_ckpt_summary {
     uint64_t clears_during_save;       /* save: clears that ran while it did */
     uint64_t loaded;                   /* load, re-home: blobs published / put */
     uint64_t spilled;                  /* load: of which to the SSD tier */
-    uint64_t reserved[8];
+    uint32_t replicas; /* copies of each row the saved cluster kept (1..3): a
+                        * load needs the same; dp_ckpt_rehome takes any */
+    uint32_t reserved32;
+    uint64_t reserved[7];
 } dp_ckpt_summary;
 
 /*

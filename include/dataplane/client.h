@@ -556,6 +556,20 @@ DP_API int dp_client_counters_get(dp_client *c, dp_client_counters *out);
 DP_API uint64_t dp_client_requests_resent(dp_client *c);
 
 /*
+ * Copies of each row the cluster keeps (its units' --replicas; 1 before any
+ * unit answered, and for NULL). Row g lives on units g % N, (g + 1) % N, ...
+ * (docs/design.md, "Replicas"). Threads: any.
+ */
+DP_API uint32_t dp_client_replicas(dp_client *c);
+
+/*
+ * Rows this client's puts landed on fewer than all their units because a
+ * unit's process was gone (a row is counted once per put that left it
+ * short), so far. 0 for NULL. Threads: any.
+ */
+DP_API uint64_t dp_client_under_replicated_rows(dp_client *c);
+
+/*
  * How this client's data path reaches unit `unit`, as one line into
  * buf[0..cap): the lane class (shm, rdma, tcp), the path (one-sided: UCX
  * put/get; two-sided: messages the unit receives and sends itself, where the

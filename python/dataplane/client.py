@@ -177,6 +177,12 @@ class Client:
     def n_units(self):
         return self._c.n_units
 
+    @property
+    def replicas(self):
+        """Copies of each row the cluster keeps (its units' --replicas): row g
+        lives on units g % N, (g + 1) % N, ..."""
+        return self._c.replicas
+
     def unit_address(self, i):
         return self._c.unit_address(i)
 
@@ -420,18 +426,21 @@ class Client:
         missing); it becomes the directory's current checkpoint only when
         this returns. keep > 0 removes all but the keep newest. The path must
         be the same on this host and the units' (one host or a shared
-        filesystem). Returns a dict: checkpoint, n_units, blobs, bytes."""
+        filesystem). Returns a dict: checkpoint, n_units, replicas, blobs,
+        bytes."""
         return self._c.checkpoint(0, _ckpt_dir(directory), float(timeout_s), int(keep))
 
     def load(self, directory, *, timeout_s=0.0):
         """Load directory's current checkpoint into the cluster: every file is
         checked first; each unit then loads its shard when the cluster has
-        the checkpoint's number of units, else every value is put again
-        through this client (re-homed: rows land on gidx % units). Returns a
-        dict: checkpoint, n_units, blobs, bytes, loaded, spilled."""
+        the checkpoint's number of units and copies of each row (replicas),
+        else every value is put again through this client (re-homed: rows
+        land on gidx % units and the units after it). Returns a dict:
+        checkpoint, n_units, replicas, blobs, bytes, loaded, spilled."""
         d = _ckpt_dir(directory)
-        n = self._c.checkpoint(3, d, float(timeout_s), 0)["n_units"]
-        return self._c.checkpoint(1 if n == self.n_units else 2, d, float(timeout_s), 0)
+        peek = self._c.checkpoint(3, d, float(timeout_s), 0)
+        same = peek["n_units"] == self.n_units and peek["replicas"] == self.replicas
+        return self._c.checkpoint(1 if same else 2, d, float(timeout_s), 0)
 
     def stats(self):
         """One dict of counters per unit."""

@@ -1092,10 +1092,10 @@ static PyObject *
 ckpt_summary_dict(const dp_ckpt_summary *sum)
 {
     return Py_BuildValue(
-        "{s:s,s:I,s:K,s:K,s:K,s:K}", "checkpoint", sum->checkpoint, "n_units",
-        (unsigned)sum->n_units, "blobs", (unsigned long long)sum->blobs, "bytes",
-        (unsigned long long)sum->bytes, "loaded", (unsigned long long)sum->loaded,
-        "spilled", (unsigned long long)sum->spilled);
+        "{s:s,s:I,s:I,s:K,s:K,s:K,s:K}", "checkpoint", sum->checkpoint, "n_units",
+        (unsigned)sum->n_units, "replicas", (unsigned)sum->replicas, "blobs",
+        (unsigned long long)sum->blobs, "bytes", (unsigned long long)sum->bytes, "loaded",
+        (unsigned long long)sum->loaded, "spilled", (unsigned long long)sum->spilled);
 }
 
 /*
@@ -1234,6 +1234,10 @@ client_counters(DpClient *self, PyObject *noarg)
     rc = dp_client_counters_get(self->c, &k);
     Py_END_ALLOW_THREADS
     uint64_t resent = dp_client_requests_resent(self->c);
+    uint64_t under = 0;
+    Py_BEGIN_ALLOW_THREADS
+    under = dp_client_under_replicated_rows(self->c);
+    Py_END_ALLOW_THREADS
     dp__py_client_leave(self);
     if (rc != DP_OK)
         return dp__py_raise(rc, NULL);
@@ -1260,6 +1264,7 @@ client_counters(DpClient *self, PyObject *noarg)
               {"busy_waits", k.busy_waits},
               {"loc_misses", k.loc_misses},
               {"resent", resent},
+              {"under_replicated_rows", under},
               {"copied_bytes", self->copied}};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)kv[i].v);
@@ -1427,6 +1432,20 @@ client_n_units(DpClient *self, void *closure)
     return PyLong_FromUnsignedLong(n);
 }
 
+static PyObject *
+client_replicas(DpClient *self, void *closure)
+{
+    (void)closure;
+    if (!dp__py_client_enter(self))
+        return NULL;
+    uint32_t r;
+    Py_BEGIN_ALLOW_THREADS /* it takes the client's mutex, held by a running put */
+    r = dp_client_replicas(self->c);
+    Py_END_ALLOW_THREADS
+    dp__py_client_leave(self);
+    return PyLong_FromUnsignedLong(r);
+}
+
 /* _check(): raises Closed when the client is closed or was made in another
  * process; nothing else (the library's mutex, held by a running put, is not
  * taken). */
@@ -1475,6 +1494,8 @@ static PyMethodDef client_methods[] = {
 
 static PyGetSetDef client_getset[] = {
     {"n_units", (getter)client_n_units, NULL, "number of units", NULL},
+    {"replicas", (getter)client_replicas, NULL, "copies of each row the cluster keeps",
+     NULL},
     {"closed", (getter)client_closed, NULL, "True after close()", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -247,9 +247,11 @@ typedef struct dp__blob_parse_opts {
     uint32_t max_entries;   /* 0: DP_BLOB_MAX_ENTRIES */
     uint64_t max_index_len; /* 0: DP_BLOB_MAX_INDEX_LEN */
     bool allow_overlap;     /* accept entries whose payloads overlap */
-    /* When n_units > 0, every key's gidx % n_units must equal unit_index. */
+    /* When n_units > 0, every key's row must have a copy on unit_index: gidx %
+     * n_units is unit_index or one of the replicas - 1 units before it. */
     uint32_t n_units;
     uint32_t unit_index;
+    uint32_t replicas; /* 0: 1 */
 } dp__blob_parse_opts;
 
 typedef struct dp__blob dp__blob;

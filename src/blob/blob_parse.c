@@ -419,15 +419,16 @@ entry_on_unit(const dp__blob_parse_opts *opts, const struct raw_entry *e, uint32
               dp_detail *d)
 {
     if (opts == NULL || opts->n_units == 0 ||
-        e->kp.gidx % opts->n_units == opts->unit_index)
+        dp__row_on_unit(e->kp.gidx, opts->unit_index, opts->n_units, opts->replicas))
         return DP_OK;
     char q[80];
     return dp__fail(d, DP_EPROTO,
-                    "blob entry %u ('%s'): row %llu belongs to unit %llu of %u, not to "
-                    "unit %u",
+                    "blob entry %u ('%s'): row %llu belongs to unit %llu of %u%s, not "
+                    "to unit %u",
                     i, dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q),
                     (unsigned long long)e->kp.gidx,
                     (unsigned long long)(e->kp.gidx % opts->n_units), opts->n_units,
+                    opts->replicas > 1 ? " (and the units after it: replicas)" : "",
                     opts->unit_index);
 }
 

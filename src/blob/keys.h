@@ -92,4 +92,16 @@ int dp__key_split(const char *key, size_t len, dp__key_parts *parts, dp_detail *
 const char *dp__quote_bytes(const char *s, size_t len, size_t max_shown, char *out,
                             size_t cap);
 
+/*
+ * Whether unit `unit` of n_units holds a copy of row gidx when the cluster keeps
+ * `replicas` copies (0 counts as 1): the row's units are gidx % n_units and the
+ * replicas - 1 after it, wrapping (docs/design.md, "Replicas").
+ */
+static inline bool
+dp__row_on_unit(uint64_t gidx, uint32_t unit, uint32_t n_units, uint32_t replicas)
+{
+    uint32_t home = (uint32_t)(gidx % n_units);
+    return (unit + n_units - home) % n_units < (replicas > 0 ? replicas : 1);
+}
+
 #endif

@@ -86,9 +86,10 @@ rehome(const char *cmd, const dp__cli_conn *c, const dp_ckpt_opts *o, const char
     uint32_t n_units = c->cl.n_units;
     if (o->progress != NULL)
         fprintf(stderr,
-                "%s: %s was saved from %u units, the cluster has %u: re-homing every "
-                "value through this client (slower than a load of the same shape)\n",
-                cmd, peek->checkpoint, peek->n_units, n_units);
+                "%s: %s was saved from %u units keeping %u copies of each row, the "
+                "cluster has %u: re-homing every value through this client (slower "
+                "than a load of the same shape)\n",
+                cmd, peek->checkpoint, peek->n_units, peek->replicas, n_units);
     dp_client_opts co;
     dp_client_opts_init(&co);
     /* The library asks every unit who it is, within the command's budget. */
@@ -184,12 +185,13 @@ run(const char *cmd, const char *usage, int argc, char **argv)
     } else {
         dp_ckpt_summary peek;
         rc = dp_ckpt_peek(argv[optind], &peek, &d);
-        if (rc == DP_OK && peek.n_units != c.cl.n_units) {
+        bool same = rc == DP_OK && peek.n_units == c.cl.n_units;
+        if (same) /* and as many copies of each row: the units say how many */
+            rc = dp__cli_check_units(&c, -1, 0, &d);
+        if (rc == DP_OK && (!same || peek.replicas != dp_client_replicas(c.client))) {
             rc = rehome(cmd, &c, &o, argv[optind], &peek, &s, &d);
         } else if (rc == DP_OK) {
-            rc = dp__cli_check_units(&c, -1, 0, &d);
-            if (rc == DP_OK)
-                rc = dp_ckpt_load(c.client, argv[optind], &o, &s, &d);
+            rc = dp_ckpt_load(c.client, argv[optind], &o, &s, &d);
             if (rc == DP_OK)
                 printf("loaded %s: %u units, %llu blobs (%llu on SSD), %llu bytes\n",
                        s.checkpoint, s.n_units, (unsigned long long)s.loaded,

@@ -60,6 +60,9 @@ static const char usage_unit[] =
     "                       host name's -ORDINAL suffix (a Kubernetes StatefulSet pod)\n"
     "  --unit-id-env NAME   take the id from environment variable NAME (implies auto)\n"
     "  --units N            units in the cluster; row g belongs to unit g % N (1)\n"
+    "  --replicas R         copies of each row (1..3, at most N): row g lives on units\n"
+    "                       g % N, (g + 1) % N, ...; every unit of a cluster gets the\n"
+    "                       same R (1)\n"
     "  --registry URL       register in etcd: etcd://HOST:PORT[,HOST:PORT...]/NAME;\n"
     "                       clients then find the cluster by that URL. NAME is the\n"
     "                       cluster id. The record lives as long as a lease this\n"
@@ -113,6 +116,7 @@ enum {
     O_RECLAIM,
     O_CLUSTER_ID,
     O_NUMA,
+    O_REPLICAS,
     O_ID,
     O_UNITS,
     O_SSD,
@@ -173,6 +177,12 @@ unit_option(unit_cmd *u, int c, char **argv)
         else
             rc = dp__parse_seconds(optarg, &uo->reclaim_grace_s, "--reclaim-grace-s", d);
         break;
+    case O_REPLICAS: {
+        uint64_t r = 0;
+        rc = dp__parse_u64(optarg, 1, DP_UNIT_MAX_REPLICAS, &r, "--replicas", d);
+        uo->replicas = (uint32_t)r;
+        break;
+    }
     case O_NUMA:
         if (strcmp(optarg, "auto") == 0)
             uo->numa = DP_UNIT_NUMA_AUTO;
@@ -264,6 +274,7 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"reclaim-grace-s", required_argument, NULL, O_RECLAIM},
         {"cluster-id", required_argument, NULL, O_CLUSTER_ID},
         {"numa", required_argument, NULL, O_NUMA},
+        {"replicas", required_argument, NULL, O_REPLICAS},
         {"unit-id", required_argument, NULL, O_ID},
         {"units", required_argument, NULL, O_UNITS},
         {"ssd-dir", required_argument, NULL, O_SSD},
@@ -333,6 +344,14 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         char msg[96];
         snprintf(msg, sizeof msg, "--unit-id %" PRIu64 " must be below --units %" PRIu64,
                  u->unit_id, u->units);
+        return unit_usage_error("%s", msg);
+    }
+    if (u->uo.replicas > u->units) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "--replicas %u needs at least as many units (--units %" PRIu64
+                 "): each copy of a row lives on another unit",
+                 u->uo.replicas, u->units);
         return unit_usage_error("%s", msg);
     }
     if (u->staging_set && u->uo.ssd_dir == NULL)
@@ -480,12 +499,12 @@ unit_serve(unit_cmd *u)
     if (strcmp(dp__unit_server_bound_address(srv), dp__unit_server_address(srv)) != 0)
         snprintf(bound, sizeof bound, " (bound to %s)",
                  dp__unit_server_bound_address(srv));
-    DP_LOG_I(
-        "serving %s%s: unit %u of %u, slab %s, endpoint %s, numa: %s, read_pin_s %.1f, "
-        "alloc_lease_s %.1f",
-        dp__unit_server_address(srv), bound, uo->unit_id, uo->n_units,
-        dp__fmt_size(uo->slab_bytes, sz, sizeof sz), name,
-        dp__unit_numa_desc(dp__unit_server_unit(srv)), uo->read_pin_s, uo->alloc_lease_s);
+    DP_LOG_I("serving %s%s: unit %u of %u (replicas %u), slab %s, endpoint %s, numa: %s, "
+             "read_pin_s %.1f, alloc_lease_s %.1f",
+             dp__unit_server_address(srv), bound, uo->unit_id, uo->n_units, uo->replicas,
+             dp__fmt_size(uo->slab_bytes, sz, sizeof sz), name,
+             dp__unit_numa_desc(dp__unit_server_unit(srv)), uo->read_pin_s,
+             uo->alloc_lease_s);
     if (u->metrics != NULL)
         DP_LOG_I("metrics: http://%s/metrics", dp__unit_server_metrics_address(srv));
     if (uo->ssd_dir != NULL)

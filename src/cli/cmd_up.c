@@ -63,6 +63,8 @@ static const char usage_up[] =
     "  --alloc-lease-s S    passed to each unit\n"
     "  --reclaim-grace-s S  passed to each unit ('never' keeps retired regions)\n"
     "  --numa MODE          passed to each unit: auto, bind or off\n"
+    "  --replicas R         copies of each row (1..3, at most --units): row g lives\n"
+    "                       on units g % N, (g + 1) % N, ... (1)\n"
     "  --ssd-dir D          SSD tier: passed to each unit when given\n"
     "  --staging SIZE       SSD tier staging area: passed when given\n"
     "  --pickup-s S         SSD tier pickup time: passed when given\n"
@@ -97,6 +99,7 @@ typedef struct up_opts {
     const char *bind;
     const char *advertise;
     const char *read_pin_s, *alloc_lease_s, *reclaim_grace_s, *numa;
+    uint64_t replicas;
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
     bool restart;
@@ -121,6 +124,7 @@ enum {
     O_LEASE,
     O_RECLAIM,
     O_NUMA,
+    O_REPLICAS,
     O_SSD,
     O_STAGING,
     O_PICKUP,
@@ -141,6 +145,7 @@ opts_init(up_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->units = 2;
+    o->replicas = 1;
     o->slab = "256M";
     o->bind = "127.0.0.1";
     o->grace_s = 10;
@@ -192,6 +197,9 @@ take_opt(up_opts *o, int c, char **argv, dp_detail *d)
         if (strcmp(optarg, "never") != 0)
             rc = dp__parse_seconds(optarg, &s, "--reclaim-grace-s", d);
         o->reclaim_grace_s = optarg;
+        break;
+    case O_REPLICAS:
+        rc = dp__parse_u64(optarg, 1, 3, &o->replicas, "--replicas", d);
         break;
     case O_NUMA:
         if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "bind") != 0 &&
@@ -278,6 +286,12 @@ check_opts(const up_opts *o)
         o->metrics_port + o->units - 1 > 65535)
         return dp__cli_usage("up", "--metrics: port %u + %" PRIu64 " units passes 65535",
                              o->metrics_port, o->units);
+    if (o->replicas > o->units)
+        return dp__cli_usage("up",
+                             "--replicas %" PRIu64
+                             " needs at least as many units (--units "
+                             "%" PRIu64 "): each copy of a row lives on another unit",
+                             o->replicas, o->units);
     return -1;
 }
 
@@ -294,6 +308,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"alloc-lease-s", required_argument, NULL, O_LEASE},
         {"reclaim-grace-s", required_argument, NULL, O_RECLAIM},
         {"numa", required_argument, NULL, O_NUMA},
+        {"replicas", required_argument, NULL, O_REPLICAS},
         {"ssd-dir", required_argument, NULL, O_SSD},
         {"staging", required_argument, NULL, O_STAGING},
         {"pickup-s", required_argument, NULL, O_PICKUP},
@@ -479,6 +494,12 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     args[k++] = "--cluster-id";
     args[k++] = o->cluster_id;
     PASS("--numa", o->numa);
+    char reps[8];
+    snprintf(reps, sizeof reps, "%u", (unsigned)o->replicas);
+    if (o->replicas > 1) {
+        args[k++] = "--replicas";
+        args[k++] = reps;
+    }
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);
     PASS("--pickup-s", o->pickup_s);
@@ -639,6 +660,7 @@ write_cluster(const dp__sup *s, const char *path, const char *o_cluster_id,
 {
     dp__cluster cl = {.n_units = s->n, .units = calloc(s->n, sizeof(dp__cluster_unit))};
     snprintf(cl.cluster_id, sizeof cl.cluster_id, "%s", o_cluster_id);
+    cl.replicas = s->replicas;
     if (cl.units == NULL) {
         dp__cli_fail("up", dp__fail(d, DP_ENOMEM, "out of memory"), d);
         return false;
@@ -793,6 +815,7 @@ dp__cmd_up(int argc, char **argv)
     dp__sup s;
     dp__sup_init(&s);
     snprintf(s.pubkey, sizeof s.pubkey, "%s", o.curve_public);
+    s.replicas = (uint32_t)o.replicas;
     /* up asks its units who they are with their own key (always allowed). */
     if (o.curve_secret != NULL)
         setenv("DP_CURVE_SECRET", o.curve_secret, 1);
@@ -804,11 +827,14 @@ dp__cmd_up(int argc, char **argv)
                      write_cluster(&s, path, o.cluster_id, o.curve_public, &d);
         if (wrote) {
             const char *where = o.registry != NULL ? o.registry : path;
-            printf("cluster of %u unit%s up: %s%s%s\n"
+            char reps[48] = "";
+            if (s.replicas > 1)
+                snprintf(reps, sizeof reps, " (%u copies of each row)", s.replicas);
+            printf("cluster of %u unit%s%s up: %s%s%s\n"
                    "clients find it with --cluster %s, or:\n"
                    "  export DP_CLUSTER=%s\n"
                    "Ctrl-C stops it.\n",
-                   s.n, s.n == 1 ? "" : "s", path,
+                   s.n, s.n == 1 ? "" : "s", reps, path,
                    o.registry != NULL ? ", registered in " : "",
                    o.registry != NULL ? o.registry : "", where, where);
             fflush(stdout);

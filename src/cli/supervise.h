@@ -49,11 +49,12 @@ typedef struct dp__sup_unit {
 typedef struct dp__sup {
     dp__sup_unit *u;
     uint32_t n;
-    int sfd;         /* signalfd; -1 if none */
-    bool forward;    /* forward unit output (after the start) */
-    bool stopping;   /* a stop was requested */
-    int stop_signal; /* the signal that asked for it */
-    char pubkey[41]; /* the units' CURVE public key ("": none), for up's own calls */
+    int sfd;           /* signalfd; -1 if none */
+    bool forward;      /* forward unit output (after the start) */
+    bool stopping;     /* a stop was requested */
+    int stop_signal;   /* the signal that asked for it */
+    char pubkey[41];   /* the units' CURVE public key ("": none), for up's own calls */
+    uint32_t replicas; /* copies of each row (the cluster file says so when > 1) */
 } dp__sup;
 
 /*

@@ -131,13 +131,15 @@ static int
 clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__groups *g,
              uint64_t *dropped, dp_detail *d)
 {
-    int rc = dp__groups_make(g, c->n_units, gidxs, n, d);
+    /* With replicas every copy is cleared: a row on each of its units. */
+    uint32_t copies = dp__client_replicas(c);
+    int rc = dp__groups_make_copies(g, c->n_units, gidxs, n, 0, copies, d);
     if (rc != DP_OK)
         return dp__fail_ctx(d, rc, "clear");
-    uint64_t *sorted = malloc(n * sizeof *sorted);
+    uint64_t *sorted = malloc(n * copies * sizeof *sorted);
     if (sorted == NULL)
         return dp__fail(d, DP_ENOMEM, "clear: out of memory");
-    for (size_t k = 0; k < n; k++)
+    for (size_t k = 0; k < n * copies; k++)
         sorted[k] = gidxs[g->order[k]];
     clear_ctx x = {g, sorted};
     call_all_locked(c, f, clear_req, &x, NULL);
@@ -151,6 +153,12 @@ clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__g
             *dropped += r->rep.r.dropped;
             continue;
         }
+        if (copies > 1 && dp__ctl_peer_gone(c->units[u].addr)) {
+            /* Its process is gone and comes back empty: its copies went with it. */
+            DP_LOG_W("client: clear: unit %u (%s) is gone: its copies went with it", u,
+                     c->units[u].addr);
+            continue;
+        }
         if (rc == DP_OK)
             rc = dp__fail(d, r->st.rc, "clear: rows of unit %u (%s) not cleared: %s", u,
                           c->units[u].addr, dp__fanout_why(r));
@@ -160,7 +168,8 @@ clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__g
         n_failed_rows += dp__groups_count(g, u);
     }
     if (rc != DP_OK)
-        dp__detail_append(d, " (%zu of %zu rows not cleared)", n_failed_rows, n);
+        dp__detail_append(d, " (%zu of %zu rows not cleared%s)", n_failed_rows, n,
+                          copies > 1 ? " on every unit" : "");
     return rc;
 }
 

@@ -187,6 +187,7 @@ client_units(dp_client *c, dp__cluster *cl, dp__ctl_client **ctl, dp_detail *d)
     if (cl->units == NULL)
         return dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
     cl->n_units = n;
+    cl->replicas = dp_client_replicas(c);
     for (uint32_t i = 0; i < n; i++) {
         cl->units[i].id = i;
         snprintf(cl->units[i].zmq, sizeof cl->units[i].zmq, "%s",

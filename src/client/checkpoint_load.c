@@ -237,9 +237,17 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
                      pl->mpath);
         goto fail;
     }
+    uint64_t reps = 1;
+    if (cJSON_GetObjectItemCaseSensitive(pl->man, "replicas") != NULL &&
+        (!get_u64(pl->man, "replicas", &reps) || reps < 1 || reps > 3 || reps > nu)) {
+        rc = dp__fail(d, DP_ECORRUPT, "%s: \"replicas\" must be 1..3 and at most n_units",
+                      pl->mpath);
+        goto fail;
+    }
     snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ck->valuestring);
     pl->n = (uint32_t)nu;
     sum->n_units = pl->n;
+    sum->replicas = (uint32_t)reps;
     pl->lu = calloc(pl->n, sizeof *pl->lu);
     if (pl->lu == NULL) {
         rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
@@ -316,6 +324,16 @@ dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
             "gidx %% n_units, so its shards cannot be loaded as they are (re-home "
             "it through a client: dp_ckpt_rehome, as `dataplane load` does)",
             sum->checkpoint, n, cl->n_units);
+        goto out;
+    }
+    uint32_t reps = cl->replicas > 0 ? cl->replicas : 1;
+    if (sum->replicas != reps) {
+        rc = dp__fail(d, DP_EINVAL,
+                      "checkpoint %s keeps %u copies of each row, the cluster %u: its "
+                      "shards hold other units' copies than this cluster's units keep "
+                      "(re-home it through a client: dp_ckpt_rehome, as `dataplane "
+                      "load` does)",
+                      sum->checkpoint, sum->replicas, reps);
         goto out;
     }
     /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */

@@ -287,6 +287,7 @@ dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
     if (rc != 0)
         return rc;
     sum->n_units = cl->n_units;
+    sum->replicas = cl->replicas > 0 ? cl->replicas : 1;
 
     uint32_t n = cl->n_units;
     dp__fanout f;
@@ -320,6 +321,10 @@ dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
     cJSON_AddNumberToObject(man, "version", 1);
     cJSON_AddStringToObject(man, "checkpoint", sum->checkpoint);
     cJSON_AddNumberToObject(man, "n_units", n);
+    /* Every unit saves every copy it holds: a load of the same shape puts each
+     * back where it was (docs/design.md, "Replicas"). */
+    if (sum->replicas > 1)
+        cJSON_AddNumberToObject(man, "replicas", sum->replicas);
     units = cJSON_AddArrayToObject(man, "units");
     if ((rc = manifest_units(units, &f, paths, n, o, sum, d)) != 0 ||
         (rc = fsync_dir(sub, d)) != 0)

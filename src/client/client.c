@@ -253,6 +253,28 @@ dp_client_requests_resent(dp_client *c)
     return c == NULL ? 0 : dp__ctl_client_resent(c->ctl);
 }
 
+uint32_t
+dp_client_replicas(dp_client *c)
+{
+    if (c == NULL)
+        return 1;
+    pthread_mutex_lock(&c->mu);
+    uint32_t r = dp__client_replicas(c);
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+uint64_t
+dp_client_under_replicated_rows(dp_client *c)
+{
+    if (c == NULL)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    uint64_t n = c->under_replicated_rows;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 int
 dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
 {
@@ -273,10 +295,11 @@ dp_client_unit_path(dp_client *c, uint32_t unit, char *buf, size_t cap)
     return rc;
 }
 
+/* A client of the units at addrs[0..n); cl (NULL: none) the cluster file or
+ * registry they came from: its id, copies of each row and CURVE keys. */
 static int
-open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
-            const dp__cluster_unit *cu, const dp_client_opts *opts, dp_client **out,
-            dp_detail *d)
+open_common(const char *const *addrs, uint32_t n, const dp__cluster *cl,
+            const dp_client_opts *opts, dp_client **out, dp_detail *d)
 {
     /*
      * About four descriptors per unit (its control socket, UCX's); the soft
@@ -291,12 +314,14 @@ open_common(const char *const *addrs, uint32_t n, const char *cluster_id,
                  n, want, hard);
     dp_client *c = NULL;
     int rc = client_new(opts, n, false, &c, d);
-    if (rc == 0 && cluster_id != NULL)
-        snprintf(c->cluster_id, sizeof c->cluster_id, "%s", cluster_id);
+    if (rc == 0 && cl != NULL) {
+        snprintf(c->cluster_id, sizeof c->cluster_id, "%s", cl->cluster_id);
+        c->replicas = cl->replicas; /* the file's word (0: none): the units must agree */
+    }
     for (uint32_t u = 0; rc == 0 && u < n; u++)
         rc = dp__client_set_addr(c, u, addrs[u], d);
     if (rc == 0)
-        rc = dp__client_set_server_keys(c, cu, n, d);
+        rc = dp__client_set_server_keys(c, cl != NULL ? cl->units : NULL, n, d);
     if (rc == 0) {
         pthread_mutex_lock(&c->mu);
         rc = dp__client_check_units_locked(c, -1, DP__CTL_ALLOW_DOWN, d);
@@ -317,7 +342,7 @@ dp_client_open_units(const char *const *addrs, uint32_t n_units,
     if (out == NULL || (addrs == NULL && n_units > 0))
         return dp__fail(d, DP_EINVAL, "dp_client_open_units: NULL argument");
     *out = NULL;
-    return open_common(addrs, n_units, NULL, NULL, opts, out, d);
+    return open_common(addrs, n_units, NULL, opts, out, d);
 }
 
 int
@@ -347,7 +372,7 @@ dp_client_open(const char *cluster, const dp_client_opts *opts, dp_client **out,
     }
     for (uint32_t u = 0; u < cl.n_units; u++)
         addrs[u] = cl.units[u].zmq;
-    rc = open_common(addrs, cl.n_units, cl.cluster_id, cl.units, opts, out, d);
+    rc = open_common(addrs, cl.n_units, &cl, opts, out, d);
     if (rc == 0 && cl.registry[0] != '\0') {
         dp__reg_url u;
         rc = dp__reg_url_parse(cl.registry, &u, d);
@@ -393,8 +418,10 @@ dp__client_open_ctl(const dp__cluster *cl, const dp_client_opts *opts,
         rc = dp__client_set_addr(c, u, cl->units[u].zmq, d);
     if (rc == DP_OK)
         rc = dp__client_set_server_keys(c, cl->units, cl->n_units, d);
-    if (rc == DP_OK)
+    if (rc == DP_OK) {
         snprintf(c->cluster_id, sizeof c->cluster_id, "%s", cl->cluster_id);
+        c->replicas = cl->replicas;
+    }
     if (rc == DP_OK && words != NULL) {
         bool oom = false;
         c->words.listed_by = dup_or_null(words->listed_by, &oom);

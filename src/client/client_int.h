@@ -116,6 +116,12 @@ struct dp_client {
     char blob_prefix[17]; /* random per client: blob ids "<prefix>-<seq>" */
     uint64_t blob_seq;
     uint32_t n_units;
+    /*
+     * Copies of each row (docs/design.md, "Replicas"): row g lives on units
+     * g % N, (g + 1) % N, ... From the units' info (every unit must say the
+     * same); 0 until one answered, then 1..3.
+     */
+    uint32_t replicas;
     dp__unit_conn *units;
     /*
      * A control-only client's: each unit's check (n_units; NULL for a full
@@ -140,7 +146,8 @@ struct dp_client {
      */
     dp__ranges direct;
 
-    dp_client_counters cnt; /* the caller's view: dp_client_counters_get */
+    dp_client_counters cnt;         /* the caller's view: dp_client_counters_get */
+    uint64_t under_replicated_rows; /* dp_client_under_replicated_rows */
 
     /*
      * A client opened through a registry follows its records (NULL: opened
@@ -166,6 +173,20 @@ struct dp_client {
 };
 
 /* ---- shared between the client's files ---- */
+
+/* The copies of each row this client writes (1 until a unit said). */
+static inline uint32_t
+dp__client_replicas(const dp_client *c)
+{
+    return c->replicas > 0 ? c->replicas : 1;
+}
+
+/*
+ * Take the copies of each row unit u's info says (in); DP_EPROTO into d when
+ * another unit already said otherwise.
+ */
+int dp__client_take_replicas_locked(dp_client *c, uint32_t u, const dp__wire_info *in,
+                                    dp_detail *d);
 
 /*
  * Apply what the registry's watch saw since last time: a unit whose record

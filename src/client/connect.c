@@ -93,6 +93,31 @@ dp__client_set_addr(dp_client *c, uint32_t u, const char *a, dp_detail *d)
     return DP_OK;
 }
 
+int
+dp__client_take_replicas_locked(dp_client *c, uint32_t u, const dp__wire_info *in,
+                                dp_detail *d)
+{
+    uint64_t r = in->replicas > 0 ? in->replicas : 1;
+    if (r > 3 || r > c->n_units)
+        return dp__fail(d, DP_EPROTO,
+                        "says the cluster keeps %" PRIu64
+                        " copies of each row, more than "
+                        "3 or its %u units",
+                        r, c->n_units);
+    if (c->replicas != 0 && c->replicas != r)
+        return dp__fail(d, DP_EPROTO,
+                        "says the cluster keeps %" PRIu64
+                        " copies of each row, but the cluster file or the units asked "
+                        "before say %u: start every unit of a cluster with the same "
+                        "--replicas",
+                        r, c->replicas);
+    if (c->replicas == 0 && r > 1)
+        DP_LOG_I("client: unit %u says the cluster keeps %" PRIu64 " copies of each row",
+                 u, r);
+    c->replicas = (uint32_t)r;
+    return DP_OK;
+}
+
 /*
  * Bind unit u's data path to the process whose info this is (the fanout
  * checked that it is unit u of this cluster): check that it speaks this
@@ -114,8 +139,11 @@ bind_unit_locked(dp_client *c, uint32_t u, const dp__wire_info *in, dp_detail *d
         return dp__fail(d, DP_EPROTO, "has no transfer endpoint (no metadata in info)");
     if (in->slab_addr == 0)
         return dp__fail(d, DP_EPROTO, "info carries no slab address");
+    int rc = dp__client_take_replicas_locked(c, u, in, d);
+    if (rc != DP_OK)
+        return rc;
     char name[256];
-    int rc = dp__endpoint_add_remote(c->ep, in->metadata.p, in->metadata.n, name, d);
+    rc = dp__endpoint_add_remote(c->ep, in->metadata.p, in->metadata.n, name, d);
     if (rc != 0)
         return rc;
     for (uint32_t v = 0; v < c->n_units; v++)
@@ -164,6 +192,12 @@ bind_ctl_locked(dp_client *c, uint32_t u, dp__fanout_unit *r)
         dp__fanout_fail(&c->fo, u, DP_EPROTO, " ",
                         "has an endpoint name of %u bytes (at most %zu)", in->agent.n,
                         sizeof k->agent - 1);
+        return;
+    }
+    dp_detail e;
+    dp_detail_clear(&e);
+    if (dp__client_take_replicas_locked(c, u, in, &e) != DP_OK) {
+        dp__fanout_fail(&c->fo, u, DP_EPROTO, " ", "%s", e.msg);
         return;
     }
     c->units[u].incarnation = in->incarnation;

@@ -337,10 +337,19 @@ int
 dp__groups_make(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, size_t n,
                 dp_detail *d)
 {
+    return dp__groups_make_copies(g, n_units, gidxs, n, 0, 1, d);
+}
+
+int
+dp__groups_make_copies(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, size_t n,
+                       uint32_t shift, uint32_t copies, dp_detail *d)
+{
     memset(g, 0, sizeof *g);
-    DP_ASSERT(n_units > 0 && n <= UINT32_MAX);
+    DP_ASSERT(n_units > 0 && copies >= 1 && copies <= n_units && shift < n_units &&
+              n <= UINT32_MAX / copies);
+    size_t m = n * copies;
     g->start = calloc((size_t)n_units + 1, sizeof *g->start);
-    g->order = malloc((n > 0 ? n : 1) * sizeof *g->order);
+    g->order = malloc((m > 0 ? m : 1) * sizeof *g->order);
     uint32_t *pos = calloc(n_units, sizeof *pos);
     if (g->start == NULL || g->order == NULL || pos == NULL) {
         free(pos);
@@ -348,14 +357,18 @@ dp__groups_make(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, size_t n
         return dp__fail(d, DP_ENOMEM, "out of memory grouping %zu rows by unit", n);
     }
     g->n_units = n_units;
-    /* Counting sort: counts, prefix sums, then each item at its unit's next place. */
-    for (size_t i = 0; i < n; i++)
-        g->start[gidxs[i] % n_units + 1]++;
+    /* Counting sort: counts, prefix sums, then each item at its units' next places. */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)((gidxs[i] % n_units + shift) % n_units);
+        for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
+            g->start[u + 1]++;
+    }
     for (uint32_t u = 0; u < n_units; u++)
         g->start[u + 1] += g->start[u];
     for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)(gidxs[i] % n_units);
-        g->order[g->start[u] + pos[u]++] = (uint32_t)i;
+        uint32_t u = (uint32_t)((gidxs[i] % n_units + shift) % n_units);
+        for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
+            g->order[g->start[u] + pos[u]++] = (uint32_t)i;
     }
     free(pos);
     return DP_OK;

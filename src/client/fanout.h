@@ -206,6 +206,7 @@ bool dp__fanout_req_op(uint32_t u, dp__wire_request *q, void *ctx);
 /*
  * Items grouped by the unit that owns them (gidx % n_units), stable: unit
  * u's items are order[start[u]] .. order[start[u + 1] - 1], in input order.
+ * With copies (dp__groups_make_copies) an item is in several units' groups.
  */
 typedef struct dp__groups {
     uint32_t n_units;
@@ -216,6 +217,14 @@ typedef struct dp__groups {
 /* Group gidxs[0..n) (n <= UINT32_MAX) over n_units. DP_ENOMEM; g is then empty. */
 int dp__groups_make(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, size_t n,
                     dp_detail *d);
+/*
+ * The same with replicas: item i goes to units (gidxs[i] + shift + k) % n_units
+ * for k in [0, copies) (copies <= n_units, shift < n_units, n * copies <=
+ * UINT32_MAX): a put's every copy (shift 0, copies R), or a get's turn at the
+ * k-th replica (shift k, copies 1).
+ */
+int dp__groups_make_copies(dp__groups *g, uint32_t n_units, const uint64_t *gidxs,
+                           size_t n, uint32_t shift, uint32_t copies, dp_detail *d);
 void dp__groups_fini(dp__groups *g);
 
 /* How many items unit u owns. */

@@ -149,6 +149,7 @@ typedef struct get_op {
     size_t n;
     dp_values *vals;
     double deadline;
+    uint32_t shift; /* replicas: this pass asks each row's (gidx + shift) % N */
     key_state *ks;
     dp__groups g;
     dp__wire_str *keys;
@@ -179,9 +180,11 @@ get_op_fini(get_op *x)
 }
 
 static int
-get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *vals,
-            dp_detail *d)
+get_op_init(get_op *x, const dp__get_ctx *g, dp_get_item *items, size_t n,
+            double deadline, dp_detail *d)
 {
+    dp_client *c = g->c;
+    dp_values *vals = g->vals;
     memset(x, 0, sizeof *x);
     uint32_t N = c->n_units;
     size_t m = n > 0 ? n : 1;
@@ -189,7 +192,7 @@ get_op_init(get_op *x, dp_client *c, dp_get_item *items, size_t n, dp_values *va
     x->items = items;
     x->n = n;
     x->vals = vals;
-    x->deadline = dp__now_s() + c->o.timeout_s;
+    x->deadline = deadline;
     x->ks = calloc(m, sizeof *x->ks);
     x->keys = malloc(m * sizeof *x->keys);
     x->slot_unit = malloc(N * sizeof *x->slot_unit);
@@ -288,7 +291,7 @@ get_place(get_op *x, dp_detail *d)
             break;
         }
         gx[i] = kp.gidx;
-        x->ks[i].unit = (uint32_t)(kp.gidx % N);
+        x->ks[i].unit = (uint32_t)((kp.gidx % N + x->shift) % N);
         x->ks[i].klen = (uint32_t)kl;
         x->ks[i].st = K_ASK;
         x->ks[i].hinted = false;
@@ -302,7 +305,7 @@ get_place(get_op *x, dp_detail *d)
         }
     }
     if (rc == DP_OK)
-        rc = dp__groups_make(&x->g, N, gx, x->n, d);
+        rc = dp__groups_make_copies(&x->g, N, gx, x->n, x->shift, 1, d);
     free(gx);
     return rc;
 }
@@ -329,8 +332,9 @@ get_ready(get_op *x, dp_detail *d)
     dp__client_ready_locked(x->c, x->slot_unit, nu, x->deadline, rcs, dets);
     for (uint32_t k = 0; k < nu; k++) {
         uint32_t u = x->slot_unit[k];
-        if (rcs[k] == 0)
-            continue;
+        if (rcs[k] == 0 || (rcs[k] == DP_ERESTARTED && dp__client_replicas(x->c) > 1))
+            continue; /* with replicas a restart (re-bound now) is asked: a miss falls
+                         back */
         x->ur[u].st.rc = rcs[k];
         x->ur[u].st.det = dets[k];
         for (uint32_t j = cnt[u]; j < cnt[u + 1]; j++)
@@ -863,13 +867,12 @@ get_round(get_op *x)
     return again;
 }
 
-/* Report: first failure's code; missing keys by name; failed units. */
+/* Report: first failure's code; missing keys by name; failed units (ust). */
 static int
-get_report(get_op *x, dp_detail *d)
+get_report(dp_client *c, const dp_get_item *items, size_t n, const dp__step *ust,
+           dp_detail *d)
 {
-    dp_client *c = x->c;
-    dp_get_item *items = x->items;
-    size_t n = x->n, n_bad = 0, n_missing = 0, n_small = 0;
+    size_t n_bad = 0, n_missing = 0, n_small = 0;
     int first = DP_OK;
     for (size_t i = 0; i < n; i++) {
         if (items[i].status == 0)
@@ -886,9 +889,9 @@ get_report(get_op *x, dp_detail *d)
         return DP_OK;
     dp__fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
     for (uint32_t u = 0; u < c->n_units; u++)
-        if (x->ur[u].st.rc != 0)
+        if (ust[u].rc != 0)
             dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
-                              dp_detail_msg(&x->ur[u].st.det));
+                              dp_detail_msg(&ust[u].det));
     if (n_missing > 0) {
         dp__detail_append(d, "; %zu missing:", n_missing);
         for (size_t i = 0; i < n; i++)
@@ -915,10 +918,13 @@ get_report(get_op *x, dp_detail *d)
 }
 
 int
-dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detail *d)
+dp__get_pass(const dp__get_ctx *g, dp_get_item *items, size_t n, double deadline,
+             uint32_t shift, dp_detail *d)
 {
+    dp_client *c = g->c;
     get_op x;
-    int rc = get_op_init(&x, c, items, n, vals, d);
+    int rc = get_op_init(&x, g, items, n, deadline, d);
+    x.shift = shift;
     if (rc == DP_OK)
         rc = get_place(&x, d);
     if (rc == DP_OK)
@@ -944,15 +950,31 @@ dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_d
             items[i].status = DP_ETIMEDOUT;
             uint32_t u = x.ks[i].unit;
             if (x.ur[u].st.rc == 0)
-                dp__fail(
-                    &x.ur[u].st.det, DP_ETIMEDOUT,
-                    "keys still pending (staged from SSD) or the unit still busy when "
-                    "the budget of %.3g s ran out",
-                    c->o.timeout_s);
+                dp__fail(&x.ur[u].st.det, DP_ETIMEDOUT,
+                         "keys still pending (staged from SSD) or the unit still busy "
+                         "when the budget ran out");
             x.ur[u].st.rc = DP_ETIMEDOUT;
         }
-    rc = get_report(&x, d);
+    for (uint32_t u = 0; u < c->n_units; u++)
+        if (x.ur[u].st.rc != 0 && g->ust[u].rc == 0)
+            g->ust[u] = x.ur[u].st;
     get_op_fini(&x);
+    return DP_OK;
+}
+
+int
+dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detail *d)
+{
+    dp__step *ust = calloc(c->n_units, sizeof *ust);
+    if (ust == NULL)
+        return dp__fail(d, DP_ENOMEM, "get: out of memory");
+    dp__get_ctx g = {c, vals, ust};
+    int rc = dp__client_replicas(c) > 1
+                 ? dp__get_turns(&g, items, n, d)
+                 : dp__get_pass(&g, items, n, dp__now_s() + c->o.timeout_s, 0, d);
+    if (rc == DP_OK)
+        rc = get_report(c, items, n, ust, d);
+    free(ust);
     c->cnt.gets++;
     for (size_t i = 0; i < n; i++)
         if (items[i].status == 0)

@@ -31,6 +31,31 @@ struct dp_values {
 int dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals,
                    dp_detail *d);
 
+/*
+ * One pass over items: every key asked of the unit (gidx + shift) % N, in
+ * rounds until each is answered or the deadline. Each unit's first failure
+ * goes into g->ust (kept from an earlier pass). DP_OK, or why the pass could
+ * not run (a bad key, out of memory).
+ */
+typedef struct dp__get_ctx {
+    dp_client *c;
+    dp_values *vals; /* the alloc form's, or NULL */
+    dp__step *ust;   /* n_units: each unit's first failure in the call */
+} dp__get_ctx;
+int dp__get_pass(const dp__get_ctx *g, dp_get_item *items, size_t n, double deadline,
+                 uint32_t shift, dp_detail *d);
+
+/* ---- get_turns.c: replicas ---- */
+
+/*
+ * With replicas, each turn asks the keys that failed so far of their rows'
+ * next unit, in a share of what is left of the budget (a unit that does not
+ * answer leaves the next replica time; the last turn gets the rest). A key
+ * missing everywhere is missing, unless a live unit did not answer for it
+ * (its first such failure) or every unit of its row is gone (DP_ETRANSFER).
+ */
+int dp__get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d);
+
 /* ---- values.c: what a get hands back ---- */
 
 /* The description of a value from its entry l in a resolve_keys answer. */

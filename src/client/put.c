@@ -695,7 +695,7 @@ static int
 put_op_make(put_op *a, bool locs, dp_detail *d)
 {
     uint32_t N = a->c->n_units;
-    size_t n_cells = a->n_rows * a->n_fields;
+    size_t n_cells = a->n_rows * a->n_fields * a->copies; /* every copy's entries */
     a->pus = calloc(N, sizeof *a->pus);
     a->ent_val = malloc(n_cells * sizeof *a->ent_val);
     if (locs && (a->ent_key = malloc(n_cells * sizeof *a->ent_key)) == NULL)
@@ -713,7 +713,7 @@ put_op_make(put_op *a, bool locs, dp_detail *d)
         return dp__fail(d, DP_ENOMEM, "put: out of memory");
     for (size_t f = 0; f < a->n_fields; f++)
         a->flen[f] = strlen(a->fields[f]); /* checked by check_args */
-    return dp__groups_make(&a->g, N, a->gidxs, a->n_rows, d);
+    return dp__groups_make_copies(&a->g, N, a->gidxs, a->n_rows, 0, a->copies, d);
 }
 
 /* Re-bind units that restarted or whose endpoint failed; others wait. */
@@ -735,7 +735,9 @@ put_ready_locked(put_op *p, dp_detail *d)
         us[i] = p->pus[i].st.u;
     dp__client_ready_locked(c, us, npu, deadline, rcs, dets);
     for (size_t i = 0; i < npu; i++)
-        if (rcs[i] != 0) {
+        if (rcs[i] != 0 && !(rcs[i] == DP_ERESTARTED && p->copies > 1)) {
+            /* With replicas a restarted unit (re-bound now) takes its copy:
+             * the restart lost no row (docs/design.md, "Replicas"). */
             p->pus[i].st.rc = rcs[i];
             p->pus[i].st.det = dets[i];
             p->pus[i].st.state = ST_FAILED;
@@ -747,9 +749,8 @@ out:
     return rc;
 }
 
-/* Which rows landed (row_status) and the report of the failed units. */
-static int
-put_outcome_locked(const put_op *p, int *row_status, dp_detail *d)
+int
+dp__put_outcome_locked(const put_op *p, int *row_status, dp_detail *d)
 {
     bool failed = false;
     int first = DP_OK;
@@ -770,8 +771,6 @@ put_outcome_locked(const put_op *p, int *row_status, dp_detail *d)
     return d != NULL ? d->code : first;
 }
 
-static int put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d);
-
 int
 dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
               const char *const *fields, size_t n_fields, const dp_value *values,
@@ -783,7 +782,11 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                 .fields = fields,
                 .n_fields = n_fields,
                 .values = values};
-    return put_impl(&a, row_status, NULL, d);
+    int rc = dp__put_impl(&a, row_status, NULL, d);
+    if (a.n_again > 0)
+        rc = dp__put_again(&a, rc, row_status, NULL, d);
+    free(a.again);
+    return rc;
 }
 
 int
@@ -799,12 +802,15 @@ dp_client_put_locs(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                 .fields = fields,
                 .n_fields = n_fields,
                 .values = values};
-    return put_impl(&a, row_status, locs, d);
+    int rc = dp__put_impl(&a, row_status, locs, d);
+    if (a.n_again > 0)
+        rc = dp__put_again(&a, rc, row_status, locs, d);
+    free(a.again);
+    return rc;
 }
 
-/* The put of a's call arguments (a's other fields zero): every phase, in order. */
-static int
-put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
+int
+dp__put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
 {
     put_op a = *ap; /* the call's arguments; the rest is filled below */
     dp_client *c = a.c;
@@ -824,7 +830,9 @@ put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
         return rc;
 
     pthread_mutex_lock(&c->mu);
-    a.deadline = dp__now_s() + c->o.timeout_s;
+    if (a.deadline == 0) /* a put again keeps its call's budget */
+        a.deadline = dp__now_s() + c->o.timeout_s;
+    a.copies = dp__client_replicas(c);
     dp__client_buf *stage = NULL;
     size_t stage_total = 0;
     bool decided = false; /* put_outcome_locked set row_status */
@@ -886,13 +894,15 @@ put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
     size_t nw = write_phase_locked(&a);
     inline_phase_locked(&a, ns, ni);
     commit_phase_locked(&a, nw);
-    rc = put_outcome_locked(&a, row_status, d);
+    rc = a.copies > 1 ? dp__put_decide_copies_locked(&a, row_status, d)
+                      : dp__put_outcome_locked(&a, row_status, d);
     decided = true;
     if (locs != NULL)
         dp__put_locs_locked(&a, locs);
     c->cnt.puts++;
     for (size_t r = 0; r < n_rows; r++)
-        if (row_status == NULL ? rc == 0 : row_status[r] == 0)
+        if ((row_status == NULL ? rc == 0 : row_status[r] == 0) &&
+            (a.again == NULL || !a.again[r]))
             for (size_t f = 0; f < n_fields; f++)
                 c->cnt.put_bytes += values[r * n_fields + f].nbytes;
 out:
@@ -902,6 +912,10 @@ out:
     if (stage != NULL)
         dp__client_buf_put_locked(c, stage->p);
     pthread_mutex_unlock(&c->mu);
+    ap->again = a.again; /* the caller's, to put those rows again */
+    ap->n_again = a.n_again;
+    ap->deadline = a.deadline;
+    a.again = NULL;
     put_op_fini(&a);
     return rc;
 }

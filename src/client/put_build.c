@@ -353,11 +353,15 @@ dp__put_locs_locked(const put_op *p, dp_loc *locs)
         uint32_t e = 0;
         for (uint32_t k = 0; k < pu->n_rows; k++) {
             size_t cell = (size_t)order[k] * n_fields;
+            /* With replicas the hint names the row's first unit that took it. */
+            uint32_t N = c->n_units, home = (uint32_t)(p->gidxs[order[k]] % N);
+            uint32_t rank = (pu->st.u + N - home) % N;
             for (size_t f = 0; f < n_fields; f++, cell++) {
                 const dp_value *v = &values[cell];
                 if (v->kind == DP_KIND_SKIP)
                     continue;
-                loc_fill(&locs[cell], pu, idn, b, e, v, &p->ent_key[pu->ent0 + e]);
+                if (locs[cell].blob[0] == '\0' || (locs[cell].unit + N - home) % N > rank)
+                    loc_fill(&locs[cell], pu, idn, b, e, v, &p->ent_key[pu->ent0 + e]);
                 e++;
             }
         }

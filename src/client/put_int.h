@@ -34,6 +34,7 @@ typedef struct put_unit {
     uint64_t size;     /* the blob's size, known before its index is built */
     bool unsized;      /* its unit was not bound yet: size checked once it is */
     bool poll;         /* its inline put answered "pending": commit polls it */
+    bool gone;         /* failed, and its unit's process is gone (replicas: skipped) */
     dp__blob_layout lay;
     size_t stage_off, stage_len;
     char blob_id[40];
@@ -57,9 +58,10 @@ typedef struct put_op {
     size_t n_fields;
     const dp_value *values;
     double deadline;
-    uint8_t *stage; /* the staging buffer's bytes, once taken */
-    dp__groups g;   /* the rows grouped by unit */
-    put_unit *pus;  /* one per unit with something to put (npu) */
+    uint32_t copies; /* of each row (the cluster's replicas): g has each row that often */
+    uint8_t *stage;  /* the staging buffer's bytes, once taken */
+    dp__groups g;    /* the rows grouped by unit, every copy */
+    put_unit *pus;   /* one per unit with something to put (npu) */
     size_t npu;
     const dp_value **ent_val;  /* every entry's value, unit by unit */
     put_key *ent_key;          /* their keys' CRC32C and hash (location hints), or NULL */
@@ -69,6 +71,13 @@ typedef struct put_op {
     dp__xfer_result *results; /* the WRITEs' */
     bool *sent;               /* slot's commit was sent (write_done) */
     size_t *flen;             /* field name lengths */
+    /*
+     * With replicas: the rows whose copy met a flap or a restart, to be put
+     * again (n_again of them; put_outcome_copies_locked). Kept past the op.
+     */
+    bool *again;
+    size_t n_again;
+    bool no_again; /* this is the put again: what fails now fails */
 } put_op;
 
 /* ---- put_build.c: building the blobs ---- */
@@ -111,5 +120,31 @@ void dp__put_remote_ranges_locked(put_op *p);
 
 /* Every landed value's hint into locs (cells in the order of values). */
 void dp__put_locs_locked(const put_op *p, dp_loc *locs);
+
+/* ---- put.c ---- */
+
+/* The put of ap's call arguments (its other fields zero, but for a put
+ * again's deadline and no_again): every phase, in order. ap gets the rows to
+ * put again (ap->again, ap->n_again: the caller frees again). */
+int dp__put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d);
+
+/* Which rows landed (row_status) and the report of the failed units. */
+int dp__put_outcome_locked(const put_op *p, int *row_status, dp_detail *d);
+
+/* ---- put_copies.c: replicas ---- */
+
+/*
+ * With replicas: which rows landed (row_status, when given) and the report;
+ * a->again holds the rows to put once more. Out of memory, as without
+ * replicas (any failed copy fails its row).
+ */
+int dp__put_decide_copies_locked(put_op *a, int *row_status, dp_detail *d);
+
+/*
+ * The rows in a->again put once more, every copy, in what is left of the
+ * call's budget; their statuses, hints and report replace the first try's
+ * (rc: the first try's code). Returns the call's code.
+ */
+int dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d);
 
 #endif

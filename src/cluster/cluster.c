@@ -245,7 +245,20 @@ dp__cluster_load(const char *path, dp__cluster *out, dp_detail *d)
         }
         memcpy(out->cluster_id, v, vn + 1);
     }
+    const cJSON *rep = cJSON_GetObjectItemCaseSensitive(root, "replicas");
     int n = cJSON_GetArraySize(units);
+    if (rep != NULL &&
+        (!cJSON_IsNumber(rep) || rep->valuedouble < 1 || rep->valuedouble > 3 ||
+         rep->valuedouble != (int)rep->valuedouble ||
+         (cJSON_IsArray(units) && rep->valuedouble > n))) {
+        rc = dp__fail(d, DP_EPROTO,
+                      "cluster file %s: \"replicas\" must be 1, 2 or 3 and at most the "
+                      "number of units",
+                      path);
+        goto out;
+    }
+    if (rep != NULL)
+        out->replicas = (uint32_t)rep->valueint;
     if (!cJSON_IsArray(units) || n < 1 || n > DP_CLUSTER_MAX_UNITS) {
         rc = dp__fail(d, DP_EPROTO,
                       "cluster file %s: \"units\" must be a list of 1..%d units", path,
@@ -329,7 +342,9 @@ dp__cluster_save(const char *path, const dp__cluster *c, dp_detail *d)
     if (root == NULL || units == NULL ||
         cJSON_AddNumberToObject(root, "version", 1) == NULL ||
         (c->cluster_id[0] != '\0' &&
-         cJSON_AddStringToObject(root, "cluster", c->cluster_id) == NULL)) {
+         cJSON_AddStringToObject(root, "cluster", c->cluster_id) == NULL) ||
+        (c->replicas > 1 &&
+         cJSON_AddNumberToObject(root, "replicas", c->replicas) == NULL)) {
         rc = dp__fail(d, DP_ENOMEM, "cluster file: out of memory");
         goto out;
     }

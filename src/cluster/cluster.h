@@ -53,6 +53,11 @@ typedef struct dp__cluster {
      */
     char cluster_id[65];
     /*
+     * Copies of each row ("replicas": optional, 1..3; 0 when the file does not
+     * say): every unit must report the same (docs/design.md, "Replicas").
+     */
+    uint32_t replicas;
+    /*
      * Read from a registry (dp__reg_resolve of an etcd:// URL): its URL,
      * and the store's revision the records were read at; "" and 0 for a file.
      */

@@ -135,6 +135,14 @@ size_t dp__ctl_client_forget(dp__ctl_client *c, const char *address);
 /* Requests sent again after a dropped connection (dp__ctl_item.repeat), so far. */
 uint64_t dp__ctl_client_resent(const dp__ctl_client *c);
 
+/*
+ * Whether the process that served address ("tcp://HOST:PORT", HOST numeric) is
+ * gone: a fresh TCP connection to it is refused right now (the host answers,
+ * nothing listens). False for a host that does not answer within 20 ms (maybe
+ * a link down: the process may live on), for other transports, and on errors.
+ */
+bool dp__ctl_peer_gone(const char *address);
+
 /* Close every pooled socket. NULL allowed; no call may be running. */
 void dp__ctl_client_destroy(dp__ctl_client *c);
 

@@ -685,6 +685,12 @@ peer_refuses(const char *address)
     return refused;
 }
 
+bool
+dp__ctl_peer_gone(const char *address)
+{
+    return address != NULL && peer_refuses(address);
+}
+
 /*
  * After a failed verdict (e): whether the item is sent again (later) instead:
  * a repeatable request whose connection dropped, while the budget lasts,

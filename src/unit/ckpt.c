@@ -593,6 +593,7 @@ load_fill(dp__unit *u, ck_load *ld, dp_detail *d)
     dp__blob_parse_opts po = {0};
     po.n_units = u->o.n_units;
     po.unit_index = u->o.unit_id;
+    po.replicas = u->o.replicas;
     for (uint32_t k = 0; k < ld->n && rc == 0; k++) {
         load_blob *x = ld->ord[k];
         if ((rc = dp__unit_admin_cancelled(u, "load", d)) != 0)

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blob/keys.h"
 #include "ctl/ctl.h"
 #include "unit/unit.h"
 #include "wire/wire.h"
@@ -270,7 +271,8 @@ do_release_rows(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
     dp__unit_unlock(u);
     uint32_t bad = g->n;
     for (uint32_t i = 0; i < g->n && bad == g->n; i++)
-        if (g->v[i] % me.n_units != me.unit_id)
+        if (!dp__row_on_unit(g->v[i], (uint32_t)me.unit_id, (uint32_t)me.n_units,
+                             (uint32_t)me.replicas))
             bad = i;
     if (bad < g->n) {
         dp__fail(&d, DP_EPROTO,

@@ -239,7 +239,7 @@ dp__unit_resolve_keys_inline_locked(dp__unit *u, const dp__wire_str *keys, uint3
             rc = DP_EPROTO;
             goto fail;
         }
-        if (kp.gidx % u->o.n_units != u->o.unit_id) {
+        if (!dp__row_on_unit(kp.gidx, u->o.unit_id, u->o.n_units, u->o.replicas)) {
             u->stats.n_proto++;
             rc = dp__fail(d, DP_EPROTO,
                           "resolve_keys: key '%.*s' belongs to unit %" PRIu64

@@ -68,6 +68,7 @@ dp__unit_opts_init(dp__unit_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->n_units = 1;
+    o->replicas = 1;
     o->read_pin_s = 30.0;
     o->alloc_lease_s = 300.0;
     o->quarantine_s = 5.0;
@@ -79,12 +80,10 @@ dp__unit_opts_init(dp__unit_opts *o)
 
 /* ---- lifecycle ---- */
 
-int
-dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
+/* The creation options' own consistency. */
+static int
+opts_check(const dp__unit_opts *opts, dp_detail *d)
 {
-    if (opts == NULL || out == NULL)
-        return dp__fail(d, DP_EINVAL, "unit: opts and out are required");
-    *out = NULL;
     if (opts->n_units == 0 || opts->unit_id >= opts->n_units)
         return dp__fail(d, DP_EINVAL, "unit: unit id %u must be below the unit count %u",
                         opts->unit_id, opts->n_units);
@@ -109,15 +108,35 @@ dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
                 opts->io_threads == 0 || opts->io_threads > 256))
         return dp__fail(d, DP_EINVAL,
                         "unit: pickup_s must be >= 0 and io_threads 1..256 with ssd_dir");
+    if (opts->replicas > DP_UNIT_MAX_REPLICAS || opts->replicas > opts->n_units)
+        return dp__fail(d, DP_EINVAL,
+                        "unit: replicas %u must be 1..%d (0: 1) and at most the %u units "
+                        "of the cluster (each copy of a row lives on another unit)",
+                        opts->replicas, DP_UNIT_MAX_REPLICAS, opts->n_units);
     size_t cid_len = opts->cluster_id != NULL ? strlen(opts->cluster_id) : 0;
     if (cid_len > 0 && !dp__id_valid(opts->cluster_id, cid_len, DP_UNIT_ID_MAX))
         return dp__fail(d, DP_EINVAL,
                         "unit: cluster id '%s' must be 1..%d bytes of [A-Za-z0-9_.:-]",
                         opts->cluster_id, DP_UNIT_ID_MAX);
+    return DP_OK;
+}
+
+int
+dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
+{
+    if (opts == NULL || out == NULL)
+        return dp__fail(d, DP_EINVAL, "unit: opts and out are required");
+    *out = NULL;
+    int rc0 = opts_check(opts, d);
+    if (rc0 != DP_OK)
+        return rc0;
+    size_t cid_len = opts->cluster_id != NULL ? strlen(opts->cluster_id) : 0;
     dp__unit *u = calloc(1, sizeof *u);
     if (u == NULL)
         return dp__fail(d, DP_ENOMEM, "unit: out of memory");
     u->o = *opts;
+    if (u->o.replicas == 0)
+        u->o.replicas = 1;
     memcpy(u->cluster_id, opts->cluster_id != NULL ? opts->cluster_id : "", cid_len + 1);
     u->o.cluster_id = u->cluster_id;
     if (u->o.ep != NULL)
@@ -133,9 +152,9 @@ dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
     pthread_cond_init(&u->admin_cv, NULL);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&u->io_cv, NULL);
-    u->ssd = ssd;
+    u->ssd = opts->ssd_dir != NULL && opts->ssd_dir[0] != '\0';
     u->region_len = (size_t)u->o.slab_bytes;
-    if (ssd) {
+    if (u->ssd) {
         u->io_base = DP_ALIGN_UP(u->o.slab_bytes, 4096);
         u->region_len = u->io_base + u->o.staging_bytes;
         u->ssd_dir = strdup(opts->ssd_dir);
@@ -185,7 +204,7 @@ dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
     rc = dp__slab_alloc_create(u->o.slab_bytes, DP_BLOB_ALIGN, &u->alloc, d);
     if (rc != 0)
         goto fail;
-    if (ssd) {
+    if (u->ssd) {
         rc = dp__slab_alloc_create(u->o.staging_bytes, DP_BLOB_ALIGN, &u->io_alloc, d);
         if (rc == 0)
             rc = dp__ssd_open(u, d);
@@ -402,6 +421,7 @@ dp__unit_info_locked(dp__unit *u, dp__wire_info *info)
     memset(info, 0, sizeof *info);
     info->unit_id = u->o.unit_id;
     info->n_units = u->o.n_units;
+    info->replicas = u->o.replicas;
     info->zmq = dp__zview(u->address);
     info->agent = dp__zview(u->o.ep != NULL ? dp__endpoint_name(u->o.ep) : "");
     info->metadata = (dp__wire_bytes){(const uint8_t *)"", 0};
@@ -676,6 +696,7 @@ commit_locked(dp__unit *u, const char *blob_id, size_t id_len,
         dp__blob_parse_opts po = {0};
         po.n_units = u->o.n_units;
         po.unit_index = u->o.unit_id;
+        po.replicas = u->o.replicas;
         rc = dp__blob_parse(u->slab + b->off, (size_t)b->nbytes, &po, &pb, d);
         if (rc != 0) {
             if (rc == DP_EPROTO)

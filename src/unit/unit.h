@@ -42,6 +42,13 @@ typedef enum dp__unit_numa {
 typedef struct dp__unit_opts {
     uint32_t unit_id; /* this unit's index, < n_units */
     uint32_t n_units; /* units of the cluster (gidx % n_units picks the unit) */
+    /*
+     * Copies of each row the cluster keeps (1..DP_UNIT_MAX_REPLICAS, at most
+     * n_units): row g lives on units g % N, (g + 1) % N, ... Every unit of a
+     * cluster is started with the same value; info reports it and clients put
+     * and get by it (docs/design.md, "Replicas"). Default (and 0) 1.
+     */
+    uint32_t replicas;
     uint64_t slab_bytes;
     double read_pin_s;    /* pin lifetime of a resolve (default 30) */
     double alloc_lease_s; /* an alloc not committed by then is retired; 0: never (300) */
@@ -93,6 +100,9 @@ typedef struct dp__unit_opts {
 } dp__unit_opts;
 
 void dp__unit_opts_init(dp__unit_opts *o);
+
+/* The most copies of a row a cluster keeps. */
+#define DP_UNIT_MAX_REPLICAS 3
 
 /* At most this many io jobs (spills and stages) are queued or running. */
 #define DP_UNIT_MAX_IO_JOBS 256

@@ -27,6 +27,7 @@ static const dp__wire_fdesc info_f[] = {
     F(dp__wire_info, incarnation, U64, 0, 0), F(dp__wire_info, proto, U64, 0, 0),
     F(dp__wire_info, pid, U64, 0, 0),         F(dp__wire_info, host, TEXT, 0, 0),
     F(dp__wire_info, cluster, TEXT, 0, 0),    F(dp__wire_info, transports, TEXT, 0, 0),
+    F(dp__wire_info, replicas, U64, 0, 0),
 };
 static const dp__wire_fdesc alloc_res_f[] = {
     F(dp__wire_alloc_res, off, OFF, 1, 0),

@@ -1,0 +1,194 @@
+/*
+ * A put with replicas (docs/design.md, "Replicas"): which rows landed when
+ * each row has a copy on each of its units, the report of those that did not,
+ * and the put again of the rows whose copy met a flap or a restart. put.c
+ * drives the put; put_int.h holds what they share.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/put_int.h"
+
+/*
+ * With replicas (p->copies > 1; docs/design.md, "Replicas"): a row landed when
+ * every copy it has was committed, but for copies whose unit's process is gone
+ * (refused: it comes back empty, holding no older value of the row), so long
+ * as one was committed; such a row is under-replicated (counted). A copy that
+ * failed on a live unit fails the row, except that a dropped connection or a
+ * restart (the unit lives: a flap, a new process) marks it in again[] to be
+ * put once more, every copy, within the budget. rst gets every row's code.
+ */
+static void
+put_outcome_copies_locked(put_op *p, int *rst, bool *again, size_t *n_again)
+{
+    dp_client *c = p->c;
+    size_t n = p->n_rows;
+    uint8_t *need = calloc(n, 2), *landed = need != NULL ? need + n : NULL;
+    *n_again = 0;
+    for (size_t r = 0; r < n; r++) {
+        rst[r] = DP_OK;
+        again[r] = false;
+    }
+    for (size_t i = 0; i < p->npu; i++) {
+        put_unit *pu = &p->pus[i];
+        uint32_t u = pu->st.u;
+        bool done = pu->st.state != ST_FAILED;
+        pu->gone = !done && dp__ctl_peer_gone(c->units[u].addr);
+        bool retry = !done && !pu->gone && !p->no_again &&
+                     dp__left_s(p->deadline) > 0.05 &&
+                     (pu->st.rc == DP_ETRANSFER || pu->st.rc == DP_ERESTARTED);
+        if (pu->gone)
+            DP_LOG_W("client: put: unit %u (%s) is gone (refuses connections): its "
+                     "rows in blob %s land on their other units",
+                     u, c->units[u].addr, pu->blob_id);
+        for (uint32_t k = p->g.start[u]; k < p->g.start[u + 1]; k++) {
+            uint32_t r = p->g.order[k];
+            if (need != NULL) {
+                need[r]++;
+                landed[r] += done;
+            }
+            if (retry && !again[r]) {
+                again[r] = true;
+                (*n_again)++;
+            } else if (!done && !pu->gone && rst[r] == DP_OK) {
+                rst[r] = pu->st.rc;
+            }
+        }
+    }
+    for (size_t r = 0; r < n; r++) {
+        if (again[r] && rst[r] != DP_OK) { /* failed for good on another unit */
+            again[r] = false;
+            (*n_again)--;
+        }
+        if (need == NULL || rst[r] != DP_OK || again[r] || landed[r] == need[r])
+            continue;
+        if (landed[r] == 0)
+            rst[r] = DP_ETRANSFER; /* every unit of the row is gone */
+        else
+            c->under_replicated_rows++;
+    }
+    if (need ==
+        NULL) /* out of memory: no count, and a row is landed only if no copy failed */
+        for (size_t i = 0; i < p->npu; i++)
+            for (uint32_t k = p->g.start[p->pus[i].st.u];
+                 p->pus[i].st.state == ST_FAILED && k < p->g.start[p->pus[i].st.u + 1];
+                 k++)
+                if (rst[p->g.order[k]] == DP_OK && !again[p->g.order[k]])
+                    rst[p->g.order[k]] = p->pus[i].st.rc;
+    free(need);
+}
+
+/* The detail of a put with replicas whose rows in rst did not all land. */
+static int
+put_report_copies(const put_op *p, const int *rst, dp_detail *d)
+{
+    dp_client *c = p->c;
+    size_t bad = 0;
+    int first = DP_OK;
+    for (size_t r = 0; r < p->n_rows; r++)
+        if (rst[r] != DP_OK && bad++ == 0)
+            first = rst[r];
+    if (bad == 0)
+        return DP_OK;
+    dp__fail(d, first,
+             "put: %zu of %zu rows did not land (%u copies each); rows not landed:", bad,
+             p->n_rows, p->copies);
+    size_t shown = 0;
+    for (size_t r = 0; r < p->n_rows && shown < 16; r++)
+        if (rst[r] != DP_OK && ++shown)
+            dp__detail_append(d, " %" PRIu64, p->gidxs[r]);
+    if (bad > shown)
+        dp__detail_append(d, " and %zu more", bad - shown);
+    for (size_t i = 0; i < p->npu; i++) {
+        const put_unit *pu = &p->pus[i];
+        if (pu->st.state == ST_FAILED)
+            dp__detail_append(d, "; unit %u (%s)%s: %s", pu->st.u,
+                              c->units[pu->st.u].addr, pu->gone ? " is gone" : "",
+                              dp_detail_msg(&pu->st.det));
+    }
+    return first;
+}
+
+int
+dp__put_decide_copies_locked(put_op *a, int *row_status, dp_detail *d)
+{
+    int *rst = malloc(a->n_rows * sizeof *rst);
+    a->again = malloc(a->n_rows * sizeof *a->again);
+    if (rst == NULL || a->again == NULL) {
+        free(rst);
+        free(a->again);
+        a->again = NULL;
+        return dp__put_outcome_locked(a, row_status, d);
+    }
+    put_outcome_copies_locked(a, rst, a->again, &a->n_again);
+    int rc = put_report_copies(a, rst, d);
+    if (row_status != NULL)
+        memcpy(row_status, rst, a->n_rows * sizeof *rst);
+    free(rst);
+    return rc;
+}
+
+int
+dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d)
+{
+    size_t m = a->n_again, nf = a->n_fields, j = 0;
+    uint64_t *gx = malloc(m * sizeof *gx);
+    uint32_t *idx = malloc(m * sizeof *idx);
+    dp_value *vx = malloc(m * nf * sizeof *vx);
+    int *st = malloc(m * sizeof *st);
+    dp_loc *lx = locs != NULL ? calloc(m * nf, sizeof *lx) : NULL;
+    if (gx == NULL || idx == NULL || vx == NULL || st == NULL || (locs != NULL && !lx)) {
+        for (size_t r = 0; r < a->n_rows && rc == DP_OK; r++)
+            if (a->again[r])
+                rc = dp__fail(d, DP_ENOMEM, "put: out of memory putting rows again");
+        for (size_t r = 0; r < a->n_rows && row_status != NULL; r++)
+            if (a->again[r])
+                row_status[r] = DP_ENOMEM;
+        goto out;
+    }
+    for (size_t r = 0; r < a->n_rows; r++)
+        if (a->again[r]) {
+            idx[j] = (uint32_t)r;
+            gx[j] = a->gidxs[r];
+            memcpy(vx + j * nf, a->values + r * nf, nf * sizeof *vx);
+            j++;
+        }
+    DP_LOG_I("client: put: %zu row(s) met a dropped connection or a restarted unit: "
+             "putting them again",
+             m);
+    pthread_mutex_lock(&a->c->mu);
+    a->c->cnt.retries++;
+    pthread_mutex_unlock(&a->c->mu);
+    put_op b = {.c = a->c,
+                .gidxs = gx,
+                .n_rows = m,
+                .fields = a->fields,
+                .n_fields = nf,
+                .values = vx,
+                .deadline = a->deadline,
+                .no_again = true};
+    dp_detail e;
+    dp_detail_clear(&e);
+    int rc2 = dp__put_impl(&b, st, lx, &e);
+    for (size_t k = 0; k < m; k++) {
+        if (row_status != NULL)
+            row_status[idx[k]] = st[k];
+        if (locs != NULL)
+            memcpy(locs + (size_t)idx[k] * nf, lx + k * nf, nf * sizeof *lx);
+    }
+    if (rc2 != DP_OK && rc == DP_OK) {
+        rc = rc2;
+        if (d != NULL)
+            *d = e;
+    } else if (rc2 != DP_OK) {
+        dp__detail_append(d, "; put again: %s", e.msg);
+    }
+out:
+    free(gx);
+    free(idx);
+    free(vx);
+    free(st);
+    free(lx);
+    return rc;
+}

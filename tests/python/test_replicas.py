@@ -1,0 +1,245 @@
+"""Replicas: a unit's death loses no row (docs/design.md, "Replicas").
+
+Real unit processes started with --replicas; values are checked byte for byte.
+Row g lives on units g % N and (g + 1) % N (R = 2): a get of a row whose unit
+is down or restarted reads the next one, a put lands on the live units of a row
+whose other unit's process is gone (counted as under-replicated), and a row
+whose units are all down fails with a clear error naming it.
+"""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+import dataplane
+
+from conftest import _cli, _die_with_parent, _tail
+
+WIDTH = 1024  # float32 per row: 4 KiB
+
+
+def _env():
+    # Not the sanitizer runtime this interpreter may have preloaded (pytest-asan.sh).
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
+class Units:
+    """N `dataplane unit` processes started one by one (no supervisor: a killed
+    unit stays dead until start(i) is called again, on its port)."""
+
+    def __init__(self, tmp_path, n, replicas, replicas_of=None):
+        self.tmp, self.n, self.replicas = tmp_path, n, replicas
+        self.replicas_of = replicas_of or {}
+        self.procs = [None] * n
+        self.addrs = [None] * n
+        for i in range(n):
+            self.start(i)
+
+    def start(self, i):
+        port = self.addrs[i].rsplit(":", 1)[1] if self.addrs[i] else "0"
+        log = self.tmp / f"unit{i}.log"
+        p = subprocess.Popen(
+            [_cli(), "unit", "--unit-id", str(i), "--units", str(self.n), "--replicas",
+             str(self.replicas_of.get(i, self.replicas)), "--slab", "64M", "--port", port],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(log, "ab"),
+            env=_env(), preexec_fn=_die_with_parent)
+        line = p.stdout.readline().decode().strip()
+        assert line.startswith("tcp://"), f"unit {i} did not start: {_tail(log)}"
+        self.procs[i], self.addrs[i] = p, line
+
+    def kill(self, i):
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait()
+
+    def stop(self):
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            if p is not None:
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+@pytest.fixture
+def units3(tmp_path):
+    u = Units(tmp_path, 3, 2)
+    yield u
+    u.stop()
+
+
+def _rows_of(rows, version):
+    """Each row's own content: row g, version v -> g * 1e4 + v + position."""
+    t = torch.arange(WIDTH, dtype=torch.float32).repeat(len(rows), 1)
+    base = torch.tensor([float(g * 10000 + version) for g in rows]).unsqueeze(1)
+    return t + base
+
+
+def _check(client, rows, version):
+    got = client.get(rows, ["x"], stack=True)["x"]
+    assert torch.equal(got, _rows_of(rows, version)), "wrong bytes"
+
+
+def test_units_report_replicas_and_bad_counts_are_refused(tmp_path, units3):
+    c = dataplane.Client(units3.addrs, timeout_s=10)
+    assert c.replicas == 2
+    c.close()
+    r = subprocess.run([_cli(), "unit", "--units", "2", "--replicas", "3"],
+                       capture_output=True, text=True, env=_env(), timeout=30)
+    assert r.returncode != 0
+    assert "--replicas 3 needs at least as many units" in r.stderr
+    r = subprocess.run([_cli(), "unit", "--units", "5", "--replicas", "4"],
+                       capture_output=True, text=True, env=_env(), timeout=30)
+    assert r.returncode != 0 and "--replicas" in r.stderr
+    r = subprocess.run([_cli(), "up", "--units", "1", "--replicas", "2", "--dir",
+                        str(tmp_path / "x")], capture_output=True, text=True, env=_env(),
+                       timeout=30)
+    assert r.returncode != 0 and "--replicas 2 needs at least as many units" in r.stderr
+
+
+def test_units_that_disagree_on_replicas_are_refused(tmp_path):
+    u = Units(tmp_path, 2, 2, replicas_of={1: 1})
+    try:
+        with pytest.raises(dataplane.ProtocolError, match="same --replicas"):
+            dataplane.Client(u.addrs, timeout_s=10)
+    finally:
+        u.stop()
+
+
+def test_a_unit_killed_for_good_loses_no_row(units3):
+    c = dataplane.Client(units3.addrs, timeout_s=20)
+    rows = list(range(60))
+    c.put(rows, {"x": _rows_of(rows, 1)})
+    _check(c, rows, 1)
+    assert c.counters()["under_replicated_rows"] == 0
+    units3.kill(1)
+    # every row is still had, from its other unit, by this client and a fresh one
+    _check(c, rows, 1)
+    fresh = dataplane.Client(units3.addrs, timeout_s=20)
+    _check(fresh, rows, 1)
+    # a put lands on the live units of each row; the rows of unit 1 are counted
+    c.put(rows, {"x": _rows_of(rows, 2)})
+    short = [g for g in rows if g % 3 in (0, 1)]  # rows with a copy on unit 1
+    assert c.counters()["under_replicated_rows"] == len(short)
+    _check(c, rows, 2)
+    _check(fresh, rows, 2)
+    # a clear reaches every live copy: the rows are gone whichever unit answers
+    c.clear(rows[:30])
+    with pytest.raises(dataplane.NotFound):
+        c.get(rows[:30], ["x"])
+    _check(fresh, rows[30:], 2)
+    c.close()
+    fresh.close()
+
+
+def test_a_restarted_unit_comes_back_empty_and_gets_fall_back(units3):
+    c = dataplane.Client(units3.addrs, timeout_s=20)
+    rows = list(range(30))
+    c.put(rows, {"x": _rows_of(rows, 1)})
+    units3.kill(0)
+    units3.start(0)  # on its port, a new process holding nothing
+    _check(c, rows, 1)  # its rows come from their other unit
+    c.put(rows, {"x": _rows_of(rows, 2)})  # lands on all three again
+    assert c.counters()["under_replicated_rows"] == 0
+    units3.kill(1)
+    _check(c, rows, 2)
+    c.close()
+
+
+def test_rows_whose_units_are_all_down_fail_clearly(units3):
+    c = dataplane.Client(units3.addrs, timeout_s=10)
+    rows = list(range(30))
+    c.put(rows, {"x": _rows_of(rows, 1)})
+    units3.kill(0)
+    units3.kill(1)
+    lost = [g for g in rows if g % 3 == 0]  # on units 0 and 1
+    kept = [g for g in rows if g % 3 != 0]  # a copy on unit 2
+    _check(c, kept, 1)
+    with pytest.raises(dataplane.TransferError) as e:
+        c.get(lost, ["x"])
+    assert f"'{lost[0]}@x'" in str(e.value) and "down" in str(e.value)
+    with pytest.raises(dataplane.TransferError) as e:
+        c.put(lost, {"x": _rows_of(lost, 2)})
+    assert "rows not landed:" in str(e.value) and f" {lost[-1]}" in str(e.value)
+    c.close()
+
+
+def test_puts_and_gets_ride_through_a_unit_killed_again_and_again(units3):
+    """Two writers and a reader while unit 1 is killed and restarted three times:
+    every put that returned landed, every get of a landed row returns its
+    bytes, nothing wrong is ever read."""
+    stop = threading.Event()
+    landed = {}  # row -> version a successful put wrote (the writers own disjoint rows)
+    lock = threading.Lock()
+    errors = []
+
+    def writer(k):
+        c = dataplane.Client(units3.addrs, timeout_s=30)
+        mine = list(range(k * 100, k * 100 + 48))
+        v = 0
+        try:
+            while not stop.is_set():
+                v += 1
+                c.put(mine, {"x": _rows_of(mine, v)})
+                with lock:
+                    for g in mine:
+                        landed[g] = v
+                got = c.get(mine, ["x"], stack=True)["x"]
+                if not torch.equal(got, _rows_of(mine, v)):
+                    errors.append(f"writer {k}: wrong bytes after put {v}")
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(f"writer {k}: {e!r}")
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):
+            time.sleep(1.5)
+            units3.kill(1)
+            time.sleep(1.0)
+            units3.start(1)
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors
+    c = dataplane.Client(units3.addrs, timeout_s=20)
+    for g, v in sorted(landed.items()):
+        _check(c, [g], v)
+    c.close()
+
+
+def test_checkpoint_keeps_every_copy_and_loads_into_another_count(tmp_path, units3):
+    c = dataplane.Client(units3.addrs, timeout_s=20)
+    rows = list(range(40))
+    c.put(rows, {"x": _rows_of(rows, 1)})
+    s = c.save(tmp_path / "ck")
+    assert s["replicas"] == 2 and s["n_units"] == 3
+    c.clear(rows)
+    s = c.load(tmp_path / "ck")  # the same shape: each unit loads its shard
+    assert s["replicas"] == 2 and s["loaded"] > 0
+    _check(c, rows, 1)
+    units3.kill(2)  # both copies came back: any one unit may go
+    _check(c, rows, 1)
+    c.close()
+    one = Units(tmp_path / "r1", 3, 1) if (tmp_path / "r1").mkdir() is None else None
+    try:
+        c1 = dataplane.Client(one.addrs, timeout_s=20)
+        assert c1.replicas == 1
+        c1.load(tmp_path / "ck")  # re-homed: every value put again through c1
+        _check(c1, rows, 1)
+        c1.close()
+    finally:
+        one.stop()
