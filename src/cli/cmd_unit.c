@@ -410,6 +410,7 @@ unit_register(unit_cmd *u, dp__unit_server *srv, const char *name, dp__reg_unit 
     memset(&r, 0, sizeof r);
     r.id = uo->unit_id;
     r.n_units = uo->n_units;
+    r.replicas = uo->replicas;
     snprintf(r.cluster, sizeof r.cluster, "%s", u->reg.name);
     snprintf(r.zmq, sizeof r.zmq, "%s", dp__unit_server_address(srv));
     snprintf(r.agent, sizeof r.agent, "%s", name);

@@ -68,6 +68,7 @@ load_once(const dp__reg_url *u, dp__etcd *e, dp__cluster *out, int64_t *revision
         goto out;
     }
     const char *n_key = NULL;
+    uint32_t reps = 0;
     dp_detail bad;
     dp_detail_clear(&bad);
     int n_bad = 0;
@@ -83,7 +84,15 @@ load_once(const dp__reg_url *u, dp__etcd *e, dp__cluster *out, int64_t *revision
         }
         if (n == 0) {
             n = recs[i].n_units;
+            reps = recs[i].replicas;
             n_key = kvs.kv[i].key;
+        } else if (recs[i].replicas != reps) {
+            rc = dp__fail(d, DP_EPROTO,
+                          "registry %s: records disagree on the copies of each row: %s "
+                          "says %" PRIu32 ", %s says %" PRIu32
+                          " (a unit started with the wrong --replicas: stop it)",
+                          u->text, n_key, reps, kvs.kv[i].key, recs[i].replicas);
+            goto out;
         } else if (recs[i].n_units != n) {
             rc = dp__fail(d, DP_EPROTO,
                           "registry %s: records disagree on the number of units: %s says "
@@ -139,6 +148,7 @@ load_once(const dp__reg_url *u, dp__etcd *e, dp__cluster *out, int64_t *revision
         goto out;
     }
     out->n_units = n;
+    out->replicas = reps;
     snprintf(out->cluster_id, sizeof out->cluster_id, "%s", u->name);
     if (revision != NULL)
         *revision = kvs.revision;

@@ -89,6 +89,7 @@ dp__reg_record_encode(const dp__reg_record *r, dp__buf *out, dp_detail *d)
               cJSON_AddStringToObject(o, "cluster", r->cluster) &&
               cJSON_AddNumberToObject(o, "id", r->id) &&
               cJSON_AddNumberToObject(o, "units", r->n_units) &&
+              cJSON_AddNumberToObject(o, "replicas", r->replicas > 0 ? r->replicas : 1) &&
               cJSON_AddStringToObject(o, "zmq", r->zmq) &&
               cJSON_AddStringToObject(o, "agent", r->agent) &&
               add_hex64(o, "incarnation", r->incarnation) &&
@@ -174,8 +175,13 @@ dp__reg_record_decode(const dp__reg_url *u, const char *key, const char *json, s
         (rc = rec_str(o, "pubkey", r->pubkey, sizeof r->pubkey, true, key, d)) != 0 ||
         (rc = rec_num(o, "started", 0, 1e11, &started, key, d)) != 0)
         goto out;
+    double reps = 1;
+    if (cJSON_GetObjectItemCaseSensitive(o, "replicas") != NULL &&
+        (rc = rec_num(o, "replicas", 1, 3, &reps, key, d)) != 0)
+        goto out;
     r->id = (uint32_t)id;
     r->n_units = (uint32_t)n;
+    r->replicas = (uint32_t)reps;
     r->pid = (int64_t)pid;
     r->slab_bytes = (uint64_t)slab;
     r->ssd_bytes = (uint64_t)ssd;
@@ -196,6 +202,11 @@ dp__reg_record_decode(const dp__reg_url *u, const char *key, const char *json, s
     if (r->id >= r->n_units) {
         dp__fail(d, rc, "registry record %s: unit %" PRIu32 " of %" PRIu32 " units", key,
                  r->id, r->n_units);
+        goto out;
+    }
+    if (r->replicas > r->n_units) {
+        dp__fail(d, rc, "registry record %s: %" PRIu32 " copies of each row on %" PRIu32
+                 " units", key, r->replicas, r->n_units);
         goto out;
     }
     const char *colon = strrchr(r->zmq, ':');

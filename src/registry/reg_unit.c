@@ -57,11 +57,14 @@ holder_alive(dp__reg_unit *r, const dp__reg_record *h, char *why, size_t cap)
 }
 
 /*
- * A live unit of the cluster registered before this one with another N:
- * DP_EINVAL naming it, after withdrawing this unit's record.
+ * A live unit of the cluster registered before this one with another N or
+ * replicas: DP_EINVAL naming it, after withdrawing this unit's record. A unit
+ * that took over a dead one's record (took_over) keeps that record's creation
+ * revision: it is checked against every live unit, the cluster being there
+ * already.
  */
 static int
-check_n(dp__reg_unit *r, dp_detail *d)
+check_n(dp__reg_unit *r, bool took_over, dp_detail *d)
 {
     char prefix[DP_REG_KEY_MAX];
     dp__reg_prefix(&r->u, prefix, sizeof prefix);
@@ -81,21 +84,23 @@ check_n(dp__reg_unit *r, dp_detail *d)
         if (strcmp(kv->key, r->key) == 0 ||
             dp__reg_record_decode(&r->u, kv->key, kv->value, kv->value_len, &o, NULL) !=
                 0 ||
-            o.n_units == r->self.n_units || (mine != 0 && kv->create_rev > mine))
+            (o.n_units == r->self.n_units && o.replicas == r->self.replicas) ||
+            (mine != 0 && kv->create_rev > mine && !took_over))
             continue;
         char why[256];
         if (holder_alive(r, &o, why, sizeof why) != 1)
             continue;
         bool done;
         dp__etcd_delete_if(r->e, r->key, mine_mod, &done, NULL);
-        rc =
-            dp__fail(d, DP_EINVAL,
-                     "cluster %s has %" PRIu32 " units (unit %" PRIu32
-                     " at %s, pid %" PRId64 " on %s, registered under %s, says so); this "
-                     "unit was started with --units %" PRIu32 ": give it --units %" PRIu32
-                     ", or use another cluster name",
-                     r->u.name, o.n_units, o.id, o.zmq, o.pid, o.host[0] ? o.host : "?",
-                     kv->key, r->self.n_units, o.n_units);
+        rc = dp__fail(d, DP_EINVAL,
+                      "cluster %s has %" PRIu32 " units keeping %" PRIu32
+                      " copies of each row (unit %" PRIu32 " at %s, pid %" PRId64
+                      " on %s, registered under %s, says so); this unit was started with "
+                      "--units %" PRIu32 " --replicas %" PRIu32 ": give it --units %" PRIu32
+                      " --replicas %" PRIu32 ", or use another cluster name",
+                      r->u.name, o.n_units, o.replicas, o.id, o.zmq, o.pid,
+                      o.host[0] ? o.host : "?", kv->key, r->self.n_units, r->self.replicas,
+                      o.n_units, o.replicas);
     }
     dp__etcd_kvs_fini(&kvs);
     return rc;
@@ -161,7 +166,7 @@ claim_once(dp__reg_unit *r, dp_detail *d)
         return rc;
     if (!done)
         return dp__fail(d, DP_EBUSY, "registry: %s changed while claiming it", r->key);
-    return check_n(r, d);
+    return check_n(r, mod != 0, d);
 }
 
 /* Whether the thread should stop; waits up to s seconds for that first. */
@@ -295,6 +300,8 @@ dp__reg_unit_start(const dp__reg_url *u, const dp__reg_record *self,
         return dp__fail(d, DP_ENOMEM, "registry: out of memory");
     r->u = *u;
     r->self = *self;
+    if (r->self.replicas == 0)
+        r->self.replicas = 1;
     r->o = *o;
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_t ca;

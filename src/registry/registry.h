@@ -54,6 +54,7 @@ void dp__reg_key(const dp__reg_url *u, uint32_t id, char *buf, size_t cap);
 /* One unit's record. */
 typedef struct dp__reg_record {
     uint32_t id, n_units;
+    uint32_t replicas; /* copies of each row ("replicas": optional, 1 when absent) */
     char cluster[65];
     char zmq[DP_CLUSTER_ADDR_MAX];
     char agent[DP_CLUSTER_ADDR_MAX];

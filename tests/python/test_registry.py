@@ -72,11 +72,12 @@ def etcd():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _units(cli, url, n):
+def _units(cli, url, n, replicas=1):
     procs = []
     for k in range(n):
         p = subprocess.Popen([cli, "unit", "--slab", "32M", "--registry", url,
-                              "--registry-ttl", "2", "--unit-id", str(k), "--units", str(n)],
+                              "--registry-ttl", "2", "--unit-id", str(k), "--units", str(n),
+                              "--replicas", str(replicas)],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              env=UNIT_ENV)
         line = p.stdout.readline()
@@ -116,3 +117,30 @@ def test_registry_errors(etcd):
     with pytest.raises(dataplane.Error) as e:
         dataplane.Client(cluster="etcd://127.0.0.1:2379/bad/name")
     assert "cluster name" in str(e.value)
+
+
+def test_registry_records_carry_replicas(etcd):
+    """Units of a registry cluster with --replicas 2: the records say so, a
+    client takes it, a row survives its first unit's death, and a unit
+    started with another --replicas is refused while the others live."""
+    cli = os.environ.get("DP_CLI") or os.path.join(os.environ.get("DP_BUILD", "build"), "dataplane")
+    url = f"etcd://{etcd}/reps"
+    procs = _units(cli, url, 3, replicas=2)
+    try:
+        x = torch.arange(6 * 256, dtype=torch.float32).reshape(6, 256)
+        with dataplane.Client(cluster=url, timeout_s=10) as c:
+            assert c.replicas == 2
+            c.put(range(6), {"x": x})
+            procs[0].kill()
+            procs[0].wait()
+            got = c.get(range(6), ["x"], stack=True)["x"]
+            assert torch.equal(got, x)
+        r = subprocess.run([cli, "unit", "--slab", "32M", "--registry", url, "--unit-id", "0",
+                            "--units", "3", "--registry-wait-s", "5"], capture_output=True,
+                           text=True, env=UNIT_ENV, timeout=60)
+        assert r.returncode != 0
+        assert "--replicas 1" in r.stderr and "give it --units 3 --replicas 2" in r.stderr
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()

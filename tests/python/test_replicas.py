@@ -10,6 +10,7 @@ whose units are all down fails with a clear error naming it.
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -172,23 +173,29 @@ def test_rows_whose_units_are_all_down_fail_clearly(units3):
     c.close()
 
 
-def test_puts_and_gets_ride_through_a_unit_killed_again_and_again(units3):
-    """Two writers and a reader while unit 1 is killed and restarted three times:
-    every put that returned landed, every get of a landed row returns its
-    bytes, nothing wrong is ever read."""
+@pytest.mark.parametrize("n_units", [3, 4])
+def test_puts_and_gets_ride_through_units_killed_one_at_a_time(tmp_path, n_units):
+    """Two writers while units are SIGKILLed one at a time and started again
+    (empty), each unit in turn: every put that returned landed, every get of
+    a landed row returns its bytes, nothing wrong is ever read. The writers
+    put their rows again and again, so each restarted unit is refilled before
+    the next one dies (the repair's job, not built yet)."""
+    units = Units(tmp_path, n_units, 2)
     stop = threading.Event()
     landed = {}  # row -> version a successful put wrote (the writers own disjoint rows)
     lock = threading.Lock()
     errors = []
+    puts = [0, 0]
 
     def writer(k):
-        c = dataplane.Client(units3.addrs, timeout_s=30)
+        c = dataplane.Client(units.addrs, timeout_s=30)
         mine = list(range(k * 100, k * 100 + 48))
         v = 0
         try:
             while not stop.is_set():
                 v += 1
                 c.put(mine, {"x": _rows_of(mine, v)})
+                puts[k] += 1
                 with lock:
                     for g in mine:
                         landed[g] = v
@@ -204,20 +211,64 @@ def test_puts_and_gets_ride_through_a_unit_killed_again_and_again(units3):
     for t in threads:
         t.start()
     try:
-        for _ in range(3):
+        for i in range(n_units + 1):
             time.sleep(1.5)
-            units3.kill(1)
+            units.kill(i % n_units)
             time.sleep(1.0)
-            units3.start(1)
+            units.start(i % n_units)
         time.sleep(1.5)
     finally:
         stop.set()
         for t in threads:
             t.join(120)
-    assert not errors, errors
+    try:
+        assert not errors, errors
+        assert min(puts) > 10, puts
+        c = dataplane.Client(units.addrs, timeout_s=20)
+        for g, v in sorted(landed.items()):
+            _check(c, [g], v)
+        c.close()
+    finally:
+        units.stop()
+
+
+_WRITER = """
+import sys, torch, dataplane
+sys.path.insert(0, sys.argv[2])
+from test_replicas import _rows_of
+c = dataplane.Client(sys.argv[1].split(","), timeout_s=30)
+rows = list(range(64))
+v = 0
+while True:
+    v += 1
+    c.put(rows, {"x": _rows_of(rows, v)})
+    print(v, flush=True)
+"""
+
+
+def test_a_writer_killed_mid_put_leaves_whole_values_on_every_copy(units3):
+    """A writer SIGKILLed in the middle of its puts (R = 2): whichever unit
+    answers, each row holds one whole version, never a mix or torn bytes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for attempt in range(3):
+        w = subprocess.Popen([sys.executable, "-c", _WRITER, ",".join(units3.addrs), here],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        for _ in range(3 + attempt):  # let it finish a few puts, then kill it in one
+            assert w.stdout.readline(), "the writer stopped"
+        time.sleep(0.002 * attempt)
+        w.send_signal(signal.SIGKILL)
+        w.wait()
     c = dataplane.Client(units3.addrs, timeout_s=20)
-    for g, v in sorted(landed.items()):
-        _check(c, [g], v)
+
+    def whole_versions():
+        got = c.get(list(range(64)), ["x"], stack=True)["x"]
+        for g in range(64):
+            v = int(got[g, 0].item()) - g * 10000
+            assert v >= 1 and torch.equal(got[g], _rows_of([g], v)[0]), f"row {g} torn"
+
+    whole_versions()  # the first copies
+    units3.kill(0)  # rows homed on unit 0 now come from unit 1: their second copies
+    whole_versions()
     c.close()
 
 
