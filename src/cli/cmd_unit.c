@@ -8,6 +8,8 @@
  * runs until SIGINT or SIGTERM.
  */
 #include <getopt.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -63,6 +65,10 @@ static const char usage_unit[] =
     "  --replicas R         copies of each row (1..3, at most N): row g lives on units\n"
     "                       g % N, (g + 1) % N, ...; every unit of a cluster gets the\n"
     "                       same R (1)\n"
+    "  --repair-from C      with R > 1: the cluster (file, directory or etcd:// URL)\n"
+    "                       this unit fills itself from at start, in the background,\n"
+    "                       when the file exists (default: --registry's URL)\n"
+    "  --repair-rate SIZE   the repair's bytes a second at most (1G)\n"
     "  --registry URL       register in etcd: etcd://HOST:PORT[,HOST:PORT...]/NAME;\n"
     "                       clients then find the cluster by that URL. NAME is the\n"
     "                       cluster id. The record lives as long as a lease this\n"
@@ -98,6 +104,8 @@ typedef struct unit_cmd {
     uint64_t port, unit_id, units, staging;
     bool staging_set, units_set, id_auto;
     const char *id_env, *registry, *metrics, *curve_allow;
+    const char *repair_from; /* the cluster to repair from (NULL: the registry's) */
+    uint64_t repair_rate;    /* bytes a second */
     char curve_secret[41], curve_public[41]; /* "" without CURVE */
     char id_source[320];
     dp__reg_url reg;
@@ -117,6 +125,8 @@ enum {
     O_CLUSTER_ID,
     O_NUMA,
     O_REPLICAS,
+    O_REPAIR_FROM,
+    O_REPAIR_RATE,
     O_ID,
     O_UNITS,
     O_SSD,
@@ -176,6 +186,14 @@ unit_option(unit_cmd *u, int c, char **argv)
             uo->reclaim_grace_s = -1;
         else
             rc = dp__parse_seconds(optarg, &uo->reclaim_grace_s, "--reclaim-grace-s", d);
+        break;
+    case O_REPAIR_FROM:
+        u->repair_from = optarg;
+        break;
+    case O_REPAIR_RATE:
+        rc = dp__parse_size(optarg, &u->repair_rate, "--repair-rate", d);
+        if (rc == 0 && u->repair_rate == 0)
+            rc = dp__fail(d, DP_EINVAL, "--repair-rate must be > 0");
         break;
     case O_REPLICAS: {
         uint64_t r = 0;
@@ -261,6 +279,28 @@ unit_option(unit_cmd *u, int c, char **argv)
 }
 
 /* Parse the command line into u: UNIT_GO_ON, or the status to exit with. */
+/*
+ * Whether a unit can fill itself from `from`: a registry, or a cluster file
+ * (or a directory holding cluster.json) that exists. A cluster started
+ * fresh has no file yet: its units have nothing to repair.
+ */
+static bool
+repair_source_exists(const char *from)
+{
+    if (from == NULL)
+        return false;
+    if (dp__reg_is_url(from))
+        return true;
+    struct stat st;
+    if (stat(from, &st) != 0)
+        return false;
+    if (!S_ISDIR(st.st_mode))
+        return true;
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/cluster.json", from);
+    return stat(p, &st) == 0;
+}
+
 static int
 unit_parse(int argc, char **argv, unit_cmd *u)
 {
@@ -275,6 +315,8 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"cluster-id", required_argument, NULL, O_CLUSTER_ID},
         {"numa", required_argument, NULL, O_NUMA},
         {"replicas", required_argument, NULL, O_REPLICAS},
+        {"repair-from", required_argument, NULL, O_REPAIR_FROM},
+        {"repair-rate", required_argument, NULL, O_REPAIR_RATE},
         {"unit-id", required_argument, NULL, O_ID},
         {"units", required_argument, NULL, O_UNITS},
         {"ssd-dir", required_argument, NULL, O_SSD},
@@ -289,8 +331,11 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"curve-allow", required_argument, NULL, O_CURVE_ALLOW},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    *u =
-        (unit_cmd){.bind_ip = "127.0.0.1", .units = 1, .reg_ttl_s = 10, .reg_wait_s = 60};
+    *u = (unit_cmd){.bind_ip = "127.0.0.1",
+                    .units = 1,
+                    .reg_ttl_s = 10,
+                    .reg_wait_s = 60,
+                    .repair_rate = 1ull << 30};
     dp__unit_opts_init(&u->uo);
     u->uo.slab_bytes = 256ull << 20;
     dp_detail_clear(&u->d);
@@ -360,6 +405,9 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         u->uo.staging_bytes = u->staging_set ? u->staging : 64ull << 20;
     u->uo.unit_id = (uint32_t)u->unit_id;
     u->uo.n_units = (uint32_t)u->units;
+    if (u->repair_from == NULL)
+        u->repair_from = u->registry;
+    u->uo.repair = u->uo.replicas > 1 && repair_source_exists(u->repair_from);
     return UNIT_GO_ON;
 }
 
@@ -456,6 +504,7 @@ unit_serve(unit_cmd *u)
     int status = 1, rc;
     dp__unit_server *srv = NULL;
     dp__reg_unit *reg = NULL;
+    dp__unit_repairer *rep = NULL;
     char name[64], rnd[33], numa[128];
     /*
      * A unit holds a descriptor per connected client (bench/scale.sh): the
@@ -508,6 +557,11 @@ unit_serve(unit_cmd *u)
              uo->alloc_lease_s);
     if (u->metrics != NULL)
         DP_LOG_I("metrics: http://%s/metrics", dp__unit_server_metrics_address(srv));
+    if (uo->repair &&
+        dp__unit_repair_start(dp__unit_server_unit(srv), uo->unit_id, u->repair_from,
+                              (double)u->repair_rate, &rep, &u->d) != DP_OK)
+        DP_LOG_W("repair: %s; this unit holds only what is written from now on",
+                 dp_detail_msg(&u->d));
     if (uo->ssd_dir != NULL)
         DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo->ssd_dir,
                  dp__fmt_size(uo->staging_bytes, sz, sizeof sz), uo->pickup_s);
@@ -544,6 +598,7 @@ unit_serve(unit_cmd *u)
 fail:
     fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&u->d), dp_strerror(rc));
 out:
+    dp__unit_repair_stop(rep);
     dp__reg_unit_stop(reg); /* first: clients stop coming before the unit goes */
     dp__unit_server_close(srv);
     return status;

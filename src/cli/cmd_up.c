@@ -64,7 +64,9 @@ static const char usage_up[] =
     "  --reclaim-grace-s S  passed to each unit ('never' keeps retired regions)\n"
     "  --numa MODE          passed to each unit: auto, bind or off\n"
     "  --replicas R         copies of each row (1..3, at most --units): row g lives\n"
-    "                       on units g % N, (g + 1) % N, ... (1)\n"
+    "                       on units g % N, (g + 1) % N, ... (1); a unit started\n"
+    "                       again (--restart) fills itself from its peers\n"
+    "  --repair-rate SIZE   passed to each unit: its repair's bytes a second (1G)\n"
     "  --ssd-dir D          SSD tier: passed to each unit when given\n"
     "  --staging SIZE       SSD tier staging area: passed when given\n"
     "  --pickup-s S         SSD tier pickup time: passed when given\n"
@@ -100,6 +102,8 @@ typedef struct up_opts {
     const char *advertise;
     const char *read_pin_s, *alloc_lease_s, *reclaim_grace_s, *numa;
     uint64_t replicas;
+    const char *cluster_file; /* where the cluster file goes (units repair from it) */
+    const char *repair_rate;
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
     bool restart;
@@ -125,6 +129,7 @@ enum {
     O_RECLAIM,
     O_NUMA,
     O_REPLICAS,
+    O_REPAIR_RATE,
     O_SSD,
     O_STAGING,
     O_PICKUP,
@@ -200,6 +205,12 @@ take_opt(up_opts *o, int c, char **argv, dp_detail *d)
         break;
     case O_REPLICAS:
         rc = dp__parse_u64(optarg, 1, 3, &o->replicas, "--replicas", d);
+        break;
+    case O_REPAIR_RATE:
+        rc = dp__parse_size(optarg, &v, "--repair-rate", d);
+        if (rc == DP_OK && v == 0)
+            rc = dp__fail(d, DP_EINVAL, "--repair-rate must be > 0");
+        o->repair_rate = optarg;
         break;
     case O_NUMA:
         if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "bind") != 0 &&
@@ -309,6 +320,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"reclaim-grace-s", required_argument, NULL, O_RECLAIM},
         {"numa", required_argument, NULL, O_NUMA},
         {"replicas", required_argument, NULL, O_REPLICAS},
+        {"repair-rate", required_argument, NULL, O_REPAIR_RATE},
         {"ssd-dir", required_argument, NULL, O_SSD},
         {"staging", required_argument, NULL, O_STAGING},
         {"pickup-s", required_argument, NULL, O_PICKUP},
@@ -466,7 +478,7 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     char id[16], units[16];
     snprintf(id, sizeof id, "%u", i);
     snprintf(units, sizeof units, "%u", s->n);
-    const char *args[64]; /* every option given: 12 + 2 x 17, and the NULL */
+    const char *args[64]; /* every option given: 12 + 2 x 20, and the NULL */
     int k = 0;
     args[k++] = "dataplane";
     args[k++] = "unit";
@@ -499,6 +511,11 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     if (o->replicas > 1) {
         args[k++] = "--replicas";
         args[k++] = reps;
+        /* A unit started again fills itself from its peers (with a registry,
+         * from the registry: the unit's default). */
+        if (o->registry == NULL)
+            PASS("--repair-from", o->cluster_file);
+        PASS("--repair-rate", o->repair_rate);
     }
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);
@@ -520,11 +537,12 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
 }
 
 /*
- * info from every unit, within timeout_s: each says it is unit i of n (as up
- * started it) and gives its endpoint name for the cluster file.
+ * info from every unit (only >= 0: from that one), within timeout_s: each says
+ * it is unit i of n (as up started it) and gives its endpoint name for the
+ * cluster file.
  */
 static int
-ask_info(dp__sup *s, const char *path, double timeout_s, dp_detail *d)
+ask_info(dp__sup *s, const char *path, double timeout_s, int64_t only, dp_detail *d)
 {
     dp__cli_conn c;
     memset(&c, 0, sizeof c);
@@ -545,9 +563,11 @@ ask_info(dp__sup *s, const char *path, double timeout_s, dp_detail *d)
     }
     if ((rc = dp__wire_rid_gen_init(&c.rids, d)) != DP_OK ||
         (rc = dp__ctl_client_create(&c.ctl, d)) != DP_OK ||
-        (rc = dp__cli_check_units(&c, -1, 0, d)) != DP_OK)
+        (rc = dp__cli_check_units(&c, only, 0, d)) != DP_OK)
         goto out;
     for (uint32_t i = 0; i < s->n; i++) {
+        if (only >= 0 && i != (uint64_t)only)
+            continue;
         snprintf(s->u[i].agent, sizeof s->u[i].agent, "%s", c.units[i].agent);
         s->u[i].incarnation = c.units[i].incarnation;
     }
@@ -641,7 +661,7 @@ start_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
     if (!dp__sup_wait_started(s, end, o->start_timeout_s))
         return false;
     /* Asking the units who they are is part of starting them: the same budget. */
-    if ((rc = ask_info(s, path, DP_MAX(end - dp__now_s(), 1.0), d)) != DP_OK) {
+    if ((rc = ask_info(s, path, DP_MAX(end - dp__now_s(), 1.0), -1, d)) != DP_OK) {
         dp__cli_fail("up", rc, d);
         return false;
     }
@@ -736,7 +756,8 @@ restart_unit(dp__sup *s, dp__sup_unit *u, const up_opts *o, const char *path,
     double end = dp__now_s() + o->start_timeout_s;
     if (!dp__sup_wait_started(s, end, o->start_timeout_s))
         return false;
-    if ((rc = ask_info(s, path, DP_MAX(end - dp__now_s(), 1.0), d)) != DP_OK) {
+    /* Only the unit started again: another may be down meanwhile (its turn next). */
+    if ((rc = ask_info(s, path, DP_MAX(end - dp__now_s(), 1.0), u->id, d)) != DP_OK) {
         dp__cli_fail("up", rc, d);
         return false;
     }
@@ -812,6 +833,7 @@ dp__cmd_up(int argc, char **argv)
     int status = lock_dir(&o, path, &lock_fd, &d);
     if (status >= 0)
         return status;
+    o.cluster_file = path;
     dp__sup s;
     dp__sup_init(&s);
     snprintf(s.pubkey, sizeof s.pubkey, "%s", o.curve_public);

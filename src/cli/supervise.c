@@ -267,6 +267,7 @@ reap(dp__sup *s)
             dp__sup_unit *u = &s->u[i];
             if (u->pid == p && !u->exited) {
                 u->exited = true;
+                u->dead_pending = u->started; /* a running unit: dp__sup_watch says so */
                 u->status = st;
                 /* Collect what it wrote before it went. */
                 if (u->err_fd >= 0)
@@ -404,8 +405,13 @@ dp__sup_wait_started(dp__sup *s, double end, double start_timeout_s)
             s->stop_signal = sig;
             return false;
         }
-        dp__sup_unit *dead = reap(s);
-        if (dead != NULL) {
+        reap(s);
+        /* A unit being started that died failed to start; one that was running
+         * (another death while this one starts) is left to dp__sup_watch. */
+        for (uint32_t i = 0; i < s->n; i++) {
+            dp__sup_unit *dead = &s->u[i];
+            if (!dead->exited || dead->started)
+                continue;
             char why[96];
             fprintf(stderr, "dataplane up: unit %u (pid %d) failed to start: it %s\n",
                     dead->id, (int)dead->pid,
@@ -436,6 +442,18 @@ dp__sup_unit *
 dp__sup_watch(dp__sup *s)
 {
     for (;;) {
+        /* Deaths seen while something else was going on come first. */
+        for (uint32_t i = 0; i < s->n; i++) {
+            dp__sup_unit *dead = &s->u[i];
+            if (!dead->dead_pending)
+                continue;
+            dead->dead_pending = false;
+            char why[96];
+            fprintf(stderr, "dataplane up: unit %u (pid %d, %s) %s\n", dead->id,
+                    (int)dead->pid, dead->addr,
+                    describe_status(dead->status, why, sizeof why));
+            return dead;
+        }
         int sig = wait_event(s, -1);
         if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
             printf("%s: stopping %u unit%s...\n", strsignal(sig), s->n,
@@ -445,14 +463,7 @@ dp__sup_watch(dp__sup *s)
             s->stop_signal = sig;
             return NULL;
         }
-        dp__sup_unit *dead = reap(s);
-        if (dead != NULL) {
-            char why[96];
-            fprintf(stderr, "dataplane up: unit %u (pid %d, %s) %s\n", dead->id,
-                    (int)dead->pid, dead->addr,
-                    describe_status(dead->status, why, sizeof why));
-            return dead;
-        }
+        reap(s);
     }
 }
 
@@ -467,6 +478,6 @@ dp__sup_reset(dp__sup_unit *u)
     u->pid = 0;
     u->out_len = u->err_len = 0;
     u->tail_n = 0;
-    u->started = u->exited = false;
+    u->started = u->exited = u->dead_pending = false;
     u->status = 0;
 }

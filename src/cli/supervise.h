@@ -42,7 +42,8 @@ typedef struct dp__sup_unit {
     unsigned tail_n; /* lines seen (the ring holds the last DP__SUP_TAIL_LINES) */
     bool started;    /* its address was read */
     bool exited;
-    int status; /* waitpid status once exited */
+    bool dead_pending; /* exited while running, not yet reported by dp__sup_watch */
+    int status;        /* waitpid status once exited */
 } dp__sup_unit;
 
 /* Every unit of one up, and the signals that reach it. */

@@ -169,6 +169,7 @@ client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_clien
     if (c == NULL)
         return dp__fail(d, DP_ENOMEM, "client: out of memory");
     pthread_mutex_init(&c->mu, NULL);
+    c->only_unit = -1;
     *out = c;
     int rc = opts_resolve(opts, &c->o, d);
     if (rc != DP_OK)

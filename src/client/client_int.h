@@ -122,6 +122,12 @@ struct dp_client {
      * same); 0 until one answered, then 1..3.
      */
     uint32_t replicas;
+    /*
+     * A repair's client (dp__client_repair): every get asks only_unit and
+     * every put writes it only, as a repair copy (-1: rows go where they
+     * live, the normal case).
+     */
+    int64_t only_unit;
     dp__unit_conn *units;
     /*
      * A control-only client's: each unit's check (n_units; NULL for a full
@@ -173,6 +179,35 @@ struct dp_client {
 };
 
 /* ---- shared between the client's files ---- */
+
+/* ---- repair (repair.c; docs/design.md, "Repair") ---- */
+
+typedef struct dp__repair_opts {
+    uint32_t unit;       /* the unit to fill from its peers */
+    uint32_t page_rows;  /* rows per listing and per copy (0: 1024) */
+    double rate_bytes_s; /* throttle: at most this many bytes a second (0: none) */
+    /* after each page: keys copied in, their bytes, keys that could not be */
+    void (*progress)(void *ctx, uint64_t keys, uint64_t bytes, uint64_t failed);
+    void *ctx;
+    const int *stop; /* read between pages: nonzero stops the repair early */
+} dp__repair_opts;
+
+typedef struct dp__repair_sum {
+    uint64_t keys, bytes, skipped, failed;
+    uint32_t peers_failed; /* peers that could not be listed to the end */
+} dp__repair_sum;
+
+/*
+ * Fill unit o->unit with the copies of its rows its peers hold (the units
+ * that share rows with it), page by page: list_keys on a peer, get those
+ * keys from it, put them into the unit as a repair copy (it publishes only
+ * keys it lacks, of rows not cleared since it started). c is the repair's own
+ * client (its routing is changed while this runs). DP_OK when every peer was
+ * listed to its end and every key was copied or found gone; else the first
+ * failure (the rest goes on: *sum counts).
+ */
+int dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
+                      dp_detail *d);
 
 /* The copies of each row this client writes (1 until a unit said). */
 static inline uint32_t

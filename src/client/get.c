@@ -290,8 +290,9 @@ get_place(get_op *x, dp_detail *d)
                           it->cap);
             break;
         }
-        gx[i] = kp.gidx;
-        x->ks[i].unit = (uint32_t)((kp.gidx % N + x->shift) % N);
+        /* A repair's client asks one unit for everything (it routes as that unit). */
+        gx[i] = x->c->only_unit >= 0 ? (uint64_t)x->c->only_unit : kp.gidx;
+        x->ks[i].unit = (uint32_t)((gx[i] % N + x->shift) % N);
         x->ks[i].klen = (uint32_t)kl;
         x->ks[i].st = K_ASK;
         x->ks[i].hinted = false;
@@ -969,7 +970,7 @@ dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_d
     if (ust == NULL)
         return dp__fail(d, DP_ENOMEM, "get: out of memory");
     dp__get_ctx g = {c, vals, ust};
-    int rc = dp__client_replicas(c) > 1
+    int rc = dp__client_replicas(c) > 1 && c->only_unit < 0
                  ? dp__get_turns(&g, items, n, d)
                  : dp__get_pass(&g, items, n, dp__now_s() + c->o.timeout_s, 0, d);
     if (rc == DP_OK)

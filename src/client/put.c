@@ -184,7 +184,8 @@ alloc_send_locked(dp_client *c, put_unit *pu, size_t slot)
     q.a.alloc.blob_id = dp__wire_s(pu->blob_id);
     q.a.alloc.nbytes = pu->size;
     q.a.alloc.n_entries = pu->n_ent;
-    q.a.alloc.spill = !c->o.no_spill;
+    q.a.alloc.spill = !c->o.no_spill && c->only_unit < 0;
+    q.a.alloc.repair = c->only_unit >= 0; /* a repair's copy: only missing keys */
     /* Who writes the region: lets the unit reclaim it if this process dies. */
     q.a.alloc.writer = dp__wire_s(c->blob_prefix);
     q.a.alloc.pid = (uint64_t)getpid();
@@ -296,7 +297,8 @@ inline_send_locked(dp_client *c, put_unit *pu, const uint8_t *stage, size_t slot
     q.a.put.blob_id = dp__wire_s(pu->blob_id);
     q.a.put.data = (dp__wire_bytes){stage + pu->stage_off, (uint32_t)pu->lay.total_len};
     q.a.put.n_entries = pu->n_ent;
-    q.a.put.spill = !c->o.no_spill;
+    q.a.put.spill = !c->o.no_spill && c->only_unit < 0;
+    q.a.put.repair = c->only_unit >= 0;
     /* Only the process this client is bound to may store it. */
     q.a.put.incarnation = c->units[pu->st.u].incarnation;
     return send_part_locked(c, pu, slot, &q);
@@ -713,7 +715,17 @@ put_op_make(put_op *a, bool locs, dp_detail *d)
         return dp__fail(d, DP_ENOMEM, "put: out of memory");
     for (size_t f = 0; f < a->n_fields; f++)
         a->flen[f] = strlen(a->fields[f]); /* checked by check_args */
-    return dp__groups_make_copies(&a->g, N, a->gidxs, a->n_rows, 0, a->copies, d);
+    if (a->c->only_unit < 0)
+        return dp__groups_make_copies(&a->g, N, a->gidxs, a->n_rows, 0, a->copies, d);
+    /* A repair's copy: every row to the one unit it fills. */
+    uint64_t *to = malloc((a->n_rows > 0 ? a->n_rows : 1) * sizeof *to);
+    if (to == NULL)
+        return dp__fail(d, DP_ENOMEM, "put: out of memory");
+    for (size_t r = 0; r < a->n_rows; r++)
+        to[r] = (uint64_t)a->c->only_unit;
+    int rc = dp__groups_make_copies(&a->g, N, to, a->n_rows, 0, 1, d);
+    free(to);
+    return rc;
 }
 
 /* Re-bind units that restarted or whose endpoint failed; others wait. */
@@ -832,7 +844,7 @@ dp__put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
     pthread_mutex_lock(&c->mu);
     if (a.deadline == 0) /* a put again keeps its call's budget */
         a.deadline = dp__now_s() + c->o.timeout_s;
-    a.copies = dp__client_replicas(c);
+    a.copies = c->only_unit >= 0 ? 1 : dp__client_replicas(c);
     dp__client_buf *stage = NULL;
     size_t stage_total = 0;
     bool decided = false; /* put_outcome_locked set row_status */

@@ -205,8 +205,10 @@ dp__reg_record_decode(const dp__reg_url *u, const char *key, const char *json, s
         goto out;
     }
     if (r->replicas > r->n_units) {
-        dp__fail(d, rc, "registry record %s: %" PRIu32 " copies of each row on %" PRIu32
-                 " units", key, r->replicas, r->n_units);
+        dp__fail(d, rc,
+                 "registry record %s: %" PRIu32 " copies of each row on %" PRIu32
+                 " units",
+                 key, r->replicas, r->n_units);
         goto out;
     }
     const char *colon = strrchr(r->zmq, ':');

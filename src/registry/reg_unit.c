@@ -96,11 +96,12 @@ check_n(dp__reg_unit *r, bool took_over, dp_detail *d)
                       "cluster %s has %" PRIu32 " units keeping %" PRIu32
                       " copies of each row (unit %" PRIu32 " at %s, pid %" PRId64
                       " on %s, registered under %s, says so); this unit was started with "
-                      "--units %" PRIu32 " --replicas %" PRIu32 ": give it --units %" PRIu32
-                      " --replicas %" PRIu32 ", or use another cluster name",
+                      "--units %" PRIu32 " --replicas %" PRIu32
+                      ": give it --units %" PRIu32 " --replicas %" PRIu32
+                      ", or use another cluster name",
                       r->u.name, o.n_units, o.replicas, o.id, o.zmq, o.pid,
-                      o.host[0] ? o.host : "?", kv->key, r->self.n_units, r->self.replicas,
-                      o.n_units, o.replicas);
+                      o.host[0] ? o.host : "?", kv->key, r->self.n_units,
+                      r->self.replicas, o.n_units, o.replicas);
     }
     dp__etcd_kvs_fini(&kvs);
     return rc;

@@ -308,6 +308,30 @@ do_scan(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, dp__buf *
 }
 
 static void
+do_list_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
+             dp__buf *reply)
+{
+    const dp__wire_list_keys_args *a = &req->a.list_keys;
+    dp_detail d;
+    dp_detail_clear(&d);
+    char *text = NULL;
+    dp__wire_list_keys_res *r = &rep->r.list_keys;
+    dp__unit_lock(u);
+    int rc = a->unit > UINT32_MAX || a->max_rows > UINT32_MAX
+                 ? dp__fail(&d, DP_EPROTO, "list_keys: unit or max_rows out of range")
+                 : dp__unit_list_keys_locked(u, (uint32_t)a->unit, a->from,
+                                             (uint32_t)a->max_rows, &r->keys, &text,
+                                             &r->next, &r->more, &d);
+    if (rc == 0)
+        reply_ok(u, rep, reply);
+    else
+        reply_error(u, req->rid, rc, &d, NULL, reply);
+    dp__unit_unlock(u);
+    free((void *)r->keys.v);
+    free(text);
+}
+
+static void
 do_stats(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep, dp__buf *reply)
 {
     dp_detail d;
@@ -438,6 +462,9 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
         break;
     case DP_WIRE_OP_READ_BYTES:
         do_read_bytes(u, &req, &rep, reply);
+        break;
+    case DP_WIRE_OP_LIST_KEYS:
+        do_list_keys(u, &req, &rep, reply);
         break;
     case DP_WIRE_OP_SAVE_SHARD:
     case DP_WIRE_OP_LOAD_SHARD:

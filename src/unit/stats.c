@@ -108,6 +108,9 @@ dp__unit_get_stats_locked(dp__unit *u, dp__unit_stats *st)
     st->rows = dp__map_len(&u->rows);
     st->pins = dp__map_len(&u->pins);
     st->auth_refused = u->auth_fn != NULL ? u->auth_fn(u->auth_src) : 0;
+    st->replicas = u->o.replicas;
+    st->repair_state = (uint64_t)u->repair_state;
+    st->repair_cleared = dp__map_len(&u->tombs);
     dp__writers_stats ws;
     dp__writers_get_stats(u->writers, &ws);
     st->retired_bytes = ws.retired_bytes;

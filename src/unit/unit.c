@@ -166,6 +166,8 @@ dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
     }
     dp__map_init_str(&u->blobs);
     dp__map_init_u64(&u->rows);
+    dp__map_init_u64(&u->tombs);
+    u->repair_state = u->o.repair ? DP_UNIT_REPAIR_RUNNING : DP_UNIT_REPAIR_NONE;
     dp__map_init_str(&u->pins);
     dp__map_init_str(&u->superseded);
     dp__map_init_str(&u->order);
@@ -336,6 +338,7 @@ dp__unit_destroy(dp__unit *u)
     dp__ssd_fini(u);
     dp__order_fini(u);
     dp__map_fini(&u->rows);
+    dp__map_fini(&u->tombs);
     dp__map_fini(&u->blobs);
     dp__map_fini(&u->pins);
     dp__writers_destroy(u->writers);
@@ -509,7 +512,7 @@ region_locked(dp__unit *u, const dp__wire_alloc_args *args, double now, uint64_t
               bool *in_io, const char **reason, dp_detail *d)
 {
     uint64_t nbytes = args->nbytes;
-    bool to_io = args->spill && u->ssd && nbytes <= u->o.staging_bytes;
+    bool to_io = args->spill && !args->repair && u->ssd && nbytes <= u->o.staging_bytes;
     bool to_put = nbytes <= u->o.slab_bytes;
     const char *why = NULL;
     dp_detail pd;
@@ -578,6 +581,8 @@ rec_new_locked(dp__unit *u, const dp__wire_alloc_args *args, uint64_t o, bool in
     b->writer = dp__writers_ref(u->writers, args);
     if (args->two_sided)
         dp__rec_flag_locked(b, REC_TWO_SIDED, true);
+    if (args->repair)
+        dp__rec_flag_locked(b, REC_REPAIR, true);
     dp__list_insert_tail(&u->pend, &b->pend_link);
     u->stats.n_alloc++;
     /* The id names a new blob now, not a superseded spill. */
@@ -747,7 +752,24 @@ commit_locked(dp__unit *u, const char *blob_id, size_t id_len,
         *state = DP_WIRE_COMMIT_PENDING;
         goto out;
     }
-    rc = dp__rows_publish_locked(u, b, NULL, now, d);
+    uint8_t *keep = NULL;
+    if (b->flags & REC_REPAIR) {
+        /* A repair's copy: only keys the unit lacks, of rows not cleared since. */
+        uint32_t kept = 0;
+        if ((keep = dp__repair_keep_locked(u, b, &kept)) == NULL) {
+            rc = dp__fail(d, DP_ENOMEM, "commit %s: out of memory", b->id);
+            goto out;
+        }
+        u->stats.repair_skipped += dp__blob_count(b->parsed) - kept;
+        if (kept == 0) { /* nothing to publish: the region goes back */
+            free(keep);
+            dp__rec_discard_open_locked(u, b, now);
+            *state = DP_WIRE_COMMIT_DONE;
+            goto out;
+        }
+    }
+    rc = dp__rows_publish_locked(u, b, keep, now, d);
+    free(keep);
     if (rc != 0) {
         dp__blob_destroy(b->parsed);
         b->parsed = NULL;
@@ -813,7 +835,8 @@ dp__unit_put_inline(dp__unit *u, const dp__wire_put_args *args,
     dp__wire_alloc_args a = {.blob_id = args->blob_id,
                              .nbytes = nbytes,
                              .n_entries = args->n_entries,
-                             .spill = args->spill};
+                             .spill = args->spill,
+                             .repair = args->repair};
     dp__wire_alloc_res r;
     blob_rec *b = NULL;
     rc = alloc_locked(u, &a, true, &r, &b, reason, d);
@@ -883,6 +906,7 @@ dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n)
     }
     if (u->io_alloc != NULL)
         dp__ssd_release_spills_locked(u, gidxs, n);
+    dp__repair_cleared_locked(u, gidxs, n);
     u->stats.entries -= dropped;
     u->stats.n_release++;
     if (dropped > 0)

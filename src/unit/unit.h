@@ -49,6 +49,12 @@ typedef struct dp__unit_opts {
      * and get by it (docs/design.md, "Replicas"). Default (and 0) 1.
      */
     uint32_t replicas;
+    /*
+     * The unit fills itself from its peers after it starts (docs/design.md,
+     * "Repair"): until dp__unit_repair_end it records the rows it is asked to
+     * clear, so that no repair copy brings them back.
+     */
+    bool repair;
     uint64_t slab_bytes;
     double read_pin_s;    /* pin lifetime of a resolve (default 30) */
     double alloc_lease_s; /* an alloc not committed by then is retired; 0: never (300) */
@@ -333,6 +339,35 @@ int dp__unit_order_check(dp__unit *u, const char *rid, size_t len, dp__wire_op o
 /* End a pin (the reader is done). Unknown pins: no-op. */
 void dp__unit_unpin(dp__unit *u, const char *pin_id, size_t len);
 
+/* ---- repair (docs/design.md, "Repair") ---- */
+
+enum {
+    DP_UNIT_REPAIR_NONE = 0,    /* not asked for (opts.repair false) */
+    DP_UNIT_REPAIR_RUNNING = 1, /* filling itself from its peers */
+    DP_UNIT_REPAIR_DONE = 2,    /* every row its peers hold was copied */
+    DP_UNIT_REPAIR_PARTIAL = 3, /* ended with keys it could not copy (repair_failed) */
+};
+
+/*
+ * The repair's progress: keys published, their bytes, keys skipped (the unit
+ * had them, or their row was cleared meanwhile), keys it could not copy.
+ */
+void dp__unit_repair_count(dp__unit *u, uint64_t keys, uint64_t bytes, uint64_t failed);
+
+/* The repair ended (DONE, or PARTIAL when keys failed): the cleared rows are forgotten.
+ */
+void dp__unit_repair_end(dp__unit *u);
+
+/*
+ * Keys of rows this unit holds that unit for_unit also holds a copy of, rows
+ * from `from` on in gidx order, at most max_rows rows (1 .. 65536): *keys
+ * (malloc'd views into *text, free both), *next (the row after the last one)
+ * and *more (rows remain). A repair lists its rows this way.
+ */
+int dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
+                              uint32_t max_rows, dp__wire_strs *keys, char **text,
+                              uint64_t *next, bool *more, dp_detail *d);
+
 /* Drop every field of these rows; returns the entries dropped. Idempotent. */
 uint64_t dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n);
 
@@ -426,7 +461,14 @@ void dp__unit_fields_free(dp__wire_fields *recs, uint32_t n);
     X(ts_refused, "two_sided_refused")    /* refused: no such grant, out of bounds... */ \
     X(committed_bytes, "committed_bytes") /* bytes published by commits (put in) */      \
     X(resolved_bytes, "resolved_bytes")   /* bytes pinned for READs by resolves (out) */ \
-    X(auth_refused, "auth_refused") /* control-plane clients refused: key not allowed */
+    X(auth_refused, "auth_refused") /* control-plane clients refused: key not allowed */ \
+    X(replicas, "replicas")         /* read: copies of each row the cluster keeps */     \
+    X(repair_state, "repair_state") /* read: 0 none, 1 running, 2 done, 3 partial */     \
+    X(repair_keys, "repair_keys")   /* keys a repair copied in */                        \
+    X(repair_bytes, "repair_bytes")                                                      \
+    X(repair_skipped, "repair_skipped") /* copies the unit had, or of rows cleared */    \
+    X(repair_failed, "repair_failed")   /* keys its peers had that it could not copy */  \
+    X(repair_cleared, "repair_cleared") /* read: rows cleared while it repairs */
 
 /* The counters as numbers (tests; copied under the lock). */
 typedef struct dp__unit_stats {

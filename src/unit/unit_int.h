@@ -107,6 +107,7 @@ enum {
     REC_PICKED_UP = 1u << 4,    /* a reader pinned its staged copy: evictable at once */
     REC_PIN_EXPIRED = 1u << 5,  /* sticky: a pin on its region expired: quarantine it */
     REC_TWO_SIDED = 1u << 6, /* its writer WRITEs two-sided: only received bytes land */
+    REC_REPAIR = 1u << 7,    /* a repair's copy: its commit publishes only missing keys */
 };
 
 typedef struct blob_rec blob_rec;
@@ -302,6 +303,13 @@ struct dp__unit {
     /* Checkpoints (ckpt.c) */
     dp__list holds;    /* running saves, each holding its snapshot (hold_set.link) */
     uint64_t n_clears; /* release_rows calls that dropped something */
+    /*
+     * Repair (repair.c; docs/design.md, "Repair"): DP_UNIT_REPAIR_*, and while
+     * it runs the rows cleared since the unit started (gidx -> 1), which no
+     * repair copy brings back.
+     */
+    int repair_state;
+    dp__map tombs;
     /* Admin work (a save or load) running off the ctl thread (unit.c) */
     uint32_t n_admin;
     pthread_cond_t admin_cv;
@@ -321,6 +329,18 @@ dp__zview(const char *z)
 {
     return (dp__wire_str){z, (uint32_t)strlen(z)};
 }
+
+/* ---- repair (repair.c) ---- */
+
+/* Rows cleared while the unit repairs: no repair copy brings them back. */
+void dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n);
+
+/*
+ * A repair copy's commit (b parsed): which entries to publish (keep, n bytes,
+ * malloc'd, or NULL out of memory) and how many (*kept): those whose key the
+ * unit lacks and whose row was not cleared since it started repairing.
+ */
+uint8_t *dp__repair_keep_locked(dp__unit *u, const blob_rec *b, uint32_t *kept);
 
 /* ---- records (rec.c) ---- */
 

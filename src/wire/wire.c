@@ -319,6 +319,7 @@ dp__wire_op_repeatable(dp__wire_op op)
     case DP_WIRE_OP_STATS:
     case DP_WIRE_OP_SCAN:
     case DP_WIRE_OP_READ_BYTES: /* read only */
+    case DP_WIRE_OP_LIST_KEYS:
     case DP_WIRE_OP_RESOLVE:
     case DP_WIRE_OP_RESOLVE_KEYS: /* a pin never answered ends with its lease */
     case DP_WIRE_OP_RELEASE_ROWS: /* idempotent */
@@ -385,6 +386,7 @@ static const dp__wire_fdesc alloc_f[] = {
     F(dp__wire_alloc_args, host, TEXT_OR_NIL, 0, 0),
     F(dp__wire_alloc_args, lane, TEXT_OR_NIL, 0, 0),
     F(dp__wire_alloc_args, two_sided, BOOL, 0, 0),
+    F(dp__wire_alloc_args, repair, BOOL, 0, 0),
 };
 static const dp__wire_fdesc commit_f[] = {
     F(dp__wire_commit_args, blob_id, ID, 1, 0),
@@ -395,6 +397,7 @@ static const dp__wire_fdesc put_f[] = {
     F(dp__wire_put_args, n_entries, ENTRIES, 1, 0),
     F(dp__wire_put_args, spill, BOOL, 0, 1),
     F(dp__wire_put_args, incarnation, U64, 0, 0),
+    F(dp__wire_put_args, repair, BOOL, 0, 0),
 };
 static const dp__wire_fdesc abort_f[] = {
     F(dp__wire_abort_args, blob_id, ID, 1, 0),
@@ -426,6 +429,12 @@ static const dp__wire_fdesc load_shard_f[] = {
     F(dp__wire_load_shard_args, spill, BOOL, 0, 0),
 };
 
+static const dp__wire_fdesc list_keys_f[] = {
+    F(dp__wire_list_keys_args, unit, U64, 1, 0),
+    F(dp__wire_list_keys_args, from, U64, 0, 0),
+    F(dp__wire_list_keys_args, max_rows, U64, 1, 0),
+};
+
 static const struct {
     const dp__wire_fdesc *f;
     size_t n;
@@ -442,6 +451,7 @@ static const struct {
     T(READ_BYTES, read_bytes_f),
     T(SAVE_SHARD, save_shard_f),
     T(LOAD_SHARD, load_shard_f),
+    T(LIST_KEYS, list_keys_f),
 #undef T
 };
 

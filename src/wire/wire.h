@@ -145,7 +145,8 @@ int dp__wire_check_text(dp__wire_str s, const dp__wire_limits *lim, const char *
     X(READ_BYTES, "read_bytes", false)                                                   \
     X(SAVE_SHARD, "save_shard", false)                                                   \
     X(LOAD_SHARD, "load_shard", false)                                                   \
-    X(PUT, "put", false)
+    X(PUT, "put", false)                                                                 \
+    X(LIST_KEYS, "list_keys", false)
 
 typedef enum dp__wire_op {
     DP_WIRE_OP_NONE = -1, /* not (yet) known */
@@ -212,6 +213,10 @@ typedef struct dp__wire_alloc_args {
      * "Two-sided transfers"), so nothing lands in the region but what this unit
      * receives itself, and an expired lease may free it instead of retiring it */
     bool two_sided;
+    /* optional, default false: a repair's copy (docs/design.md, "Repair"): its
+     * commit publishes only keys the unit lacks, of rows not cleared since the
+     * unit started repairing */
+    bool repair;
 } dp__wire_alloc_args;
 
 typedef struct dp__wire_commit_args {
@@ -236,6 +241,7 @@ typedef struct dp__wire_put_args {
     /* optional, 0: any. The unit process the client's view is bound to: another
      * one refuses the put (a restarted unit stores nothing of it). */
     uint64_t incarnation;
+    bool repair; /* optional, default false: as alloc's */
 } dp__wire_put_args;
 
 typedef struct dp__wire_abort_args {
@@ -270,6 +276,17 @@ typedef struct dp__wire_read_bytes_args {
 typedef struct dp__wire_save_shard_args {
     dp__wire_str path;
 } dp__wire_save_shard_args;
+
+/*
+ * list_keys: the keys of rows this unit holds that unit `unit` also holds a
+ * copy of (replicas), rows from `from` on in gidx order, at most max_rows rows
+ * (1 .. 65536) a reply: a repair's listing (docs/design.md, "Repair").
+ */
+typedef struct dp__wire_list_keys_args {
+    uint64_t unit;
+    uint64_t from;
+    uint64_t max_rows;
+} dp__wire_list_keys_args;
 
 /* One blob of a shard file: wire form {id: [off, nbytes, refs]}. */
 typedef struct dp__wire_shard_blob {
@@ -308,6 +325,7 @@ typedef struct dp__wire_request {
         dp__wire_read_bytes_args read_bytes;
         dp__wire_save_shard_args save_shard;
         dp__wire_load_shard_args load_shard;
+        dp__wire_list_keys_args list_keys;
     } a;
     struct dp_wire_blk *mem_;
 } dp__wire_request;
@@ -477,6 +495,13 @@ typedef struct dp__wire_load_shard_res {
     dp__wire_strs loaded, failed;
 } dp__wire_load_shard_res;
 
+/* list_keys: the keys, the next row to ask from, and whether rows remain. */
+typedef struct dp__wire_list_keys_res {
+    dp__wire_strs keys;
+    uint64_t next;
+    bool more;
+} dp__wire_list_keys_res;
+
 /* ---- errors ---- */
 
 typedef struct dp__wire_error {
@@ -527,6 +552,7 @@ typedef struct dp__wire_reply {
         dp__wire_bytes bytes; /* read_bytes */
         dp__wire_save_shard_res save_shard;
         dp__wire_load_shard_res load_shard;
+        dp__wire_list_keys_res list_keys;
     } r;
     struct dp_wire_blk *mem_;
 } dp__wire_reply;

@@ -29,6 +29,11 @@ static const dp__wire_fdesc info_f[] = {
     F(dp__wire_info, cluster, TEXT, 0, 0),    F(dp__wire_info, transports, TEXT, 0, 0),
     F(dp__wire_info, replicas, U64, 0, 0),
 };
+static const dp__wire_fdesc list_keys_res_f[] = {
+    F(dp__wire_list_keys_res, keys, KEYS, 1, 0),
+    F(dp__wire_list_keys_res, next, U64, 1, 0),
+    F(dp__wire_list_keys_res, more, BOOL, 1, 0),
+};
 static const dp__wire_fdesc alloc_res_f[] = {
     F(dp__wire_alloc_res, off, OFF, 1, 0),
     F(dp__wire_alloc_res, token, U64, 1, 0),
@@ -381,6 +386,9 @@ rd_result(dp__wire_dec *c, dp__wire_reply *rep)
         return dp__wire_map_decode(c, TAB(save_shard_f), false, &rep->r.save_shard, NULL);
     case DP_WIRE_OP_LOAD_SHARD:
         return dp__wire_map_decode(c, TAB(load_shard_f), false, &rep->r.load_shard, NULL);
+    case DP_WIRE_OP_LIST_KEYS:
+        return dp__wire_map_decode(c, TAB(list_keys_res_f), false, &rep->r.list_keys,
+                                   NULL);
     default:
         break;
     }
@@ -430,6 +438,9 @@ put_result(dp__mp_writer *w, const dp__wire_reply *rep, const dp__wire_limits *l
         return;
     case DP_WIRE_OP_LOAD_SHARD:
         dp__wire_map_encode(w, TAB(load_shard_f), &rep->r.load_shard, lim);
+        return;
+    case DP_WIRE_OP_LIST_KEYS:
+        dp__wire_map_encode(w, TAB(list_keys_res_f), &rep->r.list_keys, lim);
         return;
     default:
         DP_ASSERT(!"op without a result");

@@ -294,3 +294,119 @@ def test_checkpoint_keeps_every_copy_and_loads_into_another_count(tmp_path, unit
         c1.close()
     finally:
         one.stop()
+
+
+# ---- repair: `dataplane up --restart` starts a dead unit again and it fills
+# itself from its peers (docs/design.md, "Repair") ----
+
+
+class Up:
+    """`dataplane up --restart --replicas 2` of n units."""
+
+    def __init__(self, tmp_path, n, *extra):
+        import json
+        self.json = json
+        self.dir = tmp_path / "up"
+        self.log = tmp_path / "up.log"
+        self.proc = subprocess.Popen(
+            [_cli(), "up", "--units", str(n), "--replicas", "2", "--restart",
+             "--slab", "64M", "--dir", str(self.dir), *extra],
+            stdin=subprocess.DEVNULL, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+            env=_env(), start_new_session=True, preexec_fn=_die_with_parent)
+        end = time.monotonic() + 60
+        while not (self.dir / "cluster.json").exists():
+            assert self.proc.poll() is None, _tail(self.log)
+            assert time.monotonic() < end, _tail(self.log)
+            time.sleep(0.05)
+
+    def pid(self, i):
+        while True:
+            try:
+                return self.json.load(open(self.dir / "cluster.json"))["units"][i]["pid"]
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.02)  # being replaced
+
+    def kill(self, i, wait=True):
+        """SIGKILL unit i; with wait, until up has started it again."""
+        p = self.pid(i)
+        os.kill(p, signal.SIGKILL)
+        end = time.monotonic() + 60
+        while wait and self.pid(i) == p:
+            assert self.proc.poll() is None, _tail(self.log)
+            assert time.monotonic() < end, _tail(self.log)
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _repaired(c, i, timeout=60):
+    """Unit i's stats once its repair ended (state 2 done, 3 partial)."""
+    end = time.monotonic() + timeout
+    while True:
+        st = c.stats()[i]
+        if st["repair_state"] in (2, 3):
+            return st
+        assert time.monotonic() < end, f"unit {i}'s repair did not end: {st}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def up3(tmp_path):
+    u = Up(tmp_path, 3)
+    yield u
+    u.stop()
+
+
+def test_a_restarted_unit_is_repaired_and_a_second_death_loses_nothing(up3):
+    c = dataplane.Client(up3.dir, timeout_s=20)
+    rows = list(range(90))
+    c.put(rows, {"x": _rows_of(rows, 1), "y": _rows_of(rows, 1)[:, :8].clone()})
+    up3.kill(1)
+    st = _repaired(c, 1)
+    held = [g for g in rows if g % 3 in (0, 1)]  # rows with a copy on unit 1
+    assert st["repair_state"] == 2 and st["repair_failed"] == 0, st
+    assert st["repair_keys"] == 2 * len(held) and st["entries"] == 2 * len(held), st
+    up3.kill(2, wait=False)  # the other copy of rows 1, 4, ...: unit 1's must serve them
+    _check(c, rows, 1)
+    got = c.get(rows, ["y"], stack=True)["y"]
+    assert torch.equal(got, _rows_of(rows, 1)[:, :8])
+    c.close()
+
+
+def test_a_repair_neither_resurrects_a_clear_nor_undoes_a_put(tmp_path):
+    """A slow repair (64 KiB/s) while rows are cleared and put again: once it
+    ends, the repaired unit holds the new values and not the cleared rows,
+    whichever unit answers."""
+    up = Up(tmp_path, 3, "--repair-rate", "64K")
+    try:
+        c = dataplane.Client(up.dir, timeout_s=20)
+        rows = list(range(300))  # 4 KiB a row: a repair of unit 1 takes ~8 s
+        c.put(rows, {"x": _rows_of(rows, 1)})
+        up.kill(1)
+        time.sleep(0.5)
+        assert c.stats()[1]["repair_state"] == 1, "the repair should still run"
+        mine = [g for g in rows if g % 3 in (0, 1)]
+        cleared, rewritten = mine[-40:-20], mine[-20:]  # listed last: copied last
+        c.clear(cleared)
+        c.put(rewritten, {"x": _rows_of(rewritten, 2)})
+        st = _repaired(c, 1)
+        assert st["repair_state"] == 2 and st["repair_cleared"] == 0, st
+        # unit 1 holds its rows but the cleared ones: one key a row
+        assert st["entries"] == len(mine) - len(cleared), st
+        kept = [g for g in mine if g not in cleared and g not in rewritten]
+        for i in (0, 2):  # the other copies go: unit 1's answer, or repairs from it
+            up.kill(i)
+            with pytest.raises(dataplane.NotFound):
+                c.get(cleared, ["x"])
+            _check(c, rewritten, 2)
+            _check(c, kept, 1)
+        c.close()
+    finally:
+        up.stop()

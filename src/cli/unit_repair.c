@@ -1,0 +1,117 @@
+/*
+ * A unit's repair thread (docs/design.md, "Repair"): a unit of a cluster that
+ * keeps replicas, started where it can find its cluster (--repair-from, or its
+ * registry), fills itself from its peers in the background, as a client of
+ * them and of itself, throttled; the unit counts the progress and, when it
+ * ends, forgets the rows it was asked to clear meanwhile.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "client/client_int.h"
+#include "unit/unit.h"
+
+struct dp__unit_repairer {
+    pthread_t th;
+    dp__unit *u;
+    char *from;
+    uint32_t unit_id;
+    double rate;
+    int stop; /* atomic: the unit is stopping */
+};
+
+static void
+progress(void *ctx, uint64_t keys, uint64_t bytes, uint64_t failed)
+{
+    dp__unit_repair_count(ctx, keys, bytes, failed);
+}
+
+static void *
+repair_main(void *arg)
+{
+    dp__unit_repairer *r = arg;
+    dp_client_opts co;
+    dp_client_opts_init(&co);
+    co.connect_timeout_s = 10;
+    co.timeout_s = 30;
+    char name[64];
+    snprintf(name, sizeof name, "repair-unit%u", r->unit_id);
+    co.name = name;
+    dp_client *c = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp__now_s();
+    /* The cluster may still be coming up (a fresh start): try for a minute. */
+    int rc;
+    while ((rc = dp_client_open(r->from, &co, &c, &d)) != DP_OK &&
+           !__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() - t0 < 60)
+        dp__sleep_s(1.0);
+    if (rc != DP_OK) {
+        DP_LOG_W("repair: cannot open the cluster %s: %s; this unit holds only what is "
+                 "written from now on",
+                 r->from, dp_detail_msg(&d));
+        dp__unit_repair_count(r->u, 0, 0, 1);
+        dp__unit_repair_end(r->u);
+        return NULL;
+    }
+    DP_LOG_I("repair: filling this unit from its peers (%s, at most %.0f MB/s)", r->from,
+             r->rate / 1e6);
+    dp__repair_opts o = {.unit = r->unit_id,
+                         .page_rows = 256,
+                         .rate_bytes_s = r->rate,
+                         .progress = progress,
+                         .ctx = r->u,
+                         .stop = &r->stop};
+    dp__repair_sum s;
+    rc = dp__client_repair(c, &o, &s, &d);
+    dp_client_close(c);
+    if (rc == DP_OK)
+        DP_LOG_I("repair: done in %.1f s: %" PRIu64 " keys, %" PRIu64 " bytes copied in",
+                 dp__now_s() - t0, s.keys, s.bytes);
+    else
+        DP_LOG_W("repair: ended in %.1f s with %" PRIu64 " keys copied and %" PRIu64
+                 " not (%u peer(s) not listed): %s",
+                 dp__now_s() - t0, s.keys, s.failed, s.peers_failed, dp_detail_msg(&d));
+    if (rc != DP_OK && s.failed == 0)
+        dp__unit_repair_count(r->u, 0, 0, 1); /* a peer not listed: partial */
+    dp__unit_repair_end(r->u);
+    return NULL;
+}
+
+int
+dp__unit_repair_start(dp__unit *u, uint32_t unit_id, const char *from, double rate,
+                      dp__unit_repairer **out, dp_detail *d)
+{
+    *out = NULL;
+    dp__unit_repairer *r = calloc(1, sizeof *r);
+    if (r == NULL || (r->from = strdup(from)) == NULL) {
+        free(r);
+        return dp__fail(d, DP_ENOMEM, "repair: out of memory");
+    }
+    r->u = u;
+    r->unit_id = unit_id;
+    r->rate = rate;
+    int e = pthread_create(&r->th, NULL, repair_main, r);
+    if (e != 0) {
+        free(r->from);
+        free(r);
+        return dp__fail(d, DP_ESYS, "repair: cannot start its thread (errno %d)", e);
+    }
+    *out = r;
+    return DP_OK;
+}
+
+void
+dp__unit_repair_stop(dp__unit_repairer *r)
+{
+    if (r == NULL)
+        return;
+    __atomic_store_n(&r->stop, 1, __ATOMIC_RELAXED);
+    pthread_join(r->th, NULL);
+    free(r->from);
+    free(r);
+}

@@ -1,0 +1,296 @@
+/*
+ * Filling a unit that came back empty from the copies its peers hold
+ * (docs/design.md, "Repair"): page by page, list_keys on a peer (its rows
+ * that the unit also holds), a get of those keys from that peer, and a put of
+ * them into the unit as a repair copy, which publishes only keys the unit
+ * lacks, of rows not cleared since it started. The client is the repair's own:
+ * while this runs its gets ask one unit and its puts write one (only_unit).
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blob/keys.h"
+#include "client/client_int.h"
+
+/* One page of a peer's listing: its keys (copied), where the next one starts. */
+typedef struct page {
+    char **keys;
+    uint32_t n;
+    uint64_t next;
+    bool more;
+} page;
+
+static void
+page_fini(page *pg)
+{
+    for (uint32_t i = 0; i < pg->n; i++)
+        free(pg->keys[i]);
+    free(pg->keys);
+    memset(pg, 0, sizeof *pg);
+}
+
+/* list_keys on peer p for unit u's rows from `from` on. */
+static int
+list_page(dp_client *c, uint32_t p, uint32_t u, uint64_t from, uint32_t max_rows,
+          page *pg, dp_detail *d)
+{
+    memset(pg, 0, sizeof *pg);
+    pthread_mutex_lock(&c->mu);
+    dp__fanout_reset(&c->fo);
+    dp__wire_request q;
+    memset(&q, 0, sizeof q);
+    q.op = DP_WIRE_OP_LIST_KEYS;
+    q.a.list_keys = (dp__wire_list_keys_args){u, from, max_rows};
+    int rc = dp__client_prepare_locked(c, p, 0, &q, d);
+    if (rc == DP_OK) {
+        dp__ctl_call_many(c->ctl, c->fo.items, 1, c->o.timeout_s);
+        dp__wire_reply rep;
+        rc = dp__fanout_reply(&c->fo.items[0], DP_WIRE_OP_LIST_KEYS, &rep, d);
+        if (rc == DP_OK && !rep.ok)
+            rc = dp__wire_error_to_detail(&rep.err, d);
+        if (rc == DP_OK) {
+            const dp__wire_list_keys_res *r = &rep.r.list_keys;
+            pg->keys = calloc(r->keys.n > 0 ? r->keys.n : 1, sizeof *pg->keys);
+            for (uint32_t i = 0; pg->keys != NULL && i < r->keys.n; i++, pg->n++)
+                if ((pg->keys[i] = strndup(r->keys.v[i].p, r->keys.v[i].n)) == NULL)
+                    break;
+            if (pg->keys == NULL || pg->n < r->keys.n)
+                rc = dp__fail(d, DP_ENOMEM, "repair: out of memory");
+            pg->next = r->next;
+            pg->more = r->more;
+        }
+        dp__wire_reply_fini(&rep);
+    }
+    dp__fanout_reset(&c->fo);
+    pthread_mutex_unlock(&c->mu);
+    if (rc != DP_OK)
+        page_fini(pg);
+    return rc;
+}
+
+static void
+route(dp_client *c, int64_t unit)
+{
+    pthread_mutex_lock(&c->mu);
+    c->only_unit = unit;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A page's values as put's grid: its rows (in order) x its distinct fields. */
+typedef struct grid {
+    uint64_t *rows;
+    char **fields; /* borrowed from the keys' text: NUL-terminated copies */
+    dp_value *cells;
+    size_t n_rows, n_fields;
+} grid;
+
+static void
+grid_fini(grid *g)
+{
+    for (size_t f = 0; f < g->n_fields; f++)
+        free(g->fields[f]);
+    free(g->rows);
+    free(g->fields);
+    free(g->cells);
+    memset(g, 0, sizeof *g);
+}
+
+/* Build the grid of what came back (status 0) from v's items for keys. */
+static int
+grid_make(const page *pg, dp_values *v, grid *g, dp_detail *d)
+{
+    memset(g, 0, sizeof *g);
+    size_t n = pg->n;
+    g->rows = malloc((n > 0 ? n : 1) * sizeof *g->rows);
+    g->fields = calloc(n > 0 ? n : 1, sizeof *g->fields);
+    uint32_t *fi = malloc((n > 0 ? n : 1) * sizeof *fi);
+    uint32_t *ri = malloc((n > 0 ? n : 1) * sizeof *ri);
+    int rc = DP_OK;
+    if (g->rows == NULL || g->fields == NULL || fi == NULL || ri == NULL) {
+        rc = dp__fail(d, DP_ENOMEM, "repair: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ri[i] = fi[i] = UINT32_MAX;
+        if (dp_values_get(v, i, NULL, NULL, NULL) != DP_OK)
+            continue; /* gone meanwhile, or failed: counted by the caller */
+        dp__key_parts kp;
+        if (dp__key_split(pg->keys[i], strlen(pg->keys[i]), &kp, NULL) != DP_OK)
+            continue;
+        if (g->n_rows == 0 || g->rows[g->n_rows - 1] != kp.gidx) /* listed by row */
+            g->rows[g->n_rows++] = kp.gidx;
+        ri[i] = (uint32_t)(g->n_rows - 1);
+        size_t f = 0;
+        while (f < g->n_fields && !(strlen(g->fields[f]) == kp.field_len &&
+                                    memcmp(g->fields[f], kp.field, kp.field_len) == 0))
+            f++;
+        if (f == g->n_fields &&
+            (g->fields[g->n_fields++] = strndup(kp.field, kp.field_len)) == NULL) {
+            g->n_fields--;
+            rc = dp__fail(d, DP_ENOMEM, "repair: out of memory");
+            goto out;
+        }
+        fi[i] = (uint32_t)f;
+    }
+    g->cells = calloc(g->n_rows * g->n_fields + 1, sizeof *g->cells);
+    if (g->cells == NULL) {
+        rc = dp__fail(d, DP_ENOMEM, "repair: out of memory");
+        goto out;
+    }
+    for (size_t k = 0; k < g->n_rows * g->n_fields; k++)
+        g->cells[k].kind = DP_KIND_SKIP;
+    for (size_t i = 0; i < n; i++) {
+        if (ri[i] == UINT32_MAX)
+            continue;
+        dp_value *c = &g->cells[(size_t)ri[i] * g->n_fields + fi[i]];
+        const dp_value_desc *dsc = NULL;
+        dp_values_get(v, i, &c->data, &c->nbytes, &dsc);
+        c->kind = dsc->kind;
+        c->dtype = dsc->dtype;
+        c->shape = dsc->shape;
+        c->ndim = dsc->ndim;
+    }
+out:
+    free(fi);
+    free(ri);
+    if (rc != DP_OK)
+        grid_fini(g);
+    return rc;
+}
+
+/* One page: get its keys from peer p, put them into unit u. */
+static int
+copy_page(dp_client *c, uint32_t p, uint32_t u, const page *pg, dp__repair_sum *sum,
+          uint64_t *bytes, dp_detail *d)
+{
+    dp_values *v = NULL;
+    route(c, p);
+    int rc = dp_client_get_alloc(c, (const char *const *)pg->keys, pg->n, &v, d);
+    route(c, -1);
+    if (v == NULL)
+        return rc;
+    uint64_t failed = 0;
+    for (size_t i = 0; i < pg->n; i++) {
+        int st = dp_values_get(v, i, NULL, NULL, NULL);
+        if (st != DP_OK && st != DP_ENOTFOUND) /* missing: cleared meanwhile */
+            failed++;
+    }
+    grid g;
+    rc = grid_make(pg, v, &g, d);
+    if (rc != DP_OK) {
+        dp_values_destroy(v);
+        return rc;
+    }
+    int *row_status = calloc(g.n_rows + 1, sizeof *row_status);
+    if (row_status == NULL)
+        rc = dp__fail(d, DP_ENOMEM, "repair: out of memory");
+    *bytes = 0;
+    uint64_t keys = 0;
+    if (rc == DP_OK && g.n_rows > 0) {
+        route(c, u);
+        rc = dp_client_put(c, g.rows, g.n_rows, (const char *const *)g.fields, g.n_fields,
+                           g.cells, row_status, d);
+        route(c, -1);
+        for (size_t r = 0; r < g.n_rows; r++)
+            for (size_t f = 0; f < g.n_fields; f++) {
+                const dp_value *x = &g.cells[r * g.n_fields + f];
+                if (x->kind == DP_KIND_SKIP)
+                    continue;
+                if (row_status[r] != DP_OK) {
+                    failed++;
+                } else {
+                    keys++;
+                    *bytes += x->nbytes;
+                }
+            }
+    }
+    sum->keys += keys;
+    sum->bytes += *bytes;
+    sum->failed += failed;
+    free(row_status);
+    grid_fini(&g);
+    dp_values_destroy(v);
+    return rc;
+}
+
+/* The units that share rows with unit u (R copies on N units), each once. */
+static uint32_t
+peers_of(uint32_t u, uint32_t N, uint32_t R, uint32_t *out)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 1; k < R; k++) {
+        uint32_t cand[2] = {(u + k) % N, (u + N - k) % N};
+        for (int j = 0; j < 2; j++) {
+            bool seen = cand[j] == u;
+            for (uint32_t i = 0; i < n && !seen; i++)
+                seen = out[i] == cand[j];
+            if (!seen)
+                out[n++] = cand[j];
+        }
+    }
+    return n;
+}
+
+int
+dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
+                  dp_detail *d)
+{
+    memset(sum, 0, sizeof *sum);
+    uint32_t N = dp_client_n_units(c), R = dp_client_replicas(c), u = o->unit;
+    uint32_t page_rows = o->page_rows > 0 ? o->page_rows : 1024;
+    if (u >= N)
+        return dp__fail(d, DP_EINVAL, "repair: no unit %u in a cluster of %u", u, N);
+    uint32_t peers[2 * 3];
+    uint32_t np = R > 1 ? peers_of(u, N, R, peers) : 0;
+    int first = DP_OK;
+    double t0 = dp__now_s();
+    for (uint32_t i = 0; i < np; i++) {
+        uint64_t from = 0;
+        for (bool more = true;
+             more && !(o->stop != NULL && __atomic_load_n(o->stop, __ATOMIC_RELAXED));) {
+            page pg;
+            dp_detail e;
+            dp_detail_clear(&e);
+            int rc = list_page(c, peers[i], u, from, page_rows, &pg, &e);
+            if (rc != DP_OK) {
+                DP_LOG_W("repair of unit %u: listing unit %u's rows failed: %s", u,
+                         peers[i], dp_detail_msg(&e));
+                sum->peers_failed++;
+                if (first == DP_OK) {
+                    first = rc;
+                    if (d != NULL)
+                        *d = e;
+                }
+                break;
+            }
+            uint64_t bytes = 0, k0 = sum->keys, f0 = sum->failed;
+            if (pg.n > 0 &&
+                (rc = copy_page(c, peers[i], u, &pg, sum, &bytes, &e)) != DP_OK) {
+                DP_LOG_W("repair of unit %u: copying from unit %u: %s", u, peers[i],
+                         dp_detail_msg(&e));
+                if (first == DP_OK) {
+                    first = rc;
+                    if (d != NULL)
+                        *d = e;
+                }
+            }
+            if (o->progress != NULL)
+                o->progress(o->ctx, sum->keys - k0, bytes, sum->failed - f0);
+            more = pg.more;
+            from = pg.next;
+            page_fini(&pg);
+            /* Throttled: at most rate_bytes_s on average since the start. */
+            if (o->rate_bytes_s > 0) {
+                double due = t0 + (double)sum->bytes / o->rate_bytes_s - dp__now_s();
+                if (due > 0)
+                    dp__sleep_s(due);
+            }
+        }
+    }
+    if (first == DP_OK && sum->failed > 0)
+        first =
+            dp__fail(d, DP_ETRANSFER, "repair of unit %u: %" PRIu64 " keys not copied", u,
+                     sum->failed);
+    return first;
+}

@@ -1,0 +1,144 @@
+/*
+ * A unit's side of its repair (docs/design.md, "Repair"): the rows it was
+ * asked to clear while it repairs, the commit of a repair's copy (only keys
+ * the unit lacks, of rows not cleared since it started), the repair's
+ * counters, and the listing of the keys a peer's repair asks for.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blob/keys.h"
+#include "unit/unit_int.h"
+
+void
+dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n)
+{
+    if (u->repair_state != DP_UNIT_REPAIR_RUNNING)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        if (dp__map_put_u64(&u->tombs, gidxs[i], (void *)1, NULL) != 0) {
+            /* Out of memory: a cleared row may come back with the repair. */
+            DP_LOG_W("unit %u: out of memory recording a cleared row during the repair",
+                     u->o.unit_id);
+            return;
+        }
+}
+
+uint8_t *
+dp__repair_keep_locked(dp__unit *u, const blob_rec *b, uint32_t *kept)
+{
+    const dp__blob *pb = b->parsed;
+    uint32_t n = dp__blob_count(pb);
+    uint8_t *keep = malloc(n > 0 ? n : 1);
+    *kept = 0;
+    if (keep == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        const dp__blob_entry *e = dp__blob_entry_at(pb, i);
+        row *r = dp__map_get_u64(&u->rows, e->gidx);
+        slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
+        bool cleared = u->repair_state == DP_UNIT_REPAIR_RUNNING &&
+                       dp__map_get_u64(&u->tombs, e->gidx) != NULL;
+        keep[i] = !cleared && (s == NULL || s->b == NULL);
+        *kept += keep[i];
+    }
+    return keep;
+}
+
+void
+dp__unit_repair_count(dp__unit *u, uint64_t keys, uint64_t bytes, uint64_t failed)
+{
+    pthread_mutex_lock(&u->mu);
+    u->stats.repair_keys += keys;
+    u->stats.repair_bytes += bytes;
+    u->stats.repair_failed += failed;
+    pthread_mutex_unlock(&u->mu);
+}
+
+void
+dp__unit_repair_end(dp__unit *u)
+{
+    pthread_mutex_lock(&u->mu);
+    u->repair_state =
+        u->stats.repair_failed > 0 ? DP_UNIT_REPAIR_PARTIAL : DP_UNIT_REPAIR_DONE;
+    dp__map_fini(&u->tombs);
+    dp__map_init_u64(&u->tombs);
+    pthread_mutex_unlock(&u->mu);
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int
+dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
+                          uint32_t max_rows, dp__wire_strs *keys, char **text,
+                          uint64_t *next, bool *more, dp_detail *d)
+{
+    *keys = (dp__wire_strs){NULL, 0};
+    *text = NULL;
+    *next = from;
+    *more = false;
+    if (for_unit >= u->o.n_units || max_rows == 0 || max_rows > 65536)
+        return dp__fail(d, DP_EPROTO,
+                        "list_keys: unit %u of %u and 1..65536 rows are needed (got %u)",
+                        for_unit, u->o.n_units, max_rows);
+    /* The rows both hold, from `from` on, sorted; the first max_rows of them. */
+    size_t cap = dp__map_len(&u->rows), n = 0;
+    uint64_t *g = malloc((cap > 0 ? cap : 1) * sizeof *g);
+    if (g == NULL)
+        return dp__fail(d, DP_ENOMEM, "list_keys: out of memory");
+    size_t it = 0;
+    uint64_t gidx;
+    void *v;
+    while (dp__map_next(&u->rows, &it, NULL, NULL, &gidx, &v))
+        if (gidx >= from && dp__row_on_unit(gidx, for_unit, u->o.n_units, u->o.replicas))
+            g[n++] = gidx;
+    qsort(g, n, sizeof *g, cmp_u64);
+    if (n > max_rows) {
+        *more = true;
+        n = max_rows;
+    }
+    /* Their published keys: lengths first, then one text block they view. */
+    size_t nk = 0, bytes = 0;
+    char kb[DP_KEY_MAX + 1];
+    for (size_t i = 0; i < n; i++) {
+        const row *r = dp__map_get_u64(&u->rows, g[i]);
+        for (uint32_t k = 0; k < r->n; k++)
+            if (r->s[k].b != NULL) {
+                nk++;
+                bytes += dp__key_format(g[i], r->s[k].field, r->s[k].flen, kb);
+            }
+    }
+    dp__wire_str *ks = malloc((nk > 0 ? nk : 1) * sizeof *ks);
+    char *t = malloc(bytes > 0 ? bytes : 1);
+    if (ks == NULL || t == NULL) {
+        free(g);
+        free(ks);
+        free(t);
+        return dp__fail(d, DP_ENOMEM, "list_keys: out of memory");
+    }
+    size_t at = 0, j = 0;
+    for (size_t i = 0; i < n; i++) {
+        const row *r = dp__map_get_u64(&u->rows, g[i]);
+        for (uint32_t k = 0; k < r->n; k++)
+            if (r->s[k].b != NULL) {
+                size_t kl = dp__key_format(g[i], r->s[k].field, r->s[k].flen, kb);
+                memcpy(t + at, kb, kl);
+                ks[j++] = (dp__wire_str){t + at, (uint32_t)kl};
+                at += kl;
+            }
+    }
+    if (n > 0) {
+        *next = g[n - 1] + 1;
+        *more = *more && g[n - 1] != UINT64_MAX;
+    }
+    free(g);
+    *keys = (dp__wire_strs){ks, (uint32_t)nk};
+    *text = t;
+    return DP_OK;
+}
