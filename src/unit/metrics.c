@@ -149,6 +149,17 @@ static const metric_def defs[] = {
      "Bytes pinned for READs by resolves"},
     {"auth_refused", "auth_refused_total", true,
      "Control-plane clients refused at the CURVE handshake (key not allowed)"},
+    {"replicas", "replicas", false, "Copies of each row the cluster keeps"},
+    {"repair_state", "repair_state", false,
+     "Repair: 0 none, 1 running, 2 done, 3 ended with keys not copied"},
+    {"repair_keys", "repair_keys_total", true, "Keys a repair copied into this unit"},
+    {"repair_bytes", "repair_bytes_total", true, "Bytes a repair copied into this unit"},
+    {"repair_skipped", "repair_skipped_total", true,
+     "Repair copies not published: the unit had the key, or its row was cleared"},
+    {"repair_failed", "repair_failed_total", true,
+     "Keys its peers held that the repair could not copy"},
+    {"repair_cleared", "repair_cleared_rows", false,
+     "Rows cleared while the unit repairs (no repair copy brings them back)"},
 };
 
 static const metric_def *
