@@ -140,6 +140,7 @@ gargs(gen *g, dp__wire_request *q)
         q->a.alloc = (dp__wire_alloc_args){gid(g), 1 + gnum(g, (1ull << 62) - 1),
                                            gnum(g, (1u << 20) + 1), rnd(g, 2)};
         q->a.alloc.two_sided = rnd(g, 2);
+        q->a.alloc.repair = rnd(g, 2);
         break;
     case DP_WIRE_OP_COMMIT:
         q->a.commit.blob_id = gid(g);
@@ -151,6 +152,7 @@ gargs(gen *g, dp__wire_request *q)
             p[i] = (uint8_t)rnd(g, 256);
         q->a.put = (dp__wire_put_args){
             gid(g), {p, n}, gnum(g, (1u << 20) + 1), rnd(g, 2), gnum(g, UINT64_MAX)};
+        q->a.put.repair = rnd(g, 2);
         break;
     }
     case DP_WIRE_OP_ABORT:
@@ -185,6 +187,9 @@ gargs(gen *g, dp__wire_request *q)
         q->a.load_shard.path = gtext_n(g, 1, 60);
         q->a.load_shard.blobs = gshard(g);
         q->a.load_shard.spill = rnd(g, 2);
+        break;
+    case DP_WIRE_OP_LIST_KEYS:
+        q->a.list_keys = (dp__wire_list_keys_args){gnum(g, 0), gnum(g, 0), gnum(g, 0)};
         break;
     default: /* ping, info, scan, stats: no args */
         break;
@@ -250,6 +255,7 @@ gresult(gen *g, dp__wire_reply *r)
         i->slab_addr = gnum(g, 0);
         i->read_pin_ms = gnum(g, 0);
         i->transports = gtext(g);
+        i->replicas = gnum(g, 0);
         break;
     }
     case DP_WIRE_OP_ALLOC:
@@ -333,6 +339,11 @@ gresult(gen *g, dp__wire_reply *r)
     case DP_WIRE_OP_LOAD_SHARD:
         r->r.load_shard.loaded = glist(g, false);
         r->r.load_shard.failed = glist(g, false);
+        break;
+    case DP_WIRE_OP_LIST_KEYS:
+        r->r.list_keys.keys = glist(g, true);
+        r->r.list_keys.next = gnum(g, 0);
+        r->r.list_keys.more = rnd(g, 2);
         break;
     default:
         CHECK(!"no result");
@@ -418,6 +429,7 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         CHECK_EQ_U64(a->a.alloc.n_entries, b->a.alloc.n_entries);
         CHECK_EQ(a->a.alloc.spill, b->a.alloc.spill);
         CHECK_EQ(a->a.alloc.two_sided, b->a.alloc.two_sided);
+        CHECK_EQ(a->a.alloc.repair, b->a.alloc.repair);
         break;
     case DP_WIRE_OP_COMMIT:
         CHECK_SV(a->a.commit.blob_id, b->a.commit.blob_id);
@@ -430,6 +442,7 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         CHECK_EQ_U64(a->a.put.n_entries, b->a.put.n_entries);
         CHECK_EQ(a->a.put.spill, b->a.put.spill);
         CHECK_EQ_U64(a->a.put.incarnation, b->a.put.incarnation);
+        CHECK_EQ(a->a.put.repair, b->a.put.repair);
         break;
     case DP_WIRE_OP_ABORT:
         CHECK_SV(a->a.abort.blob_id, b->a.abort.blob_id);
@@ -461,6 +474,11 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         CHECK_SV(a->a.load_shard.path, b->a.load_shard.path);
         check_shard(a->a.load_shard.blobs, b->a.load_shard.blobs);
         CHECK_EQ(a->a.load_shard.spill, b->a.load_shard.spill);
+        break;
+    case DP_WIRE_OP_LIST_KEYS:
+        CHECK_EQ_U64(a->a.list_keys.unit, b->a.list_keys.unit);
+        CHECK_EQ_U64(a->a.list_keys.from, b->a.list_keys.from);
+        CHECK_EQ_U64(a->a.list_keys.max_rows, b->a.list_keys.max_rows);
         break;
     default:
         break;
@@ -501,6 +519,7 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         CHECK_EQ_U64(x->slab_addr, y->slab_addr);
         CHECK_EQ_U64(x->read_pin_ms, y->read_pin_ms);
         CHECK_SV(x->transports, y->transports);
+        CHECK_EQ_U64(x->replicas, y->replicas);
         break;
     }
     case DP_WIRE_OP_ALLOC:
@@ -571,6 +590,11 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
     case DP_WIRE_OP_LOAD_SHARD:
         check_strs(a->r.load_shard.loaded, b->r.load_shard.loaded);
         check_strs(a->r.load_shard.failed, b->r.load_shard.failed);
+        break;
+    case DP_WIRE_OP_LIST_KEYS:
+        check_strs(a->r.list_keys.keys, b->r.list_keys.keys);
+        CHECK_EQ_U64(a->r.list_keys.next, b->r.list_keys.next);
+        CHECK_EQ(a->r.list_keys.more, b->r.list_keys.more);
         break;
     default:
         CHECK(!"no result");
@@ -661,9 +685,9 @@ DP_TEST(random_structs_round_trip)
 DP_TEST(op_names_and_notify)
 {
     static const char *const names[] = {
-        "ping",    "info",         "alloc",      "commit",       "abort",
-        "resolve", "resolve_keys", "unpin",      "release_rows", "scan",
-        "stats",   "read_bytes",   "save_shard", "load_shard",   "put"};
+        "ping",         "info",       "alloc",        "commit",   "abort", "resolve",
+        "resolve_keys", "unpin",      "release_rows", "scan",     "stats", "read_bytes",
+        "save_shard",   "load_shard", "put",          "list_keys"};
     CHECK_EQ(DP_ARRAY_LEN(names), DP_WIRE_OP_COUNT_);
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++) {
         EXPECT_STR(dp__wire_op_name((dp__wire_op)i), names[i]);

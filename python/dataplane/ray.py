@@ -57,6 +57,7 @@ class _Unit:
         self.cli = _cli()
         self.port = 0  # the first start picks one; restarts keep it
         self.restarts, self.down, self.address, self.proc = 0, None, None, None
+        self.peers = None  # every unit's address, once the cluster is up (repair)
         self.log = os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                 f"dataplane-ray-{cluster_id}-unit{index}.log")
         self.lock = threading.Lock()
@@ -74,6 +75,9 @@ class _Unit:
             args += ["--cluster-id", self.cluster_id]  # (a registry's name is the id)
         if self.advertise:
             args += ["--advertise", self.advertise]
+        if self.peers and self.restarts > 0:
+            # started again: it fills itself from its peers (with --replicas > 1)
+            args += ["--repair-from", ",".join(self.peers)]
         args += self.options
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         with open(self.log, "ab") as log:
@@ -120,6 +124,10 @@ class _Unit:
                             self.down = f"unit {self.index} did not restart: {e}"
                             return
                         time.sleep(0.2)
+
+    def set_peers(self, addresses):
+        with self.lock:
+            self.peers = list(addresses)
 
     def info(self):
         with self.lock:
@@ -223,7 +231,7 @@ class ClusterHandle:
 
 def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=False,
                   bind=None, advertise=None, max_restarts=10, ssd_dir=None, staging=None,
-                  registry=None, options=(), start_timeout_s=60.0):
+                  registry=None, replicas=1, options=(), start_timeout_s=60.0):
     """Start `units` storage units of `slab` bytes each, each run by a Ray
     actor, and return a ClusterHandle.
 
@@ -236,13 +244,19 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
     SSD tier (docs/operations.md, "SSD tier"). registry: an etcd URL
     (etcd://HOST:PORT/NAME) the units also register in, so that clients
     outside Ray find them there (a unit restarted by its actor registers
-    again). options: more `dataplane unit` options. name:
+    again). replicas: copies of each row (1..3, at most units; docs/design.md,
+    "Replicas"): a unit its actor starts again fills itself from its peers.
+    options: more `dataplane unit` options. name:
     a name other processes of the job find it by (get_cluster); detached:
     outlive this driver (needs name; stop with shutdown())."""
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
         raise ValueError(f"start_cluster: units must be an int >= 1, got {units!r}")
     if detached and not name:
         raise ValueError("start_cluster: a detached cluster needs a name (to find it later)")
+    if (not isinstance(replicas, int) or isinstance(replicas, bool)
+            or not 1 <= replicas <= min(3, units)):
+        raise ValueError(f"start_cluster: replicas must be an int in 1..{min(3, units)} "
+                         f"(at most 3 and the number of units), got {replicas!r}")
     if not ray.is_initialized():
         ray.init()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -259,6 +273,8 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
     if bind is None:
         bind = "127.0.0.1" if len(nodes) <= 1 else "0.0.0.0"
     opts = list(options)
+    if replicas > 1:
+        opts += ["--replicas", str(replicas)]
     if ssd_dir:
         opts += ["--ssd-dir", str(ssd_dir)]
         if staging:
@@ -284,7 +300,9 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
                                              **ns).remote(
                 i, units, cluster_id, slab, bind, advertise, opts, max_restarts,
                 start_timeout_s))
-        ray.get([a.info.remote() for a in actors])  # each started (or raises why not)
+        infos = ray.get([a.info.remote() for a in actors])  # each started (or raises)
+        addrs = [u["address"] for u in infos]
+        ray.get([a.set_peers.remote(addrs) for a in actors])  # for their repairs
         control = None
         if name:
             control = _ControlActor.options(name=name, namespace=_CONTROL,

@@ -65,9 +65,10 @@ static const char usage_unit[] =
     "  --replicas R         copies of each row (1..3, at most N): row g lives on units\n"
     "                       g % N, (g + 1) % N, ...; every unit of a cluster gets the\n"
     "                       same R (1)\n"
-    "  --repair-from C      with R > 1: the cluster (file, directory or etcd:// URL)\n"
-    "                       this unit fills itself from at start, in the background,\n"
-    "                       when the file exists (default: --registry's URL)\n"
+    "  --repair-from C      with R > 1: the cluster (file, directory, etcd:// URL or\n"
+    "                       the units' tcp:// addresses in unit order, comma-\n"
+    "                       separated) this unit fills itself from at start, in the\n"
+    "                       background, when the file exists (default: --registry)\n"
     "  --repair-rate SIZE   the repair's bytes a second at most (1G)\n"
     "  --registry URL       register in etcd: etcd://HOST:PORT[,HOST:PORT...]/NAME;\n"
     "                       clients then find the cluster by that URL. NAME is the\n"
@@ -289,7 +290,8 @@ repair_source_exists(const char *from)
 {
     if (from == NULL)
         return false;
-    if (dp__reg_is_url(from))
+    if (dp__reg_is_url(from) ||
+        strncmp(from, "tcp://", 6) == 0) /* a registry, addresses */
         return true;
     struct stat st;
     if (stat(from, &st) != 0)

@@ -30,6 +30,29 @@ progress(void *ctx, uint64_t keys, uint64_t bytes, uint64_t failed)
     dp__unit_repair_count(ctx, keys, bytes, failed);
 }
 
+/*
+ * Open the cluster at from: a cluster file or directory, a registry URL, or
+ * the units' addresses in unit order, comma-separated ("tcp://a:1,tcp://b:2":
+ * what a launcher that knows them passes, e.g. the Ray actors).
+ */
+static int
+open_from(const char *from, const dp_client_opts *co, dp_client **c, dp_detail *d)
+{
+    if (strncmp(from, "tcp://", 6) != 0)
+        return dp_client_open(from, co, c, d);
+    char *list = strdup(from);
+    const char *addrs[DP_CLUSTER_MAX_UNITS];
+    uint32_t n = 0;
+    char *save = NULL;
+    for (char *t = list != NULL ? strtok_r(list, ",", &save) : NULL;
+         t != NULL && n < DP_CLUSTER_MAX_UNITS; t = strtok_r(NULL, ",", &save))
+        addrs[n++] = t;
+    int rc = list == NULL ? dp__fail(d, DP_ENOMEM, "repair: out of memory")
+                          : dp_client_open_units(addrs, n, co, c, d);
+    free(list);
+    return rc;
+}
+
 static void *
 repair_main(void *arg)
 {
@@ -47,7 +70,7 @@ repair_main(void *arg)
     double t0 = dp__now_s();
     /* The cluster may still be coming up (a fresh start): try for a minute. */
     int rc;
-    while ((rc = dp_client_open(r->from, &co, &c, &d)) != DP_OK &&
+    while ((rc = open_from(r->from, &co, &c, &d)) != DP_OK &&
            !__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() - t0 < 60)
         dp__sleep_s(1.0);
     if (rc != DP_OK) {

@@ -226,6 +226,37 @@ def test_bad_arguments(ray_cluster):
         dpray.start_cluster(2, placement=["x"])
     with pytest.raises(Exception, match="did not start"):  # the unit refuses the size
         dpray.start_cluster(1, slab="lots")
+    with pytest.raises(ValueError, match="replicas must be an int in 1..2"):
+        dpray.start_cluster(2, replicas=3)
+
+
+def test_replicas_a_unit_its_actor_restarts_is_repaired(ray_cluster):
+    """replicas=2 on 3 units: a unit killed is started again by its actor and
+    fills itself from its peers; then its peer's death loses no row."""
+    h = dpray.start_cluster(3, "64M", placement="pack", replicas=2)
+    try:
+        c = dataplane.Client(h.cluster, timeout_s=20)
+        assert c.replicas == 2
+        rows = list(range(30))
+        x = torch.randn(30, 256)
+        c.put(rows, {"x": x})
+        before = h.units
+        os.kill(before[1]["pid"], signal.SIGKILL)
+        end = time.monotonic() + 60
+        while (u := h.units[1])["restarts"] != 1 or not u["alive"]:
+            assert time.monotonic() < end, u
+            time.sleep(0.1)
+        while (st := c.stats()[1])["repair_state"] not in (2, 3):
+            assert time.monotonic() < end, st
+            time.sleep(0.1)
+        assert st["repair_state"] == 2 and st["repair_keys"] == 20, st  # rows g % 3 in (0, 1)
+        os.kill(h.units[2]["pid"], signal.SIGKILL)  # the other copy of rows 1, 4, ...
+        assert torch.equal(torch.stack(c.get(rows, ["x"])["x"]), x)
+        c.close()
+    finally:
+        pids = [u["pid"] for u in h.units if u["pid"]]
+        h.shutdown()
+    assert all(_gone(p) for p in pids), pids
 
 
 # -- the DATAPLANE tensor transport between actors ---------------------------
