@@ -11,12 +11,17 @@
 # fallback: R = 2, a batch put, its get timed (p50 of GETS gets), unit 0
 # SIGKILLed and restarted empty by `up --restart`, and the same gets timed
 # again: each key of unit 0 is missing there and read from its next unit.
-# Timings are shown, never asserted.
+# Last the repair: R = 2, REPAIR_MB of 1 MiB rows put, unit 1 SIGKILLed and
+# started again by `up --restart`, which fills itself from its peers at
+# --repair-rate (REPAIR_RATE) while a foreground client puts and gets 64 x
+# 1 MiB batches of other rows: the repair's GB/s, and the foreground's GB/s
+# during it against before it. Timings are shown, never asserted.
 #
 #   bench/replicas.sh [BUILD_DIR]
 #
 # Environment: ITERS (bench iterations per round, 20), REPS (rounds, 3), SLAB
-# (per unit, 1G), GETS (30), PYTHON (.venv/bin/python).
+# (per unit, 1G), GETS (30), REPAIR_MB (512), REPAIR_RATE (1G), PYTHON
+# (.venv/bin/python).
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -26,6 +31,8 @@ ITERS=${ITERS:-20}
 REPS=${REPS:-3}
 SLAB=${SLAB:-1G}
 GETS=${GETS:-30}
+REPAIR_MB=${REPAIR_MB:-512}
+REPAIR_RATE=${REPAIR_RATE:-1G}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 [[ -x "$CLI" ]] || { echo "replicas.sh: no $CLI: build the dataplane-cli target" >&2; exit 2; }
@@ -122,5 +129,71 @@ while pid0() == pid:
 after = timed("unit 0 restarted empty (its keys read from unit 1)")
 print(f"RESULT fallback_get_ms_before={before:.3f} fallback_get_ms_after={after:.3f} "
       f"ratio={after / before:.2f}")
+c.close()
+EOF
+dp_down
+
+# ---- the repair ----
+echo
+echo "### repair: R = 2, 3 units (--restart, --repair-rate $REPAIR_RATE), $REPAIR_MB x 1 MiB rows; unit 1 killed"
+dp_up "$TMP/rp" --units 3 --replicas 2 --slab "$SLAB" --restart --repair-rate "$REPAIR_RATE"
+PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$DP_CLUSTER" "$REPAIR_MB" <<'EOF'
+import json, os, signal, sys, time
+import numpy as np
+import dataplane
+
+path, mb = sys.argv[1], int(sys.argv[2])
+c = dataplane.Client(path, timeout_s=60)
+one = np.random.default_rng(1).integers(0, 255, (64, 1 << 20), dtype=np.uint8)
+for first in range(0, mb, 64):
+    rows = list(range(first, min(first + 64, mb)))
+    c.put(rows, {"x": one[: len(rows)]})
+fg_rows = list(range(10**6, 10**6 + 64))
+
+
+def foreground(until):
+    """put + get of 64 x 1 MiB until until() says stop (at least 3 rounds): GB/s."""
+    n, t0 = 0, time.perf_counter()
+    while n < 3 or not until():
+        c.put(fg_rows, {"x": one})
+        got = c.get(fg_rows, ["x"], stack=True)["x"]
+        n += 1
+    assert np.array_equal(np.asarray(got), one), "wrong bytes"
+    return 2 * n * one.nbytes / (time.perf_counter() - t0) / 1e9
+
+
+t_end = time.monotonic() + 3
+before = foreground(lambda: time.monotonic() > t_end)
+
+
+def pid1():
+    try:
+        return json.load(open(path))["units"][1]["pid"]
+    except (OSError, ValueError):
+        return None
+
+
+p = pid1()
+os.kill(p, signal.SIGKILL)
+while pid1() in (p, None):
+    time.sleep(0.02)
+t0 = time.monotonic()
+state = {}
+
+
+def repaired():
+    st = c.stats()[1]
+    state.update(st)
+    return st["repair_state"] in (2, 3)
+
+
+during = foreground(repaired)
+took = time.monotonic() - t0
+print(f"repair: {state['repair_keys']} keys, {state['repair_bytes'] / 1e6:.0f} MB in "
+      f"{took:.2f} s: {state['repair_bytes'] / took / 1e9:.2f} GB/s (state {state['repair_state']})")
+print(f"foreground put+get of 64 x 1 MiB: {before:.2f} GB/s before, {during:.2f} GB/s during "
+      f"the repair: {during / before:.2f}x")
+print(f"RESULT repair_GBps={state['repair_bytes'] / took / 1e9:.3f} fg_before_GBps={before:.3f} "
+      f"fg_during_GBps={during:.3f} fg_ratio={during / before:.3f}")
 c.close()
 EOF

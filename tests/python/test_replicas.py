@@ -33,9 +33,10 @@ class Units:
     """N `dataplane unit` processes started one by one (no supervisor: a killed
     unit stays dead until start(i) is called again, on its port)."""
 
-    def __init__(self, tmp_path, n, replicas, replicas_of=None):
+    def __init__(self, tmp_path, n, replicas, replicas_of=None, slab="64M", extra=None):
         self.tmp, self.n, self.replicas = tmp_path, n, replicas
         self.replicas_of = replicas_of or {}
+        self.slab, self.extra = slab, extra or (lambda i: [])
         self.procs = [None] * n
         self.addrs = [None] * n
         for i in range(n):
@@ -46,7 +47,8 @@ class Units:
         log = self.tmp / f"unit{i}.log"
         p = subprocess.Popen(
             [_cli(), "unit", "--unit-id", str(i), "--units", str(self.n), "--replicas",
-             str(self.replicas_of.get(i, self.replicas)), "--slab", "64M", "--port", port],
+             str(self.replicas_of.get(i, self.replicas)), "--slab", self.slab, "--port", port,
+             *self.extra(i)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(log, "ab"),
             env=_env(), preexec_fn=_die_with_parent)
         line = p.stdout.readline().decode().strip()
@@ -410,3 +412,48 @@ def test_a_repair_neither_resurrects_a_clear_nor_undoes_a_put(tmp_path):
         c.close()
     finally:
         up.stop()
+
+
+def test_spilled_rows_have_their_copies_too(tmp_path):
+    """R = 2 with the SSD tier: rows that do not fit the slabs spill on each of
+    their units, and a unit's death still loses none."""
+    for i in range(3):
+        (tmp_path / f"ssd{i}").mkdir()
+    units = Units(tmp_path, 3, 2, slab="8M",
+                  extra=lambda i: ["--ssd-dir", str(tmp_path / f"ssd{i}"), "--staging", "16M"])
+    try:
+        c = dataplane.Client(units.addrs, timeout_s=30)
+        rows = list(range(24))  # 24 x 1 MiB, 16 MiB a unit: over its 8 MiB slab
+        big = torch.arange(24 * 262144, dtype=torch.float32).reshape(24, 262144)
+        for k in range(0, 24, 4):
+            c.put(rows[k:k + 4], {"x": big[k:k + 4]})
+        assert sum(st["spills"] for st in c.stats()) > 0
+        assert torch.equal(c.get(rows, ["x"], stack=True)["x"], big)
+        units.kill(1)
+        assert torch.equal(c.get(rows, ["x"], stack=True)["x"], big)
+        c.close()
+    finally:
+        units.stop()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_the_transferqueue_backend_with_replicas(up3):
+    """TQ's KV storage manager against R = 2, unchanged; then a unit dies and
+    comes back empty between a put and its get: the hints that name it fall
+    back to the next copy."""
+    from dataplane.tq import DataplaneKVClient, flatten
+    from test_tq import _batch, _keys, _same, _shapes_dtypes, _values
+    from test_tq import test_driven_as_tq_kv_storage_manager as driven
+
+    driven(str(up3.dir), "flatten")
+    kv = DataplaneKVClient({"cluster": str(up3.dir), "client_name": "Dataplane",
+                            "timeout_s": 20})
+    g, b = list(range(5000, 5024)), _batch(7, 24)
+    keys = _keys(g, b)
+    meta = kv.put(keys, flatten(b))
+    up3.kill(0)
+    shapes, dtypes = _shapes_dtypes(b, len(g))
+    got = kv.get(keys=keys, shapes=shapes, dtypes=dtypes,
+                 custom_backend_meta=meta if meta else [None] * len(keys))
+    want = _values(b, g)
+    assert len(got) == len(want) and all(_same(x, y) for x, y in zip(want, got))
