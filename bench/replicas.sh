@@ -9,7 +9,8 @@
 # round, so all see the same load); the table gives the medians in GB/s of
 # the rows' bytes (one copy) and each R's ratio to R = 1. Then the cost of a
 # fallback: R = 2, a batch put, its get timed (p50 of GETS gets), unit 0
-# SIGKILLed and restarted empty by `up --restart`, and the same gets timed
+# SIGKILLed and restarted empty by `up --restart` (no repair: --repair-rate
+# 0), and the same gets timed
 # again: each key of unit 0 is missing there and read from its next unit.
 # Last the repair: R = 2, REPAIR_MB of 1 MiB rows put, unit 1 SIGKILLed and
 # started again by `up --restart`, which fills itself from its peers at
@@ -20,7 +21,7 @@
 #   bench/replicas.sh [BUILD_DIR]
 #
 # Environment: ITERS (bench iterations per round, 20), REPS (rounds, 3), SLAB
-# (per unit, 1G), GETS (30), REPAIR_MB (512), REPAIR_RATE (1G), PYTHON
+# (per unit, 1G), GETS (30), REPAIR_MB (512), REPAIR_RATE (256M), PYTHON
 # (.venv/bin/python).
 set -euo pipefail
 
@@ -32,7 +33,7 @@ REPS=${REPS:-3}
 SLAB=${SLAB:-1G}
 GETS=${GETS:-30}
 REPAIR_MB=${REPAIR_MB:-512}
-REPAIR_RATE=${REPAIR_RATE:-1G}
+REPAIR_RATE=${REPAIR_RATE:-256M}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 [[ -x "$CLI" ]] || { echo "replicas.sh: no $CLI: build the dataplane-cli target" >&2; exit 2; }
@@ -88,7 +89,7 @@ echo "targets (issue 34): R = 2 put >= 0.6 x R = 1 on one host; get within 5% of
 # ---- a fallback's cost ----
 echo
 echo "### fallback: R = 2, 3 units (--restart), 1024 rows x 4 fields x 4 KiB; unit 0 killed"
-dp_up "$TMP/fb" --units 3 --replicas 2 --slab "$SLAB" --restart
+dp_up "$TMP/fb" --units 3 --replicas 2 --slab "$SLAB" --restart --repair-rate 0
 PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$DP_CLUSTER" "$GETS" <<'EOF'
 import json, os, signal, statistics, sys, time
 import numpy as np

@@ -69,7 +69,7 @@ static const char usage_unit[] =
     "                       the units' tcp:// addresses in unit order, comma-\n"
     "                       separated) this unit fills itself from at start, in the\n"
     "                       background, when the file exists (default: --registry)\n"
-    "  --repair-rate SIZE   the repair's bytes a second at most (1G)\n"
+    "  --repair-rate SIZE   the repair's bytes a second at most; 0: no repair (256M)\n"
     "  --registry URL       register in etcd: etcd://HOST:PORT[,HOST:PORT...]/NAME;\n"
     "                       clients then find the cluster by that URL. NAME is the\n"
     "                       cluster id. The record lives as long as a lease this\n"
@@ -193,8 +193,6 @@ unit_option(unit_cmd *u, int c, char **argv)
         break;
     case O_REPAIR_RATE:
         rc = dp__parse_size(optarg, &u->repair_rate, "--repair-rate", d);
-        if (rc == 0 && u->repair_rate == 0)
-            rc = dp__fail(d, DP_EINVAL, "--repair-rate must be > 0");
         break;
     case O_REPLICAS: {
         uint64_t r = 0;
@@ -337,7 +335,7 @@ unit_parse(int argc, char **argv, unit_cmd *u)
                     .units = 1,
                     .reg_ttl_s = 10,
                     .reg_wait_s = 60,
-                    .repair_rate = 1ull << 30};
+                    .repair_rate = 256ull << 20};
     dp__unit_opts_init(&u->uo);
     u->uo.slab_bytes = 256ull << 20;
     dp_detail_clear(&u->d);
@@ -409,7 +407,8 @@ unit_parse(int argc, char **argv, unit_cmd *u)
     u->uo.n_units = (uint32_t)u->units;
     if (u->repair_from == NULL)
         u->repair_from = u->registry;
-    u->uo.repair = u->uo.replicas > 1 && repair_source_exists(u->repair_from);
+    u->uo.repair =
+        u->uo.replicas > 1 && u->repair_rate > 0 && repair_source_exists(u->repair_from);
     return UNIT_GO_ON;
 }
 

@@ -66,7 +66,8 @@ static const char usage_up[] =
     "  --replicas R         copies of each row (1..3, at most --units): row g lives\n"
     "                       on units g % N, (g + 1) % N, ... (1); a unit started\n"
     "                       again (--restart) fills itself from its peers\n"
-    "  --repair-rate SIZE   passed to each unit: its repair's bytes a second (1G)\n"
+    "  --repair-rate SIZE   passed to each unit: its repair's bytes a second, 0: no\n"
+    "                       repair (256M)\n"
     "  --ssd-dir D          SSD tier: passed to each unit when given\n"
     "  --staging SIZE       SSD tier staging area: passed when given\n"
     "  --pickup-s S         SSD tier pickup time: passed when given\n"
@@ -208,8 +209,6 @@ take_opt(up_opts *o, int c, char **argv, dp_detail *d)
         break;
     case O_REPAIR_RATE:
         rc = dp__parse_size(optarg, &v, "--repair-rate", d);
-        if (rc == DP_OK && v == 0)
-            rc = dp__fail(d, DP_EINVAL, "--repair-rate must be > 0");
         o->repair_rate = optarg;
         break;
     case O_NUMA:

@@ -59,11 +59,9 @@ repair_main(void *arg)
     dp__unit_repairer *r = arg;
     dp_client_opts co;
     dp_client_opts_init(&co);
+    /* Short budgets: a unit that stops waits for the page its repair is on. */
     co.connect_timeout_s = 10;
-    co.timeout_s = 30;
-    char name[64];
-    snprintf(name, sizeof name, "repair-unit%u", r->unit_id);
-    co.name = name;
+    co.timeout_s = 10;
     dp_client *c = NULL;
     dp_detail d;
     dp_detail_clear(&d);
@@ -84,7 +82,7 @@ repair_main(void *arg)
     DP_LOG_I("repair: filling this unit from its peers (%s, at most %.0f MB/s)", r->from,
              r->rate / 1e6);
     dp__repair_opts o = {.unit = r->unit_id,
-                         .page_rows = 256,
+                         .page_rows = 64,
                          .rate_bytes_s = r->rate,
                          .progress = progress,
                          .ctx = r->u,

@@ -184,7 +184,8 @@ struct dp_client {
 
 typedef struct dp__repair_opts {
     uint32_t unit;       /* the unit to fill from its peers */
-    uint32_t page_rows;  /* rows per listing and per copy (0: 1024) */
+    uint32_t page_rows;  /* rows of the first listing (0: 64); then about 50 ms
+                          * of rate_bytes_s a page */
     double rate_bytes_s; /* throttle: at most this many bytes a second (0: none) */
     /* after each page: keys copied in, their bytes, keys that could not be */
     void (*progress)(void *ctx, uint64_t keys, uint64_t bytes, uint64_t failed);

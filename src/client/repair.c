@@ -214,6 +214,39 @@ copy_page(dp_client *c, uint32_t p, uint32_t u, const page *pg, dp__repair_sum *
     return rc;
 }
 
+/*
+ * copy_page, and when it fails for want of room (the client's memory, the
+ * unit's slab: values of a page can be large), each half of the page's rows
+ * on its own, down to one row.
+ */
+static int
+copy_split(dp_client *c, uint32_t p, uint32_t u, const page *pg, dp__repair_sum *sum,
+           uint64_t *bytes, dp_detail *d)
+{
+    dp__repair_sum s0 = *sum;
+    int rc = copy_page(c, p, u, pg, sum, bytes, d);
+    if (rc != DP_ENOMEM && rc != DP_ETOOBIG && rc != DP_EUNITFULL)
+        return rc;
+    /* Split at a row boundary near the middle; one row cannot be split. */
+    uint32_t mid = pg->n / 2;
+    dp__key_parts a, b;
+    while (mid > 0 &&
+           dp__key_split(pg->keys[mid - 1], strlen(pg->keys[mid - 1]), &a, NULL) ==
+               DP_OK &&
+           dp__key_split(pg->keys[mid], strlen(pg->keys[mid]), &b, NULL) == DP_OK &&
+           a.gidx == b.gidx)
+        mid--;
+    if (mid == 0)
+        return rc;
+    *sum = s0; /* the halves count again what the whole counted as failed */
+    page lo = {pg->keys, mid, 0, false}, hi = {pg->keys + mid, pg->n - mid, 0, false};
+    uint64_t b1 = 0, b2 = 0;
+    int r1 = copy_split(c, p, u, &lo, sum, &b1, d);
+    int r2 = copy_split(c, p, u, &hi, sum, &b2, r1 == DP_OK ? d : NULL);
+    *bytes = b1 + b2;
+    return r1 != DP_OK ? r1 : r2;
+}
+
 /* The units that share rows with unit u (R copies on N units), each once. */
 static uint32_t
 peers_of(uint32_t u, uint32_t N, uint32_t R, uint32_t *out)
@@ -238,7 +271,7 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
 {
     memset(sum, 0, sizeof *sum);
     uint32_t N = dp_client_n_units(c), R = dp_client_replicas(c), u = o->unit;
-    uint32_t page_rows = o->page_rows > 0 ? o->page_rows : 1024;
+    uint32_t page_rows = o->page_rows > 0 ? o->page_rows : 64;
     if (u >= N)
         return dp__fail(d, DP_EINVAL, "repair: no unit %u in a cluster of %u", u, N);
     uint32_t peers[2 * 3];
@@ -266,7 +299,7 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
             }
             uint64_t bytes = 0, k0 = sum->keys, f0 = sum->failed;
             if (pg.n > 0 &&
-                (rc = copy_page(c, peers[i], u, &pg, sum, &bytes, &e)) != DP_OK) {
+                (rc = copy_split(c, peers[i], u, &pg, sum, &bytes, &e)) != DP_OK) {
                 DP_LOG_W("repair of unit %u: copying from unit %u: %s", u, peers[i],
                          dp_detail_msg(&e));
                 if (first == DP_OK) {
@@ -279,6 +312,22 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
                 o->progress(o->ctx, sum->keys - k0, bytes, sum->failed - f0);
             more = pg.more;
             from = pg.next;
+            /*
+             * The next page's rows: about 50 ms of the rate's bytes (64 MiB
+             * without one), from this page's bytes a row, so the throttle
+             * spreads the copies instead of letting a page go in one burst.
+             */
+            uint32_t rows = 0;
+            for (uint32_t k = 0; k < pg.n; k++)
+                rows +=
+                    k == 0 || strcspn(pg.keys[k], "@") != strcspn(pg.keys[k - 1], "@") ||
+                    strncmp(pg.keys[k], pg.keys[k - 1], strcspn(pg.keys[k], "@")) != 0;
+            if (rows > 0 && bytes > 0) {
+                double target =
+                    o->rate_bytes_s > 0 ? o->rate_bytes_s * 0.05 : 64.0 * (1 << 20);
+                double per_row = (double)bytes / rows;
+                page_rows = (uint32_t)DP_MAX(1.0, DP_MIN(4096.0, target / per_row));
+            }
             page_fini(&pg);
             /* Throttled: at most rate_bytes_s on average since the start. */
             if (o->rate_bytes_s > 0) {
