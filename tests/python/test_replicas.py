@@ -524,3 +524,24 @@ def test_units_killed_in_turn_and_repaired_lose_no_row(tmp_path, n_units):
         admin.close()
     finally:
         up.stop()
+
+
+def test_a_unit_killed_during_its_own_repair_repairs_again(tmp_path):
+    up = Up(tmp_path, 3, "--repair-rate", "128K")
+    try:
+        c = dataplane.Client(up.dir, timeout_s=20)
+        rows = list(range(300))  # unit 1's 200 rows of 4 KiB: ~6 s at 128 KiB/s
+        c.put(rows, {"x": _rows_of(rows, 1)})
+        up.kill(1)
+        time.sleep(1.0)
+        st = c.stats()[1]
+        assert st["repair_state"] == 1 and 0 < st["repair_keys"] < 200, st
+        up.kill(1)  # mid-repair: the next process repairs from the start
+        st = _repaired(c, 1)
+        assert st["repair_state"] == 2 and st["entries"] == 200, st
+        up.kill(0, wait=False)
+        up.kill(2, wait=False)
+        _check(c, [g for g in rows if g % 3 in (0, 1)], 1)  # unit 1's: all there
+        c.close()
+    finally:
+        up.stop()
