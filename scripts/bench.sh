@@ -7,7 +7,7 @@
 #   scripts/bench.sh [BUILD_DIR] [NAME...]
 #
 # NAMES: alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts cuda
-# peers pervalue scale (default: all but hosts, cuda, peers, pervalue and scale; hosts needs root: network
+# peers pervalue scale replicas (default: all but hosts, cuda, peers, pervalue, scale and replicas; hosts needs root: network
 # namespaces; cuda a GPU and a python3, or $PYTHON, whose torch has CUDA; peers installs the peers
 # from the package index; pervalue needs valgrind).
 set -euo pipefail
@@ -42,9 +42,10 @@ for n in "${names[@]}"; do
     peers) run "side by side with Mooncake Store, NIXL, TransferQueue and Ray" "$root/bench/peers/run.sh" "$build" ;;
     pervalue) run "what each value costs beyond its bytes: time and callgrind's instructions" "$root/bench/pervalue.sh" "$build" ;;
     scale) run "many units x many clients: open, batches, what each connection costs" "$root/bench/scale.sh" "$build" ;;
+    replicas) run "put and get with 1, 2 and 3 copies of each row; a fallback; a repair" "$root/bench/replicas.sh" "$build" ;;
     cuda) run "CUDA tensors through the staging vs the device copies and host tensors" "${PYTHON:-python3}" "$root/bench/python/bench_cuda.py" --build "$build" ;;
     *)
-        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts cuda peers pervalue scale)" >&2
+        echo "bench.sh: unknown benchmark '$n' (alloc crc32c wire ctl xfer direct client ssd compare latency rl_batch many python hosts cuda peers pervalue scale replicas)" >&2
         exit 2
         ;;
     esac
