@@ -52,18 +52,21 @@ dp_lc_step(double t0, const char *what)
 }
 
 /*
- * Start `dataplane unit --bind <host's ip> --port PORT --slab SLAB` inside
- * host as another machine; addr gets the tcp:// address it printed. A port
+ * Start `dataplane unit --bind <host's ip> --port PORT --slab SLAB` and the
+ * options in extra (NULL-terminated, at most 23; NULL for none) inside host
+ * as another machine; addr gets the tcp:// address it printed. A port
  * just freed by a killed unit may still be taken for a moment: the start is
  * tried again for up to 10 s.
  */
 static inline void
-dp_lc_unit_start(dp_netns *n, uint32_t host, const char *cli, const char *port,
-                 const char *slab, dp_netns_proc *unit, char *addr, size_t cap)
+dp_lc_unit_start_with(dp_netns *n, uint32_t host, const char *cli, const char *port,
+                      const char *slab, const char *const *extra, dp_netns_proc *unit,
+                      char *addr, size_t cap)
 {
-    const char *argv[] = {cli,      "unit", "--bind", dp_netns_ip(n, host),
-                          "--port", port,   "--slab", slab,
-                          NULL};
+    const char *argv[32] = {cli,      "unit", "--bind", dp_netns_ip(n, host),
+                            "--port", port,   "--slab", slab};
+    for (size_t k = 0; extra != NULL && extra[k] != NULL && k < 23; k++)
+        argv[8 + k] = extra[k];
     char want[64];
     snprintf(want, sizeof want, "tcp://%s:", dp_netns_ip(n, host));
     double t0 = dp_test_now();
@@ -80,6 +83,13 @@ dp_lc_unit_start(dp_netns *n, uint32_t host, const char *cli, const char *port,
                port, rc == 0 ? addr : dp_detail_msg(&d), st);
         usleep(100000);
     }
+}
+
+static inline void
+dp_lc_unit_start(dp_netns *n, uint32_t host, const char *cli, const char *port,
+                 const char *slab, dp_netns_proc *unit, char *addr, size_t cap)
+{
+    dp_lc_unit_start_with(n, host, cli, port, slab, NULL, unit, addr, cap);
 }
 
 /* The port of a tcp://host:port address, as a string, into out. */

@@ -34,6 +34,13 @@
  *     32 MiB get, 3-22 ms into its put, over TCP: each answers in budget, ok or
  *     err, never wrong bytes; after each restart the client fails once
  *     (DP_ERESTARTED), the old rows are missing, new ones round-trip.
+ *   replicas_ride_a_host_outage: two units keeping two copies of each row, in
+ *     hosts 0 and 1, a client in host 2; host 0's link down for 5 s: every
+ *     get answers ok from host 1's copy within the budget, every put of rows
+ *     with a copy on host 0 fails within it (a unit behind an outage is not
+ *     gone: its copy would go stale), never a false success; after the link
+ *     is back puts land on both, and with host 1's unit stopped host 0's copy
+ *     answers them.
  *   clients_killed_mid_transfer: clients SIGKILLed inside 32 MiB puts and
  *     gets over TCP (the two-sided path): the unit stays up, a checked
  *     client's rows come back byte for byte after every kill.
@@ -487,6 +494,76 @@ DP_TEST(link_flap_inside_the_budget)
     CHECK_EQ(dp_netns_proc_stop(&unit, SIGTERM, 10), 0);
     CHECK_OK_D(dp_netns_destroy(n, &d), &d);
     dp_lc_step(t0, "rows cleared, new ones round-trip; unit stopped, topology removed");
+}
+
+#define REP_ROWS "600 8 262144" /* 2 MiB, on both units */
+
+DP_TEST(replicas_ride_a_host_outage)
+{
+    dp_lc_t_start = dp_test_now();
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    dp_netns *n = topology(3);
+    dp_netns_proc unit[2];
+    char addr[2][256], units[600];
+    for (uint32_t k = 0; k < 2; k++) {
+        const char *extra[] = {
+            "--unit-id", k == 0 ? "0" : "1", "--units", "2", "--replicas", "2", NULL};
+        dp_lc_unit_start_with(n, k, DP_CLI_PATH, "0", SLAB, extra, &unit[k], addr[k],
+                              sizeof addr[k]);
+    }
+    snprintf(units, sizeof units, "%s,%s", addr[0], addr[1]);
+    dp_lc c;
+    dp_lc_start(&c, n, 2, DP_LONGCLIENT_PATH, "rep", units, 2, TIMEOUT_S);
+    dp_lc_answer a;
+    dp_lc_ask_ok(&c, "put " REP_ROWS " 5", &a);
+    dp_lc_ask_ok(&c, "get " REP_ROWS " 5", &a);
+    dp_lc_step(t0,
+               "units with two copies of each row in hosts 0 and 1, client in host 2");
+
+    t0 = dp_test_now();
+    CHECK_OK_D(dp_netns_link(n, 0, false, &d), &d);
+    double t_fault = dp_test_now();
+    int gets = 0, puts = 0;
+    while (dp_test_now() + TIMEOUT_S + MARGIN_S < t_fault + LINK_DOWN_S) {
+        dp_lc_ask(&c, "get " REP_ROWS " 5", &a);
+        CHECKF(strcmp(a.verdict, "ok") == 0 && a.elapsed <= TIMEOUT_S + MARGIN_S,
+               "a get during host 0's outage answered \"%s\"", a.line);
+        gets++;
+        dp_lc_ask_fails_in_budget(&c, "put " REP_ROWS " 6", MARGIN_S, &a);
+        puts++;
+    }
+    double left = t_fault + LINK_DOWN_S - dp_test_now();
+    if (left > 0)
+        dp__sleep_s(left);
+    CHECK_OK_D(dp_netns_link(n, 0, true, &d), &d);
+    CHECKF(gets >= 1, "no get during the outage");
+    printf("    during the outage: %d gets ok from host 1's copy, %d puts failed in "
+           "budget\n",
+           gets, puts);
+    dp_lc_step(t0, "host 0's link down 5 s: gets from the other copy, puts refused");
+
+    t0 = dp_test_now();
+    double end = dp_test_now() + RECOVER_S;
+    for (;;) { /* the first calls after the link is back may still fail */
+        dp_lc_ask(&c, "put " REP_ROWS " 7", &a);
+        if (strcmp(a.verdict, "ok") == 0)
+            break;
+        CHECKF(dp_test_now() < end, "puts still fail %.0f s after the outage: %s",
+               RECOVER_S, a.line);
+        dp__sleep_s(0.5);
+    }
+    dp_lc_ask_ok(&c, "get " REP_ROWS " 7", &a);
+    CHECK_EQ(dp_netns_proc_stop(&unit[1], SIGKILL, 10), -SIGKILL);
+    dp_lc_ask_ok(&c, "get " REP_ROWS " 7", &a); /* host 0's copy */
+    dp_lc_step(t0, "link up: a put lands on both; host 0's copy answers it alone");
+
+    t0 = dp_test_now();
+    dp_lc_quit(&c);
+    CHECK_EQ(dp_netns_proc_stop(&unit[0], SIGTERM, 10), 0);
+    CHECK_OK_D(dp_netns_destroy(n, &d), &d);
+    dp_lc_step(t0, "client quit, unit stopped, topology removed");
 }
 
 /*
