@@ -560,9 +560,12 @@ unit_serve(unit_cmd *u)
         DP_LOG_I("metrics: http://%s/metrics", dp__unit_server_metrics_address(srv));
     if (uo->repair &&
         dp__unit_repair_start(dp__unit_server_unit(srv), uo->unit_id, u->repair_from,
-                              (double)u->repair_rate, &rep, &u->d) != DP_OK)
+                              (double)u->repair_rate, &rep, &u->d) != DP_OK) {
         DP_LOG_W("repair: %s; this unit holds only what is written from now on",
                  dp_detail_msg(&u->d));
+        dp__unit_repair_failed(dp__unit_server_unit(srv), 1);
+        dp__unit_repair_end(dp__unit_server_unit(srv));
+    }
     if (uo->ssd_dir != NULL)
         DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo->ssd_dir,
                  dp__fmt_size(uo->staging_bytes, sz, sizeof sz), uo->pickup_s);

@@ -24,10 +24,14 @@ struct dp__unit_repairer {
     int stop; /* atomic: the unit is stopping */
 };
 
+/* What the repair copied in, the unit counts as it commits: here the failures. */
 static void
 progress(void *ctx, uint64_t keys, uint64_t bytes, uint64_t failed)
 {
-    dp__unit_repair_count(ctx, keys, bytes, failed);
+    (void)keys;
+    (void)bytes;
+    if (failed > 0)
+        dp__unit_repair_failed(ctx, failed);
 }
 
 /*
@@ -75,7 +79,7 @@ repair_main(void *arg)
         DP_LOG_W("repair: cannot open the cluster %s: %s; this unit holds only what is "
                  "written from now on",
                  r->from, dp_detail_msg(&d));
-        dp__unit_repair_count(r->u, 0, 0, 1);
+        dp__unit_repair_failed(r->u, 1);
         dp__unit_repair_end(r->u);
         return NULL;
     }
@@ -98,7 +102,7 @@ repair_main(void *arg)
                  " not (%u peer(s) not listed): %s",
                  dp__now_s() - t0, s.keys, s.failed, s.peers_failed, dp_detail_msg(&d));
     if (rc != DP_OK && s.failed == 0)
-        dp__unit_repair_count(r->u, 0, 0, 1); /* a peer not listed: partial */
+        dp__unit_repair_failed(r->u, 1); /* a peer not listed: partial */
     dp__unit_repair_end(r->u);
     return NULL;
 }

@@ -48,9 +48,11 @@ put_outcome_copies_locked(put_op *p, int *rst, bool *again, size_t *n_again)
                 need[r]++;
                 landed[r] += done;
             }
-            if (retry && !again[r]) {
-                again[r] = true;
-                (*n_again)++;
+            if (retry) {
+                if (!again[r]) {
+                    again[r] = true;
+                    (*n_again)++;
+                }
             } else if (!done && !pu->gone && rst[r] == DP_OK) {
                 rst[r] = pu->st.rc;
             }
@@ -171,6 +173,7 @@ dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d)
     dp_detail e;
     dp_detail_clear(&e);
     int rc2 = dp__put_impl(&b, st, lx, &e);
+    free(b.again); /* no third try */
     for (size_t k = 0; k < m; k++) {
         if (row_status != NULL)
             row_status[idx[k]] = st[k];

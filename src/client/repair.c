@@ -173,6 +173,11 @@ copy_page(dp_client *c, uint32_t p, uint32_t u, const page *pg, dp__repair_sum *
     uint64_t failed = 0;
     for (size_t i = 0; i < pg->n; i++) {
         int st = dp_values_get(v, i, NULL, NULL, NULL);
+        if (st == DP_ENOMEM ||
+            st == DP_ETOOBIG) { /* no room here: copy_split halves it */
+            dp_values_destroy(v);
+            return dp__fail(d, st, "repair: no room for a page of %u keys", pg->n);
+        }
         if (st != DP_OK && st != DP_ENOTFOUND) /* missing: cleared meanwhile */
             failed++;
     }
@@ -329,11 +334,14 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
                 page_rows = (uint32_t)DP_MAX(1.0, DP_MIN(4096.0, target / per_row));
             }
             page_fini(&pg);
-            /* Throttled: at most rate_bytes_s on average since the start. */
-            if (o->rate_bytes_s > 0) {
+            /* Throttled: at most rate_bytes_s on average since the start (in
+             * steps of 0.1 s at most, so a stop is seen). */
+            while (o->rate_bytes_s > 0 &&
+                   !(o->stop != NULL && __atomic_load_n(o->stop, __ATOMIC_RELAXED))) {
                 double due = t0 + (double)sum->bytes / o->rate_bytes_s - dp__now_s();
-                if (due > 0)
-                    dp__sleep_s(due);
+                if (!(due > 0))
+                    break;
+                dp__sleep_s(DP_MIN(due, 0.1));
             }
         }
     }

@@ -47,11 +47,23 @@ dp__repair_keep_locked(dp__unit *u, const blob_rec *b, uint32_t *kept)
 }
 
 void
-dp__unit_repair_count(dp__unit *u, uint64_t keys, uint64_t bytes, uint64_t failed)
+dp__repair_counted_locked(dp__unit *u, const blob_rec *b, const uint8_t *keep,
+                          uint32_t kept)
+{
+    uint32_t n = dp__blob_count(b->parsed);
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (keep[i])
+            bytes += dp__blob_entry_at(b->parsed, i)->len;
+    u->stats.repair_keys += kept;
+    u->stats.repair_bytes += bytes;
+    u->stats.repair_skipped += n - kept;
+}
+
+void
+dp__unit_repair_failed(dp__unit *u, uint64_t failed)
 {
     pthread_mutex_lock(&u->mu);
-    u->stats.repair_keys += keys;
-    u->stats.repair_bytes += bytes;
     u->stats.repair_failed += failed;
     pthread_mutex_unlock(&u->mu);
 }
@@ -66,6 +78,9 @@ dp__unit_repair_end(dp__unit *u)
     dp__map_init_u64(&u->tombs);
     pthread_mutex_unlock(&u->mu);
 }
+
+/* The most keys one list_keys reply carries (the wire's lists hold 2^20). */
+#define LIST_KEYS_MAX 65536
 
 static int
 cmp_u64(const void *a, const void *b)
@@ -102,6 +117,17 @@ dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
     if (n > max_rows) {
         *more = true;
         n = max_rows;
+    }
+    /* At most LIST_KEYS_MAX keys a reply (wide rows): whole rows, one at least. */
+    size_t keys_in = 0;
+    for (size_t i = 0; i < n; i++) {
+        const row *r = dp__map_get_u64(&u->rows, g[i]);
+        if (i > 0 && keys_in + r->n > LIST_KEYS_MAX) {
+            n = i;
+            *more = true;
+            break;
+        }
+        keys_in += r->n;
     }
     /* Their published keys: lengths first, then one text block they view. */
     size_t nk = 0, bytes = 0;

@@ -158,7 +158,10 @@ spill_keep_locked(dp__unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_d
         if (live) {
             row *r = dp__map_get_u64(&u->rows, e->gidx);
             slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
-            if (s != NULL && s->b != NULL && s->b->commit_seq > b->commit_seq)
+            /* A repair's copy is older than anything written to this unit
+             * since it started, whenever it was committed: the spill wins. */
+            if (s != NULL && s->b != NULL && s->b->commit_seq > b->commit_seq &&
+                !(s->b->flags & REC_REPAIR))
                 live = false;
         }
         k[i] = live;
@@ -173,9 +176,8 @@ spill_keep_locked(dp__unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_d
     return DP_OK;
 }
 
-/* Remember b's id as superseded (its commit answers "done"); best effort. */
-static void
-superseded_add_locked(dp__unit *u, const blob_rec *b, double now)
+void
+dp__ssd_superseded_add_locked(dp__unit *u, const blob_rec *b, double now)
 {
     superseded *x = calloc(1, sizeof *x);
     if (x == NULL)
@@ -232,7 +234,7 @@ spill_done_locked(dp__unit *u, blob_rec *b, int rc, int fd, const dp_detail *jd)
             jd = &pd;
         else if (kept == 0) {
             u->stats.spills_superseded++; /* every key overwritten or released since */
-            superseded_add_locked(u, b, now);
+            dp__ssd_superseded_add_locked(u, b, now);
         }
     }
     if (rc == 0 && b->state == REC_VALIDATED && keep != NULL) {

@@ -757,12 +757,16 @@ commit_locked(dp__unit *u, const char *blob_id, size_t id_len,
         /* A repair's copy: only keys the unit lacks, of rows not cleared since. */
         uint32_t kept = 0;
         if ((keep = dp__repair_keep_locked(u, b, &kept)) == NULL) {
+            dp__blob_destroy(b->parsed);
+            b->parsed = NULL;
             rc = dp__fail(d, DP_ENOMEM, "commit %s: out of memory", b->id);
             goto out;
         }
-        u->stats.repair_skipped += dp__blob_count(b->parsed) - kept;
+        dp__repair_counted_locked(u, b, keep, kept);
         if (kept == 0) { /* nothing to publish: the region goes back */
             free(keep);
+            /* A commit asked again (its reply lost) answers done too. */
+            dp__ssd_superseded_add_locked(u, b, now);
             dp__rec_discard_open_locked(u, b, now);
             *state = DP_WIRE_COMMIT_DONE;
             goto out;

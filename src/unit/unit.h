@@ -349,10 +349,11 @@ enum {
 };
 
 /*
- * The repair's progress: keys published, their bytes, keys skipped (the unit
- * had them, or their row was cleared meanwhile), keys it could not copy.
+ * Keys the repair could not copy (its peers held them). What it copied in is
+ * counted by the commits of its copies (repair_keys, repair_bytes, and
+ * repair_skipped: keys the unit had, or of rows cleared meanwhile).
  */
-void dp__unit_repair_count(dp__unit *u, uint64_t keys, uint64_t bytes, uint64_t failed);
+void dp__unit_repair_failed(dp__unit *u, uint64_t failed);
 
 /* The repair ended (DONE, or PARTIAL when keys failed): the cleared rows are forgotten.
  */

@@ -342,6 +342,10 @@ void dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n);
  */
 uint8_t *dp__repair_keep_locked(dp__unit *u, const blob_rec *b, uint32_t *kept);
 
+/* Count a repair copy's commit: the keys and bytes it publishes, the rest skipped. */
+void dp__repair_counted_locked(dp__unit *u, const blob_rec *b, const uint8_t *keep,
+                               uint32_t kept);
+
 /* ---- records (rec.c) ---- */
 
 /* The one way a record's state changes; a transition its life forbids is a bug. */
@@ -424,6 +428,8 @@ bool dp__ssd_jobs_full_locked(const dp__unit *u);
 void dp__ssd_submit_locked(dp__unit *u, int kind, blob_rec *b);
 /* An id allocated again is no longer a superseded spill's. */
 void dp__ssd_superseded_forget_locked(dp__unit *u, const char *id, size_t id_len);
+/* Remember b's id as superseded (a commit of it answers "done"); best effort. */
+void dp__ssd_superseded_add_locked(dp__unit *u, const blob_rec *b, double now);
 void dp__ssd_superseded_expire_locked(dp__unit *u, double now);
 /* An IO-area region (evicting staged copies): 0, DP_EBUSY, DP_EUNITFULL, others. */
 int dp__ssd_io_alloc_locked(dp__unit *u, uint64_t nbytes, double now, uint64_t *off,
