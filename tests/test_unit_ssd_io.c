@@ -302,6 +302,68 @@ DP_TEST(late_spill_never_overrides_later_commits_or_releases)
     rm_dir(dir);
 }
 
+/*
+ * A repair's copy committed while a put's spill is still being written (the
+ * key not yet in the row index, so the copy is published) never wins over
+ * that spill: the copy is older than anything written to the unit since it
+ * started. If the spill ends first, the copy is skipped: the same outcome.
+ */
+DP_TEST(a_repair_copy_never_overrides_a_spill_in_flight)
+{
+    char *dir = mk_dir();
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = 64 << 10;
+    o.read_pin_s = 30;
+    o.alloc_lease_s = 60;
+    o.quarantine_s = 0.05;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.ssd_dir = dir;
+    o.staging_bytes = 256 << 20;
+    o.pickup_s = 10;
+    o.io_threads = 3;
+    o.repair = true;
+    dp__unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    enum { N = 4000 };
+    uint64_t *g1 = malloc(N * sizeof *g1);
+    for (uint64_t i = 0; i < N; i++)
+        g1[i] = i;
+    tblob t1 = rows_blob(g1, N, 1); /* the put: far larger than the put area, spills */
+    uint64_t g2[1] = {0};
+    tblob t2 = rows_blob(g2, 1, 2); /* the repair's copy of row 0 (read from a peer) */
+    uint64_t off = 0;
+    dp__wire_commit_state st;
+    CHECK_OK_D(dp_test_unit_alloc(u, "x1", 2, t1.len, t1.n, true, &off, NULL, &d), &d);
+    dp_test_write_blob(u, "x1", off, t1.p, t1.len);
+    CHECK_OK_D(dp__unit_commit(u, "x1", 2, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_PENDING);
+    dp__wire_alloc_args a = {.blob_id = dp__wire_s("r2"),
+                             .nbytes = t2.len,
+                             .n_entries = t2.n,
+                             .spill = true,
+                             .repair = true};
+    dp__wire_alloc_res r;
+    CHECK_OK_D(dp__unit_alloc_req(u, &a, &r, NULL, &d), &d);
+    CHECK(r.off < dp__unit_io_base(u)); /* a repair's copy never spills */
+    dp_test_write_blob(u, "r2", r.off, t2.p, t2.len);
+    CHECK_OK_D(dp__unit_commit(u, "r2", 2, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    wait_idle(u);
+    CHECK_OK_D(dp__unit_commit(u, "x1", 2, &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    CHECK_EQ(read_row(u, 0, 1), RD_OK); /* the put's value, not the copy's */
+    CHECK_EQ(read_row(u, 3, 1), RD_OK);
+    dp_test_unit_check(u);
+    free(t1.p);
+    free(t2.p);
+    free(g1);
+    dp__unit_destroy(u);
+    rm_dir(dir);
+}
+
 /* The io thread reads the clock while the test moves it. */
 static _Atomic double lease_clock = 1000;
 static double
