@@ -19,8 +19,13 @@
 #
 #   bench/hosts.sh [BUILD_DIR]
 #
+# Then the same units again with two copies of each row (`up --replicas 2`,
+# REPLICAS=1 skips it): put and get against the one-copy run (a put at R = 2
+# carries twice the bytes over the link; goal >= 0.45x, get within 5%).
+#
 # Environment: ITERS (dataplane bench iterations, 20), REPS (rounds, median
-# taken, 3), SLAB (per unit, 1G), UNITS (2), SECS (iperf3 seconds, 3).
+# taken, 3), SLAB (per unit, 1G), UNITS (2), SECS (iperf3 seconds, 3),
+# REPLICAS (2).
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -31,6 +36,7 @@ REPS=${REPS:-3}
 SLAB=${SLAB:-1G}
 UNITS=${UNITS:-2}
 SECS=${SECS:-3}
+REPLICAS=${REPLICAS:-2}
 [[ -x "$CLI" ]] || { echo "hosts.sh: no $CLI: build first (make)" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || { echo "hosts.sh: needs root (network namespaces)" >&2; exit 2; }
 for t in ip iperf3 ucx_perftest unshare; do
@@ -162,3 +168,36 @@ for shape in large small; do
 done
 echo "ucx_perftest 1 MiB: am ${PT[ucp_am_bw,1M]}, tag ${PT[tag_bw,1M]}, stream ${PT[stream_bw,1M]}, put ${PT[ucp_put_bw,1M]}, get ${PT[ucp_get,1M]}"
 echo "ucx_perftest 4 KiB: am ${PT[ucp_am_bw,4K]}, tag ${PT[tag_bw,4K]}, stream ${PT[stream_bw,4K]}, put ${PT[ucp_put_bw,4K]}, get ${PT[ucp_get,4K]}"
+
+if [[ $REPLICAS -gt 1 && $UNITS -ge $REPLICAS ]]; then
+    echo
+    echo "### ours with $REPLICAS copies of each row: $UNITS units in host 0 (up --replicas $REPLICAS)"
+    for p in $(ip netns pids "$H0" 2>/dev/null); do
+        grep -qa 'dataplane' "/proc/$p/cmdline" 2>/dev/null && kill "$p" 2>/dev/null || true
+    done
+    for _ in $(seq 100); do [[ -f "$TMP/c/cluster.json" ]] || break; sleep 0.1; done
+    in_host "$H0" "$CLI" up --units "$UNITS" --replicas "$REPLICAS" --slab "$SLAB" --bind "$A0" \
+        --dir "$TMP/r" >"$TMP/up-r.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 300); do
+        [[ -f "$TMP/r/cluster.json" ]] && break
+        sleep 0.1
+    done
+    [[ -f "$TMP/r/cluster.json" ]] || { echo "hosts.sh: the units did not start:" >&2; cat "$TMP/up-r.log" >&2; exit 1; }
+    printf "%-26s %8s %8s %12s %12s\n" "shape" "put" "get" "put/R=1" "get/R=1"
+    for shape in large small; do
+        if [[ $shape == large ]]; then args=(--rows 64 --fields 1 --bytes 1M); name="64 x 1 MiB"; else args=(--rows 1024 --fields 4 --bytes 4K); name="1024 x 4 x 4 KiB"; fi
+        : >"$TMP/put"
+        : >"$TMP/get"
+        for k in $(seq "$REPS"); do
+            in_host "$H1" "$CLI" bench --cluster "$TMP/r" "${args[@]}" --iters "$ITERS" \
+                >"$TMP/b" 2>&1 || { cat "$TMP/b" >&2; exit 1; }
+            result "$TMP/b" put_GBps >>"$TMP/put"
+            result "$TMP/b" get_GBps >>"$TMP/get"
+        done
+        a=$(median <"$TMP/put") b=$(median <"$TMP/get")
+        printf "%-26s %8s %8s %12s %12s\n" "$name" "$a" "$b" "$(ratio "$a" "${OURS[auto,$shape,put]}")" \
+            "$(ratio "$b" "${OURS[auto,$shape,get]}")"
+    done
+    echo "GB/s of the rows' bytes (one copy counted); R=1: the default-path rows above"
+fi
