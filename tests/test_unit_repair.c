@@ -106,20 +106,20 @@ static int
 list(dp__unit *u, uint32_t for_unit, uint64_t from, uint32_t max_rows, char *out,
      size_t cap, uint64_t *next, bool *more)
 {
-    dp__wire_strs keys;
-    char *text = NULL;
+    dp__unit_keys_page pg;
     dp_detail d;
     dp_detail_clear(&d);
     dp__unit_lock(u);
-    int rc = dp__unit_list_keys_locked(u, for_unit, from, max_rows, &keys, &text, next,
-                                       more, &d);
+    int rc = dp__unit_list_keys_locked(u, for_unit, from, max_rows, &pg, &d);
     dp__unit_unlock(u);
+    *next = pg.next;
+    *more = pg.more;
     out[0] = '\0';
-    for (uint32_t i = 0; rc == DP_OK && i < keys.n; i++)
+    for (uint32_t i = 0; rc == DP_OK && i < pg.keys.n; i++)
         snprintf(out + strlen(out), cap - strlen(out), "%s%.*s", i ? " " : "",
-                 (int)keys.v[i].n, keys.v[i].p);
-    free(keys.v);
-    free(text);
+                 (int)pg.keys.v[i].n, pg.keys.v[i].p);
+    free(pg.keys.v);
+    free(pg.text);
     return rc;
 }
 

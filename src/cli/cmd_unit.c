@@ -145,6 +145,24 @@ enum {
 /* unit_option and unit_parse: go on (anything else is the exit status). */
 #define UNIT_GO_ON (-1)
 
+/* --replicas, --repair-from, --repair-rate (docs/design.md, "Replicas", "Repair"). */
+static int
+replica_option(unit_cmd *u, int c)
+{
+    dp_detail *d = &u->d;
+    int rc = 0;
+    if (c == O_REPAIR_FROM) {
+        u->repair_from = optarg;
+    } else if (c == O_REPAIR_RATE) {
+        rc = dp__parse_size(optarg, &u->repair_rate, "--repair-rate", d);
+    } else {
+        uint64_t r = 0;
+        rc = dp__parse_u64(optarg, 1, DP_UNIT_MAX_REPLICAS, &r, "--replicas", d);
+        u->uo.replicas = (uint32_t)r;
+    }
+    return rc;
+}
+
 /*
  * Apply option c (its argument in optarg) to u: UNIT_GO_ON, or the status to
  * exit with at once (0 after --help, 2 after a usage error it printed).
@@ -189,17 +207,10 @@ unit_option(unit_cmd *u, int c, char **argv)
             rc = dp__parse_seconds(optarg, &uo->reclaim_grace_s, "--reclaim-grace-s", d);
         break;
     case O_REPAIR_FROM:
-        u->repair_from = optarg;
-        break;
     case O_REPAIR_RATE:
-        rc = dp__parse_size(optarg, &u->repair_rate, "--repair-rate", d);
+    case O_REPLICAS:
+        rc = replica_option(u, c);
         break;
-    case O_REPLICAS: {
-        uint64_t r = 0;
-        rc = dp__parse_u64(optarg, 1, DP_UNIT_MAX_REPLICAS, &r, "--replicas", d);
-        uo->replicas = (uint32_t)r;
-        break;
-    }
     case O_NUMA:
         if (strcmp(optarg, "auto") == 0)
             uo->numa = DP_UNIT_NUMA_AUTO;

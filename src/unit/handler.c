@@ -314,21 +314,21 @@ do_list_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
     const dp__wire_list_keys_args *a = &req->a.list_keys;
     dp_detail d;
     dp_detail_clear(&d);
-    char *text = NULL;
-    dp__wire_list_keys_res *r = &rep->r.list_keys;
+    dp__unit_keys_page pg = {0};
     dp__unit_lock(u);
     int rc = a->unit > UINT32_MAX || a->max_rows > UINT32_MAX
                  ? dp__fail(&d, DP_EPROTO, "list_keys: unit or max_rows out of range")
                  : dp__unit_list_keys_locked(u, (uint32_t)a->unit, a->from,
-                                             (uint32_t)a->max_rows, &r->keys, &text,
-                                             &r->next, &r->more, &d);
-    if (rc == 0)
+                                             (uint32_t)a->max_rows, &pg, &d);
+    if (rc == 0) {
+        rep->r.list_keys = (dp__wire_list_keys_res){pg.keys, pg.next, pg.more};
         reply_ok(u, rep, reply);
-    else
+    } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
+    }
     dp__unit_unlock(u);
-    free((void *)r->keys.v);
-    free(text);
+    free(pg.keys.v);
+    free(pg.text);
 }
 
 static void

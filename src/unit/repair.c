@@ -91,13 +91,10 @@ cmp_u64(const void *a, const void *b)
 
 int
 dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
-                          uint32_t max_rows, dp__wire_strs *keys, char **text,
-                          uint64_t *next, bool *more, dp_detail *d)
+                          uint32_t max_rows, dp__unit_keys_page *pg, dp_detail *d)
 {
-    *keys = (dp__wire_strs){NULL, 0};
-    *text = NULL;
-    *next = from;
-    *more = false;
+    *pg = (dp__unit_keys_page){.next = from};
+    bool *more = &pg->more;
     if (for_unit >= u->o.n_units || max_rows == 0 || max_rows > 65536)
         return dp__fail(d, DP_EPROTO,
                         "list_keys: unit %u of %u and 1..65536 rows are needed (got %u)",
@@ -160,11 +157,11 @@ dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
             }
     }
     if (n > 0) {
-        *next = g[n - 1] + 1;
+        pg->next = g[n - 1] + 1;
         *more = *more && g[n - 1] != UINT64_MAX;
     }
     free(g);
-    *keys = (dp__wire_strs){ks, (uint32_t)nk};
-    *text = t;
+    pg->keys = (dp__wire_strs){ks, (uint32_t)nk};
+    pg->text = t;
     return DP_OK;
 }

@@ -1,7 +1,7 @@
 /*
  * The unit's row index (gidx -> row, a row's fields -> slots; see row and
- * slot in unit_int.h) and the atomic publish of a committed blob's keys into
- * it (docs/design.md, "Storage unit").
+ * slot in unit_int.h), the atomic publish of a committed blob's keys into it
+ * (docs/design.md, "Storage unit"), and rows dropped from it (release_rows).
  *
  * Design notes
  * ------------
@@ -198,4 +198,33 @@ nomem:
     free(at);
     publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
     return dp__fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
+}
+
+/* ---- release (the row index's rows dropped) ---- */
+
+uint64_t
+dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n)
+{
+    uint64_t dropped = 0;
+    pthread_mutex_lock(&u->mu);
+    double now = dp__unit_now(u);
+    for (uint32_t i = 0; i < n; i++) {
+        row *r = dp__map_del_u64(&u->rows, gidxs[i]);
+        if (r == NULL)
+            continue;
+        for (uint32_t k = 0; k < r->n; k++) {
+            dp__rec_unref_locked(u, r->s[k].b, now);
+            dropped++;
+        }
+        dp__row_free(r);
+    }
+    if (u->io_alloc != NULL)
+        dp__ssd_release_spills_locked(u, gidxs, n);
+    dp__repair_cleared_locked(u, gidxs, n);
+    u->stats.entries -= dropped;
+    u->stats.n_release++;
+    if (dropped > 0)
+        u->n_clears++;
+    pthread_mutex_unlock(&u->mu);
+    return dropped;
 }

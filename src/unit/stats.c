@@ -1,5 +1,6 @@
 /*
- * What a unit tells about itself: its counters and its blob table (scan).
+ * What a unit tells about itself: who it is (info), its counters, its blob
+ * table (scan) and bytes of its slab (read_bytes, for tests and diagnostics).
  *
  * The counters have one table, DP_UNIT_STATS in unit.h (field, wire name).
  * The unit counts most of them as it goes, in u->stats (a dp__unit_stats);
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc/slab_alloc.h"
 #include "unit/unit_int.h"
@@ -207,4 +209,43 @@ dp__unit_report_locked(dp__unit *u, double now, char *line, size_t cap, char *ss
         u->ssd_report_sig = ssig;
     }
     u->last_report = now;
+}
+
+int
+dp__unit_read_bytes_locked(dp__unit *u, uint64_t off, uint64_t nbytes, const uint8_t **p,
+                           dp_detail *d)
+{
+    bool in_put = off <= u->o.slab_bytes && nbytes <= u->o.slab_bytes - off;
+    bool in_io = u->ssd && off >= u->io_base && off - u->io_base <= u->o.staging_bytes &&
+                 nbytes <= u->o.staging_bytes - (off - u->io_base);
+    if (!in_put && !in_io)
+        return dp__fail(d, DP_EPROTO,
+                        "read_bytes: [%" PRIu64 ", +%" PRIu64 ") is outside the %" PRIu64
+                        "-byte slab and the %" PRIu64 "-byte IO area at %" PRIu64,
+                        off, nbytes, u->o.slab_bytes, dp__unit_io_bytes(u), u->io_base);
+    *p = u->slab + off;
+    return 0;
+}
+
+void
+dp__unit_info_locked(dp__unit *u, dp__wire_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->unit_id = u->o.unit_id;
+    info->n_units = u->o.n_units;
+    info->replicas = u->o.replicas;
+    info->zmq = dp__zview(u->address);
+    info->agent = dp__zview(u->o.ep != NULL ? dp__endpoint_name(u->o.ep) : "");
+    info->metadata = (dp__wire_bytes){(const uint8_t *)"", 0};
+    info->slab_bytes = u->o.slab_bytes;
+    info->io_bytes = dp__unit_io_bytes(u);
+    info->numa = dp__zview(u->numa_desc);
+    info->slab_addr = (uint64_t)(uintptr_t)u->slab;
+    info->read_pin_ms = (uint64_t)(u->o.read_pin_s * 1000.0);
+    info->incarnation = u->incarnation;
+    info->proto = DP_WIRE_PROTO;
+    info->pid = (uint64_t)getpid();
+    info->host = dp__zview(dp__host_key());
+    info->cluster = dp__zview(u->cluster_id);
+    info->transports = dp__zview(u->transports);
 }

@@ -418,29 +418,6 @@ dp__unit_numa_desc(const dp__unit *u)
     return u->numa_desc;
 }
 
-void
-dp__unit_info_locked(dp__unit *u, dp__wire_info *info)
-{
-    memset(info, 0, sizeof *info);
-    info->unit_id = u->o.unit_id;
-    info->n_units = u->o.n_units;
-    info->replicas = u->o.replicas;
-    info->zmq = dp__zview(u->address);
-    info->agent = dp__zview(u->o.ep != NULL ? dp__endpoint_name(u->o.ep) : "");
-    info->metadata = (dp__wire_bytes){(const uint8_t *)"", 0};
-    info->slab_bytes = u->o.slab_bytes;
-    info->io_bytes = dp__unit_io_bytes(u);
-    info->numa = dp__zview(u->numa_desc);
-    info->slab_addr = (uint64_t)(uintptr_t)u->slab;
-    info->read_pin_ms = (uint64_t)(u->o.read_pin_s * 1000.0);
-    info->incarnation = u->incarnation;
-    info->proto = DP_WIRE_PROTO;
-    info->pid = (uint64_t)getpid();
-    info->host = dp__zview(dp__host_key());
-    info->cluster = dp__zview(u->cluster_id);
-    info->transports = dp__zview(u->transports);
-}
-
 uint64_t
 dp__unit_incarnation(const dp__unit *u)
 {
@@ -888,51 +865,6 @@ dp__unit_abort(dp__unit *u, const char *blob_id, size_t id_len, bool in_flight)
         }
     }
     pthread_mutex_unlock(&u->mu);
-}
-
-/* ---- release ---- */
-
-uint64_t
-dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n)
-{
-    uint64_t dropped = 0;
-    pthread_mutex_lock(&u->mu);
-    double now = dp__unit_now(u);
-    for (uint32_t i = 0; i < n; i++) {
-        row *r = dp__map_del_u64(&u->rows, gidxs[i]);
-        if (r == NULL)
-            continue;
-        for (uint32_t k = 0; k < r->n; k++) {
-            dp__rec_unref_locked(u, r->s[k].b, now);
-            dropped++;
-        }
-        dp__row_free(r);
-    }
-    if (u->io_alloc != NULL)
-        dp__ssd_release_spills_locked(u, gidxs, n);
-    dp__repair_cleared_locked(u, gidxs, n);
-    u->stats.entries -= dropped;
-    u->stats.n_release++;
-    if (dropped > 0)
-        u->n_clears++;
-    pthread_mutex_unlock(&u->mu);
-    return dropped;
-}
-
-int
-dp__unit_read_bytes_locked(dp__unit *u, uint64_t off, uint64_t nbytes, const uint8_t **p,
-                           dp_detail *d)
-{
-    bool in_put = off <= u->o.slab_bytes && nbytes <= u->o.slab_bytes - off;
-    bool in_io = u->ssd && off >= u->io_base && off - u->io_base <= u->o.staging_bytes &&
-                 nbytes <= u->o.staging_bytes - (off - u->io_base);
-    if (!in_put && !in_io)
-        return dp__fail(d, DP_EPROTO,
-                        "read_bytes: [%" PRIu64 ", +%" PRIu64 ") is outside the %" PRIu64
-                        "-byte slab and the %" PRIu64 "-byte IO area at %" PRIu64,
-                        off, nbytes, u->o.slab_bytes, dp__unit_io_bytes(u), u->io_base);
-    *p = u->slab + off;
-    return 0;
 }
 
 /* ---- maintenance ---- */

@@ -359,15 +359,22 @@ void dp__unit_repair_failed(dp__unit *u, uint64_t failed);
  */
 void dp__unit_repair_end(dp__unit *u);
 
+/* A page of list_keys: keys (malloc'd views into text: free both), the row
+ * after the last one (next), and whether rows remain (more). */
+typedef struct dp__unit_keys_page {
+    dp__wire_strs keys;
+    char *text;
+    uint64_t next;
+    bool more;
+} dp__unit_keys_page;
+
 /*
  * Keys of rows this unit holds that unit for_unit also holds a copy of, rows
- * from `from` on in gidx order, at most max_rows rows (1 .. 65536): *keys
- * (malloc'd views into *text, free both), *next (the row after the last one)
- * and *more (rows remain). A repair lists its rows this way.
+ * from `from` on in gidx order, at most max_rows rows (1 .. 65536) and 65,536
+ * keys (whole rows, one at least), into *pg. A repair lists its rows this way.
  */
 int dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
-                              uint32_t max_rows, dp__wire_strs *keys, char **text,
-                              uint64_t *next, bool *more, dp_detail *d);
+                              uint32_t max_rows, dp__unit_keys_page *pg, dp_detail *d);
 
 /* Drop every field of these rows; returns the entries dropped. Idempotent. */
 uint64_t dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n);
