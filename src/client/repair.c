@@ -219,6 +219,16 @@ copy_page(dp_client *c, uint32_t p, uint32_t u, const page *pg, dp__repair_sum *
     return rc;
 }
 
+/* Row of key k of a page (keys are listed row by row); UINT64_MAX if malformed. */
+static uint64_t
+row_of(const page *pg, uint32_t k)
+{
+    dp__key_parts kp;
+    return dp__key_split(pg->keys[k], strlen(pg->keys[k]), &kp, NULL) == DP_OK
+               ? kp.gidx
+               : UINT64_MAX;
+}
+
 /*
  * copy_page, and when it fails for want of room (the client's memory, the
  * unit's slab: values of a page can be large), each half of the page's rows
@@ -324,9 +334,7 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
              */
             uint32_t rows = 0;
             for (uint32_t k = 0; k < pg.n; k++)
-                rows +=
-                    k == 0 || strcspn(pg.keys[k], "@") != strcspn(pg.keys[k - 1], "@") ||
-                    strncmp(pg.keys[k], pg.keys[k - 1], strcspn(pg.keys[k], "@")) != 0;
+                rows += k == 0 || row_of(&pg, k) != row_of(&pg, k - 1);
             if (rows > 0 && bytes > 0) {
                 double target =
                     o->rate_bytes_s > 0 ? o->rate_bytes_s * 0.05 : 64.0 * (1 << 20);

@@ -86,19 +86,15 @@ load_once(const dp__reg_url *u, dp__etcd *e, dp__cluster *out, int64_t *revision
             n = recs[i].n_units;
             reps = recs[i].replicas;
             n_key = kvs.kv[i].key;
-        } else if (recs[i].replicas != reps) {
-            rc = dp__fail(d, DP_EPROTO,
-                          "registry %s: records disagree on the copies of each row: %s "
-                          "says %" PRIu32 ", %s says %" PRIu32
-                          " (a unit started with the wrong --replicas: stop it)",
-                          u->text, n_key, reps, kvs.kv[i].key, recs[i].replicas);
-            goto out;
-        } else if (recs[i].n_units != n) {
-            rc = dp__fail(d, DP_EPROTO,
-                          "registry %s: records disagree on the number of units: %s says "
-                          "%" PRIu32 ", %s says %" PRIu32
-                          " (a unit started with the wrong --units: stop it)",
-                          u->text, n_key, n, kvs.kv[i].key, recs[i].n_units);
+        } else if (recs[i].replicas != reps || recs[i].n_units != n) {
+            bool r = recs[i].replicas != reps; /* else the number of units */
+            rc = dp__fail(
+                d, DP_EPROTO,
+                "registry %s: records disagree on %s: %s says %" PRIu32
+                ", %s says %" PRIu32 " (a unit started with the wrong %s: stop it)",
+                u->text, r ? "the copies of each row" : "the number of units", n_key,
+                r ? reps : n, kvs.kv[i].key, r ? recs[i].replicas : recs[i].n_units,
+                r ? "--replicas" : "--units");
             goto out;
         }
     }
