@@ -142,7 +142,9 @@ rec_num(const cJSON *o, const char *f, double lo, double hi, double *out, const 
         return dp__fail(d, DP_EPROTO,
                         "registry record %s: \"%s\" must be an integer in [%.0f, %.0f]",
                         key, f, lo, hi);
-    *out = v->valuedouble;
+    /* Through int64: "-0" is 0, not the double -0.0 (which would not survive an
+     * encode/decode round trip bit for bit). */
+    *out = (double)(int64_t)v->valuedouble;
     return DP_OK;
 }
 
