@@ -41,9 +41,8 @@ def ray_cluster():
         pytest.skip("Ray's processes do not run under the preloaded sanitizer runtime")
     os.environ["DP_CLI"] = _cli()  # the actors' processes find the tool through it
     # how long a destination waits for an object whose source died (Ray's
-    # default, 60 s, only makes test_source_killed_during_a_fetch slow). 15 s
-    # failed once in a CI run: the transfer after the killed one waited past
-    # it (the destination still busy with the failed fetch); 45 s leaves room
+    # default, 60 s, only makes a failing test slow); 45 s leaves a loaded
+    # machine room
     os.environ["RAY_rdt_fetch_fail_timeout_milliseconds"] = "45000"
     ray.init(namespace="dataplane-ray-test", num_cpus=4, include_dashboard=False,
              log_to_driver=False)
@@ -300,14 +299,24 @@ class _Source:
         return [r.put(self._tensors(seed))]
 
 
-@ray.remote(num_cpus=0, enable_tensor_transport=True)
+# The methods taking DATAPLANE objects run in a concurrency group of their
+# own: Ray (2.60) submits a receive when the object's metadata reaches the
+# driver, which for an object not made yet is after the task taking it; a
+# task on the actor's main thread waiting for that object keeps Ray from
+# handling the receive, and fails after RAY_rdt_fetch_fail_timeout ("not found
+# in RDT object store"), whatever the transport (ray-project/ray#60954). Seen
+# on loaded runs, with a source actor still starting (docs/ray.md).
+@ray.remote(num_cpus=0, enable_tensor_transport=True, concurrency_groups={"take": 1})
 class _Sink:
+    @ray.method(concurrency_group="take")
     def sums(self, tensors):
         return [float(t.double().sum()) if t.numel() else 0.0 for t in tensors]
 
+    @ray.method(concurrency_group="take")
     def echo(self, tensors):
         return [t.clone() for t in tensors]
 
+    @ray.method(concurrency_group="take")
     def get_sums(self, refs):
         return self.sums(ray.get(refs[0]))
 
@@ -397,22 +406,7 @@ def test_source_killed_during_a_fetch(transport):
     except (ray.exceptions.RayError, TimeoutError) as e:
         print("the fetch failed:", type(e).__name__, str(e)[:300])
     del ref
-    # The destination must serve a new source's object. Seen in 2 of 3 full
-    # runs on a loaded machine (never alone): the first new object timed out
-    # in Ray's RDT store ("not found ... after 45 s") although the killed
-    # fetch had failed and been released by then (the destination's log says
-    # so); Ray's destination still waits out the killed object first. So a
-    # timeout of the first new object is followed by a second, fresh one,
-    # which must arrive; wrong values or a second timeout fail the test.
+    # The destination must serve a new source's object, at once.
     src = _Source.remote()
-    want1 = [float(t.double().sum()) if t.numel() else 0.0 for t in _expected(1)]
-    for attempt in range(2):
-        try:
-            ok = ray.get(dst.sums.remote(src.make.remote(1)), timeout=200)
-            break
-        except (ray.exceptions.RayError, TimeoutError) as e:
-            if attempt == 1 or "not found in RDT object store" not in str(e):
-                raise
-            print("the first new object timed out in Ray's store; asking again:",
-                  str(e)[:200])
-    assert ok == want1
+    ok = ray.get(dst.sums.remote(src.make.remote(1)), timeout=200)
+    assert ok == _sums(_expected(1))
