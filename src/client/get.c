@@ -69,6 +69,8 @@ typedef struct key_state {
     /* K_READ: its bytes came in the reply (in c->fo.items until the next
      * round's ask): copied, not READ */
     const uint8_t *inl;
+    uint64_t gap; /* alloc form, failed here: bytes kept at soff for the next replica */
+    bool in_resv; /* alloc form, K_READ: lands in the place an earlier turn kept */
 } key_state;
 
 typedef struct unit_round {
@@ -149,7 +151,9 @@ typedef struct get_op {
     size_t n;
     dp_values *vals;
     double deadline;
-    uint32_t shift; /* replicas: this pass asks each row's (gidx + shift) % N */
+    uint32_t shift;     /* replicas: this pass asks each row's (gidx + shift) % N */
+    const uint32_t *at; /* each item's place in the call (NULL: the same) */
+    dp__get_resv *resv; /* per key of the call (alloc form with replicas), or NULL */
     key_state *ks;
     dp__groups g;
     dp__wire_str *keys;
@@ -192,6 +196,7 @@ get_op_init(get_op *x, const dp__get_ctx *g, dp_get_item *items, size_t n,
     x->items = items;
     x->n = n;
     x->vals = vals;
+    x->resv = vals != NULL ? g->resv : NULL;
     x->deadline = deadline;
     x->ks = calloc(m, sizeof *x->ks);
     x->keys = malloc(m * sizeof *x->keys);
@@ -215,6 +220,41 @@ get_op_init(get_op *x, const dp__get_ctx *g, dp_get_item *items, size_t n,
     for (uint32_t u = 0; u < N; u++)
         x->ur[u].st.u = u;
     return DP_OK;
+}
+
+/* Item i's place kept for the call (alloc form with replicas), or NULL. */
+static dp__get_resv *
+resv_of(const get_op *x, size_t i)
+{
+    return x->resv != NULL ? &x->resv[x->at != NULL ? x->at[i] : i] : NULL;
+}
+
+/* The field part of a key ("<gidx>@<field>"): what follows its '@'. */
+static const char *
+field_of(const char *key)
+{
+    const char *f = strchr(key, '@');
+    return f != NULL ? f : key;
+}
+
+/*
+ * The size to keep for item i asked again of the next replica: that of the
+ * nearest value of the same field located in this round (the rows of a
+ * field usually share a size), or 0 (none kept).
+ */
+static uint64_t
+gap_guess(const get_op *x, size_t i)
+{
+    const char *f = field_of(x->items[i].key);
+    for (size_t k = 1; k <= 8; k++) {
+        if (i >= k && x->ks[i - k].st == K_READ &&
+            strcmp(field_of(x->items[i - k].key), f) == 0)
+            return x->ks[i - k].len;
+        if (i + k < x->n && x->ks[i + k].st == K_READ &&
+            strcmp(field_of(x->items[i + k].key), f) == 0)
+            return x->ks[i + k].len;
+    }
+    return 0;
 }
 
 /* A hint's own consistency (it comes from the caller: maybe from elsewhere). */
@@ -717,7 +757,9 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
                 continue;
             }
             if (x->vals != NULL) {
-                it->dst = abuf != NULL ? abuf + ks->soff : NULL;
+                it->dst = ks->in_resv    ? resv_of(x, i)->dst
+                          : abuf != NULL ? abuf + ks->soff
+                                         : NULL;
                 it->cap = ks->len;
             }
             if (ks->len == 0 || ks->inl != NULL)
@@ -819,15 +861,39 @@ get_read(get_op *x, size_t nops, double xfer_left, const uint8_t *sbuf)
 static uint64_t
 get_place_values(get_op *x)
 {
+    /* With replicas left, a key that failed here keeps a place of its
+     * neighbours' size for the next replica's answer (it lands there when it
+     * fits), so its field's values still lie back to back. */
+    bool keep = x->resv != NULL && x->shift + 1 < dp__client_replicas(x->c);
     uint64_t at = 0;
     for (size_t i = 0; i < x->n; i++) {
         key_state *ks = &x->ks[i];
-        if (ks->st != K_READ)
-            continue;
-        ks->soff = at;
-        at += DP_ALIGN_UP(ks->len, 64);
+        ks->gap = 0;
+        ks->in_resv = false;
+        if (ks->st == K_READ) {
+            const dp__get_resv *r = resv_of(x, i);
+            if (r != NULL && r->dst != NULL && ks->len <= r->cap) {
+                ks->in_resv = true;
+                continue;
+            }
+            ks->soff = at;
+            at += DP_ALIGN_UP(ks->len, 64);
+        } else if (keep && ks->st == K_DONE && dp__get_falls_back(x->items[i].status) &&
+                   resv_of(x, i)->dst == NULL && (ks->gap = gap_guess(x, i)) > 0) {
+            ks->soff = at;
+            at += DP_ALIGN_UP(ks->gap, 64);
+        }
     }
     return at;
+}
+
+/* The places get_place_values kept in abuf, for the next replica's turn. */
+static void
+keep_places(get_op *x, uint8_t *abuf)
+{
+    for (size_t i = 0; i < x->n && abuf != NULL; i++)
+        if (x->ks[i].gap > 0)
+            *resv_of(x, i) = (dp__get_resv){abuf + x->ks[i].soff, x->ks[i].gap};
 }
 
 /* One round: ask, match, READ, unpin. Returns whether to ask again. */
@@ -845,6 +911,8 @@ get_round(get_op *x)
     dp_detail bdet;
     dp_detail_clear(&bdet);
     int brc = get_dest(x, alloc_need, stage_need, &abuf, &sbuf, &bdet);
+    if (brc == DP_OK && x->resv != NULL)
+        keep_places(x, abuf);
     double xfer_left;
     size_t nops = get_read_ops(x, ns, brc, &bdet, abuf, sbuf, &xfer_left);
     get_read(x, nops, xfer_left, sbuf);
@@ -919,13 +987,14 @@ get_report(dp_client *c, const dp_get_item *items, size_t n, const dp__step *ust
 }
 
 int
-dp__get_pass(const dp__get_ctx *g, dp_get_item *items, size_t n, double deadline,
-             uint32_t shift, dp_detail *d)
+dp__get_pass(const dp__get_ctx *g, dp_get_item *items, const uint32_t *at, size_t n,
+             double deadline, uint32_t shift, dp_detail *d)
 {
     dp_client *c = g->c;
     get_op x;
     int rc = get_op_init(&x, g, items, n, deadline, d);
     x.shift = shift;
+    x.at = at;
     if (rc == DP_OK)
         rc = get_place(&x, d);
     if (rc == DP_OK)
@@ -969,10 +1038,15 @@ dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_d
     dp__step *ust = calloc(c->n_units, sizeof *ust);
     if (ust == NULL)
         return dp__fail(d, DP_ENOMEM, "get: out of memory");
-    dp__get_ctx g = {c, vals, ust};
-    int rc = dp__client_replicas(c) > 1 && c->only_unit < 0
-                 ? dp__get_turns(&g, items, n, d)
-                 : dp__get_pass(&g, items, n, dp__now_s() + c->o.timeout_s, 0, d);
+    bool turns = dp__client_replicas(c) > 1 && c->only_unit < 0;
+    dp__get_ctx g = {c, vals, ust, NULL};
+    if (turns && vals != NULL && (g.resv = calloc(n, sizeof *g.resv)) == NULL) {
+        free(ust);
+        return dp__fail(d, DP_ENOMEM, "get: out of memory");
+    }
+    int rc = turns ? dp__get_turns(&g, items, n, d)
+                   : dp__get_pass(&g, items, NULL, n, dp__now_s() + c->o.timeout_s, 0, d);
+    free(g.resv);
     if (rc == DP_OK)
         rc = get_report(c, items, n, ust, d);
     free(ust);

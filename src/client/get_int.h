@@ -7,6 +7,7 @@
 #ifndef DP_CLIENT_GET_INT_H
 #define DP_CLIENT_GET_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,13 +38,30 @@ int dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals,
  * goes into g->ust (kept from an earlier pass). DP_OK, or why the pass could
  * not run (a bad key, out of memory).
  */
+/* A place kept in an earlier turn's values buffer for a key asked again of
+ * the next replica (the alloc form with replicas; dst NULL: none). */
+typedef struct dp__get_resv {
+    uint8_t *dst;
+    uint64_t cap;
+} dp__get_resv;
+
 typedef struct dp__get_ctx {
     dp_client *c;
-    dp_values *vals; /* the alloc form's, or NULL */
-    dp__step *ust;   /* n_units: each unit's first failure in the call */
+    dp_values *vals;    /* the alloc form's, or NULL */
+    dp__step *ust;      /* n_units: each unit's first failure in the call */
+    dp__get_resv *resv; /* the alloc form with replicas: per key of the call, or NULL */
 } dp__get_ctx;
-int dp__get_pass(const dp__get_ctx *g, dp_get_item *items, size_t n, double deadline,
-                 uint32_t shift, dp_detail *d);
+
+/* at: each item's place in the call (NULL: the same). */
+int dp__get_pass(const dp__get_ctx *g, dp_get_item *items, const uint32_t *at, size_t n,
+                 double deadline, uint32_t shift, dp_detail *d);
+
+/* Whether a key that failed with code may be had from its row's next replica. */
+static inline bool
+dp__get_falls_back(int code)
+{
+    return code != DP_OK && code != DP_ETOOBIG && code != DP_EINVAL && code != DP_ENOMEM;
+}
 
 /* ---- get_turns.c: replicas ---- */
 

@@ -10,13 +10,6 @@
 #include "blob/keys.h"
 #include "client/get_int.h"
 
-/* Whether a key that failed with code may be had from its row's next replica. */
-static bool
-falls_back(int code)
-{
-    return code != DP_OK && code != DP_ETOOBIG && code != DP_EINVAL && code != DP_ENOMEM;
-}
-
 /*
  * With replicas, after the turn shift asked items[0..n) (at[k]: the key's place
  * in the call, or NULL for the same): a key that failed because its unit is
@@ -65,7 +58,7 @@ get_next_replica(const dp__get_ctx *g, dp_get_item *items, size_t n, double dead
     dp_client *c = g->c;
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        m += falls_back(items[i].status);
+        m += dp__get_falls_back(items[i].status);
     if (m == 0)
         return DP_OK;
     uint32_t *idx = malloc(m * sizeof *idx);
@@ -77,14 +70,14 @@ get_next_replica(const dp__get_ctx *g, dp_get_item *items, size_t n, double dead
     }
     size_t j = 0;
     for (size_t i = 0; i < n; i++)
-        if (falls_back(items[i].status)) {
+        if (dp__get_falls_back(items[i].status)) {
             if (items[i].status != DP_ENOTFOUND && t->first_fail[i] == DP_OK)
                 t->first_fail[i] = items[i].status;
             idx[j] = (uint32_t)i;
             sub[j++] = items[i];
         }
     c->cnt.retries++;
-    int rc = dp__get_pass(g, sub, m, deadline, turn, d);
+    int rc = dp__get_pass(g, sub, idx, m, deadline, turn, d);
     if (rc == DP_OK)
         settle_gone(c, sub, m, idx, turn, t->gone, t->gone_n);
     for (size_t k = 0; k < m && rc == DP_OK; k++)
@@ -108,7 +101,7 @@ dp__get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d)
         goto out;
     }
     memset(t.gone, -1, c->n_units);
-    rc = dp__get_pass(g, items, n, t0 + c->o.timeout_s / R, 0, d);
+    rc = dp__get_pass(g, items, NULL, n, t0 + c->o.timeout_s / R, 0, d);
     if (rc == DP_OK)
         settle_gone(c, items, n, NULL, 0, t.gone, t.gone_n);
     for (uint32_t k = 1; k < R && rc == DP_OK; k++) {
