@@ -936,56 +936,6 @@ get_round(get_op *x)
     return again;
 }
 
-/* Report: first failure's code; missing keys by name; failed units (ust). */
-static int
-get_report(dp_client *c, const dp_get_item *items, size_t n, const dp__step *ust,
-           dp_detail *d)
-{
-    size_t n_bad = 0, n_missing = 0, n_small = 0;
-    int first = DP_OK;
-    for (size_t i = 0; i < n; i++) {
-        if (items[i].status == 0)
-            continue;
-        n_bad++;
-        if (first == DP_OK)
-            first = items[i].status;
-        if (items[i].status == DP_ENOTFOUND)
-            n_missing++;
-        else if (items[i].status == DP_ETOOBIG)
-            n_small++;
-    }
-    if (first == DP_OK)
-        return DP_OK;
-    dp__fail(d, first, "get: %zu of %zu keys failed", n_bad, n);
-    for (uint32_t u = 0; u < c->n_units; u++)
-        if (ust[u].rc != 0)
-            dp__detail_append(d, "; unit %u (%s): %s", u, c->units[u].addr,
-                              dp_detail_msg(&ust[u].det));
-    if (n_missing > 0) {
-        dp__detail_append(d, "; %zu missing:", n_missing);
-        for (size_t i = 0; i < n; i++)
-            if (items[i].status == DP_ENOTFOUND)
-                dp__detail_append(d, " '%s'", items[i].key);
-    }
-    if (n_bad > n_missing + n_small) {
-        /* Lost (failed stage) and unreachable keys, by name, with their code. */
-        dp__detail_append(d, "; failed:");
-        for (size_t i = 0; i < n; i++)
-            if (items[i].status != 0 && items[i].status != DP_ENOTFOUND &&
-                items[i].status != DP_ETOOBIG)
-                dp__detail_append(d, " '%s' (%s)", items[i].key,
-                                  dp_errname(items[i].status));
-    }
-    for (size_t i = 0; i < n; i++)
-        if (items[i].status == DP_ETOOBIG) {
-            dp__detail_append(d,
-                              "; '%s' needs %" PRIu64 " bytes, destination has %" PRIu64,
-                              items[i].key, items[i].nbytes, items[i].cap);
-            break;
-        }
-    return first;
-}
-
 int
 dp__get_pass(const dp__get_ctx *g, dp_get_item *items, const uint32_t *at, size_t n,
              double deadline, uint32_t shift, dp_detail *d)
@@ -1030,45 +980,4 @@ dp__get_pass(const dp__get_ctx *g, dp_get_item *items, const uint32_t *at, size_
             g->ust[u] = x.ur[u].st;
     get_op_fini(&x);
     return DP_OK;
-}
-
-int
-dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals, dp_detail *d)
-{
-    dp__step *ust = calloc(c->n_units, sizeof *ust);
-    if (ust == NULL)
-        return dp__fail(d, DP_ENOMEM, "get: out of memory");
-    bool turns = dp__client_replicas(c) > 1 && c->only_unit < 0;
-    dp__get_ctx g = {c, vals, ust, NULL};
-    if (turns && vals != NULL && (g.resv = calloc(n, sizeof *g.resv)) == NULL) {
-        free(ust);
-        return dp__fail(d, DP_ENOMEM, "get: out of memory");
-    }
-    int rc = turns ? dp__get_turns(&g, items, n, d)
-                   : dp__get_pass(&g, items, NULL, n, dp__now_s() + c->o.timeout_s, 0, d);
-    free(g.resv);
-    if (rc == DP_OK)
-        rc = get_report(c, items, n, ust, d);
-    free(ust);
-    c->cnt.gets++;
-    for (size_t i = 0; i < n; i++)
-        if (items[i].status == 0)
-            c->cnt.get_bytes += items[i].nbytes;
-    return rc;
-}
-
-int
-dp_client_get(dp_client *c, dp_get_item *items, size_t n, dp_detail *d)
-{
-    if (c == NULL || (items == NULL && n > 0))
-        return dp__fail(d, DP_EINVAL, "dp_client_get: NULL argument");
-    int rc = dp__client_data_check(c, "get", d);
-    if (rc != DP_OK || n == 0)
-        return rc;
-    if (n > (1u << 24))
-        return dp__fail(d, DP_ETOOBIG, "get: %zu keys in one call", n);
-    pthread_mutex_lock(&c->mu);
-    rc = dp__get_locked(c, items, n, NULL, d);
-    pthread_mutex_unlock(&c->mu);
-    return rc;
 }

@@ -1,7 +1,8 @@
 /*
- * Internals of the client's get shared by its two files (not installed):
- * get.c, the get's rounds (resolve, READ, unpin), and values.c, what a get
- * hands back (the values' descriptions, the alloc form and its dp_values).
+ * Internals of the client's get shared by its files (not installed): get.c,
+ * a pass's rounds (resolve, READ, unpin); get_turns.c, the call (its turns
+ * over replicas, its report); values.c, what a get hands back (the values'
+ * descriptions, the alloc form and its dp_values).
  * get.c's opening comment holds the get's design.
  */
 #ifndef DP_CLIENT_GET_INT_H
@@ -62,17 +63,6 @@ dp__get_falls_back(int code)
 {
     return code != DP_OK && code != DP_ETOOBIG && code != DP_EINVAL && code != DP_ENOMEM;
 }
-
-/* ---- get_turns.c: replicas ---- */
-
-/*
- * With replicas, each turn asks the keys that failed so far of their rows'
- * next unit, in a share of what is left of the budget (a unit that does not
- * answer leaves the next replica time; the last turn gets the rest). A key
- * missing everywhere is missing, unless a live unit did not answer for it
- * (its first such failure) or every unit of its row is gone (DP_ETRANSFER).
- */
-int dp__get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d);
 
 /* ---- values.c: what a get hands back ---- */
 
