@@ -7,6 +7,7 @@ whose other unit's process is gone (counted as under-replicated), and a row
 whose units are all down fails with a clear error naming it.
 """
 
+import collections
 import os
 import signal
 import subprocess
@@ -339,10 +340,13 @@ class Up:
             time.sleep(0.05)
 
     def pid(self, i):
+        end = time.monotonic() + 60
         while True:
             try:
                 return self.json.load(open(self.dir / "cluster.json"))["units"][i]["pid"]
             except (OSError, ValueError, KeyError):
+                assert self.proc.poll() is None, _tail(self.log)  # up stopped
+                assert time.monotonic() < end, _tail(self.log)
                 time.sleep(0.02)  # being replaced
 
     def kill(self, i, wait=True):
@@ -478,25 +482,38 @@ def test_the_transferqueue_backend_with_replicas(up3):
 
 @pytest.mark.parametrize("n_units", [3, 4])
 def test_units_killed_in_turn_and_repaired_lose_no_row(tmp_path, n_units):
-    """Two writers put new rows (each once) and a reader reads back what
-    landed while units are SIGKILLed in turn, each started again by `up` and
-    repaired before the next dies: 0 rows lost, 0 wrong values, and after the
-    last repair one more death still loses nothing."""
-    up = Up(tmp_path, n_units)
+    """Two writers put new rows (each once) and clear their oldest, and a
+    reader reads back what is live, while units are SIGKILLed in turn, each
+    started again by `up` and repaired before the next dies: 0 rows lost, 0
+    wrong values, and after the last repair one more death still loses
+    nothing. DP_SOAK_S=60 goes on killing in turn for that long (about 1 s
+    between kills, then the repair) instead of once per unit."""
+    soak = float(os.environ.get("DP_SOAK_S", "0"))
+    up = Up(tmp_path, n_units, "--max-restarts", "100000")
     stop = threading.Event()
-    landed, lock, errors = [], threading.Lock(), []
+    live, lock, errors = {}, threading.Lock(), []  # live: rows put and not cleared, in order
+    count = {"put": 0, "cleared": 0, "gets": 0}
 
     def writer(k):
         c = dataplane.Client(up.dir, timeout_s=30)
-        g = 100000 * (k + 1)
+        g, mine = 100000 * (k + 1), collections.deque()
         try:
             while not stop.is_set():
                 rows = list(range(g, g + 16))
                 c.put(rows, {"x": _rows_of(rows, 1)})
                 with lock:
-                    landed.extend(rows)
+                    live.update(dict.fromkeys(rows))
+                    count["put"] += len(rows)
+                mine.append(rows)
+                if len(mine) > 64:  # 1,024 rows live per writer: the slabs hold any run
+                    old = mine.popleft()
+                    with lock:
+                        for r in old:
+                            del live[r]
+                    c.clear(old)
+                    count["cleared"] += len(old)
                 g += 16
-                time.sleep(0.03)  # the units' 64 MiB slabs hold the whole run
+                time.sleep(0.03)
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors.append(f"writer {k}: {e!r}")
         finally:
@@ -507,11 +524,20 @@ def test_units_killed_in_turn_and_repaired_lose_no_row(tmp_path, n_units):
         try:
             while not stop.is_set():
                 with lock:
-                    rows = landed[-64:] + landed[:16]
-                if rows:
+                    keys = list(live)
+                rows = keys[-64:] + keys[len(keys) // 2:len(keys) // 2 + 16]
+                if not rows:
+                    continue
+                try:
                     got = c.get(rows, ["x"], stack=True)["x"]
-                    if not torch.equal(got, _rows_of(rows, 1)):
-                        errors.append("reader: wrong bytes")
+                except dataplane.NotFound:
+                    with lock:
+                        if any(r not in live for r in rows):
+                            continue  # cleared meanwhile: it may be missing
+                    raise
+                count["gets"] += 1
+                if not torch.equal(got, _rows_of(rows, 1)):
+                    errors.append("reader: wrong bytes")
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors.append(f"reader: {e!r}")
         finally:
@@ -521,23 +547,27 @@ def test_units_killed_in_turn_and_repaired_lose_no_row(tmp_path, n_units):
     threads.append(threading.Thread(target=reader))
     for t in threads:
         t.start()
+    kills, t0 = 0, time.monotonic()
     try:
         admin = dataplane.Client(up.dir, timeout_s=30)
-        for i in range(n_units):
+        while kills < n_units or time.monotonic() - t0 < soak:
             time.sleep(1.0)
-            up.kill(i)
-            st = _repaired(admin, i)
+            up.kill(kills % n_units)
+            st = _repaired(admin, kills % n_units)
             assert st["repair_state"] == 2, st
+            kills += 1
     finally:
         stop.set()
         for t in threads:
             t.join(120)
     try:
+        print(f"{kills} kills in {time.monotonic() - t0:.0f} s; {count}")
         assert not errors, errors
-        assert len(landed) > 200, len(landed)
+        assert len(live) > 200, len(live)
         up.kill(0, wait=False)  # one more death: every row still has a copy
-        for k in range(0, len(landed), 512):
-            _check(admin, landed[k:k + 512], 1)
+        rows = list(live)
+        for k in range(0, len(rows), 512):
+            _check(admin, rows[k:k + 512], 1)
         admin.close()
     finally:
         up.stop()
