@@ -927,6 +927,10 @@ get_round(get_op *x)
         x->items[i].status = 0;
         ks->st = K_DONE;
     }
+    /* A kept place whose READ failed may still be written by it: never used again. */
+    for (size_t i = 0; i < x->n && x->resv != NULL; i++)
+        if (x->ks[i].in_resv && x->items[i].status != 0)
+            *resv_of(x, i) = (dp__get_resv){NULL, 0};
     /* 5. Unpin: this round's READs are done. */
     for (uint32_t u = 0; u < c->n_units; u++)
         if (x->ur[u].asked)
