@@ -1,12 +1,13 @@
 /*
- * dp_client_get and dp_client_get_alloc (docs/design.md, "Client put" and
- * "Fanout"): resolve_keys on every unit at once, one READ of every located
- * value at once, unpin. Keys are grouped by unit with dp__groups and each
- * round's replies decoded with dp__fanout_reply (client/fanout.h).
+ * A get's pass (docs/design.md, "Client put" and "Fanout"): resolve_keys on
+ * every unit at once, one READ of every located value at once, unpin. Keys
+ * are grouped by unit with dp__groups and each round's replies decoded with
+ * dp__fanout_reply (client/fanout.h).
  *
- * What a get hands back is in values.c: the values' descriptions, the alloc
- * form's calls (dp_client_get_alloc, _locs) and dp_values_*; get_int.h holds
- * what the two files share.
+ * The call (dp_client_get), its turns over replicas and its report are in
+ * get_turns.c; what a get hands back is in values.c: the values'
+ * descriptions, the alloc form's calls (dp_client_get_alloc, _locs) and
+ * dp_values_*; get_int.h holds what the files share.
  *
  * Restarts. Before the first round every unit of the batch is made ready
  * (re-bound after a restart or a failed endpoint, see put.c). A resolve
