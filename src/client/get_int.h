@@ -33,12 +33,6 @@ struct dp_values {
 int dp__get_locked(dp_client *c, dp_get_item *items, size_t n, dp_values *vals,
                    dp_detail *d);
 
-/*
- * One pass over items: every key asked of the unit (gidx + shift) % N, in
- * rounds until each is answered or the deadline. Each unit's first failure
- * goes into g->ust (kept from an earlier pass). DP_OK, or why the pass could
- * not run (a bad key, out of memory).
- */
 /* A place kept in an earlier turn's values buffer for a key asked again of
  * the next replica (the alloc form with replicas; dst NULL: none). */
 typedef struct dp__get_resv {
@@ -46,6 +40,12 @@ typedef struct dp__get_resv {
     uint64_t cap;
 } dp__get_resv;
 
+/*
+ * One pass over items: every key asked of the unit (gidx + shift) % N, in
+ * rounds until each is answered or the deadline. Each unit's first failure
+ * goes into g->ust (kept from an earlier pass). DP_OK, or why the pass could
+ * not run (a bad key, out of memory).
+ */
 typedef struct dp__get_ctx {
     dp_client *c;
     dp_values *vals;    /* the alloc form's, or NULL */
