@@ -74,8 +74,10 @@ static const char usage_up[] =
     "  --grace-s S          how long stopping units may take before SIGKILL (10)\n"
     "  --start-timeout-s S  how long a unit may take to start (120)\n"
     "  --restart            start a unit that dies again, on the same port\n"
-    "  --max-restarts N     restarts per unit before up gives up and stops the\n"
-    "                       cluster (10)\n"
+    "  --max-restarts N     restarts of one unit within --restart-window before up\n"
+    "                       gives up and stops the cluster (10)\n"
+    "  --restart-window S   the window --max-restarts counts in, from a unit's\n"
+    "                       first restart in it; 'never': a unit's whole life (600)\n"
     "  --registry URL       also register every unit in etcd\n"
     "                       (etcd://HOST:PORT[,...]/NAME; NAME is the cluster id):\n"
     "                       clients on any machine then find it by that URL\n"
@@ -109,6 +111,7 @@ typedef struct up_opts {
     double grace_s, start_timeout_s;
     bool restart;
     uint64_t max_restarts;
+    double restart_window_s; /* 0: restarts count for good */
     const char *registry, *registry_ttl;
     const char *curve_secret, *curve_allow;
     char curve_public[41]; /* "" without CURVE */
@@ -138,6 +141,7 @@ enum {
     O_START,
     O_RESTART,
     O_MAX_RESTARTS,
+    O_RESTART_WINDOW,
     O_REGISTRY,
     O_REG_TTL,
     O_METRICS,
@@ -157,6 +161,7 @@ opts_init(up_opts *o)
     o->grace_s = 10;
     o->start_timeout_s = 120;
     o->max_restarts = 10;
+    o->restart_window_s = 600;
 }
 
 /*
@@ -240,6 +245,16 @@ take_opt(up_opts *o, int c, char **argv, dp_detail *d)
         break;
     case O_MAX_RESTARTS:
         rc = dp__parse_u64(optarg, 0, 1000000, &o->max_restarts, "--max-restarts", d);
+        break;
+    case O_RESTART_WINDOW:
+        if (strcmp(optarg, "never") == 0)
+            o->restart_window_s = 0;
+        else if (dp__cli_parse_timeout(optarg, "--restart-window", &o->restart_window_s,
+                                       d) != DP_OK)
+            rc = dp__fail(d, DP_EINVAL,
+                          "--restart-window %s: seconds (> 0), or 'never' for a unit's "
+                          "whole life",
+                          optarg);
         break;
     case O_REGISTRY: {
         dp__reg_url u;
@@ -327,6 +342,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"start-timeout-s", required_argument, NULL, O_START},
         {"restart", no_argument, NULL, O_RESTART},
         {"max-restarts", required_argument, NULL, O_MAX_RESTARTS},
+        {"restart-window", required_argument, NULL, O_RESTART_WINDOW},
         {"registry", required_argument, NULL, O_REGISTRY},
         {"registry-ttl", required_argument, NULL, O_REG_TTL},
         {"metrics", required_argument, NULL, O_METRICS},
@@ -768,14 +784,52 @@ restart_unit(dp__sup *s, dp__sup_unit *u, const up_opts *o, const char *path,
     return true;
 }
 
+/* A unit's restarts in its current window (--restart-window). */
+typedef struct restart_count {
+    uint64_t n;
+    double since; /* dp__now_s() of the window's first restart */
+} restart_count;
+
+/*
+ * Whether the unit may be started again: at most --max-restarts restarts in
+ * a window of --restart-window seconds that opens at the first restart after
+ * the last window ended (systemd's StartLimitBurst in StartLimitIntervalSec),
+ * so a unit that dies now and then over weeks is not given up on, and one
+ * that dies in a loop is. False after saying why.
+ */
+static bool
+may_restart(restart_count *rc, unsigned id, const up_opts *o)
+{
+    double now = dp__now_s();
+    if (o->restart_window_s > 0 &&
+        (rc->n == 0 || now - rc->since >= o->restart_window_s)) {
+        rc->n = 0;
+        rc->since = now;
+    }
+    if (rc->n++ < o->max_restarts)
+        return true;
+    if (o->restart_window_s > 0)
+        fprintf(stderr,
+                "dataplane up: unit %u died %" PRIu64
+                " times in %.0f s (--max-restarts %" PRIu64
+                " within --restart-window %g s): stopping the cluster\n",
+                id, rc->n, now - rc->since, o->max_restarts, o->restart_window_s);
+    else
+        fprintf(stderr,
+                "dataplane up: unit %u died %" PRIu64 " times (--max-restarts %" PRIu64
+                "): stopping the cluster\n",
+                id, rc->n, o->max_restarts);
+    return false;
+}
+
 /*
  * Watch the cluster until asked to stop or a unit dies; with --restart, a
- * dead unit is started again (up to --max-restarts times each).
+ * dead unit is started again (may_restart: --max-restarts in a window).
  */
 static void
 watch_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
 {
-    uint64_t *restarts = calloc(s->n, sizeof *restarts);
+    restart_count *restarts = calloc(s->n, sizeof *restarts);
     for (;;) {
         dp__sup_unit *dead = dp__sup_watch(s);
         if (dead == NULL)
@@ -784,13 +838,8 @@ watch_units(dp__sup *s, const up_opts *o, const char *path, dp_detail *d)
             fprintf(stderr, "dataplane up: stopping the other units\n");
             break;
         }
-        if (restarts[dead->id]++ >= o->max_restarts) {
-            fprintf(stderr,
-                    "dataplane up: unit %u died %" PRIu64
-                    " times (--max-restarts %" PRIu64 "): stopping the cluster\n",
-                    dead->id, restarts[dead->id], o->max_restarts);
+        if (!may_restart(&restarts[dead->id], dead->id, o))
             break;
-        }
         if (!restart_unit(s, dead, o, path, d)) {
             if (s->stopping)
                 break;

@@ -40,10 +40,12 @@ def ray_cluster():
     if os.environ.get("LD_PRELOAD"):
         pytest.skip("Ray's processes do not run under the preloaded sanitizer runtime")
     os.environ["DP_CLI"] = _cli()  # the actors' processes find the tool through it
-    # how long a destination waits for an object whose source died (Ray's
-    # default, 60 s, only makes a failing test slow); 45 s leaves a loaded
-    # machine room
-    os.environ["RAY_rdt_fetch_fail_timeout_milliseconds"] = "45000"
+    # how long a task waits for an object's receive (Ray's RDT timeout, 60 s
+    # by default). A fetch from a dead source fails in under a second (the
+    # transport's own error); on a loaded machine Ray alone took 48-55 s to
+    # start an actor here, and a CI run under ctest -j2 once waited more than
+    # 45 s for a receive Ray had not yet run: 150 s only slows a failing test
+    os.environ["RAY_rdt_fetch_fail_timeout_milliseconds"] = "150000"
     ray.init(namespace="dataplane-ray-test", num_cpus=4, include_dashboard=False,
              log_to_driver=False)
     yield
@@ -406,7 +408,15 @@ def test_source_killed_during_a_fetch(transport):
     except (ray.exceptions.RayError, TimeoutError) as e:
         print("the fetch failed:", type(e).__name__, str(e)[:300])
     del ref
-    # The destination must serve a new source's object, at once.
+    # The destination must serve a new source's object.
     src = _Source.remote()
-    ok = ray.get(dst.sums.remote(src.make.remote(1)), timeout=200)
+    try:
+        ok = ray.get(dst.sums.remote(src.make.remote(1)), timeout=300)
+    except Exception as e:
+        # what the destination's transport did (fetches started, ended, failed):
+        # tells a receive Ray never ran from one that failed
+        st = ray.get(dst.__ray_call__.options(concurrency_group="_ray_system_error")
+                     .remote(lambda self: dpray._transport().stats()), timeout=60)
+        raise AssertionError(f"the next object after the killed fetch: {e!r}; "
+                             f"the destination's transport: {st}") from e
     assert ok == _sums(_expected(1))

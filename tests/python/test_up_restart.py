@@ -4,7 +4,8 @@ A long-lived client keeps working across the restart: the operation that
 meets the new process fails for that unit's rows with dataplane.Restarted
 (never with wrong bytes), the next one works, rows of the other unit are
 untouched, the cluster file names the new pid and incarnation, and a fresh
-client works. With --max-restarts 0 the first death stops the cluster.
+client works. With --max-restarts 0 the first death stops the cluster;
+--max-restarts counts within --restart-window.
 """
 
 import json
@@ -113,6 +114,60 @@ def test_max_restarts_stops_the_cluster(tmp_path):
         assert "--max-restarts 0" in _tail(log)
     finally:
         _stop(proc)
+
+
+def _kill_and_wait_restart(proc, d, log, unit):
+    """SIGKILL unit and wait until cluster.json names its next process."""
+    pid = _units(d)[unit]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 60
+    while True:
+        try:
+            if _units(d)[unit]["pid"] != pid:
+                return
+        except (OSError, ValueError):
+            pass  # the file is being replaced
+        assert proc.poll() is None, _tail(log)
+        assert time.monotonic() < end, _tail(log)
+        time.sleep(0.05)
+
+
+def test_restart_window_forgets_old_restarts(tmp_path):
+    """--max-restarts counts within --restart-window: a unit that died once a
+    window ago is started again, two deaths inside one window stop up."""
+    proc, d, log = _start(tmp_path, "--restart", "--max-restarts", "1",
+                          "--restart-window", "2")
+    try:
+        _kill_and_wait_restart(proc, d, log, 0)  # 1 of 1 in this window
+        time.sleep(2.5)  # the window ends
+        _kill_and_wait_restart(proc, d, log, 0)  # 1 of 1 in a new window
+        os.kill(_units(d)[0]["pid"], signal.SIGKILL)  # 2 of 1 in it
+        assert proc.wait(30) == 1
+        assert not (d / "cluster.json").exists()
+        out = _tail(log)
+        assert "died 2 times in" in out and "--restart-window 2 s" in out, out
+    finally:
+        _stop(proc)
+
+
+def test_restart_window_never_counts_for_good(tmp_path):
+    proc, d, log = _start(tmp_path, "--restart", "--max-restarts", "1",
+                          "--restart-window", "never")
+    try:
+        _kill_and_wait_restart(proc, d, log, 1)
+        time.sleep(1)
+        os.kill(_units(d)[1]["pid"], signal.SIGKILL)
+        assert proc.wait(30) == 1
+        assert "died 2 times (--max-restarts 1)" in _tail(log)
+    finally:
+        _stop(proc)
+
+
+def test_restart_window_refuses_a_bad_value(tmp_path):
+    r = subprocess.run([_cli(), "up", "--restart", "--restart-window", "0",
+                        "--dir", str(tmp_path / "c")], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and "--restart-window" in r.stderr, (r.returncode, r.stderr)
 
 
 def test_client_opens_while_a_unit_does_not_answer(tmp_path):
