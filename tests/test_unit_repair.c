@@ -156,6 +156,54 @@ DP_TEST(list_keys_pages_the_rows_two_units_share)
     dp__unit_destroy(u);
 }
 
+DP_TEST(list_keys_pages_many_rows_in_order)
+{
+    /* 600 rows put in a scrambled order, in 6 blobs: every page holds the
+     * next rows in order, and the pages together every row shared, once
+     * (pages of 1, 5, 21 rows). */
+    dp__unit *u = mk_replica_unit(4, 1, 2, false);
+    enum { ROWS = 600, PER_BLOB = 100 };
+    static char names[ROWS][24];
+    const char *keys[PER_BLOB];
+    for (uint32_t b = 0; b < ROWS / PER_BLOB; b++) {
+        for (uint32_t i = 0; i < PER_BLOB; i++) {
+            uint32_t k = ((b * PER_BLOB + i) * 367u) % ROWS; /* 367 is prime to 600 */
+            uint32_t g = 4 * (k / 2) + k % 2; /* homed on unit 0 or 1: held by 1 */
+            snprintf(names[k], sizeof names[k], "%u@a", g);
+            keys[i] = names[k];
+        }
+        char id[8];
+        snprintf(id, sizeof id, "b%u", b);
+        put_keys(u, id, keys, PER_BLOB, 64, b + 1);
+    }
+    for (uint32_t page = 1; page <= 64; page = page * 4 + 1) {
+        uint64_t from = 0, next = 0, want = 0;
+        size_t seen = 0;
+        bool more = true;
+        static char s[65536];
+        while (more) {
+            CHECK_OK(list(u, 2, from, page, s, sizeof s, &next, &more));
+            size_t in_page = 0;
+            for (char *p = s; *p != '\0';) {
+                uint64_t g = strtoull(p, &p, 10);
+                /* the next row unit 1 holds that unit 2 holds too (homed on 1) */
+                while (!dp__row_on_unit(want, 2, 4, 2) || !dp__row_on_unit(want, 1, 4, 2))
+                    want++;
+                CHECK_EQ(g, want);
+                want++;
+                in_page++;
+                p += strcspn(p, " ");
+                p += *p == ' ';
+            }
+            CHECK(in_page <= page && (in_page == page || !more));
+            seen += in_page;
+            from = next;
+        }
+        CHECK_EQ(seen, ROWS / 2); /* the rows homed on unit 1 */
+    }
+    dp__unit_destroy(u);
+}
+
 DP_TEST(a_repair_copy_publishes_only_missing_keys_of_rows_not_cleared)
 {
     dp__unit *u = mk_replica_unit(3, 1, 2, true);

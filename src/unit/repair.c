@@ -89,6 +89,72 @@ cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* ---- the k smallest rows: a max-heap of k while scanning ---- */
+
+static void
+heap_up(uint64_t *h, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (h[p] >= h[i])
+            return;
+        uint64_t t = h[p];
+        h[p] = h[i];
+        h[i] = t;
+        i = p;
+    }
+}
+
+static void
+heap_down(uint64_t *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, m = i;
+        if (l < n && h[l] > h[m])
+            m = l;
+        if (l + 1 < n && h[l + 1] > h[m])
+            m = l + 1;
+        if (m == i)
+            return;
+        uint64_t t = h[m];
+        h[m] = h[i];
+        h[i] = t;
+        i = m;
+    }
+}
+
+/*
+ * The (at most) k smallest rows from `from` on that unit for_unit holds, into
+ * h (room for k), sorted; their count, *more when there were others. One pass
+ * over the rows and a sort of k: a repair lists its peer's rows a page of
+ * 64..4096 at a time, under the unit's lock, and sorting every remaining row
+ * for each page cost the foreground O(rows log rows) a page.
+ */
+static size_t
+smallest_rows(dp__unit *u, uint32_t for_unit, uint64_t from, size_t k, uint64_t *h,
+              bool *more)
+{
+    size_t n = 0, it = 0;
+    uint64_t gidx;
+    void *v;
+    while (dp__map_next(&u->rows, &it, NULL, NULL, &gidx, &v)) {
+        if (gidx < from || !dp__row_on_unit(gidx, for_unit, u->o.n_units, u->o.replicas))
+            continue;
+        if (n < k) {
+            h[n] = gidx;
+            heap_up(h, n++);
+        } else {
+            *more = true;
+            if (gidx < h[0]) {
+                h[0] = gidx;
+                heap_down(h, n, 0);
+            }
+        }
+    }
+    qsort(h, n, sizeof *h, cmp_u64);
+    return n;
+}
+
 int
 dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
                           uint32_t max_rows, dp__unit_keys_page *pg, dp_detail *d)
@@ -100,21 +166,11 @@ dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
                         "list_keys: unit %u of %u and 1..65536 rows are needed (got %u)",
                         for_unit, u->o.n_units, max_rows);
     /* The rows both hold, from `from` on, sorted; the first max_rows of them. */
-    size_t cap = dp__map_len(&u->rows), n = 0;
+    size_t cap = DP_MIN((size_t)max_rows, dp__map_len(&u->rows));
     uint64_t *g = malloc((cap > 0 ? cap : 1) * sizeof *g);
     if (g == NULL)
         return dp__fail(d, DP_ENOMEM, "list_keys: out of memory");
-    size_t it = 0;
-    uint64_t gidx;
-    void *v;
-    while (dp__map_next(&u->rows, &it, NULL, NULL, &gidx, &v))
-        if (gidx >= from && dp__row_on_unit(gidx, for_unit, u->o.n_units, u->o.replicas))
-            g[n++] = gidx;
-    qsort(g, n, sizeof *g, cmp_u64);
-    if (n > max_rows) {
-        *more = true;
-        n = max_rows;
-    }
+    size_t n = smallest_rows(u, for_unit, from, cap, g, more);
     /* At most LIST_KEYS_MAX keys a reply (wide rows): whole rows, one at least. */
     size_t keys_in = 0;
     for (size_t i = 0; i < n; i++) {
