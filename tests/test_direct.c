@@ -1629,6 +1629,60 @@ DP_TEST(publisher_dies_mid_fetch)
     pub_stop(&p);
 }
 
+/*
+ * An abort ends a READ that the publisher does not answer (stopped, over TCP,
+ * whose RMA needs the publisher's progress) at once, with DP_ECANCELED, not at
+ * the chunk's deadline; the publisher, continued, serves the next fetch.
+ */
+DP_TEST(abort_ends_a_read_the_publisher_does_not_answer)
+{
+    setenv("UCX_TLS", "tcp", 1); /* the publisher and the fetcher's endpoint */
+    pub p;
+    CHECK_EQ(pub_start(&p, "pub-stop", 0), 0);
+    pub_alloc(&p, 0, 32 * MiB, 701);
+    md_bytes m;
+    int s[] = {0, -1};
+    CHECK_EQ(pub_publish(&p, &m, "st", s), 0);
+    dp_direct *t = fetcher("fetch-stop", 4, 4 * MiB, 1); /* chunks of 4 MiB, 10 s each */
+    unsetenv("UCX_TLS");
+    dp__direct_set_chunk_pause(t, 0.02);
+    dp_detail d;
+    dp_direct_req *r = NULL;
+    uint8_t *tg = aligned_alloc(4096, 32 * MiB);
+    dp_direct_buf b = {tg, 32 * MiB};
+    CHECK_OK_D(dp_direct_fetch(t, "st", m.p, m.len, &b, 1, &r, &d), &d);
+    uint64_t done = 0, total = 0;
+    double t0 = dp_test_now();
+    while (done == 0 && dp_test_now() - t0 < 10) {
+        usleep(1000);
+        dp_direct_req_progress(r, &done, &total);
+    }
+    CHECK(done > 0 && done < total);
+    kill(p.pid, SIGSTOP);
+    usleep(300 * 1000); /* the next chunk's READ is posted and gets no answer */
+    dp_direct_req_progress(r, &done, &total);
+    CHECK(done < total);
+    CHECK_OK(dp_direct_abort(t, "st", &d));
+    t0 = dp_test_now();
+    int rc = dp_direct_wait(r, -1, &d);
+    printf("  publisher stopped, fetch aborted: wait -> %s after %.3f s: %s\n",
+           dp_errname(rc), dp_test_now() - t0, d.msg);
+    CHECK_EQ(rc, DP_ECANCELED);
+    CHECK_CONTAINS(d.msg, "during a READ from pub-stop"); /* not at a chunk's end */
+    dp_direct_req_destroy(r);
+    kill(p.pid, SIGCONT);
+    fetch_check(t, &p, "st", &m, s);
+    dp_direct_stats st;
+    dp_direct_get_stats(t, &st);
+    CHECK_EQ_U64(st.fetch_aborted, 1);
+    CHECK_EQ_U64(st.fetch_ok, 1);
+    if (!dp_direct_touches_unfinished(t, tg, 32 * MiB))
+        free(tg);
+    free(m.p);
+    CHECK_OK(dp_direct_destroy(t, NULL));
+    pub_stop(&p);
+}
+
 /* ---- many caller threads at once ---- */
 
 typedef struct hammer {

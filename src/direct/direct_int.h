@@ -89,7 +89,7 @@ struct dp_direct_req {
     size_t own_len;
     /* Under t->mu. */
     int state;
-    bool aborted;
+    bool aborted; /* also written atomically: the cancel flag of its READs */
     int rc;
     dp_detail det;
     uint64_t done_bytes;

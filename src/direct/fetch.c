@@ -511,8 +511,10 @@ dp_direct_req_cancel(dp_direct_req *r)
         return;
     dp_direct *t = r->t;
     pthread_mutex_lock(&t->mu);
-    if (!cancel_queued_locked(t, r) && r->state != REQ_END)
-        r->aborted = true; /* the worker running it stops at the next chunk */
+    if (!cancel_queued_locked(t, r) && r->state != REQ_END) {
+        /* the worker running it ends its READ's wait and stops */
+        __atomic_store_n(&r->aborted, true, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -524,7 +526,7 @@ dp_direct_req_destroy(dp_direct_req *r)
     dp_direct *t = r->t;
     pthread_mutex_lock(&t->mu);
     cancel_queued_locked(t, r);
-    r->aborted = true;
+    __atomic_store_n(&r->aborted, true, __ATOMIC_RELEASE);
     while (r->state != REQ_END)
         pthread_cond_wait(&t->cv, &t->mu);
     dp__list_remove(&t->live, &r->llink);
@@ -544,7 +546,7 @@ dp_direct_abort(dp_direct *t, const char *obj_id, dp_detail *d)
     for (dp_direct_req *r = DP_LIST_FIRST(&t->live, dp_direct_req, llink); r != NULL;
          r = DP_LIST_NEXT(r, dp_direct_req, llink)) {
         if (r->state != REQ_END && strcmp(r->obj_id, obj_id) == 0) {
-            r->aborted = true;
+            __atomic_store_n(&r->aborted, true, __ATOMIC_RELEASE);
             hit = true;
         }
     }

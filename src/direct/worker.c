@@ -9,11 +9,14 @@
  *   through the LRU, reads the object with blocking dp__endpoint_transfer
  *   calls of at most chunk bytes (CHUNK_RANGES ranges), and ends the request
  *   (state END, rc), broadcasting cv.
- * - Aborts are checked before each chunk; a chunk in flight is never
- *   abandoned, so when a request ends nothing of ours writes into its memory
- *   any more, except transfers the endpoint retained in the graveyard (their
- *   memory is never freed: regions stay registered, own buffers are leaked
- *   and charged with dp__graveyard_retain_buffer by fetch.c).
+ * - Aborts are checked before each chunk, and end the wait for a chunk in
+ *   flight (r->aborted is the READ's cancel flag: a publisher that stopped
+ *   answering would otherwise hold the worker until the chunk's deadline, and
+ *   with it every fetch queued behind). When a request ends nothing of ours
+ *   writes into its memory any more, except transfers the endpoint retained
+ *   in the graveyard (their memory is never freed: regions stay registered,
+ *   own buffers are leaked and charged with dp__graveyard_retain_buffer by
+ *   fetch.c; the Python package keeps caller targets alive for good).
  * - A request's targets are released as soon as it ends, by whoever ran it.
  */
 #include <inttypes.h>
@@ -108,8 +111,22 @@ run_fetch(dp_direct_req *r, dp_detail *d)
         if (pause > 0)
             dp__sleep_s(pause);
         rc = dp__endpoint_transfer(t->ep,
-                                   &(dp__xfer_desc){DP_XFER_READ, l, k, rr, k, md->name},
+                                   &(dp__xfer_desc){.op = DP_XFER_READ,
+                                                    .local = l,
+                                                    .n_local = k,
+                                                    .remote = rr,
+                                                    .n_remote = k,
+                                                    .remote_name = md->name,
+                                                    .cancel = &r->aborted},
                                    t->timeout_s, d);
+        if (rc == DP_ECANCELED) {
+            xfer_failed = true; /* a publisher that stopped answering is suspect */
+            dp__fail_ctx(d, rc,
+                         "direct: fetch of object %s aborted after %" PRIu64
+                         " of %" PRIu64 " bytes, during a READ from %s",
+                         r->obj_id, done, md->total_bytes, md->name);
+            break;
+        }
         if (rc != DP_OK) {
             xfer_failed = true;
             char tot[32];

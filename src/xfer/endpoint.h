@@ -129,6 +129,13 @@ typedef struct dp__xfer_desc {
      * registered region, as without this flag.
      */
     bool local_plain_ok;
+    /*
+     * NULL, or a flag another thread may set (written and read with atomic
+     * builtins): once true, the op's wait ends as at its deadline, with
+     * DP_ECANCELED, whatever is unfinished retained by the graveyard; an op
+     * of the batch not yet posted is not posted.
+     */
+    const bool *cancel;
 } dp__xfer_desc;
 
 #define DP_XFER_GRANT_MAX 96

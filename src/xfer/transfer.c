@@ -26,6 +26,10 @@
  * - The deadline is a promise: an op that ends after it is DP_ETIMEDOUT
  *   although its bytes moved, and an op whose turn to be posted comes after
  *   it is not posted.
+ * - A caller's cancel flag (dp__xfer_desc.cancel) ends an op's wait as its
+ *   deadline would, with DP_ECANCELED: what is unfinished goes to the
+ *   graveyard like a timed-out op's, so a caller (a fetch that Ray aborts)
+ *   gets its thread back at once instead of at the deadline.
  */
 #include "xfer/endpoint_int.h"
 
@@ -402,9 +406,20 @@ post_locked(dp__endpoint *ep, opstate *s, dp_detail *det)
         b->b_done_ns = dp__now_ns(); /* done at its post (memcpy, inline completions) */
 }
 
-/* End op s: DONE (batch freed) or retained (batch handed to the graveyard). */
+/* Whether op o's caller canceled it (dp__xfer_desc.cancel). */
+static bool
+canceled(const dp__xfer_desc *o)
+{
+    return o->cancel != NULL && __atomic_load_n(o->cancel, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * End op s: DONE (batch freed) or retained (batch handed to the graveyard);
+ * deadline_passed or cut (its caller canceled it) say why it ends unfinished.
+ */
 static void
-finish_locked(dp__endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det)
+finish_locked(dp__endpoint *ep, opstate *s, bool deadline_passed, bool cut,
+              dp_detail *det)
 {
     const dp__xfer_desc *o = s->o;
     remote *r = s->r;
@@ -458,7 +473,12 @@ finish_locked(dp__endpoint *ep, opstate *s, bool deadline_passed, dp_detail *det
     ep->n_retained++;
     ep->st.transfers_retained++;
     ep->st.transfers_failed++;
-    if (fst != UCS_OK || b->b_status != UCS_OK || !deadline_passed)
+    if (cut && fst == UCS_OK && b->b_status == UCS_OK && !deadline_passed)
+        s->rc = dp__fail(det, DP_ECANCELED,
+                         "%s canceled with %d operations unfinished: retained, its "
+                         "local memory must not be reused",
+                         what, b->b_pending);
+    else if (fst != UCS_OK || b->b_status != UCS_OK || !deadline_passed)
         s->rc = dp__fail(det, DP_ETRANSFER,
                          "%s failed (%s) with %d operations unfinished: retained, its "
                          "local memory must not be reused",
@@ -562,13 +582,17 @@ run_ops(dp__endpoint *ep, const dp__xfer_desc *ops, size_t n_ops, double timeout
                              "(nothing posted)",
                              op_name(s->o->op), s->r->r_name);
             unreserve_locked(ep, s);
+        } else if (canceled(s->o)) {
+            s->rc = dp__fail(det, DP_ECANCELED, "%s to %s: canceled (nothing posted)",
+                             op_name(s->o->op), s->r->r_name);
+            unreserve_locked(ep, s);
         } else {
             post_locked(ep, s, det);
         }
         /* Done at post (memcpy path, or failed): ended now, so a callback can
          * act on it while the next op is posted. */
         if (s->posted && s->b->b_pending == 0)
-            finish_locked(ep, s, false, det);
+            finish_locked(ep, s, false, false, det);
         if (s->finished && on_done != NULL) {
             unlock(ep);
             on_done->fn(on_done->ctx, i, s->rc);
@@ -590,10 +614,11 @@ run_ops(dp__endpoint *ep, const dp__xfer_desc *ops, size_t n_ops, double timeout
             if (s->b->b_pending > 0 && remote_failed(s->r) != UCS_OK &&
                 s->fail_deadline == 0)
                 s->fail_deadline = now + FAILED_GRACE_NS;
-            bool out =
-                now >= deadline || (s->fail_deadline != 0 && now >= s->fail_deadline);
+            bool cut = canceled(s->o);
+            bool out = now >= deadline || cut ||
+                       (s->fail_deadline != 0 && now >= s->fail_deadline);
             if (s->b->b_pending == 0 || out) {
-                finish_locked(ep, s, now >= deadline, &res[i].det);
+                finish_locked(ep, s, now >= deadline, cut, &res[i].det);
                 open--;
                 if (on_done != NULL) {
                     unlock(ep);
