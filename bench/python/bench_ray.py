@@ -139,7 +139,11 @@ class Source:
         return self._out(key)
 
 
-@ray.remote(num_cpus=0, enable_tensor_transport=True)
+# consume takes its objects in a concurrency group of its own: on the main
+# thread it can block Ray's receive of the very object it waits for (Ray
+# 2.60 submits the receive after the task when the object is not made yet;
+# docs/ray.md, "Take objects in a concurrency group of their own").
+@ray.remote(num_cpus=0, enable_tensor_transport=True, concurrency_groups={"take": 1})
 class Sink:
     def __init__(self):
         self.want = {}
@@ -150,6 +154,7 @@ class Sink:
     def drop(self, key):
         self.want.pop(key, None)
 
+    @ray.method(concurrency_group="take")
     def consume(self, tensors, key):
         """None when every tensor arrived whole, else what is wrong."""
         want = self.want[key]

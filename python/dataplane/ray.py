@@ -15,8 +15,8 @@ tells their addresses; it is never on the data path.
 
 A unit process that dies is started again by its actor on the same node and
 port, with the same unit id and cluster id (a new incarnation: clients
-re-bind by themselves; what it held is gone), up to max_restarts times; then
-the handle reports it down. An actor that dies takes its unit with it (the
+re-bind by themselves; what it held is gone), up to max_restarts times within
+restart_window_s (as `dataplane up`); then the handle reports it down. An actor that dies takes its unit with it (the
 process gets SIGTERM from the kernel when its parent dies), and the handle
 says so. A cluster that is not detached ends with the driver; a detached one
 lives until shutdown(). docs/ray.md says how this combines with the etcd
@@ -49,10 +49,12 @@ class _Unit:
     """Runs one unit process and starts it again when it dies."""
 
     def __init__(self, index, n_units, cluster_id, slab, bind, advertise, options,
-                 max_restarts, start_timeout_s):
+                 max_restarts, restart_window_s, start_timeout_s):
         self.index, self.n_units, self.cluster_id = index, n_units, cluster_id
         self.slab, self.bind, self.advertise = slab, bind, advertise
         self.options, self.max_restarts = list(options), max_restarts
+        self.restart_window_s = restart_window_s  # None: a unit's whole life
+        self.window = (0.0, 0)  # (monotonic start, restarts in it)
         self.start_timeout_s = start_timeout_s
         self.cli = _cli()
         self.port = 0  # the first start picks one; restarts keep it
@@ -109,10 +111,19 @@ class _Unit:
                 if self.stopping:
                     return
                 why = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
-                if self.restarts >= self.max_restarts:
-                    self.down = (f"unit {self.index} died ({why}) after {self.restarts} "
-                                 f"restarts (max_restarts {self.max_restarts})")
+                now = time.monotonic()
+                since, n = self.window
+                if self.restart_window_s and (n == 0 or now - since >= self.restart_window_s):
+                    since, n = now, 0  # a new window opens at its first restart
+                if n >= self.max_restarts:
+                    within = (f" in {now - since:.0f} s (max_restarts {self.max_restarts} "
+                              f"within {self.restart_window_s:g} s)"
+                              if self.restart_window_s else
+                              f" (max_restarts {self.max_restarts})")
+                    self.down = (f"unit {self.index} died ({why}) after {n} restarts"
+                                 + within)
                     return
+                self.window = (since, n + 1)
                 self.restarts += 1
                 deadline = time.monotonic() + self.start_timeout_s
                 while True:  # its port may take a moment to be free again
@@ -230,7 +241,8 @@ class ClusterHandle:
 
 
 def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=False,
-                  bind=None, advertise=None, max_restarts=10, ssd_dir=None, staging=None,
+                  bind=None, advertise=None, max_restarts=10, restart_window_s=600.0,
+                  ssd_dir=None, staging=None,
                   registry=None, replicas=1, options=(), start_timeout_s=60.0):
     """Start `units` storage units of `slab` bytes each, each run by a Ray
     actor, and return a ClusterHandle.
@@ -240,7 +252,9 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
     the address units listen on (127.0.0.1 on a one-node Ray cluster,
     0.0.0.0 otherwise); advertise: the host they tell clients (default: the
     node's Ray address when binding every interface). max_restarts: how many
-    times a unit process that dies is started again. ssd_dir / staging: the
+    times a unit process that dies is started again within restart_window_s
+    seconds (counted from the first restart of a window; None: its whole
+    life). ssd_dir / staging: the
     SSD tier (docs/operations.md, "SSD tier"). registry: an etcd URL
     (etcd://HOST:PORT/NAME) the units also register in, so that clients
     outside Ray find them there (a unit restarted by its actor registers
@@ -251,6 +265,11 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
     outlive this driver (needs name; stop with shutdown())."""
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
         raise ValueError(f"start_cluster: units must be an int >= 1, got {units!r}")
+    if restart_window_s is not None and not (
+            isinstance(restart_window_s, (int, float)) and not isinstance(restart_window_s, bool)
+            and 0 < restart_window_s < float("inf")):
+        raise ValueError(f"start_cluster: restart_window_s must be seconds > 0, or None for "
+                         f"a unit's whole life, got {restart_window_s!r}")
     if detached and not name:
         raise ValueError("start_cluster: a detached cluster needs a name (to find it later)")
     if (not isinstance(replicas, int) or isinstance(replicas, bool)
@@ -299,7 +318,7 @@ def start_cluster(units, slab="1G", *, placement="spread", name=None, detached=F
             actors.append(_UnitActor.options(scheduling_strategy=strategies[i], **lifetime,
                                              **ns).remote(
                 i, units, cluster_id, slab, bind, advertise, opts, max_restarts,
-                start_timeout_s))
+                restart_window_s, start_timeout_s))
         infos = ray.get([a.info.remote() for a in actors])  # each started (or raises)
         addrs = [u["address"] for u in infos]
         ray.get([a.set_peers.remote(addrs) for a in actors])  # for their repairs

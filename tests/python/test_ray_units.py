@@ -140,6 +140,33 @@ def test_unit_killed_is_restarted_then_reported_down(ray_cluster):
     assert all(_gone(p) for p in pids), pids
 
 
+def test_restart_window_forgets_old_restarts(ray_cluster):
+    """max_restarts counts within restart_window_s: a death a window after
+    the last restart is restarted, two in one window leave the unit down."""
+    with pytest.raises(ValueError, match="restart_window_s"):
+        dpray.start_cluster(1, "16M", restart_window_s=0)
+    h = dpray.start_cluster(1, "16M", placement="pack", max_restarts=1, restart_window_s=1)
+    try:
+        for n in (1, 2):
+            pid = h.units[0]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            end = time.monotonic() + 60
+            while (u := h.units[0])["restarts"] != n or not u["alive"]:
+                assert time.monotonic() < end and not h.down(), (u, h.down())
+                time.sleep(0.1)
+            time.sleep(1.5 if n == 1 else 0)  # the first window ends
+        os.kill(h.units[0]["pid"], signal.SIGKILL)  # the second in the new window
+        end = time.monotonic() + 30
+        while not h.down():
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        assert "after 1 restarts in" in h.down()[0] and "within 1 s" in h.down()[0], h.down()
+    finally:
+        pids = [u["pid"] for u in h.units if u["pid"]]
+        h.shutdown()
+    assert all(_gone(p) for p in pids), pids
+
+
 def test_with_the_registry(ray_cluster, etcd):  # noqa: F811
     """Units under Ray actors that also register in etcd: a client through
     the registry and one through the handle see the same rows; a unit
