@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "blob/blob.h"
+#include "blob/keys.h"
 #include "blob/shard.h"
 #include "common/fileio.h"
 #include "common/map.h"
@@ -537,16 +538,55 @@ as_corrupt(int rc, dp_detail *d)
     return DP_ECORRUPT;
 }
 
+/* A re-home under way. */
+typedef struct rehome {
+    dp_client *c;
+    const plan *pl;
+    const dp_ckpt_opts *o;
+    dp_ckpt_summary *sum;
+    uint64_t keys;    /* put so far (all units) */
+    uint64_t skipped; /* copies of keys put already from another shard */
+    dp__map *seen;    /* with replicas: the keys put so far (gidx, then field) */
+} rehome;
+
+/*
+ * With replicas, blob sb's live entries less the keys an earlier shard's copy
+ * put already (each key is put once, from the first shard that holds it), into
+ * live (room for sb->n_live); their count. The keys kept are marked seen.
+ */
+static int
+first_copies(rehome *rh, const dp__shard_blob *sb, uint32_t *live, uint32_t *n,
+             dp_detail *d)
+{
+    *n = 0;
+    for (uint32_t k = 0; k < sb->n_live; k++) {
+        const dp__blob_entry *e = dp__blob_entry_at(sb->parsed, sb->live[k]);
+        char key[8 + DP_FIELD_MAX];
+        size_t fl =
+            DP_MIN((size_t)e->field_len, (size_t)DP_FIELD_MAX); /* split checked it */
+        memcpy(key, &e->gidx, 8);
+        memcpy(key + 8, e->field, fl);
+        if (dp__map_get(rh->seen, key, 8 + fl) != NULL) {
+            rh->skipped++;
+            continue;
+        }
+        if (dp__map_put(rh->seen, key, 8 + fl, (void *)1, NULL) != 0)
+            return dp__fail(d, DP_ENOMEM, "re-home: out of memory");
+        live[(*n)++] = sb->live[k];
+    }
+    return DP_OK;
+}
+
 /*
  * Re-home the shard of unit i of checkpoint pl (of pl->n units) through c: its
  * rows file and frame checked, then blob by blob: read and CRC-checked, its
- * index and live list checked (blob/shard.h), its live entries put. *keys
- * counts the keys put so far (all units).
+ * index and live list checked (blob/shard.h), its live entries put (with
+ * replicas, those no earlier shard's copy put).
  */
 static int
-rehome_unit(dp_client *c, const plan *pl, uint32_t i, const dp_ckpt_opts *o,
-            dp_ckpt_summary *sum, uint64_t *keys, dp_detail *d)
+rehome_unit(rehome *rh, uint32_t i, dp_detail *d)
 {
+    const plan *pl = rh->pl;
     const lunit *lu = &pl->lu[i];
     uint32_t n = pl->n;
     const char *shard = lu->shard, *rows = lu->rows;
@@ -554,7 +594,8 @@ rehome_unit(dp_client *c, const plan *pl, uint32_t i, const dp_ckpt_opts *o,
     dp__shard_rows sr = {0};
     dp__shard_header h;
     int fd = -1;
-    uint64_t fsize = 0, unit_keys = 0;
+    uint64_t fsize = 0, unit_keys = 0, skipped0 = rh->skipped;
+    uint32_t *live = NULL;
     int rc = as_corrupt(dp__shard_rows_load(rows, &rbuf, &sr, d), d);
     if (rc == DP_OK && (sr.unit_id != i || sr.n_units != n))
         rc = dp__fail(d, DP_ECORRUPT,
@@ -582,25 +623,39 @@ rehome_unit(dp_client *c, const plan *pl, uint32_t i, const dp_ckpt_opts *o,
             (rc = as_corrupt(dp__shard_blob_check(r, buf, NULL, shard, rows, &sb, d),
                              d)) != DP_OK)
             break;
-        rc = put_entries(c, buf, sb.parsed, sb.live, sb.n_live, d);
+        uint32_t n_put = sb.n_live;
+        const uint32_t *put = sb.live;
+        if (rh->seen != NULL) {
+            free(live);
+            if ((live = malloc((sb.n_live ? sb.n_live : 1) * sizeof *live)) == NULL)
+                rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
+            else
+                rc = first_copies(rh, &sb, live, &n_put, d);
+            put = live;
+        }
+        if (rc == DP_OK && n_put > 0)
+            rc = put_entries(rh->c, buf, sb.parsed, put, n_put, d);
         if (rc != DP_OK)
             dp__fail_ctx(d, rc,
                          "re-home: putting blob %.*s of unit %u (%" PRIu64
                          " keys put before it)",
-                         (int)r->id_len, r->id, i, *keys + unit_keys);
+                         (int)r->id_len, r->id, i, rh->keys + unit_keys);
         if (rc == DP_OK) {
-            unit_keys += sb.n_live;
-            sum->loaded++;
+            unit_keys += n_put;
+            rh->sum->loaded++;
         }
         dp__shard_blob_fini(&sb);
     }
     if (rc == DP_OK) {
-        *keys += unit_keys;
-        dp__ckpt_say(o, "shard of unit %u: %u blobs, %" PRIu64 " keys put", i, sr.n,
-                     unit_keys);
+        rh->keys += unit_keys;
+        dp__ckpt_say(rh->o,
+                     "shard of unit %u: %u blobs, %" PRIu64 " keys put, %" PRIu64
+                     " copies of keys put already skipped",
+                     i, sr.n, unit_keys, rh->skipped - skipped0);
     }
     if (fd >= 0)
         close(fd);
+    free(live);
     free(buf);
     free(rbuf);
     dp__shard_rows_fini(&sr);
@@ -628,12 +683,18 @@ dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_sum
     }
     dp__ckpt_say(o, "re-homing %s: %u units into %u, every value through this client",
                  sum->checkpoint, pl.n, dp_client_n_units(c));
-    uint64_t keys = 0;
+    /* A checkpoint with replicas holds each row R times: each key is put once. */
+    dp__map seen;
+    dp__map_init_str(&seen);
+    rehome rh = {c, &pl, o, sum, 0, 0, sum->replicas > 1 ? &seen : NULL};
     for (uint32_t i = 0; i < pl.n && rc == DP_OK; i++)
-        rc = rehome_unit(c, &pl, i, o, sum, &keys, d);
+        rc = rehome_unit(&rh, i, d);
     if (rc == DP_OK)
-        dp__ckpt_say(o, "re-homed %s: %" PRIu64 " keys from %" PRIu64 " blobs",
-                     sum->checkpoint, keys, sum->loaded);
+        dp__ckpt_say(o,
+                     "re-homed %s: %" PRIu64 " keys from %" PRIu64 " blobs (%" PRIu64
+                     " copies skipped)",
+                     sum->checkpoint, rh.keys, sum->loaded, rh.skipped);
+    dp__map_fini(&seen);
     plan_fini(&pl);
     return rc;
 }

@@ -311,6 +311,8 @@ def test_checkpoint_keeps_every_copy_and_loads_into_another_count(tmp_path, unit
         assert c1.replicas == 1
         c1.load(tmp_path / "ck")  # re-homed: every value put again through c1
         _check(c1, rows, 1)
+        # each key once, though the checkpoint holds two copies of each row
+        assert c1.counters()["put_bytes"] == _rows_of(rows, 1).numel() * 4
         c1.close()
     finally:
         one.stop()
