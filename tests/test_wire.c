@@ -734,6 +734,42 @@ DP_TEST(string_views_and_utf8)
     CHECK(dp__wire_utf8_valid("\xf4\x8f\xbf\xbf", 4)); /* U+10FFFF */
 }
 
+/* A key's text check: a NUL or a bad byte at any place of any length is
+ * found at its offset, control bytes and good UTF-8 anywhere pass. */
+DP_TEST(key_text_check_finds_every_bad_byte)
+{
+    dp_detail d;
+    char k[48], want[32];
+    for (uint32_t n = 1; n <= 40; n++) {
+        for (uint32_t i = 0; i < n; i++)
+            k[i] = (char)(i % 2 ? 0x01 + (char)(i % 31) : 'a' + (char)(i % 26));
+        CHECK_OK_D(dp__wire_check_key((dp__wire_str){k, n}, NULL, "key", &d), &d);
+        for (uint32_t at = 0; at < n; at++) {
+            for (int bad = 0; bad < 3; bad++) {
+                char keep = k[at];
+                k[at] = bad == 0 ? '\0' : bad == 1 ? '\x80' : '\xff';
+                CHECK_ERR(dp__wire_check_key((dp__wire_str){k, n}, NULL, "key", &d),
+                          DP_EPROTO);
+                snprintf(want, sizeof want, "at byte %u", at);
+                CHECK_CONTAINS(d.msg, want);
+                CHECK_CONTAINS(d.msg, bad == 0 ? "a NUL" : "invalid UTF-8");
+                k[at] = keep;
+            }
+        }
+        if (n >= 4) { /* a 3-byte character (the euro sign) at every place */
+            for (uint32_t at = 0; at + 3 <= n; at++) {
+                char t[48];
+                memcpy(t, k, n);
+                memcpy(t + at, "\xe2\x82\xac", 3);
+                CHECK_OK_D(dp__wire_check_key((dp__wire_str){t, n}, NULL, "key", &d), &d);
+                t[at + 2] = 'x'; /* cut short */
+                CHECK_ERR(dp__wire_check_key((dp__wire_str){t, n}, NULL, "key", &d),
+                          DP_EPROTO);
+            }
+        }
+    }
+}
+
 DP_TEST(validators_name_the_value)
 {
     dp_detail d;
