@@ -134,6 +134,7 @@ def test_unit_killed_is_restarted_then_reported_down(ray_cluster):
             assert time.monotonic() < end
             time.sleep(0.1)
         assert "after 1 restarts" in h.down()[0] and 1 not in h.down()
+        assert "within 600 s" in h.down()[0], h.down()  # restart_window_s's default
     finally:
         pids = [u["pid"] for u in h.units if u["pid"]]
         h.shutdown()
@@ -141,8 +142,10 @@ def test_unit_killed_is_restarted_then_reported_down(ray_cluster):
 
 
 def test_restart_window_forgets_old_restarts(ray_cluster):
-    """max_restarts counts within restart_window_s: a death a window after
-    the last restart is restarted, two in one window leave the unit down."""
+    """max_restarts counts within restart_window_s: a unit that died once a
+    window ago is started again (the sleep outlasts the window, however long
+    restarts take); two deaths within one are
+    test_unit_killed_is_restarted_then_reported_down's."""
     with pytest.raises(ValueError, match="restart_window_s"):
         dpray.start_cluster(1, "16M", restart_window_s=0)
     h = dpray.start_cluster(1, "16M", placement="pack", max_restarts=1, restart_window_s=1)
@@ -154,13 +157,8 @@ def test_restart_window_forgets_old_restarts(ray_cluster):
             while (u := h.units[0])["restarts"] != n or not u["alive"]:
                 assert time.monotonic() < end and not h.down(), (u, h.down())
                 time.sleep(0.1)
-            time.sleep(1.5 if n == 1 else 0)  # the first window ends
-        os.kill(h.units[0]["pid"], signal.SIGKILL)  # the second in the new window
-        end = time.monotonic() + 30
-        while not h.down():
-            assert time.monotonic() < end
-            time.sleep(0.1)
-        assert "after 1 restarts in" in h.down()[0] and "within 1 s" in h.down()[0], h.down()
+            time.sleep(1.5)  # the window ends
+        assert not h.down()
     finally:
         pids = [u["pid"] for u in h.units if u["pid"]]
         h.shutdown()
