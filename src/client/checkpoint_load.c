@@ -550,15 +550,15 @@ typedef struct rehome {
 } rehome;
 
 /*
- * With replicas, blob sb's live entries less the keys an earlier shard's copy
- * put already (each key is put once, from the first shard that holds it), into
- * live (room for sb->n_live); their count. The keys kept are marked seen.
+ * With replicas, drop from blob sb's live list (in place: only the list is
+ * read after this, not sb->keep) the keys an earlier shard's copy put already:
+ * each key is put once, from the first shard that holds it. The keys kept are
+ * marked seen.
  */
 static int
-first_copies(rehome *rh, const dp__shard_blob *sb, uint32_t *live, uint32_t *n,
-             dp_detail *d)
+first_copies(rehome *rh, dp__shard_blob *sb, dp_detail *d)
 {
-    *n = 0;
+    uint32_t n = 0;
     for (uint32_t k = 0; k < sb->n_live; k++) {
         const dp__blob_entry *e = dp__blob_entry_at(sb->parsed, sb->live[k]);
         char key[8 + DP_FIELD_MAX];
@@ -572,8 +572,9 @@ first_copies(rehome *rh, const dp__shard_blob *sb, uint32_t *live, uint32_t *n,
         }
         if (dp__map_put(rh->seen, key, 8 + fl, (void *)1, NULL) != 0)
             return dp__fail(d, DP_ENOMEM, "re-home: out of memory");
-        live[(*n)++] = sb->live[k];
+        sb->live[n++] = sb->live[k];
     }
+    sb->n_live = n;
     return DP_OK;
 }
 
@@ -595,7 +596,6 @@ rehome_unit(rehome *rh, uint32_t i, dp_detail *d)
     dp__shard_header h;
     int fd = -1;
     uint64_t fsize = 0, unit_keys = 0, skipped0 = rh->skipped;
-    uint32_t *live = NULL;
     int rc = as_corrupt(dp__shard_rows_load(rows, &rbuf, &sr, d), d);
     if (rc == DP_OK && (sr.unit_id != i || sr.n_units != n))
         rc = dp__fail(d, DP_ECORRUPT,
@@ -623,25 +623,17 @@ rehome_unit(rehome *rh, uint32_t i, dp_detail *d)
             (rc = as_corrupt(dp__shard_blob_check(r, buf, NULL, shard, rows, &sb, d),
                              d)) != DP_OK)
             break;
-        uint32_t n_put = sb.n_live;
-        const uint32_t *put = sb.live;
-        if (rh->seen != NULL) {
-            free(live);
-            if ((live = malloc((sb.n_live ? sb.n_live : 1) * sizeof *live)) == NULL)
-                rc = dp__fail(d, DP_ENOMEM, "re-home: out of memory");
-            else
-                rc = first_copies(rh, &sb, live, &n_put, d);
-            put = live;
-        }
-        if (rc == DP_OK && n_put > 0)
-            rc = put_entries(rh->c, buf, sb.parsed, put, n_put, d);
+        if (rh->seen != NULL)
+            rc = first_copies(rh, &sb, d);
+        if (rc == DP_OK && sb.n_live > 0)
+            rc = put_entries(rh->c, buf, sb.parsed, sb.live, sb.n_live, d);
         if (rc != DP_OK)
             dp__fail_ctx(d, rc,
                          "re-home: putting blob %.*s of unit %u (%" PRIu64
                          " keys put before it)",
                          (int)r->id_len, r->id, i, rh->keys + unit_keys);
         if (rc == DP_OK) {
-            unit_keys += n_put;
+            unit_keys += sb.n_live;
             rh->sum->loaded++;
         }
         dp__shard_blob_fini(&sb);
@@ -655,7 +647,6 @@ rehome_unit(rehome *rh, uint32_t i, dp_detail *d)
     }
     if (fd >= 0)
         close(fd);
-    free(live);
     free(buf);
     free(rbuf);
     dp__shard_rows_fini(&sr);

@@ -82,29 +82,9 @@ dp__unit_repair_end(dp__unit *u)
 /* The most keys one list_keys reply carries (the wire's lists hold 2^20). */
 #define LIST_KEYS_MAX 65536
 
-static int
-cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* ---- the k smallest rows: a max-heap of k while scanning ---- */
 
-static void
-heap_up(uint64_t *h, size_t i)
-{
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (h[p] >= h[i])
-            return;
-        uint64_t t = h[p];
-        h[p] = h[i];
-        h[i] = t;
-        i = p;
-    }
-}
-
+/* Restore the max-heap h[0..n) below i (h[i] may be too small). */
 static void
 heap_down(uint64_t *h, size_t n, size_t i)
 {
@@ -123,12 +103,20 @@ heap_down(uint64_t *h, size_t n, size_t i)
     }
 }
 
+static void
+heapify(uint64_t *h, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        heap_down(h, n, i);
+}
+
 /*
  * The (at most) k smallest rows from `from` on that unit for_unit holds, into
  * h (room for k), sorted; their count, *more when there were others. One pass
- * over the rows and a sort of k: a repair lists its peer's rows a page of
- * 64..4096 at a time, under the unit's lock, and sorting every remaining row
- * for each page cost the foreground O(rows log rows) a page.
+ * over the rows keeping the k smallest in a max-heap, then a heapsort of k: a
+ * repair lists its peer's rows a page of 64..4096 at a time, under the unit's
+ * lock, and sorting every remaining row for each page cost the foreground
+ * O(rows log rows) a page.
  */
 static size_t
 smallest_rows(dp__unit *u, uint32_t for_unit, uint64_t from, size_t k, uint64_t *h,
@@ -141,8 +129,9 @@ smallest_rows(dp__unit *u, uint32_t for_unit, uint64_t from, size_t k, uint64_t 
         if (gidx < from || !dp__row_on_unit(gidx, for_unit, u->o.n_units, u->o.replicas))
             continue;
         if (n < k) {
-            h[n] = gidx;
-            heap_up(h, n++);
+            h[n++] = gidx;
+            if (n == k)
+                heapify(h, n);
         } else {
             *more = true;
             if (gidx < h[0]) {
@@ -151,7 +140,14 @@ smallest_rows(dp__unit *u, uint32_t for_unit, uint64_t from, size_t k, uint64_t 
             }
         }
     }
-    qsort(h, n, sizeof *h, cmp_u64);
+    if (n < k)
+        heapify(h, n);
+    for (size_t end = n; end > 1; end--) { /* the largest to the back, in turn */
+        uint64_t t = h[0];
+        h[0] = h[end - 1];
+        h[end - 1] = t;
+        heap_down(h, end - 1, 0);
+    }
     return n;
 }
 
