@@ -1583,6 +1583,27 @@ DP_TEST(retired_fetch_buffer_is_taken_back)
     pub_stop(&b);
 }
 
+/*
+ * Fetch md's object into tg (len bytes) and wait until its first bytes came
+ * (at most 10 s): the request, its progress in *done of *total.
+ */
+static dp_direct_req *
+fetch_under_way(dp_direct *t, const char *id, const md_bytes *m, uint8_t *tg, size_t len,
+                uint64_t *done, uint64_t *total)
+{
+    dp_detail d;
+    dp_direct_req *r = NULL;
+    dp_direct_buf b = {tg, len};
+    CHECK_OK_D(dp_direct_fetch(t, id, m->p, m->len, &b, 1, &r, &d), &d);
+    *done = *total = 0;
+    double t0 = dp_test_now();
+    while (*done == 0 && dp_test_now() - t0 < 10) {
+        usleep(1000);
+        dp_direct_req_progress(r, done, total);
+    }
+    return r;
+}
+
 DP_TEST(publisher_dies_mid_fetch)
 {
     pub p;
@@ -1594,21 +1615,14 @@ DP_TEST(publisher_dies_mid_fetch)
     dp_direct *t = fetcher("fetch-die", 4, 1 * MiB, 1);
     dp__direct_set_chunk_pause(t, 0.03);
     dp_detail d;
-    dp_direct_req *r = NULL;
+    uint64_t done, total;
     uint8_t *tg = aligned_alloc(4096, 24 * MiB);
-    dp_direct_buf b = {tg, 24 * MiB};
-    CHECK_OK_D(dp_direct_fetch(t, "d", m.p, m.len, &b, 1, &r, &d), &d);
-    uint64_t done = 0, total = 0;
-    double t0 = dp_test_now();
-    while (done == 0 && dp_test_now() - t0 < 10) {
-        usleep(1000);
-        dp_direct_req_progress(r, &done, &total);
-    }
+    dp_direct_req *r = fetch_under_way(t, "d", &m, tg, 24 * MiB, &done, &total);
     CHECK(done > 0);
     kill(p.pid, SIGKILL);
     waitpid(p.pid, NULL, 0);
     p.pid = 0;
-    t0 = dp_test_now();
+    double t0 = dp_test_now();
     int rc = dp_direct_wait(r, -1, &d);
     double took = dp_test_now() - t0;
     printf("  publisher killed: wait -> %s after %.2f s: %s\n", dp_errname(rc), took,
@@ -1647,23 +1661,16 @@ DP_TEST(abort_ends_a_read_the_publisher_does_not_answer)
     unsetenv("UCX_TLS");
     dp__direct_set_chunk_pause(t, 0.02);
     dp_detail d;
-    dp_direct_req *r = NULL;
+    uint64_t done, total;
     uint8_t *tg = aligned_alloc(4096, 32 * MiB);
-    dp_direct_buf b = {tg, 32 * MiB};
-    CHECK_OK_D(dp_direct_fetch(t, "st", m.p, m.len, &b, 1, &r, &d), &d);
-    uint64_t done = 0, total = 0;
-    double t0 = dp_test_now();
-    while (done == 0 && dp_test_now() - t0 < 10) {
-        usleep(1000);
-        dp_direct_req_progress(r, &done, &total);
-    }
+    dp_direct_req *r = fetch_under_way(t, "st", &m, tg, 32 * MiB, &done, &total);
     CHECK(done > 0 && done < total);
     kill(p.pid, SIGSTOP);
     usleep(300 * 1000); /* the next chunk's READ is posted and gets no answer */
     dp_direct_req_progress(r, &done, &total);
     CHECK(done < total);
     CHECK_OK(dp_direct_abort(t, "st", &d));
-    t0 = dp_test_now();
+    double t0 = dp_test_now();
     int rc = dp_direct_wait(r, -1, &d);
     printf("  publisher stopped, fetch aborted: wait -> %s after %.3f s: %s\n",
            dp_errname(rc), dp_test_now() - t0, d.msg);

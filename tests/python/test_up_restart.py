@@ -22,14 +22,17 @@ import dataplane
 from conftest import _cli, _tail
 
 
+def _env():
+    # Not the sanitizer runtime this interpreter may have preloaded (pytest-asan.sh).
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 def _start(tmp_path, *extra):
     d = tmp_path / "c"
     log = tmp_path / "up.log"
-    # Not the sanitizer runtime this interpreter may have preloaded (pytest-asan.sh).
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.Popen([_cli(), "up", "--units", "2", "--slab", "64M", "--dir", str(d),
                              *extra], stdin=subprocess.DEVNULL, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                            stderr=subprocess.STDOUT, start_new_session=True, env=_env())
     end = time.monotonic() + 60
     while not (d / "cluster.json").exists():
         assert proc.poll() is None, _tail(log)
@@ -53,6 +56,24 @@ def _stop(proc):
             proc.wait()
 
 
+def _kill_and_wait_restart(proc, d, log, unit):
+    """SIGKILL unit and wait until cluster.json names its next process; the
+    units it names then."""
+    pid = _units(d)[unit]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 60
+    while True:
+        try:
+            now = _units(d)
+            if now[unit]["pid"] != pid:
+                return now
+        except (OSError, ValueError):
+            pass  # the file is being replaced
+        assert proc.poll() is None, _tail(log)
+        assert time.monotonic() < end, _tail(log)
+        time.sleep(0.05)
+
+
 def test_restart_keeps_the_cluster_and_the_client(tmp_path):
     proc, d, log = _start(tmp_path, "--restart")
     try:
@@ -61,18 +82,7 @@ def test_restart_keeps_the_cluster_and_the_client(tmp_path):
         rows = list(range(16))  # even rows on unit 0, odd on unit 1
         x = torch.randn(16, 4096)
         c.put(rows, {"x": x})
-        os.kill(before[0]["pid"], signal.SIGKILL)
-        end = time.monotonic() + 60
-        while True:
-            try:
-                now = _units(d)
-                if now[0]["pid"] != before[0]["pid"]:
-                    break
-            except (OSError, ValueError):
-                pass  # the file is being replaced
-            assert proc.poll() is None, _tail(log)
-            assert time.monotonic() < end, _tail(log)
-            time.sleep(0.05)
+        now = _kill_and_wait_restart(proc, d, log, 0)
         assert now[0]["zmq"] == before[0]["zmq"]
         assert now[0]["incarnation"] != before[0]["incarnation"]
         assert now[1] == before[1]
@@ -116,22 +126,6 @@ def test_max_restarts_stops_the_cluster(tmp_path):
         _stop(proc)
 
 
-def _kill_and_wait_restart(proc, d, log, unit):
-    """SIGKILL unit and wait until cluster.json names its next process."""
-    pid = _units(d)[unit]["pid"]
-    os.kill(pid, signal.SIGKILL)
-    end = time.monotonic() + 60
-    while True:
-        try:
-            if _units(d)[unit]["pid"] != pid:
-                return
-        except (OSError, ValueError):
-            pass  # the file is being replaced
-        assert proc.poll() is None, _tail(log)
-        assert time.monotonic() < end, _tail(log)
-        time.sleep(0.05)
-
-
 def test_restart_window_forgets_old_restarts(tmp_path):
     """--max-restarts counts within --restart-window: a unit that died once a
     window ago is started again (no timing is asserted: the sleep outlasts
@@ -147,39 +141,28 @@ def test_restart_window_forgets_old_restarts(tmp_path):
         _stop(proc)
 
 
-def test_restarts_past_the_limit_within_the_window_stop_up(tmp_path):
+@pytest.mark.parametrize("window, says", [
+    ("600", ["died 2 times in", "--restart-window 600 s"]),
+    ("never", ["died 2 times (--max-restarts 1)"]),  # a unit's whole life
+])
+def test_restarts_past_the_limit_within_the_window_stop_up(tmp_path, window, says):
     proc, d, log = _start(tmp_path, "--restart", "--max-restarts", "1",
-                          "--restart-window", "600")
+                          "--restart-window", window)
     try:
-        _kill_and_wait_restart(proc, d, log, 0)
-        os.kill(_units(d)[0]["pid"], signal.SIGKILL)  # 2 of 1 in 600 s
+        _kill_and_wait_restart(proc, d, log, 1)
+        os.kill(_units(d)[1]["pid"], signal.SIGKILL)  # 2 of 1
         assert proc.wait(30) == 1
         assert not (d / "cluster.json").exists()
         out = _tail(log)
-        assert "died 2 times in" in out and "--restart-window 600 s" in out, out
-    finally:
-        _stop(proc)
-
-
-def test_restart_window_never_counts_for_good(tmp_path):
-    proc, d, log = _start(tmp_path, "--restart", "--max-restarts", "1",
-                          "--restart-window", "never")
-    try:
-        _kill_and_wait_restart(proc, d, log, 1)
-        time.sleep(1)
-        os.kill(_units(d)[1]["pid"], signal.SIGKILL)
-        assert proc.wait(30) == 1
-        assert "died 2 times (--max-restarts 1)" in _tail(log)
+        assert all(w in out for w in says), out
     finally:
         _stop(proc)
 
 
 def test_restart_window_refuses_a_bad_value(tmp_path):
-    # Not the sanitizer runtime this interpreter may have preloaded (pytest-asan.sh).
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     r = subprocess.run([_cli(), "up", "--restart", "--restart-window", "0",
                         "--dir", str(tmp_path / "c")], capture_output=True, text=True,
-                       timeout=30, env=env)
+                       timeout=30, env=_env())
     assert r.returncode == 2 and "--restart-window" in r.stderr, (r.returncode, r.stderr)
 
 
