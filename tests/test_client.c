@@ -100,6 +100,8 @@ unit_main(int fd)
     o.alloc_lease_s = atof(getenv("DP_TC_LEASE"));
     o.quarantine_s = 0.5;
     o.numa = DP_UNIT_NUMA_OFF;
+    const char *rep = getenv("DP_TC_REPLICAS");
+    o.replicas = rep != NULL && *rep != '\0' ? (uint32_t)atoi(rep) : 1;
     const char *ssd = getenv("DP_TC_SSD");
     if (ssd != NULL && *ssd != '\0') {
         o.ssd_dir = ssd;
@@ -152,9 +154,11 @@ read_line(int fd, char *line, size_t cap, const char *what)
     CHECKF(dp_test_read_line(fd, line, cap, 60) > 0, "%s reported nothing", what);
 }
 
-/* SSD tier of the units cluster_start starts ("" / 0: none). */
+/* SSD tier of the units cluster_start starts ("" / 0: none), and their
+ * copies of each row ("": 1). */
 static char tc_ssd_dir[64];
 static uint64_t tc_staging;
+static char tc_replicas[8];
 
 static void
 cluster_start(cluster *cl, uint32_t n, uint64_t slab, double lease, double pin)
@@ -170,10 +174,10 @@ cluster_start(cluster *cl, uint32_t n, uint64_t slab, double lease, double pin)
     for (uint32_t u = 0; u < n; u++) {
         char id[16];
         snprintf(id, sizeof id, "%u", u);
-        const char *env[] = {"DP_TC_UNIT_ID", id,    "DP_TC_UNITS", sn,
-                             "DP_TC_SLAB",    slabs, "DP_TC_LEASE", ls,
-                             "DP_TC_PIN",     ps,    "DP_TC_SSD",   tc_ssd_dir,
-                             "DP_TC_STAGING", st,    NULL};
+        const char *env[] = {
+            "DP_TC_UNIT_ID", id, "DP_TC_UNITS",    sn,          "DP_TC_SLAB", slabs,
+            "DP_TC_LEASE",   ls, "DP_TC_PIN",      ps,          "DP_TC_SSD",  tc_ssd_dir,
+            "DP_TC_STAGING", st, "DP_TC_REPLICAS", tc_replicas, NULL};
         int fd;
         cl->pid[u] = spawn("unit", env, &fd);
         read_line(fd, cl->addr[u], sizeof cl->addr[u], "unit");
@@ -1947,4 +1951,184 @@ DP_TEST(ssd_tier_spill_and_stage)
     dp_client_close(c);
     cluster_stop(&cl);
     rmdir(dir);
+}
+
+/* ---- versions (docs/design.md, "Versions") ---- */
+
+/* c's version clock s seconds ahead, as on a host whose clock is. */
+static void
+clock_ahead(dp_client *c, double s)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t t = (uint64_t)((dp__wall_s() - DP__VER_EPOCH_S + s) * 1e6);
+    c->ver_last = t << DP__VER_SALT_BITS | c->ver_salt;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static double
+stat_sum(dp_client *c, const char *name)
+{
+    double s = 0;
+    for (uint32_t u = 0; u < dp_client_n_units(c); u++)
+        s += stat_of(c, u, name);
+    return s;
+}
+
+DP_TEST(versions_a_writer_whose_clock_is_behind_loses_no_update)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 32 << 20, 60, 10);
+    dp_client *a = connect_cl(&cl), *b = connect_cl(&cl);
+    clock_ahead(a, 3600);
+    uint64_t g[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    batch va, vb;
+    batch_make(&va, NULL, g, 8, 3, size_jagged, 1);
+    batch_make(&vb, NULL, g, 8, 3, size_jagged, 2);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(batch_put(a, &va, NULL, &d), &d);
+    /* b's put comes after a's returned, with a version below a's: refused,
+     * put again above it, and it is what every reader sees. */
+    dp_client_counters k0, k1;
+    CHECK_OK(dp_client_counters_get(b, &k0));
+    CHECK_OK_D(batch_put(b, &vb, NULL, &d), &d);
+    CHECK_OK(dp_client_counters_get(b, &k1));
+    CHECK(k1.retries > k0.retries);
+    double refused = stat_sum(b, "versions_refused");
+    CHECK(refused >= 1);
+    batch_verify(b, &vb, 2);
+    batch_verify(a, &vb, 2);
+    /* b's clock took a's versions up: its next put is refused nowhere. */
+    batch vc;
+    batch_make(&vc, NULL, g, 8, 3, size_jagged, 3);
+    CHECK_OK_D(batch_put(b, &vc, NULL, &d), &d);
+    CHECK_EQ(stat_sum(b, "versions_refused"), refused);
+    batch_verify(a, &vc, 3);
+    batch_free(&va);
+    batch_free(&vb);
+    batch_free(&vc);
+    dp_client_close(a);
+    dp_client_close(b);
+    cluster_stop(&cl);
+}
+
+typedef struct race_arg {
+    dp_client *c;
+    uint64_t base; /* contents' versions: base + round */
+    int rounds, fails;
+    dp_detail why;
+    pthread_barrier_t *start, *end; /* each round starts together; checked after */
+} race_arg;
+
+static const uint64_t race_rows[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+
+static uint64_t
+size_race(uint64_t gidx, uint32_t f)
+{
+    /* Inline (small) and WRITE-then-commit (large) parts. */
+    return gidx % 3 == 0 ? 100000 + f : 512 + f;
+}
+
+/* Between a unit's WRITE and its commit: a random pause, so that two writers'
+ * commits reach a row's two units in different orders. */
+static void
+race_hook(const char *stage)
+{
+    static __thread uint64_t seed;
+    if (seed == 0)
+        seed = (uint64_t)pthread_self() | 1;
+    if (strcmp(stage, "put:written") == 0)
+        usleep((useconds_t)(dp_test_rand(&seed) % 1500));
+}
+
+static void *
+race_main(void *p)
+{
+    race_arg *a = p;
+    for (int k = 1; k <= a->rounds; k++) {
+        batch b;
+        batch_make(&b, NULL, race_rows, 12, 2, size_race, a->base + (uint64_t)k);
+        pthread_barrier_wait(a->start);
+        if (batch_put(a->c, &b, NULL, &a->why) != 0)
+            a->fails++;
+        pthread_barrier_wait(a->end);
+        batch_free(&b);
+    }
+    return NULL;
+}
+
+/* The version tag of key gidx@field f held by unit u (reader routes to u only). */
+static uint64_t
+copy_tag(dp_client *reader, uint64_t gidx, uint32_t f)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%" PRIu64 "@%s", gidx, field_names[f]);
+    uint64_t len = size_race(gidx, f);
+    uint8_t *out = malloc(len);
+    dp_get_item it = {.key = key, .dst = out, .cap = len};
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_client_get(reader, &it, 1, &d), &d);
+    uint64_t v = 0;
+    CHECKF(check_value(out, it.nbytes, gidx, f, &v), "key %s: content is no put's", key);
+    free(out);
+    return v;
+}
+
+DP_TEST(versions_replicas_agree_after_writers_race)
+{
+    snprintf(tc_replicas, sizeof tc_replicas, "2");
+    cluster cl;
+    cluster_start(&cl, 3, 32 << 20, 60, 10);
+    tc_replicas[0] = '\0';
+    dp_client *a = connect_cl(&cl), *b = connect_cl(&cl);
+    CHECK_EQ(dp_client_replicas(a), 2);
+    /* a's clock a little ahead: b's puts meet "Stale" too, not only races. */
+    clock_ahead(a, 0.002);
+    enum { ROUNDS = 30 };
+    pthread_barrier_t start, end;
+    pthread_barrier_init(&start, NULL, 3);
+    pthread_barrier_init(&end, NULL, 3);
+    race_arg ra = {.c = a, .base = 1000, .rounds = ROUNDS, .start = &start, .end = &end};
+    race_arg rb = {.c = b, .base = 2000, .rounds = ROUNDS, .start = &start, .end = &end};
+    dp_client *rd[3];
+    for (uint32_t u = 0; u < 3; u++) {
+        rd[u] = connect_cl(&cl);
+        rd[u]->only_unit = u; /* a repair's routing: reads the copy unit u holds */
+    }
+    pthread_t ta, tb;
+    dp__client_test_hook = race_hook;
+    CHECK(pthread_create(&ta, NULL, race_main, &ra) == 0);
+    CHECK(pthread_create(&tb, NULL, race_main, &rb) == 0);
+    /* After each round: every copy of every key holds the same put's value. */
+    int differ = 0;
+    for (int k = 1; k <= ROUNDS; k++) {
+        pthread_barrier_wait(&start);
+        pthread_barrier_wait(&end);
+        for (size_t r = 0; r < 12; r++)
+            for (uint32_t f = 0; f < 2; f++) {
+                uint64_t g = race_rows[r];
+                uint64_t v0 = copy_tag(rd[g % 3], g, f);
+                uint64_t v1 = copy_tag(rd[(g + 1) % 3], g, f);
+                CHECK(v0 == 1000 + (uint64_t)k || v0 == 2000 + (uint64_t)k);
+                if (v0 != v1 && differ++ < 5)
+                    fprintf(stderr,
+                            "round %d, row %" PRIu64 " field %u: copies hold %" PRIu64
+                            " and %" PRIu64 "\n",
+                            k, g, f, v0, v1);
+            }
+    }
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    dp__client_test_hook = NULL;
+    pthread_barrier_destroy(&start);
+    pthread_barrier_destroy(&end);
+    CHECKF(ra.fails == 0, "a: %s", dp_detail_msg(&ra.why));
+    CHECKF(rb.fails == 0, "b: %s", dp_detail_msg(&rb.why));
+    CHECKF(differ == 0, "%d keys whose copies differ", differ);
+    for (uint32_t u = 0; u < 3; u++)
+        dp_client_close(rd[u]);
+    dp_client_close(a);
+    dp_client_close(b);
+    cluster_stop(&cl);
 }

@@ -195,11 +195,11 @@ DP_TEST(inline_put_spills_when_ram_is_full)
     dp__wire_put_args a = {
         dp__wire_s("small-1"), {t.p, (uint32_t)t.len}, 2, false, dp__unit_incarnation(u)};
     dp__wire_commit_state cs = DP_WIRE_COMMIT_LOST;
-    CHECK_ERR_D(dp__unit_put_inline(u, &a, &cs, NULL, &d), DP_EUNITFULL, &d);
+    CHECK_ERR_D(dp__unit_put_inline(u, &a, &cs, NULL, NULL, &d), DP_EUNITFULL, &d);
     CHECK_EQ(read_row(u, g, 1), RD_MISSING);
 
     a.spill = true;
-    CHECK_OK_D(dp__unit_put_inline(u, &a, &cs, NULL, &d), &d);
+    CHECK_OK_D(dp__unit_put_inline(u, &a, &cs, NULL, NULL, &d), &d);
     CHECK_EQ(cs, DP_WIRE_COMMIT_PENDING);
     double t0 = dp_test_now();
     while (cs == DP_WIRE_COMMIT_PENDING && dp_test_now() - t0 < 30) {

@@ -195,6 +195,7 @@ client_new(const dp_client_opts *opts, uint32_t n_units, bool ctl_only, dp_clien
         return rc;
     for (int i = 0; i < 8; i++)
         snprintf(c->blob_prefix + 2 * i, 3, "%02x", rnd[i]);
+    c->ver_salt = ((uint64_t)rnd[6] << 8 | rnd[7]) & ((1u << DP__VER_SALT_BITS) - 1);
     if (c->o.name != NULL) {
         size_t nl = strlen(c->o.name);
         if (nl == 0 || nl > 200)

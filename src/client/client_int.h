@@ -115,6 +115,10 @@ struct dp_client {
     dp__wire_rid_gen rids;
     char blob_prefix[17]; /* random per client: blob ids "<prefix>-<seq>" */
     uint64_t blob_seq;
+    /* The puts' versions (docs/design.md, "Versions"): the last one given, and
+     * this client's salt in their low bits (random, DP__VER_SALT_BITS). */
+    uint64_t ver_last;
+    uint64_t ver_salt;
     uint32_t n_units;
     /*
      * Copies of each row (docs/design.md, "Replicas"): row g lives on units
@@ -209,6 +213,29 @@ typedef struct dp__repair_sum {
  */
 int dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
                       dp_detail *d);
+
+/*
+ * Versions of puts (docs/design.md, "Versions"): microseconds since
+ * 2020-01-01 UTC in the high 52 bits (a hybrid clock: never below the last
+ * version given, nor below one a unit answered "Stale" with), the client's
+ * random salt in the low 12, so that two clients writing one key in the same
+ * microsecond still differ.
+ */
+#define DP__VER_SALT_BITS 12
+#define DP__VER_EPOCH_S 1577836800.0 /* 2020-01-01T00:00:00Z */
+
+/* A version above both the last one this client gave and above (locked). */
+static inline uint64_t
+dp__client_ver_next_locked(dp_client *c, uint64_t above)
+{
+    double us = (dp__wall_s() - DP__VER_EPOCH_S) * 1e6;
+    uint64_t t = us > 0 ? (uint64_t)us : 0;
+    uint64_t floor = DP_MAX(c->ver_last, above) >> DP__VER_SALT_BITS;
+    if (t <= floor)
+        t = floor + 1;
+    c->ver_last = t << DP__VER_SALT_BITS | c->ver_salt;
+    return c->ver_last;
+}
 
 /* The copies of each row this client writes (1 until a unit said). */
 static inline uint32_t

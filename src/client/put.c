@@ -299,6 +299,7 @@ inline_send_locked(dp_client *c, put_unit *pu, const uint8_t *stage, size_t slot
     q.a.put.n_entries = pu->n_ent;
     q.a.put.spill = !c->o.no_spill && c->only_unit < 0;
     q.a.put.repair = c->only_unit >= 0;
+    q.a.put.ver = pu->ver;
     /* Only the process this client is bound to may store it. */
     q.a.put.incarnation = c->units[pu->st.u].incarnation;
     return send_part_locked(c, pu, slot, &q);
@@ -372,6 +373,10 @@ inline_phase_locked(put_op *p, size_t base, size_t n)
                 if (rc == DP_EBUSY && dp__left_s(deadline) > 0) {
                     busy = true; /* stays ST_INLINE: nothing was allocated */
                     c->cnt.busy_waits++;
+                } else if (rc == DP__ESTALE) {
+                    pu->st.rc = rc; /* as a commit's (nothing stored) */
+                    pu->st.state = ST_FAILED;
+                    pu->stale = rep.err.ver;
                 } else {
                     pu->st.rc = rc;
                     pu->st.state = ST_FAILED;
@@ -408,6 +413,7 @@ send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_COMMIT;
     q.a.commit.blob_id = dp__wire_s(pu->blob_id);
+    q.a.commit.ver = pu->ver;
     int rc = dp__client_prepare_locked(c, pu->st.u, slot, &q, &pu->st.det);
     if (rc != 0) {
         pu->st.rc = rc;
@@ -621,6 +627,12 @@ commit_phase_locked(put_op *p, size_t ns)
                 if (rc == DP_EBUSY && dp__left_s(deadline) > 0) {
                     again = true;
                     c->cnt.busy_waits++;
+                } else if (rc == DP__ESTALE) {
+                    /* A key is held at a newer version: nothing published, the
+                     * unit freed the region; put again above it. */
+                    pu->st.rc = rc;
+                    pu->st.state = ST_FAILED;
+                    pu->stale = rep.err.ver;
                 } else {
                     pu->st.rc = rc;
                     pu->st.state = ST_FAILED;
@@ -845,6 +857,8 @@ dp__put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
     if (a.deadline == 0) /* a put again keeps its call's budget */
         a.deadline = dp__now_s() + c->o.timeout_s;
     a.copies = c->only_unit >= 0 ? 1 : dp__client_replicas(c);
+    /* A repair's copy keeps no version of its own (docs/design.md, "Versions"). */
+    a.ver = c->only_unit >= 0 ? 0 : dp__client_ver_next_locked(c, a.ver_above);
     dp__client_buf *stage = NULL;
     size_t stage_total = 0;
     bool decided = false; /* put_outcome_locked set row_status */
@@ -906,6 +920,7 @@ dp__put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d)
     size_t nw = write_phase_locked(&a);
     inline_phase_locked(&a, ns, ni);
     commit_phase_locked(&a, nw);
+    dp__put_stale_locked(&a);
     rc = a.copies > 1 ? dp__put_decide_copies_locked(&a, row_status, d)
                       : dp__put_outcome_locked(&a, row_status, d);
     decided = true;
@@ -927,6 +942,7 @@ out:
     ap->again = a.again; /* the caller's, to put those rows again */
     ap->n_again = a.n_again;
     ap->deadline = a.deadline;
+    ap->ver_above = a.ver_above; /* raised by a "Stale" answer */
     a.again = NULL;
     put_op_fini(&a);
     return rc;

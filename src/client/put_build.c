@@ -132,6 +132,7 @@ dp__put_size_locked(put_op *p, dp_detail *d)
             continue;
         put_unit *pu = &p->pus[p->npu];
         pu->st.u = u;
+        pu->ver = p->ver;
         pu->n_rows = dp__groups_count(&p->g, u);
         pu->ent0 = (uint32_t)n_ent;
         dp__blob_sizer z;

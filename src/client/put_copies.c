@@ -33,11 +33,12 @@ put_outcome_copies_locked(put_op *p, int *rst, bool *again, size_t *n_again)
     for (size_t i = 0; i < p->npu; i++) {
         put_unit *pu = &p->pus[i];
         uint32_t u = pu->st.u;
-        bool done = pu->st.state != ST_FAILED;
-        pu->gone = !done && dp__ctl_peer_gone(c->units[u].addr);
-        bool retry = !done && !pu->gone && !p->no_again &&
-                     dp__left_s(p->deadline) > 0.05 &&
-                     (pu->st.rc == DP_ETRANSFER || pu->st.rc == DP_ERESTARTED);
+        bool stale = pu->st.state == ST_AGAIN; /* dp__put_stale_locked */
+        bool done = pu->st.state != ST_FAILED && !stale;
+        pu->gone = !done && !stale && dp__ctl_peer_gone(c->units[u].addr);
+        bool retry = stale || (!done && !pu->gone && p->round == 0 &&
+                               dp__left_s(p->deadline) > 0.05 &&
+                               (pu->st.rc == DP_ETRANSFER || pu->st.rc == DP_ERESTARTED));
         if (pu->gone)
             DP_LOG_W("client: put: unit %u (%s) is gone (refuses connections): its "
                      "rows in blob %s land on their other units",
@@ -112,6 +113,51 @@ put_report_copies(const put_op *p, const int *rst, dp_detail *d)
     return first;
 }
 
+void
+dp__put_stale_locked(put_op *a)
+{
+    size_t n_stale = 0;
+    for (size_t i = 0; i < a->npu; i++) {
+        put_unit *pu = &a->pus[i];
+        if (pu->st.state != ST_FAILED || pu->st.rc != DP__ESTALE)
+            continue;
+        if (a->round + 1 < DP__PUT_STALE_TRIES && dp__left_s(a->deadline) > 0.05) {
+            pu->st.state = ST_AGAIN;
+            a->ver_above = DP_MAX(a->ver_above, pu->stale);
+            n_stale++;
+            continue;
+        }
+        /* Other writers kept replacing these keys with newer versions. */
+        pu->st.rc = DP_EBUSY;
+        dp__detail_append(&pu->st.det,
+                          "; newer versions kept being written while this put was "
+                          "tried %u times: put again",
+                          a->round + 1);
+    }
+    if (n_stale == 0 || a->copies > 1)
+        return; /* dp__put_decide_copies_locked takes them */
+    if (a->again == NULL && (a->again = calloc(a->n_rows, sizeof *a->again)) == NULL) {
+        for (size_t i = 0; i < a->npu; i++)
+            if (a->pus[i].st.state == ST_AGAIN) {
+                a->pus[i].st.state = ST_FAILED;
+                a->pus[i].st.rc = DP_ENOMEM;
+            }
+        return;
+    }
+    for (size_t i = 0; i < a->npu; i++) {
+        const put_unit *pu = &a->pus[i];
+        if (pu->st.state != ST_AGAIN)
+            continue;
+        for (uint32_t k = a->g.start[pu->st.u]; k < a->g.start[pu->st.u + 1]; k++) {
+            uint32_t r = a->g.order[k];
+            if (!a->again[r]) {
+                a->again[r] = true;
+                a->n_again++;
+            }
+        }
+    }
+}
+
 int
 dp__put_decide_copies_locked(put_op *a, int *row_status, dp_detail *d)
 {
@@ -156,9 +202,14 @@ dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d)
             memcpy(vx + j * nf, a->values + r * nf, nf * sizeof *vx);
             j++;
         }
-    DP_LOG_I("client: put: %zu row(s) met a dropped connection or a restarted unit: "
-             "putting them again",
-             m);
+    if (a->ver_above != 0)
+        DP_LOG_D("client: put: %zu row(s) held at a newer version (%" PRIu64
+                 ") by a unit: putting them again above it",
+                 m, a->ver_above);
+    else
+        DP_LOG_I("client: put: %zu row(s) met a dropped connection or a restarted "
+                 "unit: putting them again",
+                 m);
     pthread_mutex_lock(&a->c->mu);
     a->c->cnt.retries++;
     pthread_mutex_unlock(&a->c->mu);
@@ -169,11 +220,14 @@ dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d)
                 .n_fields = nf,
                 .values = vx,
                 .deadline = a->deadline,
-                .no_again = true};
+                .ver_above = a->ver_above,
+                .round = a->round + 1};
     dp_detail e;
     dp_detail_clear(&e);
     int rc2 = dp__put_impl(&b, st, lx, &e);
-    free(b.again); /* no third try */
+    if (b.n_again > 0) /* stale again (bounded by DP__PUT_STALE_TRIES) */
+        rc2 = dp__put_again(&b, rc2, st, lx, &e);
+    free(b.again);
     for (size_t k = 0; k < m; k++) {
         if (row_status != NULL)
             row_status[idx[k]] = st[k];

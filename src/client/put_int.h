@@ -13,7 +13,21 @@
 
 #include "client/client_int.h"
 
-enum { ST_NONE = 0, ST_ALLOC, ST_INLINE, ST_WRITE, ST_COMMIT, ST_DONE, ST_FAILED };
+/* ST_AGAIN: refused as stale (a key held at a higher version): its rows are
+ * put again above that version (docs/design.md, "Versions"). */
+enum {
+    ST_NONE = 0,
+    ST_ALLOC,
+    ST_INLINE,
+    ST_WRITE,
+    ST_COMMIT,
+    ST_DONE,
+    ST_FAILED,
+    ST_AGAIN
+};
+
+/* How many times a put's rows are put again after a "Stale" refusal. */
+#define DP__PUT_STALE_TRIES 8
 
 /* An entry's key, for its location hint: its CRC32C and hash (dp__hash64). */
 typedef struct put_key {
@@ -35,6 +49,8 @@ typedef struct put_unit {
     bool unsized;      /* its unit was not bound yet: size checked once it is */
     bool poll;         /* its inline put answered "pending": commit polls it */
     bool gone;         /* failed, and its unit's process is gone (replicas: skipped) */
+    uint64_t ver;      /* the put's version, named by its commit or inline put */
+    uint64_t stale;    /* refused as stale: the version the unit holds */
     dp__blob_layout lay;
     size_t stage_off, stage_len;
     char blob_id[40];
@@ -77,7 +93,15 @@ typedef struct put_op {
      */
     bool *again;
     size_t n_again;
-    bool no_again; /* this is the put again: what fails now fails */
+    /*
+     * Versions (docs/design.md, "Versions"): this put's (0 for a repair's
+     * copy: its keys keep none), and one it must be above (a unit's answer
+     * to an earlier try). round: 0 for the call's first try; a flap or a
+     * restart puts rows again only after it, a "Stale" refusal up to
+     * DP__PUT_STALE_TRIES times.
+     */
+    uint64_t ver, ver_above;
+    uint32_t round;
 } put_op;
 
 /* ---- put_build.c: building the blobs ---- */
@@ -124,7 +148,7 @@ void dp__put_locs_locked(const put_op *p, dp_loc *locs);
 /* ---- put.c ---- */
 
 /* The put of ap's call arguments (its other fields zero, but for a put
- * again's deadline and no_again): every phase, in order. ap gets the rows to
+ * again's deadline, round and ver_above): every phase, in order. ap gets the rows to
  * put again (ap->again, ap->n_again: the caller frees again). */
 int dp__put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d);
 
@@ -132,6 +156,14 @@ int dp__put_impl(put_op *ap, int *row_status, dp_loc *locs, dp_detail *d);
 int dp__put_outcome_locked(const put_op *p, int *row_status, dp_detail *d);
 
 /* ---- put_copies.c: replicas ---- */
+
+/*
+ * Parts refused as stale (DP__ESTALE) go to ST_AGAIN while tries and budget
+ * are left, raising a->ver_above to the version they lost to; the others
+ * fail with DP_EBUSY. Without replicas their rows go to a->again here (with
+ * replicas dp__put_decide_copies_locked takes them).
+ */
+void dp__put_stale_locked(put_op *a);
 
 /*
  * With replicas: which rows landed (row_status, when given) and the report;

@@ -35,22 +35,31 @@
  * incarnations").
  */
 static void
-reply_error(dp__unit *u, dp__wire_str rid, int code, const dp_detail *d,
-            const char *reason, dp__buf *out)
+reply_error_ver(dp__unit *u, dp__wire_str rid, int code, const dp_detail *d,
+                const char *reason, uint64_t ver, dp__buf *out)
 {
     dp__buf_reset(out);
     if (rid.n == 0)
         return;
-    if (code != DP_EUNITFULL && code != DP_EBUSY && code != DP_ELOST)
+    if (code != DP_EUNITFULL && code != DP_EBUSY && code != DP_ELOST &&
+        code != DP__ESTALE)
         code = DP_EPROTO;
     dp__wire_error e = {
         .code = code,
         .msg = dp__wire_s(dp_detail_msg(d)),
         .reason = dp__wire_s(reason),
+        .ver = code == DP__ESTALE ? ver : 0,
     };
     if (dp__wire_reply_encode_error(rid, dp__unit_incarnation(u), &e, NULL, out, NULL) !=
         0)
         dp__buf_reset(out);
+}
+
+static void
+reply_error(dp__unit *u, dp__wire_str rid, int code, const dp_detail *d,
+            const char *reason, dp__buf *out)
+{
+    reply_error_ver(u, rid, code, d, reason, 0, out);
 }
 
 /* Encode rep; if that fails (too big, out of memory) answer the failure instead. */
@@ -421,21 +430,24 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
             reply_error(u, req.rid, rc, &d, reason, reply);
         break;
     }
-    case DP_WIRE_OP_COMMIT:
-        rc = dp__unit_commit(u, req.a.commit.blob_id.p, req.a.commit.blob_id.n,
-                             &rep.r.commit, &d);
+    case DP_WIRE_OP_COMMIT: {
+        uint64_t stale = 0;
+        rc = dp__unit_commit_ver(u, req.a.commit.blob_id.p, req.a.commit.blob_id.n,
+                                 req.a.commit.ver, &rep.r.commit, &stale, &d);
         if (rc == 0)
             reply_ok(u, &rep, reply);
         else
-            reply_error(u, req.rid, rc, &d, NULL, reply);
+            reply_error_ver(u, req.rid, rc, &d, NULL, stale, reply);
         break;
+    }
     case DP_WIRE_OP_PUT: {
         const char *reason = NULL;
-        rc = dp__unit_put_inline(u, &req.a.put, &rep.r.commit, &reason, &d);
+        uint64_t stale = 0;
+        rc = dp__unit_put_inline(u, &req.a.put, &rep.r.commit, &reason, &stale, &d);
         if (rc == 0)
             reply_ok(u, &rep, reply);
         else
-            reply_error(u, req.rid, rc, &d, reason, reply);
+            reply_error_ver(u, req.rid, rc, &d, reason, stale, reply);
         break;
     }
     case DP_WIRE_OP_ABORT:

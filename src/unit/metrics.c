@@ -85,6 +85,8 @@ static const metric_def defs[] = {
      "Requests their client sent again after a dropped connection, carried out again"},
     {"restart_refused", "restart_refused_total", true,
      "Inline puts meant for an earlier process of this unit, refused"},
+    {"versions_refused", "versions_refused_total", true,
+     "Commits below the version of a key they would replace, refused (Stale)"},
     {"leases_expired", "leases_expired_total", true,
      "Allocations retired by their lease"},
     {"pins_expired", "pins_expired_total", true, "Pins that expired"},

@@ -184,6 +184,9 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
             continue;
         slot *s = &at[i].r->s[at[i].k];
         blob_rec *old = s->b;
+        /* An unversioned commit (an older client) keeps the key's version. */
+        if (b->ver != 0 || old == NULL)
+            s->ver = b->ver;
         s->b = b;
         s->i = i;
         s->field = dp__blob_entry_at(pb, i)->field; /* the name now lives in b */
@@ -198,6 +201,37 @@ nomem:
     free(at);
     publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
     return dp__fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published", b->id);
+}
+
+uint64_t
+dp__rows_stale_locked(dp__unit *u, const blob_rec *b)
+{
+    if (b->ver == 0)
+        return 0;
+    const dp__blob *pb = b->parsed;
+    uint32_t n = dp__blob_count(pb);
+    uint64_t high = 0;
+    row *r = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        const dp__blob_entry *e = dp__blob_entry_at(pb, i);
+        if (r == NULL || r->gidx != e->gidx)
+            r = dp__map_get_u64(&u->rows, e->gidx);
+        const slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
+        if (s != NULL && s->b != NULL && s->ver > b->ver && s->ver > high)
+            high = s->ver;
+    }
+    return high;
+}
+
+bool
+dp__slot_wins_locked(const slot *s, const blob_rec *b)
+{
+    if (s->ver != b->ver && b->ver != 0)
+        return s->ver > b->ver;
+    /* Equal versions (or b unversioned): the later commit wins, except that a
+     * repair's copy is older than anything written to this unit since it
+     * started, whenever it was committed. */
+    return s->b->commit_seq > b->commit_seq && !(s->b->flags & REC_REPAIR);
 }
 
 /* ---- release (the row index's rows dropped) ---- */

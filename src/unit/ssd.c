@@ -141,8 +141,9 @@ dp__ssd_submit_locked(dp__unit *u, int kind, blob_rec *b)
 
 /*
  * The entries a finished spill may still publish: not cleared by a release
- * since its commit (spill_keep), and not pointing at a blob whose commit came
- * later. *keep (malloc'd, one byte per entry) is NULL when none remain.
+ * since its commit (spill_keep), and not held at a higher version, or at the
+ * same one by a later commit (dp__slot_wins_locked). *keep (malloc'd, one byte per entry)
+ * is NULL when none remain.
  */
 static int
 spill_keep_locked(dp__unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_detail *d)
@@ -158,10 +159,8 @@ spill_keep_locked(dp__unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_d
         if (live) {
             row *r = dp__map_get_u64(&u->rows, e->gidx);
             slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
-            /* A repair's copy is older than anything written to this unit
-             * since it started, whenever it was committed: the spill wins. */
-            if (s != NULL && s->b != NULL && s->b->commit_seq > b->commit_seq &&
-                !(s->b->flags & REC_REPAIR))
+            /* The higher version wins (docs/design.md, "Versions"). */
+            if (s != NULL && s->b != NULL && dp__slot_wins_locked(s, b))
                 live = false;
         }
         k[i] = live;

@@ -235,6 +235,16 @@ uint64_t dp__unit_alloc_token(dp__unit *u, const char *blob_id, size_t id_len);
 int dp__unit_commit(dp__unit *u, const char *blob_id, size_t id_len,
                     dp__wire_commit_state *state, dp_detail *d);
 
+/*
+ * dp__unit_commit of a put of version ver (0: unversioned; docs/design.md,
+ * "Versions"): at its validation, a key it would replace held at a higher
+ * version refuses it with DP__ESTALE and that version in *stale (nothing
+ * published, the region freed). A repair's copy is not refused (its keep
+ * rule decides, key by key).
+ */
+int dp__unit_commit_ver(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
+                        dp__wire_commit_state *state, uint64_t *stale, dp_detail *d);
+
 /* The largest blob an inline put may carry, and the most value bytes one
  * resolve_keys reply carries. */
 #define DP_UNIT_INLINE_MAX DP_WIRE_INLINE_MAX
@@ -244,12 +254,14 @@ int dp__unit_commit(dp__unit *u, const char *blob_id, size_t id_len,
  * dp__unit_alloc_req (no writer: the unit copies the bytes itself), copy
  * args->data into the region, stamp this allocation into its header, and
  * commit as dp__unit_commit. A blob that fails to commit is freed at once.
- * Errors: those of alloc (DP_EBUSY with *reason, DP_EUNITFULL) and commit;
+ * Errors: those of alloc (DP_EBUSY with *reason, DP_EUNITFULL) and commit
+ * (DP__ESTALE with *stale, as dp__unit_commit_ver);
  * DP_EPROTO for an id already in use or a blob outside 64..DP_UNIT_INLINE_MAX
  * bytes.
  */
 int dp__unit_put_inline(dp__unit *u, const dp__wire_put_args *args,
-                        dp__wire_commit_state *state, const char **reason, dp_detail *d);
+                        dp__wire_commit_state *state, const char **reason,
+                        uint64_t *stale, dp_detail *d);
 
 /*
  * Forget an uncommitted blob. in_flight: its WRITE may still run, so the region
@@ -420,7 +432,9 @@ void dp__unit_fields_free(dp__wire_fields *recs, uint32_t n);
       "stale_refused") /* requests older than one the client sent later */               \
     X(repeats_taken, "repeats_taken")     /* requests sent again after a drop, taken */  \
     X(restart_refused, "restart_refused") /* inline puts meant for an earlier process */ \
-    X(leases_expired, "leases_expired")   /* allocations retired by the ticker */        \
+    X(versions_refused,                                                                  \
+      "versions_refused")               /* commits below a key's version ("Stale") */    \
+    X(leases_expired, "leases_expired") /* allocations retired by the ticker */          \
     X(pins_expired, "pins_expired")                                                      \
     X(allocated_bytes, "allocated_bytes")     /* read: the put area's allocator */       \
     X(free_bytes, "free_bytes")               /* read */                                 \

@@ -122,6 +122,7 @@ struct blob_rec {
     uint64_t size;   /* as allocated (rounded up) */
     uint64_t n_entries_decl;
     uint64_t token;     /* the allocation's token: its blob's header must name it */
+    uint64_t ver;       /* the version its commit named (0: unversioned; "Versions") */
     dp__writer *writer; /* who WRITEs it, until its commit validates (a reference) */
     uint64_t refs;
     uint32_t n_pins;
@@ -191,6 +192,7 @@ typedef struct slot {
     uint32_t flen;
     uint32_t hash; /* of the field name, to skip most comparisons */
     uint32_t i;    /* entry index in b->parsed */
+    uint64_t ver;  /* the key's version (docs/design.md, "Versions"); 0: none */
 } slot;
 
 /*
@@ -398,6 +400,18 @@ slot *dp__row_slot(row *r, const char *f, uint32_t flen);
  */
 int dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double now,
                             dp_detail *d);
+/*
+ * The highest version held of a key that b (validated, versioned) would
+ * replace, when it is above b's own; 0 when b may publish (docs/design.md,
+ * "Versions").
+ */
+uint64_t dp__rows_stale_locked(dp__unit *u, const blob_rec *b);
+/*
+ * Whether the key held in s wins over an entry of b committed after it: a
+ * higher version, or the same one (both unversioned) committed later
+ * (ssd.c: a spill publishing after later commits).
+ */
+bool dp__slot_wins_locked(const slot *s, const blob_rec *b);
 
 /* ---- pins (pins.c) ---- */
 

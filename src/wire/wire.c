@@ -390,6 +390,7 @@ static const dp__wire_fdesc alloc_f[] = {
 };
 static const dp__wire_fdesc commit_f[] = {
     F(dp__wire_commit_args, blob_id, ID, 1, 0),
+    F(dp__wire_commit_args, ver, U64, 0, 0),
 };
 static const dp__wire_fdesc put_f[] = {
     F(dp__wire_put_args, blob_id, ID, 1, 0),
@@ -398,6 +399,7 @@ static const dp__wire_fdesc put_f[] = {
     F(dp__wire_put_args, spill, BOOL, 0, 1),
     F(dp__wire_put_args, incarnation, U64, 0, 0),
     F(dp__wire_put_args, repair, BOOL, 0, 0),
+    F(dp__wire_put_args, ver, U64, 0, 0),
 };
 static const dp__wire_fdesc abort_f[] = {
     F(dp__wire_abort_args, blob_id, ID, 1, 0),

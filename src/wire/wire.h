@@ -221,6 +221,9 @@ typedef struct dp__wire_alloc_args {
 
 typedef struct dp__wire_commit_args {
     dp__wire_str blob_id;
+    /* optional, 0: unversioned. The put's version (docs/design.md, "Versions"):
+     * a key held at a higher version refuses the commit ("Stale"). */
+    uint64_t ver;
 } dp__wire_commit_args;
 
 /*
@@ -241,7 +244,8 @@ typedef struct dp__wire_put_args {
     /* optional, 0: any. The unit process the client's view is bound to: another
      * one refuses the put (a restarted unit stores nothing of it). */
     uint64_t incarnation;
-    bool repair; /* optional, default false: as alloc's */
+    bool repair;  /* optional, default false: as alloc's */
+    uint64_t ver; /* optional, 0: unversioned; as commit's */
 } dp__wire_put_args;
 
 typedef struct dp__wire_abort_args {
@@ -363,9 +367,10 @@ int dp__wire_request_peek(const void *msg, size_t len, const dp__wire_limits *li
 /*
  * The control protocol this code speaks (info's proto). 2: replies carry the
  * unit's incarnation, alloc answers {off, token}, blobs carry their
- * allocation's identity (blob layout version 2).
+ * allocation's identity (blob layout version 2). 3: put, inline values. 4:
+ * versions on commit and put, the "Stale" error (docs/design.md, "Versions").
  */
-#define DP_WIRE_PROTO 3
+#define DP_WIRE_PROTO 4
 
 typedef struct dp__wire_info {
     uint64_t unit_id;
@@ -504,18 +509,27 @@ typedef struct dp__wire_list_keys_res {
 
 /* ---- errors ---- */
 
+/*
+ * A commit (or inline put) refused because a key it would replace is held at
+ * a higher version (docs/design.md, "Versions"). Internal to the library: the
+ * client puts the rows again above that version, and reports DP_EBUSY if they
+ * keep losing.
+ */
+#define DP__ESTALE 8990
+
 typedef struct dp__wire_error {
-    int code;            /* DP_EUNITFULL, DP_EBUSY, DP_ELOST or DP_EPROTO */
+    int code;            /* DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP__ESTALE or DP_EPROTO */
     dp__wire_str kind;   /* decode: as received; encode: ignored (derived from code) */
     dp__wire_str msg;    /* text */
     dp__wire_str reason; /* n == 0: nil */
     dp__wire_strs blobs; /* blob ids or keys; n == 0: nil */
+    uint64_t ver;        /* "Stale": the version that refused the commit; 0: not sent */
 } dp__wire_error;
 
 /*
  * Kind names: DP_EUNITFULL "UnitFull", DP_EBUSY "Busy", DP_ELOST "Missing",
- * any other code "Protocol". Parsing an unknown kind gives DP_EPROTO (a newer
- * unit's kind is still an error the client can report).
+ * DP__ESTALE "Stale", any other code "Protocol". Parsing an unknown kind gives DP_EPROTO
+ * (a newer unit's kind is still an error the client can report).
  */
 const char *dp__wire_err_kind(int code);
 int dp__wire_err_code(dp__wire_str kind);

@@ -67,6 +67,7 @@ static const dp__wire_fdesc error_f[] = {
     F(dp__wire_error, msg, TEXT, 1, 0),
     F(dp__wire_error, reason, TEXT_OR_NIL, 0, 0),
     F(dp__wire_error, blobs, KEYS_OR_NIL, 0, 0),
+    F(dp__wire_error, ver, U64, 0, 0),
 };
 
 #define TAB(t) t, DP_ARRAY_LEN(t)
@@ -91,6 +92,8 @@ dp__wire_err_kind(int code)
         return "Busy";
     case DP_ELOST:
         return "Missing";
+    case DP__ESTALE:
+        return "Stale";
     default:
         return "Protocol";
     }
@@ -105,6 +108,8 @@ dp__wire_err_code(dp__wire_str kind)
         return DP_EBUSY;
     if (dp__wire_str_eq(kind, "Missing"))
         return DP_ELOST;
+    if (dp__wire_str_eq(kind, "Stale"))
+        return DP__ESTALE;
     return DP_EPROTO;
 }
 
@@ -450,7 +455,7 @@ put_result(dp__mp_writer *w, const dp__wire_reply *rep, const dp__wire_limits *l
 static void
 put_error(dp__mp_writer *w, const dp__wire_error *e, const dp__wire_limits *lim)
 {
-    dp__mp_put_map(w, 4);
+    dp__mp_put_map(w, e->ver != 0 ? 5 : 4);
     dp__mp_put_str(w, "kind");
     dp__mp_put_str(w, dp__wire_err_kind(e->code));
     dp__mp_put_str(w, "msg");
@@ -459,6 +464,10 @@ put_error(dp__mp_writer *w, const dp__wire_error *e, const dp__wire_limits *lim)
     dp__wire_value_encode(w, DP__V_TEXT_OR_NIL, &e->reason, lim);
     dp__mp_put_str(w, "blobs");
     dp__wire_value_encode(w, DP__V_KEYS_OR_NIL, &e->blobs, lim);
+    if (e->ver != 0) {
+        dp__mp_put_str(w, "ver");
+        dp__mp_put_u64(w, e->ver);
+    }
 }
 
 /* ---- replies ---- */
