@@ -119,6 +119,7 @@ list(dp__unit *u, uint32_t for_unit, uint64_t from, uint32_t max_rows, char *out
         snprintf(out + strlen(out), cap - strlen(out), "%s%.*s", i ? " " : "",
                  (int)pg.keys.v[i].n, pg.keys.v[i].p);
     free(pg.keys.v);
+    free(pg.vers);
     free(pg.text);
     return rc;
 }

@@ -23,11 +23,12 @@ put_ver(dp__unit *u, const char *id, const char *const *keys, uint32_t n, uint32
     uint64_t off = 0;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_test_unit_alloc(u, id, strlen(id), t.len, n, false, &off, NULL, &d), &d);
+    CHECK_OK_D(dp_test_unit_alloc(u, id, strlen(id), t.len, n, false, &off, NULL, &d),
+               &d);
     dp_test_write_blob(u, id, off, t.p, t.len);
     dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
     *stale = 0;
-    int rc = dp__unit_commit_ver(u, id, strlen(id), ver, &st, stale, &d);
+    int rc = dp__unit_commit_ver(u, id, strlen(id), ver, NULL, &st, stale, &d);
     if (rc == 0)
         CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     else
@@ -46,7 +47,7 @@ first_byte(dp__unit *u, const char *key)
     return dp__unit_slab(u)[o];
 }
 
-#define SEED_BYTE(seed) ((uint8_t)((seed) * 31))
+#define SEED_BYTE(seed) ((uint8_t)((seed)*31))
 
 DP_TEST(a_commit_below_a_keys_version_is_refused)
 {
@@ -72,7 +73,7 @@ DP_TEST(a_commit_below_a_keys_version_is_refused)
     dp__wire_commit_state cs = DP_WIRE_COMMIT_DONE;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_commit_ver(u, "b2", 2, 50, &cs, &stale, &d), &d);
+    CHECK_OK_D(dp__unit_commit_ver(u, "b2", 2, 50, NULL, &cs, &stale, &d), &d);
     CHECK_EQ(cs, DP_WIRE_COMMIT_LOST);
 
     /* Above it: replaces; the same version again (a tie): the later wins. */
@@ -129,7 +130,7 @@ DP_TEST(a_repair_copy_is_never_refused)
     CHECK_OK_D(dp__unit_alloc_req(u, &al, &r, NULL, &d), &d);
     dp_test_write_blob(u, "r1", r.off, t.p, t.len);
     dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
-    CHECK_OK_D(dp__unit_commit_ver(u, "r1", 2, 0, &st, &stale, &d), &d);
+    CHECK_OK_D(dp__unit_commit_ver(u, "r1", 2, 0, NULL, &st, &stale, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
     free(t.p);
     CHECK_EQ(first_byte(u, "0@x"), SEED_BYTE(1));
@@ -139,6 +140,85 @@ DP_TEST(a_repair_copy_is_never_refused)
     CHECK_OK(put_ver(u, "b2", c, 1, 3, 1, &stale));
     CHECK_EQ(first_byte(u, "1@x"), SEED_BYTE(3));
     CHECK_EQ(dp_test_unit_stats(u).versions_refused, 0);
+    dp__unit_destroy(u);
+}
+
+/* A repair's copy of keys (alloc with repair, WRITE, commit with vers). */
+static int
+put_repair_vers(dp__unit *u, const char *id, const char *const *keys, uint32_t n,
+                uint32_t seed, uint64_t *vers, uint32_t n_vers, dp_detail *d)
+{
+    tblob t = mk_blob(keys, n, 64, seed);
+    dp__wire_alloc_args al = {
+        .blob_id = dp__wire_s(id), .nbytes = t.len, .n_entries = n, .repair = true};
+    dp__wire_alloc_res r;
+    CHECK_OK_D(dp__unit_alloc_req(u, &al, &r, NULL, d), d);
+    dp_test_write_blob(u, id, r.off, t.p, t.len);
+    dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
+    dp__wire_u64s vs = {vers, n_vers};
+    uint64_t stale = 0;
+    int rc = dp__unit_commit_ver(u, id, strlen(id), 0, &vs, &st, &stale, d);
+    if (rc == 0)
+        CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    free(t.p);
+    return rc;
+}
+
+DP_TEST(a_repair_copy_with_versions_keeps_the_higher)
+{
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = 1 << 20;
+    o.n_units = 2;
+    o.replicas = 2;
+    o.repair = true;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.now = fake_now;
+    dp__unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    uint64_t stale = 0;
+    const char *a[] = {"0@x", "1@x"};
+    CHECK_OK(put_ver(u, "b1", a, 2, 1, 100, &stale));
+    /* 0@x held at 100, the copy's at 90: skipped; 1@x held at 100, the copy's
+     * at 120: the copy's replaces it; 2@x lacking: lands, at 50. */
+    const char *b[] = {"0@x", "1@x", "2@x"};
+    uint64_t vers[] = {90, 120, 50};
+    CHECK_OK_D(put_repair_vers(u, "r1", b, 3, 2, vers, 3, &d), &d);
+    CHECK_EQ(first_byte(u, "0@x"), SEED_BYTE(1));
+    CHECK_EQ(first_byte(u, "1@x"), SEED_BYTE(2) + 7);
+    CHECK_EQ(first_byte(u, "2@x"), SEED_BYTE(2) + 14);
+    dp__unit_stats st = dp_test_unit_stats(u);
+    CHECK_EQ(st.repair_keys, 2);
+    CHECK_EQ(st.repair_skipped, 1);
+    /* The copies' versions hold: below them is stale, above replaces. */
+    const char *c1[] = {"1@x"}, *c2[] = {"2@x"};
+    CHECK_ERR(put_ver(u, "b2", c1, 1, 3, 110, &stale), DP__ESTALE);
+    CHECK_EQ(stale, 120);
+    CHECK_ERR(put_ver(u, "b3", c2, 1, 3, 40, &stale), DP__ESTALE);
+    CHECK_EQ(stale, 50);
+    CHECK_OK(put_ver(u, "b4", c2, 1, 4, 60, &stale));
+    /* Versions listed as held. */
+    dp__unit_keys_page pg;
+    dp__unit_lock(u);
+    CHECK_OK_D(dp__unit_list_keys_locked(u, 1, 0, 10, &pg, &d), &d);
+    dp__unit_unlock(u);
+    CHECK_EQ(pg.keys.n, 3);
+    for (uint32_t i = 0; i < pg.keys.n; i++) {
+        uint64_t want = pg.keys.v[i].p[0] == '0'   ? 100
+                        : pg.keys.v[i].p[0] == '1' ? 120
+                                                   : 60;
+        CHECK_EQ(pg.vers[i], want);
+    }
+    free(pg.keys.v);
+    free(pg.vers);
+    free(pg.text);
+    /* One version per entry, and only for a repair's copy. */
+    uint64_t two[] = {1, 2};
+    CHECK_ERR(put_repair_vers(u, "r2", b, 3, 5, two, 2, &d), DP_EPROTO);
+    CHECK_CONTAINS(dp_detail_msg(&d), "2 entry versions for a repair copy of 3");
+    dp_test_unit_check(u);
     dp__unit_destroy(u);
 }
 

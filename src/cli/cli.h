@@ -184,15 +184,18 @@ void dp__cli_guard_stdout(void);
 
 /*
  * A unit's repair (unit_repair.c; docs/design.md, "Repair"): a thread that
- * opens the cluster at `from` (a cluster file or registry URL) and fills unit
- * unit_id (u, which must have been created with opts.repair) from its peers at
- * most `rate` bytes a second, then ends the unit's repair. Stop joins it (at
- * the end of the page it is on).
+ * opens the cluster at `from` (a cluster file, registry URL or addresses) and,
+ * when `initial` (u created with opts.repair), fills unit unit_id from its
+ * peers at most `rate` bytes a second, then ends the unit's repair; then,
+ * every `every_s` seconds (0: never), runs a pass the same way, which copies
+ * only what the peers hold at a higher version. Stop joins it (at the end of
+ * the page it is on).
  */
 typedef struct dp__unit_repairer dp__unit_repairer;
 struct dp__unit;
 int dp__unit_repair_start(struct dp__unit *u, uint32_t unit_id, const char *from,
-                          double rate, dp__unit_repairer **out, dp_detail *d);
+                          double rate, bool initial, double every_s,
+                          dp__unit_repairer **out, dp_detail *d);
 void dp__unit_repair_stop(dp__unit_repairer *r);
 
 #endif

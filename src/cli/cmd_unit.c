@@ -70,6 +70,9 @@ static const char usage_unit[] =
     "                       separated) this unit fills itself from at start, in the\n"
     "                       background, when the file exists (default: --registry)\n"
     "  --repair-rate SIZE   the repair's bytes a second at most; 0: no repair (256M)\n"
+    "  --repair-every S     with R > 1 and a cluster to read: every S seconds,\n"
+    "                       compare this unit's copies with its peers' and copy in\n"
+    "                       what they hold at a higher version; 0: never (600)\n"
     "  --registry URL       register in etcd: etcd://HOST:PORT[,HOST:PORT...]/NAME;\n"
     "                       clients then find the cluster by that URL. NAME is the\n"
     "                       cluster id. The record lives as long as a lease this\n"
@@ -107,6 +110,7 @@ typedef struct unit_cmd {
     const char *id_env, *registry, *metrics, *curve_allow;
     const char *repair_from; /* the cluster to repair from (NULL: the registry's) */
     uint64_t repair_rate;    /* bytes a second */
+    double repair_every_s;   /* passes (docs/design.md, "Repair"); 0: none */
     char curve_secret[41], curve_public[41]; /* "" without CURVE */
     char id_source[320];
     dp__reg_url reg;
@@ -128,6 +132,7 @@ enum {
     O_REPLICAS,
     O_REPAIR_FROM,
     O_REPAIR_RATE,
+    O_REPAIR_EVERY,
     O_ID,
     O_UNITS,
     O_SSD,
@@ -155,6 +160,8 @@ replica_option(unit_cmd *u, int c)
         u->repair_from = optarg;
     } else if (c == O_REPAIR_RATE) {
         rc = dp__parse_size(optarg, &u->repair_rate, "--repair-rate", d);
+    } else if (c == O_REPAIR_EVERY) {
+        rc = dp__parse_seconds(optarg, &u->repair_every_s, "--repair-every", d);
     } else {
         uint64_t r = 0;
         rc = dp__parse_u64(optarg, 1, DP_UNIT_MAX_REPLICAS, &r, "--replicas", d);
@@ -208,6 +215,7 @@ unit_option(unit_cmd *u, int c, char **argv)
         break;
     case O_REPAIR_FROM:
     case O_REPAIR_RATE:
+    case O_REPAIR_EVERY:
     case O_REPLICAS:
         rc = replica_option(u, c);
         break;
@@ -328,6 +336,7 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"replicas", required_argument, NULL, O_REPLICAS},
         {"repair-from", required_argument, NULL, O_REPAIR_FROM},
         {"repair-rate", required_argument, NULL, O_REPAIR_RATE},
+        {"repair-every", required_argument, NULL, O_REPAIR_EVERY},
         {"unit-id", required_argument, NULL, O_ID},
         {"units", required_argument, NULL, O_UNITS},
         {"ssd-dir", required_argument, NULL, O_SSD},
@@ -346,7 +355,8 @@ unit_parse(int argc, char **argv, unit_cmd *u)
                     .units = 1,
                     .reg_ttl_s = 10,
                     .reg_wait_s = 60,
-                    .repair_rate = 256ull << 20};
+                    .repair_rate = 256ull << 20,
+                    .repair_every_s = 600};
     dp__unit_opts_init(&u->uo);
     u->uo.slab_bytes = 256ull << 20;
     dp_detail_clear(&u->d);
@@ -420,6 +430,10 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         u->repair_from = u->registry;
     u->uo.repair =
         u->uo.replicas > 1 && u->repair_rate > 0 && repair_source_exists(u->repair_from);
+    /* Passes need a cluster to read by then (a fresh one's file comes later). */
+    u->uo.repair_every_s = u->uo.replicas > 1 && u->repair_rate > 0 && u->repair_from
+                               ? u->repair_every_s
+                               : 0;
     return UNIT_GO_ON;
 }
 
@@ -569,9 +583,10 @@ unit_serve(unit_cmd *u)
              uo->alloc_lease_s);
     if (u->metrics != NULL)
         DP_LOG_I("metrics: http://%s/metrics", dp__unit_server_metrics_address(srv));
-    if (uo->repair &&
+    if ((uo->repair || uo->repair_every_s > 0) &&
         dp__unit_repair_start(dp__unit_server_unit(srv), uo->unit_id, u->repair_from,
-                              (double)u->repair_rate, &rep, &u->d) != DP_OK) {
+                              (double)u->repair_rate, uo->repair, uo->repair_every_s,
+                              &rep, &u->d) != DP_OK) {
         DP_LOG_W("repair: %s; this unit holds only what is written from now on",
                  dp_detail_msg(&u->d));
         dp__unit_repair_failed(dp__unit_server_unit(srv), 1);

@@ -68,6 +68,8 @@ static const char usage_up[] =
     "                       again (--restart) fills itself from its peers\n"
     "  --repair-rate SIZE   passed to each unit: its repair's bytes a second, 0: no\n"
     "                       repair (256M)\n"
+    "  --repair-every S     passed to each unit: how often it compares its copies\n"
+    "                       with its peers' (600; 0: never)\n"
     "  --ssd-dir D          SSD tier: passed to each unit when given\n"
     "  --staging SIZE       SSD tier staging area: passed when given\n"
     "  --pickup-s S         SSD tier pickup time: passed when given\n"
@@ -107,6 +109,7 @@ typedef struct up_opts {
     uint64_t replicas;
     const char *cluster_file; /* where the cluster file goes (units repair from it) */
     const char *repair_rate;
+    const char *repair_every;
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
     bool restart;
@@ -134,6 +137,7 @@ enum {
     O_NUMA,
     O_REPLICAS,
     O_REPAIR_RATE,
+    O_REPAIR_EVERY,
     O_SSD,
     O_STAGING,
     O_PICKUP,
@@ -215,6 +219,10 @@ take_opt(up_opts *o, int c, char **argv, dp_detail *d)
     case O_REPAIR_RATE:
         rc = dp__parse_size(optarg, &v, "--repair-rate", d);
         o->repair_rate = optarg;
+        break;
+    case O_REPAIR_EVERY:
+        rc = dp__parse_seconds(optarg, &s, "--repair-every", d);
+        o->repair_every = optarg;
         break;
     case O_NUMA:
         if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "bind") != 0 &&
@@ -335,6 +343,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"numa", required_argument, NULL, O_NUMA},
         {"replicas", required_argument, NULL, O_REPLICAS},
         {"repair-rate", required_argument, NULL, O_REPAIR_RATE},
+        {"repair-every", required_argument, NULL, O_REPAIR_EVERY},
         {"ssd-dir", required_argument, NULL, O_SSD},
         {"staging", required_argument, NULL, O_STAGING},
         {"pickup-s", required_argument, NULL, O_PICKUP},
@@ -493,7 +502,7 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     char id[16], units[16];
     snprintf(id, sizeof id, "%u", i);
     snprintf(units, sizeof units, "%u", s->n);
-    const char *args[64]; /* every option given: 12 + 2 x 20, and the NULL */
+    const char *args[64]; /* every option given: 12 + 2 x 21, and the NULL */
     int k = 0;
     args[k++] = "dataplane";
     args[k++] = "unit";
@@ -531,6 +540,7 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
         if (o->registry == NULL)
             PASS("--repair-from", o->cluster_file);
         PASS("--repair-rate", o->repair_rate);
+        PASS("--repair-every", o->repair_every);
     }
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);

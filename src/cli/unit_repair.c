@@ -3,7 +3,9 @@
  * keeps replicas, started where it can find its cluster (--repair-from, or its
  * registry), fills itself from its peers in the background, as a client of
  * them and of itself, throttled; the unit counts the progress and, when it
- * ends, forgets the rows it was asked to clear meanwhile.
+ * ends, forgets the rows it was asked to clear meanwhile. Then, every
+ * --repair-every seconds, a pass does the same over a unit that holds its
+ * rows: only what a peer holds at a higher version is copied.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -21,7 +23,9 @@ struct dp__unit_repairer {
     char *from;
     uint32_t unit_id;
     double rate;
-    int stop; /* atomic: the unit is stopping */
+    bool initial;   /* the unit starts empty: fill it first */
+    double every_s; /* then a pass this often (0: none) */
+    int stop;       /* atomic: the unit is stopping */
 };
 
 /* What the repair copied in, the unit counts as it commits: here the failures. */
@@ -57,10 +61,11 @@ open_from(const char *from, const dp_client_opts *co, dp_client **c, dp_detail *
     return rc;
 }
 
-static void *
-repair_main(void *arg)
+/* One repair or pass, to its end; the unit's repair ends with it. */
+static void
+run_once(dp__unit_repairer *r, bool pass)
 {
-    dp__unit_repairer *r = arg;
+    const char *what = pass ? "repair pass" : "repair";
     dp_client_opts co;
     dp_client_opts_init(&co);
     /* Short budgets: a unit that stops waits for the page its repair is on. */
@@ -76,15 +81,15 @@ repair_main(void *arg)
            !__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() - t0 < 60)
         dp__sleep_s(1.0);
     if (rc != DP_OK) {
-        DP_LOG_W("repair: cannot open the cluster %s: %s; this unit holds only what is "
-                 "written from now on",
-                 r->from, dp_detail_msg(&d));
+        DP_LOG_W("%s: cannot open the cluster %s: %s%s", what, r->from, dp_detail_msg(&d),
+                 pass ? "" : "; this unit holds only what is written from now on");
         dp__unit_repair_failed(r->u, 1);
         dp__unit_repair_end(r->u);
-        return NULL;
+        return;
     }
-    DP_LOG_I("repair: filling this unit from its peers (%s, at most %.0f MB/s)", r->from,
-             r->rate / 1e6);
+    if (!pass)
+        DP_LOG_I("repair: filling this unit from its peers (%s, at most %.0f MB/s)",
+                 r->from, r->rate / 1e6);
     dp__repair_opts o = {.unit = r->unit_id,
                          .page_rows = 64,
                          .rate_bytes_s = r->rate,
@@ -94,22 +99,42 @@ repair_main(void *arg)
     dp__repair_sum s;
     rc = dp__client_repair(c, &o, &s, &d);
     dp_client_close(c);
-    if (rc == DP_OK)
-        DP_LOG_I("repair: done in %.1f s: %" PRIu64 " keys, %" PRIu64 " bytes copied in",
-                 dp__now_s() - t0, s.keys, s.bytes);
-    else
-        DP_LOG_W("repair: ended in %.1f s with %" PRIu64 " keys copied and %" PRIu64
+    if (rc == DP_OK && (!pass || s.keys > 0))
+        DP_LOG_I("%s: done in %.1f s: %" PRIu64 " keys, %" PRIu64
+                 " bytes copied in; %" PRIu64 " held already",
+                 what, dp__now_s() - t0, s.keys, s.bytes, s.held);
+    else if (rc != DP_OK)
+        DP_LOG_W("%s: ended in %.1f s with %" PRIu64 " keys copied and %" PRIu64
                  " not (%u peer(s) not listed): %s",
-                 dp__now_s() - t0, s.keys, s.failed, s.peers_failed, dp_detail_msg(&d));
+                 what, dp__now_s() - t0, s.keys, s.failed, s.peers_failed,
+                 dp_detail_msg(&d));
     if (rc != DP_OK && s.failed == 0)
         dp__unit_repair_failed(r->u, 1); /* a peer not listed: partial */
     dp__unit_repair_end(r->u);
+}
+
+static void *
+repair_main(void *arg)
+{
+    dp__unit_repairer *r = arg;
+    if (r->initial)
+        run_once(r, false);
+    while (r->every_s > 0 && !__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
+        /* Wait in steps of 0.1 s, so that a stop is seen. */
+        double due = dp__now_s() + r->every_s;
+        while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() < due)
+            dp__sleep_s(DP_MIN(0.1, due - dp__now_s()));
+        if (__atomic_load_n(&r->stop, __ATOMIC_RELAXED))
+            break;
+        dp__unit_repair_begin(r->u);
+        run_once(r, true);
+    }
     return NULL;
 }
 
 int
 dp__unit_repair_start(dp__unit *u, uint32_t unit_id, const char *from, double rate,
-                      dp__unit_repairer **out, dp_detail *d)
+                      bool initial, double every_s, dp__unit_repairer **out, dp_detail *d)
 {
     *out = NULL;
     dp__unit_repairer *r = calloc(1, sizeof *r);
@@ -120,6 +145,8 @@ dp__unit_repair_start(dp__unit *u, uint32_t unit_id, const char *from, double ra
     r->u = u;
     r->unit_id = unit_id;
     r->rate = rate;
+    r->initial = initial;
+    r->every_s = every_s;
     int e = pthread_create(&r->th, NULL, repair_main, r);
     if (e != 0) {
         free(r->from);

@@ -199,14 +199,17 @@ typedef struct dp__repair_opts {
 
 typedef struct dp__repair_sum {
     uint64_t keys, bytes, skipped, failed;
+    uint64_t held; /* listed keys the unit held at that version already: not copied */
     uint32_t peers_failed; /* peers that could not be listed to the end */
 } dp__repair_sum;
 
 /*
  * Fill unit o->unit with the copies of its rows its peers hold (the units
- * that share rows with it), page by page: list_keys on a peer, get those
- * keys from it, put them into the unit as a repair copy (it publishes only
- * keys it lacks, of rows not cleared since it started). c is the repair's own
+ * that share rows with it), page by page: list_keys on a peer and on the
+ * unit, a get from the peer of the keys the unit lacks or holds at a lower
+ * version, and a put of them into the unit as a repair copy carrying the
+ * peer's versions (it publishes only keys it lacks or holds at a lower
+ * version, of rows not cleared since the repair began). c is the repair's own
  * client (its routing is changed while this runs). DP_OK when every peer was
  * listed to its end and every key was copied or found gone; else the first
  * failure (the rest goes on: *sum counts).
@@ -236,6 +239,16 @@ dp__client_ver_next_locked(dp_client *c, uint64_t above)
     c->ver_last = t << DP__VER_SALT_BITS | c->ver_salt;
     return c->ver_last;
 }
+
+/*
+ * A repair's put (only_unit set): dp_client_put with each cell's version
+ * where it was copied from (n_rows x n_fields), which the unit keeps instead
+ * of a version of this client's (docs/design.md, "Versions").
+ */
+int dp__client_put_copy(dp_client *c, const uint64_t *gidxs, size_t n_rows,
+                        const char *const *fields, size_t n_fields,
+                        const dp_value *values, const uint64_t *cell_ver, int *row_status,
+                        dp_detail *d);
 
 /* The copies of each row this client writes (1 until a unit said). */
 static inline uint32_t

@@ -300,6 +300,7 @@ inline_send_locked(dp_client *c, put_unit *pu, const uint8_t *stage, size_t slot
     q.a.put.spill = !c->o.no_spill && c->only_unit < 0;
     q.a.put.repair = c->only_unit >= 0;
     q.a.put.ver = pu->ver;
+    q.a.put.vers = (dp__wire_u64s){pu->vers, pu->vers != NULL ? pu->n_ent : 0};
     /* Only the process this client is bound to may store it. */
     q.a.put.incarnation = c->units[pu->st.u].incarnation;
     return send_part_locked(c, pu, slot, &q);
@@ -414,6 +415,7 @@ send_commit_locked(dp_client *c, put_unit *pu, size_t slot, bool *sent)
     q.op = DP_WIRE_OP_COMMIT;
     q.a.commit.blob_id = dp__wire_s(pu->blob_id);
     q.a.commit.ver = pu->ver;
+    q.a.commit.vers = (dp__wire_u64s){pu->vers, pu->vers != NULL ? pu->n_ent : 0};
     int rc = dp__client_prepare_locked(c, pu->st.u, slot, &q, &pu->st.det);
     if (rc != 0) {
         pu->st.rc = rc;
@@ -702,6 +704,7 @@ put_op_fini(put_op *a)
     free(a->results);
     free(a->sent);
     free(a->flen);
+    free(a->ent_ver);
     memset(a, 0, sizeof *a);
 }
 
@@ -713,6 +716,9 @@ put_op_make(put_op *a, bool locs, dp_detail *d)
     a->pus = calloc(N, sizeof *a->pus);
     a->ent_val = malloc(n_cells * sizeof *a->ent_val);
     if (locs && (a->ent_key = malloc(n_cells * sizeof *a->ent_key)) == NULL)
+        return dp__fail(d, DP_ENOMEM, "put: out of memory");
+    if (a->cell_ver != NULL &&
+        (a->ent_ver = malloc(n_cells * sizeof *a->ent_ver)) == NULL)
         return dp__fail(d, DP_ENOMEM, "put: out of memory");
     a->local = malloc((n_cells + N) * sizeof *a->local);
     a->remote = malloc((n_cells + N) * sizeof *a->remote);
@@ -806,6 +812,25 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                 .fields = fields,
                 .n_fields = n_fields,
                 .values = values};
+    int rc = dp__put_impl(&a, row_status, NULL, d);
+    if (a.n_again > 0)
+        rc = dp__put_again(&a, rc, row_status, NULL, d);
+    free(a.again);
+    return rc;
+}
+
+int
+dp__client_put_copy(dp_client *c, const uint64_t *gidxs, size_t n_rows,
+                    const char *const *fields, size_t n_fields, const dp_value *values,
+                    const uint64_t *cell_ver, int *row_status, dp_detail *d)
+{
+    put_op a = {.c = c,
+                .gidxs = gidxs,
+                .n_rows = n_rows,
+                .fields = fields,
+                .n_fields = n_fields,
+                .values = values,
+                .cell_ver = cell_ver};
     int rc = dp__put_impl(&a, row_status, NULL, d);
     if (a.n_again > 0)
         rc = dp__put_again(&a, rc, row_status, NULL, d);

@@ -55,6 +55,7 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
     dp__blob_builder_reset(b);
     char key[DP_KEY_MAX + 1];
     pu->n_ent = 0;
+    pu->vers = p->ent_ver != NULL ? p->ent_ver + pu->ent0 : NULL;
     for (uint32_t k = 0; k < pu->n_rows; k++) {
         uint32_t r = order[k];
         for (size_t f = 0; f < n_fields; f++) {
@@ -83,6 +84,8 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
                 ent_key[pu->ent0 + pu->n_ent].crc = dp__crc32c(key, klen);
                 ent_key[pu->ent0 + pu->n_ent].hash = dp__hash64(key, klen, 0);
             }
+            if (p->ent_ver != NULL) /* a repair's copy: its versions */
+                p->ent_ver[pu->ent0 + pu->n_ent] = p->cell_ver[(size_t)r * n_fields + f];
             ent_val[pu->ent0 + pu->n_ent++] = v;
         }
     }

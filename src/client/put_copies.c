@@ -184,9 +184,11 @@ dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d)
     uint64_t *gx = malloc(m * sizeof *gx);
     uint32_t *idx = malloc(m * sizeof *idx);
     dp_value *vx = malloc(m * nf * sizeof *vx);
+    uint64_t *cx = a->cell_ver != NULL ? malloc(m * nf * sizeof *cx) : NULL;
     int *st = malloc(m * sizeof *st);
     dp_loc *lx = locs != NULL ? calloc(m * nf, sizeof *lx) : NULL;
-    if (gx == NULL || idx == NULL || vx == NULL || st == NULL || (locs != NULL && !lx)) {
+    if (gx == NULL || idx == NULL || vx == NULL || st == NULL || (locs != NULL && !lx) ||
+        (a->cell_ver != NULL && cx == NULL)) {
         for (size_t r = 0; r < a->n_rows && rc == DP_OK; r++)
             if (a->again[r])
                 rc = dp__fail(d, DP_ENOMEM, "put: out of memory putting rows again");
@@ -200,6 +202,8 @@ dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d)
             idx[j] = (uint32_t)r;
             gx[j] = a->gidxs[r];
             memcpy(vx + j * nf, a->values + r * nf, nf * sizeof *vx);
+            if (cx != NULL)
+                memcpy(cx + j * nf, a->cell_ver + r * nf, nf * sizeof *cx);
             j++;
         }
     if (a->ver_above != 0)
@@ -221,7 +225,8 @@ dp__put_again(put_op *a, int rc, int *row_status, dp_loc *locs, dp_detail *d)
                 .values = vx,
                 .deadline = a->deadline,
                 .ver_above = a->ver_above,
-                .round = a->round + 1};
+                .round = a->round + 1,
+                .cell_ver = cx};
     dp_detail e;
     dp_detail_clear(&e);
     int rc2 = dp__put_impl(&b, st, lx, &e);
@@ -245,6 +250,7 @@ out:
     free(gx);
     free(idx);
     free(vx);
+    free(cx);
     free(st);
     free(lx);
     return rc;

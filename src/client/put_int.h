@@ -50,6 +50,7 @@ typedef struct put_unit {
     bool poll;         /* its inline put answered "pending": commit polls it */
     bool gone;         /* failed, and its unit's process is gone (replicas: skipped) */
     uint64_t ver;      /* the put's version, named by its commit or inline put */
+    uint64_t *vers;    /* a repair's copy: its entries' versions (n_ent), or NULL */
     uint64_t stale;    /* refused as stale: the version the unit holds */
     dp__blob_layout lay;
     size_t stage_off, stage_len;
@@ -102,6 +103,10 @@ typedef struct put_op {
      */
     uint64_t ver, ver_above;
     uint32_t round;
+    /* A repair's copy: each cell's version where it was copied from (n_rows x
+     * n_fields, or NULL), and each entry's, unit by unit as ent_val. */
+    const uint64_t *cell_ver;
+    uint64_t *ent_ver;
 } put_op;
 
 /* ---- put_build.c: building the blobs ---- */

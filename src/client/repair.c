@@ -13,9 +13,11 @@
 #include "blob/keys.h"
 #include "client/client_int.h"
 
-/* One page of a peer's listing: its keys (copied), where the next one starts. */
+/* One page of a listing: its keys (copied) and their versions, where the next
+ * one starts. */
 typedef struct page {
     char **keys;
+    uint64_t *vers;
     uint32_t n;
     uint64_t next;
     bool more;
@@ -27,6 +29,7 @@ page_fini(page *pg)
     for (uint32_t i = 0; i < pg->n; i++)
         free(pg->keys[i]);
     free(pg->keys);
+    free(pg->vers);
     memset(pg, 0, sizeof *pg);
 }
 
@@ -52,10 +55,14 @@ list_page(dp_client *c, uint32_t p, uint32_t u, uint64_t from, uint32_t max_rows
         if (rc == DP_OK) {
             const dp__wire_list_keys_res *r = &rep.r.list_keys;
             pg->keys = calloc(r->keys.n > 0 ? r->keys.n : 1, sizeof *pg->keys);
-            for (uint32_t i = 0; pg->keys != NULL && i < r->keys.n; i++, pg->n++)
+            pg->vers = calloc(r->keys.n > 0 ? r->keys.n : 1, sizeof *pg->vers);
+            for (uint32_t i = 0; pg->keys != NULL && pg->vers != NULL && i < r->keys.n;
+                 i++, pg->n++) {
                 if ((pg->keys[i] = strndup(r->keys.v[i].p, r->keys.v[i].n)) == NULL)
                     break;
-            if (pg->keys == NULL || pg->n < r->keys.n)
+                pg->vers[i] = r->vers.n == r->keys.n ? r->vers.v[i] : 0;
+            }
+            if (pg->keys == NULL || pg->vers == NULL || pg->n < r->keys.n)
                 rc = dp__fail(d, DP_ENOMEM, "repair: out of memory");
             pg->next = r->next;
             pg->more = r->more;
@@ -77,11 +84,13 @@ route(dp_client *c, int64_t unit)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* A page's values as put's grid: its rows (in order) x its distinct fields. */
+/* A page's values as put's grid: its rows (in order) x its distinct fields,
+ * and each cell's version. */
 typedef struct grid {
     uint64_t *rows;
     char **fields; /* borrowed from the keys' text: NUL-terminated copies */
     dp_value *cells;
+    uint64_t *vers;
     size_t n_rows, n_fields;
 } grid;
 
@@ -93,6 +102,7 @@ grid_fini(grid *g)
     free(g->rows);
     free(g->fields);
     free(g->cells);
+    free(g->vers);
     memset(g, 0, sizeof *g);
 }
 
@@ -134,7 +144,8 @@ grid_make(const page *pg, dp_values *v, grid *g, dp_detail *d)
         fi[i] = (uint32_t)f;
     }
     g->cells = calloc(g->n_rows * g->n_fields + 1, sizeof *g->cells);
-    if (g->cells == NULL) {
+    g->vers = calloc(g->n_rows * g->n_fields + 1, sizeof *g->vers);
+    if (g->cells == NULL || g->vers == NULL) {
         rc = dp__fail(d, DP_ENOMEM, "repair: out of memory");
         goto out;
     }
@@ -144,6 +155,7 @@ grid_make(const page *pg, dp_values *v, grid *g, dp_detail *d)
         if (ri[i] == UINT32_MAX)
             continue;
         dp_value *c = &g->cells[(size_t)ri[i] * g->n_fields + fi[i]];
+        g->vers[(size_t)ri[i] * g->n_fields + fi[i]] = pg->vers[i];
         const dp_value_desc *dsc = NULL;
         dp_values_get(v, i, &c->data, &c->nbytes, &dsc);
         c->kind = dsc->kind;
@@ -194,8 +206,8 @@ copy_page(dp_client *c, uint32_t p, uint32_t u, const page *pg, dp__repair_sum *
     uint64_t keys = 0;
     if (rc == DP_OK && g.n_rows > 0) {
         route(c, u);
-        rc = dp_client_put(c, g.rows, g.n_rows, (const char *const *)g.fields, g.n_fields,
-                           g.cells, row_status, d);
+        rc = dp__client_put_copy(c, g.rows, g.n_rows, (const char *const *)g.fields,
+                                 g.n_fields, g.cells, g.vers, row_status, d);
         route(c, -1);
         for (size_t r = 0; r < g.n_rows; r++)
             for (size_t f = 0; f < g.n_fields; f++) {
@@ -254,12 +266,64 @@ copy_split(dp_client *c, uint32_t p, uint32_t u, const page *pg, dp__repair_sum 
     if (mid == 0)
         return rc;
     *sum = s0; /* the halves count again what the whole counted as failed */
-    page lo = {pg->keys, mid, 0, false}, hi = {pg->keys + mid, pg->n - mid, 0, false};
+    page lo = {pg->keys, pg->vers, mid, 0, false};
+    page hi = {pg->keys + mid, pg->vers + mid, pg->n - mid, 0, false};
     uint64_t b1 = 0, b2 = 0;
     int r1 = copy_split(c, p, u, &lo, sum, &b1, d);
     int r2 = copy_split(c, p, u, &hi, sum, &b2, r1 == DP_OK ? d : NULL);
     *bytes = b1 + b2;
     return r1 != DP_OK ? r1 : r2;
+}
+
+/*
+ * Of the peer's page pg, the keys unit u must be sent (into *want, whose
+ * strings are pg's): those u does not hold at the peer's version or a
+ * higher one, as u's own listing from the same row on (own) says; a row past
+ * the end of own's page (own->more) is not known, and is sent. *held counts
+ * the others. Both listings go row by row in gidx order.
+ */
+static int
+want_page(const page *pg, const page *own, page *want, uint64_t *held, dp_detail *d)
+{
+    memset(want, 0, sizeof *want);
+    want->keys = malloc((pg->n > 0 ? pg->n : 1) * sizeof *want->keys);
+    want->vers = malloc((pg->n > 0 ? pg->n : 1) * sizeof *want->vers);
+    if (want->keys == NULL || want->vers == NULL) {
+        free(want->keys);
+        free(want->vers);
+        return dp__fail(d, DP_ENOMEM, "repair: out of memory");
+    }
+    uint32_t j = 0; /* own's first key of a row >= the current one */
+    for (uint32_t i = 0; i < pg->n; i++) {
+        dp__key_parts kp;
+        bool send = true;
+        if (dp__key_split(pg->keys[i], strlen(pg->keys[i]), &kp, NULL) == DP_OK &&
+            !(own->more && kp.gidx >= own->next)) {
+            dp__key_parts op;
+            while (j < own->n &&
+                   dp__key_split(own->keys[j], strlen(own->keys[j]), &op, NULL) ==
+                       DP_OK &&
+                   op.gidx < kp.gidx)
+                j++;
+            for (uint32_t k = j; k < own->n; k++) {
+                if (dp__key_split(own->keys[k], strlen(own->keys[k]), &op, NULL) !=
+                        DP_OK ||
+                    op.gidx != kp.gidx)
+                    break;
+                if (strcmp(own->keys[k], pg->keys[i]) == 0) {
+                    send = own->vers[k] < pg->vers[i];
+                    break;
+                }
+            }
+        }
+        if (!send) {
+            (*held)++;
+            continue;
+        }
+        want->keys[want->n] = pg->keys[i];
+        want->vers[want->n++] = pg->vers[i];
+    }
+    return DP_OK;
 }
 
 /* The units that share rows with unit u (R copies on N units), each once. */
@@ -312,9 +376,24 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
                 }
                 break;
             }
-            uint64_t bytes = 0, k0 = sum->keys, f0 = sum->failed;
+            /* What the unit holds of those rows: only what it lacks, or holds
+             * at a lower version, is copied (a pass over a unit that holds it
+             * all copies nothing). */
+            page own = {0}, want = {0};
             if (pg.n > 0 &&
-                (rc = copy_split(c, peers[i], u, &pg, sum, &bytes, &e)) != DP_OK) {
+                list_page(c, u, peers[i], from, DP_MIN(65536u, 2 * page_rows + 16), &own,
+                          &e) != DP_OK) {
+                DP_LOG_D("repair of unit %u: listing its own rows failed (%s): copying "
+                         "the peer's page whole",
+                         u, dp_detail_msg(&e));
+                dp_detail_clear(&e);
+            }
+            if (pg.n > 0 && (rc = want_page(&pg, &own, &want, &sum->held, &e)) != DP_OK)
+                want = (page){pg.keys, pg.vers, pg.n, 0, false}; /* borrowed: not freed */
+            page_fini(&own);
+            uint64_t bytes = 0, k0 = sum->keys, f0 = sum->failed;
+            if (want.n > 0 &&
+                (rc = copy_split(c, peers[i], u, &want, sum, &bytes, &e)) != DP_OK) {
                 DP_LOG_W("repair of unit %u: copying from unit %u: %s", u, peers[i],
                          dp_detail_msg(&e));
                 if (first == DP_OK) {
@@ -325,6 +404,10 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
             }
             if (o->progress != NULL)
                 o->progress(o->ctx, sum->keys - k0, bytes, sum->failed - f0);
+            if (want.keys != pg.keys) {
+                free(want.keys); /* its strings are pg's */
+                free(want.vers);
+            }
             more = pg.more;
             from = pg.next;
             /*

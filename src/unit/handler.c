@@ -330,13 +330,15 @@ do_list_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
                  : dp__unit_list_keys_locked(u, (uint32_t)a->unit, a->from,
                                              (uint32_t)a->max_rows, &pg, &d);
     if (rc == 0) {
-        rep->r.list_keys = (dp__wire_list_keys_res){pg.keys, pg.next, pg.more};
+        rep->r.list_keys =
+            (dp__wire_list_keys_res){pg.keys, pg.next, pg.more, {pg.vers, pg.keys.n}};
         reply_ok(u, rep, reply);
     } else {
         reply_error(u, req->rid, rc, &d, NULL, reply);
     }
     dp__unit_unlock(u);
     free(pg.keys.v);
+    free(pg.vers);
     free(pg.text);
 }
 
@@ -433,7 +435,8 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
     case DP_WIRE_OP_COMMIT: {
         uint64_t stale = 0;
         rc = dp__unit_commit_ver(u, req.a.commit.blob_id.p, req.a.commit.blob_id.n,
-                                 req.a.commit.ver, &rep.r.commit, &stale, &d);
+                                 req.a.commit.ver, &req.a.commit.vers, &rep.r.commit,
+                                 &stale, &d);
         if (rc == 0)
             reply_ok(u, &rep, reply);
         else

@@ -157,11 +157,14 @@ static const metric_def defs[] = {
     {"repair_keys", "repair_keys_total", true, "Keys a repair copied into this unit"},
     {"repair_bytes", "repair_bytes_total", true, "Bytes a repair copied into this unit"},
     {"repair_skipped", "repair_skipped_total", true,
-     "Repair copies not published: the unit had the key, or its row was cleared"},
+     "Repair copies not published: the unit had the key at that version or a newer one, "
+     "or its row was cleared"},
     {"repair_failed", "repair_failed_total", true,
      "Keys its peers held that the repair could not copy"},
+    {"repair_passes", "repair_passes_total", true,
+     "Passes that compared this unit's copies with its peers' after its start"},
     {"repair_cleared", "repair_cleared_rows", false,
-     "Rows cleared while the unit repairs (no repair copy brings them back)"},
+     "Rows whose clear is recorded (no repair copy brings them back)"},
 };
 
 static const metric_def *

@@ -64,6 +64,7 @@ dp__rec_free_locked(dp__unit *u, blob_rec *b)
     dp__writers_unref(u->writers, b->writer);
     dp__blob_destroy(b->parsed);
     free(b->spill_keep);
+    free(b->vers);
     free(b);
 }
 

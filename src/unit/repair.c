@@ -14,10 +14,11 @@
 void
 dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n)
 {
-    if (u->repair_state != DP_UNIT_REPAIR_RUNNING)
+    if (u->repair_state != DP_UNIT_REPAIR_RUNNING && !(u->o.repair_every_s > 0))
         return;
+    uintptr_t when = (uintptr_t)(dp__unit_now(u) * 1e3) + 1;
     for (uint32_t i = 0; i < n; i++)
-        if (dp__map_put_u64(&u->tombs, gidxs[i], (void *)1, NULL) != 0) {
+        if (dp__map_put_u64(&u->tombs, gidxs[i], (void *)when, NULL) != 0) {
             /* Out of memory: a cleared row may come back with the repair. */
             DP_LOG_W("unit %u: out of memory recording a cleared row during the repair",
                      u->o.unit_id);
@@ -38,9 +39,10 @@ dp__repair_keep_locked(dp__unit *u, const blob_rec *b, uint32_t *kept)
         const dp__blob_entry *e = dp__blob_entry_at(pb, i);
         row *r = dp__map_get_u64(&u->rows, e->gidx);
         slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
-        bool cleared = u->repair_state == DP_UNIT_REPAIR_RUNNING &&
-                       dp__map_get_u64(&u->tombs, e->gidx) != NULL;
-        keep[i] = !cleared && (s == NULL || s->b == NULL);
+        bool cleared = dp__map_get_u64(&u->tombs, e->gidx) != NULL;
+        /* A key it lacks, or holds at a lower version than the copy's. */
+        bool newer = b->vers != NULL && s != NULL && s->b != NULL && s->ver < b->vers[i];
+        keep[i] = !cleared && (s == NULL || s->b == NULL || newer);
         *kept += keep[i];
     }
     return keep;
@@ -69,13 +71,52 @@ dp__unit_repair_failed(dp__unit *u, uint64_t failed)
 }
 
 void
+dp__unit_repair_begin(dp__unit *u)
+{
+    pthread_mutex_lock(&u->mu);
+    if (u->repair_state != DP_UNIT_REPAIR_RUNNING) {
+        u->repair_state = DP_UNIT_REPAIR_RUNNING;
+        u->repair_failed0 = u->stats.repair_failed;
+        u->stats.repair_passes++;
+    }
+    pthread_mutex_unlock(&u->mu);
+}
+
+void
+dp__repair_prune_tombs_locked(dp__unit *u, double now)
+{
+    if (u->repair_state == DP_UNIT_REPAIR_RUNNING)
+        return;
+    if (!(u->o.repair_every_s > 0)) {
+        dp__map_fini(&u->tombs);
+        dp__map_init_u64(&u->tombs);
+        return;
+    }
+    /* Those older than DP_UNIT_TOMB_KEEP_S go (collected first: no deletes
+     * while the map is walked). */
+    uintptr_t cut = now > DP_UNIT_TOMB_KEEP_S
+                        ? (uintptr_t)((now - DP_UNIT_TOMB_KEEP_S) * 1e3) + 1
+                        : 0;
+    size_t n = dp__map_len(&u->tombs), k = 0, it = 0;
+    uint64_t *old = n > 0 ? malloc(n * sizeof *old) : NULL, g;
+    void *v;
+    if (old == NULL)
+        return;
+    while (dp__map_next(&u->tombs, &it, NULL, NULL, &g, &v))
+        if ((uintptr_t)v < cut)
+            old[k++] = g;
+    for (size_t i = 0; i < k; i++)
+        dp__map_del_u64(&u->tombs, old[i]);
+    free(old);
+}
+
+void
 dp__unit_repair_end(dp__unit *u)
 {
     pthread_mutex_lock(&u->mu);
-    u->repair_state =
-        u->stats.repair_failed > 0 ? DP_UNIT_REPAIR_PARTIAL : DP_UNIT_REPAIR_DONE;
-    dp__map_fini(&u->tombs);
-    dp__map_init_u64(&u->tombs);
+    u->repair_state = u->stats.repair_failed > u->repair_failed0 ? DP_UNIT_REPAIR_PARTIAL
+                                                                 : DP_UNIT_REPAIR_DONE;
+    dp__repair_prune_tombs_locked(u, dp__unit_now(u));
     pthread_mutex_unlock(&u->mu);
 }
 
@@ -190,10 +231,12 @@ dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
             }
     }
     dp__wire_str *ks = malloc((nk > 0 ? nk : 1) * sizeof *ks);
+    uint64_t *vs = malloc((nk > 0 ? nk : 1) * sizeof *vs);
     char *t = malloc(bytes > 0 ? bytes : 1);
-    if (ks == NULL || t == NULL) {
+    if (ks == NULL || vs == NULL || t == NULL) {
         free(g);
         free(ks);
+        free(vs);
         free(t);
         return dp__fail(d, DP_ENOMEM, "list_keys: out of memory");
     }
@@ -204,6 +247,7 @@ dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
             if (r->s[k].b != NULL) {
                 size_t kl = dp__key_format(g[i], r->s[k].field, r->s[k].flen, kb);
                 memcpy(t + at, kb, kl);
+                vs[j] = r->s[k].ver;
                 ks[j++] = (dp__wire_str){t + at, (uint32_t)kl};
                 at += kl;
             }
@@ -214,6 +258,7 @@ dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
     }
     free(g);
     pg->keys = (dp__wire_strs){ks, (uint32_t)nk};
+    pg->vers = vs;
     pg->text = t;
     return DP_OK;
 }

@@ -185,8 +185,9 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
         slot *s = &at[i].r->s[at[i].k];
         blob_rec *old = s->b;
         /* An unversioned commit (an older client) keeps the key's version. */
-        if (b->ver != 0 || old == NULL)
-            s->ver = b->ver;
+        uint64_t v = b->vers != NULL ? b->vers[i] : b->ver;
+        if (v != 0 || old == NULL)
+            s->ver = v;
         s->b = b;
         s->i = i;
         s->field = dp__blob_entry_at(pb, i)->field; /* the name now lives in b */

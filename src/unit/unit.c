@@ -639,9 +639,28 @@ dp__unit_alloc_req(dp__unit *u, const dp__wire_alloc_args *args, dp__wire_alloc_
 
 /* ---- commit ---- */
 
+/* A repair copy's entry versions (vers, if any) into b; n its entries. */
+static int
+take_vers_locked(blob_rec *b, const dp__wire_u64s *vers, uint32_t n, dp_detail *d)
+{
+    if (vers == NULL || vers->n == 0)
+        return 0;
+    if (!(b->flags & REC_REPAIR) || vers->n != n)
+        return dp__fail(d, DP_EPROTO,
+                        "commit %s: %u entry versions for a %s of %u entries (a "
+                        "repair's copy names one per entry, other puts none)",
+                        b->id, vers->n, (b->flags & REC_REPAIR) ? "repair copy" : "put",
+                        n);
+    if ((b->vers = malloc((size_t)n * sizeof *b->vers)) == NULL)
+        return dp__fail(d, DP_ENOMEM, "commit %s: out of memory", b->id);
+    memcpy(b->vers, vers->v, (size_t)n * sizeof *b->vers);
+    return 0;
+}
+
 static int
 commit_locked(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
-              dp__wire_commit_state *state, uint64_t *stale, dp_detail *d)
+              const dp__wire_u64s *vers, dp__wire_commit_state *state, uint64_t *stale,
+              dp_detail *d)
 {
     int rc = 0;
     dp__blob *pb = NULL;
@@ -703,6 +722,11 @@ commit_locked(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
                           "commit %s: the blob's index has %u entries, alloc announced "
                           "%" PRIu64,
                           b->id, n, b->n_entries_decl);
+            goto out;
+        }
+        if ((rc = take_vers_locked(b, vers, n, d)) != 0) {
+            if (rc == DP_EPROTO)
+                u->stats.n_proto++;
             goto out;
         }
         b->parsed = pb;
@@ -776,14 +800,15 @@ out:
 
 int
 dp__unit_commit_ver(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
-                    dp__wire_commit_state *state, uint64_t *stale, dp_detail *d)
+                    const dp__wire_u64s *vers, dp__wire_commit_state *state,
+                    uint64_t *stale, dp_detail *d)
 {
     if (!dp__id_valid(blob_id, id_len, DP_UNIT_ID_MAX))
         return dp__fail(d, DP_EPROTO,
                         "commit: blob id must be 1..%d bytes of [A-Za-z0-9_.:-]",
                         DP_UNIT_ID_MAX);
     pthread_mutex_lock(&u->mu);
-    int rc = commit_locked(u, blob_id, id_len, ver, state, stale, d);
+    int rc = commit_locked(u, blob_id, id_len, ver, vers, state, stale, d);
     pthread_mutex_unlock(&u->mu);
     return rc;
 }
@@ -792,7 +817,7 @@ int
 dp__unit_commit(dp__unit *u, const char *blob_id, size_t id_len,
                 dp__wire_commit_state *state, dp_detail *d)
 {
-    return dp__unit_commit_ver(u, blob_id, id_len, 0, state, NULL, d);
+    return dp__unit_commit_ver(u, blob_id, id_len, 0, NULL, state, NULL, d);
 }
 
 /* ---- inline put ---- */
@@ -849,7 +874,7 @@ dp__unit_put_inline(dp__unit *u, const dp__wire_put_args *args,
     memcpy(dst, args->data.p, nbytes);
     /* The unit names the allocation itself: the client never learnt it. */
     dp__blob_header_set_alloc(dst, u->incarnation, b->token);
-    rc = commit_locked(u, blob_id, id_len, args->ver, state, stale, d);
+    rc = commit_locked(u, blob_id, id_len, args->ver, &args->vers, state, stale, d);
     if (rc != 0) {
         /* Nothing published and nobody else writes it: free it now, not at the
          * client's abort or the lease's end (a stale one was). */

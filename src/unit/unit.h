@@ -55,6 +55,15 @@ typedef struct dp__unit_opts {
      * clear, so that no repair copy brings them back.
      */
     bool repair;
+    /*
+     * Passes (docs/design.md, "Repair"): the unit compares its copies with its
+     * peers' this often and copies in what they hold at a higher version
+     * (dp__unit_repair_begin starts one); 0: none. While passes run it keeps
+     * the rows it was asked to clear for DP_UNIT_TOMB_KEEP_S, not only during
+     * a repair, so that no pass brings back a row whose clear reached it just
+     * before the pass began.
+     */
+    double repair_every_s;
     uint64_t slab_bytes;
     double read_pin_s;    /* pin lifetime of a resolve (default 30) */
     double alloc_lease_s; /* an alloc not committed by then is retired; 0: never (300) */
@@ -240,10 +249,13 @@ int dp__unit_commit(dp__unit *u, const char *blob_id, size_t id_len,
  * "Versions"): at its validation, a key it would replace held at a higher
  * version refuses it with DP__ESTALE and that version in *stale (nothing
  * published, the region freed). A repair's copy is not refused (its keep
- * rule decides, key by key).
+ * rule decides, key by key); vers (NULL or empty: none) are its entries'
+ * versions, one each, where they were copied from (DP_EPROTO for another
+ * put, or another count).
  */
 int dp__unit_commit_ver(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
-                        dp__wire_commit_state *state, uint64_t *stale, dp_detail *d);
+                        const dp__wire_u64s *vers, dp__wire_commit_state *state,
+                        uint64_t *stale, dp_detail *d);
 
 /* The largest blob an inline put may carry, and the most value bytes one
  * resolve_keys reply carries. */
@@ -367,7 +379,14 @@ enum {
  */
 void dp__unit_repair_failed(dp__unit *u, uint64_t failed);
 
-/* The repair ended (DONE, or PARTIAL when keys failed): the cleared rows are forgotten.
+/* How long a unit with passes keeps a cleared row's record (see repair_every_s). */
+#define DP_UNIT_TOMB_KEEP_S 120.0
+
+/* A pass begins (docs/design.md, "Repair"): RUNNING, and it is counted. */
+void dp__unit_repair_begin(dp__unit *u);
+
+/* The repair ended (DONE, or PARTIAL when keys failed): the cleared rows are forgotten
+ * (with passes, those older than DP_UNIT_TOMB_KEEP_S).
  */
 void dp__unit_repair_end(dp__unit *u);
 
@@ -375,6 +394,7 @@ void dp__unit_repair_end(dp__unit *u);
  * after the last one (next), and whether rows remain (more). */
 typedef struct dp__unit_keys_page {
     dp__wire_strs keys;
+    uint64_t *vers; /* each key's version (docs/design.md, "Versions") */
     char *text;
     uint64_t next;
     bool more;
@@ -490,6 +510,7 @@ void dp__unit_fields_free(dp__wire_fields *recs, uint32_t n);
     X(repair_bytes, "repair_bytes")                                                      \
     X(repair_skipped, "repair_skipped") /* copies the unit had, or of rows cleared */    \
     X(repair_failed, "repair_failed")   /* keys its peers had that it could not copy */  \
+    X(repair_passes, "repair_passes")   /* passes begun after the repair at start */     \
     X(repair_cleared, "repair_cleared") /* read: rows cleared while it repairs */
 
 /* The counters as numbers (tests; copied under the lock). */

@@ -123,6 +123,7 @@ struct blob_rec {
     uint64_t n_entries_decl;
     uint64_t token;     /* the allocation's token: its blob's header must name it */
     uint64_t ver;       /* the version its commit named (0: unversioned; "Versions") */
+    uint64_t *vers;     /* a repair's copy: each entry's version (NULL: none) */
     dp__writer *writer; /* who WRITEs it, until its commit validates (a reference) */
     uint64_t refs;
     uint32_t n_pins;
@@ -311,7 +312,9 @@ struct dp__unit {
      * repair copy brings back.
      */
     int repair_state;
-    dp__map tombs;
+    dp__map tombs; /* gidx -> when it was cleared (ms since the epoch of now(), + 1) */
+    uint64_t repair_failed0; /* repair_failed when the running repair or pass began */
+    double tombs_pruned;     /* the ticker's last prune of tombs (passes only) */
     /* Admin work (a save or load) running off the ctl thread (unit.c) */
     uint32_t n_admin;
     pthread_cond_t admin_cv;
@@ -334,13 +337,19 @@ dp__zview(const char *z)
 
 /* ---- repair (repair.c) ---- */
 
-/* Rows cleared while the unit repairs: no repair copy brings them back. */
+/* Rows cleared while the unit repairs (or, with passes, at any time): no
+ * repair copy brings them back. */
 void dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n);
+
+/* Forget cleared rows: all of them, or with passes those older than
+ * DP_UNIT_TOMB_KEEP_S; none while a repair or pass runs. */
+void dp__repair_prune_tombs_locked(dp__unit *u, double now);
 
 /*
  * A repair copy's commit (b parsed): which entries to publish (keep, n bytes,
  * malloc'd, or NULL out of memory) and how many (*kept): those whose key the
- * unit lacks and whose row was not cleared since it started repairing.
+ * unit lacks, or holds at a lower version than the copy's (b->vers), and whose
+ * row has no record of a clear (dp__repair_cleared_locked).
  */
 uint8_t *dp__repair_keep_locked(dp__unit *u, const blob_rec *b, uint32_t *kept);
 

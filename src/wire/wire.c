@@ -391,6 +391,7 @@ static const dp__wire_fdesc alloc_f[] = {
 static const dp__wire_fdesc commit_f[] = {
     F(dp__wire_commit_args, blob_id, ID, 1, 0),
     F(dp__wire_commit_args, ver, U64, 0, 0),
+    F(dp__wire_commit_args, vers, U64S, 0, 0),
 };
 static const dp__wire_fdesc put_f[] = {
     F(dp__wire_put_args, blob_id, ID, 1, 0),
@@ -400,6 +401,7 @@ static const dp__wire_fdesc put_f[] = {
     F(dp__wire_put_args, incarnation, U64, 0, 0),
     F(dp__wire_put_args, repair, BOOL, 0, 0),
     F(dp__wire_put_args, ver, U64, 0, 0),
+    F(dp__wire_put_args, vers, U64S, 0, 0),
 };
 static const dp__wire_fdesc abort_f[] = {
     F(dp__wire_abort_args, blob_id, ID, 1, 0),

@@ -224,6 +224,9 @@ typedef struct dp__wire_commit_args {
     /* optional, 0: unversioned. The put's version (docs/design.md, "Versions"):
      * a key held at a higher version refuses the commit ("Stale"). */
     uint64_t ver;
+    /* optional, a repair's copy only: each entry's version, in index order
+     * (the versions its keys had where they were copied from); empty: none */
+    dp__wire_u64s vers;
 } dp__wire_commit_args;
 
 /*
@@ -244,8 +247,9 @@ typedef struct dp__wire_put_args {
     /* optional, 0: any. The unit process the client's view is bound to: another
      * one refuses the put (a restarted unit stores nothing of it). */
     uint64_t incarnation;
-    bool repair;  /* optional, default false: as alloc's */
-    uint64_t ver; /* optional, 0: unversioned; as commit's */
+    bool repair;        /* optional, default false: as alloc's */
+    uint64_t ver;       /* optional, 0: unversioned; as commit's */
+    dp__wire_u64s vers; /* optional, a repair's copy only: as commit's */
 } dp__wire_put_args;
 
 typedef struct dp__wire_abort_args {
@@ -505,6 +509,7 @@ typedef struct dp__wire_list_keys_res {
     dp__wire_strs keys;
     uint64_t next;
     bool more;
+    dp__wire_u64s vers; /* each key's version (0: none); absent: all 0 */
 } dp__wire_list_keys_res;
 
 /* ---- errors ---- */

@@ -33,6 +33,7 @@ static const dp__wire_fdesc list_keys_res_f[] = {
     F(dp__wire_list_keys_res, keys, KEYS, 1, 0),
     F(dp__wire_list_keys_res, next, U64, 1, 0),
     F(dp__wire_list_keys_res, more, BOOL, 1, 0),
+    F(dp__wire_list_keys_res, vers, U64S, 0, 0),
 };
 static const dp__wire_fdesc alloc_res_f[] = {
     F(dp__wire_alloc_res, off, OFF, 1, 0),

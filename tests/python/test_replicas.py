@@ -405,6 +405,87 @@ def test_a_restarted_unit_is_repaired_and_a_second_death_loses_nothing(up3):
     c.close()
 
 
+_STUCK_WRITER = """
+import sys, torch, dataplane
+sys.path.insert(0, sys.argv[2])
+from test_replicas import _rows_of
+c = dataplane.Client(sys.argv[1], timeout_s=120)
+rows = list(range(30))
+print("open", flush=True)
+sys.stdin.readline()  # the test stopped a unit
+c.put(rows, {"x": _rows_of(rows, 2)})
+print("returned", flush=True)
+"""
+
+
+def _stats_of_live(addrs):
+    """Each unit's stats, None for one that does not answer within 1 s."""
+    c = dataplane.Client(addrs, timeout_s=1, connect_timeout_s=2)
+    try:
+        return c.stats()
+    except dataplane.Error as e:
+        return [s if s and "commits" in s else None for s in (e.stats or [None] * 3)]
+    finally:
+        c.close()
+
+
+def test_a_pass_makes_the_copies_a_dead_writer_left_different_agree(tmp_path):
+    """R = 2, a pass every second: a writer's put reaches two of the three
+    units (the third is stopped) and the writer dies before it returns, so
+    the copies of most of its rows differ (its version on one unit, the one
+    before on the stopped one). Once the stopped unit runs again, a pass
+    copies the higher version over: every copy of every row holds the
+    writer's value, the newer of the two."""
+    up = Up(tmp_path, 3, "--repair-every", "1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        c = dataplane.Client(up.dir, timeout_s=20)
+        rows = list(range(30))
+        c.put(rows, {"x": _rows_of(rows, 1)})
+        addrs = [u["zmq"] for u in up.json.load(open(up.dir / "cluster.json"))["units"]]
+        before = _stats_of_live(addrs)
+        w = subprocess.Popen([sys.executable, "-c", _STUCK_WRITER, str(up.dir), here],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+        assert w.stdout.readline() == b"open\n", "the writer did not open"
+        stopped = up.pid(1)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            w.stdin.write(b"go\n")
+            w.stdin.flush()
+            # The writer's blobs commit on units 0 and 2; unit 1's part waits.
+            end = time.monotonic() + 60
+            while True:
+                now = _stats_of_live(addrs)
+                if all(now[i] and now[i]["commits"] > before[i]["commits"] for i in (0, 2)):
+                    break
+                assert time.monotonic() < end, f"the writer's commits never came: {now}"
+                time.sleep(0.1)
+            w.send_signal(signal.SIGKILL)
+            w.wait()
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert up.pid(1) == stopped  # neither killed nor restarted: it kept version 1
+        # Passes: unit 1 copies version 2 of its rows in (from units 0 and 2).
+        copied = len([g for g in rows if g % 3 in (0, 1)])
+        end = time.monotonic() + 60
+        while (st := c.stats()[1])["repair_keys"] < copied:
+            assert time.monotonic() < end, f"no pass copied the newer versions: {st}"
+            time.sleep(0.1)
+        assert st["repair_keys"] == copied and st["repair_passes"] >= 1, st
+        # Every copy holds version 2: each row's first copy, then (unit 0 and
+        # then unit 2 killed) the second copies of rows homed there.
+        _check(c, rows, 2)
+        up.kill(0)  # up restarts it: empty, repaired; meanwhile rows 0, 3, ... from unit 1
+        _check(c, rows, 2)
+        assert _repaired(c, 0)["repair_state"] == 2
+        up.kill(1)  # rows 1, 4, ... from unit 2
+        _check(c, rows, 2)
+        c.close()
+    finally:
+        up.stop()
+
+
 def test_a_repair_neither_resurrects_a_clear_nor_undoes_a_put(tmp_path):
     """A slow repair (64 KiB/s) while rows are cleared and put again: once it
     ends, the repaired unit holds the new values and not the cleared rows,
@@ -422,7 +503,8 @@ def test_a_repair_neither_resurrects_a_clear_nor_undoes_a_put(tmp_path):
         c.clear(cleared)
         c.put(rewritten, {"x": _rows_of(rewritten, 2)})
         st = _repaired(c, 1)
-        assert st["repair_state"] == 2 and st["repair_cleared"] == 0, st
+        # the clears stay recorded for 120 s (passes run every 600 s by default)
+        assert st["repair_state"] == 2 and st["repair_cleared"] == len(cleared), st
         # unit 1 holds its rows but the cleared ones: one key a row
         assert st["entries"] == len(mine) - len(cleared), st
         kept = [g for g in mine if g not in cleared and g not in rewritten]
