@@ -234,7 +234,7 @@ seed_request_args(dp__wire_request *q)
                                            .lane = dp__wire_s("shm")};
         break;
     case DP_WIRE_OP_COMMIT:
-        q->a.commit.blob_id = dp__wire_s("blob-1");
+        q->a.commit = (dp__wire_commit_args){.blob_id = dp__wire_s("blob-1"), .ver = 7};
         break;
     case DP_WIRE_OP_PUT:
         q->a.put = (dp__wire_put_args){dp__wire_s("blob-1"),

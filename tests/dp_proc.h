@@ -224,4 +224,36 @@ dp_test_cli_start(const char *const *args, char *line, size_t cap)
     return pid;
 }
 
+/* dp_test_cli_start for a command that ends by itself (--help): the rest of
+ * its stdout is read and dropped, so a long text never meets a closed pipe. */
+static inline pid_t
+dp_test_cli_first_line(const char *const *args, char *line, size_t cap)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(args[0], (char *const *)args);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    bool eol = false;
+    char c;
+    while (read(fds[0], &c, 1) == 1) {
+        eol = eol || c == '\n';
+        if (!eol && n + 1 < cap)
+            line[n++] = c;
+    }
+    line[n] = '\0';
+    close(fds[0]);
+    return pid;
+}
+
 #endif

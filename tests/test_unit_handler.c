@@ -91,7 +91,7 @@ DP_TEST(handler_ops)
     dp__wire_reply_fini(&r);
 
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp__wire_s("blob-1");
+    q.a.commit = (dp__wire_commit_args){.blob_id = dp__wire_s("blob-1")};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_DONE);

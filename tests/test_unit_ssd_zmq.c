@@ -221,7 +221,7 @@ zput(zc *z, const char *id, const tblob *t)
     t0 = dp_test_now();
     for (;;) {
         q.op = DP_WIRE_OP_COMMIT;
-        q.a.commit.blob_id = dp__wire_s(id);
+        q.a.commit = (dp__wire_commit_args){.blob_id = dp__wire_s(id)};
         CHECK_OK_D(zcall(z, &q, &r, &d), &d);
         CHECK(r.ok);
         st = r.r.commit;

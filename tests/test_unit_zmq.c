@@ -305,7 +305,7 @@ DP_TEST(zmq_ucx_put_get)
 
     /* Commit before the WRITE: the zeroed region fails validation. */
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp__wire_s("put-1");
+    q.a.commit = (dp__wire_commit_args){.blob_id = dp__wire_s("put-1")};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(!r.ok);
     CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
@@ -423,7 +423,7 @@ DP_TEST(zmq_client_killed_before_commit)
     dp_detail_clear(&d);
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp__wire_s("doomed");
+    q.a.commit = (dp__wire_commit_args){.blob_id = dp__wire_s("doomed")};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.commit, DP_WIRE_COMMIT_LOST);
@@ -465,7 +465,7 @@ DP_TEST(cli_unit_command)
     const char *bad2[] = {cli, "unit", "--unit-id", "2", "--units", "2", NULL};
     CHECK_EQ(dp_test_wait_status(dp_test_cli_start(bad2, line, sizeof line)), 2);
     const char *help[] = {cli, "unit", "--help", NULL};
-    pid_t hp = dp_test_cli_start(help, line, sizeof line);
+    pid_t hp = dp_test_cli_first_line(help, line, sizeof line);
     CHECK_CONTAINS(line, "usage: dataplane unit");
     CHECK_EQ(dp_test_wait_status(hp), 0);
 
@@ -553,7 +553,7 @@ DP_TEST(zmq_pinned_read_survives_release)
                    ep, &(dp__xfer_desc){DP_XFER_WRITE, &l, 1, &rr, 1, name}, 10, &d),
                &d);
     q.op = DP_WIRE_OP_COMMIT;
-    q.a.commit.blob_id = dp__wire_s("A");
+    q.a.commit = (dp__wire_commit_args){.blob_id = dp__wire_s("A")};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.commit == DP_WIRE_COMMIT_DONE);
     dp__wire_reply_fini(&r);

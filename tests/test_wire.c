@@ -132,6 +132,26 @@ gshard(gen *g)
     return l;
 }
 
+/* A list of up to 20 random u64s. */
+static dp__wire_u64s
+gu64s(gen *g)
+{
+    dp__wire_u64s l;
+    l.n = (uint32_t)rnd(g, 20);
+    l.v = galloc(g, l.n * sizeof *l.v);
+    for (uint32_t i = 0; i < l.n; i++)
+        l.v[i] = gnum(g, 0);
+    return l;
+}
+
+static void
+check_u64s(dp__wire_u64s a, dp__wire_u64s b)
+{
+    CHECK_EQ(a.n, b.n);
+    for (uint32_t i = 0; i < a.n; i++)
+        CHECK_EQ_U64(a.v[i], b.v[i]);
+}
+
 static void
 gargs(gen *g, dp__wire_request *q)
 {
@@ -143,7 +163,7 @@ gargs(gen *g, dp__wire_request *q)
         q->a.alloc.repair = rnd(g, 2);
         break;
     case DP_WIRE_OP_COMMIT:
-        q->a.commit.blob_id = gid(g);
+        q->a.commit = (dp__wire_commit_args){gid(g), gnum(g, 0), gu64s(g)};
         break;
     case DP_WIRE_OP_PUT: {
         uint32_t n = (uint32_t)rnd(g, 300);
@@ -153,6 +173,8 @@ gargs(gen *g, dp__wire_request *q)
         q->a.put = (dp__wire_put_args){
             gid(g), {p, n}, gnum(g, (1u << 20) + 1), rnd(g, 2), gnum(g, UINT64_MAX)};
         q->a.put.repair = rnd(g, 2);
+        q->a.put.ver = gnum(g, 0);
+        q->a.put.vers = gu64s(g);
         break;
     }
     case DP_WIRE_OP_ABORT:
@@ -168,14 +190,9 @@ gargs(gen *g, dp__wire_request *q)
     case DP_WIRE_OP_UNPIN:
         q->a.unpin.pin_id = gid(g);
         break;
-    case DP_WIRE_OP_RELEASE_ROWS: {
-        dp__wire_u64s *l = &q->a.release_rows.gidxs;
-        l->n = (uint32_t)rnd(g, 20);
-        l->v = galloc(g, l->n * sizeof *l->v);
-        for (uint32_t i = 0; i < l->n; i++)
-            l->v[i] = gnum(g, 0);
+    case DP_WIRE_OP_RELEASE_ROWS:
+        q->a.release_rows.gidxs = gu64s(g);
         break;
-    }
     case DP_WIRE_OP_READ_BYTES:
         q->a.read_bytes =
             (dp__wire_read_bytes_args){gnum(g, 1ull << 62), gnum(g, (16u << 20) + 1)};
@@ -344,6 +361,7 @@ gresult(gen *g, dp__wire_reply *r)
         r->r.list_keys.keys = glist(g, true);
         r->r.list_keys.next = gnum(g, 0);
         r->r.list_keys.more = rnd(g, 2);
+        r->r.list_keys.vers = gu64s(g);
         break;
     default:
         CHECK(!"no result");
@@ -353,12 +371,13 @@ gresult(gen *g, dp__wire_reply *r)
 static void
 gerror(gen *g, dp__wire_reply *r)
 {
-    static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO};
+    static const int codes[] = {DP_EUNITFULL, DP_EBUSY, DP_ELOST, DP_EPROTO, DP__ESTALE};
     r->ok = false;
-    r->err.code = codes[rnd(g, 4)];
+    r->err.code = codes[rnd(g, 5)];
     r->err.msg = gtext(g);
     r->err.reason = rnd(g, 2) ? gtext_n(g, 1, 30) : (dp__wire_str){"", 0};
     r->err.blobs = glist(g, true);
+    r->err.ver = r->err.code == DP__ESTALE ? gnum(g, 0) : 0;
 }
 
 /* ---- equality ---- */
@@ -433,6 +452,8 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         break;
     case DP_WIRE_OP_COMMIT:
         CHECK_SV(a->a.commit.blob_id, b->a.commit.blob_id);
+        CHECK_EQ_U64(a->a.commit.ver, b->a.commit.ver);
+        check_u64s(a->a.commit.vers, b->a.commit.vers);
         break;
     case DP_WIRE_OP_PUT:
         CHECK_SV(a->a.put.blob_id, b->a.put.blob_id);
@@ -443,6 +464,8 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         CHECK_EQ(a->a.put.spill, b->a.put.spill);
         CHECK_EQ_U64(a->a.put.incarnation, b->a.put.incarnation);
         CHECK_EQ(a->a.put.repair, b->a.put.repair);
+        CHECK_EQ_U64(a->a.put.ver, b->a.put.ver);
+        check_u64s(a->a.put.vers, b->a.put.vers);
         break;
     case DP_WIRE_OP_ABORT:
         CHECK_SV(a->a.abort.blob_id, b->a.abort.blob_id);
@@ -459,9 +482,7 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         CHECK_SV(a->a.unpin.pin_id, b->a.unpin.pin_id);
         break;
     case DP_WIRE_OP_RELEASE_ROWS:
-        CHECK_EQ(a->a.release_rows.gidxs.n, b->a.release_rows.gidxs.n);
-        for (uint32_t i = 0; i < a->a.release_rows.gidxs.n; i++)
-            CHECK_EQ_U64(a->a.release_rows.gidxs.v[i], b->a.release_rows.gidxs.v[i]);
+        check_u64s(a->a.release_rows.gidxs, b->a.release_rows.gidxs);
         break;
     case DP_WIRE_OP_READ_BYTES:
         CHECK_EQ_U64(a->a.read_bytes.off, b->a.read_bytes.off);
@@ -498,6 +519,7 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         CHECK_SV(a->err.msg, b->err.msg);
         CHECK_SV(a->err.reason, b->err.reason);
         check_strs(a->err.blobs, b->err.blobs);
+        CHECK_EQ_U64(a->err.ver, b->err.ver);
         return;
     }
     switch (a->op) {
@@ -595,6 +617,7 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         check_strs(a->r.list_keys.keys, b->r.list_keys.keys);
         CHECK_EQ_U64(a->r.list_keys.next, b->r.list_keys.next);
         CHECK_EQ(a->r.list_keys.more, b->r.list_keys.more);
+        check_u64s(a->r.list_keys.vers, b->r.list_keys.vers);
         break;
     default:
         CHECK(!"no result");

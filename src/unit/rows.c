@@ -141,6 +141,8 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
         return dp__fail(d, DP_ENOMEM, "commit %s: out of memory; nothing published",
                         b->id);
     row *r = NULL;
+    /* A versioned put's keys held at a higher version refuse it ("Versions"). */
+    bool check = b->ver != 0 && !(b->flags & REC_REPAIR);
     /* Pass 1: every row and slot exists (the only step that allocates). */
     for (i = 0; i < n; i++) {
         at[i].r = NULL;
@@ -169,6 +171,12 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
             }
             r = NULL;
             goto nomem;
+        }
+        if (check && r->s[k].b != NULL && r->s[k].ver > b->ver) {
+            free(at);
+            publish_rollback_locked(u, pb, i + 1 < n ? i + 1 : n);
+            return dp__fail(d, DP__ESTALE, "commit %s: a key is held at a higher version",
+                            b->id);
         }
         at[i] = (struct at){r, (uint32_t)k};
     }

@@ -643,6 +643,8 @@ dp__unit_alloc_req(dp__unit *u, const dp__wire_alloc_args *args, dp__wire_alloc_
 static int
 take_vers_locked(blob_rec *b, const dp__wire_u64s *vers, uint32_t n, dp_detail *d)
 {
+    free(b->vers); /* a commit asked again after a failed publish parses again */
+    b->vers = NULL;
     if (vers == NULL || vers->n == 0)
         return 0;
     if (!(b->flags & REC_REPAIR) || vers->n != n)
@@ -655,6 +657,26 @@ take_vers_locked(blob_rec *b, const dp__wire_u64s *vers, uint32_t n, dp_detail *
         return dp__fail(d, DP_ENOMEM, "commit %s: out of memory", b->id);
     memcpy(b->vers, vers->v, (size_t)n * sizeof *b->vers);
     return 0;
+}
+
+/*
+ * Refuse validated b as stale ("Versions"): nothing published, the region
+ * freed (the client's WRITE is done); *stale gets the highest version held
+ * of a key it would replace.
+ */
+static int
+refuse_stale_locked(dp__unit *u, blob_rec *b, uint64_t *stale, double now, dp_detail *d)
+{
+    uint64_t high = dp__rows_stale_locked(u, b);
+    u->stats.versions_refused++;
+    if (stale != NULL)
+        *stale = high;
+    int rc = dp__fail(d, DP__ESTALE,
+                      "commit %s: version %" PRIu64 " is below version %" PRIu64
+                      " of a key it would replace; nothing published",
+                      b->id, b->ver, high);
+    dp__rec_discard_open_locked(u, b, now);
+    return rc;
 }
 
 static int
@@ -735,18 +757,11 @@ commit_locked(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
         dp__writers_unref(u->writers, b->writer);
         b->writer = NULL;
         b->ver = ver;
-        uint64_t high = (b->flags & REC_REPAIR) ? 0 : dp__rows_stale_locked(u, b);
-        if (high != 0) {
-            /* A key is held at a higher version: nothing published, the region
-             * freed (the WRITE is done); the client puts again above it. */
-            u->stats.versions_refused++;
-            if (stale != NULL)
-                *stale = high;
-            rc = dp__fail(d, DP__ESTALE,
-                          "commit %s: version %" PRIu64 " is below version %" PRIu64
-                          " of a key it would replace; nothing published",
-                          b->id, ver, high);
-            dp__rec_discard_open_locked(u, b, now);
+        /* A spill is checked now (the publish is its io job's); other blobs
+         * as they publish, below. The client puts again above a refusal. */
+        if (b->area == REC_AREA_IO && !(b->flags & REC_REPAIR) &&
+            dp__rows_stale_locked(u, b) != 0) {
+            rc = refuse_stale_locked(u, b, stale, now, d);
             goto out;
         }
     }
@@ -787,6 +802,10 @@ commit_locked(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
     }
     rc = dp__rows_publish_locked(u, b, keep, now, d);
     free(keep);
+    if (rc == DP__ESTALE) {
+        rc = refuse_stale_locked(u, b, stale, now, d);
+        goto out;
+    }
     if (rc != 0) {
         dp__blob_destroy(b->parsed);
         b->parsed = NULL;

@@ -405,7 +405,8 @@ slot *dp__row_slot(row *r, const char *f, uint32_t flen);
 /*
  * Install b's parsed index (b->parsed set, b not yet published) in the row
  * index; keep (NULL: all) names the entries to install, one byte each, at
- * least one kept. DP_ENOMEM: nothing changed.
+ * least one kept. DP_ENOMEM, or DP__ESTALE (b versioned, not a repair's copy,
+ * and a key it would replace held at a higher version): nothing changed.
  */
 int dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double now,
                             dp_detail *d);
