@@ -99,6 +99,11 @@ run_once(dp__unit_repairer *r, bool pass)
     dp__repair_sum s;
     rc = dp__client_repair(c, &o, &s, &d);
     dp_client_close(c);
+    dp__unit_repair_under(r->u, s.under);
+    if (s.under > 0)
+        DP_LOG_W("%s: %" PRIu64 " keys of this unit have no copy on a peer that shares "
+                 "their row (under-replicated; a peer's repair or next pass copies them)",
+                 what, s.under);
     if (rc == DP_OK && (!pass || s.keys > 0))
         DP_LOG_I("%s: done in %.1f s: %" PRIu64 " keys, %" PRIu64
                  " bytes copied in; %" PRIu64 " held already",

@@ -200,6 +200,9 @@ typedef struct dp__repair_opts {
 typedef struct dp__repair_sum {
     uint64_t keys, bytes, skipped, failed;
     uint64_t held; /* listed keys the unit held at that version already: not copied */
+    /* keys the unit holds that a peer sharing their row lacked (all those shared
+     * with a peer that could not be listed): under-replicated */
+    uint64_t under;
     uint32_t peers_failed; /* peers that could not be listed to the end */
 } dp__repair_sum;
 

@@ -326,6 +326,55 @@ want_page(const page *pg, const page *own, page *want, uint64_t *held, dp_detail
     return DP_OK;
 }
 
+/*
+ * Of unit u's own keys (own, listed from the same row as the peer's page pg),
+ * those in the rows pg covers that pg lacks: the peer holds no copy of them.
+ */
+static uint64_t
+missing_at_peer(const page *pg, const page *own)
+{
+    uint64_t n = 0;
+    uint32_t j = 0; /* pg's first key of a row >= the current one */
+    for (uint32_t i = 0; i < own->n; i++) {
+        dp__key_parts kp, pp;
+        if (dp__key_split(own->keys[i], strlen(own->keys[i]), &kp, NULL) != DP_OK ||
+            (pg->more && kp.gidx >= pg->next))
+            continue; /* a later page of the peer's covers it */
+        while (j < pg->n &&
+               dp__key_split(pg->keys[j], strlen(pg->keys[j]), &pp, NULL) == DP_OK &&
+               pp.gidx < kp.gidx)
+            j++;
+        bool found = false;
+        for (uint32_t k = j; k < pg->n && !found; k++) {
+            if (dp__key_split(pg->keys[k], strlen(pg->keys[k]), &pp, NULL) != DP_OK ||
+                pp.gidx != kp.gidx)
+                break;
+            found = strcmp(pg->keys[k], own->keys[i]) == 0;
+        }
+        n += !found;
+    }
+    return n;
+}
+
+/* The keys unit u holds of rows it shares with peer p, from `from` on. */
+static uint64_t
+count_shared(dp_client *c, uint32_t u, uint32_t p, uint64_t from)
+{
+    uint64_t n = 0;
+    for (bool more = true; more;) {
+        page own;
+        dp_detail e;
+        dp_detail_clear(&e);
+        if (list_page(c, u, p, from, 4096, &own, &e) != DP_OK)
+            break;
+        n += own.n;
+        more = own.more;
+        from = own.next;
+        page_fini(&own);
+    }
+    return n;
+}
+
 /* The units that share rows with unit u (R copies on N units), each once. */
 static uint32_t
 peers_of(uint32_t u, uint32_t N, uint32_t R, uint32_t *out)
@@ -369,6 +418,7 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
                 DP_LOG_W("repair of unit %u: listing unit %u's rows failed: %s", u,
                          peers[i], dp_detail_msg(&e));
                 sum->peers_failed++;
+                sum->under += count_shared(c, u, peers[i], from);
                 if (first == DP_OK) {
                     first = rc;
                     if (d != NULL)
@@ -380,9 +430,9 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
              * at a lower version, is copied (a pass over a unit that holds it
              * all copies nothing). */
             page own = {0}, want = {0};
-            if (pg.n > 0 &&
-                list_page(c, u, peers[i], from, DP_MIN(65536u, 2 * page_rows + 16), &own,
-                          &e) != DP_OK) {
+            int orc = list_page(c, u, peers[i], from, DP_MIN(65536u, 2 * page_rows + 16),
+                                &own, &e);
+            if (orc != DP_OK) {
                 DP_LOG_D("repair of unit %u: listing its own rows failed (%s): copying "
                          "the peer's page whole",
                          u, dp_detail_msg(&e));
@@ -390,6 +440,21 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
             }
             if (pg.n > 0 && (rc = want_page(&pg, &own, &want, &sum->held, &e)) != DP_OK)
                 want = (page){pg.keys, pg.vers, pg.n, 0, false}; /* borrowed: not freed */
+            /* What the peer lacks of this unit's keys in the rows its page
+             * covers (own pages on, when the first did not reach its end). */
+            sum->under += missing_at_peer(&pg, &own);
+            for (uint64_t at = own.next;
+                 orc == DP_OK && own.more && (!pg.more || at < pg.next);) {
+                page o2;
+                if (list_page(c, u, peers[i], at, 4096, &o2, &e) != DP_OK) {
+                    dp_detail_clear(&e);
+                    break;
+                }
+                sum->under += missing_at_peer(&pg, &o2);
+                own.more = o2.more;
+                at = o2.next;
+                page_fini(&o2);
+            }
             page_fini(&own);
             uint64_t bytes = 0, k0 = sum->keys, f0 = sum->failed;
             if (want.n > 0 &&

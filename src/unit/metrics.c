@@ -163,6 +163,9 @@ static const metric_def defs[] = {
      "Keys its peers held that the repair could not copy"},
     {"repair_passes", "repair_passes_total", true,
      "Passes that compared this unit's copies with its peers' after its start"},
+    {"under_replicated", "under_replicated_keys", false,
+     "Keys this unit holds that a peer sharing their row lacked at the last repair or "
+     "pass"},
     {"repair_cleared", "repair_cleared_rows", false,
      "Rows whose clear is recorded (no repair copy brings them back)"},
 };

@@ -83,6 +83,14 @@ dp__unit_repair_begin(dp__unit *u)
 }
 
 void
+dp__unit_repair_under(dp__unit *u, uint64_t keys)
+{
+    pthread_mutex_lock(&u->mu);
+    u->stats.under_replicated = keys;
+    pthread_mutex_unlock(&u->mu);
+}
+
+void
 dp__repair_prune_tombs_locked(dp__unit *u, double now)
 {
     if (u->repair_state == DP_UNIT_REPAIR_RUNNING)

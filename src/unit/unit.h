@@ -385,6 +385,10 @@ void dp__unit_repair_failed(dp__unit *u, uint64_t failed);
 /* A pass begins (docs/design.md, "Repair"): RUNNING, and it is counted. */
 void dp__unit_repair_begin(dp__unit *u);
 
+/* What the last repair or pass found: keys this unit holds that a peer sharing
+ * their row lacked (every one shared with a peer it could not list). */
+void dp__unit_repair_under(dp__unit *u, uint64_t keys);
+
 /* The repair ended (DONE, or PARTIAL when keys failed): the cleared rows are forgotten
  * (with passes, those older than DP_UNIT_TOMB_KEEP_S).
  */
@@ -511,6 +515,8 @@ void dp__unit_fields_free(dp__wire_fields *recs, uint32_t n);
     X(repair_skipped, "repair_skipped") /* copies the unit had, or of rows cleared */    \
     X(repair_failed, "repair_failed")   /* keys its peers had that it could not copy */  \
     X(repair_passes, "repair_passes")   /* passes begun after the repair at start */     \
+    X(under_replicated,                                                                  \
+      "under_replicated") /* keys a peer lacked at the last repair or pass */            \
     X(repair_cleared, "repair_cleared") /* read: rows cleared while it repairs */
 
 /* The counters as numbers (tests; copied under the lock). */

@@ -486,6 +486,52 @@ def test_a_pass_makes_the_copies_a_dead_writer_left_different_agree(tmp_path):
         up.stop()
 
 
+def _free_ports(n):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_passes_count_the_keys_a_dead_peer_held_copies_of(tmp_path):
+    """R = 2 on 3 units, passes every second, no supervisor: unit 2 killed for
+    good leaves the keys it shared with units 0 and 1 with one copy, and each
+    of them says how many (under_replicated); once unit 2 is started again
+    (empty) and repaired, the next passes find every copy and say 0."""
+    ports = _free_ports(3)
+    addrs = ",".join(f"tcp://127.0.0.1:{p}" for p in ports)
+    units = Units(tmp_path, 3, 2, extra=lambda i: [
+        "--port", str(ports[i]), "--repair-from", addrs, "--repair-every", "1"])
+    try:
+        c = dataplane.Client(units.addrs, timeout_s=20)
+        rows = list(range(60))
+        c.put(rows, {"x": _rows_of(rows, 1), "y": _rows_of(rows, 1)[:, :4].clone()})
+        units.kill(2)
+        # unit 0 shares rows 2, 5, ... with unit 2; unit 1 rows 1, 4, ...: two keys each
+        want = {0: 2 * len([g for g in rows if g % 3 == 2]),
+                1: 2 * len([g for g in rows if g % 3 == 1])}
+        end = time.monotonic() + 60
+        while any((st := _stats_of_live(units.addrs))[i] is None or
+                  st[i]["under_replicated"] != want[i] for i in (0, 1)):
+            assert time.monotonic() < end, f"under_replicated never said {want}: {st}"
+            time.sleep(0.2)
+        units.start(2)  # empty: it repairs, then every pass finds both copies
+        end = time.monotonic() + 60
+        while any(s["under_replicated"] != 0 or s["repair_state"] not in (2, 3)
+                  for s in (c.stats()[i] for i in range(3))):
+            assert time.monotonic() < end, f"still under-replicated: {c.stats()}"
+            time.sleep(0.2)
+        units.kill(0)  # the repaired copies serve rows 0, 3, ... now
+        _check(c, rows, 1)
+        c.close()
+    finally:
+        units.stop()
+
+
 def test_a_repair_neither_resurrects_a_clear_nor_undoes_a_put(tmp_path):
     """A slow repair (64 KiB/s) while rows are cleared and put again: once it
     ends, the repaired unit holds the new values and not the cleared rows,
