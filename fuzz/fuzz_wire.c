@@ -257,7 +257,7 @@ seed_request_args(dp__wire_request *q)
         q->a.unpin.pin_id = dp__wire_s("pin-9");
         break;
     case DP_WIRE_OP_RELEASE_ROWS:
-        q->a.release_rows.gidxs = (dp__wire_u64s){seed_gidxs, 4};
+        q->a.release_rows = (dp__wire_release_rows_args){{seed_gidxs, 4}};
         break;
     case DP_WIRE_OP_READ_BYTES:
         q->a.read_bytes = (dp__wire_read_bytes_args){4096, 64};

@@ -2012,12 +2012,51 @@ DP_TEST(versions_a_writer_whose_clock_is_behind_loses_no_update)
     cluster_stop(&cl);
 }
 
+DP_TEST(versions_a_clear_after_a_put_wins_whatever_the_clocks)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 32 << 20, 60, 10);
+    dp_client *a = connect_cl(&cl), *b = connect_cl(&cl);
+    clock_ahead(a, 3600);
+    uint64_t g[6] = {0, 1, 2, 3, 4, 5};
+    batch va;
+    batch_make(&va, NULL, g, 6, 2, size_4k, 1);
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(batch_put(a, &va, NULL, &d), &d);
+    /* b's clear comes after a's put returned, with a version below it: the
+     * units refuse it (dropping nothing), it goes again above, and the rows
+     * are gone. */
+    dp_client_counters k0, k1;
+    CHECK_OK(dp_client_counters_get(b, &k0));
+    uint64_t dropped = 0;
+    CHECK_OK_D(dp_client_clear(b, g, 6, &dropped, &d), &d);
+    CHECK_OK(dp_client_counters_get(b, &k1));
+    CHECK_EQ_U64(dropped, 12);
+    CHECK(k1.retries > k0.retries);
+    CHECK(stat_sum(b, "versions_refused") >= 1);
+    int want[6] = {DP_ENOTFOUND, DP_ENOTFOUND, DP_ENOTFOUND,
+                   DP_ENOTFOUND, DP_ENOTFOUND, DP_ENOTFOUND};
+    batch_check(a, &va, NULL, NULL, want, NULL, NULL);
+    /* a puts them again: above the clear (refused once if its version is not). */
+    batch vb;
+    batch_make(&vb, NULL, g, 6, 2, size_4k, 2);
+    CHECK_OK_D(batch_put(a, &vb, NULL, &d), &d);
+    batch_verify(b, &vb, 2);
+    batch_free(&va);
+    batch_free(&vb);
+    dp_client_close(a);
+    dp_client_close(b);
+    cluster_stop(&cl);
+}
+
 typedef struct race_arg {
     dp_client *c;
     uint64_t base; /* contents' versions: base + round */
     int rounds, fails;
     dp_detail why;
     pthread_barrier_t *start, *end; /* each round starts together; checked after */
+    bool clearer;                   /* clears the rows instead of putting them */
 } race_arg;
 
 static const uint64_t race_rows[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
@@ -2045,19 +2084,26 @@ static void *
 race_main(void *p)
 {
     race_arg *a = p;
+    uint64_t seed = a->base | 1;
     for (int k = 1; k <= a->rounds; k++) {
         batch b;
         batch_make(&b, NULL, race_rows, 12, 2, size_race, a->base + (uint64_t)k);
         pthread_barrier_wait(a->start);
-        if (batch_put(a->c, &b, NULL, &a->why) != 0)
+        if (a->clearer) {
+            usleep((useconds_t)(dp_test_rand(&seed) % 2000)); /* amid the puts */
+            if (dp_client_clear(a->c, race_rows, 12, NULL, &a->why) != 0)
+                a->fails++;
+        } else if (batch_put(a->c, &b, NULL, &a->why) != 0) {
             a->fails++;
+        }
         pthread_barrier_wait(a->end);
         batch_free(&b);
     }
     return NULL;
 }
 
-/* The version tag of key gidx@field f held by unit u (reader routes to u only). */
+/* The version tag of key gidx@field f held by unit u (reader routes to u only);
+ * 0: not there. */
 static uint64_t
 copy_tag(dp_client *reader, uint64_t gidx, uint32_t f)
 {
@@ -2068,7 +2114,12 @@ copy_tag(dp_client *reader, uint64_t gidx, uint32_t f)
     dp_get_item it = {.key = key, .dst = out, .cap = len};
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp_client_get(reader, &it, 1, &d), &d);
+    int rc = dp_client_get(reader, &it, 1, &d);
+    if (rc == DP_ENOTFOUND) {
+        free(out);
+        return 0; /* cleared */
+    }
+    CHECK_OK_D(rc, &d);
     uint64_t v = 0;
     CHECKF(check_value(out, it.nbytes, gidx, f, &v), "key %s: content is no put's", key);
     free(out);
@@ -2081,16 +2132,23 @@ DP_TEST(versions_replicas_agree_after_writers_race)
     cluster cl;
     cluster_start(&cl, 3, 32 << 20, 60, 10);
     tc_replicas[0] = '\0';
-    dp_client *a = connect_cl(&cl), *b = connect_cl(&cl);
+    dp_client *a = connect_cl(&cl), *b = connect_cl(&cl), *x = connect_cl(&cl);
     CHECK_EQ(dp_client_replicas(a), 2);
     /* a's clock a little ahead: b's puts meet "Stale" too, not only races. */
     clock_ahead(a, 0.002);
     enum { ROUNDS = 30 };
     pthread_barrier_t start, end;
-    pthread_barrier_init(&start, NULL, 3);
-    pthread_barrier_init(&end, NULL, 3);
+    pthread_barrier_init(&start, NULL, 4);
+    pthread_barrier_init(&end, NULL, 4);
     race_arg ra = {.c = a, .base = 1000, .rounds = ROUNDS, .start = &start, .end = &end};
     race_arg rb = {.c = b, .base = 2000, .rounds = ROUNDS, .start = &start, .end = &end};
+    /* and x clears the rows, at a random moment amid the puts */
+    race_arg rx = {.c = x,
+                   .base = 3000,
+                   .rounds = ROUNDS,
+                   .start = &start,
+                   .end = &end,
+                   .clearer = true};
     dp_client *rd[3];
     for (uint32_t u = 0; u < 3; u++) {
         rd[u] = connect_cl(&cl);
@@ -2100,7 +2158,10 @@ DP_TEST(versions_replicas_agree_after_writers_race)
     dp__client_test_hook = race_hook;
     CHECK(pthread_create(&ta, NULL, race_main, &ra) == 0);
     CHECK(pthread_create(&tb, NULL, race_main, &rb) == 0);
-    /* After each round: every copy of every key holds the same put's value. */
+    pthread_t tx;
+    CHECK(pthread_create(&tx, NULL, race_main, &rx) == 0);
+    /* After each round: every copy of every key holds the same put's value, or
+     * none holds it (cleared last). */
     int differ = 0;
     for (int k = 1; k <= ROUNDS; k++) {
         pthread_barrier_wait(&start);
@@ -2110,7 +2171,7 @@ DP_TEST(versions_replicas_agree_after_writers_race)
                 uint64_t g = race_rows[r];
                 uint64_t v0 = copy_tag(rd[g % 3], g, f);
                 uint64_t v1 = copy_tag(rd[(g + 1) % 3], g, f);
-                CHECK(v0 == 1000 + (uint64_t)k || v0 == 2000 + (uint64_t)k);
+                CHECK(v0 == 0 || v0 == 1000 + (uint64_t)k || v0 == 2000 + (uint64_t)k);
                 if (v0 != v1 && differ++ < 5)
                     fprintf(stderr,
                             "round %d, row %" PRIu64 " field %u: copies hold %" PRIu64
@@ -2120,15 +2181,18 @@ DP_TEST(versions_replicas_agree_after_writers_race)
     }
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
+    pthread_join(tx, NULL);
     dp__client_test_hook = NULL;
     pthread_barrier_destroy(&start);
     pthread_barrier_destroy(&end);
     CHECKF(ra.fails == 0, "a: %s", dp_detail_msg(&ra.why));
     CHECKF(rb.fails == 0, "b: %s", dp_detail_msg(&rb.why));
+    CHECKF(rx.fails == 0, "x: %s", dp_detail_msg(&rx.why));
     CHECKF(differ == 0, "%d keys whose copies differ", differ);
     for (uint32_t u = 0; u < 3; u++)
         dp_client_close(rd[u]);
     dp_client_close(a);
     dp_client_close(b);
+    dp_client_close(x);
     cluster_stop(&cl);
 }

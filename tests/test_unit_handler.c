@@ -152,7 +152,7 @@ DP_TEST(handler_ops)
 
     uint64_t g[] = {5, 6};
     q.op = DP_WIRE_OP_RELEASE_ROWS;
-    q.a.release_rows.gidxs = (dp__wire_u64s){g, 2};
+    q.a.release_rows = (dp__wire_release_rows_args){{g, 2}};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok);
     CHECK_EQ(r.r.dropped, 1);
@@ -439,7 +439,7 @@ DP_TEST(release_rows_of_another_unit_is_refused)
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     q.rid = dp__wire_s("r1");
-    q.a.release_rows.gidxs = (dp__wire_u64s){g, 2};
+    q.a.release_rows = (dp__wire_release_rows_args){{g, 2}};
     dp__wire_reply r;
     bool replied = false;
     call_handler(u, &q, &r, &replied);
@@ -495,7 +495,7 @@ DP_TEST(stale_requests_are_refused)
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     snprintf(rid, sizeof rid, "%s-3", A);
     q.rid = dp__wire_s(rid);
-    q.a.release_rows.gidxs = (dp__wire_u64s){&g, 1};
+    q.a.release_rows = (dp__wire_release_rows_args){{&g, 1}};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && !r.ok);
     CHECK(dp__wire_str_eq(r.err.kind, "Protocol"));
@@ -523,7 +523,7 @@ DP_TEST(stale_requests_are_refused)
     q.op = DP_WIRE_OP_RELEASE_ROWS;
     snprintf(rid, sizeof rid, "%s-1", B);
     q.rid = dp__wire_s(rid);
-    q.a.release_rows.gidxs = (dp__wire_u64s){&g, 1};
+    q.a.release_rows = (dp__wire_release_rows_args){{&g, 1}};
     call_handler(u, &q, &r, &replied);
     CHECK(replied && r.ok && r.r.dropped == 1);
     dp__wire_reply_fini(&r);

@@ -245,18 +245,39 @@ DP_TEST(a_repair_copy_publishes_only_missing_keys_of_rows_not_cleared)
     dp_detail_clear(&d);
     CHECK_OK_D(dp__unit_commit(u, "r2", 2, &st, &d), &d);
     CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
-    /* The repair's end: the cleared rows are forgotten. */
+    /* The repair's end: the cleared row stays recorded for tomb_keep_s (a
+     * copy read before its clear may still come), then is forgotten. */
     dp__unit_repair_end(u);
     s = dp_test_unit_stats(u);
     CHECK_EQ(s.repair_state, DP_UNIT_REPAIR_DONE);
     CHECK_EQ(s.repair_keys, 2);
     CHECK_EQ(s.repair_bytes, 128);
-    CHECK_EQ(s.repair_cleared, 0);
-    /* A clear after the repair records nothing; a later repair copy of row 7
-     * (a unit that repairs no more still takes only missing keys) lands. */
+    CHECK_EQ(s.repair_cleared, 1);
+    const char *late[] = {"7@x"};
+    put_repair(u, "r3", late, 1, 5);
+    CHECK_EQ(first_byte(u, "7@x"), -1);
+    dp__unit_destroy(u);
+    /* Kept 50 ms: forgotten at the next prune after that. An unversioned clear
+     * after the repair records nothing; a later repair copy of row 7 (a unit
+     * that repairs no more still takes only missing keys) lands. */
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = 1 << 20;
+    o.n_units = 3;
+    o.unit_id = 1;
+    o.replicas = 2;
+    o.repair = true;
+    o.tomb_keep_s = 0.05;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.now = fake_now;
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    CHECK_EQ(dp__unit_release_rows(u, &seven, 1), 0);
+    CHECK_EQ(dp_test_unit_stats(u).repair_cleared, 1);
+    dp__sleep_s(0.1);
+    dp__unit_repair_end(u);
+    CHECK_EQ(dp_test_unit_stats(u).repair_cleared, 0);
     CHECK_EQ(dp__unit_release_rows(u, &seven, 1), 0);
     CHECK_EQ(dp_test_unit_stats(u).repair_cleared, 0);
-    const char *late[] = {"7@x"};
     put_repair(u, "r3", late, 1, 5);
     CHECK(first_byte(u, "7@x") >= 0);
     dp_test_unit_check(u);

@@ -4,7 +4,9 @@
  * "Stale" (nothing published, its region freed, the version it lost to in
  * the answer), a higher or equal one replaces the key, an unversioned one
  * (an older client) replaces it and keeps its version, and a repair's copy is
- * never refused. Through the handler too, so the wire carries ver both ways.
+ * never refused but kept key by key by version; clears are versioned the same
+ * way (refused below a key's version, refusing commits and repair copies
+ * below their own). Through the handler too, so the wire carries ver.
  */
 #include "dp_test.h"
 #include "dp_tsan_ucx.h"
@@ -219,6 +221,68 @@ DP_TEST(a_repair_copy_with_versions_keeps_the_higher)
     CHECK_ERR(put_repair_vers(u, "r2", b, 3, 5, two, 2, &d), DP_EPROTO);
     CHECK_CONTAINS(dp_detail_msg(&d), "2 entry versions for a repair copy of 3");
     dp_test_unit_check(u);
+    dp__unit_destroy(u);
+}
+
+DP_TEST(a_clear_below_a_keys_version_is_refused_and_one_above_holds)
+{
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
+    uint64_t stale = 0, g[] = {0, 1};
+    const char *a[] = {"0@x", "1@x"};
+    CHECK_OK(put_ver(u, "b1", a, 2, 1, 100, &stale));
+    /* Below a key's version: nothing dropped, the version it lost to back. */
+    CHECK_EQ(dp__unit_release_rows_ver(u, g, 2, 50, &stale), 0);
+    CHECK_EQ(stale, 100);
+    CHECK_EQ(first_byte(u, "0@x"), SEED_BYTE(1));
+    CHECK_EQ(dp_test_unit_stats(u).entries, 2);
+    /* Above: dropped, and the rows keep the clear's version. */
+    CHECK_EQ(dp__unit_release_rows_ver(u, g, 2, 150, &stale), 2);
+    CHECK_EQ(stale, 0);
+    dp__unit_stats st = dp_test_unit_stats(u);
+    CHECK_EQ(st.entries, 0);
+    CHECK_EQ(st.repair_cleared, 2);
+    /* A put below the clear (a commit that was on its way) is refused ... */
+    const char *c[] = {"0@x"};
+    CHECK_ERR(put_ver(u, "b2", c, 1, 2, 120, &stale), DP__ESTALE);
+    CHECK_EQ(stale, 150);
+    CHECK_EQ(first_byte(u, "0@x"), -1);
+    /* ... one above it lands; a clear of an empty row is never refused. */
+    CHECK_OK(put_ver(u, "b3", c, 1, 3, 200, &stale));
+    CHECK_EQ(first_byte(u, "0@x"), SEED_BYTE(3));
+    uint64_t nine = 9;
+    CHECK_EQ(dp__unit_release_rows_ver(u, &nine, 1, 1, &stale), 0);
+    CHECK_EQ(stale, 0);
+    /* An unversioned clear drops whatever the version (an older client). */
+    CHECK_EQ(dp__unit_release_rows(u, g, 1), 1);
+    CHECK_EQ(dp_test_unit_stats(u).versions_refused, 2);
+    dp_test_unit_check(u);
+    dp__unit_destroy(u);
+}
+
+DP_TEST(a_repair_copy_older_than_a_clear_is_skipped)
+{
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = 1 << 20;
+    o.n_units = 2;
+    o.replicas = 2;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.now = fake_now;
+    dp__unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    uint64_t stale = 0, g[] = {0, 1};
+    CHECK_EQ(dp__unit_release_rows_ver(u, g, 2, 150, &stale), 0);
+    /* Copies read before the clear (140) stay out; one put after it (160) lands. */
+    const char *b[] = {"0@x", "1@x"};
+    uint64_t vers[] = {140, 160};
+    CHECK_OK_D(put_repair_vers(u, "r1", b, 2, 2, vers, 2, &d), &d);
+    CHECK_EQ(first_byte(u, "0@x"), -1);
+    CHECK_EQ(first_byte(u, "1@x"), SEED_BYTE(2) + 7);
+    dp__unit_stats st = dp_test_unit_stats(u);
+    CHECK_EQ(st.repair_keys, 1);
+    CHECK_EQ(st.repair_skipped, 1);
     dp__unit_destroy(u);
 }
 

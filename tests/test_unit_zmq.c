@@ -377,7 +377,7 @@ DP_TEST(zmq_ucx_put_get)
     CHECK_OK(dp__ctl_notify(c, addr, "\x93\xc1\xc1", 3, NULL));
     uint64_t g[] = {0, 1};
     q.op = DP_WIRE_OP_RELEASE_ROWS;
-    q.a.release_rows.gidxs = (dp__wire_u64s){g, 2};
+    q.a.release_rows = (dp__wire_release_rows_args){{g, 2}};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok);
     CHECK_EQ(r.r.dropped, 3);
@@ -574,7 +574,7 @@ DP_TEST(zmq_pinned_read_survives_release)
 
     uint64_t g = 3;
     q.op = DP_WIRE_OP_RELEASE_ROWS;
-    q.a.release_rows.gidxs = (dp__wire_u64s){&g, 1};
+    q.a.release_rows = (dp__wire_release_rows_args){{&g, 1}};
     CHECK_OK_D(zcall(c, addr, &q, &r, &rb, &d), &d);
     CHECK(r.ok && r.r.dropped == 1);
     dp__wire_reply_fini(&r);

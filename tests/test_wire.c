@@ -191,7 +191,7 @@ gargs(gen *g, dp__wire_request *q)
         q->a.unpin.pin_id = gid(g);
         break;
     case DP_WIRE_OP_RELEASE_ROWS:
-        q->a.release_rows.gidxs = gu64s(g);
+        q->a.release_rows = (dp__wire_release_rows_args){gu64s(g), gnum(g, 0)};
         break;
     case DP_WIRE_OP_READ_BYTES:
         q->a.read_bytes =
@@ -483,6 +483,7 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         break;
     case DP_WIRE_OP_RELEASE_ROWS:
         check_u64s(a->a.release_rows.gidxs, b->a.release_rows.gidxs);
+        CHECK_EQ_U64(a->a.release_rows.ver, b->a.release_rows.ver);
         break;
     case DP_WIRE_OP_READ_BYTES:
         CHECK_EQ_U64(a->a.read_bytes.off, b->a.read_bytes.off);

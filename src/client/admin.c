@@ -108,6 +108,7 @@ dp__client_call_all(dp_client *c, dp__fanout *f, dp__fanout_req_fn q_of, void *c
 typedef struct clear_ctx {
     const dp__groups *g;
     uint64_t *sorted; /* the rows in g's order: each unit's side by side */
+    uint64_t ver;     /* the clear's version (docs/design.md, "Versions") */
 } clear_ctx;
 
 static bool
@@ -119,6 +120,7 @@ clear_req(uint32_t u, dp__wire_request *q, void *ctx)
         return false;
     q->op = DP_WIRE_OP_RELEASE_ROWS;
     q->a.release_rows.gidxs = (dp__wire_u64s){x->sorted + x->g->start[u], n};
+    q->a.release_rows.ver = x->ver;
     return true;
 }
 
@@ -141,16 +143,46 @@ clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__g
         return dp__fail(d, DP_ENOMEM, "clear: out of memory");
     for (size_t k = 0; k < n * copies; k++)
         sorted[k] = gidxs[g->order[k]];
-    clear_ctx x = {g, sorted};
-    call_all_locked(c, f, clear_req, &x, NULL);
+    /*
+     * A unit holding a key of these rows at a higher version than the
+     * clear's (put after it, in version order) refuses it, dropping nothing:
+     * the clear goes again, to every unit, above that version (idempotent
+     * where it was carried out), at most DP__PUT_STALE_TRIES times.
+     */
+    clear_ctx x = {g, sorted, 0};
+    double deadline = dp__now_s() + c->o.timeout_s;
+    for (uint32_t round = 0;; round++) {
+        x.ver = dp__client_ver_next_locked(c, x.ver);
+        call_all_locked(c, f, clear_req, &x, NULL);
+        uint64_t high = 0;
+        for (uint32_t u = 0; u < c->n_units; u++) {
+            const dp__fanout_unit *r = &f->u[u];
+            if (r->op == DP_WIRE_OP_NONE)
+                continue;
+            if (r->st.rc == DP_OK)
+                *dropped += r->rep.r.dropped;
+            else if (r->st.rc == DP__ESTALE && r->decoded)
+                high = DP_MAX(high, r->rep.err.ver);
+        }
+        if (high == 0 || round + 1 >= DP__CLEAR_STALE_TRIES || dp__left_s(deadline) <= 0)
+            break;
+        x.ver = high;
+        c->cnt.retries++;
+    }
     free(sorted);
     size_t n_failed_rows = 0;
     for (uint32_t u = 0; u < c->n_units; u++) {
         const dp__fanout_unit *r = &f->u[u];
-        if (r->op == DP_WIRE_OP_NONE)
+        if (r->op == DP_WIRE_OP_NONE || r->st.rc == DP_OK)
             continue;
-        if (r->st.rc == DP_OK) {
-            *dropped += r->rep.r.dropped;
+        if (r->st.rc == DP__ESTALE) {
+            if (rc == DP_OK)
+                rc = dp__fail(d, DP_EBUSY,
+                              "clear: rows of unit %u (%s) not cleared: newer versions "
+                              "of them kept being put while this clear was tried %u "
+                              "times: clear again",
+                              u, c->units[u].addr, DP__CLEAR_STALE_TRIES);
+            n_failed_rows += dp__groups_count(g, u);
             continue;
         }
         if (copies > 1 && dp__ctl_peer_gone(c->units[u].addr)) {

@@ -221,21 +221,19 @@ int dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *su
                       dp_detail *d);
 
 /*
- * Versions of puts (docs/design.md, "Versions"): microseconds since
- * 2020-01-01 UTC in the high 52 bits (a hybrid clock: never below the last
- * version given, nor below one a unit answered "Stale" with), the client's
- * random salt in the low 12, so that two clients writing one key in the same
- * microsecond still differ.
+ * Versions of puts and clears (docs/design.md, "Versions"; dp__ver_now): a
+ * hybrid clock, never below the last version this client gave nor below one
+ * a unit answered "Stale" with, and the client's random salt in the low 12
+ * bits, so that two clients writing one key in the same microsecond still
+ * differ. A version above both the last one given and above (locked).
  */
-#define DP__VER_SALT_BITS 12
-#define DP__VER_EPOCH_S 1577836800.0 /* 2020-01-01T00:00:00Z */
+/* How many times a clear goes again after a "Stale" refusal. */
+#define DP__CLEAR_STALE_TRIES 8
 
-/* A version above both the last one this client gave and above (locked). */
 static inline uint64_t
 dp__client_ver_next_locked(dp_client *c, uint64_t above)
 {
-    double us = (dp__wall_s() - DP__VER_EPOCH_S) * 1e6;
-    uint64_t t = us > 0 ? (uint64_t)us : 0;
+    uint64_t t = dp__ver_now() >> DP__VER_SALT_BITS;
     uint64_t floor = DP_MAX(c->ver_last, above) >> DP__VER_SALT_BITS;
     if (t <= floor)
         t = floor + 1;

@@ -53,6 +53,13 @@ dp__splitmix64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+uint64_t
+dp__ver_now(void)
+{
+    double us = (dp__wall_s() - DP__VER_EPOCH_S) * 1e6;
+    return (us > 0 ? (uint64_t)us : 0) << DP__VER_SALT_BITS;
+}
+
 double
 dp__wall_s(void)
 {

@@ -59,9 +59,18 @@ __attribute__((noreturn)) void dp__assert_fail(const char *expr, const char *fil
                                                int line, const char *func);
 
 /* Clocks. Monotonic for deadlines and durations; wall only for display. */
-uint64_t dp__now_ns(void);        /* CLOCK_MONOTONIC, nanoseconds */
-double dp__now_s(void);           /* CLOCK_MONOTONIC, seconds */
-double dp__wall_s(void);          /* CLOCK_REALTIME, seconds */
+uint64_t dp__now_ns(void); /* CLOCK_MONOTONIC, nanoseconds */
+double dp__now_s(void);    /* CLOCK_MONOTONIC, seconds */
+double dp__wall_s(void);   /* CLOCK_REALTIME, seconds */
+
+/*
+ * Versions of puts and clears (docs/design.md, "Versions"): microseconds
+ * since 2020-01-01 UTC in the high 52 bits, a writer's salt in the low 12.
+ * dp__ver_now: this host's clock as a version (salt 0).
+ */
+#define DP__VER_SALT_BITS 12
+#define DP__VER_EPOCH_S 1577836800.0 /* 2020-01-01T00:00:00Z */
+uint64_t dp__ver_now(void);
 void dp__sleep_s(double seconds); /* restarts after signals until the time is spent */
 
 /*

@@ -293,7 +293,17 @@ do_release_rows(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
         reply_error(u, req->rid, DP_EPROTO, &d, NULL, reply);
         return;
     }
-    rep->r.dropped = dp__unit_release_rows(u, g->v, g->n);
+    uint64_t stale = 0;
+    rep->r.dropped =
+        dp__unit_release_rows_ver(u, g->v, g->n, req->a.release_rows.ver, &stale);
+    if (stale != 0) {
+        dp__fail(&d, DP__ESTALE,
+                 "release_rows: a key of these rows is held at version %" PRIu64
+                 ", above the clear's %" PRIu64 "; nothing released",
+                 stale, req->a.release_rows.ver);
+        reply_error_ver(u, req->rid, DP__ESTALE, &d, NULL, stale, reply);
+        return;
+    }
     reply_ok(u, rep, reply);
 }
 

@@ -12,16 +12,17 @@
 #include "unit/unit_int.h"
 
 void
-dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n)
+dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n, uint64_t ver)
 {
-    if (u->repair_state != DP_UNIT_REPAIR_RUNNING && !(u->o.repair_every_s > 0))
+    if (ver == 0 && u->repair_state != DP_UNIT_REPAIR_RUNNING &&
+        !(u->o.repair_every_s > 0))
         return;
-    uintptr_t when = (uintptr_t)(dp__unit_now(u) * 1e3) + 1;
+    uint64_t v = ver != 0 ? ver : dp__ver_now();
     for (uint32_t i = 0; i < n; i++)
-        if (dp__map_put_u64(&u->tombs, gidxs[i], (void *)when, NULL) != 0) {
-            /* Out of memory: a cleared row may come back with the repair. */
-            DP_LOG_W("unit %u: out of memory recording a cleared row during the repair",
-                     u->o.unit_id);
+        if (dp__tomb_ver_locked(u, gidxs[i]) < v &&
+            dp__map_put_u64(&u->tombs, gidxs[i], (void *)(uintptr_t)v, NULL) != 0) {
+            /* Out of memory: a stale commit or a repair may bring a row back. */
+            DP_LOG_W("unit %u: out of memory recording a cleared row", u->o.unit_id);
             return;
         }
 }
@@ -39,7 +40,9 @@ dp__repair_keep_locked(dp__unit *u, const blob_rec *b, uint32_t *kept)
         const dp__blob_entry *e = dp__blob_entry_at(pb, i);
         row *r = dp__map_get_u64(&u->rows, e->gidx);
         slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
-        bool cleared = dp__map_get_u64(&u->tombs, e->gidx) != NULL;
+        /* Cleared at the copy's version or after ("Versions"). */
+        uint64_t tomb = dp__tomb_ver_locked(u, e->gidx);
+        bool cleared = tomb != 0 && tomb >= (b->vers != NULL ? b->vers[i] : 0);
         /* A key it lacks, or holds at a lower version than the copy's. */
         bool newer = b->vers != NULL && s != NULL && s->b != NULL && s->ver < b->vers[i];
         keep[i] = !cleared && (s == NULL || s->b == NULL || newer);
@@ -91,20 +94,16 @@ dp__unit_repair_under(dp__unit *u, uint64_t keys)
 }
 
 void
-dp__repair_prune_tombs_locked(dp__unit *u, double now)
+dp__repair_prune_tombs_locked(dp__unit *u)
 {
-    if (u->repair_state == DP_UNIT_REPAIR_RUNNING)
+    if (u->repair_state == DP_UNIT_REPAIR_RUNNING || dp__map_len(&u->tombs) == 0)
         return;
-    if (!(u->o.repair_every_s > 0)) {
-        dp__map_fini(&u->tombs);
-        dp__map_init_u64(&u->tombs);
-        return;
-    }
-    /* Those older than DP_UNIT_TOMB_KEEP_S go (collected first: no deletes
-     * while the map is walked). */
-    uintptr_t cut = now > DP_UNIT_TOMB_KEEP_S
-                        ? (uintptr_t)((now - DP_UNIT_TOMB_KEEP_S) * 1e3) + 1
-                        : 0;
+    double keep = u->o.tomb_keep_s > 0 ? u->o.tomb_keep_s
+                                       : DP_MAX(u->o.alloc_lease_s, 120.0) + 60.0;
+    /* Those older than keep go (collected first: no deletes while the map is
+     * walked). */
+    uint64_t now = dp__ver_now(), span = (uint64_t)(keep * 1e6) << DP__VER_SALT_BITS;
+    uintptr_t cut = now > span ? (uintptr_t)(now - span) : 0;
     size_t n = dp__map_len(&u->tombs), k = 0, it = 0;
     uint64_t *old = n > 0 ? malloc(n * sizeof *old) : NULL, g;
     void *v;
@@ -124,7 +123,7 @@ dp__unit_repair_end(dp__unit *u)
     pthread_mutex_lock(&u->mu);
     u->repair_state = u->stats.repair_failed > u->repair_failed0 ? DP_UNIT_REPAIR_PARTIAL
                                                                  : DP_UNIT_REPAIR_DONE;
-    dp__repair_prune_tombs_locked(u, dp__unit_now(u));
+    dp__repair_prune_tombs_locked(u);
     pthread_mutex_unlock(&u->mu);
 }
 

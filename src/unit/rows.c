@@ -150,8 +150,17 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
             continue;
         kept++;
         const dp__blob_entry *e = dp__blob_entry_at(pb, i);
-        if (r == NULL || r->gidx != e->gidx)
+        if (r == NULL || r->gidx != e->gidx) {
             r = dp__map_get_u64(&u->rows, e->gidx);
+            /* A row cleared at a higher version refuses it too ("Versions"). */
+            if (check && dp__tomb_ver_locked(u, e->gidx) > b->ver) {
+                free(at);
+                publish_rollback_locked(u, pb, i);
+                return dp__fail(d, DP__ESTALE,
+                                "commit %s: a row was cleared at a higher version",
+                                b->id);
+            }
+        }
         if (r == NULL) {
             r = row_new(e->gidx);
             if (r == NULL)
@@ -223,8 +232,12 @@ dp__rows_stale_locked(dp__unit *u, const blob_rec *b)
     row *r = NULL;
     for (uint32_t i = 0; i < n; i++) {
         const dp__blob_entry *e = dp__blob_entry_at(pb, i);
-        if (r == NULL || r->gidx != e->gidx)
+        if (r == NULL || r->gidx != e->gidx) {
             r = dp__map_get_u64(&u->rows, e->gidx);
+            uint64_t t = dp__tomb_ver_locked(u, e->gidx);
+            if (t > b->ver && t > high)
+                high = t;
+        }
         const slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
         if (s != NULL && s->b != NULL && s->ver > b->ver && s->ver > high)
             high = s->ver;
@@ -248,9 +261,41 @@ dp__slot_wins_locked(const slot *s, const blob_rec *b)
 uint64_t
 dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n)
 {
+    return dp__unit_release_rows_ver(u, gidxs, n, 0, NULL);
+}
+
+/* The highest version above ver of a key these rows hold; 0: none. */
+static uint64_t
+release_stale_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n, uint64_t ver)
+{
+    uint64_t high = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const row *r = dp__map_get_u64(&u->rows, gidxs[i]);
+        for (uint32_t k = 0; r != NULL && k < r->n; k++)
+            if (r->s[k].ver > ver && r->s[k].ver > high)
+                high = r->s[k].ver;
+    }
+    return high;
+}
+
+uint64_t
+dp__unit_release_rows_ver(dp__unit *u, const uint64_t *gidxs, uint32_t n, uint64_t ver,
+                          uint64_t *stale)
+{
     uint64_t dropped = 0;
+    if (stale != NULL)
+        *stale = 0;
     pthread_mutex_lock(&u->mu);
     double now = dp__unit_now(u);
+    uint64_t high = ver != 0 ? release_stale_locked(u, gidxs, n, ver) : 0;
+    if (high != 0) {
+        /* A key put after this clear (in version order): nothing dropped. */
+        u->stats.versions_refused++;
+        if (stale != NULL)
+            *stale = high;
+        pthread_mutex_unlock(&u->mu);
+        return 0;
+    }
     for (uint32_t i = 0; i < n; i++) {
         row *r = dp__map_del_u64(&u->rows, gidxs[i]);
         if (r == NULL)
@@ -262,8 +307,8 @@ dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n)
         dp__row_free(r);
     }
     if (u->io_alloc != NULL)
-        dp__ssd_release_spills_locked(u, gidxs, n);
-    dp__repair_cleared_locked(u, gidxs, n);
+        dp__ssd_release_spills_locked(u, gidxs, n, ver);
+    dp__repair_cleared_locked(u, gidxs, n, ver);
     u->stats.entries -= dropped;
     u->stats.n_release++;
     if (dropped > 0)

@@ -551,7 +551,8 @@ dp__ssd_open(dp__unit *u, dp_detail *d)
  * set of the released rows.
  */
 void
-dp__ssd_release_spills_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n)
+dp__ssd_release_spills_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n,
+                              uint64_t ver)
 {
     dp__map set;
     dp__map_init_u64(&set);
@@ -562,6 +563,8 @@ dp__ssd_release_spills_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n)
         blob_rec *b = v;
         if (!rec_committing(b) || b->area != REC_AREA_IO || b->commit_seq == 0)
             continue;
+        if (ver != 0 && b->ver > ver)
+            continue; /* put after the clear, in version order: it publishes */
         if (!built) {
             for (uint32_t i = 0; i < n; i++)
                 if (dp__map_put_u64(&set, gidxs[i], &set, NULL) != 0) {

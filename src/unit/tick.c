@@ -120,9 +120,9 @@ dp__unit_tick(dp__unit *u)
     if (u->io_alloc != NULL)
         dp__slab_alloc_sweep(u->io_alloc, now);
     dp__ssd_superseded_expire_locked(u, now);
-    if (u->o.repair_every_s > 0 && now - u->tombs_pruned >= 10.0) {
+    if (dp__map_len(&u->tombs) > 0 && now - u->tombs_pruned >= 10.0) {
         u->tombs_pruned = now;
-        dp__repair_prune_tombs_locked(u, now);
+        dp__repair_prune_tombs_locked(u);
     }
     /* Every 30 s, one log line with the counters if anything changed. */
     char line[320], ssd_line[400];

@@ -64,6 +64,13 @@ typedef struct dp__unit_opts {
      * before the pass began.
      */
     double repair_every_s;
+    /*
+     * How long a cleared row's record is kept (docs/design.md, "Versions"): a
+     * commit below a clear's version is refused while it is kept, and no repair
+     * copy brings the row back. 0: the alloc lease (at least 120 s) + 60 s, the
+     * longest a put's commit can come after its version was taken.
+     */
+    double tomb_keep_s;
     uint64_t slab_bytes;
     double read_pin_s;    /* pin lifetime of a resolve (default 30) */
     double alloc_lease_s; /* an alloc not committed by then is retired; 0: never (300) */
@@ -379,9 +386,6 @@ enum {
  */
 void dp__unit_repair_failed(dp__unit *u, uint64_t failed);
 
-/* How long a unit with passes keeps a cleared row's record (see repair_every_s). */
-#define DP_UNIT_TOMB_KEEP_S 120.0
-
 /* A pass begins (docs/design.md, "Repair"): RUNNING, and it is counted. */
 void dp__unit_repair_begin(dp__unit *u);
 
@@ -389,8 +393,8 @@ void dp__unit_repair_begin(dp__unit *u);
  * their row lacked (every one shared with a peer it could not list). */
 void dp__unit_repair_under(dp__unit *u, uint64_t keys);
 
-/* The repair ended (DONE, or PARTIAL when keys failed): the cleared rows are forgotten
- * (with passes, those older than DP_UNIT_TOMB_KEEP_S).
+/* The repair ended (DONE, or PARTIAL when keys failed); the cleared rows kept longer
+ * than tomb_keep_s are forgotten.
  */
 void dp__unit_repair_end(dp__unit *u);
 
@@ -414,6 +418,16 @@ int dp__unit_list_keys_locked(dp__unit *u, uint32_t for_unit, uint64_t from,
 
 /* Drop every field of these rows; returns the entries dropped. Idempotent. */
 uint64_t dp__unit_release_rows(dp__unit *u, const uint64_t *gidxs, uint32_t n);
+
+/*
+ * A clear of version ver (docs/design.md, "Versions"; 0: unversioned, as
+ * dp__unit_release_rows): when a key of these rows is held at a higher
+ * version, nothing is dropped and *stale gets the highest (the client clears
+ * again above it); else every key is dropped and the rows' records take ver,
+ * so that commits below it are refused for tomb_keep_s.
+ */
+uint64_t dp__unit_release_rows_ver(dp__unit *u, const uint64_t *gidxs, uint32_t n,
+                                   uint64_t ver, uint64_t *stale);
 
 /*
  * One flat record per blob of the table (id, off, nbytes, refs, published,

@@ -312,9 +312,9 @@ struct dp__unit {
      * repair copy brings back.
      */
     int repair_state;
-    dp__map tombs; /* gidx -> when it was cleared (ms since the epoch of now(), + 1) */
+    dp__map tombs; /* gidx -> the version of its last clear (dp__ver_now's scale) */
     uint64_t repair_failed0; /* repair_failed when the running repair or pass began */
-    double tombs_pruned;     /* the ticker's last prune of tombs (passes only) */
+    double tombs_pruned;     /* the ticker's last prune of tombs */
     /* Admin work (a save or load) running off the ctl thread (unit.c) */
     uint32_t n_admin;
     pthread_cond_t admin_cv;
@@ -337,13 +337,25 @@ dp__zview(const char *z)
 
 /* ---- repair (repair.c) ---- */
 
-/* Rows cleared while the unit repairs (or, with passes, at any time): no
- * repair copy brings them back. */
-void dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n);
+/*
+ * Record the clear of these rows at version ver ("Versions"; 0, unversioned:
+ * this host's clock, and only while a repair runs or with passes): commits
+ * below it are refused and no repair copy brings the rows back.
+ */
+void dp__repair_cleared_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n,
+                               uint64_t ver);
 
-/* Forget cleared rows: all of them, or with passes those older than
- * DP_UNIT_TOMB_KEEP_S; none while a repair or pass runs. */
-void dp__repair_prune_tombs_locked(dp__unit *u, double now);
+/* The version of row g's last recorded clear; 0: none. */
+static inline uint64_t
+dp__tomb_ver_locked(dp__unit *u, uint64_t g)
+{
+    return dp__map_len(&u->tombs) > 0 ? (uint64_t)(uintptr_t)dp__map_get_u64(&u->tombs, g)
+                                      : 0;
+}
+
+/* Forget the clears recorded longer ago than tomb_keep_s (none while a repair
+ * or pass runs). */
+void dp__repair_prune_tombs_locked(dp__unit *u);
 
 /*
  * A repair copy's commit (b parsed): which entries to publish (keep, n bytes,
@@ -460,8 +472,10 @@ int dp__ssd_io_alloc_locked(dp__unit *u, uint64_t nbytes, double now, uint64_t *
                             const char **reason, dp_detail *d);
 /* RES_* for published b in the resolve call of epoch (starts a stage if needed). */
 int dp__ssd_resolve_state_locked(dp__unit *u, blob_rec *b, uint64_t epoch, double now);
-/* Mark released rows' entries in validated, unpublished spills. */
-void dp__ssd_release_spills_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n);
+/* Mark released rows' entries in validated, unpublished spills (of a version up
+ * to ver, the clear's; 0: all). */
+void dp__ssd_release_spills_locked(dp__unit *u, const uint64_t *gidxs, uint32_t n,
+                                   uint64_t ver);
 
 /* ---- counters (stats.c) ---- */
 

@@ -419,6 +419,7 @@ static const dp__wire_fdesc unpin_f[] = {
 };
 static const dp__wire_fdesc release_rows_f[] = {
     F(dp__wire_release_rows_args, gidxs, U64S, 1, 0),
+    F(dp__wire_release_rows_args, ver, U64, 0, 0),
 };
 static const dp__wire_fdesc read_bytes_f[] = {
     F(dp__wire_read_bytes_args, off, OFF, 1, 0),

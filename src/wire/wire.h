@@ -274,6 +274,10 @@ typedef struct dp__wire_unpin_args {
 
 typedef struct dp__wire_release_rows_args {
     dp__wire_u64s gidxs; /* any u64 */
+    /* optional, 0: unversioned (drops every key of the rows). The clear's
+     * version (docs/design.md, "Versions"): a key held at a higher one refuses
+     * the whole clear ("Stale"); commits below it are refused after it. */
+    uint64_t ver;
 } dp__wire_release_rows_args;
 
 typedef struct dp__wire_read_bytes_args {
