@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "client/client_int.h"
@@ -122,11 +123,15 @@ static void *
 repair_main(void *arg)
 {
     dp__unit_repairer *r = arg;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)(dp__now_s() * 1e6) ^ r->unit_id;
     if (r->initial)
         run_once(r, false);
     while (r->every_s > 0 && !__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
-        /* Wait in steps of 0.1 s, so that a stop is seen. */
-        double due = dp__now_s() + r->every_s;
+        /* Wait in steps of 0.1 s, so that a stop is seen; 0.9 to 1.1 periods,
+         * so that units started together do not open their passes' clients
+         * at the same moment forever. */
+        double due =
+            dp__now_s() + r->every_s * (0.9 + 0.2 * (double)rand_r(&seed) / RAND_MAX);
         while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() < due)
             dp__sleep_s(DP_MIN(0.1, due - dp__now_s()));
         if (__atomic_load_n(&r->stop, __ATOMIC_RELAXED))
