@@ -71,12 +71,15 @@ DP_TEST(a_commit_below_a_keys_version_is_refused)
     CHECK_EQ(st.allocated_bytes, used);
     CHECK_EQ(st.entries, 2);
     dp_test_unit_check(u);
-    /* Its commit asked again finds nothing: lost, never done. */
+    /* Its commit asked again (a lost reply) answers the same, never done. */
     dp__wire_commit_state cs = DP_WIRE_COMMIT_DONE;
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_commit_ver(u, "b2", 2, 50, NULL, &cs, &stale, &d), &d);
-    CHECK_EQ(cs, DP_WIRE_COMMIT_LOST);
+    stale = 0;
+    CHECK_ERR(dp__unit_commit_ver(u, "b2", 2, 50, NULL, &cs, &stale, &d), DP__ESTALE);
+    CHECK_EQ(stale, 100);
+    CHECK_EQ(cs, DP_WIRE_COMMIT_DONE); /* untouched */
+    CHECK_EQ(first_byte(u, "2@x"), -1);
 
     /* Above it: replaces; the same version again (a tie): the later wins. */
     CHECK_OK(put_ver(u, "b3", b, 2, 3, 150, &stale));

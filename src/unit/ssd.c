@@ -178,9 +178,17 @@ spill_keep_locked(dp__unit *u, blob_rec *b, uint8_t **keep, uint32_t *kept, dp_d
 void
 dp__ssd_superseded_add_locked(dp__unit *u, const blob_rec *b, double now)
 {
+    dp__ssd_superseded_add_stale_locked(u, b, now, 0);
+}
+
+void
+dp__ssd_superseded_add_stale_locked(dp__unit *u, const blob_rec *b, double now,
+                                    uint64_t stale)
+{
     superseded *x = calloc(1, sizeof *x);
     if (x == NULL)
         return; /* the commit answers "lost": a false alarm, never a false "done" */
+    x->stale = stale;
     memcpy(x->id, b->id, b->id_len);
     x->id_len = (uint8_t)b->id_len;
     x->until = now + DP_MAX(SUPERSEDED_KEEP_S, u->o.alloc_lease_s);

@@ -675,6 +675,8 @@ refuse_stale_locked(dp__unit *u, blob_rec *b, uint64_t *stale, double now, dp_de
                       "commit %s: version %" PRIu64 " is below version %" PRIu64
                       " of a key it would replace; nothing published",
                       b->id, b->ver, high);
+    /* A commit asked again (its reply lost) answers the same, not "lost". */
+    dp__ssd_superseded_add_stale_locked(u, b, now, high);
     dp__rec_discard_open_locked(u, b, now);
     return rc;
 }
@@ -688,7 +690,18 @@ commit_locked(dp__unit *u, const char *blob_id, size_t id_len, uint64_t ver,
     dp__blob *pb = NULL;
     double now = dp__unit_now(u);
     blob_rec *b = dp__map_get(&u->blobs, blob_id, id_len);
-    if (b == NULL && dp__map_get(&u->superseded, blob_id, id_len) != NULL) {
+    const superseded *sup =
+        b == NULL ? dp__map_get(&u->superseded, blob_id, id_len) : NULL;
+    if (sup != NULL && sup->stale != 0) { /* refused as stale: asked again */
+        if (stale != NULL)
+            *stale = sup->stale;
+        rc = dp__fail(d, DP__ESTALE,
+                      "commit %.*s: refused before, below version %" PRIu64
+                      " of a key it would replace; nothing published",
+                      (int)id_len, blob_id, sup->stale);
+        goto out;
+    }
+    if (sup != NULL) {
         *state = DP_WIRE_COMMIT_DONE; /* landed, and replaced before its spill ended */
         goto out;
     }

@@ -215,7 +215,8 @@ enum { JOB_SPILL = 1, JOB_STAGE = 2 };
 typedef struct superseded {
     dp__list_node link; /* u->sup_order: oldest first */
     double until;
-    bool gone; /* its id was allocated again: forgotten */
+    bool gone;      /* its id was allocated again: forgotten */
+    uint64_t stale; /* refused as stale at this version: asked again, so answered */
     uint8_t id_len;
     char id[DP_UNIT_ID_MAX + 1];
 } superseded;
@@ -464,8 +465,11 @@ bool dp__ssd_jobs_full_locked(const dp__unit *u);
 void dp__ssd_submit_locked(dp__unit *u, int kind, blob_rec *b);
 /* An id allocated again is no longer a superseded spill's. */
 void dp__ssd_superseded_forget_locked(dp__unit *u, const char *id, size_t id_len);
-/* Remember b's id as superseded (a commit of it answers "done"); best effort. */
+/* Remember b's id as superseded (a commit of it answers "done"; with stale, a
+ * commit refused at that version answers "Stale" again); best effort. */
 void dp__ssd_superseded_add_locked(dp__unit *u, const blob_rec *b, double now);
+void dp__ssd_superseded_add_stale_locked(dp__unit *u, const blob_rec *b, double now,
+                                         uint64_t stale);
 void dp__ssd_superseded_expire_locked(dp__unit *u, double now);
 /* An IO-area region (evicting staged copies): 0, DP_EBUSY, DP_EUNITFULL, others. */
 int dp__ssd_io_alloc_locked(dp__unit *u, uint64_t nbytes, double now, uint64_t *off,
