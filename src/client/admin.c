@@ -153,7 +153,18 @@ clear_locked(dp_client *c, const uint64_t *gidxs, size_t n, dp__fanout *f, dp__g
     double deadline = dp__now_s() + c->o.timeout_s;
     for (uint32_t round = 0;; round++) {
         x.ver = dp__client_ver_next_locked(c, x.ver);
-        call_all_locked(c, f, clear_req, &x, NULL);
+        dp_detail e;
+        dp_detail_clear(&e);
+        int crc = call_all_locked(c, f, clear_req, &x, &e);
+        bool asked = false;
+        for (uint32_t u = 0; u < c->n_units; u++)
+            asked = asked || f->u[u].op != DP_WIRE_OP_NONE;
+        if (crc != DP_OK && !asked) { /* nothing was sent (binding failed) */
+            free(sorted);
+            if (d != NULL)
+                *d = e;
+            return crc;
+        }
         uint64_t high = 0;
         for (uint32_t u = 0; u < c->n_units; u++) {
             const dp__fanout_unit *r = &f->u[u];

@@ -167,6 +167,12 @@ dp__put_decide_copies_locked(put_op *a, int *row_status, dp_detail *d)
         free(rst);
         free(a->again);
         a->again = NULL;
+        /* Out of memory: no put again; a part refused as stale failed. */
+        for (size_t i = 0; i < a->npu; i++)
+            if (a->pus[i].st.state == ST_AGAIN) {
+                a->pus[i].st.state = ST_FAILED;
+                a->pus[i].st.rc = DP_ENOMEM;
+            }
         return dp__put_outcome_locked(a, row_status, d);
     }
     put_outcome_copies_locked(a, rst, a->again, &a->n_again);

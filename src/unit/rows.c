@@ -152,8 +152,9 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
         const dp__blob_entry *e = dp__blob_entry_at(pb, i);
         if (r == NULL || r->gidx != e->gidx) {
             r = dp__map_get_u64(&u->rows, e->gidx);
-            /* A row cleared at a higher version refuses it too ("Versions"). */
-            if (check && dp__tomb_ver_locked(u, e->gidx) > b->ver) {
+            /* A row cleared at its version or a higher one refuses it too
+             * ("Versions"; as a repair copy at the clear's version is skipped). */
+            if (check && dp__tomb_ver_locked(u, e->gidx) >= b->ver) {
                 free(at);
                 publish_rollback_locked(u, pb, i);
                 return dp__fail(d, DP__ESTALE,
@@ -235,7 +236,7 @@ dp__rows_stale_locked(dp__unit *u, const blob_rec *b)
         if (r == NULL || r->gidx != e->gidx) {
             r = dp__map_get_u64(&u->rows, e->gidx);
             uint64_t t = dp__tomb_ver_locked(u, e->gidx);
-            if (t > b->ver && t > high)
+            if (t >= b->ver && t > high)
                 high = t;
         }
         const slot *s = dp__row_slot(r, e->field, (uint32_t)e->field_len);
