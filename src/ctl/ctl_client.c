@@ -447,9 +447,11 @@ send_req(csock *cs, const char *address, const void *req, size_t len, dp_detail 
 /*
  * What the monitor says about the request cs waits for: DP_OK (nothing
  * wrong yet), or DP_ETRANSFER when the unit cannot answer it any more.
+ * resent: cs carries a request sent again after its connection dropped (the
+ * unit spoke to this client before).
  */
 static int
-sock_verdict(csock *cs, const char *address, dp_detail *d)
+sock_verdict(csock *cs, const char *address, bool resent, dp_detail *d)
 {
     drain_events(cs);
     /*
@@ -490,6 +492,18 @@ sock_verdict(csock *cs, const char *address, dp_detail *d)
      * Dropped before any handshake completed: what a unit requiring CURVE
      * does to a client without it (the mismatch is only seen on its side).
      */
+    /*
+     * On a request sent again, the unit answered this client without CURVE
+     * before: a new connection closed in its handshake is another program
+     * holding the port now, or the unit restarting, not a CURVE demand.
+     */
+    if (cs->n_disconnects > cs->sent_disconnects && !cs->ever_up && !cs->curve && resent)
+        return dp__fail(d, DP_ETRANSFER,
+                        "unit %s closed a new connection during the handshake, after "
+                        "the one that carried the request dropped (restarting, or "
+                        "another program holds its port; the request may or may not "
+                        "have been carried out)",
+                        address);
     if (cs->n_disconnects > cs->sent_disconnects && !cs->ever_up && !cs->curve)
         return dp__fail(
             d, DP_EPOLICY,
@@ -784,7 +798,7 @@ waitset_fill(dp__ctl_client *c, waitset *w, double now)
         csock *cs = it->sock;
         dp_detail e;
         dp_detail_clear(&e);
-        int vrc = sock_verdict(cs, it->address, &e);
+        int vrc = sock_verdict(cs, it->address, it->dropped && it->resent > 0, &e);
         if (vrc != DP_OK) {
             bool again = item_may_resend(it, cs, vrc, now, w->deadline, &e);
             sock_close(cs);
