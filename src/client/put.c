@@ -801,6 +801,17 @@ dp__put_outcome_locked(const put_op *p, int *row_status, dp_detail *d)
     return d != NULL ? d->code : first;
 }
 
+/* A put of a's call arguments, and its rows put again when a part asked for it. */
+static int
+put_call(put_op *a, int *row_status, dp_loc *locs, dp_detail *d)
+{
+    int rc = dp__put_impl(a, row_status, locs, d);
+    if (a->n_again > 0)
+        rc = dp__put_again(a, rc, row_status, locs, d);
+    free(a->again);
+    return rc;
+}
+
 int
 dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
               const char *const *fields, size_t n_fields, const dp_value *values,
@@ -812,11 +823,7 @@ dp_client_put(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                 .fields = fields,
                 .n_fields = n_fields,
                 .values = values};
-    int rc = dp__put_impl(&a, row_status, NULL, d);
-    if (a.n_again > 0)
-        rc = dp__put_again(&a, rc, row_status, NULL, d);
-    free(a.again);
-    return rc;
+    return put_call(&a, row_status, NULL, d);
 }
 
 int
@@ -831,11 +838,7 @@ dp__client_put_copy(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                 .n_fields = n_fields,
                 .values = values,
                 .cell_ver = cell_ver};
-    int rc = dp__put_impl(&a, row_status, NULL, d);
-    if (a.n_again > 0)
-        rc = dp__put_again(&a, rc, row_status, NULL, d);
-    free(a.again);
-    return rc;
+    return put_call(&a, row_status, NULL, d);
 }
 
 int
@@ -851,11 +854,7 @@ dp_client_put_locs(dp_client *c, const uint64_t *gidxs, size_t n_rows,
                 .fields = fields,
                 .n_fields = n_fields,
                 .values = values};
-    int rc = dp__put_impl(&a, row_status, locs, d);
-    if (a.n_again > 0)
-        rc = dp__put_again(&a, rc, row_status, locs, d);
-    free(a.again);
-    return rc;
+    return put_call(&a, row_status, locs, d);
 }
 
 int
