@@ -194,9 +194,9 @@ dp_test_cli_path(void)
     return access(path, X_OK) == 0 ? path : NULL;
 }
 
-/* Start args[0] with args; its first stdout line into line. */
+/* Start args[0] with args, its stdout into a pipe; *rfd reads it. */
 static inline pid_t
-dp_test_cli_start(const char *const *args, char *line, size_t cap)
+dp_test_cli_spawn(const char *const *args, int *rfd)
 {
     int fds[2];
     CHECK(pipe(fds) == 0);
@@ -212,15 +212,34 @@ dp_test_cli_start(const char *const *args, char *line, size_t cap)
         _exit(127);
     }
     close(fds[1]);
+    *rfd = fds[0];
+    return pid;
+}
+
+/*
+ * Its first stdout line into line (at most cap - 1 bytes); with drain, the
+ * rest is read and dropped, so a long text (--help) never meets a closed pipe.
+ */
+static inline void
+dp_test_cli_read_line(int fd, char *line, size_t cap, bool drain)
+{
     size_t n = 0;
-    while (n + 1 < cap) {
-        ssize_t r = read(fds[0], line + n, 1);
-        if (r <= 0 || line[n] == '\n')
-            break;
-        n++;
-    }
+    char c;
+    while (n + 1 < cap && read(fd, &c, 1) == 1 && c != '\n')
+        line[n++] = c;
     line[n] = '\0';
-    close(fds[0]);
+    while (drain && read(fd, &c, 1) == 1) {
+    }
+    close(fd);
+}
+
+/* Start args[0] with args; its first stdout line into line. */
+static inline pid_t
+dp_test_cli_start(const char *const *args, char *line, size_t cap)
+{
+    int fd;
+    pid_t pid = dp_test_cli_spawn(args, &fd);
+    dp_test_cli_read_line(fd, line, cap, false);
     return pid;
 }
 
@@ -229,30 +248,9 @@ dp_test_cli_start(const char *const *args, char *line, size_t cap)
 static inline pid_t
 dp_test_cli_first_line(const char *const *args, char *line, size_t cap)
 {
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execv(args[0], (char *const *)args);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t n = 0;
-    bool eol = false;
-    char c;
-    while (read(fds[0], &c, 1) == 1) {
-        eol = eol || c == '\n';
-        if (!eol && n + 1 < cap)
-            line[n++] = c;
-    }
-    line[n] = '\0';
-    close(fds[0]);
+    int fd;
+    pid_t pid = dp_test_cli_spawn(args, &fd);
+    dp_test_cli_read_line(fd, line, cap, true);
     return pid;
 }
 

@@ -57,6 +57,26 @@ typedef struct tblob {
     uint32_t n;
 } tblob;
 
+/* Unit unit_id of n_units keeping `replicas` copies; repair as asked. */
+static inline dp__unit *
+mk_replica_unit(uint32_t n_units, uint32_t unit_id, uint32_t replicas, bool repair)
+{
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = 1 << 20;
+    o.n_units = n_units;
+    o.unit_id = unit_id;
+    o.replicas = replicas;
+    o.repair = repair;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.now = fake_now;
+    dp__unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    return u;
+}
+
 /*
  * A blob with one entry per key; entry i carries plen bytes of a pattern seeded
  * by (seed, i), as a float32 tensor of shape [plen / 4] (bytes when plen % 4).

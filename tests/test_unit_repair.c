@@ -11,26 +11,6 @@
 
 #include "blob/keys.h"
 
-/* Unit unit_id of n_units keeping `replicas` copies; repair as asked. */
-static dp__unit *
-mk_replica_unit(uint32_t n_units, uint32_t unit_id, uint32_t replicas, bool repair)
-{
-    dp__unit_opts o;
-    dp__unit_opts_init(&o);
-    o.slab_bytes = 1 << 20;
-    o.n_units = n_units;
-    o.unit_id = unit_id;
-    o.replicas = replicas;
-    o.repair = repair;
-    o.numa = DP_UNIT_NUMA_OFF;
-    o.now = fake_now;
-    dp__unit *u = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
-    return u;
-}
-
 /* A put of keys as a repair's copy (alloc with repair, WRITE, commit). */
 static void
 put_repair(dp__unit *u, const char *id, const char *const *keys, uint32_t n,

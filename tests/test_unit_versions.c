@@ -110,19 +110,9 @@ DP_TEST(a_commit_below_a_keys_version_is_refused)
 
 DP_TEST(a_repair_copy_is_never_refused)
 {
-    dp__unit_opts o;
-    dp__unit_opts_init(&o);
-    o.slab_bytes = 1 << 20;
-    o.n_units = 2;
-    o.unit_id = 0;
-    o.replicas = 2;
-    o.repair = true;
-    o.numa = DP_UNIT_NUMA_OFF;
-    o.now = fake_now;
-    dp__unit *u = NULL;
+    dp__unit *u = mk_replica_unit(2, 0, 2, true);
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     uint64_t stale = 0;
     const char *a[] = {"0@x"};
     CHECK_OK(put_ver(u, "b1", a, 1, 1, 100, &stale));
@@ -171,18 +161,9 @@ put_repair_vers(dp__unit *u, const char *id, const char *const *keys, uint32_t n
 
 DP_TEST(a_repair_copy_with_versions_keeps_the_higher)
 {
-    dp__unit_opts o;
-    dp__unit_opts_init(&o);
-    o.slab_bytes = 1 << 20;
-    o.n_units = 2;
-    o.replicas = 2;
-    o.repair = true;
-    o.numa = DP_UNIT_NUMA_OFF;
-    o.now = fake_now;
-    dp__unit *u = NULL;
+    dp__unit *u = mk_replica_unit(2, 0, 2, true);
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     uint64_t stale = 0;
     const char *a[] = {"0@x", "1@x"};
     CHECK_OK(put_ver(u, "b1", a, 2, 1, 100, &stale));
@@ -264,17 +245,9 @@ DP_TEST(a_clear_below_a_keys_version_is_refused_and_one_above_holds)
 
 DP_TEST(a_repair_copy_older_than_a_clear_is_skipped)
 {
-    dp__unit_opts o;
-    dp__unit_opts_init(&o);
-    o.slab_bytes = 1 << 20;
-    o.n_units = 2;
-    o.replicas = 2;
-    o.numa = DP_UNIT_NUMA_OFF;
-    o.now = fake_now;
-    dp__unit *u = NULL;
+    dp__unit *u = mk_replica_unit(2, 0, 2, false);
     dp_detail d;
     dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     uint64_t stale = 0, g[] = {0, 1};
     CHECK_EQ(dp__unit_release_rows_ver(u, g, 2, 150, &stale), 0);
     /* Copies read before the clear (140) stay out; one put after it (160) lands. */
