@@ -28,6 +28,24 @@
 
 /* ---- units, rows and shards ---- */
 
+/* A unit of a cluster keeping `replicas` copies of each row. */
+static inline dp__unit *
+mk_unit_r(uint64_t slab, uint32_t n_units, uint32_t unit_id, uint32_t replicas)
+{
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = slab;
+    o.n_units = n_units;
+    o.unit_id = unit_id;
+    o.replicas = replicas;
+    o.numa = DP_UNIT_NUMA_OFF;
+    dp__unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    return u;
+}
+
 static inline dp__unit *
 mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
 {
@@ -197,6 +215,25 @@ load(dp__unit *u, const char *p, const dp__unit_save_res *sr, bool spill,
      dp__unit_load_res *lr, dp_detail *d)
 {
     return dp_test_load_shard(u, p, sr->blobs, sr->n_blobs, spill, lr, d);
+}
+
+/* A save of only the rows whose first unit u is (one copy of each row). */
+static inline int
+save_home(dp__unit *u, const char *p, dp__unit_save_res *res, dp_detail *d)
+{
+    dp__wire_save_shard_args a = {.path = {p, (uint32_t)strlen(p)}, .home = true};
+    return dp__unit_save_shard_as(u, &a, res, d);
+}
+
+/* Load the one-copy shard at p as copy k of its rows (0: u's own). */
+static inline int
+load_copy(dp__unit *u, const char *p, const dp__unit_save_res *sr, uint64_t copy,
+          dp__unit_load_res *lr, dp_detail *d)
+{
+    dp__wire_load_shard_args a = {.path = {p, (uint32_t)strlen(p)},
+                                  .blobs = {sr->blobs, sr->n_blobs},
+                                  .copy = copy};
+    return dp__unit_load_shard(u, &a, lr, d);
 }
 
 static inline void

@@ -80,6 +80,152 @@ DP_TEST(round_trip_live_keys_only)
     rm_shard(p);
 }
 
+/* The ids of a save's blobs, sorted, joined by ' '. */
+static void
+saved_ids(const dp__unit_save_res *sr, char *out, size_t cap)
+{
+    const char *v[16];
+    uint32_t n = sr->n_blobs < 16 ? sr->n_blobs : 16;
+    for (uint32_t i = 0; i < n; i++)
+        v[i] = sr->blobs[i].id.p;
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && strcmp(v[j - 1], v[j]) > 0; j--) {
+            const char *t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    out[0] = '\0';
+    for (uint32_t i = 0; i < n; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%s%s", i ? " " : "", v[i]);
+}
+
+/*
+ * With replicas, a home save keeps each row once: unit 0 of 3 (R = 2) holds
+ * its own rows (g % 3 == 0) and copies of unit 2's; its shard holds its own
+ * alone, loads as they are into R = 1, and as the copies of unit 0's rows
+ * into unit 1 (R = 2 or 3). Blobs mixing both kinds are written anew.
+ */
+DP_TEST(home_save_keeps_each_row_once_and_loads_as_copies)
+{
+    char p[512], pf[512];
+    tpath("home", p, sizeof p);
+    tpath("full", pf, sizeof pf);
+    rm_shard(p);
+    rm_shard(pf);
+    const uint64_t plen = 3000;
+    dp__unit *u = mk_unit_r(1 << 20, 3, 0, 2);
+    uint64_t g1[] = {0, 2, 3, 5}, g2[] = {6, 9}, g3[] = {8, 11}, g4[] = {3, 2};
+    CHECK_OK(put_rows(u, "b1", g1, 4, 1, plen)); /* own and copies */
+    CHECK_OK(put_rows(u, "b2", g2, 2, 1, plen)); /* own rows only: saved as is */
+    CHECK_OK(put_rows(u, "b3", g3, 2, 1, plen)); /* copies only: not saved */
+    CHECK_OK(put_rows(u, "b4", g4, 2, 2, plen)); /* b1 keeps only 0 of its own */
+    dp__unit_save_res sr, sf;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(save_home(u, p, &sr, &d), &d);
+    CHECK_OK_D(save(u, pf, &sf, &d), &d);
+    char ids[256];
+    saved_ids(&sr, ids, sizeof ids);
+    CHECK_STR(ids, "b1:h b2 b4:h");
+    /* Three own values' payloads (rows 0, 3, 6, 9: four) against ten. */
+    CHECK(sr.nbytes < 4 * plen + 4096);
+    CHECK(sf.nbytes > 8 * plen);
+    dp_test_unit_check(u);
+
+    /* Into unit 0 of a cluster with one copy: only its own rows. */
+    dp__unit *r1 = mk_unit_r(1 << 20, 3, 0, 1);
+    dp__unit_load_res lr;
+    CHECK_OK_D(load_copy(r1, p, &sr, 0, &lr, &d), &d);
+    CHECK_EQ(lr.n_loaded, 3);
+    dp__unit_load_res_fini(&lr);
+    CHECK_EQ(row_version(r1, 0, plen, 2), 1);
+    CHECK_EQ(row_version(r1, 3, plen, 2), 2);
+    CHECK_EQ(row_version(r1, 6, plen, 2), 1);
+    CHECK_EQ(row_version(r1, 9, plen, 2), 1);
+    CHECK_EQ(dp_test_unit_stats(r1).entries, 4);
+    dp_test_unit_check(r1);
+    /* The full shard holds other units' rows: refused there, nothing published. */
+    CHECK_ERR_D(load(r1, pf, &sf, false, &lr, &d), DP_EPROTO, &d);
+    CHECK_EQ(dp_test_unit_stats(r1).entries, 4);
+    dp__unit_destroy(r1);
+
+    /* Into unit 1 (R = 2 and 3): copy 2 of unit 0's rows. */
+    for (uint32_t reps = 2; reps <= 3; reps++) {
+        dp__unit *v = mk_unit_r(1 << 20, 3, 1, reps);
+        CHECK_OK_D(load_copy(v, p, &sr, 1, &lr, &d), &d);
+        CHECK_EQ(lr.n_loaded, 3);
+        dp__unit_load_res_fini(&lr);
+        CHECK_EQ(row_version(v, 0, plen, 2), 1);
+        CHECK_EQ(row_version(v, 3, plen, 2), 2);
+        CHECK_EQ(row_version(v, 9, plen, 2), 1);
+        CHECK_EQ(dp_test_unit_stats(v).entries, 4);
+        dp_test_unit_check(v);
+        /* Its own shard is not unit 0's; copy 1 of R = 2 is the last. */
+        CHECK_ERR_D(load_copy(v, p, &sr, 0, &lr, &d), DP_EINVAL, &d);
+        CHECK_CONTAINS(dp_detail_msg(&d), "shard of unit 0");
+        if (reps == 2) {
+            CHECK_ERR_D(load_copy(v, p, &sr, 2, &lr, &d), DP_EINVAL, &d);
+            CHECK_CONTAINS(dp_detail_msg(&d), "keeps 2 copies");
+        }
+        dp__unit_destroy(v);
+    }
+    /* Unit 2 keeps no copy of unit 0's rows at R = 2 (its copy 1 is unit 1's). */
+    dp__unit *w = mk_unit_r(1 << 20, 3, 2, 2);
+    CHECK_ERR_D(load_copy(w, p, &sr, 1, &lr, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "copies of unit 1");
+    dp__unit_destroy(w);
+    dp__unit_save_res_fini(&sr);
+    dp__unit_save_res_fini(&sf);
+    dp__unit_destroy(u);
+    rm_shard(p);
+    rm_shard(pf);
+}
+
+/* The same for a blob on the SSD tier: its home rows are read from its file. */
+DP_TEST(home_save_rewrites_a_disk_blob)
+{
+    char p[512], dir[512];
+    tpath("home-disk", p, sizeof p);
+    tpath("ssd-XXXXXX", dir, sizeof dir);
+    CHECK(mkdtemp(dir) != NULL);
+    rm_shard(p);
+    dp__unit_opts o;
+    dp__unit_opts_init(&o);
+    o.slab_bytes = 64 << 10; /* the blob below does not fit: it spills */
+    o.n_units = 3;
+    o.replicas = 2;
+    o.numa = DP_UNIT_NUMA_OFF;
+    o.ssd_dir = dir;
+    o.staging_bytes = 1 << 20;
+    dp__unit *u = NULL;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
+    const uint64_t plen = 30000;
+    uint64_t g[] = {12, 14, 15};
+    CHECK_OK(put_rows_spill(u, "d1", g, 3, 1, plen, true));
+    CHECK_EQ(dp_test_unit_stats(u).disk_blobs, 1);
+    dp__unit_save_res sr;
+    CHECK_OK_D(save_home(u, p, &sr, &d), &d);
+    CHECK_EQ(sr.n_blobs, 1);
+    CHECK_STR(sr.blobs[0].id.p, "d1:h");
+    CHECK(sr.nbytes < 2 * plen + 4096);
+    dp__unit *v = mk_unit_r(1 << 20, 3, 0, 1);
+    dp__unit_load_res lr;
+    CHECK_OK_D(load_copy(v, p, &sr, 0, &lr, &d), &d);
+    CHECK_EQ(lr.n_loaded, 1);
+    dp__unit_load_res_fini(&lr);
+    CHECK_EQ(row_version(v, 12, plen, 1), 1);
+    CHECK_EQ(row_version(v, 15, plen, 1), 1);
+    CHECK_EQ(dp_test_unit_stats(v).entries, 2);
+    dp_test_unit_check(v);
+    dp__unit_destroy(v);
+    dp__unit_save_res_fini(&sr);
+    dp__unit_destroy(u);
+    rm_shard(p);
+    rmdir(dir);
+}
+
 DP_TEST(not_enough_room_then_failed)
 {
     char p[512];

@@ -199,11 +199,13 @@ gargs(gen *g, dp__wire_request *q)
         break;
     case DP_WIRE_OP_SAVE_SHARD:
         q->a.save_shard.path = gtext_n(g, 1, rnd(g, 4) ? 40 : PATH_MAX - 1);
+        q->a.save_shard.home = rnd(g, 2);
         break;
     case DP_WIRE_OP_LOAD_SHARD:
         q->a.load_shard.path = gtext_n(g, 1, 60);
         q->a.load_shard.blobs = gshard(g);
         q->a.load_shard.spill = rnd(g, 2);
+        q->a.load_shard.copy = rnd(g, 3);
         break;
     case DP_WIRE_OP_LIST_KEYS:
         q->a.list_keys = (dp__wire_list_keys_args){gnum(g, 0), gnum(g, 0), gnum(g, 0)};
@@ -491,11 +493,13 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         break;
     case DP_WIRE_OP_SAVE_SHARD:
         CHECK_SV(a->a.save_shard.path, b->a.save_shard.path);
+        CHECK_EQ(a->a.save_shard.home, b->a.save_shard.home);
         break;
     case DP_WIRE_OP_LOAD_SHARD:
         CHECK_SV(a->a.load_shard.path, b->a.load_shard.path);
         check_shard(a->a.load_shard.blobs, b->a.load_shard.blobs);
         CHECK_EQ(a->a.load_shard.spill, b->a.load_shard.spill);
+        CHECK_EQ_U64(a->a.load_shard.copy, b->a.load_shard.copy);
         break;
     case DP_WIRE_OP_LIST_KEYS:
         CHECK_EQ_U64(a->a.list_keys.unit, b->a.list_keys.unit);

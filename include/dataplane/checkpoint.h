@@ -76,9 +76,11 @@ typedef struct dp_ckpt_summary {
     uint64_t clears_during_save;       /* save: clears that ran while it did */
     uint64_t loaded;                   /* load, re-home: blobs published / put */
     uint64_t spilled;                  /* load: of which to the SSD tier */
-    uint32_t replicas; /* copies of each row the saved cluster kept (1..3): a
-                        * load needs the same; dp_ckpt_rehome takes any */
-    uint32_t reserved32;
+    uint32_t replicas; /* copies of each row the saved cluster kept (1..3) */
+    uint32_t copies;   /* copies of each row the files hold: 1 (each row saved
+                        * once, by its first unit: loads into any replicas) or,
+                        * in checkpoints made before that, replicas (a load
+                        * then needs the same; dp_ckpt_rehome takes any) */
     uint64_t reserved[7];
 } dp_ckpt_summary;
 

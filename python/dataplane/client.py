@@ -426,20 +426,24 @@ class Client:
         missing); it becomes the directory's current checkpoint only when
         this returns. keep > 0 removes all but the keep newest. The path must
         be the same on this host and the units' (one host or a shared
-        filesystem). Returns a dict: checkpoint, n_units, replicas, blobs,
-        bytes."""
+        filesystem). With replicas, each row is saved once (by its first
+        unit). Returns a dict: checkpoint, n_units, replicas, copies (of each
+        row in the files: 1), blobs, bytes."""
         return self._c.checkpoint(0, _ckpt_dir(directory), float(timeout_s), int(keep))
 
     def load(self, directory, *, timeout_s=0.0):
         """Load directory's current checkpoint into the cluster: every file is
-        checked first; each unit then loads its shard when the cluster has
-        the checkpoint's number of units and copies of each row (replicas),
-        else every value is put again through this client (re-homed: rows
-        land on gidx % units and the units after it). Returns a dict:
-        checkpoint, n_units, replicas, blobs, bytes, loaded, spilled."""
+        checked first; when the cluster has the checkpoint's number of units,
+        the units load the shards themselves (each row's copies from its
+        first unit's shard, whatever replicas either side keeps; a checkpoint
+        made before one-copy saves needs the same replicas), else every value
+        is put again through this client (re-homed: rows land on gidx % units
+        and the units after it). Returns a dict: checkpoint, n_units,
+        replicas, copies, blobs, bytes, loaded (blobs, every copy), spilled."""
         d = _ckpt_dir(directory)
         peek = self._c.checkpoint(3, d, float(timeout_s), 0)
-        same = peek["n_units"] == self.n_units and peek["replicas"] == self.replicas
+        same = peek["n_units"] == self.n_units and (
+            peek["copies"] == 1 or peek["replicas"] == self.replicas)
         return self._c.checkpoint(1 if same else 2, d, float(timeout_s), 0)
 
     def stats(self):

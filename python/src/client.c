@@ -1092,10 +1092,11 @@ static PyObject *
 ckpt_summary_dict(const dp_ckpt_summary *sum)
 {
     return Py_BuildValue(
-        "{s:s,s:I,s:I,s:K,s:K,s:K,s:K}", "checkpoint", sum->checkpoint, "n_units",
-        (unsigned)sum->n_units, "replicas", (unsigned)sum->replicas, "blobs",
-        (unsigned long long)sum->blobs, "bytes", (unsigned long long)sum->bytes, "loaded",
-        (unsigned long long)sum->loaded, "spilled", (unsigned long long)sum->spilled);
+        "{s:s,s:I,s:I,s:I,s:K,s:K,s:K,s:K}", "checkpoint", sum->checkpoint, "n_units",
+        (unsigned)sum->n_units, "replicas", (unsigned)sum->replicas, "copies",
+        (unsigned)sum->copies, "blobs", (unsigned long long)sum->blobs, "bytes",
+        (unsigned long long)sum->bytes, "loaded", (unsigned long long)sum->loaded,
+        "spilled", (unsigned long long)sum->spilled);
 }
 
 /*

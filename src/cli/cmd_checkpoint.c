@@ -188,14 +188,20 @@ run(const char *cmd, const char *usage, int argc, char **argv)
         bool same = rc == DP_OK && peek.n_units == c.cl.n_units;
         if (same) /* and as many copies of each row: the units say how many */
             rc = dp__cli_check_units(&c, -1, 0, &d);
-        if (rc == DP_OK && (!same || peek.replicas != dp_client_replicas(c.client))) {
+        /* A one-copy checkpoint loads into any replicas; one that kept every
+         * copy into the same number only. */
+        if (rc == DP_OK && (!same || (peek.copies != 1 &&
+                                      peek.replicas != dp_client_replicas(c.client)))) {
             rc = rehome(cmd, &c, &o, argv[optind], &peek, &s, &d);
         } else if (rc == DP_OK) {
             rc = dp_ckpt_load(c.client, argv[optind], &o, &s, &d);
+            uint32_t r = dp_client_replicas(c.client);
             if (rc == DP_OK)
-                printf("loaded %s: %u units, %llu blobs (%llu on SSD), %llu bytes\n",
-                       s.checkpoint, s.n_units, (unsigned long long)s.loaded,
-                       (unsigned long long)s.spilled, (unsigned long long)s.bytes);
+                printf("loaded %s: %u units, %u cop%s of each row, %llu blobs (%llu on "
+                       "SSD), %llu bytes of shards\n",
+                       s.checkpoint, s.n_units, r, r == 1 ? "y" : "ies",
+                       (unsigned long long)s.loaded, (unsigned long long)s.spilled,
+                       (unsigned long long)s.bytes);
         }
     }
     dp__cli_disconnect(&c);

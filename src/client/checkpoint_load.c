@@ -245,10 +245,20 @@ plan_read(const char *adir, plan *pl, dp_ckpt_summary *sum, dp_detail *d)
                       pl->mpath);
         goto fail;
     }
+    /* "copies": 1 (each row saved once, by its first unit); absent in
+     * checkpoints that saved every copy (then replicas). */
+    uint64_t copies = reps;
+    if (cJSON_GetObjectItemCaseSensitive(pl->man, "copies") != NULL &&
+        (!get_u64(pl->man, "copies", &copies) || (copies != 1 && copies != reps))) {
+        rc = dp__fail(d, DP_ECORRUPT, "%s: \"copies\" must be 1 or \"replicas\"",
+                      pl->mpath);
+        goto fail;
+    }
     snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ck->valuestring);
     pl->n = (uint32_t)nu;
     sum->n_units = pl->n;
     sum->replicas = (uint32_t)reps;
+    sum->copies = (uint32_t)copies;
     pl->lu = calloc(pl->n, sizeof *pl->lu);
     if (pl->lu == NULL) {
         rc = dp__fail(d, DP_ENOMEM, "checkpoint: out of memory");
@@ -265,24 +275,39 @@ fail:
     return rc;
 }
 
-/* A load pass's requests: every unit's shard (RAM pass), or what did not fit. */
+/*
+ * A load pass's requests: every unit's shard (RAM pass), or what did not fit;
+ * in round k > 0 (a one-copy checkpoint into replicas > k), each unit loads
+ * the shard of the unit k before it: the rows it keeps copy k + 1 of.
+ */
 typedef struct load_pass {
     const lunit *lu;
-    int pass; /* 0: RAM only; 1: spill */
+    uint32_t n;
+    uint32_t copy; /* the round */
+    int pass;      /* 0: RAM only; 1: spill */
 } load_pass;
+
+/* The shard unit i loads in round copy. */
+static uint32_t
+shard_of(uint32_t i, uint32_t copy, uint32_t n)
+{
+    return (i + n - copy % n) % n;
+}
 
 static bool
 load_req(uint32_t i, dp__wire_request *q, void *ctx)
 {
     const load_pass *p = ctx;
-    const lunit *lu = &p->lu[i];
+    const lunit *lu = &p->lu[shard_of(i, p->copy, p->n)];
     if (p->pass == 1 && lu->n_retry == 0)
         return false;
     q->op = DP_WIRE_OP_LOAD_SHARD;
-    q->a.load_shard.path = dp__wire_s(lu->shard);
-    q->a.load_shard.spill = p->pass == 1;
-    q->a.load_shard.blobs = p->pass == 0 ? (dp__wire_shard_blobs){lu->blobs, lu->n_blobs}
-                                         : (dp__wire_shard_blobs){lu->retry, lu->n_retry};
+    q->a.load_shard = (dp__wire_load_shard_args){
+        .path = dp__wire_s(lu->shard),
+        .blobs = p->pass == 0 ? (dp__wire_shard_blobs){lu->blobs, lu->n_blobs}
+                              : (dp__wire_shard_blobs){lu->retry, lu->n_retry},
+        .spill = p->pass == 1,
+        .copy = p->copy};
     return true;
 }
 
@@ -303,6 +328,60 @@ load_retry(lunit *lu, const dp__wire_load_shard_res *r)
             }
 }
 
+/*
+ * Round copy of a load: every unit loads its shard of the round (load_req),
+ * RAM first on every unit at once, then the SSD tier for what did not fit.
+ */
+static int
+load_round(dp__ctl_client *c, const dp__cluster *cl, plan *pl, uint32_t copy,
+           dp__fanout *f, dp__wire_rid_gen *g, const dp_ckpt_opts *o,
+           dp_ckpt_summary *sum, dp_detail *d)
+{
+    uint32_t n = pl->n;
+    lunit *lu = pl->lu;
+    for (uint32_t i = 0; i < n; i++)
+        lu[i].n_retry = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        load_pass lp = {lu, n, copy, pass};
+        int rc = dp__ckpt_ask_units(f, g, cl, load_req, &lp, d);
+        if (rc != 0)
+            return rc;
+        uint32_t asked = f->n_slots;
+        if (asked == 0)
+            break;
+        if (copy == 0)
+            dp__ckpt_say(o, "%s pass: loading %s into %u units",
+                         pass == 0 ? "RAM" : "spill", sum->checkpoint, asked);
+        else
+            dp__ckpt_say(o, "%s pass: loading copy %u of each row of %s into %u units",
+                         pass == 0 ? "RAM" : "spill", copy + 1, sum->checkpoint, asked);
+        if ((rc = dp__fanout_run(f, c, o->timeout_s, NULL)) != 0)
+            return dp__ckpt_units_failed(f, "checkpoint load", d);
+        uint64_t left = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (f->u[i].op == DP_WIRE_OP_NONE)
+                continue;
+            const dp__wire_load_shard_res *r = &f->u[i].rep.r.load_shard;
+            uint32_t s = shard_of(i, copy, n);
+            sum->loaded += r->loaded.n;
+            if (pass == 1)
+                sum->spilled += r->loaded.n;
+            dp__ckpt_say(o, "unit %u: %u blobs of shard %u loaded, %u did not fit", i,
+                         r->loaded.n, s, r->failed.n);
+            left += r->failed.n;
+            if (pass == 0)
+                load_retry(&lu[s], r);
+        }
+        if (pass == 1 && left > 0)
+            return dp__fail(d, DP_EUNITFULL,
+                            "checkpoint load: %" PRIu64
+                            " blobs fit neither RAM nor SSD (%" PRIu64
+                            " loaded, copy %u of each row)",
+                            left, sum->loaded, copy + 1);
+    }
+    return DP_OK;
+}
+
 int
 dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
                     const dp_ckpt_opts *o, dp_ckpt_summary *sum, dp_detail *d)
@@ -317,7 +396,6 @@ dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
     if ((rc = plan_read(adir, &pl, sum, d)) != 0)
         return rc;
     uint32_t n = pl.n;
-    lunit *lu = pl.lu;
     if (n != cl->n_units) {
         rc = dp__fail(
             d, DP_EINVAL,
@@ -328,7 +406,7 @@ dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
         goto out;
     }
     uint32_t reps = cl->replicas > 0 ? cl->replicas : 1;
-    if (sum->replicas != reps) {
+    if (sum->copies != 1 && sum->replicas != reps) {
         rc = dp__fail(d, DP_EINVAL,
                       "checkpoint %s keeps %u copies of each row, the cluster %u: its "
                       "shards hold other units' copies than this cluster's units keep "
@@ -337,48 +415,20 @@ dp__ckpt_load_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
                       sum->checkpoint, sum->replicas, reps);
         goto out;
     }
-    /* Pass 1: RAM only, every unit at once; pass 2: spill what did not fit. */
+    /* A one-copy checkpoint: round k loads every row's copy k + 1 from the
+     * shard of its first unit; one that kept every copy: one round. */
+    uint32_t rounds = sum->copies == 1 ? reps : 1;
     dp__wire_rid_gen g;
     if ((rc = dp__wire_rid_gen_init(&g, d)) != 0 || (rc = dp__fanout_init(&f, n, d)) != 0)
         goto out;
-    for (int pass = 0; pass < 2; pass++) {
-        load_pass lp = {lu, pass};
-        if ((rc = dp__ckpt_ask_units(&f, &g, cl, load_req, &lp, d)) != 0)
-            goto out;
-        uint32_t asked = f.n_slots;
-        if (asked == 0)
-            break;
-        dp__ckpt_say(o, "%s pass: loading %s into %u units", pass == 0 ? "RAM" : "spill",
-                     sum->checkpoint, asked);
-        if ((rc = dp__fanout_run(&f, c, o->timeout_s, NULL)) != 0) {
-            rc = dp__ckpt_units_failed(&f, "checkpoint load", d);
-            goto out;
-        }
-        uint64_t left = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            if (f.u[i].op == DP_WIRE_OP_NONE)
-                continue;
-            const dp__wire_load_shard_res *r = &f.u[i].rep.r.load_shard;
-            sum->loaded += r->loaded.n;
-            if (pass == 1)
-                sum->spilled += r->loaded.n;
-            dp__ckpt_say(o, "unit %u: %u blobs loaded, %u did not fit", i, r->loaded.n,
-                         r->failed.n);
-            left += r->failed.n;
-            if (pass == 0)
-                load_retry(&lu[i], r);
-        }
-        if (pass == 1 && left > 0) {
-            rc = dp__fail(d, DP_EUNITFULL,
-                          "checkpoint load: %" PRIu64
-                          " blobs fit neither RAM nor SSD (%" PRIu64 " of %" PRIu64
-                          " loaded)",
-                          left, sum->loaded, sum->blobs);
-            goto out;
-        }
-    }
-    dp__ckpt_say(o, "loaded %s: %" PRIu64 " blobs (%" PRIu64 " spilled to SSD)",
-                 sum->checkpoint, sum->loaded, sum->spilled);
+    for (uint32_t k = 0; k < rounds && rc == 0; k++)
+        rc = load_round(c, cl, &pl, k, &f, &g, o, sum, d);
+    if (rc == 0)
+        dp__ckpt_say(o,
+                     "loaded %s: %" PRIu64 " blobs (%" PRIu64
+                     " spilled to SSD), %u cop%s of each row",
+                     sum->checkpoint, sum->loaded, sum->spilled, reps,
+                     reps == 1 ? "y" : "ies");
 out:
     dp__fanout_fini(&f);
     plan_fini(&pl);
@@ -674,10 +724,11 @@ dp_ckpt_rehome(dp_client *c, const char *dir, const dp_ckpt_opts *o, dp_ckpt_sum
     }
     dp__ckpt_say(o, "re-homing %s: %u units into %u, every value through this client",
                  sum->checkpoint, pl.n, dp_client_n_units(c));
-    /* A checkpoint with replicas holds each row R times: each key is put once. */
+    /* A checkpoint that kept every copy holds each row R times: each key is
+     * put once. */
     dp__map seen;
     dp__map_init_str(&seen);
-    rehome rh = {c, &pl, o, sum, 0, 0, sum->replicas > 1 ? &seen : NULL};
+    rehome rh = {c, &pl, o, sum, 0, 0, sum->copies > 1 ? &seen : NULL};
     for (uint32_t i = 0; i < pl.n && rc == DP_OK; i++)
         rc = rehome_unit(&rh, i, d);
     if (rc == DP_OK)

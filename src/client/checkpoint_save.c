@@ -146,12 +146,18 @@ write_atomic(const char *dir, const char *path, const char *data, size_t len,
     return rc;
 }
 
+/* What every unit of a save is asked. */
+typedef struct save_ask {
+    char (*paths)[PATH_MAX];
+    bool home; /* replicas: each row saved once, by its first unit */
+} save_ask;
+
 static bool
 save_req(uint32_t i, dp__wire_request *q, void *ctx)
 {
-    char(*paths)[PATH_MAX] = ctx;
+    const save_ask *sa = ctx;
     q->op = DP_WIRE_OP_SAVE_SHARD;
-    q->a.save_shard.path = dp__wire_s(paths[i]);
+    q->a.save_shard = (dp__wire_save_shard_args){dp__wire_s(sa->paths[i]), sa->home};
     return true;
 }
 
@@ -288,6 +294,7 @@ dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
         return rc;
     sum->n_units = cl->n_units;
     sum->replicas = cl->replicas > 0 ? cl->replicas : 1;
+    sum->copies = 1;
 
     uint32_t n = cl->n_units;
     dp__fanout f;
@@ -311,7 +318,8 @@ dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
     for (uint32_t i = 0; i < n; i++)
         if ((rc = dp__ckpt_pathf(paths[i], PATH_MAX, d, "%s/unit-%u.shard", sub, i)) != 0)
             goto out;
-    if ((rc = dp__ckpt_ask_units(&f, &g, cl, save_req, paths, d)) != 0)
+    save_ask sa = {paths, sum->replicas > 1};
+    if ((rc = dp__ckpt_ask_units(&f, &g, cl, save_req, &sa, d)) != 0)
         goto out;
     dp__ckpt_say(o, "saving %u units into %s", n, sub);
     if ((rc = dp__fanout_run(&f, c, o->timeout_s, NULL)) != 0) {
@@ -321,10 +329,13 @@ dp__ckpt_save_units(dp__ctl_client *c, const dp__cluster *cl, const char *dir,
     cJSON_AddNumberToObject(man, "version", 1);
     cJSON_AddStringToObject(man, "checkpoint", sum->checkpoint);
     cJSON_AddNumberToObject(man, "n_units", n);
-    /* Every unit saves every copy it holds: a load of the same shape puts each
-     * back where it was (docs/design.md, "Replicas"). */
-    if (sum->replicas > 1)
+    /* Each row once, saved by its first unit; a load of the same number of
+     * units makes each row's copies from its shard, whatever the cluster's
+     * replicas (docs/design.md, "Checkpoints"). */
+    if (sum->replicas > 1) {
         cJSON_AddNumberToObject(man, "replicas", sum->replicas);
+        cJSON_AddNumberToObject(man, "copies", 1);
+    }
     units = cJSON_AddArrayToObject(man, "units");
     if ((rc = manifest_units(units, &f, paths, n, o, sum, d)) != 0 ||
         (rc = fsync_dir(sub, d)) != 0)

@@ -139,6 +139,13 @@ typedef struct ck_snap {
     int fd;             /* dup of a disk blob's fd, or -1 */
     uint32_t *live;
     uint32_t n_live;
+    /* A home save of a blob holding other units' rows: a new blob of the
+     * live[] entries alone (in their order), under its own id. */
+    bool rewrite;
+    dp__blob_builder *bb;
+    dp__blob_layout lay;
+    char id[DP_UNIT_ID_MAX + 1];
+    size_t id_len;
 } ck_snap;
 
 /* A running save: its files and its snapshot. */
@@ -146,6 +153,7 @@ typedef struct ck_save {
     char fin[DP_UNIT_PATH_MAX + 16], tmp[DP_UNIT_PATH_MAX + 16];
     char rfin[DP_UNIT_PATH_MAX + 16], rtmp[DP_UNIT_PATH_MAX + 16];
     uint32_t unit_id, n_units;
+    bool home; /* only the rows whose first unit this is (one copy of each) */
     hold_set h;
     ck_snap *sn;
     uint32_t n;
@@ -174,9 +182,10 @@ holds_release_locked(dp__unit *u, hold_set *h)
     h->n = 0;
 }
 
-/* Snapshot the live blobs and hold them. Nothing held on error. */
+/* Snapshot the live blobs and hold them (home: see ck_save). Nothing held on error. */
 static int
-snapshot_locked(dp__unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_detail *d)
+snapshot_locked(dp__unit *u, bool home, hold_set *h, ck_snap **out, uint32_t *n_out,
+                dp_detail *d)
 {
     int rc = DP_ENOMEM;
     uint64_t cap = u->stats.published;
@@ -194,18 +203,30 @@ snapshot_locked(dp__unit *u, hold_set *h, ck_snap **out, uint32_t *n_out, dp_det
             continue;
         DP_ASSERT(n < cap);
         ck_snap *s = &sn[n];
-        s->fd = -1;
+        *s = (ck_snap){.fd = -1};
         uint32_t ne = dp__blob_count(b->parsed);
         s->live = malloc((ne ? ne : 1) * sizeof *s->live);
         if (s->live == NULL)
             goto nomem;
+        bool all_home = true;
         for (uint32_t i = 0; i < ne; i++) {
             const dp__blob_entry *e = dp__blob_entry_at(b->parsed, i);
+            bool mine = !home || e->gidx % u->o.n_units == u->o.unit_id;
+            all_home = all_home && mine;
             row *r = dp__map_get_u64(&u->rows, e->gidx);
             slot *sl = dp__row_slot(r, e->field, (uint32_t)e->field_len);
-            if (sl != NULL && sl->b == b && sl->i == i)
+            if (mine && sl != NULL && sl->b == b && sl->i == i)
                 s->live[s->n_live++] = i;
         }
+        if (s->n_live == 0 && home) {
+            /* Only copies of other units' rows: their first units save them. */
+            free(s->live);
+            s->live = NULL;
+            continue;
+        }
+        /* Its entries of other rows (live or not) would not load into another
+         * count of replicas: a new blob of the home rows' live entries. */
+        s->rewrite = !all_home;
         if (b->flags & REC_DISK) {
             s->fd = fcntl(b->fd, F_DUPFD_CLOEXEC, 0);
             if (s->fd < 0) {
@@ -260,6 +281,100 @@ dp__unit_save_res_fini(dp__unit_save_res *res)
     memset(res, 0, sizeof *res);
 }
 
+/*
+ * Lay out snapshot blob s's rewrite (a home save): its live entries alone, in
+ * their index order, under a new id: the old one with ":h", or, when that
+ * would pass the id limit, its first 50 bytes, ":h" and the CRC32C of the
+ * whole old id (ids are unique per unit part of a put, so the new one is
+ * unique on any unit that loads it).
+ */
+static int
+rewrite_plan(ck_snap *s, dp_detail *d)
+{
+    const dp__blob *pb = s->b->parsed;
+    bool crc = (dp__blob_get_header(pb)->flags & DP_BLOB_FLAG_CRC) != 0;
+    int rc = dp__blob_builder_create(crc ? DP_BLOB_FLAG_CRC : 0, &s->bb, d);
+    for (uint32_t j = 0; rc == 0 && j < s->n_live; j++) {
+        const dp__blob_entry *e = dp__blob_entry_at(pb, s->live[j]);
+        dp__blob_entry_spec sp = {.key = e->key,
+                                  .key_len = e->key_len,
+                                  .kind = e->kind,
+                                  .dtype = e->dtype,
+                                  .shape = e->shape,
+                                  .ndim = e->ndim,
+                                  .len = e->len,
+                                  .has_crc = crc && e->has_crc,
+                                  .crc = e->crc};
+        rc = dp__blob_builder_add(s->bb, &sp, NULL, d);
+    }
+    if (rc == 0)
+        rc = dp__blob_builder_layout(s->bb, &s->lay, d);
+    if (rc != 0)
+        return dp__fail_ctx(d, rc, "save: blob %s, its home rows", s->b->id);
+    s->nbytes = s->lay.total_len;
+    s->refs = s->n_live;
+    if (s->b->id_len + 2 <= DP_UNIT_ID_MAX) {
+        memcpy(s->id, s->b->id, s->b->id_len);
+        memcpy(s->id + s->b->id_len, ":h", 3);
+    } else {
+        snprintf(s->id, sizeof s->id, "%.50s:h%08x", s->b->id,
+                 dp__crc32c(s->b->id, s->b->id_len));
+    }
+    s->id_len = strlen(s->id);
+    return 0;
+}
+
+/* Append p[0..n) of a blob to the shard, into its CRC32C too. */
+static int
+blob_out(ck_save *sv, uint32_t *bcrc, const void *p, size_t n, dp_detail *d)
+{
+    *bcrc = dp__crc32c_update(*bcrc, p, n);
+    return ck_write(&sv->so, p, n, d);
+}
+
+/* Zeros up to the blob's offset `to` (less than an alignment away). */
+static int
+blob_pad(ck_save *sv, uint32_t *bcrc, uint64_t *pos, uint64_t to, dp_detail *d)
+{
+    static const uint8_t zeros[DP_BLOB_ALIGN];
+    DP_ASSERT(to >= *pos && to - *pos <= sizeof zeros);
+    int rc = blob_out(sv, bcrc, zeros, (size_t)(to - *pos), d);
+    *pos = to;
+    return rc;
+}
+
+/* Write blob s's rewrite (rewrite_plan): header and index, each payload, padding. */
+static int
+save_rewrite(ck_save *sv, ck_snap *s, uint32_t *bcrc, dp_detail *d)
+{
+    uint64_t pos = s->lay.payload_off;
+    uint8_t *hb = malloc((size_t)pos);
+    if (hb == NULL)
+        return dp__fail(d, DP_ENOMEM, "save: out of memory");
+    int rc = dp__blob_builder_write(s->bb, hb, (size_t)pos, d);
+    if (rc == 0)
+        rc = blob_out(sv, bcrc, hb, (size_t)pos, d);
+    free(hb);
+    for (uint32_t j = 0; rc == 0 && j < s->n_live; j++) {
+        const dp__blob_entry *e = dp__blob_entry_at(s->b->parsed, s->live[j]);
+        rc = blob_pad(sv, bcrc, &pos, dp__blob_builder_offset(s->bb, j), d);
+        if (s->src != NULL && rc == 0)
+            rc = blob_out(sv, bcrc, s->src + e->off, (size_t)e->len, d);
+        for (uint64_t done = 0; s->src == NULL && rc == 0 && done < e->len;) {
+            size_t c = (size_t)DP_MIN(e->len - done, (uint64_t)CK_CHUNK);
+            rc = dp__pread_full(s->fd, sv->buf, c, e->off + done, NULL,
+                                "a disk blob's file", d);
+            if (rc == 0)
+                rc = blob_out(sv, bcrc, sv->buf, c, d);
+            done += c;
+        }
+        pos += e->len;
+    }
+    if (rc == 0)
+        rc = blob_pad(sv, bcrc, &pos, s->lay.total_len, d);
+    return rc;
+}
+
 /* Copy snapshot blob i into the shard and its record into the rows file. */
 static int
 save_blob(dp__unit *u, ck_save *sv, uint32_t i, dp__unit_save_res *res, dp_detail *d)
@@ -270,7 +385,9 @@ save_blob(dp__unit *u, ck_save *sv, uint32_t i, dp__unit_save_res *res, dp_detai
     int rc = dp__unit_admin_cancelled(u, "save", d);
     if (rc != 0)
         return rc;
-    if (s->src != NULL) {
+    if (s->bb != NULL) {
+        rc = save_rewrite(sv, s, &bcrc, d);
+    } else if (s->src != NULL) {
         bcrc = dp__crc32c(s->src, (size_t)s->nbytes);
         rc = ck_write(&sv->so, s->src, (size_t)s->nbytes, d);
     } else {
@@ -286,12 +403,14 @@ save_blob(dp__unit *u, ck_save *sv, uint32_t i, dp__unit_save_res *res, dp_detai
     }
     if (rc != 0)
         return dp__fail_ctx(d, rc, "save: blob %s", s->b->id);
+    DP_ASSERT(sv->so.pos - off == s->nbytes);
     sv->data_crc = dp__crc32c_combine(sv->data_crc, bcrc, s->nbytes);
-    memcpy(res->ids[i], s->b->id, s->b->id_len + 1);
-    res->blobs[i] =
-        (dp__wire_shard_blob){{res->ids[i], s->b->id_len}, off, s->nbytes, s->refs};
-    dp__shard_row rec = {.id = s->b->id,
-                         .id_len = s->b->id_len,
+    const char *id = s->bb != NULL ? s->id : s->b->id;
+    size_t id_len = s->bb != NULL ? s->id_len : s->b->id_len;
+    memcpy(res->ids[i], id, id_len + 1);
+    res->blobs[i] = (dp__wire_shard_blob){{res->ids[i], id_len}, off, s->nbytes, s->refs};
+    dp__shard_row rec = {.id = id,
+                         .id_len = (uint32_t)id_len,
                          .off = off,
                          .nbytes = s->nbytes,
                          .crc = bcrc,
@@ -302,8 +421,9 @@ save_blob(dp__unit *u, ck_save *sv, uint32_t i, dp__unit_save_res *res, dp_detai
     uint8_t lv[4 * CK_LIVE_BATCH];
     for (uint32_t k = 0; k < s->n_live;) {
         uint32_t m = DP_MIN(s->n_live - k, (uint32_t)CK_LIVE_BATCH);
+        /* A rewrite holds its live entries alone: 0, 1, ... */
         for (uint32_t j = 0; j < m; j++)
-            dp__shard_live_encode(s->live[k + j], lv + 4 * j);
+            dp__shard_live_encode(s->bb != NULL ? k + j : s->live[k + j], lv + 4 * j);
         if ((rc = ck_write(&sv->ro, lv, 4 * (size_t)m, d)) != 0)
             return rc;
         k += m;
@@ -329,8 +449,11 @@ save_files(dp__unit *u, ck_save *sv, dp__unit_save_res *res, dp_detail *d)
         return rc;
     sv->rtmp_made = true;
     dp__shard_header h = {.unit_id = sv->unit_id, .n_units = sv->n_units, .n_blobs = n};
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
+        if (sv->sn[i].rewrite && (rc = rewrite_plan(&sv->sn[i], d)) != 0)
+            return rc;
         h.data_bytes += sv->sn[i].nbytes;
+    }
     uint8_t hdr[DP_SHARD_HEADER_LEN], rh[DP_SHARD_ROWS_HEADER_LEN];
     dp__shard_header_encode(&h, hdr);
     dp__shard_rows_header_encode(sv->unit_id, sv->n_units, n, rh);
@@ -373,8 +496,18 @@ int
 dp__unit_save_shard(dp__unit *u, const char *path, size_t path_len,
                     dp__unit_save_res *res, dp_detail *d)
 {
+    dp__wire_save_shard_args a = {.path = {path, path_len}};
+    return dp__unit_save_shard_as(u, &a, res, d);
+}
+
+int
+dp__unit_save_shard_as(dp__unit *u, const dp__wire_save_shard_args *a,
+                       dp__unit_save_res *res, dp_detail *d)
+{
+    const char *path = a->path.p;
+    size_t path_len = a->path.n;
     memset(res, 0, sizeof *res);
-    ck_save sv = {.fd = -1, .rfd = -1};
+    ck_save sv = {.fd = -1, .rfd = -1, .home = a->home};
     int rc = ck_path(path, path_len, sv.fin, "save_shard", d);
     if (rc != 0)
         return rc;
@@ -382,7 +515,7 @@ dp__unit_save_shard(dp__unit *u, const char *path, size_t path_len,
     ck_name(sv.rfin, sv.fin, ".rows");
     ck_name(sv.rtmp, sv.fin, ".rows.tmp");
     pthread_mutex_lock(&u->mu);
-    rc = snapshot_locked(u, &sv.h, &sv.sn, &sv.n, d);
+    rc = snapshot_locked(u, sv.home, &sv.h, &sv.sn, &sv.n, d);
     uint64_t clears0 = u->n_clears;
     sv.unit_id = u->o.unit_id;
     sv.n_units = u->o.n_units;
@@ -405,6 +538,7 @@ dp__unit_save_shard(dp__unit *u, const char *path, size_t path_len,
         if (sv.sn[i].fd >= 0)
             close(sv.sn[i].fd);
         free(sv.sn[i].live);
+        dp__blob_builder_destroy(sv.sn[i].bb);
     }
     free(sv.sn);
     pthread_mutex_lock(&u->mu);
@@ -437,6 +571,7 @@ typedef struct load_blob {
 /* A running load: its files, the rows file's records and the request. */
 typedef struct ck_load {
     char fin[DP_UNIT_PATH_MAX + 16], rfin[DP_UNIT_PATH_MAX + 16];
+    uint32_t of; /* the unit whose shard it is (load_of) */
     int fd;
     dp__shard_header h;
     uint32_t data_crc; /* the trailer's */
@@ -465,6 +600,14 @@ dp__unit_load_res_fini(dp__unit_load_res *res)
     memset(res, 0, sizeof *res);
 }
 
+/* The unit whose shard a load asks for: this one, or a copy's first unit. */
+static uint32_t
+load_of(const dp__unit *u, uint64_t copy)
+{
+    uint32_t n = u->o.n_units;
+    return (uint32_t)((u->o.unit_id + n - copy % n) % n);
+}
+
 /* Open the shard and check its frame; a shard of another unit is refused. */
 static int
 load_open(dp__unit *u, ck_load *ld, dp_detail *d)
@@ -477,12 +620,13 @@ load_open(dp__unit *u, ck_load *ld, dp_detail *d)
     if ((rc = dp__pread_full(ld->fd, hdr, sizeof hdr, 0, NULL, ld->fin, d)) != 0 ||
         (rc = dp__shard_header_decode(hdr, ld->fin, &ld->h, d)) != 0)
         return rc;
-    if (ld->h.unit_id != u->o.unit_id || ld->h.n_units != u->o.n_units)
+    if (ld->h.unit_id != ld->of || ld->h.n_units != u->o.n_units)
         return dp__fail(
             d, DP_EINVAL,
             "%s: shard of unit %u of a %u-unit cluster, this is unit %u of %u "
-            "(rows are placed by gidx %% units)",
-            ld->fin, ld->h.unit_id, ld->h.n_units, u->o.unit_id, u->o.n_units);
+            "loading %s%u's (rows are placed by gidx %% units)",
+            ld->fin, ld->h.unit_id, ld->h.n_units, u->o.unit_id, u->o.n_units,
+            ld->of == u->o.unit_id ? "unit " : "the copies of unit ", ld->of);
     if ((rc = dp__shard_check_len(&ld->h, flen, ld->fin, d)) != 0)
         return rc;
     uint64_t toff = dp__shard_data_end(&ld->h);
@@ -498,10 +642,11 @@ load_rows(dp__unit *u, ck_load *ld, dp_detail *d)
     int rc = dp__shard_rows_load(ld->rfin, &ld->rbuf, &ld->rows, d);
     if (rc != 0)
         return rc;
-    if (ld->rows.unit_id != u->o.unit_id || ld->rows.n_units != u->o.n_units)
+    if (ld->rows.unit_id != ld->of || ld->rows.n_units != u->o.n_units)
         return dp__fail(d, DP_EINVAL,
-                        "%s: written by unit %u of %u, this is unit %u of %u (offset 12)",
-                        ld->rfin, ld->rows.unit_id, ld->rows.n_units, u->o.unit_id,
+                        "%s: written by unit %u of %u, unit %u of %u was asked for "
+                        "(offset 12)",
+                        ld->rfin, ld->rows.unit_id, ld->rows.n_units, ld->of,
                         u->o.n_units);
     if ((rc = dp__shard_rows_check(&ld->rows, &ld->h, ld->rfin, ld->fin, d)) != 0)
         return rc;
@@ -761,6 +906,15 @@ dp__unit_load_shard(dp__unit *u, const dp__wire_load_shard_args *a,
     if (rc != 0)
         goto out;
     ck_name(ld.rfin, ld.fin, ".rows");
+    uint32_t reps = u->o.replicas > 0 ? u->o.replicas : 1;
+    if (a->copy >= reps) {
+        rc = dp__fail(d, DP_EINVAL,
+                      "load_shard: copy %" PRIu64 " asked of a unit of a cluster that "
+                      "keeps %u cop%s of each row (0 .. %u)",
+                      a->copy, reps, reps == 1 ? "y" : "ies", reps - 1);
+        goto out;
+    }
+    ld.of = load_of(u, a->copy);
     if ((rc = load_open(u, &ld, d)) != 0 || (rc = load_rows(u, &ld, d)) != 0 ||
         (rc = load_plan(&ld, blobs, n, res, d)) != 0)
         goto out;

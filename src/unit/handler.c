@@ -119,8 +119,7 @@ run_admin_timed(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
     int rc;
     if (req->op == DP_WIRE_OP_SAVE_SHARD) {
         dp__unit_save_res sr;
-        rc = dp__unit_save_shard(u, req->a.save_shard.path.p, req->a.save_shard.path.n,
-                                 &sr, &d);
+        rc = dp__unit_save_shard_as(u, &req->a.save_shard, &sr, &d);
         if (rc == 0) {
             rep->r.save_shard.blobs = (dp__wire_shard_blobs){sr.blobs, sr.n_blobs};
             rep->r.save_shard.nbytes = sr.nbytes;

@@ -612,6 +612,15 @@ typedef struct dp__unit_save_res {
  */
 int dp__unit_save_shard(dp__unit *u, const char *path, size_t path_len,
                         dp__unit_save_res *res, dp_detail *d);
+/*
+ * save_shard as the wire asks it: a->home saves only the rows whose first
+ * unit this is (gidx % n_units): a blob that also holds copies of other
+ * units' rows is written as a new blob of its home rows' live entries alone,
+ * under its id with ":h" (docs/design.md, "Checkpoints"); a blob of copies
+ * alone is not saved. Without it, as dp__unit_save_shard.
+ */
+int dp__unit_save_shard_as(dp__unit *u, const dp__wire_save_shard_args *a,
+                           dp__unit_save_res *res, dp_detail *d);
 void dp__unit_save_res_fini(dp__unit_save_res *res);
 
 /* Result of a load: id views into the caller's blobs array (must outlive it). */
@@ -633,7 +642,10 @@ typedef struct dp__unit_load_res {
  * Validation: both files' magic, version, lengths and CRC32C (the whole data
  * section and each blob), the unit id and cluster size (a shard of another
  * unit or of a cluster with another number of units is refused), and every
- * blob's own index (dp__blob_parse, as a commit). Any failure publishes
+ * blob's own index (dp__blob_parse, as a commit). a->copy k > 0 (below the
+ * cluster's replicas) loads instead the one-copy shard (a home save) of unit
+ * (this - k) mod n_units, whose rows this unit keeps a copy of; every key of
+ * it must be such a row. Any failure publishes
  * nothing and names the file and offset. Blobs already in the table count as
  * loaded. Errors: DP_EINVAL (path, request), DP_ECORRUPT (a file failed
  * validation), DP_EPROTO (a blob's index), DP_ESYS, DP_ENOMEM.

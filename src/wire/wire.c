@@ -427,11 +427,13 @@ static const dp__wire_fdesc read_bytes_f[] = {
 };
 static const dp__wire_fdesc save_shard_f[] = {
     F(dp__wire_save_shard_args, path, PATH, 1, 0),
+    F(dp__wire_save_shard_args, home, BOOL, 0, 0),
 };
 static const dp__wire_fdesc load_shard_f[] = {
     F(dp__wire_load_shard_args, path, PATH, 1, 0),
     F(dp__wire_load_shard_args, blobs, SHARD_BLOBS, 1, 0),
     F(dp__wire_load_shard_args, spill, BOOL, 0, 0),
+    F(dp__wire_load_shard_args, copy, U64, 0, 0),
 };
 
 static const dp__wire_fdesc list_keys_f[] = {

@@ -287,6 +287,10 @@ typedef struct dp__wire_read_bytes_args {
 
 typedef struct dp__wire_save_shard_args {
     dp__wire_str path;
+    /* optional (proto 5): save only the rows this unit is the first unit of
+     * (gidx % n_units), one copy of each row in the cluster's files
+     * (docs/design.md, "Checkpoints") */
+    bool home;
 } dp__wire_save_shard_args;
 
 /*
@@ -318,6 +322,10 @@ typedef struct dp__wire_load_shard_args {
     dp__wire_shard_blobs blobs;
     bool spill; /* optional, default false; true also writes each blob to a fresh SSD file
                  */
+    /* optional (proto 5): 0 loads this unit's own shard; k in 1 .. replicas - 1
+     * the one-copy shard of unit (this - k) mod n_units, whose rows this unit
+     * keeps copy k + 1 of */
+    uint64_t copy;
 } dp__wire_load_shard_args;
 
 struct dp_wire_blk; /* decoder allocations, freed by the _fini functions */
@@ -377,8 +385,9 @@ int dp__wire_request_peek(const void *msg, size_t len, const dp__wire_limits *li
  * unit's incarnation, alloc answers {off, token}, blobs carry their
  * allocation's identity (blob layout version 2). 3: put, inline values. 4:
  * versions on commit and put, the "Stale" error (docs/design.md, "Versions").
+ * 5: save_shard home, load_shard copy (one-copy checkpoints).
  */
-#define DP_WIRE_PROTO 4
+#define DP_WIRE_PROTO 5
 
 typedef struct dp__wire_info {
     uint64_t unit_id;

@@ -292,30 +292,53 @@ def test_a_writer_killed_mid_put_leaves_whole_values_on_every_copy(units3):
     c.close()
 
 
-def test_checkpoint_keeps_every_copy_and_loads_into_another_count(tmp_path, units3):
+def test_checkpoint_keeps_one_copy_and_loads_into_any_count(tmp_path, units3):
     c = dataplane.Client(units3.addrs, timeout_s=20)
     rows = list(range(40))
     c.put(rows, {"x": _rows_of(rows, 1)})
+    c.put(rows[:20], {"x": _rows_of(rows[:20], 2)})  # half the first blobs dead
+    want = torch.cat([_rows_of(rows[:20], 2), _rows_of(rows[20:], 1)])
+    one_copy = len(rows) * WIDTH * 4
     s = c.save(tmp_path / "ck")
-    assert s["replicas"] == 2 and s["n_units"] == 3
+    assert s["replicas"] == 2 and s["copies"] == 1 and s["n_units"] == 3
+    # each row once (each unit's blobs of its own rows, written anew where they
+    # held copies too): about one copy's bytes, not two
+    assert one_copy <= s["bytes"] < 1.25 * one_copy, s
     c.clear(rows)
-    s = c.load(tmp_path / "ck")  # the same shape: each unit loads its shard
-    assert s["replicas"] == 2 and s["loaded"] > 0
-    _check(c, rows, 1)
+    put_bytes = c.counters()["put_bytes"]
+    s = c.load(tmp_path / "ck")  # the same shape: the units load the shards
+    assert s["copies"] == 1 and s["loaded"] > 0
+    assert c.counters()["put_bytes"] == put_bytes  # nothing through this client
+    assert torch.equal(c.get(rows, ["x"], stack=True)["x"], want)
     units3.kill(2)  # both copies came back: any one unit may go
-    _check(c, rows, 1)
+    assert torch.equal(c.get(rows, ["x"], stack=True)["x"], want)
     c.close()
-    one = Units(tmp_path / "r1", 3, 1) if (tmp_path / "r1").mkdir() is None else None
+    for reps, sub in ((1, "r1"), (3, "r3")):
+        (tmp_path / sub).mkdir()
+        other = Units(tmp_path / sub, 3, reps)
+        try:
+            c1 = dataplane.Client(other.addrs, timeout_s=20)
+            assert c1.replicas == reps
+            s = c1.load(tmp_path / "ck")  # loaded by the units, not through c1
+            assert c1.counters()["put_bytes"] == 0
+            assert torch.equal(c1.get(rows, ["x"], stack=True)["x"], want)
+            if reps == 3:  # every unit holds every row: two may go
+                other.kill(0)
+                other.kill(1)
+                assert torch.equal(c1.get(rows, ["x"], stack=True)["x"], want)
+            c1.close()
+        finally:
+            other.stop()
+    (tmp_path / "n2").mkdir()
+    two = Units(tmp_path / "n2", 2, 1)
     try:
-        c1 = dataplane.Client(one.addrs, timeout_s=20)
-        assert c1.replicas == 1
-        c1.load(tmp_path / "ck")  # re-homed: every value put again through c1
-        _check(c1, rows, 1)
-        # each key once, though the checkpoint holds two copies of each row
-        assert c1.counters()["put_bytes"] == _rows_of(rows, 1).numel() * 4
-        c1.close()
+        c2 = dataplane.Client(two.addrs, timeout_s=20)
+        c2.load(tmp_path / "ck")  # another number of units: re-homed through c2
+        assert torch.equal(c2.get(rows, ["x"], stack=True)["x"], want)
+        assert c2.counters()["put_bytes"] == one_copy  # each key once
+        c2.close()
     finally:
-        one.stop()
+        two.stop()
 
 
 # ---- repair: `dataplane up --restart` starts a dead unit again and it fills
