@@ -23,6 +23,7 @@ lives until shutdown(). docs/ray.md says how this combines with the etcd
 registry.
 """
 
+import json
 import os
 import subprocess
 import threading
@@ -60,8 +61,15 @@ class _Unit:
         self.port = 0  # the first start picks one; restarts keep it
         self.restarts, self.down, self.address, self.proc = 0, None, None, None
         self.peers = None  # every unit's address, once the cluster is up (repair)
-        self.log = os.path.join(os.environ.get("TMPDIR", "/tmp"),
-                                f"dataplane-ray-{cluster_id}-unit{index}.log")
+        tmp = os.environ.get("TMPDIR", "/tmp")
+        self.log = os.path.join(tmp, f"dataplane-ray-{cluster_id}-unit{index}.log")
+        # Where its passes (--repair-every) find the cluster: a cluster file
+        # set_peers writes once every unit is up (absent at the first start:
+        # nothing to repair then). A registry, when given, is found instead.
+        self.peers_file = os.path.join(tmp, f"dataplane-ray-{cluster_id}-unit{index}.json")
+        self.own_source = not any(
+            o in ("--registry", "--repair-from") or o.startswith(("--registry=", "--repair-from="))
+            for o in options)
         self.lock = threading.Lock()
         self.stopping = False
         self._start()
@@ -80,6 +88,8 @@ class _Unit:
         if self.peers and self.restarts > 0:
             # started again: it fills itself from its peers (with --replicas > 1)
             args += ["--repair-from", ",".join(self.peers)]
+        elif self.own_source:
+            args += ["--repair-from", self.peers_file]
         args += self.options
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         with open(self.log, "ab") as log:
@@ -139,6 +149,14 @@ class _Unit:
     def set_peers(self, addresses):
         with self.lock:
             self.peers = list(addresses)
+        if self.own_source:  # the cluster file of this unit's passes
+            doc = {"version": 1, "cluster": self.cluster_id,
+                   "units": [{"id": i, "zmq": a, "agent": f"unit-{i}"}
+                             for i, a in enumerate(addresses)]}
+            tmp = f"{self.peers_file}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self.peers_file)
 
     def info(self):
         with self.lock:
@@ -160,6 +178,10 @@ class _Unit:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        try:
+            os.remove(self.peers_file)
+        except FileNotFoundError:
+            pass
         return True
 
 

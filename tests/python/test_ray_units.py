@@ -285,6 +285,23 @@ def test_replicas_a_unit_its_actor_restarts_is_repaired(ray_cluster):
     assert all(_gone(p) for p in pids), pids
 
 
+def test_replicas_units_started_first_run_their_passes(ray_cluster):
+    """Units of a fresh cluster (no registry) find their peers for their
+    passes (--repair-every) in the file their actor writes once all are up."""
+    h = dpray.start_cluster(3, "64M", placement="pack", replicas=2,
+                            options=["--repair-every", "1"])
+    try:
+        c = dataplane.Client(h.cluster, timeout_s=20)
+        end = time.monotonic() + 60
+        while min((st := c.stats())[i]["repair_passes"] for i in range(3)) < 2:
+            assert time.monotonic() < end, st
+            time.sleep(0.2)
+        assert all(u["restarts"] == 0 for u in h.units)
+        c.close()
+    finally:
+        h.shutdown()
+
+
 # -- the DATAPLANE tensor transport between actors ---------------------------
 
 # before the classes below: @ray.method checks the transport's name
