@@ -210,6 +210,12 @@ gargs(gen *g, dp__wire_request *q)
     case DP_WIRE_OP_LIST_KEYS:
         q->a.list_keys = (dp__wire_list_keys_args){gnum(g, 0), gnum(g, 0), gnum(g, 0)};
         break;
+    case DP_WIRE_OP_LEASE:
+        q->a.lease = (dp__wire_lease_args){gnum(g, 0), gnum(g, 0)};
+        break;
+    case DP_WIRE_OP_FENCE:
+        q->a.fence = (dp__wire_fence_args){gu64s(g)};
+        break;
     default: /* ping, info, scan, stats: no args */
         break;
     }
@@ -328,6 +334,7 @@ gresult(gen *g, dp__wire_reply *r)
         x->missing = glist(g, true);
         x->pending = glist(g, true);
         x->failed = glist(g, true);
+        x->fenced = glist(g, true);
         break;
     }
     case DP_WIRE_OP_RELEASE_ROWS:
@@ -364,6 +371,12 @@ gresult(gen *g, dp__wire_reply *r)
         r->r.list_keys.next = gnum(g, 0);
         r->r.list_keys.more = rnd(g, 2);
         r->r.list_keys.vers = gu64s(g);
+        break;
+    case DP_WIRE_OP_LEASE:
+        r->r.lease = (dp__wire_lease_res){rnd(g, 2), gnum(g, 0), gnum(g, 0)};
+        break;
+    case DP_WIRE_OP_FENCE:
+        r->r.fence.wait_ms = gnum(g, 0);
         break;
     default:
         CHECK(!"no result");
@@ -506,6 +519,13 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         CHECK_EQ_U64(a->a.list_keys.from, b->a.list_keys.from);
         CHECK_EQ_U64(a->a.list_keys.max_rows, b->a.list_keys.max_rows);
         break;
+    case DP_WIRE_OP_LEASE:
+        CHECK_EQ_U64(a->a.lease.unit, b->a.lease.unit);
+        CHECK_EQ_U64(a->a.lease.done, b->a.lease.done);
+        break;
+    case DP_WIRE_OP_FENCE:
+        check_u64s(a->a.fence.units, b->a.fence.units);
+        break;
     default:
         break;
     }
@@ -591,6 +611,7 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         check_strs(x->missing, y->missing);
         check_strs(x->pending, y->pending);
         check_strs(x->failed, y->failed);
+        check_strs(x->fenced, y->fenced);
         break;
     }
     case DP_WIRE_OP_RELEASE_ROWS:
@@ -623,6 +644,14 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         CHECK_EQ_U64(a->r.list_keys.next, b->r.list_keys.next);
         CHECK_EQ(a->r.list_keys.more, b->r.list_keys.more);
         check_u64s(a->r.list_keys.vers, b->r.list_keys.vers);
+        break;
+    case DP_WIRE_OP_LEASE:
+        CHECK_EQ(a->r.lease.granted, b->r.lease.granted);
+        CHECK_EQ_U64(a->r.lease.lease_ms, b->r.lease.lease_ms);
+        CHECK_EQ_U64(a->r.lease.behind, b->r.lease.behind);
+        break;
+    case DP_WIRE_OP_FENCE:
+        CHECK_EQ_U64(a->r.fence.wait_ms, b->r.fence.wait_ms);
         break;
     default:
         CHECK(!"no result");
@@ -713,9 +742,9 @@ DP_TEST(random_structs_round_trip)
 DP_TEST(op_names_and_notify)
 {
     static const char *const names[] = {
-        "ping",         "info",       "alloc",        "commit",   "abort", "resolve",
-        "resolve_keys", "unpin",      "release_rows", "scan",     "stats", "read_bytes",
-        "save_shard",   "load_shard", "put",          "list_keys"};
+        "ping",         "info",       "alloc",        "commit",    "abort", "resolve",
+        "resolve_keys", "unpin",      "release_rows", "scan",      "stats", "read_bytes",
+        "save_shard",   "load_shard", "put",          "list_keys", "lease", "fence"};
     CHECK_EQ(DP_ARRAY_LEN(names), DP_WIRE_OP_COUNT_);
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++) {
         EXPECT_STR(dp__wire_op_name((dp__wire_op)i), names[i]);

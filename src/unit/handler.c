@@ -257,6 +257,7 @@ do_resolve_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
         r->missing = (dp__wire_strs){res.missing, res.n_missing};
         r->pending = (dp__wire_strs){res.pending, res.n_pending};
         r->failed = (dp__wire_strs){res.failed, res.n_failed};
+        r->fenced = (dp__wire_strs){res.fenced, res.n_fenced};
         reply_ok(u, rep, reply);
         dp__unit_resolve_keys_res_fini(&res);
     } else {
@@ -336,6 +337,11 @@ do_list_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
     dp__unit_lock(u);
     int rc = a->unit > UINT32_MAX || a->max_rows > UINT32_MAX
                  ? dp__fail(&d, DP_EPROTO, "list_keys: unit or max_rows out of range")
+             : !dp__unit_reads_ok_locked(u) && a->unit != dp__unit_id(u)
+                 ? dp__fail(&d, DP_EBUSY,
+                            "list_keys: unit %u holds no read lease (it may hold older "
+                            "copies until a pass catches it up): list another copy",
+                            dp__unit_id(u))
                  : dp__unit_list_keys_locked(u, (uint32_t)a->unit, a->from,
                                              (uint32_t)a->max_rows, &pg, &d);
     if (rc == 0) {
@@ -489,6 +495,22 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
         break;
     case DP_WIRE_OP_LIST_KEYS:
         do_list_keys(u, &req, &rep, reply);
+        break;
+    case DP_WIRE_OP_LEASE:
+        rc =
+            dp__unit_lease_grant(u, req.a.lease.unit, req.a.lease.done, &rep.r.lease, &d);
+        if (rc == 0)
+            reply_ok(u, &rep, reply);
+        else
+            reply_error(u, req.rid, rc, &d, NULL, reply);
+        break;
+    case DP_WIRE_OP_FENCE:
+        rc = dp__unit_fence(u, req.a.fence.units.v, req.a.fence.units.n,
+                            &rep.r.fence.wait_ms, &d);
+        if (rc == 0)
+            reply_ok(u, &rep, reply);
+        else
+            reply_error(u, req.rid, rc, &d, NULL, reply);
         break;
     case DP_WIRE_OP_SAVE_SHARD:
     case DP_WIRE_OP_LOAD_SHARD:

@@ -168,6 +168,13 @@ static const metric_def defs[] = {
      "pass"},
     {"repair_cleared", "repair_cleared_rows", false,
      "Rows whose clear is recorded (no repair copy brings them back)"},
+    {"fenced_keys", "fenced_keys_total", true,
+     "Keys not answered: this unit held no read lease (Leases)"},
+    {"fences", "fences_total", true,
+     "Units fenced at a client's request (it landed a write without them)"},
+    {"lease_ok", "lease_ok", false,
+     "1 while this unit holds its read lease (or runs "
+     "without leases), 0 while it answers no read"},
 };
 
 static const metric_def *

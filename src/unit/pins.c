@@ -149,6 +149,9 @@ dp__unit_resolve_locked(dp__unit *u, const dp__wire_str *ids, uint32_t n,
     uint64_t epoch = ++u->pin_epoch;
     u->stats.n_resolve++;
     u->stats.n_resolve_blobs++;
+    /* Without a read lease no blob is whole: its keys are asked by key, and
+     * answered as fenced (docs/design.md, "Leases"). */
+    bool reads_ok = dp__lease_reads_ok_locked(u, now);
     for (uint32_t i = 0; i < n; i++) {
         blob_rec *b = dp__map_get(&u->blobs, ids[i].p, ids[i].n);
         if (b == NULL || b->state != REC_PUBLISHED) {
@@ -168,7 +171,7 @@ dp__unit_resolve_locked(dp__unit *u, const dp__wire_str *ids, uint32_t n,
         /* Refs count the row-index slots pointing at it: all its entries, or
          * some key was overwritten or cleared since (docs/design.md,
          * "Location hints"). */
-        if (b->parsed != NULL && b->refs == dp__blob_count(b->parsed))
+        if (b->parsed != NULL && b->refs == dp__blob_count(b->parsed) && reads_ok)
             res->whole[res->n_whole++] = ids[i];
         u->stats.resolved_bytes += b->nbytes;
         if (b->pin_mark != epoch) {
@@ -219,13 +222,17 @@ dp__unit_resolve_keys_inline_locked(dp__unit *u, const dp__wire_str *keys, uint3
     res->missing = malloc(cap * sizeof *res->missing);
     res->pending = malloc(cap * sizeof *res->pending);
     res->failed = malloc(cap * sizeof *res->failed);
+    /* Without a read lease every key is answered as fenced ("Leases"). */
+    bool fenced = !dp__lease_reads_ok_locked(u, now);
+    res->fenced = fenced ? malloc(cap * sizeof *res->fenced) : NULL;
     blob_rec **pinned = malloc(cap * sizeof *pinned);
     /* With a budget, each entry's blob until the end decides inline or pinned. */
     blob_rec **eb = budget > 0 ? malloc(cap * sizeof *eb) : NULL;
     uint32_t np = 0;
     int rc;
     if (res->entries == NULL || res->missing == NULL || res->pending == NULL ||
-        res->failed == NULL || pinned == NULL || (budget > 0 && eb == NULL)) {
+        res->failed == NULL || pinned == NULL || (budget > 0 && eb == NULL) ||
+        (fenced && res->fenced == NULL)) {
         rc = dp__fail(d, DP_ENOMEM, "resolve_keys: out of memory");
         goto fail;
     }
@@ -247,6 +254,10 @@ dp__unit_resolve_keys_inline_locked(dp__unit *u, const dp__wire_str *keys, uint3
                           (int)DP_MIN(keys[i].n, 80u), keys[i].p, kp.gidx % u->o.n_units,
                           u->o.unit_id, u->o.n_units);
             goto fail;
+        }
+        if (fenced) {
+            res->fenced[res->n_fenced++] = keys[i];
+            continue;
         }
         row *r = dp__map_get_u64(&u->rows, kp.gidx);
         slot *s = dp__row_slot(r, kp.field, (uint32_t)kp.field_len);
@@ -316,6 +327,7 @@ dp__unit_resolve_keys_inline_locked(dp__unit *u, const dp__wire_str *keys, uint3
     }
     u->stats.resolved_bytes += resolved;
     u->stats.inline_bytes += inlined;
+    u->stats.fenced_keys += res->n_fenced;
     return rc;
 fail:
     free(pinned);
@@ -331,6 +343,7 @@ dp__unit_resolve_keys_res_fini(dp__unit_resolve_keys_res *res)
     free(res->missing);
     free(res->pending);
     free(res->failed);
+    free(res->fenced);
     memset(res, 0, sizeof *res);
 }
 

@@ -113,6 +113,7 @@ dp__unit_get_stats_locked(dp__unit *u, dp__unit_stats *st)
     st->replicas = u->o.replicas;
     st->repair_state = (uint64_t)u->repair_state;
     st->repair_cleared = dp__map_len(&u->tombs);
+    st->lease_ok = dp__lease_reads_ok_locked(u, dp__unit_now(u));
     dp__writers_stats ws;
     dp__writers_get_stats(u->writers, &ws);
     st->retired_bytes = ws.retired_bytes;

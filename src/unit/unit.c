@@ -110,6 +110,13 @@ opts_check(const dp__unit_opts *opts, dp_detail *d)
                         "unit: replicas %u must be 1..%d (0: 1) and at most the %u units "
                         "of the cluster (each copy of a row lives on another unit)",
                         opts->replicas, DP_UNIT_MAX_REPLICAS, opts->n_units);
+    if (!(opts->lease_s >= 0) || !isfinite(opts->lease_s) ||
+        (opts->lease_s > 0 && opts->n_units < 3))
+        return dp__fail(d, DP_EINVAL,
+                        "unit: lease_s %g: read leases take seconds >= 0 (0: none) and "
+                        "at least 3 units (%u): with 2, neither side of a cut link can "
+                        "tell whether the other took writes",
+                        opts->lease_s, opts->n_units);
     size_t cid_len = opts->cluster_id != NULL ? strlen(opts->cluster_id) : 0;
     if (cid_len > 0 && !dp__id_valid(opts->cluster_id, cid_len, DP_UNIT_ID_MAX))
         return dp__fail(d, DP_EINVAL,
@@ -170,6 +177,8 @@ dp__unit_create(const dp__unit_opts *opts, dp__unit **out, dp_detail *d)
     dp__map_init_str(&u->order);
     dp__unit_numa_apply(u->o.numa, u->o.unit_id, u->numa_desc, sizeof u->numa_desc);
     int rc = dp__writers_create(u->o.reclaim_grace_s, dp__host_key(), &u->writers, d);
+    if (rc == 0)
+        rc = dp__lease_init(u, d);
     if (rc != 0)
         goto fail;
     /* A random, non-zero incarnation tells this process from any earlier one. */
@@ -336,6 +345,7 @@ dp__unit_destroy(dp__unit *u)
     dp__order_fini(u);
     dp__map_fini(&u->rows);
     dp__map_fini(&u->tombs);
+    dp__lease_fini(u);
     dp__map_fini(&u->blobs);
     dp__map_fini(&u->pins);
     dp__writers_destroy(u->writers);

@@ -71,6 +71,16 @@ typedef struct dp__unit_opts {
      * longest a put's commit can come after its version was taken.
      */
     double tomb_keep_s;
+    /*
+     * Read leases (docs/design.md, "Leases"), 0: off. With them the unit
+     * answers reads only while more than half of the cluster's units grant it
+     * a lease (a unit whose process is gone counts as granting), and a client
+     * may land a write without a unit that does not answer once more than
+     * half of the units have fenced it (fence): the fenced unit answers no
+     * read until a pass caught it up. Its lease thread (the CLI's) asks every
+     * other unit for one each lease_s / 4. Needs at least 3 units.
+     */
+    double lease_s;
     uint64_t slab_bytes;
     double read_pin_s;    /* pin lifetime of a resolve (default 30) */
     double alloc_lease_s; /* an alloc not committed by then is retired; 0: never (300) */
@@ -316,6 +326,8 @@ typedef struct dp__unit_resolve_keys_res {
     uint32_t n_pending;
     dp__wire_str *failed;
     uint32_t n_failed;
+    dp__wire_str *fenced; /* no read lease: not answered (docs/design.md, "Leases") */
+    uint32_t n_fenced;
 } dp__unit_resolve_keys_res;
 
 /*
@@ -530,7 +542,10 @@ void dp__unit_fields_free(dp__wire_fields *recs, uint32_t n);
     X(repair_failed, "repair_failed")   /* keys its peers had that it could not copy */  \
     X(repair_passes, "repair_passes")   /* passes begun after the repair at start */     \
     X(under_replicated,                                                                  \
-      "under_replicated") /* keys a peer lacked at the last repair or pass */            \
+      "under_replicated")         /* keys a peer lacked at the last repair or pass */    \
+    X(fenced_keys, "fenced_keys") /* keys not answered: no read lease (Leases) */        \
+    X(fences, "fences")           /* units fenced at a client's request */               \
+    X(lease_ok, "lease_ok")       /* read: 1 while this unit holds its read lease */     \
     X(repair_cleared, "repair_cleared") /* read: rows cleared while it repairs */
 
 /* The counters as numbers (tests; copied under the lock). */
@@ -653,6 +668,43 @@ typedef struct dp__unit_load_res {
 int dp__unit_load_shard(dp__unit *u, const dp__wire_load_shard_args *a,
                         dp__unit_load_res *res, dp_detail *d);
 void dp__unit_load_res_fini(dp__unit_load_res *res);
+
+/* ---- read leases (lease.c; docs/design.md, "Leases") ---- */
+
+/* lease from unit `peer` (done: the fence it caught up with): grant or deny. */
+int dp__unit_lease_grant(dp__unit *u, uint64_t peer, uint64_t done,
+                         dp__wire_lease_res *out, dp_detail *d);
+
+/*
+ * fence of units peers[0..n) (none this unit): they get no lease from it
+ * until they catch up; *wait_ms: when the leases it granted them end.
+ */
+int dp__unit_fence(dp__unit *u, const uint64_t *peers, uint32_t n, uint64_t *wait_ms,
+                   dp_detail *d);
+
+/*
+ * This unit's lease thread: unit `peer` answered the request sent at
+ * sent_at (the unit's clock) with r; or did not (gone: its process refuses
+ * connections).
+ */
+void dp__unit_lease_answer(dp__unit *u, uint32_t peer, double sent_at,
+                           const dp__wire_lease_res *r);
+void dp__unit_lease_unanswered(dp__unit *u, uint32_t peer, bool gone);
+
+/* Whether it answers reads now (holds its read lease, or runs without). */
+bool dp__unit_reads_ok_locked(dp__unit *u);
+
+/* The fence of unit peer this unit has caught up with, for its next request. */
+uint64_t dp__unit_lease_done(dp__unit *u, uint32_t peer);
+
+/*
+ * Catching up (the repair thread): whether a peer said this unit is behind;
+ * at a pass's start the fences it must catch up with (snap: n_units
+ * entries), and after a pass that read every peer, that it did.
+ */
+bool dp__unit_lease_behind(dp__unit *u);
+void dp__unit_lease_snapshot(dp__unit *u, uint64_t *snap);
+void dp__unit_lease_caught_up(dp__unit *u, const uint64_t *snap);
 
 /* ---- control-message handler (handler.c) ---- */
 

@@ -316,6 +316,10 @@ struct dp__unit {
     dp__map tombs; /* gidx -> the version of its last clear (dp__ver_now's scale) */
     uint64_t repair_failed0; /* repair_failed when the running repair or pass began */
     double tombs_pruned;     /* the ticker's last prune of tombs */
+    /* Read leases (lease.c; docs/design.md, "Leases"), with o.lease_s > 0 */
+    struct lease_peer *lease; /* n_units entries, this unit's unused */
+    uint64_t lease_seq;       /* this unit's last fence (starts at dp__ver_now) */
+    double lease_ok_until;    /* it answers reads until then */
     /* Admin work (a save or load) running off the ctl thread (unit.c) */
     uint32_t n_admin;
     pthread_cond_t admin_cv;
@@ -334,6 +338,19 @@ static inline dp__wire_str
 dp__zview(const char *z)
 {
     return (dp__wire_str){z, (uint32_t)strlen(z)};
+}
+
+/* ---- read leases (lease.c) ---- */
+
+/* Set up (create) and free (destroy) a unit's lease table. */
+int dp__lease_init(dp__unit *u, dp_detail *d);
+void dp__lease_fini(dp__unit *u);
+
+/* Whether the unit may answer reads now (always without leases). */
+static inline bool
+dp__lease_reads_ok_locked(const dp__unit *u, double now)
+{
+    return !(u->o.lease_s > 0) || now < u->lease_ok_until;
 }
 
 /* ---- repair (repair.c) ---- */

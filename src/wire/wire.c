@@ -320,6 +320,8 @@ dp__wire_op_repeatable(dp__wire_op op)
     case DP_WIRE_OP_SCAN:
     case DP_WIRE_OP_READ_BYTES: /* read only */
     case DP_WIRE_OP_LIST_KEYS:
+    case DP_WIRE_OP_LEASE: /* a grant is renewed by the next one */
+    case DP_WIRE_OP_FENCE: /* a second fence of the same units: a later one */
     case DP_WIRE_OP_RESOLVE:
     case DP_WIRE_OP_RESOLVE_KEYS: /* a pin never answered ends with its lease */
     case DP_WIRE_OP_RELEASE_ROWS: /* idempotent */
@@ -441,6 +443,13 @@ static const dp__wire_fdesc list_keys_f[] = {
     F(dp__wire_list_keys_args, from, U64, 0, 0),
     F(dp__wire_list_keys_args, max_rows, U64, 1, 0),
 };
+static const dp__wire_fdesc lease_f[] = {
+    F(dp__wire_lease_args, unit, U64, 1, 0),
+    F(dp__wire_lease_args, done, U64, 0, 0),
+};
+static const dp__wire_fdesc fence_f[] = {
+    F(dp__wire_fence_args, units, U64S, 1, 0),
+};
 
 static const struct {
     const dp__wire_fdesc *f;
@@ -459,6 +468,8 @@ static const struct {
     T(SAVE_SHARD, save_shard_f),
     T(LOAD_SHARD, load_shard_f),
     T(LIST_KEYS, list_keys_f),
+    T(LEASE, lease_f),
+    T(FENCE, fence_f),
 #undef T
 };
 

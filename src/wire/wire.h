@@ -146,7 +146,9 @@ int dp__wire_check_text(dp__wire_str s, const dp__wire_limits *lim, const char *
     X(SAVE_SHARD, "save_shard", false)                                                   \
     X(LOAD_SHARD, "load_shard", false)                                                   \
     X(PUT, "put", false)                                                                 \
-    X(LIST_KEYS, "list_keys", false)
+    X(LIST_KEYS, "list_keys", false)                                                     \
+    X(LEASE, "lease", false)                                                             \
+    X(FENCE, "fence", false)
 
 typedef enum dp__wire_op {
     DP_WIRE_OP_NONE = -1, /* not (yet) known */
@@ -304,6 +306,25 @@ typedef struct dp__wire_list_keys_args {
     uint64_t max_rows;
 } dp__wire_list_keys_args;
 
+/*
+ * lease: unit `unit` asks this unit for its read lease (docs/design.md,
+ * "Leases"); `done` is the highest fence of this unit on it that its passes
+ * have caught up with (0: none).
+ */
+typedef struct dp__wire_lease_args {
+    uint64_t unit;
+    uint64_t done;
+} dp__wire_lease_args;
+
+/*
+ * fence: a client is landing a write without the copies on `units` (their
+ * units did not answer): this unit grants them no read lease until their
+ * passes catch up, and says when the leases it granted them end.
+ */
+typedef struct dp__wire_fence_args {
+    dp__wire_u64s units;
+} dp__wire_fence_args;
+
 /* One blob of a shard file: wire form {id: [off, nbytes, refs]}. */
 typedef struct dp__wire_shard_blob {
     dp__wire_str id;
@@ -346,6 +367,8 @@ typedef struct dp__wire_request {
         dp__wire_save_shard_args save_shard;
         dp__wire_load_shard_args load_shard;
         dp__wire_list_keys_args list_keys;
+        dp__wire_lease_args lease;
+        dp__wire_fence_args fence;
     } a;
     struct dp_wire_blk *mem_;
 } dp__wire_request;
@@ -385,7 +408,8 @@ int dp__wire_request_peek(const void *msg, size_t len, const dp__wire_limits *li
  * unit's incarnation, alloc answers {off, token}, blobs carry their
  * allocation's identity (blob layout version 2). 3: put, inline values. 4:
  * versions on commit and put, the "Stale" error (docs/design.md, "Versions").
- * 5: save_shard home, load_shard copy (one-copy checkpoints).
+ * 5: save_shard home, load_shard copy (one-copy checkpoints); lease, fence and
+ * resolve_keys' fenced keys (read leases: "Leases").
  */
 #define DP_WIRE_PROTO 5
 
@@ -467,6 +491,9 @@ typedef struct dp__wire_resolve_keys_res {
     dp__wire_str pin_id; /* n == 0: nil */
     dp__wire_key_locs entries;
     dp__wire_strs missing, pending, failed; /* keys */
+    /* optional (proto 5): keys this unit does not answer for, holding no read
+     * lease (it may hold older copies: docs/design.md, "Leases") */
+    dp__wire_strs fenced;
 } dp__wire_resolve_keys_res;
 
 /* A scalar of a generic record (scan) or counter map (stats). */
@@ -524,6 +551,18 @@ typedef struct dp__wire_list_keys_res {
     bool more;
     dp__wire_u64s vers; /* each key's version (0: none); absent: all 0 */
 } dp__wire_list_keys_res;
+
+/* lease: granted (for lease_ms), or not: the asker is behind (fence `behind`). */
+typedef struct dp__wire_lease_res {
+    bool granted;
+    uint64_t lease_ms;
+    uint64_t behind; /* the fence the asker must catch up with (0: none) */
+} dp__wire_lease_res;
+
+/* fence: the leases this unit granted the fenced units end within wait_ms. */
+typedef struct dp__wire_fence_res {
+    uint64_t wait_ms;
+} dp__wire_fence_res;
 
 /* ---- errors ---- */
 
@@ -585,6 +624,8 @@ typedef struct dp__wire_reply {
         dp__wire_save_shard_res save_shard;
         dp__wire_load_shard_res load_shard;
         dp__wire_list_keys_res list_keys;
+        dp__wire_lease_res lease;
+        dp__wire_fence_res fence;
     } r;
     struct dp_wire_blk *mem_;
 } dp__wire_reply;

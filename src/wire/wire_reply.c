@@ -53,6 +53,15 @@ static const dp__wire_fdesc resolve_keys_f[] = {
     F(dp__wire_resolve_keys_res, missing, KEYS, 1, 0),
     F(dp__wire_resolve_keys_res, pending, KEYS, 1, 0),
     F(dp__wire_resolve_keys_res, failed, KEYS, 1, 0),
+    F(dp__wire_resolve_keys_res, fenced, KEYS, 0, 0),
+};
+static const dp__wire_fdesc lease_res_f[] = {
+    F(dp__wire_lease_res, granted, BOOL, 1, 0),
+    F(dp__wire_lease_res, lease_ms, U64, 0, 0),
+    F(dp__wire_lease_res, behind, U64, 0, 0),
+};
+static const dp__wire_fdesc fence_res_f[] = {
+    F(dp__wire_fence_res, wait_ms, U64, 1, 0),
 };
 static const dp__wire_fdesc save_shard_f[] = {
     F(dp__wire_save_shard_res, blobs, SHARD_BLOBS, 1, 0),
@@ -395,6 +404,10 @@ rd_result(dp__wire_dec *c, dp__wire_reply *rep)
     case DP_WIRE_OP_LIST_KEYS:
         return dp__wire_map_decode(c, TAB(list_keys_res_f), false, &rep->r.list_keys,
                                    NULL);
+    case DP_WIRE_OP_LEASE:
+        return dp__wire_map_decode(c, TAB(lease_res_f), false, &rep->r.lease, NULL);
+    case DP_WIRE_OP_FENCE:
+        return dp__wire_map_decode(c, TAB(fence_res_f), false, &rep->r.fence, NULL);
     default:
         break;
     }
@@ -447,6 +460,12 @@ put_result(dp__mp_writer *w, const dp__wire_reply *rep, const dp__wire_limits *l
         return;
     case DP_WIRE_OP_LIST_KEYS:
         dp__wire_map_encode(w, TAB(list_keys_res_f), &rep->r.list_keys, lim);
+        return;
+    case DP_WIRE_OP_LEASE:
+        dp__wire_map_encode(w, TAB(lease_res_f), &rep->r.lease, lim);
+        return;
+    case DP_WIRE_OP_FENCE:
+        dp__wire_map_encode(w, TAB(fence_res_f), &rep->r.fence, lim);
         return;
     default:
         DP_ASSERT(!"op without a result");
