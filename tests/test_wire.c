@@ -281,6 +281,7 @@ gresult(gen *g, dp__wire_reply *r)
         i->read_pin_ms = gnum(g, 0);
         i->transports = gtext(g);
         i->replicas = gnum(g, 0);
+        i->lease_ms = gnum(g, 0);
         break;
     }
     case DP_WIRE_OP_ALLOC:
@@ -567,6 +568,7 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         CHECK_EQ_U64(x->read_pin_ms, y->read_pin_ms);
         CHECK_SV(x->transports, y->transports);
         CHECK_EQ_U64(x->replicas, y->replicas);
+        CHECK_EQ_U64(x->lease_ms, y->lease_ms);
         break;
     }
     case DP_WIRE_OP_ALLOC:

@@ -564,8 +564,9 @@ DP_API uint32_t dp_client_replicas(dp_client *c);
 
 /*
  * Rows this client's puts landed on fewer than all their units because a
- * unit's process was gone (a row is counted once per put that left it
- * short), so far. 0 for NULL. Threads: any.
+ * unit's process was gone, or (read leases) a unit did not answer and most
+ * units fenced it (a row is counted once per put that left it short), so
+ * far. 0 for NULL. Threads: any.
  */
 DP_API uint64_t dp_client_under_replicated_rows(dp_client *c);
 

@@ -198,4 +198,25 @@ int dp__unit_repair_start(struct dp__unit *u, uint32_t unit_id, const char *from
                           dp__unit_repairer **out, dp_detail *d);
 void dp__unit_repair_stop(dp__unit_repairer *r);
 
+/*
+ * Open the cluster at from as a unit's repair and lease threads find it: a
+ * cluster file or directory, a registry URL, or the units' addresses in unit
+ * order, comma-separated ("tcp://a:1,tcp://b:2": what a launcher that knows
+ * them passes, e.g. the Ray actors).
+ */
+struct dp_client;
+struct dp_client_opts;
+int dp__cli_open_cluster(const char *from, const struct dp_client_opts *co,
+                         struct dp_client **c, dp_detail *d);
+
+/*
+ * A unit's lease thread (unit_lease.c; docs/design.md, "Leases"): every
+ * lease_s / 4 it asks every other unit of the cluster at `from` for a read
+ * lease and hands the answers to u. Stop joins it.
+ */
+typedef struct dp__unit_leaser dp__unit_leaser;
+int dp__unit_lease_start(struct dp__unit *u, uint32_t unit_id, const char *from,
+                         double lease_s, dp__unit_leaser **out, dp_detail *d);
+void dp__unit_lease_stop(dp__unit_leaser *l);
+
 #endif

@@ -73,6 +73,11 @@ static const char usage_unit[] =
     "  --repair-every S     with R > 1 and a cluster to read: every S seconds,\n"
     "                       compare this unit's copies with its peers' and copy in\n"
     "                       what they hold at a higher version; 0: never (600)\n"
+    "  --lease S            read leases of S seconds (0: none; with R > 1, 3 units or\n"
+    "                       more and a cluster to read): a put may land without a\n"
+    "                       unit that does not answer, once most units fenced it;\n"
+    "                       this unit answers reads only while most units grant it\n"
+    "                       a lease (every unit of a cluster gets the same S) (0)\n"
     "  --registry URL       register in etcd: etcd://HOST:PORT[,HOST:PORT...]/NAME;\n"
     "                       clients then find the cluster by that URL. NAME is the\n"
     "                       cluster id. The record lives as long as a lease this\n"
@@ -133,6 +138,7 @@ enum {
     O_REPAIR_FROM,
     O_REPAIR_RATE,
     O_REPAIR_EVERY,
+    O_READ_LEASE,
     O_ID,
     O_UNITS,
     O_SSD,
@@ -162,6 +168,8 @@ replica_option(unit_cmd *u, int c)
         rc = dp__parse_size(optarg, &u->repair_rate, "--repair-rate", d);
     } else if (c == O_REPAIR_EVERY) {
         rc = dp__parse_seconds(optarg, &u->repair_every_s, "--repair-every", d);
+    } else if (c == O_READ_LEASE) {
+        rc = dp__parse_seconds(optarg, &u->uo.lease_s, "--lease", d);
     } else {
         uint64_t r = 0;
         rc = dp__parse_u64(optarg, 1, DP_UNIT_MAX_REPLICAS, &r, "--replicas", d);
@@ -216,6 +224,7 @@ unit_option(unit_cmd *u, int c, char **argv)
     case O_REPAIR_FROM:
     case O_REPAIR_RATE:
     case O_REPAIR_EVERY:
+    case O_READ_LEASE:
     case O_REPLICAS:
         rc = replica_option(u, c);
         break;
@@ -337,6 +346,7 @@ unit_parse(int argc, char **argv, unit_cmd *u)
         {"repair-from", required_argument, NULL, O_REPAIR_FROM},
         {"repair-rate", required_argument, NULL, O_REPAIR_RATE},
         {"repair-every", required_argument, NULL, O_REPAIR_EVERY},
+        {"lease", required_argument, NULL, O_READ_LEASE},
         {"unit-id", required_argument, NULL, O_ID},
         {"units", required_argument, NULL, O_UNITS},
         {"ssd-dir", required_argument, NULL, O_SSD},
@@ -434,6 +444,12 @@ unit_parse(int argc, char **argv, unit_cmd *u)
     u->uo.repair_every_s = u->uo.replicas > 1 && u->repair_rate > 0 && u->repair_from
                                ? u->repair_every_s
                                : 0;
+    if (u->uo.lease_s > 0 && (u->repair_from == NULL || u->uo.replicas < 2 ||
+                              u->repair_rate == 0 || u->units < 3))
+        return unit_usage_error(
+            "--lease needs --replicas 2 or 3 on at least 3 units, a repair (--repair-"
+            "rate above 0) and the cluster to ask (--repair-from or --registry)%s",
+            "");
     return UNIT_GO_ON;
 }
 
@@ -531,6 +547,7 @@ unit_serve(unit_cmd *u)
     dp__unit_server *srv = NULL;
     dp__reg_unit *reg = NULL;
     dp__unit_repairer *rep = NULL;
+    dp__unit_leaser *lease = NULL;
     char name[64], rnd[33], numa[128];
     /*
      * A unit holds a descriptor per connected client (bench/scale.sh): the
@@ -583,7 +600,7 @@ unit_serve(unit_cmd *u)
              uo->alloc_lease_s);
     if (u->metrics != NULL)
         DP_LOG_I("metrics: http://%s/metrics", dp__unit_server_metrics_address(srv));
-    if ((uo->repair || uo->repair_every_s > 0) &&
+    if ((uo->repair || uo->repair_every_s > 0 || uo->lease_s > 0) &&
         dp__unit_repair_start(dp__unit_server_unit(srv), uo->unit_id, u->repair_from,
                               (double)u->repair_rate, uo->repair, uo->repair_every_s,
                               &rep, &u->d) != DP_OK) {
@@ -591,6 +608,12 @@ unit_serve(unit_cmd *u)
                  dp_detail_msg(&u->d));
         dp__unit_repair_failed(dp__unit_server_unit(srv), 1);
         dp__unit_repair_end(dp__unit_server_unit(srv));
+    }
+    if (uo->lease_s > 0 &&
+        dp__unit_lease_start(dp__unit_server_unit(srv), uo->unit_id, u->repair_from,
+                             uo->lease_s, &lease, &u->d) != DP_OK) {
+        rc = u->d.code;
+        goto fail;
     }
     if (uo->ssd_dir != NULL)
         DP_LOG_I("ssd tier: dir %s, IO area %s, pickup_s %.1f", uo->ssd_dir,
@@ -628,6 +651,7 @@ unit_serve(unit_cmd *u)
 fail:
     fprintf(stderr, "dataplane unit: %s (%s)\n", dp_detail_msg(&u->d), dp_strerror(rc));
 out:
+    dp__unit_lease_stop(lease);
     dp__unit_repair_stop(rep);
     dp__reg_unit_stop(reg); /* first: clients stop coming before the unit goes */
     dp__unit_server_close(srv);

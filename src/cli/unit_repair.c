@@ -8,6 +8,7 @@
  * rows: only what a peer holds at a higher version is copied.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ struct dp__unit_repairer {
     double rate;
     bool initial;   /* the unit starts empty: fill it first */
     double every_s; /* then a pass this often (0: none) */
+    bool leases;    /* and one whenever a peer says the unit is behind */
     int stop;       /* atomic: the unit is stopping */
 };
 
@@ -39,13 +41,10 @@ progress(void *ctx, uint64_t keys, uint64_t bytes, uint64_t failed)
         dp__unit_repair_failed(ctx, failed);
 }
 
-/*
- * Open the cluster at from: a cluster file or directory, a registry URL, or
- * the units' addresses in unit order, comma-separated ("tcp://a:1,tcp://b:2":
- * what a launcher that knows them passes, e.g. the Ray actors).
- */
-static int
-open_from(const char *from, const dp_client_opts *co, dp_client **c, dp_detail *d)
+/* The cluster a unit's repair and lease threads read (cli.h). */
+int
+dp__cli_open_cluster(const char *from, const dp_client_opts *co, dp_client **c,
+                     dp_detail *d)
 {
     if (strncmp(from, "tcp://", 6) != 0)
         return dp_client_open(from, co, c, d);
@@ -78,7 +77,7 @@ run_once(dp__unit_repairer *r, bool pass)
     double t0 = dp__now_s();
     /* The cluster may still be coming up (a fresh start): try for a minute. */
     int rc;
-    while ((rc = open_from(r->from, &co, &c, &d)) != DP_OK &&
+    while ((rc = dp__cli_open_cluster(r->from, &co, &c, &d)) != DP_OK &&
            !__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() - t0 < 60)
         dp__sleep_s(1.0);
     if (rc != DP_OK) {
@@ -98,7 +97,14 @@ run_once(dp__unit_repairer *r, bool pass)
                          .ctx = r->u,
                          .stop = &r->stop};
     dp__repair_sum s;
+    /* The fences this pass catches the unit up with, if it reads every peer. */
+    uint64_t *snap = calloc(dp_client_n_units(c), sizeof *snap);
+    if (snap != NULL)
+        dp__unit_lease_snapshot(r->u, snap);
     rc = dp__client_repair(c, &o, &s, &d);
+    if (rc == DP_OK && s.failed == 0 && s.peers_failed == 0 && snap != NULL)
+        dp__unit_lease_caught_up(r->u, snap);
+    free(snap);
     dp_client_close(c);
     dp__unit_repair_under(r->u, s.under);
     if (s.under > 0)
@@ -126,13 +132,19 @@ repair_main(void *arg)
     unsigned seed = (unsigned)getpid() ^ (unsigned)(dp__now_s() * 1e6) ^ r->unit_id;
     if (r->initial)
         run_once(r, false);
-    while (r->every_s > 0 && !__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
+    while ((r->every_s > 0 || r->leases) &&
+           !__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
         /* Wait in steps of 0.1 s, so that a stop is seen; 0.9 to 1.1 periods,
          * so that units started together do not open their passes' clients
-         * at the same moment forever. */
+         * at the same moment forever. A unit told it is behind (a peer fenced
+         * it: "Leases") runs a pass at once, at most one a second. */
+        double t0 = dp__now_s();
         double due =
-            dp__now_s() + r->every_s * (0.9 + 0.2 * (double)rand_r(&seed) / RAND_MAX);
-        while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() < due)
+            r->every_s > 0
+                ? t0 + r->every_s * (0.9 + 0.2 * (double)rand_r(&seed) / RAND_MAX)
+                : INFINITY;
+        while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() < due &&
+               !(dp__now_s() - t0 >= 1.0 && dp__unit_lease_behind(r->u)))
             dp__sleep_s(DP_MIN(0.1, due - dp__now_s()));
         if (__atomic_load_n(&r->stop, __ATOMIC_RELAXED))
             break;
@@ -157,6 +169,7 @@ dp__unit_repair_start(dp__unit *u, uint32_t unit_id, const char *from, double ra
     r->rate = rate;
     r->initial = initial;
     r->every_s = every_s;
+    r->leases = dp__unit_lease_on(u);
     int e = pthread_create(&r->th, NULL, repair_main, r);
     if (e != 0) {
         free(r->from);

@@ -126,6 +126,9 @@ struct dp_client {
      * same); 0 until one answered, then 1..3.
      */
     uint32_t replicas;
+    /* Whether a unit said it runs with read leases (docs/design.md, "Leases"):
+     * a put then waits a share of its budget for a silent unit, and fences it. */
+    bool leases;
     /*
      * A repair's client (dp__client_repair): every get asks only_unit and
      * every put writes it only, as a repair copy (-1: rows go where they

@@ -115,6 +115,7 @@ dp__client_take_replicas_locked(dp_client *c, uint32_t u, const dp__wire_info *i
         DP_LOG_I("client: unit %u says the cluster keeps %" PRIu64 " copies of each row",
                  u, r);
     c->replicas = (uint32_t)r;
+    c->leases = c->leases || in->lease_ms > 0;
     return DP_OK;
 }
 

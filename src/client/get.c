@@ -547,7 +547,7 @@ get_match_unit(get_op *x, uint32_t u, const dp__wire_resolve_keys_res *res,
     dp_detail *ud = &x->ur[u].st.det;
     bool again = false;
     dp__wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
-    uint32_t ce = 0, cm = 0, cp = 0, cf = 0;
+    uint32_t ce = 0, cm = 0, cp = 0, cf = 0, cz = 0;
     for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
         uint32_t i = order[k];
         if (x->ks[i].st != K_ASK)
@@ -571,6 +571,14 @@ get_match_unit(get_op *x, uint32_t u, const dp__wire_resolve_keys_res *res,
         } else if (match_str(&res->failed, &cf, it->key, kl) >= 0) {
             item_fail(it, &x->ks[i], DP_ELOST);
             dp__fail(ud, DP_ELOST, "staging key '%s' from SSD failed", it->key);
+        } else if (match_str(&res->fenced, &cz, it->key, kl) >= 0) {
+            /* No read lease: it may hold an older copy ("Leases"); the next
+             * unit of the row is asked. */
+            item_fail(it, &x->ks[i], DP_EBUSY);
+            dp__fail(ud, DP_EBUSY,
+                     "unit %u holds no read lease (a peer fenced it, or it cannot reach "
+                     "most units): it may hold older copies until a pass catches it up",
+                     u);
         } else {
             item_fail(it, &x->ks[i], DP_EPROTO);
             dp__fail(ud, DP_EPROTO, "resolve_keys did not answer for key '%s'", it->key);

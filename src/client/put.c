@@ -324,6 +324,20 @@ inline_send_all_locked(put_op *p, size_t base)
 }
 
 /*
+ * How long a put waits for its units' answers: what is left of the budget,
+ * and a moment (50 ms) even when it is spent (an answer may be here). With
+ * read leases a share of it (dp__client_round_timeout): a unit silent that
+ * long is fenced, and the rest of the budget is the fence's
+ * (docs/design.md, "Leases").
+ */
+static double
+answer_wait(const dp_client *c, double deadline)
+{
+    return DP_MAX(c->leases ? dp__client_round_timeout(deadline) : dp__left_s(deadline),
+                  0.05);
+}
+
+/*
  * The inline puts sent as slots [base, base + n): "done" lands the unit's
  * rows; "pending" (a spill) leaves it to the commit phase's polls (poll);
  * a busy unit is sent the same put again, with backoff, until the deadline.
@@ -343,8 +357,7 @@ inline_phase_locked(put_op *p, size_t base, size_t n)
          * As a commit: what is left of the budget, and a moment (50 ms) even
          * when the WRITEs of other units spent it (the answer may be here).
          */
-        dp__ctl_wait_many(c->ctl, c->fo.items + base, n,
-                          DP_MAX(dp__left_s(deadline), 0.05));
+        dp__ctl_wait_many(c->ctl, c->fo.items + base, n, answer_wait(c, deadline));
         bool busy = false;
         for (size_t s = base; s < base + n; s++) {
             put_unit *pu = &pus[slot_pu[s]];
@@ -567,8 +580,7 @@ commit_phase_locked(put_op *p, size_t ns)
             return;
         /* Give a commit a moment (50 ms) even when the budget is spent: its WRITE is
          * done. */
-        double left = DP_MAX(dp__left_s(deadline), 0.05);
-        dp__ctl_wait_many(c->ctl, c->fo.items, ns, left);
+        dp__ctl_wait_many(c->ctl, c->fo.items, ns, answer_wait(c, deadline));
         bool again = false;
         for (size_t s = 0; s < ns; s++) {
             if (!sent[s])

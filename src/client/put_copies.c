@@ -8,7 +8,90 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/fanout.h"
 #include "client/put_int.h"
+
+/* Whether part pu failed unanswered on a live unit, with no put again to come. */
+static bool
+pu_silent(const put_op *p, const put_unit *pu)
+{
+    if (pu->st.state != ST_FAILED ||
+        (pu->st.rc != DP_ETIMEDOUT && pu->st.rc != DP_ETRANSFER))
+        return false;
+    bool retry =
+        p->round == 0 && dp__left_s(p->deadline) > 0.05 && pu->st.rc == DP_ETRANSFER;
+    return !retry;
+}
+
+/*
+ * With read leases (docs/design.md, "Leases"): the parts that failed because
+ * their unit did not answer (alive: not gone) land without it if more than
+ * half of the cluster's units fence it; this call then waits until the
+ * leases they granted it ended, so that it answers no read of an older copy
+ * once the put returns. Marks those parts fenced.
+ */
+static void
+put_fence_locked(put_op *p)
+{
+    dp_client *c = p->c;
+    uint32_t n = c->n_units;
+    uint64_t *silent = malloc(n * sizeof *silent);
+    uint32_t ns = 0;
+    bool *is_silent = calloc(n, sizeof *is_silent);
+    dp__fanout f = {0};
+    if (silent == NULL || is_silent == NULL)
+        goto out;
+    for (size_t i = 0; i < p->npu; i++) {
+        put_unit *pu = &p->pus[i];
+        if (pu_silent(p, pu) && !is_silent[pu->st.u] &&
+            !dp__ctl_peer_gone(c->units[pu->st.u].addr)) {
+            is_silent[pu->st.u] = true;
+            silent[ns++] = pu->st.u;
+        }
+    }
+    if (ns == 0 || dp__left_s(p->deadline) <= 0.05 ||
+        dp__fanout_init(&f, n, NULL) != DP_OK)
+        goto out;
+    for (uint32_t u = 0; u < n; u++) {
+        if (is_silent[u])
+            continue;
+        dp__wire_request q;
+        memset(&q, 0, sizeof q);
+        q.op = DP_WIRE_OP_FENCE;
+        q.a.fence = (dp__wire_fence_args){{silent, ns}};
+        dp__fanout_add(&f, &c->rids, u, c->units[u].addr, c->units[u].incarnation, &q);
+    }
+    dp__fanout_run(&f, c->ctl, DP_MIN(dp__left_s(p->deadline), c->o.timeout_s),
+                   &c->words);
+    uint32_t acks = 0;
+    uint64_t wait_ms = 0;
+    for (uint32_t u = 0; u < n; u++)
+        if (f.u[u].op != DP_WIRE_OP_NONE && f.u[u].st.rc == DP_OK && f.u[u].decoded) {
+            acks++;
+            wait_ms = DP_MAX(wait_ms, f.u[u].rep.r.fence.wait_ms);
+        }
+    double wait = (double)wait_ms / 1000;
+    if (2 * acks <= n || wait > dp__left_s(p->deadline)) {
+        DP_LOG_W("client: put: %u unit(s) did not answer; %u of %u units fenced them%s: "
+                 "their rows fail",
+                 ns, acks, n,
+                 2 * acks <= n ? " (more than half must)" : ", too late for the budget");
+        goto out;
+    }
+    /* The lock stays held: this client's other calls wait, as behind a slow unit. */
+    dp__sleep_s(wait);
+    for (size_t i = 0; i < p->npu; i++)
+        if (pu_silent(p, &p->pus[i]) && is_silent[p->pus[i].st.u])
+            p->pus[i].fenced = true;
+    DP_LOG_W(
+        "client: put: %u unit(s) did not answer: fenced by %u of %u units, their rows "
+        "land without them (waited %.3f s for their read leases to end)",
+        ns, acks, n, wait);
+out:
+    dp__fanout_fini(&f);
+    free(silent);
+    free(is_silent);
+}
 
 /*
  * With replicas (p->copies > 1; docs/design.md, "Replicas"): a row landed when
@@ -35,11 +118,11 @@ put_outcome_copies_locked(put_op *p, int *rst, bool *again, size_t *n_again)
         uint32_t u = pu->st.u;
         bool stale = pu->st.state == ST_AGAIN; /* dp__put_stale_locked */
         bool done = pu->st.state != ST_FAILED && !stale;
-        pu->gone = !done && !stale && dp__ctl_peer_gone(c->units[u].addr);
+        pu->gone = !done && !stale && (pu->fenced || dp__ctl_peer_gone(c->units[u].addr));
         bool retry = stale || (!done && !pu->gone && p->round == 0 &&
                                dp__left_s(p->deadline) > 0.05 &&
                                (pu->st.rc == DP_ETRANSFER || pu->st.rc == DP_ERESTARTED));
-        if (pu->gone)
+        if (pu->gone && !pu->fenced)
             DP_LOG_W("client: put: unit %u (%s) is gone (refuses connections): its "
                      "rows in blob %s land on their other units",
                      u, c->units[u].addr, pu->blob_id);
@@ -175,6 +258,7 @@ dp__put_decide_copies_locked(put_op *a, int *row_status, dp_detail *d)
             }
         return dp__put_outcome_locked(a, row_status, d);
     }
+    put_fence_locked(a);
     put_outcome_copies_locked(a, rst, a->again, &a->n_again);
     int rc = put_report_copies(a, rst, d);
     if (row_status != NULL)

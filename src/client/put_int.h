@@ -49,6 +49,7 @@ typedef struct put_unit {
     bool unsized;      /* its unit was not bound yet: size checked once it is */
     bool poll;         /* its inline put answered "pending": commit polls it */
     bool gone;         /* failed, and its unit's process is gone (replicas: skipped) */
+    bool fenced;       /* failed unanswered, and most units fenced it ("Leases") */
     uint64_t ver;      /* the put's version, named by its commit or inline put */
     uint64_t *vers;    /* a repair's copy: its entries' versions (n_ent), or NULL */
     uint64_t stale;    /* refused as stale: the version the unit holds */

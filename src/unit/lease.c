@@ -27,10 +27,10 @@
  *   killed for good leave the others readable) if its grant still held when
  *   it was found gone: it fenced nothing the holder missed. A unit found
  *   gone after its grant ended (the holder was cut off meanwhile) counts only
- *   once a process answers there again. A fence's number starts from the unit's clock (dp__ver_now), so
- *   a restarted grantor never takes an old `done` for one of its new fences,
- *   and it treats every unit as holding a lease from it for its first
- *   lease_s (an earlier process of it may have granted one).
+ *   once a process answers there again. A fence's number starts from the unit's clock
+ * (dp__ver_now), so a restarted grantor never takes an old `done` for one of its new
+ * fences, and it treats every unit as holding a lease from it for its first lease_s (an
+ * earlier process of it may have granted one).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -197,6 +197,12 @@ dp__unit_lease_unanswered(dp__unit *u, uint32_t peer, bool gone)
     x->gone = gone && (x->gone || (x->behind == 0 && dp__unit_now(u) < x->held_until));
     recompute_locked(u);
     pthread_mutex_unlock(&u->mu);
+}
+
+bool
+dp__unit_lease_on(const dp__unit *u)
+{
+    return u->o.lease_s > 0;
 }
 
 bool

@@ -235,6 +235,7 @@ dp__unit_info_locked(dp__unit *u, dp__wire_info *info)
     info->unit_id = u->o.unit_id;
     info->n_units = u->o.n_units;
     info->replicas = u->o.replicas;
+    info->lease_ms = (uint64_t)(u->o.lease_s * 1000);
     info->zmq = dp__zview(u->address);
     info->agent = dp__zview(u->o.ep != NULL ? dp__endpoint_name(u->o.ep) : "");
     info->metadata = (dp__wire_bytes){(const uint8_t *)"", 0};

@@ -691,6 +691,9 @@ void dp__unit_lease_answer(dp__unit *u, uint32_t peer, double sent_at,
                            const dp__wire_lease_res *r);
 void dp__unit_lease_unanswered(dp__unit *u, uint32_t peer, bool gone);
 
+/* Whether it runs with read leases (opts.lease_s > 0). */
+bool dp__unit_lease_on(const dp__unit *u);
+
 /* Whether it answers reads now (holds its read lease, or runs without). */
 bool dp__unit_reads_ok_locked(dp__unit *u);
 

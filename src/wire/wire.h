@@ -431,6 +431,7 @@ typedef struct dp__wire_info {
     dp__wire_str host;       /* optional: the unit's host key (dp__host_key) */
     dp__wire_str cluster;    /* optional: the id of the cluster it was started for ("") */
     dp__wire_str transports; /* optional: UCX transports its endpoint found ("tcp,...") */
+    uint64_t lease_ms;       /* optional (0: none): its read leases ("Leases") */
     uint64_t replicas;       /* optional (0: 1): copies of each row the cluster keeps */
 } dp__wire_info;
 

@@ -27,7 +27,7 @@ static const dp__wire_fdesc info_f[] = {
     F(dp__wire_info, incarnation, U64, 0, 0), F(dp__wire_info, proto, U64, 0, 0),
     F(dp__wire_info, pid, U64, 0, 0),         F(dp__wire_info, host, TEXT, 0, 0),
     F(dp__wire_info, cluster, TEXT, 0, 0),    F(dp__wire_info, transports, TEXT, 0, 0),
-    F(dp__wire_info, replicas, U64, 0, 0),
+    F(dp__wire_info, replicas, U64, 0, 0),    F(dp__wire_info, lease_ms, U64, 0, 0),
 };
 static const dp__wire_fdesc list_keys_res_f[] = {
     F(dp__wire_list_keys_res, keys, KEYS, 1, 0),
