@@ -94,9 +94,10 @@ lease_main(void *arg)
     double warned = 0;
     while (!stopping(l) && dp__cli_open_cluster(l->from, &co, &c, &d) != DP_OK) {
         if (dp__now_s() - warned > 30) {
-            DP_LOG_W("lease: cannot open the cluster %s yet (%s): answering no read until "
-                     "most units grant a lease",
-                     l->from, dp_detail_msg(&d));
+            DP_LOG_W(
+                "lease: cannot open the cluster %s yet (%s): answering no read until "
+                "most units grant a lease",
+                l->from, dp_detail_msg(&d));
             warned = dp__now_s();
         }
         nap(l, DP_MIN(1.0, l->lease_s / 4));

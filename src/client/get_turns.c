@@ -54,14 +54,20 @@ typedef struct turns {
  * key's first failure other than "missing", so a key missing on one replica
  * and unreachable on a live one reports the latter (it may be there).
  */
+static bool
+asked_again(int status, bool busy_only)
+{
+    return busy_only ? status == DP_EBUSY : dp__get_falls_back(status);
+}
+
 static int
 get_next_replica(const dp__get_ctx *g, dp_get_item *items, size_t n, double deadline,
-                 uint32_t turn, turns *t, dp_detail *d)
+                 uint32_t turn, bool busy_only, turns *t, dp_detail *d)
 {
     dp_client *c = g->c;
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        m += dp__get_falls_back(items[i].status);
+        m += asked_again(items[i].status, busy_only);
     if (m == 0)
         return DP_OK;
     uint32_t *idx = malloc(m * sizeof *idx);
@@ -73,7 +79,7 @@ get_next_replica(const dp__get_ctx *g, dp_get_item *items, size_t n, double dead
     }
     size_t j = 0;
     for (size_t i = 0; i < n; i++)
-        if (dp__get_falls_back(items[i].status)) {
+        if (asked_again(items[i].status, busy_only)) {
             if (items[i].status != DP_ENOTFOUND && t->first_fail[i] == DP_OK)
                 t->first_fail[i] = items[i].status;
             idx[j] = (uint32_t)i;
@@ -116,7 +122,28 @@ get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d)
         settle_gone(c, items, n, NULL, 0, t.gone, t.gone_n);
     for (uint32_t k = 1; k < R && rc == DP_OK; k++) {
         double now = dp__now_s(), share = (deadline - now) / (R - k);
-        rc = get_next_replica(g, items, n, k + 1 == R ? deadline : now + share, k, &t, d);
+        rc = get_next_replica(g, items, n, k + 1 == R ? deadline : now + share, k, false,
+                              &t, d);
+    }
+    /*
+     * With read leases, a key every unit of its row answered as fenced (none
+     * held its lease: all cut off from most units, or the ones that hold it
+     * were just caught up) is asked again, every unit in turn, after a short
+     * backoff, while the budget lasts ("Leases").
+     */
+    for (uint32_t cyc = 0; c->leases && rc == DP_OK && dp__left_s(deadline) > 0.1;
+         cyc++) {
+        bool busy = false;
+        for (size_t i = 0; i < n && !busy; i++)
+            busy = items[i].status == DP_EBUSY;
+        if (!busy)
+            break;
+        dp__sleep_s(DP_MIN(0.02 * (cyc + 1), 0.2));
+        for (uint32_t k = 0; k < R && rc == DP_OK; k++) {
+            double now = dp__now_s(), share = (deadline - now) / (R - k);
+            rc = get_next_replica(g, items, n, k + 1 == R ? deadline : now + share, k,
+                                  true, &t, d);
+        }
     }
     for (size_t i = 0; i < n && rc == DP_OK; i++) {
         if (items[i].status != DP_ENOTFOUND)

@@ -520,6 +520,75 @@ def _free_ports(n):
     return ports
 
 
+def test_leases_land_puts_without_a_silent_unit_and_no_get_reads_its_older_copy(tmp_path):
+    """R = 2 on 3 units with read leases (--lease 2; docs/design.md, "Leases"):
+    unit 1 stopped (alive and silent, as a host behind an outage): puts of
+    its rows land on their other units once the other two fenced it (counted
+    under-replicated), and gets read them there. Once it runs again it holds
+    older copies: readers started before it resumes never get one (it answers
+    no read until a pass caught it up), and then it serves the new values
+    itself. Without leases those puts fail (test_outage)."""
+    ports = _free_ports(3)
+    addrs = ",".join(f"tcp://127.0.0.1:{p}" for p in ports)
+    units = Units(tmp_path, 3, 2, extra=lambda i: [
+        "--port", str(ports[i]), "--repair-from", addrs, "--lease", "2"])
+    stopped = units.procs[1].pid
+    try:
+        # 6 s: each call waits a third of it for the stopped unit, then fences it
+        c = dataplane.Client(units.addrs, timeout_s=6)
+        rows = list(range(60))
+        c.put(rows, {"x": _rows_of(rows, 1)})
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            for v in (2, 3):
+                c.put(rows, {"x": _rows_of(rows, v)})
+                _check(c, rows, v)
+            on_1 = len([g for g in rows if g % 3 in (0, 1)])
+            assert c.counters()["under_replicated_rows"] == 2 * on_1
+            stale, gets, errors = [], [0], []
+            stop = threading.Event()
+
+            def reader():
+                r = dataplane.Client(units.addrs, timeout_s=20)
+                want = _rows_of(rows, 3)
+                while not stop.is_set():
+                    try:
+                        got = r.get(rows, ["x"], stack=True)["x"]
+                    except dataplane.Error as e:
+                        errors.append(str(e))
+                        continue
+                    gets[0] += 1
+                    bad = [g for g, a, b in zip(rows, got, want) if not torch.equal(a, b)]
+                    if bad:
+                        stale.append(bad)
+                r.close()
+
+            threads = [threading.Thread(target=reader) for _ in range(2)]
+            for t in threads:
+                t.start()
+            time.sleep(0.5)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        end = time.monotonic() + 60
+        while not ((st := c.stats()[1])["lease_ok"] and st["repair_passes"] >= 1):
+            assert time.monotonic() < end, f"unit 1 never caught up: {st}"
+            time.sleep(0.1)
+        time.sleep(1)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:3]
+        assert not stale, f"{len(stale)} of {gets[0]} gets read older copies: {stale[:3]}"
+        assert gets[0] > 0
+        assert all(s["fences"] >= 1 for s in (c.stats()[0], c.stats()[2]))
+        units.kill(0)  # rows 0, 3, ... now from unit 1 alone, and 1, 4, ... first there
+        mine = [g for g in rows if g % 3 in (0, 1)]
+        _check(c, mine, 3)
+        c.close()
+    finally:
+        units.stop()
+
+
 def test_passes_count_the_keys_a_dead_peer_held_copies_of(tmp_path):
     """R = 2 on 3 units, passes every second, no supervisor: unit 2 killed for
     good leaves the keys it shared with units 0 and 1 with one copy, and each
