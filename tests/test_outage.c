@@ -41,6 +41,12 @@
  *     gone: its copy would go stale), never a false success; after the link
  *     is back puts land on both, and with host 1's unit stopped host 0's copy
  *     answers them.
+ *   leases_let_puts_ride_a_host_outage: three units keeping two copies, with
+ *     read leases, in hosts 0-2, a client in host 3; host 0's link down 16 s:
+ *     every put lands without host 0 once its peers fenced it and every get
+ *     reads it back; with the link back, every get reads the last version
+ *     (host 0 answers no read of its older copies until a pass caught it up),
+ *     and with unit 1 killed host 0's caught-up copies answer.
  *   clients_killed_mid_transfer: clients SIGKILLed inside 32 MiB puts and
  *     gets over TCP (the two-sided path): the unit stays up, a checked
  *     client's rows come back byte for byte after every kill.
@@ -564,6 +570,102 @@ DP_TEST(replicas_ride_a_host_outage)
     CHECK_EQ(dp_netns_proc_stop(&unit[0], SIGTERM, 10), 0);
     CHECK_OK_D(dp_netns_destroy(n, &d), &d);
     dp_lc_step(t0, "client quit, unit stopped, topology removed");
+}
+
+#define LEASE_ROWS "700 9 262144" /* 9 x 256 KiB rows, on two of the three units */
+#define LEASE_TIMEOUT_S 6.0 /* the budget: a third for a silent unit, then a fence */
+#define LEASE_DOWN_S 14.0   /* long enough for two put-and-get rounds */
+
+/*
+ * Read leases (docs/design.md, "Leases"): three units keeping two copies of
+ * each row in hosts 0-2 (--lease 2), a client in host 3; host 0's link down:
+ * puts of its rows land on their other units once those fenced it, gets
+ * answer every version put; once the link is back, unit 0 answers no read of
+ * its older copies until a pass caught it up: every get answers the last
+ * version put; then with unit 1 killed, unit 0's copies answer alone.
+ */
+DP_TEST(leases_let_puts_ride_a_host_outage)
+{
+    dp_lc_t_start = dp_test_now();
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    dp_netns *n = topology(4);
+    dp_netns_proc unit[3];
+    char addr[3][256], units[800];
+    snprintf(units, sizeof units, "tcp://%s:47310,tcp://%s:47310,tcp://%s:47310",
+             dp_netns_ip(n, 0), dp_netns_ip(n, 1), dp_netns_ip(n, 2));
+    for (uint32_t k = 0; k < 3; k++) {
+        char id[4];
+        snprintf(id, sizeof id, "%u", k);
+        const char *extra[] = {"--unit-id",     id,    "--units", "3",
+                               "--replicas",    "2",   "--lease", "2",
+                               "--repair-from", units, NULL};
+        dp_lc_unit_start_with(n, k, DP_CLI_PATH, "47310", SLAB, extra, &unit[k], addr[k],
+                              sizeof addr[k]);
+    }
+    dp_lc c;
+    dp_lc_start(&c, n, 3, DP_LONGCLIENT_PATH, "lease", units, 3, LEASE_TIMEOUT_S);
+    dp_lc_answer a;
+    dp_lc_ask_ok(&c, "put " LEASE_ROWS " 5", &a);
+    dp_lc_ask_ok(&c, "get " LEASE_ROWS " 5", &a);
+    dp_lc_step(t0, "three units with leases in hosts 0-2, client in host 3");
+
+    t0 = dp_test_now();
+    CHECK_OK_D(dp_netns_link(n, 0, false, &d), &d);
+    double t_fault = dp_test_now();
+    int ver = 5, puts = 0;
+    char cmd[64];
+    while (dp_test_now() + 2 * LEASE_TIMEOUT_S < t_fault + LEASE_DOWN_S) {
+        snprintf(cmd, sizeof cmd, "put " LEASE_ROWS " %d", ver + 1);
+        dp_lc_ask(&c, cmd, &a);
+        CHECKF(strcmp(a.verdict, "ok") == 0 && a.elapsed <= LEASE_TIMEOUT_S + MARGIN_S,
+               "a put during host 0's outage answered \"%s\"", a.line);
+        ver++;
+        puts++;
+        snprintf(cmd, sizeof cmd, "get " LEASE_ROWS " %d", ver);
+        dp_lc_ask(&c, cmd, &a);
+        CHECKF(strcmp(a.verdict, "ok") == 0 && a.elapsed <= LEASE_TIMEOUT_S + MARGIN_S,
+               "a get during host 0's outage answered \"%s\"", a.line);
+    }
+    double left = t_fault + LEASE_DOWN_S - dp_test_now();
+    if (left > 0)
+        dp__sleep_s(left);
+    CHECK_OK_D(dp_netns_link(n, 0, true, &d), &d);
+    CHECKF(puts >= 1, "no put during the outage");
+    printf("    during the outage: %d puts landed without host 0, each read back\n",
+           puts);
+    dp_lc_step(t0, "host 0's link down: puts land on the other copies, gets read them");
+
+    t0 = dp_test_now();
+    snprintf(cmd, sizeof cmd, "get " LEASE_ROWS " %d", ver);
+    int gets = 0;
+    for (;;) { /* unit 0 holds older copies: never read; until a pass caught it up */
+        dp_lc_ask_ok(&c, cmd, &a);
+        if (++gets % 20 != 0)
+            continue;
+        dp_lc_ask_ok(&c, "stats all", &a);
+        if (dp_lc_value_of(&a, "u0:", "lease_ok") == 1 &&
+            dp_lc_value_of(&a, "u0:", "repair_passes") >= 1 && dp_test_now() > t0 + 3)
+            break;
+        CHECKF(dp_test_now() < t0 + RECOVER_S,
+               "unit 0 not caught up %.0f s after the "
+               "outage: %s",
+               RECOVER_S, a.line);
+    }
+    printf("    link up: %d gets, each of version %d, until unit 0 caught up\n", gets,
+           ver);
+    CHECK_EQ(dp_netns_proc_stop(&unit[1], SIGKILL, 10), -SIGKILL);
+    dp_lc_ask_ok(&c, cmd, &a); /* rows 0, 3, ... from unit 0's copies: caught up */
+    dp_lc_step(t0, "link up: every get reads the last version; unit 1 killed, unit 0's "
+                   "copies answer");
+
+    t0 = dp_test_now();
+    dp_lc_quit(&c);
+    CHECK_EQ(dp_netns_proc_stop(&unit[0], SIGTERM, 10), 0);
+    CHECK_EQ(dp_netns_proc_stop(&unit[2], SIGTERM, 10), 0);
+    CHECK_OK_D(dp_netns_destroy(n, &d), &d);
+    dp_lc_step(t0, "client quit, units stopped, topology removed");
 }
 
 /*

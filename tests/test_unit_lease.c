@@ -233,14 +233,14 @@ DP_TEST(lease_fence_and_list_keys_travel_the_wire)
     call(u, &q, &r, &out);
     CHECK(r.ok && !r.r.lease.granted && r.r.lease.behind != 0);
     dp__wire_reply_fini(&r);
-    /* It holds no lease itself: another unit's listing is refused, its own not. */
+    /* It holds no lease itself: a peer's listing is refused, its own repair's not. */
     q.op = DP_WIRE_OP_LIST_KEYS;
     q.a.list_keys = (dp__wire_list_keys_args){.unit = 0, .max_rows = 64};
     call(u, &q, &r, &out);
     CHECK(!r.ok && r.err.code == DP_EBUSY);
     CHECK(memmem(r.err.msg.p, r.err.msg.n, "no read lease", 13) != NULL);
     dp__wire_reply_fini(&r);
-    q.a.list_keys = (dp__wire_list_keys_args){.unit = 1, .max_rows = 64};
+    q.a.list_keys = (dp__wire_list_keys_args){.unit = 0, .max_rows = 64, .own = true};
     call(u, &q, &r, &out);
     CHECK(r.ok);
     dp__wire_reply_fini(&r);

@@ -208,7 +208,8 @@ gargs(gen *g, dp__wire_request *q)
         q->a.load_shard.copy = rnd(g, 3);
         break;
     case DP_WIRE_OP_LIST_KEYS:
-        q->a.list_keys = (dp__wire_list_keys_args){gnum(g, 0), gnum(g, 0), gnum(g, 0)};
+        q->a.list_keys =
+            (dp__wire_list_keys_args){gnum(g, 0), gnum(g, 0), gnum(g, 0), rnd(g, 2)};
         break;
     case DP_WIRE_OP_LEASE:
         q->a.lease = (dp__wire_lease_args){gnum(g, 0), gnum(g, 0)};
@@ -519,6 +520,7 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         CHECK_EQ_U64(a->a.list_keys.unit, b->a.list_keys.unit);
         CHECK_EQ_U64(a->a.list_keys.from, b->a.list_keys.from);
         CHECK_EQ_U64(a->a.list_keys.max_rows, b->a.list_keys.max_rows);
+        CHECK_EQ(a->a.list_keys.own, b->a.list_keys.own);
         break;
     case DP_WIRE_OP_LEASE:
         CHECK_EQ_U64(a->a.lease.unit, b->a.lease.unit);

@@ -102,7 +102,9 @@ run_once(dp__unit_repairer *r, bool pass)
     if (snap != NULL)
         dp__unit_lease_snapshot(r->u, snap);
     rc = dp__client_repair(c, &o, &s, &d);
-    if (rc == DP_OK && s.failed == 0 && s.peers_failed == 0 && snap != NULL)
+    /* A gone peer's copies went with it: nothing there to catch up with. */
+    if (s.failed == 0 && s.peers_failed == s.peers_gone && snap != NULL &&
+        (rc == DP_OK || s.peers_gone > 0))
         dp__unit_lease_caught_up(r->u, snap);
     free(snap);
     dp_client_close(c);

@@ -207,6 +207,7 @@ typedef struct dp__repair_sum {
      * with a peer that could not be listed): under-replicated */
     uint64_t under;
     uint32_t peers_failed; /* peers that could not be listed to the end */
+    uint32_t peers_gone;   /* of which their processes were gone (refused) */
 } dp__repair_sum;
 
 /*

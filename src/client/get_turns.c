@@ -44,6 +44,7 @@ settle_gone(dp_client *c, dp_get_item *items, size_t n, const uint32_t *at,
 /* The scratch of a get with replicas across its turns. */
 typedef struct turns {
     int *first_fail; /* per key: its first failure other than "missing" */
+    uint8_t *cycle;  /* per key: asked again in this cycle (leases), or NULL */
     uint8_t *gone_n; /* per key: its units found gone */
     int8_t *gone;    /* per unit: gone (1), not (0), not probed (-1) */
 } turns;
@@ -54,20 +55,21 @@ typedef struct turns {
  * key's first failure other than "missing", so a key missing on one replica
  * and unreachable on a live one reports the latter (it may be there).
  */
+/* Whether key i is asked of the next unit: it failed, and in a cycle, is in it. */
 static bool
-asked_again(int status, bool busy_only)
+asked_again(const turns *t, size_t i, int status)
 {
-    return busy_only ? status == DP_EBUSY : dp__get_falls_back(status);
+    return dp__get_falls_back(status) && (t->cycle == NULL || t->cycle[i]);
 }
 
 static int
 get_next_replica(const dp__get_ctx *g, dp_get_item *items, size_t n, double deadline,
-                 uint32_t turn, bool busy_only, turns *t, dp_detail *d)
+                 uint32_t turn, turns *t, dp_detail *d)
 {
     dp_client *c = g->c;
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        m += asked_again(items[i].status, busy_only);
+        m += asked_again(t, i, items[i].status);
     if (m == 0)
         return DP_OK;
     uint32_t *idx = malloc(m * sizeof *idx);
@@ -79,7 +81,7 @@ get_next_replica(const dp__get_ctx *g, dp_get_item *items, size_t n, double dead
     }
     size_t j = 0;
     for (size_t i = 0; i < n; i++)
-        if (asked_again(items[i].status, busy_only)) {
+        if (asked_again(t, i, items[i].status)) {
             if (items[i].status != DP_ENOTFOUND && t->first_fail[i] == DP_OK)
                 t->first_fail[i] = items[i].status;
             idx[j] = (uint32_t)i;
@@ -109,7 +111,7 @@ get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d)
     dp_client *c = g->c;
     uint32_t R = dp__client_replicas(c);
     double t0 = dp__now_s(), deadline = t0 + c->o.timeout_s;
-    turns t = {calloc(n > 0 ? n : 1, sizeof *t.first_fail),
+    turns t = {calloc(n > 0 ? n : 1, sizeof *t.first_fail), NULL,
                calloc(n > 0 ? n : 1, sizeof *t.gone_n), malloc(c->n_units)};
     int rc = DP_ENOMEM;
     if (t.first_fail == NULL || t.gone_n == NULL || t.gone == NULL) {
@@ -122,8 +124,7 @@ get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d)
         settle_gone(c, items, n, NULL, 0, t.gone, t.gone_n);
     for (uint32_t k = 1; k < R && rc == DP_OK; k++) {
         double now = dp__now_s(), share = (deadline - now) / (R - k);
-        rc = get_next_replica(g, items, n, k + 1 == R ? deadline : now + share, k, false,
-                              &t, d);
+        rc = get_next_replica(g, items, n, k + 1 == R ? deadline : now + share, k, &t, d);
     }
     /*
      * With read leases, a key every unit of its row answered as fenced (none
@@ -133,16 +134,25 @@ get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d)
      */
     for (uint32_t cyc = 0; c->leases && rc == DP_OK && dp__left_s(deadline) > 0.1;
          cyc++) {
+        if (t.cycle == NULL && (t.cycle = calloc(n > 0 ? n : 1, 1)) == NULL)
+            break;
         bool busy = false;
-        for (size_t i = 0; i < n && !busy; i++)
-            busy = items[i].status == DP_EBUSY;
+        for (size_t i = 0; i < n; i++) {
+            t.cycle[i] = items[i].status == DP_EBUSY ||
+                         (items[i].status == DP_ENOTFOUND && t.first_fail[i] == DP_EBUSY);
+            if (t.cycle[i]) { /* asked of every unit again: this cycle's failures count */
+                items[i].status = DP_EBUSY;
+                t.first_fail[i] = DP_OK;
+                busy = true;
+            }
+        }
         if (!busy)
             break;
         dp__sleep_s(DP_MIN(0.02 * (cyc + 1), 0.2));
         for (uint32_t k = 0; k < R && rc == DP_OK; k++) {
             double now = dp__now_s(), share = (deadline - now) / (R - k);
-            rc = get_next_replica(g, items, n, k + 1 == R ? deadline : now + share, k,
-                                  true, &t, d);
+            rc = get_next_replica(g, items, n, k + 1 == R ? deadline : now + share, k, &t,
+                                  d);
         }
     }
     for (size_t i = 0; i < n && rc == DP_OK; i++) {
@@ -155,6 +165,7 @@ get_turns(const dp__get_ctx *g, dp_get_item *items, size_t n, dp_detail *d)
     }
 out:
     free(t.first_fail);
+    free(t.cycle);
     free(t.gone_n);
     free(t.gone);
     return rc;

@@ -33,10 +33,32 @@ page_fini(page *pg)
     memset(pg, 0, sizeof *pg);
 }
 
-/* list_keys on peer p for unit u's rows from `from` on. */
+static int list_page_once(dp_client *c, uint32_t p, uint32_t u, uint64_t from,
+                          uint32_t max_rows, bool own, page *pg, dp_detail *d);
+
+/*
+ * list_keys on peer p for unit u's rows from `from` on (own: p is the unit
+ * repaired, listing itself). A peer that holds no read lease yet (it started
+ * a moment ago, or is catching up: "Leases") answers Busy: asked again, with
+ * backoff, within the client's budget.
+ */
 static int
 list_page(dp_client *c, uint32_t p, uint32_t u, uint64_t from, uint32_t max_rows,
-          page *pg, dp_detail *d)
+          bool own, page *pg, dp_detail *d)
+{
+    double end = dp__now_s() + c->o.timeout_s, step = 0.02;
+    for (;;) {
+        int rc = list_page_once(c, p, u, from, max_rows, own, pg, d);
+        if (rc != DP_EBUSY || dp__now_s() + step > end)
+            return rc;
+        dp__sleep_s(step);
+        step = DP_MIN(step * 2, 0.5);
+    }
+}
+
+static int
+list_page_once(dp_client *c, uint32_t p, uint32_t u, uint64_t from, uint32_t max_rows,
+               bool own, page *pg, dp_detail *d)
 {
     memset(pg, 0, sizeof *pg);
     pthread_mutex_lock(&c->mu);
@@ -44,7 +66,7 @@ list_page(dp_client *c, uint32_t p, uint32_t u, uint64_t from, uint32_t max_rows
     dp__wire_request q;
     memset(&q, 0, sizeof q);
     q.op = DP_WIRE_OP_LIST_KEYS;
-    q.a.list_keys = (dp__wire_list_keys_args){u, from, max_rows};
+    q.a.list_keys = (dp__wire_list_keys_args){u, from, max_rows, own};
     int rc = dp__client_prepare_locked(c, p, 0, &q, d);
     if (rc == DP_OK) {
         dp__ctl_call_many(c->ctl, c->fo.items, 1, c->o.timeout_s);
@@ -365,7 +387,7 @@ count_shared(dp_client *c, uint32_t u, uint32_t p, uint64_t from)
         page own;
         dp_detail e;
         dp_detail_clear(&e);
-        if (list_page(c, u, p, from, 4096, &own, &e) != DP_OK)
+        if (list_page(c, u, p, from, 4096, true, &own, &e) != DP_OK)
             break;
         n += own.n;
         more = own.more;
@@ -413,11 +435,12 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
             page pg;
             dp_detail e;
             dp_detail_clear(&e);
-            int rc = list_page(c, peers[i], u, from, page_rows, &pg, &e);
+            int rc = list_page(c, peers[i], u, from, page_rows, false, &pg, &e);
             if (rc != DP_OK) {
                 DP_LOG_W("repair of unit %u: listing unit %u's rows failed: %s", u,
                          peers[i], dp_detail_msg(&e));
                 sum->peers_failed++;
+                sum->peers_gone += dp__ctl_peer_gone(c->units[peers[i]].addr);
                 sum->under += count_shared(c, u, peers[i], from);
                 if (first == DP_OK) {
                     first = rc;
@@ -431,7 +454,7 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
              * all copies nothing). */
             page own = {0}, want = {0};
             int orc = list_page(c, u, peers[i], from, DP_MIN(65536u, 2 * page_rows + 16),
-                                &own, &e);
+                                true, &own, &e);
             if (orc != DP_OK) {
                 DP_LOG_D("repair of unit %u: listing its own rows failed (%s): copying "
                          "the peer's page whole",
@@ -446,7 +469,7 @@ dp__client_repair(dp_client *c, const dp__repair_opts *o, dp__repair_sum *sum,
             for (uint64_t at = own.next;
                  orc == DP_OK && own.more && (!pg.more || at < pg.next);) {
                 page o2;
-                if (list_page(c, u, peers[i], at, 4096, &o2, &e) != DP_OK) {
+                if (list_page(c, u, peers[i], at, 4096, true, &o2, &e) != DP_OK) {
                     dp_detail_clear(&e);
                     break;
                 }

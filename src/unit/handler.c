@@ -337,7 +337,7 @@ do_list_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
     dp__unit_lock(u);
     int rc = a->unit > UINT32_MAX || a->max_rows > UINT32_MAX
                  ? dp__fail(&d, DP_EPROTO, "list_keys: unit or max_rows out of range")
-             : !dp__unit_reads_ok_locked(u) && a->unit != dp__unit_id(u)
+             : !dp__unit_reads_ok_locked(u) && !a->own
                  ? dp__fail(&d, DP_EBUSY,
                             "list_keys: unit %u holds no read lease (it may hold older "
                             "copies until a pass catches it up): list another copy",

@@ -442,6 +442,7 @@ static const dp__wire_fdesc list_keys_f[] = {
     F(dp__wire_list_keys_args, unit, U64, 1, 0),
     F(dp__wire_list_keys_args, from, U64, 0, 0),
     F(dp__wire_list_keys_args, max_rows, U64, 1, 0),
+    F(dp__wire_list_keys_args, own, BOOL, 0, 0),
 };
 static const dp__wire_fdesc lease_f[] = {
     F(dp__wire_lease_args, unit, U64, 1, 0),

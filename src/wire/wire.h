@@ -304,6 +304,8 @@ typedef struct dp__wire_list_keys_args {
     uint64_t unit;
     uint64_t from;
     uint64_t max_rows;
+    bool own; /* optional (proto 5): the unit's own repair lists it (answered
+                 without a read lease: "Leases") */
 } dp__wire_list_keys_args;
 
 /*
