@@ -70,6 +70,9 @@ static const char usage_up[] =
     "                       repair (256M)\n"
     "  --repair-every S     passed to each unit: how often it compares its copies\n"
     "                       with its peers' (600; 0: never)\n"
+    "  --lease S            with --replicas and 3 units or more: read leases of S\n"
+    "                       seconds, passed to each unit (puts land without a unit\n"
+    "                       that does not answer once most units fenced it)\n"
     "  --ssd-dir D          SSD tier: passed to each unit when given\n"
     "  --staging SIZE       SSD tier staging area: passed when given\n"
     "  --pickup-s S         SSD tier pickup time: passed when given\n"
@@ -110,6 +113,7 @@ typedef struct up_opts {
     const char *cluster_file; /* where the cluster file goes (units repair from it) */
     const char *repair_rate;
     const char *repair_every;
+    const char *lease; /* --lease: read leases of each unit (NULL: none) */
     const char *ssd_dir, *staging, *pickup_s;
     double grace_s, start_timeout_s;
     bool restart;
@@ -138,6 +142,7 @@ enum {
     O_REPLICAS,
     O_REPAIR_RATE,
     O_REPAIR_EVERY,
+    O_READ_LEASE,
     O_SSD,
     O_STAGING,
     O_PICKUP,
@@ -223,6 +228,10 @@ take_opt(up_opts *o, int c, char **argv, dp_detail *d)
     case O_REPAIR_EVERY:
         rc = dp__parse_seconds(optarg, &s, "--repair-every", d);
         o->repair_every = optarg;
+        break;
+    case O_READ_LEASE:
+        rc = dp__parse_seconds(optarg, &s, "--lease", d);
+        o->lease = optarg;
         break;
     case O_NUMA:
         if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "bind") != 0 &&
@@ -344,6 +353,7 @@ parse_opts(int argc, char **argv, up_opts *o)
         {"replicas", required_argument, NULL, O_REPLICAS},
         {"repair-rate", required_argument, NULL, O_REPAIR_RATE},
         {"repair-every", required_argument, NULL, O_REPAIR_EVERY},
+        {"lease", required_argument, NULL, O_READ_LEASE},
         {"ssd-dir", required_argument, NULL, O_SSD},
         {"staging", required_argument, NULL, O_STAGING},
         {"pickup-s", required_argument, NULL, O_PICKUP},
@@ -502,7 +512,7 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
     char id[16], units[16];
     snprintf(id, sizeof id, "%u", i);
     snprintf(units, sizeof units, "%u", s->n);
-    const char *args[64]; /* every option given: 12 + 2 x 21, and the NULL */
+    const char *args[64]; /* every option given: 12 + 2 x 22, and the NULL */
     int k = 0;
     args[k++] = "dataplane";
     args[k++] = "unit";
@@ -541,6 +551,7 @@ spawn_unit(dp__sup *s, uint32_t i, const up_opts *o, const char *port, dp_detail
             PASS("--repair-from", o->cluster_file);
         PASS("--repair-rate", o->repair_rate);
         PASS("--repair-every", o->repair_every);
+        PASS("--lease", o->lease);
     }
     PASS("--ssd-dir", o->ssd_dir);
     PASS("--staging", o->staging);
