@@ -589,6 +589,82 @@ def test_leases_land_puts_without_a_silent_unit_and_no_get_reads_its_older_copy(
         units.stop()
 
 
+def test_leases_ride_units_stopped_in_turn_with_no_older_read(tmp_path):
+    """R = 2 on 3 units with read leases, each unit in turn: SIGSTOPped, every
+    row put at a new version (it lands without the stopped unit), the unit
+    resumed while two readers get every row, and caught up by its pass
+    before the next one stops: no get returns a version older than the last
+    one acked before it began (the resumed unit holds the older one until
+    then), and every put and get succeeds. DP_LEASE_SOAK_S sets how long
+    (12 s)."""
+    soak = float(os.environ.get("DP_LEASE_SOAK_S", "12"))
+    ports = _free_ports(3)
+    addrs = ",".join(f"tcp://127.0.0.1:{p}" for p in ports)
+    units = Units(tmp_path, 3, 2, extra=lambda i: [
+        "--port", str(ports[i]), "--repair-from", addrs, "--lease", "2"])
+    rows = list(range(24))
+    acked = [0]  # the last version a put returned for
+    lock = threading.Lock()
+    stop = threading.Event()
+    older, errors, gets = [], [], [0]
+
+    def reader():
+        r = dataplane.Client(units.addrs, timeout_s=6)
+        base = torch.arange(WIDTH, dtype=torch.float32)
+        while not stop.is_set():
+            with lock:
+                floor = acked[0]
+            try:
+                got = r.get(rows, ["x"], stack=True)["x"]
+            except dataplane.Error as e:
+                errors.append(f"get: {e}")
+                continue
+            gets[0] += 1
+            for g, row in zip(rows, got):
+                v = int(row[0].item()) - g * 10000  # _rows_of: g * 1e4 + v + position
+                if v < floor or not torch.equal(row, base + (g * 10000 + v)):
+                    older.append((g, v, floor))
+        r.close()
+
+    w = dataplane.Client(units.addrs, timeout_s=6)
+    w.put(rows, {"x": _rows_of(rows, 1)})
+    acked[0] = 1
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    k = 0
+    try:
+        end = time.monotonic() + soak
+        while time.monotonic() < end:
+            pid = units.procs[k % 3].pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                w.put(rows, {"x": _rows_of(rows, k + 2)})
+                with lock:
+                    acked[0] = k + 2
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            time.sleep(1)  # readers meet the resumed unit's older copies
+            # its pass catches it up before the next unit stops: a row is
+            # read while at most one of its units is down or behind
+            caught = time.monotonic() + 30
+            while not (st := w.stats()[k % 3])["lease_ok"]:
+                assert time.monotonic() < caught, f"unit {k % 3} not caught up: {st}"
+                time.sleep(0.05)
+            k += 1
+        under = w.counters()["under_replicated_rows"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        w.close()
+        units.stop()
+    assert not older, f"{len(older)} older values read (row, version, floor): {older[:5]}"
+    assert not errors, f"{len(errors)} errors: {errors[:3]}"
+    assert gets[0] > 0 and under == 16 * k  # each stopped unit holds 16 of the 24 rows
+    print(f"{k} units stopped in turn: {gets[0]} gets")
+
+
 def test_passes_count_the_keys_a_dead_peer_held_copies_of(tmp_path):
     """R = 2 on 3 units, passes every second, no supervisor: unit 2 killed for
     good leaves the keys it shared with units 0 and 1 with one copy, and each
