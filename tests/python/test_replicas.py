@@ -107,6 +107,17 @@ def test_units_report_replicas_and_bad_counts_are_refused(tmp_path, units3):
                         str(tmp_path / "x")], capture_output=True, text=True, env=_env(),
                        timeout=30)
     assert r.returncode != 0 and "--replicas 2 needs at least as many units" in r.stderr
+    # read leases: 3 units or more, replicas, a cluster to ask; seconds >= 0
+    for args in (["--units", "2", "--replicas", "2", "--repair-from", "tcp://127.0.0.1:1"],
+                 ["--units", "3", "--replicas", "1", "--repair-from", "tcp://127.0.0.1:1"],
+                 ["--units", "3", "--replicas", "2"]):
+        r = subprocess.run([_cli(), "unit", *args, "--lease", "2"], capture_output=True,
+                           text=True, env=_env(), timeout=30)
+        assert r.returncode == 2 and "--lease needs --replicas 2 or 3 on at least 3 units" \
+            in r.stderr, (args, r.stderr)
+    r = subprocess.run([_cli(), "unit", "--units", "3", "--replicas", "2", "--lease", "-1"],
+                       capture_output=True, text=True, env=_env(), timeout=30)
+    assert r.returncode == 2 and "--lease" in r.stderr, r.stderr
 
 
 def test_units_that_disagree_on_replicas_are_refused(tmp_path):
