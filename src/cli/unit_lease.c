@@ -20,6 +20,7 @@
 struct dp__unit_leaser {
     pthread_t th;
     dp__unit *u;
+    char (*addr)[DP_CLUSTER_ADDR_MAX]; /* the units' addresses, as last seen */
     char *from;
     uint32_t unit_id;
     double lease_s;
@@ -44,15 +45,24 @@ nap(const dp__unit_leaser *l, double s)
 /*
  * One round: every other unit asked at once, each answer handed to the unit.
  * Straight to their addresses, whatever process answers there (no binding: a
- * silent unit costs this round its timeout once, not twice).
+ * silent unit costs this round its timeout once, not twice), through the
+ * client's control transport (thread-safe) without the client's lock: what
+ * the client does meanwhile (its endpoint to a unit behind an outage may
+ * take seconds to fail) never holds a round up.
  */
 static void
-round_once(dp__unit_leaser *l, dp_client *c, dp__fanout *f, double timeout_s)
+round_once(dp__unit_leaser *l, dp_client *c, dp__wire_rid_gen *g, dp__fanout *f,
+           double timeout_s)
 {
     uint32_t n = dp_client_n_units(c);
     dp__fanout_reset(f);
+    /* A registry may move units: their addresses, when the lock is free. */
+    if (pthread_mutex_trylock(&c->mu) == 0) {
+        for (uint32_t i = 0; i < n; i++)
+            snprintf(l->addr[i], sizeof l->addr[i], "%s", c->units[i].addr);
+        pthread_mutex_unlock(&c->mu);
+    }
     double sent_at = dp__now_s(); /* the unit's clock (its default) */
-    pthread_mutex_lock(&c->mu);
     for (uint32_t i = 0; i < n; i++) {
         if (i == l->unit_id)
             continue;
@@ -60,10 +70,9 @@ round_once(dp__unit_leaser *l, dp_client *c, dp__fanout *f, double timeout_s)
         memset(&q, 0, sizeof q);
         q.op = DP_WIRE_OP_LEASE;
         q.a.lease = (dp__wire_lease_args){l->unit_id, dp__unit_lease_done(l->u, i)};
-        dp__fanout_add(f, &c->rids, i, c->units[i].addr, 0, &q);
+        dp__fanout_add(f, g, i, l->addr[i], 0, &q);
     }
     dp__fanout_run(f, c->ctl, timeout_s, NULL);
-    pthread_mutex_unlock(&c->mu);
     for (uint32_t i = 0; i < n; i++) {
         const dp__fanout_unit *r = &f->u[i];
         if (i == l->unit_id || r->op == DP_WIRE_OP_NONE)
@@ -72,9 +81,9 @@ round_once(dp__unit_leaser *l, dp_client *c, dp__fanout *f, double timeout_s)
             dp__unit_lease_answer(l->u, i, sent_at, &r->rep.r.lease);
             continue;
         }
-        bool gone = dp__ctl_peer_gone(c->units[i].addr);
+        bool gone = dp__ctl_peer_gone(l->addr[i]);
         dp__unit_lease_unanswered(l->u, i, gone);
-        DP_LOG_D("lease: unit %u (%s) %s: %s", i, c->units[i].addr,
+        DP_LOG_D("lease: unit %u (%s) %s: %s", i, l->addr[i],
                  gone ? "is gone" : "did not grant", dp_detail_msg(&r->st.det));
     }
 }
@@ -106,15 +115,32 @@ lease_main(void *arg)
         DP_LOG_I("lease: asking %u units for read leases of %.1f s every %.2f s",
                  dp_client_n_units(c) - 1, l->lease_s, l->lease_s / 4);
     dp__fanout f = {0};
-    if (c != NULL && dp__fanout_init(&f, dp_client_n_units(c), &d) != DP_OK) {
+    dp__wire_rid_gen g;
+    if (c != NULL && (l->addr = calloc(dp_client_n_units(c), sizeof *l->addr)) == NULL)
+        dp__fail(&d, DP_ENOMEM, "out of memory");
+    if (c != NULL && (l->addr == NULL || dp__wire_rid_gen_init(&g, &d) != DP_OK ||
+                      dp__fanout_init(&f, dp_client_n_units(c), &d) != DP_OK)) {
         DP_LOG_E("lease: %s: answering no read", dp_detail_msg(&d));
         dp_client_close(c);
         c = NULL;
     }
+    bool had = true; /* said so at the last change */
     while (c != NULL && !stopping(l)) {
         double t0 = dp__now_s();
         /* A round within a quarter lease: a grant counts for 0.9 of one. */
-        round_once(l, c, &f, l->lease_s / 4);
+        round_once(l, c, &g, &f, l->lease_s / 4);
+        char why[512];
+        bool ok = dp__unit_lease_state(l->u, why, sizeof why);
+        if (ok != had) {
+            if (ok)
+                DP_LOG_I("lease: most units grant this unit a read lease: it answers "
+                         "reads again");
+            else
+                DP_LOG_W("lease: fewer than half of the other units grant this unit a "
+                         "read lease (%s): it answers no read until they do",
+                         why);
+            had = ok;
+        }
         nap(l, l->lease_s / 4 - (dp__now_s() - t0));
     }
     dp__fanout_fini(&f);
@@ -152,6 +178,7 @@ dp__unit_lease_stop(dp__unit_leaser *l)
         return;
     __atomic_store_n(&l->stop, 1, __ATOMIC_RELAXED);
     pthread_join(l->th, NULL);
+    free(l->addr);
     free(l->from);
     free(l);
 }

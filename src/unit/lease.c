@@ -33,6 +33,7 @@
  * earlier process of it may have granted one).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,6 +198,39 @@ dp__unit_lease_unanswered(dp__unit *u, uint32_t peer, bool gone)
     x->gone = gone && (x->gone || (x->behind == 0 && dp__unit_now(u) < x->held_until));
     recompute_locked(u);
     pthread_mutex_unlock(&u->mu);
+}
+
+bool
+dp__unit_lease_state(dp__unit *u, char *why, size_t cap)
+{
+    size_t at = 0;
+    why[0] = '\0';
+    if (u->lease == NULL)
+        return true;
+    pthread_mutex_lock(&u->mu);
+    double now = dp__unit_now(u);
+    bool ok = dp__lease_reads_ok_locked(u, now);
+    for (uint32_t p = 0; !ok && p < u->o.n_units && at + 48 < cap; p++) {
+        const lease_peer *x = &u->lease[p];
+        if (p == u->o.unit_id)
+            continue;
+        const char *sep = at ? ", " : "";
+        int w;
+        if (x->behind != 0)
+            w = snprintf(why + at, cap - at, "%su%u behind %llu", sep, p,
+                         (unsigned long long)x->behind);
+        else if (x->gone)
+            w = snprintf(why + at, cap - at, "%su%u gone", sep, p);
+        else if (x->held_until > now)
+            w = snprintf(why + at, cap - at, "%su%u %.1fs left", sep, p,
+                         x->held_until - now);
+        else
+            w = snprintf(why + at, cap - at, "%su%u none", sep, p);
+        if (w > 0)
+            at += (size_t)w;
+    }
+    pthread_mutex_unlock(&u->mu);
+    return ok;
 }
 
 bool

@@ -691,6 +691,12 @@ void dp__unit_lease_answer(dp__unit *u, uint32_t peer, double sent_at,
                            const dp__wire_lease_res *r);
 void dp__unit_lease_unanswered(dp__unit *u, uint32_t peer, bool gone);
 
+/*
+ * Whether it holds its read lease now; if not, why, into why[cap]: each
+ * other unit's grant ("u1 0.4s" left, "u2 behind 123", "u0 none", "u3 gone").
+ */
+bool dp__unit_lease_state(dp__unit *u, char *why, size_t cap);
+
 /* Whether it runs with read leases (opts.lease_s > 0). */
 bool dp__unit_lease_on(const dp__unit *u);
 
