@@ -49,17 +49,7 @@ mk_unit_r(uint64_t slab, uint32_t n_units, uint32_t unit_id, uint32_t replicas)
 static inline dp__unit *
 mk_unit(uint64_t slab, uint32_t n_units, uint32_t unit_id)
 {
-    dp__unit_opts o;
-    dp__unit_opts_init(&o);
-    o.slab_bytes = slab;
-    o.n_units = n_units;
-    o.unit_id = unit_id;
-    o.numa = DP_UNIT_NUMA_OFF;
-    dp__unit *u = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
-    return u;
+    return mk_unit_r(slab, n_units, unit_id, 1);
 }
 
 /* Payload byte k of key (gidx, field) at version ver. */

@@ -57,9 +57,13 @@ typedef struct tblob {
     uint32_t n;
 } tblob;
 
-/* Unit unit_id of n_units keeping `replicas` copies; repair as asked. */
+/*
+ * Unit unit_id of n_units keeping `replicas` copies; repair as asked; read
+ * leases of lease_s (0: none; docs/design.md, "Leases").
+ */
 static inline dp__unit *
-mk_replica_unit(uint32_t n_units, uint32_t unit_id, uint32_t replicas, bool repair)
+mk_replica_unit_lease(uint32_t n_units, uint32_t unit_id, uint32_t replicas, bool repair,
+                      double lease_s)
 {
     dp__unit_opts o;
     dp__unit_opts_init(&o);
@@ -68,6 +72,7 @@ mk_replica_unit(uint32_t n_units, uint32_t unit_id, uint32_t replicas, bool repa
     o.unit_id = unit_id;
     o.replicas = replicas;
     o.repair = repair;
+    o.lease_s = lease_s;
     o.numa = DP_UNIT_NUMA_OFF;
     o.now = fake_now;
     dp__unit *u = NULL;
@@ -75,6 +80,28 @@ mk_replica_unit(uint32_t n_units, uint32_t unit_id, uint32_t replicas, bool repa
     dp_detail_clear(&d);
     CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
     return u;
+}
+
+/* Unit unit_id of n_units keeping `replicas` copies; repair as asked. */
+static inline dp__unit *
+mk_replica_unit(uint32_t n_units, uint32_t unit_id, uint32_t replicas, bool repair)
+{
+    return mk_replica_unit_lease(n_units, unit_id, replicas, repair, 0);
+}
+
+/* Request q through the unit's control handler; its reply decoded into rep. */
+static inline void
+handler_call(dp__unit *u, const dp__wire_request *q, dp__wire_reply *rep, dp__buf *out)
+{
+    dp__buf in = {0};
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp__wire_request_encode(q, NULL, &in, &d), &d);
+    dp__buf_reset(out);
+    dp__unit_handle(u, in.data, in.len, out);
+    CHECK(out->len > 0);
+    CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, q->op, NULL, rep, &d), &d);
+    dp__buf_fini(&in);
 }
 
 /*

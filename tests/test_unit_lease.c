@@ -18,20 +18,7 @@
 static dp__unit *
 mk_lease_unit(uint32_t n, uint32_t unit_id, double lease_s)
 {
-    dp__unit_opts o;
-    dp__unit_opts_init(&o);
-    o.slab_bytes = 1 << 20;
-    o.n_units = n;
-    o.unit_id = unit_id;
-    o.replicas = 2;
-    o.lease_s = lease_s;
-    o.numa = DP_UNIT_NUMA_OFF;
-    o.now = fake_now;
-    dp__unit *u = NULL;
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__unit_create(&o, &u, &d), &d);
-    return u;
+    return mk_replica_unit_lease(n, unit_id, 2, false, lease_s);
 }
 
 static bool
@@ -195,20 +182,6 @@ DP_TEST(a_grantor_fences_says_when_and_grants_again_once_caught_up)
 
 /* ---- through the handler ---- */
 
-static void
-call(dp__unit *u, const dp__wire_request *q, dp__wire_reply *rep, dp__buf *out)
-{
-    dp__buf in = {0};
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__wire_request_encode(q, NULL, &in, &d), &d);
-    dp__buf_reset(out);
-    dp__unit_handle(u, in.data, in.len, out);
-    CHECK(out->len > 0);
-    CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, q->op, NULL, rep, &d), &d);
-    dp__buf_fini(&in);
-}
-
 DP_TEST(lease_fence_and_list_keys_travel_the_wire)
 {
     dp__unit *u = mk_lease_unit(3, 1, 2.0);
@@ -219,29 +192,29 @@ DP_TEST(lease_fence_and_list_keys_travel_the_wire)
     q.rid = dp__wire_s("r1");
     q.op = DP_WIRE_OP_LEASE;
     q.a.lease = (dp__wire_lease_args){.unit = 2};
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(r.ok && r.r.lease.granted && r.r.lease.lease_ms == 2000);
     dp__wire_reply_fini(&r);
     uint64_t two = 2;
     q.op = DP_WIRE_OP_FENCE;
     q.a.fence = (dp__wire_fence_args){{&two, 1}};
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(r.ok && r.r.fence.wait_ms >= 2000);
     dp__wire_reply_fini(&r);
     q.op = DP_WIRE_OP_LEASE;
     q.a.lease = (dp__wire_lease_args){.unit = 2};
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(r.ok && !r.r.lease.granted && r.r.lease.behind != 0);
     dp__wire_reply_fini(&r);
     /* It holds no lease itself: a peer's listing is refused, its own repair's not. */
     q.op = DP_WIRE_OP_LIST_KEYS;
     q.a.list_keys = (dp__wire_list_keys_args){.unit = 0, .max_rows = 64};
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(!r.ok && r.err.code == DP_EBUSY);
     CHECK(memmem(r.err.msg.p, r.err.msg.n, "no read lease", 13) != NULL);
     dp__wire_reply_fini(&r);
     q.a.list_keys = (dp__wire_list_keys_args){.unit = 0, .max_rows = 64, .own = true};
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(r.ok);
     dp__wire_reply_fini(&r);
     dp__buf_fini(&out);

@@ -264,20 +264,6 @@ DP_TEST(a_repair_copy_older_than_a_clear_is_skipped)
 
 /* ---- through the handler: ver in commit and put, "Stale" with ver back ---- */
 
-static void
-call(dp__unit *u, const dp__wire_request *q, dp__wire_reply *rep, dp__buf *out)
-{
-    dp__buf in = {0};
-    dp_detail d;
-    dp_detail_clear(&d);
-    CHECK_OK_D(dp__wire_request_encode(q, NULL, &in, &d), &d);
-    dp__buf_reset(out);
-    dp__unit_handle(u, in.data, in.len, out);
-    CHECK(out->len > 0);
-    CHECK_OK_D(dp__wire_reply_decode(out->data, out->len, q->op, NULL, rep, &d), &d);
-    dp__buf_fini(&in);
-}
-
 DP_TEST(stale_travels_the_wire)
 {
     dp__unit *u = mk_unit(1 << 20, 1, 0);
@@ -298,13 +284,13 @@ DP_TEST(stale_travels_the_wire)
                                   .spill = true,
                                   .incarnation = inc,
                                   .ver = 1000};
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(r.ok && r.r.commit == DP_WIRE_COMMIT_DONE);
     dp__wire_reply_fini(&r);
     q.a.put.blob_id = dp__wire_s("ib-2");
     q.a.put.data = (dp__wire_bytes){t2.p, (uint32_t)t2.len};
     q.a.put.ver = 999;
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(!r.ok);
     CHECK_EQ(r.err.code, DP__ESTALE);
     CHECK(dp__wire_str_eq(r.err.kind, "Stale"));
@@ -323,13 +309,13 @@ DP_TEST(stale_travels_the_wire)
     q.rid = dp__wire_s("r2");
     q.op = DP_WIRE_OP_COMMIT;
     q.a.commit = (dp__wire_commit_args){.blob_id = dp__wire_s("b-3"), .ver = 999};
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(!r.ok && r.err.code == DP__ESTALE && r.err.ver == 1000);
     dp__wire_reply_fini(&r);
     /* Other errors carry no version. */
     q.rid = dp__wire_s("r3");
     q.a.commit.blob_id = dp__wire_s("nope");
-    call(u, &q, &r, &out);
+    handler_call(u, &q, &r, &out);
     CHECK(r.ok && r.r.commit == DP_WIRE_COMMIT_LOST);
     dp__wire_reply_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).versions_refused, 2);
