@@ -58,7 +58,8 @@ dp__lease_init(dp__unit *u, dp_detail *d)
     if (!(u->o.lease_s > 0))
         return DP_OK;
     u->lease = calloc(u->o.n_units, sizeof *u->lease);
-    if (u->lease == NULL)
+    u->lease_scratch = calloc(u->o.n_units, sizeof *u->lease_scratch);
+    if (u->lease == NULL || u->lease_scratch == NULL)
         return dp__fail(d, DP_ENOMEM, "unit: out of memory");
     double now = dp__unit_now(u);
     for (uint32_t p = 0; p < u->o.n_units; p++)
@@ -72,7 +73,9 @@ void
 dp__lease_fini(dp__unit *u)
 {
     free(u->lease);
+    free(u->lease_scratch);
     u->lease = NULL;
+    u->lease_scratch = NULL;
 }
 
 static int
@@ -87,11 +90,7 @@ static void
 recompute_locked(dp__unit *u)
 {
     uint32_t n = u->o.n_units, k = 0, need = n / 2; /* grants besides its own */
-    double *v = malloc(n * sizeof *v);
-    if (v == NULL) {
-        u->lease_ok_until = 0; /* no memory to count: no lease */
-        return;
-    }
+    double *v = u->lease_scratch;
     for (uint32_t p = 0; p < n; p++) {
         if (p == u->o.unit_id)
             continue;
@@ -100,7 +99,6 @@ recompute_locked(dp__unit *u)
     }
     qsort(v, k, sizeof *v, cmp_desc);
     u->lease_ok_until = need == 0 ? INFINITY : v[need - 1];
-    free(v);
 }
 
 static int

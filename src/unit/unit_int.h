@@ -318,6 +318,7 @@ struct dp__unit {
     double tombs_pruned;     /* the ticker's last prune of tombs */
     /* Read leases (lease.c; docs/design.md, "Leases"), with o.lease_s > 0 */
     struct lease_peer *lease; /* n_units entries, this unit's unused */
+    double *lease_scratch;    /* n_units: the grants' ends, sorted (lease.c) */
     uint64_t lease_seq;       /* this unit's last fence (starts at dp__ver_now) */
     double lease_ok_until;    /* it answers reads until then */
     /* Admin work (a save or load) running off the ctl thread (unit.c) */
