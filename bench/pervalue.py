@@ -29,7 +29,7 @@ AREAS = [
     ("control messages: msgpack codec (src/wire)", lambda s: "src/wire/" in s),
     ("control transport (src/ctl)", lambda s: "src/ctl/" in s),
     ("client: put", lambda s: re.search(r"src/client/put(_build)?\.c", s) is not None),
-    ("client: get", lambda s: re.search(r"src/client/(get|values)\.c", s) is not None),
+    ("client: get", lambda s: re.search(r"src/client/(get|get_match|get_turns|values)\.c", s) is not None),
     ("client: fan-out, buffers, common", lambda s: "src/client/" in s),
     ("unit: request handling (handler.c, server.c)", lambda s: re.search(r"src/unit/(handler|server)\.c", s) is not None),
     ("unit: pins (pins.c)", lambda s: "src/unit/pins.c" in s),

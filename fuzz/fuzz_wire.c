@@ -3,7 +3,7 @@
  * wire_fields.c, wire_reply.c).
  *
  * Input: one selector byte, then the message. The low 7 bits of the selector
- * pick what decodes it: 0 the request decoder (and peek), k in 1..14 the reply
+ * pick what decodes it: 0 the request decoder (and peek), k >= 1 the reply
  * decoder for op k - 1 (a notify op falls back to the request decoder). The
  * high bit picks tight limits, so the limit paths get exercised with small
  * inputs.
@@ -205,6 +205,16 @@ static dp__wire_key_loc seed_key_locs[] = {
      0,
      {(const uint8_t *)"hello", 5}}, /* inline: the value rides in the reply */
 };
+static dp__wire_str seed_field_names[] = {SEED_S("input_ids"), SEED_S("caf\xc3\xa9")};
+/* 2 values: (7, field 0) and (12, field 1), little-endian */
+static const uint8_t seed_rows[2 * DP_WIRE_ROW_LEN] = {
+    7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+/* found at 4096 (64 bytes, description 0), missing */
+static const uint8_t seed_locs[2 * DP_WIRE_LOC_LEN] = {
+    0, 16, 0, 0, 0, 0, 0, 0, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0,  0, 0, 0, 0, 0, 0, 0,  0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
+static dp__wire_desc seed_descs[] = {
+    {SEED_S("tensor"), SEED_S("float32"), seed_shape, 2}};
 static dp__wire_blob_loc seed_blob_locs[] = {{SEED_S("blob-1"), 0, 4096},
                                              {SEED_S("b:3"), 300, 1}};
 static dp__wire_field seed_fields[] = {
@@ -252,6 +262,10 @@ seed_request_args(dp__wire_request *q)
     case DP_WIRE_OP_RESOLVE_KEYS:
         q->a.resolve_keys.keys = (dp__wire_strs){seed_keys, 3};
         q->a.resolve_keys.inline_bytes = 65536;
+        break;
+    case DP_WIRE_OP_RESOLVE_ROWS:
+        q->a.resolve_rows = (dp__wire_resolve_rows_args){
+            {seed_field_names, 2}, {seed_rows, sizeof seed_rows}, 65536};
         break;
     case DP_WIRE_OP_UNPIN:
         q->a.unpin.pin_id = dp__wire_s("pin-9");
@@ -319,6 +333,12 @@ seed_reply_result(dp__wire_reply *r)
                                                         {seed_keys + 2, 1},
                                                         {NULL, 0},
                                                         {seed_keys, 1}};
+        break;
+    case DP_WIRE_OP_RESOLVE_ROWS:
+        r->r.resolve_rows = (dp__wire_resolve_rows_res){dp__wire_s("pin-9"),
+                                                        {seed_locs, sizeof seed_locs},
+                                                        {seed_descs, 1},
+                                                        {NULL, 0}};
         break;
     case DP_WIRE_OP_RELEASE_ROWS:
         r->r.dropped = 12;

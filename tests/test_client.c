@@ -983,6 +983,53 @@ DP_TEST(inline_put_lands_while_another_units_write_stalls)
     cluster_stop(&cl);
 }
 
+/*
+ * A get asks by row and field (resolve_rows) while its keys name at most 64
+ * distinct fields, and by key (resolve_keys) past that; both give every
+ * value and its description back, content checked.
+ */
+static double
+units_stat(dp_client *c, const char *name)
+{
+    double v = 0;
+    for (uint32_t u = 0; u < dp_client_n_units(c); u++)
+        v += stat_of(c, u, name);
+    return v;
+}
+
+DP_TEST(gets_ask_by_row_or_by_key)
+{
+    cluster cl;
+    cluster_start(&cl, 2, 64 << 20, 60, 10);
+    dp_client *c = connect_cl(&cl);
+    enum { NF = 70 };
+    static char names[NF][16];
+    static const char *fields[NF];
+    for (int f = 0; f < NF; f++) {
+        snprintf(names[f], sizeof names[f], "f%02d", f);
+        fields[f] = names[f];
+    }
+    uint64_t g[] = {3, 4, 11};
+    for (size_t nf = 64; nf <= NF; nf += NF - 64) {
+        batch b;
+        batch_make(&b, NULL, g, 3, nf, size_jagged, nf);
+        b.fields = fields;
+        dp_detail d;
+        dp_detail_clear(&d);
+        CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
+        double rows0 = units_stat(c, "resolves_by_row"), all0 = units_stat(c, "resolves");
+        batch_verify(c, &b, nf);
+        double by_row = units_stat(c, "resolves_by_row") - rows0;
+        double all = units_stat(c, "resolves") - all0;
+        CHECK(all >= 2); /* rows 3 and 11 on unit 1, 4 on unit 0 */
+        CHECKF(by_row == (nf == 64 ? all : 0), "%zu fields: %.0f of %.0f resolves by row",
+               nf, by_row, all);
+        batch_free(&b);
+    }
+    dp_client_close(c);
+    cluster_stop(&cl);
+}
+
 DP_TEST(registered_memory_and_get_forms)
 {
     cluster cl;

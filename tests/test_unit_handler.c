@@ -11,6 +11,7 @@
 
 #include "blob/blob.h"
 #include "common/common.h"
+#include "common/le.h"
 #include "unit/unit.h"
 #include "wire/mp.h"
 #include "wire/wire.h"
@@ -316,6 +317,175 @@ DP_TEST(inline_put_and_get)
     dp__wire_reply_fini(&r);
     dp_test_unit_check(u);
     free(t.p);
+    dp__unit_destroy(u);
+}
+
+/*
+ * resolve_rows: values asked by row and field in binary records, answered in
+ * the order asked (found, missing), each description of a field once, the
+ * same offsets as resolve_keys'; inline values one after another in that
+ * order, unpinned; every bad record, field or count refused with nothing
+ * pinned.
+ */
+static void
+row_rec(uint8_t *p, uint64_t gidx, uint32_t field)
+{
+    dp__le64_store(p, gidx);
+    dp__le32_store(p + 8, field);
+}
+
+static const uint8_t *
+loc_at(const dp__wire_resolve_rows_res *x, uint32_t i)
+{
+    return x->locs.p + (size_t)i * DP_WIRE_LOC_LEN;
+}
+
+DP_TEST(resolve_rows_answers_in_order_asked)
+{
+    dp__unit *u = mk_unit(1 << 20, 1, 0);
+    const char *keys[] = {"5@obs", "6@obs", "7@obs", "5@act"};
+    tblob t = mk_blob(keys, 4, 100, 3);
+    put_blob(u, "b-1", &t);
+    dp__wire_request q;
+    dp__wire_reply r;
+    bool replied;
+    memset(&q, 0, sizeof q);
+    q.rid = dp__wire_s("r1");
+    dp__wire_str fields[] = {dp__wire_s("obs"), dp__wire_s("act"), dp__wire_s("rew")};
+    /* 7@obs 5@act 9@obs 6@obs 5@rew 5@obs */
+    uint64_t g[] = {7, 5, 9, 6, 5, 5};
+    uint32_t f[] = {0, 1, 0, 0, 2, 0};
+    uint32_t want[] = {DP_WIRE_ROW_FOUND, DP_WIRE_ROW_FOUND,   DP_WIRE_ROW_MISSING,
+                       DP_WIRE_ROW_FOUND, DP_WIRE_ROW_MISSING, DP_WIRE_ROW_FOUND};
+    uint32_t kidx[] = {2, 3, 0, 1, 0, 0}; /* found: the key's place in the blob */
+    uint8_t rows[6 * DP_WIRE_ROW_LEN];
+    for (int i = 0; i < 6; i++)
+        row_rec(rows + i * DP_WIRE_ROW_LEN, g[i], f[i]);
+    q.op = DP_WIRE_OP_RESOLVE_ROWS;
+    q.a.resolve_rows = (dp__wire_resolve_rows_args){{fields, 3}, {rows, sizeof rows}, 0};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    const dp__wire_resolve_rows_res *x = &r.r.resolve_rows;
+    CHECK_EQ(x->locs.n, 6 * DP_WIRE_LOC_LEN);
+    CHECK_EQ(x->data.n, 0);
+    CHECK(x->pin_id.n > 0);
+    /* obs and act: one description each, shared by a field's values */
+    CHECK_EQ(x->descs.n, 2);
+    for (uint32_t j = 0; j < x->descs.n; j++) {
+        CHECK(dp__wire_str_eq(x->descs.v[j].kind, "tensor"));
+        CHECK(dp__wire_str_eq(x->descs.v[j].dtype, "float32"));
+        CHECK_EQ(x->descs.v[j].ndim, 1);
+        CHECK_EQ(x->descs.v[j].shape[0], 25);
+    }
+    uint64_t offs[6];
+    for (uint32_t i = 0; i < 6; i++) {
+        const uint8_t *o = loc_at(x, i);
+        CHECK_EQ(dp__le32_load(o + 16), want[i]);
+        offs[i] = dp__le64_load(o);
+        if (want[i] != DP_WIRE_ROW_FOUND)
+            continue;
+        CHECK_EQ(dp__le64_load(o + 8), 100);
+        CHECK_EQ(dp__le32_load(o + 20), f[i] == 0 ? 0u : 1u);
+        const uint8_t *b = dp__unit_slab(u) + offs[i];
+        for (uint32_t k = 0; k < 100; k++)
+            CHECK_EQ(b[k], (uint8_t)(3 * 31 + kidx[i] * 7 + k));
+    }
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).pins, 1);
+
+    /* The same offsets as resolve_keys gives. */
+    dp__wire_str ks[] = {dp__wire_s("7@obs"), dp__wire_s("5@act")};
+    q.op = DP_WIRE_OP_RESOLVE_KEYS;
+    q.a.resolve_keys.keys = (dp__wire_strs){ks, 2};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok && r.r.resolve_keys.entries.n == 2);
+    CHECK_EQ(r.r.resolve_keys.entries.v[0].off, offs[0]);
+    CHECK_EQ(r.r.resolve_keys.entries.v[1].off, offs[1]);
+    dp__wire_reply_fini(&r);
+
+    /* Inline: every found value's bytes, one after another, nothing pinned. */
+    uint64_t pins = dp_test_unit_stats(u).pins;
+    q.op = DP_WIRE_OP_RESOLVE_ROWS; /* (the union's other member was set) */
+    q.a.resolve_rows =
+        (dp__wire_resolve_rows_args){{fields, 3}, {rows, sizeof rows}, 400};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok);
+    x = &r.r.resolve_rows;
+    CHECK_EQ(x->pin_id.n, 0);
+    CHECK_EQ(x->data.n, 400);
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < 6; i++) {
+        if (want[i] != DP_WIRE_ROW_FOUND)
+            continue;
+        for (uint32_t k = 0; k < 100; k++)
+            CHECK_EQ(x->data.p[at + k], (uint8_t)(3 * 31 + kidx[i] * 7 + k));
+        at += 100;
+    }
+    dp__wire_reply_fini(&r);
+    CHECK_EQ(dp_test_unit_stats(u).pins, pins);
+    /* 399 bytes of budget: none inline, all pinned. */
+    q.a.resolve_rows.inline_bytes = 399;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && r.ok && r.r.resolve_rows.data.n == 0 &&
+          r.r.resolve_rows.pin_id.n > 0);
+    dp__wire_reply_fini(&r);
+
+    /* Refused, nothing pinned: a field out of range, a bad field, a row of
+     * another unit, a cut record, no fields, too many fields. */
+    pins = dp_test_unit_stats(u).pins;
+    uint64_t proto = dp_test_unit_stats(u).n_proto;
+    q.a.resolve_rows.inline_bytes = 0;
+    row_rec(rows + 5 * DP_WIRE_ROW_LEN, 5, 3);
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok && r.err.code == DP_EPROTO);
+    CHECK_CONTAINS(err_msg(&r), "value 5 names field 3 of 3");
+    dp__wire_reply_fini(&r);
+    row_rec(rows + 5 * DP_WIRE_ROW_LEN, 5, 0);
+    fields[2] = dp__wire_s("r@w");
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok && r.err.code == DP_EPROTO);
+    CHECK_CONTAINS(err_msg(&r), "fields[2]");
+    dp__wire_reply_fini(&r);
+    fields[2] = dp__wire_s("rew");
+    q.a.resolve_rows.rows.n = sizeof rows - 1;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok && r.err.code == DP_EPROTO);
+    CHECK_CONTAINS(err_msg(&r), "records of 12 bytes");
+    dp__wire_reply_fini(&r);
+    q.a.resolve_rows.rows.n = sizeof rows;
+    q.a.resolve_rows.fields.n = 0;
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok && r.err.code == DP_EPROTO);
+    dp__wire_reply_fini(&r);
+    dp__wire_str *many = calloc(DP_WIRE_FIELDS_MAX + 1, sizeof *many);
+    for (uint32_t i = 0; i <= DP_WIRE_FIELDS_MAX; i++)
+        many[i] = dp__wire_s("obs");
+    q.a.resolve_rows.fields = (dp__wire_strs){many, DP_WIRE_FIELDS_MAX + 1};
+    call_handler(u, &q, &r, &replied);
+    CHECK(replied && !r.ok && r.err.code == DP_EPROTO);
+    CHECK_CONTAINS(err_msg(&r), "4097 fields");
+    dp__wire_reply_fini(&r);
+    free(many);
+    CHECK_EQ(dp_test_unit_stats(u).pins, pins);
+    CHECK_EQ(dp_test_unit_stats(u).n_proto, proto + 5);
+
+    dp__unit *u1 = mk_unit(1 << 20, 2, 1); /* unit 1 of 2: row 5 is unit 1's, 6 is not */
+    q.a.resolve_rows.fields = (dp__wire_strs){fields, 3};
+    q.a.resolve_rows.rows.n = 4 * DP_WIRE_ROW_LEN;
+    call_handler(u1, &q, &r, &replied);
+    CHECK(replied && !r.ok && r.err.code == DP_EPROTO);
+    CHECK_CONTAINS(err_msg(&r), "row 6 belongs to unit 0, not to unit 1 of 2");
+    dp__wire_reply_fini(&r);
+    q.a.resolve_rows.rows = (dp__wire_bytes){rows + DP_WIRE_ROW_LEN, DP_WIRE_ROW_LEN};
+    call_handler(u1, &q, &r, &replied);
+    CHECK(replied && r.ok && r.r.resolve_rows.locs.n == DP_WIRE_LOC_LEN);
+    CHECK_EQ(dp__le32_load(loc_at(&r.r.resolve_rows, 0) + 16), DP_WIRE_ROW_MISSING);
+    CHECK_EQ(r.r.resolve_rows.pin_id.n, 0);
+    dp__wire_reply_fini(&r);
+    dp_test_unit_check(u);
+    dp_test_unit_check(u1);
+    free(t.p);
+    dp__unit_destroy(u1);
     dp__unit_destroy(u);
 }
 

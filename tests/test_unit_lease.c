@@ -4,7 +4,7 @@
  * grant it a lease (a unit found gone counts, unless it had fenced it); a
  * grantor fences a unit at a client's request, says when its grant ends and
  * grants it nothing until it says it caught up; a fenced unit answers
- * resolve_keys as fenced, no blob as whole, and no peer's list_keys.
+ * resolve_keys and resolve_rows as fenced, no blob as whole, and no peer's list_keys.
  */
 #include "dp_test.h"
 #include "dp_tsan_ucx.h"
@@ -102,6 +102,23 @@ DP_TEST(a_fenced_unit_answers_no_read_until_it_caught_up)
     CHECK_EQ(r.pin_id[0], '\0');
     dp__unit_resolve_keys_res_fini(&r);
     CHECK_EQ(dp_test_unit_stats(u).fenced_keys, 2);
+    /* By row: every value's record says fenced, nothing pinned. */
+    uint8_t rows[2 * DP_WIRE_ROW_LEN] = {0};
+    rows[DP_WIRE_ROW_LEN] = 5; /* 0@x, 5@x */
+    dp__wire_str fx = dp__wire_s("x");
+    dp__unit_resolve_rows_res rr;
+    dp__unit_lock(u);
+    CHECK_OK_D(dp__unit_resolve_rows_locked(u, &(dp__wire_strs){&fx, 1},
+                                            (dp__wire_bytes){rows, sizeof rows}, 0, &rr,
+                                            &d),
+               &d);
+    dp__unit_unlock(u);
+    CHECK_EQ(rr.n, 2);
+    for (uint32_t i = 0; i < 2; i++)
+        CHECK_EQ(rr.locs[i * DP_WIRE_LOC_LEN + 16], DP_WIRE_ROW_FENCED);
+    CHECK_EQ(rr.pin_id[0], '\0');
+    dp__unit_resolve_rows_res_fini(&rr);
+    CHECK_EQ(dp_test_unit_stats(u).fenced_keys, 4);
     /* ... and no blob is whole (location hints go by key). */
     dp__unit_resolve_res rb;
     dp__wire_str id = dp__wire_s("b1");

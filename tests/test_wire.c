@@ -152,6 +152,24 @@ check_u64s(dp__wire_u64s a, dp__wire_u64s b)
         CHECK_EQ_U64(a.v[i], b.v[i]);
 }
 
+/* 0 .. max - 1 random bytes. */
+static dp__wire_bytes
+gbytes(gen *g, uint32_t max)
+{
+    uint32_t n = (uint32_t)rnd(g, max);
+    uint8_t *p = galloc(g, n);
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = (uint8_t)rnd(g, 256);
+    return (dp__wire_bytes){p, n};
+}
+
+static void
+check_bytes(dp__wire_bytes a, dp__wire_bytes b)
+{
+    CHECK_EQ(a.n, b.n);
+    CHECK(a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
+}
+
 static void
 gargs(gen *g, dp__wire_request *q)
 {
@@ -187,6 +205,12 @@ gargs(gen *g, dp__wire_request *q)
         q->a.resolve_keys.keys = glist(g, true);
         q->a.resolve_keys.inline_bytes = gnum(g, 1ull << 62);
         break;
+    case DP_WIRE_OP_RESOLVE_ROWS: {
+        q->a.resolve_rows.fields = glist(g, true);
+        q->a.resolve_rows.rows = gbytes(g, 300);
+        q->a.resolve_rows.inline_bytes = gnum(g, 1ull << 62);
+        break;
+    }
     case DP_WIRE_OP_UNPIN:
         q->a.unpin.pin_id = gid(g);
         break;
@@ -220,6 +244,24 @@ gargs(gen *g, dp__wire_request *q)
     default: /* ping, info, scan, stats: no args */
         break;
     }
+}
+
+static dp__wire_descs
+gdescs(gen *g)
+{
+    dp__wire_descs l = {NULL, (uint32_t)rnd(g, 6)};
+    l.v = galloc(g, l.n * sizeof *l.v);
+    for (uint32_t i = 0; i < l.n; i++) {
+        dp__wire_desc *e = &l.v[i];
+        e->kind = gtext(g);
+        e->dtype = gtext(g);
+        e->ndim = (uint32_t)rnd(g, 33);
+        uint64_t *s = galloc(g, e->ndim * sizeof *s);
+        for (uint32_t j = 0; j < e->ndim; j++)
+            s[j] = gnum(g, 1ull << 62);
+        e->shape = e->ndim ? s : NULL;
+    }
+    return l;
 }
 
 static dp__wire_fields
@@ -304,6 +346,14 @@ gresult(gen *g, dp__wire_reply *r)
         x->missing = glist(g, false);
         x->pending = glist(g, false);
         x->failed = glist(g, false);
+        break;
+    }
+    case DP_WIRE_OP_RESOLVE_ROWS: {
+        dp__wire_resolve_rows_res *x = &r->r.resolve_rows;
+        x->pin_id = gpin(g);
+        x->locs = gbytes(g, 24 * 20);
+        x->descs = gdescs(g);
+        x->data = gbytes(g, 200);
         break;
     }
     case DP_WIRE_OP_RESOLVE_KEYS: {
@@ -495,6 +545,11 @@ check_req_eq(const dp__wire_request *a, const dp__wire_request *b)
         check_strs(a->a.resolve_keys.keys, b->a.resolve_keys.keys);
         CHECK_EQ_U64(a->a.resolve_keys.inline_bytes, b->a.resolve_keys.inline_bytes);
         break;
+    case DP_WIRE_OP_RESOLVE_ROWS:
+        check_strs(a->a.resolve_rows.fields, b->a.resolve_rows.fields);
+        check_bytes(a->a.resolve_rows.rows, b->a.resolve_rows.rows);
+        CHECK_EQ_U64(a->a.resolve_rows.inline_bytes, b->a.resolve_rows.inline_bytes);
+        break;
     case DP_WIRE_OP_UNPIN:
         CHECK_SV(a->a.unpin.pin_id, b->a.unpin.pin_id);
         break;
@@ -593,6 +648,22 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         check_strs(x->missing, y->missing);
         check_strs(x->pending, y->pending);
         check_strs(x->failed, y->failed);
+        break;
+    }
+    case DP_WIRE_OP_RESOLVE_ROWS: {
+        const dp__wire_resolve_rows_res *x = &a->r.resolve_rows, *y = &b->r.resolve_rows;
+        CHECK_SV(x->pin_id, y->pin_id);
+        check_bytes(x->locs, y->locs);
+        check_bytes(x->data, y->data);
+        CHECK_EQ(x->descs.n, y->descs.n);
+        for (uint32_t i = 0; i < x->descs.n; i++) {
+            const dp__wire_desc *e = &x->descs.v[i], *f = &y->descs.v[i];
+            CHECK_SV(e->kind, f->kind);
+            CHECK_SV(e->dtype, f->dtype);
+            CHECK_EQ(e->ndim, f->ndim);
+            for (uint32_t j = 0; j < e->ndim; j++)
+                CHECK_EQ_U64(e->shape[j], f->shape[j]);
+        }
         break;
     }
     case DP_WIRE_OP_RESOLVE_KEYS: {
@@ -746,9 +817,10 @@ DP_TEST(random_structs_round_trip)
 DP_TEST(op_names_and_notify)
 {
     static const char *const names[] = {
-        "ping",         "info",       "alloc",        "commit",    "abort", "resolve",
-        "resolve_keys", "unpin",      "release_rows", "scan",      "stats", "read_bytes",
-        "save_shard",   "load_shard", "put",          "list_keys", "lease", "fence"};
+        "ping",      "info",         "alloc",      "commit",       "abort",
+        "resolve",   "resolve_keys", "unpin",      "release_rows", "scan",
+        "stats",     "read_bytes",   "save_shard", "load_shard",   "put",
+        "list_keys", "lease",        "fence",      "resolve_rows"};
     CHECK_EQ(DP_ARRAY_LEN(names), DP_WIRE_OP_COUNT_);
     for (int i = 0; i < DP_WIRE_OP_COUNT_; i++) {
         EXPECT_STR(dp__wire_op_name((dp__wire_op)i), names[i]);

@@ -86,6 +86,13 @@ put_good(dp__mp_writer *w, const char *name, const char *op)
     } else if (!strcmp(name, "keys")) {
         dp__mp_put_array(w, 1);
         dp__mp_put_str(w, "1@x");
+    } else if (!strcmp(name, "fields")) {
+        dp__mp_put_array(w, 2);
+        dp__mp_put_str(w, "obs");
+        dp__mp_put_str(w, "act");
+    } else if (!strcmp(name, "rows")) {
+        uint8_t rec[DP_WIRE_ROW_LEN] = {7};
+        dp__mp_put_bin(w, rec, sizeof rec);
     } else if (!strcmp(name, "gidxs")) {
         dp__mp_put_array(w, 2);
         dp__mp_put_u64(w, 1);
@@ -120,6 +127,7 @@ static const struct {
     {"abort", {"blob_id", "in_flight"}, {1, 0}},
     {"resolve", {"blob_ids"}, {1}},
     {"resolve_keys", {"keys", "inline_bytes"}, {1, 0}},
+    {"resolve_rows", {"fields", "rows", "inline_bytes"}, {1, 1, 0}},
     {"unpin", {"pin_id"}, {1}},
     {"release_rows", {"gidxs"}, {1}},
     {"read_bytes", {"off", "nbytes"}, {1, 1}},
@@ -1106,6 +1114,57 @@ DP_TEST(resolve_results_rules)
     dp__mp_put_str(&m.w, "pending");
     dp__mp_put_array(&m.w, 0);
     expect_rep(&m, DP_WIRE_OP_RESOLVE, DP_EPROTO, "missing key 'failed'", NULL);
+}
+
+/* resolve_rows reply whose descs list is written by the caller. */
+static void
+rr_reply(mb *m, uint32_t na, uint32_t ndim)
+{
+    static const uint8_t loc[DP_WIRE_LOC_LEN] = {0};
+    reply_head(m, "r1", true);
+    dp__mp_writer *w = &m->w;
+    dp__mp_put_map(w, 3);
+    dp__mp_put_str(w, "pin_id");
+    dp__mp_put_nil(w);
+    dp__mp_put_str(w, "locs");
+    dp__mp_put_bin(w, loc, sizeof loc);
+    dp__mp_put_str(w, "descs");
+    dp__mp_put_array(w, 1);
+    dp__mp_put_array(w, na);
+    for (uint32_t i = 0; i < na && na < 3; i++)
+        dp__mp_put_str(w, "x"); /* na short strings: too few elements */
+    if (na < 3)
+        return;
+    dp__mp_put_str(w, "tensor");
+    dp__mp_put_str(w, "float32");
+    dp__mp_put_array(w, ndim);
+    for (uint32_t i = 0; i < ndim; i++)
+        dp__mp_put_u64(w, i + 1);
+}
+
+DP_TEST(resolve_rows_results_rules)
+{
+    mb m;
+    dp__wire_reply r;
+    dp_detail d;
+    rr_reply(&m, 3, 32);
+    CHECK_OK_D(
+        dp__wire_reply_decode(m.b.data, m.b.len, DP_WIRE_OP_RESOLVE_ROWS, NULL, &r, &d),
+        &d);
+    CHECK_EQ(r.r.resolve_rows.locs.n, DP_WIRE_LOC_LEN);
+    CHECK_EQ(r.r.resolve_rows.descs.n, 1);
+    CHECK_EQ(r.r.resolve_rows.descs.v[0].ndim, 32);
+    CHECK_EQ(r.r.resolve_rows.descs.v[0].shape[31], 32);
+    CHECK_EQ(r.r.resolve_rows.data.n, 0); /* optional: absent */
+    dp__wire_reply_fini(&r);
+    dp__buf_fini(&m.b);
+    rr_reply(&m, 3, 33);
+    expect_rep(&m, DP_WIRE_OP_RESOLVE_ROWS, DP_EPROTO,
+               "resolve_rows reply: result: descs[0]: shape: 33 dims, the limit is 32",
+               NULL);
+    rr_reply(&m, 2, 0);
+    expect_rep(&m, DP_WIRE_OP_RESOLVE_ROWS, DP_EPROTO,
+               "descs[0]: array of 2 elements, expected 3", NULL);
 }
 
 DP_TEST(scan_and_stats_generic_records)

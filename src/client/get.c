@@ -49,47 +49,15 @@
 
 #include "blob/crc32c.h"
 #include "blob/keys.h"
-#include "client/get_int.h"
+#include "client/get_op.h"
+#include "common/le.h"
 #include "common/map.h"
-
-enum { K_ASK = 0, K_READ, K_DONE };
 
 /* Hinted keys of a unit asked by key (inline) rather than by blob: at most this many. */
 #define INLINE_BY_KEY_MAX 64
 
-typedef struct key_state {
-    uint32_t unit;
-    uint32_t klen;
-    int st;
-    bool hinted;   /* its item's hint is used (K_ASK: asked by blob) */
-    uint32_t bidx; /* hinted: its blob among its unit's distinct ids (bids) */
-    uint64_t off;  /* slab offset (K_READ) */
-    uint64_t len;
-    bool staged;   /* READ into staging, then copied */
-    uint64_t soff; /* its place in the round's staging buffer (alloc form: values) */
-    /* K_READ: its bytes came in the reply (in c->fo.items until the next
-     * round's ask): copied, not READ */
-    const uint8_t *inl;
-    uint64_t gap; /* alloc form, failed here: bytes kept at soff for the next replica */
-    bool in_resv; /* alloc form, K_READ: lands in the place an earlier turn kept */
-} key_state;
-
-typedef struct unit_round {
-    dp__step st; /* its unit and why it failed this get (state unused) */
-    char pin[DP_WIRE_RID_MAX + 32];
-    double sent_at;
-    bool asked;
-    bool by_blob;      /* asked with resolve (every key hinted), not resolve_keys */
-    uint64_t copy_max; /* values up to this size are READ by the memcpy path
-                        * into any memory (dp__endpoint_remote_copy_max) */
-    uint32_t nb;       /* its distinct blob ids (bids[start..start + nb)) */
-} unit_round;
-
-/* A hinted blob's answer in this round. */
-typedef struct blob_ans {
-    uint64_t off, len;
-    bool ok; /* pinned and whole: its hinted keys are READ from it */
-} blob_ans;
+/* A get of keys of more distinct fields than this asks by key (resolve_keys). */
+#define BY_ROW_FIELDS_MAX 64
 
 static void
 unpin_locked(dp_client *c, uint32_t u, char *pin)
@@ -104,76 +72,14 @@ unpin_locked(dp_client *c, uint32_t u, char *pin)
     pin[0] = '\0';
 }
 
-static bool
-key_is(dp__wire_str s, const char *key, uint32_t klen)
-{
-    return s.n == klen && memcmp(s.p, key, klen) == 0;
-}
-
-/* Index of key in list starting from *cur (in order, else searched), or -1. */
-static ptrdiff_t
-match_str(const dp__wire_strs *l, uint32_t *cur, const char *key, uint32_t klen)
-{
-    if (*cur < l->n && key_is(l->v[*cur], key, klen))
-        return (ptrdiff_t)(*cur)++;
-    for (uint32_t i = 0; i < l->n; i++)
-        if (key_is(l->v[i], key, klen))
-            return (ptrdiff_t)i;
-    return -1;
-}
-
-static ptrdiff_t
-match_loc(const dp__wire_key_locs *l, uint32_t *cur, const char *key, uint32_t klen)
-{
-    if (*cur < l->n && key_is(l->v[*cur].key, key, klen))
-        return (ptrdiff_t)(*cur)++;
-    for (uint32_t i = 0; i < l->n; i++)
-        if (key_is(l->v[i].key, key, klen))
-            return (ptrdiff_t)i;
-    return -1;
-}
-
-static void
-item_fail(dp_get_item *it, key_state *ks, int code)
-{
-    it->status = code;
-    ks->st = K_DONE;
-}
-
-/*
- * One get's state across its rounds: the keys (ks, grouped by unit in g),
- * each unit's round (ur), and the scratch of a round's requests and READs.
- * vals != NULL is the alloc form (destinations come from registered buffers
- * owned by vals).
- */
-typedef struct get_op {
-    dp_client *c;
-    dp_get_item *items;
-    size_t n;
-    dp_values *vals;
-    double deadline;
-    uint32_t shift;     /* replicas: this pass asks each row's (gidx + shift) % N */
-    const uint32_t *at; /* each item's place in the call (NULL: the same) */
-    dp__get_resv *resv; /* per key of the call (alloc form with replicas), or NULL */
-    key_state *ks;
-    dp__groups g;
-    dp__wire_str *keys;
-    uint32_t *slot_unit;
-    unit_round *ur;
-    dp__range *local, *remote;
-    dp__xfer_desc *ops;
-    dp__xfer_result *res; /* the READs' results, op by op */
-    dp__wire_str *bids; /* hinted keys' distinct blob ids, unit by unit (at g.start[u]) */
-    blob_ans *bans;     /* their answers, same places */
-    bool slow_again;    /* this round asks again because of pending keys or a busy unit */
-} get_op;
-
 static void
 get_op_fini(get_op *x)
 {
     free(x->ks);
     dp__groups_fini(&x->g);
     free(x->keys);
+    free(x->fields);
+    free(x->rows);
     free(x->slot_unit);
     free(x->ur);
     free(x->local);
@@ -201,6 +107,8 @@ get_op_init(get_op *x, const dp__get_ctx *g, dp_get_item *items, size_t n,
     x->deadline = deadline;
     x->ks = calloc(m, sizeof *x->ks);
     x->keys = malloc(m * sizeof *x->keys);
+    x->fields = malloc(BY_ROW_FIELDS_MAX * sizeof *x->fields);
+    x->rows = malloc(m * DP_WIRE_ROW_LEN);
     x->slot_unit = malloc(N * sizeof *x->slot_unit);
     x->ur = calloc(N, sizeof *x->ur);
     x->local = malloc(m * sizeof *x->local);
@@ -214,8 +122,9 @@ get_op_init(get_op *x, const dp__get_ctx *g, dp_get_item *items, size_t n,
         x->bids = malloc(m * sizeof *x->bids);
         x->bans = malloc(m * sizeof *x->bans);
     }
-    if (x->ks == NULL || x->keys == NULL || x->slot_unit == NULL || x->ur == NULL ||
-        x->local == NULL || x->remote == NULL || x->ops == NULL || x->res == NULL ||
+    if (x->ks == NULL || x->keys == NULL || x->fields == NULL || x->rows == NULL ||
+        x->slot_unit == NULL || x->ur == NULL || x->local == NULL || x->remote == NULL ||
+        x->ops == NULL || x->res == NULL ||
         (hints && (x->bids == NULL || x->bans == NULL)))
         return dp__fail(d, DP_ENOMEM, "get: out of memory");
     for (uint32_t u = 0; u < N; u++)
@@ -301,6 +210,39 @@ loc_usable(const dp_loc *l, const dp_get_item *it, uint32_t unit, size_t klen)
     return it->desc == NULL || l->ndim != DP_LOC_NO_DESC;
 }
 
+/*
+ * Field f (n bytes) of key i: its place in x->fields, added when new. Keys
+ * come row by row with their fields in turn, so the field after the previous
+ * key's, or the same, is looked at first. A get of more distinct fields than
+ * BY_ROW_FIELDS_MAX asks by key: x->fields is dropped.
+ */
+static void
+field_place(get_op *x, size_t i, const char *f, uint32_t n)
+{
+    if (x->fields == NULL)
+        return;
+    uint32_t nf = x->n_fields, prev = i > 0 ? x->ks[i - 1].fidx : 0;
+    uint32_t next = prev + 1 < nf ? prev + 1 : 0;
+    uint32_t k = UINT32_MAX;
+    if (nf > 0 && key_is(x->fields[next], f, n))
+        k = next;
+    else if (nf > 0 && key_is(x->fields[prev], f, n))
+        k = prev;
+    for (uint32_t j = 0; j < nf && k == UINT32_MAX; j++)
+        if (key_is(x->fields[j], f, n))
+            k = j;
+    if (k == UINT32_MAX) {
+        if (nf == BY_ROW_FIELDS_MAX) {
+            free(x->fields);
+            x->fields = NULL;
+            return;
+        }
+        k = x->n_fields++;
+        x->fields[k] = (dp__wire_str){f, n};
+    }
+    x->ks[i].fidx = k;
+}
+
 /* Check and place every key; group them by unit. */
 static int
 get_place(get_op *x, dp_detail *d)
@@ -335,6 +277,8 @@ get_place(get_op *x, dp_detail *d)
         gx[i] = x->c->only_unit >= 0 ? (uint64_t)x->c->only_unit : kp.gidx;
         x->ks[i].unit = (uint32_t)((gx[i] % N + x->shift) % N);
         x->ks[i].klen = (uint32_t)kl;
+        x->ks[i].gidx = kp.gidx;
+        field_place(x, i, kp.field, (uint32_t)kp.field_len);
         x->ks[i].st = K_ASK;
         x->ks[i].hinted = false;
         if (it->loc != NULL && it->loc->blob[0] != '\0') {
@@ -456,10 +400,14 @@ get_ask(get_op *x)
         uint32_t nk = 0;
         bool all_hinted = x->bids != NULL;
         uint64_t hinted_bytes = 0;
+        uint8_t *rec = x->rows + (size_t)cnt[u] * DP_WIRE_ROW_LEN;
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
             uint32_t i = order[k];
             if (ks[i].st == K_ASK) {
                 x->keys[cnt[u] + nk++] = (dp__wire_str){x->items[i].key, ks[i].klen};
+                dp__le64_store(rec, ks[i].gidx);
+                dp__le32_store(rec + 8, ks[i].fidx);
+                rec += DP_WIRE_ROW_LEN;
                 all_hinted = all_hinted && ks[i].hinted;
                 if (all_hinted)
                     hinted_bytes += x->items[i].loc->nbytes;
@@ -473,12 +421,21 @@ get_ask(get_op *x)
         if (all_hinted && c->o.inline_bytes > 0 && hinted_bytes <= c->o.inline_bytes &&
             nk <= INLINE_BY_KEY_MAX)
             all_hinted = false;
-        ur[u].by_blob = all_hinted && collect_blobs(x, u);
+        ur[u].how = all_hinted && collect_blobs(x, u) ? ASK_BY_BLOB
+                    : x->fields != NULL               ? ASK_BY_ROW
+                                                      : ASK_BY_KEY;
+        ur[u].nk = nk;
         dp__wire_request q;
         memset(&q, 0, sizeof q);
-        if (ur[u].by_blob) {
+        if (ur[u].how == ASK_BY_BLOB) {
             q.op = DP_WIRE_OP_RESOLVE;
             q.a.resolve.blob_ids = (dp__wire_strs){x->bids + cnt[u], ur[u].nb};
+        } else if (ur[u].how == ASK_BY_ROW) {
+            q.op = DP_WIRE_OP_RESOLVE_ROWS;
+            q.a.resolve_rows.fields = (dp__wire_strs){x->fields, x->n_fields};
+            q.a.resolve_rows.rows = (dp__wire_bytes){
+                x->rows + (size_t)cnt[u] * DP_WIRE_ROW_LEN, nk * DP_WIRE_ROW_LEN};
+            q.a.resolve_rows.inline_bytes = c->o.inline_bytes;
         } else {
             q.op = DP_WIRE_OP_RESOLVE_KEYS;
             q.a.resolve_keys.keys = (dp__wire_strs){x->keys + cnt[u], nk};
@@ -504,148 +461,6 @@ get_ask(get_op *x)
 }
 
 /*
- * Unit u's located key: where it is, whether it fits, and where it goes
- * (the values' own buffer, staging, or the caller's memory: registered, or
- * any when the unit's slab is mapped here and the READ copies it).
- */
-static void
-get_locate(get_op *x, uint32_t u, uint32_t i, uint64_t off, uint64_t len,
-           uint64_t *stage_need)
-{
-    dp_get_item *it = &x->items[i];
-    key_state *ks = &x->ks[i];
-    const dp__unit_conn *uc = &x->c->units[u];
-    if (off > uc->region_bytes || len > uc->region_bytes - off) {
-        item_fail(it, ks, DP_EPROTO);
-        dp__fail(&x->ur[u].st.det, DP_EPROTO,
-                 "key '%s' located outside the unit's region", it->key);
-        return;
-    }
-    if (x->vals == NULL && it->cap < len) {
-        item_fail(it, ks, DP_ETOOBIG);
-        return;
-    }
-    ks->st = K_READ;
-    ks->off = off;
-    ks->len = len;
-    ks->staged = false;
-    /* The alloc form's places: get_place_values, once every unit answered. */
-    if (x->vals == NULL && len > 0 && ks->inl == NULL && len > x->ur[u].copy_max &&
-        !dp__client_direct_locked(x->c, it->dst, len)) {
-        ks->staged = true;
-        ks->soff = *stage_need;
-        *stage_need += DP_ALIGN_UP(len, 64);
-    }
-}
-
-/* Unit u's answer (res) matched to its keys still asked. */
-static bool
-get_match_unit(get_op *x, uint32_t u, const dp__wire_resolve_keys_res *res,
-               uint64_t *stage_need)
-{
-    const uint32_t *cnt = x->g.start, *order = x->g.order;
-    dp_detail *ud = &x->ur[u].st.det;
-    bool again = false;
-    dp__wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
-    uint32_t ce = 0, cm = 0, cp = 0, cf = 0, cz = 0;
-    for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
-        uint32_t i = order[k];
-        if (x->ks[i].st != K_ASK)
-            continue;
-        dp_get_item *it = &x->items[i];
-        uint32_t kl = x->ks[i].klen;
-        ptrdiff_t m;
-        x->ks[i].inl = NULL;
-        if ((m = match_loc(&res->entries, &ce, it->key, kl)) >= 0) {
-            const dp__wire_key_loc *l = &res->entries.v[m];
-            it->nbytes = l->len;
-            if (it->desc != NULL)
-                dp__fill_desc(it->desc, l);
-            x->ks[i].inl = l->data.n > 0 ? l->data.p : NULL; /* the decoder checked n */
-            get_locate(x, u, i, l->off, l->len, stage_need);
-        } else if (match_str(&res->missing, &cm, it->key, kl) >= 0) {
-            item_fail(it, &x->ks[i], DP_ENOTFOUND);
-        } else if (match_str(&res->pending, &cp, it->key, kl) >= 0) {
-            again = true; /* being staged from SSD: ask again */
-            x->slow_again = true;
-        } else if (match_str(&res->failed, &cf, it->key, kl) >= 0) {
-            item_fail(it, &x->ks[i], DP_ELOST);
-            dp__fail(ud, DP_ELOST, "staging key '%s' from SSD failed", it->key);
-        } else if (match_str(&res->fenced, &cz, it->key, kl) >= 0) {
-            /* No read lease: it may hold an older copy ("Leases"); the next
-             * unit of the row is asked. */
-            item_fail(it, &x->ks[i], DP_EBUSY);
-            dp__fail(ud, DP_EBUSY,
-                     "unit %u holds no read lease (a peer fenced it, or it cannot reach "
-                     "most units): it may hold older copies until a pass catches it up",
-                     u);
-        } else {
-            item_fail(it, &x->ks[i], DP_EPROTO);
-            dp__fail(ud, DP_EPROTO, "resolve_keys did not answer for key '%s'", it->key);
-        }
-    }
-    return again;
-}
-
-static ptrdiff_t
-match_bloc(const dp__wire_blob_locs *l, uint32_t *cur, dp__wire_str id)
-{
-    if (*cur < l->n && key_is(l->v[*cur].id, id.p, id.n))
-        return (ptrdiff_t)(*cur)++;
-    for (uint32_t i = 0; i < l->n; i++)
-        if (key_is(l->v[i].id, id.p, id.n))
-            return (ptrdiff_t)i;
-    return -1;
-}
-
-/*
- * Unit u's answer to resolve (its keys' hinted blobs): a key whose blob is
- * pinned and whole is located from its hint; any other drops its hint and
- * is asked by key next round. Returns whether a key must be asked again.
- */
-static bool
-get_match_blobs(get_op *x, uint32_t u, const dp__wire_resolve_res *res,
-                uint64_t *stage_need)
-{
-    const uint32_t *cnt = x->g.start, *order = x->g.order;
-    uint32_t base = cnt[u];
-    dp__wire_str_copy(res->pin_id, x->ur[u].pin, sizeof x->ur[u].pin);
-    uint32_t cb = 0, cw = 0;
-    for (uint32_t j = 0; j < x->ur[u].nb; j++) {
-        blob_ans *b = &x->bans[base + j];
-        dp__wire_str id = x->bids[base + j];
-        ptrdiff_t m = match_bloc(&res->blobs, &cb, id);
-        b->ok = m >= 0 && match_str(&res->whole, &cw, id.p, id.n) >= 0;
-        if (b->ok) {
-            b->off = res->blobs.v[m].off;
-            b->len = res->blobs.v[m].len;
-        }
-    }
-    bool again = false;
-    for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
-        uint32_t i = order[k];
-        if (x->ks[i].st != K_ASK)
-            continue;
-        dp_get_item *it = &x->items[i];
-        const dp_loc *l = it->loc;
-        const blob_ans *b = &x->bans[base + x->ks[i].bidx];
-        x->ks[i].inl = NULL;
-        if (b->ok && l->off <= b->len && l->nbytes <= b->len - l->off) {
-            it->nbytes = l->nbytes;
-            if (it->desc != NULL)
-                dp__fill_desc_loc(it->desc, l);
-            get_locate(x, u, i, b->off + l->off, l->nbytes, stage_need);
-        } else {
-            /* Gone, overwritten or cleared in part, or being staged: by key. */
-            x->ks[i].hinted = false;
-            x->c->cnt.loc_misses++;
-            again = true;
-        }
-    }
-    return again;
-}
-
-/*
  * 2. Match the answers of slots [0, ns) to keys; *stage_need gets the
  * staging the round's READs need. Returns whether a key must be asked
  * again (pending, or a busy unit).
@@ -661,16 +476,21 @@ get_match(get_op *x, size_t ns, uint64_t *stage_need)
         dp__ctl_item *ci = &c->fo.items[s];
         dp_detail *ud = &x->ur[u].st.det;
         dp__wire_reply rep;
-        bool by_blob = x->ur[u].by_blob;
-        int urc = dp__fanout_reply(
-            ci, by_blob ? DP_WIRE_OP_RESOLVE : DP_WIRE_OP_RESOLVE_KEYS, &rep, ud);
+        int how = x->ur[u].how;
+        int urc = dp__fanout_reply(ci,
+                                   how == ASK_BY_BLOB  ? DP_WIRE_OP_RESOLVE
+                                   : how == ASK_BY_ROW ? DP_WIRE_OP_RESOLVE_ROWS
+                                                       : DP_WIRE_OP_RESOLVE_KEYS,
+                                   &rep, ud);
         if (ci->rc == DP_ETRANSFER)
             c->cnt.units_down++;
         if (urc == 0 && dp__client_reply_check_locked(c, u, &rep, true, ud)) {
             /* Another process answered: its offsets are not in the slab
              * this data path maps. Let go of its pin, READ nothing. */
             urc = DP_ERESTARTED;
-            dp__wire_str pid = by_blob ? rep.r.resolve.pin_id : rep.r.resolve_keys.pin_id;
+            dp__wire_str pid = how == ASK_BY_BLOB  ? rep.r.resolve.pin_id
+                               : how == ASK_BY_ROW ? rep.r.resolve_rows.pin_id
+                                                   : rep.r.resolve_keys.pin_id;
             if (rep.ok && pid.n > 0) {
                 char pin[DP_WIRE_RID_MAX + 32];
                 dp__wire_str_copy(pid, pin, sizeof pin);
@@ -691,8 +511,11 @@ get_match(get_op *x, size_t ns, uint64_t *stage_need)
             for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++)
                 if (x->ks[order[k]].st == K_ASK)
                     item_fail(&x->items[order[k]], &x->ks[order[k]], urc);
-        } else if (by_blob ? get_match_blobs(x, u, &rep.r.resolve, stage_need)
-                           : get_match_unit(x, u, &rep.r.resolve_keys, stage_need)) {
+        } else if (how == ASK_BY_BLOB
+                       ? dp__get_match_blobs(x, u, &rep.r.resolve, stage_need)
+                   : how == ASK_BY_ROW
+                       ? dp__get_match_rows(x, u, &rep.r.resolve_rows, stage_need)
+                       : dp__get_match_keys(x, u, &rep.r.resolve_keys, stage_need)) {
             again = true;
         }
         dp__wire_reply_fini(&rep);

@@ -69,6 +69,10 @@ dp__get_falls_back(int code)
 /* The description of a value from its entry l in a resolve_keys answer. */
 void dp__fill_desc(dp_value_desc *o, const dp__wire_key_loc *l);
 
+/* The same from a resolve_rows description w (its kind parsed once). */
+void dp__fill_desc_wire(dp_value_desc *o, const dp__wire_desc *w, dp_kind kind,
+                        uint64_t len);
+
 /* The description of a value from its location hint l (one that has it). */
 void dp__fill_desc_loc(dp_value_desc *o, const dp_loc *l);
 

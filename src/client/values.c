@@ -26,6 +26,17 @@ dp__fill_desc(dp_value_desc *o, const dp__wire_key_loc *l)
 }
 
 void
+dp__fill_desc_wire(dp_value_desc *o, const dp__wire_desc *w, dp_kind kind, uint64_t len)
+{
+    o->kind = kind;
+    dp__wire_str_copy(w->dtype, o->dtype, sizeof o->dtype);
+    o->ndim = DP_MIN(w->ndim, (uint32_t)DP_SHAPE_MAX);
+    if (o->ndim > 0)
+        memcpy(o->shape, w->shape, o->ndim * sizeof *o->shape);
+    o->nbytes = len;
+}
+
+void
 dp__fill_desc_loc(dp_value_desc *o, const dp_loc *l)
 {
     memset(o, 0, sizeof *o);

@@ -267,6 +267,31 @@ do_resolve_keys(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
 }
 
 static void
+do_resolve_rows(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
+                dp__buf *reply)
+{
+    dp_detail d;
+    dp_detail_clear(&d);
+    dp__unit_resolve_rows_res res;
+    const dp__wire_resolve_rows_args *a = &req->a.resolve_rows;
+    dp__unit_lock(u);
+    int rc =
+        dp__unit_resolve_rows_locked(u, &a->fields, a->rows, a->inline_bytes, &res, &d);
+    if (rc == 0) {
+        dp__wire_resolve_rows_res *r = &rep->r.resolve_rows;
+        r->pin_id = (dp__wire_str){res.pin_id, (uint32_t)strlen(res.pin_id)};
+        r->locs = (dp__wire_bytes){res.locs, res.n * DP_WIRE_LOC_LEN};
+        r->descs = (dp__wire_descs){res.descs, res.n_descs};
+        r->data = (dp__wire_bytes){res.data, (uint32_t)res.data_len};
+        reply_ok(u, rep, reply); /* the descriptions are views: under the lock */
+        dp__unit_resolve_rows_res_fini(&res);
+    } else {
+        reply_error(u, req->rid, rc, &d, NULL, reply);
+    }
+    dp__unit_unlock(u);
+}
+
+static void
 do_release_rows(dp__unit *u, const dp__wire_request *req, dp__wire_reply *rep,
                 dp__buf *reply)
 {
@@ -480,6 +505,9 @@ dp__unit_handle(void *ctx, const uint8_t *msg, size_t len, dp__buf *reply)
         break;
     case DP_WIRE_OP_RESOLVE_KEYS:
         do_resolve_keys(u, &req, &rep, reply);
+        break;
+    case DP_WIRE_OP_RESOLVE_ROWS:
+        do_resolve_rows(u, &req, &rep, reply);
         break;
     case DP_WIRE_OP_RELEASE_ROWS:
         do_release_rows(u, &req, &rep, reply);

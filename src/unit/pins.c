@@ -1,7 +1,7 @@
 /*
- * Reads: resolve (blob ids) and resolve_keys ("<gidx>@<field>" keys) answer
- * where the bytes are and pin the blobs they answer for read_pin_s; unpin
- * and expiry (the ticker) end the pins.
+ * Reads: resolve (blob ids), resolve_keys ("<gidx>@<field>" keys) and
+ * resolve_rows (rows and fields, binary records) answer where the bytes are and pin the
+ * blobs they answer for read_pin_s; unpin and expiry (the ticker) end the pins.
  *
  * Design notes
  * ------------
@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "blob/keys.h"
+#include "common/le.h"
 #include "unit/unit_int.h"
 
 /* End pin p (unpinned or expired) and free it. */
@@ -344,6 +345,191 @@ dp__unit_resolve_keys_res_fini(dp__unit_resolve_keys_res *res)
     free(res->pending);
     free(res->failed);
     free(res->fenced);
+    memset(res, 0, sizeof *res);
+}
+
+/* Whether description t is entry e's (kind, dtype, shape). */
+static bool
+desc_is(const dp__wire_desc *t, const dp__blob_entry *e, const char *kind)
+{
+    return t->kind.p == kind && t->dtype.n == e->dtype_len && t->ndim == e->ndim &&
+           memcmp(t->dtype.p, e->dtype, e->dtype_len) == 0 &&
+           (e->ndim == 0 || memcmp(t->shape, e->shape, e->ndim * sizeof *e->shape) == 0);
+}
+
+static void
+loc_put(uint8_t *o, uint64_t off, uint64_t len, uint32_t state, uint32_t desc)
+{
+    dp__le64_store(o, off);
+    dp__le64_store(o + 8, len);
+    dp__le32_store(o + 16, state);
+    dp__le32_store(o + 20, desc);
+}
+
+/* The fields of a resolve_rows: their count and each one's spelling. */
+static int
+rows_args_check(dp__unit *u, const dp__wire_strs *fields, dp__wire_bytes rows,
+                dp_detail *d)
+{
+    int rc = DP_OK;
+    if (fields->n == 0 || fields->n > DP_WIRE_FIELDS_MAX)
+        rc = dp__fail(d, DP_EPROTO, "resolve_rows: %u fields, want 1 .. %u", fields->n,
+                      DP_WIRE_FIELDS_MAX);
+    else if (rows.n == 0 || rows.n % DP_WIRE_ROW_LEN != 0 ||
+             rows.n / DP_WIRE_ROW_LEN > dp__wire_limits_default.max_list)
+        rc = dp__fail(d, DP_EPROTO,
+                      "resolve_rows: rows of %u bytes, want 1 .. %u records of %d bytes",
+                      rows.n, dp__wire_limits_default.max_list, DP_WIRE_ROW_LEN);
+    for (uint32_t f = 0; f < fields->n && rc == DP_OK; f++)
+        if ((rc = dp__field_check(fields->v[f].p, fields->v[f].n, d)) != DP_OK)
+            rc = dp__fail_ctx(d, DP_EPROTO, "resolve_rows: fields[%u]", f);
+    if (rc != DP_OK) {
+        u->stats.n_proto++;
+        rc = DP_EPROTO;
+    }
+    return rc;
+}
+
+/* Inline (every found value fits the budget: copied into res->data, none
+ * pinned) or pinned; eb[i] is value i's blob when found, else NULL. */
+static int
+rows_inline_or_pin(dp__unit *u, dp__unit_resolve_rows_res *res, blob_rec **eb,
+                   uint64_t resolved, uint64_t budget, blob_rec **pinned, uint32_t *np,
+                   uint64_t epoch, double now, dp_detail *d)
+{
+    bool all = budget > 0 && resolved <= budget;
+    if (all && resolved > 0 && (res->data = malloc(resolved)) == NULL)
+        return dp__fail(d, DP_ENOMEM, "resolve_rows: out of memory");
+    for (uint32_t i = 0; i < res->n; i++) {
+        blob_rec *b = eb[i];
+        if (b == NULL)
+            continue;
+        if (all) {
+            const uint8_t *o = res->locs + (size_t)i * DP_WIRE_LOC_LEN;
+            uint64_t len = dp__le64_load(o + 8);
+            memcpy(res->data + res->data_len, u->slab + dp__le64_load(o), len);
+            res->data_len += len;
+            b->last_resolve_at = now; /* as a pin would mark it */
+        } else if (b->pin_mark != epoch) {
+            b->pin_mark = epoch;
+            pinned[(*np)++] = b;
+        }
+    }
+    if (all)
+        u->stats.inline_bytes += resolved;
+    return DP_OK;
+}
+
+int
+dp__unit_resolve_rows_locked(dp__unit *u, const dp__wire_strs *fields,
+                             dp__wire_bytes rows, uint64_t inline_bytes,
+                             dp__unit_resolve_rows_res *res, dp_detail *d)
+{
+    memset(res, 0, sizeof *res);
+    int rc = rows_args_check(u, fields, rows, d);
+    if (rc != DP_OK)
+        return rc;
+    uint32_t n = rows.n / DP_WIRE_ROW_LEN, nf = fields->n;
+    uint64_t budget = DP_MIN(inline_bytes, (uint64_t)DP_UNIT_INLINE_MAX);
+    uint64_t resolved = 0;
+    double now = dp__unit_now(u);
+    bool fenced = !dp__lease_reads_ok_locked(u, now); /* "Leases" */
+    res->n = n;
+    res->locs = malloc((size_t)n * DP_WIRE_LOC_LEN);
+    res->descs = malloc((size_t)n * sizeof *res->descs);
+    /* Per field: its last description and its hash in a row's slots. */
+    uint32_t *fdesc = malloc(2 * (size_t)nf * sizeof *fdesc), *fhash = fdesc + nf;
+    blob_rec **eb = malloc((size_t)n * sizeof *eb);
+    blob_rec **pinned = malloc((size_t)n * sizeof *pinned);
+    uint32_t np = 0;
+    if (res->locs == NULL || res->descs == NULL || fdesc == NULL || eb == NULL ||
+        pinned == NULL) {
+        rc = dp__fail(d, DP_ENOMEM, "resolve_rows: out of memory");
+        goto fail;
+    }
+    memset(fdesc, 0xff, nf * sizeof *fdesc);
+    for (uint32_t f = 0; f < nf; f++)
+        fhash[f] = dp__row_hash(fields->v[f].p, fields->v[f].n);
+    uint64_t epoch = ++u->pin_epoch;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *q = rows.p + (size_t)i * DP_WIRE_ROW_LEN;
+        uint8_t *o = res->locs + (size_t)i * DP_WIRE_LOC_LEN;
+        uint64_t gidx = dp__le64_load(q);
+        uint32_t fi = dp__le32_load(q + 8);
+        eb[i] = NULL;
+        if (fi >= nf ||
+            !dp__row_on_unit(gidx, u->o.unit_id, u->o.n_units, u->o.replicas)) {
+            u->stats.n_proto++;
+            rc = fi >= nf
+                     ? dp__fail(d, DP_EPROTO,
+                                "resolve_rows: value %u names field %u of %u", i, fi, nf)
+                     : dp__fail(d, DP_EPROTO,
+                                "resolve_rows: row %" PRIu64 " belongs to unit %" PRIu64
+                                ", not to unit %u of %u",
+                                gidx, gidx % u->o.n_units, u->o.unit_id, u->o.n_units);
+            goto fail;
+        }
+        if (fenced) {
+            loc_put(o, 0, 0, DP_WIRE_ROW_FENCED, 0);
+            continue;
+        }
+        const dp__wire_str *f = &fields->v[fi];
+        row *r = dp__map_get_u64(&u->rows, gidx);
+        int32_t k = r != NULL ? dp__row_find(r, f->p, f->n, fhash[fi]) : -1;
+        slot *s = k >= 0 ? &r->s[k] : NULL;
+        int st = s != NULL ? dp__ssd_resolve_state_locked(u, s->b, epoch, now) : 0;
+        if (s == NULL || st == RES_PENDING || st == RES_FAILED) {
+            loc_put(o, 0, 0,
+                    s == NULL           ? DP_WIRE_ROW_MISSING
+                    : st == RES_PENDING ? DP_WIRE_ROW_PENDING
+                                        : DP_WIRE_ROW_FAILED,
+                    0);
+            continue;
+        }
+        blob_rec *b = s->b;
+        const dp__blob_entry *e = dp__blob_entry_at(b->parsed, s->i);
+        const char *kind = dp__blob_kind_name(e->kind);
+        uint32_t di = fdesc[fi];
+        if (di == UINT32_MAX || !desc_is(&res->descs[di], e, kind)) {
+            di = fdesc[fi] = res->n_descs++;
+            res->descs[di] = (dp__wire_desc){dp__zview(kind),
+                                             {e->dtype, e->dtype_len},
+                                             e->ndim > 0 ? e->shape : NULL,
+                                             e->ndim};
+        }
+        loc_put(o, b->off + e->off, e->len, DP_WIRE_ROW_FOUND, di);
+        resolved += e->len;
+        eb[i] = b;
+    }
+    rc = rows_inline_or_pin(u, res, eb, resolved, budget, pinned, &np, epoch, now, d);
+    if (rc != DP_OK)
+        goto fail;
+    free(eb);
+    free(fdesc);
+    u->stats.n_resolve++;
+    u->stats.n_resolve_rows++;
+    u->stats.fenced_keys += fenced ? n : 0;
+    rc = pin_create_locked(u, pinned, np, now, res->pin_id, d); /* frees pinned */
+    if (rc != 0) {
+        dp__unit_resolve_rows_res_fini(res);
+        return rc;
+    }
+    u->stats.resolved_bytes += resolved;
+    return DP_OK;
+fail:
+    free(pinned);
+    free(eb);
+    free(fdesc);
+    dp__unit_resolve_rows_res_fini(res);
+    return rc;
+}
+
+void
+dp__unit_resolve_rows_res_fini(dp__unit_resolve_rows_res *res)
+{
+    free(res->locs);
+    free(res->descs);
+    free(res->data);
     memset(res, 0, sizeof *res);
 }
 

@@ -361,6 +361,32 @@ int dp__unit_resolve_keys_inline_locked(dp__unit *u, const dp__wire_str *keys, u
                                         dp__unit_resolve_keys_res *res, dp_detail *d);
 void dp__unit_resolve_keys_res_fini(dp__unit_resolve_keys_res *res);
 
+/* resolve_rows' answer (wire.h, dp__wire_resolve_rows_res). */
+typedef struct dp__unit_resolve_rows_res {
+    char pin_id[33];
+    uint8_t *locs; /* n * DP_WIRE_LOC_LEN bytes, a record per value asked */
+    uint32_t n;
+    dp__wire_desc *descs; /* the distinct descriptions (views into the blobs' indexes:
+                             valid while u->mu stays held) */
+    uint32_t n_descs;
+    uint8_t *data; /* inline: every found value's bytes in the order asked, or NULL */
+    uint64_t data_len;
+} dp__unit_resolve_rows_res;
+
+/*
+ * Locate values asked by row and field (docs/design.md, "Resolve by row"):
+ * rows holds a DP_WIRE_ROW_LEN record a value (gidx, index into fields). Each
+ * value's state, offset, length and description go into a fixed-size record,
+ * in the order asked; blobs are pinned as resolve_keys' are, or (inline_bytes,
+ * as there) every found value is copied into data and nothing is pinned. A
+ * bad field, a bad record or a row owned by another unit is DP_EPROTO
+ * (nothing pinned). Encode the reply before unlocking; free with _fini.
+ */
+int dp__unit_resolve_rows_locked(dp__unit *u, const dp__wire_strs *fields,
+                                 dp__wire_bytes rows, uint64_t inline_bytes,
+                                 dp__unit_resolve_rows_res *res, dp_detail *d);
+void dp__unit_resolve_rows_res_fini(dp__unit_resolve_rows_res *res);
+
 /*
  * Request order (docs/design.md, "Request order"). A request id of the form
  * "<16 hex>-<hex counter>" names its client (the prefix) and its place among
@@ -495,8 +521,9 @@ void dp__unit_fields_free(dp__wire_fields *recs, uint32_t n);
     X(n_abort, "aborts")                                                                 \
     X(n_resolve, "resolves")                                                             \
     X(n_resolve_blobs, "resolves_by_blob") /* of them, by blob id (location hints) */    \
-    X(n_put_inline, "puts_inline")         /* blobs carried in their put request */      \
-    X(inline_bytes, "inline_bytes") /* value bytes carried in resolve_keys replies */    \
+    X(n_resolve_rows, "resolves_by_row") /* of them, by row and field (resolve_rows) */  \
+    X(n_put_inline, "puts_inline")       /* blobs carried in their put request */        \
+    X(inline_bytes, "inline_bytes")      /* value bytes carried in resolve replies */    \
     X(n_unpin, "unpins")                                                                 \
     X(n_release, "releases")                                                             \
     X(n_busy, "busy")                                                                    \

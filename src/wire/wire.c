@@ -324,6 +324,7 @@ dp__wire_op_repeatable(dp__wire_op op)
     case DP_WIRE_OP_FENCE: /* a second fence of the same units: a later one */
     case DP_WIRE_OP_RESOLVE:
     case DP_WIRE_OP_RESOLVE_KEYS: /* a pin never answered ends with its lease */
+    case DP_WIRE_OP_RESOLVE_ROWS:
     case DP_WIRE_OP_RELEASE_ROWS: /* idempotent */
     case DP_WIRE_OP_ALLOC:        /* same blob id and size: the same allocation */
     case DP_WIRE_OP_COMMIT:       /* done once: done (or lost), never twice */
@@ -416,6 +417,11 @@ static const dp__wire_fdesc resolve_keys_f[] = {
     F(dp__wire_resolve_keys_args, keys, KEYS, 1, 0),
     F(dp__wire_resolve_keys_args, inline_bytes, SIZE0, 0, 0),
 };
+static const dp__wire_fdesc resolve_rows_f[] = {
+    F(dp__wire_resolve_rows_args, fields, KEYS, 1, 0),
+    F(dp__wire_resolve_rows_args, rows, BIN, 1, 0),
+    F(dp__wire_resolve_rows_args, inline_bytes, SIZE0, 0, 0),
+};
 static const dp__wire_fdesc unpin_f[] = {
     F(dp__wire_unpin_args, pin_id, ID, 1, 0),
 };
@@ -471,6 +477,7 @@ static const struct {
     T(LIST_KEYS, list_keys_f),
     T(LEASE, lease_f),
     T(FENCE, fence_f),
+    T(RESOLVE_ROWS, resolve_rows_f),
 #undef T
 };
 

@@ -148,7 +148,8 @@ int dp__wire_check_text(dp__wire_str s, const dp__wire_limits *lim, const char *
     X(PUT, "put", false)                                                                 \
     X(LIST_KEYS, "list_keys", false)                                                     \
     X(LEASE, "lease", false)                                                             \
-    X(FENCE, "fence", false)
+    X(FENCE, "fence", false)                                                             \
+    X(RESOLVE_ROWS, "resolve_rows", false)
 
 typedef enum dp__wire_op {
     DP_WIRE_OP_NONE = -1, /* not (yet) known */
@@ -270,6 +271,22 @@ typedef struct dp__wire_resolve_keys_args {
     uint64_t inline_bytes;
 } dp__wire_resolve_keys_args;
 
+/*
+ * resolve_rows (proto 6): a get's lookup by row and field, its per-value
+ * arrays in a fixed binary layout (docs/design.md, "Resolve by row"). rows
+ * holds one DP_WIRE_ROW_LEN record a value: its gidx (u64 LE) and the index
+ * (u32 LE) of its field in fields; the unit answers the values in that order.
+ */
+#define DP_WIRE_ROW_LEN 12
+/* The most distinct fields one resolve_rows names. */
+#define DP_WIRE_FIELDS_MAX 4096
+
+typedef struct dp__wire_resolve_rows_args {
+    dp__wire_strs fields;  /* 1 .. DP_WIRE_FIELDS_MAX field names (key rules) */
+    dp__wire_bytes rows;   /* n * DP_WIRE_ROW_LEN bytes, n >= 1 */
+    uint64_t inline_bytes; /* optional, default 0: as resolve_keys' */
+} dp__wire_resolve_rows_args;
+
 typedef struct dp__wire_unpin_args {
     dp__wire_str pin_id;
 } dp__wire_unpin_args;
@@ -371,6 +388,7 @@ typedef struct dp__wire_request {
         dp__wire_list_keys_args list_keys;
         dp__wire_lease_args lease;
         dp__wire_fence_args fence;
+        dp__wire_resolve_rows_args resolve_rows;
     } a;
     struct dp_wire_blk *mem_;
 } dp__wire_request;
@@ -411,9 +429,10 @@ int dp__wire_request_peek(const void *msg, size_t len, const dp__wire_limits *li
  * allocation's identity (blob layout version 2). 3: put, inline values. 4:
  * versions on commit and put, the "Stale" error (docs/design.md, "Versions").
  * 5: save_shard home, load_shard copy (one-copy checkpoints); lease, fence and
- * resolve_keys' fenced keys (read leases: "Leases").
+ * resolve_keys' fenced keys (read leases: "Leases"). 6: resolve_rows (a get's
+ * lookup by row and field, per-value arrays in binary: "Resolve by row").
  */
-#define DP_WIRE_PROTO 5
+#define DP_WIRE_PROTO 6
 
 typedef struct dp__wire_info {
     uint64_t unit_id;
@@ -498,6 +517,45 @@ typedef struct dp__wire_resolve_keys_res {
      * lease (it may hold older copies: docs/design.md, "Leases") */
     dp__wire_strs fenced;
 } dp__wire_resolve_keys_res;
+
+/*
+ * resolve_rows' answer: locs holds one DP_WIRE_LOC_LEN record a value asked,
+ * in the order asked: the value's slab offset (u64 LE), its length (u64 LE),
+ * its state (u32 LE, dp__wire_row_state) and, when found, the index (u32 LE)
+ * of its description in descs (each distinct description once). data, when
+ * not empty, carries every found value's bytes, one after another in the
+ * order asked (inline: nothing pinned).
+ */
+#define DP_WIRE_LOC_LEN 24
+
+typedef enum dp__wire_row_state {
+    DP_WIRE_ROW_FOUND = 0,
+    DP_WIRE_ROW_MISSING,
+    DP_WIRE_ROW_PENDING, /* being staged from SSD: ask again */
+    DP_WIRE_ROW_FAILED,  /* staging from SSD failed */
+    DP_WIRE_ROW_FENCED,  /* not answered: no read lease ("Leases") */
+    DP_WIRE_ROW_STATES_
+} dp__wire_row_state;
+
+/* A value's description: wire form [kind, dtype, shape]. */
+typedef struct dp__wire_desc {
+    dp__wire_str kind;
+    dp__wire_str dtype;
+    const uint64_t *shape; /* ndim dims (NULL when ndim == 0) */
+    uint32_t ndim;
+} dp__wire_desc;
+
+typedef struct dp__wire_descs {
+    dp__wire_desc *v;
+    uint32_t n;
+} dp__wire_descs;
+
+typedef struct dp__wire_resolve_rows_res {
+    dp__wire_str pin_id; /* n == 0: nil */
+    dp__wire_bytes locs;
+    dp__wire_descs descs;
+    dp__wire_bytes data; /* optional: empty, nothing inline */
+} dp__wire_resolve_rows_res;
 
 /* A scalar of a generic record (scan) or counter map (stats). */
 typedef enum dp__wire_scalar_type {
@@ -620,6 +678,7 @@ typedef struct dp__wire_reply {
         dp__wire_commit_state commit;
         dp__wire_resolve_res resolve;
         dp__wire_resolve_keys_res resolve_keys;
+        dp__wire_resolve_rows_res resolve_rows;
         uint64_t dropped; /* release_rows */
         dp__wire_scan_res scan;
         dp__wire_fields stats;

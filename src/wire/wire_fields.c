@@ -385,6 +385,62 @@ fail:
     return rc;
 }
 
+/* [[kind, dtype, shape]]: the distinct descriptions of a resolve_rows answer. */
+static int
+rd_descs(dp__wire_dec *c, dp__wire_descs *out, const char *what)
+{
+    uint32_t n;
+    int rc = rd_list_head(c, &n, what);
+    if (rc != DP_OK)
+        return rc;
+    out->n = 0;
+    out->v = NULL;
+    if (n == 0)
+        return DP_OK;
+    dp__wire_desc *v = dp__wire_alloc(c->mem, (size_t)n * sizeof *v);
+    if (v == NULL)
+        return nomem(c, what);
+    dp__wire_pool dims = {.esz = sizeof(uint64_t)};
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t na, nd;
+        dp__wire_desc *e = &v[i];
+        if ((rc = dp__mp_read_array(&c->r, &na, NULL, c->d)) == DP_OK && na != 3)
+            rc = dp__fail(c->d, DP_EPROTO, "array of %u elements, expected 3", na);
+        if (rc == DP_OK &&
+            (rc = rd_str_checked(c, DP__V_TEXT, &e->kind, "kind")) == DP_OK &&
+            (rc = rd_str_checked(c, DP__V_TEXT, &e->dtype, "dtype")) == DP_OK &&
+            (rc = dp__mp_read_array(&c->r, &nd, "shape", c->d)) == DP_OK) {
+            if (nd > c->lim->max_dims)
+                rc = dp__fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
+                              c->lim->max_dims);
+            else
+                rc = dp__wire_charge(c, nd, "shape");
+            for (uint32_t j = 0; j < nd && rc == DP_OK; j++) {
+                uint64_t *dim = dp__wire_pool_push(&dims);
+                if (dim == NULL)
+                    rc = nomem(c, "shape");
+                else if ((rc = rd_bounded(c, dim, 0, c->lim->max_size - 1, DP_EPROTO,
+                                          NULL)) != DP_OK)
+                    rc = dp__fail_ctx(c->d, rc, "shape[%u]", j);
+            }
+            e->ndim = nd;
+        }
+        if (rc != DP_OK) {
+            dp__wire_pool_drop(&dims);
+            return dp__fail_ctx(c->d, rc, "%s[%u]", what, i);
+        }
+    }
+    const uint64_t *all = dp__wire_pool_finish(&dims, c->mem);
+    size_t pos = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        v[i].shape = v[i].ndim > 0 ? all + pos : NULL;
+        pos += v[i].ndim;
+    }
+    out->v = v;
+    out->n = n;
+    return DP_OK;
+}
+
 int
 dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
 {
@@ -436,6 +492,8 @@ dp__wire_value_decode(dp__wire_dec *c, int k, const char *what, void *p)
         return rd_blob_locs(c, p, what);
     case DP__V_KEY_LOCS:
         return rd_key_locs(c, p, what);
+    case DP__V_DESCS:
+        return rd_descs(c, p, what);
     }
     DP_ASSERT(!"unknown value kind");
     return DP_EPROTO;
@@ -608,6 +666,20 @@ dp__wire_value_encode(dp__mp_writer *w, int k, const void *p, const dp__wire_lim
                 dp__mp_put_u64(w, e->shape[j]);
             if (e->data.n > 0)
                 dp__mp_put_bin(w, e->data.p, e->data.n);
+        }
+        return;
+    }
+    case DP__V_DESCS: {
+        const dp__wire_descs *l = p;
+        dp__mp_put_array(w, l->n);
+        for (uint32_t i = 0; i < l->n; i++) {
+            const dp__wire_desc *e = &l->v[i];
+            dp__mp_put_array(w, 3);
+            dp__wire_put_text(w, e->kind, lim->max_text);
+            dp__wire_put_text(w, e->dtype, lim->max_text);
+            dp__mp_put_array(w, e->ndim);
+            for (uint32_t j = 0; j < e->ndim; j++)
+                dp__mp_put_u64(w, e->shape[j]);
         }
         return;
     }

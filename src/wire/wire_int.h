@@ -60,6 +60,7 @@ enum dp__wire_vk {
     DP__V_SHARD_BLOBS, /* dp__wire_shard_blobs: {id: [off, nbytes, refs]} */
     DP__V_BLOB_LOCS,   /* dp__wire_blob_locs: {id: [off, len]} */
     DP__V_KEY_LOCS, /* dp__wire_key_locs: {key: [off, len, kind, dtype, shape(, data)]} */
+    DP__V_DESCS,    /* dp__wire_descs: [[kind, dtype, shape]] */
 };
 
 typedef struct dp__wire_fdesc {

@@ -55,6 +55,12 @@ static const dp__wire_fdesc resolve_keys_f[] = {
     F(dp__wire_resolve_keys_res, failed, KEYS, 1, 0),
     F(dp__wire_resolve_keys_res, fenced, KEYS, 0, 0),
 };
+static const dp__wire_fdesc resolve_rows_f[] = {
+    F(dp__wire_resolve_rows_res, pin_id, ID_OR_NIL, 1, 0),
+    F(dp__wire_resolve_rows_res, locs, BIN, 1, 0),
+    F(dp__wire_resolve_rows_res, descs, DESCS, 1, 0),
+    F(dp__wire_resolve_rows_res, data, BIN, 0, 0),
+};
 static const dp__wire_fdesc lease_res_f[] = {
     F(dp__wire_lease_res, granted, BOOL, 1, 0),
     F(dp__wire_lease_res, lease_ms, U64, 0, 0),
@@ -389,6 +395,9 @@ rd_result(dp__wire_dec *c, dp__wire_reply *rep)
     case DP_WIRE_OP_RESOLVE_KEYS:
         return dp__wire_map_decode(c, TAB(resolve_keys_f), false, &rep->r.resolve_keys,
                                    NULL);
+    case DP_WIRE_OP_RESOLVE_ROWS:
+        return dp__wire_map_decode(c, TAB(resolve_rows_f), false, &rep->r.resolve_rows,
+                                   NULL);
     case DP_WIRE_OP_RELEASE_ROWS:
         return dp__wire_value_decode(c, DP__V_U64, "dropped", &rep->r.dropped);
     case DP_WIRE_OP_SCAN:
@@ -437,6 +446,9 @@ put_result(dp__mp_writer *w, const dp__wire_reply *rep, const dp__wire_limits *l
         return;
     case DP_WIRE_OP_RESOLVE_KEYS:
         dp__wire_map_encode(w, TAB(resolve_keys_f), &rep->r.resolve_keys, lim);
+        return;
+    case DP_WIRE_OP_RESOLVE_ROWS:
+        dp__wire_map_encode(w, TAB(resolve_rows_f), &rep->r.resolve_rows, lim);
         return;
     case DP_WIRE_OP_RELEASE_ROWS:
         dp__mp_put_u64(w, rep->r.dropped);

@@ -137,7 +137,7 @@ def test_unit_metrics_parse_and_move(unit):
     # Histograms: cumulative, +Inf == count, per op.
     h = fams["dataplane_op_duration_seconds"]
     assert h.type == "histogram"
-    for op in ("put", "resolve_keys", "release_rows", "info"):
+    for op in ("put", "resolve_rows", "release_rows", "info"):
         buckets = [(s.labels["le"], s.value) for s in h.samples
                    if s.name.endswith("_bucket") and s.labels["op"] == op]
         counts = [v for _, v in buckets]
