@@ -1117,6 +1117,14 @@ DP_TEST(bad_puts_and_skipped_cells)
                       {x, 16, DP_KIND_BYTES, NULL, NULL, 0}};
     CHECK_ERR_D(dp_client_put(c, g2, 2, f1, 1, v2, NULL, &d), DP_EINVAL, &d);
     CHECK_CONTAINS(dp_detail_msg(&d), "twice");
+    /* Rows out of order are checked too (a hash set, not the ordered scan). */
+    uint64_t gd[] = {9, 2, 7, 2}, gl[] = {1, 2, 3, 3}, gu[] = {9, 2, 7, 5};
+    dp_value vd[4] = {v2[0], v2[0], v2[0], v2[0]};
+    CHECK_ERR_D(dp_client_put(c, gd, 4, f1, 1, vd, NULL, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "row 2 given twice");
+    CHECK_ERR_D(dp_client_put(c, gl, 4, f1, 1, vd, NULL, &d), DP_EINVAL, &d);
+    CHECK_CONTAINS(dp_detail_msg(&d), "row 3 given twice");
+    CHECK_OK_D(dp_client_put(c, gu, 4, f1, 1, vd, NULL, &d), &d);
     const char *fbad[] = {"a@b"};
     uint64_t g1[] = {3};
     CHECK_ERR(dp_client_put(c, g1, 1, fbad, 1, v2, NULL, NULL), DP_EINVAL);
