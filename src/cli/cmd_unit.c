@@ -654,7 +654,7 @@ out:
     dp__unit_lease_stop(lease);
     dp__unit_repair_stop(rep);
     dp__reg_unit_stop(reg); /* first: clients stop coming before the unit goes */
-    dp__unit_server_close(srv);
+    dp__unit_server_close_at_exit(srv);
     return status;
 }
 

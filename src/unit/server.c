@@ -236,6 +236,14 @@ dp__unit_server_endpoint(const dp__unit_server *s)
 }
 
 void
+dp__unit_server_close_at_exit(dp__unit_server *s)
+{
+    if (s != NULL)
+        dp__endpoint_keep_ucx_at_close(s->ep);
+    dp__unit_server_close(s);
+}
+
+void
 dp__unit_server_close(dp__unit_server *s)
 {
     if (s == NULL)

@@ -85,4 +85,8 @@ struct dp__endpoint *dp__unit_server_endpoint(const dp__unit_server *s);
 /* Stop serving and free everything, control server first. NULL allowed. */
 void dp__unit_server_close(dp__unit_server *s);
 
+/* The same before the process exits: the endpoint's UCX worker is left to the
+ * exit (dp__endpoint_keep_ucx_at_close). */
+void dp__unit_server_close_at_exit(dp__unit_server *s);
+
 #endif

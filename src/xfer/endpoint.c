@@ -470,17 +470,19 @@ dp__endpoint_close(dp__endpoint *ep)
     free(ep->runs);
     ep->runs = NULL;
     ep->n_runs = ep->runs_cap = 0;
-    if (ep->n_retained > 0 || ep->ts_inflight > 0) {
+    if (ep->n_retained > 0 || ep->ts_inflight > 0 || ep->keep_ucx) {
         /*
          * A retained transfer may still run: keep the context, worker, endpoints,
          * keys and memory registrations, for good. So for a served two-sided
          * reply or receive UCX still runs (UCX 1.13 asserts when a worker is
-         * destroyed with requests on a connection a peer opened).
+         * destroyed with requests on a connection a peer opened). And when the
+         * process exits next (dp__endpoint_keep_ucx_at_close).
          */
         ep->abandoned = true;
-        DP_LOG_W("endpoint %s: closed with %" PRIu64 " unfinished transfers: its UCX "
-                 "worker and memory are kept for the life of the process",
-                 ep->name, ep->n_retained + ep->ts_inflight);
+        if (ep->n_retained > 0 || ep->ts_inflight > 0)
+            DP_LOG_W("endpoint %s: closed with %" PRIu64 " unfinished transfers: its UCX "
+                     "worker and memory are kept for the life of the process",
+                     ep->name, ep->n_retained + ep->ts_inflight);
         unlock(ep);
         pthread_mutex_lock(&ab_mu);
         dp__list_insert_head(&ab_list, &ep->ab_link);
@@ -514,6 +516,13 @@ dp__endpoint_close(dp__endpoint *ep)
         ucp_cleanup(ep->ctx);
     ep->ctx = NULL;
     unlock(ep);
+}
+
+void
+dp__endpoint_keep_ucx_at_close(dp__endpoint *ep)
+{
+    if (ep != NULL)
+        ep->keep_ucx = true;
 }
 
 void

@@ -208,6 +208,15 @@ void dp__endpoint_close(dp__endpoint *ep);
 /* Close (if needed) and free. NULL and half-built endpoints allowed. */
 void dp__endpoint_destroy(dp__endpoint *ep);
 
+/*
+ * The process exits after this endpoint's close: close keeps its UCX worker
+ * and context as it does for retained transfers (nothing to give back to a
+ * process about to end). UCX 1.13 may abort in a worker's destroy when a
+ * peer's wireup reply is still pending on a connection an outage left
+ * stuck (an assertion upstream removed, openucx/ucx#8175).
+ */
+void dp__endpoint_keep_ucx_at_close(dp__endpoint *ep);
+
 /* The endpoint's name (valid until destroy). */
 const char *dp__endpoint_name(const dp__endpoint *ep);
 

@@ -209,6 +209,7 @@ struct dp__endpoint {
     bool mu_init;
     bool closed;
     bool abandoned;
+    bool keep_ucx; /* close keeps the UCX state: the process is exiting */
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *waddr;
