@@ -30,14 +30,16 @@ check_entries(const dp__blob *b, size_t size)
         if (e->off < h->payload_off || e->off % 64 != 0 || e->off > size ||
             e->len > size - e->off)
             abort();
-        if (strlen(e->key) != e->key_len || strlen(e->dtype) != e->dtype_len ||
+        if (strlen(e->field) != e->field_len || strlen(e->dtype) != e->dtype_len ||
             e->ndim > DP_BLOB_MAX_DIMS)
             abort();
+        char key[DP_KEY_MAX + 1];
+        size_t kl = dp__blob_entry_key(e, key);
         dp__key_parts kp;
-        if (dp__key_split(e->key, e->key_len, &kp, NULL) != DP_OK || kp.gidx != e->gidx ||
-            kp.field != e->field || kp.field_len != e->field_len)
+        if (dp__key_split(key, kl, &kp, NULL) != DP_OK || kp.gidx != e->gidx ||
+            kp.field_len != e->field_len || memcmp(kp.field, e->field, kp.field_len) != 0)
             abort();
-        if (dp__blob_find(b, e->key, e->key_len) != e)
+        if (dp__blob_find(b, key, kl) != e)
             abort();
     }
 }
@@ -54,8 +56,10 @@ round_trip(const dp__blob *b)
         const dp__blob_entry *e = dp__blob_entry_at(b, i);
         /* keep the rebuilt blob small: lengths are capped, the check below
          * knows it */
-        dp__blob_entry_spec s = {.key = e->key,
-                                 .key_len = e->key_len,
+        char key[DP_KEY_MAX + 1];
+        size_t kl = dp__blob_entry_key(e, key);
+        dp__blob_entry_spec s = {.key = key,
+                                 .key_len = kl,
                                  .kind = e->kind,
                                  .dtype = e->dtype,
                                  .shape = e->shape,
@@ -79,9 +83,9 @@ round_trip(const dp__blob *b)
         abort();
     for (uint32_t i = 0; i < dp__blob_count(b); i++) {
         const dp__blob_entry *x = dp__blob_entry_at(b, i), *y = dp__blob_entry_at(c, i);
-        if (strcmp(x->key, y->key) != 0 || strcmp(x->dtype, y->dtype) != 0 ||
-            x->kind != y->kind || x->ndim != y->ndim || y->len != x->len % 4096 ||
-            x->has_crc != y->has_crc || x->crc != y->crc ||
+        if (x->gidx != y->gidx || strcmp(x->field, y->field) != 0 ||
+            strcmp(x->dtype, y->dtype) != 0 || x->kind != y->kind || x->ndim != y->ndim ||
+            y->len != x->len % 4096 || x->has_crc != y->has_crc || x->crc != y->crc ||
             memcmp(x->shape, y->shape, x->ndim * sizeof(uint64_t)) != 0)
             abort();
     }

@@ -223,14 +223,15 @@ DP_TEST(one_entry_round_trip)
     CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
     CHECK_EQ(dp__blob_count(b), 1);
     const dp__blob_header *h = dp__blob_get_header(b);
-    EXPECT_EQ(h->version, 2);
+    EXPECT_EQ(h->version, 3);
     EXPECT_EQ_U64(h->alloc_incarnation, 0); /* not named yet */
     EXPECT_EQ_U64(h->alloc_token, 0);
     EXPECT_EQ(h->total_len, len);
     EXPECT_EQ(h->flags, 0);
     const dp__blob_entry *e = dp__blob_entry_at(b, 0);
-    EXPECT_STR(e->key, "17@input_ids");
-    EXPECT_EQ(e->key_len, 12);
+    char key[DP_KEY_MAX + 1];
+    EXPECT_EQ(dp__blob_entry_key(e, key), 12);
+    EXPECT_STR(key, "17@input_ids");
     EXPECT_EQ_U64(e->gidx, 17);
     EXPECT_STR(e->field, "input_ids");
     EXPECT_EQ(e->field_len, 9);
@@ -291,7 +292,9 @@ DP_TEST(many_entries_round_trip_with_crc)
     CHECK_EQ(dp__blob_get_header(b)->flags, DP_BLOB_FLAG_CRC);
     for (uint32_t i = 0; i < N; i++) {
         const dp__blob_entry *e = dp__blob_entry_at(b, i);
-        CHECK_STR(e->key, keys[i]);
+        char key[DP_KEY_MAX + 1];
+        dp__blob_entry_key(e, key);
+        CHECK_STR(key, keys[i]);
         CHECK_EQ_U64(e->gidx, (uint64_t)i * 7);
         CHECK_EQ(e->kind, (int)(i % 3));
         CHECK_STR(e->dtype, specs[i].kind == DP_BLOB_TENSOR ? specs[i].dtype : "");
@@ -496,29 +499,41 @@ DP_TEST(trusted_builder_is_still_checked_by_the_parser)
     CHECK_ERR(dp__blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
     CHECK_CONTAINS(d.msg, "key '7@obs' appears twice");
     free(img);
-    /* A malformed key is not split either; the parser refuses it. */
+    /* A malformed field is not checked either; the parser refuses it. */
     dp__blob_builder_reset(bb);
-    s.key = "07@obs";
-    s.key_len = 6;
-    CHECK_OK(dp__blob_builder_add(bb, &s, NULL, &d));
+    uint32_t fi = 9;
+    CHECK_OK(dp__blob_builder_field(bb, "o@bs", 4, &fi, &d));
+    CHECK_EQ(fi, 0);
+    dp__blob_entry_spec sf = {.gidx = 7, .field = 0, .kind = DP_BLOB_BYTES, .len = 10};
+    CHECK_OK(dp__blob_builder_add(bb, &sf, NULL, &d));
     CHECK_OK(dp__blob_builder_layout(bb, &l, &d));
     img = calloc(1, l.total_len);
     CHECK(img != NULL);
     CHECK_OK(dp__blob_builder_write(bb, img, l.total_len, &d));
     CHECK_ERR(dp__blob_parse(img, l.total_len, NULL, &pb, &d), DP_EPROTO);
-    CHECK_CONTAINS(d.msg, "leading zero");
+    CHECK_CONTAINS(d.msg, "blob: field 0");
+    CHECK_CONTAINS(d.msg, "'@'");
     free(img);
-    /* Untrusted again: the builder checks. */
+    /* A field number never declared is refused by the builder itself. */
+    sf.field = 1;
+    CHECK_ERR(dp__blob_builder_add(bb, &sf, NULL, &d), DP_EINVAL);
+    CHECK_CONTAINS(d.msg, "field 1 was not declared");
+    /* Untrusted again: the builder checks fields, and keys are always split. */
     dp__blob_builder_trust_keys(bb, false);
+    CHECK_ERR(dp__blob_builder_field(bb, "a@b", 3, &fi, &d), DP_EINVAL);
+    s.key = "07@obs";
+    s.key_len = 6;
     CHECK_ERR(dp__blob_builder_add(bb, &s, NULL, &d), DP_EINVAL);
+    CHECK_CONTAINS(d.msg, "leading zero");
     dp__blob_builder_destroy(bb);
 }
 
 /*
  * dp__blob_sizer predicts the builder's index and blob sizes exactly: random
- * entries across every msgpack size class (keys of 3..276 bytes, dtypes of
- * 0..32, 0..32 dims of every width, lengths from 0 to past 2^32), with and
- * without CRCs, 1..300 entries (array headers of 1 and 3 bytes).
+ * entries (fields of 1..255 bytes, some repeated, dtypes of 0..32 bytes,
+ * 0..32 dims of every width, lengths from 0 to past 2^32), with and without
+ * CRCs, 1..300 entries; the sizer is told each field once, in the order the
+ * builder first sees it.
  */
 DP_TEST(sizer_predicts_the_layout)
 {
@@ -534,15 +549,27 @@ DP_TEST(sizer_predicts_the_layout)
         dp__blob_sizer z;
         dp__blob_sizer_init(&z, flags);
         uint32_t n = 1 + (uint32_t)(dp_test_rand(&rs) % (round < 100 ? 20 : 300));
+        static char seen[300][300];
+        uint32_t n_seen = 0;
         for (uint32_t i = 0; i < n; i++) {
             char key[300], dtype[40];
             uint64_t shape[32];
             int kl = snprintf(key, sizeof key, "%" PRIu64 "@",
                               dp_test_rand(&rs) >> (dp_test_rand(&rs) % 64));
             size_t fl = 1 + dp_test_rand(&rs) % (i % 7 == 0 ? 255 : 20);
+            int f0 = kl;
+            uint32_t v =
+                (uint32_t)(dp_test_rand(&rs) % 4); /* a field seen before, often */
             for (size_t k = 0; k < fl && kl < 276; k++)
-                key[kl++] = (char)('a' + (i + k) % 26);
+                key[kl++] = (char)('a' + (i % 5 == 0 ? i + k : v + k) % 26);
             key[kl] = '\0';
+            uint32_t t = 0;
+            while (t < n_seen && strcmp(seen[t], key + f0) != 0)
+                t++;
+            if (t == n_seen) {
+                snprintf(seen[n_seen++], sizeof seen[0], "%s", key + f0);
+                dp__blob_sizer_field(&z, (size_t)(kl - f0));
+            }
             dp__blob_kind kind = (dp__blob_kind)(dp_test_rand(&rs) % 3);
             size_t dl = kind == DP_BLOB_TENSOR ? 1 + dp_test_rand(&rs) % 32
                                                : dp_test_rand(&rs) % 33;
@@ -564,7 +591,7 @@ DP_TEST(sizer_predicts_the_layout)
             sp.len = len;
             sp.has_crc = flags != 0;
             CHECK_OK(dp__blob_builder_add(b, &sp, NULL, NULL));
-            dp__blob_sizer_add(&z, (size_t)kl, kind, dl, shape, nd, len);
+            dp__blob_sizer_add(&z, dl, nd, len);
         }
         dp__blob_layout lay;
         CHECK_OK(dp__blob_builder_layout(b, &lay, NULL));
@@ -636,8 +663,8 @@ DP_TEST(rejects_bad_version)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    put_le32(p + 8, 3);
-    CHECK_REJECT(p, len, NULL, "version 3");
+    put_le32(p + 8, 4);
+    CHECK_REJECT(p, len, NULL, "version 4, this unit reads versions 2 and 3");
     put_le32(p + 8, 1);
     CHECK_REJECT(p, len, NULL, "layout version 1 (written by an older client");
     put_le32(p + 8, 0);
@@ -804,8 +831,10 @@ DP_TEST(rejects_entry_count_mismatch)
 {
     size_t len;
     uint8_t *p = valid_blob(&len);
-    put_le32(p + 12, 1);
-    CHECK_REJECT(p, len, NULL, "index has 2 entries, header says 1");
+    put_le32(p + 12, 1); /* version 3: the entries are as many as the header says */
+    CHECK_REJECT(p, len, NULL, "stray bytes after the index's 1 entries");
+    put_le32(p + 12, 3);
+    CHECK_REJECT(p, len, NULL, "blob entry 2 of 3 runs past the index");
     free(p);
 }
 
@@ -1216,7 +1245,9 @@ DP_TEST(payload_crc_catches_corruption)
             size_t at = (size_t)(e->off + dp_test_rand(&s) % e->len);
             p[at] ^= (uint8_t)(1u << (dp_test_rand(&s) % 8));
             CHECK_ERR_D(dp__blob_check_payload(b, p, len, &d), DP_ECORRUPT, &d);
-            CHECK_CONTAINS(d.msg, e->key);
+            char key[DP_KEY_MAX + 1];
+            dp__blob_entry_key(e, key);
+            CHECK_CONTAINS(d.msg, key);
             CHECK_ERR(dp__blob_entry_check(e, p + e->off, &d), DP_ECORRUPT);
             /* the parse itself does not read the payload */
             CHECK_ACCEPT(p, len, NULL);
@@ -1244,23 +1275,208 @@ DP_TEST(parsed_blob_owns_its_copy)
     uint64_t offs[12];
     for (uint32_t i = 0; i < n; i++) {
         const dp__blob_entry *e = dp__blob_entry_at(b, i);
-        snprintf(saved[i], sizeof saved[i], "%s|%s|%s", e->key, e->field, e->dtype);
+        snprintf(saved[i], sizeof saved[i], "%" PRIu64 "|%s|%s", e->gidx, e->field,
+                 e->dtype);
         offs[i] = e->off;
-        const uint8_t *ptrs[4] = {(const uint8_t *)e->key, (const uint8_t *)e->field,
-                                  (const uint8_t *)e->dtype, (const uint8_t *)e->shape};
-        for (int k = 0; k < 4; k++)
+        const uint8_t *ptrs[3] = {(const uint8_t *)e->field, (const uint8_t *)e->dtype,
+                                  (const uint8_t *)e->shape};
+        for (int k = 0; k < 3; k++)
             CHECK(ptrs[k] < p || ptrs[k] >= p + len);
     }
     memset(p, 0xa5, len);
     for (uint32_t i = 0; i < n; i++) {
         const dp__blob_entry *e = dp__blob_entry_at(b, i);
         char now[64];
-        snprintf(now, sizeof now, "%s|%s|%s", e->key, e->field, e->dtype);
+        snprintf(now, sizeof now, "%" PRIu64 "|%s|%s", e->gidx, e->field, e->dtype);
         CHECK_STR(now, saved[i]);
         CHECK_EQ_U64(e->off, offs[i]);
     }
     CHECK_EQ(dp__blob_get_header(b)->total_len, len);
     dp__blob_destroy(b);
+    free(p);
+}
+
+/* ---- version 3 index rules: hand-made indexes with valid CRCs ---- */
+
+/* A hand-made version 3 entry; off is relative to payload_off. */
+struct v3e {
+    uint64_t gidx, off, len;
+    uint32_t field, crc;
+    uint8_t kind, dl, nd, zero;
+    const char *dtype;
+    uint64_t dims[33];
+};
+
+static struct v3e
+v3_ok(uint64_t gidx, uint32_t field, uint64_t off)
+{
+    return (struct v3e){.gidx = gidx,
+                        .off = off,
+                        .len = 16,
+                        .field = field,
+                        .kind = DP_BLOB_TENSOR,
+                        .dl = 7,
+                        .nd = 1,
+                        .dtype = "float32",
+                        .dims = {4}};
+}
+
+/* Header + version 3 index + payload room; pad: the first padding byte. */
+static uint8_t *
+craft3(const char *const *fields, uint32_t nf, const struct v3e *e, uint32_t n,
+       uint32_t flags, uint8_t pad, size_t *len)
+{
+    uint8_t ix[8192];
+    size_t at = 4;
+    put_le32(ix, nf);
+    for (uint32_t f = 0; f < nf; f++) {
+        size_t fl = strlen(fields[f]);
+        ix[at++] = (uint8_t)fl;
+        memcpy(ix + at, fields[f], fl);
+        at += fl;
+    }
+    size_t first = at;
+    while (at % 8 != 0)
+        ix[at++] = 0;
+    if (at > first)
+        ix[first] = pad;
+    size_t ent = at;
+    for (uint32_t i = 0; i < n; i++) /* sizes first: payload_off depends on them */
+        at += DP_BLOB_ENTRY_FIXED + e[i].dl + 8u * e[i].nd;
+    uint64_t payload_off = DP_ALIGN_UP(64 + at, 64);
+    size_t total = (size_t)payload_off + 64 * (n + 1);
+    at = ent;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct v3e *r = &e[i];
+        put_le64(ix + at, r->gidx);
+        put_le64(ix + at + 8, payload_off + r->off);
+        put_le64(ix + at + 16, r->len);
+        put_le32(ix + at + 24, r->field);
+        put_le32(ix + at + 28, r->crc);
+        ix[at + 32] = r->kind;
+        ix[at + 33] = r->dl;
+        ix[at + 34] = r->nd;
+        ix[at + 35] = r->zero;
+        at += DP_BLOB_ENTRY_FIXED;
+        for (uint32_t k = 0; k < r->dl; k++)
+            ix[at++] =
+                (uint8_t)(r->dtype != NULL && k < strlen(r->dtype) ? r->dtype[k] : 'x');
+        for (uint32_t k = 0; k < r->nd; k++, at += 8)
+            put_le64(ix + at, r->dims[k]);
+    }
+    uint8_t *p = calloc(1, total);
+    CHECK(p != NULL);
+    dp__blob_header h = {.version = 3,
+                         .n_entries = n,
+                         .index_len = at,
+                         .payload_off = payload_off,
+                         .total_len = total,
+                         .flags = flags};
+    dp__blob_header_encode(&h, p);
+    memcpy(p + 64, ix, at);
+    fix_index_crc_n(p, total);
+    *len = total;
+    return p;
+}
+
+/*
+ * The entries of one field share its name and, while they repeat it, their
+ * description (checked once); an entry whose description differs from the
+ * last of its field is read and checked anew, whatever came before.
+ */
+DP_TEST(v3_fields_and_descriptions)
+{
+    static const char *const fields[] = {"obs", "reward", "unused"};
+    struct v3e e[4] = {v3_ok(1, 0, 0), v3_ok(1, 1, 64), v3_ok(2, 0, 128),
+                       v3_ok(2, 1, 192)};
+    e[1].kind = DP_BLOB_BYTES;
+    e[1].dl = 0;
+    e[1].nd = 0;
+    e[3].dims[0] = 8; /* a jagged row: reward's shape differs */
+    e[3].kind = DP_BLOB_BYTES;
+    e[3].dl = 0;
+    size_t len;
+    uint8_t *p = craft3(fields, 3, e, 4, 0, 0, &len);
+    dp__blob *b = NULL;
+    dp_detail d;
+    CHECK_OK_D(dp__blob_parse(p, len, NULL, &b, &d), &d);
+    const dp__blob_entry *x[4];
+    for (uint32_t i = 0; i < 4; i++)
+        x[i] = dp__blob_entry_at(b, i);
+    CHECK_STR(x[0]->field, "obs");
+    CHECK(x[0]->field == x[2]->field); /* one copy of the name */
+    CHECK_STR(x[3]->field, "reward");
+    CHECK(x[0]->dtype == x[2]->dtype && x[0]->shape == x[2]->shape);
+    CHECK_STR(x[2]->dtype, "float32");
+    CHECK_EQ_U64(x[2]->shape[0], 4);
+    CHECK_EQ(x[1]->ndim, 0);
+    CHECK_EQ(x[3]->ndim, 1);
+    CHECK_EQ_U64(x[3]->shape[0], 8);
+    CHECK_EQ(x[3]->kind, DP_BLOB_BYTES);
+    CHECK(dp__blob_find(b, "2@reward", 8) == x[3]);
+    CHECK(dp__blob_find(b, "2@unused", 8) == NULL);
+    dp__blob_destroy(b);
+    free(p);
+    /* The second obs entry repeats all but its dtype, which is bad: refused. */
+    e[2].dtype = "Float32";
+    p = craft3(fields, 3, e, 4, 0, 0, &len);
+    CHECK_REJECT(p, len, NULL, "blob entry 2 ('2@obs'): dtype has a character outside");
+    free(p);
+}
+
+DP_TEST(v3_rejects_bad_indexes)
+{
+    static const char *const fields[] = {"obs", "act"};
+    static const char *const bad_field[] = {"obs", "a@b"};
+    size_t len;
+    uint8_t *p;
+    struct v3e e[2] = {v3_ok(1, 0, 0), v3_ok(1, 1, 64)};
+#define V3_REJECT(nf_, f_, flags_, pad_, why)                                            \
+    do {                                                                                 \
+        p = craft3((f_), (nf_), e, 2, (flags_), (pad_), &len);                           \
+        CHECK_REJECT(p, len, NULL, (why));                                               \
+        free(p);                                                                         \
+        e[0] = v3_ok(1, 0, 0);                                                           \
+        e[1] = v3_ok(1, 1, 64);                                                          \
+    } while (0)
+    p = craft3(fields, 2, e, 2, 0, 0, &len);
+    CHECK_ACCEPT(p, len, NULL);
+    dp__blob_parse_opts o = {.n_units = 2, .unit_index = 0};
+    CHECK_REJECT(p, len, &o, "blob entry 0 ('1@obs'): row 1 belongs to unit 1 of 2");
+    free(p);
+    V3_REJECT(0, fields, 0, 0, "with 0 fields");
+    V3_REJECT(2, bad_field, 0, 0, "blob: field 1");
+    V3_REJECT(2, fields, 0, 1, "the padding after the fields is not zero");
+    e[1].field = 2;
+    V3_REJECT(2, fields, 0, 0, "blob entry 1: its field is not in the index's fields");
+    e[0].zero = 1;
+    V3_REJECT(2, fields, 0, 0, "blob entry 0: its zero byte is not zero");
+    e[1].crc = 5;
+    V3_REJECT(2, fields, 0, 0, "has a crc, but the header says entries have none");
+    e[1].kind = 3;
+    V3_REJECT(2, fields, 0, 0, "blob entry 1 ('1@act'): kind 3 is not 0, 1 or 2");
+    e[1].dl = 33;
+    V3_REJECT(2, fields, 0, 0, "dtype is longer than 32 bytes");
+    e[1].nd = 33;
+    V3_REJECT(2, fields, 0, 0, "shape has more than 32 dims");
+    e[1].dl = 0;
+    V3_REJECT(2, fields, 0, 0, "a tensor needs a dtype");
+    e[1].field = 0;
+    V3_REJECT(2, fields, 0, 0, "key '1@obs' appears twice");
+    e[1].off = 70;
+    V3_REJECT(2, fields, 0, 0, "is not 64-byte aligned");
+    e[1].off = 1u << 20;
+    V3_REJECT(2, fields, 0, 0, "runs past total_len");
+    e[0].len = 100; /* into the next entry's payload */
+    V3_REJECT(2, fields, 0, 0, "overlap");
+    e[0].off = (uint64_t)-64; /* before payload_off */
+    V3_REJECT(2, fields, 0, 0, "is before payload_off");
+#undef V3_REJECT
+    /* An entry cut short by the index's end. */
+    p = craft3(fields, 2, e, 2, 0, 0, &len);
+    put_le64(p + 16, get_le64(p + 16) - 3);
+    fix_index_crc(p);
+    CHECK_REJECT(p, len, NULL, "blob entry 1 of 2 runs past the index");
     free(p);
 }
 

@@ -18,9 +18,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "blob/crc32c.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
 #include "unit/unit.h"
+#include "wire/mp.h"
 #include "wire/wire.h"
 
 /* ---- one unit, in process ---- */
@@ -78,6 +80,124 @@ DP_TEST(round_trip_live_keys_only)
     dp__unit_save_res_fini(&sr);
     dp__unit_destroy(u);
     rm_shard(p);
+}
+
+/*
+ * A blob of layout version 2, as clients before version 3 wrote them (a
+ * msgpack index), holding rows gidxs[0..n) of field "f" at version ver with
+ * CRCs: committed into u as a client's WRITE would leave it.
+ */
+static void
+put_rows_v2(dp__unit *u, const char *id, const uint64_t *gidxs, uint32_t n, uint32_t ver,
+            uint64_t plen)
+{
+    dp__buf ix;
+    dp__buf_init(&ix);
+    uint64_t payload_off = 0, index_len = 0, slot = DP_ALIGN_UP(plen, 64);
+    for (int pass = 0; pass < 2; pass++) { /* the offsets are full width: same length */
+        dp__buf_reset(&ix);
+        dp__mp_writer w;
+        dp__mp_writer_init(&w, &ix);
+        dp__mp_put_array(&w, n);
+        for (uint32_t i = 0; i < n; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "%llu@f", (unsigned long long)gidxs[i]);
+            uint8_t pay[4096];
+            for (uint64_t k = 0; k < plen; k++)
+                pay[k] = pat(gidxs[i], ver, k);
+            dp__mp_put_array(&w, 7);
+            dp__mp_put_str(&w, key);
+            dp__mp_put_str(&w, "bytes");
+            dp__mp_put_str(&w, "");
+            dp__mp_put_array(&w, 0);
+            uint64_t off = payload_off + i * slot;
+            uint8_t raw[9] = {0xcf};
+            for (int k = 0; k < 8; k++)
+                raw[1 + k] = (uint8_t)(off >> (56 - 8 * k));
+            dp__buf_append(&ix, raw, sizeof raw);
+            dp__mp_put_u64(&w, plen);
+            dp__mp_put_u64(&w, dp__crc32c(pay, (size_t)plen));
+        }
+        index_len = ix.len;
+        payload_off = DP_ALIGN_UP(64 + index_len, 64);
+    }
+    uint64_t total = payload_off + n * slot, off = 0;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(dp_test_unit_alloc(u, id, strlen(id), total, n, false, &off, NULL, &d),
+               &d);
+    uint8_t *p = dp__unit_slab(u) + off;
+    memset(p, 0, (size_t)total);
+    dp__blob_header h = {.version = 2,
+                         .n_entries = n,
+                         .index_len = index_len,
+                         .payload_off = payload_off,
+                         .total_len = total,
+                         .index_crc = dp__crc32c(ix.data, ix.len),
+                         .flags = DP_BLOB_FLAG_CRC};
+    dp__blob_header_encode(&h, p);
+    memcpy(p + 64, ix.data, ix.len);
+    for (uint32_t i = 0; i < n; i++)
+        for (uint64_t k = 0; k < plen; k++)
+            p[payload_off + i * slot + k] = pat(gidxs[i], ver, k);
+    dp__blob_header_set_alloc(p, dp__unit_incarnation(u),
+                              dp__unit_alloc_token(u, id, strlen(id)));
+    dp__wire_commit_state st = DP_WIRE_COMMIT_LOST;
+    CHECK_OK_D(dp__unit_commit(u, id, strlen(id), &st, &d), &d);
+    CHECK_EQ(st, DP_WIRE_COMMIT_DONE);
+    dp__buf_fini(&ix);
+}
+
+/*
+ * Blobs of layout version 2 (checkpoints saved before version 3) still
+ * commit, save, load and answer; a home save writes a mixed one anew (in
+ * version 3) with its home rows alone.
+ */
+DP_TEST(version_2_blobs_still_load)
+{
+    char p[512], q[512];
+    tpath("v2", p, sizeof p);
+    tpath("v2h", q, sizeof q);
+    rm_shard(p);
+    rm_shard(q);
+    dp__unit *u = mk_unit_r(1 << 20, 3, 0, 2); /* holds rows g % 3 == 0 and == 2 */
+    uint64_t g[] = {0, 2, 3, 5};
+    put_rows_v2(u, "old-1", g, 4, 1, 300);
+    uint64_t g2[] = {6};
+    CHECK_OK(put_rows(u, "new-1", g2, 1, 2, 300));
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(row_version(u, g[i], 300, 2), 1);
+    dp__unit_save_res sr, sh;
+    dp_detail d;
+    dp_detail_clear(&d);
+    CHECK_OK_D(save(u, p, &sr, &d), &d);
+    CHECK_OK_D(save_home(u, q, &sh, &d), &d);
+    dp__unit *v = mk_unit_r(1 << 20, 3, 0, 2);
+    dp__unit_load_res lr;
+    CHECK_OK_D(load(v, p, &sr, false, &lr, &d), &d);
+    CHECK_EQ(lr.n_loaded, 2);
+    dp__unit_load_res_fini(&lr);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(row_version(v, g[i], 300, 2), 1);
+    CHECK_EQ(row_version(v, 6, 300, 2), 2);
+    dp_test_unit_check(v);
+    dp__unit_destroy(v);
+    /* The home shard: rows 0, 3 and 6 (unit 0's own), the old blob rewritten. */
+    v = mk_unit_r(1 << 20, 3, 0, 1);
+    CHECK_OK_D(load(v, q, &sh, false, &lr, &d), &d);
+    CHECK_EQ(lr.n_loaded, 2);
+    dp__unit_load_res_fini(&lr);
+    CHECK_EQ(row_version(v, 0, 300, 2), 1);
+    CHECK_EQ(row_version(v, 3, 300, 2), 1);
+    CHECK_EQ(row_version(v, 6, 300, 2), 2);
+    CHECK_EQ(dp_test_unit_stats(v).entries, 3);
+    dp_test_unit_check(v);
+    dp__unit_destroy(v);
+    dp__unit_save_res_fini(&sr);
+    dp__unit_save_res_fini(&sh);
+    dp__unit_destroy(u);
+    rm_shard(p);
+    rm_shard(q);
 }
 
 /* The ids of a save's blobs, sorted, joined by ' '. */

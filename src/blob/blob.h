@@ -1,50 +1,59 @@
 /*
- * Blob layout version 2 (docs/design.md, "Keys and blobs"): what one put sends
+ * Blob layout version 3 (docs/design.md, "Blob layout"): what one put sends
  * to one unit.
  *
  *     0    8   magic "DPBLOB01"
- *     8    4   version (2)
+ *     8    4   version (3; 2 is still read: checkpoints saved before)
  *     12   4   n_entries
- *     16   8   index_len     bytes of the msgpack index at offset 64
+ *     16   8   index_len     bytes of the index at offset 64
  *     24   8   payload_off   64-byte aligned, >= 64 + index_len
  *     32   8   total_len     the whole blob; equals the allocation
  *     40   4   index_crc32c  CRC32C of the index bytes
  *     44   4   flags         bit 0: every entry carries a payload CRC32C
  *     48   8   alloc_incarnation  the incarnation of the unit that allocated
  *     56   8   alloc_token        the token its alloc answered
- *     64   ..  index: msgpack array of n_entries arrays
- *              [key: str, kind: str, dtype: str, shape: [uint], off: uint,
- *               len: uint, crc: uint | nil]
+ *     64   ..  index
  *     ...      payload; each entry 64-byte aligned, off relative to the blob
  *
- * All integers little-endian. Version 2 differs from version 1 only in bytes
- * 48..63 (reserved, zero, in version 1): they name the allocation the blob was
- * written for, so a unit publishes a region's bytes only if they were written
- * for that very allocation (not stale bytes of an earlier put, nor a blob
- * meant for another unit or an earlier process on the same port). The parser
- * refuses version 1 with a message saying so. Rules the parser enforces beyond
- * the table (decisions of this implementation, all part of version 2):
+ * The index of version 3, binary, every integer little-endian:
+ *
+ *     n_fields: u32, then n_fields fields, each len: u8 (1..255) and its bytes
+ *     zero bytes up to a multiple of 8 from the index's start
+ *     n_entries entries, each a fixed part of 36 bytes
+ *         gidx: u64, off: u64, len: u64, field: u32 (its place in the fields),
+ *         crc: u32, kind: u8, dtype_len: u8 (0..32), ndim: u8 (0..32), zero: u8
+ *     followed by dtype_len bytes of dtype and ndim dims of u64
+ *
+ * An entry's key is "<gidx>@<field>". Version 2's index was a msgpack array of
+ * n_entries arrays [key: str, kind: str, dtype: str, shape: [uint], off: uint,
+ * len: uint, crc: uint | nil]; the parser reads both (a checkpoint saved by an
+ * older unit holds version 2 blobs) and refuses version 1 with a message
+ * saying so. Rules the parser enforces beyond the table (decisions of this
+ * implementation):
  * - n_entries >= 1: a blob with no entries publishes nothing and would only
  *   hold a region, so it is rejected (and the builder refuses to make one).
- * - Unknown flag bits are rejected. The allocation identity is not checked
- *   by the parser (any value parses); the unit compares it with its record.
- * - The index is exactly index_len bytes: one array of n_entries elements
- *   and nothing after it.
+ * - Unknown flag bits are rejected. The allocation identity (bytes 48..63) is
+ *   not checked by the parser (any value parses); the unit compares it with
+ *   its record, so a unit publishes a region's bytes only if they were
+ *   written for that very allocation.
+ * - The index is exactly index_len bytes: nothing after the last entry.
  * - key: a valid "<gidx>@<field>" (blob/keys.h); no two entries share a key.
- * - kind: "tensor", "bytes" or "object".
+ *   Version 3: n_fields >= 1, each field valid, every entry's field < n_fields
+ *   (a field the entries do not use is allowed).
+ * - kind: "tensor", "bytes" or "object" (version 3: 0, 1, 2).
  * - dtype: 0..32 bytes of [a-z0-9_]; non-empty for a tensor, may be empty
  *   for bytes and object. Not checked against a list of known dtypes.
  * - shape: at most 32 dims, each a uint.
  * - off: 64-byte aligned, payload_off <= off, off + len <= total_len.
- * - crc: a uint below 2^32 on every entry when flags bit 0 is set, nil on
- *   every entry when it is clear.
+ * - crc: a uint below 2^32 on every entry when flags bit 0 is set, none
+ *   (version 2: nil; version 3: 0) on every entry when it is clear.
+ * - Version 3: the padding and each entry's zero byte are zero.
  * - Entries do not overlap (zero-length entries overlap nothing), unless the
  *   parse options allow it.
  *
- * The builder writes off as a full-width uint64 and crc as a full-width
- * uint32 (the parser accepts any msgpack uint encoding): so the index length,
- * and with it every payload offset, is known before any offset or CRC value
- * is, and the layout can be computed before the payload exists.
+ * The size of the index does not depend on any entry's offset or CRC, so the
+ * layout can be computed before the payload exists (dp__blob_sizer computes
+ * it before the builder has the entries).
  *
  * Threads: a builder or a parsed blob belongs to one thread at a time; a
  * parsed blob is read-only after dp__blob_parse() and may then be read from
@@ -60,7 +69,7 @@
 #include "dataplane/err.h"
 
 #define DP_BLOB_MAGIC "DPBLOB01"
-#define DP_BLOB_VERSION 2u
+#define DP_BLOB_VERSION 3u
 #define DP_BLOB_HEADER_LEN 64u
 #define DP_BLOB_ALIGN 64u
 #define DP_BLOB_MAX_DIMS 32u
@@ -71,6 +80,8 @@
 #define DP_BLOB_MAX_INDEX_LEN (64ull << 20)
 /* The smallest possible encoded index entry, used to bound n_entries by index_len. */
 #define DP_BLOB_MIN_ENTRY_LEN 16u
+/* Version 3: an entry's fixed part. */
+#define DP_BLOB_ENTRY_FIXED 36u
 
 typedef enum dp__blob_kind {
     DP_BLOB_TENSOR = 0,
@@ -100,10 +111,16 @@ typedef struct dp__blob_header {
 /* Builder (client side).                                              */
 /* ------------------------------------------------------------------ */
 
-/* One entry as the builder's caller describes it. Everything is copied by add. */
+/*
+ * One entry as the builder's caller describes it. Everything is copied by add.
+ * Its key is key, or (key NULL) gidx and a field the caller declared with
+ * dp__blob_builder_field.
+ */
 typedef struct dp__blob_entry_spec {
-    const char *key; /* "<gidx>@<field>", need not be NUL-terminated */
+    const char *key; /* "<gidx>@<field>", need not be NUL-terminated; or NULL */
     size_t key_len;  /* 0 means strlen(key) */
+    uint64_t gidx;   /* key NULL: the row */
+    uint32_t field;  /* key NULL: the field's number from dp__blob_builder_field */
     dp__blob_kind kind;
     const char *dtype; /* NUL-terminated; NULL or "" allowed for bytes/object */
     const uint64_t *shape;
@@ -146,6 +163,16 @@ void dp__blob_builder_reset(dp__blob_builder *b);
 void dp__blob_builder_trust_keys(dp__blob_builder *b, bool trusted);
 
 /*
+ * The number of field[0..len) in the blob being built (the same number for
+ * the same bytes), for entries added by gidx and field. Checked (keys.h)
+ * unless the keys are trusted. The fields declared go into the blob's index
+ * whether entries use them or not (so a sizer told the same fields agrees).
+ * DP_EINVAL (a bad field), DP_ENOMEM.
+ */
+int dp__blob_builder_field(dp__blob_builder *b, const char *field, size_t len,
+                           uint32_t *idx, dp_detail *d);
+
+/*
  * Add an entry; its index (0, 1, ...) into *idx (NULL allowed). Checks the key,
  * kind, dtype and shape against the rules above; duplicate keys are caught
  * by dp__blob_builder_layout. With DP_BLOB_FLAG_CRC the entry needs has_crc,
@@ -173,23 +200,23 @@ int dp__blob_builder_set_crc(dp__blob_builder *b, uint32_t i, uint32_t crc, dp_d
 int dp__blob_builder_layout(dp__blob_builder *b, dp__blob_layout *out, dp_detail *d);
 
 /*
- * The size of a blob before building it: the sum, entry by entry, of what the
- * builder will write (the index's exact msgpack length and the aligned
+ * The size of a blob before building it: the sum of what the builder will
+ * write for the same fields (dp__blob_sizer_field, in the order declared to
+ * the builder) and entries (the index's exact length and the aligned
  * payloads), so that a put can ask for its allocation while the index is
  * still to be built. dp__blob_sizer_total equals dp__blob_builder_layout's
- * total_len for the same entries (tested); kind must be valid.
+ * total_len for the same fields and entries (tested).
  */
 typedef struct dp__blob_sizer {
     uint32_t n;
-    bool crc;
+    uint64_t fields;     /* the fields' encodings */
     uint64_t index_body; /* the entries' encodings */
     uint64_t payloads;   /* the payloads, each rounded up to 64 */
 } dp__blob_sizer;
 
 void dp__blob_sizer_init(dp__blob_sizer *z, uint32_t flags);
-void dp__blob_sizer_add(dp__blob_sizer *z, size_t key_len, dp__blob_kind kind,
-                        size_t dtype_len, const uint64_t *shape, uint32_t ndim,
-                        uint64_t len);
+void dp__blob_sizer_field(dp__blob_sizer *z, size_t field_len);
+void dp__blob_sizer_add(dp__blob_sizer *z, size_t dtype_len, uint32_t ndim, uint64_t len);
 /* The index's length and the whole blob's (0 when it overflows). */
 uint64_t dp__blob_sizer_index_len(const dp__blob_sizer *z);
 uint64_t dp__blob_sizer_total(const dp__blob_sizer *z);
@@ -227,10 +254,8 @@ int dp__blob_builder_copy_payloads(const dp__blob_builder *b, void *dst, size_t 
 
 /* One entry of a parsed blob. Strings and shape live in the dp__blob. */
 typedef struct dp__blob_entry {
-    const char *key; /* NUL-terminated */
-    uint32_t key_len;
     uint64_t gidx;
-    const char *field; /* NUL-terminated, points into key */
+    const char *field; /* NUL-terminated (entries of one field may share it) */
     uint32_t field_len;
     dp__blob_kind kind;
     const char *dtype; /* NUL-terminated, may be "" */
@@ -275,8 +300,10 @@ const dp__blob_header *dp__blob_get_header(const dp__blob *b);
 uint32_t dp__blob_count(const dp__blob *b);
 /* Entry i < dp__blob_count(b), in index order. */
 const dp__blob_entry *dp__blob_entry_at(const dp__blob *b, uint32_t i);
-/* The entry with this key, or NULL (binary search). */
+/* The entry with this key, or NULL (a hash lookup). */
 const dp__blob_entry *dp__blob_find(const dp__blob *b, const char *key, size_t key_len);
+/* The entry's key "<gidx>@<field>" into out (NUL-terminated); its length. */
+size_t dp__blob_entry_key(const dp__blob_entry *e, char *out /* DP_KEY_MAX + 1 bytes */);
 
 /*
  * Check every entry's payload CRC32C against the blob bytes p[0..len) (the

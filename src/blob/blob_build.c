@@ -1,15 +1,16 @@
 /*
- * Blob layout version 2: the client-side sizer and builder (format and rules
+ * Blob layout version 3: the client-side sizer and builder (format and rules
  * in blob.h): sizes before building, the header's encoding, and the builder
  * that lays a blob out and writes it. The unit-side parser/validator, the
  * kinds and the key table both use are blob_parse.c; what the two share is
  * blob_int.h.
  *
  * Design notes
- * - The builder encodes off as a full-width msgpack uint64 and crc as a
- *   full-width uint32, so index_len does not depend on their values: it
- *   encodes the index once with placeholders, derives the offsets, and
- *   patches them (and later CRCs) in place.
+ * - An entry's bytes in the index depend on its dtype and dims only, never
+ *   on its offset or CRC: the layout sums them, places the payloads, and
+ *   writes the index once; a CRC set later is patched in place.
+ * - Fields are declared once a blob (dp__blob_builder_field) and entries name
+ *   them by number, so a put's keys are never formatted or split.
  */
 #include "blob/blob.h"
 
@@ -21,47 +22,27 @@
 #include "blob/keys.h"
 #include "common/common.h"
 #include "common/le.h"
-#include "wire/mp.h"
+#include "common/map.h"
 
-/* ---- sizes before building (dp__blob_sizer): the encodings of dp__mp_put_* ---- */
-
-static uint64_t
-mp_str_hdr(uint64_t n)
-{
-    return n < 32 ? 1 : n <= 0xff ? 2 : n <= 0xffff ? 3 : 5;
-}
-
-static uint64_t
-mp_arr_hdr(uint64_t n)
-{
-    return n < 16 ? 1 : n <= 0xffff ? 3 : 5;
-}
-
-static uint64_t
-mp_uint(uint64_t v)
-{
-    return v < 0x80 ? 1 : v <= 0xff ? 2 : v <= 0xffff ? 3 : v <= 0xffffffffu ? 5 : 9;
-}
+/* ---- sizes before building (dp__blob_sizer): what the builder writes ---- */
 
 void
 dp__blob_sizer_init(dp__blob_sizer *z, uint32_t flags)
 {
+    (void)flags; /* a CRC takes its 4 bytes either way */
     memset(z, 0, sizeof *z);
-    z->crc = (flags & DP_BLOB_FLAG_CRC) != 0;
 }
 
 void
-dp__blob_sizer_add(dp__blob_sizer *z, size_t key_len, dp__blob_kind kind,
-                   size_t dtype_len, const uint64_t *shape, uint32_t ndim, uint64_t len)
+dp__blob_sizer_field(dp__blob_sizer *z, size_t field_len)
 {
-    size_t kl = strlen(dp__blob_kind_names[kind]);
-    /* [key, kind, dtype, shape, off (full width), len, crc (full width) | nil] */
-    uint64_t e = 1 + mp_str_hdr(key_len) + key_len + mp_str_hdr(kl) + kl +
-                 mp_str_hdr(dtype_len) + dtype_len + mp_arr_hdr(ndim);
-    for (uint32_t k = 0; k < ndim; k++)
-        e += mp_uint(shape[k]);
-    e += 9 + mp_uint(len) + (z->crc ? 5 : 1);
-    z->index_body += e;
+    z->fields += 1 + field_len;
+}
+
+void
+dp__blob_sizer_add(dp__blob_sizer *z, size_t dtype_len, uint32_t ndim, uint64_t len)
+{
+    z->index_body += dp__blob_v3_entry_len((uint32_t)dtype_len, ndim);
     z->payloads += DP_ALIGN_UP(len, DP_BLOB_ALIGN);
     if (z->payloads < len) /* overflow: never a valid blob */
         z->payloads = UINT64_MAX;
@@ -71,7 +52,7 @@ dp__blob_sizer_add(dp__blob_sizer *z, size_t key_len, dp__blob_kind kind,
 uint64_t
 dp__blob_sizer_index_len(const dp__blob_sizer *z)
 {
-    return mp_arr_hdr(z->n) + z->index_body;
+    return DP_ALIGN_UP(4 + z->fields, 8) + z->index_body;
 }
 
 uint64_t
@@ -110,9 +91,9 @@ dp__blob_header_set_alloc(uint8_t hdr64[64], uint64_t incarnation, uint64_t toke
 /* ---- builder ---- */
 
 struct bentry {
-    size_t key_at; /* offsets into the builder's string arena */
-    uint32_t key_len;
-    size_t dtype_at;
+    uint64_t gidx;
+    uint32_t field;  /* its number in the builder's fields */
+    size_t dtype_at; /* offset into the builder's string arena */
     uint32_t dtype_len;
     size_t dims_at; /* index into the dims arena (uint64_t units) */
     uint32_t ndim;
@@ -122,15 +103,25 @@ struct bentry {
     bool has_crc;
     uint32_t crc;
     uint64_t off;
-    size_t off_pos; /* where off's 8 bytes sit in the encoded index */
-    size_t crc_pos; /* where crc's 4 bytes sit */
+    size_t crc_pos; /* where crc's 4 bytes sit in the index */
 };
+
+struct bfield {
+    size_t at; /* offset into the string arena */
+    uint32_t len;
+};
+
+/* Fields past this many are found through a map, not a scan. */
+#define FIELD_SCAN 8
 
 struct dp__blob_builder {
     uint32_t flags;
     bool keys_trusted;
     struct bentry *e;
     uint32_t n, cap;
+    struct bfield *f;
+    uint32_t nf, fcap;
+    dp__map fmap; /* field bytes -> number + 1, once past FIELD_SCAN */
     dp__buf strs;
     dp__buf dims;
     dp__buf index;
@@ -148,6 +139,7 @@ dp__blob_builder_create(uint32_t flags, dp__blob_builder **out, dp_detail *d)
     if (b == NULL)
         return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
     b->flags = flags;
+    dp__map_init_str(&b->fmap);
     dp__buf_init(&b->strs);
     dp__buf_init(&b->dims);
     dp__buf_init(&b->index);
@@ -161,6 +153,8 @@ dp__blob_builder_destroy(dp__blob_builder *b)
     if (b == NULL)
         return;
     free(b->e);
+    free(b->f);
+    dp__map_fini(&b->fmap);
     dp__buf_fini(&b->strs);
     dp__buf_fini(&b->dims);
     dp__buf_fini(&b->index);
@@ -177,6 +171,11 @@ void
 dp__blob_builder_reset(dp__blob_builder *b)
 {
     b->n = 0;
+    if (b->nf > FIELD_SCAN) {
+        dp__map_fini(&b->fmap);
+        dp__map_init_str(&b->fmap);
+    }
+    b->nf = 0;
     dp__buf_reset(&b->strs);
     dp__buf_reset(&b->dims);
     dp__buf_reset(&b->index);
@@ -189,22 +188,116 @@ dp__blob_builder_count(const dp__blob_builder *b)
     return b->n;
 }
 
+static const char *
+field_at(const dp__blob_builder *b, uint32_t i)
+{
+    return (const char *)b->strs.data + b->f[i].at;
+}
+
+/* Field f[0..len)'s number, or UINT32_MAX when not declared yet. */
+static uint32_t
+field_find(const dp__blob_builder *b, const char *f, size_t len)
+{
+    if (b->nf <= FIELD_SCAN) {
+        for (uint32_t i = 0; i < b->nf; i++)
+            if (b->f[i].len == len && memcmp(field_at(b, i), f, len) == 0)
+                return i;
+        return UINT32_MAX;
+    }
+    void *v = dp__map_get(&b->fmap, f, len);
+    return v != NULL ? (uint32_t)((uintptr_t)v - 1) : UINT32_MAX;
+}
+
+int
+dp__blob_builder_field(dp__blob_builder *b, const char *field, size_t len, uint32_t *idx,
+                       dp_detail *d)
+{
+    if (!b->keys_trusted) {
+        int rc = dp__field_check(field, len, d);
+        if (rc != DP_OK)
+            return rc;
+    }
+    uint32_t i = field_find(b, field, len);
+    if (i != UINT32_MAX) {
+        *idx = i;
+        return DP_OK;
+    }
+    if (b->nf == b->fcap) {
+        uint32_t cap = b->fcap == 0 ? 8 : b->fcap * 2;
+        struct bfield *nf = realloc(b->f, (size_t)cap * sizeof *nf);
+        if (nf == NULL)
+            return dp__fail(d, DP_ENOMEM, "blob builder: no memory for %u fields", cap);
+        b->f = nf;
+        b->fcap = cap;
+    }
+    i = b->nf++;
+    b->f[i] = (struct bfield){b->strs.len, (uint32_t)len};
+    dp__buf_append(&b->strs, field, len);
+    dp__buf_append(&b->strs, "", 1); /* NUL-terminated: quoted in messages */
+    if (b->strs.oom)
+        return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
+    if (b->nf == FIELD_SCAN + 1) { /* from now on by map: index the ones so far */
+        for (uint32_t k = 0; k < b->nf; k++)
+            if (dp__map_put(&b->fmap, field_at(b, k), b->f[k].len,
+                            (void *)(uintptr_t)(k + 1), NULL) != DP_OK)
+                return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
+    } else if (b->nf > FIELD_SCAN &&
+               dp__map_put(&b->fmap, field_at(b, i), (size_t)len,
+                           (void *)(uintptr_t)(i + 1), NULL) != DP_OK) {
+        return dp__fail(d, DP_ENOMEM, "blob builder: no memory");
+    }
+    *idx = i;
+    return DP_OK;
+}
+
+/* The entry's row and field: from its key (split, its field declared) or as given. */
+static int
+spec_key(dp__blob_builder *b, const dp__blob_entry_spec *s, uint64_t *gidx,
+         uint32_t *field, dp_detail *d)
+{
+    if (s->key == NULL) {
+        if (s->field >= b->nf)
+            return dp__fail(d, DP_EINVAL,
+                            "blob builder: field %u was not declared (%u fields)",
+                            s->field, b->nf);
+        *gidx = s->gidx;
+        *field = s->field;
+        return DP_OK;
+    }
+    size_t key_len = s->key_len != 0 ? s->key_len : strlen(s->key);
+    dp__key_parts kp;
+    int rc = dp__key_split(s->key, key_len, &kp, d);
+    if (rc != DP_OK)
+        return rc;
+    *gidx = kp.gidx;
+    bool trusted = b->keys_trusted;
+    b->keys_trusted = true; /* the split checked the field */
+    rc = dp__blob_builder_field(b, kp.field, kp.field_len, field, d);
+    b->keys_trusted = trusted;
+    return rc;
+}
+
+/* Entry (gidx, field)'s key, quoted for a message, into q. */
+static const char *
+quote_key(const dp__blob_builder *b, uint64_t gidx, uint32_t field, char *q, size_t cap)
+{
+    char k[DP_KEY_MAX + 1];
+    size_t n = dp__key_format(gidx, field_at(b, field), b->f[field].len, k);
+    return dp__quote_bytes(k, n, 60, q, cap);
+}
+
 int
 dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t *idx,
                      dp_detail *d)
 {
     char q[80];
-    if (s->key == NULL)
-        return dp__fail(d, DP_EINVAL, "blob builder: key is NULL");
-    size_t key_len = s->key_len != 0 ? s->key_len : strlen(s->key);
-    if (!b->keys_trusted) {
-        dp__key_parts kp;
-        int rc = dp__key_split(s->key, key_len, &kp, d);
-        if (rc != DP_OK)
-            return rc;
-    }
-    /* The quoted key, made only on an error path (this runs per entry). */
-#define qk dp__quote_bytes(s->key, key_len, 60, q, sizeof q)
+    uint64_t gidx = 0;
+    uint32_t field = 0;
+    int rc = spec_key(b, s, &gidx, &field, d);
+    if (rc != DP_OK)
+        return rc;
+        /* The quoted key, made only on an error path (this runs per entry). */
+#define qk quote_key(b, gidx, field, q, sizeof q)
     if ((unsigned)s->kind >= DP_ARRAY_LEN(dp__blob_kind_names))
         return dp__fail(d, DP_EINVAL, "blob entry '%s': unknown kind %d", qk,
                         (int)s->kind);
@@ -235,10 +328,8 @@ dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t
         b->cap = cap;
     }
     struct bentry *e = &b->e[b->n];
-    memset(e, 0, sizeof *e);
-    e->key_at = b->strs.len;
-    e->key_len = (uint32_t)key_len;
-    dp__buf_append(&b->strs, s->key, key_len);
+    e->gidx = gidx;
+    e->field = field;
     e->dtype_at = b->strs.len;
     e->dtype_len = (uint32_t)dtype_len;
     dp__buf_append(&b->strs, dtype, dtype_len);
@@ -251,6 +342,10 @@ dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t
     e->kind = s->kind;
     e->len = s->len;
     e->payload = s->payload;
+    e->has_crc = false;
+    e->crc = 0;
+    e->off = 0;
+    e->crc_pos = 0;
     if (want_crc) {
         if (s->has_crc) {
             e->has_crc = true;
@@ -268,15 +363,6 @@ dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t
 #undef qk
 }
 
-static void
-patch_be(uint8_t *p, uint64_t v, int nbytes)
-{
-    for (int i = nbytes - 1; i >= 0; i--) {
-        p[i] = (uint8_t)v;
-        v >>= 8;
-    }
-}
-
 int
 dp__blob_builder_set_crc(dp__blob_builder *b, uint32_t i, uint32_t crc, dp_detail *d)
 {
@@ -287,16 +373,17 @@ dp__blob_builder_set_crc(dp__blob_builder *b, uint32_t i, uint32_t crc, dp_detai
     b->e[i].has_crc = true;
     b->e[i].crc = crc;
     if (b->laid_out)
-        patch_be(b->index.data + b->e[i].crc_pos, crc, 4);
+        dp__le32_store(b->index.data + b->e[i].crc_pos, crc);
     return DP_OK;
 }
 
 static const char *
-builder_key_of(const void *ctx, uint32_t j, uint32_t *len)
+builder_key_of(const void *ctx, uint32_t j, uint64_t *gidx, uint32_t *len)
 {
     const dp__blob_builder *b = ctx;
-    *len = b->e[j].key_len;
-    return (const char *)b->strs.data + b->e[j].key_at;
+    *gidx = b->e[j].gidx;
+    *len = b->f[b->e[j].field].len;
+    return field_at(b, b->e[j].field);
 }
 
 static int
@@ -309,17 +396,57 @@ check_duplicates(const dp__blob_builder *b, dp_detail *d)
     dp__blob_key_table t = {slots, cap - 1, builder_key_of, b};
     int rc = DP_OK;
     for (uint32_t i = 0; i < b->n; i++) {
+        uint64_t g;
         uint32_t len;
-        const char *k = builder_key_of(b, i, &len);
-        if (dp__blob_key_slots_insert(&t, k, len, i) != UINT32_MAX) {
+        const char *f = builder_key_of(b, i, &g, &len);
+        if (dp__blob_key_slots_insert(&t, g, f, len, i) != UINT32_MAX) {
             char q[80];
             rc = dp__fail(d, DP_EINVAL, "blob builder: key '%s' added twice",
-                          dp__quote_bytes(k, len, 60, q, sizeof q));
+                          quote_key(b, g, b->e[i].field, q, sizeof q));
             break;
         }
     }
     free(slots);
     return rc;
+}
+
+/* The index of the laid-out entries into b->index (sized index_len). */
+static void
+write_index(dp__blob_builder *b, uint64_t index_len)
+{
+    uint8_t *o = (uint8_t *)b->index.data, *p = o;
+    dp__le32_store(p, b->nf);
+    p += 4;
+    for (uint32_t i = 0; i < b->nf; i++) {
+        *p++ = (uint8_t)b->f[i].len;
+        memcpy(p, field_at(b, i), b->f[i].len);
+        p += b->f[i].len;
+    }
+    size_t pad = (size_t)(DP_ALIGN_UP((uint64_t)(p - o), 8) - (uint64_t)(p - o));
+    memset(p, 0, pad);
+    p += pad;
+    const char *strs = (const char *)b->strs.data;
+    const uint64_t *dims = (const uint64_t *)(const void *)b->dims.data;
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct bentry *e = &b->e[i];
+        dp__le64_store(p, e->gidx);
+        dp__le64_store(p + 8, e->off);
+        dp__le64_store(p + 16, e->len);
+        dp__le32_store(p + 24, e->field);
+        e->crc_pos = (size_t)(p + 28 - o);
+        dp__le32_store(p + 28, e->has_crc ? e->crc : 0);
+        p[32] = (uint8_t)e->kind;
+        p[33] = (uint8_t)e->dtype_len;
+        p[34] = (uint8_t)e->ndim;
+        p[35] = 0;
+        p += DP_BLOB_ENTRY_FIXED;
+        memcpy(p, strs + e->dtype_at, e->dtype_len);
+        p += e->dtype_len;
+        for (uint32_t k = 0; k < e->ndim; k++, p += 8)
+            dp__le64_store(p, dims[e->dims_at + k]);
+    }
+    DP_ASSERT((uint64_t)(p - o) == index_len);
+    b->index.len = (size_t)index_len;
 }
 
 int
@@ -333,39 +460,12 @@ dp__blob_builder_layout(dp__blob_builder *b, dp__blob_layout *out, dp_detail *d)
         if (rc != DP_OK)
             return rc;
     }
-
-    static const uint8_t off_placeholder[9] = {0xcf};
-    static const uint8_t crc_placeholder[5] = {0xce};
-    bool with_crc = (b->flags & DP_BLOB_FLAG_CRC) != 0;
-    dp__buf_reset(&b->index);
-    dp__mp_writer w;
-    dp__mp_writer_init(&w, &b->index);
-    dp__mp_put_array(&w, b->n);
-    const uint64_t *dims = (const uint64_t *)(const void *)b->dims.data;
-    for (uint32_t i = 0; i < b->n; i++) {
-        struct bentry *e = &b->e[i];
-        const char *strs = (const char *)b->strs.data;
-        dp__mp_put_array(&w, ENTRY_FIELDS);
-        dp__mp_put_strn(&w, strs + e->key_at, e->key_len);
-        dp__mp_put_str(&w, dp__blob_kind_names[e->kind]);
-        /* msgpack-c packs an empty str body with a NULL pointer fine. */
-        dp__mp_put_strn(&w, e->dtype_len ? strs + e->dtype_at : "", e->dtype_len);
-        dp__mp_put_array(&w, e->ndim);
-        for (uint32_t k = 0; k < e->ndim; k++)
-            dp__mp_put_u64(&w, dims[e->dims_at + k]);
-        e->off_pos = b->index.len + 1;
-        dp__buf_append(&b->index, off_placeholder, sizeof off_placeholder);
-        dp__mp_put_u64(&w, e->len);
-        if (with_crc) {
-            e->crc_pos = b->index.len + 1;
-            dp__buf_append(&b->index, crc_placeholder, sizeof crc_placeholder);
-        } else {
-            dp__mp_put_nil(&w);
-        }
-    }
-    if (dp__mp_writer_status(&w) != DP_OK)
-        return dp__fail(d, DP_ENOMEM, "blob builder: no memory for the index");
-    uint64_t index_len = b->index.len;
+    uint64_t fields = 4;
+    for (uint32_t i = 0; i < b->nf; i++)
+        fields += 1 + (uint64_t)b->f[i].len;
+    uint64_t index_len = DP_ALIGN_UP(fields, 8);
+    for (uint32_t i = 0; i < b->n; i++)
+        index_len += dp__blob_v3_entry_len(b->e[i].dtype_len, b->e[i].ndim);
     if (index_len > DP_BLOB_MAX_INDEX_LEN)
         return dp__fail(
             d, DP_ETOOBIG, "blob: index of %llu bytes, over the limit of %llu",
@@ -381,14 +481,15 @@ dp__blob_builder_layout(dp__blob_builder *b, dp__blob_layout *out, dp_detail *d)
                             i);
         e->off = off;
         cursor = off + e->len;
-        patch_be(b->index.data + e->off_pos, off, 8);
-        if (with_crc)
-            patch_be(b->index.data + e->crc_pos, e->crc, 4);
     }
     uint64_t total = DP_ALIGN_UP(cursor, DP_BLOB_ALIGN);
     if (total > SIZE_MAX)
         return dp__fail(d, DP_ETOOBIG, "blob: %llu bytes do not fit in memory",
                         (unsigned long long)total);
+    dp__buf_reset(&b->index);
+    if (dp__buf_reserve(&b->index, (size_t)index_len) != DP_OK)
+        return dp__fail(d, DP_ENOMEM, "blob builder: no memory for the index");
+    write_index(b, index_len);
     b->layout = (dp__blob_layout){.n_entries = b->n,
                                   .index_len = index_len,
                                   .payload_off = payload_off,

@@ -11,7 +11,7 @@
 
 #include "blob/blob.h"
 
-/* An index entry is a msgpack array of this many fields (blob.h). */
+/* A version 2 index entry is a msgpack array of this many fields (blob.h). */
 #define ENTRY_FIELDS 7
 
 /* The kinds' names, by dp__blob_kind (blob_parse.c). */
@@ -20,10 +20,11 @@ extern const char *const dp__blob_kind_names[DP_BLOB_OBJECT + 1];
 /*
  * Keys are checked for duplicates, and found, through an open-addressing
  * table of entry numbers: one pass, no sort (sorting 2048 keys cost a seventh
- * of a commit of small entries). The parser indexes a blob's keys in one;
- * the builder checks its keys for duplicates with another (blob_parse.c).
+ * of a commit of small entries). A key is its row and field: the hash mixes
+ * the gidx with the field's bytes, 8 at a time. The parser indexes a blob's
+ * keys in one; the builder checks its keys for duplicates with another.
  */
-uint64_t dp__blob_key_hash(const char *k, size_t n);
+uint64_t dp__blob_key_hash(uint64_t gidx, const char *field, size_t n);
 
 /* Slots for n keys: a power of two at least 2n (n <= DP_BLOB_MAX_ENTRIES). */
 uint32_t dp__blob_key_slots_for(uint32_t n);
@@ -32,16 +33,23 @@ uint32_t dp__blob_key_slots_for(uint32_t n);
 typedef struct dp__blob_key_table {
     uint32_t *slots; /* mask + 1 of them: entry number + 1, 0 = empty */
     uint32_t mask;
-    /* key_of(ctx, j) gives entry j's key. */
-    const char *(*key_of)(const void *ctx, uint32_t j, uint32_t *len);
+    /* key_of(ctx, j) gives entry j's row and field. */
+    const char *(*key_of)(const void *ctx, uint32_t j, uint64_t *gidx, uint32_t *len);
     const void *ctx;
 } dp__blob_key_table;
 
 /*
- * Insert entry idx (key k, n bytes) into t. Returns the entry number already
- * holding that key, or UINT32_MAX after inserting.
+ * Insert entry idx (row gidx, field f of n bytes) into t. Returns the entry
+ * number already holding that key, or UINT32_MAX after inserting.
  */
-uint32_t dp__blob_key_slots_insert(const dp__blob_key_table *t, const char *k, uint32_t n,
-                                   uint32_t idx);
+uint32_t dp__blob_key_slots_insert(const dp__blob_key_table *t, uint64_t gidx,
+                                   const char *f, uint32_t n, uint32_t idx);
+
+/* Version 3 entry bytes: the fixed part, then dtype and dims. */
+static inline uint64_t
+dp__blob_v3_entry_len(uint32_t dtype_len, uint32_t ndim)
+{
+    return DP_BLOB_ENTRY_FIXED + dtype_len + 8ull * ndim;
+}
 
 #endif

@@ -1,6 +1,6 @@
 /*
- * Blob layout version 2: the unit-side parser/validator (format and rules in
- * blob.h), the kinds and dtypes, the header's decoding and the lookup of a
+ * Blob layouts version 3 and 2: the unit-side parser/validator (format and
+ * rules in blob.h), the kinds and dtypes, the header's decoding and the lookup of a
  * parsed blob's entries by key. The client-side sizer and builder are
  * blob_build.c; what the two share is blob_int.h.
  *
@@ -29,6 +29,7 @@
 #include "blob/crc32c.h"
 #include "blob/keys.h"
 #include "common/common.h"
+#include "common/hash64.h"
 #include "common/le.h"
 #include "dataplane/client.h"
 #include "wire/mp.h"
@@ -124,9 +125,10 @@ dp__blob_header_decode(const uint8_t hdr64[64], uint64_t len,
                         "an older unit, before blobs named their allocation); this code "
                         "reads version %u only: put the data again with this version",
                         DP_BLOB_VERSION);
-    if (h.version != DP_BLOB_VERSION)
-        return dp__fail(d, DP_EPROTO, "blob: version %u, this unit reads version %u",
-                        h.version, DP_BLOB_VERSION);
+    if (h.version != DP_BLOB_VERSION && h.version != 2)
+        return dp__fail(d, DP_EPROTO,
+                        "blob: version %u, this unit reads versions 2 and %u", h.version,
+                        DP_BLOB_VERSION);
     if ((h.flags & ~DP_BLOB_FLAG_CRC) != 0)
         return dp__fail(d, DP_EPROTO, "blob: unknown flags 0x%x", h.flags);
     if (h.total_len != len)
@@ -299,12 +301,9 @@ parse_entry(dp__mp_reader *r, uint32_t i, const dp__blob_header *h, struct raw_e
  * of a commit of small entries).
  */
 uint64_t
-dp__blob_key_hash(const char *k, size_t n)
+dp__blob_key_hash(uint64_t gidx, const char *field, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)k[i]) * 0x100000001b3ull;
-    return h ^ (h >> 29);
+    return dp__hash64(field, n, gidx);
 }
 
 /* Slots for n keys: a power of two at least 2n (n <= DP_BLOB_MAX_ENTRIES). */
@@ -322,28 +321,44 @@ dp__blob_key_slots_for(uint32_t n)
  * holding that key, or UINT32_MAX after inserting.
  */
 uint32_t
-dp__blob_key_slots_insert(const dp__blob_key_table *t, const char *k, uint32_t n,
-                          uint32_t idx)
+dp__blob_key_slots_insert(const dp__blob_key_table *t, uint64_t gidx, const char *f,
+                          uint32_t n, uint32_t idx)
 {
-    for (uint32_t i = (uint32_t)dp__blob_key_hash(k, n) & t->mask;;
+    for (uint32_t i = (uint32_t)dp__blob_key_hash(gidx, f, n) & t->mask;;
          i = (i + 1) & t->mask) {
         if (t->slots[i] == 0) {
             t->slots[i] = idx + 1;
             return UINT32_MAX;
         }
+        uint64_t jg;
         uint32_t jl;
-        const char *jk = t->key_of(t->ctx, t->slots[i] - 1, &jl);
-        if (jl == n && memcmp(jk, k, n) == 0)
+        const char *jf = t->key_of(t->ctx, t->slots[i] - 1, &jg, &jl);
+        if (jg == gidx && jl == n && memcmp(jf, f, n) == 0)
             return t->slots[i] - 1;
     }
 }
 
 static const char *
-parsed_key_of(const void *ctx, uint32_t j, uint32_t *len)
+parsed_key_of(const void *ctx, uint32_t j, uint64_t *gidx, uint32_t *len)
 {
     const dp__blob *b = ctx;
-    *len = b->entries[j].key_len;
-    return b->entries[j].key;
+    *gidx = b->entries[j].gidx;
+    *len = b->entries[j].field_len;
+    return b->entries[j].field;
+}
+
+size_t
+dp__blob_entry_key(const dp__blob_entry *e, char *out)
+{
+    return dp__key_format(e->gidx, e->field, e->field_len, out);
+}
+
+/* Entry e's key quoted for a message into q (cap >= 80). */
+static const char *
+quote_entry(const dp__blob_entry *e, char *q, size_t cap)
+{
+    char k[DP_KEY_MAX + 1];
+    return dp__quote_bytes(k, dp__blob_entry_key(e, k), 60, q, cap);
 }
 
 static int
@@ -384,9 +399,8 @@ check_overlap(dp__blob *b, dp_detail *d)
             rc = dp__fail(
                 d, DP_EPROTO,
                 "blob: entries '%s' [%llu, +%llu) and '%s' [%llu, +%llu) overlap",
-                dp__quote_bytes(p->key, p->key_len, 60, q1, sizeof q1),
-                (unsigned long long)p->off, (unsigned long long)p->len,
-                dp__quote_bytes(c->key, c->key_len, 60, q2, sizeof q2),
+                quote_entry(p, q1, sizeof q1), (unsigned long long)p->off,
+                (unsigned long long)p->len, quote_entry(c, q2, sizeof q2),
                 (unsigned long long)c->off, (unsigned long long)c->len);
             break;
         }
@@ -410,39 +424,40 @@ dp__blob_destroy(dp__blob *b)
 
 /* Where an entry's strings and dims lie in the arenas while they grow. */
 struct entry_at {
-    size_t key, dtype, dims;
+    size_t field, dtype, dims;
 };
 
-/* With opts naming a unit, an entry whose row another unit owns is refused. */
+/* With opts naming a unit, an entry whose row another unit owns is refused
+ * (key[0..klen): its key, for the message). */
 static int
-entry_on_unit(const dp__blob_parse_opts *opts, const struct raw_entry *e, uint32_t i,
-              dp_detail *d)
+entry_on_unit(const dp__blob_parse_opts *opts, uint64_t gidx, const char *key,
+              size_t klen, uint32_t i, dp_detail *d)
 {
     if (opts == NULL || opts->n_units == 0 ||
-        dp__row_on_unit(e->kp.gidx, opts->unit_index, opts->n_units, opts->replicas))
+        dp__row_on_unit(gidx, opts->unit_index, opts->n_units, opts->replicas))
         return DP_OK;
     char q[80];
     return dp__fail(d, DP_EPROTO,
                     "blob entry %u ('%s'): row %llu belongs to unit %llu of %u%s, not "
                     "to unit %u",
-                    i, dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q),
-                    (unsigned long long)e->kp.gidx,
-                    (unsigned long long)(e->kp.gidx % opts->n_units), opts->n_units,
+                    i, dp__quote_bytes(key, klen, 60, q, sizeof q),
+                    (unsigned long long)gidx, (unsigned long long)(gidx % opts->n_units),
+                    opts->n_units,
                     opts->replicas > 1 ? " (and the units after it: replicas)" : "",
                     opts->unit_index);
 }
 
-/* Copies a checked entry into o, its key and dtype into strs (reserved large
+/* Copies a checked entry into o, its field and dtype into strs (reserved large
  * enough by the caller) and its dims into dims; at records the arena offsets. */
 static void
 keep_entry(dp__blob_entry *o, struct entry_at *at, const struct raw_entry *e,
            dp__buf *strs, dp__buf *dims)
 {
-    DP_ASSERT(strs->cap - strs->len >= (size_t)e->key_len + e->dtype_len + 2);
-    at->key = strs->len;
-    memcpy(strs->data + strs->len, e->key, e->key_len);
-    strs->data[strs->len + e->key_len] = '\0';
-    strs->len += (size_t)e->key_len + 1;
+    DP_ASSERT(strs->cap - strs->len >= e->kp.field_len + e->dtype_len + 2);
+    at->field = strs->len;
+    memcpy(strs->data + strs->len, e->kp.field, e->kp.field_len);
+    strs->data[strs->len + e->kp.field_len] = '\0';
+    strs->len += e->kp.field_len + 1;
     at->dtype = strs->len;
     memcpy(strs->data + strs->len, e->dtype, e->dtype_len);
     strs->data[strs->len + e->dtype_len] = '\0';
@@ -450,7 +465,6 @@ keep_entry(dp__blob_entry *o, struct entry_at *at, const struct raw_entry *e,
     at->dims = dims->len / sizeof(uint64_t);
     if (e->ndim > 0)
         dp__buf_append(dims, e->dims, e->ndim * sizeof(uint64_t));
-    o->key_len = e->key_len;
     o->gidx = e->kp.gidx;
     o->field_len = (uint32_t)e->kp.field_len;
     o->kind = e->kind;
@@ -496,12 +510,12 @@ copy_index(dp__blob *b, const void *p, size_t len, const dp__blob_parse_opts *op
 }
 
 /*
- * Read the entries of the copied index (each checked, and on opts' unit)
- * into b->entries, their keys and dtypes into b->strs and their dims into
- * b->dims, and allocate b->kslots for their keys.
+ * Read the entries of the copied version 2 index (each checked, and on opts'
+ * unit) into b->entries, their fields and dtypes into b->strs and their dims
+ * into b->dims, and allocate b->kslots for their keys.
  */
 static int
-read_entries(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
+read_entries_v2(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
 {
     const dp__blob_header *h = &b->h;
     dp__buf strs, dims;
@@ -546,7 +560,7 @@ read_entries(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
         rc = parse_entry(&r, i, h, &e, d);
         if (rc != DP_OK)
             goto out;
-        rc = entry_on_unit(opts, &e, i, d);
+        rc = entry_on_unit(opts, e.kp.gidx, e.key, e.key_len, i, d);
         if (rc != DP_OK)
             goto out;
         keep_entry(&b->entries[i], &at[i], &e, &strs, &dims);
@@ -565,8 +579,7 @@ read_entries(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
     b->dims = (uint64_t *)(void *)dp__buf_steal(&dims, NULL);
     for (uint32_t i = 0; i < n; i++) {
         dp__blob_entry *o = &b->entries[i];
-        o->key = b->strs + at[i].key;
-        o->field = o->key + (o->key_len - o->field_len);
+        o->field = b->strs + at[i].field;
         o->dtype = b->strs + at[i].dtype;
         o->shape = b->dims + at[i].dims;
     }
@@ -578,6 +591,216 @@ out:
     return rc;
 }
 
+/* A version 3 entry's key quoted for a message (error paths only). */
+static const char *
+quote_v3(uint64_t gidx, const char *field, size_t flen, char *q, size_t cap)
+{
+    char k[DP_KEY_MAX + 1];
+    return dp__quote_bytes(k, dp__key_format(gidx, field, flen, k), 60, q, cap);
+}
+
+/* Version 3: each field's name, its place in b->strs, and the last
+ * description (kind, dtype, dims) an entry of it carried. */
+struct v3_field {
+    const char *p; /* in the index copy */
+    uint32_t len;
+    size_t at;   /* its NUL-terminated copy in the strs arena */
+    size_t desc; /* the last description's bytes (kind on), in the index; 0: none */
+    uint32_t desc_len;
+    size_t dtype_at, dims_at;
+};
+
+/* The fields of a version 3 index from *pos on, each checked, into fs and strs. */
+static int
+read_fields_v3(const uint8_t *ix, uint64_t len, uint64_t *pos, struct v3_field *fs,
+               uint32_t nf, dp__buf *strs, dp_detail *d)
+{
+    for (uint32_t f = 0; f < nf; f++) {
+        if (*pos + 1 > len || *pos + 1 + ix[*pos] > len)
+            return dp__fail(d, DP_EPROTO, "blob: field %u of %u runs past the index", f,
+                            nf);
+        uint32_t fl = ix[*pos];
+        const char *fp = (const char *)ix + *pos + 1;
+        if (dp__field_check(fp, fl, d) != DP_OK)
+            return reject_ctx(d, "blob: field %u", f);
+        fs[f] = (struct v3_field){fp, fl, strs->len, 0, 0, 0, 0};
+        memcpy(strs->data + strs->len, fp, fl);
+        strs->data[strs->len + fl] = '\0';
+        strs->len += (size_t)fl + 1;
+        *pos += 1 + (uint64_t)fl;
+    }
+    uint64_t padded = DP_ALIGN_UP(*pos, 8);
+    for (; *pos < padded; (*pos)++)
+        if (*pos >= len || ix[*pos] != 0)
+            return dp__fail(d, DP_EPROTO,
+                            "blob: the padding after the fields is not zero");
+    return DP_OK;
+}
+
+/*
+ * Entry i's description at p (its fixed part; dtype and dims follow): the
+ * same bytes as the last entry of its field (shared, checked once) or new
+ * (checked, copied into the arenas). e gets kind, dtype and shape offsets.
+ */
+static int
+desc_v3(const uint8_t *ix, size_t pos, struct v3_field *f, dp__blob_entry *e,
+        struct entry_at *at, dp__buf *strs, dp__buf *dims, uint32_t i, dp_detail *d)
+{
+    const uint8_t *p = ix + pos;
+    uint32_t dl = p[33], nd = p[34], n = 3 + dl + 8 * nd;
+    e->kind = (dp__blob_kind)p[32];
+    e->dtype_len = dl;
+    e->ndim = nd;
+    if (f->desc != 0 && f->desc_len == n && p[32] == ix[f->desc] &&
+        memcmp(p + 33, ix + f->desc + 1, 2) == 0 &&
+        memcmp(p + DP_BLOB_ENTRY_FIXED, ix + f->desc + 4, n - 3) == 0) {
+        at->dtype = f->dtype_at;
+        at->dims = f->dims_at;
+        return DP_OK;
+    }
+    char q[80];
+    if (p[32] >= DP_ARRAY_LEN(dp__blob_kind_names))
+        return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): kind %u is not 0, 1 or 2", i,
+                        quote_v3(dp__le64_load(p), f->p, f->len, q, sizeof q), p[32]);
+    const char *dtype = (const char *)p + DP_BLOB_ENTRY_FIXED;
+    const char *why = dl > DP_BLOB_DTYPE_MAX  ? "dtype is longer than 32 bytes"
+                      : nd > DP_BLOB_MAX_DIMS ? "shape has more than 32 dims"
+                                              : dtype_problem(dtype, dl, e->kind);
+    if (why != NULL)
+        return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): %s", i,
+                        quote_v3(dp__le64_load(p), f->p, f->len, q, sizeof q), why);
+    at->dtype = strs->len;
+    memcpy(strs->data + strs->len, dtype, dl);
+    strs->data[strs->len + dl] = '\0';
+    strs->len += (size_t)dl + 1;
+    at->dims = dims->len / sizeof(uint64_t);
+    for (uint32_t k = 0; k < nd; k++) {
+        uint64_t v = dp__le64_load(p + DP_BLOB_ENTRY_FIXED + dl + 8 * k);
+        dp__buf_append(dims, &v, sizeof v);
+    }
+    f->desc = pos + 32; /* never 0: the fields come first */
+    f->desc_len = n;
+    f->dtype_at = at->dtype;
+    f->dims_at = at->dims;
+    return DP_OK;
+}
+
+/* Entry i's offset and length against the header (q: its key, quoted on demand). */
+static int
+place_v3(const dp__blob_header *h, const dp__blob_entry *e, uint32_t i, dp_detail *d)
+{
+    char q[80];
+    if (e->off < h->payload_off)
+        return dp__fail(d, DP_EPROTO,
+                        "blob entry %u ('%s'): off %llu is before payload_off %llu", i,
+                        quote_v3(e->gidx, e->field, e->field_len, q, sizeof q),
+                        (unsigned long long)e->off, (unsigned long long)h->payload_off);
+    if (e->off % DP_BLOB_ALIGN != 0)
+        return dp__fail(d, DP_EPROTO,
+                        "blob entry %u ('%s'): off %llu is not 64-byte aligned", i,
+                        quote_v3(e->gidx, e->field, e->field_len, q, sizeof q),
+                        (unsigned long long)e->off);
+    if (e->off > h->total_len || e->len > h->total_len - e->off)
+        return dp__fail(
+            d, DP_EPROTO,
+            "blob entry %u ('%s'): off %llu + len %llu runs past total_len %llu", i,
+            quote_v3(e->gidx, e->field, e->field_len, q, sizeof q),
+            (unsigned long long)e->off, (unsigned long long)e->len,
+            (unsigned long long)h->total_len);
+    return DP_OK;
+}
+
+/*
+ * Version 3: the fields, then the entries of the copied index (each checked,
+ * and on opts' unit) into b->entries; fields and dtypes into b->strs (a
+ * field's name once for all its entries, a description once while the
+ * entries of a field repeat it), dims into b->dims; b->kslots allocated.
+ */
+static int
+read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
+{
+    const dp__blob_header *h = &b->h;
+    const uint8_t *ix = b->copy + DP_BLOB_HEADER_LEN;
+    uint64_t len = h->index_len, pos = 4;
+    uint32_t n = h->n_entries, nf = len >= 4 ? dp__le32_load(ix) : 0;
+    if (nf == 0 || nf > len / 2)
+        return dp__fail(d, DP_EPROTO, "blob: an index of %llu bytes with %u fields",
+                        (unsigned long long)len, nf);
+    dp__buf strs, dims;
+    dp__buf_init(&strs);
+    dp__buf_init(&dims);
+    struct v3_field *fs = malloc((size_t)nf * sizeof *fs);
+    struct entry_at *at = malloc((size_t)n * sizeof *at);
+    b->entries = malloc((size_t)n * sizeof *b->entries);
+    b->kmask = dp__blob_key_slots_for(n) - 1;
+    b->kslots = calloc((size_t)b->kmask + 1, sizeof *b->kslots);
+    /* Fields and dtypes are strings of the index, each copied once with a NUL. */
+    int rc = fs == NULL || at == NULL || b->entries == NULL || b->kslots == NULL ||
+                     dp__buf_reserve(&strs, (size_t)len + nf + n) != DP_OK
+                 ? dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n)
+                 : read_fields_v3(ix, len, &pos, fs, nf, &strs, d);
+    bool crc = (h->flags & DP_BLOB_FLAG_CRC) != 0;
+    for (uint32_t i = 0; i < n && rc == DP_OK; i++) {
+        const uint8_t *p = ix + pos;
+        dp__blob_entry *e = &b->entries[i];
+        uint32_t fi = len - pos >= DP_BLOB_ENTRY_FIXED ? dp__le32_load(p + 24) : 0;
+        if (len - pos < DP_BLOB_ENTRY_FIXED ||
+            len - pos - DP_BLOB_ENTRY_FIXED < (uint64_t)p[33] + 8ull * p[34]) {
+            rc = dp__fail(d, DP_EPROTO, "blob entry %u of %u runs past the index", i, n);
+            break;
+        }
+        if (fi >= nf || p[35] != 0 || (!crc && dp__le32_load(p + 28) != 0)) {
+            rc = dp__fail(d, DP_EPROTO, "blob entry %u: %s", i,
+                          fi >= nf ? "its field is not in the index's fields"
+                          : p[35] != 0
+                              ? "its zero byte is not zero"
+                              : "has a crc, but the header says entries have none");
+            break;
+        }
+        e->gidx = dp__le64_load(p);
+        e->off = dp__le64_load(p + 8);
+        e->len = dp__le64_load(p + 16);
+        e->has_crc = crc;
+        e->crc = dp__le32_load(p + 28);
+        e->field = fs[fi].p; /* for messages until the arena's is set */
+        e->field_len = fs[fi].len;
+        at[i].field = fs[fi].at;
+        if ((rc = desc_v3(ix, (size_t)pos, &fs[fi], e, &at[i], &strs, &dims, i, d)) !=
+                DP_OK ||
+            (rc = place_v3(h, e, i, d)) != DP_OK)
+            break;
+        if (opts != NULL && opts->n_units > 0 &&
+            !dp__row_on_unit(e->gidx, opts->unit_index, opts->n_units, opts->replicas)) {
+            char k[DP_KEY_MAX + 1]; /* the key, made for the message only */
+            size_t kl = dp__key_format(e->gidx, e->field, e->field_len, k);
+            rc = entry_on_unit(opts, e->gidx, k, kl, i, d);
+            break;
+        }
+        pos += dp__blob_v3_entry_len(p[33], p[34]);
+    }
+    if (rc == DP_OK && pos != len)
+        rc = dp__fail(d, DP_EPROTO, "blob: %llu stray bytes after the index's %u entries",
+                      (unsigned long long)(len - pos), n);
+    dp__buf_append(&dims, &(uint64_t){0}, sizeof(uint64_t)); /* shape never NULL */
+    if (rc == DP_OK && (strs.oom || dims.oom))
+        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
+    if (rc == DP_OK) {
+        b->strs = (char *)dp__buf_steal(&strs, NULL);
+        b->dims = (uint64_t *)(void *)dp__buf_steal(&dims, NULL);
+        for (uint32_t i = 0; i < n; i++) {
+            dp__blob_entry *o = &b->entries[i];
+            o->field = b->strs + at[i].field;
+            o->dtype = b->strs + at[i].dtype;
+            o->shape = b->dims + at[i].dims;
+        }
+    }
+    free(fs);
+    free(at);
+    dp__buf_fini(&strs);
+    dp__buf_fini(&dims);
+    return rc;
+}
+
 /* Index the entries' keys in b->kslots: a key that appears twice is refused. */
 static int
 index_keys(dp__blob *b, dp_detail *d)
@@ -585,10 +808,11 @@ index_keys(dp__blob *b, dp_detail *d)
     dp__blob_key_table t = {b->kslots, b->kmask, parsed_key_of, b};
     for (uint32_t i = 0; i < b->h.n_entries; i++) {
         const dp__blob_entry *o = &b->entries[i];
-        if (dp__blob_key_slots_insert(&t, o->key, o->key_len, i) != UINT32_MAX) {
+        if (dp__blob_key_slots_insert(&t, o->gidx, o->field, o->field_len, i) !=
+            UINT32_MAX) {
             char q[80];
             return dp__fail(d, DP_EPROTO, "blob: key '%s' appears twice",
-                            dp__quote_bytes(o->key, o->key_len, 60, q, sizeof q));
+                            quote_entry(o, q, sizeof q));
         }
     }
     return DP_OK;
@@ -610,7 +834,8 @@ dp__blob_parse(const void *p, size_t len, const dp__blob_parse_opts *opts, dp__b
         return dp__fail(d, DP_ENOMEM, "blob: no memory");
     int rc = copy_index(b, p, len, opts, d);
     if (rc == DP_OK)
-        rc = read_entries(b, opts, d);
+        rc =
+            b->h.version == 2 ? read_entries_v2(b, opts, d) : read_entries_v3(b, opts, d);
     if (rc == DP_OK)
         rc = index_keys(b, d);
     if (rc == DP_OK && (opts == NULL || !opts->allow_overlap))
@@ -645,14 +870,17 @@ dp__blob_entry_at(const dp__blob *b, uint32_t i)
 const dp__blob_entry *
 dp__blob_find(const dp__blob *b, const char *key, size_t key_len)
 {
-    if (key_len > DP_KEY_MAX)
+    dp__key_parts kp;
+    if (key_len > DP_KEY_MAX || dp__key_split(key, key_len, &kp, NULL) != DP_OK)
         return NULL;
-    for (uint32_t i = (uint32_t)dp__blob_key_hash(key, key_len) & b->kmask;;
-         i = (i + 1) & b->kmask) {
+    for (uint32_t i =
+             (uint32_t)dp__blob_key_hash(kp.gidx, kp.field, kp.field_len) & b->kmask;
+         ; i = (i + 1) & b->kmask) {
         if (b->kslots[i] == 0)
             return NULL;
         const dp__blob_entry *e = &b->entries[b->kslots[i] - 1];
-        if (e->key_len == key_len && memcmp(e->key, key, key_len) == 0)
+        if (e->gidx == kp.gidx && e->field_len == kp.field_len &&
+            memcmp(e->field, kp.field, kp.field_len) == 0)
             return e;
     }
 }
@@ -663,12 +891,12 @@ dp__blob_entry_check(const dp__blob_entry *e, const void *payload, dp_detail *d)
     char q[80];
     if (!e->has_crc)
         return dp__fail(d, DP_EINVAL, "blob entry '%s' carries no crc",
-                        dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q));
+                        quote_entry(e, q, sizeof q));
     uint32_t crc = dp__crc32c(payload, (size_t)e->len);
     if (crc != e->crc)
-        return dp__fail(
-            d, DP_ECORRUPT, "blob entry '%s': payload CRC32C 0x%08x, index says 0x%08x",
-            dp__quote_bytes(e->key, e->key_len, 60, q, sizeof q), crc, e->crc);
+        return dp__fail(d, DP_ECORRUPT,
+                        "blob entry '%s': payload CRC32C 0x%08x, index says 0x%08x",
+                        quote_entry(e, q, sizeof q), crc, e->crc);
     return DP_OK;
 }
 

@@ -48,11 +48,20 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
         int rc = dp__blob_builder_create(c->o.crc ? DP_BLOB_FLAG_CRC : 0, &b, d);
         if (rc != 0)
             return rc;
-        /* Keys come from dp__key_format over checked fields and unique rows. */
+        /* Checked fields and unique rows (dp_client_put's checks). */
         dp__blob_builder_trust_keys(b, true);
         c->builders[pu->st.u] = b;
     }
     dp__blob_builder_reset(b);
+    /* Every field of the put, in order: field f is number f (they are
+     * distinct), as dp__put_size_locked told the sizer. */
+    for (size_t f = 0; f < n_fields; f++) {
+        uint32_t fi;
+        int rc = dp__blob_builder_field(b, fields[f], flen[f], &fi, d);
+        if (rc != 0)
+            return rc;
+        DP_ASSERT(fi == f);
+    }
     char key[DP_KEY_MAX + 1];
     pu->n_ent = 0;
     pu->vers = p->ent_ver != NULL ? p->ent_ver + pu->ent0 : NULL;
@@ -62,11 +71,10 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
             const dp_value *v = &values[(size_t)r * n_fields + f];
             if (v->kind == DP_KIND_SKIP)
                 continue;
-            size_t klen = dp__key_format(gidxs[r], fields[f], flen[f], key);
             dp__blob_entry_spec s;
             memset(&s, 0, sizeof s);
-            s.key = key;
-            s.key_len = klen;
+            s.gidx = gidxs[r];
+            s.field = (uint32_t)f;
             s.kind = (dp__blob_kind)v->kind;
             s.dtype = v->dtype;
             s.shape = v->shape;
@@ -81,6 +89,7 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
                 return dp__fail_ctx(d, rc, "put: row %" PRIu64 " field '%s'", gidxs[r],
                                     fields[f]);
             if (ent_key != NULL) { /* location hints: the key's CRC32C and hash */
+                size_t klen = dp__key_format(gidxs[r], fields[f], flen[f], key);
                 ent_key[pu->ent0 + pu->n_ent].crc = dp__crc32c(key, klen);
                 ent_key[pu->ent0 + pu->n_ent].hash = dp__hash64(key, klen, 0);
             }
@@ -95,18 +104,6 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
     if (rc != 0)
         return dp__fail_ctx(d, rc, "put: blob for unit %u", pu->st.u);
     return DP_OK;
-}
-
-/* Decimal digits of v (the gidx part of a key). */
-static size_t
-digits_u64(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 10) {
-        v /= 10;
-        n++;
-    }
-    return n;
 }
 
 /* A blob of size bytes fits unit u's put area or (spilling) its IO area. */
@@ -126,7 +123,6 @@ int
 dp__put_size_locked(put_op *p, dp_detail *d)
 {
     dp_client *c = p->c;
-    const uint64_t *gidxs = p->gidxs;
     size_t n_fields = p->n_fields;
     const dp_value *values = p->values;
     size_t n_ent = 0;
@@ -140,17 +136,17 @@ dp__put_size_locked(put_op *p, dp_detail *d)
         pu->ent0 = (uint32_t)n_ent;
         dp__blob_sizer z;
         dp__blob_sizer_init(&z, c->o.crc ? DP_BLOB_FLAG_CRC : 0);
+        for (size_t f = 0; f < n_fields; f++) /* as build_unit_locked declares them */
+            dp__blob_sizer_field(&z, p->flen[f]);
         const uint32_t *order = p->g.order + p->g.start[u];
         for (uint32_t k = 0; k < pu->n_rows; k++) {
             uint32_t r = order[k];
-            size_t gd = digits_u64(gidxs[r]);
             for (size_t f = 0; f < n_fields; f++) {
                 const dp_value *v = &values[(size_t)r * n_fields + f];
                 if (v->kind == DP_KIND_SKIP)
                     continue;
                 size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0; /* checked: <= 32 */
-                dp__blob_sizer_add(&z, gd + 1 + p->flen[f], (dp__blob_kind)v->kind, dl,
-                                   v->shape, v->ndim, v->nbytes);
+                dp__blob_sizer_add(&z, dl, v->ndim, v->nbytes);
             }
         }
         if (z.n == 0)

@@ -294,10 +294,14 @@ rewrite_plan(ck_snap *s, dp_detail *d)
     const dp__blob *pb = s->b->parsed;
     bool crc = (dp__blob_get_header(pb)->flags & DP_BLOB_FLAG_CRC) != 0;
     int rc = dp__blob_builder_create(crc ? DP_BLOB_FLAG_CRC : 0, &s->bb, d);
+    if (rc == 0) /* its entries' fields were checked by its parse */
+        dp__blob_builder_trust_keys(s->bb, true);
     for (uint32_t j = 0; rc == 0 && j < s->n_live; j++) {
         const dp__blob_entry *e = dp__blob_entry_at(pb, s->live[j]);
-        dp__blob_entry_spec sp = {.key = e->key,
-                                  .key_len = e->key_len,
+        uint32_t field = 0;
+        rc = dp__blob_builder_field(s->bb, e->field, e->field_len, &field, d);
+        dp__blob_entry_spec sp = {.gidx = e->gidx,
+                                  .field = field,
                                   .kind = e->kind,
                                   .dtype = e->dtype,
                                   .shape = e->shape,
@@ -305,7 +309,8 @@ rewrite_plan(ck_snap *s, dp_detail *d)
                                   .len = e->len,
                                   .has_crc = crc && e->has_crc,
                                   .crc = e->crc};
-        rc = dp__blob_builder_add(s->bb, &sp, NULL, d);
+        if (rc == 0)
+            rc = dp__blob_builder_add(s->bb, &sp, NULL, d);
     }
     if (rc == 0)
         rc = dp__blob_builder_layout(s->bb, &s->lay, d);

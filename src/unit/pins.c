@@ -451,6 +451,7 @@ dp__unit_resolve_rows_locked(dp__unit *u, const dp__wire_strs *fields,
     for (uint32_t f = 0; f < nf; f++)
         fhash[f] = dp__row_hash(fields->v[f].p, fields->v[f].n);
     uint64_t epoch = ++u->pin_epoch;
+    row *r = NULL; /* the last value's row (the loop changes no row) */
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *q = rows.p + (size_t)i * DP_WIRE_ROW_LEN;
         uint8_t *o = res->locs + (size_t)i * DP_WIRE_LOC_LEN;
@@ -474,7 +475,8 @@ dp__unit_resolve_rows_locked(dp__unit *u, const dp__wire_strs *fields,
             continue;
         }
         const dp__wire_str *f = &fields->v[fi];
-        row *r = dp__map_get_u64(&u->rows, gidx);
+        if (r == NULL || r->gidx != gidx) /* a row's fields are usually asked together */
+            r = dp__map_get_u64(&u->rows, gidx);
         int32_t k = r != NULL ? dp__row_find(r, f->p, f->n, fhash[fi]) : -1;
         slot *s = k >= 0 ? &r->s[k] : NULL;
         int st = s != NULL ? dp__ssd_resolve_state_locked(u, s->b, epoch, now) : 0;
