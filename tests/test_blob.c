@@ -832,7 +832,7 @@ DP_TEST(rejects_entry_count_mismatch)
     size_t len;
     uint8_t *p = valid_blob(&len);
     put_le32(p + 12, 1); /* version 3: the entries are as many as the header says */
-    CHECK_REJECT(p, len, NULL, "stray bytes after the index's 1 entries");
+    CHECK_REJECT(p, len, NULL, "2 fields for 1 entries"); /* fewer entries than fields */
     put_le32(p + 12, 3);
     CHECK_REJECT(p, len, NULL, "blob entry 2 of 3 runs past the index");
     free(p);
@@ -1444,7 +1444,9 @@ DP_TEST(v3_rejects_bad_indexes)
     dp__blob_parse_opts o = {.n_units = 2, .unit_index = 0};
     CHECK_REJECT(p, len, &o, "blob entry 0 ('1@obs'): row 1 belongs to unit 1 of 2");
     free(p);
-    V3_REJECT(0, fields, 0, 0, "with 0 fields");
+    V3_REJECT(0, fields, 0, 0, "0 fields for 2 entries");
+    static const char *const three[] = {"obs", "act", "rew"};
+    V3_REJECT(3, three, 0, 0, "3 fields for 2 entries");
     V3_REJECT(2, bad_field, 0, 0, "blob: field 1");
     V3_REJECT(2, fields, 0, 1, "the padding after the fields is not zero");
     e[1].field = 2;

@@ -38,8 +38,8 @@
  *   written for that very allocation.
  * - The index is exactly index_len bytes: nothing after the last entry.
  * - key: a valid "<gidx>@<field>" (blob/keys.h); no two entries share a key.
- *   Version 3: n_fields >= 1, each field valid, every entry's field < n_fields
- *   (a field the entries do not use is allowed).
+ *   Version 3: 1 <= n_fields <= n_entries, each field valid, every entry's
+ *   field < n_fields (a field no entry uses is allowed, within that count).
  * - kind: "tensor", "bytes" or "object" (version 3: 0, 1, 2).
  * - dtype: 0..32 bytes of [a-z0-9_]; non-empty for a tensor, may be empty
  *   for bytes and object. Not checked against a list of known dtypes.

@@ -723,9 +723,10 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
     const uint8_t *ix = b->copy + DP_BLOB_HEADER_LEN;
     uint64_t len = h->index_len, pos = 4;
     uint32_t n = h->n_entries, nf = len >= 4 ? dp__le32_load(ix) : 0;
-    if (nf == 0 || nf > len / 2)
-        return dp__fail(d, DP_EPROTO, "blob: an index of %llu bytes with %u fields",
-                        (unsigned long long)len, nf);
+    if (nf == 0 || nf > n || nf > len / 2) /* a field no entry uses names nothing */
+        return dp__fail(d, DP_EPROTO,
+                        "blob: %u fields for %u entries in an index of %llu bytes", nf, n,
+                        (unsigned long long)len);
     dp__buf strs, dims;
     dp__buf_init(&strs);
     dp__buf_init(&dims);

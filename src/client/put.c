@@ -725,6 +725,7 @@ put_op_fini(put_op *a)
     free(a->results);
     free(a->sent);
     free(a->flen);
+    free(a->fseen);
     free(a->ent_ver);
     memset(a, 0, sizeof *a);
 }
@@ -748,10 +749,13 @@ put_op_make(put_op *a, bool locs, dp_detail *d)
     a->results = malloc(N * sizeof *a->results);
     a->sent = calloc(N, sizeof *a->sent);
     a->flen = malloc(a->n_fields * sizeof *a->flen);
+    a->fseen = malloc(2 * a->n_fields * sizeof *a->fseen);
     if (a->pus == NULL || a->ent_val == NULL || a->local == NULL || a->remote == NULL ||
         a->slot_pu == NULL || a->ops == NULL || a->results == NULL || a->sent == NULL ||
-        a->flen == NULL)
+        a->flen == NULL || a->fseen == NULL)
         return dp__fail(d, DP_ENOMEM, "put: out of memory");
+    a->fnum = a->fseen + a->n_fields;
+    memset(a->fseen, 0xff, a->n_fields * sizeof *a->fseen);
     for (size_t f = 0; f < a->n_fields; f++)
         a->flen[f] = strlen(a->fields[f]); /* checked by check_args */
     if (a->c->only_unit < 0)

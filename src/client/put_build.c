@@ -53,15 +53,10 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
         c->builders[pu->st.u] = b;
     }
     dp__blob_builder_reset(b);
-    /* Every field of the put, in order: field f is number f (they are
-     * distinct), as dp__put_size_locked told the sizer. */
-    for (size_t f = 0; f < n_fields; f++) {
-        uint32_t fi;
-        int rc = dp__blob_builder_field(b, fields[f], flen[f], &fi, d);
-        if (rc != 0)
-            return rc;
-        DP_ASSERT(fi == f);
-    }
+    /* The fields its entries use, each declared at its first use (as
+     * dp__put_size_locked told the sizer; the put's fields are distinct). */
+    uint32_t *fnum = p->fnum;
+    memset(fnum, 0xff, n_fields * sizeof *fnum);
     char key[DP_KEY_MAX + 1];
     pu->n_ent = 0;
     pu->vers = p->ent_ver != NULL ? p->ent_ver + pu->ent0 : NULL;
@@ -71,10 +66,15 @@ build_unit_locked(put_op *p, put_unit *pu, dp_detail *d)
             const dp_value *v = &values[(size_t)r * n_fields + f];
             if (v->kind == DP_KIND_SKIP)
                 continue;
+            if (fnum[f] == UINT32_MAX) {
+                int rc = dp__blob_builder_field(b, fields[f], flen[f], &fnum[f], d);
+                if (rc != 0)
+                    return rc;
+            }
             dp__blob_entry_spec s;
             memset(&s, 0, sizeof s);
             s.gidx = gidxs[r];
-            s.field = (uint32_t)f;
+            s.field = fnum[f];
             s.kind = (dp__blob_kind)v->kind;
             s.dtype = v->dtype;
             s.shape = v->shape;
@@ -126,6 +126,7 @@ dp__put_size_locked(put_op *p, dp_detail *d)
     size_t n_fields = p->n_fields;
     const dp_value *values = p->values;
     size_t n_ent = 0;
+    memset(p->fseen, 0xff, n_fields * sizeof *p->fseen); /* a call may size again */
     for (uint32_t u = 0; u < c->n_units; u++) {
         if (dp__groups_count(&p->g, u) == 0)
             continue;
@@ -136,8 +137,6 @@ dp__put_size_locked(put_op *p, dp_detail *d)
         pu->ent0 = (uint32_t)n_ent;
         dp__blob_sizer z;
         dp__blob_sizer_init(&z, c->o.crc ? DP_BLOB_FLAG_CRC : 0);
-        for (size_t f = 0; f < n_fields; f++) /* as build_unit_locked declares them */
-            dp__blob_sizer_field(&z, p->flen[f]);
         const uint32_t *order = p->g.order + p->g.start[u];
         for (uint32_t k = 0; k < pu->n_rows; k++) {
             uint32_t r = order[k];
@@ -146,6 +145,10 @@ dp__put_size_locked(put_op *p, dp_detail *d)
                 if (v->kind == DP_KIND_SKIP)
                     continue;
                 size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0; /* checked: <= 32 */
+                if (p->fseen[f] != u) { /* a field the blob uses, counted once */
+                    p->fseen[f] = u;
+                    dp__blob_sizer_field(&z, p->flen[f]);
+                }
                 dp__blob_sizer_add(&z, dl, v->ndim, v->nbytes);
             }
         }

@@ -89,6 +89,10 @@ typedef struct put_op {
     dp__xfer_result *results; /* the WRITEs' */
     bool *sent;               /* slot's commit was sent (write_done) */
     size_t *flen;             /* field name lengths */
+    /* Per field: the unit whose blob the sizer last counted it for, and its
+     * number in the blob being built (UINT32_MAX: not declared yet). A
+     * unit's blob names only the fields its entries use. */
+    uint32_t *fseen, *fnum;
     /*
      * With replicas: the rows whose copy met a flap or a restart, to be put
      * again (n_again of them; put_outcome_copies_locked). Kept past the op.

@@ -407,7 +407,8 @@ rows_inline_or_pin(dp__unit *u, dp__unit_resolve_rows_res *res, blob_rec **eb,
         if (all) {
             const uint8_t *o = res->locs + (size_t)i * DP_WIRE_LOC_LEN;
             uint64_t len = dp__le64_load(o + 8);
-            memcpy(res->data + res->data_len, u->slab + dp__le64_load(o), len);
+            if (len > 0)
+                memcpy(res->data + res->data_len, u->slab + dp__le64_load(o), len);
             res->data_len += len;
             b->last_resolve_at = now; /* as a pin would mark it */
         } else if (b->pin_mark != epoch) {
