@@ -609,6 +609,20 @@ DP_TEST(leases_let_puts_ride_a_host_outage)
     dp_lc_answer a;
     dp_lc_ask_ok(&c, "put " LEASE_ROWS " 5", &a);
     dp_lc_ask_ok(&c, "get " LEASE_ROWS " 5", &a);
+    /* Every unit holds its read lease before the fault: a unit started before
+     * its peers listened may still be catching up (a slow machine, a sanitizer
+     * build), and without its lease it answers no read of its copies. */
+    for (double t_wait = dp_test_now();;) {
+        dp_lc_ask_ok(&c, "stats all", &a);
+        if (dp_lc_value_of(&a, "u0:", "lease_ok") == 1 &&
+            dp_lc_value_of(&a, "u1:", "lease_ok") == 1 &&
+            dp_lc_value_of(&a, "u2:", "lease_ok") == 1)
+            break;
+        CHECKF(dp_test_now() < t_wait + RECOVER_S,
+               "the units hold no read leases %.0f s after they started: %s", RECOVER_S,
+               a.line);
+        dp_lc_ask_ok(&c, "sleep 0.2", &a);
+    }
     dp_lc_step(t0, "three units with leases in hosts 0-2, client in host 3");
 
     t0 = dp_test_now();
