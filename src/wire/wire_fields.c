@@ -296,6 +296,34 @@ rd_blob_locs(dp__wire_dec *c, dp__wire_blob_locs *out, const char *what)
     return DP_OK;
 }
 
+/* A value's description: kind, dtype and shape (its dims pushed onto dims). */
+static int
+rd_desc(dp__wire_dec *c, dp__wire_str *kind, dp__wire_str *dtype, uint32_t *ndim,
+        dp__wire_pool *dims)
+{
+    int rc;
+    uint32_t nd;
+    if ((rc = rd_str_checked(c, DP__V_TEXT, kind, "kind")) != DP_OK ||
+        (rc = rd_str_checked(c, DP__V_TEXT, dtype, "dtype")) != DP_OK ||
+        (rc = dp__mp_read_array(&c->r, &nd, "shape", c->d)) != DP_OK)
+        return rc;
+    if (nd > c->lim->max_dims)
+        return dp__fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
+                        c->lim->max_dims);
+    if ((rc = dp__wire_charge(c, nd, "shape")) != DP_OK)
+        return rc;
+    for (uint32_t j = 0; j < nd; j++) {
+        uint64_t *dim = dp__wire_pool_push(dims);
+        if (dim == NULL)
+            return nomem(c, "shape");
+        rc = rd_bounded(c, dim, 0, c->lim->max_size - 1, DP_EPROTO, NULL);
+        if (rc != DP_OK)
+            return dp__fail_ctx(c->d, rc, "shape[%u]", j);
+    }
+    *ndim = nd;
+    return DP_OK;
+}
+
 static int
 rd_key_loc(dp__wire_dec *c, dp__wire_key_loc *e, dp__wire_pool *dims)
 {
@@ -308,26 +336,8 @@ rd_key_loc(dp__wire_dec *c, dp__wire_key_loc *e, dp__wire_pool *dims)
         return dp__fail(c->d, DP_EPROTO, "array of %u elements, expected 5 or 6", n);
     if ((rc = rd_bounded(c, &e->off, 0, max, DP_EPROTO, "off")) != DP_OK ||
         (rc = rd_bounded(c, &e->len, 0, max, DP_ETOOBIG, "len")) != DP_OK ||
-        (rc = rd_str_checked(c, DP__V_TEXT, &e->kind, "kind")) != DP_OK ||
-        (rc = rd_str_checked(c, DP__V_TEXT, &e->dtype, "dtype")) != DP_OK)
+        (rc = rd_desc(c, &e->kind, &e->dtype, &e->ndim, dims)) != DP_OK)
         return rc;
-    uint32_t nd;
-    if ((rc = dp__mp_read_array(&c->r, &nd, "shape", c->d)) != DP_OK)
-        return rc;
-    if (nd > c->lim->max_dims)
-        return dp__fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
-                        c->lim->max_dims);
-    if ((rc = dp__wire_charge(c, nd, "shape")) != DP_OK)
-        return rc;
-    for (uint32_t j = 0; j < nd; j++) {
-        uint64_t *dim = dp__wire_pool_push(dims);
-        if (dim == NULL)
-            return nomem(c, "shape");
-        rc = rd_bounded(c, dim, 0, max, DP_EPROTO, NULL);
-        if (rc != DP_OK)
-            return dp__fail_ctx(c->d, rc, "shape[%u]", j);
-    }
-    e->ndim = nd;
     e->data = (dp__wire_bytes){NULL, 0};
     if (n == 6) {
         /* The value itself: exactly len bytes, never empty (nothing to carry). */
@@ -402,29 +412,12 @@ rd_descs(dp__wire_dec *c, dp__wire_descs *out, const char *what)
         return nomem(c, what);
     dp__wire_pool dims = {.esz = sizeof(uint64_t)};
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t na, nd;
+        uint32_t na;
         dp__wire_desc *e = &v[i];
         if ((rc = dp__mp_read_array(&c->r, &na, NULL, c->d)) == DP_OK && na != 3)
             rc = dp__fail(c->d, DP_EPROTO, "array of %u elements, expected 3", na);
-        if (rc == DP_OK &&
-            (rc = rd_str_checked(c, DP__V_TEXT, &e->kind, "kind")) == DP_OK &&
-            (rc = rd_str_checked(c, DP__V_TEXT, &e->dtype, "dtype")) == DP_OK &&
-            (rc = dp__mp_read_array(&c->r, &nd, "shape", c->d)) == DP_OK) {
-            if (nd > c->lim->max_dims)
-                rc = dp__fail(c->d, DP_EPROTO, "shape: %u dims, the limit is %u", nd,
-                              c->lim->max_dims);
-            else
-                rc = dp__wire_charge(c, nd, "shape");
-            for (uint32_t j = 0; j < nd && rc == DP_OK; j++) {
-                uint64_t *dim = dp__wire_pool_push(&dims);
-                if (dim == NULL)
-                    rc = nomem(c, "shape");
-                else if ((rc = rd_bounded(c, dim, 0, c->lim->max_size - 1, DP_EPROTO,
-                                          NULL)) != DP_OK)
-                    rc = dp__fail_ctx(c->d, rc, "shape[%u]", j);
-            }
-            e->ndim = nd;
-        }
+        if (rc == DP_OK)
+            rc = rd_desc(c, &e->kind, &e->dtype, &e->ndim, &dims);
         if (rc != DP_OK) {
             dp__wire_pool_drop(&dims);
             return dp__fail_ctx(c->d, rc, "%s[%u]", what, i);
@@ -563,6 +556,18 @@ dp__wire_map_decode(dp__wire_dec *c, const dp__wire_fdesc *f, size_t nf, bool st
 
 /* ---- encoding ---- */
 
+/* A value's description: kind, dtype, [dims]. */
+static void
+put_desc(dp__mp_writer *w, dp__wire_str kind, dp__wire_str dtype, const uint64_t *shape,
+         uint32_t ndim, const dp__wire_limits *lim)
+{
+    dp__wire_put_text(w, kind, lim->max_text);
+    dp__wire_put_text(w, dtype, lim->max_text);
+    dp__mp_put_array(w, ndim);
+    for (uint32_t j = 0; j < ndim; j++)
+        dp__mp_put_u64(w, shape[j]);
+}
+
 static void
 put_strs(dp__mp_writer *w, const dp__wire_strs *l)
 {
@@ -659,11 +664,7 @@ dp__wire_value_encode(dp__mp_writer *w, int k, const void *p, const dp__wire_lim
             dp__mp_put_array(w, e->data.n > 0 ? 6 : 5);
             dp__mp_put_u64(w, e->off);
             dp__mp_put_u64(w, e->len);
-            dp__wire_put_text(w, e->kind, lim->max_text);
-            dp__wire_put_text(w, e->dtype, lim->max_text);
-            dp__mp_put_array(w, e->ndim);
-            for (uint32_t j = 0; j < e->ndim; j++)
-                dp__mp_put_u64(w, e->shape[j]);
+            put_desc(w, e->kind, e->dtype, e->shape, e->ndim, lim);
             if (e->data.n > 0)
                 dp__mp_put_bin(w, e->data.p, e->data.n);
         }
@@ -675,11 +676,7 @@ dp__wire_value_encode(dp__mp_writer *w, int k, const void *p, const dp__wire_lim
         for (uint32_t i = 0; i < l->n; i++) {
             const dp__wire_desc *e = &l->v[i];
             dp__mp_put_array(w, 3);
-            dp__wire_put_text(w, e->kind, lim->max_text);
-            dp__wire_put_text(w, e->dtype, lim->max_text);
-            dp__mp_put_array(w, e->ndim);
-            for (uint32_t j = 0; j < e->ndim; j++)
-                dp__mp_put_u64(w, e->shape[j]);
+            put_desc(w, e->kind, e->dtype, e->shape, e->ndim, lim);
         }
         return;
     }
