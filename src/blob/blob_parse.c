@@ -353,12 +353,18 @@ dp__blob_entry_key(const dp__blob_entry *e, char *out)
     return dp__key_format(e->gidx, e->field, e->field_len, out);
 }
 
-/* Entry e's key quoted for a message into q (cap >= 80). */
+/* The key of (gidx, field[0..flen)) quoted for a message into q (error paths). */
+static const char *
+quote_key(uint64_t gidx, const char *field, size_t flen, char *q, size_t cap)
+{
+    char k[DP_KEY_MAX + 1];
+    return dp__quote_bytes(k, dp__key_format(gidx, field, flen, k), 60, q, cap);
+}
+
 static const char *
 quote_entry(const dp__blob_entry *e, char *q, size_t cap)
 {
-    char k[DP_KEY_MAX + 1];
-    return dp__quote_bytes(k, dp__blob_entry_key(e, k), 60, q, cap);
+    return quote_key(e->gidx, e->field, e->field_len, q, cap);
 }
 
 static int
@@ -427,11 +433,10 @@ struct entry_at {
     size_t field, dtype, dims;
 };
 
-/* With opts naming a unit, an entry whose row another unit owns is refused
- * (key[0..klen): its key, for the message). */
+/* With opts naming a unit, an entry whose row another unit owns is refused. */
 static int
-entry_on_unit(const dp__blob_parse_opts *opts, uint64_t gidx, const char *key,
-              size_t klen, uint32_t i, dp_detail *d)
+entry_on_unit(const dp__blob_parse_opts *opts, uint64_t gidx, const char *field,
+              size_t flen, uint32_t i, dp_detail *d)
 {
     if (opts == NULL || opts->n_units == 0 ||
         dp__row_on_unit(gidx, opts->unit_index, opts->n_units, opts->replicas))
@@ -440,7 +445,7 @@ entry_on_unit(const dp__blob_parse_opts *opts, uint64_t gidx, const char *key,
     return dp__fail(d, DP_EPROTO,
                     "blob entry %u ('%s'): row %llu belongs to unit %llu of %u%s, not "
                     "to unit %u",
-                    i, dp__quote_bytes(key, klen, 60, q, sizeof q),
+                    i, quote_key(gidx, field, flen, q, sizeof q),
                     (unsigned long long)gidx, (unsigned long long)(gidx % opts->n_units),
                     opts->n_units,
                     opts->replicas > 1 ? " (and the units after it: replicas)" : "",
@@ -510,6 +515,28 @@ copy_index(dp__blob *b, const void *p, size_t len, const dp__blob_parse_opts *op
 }
 
 /*
+ * The arenas become the blob's (a zero dim at the end: a shape is never NULL)
+ * and each entry's field, dtype and shape point into them (at: their offsets).
+ */
+static int
+arenas_finish(dp__blob *b, dp__buf *strs, dp__buf *dims, const struct entry_at *at,
+              dp_detail *d)
+{
+    dp__buf_append(dims, &(uint64_t){0}, sizeof(uint64_t));
+    if (strs->oom || dims->oom)
+        return dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
+    b->strs = (char *)dp__buf_steal(strs, NULL);
+    b->dims = (uint64_t *)(void *)dp__buf_steal(dims, NULL);
+    for (uint32_t i = 0; i < b->h.n_entries; i++) {
+        dp__blob_entry *o = &b->entries[i];
+        o->field = b->strs + at[i].field;
+        o->dtype = b->strs + at[i].dtype;
+        o->shape = b->dims + at[i].dims;
+    }
+    return DP_OK;
+}
+
+/*
  * Read the entries of the copied version 2 index (each checked, and on opts'
  * unit) into b->entries, their fields and dtypes into b->strs and their dims
  * into b->dims, and allocate b->kslots for their keys.
@@ -560,7 +587,7 @@ read_entries_v2(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
         rc = parse_entry(&r, i, h, &e, d);
         if (rc != DP_OK)
             goto out;
-        rc = entry_on_unit(opts, e.kp.gidx, e.key, e.key_len, i, d);
+        rc = entry_on_unit(opts, e.kp.gidx, e.kp.field, e.kp.field_len, i, d);
         if (rc != DP_OK)
             goto out;
         keep_entry(&b->entries[i], &at[i], &e, &strs, &dims);
@@ -570,33 +597,12 @@ read_entries_v2(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
                       dp__mp_remaining(&r), n);
         goto out;
     }
-    dp__buf_append(&dims, &(uint64_t){0}, sizeof(uint64_t)); /* shape never NULL */
-    if (strs.oom || dims.oom) {
-        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
-        goto out;
-    }
-    b->strs = (char *)dp__buf_steal(&strs, NULL);
-    b->dims = (uint64_t *)(void *)dp__buf_steal(&dims, NULL);
-    for (uint32_t i = 0; i < n; i++) {
-        dp__blob_entry *o = &b->entries[i];
-        o->field = b->strs + at[i].field;
-        o->dtype = b->strs + at[i].dtype;
-        o->shape = b->dims + at[i].dims;
-    }
-    rc = DP_OK;
+    rc = arenas_finish(b, &strs, &dims, at, d);
 out:
     free(at);
     dp__buf_fini(&strs); /* stolen (empty) on success */
     dp__buf_fini(&dims);
     return rc;
-}
-
-/* A version 3 entry's key quoted for a message (error paths only). */
-static const char *
-quote_v3(uint64_t gidx, const char *field, size_t flen, char *q, size_t cap)
-{
-    char k[DP_KEY_MAX + 1];
-    return dp__quote_bytes(k, dp__key_format(gidx, field, flen, k), 60, q, cap);
 }
 
 /* Version 3: each field's name, its place in b->strs, and the last
@@ -661,14 +667,14 @@ desc_v3(const uint8_t *ix, size_t pos, struct v3_field *f, dp__blob_entry *e,
     char q[80];
     if (p[32] >= DP_ARRAY_LEN(dp__blob_kind_names))
         return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): kind %u is not 0, 1 or 2", i,
-                        quote_v3(dp__le64_load(p), f->p, f->len, q, sizeof q), p[32]);
+                        quote_key(dp__le64_load(p), f->p, f->len, q, sizeof q), p[32]);
     const char *dtype = (const char *)p + DP_BLOB_ENTRY_FIXED;
     const char *why = dl > DP_BLOB_DTYPE_MAX  ? "dtype is longer than 32 bytes"
                       : nd > DP_BLOB_MAX_DIMS ? "shape has more than 32 dims"
                                               : dtype_problem(dtype, dl, e->kind);
     if (why != NULL)
         return dp__fail(d, DP_EPROTO, "blob entry %u ('%s'): %s", i,
-                        quote_v3(dp__le64_load(p), f->p, f->len, q, sizeof q), why);
+                        quote_key(dp__le64_load(p), f->p, f->len, q, sizeof q), why);
     at->dtype = strs->len;
     memcpy(strs->data + strs->len, dtype, dl);
     strs->data[strs->len + dl] = '\0';
@@ -693,18 +699,18 @@ place_v3(const dp__blob_header *h, const dp__blob_entry *e, uint32_t i, dp_detai
     if (e->off < h->payload_off)
         return dp__fail(d, DP_EPROTO,
                         "blob entry %u ('%s'): off %llu is before payload_off %llu", i,
-                        quote_v3(e->gidx, e->field, e->field_len, q, sizeof q),
+                        quote_key(e->gidx, e->field, e->field_len, q, sizeof q),
                         (unsigned long long)e->off, (unsigned long long)h->payload_off);
     if (e->off % DP_BLOB_ALIGN != 0)
         return dp__fail(d, DP_EPROTO,
                         "blob entry %u ('%s'): off %llu is not 64-byte aligned", i,
-                        quote_v3(e->gidx, e->field, e->field_len, q, sizeof q),
+                        quote_key(e->gidx, e->field, e->field_len, q, sizeof q),
                         (unsigned long long)e->off);
     if (e->off > h->total_len || e->len > h->total_len - e->off)
         return dp__fail(
             d, DP_EPROTO,
             "blob entry %u ('%s'): off %llu + len %llu runs past total_len %llu", i,
-            quote_v3(e->gidx, e->field, e->field_len, q, sizeof q),
+            quote_key(e->gidx, e->field, e->field_len, q, sizeof q),
             (unsigned long long)e->off, (unsigned long long)e->len,
             (unsigned long long)h->total_len);
     return DP_OK;
@@ -768,33 +774,16 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
         at[i].field = fs[fi].at;
         if ((rc = desc_v3(ix, (size_t)pos, &fs[fi], e, &at[i], &strs, &dims, i, d)) !=
                 DP_OK ||
-            (rc = place_v3(h, e, i, d)) != DP_OK)
+            (rc = place_v3(h, e, i, d)) != DP_OK ||
+            (rc = entry_on_unit(opts, e->gidx, e->field, e->field_len, i, d)) != DP_OK)
             break;
-        if (opts != NULL && opts->n_units > 0 &&
-            !dp__row_on_unit(e->gidx, opts->unit_index, opts->n_units, opts->replicas)) {
-            char k[DP_KEY_MAX + 1]; /* the key, made for the message only */
-            size_t kl = dp__key_format(e->gidx, e->field, e->field_len, k);
-            rc = entry_on_unit(opts, e->gidx, k, kl, i, d);
-            break;
-        }
         pos += dp__blob_v3_entry_len(p[33], p[34]);
     }
     if (rc == DP_OK && pos != len)
         rc = dp__fail(d, DP_EPROTO, "blob: %llu stray bytes after the index's %u entries",
                       (unsigned long long)(len - pos), n);
-    dp__buf_append(&dims, &(uint64_t){0}, sizeof(uint64_t)); /* shape never NULL */
-    if (rc == DP_OK && (strs.oom || dims.oom))
-        rc = dp__fail(d, DP_ENOMEM, "blob: no memory for the index strings");
-    if (rc == DP_OK) {
-        b->strs = (char *)dp__buf_steal(&strs, NULL);
-        b->dims = (uint64_t *)(void *)dp__buf_steal(&dims, NULL);
-        for (uint32_t i = 0; i < n; i++) {
-            dp__blob_entry *o = &b->entries[i];
-            o->field = b->strs + at[i].field;
-            o->dtype = b->strs + at[i].dtype;
-            o->shape = b->dims + at[i].dims;
-        }
-    }
+    if (rc == DP_OK)
+        rc = arenas_finish(b, &strs, &dims, at, d);
     free(fs);
     free(at);
     dp__buf_fini(&strs);
