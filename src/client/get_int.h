@@ -66,6 +66,9 @@ dp__get_falls_back(int code)
 
 /* ---- values.c: what a get hands back ---- */
 
+/* The kind a unit's description names (bytes for one this code does not know). */
+dp_kind dp__kind_of(dp__wire_str kind);
+
 /* The description of a value from its entry l in a resolve_keys answer. */
 void dp__fill_desc(dp_value_desc *o, const dp__wire_key_loc *l);
 

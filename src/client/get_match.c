@@ -220,12 +220,8 @@ dp__get_match_rows(get_op *x, uint32_t u, const dp__wire_resolve_rows_res *res,
     dp_kind *kinds = rc == DP_OK ? malloc((res->descs.n + 1) * sizeof *kinds) : NULL;
     if (rc == DP_OK && kinds == NULL)
         rc = dp__fail(ud, DP_ENOMEM, "get: out of memory");
-    for (uint32_t j = 0; kinds != NULL && j < res->descs.n; j++) {
-        dp__blob_kind k = DP_BLOB_BYTES;
-        const dp__wire_desc *w = &res->descs.v[j];
-        kinds[j] = dp__blob_kind_parse(w->kind.p, w->kind.n, &k) == DP_OK ? (dp_kind)k
-                                                                          : DP_KIND_BYTES;
-    }
+    for (uint32_t j = 0; kinds != NULL && j < res->descs.n; j++)
+        kinds[j] = dp__kind_of(res->descs.v[j].kind);
     bool again = false;
     uint64_t dpos = 0;
     uint32_t j = 0;

@@ -55,6 +55,7 @@
 #include "common/le.h"
 #include "blob/keys.h"
 #include "client/put_int.h"
+#include "common/map.h"
 
 /* Fail part pu with code and a message; returns code. */
 static int pu_fail(put_unit *pu, int code, const char *fmt, ...)
@@ -128,7 +129,7 @@ check_args(const dp_client *c, const uint64_t *gidxs, size_t n_rows,
 /*
  * Rows must be unique: two values for one key in one blob are ambiguous.
  * Rows in increasing order (the usual batch) are unique at a glance; others
- * go through a hash set (sorting them cost a put of 4 KiB values about 360
+ * go through a map of the rows (sorting them cost a put of 4 KiB values about 360
  * instructions a value, bench/pervalue.sh).
  */
 static int
@@ -139,24 +140,17 @@ check_unique_rows(const uint64_t *gidxs, size_t n, dp_detail *d)
         i++;
     if (i >= n)
         return DP_OK;
-    size_t cap = 16;
-    while (cap < 2 * n)
-        cap *= 2;
-    uint64_t *slot = malloc(cap * sizeof *slot);
-    uint8_t *used = calloc(cap, 1);
-    int rc = slot == NULL || used == NULL ? dp__fail(d, DP_ENOMEM, "put: out of memory")
-                                          : DP_OK;
+    dp__map seen;
+    dp__map_init_u64(&seen);
+    int rc = DP_OK;
     for (size_t k = 0; k < n && rc == DP_OK; k++) {
-        size_t at = (size_t)(dp__hash64_word(0, gidxs[k]) & (cap - 1));
-        while (used[at] && slot[at] != gidxs[k])
-            at = (at + 1) & (cap - 1);
-        if (used[at])
+        void *old = NULL;
+        if (dp__map_put_u64(&seen, gidxs[k], (void *)1, &old) != DP_OK)
+            rc = dp__fail(d, DP_ENOMEM, "put: out of memory");
+        else if (old != NULL)
             rc = dp__fail(d, DP_EINVAL, "put: row %" PRIu64 " given twice", gidxs[k]);
-        used[at] = 1;
-        slot[at] = gidxs[k];
     }
-    free(slot);
-    free(used);
+    dp__map_fini(&seen);
     return rc;
 }
 
@@ -754,8 +748,7 @@ put_op_make(put_op *a, bool locs, dp_detail *d)
         a->slot_pu == NULL || a->ops == NULL || a->results == NULL || a->sent == NULL ||
         a->flen == NULL || a->fseen == NULL)
         return dp__fail(d, DP_ENOMEM, "put: out of memory");
-    a->fnum = a->fseen + a->n_fields;
-    memset(a->fseen, 0xff, a->n_fields * sizeof *a->fseen);
+    a->fnum = a->fseen + a->n_fields; /* both set where they are used */
     for (size_t f = 0; f < a->n_fields; f++)
         a->flen[f] = strlen(a->fields[f]); /* checked by check_args */
     if (a->c->only_unit < 0)

@@ -11,18 +11,20 @@
 
 #include "client/get_int.h"
 
+dp_kind
+dp__kind_of(dp__wire_str kind)
+{
+    dp__blob_kind k = DP_BLOB_BYTES;
+    if (dp__blob_kind_parse(kind.p, kind.n, &k) != 0)
+        k = DP_BLOB_BYTES;
+    return (dp_kind)k;
+}
+
 void
 dp__fill_desc(dp_value_desc *o, const dp__wire_key_loc *l)
 {
-    dp__blob_kind k = DP_BLOB_BYTES;
-    if (dp__blob_kind_parse(l->kind.p, l->kind.n, &k) != 0)
-        k = DP_BLOB_BYTES;
-    o->kind = (dp_kind)k;
-    dp__wire_str_copy(l->dtype, o->dtype, sizeof o->dtype);
-    o->ndim = DP_MIN(l->ndim, (uint32_t)DP_SHAPE_MAX);
-    for (uint32_t i = 0; i < o->ndim; i++)
-        o->shape[i] = l->shape[i];
-    o->nbytes = l->len;
+    dp__wire_desc w = {l->kind, l->dtype, l->shape, l->ndim};
+    dp__fill_desc_wire(o, &w, dp__kind_of(l->kind), l->len);
 }
 
 void
