@@ -988,15 +988,6 @@ DP_TEST(inline_put_lands_while_another_units_write_stalls)
  * distinct fields, and by key (resolve_keys) past that; both give every
  * value and its description back, content checked.
  */
-static double
-units_stat(dp_client *c, const char *name)
-{
-    double v = 0;
-    for (uint32_t u = 0; u < dp_client_n_units(c); u++)
-        v += stat_of(c, u, name);
-    return v;
-}
-
 DP_TEST(gets_ask_by_row_or_by_key)
 {
     cluster cl;
@@ -1017,10 +1008,10 @@ DP_TEST(gets_ask_by_row_or_by_key)
         dp_detail d;
         dp_detail_clear(&d);
         CHECK_OK_D(batch_put(c, &b, NULL, &d), &d);
-        double rows0 = units_stat(c, "resolves_by_row"), all0 = units_stat(c, "resolves");
+        double rows0 = sum_stat(c, "resolves_by_row"), all0 = sum_stat(c, "resolves");
         batch_verify(c, &b, nf);
-        double by_row = units_stat(c, "resolves_by_row") - rows0;
-        double all = units_stat(c, "resolves") - all0;
+        double by_row = sum_stat(c, "resolves_by_row") - rows0;
+        double all = sum_stat(c, "resolves") - all0;
         CHECK(all >= 2); /* rows 3 and 11 on unit 1, 4 on unit 0 */
         CHECKF(by_row == (nf == 64 ? all : 0), "%zu fields: %.0f of %.0f resolves by row",
                nf, by_row, all);

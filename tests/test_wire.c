@@ -184,12 +184,8 @@ gargs(gen *g, dp__wire_request *q)
         q->a.commit = (dp__wire_commit_args){gid(g), gnum(g, 0), gu64s(g)};
         break;
     case DP_WIRE_OP_PUT: {
-        uint32_t n = (uint32_t)rnd(g, 300);
-        uint8_t *p = galloc(g, n);
-        for (uint32_t i = 0; i < n; i++)
-            p[i] = (uint8_t)rnd(g, 256);
-        q->a.put = (dp__wire_put_args){
-            gid(g), {p, n}, gnum(g, (1u << 20) + 1), rnd(g, 2), gnum(g, UINT64_MAX)};
+        q->a.put = (dp__wire_put_args){gid(g), gbytes(g, 300), gnum(g, (1u << 20) + 1),
+                                       rnd(g, 2), gnum(g, UINT64_MAX)};
         q->a.put.repair = rnd(g, 2);
         q->a.put.ver = gnum(g, 0);
         q->a.put.vers = gu64s(g);
@@ -246,21 +242,25 @@ gargs(gen *g, dp__wire_request *q)
     }
 }
 
+/* A value's description: text kind and dtype, 0..32 dims. */
+static dp__wire_desc
+gdesc(gen *g)
+{
+    dp__wire_desc e = {gtext(g), gtext(g), NULL, (uint32_t)rnd(g, 33)};
+    uint64_t *s = galloc(g, e.ndim * sizeof *s);
+    for (uint32_t j = 0; j < e.ndim; j++)
+        s[j] = gnum(g, 1ull << 62);
+    e.shape = e.ndim ? s : NULL;
+    return e;
+}
+
 static dp__wire_descs
 gdescs(gen *g)
 {
     dp__wire_descs l = {NULL, (uint32_t)rnd(g, 6)};
     l.v = galloc(g, l.n * sizeof *l.v);
-    for (uint32_t i = 0; i < l.n; i++) {
-        dp__wire_desc *e = &l.v[i];
-        e->kind = gtext(g);
-        e->dtype = gtext(g);
-        e->ndim = (uint32_t)rnd(g, 33);
-        uint64_t *s = galloc(g, e->ndim * sizeof *s);
-        for (uint32_t j = 0; j < e->ndim; j++)
-            s[j] = gnum(g, 1ull << 62);
-        e->shape = e->ndim ? s : NULL;
-    }
+    for (uint32_t i = 0; i < l.n; i++)
+        l.v[i] = gdesc(g);
     return l;
 }
 
@@ -366,21 +366,17 @@ gresult(gen *g, dp__wire_reply *r)
             e->key = gkey(g);
             e->off = gnum(g, 1ull << 62);
             e->len = gnum(g, 1ull << 62);
-            e->kind = gtext(g);
-            e->dtype = gtext(g);
-            e->ndim = (uint32_t)rnd(g, 33);
-            uint64_t *s = galloc(g, e->ndim * sizeof *s);
-            for (uint32_t j = 0; j < e->ndim; j++)
-                s[j] = gnum(g, 1ull << 62);
-            e->shape = e->ndim ? s : NULL;
+            dp__wire_desc w = gdesc(g);
+            e->kind = w.kind;
+            e->dtype = w.dtype;
+            e->shape = w.shape;
+            e->ndim = w.ndim;
             e->data = (dp__wire_bytes){NULL, 0};
-            if (rnd(g, 2)) { /* inline: exactly len bytes */
-                uint32_t n = 1 + (uint32_t)rnd(g, 200);
-                uint8_t *p = galloc(g, n);
-                for (uint32_t j = 0; j < n; j++)
-                    p[j] = (uint8_t)rnd(g, 256);
-                e->len = n;
-                e->data = (dp__wire_bytes){p, n};
+            if (rnd(g, 2)) { /* inline: exactly len bytes (none: not inline) */
+                e->data = gbytes(g, 200);
+                e->len = e->data.n;
+                if (e->data.n == 0)
+                    e->data.p = NULL;
             }
         }
         x->missing = glist(g, true);
@@ -452,6 +448,16 @@ gerror(gen *g, dp__wire_reply *r)
 #define CHECK_SV(a, b)                                                                   \
     CHECKF(dp__wire_str_same((a), (b)), "'%.*s' != '%.*s'", DP_WIRE_STR_ARG(a),          \
            DP_WIRE_STR_ARG(b))
+
+static void
+check_desc(dp__wire_desc a, dp__wire_desc b)
+{
+    CHECK_SV(a.kind, b.kind);
+    CHECK_SV(a.dtype, b.dtype);
+    CHECK_EQ(a.ndim, b.ndim);
+    for (uint32_t j = 0; j < a.ndim; j++)
+        CHECK_EQ_U64(a.shape[j], b.shape[j]);
+}
 
 static void
 check_strs(dp__wire_strs a, dp__wire_strs b)
@@ -656,14 +662,8 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
         check_bytes(x->locs, y->locs);
         check_bytes(x->data, y->data);
         CHECK_EQ(x->descs.n, y->descs.n);
-        for (uint32_t i = 0; i < x->descs.n; i++) {
-            const dp__wire_desc *e = &x->descs.v[i], *f = &y->descs.v[i];
-            CHECK_SV(e->kind, f->kind);
-            CHECK_SV(e->dtype, f->dtype);
-            CHECK_EQ(e->ndim, f->ndim);
-            for (uint32_t j = 0; j < e->ndim; j++)
-                CHECK_EQ_U64(e->shape[j], f->shape[j]);
-        }
+        for (uint32_t i = 0; i < x->descs.n; i++)
+            check_desc(x->descs.v[i], y->descs.v[i]);
         break;
     }
     case DP_WIRE_OP_RESOLVE_KEYS: {
@@ -675,13 +675,9 @@ check_rep_eq(const dp__wire_reply *a, const dp__wire_reply *b)
             CHECK_SV(e->key, f->key);
             CHECK_EQ_U64(e->off, f->off);
             CHECK_EQ_U64(e->len, f->len);
-            CHECK_SV(e->kind, f->kind);
-            CHECK_SV(e->dtype, f->dtype);
-            CHECK_EQ(e->ndim, f->ndim);
-            for (uint32_t j = 0; j < e->ndim; j++)
-                CHECK_EQ_U64(e->shape[j], f->shape[j]);
-            CHECK_EQ(e->data.n, f->data.n);
-            CHECK(e->data.n == 0 || memcmp(e->data.p, f->data.p, e->data.n) == 0);
+            check_desc((dp__wire_desc){e->kind, e->dtype, e->shape, e->ndim},
+                       (dp__wire_desc){f->kind, f->dtype, f->shape, f->ndim});
+            check_bytes(e->data, f->data);
         }
         check_strs(x->missing, y->missing);
         check_strs(x->pending, y->pending);
