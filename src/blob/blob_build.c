@@ -208,11 +208,12 @@ field_find(const dp__blob_builder *b, const char *f, size_t len)
     return v != NULL ? (uint32_t)((uintptr_t)v - 1) : UINT32_MAX;
 }
 
-int
-dp__blob_builder_field(dp__blob_builder *b, const char *field, size_t len, uint32_t *idx,
-                       dp_detail *d)
+/* Field field[0..len)'s number, declared when new (checked first if check). */
+static int
+field_intern(dp__blob_builder *b, const char *field, size_t len, bool check,
+             uint32_t *idx, dp_detail *d)
 {
-    if (!b->keys_trusted) {
+    if (check) {
         int rc = dp__field_check(field, len, d);
         if (rc != DP_OK)
             return rc;
@@ -250,6 +251,13 @@ dp__blob_builder_field(dp__blob_builder *b, const char *field, size_t len, uint3
     return DP_OK;
 }
 
+int
+dp__blob_builder_field(dp__blob_builder *b, const char *field, size_t len, uint32_t *idx,
+                       dp_detail *d)
+{
+    return field_intern(b, field, len, !b->keys_trusted, idx, d);
+}
+
 /* The entry's row and field: from its key (split, its field declared) or as given. */
 static int
 spec_key(dp__blob_builder *b, const dp__blob_entry_spec *s, uint64_t *gidx,
@@ -270,11 +278,7 @@ spec_key(dp__blob_builder *b, const dp__blob_entry_spec *s, uint64_t *gidx,
     if (rc != DP_OK)
         return rc;
     *gidx = kp.gidx;
-    bool trusted = b->keys_trusted;
-    b->keys_trusted = true; /* the split checked the field */
-    rc = dp__blob_builder_field(b, kp.field, kp.field_len, field, d);
-    b->keys_trusted = trusted;
-    return rc;
+    return field_intern(b, kp.field, kp.field_len, false, field, d); /* split: checked */
 }
 
 /* Entry (gidx, field)'s key, quoted for a message, into q. */
