@@ -153,12 +153,12 @@ void dp__blob_builder_destroy(dp__blob_builder *b);
 void dp__blob_builder_reset(dp__blob_builder *b);
 
 /*
- * The caller promises that every key it adds from now on was made by
- * dp__key_make / dp__key_format from a checked field, and that no key repeats:
- * add then skips splitting the key again and layout skips the duplicate
- * search (a put of 4096 small values spends a fifth of its index building
- * there). A broken promise makes a blob the unit refuses at commit (it checks
- * both), never a corrupt one. Kept across resets.
+ * The caller promises that every field it declares from now on was checked
+ * (keys.h) and that no key repeats: dp__blob_builder_field then skips the
+ * field check and layout the duplicate search (a put of 4096 small values
+ * spent a fifth of its index building there). Keys given as strings are
+ * still split (that checks them). A broken promise makes a blob the unit
+ * refuses at commit (it checks both), never a corrupt one. Kept across resets.
  */
 void dp__blob_builder_trust_keys(dp__blob_builder *b, bool trusted);
 
