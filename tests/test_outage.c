@@ -47,6 +47,9 @@
  *     reads it back; with the link back, every get reads the last version
  *     (host 0 answers no read of its older copies until a pass caught it up),
  *     and with unit 1 killed host 0's caught-up copies answer.
+ *   leases_start_behind_a_fault: the same units, host 0's link down as they
+ *     start: units 1 and 2 come to hold their leases during the outage, a put
+ *     lands without host 0 and a get reads it back.
  *   clients_killed_mid_transfer: clients SIGKILLed inside 32 MiB puts and
  *     gets over TCP (the two-sided path): the unit stays up, a checked
  *     client's rows come back byte for byte after every kill.
@@ -576,6 +579,24 @@ DP_TEST(replicas_ride_a_host_outage)
 #define LEASE_TIMEOUT_S 6.0 /* the budget: a third for a silent unit, then a fence */
 #define LEASE_DOWN_S 14.0   /* long enough for two put-and-get rounds */
 
+/* Units 0-2 in hosts 0-2 keeping two copies, with 2 s read leases; their
+ * addresses, comma-separated, into units. */
+static void
+lease_units_start(dp_netns *n, dp_netns_proc *unit, char *units, size_t cap)
+{
+    snprintf(units, cap, "tcp://%s:47310,tcp://%s:47310,tcp://%s:47310",
+             dp_netns_ip(n, 0), dp_netns_ip(n, 1), dp_netns_ip(n, 2));
+    for (uint32_t k = 0; k < 3; k++) {
+        char id[4], addr[256];
+        snprintf(id, sizeof id, "%u", k);
+        const char *extra[] = {"--unit-id",     id,    "--units", "3",
+                               "--replicas",    "2",   "--lease", "2",
+                               "--repair-from", units, NULL};
+        dp_lc_unit_start_with(n, k, DP_CLI_PATH, "47310", SLAB, extra, &unit[k], addr,
+                              sizeof addr);
+    }
+}
+
 /*
  * Read leases (docs/design.md, "Leases"): three units keeping two copies of
  * each row in hosts 0-2 (--lease 2), a client in host 3; host 0's link down:
@@ -592,18 +613,8 @@ DP_TEST(leases_let_puts_ride_a_host_outage)
     double t0 = dp_test_now();
     dp_netns *n = topology(4);
     dp_netns_proc unit[3];
-    char addr[3][256], units[800];
-    snprintf(units, sizeof units, "tcp://%s:47310,tcp://%s:47310,tcp://%s:47310",
-             dp_netns_ip(n, 0), dp_netns_ip(n, 1), dp_netns_ip(n, 2));
-    for (uint32_t k = 0; k < 3; k++) {
-        char id[4];
-        snprintf(id, sizeof id, "%u", k);
-        const char *extra[] = {"--unit-id",     id,    "--units", "3",
-                               "--replicas",    "2",   "--lease", "2",
-                               "--repair-from", units, NULL};
-        dp_lc_unit_start_with(n, k, DP_CLI_PATH, "47310", SLAB, extra, &unit[k], addr[k],
-                              sizeof addr[k]);
-    }
+    char units[800];
+    lease_units_start(n, unit, units, sizeof units);
     dp_lc c;
     dp_lc_start(&c, n, 3, DP_LONGCLIENT_PATH, "lease", units, 3, LEASE_TIMEOUT_S);
     dp_lc_answer a;
@@ -680,6 +691,62 @@ DP_TEST(leases_let_puts_ride_a_host_outage)
     CHECK_EQ(dp_netns_proc_stop(&unit[2], SIGTERM, 10), 0);
     CHECK_OK_D(dp_netns_destroy(n, &d), &d);
     dp_lc_step(t0, "client quit, units stopped, topology removed");
+}
+
+/*
+ * A fault that begins as the units start: host 0's link goes down the moment
+ * the three units print their addresses, before any lease round. Units 1 and
+ * 2 must still come to hold their read leases (each other's grant makes a
+ * majority) while the outage lasts, so puts land without host 0 and gets read
+ * them back. (A lease thread that first opened a full client could still be
+ * opening when the link went, and left its unit without a lease for the whole
+ * outage.)
+ */
+DP_TEST(leases_start_behind_a_fault)
+{
+    dp_lc_t_start = dp_test_now();
+    dp_detail d;
+    dp_detail_clear(&d);
+    double t0 = dp_test_now();
+    dp_netns *n = topology(4);
+    dp_netns_proc unit[3];
+    char units[800];
+    lease_units_start(n, unit, units, sizeof units);
+    CHECK_OK_D(dp_netns_link(n, 0, false, &d), &d);
+    double t_fault = dp_test_now();
+    dp_lc_step(t0, "three units with leases in hosts 0-2, host 0's link down at once");
+
+    t0 = dp_test_now();
+    dp_lc c;
+    dp_lc_start(&c, n, 3, DP_LONGCLIENT_PATH, "lease", units, 3, LEASE_TIMEOUT_S);
+    dp_lc_answer a;
+    int tries = 0;
+    for (;;) {
+        tries++;
+        dp_lc_ask(&c, "put " LEASE_ROWS " 1", &a);
+        if (strcmp(a.verdict, "ok") == 0) {
+            dp_lc_ask(&c, "get " LEASE_ROWS " 1", &a);
+            if (strcmp(a.verdict, "ok") == 0)
+                break;
+        }
+        CHECKF(dp_test_now() < t_fault + RECOVER_S,
+               "no put and get without host 0 %.0f s into an outage that began as the "
+               "units started (%d tries): \"%s\"",
+               RECOVER_S, tries, a.line);
+        dp_lc_ask_ok(&c, "sleep 0.5", &a);
+    }
+    printf("    put and got without host 0 %.1f s into the outage (%d tries)\n",
+           dp_test_now() - t_fault, tries);
+    dp_lc_step(t0, "units 1 and 2 hold their leases: a put lands without host 0, a get "
+                   "reads it");
+
+    t0 = dp_test_now();
+    CHECK_OK_D(dp_netns_link(n, 0, true, &d), &d);
+    dp_lc_quit(&c);
+    for (uint32_t k = 0; k < 3; k++)
+        CHECK_EQ(dp_netns_proc_stop(&unit[k], SIGTERM, 10), 0);
+    CHECK_OK_D(dp_netns_destroy(n, &d), &d);
+    dp_lc_step(t0, "link up, client quit, units stopped, topology removed");
 }
 
 /*

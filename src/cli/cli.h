@@ -202,11 +202,13 @@ void dp__unit_repair_stop(dp__unit_repairer *r);
  * Open the cluster at from as a unit's repair and lease threads find it: a
  * cluster file or directory, a registry URL, or the units' addresses in unit
  * order, comma-separated ("tcp://a:1,tcp://b:2": what a launcher that knows
- * them passes, e.g. the Ray actors).
+ * them passes, e.g. the Ray actors). ctl_only: the addresses and the control
+ * transport only (no data path, no unit asked anything yet; a registry's
+ * records followed), what the lease thread needs.
  */
 struct dp_client;
 struct dp_client_opts;
-int dp__cli_open_cluster(const char *from, const struct dp_client_opts *co,
+int dp__cli_open_cluster(const char *from, const struct dp_client_opts *co, bool ctl_only,
                          struct dp_client **c, dp_detail *d);
 
 /*

@@ -2,7 +2,10 @@
  * A unit's lease thread (docs/design.md, "Leases"): with --lease S, every S / 4
  * it asks every other unit of its cluster (found as its repair finds it:
  * --repair-from, or its registry) for a read lease, at once, and hands each
- * answer to the unit, which counts its grants; a unit that does not answer is
+ * answer to the unit, which counts its grants. It holds only the units'
+ * addresses and a control transport (no data path, nothing asked before its
+ * first round), so it asks from the moment the unit starts: a fault that
+ * begins then costs the unit no lease it could have had. A unit that does not answer is
  * probed, to tell a gone process (refuses connections) from one that is
  * silent. A denial says this unit is behind: its repair thread runs a pass.
  */
@@ -46,9 +49,7 @@ nap(const dp__unit_leaser *l, double s)
  * One round: every other unit asked at once, each answer handed to the unit.
  * Straight to their addresses, whatever process answers there (no binding: a
  * silent unit costs this round its timeout once, not twice), through the
- * client's control transport (thread-safe) without the client's lock: what
- * the client does meanwhile (its endpoint to a unit behind an outage may
- * take seconds to fail) never holds a round up.
+ * control-only client's transport; nothing but this thread uses the client.
  */
 static void
 round_once(dp__unit_leaser *l, dp_client *c, dp__wire_rid_gen *g, dp__fanout *f,
@@ -56,12 +57,12 @@ round_once(dp__unit_leaser *l, dp_client *c, dp__wire_rid_gen *g, dp__fanout *f,
 {
     uint32_t n = dp_client_n_units(c);
     dp__fanout_reset(f);
-    /* A registry may move units: their addresses, when the lock is free. */
-    if (pthread_mutex_trylock(&c->mu) == 0) {
-        for (uint32_t i = 0; i < n; i++)
-            snprintf(l->addr[i], sizeof l->addr[i], "%s", c->units[i].addr);
-        pthread_mutex_unlock(&c->mu);
-    }
+    /* A registry may move units: where its records say they are now. */
+    pthread_mutex_lock(&c->mu);
+    dp__client_follow_locked(c);
+    for (uint32_t i = 0; i < n; i++)
+        snprintf(l->addr[i], sizeof l->addr[i], "%s", c->units[i].addr);
+    pthread_mutex_unlock(&c->mu);
     double sent_at = dp__now_s(); /* the unit's clock (its default) */
     for (uint32_t i = 0; i < n; i++) {
         if (i == l->unit_id)
@@ -101,7 +102,7 @@ lease_main(void *arg)
     dp_detail d;
     dp_detail_clear(&d);
     double warned = 0;
-    while (!stopping(l) && dp__cli_open_cluster(l->from, &co, &c, &d) != DP_OK) {
+    while (!stopping(l) && dp__cli_open_cluster(l->from, &co, true, &c, &d) != DP_OK) {
         if (dp__now_s() - warned > 30) {
             DP_LOG_W(
                 "lease: cannot open the cluster %s yet (%s): answering no read until "

@@ -41,23 +41,68 @@ progress(void *ctx, uint64_t keys, uint64_t bytes, uint64_t failed)
         dp__unit_repair_failed(ctx, failed);
 }
 
+/* The units of a comma-separated "tcp://a:1,tcp://b:2" list, in unit order. */
+static int
+cluster_of_list(const char *from, dp__cluster *cl, dp_detail *d)
+{
+    memset(cl, 0, sizeof *cl);
+    uint32_t n = 1;
+    for (const char *p = from; *p != '\0'; p++)
+        n += *p == ',';
+    if (n > DP_CLUSTER_MAX_UNITS)
+        return dp__fail(d, DP_EINVAL, "%u units listed (at most %u)", n,
+                        DP_CLUSTER_MAX_UNITS);
+    if ((cl->units = calloc(n, sizeof *cl->units)) == NULL)
+        return dp__fail(d, DP_ENOMEM, "out of memory");
+    const char *p = from;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof cl->units[i].zmq) {
+            dp__cluster_fini(cl);
+            return dp__fail(d, DP_EINVAL,
+                            "unit %u's address in '%s' is empty or too long", i, from);
+        }
+        memcpy(cl->units[i].zmq, p, len);
+        cl->units[i].id = i;
+        p += len + (p[len] == ',');
+    }
+    cl->n_units = n;
+    return DP_OK;
+}
+
 /* The cluster a unit's repair and lease threads read (cli.h). */
 int
-dp__cli_open_cluster(const char *from, const dp_client_opts *co, dp_client **c,
-                     dp_detail *d)
+dp__cli_open_cluster(const char *from, const dp_client_opts *co, bool ctl_only,
+                     dp_client **c, dp_detail *d)
 {
-    if (strncmp(from, "tcp://", 6) != 0)
+    bool list = strncmp(from, "tcp://", 6) == 0;
+    if (!list && !ctl_only)
         return dp_client_open(from, co, c, d);
-    char *list = strdup(from);
-    const char *addrs[DP_CLUSTER_MAX_UNITS];
-    uint32_t n = 0;
-    char *save = NULL;
-    for (char *t = list != NULL ? strtok_r(list, ",", &save) : NULL;
-         t != NULL && n < DP_CLUSTER_MAX_UNITS; t = strtok_r(NULL, ",", &save))
-        addrs[n++] = t;
-    int rc = list == NULL ? dp__fail(d, DP_ENOMEM, "repair: out of memory")
-                          : dp_client_open_units(addrs, n, co, c, d);
-    free(list);
+    dp__cluster cl;
+    char where[DP_CLUSTER_REGISTRY_MAX > PATH_MAX ? DP_CLUSTER_REGISTRY_MAX : PATH_MAX];
+    int rc =
+        list ? cluster_of_list(from, &cl, d)
+             : dp__reg_resolve(from, co->connect_timeout_s, &cl, where, sizeof where, d);
+    if (rc != DP_OK)
+        return rc;
+    if (!ctl_only) {
+        const char *addrs[DP_CLUSTER_MAX_UNITS];
+        for (uint32_t i = 0; i < cl.n_units; i++)
+            addrs[i] = cl.units[i].zmq;
+        rc = dp_client_open_units(addrs, cl.n_units, co, c, d);
+    } else {
+        /* Addresses and the control transport: no data path, nothing asked yet. */
+        rc = dp__client_open_ctl(&cl, co, NULL, DP__CTL_NO_CHECK, c, d);
+        dp__reg_url url;
+        if (rc == DP_OK && cl.registry[0] != '\0' &&
+            ((rc = dp__reg_url_parse(cl.registry, &url, d)) != DP_OK ||
+             (rc = dp__reg_watch_start(&url, cl.n_units, cl.revision, &(*c)->reg, d)) !=
+                 DP_OK)) {
+            dp_client_close(*c);
+            *c = NULL;
+        }
+    }
+    dp__cluster_fini(&cl);
     return rc;
 }
 
@@ -77,7 +122,7 @@ run_once(dp__unit_repairer *r, bool pass)
     double t0 = dp__now_s();
     /* The cluster may still be coming up (a fresh start): try for a minute. */
     int rc;
-    while ((rc = dp__cli_open_cluster(r->from, &co, &c, &d)) != DP_OK &&
+    while ((rc = dp__cli_open_cluster(r->from, &co, false, &c, &d)) != DP_OK &&
            !__atomic_load_n(&r->stop, __ATOMIC_RELAXED) && dp__now_s() - t0 < 60)
         dp__sleep_s(1.0);
     if (rc != DP_OK) {
