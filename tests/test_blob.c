@@ -1441,6 +1441,23 @@ DP_TEST(v3_rejects_bad_indexes)
     } while (0)
     p = craft3(fields, 2, e, 2, 0, 0, &len);
     CHECK_ACCEPT(p, len, NULL);
+    free(p);
+    /* Out of key order (no key table made by the order): found all the same. */
+    for (int k = 0; k < 2; k++) {
+        e[0] = v3_ok(k == 0 ? 2 : 1, 1, 0);
+        e[1] = v3_ok(k == 0 ? 1 : 1, 0, 64);
+        p = craft3(fields, 2, e, 2, 0, 0, &len);
+        dp__blob *b = NULL;
+        CHECK_OK(dp__blob_parse(p, len, NULL, &b, NULL));
+        CHECK(dp__blob_find(b, k == 0 ? "2@act" : "1@act", 5) == dp__blob_entry_at(b, 0));
+        CHECK(dp__blob_find(b, "1@obs", 5) == dp__blob_entry_at(b, 1));
+        CHECK(dp__blob_find(b, "1@rew", 5) == NULL);
+        dp__blob_destroy(b);
+        free(p);
+    }
+    e[0] = v3_ok(1, 0, 0);
+    e[1] = v3_ok(1, 1, 64);
+    p = craft3(fields, 2, e, 2, 0, 0, &len);
     dp__blob_parse_opts o = {.n_units = 2, .unit_index = 0};
     CHECK_REJECT(p, len, &o, "blob entry 0 ('1@obs'): row 1 belongs to unit 1 of 2");
     free(p);
@@ -1465,6 +1482,9 @@ DP_TEST(v3_rejects_bad_indexes)
     V3_REJECT(2, fields, 0, 0, "a tensor needs a dtype");
     e[1].field = 0;
     V3_REJECT(2, fields, 0, 0, "key '1@obs' appears twice");
+    /* in key order, but two fields of one name: the same key twice */
+    static const char *const twice[] = {"obs", "obs"};
+    V3_REJECT(2, twice, 0, 0, "key '1@obs' appears twice");
     e[1].off = 70;
     V3_REJECT(2, fields, 0, 0, "is not 64-byte aligned");
     e[1].off = 1u << 20;

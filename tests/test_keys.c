@@ -88,6 +88,13 @@ DP_TEST(good_keys_split)
         CHECK_EQ_U64(kp.gidx, g->gidx);
         CHECK_EQ(kp.field_len, strlen(g->field));
         CHECK(memcmp(kp.field, g->field, kp.field_len) == 0);
+        /* the one-pass split of a NUL-terminated key agrees */
+        dp__key_parts kz;
+        size_t kl = 0;
+        CHECK_OK_D(dp__key_split_z(g->key, &kl, &kz, &d), &d);
+        CHECK_EQ(kl, strlen(g->key));
+        CHECK_EQ_U64(kz.gidx, kp.gidx);
+        CHECK(kz.field == kp.field && kz.field_len == kp.field_len);
         CHECK(dp__field_valid(g->field, strlen(g->field)));
         /* make gives back the same spelling */
         char buf[DP_KEY_MAX + 1];
@@ -119,6 +126,12 @@ DP_TEST(bad_keys_rejected_with_reason)
         CHECK_CONTAINS(d.msg, "key '");
         /* NULL detail is fine too */
         CHECK_ERR(dp__key_split(b->key, strlen(b->key), &kp, NULL), DP_EINVAL);
+        /* the one-pass split refuses it with the same words */
+        dp_detail dz;
+        size_t kl = 0;
+        CHECKF(dp__key_split_z(b->key, &kl, &kp, &dz) == DP_EINVAL, "key #%zu", i);
+        CHECK_STR(dz.msg, d.msg);
+        CHECK_EQ(kl, strlen(b->key));
     }
 }
 
@@ -157,6 +170,15 @@ DP_TEST(field_length_limits)
     CHECK_OK_D(dp__key_split(key, 2 + 255, &kp, &d), &d);
     CHECK_EQ(kp.field_len, 255);
     CHECK_ERR(dp__key_split(key, 2 + 256, &kp, &d), DP_EINVAL);
+    CHECK_CONTAINS(d.msg, "longer than 255");
+    /* the same through the one-pass split of NUL-terminated keys */
+    size_t kl = 0;
+    key[2 + 255] = '\0';
+    CHECK_OK_D(dp__key_split_z(key, &kl, &kp, &d), &d);
+    CHECK(kl == 2 + 255 && kp.field_len == 255);
+    key[2 + 255] = 'f';
+    key[2 + 256] = '\0';
+    CHECK_ERR(dp__key_split_z(key, &kl, &kp, &d), DP_EINVAL);
     CHECK_CONTAINS(d.msg, "longer than 255");
     /* Longest possible key: 20 digits + '@' + 255. */
     memcpy(key, "18446744073709551615@", 21);

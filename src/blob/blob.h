@@ -300,7 +300,10 @@ const dp__blob_header *dp__blob_get_header(const dp__blob *b);
 uint32_t dp__blob_count(const dp__blob *b);
 /* Entry i < dp__blob_count(b), in index order. */
 const dp__blob_entry *dp__blob_entry_at(const dp__blob *b, uint32_t i);
-/* The entry with this key, or NULL (a hash lookup). */
+/* All dp__blob_count(b) entries, in index order (for loops over them). */
+const dp__blob_entry *dp__blob_entries(const dp__blob *b);
+/* The entry with this key, or NULL (a hash lookup; a binary search of a
+ * version-3 index in key order, which the parse checked without a table). */
 const dp__blob_entry *dp__blob_find(const dp__blob *b, const char *key, size_t key_len);
 /* The entry's key "<gidx>@<field>" into out (NUL-terminated); its length. */
 size_t dp__blob_entry_key(const dp__blob_entry *e, char *out /* DP_KEY_MAX + 1 bytes */);

@@ -127,6 +127,13 @@ struct dp__blob_builder {
     dp__buf index;
     bool laid_out;
     dp__blob_layout layout;
+    /* The last entry's dtype, checked for its kind and kept at
+     * last_dtype_at: the next entry with the same bytes and kind (a put's
+     * usual run) reuses both (has_last false: none since the reset). */
+    bool has_last;
+    dp__blob_kind last_kind;
+    uint32_t last_dtype_len;
+    size_t last_dtype_at;
 };
 
 int
@@ -180,6 +187,7 @@ dp__blob_builder_reset(dp__blob_builder *b)
     dp__buf_reset(&b->dims);
     dp__buf_reset(&b->index);
     b->laid_out = false;
+    b->has_last = false;
 }
 
 uint32_t
@@ -281,6 +289,16 @@ spec_key(dp__blob_builder *b, const dp__blob_entry_spec *s, uint64_t *gidx,
     return field_intern(b, kp.field, kp.field_len, false, field, d); /* split: checked */
 }
 
+/* a[0..n) (no NUL in it) is the NUL-terminated s: read no further than s's NUL. */
+static bool
+same_str(const char *a, uint32_t n, const char *s)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (a[i] != s[i])
+            return false;
+    return s[n] == '\0';
+}
+
 /* Entry (gidx, field)'s key, quoted for a message, into q. */
 static const char *
 quote_key(const dp__blob_builder *b, uint64_t gidx, uint32_t field, char *q, size_t cap)
@@ -306,10 +324,19 @@ dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t
         return dp__fail(d, DP_EINVAL, "blob entry '%s': unknown kind %d", qk,
                         (int)s->kind);
     const char *dtype = s->dtype != NULL ? s->dtype : "";
-    size_t dtype_len = strnlen(dtype, DP_BLOB_DTYPE_MAX + 1);
-    const char *why = dp__blob_dtype_problem(dtype, dtype_len, s->kind);
-    if (why != NULL)
-        return dp__fail(d, DP_EINVAL, "blob entry '%s': %s", qk, why);
+    if (!b->has_last || s->kind != b->last_kind ||
+        !same_str((const char *)b->strs.data + b->last_dtype_at, b->last_dtype_len,
+                  dtype)) {
+        size_t dtype_len = strnlen(dtype, DP_BLOB_DTYPE_MAX + 1);
+        const char *why = dp__blob_dtype_problem(dtype, dtype_len, s->kind);
+        if (why != NULL)
+            return dp__fail(d, DP_EINVAL, "blob entry '%s': %s", qk, why);
+        b->last_kind = s->kind;
+        b->last_dtype_len = (uint32_t)dtype_len;
+        b->last_dtype_at = b->strs.len;
+        dp__buf_append(&b->strs, dtype, dtype_len);
+        b->has_last = !b->strs.oom;
+    }
     if (s->ndim > DP_BLOB_MAX_DIMS)
         return dp__fail(d, DP_EINVAL, "blob entry '%s': shape has %u dims, max %u", qk,
                         s->ndim, DP_BLOB_MAX_DIMS);
@@ -334,9 +361,8 @@ dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t
     struct bentry *e = &b->e[b->n];
     e->gidx = gidx;
     e->field = field;
-    e->dtype_at = b->strs.len;
-    e->dtype_len = (uint32_t)dtype_len;
-    dp__buf_append(&b->strs, dtype, dtype_len);
+    e->dtype_at = b->last_dtype_at;
+    e->dtype_len = b->last_dtype_len;
     e->dims_at = b->dims.len / sizeof(uint64_t);
     e->ndim = s->ndim;
     if (s->ndim > 0)

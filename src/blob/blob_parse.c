@@ -177,8 +177,12 @@ struct dp__blob {
     dp__blob_entry *entries;
     char *strs;
     uint64_t *dims;
-    uint32_t *kslots; /* key hash index: entry number + 1, 0 = empty */
-    uint32_t kmask;   /* slots - 1 (a power of two, at least twice the entries) */
+    /* Key hash index (entry number + 1, 0 = empty), made to find keys that
+     * appear twice; NULL when the index's order showed there are none
+     * (keys_ordered). */
+    uint32_t *kslots;
+    uint32_t kmask;    /* slots - 1 (a power of two, at least twice the entries) */
+    bool keys_ordered; /* v3: distinct fields, entries by increasing (gidx, field) */
 };
 
 /* Re-label an inner failure (keys, msgpack) as DP_EPROTO with context. */
@@ -563,9 +567,7 @@ read_entries_v2(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
         goto out;
     }
     b->entries = calloc(n, sizeof *b->entries);
-    b->kmask = dp__blob_key_slots_for(n) - 1;
-    b->kslots = calloc((size_t)b->kmask + 1, sizeof *b->kslots);
-    if (b->entries == NULL || b->kslots == NULL) {
+    if (b->entries == NULL) {
         rc = dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
         goto out;
     }
@@ -643,6 +645,19 @@ read_fields_v3(const uint8_t *ix, uint64_t len, uint64_t *pos, struct v3_field *
     return DP_OK;
 }
 
+/* No two of the fields fs[0..nf) alike (past 16, not looked at: false). */
+static bool
+fields_distinct(const struct v3_field *fs, uint32_t nf)
+{
+    if (nf > 16)
+        return false;
+    for (uint32_t i = 0; i < nf; i++)
+        for (uint32_t j = i + 1; j < nf; j++)
+            if (fs[i].len == fs[j].len && memcmp(fs[i].p, fs[j].p, fs[i].len) == 0)
+                return false;
+    return true;
+}
+
 /*
  * Entry i's description at p (its fixed part; dtype and dims follow): the
  * same bytes as the last entry of its field (shared, checked once) or new
@@ -657,9 +672,9 @@ desc_v3(const uint8_t *ix, size_t pos, struct v3_field *f, dp__blob_entry *e,
     e->kind = (dp__blob_kind)p[32];
     e->dtype_len = dl;
     e->ndim = nd;
-    if (f->desc != 0 && f->desc_len == n && p[32] == ix[f->desc] &&
-        memcmp(p + 33, ix + f->desc + 1, 2) == 0 &&
-        memcmp(p + DP_BLOB_ENTRY_FIXED, ix + f->desc + 4, n - 3) == 0) {
+    /* kind, dtype_len, ndim, the zero byte, dtype and dims: one compare */
+    if (f->desc != 0 && f->desc_len == n &&
+        memcmp(p + 32, ix + f->desc, DP_BLOB_ENTRY_FIXED - 32 + n - 3) == 0) {
         at->dtype = f->dtype_at;
         at->dims = f->dims_at;
         return DP_OK;
@@ -739,14 +754,17 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
     struct v3_field *fs = malloc((size_t)nf * sizeof *fs);
     struct entry_at *at = malloc((size_t)n * sizeof *at);
     b->entries = malloc((size_t)n * sizeof *b->entries);
-    b->kmask = dp__blob_key_slots_for(n) - 1;
-    b->kslots = calloc((size_t)b->kmask + 1, sizeof *b->kslots);
     /* Fields and dtypes are strings of the index, each copied once with a NUL. */
-    int rc = fs == NULL || at == NULL || b->entries == NULL || b->kslots == NULL ||
+    int rc = fs == NULL || at == NULL || b->entries == NULL ||
                      dp__buf_reserve(&strs, (size_t)len + nf + n) != DP_OK
                  ? dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n)
                  : read_fields_v3(ix, len, &pos, fs, nf, &strs, d);
     bool crc = (h->flags & DP_BLOB_FLAG_CRC) != 0;
+    /* Entries by increasing (gidx, field) of distinct fields (what a builder
+     * writes) repeat no key: no key table needed (index_keys). */
+    bool ordered = rc == DP_OK && fields_distinct(fs, nf);
+    uint64_t pg = 0, pg_row = 0;
+    uint32_t pf = 0;
     for (uint32_t i = 0; i < n && rc == DP_OK; i++) {
         const uint8_t *p = ix + pos;
         dp__blob_entry *e = &b->entries[i];
@@ -765,6 +783,9 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
             break;
         }
         e->gidx = dp__le64_load(p);
+        ordered = ordered && (i == 0 || e->gidx > pg || (e->gidx == pg && fi > pf));
+        pg = e->gidx;
+        pf = fi;
         e->off = dp__le64_load(p + 8);
         e->len = dp__le64_load(p + 16);
         e->has_crc = crc;
@@ -775,8 +796,11 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
         if ((rc = desc_v3(ix, (size_t)pos, &fs[fi], e, &at[i], &strs, &dims, i, d)) !=
                 DP_OK ||
             (rc = place_v3(h, e, i, d)) != DP_OK ||
-            (rc = entry_on_unit(opts, e->gidx, e->field, e->field_len, i, d)) != DP_OK)
+            /* a row's entries one after another: its unit checked once */
+            ((i == 0 || e->gidx != pg_row) &&
+             (rc = entry_on_unit(opts, e->gidx, e->field, e->field_len, i, d)) != DP_OK))
             break;
+        pg_row = e->gidx;
         pos += dp__blob_v3_entry_len(p[33], p[34]);
     }
     if (rc == DP_OK && pos != len)
@@ -784,6 +808,7 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
                       (unsigned long long)(len - pos), n);
     if (rc == DP_OK)
         rc = arenas_finish(b, &strs, &dims, at, d);
+    b->keys_ordered = rc == DP_OK && ordered;
     free(fs);
     free(at);
     dp__buf_fini(&strs);
@@ -795,6 +820,10 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
 static int
 index_keys(dp__blob *b, dp_detail *d)
 {
+    b->kmask = dp__blob_key_slots_for(b->h.n_entries) - 1;
+    b->kslots = calloc((size_t)b->kmask + 1, sizeof *b->kslots);
+    if (b->kslots == NULL)
+        return dp__fail(d, DP_ENOMEM, "blob: no memory for %u keys", b->h.n_entries);
     dp__blob_key_table t = {b->kslots, b->kmask, parsed_key_of, b};
     for (uint32_t i = 0; i < b->h.n_entries; i++) {
         const dp__blob_entry *o = &b->entries[i];
@@ -826,7 +855,7 @@ dp__blob_parse(const void *p, size_t len, const dp__blob_parse_opts *opts, dp__b
     if (rc == DP_OK)
         rc =
             b->h.version == 2 ? read_entries_v2(b, opts, d) : read_entries_v3(b, opts, d);
-    if (rc == DP_OK)
+    if (rc == DP_OK && !b->keys_ordered)
         rc = index_keys(b, d);
     if (rc == DP_OK && (opts == NULL || !opts->allow_overlap))
         rc = check_overlap(b, d);
@@ -858,11 +887,34 @@ dp__blob_entry_at(const dp__blob *b, uint32_t i)
 }
 
 const dp__blob_entry *
+dp__blob_entries(const dp__blob *b)
+{
+    return b->entries;
+}
+
+const dp__blob_entry *
 dp__blob_find(const dp__blob *b, const char *key, size_t key_len)
 {
     dp__key_parts kp;
     if (key_len > DP_KEY_MAX || dp__key_split(key, key_len, &kp, NULL) != DP_OK)
         return NULL;
+    if (b->kslots == NULL) { /* keys in order: by halves on (gidx, field) */
+        uint32_t lo = 0, hi = b->h.n_entries;
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (b->entries[mid].gidx < kp.gidx)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (; lo < b->h.n_entries && b->entries[lo].gidx == kp.gidx; lo++) {
+            const dp__blob_entry *e = &b->entries[lo];
+            if (e->field_len == kp.field_len &&
+                memcmp(e->field, kp.field, kp.field_len) == 0)
+                return e;
+        }
+        return NULL;
+    }
     for (uint32_t i =
              (uint32_t)dp__blob_key_hash(kp.gidx, kp.field, kp.field_len) & b->kmask;
          ; i = (i + 1) & b->kmask) {

@@ -265,6 +265,35 @@ dp__key_split(const char *key, size_t len, dp__key_parts *parts, dp_detail *d)
 }
 
 int
+dp__key_split_z(const char *key, size_t *len, dp__key_parts *parts, dp_detail *d)
+{
+    /*
+     * One pass for the usual key: up to 19 digits (no overflow, no leading
+     * zero), '@', then printable ASCII but '@' up to the NUL. Anything else
+     * (UTF-8 fields, 20 digits, every error) takes the full check.
+     */
+    const unsigned char *p = (const unsigned char *)key;
+    uint64_t v = 0;
+    size_t i = 0;
+    for (unsigned dg; i < DP_GIDX_MAX_DIGITS - 1 && (dg = p[i] - (unsigned)'0') <= 9; i++)
+        v = v * 10 + dg;
+    if (i > 0 && p[i] == '@' && (p[0] != '0' || i == 1)) {
+        size_t f = i + 1, j = f;
+        while (j - f <= DP_FIELD_MAX && p[j] - 0x20u < 0x5fu && p[j] != '@')
+            j++;
+        if (p[j] == '\0' && j > f && j - f <= DP_FIELD_MAX) {
+            *len = j;
+            parts->gidx = v;
+            parts->field = key + f;
+            parts->field_len = j - f;
+            return DP_OK;
+        }
+    }
+    *len = strlen(key);
+    return dp__key_split(key, *len, parts, d);
+}
+
+int
 dp_key_check(const char *key, size_t len, uint64_t *gidx, dp_detail *d)
 {
     if (key == NULL)

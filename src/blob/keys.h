@@ -85,6 +85,13 @@ size_t dp__key_format(uint64_t gidx, const char *field, size_t field_len, char *
 int dp__key_split(const char *key, size_t len, dp__key_parts *parts, dp_detail *d);
 
 /*
+ * dp__key_split of the NUL-terminated key, its length into *len: one pass
+ * over the usual key (decimal gidx, '@', a printable ASCII field), the full
+ * check for the rest.
+ */
+int dp__key_split_z(const char *key, size_t *len, dp__key_parts *parts, dp_detail *d);
+
+/*
  * Internal: write s[0..len) into out[0..cap) (NUL-terminated) for an error
  * message: printable ASCII as is, other bytes as \xNN, '\'' and '\\' escaped,
  * cut with "..." when longer than max_shown input bytes. Returns out.

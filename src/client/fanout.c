@@ -351,26 +351,31 @@ dp__groups_make_copies(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, s
     g->start = calloc((size_t)n_units + 1, sizeof *g->start);
     g->order = malloc((m > 0 ? m : 1) * sizeof *g->order);
     uint32_t *pos = calloc(n_units, sizeof *pos);
-    if (g->start == NULL || g->order == NULL || pos == NULL) {
+    uint32_t *first = malloc((n > 0 ? n : 1) * sizeof *first); /* item's first unit */
+    if (g->start == NULL || g->order == NULL || pos == NULL || first == NULL) {
         free(pos);
+        free(first);
         dp__groups_fini(g);
         return dp__fail(d, DP_ENOMEM, "out of memory grouping %zu rows by unit", n);
     }
     g->n_units = n_units;
-    /* Counting sort: counts, prefix sums, then each item at its units' next places. */
+    /* Counting sort: counts, prefix sums, then each item at its units' next
+     * places (each item's unit computed once: two divisions). */
     for (size_t i = 0; i < n; i++) {
         uint32_t u = (uint32_t)((gidxs[i] % n_units + shift) % n_units);
+        first[i] = u;
         for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
             g->start[u + 1]++;
     }
     for (uint32_t u = 0; u < n_units; u++)
         g->start[u + 1] += g->start[u];
     for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)((gidxs[i] % n_units + shift) % n_units);
+        uint32_t u = first[i];
         for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
             g->order[g->start[u] + pos[u]++] = (uint32_t)i;
     }
     free(pos);
+    free(first);
     return DP_OK;
 }
 

@@ -99,6 +99,8 @@ check_args(const dp_client *c, const uint64_t *gidxs, size_t n_rows,
             if (strcmp(fields[f], fields[g]) == 0)
                 return dp__fail(d, DP_EINVAL, "put: field '%s' given twice", fields[f]);
     }
+    const char *ok_dtype = NULL; /* the last dtype found good, for ok_kind */
+    int ok_kind = -1;
     for (size_t i = 0; i < n_rows * n_fields; i++) {
         const dp_value *v = &values[i];
         if ((unsigned)v->kind > DP_KIND_SKIP)
@@ -112,9 +114,13 @@ check_args(const dp_client *c, const uint64_t *gidxs, size_t n_rows,
                             " bytes",
                             gidxs[i / n_fields], fields[i % n_fields], v->nbytes);
         /* What the blob builder would refuse, refused before anything is sent. */
-        const char *dt = v->dtype != NULL ? v->dtype : "";
-        const char *why = dp__blob_dtype_problem(dt, strnlen(dt, DP_BLOB_DTYPE_MAX + 1),
-                                                 (dp__blob_kind)v->kind);
+        const char *dt = v->dtype != NULL ? v->dtype : "", *why = NULL;
+        if (dt != ok_dtype || (int)v->kind != ok_kind) { /* a batch repeats one */
+            why = dp__blob_dtype_problem(dt, strnlen(dt, DP_BLOB_DTYPE_MAX + 1),
+                                         (dp__blob_kind)v->kind);
+            ok_dtype = why == NULL ? dt : NULL;
+            ok_kind = (int)v->kind;
+        }
         if (why == NULL && v->ndim > DP_BLOB_MAX_DIMS)
             why = "shape has more than 32 dims";
         if (why == NULL && v->ndim > 0 && v->shape == NULL)

@@ -138,13 +138,16 @@ dp__put_size_locked(put_op *p, dp_detail *d)
         dp__blob_sizer z;
         dp__blob_sizer_init(&z, c->o.crc ? DP_BLOB_FLAG_CRC : 0);
         const uint32_t *order = p->g.order + p->g.start[u];
+        const char *last = NULL; /* the last dtype measured: dl its length */
+        size_t dl = 0;
         for (uint32_t k = 0; k < pu->n_rows; k++) {
             uint32_t r = order[k];
             for (size_t f = 0; f < n_fields; f++) {
                 const dp_value *v = &values[(size_t)r * n_fields + f];
                 if (v->kind == DP_KIND_SKIP)
                     continue;
-                size_t dl = v->dtype != NULL ? strlen(v->dtype) : 0; /* checked: <= 32 */
+                if (v->dtype != last) /* checked: <= 32 bytes */
+                    dl = (last = v->dtype) != NULL ? strlen(last) : 0;
                 if (p->fseen[f] != u) { /* a field the blob uses, counted once */
                     p->fseen[f] = u;
                     dp__blob_sizer_field(&z, p->flen[f]);

@@ -100,6 +100,23 @@ find(const dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey)
     }
 }
 
+/* find for u64 keys: one compare a probe (rows and clears are looked up
+ * several times a row in a unit's request path). */
+static size_t
+find_u64(const dp__map *m, uint64_t h, uint64_t ukey)
+{
+    if (m->cap == 0)
+        return SIZE_MAX;
+    size_t mask = m->cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const dp__map_slot *s = &m->slots[i];
+        if (s->hash == 0)
+            return SIZE_MAX;
+        if (s->ukey == ukey)
+            return i;
+    }
+}
+
 static int
 grow(dp__map *m)
 {
@@ -126,7 +143,7 @@ static int
 put(dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey, void *val,
     void **old)
 {
-    size_t at = find(m, h, key, klen, ukey);
+    size_t at = m->u64_keys ? find_u64(m, h, ukey) : find(m, h, key, klen, ukey);
     if (at != SIZE_MAX) {
         if (old != NULL)
             *old = m->slots[at].val;
@@ -135,7 +152,9 @@ put(dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey, void *v
     }
     if (old != NULL)
         *old = NULL;
-    if ((m->len + 1) * 4 > m->cap * 3 && grow(m) != DP_OK)
+    /* At most half full: a miss (a new row, a row never cleared) probes
+     * about 2.5 slots, against 8.5 at three quarters. */
+    if ((m->len + 1) * 2 > m->cap && grow(m) != DP_OK)
         return DP_ENOMEM;
     char *kcopy = NULL;
     if (!m->u64_keys) {
@@ -202,20 +221,42 @@ dp__map_del(dp__map *m, const void *key, size_t klen)
 void *
 dp__map_get_u64(const dp__map *m, uint64_t key)
 {
-    size_t at = find(m, hash_u64(key), NULL, 0, key);
+    size_t at = find_u64(m, hash_u64(key), key);
     return at == SIZE_MAX ? NULL : m->slots[at].val;
 }
 
 int
 dp__map_put_u64(dp__map *m, uint64_t key, void *val, void **old)
 {
-    return put(m, hash_u64(key), NULL, 0, key, val, old);
+    uint64_t h = hash_u64(key);
+    if (m->cap > 0 && (m->len + 1) * 2 <= m->cap) {
+        /* Room for one more: one probe finds the key or the empty slot that
+         * ends its run, where it goes. */
+        size_t mask = m->cap - 1;
+        for (size_t i = h & mask;; i = (i + 1) & mask) {
+            dp__map_slot *sl = &m->slots[i];
+            if (sl->hash == 0) {
+                *sl = (dp__map_slot){.hash = h, .ukey = key, .val = val};
+                m->len++;
+                if (old != NULL)
+                    *old = NULL;
+                return DP_OK;
+            }
+            if (sl->ukey == key) {
+                if (old != NULL)
+                    *old = sl->val;
+                sl->val = val;
+                return DP_OK;
+            }
+        }
+    }
+    return put(m, h, NULL, 0, key, val, old);
 }
 
 void *
 dp__map_del_u64(dp__map *m, uint64_t key)
 {
-    size_t at = find(m, hash_u64(key), NULL, 0, key);
+    size_t at = find_u64(m, hash_u64(key), key);
     return at == SIZE_MAX ? NULL : del_at(m, at);
 }
 

@@ -352,8 +352,12 @@ dp__unit_resolve_keys_res_fini(dp__unit_resolve_keys_res *res)
 static bool
 desc_is(const dp__wire_desc *t, const dp__blob_entry *e, const char *kind)
 {
-    return t->kind.p == kind && t->dtype.n == e->dtype_len && t->ndim == e->ndim &&
-           memcmp(t->dtype.p, e->dtype, e->dtype_len) == 0 &&
+    if (t->kind.p != kind || t->dtype.n != e->dtype_len || t->ndim != e->ndim)
+        return false;
+    /* The same bytes in a blob's arenas (its entries of a field share them). */
+    if (t->dtype.p == e->dtype && (e->ndim == 0 || t->shape == e->shape))
+        return true;
+    return memcmp(t->dtype.p, e->dtype, e->dtype_len) == 0 &&
            (e->ndim == 0 || memcmp(t->shape, e->shape, e->ndim * sizeof *e->shape) == 0);
 }
 
@@ -453,14 +457,18 @@ dp__unit_resolve_rows_locked(dp__unit *u, const dp__wire_strs *fields,
         fhash[f] = dp__row_hash(fields->v[f].p, fields->v[f].n);
     uint64_t epoch = ++u->pin_epoch;
     row *r = NULL; /* the last value's row (the loop changes no row) */
+    uint64_t prev = 0;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *q = rows.p + (size_t)i * DP_WIRE_ROW_LEN;
         uint8_t *o = res->locs + (size_t)i * DP_WIRE_LOC_LEN;
         uint64_t gidx = dp__le64_load(q);
         uint32_t fi = dp__le32_load(q + 8);
         eb[i] = NULL;
-        if (fi >= nf ||
-            !dp__row_on_unit(gidx, u->o.unit_id, u->o.n_units, u->o.replicas)) {
+        /* A row's values come one after another: its unit checked once. */
+        bool row_ok = (i > 0 && gidx == prev) ||
+                      dp__row_on_unit(gidx, u->o.unit_id, u->o.n_units, u->o.replicas);
+        prev = gidx;
+        if (fi >= nf || !row_ok) {
             u->stats.n_proto++;
             rc = fi >= nf
                      ? dp__fail(d, DP_EPROTO,
@@ -480,7 +488,10 @@ dp__unit_resolve_rows_locked(dp__unit *u, const dp__wire_strs *fields,
             r = dp__map_get_u64(&u->rows, gidx);
         int32_t k = r != NULL ? dp__row_find(r, f->p, f->n, fhash[fi]) : -1;
         slot *s = k >= 0 ? &r->s[k] : NULL;
-        int st = s != NULL ? dp__ssd_resolve_state_locked(u, s->b, epoch, now) : 0;
+        int st = s == NULL ? 0
+                 : !(s->b->flags & REC_DISK)
+                     ? RES_READY
+                     : dp__ssd_resolve_state_locked(u, s->b, epoch, now);
         if (s == NULL || st == RES_PENDING || st == RES_FAILED) {
             loc_put(o, 0, 0,
                     s == NULL           ? DP_WIRE_ROW_MISSING

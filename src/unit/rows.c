@@ -28,10 +28,13 @@ dp__row_hash(const char *f, uint32_t n)
     return h;
 }
 
+/* At most this many freed rows kept (~184 bytes each): a big batch's worth. */
+#define ROW_SPARE_MAX 16384
+
 static row *
-row_new(uint64_t gidx)
+row_new_locked(dp__unit *u, uint64_t gidx)
 {
-    row *r = malloc(sizeof *r);
+    row *r = u->n_spare_rows > 0 ? u->spare_rows[--u->n_spare_rows] : malloc(sizeof *r);
     if (r == NULL)
         return NULL;
     r->gidx = gidx;
@@ -42,11 +45,32 @@ row_new(uint64_t gidx)
 }
 
 void
-dp__row_free(row *r)
+dp__row_free_locked(dp__unit *u, row *r)
 {
     if (r->s != r->inl)
         free(r->s);
-    free(r);
+    if (u->n_spare_rows == u->cap_spare_rows && u->cap_spare_rows < ROW_SPARE_MAX) {
+        uint32_t cap = u->cap_spare_rows == 0 ? 256 : 2 * u->cap_spare_rows;
+        row **g = realloc(u->spare_rows, (size_t)cap * sizeof *g);
+        if (g != NULL) {
+            u->spare_rows = g;
+            u->cap_spare_rows = cap;
+        }
+    }
+    if (u->n_spare_rows < u->cap_spare_rows)
+        u->spare_rows[u->n_spare_rows++] = r;
+    else
+        free(r);
+}
+
+void
+dp__rows_spare_fini(dp__unit *u)
+{
+    for (uint32_t i = 0; i < u->n_spare_rows; i++)
+        free(u->spare_rows[i]);
+    free(u->spare_rows);
+    u->spare_rows = NULL;
+    u->n_spare_rows = u->cap_spare_rows = 0;
 }
 
 /* Index of field f's slot in r, or -1. */
@@ -112,7 +136,7 @@ publish_rollback_locked(dp__unit *u, const dp__blob *pb, uint32_t upto)
             row_del(r, (uint32_t)k);
         if (r->n == 0) {
             dp__map_del_u64(&u->rows, e->gidx);
-            dp__row_free(r);
+            dp__row_free_locked(u, r);
         }
     }
 }
@@ -128,6 +152,7 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
                         dp_detail *d)
 {
     const dp__blob *pb = b->parsed;
+    const dp__blob_entry *ents = dp__blob_entries(pb);
     uint32_t n = dp__blob_count(pb), i = 0, kept = 0;
     /*
      * Each entry's (row, slot index), found once (a row's fields are usually
@@ -149,7 +174,7 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
         if (keep != NULL && !keep[i])
             continue;
         kept++;
-        const dp__blob_entry *e = dp__blob_entry_at(pb, i);
+        const dp__blob_entry *e = &ents[i];
         if (r == NULL || r->gidx != e->gidx) {
             r = dp__map_get_u64(&u->rows, e->gidx);
             /* A row cleared at its version or a higher one refuses it too
@@ -163,11 +188,11 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
             }
         }
         if (r == NULL) {
-            r = row_new(e->gidx);
+            r = row_new_locked(u, e->gidx);
             if (r == NULL)
                 goto nomem;
             if (dp__map_put_u64(&u->rows, e->gidx, r, NULL) != 0) {
-                dp__row_free(r);
+                dp__row_free_locked(u, r);
                 r = NULL;
                 goto nomem;
             }
@@ -177,7 +202,7 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
         if (k < 0 && (k = row_add(r, e->field, flen, h)) < 0) {
             if (r->n == 0) {
                 dp__map_del_u64(&u->rows, e->gidx);
-                dp__row_free(r);
+                dp__row_free_locked(u, r);
             }
             r = NULL;
             goto nomem;
@@ -208,7 +233,7 @@ dp__rows_publish_locked(dp__unit *u, blob_rec *b, const uint8_t *keep, double no
             s->ver = v;
         s->b = b;
         s->i = i;
-        s->field = dp__blob_entry_at(pb, i)->field; /* the name now lives in b */
+        s->field = ents[i].field; /* the name now lives in b */
         if (old != NULL)
             dp__rec_unref_locked(u, old, now);
         else
@@ -305,7 +330,7 @@ dp__unit_release_rows_ver(dp__unit *u, const uint64_t *gidxs, uint32_t n, uint64
             dp__rec_unref_locked(u, r->s[k].b, now);
             dropped++;
         }
-        dp__row_free(r);
+        dp__row_free_locked(u, r);
     }
     if (u->io_alloc != NULL)
         dp__ssd_release_spills_locked(u, gidxs, n, ver);

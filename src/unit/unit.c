@@ -333,7 +333,7 @@ dp__unit_destroy(dp__unit *u)
     size_t it = 0;
     void *v;
     while (dp__map_next(&u->rows, &it, NULL, NULL, NULL, &v))
-        dp__row_free(v);
+        dp__row_free_locked(u, v);
     it = 0;
     while (dp__map_next(&u->blobs, &it, NULL, NULL, NULL, &v)) {
         blob_rec *b = v;
@@ -344,6 +344,7 @@ dp__unit_destroy(dp__unit *u)
     dp__ssd_fini(u);
     dp__order_fini(u);
     dp__map_fini(&u->rows);
+    dp__rows_spare_fini(u);
     dp__map_fini(&u->tombs);
     dp__lease_fini(u);
     dp__map_fini(&u->blobs);

@@ -264,6 +264,10 @@ struct dp__unit {
     dp__writers *writers; /* retired regions and who may still write them */
     /* The row index (rows.c) */
     dp__map rows; /* gidx -> row* */
+    /* Rows freed, kept for new ones (rows.c): a batch cleared and put again
+     * costs no malloc and free a row (about 90 instructions a value). */
+    row **spare_rows;
+    uint32_t n_spare_rows, cap_spare_rows;
     /* Pins (pins.c) */
     dp__map pins;            /* pin id -> pin* */
     dp__list pins_by_expiry; /* pin.link */
@@ -428,7 +432,10 @@ int dp__unit_admin_cancelled(dp__unit *u, const char *what, dp_detail *d);
 /* ---- the row index (rows.c) ---- */
 
 uint32_t dp__row_hash(const char *f, uint32_t n);
-void dp__row_free(row *r);
+/* Free r, or keep it for dp__row_new_locked (up to a bound). */
+void dp__row_free_locked(dp__unit *u, row *r);
+/* Free the rows kept (destroy). */
+void dp__rows_spare_fini(dp__unit *u);
 /* Index of field f's slot in r (h its hash), or -1. */
 int32_t dp__row_find(const row *r, const char *f, uint32_t flen, uint32_t h);
 /* r's slot for f, or NULL (r may be NULL). */

@@ -133,6 +133,8 @@ typedef struct opstate {
     bool via_ucx;   /* some range went to UCX (not only the memcpy path) */
     bool two_sided; /* it went as messages the target serves */
     bool refused;   /* the target answered no (two-sided): not a connection fault */
+    bool all_plain; /* every range goes by the memcpy path with plain memory
+                     * allowed (plain_copy): no local region held */
     op_end end;     /* what became of it (op_result) */
 } opstate;
 
@@ -158,7 +160,7 @@ plain_copy(const dp__endpoint *ep, const remote *r, const dp__xfer_desc *o,
 
 /* Check op i completely; DP_EINVAL with a detail if anything is wrong. */
 static int
-validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, remote **rout,
+validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, opstate *s,
                 dp_detail *d)
 {
     if (o->op != DP_XFER_WRITE && o->op != DP_XFER_READ)
@@ -175,6 +177,9 @@ validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, remote **rou
     if (o->n_local > 0 && (o->local == NULL || o->remote == NULL))
         return dp__fail(d, DP_EINVAL, "op %zu: range list is NULL", i);
     dp__ranges_ent *near_l = NULL, *near_r = NULL;
+    bool all_plain = true;
+    /* plain_copy's op-wide part, once (it holds for the op's life) */
+    bool op_plain = o->local_plain_ok && !dp__ep_ts_wanted(ep, r, o);
     for (size_t k = 0; k < o->n_local; k++) {
         const dp__range *l = &o->local[k], *m = &o->remote[k];
         if (l->nbytes != m->nbytes)
@@ -184,19 +189,24 @@ validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, remote **rou
                             i, k, l->nbytes, m->nbytes);
         if (l->nbytes == 0)
             continue;
-        bool registered = find_near(&ep->regs, l->addr, l->nbytes, &near_l) != NULL;
-        if (!registered && !o->local_plain_ok)
-            return dp__fail(d, DP_EINVAL,
-                            "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
-                            ") is not inside a region registered with endpoint %s",
-                            i, k, l->addr, l->nbytes, ep->name);
         const rregion *rr = find_near(&r->r_index, m->addr, m->nbytes, &near_r);
         if (rr == NULL)
             return dp__fail(d, DP_EINVAL,
                             "op %zu range %zu: remote [0x%" PRIx64 ", +%" PRIu64
                             ") is not inside a region of remote %s",
                             i, k, m->addr, m->nbytes, r->r_name);
-        if (!registered && !plain_copy(ep, r, o, rr, l->nbytes))
+        /* Copied from any memory (plain_copy): its local region (if any) is
+         * not needed. */
+        if (op_plain && rr->rr_ptr != NULL && l->nbytes <= ep->memcpy_max)
+            continue;
+        all_plain = false;
+        bool registered = find_near(&ep->regs, l->addr, l->nbytes, &near_l) != NULL;
+        if (!registered && !o->local_plain_ok)
+            return dp__fail(d, DP_EINVAL,
+                            "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
+                            ") is not inside a region registered with endpoint %s",
+                            i, k, l->addr, l->nbytes, ep->name);
+        if (!registered)
             return dp__fail(d, DP_EINVAL,
                             "op %zu range %zu: local [0x%" PRIx64 ", +%" PRIu64
                             ") is not inside a region registered with endpoint %s, and "
@@ -207,19 +217,21 @@ validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, remote **rou
     if (o->grant_len > DP_XFER_GRANT_MAX || (o->grant_len > 0 && o->grant == NULL))
         return dp__fail(d, DP_EINVAL, "op %zu: a grant of %u bytes (1..%d, not NULL)", i,
                         o->grant_len, DP_XFER_GRANT_MAX);
-    *rout = r;
+    s->r = r;
+    s->all_plain = all_plain;
     return DP_OK;
 }
 
 /* Mark/unmark the local regions of an op's ranges as in use (not those of
  * ranges copied from plain memory: nothing of them outlives the post). */
 static void
-busy_locked(dp__endpoint *ep, const remote *r, const dp__xfer_desc *o, int delta)
+busy_locked(dp__endpoint *ep, const opstate *s, int delta)
 {
-    /* Every range copied from plain memory (a remote mapped here whole, no
-     * size cap): nothing to hold, and no lookup per range to find that out. */
-    if (o->local_plain_ok && ep->memcpy_max == SIZE_MAX && !dp__ep_ts_wanted(ep, r, o) &&
-        dp__ep_remote_mapped(r))
+    const remote *r = s->r;
+    const dp__xfer_desc *o = s->o;
+    /* Every range copied from plain memory (validation found it out):
+     * nothing to hold, and no lookup per range. */
+    if (s->all_plain)
         return;
     dp__ranges_ent *near = NULL, *near_r = NULL;
     for (size_t k = 0; k < o->n_local; k++) {
@@ -248,7 +260,7 @@ static void
 reserve_locked(dp__endpoint *ep, opstate *s)
 {
     s->r->r_busy++;
-    busy_locked(ep, s->r, s->o, +1);
+    busy_locked(ep, s, +1);
 }
 
 static void
@@ -256,7 +268,7 @@ unreserve_locked(dp__endpoint *ep, opstate *s)
 {
     s->finished = true;
     s->r->r_busy--;
-    busy_locked(ep, s->r, s->o, -1);
+    busy_locked(ep, s, -1);
 }
 
 /* Copy the runs waiting (before any UCX op of the op is posted: order holds). */
@@ -294,6 +306,18 @@ add_run_locked(dp__endpoint *ep, dp__xfer_op op, uint8_t *l, uint8_t *r, size_t 
         ep->runs_cap = cap;
     }
     ep->runs[ep->n_runs++] = (dp__copy){dst, src, n};
+}
+
+/* A run of n bytes ends (none: n == 0): the remote mapping's pages under it
+ * faulted in at once (once a run, not a range), then it waits its copy. */
+static void
+end_run_locked(dp__endpoint *ep, dp__xfer_op op, rregion *rr, uint8_t *l, uint8_t *r,
+               size_t n)
+{
+    if (n == 0)
+        return;
+    dp__ep_rregion_touch_locked(rr, r, n);
+    add_run_locked(ep, op, l, r, n);
 }
 
 /* Post every range of op s (validated and reserved). Sets s->rc for immediate
@@ -338,7 +362,7 @@ post_locked(dp__endpoint *ep, opstate *s, dp_detail *det)
      */
     uint8_t *run_l = NULL, *run_r = NULL;
     size_t run_n = 0;
-    const rregion *run_rr = NULL;
+    rregion *run_rr = NULL;
     dp__ranges_ent *near_r = NULL, *near_l = NULL;
     for (size_t k = 0; k < o->n_local && b->b_status == UCS_OK; k++) {
         const dp__range *l = &o->local[k], *m = &o->remote[k];
@@ -346,16 +370,13 @@ post_locked(dp__endpoint *ep, opstate *s, dp_detail *det)
             continue;
         rregion *rr = find_near(&r->r_index, m->addr, m->nbytes, &near_r);
         void *lp = (void *)(uintptr_t)l->addr;
-        if (rr->rr_ptr != NULL)
-            dp__ep_rregion_touch_locked(rr, rr->rr_ptr + (m->addr - rr->rr_base),
-                                        l->nbytes);
         if (rr->rr_ptr != NULL && l->nbytes <= ep->memcpy_max) {
             uint8_t *rp = rr->rr_ptr + (m->addr - rr->rr_base);
             if (run_n > 0 && rr == run_rr && (uint8_t *)lp == run_l + run_n &&
                 rp == run_r + run_n) {
                 run_n += l->nbytes;
             } else {
-                add_run_locked(ep, o->op, run_l, run_r, run_n);
+                end_run_locked(ep, o->op, run_rr, run_l, run_r, run_n);
                 run_l = lp;
                 run_r = rp;
                 run_n = l->nbytes;
@@ -364,7 +385,7 @@ post_locked(dp__endpoint *ep, opstate *s, dp_detail *det)
             ep->st.memcpy_ranges++;
             continue;
         }
-        add_run_locked(ep, o->op, run_l, run_r, run_n);
+        end_run_locked(ep, o->op, run_rr, run_l, run_r, run_n);
         flush_runs_locked(ep);
         run_n = 0;
         region *g = find_near(&ep->regs, l->addr, l->nbytes, &near_l);
@@ -387,7 +408,7 @@ post_locked(dp__endpoint *ep, opstate *s, dp_detail *det)
         else if (sp != NULL)
             b->b_pending++;
     }
-    add_run_locked(ep, o->op, run_l, run_r, run_n);
+    end_run_locked(ep, o->op, run_rr, run_l, run_r, run_n);
     flush_runs_locked(ep);
     /* A put is complete locally at its callback; the flush makes it remote-visible. */
     if (o->op == DP_XFER_WRITE && any_ucx && b->b_status == UCS_OK) {
@@ -426,7 +447,7 @@ finish_locked(dp__endpoint *ep, opstate *s, bool deadline_passed, bool cut,
     batch *b = s->b;
     s->finished = true;
     r->r_busy--;
-    busy_locked(ep, r, o, -1);
+    busy_locked(ep, s, -1);
     s->end = s->via_ucx ? END_UCX : END_LOCAL;
     if (b->b_pending == 0) {
         if (b->b_peer_rc != 0) {
@@ -563,7 +584,7 @@ run_ops(dp__endpoint *ep, const dp__xfer_desc *ops, size_t n_ops, double timeout
     for (size_t i = 0; rc == DP_OK && i < n_ops; i++) {
         ss[i].o = &ops[i];
         ss[i].deadline = deadline;
-        rc = validate_locked(ep, &ops[i], i, &ss[i].r, &vd);
+        rc = validate_locked(ep, &ops[i], i, &ss[i], &vd);
     }
     if (rc != DP_OK) {
         unlock(ep);
