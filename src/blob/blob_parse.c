@@ -674,7 +674,7 @@ desc_v3(const uint8_t *ix, size_t pos, struct v3_field *f, dp__blob_entry *e,
     e->ndim = nd;
     /* kind, dtype_len, ndim, the zero byte, dtype and dims: one compare */
     if (f->desc != 0 && f->desc_len == n &&
-        memcmp(p + 32, ix + f->desc, DP_BLOB_ENTRY_FIXED - 32 + n - 3) == 0) {
+        dp__bytes_eq(p + 32, ix + f->desc, DP_BLOB_ENTRY_FIXED - 32 + n - 3)) {
         at->dtype = f->dtype_at;
         at->dims = f->dims_at;
         return DP_OK;
@@ -783,7 +783,7 @@ read_entries_v3(dp__blob *b, const dp__blob_parse_opts *opts, dp_detail *d)
             break;
         }
         e->gidx = dp__le64_load(p);
-        ordered = ordered && (i == 0 || e->gidx > pg || (e->gidx == pg && fi > pf));
+        ordered &= (i == 0) | (e->gidx > pg) | ((e->gidx == pg) & (fi > pf));
         pg = e->gidx;
         pf = fi;
         e->off = dp__le64_load(p + 8);

@@ -367,12 +367,19 @@ dp__groups_make_copies(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, s
         for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
             g->start[u + 1]++;
     }
-    for (uint32_t u = 0; u < n_units; u++)
+    for (uint32_t u = 0; u < n_units; u++) {
         g->start[u + 1] += g->start[u];
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = first[i];
-        for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
-            g->order[g->start[u] + pos[u]++] = (uint32_t)i;
+        pos[u] = g->start[u]; /* u's next place */
+    }
+    if (copies == 1) { /* the usual case, without the inner loop */
+        for (size_t i = 0; i < n; i++)
+            g->order[pos[first[i]]++] = (uint32_t)i;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = first[i];
+            for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
+                g->order[pos[u]++] = (uint32_t)i;
+        }
     }
     free(pos);
     free(first);

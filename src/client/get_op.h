@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "client/get_int.h"
+#include "common/le.h"
 
 enum { K_ASK = 0, K_READ, K_DONE };
 
@@ -89,7 +90,7 @@ typedef struct get_op {
 static inline bool
 key_is(dp__wire_str s, const char *key, uint32_t klen)
 {
-    return s.n == klen && memcmp(s.p, key, klen) == 0;
+    return s.n == klen && dp__bytes_eq(s.p, key, klen);
 }
 
 static inline void

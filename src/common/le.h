@@ -8,6 +8,8 @@
 #ifndef DP_COMMON_LE_H
 #define DP_COMMON_LE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -64,6 +66,28 @@ dp__le64_store(void *p, uint64_t v)
 {
     v = DP_LE64(v);
     memcpy(p, &v, sizeof v);
+}
+
+/*
+ * Whether a[0..n) and b[0..n) hold the same bytes: eight at a time, then
+ * the rest, inline. For the short strings compared per value (field names,
+ * a blob entry's description) a memcmp call costs more than the compare.
+ */
+static inline bool
+dp__bytes_eq(const void *a, const void *b, size_t n)
+{
+    const unsigned char *x = a, *y = b;
+    for (; n >= 8; n -= 8, x += 8, y += 8) {
+        uint64_t u, v;
+        memcpy(&u, x, 8);
+        memcpy(&v, y, 8);
+        if (u != v)
+            return false;
+    }
+    for (; n > 0; n--)
+        if (*x++ != *y++)
+            return false;
+    return true;
 }
 
 #endif

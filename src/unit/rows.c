@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/le.h"
 #include "unit/unit_int.h"
 
 uint32_t
@@ -79,7 +80,7 @@ dp__row_find(const row *r, const char *f, uint32_t flen, uint32_t h)
 {
     for (uint32_t k = 0; k < r->n; k++) {
         const slot *s = &r->s[k];
-        if (s->hash == h && s->flen == flen && memcmp(s->field, f, flen) == 0)
+        if (s->hash == h && s->flen == flen && dp__bytes_eq(s->field, f, flen))
             return (int32_t)k;
     }
     return -1;
