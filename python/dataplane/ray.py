@@ -380,6 +380,9 @@ from ray.experimental.rdt.tensor_transport_manager import (  # noqa: E402
     CommunicatorMetadata, FetchRequest, TensorTransportManager, TensorTransportMetadata)
 
 _TRANSPORT = None  # this process's dataplane.Transport, made on first use
+_RETIRED = []  # transports replaced after a failed fetch (see _retire)
+_OWNERS = {}  # obj id -> the transport that published it
+_PINNED = {}  # data_ptr -> a tensor register_memory keeps registered
 _TRANSPORT_LOCK = threading.Lock()
 _FETCH_TIMEOUT_S = float(os.environ.get("DP_RAY_FETCH_TIMEOUT_S", "300"))
 
@@ -390,7 +393,24 @@ def _transport():
         if _TRANSPORT is None:
             from .direct import Transport
             _TRANSPORT = Transport()
+            for x in _PINNED.values():  # a new transport after a retired one
+                _TRANSPORT.register(x)
         return _TRANSPORT
+
+
+def _retire(t):
+    """A fetch of t ended in an error: its publisher may have died while it
+    wrote a reply into the shared-memory FIFO that every peer of t's UCX
+    worker writes into, which then takes no message again, from any peer
+    (docs/design.md, "UCX facts"). Later fetches and publishes get a new
+    transport; t is kept, never closed (closing a UCX worker with sends
+    pending to such a peer may abort the process), for the objects it
+    published and the fetches it still runs."""
+    global _TRANSPORT
+    with _TRANSPORT_LOCK:
+        if _TRANSPORT is t:
+            _TRANSPORT = None
+            _RETIRED.append(t)
 
 
 class DataplaneTransportMetadata(TensorTransportMetadata):
@@ -403,9 +423,10 @@ class DataplaneTransportMetadata(TensorTransportMetadata):
 
 
 class _Fetch(FetchRequest):
-    def __init__(self, obj_id, req):
+    def __init__(self, obj_id, req, transport):
         super().__init__(obj_id=obj_id, tensors=[])
         self.req = req
+        self.transport = transport
 
     def __del__(self):
         req, self.req = getattr(self, "req", None), None
@@ -478,7 +499,10 @@ class DataplaneTensorTransport(TensorTransportManager):
             meta.append((t.shape, t.dtype))
         # contiguous copies where needed: the transport sends memory as laid out
         tensors = [t if t.is_contiguous() else t.contiguous() for t in rdt_object]
-        md = _transport().publish(obj_id, tensors)
+        t = _transport()
+        md = t.publish(obj_id, tensors)
+        with _TRANSPORT_LOCK:
+            _OWNERS[obj_id] = t
         return DataplaneTransportMetadata(meta, device or "cpu", md)
 
     def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
@@ -493,15 +517,22 @@ class DataplaneTensorTransport(TensorTransportManager):
     def fetch_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata,
                                target_buffers=None):
         out = list(target_buffers) if target_buffers else None
-        req = _transport().fetch(obj_id, tensor_transport_metadata.dp_metadata, out=out)
-        return _Fetch(obj_id, req)
+        t = _transport()
+        req = t.fetch(obj_id, tensor_transport_metadata.dp_metadata, out=out)
+        return _Fetch(obj_id, req, t)
 
     def wait_fetch_complete(self, fetch_request, timeout=-1):
-        from . import Timeout
+        from . import Canceled, Error, Timeout
         req = fetch_request.req
         try:
             tensors = req.wait(_FETCH_TIMEOUT_S if timeout is None or timeout < 0 else timeout)
-        except Timeout as e:
+        except Canceled:
+            raise
+        except Error as e:
+            if req.done:  # ended in an error (not a wait that ran out): see _retire
+                _retire(fetch_request.transport)
+            if not isinstance(e, Timeout):
+                raise
             raise TimeoutError(f"DATAPLANE transport: object {fetch_request.obj_id} not "
                                f"fetched in time: {e}") from None
         fetch_request.tensors = list(tensors)
@@ -513,18 +544,24 @@ class DataplaneTensorTransport(TensorTransportManager):
     def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
         # Ray may call this more than once for one object: freeing an id that
         # is gone already is harmless
+        with _TRANSPORT_LOCK:
+            t = _OWNERS.pop(obj_id, None)
         try:
-            _transport().free(obj_id)
+            (t or _transport()).free(obj_id)
         except KeyError:
             pass
 
     def abort_transport(self, obj_id, communicator_metadata):
         # both sides: the source fails fetches of obj_id from now on; nothing
-        # is freed here, so no READ still running can meet reused memory
-        try:
-            _transport().abort(obj_id)
-        except KeyError:
-            pass
+        # is freed here, so no READ still running can meet reused memory. A
+        # fetch may run on a retired transport too
+        with _TRANSPORT_LOCK:
+            ts = list(_RETIRED)
+        for t in [_transport()] + ts:
+            try:
+                t.abort(obj_id)
+            except KeyError:
+                pass
 
 
 def register_memory(tensor):
@@ -532,12 +569,22 @@ def register_memory(tensor):
     transport for good (objects holding tensors inside it then skip their
     own registration), until deregister_memory(tensor)."""
     _transport().register(tensor)
+    with _TRANSPORT_LOCK:
+        _PINNED[tensor.data_ptr()] = tensor
 
 
 def deregister_memory(tensor):
     """Drop what register_memory(tensor) kept (deregistered once no object
     published from it is still held)."""
     _transport().deregister(tensor)
+    with _TRANSPORT_LOCK:
+        _PINNED.pop(tensor.data_ptr(), None)
+        retired = list(_RETIRED)
+    for t in retired:
+        try:
+            t.deregister(tensor)
+        except KeyError:
+            pass
 
 
 def register_transport(name="DATAPLANE"):
