@@ -341,6 +341,16 @@ DP_TEST(groups_are_stable_and_complete)
             CHECK_EQ(dp__groups_count(&g, u), g.start[u + 1] - g.start[u]);
         }
         CHECK_EQ(seen, n);
+        /* Grouped by units known already: the same groups. */
+        uint32_t *units = malloc((n ? n : 1) * sizeof *units);
+        for (size_t i = 0; i < n; i++)
+            units[i] = (uint32_t)(gidxs[i] % n_units);
+        dp__groups h;
+        CHECK_OK(dp__groups_of_units(&h, n_units, units, n, NULL));
+        CHECK(memcmp(h.start, g.start, (n_units + 1) * sizeof *g.start) == 0);
+        CHECK(n == 0 || memcmp(h.order, g.order, n * sizeof *g.order) == 0);
+        dp__groups_fini(&h);
+        free(units);
         dp__groups_fini(&g);
         dp__groups_fini(&g);
         free(gidxs);

@@ -90,7 +90,12 @@ typedef enum dp__blob_kind {
 } dp__blob_kind;
 
 /* "tensor", "bytes", "object"; "?" for anything else. */
-const char *dp__blob_kind_name(dp__blob_kind k);
+extern const char *const dp__blob_kind_names[DP_BLOB_OBJECT + 1];
+static inline const char *
+dp__blob_kind_name(dp__blob_kind k)
+{
+    return (unsigned)k <= DP_BLOB_OBJECT ? dp__blob_kind_names[k] : "?";
+}
 /* The kind spelled s[0..len); DP_EINVAL if it is none of the three. */
 int dp__blob_kind_parse(const char *s, size_t len, dp__blob_kind *out);
 

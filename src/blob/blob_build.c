@@ -130,6 +130,7 @@ struct dp__blob_builder {
     /* The last entry's dtype, checked for its kind and kept at
      * last_dtype_at: the next entry with the same bytes and kind (a put's
      * usual run) reuses both (has_last false: none since the reset). */
+    uint64_t entries_len; /* the entries' part of the index, as added */
     bool has_last;
     dp__blob_kind last_kind;
     uint32_t last_dtype_len;
@@ -188,6 +189,7 @@ dp__blob_builder_reset(dp__blob_builder *b)
     dp__buf_reset(&b->index);
     b->laid_out = false;
     b->has_last = false;
+    b->entries_len = 0;
 }
 
 uint32_t
@@ -389,6 +391,7 @@ dp__blob_builder_add(dp__blob_builder *b, const dp__blob_entry_spec *s, uint32_t
     if (idx != NULL)
         *idx = b->n;
     b->n++;
+    b->entries_len += dp__blob_v3_entry_len(e->dtype_len, e->ndim);
     return DP_OK;
 #undef qk
 }
@@ -493,9 +496,7 @@ dp__blob_builder_layout(dp__blob_builder *b, dp__blob_layout *out, dp_detail *d)
     uint64_t fields = 4;
     for (uint32_t i = 0; i < b->nf; i++)
         fields += 1 + (uint64_t)b->f[i].len;
-    uint64_t index_len = DP_ALIGN_UP(fields, 8);
-    for (uint32_t i = 0; i < b->n; i++)
-        index_len += dp__blob_v3_entry_len(b->e[i].dtype_len, b->e[i].ndim);
+    uint64_t index_len = DP_ALIGN_UP(fields, 8) + b->entries_len;
     if (index_len > DP_BLOB_MAX_INDEX_LEN)
         return dp__fail(
             d, DP_ETOOBIG, "blob: index of %llu bytes, over the limit of %llu",

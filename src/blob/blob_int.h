@@ -15,7 +15,6 @@
 #define ENTRY_FIELDS 7
 
 /* The kinds' names, by dp__blob_kind (blob_parse.c). */
-extern const char *const dp__blob_kind_names[DP_BLOB_OBJECT + 1];
 
 /*
  * Keys are checked for duplicates, and found, through an open-addressing

@@ -40,12 +40,6 @@ const char *const dp__blob_kind_names[] = {
     [DP_BLOB_OBJECT] = "object",
 };
 
-const char *
-dp__blob_kind_name(dp__blob_kind k)
-{
-    return (unsigned)k < DP_ARRAY_LEN(dp__blob_kind_names) ? dp__blob_kind_names[k] : "?";
-}
-
 int
 dp__blob_kind_parse(const char *s, size_t len, dp__blob_kind *out)
 {
@@ -387,6 +381,19 @@ static int
 check_overlap(dp__blob *b, dp_detail *d)
 {
     uint32_t n = b->h.n_entries;
+    /* A builder lays entries out one after another: each non-empty payload
+     * ends before the next begins, seen in one pass (end: the last one's). */
+    uint64_t end = 0;
+    bool apart = true;
+    for (uint32_t i = 0; i < n && apart; i++) {
+        const dp__blob_entry *e = &b->entries[i];
+        if (e->len == 0)
+            continue;
+        apart = e->off >= end; /* off + len fits: place_v3 / v2 checked it */
+        end = e->off + e->len;
+    }
+    if (apart)
+        return DP_OK;
     const dp__blob_entry **by_off = malloc(n * sizeof *by_off);
     if (by_off == NULL)
         return dp__fail(d, DP_ENOMEM, "blob: no memory for %u entries", n);
@@ -394,12 +401,7 @@ check_overlap(dp__blob *b, dp_detail *d)
     for (uint32_t i = 0; i < n; i++)
         if (b->entries[i].len > 0)
             by_off[m++] = &b->entries[i];
-    /* A builder lays entries out in order: sort only when they are not. */
-    bool sorted = true;
-    for (uint32_t i = 1; i < m && sorted; i++)
-        sorted = by_off[i - 1]->off <= by_off[i]->off;
-    if (!sorted)
-        qsort(by_off, m, sizeof *by_off, entry_off_cmp);
+    qsort(by_off, m, sizeof *by_off, entry_off_cmp);
     int rc = DP_OK;
     for (uint32_t i = 1; i < m; i++) {
         const dp__blob_entry *p = by_off[i - 1], *c = by_off[i];

@@ -279,7 +279,7 @@ dp__key_split_z(const char *key, size_t *len, dp__key_parts *parts, dp_detail *d
         v = v * 10 + dg;
     if (i > 0 && p[i] == '@' && (p[0] != '0' || i == 1)) {
         size_t f = i + 1, j = f;
-        while (j - f <= DP_FIELD_MAX && p[j] - 0x20u < 0x5fu && p[j] != '@')
+        while (p[j] - 0x20u < 0x5fu && p[j] != '@') /* stops at the NUL */
             j++;
         if (p[j] == '\0' && j > f && j - f <= DP_FIELD_MAX) {
             *len = j;

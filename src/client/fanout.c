@@ -386,6 +386,33 @@ dp__groups_make_copies(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, s
     return DP_OK;
 }
 
+int
+dp__groups_of_units(dp__groups *g, uint32_t n_units, const uint32_t *units, size_t n,
+                    dp_detail *d)
+{
+    memset(g, 0, sizeof *g);
+    DP_ASSERT(n_units > 0 && n <= UINT32_MAX);
+    g->start = calloc((size_t)n_units + 1, sizeof *g->start);
+    g->order = malloc((n > 0 ? n : 1) * sizeof *g->order);
+    uint32_t *pos = malloc(n_units * sizeof *pos);
+    if (g->start == NULL || g->order == NULL || pos == NULL) {
+        free(pos);
+        dp__groups_fini(g);
+        return dp__fail(d, DP_ENOMEM, "out of memory grouping %zu keys by unit", n);
+    }
+    g->n_units = n_units;
+    for (size_t i = 0; i < n; i++)
+        g->start[units[i] + 1]++;
+    for (uint32_t u = 0; u < n_units; u++) {
+        g->start[u + 1] += g->start[u];
+        pos[u] = g->start[u];
+    }
+    for (size_t i = 0; i < n; i++)
+        g->order[pos[units[i]]++] = (uint32_t)i;
+    free(pos);
+    return DP_OK;
+}
+
 void
 dp__groups_fini(dp__groups *g)
 {

@@ -217,6 +217,9 @@ typedef struct dp__groups {
 /* Group gidxs[0..n) (n <= UINT32_MAX) over n_units. DP_ENOMEM; g is then empty. */
 int dp__groups_make(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, size_t n,
                     dp_detail *d);
+/* Group items whose unit is known: item i in unit units[i] (< n_units). */
+int dp__groups_of_units(dp__groups *g, uint32_t n_units, const uint32_t *units, size_t n,
+                        dp_detail *d);
 /*
  * The same with replicas: item i goes to units (gidxs[i] + shift + k) % n_units
  * for k in [0, copies) (copies <= n_units, shift < n_units, n * copies <=

@@ -115,17 +115,10 @@ get_op_init(get_op *x, const dp__get_ctx *g, dp_get_item *items, size_t n,
     x->remote = malloc(m * sizeof *x->remote);
     x->ops = malloc(N * sizeof *x->ops);
     x->res = malloc(N * sizeof *x->res);
-    bool hints = false;
-    for (size_t i = 0; i < n && !hints; i++)
-        hints = items[i].loc != NULL && items[i].loc->blob[0] != '\0';
-    if (hints) {
-        x->bids = malloc(m * sizeof *x->bids);
-        x->bans = malloc(m * sizeof *x->bans);
-    }
+    /* bids and bans: made by get_place when a key has a hint */
     if (x->ks == NULL || x->keys == NULL || x->fields == NULL || x->rows == NULL ||
         x->slot_unit == NULL || x->ur == NULL || x->local == NULL || x->remote == NULL ||
-        x->ops == NULL || x->res == NULL ||
-        (hints && (x->bids == NULL || x->bans == NULL)))
+        x->ops == NULL || x->res == NULL)
         return dp__fail(d, DP_ENOMEM, "get: out of memory");
     for (uint32_t u = 0; u < N; u++)
         x->ur[u].st.u = u;
@@ -248,8 +241,8 @@ static int
 get_place(get_op *x, dp_detail *d)
 {
     uint32_t N = x->c->n_units;
-    uint64_t *gx = malloc((x->n > 0 ? x->n : 1) * sizeof *gx);
-    if (gx == NULL)
+    uint32_t *ux = malloc((x->n > 0 ? x->n : 1) * sizeof *ux); /* each key's unit */
+    if (ux == NULL)
         return dp__fail(d, DP_ENOMEM, "get: out of memory");
     int rc = DP_OK;
     for (size_t i = 0; i < x->n && rc == DP_OK; i++) {
@@ -274,26 +267,34 @@ get_place(get_op *x, dp_detail *d)
             break;
         }
         /* A repair's client asks one unit for everything (it routes as that unit). */
-        gx[i] = x->c->only_unit >= 0 ? (uint64_t)x->c->only_unit : kp.gidx;
+        uint64_t g = x->c->only_unit >= 0 ? (uint64_t)x->c->only_unit : kp.gidx;
+        ux[i] = (uint32_t)((g % N + x->shift) % N);
         /* Every member set here (ks is not zeroed: a pass of 4096 keys spent
          * about 90 instructions a key in calloc's memset). */
-        x->ks[i] = (key_state){.unit = (uint32_t)((gx[i] % N + x->shift) % N),
-                               .klen = (uint32_t)kl,
-                               .gidx = kp.gidx,
-                               .st = K_ASK};
+        x->ks[i] = (key_state){
+            .unit = ux[i], .klen = (uint32_t)kl, .gidx = kp.gidx, .st = K_ASK};
         field_place(x, i, kp.field, (uint32_t)kp.field_len);
         if (it->loc != NULL && it->loc->blob[0] != '\0') {
             rc = loc_check(it->loc, it->key, d);
             if (rc != DP_OK)
                 break;
+            if (x->bids == NULL) { /* the first hint: the hinted keys' scratch */
+                size_t m = x->n > 0 ? x->n : 1;
+                x->bids = malloc(m * sizeof *x->bids);
+                x->bans = malloc(m * sizeof *x->bans);
+                if (x->bids == NULL || x->bans == NULL) {
+                    rc = dp__fail(d, DP_ENOMEM, "get: out of memory");
+                    break;
+                }
+            }
             x->ks[i].hinted = loc_usable(it->loc, it, x->ks[i].unit, kl);
             if (!x->ks[i].hinted)
                 x->c->cnt.loc_misses++;
         }
     }
     if (rc == DP_OK)
-        rc = dp__groups_make_copies(&x->g, N, gx, x->n, x->shift, 1, d);
-    free(gx);
+        rc = dp__groups_of_units(&x->g, N, ux, x->n, d);
+    free(ux);
     return rc;
 }
 
@@ -405,10 +406,15 @@ get_ask(get_op *x)
         for (uint32_t k = cnt[u]; k < cnt[u + 1]; k++) {
             uint32_t i = order[k];
             if (ks[i].st == K_ASK) {
-                x->keys[cnt[u] + nk++] = (dp__wire_str){x->items[i].key, ks[i].klen};
-                dp__le64_store(rec, ks[i].gidx);
-                dp__le32_store(rec + 8, ks[i].fidx);
-                rec += DP_WIRE_ROW_LEN;
+                /* By row while the get's fields are few (x->fields), else by key */
+                if (x->fields != NULL) {
+                    dp__le64_store(rec, ks[i].gidx);
+                    dp__le32_store(rec + 8, ks[i].fidx);
+                    rec += DP_WIRE_ROW_LEN;
+                } else {
+                    x->keys[cnt[u] + nk] = (dp__wire_str){x->items[i].key, ks[i].klen};
+                }
+                nk++;
                 all_hinted = all_hinted && ks[i].hinted;
                 if (all_hinted)
                     hinted_bytes += x->items[i].loc->nbytes;
@@ -598,8 +604,23 @@ get_read_ops(get_op *x, size_t ns, int brc, const dp_detail *bdet, uint8_t *abuf
             if (ks->len == 0 || ks->inl != NULL)
                 continue; /* nothing to READ: empty, or came in the reply */
             uint8_t *dst = ks->staged ? sbuf + ks->soff : it->dst;
+            uint64_t ra = c->units[u].slab_addr + ks->off;
+            /* Continuing the last range on both sides (a row's values back to
+             * back in the slab and in the destination), within what is copied
+             * into any memory: one range (docs/design.md, "Ranges of a
+             * transfer"). */
+            if (nr > r0) {
+                dp__range *l = &x->local[nr - 1], *r = &x->remote[nr - 1];
+                if (l->addr + l->nbytes == (uint64_t)(uintptr_t)dst &&
+                    r->addr + r->nbytes == ra &&
+                    l->nbytes + ks->len <= x->ur[u].copy_max) {
+                    l->nbytes += ks->len;
+                    r->nbytes += ks->len;
+                    continue;
+                }
+            }
             x->local[nr] = (dp__range){(uint64_t)(uintptr_t)dst, ks->len};
-            x->remote[nr] = (dp__range){c->units[u].slab_addr + ks->off, ks->len};
+            x->remote[nr] = (dp__range){ra, ks->len};
             nr++;
         }
         if (nr == r0)

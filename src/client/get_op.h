@@ -16,23 +16,23 @@ enum { K_ASK = 0, K_READ, K_DONE };
 /* How a unit is asked in a round: resolve_keys, resolve_rows or resolve. */
 enum { ASK_BY_KEY = 0, ASK_BY_ROW, ASK_BY_BLOB };
 
-typedef struct key_state {
+typedef struct key_state { /* members ordered to pack (72 bytes) */
     uint32_t unit;
     uint32_t klen;
     uint32_t fidx; /* its field's place in get_op.fields (by row: resolve_rows) */
-    uint64_t gidx;
-    int st;
-    bool hinted;   /* its item's hint is used (K_ASK: asked by blob) */
     uint32_t bidx; /* hinted: its blob among its unit's distinct ids (bids) */
-    uint64_t off;  /* slab offset (K_READ) */
+    int st;
+    bool hinted;  /* its item's hint is used (K_ASK: asked by blob) */
+    bool staged;  /* READ into staging, then copied */
+    bool in_resv; /* alloc form, K_READ: lands in the place an earlier turn kept */
+    uint64_t gidx;
+    uint64_t off; /* slab offset (K_READ) */
     uint64_t len;
-    bool staged;   /* READ into staging, then copied */
     uint64_t soff; /* its place in the round's staging buffer (alloc form: values) */
     /* K_READ: its bytes came in the reply (in c->fo.items until the next
      * round's ask): copied, not READ */
     const uint8_t *inl;
     uint64_t gap; /* alloc form, failed here: bytes kept at soff for the next replica */
-    bool in_resv; /* alloc form, K_READ: lands in the place an earlier turn kept */
 } key_state;
 
 typedef struct unit_round {

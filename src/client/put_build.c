@@ -220,6 +220,24 @@ dp__put_build_locked(put_op *p, size_t *stage_total, dp_detail *d)
     return DP_OK;
 }
 
+/*
+ * Whether n bytes at p, for blob offset off, continue the range l (whose
+ * blob offset is l_off) on both sides: then l grows by them. Only within
+ * copy_max (what the memcpy path copies from any memory), so a grown range
+ * never needs one registered region under two values (docs/design.md,
+ * "Ranges of a transfer").
+ */
+static bool
+continues(dp__range *l, uint64_t l_off, const void *p, uint64_t off, uint64_t n,
+          uint64_t copy_max)
+{
+    if (l->addr + l->nbytes != (uint64_t)(uintptr_t)p || l_off + l->nbytes != off ||
+        l->nbytes + n > copy_max)
+        return false;
+    l->nbytes += n;
+    return true;
+}
+
 int
 dp__put_stage_locked(put_op *p, dp_detail *d)
 {
@@ -255,6 +273,9 @@ dp__put_stage_locked(put_op *p, dp_detail *d)
                 continue;
             uint64_t off = dp__blob_builder_offset(b, e);
             if (!pu->inl && payload_direct(c, pu, v)) {
+                if (nr - 1 > pu->r0 && continues(&local[nr - 1], remote[nr - 1].nbytes,
+                                                 v->data, off, v->nbytes, pu->copy_max))
+                    continue; /* one range with the last value's */
                 local[nr++] = (dp__range){(uint64_t)(uintptr_t)v->data, v->nbytes};
                 remote[nr - 1].nbytes = off; /* remote filled after alloc */
             } else {
@@ -264,7 +285,10 @@ dp__put_stage_locked(put_op *p, dp_detail *d)
                     memcpy(base + off, v->data, v->nbytes);
                 if (!pu->inl) /* an inline put's copy is its request's */
                     c->cnt.staged_put_bytes += v->nbytes;
-                if (pu->any_direct) {
+                if (pu->any_direct &&
+                    !(nr - 1 > pu->r0 &&
+                      continues(&local[nr - 1], remote[nr - 1].nbytes, base + off, off,
+                                v->nbytes, pu->copy_max))) {
                     local[nr++] =
                         (dp__range){(uint64_t)(uintptr_t)(base + off), v->nbytes};
                     remote[nr - 1].nbytes = off;

@@ -90,13 +90,32 @@ typedef struct rregion {
     ucp_rkey_h rr_rkey;
     uint8_t *rr_ptr; /* local mapping of the remote region (shared memory) or NULL */
     /* DP_PREFAULT=touch: one bit per 2 MiB chunk of the mapping already
-     * faulted in (under ep_mu), or NULL. */
+     * faulted in (under ep_mu), or NULL (none wanted, or every chunk is:
+     * freed then, so a transfer over a warm mapping checks one pointer). */
     uint8_t *rr_touched;
+    uint64_t rr_untouched; /* chunks not faulted in yet */
 } rregion;
 
+/* DP_PREFAULT=touch faults a mapping in by chunks of this many bytes. */
+#define DP__TOUCH_CHUNK_SHIFT 21
+
+/* Fault in chunks first..last of rr's mapping not faulted in yet. ep_mu held. */
+void dp__ep_rregion_touch_slow_locked(rregion *rr, uint64_t first, uint64_t last);
+
 /* Fault in the chunks of rr's mapping that [p, p + n) touches, once each
- * (DP_PREFAULT=touch; a no-op otherwise). ep_mu held. */
-void dp__ep_rregion_touch_locked(rregion *rr, const uint8_t *p, size_t n);
+ * (DP_PREFAULT=touch; a no-op otherwise). ep_mu held. Inline for the usual
+ * case, a run inside one chunk faulted in already. */
+static inline void
+dp__ep_rregion_touch_locked(rregion *rr, const uint8_t *p, size_t n)
+{
+    if (rr->rr_touched == NULL || n == 0)
+        return;
+    uint64_t first = (uint64_t)(p - rr->rr_ptr) >> DP__TOUCH_CHUNK_SHIFT;
+    uint64_t last = (uint64_t)(p + n - 1 - rr->rr_ptr) >> DP__TOUCH_CHUNK_SHIFT;
+    if (first == last && (rr->rr_touched[first >> 3] & (1u << (first & 7))) != 0)
+        return;
+    dp__ep_rregion_touch_slow_locked(rr, first, last);
+}
 
 /* How an endpoint moves bytes with grants to a remote (its route's path). */
 typedef enum dp__xfer_path {

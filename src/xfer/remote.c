@@ -211,15 +211,11 @@ prefault_mode(void)
     return PF_TOUCH;
 }
 
-#define TOUCH_CHUNK (2u << 20)
+#define TOUCH_CHUNK ((uint64_t)1 << DP__TOUCH_CHUNK_SHIFT)
 
 void
-dp__ep_rregion_touch_locked(rregion *rr, const uint8_t *p, size_t n)
+dp__ep_rregion_touch_slow_locked(rregion *rr, uint64_t first, uint64_t last)
 {
-    if (rr->rr_touched == NULL || n == 0)
-        return;
-    uint64_t first = (uint64_t)(p - rr->rr_ptr) / TOUCH_CHUNK;
-    uint64_t last = (uint64_t)(p + n - 1 - rr->rr_ptr) / TOUCH_CHUNK;
     for (uint64_t k = first; k <= last; k++) {
         uint8_t bit = (uint8_t)(1u << (k & 7));
         if (rr->rr_touched[k >> 3] & bit)
@@ -230,6 +226,11 @@ dp__ep_rregion_touch_locked(rregion *rr, const uint8_t *p, size_t n)
          * per page inside the copy; the bytes are not changed. */
         prefault(rr->rr_ptr + lo, hi - lo, NULL);
         rr->rr_touched[k >> 3] |= bit;
+        if (--rr->rr_untouched == 0) { /* all of it: nothing left to check */
+            free(rr->rr_touched);
+            rr->rr_touched = NULL;
+            return;
+        }
     }
 }
 
@@ -351,6 +352,7 @@ touch_maps_alloc(dp__endpoint *ep, remote *r, dp_detail *d)
         uint64_t chunks = (rr->rr_len + TOUCH_CHUNK - 1) / TOUCH_CHUNK;
         if (rr->rr_ptr != NULL && (rr->rr_touched = calloc((chunks + 7) / 8, 1)) == NULL)
             return dp__fail(d, DP_ENOMEM, "endpoint %s: out of memory", ep->name);
+        rr->rr_untouched = chunks;
     }
     return DP_OK;
 }
