@@ -74,19 +74,9 @@ dp__map_len(const dp__map *m)
     return m->len;
 }
 
-static bool
-slot_eq(const dp__map *m, const dp__map_slot *s, uint64_t h, const void *key, size_t klen,
-        uint64_t ukey)
-{
-    if (s->hash != h)
-        return false;
-    if (m->u64_keys)
-        return s->ukey == ukey;
-    return s->klen == klen && memcmp(s->key, key, klen) == 0;
-}
-
+/* The slot of string key[0..klen) (hash h), or SIZE_MAX. */
 static size_t
-find(const dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey)
+find(const dp__map *m, uint64_t h, const void *key, size_t klen)
 {
     if (m->cap == 0)
         return SIZE_MAX;
@@ -95,12 +85,12 @@ find(const dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey)
         const dp__map_slot *s = &m->slots[i];
         if (s->hash == 0)
             return SIZE_MAX;
-        if (slot_eq(m, s, h, key, klen, ukey))
+        if (s->hash == h && s->klen == klen && memcmp(s->key, key, klen) == 0)
             return i;
     }
 }
 
-/* find for u64 keys: one compare a probe (rows and clears are looked up
+/* The same for u64 keys: one compare a probe (rows and clears are looked up
  * several times a row in a unit's request path). */
 static size_t
 find_u64(const dp__map *m, uint64_t h, uint64_t ukey)
@@ -143,7 +133,7 @@ static int
 put(dp__map *m, uint64_t h, const void *key, size_t klen, uint64_t ukey, void *val,
     void **old)
 {
-    size_t at = m->u64_keys ? find_u64(m, h, ukey) : find(m, h, key, klen, ukey);
+    size_t at = m->u64_keys ? find_u64(m, h, ukey) : find(m, h, key, klen);
     if (at != SIZE_MAX) {
         if (old != NULL)
             *old = m->slots[at].val;
@@ -201,7 +191,7 @@ del_at(dp__map *m, size_t i)
 void *
 dp__map_get(const dp__map *m, const void *key, size_t klen)
 {
-    size_t at = find(m, hash_bytes(key, klen), key, klen, 0);
+    size_t at = find(m, hash_bytes(key, klen), key, klen);
     return at == SIZE_MAX ? NULL : m->slots[at].val;
 }
 
@@ -214,7 +204,7 @@ dp__map_put(dp__map *m, const void *key, size_t klen, void *val, void **old)
 void *
 dp__map_del(dp__map *m, const void *key, size_t klen)
 {
-    size_t at = find(m, hash_bytes(key, klen), key, klen, 0);
+    size_t at = find(m, hash_bytes(key, klen), key, klen);
     return at == SIZE_MAX ? NULL : del_at(m, at);
 }
 
