@@ -347,23 +347,31 @@ dp__groups_make_copies(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, s
     memset(g, 0, sizeof *g);
     DP_ASSERT(n_units > 0 && copies >= 1 && copies <= n_units && shift < n_units &&
               n <= UINT32_MAX / copies);
+    /* Each item's first unit, computed once (two divisions). */
+    uint32_t *first = malloc((n > 0 ? n : 1) * sizeof *first);
+    if (first == NULL)
+        return dp__fail(d, DP_ENOMEM, "out of memory grouping %zu rows by unit", n);
+    for (size_t i = 0; i < n; i++)
+        first[i] = (uint32_t)((gidxs[i] % n_units + shift) % n_units);
+    if (copies == 1) { /* the usual case */
+        int rc = dp__groups_of_units(g, n_units, first, n, d);
+        free(first);
+        return rc;
+    }
     size_t m = n * copies;
     g->start = calloc((size_t)n_units + 1, sizeof *g->start);
     g->order = malloc((m > 0 ? m : 1) * sizeof *g->order);
-    uint32_t *pos = calloc(n_units, sizeof *pos);
-    uint32_t *first = malloc((n > 0 ? n : 1) * sizeof *first); /* item's first unit */
-    if (g->start == NULL || g->order == NULL || pos == NULL || first == NULL) {
+    uint32_t *pos = malloc(n_units * sizeof *pos);
+    if (g->start == NULL || g->order == NULL || pos == NULL) {
         free(pos);
         free(first);
         dp__groups_fini(g);
         return dp__fail(d, DP_ENOMEM, "out of memory grouping %zu rows by unit", n);
     }
     g->n_units = n_units;
-    /* Counting sort: counts, prefix sums, then each item at its units' next
-     * places (each item's unit computed once: two divisions). */
+    /* Counting sort: counts, prefix sums, then each item at its units' next places. */
     for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)((gidxs[i] % n_units + shift) % n_units);
-        first[i] = u;
+        uint32_t u = first[i];
         for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
             g->start[u + 1]++;
     }
@@ -371,15 +379,10 @@ dp__groups_make_copies(dp__groups *g, uint32_t n_units, const uint64_t *gidxs, s
         g->start[u + 1] += g->start[u];
         pos[u] = g->start[u]; /* u's next place */
     }
-    if (copies == 1) { /* the usual case, without the inner loop */
-        for (size_t i = 0; i < n; i++)
-            g->order[pos[first[i]]++] = (uint32_t)i;
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u = first[i];
-            for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
-                g->order[pos[u]++] = (uint32_t)i;
-        }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = first[i];
+        for (uint32_t k = 0; k < copies; k++, u = u + 1 == n_units ? 0 : u + 1)
+            g->order[pos[u]++] = (uint32_t)i;
     }
     free(pos);
     free(first);
