@@ -133,6 +133,7 @@ typedef struct opstate {
     bool via_ucx;   /* some range went to UCX (not only the memcpy path) */
     bool two_sided; /* it went as messages the target serves */
     bool refused;   /* the target answered no (two-sided): not a connection fault */
+    bool op_plain;  /* its ranges may be copied from plain memory (op_plain) */
     bool all_plain; /* every range goes by the memcpy path with plain memory
                      * allowed (plain_copy): no local region held */
     op_end end;     /* what became of it (op_result) */
@@ -145,17 +146,25 @@ op_name(dp__xfer_op op)
 }
 
 /*
- * True if range k of op o (remote r, its remote range in rr) goes by the
- * memcpy path with its local side in plain memory allowed: post_locked then
+ * Whether op o (remote r) may copy a range from plain memory at all: the
+ * part of plain_copy that holds for every range of the op, found once.
+ */
+static bool
+op_plain(const dp__endpoint *ep, const remote *r, const dp__xfer_desc *o)
+{
+    return o->local_plain_ok && !dp__ep_ts_wanted(ep, r, o);
+}
+
+/*
+ * True if a range of n bytes (its remote range in rr) of an op that may copy
+ * from plain memory (op_plain) goes by the memcpy path: post_locked then
  * copies it with the CPU, and neither validation nor the busy hold needs its
  * local region. Fixed for the op's life (r is held, its path and mappings set).
  */
 static bool
-plain_copy(const dp__endpoint *ep, const remote *r, const dp__xfer_desc *o,
-           const rregion *rr, uint64_t n)
+plain_copy(const dp__endpoint *ep, bool op_plain, const rregion *rr, uint64_t n)
 {
-    return o->local_plain_ok && rr->rr_ptr != NULL && n <= ep->memcpy_max &&
-           !dp__ep_ts_wanted(ep, r, o);
+    return op_plain && rr->rr_ptr != NULL && n <= ep->memcpy_max;
 }
 
 /* Check op i completely; DP_EINVAL with a detail if anything is wrong. */
@@ -177,9 +186,7 @@ validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, opstate *s,
     if (o->n_local > 0 && (o->local == NULL || o->remote == NULL))
         return dp__fail(d, DP_EINVAL, "op %zu: range list is NULL", i);
     dp__ranges_ent *near_l = NULL, *near_r = NULL;
-    bool all_plain = true;
-    /* plain_copy's op-wide part, once (it holds for the op's life) */
-    bool op_plain = o->local_plain_ok && !dp__ep_ts_wanted(ep, r, o);
+    bool all_plain = true, opp = op_plain(ep, r, o);
     for (size_t k = 0; k < o->n_local; k++) {
         const dp__range *l = &o->local[k], *m = &o->remote[k];
         if (l->nbytes != m->nbytes)
@@ -195,9 +202,8 @@ validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, opstate *s,
                             "op %zu range %zu: remote [0x%" PRIx64 ", +%" PRIu64
                             ") is not inside a region of remote %s",
                             i, k, m->addr, m->nbytes, r->r_name);
-        /* Copied from any memory (plain_copy): its local region (if any) is
-         * not needed. */
-        if (op_plain && rr->rr_ptr != NULL && l->nbytes <= ep->memcpy_max)
+        /* Copied from any memory: its local region (if any) is not needed. */
+        if (plain_copy(ep, opp, rr, l->nbytes))
             continue;
         all_plain = false;
         bool registered = find_near(&ep->regs, l->addr, l->nbytes, &near_l) != NULL;
@@ -218,6 +224,7 @@ validate_locked(dp__endpoint *ep, const dp__xfer_desc *o, size_t i, opstate *s,
         return dp__fail(d, DP_EINVAL, "op %zu: a grant of %u bytes (1..%d, not NULL)", i,
                         o->grant_len, DP_XFER_GRANT_MAX);
     s->r = r;
+    s->op_plain = opp;
     s->all_plain = all_plain;
     return DP_OK;
 }
@@ -237,11 +244,11 @@ busy_locked(dp__endpoint *ep, const opstate *s, int delta)
     for (size_t k = 0; k < o->n_local; k++) {
         if (o->local[k].nbytes == 0)
             continue;
-        if (o->local_plain_ok) {
+        if (s->op_plain) {
             const rregion *rr =
                 find_near(&r->r_index, o->remote[k].addr, o->remote[k].nbytes, &near_r);
             DP_ASSERT(rr != NULL);
-            if (plain_copy(ep, r, o, rr, o->local[k].nbytes))
+            if (plain_copy(ep, true, rr, o->local[k].nbytes))
                 continue;
         }
         region *g = find_near(&ep->regs, o->local[k].addr, o->local[k].nbytes, &near);
